@@ -1,0 +1,492 @@
+/*
+ * memsnap.h -- the one public header of memsnap.
+ *
+ * memsnap is a device caching allocator that makes the decisions PyTorch's
+ * CUDA caching allocator makes (c10/cuda/CUDACachingAllocator.cpp) and, in
+ * the "npu" profile, the decisions torch_npu's NPUCachingAllocator makes;
+ * plus the memory-history recorder and the snapshot writer/reader of
+ * torch.cuda.memory, in C11.
+ *
+ * Conventions (read once, they hold for every function below):
+ *   - Functions that can fail return int: 0 on success, a negative MSNAP_E*
+ *     code otherwise.  msnap_strerror() / msnap_err_name() describe a code.
+ *   - Out-parameters are left untouched when a call fails.
+ *   - Sizes are bytes.  Device addresses and stream handles are uint64_t
+ *     values (a stream is the runtime's stream handle as an integer; 0 is the
+ *     default stream).  Times are microseconds since the Unix epoch.
+ *   - A msnap_allocator_t is thread safe: one lock per device, as PyTorch's
+ *     DeviceCachingAllocator.  Snapshots copy state under the lock and
+ *     serialize outside it.
+ *   - Strings returned by the library are NUL-terminated UTF-8; "owned by the
+ *     caller" means free them with msnap_free_string().
+ */
+#ifndef MEMSNAP_H
+#define MEMSNAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MSNAP_API __declspec(dllexport)
+#else
+#define MSNAP_API __attribute__((visibility("default")))
+#endif
+
+#define MSNAP_VERSION_MAJOR 0
+#define MSNAP_VERSION_MINOR 1
+#define MSNAP_VERSION_PATCH 0
+#define MSNAP_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------
+ * Errors.  One X-macro table gives the enum, msnap_strerror and
+ * msnap_err_name (the libuv UV_ERRNO_MAP pattern).
+ * ------------------------------------------------------------------------ */
+#define MSNAP_ERRNO_MAP(XX)                                                   \
+  XX(ENOMEM, -1, "out of host memory")                                        \
+  XX(EOOM, -2, "device out of memory")                                        \
+  XX(EINVAL, -3, "invalid argument")                                          \
+  XX(EBADPTR, -4, "pointer is not a live allocation of this allocator")       \
+  XX(ECONF, -5, "invalid allocator configuration")                            \
+  XX(ERUNTIME, -6, "device runtime call failed")                              \
+  XX(ENORUNTIME, -7, "device runtime library could not be loaded")            \
+  XX(ENOTSUP, -8, "operation not supported")                                  \
+  XX(EIO, -9, "input/output error")                                           \
+  XX(EFORMAT, -10, "malformed input")                                         \
+  XX(EUNSAFE, -11, "input would execute code; refused")                       \
+  XX(ELIMIT, -12, "size or nesting limit exceeded")                           \
+  XX(ESTATE, -13, "operation not valid in the current state")                 \
+  XX(ENOENT, -14, "no such item")                                             \
+  XX(EREJECTED, -15, "allocation rejected by the memory limit policy")        \
+  XX(ENOSPC, -16, "no space left on the dump target")
+
+typedef enum msnap_errno_e {
+  MSNAP_OK = 0,
+#define MSNAP_ERRNO_ENUM_(name, value, text) MSNAP_##name = (value),
+  MSNAP_ERRNO_MAP(MSNAP_ERRNO_ENUM_)
+#undef MSNAP_ERRNO_ENUM_
+} msnap_errno_t;
+
+/* Text for an error code ("unknown error" for codes outside the table). */
+MSNAP_API const char *msnap_strerror(int err);
+/* Symbolic name of an error code, e.g. "MSNAP_EOOM". */
+MSNAP_API const char *msnap_err_name(int err);
+/* Free a string returned by the library (memory_summary, last_error...). */
+MSNAP_API void msnap_free_string(char *s);
+
+/* ------------------------------------------------------------------------
+ * Device runtimes: one const ops table per runtime.  "sim" runs everywhere
+ * (MEMSNAP_SIM_DEVICES devices of MEMSNAP_SIM_MEMORY bytes, no host RAM
+ * used); "acl" and "cuda" are loaded with dlopen.
+ * ------------------------------------------------------------------------ */
+typedef struct msnap_runtime_ops_s {
+  const char *name; /* "sim", "acl", "cuda" */
+  /* Load/initialise; *ctx receives the runtime's context.  MSNAP_ENORUNTIME
+   * when the library is missing. */
+  int (*init)(void **ctx);
+  void (*fini)(void *ctx);
+  int (*device_count)(void *ctx, int *count);
+  /* Device memory.  malloc returns MSNAP_EOOM when the device is full. */
+  int (*malloc)(void *ctx, int device, size_t size, uint64_t *ptr);
+  int (*free)(void *ctx, int device, uint64_t ptr);
+  int (*mem_get_info)(void *ctx, int device, size_t *free_bytes,
+                      size_t *total_bytes);
+  /* Events on streams (record_stream). */
+  int (*event_create)(void *ctx, int device, uint64_t *event);
+  int (*event_destroy)(void *ctx, int device, uint64_t event);
+  int (*event_record)(void *ctx, int device, uint64_t event, uint64_t stream);
+  /* *done = true when every work item recorded before the event finished. */
+  int (*event_query)(void *ctx, int device, uint64_t event, bool *done);
+  int (*event_synchronize)(void *ctx, int device, uint64_t event);
+  int (*device_synchronize)(void *ctx, int device);
+  /* Virtual memory for expandable segments.  reserve/release a VA range;
+   * map creates one physical allocation of `size` bytes and maps it at va
+   * (*handle identifies it); unmap unmaps it and frees the physical memory.
+   * Returns MSNAP_ENOTSUP when the runtime has no VMM API. */
+  int (*vmm_reserve)(void *ctx, int device, size_t size, size_t alignment,
+                     uint64_t *va);
+  int (*vmm_release)(void *ctx, int device, uint64_t va, size_t size);
+  int (*vmm_map)(void *ctx, int device, uint64_t va, size_t size,
+                 uint64_t *handle);
+  int (*vmm_unmap)(void *ctx, int device, uint64_t va, size_t size,
+                   uint64_t handle);
+  /* Pinned host memory (host_segments/host_traces). */
+  int (*host_malloc)(void *ctx, size_t size, uint64_t *ptr);
+  int (*host_free)(void *ctx, uint64_t ptr);
+} msnap_runtime_ops_t;
+
+MSNAP_API const msnap_runtime_ops_t *msnap_runtime_sim(void);
+MSNAP_API const msnap_runtime_ops_t *msnap_runtime_acl(void);
+MSNAP_API const msnap_runtime_ops_t *msnap_runtime_cuda(void);
+/* The table for a name ("sim"|"acl"|"cuda"), NULL if unknown. */
+MSNAP_API const msnap_runtime_ops_t *msnap_runtime_by_name(const char *name);
+
+/* ------------------------------------------------------------------------
+ * Allocator creation.
+ * ------------------------------------------------------------------------ */
+typedef struct msnap_allocator_s msnap_allocator_t;
+
+typedef enum msnap_profile_e {
+  MSNAP_PROFILE_NPU = 0, /* torch_npu NPUCachingAllocator behaviour */
+  MSNAP_PROFILE_CUDA = 1 /* PyTorch CUDACachingAllocator behaviour   */
+} msnap_profile_t;
+
+typedef struct msnap_options_s {
+  uint32_t size;    /* sizeof(msnap_options_t); set by msnap_options_init */
+  uint32_t version; /* MSNAP_OPTIONS_VERSION */
+  /* -1: from MEMSNAP_PROFILE ("npu" default). */
+  int profile;
+  /* NULL: from MEMSNAP_RUNTIME ("sim" default).  Or an explicit table. */
+  const char *runtime_name;
+  const msnap_runtime_ops_t *runtime;
+  /* NULL: from PYTORCH_NPU_ALLOC_CONF/PYTORCH_ALLOC_CONF (npu) or
+   * PYTORCH_CUDA_ALLOC_CONF/PYTORCH_ALLOC_CONF (cuda). */
+  const char *alloc_conf;
+  /* -1: from PYTORCH_NO_NPU_MEMORY_CACHING / PYTORCH_NO_CUDA_MEMORY_CACHING
+   * ("1" disables caching). */
+  int caching_disabled;
+  /* sim runtime parameters; 0: from MEMSNAP_SIM_DEVICES (1) and
+   * MEMSNAP_SIM_MEMORY (64 GiB). */
+  int sim_devices;
+  uint64_t sim_memory;
+  /* Error text of a failed msnap_allocator_create (e.g. the offending
+   * alloc-conf token); may be NULL. */
+  char *error_buf;
+  size_t error_buf_len;
+} msnap_options_t;
+
+#define MSNAP_OPTIONS_VERSION 1
+/* Fill *o with "take everything from the environment". */
+MSNAP_API void msnap_options_init(msnap_options_t *o);
+
+/* Create an allocator.  Errors: MSNAP_ECONF (bad alloc conf, message in
+ * o->error_buf naming the token), MSNAP_ENORUNTIME, MSNAP_EINVAL. */
+MSNAP_API int msnap_allocator_create(const msnap_options_t *o,
+                                     msnap_allocator_t **out);
+/* Release every cached segment and the runtime.  Live allocations are
+ * returned to the runtime too. */
+MSNAP_API void msnap_allocator_destroy(msnap_allocator_t *a);
+/* The process-wide allocator (created from the environment on first use;
+ * the pluggable-allocator entry points and the Python package use it).
+ * NULL if creation failed (see msnap_default_error()). */
+MSNAP_API msnap_allocator_t *msnap_default(void);
+MSNAP_API const char *msnap_default_error(void);
+
+MSNAP_API int msnap_device_count(msnap_allocator_t *a);
+MSNAP_API msnap_profile_t msnap_profile(msnap_allocator_t *a);
+MSNAP_API const msnap_runtime_ops_t *msnap_runtime(msnap_allocator_t *a);
+/* The runtime context (e.g. for msnap_sim_* control calls). */
+MSNAP_API void *msnap_runtime_ctx(msnap_allocator_t *a);
+/* Text of the last error on this thread (OOM message as PyTorch's,
+ * "invalid device pointer: 0x...", bad conf token...).  Owned by the
+ * library, valid until the next call on this thread. */
+MSNAP_API const char *msnap_last_error(void);
+
+/* ------------------------------------------------------------------------
+ * Allocation.  Mirrors NativeCachingAllocator::malloc/free/recordStream.
+ * ------------------------------------------------------------------------ */
+/* Allocate `size` bytes on `device` for `stream`.  size 0 yields *ptr = 0
+ * and no allocator work.  MSNAP_EOOM after the full OOM sequence (the text
+ * is in msnap_last_error(), shaped as PyTorch's OutOfMemoryError message);
+ * MSNAP_EREJECTED for throw_on_*malloc_oom rejections. */
+MSNAP_API int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
+                           uint64_t stream, uint64_t *ptr);
+/* Free a pointer returned by msnap_malloc.  0 is a no-op.  An unknown
+ * pointer gives MSNAP_EBADPTR ("invalid device pointer: 0x...") and leaves
+ * the allocator unchanged. */
+MSNAP_API int msnap_free(msnap_allocator_t *a, uint64_t ptr);
+/* Mark that the live allocation at ptr is used on `stream` (record_stream). */
+MSNAP_API int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr,
+                                  uint64_t stream);
+/* Release cached memory (release_cached_blocks({0,0}) on every device, or
+ * only `device` when >= 0). */
+MSNAP_API int msnap_empty_cache(msnap_allocator_t *a, int device);
+/* Size (rounded block size) of the live allocation at ptr. */
+MSNAP_API int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr,
+                                    size_t *size);
+/* Runtime alloc-conf change (torch.cuda.memory._set_allocator_settings).
+ * MSNAP_ECONF with the offending token in msnap_last_error(). */
+MSNAP_API int msnap_set_allocator_settings(msnap_allocator_t *a,
+                                           const char *conf);
+/* Current alloc-conf string as last applied ("" if none). */
+MSNAP_API const char *msnap_allocator_settings(msnap_allocator_t *a);
+/* set/get_per_process_memory_fraction (fraction in [0,1]). */
+MSNAP_API int msnap_set_memory_fraction(msnap_allocator_t *a, int device,
+                                        double fraction);
+MSNAP_API int msnap_get_memory_fraction(msnap_allocator_t *a, int device,
+                                        double *fraction);
+/* caching_allocator_enable(value) at run time; disabled = raw runtime
+ * malloc/free, no stats, no history. */
+MSNAP_API int msnap_set_caching_enabled(msnap_allocator_t *a, bool enabled);
+MSNAP_API bool msnap_caching_enabled(msnap_allocator_t *a);
+/* mem_get_info: free and total bytes of the device from the runtime. */
+MSNAP_API int msnap_mem_get_info(msnap_allocator_t *a, int device,
+                                 size_t *free_bytes, size_t *total_bytes);
+
+/* Private pools (torch.cuda.MemPool / graph pools).  Ids are pairs;
+ * {0,0} is the default pool. */
+typedef struct msnap_mempool_id_s {
+  uint64_t first, second;
+} msnap_mempool_id_t;
+/* Create (or incref) a private pool with a fresh id {0, n} as MemPool. */
+MSNAP_API int msnap_mempool_create(msnap_allocator_t *a, int device,
+                                   bool use_on_oom, bool no_split,
+                                   msnap_mempool_id_t *id);
+MSNAP_API int msnap_mempool_release(msnap_allocator_t *a, int device,
+                                    msnap_mempool_id_t id);
+/* Route allocations of `stream` (or every stream when all_streams) to the
+ * pool until msnap_end_allocate_to_pool (beginAllocateToPool). */
+MSNAP_API int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
+                                           msnap_mempool_id_t id,
+                                           uint64_t stream, bool all_streams);
+MSNAP_API int msnap_end_allocate_to_pool(msnap_allocator_t *a, int device,
+                                         msnap_mempool_id_t id);
+MSNAP_API int msnap_mempool_use_count(msnap_allocator_t *a, int device,
+                                      msnap_mempool_id_t id, int *count);
+
+/* ------------------------------------------------------------------------
+ * Statistics (memory_stats()).  Every StatArray has the AGGREGATE ("all"),
+ * SMALL_POOL and LARGE_POOL entries.  Field lists are X-macros so that the
+ * struct, the Python dict and the summary come from one list.
+ * ------------------------------------------------------------------------ */
+typedef struct msnap_stat_s {
+  int64_t current, peak, allocated, freed;
+} msnap_stat_t;
+
+enum {
+  MSNAP_STAT_ALL = 0,
+  MSNAP_STAT_SMALL_POOL = 1,
+  MSNAP_STAT_LARGE_POOL = 2,
+  MSNAP_STAT_TYPES = 3
+};
+
+#define MSNAP_STAT_ARRAY_FIELDS(X)                                            \
+  X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes)     \
+  X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
+#define MSNAP_STAT_FIELDS(X) X(oversize_allocations) X(oversize_segments)
+#define MSNAP_COUNTER_FIELDS(X)                                               \
+  X(num_alloc_retries) X(num_ooms) X(max_split_size) X(num_sync_all_streams)  \
+  X(num_device_alloc) X(num_device_free) X(num_oom_rejections)
+
+typedef struct msnap_stats_s {
+  uint32_t size;    /* sizeof(msnap_stats_t) */
+  uint32_t version; /* MSNAP_STATS_VERSION */
+#define MSNAP_STATS_ARRAY_(n) msnap_stat_t n[MSNAP_STAT_TYPES];
+  MSNAP_STAT_ARRAY_FIELDS(MSNAP_STATS_ARRAY_)
+#undef MSNAP_STATS_ARRAY_
+#define MSNAP_STATS_ONE_(n) msnap_stat_t n;
+  MSNAP_STAT_FIELDS(MSNAP_STATS_ONE_)
+#undef MSNAP_STATS_ONE_
+#define MSNAP_STATS_COUNTER_(n) int64_t n;
+  MSNAP_COUNTER_FIELDS(MSNAP_STATS_COUNTER_)
+#undef MSNAP_STATS_COUNTER_
+} msnap_stats_t;
+#define MSNAP_STATS_VERSION 1
+
+/* Fill *out (caller sets out->size = sizeof *out and version). */
+MSNAP_API int msnap_stats_get(msnap_allocator_t *a, int device,
+                              msnap_stats_t *out);
+MSNAP_API int msnap_reset_peak_stats(msnap_allocator_t *a, int device);
+MSNAP_API int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device);
+/* memory_summary() text exactly as torch.cuda.memory.memory_summary prints
+ * it; *out owned by the caller. */
+MSNAP_API int msnap_memory_summary(msnap_allocator_t *a, int device,
+                                   bool abbreviated, char **out);
+/* Invariant checker: walks every device and pool (chains contiguous, block
+ * sizes sum to segments, pool membership, stats equal recomputed sums).
+ * Returns 0, or MSNAP_ESTATE with the first violation in msg. */
+MSNAP_API int msnap_check_invariants(msnap_allocator_t *a, char *msg,
+                                     size_t msg_len);
+
+/* ------------------------------------------------------------------------
+ * Memory history (torch.cuda.memory._record_memory_history).
+ * ------------------------------------------------------------------------ */
+#define MSNAP_ACTION_MAP(XX)                                                  \
+  XX(ALLOC, "alloc")                                                          \
+  XX(FREE_REQUESTED, "free_requested")                                        \
+  XX(FREE_COMPLETED, "free_completed")                                        \
+  XX(SEGMENT_ALLOC, "segment_alloc")                                          \
+  XX(SEGMENT_FREE, "segment_free")                                            \
+  XX(SEGMENT_MAP, "segment_map")                                              \
+  XX(SEGMENT_UNMAP, "segment_unmap")                                          \
+  XX(SNAPSHOT, "snapshot")                                                    \
+  XX(OOM, "oom")                                                              \
+  XX(ANNOTATE, "annotate")                                                    \
+  XX(WORKSPACE_SNAPSHOT, "workspace_snapshot")
+
+typedef enum msnap_action_e {
+#define MSNAP_ACTION_ENUM_(name, str) MSNAP_ACTION_##name,
+  MSNAP_ACTION_MAP(MSNAP_ACTION_ENUM_)
+#undef MSNAP_ACTION_ENUM_
+  MSNAP_ACTION_COUNT
+} msnap_action_t;
+
+/* "alloc" etc.; NULL for an out-of-range value. */
+MSNAP_API const char *msnap_action_name(int action);
+/* Parse an action name; MSNAP_EINVAL for unknown names. */
+MSNAP_API int msnap_action_parse(const char *name, msnap_action_t *out);
+
+typedef enum msnap_record_context_e {
+  MSNAP_CONTEXT_NEVER = 0, /* context=None    */
+  MSNAP_CONTEXT_STATE = 1, /* context="state" */
+  MSNAP_CONTEXT_ALLOC = 2, /* context="alloc" */
+  MSNAP_CONTEXT_ALL = 3    /* context="all"   */
+} msnap_record_context_t;
+
+enum { MSNAP_STACKS_PYTHON = 1u, MSNAP_STACKS_CPP = 2u };
+
+typedef struct msnap_history_options_s {
+  uint32_t size, version;
+  bool enabled;                   /* enabled != None                       */
+  msnap_record_context_t context; /* who gets a stack (cuda-reference §4.3) */
+  unsigned stacks;                /* MSNAP_STACKS_* bits                    */
+  uint64_t max_entries;           /* ring capacity, clamped to >= 1         */
+  bool clear_history;
+  bool compile_context;
+  bool global_record_annotations;
+  uint32_t skip_actions;          /* bit (1u << MSNAP_ACTION_x) = skip      */
+  bool record_device;             /* record_cuda                           */
+  bool record_host;               /* record_pinned_host_memory             */
+} msnap_history_options_t;
+#define MSNAP_HISTORY_OPTIONS_VERSION 1
+/* Defaults of _record_memory_history_impl: enabled, context all, stacks
+ * python|cpp, max_entries UINT64_MAX, record_device. */
+MSNAP_API void msnap_history_options_init(msnap_history_options_t *o);
+/* recordHistory on every device (cuda-reference §4.1 order of effects). */
+MSNAP_API int msnap_record_history(msnap_allocator_t *a,
+                                   const msnap_history_options_t *o);
+MSNAP_API bool msnap_history_enabled(msnap_allocator_t *a);
+
+/* Python (or other interpreter) frames.  The extension installs a hook:
+ * capture() writes up to max raw frames of the calling thread, innermost
+ * first, each two words (e.g. code object, instruction offset), and returns
+ * how many; it runs outside the allocator lock.  retain/release are called
+ * when a raw frame is first interned / finally dropped.  resolve() is called
+ * once per unique frame at snapshot time and fills name/filename (copied by
+ * the library) and line. */
+typedef struct msnap_frame_hook_s {
+  void *ctx;
+  int (*capture)(void *ctx, uintptr_t (*frames)[2], int max);
+  void (*retain)(void *ctx, const uintptr_t frame[2]);
+  void (*release)(void *ctx, const uintptr_t frame[2]);
+  int (*resolve)(void *ctx, const uintptr_t frame[2], const char **name,
+                 const char **filename, int64_t *line);
+} msnap_frame_hook_t;
+/* Install (or remove with NULL) the process-wide interpreter frame hook. */
+MSNAP_API int msnap_set_frame_hook(const msnap_frame_hook_t *hook);
+
+/* Thread-local user metadata copied into user_metadata of later trace
+ * entries of this thread (_set_memory_metadata); "" clears. */
+MSNAP_API int msnap_set_memory_metadata(const char *metadata);
+MSNAP_API const char *msnap_get_memory_metadata(void);
+/* record an `annotate` trace entry on the live allocation at ptr
+ * (_annotate_memory).  MSNAP_EBADPTR if ptr is not a live base pointer. */
+MSNAP_API int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
+                                    const char *metadata);
+/* record_function START/END markers for external_annotations. */
+MSNAP_API int msnap_record_annotation(msnap_allocator_t *a, int device,
+                                      const char *name, bool is_start);
+/* Thread-local compile-context stack ("Torch-Compiled Region..."). */
+MSNAP_API int msnap_compile_context_push(const char *name);
+MSNAP_API int msnap_compile_context_pop(void);
+/* Frames recorded for the live allocation at ptr (_allocation_traceback):
+ * *out is a pickled list of frame dicts (protocol 4), NULL with len 0 when
+ * none; owned by the caller. */
+MSNAP_API int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr,
+                                         char **out, size_t *len);
+
+/* ------------------------------------------------------------------------
+ * Snapshots (torch.cuda.memory._snapshot / _dump_snapshot).
+ * ------------------------------------------------------------------------ */
+typedef struct msnap_snapshot_options_s {
+  uint32_t size, version;
+  int device;                  /* -1: every device                       */
+  msnap_mempool_id_t mempool;  /* {0,0}: every pool                      */
+  bool include_traces;         /* false: no trace copying at all         */
+  bool segments_only;          /* memory_snapshot(): list of segments    */
+} msnap_snapshot_options_t;
+#define MSNAP_SNAPSHOT_OPTIONS_VERSION 1
+MSNAP_API void msnap_snapshot_options_init(msnap_snapshot_options_t *o);
+
+/* Pickle (protocol 4, the MemoryViz opcode subset) of the snapshot dict,
+ * in memory; *out owned by the caller (msnap_free_string). */
+MSNAP_API int msnap_snapshot_pickle(msnap_allocator_t *a,
+                                    const msnap_snapshot_options_t *o,
+                                    char **out, size_t *len);
+/* Write the snapshot to `path` via a temporary file in the same directory
+ * and rename(2): a crash never leaves a truncated file.  MSNAP_EIO /
+ * MSNAP_ENOSPC on write failures (the temporary file is removed). */
+MSNAP_API int msnap_dump_snapshot(msnap_allocator_t *a,
+                                  const msnap_snapshot_options_t *o,
+                                  const char *path);
+
+/* OOM observers (_attach_out_of_memory_observer): called as
+ * fn(device, alloc_size, device_allowed_or_total, device_free, arg) after
+ * the oom trace entry and outside the allocator lock, before the error is
+ * returned. */
+typedef void (*msnap_oom_observer_cb)(int device, uint64_t alloc_size,
+                                      uint64_t device_total,
+                                      uint64_t device_free, void *arg);
+MSNAP_API int msnap_attach_oom_observer(msnap_allocator_t *a,
+                                        msnap_oom_observer_cb cb, void *arg);
+
+/* Device memory-usage report (CSV, one row per device and pool) written to
+ * `path` atomically. */
+MSNAP_API int msnap_write_usage_report(msnap_allocator_t *a,
+                                       const char *path);
+
+/* ------------------------------------------------------------------------
+ * NPU workspace allocator (torch_npu NPUWorkspaceAllocator): one grow-only
+ * buffer per stream.
+ * ------------------------------------------------------------------------ */
+MSNAP_API int msnap_workspace_malloc(msnap_allocator_t *a, int device,
+                                     size_t size, uint64_t stream,
+                                     uint64_t *ptr);
+MSNAP_API int msnap_workspace_free(msnap_allocator_t *a, uint64_t ptr);
+MSNAP_API int msnap_workspace_empty_cache(msnap_allocator_t *a, int device);
+
+/* ------------------------------------------------------------------------
+ * Simulated runtime controls (tests, replay).  ctx is msnap_runtime_ctx()
+ * of an allocator on the sim runtime.
+ * ------------------------------------------------------------------------ */
+/* Events complete at once (default) or only when msnap_sim_complete_events
+ * is called. */
+MSNAP_API void msnap_sim_set_manual_events(void *ctx, bool manual);
+/* Complete every event recorded on `stream` so far (all streams if
+ * all_streams). */
+MSNAP_API void msnap_sim_complete_events(void *ctx, uint64_t stream,
+                                         bool all_streams);
+/* Fault switch: the nth runtime call from now (1 = the next one) fails; 0
+ * disarms.  `call` restricts it to one call site name ("malloc", "free",
+ * "event_create", "event_record", "event_query", "vmm_reserve", "vmm_map",
+ * "vmm_unmap", ...) or NULL for any. */
+MSNAP_API void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth);
+/* Force the next device malloc to return `address` (replay placement). */
+MSNAP_API void msnap_sim_set_next_address(void *ctx, int device,
+                                          uint64_t address);
+/* Live runtime allocations and handles (leak checks). */
+MSNAP_API uint64_t msnap_sim_live_allocations(void *ctx);
+
+/* ------------------------------------------------------------------------
+ * Pluggable-allocator entry points (torch.cuda.memory.CUDAPluggableAllocator
+ * and torch_npu NPUPluggableAllocator load these names from libmemsnap.so).
+ * They use msnap_default().
+ * ------------------------------------------------------------------------ */
+MSNAP_API void *msnap_plugin_malloc(ssize_t size, int device, void *stream);
+MSNAP_API void msnap_plugin_free(void *ptr, ssize_t size, int device,
+                                 void *stream);
+MSNAP_API void msnap_plugin_init(int device_count);
+MSNAP_API void msnap_plugin_empty_cache(void);
+MSNAP_API void msnap_plugin_memory_fraction(double fraction, int device);
+MSNAP_API void msnap_plugin_record_stream(void *ptr, void *stream);
+MSNAP_API void *msnap_plugin_get_base_allocation(void *ptr, size_t *size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MEMSNAP_H */

@@ -1,0 +1,1 @@
+"""memsnap: PyTorch-compatible device caching allocator and memory snapshots."""

@@ -1,0 +1,1 @@
+"""memsnap.memory -- torch.cuda.memory API over memsnap (to be written)."""

@@ -1,0 +1,1 @@
+"""memsnap.torch -- plug memsnap into torch (to be written)."""

@@ -1,0 +1,2 @@
+/* alloc.c -- to be written. */
+#include "msnap_internal.h"

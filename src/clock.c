@@ -1,0 +1,2 @@
+/* clock.c -- to be written. */
+#include "msnap_internal.h"

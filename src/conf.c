@@ -1,0 +1,2 @@
+/* conf.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* env.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* error.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* history.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,173 @@
+/*
+ * msnap_internal.h -- the cross-file index of memsnap's core.  Every
+ * function with external linkage that is not public is declared here,
+ * grouped under the file that defines it.  Internal names are msnap__*.
+ *
+ * Lock order (checked in debug builds): device allocator lock ->
+ * history/recorder lock -> stack-table lock.  The dump lock is never held
+ * together with a device lock: snapshots copy under the device lock and
+ * serialize after releasing it.
+ */
+#ifndef MSNAP_INTERNAL_H
+#define MSNAP_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memsnap.h"
+#include "sink.h"
+#include "snapshot.h"
+
+#if defined(__GNUC__)
+#define msnap_likely(x) __builtin_expect(!!(x), 1)
+#define msnap_unlikely(x) __builtin_expect(!!(x), 0)
+#else
+#define msnap_likely(x) (x)
+#define msnap_unlikely(x) (x)
+#endif
+
+/* Debug tiers (debug code always compiles; `if` on a constant). */
+#ifndef MSNAP_DEBUG
+#define MSNAP_DEBUG 0
+#endif
+static const int msnap_debug_level = MSNAP_DEBUG;
+
+/* ---- error.c ------------------------------------------------------------ */
+/* Set this thread's last-error text (printf format); returns err. */
+int msnap__set_error(int err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- conf.c: alloc-conf parsing (PYTORCH_{CUDA,NPU}_ALLOC_CONF) --------- */
+#define MSNAP_ROUNDUP_INTERVALS 16
+typedef struct msnap_conf_s {
+  msnap_profile_t profile;
+  char *raw;                          /* last applied string ("" if none) */
+  uint64_t max_split_size;            /* SIZE_MAX = unlimited            */
+  uint64_t max_non_split_rounding_size;
+  uint64_t large_segment_size;        /* default 20 MiB                  */
+  double garbage_collection_threshold;
+  uint64_t roundup_power2_divisions[MSNAP_ROUNDUP_INTERVALS];
+  bool expandable_segments;
+  bool release_lock_on_malloc;        /* release_lock_on_{cuda,npu}malloc */
+  bool pinned_use_host_register;
+  uint64_t pinned_num_register_threads;
+  bool pinned_use_background_threads;
+  bool graph_capture_record_stream_reuse;
+  double per_process_memory_fraction; /* 1.0 default                     */
+  bool throw_on_malloc_oom;           /* throw_on_{cuda,npu}malloc_oom   */
+  /* npu-only */
+  bool page_size_1g;                  /* page_size:1g                    */
+  uint64_t base_addr_aligned_kb;      /* default 16                      */
+  uint64_t segment_size_mb;           /* 0 = unset                       */
+  bool multi_stream_lazy_reclaim;
+  bool large_segment_size_set;
+} msnap_conf_t;
+/* Defaults of a profile. */
+void msnap__conf_init(msnap_conf_t *c, msnap_profile_t profile);
+void msnap__conf_destroy(msnap_conf_t *c);
+/* Parse `s` into *c with PyTorch's reset semantics (allocator-algorithm
+ * §17).  On error returns MSNAP_ECONF, leaves *c unchanged and writes a
+ * message naming the offending token into err. */
+int msnap__conf_parse(msnap_conf_t *c, const char *s, char *err,
+                      size_t errlen);
+/* The alloc-conf string from the environment for a profile (NULL if none);
+ * MSNAP_ECONF when both NPU variables are set. */
+int msnap__conf_from_env(msnap_profile_t profile, const char **out,
+                         char *err, size_t errlen);
+
+/* ---- env.c: environment options ---------------------------------------- */
+/* MEMSNAP_PROFILE, MEMSNAP_RUNTIME, MEMSNAP_SIM_DEVICES, MEMSNAP_SIM_MEMORY
+ * (with K/M/G/T suffixes), PYTORCH_NO_*_MEMORY_CACHING. */
+int msnap__env_profile(msnap_profile_t *out);
+const char *msnap__env_runtime(void);
+uint64_t msnap__env_size(const char *name, uint64_t dflt);
+bool msnap__env_no_caching(msnap_profile_t profile);
+
+/* ---- runtime_sim.c ------------------------------------------------------ */
+/* Host (pinned) memory is also simulated: no host RAM behind it. */
+
+/* ---- clock.c: time stamps ----------------------------------------------- */
+/* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */
+uint64_t msnap__clock_raw(void);
+/* Convert a raw reading to microseconds since the Unix epoch (calibrated
+ * against CLOCK_REALTIME; monotone). */
+int64_t msnap__clock_to_us(uint64_t raw);
+int64_t msnap__clock_now_us(void);
+
+/* ---- history.c / stack.c: the recorder ---------------------------------- */
+/* A recording context, captured at the start of malloc/free/empty_cache
+ * OUTSIDE the allocator lock, consumed under it.  stack is an id in the
+ * process-wide stack table (0 = none), holding one reference that the
+ * consumer takes over (msnap__stack_ref/unref). */
+typedef struct msnap_rctx_s {
+  uint32_t stack;           /* interned stack id, 0 = none          */
+  uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
+  uint32_t compile_context; /* interned string id, 0 = "N/A"         */
+  uint8_t level;            /* msnap_record_context_t at capture      */
+} msnap_rctx_t;
+
+/* True when history (or STATE context) is on for the allocator: the only
+ * check on the hot path when recording is off. */
+bool msnap__history_active(const msnap_allocator_t *a);
+/* Capture the calling thread's context.  is_free_site: a free()/
+ * empty_cache() call site (captured only at context level ALL). */
+void msnap__rctx_capture(msnap_allocator_t *a, msnap_rctx_t *ctx,
+                         bool is_free_site);
+/* Drop the references a context still holds. */
+void msnap__rctx_release(msnap_rctx_t *ctx);
+void msnap__stack_ref(uint32_t stack);
+void msnap__stack_unref(uint32_t stack);
+/* Append a trace entry to device's ring (skips skip_actions; takes a
+ * reference on ctx->stack if kept).  The caller holds the device lock.
+ * `stack_override` is used instead of ctx->stack when non-zero (free_* of
+ * a block at levels below ALL use the block's alloc stack). */
+void msnap__history_record_locked(msnap_allocator_t *a, int device,
+                                  msnap_action_t action, uint64_t addr,
+                                  uint64_t size, uint64_t stream,
+                                  msnap_mempool_id_t pool,
+                                  const msnap_rctx_t *ctx,
+                                  uint32_t stack_override);
+/* Per-allocator recorder state (created lazily by msnap_record_history). */
+struct msnap_recorder_s;
+void msnap__recorder_destroy(struct msnap_recorder_s *r);
+
+/* ---- alloc.c: what the recorder and snapshots need from the allocator -- */
+/* Lock/unlock one device's allocator. */
+void msnap__device_lock(msnap_allocator_t *a, int device);
+void msnap__device_unlock(msnap_allocator_t *a, int device);
+struct msnap_recorder_s **msnap__allocator_recorder(msnap_allocator_t *a);
+/* Append the device's segments (sorted by address; expandable segments one
+ * per contiguous mapped range) and their blocks to `out`, filtered by pool
+ * ({0,0} = every pool).  Stack fields hold RAW recorder stack ids (with a
+ * reference taken each) -- msnap__snap_import_stacks converts them after
+ * the lock is released.  Caller holds the device lock.  Returns the total
+ * active bytes of the reported segments (the `snapshot` entry's size) in
+ * *active_bytes. */
+int msnap__device_collect_segments_locked(msnap_allocator_t *a, int device,
+                                          msnap_mempool_id_t pool,
+                                          msnap_snap_t *out,
+                                          uint64_t *active_bytes);
+/* Live allocation lookup (annotate, traceback): block stack id and
+ * requested size, caller holds no lock. */
+int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
+                           uint64_t *requested_size, uint64_t *stream,
+                           msnap_mempool_id_t *pool, uint32_t *stack);
+const msnap_conf_t *msnap__allocator_conf(msnap_allocator_t *a);
+
+/* ---- snapshot_take.c ---------------------------------------------------- */
+/* Build the snapshot model of a live allocator (copies under the locks,
+ * resolves stacks and symbols outside them). */
+int msnap__snapshot_take(msnap_allocator_t *a,
+                         const msnap_snapshot_options_t *o,
+                         msnap_snap_t **out);
+/* Replace raw recorder stack ids in every frames field of s by model stacks
+ * (resolving Python frames and C symbols once per unique address), and
+ * drop the references taken during collection. */
+int msnap__snap_import_stacks(msnap_snap_t *s);
+
+/* ---- oom.c: OOM observers and OOM_SNAPSHOT_ENABLE auto-dump ------------- */
+void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
+                       uint64_t device_total, uint64_t device_free);
+
+#endif /* MSNAP_INTERNAL_H */

@@ -1,0 +1,2 @@
+/* oom.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* pickle_read.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* plugin.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* pool.c -- to be written. */
+#include "msnap_internal.h"

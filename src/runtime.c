@@ -1,0 +1,2 @@
+/* runtime.c -- to be written. */
+#include "msnap_internal.h"

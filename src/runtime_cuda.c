@@ -1,0 +1,2 @@
+/* runtime_cuda.c -- to be written. */
+#include "msnap_internal.h"

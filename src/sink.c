@@ -1,0 +1,2 @@
+/* sink.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,57 @@
+/*
+ * sink.h -- output streams behind one ops struct (the redis `rio` / jemalloc
+ * `write_cb` pattern): file, memory buffer, or a caller callback (Python
+ * file), behind a buffered writer with a sticky error.
+ *
+ * Invariants: `err` is sticky -- once a write fails every later write is a
+ * no-op and msnap__sink_finish returns that error; `bytes` counts bytes
+ * accepted by write() (including buffered ones).
+ */
+#ifndef MSNAP_SINK_H
+#define MSNAP_SINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct msnap_sink_s {
+  /* Backend: write len bytes; return 0 or a negative MSNAP_E* code. */
+  int (*write_cb)(void *opaque, const void *p, size_t len);
+  void *opaque;
+  unsigned char *buf; /* buffer of cap bytes, used bytes in `used` */
+  size_t used, cap;
+  uint64_t bytes;
+  int err;
+} msnap_sink_t;
+
+/* Buffered write; the fast path is a memcpy into buf. */
+int msnap__sink_write(msnap_sink_t *s, const void *p, size_t len);
+int msnap__sink_flush(msnap_sink_t *s);
+/* Flush and free the buffer; returns the sticky error (0 if none). */
+int msnap__sink_finish(msnap_sink_t *s);
+
+/* Memory sink: grows *out; caller frees msnap__membuf_t.data with free(). */
+typedef struct msnap_membuf_s {
+  char *data;
+  size_t len, cap;
+} msnap_membuf_t;
+int msnap__sink_init_mem(msnap_sink_t *s, msnap_membuf_t *mb);
+/* File sink over an open fd (write(2) with EINTR/short-write handling;
+ * ENOSPC -> MSNAP_ENOSPC, other errors MSNAP_EIO). */
+int msnap__sink_init_fd(msnap_sink_t *s, int fd);
+/* Callback sink. */
+int msnap__sink_init_cb(msnap_sink_t *s,
+                        int (*write_cb)(void *, const void *, size_t),
+                        void *opaque);
+
+/* Atomic file output: open "<path>.tmp.<pid>.<n>" in the same directory;
+ * commit = fsync + rename over path; abort = unlink the temporary. */
+typedef struct msnap_atomic_file_s {
+  int fd;
+  char *tmp_path;
+  char *path;
+} msnap_atomic_file_t;
+int msnap__atomic_open(msnap_atomic_file_t *f, const char *path);
+int msnap__atomic_commit(msnap_atomic_file_t *f);
+void msnap__atomic_abort(msnap_atomic_file_t *f);
+
+#endif /* MSNAP_SINK_H */

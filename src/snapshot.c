@@ -1,0 +1,2 @@
+/* snapshot.c -- to be written. */
+#include "msnap_internal.h"

@@ -1,0 +1,2 @@
+/* snapshot_take.c -- to be written. */
+#include "msnap_internal.h"

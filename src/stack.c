@@ -1,0 +1,2 @@
+/* stack.c -- to be written. */
+#include "msnap_internal.h"

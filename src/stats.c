@@ -1,0 +1,2 @@
+/* stats.c -- to be written. */
+#include "msnap_internal.h"

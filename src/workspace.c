@@ -1,0 +1,2 @@
+/* workspace.c -- to be written. */
+#include "msnap_internal.h"
