@@ -165,11 +165,14 @@ typedef enum msnap_pobj_kind_e {
   MSNAP_POBJ_TUPLE,
   MSNAP_POBJ_DICT, /* items: key, value, key, value... */
   MSNAP_POBJ_SET,
-  MSNAP_POBJ_FROZENSET
+  MSNAP_POBJ_FROZENSET,
+  MSNAP_POBJ_FORWARDED /* replaced while still on the stack: see fwd */
 } msnap_pobj_kind_t;
 
 typedef struct msnap_pobj_s {
   msnap_pv_t *items;
+  msnap_pv_t fwd;     /* FORWARDED: the replacement value */
+  uint32_t stackrefs; /* copies of this object on the VM stack */
   uint32_t n, cap;
   uint32_t memo_slot; /* UINT32_MAX: not memoized */
   uint32_t gen;
@@ -226,8 +229,12 @@ msnap_pint_t msnap__pvm_int(const msnap_pvm_t *vm, msnap_pv_t v, int64_t *i,
 bool msnap__pvm_float(const msnap_pvm_t *vm, msnap_pv_t v, double *f);
 /* Python type name of a value for messages ("str", "dict"...). */
 const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v);
-/* Convert a value (no REC inside) into a generic tree; MSNAP_EFORMAT for
- * values the tree cannot hold (bytes, sets, big ints). */
+/* Convert a value into a generic tree; MSNAP_EFORMAT for values the tree
+ * cannot hold (bytes, sets, big ints).  REC values go through the hook set
+ * with msnap__pvm_set_rec_gv (error without one). */
+void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
+                           int (*cb)(void *ctx, msnap_pv_t v,
+                                     msnap_gv_t *out));
 int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
 
 /* Canonical text of any pickle (for tests against CPython; see

@@ -72,6 +72,7 @@ struct msnap_pvm_s {
   void *cb_ctx;
   void (*progress)(void *ctx, size_t consumed);
   void *progress_ctx;
+  int (*rec_gv)(void *ctx, msnap_pv_t v, msnap_gv_t *out);
 
   msnap_pv_t *stack;
   uint32_t sn, scap;
@@ -179,6 +180,12 @@ void msnap__pvm_free(msnap_pvm_t *vm) {
   free(vm);
 }
 
+void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
+                           int (*cb)(void *ctx, msnap_pv_t v,
+                                     msnap_gv_t *out)) {
+  vm->rec_gv = cb;
+}
+
 void msnap__pvm_set_progress(msnap_pvm_t *vm,
                              void (*cb)(void *ctx, size_t consumed),
                              void *ctx) {
@@ -252,7 +259,8 @@ bool msnap__pvm_float(const msnap_pvm_t *vm, msnap_pv_t v, double *f) {
   return true;
 }
 
-msnap_pobj_t *msnap__pvm_obj(msnap_pvm_t *vm, msnap_pv_t v) {
+/* The object of v, live or forwarded; NULL for stale references. */
+static msnap_pobj_t *obj_any(const msnap_pvm_t *vm, msnap_pv_t v) {
   if (MSNAP_PV_TAG(v) != MSNAP_PV_OBJ) return NULL;
   uint64_t p = MSNAP_PV_PAYLOAD(v);
   uint32_t idx = (uint32_t)(p & OBJ_INDEX_MASK);
@@ -261,6 +269,38 @@ msnap_pobj_t *msnap__pvm_obj(msnap_pvm_t *vm, msnap_pv_t v) {
   msnap_pobj_t *o = &vm->objs[idx];
   if (o->kind == MSNAP_POBJ_FREE || o->gen != gen) return NULL;
   return o;
+}
+
+msnap_pobj_t *msnap__pvm_obj(msnap_pvm_t *vm, msnap_pv_t v) {
+  msnap_pobj_t *o = obj_any(vm, v);
+  return o && o->kind != MSNAP_POBJ_FORWARDED ? o : NULL;
+}
+
+static void obj_release_slot(msnap_pvm_t *vm, msnap_pobj_t *o) {
+  uint32_t idx = (uint32_t)(o - vm->objs);
+  if (msnap__grow((void **)&vm->free_objs, &vm->free_cap, vm->nfree, 1,
+                  sizeof *vm->free_objs) < 0)
+    return; /* leak the slot rather than fail */
+  free(o->items);
+  o->items = NULL;
+  o->n = o->cap = 0;
+  o->kind = MSNAP_POBJ_FREE;
+  o->gen++;
+  vm->free_objs[vm->nfree++] = idx;
+}
+
+/* A stack copy of v goes away. */
+static inline void stack_unref(msnap_pvm_t *vm, msnap_pv_t v) {
+  if (MSNAP_PV_TAG(v) != MSNAP_PV_OBJ) return;
+  msnap_pobj_t *o = obj_any(vm, v);
+  if (!o || !o->stackrefs) return;
+  o->stackrefs--;
+  if (o->kind == MSNAP_POBJ_FORWARDED && o->stackrefs == 0)
+    obj_release_slot(vm, o);
+}
+
+static void stack_unref_range(msnap_pvm_t *vm, uint32_t from, uint32_t to) {
+  for (uint32_t i = from; i < to; i++) stack_unref(vm, vm->stack[i]);
 }
 
 const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
@@ -319,6 +359,8 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
   o->n = 0;
   o->cap = cap;
   o->memo_slot = UINT32_MAX;
+  o->stackrefs = 0;
+  o->fwd = 0;
   o->depth = 1;
   o->kind = kind;
   o->flags = 0;
@@ -327,21 +369,25 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
   return 0;
 }
 
+/*
+ * Replace a container by v: its memo slot now holds v; copies still on
+ * the stack (a memo reference pushed before the container was stored)
+ * are forwarded to v until they are consumed, then the slot is recycled.
+ */
 void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v) {
   msnap_pobj_t *o = msnap__pvm_obj(vm, obj);
   if (!o) return;
-  uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(obj) & OBJ_INDEX_MASK);
   if (o->memo_slot < vm->memo_cap && vm->memo[o->memo_slot] == obj)
     vm->memo[o->memo_slot] = v;
-  if (msnap__grow((void **)&vm->free_objs, &vm->free_cap, vm->nfree, 1,
-                  sizeof *vm->free_objs) < 0)
-    return; /* leak the slot rather than fail: it stays valid */
-  free(o->items);
-  o->items = NULL;
-  o->n = o->cap = 0;
-  o->kind = MSNAP_POBJ_FREE;
-  o->gen++;
-  vm->free_objs[vm->nfree++] = idx;
+  if (o->stackrefs) {
+    free(o->items);
+    o->items = NULL;
+    o->n = o->cap = 0;
+    o->kind = MSNAP_POBJ_FORWARDED;
+    o->fwd = v;
+    return;
+  }
+  obj_release_slot(vm, o);
 }
 
 /*
@@ -351,7 +397,11 @@ void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v) {
 static int complete(msnap_pvm_t *vm, msnap_pv_t *v, uint32_t *depth) {
   *depth = 0;
   if (MSNAP_PV_TAG(*v) != MSNAP_PV_OBJ) return 0;
-  msnap_pobj_t *o = msnap__pvm_obj(vm, *v);
+  msnap_pobj_t *o = obj_any(vm, *v);
+  if (o && o->kind == MSNAP_POBJ_FORWARDED) {
+    *v = o->fwd;
+    return 0;
+  }
   if (!o)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                            "reference to a container that was already "
@@ -382,14 +432,16 @@ static bool unhashable(msnap_pvm_t *vm, msnap_pv_t k) {
  * a key that must be hashable.
  */
 static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
-                      uint32_t n, bool keys) {
+                      uint32_t n, bool keys, bool from_stack) {
   for (uint32_t i = 0; i < n; i++) {
     uint32_t d;
     if (keys && (i & 1) == 0 && unhashable(vm, vals[i]))
       return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unhashable %s as a key",
                              msnap__pvm_type(vm, vals[i]));
+    msnap_pv_t orig = vals[i];
     int rc = complete(vm, &vals[i], &d);
     if (rc < 0) return rc;
+    if (from_stack) stack_unref(vm, orig);
     msnap_pobj_t *o = msnap__pvm_obj(vm, c);
     if (!o)
       return msnap__pvm_fail(vm, MSNAP_EFORMAT,
@@ -422,6 +474,10 @@ static inline int push(msnap_pvm_t *vm, msnap_pv_t v) {
       return oom(vm);
   }
   vm->stack[vm->sn++] = v;
+  if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ) {
+    msnap_pobj_t *o = obj_any(vm, v);
+    if (o) o->stackrefs++;
+  }
   return 0;
 }
 
@@ -469,7 +525,8 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
   msnap_pv_t c;
   int rc = obj_new(vm, kind, n, &c);
   if (rc < 0) return rc;
-  rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT);
+  rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
+                  true);
   if (rc < 0) return rc;
   vm->sn = first;
   return push(vm, c);
@@ -867,7 +924,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
       break;
     case MSNAP_OP_POP:
       if (vm->sn > mark_base(vm))
-        vm->sn--;
+        stack_unref(vm, vm->stack[--vm->sn]);
       else if (vm->mn)
         vm->mn--;
       else
@@ -876,6 +933,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_POP_MARK: {
       uint32_t first = 0;
       TRY(pop_mark(vm, &first));
+      stack_unref_range(vm, first, vm->sn);
       vm->sn = first;
       break;
     }
@@ -1075,7 +1133,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
       TRY(pop(vm, &v));
       TRY(top(vm, &l));
       TRY(container_at(vm, *l, MSNAP_POBJ_LIST, "APPEND"));
-      TRY(obj_extend(vm, *l, &v, 1, false));
+      TRY(obj_extend(vm, *l, &v, 1, false, true));
       break;
     }
     case MSNAP_OP_APPENDS:
@@ -1101,7 +1159,8 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
             return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                                    "unhashable %s in a set",
                                    msnap__pvm_type(vm, vm->stack[i]));
-      TRY(obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT));
+      TRY(obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
+                     true));
       vm->sn = first;
       break;
     }
@@ -1110,7 +1169,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
         return msnap__pvm_fail(vm, MSNAP_EFORMAT, "stack underflow");
       msnap_pv_t c = vm->stack[vm->sn - 3];
       TRY(container_at(vm, c, MSNAP_POBJ_DICT, "SETITEM"));
-      TRY(obj_extend(vm, c, vm->stack + vm->sn - 2, 2, true));
+      TRY(obj_extend(vm, c, vm->stack + vm->sn - 2, 2, true, true));
       vm->sn -= 2;
       break;
     }
@@ -1234,6 +1293,9 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
     vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
     return 0;
   }
+  case MSNAP_PV_REC:
+    if (vm->rec_gv) return vm->rec_gv(vm->cb_ctx, v, out);
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
   default:
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                            "a %s cannot be kept as a generic value",
