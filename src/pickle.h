@@ -181,6 +181,17 @@ typedef struct msnap_pobj_s {
   uint8_t flags;
 } msnap_pobj_t;
 
+/* Object flag: a list whose items are REC values with consecutive indices
+ * is kept as a range (items NULL, first item in fwd): a million trace
+ * entries then cost no item array. */
+#define MSNAP_POBJF_RANGE 4u
+
+/* Item i of a container (works for ranges). */
+static inline msnap_pv_t msnap__pobj_item(const msnap_pobj_t *o, uint32_t i) {
+  return (o->flags & MSNAP_POBJF_RANGE) ? o->fwd + ((uint64_t)i << 3)
+                                        : o->items[i];
+}
+
 /* Integer classification of a value (msnap__pvm_int). */
 typedef enum msnap_pint_e {
   MSNAP_PINT_NOT_INT = 0,

@@ -48,7 +48,7 @@
 #define OBJ_INDEX_MASK ((1u << OBJ_INDEX_BITS) - 1)
 #define INLINE_MIN (-(INT64_C(1) << 60))
 #define INLINE_MAX ((INT64_C(1) << 60) - 1)
-#define PROGRESS_STEP (64u << 20)
+#define PROGRESS_STEP (8u << 20)
 
 enum box_kind_e { BOX_FLOAT, BOX_I64, BOX_U64, BOX_BIG };
 typedef struct box_s {
@@ -80,7 +80,7 @@ struct msnap_pvm_s {
   uint32_t mn, mcap;
 
   msnap_pv_t *memo;
-  uint32_t memo_cap, memo_count;
+  uint32_t memo_cap, memo_len, memo_count;
 
   msnap_pobj_t *objs;
   uint32_t nobjs, objs_cap;
@@ -285,6 +285,7 @@ static void obj_release_slot(msnap_pvm_t *vm, msnap_pobj_t *o) {
   o->items = NULL;
   o->n = o->cap = 0;
   o->kind = MSNAP_POBJ_FREE;
+  o->flags = 0;
   o->gen++;
   vm->free_objs[vm->nfree++] = idx;
 }
@@ -377,8 +378,9 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
 void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v) {
   msnap_pobj_t *o = msnap__pvm_obj(vm, obj);
   if (!o) return;
-  if (o->memo_slot < vm->memo_cap && vm->memo[o->memo_slot] == obj)
+  if (o->memo_slot < vm->memo_len && vm->memo[o->memo_slot] == obj)
     vm->memo[o->memo_slot] = v;
+  o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
   if (o->stackrefs) {
     free(o->items);
     o->items = NULL;
@@ -452,6 +454,32 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
                                "containers nested deeper than %d levels",
                                MSNAP_PICKLE_MAX_DEPTH);
       o->depth = (uint16_t)(d + 1);
+    }
+    msnap_pv_t it = vals[i];
+    if (o->flags & MSNAP_POBJF_RANGE) {
+      if (it == o->fwd + ((uint64_t)o->n << 3) && o->n < UINT32_MAX - 1) {
+        o->n++;
+        continue;
+      }
+      /* the range ends: materialize it */
+      uint32_t cnt = o->n, cap = cnt + (n - i) + 8;
+      msnap_pv_t *items = malloc((size_t)cap * sizeof *items);
+      if (!items) return oom(vm);
+      for (uint32_t k = 0; k < cnt; k++)
+        items[k] = o->fwd + ((uint64_t)k << 3);
+      o->items = items;
+      o->cap = cap;
+      o->fwd = 0;
+      o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
+    } else if (o->n == 0 && o->kind == MSNAP_POBJ_LIST &&
+               MSNAP_PV_TAG(it) == MSNAP_PV_REC) {
+      free(o->items);
+      o->items = NULL;
+      o->cap = 0;
+      o->fwd = it;
+      o->flags |= MSNAP_POBJF_RANGE;
+      o->n = 1;
+      continue;
     }
     if (o->n == o->cap) {
       uint32_t extra = o->cap < 8 ? 8 : o->cap / 2;
@@ -551,9 +579,10 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
     if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
                     sizeof *vm->memo) < 0)
       return oom(vm);
-    for (uint32_t i = old; i < vm->memo_cap; i++)
-      vm->memo[i] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
   }
+  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
+  for (; vm->memo_len <= idx; vm->memo_len++)
+    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
   if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     vm->memo_count++;
   vm->memo[idx] = *t;
@@ -566,7 +595,7 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
 }
 
 static int memo_get(msnap_pvm_t *vm, uint64_t idx) {
-  if (idx >= vm->memo_cap ||
+  if (idx >= vm->memo_len ||
       vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "memo key %llu is not defined",
                            (unsigned long long)idx);
@@ -1282,7 +1311,7 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
     o->flags |= OBJF_VISITING;
     uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(v) & OBJ_INDEX_MASK);
     for (uint32_t k = 0; k < n; k++) {
-      int rc = to_gv(vm, vm->objs[idx].items[k], &items[k], depth + 1,
+      int rc = to_gv(vm, msnap__pobj_item(&vm->objs[idx], k), &items[k], depth + 1,
                      budget);
       if (rc < 0) {
         vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
@@ -1385,7 +1414,7 @@ static int canon_set(canon_t *c, msnap_pobj_t *o, uint32_t idx,
     msnap_sink_t s;
     if ((rc = msnap__sink_init_mem(&s, &mb)) < 0) break;
     c->out = &s;
-    rc = canon(c, c->vm->objs[idx].items[k], depth + 1);
+    rc = canon(c, msnap__pobj_item(&c->vm->objs[idx], k), depth + 1);
     c->out = saved;
     if (rc == 0) rc = msnap__sink_write(&s, "", 1);
     int frc = msnap__sink_finish(&s);
@@ -1467,7 +1496,7 @@ static int canon(canon_t *c, msnap_pv_t v, unsigned depth) {
     } else {
       for (uint32_t k = 0; rc == 0 && k < vm->objs[idx].n; k++) {
         if (k) cput(c, kind == MSNAP_POBJ_DICT && (k & 1) ? ":" : ",");
-        rc = canon(c, vm->objs[idx].items[k], depth + 1);
+        rc = canon(c, msnap__pobj_item(&vm->objs[idx], k), depth + 1);
       }
     }
     vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
