@@ -425,6 +425,66 @@ static void test_live_model_keys(void **state) {
   free(tmp);
 }
 
+/* A python3 that has torch (for torch.cuda._memory_viz), or NULL. */
+static const char *torch_python(void) {
+  static char buf[4096];
+  const char *env = getenv("MEMSNAP_TORCH_PYTHON");
+  const char *cands[3] = {env, NULL, "python3"};
+  snprintf(buf, sizeof buf, "%s/.venv/bin/python", tu_src());
+  cands[1] = buf;
+  for (int i = 0; i < 3; i++) {
+    if (!cands[i]) continue;
+    if (py("'%s' -c 'import torch.cuda._memory_viz' >/dev/null 2>&1",
+           cands[i]) == 0)
+      return cands[i];
+  }
+  return NULL;
+}
+
+/* `python -m torch.cuda._memory_viz stats|trace` prints the same for each
+ * real input and its rewrite (memsnap convert's promise); vizcheck.py
+ * runs segsum()/trace() for all files in one process. */
+static void test_memory_viz_cli(void **state) {
+  (void)state;
+  const char *dir = tu_real_inputs();
+  const char *tp = torch_python();
+  if (!dir || !tp) {
+    fprintf(stderr, "SKIP test_memory_viz_cli: %s\n",
+            !dir ? "../shared/real_inputs missing"
+                 : "no python with torch (set MEMSNAP_TORCH_PYTHON)");
+    skip();
+  }
+  char *tmp = tu_tmpdir();
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  struct dirent *e;
+  static char args[12000];
+  size_t al = 0;
+  int n = 0;
+  while ((e = readdir(d))) {
+    if (!is_snapshot_file(e->d_name)) continue;
+    char path[8192], out[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    snprintf(out, sizeof out, "%s/%s", tmp, e->d_name);
+    msnap_snap_t *s = NULL;
+    msnap_read_error_t err;
+    assert_int_equal(msnap__snap_read_file(path, &s, &err), 0);
+    assert_int_equal(msnap__snap_write_file(s, out, false), 0);
+    msnap__snap_free(s);
+    al += (size_t)snprintf(args + al, sizeof args - al, " '%s' '%s'", path,
+                           out);
+    assert_true(al < sizeof args);
+    n++;
+  }
+  closedir(d);
+  assert_true(n >= 8);
+  int rc = py("'%s' '%s/tests/pickle/vizcheck.py' %s 2>/dev/null", tp,
+              tu_src(), args);
+  assert_int_equal(rc, 0);
+  tu_rmrf(tmp);
+  free(tmp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_inputs),
@@ -433,6 +493,7 @@ int main(void) {
       cmocka_unit_test(test_bit_flips),
       cmocka_unit_test(test_refuses_code),
       cmocka_unit_test(test_live_model_keys),
+      cmocka_unit_test(test_memory_viz_cli),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
