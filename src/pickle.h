@@ -51,16 +51,57 @@ int msnap__pw_init(msnap_pw_t *w, msnap_sink_t *sink);
 int msnap__pw_finish(msnap_pw_t *w);
 /* Release without writing more (after an error). */
 void msnap__pw_abort(msnap_pw_t *w);
-void msnap__pw_op(msnap_pw_t *w, unsigned char op);
-void msnap__pw_int(msnap_pw_t *w, int64_t v);
+/* Emit the current frame (internal to the inline fast paths below). */
+void msnap__pw_flush_frame(msnap_pw_t *w);
+/* Room for n more bytes in the current frame (n <= frame size); NULL
+ * after an error. */
+static inline unsigned char *msnap__pw_room(msnap_pw_t *w, size_t n) {
+  if (__builtin_expect(w->used + n > MSNAP_PW_FRAME_SIZE, 0))
+    msnap__pw_flush_frame(w);
+  if (__builtin_expect(w->err != 0, 0)) return NULL;
+  unsigned char *p = w->buf + 9 + w->used;
+  w->used += n;
+  return p;
+}
+static inline void msnap__pw_op(msnap_pw_t *w, unsigned char op) {
+  unsigned char *p = msnap__pw_room(w, 1);
+  if (p) *p = op;
+}
+/* Slow path of msnap__pw_int (BININT2 and wider). */
+void msnap__pw_int_wide(msnap_pw_t *w, int64_t v);
+static inline void msnap__pw_int(msnap_pw_t *w, int64_t v) {
+  if (v >= 0 && v < 256) {
+    unsigned char *p = msnap__pw_room(w, 2);
+    if (p) {
+      p[0] = 'K'; /* BININT1 */
+      p[1] = (unsigned char)v;
+    }
+    return;
+  }
+  msnap__pw_int_wide(w, v);
+}
 /* Unsigned: values >= 2^63 are refused (MSNAP_EINVAL, sticky). */
 void msnap__pw_uint(msnap_pw_t *w, uint64_t v, const char *what);
 void msnap__pw_float(msnap_pw_t *w, double v);
 void msnap__pw_bool(msnap_pw_t *w, bool v);
 void msnap__pw_str(msnap_pw_t *w, const char *p, size_t len);
 /* MEMOIZE the object on top of the stack; returns its memo id. */
-uint32_t msnap__pw_memoize(msnap_pw_t *w);
-void msnap__pw_get(msnap_pw_t *w, uint32_t memo_id);
+static inline uint32_t msnap__pw_memoize(msnap_pw_t *w) {
+  msnap__pw_op(w, 0x94); /* MEMOIZE */
+  return w->memo_next++;
+}
+static inline void msnap__pw_get(msnap_pw_t *w, uint32_t id) {
+  unsigned char *p;
+  if (id < 256) {
+    if ((p = msnap__pw_room(w, 2))) {
+      p[0] = 'h'; /* BINGET */
+      p[1] = (unsigned char)id;
+    }
+  } else if ((p = msnap__pw_room(w, 5))) {
+    p[0] = 'j'; /* LONG_BINGET */
+    for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(id >> (8 * i));
+  }
+}
 
 /* Opcodes used by the writer and the reader. */
 enum {

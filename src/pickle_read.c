@@ -673,6 +673,11 @@ static int push_decimal(msnap_pvm_t *vm, const char *s, size_t n) {
   if (n && (*s == '-' || *s == '+')) neg = *s == '-', s++, n--;
   if (n == 0)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "empty integer literal");
+  /* the conversion is quadratic; CPython also refuses longer literals
+   * (sys.int_info.default_max_str_digits) */
+  if (n > 4300)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "integer literal of %zu digits (limit 4300)", n);
   /* magnitude in 32-bit limbs, little-endian */
   size_t nl = n / 9 + 2;
   if (scratch(vm, nl * 4 + nl * 4 + 8) < 0) return MSNAP_ENOMEM;
