@@ -86,6 +86,14 @@ bool msnap__env_no_caching(msnap_profile_t profile);
 
 /* ---- runtime_sim.c ------------------------------------------------------ */
 /* Host (pinned) memory is also simulated: no host RAM behind it. */
+/* Create a sim runtime context with explicit parameters (the ops table's
+ * init reads MEMSNAP_SIM_DEVICES / MEMSNAP_SIM_MEMORY instead); devices is
+ * clamped to [1, 64], memory to [2 MiB, 256 TiB].  Free with the sim ops
+ * table's fini. */
+int msnap__sim_create(int devices, uint64_t memory, void **ctx);
+/* Invariant checker of a sim context: 0, or MSNAP_ESTATE with the first
+ * violation in msg. */
+int msnap__sim_check(void *ctx, char *msg, size_t msg_len);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */
