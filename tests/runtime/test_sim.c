@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <cmocka.h>
@@ -475,6 +476,62 @@ static void test_no_host_ram(void **state) {
   ops->fini(ctx);
 }
 
+/* Several threads hammer one context; the mutex keeps it consistent. */
+typedef struct worker_s {
+  void *ctx;
+  int device;
+  unsigned seed;
+  int failures;
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  uint64_t live[32] = {0};
+  for (int i = 0; i < 3000; i++) {
+    int slot = (int)(rand_r(&w->seed) % 32);
+    if (live[slot] != 0) {
+      if (ops->free(w->ctx, w->device, live[slot]) != 0) w->failures++;
+      live[slot] = 0;
+    } else {
+      size_t size = 512u << (rand_r(&w->seed) % 14);
+      if (ops->malloc(w->ctx, w->device, size, &live[slot]) != 0)
+        w->failures++;
+    }
+    uint64_t ev;
+    if (i % 100 == 0) {
+      if (ops->event_create(w->ctx, w->device, &ev) != 0 ||
+          ops->event_record(w->ctx, w->device, ev, (uint64_t)i) != 0 ||
+          ops->event_destroy(w->ctx, w->device, ev) != 0)
+        w->failures++;
+    }
+  }
+  for (int k = 0; k < 32; k++)
+    if (live[k] != 0 && ops->free(w->ctx, w->device, live[k]) != 0)
+      w->failures++;
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  void *ctx = make(2, 4 * GiB);
+  enum { T = 4 };
+  pthread_t th[T];
+  worker_t w[T];
+  for (int i = 0; i < T; i++) {
+    w[i] = (worker_t){ctx, i % 2, (unsigned)(i + 1) * 7919u, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, worker, &w[i]), 0);
+  }
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(w[i].failures, 0);
+  }
+  CHECK(ctx);
+  assert_int_equal(msnap_sim_live_allocations(ctx), 0);
+  assert_int_equal(free_bytes(ctx, 0), 4 * GiB);
+  assert_int_equal(free_bytes(ctx, 1), 4 * GiB);
+  ops->fini(ctx);
+}
+
 int main(void) {
   ops = msnap_runtime_sim();
   const struct CMUnitTest tests[] = {
@@ -490,6 +547,7 @@ int main(void) {
       cmocka_unit_test(test_next_address),
       cmocka_unit_test(test_oom_at_capacity),
       cmocka_unit_test(test_no_host_ram),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
