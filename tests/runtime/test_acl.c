@@ -40,7 +40,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  dlclose(fake_lib);
+  if (fake_lib != NULL) dlclose(fake_lib);
   return 0;
 }
 

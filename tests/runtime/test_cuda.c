@@ -45,8 +45,8 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  dlclose(drv_lib);
-  dlclose(rt_lib);
+  if (drv_lib != NULL) dlclose(drv_lib);
+  if (rt_lib != NULL) dlclose(rt_lib);
   return 0;
 }
 
