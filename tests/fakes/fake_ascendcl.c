@@ -18,6 +18,8 @@
  *   "current_device"     this thread's current device (-1 none)
  *   "init_calls"         aclInit calls so far
  *   "used"  dev      bytes charged on device dev
+ *   "complete_all"   complete every pending event
+ *   "pending_count"  number of pending events
  *
  * Invariants: used[d] = sum of live malloc and physical sizes on d; one
  * mutex guards every list.
@@ -416,6 +418,12 @@ long fake_acl_control(const char *what, long value) {
   long r = 0;
   if (strcmp(what, "pending_events") == 0) pending_mode = (int)value;
   else if (strcmp(what, "fail_next") == 0) fail_next = value;
+  else if (strcmp(what, "complete_all") == 0) {
+    for (node_t *n = nodes; n; n = n->next)
+      if (n->kind == 2 && n->state == 1) n->state = 2;
+  } else if (strcmp(what, "pending_count") == 0) {
+    for (node_t *n = nodes; n; n = n->next) r += n->kind == 2 && n->state == 1;
+  }
   else if (strcmp(what, "live") == 0)
     for (node_t *n = nodes; n; n = n->next) r++;
   else if (strcmp(what, "set_device_calls") == 0) r = set_device_calls;

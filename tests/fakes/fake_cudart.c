@@ -11,7 +11,8 @@
  *   "pending_events" 1/0, "fail_next" code, "live" (allocations, events,
  *   host blocks, plus the driver's handles and reservations as reported
  *   through fake_cuda_live_add), "set_device_calls", "current_device",
- *   "used" dev, "last_error" (peek).
+ *   "used" dev, "last_error" (peek), "complete_all" (complete every pending
+ *   event), "pending_count".
  *
  * Invariants: used[d] = sum of live cudaMalloc sizes on d plus the driver
  * allocations charged on d; one mutex guards everything.
@@ -302,6 +303,12 @@ long fake_cuda_control(const char *what, long value) {
   long r = 0;
   if (strcmp(what, "pending_events") == 0) pending_mode = (int)value;
   else if (strcmp(what, "fail_next") == 0) fail_next = value;
+  else if (strcmp(what, "complete_all") == 0) {
+    for (node_t *n = nodes; n; n = n->next)
+      if (n->kind == 2 && n->state == 1) n->state = 2;
+  } else if (strcmp(what, "pending_count") == 0) {
+    for (node_t *n = nodes; n; n = n->next) r += n->kind == 2 && n->state == 1;
+  }
   else if (strcmp(what, "live") == 0) {
     for (node_t *n = nodes; n; n = n->next) r++;
     r += driver_live;
