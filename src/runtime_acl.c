@@ -380,8 +380,12 @@ static int acl_vmm_reserve(void *ctx, int device, size_t size,
   int rc = guard_enter(a, device, &g);
   if (rc) return rc;
   void *p = NULL;
+  /* A non-power-of-two alignment (e.g. a 20 MiB granule) is rounded up
+   * to the next power of two, as the drivers want powers of two. */
+  size_t align = alignment;
+  while (align & (align - 1)) align += align & -align;
   /* flags = 1 as torch_npu passes. */
-  aclError e = a->aclrtReserveMemAddress(&p, size, alignment, NULL, 1);
+  aclError e = a->aclrtReserveMemAddress(&p, size, align, NULL, 1);
   guard_leave(a, &g);
   if (e != ACL_SUCCESS) return acl_err("aclrtReserveMemAddress", e, device);
   *va = (uint64_t)(uintptr_t)p;

@@ -425,7 +425,11 @@ static int cuda_vmm_reserve(void *ctx, int device, size_t size,
   int rc = guard_enter(c, device, &g);
   if (rc) return rc;
   CUdeviceptr p = 0;
-  CUresult r = c->cuMemAddressReserve(&p, size, alignment, 0, 0);
+  /* A non-power-of-two alignment (e.g. a 20 MiB granule) is rounded up
+   * to the next power of two, as the drivers want powers of two. */
+  size_t align = alignment;
+  while (align & (align - 1)) align += align & -align;
+  CUresult r = c->cuMemAddressReserve(&p, size, align, 0, 0);
   guard_leave(c, &g);
   if (r != CUDA_SUCCESS) return cuda_err("cuMemAddressReserve", r, device);
   *va = (uint64_t)p;

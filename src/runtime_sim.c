@@ -20,8 +20,8 @@
  *     next malloc on a device (any 512-aligned address whose range is free,
  *     inside or outside the region: replay may use real addresses).
  *   - vmm_reserve places a range at the lowest fitting address of the VMM
- *     region, aligned to max(alignment, 2 MiB); sizes must be multiples of
- *     the 2 MiB granule.  A reservation is not charged to device memory;
+ *     region, aligned to max(next_pow2(alignment), 2 MiB) (a granule such as
+ *     20 MiB becomes 32 MiB); sizes must be multiples of the 2 MiB granule.  A reservation is not charged to device memory;
  *     each vmm_map charges its size.
  *   - Host (pinned) memory lives in [0x7e0000000000, 0x7f0000000000), placed
  *     lowest-fit with 4 KiB alignment, and is not charged to any device.
@@ -126,8 +126,6 @@ static uint64_t align_up(uint64_t x, uint64_t a) {
   if (x > UINT64_MAX - (a - 1)) return UINT64_MAX & ~(a - 1);
   return (x + a - 1) & ~(a - 1);
 }
-
-static bool is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 static uint64_t next_pow2(uint64_t x) {
   uint64_t p = 1;
@@ -484,16 +482,16 @@ static int sim_vmm_reserve(void *ctx, int device, size_t size,
   msnap_sim_t *s = ctx;
   int rc = enter(s, "vmm_reserve", device, true);
   if (rc) return rc;
-  if (size == 0 || size % SIM_GRANULE != 0 ||
-      (alignment != 0 && !is_pow2(alignment)))
+  if (size == 0 || size % SIM_GRANULE != 0 || alignment > ((size_t)1 << 40))
     return leave(s, msnap__set_error(
                         MSNAP_EINVAL,
                         "sim: vmm_reserve of %zu bytes aligned %zu: size must "
-                        "be a non-zero multiple of 2 MiB and alignment a "
-                        "power of two",
+                        "be a non-zero multiple of 2 MiB and alignment at "
+                        "most 1 TiB",
                         size, alignment));
   sim_device_t *d = &s->dev[device];
-  uint64_t align = alignment > SIM_GRANULE ? alignment : SIM_GRANULE;
+  uint64_t align = next_pow2(alignment);
+  if (align < SIM_GRANULE) align = SIM_GRANULE;
   uint64_t addr;
   if (!rs_place(&d->ranges, d->base + d->span / 16, d->base + d->span, size,
                 align, &addr))

@@ -188,7 +188,7 @@ static void run_no_caching(rt_case_t *c) {
   msnap_allocator_t *a = make(c, "", 1);
   uint64_t p = xmalloc(a, 0, 1000, 0);
   assert_true(c->control("used", 0) >= 1000);
-  assert_true(c->control("used", 0) < 2 * MiB);
+  assert_true(c->control("used", 0) < (long)(2 * MiB));
   xfree(a, p);
   assert_int_equal(c->control("used", 0), 0);
   msnap_allocator_destroy(a);

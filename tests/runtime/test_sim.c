@@ -339,8 +339,15 @@ static void test_vmm(void **state) {
   assert_non_null(strstr(msnap_last_error(), "not inside a reservation"));
   assert_int_equal(ops->vmm_map(ctx, 0, va + 512, 2 * MiB, &h4), MSNAP_EINVAL);
   assert_int_equal(ops->vmm_reserve(ctx, 0, 3 * MiB, 0, &h4), MSNAP_EINVAL);
-  assert_int_equal(ops->vmm_reserve(ctx, 0, 2 * MiB, 3 * MiB, &h4),
-                   MSNAP_EINVAL);
+  /* A non-power-of-two alignment rounds up: 20 MiB -> 32 MiB. */
+  uint64_t va3 = 0;
+  assert_int_equal(ops->vmm_reserve(ctx, 0, 2 * MiB, 20 * MiB, &va3), 0);
+  assert_int_equal(va3, va + 2 * GiB);
+  assert_int_equal(va3 % (32 * MiB), 0);
+  assert_int_equal(ops->vmm_reserve(ctx, 0, 2 * MiB, 1 * MiB, &va3), 0);
+  assert_int_equal(va3, va + 2 * GiB + 2 * MiB);
+  assert_int_equal(ops->vmm_release(ctx, 0, va + 2 * GiB, 2 * MiB), 0);
+  assert_int_equal(ops->vmm_release(ctx, 0, va3, 2 * MiB), 0);
   assert_int_equal(h4, 11);
   /* Release refuses while mapped. */
   assert_int_equal(ops->vmm_release(ctx, 0, va, 1 * GiB), MSNAP_ERUNTIME);
