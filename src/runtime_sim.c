@@ -102,7 +102,10 @@ typedef struct sim_event_s {
   int state;
 } sim_event_t;
 
+#define SIM_MAGIC 0x6d73696du /* "msim": guards the msnap_sim_* calls */
+
 typedef struct msnap_sim_s {
+  uint32_t magic;
   pthread_mutex_t lock;
   int ndev;
   sim_device_t *dev;
@@ -260,6 +263,7 @@ int msnap__sim_create(int devices, uint64_t memory, void **ctx) {
     return msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory");
   }
   pthread_mutex_init(&s->lock, NULL);
+  s->magic = SIM_MAGIC;
   s->ndev = devices;
   uint64_t span = next_pow2(memory) * 64;
   if (span < ((uint64_t)1 << 44)) span = (uint64_t)1 << 44;
@@ -291,6 +295,7 @@ static void sim_fini(void *ctx) {
   free(s->maps);
   free(s->events);
   pthread_mutex_destroy(&s->lock);
+  s->magic = 0;
   free(s);
 }
 
@@ -679,8 +684,15 @@ const msnap_runtime_ops_t *msnap_runtime_sim(void) { return &sim_ops; }
 
 /* ---- control calls ------------------------------------------------------------ */
 
-void msnap_sim_set_manual_events(void *ctx, bool manual) {
+/* The control calls accept any runtime's context and ignore non-sim ones
+ * (an allocator on acl or cuda hands out its own context). */
+static msnap_sim_t *as_sim(void *ctx) {
   msnap_sim_t *s = ctx;
+  return s != NULL && s->magic == SIM_MAGIC ? s : NULL;
+}
+
+void msnap_sim_set_manual_events(void *ctx, bool manual) {
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   s->manual = manual;
@@ -691,7 +703,7 @@ void msnap_sim_set_manual_events(void *ctx, bool manual) {
 }
 
 void msnap_sim_complete_events(void *ctx, uint64_t stream, bool all_streams) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->nevents; i++)
@@ -702,7 +714,7 @@ void msnap_sim_complete_events(void *ctx, uint64_t stream, bool all_streams) {
 }
 
 void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   s->fault_countdown = nth;
@@ -712,7 +724,7 @@ void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth) {
 }
 
 void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   if (device >= 0 && device < s->ndev) {
@@ -723,7 +735,7 @@ void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
 }
 
 uint64_t msnap_sim_live_allocations(void *ctx) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return 0;
   pthread_mutex_lock(&s->lock);
   uint64_t n = s->host.n + s->nmaps + s->live_events;
@@ -752,8 +764,13 @@ static bool rs_sorted(const sim_rangeset_t *rs, size_t *bad) {
 }
 
 int msnap__sim_check(void *ctx, char *msg, size_t msg_len) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   int rc = 0;
+  if (s == NULL) {
+    if (msg != NULL && msg_len > 0)
+      snprintf(msg, msg_len, "not a sim runtime context");
+    return MSNAP_EINVAL;
+  }
   pthread_mutex_lock(&s->lock);
   for (int dv = 0; dv < s->ndev; dv++) {
     const sim_device_t *d = &s->dev[dv];

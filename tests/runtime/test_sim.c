@@ -68,6 +68,17 @@ static void test_by_name(void **state) {
   assert_null(msnap_runtime_by_name("rocm"));
   assert_null(msnap_runtime_by_name(NULL));
   assert_string_equal(msnap_runtime_sim()->name, "sim");
+  /* Control calls ignore contexts that are not sim contexts. */
+  int not_sim[64] = {0};
+  msnap_sim_fail_nth(not_sim, NULL, 1);
+  msnap_sim_set_manual_events(not_sim, true);
+  msnap_sim_complete_events(not_sim, 0, true);
+  msnap_sim_set_next_address(not_sim, 0, 0x1000);
+  assert_int_equal(msnap_sim_live_allocations(not_sim), 0);
+  assert_int_equal(msnap_sim_live_allocations(NULL), 0);
+  for (int i = 0; i < 64; i++) assert_int_equal(not_sim[i], 0);
+  char m[64];
+  assert_int_equal(msnap__sim_check(not_sim, m, sizeof m), MSNAP_EINVAL);
   /* Every member of the table is implemented. */
   const msnap_runtime_ops_t *o = msnap_runtime_sim();
   void (*const *fn)(void) = (void (*const *)(void))&o->init;
