@@ -775,7 +775,10 @@ static bool alloc_block(msnap_device_t *d, msnap_params_t *p, bool is_retry,
     return false;
   }
   if (a->conf.throw_on_malloc_oom) {
-    uint64_t max_allowed = (uint64_t)(d->fraction * (double)d->device_total);
+    /* §8.4: the configured per_process_memory_fraction times the device
+     * total, checked after the set_memory_fraction limit above. */
+    uint64_t max_allowed = (uint64_t)(a->conf.per_process_memory_fraction *
+                                      (double)d->device_total);
     if (d->total_allocated_memory + size > max_allowed) {
       st->num_oom_rejections++;
       p->rejected = true;
@@ -1167,7 +1170,8 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
             "%s out of memory: allocation of %s on device %d preemptively "
             "rejected by throw_on_%smalloc_oom (per_process_memory_fraction "
             "%g of the device)",
-            prof_dev(a), s_alloc, d->id, npu ? "npu" : "cuda", d->fraction);
+            prof_dev(a), s_alloc, d->id, npu ? "npu" : "cuda",
+            conf->per_process_memory_fraction);
       }
       build_oom(d, &p, c, oom);
       return MSNAP_EOOM;

@@ -160,3 +160,15 @@ WEAK msnap_sblock_t *msnap__snap_add_block(msnap_snap_t *s) {
   memset(r, 0, sizeof *r);
   return r;
 }
+
+WEAK msnap_snap_t *msnap__snap_new(void) {
+  return calloc(1, sizeof(msnap_snap_t));
+}
+
+WEAK void msnap__snap_free(msnap_snap_t *s) {
+  if (!s)
+    return;
+  free(s->segments);
+  free(s->blocks);
+  free(s);
+}

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #define MAXD 4
-#define MAXA 65536
+#define MAXA 4096
 #define MAXE 4096
 
 typedef struct alloc_s {
