@@ -1601,7 +1601,7 @@ int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
                             "msnap_set_allocator_settings: NULL argument");
   char err[512] = "";
   lock_all(a);
-  int rc = msnap__conf_parse(&a->conf, conf, err, sizeof err);
+  int rc = msnap__conf_parse_runtime(&a->conf, conf, err, sizeof err);
   unlock_all(a);
   if (rc != 0)
     return msnap__set_error(rc, "%s", err[0] ? err : "invalid alloc conf");
@@ -1792,7 +1792,15 @@ int msnap_allocator_create(const msnap_options_t *opts,
                                            : msnap__env_no_caching(profile);
   atomic_init(&a->caching_enabled, !no_cache);
 
-  rc = rt->init(&a->rt_ctx);
+  if (rt == msnap_runtime_sim() && (o->sim_devices > 0 || o->sim_memory > 0))
+    rc = msnap__sim_create(o->sim_devices > 0 ? o->sim_devices : 1,
+                           o->sim_memory > 0 ? o->sim_memory
+                                             : msnap__env_size(
+                                                   "MEMSNAP_SIM_MEMORY",
+                                                   64ull << 30),
+                           &a->rt_ctx);
+  else
+    rc = rt->init(&a->rt_ctx);
   if (rc != 0) {
     snprintf(err, sizeof err, "device runtime '%s' failed to initialise: %s",
              rt->name ? rt->name : "?", msnap_strerror(rc));

@@ -144,7 +144,9 @@ static msnap_block_t *new_segment(msnap_device_t *d, msnap_params_t *p) {
     return NULL;
   }
   uint64_t va = 0;
-  int rc = a->rt->vmm_reserve(a->rt_ctx, d->id, n * g, g, &va);
+  /* Alignment 0: the runtime's default granularity, as PyTorch's
+   * cuMemAddressReserve(&ptr, size, 0, 0, 0). */
+  int rc = a->rt->vmm_reserve(a->rt_ctx, d->id, n * g, 0, &va);
   if (rc != 0) {
     msnap__segment_delete(d, s);
     msnap__block_delete(d, b);

@@ -247,6 +247,8 @@ static int f_reserve(void *ctx, int dev, size_t size, size_t align,
   LOCKED({
     rc = enter("vmm_reserve");
     if (!rc) {
+      if (align < 2097152)
+        align = 2097152;
       uint64_t p = (F.next_va[dev] + align - 1) / align * align;
       rc = add_alloc(p, size, dev, 2);
       if (!rc) {

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "talloc.h"
+#include "workload.h"
 
 static void tw_exp_helper(msnap_conf_t *c) { c->expandable_segments = true; }
 
@@ -570,52 +571,6 @@ static const char *fi_sites[] = {"malloc",      "free",
                                  "vmm_reserve",  "vmm_map",
                                  "vmm_unmap",    "vmm_release"};
 
-/* A workload that reaches every call site; returns live pointers freed. */
-static void fi_workload(msnap_allocator_t *a) {
-  static const uint64_t sizes[] = {700,      3 * MiB, 100000, 12 * MiB,
-                                   1 * MiB, 25 * MiB, 512,    5 * MiB};
-  uint64_t live[8] = {0};
-  for (int round = 0; round < 3; round++) {
-    for (int i = 0; i < 8; i++) {
-      uint64_t p = 0;
-      int rc = msnap_malloc(a, 0, sizes[(i + round) % 8], (uint64_t)(i % 2),
-                            &p);
-      INV(a);
-      if (rc == 0) {
-        live[i] = p;
-        if (i % 3 == 0)
-          (void)msnap_record_stream(a, p, 77);
-        if (i % 4 == 2) /* never completed: empty_cache synchronizes */
-          (void)msnap_record_stream(a, p, 78);
-        INV(a);
-      }
-    }
-    for (int i = 0; i < 8; i += 2) {
-      if (live[i]) {
-        assert_int_equal(msnap_free(a, live[i]), 0);
-        live[i] = 0;
-        INV(a);
-      }
-    }
-    fake_complete_events(77);
-    uint64_t p = 0;
-    if (msnap_malloc(a, 0, 2048, 1, &p) == 0) {
-      INV(a);
-      assert_int_equal(msnap_free(a, p), 0);
-    }
-    INV(a);
-    (void)msnap_empty_cache(a, -1);
-    INV(a);
-    for (int i = 1; i < 8; i += 2) {
-      if (live[i]) {
-        assert_int_equal(msnap_free(a, live[i]), 0);
-        live[i] = 0;
-        INV(a);
-      }
-    }
-  }
-}
-
 static void fault_injection(void **state) {
   (void)state;
   uint64_t runs = 0;
@@ -625,7 +580,7 @@ static void fault_injection(void **state) {
         /* Dry run: how many calls of this site does the workload make? */
         msnap_allocator_t *a = mk(exp ? CUDA : NPU, exp ? tw_exp_helper : NULL);
         fake_set_manual_events(true);
-        fi_workload(a);
+        fi_workload(a, fake_complete_events);
         uint64_t calls = fake_calls(fi_sites[si]);
         done(a);
         /* every site is reached: VMM sites with expandable segments on,
@@ -641,7 +596,7 @@ static void fault_injection(void **state) {
           fake_set_manual_events(true);
           fake_fail_nth(fi_sites[si], nth,
                         code ? MSNAP_EOOM : MSNAP_ERUNTIME);
-          fi_workload(a);
+          fi_workload(a, fake_complete_events);
           runs++;
           fake_fail_nth(NULL, 0, 0);
           EC(a);
