@@ -33,6 +33,10 @@
 
 #include "alloc_core.h"
 
+/* oom.c (recorder branch; declared in its msnap_internal.h): reads
+ * OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for a new allocator. */
+void msnap__oom_env_init(msnap_allocator_t *a);
+
 /* ------------------------------------------------------------------------
  * Small helpers.
  * ------------------------------------------------------------------------ */
@@ -1823,6 +1827,8 @@ int msnap_allocator_create(const msnap_options_t *opts,
   a->ndevices = n;
   for (int i = 0; i < n; i++)
     device_init(a, &a->devices[i], i);
+  /* OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH (recorder side, oom.c). */
+  msnap__oom_env_init(a);
   *out = a;
   return 0;
 

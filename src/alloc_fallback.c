@@ -52,3 +52,8 @@ WEAK void msnap__oom_notify(msnap_allocator_t *a, int device,
   (void)device_free;
 }
 
+
+/* Declared by the recorder branch (oom.c); called at the end of
+ * msnap_allocator_create. */
+void msnap__oom_env_init(msnap_allocator_t *a);
+WEAK void msnap__oom_env_init(msnap_allocator_t *a) { (void)a; }
