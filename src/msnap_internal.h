@@ -94,6 +94,13 @@ uint64_t msnap__clock_raw(void);
  * against CLOCK_REALTIME; monotone). */
 int64_t msnap__clock_to_us(uint64_t raw);
 int64_t msnap__clock_now_us(void);
+/* First use: pick the counter, take the first anchor (idempotent). */
+void msnap__clock_init(void);
+/* Refresh the conversion anchor against CLOCK_REALTIME (snapshot time). */
+void msnap__clock_calibrate(void);
+/* "tsc", "cntvct" or "clock_gettime". */
+const char *msnap__clock_source(void);
+int msnap__clock_check(char *msg, size_t len);
 
 /* ---- history.c / stack.c: the recorder ---------------------------------- */
 /* A recording context, captured at the start of malloc/free/empty_cache
