@@ -358,9 +358,36 @@ void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context) {
 
 /* ---- recording ------------------------------------------------------------ */
 
+/* OOM_SNAPSHOT_ENABLE seen in the environment: 0 unknown, 1 no, 2 yes. */
+static _Atomic int oom_env_seen;
+
+/* First call on an allocator without a recorder: if OOM_SNAPSHOT_ENABLE
+ * is set, run msnap__oom_env_init now (for allocators whose creation did
+ * not call it).  Cold path. */
+static __attribute__((noinline)) bool history_first_use(
+    const msnap_allocator_t *a) {
+  int seen = atomic_load_explicit(&oom_env_seen, memory_order_relaxed);
+  if (seen == 0) {
+    const char *e = getenv("OOM_SNAPSHOT_ENABLE");
+    seen = e && *e && strcmp(e, "0") != 0 ? 2 : 1;
+    atomic_store(&oom_env_seen, seen);
+  }
+  if (seen != 2) return false;
+  msnap__oom_env_init((msnap_allocator_t *)a);
+  msnap_recorder_t *r = rec_load(a);
+  if (r == NULL) /* not a usable value: stop looking */
+    atomic_store(&oom_env_seen, 1);
+  return r != NULL && atomic_load_explicit(&r->enabled, memory_order_relaxed);
+}
+
 bool msnap__history_active(const msnap_allocator_t *a) {
   msnap_recorder_t *r = rec_load(a);
-  return r != NULL && atomic_load_explicit(&r->enabled, memory_order_relaxed);
+  if (msnap_likely(r != NULL))
+    return atomic_load_explicit(&r->enabled, memory_order_relaxed);
+  if (msnap_likely(atomic_load_explicit(&oom_env_seen,
+                                        memory_order_relaxed) == 1))
+    return false;
+  return history_first_use(a);
 }
 
 /*

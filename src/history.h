@@ -102,6 +102,7 @@ typedef struct msnap_recorder_s {
   uint32_t nobservers, observers_cap;
   int oom_mode;                  /* OOM_SNAPSHOT_ENABLE at creation    */
   char *oom_path;                /* OOM_SNAPSHOT_PATH (NULL = ".")     */
+  bool oom_inited;               /* msnap__oom_env_init ran            */
 
   struct msnap_workspace_s *ws;  /* workspace.c, own lock              */
 } msnap_recorder_t;

@@ -108,6 +108,11 @@ void msnap__oom_env_init(msnap_allocator_t *a) {
   if (r == NULL) return;
   const char *path = getenv("OOM_SNAPSHOT_PATH");
   pthread_mutex_lock(&r->lock);
+  if (r->oom_inited) { /* once per allocator */
+    pthread_mutex_unlock(&r->lock);
+    return;
+  }
+  r->oom_inited = true;
   r->oom_mode = mode;
   free(r->oom_path);
   r->oom_path = path && *path ? strdup(path) : NULL;

@@ -409,9 +409,8 @@ static msnap_strace_t *add_trace(msnap_snap_t *s, msnap_trace_list_t *l,
 enum {
   TRACE_KEYS = MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
                MSNAP_K_USER_META | MSNAP_K_POOL_ID,
-  SEG_KEYS = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES |
-             MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_STREAM |
-             MSNAP_K_SEGMENT_TYPE,
+  SEG_KEYS = MSNAP_K_REQUESTED | MSNAP_K_FRAMES | MSNAP_K_POOL_ID |
+             MSNAP_K_EXPANDABLE | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE,
   BLOCK_KEYS = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES
 };
 
@@ -487,7 +486,7 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
         t->frames = 0;
         t->compile_context = na;
         t->user_metadata = MSNAP_STR_EMPTY;
-        t->keys = TRACE_KEYS;
+        t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
       }
     }
     prev = tus;
@@ -513,8 +512,9 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     t->compile_context = model_str(s, strs, c->e.compile_context, na, &err);
     t->user_metadata =
         model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
-    t->keys = TRACE_KEYS;
-    if (c->e.action == MSNAP_ACTION_OOM) t->keys |= MSNAP_K_DEVICE_FREE;
+    t->keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
+                                ? MSNAP_K_DEVICE_FREE
+                                : MSNAP_K_ADDRESS);
     if (c->e.internal_meta == 1) {
       t->internal_metadata =
           msnap__snap_intern(s, "mallocWithAddress", 17);
