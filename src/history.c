@@ -219,14 +219,24 @@ static msnap_recorder_t *rec_load(const msnap_allocator_t *a) {
   return slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : NULL;
 }
 
+/*
+ * The allocator's recorder, created on first use (create) under
+ * rec_create_lock.  A new recorder reads OOM_SNAPSHOT_ENABLE at once
+ * (msnap__oom_env_init, idempotent), so that whatever creates it first --
+ * an observer, the workspace, record_history -- the environment applies
+ * before the caller's own settings.  Never called with a device lock held
+ * when create is true.
+ */
 msnap_recorder_t *msnap__recorder_get(msnap_allocator_t *a, bool create) {
   msnap_recorder_t *r = rec_load(a);
   if (r != NULL || !create) return r;
   struct msnap_recorder_s **slot = msnap__allocator_recorder(a);
   if (slot == NULL) return NULL;
+  bool created = false;
   pthread_mutex_lock(&rec_create_lock);
   r = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
   if (r == NULL) {
+    created = true;
     int nd = msnap_device_count(a);
     if (nd < 0) nd = 0;
     r = calloc(1, sizeof *r);
@@ -253,6 +263,7 @@ msnap_recorder_t *msnap__recorder_get(msnap_allocator_t *a, bool create) {
     }
   }
   pthread_mutex_unlock(&rec_create_lock);
+  if (created && r != NULL) msnap__oom_env_init(a);
   return r;
 }
 

@@ -30,6 +30,11 @@ static char tmpdir[256];
 static msnap_allocator_t *make(int profile, int ndev) {
   msnap_options_t o;
   msnap_options_init(&o);
+  /* The sim runtime reads the environment (options too, when honoured). */
+  char nd[16];
+  snprintf(nd, sizeof nd, "%d", ndev);
+  setenv("MEMSNAP_SIM_DEVICES", nd, 1);
+  setenv("MEMSNAP_SIM_MEMORY", "8G", 1);
   o.profile = profile;
   o.runtime_name = "sim";
   o.alloc_conf = "";

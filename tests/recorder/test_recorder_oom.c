@@ -27,6 +27,9 @@ static char tmpdir[256];
 static msnap_allocator_t *make_small(void) {
   msnap_options_t o;
   msnap_options_init(&o);
+  /* The sim runtime reads the environment (options too, when honoured). */
+  setenv("MEMSNAP_SIM_DEVICES", "1", 1);
+  setenv("MEMSNAP_SIM_MEMORY", "64M", 1);
   o.profile = MSNAP_PROFILE_NPU;
   o.runtime_name = "sim";
   o.alloc_conf = "";
