@@ -331,6 +331,12 @@ const msnap_frame_hook_t *msnap__frame_hook(void) {
 
 /* Install or remove the interpreter hook.  The copy is never freed: dead
  * stacks may still point at it until their release runs. */
+typedef struct hook_copy_s {
+  msnap_frame_hook_t hook; /* first: a hook_copy_t* is a hook pointer */
+  struct hook_copy_s *next;
+} hook_copy_t;
+static hook_copy_t *hook_copies; /* tab_lock; keeps old copies reachable */
+
 int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
   msnap_frame_hook_t *copy = NULL;
   if (hook != NULL) {
@@ -338,9 +344,14 @@ int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
       return msnap__set_error(MSNAP_EINVAL,
                               "msnap_set_frame_hook: capture and resolve are "
                               "required");
-    copy = malloc(sizeof *copy);
-    if (copy == NULL) return MSNAP_ENOMEM;
-    *copy = *hook;
+    hook_copy_t *hc = malloc(sizeof *hc);
+    if (hc == NULL) return MSNAP_ENOMEM;
+    hc->hook = *hook;
+    pthread_mutex_lock(&tab_lock);
+    hc->next = hook_copies;
+    hook_copies = hc;
+    pthread_mutex_unlock(&tab_lock);
+    copy = &hc->hook;
   }
   msnap__stack_drain_releases();
   atomic_store_explicit(&frame_hook, copy, memory_order_release);
@@ -355,7 +366,12 @@ static void bt_warm(void) {
   (void)backtrace(tmp, 4);
 }
 
-uint32_t msnap__stack_capture(unsigned stacks, int skip) {
+/* Capture the calling thread's stack (see stack.h).  The C part starts at
+ * this function's caller -- located by its return address, so that
+ * interposed unwinders (sanitizers) adding frames do not matter -- and
+ * drops `skip` more frames. */
+__attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
+                                                        int skip) {
   uintptr_t c[MSNAP_STACK_MAX_C];
   uintptr_t py[MSNAP_STACK_MAX_PY][2];
   int nc = 0, npy = 0;
@@ -363,7 +379,15 @@ uint32_t msnap__stack_capture(unsigned stacks, int skip) {
   if (stacks & MSNAP_STACKS_CPP) {
     pthread_once(&bt_once, bt_warm);
     nc = backtrace((void **)c, MSNAP_STACK_MAX_C);
-    skip += 1; /* this function */
+    uintptr_t ret = (uintptr_t)__builtin_return_address(0);
+    int self = 1; /* default: only this function's frame */
+    for (int i = 0; i < nc && i < 8; i++) {
+      if (c[i] == ret) {
+        self = i;
+        break;
+      }
+    }
+    skip += self;
     if (skip >= nc) {
       nc = 0;
     } else {

@@ -584,6 +584,7 @@ static void test_allocation_traceback(void **state) {
   assert_null(b2);
   if (have_python()) {
     char path[512], out[1024];
+    free(buf);
     assert_int_equal(msnap_allocation_traceback(a, p1, &buf, &len), 0);
     snprintf(path, sizeof path, "%s/tb.pickle", tmpdir);
     FILE *f = fopen(path, "wb");
