@@ -69,6 +69,7 @@ static _Atomic uint32_t ngraves_hint;
 
 static _Atomic(const msnap_frame_hook_t *) frame_hook;
 
+
 static sentry_t *slot_get(uint32_t id) {
   _Atomic(sentry_t *) *chunk = __atomic_load_n(&slot_dir[id >> SLOT_CHUNK_BITS],
                                                __ATOMIC_ACQUIRE);
@@ -353,6 +354,7 @@ int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
     pthread_mutex_unlock(&tab_lock);
     copy = &hc->hook;
   }
+  msnap__stack_tcache_flush();
   msnap__stack_drain_releases();
   atomic_store_explicit(&frame_hook, copy, memory_order_release);
   return 0;
@@ -366,23 +368,82 @@ static void bt_warm(void) {
   (void)backtrace(tmp, 4);
 }
 
+/*
+ * Per-thread cache of the last stacks this thread interned.  Loops capture
+ * the same stack again and again; a hit costs a memcmp and one atomic
+ * increment instead of a hash, the table lock and a probe, and keeps a
+ * stack alive between a block's free and the next malloc of the same site
+ * (no free/re-create churn).  Each cached id holds one reference, dropped
+ * when the slot is reused or the thread exits.
+ */
+#define TCACHE_SLOTS 4
+static _Thread_local uint32_t tcache[TCACHE_SLOTS];
+static _Thread_local unsigned tcache_next;
+static pthread_key_t tcache_key;
+static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
+
+static void tcache_destructor(void *p) {
+  (void)p;
+  for (int i = 0; i < TCACHE_SLOTS; i++) {
+    uint32_t id = tcache[i];
+    tcache[i] = 0;
+    msnap__stack_unref(id);
+  }
+}
+
+static void tcache_key_make(void) {
+  pthread_key_create(&tcache_key, tcache_destructor);
+}
+
+void msnap__stack_tcache_flush(void) { tcache_destructor(NULL); }
+
+/* Look words (nc C frames then npy interpreter frames) up in the cache;
+ * returns an id with a new reference, or 0. */
+static uint32_t tcache_lookup(const uintptr_t *w, uint32_t nc, uint32_t npy,
+                              const msnap_frame_hook_t *hook) {
+  size_t len = ((size_t)nc + 2 * (size_t)npy) * sizeof *w;
+  for (int i = 0; i < TCACHE_SLOTS; i++) {
+    uint32_t id = tcache[i];
+    if (id == 0) continue;
+    sentry_t *e = slot_get(id); /* alive: the cache holds a reference */
+    if (e->nc == nc && e->npy == npy && e->hook == hook &&
+        memcmp(e->w, w, len) == 0) {
+      atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+      return id;
+    }
+  }
+  return 0;
+}
+
+static void tcache_insert(uint32_t id) {
+  if (tcache_next == 0 && tcache[0] == 0) {
+    pthread_once(&tcache_once, tcache_key_make);
+    pthread_setspecific(tcache_key, (void *)1);
+  }
+  unsigned k = tcache_next++ % TCACHE_SLOTS;
+  uint32_t old = tcache[k];
+  msnap__stack_ref(id);
+  tcache[k] = id;
+  msnap__stack_unref(old);
+}
+
 /* Capture the calling thread's stack (see stack.h).  The C part starts at
  * this function's caller -- located by its return address, so that
  * interposed unwinders (sanitizers) adding frames do not matter -- and
- * drops `skip` more frames. */
+ * drops `skip` more frames.  The frames are gathered in place, in the
+ * layout of a table entry, so that a cache hit copies nothing. */
 __attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
                                                         int skip) {
-  uintptr_t c[MSNAP_STACK_MAX_C];
-  uintptr_t py[MSNAP_STACK_MAX_PY][2];
+  uintptr_t w[MSNAP_STACK_MAX_C + 2 * MSNAP_STACK_MAX_PY];
   int nc = 0, npy = 0;
   const msnap_frame_hook_t *hook = NULL;
   if (stacks & MSNAP_STACKS_CPP) {
     pthread_once(&bt_once, bt_warm);
-    nc = backtrace((void **)c, MSNAP_STACK_MAX_C);
+    nc = backtrace((void **)w, MSNAP_STACK_MAX_C);
     uintptr_t ret = (uintptr_t)__builtin_return_address(0);
     int self = 1; /* default: only this function's frame */
     for (int i = 0; i < nc && i < 8; i++) {
-      if (c[i] == ret) {
+      if (w[i] == ret) {
         self = i;
         break;
       }
@@ -391,14 +452,15 @@ __attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
     if (skip >= nc) {
       nc = 0;
     } else {
-      memmove(c, c + skip, (size_t)(nc - skip) * sizeof c[0]);
+      memmove(w, w + skip, (size_t)(nc - skip) * sizeof w[0]);
       nc -= skip;
     }
   }
   if (stacks & MSNAP_STACKS_PYTHON) {
     hook = msnap__frame_hook();
     if (hook != NULL) {
-      npy = hook->capture(hook->ctx, py, MSNAP_STACK_MAX_PY);
+      npy = hook->capture(hook->ctx, (uintptr_t(*)[2])(w + nc),
+                          MSNAP_STACK_MAX_PY);
       if (npy < 0) npy = 0;
       if (npy > MSNAP_STACK_MAX_PY) npy = MSNAP_STACK_MAX_PY;
       /* This thread runs the interpreter: a good place for deferred
@@ -406,8 +468,13 @@ __attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
       if (npy > 0) msnap__stack_drain_releases();
     }
   }
-  return msnap__stack_intern(c, (uint32_t)nc, (const uintptr_t(*)[2])py,
-                             (uint32_t)npy, hook);
+  if (nc + npy == 0) return 0;
+  if (npy == 0) hook = NULL;
+  uint32_t id = tcache_lookup(w, (uint32_t)nc, (uint32_t)npy, hook);
+  if (id != 0) return id;
+  id = intern(KIND_STACK, w, (uint32_t)nc, (uint32_t)npy, hook);
+  if (id != 0) tcache_insert(id);
+  return id;
 }
 
 int msnap__stack_check(char *msg, size_t len) {

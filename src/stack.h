@@ -74,6 +74,10 @@ const msnap_frame_hook_t *msnap__frame_hook(void);
 /* Call the deferred hook->release of dead stacks now (tests, shutdown);
  * the caller must be allowed to run the hook. */
 void msnap__stack_drain_releases(void);
+/* Drop the calling thread's cache of recently captured stacks (each
+ * thread keeps references on its last few stacks; msnap_set_frame_hook
+ * and thread exit flush it too). */
+void msnap__stack_tcache_flush(void);
 /* Structure check (see top of file): 0 or MSNAP_ESTATE with msg. */
 int msnap__stack_check(char *msg, size_t len);
 

@@ -247,6 +247,7 @@ static void test_option_validation(void **state) {
 static void test_context_levels(void **state) {
   (void)state;
   msnap_allocator_t *a = fake_create(1);
+  msnap__stack_tcache_flush();
   size_t live0 = msnap__stack_live();
   msnap_rctx_t ctx;
   msnap_hcopy_t *v;
@@ -289,7 +290,8 @@ static void test_context_levels(void **state) {
   assert_int_equal(n, 2);
   assert_int_equal(v[0].e.stack, actx.stack);
   assert_int_equal(v[1].e.stack, actx.stack);
-  /* ring (2) + copy (2) + ours (1) */
+  /* ring (2) + copy (2) + ours (1), once the thread cache let go */
+  msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_refcount(actx.stack), 5);
   msnap__hcopy_release(v, n);
   msnap__rctx_release(&actx);
@@ -302,6 +304,7 @@ static void test_context_levels(void **state) {
 
   /* Disabling and destroying frees every stack. */
   disable(a);
+  msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_live(), live0);
   char msg[256];
   assert_int_equal(msnap__stack_check(msg, sizeof msg), 0);
@@ -311,6 +314,7 @@ static void test_context_levels(void **state) {
 static void test_metadata_and_compile_context(void **state) {
   (void)state;
   msnap_allocator_t *a = fake_create(1);
+  msnap__stack_tcache_flush();
   size_t live0 = msnap__stack_live();
   enable(a, 100, MSNAP_CONTEXT_NEVER, true, 0);
   assert_string_equal(msnap_get_memory_metadata(), "");
@@ -344,6 +348,7 @@ static void test_metadata_and_compile_context(void **state) {
   assert_int_equal(v[3].e.compile_context, 0);
   msnap__hcopy_release(v, n);
   disable(a);
+  msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_live(), live0);
   fake_destroy(a);
 }

@@ -22,6 +22,7 @@ static void check_table(void) {
 
 static void test_intern_dedup_and_free(void **state) {
   (void)state;
+  msnap__stack_tcache_flush();
   size_t live0 = msnap__stack_live();
   uintptr_t c1[] = {0x1000, 0x2000, 0x3000};
   uintptr_t c2[] = {0x1000, 0x2000, 0x3001};
@@ -67,6 +68,7 @@ static void test_intern_dedup_and_free(void **state) {
 
 static void test_many_stacks(void **state) {
   (void)state;
+  msnap__stack_tcache_flush();
   size_t live0 = msnap__stack_live();
   enum { N = 5000 };
   uint32_t *ids = calloc(N, sizeof *ids);
@@ -162,6 +164,10 @@ static void test_frame_hook(void **state) {
   assert_int_equal(fake_refs[1], 1);
   msnap__stack_unref(s2);
   msnap__stack_unref(s);
+  /* this thread's cache still holds it */
+  assert_int_equal(msnap__stack_refcount(s), 1);
+  msnap__stack_tcache_flush();
+  assert_int_equal(msnap__stack_refcount(s), 0);
   /* release is deferred to the next capturing thread */
   assert_int_equal(fake_refs[1], 1);
   fake_depth = 1;
