@@ -1,0 +1,2 @@
+#include "cli.h"
+int cli_cmd_diff(int argc, char **argv) { (void)argc; (void)argv; cli_err("diff: not written yet"); return CLI_UNUSABLE; }
