@@ -72,6 +72,8 @@ void cj_null(cli_json_t *j);
 void cj_end(cli_json_t *j);
 /* Escape s into f as a JSON string (with quotes). */
 void cj_escape(FILE *f, const char *s, size_t len);
+/* A generic model value (allocator_settings) as JSON. */
+void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
 
 /* ---- progress on stderr (cli_util.c) ------------------------------------ */
 typedef struct cli_progress_s {
@@ -125,6 +127,9 @@ void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
 int64_t *cli_devices(const msnap_snap_t *s, uint32_t *n);
 /* Trace of a device, NULL when absent. */
 const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device);
+
+/* "2.1", "2.6", "segment list"... */
+const char *cli_generation_name(msnap_generation_t g);
 
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);

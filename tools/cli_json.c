@@ -134,3 +134,53 @@ void cj_end(cli_json_t *j) {
   fputc('\n', j->f);
   fflush(j->f);
 }
+
+/* Write a generic value of the model (allocator_settings) as JSON.  Depth
+ * is bounded by CJ_MAX_DEPTH; deeper parts are written as null. */
+void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v) {
+  size_t len;
+  const char *p;
+  if (j->depth >= CJ_MAX_DEPTH - 2) {
+    cj_null(j);
+    return;
+  }
+  switch (v->kind) {
+  case MSNAP_GV_BOOL: cj_bool(j, v->u.b); break;
+  case MSNAP_GV_INT: cj_i64(j, v->u.i); break;
+  case MSNAP_GV_FLOAT: cj_dbl(j, v->u.f); break;
+  case MSNAP_GV_STR:
+    p = cli_str(s, v->u.s, &len);
+    cj_str(j, p, len);
+    break;
+  case MSNAP_GV_LIST:
+  case MSNAP_GV_TUPLE:
+    cj_arr(j);
+    for (uint32_t i = 0; i < v->u.seq.n; i++)
+      cj_gv(j, s, &v->u.seq.items[i]);
+    cj_arr_end(j);
+    break;
+  case MSNAP_GV_DICT:
+    cj_obj(j);
+    for (uint32_t i = 0; i + 1 < v->u.seq.n; i += 2) {
+      const msnap_gv_t *k = &v->u.seq.items[i];
+      char kb[64];
+      if (k->kind == MSNAP_GV_STR) {
+        p = cli_str(s, k->u.s, &len);
+        cj_pre(j);
+        cj_escape(j->f, p, len);
+        fputs(": ", j->f);
+        j->after_key = true;
+      } else {
+        if (k->kind == MSNAP_GV_INT)
+          snprintf(kb, sizeof kb, "%" PRId64, k->u.i);
+        else
+          snprintf(kb, sizeof kb, "?");
+        cj_key(j, kb);
+      }
+      cj_gv(j, s, &v->u.seq.items[i + 1]);
+    }
+    cj_obj_end(j);
+    break;
+  default: cj_null(j); break;
+  }
+}

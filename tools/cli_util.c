@@ -288,3 +288,15 @@ const char *cli_bytes(uint64_t v, char *buf, size_t len) {
     snprintf(buf, len, "%.2f %s", d, u[i]);
   return buf;
 }
+
+const char *cli_generation_name(msnap_generation_t g) {
+  switch (g) {
+  case MSNAP_GEN_SEGMENT_LIST: return "segment list";
+  case MSNAP_GEN_2_0: return "2.0";
+  case MSNAP_GEN_2_1: return "2.1";
+  case MSNAP_GEN_2_2: return "2.2";
+  case MSNAP_GEN_2_6: return "2.6";
+  case MSNAP_GEN_CURRENT: return "current";
+  }
+  return "?";
+}
