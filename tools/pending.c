@@ -163,3 +163,12 @@ WEAK int msnap_record_annotation(msnap_allocator_t *a, int device,
   (void)a, (void)device, (void)name, (void)is_start;
   return MSNAP_ENOTSUP;
 }
+WEAK msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p,
+                                    size_t len) {
+  (void)s, (void)p, (void)len;
+  return 0;
+}
+WEAK int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices) {
+  (void)s, (void)ndevices;
+  return MSNAP_ENOTSUP;
+}
