@@ -53,6 +53,8 @@ typedef struct cli_json_s {
   int depth;
   bool nonempty[CJ_MAX_DEPTH];
   bool after_key;
+  bool compact; /* no new lines or indentation                    */
+  bool html;    /* escape '<' so the text can sit inside <script> */
 } cli_json_t;
 
 void cj_init(cli_json_t *j, FILE *f);
@@ -131,6 +133,12 @@ const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device);
 /* "2.1", "2.6", "segment list"... */
 const char *cli_generation_name(msnap_generation_t g);
 
+/* The device with the longest trace, else the first segment's, else 0. */
+int64_t cli_default_device(const msnap_snap_t *s);
+/* Write a whole file atomically (temporary file + rename); prints the
+ * reason and returns -1 on failure. */
+int cli_write_file(const char *path, const void *data, size_t len);
+
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);
 
@@ -177,6 +185,10 @@ typedef void (*cli_violation_cb)(void *arg, uint32_t entry, const char *msg);
 long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                   void *arg, cli_state_t *start);
 void cli_state_free(cli_state_t *st);
+/* Active (requested) and reserved bytes before the first entry and after
+ * each entry of the device trace; *n = entries + 1; caller frees. */
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n);
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st);
 
 #endif /* MSNAP_CLI_H */

@@ -17,9 +17,13 @@ void cj_init(cli_json_t *j, FILE *f) {
   j->depth = 0;
   j->nonempty[0] = false;
   j->after_key = false;
+  j->compact = false;
+  j->html = false;
 }
 
 static void cj_indent(cli_json_t *j) {
+  if (j->compact)
+    return;
   fputc('\n', j->f);
   for (int i = 0; i < j->depth; i++)
     fputs("  ", j->f);
@@ -40,7 +44,7 @@ static void cj_pre(cli_json_t *j) {
   j->nonempty[j->depth] = true;
 }
 
-void cj_escape(FILE *f, const char *s, size_t len) {
+static void cj_escape_x(FILE *f, const char *s, size_t len, bool html) {
   fputc('"', f);
   for (size_t i = 0; i < len; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -51,13 +55,17 @@ void cj_escape(FILE *f, const char *s, size_t len) {
     case '\r': fputs("\\r", f); break;
     case '\t': fputs("\\t", f); break;
     default:
-      if (c < 0x20 || c == 0x7f)
+      if (c < 0x20 || c == 0x7f || (html && (c == '<' || c == '>' || c == '&')))
         fprintf(f, "\\u%04x", c);
       else
         fputc(c, f);
     }
   }
   fputc('"', f);
+}
+
+void cj_escape(FILE *f, const char *s, size_t len) {
+  cj_escape_x(f, s, len, false);
 }
 
 static void cj_open(cli_json_t *j, char c) {
@@ -84,14 +92,14 @@ void cj_arr_end(cli_json_t *j) { cj_close(j, ']'); }
 
 void cj_key(cli_json_t *j, const char *key) {
   cj_pre(j);
-  cj_escape(j->f, key, strlen(key));
-  fputs(": ", j->f);
+  cj_escape_x(j->f, key, strlen(key), j->html);
+  fputs(j->compact ? ":" : ": ", j->f);
   j->after_key = true;
 }
 
 void cj_str(cli_json_t *j, const char *s, size_t len) {
   cj_pre(j);
-  cj_escape(j->f, s, len);
+  cj_escape_x(j->f, s, len, j->html);
 }
 
 void cj_cstr(cli_json_t *j, const char *s) {
@@ -167,8 +175,8 @@ void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v) {
       if (k->kind == MSNAP_GV_STR) {
         p = cli_str(s, k->u.s, &len);
         cj_pre(j);
-        cj_escape(j->f, p, len);
-        fputs(": ", j->f);
+        cj_escape_x(j->f, p, len, j->html);
+        fputs(j->compact ? ":" : ": ", j->f);
         j->after_key = true;
       } else {
         if (k->kind == MSNAP_GV_INT)

@@ -300,3 +300,103 @@ const char *cli_generation_name(msnap_generation_t g) {
   }
   return "?";
 }
+
+/*
+ * Active (requested bytes of live allocations) and reserved bytes after
+ * each entry of a device trace, starting from the state at the start of
+ * the trace that the backward replay rebuilds.  Arrays of tl->n + 1
+ * values (index 0 = before the first entry); caller frees both.
+ */
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n) {
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  uint32_t m = tl ? tl->n : 0;
+  cli_state_t st;
+  *act = *res = NULL;
+  *n = 0;
+  if (cli_backward(s, dev, NULL, NULL, &st) < 0)
+    return -1;
+  uint64_t a = 0, r = 0;
+  for (uint32_t i = 0; i < st.nb; i++)
+    a += st.b[i].requested ? st.b[i].requested : st.b[i].size;
+  for (uint32_t i = 0; i < st.ng; i++)
+    r += st.g[i].size;
+  cli_state_free(&st);
+  uint64_t *va = malloc((m + 1) * sizeof *va);
+  uint64_t *vr = malloc((m + 1) * sizeof *vr);
+  if (!va || !vr) {
+    free(va);
+    free(vr);
+    return -1;
+  }
+  va[0] = a;
+  vr[0] = r;
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: a += e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r += e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
+    default: break;
+    }
+    va[i + 1] = a;
+    vr[i + 1] = r;
+  }
+  *act = va;
+  *res = vr;
+  *n = m + 1;
+  return 0;
+}
+
+int64_t cli_default_device(const msnap_snap_t *s) {
+  int64_t best = -1;
+  uint32_t len = 0;
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    if (s->device_traces[d].n > len) {
+      len = s->device_traces[d].n;
+      best = d;
+    }
+  if (best >= 0)
+    return best;
+  return s->nsegments ? s->segments[0].device : 0;
+}
+
+/*
+ * Write len bytes to path through "<path>.tmp.<pid>" and rename(2), so a
+ * failure never leaves a truncated file.  Prints the reason and returns
+ * -1 on failure.
+ */
+int cli_write_file(const char *path, const void *data, size_t len) {
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  if (!tmp) {
+    cli_err("%s: out of memory", path);
+    return -1;
+  }
+  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    cli_err("%s: cannot create: %s", tmp, strerror(errno));
+    free(tmp);
+    return -1;
+  }
+  size_t w = fwrite(data, 1, len, f);
+  int e = ferror(f);
+  if (fclose(f) != 0 || w != len || e) {
+    cli_err("%s: write failed: %s", path, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  if (rename(tmp, path) != 0) {
+    cli_err("%s: cannot rename %s: %s", path, tmp, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  free(tmp);
+  return 0;
+}
