@@ -172,3 +172,7 @@ WEAK int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices) {
   (void)s, (void)ndevices;
   return MSNAP_ENOTSUP;
 }
+WEAK int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
+  (void)hook;
+  return MSNAP_ENOTSUP;
+}
