@@ -213,6 +213,23 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
   }
   if (first_py != UINT32_MAX)
     return first_py;
+  /* Only native frames: the innermost one that is not the unwinder, the
+   * traceback gatherer or the caching allocator itself. */
+  static const char *const skip[] = {"unwind", "CapturedTraceback",
+                                     "gather", "CachingAllocator",
+                                     "c10::", "_start", "__libc_start_main",
+                                     NULL};
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= s->nframes)
+      continue;
+    size_t nl;
+    const char *name = cli_str(s, s->frames[fr[i]].name, &nl);
+    bool skipped = nl == 0;
+    for (int k = 0; skip[k] && !skipped; k++)
+      skipped = memmem(name, nl, skip[k], strlen(skip[k])) != NULL;
+    if (!skipped)
+      return fr[i];
+  }
   for (uint32_t i = 0; i < n; i++)
     if (fr[i] < s->nframes)
       return fr[i];

@@ -1080,8 +1080,11 @@ int cli_cmd_replay(int argc, char **argv) {
     }
   }
   if (rc == CLI_OK) {
-    if (!replayed)
+    if (!replayed) {
       rc = CLI_UNUSABLE;
+      cli_err("%s: not replayable: %s", file,
+              dr[0].reason[0] ? dr[0].reason : "no device history");
+    }
     else if (!matches && r.exact)
       rc = CLI_FINDING;
   }
