@@ -163,7 +163,7 @@
     layoutRects = [];
     var maxSize = 1;
     segs.forEach(function (s) { maxSize = Math.max(maxSize, s.size); });
-    var left = 150, avail = c.w - left - 10;
+    var left = 200, avail = c.w - left - 10;
     g.font = '11px monospace'; g.textAlign = 'right';
     segs.forEach(function (s, r) {
       var y = 5 + r * (rowH + gap);
