@@ -292,6 +292,48 @@ def group_check():
             print(out[-800:], err[-300:])
 
 
+def group_diff():
+    if not reader_available():
+        skip("diff: the snapshot reader is not merged into this build yet")
+    a = good_snapshot()
+    b = good_snapshot()
+    seg = b["segments"][0]
+    fr = seg["blocks"][0]["frames"]
+    # B: a second 4 MiB block from the same site; the 2 MiB segment closed
+    # and a new one opened.
+    seg["blocks"] = [seg["blocks"][0],
+                     {"address": A0 + 4 * MiB, "size": 4 * MiB,
+                      "requested_size": 4 * MiB, "state": "active_allocated",
+                      "frames": fr},
+                     {"address": A0 + 8 * MiB, "size": 12 * MiB,
+                      "requested_size": 0, "state": "inactive", "frames": []}]
+    seg["allocated_size"] = seg["active_size"] = 8 * MiB
+    seg["requested_size"] = 8 * MiB - 100
+    b["segments"][1]["address"] += 32 * MiB
+    for blk in b["segments"][1]["blocks"]:
+        blk["address"] += 32 * MiB
+    b["device_traces"] = [[]]
+    pa, pb = write_pickle(a, "a.pickle"), write_pickle(b, "b.pickle")
+    rc, out, err = run("diff", "--json", pa, pb)
+    js = json.loads(out) if out else {}
+    d = js.get("devices", [{}])[0]
+    expect(rc == 1 and d.get("allocated_delta") == 4 * MiB and
+           d.get("reserved_delta") == 0 and d.get("segments_opened") == 1 and
+           d.get("segments_closed") == 1,
+           "diff: deltas and segments opened/closed")
+    lc = d.get("leak_candidates", [])
+    expect(len(lc) == 1 and lc[0]["site"] == "u/model.py:12:forward" and
+           lc[0]["growing"] and lc[0]["new_bytes"] == 4 * MiB,
+           "diff: the growing site is the leak candidate (innermost user "
+           "frame, torch frame skipped)")
+    nb = d.get("new_by_site", [])
+    expect(sum(x["count"] for x in nb) == 2 and
+           sum(x["count"] for x in d.get("freed_by_site", [])) == 1,
+           "diff: new and freed blocks grouped by site")
+    rc, out, err = run("diff", pa, pa)
+    expect(rc == 0, "diff of a file with itself exits 0")
+
+
 def real_files():
     if not os.path.isdir(REAL):
         skip("real inputs: %s is missing -- tests that need the real "
@@ -332,6 +374,52 @@ def py_figures(path):
     return out
 
 
+def py_peaks(path):
+    """Peak active (requested bytes) and reserved bytes over each device
+    trace: the start values are the final ones minus the trace's net
+    effect."""
+    with open(path, "rb") as f:
+        d = pickle.load(f)
+    if isinstance(d, list):
+        return {}
+    out = {}
+    for dev, tr in enumerate(d.get("device_traces", [])):
+        if not tr:
+            continue
+        act = res = 0
+        for s in d["segments"]:
+            if s["device"] != dev:
+                continue
+            res += s["total_size"]
+            for b in s["blocks"]:
+                if b["state"] in ("active_allocated", "active_pending_free"):
+                    act += b["requested_size"]
+        for e in tr:
+            a = e["action"]
+            if a == "alloc":
+                act -= e["size"]
+            elif a == "free_completed":
+                act += e["size"]
+            elif a in ("segment_alloc", "segment_map"):
+                res -= e["size"]
+            elif a in ("segment_free", "segment_unmap"):
+                res += e["size"]
+        pa, pr = act, res
+        for e in tr:
+            a = e["action"]
+            if a == "alloc":
+                act += e["size"]
+            elif a == "free_completed":
+                act -= e["size"]
+            elif a in ("segment_alloc", "segment_map"):
+                res += e["size"]
+            elif a in ("segment_free", "segment_unmap"):
+                res -= e["size"]
+            pa, pr = max(pa, act), max(pr, res)
+        out[dev] = (pa, pr)
+    return out
+
+
 def group_real():
     files = real_files()
     if not reader_available():
@@ -358,6 +446,13 @@ def group_real():
                name)
         if mine != ref:
             print("  memsnap:", mine, "\n  pickle: ", ref)
+        peaks = py_peaks(path)
+        for dev, (pa, pr) in peaks.items():
+            d = [x for x in js["devices"] if x["device"] == dev][0]
+            expect(d["peak_allocated_bytes"] == pa and
+                   d["peak_reserved_bytes"] == pr,
+                   "summary %s device %d: peaks over the trace equal "
+                   "pickle's (%d, %d)" % (name, dev, pa, pr))
         rc, out, err = run("summary", path)
         expect(rc == 0 and "reserved" in out, "summary text of %s" % name)
         svg = os.path.join(TMP, name + ".svg")
@@ -608,7 +703,7 @@ def group_view():
 
 GROUPS = {"usage": group_usage, "hostile": group_hostile,
           "check": group_check, "real": group_real,
-          "convert": group_convert, "replay": group_replay,
+          "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view}
 
 if __name__ == "__main__":
