@@ -141,7 +141,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: memsnap plot [--device D] FILE -o OUT.svg\n"
+          "usage: memsnap plot [--device D] [--json] FILE -o OUT.svg\n"
           "\n"
           "Write the active-memory timeline of one device as a static SVG:\n"
           "active bytes (requested sizes of live allocations) and reserved\n"
@@ -149,6 +149,7 @@ static void usage(FILE *f) {
           "is drawn as bars.\n"
           "\n"
           "  -o, --output OUT  the SVG file (required)\n"
+          "  --json            print {output, device, bytes} on stdout\n"
           "  --device D        device (default: the one with the longest\n"
           "                    trace)\n"
           "  -h, --help        this text\n"
@@ -159,15 +160,18 @@ int cli_cmd_plot(int argc, char **argv) {
   static const struct option opts[] = {
       {"output", required_argument, NULL, 'o'},
       {"device", required_argument, NULL, 'd'},
+      {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *out = NULL;
+  bool json = false;
   int64_t dev = -1;
   int o;
   optind = 1;
   while ((o = getopt_long(argc, argv, "ho:d:", opts, NULL)) != -1) {
     switch (o) {
     case 'o': out = optarg; break;
+    case 'j': json = true; break;
     case 'd': {
       char *end;
       dev = strtoll(optarg, &end, 10);
@@ -199,9 +203,23 @@ int cli_cmd_plot(int argc, char **argv) {
     fclose(f);
   if (rc == CLI_OK && cli_write_file(out, mb.data, mb.len) != 0)
     rc = CLI_UNUSABLE;
-  free(mb.data);
   msnap__snap_free(s);
-  if (rc == CLI_OK)
+  if (rc == CLI_OK) {
     fprintf(stderr, "memsnap: wrote %s\n", out);
+    if (json) {
+      cli_json_t j;
+      cj_init(&j, stdout);
+      cj_obj(&j);
+      cj_key(&j, "output");
+      cj_cstr(&j, out);
+      cj_key(&j, "device");
+      cj_i64(&j, dev);
+      cj_key(&j, "bytes");
+      cj_u64(&j, mb.len);
+      cj_obj_end(&j);
+      cj_end(&j);
+    }
+  }
+  free(mb.data);
   return rc;
 }

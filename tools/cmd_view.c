@@ -239,7 +239,7 @@ out:
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: memsnap view FILE -o OUT.html\n"
+          "usage: memsnap view [--json] FILE -o OUT.html\n"
           "\n"
           "Write one self-contained HTML file (no network access, plain\n"
           "JavaScript, the data inline) showing the active-memory timeline,\n"
@@ -247,6 +247,7 @@ static void usage(FILE *f) {
           "the timeline) and the stack of a clicked block or entry.\n"
           "\n"
           "  -o, --output OUT  the HTML file (required)\n"
+          "  --json            print {output, bytes} on stdout\n"
           "  -h, --help        this text\n"
           "\nExit status: 0 ok, 2 unusable input or write error.\n");
 }
@@ -254,14 +255,17 @@ static void usage(FILE *f) {
 int cli_cmd_view(int argc, char **argv) {
   static const struct option opts[] = {
       {"output", required_argument, NULL, 'o'},
+      {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *out = NULL;
+  bool json = false;
   int o;
   optind = 1;
   while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
     switch (o) {
     case 'o': out = optarg; break;
+    case 'j': json = true; break;
     case 'h': usage(stdout); return CLI_OK;
     default: return cli_usage_error("view", NULL);
     }
@@ -287,7 +291,19 @@ int cli_cmd_view(int argc, char **argv) {
     rc = CLI_UNUSABLE;
   free(buf);
   msnap__snap_free(s);
-  if (rc == CLI_OK)
+  if (rc == CLI_OK) {
     fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n", out, len);
+    if (json) {
+      cli_json_t j;
+      cj_init(&j, stdout);
+      cj_obj(&j);
+      cj_key(&j, "output");
+      cj_cstr(&j, out);
+      cj_key(&j, "bytes");
+      cj_u64(&j, len);
+      cj_obj_end(&j);
+      cj_end(&j);
+    }
+  }
   return rc;
 }
