@@ -726,6 +726,132 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   return 0;
 }
 
+
+/* ---- the replayed snapshot, with the recording's stacks ----------------- */
+
+typedef struct xfer_s {
+  const msnap_snap_t *src;
+  msnap_snap_t *dst;
+  msnap_stack_t *memo; /* src stack id -> dst stack id + 1 */
+} xfer_t;
+
+static msnap_str_t xstr(xfer_t *x, msnap_str_t id) {
+  if (id == MSNAP_STR_ABSENT)
+    return MSNAP_STR_ABSENT;
+  size_t len;
+  const char *p = cli_str(x->src, id, &len);
+  return msnap__snap_intern(x->dst, p, len);
+}
+
+/* Copy a stack of the recording into the replayed model (memoized). */
+static msnap_stack_t xstack(xfer_t *x, msnap_stack_t st) {
+  if (st <= MSNAP_STACK_EMPTY || st >= x->src->nstacks)
+    return st <= MSNAP_STACK_EMPTY ? st : MSNAP_STACK_ABSENT;
+  if (x->memo[st])
+    return x->memo[st] - 1;
+  uint32_t n;
+  const uint32_t *fr = cli_stack(x->src, st, &n);
+  uint32_t *ids = malloc((n + 1) * sizeof *ids);
+  if (!ids)
+    return MSNAP_STACK_ABSENT;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= x->src->nframes)
+      continue;
+    const msnap_frame_t *f = &x->src->frames[fr[i]];
+    msnap_frame_t g = {.name = xstr(x, f->name),
+                       .filename = xstr(x, f->filename),
+                       .line = f->line,
+                       .fx_node_op = xstr(x, f->fx_node_op),
+                       .fx_node_name = xstr(x, f->fx_node_name),
+                       .fx_node_target = xstr(x, f->fx_node_target),
+                       .fx_original_trace = xstr(x, f->fx_original_trace)};
+    uint32_t id = msnap__snap_frame(x->dst, &g);
+    if (id != UINT32_MAX)
+      ids[k++] = id;
+  }
+  msnap_stack_t out = msnap__snap_stack(x->dst, ids, k);
+  free(ids);
+  x->memo[st] = out + 1;
+  return out;
+}
+
+/*
+ * Take the replayed allocator's snapshot and give its entries, blocks and
+ * segments the recording's stacks (and time stamps): the replay trace is
+ * matched to the recorded one in order by action (and address in exact
+ * mode); blocks and segments by address and size.  Returns 0 and the
+ * model in *out, or an error (then the caller dumps without stacks).
+ */
+static int replayed_model(replay_t *r, msnap_snap_t **out) {
+  msnap_snapshot_options_t so;
+  msnap_snapshot_options_init(&so);
+  msnap_snap_t *m = NULL;
+  int rc = msnap__snapshot_take(r->a, &so, &m);
+  if (rc != 0 || !m)
+    return rc ? rc : MSNAP_ENOMEM;
+  const msnap_snap_t *s = r->s;
+  xfer_t x = {s, m, calloc(s->nstacks + 1, sizeof *x.memo)};
+  if (!x.memo) {
+    msnap__snap_free(m);
+    return MSNAP_ENOMEM;
+  }
+  for (uint32_t d = 0; d < m->ndevices; d++) {
+    const msnap_trace_list_t *rt = cli_trace(s, d);
+    msnap_trace_list_t *mt = &m->device_traces[d];
+    uint32_t i = 0;
+    for (uint32_t k = 0; rt && k < mt->n; k++) {
+      msnap_strace_t *e = &mt->v[k];
+      for (uint32_t look = i; look < rt->n && look < i + 64; look++) {
+        const msnap_strace_t *f = &rt->v[look];
+        if (f->action != e->action || (r->exact && f->addr != e->addr))
+          continue;
+        if (f->frames != MSNAP_STACK_ABSENT) {
+          e->frames = xstack(&x, f->frames);
+          e->keys |= MSNAP_K_FRAMES;
+        }
+        if (f->keys & MSNAP_K_TIME) {
+          e->time_us = f->time_us;
+          e->keys |= MSNAP_K_TIME;
+        }
+        i = look + 1;
+        break;
+      }
+    }
+  }
+  for (uint32_t gi = 0; gi < m->nsegments; gi++) {
+    msnap_ssegment_t *g = &m->segments[gi];
+    for (uint32_t si = 0; si < s->nsegments; si++) {
+      const msnap_ssegment_t *h = &s->segments[si];
+      if (h->device != g->device || h->address != g->address)
+        continue;
+      if (h->keys & MSNAP_K_FRAMES)
+        g->frames = xstack(&x, h->frames);
+      for (uint32_t k = 0; k < g->nblocks; k++) {
+        msnap_sblock_t *b = &m->blocks[g->first_block + k];
+        if (!cli_block_active(b))
+          continue;
+        uint64_t ba = cli_block_addr(m, g, k);
+        for (uint32_t j = 0; j < h->nblocks; j++) {
+          const msnap_sblock_t *c = &s->blocks[h->first_block + j];
+          if (cli_block_addr(s, h, j) == ba && c->size == b->size) {
+            msnap_stack_t st = cli_block_stack(s, c);
+            if (st != MSNAP_STACK_ABSENT) {
+              b->frames = xstack(&x, st);
+              b->keys |= MSNAP_K_FRAMES;
+            }
+            break;
+          }
+        }
+      }
+      break;
+    }
+  }
+  free(x.memo);
+  *out = m;
+  return 0;
+}
+
 static const char *gv_dict_str(const msnap_snap_t *s, const msnap_gv_t *v,
                                const char *key) {
   if (v->kind != MSNAP_GV_DICT)
@@ -959,9 +1085,16 @@ int cli_cmd_replay(int argc, char **argv) {
       }
     cli_progress_end(&pr);
     if (out) {
-      msnap_snapshot_options_t so;
-      msnap_snapshot_options_init(&so);
-      e = msnap_dump_snapshot(r.a, &so, out);
+      msnap_snap_t *m = NULL;
+      e = replayed_model(&r, &m);
+      if (e == 0) {
+        e = msnap__snap_write_file(m, out, false);
+        msnap__snap_free(m);
+      } else {
+        msnap_snapshot_options_t so;
+        msnap_snapshot_options_init(&so);
+        e = msnap_dump_snapshot(r.a, &so, out);
+      }
       if (e != 0) {
         cli_err("%s: cannot write the replayed snapshot: %s", out,
                 msnap_strerror(e));
