@@ -800,8 +800,20 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
     const msnap_trace_list_t *rt = cli_trace(s, d);
     msnap_trace_list_t *mt = &m->device_traces[d];
     uint32_t i = 0;
+    bool have_t = false;
+    int64_t last_t = 0;
+    for (uint32_t q = 0; rt && q < rt->n && !have_t; q++)
+      if (rt->v[q].keys & MSNAP_K_TIME) {
+        have_t = true;
+        last_t = rt->v[q].time_us;
+      }
     for (uint32_t k = 0; rt && k < mt->n; k++) {
       msnap_strace_t *e = &mt->v[k];
+      /* Times: the recorded ones where matched, never decreasing. */
+      if (have_t) {
+        e->time_us = last_t;
+        e->keys |= MSNAP_K_TIME;
+      }
       for (uint32_t look = i; look < rt->n && look < i + 64; look++) {
         const msnap_strace_t *f = &rt->v[look];
         if (f->action != e->action || (r->exact && f->addr != e->addr))
@@ -810,9 +822,9 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
           e->frames = xstack(&x, f->frames);
           e->keys |= MSNAP_K_FRAMES;
         }
-        if (f->keys & MSNAP_K_TIME) {
+        if ((f->keys & MSNAP_K_TIME) && f->time_us > last_t) {
           e->time_us = f->time_us;
-          e->keys |= MSNAP_K_TIME;
+          last_t = f->time_us;
         }
         i = look + 1;
         break;
