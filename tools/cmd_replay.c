@@ -319,6 +319,8 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
                g->addr, g->size, e ? msnap_strerror(e) : "wrong placement",
                p, s1.reserved_bytes[MSNAP_STAT_ALL].current -
                       s0.reserved_bytes[MSNAP_STAT_ALL].current);
+      if (small && e == 0 && p)
+        msnap_free(r->a, p);
       free(pc);
       goto out;
     }
