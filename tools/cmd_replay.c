@@ -353,6 +353,8 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
                  pc[k].placeholder ? "free gap" : "block", pc[k].size,
                  pc[k].addr, e ? msnap_strerror(e) : "different layout", got,
                  p);
+        if (p && (e == 0 || got == 0))
+          msnap_free(r->a, p);
         free(pc);
         goto out;
       }
