@@ -1222,8 +1222,12 @@ int cli_cmd_replay(int argc, char **argv) {
                               ? " (every decision and the final layout)"
                               : " (every decision)")
                        : " (segment decisions)");
-      else
+      else if (r.exact)
         printf("  matches the recording: no (%" PRIu64 " mismatches)\n",
+               d->mismatch_count);
+      else
+        printf("  differs from the recording in %" PRIu64 " decisions "
+               "(expected for another allocator; first ones below)\n",
                d->mismatch_count);
       for (uint32_t i = 0; i < d->nkept; i++)
         printf("    %s\n", d->mismatches[i]);
