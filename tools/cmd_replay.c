@@ -269,6 +269,14 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
       }
       if (!b)
         break;
+      if (b->size > end - b->addr) {
+        snprintf(d->reason, sizeof d->reason,
+                 "the block at 0x%" PRIx64 " (%" PRIu64 " B) extends past "
+                 "its segment",
+                 b->addr, b->size);
+        free(pc);
+        goto out;
+      }
       if (b->size == 0) {
         snprintf(d->reason, sizeof d->reason,
                  "the block at 0x%" PRIx64 " was live before the first trace "
