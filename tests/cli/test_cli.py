@@ -572,6 +572,43 @@ def group_replay():
     expect(js.get("segment_allocs") == nseg,
            "replay segment_allocs equals the recording's segment_alloc "
            "count (%d)" % nseg)
+    # Synthetic: empty_cache (segment_free) and a deferred free
+    # (free_requested ... free_completed later).
+    A1 = A0 + 64 * MiB
+    def te(action, addr, size):
+        return {"action": action, "addr": addr, "size": size, "stream": 0}
+    trace = [te("segment_alloc", A0, 20 * MiB), te("alloc", A0, 4 * MiB - 100),
+             te("free_requested", A0, 4 * MiB - 100),
+             te("free_completed", A0, 4 * MiB - 100),
+             te("segment_free", A0, 20 * MiB),
+             te("segment_alloc", A1, 2 * MiB), te("alloc", A1, 400),
+             te("free_requested", A1, 400), te("alloc", A1 + 512, 1000),
+             te("free_completed", A1, 400)]
+    seg = {"device": 0, "address": A1, "total_size": 2 * MiB,
+           "allocated_size": 1024, "active_size": 1024,
+           "requested_size": 1000, "stream": 0, "segment_type": "small",
+           "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+           "blocks": [
+               {"address": A1, "size": 512, "requested_size": 400,
+                "state": "inactive", "frames": []},
+               {"address": A1 + 512, "size": 1024, "requested_size": 1000,
+                "state": "active_allocated", "frames": []},
+               {"address": A1 + 1536, "size": 2 * MiB - 1536,
+                "requested_size": 0, "state": "inactive", "frames": []}]}
+    p = write_pickle({"segments": [seg], "device_traces": [trace]},
+                     "emptycache.pickle")
+    rc, out, err = run("check", p)
+    expect(rc == 0, "synthetic empty_cache/deferred-free recording passes "
+           "check")
+    rc, out, err = run("replay", "--json", p)
+    js = json.loads(out) if out else {}
+    expect(rc == 0 and js.get("matches_recording") is True and
+           js.get("segment_frees") == 1 and js.get("segment_allocs") == 2 and
+           js.get("final_reserved_bytes") == 2 * MiB and
+           js.get("peak_reserved_bytes") == 20 * MiB,
+           "replay: segment_free via empty_cache and a deferred free match")
+    if js.get("matches_recording") is not True:
+        print(out[-1500:], err[-500:])
     # Synthetic expandable recording: not replayable, says why.
     snap = good_snapshot()
     snap["segments"][0]["is_expandable"] = True
