@@ -11,9 +11,11 @@
  * in use (cranberrii: 63 of its 215 segments and 622 blocks predate the
  * first entry).  A trace is not replayable when it holds no alloc/free
  * history, is inconsistent with the final state (see `memsnap check`),
- * uses expandable segments or private pools (their addresses cannot be
- * forced), or starts with blocks whose size is unknown (allocated before
- * the trace and freed in it).
+ * or uses expandable segments or private pools (their addresses cannot be
+ * forced).  Blocks allocated before the trace and freed in it (a ring
+ * buffer that dropped old entries) only tell their requested size; their
+ * block size is inferred (infer_sizes) and the start state is reported as
+ * "inferred" -- a wrong guess shows up as mismatches.
  *
  * Rebuilding the start state in the allocator ("carving").  For each
  * segment, in address order: the sim runtime is told to return the
@@ -144,8 +146,8 @@ typedef struct dev_replay_s {
   int64_t device;
   bool replayable;
   char reason[512];
-  const char *initial; /* "empty", "exact", "approximate" */
-  uint32_t initial_segments, initial_blocks;
+  const char *initial; /* "empty", "exact", "inferred", "approximate" */
+  uint32_t initial_segments, initial_blocks, inferred_blocks;
   /* results */
   uint64_t segment_allocs, segment_frees;
   uint64_t peak_reserved, final_reserved;
@@ -215,6 +217,41 @@ typedef struct piece_s {
   uint64_t addr, size, req;
   bool placeholder;
 } piece_t;
+
+
+/*
+ * Blocks live before the first entry and freed in the trace only tell
+ * their requested size.  Their block size is inferred: round_size of the
+ * request (exact in small segments, where sizes are multiples of 512 and
+ * a remainder is always split); in a large segment a free gap of at most
+ * 1 MiB cannot exist (every free large-pool block is larger), so a gap
+ * that short between the rounded end and the next live block or the
+ * segment end belongs to the block.  A wrong guess shows up as replay
+ * mismatches.  Returns the number of blocks inferred.
+ */
+static uint32_t infer_sizes(const replay_t *r, cli_state_t *st) {
+  uint32_t n = 0, gi = 0;
+  for (uint32_t i = 0; i < st->nb; i++) {
+    cli_lblock_t *b = &st->b[i];
+    if (b->size != 0)
+      continue;
+    while (gi < st->ng && st->g[gi].addr + st->g[gi].size <= b->addr)
+      gi++;
+    uint64_t size = round_req(r, b->requested);
+    if (gi < st->ng && st->g[gi].addr <= b->addr) {
+      const cli_lseg_t *g = &st->g[gi];
+      uint64_t next = g->addr + g->size;
+      if (i + 1 < st->nb && st->b[i + 1].addr < next)
+        next = st->b[i + 1].addr;
+      if (b->addr + size < next && g->is_large &&
+          next - (b->addr + size) <= SMALL_SIZE)
+        size = next - b->addr;
+    }
+    b->size = size;
+    n++;
+  }
+  return n;
+}
 
 /*
  * Rebuild the start state `st` of device `dev` in the allocator (see the
@@ -575,10 +612,11 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   recorded_figures(s, d, &st);
   d->initial_segments = st.ng;
   d->initial_blocks = st.nb;
+  d->inferred_blocks = infer_sizes(r, &st);
   if (st.ng == 0 && st.nb == 0) {
     d->initial = "empty";
   } else if (carve(r, d, &st, &map) == 0) {
-    d->initial = "exact";
+    d->initial = d->inferred_blocks ? "inferred" : "exact";
   } else if (!r->exact) {
     /* What-if allocators may not reproduce the recorded layout. */
     char why[512];
@@ -906,9 +944,10 @@ static void usage(FILE *f) {
           "from the state at its first entry, rebuilt from the final\n"
           "segments.  Not replayable: no trace, no alloc history, a trace\n"
           "inconsistent with the final state (memsnap check), expandable\n"
-          "segments, private pools, or blocks live before the trace whose\n"
-          "size is unknown.  matches_recording is then null and `reason`\n"
-          "says why.\n"
+          "segments or private pools: matches_recording is then null and\n"
+          "`reason` says why.  Sizes of blocks allocated before the trace\n"
+          "and freed in it are inferred from their requests (start state\n"
+          "\"inferred\").\n"
           "\n"
           "  --profile P       cuda (default) or npu\n"
           "  --alloc-conf STR  allocator configuration (e.g.\n"
@@ -953,6 +992,8 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
     cj_u64(j, d->initial_segments);
     cj_key(j, "initial_blocks");
     cj_u64(j, d->initial_blocks);
+    cj_key(j, "inferred_block_sizes");
+    cj_u64(j, d->inferred_blocks);
     cj_key(j, "trace_entries");
     cj_u64(j, d->entries);
     cj_key(j, "segment_allocs");
@@ -1209,8 +1250,11 @@ int cli_cmd_replay(int argc, char **argv) {
         continue;
       }
       printf("%" PRIu64 " trace entries, start state %s (%u segments, %u "
-             "live blocks)\n",
+             "live blocks",
              d->entries, d->initial, d->initial_segments, d->initial_blocks);
+      if (d->inferred_blocks)
+        printf(", %u block sizes inferred from requests", d->inferred_blocks);
+      printf(")\n");
       printf("  %-22s %15s %15s\n", "", "replay", "recording");
       printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment allocs",
              d->segment_allocs, d->rec_segment_allocs);

@@ -572,6 +572,23 @@ def group_replay():
     expect(js.get("segment_allocs") == nseg,
            "replay segment_allocs equals the recording's segment_alloc "
            "count (%d)" % nseg)
+    # A ring buffer that dropped the oldest entries: the trace starts
+    # mid-training; blocks freed in it have inferred sizes.
+    tr = d["device_traces"][0]
+    for cut in (37, 100, 201):
+        e = dict(d)
+        e["device_traces"] = [tr[cut:]]
+        p = write_pickle(e, "cut%d.pickle" % cut)
+        rc, out, err = run("check", p)
+        expect(rc == 0, "a trace cut at entry %d still passes check" % cut)
+        rc, out, err = run("replay", "--json", p)
+        js = json.loads(out) if out else {}
+        dv = (js.get("devices") or [{}])[0]
+        expect(rc == 0 and js.get("matches_recording") is True and
+               dv.get("initial_state") == "inferred" and
+               dv.get("inferred_block_sizes", 0) > 0,
+               "replay of the trace cut at entry %d matches, start state "
+               "inferred (%s blocks)" % (cut, dv.get("inferred_block_sizes")))
     # Synthetic: empty_cache (segment_free) and a deferred free
     # (free_requested ... free_completed later).
     A1 = A0 + 64 * MiB
