@@ -60,7 +60,8 @@ set -e
 echo
 echo "== replay with the NPU profile (what-if: torch_npu's allocator)"
 set +e
-"$M" replay --profile npu --max-mismatches 4 -o "$out/replay_npu.pickle" "$input"
+"$M" replay --profile npu --max-mismatches 4 -o "$out/replay_npu.pickle" \
+  "$input"
 rc_npu=$?
 "$M" replay --json --profile npu "$input" > "$out/replay_npu.json"
 set -e
@@ -73,7 +74,8 @@ echo "== what-if: CUDA with expandable_segments:True"
 
 if [ -f "$out/replay_cuda.pickle" ]; then
   "$M" summary "$out/replay_cuda.pickle" > "$out/replay_cuda_summary.txt"
-  "$M" summary --json "$out/replay_cuda.pickle" > "$out/replay_cuda_summary.json"
+  "$M" summary --json "$out/replay_cuda.pickle" \
+    > "$out/replay_cuda_summary.json"
   "$M" view "$out/replay_cuda.pickle" -o "$out/replay_cuda.html"
 fi
 "$M" summary "$input" > "$out/recording_summary.txt"
@@ -88,10 +90,15 @@ echo
 echo "== outputs in $root/$out/"
 ls -l "$out"
 echo
-echo "Open $root/$out/replay_cuda.html (replayed) or recording.html in a browser."
+echo "Open $root/$out/replay_cuda.html (replayed) or recording.html"
+echo "in a browser."
 if [ "$rc_cuda" -ne 0 ]; then
-  echo "demo: the CUDA-profile replay did not match the recording (exit $rc_cuda)" >&2
+  echo "demo: the CUDA-profile replay did not match the recording" \
+    "(exit $rc_cuda)" >&2
   exit 1
 fi
-[ "$rc_npu" -le 1 ] || { echo "demo: the NPU replay failed (exit $rc_npu)" >&2; exit 1; }
+if [ "$rc_npu" -gt 1 ]; then
+  echo "demo: the NPU replay failed (exit $rc_npu)" >&2
+  exit 1
+fi
 echo "demo: CUDA replay matches the recording."
