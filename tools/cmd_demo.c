@@ -122,6 +122,8 @@ static void usage(FILE *f) {
           "  --layers L         layers (default 6)\n"
           "  --hidden H         layer width (default 2048)\n"
           "  --profile P        allocator profile, cuda (default) or npu\n"
+          "  --json             print {output, profile, steps, layers,\n"
+          "                     hidden} on stdout\n"
           "  -h, --help         this text\n");
 }
 
@@ -132,10 +134,12 @@ int cli_cmd_demo_train(int argc, char **argv) {
       {"layers", required_argument, NULL, 'l'},
       {"hidden", required_argument, NULL, 'H'},
       {"profile", required_argument, NULL, 'p'},
+      {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *out = NULL, *profile = "cuda";
   long steps = 3, layers = 6, hidden = 2048;
+  bool json = false;
   int o;
   optind = 1;
   while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
@@ -146,6 +150,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
     case 'l': layers = strtol(optarg, &end, 10); break;
     case 'H': hidden = strtol(optarg, &end, 10); break;
     case 'p': profile = optarg; break;
+    case 'j': json = true; break;
     case 'h': usage(stdout); return CLI_OK;
     default: return cli_usage_error("demo-train", NULL);
     }
@@ -254,6 +259,23 @@ int cli_cmd_demo_train(int argc, char **argv) {
               "memsnap: recorded %ld training steps of a %ld-layer model "
               "(width %ld) on the simulated device: %s\n",
               steps, layers, hidden, out);
+    if (!rc && json) {
+      cli_json_t j;
+      cj_init(&j, stdout);
+      cj_obj(&j);
+      cj_key(&j, "output");
+      cj_cstr(&j, out);
+      cj_key(&j, "profile");
+      cj_cstr(&j, profile);
+      cj_key(&j, "steps");
+      cj_i64(&j, steps);
+      cj_key(&j, "layers");
+      cj_i64(&j, layers);
+      cj_key(&j, "hidden");
+      cj_i64(&j, hidden);
+      cj_obj_end(&j);
+      cj_end(&j);
+    }
   }
 out:
   msnap_set_frame_hook(NULL);
