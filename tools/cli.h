@@ -81,6 +81,7 @@ void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
 typedef struct cli_progress_s {
   struct timespec start;
   bool tty, shown;
+  double last; /* seconds since start of the last line printed */
   const char *label;
 } cli_progress_t;
 /* Progress is shown only when stderr is a terminal and the work has run

@@ -76,12 +76,17 @@ void cli_progress_init(cli_progress_t *p, const char *label) {
   clock_gettime(CLOCK_MONOTONIC, &p->start);
   p->tty = isatty(2) != 0;
   p->shown = false;
+  p->last = 0;
   p->label = label;
 }
 
 void cli_progress_tick(cli_progress_t *p, uint64_t done, uint64_t total) {
-  if (!p->tty || (done & 1023) != 0 || cli_elapsed(&p->start) < 1.0)
+  if (!p->tty)
     return;
+  double t = cli_elapsed(&p->start);
+  if (t < 1.0 || t - p->last < 0.25)
+    return;
+  p->last = t;
   fprintf(stderr, "\r%s: %" PRIu64 "/%" PRIu64 " (%.0f%%)", p->label, done,
           total, total ? 100.0 * (double)done / (double)total : 100.0);
   p->shown = true;

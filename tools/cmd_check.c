@@ -281,7 +281,10 @@ int cli_cmd_check(int argc, char **argv) {
   }
   int rc = CLI_OK;
   long total = 0;
+  cli_progress_t pr;
+  cli_progress_init(&pr, "check");
   for (int a = optind; a < argc; a++) {
+    cli_progress_tick(&pr, (uint64_t)(a - optind), (uint64_t)(argc - optind));
     msnap_snap_t *s = NULL;
     int lr = cli_load(argv[a], &s);
     if (json) {
@@ -325,6 +328,7 @@ int cli_cmd_check(int argc, char **argv) {
       rc = CLI_FINDING;
     msnap__snap_free(s);
   }
+  cli_progress_end(&pr);
   if (json) {
     cj_arr_end(&j);
     cj_key(&j, "violations");
