@@ -157,7 +157,11 @@
   function drawLayout() {
     var L = layoutAt(sel), segs = L.segs;
     var rowH = 16, gap = 3, n = segs.length;
-    var c = fitCanvas($('layout'), Math.max(40, Math.min(6000, n * (rowH + gap) + 10)));
+    // Canvases taller than ~32k pixels fail: thin rows for many segments.
+    if (n * (rowH + gap) > 30000) {
+      rowH = Math.max(2, Math.floor(30000 / n) - 1); gap = 1;
+    }
+    var c = fitCanvas($('layout'), Math.max(40, n * (rowH + gap) + 10));
     var g = c.g;
     g.fillStyle = '#fff'; g.fillRect(0, 0, c.w, c.h);
     layoutRects = [];
@@ -169,7 +173,7 @@
       var y = 5 + r * (rowH + gap);
       var w = Math.max(60, avail * Math.sqrt(s.size / maxSize));
       g.fillStyle = '#444';
-      g.fillText(hex(s.addr) + ' ' + fmtBytes(s.size), left - 6, y + 12);
+      if (rowH >= 10) g.fillText(hex(s.addr) + ' ' + fmtBytes(s.size), left - 6, y + 12);
       g.fillStyle = '#eeeeee'; g.fillRect(left, y, w, rowH);
       s.blocks.forEach(function (b) {
         var x0 = left + w * (b.addr - s.addr) / s.size;
