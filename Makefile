@@ -8,10 +8,12 @@ VPY         := $(VENV)/bin/python
 BUILD       := build
 MESON       := $(VENV)/bin/meson
 DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev
+# Only the tests need these (headless Chromium renders `memsnap view`).
+TEST_DEB_PKGS := chromium
 TORCH_SPEC  := torch==2.13.0
 SHARED      ?= ../shared
 
-.PHONY: all deps venv build test test-c test-python demo clean
+.PHONY: all deps test-deps venv build test test-c test-python demo clean
 
 all: build
 
@@ -24,6 +26,19 @@ deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
 	  $$SUDO apt-get update -q >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing >/dev/null; \
+	fi
+
+# Packages only the tests need; a failed install is reported and the
+# tests that need them skip loudly.
+test-deps:
+	@missing=""; for p in $(TEST_DEB_PKGS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the tests:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  ( $$SUDO apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing >/dev/null ) || \
+	  echo "WARNING: could not install$$missing: the tests that need it will SKIP"; \
 	fi
 
 $(VENV)/.stamp: pyproject.toml
@@ -42,7 +57,7 @@ build: deps venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) compile -C $(BUILD)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VPY) -m pip install -q --no-build-isolation --no-deps .
 
-test-c: build
+test-c: build test-deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) test -C $(BUILD) --print-errorlogs
 
 test-python: build
