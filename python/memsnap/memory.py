@@ -178,7 +178,8 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
     dev = _device_index(device)
-    return _C.malloc(size, dev, _stream_handle(stream, dev))
+    handle = _stream_handle(stream, dev)
+    return _C.malloc(size, dev, handle)
 
 
 def caching_allocator_delete(mem_ptr):
