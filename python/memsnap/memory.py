@@ -779,7 +779,8 @@ def memory_snapshot(mempool_id=None, include_traces=True):
     first, second = (0, 0) if mempool_id is None else (mempool_id[0], mempool_id[1])
     if not isinstance(first, int) or not isinstance(second, int):
         raise RuntimeError("mempool_id elements must be integers")
-    return _lib("snapshot")(-1, first, second, include_traces, True)["segments"]
+    result = _lib("snapshot")(-1, first, second, include_traces, True)
+    return result["segments"] if isinstance(result, dict) else result
 
 
 def _allocation_traceback(data_ptr: int) -> list[dict[str, Any]] | None:

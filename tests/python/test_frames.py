@@ -80,3 +80,26 @@ def test_bench_capture_reports_depth():
     ns, depth = rec(18)
     assert depth >= 20
     assert ns > 0
+
+
+def test_fast_walk_equals_public_api():
+    """The 3.11 fast walk (interpreter frame records) gives exactly the
+    frames of the public API walk (PyEval_GetFrame / PyFrame_GetBack)."""
+
+    def gen():
+        yield _memsnap.capture_frames(64), _memsnap.capture_frames(64, True)
+
+    def rec(n):
+        if n == 0:
+            fast = _memsnap.capture_frames(64)
+            slow = _memsnap.capture_frames(64, True)
+            in_gen = next(gen())
+            return fast, slow, in_gen
+        return rec(n - 1)
+
+    fast, slow, (gfast, gslow) = rec(10)
+    # Same call site except the line of the capture itself.
+    assert [f[:2] for f in fast] == [f[:2] for f in slow]
+    assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
+    assert fast[0][2] + 1 == slow[0][2]
+    assert gfast[0][:2] == gslow[0][:2] and gfast[1:] == gslow[1:]
