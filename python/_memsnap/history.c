@@ -18,6 +18,7 @@
 #include "msnap_py.h"
 #include "weak.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define GET_ALLOC(a)                                                          \
@@ -352,9 +353,11 @@ static PyObject *py_annotate_memory(PyObject *module, PyObject *args) {
   GET_ALLOC(a);
   int rc = msnap_annotate_memory(a, ptr, text);
   if (rc == MSNAP_EBADPTR) {
-    PyErr_Format(PyExc_RuntimeError,
-                 "annotateMemory: no live allocation found at pointer 0x%llx",
-                 (unsigned long long)ptr);
+    char msg[96];
+    snprintf(msg, sizeof msg,
+             "annotateMemory: no live allocation found at pointer 0x%llx",
+             (unsigned long long)ptr);
+    PyErr_SetString(PyExc_RuntimeError, msg);
     return NULL;
   }
   if (rc < 0)

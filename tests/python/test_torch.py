@@ -30,10 +30,13 @@ def memory_stats(*a, **k): return ORIGINAL
 class NPUPluggableAllocator:
     def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name):
         lib = ctypes.CDLL(path_to_so_file)
-        self.alloc_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
-                                         ctypes.c_void_p)(getattr(lib, alloc_fn_name))
-        self.free_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
-                                        ctypes.c_void_p)(getattr(lib, free_fn_name))
+        alloc_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                   ctypes.c_void_p)
+        free_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                  ctypes.c_void_p)
+        # Function pointers looked up by name, as dlsym in the C++ loader.
+        self.alloc_fn = ctypes.cast(getattr(lib, alloc_fn_name), alloc_t)
+        self.free_fn = ctypes.cast(getattr(lib, free_fn_name), free_t)
         self.names = (path_to_so_file, alloc_fn_name, free_fn_name)
 
 def change_current_allocator(allocator):
