@@ -519,11 +519,26 @@ static PyObject *mempool_new(PyTypeObject *type, PyObject *args,
   return (PyObject *)self;
 }
 
-/* The module of a MemPool (heap type created from the module). */
+/* The _memsnap module of a MemPool: the module of the first type in the
+ * MRO that was created from this module's definition (memsnap.memory's
+ * MemPool is a Python subclass, which has no module of its own).  Borrowed;
+ * NULL with TypeError if none. */
 static PyObject *mempool_module(PyObject *self) {
-  return PyType_GetModule(Py_TYPE(self)) != NULL
-             ? PyType_GetModule(Py_TYPE(self))
-             : NULL;
+  PyObject *mro = Py_TYPE(self)->tp_mro;
+  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+    PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+    if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE))
+      continue;
+    PyObject *m = PyType_GetModule(t);
+    if (m == NULL) {
+      PyErr_Clear();
+      continue;
+    }
+    if (PyModule_GetDef(m) == &msnap_py_moduledef)
+      return m;
+  }
+  PyErr_SetString(PyExc_TypeError, "MemPool: no _memsnap module in its MRO");
+  return NULL;
 }
 
 static void mempool_dealloc(PyObject *o) {

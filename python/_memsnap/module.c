@@ -143,7 +143,7 @@ static PyModuleDef_Slot memsnap_slots[] = {
     {Py_mod_exec, (void *)memsnap_exec},
     {0, NULL}};
 
-static struct PyModuleDef memsnap_module = {
+struct PyModuleDef msnap_py_moduledef = {
     PyModuleDef_HEAD_INIT,
     "_memsnap",
     "C binding of libmemsnap for the memsnap package (use memsnap.memory).",
@@ -155,5 +155,5 @@ static struct PyModuleDef memsnap_module = {
     memsnap_free};
 
 PyMODINIT_FUNC PyInit__memsnap(void) {
-  return PyModuleDef_Init(&memsnap_module);
+  return PyModuleDef_Init(&msnap_py_moduledef);
 }

@@ -49,6 +49,9 @@ static inline msnap_py_state_t *msnap_py_state(PyObject *module) {
   return (msnap_py_state_t *)PyModule_GetState(module);
 }
 
+/* ---- module.c ----------------------------------------------------------- */
+extern struct PyModuleDef msnap_py_moduledef;
+
 /* ---- errors.c ----------------------------------------------------------- */
 /* Set the Python exception for a negative MSNAP_E* code and return NULL.
  * The text is msnap_last_error() of this thread when it is non-empty, else
