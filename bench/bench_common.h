@@ -27,7 +27,7 @@ static inline void bench_escape(const void *p) {
 }
 
 /* Read one size per line (first field) from path; exits on failure. */
-static size_t *bench_read_sizes(const char *path, size_t *n) {
+static inline size_t *bench_read_sizes(const char *path, size_t *n) {
   FILE *f = fopen(path, "r");
   if (f == NULL) {
     fprintf(stderr, "bench: cannot open size list %s\n", path);
