@@ -62,6 +62,10 @@ typedef struct msnap_conf_s {
   uint64_t segment_size_mb;           /* 0 = unset                       */
   bool multi_stream_lazy_reclaim;
   bool large_segment_size_set;
+  /* pinned host allocator (recorded for allocator_settings; 0 = unset) */
+  uint64_t pinned_max_round_threshold; /* pinned_max_round_threshold_mb  */
+  uint64_t pinned_max_cached_size;     /* pinned_max_cached_size_mb      */
+  uint64_t pinned_reserve_segment_size; /* pinned_reserve_segment_size_mb */
 } msnap_conf_t;
 /* Defaults of a profile. */
 void msnap__conf_init(msnap_conf_t *c, msnap_profile_t profile);
@@ -75,6 +79,19 @@ int msnap__conf_parse(msnap_conf_t *c, const char *s, char *err,
  * MSNAP_ECONF when both NPU variables are set. */
 int msnap__conf_from_env(msnap_profile_t profile, const char **out,
                          char *err, size_t errlen);
+/* msnap__conf_parse for a run-time change (_set_allocator_settings): in
+ * the npu profile only the keys torch_npu accepts at run time are allowed
+ * (expandable_segments, max_split_size_mb, max_non_split_rounding_mb,
+ * release_lock_on_npumalloc, throw_on_npumalloc_oom,
+ * per_process_memory_fraction, pinned_max_round_threshold_mb,
+ * pinned_max_cached_size_mb); the cuda profile accepts every key. */
+int msnap__conf_parse_runtime(msnap_conf_t *c, const char *s, char *err,
+                              size_t errlen);
+/* roundup_power2_divisions entry for a (>= 512) size: the size class is
+ * floor(log2(size)) - 20 clamped to [0, 15] (allocator-algorithm §3.1). */
+uint64_t msnap__roundup_divisions(const msnap_conf_t *c, size_t size);
+/* Invariant checker of a conf: 0, or MSNAP_ESTATE with the violation. */
+int msnap__conf_check(const msnap_conf_t *c, char *msg, size_t msg_len);
 
 /* ---- env.c: environment options ---------------------------------------- */
 /* MEMSNAP_PROFILE, MEMSNAP_RUNTIME, MEMSNAP_SIM_DEVICES, MEMSNAP_SIM_MEMORY
@@ -86,6 +103,14 @@ bool msnap__env_no_caching(msnap_profile_t profile);
 
 /* ---- runtime_sim.c ------------------------------------------------------ */
 /* Host (pinned) memory is also simulated: no host RAM behind it. */
+/* Create a sim runtime context with explicit parameters (the ops table's
+ * init reads MEMSNAP_SIM_DEVICES / MEMSNAP_SIM_MEMORY instead); devices is
+ * clamped to [1, 64], memory to [2 MiB, 256 TiB].  Free with the sim ops
+ * table's fini. */
+int msnap__sim_create(int devices, uint64_t memory, void **ctx);
+/* Invariant checker of a sim context: 0, or MSNAP_ESTATE with the first
+ * violation in msg. */
+int msnap__sim_check(void *ctx, char *msg, size_t msg_len);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */

@@ -1,2 +1,227 @@
-/* sink.c -- to be written. */
+/*
+ * sink.c -- buffered output sinks (memory, fd, callback) and atomic files.
+ *
+ * A msnap_sink_t is a byte stream with a buffer in front of a backend
+ * callback.  Invariants:
+ *   - used <= cap; buf is NULL only when cap == 0 (unbuffered);
+ *   - err is sticky: once a backend write fails, every later write is a
+ *     no-op returning err, and msnap__sink_finish returns it;
+ *   - bytes counts every byte accepted by msnap__sink_write, including the
+ *     ones still in the buffer.
+ * The fast path of msnap__sink_write is one memcpy into buf; writes larger
+ * than the buffer go straight to the backend after a flush.
+ *
+ * Atomic files: msnap__atomic_open creates "<path>.tmp.<pid>.<n>" next to
+ * the target (same file system, so rename(2) is atomic);
+ * msnap__atomic_commit fsyncs, closes and renames it over the target;
+ * msnap__atomic_abort closes and unlinks it.  A failed commit also removes
+ * the temporary, so no partial file is ever left at `path`.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "msnap_internal.h"
+
+#define SINK_BUF_SIZE (256u * 1024u)
+
+/* Map an errno from a file operation to an MSNAP_E* code. */
+static int sink_errno(int e) {
+  if (e == ENOSPC || e == EDQUOT) return MSNAP_ENOSPC;
+  if (e == ENOMEM) return MSNAP_ENOMEM;
+  return MSNAP_EIO;
+}
+
+static int sink_backend(msnap_sink_t *s, const void *p, size_t len) {
+  if (len == 0) return 0;
+  int rc = s->write_cb(s->opaque, p, len);
+  if (rc < 0) s->err = rc;
+  return rc;
+}
+
+/*
+ * Flush the buffered bytes to the backend.  Returns the sticky error or 0.
+ */
+int msnap__sink_flush(msnap_sink_t *s) {
+  if (s->err) return s->err;
+  if (s->used) {
+    size_t n = s->used;
+    s->used = 0;
+    if (sink_backend(s, s->buf, n) < 0) return s->err;
+  }
+  return 0;
+}
+
+/*
+ * Append len bytes.  On a backend failure the error becomes sticky and is
+ * returned now and by every later call.
+ */
+int msnap__sink_write(msnap_sink_t *s, const void *p, size_t len) {
+  if (msnap_unlikely(s->err)) return s->err;
+  s->bytes += len;
+  if (msnap_likely(s->cap - s->used >= len)) {
+    memcpy(s->buf + s->used, p, len);
+    s->used += len;
+    return 0;
+  }
+  if (msnap__sink_flush(s) < 0) return s->err;
+  if (len >= s->cap) return sink_backend(s, p, len) < 0 ? s->err : 0;
+  memcpy(s->buf, p, len);
+  s->used = len;
+  return 0;
+}
+
+/*
+ * Flush, release the buffer and return the sticky error (0 if none).  The
+ * sink may be finished once; afterwards it holds no memory.
+ */
+int msnap__sink_finish(msnap_sink_t *s) {
+  int rc = msnap__sink_flush(s);
+  free(s->buf);
+  s->buf = NULL;
+  s->cap = s->used = 0;
+  if (s->err == 0) s->err = MSNAP_ESTATE; /* later writes are refused */
+  return rc;
+}
+
+static int sink_init(msnap_sink_t *s,
+                     int (*write_cb)(void *, const void *, size_t),
+                     void *opaque) {
+  memset(s, 0, sizeof *s);
+  s->buf = malloc(SINK_BUF_SIZE);
+  if (!s->buf) return MSNAP_ENOMEM;
+  s->cap = SINK_BUF_SIZE;
+  s->write_cb = write_cb;
+  s->opaque = opaque;
+  return 0;
+}
+
+/* Memory backend: append to a growing buffer (doubling). */
+static int mem_write_cb(void *opaque, const void *p, size_t len) {
+  msnap_membuf_t *mb = opaque;
+  if (mb->cap - mb->len < len) {
+    size_t ncap = mb->cap ? mb->cap : 4096;
+    while (ncap - mb->len < len) {
+      if (ncap > SIZE_MAX / 2) return MSNAP_ENOMEM;
+      ncap *= 2;
+    }
+    char *nd = realloc(mb->data, ncap);
+    if (!nd) return MSNAP_ENOMEM;
+    mb->data = nd;
+    mb->cap = ncap;
+  }
+  memcpy(mb->data + mb->len, p, len);
+  mb->len += len;
+  return 0;
+}
+
+int msnap__sink_init_mem(msnap_sink_t *s, msnap_membuf_t *mb) {
+  return sink_init(s, mem_write_cb, mb);
+}
+
+/* fd backend: write(2) until done, retrying EINTR and short writes. */
+static int fd_write_cb(void *opaque, const void *p, size_t len) {
+  int fd = (int)(intptr_t)opaque;
+  const char *c = p;
+  while (len) {
+    ssize_t w = write(fd, c, len);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return sink_errno(errno);
+    }
+    if (w == 0) return MSNAP_EIO;
+    c += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
+int msnap__sink_init_fd(msnap_sink_t *s, int fd) {
+  if (fd < 0) return MSNAP_EINVAL;
+  return sink_init(s, fd_write_cb, (void *)(intptr_t)fd);
+}
+
+int msnap__sink_init_cb(msnap_sink_t *s,
+                        int (*write_cb)(void *, const void *, size_t),
+                        void *opaque) {
+  if (!write_cb) return MSNAP_EINVAL;
+  return sink_init(s, write_cb, opaque);
+}
+
+/* ---- atomic files -------------------------------------------------------- */
+
+static atomic_uint atomic_counter;
+
+/*
+ * Create the temporary next to `path`.  On failure *f is left closed
+ * (fd -1, no names) and nothing is created.
+ */
+int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
+  f->fd = -1;
+  f->tmp_path = f->path = NULL;
+  if (!path || !*path) return MSNAP_EINVAL;
+  size_t n = strlen(path) + 64;
+  char *tmp = malloc(n);
+  char *dst = strdup(path);
+  if (!tmp || !dst) {
+    free(tmp);
+    free(dst);
+    return MSNAP_ENOMEM;
+  }
+  for (int tries = 0; tries < 100; tries++) {
+    unsigned k = atomic_fetch_add(&atomic_counter, 1u);
+    snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), k);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      f->fd = fd;
+      f->tmp_path = tmp;
+      f->path = dst;
+      return 0;
+    }
+    if (errno != EEXIST) {
+      int e = errno;
+      free(tmp);
+      free(dst);
+      return e == ENOENT || e == EACCES || e == EROFS || e == ENOTDIR
+                 ? MSNAP_EIO
+                 : sink_errno(e);
+    }
+  }
+  free(tmp);
+  free(dst);
+  return MSNAP_EIO;
+}
+
+static void atomic_release(msnap_atomic_file_t *f) {
+  free(f->tmp_path);
+  free(f->path);
+  f->tmp_path = f->path = NULL;
+  f->fd = -1;
+}
+
+/*
+ * fsync + close + rename over the target.  On any failure the temporary is
+ * removed and the error returned (MSNAP_ENOSPC for a full disk).
+ */
+int msnap__atomic_commit(msnap_atomic_file_t *f) {
+  if (f->fd < 0 || !f->tmp_path) return MSNAP_EINVAL;
+  int rc = 0;
+  if (fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS)
+    rc = sink_errno(errno);
+  if (close(f->fd) != 0 && rc == 0 && errno != EINTR) rc = sink_errno(errno);
+  f->fd = -1;
+  if (rc == 0 && rename(f->tmp_path, f->path) != 0) rc = sink_errno(errno);
+  if (rc != 0) unlink(f->tmp_path);
+  atomic_release(f);
+  return rc;
+}
+
+void msnap__atomic_abort(msnap_atomic_file_t *f) {
+  if (f->fd >= 0) close(f->fd);
+  if (f->tmp_path) unlink(f->tmp_path);
+  atomic_release(f);
+}
