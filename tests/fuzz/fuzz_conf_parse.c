@@ -6,10 +6,13 @@
  *   - the result is 0 or MSNAP_ECONF, nothing else;
  *   - on MSNAP_ECONF the conf is bit-for-bit unchanged and the message is
  *     non-empty and NUL-terminated inside the buffer;
- *   - on success the values are in range (garbage_collection_threshold in
- *     [0, 1), roundup divisions 0 or powers of two, memory fraction in
- *     [0, 1]) and parsing the same text into fresh defaults again gives
- *     the same settings (the parser keeps no hidden state).
+ *   - on success the conf passes msnap__conf_check and the values are in
+ *     range (garbage_collection_threshold in [0, 1), roundup divisions 0
+ *     or powers of two, memory fraction in [0, 1]), and parsing the same
+ *     text into fresh defaults again gives the same settings (the parser
+ *     keeps no hidden state);
+ *   - the same holds for the run-time parser (msnap__conf_parse_runtime,
+ *     _set_allocator_settings) applied on top of the first result.
  * Any violation prints what and aborts (a crash for libFuzzer, a failed
  * test for the corpus replay).
  */
@@ -80,6 +83,9 @@ static void check_ranges(const msnap_conf_t *c, const char *text) {
              i, (unsigned long long)d, text);
   }
   FZ_CHECK(c->raw != NULL, "raw conf string is NULL after \"%s\"", text);
+  char msg[256] = "";
+  FZ_CHECK(msnap__conf_check(c, msg, sizeof msg) == 0,
+           "conf check after \"%s\": %s", text, msg);
 }
 
 static void one_profile(msnap_profile_t profile, const char *text) {
@@ -108,6 +114,17 @@ static void one_profile(msnap_profile_t profile, const char *text) {
              "two parses of \"%s\" disagree", text);
     msnap__conf_destroy(&again);
   }
+  /* The run-time parser on top of the current settings. */
+  memcpy(&before, &c, sizeof c);
+  rc = msnap__conf_parse_runtime(&c, text, err, sizeof err);
+  FZ_CHECK(rc == 0 || rc == MSNAP_ECONF, "runtime parse rc %d (%s) for "
+           "\"%s\"", rc, msnap_err_name(rc), text);
+  if (rc == 0)
+    check_ranges(&c, text);
+  else
+    FZ_CHECK(memcmp(&before, &c, sizeof c) == 0 && err[0] != '\0',
+             "failed runtime parse of \"%s\" changed the conf or gave no "
+             "message", text);
   msnap__conf_destroy(&c);
 }
 

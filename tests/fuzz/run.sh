@@ -24,7 +24,7 @@ fi
 failed=0
 passed=0
 for bin in "${targets[@]}"; do
-  [ -x "$bin" ] || continue
+  [ -f "$bin" ] && [ -x "$bin" ] || continue
   name=$(basename "$bin")
   target=${name#fuzz_}
   seeds="$root/tests/corpus/$target"
