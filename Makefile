@@ -24,9 +24,12 @@ SHARED      ?= ../shared
 
 # install_debs: install the Debian packages in $(1) that are missing (as
 # root, or through sudo).  `dpkg -s` understands name:arch.
+# A name installed for two architectures (multiarch) is ambiguous to
+# dpkg -s, hence the second try with the native architecture.
 define install_debs
-	@missing=""; for p in $(1); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@native=$$(dpkg --print-architecture); missing=""; for p in $(1); do \
+	  dpkg -s $$p >/dev/null 2>&1 || dpkg -s $$p:$$native >/dev/null 2>&1 || \
+	  missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
@@ -83,12 +86,17 @@ MRUN       := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON)
 SAN_ENV    := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1 \
               UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
 TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-# setup_dir DIR, OPTIONS: meson setup once (again if the folder is stale).
+# setup_dir DIR, OPTIONS: meson setup, again from scratch when OPTIONS
+# changed since the folder was made (kept in DIR/.setup-options).  Commas
+# in OPTIONS are written $(comma) (make's $(call) splits on commas).
+comma := ,
 define setup_dir
-	@if [ ! -f $(1)/build.ninja ]; then \
-	  echo "meson setup $(1) $(2)"; \
+	@if [ ! -f $(1)/build.ninja ] || \
+	    [ "$$(cat $(1)/.setup-options 2>/dev/null)" != "$(2)" ]; then \
+	  rm -rf $(1); echo "meson setup $(1) $(2)"; \
 	  $(MRUN) setup $(1) $(2) >$(1).setup.log 2>&1 || \
-	  { cat $(1).setup.log; rm -rf $(1); exit 1; }; fi
+	  { cat $(1).setup.log; rm -rf $(1); exit 1; }; \
+	  echo "$(2)" > $(1)/.setup-options; fi
 	$(MRUN) compile -C $(1) -j 2
 endef
 
@@ -96,8 +104,8 @@ endef
 # stops the test (halt_on_error, -fno-sanitize-recover) and fails it.
 test-sanitize: deps-quality venv
 	$(call setup_dir,build-asan,-Dpython=false -Ddebug_level=2 \
-	  -Db_sanitize=address,undefined -Db_lundef=false \
-	  -Dc_args=-fno-sanitize-recover=all -Dc_args=-fno-omit-frame-pointer \
+	  -Db_sanitize=address$(comma)undefined -Db_lundef=false \
+	  '-Dc_args=-fno-sanitize-recover=all -fno-omit-frame-pointer' \
 	  -Dc_link_args=-fno-sanitize-recover=all)
 	$(SAN_ENV) $(MRUN) test -C build-asan --print-errorlogs \
 	  --timeout-multiplier 3
@@ -127,8 +135,8 @@ fuzz: deps-quality venv
 	  echo "meson setup build-fuzz (clang, libFuzzer)"; \
 	  CC=clang $(MRUN) setup build-fuzz -Dpython=false -Dfuzz=true \
 	    -Db_sanitize=address,undefined -Db_lundef=false \
-	    -Dc_args=-fsanitize=fuzzer-no-link \
-	    -Dc_args=-fno-sanitize-recover=all >build-fuzz.setup.log 2>&1 || \
+	    '-Dc_args=-fsanitize=fuzzer-no-link -fno-sanitize-recover=all' \
+	    >build-fuzz.setup.log 2>&1 || \
 	  { cat build-fuzz.setup.log; rm -rf build-fuzz; exit 1; }; fi
 	$(MRUN) compile -C build-fuzz -j 2
 	$(SAN_ENV) tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
