@@ -70,6 +70,21 @@ static inline uint64_t bench_rss_bytes(void) {
   return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
+/* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES
+ * and MEMSNAP_SIM_MEMORY (it does not see msnap_options_t.sim_*), so set
+ * both as well (0 leaves a variable alone). */
+static inline void sim_env(int devices, uint64_t memory) {
+  char v[32];
+  if (devices > 0) {
+    snprintf(v, sizeof v, "%d", devices);
+    setenv("MEMSNAP_SIM_DEVICES", v, 1);
+  }
+  if (memory > 0) {
+    snprintf(v, sizeof v, "%llu", (unsigned long long)memory);
+    setenv("MEMSNAP_SIM_MEMORY", v, 1);
+  }
+}
+
 #define BENCH_RESULT(key, fmt, ...)                                           \
   printf("RESULT " key "=" fmt "\n", __VA_ARGS__)
 

@@ -47,6 +47,7 @@ int main(int argc, char **argv) {
   o.alloc_conf = "";
   o.caching_disabled = 0;
   o.sim_memory = 1ull << 40;
+  sim_env(o.sim_devices, o.sim_memory);
   if (msnap_allocator_create(&o, &g_a) != 0) {
     fprintf(stderr, "bench_dump: create: %s\n", msnap_last_error());
     return 1;

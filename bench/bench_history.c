@@ -71,18 +71,19 @@ int main(void) {
   o.caching_disabled = 0;
   o.sim_devices = 1;
   o.sim_memory = 1ull << 40;
+  sim_env(o.sim_devices, o.sim_memory);
   if (msnap_allocator_create(&o, &g_a) != 0) {
     fprintf(stderr, "bench_history: create: %s\n", msnap_last_error());
     return 1;
   }
   BENCH_RESULT("depth", "%d", DEPTH + 2);
   BENCH_RESULT("off_ns", "%.2f", best());
-  history(true, 0);
+  history(true, MSNAP_STACKS_PYTHON); /* no frame hook: no frames */
   BENCH_RESULT("nostacks_ns", "%.2f", best());
-  history(false, 0);
+  history(false, MSNAP_STACKS_PYTHON);
   history(true, MSNAP_STACKS_CPP);
   BENCH_RESULT("cstacks_ns", "%.2f", best());
-  history(false, 0);
+  history(false, MSNAP_STACKS_PYTHON);
   msnap_allocator_destroy(g_a);
   return 0;
 }

@@ -104,6 +104,7 @@ int main(int argc, char **argv) {
   o.runtime_name = "sim";
   o.sim_devices = 1;
   o.sim_memory = 1ull << 40;
+  sim_env(o.sim_devices, o.sim_memory);
   o.alloc_conf = "";
   o.caching_disabled = 0;
   char err[256] = "";

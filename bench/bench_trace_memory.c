@@ -47,6 +47,7 @@ static double per_entry(uint64_t n, unsigned stacks) {
   o.alloc_conf = "";
   o.caching_disabled = 0;
   o.sim_memory = 1ull << 40;
+  sim_env(o.sim_devices, o.sim_memory);
   if (msnap_allocator_create(&o, &g_a) != 0) {
     fprintf(stderr, "bench_trace_memory: create: %s\n", msnap_last_error());
     exit(1);
@@ -76,7 +77,7 @@ static double per_entry(uint64_t n, unsigned stacks) {
 int main(int argc, char **argv) {
   uint64_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
   BENCH_RESULT("entries", "%llu", (unsigned long long)n);
-  BENCH_RESULT("nostacks_bytes", "%.2f", per_entry(n, 0));
+  BENCH_RESULT("nostacks_bytes", "%.2f", per_entry(n, MSNAP_STACKS_PYTHON));
   BENCH_RESULT("cstacks_bytes", "%.2f", per_entry(n, MSNAP_STACKS_CPP));
   return 0;
 }

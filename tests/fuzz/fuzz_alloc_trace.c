@@ -89,6 +89,21 @@ typedef struct state_s {
   bool history;
 } state_t;
 
+/* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES
+ * and MEMSNAP_SIM_MEMORY (it does not see msnap_options_t.sim_*), so set
+ * both as well (0 leaves a variable alone). */
+static void sim_env(int devices, uint64_t memory) {
+  char v[32];
+  if (devices > 0) {
+    snprintf(v, sizeof v, "%d", devices);
+    setenv("MEMSNAP_SIM_DEVICES", v, 1);
+  }
+  if (memory > 0) {
+    snprintf(v, sizeof v, "%llu", (unsigned long long)memory);
+    setenv("MEMSNAP_SIM_MEMORY", v, 1);
+  }
+}
+
 static uint8_t next_u8(state_t *st) { return st->p < st->end ? *st->p++ : 0; }
 
 static uint32_t next_u32(state_t *st) {
@@ -205,7 +220,8 @@ static void op_history(state_t *st) {
   msnap_history_options_init(&o);
   o.enabled = !st->history;
   o.context = (msnap_record_context_t)(c & 3);
-  o.stacks = 0; /* no C/Python stacks: keep runs fast and deterministic */
+  /* Python stacks without a frame hook: no frames, fast, deterministic. */
+  o.stacks = MSNAP_STACKS_PYTHON;
   o.max_entries = 1 + (c >> 2);
   int rc = msnap_record_history(st->a, &o);
   FZ_CHECK(rc == 0, "record_history gave %s", msnap_err_name(rc));
@@ -311,6 +327,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.caching_disabled = 0;
   o.sim_devices = 2;
   o.sim_memory = SIM_MEMORY;
+  sim_env(o.sim_devices, o.sim_memory);
   char errbuf[256] = "";
   o.error_buf = errbuf;
   o.error_buf_len = sizeof errbuf;

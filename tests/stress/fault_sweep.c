@@ -218,6 +218,21 @@ int rename(const char *from, const char *to) {
   return real(from, to);
 }
 
+/* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES
+ * and MEMSNAP_SIM_MEMORY (it does not see msnap_options_t.sim_*), so set
+ * both as well (0 leaves a variable alone). */
+static void sim_env(int devices, uint64_t memory) {
+  char v[32];
+  if (devices > 0) {
+    snprintf(v, sizeof v, "%d", devices);
+    setenv("MEMSNAP_SIM_DEVICES", v, 1);
+  }
+  if (memory > 0) {
+    snprintf(v, sizeof v, "%llu", (unsigned long long)memory);
+    setenv("MEMSNAP_SIM_MEMORY", v, 1);
+  }
+}
+
 /* ---- helpers ------------------------------------------------------------ */
 
 static msnap_allocator_t *make_allocator(const char *conf, uint64_t memory) {
@@ -229,6 +244,7 @@ static msnap_allocator_t *make_allocator(const char *conf, uint64_t memory) {
   o.caching_disabled = 0;
   o.sim_devices = 1;
   o.sim_memory = memory;
+  sim_env(o.sim_devices, o.sim_memory);
   char err[256] = "";
   o.error_buf = err;
   o.error_buf_len = sizeof err;
@@ -296,7 +312,7 @@ static void workload(msnap_allocator_t *a, outcome_t *out, const char *dir) {
 
   msnap_history_options_t h;
   msnap_history_options_init(&h);
-  h.stacks = 0;
+  h.stacks = MSNAP_STACKS_PYTHON; /* no frame hook: no frames */
   h.max_entries = 10000;
   CALL("msnap_record_history", msnap_record_history(a, &h));
 
@@ -494,7 +510,7 @@ static msnap_allocator_t *dump_allocator(int nallocs) {
   msnap_allocator_t *a = make_allocator("", 4ull << 30);
   msnap_history_options_t h;
   msnap_history_options_init(&h);
-  h.stacks = 0;
+  h.stacks = MSNAP_STACKS_PYTHON; /* no frame hook: no frames */
   assert_int_equal(msnap_record_history(a, &h), 0);
   for (int i = 0; i < nallocs; i++) {
     uint64_t q = 0;

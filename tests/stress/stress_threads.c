@@ -72,6 +72,21 @@ typedef struct worker_s {
   long mallocs, frees, ooms, handed, records;
 } worker_t;
 
+/* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES
+ * and MEMSNAP_SIM_MEMORY (it does not see msnap_options_t.sim_*), so set
+ * both as well (0 leaves a variable alone). */
+static void sim_env(int devices, uint64_t memory) {
+  char v[32];
+  if (devices > 0) {
+    snprintf(v, sizeof v, "%d", devices);
+    setenv("MEMSNAP_SIM_DEVICES", v, 1);
+  }
+  if (memory > 0) {
+    snprintf(v, sizeof v, "%llu", (unsigned long long)memory);
+    setenv("MEMSNAP_SIM_MEMORY", v, 1);
+  }
+}
+
 /* xorshift64*: fixed seeds, no shared state. */
 static uint64_t rnd(uint64_t *s) {
   *s ^= *s >> 12;
@@ -208,7 +223,7 @@ static void *history_main(void *arg) {
     on = !on;
     o.enabled = on;
     o.context = (msnap_record_context_t)(1 + r % 3);
-    o.stacks = (r >> 8) % 4 == 0 ? MSNAP_STACKS_CPP : 0;
+    o.stacks = (r >> 8) % 4 == 0 ? MSNAP_STACKS_CPP : MSNAP_STACKS_PYTHON;
     o.max_entries = 64 + (r >> 16) % 4096;
     o.clear_history = (r >> 24) % 3 == 0;
     int rc = msnap_record_history(sh->a, &o);
@@ -304,6 +319,7 @@ static void test_stress(void **state) {
   o.caching_disabled = 0;
   o.sim_devices = 2;
   o.sim_memory = 8ull << 30;
+  sim_env(o.sim_devices, o.sim_memory);
   char err[256] = "";
   o.error_buf = err;
   o.error_buf_len = sizeof err;
