@@ -298,7 +298,7 @@ static void api_result(msnap_allocator_t *a, outcome_t *out, const char *api,
 
 #define MAXP 96
 
-/* The workload: ~1 GiB device, three streams, manual events.  Frees
+/* The workload: a 2 GiB device, three streams, manual events.  Frees
  * everything it allocated; returns with the cache emptied. */
 static void workload(msnap_allocator_t *a, outcome_t *out, const char *dir) {
   void *simctx = msnap_runtime_ctx(a);
@@ -331,11 +331,16 @@ static void workload(msnap_allocator_t *a, outcome_t *out, const char *dir) {
     p[i] = 0;
   }
   msnap_sim_complete_events(simctx, s2, false);
-  /* Phase B: fill the device with 100 MiB blocks, free them (cached), then
-   * ask for other sizes: the allocator must free cached segments and retry.
-   */
+  /* Phase B: fill the device with 100 MiB blocks (leaving less than 150
+   * MiB free), free them (cached), then ask for 150 MiB blocks: no cached
+   * block fits and the device is full, so the allocator must free cached
+   * segments and retry (PyTorch's alloc_block failure path). */
   int first_big = n;
-  for (int i = 0; i < 12 && n < MAXP; i++) {
+  size_t free_b = 0, total_b = 0;
+  cur_api = "msnap_mem_get_info";
+  assert_int_equal(msnap_mem_get_info(a, 0, &free_b, &total_b), 0);
+  int nbig = (int)(free_b / (100u << 20)) - 1;
+  for (int i = 0; i < nbig && n < MAXP; i++) {
     uint64_t q = 0;
     CALL("msnap_malloc", msnap_malloc(a, 0, 100u << 20, 0, &q));
     if (q != 0)
@@ -432,7 +437,7 @@ static void sweep_conf(const char *conf) {
   live_at_fini = UINT64_MAX;
   outcome_t base;
   memset(&base, 0, sizeof base);
-  msnap_allocator_t *a = make_allocator(conf, 1ull << 30);
+  msnap_allocator_t *a = make_allocator(conf, 2ull << 30);
   workload(a, &base, tmpdir);
   if (base.rc != 0)
     fail_msg("conf \"%s\": the fault-free workload failed in %s: %s", conf,
@@ -464,7 +469,7 @@ static void sweep_conf(const char *conf) {
     char label[128];
     snprintf(label, sizeof label, "conf \"%s\", %s #%llu", conf,
              site_names[s], (unsigned long long)nth);
-    a = make_allocator(conf, 1ull << 30);
+    a = make_allocator(conf, 2ull << 30);
     msnap_sim_fail_nth(msnap_runtime_ctx(a), site_names[s], nth);
     workload(a, &out, tmpdir);
     if (injected[s] != 1)
