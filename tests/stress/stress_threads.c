@@ -24,7 +24,7 @@
  * allocated or reserved, and the simulated device must be back to all
  * free.
  *
- * MEMSNAP_STRESS_OPS (default 4000) sets the operations per worker.
+ * MEMSNAP_STRESS_OPS (default 20000) sets the operations per worker.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -307,7 +307,7 @@ static void test_stress(void **state) {
   shared_t *sh = calloc(1, sizeof *sh);
   assert_non_null(sh);
   const char *ops = getenv("MEMSNAP_STRESS_OPS");
-  sh->ops = ops ? atoi(ops) : 4000;
+  sh->ops = ops ? atoi(ops) : 20000;
   pthread_mutex_init(&sh->fail_lock, NULL);
   for (int i = 0; i < NWORKERS; i++)
     pthread_mutex_init(&sh->box[i].lock, NULL);
