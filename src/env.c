@@ -1,2 +1,144 @@
-/* env.c -- to be written. */
+/*
+ * env.c -- environment options.
+ *
+ * MEMSNAP_PROFILE      "npu" (default) or "cuda".
+ * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
+ * MEMSNAP_SIM_DEVICES, MEMSNAP_SIM_MEMORY and any other size option:
+ *                      a decimal number with an optional binary suffix
+ *                      K, M, G or T (optionally followed by "B" or "iB",
+ *                      any case): "64G" = 64 GiB.  Values that overflow
+ *                      64 bits are clamped to UINT64_MAX.
+ * PYTORCH_NO_NPU_MEMORY_CACHING / PYTORCH_NO_CUDA_MEMORY_CACHING
+ *                      only exactly "1" is true and "0" false (PyTorch's
+ *                      check_env); anything else warns and counts as unset.
+ *
+ * A bad value never fails: it prints one warning on stderr (once per
+ * variable per process) and the default is used.  The environment is read
+ * on every call; callers cache what they need.
+ *
+ * Invariants: the warned-once table only grows; it is guarded by a mutex.
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
 #include "msnap_internal.h"
+
+#define MSNAP_ENV_WARN_SLOTS 32
+
+static pthread_mutex_t warn_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *warned[MSNAP_ENV_WARN_SLOTS];
+static int nwarned;
+
+/*
+ * True the first time it is called for variable `name` (a string literal or
+ * other storage that outlives the process), false afterwards.  When the
+ * table is full every call returns true (warnings repeat rather than get
+ * lost).
+ */
+static bool first_warning(const char *name) {
+  bool first = true;
+  pthread_mutex_lock(&warn_lock);
+  for (int i = 0; i < nwarned; i++) {
+    if (strcmp(warned[i], name) == 0) {
+      first = false;
+      break;
+    }
+  }
+  if (first && nwarned < MSNAP_ENV_WARN_SLOTS) warned[nwarned++] = name;
+  pthread_mutex_unlock(&warn_lock);
+  return first;
+}
+
+int msnap__env_profile(msnap_profile_t *out) {
+  const char *v = getenv("MEMSNAP_PROFILE");
+  if (v == NULL || *v == '\0' || strcasecmp(v, "npu") == 0) {
+    *out = MSNAP_PROFILE_NPU;
+  } else if (strcasecmp(v, "cuda") == 0) {
+    *out = MSNAP_PROFILE_CUDA;
+  } else {
+    if (first_warning("MEMSNAP_PROFILE"))
+      fprintf(stderr,
+              "memsnap: warning: ignoring invalid MEMSNAP_PROFILE '%s' "
+              "(valid values are npu and cuda); using npu\n",
+              v);
+    *out = MSNAP_PROFILE_NPU;
+  }
+  return 0;
+}
+
+const char *msnap__env_runtime(void) {
+  const char *v = getenv("MEMSNAP_RUNTIME");
+  return (v == NULL || *v == '\0') ? "sim" : v;
+}
+
+/*
+ * Parse a size with an optional K/M/G/T suffix.  Returns false for
+ * malformed text; clamps to UINT64_MAX on overflow.
+ */
+static bool parse_size(const char *s, uint64_t *out) {
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s)) return false;
+  uint64_t v = 0;
+  bool overflow = false;
+  while (isdigit((unsigned char)*s)) {
+    unsigned d = (unsigned)(*s - '0');
+    if (v > (UINT64_MAX - d) / 10) overflow = true;
+    else v = v * 10 + d;
+    s++;
+  }
+  unsigned shift = 0;
+  switch (toupper((unsigned char)*s)) {
+  case 'K': shift = 10; break;
+  case 'M': shift = 20; break;
+  case 'G': shift = 30; break;
+  case 'T': shift = 40; break;
+  default: break;
+  }
+  if (shift != 0) {
+    s++;
+    if (toupper((unsigned char)s[0]) == 'I' &&
+        toupper((unsigned char)s[1]) == 'B')
+      s += 2;
+    else if (toupper((unsigned char)s[0]) == 'B')
+      s++;
+  }
+  while (isspace((unsigned char)*s)) s++;
+  if (*s != '\0') return false;
+  if (shift != 0 && v > (UINT64_MAX >> shift)) overflow = true;
+  *out = overflow ? UINT64_MAX : (v << shift);
+  return true;
+}
+
+uint64_t msnap__env_size(const char *name, uint64_t dflt) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return dflt;
+  uint64_t r;
+  if (parse_size(v, &r)) return r;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid size '%s' in %s (expected a "
+            "number with an optional K, M, G or T suffix); using %llu\n",
+            v, name, (unsigned long long)dflt);
+  return dflt;
+}
+
+bool msnap__env_no_caching(msnap_profile_t profile) {
+  const char *name = profile == MSNAP_PROFILE_CUDA
+                         ? "PYTORCH_NO_CUDA_MEMORY_CACHING"
+                         : "PYTORCH_NO_NPU_MEMORY_CACHING";
+  const char *v = getenv(name);
+  if (v == NULL) return false;
+  if (strcmp(v, "1") == 0) return true;
+  if (strcmp(v, "0") == 0) return false;
+  /* PyTorch's text, including its missing space before "valid". */
+  if (first_warning(name))
+    fprintf(stderr,
+            "Ignoring invalid value for boolean flag %s: %svalid values are "
+            "0 or 1.\n",
+            name, v);
+  return false;
+}

@@ -1,2 +1,80 @@
-/* error.c -- to be written. */
+/*
+ * error.c -- error codes and the per-thread last-error text.
+ *
+ * The code table is the MSNAP_ERRNO_MAP X-macro of memsnap.h; this file only
+ * turns it into text.  Every thread owns one fixed-size buffer holding the
+ * text of the last error reported on that thread (msnap__set_error).
+ *
+ * Invariants:
+ *   - The last-error buffer is always NUL-terminated; it is "" until the
+ *     first error on the thread.
+ *   - msnap__set_error never allocates, so it is safe on out-of-memory
+ *     paths; messages longer than the buffer are truncated with "...".
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "msnap_internal.h"
+
+#define MSNAP_LAST_ERROR_MAX 2048
+
+static _Thread_local char last_error[MSNAP_LAST_ERROR_MAX];
+
+const char *msnap_strerror(int err) {
+  switch (err) {
+  case MSNAP_OK:
+    return "success";
+#define MSNAP_STRERROR_CASE_(name, value, text)                               \
+  case MSNAP_##name:                                                          \
+    return text;
+    MSNAP_ERRNO_MAP(MSNAP_STRERROR_CASE_)
+#undef MSNAP_STRERROR_CASE_
+  default:
+    return "unknown error";
+  }
+}
+
+const char *msnap_err_name(int err) {
+  switch (err) {
+  case MSNAP_OK:
+    return "MSNAP_OK";
+#define MSNAP_ERR_NAME_CASE_(name, value, text)                               \
+  case MSNAP_##name:                                                          \
+    return "MSNAP_" #name;
+    MSNAP_ERRNO_MAP(MSNAP_ERR_NAME_CASE_)
+#undef MSNAP_ERR_NAME_CASE_
+  default:
+    return "MSNAP_EUNKNOWN";
+  }
+}
+
+void msnap_free_string(char *s) { free(s); }
+
+/*
+ * Format a message into this thread's last-error buffer and return err.
+ * The text is built in a local buffer first, so the arguments may point
+ * into the current last-error text (msnap_last_error()).  A NULL fmt stores
+ * msnap_strerror(err).
+ */
+int msnap__set_error(int err, const char *fmt, ...) {
+  char tmp[MSNAP_LAST_ERROR_MAX];
+  if (fmt == NULL) {
+    snprintf(tmp, sizeof tmp, "%s", msnap_strerror(err));
+  } else {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      snprintf(tmp, sizeof tmp, "%s", msnap_strerror(err));
+    } else if ((size_t)n >= sizeof tmp) {
+      memcpy(tmp + sizeof tmp - 4, "...", 4);
+    }
+  }
+  memcpy(last_error, tmp, sizeof tmp);
+  return err;
+}
+
+const char *msnap_last_error(void) { return last_error; }

@@ -62,6 +62,10 @@ typedef struct msnap_conf_s {
   uint64_t segment_size_mb;           /* 0 = unset                       */
   bool multi_stream_lazy_reclaim;
   bool large_segment_size_set;
+  /* pinned host allocator (recorded for allocator_settings; 0 = unset) */
+  uint64_t pinned_max_round_threshold; /* pinned_max_round_threshold_mb  */
+  uint64_t pinned_max_cached_size;     /* pinned_max_cached_size_mb      */
+  uint64_t pinned_reserve_segment_size; /* pinned_reserve_segment_size_mb */
 } msnap_conf_t;
 /* Defaults of a profile. */
 void msnap__conf_init(msnap_conf_t *c, msnap_profile_t profile);
@@ -75,6 +79,19 @@ int msnap__conf_parse(msnap_conf_t *c, const char *s, char *err,
  * MSNAP_ECONF when both NPU variables are set. */
 int msnap__conf_from_env(msnap_profile_t profile, const char **out,
                          char *err, size_t errlen);
+/* msnap__conf_parse for a run-time change (_set_allocator_settings): in
+ * the npu profile only the keys torch_npu accepts at run time are allowed
+ * (expandable_segments, max_split_size_mb, max_non_split_rounding_mb,
+ * release_lock_on_npumalloc, throw_on_npumalloc_oom,
+ * per_process_memory_fraction, pinned_max_round_threshold_mb,
+ * pinned_max_cached_size_mb); the cuda profile accepts every key. */
+int msnap__conf_parse_runtime(msnap_conf_t *c, const char *s, char *err,
+                              size_t errlen);
+/* roundup_power2_divisions entry for a (>= 512) size: the size class is
+ * floor(log2(size)) - 20 clamped to [0, 15] (allocator-algorithm §3.1). */
+uint64_t msnap__roundup_divisions(const msnap_conf_t *c, size_t size);
+/* Invariant checker of a conf: 0, or MSNAP_ESTATE with the violation. */
+int msnap__conf_check(const msnap_conf_t *c, char *msg, size_t msg_len);
 
 /* ---- env.c: environment options ---------------------------------------- */
 /* MEMSNAP_PROFILE, MEMSNAP_RUNTIME, MEMSNAP_SIM_DEVICES, MEMSNAP_SIM_MEMORY
@@ -86,6 +103,14 @@ bool msnap__env_no_caching(msnap_profile_t profile);
 
 /* ---- runtime_sim.c ------------------------------------------------------ */
 /* Host (pinned) memory is also simulated: no host RAM behind it. */
+/* Create a sim runtime context with explicit parameters (the ops table's
+ * init reads MEMSNAP_SIM_DEVICES / MEMSNAP_SIM_MEMORY instead); devices is
+ * clamped to [1, 64], memory to [2 MiB, 256 TiB].  Free with the sim ops
+ * table's fini. */
+int msnap__sim_create(int devices, uint64_t memory, void **ctx);
+/* Invariant checker of a sim context: 0, or MSNAP_ESTATE with the first
+ * violation in msg. */
+int msnap__sim_check(void *ctx, char *msg, size_t msg_len);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */
@@ -94,6 +119,13 @@ uint64_t msnap__clock_raw(void);
  * against CLOCK_REALTIME; monotone). */
 int64_t msnap__clock_to_us(uint64_t raw);
 int64_t msnap__clock_now_us(void);
+/* First use: pick the counter, take the first anchor (idempotent). */
+void msnap__clock_init(void);
+/* Refresh the conversion anchor against CLOCK_REALTIME (snapshot time). */
+void msnap__clock_calibrate(void);
+/* "tsc", "cntvct" or "clock_gettime". */
+const char *msnap__clock_source(void);
+int msnap__clock_check(char *msg, size_t len);
 
 /* ---- history.c / stack.c: the recorder ---------------------------------- */
 /* A recording context, captured at the start of malloc/free/empty_cache
@@ -165,9 +197,20 @@ int msnap__snapshot_take(msnap_allocator_t *a,
  * (resolving Python frames and C symbols once per unique address), and
  * drop the references taken during collection. */
 int msnap__snap_import_stacks(msnap_snap_t *s);
+/* Test hook: every later dump/report write fails with `err` (e.g.
+ * MSNAP_ENOSPC) once `after_bytes` bytes were written; UINT64_MAX
+ * disarms. */
+void msnap__dump_set_fault(uint64_t after_bytes, int err);
+/* Write len bytes to path atomically (temporary file + rename; the fault
+ * hook applies). */
+int msnap__write_file_atomic(const char *path, const void *p, size_t len);
 
 /* ---- oom.c: OOM observers and OOM_SNAPSHOT_ENABLE auto-dump ------------- */
 void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
                        uint64_t device_total, uint64_t device_free);
+/* Read OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for a new allocator (turns
+ * history on when set).  alloc.c calls it at the end of
+ * msnap_allocator_create. */
+void msnap__oom_env_init(msnap_allocator_t *a);
 
 #endif /* MSNAP_INTERNAL_H */

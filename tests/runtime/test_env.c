@@ -1,0 +1,158 @@
+/* test_env.c -- environment options (env.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "msnap_internal.h"
+
+/* Run fn with stderr redirected to a temporary file; returns its text. */
+static char captured[4096];
+static void capture_begin(FILE **tmp, int *saved) {
+  fflush(stderr);
+  *tmp = tmpfile();
+  assert_non_null(*tmp);
+  *saved = dup(2);
+  dup2(fileno(*tmp), 2);
+}
+static const char *capture_end(FILE *tmp, int saved) {
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(tmp);
+  size_t n = fread(captured, 1, sizeof captured - 1, tmp);
+  captured[n] = '\0';
+  fclose(tmp);
+  return captured;
+}
+
+static void test_profile(void **state) {
+  (void)state;
+  msnap_profile_t p = MSNAP_PROFILE_CUDA;
+  unsetenv("MEMSNAP_PROFILE");
+  assert_int_equal(msnap__env_profile(&p), 0);
+  assert_int_equal(p, MSNAP_PROFILE_NPU);
+  setenv("MEMSNAP_PROFILE", "cuda", 1);
+  msnap__env_profile(&p);
+  assert_int_equal(p, MSNAP_PROFILE_CUDA);
+  setenv("MEMSNAP_PROFILE", "npu", 1);
+  msnap__env_profile(&p);
+  assert_int_equal(p, MSNAP_PROFILE_NPU);
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  setenv("MEMSNAP_PROFILE", "rocm", 1);
+  p = MSNAP_PROFILE_CUDA;
+  msnap__env_profile(&p);
+  msnap__env_profile(&p); /* second bad read: no second warning */
+  const char *out = capture_end(tmp, saved);
+  assert_int_equal(p, MSNAP_PROFILE_NPU);
+  assert_non_null(strstr(out, "invalid MEMSNAP_PROFILE 'rocm'"));
+  assert_null(strstr(strstr(out, "rocm") + 1, "MEMSNAP_PROFILE 'rocm'"));
+  unsetenv("MEMSNAP_PROFILE");
+}
+
+static void test_runtime(void **state) {
+  (void)state;
+  unsetenv("MEMSNAP_RUNTIME");
+  assert_string_equal(msnap__env_runtime(), "sim");
+  setenv("MEMSNAP_RUNTIME", "acl", 1);
+  assert_string_equal(msnap__env_runtime(), "acl");
+  setenv("MEMSNAP_RUNTIME", "", 1);
+  assert_string_equal(msnap__env_runtime(), "sim");
+  unsetenv("MEMSNAP_RUNTIME");
+}
+
+static void test_size(void **state) {
+  (void)state;
+  const char *v = "MEMSNAP_TEST_SIZE";
+  unsetenv(v);
+  assert_int_equal(msnap__env_size(v, 7), 7);
+  static const struct {
+    const char *text;
+    uint64_t value;
+  } ok[] = {
+      {"0", 0},
+      {"123", 123},
+      {"64G", 68719476736ull},
+      {"64g", 68719476736ull},
+      {"64GiB", 68719476736ull},
+      {"64GB", 68719476736ull},
+      {"2k", 2048},
+      {"3M", 3145728},
+      {"1T", 1099511627776ull},
+      {" 5M ", 5242880},
+      {"18446744073709551615", UINT64_MAX},
+      {"18446744073709551616", UINT64_MAX}, /* clamped */
+      {"99999999999999999999999", UINT64_MAX},
+      {"20000000T", UINT64_MAX}, /* suffix overflow, clamped */
+      {"16777215T", 16777215ull << 40},
+  };
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    setenv(v, ok[i].text, 1);
+    assert_int_equal(msnap__env_size(v, 7), ok[i].value);
+  }
+  static const char *bad[] = {"abc", "-5", "12X", "1.5G", "G", "5 M B x"};
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv(v, bad[i], 1);
+    assert_int_equal(msnap__env_size(v, 42), 42);
+  }
+  const char *out = capture_end(tmp, saved);
+  /* Warned once, naming the value and the variable. */
+  assert_non_null(strstr(out, "invalid size 'abc' in MEMSNAP_TEST_SIZE"));
+  assert_null(strstr(out, "'-5'"));
+  unsetenv(v);
+}
+
+static void test_no_caching(void **state) {
+  (void)state;
+  unsetenv("PYTORCH_NO_NPU_MEMORY_CACHING");
+  unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  assert_false(msnap__env_no_caching(MSNAP_PROFILE_NPU));
+  assert_false(msnap__env_no_caching(MSNAP_PROFILE_CUDA));
+  setenv("PYTORCH_NO_NPU_MEMORY_CACHING", "1", 1);
+  assert_true(msnap__env_no_caching(MSNAP_PROFILE_NPU));
+  /* The CUDA profile reads only its own variable. */
+  assert_false(msnap__env_no_caching(MSNAP_PROFILE_CUDA));
+  setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);
+  assert_true(msnap__env_no_caching(MSNAP_PROFILE_CUDA));
+  setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "0", 1);
+  assert_false(msnap__env_no_caching(MSNAP_PROFILE_CUDA));
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "true", 1);
+  assert_false(msnap__env_no_caching(MSNAP_PROFILE_CUDA));
+  setenv("PYTORCH_NO_NPU_MEMORY_CACHING", " 1", 1);
+  assert_false(msnap__env_no_caching(MSNAP_PROFILE_NPU));
+  const char *out = capture_end(tmp, saved);
+  assert_non_null(strstr(out,
+                         "Ignoring invalid value for boolean flag "
+                         "PYTORCH_NO_CUDA_MEMORY_CACHING: truevalid values "
+                         "are 0 or 1.\n"));
+  assert_non_null(strstr(out,
+                         "Ignoring invalid value for boolean flag "
+                         "PYTORCH_NO_NPU_MEMORY_CACHING:  1valid values "
+                         "are 0 or 1.\n"));
+  unsetenv("PYTORCH_NO_NPU_MEMORY_CACHING");
+  unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_runtime),
+      cmocka_unit_test(test_size),
+      cmocka_unit_test(test_no_caching),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
