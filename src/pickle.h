@@ -29,7 +29,7 @@ int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
 void msnap__snap_set_from_reader(msnap_snap_t *s, bool v);
 bool msnap__snap_from_reader(const msnap_snap_t *s);
 
-/* ---- pickle_write.c: protocol-4 encoder over a sink ----------------------- */
+/* ---- pickle_write.c: protocol-4 encoder over a sink --------------------- */
 /*
  * Writes only the MemoryViz opcode subset (cuda-reference §2.9), in 64 KiB
  * FRAMEs.  Errors are sticky in `err` (with text in `msg`); every emit

@@ -1316,7 +1316,8 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
     o->flags |= OBJF_VISITING;
     uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(v) & OBJ_INDEX_MASK);
     for (uint32_t k = 0; k < n; k++) {
-      int rc = to_gv(vm, msnap__pobj_item(&vm->objs[idx], k), &items[k], depth + 1,
+      int rc = to_gv(vm, msnap__pobj_item(&vm->objs[idx], k), &items[k],
+                     depth + 1,
                      budget);
       if (rc < 0) {
         vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;

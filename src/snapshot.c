@@ -188,7 +188,8 @@ void msnap__gv_free(msnap_gv_t *v) {
   if (!v) return;
   if (v->kind == MSNAP_GV_LIST || v->kind == MSNAP_GV_TUPLE ||
       v->kind == MSNAP_GV_DICT) {
-    for (uint32_t i = 0; i < v->u.seq.n; i++) msnap__gv_free(&v->u.seq.items[i]);
+    for (uint32_t i = 0; i < v->u.seq.n; i++)
+      msnap__gv_free(&v->u.seq.items[i]);
     free(v->u.seq.items);
   }
   v->kind = MSNAP_GV_NONE;

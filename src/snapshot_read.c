@@ -298,7 +298,8 @@ static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   if (HAS(f, name)) rc = get_str(r, f, KEY_name, &fr.name);
   if (!rc && HAS(f, filename)) rc = get_str(r, f, KEY_filename, &fr.filename);
   if (!rc && HAS(f, line)) rc = get_i64(r, f, KEY_line, &fr.line);
-  if (!rc && HAS(f, fx_node_op)) rc = get_str(r, f, KEY_fx_node_op, &fr.fx_node_op);
+  if (!rc && HAS(f, fx_node_op))
+    rc = get_str(r, f, KEY_fx_node_op, &fr.fx_node_op);
   if (!rc && HAS(f, fx_node_name))
     rc = get_str(r, f, KEY_fx_node_name, &fr.fx_node_name);
   if (!rc && HAS(f, fx_node_target))
@@ -416,7 +417,8 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
     if (!IS_REC(msnap__pobj_item(o, i), kind))
       return bad_type(r, key, msnap__pobj_item(o, i),
                       kind == REC_BLOCK ? "a block dict" : "a history dict");
-    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) != MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0)) + i)
+    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) !=
+        MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0)) + i)
       consecutive = false;
   }
   if (o->n == 0) return 0;
@@ -785,7 +787,8 @@ static int map_traces(rd_t *r, const fields_t *f) {
   for (uint32_t d = 0; d < nd; d++) {
     msnap_pobj_t *o;
     outer = msnap__pvm_obj(r->vm, dt);
-    if ((rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o)) < 0)
+    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    if (rc < 0)
       return rc;
     if (owner < 0 && starts_pool(o))
       owner = (int)d;

@@ -482,7 +482,8 @@ static void wblock(wr_t *w, const msnap_sblock_t *b) {
       wu64(w, h->addr, "history addr");
       key(w, C_real_size);
       wu64(w, h->real_size, "real_size");
-      if (h->frames != MSNAP_STACK_ABSENT) key(w, C_frames), wstack(w, h->frames);
+      if (h->frames != MSNAP_STACK_ABSENT)
+        key(w, C_frames), wstack(w, h->frames);
       dict_end(w);
     }
     list_end(w, b->history.n);
@@ -516,9 +517,11 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
   if (k & MSNAP_K_SEGMENT_TYPE)
     key(w, C_segment_type), cstr(w, g->is_large ? C_v_large : C_v_small);
   if (k & MSNAP_K_POOL_ID) key(w, C_segment_pool_id), wpair(w, g->pool_id);
-  if (k & MSNAP_K_EXPANDABLE) key(w, C_is_expandable), wbool(w, g->is_expandable);
+  if (k & MSNAP_K_EXPANDABLE)
+    key(w, C_is_expandable), wbool(w, g->is_expandable);
   bool frames_last = (k & MSNAP_K_FRAMES_LAST) != 0;
-  if ((k & MSNAP_K_FRAMES) && !frames_last) key(w, C_frames), wstack(w, g->frames);
+  if ((k & MSNAP_K_FRAMES) && !frames_last)
+    key(w, C_frames), wstack(w, g->frames);
   if ((k & MSNAP_K_FORWARD) && !frames_last)
     key(w, C_forward_frames), wstrlist(w, g->forward_frames);
   key(w, C_blocks);
@@ -528,7 +531,8 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
     wblock(w, &blocks[g->first_block + i]);
   }
   list_end(w, g->nblocks);
-  if ((k & MSNAP_K_FRAMES) && frames_last) key(w, C_frames), wstack(w, g->frames);
+  if ((k & MSNAP_K_FRAMES) && frames_last)
+    key(w, C_frames), wstack(w, g->frames);
   if ((k & MSNAP_K_FORWARD) && frames_last)
     key(w, C_forward_frames), wstrlist(w, g->forward_frames);
   dict_end(w);
@@ -724,7 +728,8 @@ int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
     msnap__atomic_abort(&f);
     return rc;
   }
-  rc = json ? msnap__snap_write_json(s, &sink) : msnap__snap_write_pickle(s, &sink);
+  rc = json ? msnap__snap_write_json(s, &sink)
+            : msnap__snap_write_pickle(s, &sink);
   int frc = msnap__sink_finish(&sink);
   if (rc == 0) rc = frc;
   if (rc < 0) {

@@ -56,7 +56,8 @@ static void test_cpython_protocols(void **state) {
     msnap_read_error_t err;
     int rc = canon_of(data, n, &got, &err);
     if (strcmp(expect, "unsafe") == 0) {
-      if (rc != MSNAP_EUNSAFE) fprintf(stderr, "%s p%d: rc %d\n", name, proto, rc);
+      if (rc != MSNAP_EUNSAFE)
+        fprintf(stderr, "%s p%d: rc %d\n", name, proto, rc);
       assert_int_equal(rc, MSNAP_EUNSAFE);
       assert_non_null(strstr(err.msg, "offset "));
       assert_non_null(strstr(err.msg, "refused"));

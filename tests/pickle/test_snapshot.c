@@ -37,7 +37,8 @@ static int py(const char *fmt, ...) {
 /* Figures of a model, in snapcheck.py's "key value" format. */
 static void model_figures(const msnap_snap_t *s, char *out, size_t len) {
   uint64_t total = 0, bsize = 0, alloc = 0, trace_size = 0, entries = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++) total += s->segments[i].total_size;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    total += s->segments[i].total_size;
   for (uint32_t i = 0; i < s->nblocks; i++) {
     bsize += s->blocks[i].size;
     alloc += s->blocks[i].state == MSNAP_BLOCK_ACTIVE_ALLOCATED;
@@ -196,13 +197,16 @@ static void test_synthetic_generations(void **state) {
       assert_int_equal(s->device_traces[0].v[0].frames, s->blocks[0].frames);
       /* JSON has the same structure (tuples as arrays) */
       assert_int_equal(msnap__snap_write_file(s, out, true), 0);
-      assert_int_equal(py("python3 -c \"import json,pickle,sys\n"
-                          "def n(x):\n"
-                          " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
-                          " if isinstance(x,dict): return {k:n(v) for k,v in x.items()}\n"
-                          " return x\n"
-                          "sys.exit(0 if n(json.load(open('%s')))==n(pickle.load(open('%s','rb'))) else 1)\"",
-                          out, in),
+      assert_int_equal(
+          py("python3 -c \"import json,pickle,sys\n"
+             "def n(x):\n"
+             " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
+             " if isinstance(x,dict): return {k:n(v) for k,v in x.items()}\n"
+             " return x\n"
+             "a=json.load(open('%s'))\n"
+             "b=pickle.load(open('%s','rb'))\n"
+             "sys.exit(0 if n(a)==n(b) else 1)\"",
+             out, in),
                        0);
     }
     msnap__snap_free(s);
