@@ -331,6 +331,9 @@ const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
   return "?";
 }
 
+/*
+ * A new empty container of `kind` with room for cap items.
+ */
 static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
                    msnap_pv_t *out) {
   msnap_pv_t *items = NULL;
@@ -594,6 +597,9 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
   return 0;
 }
 
+/*
+ * Push memo[idx]; an undefined key is an error.
+ */
 static int memo_get(msnap_pvm_t *vm, uint64_t idx) {
   if (idx >= vm->memo_len ||
       vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
@@ -893,6 +899,12 @@ static int refuse(msnap_pvm_t *vm, unsigned op) {
                          op_name(op), op);
 }
 
+/*
+ * Execute the pickle in buf[0..len) up to STOP (trailing bytes ignored).
+ * The result is the root value, completed like any stored container.
+ * Every error names the opcode's offset; the VM may be freed after an
+ * error but not run again.
+ */
 int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
                    msnap_pv_t *result, msnap_read_error_t *err) {
   const unsigned char *p = buf, *end = buf + len;
@@ -1359,6 +1371,9 @@ typedef struct canon_s {
   uint64_t budget;
 } canon_t;
 
+/*
+ * Canonical text of v (recursive; depth and size bounded).
+ */
 static int canon(canon_t *c, msnap_pv_t v, unsigned depth);
 
 static int cput(canon_t *c, const char *s) {
@@ -1514,6 +1529,9 @@ static int canon(canon_t *c, msnap_pv_t v, unsigned depth) {
   }
 }
 
+/*
+ * Run a pickle with no consumer and print its canonical text.
+ */
 int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
                         msnap_read_error_t *err) {
   msnap_snap_t *strings = msnap__snap_new();

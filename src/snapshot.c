@@ -195,6 +195,9 @@ void msnap__gv_free(msnap_gv_t *v) {
   v->kind = MSNAP_GV_NONE;
 }
 
+/*
+ * Free a model and everything it owns (NULL is fine).
+ */
 void msnap__snap_free(msnap_snap_t *s) {
   if (!s) return;
   if (s->priv) {
@@ -296,6 +299,9 @@ msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
   return id;
 }
 
+/*
+ * Intern a frame by its seven fields.  UINT32_MAX on ENOMEM.
+ */
 uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f) {
   struct msnap_snap_priv_s *pr = s->priv;
   if (ht_reserve(s, &pr->frames) < 0) return UINT32_MAX;
@@ -346,6 +352,9 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
   return id;
 }
 
+/*
+ * Intern a frame-id sequence; MSNAP_STACK_EMPTY for n == 0, 0 on ENOMEM.
+ */
 msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                                 uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
@@ -354,6 +363,9 @@ msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                      &s->nstacks, &s->stacks_cap, frame_ids, n);
 }
 
+/*
+ * Intern a string-id sequence (forward_frames); 0 on ENOMEM.
+ */
 uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
                              uint32_t n) {
   return span_intern(s, &s->priv->strlists, &s->strlist_items,

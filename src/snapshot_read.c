@@ -314,6 +314,10 @@ static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * Trace-entry dict -> a record in the trace pool (REC_TRACE).  Sets a
+ * MSNAP_K_* bit per optional key; an unknown action keeps its string.
+ */
 static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_strace_t t;
   memset(&t, 0, sizeof t);
@@ -384,6 +388,9 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * 2.0 `history` element {addr, real_size, frames} -> histories[].
+ */
 static int conv_hist(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_shistory_t h = {0};
   int rc = 0;
@@ -449,6 +456,9 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
   return 0;
 }
 
+/*
+ * Block dict -> blocks[] (laid out again in segment order at STOP).
+ */
 static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_sblock_t b;
   memset(&b, 0, sizeof b);
@@ -498,6 +508,10 @@ static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * Segment dict -> segments[]; its block list must hold block records,
+ * which become the segment's span (2.0 block addresses are computed).
+ */
 static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_ssegment_t g;
   memset(&g, 0, sizeof g);
@@ -575,6 +589,9 @@ static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * external_annotations entry -> annotations[].
+ */
 static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_sannotation_t a = {0};
   int rc = 0;
@@ -747,6 +764,9 @@ static int trace_items(rd_t *r, int key, msnap_pv_t list, msnap_pobj_t **po) {
   return 0;
 }
 
+/*
+ * Copy the records of a trace list out of the pool into l.
+ */
 static int copy_traces(rd_t *r, msnap_pobj_t *o, msnap_trace_list_t *l) {
   if (!o || o->n == 0) return 0;
   l->v = malloc((size_t)o->n * sizeof *l->v);
@@ -757,6 +777,9 @@ static int copy_traces(rd_t *r, msnap_pobj_t *o, msnap_trace_list_t *l) {
   return 0;
 }
 
+/*
+ * True when the list's records are pool[0..n): it may take the pool.
+ */
 static bool starts_pool(const msnap_pobj_t *o) {
   if (!o || o->n == 0) return false;
   for (uint32_t i = 0; i < o->n; i++)
@@ -764,6 +787,10 @@ static bool starts_pool(const msnap_pobj_t *o) {
   return true;
 }
 
+/*
+ * device_traces / host_traces -> the model's trace lists.  The first
+ * device list that starts the pool takes the pool array (no copy).
+ */
 static int map_traces(rd_t *r, const fields_t *f) {
   msnap_snap_t *s = r->s;
   msnap__pvm_set_phase(r->vm, "mapping device_traces");
@@ -811,6 +838,9 @@ static int map_traces(rd_t *r, const fields_t *f) {
   return 0;
 }
 
+/*
+ * external_annotations list -> annotations[] in list order.
+ */
 static int map_annotations(rd_t *r, msnap_pv_t list) {
   msnap_snap_t *s = r->s;
   if (IS_REC(list, REC_EMPTY)) {
@@ -920,6 +950,10 @@ static int map_root(rd_t *r, msnap_pv_t root) {
   return rc;
 }
 
+/*
+ * Intern the key and value strings (their ids are small, so key_of is a
+ * small table) and create the VM with the completion callback.
+ */
 static int rd_init(rd_t *r, msnap_snap_t *s) {
   memset(r, 0, sizeof *r);
   r->s = s;
@@ -986,6 +1020,10 @@ static void drop_pages(void *ctx, size_t consumed) {
   }
 }
 
+/*
+ * Run the VM over buf, map the root, check the model.  On success *out
+ * owns the model (marked as read from a file).
+ */
 static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
                        msnap_snap_t **out, msnap_read_error_t *err) {
   msnap_read_error_t local;
@@ -1028,12 +1066,19 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   return 0;
 }
 
+/*
+ * Read a snapshot from memory (the caller keeps buf).
+ */
 int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
                             msnap_read_error_t *err) {
   if (!buf && len) return MSNAP_EINVAL;
   return read_common(buf, len, NULL, out, err);
 }
 
+/*
+ * Read a snapshot file: mmap'ed (consumed pages dropped as the VM goes),
+ * or read into memory when it is not a regular file (pipe, /dev/stdin).
+ */
 int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err) {
   msnap_read_error_t local;
