@@ -159,6 +159,7 @@ static void test_synthetic_generations(void **state) {
       {"v22", MSNAP_GEN_2_2, ""},
       {"minimal", MSNAP_GEN_2_1, "--unordered"},
       {"empty_traces", MSNAP_GEN_2_1, ""},
+      {"npu", MSNAP_GEN_CURRENT, ""},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char in[4096], out[4096];
@@ -175,6 +176,12 @@ static void test_synthetic_generations(void **state) {
                   tu_src(), in, out, cases[i].flags);
     if (same) fprintf(stderr, "%s: rewrite differs\n", cases[i].name);
     assert_int_equal(same, 0);
+    if (strcmp(cases[i].name, "npu") == 0) {
+      const msnap_strace_t *t = &s->device_traces[0].v[0];
+      assert_int_equal(t->action, MSNAP_ACTION_WORKSPACE_SNAPSHOT);
+      assert_true(t->keys & MSNAP_K_POOL_ID);
+      assert_false(t->keys & (MSNAP_K_TIME | MSNAP_K_COMPILE_CTX));
+    }
     if (strcmp(cases[i].name, "newest") == 0) {
       assert_int_equal(s->ndevices, 3);
       assert_int_equal(s->device_traces[2].n, 1500);
