@@ -50,6 +50,10 @@
 #define INLINE_MAX ((INT64_C(1) << 60) - 1)
 #define PROGRESS_STEP (8u << 20)
 
+_Static_assert(sizeof(msnap_pv_t) == 8, "a VM value is one 8-byte word");
+_Static_assert(sizeof(msnap_pobj_t) <= 48, "containers stay small");
+_Static_assert(MSNAP_PICKLE_MAX_DEPTH < UINT16_MAX, "depth fits uint16_t");
+
 enum box_kind_e { BOX_FLOAT, BOX_I64, BOX_U64, BOX_BIG };
 typedef struct box_s {
   uint8_t kind;
