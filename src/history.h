@@ -146,6 +146,8 @@ int msnap__ws_collect(msnap_allocator_t *a, int device,
 void msnap__ws_totals(msnap_allocator_t *a, int device, uint64_t *reserved,
                       uint64_t *allocated);
 void msnap__ws_destroy(msnap_recorder_t *r);
+/* Workspace invariants (tests): 0 or MSNAP_ESTATE with msg. */
+int msnap__ws_check(msnap_allocator_t *a, char *msg, size_t len);
 
 /* ---- oom.c --------------------------------------------------------------- */
 /* Write the usage-report CSV of one device (-1 = all) to path. */

@@ -501,6 +501,8 @@ static void test_workspace(void **state) {
   msnap__ws_totals(a, 0, &wr, &wa);
   assert_int_equal(wr, (4u << 20) + (2u << 20));
   assert_int_equal(wa, wr);
+  char wmsg[256];
+  if (msnap__ws_check(a, wmsg, sizeof wmsg) != 0) fail_msg("%s", wmsg);
   assert_int_equal(msnap_workspace_free(a, w2), 0);
   assert_int_equal(msnap_workspace_free(a, w2), MSNAP_EBADPTR);
   assert_non_null(strstr(msnap_last_error(), "not a live workspace"));
@@ -560,6 +562,18 @@ static void test_workspace(void **state) {
   assert_int_equal(msnap_workspace_malloc(a, 0, 0, 0, &w1), 0);
   assert_int_equal(w1, 0);
   assert_int_equal(msnap_workspace_malloc(a, 3, 10, 0, &w1), MSNAP_EINVAL);
+  /* caching disabled: every request is its own runtime allocation */
+  void *rt = msnap_runtime_ctx(a);
+  uint64_t live0 = msnap_sim_live_allocations(rt);
+  assert_int_equal(msnap_set_caching_enabled(a, false), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 100, 0, &w1), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 100, 0, &w2), 0);
+  assert_int_not_equal(w1, w2);
+  assert_int_equal(msnap_sim_live_allocations(rt), live0 + 2);
+  assert_int_equal(msnap_workspace_free(a, w1), 0);
+  assert_int_equal(msnap_workspace_free(a, w2), 0);
+  assert_int_equal(msnap_sim_live_allocations(rt), live0);
+  assert_int_equal(msnap_set_caching_enabled(a, true), 0);
   msnap_free(a, p);
   msnap_allocator_destroy(a);
 }
