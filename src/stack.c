@@ -665,11 +665,18 @@ static void sym_lookup_locked(uintptr_t pc, msnap_csym_t *out) {
   if (dw.dwfl != NULL) {
     Dwfl_Module *m = dw.addrmodule(dw.dwfl, q);
     if (m == NULL) {
-      /* A library loaded after the last report: report again. */
-      dw.report_begin_add(dw.dwfl);
-      dw.proc_report(dw.dwfl, getpid());
-      dw.report_end(dw.dwfl, NULL, NULL);
-      m = dw.addrmodule(dw.dwfl, q);
+      /* Maybe a library loaded after the last report: report again, at
+       * most every 200 ms (addresses outside every module -- JIT code --
+       * would otherwise re-read /proc/self/maps each time). */
+      static int64_t last_report_us;
+      int64_t now = msnap__clock_now_us();
+      if (now - last_report_us > 200000) {
+        last_report_us = now;
+        dw.report_begin_add(dw.dwfl);
+        dw.proc_report(dw.dwfl, getpid());
+        dw.report_end(dw.dwfl, NULL, NULL);
+        m = dw.addrmodule(dw.dwfl, q);
+      }
     }
     if (m != NULL) {
       const char *n = dw.addrname(m, q);
