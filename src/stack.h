@@ -59,8 +59,8 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
  * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
  * is installed.  Returns an id with one reference, or 0. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
-/* The C unwinder in use: "backtrace" (default) or "fp"
- * (MEMSNAP_UNWIND=fp). */
+/* The C unwinder in use (MEMSNAP_UNWIND): "libunwind" (default when
+ * libunwind.so.8 loads), "backtrace" (glibc) or "fp". */
 const char *msnap__stack_unwinder_name(void);
 /* Intern a string (len bytes, need not be NUL-terminated).  "" gives 0. */
 uint32_t msnap__str_intern(const char *s, size_t len);

@@ -206,7 +206,8 @@ static void test_c_capture_and_symbols(void **state) {
   /* innermost frame is capture_here (the capture function skips itself) */
   msnap_csym_t sym;
   msnap__symbolize(v.c[0], &sym);
-  print_message("symbolizer %s: %s %s:%lld\n", msnap__symbolizer_name(),
+  print_message("unwinder %s, symbolizer %s: %s %s:%lld\n",
+                msnap__stack_unwinder_name(), msnap__symbolizer_name(),
                 sym.name, sym.filename, (long long)sym.line);
   if (strcmp(msnap__symbolizer_name(), "libdw") == 0) {
     assert_string_equal(sym.name, "capture_here");
