@@ -290,9 +290,9 @@ void msnap__recorder_destroy(struct msnap_recorder_s *r) {
 
 /* ---- thread-local metadata and compile context --------------------------- */
 
-static _Thread_local uint32_t tls_meta;    /* string id, TLS holds a ref */
-static _Thread_local uint32_t *tls_cc;     /* compile-context stack      */
-static _Thread_local uint32_t tls_cc_n, tls_cc_cap;
+static MSNAP_TLS uint32_t tls_meta;    /* string id, TLS holds a ref */
+static MSNAP_TLS uint32_t *tls_cc;     /* compile-context stack      */
+static MSNAP_TLS uint32_t tls_cc_n, tls_cc_cap;
 static pthread_key_t tls_key;
 static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 

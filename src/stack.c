@@ -375,7 +375,7 @@ int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
  */
 enum { UNWIND_BACKTRACE = 1, UNWIND_FP = 2, UNWIND_LIBUNWIND = 3 };
 static _Atomic int unwind_mode; /* 0 = not chosen yet */
-static _Thread_local uintptr_t stk_lo, stk_hi;
+static MSNAP_TLS uintptr_t stk_lo, stk_hi;
 static int (*unw_bt)(void **, int); /* set once before unwind_mode */
 
 #if defined(__x86_64__)
@@ -479,8 +479,8 @@ static void bt_warm(void) {
  * when the slot is reused or the thread exits.
  */
 #define TCACHE_SLOTS 4
-static _Thread_local uint32_t tcache[TCACHE_SLOTS];
-static _Thread_local unsigned tcache_next;
+static MSNAP_TLS uint32_t tcache[TCACHE_SLOTS];
+static MSNAP_TLS unsigned tcache_next;
 static pthread_key_t tcache_key;
 static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
 

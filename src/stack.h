@@ -38,6 +38,13 @@
 
 #include "memsnap.h"
 
+/* Thread-local variables of the recorder.  (initial-exec TLS was tried:
+ * it puts libmemsnap.so's whole TLS block, error buffers included, into
+ * the static TLS surplus, and dlopen from Python then fails with "cannot
+ * allocate memory in static TLS block"; the default model costs a
+ * __tls_get_addr call per access instead.) */
+#define MSNAP_TLS _Thread_local
+
 #define MSNAP_STACK_MAX_C 128
 #define MSNAP_STACK_MAX_PY 256
 
