@@ -659,6 +659,19 @@ static void test_dump_failures_leave_no_file(void **state) {
     char out[256];
     assert_int_equal(run_check("csv", path, NULL, out, sizeof out), 0);
   }
+  /* a runtime that cannot report free/total: empty fields, a note */
+  msnap_sim_fail_nth(msnap_runtime_ctx(a), "mem_get_info", 1);
+  snprintf(path, sizeof path, "%s/note.csv", dir);
+  assert_int_equal(msnap_write_usage_report(a, path), 0);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char text[4096];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  assert_non_null(strstr(text, "0,all,,,"));
+  assert_non_null(strstr(text, "runtime could not report total/free memory"));
+  assert_non_null(strstr(text, "0,workspace,"));
   msnap_free(a, p);
   msnap_allocator_destroy(a);
 }
