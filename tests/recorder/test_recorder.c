@@ -481,6 +481,64 @@ static void test_overflow_reported(void **state) {
   msnap_allocator_destroy(a);
 }
 
+
+static const msnap_gv_t *setting(const msnap_snap_t *s, const char *key) {
+  const msnap_gv_t *st = &s->allocator_settings;
+  for (uint32_t i = 0; i + 1 < st->u.seq.n; i += 2) {
+    size_t n;
+    if (strcmp(msnap__snap_str(s, st->u.seq.items[i].u.s, &n), key) == 0)
+      return &st->u.seq.items[i + 1];
+  }
+  fail_msg("allocator_settings has no %s", key);
+  return NULL;
+}
+
+static void test_allocator_settings(void **state) {
+  (void)state;
+  msnap_options_t o;
+  msnap_options_init(&o);
+  setenv("MEMSNAP_SIM_DEVICES", "1", 1);
+  o.profile = MSNAP_PROFILE_CUDA;
+  o.runtime_name = "sim";
+  o.alloc_conf = "max_split_size_mb:100,garbage_collection_threshold:0.6,"
+                 "roundup_power2_divisions:[256:4,>:8]";
+  msnap_allocator_t *a = NULL;
+  assert_int_equal(msnap_allocator_create(&o, &a), 0);
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  size_t n;
+  const msnap_gv_t *v = setting(s, "PYTORCH_CUDA_ALLOC_CONF");
+  assert_string_equal(msnap__snap_str(s, v->u.s, &n), o.alloc_conf);
+  v = setting(s, "max_split_size");
+  assert_int_equal(v->kind, MSNAP_GV_INT);
+  assert_int_equal(v->u.i, 100 << 20);
+  v = setting(s, "garbage_collection_threshold");
+  assert_int_equal(v->kind, MSNAP_GV_FLOAT);
+  assert_true(v->u.f > 0.59 && v->u.f < 0.61);
+  v = setting(s, "expandable_segments");
+  assert_int_equal(v->kind, MSNAP_GV_BOOL);
+  v = setting(s, "roundup_power2_divisions");
+  assert_int_equal(v->kind, MSNAP_GV_DICT);
+  assert_int_equal(v->u.seq.n, 32);
+  /* "256" is interval 8: 4 divisions; later intervals 8 */
+  assert_string_equal(msnap__snap_str(s, v->u.seq.items[16].u.s, &n), "256");
+  assert_int_equal(v->u.seq.items[17].u.i, 4);
+  assert_int_equal(v->u.seq.items[31].u.i, 8);
+  /* no history ever: capacity 0, nothing dropped */
+  assert_int_equal(setting(s, "trace_alloc_max_entries")->u.i, 0);
+  assert_false(setting(s, "trace_alloc_overflowed")->u.b);
+  msnap__snap_free(s);
+  msnap_allocator_destroy(a);
+  /* default conf: unlimited max_split_size is -1, never 2^64-1 */
+  a = make(MSNAP_PROFILE_NPU, 1);
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  assert_int_equal(setting(s, "max_split_size")->u.i, -1);
+  v = setting(s, "PYTORCH_NPU_ALLOC_CONF");
+  assert_string_equal(msnap__snap_str(s, v->u.s, &n), "");
+  msnap__snap_free(s);
+  msnap_allocator_destroy(a);
+}
+
 static void test_workspace(void **state) {
   (void)state;
   msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 1);
@@ -874,6 +932,7 @@ int main(void) {
       cmocka_unit_test(test_snapshot_consistency),
       cmocka_unit_test(test_filters_and_include_traces),
       cmocka_unit_test(test_overflow_reported),
+      cmocka_unit_test(test_allocator_settings),
       cmocka_unit_test(test_workspace),
       cmocka_unit_test(test_allocation_traceback),
       cmocka_unit_test(test_dump_failures_leave_no_file),
