@@ -316,7 +316,7 @@ int msnap__ws_collect(msnap_allocator_t *a, int device, msnap_ws_info_t **out,
                                b->raw_created, b->allocated};
   }
   pthread_mutex_unlock(&ws->lock);
-  qsort(v, k, sizeof *v, ws_cmp_addr);
+  if (k > 1) qsort(v, k, sizeof *v, ws_cmp_addr);
   *out = v;
   *n = k;
   return 0;
