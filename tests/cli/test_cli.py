@@ -252,6 +252,8 @@ def group_check():
         s["segments"].reverse()
     def m_time(s):
         s["device_traces"][0][3]["time_us"] = 1
+    def m_notime(s):
+        del s["device_traces"][0][2]["time_us"]
     def m_action(s):
         s["device_traces"][0][3]["action"] = "free"
     def m_double_free(s):
@@ -276,6 +278,8 @@ def group_check():
         (m_sorted, "segments[1]: address"),
         (m_time, "device_traces[0][3]: time_us 1 is before"),
         (m_action, "device_traces[0][3]: unknown action 'free'"),
+        (m_notime, "device_traces[0][2]: missing key 'time_us' (6 of the "
+                   "device's 7 entries have it)"),
         (m_double_free, "device_traces[0][4]: free_completed of "
                         "0x7f0000400000 but the block is live"),
         (m_late_segalloc, "device_traces[0][1]: segment_alloc of "
@@ -507,6 +511,10 @@ def group_convert():
                    all("address" in b and "frames" in b
                        for s in segs for b in s["blocks"]),
                    "convert %s: current format, same segments" % name)
+            rc4, out4, err4 = run("check", conv)
+            expect(rc4 == 0, "convert %s: the output passes check" % name)
+            if rc4 != 0:
+                print(out4[-600:])
             rc2, out2, err2 = run("summary", "--json", conv)
             mine2 = {x["device"]: x["allocated_bytes"]
                      for x in json.loads(out2)["devices"]} if rc2 == 0 else {}
