@@ -12,8 +12,8 @@
  * disjoint per device and devices are concatenated in order; time_us never
  * decreases within a device trace; keys required by the generation are
  * present (block address since 2.1, requested_size with frames, time_us
- * on all entries of a device or none); every device with segments has a trace list; addresses stay
- * below 2^53; and the backward replay of each device trace over the final
+ * on all entries of a device or none); every device with segments has a
+ * trace list; addresses stay below 2^53; and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
  */
