@@ -223,6 +223,60 @@ def group_hostile():
                        (cmd[0], name))
     expect(not os.path.exists(os.path.join(TMP, "PWNED")),
            "the shell-command pickle ran nothing")
+    # Well-formed pickles with nonsense content: random segments, states,
+    # actions, addresses and sizes.  Every command ends with 0, 1 or 2.
+    rnd = random.Random(99)
+    acts = ["alloc", "free_requested", "free_completed", "segment_alloc",
+            "segment_free", "segment_map", "segment_unmap", "snapshot",
+            "oom", "annotate", "free"]
+    crashes = 0
+    for it in range(40):
+        segs, a = [], A0
+        for _ in range(rnd.randint(0, 5)):
+            a += rnd.choice([0, 512, 2 * MiB, 20 * MiB])
+            blocks, tot, addr = [], 0, a
+            for _ in range(rnd.randint(1, 4)):
+                sz = rnd.choice([512, 1024, 2 * MiB, rnd.randint(0, 1 << 24)])
+                blocks.append({"address": addr, "size": sz,
+                               "requested_size": rnd.randint(0, sz),
+                               "state": rnd.choice(
+                                   ["inactive", "active_allocated",
+                                    "active_pending_free", "weird"]),
+                               "frames": []})
+                addr += sz
+                tot += sz
+            segs.append({"device": rnd.choice([0, 0, 1, -1]), "address": a,
+                         "total_size": tot + rnd.choice([0, 512]),
+                         "allocated_size": 0, "active_size": 0,
+                         "requested_size": 0, "stream": rnd.choice([0, 7]),
+                         "segment_type": rnd.choice(["large", "small"]),
+                         "segment_pool_id": (0, rnd.choice([0, 0, 1])),
+                         "is_expandable": rnd.random() < 0.1, "frames": [],
+                         "blocks": blocks})
+            a = addr
+        traces = []
+        for _ in range(rnd.randint(0, 2)):
+            traces.append([{"action": rnd.choice(acts),
+                            "addr": rnd.choice([A0, a,
+                                              rnd.randrange(1 << 47)]),
+                            "size": rnd.choice([0, 512, 2 * MiB,
+                                                rnd.randrange(1 << 40)]),
+                            "stream": 0}
+                           for _ in range(rnd.randint(0, 40))])
+        snap = {"segments": segs, "device_traces": traces}
+        path = write_pickle(snap if it % 10 else segs, "random%d.pickle" % it)
+        for cmd in (["check"], ["summary", "--json"], ["replay", "--json"],
+                    ["replay", "--profile", "npu"], ["diff", path],
+                    ["view", "-o", os.path.join(TMP, "r.html")],
+                    ["plot", "-o", os.path.join(TMP, "r.svg")],
+                    ["convert", "-o", os.path.join(TMP, "r.out")]):
+            rc, out, err = run(*(cmd + [path]), timeout=120)
+            if rc < 0 or rc > 2:
+                crashes += 1
+                print("  %s on random%d: exit %d %s" % (cmd[0], it, rc,
+                                                         err[-300:]))
+    expect(crashes == 0, "40 random well-formed snapshots x 8 commands: "
+           "no crash")
     print("hostile: %d inputs x 5 commands" % len(hostile_inputs()))
 
 
