@@ -25,6 +25,8 @@
 /* ---- snapshot.c helpers shared by the snapshot files --------------------- */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* A random 64-bit seed for hash tables fed by untrusted input. */
+uint64_t msnap__hash_seed(void);
 /* The reader marks its models: their key-presence bits are authoritative. */
 void msnap__snap_set_from_reader(msnap_snap_t *s, bool v);
 bool msnap__snap_from_reader(const msnap_snap_t *s);

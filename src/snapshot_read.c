@@ -57,6 +57,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "msnap_internal.h"
 #include "pickle.h"
 
@@ -109,7 +112,13 @@ typedef struct pair_tab_s {
   uint32_t n, cap;
   uint32_t *slots; /* id + 1 */
   uint32_t mask;
+  uint64_t seed;
 } pair_tab_t;
+
+static uint32_t pair_hash(const pair_tab_t *t, uint64_t a, uint64_t b) {
+  uint64_t k[2] = {a, b};
+  return (uint32_t)XXH3_64bits_withSeed(k, sizeof k, t->seed);
+}
 
 typedef struct rd_s {
   msnap_snap_t *s;
@@ -150,9 +159,7 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
     uint32_t *ns = calloc(nc, sizeof *ns);
     if (!ns) return UINT32_MAX;
     for (uint32_t i = 0; i < t->n; i++) {
-      uint32_t h = (uint32_t)((t->v[i].first * 0x9e3779b97f4a7c15ull) ^
-                              t->v[i].second * 0xc2b2ae3d27d4eb4full) &
-                   (nc - 1);
+      uint32_t h = pair_hash(t, t->v[i].first, t->v[i].second) & (nc - 1);
       while (ns[h]) h = (h + 1) & (nc - 1);
       ns[h] = i + 1;
     }
@@ -160,9 +167,7 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
     t->slots = ns;
     t->mask = nc - 1;
   }
-  uint32_t h = (uint32_t)((a * 0x9e3779b97f4a7c15ull) ^
-                          b * 0xc2b2ae3d27d4eb4full) &
-               t->mask;
+  uint32_t h = pair_hash(t, a, b) & t->mask;
   while (t->slots[h]) {
     msnap_mempool_id_t *e = &t->v[t->slots[h] - 1];
     if (e->first == a && e->second == b) return t->slots[h] - 1;
@@ -957,6 +962,7 @@ static int map_root(rd_t *r, msnap_pv_t root) {
 static int rd_init(rd_t *r, msnap_snap_t *s) {
   memset(r, 0, sizeof *r);
   r->s = s;
+  r->pairs.seed = msnap__hash_seed();
   r->vm = msnap__pvm_new(s, snap_complete, r);
   if (!r->vm) return MSNAP_ENOMEM;
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
