@@ -134,6 +134,7 @@ typedef struct rd_s {
   pair_tab_t pairs;
   uint32_t *ids;
   uint32_t nids_cap;
+  uint32_t nseg_records, nblock_records; /* made during the run */
   bool any_current_key, any_time;
 } rd_t;
 
@@ -724,8 +725,13 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
       return bad_type(r, key, msnap__pobj_item(o, i), "a segment dict");
     nb += segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))].nblocks;
   }
-  if (nb > UINT32_MAX - 2)
-    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT, "too many blocks");
+  /* a segment listed many times (memo references) would multiply its
+   * blocks: allow what a sane file can hold, refuse amplification */
+  if (nb > UINT32_MAX - 2 || nb > 2 * (uint64_t)r->nblock_records + 1024 ||
+      o->n > 2 * (uint64_t)r->nseg_records + 1024)
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                           "'%s' repeats segments (%u listed, %llu blocks)",
+                           key_names[key], o->n, (unsigned long long)nb);
   msnap_ssegment_t *ns = malloc(((size_t)o->n + 1) * sizeof *ns);
   msnap_sblock_t *nbk = malloc(((size_t)nb + 1) * sizeof *nbk);
   if (!ns || !nbk) {
@@ -815,6 +821,20 @@ static int map_traces(rd_t *r, const fields_t *f) {
   }
   if (nd && msnap__snap_set_devices(s, nd) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  /* lists repeated through the memo would multiply the entries */
+  uint64_t total = host ? host->n : 0;
+  for (uint32_t d = 0; d < nd; d++) {
+    msnap_pobj_t *o;
+    outer = msnap__pvm_obj(r->vm, dt);
+    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    if (rc < 0) return rc;
+    total += o ? o->n : 0;
+  }
+  if (total > 2 * (uint64_t)r->npool + 1024)
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                           "trace lists repeat entries (%llu listed, %u "
+                           "distinct)",
+                           (unsigned long long)total, r->npool);
   int owner = -1;
   for (uint32_t d = 0; d < nd; d++) {
     msnap_pobj_t *o;
@@ -879,6 +899,8 @@ static int map_root(rd_t *r, msnap_pv_t root) {
   /* segment and block records so far are the pool; re-laid below */
   msnap_ssegment_t *segs = s->segments;
   msnap_sblock_t *blocks = s->blocks;
+  r->nseg_records = s->nsegments;
+  r->nblock_records = s->nblocks;
   s->segments = NULL;
   s->blocks = NULL;
   s->nsegments = s->segments_cap = s->nblocks = s->blocks_cap = 0;
