@@ -293,7 +293,9 @@ int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
 
 /* Canonical text of any pickle (for tests against CPython; see
  * tests/pickle/canon.py for the format).  out is filled with a
- * NUL-terminated string the caller frees (free(out->data)). */
+ * NUL-terminated string the caller frees (free(out->data)).  Shared
+ * containers are printed at each use; MSNAP_ELIMIT beyond 16 values per
+ * input byte (memo bombs). */
 int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
                         msnap_read_error_t *err);
 

@@ -1551,7 +1551,8 @@ int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
     memset(out, 0, sizeof *out);
     rc = msnap__sink_init_mem(&s, out);
     if (rc == 0) {
-      canon_t c = {vm, &s, 1u << 26};
+      /* shared containers are printed each time: bound the expansion */
+      canon_t c = {vm, &s, (uint64_t)len * 16 + 65536};
       vm->phase = "printing the canonical form";
       rc = canon(&c, root, 0);
       if (rc == 0) rc = msnap__sink_write(&s, "", 1);

@@ -135,6 +135,7 @@ typedef struct rd_s {
   uint32_t *ids;
   uint32_t nids_cap;
   uint32_t nseg_records, nblock_records; /* made during the run */
+  size_t len; /* input bytes: each memo reference costs >= 2 of them */
   bool any_current_key, any_time;
 } rd_t;
 
@@ -727,8 +728,9 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
   }
   /* a segment listed many times (memo references) would multiply its
    * blocks: allow what a sane file can hold, refuse amplification */
-  if (nb > UINT32_MAX - 2 || nb > 2 * (uint64_t)r->nblock_records + 1024 ||
-      o->n > 2 * (uint64_t)r->nseg_records + 1024)
+  if (nb > UINT32_MAX - 2 ||
+      nb > 2 * (uint64_t)r->nblock_records + r->len / 2 + 1024 ||
+      o->n > 2 * (uint64_t)r->nseg_records + r->len / 2 + 1024)
     return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
                            "'%s' repeats segments (%u listed, %llu blocks)",
                            key_names[key], o->n, (unsigned long long)nb);
@@ -830,7 +832,7 @@ static int map_traces(rd_t *r, const fields_t *f) {
     if (rc < 0) return rc;
     total += o ? o->n : 0;
   }
-  if (total > 2 * (uint64_t)r->npool + 1024)
+  if (total > 2 * (uint64_t)r->npool + r->len / 2 + 1024)
     return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
                            "trace lists repeat entries (%llu listed, %u "
                            "distinct)",
@@ -1067,6 +1069,7 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   rd_t r;
   int rc = rd_init(&r, s);
   if (rc == 0) {
+    r.len = len;
     if (drop) msnap__pvm_set_progress(r.vm, drop_pages, drop);
     msnap_pv_t root = 0;
     rc = msnap__pvm_run(r.vm, buf, len, &root, err);
