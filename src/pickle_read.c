@@ -560,9 +560,11 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
   msnap_pv_t c;
   int rc = obj_new(vm, kind, n, &c);
   if (rc < 0) return rc;
-  rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
-                  true);
-  if (rc < 0) return rc;
+  if (n) { /* (the stack may still be unallocated when n == 0) */
+    rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
+                    true);
+    if (rc < 0) return rc;
+  }
   vm->sn = first;
   return push(vm, c);
 }
