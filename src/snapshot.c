@@ -354,7 +354,8 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
     uint32_t e = t->slots[h];
     if (!e) break;
     msnap_span_t sp = (*spans)[e - 1];
-    if (sp.n == n && memcmp(*items + sp.first, v, (size_t)n * 4) == 0)
+    if (sp.n == n &&
+        (n == 0 || memcmp(*items + sp.first, v, (size_t)n * 4) == 0))
       return e - 1;
     h = (h + 1) & t->mask;
   }
