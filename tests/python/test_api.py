@@ -128,7 +128,7 @@ def test_mempool():
     r = run_script(POOL).result
     assert r["id"][0] == 0 and r["id"][1] > 0 and r["count"] >= 1
     assert r["pool_segments"] == [[r["id"], [r["p"]]]]
-    assert r["all_pools"] == sorted([(0, 0), tuple(r["id"])])
+    assert r["all_pools"] == sorted([[0, 0], r["id"]])
     assert r["no_traces"] == 1
     assert r["other_id"] != r["id"]
 
