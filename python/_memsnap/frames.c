@@ -37,16 +37,24 @@
 #include <frameobject.h>
 #endif
 
-/* CPython 3.11: walk the interpreter's own frame records instead of frame
- * objects (PyFrame_GetBack creates a frame object per frame that has
- * none, i.e. for every new call: ~1 us for 20 fresh frames).  Other
- * versions use the public API (walk_public). */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 &&           \
+/* CPython 3.11-3.13: walk the interpreter's own frame records instead of
+ * frame objects (PyFrame_GetBack creates a frame object per frame that has
+ * none, i.e. for every new call: ~1 us for 20 fresh frames).  3.9, 3.10
+ * and unknown versions use the public API (walk_public); define
+ * MSNAP_PY_NO_FAST_FRAMES to force it. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 &&           \
     !defined(MSNAP_PY_NO_FAST_FRAMES)
 #define MSNAP_PY_FAST_FRAMES 1
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
+#if PY_VERSION_HEX >= 0x030D0000
+#define FRAME_CODE(f) _PyFrame_GetCode(f)
+#define CURRENT_FRAME(ts) ((ts)->current_frame)
+#else
+#define FRAME_CODE(f) ((f)->f_code)
+#define CURRENT_FRAME(ts) ((ts)->cframe->current_frame)
+#endif
 #endif
 
 #if PY_VERSION_HEX >= 0x030C0000
@@ -164,16 +172,17 @@ static int walk_public(uintptr_t (*frames)[2], int max) {
 }
 
 #ifdef MSNAP_PY_FAST_FRAMES
-/* 3.11: the same frames as walk_public (incomplete frames skipped, as
- * PyEval_GetFrame/PyFrame_GetBack skip them), without frame objects. */
+/* 3.11-3.13: the same frames as walk_public (incomplete and C-stack
+ * frames skipped, as PyEval_GetFrame/PyFrame_GetBack skip them), and the
+ * same lasti as PyFrame_GetLasti, without frame objects. */
 static int walk(uintptr_t (*frames)[2], int max) {
   PyThreadState *ts = PyThreadState_Get();
-  _PyInterpreterFrame *f = ts->cframe->current_frame;
+  _PyInterpreterFrame *f = CURRENT_FRAME(ts);
   int n = 0;
   for (; f != NULL && n < max; f = f->previous) {
     if (_PyFrame_IsIncomplete(f))
       continue;
-    frame_entry_t *e = entry_of(f->f_code);
+    frame_entry_t *e = entry_of(FRAME_CODE(f));
     if (e == NULL)
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);
