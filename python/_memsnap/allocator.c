@@ -10,7 +10,6 @@
  * are short, and the allocator may capture Python frames during them.
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -273,8 +272,7 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
  * plugin_entry_points() -> {name: address} of the pluggable-allocator entry
  * points as this module sees them.  A ctypes/dlopen of libmemsnap.so in
  * the same process must find the same addresses: one library, one
- * allocator.  (These references are also the strong ones that keep
- * libmemsnap.so a DT_NEEDED dependency of the module; weak.h's are weak.)
+ * allocator.
  */
 static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
   return Py_BuildValue(
@@ -545,7 +543,7 @@ static void mempool_dealloc(PyObject *o) {
   mempool_t *self = (mempool_t *)o;
   PyTypeObject *tp = Py_TYPE(o);
   PyObject_GC_UnTrack(o);
-  if (self->live && msnap_default != NULL) {
+  if (self->live) {
     msnap_allocator_t *a = msnap_default();
     if (a != NULL)
       (void)msnap_mempool_release(a, self->device, self->id);

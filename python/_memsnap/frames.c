@@ -26,7 +26,6 @@
  *     finalizing.
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -325,12 +324,10 @@ int msnap_py_frames_init(PyObject *module) {
       PyErr_SetString(PyExc_RuntimeError, "no free co_extra index");
       return -1;
     }
-    if (msnap_set_frame_hook != NULL) {
-      int rc = msnap_set_frame_hook(&hook);
-      if (rc < 0) {
-        msnap_py_raise(module, rc, "msnap_set_frame_hook");
-        return -1;
-      }
+    int rc = msnap_set_frame_hook(&hook);
+    if (rc < 0) {
+      msnap_py_raise(module, rc, "msnap_set_frame_hook");
+      return -1;
     }
   }
   return 0;

@@ -16,7 +16,6 @@
  * alive for the life of the process once an observer is attached.
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <stdio.h>
 #include <string.h>

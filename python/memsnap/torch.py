@@ -249,15 +249,13 @@ def _on_enter(name: str) -> None:
     if not st["on"]:
         return
     if st["global"] or threading.get_ident() == st["thread"]:
-        if hasattr(_C, "record_annotation"):
-            _C.record_annotation(_device_now(), name, True)
+        _C.record_annotation(_device_now(), name, True)
     if st["compile"] and name.startswith("Torch-Compiled Region"):
-        if hasattr(_C, "compile_context_push"):
-            _C.compile_context_push(name)
-            stack = getattr(_ann, "compiled", None)
-            if stack is None:
-                stack = _ann.compiled = []
-            stack.append(name)
+        _C.compile_context_push(name)
+        stack = getattr(_ann, "compiled", None)
+        if stack is None:
+            stack = _ann.compiled = []
+        stack.append(name)
 
 
 def _on_exit(name: str) -> None:
@@ -265,13 +263,11 @@ def _on_exit(name: str) -> None:
     stack = getattr(_ann, "compiled", None)
     if stack and stack[-1] == name:
         stack.pop()
-        if hasattr(_C, "compile_context_pop"):
-            _C.compile_context_pop()
+        _C.compile_context_pop()
     if not st["on"]:
         return
     if st["global"] or threading.get_ident() == st["thread"]:
-        if hasattr(_C, "record_annotation"):
-            _C.record_annotation(_device_now(), name, False)
+        _C.record_annotation(_device_now(), name, False)
 
 
 def _patch_record_function() -> None:

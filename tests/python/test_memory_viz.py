@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import base_env, need, run_script
+from conftest import base_env, run_script
 
 torch = pytest.importorskip("torch")
 
@@ -50,7 +50,6 @@ ALLOWED = {
 
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory):
-    need("record_history", "malloc", "free", "dump_snapshot", "annotate_memory")
     path = str(tmp_path_factory.mktemp("viz") / "memsnap.pickle")
     run_script(SCRIPT.replace("PATH", repr(path)))
     return path
