@@ -93,6 +93,8 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
     attribute (``torch.device``; ``index`` None means the current device).
     Raises ValueError for anything else.
     """
+    if type(device) is int:  # the common case first
+        return device
     if device is None:
         return _current_device()
     if isinstance(device, bool):
@@ -118,6 +120,8 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
 
 
 def _stream_handle(stream: Any, device: int) -> int:
+    if type(stream) is int:  # the common case first
+        return stream
     if stream is None:
         if _current_stream_hook is not None:
             return int(_current_stream_hook(device))
@@ -163,8 +167,8 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
-    dev = _device_index(device)
-    handle = _stream_handle(stream, dev)
+    dev = device if type(device) is int else _device_index(device)
+    handle = stream if type(stream) is int else _stream_handle(stream, dev)
     return _C.malloc(size, dev, handle)
 
 

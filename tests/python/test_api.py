@@ -145,3 +145,26 @@ print("RESULT " + json.dumps([_memsnap.profile(), _memsnap.runtime_name(), late]
     profile, runtime, late = run_script(code).result
     assert (profile, runtime) == ("cuda", "sim")
     assert "before the allocator is first used" in late
+
+
+def test_snapshot_honours_device():
+    code = r"""
+import json
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+p0 = mm.caching_allocator_alloc(1000, device=0)
+p1 = mm.caching_allocator_alloc(5 << 20, device="npu:1")
+full = mm._snapshot()
+only1 = mm._snapshot(device=1)
+print("RESULT " + json.dumps({
+    "full": sorted({s["device"] for s in full["segments"]}),
+    "only1": sorted({s["device"] for s in only1["segments"]}),
+    "traces": len(full["device_traces"]),
+    "dev1_allocs": [e["addr"] for e in full["device_traces"][1] if e["action"] == "alloc"],
+    "p1": p1,
+    "stats1": mm.memory_allocated(1) > 0 and mm.memory_allocated(0) < mm.memory_allocated(1)}))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_SIM_DEVICES="2")).result
+    assert r["full"] == [0, 1] and r["only1"] == [1]
+    assert r["traces"] == 2 and r["dev1_allocs"] == [r["p1"]]
+    assert r["stats1"] is True
