@@ -419,9 +419,15 @@ static PyObject *py_allocation_traceback(PyObject *module, PyObject *arg) {
 
 /* ---- OOM observers -------------------------------------------------------- */
 
+#if PY_VERSION_HEX >= 0x030D0000
+#define IS_FINALIZING() Py_IsFinalizing()
+#else
+#define IS_FINALIZING() _Py_IsFinalizing()
+#endif
+
 static void oom_callback(int device, uint64_t alloc_size, uint64_t total,
                          uint64_t free_bytes, void *arg) {
-  if (!Py_IsInitialized())
+  if (!Py_IsInitialized() || (!PyGILState_Check() && IS_FINALIZING()))
     return;
   PyGILState_STATE g = PyGILState_Ensure();
   PyObject *module = (PyObject *)arg;

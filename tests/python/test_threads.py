@@ -1,0 +1,80 @@
+"""Threads: Python threads (holding the GIL) and C callers without the GIL
+(ctypes calls into msnap_plugin_malloc release it, as torch's C++ does)
+allocate while history records Python stacks, snapshots are dumped with
+the GIL released and an OOM observer takes snapshots.  Nothing may
+deadlock (the subprocess has a timeout) and every dump must be complete."""
+
+from __future__ import annotations
+
+import pickle
+
+from conftest import base_env, run_script
+from snapcheck import schema_errors
+
+SCRIPT = r"""
+import ctypes, json, os, threading
+import memsnap, memsnap.memory as mm
+
+lib = ctypes.CDLL(memsnap.library_path())
+c_alloc = lib.msnap_plugin_malloc
+c_alloc.restype = ctypes.c_void_p
+c_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+c_free = lib.msnap_plugin_free
+c_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+
+mm._record_memory_history("all", stacks="python", max_entries=20000)
+ooms = []
+mm._attach_out_of_memory_observer(
+    lambda *a: ooms.append(len(mm._snapshot()["segments"])))
+errors = []
+
+def python_worker(seed):
+    try:
+        for i in range(1500):
+            p = mm.caching_allocator_alloc(512 * (1 + (i * seed) % 64))
+            mm.caching_allocator_delete(p)
+    except Exception as e:
+        errors.append(repr(e))
+
+def c_worker(seed):
+    for i in range(1500):
+        p = c_alloc(4096 * (1 + (i * seed) % 16), 0, None)   # GIL released
+        if not p:
+            errors.append("c alloc failed"); return
+        c_free(p, 0, 0, None)
+
+def oom_worker():
+    for _ in range(20):
+        try:
+            mm.caching_allocator_alloc(1 << 40)
+        except mm.OutOfMemoryError:
+            pass
+
+threads = [threading.Thread(target=python_worker, args=(s,)) for s in (3, 5)]
+threads += [threading.Thread(target=c_worker, args=(s,)) for s in (7, 11)]
+threads.append(threading.Thread(target=oom_worker))
+for t in threads: t.start()
+for k in range(10):
+    mm._dump_snapshot(os.path.join(OUT, f"d{k}.pickle"))
+for t in threads: t.join()
+print("RESULT " + json.dumps({"errors": errors, "ooms": len(ooms),
+                              "allocated": mm.memory_allocated()}))
+"""
+
+
+def test_threads_gil_and_no_gil_callers_with_dumps(tmp_path):
+    r = run_script(SCRIPT.replace("OUT", repr(str(tmp_path))),
+                   env=base_env(MEMSNAP_SIM_MEMORY="256M"), timeout=300).result
+    assert r["errors"] == []
+    assert r["ooms"] == 20
+    assert r["allocated"] == 0
+    names = set()
+    for k in range(10):
+        with open(tmp_path / f"d{k}.pickle", "rb") as f:
+            snap = pickle.load(f)
+        assert schema_errors(snap) == []
+        names |= {fr["name"] for e in snap["device_traces"][0]
+                  for fr in e.get("frames", [])}
+    # Entries made by the C callers (no GIL) carry their Python thread's
+    # frames, captured after taking the GIL.
+    assert {"c_worker", "python_worker"} <= names
