@@ -179,6 +179,11 @@ static int walk(uintptr_t (*frames)[2], int max) {
   _PyInterpreterFrame *f = CURRENT_FRAME(ts);
   int n = 0;
   for (; f != NULL && n < max; f = f->previous) {
+#if PY_VERSION_HEX >= 0x030C0000
+    /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
+    if (f->owner == FRAME_OWNED_BY_CSTACK)
+      continue;
+#endif
     if (_PyFrame_IsIncomplete(f))
       continue;
     frame_entry_t *e = entry_of(FRAME_CODE(f));
