@@ -156,7 +156,8 @@ static PyObject *py_record_stream(PyObject *module, PyObject *args) {
   PyObject *p, *s;
   uint64_t ptr, stream;
   if (!PyArg_ParseTuple(args, "OO:record_stream", &p, &s) ||
-      msnap_py_u64(p, &ptr, "ptr") < 0 || msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_u64(p, &ptr, "ptr") < 0 ||
+      msnap_py_u64(s, &stream, "stream") < 0)
     return NULL;
   GET_ALLOC(a);
   int rc = msnap_record_stream(a, ptr, stream);
@@ -189,7 +190,7 @@ static PyObject *py_empty_cache(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* ---- settings ------------------------------------------------------------- */
+/* ---- settings ------------------------------------------------------------ */
 
 static PyObject *py_set_allocator_settings(PyObject *module, PyObject *arg) {
   if (!PyUnicode_Check(arg)) {
@@ -313,7 +314,7 @@ static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
   return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
 }
 
-/* ---- statistics ------------------------------------------------------------ */
+/* ---- statistics ---------------------------------------------------------- */
 
 /* {"current": c, "peak": p, "allocated": a, "freed": f} */
 static PyObject *stat_dict(const msnap_stat_t *s) {
@@ -495,7 +496,7 @@ PyMethodDef msnap_py_allocator_methods[] = {
      "sim_fail_nth(call, nth): make the nth sim runtime call fail."},
     {NULL, NULL, 0, NULL}};
 
-/* ---- MemPool: a private pool, released when the object dies --------------- */
+/* ---- MemPool: a private pool, released when the object dies -------------- */
 
 typedef struct mempool_s {
   PyObject_HEAD

@@ -191,8 +191,9 @@ static int walk(uintptr_t (*frames)[2], int max) {
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);
     frames[n][0] = (uintptr_t)e;
-    frames[n][1] =
-        (uintptr_t)(intptr_t)(lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT));
+    if (lasti >= 0)
+      lasti *= (int)sizeof(_Py_CODEUNIT);
+    frames[n][1] = (uintptr_t)(intptr_t)lasti;
     n++;
   }
   return n;
@@ -243,7 +244,7 @@ static int hook_resolve(void *ctx, const uintptr_t frame[2], const char **name,
 static const msnap_frame_hook_t hook = {
     NULL, hook_capture, hook_retain, hook_release, hook_resolve};
 
-/* ---- Python-visible helpers (tests and bench/) ------------------------------ */
+/* ---- Python-visible helpers (tests and bench/) --------------------------- */
 
 /* capture_frames(max=64, public=False) -> list of (name, filename, line),
  * innermost first: what the library would record for an allocation made
@@ -259,7 +260,8 @@ static PyObject *py_capture_frames(PyObject *module, PyObject *args) {
   uintptr_t(*frames)[2] = PyMem_Malloc(sizeof *frames * (size_t)(max + 1));
   if (frames == NULL)
     return PyErr_NoMemory();
-  int n = public_api ? walk_public(frames, max) : hook_capture(NULL, frames, max);
+  int n = public_api ? walk_public(frames, max)
+                     : hook_capture(NULL, frames, max);
   PyObject *list = PyList_New(n);
   for (int i = 0; list != NULL && i < n; i++) {
     const char *nm = "??", *fn = "??";
