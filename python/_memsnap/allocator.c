@@ -665,9 +665,16 @@ static PyType_Slot mempool_slots[] = {
                 "(torch.cuda.MemPool's C part)."},
     {0, NULL}};
 
+#if PY_VERSION_HEX >= 0x030A0000
+#define MEMPOOL_IMMUTABLE Py_TPFLAGS_IMMUTABLETYPE
+#else
+#define MEMPOOL_IMMUTABLE 0
+#endif
+
 static PyType_Spec mempool_spec = {
-    "_memsnap.MemPool", sizeof(mempool_t), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    "memsnap._memsnap.MemPool", sizeof(mempool_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC |
+        MEMPOOL_IMMUTABLE,
     mempool_slots};
 
 int msnap_py_allocator_init(PyObject *module) {

@@ -49,8 +49,15 @@ static int memsnap_clear(PyObject *module) {
 
 static void memsnap_free(void *module) { memsnap_clear((PyObject *)module); }
 
+/* Capabilities, declared only as far as they are true: the frame hook is
+ * process-wide and takes the GIL through PyGILState (main interpreter
+ * only), so subinterpreters are not supported; no Py_mod_gil: the module
+ * relies on the GIL. */
 static PyModuleDef_Slot memsnap_slots[] = {
     {Py_mod_exec, (void *)memsnap_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL}};
 
 struct PyModuleDef msnap_py_moduledef = {
