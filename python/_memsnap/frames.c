@@ -22,8 +22,10 @@
  *   - resolve() reads only immutable data: the copied strings and the code
  *     object's line table (PyCode_Addr2Line allocates nothing).
  *   - capture() takes the GIL (PyGILState_Ensure) only when the calling
- *     thread does not hold it, and does nothing while the interpreter is
- *     finalizing.
+ *     thread has a Python thread state but does not hold the GIL (a thread
+ *     that released it around C work); threads that never ran Python, and
+ *     every thread while the interpreter is finalizing, get no frames
+ *     without touching the GIL.
  */
 #include "msnap_py.h"
 
@@ -208,7 +210,9 @@ static int hook_capture(void *ctx, uintptr_t (*frames)[2], int max) {
     return 0;
   if (PyGILState_Check())
     return walk(frames, max);
-  if (IS_FINALIZING())
+  /* A thread that never ran Python (e.g. torch's autograd engine threads)
+   * has no Python frames: do not take the GIL just to find none. */
+  if (PyGILState_GetThisThreadState() == NULL || IS_FINALIZING())
     return 0;
   PyGILState_STATE g = PyGILState_Ensure();
   int n = walk(frames, max);

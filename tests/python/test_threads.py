@@ -78,3 +78,25 @@ def test_threads_gil_and_no_gil_callers_with_dumps(tmp_path):
     # Entries made by the C callers (no GIL) carry their Python thread's
     # frames, captured after taking the GIL.
     assert {"c_worker", "python_worker"} <= names
+
+
+RELEASED_GIL = r"""
+import ctypes, json
+import memsnap, memsnap.memory as mm
+# ctypes releases the GIL around the foreign call, as torch's bindings do
+# around an operator: capture() must take it back to see the frames.
+lib = ctypes.CDLL(memsnap.library_path())
+lib.msnap_plugin_malloc.restype = ctypes.c_void_p
+lib.msnap_plugin_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+mm._record_memory_history("all", stacks="python")
+def released_gil_caller():
+    return lib.msnap_plugin_malloc(4096, 0, None)
+p = released_gil_caller()
+tb = mm._allocation_traceback(p)
+print("RESULT " + json.dumps([f["name"] for f in tb]))
+"""
+
+
+def test_gil_released_caller_gets_its_frames():
+    names = run_script(RELEASED_GIL).result
+    assert names[:2] == ["released_gil_caller", "<module>"]
