@@ -6,7 +6,10 @@ deadlock (the subprocess has a timeout) and every dump must be complete."""
 
 from __future__ import annotations
 
+import os
 import pickle
+
+import pytest
 
 from conftest import base_env, run_script
 from snapcheck import schema_errors
@@ -100,3 +103,63 @@ print("RESULT " + json.dumps([f["name"] for f in tb]))
 def test_gil_released_caller_gets_its_frames():
     names = run_script(RELEASED_GIL).result
     assert names[:2] == ["released_gil_caller", "<module>"]
+
+
+HELPER_C = r"""
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+void *msnap_plugin_malloc(ssize_t size, int device, void *stream);
+static void *run(void *arg) { return msnap_plugin_malloc(*(ssize_t *)arg, 0, 0); }
+uintptr_t alloc_in_native_thread(ssize_t size) {
+  pthread_t t;
+  void *r = 0;
+  if (pthread_create(&t, 0, run, &size) != 0) return 0;
+  pthread_join(t, &r);
+  return (uintptr_t)r;
+}
+"""
+
+NATIVE = r"""
+import ctypes, json
+import memsnap, memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+# PyDLL keeps the GIL held during the call: the native thread must not
+# wait for it (it has no Python frames to find).
+helper = ctypes.PyDLL(HELPER)
+helper.alloc_in_native_thread.restype = ctypes.c_size_t
+helper.alloc_in_native_thread.argtypes = [ctypes.c_ssize_t]
+p = helper.alloc_in_native_thread(8192)
+released = ctypes.CDLL(HELPER).alloc_in_native_thread  # GIL released
+released.restype = ctypes.c_size_t
+released.argtypes = [ctypes.c_ssize_t]
+q = released(8192)
+entries = [e for e in mm._snapshot()["device_traces"][0] if e["action"] == "alloc"]
+print("RESULT " + json.dumps({"p": p, "q": q, "addrs": [e["addr"] for e in entries],
+                              "frames": ["frames" in e for e in entries]}))
+"""
+
+
+def test_native_thread_without_python_state(tmp_path):
+    """An allocation from a thread that never ran Python (torch's autograd
+    threads) gets no Python frames and never waits for the GIL, even while
+    the calling Python thread holds it."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    import memsnap
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the native-thread helper")
+    src = tmp_path / "helper.c"
+    src.write_text(HELPER_C)
+    lib = tmp_path / "libhelper.so"
+    pkg = os.path.dirname(memsnap.library_path())
+    subprocess.run([cc, "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib),
+                    f"-L{pkg}", "-lmemsnap", f"-Wl,-rpath,{pkg}"], check=True)
+    r = run_script(NATIVE.replace("HELPER", repr(str(lib))), timeout=60).result
+    assert r["p"] and r["q"]
+    assert r["addrs"] == [r["p"], r["q"]]
+    assert r["frames"] == [False, False]
