@@ -88,9 +88,12 @@ def use_allocator(backend: str | None = None):
         if kind == "npu":
             torch_npu = importlib.import_module("torch_npu")
             mem = importlib.import_module("torch_npu.npu.memory")
-            pluggable = getattr(mem, "NPUPluggableAllocator", None)
-            change = getattr(mem, "change_current_allocator", None)
             dev_mod = getattr(torch_npu, "npu", None)
+            # torch_npu.npu.memory defines them; torch_npu.npu re-exports.
+            pluggable = getattr(mem, "NPUPluggableAllocator", None) or getattr(
+                dev_mod, "NPUPluggableAllocator", None)
+            change = getattr(mem, "change_current_allocator", None) or getattr(
+                dev_mod, "change_current_allocator", None)
             runtime, profile = "acl", "npu"
             stream_attr = "npu_stream"
         else:
