@@ -54,12 +54,21 @@ static const char *prof_dev(const msnap_allocator_t *a) {
 msnap_block_t *msnap__block_new(msnap_device_t *d) {
   msnap_block_t *b = d->free_objs;
   if (msnap_likely(b != NULL)) {
+    /* Field by field: a memset of the whole object is a `rep stos` that
+     * costs more than the rest of a cached malloc. stream_uses/cap_uses
+     * keep their buffer for reuse. */
     d->free_objs = b->link;
-    uint64_t *uses = b->stream_uses;
-    uint32_t cap = b->cap_uses;
-    memset(b, 0, sizeof *b);
-    b->stream_uses = uses;
-    b->cap_uses = cap;
+    b->node.left = b->node.right = b->node.parent = NULL;
+    b->node.red = 0;
+    b->stream = b->size = b->ptr = b->requested_size = 0;
+    b->prev = b->next = b->hnext = b->link = NULL;
+    b->pool = NULL;
+    b->seg = NULL;
+    b->nuses = 0;
+    b->event_count = 0;
+    b->gc_count_base = 0;
+    b->stack = 0;
+    b->allocated = b->mapped = b->in_set = b->deferred = 0;
     return b;
   }
   return calloc(1, sizeof *b);
@@ -144,6 +153,42 @@ void msnap__segment_delete(msnap_device_t *d, msnap_segment_t *s) {
   free(s->is_mapped);
   free(s);
 }
+
+/* ---- device lock slow paths (alloc.h) ----------------------------------- */
+
+#if defined(__linux__)
+static void futex_wait(_Atomic uint32_t *v, uint32_t val) {
+  syscall(SYS_futex, (uint32_t *)v, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *v) {
+  syscall(SYS_futex, (uint32_t *)v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void msnap__lock_slow(msnap_lock_t *l) {
+  for (int i = 0; i < 64; i++) {
+    uint32_t c = 0;
+    if (atomic_load_explicit(&l->v, memory_order_relaxed) == 0 &&
+        atomic_compare_exchange_weak_explicit(&l->v, &c, 1,
+                                              memory_order_acquire,
+                                              memory_order_relaxed))
+      return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  uint32_t c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  while (c != 0) {
+    futex_wait(&l->v, 2);
+    c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  }
+}
+
+void msnap__unlock_slow(msnap_lock_t *l) {
+  atomic_store_explicit(&l->v, 0, memory_order_release);
+  futex_wake(&l->v);
+}
+#endif
 
 /* ---- ptr -> block map --------------------------------------------------- */
 
@@ -592,8 +637,8 @@ static msnap_block_t *alloc_found_block(msnap_device_t *d, msnap_params_t *p,
   return block;
 }
 
-uint64_t msnap__try_merge(msnap_device_t *d, msnap_block_t *dst,
-                          msnap_block_t *src) {
+static inline uint64_t try_merge(msnap_device_t *d, msnap_block_t *dst,
+                                 msnap_block_t *src) {
   if (!src || src->allocated || src->event_count > 0 || src->nuses > 0 ||
       src->deferred || dst->mapped != src->mapped)
     return 0;
@@ -616,6 +661,11 @@ uint64_t msnap__try_merge(msnap_device_t *d, msnap_block_t *dst,
   return subsumed;
 }
 
+uint64_t msnap__try_merge(msnap_device_t *d, msnap_block_t *dst,
+                          msnap_block_t *src) {
+  return try_merge(d, dst, src);
+}
+
 /* free_block (§9.2): the block enters its pool, merged with free
  * neighbours; active/requested stats drop. */
 static void free_block(msnap_device_t *d, msnap_block_t *b,
@@ -632,12 +682,12 @@ static void free_block(msnap_device_t *d, msnap_block_t *b,
   uint64_t req = b->requested_size;
   int64_t net_blocks = 0, net_size = 0;
   msnap_block_t *prev = b->prev, *next = b->next;
-  uint64_t s = msnap__try_merge(d, b, prev);
+  uint64_t s = try_merge(d, b, prev);
   if (s) {
     net_blocks--;
     net_size -= (int64_t)s;
   }
-  s = msnap__try_merge(d, b, next);
+  s = try_merge(d, b, next);
   if (s) {
     net_blocks--;
     net_size -= (int64_t)s;
@@ -1346,11 +1396,11 @@ static inline msnap_device_t *get_device(msnap_allocator_t *a, int device) {
 }
 
 void msnap__device_lock(msnap_allocator_t *a, int device) {
-  pthread_mutex_lock(&a->devices[device].lock);
+  msnap__lock(&a->devices[device].lock);
 }
 
 void msnap__device_unlock(msnap_allocator_t *a, int device) {
-  pthread_mutex_unlock(&a->devices[device].lock);
+  msnap__unlock(&a->devices[device].lock);
 }
 
 struct msnap_recorder_s **msnap__allocator_recorder(msnap_allocator_t *a) {
@@ -1403,9 +1453,9 @@ int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
   msnap__call_begin(a, &c, false);
   msnap_block_t *b = NULL;
   oom_info_t oom;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   int rc = malloc_locked(d, size, stream, &c, &b, &oom);
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   msnap__call_end(&c);
   if (msnap_likely(rc == 0)) {
     tl_device_hint = device;
@@ -1432,15 +1482,15 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
     start = 0;
   for (int k = 0; k < n; k++) {
     msnap_device_t *d = &a->devices[(start + k) % n];
-    pthread_mutex_lock(&d->lock);
+    msnap__lock(&d->lock);
     msnap_block_t *b = ptrmap_remove(&d->map, ptr);
     if (msnap_likely(b != NULL)) {
       free_locked(d, b, &c);
-      pthread_mutex_unlock(&d->lock);
+      msnap__unlock(&d->lock);
       msnap__call_end(&c);
       return 0;
     }
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
   }
   msnap__call_end(&c);
   if (a->raw_count > 0) {
@@ -1460,13 +1510,13 @@ static msnap_device_t *lock_owner(msnap_allocator_t *a, uint64_t ptr,
     start = 0;
   for (int k = 0; k < n; k++) {
     msnap_device_t *d = &a->devices[(start + k) % n];
-    pthread_mutex_lock(&d->lock);
+    msnap__lock(&d->lock);
     msnap_block_t *b = ptrmap_find(&d->map, ptr);
     if (b) {
       *out = b;
       return d;
     }
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
   }
   return NULL;
 }
@@ -1513,7 +1563,7 @@ int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
     }
   }
 out:
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return rc;
 }
 
@@ -1530,9 +1580,9 @@ int msnap_empty_cache(msnap_allocator_t *a, int device) {
     msnap_device_t *d = &a->devices[i];
     if (a->profile == MSNAP_PROFILE_NPU)
       device_sync(d);
-    pthread_mutex_lock(&d->lock);
+    msnap__lock(&d->lock);
     int rc = msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, &c);
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
     if (rc && !first_err)
       first_err = rc;
   }
@@ -1547,7 +1597,7 @@ int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr, size_t *size) {
   msnap_device_t *d = lock_owner(a, ptr, &b);
   if (d) {
     *size = b->size;
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
     return 0;
   }
   if (a->raw_count > 0) {
@@ -1584,19 +1634,19 @@ int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
     if (b->stack)
       msnap__stack_ref(b->stack);
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
 /* Lock every device in index order (settings changes). */
 static void lock_all(msnap_allocator_t *a) {
   for (int i = 0; i < a->ndevices; i++)
-    pthread_mutex_lock(&a->devices[i].lock);
+    msnap__lock(&a->devices[i].lock);
 }
 
 static void unlock_all(msnap_allocator_t *a) {
   for (int i = a->ndevices; i-- > 0;)
-    pthread_mutex_unlock(&a->devices[i].lock);
+    msnap__unlock(&a->devices[i].lock);
 }
 
 int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
@@ -1640,9 +1690,9 @@ int msnap_set_memory_fraction(msnap_allocator_t *a, int device,
     return msnap__set_error(MSNAP_EINVAL,
                             "invalid fraction:%g. Please set within [0, 1].",
                             fraction);
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   set_fraction_locked(d, fraction);
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -1653,11 +1703,11 @@ int msnap_get_memory_fraction(msnap_allocator_t *a, int device,
     return msnap__set_error(MSNAP_EINVAL,
                             "msnap_get_memory_fraction: invalid device %d",
                             device);
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   *fraction = d->has_allowed && d->device_total
                   ? (double)d->allowed_memory_maximum / (double)d->device_total
                   : 1.0;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -1709,8 +1759,7 @@ static void bpool_init(msnap_bpool_t *p, bool is_small, msnap_ppool_t *owner) {
 
 static int device_init(msnap_allocator_t *a, msnap_device_t *d, int id) {
   memset(d, 0, sizeof *d);
-  if (pthread_mutex_init(&d->lock, NULL) != 0)
-    return MSNAP_ENOMEM;
+  msnap__lock_init(&d->lock);
   d->id = id;
   d->a = a;
   d->stats.size = sizeof d->stats;
@@ -1847,7 +1896,7 @@ fail_conf:
 
 /* Return every segment of d to the runtime and free all host memory. */
 static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   /* Wait for outstanding events (their blocks are released below). */
   for (uint32_t i = 0; i < d->nevqs; i++) {
     msnap_evq_t *q = &d->evqs[i];
@@ -1895,8 +1944,8 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
   }
   free(d->captures);
   free(d->map.buckets);
-  pthread_mutex_unlock(&d->lock);
-  pthread_mutex_destroy(&d->lock);
+  msnap__unlock(&d->lock);
+  msnap__lock_destroy(&d->lock);
 }
 
 void msnap_allocator_destroy(msnap_allocator_t *a) {

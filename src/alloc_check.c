@@ -296,9 +296,9 @@ int msnap_check_invariants(msnap_allocator_t *a, char *msg, size_t len) {
   }
   for (int i = 0; i < a->ndevices; i++) {
     msnap_device_t *d = &a->devices[i];
-    pthread_mutex_lock(&d->lock);
+    msnap__lock(&d->lock);
     int rc = check_device(d, msg, len);
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
     if (rc != 0)
       return rc;
   }

@@ -88,7 +88,7 @@ int msnap_mempool_create(msnap_allocator_t *a, int device, bool use_on_oom,
   msnap_device_t *d = dev(a, device, "msnap_mempool_create");
   if (!d || !id)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   /* MemPool ids are {0, uid++} from an allocator-wide counter. */
   msnap_mempool_id_t nid = {0, a->next_mempool_id++};
   msnap_ppool_t *pp;
@@ -98,7 +98,7 @@ int msnap_mempool_create(msnap_allocator_t *a, int device, bool use_on_oom,
     pp->no_split = no_split;
     *id = nid;
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return rc;
 }
 
@@ -114,7 +114,7 @@ int msnap_mempool_release(msnap_allocator_t *a, int device,
     return MSNAP_EINVAL;
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   int rc = 0;
   msnap_ppool_t *pp = msnap__ppool_find(d, id);
   if (!pp || pp->use_count <= 0) {
@@ -126,7 +126,7 @@ int msnap_mempool_release(msnap_allocator_t *a, int device,
     pp->freeable = true;
     rc = msnap__release_cached_blocks(d, id, &c);
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   msnap__call_end(&c);
   return rc;
 }
@@ -141,7 +141,7 @@ int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
     return msnap__set_error(MSNAP_EINVAL,
                             "beginAllocateToPool: mempool id (0, 0) is the "
                             "default pool");
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   int rc = 0;
   for (uint32_t i = 0; i < d->ncaptures; i++) {
     if (msnap__id_eq(d->captures[i].id, id)) {
@@ -168,7 +168,7 @@ int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
     goto out;
   d->captures[d->ncaptures++] = (msnap_capture_t){id, stream, all_streams};
 out:
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return rc;
 }
 
@@ -177,7 +177,7 @@ int msnap_end_allocate_to_pool(msnap_allocator_t *a, int device,
   msnap_device_t *d = dev(a, device, "msnap_end_allocate_to_pool");
   if (!d)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   bool found = false;
   for (uint32_t i = 0; i < d->ncaptures && !found; i++) {
     if (msnap__id_eq(d->captures[i].id, id)) {
@@ -187,7 +187,7 @@ int msnap_end_allocate_to_pool(msnap_allocator_t *a, int device,
       found = true;
     }
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   if (!found)
     return msnap__set_error(MSNAP_ESTATE,
                             "endAllocatePool: not currently recording to "
@@ -201,9 +201,9 @@ int msnap_mempool_use_count(msnap_allocator_t *a, int device,
   msnap_device_t *d = dev(a, device, "msnap_mempool_use_count");
   if (!d || !count)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   msnap_ppool_t *pp = msnap__ppool_find(d, id);
   *count = pp ? pp->use_count : 0;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }

@@ -44,9 +44,9 @@ int msnap_stats_get(msnap_allocator_t *a, int device, msnap_stats_t *out) {
                             "sizeof(msnap_stats_t) = %zu",
                             sizeof *out);
   uint32_t size = out->size;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   *out = d->stats;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   out->size = size;
   out->version = MSNAP_STATS_VERSION;
   return 0;
@@ -56,7 +56,7 @@ int msnap_reset_peak_stats(msnap_allocator_t *a, int device) {
   msnap_device_t *d = stat_dev(a, device, "msnap_reset_peak_stats");
   if (!d)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   msnap_stats_t *s = &d->stats;
 #define RESET_PEAK_ARR_(n)                                                    \
   for (int i = 0; i < MSNAP_STAT_TYPES; i++)                                  \
@@ -66,7 +66,7 @@ int msnap_reset_peak_stats(msnap_allocator_t *a, int device) {
 #define RESET_PEAK_ONE_(n) s->n.peak = s->n.current;
   MSNAP_STAT_FIELDS(RESET_PEAK_ONE_)
 #undef RESET_PEAK_ONE_
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -74,7 +74,7 @@ int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device) {
   msnap_device_t *d = stat_dev(a, device, "msnap_reset_accumulated_stats");
   if (!d)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   msnap_stats_t *s = &d->stats;
 #define RESET_ACC_ARR_(n)                                                     \
   for (int i = 0; i < MSNAP_STAT_TYPES; i++)                                  \
@@ -92,7 +92,7 @@ int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device) {
   /* torch_npu also zeroes num_oom_rejections (NPU L1811); upstream's
    * newest CUDA code does the same for its new counter. */
   s->num_oom_rejections = 0;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
