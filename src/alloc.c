@@ -1206,8 +1206,12 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
           goto hard_error;
       }
       if (!found && !p.rejected && !capture) {
-        if (npu)
+        if (npu) {
+          /* torch_npu: device sync, then empty the workspace allocator
+           * (workspace.c takes only its own lock: safe under ours). */
           device_sync(d);
+          msnap_workspace_empty_cache(a, d->id);
+        }
         msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, c);
         found = alloc_block(d, &p, true, c);
         if (!found && p.err != MSNAP_EOOM)
@@ -1480,8 +1484,8 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
   int n = a->ndevices, start = tl_device_hint;
   if (start >= n)
     start = 0;
-  for (int k = 0; k < n; k++) {
-    msnap_device_t *d = &a->devices[(start + k) % n];
+  for (int k = 0, i = start; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+    msnap_device_t *d = &a->devices[i];
     msnap__lock(&d->lock);
     msnap_block_t *b = ptrmap_remove(&d->map, ptr);
     if (msnap_likely(b != NULL)) {
@@ -1508,8 +1512,8 @@ static msnap_device_t *lock_owner(msnap_allocator_t *a, uint64_t ptr,
   int n = a->ndevices, start = tl_device_hint;
   if (start >= n)
     start = 0;
-  for (int k = 0; k < n; k++) {
-    msnap_device_t *d = &a->devices[(start + k) % n];
+  for (int k = 0, i = start; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+    msnap_device_t *d = &a->devices[i];
     msnap__lock(&d->lock);
     msnap_block_t *b = ptrmap_find(&d->map, ptr);
     if (b) {
@@ -1578,8 +1582,13 @@ int msnap_empty_cache(msnap_allocator_t *a, int device) {
     if (device >= 0 && i != device)
       continue;
     msnap_device_t *d = &a->devices[i];
-    if (a->profile == MSNAP_PROFILE_NPU)
+    if (a->profile == MSNAP_PROFILE_NPU) {
+      /* torch_npu: sync before locking; the workspace is emptied too. */
       device_sync(d);
+      int wrc = msnap_workspace_empty_cache(a, i);
+      if (wrc && !first_err)
+        first_err = wrc;
+    }
     msnap__lock(&d->lock);
     int rc = msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, &c);
     msnap__unlock(&d->lock);

@@ -1,7 +1,7 @@
 /*
  * alloc_fallback.c -- TEMPORARY weak definitions of the functions the
  * allocator calls in files other helpers are writing (history.c,
- * stack.c, oom.c).  Each is
+ * stack.c, oom.c, workspace.c).  Each is
  * __attribute__((weak)): as soon as the real definition is linked in, it
  * wins and this one is ignored.  Delete this file once main has them all.
  * What is left: the recorder side (history.c, stack.c, oom.c); history is
@@ -57,3 +57,9 @@ WEAK void msnap__oom_notify(msnap_allocator_t *a, int device,
  * msnap_allocator_create. */
 void msnap__oom_env_init(msnap_allocator_t *a);
 WEAK void msnap__oom_env_init(msnap_allocator_t *a) { (void)a; }
+
+WEAK int msnap_workspace_empty_cache(msnap_allocator_t *a, int device) {
+  (void)a;
+  (void)device;
+  return 0;
+}
