@@ -1,0 +1,91 @@
+/*
+ * bench_common.h -- helpers shared by the bench/ programs (header-only,
+ * static functions): a monotonic nanosecond clock, the request-size list
+ * (bench/sizes.py writes it), RSS, and the one output format the runner
+ * (bench/run.py) parses:  "RESULT key=value" lines, one figure each.
+ * Benchmarks print figures; they never assert on time.
+ */
+#ifndef MSNAP_BENCH_COMMON_H
+#define MSNAP_BENCH_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline uint64_t bench_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Keep the compiler from dropping a value or a pointer. */
+static inline void bench_escape(const void *p) {
+  __asm__ volatile("" : : "g"(p) : "memory");
+}
+
+/* Read one size per line (first field) from path; exits on failure. */
+static inline size_t *bench_read_sizes(const char *path, size_t *n) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fprintf(stderr, "bench: cannot open size list %s\n", path);
+    exit(2);
+  }
+  size_t cap = 1024, len = 0;
+  size_t *v = malloc(cap * sizeof *v);
+  unsigned long long x;
+  while (v != NULL && fscanf(f, "%llu%*[^\n]", &x) == 1) {
+    if (len == cap) {
+      cap *= 2;
+      size_t *nv = realloc(v, cap * sizeof *v);
+      if (nv == NULL) {
+        free(v);
+        v = NULL;
+        break;
+      }
+      v = nv;
+    }
+    v[len++] = (size_t)x;
+  }
+  fclose(f);
+  if (v == NULL || len == 0) {
+    fprintf(stderr, "bench: no sizes in %s\n", path);
+    exit(2);
+  }
+  *n = len;
+  return v;
+}
+
+/* Resident set size of this process in bytes (/proc/self/statm). */
+static inline uint64_t bench_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long long size = 0, rss = 0;
+  if (f != NULL) {
+    if (fscanf(f, "%llu %llu", &size, &rss) != 2)
+      rss = 0;
+    fclose(f);
+  }
+  return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES
+ * and MEMSNAP_SIM_MEMORY (it does not see msnap_options_t.sim_*), so set
+ * both as well (0 leaves a variable alone). */
+static inline void sim_env(int devices, uint64_t memory) {
+  char v[32];
+  if (devices > 0) {
+    snprintf(v, sizeof v, "%d", devices);
+    setenv("MEMSNAP_SIM_DEVICES", v, 1);
+  }
+  if (memory > 0) {
+    snprintf(v, sizeof v, "%llu", (unsigned long long)memory);
+    setenv("MEMSNAP_SIM_MEMORY", v, 1);
+  }
+}
+
+#define BENCH_RESULT(key, fmt, ...)                                           \
+  printf("RESULT " key "=" fmt "\n", __VA_ARGS__)
+
+#endif /* MSNAP_BENCH_COMMON_H */

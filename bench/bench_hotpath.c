@@ -1,0 +1,137 @@
+/*
+ * bench_hotpath.c -- row 1: the hot path.  Cached malloc+free pairs over
+ * the request sizes of the real snapshots (bench/sizes.py), history off,
+ * for memsnap (sim runtime, caching on), glibc malloc/free and mimalloc
+ * (mi_malloc/mi_free), in the same run on the same size sequence.
+ *
+ * Each allocator first serves one warm-up pass over the sizes (so that
+ * memsnap's cache holds a block of every size class, as in a training
+ * step after the first), then `rounds` timed passes of pairs; the best
+ * round counts (least disturbed by the other users of the machine).
+ * Two mixes are timed: the whole size list, and its requests of at most
+ * 1 MiB (PyTorch's small pool; there glibc and mimalloc serve from their
+ * own caches, while larger requests make them call mmap/munmap).
+ * Prints RESULT lines: ns per pair for each allocator and mix.
+ *
+ * usage: bench_hotpath SIZES_FILE [ROUNDS]
+ */
+#include <mimalloc.h>
+
+#include "bench_common.h"
+#include "memsnap.h"
+
+typedef struct pairs_s {
+  const size_t *sizes;
+  size_t n;
+} pairs_t;
+
+static double time_glibc(const pairs_t *p) {
+  uint64_t t0 = bench_now_ns();
+  for (size_t i = 0; i < p->n; i++) {
+    void *q = malloc(p->sizes[i]);
+    bench_escape(q);
+    free(q);
+  }
+  return (double)(bench_now_ns() - t0) / (double)p->n;
+}
+
+static double time_mimalloc(const pairs_t *p) {
+  uint64_t t0 = bench_now_ns();
+  for (size_t i = 0; i < p->n; i++) {
+    void *q = mi_malloc(p->sizes[i]);
+    bench_escape(q);
+    mi_free(q);
+  }
+  return (double)(bench_now_ns() - t0) / (double)p->n;
+}
+
+static msnap_allocator_t *g_alloc;
+
+static double time_memsnap(const pairs_t *p) {
+  msnap_allocator_t *a = g_alloc;
+  uint64_t t0 = bench_now_ns();
+  for (size_t i = 0; i < p->n; i++) {
+    uint64_t q = 0;
+    if (msnap_malloc(a, 0, p->sizes[i], 0, &q) != 0) {
+      fprintf(stderr, "bench_hotpath: msnap_malloc(%zu): %s\n", p->sizes[i],
+              msnap_last_error());
+      exit(1);
+    }
+    bench_escape(&q);
+    msnap_free(a, q);
+  }
+  return (double)(bench_now_ns() - t0) / (double)p->n;
+}
+
+static double best_of(double (*fn)(const pairs_t *), const pairs_t *p,
+                      int rounds) {
+  fn(p); /* warm-up pass */
+  double best = 1e300;
+  for (int r = 0; r < rounds; r++) {
+    double ns = fn(p);
+    if (ns < best)
+      best = ns;
+  }
+  return best;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s SIZES_FILE [ROUNDS]\n", argv[0]);
+    return 2;
+  }
+  size_t n = 0;
+  size_t *all = bench_read_sizes(argv[1], &n);
+  int rounds = argc > 2 ? atoi(argv[2]) : 5;
+  size_t *small = malloc(n * sizeof *small);
+  size_t nsmall = 0;
+  for (size_t i = 0; i < n; i++)
+    if (all[i] <= (1u << 20))
+      small[nsmall++] = all[i];
+  /* Repeat each mix up to 200k pairs per round. */
+  size_t total = 200000;
+  size_t *seq = malloc(total * sizeof *seq);
+  size_t *seq_small = malloc(total * sizeof *seq_small);
+  for (size_t i = 0; i < total; i++) {
+    seq[i] = all[i % n];
+    seq_small[i] = nsmall ? small[i % nsmall] : 0;
+  }
+  pairs_t p = {seq, total};
+  pairs_t ps = {seq_small, nsmall ? total : 0};
+
+  msnap_options_t o;
+  msnap_options_init(&o);
+  o.runtime_name = "sim";
+  o.sim_devices = 1;
+  o.sim_memory = 1ull << 40;
+  sim_env(o.sim_devices, o.sim_memory);
+  o.alloc_conf = "";
+  o.caching_disabled = 0;
+  char err[256] = "";
+  o.error_buf = err;
+  o.error_buf_len = sizeof err;
+  if (msnap_allocator_create(&o, &g_alloc) != 0) {
+    fprintf(stderr, "bench_hotpath: allocator_create: %s\n", err);
+    return 1;
+  }
+  BENCH_RESULT("sizes", "%zu", n);
+  BENCH_RESULT("sizes_small", "%zu", nsmall);
+  BENCH_RESULT("pairs_per_round", "%zu", total);
+  BENCH_RESULT("memsnap_ns", "%.2f", best_of(time_memsnap, &p, rounds));
+  BENCH_RESULT("glibc_ns", "%.2f", best_of(time_glibc, &p, rounds));
+  BENCH_RESULT("mimalloc_ns", "%.2f", best_of(time_mimalloc, &p, rounds));
+  if (nsmall > 0) {
+    BENCH_RESULT("small_memsnap_ns", "%.2f",
+                 best_of(time_memsnap, &ps, rounds));
+    BENCH_RESULT("small_glibc_ns", "%.2f", best_of(time_glibc, &ps, rounds));
+    BENCH_RESULT("small_mimalloc_ns", "%.2f",
+                 best_of(time_mimalloc, &ps, rounds));
+  }
+  msnap_allocator_destroy(g_alloc);
+  free(seq);
+  free(seq_small);
+  free(all);
+  free(small);
+
+  return 0;
+}

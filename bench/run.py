@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Run every memsnap benchmark, print one table, rewrite bench/README.md.
+
+Called by `make bench` (after `make build`, so .venv holds the memsnap
+package and torch):  bench/run.py --build build-bench --readme bench/README.md
+
+Each row names its anchor (what it is compared with) and its goal; figures
+are shown side by side with their ratio.  A row whose parts are missing
+(e.g. the real inputs, or a component not built) says why instead of a
+figure.  Timing is the best of a few rounds; nothing here is a test.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(HERE, 'out')
+BEGIN = '<!-- bench:table:begin -->'
+END = '<!-- bench:table:end -->'
+PROGRAMS = ['bench_hotpath', 'bench_history', 'bench_dump', 'bench_clock',
+            'bench_trace_memory', 'bench_gen_snapshot']
+
+
+class Skip(Exception):
+    """A row cannot run here; the message says why."""
+
+
+def log(msg):
+    print('bench: ' + msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, timeout=1800, env=None, cwd=None):
+    log('$ ' + ' '.join(cmd))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=env, cwd=cwd)
+    if p.returncode != 0:
+        raise Skip('%s failed (exit %d): %s' % (
+            os.path.basename(cmd[0]), p.returncode,
+            (p.stderr or p.stdout).strip().splitlines()[-1:]))
+    return p.stdout
+
+
+def results(text):
+    """RESULT key=value lines -> dict of floats (or strings)."""
+    out = {}
+    for m in re.finditer(r'^RESULT (\w+)=(\S+)', text, re.M):
+        try:
+            out[m.group(1)] = float(m.group(2))
+        except ValueError:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def timed(cmd, timeout=3600, env=None):
+    """Run cmd under /usr/bin/time -v: (seconds, peak RSS bytes, stdout)."""
+    if not os.path.exists('/usr/bin/time'):
+        raise Skip('/usr/bin/time missing (make deps-quality)')
+    with tempfile.NamedTemporaryFile('r', suffix='.time') as tf:
+        full = ['/usr/bin/time', '-v', '-o', tf.name] + cmd
+        log('$ ' + ' '.join(cmd))
+        t0 = time.perf_counter()
+        p = subprocess.run(full, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        secs = time.perf_counter() - t0
+        info = tf.read()
+    if p.returncode != 0:
+        raise Skip('%s failed (exit %d): %s' % (
+            ' '.join(cmd[:3]), p.returncode,
+            (p.stderr or p.stdout).strip().splitlines()[-1:]))
+    m = re.search(r'Maximum resident set size \(kbytes\): (\d+)', info)
+    return secs, int(m.group(1)) * 1024 if m else 0, p.stdout
+
+
+def fmt_ns(ns):
+    return '%.0f ns' % ns if ns >= 10 else '%.1f ns' % ns
+
+
+def fmt_s(s):
+    return '%.3f s' % s if s < 10 else '%.1f s' % s
+
+
+def fmt_bytes(b):
+    for unit, k in (('GB', 1e9), ('MB', 1e6), ('kB', 1e3)):
+        if b >= k:
+            return '%.1f %s' % (b / k, unit)
+    return '%d B' % b
+
+
+def ratio(a, b):
+    return '%.2fx' % (a / b) if b else 'n/a'
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.py = args.python
+        self.real = os.path.abspath(args.real)
+        self.big = None
+        os.makedirs(OUT, exist_ok=True)
+
+    def prog(self, name):
+        path = os.path.join(self.build, 'bench', name)
+        if not os.path.exists(path):
+            raise Skip('%s not built' % name)
+        return path
+
+    def memsnap_cli(self):
+        for cand in (os.path.join(self.build, 'tools', 'memsnap'),
+                     shutil.which('memsnap') or ''):
+            if cand and os.path.exists(cand):
+                return cand
+        raise Skip('memsnap CLI not built')
+
+    def real_files(self):
+        if not os.path.isdir(self.real):
+            raise Skip('real inputs missing at %s' % self.real)
+        files = [os.path.join(self.real, f) for f in os.listdir(self.real)
+                 if f.endswith(('.pickle', '.pkl'))]
+        if not files:
+            raise Skip('no snapshot files in %s' % self.real)
+        return files
+
+    # -- rows ---------------------------------------------------------------
+    def row_hotpath(self):
+        sizes = os.path.join(OUT, 'sizes.txt')
+        origin = run([sys.executable, os.path.join(HERE, 'sizes.py'), sizes,
+                      self.real]).strip()
+        r = results(run([self.prog('bench_hotpath'), sizes,
+                         str(self.args.rounds)]))
+        m, g, mi = r['memsnap_ns'], r['glibc_ns'], r['mimalloc_ns']
+        rows = [dict(
+            name='hot path: cached malloc+free pair, history off (%s)'
+                 % origin,
+            anchor='glibc %s / mimalloc %s' % (fmt_ns(g), fmt_ns(mi)),
+            value=fmt_ns(m),
+            ratio='%s of glibc, %s of mimalloc' % (ratio(m, g), ratio(m, mi)),
+            goal='<= 100 ns and <= mimalloc',
+            met=m <= 100 and m <= mi)]
+        if 'small_memsnap_ns' in r:
+            sm, sg, smi = (r['small_memsnap_ns'], r['small_glibc_ns'],
+                           r['small_mimalloc_ns'])
+            rows.append(dict(
+                name='hot path, requests <= 1 MiB only (%d sizes)'
+                     % r['sizes_small'],
+                anchor='glibc %s / mimalloc %s' % (fmt_ns(sg), fmt_ns(smi)),
+                value=fmt_ns(sm),
+                ratio='%s of glibc, %s of mimalloc' % (ratio(sm, sg),
+                                                       ratio(sm, smi)),
+                goal='<= 100 ns and <= mimalloc',
+                met=sm <= 100 and sm <= smi))
+        return rows
+
+    def row_history(self):
+        rows = []
+        r = results(run([self.prog('bench_history')]))
+        off = r['off_ns']
+        rows.append(dict(
+            name="history overhead per alloc+free pair, C caller: "
+                 "context 'all', no stacks",
+            anchor='history off %s' % fmt_ns(off),
+            value='+' + fmt_ns(r['nostacks_ns'] - off),
+            ratio=ratio(r['nostacks_ns'], off), goal='(info)', met=None))
+        rows.append(dict(
+            name="history overhead per alloc+free pair: stacks 'all' "
+                 "(C stacks, %d frames deep)" % r['depth'],
+            anchor='history off %s' % fmt_ns(off),
+            value='+' + fmt_ns(r['cstacks_ns'] - off),
+            ratio=ratio(r['cstacks_ns'], off), goal='(info)', met=None))
+        try:
+            out = run([self.py, os.path.join(HERE, 'history_python.py')],
+                      timeout=900)
+            p = results(out)
+            over = p['python_ns'] - p['off_ns']
+            rows.append(dict(
+                name='history overhead per alloc+free pair through the '
+                     'Python package: python stacks, %d frames deep'
+                     % p['depth'],
+                anchor='history off %s (Python call cost included)'
+                       % fmt_ns(p['off_ns']),
+                value='+%.3f us' % (over / 1000),
+                ratio=ratio(p['python_ns'], p['off_ns']),
+                goal='<= 0.2 us', met=over <= 200))
+            if 'all_ns' in p:
+                over = p['all_ns'] - p['off_ns']
+                rows.append(dict(
+                    name="same, stacks 'all' (python + C)",
+                    anchor='history off %s' % fmt_ns(p['off_ns']),
+                    value='+%.3f us' % (over / 1000),
+                    ratio=ratio(p['all_ns'], p['off_ns']),
+                    goal='(info)', met=None))
+        except Skip as e:
+            rows.append(dict(name='history overhead, python stacks',
+                             skip=str(e)))
+        return rows
+
+    def row_dump(self):
+        path = os.path.join(OUT, 'dump-1m.pickle')
+        r = results(run([self.prog('bench_dump'), path, '1000000']))
+        py = results(run([self.py, os.path.join(HERE, 'pickle_dump.py'),
+                          path]))
+        ms, pys = r['dump_s'], py['dump_s']
+        os.unlink(path)
+        return [dict(
+            name='snapshot + dump of %d trace entries (C stacks)'
+                 % r['entries'],
+            anchor='CPython pickle.dump of the same object: %s, %s'
+                   % (fmt_s(pys), fmt_bytes(py['bytes'])),
+            value='%s, %s' % (fmt_s(ms), fmt_bytes(r['bytes'])),
+            ratio='time %s, size %s' % (ratio(ms, pys),
+                                        ratio(r['bytes'], py['bytes'])),
+            goal='time <= 0.2x', met=ms <= 0.2 * pys)]
+
+    def big_snapshot(self):
+        if self.big is None:
+            path = os.path.join(OUT, 'generated-1gb.pickle')
+            if not os.path.exists(path) or self.args.regenerate:
+                run([self.prog('bench_gen_snapshot'), path,
+                     str(self.args.big_bytes)], timeout=3600)
+            self.big = path
+        return self.big
+
+    def row_summary(self):
+        cli = self.memsnap_cli()
+        rows = []
+        inputs = []
+        try:
+            inputs.append(('largest real input',
+                           max(self.real_files(), key=os.path.getsize)))
+        except Skip as e:
+            rows.append(dict(name='summary vs _memory_viz stats, real input',
+                             skip=str(e)))
+        if not self.args.no_big:
+            inputs.append(('generated snapshot', self.big_snapshot()))
+        for label, path in inputs:
+            size = os.path.getsize(path)
+            ms, mrss, _ = timed([cli, 'summary', path])
+            ts, trss, _ = timed([self.py, '-m', 'torch.cuda._memory_viz',
+                                 'stats', path], timeout=7200)
+            rows.append(dict(
+                name='reader + summary, %s (%s, %s)' % (
+                    label, os.path.basename(path), fmt_bytes(size)),
+                anchor='torch _memory_viz stats: %s, peak RSS %s'
+                       % (fmt_s(ts), fmt_bytes(trss)),
+                value='%s, peak RSS %s' % (fmt_s(ms), fmt_bytes(mrss)),
+                ratio='%.1fx faster, RSS %.2fx file' % (ts / ms, mrss / size),
+                goal='>= 10x faster, RSS <= 1.5x file',
+                met=ts / ms >= 10 and mrss <= 1.5 * size))
+        return rows
+
+    def row_replay(self):
+        cli = self.memsnap_cli()
+        rows = []
+        cands = []
+        try:
+            import pickle
+            best = None
+            for f in self.real_files():
+                with open(f, 'rb') as fh:
+                    d = pickle.load(fh)
+                n = sum(len(t) for t in d.get('device_traces', [])) \
+                    if isinstance(d, dict) else 0
+                if best is None or n > best[1]:
+                    best = (f, n)
+            cands.append(best)
+        except Skip as e:
+            rows.append(dict(name='replay', skip=str(e)))
+        for path, n in cands:
+            secs, _, _ = timed([cli, 'replay', path])
+            rows.append(dict(
+                name='replay of %s (%d trace events, read included)'
+                     % (os.path.basename(path), n),
+                anchor='(none: PyTorch has no replay)',
+                value='%.0f events/s' % (n / secs),
+                ratio='', goal='(info)', met=None))
+        return rows
+
+    def row_clock(self):
+        r = results(run([self.prog('bench_clock')]))
+        return [dict(
+            name='clock read (%s)' % r.get('counter', 'cycle counter'),
+            anchor='clock_gettime(MONOTONIC) %s, REALTIME %s'
+                   % (fmt_ns(r['monotonic_ns']), fmt_ns(r['realtime_ns'])),
+            value='%s raw, %s to us' % (fmt_ns(r['raw_ns']),
+                                        fmt_ns(r['now_us_ns'])),
+            ratio=ratio(r['raw_ns'], r['monotonic_ns']),
+            goal='(info)', met=None)]
+
+    def row_trace_memory(self):
+        r = results(run([self.prog('bench_trace_memory'), '1000000']))
+        return [dict(
+            name='memory per trace entry, %d entries, no stacks'
+                 % r['entries'],
+            anchor='(goal)', value='%.1f B' % r['nostacks_bytes'],
+            ratio='', goal='<= 48 B', met=r['nostacks_bytes'] <= 48),
+            dict(
+            name='memory per trace entry, C stacks (interned)',
+            anchor='(goal)', value='%.1f B' % r['cstacks_bytes'],
+            ratio='', goal='<= 48 B', met=r['cstacks_bytes'] <= 48)]
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    cpu = line.split(':', 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ''
+    try:
+        with open('/proc/meminfo') as f:
+            kb = int(f.readline().split()[1])
+            mem = ', %.0f GiB RAM' % (kb / 2**20)
+    except (OSError, ValueError, IndexError):
+        pass
+    cc = subprocess.run(['cc', '--version'], capture_output=True,
+                        text=True).stdout.splitlines()[:1]
+    return '%s, %d cores%s, Linux %s, %s, Python %s' % (
+        cpu, os.cpu_count() or 0, mem, platform.release(),
+        cc[0] if cc else 'cc', platform.python_version())
+
+
+def table(rows):
+    lines = ['| # | benchmark | anchor | memsnap | ratio | goal | met |',
+             '|---|---|---|---|---|---|---|']
+    for r in rows:
+        if 'skip' in r:
+            lines.append('| %s | %s | | not run: %s | | | |'
+                         % (r['n'], r['name'], r['skip']))
+            continue
+        met = {True: 'yes', False: '**no**', None: ''}[r['met']]
+        lines.append('| %s | %s | %s | %s | %s | %s | %s |' % (
+            r['n'], r['name'], r['anchor'], r['value'], r['ratio'],
+            r['goal'], met))
+    return '\n'.join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--build', default=os.path.join(ROOT, 'build-bench'))
+    ap.add_argument('--readme', default=None)
+    ap.add_argument('--python', default=sys.executable)
+    ap.add_argument('--real', default=os.path.join(ROOT, '..', 'shared',
+                                                   'real_inputs'))
+    ap.add_argument('--rounds', type=int, default=5)
+    ap.add_argument('--big-bytes', type=int, default=1 << 30)
+    ap.add_argument('--no-big', action='store_true',
+                    help='skip the generated ~1 GB snapshot')
+    ap.add_argument('--regenerate', action='store_true')
+    ap.add_argument('--only', default='', help='comma-separated rows (1-7)')
+    args = ap.parse_args()
+
+    # Build the (not-by-default) bench programs that the build knows.
+    for name in PROGRAMS:
+        subprocess.run(['meson', 'compile', '-C', args.build, name],
+                       capture_output=True)
+    b = Bench(args)
+    plan = [(1, b.row_hotpath), (2, b.row_history), (3, b.row_dump),
+            (4, b.row_summary), (5, b.row_replay), (6, b.row_clock),
+            (7, b.row_trace_memory)]
+    only = {int(x) for x in args.only.split(',') if x}
+    rows = []
+    started = datetime.datetime.now()
+    for n, fn in plan:
+        if only and n not in only:
+            continue
+        try:
+            got = fn()
+        except Skip as e:
+            log('row %d not run: %s' % (n, e))
+            got = [dict(name=fn.__name__[4:], skip=str(e))]
+        except Exception as e:  # a broken row must not hide the others
+            log('row %d failed: %r' % (n, e))
+            got = [dict(name=fn.__name__[4:], skip='error: %r' % e)]
+        for r in got:
+            r['n'] = n
+        rows.extend(got)
+    text = table(rows)
+    when = started.strftime('%Y-%m-%d %H:%M')
+    header = ('Run on %s, on %s (`make bench`, %s).' % (
+        when, machine(), 'release build, best of %d rounds' % args.rounds))
+    print(header)
+    print()
+    print(text)
+    with open(os.path.join(OUT, 'results.json'), 'w') as f:
+        json.dump(dict(when=when, machine=machine(), rows=rows), f, indent=1)
+    if args.readme and not args.only:
+        with open(args.readme) as f:
+            readme = f.read()
+        if BEGIN not in readme or END not in readme:
+            sys.exit('bench: %s lacks the table markers' % args.readme)
+        head, rest = readme.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        with open(args.readme, 'w') as f:
+            f.write(head + BEGIN + '\n' + header + '\n\n' + text + '\n' +
+                    END + tail)
+        log('rewrote the table of %s' % args.readme)
+    failed = [r for r in rows if r.get('met') is False]
+    log('%d rows, %d goals met, %d missed, %d not run' % (
+        len(rows), sum(1 for r in rows if r.get('met') is True), len(failed),
+        sum(1 for r in rows if 'skip' in r)))
+
+
+if __name__ == '__main__':
+    main()
