@@ -33,10 +33,6 @@
 
 #include "alloc_core.h"
 
-/* oom.c (recorder branch; declared in its msnap_internal.h): reads
- * OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for a new allocator. */
-void msnap__oom_env_init(msnap_allocator_t *a);
-
 /* ------------------------------------------------------------------------
  * Small helpers.
  * ------------------------------------------------------------------------ */
