@@ -1660,7 +1660,10 @@ int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
                             "msnap_set_allocator_settings: NULL argument");
   char err[512] = "";
   lock_all(a);
+  uint64_t mss = a->conf.max_split_size;
   int rc = msnap__conf_parse_runtime(&a->conf, conf, err, sizeof err);
+  if (a->conf.max_split_size != mss)
+    a->mss_changed = true;
   unlock_all(a);
   if (rc != 0)
     return msnap__set_error(rc, "%s", err[0] ? err : "invalid alloc conf");

@@ -273,6 +273,11 @@ struct msnap_allocator_s {
   msnap_device_t *devices;
   _Atomic bool caching_enabled;
   struct msnap_recorder_s *recorder;
+  /* max_split_size changed at run time (msnap_set_allocator_settings):
+   * oversize_* counters then mix old and new thresholds as in PyTorch, so
+   * the invariant checker stops recomputing them.  Under every device
+   * lock. */
+  bool mss_changed;
   /* Raw allocations made while caching is disabled. */
   pthread_mutex_t raw_lock;
   msnap_rawent_t *raw;

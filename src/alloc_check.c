@@ -270,7 +270,7 @@ static int check_device(msnap_device_t *d, char *msg, size_t len) {
              d->id, names[k], tnames[t], s->peak, s->current);
     }
   }
-  if ((uint64_t)d->stats.max_split_size == mss) {
+  if (!a->mss_changed) {
     if (d->stats.oversize_allocations.current != cn.oversize_alloc)
       FAIL("device %d: oversize_allocations.current %" PRId64
            " but the blocks give %" PRId64,
