@@ -1296,7 +1296,7 @@ static int raw_insert(msnap_allocator_t *a, uint64_t ptr, uint64_t size,
   while (a->raw[h].used)
     h = (h + 1) & (a->raw_cap - 1);
   a->raw[h] = (msnap_rawent_t){ptr, size, device, true};
-  a->raw_count++;
+  __atomic_store_n(&a->raw_count, a->raw_count + 1, __ATOMIC_RELAXED);
   return 0;
 }
 
@@ -1329,7 +1329,7 @@ static void raw_erase(msnap_allocator_t *a, msnap_rawent_t *e) {
       i = j;
     }
   }
-  a->raw_count--;
+  __atomic_store_n(&a->raw_count, a->raw_count - 1, __ATOMIC_RELAXED);
 }
 
 static int raw_malloc(msnap_allocator_t *a, int device, uint64_t size,
@@ -1493,7 +1493,7 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
     msnap__unlock(&d->lock);
   }
   msnap__call_end(&c);
-  if (a->raw_count > 0) {
+  if (__atomic_load_n(&a->raw_count, __ATOMIC_RELAXED) > 0) {
     int rc = raw_free(a, ptr);
     if (rc <= 0)
       return rc;
@@ -1522,7 +1522,7 @@ static msnap_device_t *lock_owner(msnap_allocator_t *a, uint64_t ptr,
 }
 
 static bool is_raw(msnap_allocator_t *a, uint64_t ptr) {
-  if (a->raw_count == 0)
+  if (__atomic_load_n(&a->raw_count, __ATOMIC_RELAXED) == 0)
     return false;
   pthread_mutex_lock(&a->raw_lock);
   bool r = raw_find(a, ptr) != NULL;
@@ -1605,7 +1605,7 @@ int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr, size_t *size) {
     msnap__unlock(&d->lock);
     return 0;
   }
-  if (a->raw_count > 0) {
+  if (__atomic_load_n(&a->raw_count, __ATOMIC_RELAXED) > 0) {
     pthread_mutex_lock(&a->raw_lock);
     msnap_rawent_t *e = raw_find(a, ptr);
     if (e)
@@ -1670,8 +1670,35 @@ int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
   return 0;
 }
 
+/*
+ * The conf string as last applied.  msnap_set_allocator_settings replaces
+ * (and frees) conf.raw under every device lock, so the string is copied
+ * under device 0's lock into a per-thread buffer, valid until this
+ * thread's next call.
+ */
+static _Thread_local char *tl_settings;
+static _Thread_local size_t tl_settings_cap;
+
 const char *msnap_allocator_settings(msnap_allocator_t *a) {
-  return a && a->conf.raw ? a->conf.raw : "";
+  if (!a || a->ndevices <= 0)
+    return "";
+  const char *out = "";
+  msnap__lock(&a->devices[0].lock);
+  const char *raw = a->conf.raw ? a->conf.raw : "";
+  size_t n = strlen(raw) + 1;
+  if (n > tl_settings_cap) {
+    char *nb = realloc(tl_settings, n);
+    if (nb) {
+      tl_settings = nb;
+      tl_settings_cap = n;
+    }
+  }
+  if (n <= tl_settings_cap) {
+    memcpy(tl_settings, raw, n);
+    out = tl_settings;
+  }
+  msnap__unlock(&a->devices[0].lock);
+  return out;
 }
 
 /* setMemoryFraction (§16); caller holds d->lock. */

@@ -272,7 +272,14 @@ msnap_block_t *msnap__try_allocate_expandable(msnap_device_t *d,
       return NULL;
   }
   while (cand->size < p->size) {
+    /* free -> unmapped -> *: the merged candidate absorbed every free
+     * mapped neighbour, so the next block is unmapped (find checked that
+     * the chain is long enough). */
     msnap_block_t *nx = cand->next;
+    if (!nx || nx->mapped) {
+      p->err = MSNAP_EOOM;
+      return NULL;
+    }
     uint64_t remaining = p->size - cand->size;
     uint64_t n = remaining < nx->size ? remaining : nx->size;
     cand = map_block(d, nx, n, p, c);

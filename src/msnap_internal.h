@@ -185,6 +185,9 @@ int msnap__device_collect_segments_locked(msnap_allocator_t *a, int device,
 int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
                            uint64_t *requested_size, uint64_t *stream,
                            msnap_mempool_id_t *pool, uint32_t *stack);
+/* The allocator's conf.  Read it while holding a device lock (e.g.
+ * msnap__device_lock(a, 0)): msnap_set_allocator_settings rewrites it, and
+ * frees conf.raw, under every device lock. */
 const msnap_conf_t *msnap__allocator_conf(msnap_allocator_t *a);
 
 /* ---- snapshot_take.c ---------------------------------------------------- */
