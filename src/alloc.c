@@ -284,7 +284,7 @@ static uint64_t next_division(uint64_t size, uint64_t divisions) {
  * round_size (§3.1; npu: +32-byte pad first, §20.1).  Pure function of the
  * conf; the caller holds a device lock (or the conf is not changing).
  */
-uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
+static inline uint64_t round_size(const msnap_allocator_t *a, uint64_t size) {
   if (a->profile == MSNAP_PROFILE_NPU)
     size += MSNAP_NPU_PAD;
   if (size < MSNAP_MIN_BLOCK_SIZE)
@@ -293,6 +293,10 @@ uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
   if (d > 1 && size > MSNAP_MIN_BLOCK_SIZE * d)
     return next_division(size, d);
   return round_up(size, MSNAP_MIN_BLOCK_SIZE);
+}
+
+uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
+  return round_size(a, size);
 }
 
 /* get_allocation_size (§3.3); size is the rounded request. */
@@ -944,7 +948,19 @@ static inline uint64_t gc_count(const msnap_block_t *b) {
                          b->gc_count_base);
 }
 
-/* garbage_collect_cached_blocks (§11), default large pool only. */
+/*
+ * garbage_collect_cached_blocks (§11), default large pool only.
+ *
+ * Ages: torch_npu keeps a per-block gc_count that every get_free_block
+ * (GC on) increments on every block of the pool and resets on the block
+ * it hands out (§20.6); CUDA stores the pool counter at insertion and
+ * subtracts.  Both give "get_free_block calls on this pool since the block
+ * last entered the free set" (a block enters only after being handed out,
+ * split off, merged or created, all of which start at 0), so one
+ * implementation serves both profiles.  npu: the device is synchronized
+ * first; its "does not skip expandable blocks" cannot matter because its
+ * config rejects expandable segments together with a GC threshold.
+ */
 static void garbage_collect(msnap_device_t *d, const msnap_call_t *c) {
   const msnap_conf_t *conf = &d->a->conf;
   uint64_t thr = (uint64_t)(conf->garbage_collection_threshold *
@@ -1169,7 +1185,7 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
 
   msnap_params_t p;
   p.stream = stream;
-  p.size = msnap__round_size(a, orig);
+  p.size = round_size(a, orig);
   p.pool = get_pool(d, p.size, stream);
   p.alloc_size = msnap__allocation_size(a, p.size);
   if (npu && conf->page_size_1g && !p.pool->is_small)

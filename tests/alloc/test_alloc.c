@@ -229,7 +229,7 @@ static void caching_disabled(void **state) {
     size_t sz = 0;
     assert_int_equal(msnap_allocation_size(a, p, &sz), 0);
     assert_int_equal(sz, prof == NPU ? 132 : 100);
-    assert_int_equal(msnap_record_stream(a, p, 5), 0); /* no-op */
+    R(a, p, 5); /* no-op */
     msnap_stats_t s = S(a);
     assert_int_equal(CUR(s, allocation, ALL), 0);
     assert_int_equal(s.num_device_alloc, 0);
@@ -428,7 +428,7 @@ static void deferred_free_during_capture(void **state) {
   msnap_allocator_t *a = mk(CUDA, NULL);
   fake_set_manual_events(true);
   uint64_t p = M(a, 4096);
-  assert_int_equal(msnap_record_stream(a, p, 9), 0);
+  R(a, p, 9);
   msnap_mempool_id_t id;
   assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
   assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 123, false), 0);
@@ -460,7 +460,7 @@ static void collect_segments(void **state) {
   msnap_allocator_t *a = mk(CUDA, tw_exp_helper);
   fake_set_manual_events(true);
   uint64_t p1 = M(a, 5 * MiB), p2 = M(a, 1000);
-  assert_int_equal(msnap_record_stream(a, p2, 4), 0);
+  R(a, p2, 4);
   F(a, p2); /* pending */
   msnap_snap_t *sn = msnap__snap_new();
   uint64_t act = 0;

@@ -59,7 +59,7 @@ static void hooks_cuda(void **state) {
   F(a, pa);
   uint64_t S2 = fake_next_address(0);
   uint64_t pb = M(a, 5 * MiB);
-  assert_int_equal(msnap_record_stream(a, pb, 9), 0);
+  R(a, pb, 9);
   F(a, pb);              /* free_requested only: event pending */
   uint64_t pc = M(a, 100); /* nothing completes */
   fake_complete_events(9);

@@ -409,9 +409,9 @@ static void ex7(void **state) {
     uint64_t S1 = fake_next_address(0);
     uint64_t pa = M2(a, 5 * MiB, 10);
     assert_int_equal(pa, S1);
-    assert_int_equal(msnap_record_stream(a, pa, 11), 0);
-    assert_int_equal(msnap_record_stream(a, pa, 11), 0); /* set */
-    assert_int_equal(msnap_record_stream(a, pa, 10), 0); /* own stream */
+    R(a, pa, 11);
+    R(a, pa, 11); /* set */
+    R(a, pa, 10); /* own stream */
     F(a, pa);
     msnap_stats_t s = S(a);
     assert_int_equal(CUR(s, allocation, ALL), 0);
@@ -439,7 +439,7 @@ static void ex7(void **state) {
 
     /* Variant: empty_cache while an event is pending blocks on it,
      * completes the free and releases nothing (S1 is still split). */
-    assert_int_equal(msnap_record_stream(a, pc, 12), 0);
+    R(a, pc, 12);
     F(a, pc);
     BLK(a, S1, f, ST_PENDING);
     EC(a);
@@ -865,7 +865,7 @@ static void npu_lazy_reclaim(void **state) {
     msnap_allocator_t *a = mk(NPU, lazy ? tw_lazy : NULL);
     uint64_t S1 = fake_next_address(0);
     uint64_t pa = M2(a, 5 * MiB, 1);
-    assert_int_equal(msnap_record_stream(a, pa, 2), 0);
+    R(a, pa, 2);
     F(a, pa); /* the event completes at once (fake auto mode) */
     BLK(a, S1, 5243392, ST_PENDING);
     uint64_t pb = M2(a, 5 * MiB, 1);
