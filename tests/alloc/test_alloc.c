@@ -681,6 +681,121 @@ static void threads_smoke(void **state) {
   done(a);
 }
 
+
+/* ---- randomized operations (fixed seeds), invariants after each -------- */
+
+static void tw_rand_mss(msnap_conf_t *c) {
+  c->max_split_size = 40 * MiB;
+  c->max_non_split_rounding_size = 20 * MiB;
+}
+static void tw_rand_gc(msnap_conf_t *c) {
+  c->garbage_collection_threshold = 0.6;
+  c->roundup_power2_divisions[0] = 4;
+  for (int i = 1; i < MSNAP_ROUNDUP_INTERVALS; i++)
+    c->roundup_power2_divisions[i] = 8;
+}
+static void tw_rand_exp_npu(msnap_conf_t *c) {
+  c->expandable_segments = true;
+  c->multi_stream_lazy_reclaim = true;
+}
+
+static void randomized(void **state) {
+  (void)state;
+  struct {
+    msnap_profile_t prof;
+    tweak_fn tw;
+    uint64_t allowed_mib;
+  } cfgs[] = {
+      {CUDA, NULL, 0},          {NPU, NULL, 512},
+      {CUDA, tw_rand_mss, 400}, {NPU, tw_rand_gc, 300},
+      {CUDA, tw_exp_helper, 0}, {NPU, tw_rand_exp_npu, 600},
+  };
+  for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+    msnap_allocator_t *a = mk(cfgs[ci].prof, cfgs[ci].tw);
+    if (cfgs[ci].allowed_mib)
+      assert_int_equal(msnap_set_memory_fraction(
+                           a, 0, (double)cfgs[ci].allowed_mib / 65536.0),
+                       0);
+    fake_set_manual_events(true);
+    uint64_t x = 0x243f6a8885a308d3ull + ci;
+    uint64_t live[64] = {0};
+    msnap_mempool_id_t pool;
+    assert_int_equal(msnap_mempool_create(a, 0, ci % 2 == 0, ci % 3 == 0,
+                                          &pool),
+                     0);
+    bool routing = false;
+    int ooms = 0, mallocs = 0;
+    for (int step = 0; step < 6000; step++) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      int k = (int)(x % 64);
+      int op = (int)((x >> 8) % 100);
+      if (op < 55) {
+        if (live[k]) {
+          F(a, live[k]);
+          live[k] = 0;
+        } else {
+          uint64_t sz = (x >> 16) % 4 == 0 ? ((x >> 20) % (48 * MiB)) + 1
+                                           : ((x >> 20) % 1500000) + 1;
+          uint64_t p = 0;
+          int rc = msnap_malloc(a, 0, sz, (x >> 40) % 3, &p);
+          INV(a);
+          mallocs++;
+          if (rc == 0) {
+            live[k] = p;
+          } else {
+            assert_int_equal(rc, MSNAP_EOOM);
+            ooms++;
+          }
+        }
+      } else if (op < 70) {
+        if (live[k])
+          R(a, live[k], 3 + (x >> 30) % 2);
+      } else if (op < 75) {
+        fake_complete_events(3 + (x >> 30) % 2);
+      } else if (op < 78) {
+        EC(a);
+      } else if (op < 82) {
+        if (!routing)
+          assert_int_equal(
+              msnap_begin_allocate_to_pool(a, 0, pool, (x >> 33) % 3, false),
+              0);
+        else {
+          /* as use_mem_pool: end, then drop begin's reference */
+          assert_int_equal(msnap_end_allocate_to_pool(a, 0, pool), 0);
+          assert_int_equal(msnap_mempool_release(a, 0, pool), 0);
+        }
+        routing = !routing;
+        INV(a);
+      } else if (op < 84) {
+        msnap__allocator_conf_mut(a)->expandable_segments ^=
+            cfgs[ci].tw == tw_exp_helper;
+        INV(a);
+      }
+    }
+    if (routing) {
+      assert_int_equal(msnap_end_allocate_to_pool(a, 0, pool), 0);
+      assert_int_equal(msnap_mempool_release(a, 0, pool), 0);
+    }
+    for (int k = 0; k < 64; k++)
+      if (live[k])
+        F(a, live[k]);
+    assert_int_equal(msnap_mempool_release(a, 0, pool), 0);
+    EC(a);
+    msnap_stats_t s = S(a);
+    print_message("randomized config %zu: %d mallocs, %d OOMs, %lld "
+                  "segments allocated, %lld retries\n",
+                  ci, mallocs, ooms, (long long)s.num_device_alloc,
+                  (long long)s.num_alloc_retries);
+    assert_int_equal(CUR(s, allocation, ALL), 0);
+    assert_int_equal(CUR(s, active, ALL), 0);
+    assert_int_equal(CUR(s, reserved_bytes, ALL), 0);
+    assert_int_equal(nsegs(a), 0);
+    done(a);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(summary_golden),
@@ -702,6 +817,7 @@ int main(void) {
       cmocka_unit_test(expandable_oom),
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(threads_smoke),
+      cmocka_unit_test(randomized),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
