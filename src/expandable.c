@@ -20,19 +20,24 @@
 
 #include "alloc_core.h"
 
-/* Granule of a pool (§13; npu §20.3). */
+/*
+ * Granule of a pool (§13; npu §20.3).  A configured size that is not a
+ * multiple of 2 MiB (e.g. large_segment_size_mb:21) is rounded up to one:
+ * VMM runtimes only map whole 2 MiB pages.
+ */
 static uint64_t granule_for(const msnap_allocator_t *a,
                             const msnap_bpool_t *pool) {
   const msnap_conf_t *c = &a->conf;
+  uint64_t g = c->large_segment_size;
   if (pool->is_small)
     return MSNAP_SMALL_BUFFER;
   if (a->profile == MSNAP_PROFILE_NPU) {
     if (c->page_size_1g)
       return MSNAP_EXTRA_LARGE_BUFFER;
     if (!c->large_segment_size_set && c->segment_size_mb)
-      return c->segment_size_mb * MSNAP_MIB;
+      g = c->segment_size_mb * MSNAP_MIB;
   }
-  return c->large_segment_size;
+  return (g + MSNAP_SMALL_BUFFER - 1) / MSNAP_SMALL_BUFFER * MSNAP_SMALL_BUFFER;
 }
 
 static int ensure_handles(msnap_segment_t *s, uint64_t n) {
