@@ -90,7 +90,8 @@ int msnap_mempool_create(msnap_allocator_t *a, int device, bool use_on_oom,
     return MSNAP_EINVAL;
   msnap__lock(&d->lock);
   /* MemPool ids are {0, uid++} from an allocator-wide counter. */
-  msnap_mempool_id_t nid = {0, a->next_mempool_id++};
+  msnap_mempool_id_t nid = {
+      0, __atomic_fetch_add(&a->next_mempool_id, 1, __ATOMIC_RELAXED)};
   msnap_ppool_t *pp;
   int rc = create_or_incref(d, nid, &pp);
   if (rc == 0) {
