@@ -4,6 +4,7 @@
  * which addr/size.  Built only once the recorder (src/history.h) is in
  * the tree; reads the device trace through msnap__snapshot_take.
  */
+#include "stack.h"
 #include "talloc.h"
 
 typedef struct want_s {
@@ -109,10 +110,69 @@ static void hooks_expandable(void **state) {
   done(a);
 }
 
+
+/*
+ * Stack references: with context "all" and C stacks, every alloc stack
+ * stored on a block, every segment stack, the trace entries and a
+ * snapshot's collected ids are references; after the allocator is gone
+ * and history is off, the stack table is back to where it started.
+ */
+static void stack_refs_balance(void **state) {
+  (void)state;
+  msnap__stack_tcache_flush();
+  size_t base = msnap__stack_live();
+  for (int prof = 0; prof < 2; prof++) {
+    msnap_allocator_t *a = mk(prof, prof ? tw_exp : NULL);
+    msnap_history_options_t o;
+    msnap_history_options_init(&o);
+    o.context = MSNAP_CONTEXT_ALL;
+    o.stacks = MSNAP_STACKS_CPP;
+    o.max_entries = 50; /* the ring overwrites: dropped entries unref */
+    assert_int_equal(msnap_record_history(a, &o), 0);
+    fake_set_manual_events(true);
+    uint64_t p[16];
+    for (int i = 0; i < 16; i++)
+      p[i] = M2(a, (uint64_t)(i + 1) * 700000, (uint64_t)(i % 2));
+    for (int i = 0; i < 16; i += 3)
+      R(a, p[i], 5);
+    for (int i = 0; i < 16; i += 2)
+      F(a, p[i]);
+    msnap_snapshot_options_t so;
+    msnap_snapshot_options_init(&so);
+    msnap_snap_t *s = NULL;
+    assert_int_equal(msnap__snapshot_take(a, &so, &s), 0);
+    assert_true(s->nsegments > 0);
+    msnap__snap_free(s);
+    uint64_t q = M(a, 3 * MiB);
+    fake_complete_events(5);
+    uint64_t r = M(a, 100); /* reaps the pending frees */
+    int dev = -1;
+    uint32_t st = 0;
+    assert_int_equal(msnap__allocation_info(a, r, &dev, NULL, NULL, NULL,
+                                            &st),
+                     0);
+    assert_int_not_equal(st, 0); /* context all: the block has a stack */
+    msnap__stack_unref(st);
+    EC(a);
+    for (int i = 1; i < 16; i += 2)
+      F(a, p[i]);
+    F(a, q);
+    F(a, r);
+    EC(a);
+    o.enabled = false;
+    assert_int_equal(msnap_record_history(a, &o), 0);
+    done(a);
+  }
+  msnap__stack_tcache_flush();
+  msnap__stack_drain_releases();
+  assert_int_equal(msnap__stack_live(), base);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(hooks_cuda),
       cmocka_unit_test(hooks_expandable),
+      cmocka_unit_test(stack_refs_balance),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
