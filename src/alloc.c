@@ -1077,27 +1077,30 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
     }
   }
 
-  /* npu base_addr_aligned_kb (§20.4). */
+  /* npu base_addr_aligned_kb (§20.4): as torch_npu, the found block's
+   * object keeps the unaligned head (and goes back to the pool, no stat
+   * change); a new object starts at the aligned address and is the one
+   * allocated (split below as usual). */
   if (npu && conf->expandable_segments && conf->base_addr_aligned_kb > 0 &&
-      p.size >= MSNAP_SMALL_BUFFER) {
+      p.size >= MSNAP_ROUND_LARGE) {
     uint64_t g = conf->base_addr_aligned_kb * 1024;
     uint64_t mis = p.block->ptr % g;
     if (mis) {
       uint64_t gap = g - mis;
-      if (p.block->size >= gap + p.size) {
-        msnap_block_t *frag = msnap__block_new(d);
-        if (frag) {
-          msnap_block_t *b = p.block;
-          frag->stream = b->stream;
-          frag->size = gap;
-          frag->ptr = b->ptr;
-          frag->pool = b->pool;
-          frag->seg = b->seg;
-          frag->mapped = 1;
-          msnap__link_before(frag, b);
-          b->ptr += gap;
-          b->size -= gap;
-          msnap__pool_insert_blocks(b->pool, frag);
+      if (gap + p.size <= p.block->size) {
+        msnap_block_t *aligned = msnap__block_new(d);
+        if (aligned) {
+          msnap_block_t *head = p.block;
+          aligned->stream = head->stream;
+          aligned->size = head->size - gap;
+          aligned->ptr = head->ptr + gap;
+          aligned->pool = head->pool;
+          aligned->seg = head->seg;
+          aligned->mapped = 1;
+          msnap__link_after(aligned, head);
+          head->size = gap;
+          msnap__pool_insert_blocks(head->pool, head);
+          p.block = aligned;
         }
       }
     }
