@@ -1,8 +1,18 @@
 /*
  * alloc.h -- internal types of the device caching allocator: blocks,
  * segments, block pools, private pools, the per-device allocator and
- * struct msnap_allocator_s.  Only alloc*.c, pool.c, stats.c and the
- * allocator tests include it.
+ * struct msnap_allocator_s.  Only the allocator's files and its tests
+ * include it.  The files:
+ *   pool.c          ordered free-block sets (intrusive red-black trees)
+ *   alloc.c         malloc / free / record_stream / empty_cache, search,
+ *                   split, merge, segment creation and release, OOM
+ *   events.c        cross-stream frees (events, deferred frees)
+ *   expandable.c    expandable segments (VMM granules)
+ *   mempool.c       private pools (MemPool, begin/end allocate to pool)
+ *   alloc_raw.c     caching disabled (direct runtime malloc/free)
+ *   alloc_create.c  create / destroy / msnap_default
+ *   alloc_check.c   msnap_check_invariants, snapshot segment collection
+ *   stats.c         memory_stats, resets, memory_summary
  *
  * The model is PyTorch's DeviceCachingAllocator (allocator-algorithm.md §2):
  *
