@@ -337,6 +337,39 @@ static void fraction_api(void **state) {
   done(a);
 }
 
+
+/* OOM message with cached memory in a private pool (P > 0). */
+static void oom_message_private_pool(void **state) {
+  (void)state;
+  fake_cfg_t cfg = {.total = 100 * MiB};
+  msnap_allocator_t *a = mk_cfg(CUDA, NULL, &cfg);
+  msnap_mempool_id_t id;
+  assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
+  assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 0, true), 0);
+  uint64_t pp = M(a, 30 * MiB);
+  assert_int_equal(msnap_end_allocate_to_pool(a, 0, id), 0);
+  F(a, pp); /* cached in the live pool: empty_cache keeps it */
+  uint64_t p = M(a, 50 * MiB);
+  uint64_t q = 0;
+  assert_int_equal(msnap_malloc(a, 0, 40 * MiB, 0, &q), MSNAP_EOOM);
+  INV(a);
+  assert_string_equal(
+      msnap_last_error(),
+      "CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a total "
+      "capacity of 100.00 MiB of which 20.00 MiB is free. Of the allocated "
+      "memory 80.00 MiB is allocated by PyTorch, with 30.00 MiB allocated in "
+      "private pools (e.g., CUDA Graphs), and 0 bytes is reserved by "
+      "PyTorch but unallocated. If reserved but unallocated memory is large "
+      "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+      "fragmentation.  See documentation for Memory Management  "
+      "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-"
+      "memory-usage-with-pytorch-cuda-alloc-conf)");
+  F(a, p);
+  assert_int_equal(msnap_mempool_release(a, 0, id), 0);
+  assert_int_equal(msnap_mempool_release(a, 0, id), 0);
+  done(a);
+}
+
 /* ---- private pools ------------------------------------------------------ */
 
 static void mempools(void **state) {
@@ -811,6 +844,7 @@ int main(void) {
       cmocka_unit_test(unknown_pointer),
       cmocka_unit_test(guards),
       cmocka_unit_test(device_oom_message),
+      cmocka_unit_test(oom_message_private_pool),
       cmocka_unit_test(caching_disabled),
       cmocka_unit_test(rejection),
       cmocka_unit_test(resets),
