@@ -1339,6 +1339,25 @@ int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr, size_t *size) {
                           ptr);
 }
 
+int msnap__allocation_base(msnap_allocator_t *a, uint64_t ptr,
+                           uint64_t *base, uint64_t *size) {
+  msnap_block_t *b;
+  msnap_device_t *d = lock_owner(a, ptr, &b);
+  if (!d)
+    return msnap__set_error(MSNAP_EBADPTR,
+                            "invalid device pointer: 0x%" PRIx64, ptr);
+  const msnap_block_t *h = b->seg->head;
+  uint64_t sum = 0;
+  for (const msnap_block_t *x = h; x; x = x->next)
+    sum += x->size;
+  if (base)
+    *base = h->ptr;
+  if (size)
+    *size = sum;
+  msnap__unlock(&d->lock);
+  return 0;
+}
+
 int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
                            uint64_t *requested_size, uint64_t *stream,
                            msnap_mempool_id_t *pool, uint32_t *stack) {

@@ -551,6 +551,18 @@ static void two_devices(void **state) {
       msnap__allocation_info(a, p0, &dev, &req, NULL, NULL, NULL), 0);
   assert_int_equal(dev, 0);
   assert_int_equal(req, 4096);
+  uint64_t base = 0, bsz = 0;
+  assert_int_equal(msnap__allocation_base(a, p1, &base, &bsz), 0);
+  assert_int_equal(base, p1);
+  assert_int_equal(bsz, 2 * MiB);
+  assert_int_equal(msnap__allocation_base(a, p1 + 512, &base, &bsz),
+                   MSNAP_EBADPTR);
+  uint64_t p2 = 0; /* second block of device 0's segment */
+  assert_int_equal(msnap_malloc(a, 0, 4096, 0, &p2), 0);
+  assert_int_equal(msnap__allocation_base(a, p2, &base, &bsz), 0);
+  assert_int_equal(base, p0);
+  assert_int_equal(bsz, 2 * MiB);
+  F(a, p2);
   F(a, p1);
   F(a, p0);
   msnap_stats_t s1;
