@@ -212,6 +212,32 @@ static void create_errors_and_default(void **state) {
   INV(d);
 }
 
+
+/* As torch_npu's test_preemptive_rejection_with_low_fraction: the policy
+ * set at run time rejects a 1 GiB request on a 1% budget. */
+static void rejection_by_settings(void **state) {
+  (void)state;
+  for (int prof = 0; prof < 2; prof++) {
+    msnap_allocator_t *a = mk_sim(prof, "", 64ull << 30);
+    assert_int_equal(
+        msnap_set_allocator_settings(
+            a, prof == NPU ? "throw_on_npumalloc_oom:True,"
+                             "per_process_memory_fraction:0.01"
+                           : "throw_on_cudamalloc_oom:True,"
+                             "per_process_memory_fraction:0.01"),
+        0);
+    uint64_t p = 0;
+    assert_int_equal(msnap_malloc(a, 0, 1ull << 30, 0, &p), MSNAP_EREJECTED);
+    INV(a);
+    msnap_stats_t s = S(a);
+    assert_int_equal(s.num_oom_rejections, 1);
+    assert_int_equal(s.num_ooms, 0);
+    uint64_t q = M(a, 100 * MiB); /* within the budget */
+    F(a, q);
+    sim_done(a);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conf_strings),
@@ -219,6 +245,7 @@ int main(void) {
       cmocka_unit_test(gc_on_sim),
       cmocka_unit_test(sim_fault_injection),
       cmocka_unit_test(create_errors_and_default),
+      cmocka_unit_test(rejection_by_settings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
