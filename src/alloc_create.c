@@ -122,7 +122,9 @@ int msnap_allocator_create(const msnap_options_t *opts,
   atomic_init(&a->caching_enabled, !no_cache);
 
   if (rt == msnap_runtime_sim() && (o->sim_devices > 0 || o->sim_memory > 0))
-    rc = msnap__sim_create(o->sim_devices > 0 ? o->sim_devices : 1,
+    rc = msnap__sim_create(o->sim_devices > 0
+                               ? o->sim_devices
+                               : (int)msnap__env_size("MEMSNAP_SIM_DEVICES", 1),
                            o->sim_memory > 0 ? o->sim_memory
                                              : msnap__env_size(
                                                    "MEMSNAP_SIM_MEMORY",
@@ -131,8 +133,12 @@ int msnap_allocator_create(const msnap_options_t *opts,
   else
     rc = rt->init(&a->rt_ctx);
   if (rc != 0) {
+    /* The runtime's own message names the library and the variable that
+     * overrides it; keep it. */
+    const char *why = msnap_last_error();
     snprintf(err, sizeof err, "device runtime '%s' failed to initialise: %s",
-             rt->name ? rt->name : "?", msnap_strerror(rc));
+             rt->name ? rt->name : "?",
+             why && why[0] ? why : msnap_strerror(rc));
     goto fail_rt;
   }
   int n = 0;
