@@ -114,14 +114,18 @@ const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b);
 
 /* Allocation site: the innermost "user" frame of a stack.  Heuristic:
  * skip frames whose file is not a Python source (C/C++ frames, "??",
- * shared objects), frames inside torch/ (any path component "torch" or
- * "torch_npu"), and frames of the Python standard library (a path under
- * lib/python3.x that is not in site-packages).  When every frame is
- * skipped, the innermost Python frame, else the innermost frame, is used.
+ * shared objects), frames inside torch/ (any path component "torch",
+ * "torch_npu" or "memsnap"), frames of the Python standard library (a path
+ * under lib/python3.x that is not in site-packages) and, on a first pass,
+ * installed packages (site-packages, dist-packages: einops, transformers).
+ * When every frame is skipped, the innermost frame of an installed
+ * package, else the innermost Python frame, else the innermost native
+ * frame that is not the unwinder or the allocator, is used.
  * Returns the frame id or UINT32_MAX when the stack is empty. */
 uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st);
 /* Format a site as "file:line:name" (file shortened to its last two path
- * components) into buf; "<no stack>" for UINT32_MAX. */
+ * components; a native frame without file and line is just its name) into
+ * buf; CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT for the pseudo sites. */
 void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
                      size_t len);
 
@@ -142,6 +146,59 @@ int cli_write_file(const char *path, const void *data, size_t len);
 
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);
+
+/* ---- stacks of live blocks (cli_stacks.c) -------------------------------- */
+/* Where the stack shown for a live block comes from (see cli_stacks.c). */
+typedef enum cli_stack_src_e {
+  CLI_SRC_NONE = 0,     /* no stack anywhere in the file                  */
+  CLI_SRC_BLOCK,        /* the block's own `frames`                       */
+  CLI_SRC_HISTORY,      /* 2.0: the first element of its `history`        */
+  CLI_SRC_TRACE,        /* the latest alloc entry at its address, live    */
+  CLI_SRC_BEFORE_TRACE  /* allocated before the first trace entry         */
+} cli_stack_src_t;
+
+/* Pseudo sites (cli_site_frame returns CLI_SITE_NONE for an empty stack). */
+#define CLI_SITE_NONE UINT32_MAX
+#define CLI_SITE_BEFORE_TRACE (UINT32_MAX - 1)
+#define CLI_SITE_NONE_TEXT "<no stack>"
+#define CLI_SITE_BEFORE_TEXT "<no stack: allocated before the trace>"
+
+typedef struct cli_stacks_dev_s {
+  uint64_t *addr;  /* addresses of live alloc entries, increasing */
+  uint32_t *entry; /* their index in the device trace            */
+  uint32_t n;
+  bool has_trace;
+} cli_stacks_dev_t;
+
+typedef struct cli_stacks_s {
+  const msnap_snap_t *s;
+  cli_stacks_dev_t *dev; /* indexed by device (= device_traces index) */
+  uint32_t ndev;
+} cli_stacks_t;
+
+/* Index the live alloc entries of every device trace of s (which must
+ * outlive x).  0, or -1 on ENOMEM (x then needs no free). */
+int cli_stacks_init(cli_stacks_t *x, const msnap_snap_t *s);
+void cli_stacks_free(cli_stacks_t *x);
+/* The invariants of x (tests and debug checks). */
+bool cli_stacks_check(const cli_stacks_t *x);
+/* Index in the trace of `dev` of the alloc entry at addr that is still
+ * live at the end of the trace, or -1. */
+long cli_stacks_live_entry(const cli_stacks_t *x, int64_t dev,
+                           uint64_t addr);
+/* The stack to show for block b at addr of device dev; *src (may be NULL)
+ * says where it comes from.  MSNAP_STACK_ABSENT when there is none. */
+msnap_stack_t cli_stacks_block(const cli_stacks_t *x, int64_t dev,
+                               uint64_t addr, const msnap_sblock_t *b,
+                               cli_stack_src_t *src);
+/* The allocation site of that block: a frame id, CLI_SITE_NONE or
+ * CLI_SITE_BEFORE_TRACE (format with cli_site_format). */
+uint32_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
+                         const msnap_sblock_t *b);
+/* True for the text of a pseudo site ("<...>"). */
+static inline bool cli_site_is_pseudo(const char *site) {
+  return site[0] == '<';
+}
 
 /* ---- backward replay (cli_back.c) ---------------------------------------- */
 /* Walking a device trace from its newest entry to its oldest, undoing each

@@ -199,10 +199,14 @@ static bool is_torch(const char *f, size_t n) {
          has_component(f, n, "memsnap");
 }
 
+static bool is_third_party(const char *f, size_t n) {
+  return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
+}
+
 uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);
-  uint32_t first_py = UINT32_MAX;
+  uint32_t first_py = UINT32_MAX, first_lib = UINT32_MAX;
   for (uint32_t i = 0; i < n; i++) {
     if (fr[i] >= s->nframes)
       continue;
@@ -214,8 +218,15 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
       first_py = fr[i];
     if (is_torch(file, fl) || is_stdlib(file, fl))
       continue;
+    if (is_third_party(file, fl)) {
+      if (first_lib == UINT32_MAX)
+        first_lib = fr[i];
+      continue;
+    }
     return fr[i];
   }
+  if (first_lib != UINT32_MAX)
+    return first_lib;
   if (first_py != UINT32_MAX)
     return first_py;
   /* Only native frames: the innermost one that is not the unwinder, the
@@ -243,14 +254,23 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
 
 void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
                      size_t len) {
-  if (frame == UINT32_MAX || frame >= s->nframes) {
-    snprintf(buf, len, "<no stack>");
+  if (frame == CLI_SITE_BEFORE_TRACE) {
+    snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
+    return;
+  }
+  if (frame >= s->nframes) {
+    snprintf(buf, len, "%s", CLI_SITE_NONE_TEXT);
     return;
   }
   const msnap_frame_t *f = &s->frames[frame];
   size_t fl, nl;
   const char *file = cli_str(s, f->filename, &fl);
   const char *name = cli_str(s, f->name, &nl);
+  /* A native frame without a source location: its (C++) name alone. */
+  if (f->line == 0 && (fl == 0 || (fl == 2 && !memcmp(file, "??", 2)))) {
+    snprintf(buf, len, "%.*s", (int)nl, name);
+    return;
+  }
   /* Keep the last two path components. */
   size_t start = 0;
   int slashes = 0;

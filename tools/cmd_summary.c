@@ -30,6 +30,10 @@ typedef struct site_sum_s {
   uint64_t bytes, count;
 } site_sum_t;
 
+typedef struct live_blk_s {
+  uint32_t block, site;
+} live_blk_t;
+
 typedef struct dev_fig_s {
   int64_t device;
   uint64_t segments, large, reserved, allocated, active, requested, blocks;
@@ -40,8 +44,8 @@ typedef struct dev_fig_s {
   int64_t t0, t1;
   uint64_t peak_alloc, peak_reserved;
   bool have_peak;
-  /* largest live allocations: block indexes */
-  uint32_t *largest;
+  /* largest live allocations: block indexes and sites */
+  live_blk_t *largest;
   uint32_t nlargest;
   site_sum_t *sites;
   uint32_t nsites;
@@ -50,8 +54,10 @@ typedef struct dev_fig_s {
 static const msnap_snap_t *g_sort_snap;
 
 static int cmp_block_size(const void *a, const void *b) {
-  const msnap_sblock_t *x = &g_sort_snap->blocks[*(const uint32_t *)a];
-  const msnap_sblock_t *y = &g_sort_snap->blocks[*(const uint32_t *)b];
+  const msnap_sblock_t *x =
+      &g_sort_snap->blocks[((const live_blk_t *)a)->block];
+  const msnap_sblock_t *y =
+      &g_sort_snap->blocks[((const live_blk_t *)b)->block];
   if (x->size != y->size)
     return x->size > y->size ? -1 : 1;
   return x->address < y->address ? -1 : x->address > y->address;
@@ -70,8 +76,8 @@ static int cmp_site_bytes(const void *a, const void *b) {
 }
 
 /* Figures of one device; the caller frees f->largest and f->sites. */
-static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
-                          uint32_t topn) {
+static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
+                          int64_t dev, dev_fig_t *f, uint32_t topn) {
   memset(f, 0, sizeof *f);
   f->device = dev;
   uint32_t nlive = 0;
@@ -97,7 +103,7 @@ static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
     }
   }
   /* Live allocations, largest first, and their sites. */
-  uint32_t *idx = malloc((nlive + 1) * sizeof *idx);
+  live_blk_t *idx = malloc((nlive + 1) * sizeof *idx);
   site_sum_t *sites = malloc((nlive + 1) * sizeof *sites);
   if (!idx || !sites) {
     free(idx);
@@ -109,12 +115,16 @@ static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
     const msnap_ssegment_t *g = &s->segments[i];
     if (g->device != dev)
       continue;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks && n < nlive; k++) {
       const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
+      a += b->size;
       if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
         continue;
-      idx[n] = g->first_block + k;
-      sites[n].frame = cli_site_frame(s, cli_block_stack(s, b));
+      idx[n].block = g->first_block + k;
+      idx[n].site = cli_stacks_site(stk, dev, ba, b);
+      sites[n].frame = idx[n].site;
       sites[n].bytes = b->size;
       sites[n].count = 1;
       n++;
@@ -264,14 +274,13 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     cj_key(j, "largest_live");
     cj_arr(j);
     for (uint32_t i = 0; i < f->nlargest; i++) {
-      const msnap_sblock_t *b = &s->blocks[f->largest[i]];
+      const msnap_sblock_t *b = &s->blocks[f->largest[i].block];
       cj_obj(j);
       cj_key(j, "size");
       cj_u64(j, b->size);
       cj_key(j, "requested_size");
       cj_u64(j, b->requested_size);
-      cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), site,
-                      sizeof site);
+      cli_site_format(s, f->largest[i].site, site, sizeof site);
       cj_key(j, "site");
       cj_cstr(j, site);
       cj_obj_end(j);
@@ -349,9 +358,8 @@ static void print_text(const char *file, const msnap_snap_t *s,
     if (f->nlargest) {
       printf("  largest live allocations:\n");
       for (uint32_t i = 0; i < f->nlargest; i++) {
-        const msnap_sblock_t *b = &s->blocks[f->largest[i]];
-        cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), b2,
-                        sizeof b2);
+        const msnap_sblock_t *b = &s->blocks[f->largest[i].block];
+        cli_site_format(s, f->largest[i].site, b2, sizeof b2);
         printf("    %12s  %s\n", cli_bytes(b->size, b1, sizeof b1), b2);
       }
     }
@@ -400,8 +408,12 @@ static void usage(FILE *f) {
           "live bytes; annotations and allocator settings.\n"
           "\n"
           "A site is the innermost user frame of the allocation's stack:\n"
-          "C/C++ frames, frames under a torch/ or torch_npu/ directory and\n"
-          "Python standard library frames are skipped.\n"
+          "C/C++ frames, frames under a torch/ or torch_npu/ directory,\n"
+          "Python standard library frames and (when a frame of your own\n"
+          "code is present) installed packages are skipped.  A live block\n"
+          "whose own frames are empty takes the stack of its alloc entry\n"
+          "in the trace; one allocated before the first trace entry shows\n"
+          "as \"" CLI_SITE_BEFORE_TEXT "\".\n"
           "\n"
           "  --json     one JSON object {file, generation, devices: [{device,\n"
           "             segments, reserved_bytes, allocated_bytes,\n"
@@ -449,12 +461,20 @@ int cli_cmd_summary(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
+  cli_stacks_t stk;
+  if (cli_stacks_init(&stk, s) != 0) {
+    cli_err("out of memory");
+    rc = CLI_UNUSABLE;
+    goto out;
+  }
   for (uint32_t d = 0; d < nd; d++)
-    if (device_figures(s, devs[d], &figs[d], (uint32_t)topn)) {
+    if (device_figures(s, &stk, devs[d], &figs[d], (uint32_t)topn)) {
+      cli_stacks_free(&stk);
       cli_err("out of memory");
       rc = CLI_UNUSABLE;
       goto out;
     }
+  cli_stacks_free(&stk);
   if (json) {
     cli_json_t j;
     cj_init(&j, stdout);

@@ -58,8 +58,33 @@ static const char *CSS =
     "ol{padding-left:22px;font-family:monospace;font-size:12px}"
     "#slider{width:100%}pre{font-size:11px;white-space:pre-wrap}";
 
+/* The active block of device dev that starts at addr in the final
+ * segments, or NULL.  Segments of a device are searched linearly (a view
+ * is written once; files hold at most thousands of segments). */
+static const msnap_sblock_t *final_block(const msnap_snap_t *s, int64_t dev,
+                                         uint64_t addr) {
+  for (uint32_t gi = 0; gi < s->nsegments; gi++) {
+    const msnap_ssegment_t *g = &s->segments[gi];
+    if (g->device != dev || addr < g->address ||
+        addr - g->address >= g->total_size)
+      continue;
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (b->keys & MSNAP_K_ADDRESS)
+        a = b->address;
+      if (a == addr && cli_block_active(b))
+        return b;
+      a += b->size;
+    }
+  }
+  return NULL;
+}
+
 static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
   remap_t m = {0};
+  cli_stacks_t stk;
+  bool have_stk = false;
   m.stack = calloc(s->nstacks + 1, sizeof *m.stack);
   m.frame = calloc(s->nframes + 1, sizeof *m.frame);
   m.stack_list = calloc(s->nstacks + 1, sizeof *m.stack_list);
@@ -104,6 +129,9 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
     cj_key(&j, "settings");
     cj_gv(&j, s, &s->allocator_settings);
   }
+  if (cli_stacks_init(&stk, s) != 0)
+    goto out;
+  have_stk = true;
   cj_key(&j, "devices");
   cj_arr(&j);
   for (uint32_t d = 0; d < nd; d++) {
@@ -122,15 +150,26 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
       cj_u64(&j, g->total_size);
       cj_i64(&j, g->stream);
       cj_arr(&j);
+      uint64_t ba = g->address;
       for (uint32_t k = 0; k < g->nblocks; k++) {
         const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+        if (b->keys & MSNAP_K_ADDRESS)
+          ba = b->address;
+        cli_stack_src_t src;
+        msnap_stack_t bst = cli_stacks_block(&stk, dev, ba, b, &src);
+        long ent = cli_block_active(b) ? cli_stacks_live_entry(&stk, dev, ba)
+                                       : -1;
         cj_arr(&j);
-        cj_u64(&j, cli_block_addr(s, g, k));
+        cj_u64(&j, ba);
         cj_u64(&j, b->size);
         cj_u64(&j, b->state <= 2 ? b->state : 3);
         cj_u64(&j, b->requested_size);
-        cj_u64(&j, use_stack(&m, s, cli_block_stack(s, b)));
+        cj_u64(&j, use_stack(&m, s, bst));
+        /* The trace entry of its allocation, -1 when not in the trace, -2
+         * when allocated before the first entry. */
+        cj_i64(&j, ent >= 0 ? ent : src == CLI_SRC_BEFORE_TRACE ? -2 : -1);
         cj_arr_end(&j);
+        ba += b->size;
       }
       cj_arr_end(&j);
       cj_arr_end(&j);
@@ -153,26 +192,21 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
     cj_key(&j, "blocks");
     cj_arr(&j);
     for (uint32_t i = 0; i < st.nb; i++) {
-      /* The stack of a block live since before the trace: its final
-       * block's frames (found by address in the final segments). */
-      uint32_t stk = 0;
-      for (uint32_t gi = 0; gi < s->nsegments && !stk; gi++) {
-        const msnap_ssegment_t *g = &s->segments[gi];
-        if (g->device != dev || st.b[i].addr < g->address ||
-            st.b[i].addr >= g->address + g->total_size)
-          continue;
-        for (uint32_t k = 0; k < g->nblocks; k++)
-          if (cli_block_addr(s, g, k) == st.b[i].addr) {
-            stk = use_stack(&m, s,
-                            cli_block_stack(s, &s->blocks[g->first_block + k]));
-            break;
-          }
-      }
+      /* The stack of a block live since before the trace: the frames of
+       * the final block at its address, if that block is the same
+       * allocation (no alloc entry for it in the trace). */
+      uint32_t stk_id = 0;
+      const msnap_sblock_t *fb = NULL;
+      if (cli_stacks_live_entry(&stk, dev, st.b[i].addr) < 0)
+        fb = final_block(s, dev, st.b[i].addr);
+      if (fb)
+        stk_id = use_stack(&m, s, cli_stacks_block(&stk, dev, st.b[i].addr,
+                                                   fb, NULL));
       cj_arr(&j);
       cj_u64(&j, st.b[i].addr);
       cj_u64(&j, st.b[i].size ? st.b[i].size : st.b[i].requested);
       cj_u64(&j, st.b[i].requested ? st.b[i].requested : st.b[i].size);
-      cj_u64(&j, stk);
+      cj_u64(&j, stk_id);
       cj_arr_end(&j);
     }
     cj_arr_end(&j);
@@ -256,6 +290,8 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
   fprintf(f, ";\n%s</script>\n</body></html>\n", view_js);
   rc = 0;
 out:
+  if (have_stk)
+    cli_stacks_free(&stk);
   free(m.stack);
   free(m.frame);
   free(m.stack_list);

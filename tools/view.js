@@ -136,7 +136,8 @@
       for (i = 0; i < dev.segments.length; i++) {
         var s = dev.segments[i];
         segs.push({addr: s[0], size: s[1], blocks: s[3].map(function (b) {
-          return {addr: b[0], size: b[1], state: b[2], req: b[3], stack: b[4]};
+          return {addr: b[0], size: b[1], state: b[2], req: b[3], stack: b[4],
+            entry: b[5] >= 0 ? b[5] : undefined, before: b[5] === -2};
         })});
       }
       return {segs: segs, exact: true};
@@ -144,7 +145,8 @@
     var seg = {}, blk = {};
     dev.start.segments.forEach(function (s) { seg[s[0]] = s[1]; });
     dev.start.blocks.forEach(function (b) {
-      blk[b[0]] = {addr: b[0], size: b[1], state: 1, req: b[2], stack: b[3]};
+      blk[b[0]] = {addr: b[0], size: b[1], state: 1, req: b[2], stack: b[3],
+        before: true};
     });
     for (i = 0; i < upto; i++) {
       var e = dev.events[i], c = e[0];
@@ -211,17 +213,21 @@
           showStack('Block ' + hex(b.addr) + ', ' + fmtBytes(b.size) +
             ' (requested ' + b.req + ' B), ' + STATES[b.state] +
             (b.entry !== undefined ? ', allocated at entry ' + b.entry : ''),
-            b.stack);
+            b.stack, b.before);
           return;
         }
       }
     };
   }
 
-  function showStack(title, st) {
+  function showStack(title, st, before) {
     var html = '<b>' + esc(title) + '</b>';
     var fr = st ? DATA.stacks[st] : null;
-    if (!fr || !fr.length) {
+    if ((!fr || !fr.length) && before) {
+      html += '<p class="dim">Allocated before the first entry of the ' +
+        'trace (before recording began, or in entries the history ring ' +
+        'buffer dropped): the file holds no stack for it.</p>';
+    } else if (!fr || !fr.length) {
       html += '<p class="dim">No stack was recorded for this ' +
         '(history off, context below "alloc", or a 2.0 file without history).</p>';
     } else {
