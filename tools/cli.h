@@ -112,21 +112,31 @@ static inline bool cli_block_active(const msnap_sblock_t *b) {
 const char *cli_action_name(const msnap_snap_t *s, const msnap_strace_t *e);
 const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b);
 
-/* Allocation site: the innermost "user" frame of a stack.  Heuristic:
- * skip frames whose file is not a Python source (C/C++ frames, "??",
- * shared objects), frames inside torch/ (any path component "torch",
- * "torch_npu" or "memsnap"), frames of the Python standard library (a path
- * under lib/python3.x that is not in site-packages) and, on a first pass,
- * installed packages (site-packages, dist-packages: einops, transformers).
- * When every frame is skipped, the innermost frame of an installed
- * package, else the innermost Python frame, else the innermost native
- * frame that is not the unwinder or the allocator, is used.
- * Returns the frame id or UINT32_MAX when the stack is empty. */
-uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st);
+/* Allocation site of a stack: `frame`, the innermost "user" frame, and
+ * `via`, the innermost frame of an installed package called from it.
+ * Heuristic: skip frames whose file is not a Python source (C/C++ frames,
+ * "??", shared objects), frames inside torch/ (any path component "torch",
+ * "torch_npu" or "memsnap") and frames of the Python standard library (a
+ * path under lib/python3.x that is not in site-packages); the first frame
+ * left that is not in an installed package (site-packages, dist-packages)
+ * is the site, and the innermost installed-package frame inside it (e.g.
+ * einops, transformers' modeling code) its `via`.  When every frame is
+ * skipped, the innermost installed-package frame, else the innermost
+ * Python frame, else the innermost native frame that is not the unwinder
+ * or the allocator, is the site (via = CLI_SITE_NONE).  frame is
+ * CLI_SITE_NONE when the stack is empty. */
+typedef struct cli_site_s {
+  uint32_t frame, via;
+} cli_site_t;
+cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
+static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
+  return a.frame == b.frame && a.via == b.via;
+}
 /* Format a site as "file:line:name" (file shortened to its last two path
- * components; a native frame without file and line is just its name) into
- * buf; CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT for the pseudo sites. */
-void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
+ * components; a native frame without file and line is just its name),
+ * followed by " (via file:line:name)" when it has a via; the pseudo sites
+ * as CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT. */
+void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                      size_t len);
 
 /* Devices that appear in the snapshot: every segment device and every
@@ -157,7 +167,7 @@ typedef enum cli_stack_src_e {
   CLI_SRC_BEFORE_TRACE  /* allocated before the first trace entry         */
 } cli_stack_src_t;
 
-/* Pseudo sites (cli_site_frame returns CLI_SITE_NONE for an empty stack). */
+/* Pseudo sites (cli_site returns frame CLI_SITE_NONE for an empty stack). */
 #define CLI_SITE_NONE UINT32_MAX
 #define CLI_SITE_BEFORE_TRACE (UINT32_MAX - 1)
 #define CLI_SITE_NONE_TEXT "<no stack>"
@@ -191,9 +201,9 @@ long cli_stacks_live_entry(const cli_stacks_t *x, int64_t dev,
 msnap_stack_t cli_stacks_block(const cli_stacks_t *x, int64_t dev,
                                uint64_t addr, const msnap_sblock_t *b,
                                cli_stack_src_t *src);
-/* The allocation site of that block: a frame id, CLI_SITE_NONE or
- * CLI_SITE_BEFORE_TRACE (format with cli_site_format). */
-uint32_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
+/* The allocation site of that block (frame CLI_SITE_BEFORE_TRACE when it
+ * predates the trace; format with cli_site_format). */
+cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
                          const msnap_sblock_t *b);
 /* True for the text of a pseudo site ("<...>"). */
 static inline bool cli_site_is_pseudo(const char *site) {

@@ -174,11 +174,11 @@ msnap_stack_t cli_stacks_block(const cli_stacks_t *x, int64_t dev,
              : st;
 }
 
-uint32_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
-                         const msnap_sblock_t *b) {
+cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev,
+                           uint64_t addr, const msnap_sblock_t *b) {
   cli_stack_src_t src;
   msnap_stack_t st = cli_stacks_block(x, dev, addr, b, &src);
   if (src == CLI_SRC_BEFORE_TRACE)
-    return CLI_SITE_BEFORE_TRACE;
-  return cli_site_frame(x->s, st);
+    return (cli_site_t){CLI_SITE_BEFORE_TRACE, CLI_SITE_NONE};
+  return cli_site(x->s, st);
 }

@@ -203,10 +203,11 @@ static bool is_third_party(const char *f, size_t n) {
   return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
 }
 
-uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
+cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);
   uint32_t first_py = UINT32_MAX, first_lib = UINT32_MAX;
+  cli_site_t site = {CLI_SITE_NONE, CLI_SITE_NONE};
   for (uint32_t i = 0; i < n; i++) {
     if (fr[i] >= s->nframes)
       continue;
@@ -223,12 +224,18 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
         first_lib = fr[i];
       continue;
     }
-    return fr[i];
+    site.frame = fr[i];
+    site.via = first_lib;
+    return site;
   }
-  if (first_lib != UINT32_MAX)
-    return first_lib;
-  if (first_py != UINT32_MAX)
-    return first_py;
+  if (first_lib != UINT32_MAX) {
+    site.frame = first_lib;
+    return site;
+  }
+  if (first_py != UINT32_MAX) {
+    site.frame = first_py;
+    return site;
+  }
   /* Only native frames: the innermost one that is not the unwinder, the
    * traceback gatherer or the caching allocator itself. */
   static const char *const skip[] = {"unwind", "CapturedTraceback",
@@ -243,34 +250,30 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
     bool skipped = nl == 0;
     for (int k = 0; skip[k] && !skipped; k++)
       skipped = memmem(name, nl, skip[k], strlen(skip[k])) != NULL;
-    if (!skipped)
-      return fr[i];
+    if (!skipped) {
+      site.frame = fr[i];
+      return site;
+    }
   }
   for (uint32_t i = 0; i < n; i++)
-    if (fr[i] < s->nframes)
-      return fr[i];
-  return UINT32_MAX;
+    if (fr[i] < s->nframes) {
+      site.frame = fr[i];
+      return site;
+    }
+  return site;
 }
 
-void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
-                     size_t len) {
-  if (frame == CLI_SITE_BEFORE_TRACE) {
-    snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
-    return;
-  }
-  if (frame >= s->nframes) {
-    snprintf(buf, len, "%s", CLI_SITE_NONE_TEXT);
-    return;
-  }
+/* One frame as "file:line:name" (see cli_site_format); returns the
+ * length written (snprintf's). */
+static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
+                        size_t len) {
   const msnap_frame_t *f = &s->frames[frame];
   size_t fl, nl;
   const char *file = cli_str(s, f->filename, &fl);
   const char *name = cli_str(s, f->name, &nl);
   /* A native frame without a source location: its (C++) name alone. */
-  if (f->line == 0 && (fl == 0 || (fl == 2 && !memcmp(file, "??", 2)))) {
-    snprintf(buf, len, "%.*s", (int)nl, name);
-    return;
-  }
+  if (f->line == 0 && (fl == 0 || (fl == 2 && !memcmp(file, "??", 2))))
+    return snprintf(buf, len, "%.*s", (int)nl, name);
   /* Keep the last two path components. */
   size_t start = 0;
   int slashes = 0;
@@ -280,8 +283,27 @@ void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
       break;
     }
   }
-  snprintf(buf, len, "%.*s:%" PRId64 ":%.*s", (int)(fl - start),
-           file + start, f->line, (int)nl, name);
+  return snprintf(buf, len, "%.*s:%" PRId64 ":%.*s", (int)(fl - start),
+                  file + start, f->line, (int)nl, name);
+}
+
+void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
+                     size_t len) {
+  if (site.frame == CLI_SITE_BEFORE_TRACE) {
+    snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
+    return;
+  }
+  if (site.frame >= s->nframes) {
+    snprintf(buf, len, "%s", CLI_SITE_NONE_TEXT);
+    return;
+  }
+  int w = frame_format(s, site.frame, buf, len);
+  if (site.via < s->nframes && w >= 0 && (size_t)w + 8 < len) {
+    memcpy(buf + w, " (via ", 6);
+    int v = frame_format(s, site.via, buf + w + 6, len - (size_t)w - 6);
+    if (v >= 0 && (size_t)w + 6 + (size_t)v + 1 < len)
+      memcpy(buf + w + 6 + v, ")", 2);
+  }
 }
 
 static int cmp_i64(const void *a, const void *b) {

@@ -14,7 +14,7 @@
  * allocated memory (in requested bytes: what the trace records) and of
  * reserved memory, both starting from the state at the start of the trace
  * that the backward replay reconstructs.  Sites are the innermost user
- * frame (cli_site_frame).
+ * frame (cli_site).
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -26,12 +26,13 @@
 #define TOPN_DEFAULT 10
 
 typedef struct site_sum_s {
-  uint32_t frame;
+  cli_site_t site;
   uint64_t bytes, count;
 } site_sum_t;
 
 typedef struct live_blk_s {
-  uint32_t block, site;
+  uint32_t block;
+  cli_site_t site;
 } live_blk_t;
 
 typedef struct dev_fig_s {
@@ -63,16 +64,22 @@ static int cmp_block_size(const void *a, const void *b) {
   return x->address < y->address ? -1 : x->address > y->address;
 }
 
+static int cmp_site(cli_site_t x, cli_site_t y) {
+  if (x.frame != y.frame)
+    return x.frame < y.frame ? -1 : 1;
+  return x.via < y.via ? -1 : x.via > y.via;
+}
+
 static int cmp_site_frame(const void *a, const void *b) {
-  const site_sum_t *x = a, *y = b;
-  return x->frame < y->frame ? -1 : x->frame > y->frame;
+  return cmp_site(((const site_sum_t *)a)->site,
+                  ((const site_sum_t *)b)->site);
 }
 
 static int cmp_site_bytes(const void *a, const void *b) {
   const site_sum_t *x = a, *y = b;
   if (x->bytes != y->bytes)
     return x->bytes > y->bytes ? -1 : 1;
-  return x->frame < y->frame ? -1 : x->frame > y->frame;
+  return cmp_site(x->site, y->site);
 }
 
 /* Figures of one device; the caller frees f->largest and f->sites. */
@@ -124,7 +131,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
         continue;
       idx[n].block = g->first_block + k;
       idx[n].site = cli_stacks_site(stk, dev, ba, b);
-      sites[n].frame = idx[n].site;
+      sites[n].site = idx[n].site;
       sites[n].bytes = b->size;
       sites[n].count = 1;
       n++;
@@ -137,7 +144,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
   qsort(sites, n, sizeof *sites, cmp_site_frame);
   uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (m > 0 && sites[m - 1].frame == sites[i].frame) {
+    if (m > 0 && cli_site_eq(sites[m - 1].site, sites[i].site)) {
       sites[m - 1].bytes += sites[i].bytes;
       sites[m - 1].count++;
     } else {
@@ -289,7 +296,7 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     cj_key(j, "top_sites");
     cj_arr(j);
     for (uint32_t i = 0; i < f->nsites; i++) {
-      cli_site_format(s, f->sites[i].frame, site, sizeof site);
+      cli_site_format(s, f->sites[i].site, site, sizeof site);
       cj_obj(j);
       cj_key(j, "site");
       cj_cstr(j, site);
@@ -366,7 +373,7 @@ static void print_text(const char *file, const msnap_snap_t *s,
     if (f->nsites) {
       printf("  top allocation sites (live bytes):\n");
       for (uint32_t i = 0; i < f->nsites; i++) {
-        cli_site_format(s, f->sites[i].frame, b2, sizeof b2);
+        cli_site_format(s, f->sites[i].site, b2, sizeof b2);
         printf("    %12s  %5" PRIu64 " x  %s\n",
                cli_bytes(f->sites[i].bytes, b1, sizeof b1),
                f->sites[i].count, b2);
@@ -410,10 +417,11 @@ static void usage(FILE *f) {
           "A site is the innermost user frame of the allocation's stack:\n"
           "C/C++ frames, frames under a torch/ or torch_npu/ directory,\n"
           "Python standard library frames and (when a frame of your own\n"
-          "code is present) installed packages are skipped.  A live block\n"
-          "whose own frames are empty takes the stack of its alloc entry\n"
-          "in the trace; one allocated before the first trace entry shows\n"
-          "as \"" CLI_SITE_BEFORE_TEXT "\".\n"
+          "code is present) installed packages are skipped; the innermost\n"
+          "installed-package frame it called is shown as \"(via ...)\".\n"
+          "A live block whose own frames are empty takes the stack of its\n"
+          "alloc entry in the trace; one allocated before the first trace\n"
+          "entry shows as \"" CLI_SITE_BEFORE_TEXT "\".\n"
           "\n"
           "  --json     one JSON object {file, generation, devices: [{device,\n"
           "             segments, reserved_bytes, allocated_bytes,\n"

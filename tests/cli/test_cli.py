@@ -855,7 +855,7 @@ def py_is_stdlib(f):
 
 
 def py_site_frame(frames):
-    """The site frame of a stack (innermost first), or None."""
+    """(site frame, via frame) of a stack (innermost first), or None."""
     first_py = first_lib = None
     for fr in frames:
         f = fr["filename"]
@@ -868,24 +868,32 @@ def py_site_frame(frames):
         if "site-packages" in f or "dist-packages" in f:
             first_lib = first_lib or fr
             continue
-        return fr
+        return (fr, first_lib)
     if first_lib:
-        return first_lib
+        return (first_lib, None)
     if first_py:
-        return first_py
+        return (first_py, None)
     for fr in frames:
         if fr["name"] and not any(k in fr["name"] for k in NATIVE_SKIP):
-            return fr
-    return frames[0] if frames else None
+            return (fr, None)
+    return (frames[0], None) if frames else None
 
 
-def py_site_format(fr):
-    if fr is None:
-        return SITE_NONE
+def py_frame_format(fr):
     f, line, name = fr["filename"], fr["line"], fr["name"]
     if line == 0 and f in ("", "??"):
         return name
     return "%s:%d:%s" % ("/".join(f.split("/")[-2:]), line, name)
+
+
+def py_site_format(site):
+    if site is None:
+        return SITE_NONE
+    fr, via = site
+    text = py_frame_format(fr)
+    if via is not None:
+        text += " (via %s)" % py_frame_format(via)
+    return text
 
 
 def py_live_allocs(trace):
@@ -988,16 +996,18 @@ def group_sites():
     js = json.loads(out) if rc == 0 else {"devices": [{}]}
     d = js["devices"][0]
     got = {x["site"]: (x["bytes"], x["count"]) for x in d.get("top_sites", [])}
-    want = {"u/model.py:12:forward": (4 * MiB, 1),
+    want = {"u/model.py:12:forward (via einops/b.py:288:einsum)":
+            (4 * MiB, 1),
             "u/train.py:40:step": (2 * MiB, 1),
             SITE_BEFORE: (2 * MiB, 1)}
     expect(got == want, "summary: empty block frames take the stack of the "
-           "live alloc entry (einops and torch frames skipped), a block "
+           "live alloc entry (torch frames skipped, einops as 'via'), a block "
            "older than the trace is named so: %s" % got)
     expect(py_sites(snap)[0] == {k: list(v) for k, v in want.items()},
            "sites: the Python rule agrees on the synthetic file")
     largest = d.get("largest_live", [{}])
-    expect(largest[0].get("site") == "u/model.py:12:forward",
+    expect(largest[0].get("site") ==
+           "u/model.py:12:forward (via einops/b.py:288:einsum)",
            "summary: the largest live allocation shows its trace site")
     rc, out, err = run("summary", path)
     expect(rc == 0 and "u/model.py:12:forward" in out and
@@ -1022,7 +1032,7 @@ def group_sites():
     rc, out, err = run("diff", "--json", pa, pb)
     js = json.loads(out) if out else {"devices": [{}]}
     lc = {x["site"]: x for x in js["devices"][0].get("leak_candidates", [])}
-    x = lc.get("u/model.py:12:forward", {})
+    x = lc.get("u/model.py:12:forward (via einops/b.py:288:einsum)", {})
     expect(rc == 1 and x.get("growing") and x.get("new_bytes") == 4 * MiB and
            x.get("count") == 1,
            "diff: a block named only by A's trace is a growing leak "
@@ -1080,8 +1090,9 @@ def group_sites():
         return sorted(ref.items(), key=lambda kv: -kv[1][0])
     k = top("kkaitlyn111_a2__memory_ctx128_forward_mixed.pickle")
     named = [kv for kv in k if not kv[0].startswith("<")]
-    expect(named[0][0] == "cs336_basics/transformer.py:22:forward",
-           "kkaitlyn111: the top named site is the user's own code, not "
+    expect(named[0][0] == "cs336_basics/transformer.py:22:forward "
+           "(via einops/_backends.py:288:einsum)",
+           "kkaitlyn111: the top named site is the user's own code, via "
            "einops (%s)" % named[0][0])
     s = top("silmont2000_a2__memory_forward_bf16_128.pickle")
     expect(s == [(SITE_BEFORE, [525286400, 137])],
