@@ -1013,6 +1013,33 @@ def group_sites():
     expect(rc == 0 and "u/model.py:12:forward" in out and
            SITE_BEFORE in out, "summary text names the sites")
 
+    # summary text: allocator settings as a compact key=value list;
+    # roundup_power2_divisions only with its non-zero entries.
+    st = sites_snapshot()
+    st["allocator_settings"] = {
+        "PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+        "expandable_segments": False,
+        "roundup_power2_divisions": {1: 0, 64: 4, 128: 0, 512: 8}}
+    rc, out, err = run("summary", write_pickle(st, "settings.pickle"))
+    tail = out[out.find("allocator settings:"):]
+    expect(rc == 0 and tail.startswith(
+        "allocator settings: PYTORCH_CUDA_ALLOC_CONF='' max_split_size=-1") and
+        "roundup_power2_divisions={64:4,512:8}" in tail and
+        len(tail.splitlines()) <= 3 and
+        max(len(x) for x in tail.splitlines()) < 80,
+        "summary: allocator settings on a few key=value lines, non-zero "
+        "roundup divisions only: %r" % tail)
+    st["allocator_settings"]["roundup_power2_divisions"] = {1: 0, 64: 0}
+    rc, out, err = run("summary", write_pickle(st, "settings0.pickle"))
+    expect(rc == 0 and "roundup" not in out and
+           "expandable_segments=false" in out,
+           "summary: all-zero roundup_power2_divisions is not shown")
+    rc, out, err = run("summary", "--json",
+                       write_pickle(st, "settings0.pickle"))
+    expect(rc == 0 and json.loads(out)["allocator_settings"][
+        "roundup_power2_divisions"] == {"1": 0, "64": 0},
+        "summary --json keeps every setting")
+
     # diff: B's trace lost the alloc of X (ring buffer) and gained a new
     # block from the same site: X is a growing leak candidate named by A.
     b = sites_snapshot()
