@@ -156,6 +156,18 @@ int cli_write_file(const char *path, const void *data, size_t len);
 
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);
+/* A duration in microseconds as "17 us", "366 ms", "1.25 s", "3 min 5 s". */
+const char *cli_duration(int64_t us, char *buf, size_t len);
+/* An axis label: bytes in the largest binary unit, without trailing
+ * zeros ("1.5 GiB", "512 MiB", "0 B"). */
+const char *cli_bytes_tick(uint64_t v, char *buf, size_t len);
+/* A "nice" tick step for an axis from 0 to max: 1, 2 or 5 times a power
+ * of ten (bytes: of a binary unit, so ticks fall on 256 MiB, 1 GiB...),
+ * giving at most `most` intervals.  Never 0. */
+uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most);
+/* Index of the first entry of tl at or after time t (tl->n when none):
+ * where a record_function annotation of that time goes on a timeline. */
+uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t);
 
 /* ---- stacks of live blocks (cli_stacks.c) -------------------------------- */
 /* Where the stack shown for a live block comes from (see cli_stacks.c). */

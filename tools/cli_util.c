@@ -353,6 +353,78 @@ const char *cli_bytes(uint64_t v, char *buf, size_t len) {
   return buf;
 }
 
+const char *cli_duration(int64_t us, char *buf, size_t len) {
+  const char *sign = us < 0 ? "-" : "";
+  double a = us < 0 ? -(double)us : (double)us;
+  if (a < 1000)
+    snprintf(buf, len, "%s%.0f us", sign, a);
+  else if (a < 1e6)
+    snprintf(buf, len, "%s%.3g ms", sign, a / 1e3);
+  else if (a < 60e6)
+    snprintf(buf, len, "%s%.3g s", sign, a / 1e6);
+  else
+    snprintf(buf, len, "%s%" PRIu64 " min %" PRIu64 " s", sign,
+             (uint64_t)(a / 1e6) / 60, (uint64_t)(a / 1e6) % 60);
+  return buf;
+}
+
+const char *cli_bytes_tick(uint64_t v, char *buf, size_t len) {
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  double d = (double)v;
+  while (d >= 1024.0 && i < 4) {
+    d /= 1024.0;
+    i++;
+  }
+  snprintf(buf, len, "%.2f", d);
+  /* Trailing zeros and a trailing point go. */
+  char *dot = strchr(buf, '.');
+  if (dot) {
+    char *e = buf + strlen(buf);
+    while (e > dot + 1 && e[-1] == '0')
+      *--e = 0;
+    if (e == dot + 1)
+      *dot = 0;
+  }
+  size_t n = strlen(buf);
+  snprintf(buf + n, len > n ? len - n : 0, " %s", u[i]);
+  return buf;
+}
+
+uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most) {
+  if (most == 0)
+    most = 1;
+  uint64_t unit = 1;
+  if (bytes)
+    while (unit <= UINT64_MAX / 1024 && max / unit >= 1024)
+      unit *= 1024;
+  /* Steps 1, 2, 5, 10, 20, 50... (times unit) until max fits in `most`
+   * intervals. */
+  static const uint64_t m[] = {1, 2, 5};
+  for (uint64_t p = 1; p <= UINT64_MAX / 10; p *= 10)
+    for (int k = 0; k < 3; k++) {
+      uint64_t st = m[k] * p;
+      if (st > UINT64_MAX / unit)
+        return UINT64_MAX;
+      st *= unit;
+      if (max / st < most || (max / st == most && max % st == 0))
+        return st;
+    }
+  return UINT64_MAX;
+}
+
+uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
+  uint32_t lo = 0, hi = tl ? tl->n : 0;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (tl->v[mid].time_us < t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 const char *cli_generation_name(msnap_generation_t g) {
   switch (g) {
   case MSNAP_GEN_SEGMENT_LIST: return "segment list";

@@ -459,7 +459,8 @@ static void print_text(const char *file, const msnap_snap_t *s,
       }
     printf("\n");
     if (f->have_time)
-      printf("  time span        %.3f s\n", (double)(f->t1 - f->t0) / 1e6);
+      printf("  time span        %s\n",
+             cli_duration(f->t1 - f->t0, b1, sizeof b1));
     else if (f->trace_entries)
       printf("  time span        (no time_us in this format)\n");
     if (f->have_peak) {

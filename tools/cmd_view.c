@@ -238,14 +238,7 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
       if (an->device != dev || tl->n == 0 ||
           !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
         continue;
-      uint32_t lo = 0, hi = tl->n;
-      while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (tl->v[mid].time_us < an->time_us)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
+      uint32_t lo = cli_entry_at_time(tl, an->time_us);
       size_t nl;
       const char *nm = cli_str(s, an->name, &nl);
       cj_arr(&j);
