@@ -77,6 +77,12 @@ void cj_escape(FILE *f, const char *s, size_t len);
 /* A generic model value (allocator_settings) as JSON. */
 void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
 
+/* allocator_settings as compact "key=value" items ("max_split_size=-1",
+ * "roundup_power2_divisions={64:4}"; all-zero integer dicts left out):
+ * *n malloc'd strings in a malloc'd array, NULL if none or on ENOMEM. */
+char **cli_settings_items(const msnap_snap_t *s, const msnap_gv_t *d,
+                          uint32_t *n);
+
 /* ---- progress on stderr (cli_util.c) ------------------------------------ */
 typedef struct cli_progress_s {
   struct timespec start;

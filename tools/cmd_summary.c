@@ -319,109 +319,26 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
   cj_obj_end(j);
 }
 
-/* True for a dict whose values are all integers (roundup_power2_divisions:
- * interval -> divisions). */
-static bool int_dict(const msnap_gv_t *v) {
-  if (v->kind != MSNAP_GV_DICT)
-    return false;
-  for (uint32_t i = 1; i < v->u.seq.n; i += 2)
-    if (v->u.seq.items[i].kind != MSNAP_GV_INT)
-      return false;
-  return true;
-}
-
-/* A settings value as compact text: strings bare (quoted when empty or
- * holding a blank), lists [a,b], dicts {k:v}; an integer dict keeps only
- * its non-zero entries.  Nesting deeper than 8 prints "...". */
-static void gv_text(FILE *f, const msnap_snap_t *s, const msnap_gv_t *v,
-                    int depth) {
-  size_t len;
-  const char *p;
-  if (depth > 8) {
-    fputs("...", f);
-    return;
-  }
-  switch (v->kind) {
-  case MSNAP_GV_NONE: fputs("None", f); break;
-  case MSNAP_GV_BOOL: fputs(v->u.b ? "true" : "false", f); break;
-  case MSNAP_GV_INT: fprintf(f, "%" PRId64, v->u.i); break;
-  case MSNAP_GV_FLOAT: fprintf(f, "%g", v->u.f); break;
-  case MSNAP_GV_STR: {
-    p = cli_str(s, v->u.s, &len);
-    bool quote = len == 0 || memchr(p, ' ', len) || memchr(p, '\t', len);
-    if (quote)
-      fputc('\'', f);
-    for (size_t i = 0; i < len; i++)
-      fputc((unsigned char)p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i], f);
-    if (quote)
-      fputc('\'', f);
-    break;
-  }
-  case MSNAP_GV_LIST:
-  case MSNAP_GV_TUPLE:
-    fputc('[', f);
-    for (uint32_t i = 0; i < v->u.seq.n; i++) {
-      if (i)
-        fputc(',', f);
-      gv_text(f, s, &v->u.seq.items[i], depth + 1);
-    }
-    fputc(']', f);
-    break;
-  case MSNAP_GV_DICT: {
-    bool ints = int_dict(v), first = true;
-    fputc('{', f);
-    for (uint32_t i = 0; i + 1 < v->u.seq.n; i += 2) {
-      if (ints && v->u.seq.items[i + 1].u.i == 0)
-        continue;
-      if (!first)
-        fputc(',', f);
-      first = false;
-      gv_text(f, s, &v->u.seq.items[i], depth + 1);
-      fputc(':', f);
-      gv_text(f, s, &v->u.seq.items[i + 1], depth + 1);
-    }
-    fputc('}', f);
-    break;
-  }
-  }
-}
-
-/* allocator_settings as "key=value" items wrapped at 79 columns; an
- * integer dict (roundup_power2_divisions) only when one entry is non-zero,
- * and then only its non-zero entries. */
+/* allocator_settings as "key=value" items wrapped at 79 columns. */
 static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
   const char *head = "\nallocator settings:";
   size_t col = strlen(head) - 1;
+  uint32_t n = 0;
+  char **items = cli_settings_items(s, d, &n);
+  if (!items)
+    return;
   fputs(head, stdout);
-  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
-    const msnap_gv_t *v = &d->u.seq.items[i + 1];
-    if (int_dict(v)) {
-      bool any = false;
-      for (uint32_t k = 1; k < v->u.seq.n; k += 2)
-        any |= v->u.seq.items[k].u.i != 0;
-      if (!any)
-        continue;
-    }
-    char *item = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&item, &len);
-    if (!m)
-      return;
-    gv_text(m, s, &d->u.seq.items[i], 0);
-    fputc('=', m);
-    gv_text(m, s, v, 0);
-    if (fclose(m) != 0 || !item) {
-      free(item);
-      return;
-    }
+  for (uint32_t i = 0; i < n; i++) {
+    size_t len = strlen(items[i]);
     if (col + 1 + len > 79 && col > 2) {
       fputs("\n ", stdout);
       col = 1;
     }
-    printf(" %s", item);
+    printf(" %s", items[i]);
     col += 1 + len;
-    free(item);
+    free(items[i]);
   }
+  free(items);
   fputc('\n', stdout);
 }
 
