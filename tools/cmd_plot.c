@@ -131,7 +131,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
       if (s->segments[i].device == dev && s->segments[i].total_size > top)
         top += s->segments[i].total_size;
   }
-  uint64_t ystep = cli_nice_step(top, true, 7);
+  uint64_t ystep = cli_nice_step(top, true, 9);
   plot_t p = {.n = n, .pw = W - ML - MR, .ph = H - MT - MB};
   p.ymax = ystep >= top ? ystep : (top + ystep - 1) / ystep * ystep;
   const char *base = strrchr(file, '/');

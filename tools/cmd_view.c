@@ -50,13 +50,23 @@ static uint32_t use_stack(remap_t *m, const msnap_snap_t *s,
 static const char *CSS =
     "body{font:13px sans-serif;margin:12px;color:#222}"
     "h1{font-size:16px;margin:4px 0}"
+    "h2{font-size:13px;margin:12px 0 4px}"
     "#main{display:flex;gap:12px}#left{flex:3;min-width:0}"
     "#right{flex:2;min-width:0;max-height:80vh;overflow:auto;"
     "border-left:1px solid #ddd;padding-left:10px}"
     "#layoutbox{max-height:60vh;overflow:auto;border:1px solid #ddd}"
-    ".dim{color:#888}li.sys{color:#888}li.user{font-weight:bold}"
+    ".dim{color:#777}li.sys{color:#888}li.user{font-weight:bold}"
     "ol{padding-left:22px;font-family:monospace;font-size:12px}"
-    "#slider{width:100%}pre{font-size:11px;white-space:pre-wrap}";
+    "#slider{width:100%}"
+    ".legend{margin:4px 0;font-size:12px;color:#333}"
+    ".legend span.sw{display:inline-block;width:14px;height:10px;"
+    "margin:0 4px 0 12px;vertical-align:baseline}"
+    ".legend span.sw:first-child{margin-left:0}"
+    "table{border-collapse:collapse;font-size:12px}"
+    "td{padding:1px 6px;vertical-align:top}td.n{text-align:right;"
+    "white-space:nowrap}td.site{font-family:monospace;overflow-wrap:anywhere}"
+    "#settings{font-family:monospace;font-size:11px;line-height:1.6}"
+    "#settings span{white-space:nowrap;margin-right:10px}";
 
 /* The active block of device dev that starts at addr in the final
  * segments, or NULL.  Segments of a device are searched linearly (a view
@@ -81,6 +91,92 @@ static const msnap_sblock_t *final_block(const msnap_snap_t *s, int64_t dev,
   return NULL;
 }
 
+typedef struct vsite_s {
+  char *text;
+  uint64_t bytes, count;
+} vsite_t;
+
+static int cmp_vsite_text(const void *a, const void *b) {
+  return strcmp(((const vsite_t *)a)->text, ((const vsite_t *)b)->text);
+}
+
+static int cmp_vsite_bytes(const void *a, const void *b) {
+  const vsite_t *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return strcmp(x->text, y->text);
+}
+
+#define VIEW_SITES 12
+
+/* "sites": the VIEW_SITES allocation sites with the most live bytes at the
+ * end of the file, [text, bytes, count] (as `memsnap summary`).  0 or -1
+ * on ENOMEM. */
+static int write_sites(cli_json_t *j, const msnap_snap_t *s,
+                       const cli_stacks_t *stk, int64_t dev) {
+  uint32_t cap = 0, n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (s->segments[i].device == dev)
+      cap += s->segments[i].nblocks;
+  vsite_t *v = calloc((size_t)cap + 1, sizeof *v);
+  if (!v)
+    return -1;
+  int rc = 0;
+  char buf[512];
+  for (uint32_t i = 0; i < s->nsegments && rc == 0; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
+      a += b->size;
+      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
+        continue;
+      cli_site_format(s, cli_stacks_site(stk, dev, ba, b), buf, sizeof buf);
+      v[n].text = strdup(buf);
+      v[n].bytes = b->size;
+      v[n].count = 1;
+      if (!v[n].text) {
+        rc = -1;
+        break;
+      }
+      n++;
+    }
+  }
+  uint32_t m = 0;
+  if (rc == 0) {
+    qsort(v, n, sizeof *v, cmp_vsite_text);
+    for (uint32_t i = 0; i < n; i++) {
+      if (m > 0 && !strcmp(v[m - 1].text, v[i].text)) {
+        v[m - 1].bytes += v[i].bytes;
+        v[m - 1].count++;
+        free(v[i].text);
+      } else {
+        v[m++] = v[i];
+      }
+    }
+    qsort(v, m, sizeof *v, cmp_vsite_bytes);
+    cj_key(j, "sites");
+    cj_arr(j);
+    for (uint32_t i = 0; i < m && i < VIEW_SITES; i++) {
+      cj_arr(j);
+      cj_cstr(j, v[i].text);
+      cj_u64(j, v[i].bytes);
+      cj_u64(j, v[i].count);
+      cj_arr_end(j);
+    }
+    cj_arr_end(j);
+  } else {
+    m = n;
+  }
+  for (uint32_t i = 0; i < m; i++)
+    free(v[i].text);
+  free(v);
+  return rc;
+}
+
 static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
   remap_t m = {0};
   cli_stacks_t stk;
@@ -103,15 +199,24 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
              "<div id=\"notrace\" class=\"dim\" style=\"display:none\">This "
              "file holds no trace for this device: the layout is its final "
              "state.</div>\n"
+             "<div id=\"tlegend\" class=\"legend\"></div>\n"
              "<canvas id=\"timeline\"></canvas>\n"
              "<input id=\"slider\" type=\"range\" min=\"0\" max=\"0\" "
-             "value=\"0\">\n"
-             "<div id=\"main\"><div id=\"left\"><div id=\"layoutinfo\" "
-             "class=\"dim\"></div><div id=\"layoutbox\"><canvas "
-             "id=\"layout\"></canvas></div></div>\n"
+             "value=\"0\" title=\"trace entry\">\n"
+             "<div id=\"main\"><div id=\"left\">"
+             "<h2>Segments <span id=\"layoutinfo\" class=\"dim\" "
+             "style=\"font-weight:normal\"></span></h2>"
+             "<div id=\"blegend\" class=\"legend\"></div>"
+             "<div id=\"layoutbox\"><canvas id=\"layout\"></canvas></div>"
+             "</div>\n"
              "<div id=\"right\"><div id=\"stack\" class=\"dim\">Click a block "
-             "or the timeline to see a stack.</div><pre "
-             "id=\"settings\"></pre></div></div>\n"
+             "or the timeline to see a stack.</div>"
+             "<div id=\"sitesbox\"><h2>Top allocation sites "
+             "<span class=\"dim\" style=\"font-weight:normal\">(live bytes "
+             "at the end of the file)</span></h2><table id=\"sites\">"
+             "</table></div>"
+             "<div id=\"settingsbox\"><h2>Allocator settings</h2>"
+             "<div id=\"settings\"></div></div></div></div>\n"
              "<script>\nconst DATA = ",
           CSS);
   cli_json_t j;
@@ -126,8 +231,18 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
   cj_key(&j, "generation");
   cj_cstr(&j, cli_generation_name(s->generation));
   if (s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) {
+    /* As compact key=value text, formatted here: JSON numbers would lose
+     * 64-bit values (trace_alloc_max_entries) in the browser. */
+    uint32_t ni = 0;
+    char **items = cli_settings_items(s, &s->allocator_settings, &ni);
     cj_key(&j, "settings");
-    cj_gv(&j, s, &s->allocator_settings);
+    cj_arr(&j);
+    for (uint32_t i = 0; i < ni; i++) {
+      cj_cstr(&j, items[i]);
+      free(items[i]);
+    }
+    cj_arr_end(&j);
+    free(items);
   }
   if (cli_stacks_init(&stk, s) != 0)
     goto out;
@@ -139,6 +254,8 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
     cj_obj(&j);
     cj_key(&j, "device");
     cj_i64(&j, dev);
+    if (write_sites(&j, s, &stk, dev) != 0)
+      goto out;
     cj_key(&j, "segments");
     cj_arr(&j);
     for (uint32_t i = 0; i < s->nsegments; i++) {

@@ -483,6 +483,28 @@ def py_peaks(path):
     return out
 
 
+def svg_ticks_round(root):
+    """The y tick labels (text-anchor end) of a plot: 0, s, 2s... with s
+    = 1, 2 or 5 x 10^k of one binary unit."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
+             "TiB": 1 << 40}
+    vals = []
+    for t in root.iter():
+        if t.tag.endswith("text") and t.get("text-anchor") == "end" and \
+                t.text and t.text.split()[-1] in units:
+            num, unit = t.text.split()
+            vals.append(float(num) * units[unit])
+    if len(vals) < 2 or vals[0] != 0:
+        return False, "labels %s" % vals
+    step = vals[1]
+    even = all(abs(v - i * step) < 1e-6 * step for i, v in enumerate(vals))
+    unit = max(u for u in units.values() if u <= step)
+    m = step / unit
+    while m >= 10:
+        m /= 10
+    return even and round(m, 6) in (1, 2, 5), "labels %s" % vals
+
+
 def group_real():
     files = real_files()
     if not reader_available():
@@ -525,6 +547,10 @@ def group_real():
             root = ET.parse(svg).getroot()
             ok = root.tag.endswith("svg")
         expect(ok, "plot %s: well-formed SVG" % name)
+        if ok:
+            ok, why = svg_ticks_round(root)
+            expect(ok, "plot %s: y ticks are round, evenly spaced values "
+                   "(%s)" % (name, why))
     a = os.path.join(REAL, "yiyi_llm_inference__oom_snapshot.pickle")
     b = os.path.join(REAL, "yiyi_llm_inference__1.3b_snapshot.pickle")
     rc, out, err = run("diff", a, a)
@@ -1085,6 +1111,25 @@ def group_sites():
            "view: block Z shows the stack of its latest alloc (entry 4)")
     expect(blocks[1][4] == 0 and blocks[1][5] == -2,
            "view: block Y is marked as allocated before the trace")
+
+    # view: the sites table equals summary's; settings as key=value text
+    # with 64-bit values intact.
+    big = sites_snapshot()
+    big["allocator_settings"] = {"trace_alloc_max_entries": (1 << 63) - 1,
+                                 "roundup_power2_divisions": {1: 0, 2: 0}}
+    bp = write_pickle(big, "sites_big.pickle")
+    html = os.path.join(TMP, "sites_big.html")
+    rc, out, err = run("view", bp, "-o", html)
+    data = html_data(html) if rc == 0 else {"devices": [{}]}
+    rc, out, err = run("summary", "--json", bp)
+    ref = [[x["site"], x["bytes"], x["count"]]
+           for x in json.loads(out)["devices"][0]["top_sites"]]
+    expect(sorted(data["devices"][0].get("sites")) == sorted(ref),
+           "view: the sites table equals summary's top sites")
+    expect(data.get("settings") == ["trace_alloc_max_entries=%d" %
+                                    ((1 << 63) - 1)],
+           "view: settings as key=value text, 2^63-1 exact, all-zero "
+           "roundup left out (%s)" % data.get("settings"))
 
     # Every real input: summary's sites equal the Python rule's.
     if not os.path.isdir(REAL):
