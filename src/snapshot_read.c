@@ -708,8 +708,9 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
   uint32_t k = 0;
   for (uint32_t i = 0; i < o->n; i++) {
     ns[i] = segs[MSNAP_PV_REC_INDEX(o->items[i])];
-    memcpy(nbk + k, blocks + ns[i].first_block,
-           (size_t)ns[i].nblocks * sizeof *nbk);
+    if (ns[i].nblocks) /* blocks is NULL when no segment has blocks */
+      memcpy(nbk + k, blocks + ns[i].first_block,
+             (size_t)ns[i].nblocks * sizeof *nbk);
     ns[i].first_block = k;
     k += ns[i].nblocks;
   }

@@ -141,9 +141,13 @@ static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
 /* Format a site as "file:line:name" (file shortened to its last two path
  * components; a native frame without file and line is just its name),
  * followed by " (via file:line:name)" when it has a via; the pseudo sites
- * as CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT. */
+ * as CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT.  Control characters come
+ * out as '?'. */
 void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                      size_t len);
+/* Replace control characters of a NUL-terminated string by '?' in place
+ * (text from a file must not drive the terminal). */
+void cli_sanitize(char *buf);
 
 /* Devices that appear in the snapshot: every segment device and every
  * index of a non-empty device trace, sorted; *n set; caller frees. */

@@ -215,7 +215,7 @@ static void gv_text(FILE *f, const msnap_snap_t *s, const msnap_gv_t *v,
                     int depth) {
   size_t len;
   const char *p;
-  if (depth > 8) {
+  if (depth > 8 || (depth == 8 && v->kind >= MSNAP_GV_LIST)) {
     fputs("...", f);
     return;
   }

@@ -43,6 +43,7 @@ int cli_load(const char *path, msnap_snap_t **out) {
   memset(&err, 0, sizeof err);
   int rc = msnap__snap_read_file(path, &s, &err);
   if (rc != 0 || !s) {
+    cli_sanitize(err.msg); /* it may quote bytes of the file */
     if (err.msg[0])
       cli_err("%s: %s [%s]", path, err.msg, msnap_err_name(rc));
     else
@@ -287,8 +288,25 @@ static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
                   file + start, f->line, (int)nl, name);
 }
 
+void cli_sanitize(char *buf) {
+  for (; *buf; buf++)
+    if ((unsigned char)*buf < 0x20 || *buf == 0x7f)
+      *buf = '?';
+}
+
+static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
+                        size_t len);
+
 void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                      size_t len) {
+  if (len == 0)
+    return;
+  site_format(s, site, buf, len);
+  cli_sanitize(buf);
+}
+
+static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
+                        size_t len) {
   if (site.frame == CLI_SITE_BEFORE_TRACE) {
     snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
     return;

@@ -184,6 +184,7 @@ static void mismatch(replay_t *r, dev_replay_t *d, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  cli_sanitize(buf);
   d->mismatches[d->nkept] = strdup(buf);
   if (d->mismatches[d->nkept])
     d->nkept++;

@@ -411,8 +411,12 @@ static void print_text(const char *file, const msnap_snap_t *s,
       const msnap_sannotation_t *a = &s->annotations[i];
       if (!a->is_start)
         continue;
-      printf("  %s (device %" PRId64 ")\n", cli_str(s, a->name, NULL),
-             a->device);
+      size_t nl;
+      const char *nm = cli_str(s, a->name, &nl);
+      char name[256];
+      snprintf(name, sizeof name, "%.*s", (int)(nl < 255 ? nl : 255), nm);
+      cli_sanitize(name);
+      printf("  %s (device %" PRId64 ")\n", name, a->device);
       shown++;
     }
   }

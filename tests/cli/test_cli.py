@@ -279,6 +279,60 @@ def group_hostile():
            "no crash")
     print("hostile: %d inputs x 5 commands" % len(hostile_inputs()))
 
+    # Terminal escapes in names from the file never reach the terminal.
+    esc = good_snapshot()
+    esc["segments"][0]["blocks"][0]["frames"] = [
+        frame("x\x1b[31mred", "/home/u/a\x07b.py", 3)]
+    esc["segments"][1]["blocks"][0]["state"] = "st\x1b[32m"
+    esc["device_traces"][0][1]["action"] = "frob\x1b]0;title\x07"
+    esc["external_annotations"] = [{"stage": "START", "device": 0,
+                                    "name": "\x1b[2Jwipe", "time_us": 1}]
+    path = write_pickle(esc, "escapes.pickle")
+    for cmd in (["check"], ["summary"], ["replay"], ["diff", path]):
+        rc, out, err = run(*(cmd + [path]))
+        expect(rc in (0, 1, 2) and "\x1b" not in out + err and
+               "\x07" not in out + err,
+               "%s: control characters from the file come out as '?'" %
+               cmd[0])
+    rc, out, err = run("summary", path)
+    expect("a?b.py:3:x?[31mred" in out and "?[2Jwipe" in out,
+           "summary: the sanitized names are still shown")
+
+    # A segment without blocks (the reader's empty block list) and a value
+    # >= 2^63, which convert refuses naming it.
+    z = good_snapshot()
+    z["segments"] = [dict(z["segments"][1], blocks=[], total_size=0,
+                          allocated_size=0, active_size=0,
+                          requested_size=0)]
+    z["device_traces"] = [[]]
+    path = write_pickle(z, "noblocks.pickle")
+    for cmd in (["check"], ["summary"], ["view", "-o",
+                                           os.path.join(TMP, "z.html")],
+                ["plot", "-o", os.path.join(TMP, "z.svg")]):
+        rc, out, err = run(*(cmd + [path]))
+        expect(rc in (0, 1), "%s of a segment without blocks: exit %d" %
+               (cmd[0], rc))
+    big = good_snapshot()
+    big["device_traces"][0].append(dict(big["device_traces"][0][-1],
+                                        action="oom", size=(1 << 64) - 1))
+    path = write_pickle(big, "big.pickle")
+    rc, out, err = run("convert", "-o", os.path.join(TMP, "big.out"), path)
+    expect(rc == 2 and "device_traces[0][7].size 0xffffffffffffffff is >= "
+           "2^63" in err, "convert names the value it cannot write: %s" %
+           err.strip())
+
+    # Deeply nested allocator_settings: the text form stays bounded.
+    deep = {"k": 1}
+    for _ in range(300):
+        deep = {"k": deep}
+    d = good_snapshot()
+    d["allocator_settings"] = deep
+    rc, out, err = run("summary", write_pickle(d, "deep.pickle"))
+    tail = out[out.find("allocator settings:"):]
+    expect(rc == 0 and "..." in tail and len(tail) < 200,
+           "summary: deeply nested settings print bounded (%d chars)" %
+           len(tail))
+
 
 def violations(mutate):
     snap = good_snapshot()
