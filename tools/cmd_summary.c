@@ -50,6 +50,8 @@ typedef struct dev_fig_s {
   uint32_t nlargest;
   site_sum_t *sites;
   uint32_t nsites;
+  /* live blocks allocated before the first trace entry */
+  uint64_t before_bytes, before_count;
 } dev_fig_t;
 
 static const msnap_snap_t *g_sort_snap;
@@ -140,7 +142,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
   g_sort_snap = s;
   qsort(idx, n, sizeof *idx, cmp_block_size);
   f->largest = idx;
-  f->nlargest = n < topn ? n : topn;
+  f->nlargest = topn == 0 || n < topn ? n : topn;
   qsort(sites, n, sizeof *sites, cmp_site_frame);
   uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -153,7 +155,12 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
   }
   qsort(sites, m, sizeof *sites, cmp_site_bytes);
   f->sites = sites;
-  f->nsites = m < topn ? m : topn;
+  f->nsites = topn == 0 || m < topn ? m : topn;
+  for (uint32_t i = 0; i < m; i++)
+    if (sites[i].site.frame == CLI_SITE_BEFORE_TRACE) {
+      f->before_bytes = sites[i].bytes;
+      f->before_count = sites[i].count;
+    }
 
   /* Trace figures. */
   const msnap_trace_list_t *tl = cli_trace(s, dev);
@@ -278,6 +285,13 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
       cj_u64(j, f->peak_reserved);
     else
       cj_null(j);
+    cj_key(j, "live_before_trace");
+    cj_obj(j);
+    cj_key(j, "count");
+    cj_u64(j, f->before_count);
+    cj_key(j, "bytes");
+    cj_u64(j, f->before_bytes);
+    cj_obj_end(j);
     cj_key(j, "largest_live");
     cj_arr(j);
     for (uint32_t i = 0; i < f->nlargest; i++) {
@@ -403,6 +417,15 @@ static void print_text(const char *file, const msnap_snap_t *s,
                f->sites[i].count, b2);
       }
     }
+    if (f->before_count)
+      printf("  %" PRIu64 " live block%s (%s) predate%s the first trace "
+             "entry, so the file\n  holds no stack for %s: start "
+             "_record_memory_history() before\n  allocating them (or raise "
+             "max_entries) to see where they come from.\n",
+             f->before_count, f->before_count == 1 ? "" : "s",
+             cli_bytes(f->before_bytes, b1, sizeof b1),
+             f->before_count == 1 ? "s" : "",
+             f->before_count == 1 ? "it" : "them");
   }
   if (s->nannotations) {
     printf("\nannotations: %u\n", s->nannotations);
@@ -450,7 +473,8 @@ static void usage(FILE *f) {
           "             segments, reserved_bytes, allocated_bytes,\n"
           "             active_bytes, requested_bytes, blocks,\n"
           "             trace_entries, ...}], annotations}\n"
-          "  --top N    show N largest allocations and sites (default 10)\n"
+          "  --top N    show N largest allocations and sites (default 10,\n"
+          "             0 = all, as in diff)\n"
           "  -h, --help this text\n"
           "\nExit status: 0 ok, 2 unusable input.\n");
 }

@@ -1071,7 +1071,7 @@ def group_sites():
     snap = sites_snapshot()
     path = write_pickle(snap, "sites.pickle")
     rc, out, err = run("check", path)
-    need(rc == 0, "sites: the synthetic file passes check (%s)" % out[-300:])
+    need(rc == 0, "sites: the synthetic file passes check (%s)" % out.strip()[-300:])
     rc, out, err = run("summary", "--json", path)
     js = json.loads(out) if rc == 0 else {"devices": [{}]}
     d = js["devices"][0]
@@ -1203,6 +1203,13 @@ def group_sites():
         expect(mine == ref, "summary %s: sites by live bytes equal the "
                "Python rule's (%d sites)" %
                (name, sum(len(v) for v in ref.values())))
+        before = {x["device"]: [x["live_before_trace"]["bytes"],
+                                x["live_before_trace"]["count"]]
+                  for x in json.loads(out)["devices"]}
+        expect(all(before[dv] == ref.get(dv, {}).get(SITE_BEFORE, [0, 0])
+                   for dv in before),
+               "summary %s: live_before_trace equals the Python rule's" %
+               name)
         if mine != ref:
             for dev in ref:
                 for k in set(ref[dev]) | set(mine.get(dev, {})):
