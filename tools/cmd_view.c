@@ -6,7 +6,9 @@
  *
  * The data is a compact JSON object DATA (see view.js): frames and stacks
  * are written once each (only those referenced) and referred to by index;
- * per device the final segments with their blocks, the start state of the
+ * per device the top allocation sites, the final segments with their
+ * blocks [address, size, state, requested, stack, alloc entry (-1 unknown,
+ * -2 before the trace)], the start state of the
  * trace (backward replay), the trace entries as
  * [action, addr, size, stack, time_us|null] and the record_function
  * annotations as [entry index, name, is_start].  Strings are escaped so that
@@ -57,6 +59,7 @@ static const char *CSS =
     "#layoutbox{max-height:60vh;overflow:auto;border:1px solid #ddd}"
     ".dim{color:#777}li.sys{color:#888}li.user{font-weight:bold}"
     "ol{padding-left:22px;font-family:monospace;font-size:12px}"
+    "ol ol{padding-left:14px}summary{cursor:pointer;color:#777}"
     "#slider{width:100%}"
     ".legend{margin:4px 0;font-size:12px;color:#333}"
     ".legend span.sw{display:inline-block;width:14px;height:10px;"
@@ -417,7 +420,12 @@ static void usage(FILE *f) {
           "Write one self-contained HTML file (no network access, plain\n"
           "JavaScript, the data inline) showing the active-memory timeline,\n"
           "the segment/block layout after any trace entry (slider, or click\n"
-          "the timeline) and the stack of a clicked block or entry.\n"
+          "the timeline) and the stack of a clicked block or entry, the top\n"
+          "allocation sites and the allocator settings.  Blocks whose own\n"
+          "frames are empty show the stack of their alloc entry.\n"
+          "\n"
+          "Links: OUT.html#device=D&entry=N&block=0xADDR opens device D at\n"
+          "entry N with the stack of the block at ADDR shown.\n"
           "\n"
           "  -o, --output OUT  the HTML file (required)\n"
           "  --json            print {output, bytes} on stdout\n"

@@ -64,6 +64,7 @@
   var series = null;     // {act: [], res: []}
   var sel = 0;           // entries applied (0..events.length)
   var layoutRects = [];  // clickable rectangles of the layout canvas
+  var selBlock = null;   // address of the block whose stack is shown
 
   function computeSeries(d) {
     var a = 0, r = 0, i;
@@ -256,6 +257,10 @@
         g.fillStyle = b.state === 2 ? '#d62728' : stackColor(b.stack);
         g.fillRect(x0, y + 1, bw, rowH - 2);
         layoutRects.push({x: x0, y: y, w: bw, h: rowH, b: b});
+        if (b.addr === selBlock) {
+          g.strokeStyle = '#000'; g.lineWidth = 2;
+          g.strokeRect(x0 - 1, y - 1, bw + 2, rowH + 2); g.lineWidth = 1;
+        }
       });
       g.strokeStyle = '#999'; g.strokeRect(left + 0.5, y + 0.5, w, rowH);
       if (rowH >= 10) {
@@ -278,15 +283,20 @@
       for (var i = 0; i < layoutRects.length; i++) {
         var q = layoutRects[i];
         if (x >= q.x && x <= q.x + q.w + 1 && y >= q.y && y <= q.y + q.h) {
-          var b = q.b;
-          showStack('Block ' + hex(b.addr) + ', ' + fmtBytes(b.size) +
-            ' (requested ' + b.req + ' B), ' + STATES[b.state] +
-            (b.entry !== undefined ? ', allocated at entry ' + b.entry : ''),
-            b.stack, b.before);
+          showBlock(q.b);
           return;
         }
       }
     };
+  }
+
+  function showBlock(b) {
+    selBlock = b.addr;
+    drawLayout();
+    showStack('Block ' + hex(b.addr) + ', ' + fmtBytes(b.size) +
+      ' (requested ' + fmtBytes(b.req) + '), ' + STATES[b.state] +
+      (b.entry !== undefined ? ', allocated at entry ' + b.entry : ''),
+      b.stack, b.before);
   }
 
   function showStack(title, st, before) {
@@ -300,20 +310,34 @@
       html += '<p class="dim">No stack was recorded for this ' +
         '(history off, context below "alloc", or a 2.0 file without history).</p>';
     } else {
-      html += '<ol>';
+      // Innermost first; runs of native (C/C++) frames fold into one
+      // line that opens on click, so the Python frames stand out.
+      var items = [], run = [];
+      var flush = function () {
+        if (run.length > 2)
+          items.push('<li class="sys"><details><summary>' + run.length +
+            ' native frames</summary><ol>' + run.join('') + '</ol></details></li>');
+        else items = items.concat(run);
+        run = [];
+      };
       fr.forEach(function (f) {
         var F = DATA.frames[f];
-        var user = /\.py$/.test(F[1]) && !/(^|\/)torch(_npu)?\//.test(F[1]);
-        html += '<li class="' + (user ? 'user' : 'sys') + '">' + esc(F[0]) +
+        var py = /\.py$/.test(F[1]);
+        var user = py && !/(^|\/)torch(_npu)?\//.test(F[1]) &&
+          !/\/lib\/python3[^/]*\/(?!site-packages|dist-packages)/.test(F[1]);
+        var li = '<li class="' + (user ? 'user' : 'sys') + '">' + esc(F[0]) +
           ' <span class="dim">' + esc(F[1]) + ':' + F[2] + '</span></li>';
+        if (py) { flush(); items.push(li); } else run.push(li);
       });
-      html += '</ol>';
+      flush();
+      html += '<ol>' + items.join('') + '</ol>';
     }
     $('stack').innerHTML = html;
   }
 
   function select(k, fromClick) {
     sel = k;
+    if (fromClick) selBlock = null;
     $('slider').value = String(k);
     var e = k > 0 ? dev.events[k - 1] : null;
     var txt = (dev.events.length ? 'after entry ' + k + ' of ' + dev.events.length
@@ -346,6 +370,28 @@
     select(dev.events.length, false);
   }
 
+  // Links: #device=D&entry=N&block=0xADDR select a device, an entry (its
+  // stack is shown) and a block of the layout at that entry.
+  function fromHash() {
+    var h = {};
+    location.hash.replace(/^#/, '').split('&').forEach(function (kv) {
+      var p = kv.split('='); if (p.length === 2) h[p[0]] = decodeURIComponent(p[1]);
+    });
+    if (h.device !== undefined) {
+      for (var i = 0; i < DATA.devices.length; i++)
+        if (String(DATA.devices[i].device) === h.device) {
+          $('device').value = String(i); showDevice(i);
+        }
+    }
+    if (h.entry !== undefined && /^[0-9]+$/.test(h.entry))
+      select(Math.min(Number(h.entry), dev.events.length), true);
+    if (h.block) {
+      var a = parseInt(h.block, 16);
+      for (var k = 0; k < layoutRects.length; k++)
+        if (layoutRects[k].b.addr === a) { showBlock(layoutRects[k].b); break; }
+    }
+  }
+
   function init() {
     $('title').textContent = DATA.file + ' (format ' + DATA.generation + ')';
     var sel0 = $('device');
@@ -366,6 +412,8 @@
     else $('settingsbox').style.display = 'none';
     if (!DATA.devices.length) { $('pos').textContent = 'The file holds no segments.'; return; }
     showDevice(best);
+    fromHash();
+    window.addEventListener('hashchange', fromHash);
     window.addEventListener('resize', function () { drawTimeline(); drawLayout(); });
   }
   init();

@@ -1166,6 +1166,34 @@ def group_sites():
     expect(blocks[1][4] == 0 and blocks[1][5] == -2,
            "view: block Y is marked as allocated before the trace")
 
+    # view in Chromium: a link to a block shows its stack (from the trace)
+    # with the user frame in bold; one older than the trace says why it
+    # has none.
+    chrome = None
+    for c in ("chromium", "chromium-browser", "google-chrome"):
+        chrome = chrome or shutil.which(c)
+    if chrome:
+        def dom(h):
+            p = subprocess.run([chrome, "--headless", "--no-sandbox",
+                                "--disable-gpu", "--dump-dom",
+                                "file://" + html + h],
+                               capture_output=True, text=True, timeout=180)
+            return p.stdout
+        d = dom("#block=0x%x" % A0)
+        expect('<li class="user">forward <span class="dim">/home/u/model.py:12'
+               in d and "allocated at entry 0" in d,
+               "view (Chromium): #block= shows the block's stack from its "
+               "alloc entry, the user frame in bold")
+        d = dom("#block=0x%x" % (A0 + 4 * MiB))
+        expect("Allocated before the first entry of the trace" in d,
+               "view (Chromium): a block older than the trace says why it "
+               "has no stack")
+        d = dom("#entry=3")
+        expect("after entry 3 of 5" in d and "Entry 2: free_requested" in d,
+               "view (Chromium): #entry= selects an entry")
+    else:
+        print("SKIP (partly) no Chromium: the view DOM checks did NOT run")
+
     # view: the sites table equals summary's; settings as key=value text
     # with 64-bit values intact.
     big = sites_snapshot()
