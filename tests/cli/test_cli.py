@@ -811,6 +811,14 @@ def group_replay():
                    js["segment_allocs"] == dev["recording"]["segment_allocs"],
                    "replay %s: final reserved and segment allocs equal the "
                    "recording's" % name)
+            with open(path, "rb") as f:
+                segs = pickle.load(f)["segments"]
+            split = sum(b["size"] for g in segs if len(g["blocks"]) > 1
+                        for b in g["blocks"] if b["state"] == "inactive")
+            expect(dev["recording"].get("inactive_split_bytes") == split ==
+                   js["inactive_split_bytes"],
+                   "replay %s: inactive split bytes, replayed and recorded, "
+                   "equal pickle's %d" % (name, split))
             expect(os.path.exists(out_pickle),
                    "replay %s -o writes the replayed snapshot" % name)
             if os.path.exists(out_pickle):
