@@ -357,9 +357,18 @@
     dev = DATA.devices[i];
     series = computeSeries(dev);
     $('slider').max = String(dev.events.length);
-    $('notrace').style.display = dev.events.length ? 'none' : 'block';
+    // Only marker entries (snapshot, oom...: a 2.0 file's trace): no
+    // history to draw.
+    var history = dev.events.some(function (e) { return e[0] <= 6; });
+    $('notrace').style.display = history ? 'none' : 'block';
+    if (dev.events.length && !history)
+      $('notrace').textContent = 'This file holds no allocation history for ' +
+        'this device (' + dev.events.length + ' marker entr' +
+        (dev.events.length > 1 ? 'ies' : 'y') + ': ' +
+        dev.events.map(function (e) { return actionName(e[0]); }).slice(0, 3).join(', ') +
+        '): the layout is its final state.';
     $('timeline').style.display = $('slider').style.display =
-      $('tlegend').style.display = dev.events.length ? '' : 'none';
+      $('tlegend').style.display = history ? '' : 'none';
     var rows = (dev.sites || []).map(function (x) {
       return '<tr><td class="n">' + fmtBytes(x[1]) + '</td><td class="n">' + x[2] +
         ' &times;</td><td class="site">' +

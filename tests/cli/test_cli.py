@@ -20,6 +20,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -1199,6 +1200,18 @@ def group_sites():
         d = dom("#entry=3")
         expect("after entry 3 of 5" in d and "Entry 2: free_requested" in d,
                "view (Chromium): #entry= selects an entry")
+        mk = sites_snapshot()
+        mk["device_traces"] = [[{"action": "snapshot", "addr": 0,
+                                 "size": 8 * MiB, "stream": 0,
+                                 "time_us": 1, "frames": []}]]
+        html = os.path.join(TMP, "marker.html")
+        rc, out, err = run("view", write_pickle(mk, "marker.pickle"), "-o",
+                           html)
+        d = dom("")
+        expect(rc == 0 and "no allocation history for this device (1 "
+               "marker entry: snapshot)" in d and
+               re.search(r'id="timeline"[^>]*display: none', d),
+               "view (Chromium): a trace of markers only hides the timeline")
     else:
         print("SKIP (partly) no Chromium: the view DOM checks did NOT run")
 
