@@ -959,7 +959,9 @@ static void usage(FILE *f) {
           "and freed in it are inferred from their requests (start state\n"
           "\"inferred\").\n"
           "\n"
-          "  --profile P       cuda (default) or npu\n"
+          "  --profile P       cuda or npu (default: npu for a recording\n"
+          "                    whose allocator_settings name\n"
+          "                    PYTORCH_NPU_ALLOC_CONF, else cuda)\n"
           "  --alloc-conf STR  allocator configuration (e.g.\n"
           "                    expandable_segments:True,\n"
           "                    max_split_size_mb:128)\n"
@@ -1049,6 +1051,21 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
   cj_obj_end(j);
 }
 
+/* True when allocator_settings is a dict with the string key `key`. */
+static bool settings_have(const msnap_snap_t *s, const char *key) {
+  const msnap_gv_t *d = &s->allocator_settings;
+  if (d->kind != MSNAP_GV_DICT)
+    return false;
+  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
+    const msnap_gv_t *k = &d->u.seq.items[i];
+    size_t n;
+    const char *p = k->kind == MSNAP_GV_STR ? cli_str(s, k->u.s, &n) : NULL;
+    if (p && n == strlen(key) && !memcmp(p, key, n))
+      return true;
+  }
+  return false;
+}
+
 int cli_cmd_replay(int argc, char **argv) {
   static const struct option opts[] = {
       {"json", no_argument, NULL, 'j'},
@@ -1058,7 +1075,7 @@ int cli_cmd_replay(int argc, char **argv) {
       {"max-mismatches", required_argument, NULL, 'm'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  bool json = false;
+  bool json = false, profile_given = false;
   const char *profile = "cuda", *conf = NULL, *out = NULL;
   long maxm = 10;
   int o;
@@ -1066,7 +1083,10 @@ int cli_cmd_replay(int argc, char **argv) {
   while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
     switch (o) {
     case 'j': json = true; break;
-    case 'p': profile = optarg; break;
+    case 'p':
+      profile = optarg;
+      profile_given = true;
+      break;
     case 'c': conf = optarg; break;
     case 'o': out = optarg; break;
     case 'm': {
@@ -1083,20 +1103,25 @@ int cli_cmd_replay(int argc, char **argv) {
   if (optind + 1 != argc)
     return cli_usage_error("replay", "expects exactly one FILE");
   replay_t r = {0};
+  const char *file = argv[optind];
+  msnap_snap_t *s;
+  if (cli_load(file, &s) != CLI_OK)
+    return CLI_UNUSABLE;
+  /* A recording of memsnap's npu profile names PYTORCH_NPU_ALLOC_CONF in
+   * its allocator_settings: replay it with that profile unless told. */
+  if (!profile_given && settings_have(s, "PYTORCH_NPU_ALLOC_CONF"))
+    profile = "npu";
   if (!strcmp(profile, "cuda")) {
     r.profile = MSNAP_PROFILE_CUDA;
   } else if (!strcmp(profile, "npu")) {
     r.profile = MSNAP_PROFILE_NPU;
     r.pad = 32;
   } else {
+    msnap__snap_free(s);
     return cli_usage_error("replay", "--profile must be cuda or npu");
   }
   r.exact = r.profile == MSNAP_PROFILE_CUDA && conf == NULL;
   r.max_keep = (uint32_t)maxm;
-  const char *file = argv[optind];
-  msnap_snap_t *s;
-  if (cli_load(file, &s) != CLI_OK)
-    return CLI_UNUSABLE;
   if (r.exact) {
     const char *rc_conf = gv_dict_str(s, &s->allocator_settings,
                                       "PYTORCH_CUDA_ALLOC_CONF");
@@ -1253,7 +1278,11 @@ int cli_cmd_replay(int argc, char **argv) {
     cj_end(&j);
   } else {
     char b1[32], b2[32];
-    printf("%s: replay with the %s profile%s%s (%s)\n", file, profile,
+    printf("%s: replay with the %s profile%s%s%s (%s)\n", file, profile,
+           profile_given || r.profile == MSNAP_PROFILE_CUDA
+               ? ""
+               : " (the file's allocator_settings name "
+                 "PYTORCH_NPU_ALLOC_CONF)",
            conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
            r.exact ? "exact: recorded addresses" : "what-if");
     for (uint32_t k = 0; k < (nd ? nd : 1); k++) {

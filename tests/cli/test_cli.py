@@ -720,6 +720,18 @@ def group_replay():
     expect(js.get("segment_allocs") == nseg,
            "replay segment_allocs equals the recording's segment_alloc "
            "count (%d)" % nseg)
+    # A recording of the npu profile replays with that profile by default.
+    npu = os.path.join(TMP, "live_npu.pickle")
+    rc, out, err = run("demo-train", "--profile", "npu", "-o", npu)
+    rc, out, err = run("replay", "--json", npu)
+    js2 = json.loads(out) if out else {}
+    expect(rc == 0 and js2.get("profile") == "npu" and
+           js2.get("matches_recording") is True,
+           "replay of an npu-profile recording picks the npu profile and "
+           "matches (%s)" % js2.get("profile"))
+    rc, out, err = run("replay", "--json", "--profile", "cuda", npu)
+    js2 = json.loads(out) if out else {}
+    expect(js2.get("profile") == "cuda", "--profile cuda still overrides")
     # A ring buffer that dropped the oldest entries: the trace starts
     # mid-training; blocks freed in it have inferred sizes.
     tr = d["device_traces"][0]
