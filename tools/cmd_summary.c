@@ -356,6 +356,48 @@ static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
   fputc('\n', stdout);
 }
 
+/* record_function annotations: the START count per (name, device), the
+ * first 10 names in order of appearance. */
+static void print_annotations(const msnap_snap_t *s) {
+  enum { SHOWN = 10 };
+  struct {
+    msnap_str_t name;
+    int64_t device;
+    uint32_t n;
+  } g[SHOWN];
+  uint32_t ng = 0, starts = 0, rest = 0;
+  for (uint32_t i = 0; i < s->nannotations; i++) {
+    const msnap_sannotation_t *a = &s->annotations[i];
+    if (!a->is_start)
+      continue;
+    starts++;
+    uint32_t k = 0;
+    while (k < ng && (g[k].name != a->name || g[k].device != a->device))
+      k++;
+    if (k < ng) {
+      g[k].n++;
+    } else if (ng < SHOWN) {
+      g[ng].name = a->name;
+      g[ng].device = a->device;
+      g[ng++].n = 1;
+    } else {
+      rest++;
+    }
+  }
+  printf("\nannotations: %u (%u record_function range%s)\n",
+         s->nannotations, starts, starts == 1 ? "" : "s");
+  for (uint32_t k = 0; k < ng; k++) {
+    size_t nl;
+    const char *nm = cli_str(s, g[k].name, &nl);
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(nl < 255 ? nl : 255), nm);
+    cli_sanitize(name);
+    printf("  %5u x  %s (device %" PRId64 ")\n", g[k].n, name, g[k].device);
+  }
+  if (rest)
+    printf("  ... %u more ranges of other names\n", rest);
+}
+
 static void print_text(const char *file, const msnap_snap_t *s,
                        dev_fig_t *figs, uint32_t nd) {
   char b1[32], b2[512];
@@ -427,22 +469,8 @@ static void print_text(const char *file, const msnap_snap_t *s,
              f->before_count == 1 ? "s" : "",
              f->before_count == 1 ? "it" : "them");
   }
-  if (s->nannotations) {
-    printf("\nannotations: %u\n", s->nannotations);
-    uint32_t shown = 0;
-    for (uint32_t i = 0; i < s->nannotations && shown < 10; i++) {
-      const msnap_sannotation_t *a = &s->annotations[i];
-      if (!a->is_start)
-        continue;
-      size_t nl;
-      const char *nm = cli_str(s, a->name, &nl);
-      char name[256];
-      snprintf(name, sizeof name, "%.*s", (int)(nl < 255 ? nl : 255), nm);
-      cli_sanitize(name);
-      printf("  %s (device %" PRId64 ")\n", name, a->device);
-      shown++;
-    }
-  }
+  if (s->nannotations)
+    print_annotations(s);
   if ((s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) &&
       s->allocator_settings.kind == MSNAP_GV_DICT)
     print_settings(s, &s->allocator_settings);

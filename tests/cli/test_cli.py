@@ -1141,6 +1141,18 @@ def group_sites():
         "roundup_power2_divisions"] == {"1": 0, "64": 0},
         "summary --json keeps every setting")
 
+    # summary text: annotations counted per name.
+    an = sites_snapshot()
+    an["external_annotations"] = [
+        {"stage": st, "name": nm, "device": 0, "time_us": 1700000000000000 + t}
+        for t, (st, nm) in enumerate([("START", "fwd"), ("END", "fwd"),
+                                      ("START", "fwd"), ("END", "fwd"),
+                                      ("START", "opt"), ("END", "opt")])]
+    rc, out, err = run("summary", write_pickle(an, "ann.pickle"))
+    expect(rc == 0 and "annotations: 6 (3 record_function ranges)\n"
+           "      2 x  fwd (device 0)\n      1 x  opt (device 0)\n" in out,
+           "summary: record_function ranges counted per name")
+
     # diff: B's trace lost the alloc of X (ring buffer) and gained a new
     # block from the same site: X is a growing leak candidate named by A.
     b = sites_snapshot()
