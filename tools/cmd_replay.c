@@ -1102,6 +1102,8 @@ int cli_cmd_replay(int argc, char **argv) {
   }
   if (optind + 1 != argc)
     return cli_usage_error("replay", "expects exactly one FILE");
+  if (strcmp(profile, "cuda") && strcmp(profile, "npu"))
+    return cli_usage_error("replay", "--profile must be cuda or npu");
   replay_t r = {0};
   const char *file = argv[optind];
   msnap_snap_t *s;
