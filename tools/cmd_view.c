@@ -71,27 +71,47 @@ static const char *CSS =
     "#settings{font-family:monospace;font-size:11px;line-height:1.6}"
     "#settings span{white-space:nowrap;margin-right:10px}";
 
-/* The active block of device dev that starts at addr in the final
- * segments, or NULL.  Segments of a device are searched linearly (a view
- * is written once; files hold at most thousands of segments). */
-static const msnap_sblock_t *final_block(const msnap_snap_t *s, int64_t dev,
-                                         uint64_t addr) {
+/* An active block of the final state and its address. */
+typedef struct fblock_s {
+  uint64_t addr;
+  const msnap_sblock_t *b;
+} fblock_t;
+
+static int cmp_fblock(const void *a, const void *b) {
+  uint64_t x = ((const fblock_t *)a)->addr, y = ((const fblock_t *)b)->addr;
+  return x < y ? -1 : x > y;
+}
+
+/* The active blocks of device dev in the final segments, sorted by
+ * address; *n set; NULL on ENOMEM (caller frees). */
+static fblock_t *final_blocks(const msnap_snap_t *s, int64_t dev,
+                              uint32_t *n) {
+  uint32_t cap = 0, k = 0;
+  for (uint32_t gi = 0; gi < s->nsegments; gi++)
+    if (s->segments[gi].device == dev)
+      cap += s->segments[gi].nblocks;
+  fblock_t *v = malloc(((size_t)cap + 1) * sizeof *v);
+  if (!v)
+    return NULL;
   for (uint32_t gi = 0; gi < s->nsegments; gi++) {
     const msnap_ssegment_t *g = &s->segments[gi];
-    if (g->device != dev || addr < g->address ||
-        addr - g->address >= g->total_size)
+    if (g->device != dev)
       continue;
     uint64_t a = g->address;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+    for (uint32_t i = 0; i < g->nblocks; i++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + i];
       if (b->keys & MSNAP_K_ADDRESS)
         a = b->address;
-      if (a == addr && cli_block_active(b))
-        return b;
+      if (cli_block_active(b)) {
+        v[k].addr = a;
+        v[k++].b = b;
+      }
       a += b->size;
     }
   }
-  return NULL;
+  qsort(v, k, sizeof *v, cmp_fblock);
+  *n = k;
+  return v;
 }
 
 typedef struct vsite_s {
@@ -311,14 +331,24 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
     cj_arr_end(&j);
     cj_key(&j, "blocks");
     cj_arr(&j);
+    uint32_t nfin = 0, fi = 0;
+    fblock_t *fin = final_blocks(s, dev, &nfin);
+    if (!fin) {
+      cli_state_free(&st);
+      goto out;
+    }
     for (uint32_t i = 0; i < st.nb; i++) {
       /* The stack of a block live since before the trace: the frames of
        * the final block at its address, if that block is the same
-       * allocation (no alloc entry for it in the trace). */
+       * allocation (no alloc entry for it in the trace).  st.b and fin
+       * are both sorted by address. */
       uint32_t stk_id = 0;
       const msnap_sblock_t *fb = NULL;
-      if (cli_stacks_live_entry(&stk, dev, st.b[i].addr) < 0)
-        fb = final_block(s, dev, st.b[i].addr);
+      while (fi < nfin && fin[fi].addr < st.b[i].addr)
+        fi++;
+      if (fi < nfin && fin[fi].addr == st.b[i].addr &&
+          cli_stacks_live_entry(&stk, dev, st.b[i].addr) < 0)
+        fb = fin[fi].b;
       if (fb)
         stk_id = use_stack(&m, s, cli_stacks_block(&stk, dev, st.b[i].addr,
                                                    fb, NULL));
@@ -331,6 +361,7 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
     }
     cj_arr_end(&j);
     cj_obj_end(&j);
+    free(fin);
     cli_state_free(&st);
     cj_key(&j, "events");
     cj_arr(&j);
