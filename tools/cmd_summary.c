@@ -14,7 +14,11 @@
  * allocated memory (in requested bytes: what the trace records) and of
  * reserved memory, both starting from the state at the start of the trace
  * that the backward replay reconstructs.  Sites are the innermost user
- * frame (cli_site).
+ * frame (cli_site) of the stack the resolver of cli_stacks.c gives a live
+ * block (its own frames, its 2.0 history, or its live alloc entry in the
+ * trace); blocks that predate the trace are counted in live_before_trace.
+ * The text form prints allocator_settings as key=value items
+ * (cli_settings_items) and record_function ranges counted per name.
  */
 #include <getopt.h>
 #include <inttypes.h>

@@ -12,6 +12,11 @@ Figures are computed independently here with CPython's pickle.  Groups:
              matches the recording; demo-train -> replay matches
   view       HTML is self-contained; rendered by headless Chromium, the
              screenshot is not blank
+  sites      allocation sites of live blocks (own frames, 2.0 history, the
+             live alloc entry of the trace, "before the trace") against
+             the same rule in Python on synthetic and real files; diff
+             leak candidates and the view's stacks (DOM in Chromium);
+             summary's compact settings and annotations
 Exit 77 (meson: skipped) with a loud SKIP line when what a group needs
 from outside the project is missing (the real inputs, Chromium).
 """
