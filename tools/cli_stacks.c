@@ -20,13 +20,14 @@
  *
  * Invariants of cli_stacks_t: per device, `addr` is strictly increasing
  * and `entry[i]` is the index in the device trace of the live alloc entry
- * at addr[i].  cli_stacks_check() verifies them; the tests of the CLI run
- * every command on the real inputs, which exercise it.
+ * at addr[i].  cli_stacks_check() verifies them, after every
+ * cli_stacks_init() in builds with MSNAP_DEBUG >= 2.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "msnap_internal.h"
 
 typedef struct ev_s {
   uint64_t addr;
@@ -94,6 +95,11 @@ int cli_stacks_init(cli_stacks_t *x, const msnap_snap_t *s) {
       cli_stacks_free(x);
       return -1;
     }
+  }
+  /* MSNAP_DEBUG >= 2 (meson -Ddebug_level=2): internal invariants. */
+  if (msnap_debug_level >= 2 && !cli_stacks_check(x)) {
+    fprintf(stderr, "memsnap: internal error: cli_stacks invariants\n");
+    abort();
   }
   return 0;
 }
