@@ -36,6 +36,7 @@ typedef struct site_sum_s {
 
 typedef struct live_blk_s {
   uint32_t block;
+  uint64_t addr; /* recorded or computed (2.0) address */
   cli_site_t site;
 } live_blk_t;
 
@@ -61,13 +62,12 @@ typedef struct dev_fig_s {
 static const msnap_snap_t *g_sort_snap;
 
 static int cmp_block_size(const void *a, const void *b) {
-  const msnap_sblock_t *x =
-      &g_sort_snap->blocks[((const live_blk_t *)a)->block];
-  const msnap_sblock_t *y =
-      &g_sort_snap->blocks[((const live_blk_t *)b)->block];
+  const live_blk_t *p = a, *q = b;
+  const msnap_sblock_t *x = &g_sort_snap->blocks[p->block];
+  const msnap_sblock_t *y = &g_sort_snap->blocks[q->block];
   if (x->size != y->size)
     return x->size > y->size ? -1 : 1;
-  return x->address < y->address ? -1 : x->address > y->address;
+  return p->addr < q->addr ? -1 : p->addr > q->addr;
 }
 
 static int cmp_site(cli_site_t x, cli_site_t y) {
@@ -136,6 +136,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
         continue;
       idx[n].block = g->first_block + k;
+      idx[n].addr = ba;
       idx[n].site = cli_stacks_site(stk, dev, ba, b);
       sites[n].site = idx[n].site;
       sites[n].bytes = b->size;
@@ -301,6 +302,8 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     for (uint32_t i = 0; i < f->nlargest; i++) {
       const msnap_sblock_t *b = &s->blocks[f->largest[i].block];
       cj_obj(j);
+      cj_key(j, "address");
+      cj_u64(j, f->largest[i].addr);
       cj_key(j, "size");
       cj_u64(j, b->size);
       cj_key(j, "requested_size");
@@ -451,7 +454,8 @@ static void print_text(const char *file, const msnap_snap_t *s,
       for (uint32_t i = 0; i < f->nlargest; i++) {
         const msnap_sblock_t *b = &s->blocks[f->largest[i].block];
         cli_site_format(s, f->largest[i].site, b2, sizeof b2);
-        printf("    %12s  %s\n", cli_bytes(b->size, b1, sizeof b1), b2);
+        printf("    %12s  0x%012" PRIx64 "  %s\n",
+               cli_bytes(b->size, b1, sizeof b1), f->largest[i].addr, b2);
       }
     }
     if (f->nsites) {

@@ -1047,6 +1047,26 @@ def py_sites(d):
     return out
 
 
+def py_largest(d, n):
+    """{device: [[address, size, site], ...]} of the n largest live
+    blocks (ties by address)."""
+    segs = d if isinstance(d, list) else d.get("segments", [])
+    traces = [] if isinstance(d, list) else d.get("device_traces", [])
+    live = [py_live_allocs(t) for t in traces]
+    out = {}
+    for s in segs:
+        a = s["address"]
+        for b in s["blocks"]:
+            addr = b.get("address", a)
+            a += b["size"]
+            if b["state"] == "active_allocated":
+                out.setdefault(s["device"], []).append(
+                    [addr, b["size"],
+                     py_block_site(b, addr, s["device"], traces, live)])
+    return {k: sorted(v, key=lambda x: (-x[1], x[0]))[:n]
+            for k, v in out.items()}
+
+
 def html_data(path):
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -1281,6 +1301,15 @@ def group_sites():
         expect(mine == ref, "summary %s: sites by live bytes equal the "
                "Python rule's (%d sites)" %
                (name, sum(len(v) for v in ref.values())))
+        with open(p, "rb") as f:
+            ref_l = py_largest(pickle.load(f), 10)
+        rc, out10, err = run("summary", "--json", p)
+        mine_l = {x["device"]: [[y["address"], y["size"], y["site"]]
+                                for y in x["largest_live"]]
+                  for x in json.loads(out10)["devices"] if x["largest_live"]}
+        expect(mine_l == ref_l, "summary %s: the 10 largest live "
+               "allocations (address, size, site) equal the Python rule's"
+               % name)
         before = {x["device"]: [x["live_before_trace"]["bytes"],
                                 x["live_before_trace"]["count"]]
                   for x in json.loads(out)["devices"]}
