@@ -294,17 +294,7 @@ void cli_sanitize(char *buf) {
       *buf = '?';
 }
 
-static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
-                        size_t len);
-
-void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
-                     size_t len) {
-  if (len == 0)
-    return;
-  site_format(s, site, buf, len);
-  cli_sanitize(buf);
-}
-
+/* The site as text, unsanitized (cli_site_format's work). */
 static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                         size_t len) {
   if (site.frame == CLI_SITE_BEFORE_TRACE) {
@@ -322,6 +312,14 @@ static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
     if (v >= 0 && (size_t)w + 6 + (size_t)v + 1 < len)
       memcpy(buf + w + 6 + v, ")", 2);
   }
+}
+
+void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
+                     size_t len) {
+  if (len == 0)
+    return;
+  site_format(s, site, buf, len);
+  cli_sanitize(buf);
 }
 
 static int cmp_i64(const void *a, const void *b) {
