@@ -128,9 +128,11 @@ const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b);
  * is the site, and the innermost installed-package frame inside it (e.g.
  * einops, transformers' modeling code) its `via`.  When every frame is
  * skipped, the innermost installed-package frame, else the innermost
- * Python frame, else the innermost native frame that is not the unwinder
- * or the allocator, is the site (via = CLI_SITE_NONE).  frame is
- * CLI_SITE_NONE when the stack is empty. */
+ * Python frame, else (native frames only: an autograd engine thread) the
+ * innermost autograd node ("...MmBackward0::apply(...)"), else the
+ * innermost native frame that is not the unwinder or the allocator, is
+ * the site (via = CLI_SITE_NONE).  frame is CLI_SITE_NONE when the stack
+ * is empty. */
 typedef struct cli_site_s {
   uint32_t frame, via;
 } cli_site_t;
@@ -139,7 +141,8 @@ static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
   return a.frame == b.frame && a.via == b.via;
 }
 /* Format a site as "file:line:name" (file shortened to its last two path
- * components; a native frame without file and line is just its name),
+ * components; a native frame (line 0, not a .py file) is its C++ name
+ * without the final parameter list),
  * followed by " (via file:line:name)" when it has a via; the pseudo sites
  * as CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT.  Control characters come
  * out as '?'. */

@@ -237,8 +237,20 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
     site.frame = first_py;
     return site;
   }
-  /* Only native frames: the innermost one that is not the unwinder, the
+  /* Only native frames (an autograd engine thread): the innermost
+   * autograd node ("...MulBackward0::apply(...)") says which backward op
+   * allocated; else the innermost frame that is not the unwinder, the
    * traceback gatherer or the caching allocator itself. */
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= s->nframes)
+      continue;
+    size_t nl;
+    const char *name = cli_str(s, s->frames[fr[i]].name, &nl);
+    if (memmem(name, nl, "Backward", 8) && memmem(name, nl, "::apply(", 8)) {
+      site.frame = fr[i];
+      return site;
+    }
+  }
   static const char *const skip[] = {"unwind", "CapturedTraceback",
                                      "gather", "CachingAllocator",
                                      "c10::", "_start", "__libc_start_main",
@@ -272,9 +284,22 @@ static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
   size_t fl, nl;
   const char *file = cli_str(s, f->filename, &fl);
   const char *name = cli_str(s, f->name, &nl);
-  /* A native frame without a source location: its (C++) name alone. */
-  if (f->line == 0 && (fl == 0 || (fl == 2 && !memcmp(file, "??", 2))))
+  /* A native frame (line 0, not a Python file): its C++ name alone,
+   * without the final parameter list. */
+  if (f->line == 0 && !is_python_file(file, fl)) {
+    if (nl > 0 && name[nl - 1] == ')') {
+      int depth = 0;
+      for (size_t i = nl; i > 0; i--) {
+        depth += name[i - 1] == ')' ? 1 : name[i - 1] == '(' ? -1 : 0;
+        if (depth == 0) {
+          if (i > 1)
+            nl = i - 1;
+          break;
+        }
+      }
+    }
     return snprintf(buf, len, "%.*s", (int)nl, name);
+  }
   /* Keep the last two path components. */
   size_t start = 0;
   int slashes = 0;

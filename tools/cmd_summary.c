@@ -501,6 +501,8 @@ static void usage(FILE *f) {
           "Python standard library frames and (when a frame of your own\n"
           "code is present) installed packages are skipped; the innermost\n"
           "installed-package frame it called is shown as \"(via ...)\".\n"
+          "A stack of native frames only (autograd's engine thread) is\n"
+          "named by its autograd node (e.g. MmBackward0::apply).\n"
           "A live block whose own frames are empty takes the stack of its\n"
           "alloc entry in the trace; one allocated before the first trace\n"
           "entry shows as \"" CLI_SITE_BEFORE_TEXT "\".\n"

@@ -980,6 +980,9 @@ def py_site_frame(frames):
     if first_py:
         return (first_py, None)
     for fr in frames:
+        if "Backward" in fr["name"] and "::apply(" in fr["name"]:
+            return (fr, None)
+    for fr in frames:
         if fr["name"] and not any(k in fr["name"] for k in NATIVE_SKIP):
             return (fr, None)
     return (frames[0], None) if frames else None
@@ -987,7 +990,13 @@ def py_site_frame(frames):
 
 def py_frame_format(fr):
     f, line, name = fr["filename"], fr["line"], fr["name"]
-    if line == 0 and f in ("", "??"):
+    if line == 0 and not f.endswith(".py"):
+        if name.endswith(")"):
+            depth = 0
+            for i in range(len(name) - 1, -1, -1):
+                depth += {")": 1, "(": -1}.get(name[i], 0)
+                if depth == 0:
+                    return name[:i] if i > 0 else name
         return name
     return "%s:%d:%s" % ("/".join(f.split("/")[-2:]), line, name)
 
@@ -1165,6 +1174,26 @@ def group_sites():
     expect(rc == 0 and json.loads(out)["allocator_settings"][
         "roundup_power2_divisions"] == {"1": 0, "64": 0},
         "summary --json keeps every setting")
+
+    # Native-only stacks (autograd engine thread): the autograd node.
+    nat = sites_snapshot()
+    blk = nat["segments"][0]["blocks"][1]
+    blk["frames"] = [
+        frame("c10::cuda::CUDACachingAllocator::Native::malloc(int)", "", 0),
+        frame("at::TensorIteratorBase::allocate_or_resize_outputs()", "??",
+              0),
+        frame("torch::autograd::generated::MmBackward0::apply(std::vector"
+              "<at::Tensor>&&)", "Functions.cpp", 0),
+        frame("torch::autograd::Engine::thread_main(std::shared_ptr<"
+              "torch::autograd::GraphTask> const&)", "??", 0)]
+    rc, out, err = run("summary", "--json", write_pickle(nat, "nat.pickle"))
+    got = [x["site"] for x in json.loads(out)["devices"][0]["top_sites"]] \
+        if rc == 0 else []
+    expect("torch::autograd::generated::MmBackward0::apply" in got and
+           py_sites(nat)[0].get(
+               "torch::autograd::generated::MmBackward0::apply"),
+           "summary: a native-only stack is named by its autograd node, "
+           "without the parameter list (%s)" % got)
 
     # summary text: annotations counted per name.
     an = sites_snapshot()
