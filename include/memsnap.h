@@ -107,6 +107,8 @@ typedef struct msnap_runtime_ops_s {
   /* Virtual memory for expandable segments.  reserve/release a VA range;
    * map creates one physical allocation of `size` bytes and maps it at va
    * (*handle identifies it); unmap unmaps it and frees the physical memory.
+   * alignment 0 means the runtime's granule; other values are rounded up to
+   * a power of two (a 20 MiB granule asks for 32 MiB alignment).
    * Returns MSNAP_ENOTSUP when the runtime has no VMM API. */
   int (*vmm_reserve)(void *ctx, int device, size_t size, size_t alignment,
                      uint64_t *va);

@@ -119,6 +119,13 @@ uint64_t msnap__clock_raw(void);
  * against CLOCK_REALTIME; monotone). */
 int64_t msnap__clock_to_us(uint64_t raw);
 int64_t msnap__clock_now_us(void);
+/* First use: pick the counter, take the first anchor (idempotent). */
+void msnap__clock_init(void);
+/* Refresh the conversion anchor against CLOCK_REALTIME (snapshot time). */
+void msnap__clock_calibrate(void);
+/* "tsc", "cntvct" or "clock_gettime". */
+const char *msnap__clock_source(void);
+int msnap__clock_check(char *msg, size_t len);
 
 /* ---- history.c / stack.c: the recorder ---------------------------------- */
 /* A recording context, captured at the start of malloc/free/empty_cache
@@ -190,9 +197,20 @@ int msnap__snapshot_take(msnap_allocator_t *a,
  * (resolving Python frames and C symbols once per unique address), and
  * drop the references taken during collection. */
 int msnap__snap_import_stacks(msnap_snap_t *s);
+/* Test hook: every later dump/report write fails with `err` (e.g.
+ * MSNAP_ENOSPC) once `after_bytes` bytes were written; UINT64_MAX
+ * disarms. */
+void msnap__dump_set_fault(uint64_t after_bytes, int err);
+/* Write len bytes to path atomically (temporary file + rename; the fault
+ * hook applies). */
+int msnap__write_file_atomic(const char *path, const void *p, size_t len);
 
 /* ---- oom.c: OOM observers and OOM_SNAPSHOT_ENABLE auto-dump ------------- */
 void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
                        uint64_t device_total, uint64_t device_free);
+/* Read OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for a new allocator (turns
+ * history on when set).  alloc.c calls it at the end of
+ * msnap_allocator_create. */
+void msnap__oom_env_init(msnap_allocator_t *a);
 
 #endif /* MSNAP_INTERNAL_H */

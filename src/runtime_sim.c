@@ -20,8 +20,8 @@
  *     next malloc on a device (any 512-aligned address whose range is free,
  *     inside or outside the region: replay may use real addresses).
  *   - vmm_reserve places a range at the lowest fitting address of the VMM
- *     region, aligned to max(alignment, 2 MiB); sizes must be multiples of
- *     the 2 MiB granule.  A reservation is not charged to device memory;
+ *     region, aligned to max(next_pow2(alignment), 2 MiB) (a granule such as
+ *     20 MiB becomes 32 MiB); sizes must be multiples of the 2 MiB granule.  A reservation is not charged to device memory;
  *     each vmm_map charges its size.
  *   - Host (pinned) memory lives in [0x7e0000000000, 0x7f0000000000), placed
  *     lowest-fit with 4 KiB alignment, and is not charged to any device.
@@ -102,7 +102,10 @@ typedef struct sim_event_s {
   int state;
 } sim_event_t;
 
+#define SIM_MAGIC 0x6d73696du /* "msim": guards the msnap_sim_* calls */
+
 typedef struct msnap_sim_s {
+  uint32_t magic;
   pthread_mutex_t lock;
   int ndev;
   sim_device_t *dev;
@@ -126,8 +129,6 @@ static uint64_t align_up(uint64_t x, uint64_t a) {
   if (x > UINT64_MAX - (a - 1)) return UINT64_MAX & ~(a - 1);
   return (x + a - 1) & ~(a - 1);
 }
-
-static bool is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 static uint64_t next_pow2(uint64_t x) {
   uint64_t p = 1;
@@ -262,6 +263,7 @@ int msnap__sim_create(int devices, uint64_t memory, void **ctx) {
     return msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory");
   }
   pthread_mutex_init(&s->lock, NULL);
+  s->magic = SIM_MAGIC;
   s->ndev = devices;
   uint64_t span = next_pow2(memory) * 64;
   if (span < ((uint64_t)1 << 44)) span = (uint64_t)1 << 44;
@@ -293,6 +295,7 @@ static void sim_fini(void *ctx) {
   free(s->maps);
   free(s->events);
   pthread_mutex_destroy(&s->lock);
+  s->magic = 0;
   free(s);
 }
 
@@ -484,16 +487,16 @@ static int sim_vmm_reserve(void *ctx, int device, size_t size,
   msnap_sim_t *s = ctx;
   int rc = enter(s, "vmm_reserve", device, true);
   if (rc) return rc;
-  if (size == 0 || size % SIM_GRANULE != 0 ||
-      (alignment != 0 && !is_pow2(alignment)))
+  if (size == 0 || size % SIM_GRANULE != 0 || alignment > ((size_t)1 << 40))
     return leave(s, msnap__set_error(
                         MSNAP_EINVAL,
                         "sim: vmm_reserve of %zu bytes aligned %zu: size must "
-                        "be a non-zero multiple of 2 MiB and alignment a "
-                        "power of two",
+                        "be a non-zero multiple of 2 MiB and alignment at "
+                        "most 1 TiB",
                         size, alignment));
   sim_device_t *d = &s->dev[device];
-  uint64_t align = alignment > SIM_GRANULE ? alignment : SIM_GRANULE;
+  uint64_t align = next_pow2(alignment);
+  if (align < SIM_GRANULE) align = SIM_GRANULE;
   uint64_t addr;
   if (!rs_place(&d->ranges, d->base + d->span / 16, d->base + d->span, size,
                 align, &addr))
@@ -681,8 +684,15 @@ const msnap_runtime_ops_t *msnap_runtime_sim(void) { return &sim_ops; }
 
 /* ---- control calls ------------------------------------------------------------ */
 
-void msnap_sim_set_manual_events(void *ctx, bool manual) {
+/* The control calls accept any runtime's context and ignore non-sim ones
+ * (an allocator on acl or cuda hands out its own context). */
+static msnap_sim_t *as_sim(void *ctx) {
   msnap_sim_t *s = ctx;
+  return s != NULL && s->magic == SIM_MAGIC ? s : NULL;
+}
+
+void msnap_sim_set_manual_events(void *ctx, bool manual) {
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   s->manual = manual;
@@ -693,7 +703,7 @@ void msnap_sim_set_manual_events(void *ctx, bool manual) {
 }
 
 void msnap_sim_complete_events(void *ctx, uint64_t stream, bool all_streams) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->nevents; i++)
@@ -704,7 +714,7 @@ void msnap_sim_complete_events(void *ctx, uint64_t stream, bool all_streams) {
 }
 
 void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   s->fault_countdown = nth;
@@ -714,7 +724,7 @@ void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth) {
 }
 
 void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return;
   pthread_mutex_lock(&s->lock);
   if (device >= 0 && device < s->ndev) {
@@ -725,7 +735,7 @@ void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
 }
 
 uint64_t msnap_sim_live_allocations(void *ctx) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   if (s == NULL) return 0;
   pthread_mutex_lock(&s->lock);
   uint64_t n = s->host.n + s->nmaps + s->live_events;
@@ -754,8 +764,13 @@ static bool rs_sorted(const sim_rangeset_t *rs, size_t *bad) {
 }
 
 int msnap__sim_check(void *ctx, char *msg, size_t msg_len) {
-  msnap_sim_t *s = ctx;
+  msnap_sim_t *s = as_sim(ctx);
   int rc = 0;
+  if (s == NULL) {
+    if (msg != NULL && msg_len > 0)
+      snprintf(msg, msg_len, "not a sim runtime context");
+    return MSNAP_EINVAL;
+  }
   pthread_mutex_lock(&s->lock);
   for (int dv = 0; dv < s->ndev; dv++) {
     const sim_device_t *d = &s->dev[dv];

@@ -881,9 +881,14 @@ static int map_root(rd_t *r, msnap_pv_t root) {
                             &s->allocator_settings);
     }
     /* generation, from the keys seen */
-    bool old20 = false;
-    for (uint32_t i = 0; i < s->nblocks && !old20; i++)
-      if (!(s->blocks[i].keys & MSNAP_K_ADDRESS)) old20 = true;
+    /* 2.0: blocks carry `history` (or neither `address` nor `frames`) */
+    bool old20 = false, no_addr = false, frames = false;
+    for (uint32_t i = 0; i < s->nblocks; i++) {
+      if (s->blocks[i].keys & MSNAP_K_HISTORY) old20 = true;
+      if (!(s->blocks[i].keys & MSNAP_K_ADDRESS)) no_addr = true;
+      if (s->blocks[i].keys & MSNAP_K_FRAMES) frames = true;
+    }
+    if (no_addr && !frames) old20 = true;
     if (old20)
       s->generation = MSNAP_GEN_2_0;
     else if (r->any_current_key ||

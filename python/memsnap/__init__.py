@@ -1,1 +1,62 @@
-"""memsnap: PyTorch-compatible device caching allocator and memory snapshots."""
+"""memsnap: PyTorch-compatible device caching allocator and memory snapshots.
+
+``memsnap.memory`` mirrors ``torch.cuda.memory`` (allocation, statistics,
+memory history, snapshots) over memsnap's C allocator; ``memsnap.torch``
+plugs that allocator into torch / torch_npu.  The runtime ("sim", "acl",
+"cuda") and the allocator profile ("npu", "cuda") come from MEMSNAP_RUNTIME
+and MEMSNAP_PROFILE, or from :func:`configure` called before first use.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _memsnap
+from . import memory
+
+__all__ = ["configure", "memory", "library_path", "__version__"]
+
+__version__ = _memsnap.VERSION
+
+_RUNTIMES = ("sim", "acl", "cuda")
+_PROFILES = ("npu", "cuda")
+
+
+def library_path() -> str:
+    """Absolute path of libmemsnap.so (for CUDAPluggableAllocator / ctypes)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmemsnap.so")
+
+
+def configure(runtime: str | None = None, profile: str | None = None) -> None:
+    """Choose the device runtime and allocator profile before first use.
+
+    Args:
+        runtime: "sim" (simulated devices: MEMSNAP_SIM_DEVICES devices of
+            MEMSNAP_SIM_MEMORY bytes), "acl" (Ascend, libascendcl.so) or
+            "cuda" (libcudart.so); None keeps MEMSNAP_RUNTIME (default sim).
+        profile: "npu" (torch_npu's allocator decisions) or "cuda"
+            (PyTorch's); None keeps MEMSNAP_PROFILE (default npu).
+
+    The choice is stored in MEMSNAP_RUNTIME / MEMSNAP_PROFILE of this
+    process, which the allocator reads when it is created.
+
+    Raises:
+        ValueError: an unknown runtime or profile (named).
+        RuntimeError: the allocator already exists (call configure first).
+    """
+    if runtime is not None and runtime not in _RUNTIMES:
+        raise ValueError(f"unknown memsnap runtime {runtime!r}; expected one of {_RUNTIMES}")
+    if profile is not None and profile not in _PROFILES:
+        raise ValueError(f"unknown memsnap profile {profile!r}; expected one of {_PROFILES}")
+    if _memsnap.initialized():
+        current = (os.environ.get("MEMSNAP_RUNTIME"), os.environ.get("MEMSNAP_PROFILE"))
+        if (runtime in (None, current[0])) and (profile in (None, current[1])):
+            return
+        raise RuntimeError(
+            "memsnap.configure() must be called before the allocator is first "
+            "used (it already exists with MEMSNAP_RUNTIME=%s, MEMSNAP_PROFILE=%s)" % current
+        )
+    if runtime is not None:
+        os.environ["MEMSNAP_RUNTIME"] = runtime
+    if profile is not None:
+        os.environ["MEMSNAP_PROFILE"] = profile

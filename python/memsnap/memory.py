@@ -1,1 +1,859 @@
-"""memsnap.memory -- torch.cuda.memory API over memsnap (to be written)."""
+"""memsnap.memory -- the torch.cuda.memory API over the memsnap allocator.
+
+Every public function here has the name, signature and defaults of its
+counterpart in ``torch/cuda/memory.py`` (PyTorch 2.13/2.14) and raises the
+same exception types with the same messages for bad arguments.  Differences
+are deliberate and documented on the function (``_snapshot(device)`` honours
+``device``; ``memory_stats`` works before any allocation).
+
+Units: sizes and addresses are bytes (Python ints), times are microseconds
+since the Unix epoch, devices are indices (``int``, ``"npu:1"``,
+``"cuda:1"`` or a ``torch.device``), streams are ints (the runtime's stream
+handle; 0 is the default stream) or stream objects with a ``npu_stream`` /
+``cuda_stream`` attribute.
+
+Errors: a device out of memory raises :class:`OutOfMemoryError` (a
+``MemoryError``; once ``torch`` is imported, the raised class also derives
+from ``torch.OutOfMemoryError``); a pointer that is not a live allocation
+raises ``ValueError`` naming it; a bad allocator configuration raises
+``ValueError`` naming the offending token.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import pickle
+import sys
+import tempfile
+import warnings
+from inspect import signature
+from typing import Any
+
+from . import _memsnap as _C
+
+__all__ = [
+    "OutOfMemoryError",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "caching_allocator_enable",
+    "caching_allocator_disabled",
+    "set_per_process_memory_fraction",
+    "get_per_process_memory_fraction",
+    "empty_cache",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_cached",
+    "max_memory_cached",
+    "memory_snapshot",
+    "memory_summary",
+    "list_gpu_processes",
+    "mem_get_info",
+    "get_allocator_backend",
+    "record_stream",
+    "MemPool",
+    "use_mem_pool",
+]
+
+#: Raised when the device is out of memory (a ``MemoryError``).  With torch
+#: imported, the class actually raised also derives from
+#: ``torch.OutOfMemoryError``.
+OutOfMemoryError = _C.OutOfMemoryError
+
+# Hooks set by memsnap.torch when memsnap is routed to torch's devices:
+# the current device index and the current stream handle of a device.
+_current_device_hook = None
+_current_stream_hook = None
+# Called as fn(enabled, compile_context, global_record_annotations) after
+# the history settings changed (memsnap.torch installs record_function
+# annotations with it).
+_history_listeners: list = []
+
+
+def _missing(name: str):
+    raise NotImplementedError(
+        f"memsnap: {name} is not available in this build of libmemsnap "
+        f"(missing C functions: {', '.join(_C.MISSING)})"
+    )
+
+
+def _lib(name: str):
+    fn = getattr(_C, name, None)
+    if fn is None:
+        _missing(name)
+    return fn
+
+
+def _current_device() -> int:
+    if _current_device_hook is not None:
+        return int(_current_device_hook())
+    return 0
+
+
+def _device_index(device: Any = None, optional: bool = True) -> int:
+    """Normalise a device argument as torch's ``_get_device_index`` does.
+
+    Accepts None (the current device), an int, a string ``"npu"``,
+    ``"npu:1"``, ``"cuda:0"`` or ``"1"``, or an object with an ``index``
+    attribute (``torch.device``; ``index`` None means the current device).
+    Raises ValueError for anything else.
+    """
+    if device is None:
+        return _current_device()
+    if isinstance(device, bool):
+        raise ValueError(f"Expected a device index, got {device!r}")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        if kind.isdigit() and not idx:
+            return int(kind)
+        if idx:
+            if not idx.isdigit():
+                raise ValueError(f"Invalid device string: {device!r}")
+            return int(idx)
+        return _current_device()
+    index = getattr(device, "index", None)
+    if hasattr(device, "type"):
+        return _current_device() if index is None else int(index)
+    raise ValueError(
+        f"Expected a torch.device with a specified index or an integer, "
+        f"but got:{device}"
+    )
+
+
+def _stream_handle(stream: Any, device: int) -> int:
+    if stream is None:
+        if _current_stream_hook is not None:
+            return int(_current_stream_hook(device))
+        return 0
+    for attr in ("npu_stream", "cuda_stream"):
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return handle
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TypeError(
+            "Invalid type for stream argument, must be "
+            "`torch.cuda.Stream` or `int` representing a pointer "
+            "to an existing stream"
+        )
+    return stream
+
+
+# ---------------------------------------------------------------------------
+# Raw allocation
+# ---------------------------------------------------------------------------
+
+
+def caching_allocator_alloc(size, device: Any = None, stream=None):
+    """Allocate ``size`` bytes on ``device`` for ``stream``; return the address.
+
+    Args:
+        size (int): bytes requested (>= 0; 0 returns 0 and does no work).
+        device: device index, string or torch.device; None = current device.
+        stream: int stream handle or stream object; None = current stream
+            (0, the default stream, unless memsnap.torch routes streams).
+
+    Returns:
+        int: the device address (bytes).  Free it with
+        :func:`caching_allocator_delete`.  Recorded as an ``alloc`` trace
+        entry when history is on.
+
+    Raises:
+        OutOfMemoryError: the device is out of memory after the full OOM
+            sequence (observers ran first; with OOM_SNAPSHOT_ENABLE an OOM
+            snapshot was written).
+        ValueError: negative size ("Invalid memory size: ...").
+        TypeError: stream of another type (torch's message).
+
+    Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
+    """
+    dev = _device_index(device)
+    handle = _stream_handle(stream, dev)
+    return _C.malloc(size, dev, handle)
+
+
+def caching_allocator_delete(mem_ptr):
+    """Free an address returned by :func:`caching_allocator_alloc`.
+
+    Args:
+        mem_ptr (int): the address (bytes); 0 is a no-op.  Device and stream
+            are tracked by the allocator.
+
+    Raises:
+        ValueError: ``mem_ptr`` is not a live allocation ("invalid device
+            pointer: 0x...").
+
+    Mirrors ``torch/cuda/memory.py: caching_allocator_delete``.
+    """
+    _C.free(mem_ptr)
+
+
+def record_stream(ptr, stream):
+    """Mark the live allocation at ``ptr`` as used on ``stream``.
+
+    The block is not reused until the work queued on ``stream`` at the time
+    of the free has finished (events recorded at free time).
+
+    Args:
+        ptr (int): base address of a live allocation (bytes).
+        stream: int stream handle or stream object.
+
+    Raises:
+        ValueError: ``ptr`` is not a live allocation.
+
+    Mirrors ``torch.Tensor.record_stream`` /
+    ``c10/cuda/CUDACachingAllocator.cpp: recordStream``.
+    """
+    _C.record_stream(ptr, _stream_handle(stream, _current_device()))
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Enable or disable caching (on by default).
+
+    Disabled: every allocation is a direct runtime malloc/free; no
+    statistics, no history, no segments.
+
+    Raises:
+        RuntimeError: ``value`` is not a bool ("cudaCachingAllocator_enable
+            expects a bool, but got <type>").
+
+    Mirrors ``torch/cuda/memory.py: caching_allocator_enable``.
+    """
+    _lib("set_caching_enabled")(value)
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled():
+    """Context manager: disable caching inside, restore the previous state.
+
+    Mirrors ``torch/cuda/memory.py: caching_allocator_disabled``.
+    """
+    prev = _lib("caching_enabled")()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(prev)
+
+
+def set_per_process_memory_fraction(fraction, device: Any = None) -> None:
+    """Cap this process's device memory at ``fraction`` of the device total.
+
+    Args:
+        fraction (float): in [0, 1]; 1.0 removes the cap.
+        device: device index, string or torch.device; None = current.
+
+    Raises:
+        TypeError: ``fraction`` is not a float ("Invalid type for fraction
+            argument, must be `float`").
+        ValueError: out of range ("Invalid fraction value: f. Allowed range:
+            0~1").
+
+    Allocations beyond the cap raise OutOfMemoryError.  Mirrors
+    ``torch/cuda/memory.py: set_per_process_memory_fraction``.
+    """
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _lib("set_memory_fraction")(fraction, _device_index(device))
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """Return the memory fraction cap of ``device`` (1.0 when uncapped).
+
+    Mirrors ``torch/cuda/memory.py: get_per_process_memory_fraction``.
+    """
+    return _lib("get_memory_fraction")(_device_index(device))
+
+
+def empty_cache() -> None:
+    """Release every unused cached segment of every device to the runtime.
+
+    Emits ``segment_free`` / ``segment_unmap`` trace entries when history is
+    on.  Memory held by live allocations is not touched.
+
+    Mirrors ``torch/cuda/memory.py: empty_cache``.
+    """
+    _lib("empty_cache")(-1)
+
+
+# ---------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """Return the allocator statistics of ``device`` as a nested dict.
+
+    Shape: the nine stat arrays (``allocation``, ``segment``, ``active``,
+    ``inactive_split``, ``allocated_bytes``, ``reserved_bytes``,
+    ``active_bytes``, ``inactive_split_bytes``, ``requested_bytes``) map
+    ``"all"|"small_pool"|"large_pool"`` to ``{"current", "peak",
+    "allocated", "freed"}``; ``oversize_allocations`` and
+    ``oversize_segments`` map to the four fields; the counters
+    ``num_alloc_retries``, ``num_ooms``, ``max_split_size``,
+    ``num_sync_all_streams``, ``num_device_alloc``, ``num_device_free``,
+    ``num_oom_rejections`` are ints.  ``*_bytes`` values are bytes.
+
+    Unlike torch, this works before the first allocation (all zeros).
+    ``reserved_bytes_by_private_pools`` is not reported.
+
+    Mirrors ``torch/cuda/memory.py: memory_stats_as_nested_dict``.
+    """
+    return _lib("memory_stats")(_device_index(device))
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """Return the statistics of ``device`` flattened with ``"."``.
+
+    An ``OrderedDict`` sorted by key, e.g. ``"allocated_bytes.all.current"``
+    (bytes), ``"num_ooms"``: 123 keys (torch 2.14's set, including
+    ``num_oom_rejections``).  See :func:`memory_stats_as_nested_dict`.
+
+    Mirrors ``torch/cuda/memory.py: memory_stats``.
+    """
+    items: list = []
+
+    def walk(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if isinstance(key, tuple):
+                    key = "_".join(str(part) for part in key)
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        else:
+            items.append((prefix, obj))
+
+    walk("", memory_stats_as_nested_dict(device=device))
+    items.sort()
+    return collections.OrderedDict(items)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zero the ``allocated``/``freed`` fields and the event counters.
+
+    ``num_alloc_retries``, ``num_ooms``, ``num_sync_all_streams``,
+    ``num_device_alloc``, ``num_device_free``, ``num_oom_rejections`` go to
+    0; ``max_split_size`` is kept.  Mirrors
+    ``torch/cuda/memory.py: reset_accumulated_memory_stats``.
+    """
+    _lib("reset_accumulated_stats")(_device_index(device))
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Set every ``peak`` to the ``current`` value.
+
+    Mirrors ``torch/cuda/memory.py: reset_peak_memory_stats``.
+    """
+    _lib("reset_peak_stats")(_device_index(device))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """Deprecated: warns (FutureWarning) and calls reset_peak_memory_stats.
+
+    Mirrors ``torch/cuda/memory.py: reset_max_memory_allocated``.
+    """
+    warnings.warn(
+        "torch.cuda.reset_max_memory_allocated now calls "
+        "torch.cuda.reset_peak_memory_stats, which resets /all/ peak memory "
+        "stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return reset_peak_memory_stats(device=device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Deprecated: warns (FutureWarning) and calls reset_peak_memory_stats.
+
+    Mirrors ``torch/cuda/memory.py: reset_max_memory_cached``.
+    """
+    warnings.warn(
+        "torch.cuda.reset_max_memory_cached now calls "
+        "torch.cuda.reset_peak_memory_stats, which resets /all/ peak memory "
+        "stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return reset_peak_memory_stats(device=device)
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live allocations (rounded block sizes).
+
+    ``allocated_bytes.all.current``.  Mirrors
+    ``torch/cuda/memory.py: memory_allocated``.
+    """
+    return memory_stats(device=device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` in bytes (``allocated_bytes.all.peak``).
+
+    Mirrors ``torch/cuda/memory.py: max_memory_allocated``.
+    """
+    return memory_stats(device=device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the allocator holds from the runtime (``reserved_bytes.all.current``).
+
+    Mirrors ``torch/cuda/memory.py: memory_reserved``.
+    """
+    return memory_stats(device=device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` in bytes (``reserved_bytes.all.peak``).
+
+    Mirrors ``torch/cuda/memory.py: max_memory_reserved``.
+    """
+    return memory_stats(device=device).get("reserved_bytes.all.peak", 0)
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated alias of :func:`memory_reserved` (bytes).
+
+    Mirrors ``torch/cuda/memory.py: memory_cached``.
+    """
+    return memory_reserved(device=device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated alias of :func:`max_memory_reserved` (bytes).
+
+    Mirrors ``torch/cuda/memory.py: max_memory_cached``.
+    """
+    return max_memory_reserved(device=device)
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """Return the 75-column statistics table of ``device`` as torch prints it.
+
+    Header "PyTorch CUDA memory summary, device ID n"; rows Allocated /
+    Active / Requested / GPU reserved / Non-releasable memory, Allocations,
+    Active allocs, GPU reserved segments, Non-releasable allocs (each with
+    large/small pool sub-rows unless ``abbreviated``), Oversize
+    allocations/segments; columns Cur Usage, Peak Usage, Tot Alloc, Tot
+    Freed.  Mirrors ``torch/cuda/memory.py: memory_summary``.
+    """
+    return _lib("memory_summary")(_device_index(device), bool(abbreviated))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """Return ``(free_bytes, total_bytes)`` of the device from the runtime.
+
+    Mirrors ``torch/cuda/memory.py: mem_get_info`` (cudaMemGetInfo /
+    aclrtGetMemInfo; the sim runtime reports MEMSNAP_SIM_MEMORY).
+    """
+    return _lib("mem_get_info")(_device_index(device))
+
+
+def list_gpu_processes(device: Any = None) -> str:
+    """Return the processes using the device and their memory, one per line.
+
+    First line ``GPU:<index>``, then ``process <pid:>10> uses <MiB:>12.3f>
+    MB GPU memory`` lines or ``no processes are running``.  On the cuda
+    runtime this queries NVML (pynvml), as torch; on the sim runtime the
+    only process is this one (its reserved memory); on other runtimes it
+    returns a sentence saying the query is unsupported.
+
+    Mirrors ``torch/cuda/memory.py: list_gpu_processes``.
+    """
+    index = _device_index(device)
+    runtime = _lib("runtime_name")()
+    lines = [f"GPU:{index}"]
+    if runtime == "cuda":
+        try:
+            import pynvml  # type: ignore[import-not-found]
+        except ModuleNotFoundError:
+            return "pynvml module not found, please install nvidia-ml-py"
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError_DriverNotLoaded:
+            return "cuda driver can't be loaded, is cuda enabled?"
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        usage = [(p.pid, p.usedGpuMemory or 0) for p in procs]
+    elif runtime == "sim":
+        reserved = memory_reserved(index)
+        usage = [(os.getpid(), reserved)] if reserved else []
+    else:
+        return f"list_gpu_processes is not supported on the {runtime} runtime"
+    if not usage:
+        lines.append("no processes are running")
+    for pid, used in usage:
+        lines.append(f"process {pid:>10d} uses {used / 1048576:>12.3f} MB GPU memory")
+    return "\n".join(lines)
+
+
+def get_allocator_backend() -> str:
+    """Return ``"native"``: memsnap is a native caching allocator.
+
+    Mirrors ``torch/cuda/memory.py: get_allocator_backend``.
+    """
+    return "native"
+
+
+def _set_allocator_settings(env: str):
+    """Apply an allocator configuration string at run time.
+
+    Same syntax as PYTORCH_NPU_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (per the
+    profile), e.g. ``"expandable_segments:True"``.
+
+    Raises:
+        ValueError: a bad token, named in the message.
+
+    Mirrors ``torch/cuda/memory.py: _set_allocator_settings``.
+    """
+    if not isinstance(env, str):
+        raise TypeError(f"env must be a str, not {type(env).__name__}")
+    _lib("set_allocator_settings")(env)
+
+
+# ---------------------------------------------------------------------------
+# Memory pools
+# ---------------------------------------------------------------------------
+
+
+class MemPool(_C.MemPool if hasattr(_C, "MemPool") else object):  # type: ignore[misc]
+    """A private memory pool of the memsnap allocator (``torch.cuda.MemPool``).
+
+    Args:
+        allocator: must be None (custom per-pool allocators are not
+            supported; ValueError otherwise).
+        use_on_oom (bool): a default-pool allocation that runs out of memory
+            may take a cached block of this pool.
+        no_split (bool): blocks of this pool are never split.
+
+    ``id`` is a tuple of two ints; ``use_count()`` the reference count;
+    ``snapshot(include_traces=True)`` the pool's segments.  The pool is
+    released when the object is garbage collected.  Mirrors
+    ``torch/cuda/memory.py: MemPool``.
+    """
+
+    def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
+        if not hasattr(_C, "MemPool"):
+            _missing("MemPool")
+        if allocator is not None:
+            raise ValueError("memsnap MemPool does not take a custom allocator")
+        self._create(_current_device(), bool(use_on_oom), bool(no_split))
+
+    def snapshot(self, include_traces=True):
+        """Segments of this pool (list of segment dicts; see _snapshot).
+
+        Mirrors ``torch/cuda/memory.py: MemPool.snapshot``.
+        """
+        return memory_snapshot(self.id, include_traces=include_traces)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: Any = None):
+    """Route allocations of ``device`` to ``pool`` inside the ``with`` block.
+
+    memsnap routes every stream of the device (torch routes the current
+    thread's allocations).  Mirrors ``torch/cuda/memory.py: use_mem_pool``.
+    """
+    index = _device_index(device)
+    pool._begin(index, 0, True)
+    try:
+        yield
+    finally:
+        pool._end(index)
+
+
+# ---------------------------------------------------------------------------
+# Memory history and snapshots
+# ---------------------------------------------------------------------------
+
+
+def _notify_history(enabled, compile_context, global_record_annotations):
+    for fn in list(_history_listeners):
+        fn(enabled, compile_context, global_record_annotations)
+
+
+def _record_memory_history_legacy(
+    enabled: bool,
+    record_context=True,
+    trace_alloc_max_entries=1,
+    trace_alloc_record_context=False,
+    device: Any = None,
+    record_context_cpp=False,
+    clear_history=False,
+    compile_context=False,
+    global_record_annotations=False,
+    skip_actions=None,
+    record_pinned_host_memory=False,
+    record_cuda=True,
+):
+    """The bool form of :func:`_record_memory_history` (PyTorch 2.0-2.1 API).
+
+    ``record_context`` -> context "state"; ``trace_alloc_record_context`` ->
+    "alloc" (takes precedence); ``trace_alloc_max_entries`` is the ring
+    capacity (default 1); ``record_context_cpp`` adds C frames.  ``device``
+    is ignored (history covers every device).
+
+    Mirrors ``torch/cuda/memory.py: _record_memory_history_legacy``.
+    """
+    _lib("record_history_legacy")(
+        enabled,
+        record_context,
+        trace_alloc_max_entries,
+        trace_alloc_record_context,
+        record_context_cpp,
+        clear_history,
+        compile_context,
+        global_record_annotations,
+        skip_actions if skip_actions is not None else [],
+        record_pinned_host_memory,
+        record_cuda,
+    )
+    _notify_history(bool(enabled), compile_context, global_record_annotations)
+
+
+def _record_memory_history(enabled="all", *args, **kwargs) -> None:
+    """Start/stop recording allocator history (see _record_memory_history_impl).
+
+    A bool ``enabled`` selects the legacy form
+    (:func:`_record_memory_history_legacy`).  Mirrors
+    ``torch/cuda/memory.py: _record_memory_history``.
+    """
+    if isinstance(enabled, bool):
+        return _record_memory_history_legacy(enabled, *args, **kwargs)
+    return _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+def _record_memory_history_impl(
+    enabled: str | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+    record_pinned_host_memory: bool = False,
+    record_cuda: bool = True,
+):
+    """Enable (or, with ``enabled=None``, disable) memory history recording.
+
+    Args:
+        enabled: None (off: the recorded history is discarded -- take the
+            snapshot first), "state" (ring of 1 entry), "all" (ring of
+            ``max_entries``).
+        context: None, "state" (stacks on live blocks only), "alloc" (also
+            on trace entries), "all" (also free-site stacks).
+        stacks: "python" or "all" (adds C frames).
+        max_entries (int): ring capacity per device; oldest entries are
+            dropped first.
+        device: ignored; history covers every device.
+        clear_history (bool): empty the rings when (re-)enabling.
+        compile_context (bool): record "Torch-Compiled Region" names.
+        global_record_annotations (bool): record_function ranges of every
+            thread (not only this one) go to ``external_annotations``.
+        skip_actions (list[str]): actions not stored ("alloc",
+            "free_requested", "free_completed", "segment_alloc",
+            "segment_free", "segment_map", "segment_unmap", "snapshot",
+            "oom", "annotate").
+        record_pinned_host_memory (bool): also record pinned host memory.
+        record_cuda (bool): record the device allocator (False: host only).
+
+    Raises:
+        RuntimeError: "expected state to be 'state', 'all', or None",
+            "expected context to be 'state', 'alloc', 'all', or None",
+            "expected stacks to be 'python', or 'all'", "Unknown TraceEntry
+            action: <s>", "record_pinned_host_memory requires memory history
+            recording to be enabled".
+        TypeError: negative ``max_entries``.
+
+    Mirrors ``torch/cuda/memory.py: _record_memory_history_impl`` and
+    ``torch/csrc/cuda/memory_snapshot.cpp: _record_memory_history``.
+    """
+    _lib("record_history")(
+        enabled,
+        context,
+        stacks,
+        max_entries,
+        clear_history,
+        compile_context,
+        global_record_annotations,
+        skip_actions if skip_actions is not None else [],
+        record_pinned_host_memory,
+        record_cuda,
+    )
+    _notify_history(enabled is not None, compile_context, global_record_annotations)
+
+
+_record_memory_history.__signature__ = signature(_record_memory_history_impl)  # type: ignore[attr-defined]
+
+
+def _augment(snapshot: dict) -> dict:
+    from torch._utils import _augment_memory_snapshot_stack_traces
+
+    return _augment_memory_snapshot_stack_traces(snapshot)
+
+
+def _snapshot(device: Any = None, augment_with_fx_traces=False):
+    """Return the allocator state and history as the snapshot dict.
+
+    Keys (cuda-reference §2): ``segments`` (list of segment dicts, each
+    with ``blocks``), ``device_traces`` (one list of trace entries per
+    device, oldest first; ``time_us`` in microseconds since the epoch),
+    ``allocator_settings``, ``external_annotations``, ``host_segments``,
+    ``host_traces``.  Addresses and sizes are bytes.
+
+    Args:
+        device: None = every device.  Unlike torch (which ignores it), a
+            device restricts ``segments`` to that device.
+        augment_with_fx_traces (bool): run
+            ``torch._utils._augment_memory_snapshot_stack_traces`` on the
+            result (needs torch).
+
+    Mirrors ``torch/cuda/memory.py: _snapshot``.
+    """
+    dev = -1 if device is None else _device_index(device)
+    s = _lib("snapshot")(dev, 0, 0, True, False)
+    if augment_with_fx_traces:
+        s = _augment(s)
+    return s
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
+    """Write :func:`_snapshot` as a pickle (protocol 4) to ``filename``.
+
+    The file is written next to its final name and renamed into place, so a
+    crash never leaves a truncated file; the GIL is released while the C
+    library serializes.  Open it at pytorch.org/memory_viz or with
+    ``python -m torch.cuda._memory_viz``.
+
+    Raises:
+        OSError: the file cannot be written (the message names it).
+
+    Mirrors ``torch/cuda/memory.py: _dump_snapshot``.
+    """
+    filename = os.fspath(filename)
+    if not augment_with_fx_traces:
+        _lib("dump_snapshot")(filename, -1, 0, 0, True, False)
+        return
+    data = _snapshot(augment_with_fx_traces=True)
+    directory = os.path.dirname(os.path.abspath(filename))
+    fd, tmp = tempfile.mkstemp(prefix=".memsnap-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(data, f, protocol=4)
+        os.replace(tmp, filename)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def memory_snapshot(mempool_id=None, include_traces=True):
+    """Return the list of segment dicts (``_snapshot()["segments"]``).
+
+    Args:
+        mempool_id: None for every pool, or a pool id ``(int, int)``: only
+            that private pool's segments (``[]`` if unknown).
+        include_traces (bool): False skips copying the history (faster); a
+            ``snapshot`` trace entry is recorded either way.
+
+    Raises:
+        RuntimeError: "mempool_id elements must be integers",
+            "include_traces must be a boolean".
+
+    Mirrors ``torch/cuda/memory.py: memory_snapshot``.
+    """
+    if not isinstance(include_traces, bool):
+        raise RuntimeError("include_traces must be a boolean")
+    first, second = (0, 0) if mempool_id is None else (mempool_id[0], mempool_id[1])
+    if not isinstance(first, int) or not isinstance(second, int):
+        raise RuntimeError("mempool_id elements must be integers")
+    result = _lib("snapshot")(-1, first, second, include_traces, True)
+    return result["segments"] if isinstance(result, dict) else result
+
+
+def _allocation_traceback(data_ptr: int) -> list[dict[str, Any]] | None:
+    """Frames recorded when the live allocation at ``data_ptr`` was made.
+
+    Returns a list of ``{"filename", "line", "name"}`` dicts, innermost
+    first, or None when ``data_ptr`` is not a live base address or no stack
+    was recorded (history ``context`` was None).  A tensor is accepted too
+    (its storage's base address is used).  Mirrors ``torch/cuda/memory.py: _allocation_traceback``.
+    """
+    if not isinstance(data_ptr, int) and hasattr(data_ptr, "untyped_storage"):
+        data_ptr = data_ptr.untyped_storage().data_ptr()
+    return _lib("allocation_traceback")(data_ptr)
+
+
+def _memory_metadata_supported() -> bool:
+    """True: memsnap records user metadata.
+
+    Mirrors ``torch/cuda/memory.py: _memory_metadata_supported``.
+    """
+    return True
+
+
+def _set_memory_metadata(metadata: str):
+    """Attach ``metadata`` to every later trace entry of this thread.
+
+    Stored as ``user_metadata`` of the entries; ``""`` clears.  Mirrors
+    ``torch/cuda/memory.py: _set_memory_metadata``.
+    """
+    _lib("set_memory_metadata")(metadata)
+
+
+def _get_memory_metadata() -> str:
+    """This thread's current metadata string (``""`` if none).
+
+    Mirrors ``torch/cuda/memory.py: _get_memory_metadata``.
+    """
+    return _lib("get_memory_metadata")()
+
+
+def _annotate_memory(data_ptr: int, metadata: str) -> None:
+    """Record an ``annotate`` trace entry on the live allocation at ``data_ptr``.
+
+    The entry's ``user_metadata`` is ``metadata``; ``size`` is the
+    allocation's requested bytes.
+
+    Raises:
+        RuntimeError: "annotateMemory: no live allocation found at pointer
+            0x..." (even when history is off).
+
+    Mirrors ``torch/cuda/memory.py: _annotate_memory``.
+    """
+    _lib("annotate_memory")(data_ptr, metadata)
+
+
+def _attach_out_of_memory_observer(observer) -> None:
+    """Call ``observer(device, alloc_bytes, device_total, device_free)`` on OOM.
+
+    Called after the ``oom`` trace entry is recorded and before
+    OutOfMemoryError is raised, outside the allocator lock: the observer may
+    call :func:`_snapshot` / :func:`_dump_snapshot`.  An exception inside
+    the observer is reported through ``sys.unraisablehook`` and never hides
+    the OutOfMemoryError.  Sizes are bytes.
+
+    Mirrors ``torch._C._cuda_attach_out_of_memory_observer``.
+    """
+    _lib("attach_oom_observer")(observer)
+
+
+def _write_usage_report(path) -> None:
+    """Write the CSV device memory-usage report (one row per device and pool).
+
+    memsnap's counterpart of torch_npu's ``_npu_saveDevMemUsageInfo``.
+    """
+    _lib("write_usage_report")(os.fspath(path))
+

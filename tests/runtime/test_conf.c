@@ -535,6 +535,70 @@ static void test_raw_ownership(void **state) {
   msnap__conf_destroy(&c);
 }
 
+/*
+ * Token soup: random strings built from keys, values and separators.  A
+ * parse either succeeds (conf passes its checker, raw = the string) or
+ * fails with an "alloc conf: ..." message naming a position, leaving the
+ * conf bit-identical.  Deterministic (fixed seed).
+ */
+static void test_random_strings(void **state) {
+  (void)state;
+  static const char *vocab[] = {
+      "max_split_size_mb", "garbage_collection_threshold",
+      "roundup_power2_divisions", "expandable_segments",
+      "large_segment_size_mb", "max_non_split_rounding_mb", "page_size",
+      "base_addr_aligned_kb", "segment_size_mb", "backend",
+      "per_process_memory_fraction", "pinned_num_register_threads",
+      "throw_on_npumalloc_oom", "throw_on_cudamalloc_oom", "True", "False",
+      "0", "1", "4", "16", "20", "64", "100", "0.5", "1g", ">", "native",
+      ":", ":", ":", ",", ",", "[", "]", " ", "x", "-3", "1e400"};
+  const size_t nv = sizeof vocab / sizeof vocab[0];
+  unsigned seed = 12345;
+  char buf[512];
+  int ok_count = 0, err_count = 0;
+  for (int prof = 0; prof < 2; prof++) {
+    msnap_conf_t c;
+    msnap__conf_init(&c, (msnap_profile_t)prof);
+    for (int it = 0; it < 6000; it++) {
+      /* key:value pairs, each token corrupted with probability 1/16. */
+      size_t len = 0;
+      int npairs = 1 + (int)(rand_r(&seed) % 4);
+      buf[0] = '\0';
+      for (int k = 0; k < npairs; k++) {
+        const char *t[4] = {vocab[rand_r(&seed) % 14], ":",
+                            vocab[14 + rand_r(&seed) % 13], ","};
+        if (k == npairs - 1) t[3] = "";
+        for (int j = 0; j < 4; j++) {
+          if (rand_r(&seed) % 16 == 0) t[j] = vocab[rand_r(&seed) % nv];
+          size_t tl = strlen(t[j]);
+          if (len + tl + 1 >= sizeof buf) break;
+          memcpy(buf + len, t[j], tl + 1);
+          len += tl;
+        }
+      }
+      msnap_conf_t before = c;
+      err[0] = '\0';
+      int rc = msnap__conf_parse(&c, buf, err, sizeof err);
+      if (rc == 0) {
+        ok_count++;
+        assert_string_equal(c.raw, buf);
+      } else {
+        err_count++;
+        assert_int_equal(rc, MSNAP_ECONF);
+        assert_memory_equal(&before, &c, sizeof c);
+        assert_int_equal(strncmp(err, "alloc conf: ", 12), 0);
+        assert_true(strstr(err, " at token ") != NULL ||
+                    strstr(err, " at end of ") != NULL);
+      }
+      CHECK(&c);
+    }
+    msnap__conf_destroy(&c);
+  }
+  /* Both outcomes were exercised. */
+  assert_true(ok_count > 100);
+  assert_true(err_count > 100);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -547,6 +611,7 @@ int main(void) {
       cmocka_unit_test(test_npu_runtime_keys),
       cmocka_unit_test(test_from_env),
       cmocka_unit_test(test_raw_ownership),
+      cmocka_unit_test(test_random_strings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

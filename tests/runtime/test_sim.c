@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <cmocka.h>
@@ -67,6 +68,17 @@ static void test_by_name(void **state) {
   assert_null(msnap_runtime_by_name("rocm"));
   assert_null(msnap_runtime_by_name(NULL));
   assert_string_equal(msnap_runtime_sim()->name, "sim");
+  /* Control calls ignore contexts that are not sim contexts. */
+  int not_sim[64] = {0};
+  msnap_sim_fail_nth(not_sim, NULL, 1);
+  msnap_sim_set_manual_events(not_sim, true);
+  msnap_sim_complete_events(not_sim, 0, true);
+  msnap_sim_set_next_address(not_sim, 0, 0x1000);
+  assert_int_equal(msnap_sim_live_allocations(not_sim), 0);
+  assert_int_equal(msnap_sim_live_allocations(NULL), 0);
+  for (int i = 0; i < 64; i++) assert_int_equal(not_sim[i], 0);
+  char m[64];
+  assert_int_equal(msnap__sim_check(not_sim, m, sizeof m), MSNAP_EINVAL);
   /* Every member of the table is implemented. */
   const msnap_runtime_ops_t *o = msnap_runtime_sim();
   void (*const *fn)(void) = (void (*const *)(void))&o->init;
@@ -338,8 +350,15 @@ static void test_vmm(void **state) {
   assert_non_null(strstr(msnap_last_error(), "not inside a reservation"));
   assert_int_equal(ops->vmm_map(ctx, 0, va + 512, 2 * MiB, &h4), MSNAP_EINVAL);
   assert_int_equal(ops->vmm_reserve(ctx, 0, 3 * MiB, 0, &h4), MSNAP_EINVAL);
-  assert_int_equal(ops->vmm_reserve(ctx, 0, 2 * MiB, 3 * MiB, &h4),
-                   MSNAP_EINVAL);
+  /* A non-power-of-two alignment rounds up: 20 MiB -> 32 MiB. */
+  uint64_t va3 = 0;
+  assert_int_equal(ops->vmm_reserve(ctx, 0, 2 * MiB, 20 * MiB, &va3), 0);
+  assert_int_equal(va3, va + 2 * GiB);
+  assert_int_equal(va3 % (32 * MiB), 0);
+  assert_int_equal(ops->vmm_reserve(ctx, 0, 2 * MiB, 1 * MiB, &va3), 0);
+  assert_int_equal(va3, va + 2 * GiB + 2 * MiB);
+  assert_int_equal(ops->vmm_release(ctx, 0, va + 2 * GiB, 2 * MiB), 0);
+  assert_int_equal(ops->vmm_release(ctx, 0, va3, 2 * MiB), 0);
   assert_int_equal(h4, 11);
   /* Release refuses while mapped. */
   assert_int_equal(ops->vmm_release(ctx, 0, va, 1 * GiB), MSNAP_ERUNTIME);
@@ -475,6 +494,62 @@ static void test_no_host_ram(void **state) {
   ops->fini(ctx);
 }
 
+/* Several threads hammer one context; the mutex keeps it consistent. */
+typedef struct worker_s {
+  void *ctx;
+  int device;
+  unsigned seed;
+  int failures;
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  uint64_t live[32] = {0};
+  for (int i = 0; i < 3000; i++) {
+    int slot = (int)(rand_r(&w->seed) % 32);
+    if (live[slot] != 0) {
+      if (ops->free(w->ctx, w->device, live[slot]) != 0) w->failures++;
+      live[slot] = 0;
+    } else {
+      size_t size = 512u << (rand_r(&w->seed) % 14);
+      if (ops->malloc(w->ctx, w->device, size, &live[slot]) != 0)
+        w->failures++;
+    }
+    uint64_t ev;
+    if (i % 100 == 0) {
+      if (ops->event_create(w->ctx, w->device, &ev) != 0 ||
+          ops->event_record(w->ctx, w->device, ev, (uint64_t)i) != 0 ||
+          ops->event_destroy(w->ctx, w->device, ev) != 0)
+        w->failures++;
+    }
+  }
+  for (int k = 0; k < 32; k++)
+    if (live[k] != 0 && ops->free(w->ctx, w->device, live[k]) != 0)
+      w->failures++;
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  void *ctx = make(2, 4 * GiB);
+  enum { T = 4 };
+  pthread_t th[T];
+  worker_t w[T];
+  for (int i = 0; i < T; i++) {
+    w[i] = (worker_t){ctx, i % 2, (unsigned)(i + 1) * 7919u, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, worker, &w[i]), 0);
+  }
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(w[i].failures, 0);
+  }
+  CHECK(ctx);
+  assert_int_equal(msnap_sim_live_allocations(ctx), 0);
+  assert_int_equal(free_bytes(ctx, 0), 4 * GiB);
+  assert_int_equal(free_bytes(ctx, 1), 4 * GiB);
+  ops->fini(ctx);
+}
+
 int main(void) {
   ops = msnap_runtime_sim();
   const struct CMUnitTest tests[] = {
@@ -490,6 +565,7 @@ int main(void) {
       cmocka_unit_test(test_next_address),
       cmocka_unit_test(test_oom_at_capacity),
       cmocka_unit_test(test_no_host_ram),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

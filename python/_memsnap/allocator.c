@@ -1,0 +1,685 @@
+/*
+ * allocator.c -- allocation, statistics, settings and memory pools.
+ *
+ * Every function works on the process-wide allocator msnap_default(), the
+ * one the pluggable-allocator entry points of libmemsnap.so use, so that
+ * memory torch allocates through memsnap shows up here.  Arguments arrive
+ * already normalised by memsnap/memory.py (device indices as ints, streams
+ * as ints); the functions here check types and ranges again and raise what
+ * the torch C++ bindings raise.  The GIL is held throughout: these calls
+ * are short, and the allocator may capture Python frames during them.
+ */
+#include "msnap_py.h"
+#include "weak.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- argument helpers ---------------------------------------------------- */
+
+/* Unsigned 64-bit integer argument (addresses, streams, sizes). */
+int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
+  if (!PyLong_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
+                 Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  unsigned long long v = PyLong_AsUnsignedLongLong(o);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      /* Streams and pointers arrive as signed int64 from torch. */
+      long long s = PyLong_AsLongLong(o);
+      if (s == -1 && PyErr_Occurred())
+        return -1;
+      v = (unsigned long long)s;
+    } else {
+      return -1;
+    }
+  }
+  *out = (uint64_t)v;
+  return 0;
+}
+
+/* Device index argument: a non-negative int. */
+int msnap_py_device(PyObject *o, int *out) {
+  if (!PyLong_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "device must be an int, not %.100s",
+                 Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  long v = PyLong_AsLong(o);
+  if (v == -1 && PyErr_Occurred())
+    return -1;
+  if (v < 0 || v > 65535) {
+    PyErr_Format(PyExc_ValueError, "Invalid device index %ld", v);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+/*
+ * msnap_py_allocator -- the default allocator, created on first use from
+ * the environment (MEMSNAP_RUNTIME, MEMSNAP_PROFILE, the alloc-conf
+ * variables).  When creation fails, the same options are tried once more
+ * with an error buffer to learn the code and the message naming the
+ * offending token, so that a bad configuration raises ValueError.
+ */
+msnap_allocator_t *msnap_py_allocator(PyObject *module) {
+  msnap_allocator_t *a = msnap_default();
+  if (a != NULL) {
+    msnap_py_state(module)->created = 1;
+    return a;
+  }
+  char buf[512] = "";
+  msnap_options_t o;
+  msnap_options_init(&o);
+  o.error_buf = buf;
+  o.error_buf_len = sizeof buf;
+  msnap_allocator_t *tmp = NULL;
+  int rc = msnap_allocator_create(&o, &tmp);
+  if (rc == 0) {
+    msnap_allocator_destroy(tmp);
+    const char *e = msnap_default_error();
+    PyErr_Format(PyExc_RuntimeError, "memsnap allocator unavailable: %s",
+                 e ? e : "unknown error");
+    return NULL;
+  }
+  const char *e = buf[0] ? buf : msnap_default_error();
+  if (e == NULL || e[0] == '\0')
+    e = msnap_strerror(rc);
+  PyErr_Format(rc == MSNAP_ECONF || rc == MSNAP_EINVAL ? PyExc_ValueError
+                                                       : PyExc_RuntimeError,
+               "memsnap allocator could not be created: %s", e);
+  return NULL;
+}
+
+#define GET_ALLOC(a)                                                          \
+  msnap_allocator_t *a = msnap_py_allocator(module);                          \
+  if (a == NULL)                                                              \
+    return NULL
+
+/* ---- allocation (hot paths: METH_FASTCALL) ------------------------------- */
+
+/* malloc(size, device, stream) -> int address */
+static PyObject *py_malloc(PyObject *module, PyObject *const *args,
+                           Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "malloc(size, device, stream)");
+    return NULL;
+  }
+  if (!PyLong_Check(args[0])) {
+    PyErr_Format(PyExc_TypeError, "size must be an int, not %.100s",
+                 Py_TYPE(args[0])->tp_name);
+    return NULL;
+  }
+  long long size = PyLong_AsLongLong(args[0]);
+  if (size == -1 && PyErr_Occurred())
+    return NULL;
+  if (size < 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "Invalid memory size: %lld; caching_allocator_alloc "
+                 "requires a non-negative size.",
+                 size);
+    return NULL;
+  }
+  int device;
+  uint64_t stream, ptr = 0;
+  if (msnap_py_device(args[1], &device) < 0 ||
+      msnap_py_u64(args[2], &stream, "stream") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_malloc(a, device, (size_t)size, stream, &ptr);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  return PyLong_FromUnsignedLongLong(ptr);
+}
+
+/* free(ptr) */
+static PyObject *py_free(PyObject *module, PyObject *const *args,
+                         Py_ssize_t nargs) {
+  if (nargs != 1) {
+    PyErr_SetString(PyExc_TypeError, "free(ptr)");
+    return NULL;
+  }
+  uint64_t ptr;
+  if (msnap_py_u64(args[0], &ptr, "mem_ptr") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_free(a, ptr);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_record_stream(PyObject *module, PyObject *args) {
+  PyObject *p, *s;
+  uint64_t ptr, stream;
+  if (!PyArg_ParseTuple(args, "OO:record_stream", &p, &s) ||
+      msnap_py_u64(p, &ptr, "ptr") < 0 || msnap_py_u64(s, &stream, "stream") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_record_stream(a, ptr, stream);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_allocation_size(PyObject *module, PyObject *arg) {
+  uint64_t ptr;
+  size_t size = 0;
+  if (msnap_py_u64(arg, &ptr, "ptr") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_allocation_size(a, ptr, &size);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  return PyLong_FromSize_t(size);
+}
+
+/* empty_cache(device=-1): -1 = every device. */
+static PyObject *py_empty_cache(PyObject *module, PyObject *args) {
+  int device = -1;
+  if (!PyArg_ParseTuple(args, "|i:empty_cache", &device))
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_empty_cache(a, device);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+/* ---- settings ------------------------------------------------------------- */
+
+static PyObject *py_set_allocator_settings(PyObject *module, PyObject *arg) {
+  if (!PyUnicode_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "env must be a str, not %.100s",
+                 Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  const char *conf = PyUnicode_AsUTF8(arg);
+  if (conf == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_set_allocator_settings(a, conf);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_allocator_settings(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  const char *s = msnap_allocator_settings(a);
+  return PyUnicode_FromString(s ? s : "");
+}
+
+static PyObject *py_set_memory_fraction(PyObject *module, PyObject *args) {
+  double fraction;
+  int device;
+  if (!PyArg_ParseTuple(args, "di:set_memory_fraction", &fraction, &device))
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_set_memory_fraction(a, device, fraction);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_get_memory_fraction(PyObject *module, PyObject *args) {
+  int device;
+  double fraction = 1.0;
+  if (!PyArg_ParseTuple(args, "i:get_memory_fraction", &device))
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_get_memory_fraction(a, device, &fraction);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  return PyFloat_FromDouble(fraction);
+}
+
+static PyObject *py_set_caching_enabled(PyObject *module, PyObject *arg) {
+  if (!PyBool_Check(arg)) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "cudaCachingAllocator_enable expects a bool, but got %.100s",
+                 Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  GET_ALLOC(a);
+  int rc = msnap_set_caching_enabled(a, arg == Py_True);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_caching_enabled(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_caching_enabled(a));
+}
+
+static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
+  int device;
+  size_t free_b = 0, total_b = 0;
+  if (!PyArg_ParseTuple(args, "i:mem_get_info", &device))
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_mem_get_info(a, device, &free_b, &total_b);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  return Py_BuildValue("(nn)", (Py_ssize_t)free_b, (Py_ssize_t)total_b);
+}
+
+/*
+ * plugin_entry_points() -> {name: address} of the pluggable-allocator entry
+ * points as this module sees them.  A ctypes/dlopen of libmemsnap.so in
+ * the same process must find the same addresses: one library, one
+ * allocator.  (These references are also the strong ones that keep
+ * libmemsnap.so a DT_NEEDED dependency of the module; weak.h's are weak.)
+ */
+static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
+  return Py_BuildValue(
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
+      (unsigned long long)(uintptr_t)&msnap_plugin_malloc, "msnap_plugin_free",
+      (unsigned long long)(uintptr_t)&msnap_plugin_free, "msnap_plugin_init",
+      (unsigned long long)(uintptr_t)&msnap_plugin_init,
+      "msnap_plugin_empty_cache",
+      (unsigned long long)(uintptr_t)&msnap_plugin_empty_cache,
+      "msnap_plugin_memory_fraction",
+      (unsigned long long)(uintptr_t)&msnap_plugin_memory_fraction,
+      "msnap_plugin_record_stream",
+      (unsigned long long)(uintptr_t)&msnap_plugin_record_stream,
+      "msnap_plugin_get_base_allocation",
+      (unsigned long long)(uintptr_t)&msnap_plugin_get_base_allocation);
+}
+
+/* initialized() -> bool: whether this module already created (or found)
+ * the process-wide allocator; memsnap.configure() must come before. */
+static PyObject *py_initialized(PyObject *module, PyObject *unused) {
+  return PyBool_FromLong(msnap_py_state(module)->created);
+}
+
+static PyObject *py_device_count(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyLong_FromLong(msnap_device_count(a));
+}
+
+static PyObject *py_profile(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyUnicode_FromString(msnap_profile(a) == MSNAP_PROFILE_CUDA ? "cuda"
+                                                                     : "npu");
+}
+
+static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  const msnap_runtime_ops_t *ops = msnap_runtime(a);
+  return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
+}
+
+/* ---- statistics ------------------------------------------------------------ */
+
+/* {"current": c, "peak": p, "allocated": a, "freed": f} */
+static PyObject *stat_dict(const msnap_stat_t *s) {
+  return Py_BuildValue("{s:L,s:L,s:L,s:L}", "current", (long long)s->current,
+                       "peak", (long long)s->peak, "allocated",
+                       (long long)s->allocated, "freed", (long long)s->freed);
+}
+
+/* Add key -> value to d, stealing value; -1 on error. */
+static int put(PyObject *d, const char *key, PyObject *value) {
+  if (value == NULL)
+    return -1;
+  int rc = PyDict_SetItemString(d, key, value);
+  Py_DECREF(value);
+  return rc;
+}
+
+/* memory_stats(device) -> the nested dict of
+ * torch.cuda.memory.memory_stats_as_nested_dict (cuda-reference §5.10). */
+static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:memory_stats", &device))
+    return NULL;
+  GET_ALLOC(a);
+  msnap_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  s.version = MSNAP_STATS_VERSION;
+  int rc = msnap_stats_get(a, device, &s);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  PyObject *d = PyDict_New();
+  if (d == NULL)
+    return NULL;
+  static const char *const types[MSNAP_STAT_TYPES] = {"all", "small_pool",
+                                                      "large_pool"};
+#define ARRAY_(n)                                                             \
+  {                                                                           \
+    PyObject *arr = PyDict_New();                                             \
+    if (arr == NULL)                                                          \
+      goto fail;                                                              \
+    for (int t = 0; t < MSNAP_STAT_TYPES; t++)                                \
+      if (put(arr, types[t], stat_dict(&s.n[t])) < 0) {                       \
+        Py_DECREF(arr);                                                       \
+        goto fail;                                                            \
+      }                                                                       \
+    if (put(d, #n, arr) < 0)                                                  \
+      goto fail;                                                              \
+  }
+  MSNAP_STAT_ARRAY_FIELDS(ARRAY_)
+#undef ARRAY_
+#define ONE_(n)                                                               \
+  if (put(d, #n, stat_dict(&s.n)) < 0)                                        \
+    goto fail;
+  MSNAP_STAT_FIELDS(ONE_)
+#undef ONE_
+#define COUNTER_(n)                                                           \
+  if (put(d, #n, PyLong_FromLongLong(s.n)) < 0)                               \
+    goto fail;
+  MSNAP_COUNTER_FIELDS(COUNTER_)
+#undef COUNTER_
+  return d;
+fail:
+  Py_DECREF(d);
+  return NULL;
+}
+
+static PyObject *py_reset_peak_stats(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:reset_peak_stats", &device))
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_reset_peak_stats(a, device);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_reset_accumulated_stats(PyObject *module, PyObject *args) {
+  int device;
+  if (!PyArg_ParseTuple(args, "i:reset_accumulated_stats", &device))
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_reset_accumulated_stats(a, device);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_memory_summary(PyObject *module, PyObject *args) {
+  int device, abbreviated;
+  if (!PyArg_ParseTuple(args, "ip:memory_summary", &device, &abbreviated))
+    return NULL;
+  GET_ALLOC(a);
+  char *out = NULL;
+  int rc = msnap_memory_summary(a, device, abbreviated != 0, &out);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, NULL);
+  PyObject *r = PyUnicode_FromString(out ? out : "");
+  msnap_free_string(out);
+  return r;
+}
+
+/* check_invariants() -> None; RuntimeError naming the first violation. */
+static PyObject *py_check_invariants(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  char msg[1024] = "";
+  int rc = msnap_check_invariants(a, msg, sizeof msg);
+  if (rc < 0) {
+    PyErr_Format(PyExc_RuntimeError, "allocator invariant violated: %s",
+                 msg[0] ? msg : msnap_strerror(rc));
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+/* sim_fail_nth(call_or_None, nth): arm the sim runtime's fault switch. */
+static PyObject *py_sim_fail_nth(PyObject *module, PyObject *args) {
+  const char *call = NULL;
+  unsigned long long nth;
+  if (!PyArg_ParseTuple(args, "zK:sim_fail_nth", &call, &nth))
+    return NULL;
+  GET_ALLOC(a);
+  const msnap_runtime_ops_t *ops = msnap_runtime(a);
+  if (ops == NULL || ops->name == NULL || strcmp(ops->name, "sim") != 0) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "sim_fail_nth needs the sim runtime (MEMSNAP_RUNTIME=sim)");
+    return NULL;
+  }
+  msnap_sim_fail_nth(msnap_runtime_ctx(a), call, nth);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef msnap_py_allocator_methods[] = {
+    {"malloc", (PyCFunction)(void (*)(void))py_malloc, METH_FASTCALL,
+     "malloc(size, device, stream) -> int: allocate size bytes (address)."},
+    {"free", (PyCFunction)(void (*)(void))py_free, METH_FASTCALL,
+     "free(ptr): free an address returned by malloc (ValueError if unknown)."},
+    {"record_stream", py_record_stream, METH_VARARGS,
+     "record_stream(ptr, stream): the allocation is used on stream."},
+    {"allocation_size", py_allocation_size, METH_O,
+     "allocation_size(ptr) -> int: rounded block size of a live allocation."},
+    {"empty_cache", py_empty_cache, METH_VARARGS,
+     "empty_cache(device=-1): release cached segments (-1: all devices)."},
+    {"set_allocator_settings", py_set_allocator_settings, METH_O,
+     "set_allocator_settings(conf): apply an alloc-conf string."},
+    {"allocator_settings", py_allocator_settings, METH_NOARGS,
+     "allocator_settings() -> str: the alloc-conf string last applied."},
+    {"set_memory_fraction", py_set_memory_fraction, METH_VARARGS,
+     "set_memory_fraction(fraction, device)."},
+    {"get_memory_fraction", py_get_memory_fraction, METH_VARARGS,
+     "get_memory_fraction(device) -> float."},
+    {"set_caching_enabled", py_set_caching_enabled, METH_O,
+     "set_caching_enabled(bool)."},
+    {"caching_enabled", py_caching_enabled, METH_NOARGS,
+     "caching_enabled() -> bool."},
+    {"mem_get_info", py_mem_get_info, METH_VARARGS,
+     "mem_get_info(device) -> (free_bytes, total_bytes)."},
+    {"plugin_entry_points", py_plugin_entry_points, METH_NOARGS,
+     "plugin_entry_points() -> {name: address} of the msnap_plugin_* "
+     "functions."},
+    {"initialized", py_initialized, METH_NOARGS,
+     "initialized() -> bool: the allocator was created by this module."},
+    {"device_count", py_device_count, METH_NOARGS, "device_count() -> int."},
+    {"profile", py_profile, METH_NOARGS, "profile() -> 'npu' | 'cuda'."},
+    {"runtime_name", py_runtime_name, METH_NOARGS,
+     "runtime_name() -> 'sim' | 'acl' | 'cuda'."},
+    {"memory_stats", py_memory_stats, METH_VARARGS,
+     "memory_stats(device) -> nested dict of allocator statistics."},
+    {"reset_peak_stats", py_reset_peak_stats, METH_VARARGS,
+     "reset_peak_stats(device)."},
+    {"reset_accumulated_stats", py_reset_accumulated_stats, METH_VARARGS,
+     "reset_accumulated_stats(device)."},
+    {"memory_summary", py_memory_summary, METH_VARARGS,
+     "memory_summary(device, abbreviated) -> str."},
+    {"check_invariants", py_check_invariants, METH_NOARGS,
+     "check_invariants(): RuntimeError naming the first violation."},
+    {"sim_fail_nth", py_sim_fail_nth, METH_VARARGS,
+     "sim_fail_nth(call, nth): make the nth sim runtime call fail."},
+    {NULL, NULL, 0, NULL}};
+
+/* ---- MemPool: a private pool, released when the object dies --------------- */
+
+typedef struct mempool_s {
+  PyObject_HEAD
+  int device;
+  int live; /* created and not yet released */
+  msnap_mempool_id_t id;
+} mempool_t;
+
+static PyObject *mempool_new(PyTypeObject *type, PyObject *args,
+                             PyObject *kwds) {
+  /* Arguments are taken by _create() (called from memsnap.memory.MemPool
+   * __init__), so that the Python subclass can keep torch's signature. */
+  mempool_t *self = (mempool_t *)type->tp_alloc(type, 0);
+  if (self == NULL)
+    return NULL;
+  self->device = 0;
+  self->live = 0;
+  self->id.first = self->id.second = 0;
+  return (PyObject *)self;
+}
+
+/* The _memsnap module of a MemPool: the module of the first type in the
+ * MRO that was created from this module's definition (memsnap.memory's
+ * MemPool is a Python subclass, which has no module of its own).  Borrowed;
+ * NULL with TypeError if none. */
+static PyObject *mempool_module(PyObject *self) {
+  PyObject *mro = Py_TYPE(self)->tp_mro;
+  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+    PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+    if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE))
+      continue;
+    PyObject *m = PyType_GetModule(t);
+    if (m == NULL) {
+      PyErr_Clear();
+      continue;
+    }
+    if (PyModule_GetDef(m) == &msnap_py_moduledef)
+      return m;
+  }
+  PyErr_SetString(PyExc_TypeError, "MemPool: no _memsnap module in its MRO");
+  return NULL;
+}
+
+static void mempool_dealloc(PyObject *o) {
+  mempool_t *self = (mempool_t *)o;
+  PyTypeObject *tp = Py_TYPE(o);
+  PyObject_GC_UnTrack(o);
+  if (self->live && msnap_default != NULL) {
+    msnap_allocator_t *a = msnap_default();
+    if (a != NULL)
+      (void)msnap_mempool_release(a, self->device, self->id);
+    self->live = 0;
+  }
+  tp->tp_free(o);
+  Py_DECREF(tp);
+}
+
+static int mempool_traverse(PyObject *o, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(o));
+  return 0;
+}
+
+/* _create(device, use_on_oom, no_split) */
+static PyObject *mempool_create(PyObject *o, PyObject *args) {
+  mempool_t *self = (mempool_t *)o;
+  int device, use_on_oom, no_split;
+  if (!PyArg_ParseTuple(args, "ipp:_create", &device, &use_on_oom, &no_split))
+    return NULL;
+  if (self->live) {
+    PyErr_SetString(PyExc_RuntimeError, "MemPool already created");
+    return NULL;
+  }
+  PyObject *module = mempool_module(o);
+  if (module == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_mempool_create(a, device, use_on_oom != 0, no_split != 0,
+                                &self->id);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "MemPool");
+  self->device = device;
+  self->live = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject *mempool_id(PyObject *o, void *unused) {
+  mempool_t *self = (mempool_t *)o;
+  return Py_BuildValue("(KK)", (unsigned long long)self->id.first,
+                       (unsigned long long)self->id.second);
+}
+
+static PyObject *mempool_device(PyObject *o, void *unused) {
+  return PyLong_FromLong(((mempool_t *)o)->device);
+}
+
+static PyObject *mempool_use_count(PyObject *o, PyObject *unused) {
+  mempool_t *self = (mempool_t *)o;
+  PyObject *module = mempool_module(o);
+  if (module == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int count = 0;
+  int rc = msnap_mempool_use_count(a, self->device, self->id, &count);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "MemPool.use_count");
+  return PyLong_FromLong(count);
+}
+
+/* _begin(device, stream, all_streams): route allocations to the pool. */
+static PyObject *mempool_begin(PyObject *o, PyObject *args) {
+  mempool_t *self = (mempool_t *)o;
+  int device, all_streams;
+  PyObject *s;
+  uint64_t stream;
+  if (!PyArg_ParseTuple(args, "iOp:_begin", &device, &s, &all_streams) ||
+      msnap_py_u64(s, &stream, "stream") < 0)
+    return NULL;
+  PyObject *module = mempool_module(o);
+  if (module == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_begin_allocate_to_pool(a, device, self->id, stream,
+                                        all_streams != 0);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "beginAllocateToPool");
+  Py_RETURN_NONE;
+}
+
+static PyObject *mempool_end(PyObject *o, PyObject *args) {
+  mempool_t *self = (mempool_t *)o;
+  int device;
+  if (!PyArg_ParseTuple(args, "i:_end", &device))
+    return NULL;
+  PyObject *module = mempool_module(o);
+  if (module == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_end_allocate_to_pool(a, device, self->id);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "endAllocateToPool");
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef mempool_methods[] = {
+    {"_create", mempool_create, METH_VARARGS,
+     "_create(device, use_on_oom, no_split): make the private pool."},
+    {"use_count", mempool_use_count, METH_NOARGS,
+     "use_count() -> int: the pool's reference count."},
+    {"_begin", mempool_begin, METH_VARARGS,
+     "_begin(device, stream, all_streams): route allocations here."},
+    {"_end", mempool_end, METH_VARARGS, "_end(device): stop routing."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef mempool_getset[] = {
+    {"id", mempool_id, NULL, "the pool id, a tuple of two ints", NULL},
+    {"device", mempool_device, NULL, "the device of the pool", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot mempool_slots[] = {
+    {Py_tp_new, mempool_new},
+    {Py_tp_dealloc, mempool_dealloc},
+    {Py_tp_traverse, mempool_traverse},
+    {Py_tp_methods, mempool_methods},
+    {Py_tp_getset, mempool_getset},
+    {Py_tp_doc, "A private memory pool of the memsnap allocator "
+                "(torch.cuda.MemPool's C part)."},
+    {0, NULL}};
+
+static PyType_Spec mempool_spec = {
+    "_memsnap.MemPool", sizeof(mempool_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    mempool_slots};
+
+int msnap_py_allocator_init(PyObject *module) {
+  msnap_py_state_t *st = msnap_py_state(module);
+  st->mempool_type = PyType_FromModuleAndSpec(module, &mempool_spec, NULL);
+  if (st->mempool_type == NULL)
+    return -1;
+  Py_INCREF(st->mempool_type);
+  if (PyModule_AddObject(module, "MemPool", st->mempool_type) < 0) {
+    Py_DECREF(st->mempool_type);
+    return -1;
+  }
+  return 0;
+}

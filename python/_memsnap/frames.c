@@ -1,0 +1,328 @@
+/*
+ * frames.c -- the interpreter frame hook (msnap_set_frame_hook).
+ *
+ * capture() runs at the start of an allocator call, outside the allocator
+ * lock, and writes the calling thread's Python frames innermost first as
+ * raw pairs {entry, lasti}: `entry` is this file's record of the frame's
+ * code object and `lasti` the byte offset of the current instruction.
+ *
+ * Invariants:
+ *   - Every code object seen by capture() gets one frame_entry_t, stored in
+ *     the code object's co_extra slot (PEP 523), so the lookup is an array
+ *     read.  The entry holds a strong reference to the code object, and the
+ *     UTF-8 copies of its qualified name and file name.
+ *   - Entries (and so the code objects) stay alive for the life of the
+ *     process.  This is what lets resolve() run WITHOUT the GIL (the
+ *     library resolves frames while serializing a snapshot, with the GIL
+ *     released) and lets retain()/release() run on any thread, even under
+ *     library locks, without ever waiting for the GIL: they only count
+ *     references the library holds (an atomic counter per entry).  The cost
+ *     is that a code object that ever allocated while history was on is
+ *     never freed (bounded by the number of distinct functions).
+ *   - resolve() reads only immutable data: the copied strings and the code
+ *     object's line table (PyCode_Addr2Line allocates nothing).
+ *   - capture() takes the GIL (PyGILState_Ensure) only when the calling
+ *     thread does not hold it, and does nothing while the interpreter is
+ *     finalizing.
+ */
+#include "msnap_py.h"
+#include "weak.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
+
+/* CPython 3.11: walk the interpreter's own frame records instead of frame
+ * objects (PyFrame_GetBack creates a frame object per frame that has
+ * none, i.e. for every new call: ~1 us for 20 fresh frames).  Other
+ * versions use the public API (walk_public). */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 &&           \
+    !defined(MSNAP_PY_NO_FAST_FRAMES)
+#define MSNAP_PY_FAST_FRAMES 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
+#if PY_VERSION_HEX >= 0x030C0000
+#define REQUEST_EXTRA PyUnstable_Eval_RequestCodeExtraIndex
+#define GET_EXTRA PyUnstable_Code_GetExtra
+#define SET_EXTRA PyUnstable_Code_SetExtra
+#else
+#define REQUEST_EXTRA _PyEval_RequestCodeExtraIndex
+#define GET_EXTRA _PyCode_GetExtra
+#define SET_EXTRA _PyCode_SetExtra
+#endif
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define IS_FINALIZING() Py_IsFinalizing()
+#else
+#define IS_FINALIZING() _Py_IsFinalizing()
+#endif
+
+typedef struct frame_entry_s {
+  PyCodeObject *code; /* strong reference, never dropped */
+  char *name;         /* co_qualname (3.11+) or co_name  */
+  char *filename;     /* co_filename                     */
+  int firstlineno;
+  atomic_long refs; /* references the library holds     */
+} frame_entry_t;
+
+/* Process-wide hook state: plain C data, no Python objects. */
+static Py_ssize_t extra_index = -1;
+static atomic_long n_entries;
+static atomic_long n_retained;
+
+/* co_extra free function: only reached if a pinned code object somehow
+ * dies (it cannot while the entry holds its reference). */
+static void entry_free(void *p) {
+  frame_entry_t *e = p;
+  if (e == NULL)
+    return;
+  free(e->name);
+  free(e->filename);
+  free(e);
+}
+
+static char *dup_attr(PyObject *code, const char *attr) {
+  PyObject *v = PyObject_GetAttrString(code, attr);
+  if (v == NULL) {
+    PyErr_Clear();
+    return strdup("??");
+  }
+  const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+  if (s == NULL)
+    PyErr_Clear();
+  char *r = strdup(s ? s : "??");
+  Py_DECREF(v);
+  return r;
+}
+
+/* The entry of a code object, created on first sight.  GIL held.  NULL if
+ * out of memory (the frame is then skipped). */
+static frame_entry_t *entry_of(PyCodeObject *co) {
+  void *p = NULL;
+  if (GET_EXTRA((PyObject *)co, extra_index, &p) == 0 && p != NULL)
+    return p;
+  PyErr_Clear();
+  frame_entry_t *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return NULL;
+#if PY_VERSION_HEX >= 0x030B0000
+  e->name = dup_attr((PyObject *)co, "co_qualname");
+#else
+  e->name = dup_attr((PyObject *)co, "co_name");
+#endif
+  e->filename = dup_attr((PyObject *)co, "co_filename");
+  e->firstlineno = co->co_firstlineno;
+  if (e->name == NULL || e->filename == NULL ||
+      SET_EXTRA((PyObject *)co, extra_index, e) < 0) {
+    PyErr_Clear();
+    entry_free(e);
+    return NULL;
+  }
+  Py_INCREF(co);
+  e->code = co;
+  atomic_fetch_add(&n_entries, 1);
+  return e;
+}
+
+/* Walk the current thread's frames with the public API (GIL held). */
+static int walk_public(uintptr_t (*frames)[2], int max) {
+  int n = 0;
+  PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+  if (f == NULL)
+    return 0;
+  Py_INCREF(f);
+  while (f != NULL && n < max) {
+    PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
+#if PY_VERSION_HEX >= 0x030B0000
+    int lasti = PyFrame_GetLasti(f);
+#elif PY_VERSION_HEX >= 0x030A0000
+    int lasti = f->f_lasti < 0 ? -1 : f->f_lasti * 2;
+#else
+    int lasti = f->f_lasti;
+#endif
+    frame_entry_t *e = entry_of(co);
+    Py_DECREF(co);
+    if (e != NULL) {
+      frames[n][0] = (uintptr_t)e;
+      frames[n][1] = (uintptr_t)(intptr_t)lasti;
+      n++;
+    }
+    PyFrameObject *back = PyFrame_GetBack(f); /* new reference */
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  return n;
+}
+
+#ifdef MSNAP_PY_FAST_FRAMES
+/* 3.11: the same frames as walk_public (incomplete frames skipped, as
+ * PyEval_GetFrame/PyFrame_GetBack skip them), without frame objects. */
+static int walk(uintptr_t (*frames)[2], int max) {
+  PyThreadState *ts = PyThreadState_Get();
+  _PyInterpreterFrame *f = ts->cframe->current_frame;
+  int n = 0;
+  for (; f != NULL && n < max; f = f->previous) {
+    if (_PyFrame_IsIncomplete(f))
+      continue;
+    frame_entry_t *e = entry_of(f->f_code);
+    if (e == NULL)
+      continue;
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    frames[n][0] = (uintptr_t)e;
+    frames[n][1] =
+        (uintptr_t)(intptr_t)(lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT));
+    n++;
+  }
+  return n;
+}
+#else
+#define walk walk_public
+#endif
+
+static int hook_capture(void *ctx, uintptr_t (*frames)[2], int max) {
+  (void)ctx;
+  if (max <= 0 || !Py_IsInitialized() || extra_index < 0)
+    return 0;
+  if (PyGILState_Check())
+    return walk(frames, max);
+  if (IS_FINALIZING())
+    return 0;
+  PyGILState_STATE g = PyGILState_Ensure();
+  int n = walk(frames, max);
+  PyGILState_Release(g);
+  return n;
+}
+
+static void hook_retain(void *ctx, const uintptr_t frame[2]) {
+  frame_entry_t *e = (frame_entry_t *)frame[0];
+  if (e != NULL && atomic_fetch_add(&e->refs, 1) == 0)
+    atomic_fetch_add(&n_retained, 1);
+}
+
+static void hook_release(void *ctx, const uintptr_t frame[2]) {
+  frame_entry_t *e = (frame_entry_t *)frame[0];
+  if (e != NULL && atomic_fetch_sub(&e->refs, 1) == 1)
+    atomic_fetch_sub(&n_retained, 1);
+}
+
+/* GIL not required (see the invariants above). */
+static int hook_resolve(void *ctx, const uintptr_t frame[2], const char **name,
+                        const char **filename, int64_t *line) {
+  const frame_entry_t *e = (const frame_entry_t *)frame[0];
+  if (e == NULL)
+    return MSNAP_EINVAL;
+  int lasti = (int)(intptr_t)frame[1];
+  *name = e->name;
+  *filename = e->filename;
+  *line = lasti < 0 ? e->firstlineno : PyCode_Addr2Line(e->code, lasti);
+  return 0;
+}
+
+static const msnap_frame_hook_t hook = {
+    NULL, hook_capture, hook_retain, hook_release, hook_resolve};
+
+/* ---- Python-visible helpers (tests and bench/) ------------------------------ */
+
+/* capture_frames(max=64, public=False) -> list of (name, filename, line),
+ * innermost first: what the library would record for an allocation made
+ * here (public=True: through the public frame API, for comparison). */
+static PyObject *py_capture_frames(PyObject *module, PyObject *args) {
+  int max = 64, public_api = 0;
+  if (!PyArg_ParseTuple(args, "|ip:capture_frames", &max, &public_api))
+    return NULL;
+  if (max < 0 || max > 4096) {
+    PyErr_SetString(PyExc_ValueError, "max must be in [0, 4096]");
+    return NULL;
+  }
+  uintptr_t(*frames)[2] = PyMem_Malloc(sizeof *frames * (size_t)(max + 1));
+  if (frames == NULL)
+    return PyErr_NoMemory();
+  int n = public_api ? walk_public(frames, max) : hook_capture(NULL, frames, max);
+  PyObject *list = PyList_New(n);
+  for (int i = 0; list != NULL && i < n; i++) {
+    const char *nm = "??", *fn = "??";
+    int64_t line = 0;
+    hook_resolve(NULL, frames[i], &nm, &fn, &line);
+    PyObject *t = Py_BuildValue("(ssL)", nm, fn, (long long)line);
+    if (t == NULL) {
+      Py_CLEAR(list);
+      break;
+    }
+    PyList_SET_ITEM(list, i, t);
+  }
+  PyMem_Free(frames);
+  return list;
+}
+
+/* bench_capture(n, depth_limit=64) -> nanoseconds per capture() call. */
+static PyObject *py_bench_capture(PyObject *module, PyObject *args) {
+  long n;
+  int max = 64;
+  if (!PyArg_ParseTuple(args, "l|i:bench_capture", &n, &max))
+    return NULL;
+  if (n <= 0 || max <= 0 || max > 4096) {
+    PyErr_SetString(PyExc_ValueError, "n > 0 and 0 < max <= 4096 required");
+    return NULL;
+  }
+  uintptr_t(*frames)[2] = PyMem_Malloc(sizeof *frames * (size_t)max);
+  if (frames == NULL)
+    return PyErr_NoMemory();
+  struct timespec t0, t1;
+  int depth = 0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < n; i++)
+    depth = hook_capture(NULL, frames, max);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  PyMem_Free(frames);
+  double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 +
+               (double)(t1.tv_nsec - t0.tv_nsec)) /
+              (double)n;
+  return Py_BuildValue("(di)", ns, depth);
+}
+
+/* frame_hook_stats() -> (code objects seen, entries the library retains) */
+static PyObject *py_frame_hook_stats(PyObject *module, PyObject *unused) {
+  return Py_BuildValue("(ll)", (long)atomic_load(&n_entries),
+                       (long)atomic_load(&n_retained));
+}
+
+PyMethodDef msnap_py_frames_methods[] = {
+    {"capture_frames", py_capture_frames, METH_VARARGS,
+     "capture_frames(max=64, public=False) -> [(name, filename, line)], "
+     "innermost first."},
+    {"bench_capture", py_bench_capture, METH_VARARGS,
+     "bench_capture(n, max=64) -> (ns per capture, depth)."},
+    {"frame_hook_stats", py_frame_hook_stats, METH_NOARGS,
+     "frame_hook_stats() -> (code objects seen, code objects retained)."},
+    {NULL, NULL, 0, NULL}};
+
+/*
+ * msnap_py_frames_init -- request the co_extra index and install the hook
+ * (once per process; a second module instance reuses both).
+ */
+int msnap_py_frames_init(PyObject *module) {
+  if (extra_index < 0) {
+    extra_index = REQUEST_EXTRA(entry_free);
+    if (extra_index < 0) {
+      PyErr_SetString(PyExc_RuntimeError, "no free co_extra index");
+      return -1;
+    }
+    if (msnap_set_frame_hook != NULL) {
+      int rc = msnap_set_frame_hook(&hook);
+      if (rc < 0) {
+        msnap_py_raise(module, rc, "msnap_set_frame_hook");
+        return -1;
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,78 @@
+"""Shared helpers of the memsnap Python tests.
+
+The tests import the INSTALLED package (``make build`` installs it into
+.venv).  Work that needs a fresh process-wide allocator (its runtime,
+profile and sim memory come from the environment when it is created) runs
+in a subprocess through :func:`run_script`.
+
+A test that needs a C entry point that is not in libmemsnap yet skips with
+the names of the missing functions (``_memsnap.MISSING``); nothing else
+skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import memsnap
+from memsnap import _memsnap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def need(*names: str) -> None:
+    """Skip the calling test while a needed _memsnap function is missing."""
+    missing = [n for n in names if not hasattr(_memsnap, n)]
+    if missing:
+        pytest.skip(
+            "libmemsnap does not provide these yet (C core not merged): "
+            + ", ".join(missing)
+        )
+
+
+def base_env(**extra: str) -> dict:
+    """A clean environment for a subprocess: no inherited memsnap/torch
+    allocator settings, sim runtime, plus `extra`."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MEMSNAP_", "PYTORCH_", "OOM_SNAPSHOT"))
+    }
+    env["MEMSNAP_RUNTIME"] = "sim"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_script(code: str, env: dict | None = None, cwd: str | None = None,
+               check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run `code` with this interpreter; a line `RESULT <json>` printed by
+    the script is parsed into `.result`."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env if env is not None else base_env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"script failed ({proc.returncode}):\n--- stdout\n{proc.stdout}"
+            f"\n--- stderr\n{proc.stderr}"
+        )
+    proc.result = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            proc.result = json.loads(line[len("RESULT "):])
+    return proc
+
+
+@pytest.fixture
+def lib():
+    return _memsnap

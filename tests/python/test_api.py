@@ -1,0 +1,152 @@
+"""The rest of the memsnap.memory surface, in a fresh process each."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import base_env, need, run_script
+
+API = r"""
+import json, warnings
+import memsnap, memsnap.memory as mm
+from memsnap import _memsnap
+MiB = 1 << 20
+out = {}
+out["profile"] = _memsnap.profile()
+out["runtime"] = _memsnap.runtime_name()
+out["info0"] = list(mm.mem_get_info())
+p = mm.caching_allocator_alloc(3 * MiB, device=0, stream=0)
+q = mm.caching_allocator_alloc(1000, "npu:0")
+st = mm.memory_stats()
+out["keys"] = list(st)
+out["nested_keys"] = sorted(mm.memory_stats_as_nested_dict())
+out["allocated"] = [mm.memory_allocated(), mm.max_memory_allocated(),
+                    mm.memory_reserved(), mm.max_memory_reserved(),
+                    mm.memory_cached(), mm.max_memory_cached()]
+out["info1"] = list(mm.mem_get_info(0))
+out["processes"] = mm.list_gpu_processes()
+mm.record_stream(p, 0)
+mm.caching_allocator_delete(p)
+out["after_free"] = [mm.memory_allocated(), mm.max_memory_allocated()]
+mm.reset_peak_memory_stats()
+out["peak_reset"] = mm.max_memory_allocated()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    mm.reset_max_memory_allocated()
+    mm.reset_max_memory_cached()
+out["warnings"] = [x.category.__name__ for x in w]
+mm.reset_accumulated_memory_stats()
+st = mm.memory_stats()
+out["accumulated"] = [st["allocated_bytes.all.allocated"], st["num_device_alloc"],
+                      st["allocated_bytes.all.current"]]
+mm.caching_allocator_delete(q)
+mm.empty_cache()
+out["reserved_after_empty"] = mm.memory_reserved()
+mm.set_per_process_memory_fraction(0.25)
+out["fraction"] = mm.get_per_process_memory_fraction()
+try:
+    mm.caching_allocator_alloc(40 * MiB)
+except mm.OutOfMemoryError:
+    out["fraction_oom"] = True
+mm.set_per_process_memory_fraction(1.0)
+with mm.caching_allocator_disabled():
+    out["disabled_flag"] = _memsnap.caching_enabled()
+    r = mm.caching_allocator_alloc(1000)
+    out["disabled_stats"] = mm.memory_stats()["allocation.all.current"]
+    mm.caching_allocator_delete(r)
+out["enabled_again"] = _memsnap.caching_enabled()
+out["backend"] = mm.get_allocator_backend()
+out["metadata"] = [mm._memory_metadata_supported(), mm._get_memory_metadata()]
+mm._set_allocator_settings("max_split_size_mb:40")
+out["settings"] = _memsnap.allocator_settings()
+out["summary_head"] = mm.memory_summary().splitlines()[1]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_api_surface():
+    need("malloc", "free", "memory_stats", "mem_get_info", "empty_cache",
+         "set_memory_fraction", "set_caching_enabled", "set_allocator_settings",
+         "memory_summary", "record_stream")
+    r = run_script(API, env=base_env(MEMSNAP_SIM_MEMORY="128M")).result
+    assert r["profile"] == "npu" and r["runtime"] == "sim"
+    assert r["info0"] == [128 << 20, 128 << 20]
+    assert len(r["keys"]) == 123 and r["keys"] == sorted(r["keys"])
+    assert "num_oom_rejections" in r["keys"]
+    assert "allocated_bytes.all.current" in r["keys"]
+    assert r["nested_keys"] == sorted([
+        "active", "active_bytes", "allocated_bytes", "allocation",
+        "inactive_split", "inactive_split_bytes", "max_split_size",
+        "num_alloc_retries", "num_device_alloc", "num_device_free",
+        "num_ooms", "num_oom_rejections", "num_sync_all_streams",
+        "oversize_allocations", "oversize_segments", "requested_bytes",
+        "reserved_bytes", "segment"])
+    alloc, max_alloc, reserved, max_reserved, cached, max_cached = r["allocated"]
+    assert alloc >= 3 * (1 << 20) + 1000 and max_alloc == alloc
+    assert reserved >= alloc and cached == reserved and max_cached == max_reserved
+    assert r["info1"][0] == (128 << 20) - reserved
+    assert r["processes"].startswith("GPU:0\nprocess ") and "MB GPU memory" in r["processes"]
+    assert r["after_free"][0] < alloc and r["after_free"][1] == alloc
+    assert r["peak_reset"] == r["after_free"][0]
+    assert r["warnings"] == ["FutureWarning", "FutureWarning"]
+    assert r["accumulated"][:2] == [0, 0] and r["accumulated"][2] > 0
+    assert r["reserved_after_empty"] == 0
+    assert r["fraction"] == 0.25 and r["fraction_oom"] is True
+    assert r["disabled_flag"] is False and r["disabled_stats"] == 0
+    assert r["enabled_again"] is True
+    assert r["backend"] == "native"
+    assert r["metadata"] == [True, ""]
+    assert "max_split_size_mb:40" in r["settings"]
+    assert "memory summary, device ID 0" in r["summary_head"]
+
+
+POOL = r"""
+import json
+import memsnap.memory as mm
+out = {}
+pool = mm.MemPool()
+out["id"] = list(pool.id)
+out["count"] = pool.use_count()
+with mm.use_mem_pool(pool):
+    p = mm.caching_allocator_alloc(1000)
+q = mm.caching_allocator_alloc(1000)
+segs = pool.snapshot()
+out["pool_segments"] = [[list(s["segment_pool_id"]), [b["address"] for b in s["blocks"]
+                         if b["state"] == "active_allocated"]] for s in segs]
+out["p"], out["q"] = p, q
+out["all_pools"] = sorted(tuple(s["segment_pool_id"]) for s in mm.memory_snapshot())
+out["no_traces"] = len(pool.snapshot(include_traces=False))
+mm.caching_allocator_delete(p); mm.caching_allocator_delete(q)
+other = mm.MemPool(use_on_oom=True, no_split=True)
+out["other_id"] = list(other.id)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_mempool():
+    need("malloc", "free", "MemPool", "snapshot")
+    r = run_script(POOL).result
+    assert r["id"][0] == 0 and r["id"][1] > 0 and r["count"] >= 1
+    assert r["pool_segments"] == [[r["id"], [r["p"]]]]
+    assert r["all_pools"] == sorted([(0, 0), tuple(r["id"])])
+    assert r["no_traces"] == 1
+    assert r["other_id"] != r["id"]
+
+
+def test_configure_before_first_use():
+    need("malloc", "profile", "runtime_name")
+    code = r"""
+import json, memsnap
+from memsnap import _memsnap
+memsnap.configure(runtime="sim", profile="cuda")
+import memsnap.memory as mm
+mm.caching_allocator_alloc(10)
+try:
+    memsnap.configure(profile="npu")
+except RuntimeError as e:
+    late = str(e)
+print("RESULT " + json.dumps([_memsnap.profile(), _memsnap.runtime_name(), late]))
+"""
+    profile, runtime, late = run_script(code).result
+    assert (profile, runtime) == ("cuda", "sim")
+    assert "before the allocator is first used" in late

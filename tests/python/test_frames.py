@@ -1,0 +1,105 @@
+"""The frame hook: what capture()/resolve() give for Python frames."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from memsnap import _memsnap
+
+
+def inner_function():
+    return _memsnap.capture_frames(), sys._getframe().f_lineno - 0
+
+
+class Holder:
+    def method(self):
+        return inner_function()
+
+
+def test_capture_names_files_lines_innermost_first():
+    frames, _ = Holder().method()
+    names = [f[0] for f in frames]
+    assert names[0] == "inner_function"
+    # co_qualname on 3.11+, co_name before.
+    assert names[1] in ("Holder.method", "method")
+    assert names[2].endswith("test_capture_names_files_lines_innermost_first")
+    assert all(f[1] == __file__ for f in frames[:3])
+    # The line of the capture_frames() call inside inner_function.
+    expected = inner_function.__code__.co_firstlineno + 1
+    assert frames[0][2] == expected
+
+
+def test_capture_depth_and_limit():
+    def rec(n):
+        if n == 0:
+            return _memsnap.capture_frames(5), _memsnap.capture_frames(4096)
+        return rec(n - 1)
+
+    few, many = rec(30)
+    assert len(few) == 5
+    assert [f[0] for f in few] == ["test_capture_depth_and_limit.<locals>.rec"] * 5 or \
+        [f[0] for f in few] == ["rec"] * 5
+    assert len(many) >= 31
+
+
+def test_capture_from_another_thread_sees_that_thread():
+    out = []
+
+    def worker_fn():
+        out.append(_memsnap.capture_frames())
+
+    t = threading.Thread(target=worker_fn)
+    t.start()
+    t.join()
+    names = [f[0] for f in out[0]]
+    assert names[0].endswith("worker_fn")
+    # The rest is threading's bootstrap, not this test's frames.
+    assert names[1] in ("Thread.run", "run")
+    assert all(f[1].endswith("threading.py") for f in out[0][1:])
+
+
+def test_code_objects_are_recorded_once():
+    def f():
+        return _memsnap.capture_frames(1)
+
+    f()
+    seen_before, _ = _memsnap.frame_hook_stats()
+    for _ in range(100):
+        f()
+    seen_after, _ = _memsnap.frame_hook_stats()
+    assert seen_after == seen_before
+
+
+def test_bench_capture_reports_depth():
+    def rec(n):
+        if n == 0:
+            return _memsnap.bench_capture(1000, 64)
+        return rec(n - 1)
+
+    ns, depth = rec(18)
+    assert depth >= 20
+    assert ns > 0
+
+
+def test_fast_walk_equals_public_api():
+    """The 3.11 fast walk (interpreter frame records) gives exactly the
+    frames of the public API walk (PyEval_GetFrame / PyFrame_GetBack)."""
+
+    def gen():
+        yield _memsnap.capture_frames(64), _memsnap.capture_frames(64, True)
+
+    def rec(n):
+        if n == 0:
+            fast = _memsnap.capture_frames(64)
+            slow = _memsnap.capture_frames(64, True)
+            in_gen = next(gen())
+            return fast, slow, in_gen
+        return rec(n - 1)
+
+    fast, slow, (gfast, gslow) = rec(10)
+    # Same call site except the line of the capture itself.
+    assert [f[:2] for f in fast] == [f[:2] for f in slow]
+    assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
+    assert fast[0][2] + 1 == slow[0][2]
+    assert gfast[0][:2] == gslow[0][:2] and gfast[1:] == gslow[1:]

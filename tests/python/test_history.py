@@ -1,0 +1,239 @@
+"""Memory history through memsnap.memory, dumped and read back.
+
+Each scenario runs in a fresh process (a fresh process-wide allocator).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+
+import pytest
+
+from conftest import base_env, need, run_script
+from snapcheck import schema_errors
+
+HISTORY_FUNCS = ("record_history", "malloc", "free", "snapshot", "dump_snapshot")
+
+SCRIPT = r"""
+import json, sys
+import memsnap.memory as mm
+from memsnap import _memsnap
+
+def allocate_for_test(n):
+    return mm.caching_allocator_alloc(n)
+
+def release_for_test(p):
+    mm.caching_allocator_delete(p)
+
+mm._record_memory_history("all", stacks="python", compile_context=True)
+mm._set_memory_metadata("phase-1")
+a = allocate_for_test(1000)
+b = allocate_for_test(3 << 20)
+mm._annotate_memory(a, "weights of layer 0")
+_memsnap.compile_context_push("Torch-Compiled Region: 0/0")
+c = allocate_for_test(512)
+_memsnap.compile_context_pop()
+mm._set_memory_metadata("")
+release_for_test(b)
+tb = mm._allocation_traceback(a)
+mm._dump_snapshot(DUMP)
+print("RESULT " + json.dumps({"a": a, "b": b, "c": c, "tb": tb,
+                              "meta": mm._get_memory_metadata()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory):
+    need(*HISTORY_FUNCS, "annotate_memory", "set_memory_metadata",
+         "allocation_traceback", "compile_context_push")
+    path = str(tmp_path_factory.mktemp("hist") / "snap.pickle")
+    proc = run_script(SCRIPT.replace("DUMP", repr(path)))
+    with open(path, "rb") as f:
+        raw = f.read()
+    return proc.result, raw, pickle.loads(raw)
+
+
+def test_protocol_at_most_4(dumped):
+    _, raw, _ = dumped
+    assert raw[0] == 0x80 and 2 <= raw[1] <= 4
+
+
+def test_schema(dumped):
+    _, _, snap = dumped
+    assert schema_errors(snap) == []
+
+
+def test_times_non_decreasing(dumped):
+    _, _, snap = dumped
+    for trace in snap["device_traces"]:
+        times = [e["time_us"] for e in trace]
+        assert times == sorted(times)
+        assert all(t > 1.5e15 for t in times)  # microseconds since the epoch
+
+
+def test_frames_of_this_script(dumped):
+    res, _, snap = dumped
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    assert [e["addr"] for e in allocs] == [res["a"], res["b"], res["c"]]
+    assert [e["size"] for e in allocs] == [1000, 3 << 20, 512]
+    # As in torch, the innermost Python frame is the API function itself
+    # (memsnap/memory.py here, torch/cuda/memory.py there).
+    for e in allocs:
+        assert e["frames"][0]["name"] == "caching_allocator_alloc"
+        assert e["frames"][0]["filename"].endswith("memsnap/memory.py")
+        assert e["frames"][1]["name"] == "allocate_for_test"
+        assert e["frames"][1]["filename"] == "<string>"
+        assert e["frames"][2]["name"] == "<module>"
+    frees = [e for e in snap["device_traces"][0] if e["action"] == "free_requested"]
+    assert frees and frees[0]["addr"] == res["b"]
+    assert frees[0]["frames"][0]["name"] == "caching_allocator_delete"
+    assert frees[0]["frames"][1]["name"] == "release_for_test"
+    assert [f["name"] for f in res["tb"][:2]] == ["caching_allocator_alloc",
+                                                  "allocate_for_test"]
+
+
+def test_user_metadata_annotation_compile_context(dumped):
+    res, _, snap = dumped
+    trace = snap["device_traces"][0]
+    by_addr = {e["addr"]: e for e in trace if e["action"] == "alloc"}
+    assert by_addr[res["a"]]["user_metadata"] == "phase-1"
+    assert by_addr[res["c"]]["user_metadata"] == "phase-1"
+    assert by_addr[res["c"]]["compile_context"] == "Torch-Compiled Region: 0/0"
+    assert by_addr[res["a"]]["compile_context"] == "N/A"
+    ann = [e for e in trace if e["action"] == "annotate"]
+    assert len(ann) == 1 and ann[0]["addr"] == res["a"]
+    assert ann[0]["user_metadata"] == "weights of layer 0"
+    frees = [e for e in trace if e["action"] == "free_requested"]
+    assert frees[0]["user_metadata"] == ""
+    assert res["meta"] == ""
+
+
+def test_opcode_subset(dumped):
+    """Only the opcodes MemoryViz.js's unpickler handles (§2.9)."""
+    _, raw, _ = dumped
+    allowed = {
+        "PROTO", "FRAME", "STOP", "MARK", "EMPTY_DICT", "EMPTY_LIST",
+        "EMPTY_TUPLE", "DICT", "LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+        "APPEND", "APPENDS", "SETITEM", "SETITEMS", "NONE", "NEWTRUE",
+        "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
+        "SHORT_BINUNICODE", "BINUNICODE", "MEMOIZE", "BINPUT", "LONG_BINPUT",
+        "BINGET", "LONG_BINGET", "BYTEARRAY8",
+    }
+    used = {op.name for op, _, _ in pickletools.genops(raw)}
+    assert used - allowed == set()
+
+
+# ---- recording semantics (cuda-reference §4) ------------------------------
+
+SEMANTICS = r"""
+import json
+import memsnap.memory as mm
+
+def trace():
+    return mm._snapshot()["device_traces"][0]
+
+def actions():
+    return [e["action"] for e in trace() if e["action"] != "snapshot"]
+
+out = {}
+mm._record_memory_history("all", context="all", stacks="python")
+p = mm.caching_allocator_alloc(1000); mm.caching_allocator_delete(p)
+out["first"] = actions()
+# Re-enabling with other settings keeps the history...
+mm._record_memory_history("all", context="alloc", stacks="python")
+out["kept"] = len(actions())
+# ...unless clear_history.
+mm._record_memory_history("all", stacks="python", clear_history=True)
+out["cleared"] = actions()
+# skip_actions
+mm._record_memory_history("all", stacks="python", clear_history=True,
+                          skip_actions=["free_requested", "snapshot"])
+p = mm.caching_allocator_alloc(1000); mm.caching_allocator_delete(p)
+out["skipped"] = [e["action"] for e in trace()]
+# max_entries keeps the newest entries.
+mm._record_memory_history("all", stacks="python", clear_history=True,
+                          max_entries=2, skip_actions=["snapshot"])
+ps = [mm.caching_allocator_alloc(1000 + i) for i in range(5)]
+out["ring"] = [(e["action"], e["size"]) for e in trace()]
+for q in ps: mm.caching_allocator_delete(q)
+# enabled=None discards the history.
+mm._record_memory_history(None)
+out["disabled"] = mm._snapshot()["device_traces"]
+mm._record_memory_history("all", stacks="python", skip_actions=["snapshot"])
+out["after"] = actions()
+# enabled="state": ring of one entry.
+mm._record_memory_history("state", stacks="python", clear_history=True)
+for i in range(3): mm.caching_allocator_delete(mm.caching_allocator_alloc(700))
+out["state"] = len(trace())
+# context=None: no frames anywhere; "state": frames on blocks only.
+mm._record_memory_history("all", context=None, stacks="python", clear_history=True)
+q = mm.caching_allocator_alloc(2000)
+out["ctx_none_entry_frames"] = any("frames" in e for e in trace())
+mm.caching_allocator_delete(q)
+mm._record_memory_history("all", context="state", stacks="python", clear_history=True)
+q = mm.caching_allocator_alloc(2000)
+s = mm._snapshot()
+out["ctx_state_entry_frames"] = any("frames" in e for e in s["device_traces"][0])
+blk = [b for seg in s["segments"] for b in seg["blocks"] if b["address"] == q][0]
+out["ctx_state_block_frames"] = len(blk["frames"]) > 0
+mm.caching_allocator_delete(q)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_recording_semantics():
+    need(*HISTORY_FUNCS)
+    r = run_script(SEMANTICS).result
+    assert r["first"][-2:] == ["free_requested", "free_completed"]
+    assert "alloc" in r["first"]
+    assert r["kept"] >= len(r["first"])
+    assert r["cleared"] == []
+    assert "free_requested" not in r["skipped"] and "snapshot" not in r["skipped"]
+    assert "alloc" in r["skipped"] and "free_completed" in r["skipped"]
+    assert r["ring"] == [["alloc", 1003], ["alloc", 1004]]
+    assert all(t == [] for t in r["disabled"])
+    assert r["after"] == []
+    assert r["state"] == 1
+    assert r["ctx_none_entry_frames"] is False
+    assert r["ctx_state_entry_frames"] is False
+    assert r["ctx_state_block_frames"] is True
+
+
+BAD_ARGS = r"""
+import json
+import memsnap.memory as mm
+out = {}
+def catch(f, *a, **k):
+    try:
+        f(*a, **k)
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+    return None
+out["enabled"] = catch(mm._record_memory_history, "yes")
+out["context"] = catch(mm._record_memory_history, "all", context="cpp")
+out["stacks"] = catch(mm._record_memory_history, "all", stacks="cpp")
+out["skip"] = catch(mm._record_memory_history, "all", skip_actions=["bogus"])
+out["negative"] = catch(mm._record_memory_history, "all", max_entries=-1)
+out["host"] = catch(mm._record_memory_history, None, record_pinned_host_memory=True)
+out["legacy"] = catch(mm._record_memory_history, True, trace_alloc_max_entries=4,
+                      trace_alloc_record_context=True)
+from memsnap import _memsnap
+out["history_on"] = _memsnap.history_enabled()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_bad_history_arguments_raise_like_torch():
+    need("record_history", "record_history_legacy", "history_enabled")
+    r = run_script(BAD_ARGS).result
+    assert r["enabled"] == ["RuntimeError", "expected state to be 'state', 'all', or None"]
+    assert r["context"] == ["RuntimeError",
+                            "expected context to be 'state', 'alloc', 'all', or None"]
+    assert r["stacks"] == ["RuntimeError", "expected stacks to be 'python', or 'all'"]
+    assert r["skip"] == ["RuntimeError", "Unknown TraceEntry action: bogus"]
+    assert r["negative"][0] == "TypeError"
+    assert r["host"] == ["RuntimeError", "record_pinned_host_memory requires memory "
+                         "history recording to be enabled"]
+    assert r["legacy"] is None and r["history_on"] is True

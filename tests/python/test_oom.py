@@ -1,0 +1,111 @@
+"""Out of memory: observers, OOM_SNAPSHOT_ENABLE dumps, exception types."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import re
+
+import pytest
+
+from conftest import base_env, need, run_script
+from snapcheck import schema_errors
+
+OOM_SCRIPT = r"""
+import json, os, sys
+import memsnap.memory as mm
+
+out = {"observer": [], "unraisable": []}
+sys.unraisablehook = lambda u: out["unraisable"].append(
+    [type(u.exc_value).__name__, str(u.exc_value)])
+
+def observer(device, alloc, total, free):
+    out["observer"].append([device, alloc, total, free])
+    # The observer may take snapshots: no deadlock, and the oom entry is in.
+    snap = mm._snapshot()
+    out["oom_in_observer_snapshot"] = any(
+        e["action"] == "oom" for e in snap["device_traces"][0])
+    mm._dump_snapshot(os.path.join(OUTDIR, "from_observer.pickle"))
+    raise ValueError("observer failure must not hide the OOM")
+
+mm._attach_out_of_memory_observer(observer)
+keep = mm.caching_allocator_alloc(8 << 20)
+try:
+    mm.caching_allocator_alloc(1 << 30)
+except Exception as e:
+    out["exc"] = [type(e).__name__, isinstance(e, MemoryError),
+                  isinstance(e, mm.OutOfMemoryError), str(e)]
+out["num_ooms"] = mm.memory_stats()["num_ooms"]
+out["pid"] = os.getpid()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_oom_snapshot_enable_dump_observer_and_error(tmp_path):
+    need("malloc", "attach_oom_observer", "snapshot", "dump_snapshot", "memory_stats")
+    outdir = str(tmp_path)
+    env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=outdir)
+    r = run_script(OOM_SCRIPT.replace("OUTDIR", repr(outdir)), env=env, cwd=outdir).result
+
+    # The caller got OutOfMemoryError (a MemoryError), after the observer.
+    assert r["exc"][0] == "OutOfMemoryError" and r["exc"][1] and r["exc"][2]
+    assert r["num_ooms"] == 1
+    assert len(r["observer"]) == 1
+    device, alloc, total, free = r["observer"][0]
+    assert device == 0 and alloc >= 1 << 30 and total == 64 << 20 and free <= total
+    assert r["oom_in_observer_snapshot"] is True
+    assert r["unraisable"] == [["ValueError", "observer failure must not hide the OOM"]]
+
+    # Exactly one complete OOM dump named oom_snapshot_<pid>_<time>.pickle.
+    dumps = glob.glob(os.path.join(outdir, "oom_snapshot_*.pickle"))
+    assert len(dumps) == 1, os.listdir(outdir)
+    assert re.fullmatch(rf"oom_snapshot_{r['pid']}_\d[\d_.-]*\.pickle",
+                        os.path.basename(dumps[0]))
+    with open(dumps[0], "rb") as f:
+        snap = pickle.load(f)
+    assert schema_errors(snap) == []
+    ooms = [e for e in snap["device_traces"][0] if e["action"] == "oom"]
+    assert len(ooms) == 1 and ooms[0]["device_free"] <= 64 << 20
+    # The CSV usage report was written too, and no temporary file is left.
+    assert glob.glob(os.path.join(outdir, "*.csv")), os.listdir(outdir)
+    leftovers = [n for n in os.listdir(outdir)
+                 if not n.endswith((".pickle", ".csv"))]
+    assert leftovers == []
+    with open(os.path.join(outdir, "from_observer.pickle"), "rb") as f:
+        assert any(e["action"] == "oom" for e in pickle.load(f)["device_traces"][0])
+
+
+TORCH_OOM = r"""
+import json
+import torch
+import memsnap.memory as mm
+try:
+    mm.caching_allocator_alloc(1 << 40)
+except torch.OutOfMemoryError as e:
+    print("RESULT " + json.dumps([type(e).__name__, isinstance(e, MemoryError),
+                                  isinstance(e, mm.OutOfMemoryError),
+                                  isinstance(e, RuntimeError)]))
+"""
+
+
+def test_oom_under_torch_raises_torch_type():
+    need("malloc")
+    pytest.importorskip("torch")
+    r = run_script(TORCH_OOM, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result
+    assert r == ["TorchOutOfMemoryError", True, True, True]
+
+
+def test_oom_without_torch_is_plain_memsnap_type():
+    need("malloc")
+    code = r"""
+import json, sys
+import memsnap.memory as mm
+try:
+    mm.caching_allocator_alloc(1 << 40)
+except MemoryError as e:
+    print("RESULT " + json.dumps([type(e).__name__, "torch" in sys.modules]))
+"""
+    assert run_script(code, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result == [
+        "OutOfMemoryError", False]

@@ -1,0 +1,199 @@
+"""memsnap.torch: use_allocator, patch_torch_npu (against a stand-in
+torch_npu package written to tmp_path), record_function annotations, FX
+augmentation."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from conftest import base_env, need, run_script
+
+# A stand-in for torch_npu: the pieces memsnap.torch touches, behaving as
+# the real ones (the pluggable allocator dlopens the library and looks the
+# two functions up by name; swapping after first use fails).
+FAKE_MEMORY = '''
+import ctypes
+
+_current = None
+_used = False
+ORIGINAL = "torch_npu original"
+
+def _record_memory_history(*a, **k): return ORIGINAL
+def _snapshot(*a, **k): return ORIGINAL
+def _dump_snapshot(*a, **k): return ORIGINAL
+def memory_snapshot(*a, **k): return ORIGINAL
+def memory_stats(*a, **k): return ORIGINAL
+
+class NPUPluggableAllocator:
+    def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name):
+        lib = ctypes.CDLL(path_to_so_file)
+        alloc_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                   ctypes.c_void_p)
+        free_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                  ctypes.c_void_p)
+        # Function pointers looked up by name, as dlsym in the C++ loader.
+        self.alloc_fn = ctypes.cast(getattr(lib, alloc_fn_name), alloc_t)
+        self.free_fn = ctypes.cast(getattr(lib, free_fn_name), free_t)
+        self.names = (path_to_so_file, alloc_fn_name, free_fn_name)
+
+def change_current_allocator(allocator):
+    global _current
+    if _used:
+        raise RuntimeError("Can't swap an already initialized allocator")
+    _current = allocator
+
+def _fake_tensor_alloc(size):
+    """What torch_npu does for a tensor: call the current allocator."""
+    global _used
+    _used = True
+    return _current.alloc_fn(size, 0, None)
+'''
+
+FAKE_NPU_INIT = '''
+from . import memory
+from .memory import memory_stats, _snapshot
+
+class _Stream:
+    npu_stream = 0
+
+def current_device():
+    return 0
+
+def current_stream(device=None):
+    return _Stream()
+'''
+
+
+@pytest.fixture
+def fake_npu(tmp_path):
+    pkg = tmp_path / "torch_npu"
+    (pkg / "npu").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import npu\n")
+    (pkg / "npu" / "__init__.py").write_text(FAKE_NPU_INIT)
+    (pkg / "npu" / "memory.py").write_text(FAKE_MEMORY)
+    env = base_env(PYTHONPATH=str(tmp_path))
+    return env
+
+
+def test_patch_torch_npu_routes_history_and_snapshot(fake_npu):
+    code = r"""
+import json
+import torch_npu, torch_npu.npu.memory as nm
+import memsnap.memory as mm, memsnap.torch as mt
+names = mt.patch_torch_npu()
+out = {
+  "names": names,
+  "routed": all(getattr(nm, n) is getattr(mm, n) for n in names),
+  "snapshot": nm._snapshot is mm._snapshot and torch_npu.npu._snapshot is mm._snapshot,
+  "stats_untouched": nm.memory_stats is not mm.memory_stats,
+  "added": [n for n in ("_allocation_traceback", "_set_memory_metadata",
+                        "_memory_metadata_supported", "caching_allocator_disabled",
+                        "mem_get_info") if hasattr(nm, n)],
+}
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code, env=fake_npu).result
+    assert r["routed"] and r["snapshot"] and r["stats_untouched"]
+    for n in ("_record_memory_history", "_snapshot", "_dump_snapshot", "memory_snapshot"):
+        assert n in r["names"]
+    assert len(r["added"]) == 5
+
+
+def test_use_allocator_installs_plugin_for_npu(fake_npu):
+    need("malloc", "free", "memory_stats", "record_history", "snapshot")
+    code = r"""
+import json, os
+import memsnap, memsnap.memory as mm, memsnap.torch as mt
+import torch_npu.npu.memory as nm
+allocator = mt.use_allocator()
+out = {"backend": mt.installed_backend(),
+       "names": list(allocator.names[1:]),
+       "path_ok": allocator.names[0] == memsnap.library_path(),
+       "runtime": os.environ["MEMSNAP_RUNTIME"]}
+mt.patch_torch_npu()
+mm._record_memory_history("all", stacks="python")
+ptr = nm._fake_tensor_alloc(1 << 20)
+out["ptr"] = ptr
+out["allocated"] = nm.memory_stats()["allocated_bytes.all.current"]
+out["in_trace"] = [e["addr"] for e in mm._snapshot()["device_traces"][0]
+                   if e["action"] == "alloc"] == [ptr]
+try:
+    mt.use_allocator("cuda")
+except RuntimeError as e:
+    out["second"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code, env=fake_npu).result
+    assert r["backend"] == "npu"
+    assert r["names"] == ["msnap_plugin_malloc", "msnap_plugin_free"] and r["path_ok"]
+    assert r["runtime"] == "sim"  # the environment's choice is kept
+    assert r["ptr"] and r["allocated"] >= 1 << 20 and r["in_trace"]
+    assert "already installed" in r["second"]
+
+
+def test_use_allocator_too_late_is_a_clear_error(fake_npu):
+    code = r"""
+import json
+import torch_npu.npu.memory as nm
+import memsnap.torch as mt
+nm._used = True
+try:
+    mt.use_allocator("npu")
+except RuntimeError as e:
+    print("RESULT " + json.dumps(str(e)))
+"""
+    r = run_script(code, env=fake_npu).result
+    assert "before the first npu allocation" in r
+    assert "Can't swap an already initialized allocator" in r
+
+
+def test_use_allocator_cuda_on_cpu_torch():
+    torch = pytest.importorskip("torch")
+    if torch.backends.cuda.is_built():
+        pytest.skip("this torch has CUDA: covered by bench/gpu")
+    code = r"""
+import json, memsnap.torch as mt
+try:
+    mt.use_allocator("cuda")
+except RuntimeError as e:
+    print("RESULT " + json.dumps(str(e)))
+"""
+    assert "without CUDA" in run_script(code).result
+
+
+def test_record_function_annotations_and_fx_augmentation():
+    pytest.importorskip("torch")
+    need("malloc", "record_history", "snapshot", "record_annotation")
+    code = r"""
+import json, threading
+import torch, torch._utils
+import memsnap.memory as mm, memsnap.torch as mt
+calls = []
+def fake_augment(s):
+    calls.append(sorted(s))
+    s["augmented"] = True
+    return s
+torch._utils._augment_memory_snapshot_stack_traces = fake_augment
+mm._record_memory_history("all", stacks="python")
+with torch.profiler.record_function("outer_region"):
+    p = mm.caching_allocator_alloc(1000)
+def other_thread():
+    with torch.profiler.record_function("thread_region"):
+        pass
+t = threading.Thread(target=other_thread); t.start(); t.join()
+s = mm._snapshot(augment_with_fx_traces=True)
+ann = [[a["name"], a["stage"]] for a in s["external_annotations"]]
+mm._record_memory_history(None)
+mm._record_memory_history("all", stacks="python", global_record_annotations=True)
+t = threading.Thread(target=other_thread); t.start(); t.join()
+ann2 = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+print("RESULT " + json.dumps({"ann": ann, "ann2": ann2, "augmented": s.get("augmented"),
+                              "calls": len(calls)}))
+"""
+    r = run_script(code).result
+    assert r["ann"] == [["outer_region", "START"], ["outer_region", "END"]]
+    assert r["ann2"] == [["thread_region", "START"], ["thread_region", "END"]]
+    assert r["augmented"] is True and r["calls"] == 1

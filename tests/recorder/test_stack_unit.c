@@ -1,0 +1,238 @@
+/*
+ * test_stack_unit.c -- the stack/string intern table (dedup, reference
+ * counts, id reuse), interpreter-frame hooks (retain, deferred release)
+ * and C-frame symbolization.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fake_alloc.h"
+
+static void check_table(void) {
+  char msg[256];
+  int rc = msnap__stack_check(msg, sizeof msg);
+  if (rc != 0) fail_msg("%s", msg);
+}
+
+static void test_intern_dedup_and_free(void **state) {
+  (void)state;
+  msnap__stack_tcache_flush();
+  size_t live0 = msnap__stack_live();
+  uintptr_t c1[] = {0x1000, 0x2000, 0x3000};
+  uintptr_t c2[] = {0x1000, 0x2000, 0x3001};
+  uint32_t a = msnap__stack_intern(c1, 3, NULL, 0, NULL);
+  uint32_t b = msnap__stack_intern(c1, 3, NULL, 0, NULL);
+  uint32_t c = msnap__stack_intern(c2, 3, NULL, 0, NULL);
+  uint32_t d = msnap__stack_intern(c1, 2, NULL, 0, NULL);
+  check_table();
+  assert_int_not_equal(a, 0);
+  assert_int_equal(a, b);
+  assert_int_not_equal(a, c);
+  assert_int_not_equal(a, d);
+  assert_int_equal(msnap__stack_refcount(a), 2);
+  assert_int_equal(msnap__stack_live(), live0 + 3);
+  msnap_stack_view_t v;
+  assert_int_equal(msnap__stack_view(c, &v), 0);
+  assert_int_equal(v.nc, 3);
+  assert_int_equal(v.c[2], 0x3001);
+  assert_int_equal(v.npy, 0);
+  assert_int_equal(msnap__stack_intern(NULL, 0, NULL, 0, NULL), 0);
+
+  msnap__stack_unref(a);
+  assert_int_equal(msnap__stack_refcount(a), 1);
+  msnap__stack_unref(b);
+  assert_int_equal(msnap__stack_refcount(a), 0);
+  assert_int_equal(msnap__stack_view(a, &v), MSNAP_EINVAL);
+  check_table();
+  /* the id is reused for the next new entry */
+  uintptr_t c3[] = {0x42};
+  uint32_t e = msnap__stack_intern(c3, 1, NULL, 0, NULL);
+  assert_int_equal(e, a);
+  /* and re-interning the freed contents makes a fresh entry */
+  uint32_t f = msnap__stack_intern(c1, 3, NULL, 0, NULL);
+  assert_int_not_equal(f, 0);
+  assert_int_equal(msnap__stack_refcount(f), 1);
+  msnap__stack_unref(c);
+  msnap__stack_unref(d);
+  msnap__stack_unref(e);
+  msnap__stack_unref(f);
+  check_table();
+  assert_int_equal(msnap__stack_live(), live0);
+}
+
+static void test_many_stacks(void **state) {
+  (void)state;
+  msnap__stack_tcache_flush();
+  size_t live0 = msnap__stack_live();
+  enum { N = 5000 };
+  uint32_t *ids = calloc(N, sizeof *ids);
+  for (uintptr_t i = 0; i < N; i++) {
+    uintptr_t c[2] = {i, i * 7};
+    ids[i] = msnap__stack_intern(c, 2, NULL, 0, NULL);
+    assert_int_not_equal(ids[i], 0);
+  }
+  check_table();
+  for (uintptr_t i = 0; i < N; i += 2) msnap__stack_unref(ids[i]);
+  check_table();
+  for (uintptr_t i = 1; i < N; i += 2) {
+    uintptr_t c[2] = {i, i * 7};
+    uint32_t id = msnap__stack_intern(c, 2, NULL, 0, NULL);
+    assert_int_equal(id, ids[i]);
+    msnap__stack_unref(id);
+    msnap__stack_unref(ids[i]);
+  }
+  check_table();
+  assert_int_equal(msnap__stack_live(), live0);
+  free(ids);
+}
+
+static void test_strings(void **state) {
+  (void)state;
+  uint32_t a = msnap__str_intern("hello", 5);
+  uint32_t b = msnap__str_intern("hello world", 5); /* not NUL-terminated */
+  assert_int_equal(a, b);
+  size_t len;
+  assert_string_equal(msnap__str_get(a, &len), "hello");
+  assert_int_equal(len, 5);
+  assert_int_equal(msnap__str_intern("", 0), 0);
+  assert_string_equal(msnap__str_get(0, &len), "");
+  assert_int_equal(len, 0);
+  /* a string is not a stack, even with the same bytes */
+  msnap_stack_view_t v;
+  assert_int_equal(msnap__stack_view(a, &v), MSNAP_EINVAL);
+  msnap__stack_unref(a);
+  msnap__stack_unref(b);
+  check_table();
+}
+
+/* A fake interpreter: frames are (code, offset) pairs; retain/release
+ * count per code object. */
+static int fake_refs[8];
+static int fake_depth = 3;
+static int fake_capture(void *ctx, uintptr_t (*frames)[2], int max) {
+  (void)ctx;
+  int n = fake_depth < max ? fake_depth : max;
+  for (int i = 0; i < n; i++) {
+    frames[i][0] = (uintptr_t)(i + 1);
+    frames[i][1] = (uintptr_t)(10 * i);
+  }
+  return n;
+}
+static void fake_retain(void *ctx, const uintptr_t f[2]) {
+  (void)ctx;
+  fake_refs[f[0]]++;
+}
+static void fake_release(void *ctx, const uintptr_t f[2]) {
+  (void)ctx;
+  fake_refs[f[0]]--;
+}
+static int fake_resolve(void *ctx, const uintptr_t f[2], const char **name,
+                        const char **filename, int64_t *line) {
+  (void)ctx;
+  static const char *names[] = {"?", "inner", "middle", "outer"};
+  *name = names[f[0]];
+  *filename = "model.py";
+  *line = (int64_t)f[1] + 1;
+  return 0;
+}
+
+static void test_frame_hook(void **state) {
+  (void)state;
+  msnap_frame_hook_t h = {NULL, fake_capture, fake_retain, fake_release,
+                          fake_resolve};
+  assert_int_equal(msnap_set_frame_hook(&h), 0);
+  memset(fake_refs, 0, sizeof fake_refs);
+  uint32_t s = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_not_equal(s, 0);
+  msnap_stack_view_t v;
+  assert_int_equal(msnap__stack_view(s, &v), 0);
+  assert_int_equal(v.nc, 0);
+  assert_int_equal(v.npy, 3);
+  assert_int_equal(v.py[2][0], 3);
+  assert_int_equal(v.py[2][1], 20);
+  assert_non_null(v.hook);
+  assert_int_equal(fake_refs[1], 1);
+  /* the same stack again: no new retain */
+  uint32_t s2 = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_equal(s2, s);
+  assert_int_equal(fake_refs[1], 1);
+  msnap__stack_unref(s2);
+  msnap__stack_unref(s);
+  /* this thread's cache still holds it */
+  assert_int_equal(msnap__stack_refcount(s), 1);
+  msnap__stack_tcache_flush();
+  assert_int_equal(msnap__stack_refcount(s), 0);
+  /* release is deferred to the next capturing thread */
+  assert_int_equal(fake_refs[1], 1);
+  fake_depth = 1;
+  uint32_t s3 = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_equal(fake_refs[2], 0);
+  assert_int_equal(fake_refs[3], 0);
+  assert_int_equal(fake_refs[1], 1); /* s3 retains frame 1 */
+  msnap__stack_unref(s3);
+  /* removing the hook drains pending releases */
+  assert_int_equal(msnap_set_frame_hook(NULL), 0);
+  assert_int_equal(fake_refs[1], 0);
+  assert_null(msnap__frame_hook());
+  /* python-only capture without a hook records nothing */
+  assert_int_equal(msnap__stack_capture(MSNAP_STACKS_PYTHON, 0), 0);
+  fake_depth = 3;
+  /* a hook without capture is refused */
+  msnap_frame_hook_t bad = {0};
+  assert_int_equal(msnap_set_frame_hook(&bad), MSNAP_EINVAL);
+  check_table();
+}
+
+static volatile uint32_t no_tail_call;
+__attribute__((noinline)) static uint32_t capture_here(void) {
+  uint32_t s = msnap__stack_capture(MSNAP_STACKS_CPP, 0);
+  no_tail_call++; /* keeps this frame on the stack during the call */
+  return s;
+}
+
+static void test_c_capture_and_symbols(void **state) {
+  (void)state;
+  uint32_t s = capture_here();
+  assert_int_not_equal(s, 0);
+  msnap_stack_view_t v;
+  assert_int_equal(msnap__stack_view(s, &v), 0);
+  assert_true(v.nc >= 3);
+  /* innermost frame is capture_here (the capture function skips itself) */
+  msnap_csym_t sym;
+  msnap__symbolize(v.c[0], &sym);
+  print_message("symbolizer %s: %s %s:%lld\n", msnap__symbolizer_name(),
+                sym.name, sym.filename, (long long)sym.line);
+  if (strcmp(msnap__symbolizer_name(), "libdw") == 0) {
+    assert_string_equal(sym.name, "capture_here");
+    assert_non_null(strstr(sym.filename, "test_stack_unit.c"));
+    assert_true(sym.line > 0);
+    msnap__symbolize(v.c[1], &sym);
+    assert_string_equal(sym.name, "test_c_capture_and_symbols");
+  }
+  /* an address nobody maps: "??", never an error */
+  msnap__symbolize(0x10, &sym);
+  assert_string_equal(sym.name, "??");
+  assert_string_equal(sym.filename, "??");
+  assert_int_equal(sym.line, 0);
+  /* a libc function through dladdr or libdw */
+  msnap__symbolize((uintptr_t)&strlen + 1, &sym);
+  assert_string_not_equal(sym.name, "??");
+  msnap__stack_unref(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_intern_dedup_and_free),
+      cmocka_unit_test(test_many_stacks),
+      cmocka_unit_test(test_strings),
+      cmocka_unit_test(test_frame_hook),
+      cmocka_unit_test(test_c_capture_and_symbols),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

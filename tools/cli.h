@@ -1,0 +1,195 @@
+/*
+ * cli.h -- what the `memsnap` command files share: exit codes, the JSON
+ * emitter, loading a snapshot with a clear message, progress on stderr,
+ * small model helpers (block addresses, stacks, allocation sites) and the
+ * backward replay of a device trace that `check` and `replay` both use.
+ *
+ * Exit codes (every command): 0 = ok, 1 = a finding (violations, leak
+ * candidates, replay mismatch), 2 = unusable input or usage error.
+ *
+ * Ownership: every cli_* function that returns allocated memory says so;
+ * the snapshot model (msnap_snap_t) is owned by the command that loaded it
+ * and freed with msnap__snap_free().
+ */
+#ifndef MSNAP_CLI_H
+#define MSNAP_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "memsnap.h"
+#include "snapshot.h"
+
+enum { CLI_OK = 0, CLI_FINDING = 1, CLI_UNUSABLE = 2 };
+
+/* ---- memsnap.c: commands ------------------------------------------------ */
+int cli_cmd_check(int argc, char **argv);
+int cli_cmd_summary(int argc, char **argv);
+int cli_cmd_diff(int argc, char **argv);
+int cli_cmd_replay(int argc, char **argv);
+int cli_cmd_view(int argc, char **argv);
+int cli_cmd_plot(int argc, char **argv);
+int cli_cmd_convert(int argc, char **argv);
+int cli_cmd_demo_train(int argc, char **argv);
+
+/* Print "memsnap: <message>\n" on stderr (printf format). */
+void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "memsnap CMD: unknown option, see memsnap CMD --help"; returns 2. */
+int cli_usage_error(const char *cmd, const char *what);
+
+/* Load a snapshot file of any generation.  On failure prints
+ * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */
+int cli_load(const char *path, msnap_snap_t **out);
+
+/* ---- JSON emitter (cli_json.c) ------------------------------------------ */
+/* A streaming writer with 2-space indentation.  Values written after
+ * cj_key() belong to that key; commas are placed automatically. */
+#define CJ_MAX_DEPTH 64
+typedef struct cli_json_s {
+  FILE *f;
+  int depth;
+  bool nonempty[CJ_MAX_DEPTH];
+  bool after_key;
+  bool compact; /* no new lines or indentation                    */
+  bool html;    /* escape '<' so the text can sit inside <script> */
+} cli_json_t;
+
+void cj_init(cli_json_t *j, FILE *f);
+void cj_obj(cli_json_t *j);
+void cj_obj_end(cli_json_t *j);
+void cj_arr(cli_json_t *j);
+void cj_arr_end(cli_json_t *j);
+void cj_key(cli_json_t *j, const char *key);
+void cj_str(cli_json_t *j, const char *s, size_t len);
+void cj_cstr(cli_json_t *j, const char *s);
+void cj_u64(cli_json_t *j, uint64_t v);
+void cj_i64(cli_json_t *j, int64_t v);
+void cj_dbl(cli_json_t *j, double v);
+void cj_bool(cli_json_t *j, bool v);
+void cj_null(cli_json_t *j);
+/* Finish the document with a newline. */
+void cj_end(cli_json_t *j);
+/* Escape s into f as a JSON string (with quotes). */
+void cj_escape(FILE *f, const char *s, size_t len);
+/* A generic model value (allocator_settings) as JSON. */
+void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
+
+/* ---- progress on stderr (cli_util.c) ------------------------------------ */
+typedef struct cli_progress_s {
+  struct timespec start;
+  bool tty, shown;
+  double last; /* seconds since start of the last line printed */
+  const char *label;
+} cli_progress_t;
+/* Progress is shown only when stderr is a terminal and the work has run
+ * for more than a second. */
+void cli_progress_init(cli_progress_t *p, const char *label);
+void cli_progress_tick(cli_progress_t *p, uint64_t done, uint64_t total);
+void cli_progress_end(cli_progress_t *p);
+
+/* ---- model helpers (cli_util.c) ----------------------------------------- */
+/* A string of the model, "" when absent; *len may be NULL. */
+const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len);
+/* Frames of a stack: *n frames ids innermost first; NULL/0 for none. */
+const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
+                          uint32_t *n);
+/* The stack to show for a block: its `frames`, or (2.0) the frames of its
+ * first history element. */
+msnap_stack_t cli_block_stack(const msnap_snap_t *s, const msnap_sblock_t *b);
+/* Address of block i of segment seg: the recorded address when the block
+ * has one, else segment address + sizes of the preceding blocks. */
+uint64_t cli_block_addr(const msnap_snap_t *s, const msnap_ssegment_t *seg,
+                        uint32_t i);
+/* True for the states that count as "active" (allocated or pending). */
+static inline bool cli_block_active(const msnap_sblock_t *b) {
+  return b->state == MSNAP_BLOCK_ACTIVE_ALLOCATED ||
+         b->state == MSNAP_BLOCK_ACTIVE_PENDING_FREE;
+}
+/* Name of an action of a trace entry ("alloc", or the kept string). */
+const char *cli_action_name(const msnap_snap_t *s, const msnap_strace_t *e);
+const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b);
+
+/* Allocation site: the innermost "user" frame of a stack.  Heuristic:
+ * skip frames whose file is not a Python source (C/C++ frames, "??",
+ * shared objects), frames inside torch/ (any path component "torch" or
+ * "torch_npu"), and frames of the Python standard library (a path under
+ * lib/python3.x that is not in site-packages).  When every frame is
+ * skipped, the innermost Python frame, else the innermost frame, is used.
+ * Returns the frame id or UINT32_MAX when the stack is empty. */
+uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st);
+/* Format a site as "file:line:name" (file shortened to its last two path
+ * components) into buf; "<no stack>" for UINT32_MAX. */
+void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
+                     size_t len);
+
+/* Devices that appear in the snapshot: every segment device and every
+ * index of a non-empty device trace, sorted; *n set; caller frees. */
+int64_t *cli_devices(const msnap_snap_t *s, uint32_t *n);
+/* Trace of a device, NULL when absent. */
+const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device);
+
+/* "2.1", "2.6", "segment list"... */
+const char *cli_generation_name(msnap_generation_t g);
+
+/* The device with the longest trace, else the first segment's, else 0. */
+int64_t cli_default_device(const msnap_snap_t *s);
+/* Write a whole file atomically (temporary file + rename); prints the
+ * reason and returns -1 on failure. */
+int cli_write_file(const char *path, const void *data, size_t len);
+
+/* Human-readable bytes ("1.5 GiB") into buf. */
+const char *cli_bytes(uint64_t v, char *buf, size_t len);
+
+/* ---- backward replay (cli_back.c) ---------------------------------------- */
+/* Walking a device trace from its newest entry to its oldest, undoing each
+ * entry on the final state (what MemoryViz's State History does), checks
+ * every rule that does not need the part of the history the ring buffer
+ * may have dropped, and leaves the state at the start of the trace.
+ *
+ * A live block: known size when it comes from the final state; a block
+ * re-created by undoing a free_completed only knows its requested size
+ * (size == 0). */
+typedef struct cli_lblock_s {
+  uint64_t addr, size, requested;
+  int64_t stream;
+  bool from_final;  /* present in the final segments                  */
+  bool pending;     /* active_pending_free / between free_requested and */
+                    /* free_completed                                  */
+  bool has_requested;
+} cli_lblock_t;
+
+typedef struct cli_lseg_s {
+  uint64_t addr, size;
+  int64_t stream;
+  bool from_final;
+  bool is_large, is_expandable;
+} cli_lseg_t;
+
+typedef struct cli_state_s {
+  cli_lblock_t *b;
+  uint32_t nb, capb;
+  cli_lseg_t *g;
+  uint32_t ng, capg;
+} cli_state_t;
+
+/* Violation callback: entry index in the device trace (or UINT32_MAX for
+ * the final state), message. */
+typedef void (*cli_violation_cb)(void *arg, uint32_t entry, const char *msg);
+
+/* Build the final state of `device` from the segments, then undo the trace
+ * backwards.  Returns the number of violations; *start (if not NULL)
+ * receives the state at the start of the trace (free with
+ * cli_state_free).  -1 on ENOMEM. */
+long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
+                  void *arg, cli_state_t *start);
+void cli_state_free(cli_state_t *st);
+/* Active (requested) and reserved bytes before the first entry and after
+ * each entry of the device trace; *n = entries + 1; caller frees. */
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n);
+int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st);
+
+#endif /* MSNAP_CLI_H */

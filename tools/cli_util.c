@@ -1,0 +1,424 @@
+/*
+ * cli_util.c -- helpers every memsnap command uses: messages, loading a
+ * snapshot, progress on stderr, and read-only views of the snapshot model
+ * (strings, stacks, block addresses, allocation sites, devices).
+ *
+ * Nothing here keeps state between calls except the progress struct the
+ * caller owns.  Every accessor tolerates ids out of range (a reader bug
+ * must not crash the CLI): they answer "absent".
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_err(const char *fmt, ...) {
+  va_list ap;
+  fputs("memsnap: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+int cli_usage_error(const char *cmd, const char *what) {
+  if (what)
+    fprintf(stderr, "memsnap %s: %s\n", cmd, what);
+  fprintf(stderr, "Try 'memsnap %s --help'.\n", cmd);
+  return CLI_UNUSABLE;
+}
+
+/*
+ * Read `path` with the safe reader and check the model's structural
+ * invariants.  The caller owns *out on success.  Every failure is reported
+ * with the file name and the reader's byte offset.
+ */
+int cli_load(const char *path, msnap_snap_t **out) {
+  msnap_read_error_t err;
+  msnap_snap_t *s = NULL;
+  memset(&err, 0, sizeof err);
+  int rc = msnap__snap_read_file(path, &s, &err);
+  if (rc != 0 || !s) {
+    if (err.msg[0])
+      cli_err("%s: %s [%s]", path, err.msg, msnap_err_name(rc));
+    else
+      cli_err("%s: cannot read snapshot: %s [%s]", path, msnap_strerror(rc),
+              msnap_err_name(rc));
+    if (s)
+      msnap__snap_free(s);
+    return CLI_UNUSABLE;
+  }
+  char msg[256];
+  msg[0] = 0;
+  if (msnap__snap_check_model(s, msg, sizeof msg) != 0) {
+    cli_err("%s: inconsistent model after reading: %s", path, msg);
+    msnap__snap_free(s);
+    return CLI_UNUSABLE;
+  }
+  *out = s;
+  return CLI_OK;
+}
+
+/* ---- progress ------------------------------------------------------------ */
+
+static double cli_elapsed(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) +
+         (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+void cli_progress_init(cli_progress_t *p, const char *label) {
+  clock_gettime(CLOCK_MONOTONIC, &p->start);
+  p->tty = isatty(2) != 0;
+  p->shown = false;
+  p->last = 0;
+  p->label = label;
+}
+
+void cli_progress_tick(cli_progress_t *p, uint64_t done, uint64_t total) {
+  if (!p->tty)
+    return;
+  double t = cli_elapsed(&p->start);
+  if (t < 1.0 || t - p->last < 0.25)
+    return;
+  p->last = t;
+  fprintf(stderr, "\r%s: %" PRIu64 "/%" PRIu64 " (%.0f%%)", p->label, done,
+          total, total ? 100.0 * (double)done / (double)total : 100.0);
+  p->shown = true;
+}
+
+void cli_progress_end(cli_progress_t *p) {
+  if (p->shown)
+    fprintf(stderr, "\r%s: done in %.1f s          \n", p->label,
+            cli_elapsed(&p->start));
+  p->shown = false;
+}
+
+/* ---- model views --------------------------------------------------------- */
+
+const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len) {
+  size_t l = 0;
+  const char *p = NULL;
+  if (id != MSNAP_STR_ABSENT && id < s->nstrings)
+    p = msnap__snap_str(s, id, &l);
+  if (!p) {
+    p = "";
+    l = 0;
+  }
+  if (len)
+    *len = l;
+  return p;
+}
+
+const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
+                          uint32_t *n) {
+  *n = 0;
+  if (st <= MSNAP_STACK_EMPTY || st >= s->nstacks)
+    return NULL;
+  msnap_span_t sp = s->stacks[st];
+  if ((uint64_t)sp.first + sp.n > s->nstack_frames)
+    return NULL;
+  *n = sp.n;
+  return s->stack_frames + sp.first;
+}
+
+msnap_stack_t cli_block_stack(const msnap_snap_t *s,
+                              const msnap_sblock_t *b) {
+  if (b->keys & MSNAP_K_FRAMES)
+    return b->frames;
+  if (b->history.n > 0 &&
+      (uint64_t)b->history.first + b->history.n <= s->nhistories)
+    return s->histories[b->history.first].frames;
+  return MSNAP_STACK_ABSENT;
+}
+
+uint64_t cli_block_addr(const msnap_snap_t *s, const msnap_ssegment_t *seg,
+                        uint32_t i) {
+  const msnap_sblock_t *b = &s->blocks[seg->first_block + i];
+  if (b->keys & MSNAP_K_ADDRESS)
+    return b->address;
+  uint64_t a = seg->address;
+  for (uint32_t k = 0; k < i; k++)
+    a += s->blocks[seg->first_block + k].size;
+  return a;
+}
+
+const char *cli_action_name(const msnap_snap_t *s, const msnap_strace_t *e) {
+  if (e->action == MSNAP_ACTION_UNKNOWN) {
+    const char *n = cli_str(s, e->action_str, NULL);
+    return n[0] ? n : "?";
+  }
+  const char *n = msnap_action_name(e->action);
+  return n ? n : "?";
+}
+
+const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b) {
+  switch (b->state) {
+  case MSNAP_BLOCK_INACTIVE: return "inactive";
+  case MSNAP_BLOCK_ACTIVE_ALLOCATED: return "active_allocated";
+  case MSNAP_BLOCK_ACTIVE_PENDING_FREE: return "active_pending_free";
+  default: return cli_str(s, b->state_str, NULL);
+  }
+}
+
+static bool ends_with(const char *s, size_t n, const char *suf) {
+  size_t m = strlen(suf);
+  return n >= m && memcmp(s + n - m, suf, m) == 0;
+}
+
+/* True when the path has a component equal to `comp`. */
+static bool has_component(const char *s, size_t n, const char *comp) {
+  size_t m = strlen(comp);
+  for (size_t i = 0; i + m <= n; i++) {
+    if ((i == 0 || s[i - 1] == '/' || s[i - 1] == '\\') &&
+        memcmp(s + i, comp, m) == 0 &&
+        (i + m == n || s[i + m] == '/' || s[i + m] == '\\'))
+      return true;
+  }
+  return false;
+}
+
+static bool is_python_file(const char *f, size_t n) {
+  return ends_with(f, n, ".py");
+}
+
+static bool is_stdlib(const char *f, size_t n) {
+  if (memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13))
+    return false;
+  return memmem(f, n, "/lib/python3", 12) != NULL ||
+         memmem(f, n, "<frozen", 7) != NULL;
+}
+
+static bool is_torch(const char *f, size_t n) {
+  return has_component(f, n, "torch") || has_component(f, n, "torch_npu") ||
+         has_component(f, n, "memsnap");
+}
+
+uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
+  uint32_t n;
+  const uint32_t *fr = cli_stack(s, st, &n);
+  uint32_t first_py = UINT32_MAX;
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= s->nframes)
+      continue;
+    size_t fl;
+    const char *file = cli_str(s, s->frames[fr[i]].filename, &fl);
+    if (!is_python_file(file, fl))
+      continue;
+    if (first_py == UINT32_MAX)
+      first_py = fr[i];
+    if (is_torch(file, fl) || is_stdlib(file, fl))
+      continue;
+    return fr[i];
+  }
+  if (first_py != UINT32_MAX)
+    return first_py;
+  /* Only native frames: the innermost one that is not the unwinder, the
+   * traceback gatherer or the caching allocator itself. */
+  static const char *const skip[] = {"unwind", "CapturedTraceback",
+                                     "gather", "CachingAllocator",
+                                     "c10::", "_start", "__libc_start_main",
+                                     NULL};
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= s->nframes)
+      continue;
+    size_t nl;
+    const char *name = cli_str(s, s->frames[fr[i]].name, &nl);
+    bool skipped = nl == 0;
+    for (int k = 0; skip[k] && !skipped; k++)
+      skipped = memmem(name, nl, skip[k], strlen(skip[k])) != NULL;
+    if (!skipped)
+      return fr[i];
+  }
+  for (uint32_t i = 0; i < n; i++)
+    if (fr[i] < s->nframes)
+      return fr[i];
+  return UINT32_MAX;
+}
+
+void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
+                     size_t len) {
+  if (frame == UINT32_MAX || frame >= s->nframes) {
+    snprintf(buf, len, "<no stack>");
+    return;
+  }
+  const msnap_frame_t *f = &s->frames[frame];
+  size_t fl, nl;
+  const char *file = cli_str(s, f->filename, &fl);
+  const char *name = cli_str(s, f->name, &nl);
+  /* Keep the last two path components. */
+  size_t start = 0;
+  int slashes = 0;
+  for (size_t i = fl; i > 0; i--) {
+    if (file[i - 1] == '/' && ++slashes == 2) {
+      start = i;
+      break;
+    }
+  }
+  snprintf(buf, len, "%.*s:%" PRId64 ":%.*s", (int)(fl - start),
+           file + start, f->line, (int)nl, name);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int64_t *cli_devices(const msnap_snap_t *s, uint32_t *n) {
+  uint32_t cap = s->nsegments + s->ndevices + 1, k = 0;
+  int64_t *v = malloc(cap * sizeof *v);
+  if (!v) {
+    *n = 0;
+    return NULL;
+  }
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    v[k++] = s->segments[i].device;
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    if (s->device_traces[d].n > 0)
+      v[k++] = d;
+  qsort(v, k, sizeof *v, cmp_i64);
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < k; i++)
+    if (m == 0 || v[m - 1] != v[i])
+      v[m++] = v[i];
+  *n = m;
+  return v;
+}
+
+const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device) {
+  if (device < 0 || (uint64_t)device >= s->ndevices || !s->device_traces)
+    return NULL;
+  return &s->device_traces[device];
+}
+
+const char *cli_bytes(uint64_t v, char *buf, size_t len) {
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double d = (double)v;
+  int i = 0;
+  while (d >= 1024.0 && i < 4) {
+    d /= 1024.0;
+    i++;
+  }
+  if (i == 0)
+    snprintf(buf, len, "%" PRIu64 " B", v);
+  else
+    snprintf(buf, len, "%.2f %s", d, u[i]);
+  return buf;
+}
+
+const char *cli_generation_name(msnap_generation_t g) {
+  switch (g) {
+  case MSNAP_GEN_SEGMENT_LIST: return "segment list";
+  case MSNAP_GEN_2_0: return "2.0";
+  case MSNAP_GEN_2_1: return "2.1";
+  case MSNAP_GEN_2_2: return "2.2";
+  case MSNAP_GEN_2_6: return "2.6";
+  case MSNAP_GEN_CURRENT: return "current";
+  }
+  return "?";
+}
+
+/*
+ * Active (requested bytes of live allocations) and reserved bytes after
+ * each entry of a device trace, starting from the state at the start of
+ * the trace that the backward replay rebuilds.  Arrays of tl->n + 1
+ * values (index 0 = before the first entry); caller frees both.
+ */
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n) {
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  uint32_t m = tl ? tl->n : 0;
+  cli_state_t st;
+  *act = *res = NULL;
+  *n = 0;
+  if (cli_backward(s, dev, NULL, NULL, &st) < 0)
+    return -1;
+  uint64_t a = 0, r = 0;
+  for (uint32_t i = 0; i < st.nb; i++)
+    a += st.b[i].requested ? st.b[i].requested : st.b[i].size;
+  for (uint32_t i = 0; i < st.ng; i++)
+    r += st.g[i].size;
+  cli_state_free(&st);
+  uint64_t *va = malloc((m + 1) * sizeof *va);
+  uint64_t *vr = malloc((m + 1) * sizeof *vr);
+  if (!va || !vr) {
+    free(va);
+    free(vr);
+    return -1;
+  }
+  va[0] = a;
+  vr[0] = r;
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: a += e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r += e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
+    default: break;
+    }
+    va[i + 1] = a;
+    vr[i + 1] = r;
+  }
+  *act = va;
+  *res = vr;
+  *n = m + 1;
+  return 0;
+}
+
+int64_t cli_default_device(const msnap_snap_t *s) {
+  int64_t best = -1;
+  uint32_t len = 0;
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    if (s->device_traces[d].n > len) {
+      len = s->device_traces[d].n;
+      best = d;
+    }
+  if (best >= 0)
+    return best;
+  return s->nsegments ? s->segments[0].device : 0;
+}
+
+/*
+ * Write len bytes to path through "<path>.tmp.<pid>" and rename(2), so a
+ * failure never leaves a truncated file.  Prints the reason and returns
+ * -1 on failure.
+ */
+int cli_write_file(const char *path, const void *data, size_t len) {
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  if (!tmp) {
+    cli_err("%s: out of memory", path);
+    return -1;
+  }
+  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    cli_err("%s: cannot create: %s", tmp, strerror(errno));
+    free(tmp);
+    return -1;
+  }
+  size_t w = fwrite(data, 1, len, f);
+  int e = ferror(f);
+  if (fclose(f) != 0 || w != len || e) {
+    cli_err("%s: write failed: %s", path, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  if (rename(tmp, path) != 0) {
+    cli_err("%s: cannot rename %s: %s", path, tmp, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  free(tmp);
+  return 0;
+}

@@ -1,0 +1,340 @@
+/*
+ * cmd_check.c -- `memsnap check FILE...`: conformance of snapshot files to
+ * the schema of their generation (cuda-reference.md §2 and §7.3), one line
+ * per violation naming where it is:
+ *
+ *   FILE: segments[12].blocks[3]: address 0x... but ...
+ *   FILE: device_traces[0][881]: free_completed of 0x... but ...
+ *
+ * Rules: block sizes sum to total_size; blocks are contiguous from the
+ * segment address; allocated/active/requested sizes are the sums of the
+ * blocks; states and actions are known names; segments are sorted and
+ * disjoint per device and devices are concatenated in order; time_us never
+ * decreases within a device trace; keys required by the generation are
+ * present (block address since 2.1, requested_size with frames, time_us
+ * since 2.2); every device with segments has a trace list; addresses stay
+ * below 2^53; and the backward replay of each device trace over the final
+ * state (cli_back.c) finds nothing wrong.  The replay rules never need the
+ * entries a ring buffer dropped, so a truncated history is not a fault.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct check_s {
+  const char *file;
+  bool json;
+  cli_json_t *j;
+  long count;
+  long max_lines;
+  int64_t device; /* for the backward-replay callback */
+} check_t;
+
+static void report(check_t *c, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void report(check_t *c, const char *where, const char *fmt, ...) {
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  c->count++;
+  if (c->max_lines >= 0 && c->count > c->max_lines)
+    return;
+  if (c->json) {
+    cj_obj(c->j);
+    cj_key(c->j, "where");
+    cj_cstr(c->j, where);
+    cj_key(c->j, "message");
+    cj_cstr(c->j, msg);
+    cj_obj_end(c->j);
+  } else {
+    printf("%s: %s: %s\n", c->file, where, msg);
+  }
+}
+
+static void back_cb(void *arg, uint32_t entry, const char *msg) {
+  check_t *c = arg;
+  char where[64];
+  snprintf(where, sizeof where, "device_traces[%" PRId64 "][%u]", c->device,
+           entry);
+  report(c, where, "%s", msg);
+}
+
+static void check_segments(check_t *c, const msnap_snap_t *s) {
+  char where[96];
+  int64_t prev_dev = INT64_MIN;
+  uint64_t prev_end = 0, prev_addr = 0;
+  uint32_t prev_i = 0;
+  bool dev_seen_order_bad = false;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    snprintf(where, sizeof where, "segments[%u]", i);
+    if (g->device != prev_dev) {
+      if (prev_dev != INT64_MIN && g->device < prev_dev &&
+          !dev_seen_order_bad) {
+        report(c, where,
+               "device %" PRId64 " after device %" PRId64
+               ": devices must be concatenated in device order",
+               g->device, prev_dev);
+        dev_seen_order_bad = true;
+      }
+      prev_dev = g->device;
+    } else if (g->address <= prev_addr) {
+      report(c, where,
+             "address 0x%" PRIx64 " is not above the previous segment's "
+             "(segments[%u] at 0x%" PRIx64 "): segments must be sorted by "
+             "address per device",
+             g->address, prev_i, prev_addr);
+    } else if (g->address < prev_end) {
+      report(c, where,
+             "segment at 0x%" PRIx64 " overlaps segments[%u] "
+             "[0x%" PRIx64 ", 0x%" PRIx64 ")",
+             g->address, prev_i, prev_addr, prev_end);
+    }
+    prev_addr = g->address;
+    prev_end = g->address + g->total_size;
+    prev_i = i;
+    if (g->address + g->total_size > (1ull << 53))
+      report(c, where,
+             "address range ends above 2^53: JavaScript viewers lose "
+             "precision (§7.3 rule 5)");
+    if (g->nblocks == 0) {
+      report(c, where, "segment has no blocks");
+      continue;
+    }
+    uint64_t run = g->address, sum = 0, alloc = 0, active = 0, req = 0;
+    bool req_known = true;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      snprintf(where, sizeof where, "segments[%u].blocks[%u]", i, k);
+      if (b->state == MSNAP_BLOCK_UNKNOWN_STATE)
+        report(c, where,
+               "unknown state '%s' (expected active_allocated, "
+               "active_pending_free or inactive)",
+               cli_str(s, b->state_str, NULL));
+      if ((b->keys & MSNAP_K_ADDRESS) && b->address != run)
+        report(c, where,
+               "address 0x%" PRIx64 " but the segment start plus the "
+               "previous blocks give 0x%" PRIx64 " (blocks not contiguous)",
+               b->address, run);
+      if (!(b->keys & MSNAP_K_ADDRESS) && s->generation >= MSNAP_GEN_2_1 &&
+          !(b->keys & MSNAP_K_HISTORY))
+        report(c, where, "missing key 'address' (present since 2.1)");
+      if ((b->keys & MSNAP_K_FRAMES) && !(b->keys & MSNAP_K_REQUESTED))
+        report(c, where,
+               "has 'frames' but no 'requested_size' (viewers apply no "
+               "default then)");
+      if (b->size == 0)
+        report(c, where, "block of size 0");
+      run += b->size;
+      sum += b->size;
+      if (b->state == MSNAP_BLOCK_ACTIVE_ALLOCATED)
+        alloc += b->size;
+      if (cli_block_active(b)) {
+        active += b->size;
+        req += b->requested_size;
+        if (!(b->keys & MSNAP_K_REQUESTED))
+          req_known = false;
+      }
+    }
+    snprintf(where, sizeof where, "segments[%u]", i);
+    if (sum != g->total_size)
+      report(c, where,
+             "total_size %" PRIu64 " but its blocks sum to %" PRIu64,
+             g->total_size, sum);
+    if (g->allocated_size != alloc)
+      report(c, where,
+             "allocated_size %" PRIu64 " but its active_allocated blocks "
+             "sum to %" PRIu64,
+             g->allocated_size, alloc);
+    if (g->active_size != active)
+      report(c, where,
+             "active_size %" PRIu64 " but its active blocks sum to %" PRIu64,
+             g->active_size, active);
+    if (req_known && g->requested_size != req)
+      report(c, where,
+             "requested_size %" PRIu64 " but the requested sizes of its "
+             "active blocks sum to %" PRIu64,
+             g->requested_size, req);
+  }
+}
+
+static void check_traces(check_t *c, const msnap_snap_t *s) {
+  char where[64];
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    const msnap_trace_list_t *tl = &s->device_traces[d];
+    bool have_prev = false;
+    int64_t prev = 0;
+    for (uint32_t i = 0; i < tl->n; i++) {
+      const msnap_strace_t *e = &tl->v[i];
+      snprintf(where, sizeof where, "device_traces[%u][%u]", d, i);
+      if (e->action == MSNAP_ACTION_UNKNOWN) {
+        const char *a = cli_str(s, e->action_str, NULL);
+        report(c, where, "unknown action '%s'%s", a,
+               !strcmp(a, "free") ? " ('free' is only synthesized by "
+                                    "viewers, producers write "
+                                    "free_requested/free_completed)"
+                                  : "");
+      }
+      if (e->keys & MSNAP_K_TIME) {
+        if (have_prev && e->time_us < prev)
+          report(c, where,
+                 "time_us %" PRId64 " is before the previous entry's %" PRId64
+                 " (time must not decrease within a device)",
+                 e->time_us, prev);
+        prev = e->time_us;
+        have_prev = true;
+      } else if (s->generation >= MSNAP_GEN_2_2 &&
+                 s->generation != MSNAP_GEN_SEGMENT_LIST) {
+        report(c, where, "missing key 'time_us' (present since 2.2)");
+      }
+      if (e->addr >= (1ull << 53) && !(e->keys & MSNAP_K_DEVICE_FREE))
+        report(c, where,
+               "addr 0x%" PRIx64 " is above 2^53 (§7.3 rule 5)", e->addr);
+    }
+  }
+  if (s->ndevices > 0) {
+    for (uint32_t i = 0; i < s->nsegments; i++) {
+      int64_t dev = s->segments[i].device;
+      if (dev < 0 || (uint64_t)dev >= s->ndevices) {
+        snprintf(where, sizeof where, "segments[%u]", i);
+        report(c, where,
+               "device %" PRId64 " has no list in device_traces (%u lists; "
+               "§7.3 rule 6)",
+               dev, s->ndevices);
+        break;
+      }
+    }
+  }
+  uint32_t nd;
+  int64_t *devs = cli_devices(s, &nd);
+  for (uint32_t k = 0; k < nd; k++) {
+    c->device = devs[k];
+    if (cli_backward(s, devs[k], back_cb, c, NULL) < 0)
+      report(c, "device_traces", "out of memory during the replay check");
+  }
+  free(devs);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: memsnap check [--json] [--max-lines N] FILE...\n"
+          "\n"
+          "Check each snapshot file against the schema of its generation\n"
+          "and the rules viewers rely on; print one line per violation:\n"
+          "  FILE: segments[12].blocks[3]: <what is wrong>\n"
+          "  FILE: device_traces[0][881]: <what is wrong>\n"
+          "\n"
+          "Rules: block sums (total/allocated/active/requested sizes),\n"
+          "contiguous blocks, known state and action names, segments sorted\n"
+          "per device, time_us not decreasing per device, keys of the\n"
+          "generation, and a backward replay of each trace over the final\n"
+          "state (alloc/free_*/segment_* must be consistent with it; a ring\n"
+          "buffer that dropped old entries is not a violation).\n"
+          "\n"
+          "  --json          one JSON object: {files: [{file, usable,\n"
+          "                  violations: [{where, message}], count}]}\n"
+          "  --max-lines N   print at most N violations per file (all are\n"
+          "                  counted)\n"
+          "  -h, --help      this text\n"
+          "\nExit status: 0 all files conform, 1 violations found, 2 a file\n"
+          "could not be read.\n");
+}
+
+int cli_cmd_check(int argc, char **argv) {
+  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                       {"max-lines", required_argument, NULL,
+                                        'm'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  bool json = false;
+  long max_lines = -1;
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "hm:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'j': json = true; break;
+    case 'm': {
+      char *end;
+      max_lines = strtol(optarg, &end, 10);
+      if (*end || max_lines < 0)
+        return cli_usage_error("check", "--max-lines needs a number >= 0");
+      break;
+    }
+    case 'h': usage(stdout); return CLI_OK;
+    default: return cli_usage_error("check", NULL);
+    }
+  }
+  if (optind >= argc)
+    return cli_usage_error("check", "no FILE given");
+  cli_json_t j;
+  cj_init(&j, stdout);
+  if (json) {
+    cj_obj(&j);
+    cj_key(&j, "files");
+    cj_arr(&j);
+  }
+  int rc = CLI_OK;
+  long total = 0;
+  cli_progress_t pr;
+  cli_progress_init(&pr, "check");
+  for (int a = optind; a < argc; a++) {
+    cli_progress_tick(&pr, (uint64_t)(a - optind), (uint64_t)(argc - optind));
+    msnap_snap_t *s = NULL;
+    int lr = cli_load(argv[a], &s);
+    if (json) {
+      cj_obj(&j);
+      cj_key(&j, "file");
+      cj_cstr(&j, argv[a]);
+      cj_key(&j, "usable");
+      cj_bool(&j, lr == CLI_OK);
+    }
+    if (lr != CLI_OK) {
+      rc = CLI_UNUSABLE;
+      if (json)
+        cj_obj_end(&j);
+      continue;
+    }
+    check_t c = {.file = argv[a], .json = json, .j = &j,
+                 .max_lines = max_lines};
+    if (json) {
+      cj_key(&j, "violations");
+      cj_arr(&j);
+    }
+    check_segments(&c, s);
+    check_traces(&c, s);
+    if (json) {
+      cj_arr_end(&j);
+      cj_key(&j, "count");
+      cj_i64(&j, c.count);
+      cj_obj_end(&j);
+    } else if (c.count == 0) {
+      uint64_t ne = 0;
+      for (uint32_t d = 0; d < s->ndevices; d++)
+        ne += s->device_traces[d].n;
+      printf("%s: ok (%u segments, %u blocks, %" PRIu64 " trace entries)\n",
+             argv[a], s->nsegments, s->nblocks, ne);
+    } else if (max_lines >= 0 && c.count > max_lines) {
+      printf("%s: %ld violations (%ld not shown)\n", argv[a], c.count,
+             c.count - max_lines);
+    }
+    total += c.count;
+    if (c.count && rc == CLI_OK)
+      rc = CLI_FINDING;
+    msnap__snap_free(s);
+  }
+  cli_progress_end(&pr);
+  if (json) {
+    cj_arr_end(&j);
+    cj_key(&j, "violations");
+    cj_i64(&j, total);
+    cj_obj_end(&j);
+    cj_end(&j);
+  }
+  return rc;
+}

@@ -1,0 +1,149 @@
+/*
+ * cmd_convert.c -- `memsnap convert FILE -o OUT [--json]`: rewrite a
+ * snapshot of any generation as a current-format pickle (protocol 4, the
+ * MemoryViz opcode subset) or as JSON, through the snapshot writer.
+ *
+ * Upgrading (default): keys that the current producer always writes are
+ * added with the values PyTorch would give them -- block `address`
+ * (segment address + preceding sizes), block `frames` (a 2.0 block's first
+ * history element, else []), segment `frames`/`segment_pool_id`/
+ * `is_expandable`, trace `compile_context` ("N/A") and `user_metadata`
+ * (""), a `device_traces` list per device, `external_annotations`.  Times
+ * that were never recorded stay absent (viewers only display them).
+ * --keep-keys writes exactly the keys of the source instead.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static int upgrade(msnap_snap_t *s) {
+  msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
+  msnap_str_t empty = msnap__snap_intern(s, "", 0);
+  if (!na || !empty)
+    return MSNAP_ENOMEM;
+  int64_t maxdev = -1;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    msnap_ssegment_t *g = &s->segments[i];
+    if (g->device > maxdev)
+      maxdev = g->device;
+    if (!(g->keys & MSNAP_K_FRAMES)) {
+      g->frames = MSNAP_STACK_EMPTY;
+      g->keys |= MSNAP_K_FRAMES;
+    }
+    g->keys |= MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_STREAM |
+               MSNAP_K_SEGMENT_TYPE | MSNAP_K_REQUESTED;
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (!(b->keys & MSNAP_K_ADDRESS)) {
+        b->address = a;
+        b->keys |= MSNAP_K_ADDRESS;
+      }
+      a += b->size;
+      if (!(b->keys & MSNAP_K_FRAMES)) {
+        b->frames = cli_block_stack(s, b);
+        if (b->frames == MSNAP_STACK_ABSENT)
+          b->frames = MSNAP_STACK_EMPTY;
+        b->keys |= MSNAP_K_FRAMES;
+      }
+      if (!(b->keys & MSNAP_K_REQUESTED)) {
+        if (b->history.n > 0 && b->history.first < s->nhistories)
+          b->requested_size = s->histories[b->history.first].real_size;
+        else
+          b->requested_size = b->size;
+        b->keys |= MSNAP_K_REQUESTED;
+      }
+      b->keys &= (uint16_t)~MSNAP_K_HISTORY;
+      b->history.n = 0;
+    }
+  }
+  if (maxdev >= 0 && (uint64_t)(maxdev + 1) > s->ndevices) {
+    int rc = msnap__snap_set_devices(s, (uint32_t)(maxdev + 1));
+    if (rc)
+      return rc;
+  }
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    msnap_trace_list_t *tl = &s->device_traces[d];
+    for (uint32_t i = 0; i < tl->n; i++) {
+      msnap_strace_t *e = &tl->v[i];
+      if (!(e->keys & MSNAP_K_COMPILE_CTX)) {
+        e->compile_context = na;
+        e->keys |= MSNAP_K_COMPILE_CTX;
+      }
+      if (!(e->keys & MSNAP_K_USER_META)) {
+        e->user_metadata = empty;
+        e->keys |= MSNAP_K_USER_META;
+      }
+      e->keys |= MSNAP_K_POOL_ID | MSNAP_K_STREAM;
+    }
+  }
+  s->top_keys |= MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES |
+                 MSNAP_TOP_EXTERNAL_ANNOTATIONS;
+  if (s->generation < MSNAP_GEN_CURRENT)
+    s->generation = MSNAP_GEN_CURRENT;
+  return 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: memsnap convert [--json] [--keep-keys] FILE -o OUT\n"
+          "\n"
+          "Rewrite a snapshot of any generation (2.0 with block history,\n"
+          "2.1, 2.6, current, or a bare list of segments) as a\n"
+          "current-format pickle (protocol 4) or, with --json, as JSON\n"
+          "(accepted by pytorch.org/memory_viz).  Keys the current producer\n"
+          "always writes are added (block address, frames, requested_size,\n"
+          "compile_context, user_metadata, one device_traces list per\n"
+          "device); --keep-keys keeps exactly the source's keys.  The output\n"
+          "is written to a temporary file and renamed.\n"
+          "\n"
+          "  -o, --output OUT  output path (required)\n"
+          "  --json            write JSON instead of a pickle\n"
+          "  --keep-keys       do not add keys\n"
+          "  -h, --help        this text\n"
+          "\nExit status: 0 ok, 2 unusable input or write error.\n");
+}
+
+int cli_cmd_convert(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"json", no_argument, NULL, 'j'},
+      {"keep-keys", no_argument, NULL, 'k'},
+      {"output", required_argument, NULL, 'o'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  bool json = false, keep = false;
+  const char *out = NULL;
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'j': json = true; break;
+    case 'k': keep = true; break;
+    case 'o': out = optarg; break;
+    case 'h': usage(stdout); return CLI_OK;
+    default: return cli_usage_error("convert", NULL);
+    }
+  }
+  if (optind + 1 != argc)
+    return cli_usage_error("convert", "expects exactly one FILE");
+  if (!out)
+    return cli_usage_error("convert", "-o OUT is required");
+  msnap_snap_t *s;
+  if (cli_load(argv[optind], &s) != CLI_OK)
+    return CLI_UNUSABLE;
+  int rc = keep ? 0 : upgrade(s);
+  if (rc == 0)
+    rc = msnap__snap_write_file(s, out, json);
+  msnap__snap_free(s);
+  if (rc) {
+    cli_err("%s: cannot write: %s [%s]", out, msnap_strerror(rc),
+            msnap_err_name(rc));
+    return CLI_UNUSABLE;
+  }
+  fprintf(stderr, "memsnap: wrote %s (%s)\n", out,
+          json ? "JSON" : "pickle protocol 4");
+  return CLI_OK;
+}

@@ -1,0 +1,476 @@
+/*
+ * cmd_summary.c -- `memsnap summary FILE`: per-device figures of a
+ * snapshot.
+ *
+ * Definitions (the test recomputes the first group with Python's pickle):
+ *   segments         segments of the device
+ *   reserved_bytes   sum of segment total_size
+ *   allocated_bytes  sum of sizes of active_allocated blocks
+ *   active_bytes     sum of sizes of active_allocated + active_pending_free
+ *   requested_bytes  sum of requested_size of those active blocks
+ *   blocks           number of blocks of the device's segments
+ *   trace_entries    length of device_traces[device] (0 when absent)
+ * and, from the trace: entries by action, the time span, the peak of
+ * allocated memory (in requested bytes: what the trace records) and of
+ * reserved memory, both starting from the state at the start of the trace
+ * that the backward replay reconstructs.  Sites are the innermost user
+ * frame (cli_site_frame).
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define TOPN_DEFAULT 10
+
+typedef struct site_sum_s {
+  uint32_t frame;
+  uint64_t bytes, count;
+} site_sum_t;
+
+typedef struct dev_fig_s {
+  int64_t device;
+  uint64_t segments, large, reserved, allocated, active, requested, blocks;
+  uint64_t by_state[4];
+  uint64_t trace_entries;
+  uint64_t by_action[MSNAP_ACTION_COUNT + 1];
+  bool have_time;
+  int64_t t0, t1;
+  uint64_t peak_alloc, peak_reserved;
+  bool have_peak;
+  /* largest live allocations: block indexes */
+  uint32_t *largest;
+  uint32_t nlargest;
+  site_sum_t *sites;
+  uint32_t nsites;
+} dev_fig_t;
+
+static const msnap_snap_t *g_sort_snap;
+
+static int cmp_block_size(const void *a, const void *b) {
+  const msnap_sblock_t *x = &g_sort_snap->blocks[*(const uint32_t *)a];
+  const msnap_sblock_t *y = &g_sort_snap->blocks[*(const uint32_t *)b];
+  if (x->size != y->size)
+    return x->size > y->size ? -1 : 1;
+  return x->address < y->address ? -1 : x->address > y->address;
+}
+
+static int cmp_site_frame(const void *a, const void *b) {
+  const site_sum_t *x = a, *y = b;
+  return x->frame < y->frame ? -1 : x->frame > y->frame;
+}
+
+static int cmp_site_bytes(const void *a, const void *b) {
+  const site_sum_t *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return x->frame < y->frame ? -1 : x->frame > y->frame;
+}
+
+/* Figures of one device; the caller frees f->largest and f->sites. */
+static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
+                          uint32_t topn) {
+  memset(f, 0, sizeof *f);
+  f->device = dev;
+  uint32_t nlive = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    f->segments++;
+    f->large += g->is_large != 0;
+    f->reserved += g->total_size;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      f->blocks++;
+      f->by_state[b->state <= 3 ? b->state : 3]++;
+      if (b->state == MSNAP_BLOCK_ACTIVE_ALLOCATED) {
+        f->allocated += b->size;
+        nlive++;
+      }
+      if (cli_block_active(b)) {
+        f->active += b->size;
+        f->requested += b->requested_size;
+      }
+    }
+  }
+  /* Live allocations, largest first, and their sites. */
+  uint32_t *idx = malloc((nlive + 1) * sizeof *idx);
+  site_sum_t *sites = malloc((nlive + 1) * sizeof *sites);
+  if (!idx || !sites) {
+    free(idx);
+    free(sites);
+    return -1;
+  }
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
+        continue;
+      idx[n] = g->first_block + k;
+      sites[n].frame = cli_site_frame(s, cli_block_stack(s, b));
+      sites[n].bytes = b->size;
+      sites[n].count = 1;
+      n++;
+    }
+  }
+  g_sort_snap = s;
+  qsort(idx, n, sizeof *idx, cmp_block_size);
+  f->largest = idx;
+  f->nlargest = n < topn ? n : topn;
+  qsort(sites, n, sizeof *sites, cmp_site_frame);
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (m > 0 && sites[m - 1].frame == sites[i].frame) {
+      sites[m - 1].bytes += sites[i].bytes;
+      sites[m - 1].count++;
+    } else {
+      sites[m++] = sites[i];
+    }
+  }
+  qsort(sites, m, sizeof *sites, cmp_site_bytes);
+  f->sites = sites;
+  f->nsites = m < topn ? m : topn;
+
+  /* Trace figures. */
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  if (tl && tl->n) {
+    f->trace_entries = tl->n;
+    for (uint32_t i = 0; i < tl->n; i++) {
+      const msnap_strace_t *e = &tl->v[i];
+      f->by_action[e->action < MSNAP_ACTION_COUNT ? e->action
+                                                  : MSNAP_ACTION_COUNT]++;
+      if (e->keys & MSNAP_K_TIME) {
+        if (!f->have_time) {
+          f->t0 = e->time_us;
+          f->have_time = true;
+        }
+        f->t1 = e->time_us;
+      }
+    }
+    cli_state_t st;
+    if (cli_backward(s, dev, NULL, NULL, &st) >= 0) {
+      uint64_t cur = 0, res = 0;
+      for (uint32_t i = 0; i < st.nb; i++)
+        cur += st.b[i].requested;
+      for (uint32_t i = 0; i < st.ng; i++)
+        res += st.g[i].size;
+      cli_state_free(&st);
+      uint64_t pa = cur, pr = res;
+      for (uint32_t i = 0; i < tl->n; i++) {
+        const msnap_strace_t *e = &tl->v[i];
+        switch (e->action) {
+        case MSNAP_ACTION_ALLOC: cur += e->size; break;
+        case MSNAP_ACTION_FREE_COMPLETED:
+          cur = cur >= e->size ? cur - e->size : 0;
+          break;
+        case MSNAP_ACTION_SEGMENT_ALLOC:
+        case MSNAP_ACTION_SEGMENT_MAP: res += e->size; break;
+        case MSNAP_ACTION_SEGMENT_FREE:
+        case MSNAP_ACTION_SEGMENT_UNMAP:
+          res = res >= e->size ? res - e->size : 0;
+          break;
+        default: break;
+        }
+        if (cur > pa)
+          pa = cur;
+        if (res > pr)
+          pr = res;
+      }
+      f->peak_alloc = pa;
+      f->peak_reserved = pr;
+      f->have_peak = true;
+    }
+  }
+  return 0;
+}
+
+static const char *state_names[4] = {"inactive", "active_allocated",
+                                     "active_pending_free", "other"};
+
+static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
+                       dev_fig_t *figs, uint32_t nd) {
+  char site[512];
+  cj_obj(j);
+  cj_key(j, "file");
+  cj_cstr(j, file);
+  cj_key(j, "generation");
+  cj_cstr(j, cli_generation_name(s->generation));
+  cj_key(j, "devices");
+  cj_arr(j);
+  for (uint32_t d = 0; d < nd; d++) {
+    dev_fig_t *f = &figs[d];
+    cj_obj(j);
+    cj_key(j, "device");
+    cj_i64(j, f->device);
+    cj_key(j, "segments");
+    cj_u64(j, f->segments);
+    cj_key(j, "large_segments");
+    cj_u64(j, f->large);
+    cj_key(j, "reserved_bytes");
+    cj_u64(j, f->reserved);
+    cj_key(j, "allocated_bytes");
+    cj_u64(j, f->allocated);
+    cj_key(j, "active_bytes");
+    cj_u64(j, f->active);
+    cj_key(j, "requested_bytes");
+    cj_u64(j, f->requested);
+    cj_key(j, "blocks");
+    cj_u64(j, f->blocks);
+    cj_key(j, "blocks_by_state");
+    cj_obj(j);
+    for (int k = 0; k < 4; k++)
+      if (f->by_state[k]) {
+        cj_key(j, state_names[k]);
+        cj_u64(j, f->by_state[k]);
+      }
+    cj_obj_end(j);
+    cj_key(j, "trace_entries");
+    cj_u64(j, f->trace_entries);
+    cj_key(j, "trace_by_action");
+    cj_obj(j);
+    for (int k = 0; k <= MSNAP_ACTION_COUNT; k++)
+      if (f->by_action[k]) {
+        cj_key(j, k < MSNAP_ACTION_COUNT ? msnap_action_name(k) : "other");
+        cj_u64(j, f->by_action[k]);
+      }
+    cj_obj_end(j);
+    cj_key(j, "time_first_us");
+    if (f->have_time)
+      cj_i64(j, f->t0);
+    else
+      cj_null(j);
+    cj_key(j, "time_last_us");
+    if (f->have_time)
+      cj_i64(j, f->t1);
+    else
+      cj_null(j);
+    cj_key(j, "peak_allocated_bytes");
+    if (f->have_peak)
+      cj_u64(j, f->peak_alloc);
+    else
+      cj_null(j);
+    cj_key(j, "peak_reserved_bytes");
+    if (f->have_peak)
+      cj_u64(j, f->peak_reserved);
+    else
+      cj_null(j);
+    cj_key(j, "largest_live");
+    cj_arr(j);
+    for (uint32_t i = 0; i < f->nlargest; i++) {
+      const msnap_sblock_t *b = &s->blocks[f->largest[i]];
+      cj_obj(j);
+      cj_key(j, "size");
+      cj_u64(j, b->size);
+      cj_key(j, "requested_size");
+      cj_u64(j, b->requested_size);
+      cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), site,
+                      sizeof site);
+      cj_key(j, "site");
+      cj_cstr(j, site);
+      cj_obj_end(j);
+    }
+    cj_arr_end(j);
+    cj_key(j, "top_sites");
+    cj_arr(j);
+    for (uint32_t i = 0; i < f->nsites; i++) {
+      cli_site_format(s, f->sites[i].frame, site, sizeof site);
+      cj_obj(j);
+      cj_key(j, "site");
+      cj_cstr(j, site);
+      cj_key(j, "bytes");
+      cj_u64(j, f->sites[i].bytes);
+      cj_key(j, "count");
+      cj_u64(j, f->sites[i].count);
+      cj_obj_end(j);
+    }
+    cj_arr_end(j);
+    cj_obj_end(j);
+  }
+  cj_arr_end(j);
+  cj_key(j, "annotations");
+  cj_u64(j, s->nannotations);
+  if (s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) {
+    cj_key(j, "allocator_settings");
+    cj_gv(j, s, &s->allocator_settings);
+  }
+  cj_obj_end(j);
+}
+
+static void print_text(const char *file, const msnap_snap_t *s,
+                       dev_fig_t *figs, uint32_t nd) {
+  char b1[32], b2[512];
+  printf("%s: snapshot format %s\n", file,
+         cli_generation_name(s->generation));
+  for (uint32_t d = 0; d < nd; d++) {
+    dev_fig_t *f = &figs[d];
+    printf("\ndevice %" PRId64 "\n", f->device);
+    printf("  segments         %" PRIu64 " (%" PRIu64 " large, %" PRIu64
+           " small)\n",
+           f->segments, f->large, f->segments - f->large);
+    printf("  reserved         %s (%" PRIu64 " B)\n",
+           cli_bytes(f->reserved, b1, sizeof b1), f->reserved);
+    printf("  allocated        %s (%" PRIu64 " B)\n",
+           cli_bytes(f->allocated, b1, sizeof b1), f->allocated);
+    printf("  active           %s (%" PRIu64 " B)\n",
+           cli_bytes(f->active, b1, sizeof b1), f->active);
+    printf("  requested        %s (%" PRIu64 " B)\n",
+           cli_bytes(f->requested, b1, sizeof b1), f->requested);
+    printf("  blocks           %" PRIu64 ":", f->blocks);
+    for (int k = 0; k < 4; k++)
+      if (f->by_state[k])
+        printf(" %s %" PRIu64, state_names[k], f->by_state[k]);
+    printf("\n  trace entries    %" PRIu64, f->trace_entries);
+    const char *sep = ":";
+    for (int k = 0; k <= MSNAP_ACTION_COUNT; k++)
+      if (f->by_action[k]) {
+        printf("%s %s %" PRIu64, sep,
+               k < MSNAP_ACTION_COUNT ? msnap_action_name(k) : "other",
+               f->by_action[k]);
+        sep = ",";
+      }
+    printf("\n");
+    if (f->have_time)
+      printf("  time span        %.3f s\n", (double)(f->t1 - f->t0) / 1e6);
+    else if (f->trace_entries)
+      printf("  time span        (no time_us in this format)\n");
+    if (f->have_peak) {
+      printf("  peak allocated   %s over the trace (requested bytes)\n",
+             cli_bytes(f->peak_alloc, b1, sizeof b1));
+      printf("  peak reserved    %s over the trace\n",
+             cli_bytes(f->peak_reserved, b1, sizeof b1));
+    }
+    if (f->nlargest) {
+      printf("  largest live allocations:\n");
+      for (uint32_t i = 0; i < f->nlargest; i++) {
+        const msnap_sblock_t *b = &s->blocks[f->largest[i]];
+        cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), b2,
+                        sizeof b2);
+        printf("    %12s  %s\n", cli_bytes(b->size, b1, sizeof b1), b2);
+      }
+    }
+    if (f->nsites) {
+      printf("  top allocation sites (live bytes):\n");
+      for (uint32_t i = 0; i < f->nsites; i++) {
+        cli_site_format(s, f->sites[i].frame, b2, sizeof b2);
+        printf("    %12s  %5" PRIu64 " x  %s\n",
+               cli_bytes(f->sites[i].bytes, b1, sizeof b1),
+               f->sites[i].count, b2);
+      }
+    }
+  }
+  if (s->nannotations) {
+    printf("\nannotations: %u\n", s->nannotations);
+    uint32_t shown = 0;
+    for (uint32_t i = 0; i < s->nannotations && shown < 10; i++) {
+      const msnap_sannotation_t *a = &s->annotations[i];
+      if (!a->is_start)
+        continue;
+      printf("  %s (device %" PRId64 ")\n", cli_str(s, a->name, NULL),
+             a->device);
+      shown++;
+    }
+  }
+  if ((s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) &&
+      s->allocator_settings.kind == MSNAP_GV_DICT) {
+    printf("\nallocator settings:");
+    cli_json_t j;
+    cj_init(&j, stdout);
+    cj_gv(&j, s, &s->allocator_settings);
+    printf("\n");
+  }
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: memsnap summary [--json] [--top N] FILE\n"
+          "\n"
+          "Per device: segments; reserved, allocated, active and requested\n"
+          "bytes (sums over the blocks); blocks by state; trace entries by\n"
+          "action; time span; peak allocated (in requested bytes, what the\n"
+          "trace records) and peak reserved over the trace, starting from\n"
+          "the state at the trace start that a backward replay rebuilds;\n"
+          "the largest live allocations and the top allocation sites by\n"
+          "live bytes; annotations and allocator settings.\n"
+          "\n"
+          "A site is the innermost user frame of the allocation's stack:\n"
+          "C/C++ frames, frames under a torch/ or torch_npu/ directory and\n"
+          "Python standard library frames are skipped.\n"
+          "\n"
+          "  --json     one JSON object {file, generation, devices: [{device,\n"
+          "             segments, reserved_bytes, allocated_bytes,\n"
+          "             active_bytes, requested_bytes, blocks,\n"
+          "             trace_entries, ...}], annotations}\n"
+          "  --top N    show N largest allocations and sites (default 10)\n"
+          "  -h, --help this text\n"
+          "\nExit status: 0 ok, 2 unusable input.\n");
+}
+
+int cli_cmd_summary(int argc, char **argv) {
+  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                       {"top", required_argument, NULL, 't'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  bool json = false;
+  long topn = TOPN_DEFAULT;
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'j': json = true; break;
+    case 't': {
+      char *end;
+      topn = strtol(optarg, &end, 10);
+      if (*end || topn < 0 || topn > 100000)
+        return cli_usage_error("summary", "--top needs a number 0..100000");
+      break;
+    }
+    case 'h': usage(stdout); return CLI_OK;
+    default: return cli_usage_error("summary", NULL);
+    }
+  }
+  if (optind + 1 != argc)
+    return cli_usage_error("summary", "expects exactly one FILE");
+  msnap_snap_t *s;
+  if (cli_load(argv[optind], &s) != CLI_OK)
+    return CLI_UNUSABLE;
+  uint32_t nd;
+  int64_t *devs = cli_devices(s, &nd);
+  dev_fig_t *figs = calloc(nd + 1, sizeof *figs);
+  int rc = CLI_OK;
+  if (!figs || (!devs && nd)) {
+    cli_err("out of memory");
+    rc = CLI_UNUSABLE;
+    goto out;
+  }
+  for (uint32_t d = 0; d < nd; d++)
+    if (device_figures(s, devs[d], &figs[d], (uint32_t)topn)) {
+      cli_err("out of memory");
+      rc = CLI_UNUSABLE;
+      goto out;
+    }
+  if (json) {
+    cli_json_t j;
+    cj_init(&j, stdout);
+    print_json(&j, argv[optind], s, figs, nd);
+    cj_end(&j);
+  } else {
+    print_text(argv[optind], s, figs, nd);
+  }
+out:
+  if (figs)
+    for (uint32_t d = 0; d < nd; d++) {
+      free(figs[d].largest);
+      free(figs[d].sites);
+    }
+  free(figs);
+  free(devs);
+  msnap__snap_free(s);
+  return rc;
+}
