@@ -133,7 +133,7 @@ static void clock_init(void) {
   anchor0 = clock_sample();
   anchor1 = anchor0;
   clock_scale = 1.0;
-  if (clock_source == CLOCK_SRC_FALLBACK) return;
+  if (atomic_load(&clock_source) == CLOCK_SRC_FALLBACK) return;
   /* A first slope so that conversions before any calibration are sane:
    * wait about 200 us (once per process). */
   for (;;) {
@@ -190,7 +190,7 @@ int64_t msnap__clock_now_us(void) {
 /* Name of the counter in use ("tsc", "cntvct", "clock_gettime"). */
 const char *msnap__clock_source(void) {
   msnap__clock_init();
-  switch (clock_source) {
+  switch (atomic_load(&clock_source)) {
   case CLOCK_SRC_TSC: return "tsc";
   case CLOCK_SRC_CNTVCT: return "cntvct";
   default: return "clock_gettime";
