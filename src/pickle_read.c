@@ -525,8 +525,10 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
   msnap_pv_t c;
   int rc = obj_new(vm, kind, n, &c);
   if (rc < 0) return rc;
-  rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
-                  true);
+  /* n == 0 may come with an empty (NULL) stack: no pointer arithmetic on
+   * NULL, even + 0 (undefined; clang's UBSan reports it). */
+  rc = obj_extend(vm, c, n ? vm->stack + first : NULL, n,
+                  kind == MSNAP_POBJ_DICT, true);
   if (rc < 0) return rc;
   vm->sn = first;
   return push(vm, c);
