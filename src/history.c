@@ -112,39 +112,98 @@ static void hentry_release(const msnap_hentry_t *e) {
   msnap__stack_unref(e->compile_context);
 }
 
-/* Re-lay the ring into new storage of vcap slots holding the newest
- * min(n, vcap) entries (the older ones are released and counted as
- * dropped).  Device lock held.  MSNAP_ENOMEM leaves the ring unchanged. */
-static int ring_relayout(msnap_ring_t *ring, uint64_t vcap) {
-  msnap_hentry_t *nv = NULL;
-  if (vcap > 0) {
-    if (vcap > SIZE_MAX / sizeof *nv) return MSNAP_ENOMEM;
-    nv = malloc((size_t)vcap * sizeof *nv);
-    if (nv == NULL) return MSNAP_ENOMEM;
+/* Slot s of the storage, and the i-th entry from the oldest. */
+static inline msnap_hentry_t *ring_slot(const msnap_ring_t *ring,
+                                        uint64_t s) {
+  return &ring->chunks[s >> MSNAP_RING_CHUNK_BITS]
+                      [s & (MSNAP_RING_CHUNK - 1)];
+}
+static inline msnap_hentry_t *ring_at(const msnap_ring_t *ring, uint64_t i) {
+  uint64_t s = ring->head + i;
+  if (s >= ring->vcap) s -= ring->vcap;
+  return ring_slot(ring, s);
+}
+
+static void ring_free_chunks(msnap_hentry_t **chunks, uint64_t n) {
+  for (uint64_t k = 0; k < n; k++) free(chunks[k]);
+  free(chunks);
+}
+
+/* Allocate chunks for `slots` slots (all full-size but the last). */
+static msnap_hentry_t **ring_alloc_chunks(uint64_t slots, uint64_t *nchunks) {
+  uint64_t n = (slots + MSNAP_RING_CHUNK - 1) >> MSNAP_RING_CHUNK_BITS;
+  msnap_hentry_t **c = calloc(n ? n : 1, sizeof *c);
+  if (c == NULL) return NULL;
+  for (uint64_t k = 0; k < n; k++) {
+    uint64_t sz = slots - k * MSNAP_RING_CHUNK;
+    if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
+    c[k] = malloc((size_t)sz * sizeof **c);
+    if (c[k] == NULL) {
+      ring_free_chunks(c, k);
+      return NULL;
+    }
   }
-  uint64_t keep = ring->n < vcap ? ring->n : vcap;
+  *nchunks = n;
+  return c;
+}
+
+/* Re-lay the ring into fresh storage holding its newest `keep` entries at
+ * slots 0..keep-1 (older ones are released and counted as dropped), with
+ * min(capacity, keep rounded up to a chunk) slots.  Device lock held.
+ * MSNAP_ENOMEM leaves the ring unchanged.  Used only when the capacity
+ * drops, or to straighten a wrapped ring before it grows. */
+static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
+  if (keep > ring->n) keep = ring->n;
+  uint64_t slots = (keep + MSNAP_RING_CHUNK - 1) & ~(uint64_t)(MSNAP_RING_CHUNK - 1);
+  if (slots > ring->capacity) slots = ring->capacity;
+  uint64_t nchunks = 0;
+  msnap_hentry_t **nc = NULL;
+  if (slots > 0) {
+    nc = ring_alloc_chunks(slots, &nchunks);
+    if (nc == NULL) return MSNAP_ENOMEM;
+  }
   uint64_t drop = ring->n - keep;
   for (uint64_t i = 0; i < ring->n; i++) {
-    const msnap_hentry_t *e = &ring->v[(ring->head + i) % ring->vcap];
+    const msnap_hentry_t *e = ring_at(ring, i);
     if (i < drop)
       hentry_release(e);
     else
-      nv[i - drop] = *e;
+      nc[(i - drop) >> MSNAP_RING_CHUNK_BITS]
+        [(i - drop) & (MSNAP_RING_CHUNK - 1)] = *e;
   }
-  free(ring->v);
-  ring->v = nv;
-  ring->vcap = vcap;
+  ring_free_chunks(ring->chunks, ring->nchunks);
+  ring->chunks = nc;
+  ring->nchunks = ring->chunks_cap = nchunks;
+  ring->vcap = slots;
   ring->head = 0;
   ring->n = keep;
   ring->dropped += drop;
   return 0;
 }
 
+/* Add one chunk (head == 0, n == vcap < capacity): no entry moves. */
+static int ring_grow(msnap_ring_t *ring) {
+  if (ring->nchunks == ring->chunks_cap) {
+    uint64_t cap = ring->chunks_cap ? ring->chunks_cap * 2 : 4;
+    msnap_hentry_t **nc = realloc(ring->chunks, (size_t)cap * sizeof *nc);
+    if (nc == NULL) return MSNAP_ENOMEM;
+    ring->chunks = nc;
+    ring->chunks_cap = cap;
+  }
+  uint64_t sz = ring->capacity - ring->vcap;
+  if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
+  msnap_hentry_t *c = malloc((size_t)sz * sizeof *c);
+  if (c == NULL) return MSNAP_ENOMEM;
+  ring->chunks[ring->nchunks++] = c;
+  ring->vcap += sz;
+  return 0;
+}
+
 static void ring_clear(msnap_ring_t *ring) {
-  for (uint64_t i = 0; i < ring->n; i++)
-    hentry_release(&ring->v[(ring->head + i) % ring->vcap]);
-  free(ring->v);
-  ring->v = NULL;
+  for (uint64_t i = 0; i < ring->n; i++) hentry_release(ring_at(ring, i));
+  ring_free_chunks(ring->chunks, ring->nchunks);
+  ring->chunks = NULL;
+  ring->nchunks = ring->chunks_cap = 0;
   ring->vcap = ring->head = ring->n = 0;
   ring->dropped = 0;
 }
@@ -154,10 +213,11 @@ static void ring_set_capacity(msnap_ring_t *ring, uint64_t capacity) {
   ring->capacity = capacity;
   if (ring->n > capacity || ring->vcap > capacity) {
     if (ring_relayout(ring, capacity) != 0) {
-      /* No memory for a smaller copy: release the oldest in place. */
+      /* No memory for a smaller copy: release the oldest in place and
+       * keep the slots (vcap > capacity until the next relayout). */
       while (ring->n > capacity) {
-        hentry_release(&ring->v[ring->head]);
-        ring->head = (ring->head + 1) % ring->vcap;
+        hentry_release(ring_at(ring, 0));
+        ring->head = ring->head + 1 == ring->vcap ? 0 : ring->head + 1;
         ring->n--;
         ring->dropped++;
       }
@@ -165,12 +225,14 @@ static void ring_set_capacity(msnap_ring_t *ring, uint64_t capacity) {
   }
 }
 
-/* Append e (whose references the ring takes over).  Device lock held. */
+/* Append e (whose references the ring takes over).  Device lock held.
+ * Growth adds a chunk (nothing is copied); a full ring overwrites its
+ * oldest entry. */
 static void ring_push(msnap_ring_t *ring, const msnap_hentry_t *e) {
   if (ring->n == ring->vcap && ring->vcap < ring->capacity) {
-    uint64_t vcap = ring->vcap ? ring->vcap * 2 : 256;
-    if (vcap > ring->capacity) vcap = ring->capacity;
-    (void)ring_relayout(ring, vcap); /* on ENOMEM: overwrite the oldest */
+    if (ring->head != 0) (void)ring_relayout(ring, ring->n); /* rare */
+    if (ring->n == ring->vcap && ring->head == 0)
+      (void)ring_grow(ring); /* on ENOMEM: overwrite the oldest */
   }
   if (ring->vcap == 0) { /* not even one slot: the entry is dropped */
     hentry_release(e);
@@ -178,13 +240,14 @@ static void ring_push(msnap_ring_t *ring, const msnap_hentry_t *e) {
     return;
   }
   if (ring->n < ring->vcap) {
-    ring->v[(ring->head + ring->n) % ring->vcap] = *e;
+    *ring_at(ring, ring->n) = *e;
     ring->n++;
     return;
   }
-  hentry_release(&ring->v[ring->head]);
-  ring->v[ring->head] = *e;
-  ring->head = (ring->head + 1) % ring->vcap;
+  msnap_hentry_t *old = ring_slot(ring, ring->head);
+  hentry_release(old);
+  *old = *e;
+  ring->head = ring->head + 1 == ring->vcap ? 0 : ring->head + 1;
   ring->dropped++;
 }
 
@@ -192,10 +255,12 @@ int msnap__ring_check(const msnap_ring_t *ring, char *msg, size_t len) {
   const char *bad = NULL;
   if (ring->n > ring->capacity) bad = "more entries than capacity";
   else if (ring->n > ring->vcap) bad = "more entries than slots";
-  else if (ring->vcap > ring->capacity) bad = "more slots than capacity";
   else if (ring->vcap && ring->head >= ring->vcap) bad = "head out of range";
+  else if (ring->nchunks !=
+           (ring->vcap + MSNAP_RING_CHUNK - 1) >> MSNAP_RING_CHUNK_BITS)
+    bad = "chunk count does not match the slots";
   for (uint64_t i = 0; bad == NULL && i < ring->n; i++) {
-    const msnap_hentry_t *e = &ring->v[(ring->head + i) % ring->vcap];
+    const msnap_hentry_t *e = ring_at(ring, i);
     if (e->action >= MSNAP_ACTION_COUNT) bad = "entry with a bad action";
     else if (e->stream >= ring->streams.n) bad = "entry with a bad stream";
     else if (e->pool >= ring->pools.n) bad = "entry with a bad pool";
@@ -290,9 +355,9 @@ void msnap__recorder_destroy(struct msnap_recorder_s *r) {
 
 /* ---- thread-local metadata and compile context --------------------------- */
 
-static _Thread_local uint32_t tls_meta;    /* string id, TLS holds a ref */
-static _Thread_local uint32_t *tls_cc;     /* compile-context stack      */
-static _Thread_local uint32_t tls_cc_n, tls_cc_cap;
+static MSNAP_TLS uint32_t tls_meta;    /* string id, TLS holds a ref */
+static MSNAP_TLS uint32_t *tls_cc;     /* compile-context stack      */
+static MSNAP_TLS uint32_t tls_cc_n, tls_cc_cap;
 static pthread_key_t tls_key;
 static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 
@@ -493,7 +558,7 @@ int msnap__ring_copy_locked(msnap_recorder_t *r, int device,
     if (v == NULL) return MSNAP_ENOMEM;
   }
   for (uint64_t i = 0; i < ring->n; i++) {
-    const msnap_hentry_t *e = &ring->v[(ring->head + i) % ring->vcap];
+    const msnap_hentry_t *e = ring_at(ring, i);
     v[i].e = *e;
     v[i].stream = ring->streams.keys[e->stream][0];
     v[i].pool.first = ring->pools.keys[e->pool][0];

@@ -11,7 +11,9 @@
  *
  * Invariants (msnap__ring_check):
  *   - n <= capacity, n <= vcap, head < vcap (or vcap == 0 and n == 0);
- *   - vcap <= capacity (storage grows by doubling up to the capacity);
+ *   - vcap <= capacity, except after a failed shrink (ENOMEM) that left
+ *     the old slots; nchunks = ceil(vcap / MSNAP_RING_CHUNK);
+ *   - while the ring grows (n == vcap < capacity) head is 0;
  *   - every entry holds one reference on each of its non-zero stack,
  *     user_metadata and compile_context ids; overwriting or clearing an
  *     entry drops them;
@@ -59,9 +61,16 @@ typedef struct msnap_keymap_s {
   uint32_t last;
 } msnap_keymap_t;
 
+/* Ring storage comes in chunks of 4096 entries (192 KiB): growing adds a
+ * chunk and never copies, so an unbounded history costs its entries and no
+ * transient double-size copy. */
+#define MSNAP_RING_CHUNK_BITS 12
+#define MSNAP_RING_CHUNK (1u << MSNAP_RING_CHUNK_BITS)
+
 typedef struct msnap_ring_s {
-  msnap_hentry_t *v;
-  uint64_t vcap, head, n;
+  msnap_hentry_t **chunks; /* slot s: chunks[s / CHUNK][s % CHUNK]      */
+  uint64_t nchunks, chunks_cap;
+  uint64_t vcap, head, n;  /* vcap = slots allocated                    */
   uint64_t capacity;
   uint64_t dropped;
   msnap_keymap_t streams, pools;
@@ -146,6 +155,8 @@ int msnap__ws_collect(msnap_allocator_t *a, int device,
 void msnap__ws_totals(msnap_allocator_t *a, int device, uint64_t *reserved,
                       uint64_t *allocated);
 void msnap__ws_destroy(msnap_recorder_t *r);
+/* Workspace invariants (tests): 0 or MSNAP_ESTATE with msg. */
+int msnap__ws_check(msnap_allocator_t *a, char *msg, size_t len);
 
 /* ---- oom.c --------------------------------------------------------------- */
 /* Write the usage-report CSV of one device (-1 = all) to path. */

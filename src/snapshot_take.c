@@ -325,9 +325,12 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
          gv_bool(c ? c->pinned_use_host_register : false));
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
-  /* The pinned host allocator's thresholds are not modelled: 0. */
-  gv_put(s, &b, "max_round_threshold", gv_int(0));
-  gv_put(s, &b, "max_cached_size", gv_int(0));
+  /* The pinned host allocator's thresholds as configured (bytes; 0 when
+   * never set: memsnap has no pinned host cache of its own). */
+  gv_put(s, &b, "max_round_threshold",
+         gv_int(c ? clamp_i64(c->pinned_max_round_threshold) : 0));
+  gv_put(s, &b, "max_cached_size",
+         gv_int(c ? clamp_i64(c->pinned_max_cached_size) : 0));
   gvb_t rd = {0};
   for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
     char key[16];

@@ -361,27 +361,73 @@ int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
 }
 
 /*
- * C frames: glibc backtrace() (the DWARF unwinder: correct through code
- * without frame pointers, about 100 ns per frame) by default, or, with
- * MEMSNAP_UNWIND=fp, a frame-pointer walk (a few ns per frame; frames of
- * functions built without frame pointers are skipped, and the walk stops
- * at the first link outside the thread's stack, so it never faults).
+ * C frames, by MEMSNAP_UNWIND:
+ *   - "libunwind" (default when libunwind.so.8 can be dlopen'ed):
+ *     unw_backtrace with libunwind's per-thread cache of unwind info --
+ *     the DWARF unwinder, correct through code without frame pointers,
+ *     about 30 ns per frame once warm (measured 0.8 us for 25 frames);
+ *   - "backtrace" (default otherwise): glibc backtrace(), the same DWARF
+ *     walk without a cache, about 10x slower (8 us for 25 frames);
+ *   - "fp": a frame-pointer walk, a few ns per frame, only meaningful when
+ *     everything is built with frame pointers (functions without them are
+ *     skipped; the walk stops at the first link outside the thread's
+ *     stack, so it never faults).
  */
-enum { UNWIND_BACKTRACE = 1, UNWIND_FP = 2 };
-static _Atomic int unwind_mode; /* 0 = not read yet */
-static _Thread_local uintptr_t stk_lo, stk_hi;
+enum { UNWIND_BACKTRACE = 1, UNWIND_FP = 2, UNWIND_LIBUNWIND = 3 };
+static _Atomic int unwind_mode; /* 0 = not chosen yet */
+static MSNAP_TLS uintptr_t stk_lo, stk_hi;
+static int (*unw_bt)(void **, int); /* set once before unwind_mode */
+
+#if defined(__x86_64__)
+#define UNW_PREFIX "_ULx86_64_"
+#elif defined(__aarch64__)
+#define UNW_PREFIX "_ULaarch64_"
+#else
+#define UNW_PREFIX NULL
+#endif
+
+/* dlopen libunwind and turn its per-thread caching on.  0 or -1. */
+static int libunwind_load(void) {
+  if (UNW_PREFIX == NULL) return -1;
+  void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) return -1;
+  int (*bt)(void **, int) = (int (*)(void **, int))dlsym(h, "unw_backtrace");
+  int (*policy)(void *, int) =
+      (int (*)(void *, int))dlsym(h, UNW_PREFIX "set_caching_policy");
+  void **as = (void **)dlsym(h, UNW_PREFIX "local_addr_space");
+  if (bt == NULL) return -1;
+  if (policy != NULL && as != NULL) policy(*as, 2 /* UNW_CACHE_PER_THREAD */);
+  unw_bt = bt;
+  return 0;
+}
+
+static pthread_mutex_t unwind_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int unwinder(void) {
-  int m = atomic_load_explicit(&unwind_mode, memory_order_relaxed);
+  int m = atomic_load_explicit(&unwind_mode, memory_order_acquire);
   if (msnap_likely(m != 0)) return m;
-  const char *e = getenv("MEMSNAP_UNWIND");
-  m = e && strcmp(e, "fp") == 0 ? UNWIND_FP : UNWIND_BACKTRACE;
-  atomic_store(&unwind_mode, m);
+  pthread_mutex_lock(&unwind_lock);
+  m = atomic_load_explicit(&unwind_mode, memory_order_relaxed);
+  if (m == 0) {
+    const char *e = getenv("MEMSNAP_UNWIND");
+    if (e && strcmp(e, "fp") == 0)
+      m = UNWIND_FP;
+    else if (e && strcmp(e, "backtrace") == 0)
+      m = UNWIND_BACKTRACE;
+    else
+      m = libunwind_load() == 0 ? UNWIND_LIBUNWIND : UNWIND_BACKTRACE;
+    atomic_store_explicit(&unwind_mode, m, memory_order_release);
+  }
+  pthread_mutex_unlock(&unwind_lock);
   return m;
 }
 
 const char *msnap__stack_unwinder_name(void) {
-  return unwinder() == UNWIND_FP ? "fp" : "backtrace";
+  switch (unwinder()) {
+  case UNWIND_FP: return "fp";
+  case UNWIND_LIBUNWIND: return "libunwind";
+  default: return "backtrace";
+  }
 }
 
 /* Return addresses by frame-pointer chain, starting with the caller of the
@@ -433,8 +479,8 @@ static void bt_warm(void) {
  * when the slot is reused or the thread exits.
  */
 #define TCACHE_SLOTS 4
-static _Thread_local uint32_t tcache[TCACHE_SLOTS];
-static _Thread_local unsigned tcache_next;
+static MSNAP_TLS uint32_t tcache[TCACHE_SLOTS];
+static MSNAP_TLS unsigned tcache_next;
 static pthread_key_t tcache_key;
 static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
 
@@ -494,8 +540,12 @@ __attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
   int nc = 0, npy = 0;
   const msnap_frame_hook_t *hook = NULL;
   if (stacks & MSNAP_STACKS_CPP) {
-    if (unwinder() == UNWIND_FP) {
+    int um = unwinder();
+    if (um == UNWIND_FP) {
       nc = fp_walk(w, MSNAP_STACK_MAX_C);
+    } else if (um == UNWIND_LIBUNWIND) {
+      nc = unw_bt((void **)w, MSNAP_STACK_MAX_C);
+      if (nc < 0) nc = 0;
     } else {
       pthread_once(&bt_once, bt_warm);
       nc = backtrace((void **)w, MSNAP_STACK_MAX_C);
@@ -665,11 +715,18 @@ static void sym_lookup_locked(uintptr_t pc, msnap_csym_t *out) {
   if (dw.dwfl != NULL) {
     Dwfl_Module *m = dw.addrmodule(dw.dwfl, q);
     if (m == NULL) {
-      /* A library loaded after the last report: report again. */
-      dw.report_begin_add(dw.dwfl);
-      dw.proc_report(dw.dwfl, getpid());
-      dw.report_end(dw.dwfl, NULL, NULL);
-      m = dw.addrmodule(dw.dwfl, q);
+      /* Maybe a library loaded after the last report: report again, at
+       * most every 200 ms (addresses outside every module -- JIT code --
+       * would otherwise re-read /proc/self/maps each time). */
+      static int64_t last_report_us;
+      int64_t now = msnap__clock_now_us();
+      if (now - last_report_us > 200000) {
+        last_report_us = now;
+        dw.report_begin_add(dw.dwfl);
+        dw.proc_report(dw.dwfl, getpid());
+        dw.report_end(dw.dwfl, NULL, NULL);
+        m = dw.addrmodule(dw.dwfl, q);
+      }
     }
     if (m != NULL) {
       const char *n = dw.addrname(m, q);

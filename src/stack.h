@@ -38,6 +38,13 @@
 
 #include "memsnap.h"
 
+/* Thread-local variables of the recorder.  (initial-exec TLS was tried:
+ * it puts libmemsnap.so's whole TLS block, error buffers included, into
+ * the static TLS surplus, and dlopen from Python then fails with "cannot
+ * allocate memory in static TLS block"; the default model costs a
+ * __tls_get_addr call per access instead.) */
+#define MSNAP_TLS _Thread_local
+
 #define MSNAP_STACK_MAX_C 128
 #define MSNAP_STACK_MAX_PY 256
 
@@ -59,8 +66,8 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
  * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
  * is installed.  Returns an id with one reference, or 0. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
-/* The C unwinder in use: "backtrace" (default) or "fp"
- * (MEMSNAP_UNWIND=fp). */
+/* The C unwinder in use (MEMSNAP_UNWIND): "libunwind" (default when
+ * libunwind.so.8 loads), "backtrace" (glibc) or "fp". */
 const char *msnap__stack_unwinder_name(void);
 /* Intern a string (len bytes, need not be NUL-terminated).  "" gives 0. */
 uint32_t msnap__str_intern(const char *s, size_t len);

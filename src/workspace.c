@@ -316,7 +316,7 @@ int msnap__ws_collect(msnap_allocator_t *a, int device, msnap_ws_info_t **out,
                                b->raw_created, b->allocated};
   }
   pthread_mutex_unlock(&ws->lock);
-  qsort(v, k, sizeof *v, ws_cmp_addr);
+  if (k > 1) qsort(v, k, sizeof *v, ws_cmp_addr);
   *out = v;
   *n = k;
   return 0;
@@ -334,6 +334,34 @@ void msnap__ws_totals(msnap_allocator_t *a, int device, uint64_t *reserved,
     if (ws->v[i].allocated) *allocated += ws->v[i].size;
   }
   pthread_mutex_unlock(&ws->lock);
+}
+
+/* Invariants (top of file): 0 or MSNAP_ESTATE naming the buffer. */
+int msnap__ws_check(msnap_allocator_t *a, char *msg, size_t len) {
+  msnap_workspace_t *ws = ws_get(a, false);
+  if (ws == NULL) return 0;
+  int rc = 0;
+  pthread_mutex_lock(&ws->lock);
+  for (uint32_t i = 0; i < ws->n && rc == 0; i++) {
+    const ws_buf_t *b = &ws->v[i];
+    const char *bad = NULL;
+    if (b->size == 0 || b->size % WS_ROUND != 0)
+      bad = "size is not a positive multiple of 2 MiB";
+    else if (b->allocated && b->requested + WS_PAD > b->size)
+      bad = "requested + pad exceeds the buffer";
+    for (uint32_t j = i + 1; bad == NULL && j < ws->n; j++)
+      if (ws->v[j].device == b->device && ws->v[j].stream == b->stream)
+        bad = "two buffers for one (device, stream)";
+    if (bad) {
+      if (msg && len)
+        snprintf(msg, len, "workspace buffer 0x%" PRIx64 " (device %d, "
+                 "stream 0x%" PRIx64 "): %s", b->ptr, b->device, b->stream,
+                 bad);
+      rc = MSNAP_ESTATE;
+    }
+  }
+  pthread_mutex_unlock(&ws->lock);
+  return rc;
 }
 
 /* Return every buffer to the runtime (allocator destruction; the runtime

@@ -12,8 +12,8 @@
  * disjoint per device and devices are concatenated in order; time_us never
  * decreases within a device trace; keys required by the generation are
  * present (block address since 2.1, requested_size with frames, time_us
- * since 2.2); every device with segments has a trace list; addresses stay
- * below 2^53; and the backward replay of each device trace over the final
+ * on all entries of a device or none); every device with segments has a
+ * trace list; addresses stay below 2^53; and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
  */
@@ -170,6 +170,11 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
     const msnap_trace_list_t *tl = &s->device_traces[d];
     bool have_prev = false;
     int64_t prev = 0;
+    /* time_us: all entries of a device or none (files older than 2.2 and
+     * conversions of them have none). */
+    uint32_t timed = 0;
+    for (uint32_t i = 0; i < tl->n; i++)
+      timed += (tl->v[i].keys & MSNAP_K_TIME) != 0;
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
       snprintf(where, sizeof where, "device_traces[%u][%u]", d, i);
@@ -189,9 +194,11 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
                  e->time_us, prev);
         prev = e->time_us;
         have_prev = true;
-      } else if (s->generation >= MSNAP_GEN_2_2 &&
-                 s->generation != MSNAP_GEN_SEGMENT_LIST) {
-        report(c, where, "missing key 'time_us' (present since 2.2)");
+      } else if (timed > 0) {
+        report(c, where,
+               "missing key 'time_us' (%u of the device's %u entries have "
+               "it)",
+               timed, tl->n);
       }
       if (e->addr >= (1ull << 53) && !(e->keys & MSNAP_K_DEVICE_FREE))
         report(c, where,

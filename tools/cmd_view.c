@@ -7,8 +7,9 @@
  * The data is a compact JSON object DATA (see view.js): frames and stacks
  * are written once each (only those referenced) and referred to by index;
  * per device the final segments with their blocks, the start state of the
- * trace (backward replay) and the trace entries as
- * [action, addr, size, stack, time_us|null].  Strings are escaped so that
+ * trace (backward replay), the trace entries as
+ * [action, addr, size, stack, time_us|null] and the record_function
+ * annotations as [entry index, name, is_start].  Strings are escaped so that
  * "</script>" cannot occur inside the data.
  */
 #include <getopt.h>
@@ -191,6 +192,32 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
         cj_i64(&j, e->time_us);
       else
         cj_null(&j);
+      cj_arr_end(&j);
+    }
+    cj_arr_end(&j);
+    /* record_function annotations placed at the first entry at or after
+     * their time (only when the trace has times). */
+    cj_key(&j, "annotations");
+    cj_arr(&j);
+    for (uint32_t i = 0; tl && i < s->nannotations; i++) {
+      const msnap_sannotation_t *an = &s->annotations[i];
+      if (an->device != dev || tl->n == 0 ||
+          !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+        continue;
+      uint32_t lo = 0, hi = tl->n;
+      while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (tl->v[mid].time_us < an->time_us)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      size_t nl;
+      const char *nm = cli_str(s, an->name, &nl);
+      cj_arr(&j);
+      cj_u64(&j, lo);
+      cj_str(&j, nm, nl);
+      cj_bool(&j, an->is_start != 0);
       cj_arr_end(&j);
     }
     cj_arr_end(&j);

@@ -71,6 +71,27 @@ echo "== what-if: CUDA with expandable_segments:True"
 "$M" replay --profile cuda --alloc-conf expandable_segments:True \
   --max-mismatches 2 "$input" \
   || echo "(expandable what-if not available: see the message above)"
+"$M" replay --json --profile cuda --alloc-conf expandable_segments:True \
+  "$input" > "$out/replay_expandable.json" || true
+
+# A top-level figure of a replay --json file (two-space indented keys).
+fig() {
+  sed -n "s/^  \"$2\": \([0-9a-z]*\).*/\1/p" "$1" | head -n 1
+}
+echo
+echo "== the same recording under three allocators"
+printf '%-30s %16s %16s %9s\n' allocator "peak reserved" "segment allocs" matches
+for k in cuda npu expandable; do
+  f=$out/replay_$k.json
+  [ -s "$f" ] || continue
+  case $k in
+    cuda) label="cuda (= the recording)";;
+    npu) label="npu (torch_npu allocator)";;
+    *) label="cuda + expandable_segments";;
+  esac
+  printf '%-30s %16s %16s %9s\n' "$label" "$(fig "$f" peak_reserved_bytes)" \
+    "$(fig "$f" segment_allocs)" "$(fig "$f" matches_recording)"
+done
 
 if [ -f "$out/replay_cuda.pickle" ]; then
   "$M" summary "$out/replay_cuda.pickle" > "$out/replay_cuda_summary.txt"

@@ -101,6 +101,19 @@
         g.strokeStyle = color; g.lineWidth = 1.5; g.stroke(); g.lineWidth = 1;
       }
     }
+    // record_function ranges (external_annotations), START markers.
+    var anns = dev.annotations || [], shown = 0;
+    g.font = '10px sans-serif'; g.textAlign = 'left';
+    for (i = 0; i < anns.length && shown < 60; i++) {
+      if (!anns[i][2]) continue;
+      var ax = X(anns[i][0]);
+      g.strokeStyle = 'rgba(148,103,189,0.6)'; g.setLineDash([3, 3]);
+      g.beginPath(); g.moveTo(ax, TL.t); g.lineTo(ax, TL.t + ph); g.stroke();
+      g.setLineDash([]);
+      g.fillStyle = '#9467bd';
+      g.fillText(anns[i][1], ax + 2, TL.t + 26 + 11 * (shown % 4));
+      shown++;
+    }
     path(series.act, true, 'rgba(31,119,180,0.55)');
     path(series.res, false, '#888');
     g.strokeStyle = '#d62728';

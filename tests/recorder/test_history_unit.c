@@ -152,6 +152,54 @@ static void test_ring_growth_many(void **state) {
   fake_destroy(a);
 }
 
+
+/* Chunk boundaries: wrap, grow after wrapping, shrink, odd capacities. */
+static void test_ring_chunks(void **state) {
+  (void)state;
+  msnap_allocator_t *a = fake_create(1);
+  msnap_hcopy_t *v;
+  uint64_t dropped;
+  size_t n;
+  enable(a, 10000, MSNAP_CONTEXT_NEVER, true, 0);
+  uint64_t next = 0;
+  for (int i = 0; i < 25000; i++)
+    event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false);
+  n = copy(a, 0, &v, &dropped);
+  assert_int_equal(n, 10000);
+  assert_int_equal(dropped, 15000);
+  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].e.addr, 15000 + i);
+  msnap__hcopy_release(v, n);
+  assert_int_equal(a->rec->rings[0].nchunks, 3);
+  /* grow after wrapping: straightened, then chunks are added */
+  enable(a, 20000, MSNAP_CONTEXT_NEVER, false, 0);
+  for (int i = 0; i < 5000; i++)
+    event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false);
+  n = copy(a, 0, &v, &dropped);
+  assert_int_equal(n, 15000);
+  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].e.addr, 15000 + i);
+  msnap__hcopy_release(v, n);
+  /* shrink keeps the newest */
+  enable(a, 4097, MSNAP_CONTEXT_NEVER, false, 0);
+  n = copy(a, 0, &v, &dropped);
+  assert_int_equal(n, 4097);
+  assert_int_equal(v[0].e.addr, 30000 - 4097);
+  assert_int_equal(v[4096].e.addr, 29999);
+  msnap__hcopy_release(v, n);
+  assert_int_equal(a->rec->rings[0].vcap, 4097);
+  for (int i = 0; i < 9000; i++)
+    event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false);
+  n = copy(a, 0, &v, &dropped);
+  assert_int_equal(n, 4097);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(v[i].e.addr, next - 4097 + i);
+  msnap__hcopy_release(v, n);
+  char msg[256];
+  msnap__device_lock(a, 0);
+  assert_int_equal(msnap__ring_check(&a->rec->rings[0], msg, sizeof msg), 0);
+  msnap__device_unlock(a, 0);
+  fake_destroy(a);
+}
+
 static void test_clear_and_disable(void **state) {
   (void)state;
   msnap_allocator_t *a = fake_create(1);
@@ -454,6 +502,7 @@ int main(void) {
       cmocka_unit_test(test_action_names),
       cmocka_unit_test(test_ring_keeps_newest),
       cmocka_unit_test(test_ring_growth_many),
+      cmocka_unit_test(test_ring_chunks),
       cmocka_unit_test(test_clear_and_disable),
       cmocka_unit_test(test_skip_actions),
       cmocka_unit_test(test_option_validation),

@@ -6,6 +6,7 @@
  * failures leaving no file.
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -480,6 +481,64 @@ static void test_overflow_reported(void **state) {
   msnap_allocator_destroy(a);
 }
 
+
+static const msnap_gv_t *setting(const msnap_snap_t *s, const char *key) {
+  const msnap_gv_t *st = &s->allocator_settings;
+  for (uint32_t i = 0; i + 1 < st->u.seq.n; i += 2) {
+    size_t n;
+    if (strcmp(msnap__snap_str(s, st->u.seq.items[i].u.s, &n), key) == 0)
+      return &st->u.seq.items[i + 1];
+  }
+  fail_msg("allocator_settings has no %s", key);
+  return NULL;
+}
+
+static void test_allocator_settings(void **state) {
+  (void)state;
+  msnap_options_t o;
+  msnap_options_init(&o);
+  setenv("MEMSNAP_SIM_DEVICES", "1", 1);
+  o.profile = MSNAP_PROFILE_CUDA;
+  o.runtime_name = "sim";
+  o.alloc_conf = "max_split_size_mb:100,garbage_collection_threshold:0.6,"
+                 "roundup_power2_divisions:[256:4,>:8]";
+  msnap_allocator_t *a = NULL;
+  assert_int_equal(msnap_allocator_create(&o, &a), 0);
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  size_t n;
+  const msnap_gv_t *v = setting(s, "PYTORCH_CUDA_ALLOC_CONF");
+  assert_string_equal(msnap__snap_str(s, v->u.s, &n), o.alloc_conf);
+  v = setting(s, "max_split_size");
+  assert_int_equal(v->kind, MSNAP_GV_INT);
+  assert_int_equal(v->u.i, 100 << 20);
+  v = setting(s, "garbage_collection_threshold");
+  assert_int_equal(v->kind, MSNAP_GV_FLOAT);
+  assert_true(v->u.f > 0.59 && v->u.f < 0.61);
+  v = setting(s, "expandable_segments");
+  assert_int_equal(v->kind, MSNAP_GV_BOOL);
+  v = setting(s, "roundup_power2_divisions");
+  assert_int_equal(v->kind, MSNAP_GV_DICT);
+  assert_int_equal(v->u.seq.n, 32);
+  /* "256" is interval 8: 4 divisions; later intervals 8 */
+  assert_string_equal(msnap__snap_str(s, v->u.seq.items[16].u.s, &n), "256");
+  assert_int_equal(v->u.seq.items[17].u.i, 4);
+  assert_int_equal(v->u.seq.items[31].u.i, 8);
+  /* no history ever: capacity 0, nothing dropped */
+  assert_int_equal(setting(s, "trace_alloc_max_entries")->u.i, 0);
+  assert_false(setting(s, "trace_alloc_overflowed")->u.b);
+  msnap__snap_free(s);
+  msnap_allocator_destroy(a);
+  /* default conf: unlimited max_split_size is -1, never 2^64-1 */
+  a = make(MSNAP_PROFILE_NPU, 1);
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  assert_int_equal(setting(s, "max_split_size")->u.i, -1);
+  v = setting(s, "PYTORCH_NPU_ALLOC_CONF");
+  assert_string_equal(msnap__snap_str(s, v->u.s, &n), "");
+  msnap__snap_free(s);
+  msnap_allocator_destroy(a);
+}
+
 static void test_workspace(void **state) {
   (void)state;
   msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 1);
@@ -500,6 +559,8 @@ static void test_workspace(void **state) {
   msnap__ws_totals(a, 0, &wr, &wa);
   assert_int_equal(wr, (4u << 20) + (2u << 20));
   assert_int_equal(wa, wr);
+  char wmsg[256];
+  if (msnap__ws_check(a, wmsg, sizeof wmsg) != 0) fail_msg("%s", wmsg);
   assert_int_equal(msnap_workspace_free(a, w2), 0);
   assert_int_equal(msnap_workspace_free(a, w2), MSNAP_EBADPTR);
   assert_non_null(strstr(msnap_last_error(), "not a live workspace"));
@@ -559,6 +620,18 @@ static void test_workspace(void **state) {
   assert_int_equal(msnap_workspace_malloc(a, 0, 0, 0, &w1), 0);
   assert_int_equal(w1, 0);
   assert_int_equal(msnap_workspace_malloc(a, 3, 10, 0, &w1), MSNAP_EINVAL);
+  /* caching disabled: every request is its own runtime allocation */
+  void *rt = msnap_runtime_ctx(a);
+  uint64_t live0 = msnap_sim_live_allocations(rt);
+  assert_int_equal(msnap_set_caching_enabled(a, false), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 100, 0, &w1), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 100, 0, &w2), 0);
+  assert_int_not_equal(w1, w2);
+  assert_int_equal(msnap_sim_live_allocations(rt), live0 + 2);
+  assert_int_equal(msnap_workspace_free(a, w1), 0);
+  assert_int_equal(msnap_workspace_free(a, w2), 0);
+  assert_int_equal(msnap_sim_live_allocations(rt), live0);
+  assert_int_equal(msnap_set_caching_enabled(a, true), 0);
   msnap_free(a, p);
   msnap_allocator_destroy(a);
 }
@@ -644,8 +717,194 @@ static void test_dump_failures_leave_no_file(void **state) {
     char out[256];
     assert_int_equal(run_check("csv", path, NULL, out, sizeof out), 0);
   }
+  /* a runtime that cannot report free/total: empty fields, a note */
+  msnap_sim_fail_nth(msnap_runtime_ctx(a), "mem_get_info", 1);
+  snprintf(path, sizeof path, "%s/note.csv", dir);
+  assert_int_equal(msnap_write_usage_report(a, path), 0);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char text[4096];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  assert_non_null(strstr(text, "0,all,,,"));
+  assert_non_null(strstr(text, "runtime could not report total/free memory"));
+  assert_non_null(strstr(text, "0,workspace,"));
   msnap_free(a, p);
   msnap_allocator_destroy(a);
+}
+
+
+/* ---- interpreter frames merged with C frames ---------------------------- */
+
+static int hook_capture(void *ctx, uintptr_t (*frames)[2], int max) {
+  (void)ctx;
+  int n = max < 2 ? max : 2;
+  for (int i = 0; i < n; i++) {
+    frames[i][0] = 0xc0de00 + (uintptr_t)i;
+    frames[i][1] = (uintptr_t)i;
+  }
+  return n;
+}
+static int hook_resolve(void *ctx, const uintptr_t f[2], const char **name,
+                        const char **filename, int64_t *line) {
+  (void)ctx;
+  static const char *names[] = {"py_inner", "py_outer"};
+  *name = names[f[1]];
+  *filename = "train.py";
+  *line = 100 + (int64_t)f[1];
+  return 0;
+}
+
+static volatile int no_tail;
+/* Stands for CPython's _PyEval_EvalFrameDefault: the Python frame it runs
+ * must be placed just before it. */
+__attribute__((noinline)) uint32_t fake_PyEval_EvalFrameDefault(void);
+__attribute__((noinline)) uint32_t fake_PyEval_EvalFrameDefault(void) {
+  uint32_t id = msnap__stack_capture(MSNAP_STACKS_PYTHON | MSNAP_STACKS_CPP,
+                                     0);
+  no_tail++;
+  return id;
+}
+
+static void test_python_c_merge(void **state) {
+  (void)state;
+  msnap_frame_hook_t h = {NULL, hook_capture, NULL, NULL, hook_resolve};
+  assert_int_equal(msnap_set_frame_hook(&h), 0);
+  uint32_t raw = fake_PyEval_EvalFrameDefault();
+  assert_int_not_equal(raw, 0);
+  msnap_snap_t *s = msnap__snap_new();
+  msnap_ssegment_t *g = msnap__snap_add_segment(s);
+  g->frames = raw; /* a raw id with its reference, as collected */
+  msnap_sblock_t *b = msnap__snap_add_block(s);
+  b->frames = 0;
+  g = &s->segments[0];
+  g->first_block = 0;
+  g->nblocks = 1;
+  assert_int_equal(msnap__snap_import_stacks(s), 0);
+  check_model(s);
+  assert_int_equal(s->blocks[0].frames, MSNAP_STACK_EMPTY);
+  msnap_stack_t st = s->segments[0].frames;
+  assert_true(st > MSNAP_STACK_EMPTY);
+  const msnap_span_t *sp = &s->stacks[st];
+  const char *names[64];
+  uint32_t n = sp->n < 64 ? sp->n : 64;
+  for (uint32_t i = 0; i < n; i++) {
+    size_t l;
+    names[i] = msnap__snap_str(
+        s, s->frames[s->stack_frames[sp->first + i]].name, &l);
+  }
+  /* C frames innermost first; py_inner just before the eval frame;
+   * py_outer (no second eval frame) appended at the end. */
+  int eval = -1;
+  for (uint32_t i = 0; i < n; i++)
+    if (strstr(names[i], "fake_PyEval_EvalFrameDefault")) eval = (int)i;
+  if (strcmp(msnap__symbolizer_name(), "libdw") == 0 || eval >= 0) {
+    assert_true(eval >= 1);
+    assert_string_equal(names[eval - 1], "py_inner");
+  }
+  assert_string_equal(names[n - 1], "py_outer");
+  msnap__snap_free(s);
+  assert_int_equal(msnap_set_frame_hook(NULL), 0);
+}
+
+/* ---- threads: recording, snapshots and dumps at once --------------------- */
+
+typedef struct worker_s {
+  msnap_allocator_t *a;
+  int id;
+} worker_t;
+
+static int tl_capture(void *ctx, uintptr_t (*frames)[2], int max) {
+  (void)ctx;
+  /* a per-thread, per-call-site stack */
+  uintptr_t self = (uintptr_t)pthread_self();
+  int n = max < 6 ? max : 6;
+  for (int i = 0; i < n; i++) {
+    frames[i][0] = self + (uintptr_t)i;
+    frames[i][1] = (uintptr_t)(i + (lcg_state & 1));
+  }
+  return n;
+}
+
+static int tl_resolve(void *ctx, const uintptr_t f[2], const char **name,
+                      const char **filename, int64_t *line) {
+  (void)ctx;
+  *name = "worker_step";
+  *filename = "worker.py";
+  *line = (int64_t)f[1];
+  return 0;
+}
+
+static void *worker(void *p) {
+  worker_t *w = p;
+  uint64_t ptrs[32] = {0};
+  uint64_t seed = 777 + (uint64_t)w->id;
+  for (int i = 0; i < 3000; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)((seed >> 33) % 32);
+    if (ptrs[k]) {
+      assert_int_equal(msnap_free(w->a, ptrs[k]), 0);
+      ptrs[k] = 0;
+    } else {
+      size_t sz = 512 + (size_t)((seed >> 40) % (3u << 20));
+      assert_int_equal(msnap_malloc(w->a, (int)((seed >> 20) & 1), sz,
+                                    (uint64_t)w->id, &ptrs[k]), 0);
+      if ((seed >> 50) % 8 == 0)
+        assert_int_equal(msnap_annotate_memory(w->a, ptrs[k], "t"), 0);
+    }
+    if (i % 500 == 0) msnap_set_memory_metadata(i % 1000 ? "odd" : "");
+  }
+  for (int k = 0; k < 32; k++)
+    if (ptrs[k]) assert_int_equal(msnap_free(w->a, ptrs[k]), 0);
+  msnap_set_memory_metadata("");
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  msnap__stack_tcache_flush();
+  size_t live0 = msnap__stack_live();
+  msnap_frame_hook_t h = {NULL, tl_capture, NULL, NULL, tl_resolve};
+  assert_int_equal(msnap_set_frame_hook(&h), 0);
+  msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 2);
+  msnap_history_options_t o;
+  msnap_history_options_init(&o);
+  o.stacks = MSNAP_STACKS_PYTHON;
+  o.max_entries = 5000;
+  assert_int_equal(msnap_record_history(a, &o), 0);
+  enum { NT = 4 };
+  pthread_t th[NT];
+  worker_t w[NT];
+  for (int i = 0; i < NT; i++) {
+    w[i] = (worker_t){a, i + 1};
+    assert_int_equal(pthread_create(&th[i], NULL, worker, &w[i]), 0);
+  }
+  char path[512];
+  snprintf(path, sizeof path, "%s/threads.pickle", tmpdir);
+  for (int i = 0; i < 20; i++) {
+    msnap_snap_t *s = NULL;
+    assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+    check_model(s);
+    msnap__snap_free(s);
+    if (i % 5 == 0) assert_int_equal(msnap_dump_snapshot(a, NULL, path), 0);
+  }
+  for (int i = 0; i < NT; i++) pthread_join(th[i], NULL);
+  char msg[256];
+  assert_int_equal(msnap_check_invariants(a, msg, sizeof msg), 0);
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  for (uint32_t i = 0; i < s->nblocks; i++)
+    assert_int_not_equal(s->blocks[i].state, MSNAP_BLOCK_ACTIVE_ALLOCATED);
+  msnap__snap_free(s);
+  /* Everything freed, history off: every stack is gone again. */
+  o.enabled = false;
+  assert_int_equal(msnap_record_history(a, &o), 0);
+  msnap_allocator_destroy(a);
+  assert_int_equal(msnap_set_frame_hook(NULL), 0);
+  msnap__stack_tcache_flush();
+  assert_int_equal(msnap__stack_check(msg, sizeof msg), 0);
+  assert_int_equal(msnap__stack_live(), live0);
 }
 
 static int setup(void **state) {
@@ -673,9 +932,12 @@ int main(void) {
       cmocka_unit_test(test_snapshot_consistency),
       cmocka_unit_test(test_filters_and_include_traces),
       cmocka_unit_test(test_overflow_reported),
+      cmocka_unit_test(test_allocator_settings),
       cmocka_unit_test(test_workspace),
       cmocka_unit_test(test_allocation_traceback),
       cmocka_unit_test(test_dump_failures_leave_no_file),
+      cmocka_unit_test(test_python_c_merge),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -222,6 +222,35 @@ static void test_disabled(void **state) {
   msnap_allocator_destroy(a);
 }
 
+
+static void test_workspace_oom(void **state) {
+  (void)state;
+  rm_dir_files(tmpdir);
+  setenv("OOM_SNAPSHOT_ENABLE", "1", 1);
+  setenv("OOM_SNAPSHOT_PATH", tmpdir, 1);
+  msnap_allocator_t *a = make_small();
+  obs_t ob;
+  memset(&ob, 0, sizeof ob);
+  ob.a = a;
+  snprintf(ob.path, sizeof ob.path, "%s/observer.pickle", tmpdir);
+  assert_int_equal(msnap_attach_oom_observer(a, observer, &ob), 0);
+  uint64_t w = 0;
+  assert_int_equal(msnap_workspace_malloc(a, 0, 1 << 20, 0, &w), 0);
+  /* a grow the device cannot hold: EOOM, an oom entry, observers, dump */
+  assert_int_equal(msnap_workspace_malloc(a, 0, 100u << 20, 0, &w),
+                   MSNAP_EOOM);
+  assert_non_null(strstr(msnap_last_error(), "NPUWorkspaceAllocator"));
+  assert_int_equal(ob.calls, 1);
+  assert_int_equal(ob.alloc, 102u << 20); /* 100 MiB + pad, 2 MiB rounded */
+  assert_int_equal(count_files(tmpdir, "oom_snapshot_", ".pickle"), 1);
+  if (have_python()) {
+    char f[600], out[1024];
+    assert_true(first_file(tmpdir, "oom_snapshot_", f, sizeof f));
+    assert_int_equal(run_check("oom", f, out, sizeof out), 0);
+  }
+  msnap_allocator_destroy(a);
+}
+
 static int setup(void **state) {
   (void)state;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/msnap_oom_XXXXXX");
@@ -241,6 +270,7 @@ int main(void) {
       cmocka_unit_test(test_state_mode),
       cmocka_unit_test(test_invalid_path),
       cmocka_unit_test(test_disabled),
+      cmocka_unit_test(test_workspace_oom),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -210,6 +210,28 @@ static void test_cuda_no_caching(void **s) {
   run_no_caching(&cases[1]);
 }
 
+/* A missing vendor library: msnap_allocator_create fails with
+ * MSNAP_ENORUNTIME, names the runtime and leaves *out untouched. */
+static void test_missing_library(void **s) {
+  (void)s;
+  char *saved = strdup(getenv("MEMSNAP_ACL_LIBRARY"));
+  setenv("MEMSNAP_ACL_LIBRARY", "/nonexistent/libascendcl.so", 1);
+  msnap_options_t o;
+  char err[512] = "";
+  msnap_options_init(&o);
+  o.profile = MSNAP_PROFILE_NPU;
+  o.runtime_name = "acl";
+  o.alloc_conf = "";
+  o.error_buf = err;
+  o.error_buf_len = sizeof err;
+  msnap_allocator_t *a = (msnap_allocator_t *)0x1;
+  assert_int_equal(msnap_allocator_create(&o, &a), MSNAP_ENORUNTIME);
+  assert_ptr_equal(a, (msnap_allocator_t *)0x1);
+  assert_non_null(strstr(err, "acl"));
+  setenv("MEMSNAP_ACL_LIBRARY", saved, 1);
+  free(saved);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_acl_basics),
@@ -220,6 +242,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_expandable),
       cmocka_unit_test(test_acl_no_caching),
       cmocka_unit_test(test_cuda_no_caching),
+      cmocka_unit_test(test_missing_library),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
