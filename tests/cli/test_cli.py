@@ -42,8 +42,13 @@ TMP = tempfile.mkdtemp(prefix="memsnap-cli-test-")
 FAILS = []
 
 
+# Cross builds (make test-aarch64) run the binary through this wrapper,
+# e.g. "qemu-aarch64 -L /".
+WRAPPER = os.environ.get("MEMSNAP_EXE_WRAPPER", "").split()
+
+
 def run(*args, timeout=300):
-    p = subprocess.run([MEMSNAP] + [str(a) for a in args],
+    p = subprocess.run(WRAPPER + [MEMSNAP] + [str(a) for a in args],
                        capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
