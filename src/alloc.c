@@ -32,6 +32,7 @@
 #include <xxhash.h>
 
 #include "alloc_core.h"
+#include "host_alloc.h"
 
 /* oom.c (recorder branch; declared in its msnap_internal.h): reads
  * OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for a new allocator. */
@@ -1357,6 +1358,10 @@ struct msnap_recorder_s **msnap__allocator_recorder(msnap_allocator_t *a) {
   return &a->recorder;
 }
 
+struct msnap_host_s **msnap__allocator_host(msnap_allocator_t *a) {
+  return &a->host;
+}
+
 const msnap_conf_t *msnap__allocator_conf(msnap_allocator_t *a) {
   return &a->conf;
 }
@@ -1902,6 +1907,7 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
 void msnap_allocator_destroy(msnap_allocator_t *a) {
   if (!a)
     return;
+  msnap__host_destroy(a);
   if (a->recorder)
     msnap__recorder_destroy(a->recorder);
   a->recorder = NULL;

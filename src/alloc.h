@@ -209,6 +209,7 @@ struct msnap_allocator_s {
   msnap_device_t *devices;
   _Atomic bool caching_enabled;
   struct msnap_recorder_s *recorder;
+  struct msnap_host_s *host; /* pinned host allocator (host_alloc.c)    */
   /* Raw allocations made while caching is disabled. */
   pthread_mutex_t raw_lock;
   msnap_rawent_t *raw;
