@@ -327,6 +327,13 @@ static void complete_free(msnap_host_t *h, hblock_t *b,
   h->cached_bytes += b->size;
 }
 
+/* Destroy a runtime event; a failure is retried once, so that a transient
+ * runtime error does not leak the handle. */
+static void event_drop(msnap_allocator_t *a, uint64_t ev) {
+  if (a->rt->event_destroy(a->rt_ctx, 0, ev) != 0)
+    (void)a->rt->event_destroy(a->rt_ctx, 0, ev);
+}
+
 /* Poll the event FIFO; complete blocks whose last event finished.  Stops
  * at the first event not done.  h->lock held. */
 static void process_events(msnap_host_t *h, const msnap_rctx_t *ctx) {
@@ -336,7 +343,7 @@ static void process_events(msnap_host_t *h, const msnap_rctx_t *ctx) {
     bool done = false;
     if (a->rt->event_query(a->rt_ctx, 0, e->event, &done) != 0 || !done)
       break;
-    (void)a->rt->event_destroy(a->rt_ctx, 0, e->event);
+    event_drop(a, e->event);
     hblock_t *b = e->b;
     h->evq_head++;
     if (--b->event_count == 0) complete_free(h, b, ctx, false);
@@ -523,7 +530,7 @@ int msnap_host_free(msnap_allocator_t *a, uint64_t ptr) {
     if (a->rt->event_create(a->rt_ctx, 0, &ev) != 0) goto sync;
     if (a->rt->event_record(a->rt_ctx, 0, ev, b->streams[i]) != 0 ||
         evq_push(h, ev, b) != 0) {
-      (void)a->rt->event_destroy(a->rt_ctx, 0, ev);
+      event_drop(a, ev);
       goto sync;
     }
     b->event_count++;
@@ -683,7 +690,7 @@ void msnap__host_destroy(msnap_allocator_t *a) {
   msnap_host_t *h = *slot;
   if (h == NULL) return;
   for (size_t i = h->evq_head; i < h->nevq; i++)
-    (void)a->rt->event_destroy(a->rt_ctx, 0, h->evq[i].event);
+    event_drop(a, h->evq[i].event);
   for (size_t i = 0; i < h->nblocks; i++) {
     hblock_t *b = h->blocks[i];
     if (!b->carved) (void)a->rt->host_free(a->rt_ctx, b->ptr);
