@@ -327,7 +327,7 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
   /* The pinned host allocator's thresholds as configured (bytes; 0 when
-   * never set: memsnap has no pinned host cache of its own). */
+   * never set).  host_alloc.c honours both. */
   gv_put(s, &b, "max_round_threshold",
          gv_int(c ? clamp_i64(c->pinned_max_round_threshold) : 0));
   gv_put(s, &b, "max_cached_size",

@@ -2,8 +2,8 @@
  * module.c -- the _memsnap extension module: definition, multi-phase
  * initialisation (PEP 489) and per-module state (PEP 573).
  *
- * The functions come from three tables (allocator.c, history.c,
- * frames.c).  A function whose libmemsnap entry point is missing from the
+ * The functions come from four tables (allocator.c, history.c,
+ * frames.c, host.c).  A function whose libmemsnap entry point is missing from the
  * library this module was built against (see weak.h) is left out and its
  * name is listed in _memsnap.MISSING, so callers can test hasattr().
  */
@@ -56,6 +56,13 @@ static const requirement_t reqs[] = {
     REQ("compile_context_pop", msnap_compile_context_pop),
     REQ("allocation_traceback", msnap_allocation_traceback),
     REQ("attach_oom_observer", msnap_attach_oom_observer),
+    REQ("host_malloc", msnap_host_malloc),
+    REQ("host_free", msnap_host_free),
+    REQ("host_record_stream", msnap_host_record_stream),
+    REQ("host_empty_cache", msnap_host_empty_cache),
+    REQ("host_memory_stats", msnap_host_stats_get),
+    REQ("host_reset_peak_stats", msnap_host_reset_peak_stats),
+    REQ("host_reset_accumulated_stats", msnap_host_reset_accumulated_stats),
 };
 #undef REQ
 #define NREQS (sizeof reqs / sizeof reqs[0])
@@ -99,7 +106,8 @@ static int prune_missing(PyObject *module) {
 static int memsnap_exec(PyObject *module) {
   if (PyModule_AddFunctions(module, msnap_py_allocator_methods) < 0 ||
       PyModule_AddFunctions(module, msnap_py_history_methods) < 0 ||
-      PyModule_AddFunctions(module, msnap_py_frames_methods) < 0)
+      PyModule_AddFunctions(module, msnap_py_frames_methods) < 0 ||
+      PyModule_AddFunctions(module, msnap_py_host_methods) < 0)
     return -1;
   if (msnap_py_errors_init(module) < 0 || msnap_py_allocator_init(module) < 0 ||
       msnap_py_history_init(module) < 0)

@@ -37,7 +37,10 @@
   X(msnap_dump_snapshot) X(msnap_attach_oom_observer)                         \
   X(msnap_write_usage_report) X(msnap_workspace_malloc)                       \
   X(msnap_workspace_free) X(msnap_runtime_ctx) X(msnap_sim_fail_nth)          \
-  X(msnap_sim_live_allocations)
+  X(msnap_sim_live_allocations) X(msnap_host_malloc) X(msnap_host_free)      \
+  X(msnap_host_record_stream) X(msnap_host_empty_cache)                       \
+  X(msnap_host_stats_get) X(msnap_host_timing_get)                            \
+  X(msnap_host_reset_peak_stats) X(msnap_host_reset_accumulated_stats)
 
 #define MSNAP_PY_WEAK_(f) _Pragma(MSNAP_PY_STR_(weak f))
 #define MSNAP_PY_STR_(x) #x
