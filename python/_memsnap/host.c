@@ -7,7 +7,6 @@
  * allocator may capture Python frames while recording).
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <string.h>
 
