@@ -300,7 +300,8 @@ MSNAP_API int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device);
 MSNAP_API int msnap_memory_summary(msnap_allocator_t *a, int device,
                                    bool abbreviated, char **out);
 /* Invariant checker: walks every device and pool (chains contiguous, block
- * sizes sum to segments, pool membership, stats equal recomputed sums).
+ * sizes sum to segments, pool membership, stats equal recomputed sums),
+ * then the pinned host allocator (src/host_alloc.c).
  * Returns 0, or MSNAP_ESTATE with the first violation in msg. */
 MSNAP_API int msnap_check_invariants(msnap_allocator_t *a, char *msg,
                                      size_t msg_len);

@@ -440,7 +440,7 @@ void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context) {
   msnap__stack_ref(*compile_context);
 }
 
-/* ---- recording ------------------------------------------------------------ */
+/* ---- recording ----------------------------------------------------------- */
 
 /* OOM_SNAPSHOT_ENABLE seen in the environment: 0 unknown, 1 no, 2 yes. */
 static _Atomic int oom_env_seen;
@@ -564,7 +564,7 @@ void msnap__history_record_locked(msnap_allocator_t *a, int device,
               addr, size, stream, pool, ctx, stack_override);
 }
 
-/* ---- host (pinned) memory ------------------------------------------------- */
+/* ---- host (pinned) memory ------------------------------------------------ */
 
 bool msnap__host_history_active(const msnap_allocator_t *a) {
   msnap_recorder_t *r = rec_load(a);
@@ -657,7 +657,7 @@ void msnap__hcopy_release(msnap_hcopy_t *v, size_t n) {
   free(v);
 }
 
-/* ---- annotations ----------------------------------------------------------- */
+/* ---- annotations --------------------------------------------------------- */
 
 static void ann_clear_locked(msnap_recorder_t *r) {
   for (uint64_t i = 0; i < r->ann_n; i++)
@@ -749,7 +749,7 @@ int msnap__ann_copy(msnap_recorder_t *r, msnap_aentry_t **out, size_t *n) {
   return 0;
 }
 
-/* ---- configuration --------------------------------------------------------- */
+/* ---- configuration ------------------------------------------------------- */
 
 void msnap_history_options_init(msnap_history_options_t *o) {
   memset(o, 0, sizeof *o);
@@ -864,7 +864,7 @@ bool msnap_history_enabled(msnap_allocator_t *a) {
   return a != NULL && msnap__history_active(a);
 }
 
-/* ---- annotate_memory -------------------------------------------------------- */
+/* ---- annotate_memory ----------------------------------------------------- */
 
 /*
  * _annotate_memory(ptr, text): an `annotate` entry on the live allocation

@@ -155,7 +155,7 @@ void msnap__host_unlock(msnap_allocator_t *a) {
   pthread_mutex_unlock(&h->lock);
 }
 
-/* ---- helpers --------------------------------------------------------------- */
+/* ---- helpers ------------------------------------------------------------- */
 
 static uint64_t next_pow2(uint64_t n) {
   if (n <= 1) return 1;
@@ -267,7 +267,7 @@ static void stat_add(msnap_stat_t *arr, int64_t n) {
   }
 }
 
-/* ---- recording helpers ------------------------------------------------------ */
+/* ---- recording helpers --------------------------------------------------- */
 
 static void rec(msnap_host_t *h, msnap_action_t act, uint64_t addr,
                 uint64_t size, const msnap_rctx_t *ctx, uint32_t over) {
@@ -370,7 +370,7 @@ static int evq_push(msnap_host_t *h, uint64_t ev, hblock_t *b) {
   return 0;
 }
 
-/* ---- the public API ----------------------------------------------------------- */
+/* ---- the public API ------------------------------------------------------ */
 
 static int check_a(msnap_allocator_t *a, const char *fn) {
   if (a == NULL)
@@ -681,7 +681,7 @@ int msnap_host_reset_accumulated_stats(msnap_allocator_t *a) {
   return 0;
 }
 
-/* ---- destruction ----------------------------------------------------------------- */
+/* ---- destruction --------------------------------------------------------- */
 
 /* Return everything to the runtime (allocator destruction: no other thread
  * uses the allocator).  Pending events are destroyed without waiting. */
@@ -708,7 +708,7 @@ void msnap__host_destroy(msnap_allocator_t *a) {
   *slot = NULL;
 }
 
-/* ---- snapshots --------------------------------------------------------------------- */
+/* ---- snapshots ----------------------------------------------------------- */
 
 int msnap__host_collect_locked(msnap_allocator_t *a, msnap_snap_t *s) {
   msnap_host_t *h = *msnap__allocator_host(a);
@@ -761,7 +761,7 @@ int msnap__host_collect_locked(msnap_allocator_t *a, msnap_snap_t *s) {
   return 0;
 }
 
-/* ---- invariants ------------------------------------------------------------------- */
+/* ---- invariants ---------------------------------------------------------- */
 
 #define HFAIL(...)                                                          \
   do {                                                                      \
@@ -860,4 +860,17 @@ int msnap__host_check(msnap_allocator_t *a, char *msg, size_t len) {
 out:
   pthread_mutex_unlock(&h->lock);
   return rc;
+}
+
+void msnap__host_test_poke(msnap_allocator_t *a, int what, int64_t delta) {
+  msnap_host_t *h = *msnap__allocator_host(a);
+  if (h == NULL) return;
+  pthread_mutex_lock(&h->lock);
+  if (what == 0)
+    h->stats.segment[MSNAP_STAT_ALL].current += delta;
+  else if (what == 1)
+    h->cached_bytes += (uint64_t)delta;
+  else if (what == 2 && h->nblocks > 0)
+    h->blocks[0]->event_count += (uint32_t)delta;
+  pthread_mutex_unlock(&h->lock);
 }

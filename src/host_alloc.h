@@ -25,6 +25,10 @@ void msnap__host_destroy(msnap_allocator_t *a);
 /* Invariants (see host_alloc.c); takes the host lock.  0 or MSNAP_ESTATE
  * with the first violation in msg. */
 int msnap__host_check(msnap_allocator_t *a, char *msg, size_t len);
+/* Test hook: add delta to one private counter (0: segment stat, 1:
+ * cached_bytes, 2: the first block's event_count) so that tests can see
+ * the checker catch it; call again with -delta to undo. */
+void msnap__host_test_poke(msnap_allocator_t *a, int what, int64_t delta);
 
 /* ---- alloc.c ------------------------------------------------------------ */
 /* The allocator's slot for its host state. */

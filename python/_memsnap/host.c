@@ -58,7 +58,8 @@ static PyObject *py_host_record_stream(PyObject *module, PyObject *args) {
   PyObject *p, *s;
   uint64_t ptr, stream;
   if (!PyArg_ParseTuple(args, "OO:host_record_stream", &p, &s) ||
-      msnap_py_u64(p, &ptr, "ptr") < 0 || msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_u64(p, &ptr, "ptr") < 0 ||
+      msnap_py_u64(s, &stream, "stream") < 0)
     return NULL;
   GET_ALLOC(a);
   int rc = msnap_host_record_stream(a, ptr, stream);

@@ -134,7 +134,8 @@ def pin_for_test(n):
     return mm._host_alloc(n)
 
 mm._record_memory_history("all", stacks="python",
-                          record_pinned_host_memory=True, record_cuda=RECORD_CUDA)
+                          record_pinned_host_memory=True,
+                          record_cuda=RECORD_CUDA)
 d = mm.caching_allocator_alloc(4096)
 a = pin_for_test(1000)
 b = pin_for_test(70000)
