@@ -141,7 +141,8 @@ test-threads: deps-quality venv
 test-aarch64: deps-aarch64 venv
 	$(call setup_dir,build-aarch64,--cross-file cross/aarch64-linux-gnu.ini \
 	  -Dpython=false)
-	$(MRUN) test -C build-aarch64 --print-errorlogs --timeout-multiplier 5
+	MEMSNAP_EXE_WRAPPER="qemu-aarch64 -L /" \
+	  $(MRUN) test -C build-aarch64 --print-errorlogs --timeout-multiplier 5
 
 # libFuzzer targets (clang, ASan+UBSan), FUZZ_SECONDS each; a crash is
 # copied to tests/corpus/<target>/ and fails the run (tests/fuzz/run.sh).

@@ -76,7 +76,8 @@ static msnap_snap_t *generate(uint64_t nentries) {
     g->is_large = 1;
     g->first_block = s->nblocks;
     g->nblocks = 4;
-    g->keys = MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
+    g->keys = MSNAP_K_REQUESTED | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE |
+              MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
     g->frames = MSNAP_STACK_EMPTY;
     for (int k = 0; k < 4; k++) {
       msnap_sblock_t *b = msnap__snap_add_block(s);
@@ -109,7 +110,7 @@ static msnap_snap_t *generate(uint64_t nentries) {
     if (i % 3 == 0) {
       uint64_t r = rnd();
       size = 512 * (1 + r % 40000);
-      addr = base + (r >> 20) % (5u << 30);
+      addr = base + ((r >> 20) % ((5ull << 30) / 512)) * 512;
       int depth = 30 + (int)(r % 50);
       uint32_t f = (uint32_t)((r >> 8) % NFRAMES);
       for (int d = 0; d < depth; d++) {
@@ -129,7 +130,7 @@ static msnap_snap_t *generate(uint64_t nentries) {
     e->stream = 0;
     e->time_us = t += 1 + (int64_t)(i % 5);
     e->frames = st;
-    e->keys = MSNAP_K_FRAMES | MSNAP_K_TIME;
+    e->keys = MSNAP_K_ADDRESS | MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_FRAMES;
   }
   free(frames);
   return s;

@@ -183,8 +183,8 @@ class Bench:
             over = p['python_ns'] - p['off_ns']
             rows.append(dict(
                 name='history overhead per alloc+free pair through the '
-                     'Python package: python stacks, %d frames deep'
-                     % p['depth'],
+                     'Python package: python stacks (%d frames recorded)'
+                     % p['python_frames'],
                 anchor='history off %s (Python call cost included)'
                        % fmt_ns(p['off_ns']),
                 value='+%.3f us' % (over / 1000),
@@ -193,7 +193,8 @@ class Bench:
             if 'all_ns' in p:
                 over = p['all_ns'] - p['off_ns']
                 rows.append(dict(
-                    name="same, stacks 'all' (python + C)",
+                    name="same, stacks 'all' (python + C, %d frames)"
+                         % p['all_frames'],
                     anchor='history off %s' % fmt_ns(p['off_ns']),
                     value='+%.3f us' % (over / 1000),
                     ratio=ratio(p['all_ns'], p['off_ns']),
@@ -241,6 +242,7 @@ class Bench:
                              skip=str(e)))
         if not self.args.no_big:
             inputs.append(('generated snapshot', self.big_snapshot()))
+        _, base_rss, _ = timed([cli, '--version'])
         for label, path in inputs:
             size = os.path.getsize(path)
             ms, mrss, _ = timed([cli, 'summary', path])
@@ -251,8 +253,11 @@ class Bench:
                     label, os.path.basename(path), fmt_bytes(size)),
                 anchor='torch _memory_viz stats: %s, peak RSS %s'
                        % (fmt_s(ts), fmt_bytes(trss)),
-                value='%s, peak RSS %s' % (fmt_s(ms), fmt_bytes(mrss)),
-                ratio='%.1fx faster, RSS %.2fx file' % (ts / ms, mrss / size),
+                value='%s, peak RSS %s (process baseline %s)' % (
+                    fmt_s(ms), fmt_bytes(mrss), fmt_bytes(base_rss)),
+                ratio='%.1fx faster, RSS %.2fx file (%.2fx above baseline)'
+                      % (ts / ms, mrss / size,
+                         max(mrss - base_rss, 0) / size),
                 goal='>= 10x faster, RSS <= 1.5x file',
                 met=ts / ms >= 10 and mrss <= 1.5 * size))
         return rows

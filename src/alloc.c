@@ -32,6 +32,7 @@
 #include <xxhash.h>
 
 #include "alloc_core.h"
+#include "host_alloc.h"
 
 /* ------------------------------------------------------------------------
  * Small helpers.
@@ -1139,6 +1140,10 @@ void msnap__device_unlock(msnap_allocator_t *a, int device) {
 
 struct msnap_recorder_s **msnap__allocator_recorder(msnap_allocator_t *a) {
   return &a->recorder;
+}
+
+struct msnap_host_s **msnap__allocator_host(msnap_allocator_t *a) {
+  return &a->host;
 }
 
 const msnap_conf_t *msnap__allocator_conf(msnap_allocator_t *a) {

@@ -283,6 +283,7 @@ struct msnap_allocator_s {
   msnap_device_t *devices;
   _Atomic bool caching_enabled;
   struct msnap_recorder_s *recorder;
+  struct msnap_host_s *host; /* pinned host allocator (host_alloc.c)    */
   /* max_split_size changed at run time (msnap_set_allocator_settings):
    * oversize_* counters then mix old and new thresholds as in PyTorch, so
    * the invariant checker stops recomputing them.  Under every device

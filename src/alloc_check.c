@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "alloc_core.h"
+#include "host_alloc.h"
 
 #define FAIL(...)                                                             \
   do {                                                                        \
@@ -310,7 +311,8 @@ int msnap_check_invariants(msnap_allocator_t *a, char *msg, size_t len) {
     if (rc != 0)
       return rc;
   }
-  return 0;
+  /* The pinned host allocator (no-op when it was never used). */
+  return msnap__host_check(a, msg, len);
 }
 
 /* ---- snapshot collection ------------------------------------------------ */

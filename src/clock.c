@@ -28,6 +28,7 @@
  * take no lock.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +52,10 @@ enum { CLOCK_SRC_FALLBACK = 0, CLOCK_SRC_TSC = 1, CLOCK_SRC_CNTVCT = 2 };
 
 static pthread_once_t clock_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t clock_lock = PTHREAD_MUTEX_INITIALIZER;
-static int clock_source = CLOCK_SRC_FALLBACK; /* set once by clock_init */
+/* Set once by clock_init; read with relaxed atomics (a plain load on
+ * x86_64/aarch64) because recording threads may read it without a
+ * happens-before edge to the pthread_once that wrote it. */
+static _Atomic int clock_source = CLOCK_SRC_FALLBACK;
 static clock_anchor_t anchor0;                /* clock_lock              */
 static clock_anchor_t anchor1;                /* clock_lock              */
 static double clock_scale = 1.0;              /* clock_lock, ns per tick */
@@ -73,9 +77,12 @@ static int64_t clock_realtime_ns(void) {
  * (pthread_once in every entry point that enables history). */
 uint64_t msnap__clock_raw(void) {
 #if defined(__x86_64__)
-  if (msnap_likely(clock_source == CLOCK_SRC_TSC)) return __rdtsc();
+  if (msnap_likely(atomic_load_explicit(&clock_source, memory_order_relaxed) ==
+                   CLOCK_SRC_TSC))
+    return __rdtsc();
 #elif defined(__aarch64__)
-  if (msnap_likely(clock_source == CLOCK_SRC_CNTVCT)) {
+  if (msnap_likely(atomic_load_explicit(&clock_source, memory_order_relaxed) ==
+                   CLOCK_SRC_CNTVCT)) {
     uint64_t v;
     __asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(v));
     return v;
@@ -126,7 +133,7 @@ static void clock_init(void) {
   anchor0 = clock_sample();
   anchor1 = anchor0;
   clock_scale = 1.0;
-  if (clock_source == CLOCK_SRC_FALLBACK) return;
+  if (atomic_load(&clock_source) == CLOCK_SRC_FALLBACK) return;
   /* A first slope so that conversions before any calibration are sane:
    * wait about 200 us (once per process). */
   for (;;) {
@@ -183,7 +190,7 @@ int64_t msnap__clock_now_us(void) {
 /* Name of the counter in use ("tsc", "cntvct", "clock_gettime"). */
 const char *msnap__clock_source(void) {
   msnap__clock_init();
-  switch (clock_source) {
+  switch (atomic_load(&clock_source)) {
   case CLOCK_SRC_TSC: return "tsc";
   case CLOCK_SRC_CNTVCT: return "cntvct";
   default: return "clock_gettime";

@@ -35,6 +35,7 @@
 #include <xxhash.h>
 
 #include "history.h"
+#include "host_alloc.h"
 #include "stack.h"
 
 /* ---- a small 16-byte-key map used while converting ------------------------ */
@@ -326,7 +327,7 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
   /* The pinned host allocator's thresholds as configured (bytes; 0 when
-   * never set: memsnap has no pinned host cache of its own). */
+   * never set).  host_alloc.c honours both. */
   gv_put(s, &b, "max_round_threshold",
          gv_int(c ? clamp_i64(c->pinned_max_round_threshold) : 0));
   gv_put(s, &b, "max_cached_size",
@@ -586,6 +587,18 @@ int msnap__snapshot_take(msnap_allocator_t *a,
             sizeof s->segments[0], seg_cmp);
   }
   msnap__rctx_release(&sctx);
+  /* Pinned host memory (cuda-reference §2.8): every host block as a
+   * one-block segment and the flat host ring, only while host history is
+   * on (both stay [] otherwise), copied together under the host lock. */
+  dev_copy_t hc;
+  memset(&hc, 0, sizeof hc);
+  if (!err && !o->segments_only && r != NULL &&
+      atomic_load(&r->host_enabled) && msnap__host_lock(a) == 0) {
+    uint64_t hdropped = 0;
+    if (traces) err = msnap__host_ring_copy_locked(r, &hc.v, &hc.n, &hdropped);
+    if (!err) err = msnap__host_collect_locked(a, s);
+    msnap__host_unlock(a);
+  }
   if (r != NULL) {
     pthread_mutex_lock(&r->lock);
     tt.max_entries = r->max_entries;
@@ -600,6 +613,10 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
     err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na);
+  if (!err && hc.n > 0)
+    err = build_device_trace(s, &s->host_traces, &hc,
+                             (msnap_mempool_id_t){0, 0}, &strs, na);
+  msnap__hcopy_release(hc.v, hc.n);
   if (!err && traces && r != NULL) {
     msnap_aentry_t *av = NULL;
     size_t an = 0;
@@ -629,7 +646,14 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   /* Always import, even after an error: it drops the collected refs. */
   int irc = msnap__snap_import_stacks(s);
   if (!err) err = irc;
-  if (!err) err = build_settings(a, s, &tt, ndev);
+  if (!err) {
+    /* msnap_set_allocator_settings replaces the conf (and frees its raw
+     * string) holding every device lock: read it under one of them. */
+    bool lock = msnap_device_count(a) > 0;
+    if (lock) msnap__device_lock(a, 0);
+    err = build_settings(a, s, &tt, ndev);
+    if (lock) msnap__device_unlock(a, 0);
+  }
   free(tt.ws_segments.items);
   free(tt.dropped);
   if (err) {

@@ -55,7 +55,8 @@ enum {
   OP_COUNT
 };
 
-/* Valid alloc-conf strings (generic keys, valid in both profiles). */
+/* Alloc-conf strings (generic keys; the last is refused by the npu
+ * profile). */
 static const char *const confs[] = {
     "",
     "expandable_segments:True",
@@ -83,6 +84,7 @@ typedef struct state_s {
   const uint8_t *p, *end;
   size_t nops;
   msnap_allocator_t *a;
+  msnap_profile_t profile;
   void *sim;
   uint64_t live[MAX_LIVE];
   size_t nlive;
@@ -192,6 +194,19 @@ static void op_record_stream(state_t *st) {
            msnap_err_name(rc));
 }
 
+/* Free every live pointer, complete every event, empty the cache. */
+static void quiesce(state_t *st) {
+  for (size_t k = 0; k < st->nlive; k++) {
+    int rc = msnap_free(st->a, st->live[k]);
+    FZ_CHECK(rc == 0, "free of 0x%llx: %s", (unsigned long long)st->live[k],
+             msnap_err_name(rc));
+  }
+  st->nlive = 0;
+  msnap_sim_complete_events(st->sim, 0, true);
+  int rc = msnap_empty_cache(st->a, -1);
+  FZ_CHECK(rc == 0, "empty_cache gave %s", msnap_err_name(rc));
+}
+
 static void op_settings(state_t *st, bool raw) {
   char buf[64];
   const char *conf;
@@ -207,6 +222,24 @@ static void op_settings(state_t *st, bool raw) {
   } else {
     conf = confs[next_u8(st) % NCONFS];
   }
+  /* PyTorch counts a block as "oversize" against the max_split_size in
+   * force when it is allocated and again when it is freed, so changing
+   * max_split_size under live or cached large blocks makes the oversize
+   * stats drift (as in PyTorch) while msnap_check_invariants recomputes
+   * them against the new value.  Until the checker allows for that drift,
+   * such a change is applied to a quiesced allocator (everything freed,
+   * cache emptied).  So is a switch of expandable_segments, until the
+   * inactive_split bug in tests/fuzz/known/ is fixed.  Every other change
+   * is applied as it comes. */
+  msnap_conf_t next;
+  char err[128];
+  msnap__conf_init(&next, st->profile);
+  const msnap_conf_t *cur = msnap__allocator_conf(st->a);
+  if (msnap__conf_parse_runtime(&next, conf, err, sizeof err) == 0 &&
+      (next.max_split_size != cur->max_split_size ||
+       next.expandable_segments != cur->expandable_segments))
+    quiesce(st);
+  msnap__conf_destroy(&next);
   int rc = msnap_set_allocator_settings(st->a, conf);
   FZ_CHECK(rc == 0 || rc == MSNAP_ECONF, "set_allocator_settings(\"%s\") "
            "gave %s", conf, msnap_err_name(rc));
@@ -284,15 +317,8 @@ static void run(state_t *st) {
 /* Free everything, complete every event, empty the cache: nothing may be
  * left allocated, reserved, or held by the runtime. */
 static void drain(state_t *st) {
-  for (size_t k = 0; k < st->nlive; k++) {
-    int rc = msnap_free(st->a, st->live[k]);
-    FZ_CHECK(rc == 0, "final free of 0x%llx: %s",
-             (unsigned long long)st->live[k], msnap_err_name(rc));
-  }
-  st->nlive = 0;
-  msnap_sim_complete_events(st->sim, 0, true);
-  int rc = msnap_empty_cache(st->a, -1);
-  FZ_CHECK(rc == 0, "final empty_cache gave %s", msnap_err_name(rc));
+  int rc;
+  quiesce(st);
   check(st, "the final empty_cache");
   for (int dev = 0; dev < msnap_device_count(st->a); dev++) {
     msnap_stats_t s;
@@ -332,9 +358,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.error_buf = errbuf;
   o.error_buf_len = sizeof errbuf;
   int rc = msnap_allocator_create(&o, &st->a);
+  /* A conf the profile refuses (e.g. npu: expandable segments with a gc
+   * threshold) must be refused with a message; the input ends there. */
+  if (rc == MSNAP_ECONF) {
+    FZ_CHECK(errbuf[0] != '\0', "ECONF for \"%s\" without a message",
+             o.alloc_conf);
+    return 0;
+  }
   FZ_CHECK(rc == 0, "allocator_create(conf \"%s\") gave %s: %s",
            o.alloc_conf, msnap_err_name(rc), errbuf);
   st->sim = msnap_runtime_ctx(st->a);
+  st->profile = (msnap_profile_t)o.profile;
   msnap_sim_set_manual_events(st->sim, (h & 2) != 0);
   if (h & 0x80)
     op_history(st);
