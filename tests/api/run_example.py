@@ -32,9 +32,9 @@ def main() -> int:
             return 1
         with open(path, "rb") as f:
             snap = pickle.load(f)
-        assert sorted(snap) == sorted([
-            "segments", "device_traces", "allocator_settings",
-            "external_annotations", "host_segments", "host_traces"]), sorted(snap)
+        keys = ["segments", "device_traces", "allocator_settings",
+                "external_annotations", "host_segments", "host_traces"]
+        assert sorted(snap) == sorted(keys), sorted(snap)
         trace = snap["device_traces"][0]
         actions = [e["action"] for e in trace]
         allocs = [e["size"] for e in trace if e["action"] == "alloc"]
