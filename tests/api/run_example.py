@@ -23,8 +23,13 @@ def main() -> int:
         path = os.path.join(tmp, "example.pickle")
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("MEMSNAP_", "PYTORCH_", "OOM_SNAPSHOT"))}
-        run = subprocess.run([exe, path], capture_output=True, text=True,
-                             env=env, timeout=120)
+        # The example sets runtime, profile and sizes itself; the
+        # environment must not change what the documentation shows.
+        # A cross build runs the program under an emulator (Makefile
+        # test-aarch64 sets MEMSNAP_EXE_WRAPPER, as for the CLI tests).
+        wrapper = os.environ.get("MEMSNAP_EXE_WRAPPER", "").split()
+        run = subprocess.run(wrapper + [exe, path], capture_output=True,
+                             text=True, env=env, timeout=300)
         sys.stdout.write(run.stdout)
         sys.stderr.write(run.stderr)
         if run.returncode != 0:
