@@ -182,8 +182,22 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
   return 0;
 }
 
-/* Add one chunk (head == 0, n == vcap < capacity): no entry moves. */
+/* Add slots (head == 0, n == vcap < capacity): no entry moves.  Indexing
+ * (ring_at) assumes every chunk but the last holds MSNAP_RING_CHUNK slots,
+ * so a partial last chunk -- made while the capacity was smaller -- is
+ * widened in place before any new chunk is added. */
 static int ring_grow(msnap_ring_t *ring) {
+  uint64_t tail = ring->vcap & (MSNAP_RING_CHUNK - 1);
+  if (tail != 0) {
+    uint64_t sz = tail + (ring->capacity - ring->vcap);
+    if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
+    msnap_hentry_t *c =
+        realloc(ring->chunks[ring->nchunks - 1], (size_t)sz * sizeof *c);
+    if (c == NULL) return MSNAP_ENOMEM;
+    ring->chunks[ring->nchunks - 1] = c;
+    ring->vcap += sz - tail;
+    return 0;
+  }
   if (ring->nchunks == ring->chunks_cap) {
     uint64_t cap = ring->chunks_cap ? ring->chunks_cap * 2 : 4;
     msnap_hentry_t **nc = realloc(ring->chunks, (size_t)cap * sizeof *nc);
