@@ -849,6 +849,64 @@ static void randomized(void **state) {
   }
 }
 
+/* A runtime whose device mallocs are 512 bytes past a 2 MiB boundary
+ * (the fake's pointers, shifted), to reach torch_npu's base-address
+ * alignment on an unsplit non-expandable block. */
+static const msnap_runtime_ops_t *g_fake_ops;
+static int off_malloc(void *ctx, int device, size_t size, uint64_t *ptr) {
+  int rc = g_fake_ops->malloc(ctx, device, size, ptr);
+  if (rc == 0)
+    *ptr += 512;
+  return rc;
+}
+static int off_free(void *ctx, int device, uint64_t ptr) {
+  return g_fake_ops->free(ctx, device, ptr - 512);
+}
+
+/* npu: an unsplit free 20 MiB segment starting 512 bytes past a 16 KiB
+ * boundary, then expandable_segments switched on at run time.  The next
+ * 5 MiB request splits a 15872-byte head off (base_addr_aligned_kb:16) and
+ * then the remainder: both are free split blocks of a non-expandable
+ * segment, counted in inactive_split (fuzz find, see test_alloc_sim). */
+static void expandable_switch_unsplit_head(void **state) {
+  (void)state;
+  g_fake_ops = fake_rt(NULL);
+  static msnap_runtime_ops_t ops;
+  ops = *g_fake_ops;
+  ops.malloc = off_malloc;
+  ops.free = off_free;
+  msnap_options_t o;
+  msnap_options_init(&o);
+  o.profile = (int)NPU;
+  o.runtime = &ops;
+  o.caching_disabled = 0;
+  o.alloc_conf = "";
+  msnap_allocator_t *a = NULL;
+  assert_int_equal(msnap_allocator_create(&o, &a), 0);
+  uint64_t p = M(a, 5 * MiB);
+  assert_int_equal(p % (2 * MiB), 512);
+  F(a, p);
+  BLK(a, p, 20 * MiB, ST_FREE);
+  assert_int_equal(CUR(S(a), inactive_split, ALL), 0);
+  assert_int_equal(msnap_set_allocator_settings(a, "expandable_segments:True"),
+                   0);
+  INV(a);
+  uint64_t q = M(a, 5 * MiB); /* 5 MiB + 32 -> 5243392 */
+  assert_int_equal(q, p + 15872);
+  BLK(a, p, 15872, ST_FREE);
+  BLK(a, q, 5243392, ST_ALLOC);
+  BLK(a, q + 5243392, 20 * MiB - 15872 - 5243392, ST_FREE);
+  msnap_stats_t s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 2);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 20 * MiB - 5243392);
+  F(a, q);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 0);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 0);
+  EC(a);
+  done(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(summary_golden),
@@ -869,6 +927,7 @@ int main(void) {
       cmocka_unit_test(two_devices),
       cmocka_unit_test(expandable_small_and_off),
       cmocka_unit_test(expandable_oom),
+      cmocka_unit_test(expandable_switch_unsplit_head),
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(threads_smoke),
       cmocka_unit_test(randomized),
