@@ -300,13 +300,37 @@ typedef struct take_totals_s {
   gvb_t ws_segments; /* list of ints */
 } take_totals_t;
 
+/*
+ * A consistent copy of the allocator's conf.  msnap_set_allocator_settings
+ * re-parses the conf in place (and frees and replaces conf.raw) under
+ * every device lock, so the fields and the string are copied under device
+ * 0's lock: all of them come from one applied conf.  *raw receives a
+ * malloc'ed copy of the string (the caller frees it); c->raw is left NULL.
+ * Called with no lock held.  Returns 0 or MSNAP_ENOMEM.
+ */
+static int conf_copy(msnap_allocator_t *a, msnap_conf_t *c, char **raw) {
+  *raw = NULL;
+  if (msnap_device_count(a) <= 0) return MSNAP_EINVAL;
+  msnap__device_lock(a, 0);
+  *c = *msnap__allocator_conf(a);
+  const char *r = c->raw ? c->raw : "";
+  *raw = strdup(r);
+  msnap__device_unlock(a, 0);
+  c->raw = NULL;
+  return *raw == NULL ? MSNAP_ENOMEM : 0;
+}
+
 /* Every cuda-reference §2.7 key, the NPU conf string, and the recorder's
- * ring facts. */
+ * ring facts.  Called with no lock held (takes device 0's lock briefly). */
 static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
                           take_totals_t *t, int ndev) {
-  const msnap_conf_t *c = msnap__allocator_conf(a);
+  msnap_conf_t conf;
+  char *raw_copy = NULL;
+  int crc = conf_copy(a, &conf, &raw_copy);
+  if (crc == MSNAP_ENOMEM) return crc;
+  const msnap_conf_t *c = crc == 0 ? &conf : NULL;
   gvb_t b = {0};
-  const char *raw = c && c->raw ? c->raw : "";
+  const char *raw = raw_copy ? raw_copy : "";
   gv_put(s, &b, "PYTORCH_CUDA_ALLOC_CONF", gv_str(s, raw));
   if (msnap_profile(a) == MSNAP_PROFILE_NPU)
     gv_put(s, &b, "PYTORCH_NPU_ALLOC_CONF", gv_str(s, raw));
@@ -359,6 +383,7 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
   gv_put(s, &b, "workspace_segments", gv_seq(MSNAP_GV_LIST, &t->ws_segments));
   memset(&t->ws_segments, 0, sizeof t->ws_segments);
   s->allocator_settings = gv_seq(MSNAP_GV_DICT, &b);
+  free(raw_copy);
   return b.err;
 }
 
