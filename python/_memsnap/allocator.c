@@ -640,6 +640,24 @@ static PyObject *mempool_end(PyObject *o, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* _release(device): drop one reference (releasePool), e.g. the one that
+ * _begin took.  The pool's own reference is dropped when the object dies;
+ * at use_count 0 the pool's cached segments are released. */
+static PyObject *mempool_release(PyObject *o, PyObject *args) {
+  mempool_t *self = (mempool_t *)o;
+  int device;
+  if (!PyArg_ParseTuple(args, "i:_release", &device))
+    return NULL;
+  PyObject *module = mempool_module(o);
+  if (module == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_mempool_release(a, device, self->id);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "releasePool");
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mempool_methods[] = {
     {"_create", mempool_create, METH_VARARGS,
      "_create(device, use_on_oom, no_split): make the private pool."},
@@ -648,6 +666,8 @@ static PyMethodDef mempool_methods[] = {
     {"_begin", mempool_begin, METH_VARARGS,
      "_begin(device, stream, all_streams): route allocations here."},
     {"_end", mempool_end, METH_VARARGS, "_end(device): stop routing."},
+    {"_release", mempool_release, METH_VARARGS,
+     "_release(device): drop the reference _begin took (releasePool)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef mempool_getset[] = {

@@ -551,6 +551,11 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 
     memsnap routes every stream of the device (torch routes the current
     thread's allocations).  Mirrors ``torch/cuda/memory.py: use_mem_pool``.
+
+    As in torch, entering takes a reference on the pool (``use_count()`` is
+    one more inside the block) and leaving drops it again
+    (endAllocateToPool, then releasePool), so that the pool's cached
+    segments are released once the MemPool object itself is gone.
     """
     index = _device_index(device)
     pool._begin(index, 0, True)
@@ -558,6 +563,7 @@ def use_mem_pool(pool: MemPool, device: Any = None):
         yield
     finally:
         pool._end(index)
+        pool._release(index)
 
 
 # ---------------------------------------------------------------------------

@@ -168,3 +168,60 @@ print("RESULT " + json.dumps({
     assert r["full"] == [0, 1] and r["only1"] == [1]
     assert r["traces"] == 2 and r["dev1_allocs"] == [r["p1"]]
     assert r["stats1"] is True
+
+
+# torch.cuda.use_mem_pool (torch 2.13, torch/cuda/memory.py) calls
+# _cuda_beginAllocateCurrentThreadToPool on entry and, on exit,
+# _cuda_endAllocateToPool then _cuda_releasePool: the context holds one
+# reference to the pool while it is active and drops it on exit, so
+# MemPool.use_count() is 1, then 2 inside, then 1 again (also after an
+# exception), and the pool's cached segments go once the object dies
+# (allocator-algorithm §18: releasePool at 0 marks the pool freeable;
+# MemPool's destructor empties it).
+POOL_REFS = r"""
+import gc, json
+import memsnap.memory as mm
+out = {}
+pool = mm.MemPool()
+out["created"] = pool.use_count()
+with mm.use_mem_pool(pool):
+    out["inside"] = pool.use_count()
+    p = mm.caching_allocator_alloc(3 << 20)
+    with mm.use_mem_pool(mm.MemPool()) as _:
+        pass
+out["after"] = pool.use_count()
+try:
+    with mm.use_mem_pool(pool):
+        raise KeyError("boom")
+except KeyError:
+    pass
+out["after_exception"] = pool.use_count()
+try:
+    with mm.use_mem_pool(pool):
+        with mm.use_mem_pool(pool):
+            pass
+except RuntimeError as e:
+    out["nested_same"] = str(e)
+out["after_nested"] = pool.use_count()
+mm.caching_allocator_delete(p)
+out["reserved_live_pool"] = mm.memory_reserved()
+pool_id = pool.id
+del pool
+gc.collect()
+out["reserved_after_del"] = mm.memory_reserved()
+out["pools_left"] = [s["segment_pool_id"] for s in mm.memory_snapshot()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_use_mem_pool_reference_count():
+    r = run_script(POOL_REFS).result
+    assert r["created"] == 1
+    assert r["inside"] == 2
+    assert r["after"] == 1
+    assert r["after_exception"] == 1
+    assert "already recording to mempool_id" in r["nested_same"]
+    assert r["after_nested"] == 1
+    assert r["reserved_live_pool"] == 20 << 20
+    assert r["reserved_after_del"] == 0
+    assert r["pools_left"] == []
