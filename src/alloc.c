@@ -592,7 +592,7 @@ static int release_block(msnap_device_t *d, msnap_block_t *b,
   d->total_allocated_memory -= b->size;
   int type = msnap__pool_stat_type(b->pool);
   msnap__stat2_dec(st->segment, type, 1);
-  msnap__stat2_dec(st->reserved_bytes, type, (int64_t)b->size);
+  msnap__reserved_dec(d, b->pool, (int64_t)b->size);
   if (b->size >= a->conf.max_split_size)
     msnap__stat_dec(&st->oversize_segments, 1);
   msnap__pool_erase(b);
@@ -715,7 +715,7 @@ static bool alloc_block(msnap_device_t *d, msnap_params_t *p, bool is_retry,
   b->mapped = 1;
   int type = msnap__pool_stat_type(p->pool);
   msnap__stat2_inc(st->segment, type, 1);
-  msnap__stat2_inc(st->reserved_bytes, type, (int64_t)size);
+  msnap__reserved_inc(d, p->pool, (int64_t)size);
   if (size >= a->conf.max_split_size)
     msnap__stat_inc(&st->oversize_segments, 1);
   st->num_device_alloc++;

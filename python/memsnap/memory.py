@@ -296,8 +296,14 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
     ``num_sync_all_streams``, ``num_device_alloc``, ``num_device_free``,
     ``num_oom_rejections`` are ints.  ``*_bytes`` values are bytes.
 
+    ``reserved_bytes_by_private_pools`` (cuda profile, as torch 2.13):
+    ``{pool_id_tuple: {"all"|"small_pool"|"large_pool": {four fields}}}``,
+    the reserved bytes of each private pool (``MemPool``, graph pools).  A
+    pool appears with its first reserved byte; a deleted pool keeps its
+    entry (``current`` 0) until the resets bring every field to 0.  The npu
+    profile leaves the key out, as torch_npu does.
+
     Unlike torch, this works before the first allocation (all zeros).
-    ``reserved_bytes_by_private_pools`` is not reported.
 
     Mirrors ``torch/cuda/memory.py: memory_stats_as_nested_dict``.
     """
@@ -309,7 +315,10 @@ def memory_stats(device: Any = None) -> dict[str, Any]:
 
     An ``OrderedDict`` sorted by key, e.g. ``"allocated_bytes.all.current"``
     (bytes), ``"num_ooms"``: 123 keys (torch 2.14's set, including
-    ``num_oom_rejections``).  See :func:`memory_stats_as_nested_dict`.
+    ``num_oom_rejections``), plus, per private pool, 12 keys such as
+    ``"reserved_bytes_by_private_pools.0_1.all.current"`` (tuple keys
+    joined with ``"_"``, as torch 2.13).  See
+    :func:`memory_stats_as_nested_dict`.
 
     Mirrors ``torch/cuda/memory.py: memory_stats``.
     """
