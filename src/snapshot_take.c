@@ -703,12 +703,8 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   int irc = msnap__snap_import_stacks(s);
   if (!err) err = irc;
   if (!err) {
-    /* msnap_set_allocator_settings replaces the conf (and frees its raw
-     * string) holding every device lock: read it under one of them. */
-    bool lock = msnap_device_count(a) > 0;
-    if (lock) msnap__device_lock(a, 0);
+    /* build_settings copies the conf under device 0's lock (conf_copy). */
     err = build_settings(a, s, &tt, ndev);
-    if (lock) msnap__device_unlock(a, 0);
   }
   free(tt.ws_segments.items);
   free(tt.dropped);
