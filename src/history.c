@@ -181,8 +181,21 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
   return 0;
 }
 
-/* Add one chunk (head == 0, n == vcap < capacity): no entry moves. */
+/* Add one chunk (head == 0, n == vcap < capacity): no entry moves.  A
+ * partial last chunk (left by a smaller capacity) is widened in place
+ * first: ring_slot relies on every chunk but the last being full. */
 static int ring_grow(msnap_ring_t *ring) {
+  uint64_t part = ring->vcap & (MSNAP_RING_CHUNK - 1);
+  if (part != 0) {
+    uint64_t want = ring->capacity - (ring->vcap - part);
+    if (want > MSNAP_RING_CHUNK) want = MSNAP_RING_CHUNK;
+    msnap_hentry_t *c =
+        realloc(ring->chunks[ring->nchunks - 1], (size_t)want * sizeof *c);
+    if (c == NULL) return MSNAP_ENOMEM;
+    ring->chunks[ring->nchunks - 1] = c;
+    ring->vcap += want - part;
+    return 0;
+  }
   if (ring->nchunks == ring->chunks_cap) {
     uint64_t cap = ring->chunks_cap ? ring->chunks_cap * 2 : 4;
     msnap_hentry_t **nc = realloc(ring->chunks, (size_t)cap * sizeof *nc);
