@@ -33,10 +33,6 @@
 
 #include "alloc_core.h"
 
-/* oom.c (recorder branch; declared in its msnap_internal.h): reads
- * OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for a new allocator. */
-void msnap__oom_env_init(msnap_allocator_t *a);
-
 /* ------------------------------------------------------------------------
  * Small helpers.
  * ------------------------------------------------------------------------ */
@@ -54,12 +50,21 @@ static const char *prof_dev(const msnap_allocator_t *a) {
 msnap_block_t *msnap__block_new(msnap_device_t *d) {
   msnap_block_t *b = d->free_objs;
   if (msnap_likely(b != NULL)) {
+    /* Field by field: a memset of the whole object is a `rep stos` that
+     * costs more than the rest of a cached malloc. stream_uses/cap_uses
+     * keep their buffer for reuse. */
     d->free_objs = b->link;
-    uint64_t *uses = b->stream_uses;
-    uint32_t cap = b->cap_uses;
-    memset(b, 0, sizeof *b);
-    b->stream_uses = uses;
-    b->cap_uses = cap;
+    b->node.left = b->node.right = b->node.parent = NULL;
+    b->node.red = 0;
+    b->stream = b->size = b->ptr = b->requested_size = 0;
+    b->prev = b->next = b->hnext = b->link = NULL;
+    b->pool = NULL;
+    b->seg = NULL;
+    b->nuses = 0;
+    b->event_count = 0;
+    b->gc_count_base = 0;
+    b->stack = 0;
+    b->allocated = b->mapped = b->in_set = b->deferred = 0;
     return b;
   }
   return calloc(1, sizeof *b);
@@ -144,6 +149,42 @@ void msnap__segment_delete(msnap_device_t *d, msnap_segment_t *s) {
   free(s->is_mapped);
   free(s);
 }
+
+/* ---- device lock slow paths (alloc.h) ----------------------------------- */
+
+#if defined(__linux__)
+static void futex_wait(_Atomic uint32_t *v, uint32_t val) {
+  syscall(SYS_futex, (uint32_t *)v, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *v) {
+  syscall(SYS_futex, (uint32_t *)v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void msnap__lock_slow(msnap_lock_t *l) {
+  for (int i = 0; i < 64; i++) {
+    uint32_t c = 0;
+    if (atomic_load_explicit(&l->v, memory_order_relaxed) == 0 &&
+        atomic_compare_exchange_weak_explicit(&l->v, &c, 1,
+                                              memory_order_acquire,
+                                              memory_order_relaxed))
+      return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  uint32_t c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  while (c != 0) {
+    futex_wait(&l->v, 2);
+    c = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  }
+}
+
+void msnap__unlock_slow(msnap_lock_t *l) {
+  atomic_store_explicit(&l->v, 0, memory_order_release);
+  futex_wake(&l->v);
+}
+#endif
 
 /* ---- ptr -> block map --------------------------------------------------- */
 
@@ -243,7 +284,7 @@ static uint64_t next_division(uint64_t size, uint64_t divisions) {
  * round_size (§3.1; npu: +32-byte pad first, §20.1).  Pure function of the
  * conf; the caller holds a device lock (or the conf is not changing).
  */
-uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
+static inline uint64_t round_size(const msnap_allocator_t *a, uint64_t size) {
   if (a->profile == MSNAP_PROFILE_NPU)
     size += MSNAP_NPU_PAD;
   if (size < MSNAP_MIN_BLOCK_SIZE)
@@ -252,6 +293,10 @@ uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
   if (d > 1 && size > MSNAP_MIN_BLOCK_SIZE * d)
     return next_division(size, d);
   return round_up(size, MSNAP_MIN_BLOCK_SIZE);
+}
+
+uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
+  return round_size(a, size);
 }
 
 /* get_allocation_size (§3.3); size is the rounded request. */
@@ -295,177 +340,6 @@ void msnap__call_begin(msnap_allocator_t *a, msnap_call_t *c,
 void msnap__call_end(msnap_call_t *c) {
   if (msnap_unlikely(c->rec))
     msnap__rctx_release(&c->r);
-}
-
-/* ------------------------------------------------------------------------
- * Events (§10).
- * ------------------------------------------------------------------------ */
-
-static int event_get(msnap_device_t *d, uint64_t *ev) {
-  if (d->nevent_pool > 0) {
-    *ev = d->event_pool[--d->nevent_pool];
-    return 0;
-  }
-  msnap_allocator_t *a = d->a;
-  return a->rt->event_create(a->rt_ctx, d->id, ev);
-}
-
-static void event_put(msnap_device_t *d, uint64_t ev) {
-  if (d->nevent_pool == d->event_pool_cap) {
-    uint32_t nc = d->event_pool_cap ? d->event_pool_cap * 2 : 16;
-    uint64_t *nv = realloc(d->event_pool, nc * sizeof *nv);
-    if (!nv) {
-      d->a->rt->event_destroy(d->a->rt_ctx, d->id, ev);
-      return;
-    }
-    d->event_pool = nv;
-    d->event_pool_cap = nc;
-  }
-  d->event_pool[d->nevent_pool++] = ev;
-}
-
-static msnap_evq_t *evq_for(msnap_device_t *d, uint64_t stream) {
-  for (uint32_t i = 0; i < d->nevqs; i++)
-    if (d->evqs[i].stream == stream)
-      return &d->evqs[i];
-  if (d->nevqs == d->evqs_cap) {
-    uint32_t nc = d->evqs_cap ? d->evqs_cap * 2 : 4;
-    msnap_evq_t *nv = realloc(d->evqs, nc * sizeof *nv);
-    if (!nv)
-      return NULL;
-    d->evqs = nv;
-    d->evqs_cap = nc;
-  }
-  msnap_evq_t *q = &d->evqs[d->nevqs++];
-  memset(q, 0, sizeof *q);
-  q->stream = stream;
-  return q;
-}
-
-static int evq_push(msnap_evq_t *q, uint64_t ev, msnap_block_t *b) {
-  if (q->n == q->cap) {
-    uint32_t nc = q->cap ? q->cap * 2 : 8;
-    msnap_evitem_t *nv = malloc(nc * sizeof *nv);
-    if (!nv)
-      return MSNAP_ENOMEM;
-    for (uint32_t i = 0; i < q->n; i++)
-      nv[i] = q->v[(q->head + i) % q->cap];
-    free(q->v);
-    q->v = nv;
-    q->cap = nc;
-    q->head = 0;
-  }
-  q->v[(q->head + q->n) % q->cap] = (msnap_evitem_t){ev, b};
-  q->n++;
-  return 0;
-}
-
-static void free_block(msnap_device_t *d, msnap_block_t *b,
-                       const msnap_call_t *c);
-
-/*
- * insert_events (§10.2): record one event per stream in b->stream_uses and
- * queue (event, b); the set becomes empty.  A stream whose event cannot be
- * created or recorded is handled by synchronising the device instead.  If
- * no event was queued the block is freed at once.
- */
-static void insert_events(msnap_device_t *d, msnap_block_t *b,
-                          const msnap_call_t *c) {
-  msnap_allocator_t *a = d->a;
-  bool synced = false;
-  for (uint32_t i = 0; i < b->nuses; i++) {
-    uint64_t s = b->stream_uses[i], ev;
-    msnap_evq_t *q;
-    if (event_get(d, &ev) != 0)
-      goto fallback;
-    if (a->rt->event_record(a->rt_ctx, d->id, ev, s) != 0) {
-      event_put(d, ev);
-      goto fallback;
-    }
-    q = evq_for(d, s);
-    if (!q || evq_push(q, ev, b) != 0) {
-      a->rt->event_synchronize(a->rt_ctx, d->id, ev);
-      event_put(d, ev);
-      continue;
-    }
-    b->event_count++;
-    d->pending_events++;
-    continue;
-  fallback:
-    if (!synced) {
-      a->rt->device_synchronize(a->rt_ctx, d->id);
-      synced = true;
-    }
-  }
-  b->nuses = 0;
-  if (b->event_count == 0)
-    free_block(d, b, c);
-}
-
-/* insert_events_deferred_until_no_capture. */
-static void insert_deferred(msnap_device_t *d, const msnap_call_t *c) {
-  while (msnap_unlikely(d->deferred != NULL)) {
-    msnap_block_t *b = d->deferred;
-    d->deferred = b->link;
-    b->link = NULL;
-    b->deferred = 0;
-    insert_events(d, b, c);
-  }
-}
-
-/* process_events (§10.3): pop completed events per stream, FIFO. */
-static void process_events(msnap_device_t *d, const msnap_call_t *c) {
-  msnap_allocator_t *a = d->a;
-  insert_deferred(d, c);
-  for (uint32_t i = 0; i < d->nevqs; i++) {
-    msnap_evq_t *q = &d->evqs[i];
-    while (q->n > 0) {
-      msnap_evitem_t it = q->v[q->head];
-      bool done = false;
-      if (a->rt->event_query(a->rt_ctx, d->id, it.event, &done) != 0 || !done)
-        break;
-      q->head = (q->head + 1) % q->cap;
-      q->n--;
-      d->pending_events--;
-      event_put(d, it.event);
-      if (--it.block->event_count == 0)
-        free_block(d, it.block, c);
-    }
-  }
-}
-
-/*
- * synchronize_and_free_events (§10.3): wait for every queued event (only
- * those of blocks in `only` when non-NULL) and complete the frees;
- * num_sync_all_streams += 1.
- */
-static void synchronize_and_free_events(msnap_device_t *d,
-                                        const msnap_call_t *c,
-                                        const msnap_ppool_t *only) {
-  msnap_allocator_t *a = d->a;
-  d->stats.num_sync_all_streams++;
-  insert_deferred(d, c);
-  for (uint32_t i = 0; i < d->nevqs; i++) {
-    msnap_evq_t *q = &d->evqs[i];
-    uint32_t n = q->n, kept = 0;
-    for (uint32_t k = 0; k < n; k++) {
-      msnap_evitem_t it = q->v[(q->head + k) % q->cap];
-      if (only && it.block->pool->owner != only) {
-        q->v[(q->head + kept) % q->cap] = it;
-        kept++;
-        continue;
-      }
-      if (a->rt->event_synchronize(a->rt_ctx, d->id, it.event) != 0)
-        a->rt->device_synchronize(a->rt_ctx, d->id);
-      event_put(d, it.event);
-      d->pending_events--;
-      if (--it.block->event_count == 0)
-        free_block(d, it.block, c);
-    }
-    q->n = kept;
-    if (kept == 0)
-      q->head = 0;
-  }
 }
 
 /* ------------------------------------------------------------------------
@@ -592,8 +466,8 @@ static msnap_block_t *alloc_found_block(msnap_device_t *d, msnap_params_t *p,
   return block;
 }
 
-uint64_t msnap__try_merge(msnap_device_t *d, msnap_block_t *dst,
-                          msnap_block_t *src) {
+static inline uint64_t try_merge(msnap_device_t *d, msnap_block_t *dst,
+                                 msnap_block_t *src) {
   if (!src || src->allocated || src->event_count > 0 || src->nuses > 0 ||
       src->deferred || dst->mapped != src->mapped)
     return 0;
@@ -616,9 +490,14 @@ uint64_t msnap__try_merge(msnap_device_t *d, msnap_block_t *dst,
   return subsumed;
 }
 
+uint64_t msnap__try_merge(msnap_device_t *d, msnap_block_t *dst,
+                          msnap_block_t *src) {
+  return try_merge(d, dst, src);
+}
+
 /* free_block (§9.2): the block enters its pool, merged with free
  * neighbours; active/requested stats drop. */
-static void free_block(msnap_device_t *d, msnap_block_t *b,
+void msnap__free_block(msnap_device_t *d, msnap_block_t *b,
                        const msnap_call_t *c) {
   msnap_bpool_t *pool = b->pool;
   msnap_stats_t *st = &d->stats;
@@ -632,12 +511,12 @@ static void free_block(msnap_device_t *d, msnap_block_t *b,
   uint64_t req = b->requested_size;
   int64_t net_blocks = 0, net_size = 0;
   msnap_block_t *prev = b->prev, *next = b->next;
-  uint64_t s = msnap__try_merge(d, b, prev);
+  uint64_t s = try_merge(d, b, prev);
   if (s) {
     net_blocks--;
     net_size -= (int64_t)s;
   }
-  s = msnap__try_merge(d, b, next);
+  s = try_merge(d, b, next);
   if (s) {
     net_blocks--;
     net_size -= (int64_t)s;
@@ -681,10 +560,10 @@ static void free_locked(msnap_device_t *d, msnap_block_t *b,
       b->link = d->deferred;
       d->deferred = b;
     } else {
-      insert_events(d, b, c);
+      msnap__insert_events(d, b, c);
     }
   } else {
-    free_block(d, b, c);
+    msnap__free_block(d, b, c);
   }
 }
 
@@ -898,7 +777,19 @@ static inline uint64_t gc_count(const msnap_block_t *b) {
                          b->gc_count_base);
 }
 
-/* garbage_collect_cached_blocks (§11), default large pool only. */
+/*
+ * garbage_collect_cached_blocks (§11), default large pool only.
+ *
+ * Ages: torch_npu keeps a per-block gc_count that every get_free_block
+ * (GC on) increments on every block of the pool and resets on the block
+ * it hands out (§20.6); CUDA stores the pool counter at insertion and
+ * subtracts.  Both give "get_free_block calls on this pool since the block
+ * last entered the free set" (a block enters only after being handed out,
+ * split off, merged or created, all of which start at 0), so one
+ * implementation serves both profiles.  npu: the device is synchronized
+ * first; its "does not skip expandable blocks" cannot matter because its
+ * config rejects expandable segments together with a GC threshold.
+ */
 static void garbage_collect(msnap_device_t *d, const msnap_call_t *c) {
   const msnap_conf_t *conf = &d->a->conf;
   uint64_t thr = (uint64_t)(conf->garbage_collection_threshold *
@@ -970,7 +861,7 @@ int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
                                  const msnap_call_t *c) {
   int first_err = 0, rc;
   if (msnap__id_zero(id) && d->ncaptures == 0) {
-    synchronize_and_free_events(d, c, NULL);
+    msnap__sync_and_free_events(d, c, NULL);
     rc = release_blocks(d, &d->large, c);
     if (rc && !first_err)
       first_err = rc;
@@ -990,7 +881,7 @@ int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
         pp = nx;
         continue;
       }
-      synchronize_and_free_events(d, c, pp);
+      msnap__sync_and_free_events(d, c, pp);
     }
     rc = release_blocks(d, &pp->small, c);
     if (rc && !first_err)
@@ -1112,7 +1003,7 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
   bool lazy = npu && conf->multi_stream_lazy_reclaim;
 
   if (msnap_unlikely((d->pending_events || d->deferred) && !capture && !lazy))
-    process_events(d, c);
+    msnap__process_events(d, c);
 
   /* Reserve everything that needs host memory first. */
   if (msnap_unlikely(ptrmap_reserve(&d->map) != 0))
@@ -1123,7 +1014,7 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
 
   msnap_params_t p;
   p.stream = stream;
-  p.size = msnap__round_size(a, orig);
+  p.size = round_size(a, orig);
   p.pool = get_pool(d, p.size, stream);
   p.alloc_size = msnap__allocation_size(a, p.size);
   if (npu && conf->page_size_1g && !p.pool->is_small)
@@ -1135,11 +1026,11 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
       conf->expandable_segments && a->rt->vmm_reserve != NULL;
 
   if (lazy && d->pending_events > MSNAP_LAZY_QUERY_SIZE && !capture)
-    process_events(d, c);
+    msnap__process_events(d, c);
 
   bool found = get_free_block(d, &p);
   if (!found && lazy && !capture && (d->pending_events || d->deferred)) {
-    process_events(d, c);
+    msnap__process_events(d, c);
     found = get_free_block(d, &p);
   }
   if (msnap_unlikely(!found)) {
@@ -1156,8 +1047,12 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
           goto hard_error;
       }
       if (!found && !p.rejected && !capture) {
-        if (npu)
+        if (npu) {
+          /* torch_npu: device sync, then empty the workspace allocator
+           * (workspace.c takes only its own lock: safe under ours). */
           device_sync(d);
+          msnap_workspace_empty_cache(a, d->id);
+        }
         msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, c);
         found = alloc_block(d, &p, true, c);
         if (!found && p.err != MSNAP_EOOM)
@@ -1182,27 +1077,30 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
     }
   }
 
-  /* npu base_addr_aligned_kb (§20.4). */
+  /* npu base_addr_aligned_kb (§20.4): as torch_npu, the found block's
+   * object keeps the unaligned head (and goes back to the pool, no stat
+   * change); a new object starts at the aligned address and is the one
+   * allocated (split below as usual). */
   if (npu && conf->expandable_segments && conf->base_addr_aligned_kb > 0 &&
-      p.size >= MSNAP_SMALL_BUFFER) {
+      p.size >= MSNAP_ROUND_LARGE) {
     uint64_t g = conf->base_addr_aligned_kb * 1024;
     uint64_t mis = p.block->ptr % g;
     if (mis) {
       uint64_t gap = g - mis;
-      if (p.block->size >= gap + p.size) {
-        msnap_block_t *frag = msnap__block_new(d);
-        if (frag) {
-          msnap_block_t *b = p.block;
-          frag->stream = b->stream;
-          frag->size = gap;
-          frag->ptr = b->ptr;
-          frag->pool = b->pool;
-          frag->seg = b->seg;
-          frag->mapped = 1;
-          msnap__link_before(frag, b);
-          b->ptr += gap;
-          b->size -= gap;
-          msnap__pool_insert_blocks(b->pool, frag);
+      if (gap + p.size <= p.block->size) {
+        msnap_block_t *aligned = msnap__block_new(d);
+        if (aligned) {
+          msnap_block_t *head = p.block;
+          aligned->stream = head->stream;
+          aligned->size = head->size - gap;
+          aligned->ptr = head->ptr + gap;
+          aligned->pool = head->pool;
+          aligned->seg = head->seg;
+          aligned->mapped = 1;
+          msnap__link_after(aligned, head);
+          head->size = gap;
+          msnap__pool_insert_blocks(head->pool, head);
+          p.block = aligned;
         }
       }
     }
@@ -1220,120 +1118,6 @@ hard_error:
 }
 
 /* ------------------------------------------------------------------------
- * Raw (caching disabled) path (§19).
- * ------------------------------------------------------------------------ */
-
-static int raw_insert(msnap_allocator_t *a, uint64_t ptr, uint64_t size,
-                      int device) {
-  if ((a->raw_count + 1) * 2 > a->raw_cap) {
-    uint64_t nc = a->raw_cap ? a->raw_cap * 2 : 64;
-    msnap_rawent_t *nv = calloc(nc, sizeof *nv);
-    if (!nv)
-      return MSNAP_ENOMEM;
-    for (uint64_t i = 0; i < a->raw_cap; i++) {
-      if (!a->raw[i].used)
-        continue;
-      uint64_t h = ptr_hash(a->raw[i].ptr) & (nc - 1);
-      while (nv[h].used)
-        h = (h + 1) & (nc - 1);
-      nv[h] = a->raw[i];
-    }
-    free(a->raw);
-    a->raw = nv;
-    a->raw_cap = nc;
-  }
-  uint64_t h = ptr_hash(ptr) & (a->raw_cap - 1);
-  while (a->raw[h].used)
-    h = (h + 1) & (a->raw_cap - 1);
-  a->raw[h] = (msnap_rawent_t){ptr, size, device, true};
-  a->raw_count++;
-  return 0;
-}
-
-static msnap_rawent_t *raw_find(msnap_allocator_t *a, uint64_t ptr) {
-  if (!a->raw_cap)
-    return NULL;
-  uint64_t h = ptr_hash(ptr) & (a->raw_cap - 1);
-  while (a->raw[h].used) {
-    if (a->raw[h].ptr == ptr)
-      return &a->raw[h];
-    h = (h + 1) & (a->raw_cap - 1);
-  }
-  return NULL;
-}
-
-/* Backward-shift deletion for linear probing. */
-static void raw_erase(msnap_allocator_t *a, msnap_rawent_t *e) {
-  uint64_t mask = a->raw_cap - 1;
-  uint64_t i = (uint64_t)(e - a->raw);
-  a->raw[i].used = false;
-  uint64_t j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (!a->raw[j].used)
-      break;
-    uint64_t k = ptr_hash(a->raw[j].ptr) & mask;
-    if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
-      a->raw[i] = a->raw[j];
-      a->raw[j].used = false;
-      i = j;
-    }
-  }
-  a->raw_count--;
-}
-
-static int raw_malloc(msnap_allocator_t *a, int device, uint64_t size,
-                      uint64_t *ptr) {
-  if (a->profile == MSNAP_PROFILE_NPU)
-    size += MSNAP_NPU_PAD;
-  uint64_t p = 0;
-  int rc = a->rt->malloc(a->rt_ctx, device, size, &p);
-  if (rc != 0) {
-    char s[32];
-    msnap__format_size(size, s, sizeof s);
-    if (rc == MSNAP_EOOM)
-      return msnap__set_error(MSNAP_EOOM,
-                              "%s out of memory. Tried to allocate %s on "
-                              "device %d (caching allocator disabled).",
-                              prof_dev(a), s, device);
-    return msnap__set_error(rc,
-                            "device runtime malloc of %" PRIu64
-                            " bytes on device %d failed: %s",
-                            size, device, msnap_strerror(rc));
-  }
-  pthread_mutex_lock(&a->raw_lock);
-  rc = raw_insert(a, p, size, device);
-  pthread_mutex_unlock(&a->raw_lock);
-  if (rc != 0) {
-    a->rt->free(a->rt_ctx, device, p);
-    return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-  }
-  *ptr = p;
-  return 0;
-}
-
-/* Free a raw allocation; 1 if ptr was not one. */
-static int raw_free(msnap_allocator_t *a, uint64_t ptr) {
-  pthread_mutex_lock(&a->raw_lock);
-  msnap_rawent_t *e = raw_find(a, ptr);
-  if (!e) {
-    pthread_mutex_unlock(&a->raw_lock);
-    return 1;
-  }
-  int device = e->device;
-  int rc = a->rt->free(a->rt_ctx, device, ptr);
-  if (rc == 0)
-    raw_erase(a, e);
-  pthread_mutex_unlock(&a->raw_lock);
-  if (rc != 0)
-    return msnap__set_error(rc,
-                            "device runtime free of 0x%" PRIx64
-                            " on device %d failed: %s",
-                            ptr, device, msnap_strerror(rc));
-  return 0;
-}
-
-/* ------------------------------------------------------------------------
  * Public entry points.
  * ------------------------------------------------------------------------ */
 
@@ -1346,11 +1130,11 @@ static inline msnap_device_t *get_device(msnap_allocator_t *a, int device) {
 }
 
 void msnap__device_lock(msnap_allocator_t *a, int device) {
-  pthread_mutex_lock(&a->devices[device].lock);
+  msnap__lock(&a->devices[device].lock);
 }
 
 void msnap__device_unlock(msnap_allocator_t *a, int device) {
-  pthread_mutex_unlock(&a->devices[device].lock);
+  msnap__unlock(&a->devices[device].lock);
 }
 
 struct msnap_recorder_s **msnap__allocator_recorder(msnap_allocator_t *a) {
@@ -1397,15 +1181,15 @@ int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
   }
   if (msnap_unlikely(!atomic_load_explicit(&a->caching_enabled,
                                            memory_order_relaxed)))
-    return raw_malloc(a, device, size, ptr);
+    return msnap__raw_malloc(a, device, size, ptr);
 
   msnap_call_t c;
   msnap__call_begin(a, &c, false);
   msnap_block_t *b = NULL;
   oom_info_t oom;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   int rc = malloc_locked(d, size, stream, &c, &b, &oom);
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   msnap__call_end(&c);
   if (msnap_likely(rc == 0)) {
     tl_device_hint = device;
@@ -1430,21 +1214,21 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
   int n = a->ndevices, start = tl_device_hint;
   if (start >= n)
     start = 0;
-  for (int k = 0; k < n; k++) {
-    msnap_device_t *d = &a->devices[(start + k) % n];
-    pthread_mutex_lock(&d->lock);
+  for (int k = 0, i = start; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+    msnap_device_t *d = &a->devices[i];
+    msnap__lock(&d->lock);
     msnap_block_t *b = ptrmap_remove(&d->map, ptr);
     if (msnap_likely(b != NULL)) {
       free_locked(d, b, &c);
-      pthread_mutex_unlock(&d->lock);
+      msnap__unlock(&d->lock);
       msnap__call_end(&c);
       return 0;
     }
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
   }
   msnap__call_end(&c);
-  if (a->raw_count > 0) {
-    int rc = raw_free(a, ptr);
+  if (__atomic_load_n(&a->raw_count, __ATOMIC_RELAXED) > 0) {
+    int rc = msnap__raw_free(a, ptr);
     if (rc <= 0)
       return rc;
   }
@@ -1458,26 +1242,17 @@ static msnap_device_t *lock_owner(msnap_allocator_t *a, uint64_t ptr,
   int n = a->ndevices, start = tl_device_hint;
   if (start >= n)
     start = 0;
-  for (int k = 0; k < n; k++) {
-    msnap_device_t *d = &a->devices[(start + k) % n];
-    pthread_mutex_lock(&d->lock);
+  for (int k = 0, i = start; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+    msnap_device_t *d = &a->devices[i];
+    msnap__lock(&d->lock);
     msnap_block_t *b = ptrmap_find(&d->map, ptr);
     if (b) {
       *out = b;
       return d;
     }
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
   }
   return NULL;
-}
-
-static bool is_raw(msnap_allocator_t *a, uint64_t ptr) {
-  if (a->raw_count == 0)
-    return false;
-  pthread_mutex_lock(&a->raw_lock);
-  bool r = raw_find(a, ptr) != NULL;
-  pthread_mutex_unlock(&a->raw_lock);
-  return r;
 }
 
 int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
@@ -1488,7 +1263,7 @@ int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
   msnap_block_t *b;
   msnap_device_t *d = lock_owner(a, ptr, &b);
   if (!d) {
-    if (is_raw(a, ptr))
+    if (msnap__raw_lookup(a, ptr, NULL))
       return 0; /* raw allocations ignore record_stream (§19) */
     return msnap__set_error(MSNAP_EBADPTR,
                             "invalid device pointer: 0x%" PRIx64, ptr);
@@ -1513,7 +1288,7 @@ int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
     }
   }
 out:
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return rc;
 }
 
@@ -1528,11 +1303,16 @@ int msnap_empty_cache(msnap_allocator_t *a, int device) {
     if (device >= 0 && i != device)
       continue;
     msnap_device_t *d = &a->devices[i];
-    if (a->profile == MSNAP_PROFILE_NPU)
+    if (a->profile == MSNAP_PROFILE_NPU) {
+      /* torch_npu: sync before locking; the workspace is emptied too. */
       device_sync(d);
-    pthread_mutex_lock(&d->lock);
+      int wrc = msnap_workspace_empty_cache(a, i);
+      if (wrc && !first_err)
+        first_err = wrc;
+    }
+    msnap__lock(&d->lock);
     int rc = msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, &c);
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
     if (rc && !first_err)
       first_err = rc;
   }
@@ -1547,20 +1327,35 @@ int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr, size_t *size) {
   msnap_device_t *d = lock_owner(a, ptr, &b);
   if (d) {
     *size = b->size;
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
     return 0;
   }
-  if (a->raw_count > 0) {
-    pthread_mutex_lock(&a->raw_lock);
-    msnap_rawent_t *e = raw_find(a, ptr);
-    if (e)
-      *size = e->size;
-    pthread_mutex_unlock(&a->raw_lock);
-    if (e)
-      return 0;
+  uint64_t rsz = 0;
+  if (msnap__raw_lookup(a, ptr, &rsz)) {
+    *size = rsz;
+    return 0;
   }
   return msnap__set_error(MSNAP_EBADPTR, "invalid device pointer: 0x%" PRIx64,
                           ptr);
+}
+
+int msnap__allocation_base(msnap_allocator_t *a, uint64_t ptr,
+                           uint64_t *base, uint64_t *size) {
+  msnap_block_t *b;
+  msnap_device_t *d = lock_owner(a, ptr, &b);
+  if (!d)
+    return msnap__set_error(MSNAP_EBADPTR,
+                            "invalid device pointer: 0x%" PRIx64, ptr);
+  const msnap_block_t *h = b->seg->head;
+  uint64_t sum = 0;
+  for (const msnap_block_t *x = h; x; x = x->next)
+    sum += x->size;
+  if (base)
+    *base = h->ptr;
+  if (size)
+    *size = sum;
+  msnap__unlock(&d->lock);
+  return 0;
 }
 
 int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
@@ -1584,19 +1379,19 @@ int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
     if (b->stack)
       msnap__stack_ref(b->stack);
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
 /* Lock every device in index order (settings changes). */
 static void lock_all(msnap_allocator_t *a) {
   for (int i = 0; i < a->ndevices; i++)
-    pthread_mutex_lock(&a->devices[i].lock);
+    msnap__lock(&a->devices[i].lock);
 }
 
 static void unlock_all(msnap_allocator_t *a) {
   for (int i = a->ndevices; i-- > 0;)
-    pthread_mutex_unlock(&a->devices[i].lock);
+    msnap__unlock(&a->devices[i].lock);
 }
 
 int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
@@ -1605,19 +1400,49 @@ int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
                             "msnap_set_allocator_settings: NULL argument");
   char err[512] = "";
   lock_all(a);
+  uint64_t mss = a->conf.max_split_size;
   int rc = msnap__conf_parse_runtime(&a->conf, conf, err, sizeof err);
+  if (a->conf.max_split_size != mss)
+    a->mss_changed = true;
   unlock_all(a);
   if (rc != 0)
     return msnap__set_error(rc, "%s", err[0] ? err : "invalid alloc conf");
   return 0;
 }
 
+/*
+ * The conf string as last applied.  msnap_set_allocator_settings replaces
+ * (and frees) conf.raw under every device lock, so the string is copied
+ * under device 0's lock into a per-thread buffer, valid until this
+ * thread's next call.
+ */
+static _Thread_local char *tl_settings;
+static _Thread_local size_t tl_settings_cap;
+
 const char *msnap_allocator_settings(msnap_allocator_t *a) {
-  return a && a->conf.raw ? a->conf.raw : "";
+  if (!a || a->ndevices <= 0)
+    return "";
+  const char *out = "";
+  msnap__lock(&a->devices[0].lock);
+  const char *raw = a->conf.raw ? a->conf.raw : "";
+  size_t n = strlen(raw) + 1;
+  if (n > tl_settings_cap) {
+    char *nb = realloc(tl_settings, n);
+    if (nb) {
+      tl_settings = nb;
+      tl_settings_cap = n;
+    }
+  }
+  if (n <= tl_settings_cap) {
+    memcpy(tl_settings, raw, n);
+    out = tl_settings;
+  }
+  msnap__unlock(&a->devices[0].lock);
+  return out;
 }
 
 /* setMemoryFraction (§16); caller holds d->lock. */
-static void set_fraction_locked(msnap_device_t *d, double fraction) {
+void msnap__set_fraction_locked(msnap_device_t *d, double fraction) {
   d->fraction = fraction;
   if (fraction < 1.0) {
     d->has_allowed = true;
@@ -1640,9 +1465,9 @@ int msnap_set_memory_fraction(msnap_allocator_t *a, int device,
     return msnap__set_error(MSNAP_EINVAL,
                             "invalid fraction:%g. Please set within [0, 1].",
                             fraction);
-  pthread_mutex_lock(&d->lock);
-  set_fraction_locked(d, fraction);
-  pthread_mutex_unlock(&d->lock);
+  msnap__lock(&d->lock);
+  msnap__set_fraction_locked(d, fraction);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -1653,11 +1478,11 @@ int msnap_get_memory_fraction(msnap_allocator_t *a, int device,
     return msnap__set_error(MSNAP_EINVAL,
                             "msnap_get_memory_fraction: invalid device %d",
                             device);
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   *fraction = d->has_allowed && d->device_total
                   ? (double)d->allowed_memory_maximum / (double)d->device_total
                   : 1.0;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -1687,259 +1512,3 @@ int msnap_mem_get_info(msnap_allocator_t *a, int device, size_t *free_bytes,
   return 0;
 }
 
-/* ------------------------------------------------------------------------
- * Creation and destruction.
- * ------------------------------------------------------------------------ */
-
-void msnap_options_init(msnap_options_t *o) {
-  memset(o, 0, sizeof *o);
-  o->size = sizeof *o;
-  o->version = MSNAP_OPTIONS_VERSION;
-  o->profile = -1;
-  o->caching_disabled = -1;
-}
-
-static void bpool_init(msnap_bpool_t *p, bool is_small, msnap_ppool_t *owner) {
-  msnap__rb_init(&p->blocks, false);
-  msnap__rb_init(&p->unmapped, true);
-  p->get_free_blocks_call_count = 0;
-  p->is_small = is_small;
-  p->owner = owner;
-}
-
-static int device_init(msnap_allocator_t *a, msnap_device_t *d, int id) {
-  memset(d, 0, sizeof *d);
-  if (pthread_mutex_init(&d->lock, NULL) != 0)
-    return MSNAP_ENOMEM;
-  d->id = id;
-  d->a = a;
-  d->stats.size = sizeof d->stats;
-  d->stats.version = MSNAP_STATS_VERSION;
-  d->stats.max_split_size = (int64_t)a->conf.max_split_size;
-  bpool_init(&d->large, false, NULL);
-  bpool_init(&d->small, true, NULL);
-  size_t f = 0, t = 0;
-  if (a->rt->mem_get_info(a->rt_ctx, id, &f, &t) == 0)
-    d->device_total = t;
-  set_fraction_locked(d, a->conf.per_process_memory_fraction);
-  return 0;
-}
-
-static void errbuf(const msnap_options_t *o, const char *msg) {
-  if (o && o->error_buf && o->error_buf_len > 0)
-    snprintf(o->error_buf, o->error_buf_len, "%s", msg);
-}
-
-int msnap_allocator_create(const msnap_options_t *opts,
-                           msnap_allocator_t **out) {
-  msnap_options_t defaults;
-  const msnap_options_t *o = opts;
-  char err[512] = "";
-  if (!out)
-    return msnap__set_error(MSNAP_EINVAL, "msnap_allocator_create: NULL out");
-  if (!o) {
-    msnap_options_init(&defaults);
-    o = &defaults;
-  }
-  msnap_profile_t profile;
-  if (o->profile >= 0) {
-    if (o->profile != MSNAP_PROFILE_NPU && o->profile != MSNAP_PROFILE_CUDA) {
-      snprintf(err, sizeof err, "invalid profile %d (0 = npu, 1 = cuda)",
-               o->profile);
-      errbuf(o, err);
-      return msnap__set_error(MSNAP_EINVAL, "%s", err);
-    }
-    profile = (msnap_profile_t)o->profile;
-  } else {
-    int rc = msnap__env_profile(&profile);
-    if (rc != 0) {
-      snprintf(err, sizeof err, "%s", msnap_last_error());
-      errbuf(o, err);
-      return rc;
-    }
-  }
-  const msnap_runtime_ops_t *rt = o->runtime;
-  const char *rt_name = NULL;
-  if (!rt) {
-    rt_name = o->runtime_name ? o->runtime_name : msnap__env_runtime();
-    if (!rt_name)
-      rt_name = "sim";
-    rt = msnap_runtime_by_name(rt_name);
-    if (!rt) {
-      snprintf(err, sizeof err, "unknown device runtime '%s'", rt_name);
-      errbuf(o, err);
-      return msnap__set_error(MSNAP_EINVAL, "%s", err);
-    }
-  }
-  msnap_allocator_t *a = calloc(1, sizeof *a);
-  if (!a)
-    return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-  a->profile = profile;
-  a->rt = rt;
-  a->next_mempool_id = 1;
-  pthread_mutex_init(&a->raw_lock, NULL);
-  msnap__conf_init(&a->conf, profile);
-
-  const char *conf_str = o->alloc_conf;
-  int rc = 0;
-  if (!conf_str) {
-    rc = msnap__conf_from_env(profile, &conf_str, err, sizeof err);
-    if (rc != 0)
-      goto fail_conf;
-  }
-  if (conf_str) {
-    rc = msnap__conf_parse(&a->conf, conf_str, err, sizeof err);
-    if (rc != 0)
-      goto fail_conf;
-  }
-  bool no_cache = o->caching_disabled >= 0 ? o->caching_disabled != 0
-                                           : msnap__env_no_caching(profile);
-  atomic_init(&a->caching_enabled, !no_cache);
-
-  if (rt == msnap_runtime_sim() && (o->sim_devices > 0 || o->sim_memory > 0))
-    rc = msnap__sim_create(o->sim_devices > 0 ? o->sim_devices : 1,
-                           o->sim_memory > 0 ? o->sim_memory
-                                             : msnap__env_size(
-                                                   "MEMSNAP_SIM_MEMORY",
-                                                   64ull << 30),
-                           &a->rt_ctx);
-  else
-    rc = rt->init(&a->rt_ctx);
-  if (rc != 0) {
-    snprintf(err, sizeof err, "device runtime '%s' failed to initialise: %s",
-             rt->name ? rt->name : "?", msnap_strerror(rc));
-    goto fail_rt;
-  }
-  int n = 0;
-  rc = rt->device_count(a->rt_ctx, &n);
-  if (rc != 0 || n <= 0) {
-    snprintf(err, sizeof err, "device runtime '%s' reports no device",
-             rt->name ? rt->name : "?");
-    rc = rc ? rc : MSNAP_ERUNTIME;
-    goto fail_init;
-  }
-  a->devices = calloc((size_t)n, sizeof *a->devices);
-  if (!a->devices) {
-    rc = MSNAP_ENOMEM;
-    snprintf(err, sizeof err, "out of host memory");
-    goto fail_init;
-  }
-  a->ndevices = n;
-  for (int i = 0; i < n; i++)
-    device_init(a, &a->devices[i], i);
-  /* OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH (recorder side, oom.c). */
-  msnap__oom_env_init(a);
-  *out = a;
-  return 0;
-
-fail_init:
-  rt->fini(a->rt_ctx);
-fail_rt:
-fail_conf:
-  if (!err[0])
-    snprintf(err, sizeof err, "%s", msnap_strerror(rc));
-  errbuf(o, err);
-  msnap__conf_destroy(&a->conf);
-  pthread_mutex_destroy(&a->raw_lock);
-  free(a);
-  return msnap__set_error(rc, "%s", err);
-}
-
-/* Return every segment of d to the runtime and free all host memory. */
-static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
-  pthread_mutex_lock(&d->lock);
-  /* Wait for outstanding events (their blocks are released below). */
-  for (uint32_t i = 0; i < d->nevqs; i++) {
-    msnap_evq_t *q = &d->evqs[i];
-    for (uint32_t k = 0; k < q->n; k++) {
-      uint64_t ev = q->v[(q->head + k) % q->cap].event;
-      a->rt->event_synchronize(a->rt_ctx, d->id, ev);
-      if (a->rt->event_destroy(a->rt_ctx, d->id, ev) != 0)
-        a->rt->event_destroy(a->rt_ctx, d->id, ev);
-    }
-    free(q->v);
-  }
-  free(d->evqs);
-  for (uint32_t i = 0; i < d->nevent_pool; i++)
-    if (a->rt->event_destroy(a->rt_ctx, d->id, d->event_pool[i]) != 0)
-      a->rt->event_destroy(a->rt_ctx, d->id, d->event_pool[i]);
-  free(d->event_pool);
-  while (d->segments) {
-    msnap_segment_t *s = d->segments;
-    msnap_block_t *b = s->head;
-    while (b) {
-      msnap_block_t *nx = b->next;
-      if (b->stack)
-        msnap__stack_unref(b->stack);
-      free(b->stream_uses);
-      free(b);
-      b = nx;
-    }
-    if (s->expandable) {
-      msnap__expandable_teardown(d, s);
-    } else if (a->rt->free(a->rt_ctx, d->id, s->base) != 0) {
-      a->rt->free(a->rt_ctx, d->id, s->base);
-    }
-    msnap__segment_delete(d, s);
-  }
-  while (d->free_objs) {
-    msnap_block_t *b = d->free_objs;
-    d->free_objs = b->link;
-    free(b->stream_uses);
-    free(b);
-  }
-  while (d->ppools) {
-    msnap_ppool_t *pp = d->ppools;
-    d->ppools = pp->next;
-    free(pp);
-  }
-  free(d->captures);
-  free(d->map.buckets);
-  pthread_mutex_unlock(&d->lock);
-  pthread_mutex_destroy(&d->lock);
-}
-
-void msnap_allocator_destroy(msnap_allocator_t *a) {
-  if (!a)
-    return;
-  if (a->recorder)
-    msnap__recorder_destroy(a->recorder);
-  a->recorder = NULL;
-  for (int i = 0; i < a->ndevices; i++)
-    device_destroy(a, &a->devices[i]);
-  for (uint64_t i = 0; i < a->raw_cap; i++)
-    if (a->raw[i].used &&
-        a->rt->free(a->rt_ctx, a->raw[i].device, a->raw[i].ptr) != 0)
-      a->rt->free(a->rt_ctx, a->raw[i].device, a->raw[i].ptr);
-  free(a->raw);
-  free(a->devices);
-  a->rt->fini(a->rt_ctx);
-  msnap__conf_destroy(&a->conf);
-  pthread_mutex_destroy(&a->raw_lock);
-  free(a);
-}
-
-/* ---- the process-wide allocator ----------------------------------------- */
-
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static msnap_allocator_t *default_alloc;
-static char default_err[512];
-
-static void default_create(void) {
-  msnap_options_t o;
-  msnap_options_init(&o);
-  o.error_buf = default_err;
-  o.error_buf_len = sizeof default_err;
-  if (msnap_allocator_create(&o, &default_alloc) != 0)
-    default_alloc = NULL;
-}
-
-msnap_allocator_t *msnap_default(void) {
-  pthread_once(&default_once, default_create);
-  return default_alloc;
-}
-
-const char *msnap_default_error(void) {
-  pthread_once(&default_once, default_create);
-  return default_alloc ? NULL : default_err;
-}

@@ -1,8 +1,18 @@
 /*
  * alloc.h -- internal types of the device caching allocator: blocks,
  * segments, block pools, private pools, the per-device allocator and
- * struct msnap_allocator_s.  Only alloc*.c, pool.c, stats.c and the
- * allocator tests include it.
+ * struct msnap_allocator_s.  Only the allocator's files and its tests
+ * include it.  The files:
+ *   pool.c          ordered free-block sets (intrusive red-black trees)
+ *   alloc.c         malloc / free / record_stream / empty_cache, search,
+ *                   split, merge, segment creation and release, OOM
+ *   events.c        cross-stream frees (events, deferred frees)
+ *   expandable.c    expandable segments (VMM granules)
+ *   mempool.c       private pools (MemPool, begin/end allocate to pool)
+ *   alloc_raw.c     caching disabled (direct runtime malloc/free)
+ *   alloc_create.c  create / destroy / msnap_default
+ *   alloc_check.c   msnap_check_invariants, snapshot segment collection
+ *   stats.c         memory_stats, resets, memory_summary
  *
  * The model is PyTorch's DeviceCachingAllocator (allocator-algorithm.md §2):
  *
@@ -47,6 +57,11 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "msnap_internal.h"
 
@@ -61,6 +76,65 @@
 #define MSNAP_NPU_PAD 32ull               /* AddPadSize()                  */
 #define MSNAP_LAZY_QUERY_SIZE 512u        /* kLazyQuerySize (npu)          */
 #define MSNAP_MIB 1048576ull
+
+/* ---- the device lock ---------------------------------------------------- */
+/*
+ * A futex mutex (Drepper, "Futexes Are Tricky", mutex 3): 0 = free, 1 =
+ * held, 2 = held with possible waiters.  Uncontended lock and unlock are
+ * one atomic each (a pthread mutex costs several times that on the cached
+ * malloc path).  After a short spin a contended locker sleeps in the
+ * kernel.  Not recursive.  Elsewhere than Linux: a pthread mutex.
+ */
+typedef struct msnap_lock_s {
+#if defined(__linux__)
+  _Atomic uint32_t v;
+#else
+  pthread_mutex_t m;
+#endif
+} msnap_lock_t;
+
+static inline void msnap__lock_init(msnap_lock_t *l) {
+#if defined(__linux__)
+  atomic_init(&l->v, 0);
+#else
+  pthread_mutex_init(&l->m, NULL);
+#endif
+}
+
+static inline void msnap__lock_destroy(msnap_lock_t *l) {
+#if !defined(__linux__)
+  pthread_mutex_destroy(&l->m);
+#else
+  (void)l;
+#endif
+}
+
+#if defined(__linux__)
+void msnap__lock_slow(msnap_lock_t *l);
+void msnap__unlock_slow(msnap_lock_t *l);
+#endif
+
+static inline void msnap__lock(msnap_lock_t *l) {
+#if defined(__linux__)
+  uint32_t c = 0;
+  if (msnap_likely(atomic_compare_exchange_strong_explicit(
+          &l->v, &c, 1, memory_order_acquire, memory_order_relaxed)))
+    return;
+  msnap__lock_slow(l);
+#else
+  pthread_mutex_lock(&l->m);
+#endif
+}
+
+static inline void msnap__unlock(msnap_lock_t *l) {
+#if defined(__linux__)
+  if (msnap_unlikely(atomic_fetch_sub_explicit(&l->v, 1,
+                                               memory_order_release) != 1))
+    msnap__unlock_slow(l);
+#else
+  pthread_mutex_unlock(&l->m);
+#endif
+}
 
 /* ---- ordered block sets (pool.c) ---------------------------------------- */
 typedef struct msnap_rbnode_s {
@@ -167,7 +241,7 @@ typedef struct msnap_ptrmap_s {
 } msnap_ptrmap_t;
 
 struct msnap_device_s {
-  pthread_mutex_t lock;
+  msnap_lock_t lock;
   int id;
   msnap_allocator_t *a;
   msnap_stats_t stats;
@@ -209,6 +283,11 @@ struct msnap_allocator_s {
   msnap_device_t *devices;
   _Atomic bool caching_enabled;
   struct msnap_recorder_s *recorder;
+  /* max_split_size changed at run time (msnap_set_allocator_settings):
+   * oversize_* counters then mix old and new thresholds as in PyTorch, so
+   * the invariant checker stops recomputing them.  Under every device
+   * lock. */
+  bool mss_changed;
   /* Raw allocations made while caching is disabled. */
   pthread_mutex_t raw_lock;
   msnap_rawent_t *raw;

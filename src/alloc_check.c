@@ -57,7 +57,7 @@ static int check_pool(const msnap_bpool_t *pool, const char *name,
 typedef struct counts_s {
   msnap_stat_t arr[9][MSNAP_STAT_TYPES]; /* current only */
   int64_t oversize_alloc, oversize_seg;
-  uint64_t in_blocks, in_unmapped, allocated, reserved;
+  uint64_t in_blocks, in_unmapped, allocated, reserved, event_refs;
 } counts_t;
 
 enum {
@@ -138,6 +138,10 @@ static int check_device(msnap_device_t *d, char *msg, size_t len) {
              " (not a positive multiple of 512)",
              b->ptr, b->size);
       sum += b->size;
+      if (b->event_count < 0)
+        FAIL("block 0x%" PRIx64 " has event_count %d", b->ptr,
+             b->event_count);
+      cn.event_refs += (uint64_t)b->event_count;
       bool active = block_active(b);
       bool is_free = !b->allocated && !active;
       if (!b->mapped) {
@@ -243,6 +247,10 @@ static int check_device(msnap_device_t *d, char *msg, size_t len) {
   uint64_t pend = 0;
   for (uint32_t i = 0; i < d->nevqs; i++)
     pend += d->evqs[i].n;
+  if (pend != cn.event_refs)
+    FAIL("device %d: %" PRIu64 " queued events but the blocks' event_count "
+         "sum to %" PRIu64,
+         d->id, pend, cn.event_refs);
   if (pend != d->pending_events)
     FAIL("device %d: %" PRIu64 " queued events but pending_events %" PRIu64,
          d->id, pend, d->pending_events);
@@ -270,7 +278,7 @@ static int check_device(msnap_device_t *d, char *msg, size_t len) {
              d->id, names[k], tnames[t], s->peak, s->current);
     }
   }
-  if ((uint64_t)d->stats.max_split_size == mss) {
+  if (!a->mss_changed) {
     if (d->stats.oversize_allocations.current != cn.oversize_alloc)
       FAIL("device %d: oversize_allocations.current %" PRId64
            " but the blocks give %" PRId64,
@@ -296,9 +304,9 @@ int msnap_check_invariants(msnap_allocator_t *a, char *msg, size_t len) {
   }
   for (int i = 0; i < a->ndevices; i++) {
     msnap_device_t *d = &a->devices[i];
-    pthread_mutex_lock(&d->lock);
+    msnap__lock(&d->lock);
     int rc = check_device(d, msg, len);
-    pthread_mutex_unlock(&d->lock);
+    msnap__unlock(&d->lock);
     if (rc != 0)
       return rc;
   }

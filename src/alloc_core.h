@@ -90,7 +90,30 @@ void msnap__expandable_teardown(msnap_device_t *d, msnap_segment_t *s);
 msnap_ppool_t *msnap__ppool_find(msnap_device_t *d, msnap_mempool_id_t id);
 void msnap__ppool_free(msnap_device_t *d, msnap_ppool_t *pp);
 
-/* alloc.c: used by mempool.c */
+/* events.c (§10) */
+void msnap__insert_events(msnap_device_t *d, msnap_block_t *b,
+                          const msnap_call_t *c);
+void msnap__process_events(msnap_device_t *d, const msnap_call_t *c);
+/* Wait for every queued event (only those of `only`'s blocks when non-NULL)
+ * and complete the frees; num_sync_all_streams += 1. */
+void msnap__sync_and_free_events(msnap_device_t *d, const msnap_call_t *c,
+                                 const msnap_ppool_t *only);
+
+/* alloc_raw.c (§19): caching disabled.  raw_free returns 1 when ptr is not
+ * a raw allocation. */
+int msnap__raw_malloc(msnap_allocator_t *a, int device, uint64_t size,
+                      uint64_t *ptr);
+int msnap__raw_free(msnap_allocator_t *a, uint64_t ptr);
+bool msnap__raw_lookup(msnap_allocator_t *a, uint64_t ptr, uint64_t *size);
+void msnap__raw_release_all(msnap_allocator_t *a);
+
+/* alloc.c: used by the other allocator files */
+/* free_block (§9.2): the block enters its pool, merged with free
+ * neighbours. */
+void msnap__free_block(msnap_device_t *d, msnap_block_t *b,
+                       const msnap_call_t *c);
+/* setMemoryFraction (§16). */
+void msnap__set_fraction_locked(msnap_device_t *d, double fraction);
 int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
                                  const msnap_call_t *c);
 void msnap__call_begin(msnap_allocator_t *a, msnap_call_t *c,

@@ -20,19 +20,24 @@
 
 #include "alloc_core.h"
 
-/* Granule of a pool (§13; npu §20.3). */
+/*
+ * Granule of a pool (§13; npu §20.3).  A configured size that is not a
+ * multiple of 2 MiB (e.g. large_segment_size_mb:21) is rounded up to one:
+ * VMM runtimes only map whole 2 MiB pages.
+ */
 static uint64_t granule_for(const msnap_allocator_t *a,
                             const msnap_bpool_t *pool) {
   const msnap_conf_t *c = &a->conf;
+  uint64_t g = c->large_segment_size;
   if (pool->is_small)
     return MSNAP_SMALL_BUFFER;
   if (a->profile == MSNAP_PROFILE_NPU) {
     if (c->page_size_1g)
       return MSNAP_EXTRA_LARGE_BUFFER;
     if (!c->large_segment_size_set && c->segment_size_mb)
-      return c->segment_size_mb * MSNAP_MIB;
+      g = c->segment_size_mb * MSNAP_MIB;
   }
-  return c->large_segment_size;
+  return (g + MSNAP_SMALL_BUFFER - 1) / MSNAP_SMALL_BUFFER * MSNAP_SMALL_BUFFER;
 }
 
 static int ensure_handles(msnap_segment_t *s, uint64_t n) {
@@ -272,7 +277,14 @@ msnap_block_t *msnap__try_allocate_expandable(msnap_device_t *d,
       return NULL;
   }
   while (cand->size < p->size) {
+    /* free -> unmapped -> *: the merged candidate absorbed every free
+     * mapped neighbour, so the next block is unmapped (find checked that
+     * the chain is long enough). */
     msnap_block_t *nx = cand->next;
+    if (!nx || nx->mapped) {
+      p->err = MSNAP_EOOM;
+      return NULL;
+    }
     uint64_t remaining = p->size - cand->size;
     uint64_t n = remaining < nx->size ? remaining : nx->size;
     cand = map_block(d, nx, n, p, c);

@@ -88,9 +88,10 @@ int msnap_mempool_create(msnap_allocator_t *a, int device, bool use_on_oom,
   msnap_device_t *d = dev(a, device, "msnap_mempool_create");
   if (!d || !id)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   /* MemPool ids are {0, uid++} from an allocator-wide counter. */
-  msnap_mempool_id_t nid = {0, a->next_mempool_id++};
+  msnap_mempool_id_t nid = {
+      0, __atomic_fetch_add(&a->next_mempool_id, 1, __ATOMIC_RELAXED)};
   msnap_ppool_t *pp;
   int rc = create_or_incref(d, nid, &pp);
   if (rc == 0) {
@@ -98,7 +99,7 @@ int msnap_mempool_create(msnap_allocator_t *a, int device, bool use_on_oom,
     pp->no_split = no_split;
     *id = nid;
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return rc;
 }
 
@@ -114,7 +115,7 @@ int msnap_mempool_release(msnap_allocator_t *a, int device,
     return MSNAP_EINVAL;
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   int rc = 0;
   msnap_ppool_t *pp = msnap__ppool_find(d, id);
   if (!pp || pp->use_count <= 0) {
@@ -126,7 +127,7 @@ int msnap_mempool_release(msnap_allocator_t *a, int device,
     pp->freeable = true;
     rc = msnap__release_cached_blocks(d, id, &c);
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   msnap__call_end(&c);
   return rc;
 }
@@ -141,7 +142,7 @@ int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
     return msnap__set_error(MSNAP_EINVAL,
                             "beginAllocateToPool: mempool id (0, 0) is the "
                             "default pool");
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   int rc = 0;
   for (uint32_t i = 0; i < d->ncaptures; i++) {
     if (msnap__id_eq(d->captures[i].id, id)) {
@@ -168,7 +169,7 @@ int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
     goto out;
   d->captures[d->ncaptures++] = (msnap_capture_t){id, stream, all_streams};
 out:
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return rc;
 }
 
@@ -177,7 +178,7 @@ int msnap_end_allocate_to_pool(msnap_allocator_t *a, int device,
   msnap_device_t *d = dev(a, device, "msnap_end_allocate_to_pool");
   if (!d)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   bool found = false;
   for (uint32_t i = 0; i < d->ncaptures && !found; i++) {
     if (msnap__id_eq(d->captures[i].id, id)) {
@@ -187,7 +188,7 @@ int msnap_end_allocate_to_pool(msnap_allocator_t *a, int device,
       found = true;
     }
   }
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   if (!found)
     return msnap__set_error(MSNAP_ESTATE,
                             "endAllocatePool: not currently recording to "
@@ -201,9 +202,9 @@ int msnap_mempool_use_count(msnap_allocator_t *a, int device,
   msnap_device_t *d = dev(a, device, "msnap_mempool_use_count");
   if (!d || !count)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   msnap_ppool_t *pp = msnap__ppool_find(d, id);
   *count = pp ? pp->use_count : 0;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }

@@ -185,6 +185,16 @@ int msnap__device_collect_segments_locked(msnap_allocator_t *a, int device,
 int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
                            uint64_t *requested_size, uint64_t *stream,
                            msnap_mempool_id_t *pool, uint32_t *stack);
+/* getBaseAllocation: the segment holding the live allocation at ptr (its
+ * first block's address and the sum of its blocks' sizes; for expandable
+ * segments the whole VA, as PyTorch walks prev/next over unmapped blocks
+ * too).  MSNAP_EBADPTR when ptr is not a live base pointer; caller holds
+ * no lock. */
+int msnap__allocation_base(msnap_allocator_t *a, uint64_t ptr,
+                           uint64_t *base, uint64_t *size);
+/* The allocator's conf.  Read it while holding a device lock (e.g.
+ * msnap__device_lock(a, 0)): msnap_set_allocator_settings rewrites it, and
+ * frees conf.raw, under every device lock. */
 const msnap_conf_t *msnap__allocator_conf(msnap_allocator_t *a);
 
 /* ---- snapshot_take.c ---------------------------------------------------- */

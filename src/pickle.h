@@ -25,11 +25,13 @@
 /* ---- snapshot.c helpers shared by the snapshot files --------------------- */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* A random 64-bit seed for hash tables fed by untrusted input. */
+uint64_t msnap__hash_seed(void);
 /* The reader marks its models: their key-presence bits are authoritative. */
 void msnap__snap_set_from_reader(msnap_snap_t *s, bool v);
 bool msnap__snap_from_reader(const msnap_snap_t *s);
 
-/* ---- pickle_write.c: protocol-4 encoder over a sink ----------------------- */
+/* ---- pickle_write.c: protocol-4 encoder over a sink --------------------- */
 /*
  * Writes only the MemoryViz opcode subset (cuda-reference §2.9), in 64 KiB
  * FRAMEs.  Errors are sticky in `err` (with text in `msg`); every emit
@@ -51,16 +53,57 @@ int msnap__pw_init(msnap_pw_t *w, msnap_sink_t *sink);
 int msnap__pw_finish(msnap_pw_t *w);
 /* Release without writing more (after an error). */
 void msnap__pw_abort(msnap_pw_t *w);
-void msnap__pw_op(msnap_pw_t *w, unsigned char op);
-void msnap__pw_int(msnap_pw_t *w, int64_t v);
+/* Emit the current frame (internal to the inline fast paths below). */
+void msnap__pw_flush_frame(msnap_pw_t *w);
+/* Room for n more bytes in the current frame (n <= frame size); NULL
+ * after an error. */
+static inline unsigned char *msnap__pw_room(msnap_pw_t *w, size_t n) {
+  if (__builtin_expect(w->used + n > MSNAP_PW_FRAME_SIZE, 0))
+    msnap__pw_flush_frame(w);
+  if (__builtin_expect(w->err != 0, 0)) return NULL;
+  unsigned char *p = w->buf + 9 + w->used;
+  w->used += n;
+  return p;
+}
+static inline void msnap__pw_op(msnap_pw_t *w, unsigned char op) {
+  unsigned char *p = msnap__pw_room(w, 1);
+  if (p) *p = op;
+}
+/* Slow path of msnap__pw_int (BININT2 and wider). */
+void msnap__pw_int_wide(msnap_pw_t *w, int64_t v);
+static inline void msnap__pw_int(msnap_pw_t *w, int64_t v) {
+  if (v >= 0 && v < 256) {
+    unsigned char *p = msnap__pw_room(w, 2);
+    if (p) {
+      p[0] = 'K'; /* BININT1 */
+      p[1] = (unsigned char)v;
+    }
+    return;
+  }
+  msnap__pw_int_wide(w, v);
+}
 /* Unsigned: values >= 2^63 are refused (MSNAP_EINVAL, sticky). */
 void msnap__pw_uint(msnap_pw_t *w, uint64_t v, const char *what);
 void msnap__pw_float(msnap_pw_t *w, double v);
 void msnap__pw_bool(msnap_pw_t *w, bool v);
 void msnap__pw_str(msnap_pw_t *w, const char *p, size_t len);
 /* MEMOIZE the object on top of the stack; returns its memo id. */
-uint32_t msnap__pw_memoize(msnap_pw_t *w);
-void msnap__pw_get(msnap_pw_t *w, uint32_t memo_id);
+static inline uint32_t msnap__pw_memoize(msnap_pw_t *w) {
+  msnap__pw_op(w, 0x94); /* MEMOIZE */
+  return w->memo_next++;
+}
+static inline void msnap__pw_get(msnap_pw_t *w, uint32_t id) {
+  unsigned char *p;
+  if (id < 256) {
+    if ((p = msnap__pw_room(w, 2))) {
+      p[0] = 'h'; /* BINGET */
+      p[1] = (unsigned char)id;
+    }
+  } else if ((p = msnap__pw_room(w, 5))) {
+    p[0] = 'j'; /* LONG_BINGET */
+    for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(id >> (8 * i));
+  }
+}
 
 /* Opcodes used by the writer and the reader. */
 enum {
@@ -181,6 +224,17 @@ typedef struct msnap_pobj_s {
   uint8_t flags;
 } msnap_pobj_t;
 
+/* Object flag: a list whose items are REC values with consecutive indices
+ * is kept as a range (items NULL, first item in fwd): a million trace
+ * entries then cost no item array. */
+#define MSNAP_POBJF_RANGE 4u
+
+/* Item i of a container (works for ranges). */
+static inline msnap_pv_t msnap__pobj_item(const msnap_pobj_t *o, uint32_t i) {
+  return (o->flags & MSNAP_POBJF_RANGE) ? o->fwd + ((uint64_t)i << 3)
+                                        : o->items[i];
+}
+
 /* Integer classification of a value (msnap__pvm_int). */
 typedef enum msnap_pint_e {
   MSNAP_PINT_NOT_INT = 0,
@@ -239,7 +293,9 @@ int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
 
 /* Canonical text of any pickle (for tests against CPython; see
  * tests/pickle/canon.py for the format).  out is filled with a
- * NUL-terminated string the caller frees (free(out->data)). */
+ * NUL-terminated string the caller frees (free(out->data)).  Shared
+ * containers are printed at each use; MSNAP_ELIMIT beyond 16 values per
+ * input byte (memo bombs). */
 int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
                         msnap_read_error_t *err);
 

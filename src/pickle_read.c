@@ -48,7 +48,11 @@
 #define OBJ_INDEX_MASK ((1u << OBJ_INDEX_BITS) - 1)
 #define INLINE_MIN (-(INT64_C(1) << 60))
 #define INLINE_MAX ((INT64_C(1) << 60) - 1)
-#define PROGRESS_STEP (64u << 20)
+#define PROGRESS_STEP (8u << 20)
+
+_Static_assert(sizeof(msnap_pv_t) == 8, "a VM value is one 8-byte word");
+_Static_assert(sizeof(msnap_pobj_t) <= 48, "containers stay small");
+_Static_assert(MSNAP_PICKLE_MAX_DEPTH < UINT16_MAX, "depth fits uint16_t");
 
 enum box_kind_e { BOX_FLOAT, BOX_I64, BOX_U64, BOX_BIG };
 typedef struct box_s {
@@ -80,7 +84,7 @@ struct msnap_pvm_s {
   uint32_t mn, mcap;
 
   msnap_pv_t *memo;
-  uint32_t memo_cap, memo_count;
+  uint32_t memo_cap, memo_len, memo_count;
 
   msnap_pobj_t *objs;
   uint32_t nobjs, objs_cap;
@@ -285,6 +289,7 @@ static void obj_release_slot(msnap_pvm_t *vm, msnap_pobj_t *o) {
   o->items = NULL;
   o->n = o->cap = 0;
   o->kind = MSNAP_POBJ_FREE;
+  o->flags = 0;
   o->gen++;
   vm->free_objs[vm->nfree++] = idx;
 }
@@ -330,6 +335,9 @@ const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
   return "?";
 }
 
+/*
+ * A new empty container of `kind` with room for cap items.
+ */
 static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
                    msnap_pv_t *out) {
   msnap_pv_t *items = NULL;
@@ -377,8 +385,9 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
 void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v) {
   msnap_pobj_t *o = msnap__pvm_obj(vm, obj);
   if (!o) return;
-  if (o->memo_slot < vm->memo_cap && vm->memo[o->memo_slot] == obj)
+  if (o->memo_slot < vm->memo_len && vm->memo[o->memo_slot] == obj)
     vm->memo[o->memo_slot] = v;
+  o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
   if (o->stackrefs) {
     free(o->items);
     o->items = NULL;
@@ -453,6 +462,32 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
                                MSNAP_PICKLE_MAX_DEPTH);
       o->depth = (uint16_t)(d + 1);
     }
+    msnap_pv_t it = vals[i];
+    if (o->flags & MSNAP_POBJF_RANGE) {
+      if (it == o->fwd + ((uint64_t)o->n << 3) && o->n < UINT32_MAX - 1) {
+        o->n++;
+        continue;
+      }
+      /* the range ends: materialize it */
+      uint32_t cnt = o->n, cap = cnt + (n - i) + 8;
+      msnap_pv_t *items = malloc((size_t)cap * sizeof *items);
+      if (!items) return oom(vm);
+      for (uint32_t k = 0; k < cnt; k++)
+        items[k] = o->fwd + ((uint64_t)k << 3);
+      o->items = items;
+      o->cap = cap;
+      o->fwd = 0;
+      o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
+    } else if (o->n == 0 && o->kind == MSNAP_POBJ_LIST &&
+               MSNAP_PV_TAG(it) == MSNAP_PV_REC) {
+      free(o->items);
+      o->items = NULL;
+      o->cap = 0;
+      o->fwd = it;
+      o->flags |= MSNAP_POBJF_RANGE;
+      o->n = 1;
+      continue;
+    }
     if (o->n == o->cap) {
       uint32_t extra = o->cap < 8 ? 8 : o->cap / 2;
       if (n - i > extra) extra = n - i;
@@ -525,11 +560,11 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
   msnap_pv_t c;
   int rc = obj_new(vm, kind, n, &c);
   if (rc < 0) return rc;
-  /* n == 0 may come with an empty (NULL) stack: no pointer arithmetic on
-   * NULL, even + 0 (undefined; clang's UBSan reports it). */
-  rc = obj_extend(vm, c, n ? vm->stack + first : NULL, n,
-                  kind == MSNAP_POBJ_DICT, true);
-  if (rc < 0) return rc;
+  if (n) { /* (the stack may still be unallocated when n == 0) */
+    rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
+                    true);
+    if (rc < 0) return rc;
+  }
   vm->sn = first;
   return push(vm, c);
 }
@@ -553,9 +588,10 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
     if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
                     sizeof *vm->memo) < 0)
       return oom(vm);
-    for (uint32_t i = old; i < vm->memo_cap; i++)
-      vm->memo[i] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
   }
+  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
+  for (; vm->memo_len <= idx; vm->memo_len++)
+    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
   if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     vm->memo_count++;
   vm->memo[idx] = *t;
@@ -567,8 +603,11 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
   return 0;
 }
 
+/*
+ * Push memo[idx]; an undefined key is an error.
+ */
 static int memo_get(msnap_pvm_t *vm, uint64_t idx) {
-  if (idx >= vm->memo_cap ||
+  if (idx >= vm->memo_len ||
       vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "memo key %llu is not defined",
                            (unsigned long long)idx);
@@ -646,6 +685,11 @@ static int push_decimal(msnap_pvm_t *vm, const char *s, size_t n) {
   if (n && (*s == '-' || *s == '+')) neg = *s == '-', s++, n--;
   if (n == 0)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "empty integer literal");
+  /* the conversion is quadratic; CPython also refuses longer literals
+   * (sys.int_info.default_max_str_digits) */
+  if (n > 4300)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "integer literal of %zu digits (limit 4300)", n);
   /* magnitude in 32-bit limbs, little-endian */
   size_t nl = n / 9 + 2;
   if (scratch(vm, nl * 4 + nl * 4 + 8) < 0) return MSNAP_ENOMEM;
@@ -861,6 +905,12 @@ static int refuse(msnap_pvm_t *vm, unsigned op) {
                          op_name(op), op);
 }
 
+/*
+ * Execute the pickle in buf[0..len) up to STOP (trailing bytes ignored).
+ * The result is the root value, completed like any stored container.
+ * Every error names the opcode's offset; the VM may be freed after an
+ * error but not run again.
+ */
 int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
                    msnap_pv_t *result, msnap_read_error_t *err) {
   const unsigned char *p = buf, *end = buf + len;
@@ -1284,7 +1334,8 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
     o->flags |= OBJF_VISITING;
     uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(v) & OBJ_INDEX_MASK);
     for (uint32_t k = 0; k < n; k++) {
-      int rc = to_gv(vm, vm->objs[idx].items[k], &items[k], depth + 1,
+      int rc = to_gv(vm, msnap__pobj_item(&vm->objs[idx], k), &items[k],
+                     depth + 1,
                      budget);
       if (rc < 0) {
         vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
@@ -1326,6 +1377,9 @@ typedef struct canon_s {
   uint64_t budget;
 } canon_t;
 
+/*
+ * Canonical text of v (recursive; depth and size bounded).
+ */
 static int canon(canon_t *c, msnap_pv_t v, unsigned depth);
 
 static int cput(canon_t *c, const char *s) {
@@ -1387,7 +1441,7 @@ static int canon_set(canon_t *c, msnap_pobj_t *o, uint32_t idx,
     msnap_sink_t s;
     if ((rc = msnap__sink_init_mem(&s, &mb)) < 0) break;
     c->out = &s;
-    rc = canon(c, c->vm->objs[idx].items[k], depth + 1);
+    rc = canon(c, msnap__pobj_item(&c->vm->objs[idx], k), depth + 1);
     c->out = saved;
     if (rc == 0) rc = msnap__sink_write(&s, "", 1);
     int frc = msnap__sink_finish(&s);
@@ -1469,7 +1523,7 @@ static int canon(canon_t *c, msnap_pv_t v, unsigned depth) {
     } else {
       for (uint32_t k = 0; rc == 0 && k < vm->objs[idx].n; k++) {
         if (k) cput(c, kind == MSNAP_POBJ_DICT && (k & 1) ? ":" : ",");
-        rc = canon(c, vm->objs[idx].items[k], depth + 1);
+        rc = canon(c, msnap__pobj_item(&vm->objs[idx], k), depth + 1);
       }
     }
     vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
@@ -1481,6 +1535,9 @@ static int canon(canon_t *c, msnap_pv_t v, unsigned depth) {
   }
 }
 
+/*
+ * Run a pickle with no consumer and print its canonical text.
+ */
 int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
                         msnap_read_error_t *err) {
   msnap_snap_t *strings = msnap__snap_new();
@@ -1496,7 +1553,8 @@ int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
     memset(out, 0, sizeof *out);
     rc = msnap__sink_init_mem(&s, out);
     if (rc == 0) {
-      canon_t c = {vm, &s, 1u << 26};
+      /* shared containers are printed each time: bound the expansion */
+      canon_t c = {vm, &s, (uint64_t)len * 16 + 65536};
       vm->phase = "printing the canonical form";
       rc = canon(&c, root, 0);
       if (rc == 0) rc = msnap__sink_write(&s, "", 1);

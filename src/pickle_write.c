@@ -25,15 +25,13 @@
 
 #define HDR 9
 
-static unsigned char *payload(msnap_pw_t *w) { return w->buf + HDR; }
-
 static void pw_fail(msnap_pw_t *w, int err, const char *msg) {
   if (w->err) return;
   w->err = err;
   snprintf(w->msg, sizeof w->msg, "%s", msg);
 }
 
-static void flush_frame(msnap_pw_t *w) {
+void msnap__pw_flush_frame(msnap_pw_t *w) {
   if (w->used == 0 || w->err) return;
   w->buf[0] = MSNAP_OP_FRAME;
   uint64_t n = w->used;
@@ -43,14 +41,7 @@ static void flush_frame(msnap_pw_t *w) {
   if (rc < 0) pw_fail(w, rc, "write failed");
 }
 
-/* Room for n more bytes in the current frame (n <= frame size). */
-static inline unsigned char *room(msnap_pw_t *w, size_t n) {
-  if (msnap_unlikely(w->used + n > MSNAP_PW_FRAME_SIZE)) flush_frame(w);
-  if (msnap_unlikely(w->err)) return NULL;
-  unsigned char *p = payload(w) + w->used;
-  w->used += n;
-  return p;
-}
+#define room msnap__pw_room
 
 int msnap__pw_init(msnap_pw_t *w, msnap_sink_t *sink) {
   memset(w, 0, sizeof *w);
@@ -65,7 +56,7 @@ int msnap__pw_init(msnap_pw_t *w, msnap_sink_t *sink) {
 
 int msnap__pw_finish(msnap_pw_t *w) {
   msnap__pw_op(w, MSNAP_OP_STOP);
-  flush_frame(w);
+  msnap__pw_flush_frame(w);
   free(w->buf);
   w->buf = NULL;
   return w->err;
@@ -76,12 +67,7 @@ void msnap__pw_abort(msnap_pw_t *w) {
   w->buf = NULL;
 }
 
-void msnap__pw_op(msnap_pw_t *w, unsigned char op) {
-  unsigned char *p = room(w, 1);
-  if (p) *p = op;
-}
-
-void msnap__pw_int(msnap_pw_t *w, int64_t v) {
+void msnap__pw_int_wide(msnap_pw_t *w, int64_t v) {
   unsigned char *p;
   if (v >= 0 && v < 256) {
     if ((p = room(w, 2))) {
@@ -170,7 +156,7 @@ void msnap__pw_str(msnap_pw_t *w, const char *s, size_t len) {
     return;
   }
   /* too large for a frame: write it between frames */
-  flush_frame(w);
+  msnap__pw_flush_frame(w);
   if (w->err) return;
   unsigned char h[5] = {MSNAP_OP_BINUNICODE};
   for (int i = 0; i < 4; i++) h[1 + i] = (unsigned char)(len >> (8 * i));
@@ -179,20 +165,3 @@ void msnap__pw_str(msnap_pw_t *w, const char *s, size_t len) {
   if (rc < 0) pw_fail(w, rc, "write failed");
 }
 
-uint32_t msnap__pw_memoize(msnap_pw_t *w) {
-  msnap__pw_op(w, MSNAP_OP_MEMOIZE);
-  return w->memo_next++;
-}
-
-void msnap__pw_get(msnap_pw_t *w, uint32_t id) {
-  unsigned char *p;
-  if (id < 256) {
-    if ((p = room(w, 2))) {
-      p[0] = MSNAP_OP_BINGET;
-      p[1] = (unsigned char)id;
-    }
-  } else if ((p = room(w, 5))) {
-    p[0] = MSNAP_OP_LONG_BINGET;
-    for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(id >> (8 * i));
-  }
-}

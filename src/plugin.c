@@ -28,28 +28,6 @@
 
 #include <stdio.h>
 
-/* The allocator files are written in parallel with this one: until they
- * are all in the tree, the entry points must still link (libmemsnap.so is
- * built with --no-undefined).  Weak references resolve to NULL while a
- * definition is missing and to the definition once it exists; CORE_READY
- * turns every entry point into a no-op (malloc: NULL) in the first case. */
-#pragma weak msnap_default
-#pragma weak msnap_default_error
-#pragma weak msnap_last_error
-#pragma weak msnap_strerror
-#pragma weak msnap_malloc
-#pragma weak msnap_free
-#pragma weak msnap_empty_cache
-#pragma weak msnap_set_memory_fraction
-#pragma weak msnap_record_stream
-#pragma weak msnap_allocation_size
-#define CORE_READY()                                                          \
-  (msnap_default != NULL && msnap_malloc != NULL && msnap_free != NULL &&     \
-   msnap_last_error != NULL && msnap_strerror != NULL &&                      \
-   msnap_default_error != NULL && msnap_empty_cache != NULL &&                \
-   msnap_set_memory_fraction != NULL && msnap_record_stream != NULL &&        \
-   msnap_allocation_size != NULL)
-
 /* Print a failing hook's error (the library's text names the pointer). */
 static void report(const char *hook, int rc) {
   const char *text = msnap_last_error();
@@ -64,7 +42,7 @@ static void report(const char *hook, int rc) {
  * is out of memory.
  */
 void *msnap_plugin_malloc(ssize_t size, int device, void *stream) {
-  msnap_allocator_t *a = CORE_READY() ? msnap_default() : NULL;
+  msnap_allocator_t *a = msnap_default();
   if (a == NULL || size < 0)
     return NULL;
   uint64_t ptr = 0;
@@ -86,7 +64,7 @@ void msnap_plugin_free(void *ptr, ssize_t size, int device, void *stream) {
   (void)stream;
   if (ptr == NULL)
     return;
-  msnap_allocator_t *a = CORE_READY() ? msnap_default() : NULL;
+  msnap_allocator_t *a = msnap_default();
   if (a == NULL)
     return;
   int rc = msnap_free(a, (uint64_t)(uintptr_t)ptr);
@@ -101,10 +79,6 @@ void msnap_plugin_free(void *ptr, ssize_t size, int device, void *stream) {
  */
 void msnap_plugin_init(int device_count) {
   (void)device_count;
-  if (!CORE_READY()) {
-    fprintf(stderr, "memsnap: this libmemsnap.so has no allocator yet\n");
-    return;
-  }
   if (msnap_default() == NULL) {
     const char *e = msnap_default_error();
     fprintf(stderr, "memsnap: allocator could not be created: %s\n",
@@ -114,7 +88,7 @@ void msnap_plugin_init(int device_count) {
 
 /* msnap_plugin_empty_cache -- reset_fn / empty_cache on every device. */
 void msnap_plugin_empty_cache(void) {
-  msnap_allocator_t *a = CORE_READY() ? msnap_default() : NULL;
+  msnap_allocator_t *a = msnap_default();
   if (a == NULL)
     return;
   int rc = msnap_empty_cache(a, -1);
@@ -124,7 +98,7 @@ void msnap_plugin_empty_cache(void) {
 
 /* msnap_plugin_memory_fraction -- memory_fraction_fn(fraction, device). */
 void msnap_plugin_memory_fraction(double fraction, int device) {
-  msnap_allocator_t *a = CORE_READY() ? msnap_default() : NULL;
+  msnap_allocator_t *a = msnap_default();
   if (a == NULL)
     return;
   int rc = msnap_set_memory_fraction(a, device, fraction);
@@ -134,7 +108,7 @@ void msnap_plugin_memory_fraction(double fraction, int device) {
 
 /* msnap_plugin_record_stream -- record_stream_fn(ptr, stream). */
 void msnap_plugin_record_stream(void *ptr, void *stream) {
-  msnap_allocator_t *a = CORE_READY() ? msnap_default() : NULL;
+  msnap_allocator_t *a = msnap_default();
   if (a == NULL || ptr == NULL)
     return;
   int rc = msnap_record_stream(a, (uint64_t)(uintptr_t)ptr,
@@ -149,7 +123,7 @@ void msnap_plugin_record_stream(void *ptr, void *stream) {
  * otherwise NULL and *size = 0 (interior pointers are not resolved).
  */
 void *msnap_plugin_get_base_allocation(void *ptr, size_t *size) {
-  msnap_allocator_t *a = CORE_READY() ? msnap_default() : NULL;
+  msnap_allocator_t *a = msnap_default();
   size_t sz = 0;
   if (a == NULL || ptr == NULL ||
       msnap_allocation_size(a, (uint64_t)(uintptr_t)ptr, &sz) < 0) {

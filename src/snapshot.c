@@ -17,12 +17,16 @@
  *     msnap__snap_add_* are valid until the next add of the same kind.
  *
  * Hash tables are open-addressing arrays of (id + 1), 0 = empty slot, kept
- * at most half full; hashes are XXH3 of the interned content, recomputed
- * on growth (the content is at hand, so no hash array is stored).
+ * at most half full; hashes are XXH3 of the interned content with a
+ * per-model random seed (so a hostile file cannot pick colliding strings
+ * in advance), recomputed on growth (no hash array is stored).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -38,6 +42,7 @@ typedef struct snap_ht_s {
 
 struct msnap_snap_priv_s {
   snap_ht_t strings, frames, stacks, strlists;
+  uint64_t seed; /* XXH3 seed, random per model */
   bool from_reader; /* key bits are authoritative (model read from a file) */
 };
 
@@ -68,11 +73,11 @@ int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
 
 /* ---- hashing helpers ----------------------------------------------------- */
 
-static uint64_t str_hash(const char *p, size_t len) {
-  return XXH3_64bits(p, len);
+static uint64_t str_hash(uint64_t seed, const char *p, size_t len) {
+  return XXH3_64bits_withSeed(p, len, seed);
 }
 
-static uint64_t frame_hash(const msnap_frame_t *f) {
+static uint64_t frame_hash(uint64_t seed, const msnap_frame_t *f) {
   uint32_t w[8];
   w[0] = f->name;
   w[1] = f->filename;
@@ -82,7 +87,7 @@ static uint64_t frame_hash(const msnap_frame_t *f) {
   w[5] = f->fx_node_name;
   w[6] = f->fx_node_target;
   w[7] = f->fx_original_trace;
-  return XXH3_64bits(w, sizeof w);
+  return XXH3_64bits_withSeed(w, sizeof w, seed);
 }
 
 static bool frame_eq(const msnap_frame_t *a, const msnap_frame_t *b) {
@@ -93,8 +98,20 @@ static bool frame_eq(const msnap_frame_t *a, const msnap_frame_t *b) {
          a->fx_original_trace == b->fx_original_trace;
 }
 
-static uint64_t span_hash(const uint32_t *v, uint32_t n) {
-  return XXH3_64bits(v, (size_t)n * sizeof *v);
+static uint64_t span_hash(uint64_t seed, const uint32_t *v, uint32_t n) {
+  return XXH3_64bits_withSeed(v, (size_t)n * sizeof *v, seed);
+}
+
+/* A random seed (getrandom, else address/time/pid mixing). */
+uint64_t msnap__hash_seed(void) {
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    seed = (uint64_t)(uintptr_t)&seed ^ (uint64_t)ts.tv_nsec ^
+           ((uint64_t)getpid() << 32);
+  }
+  return XXH3_64bits(&seed, sizeof seed);
 }
 
 static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
@@ -103,12 +120,13 @@ static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
   if (t == &pr->strings) {
     size_t len;
     const char *p = msnap__snap_str(s, id, &len);
-    return str_hash(p, len);
+    return str_hash(pr->seed, p, len);
   }
-  if (t == &pr->frames) return frame_hash(&s->frames[id]);
+  if (t == &pr->frames) return frame_hash(pr->seed, &s->frames[id]);
   if (t == &pr->stacks)
-    return span_hash(s->stack_frames + s->stacks[id].first, s->stacks[id].n);
-  return span_hash(s->strlist_items + s->strlists[id].first,
+    return span_hash(pr->seed, s->stack_frames + s->stacks[id].first,
+                     s->stacks[id].n);
+  return span_hash(pr->seed, s->strlist_items + s->strlists[id].first,
                    s->strlists[id].n);
 }
 
@@ -174,11 +192,12 @@ msnap_snap_t *msnap__snap_new(void) {
   s->allocator_settings.kind = MSNAP_GV_NONE;
   /* "" must be found by interning too */
   struct msnap_snap_priv_s *pr = s->priv;
+  pr->seed = msnap__hash_seed();
   if (ht_grow(s, &pr->strings) < 0) {
     msnap__snap_free(s);
     return NULL;
   }
-  uint32_t h = (uint32_t)str_hash("", 0) & pr->strings.mask;
+  uint32_t h = (uint32_t)str_hash(pr->seed, "", 0) & pr->strings.mask;
   pr->strings.slots[h] = 1 + MSNAP_STR_EMPTY;
   pr->strings.count = 1;
   return s;
@@ -188,12 +207,16 @@ void msnap__gv_free(msnap_gv_t *v) {
   if (!v) return;
   if (v->kind == MSNAP_GV_LIST || v->kind == MSNAP_GV_TUPLE ||
       v->kind == MSNAP_GV_DICT) {
-    for (uint32_t i = 0; i < v->u.seq.n; i++) msnap__gv_free(&v->u.seq.items[i]);
+    for (uint32_t i = 0; i < v->u.seq.n; i++)
+      msnap__gv_free(&v->u.seq.items[i]);
     free(v->u.seq.items);
   }
   v->kind = MSNAP_GV_NONE;
 }
 
+/*
+ * Free a model and everything it owns (NULL is fine).
+ */
 void msnap__snap_free(msnap_snap_t *s) {
   if (!s) return;
   if (s->priv) {
@@ -253,7 +276,7 @@ msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
   struct msnap_snap_priv_s *pr = s->priv;
   if (len == 0) return MSNAP_STR_EMPTY;
   if (ht_reserve(s, &pr->strings) < 0) return 0;
-  uint64_t hv = str_hash(p, len);
+  uint64_t hv = str_hash(pr->seed, p, len);
   uint32_t h = (uint32_t)hv & pr->strings.mask;
   for (;;) {
     uint32_t v = pr->strings.slots[h];
@@ -295,10 +318,13 @@ msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
   return id;
 }
 
+/*
+ * Intern a frame by its seven fields.  UINT32_MAX on ENOMEM.
+ */
 uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f) {
   struct msnap_snap_priv_s *pr = s->priv;
   if (ht_reserve(s, &pr->frames) < 0) return UINT32_MAX;
-  uint32_t h = (uint32_t)frame_hash(f) & pr->frames.mask;
+  uint32_t h = (uint32_t)frame_hash(pr->seed, f) & pr->frames.mask;
   for (;;) {
     uint32_t v = pr->frames.slots[h];
     if (!v) break;
@@ -323,12 +349,13 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
                             uint32_t *spans_cap, const uint32_t *v,
                             uint32_t n) {
   if (ht_reserve(s, t) < 0) return 0;
-  uint32_t h = (uint32_t)span_hash(v, n) & t->mask;
+  uint32_t h = (uint32_t)span_hash(s->priv->seed, v, n) & t->mask;
   for (;;) {
     uint32_t e = t->slots[h];
     if (!e) break;
     msnap_span_t sp = (*spans)[e - 1];
-    if (sp.n == n && memcmp(*items + sp.first, v, (size_t)n * 4) == 0)
+    if (sp.n == n &&
+        (n == 0 || memcmp(*items + sp.first, v, (size_t)n * 4) == 0))
       return e - 1;
     h = (h + 1) & t->mask;
   }
@@ -345,6 +372,9 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
   return id;
 }
 
+/*
+ * Intern a frame-id sequence; MSNAP_STACK_EMPTY for n == 0, 0 on ENOMEM.
+ */
 msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                                 uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
@@ -353,6 +383,9 @@ msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                      &s->nstacks, &s->stacks_cap, frame_ids, n);
 }
 
+/*
+ * Intern a string-id sequence (forward_frames); 0 on ENOMEM.
+ */
 uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
                              uint32_t n) {
   return span_intern(s, &s->priv->strlists, &s->strlist_items,

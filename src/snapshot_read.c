@@ -24,16 +24,20 @@
  *     The VM then frees the container and points its memo slot at the
  *     record, so a frame list shared through the memo is interned once and
  *     every later BINGET of it is one 8-byte value.
- *   - What stays alive until STOP: the 8-byte items of the trace lists
- *     (one per entry), the memo (8 bytes per memoized object), the trace
- *     pool (one msnap_strace_t per entry) and small generic containers
+ *   - What stays alive until STOP: the trace lists (kept by the VM as
+ *     ranges of consecutive records, so no per-entry item array), the memo
+ *     (8 bytes per memoized object, written lazily), the trace pool (one
+ *     msnap_strace_t, 80 bytes, per entry) and small generic containers
  *     (the top-level dict, allocator_settings).  At STOP the root dict is
  *     mapped: the device list whose entries start the pool takes the pool
  *     array itself (no copy), other lists are copied out, segments and
  *     blocks are laid out in list order.
- *   Per trace entry that is ~80 (record) + 8 (list item) + 8-16 (memo)
- *   bytes for ~60-70 bytes of pickle.
- *
+ *   Measured (bench/bench_pickle): 1M entries, a 59 MB file written by
+ *   memsnap -> 87 MB peak RSS growth (1.47x); the same object written by
+ *   CPython (which memoizes every dict) -> 1.62x.  The 80-byte record per
+ *   entry is the floor; real PyTorch entries are larger in the file
+ *   (pool_id tuples, compile_context keys), so real ratios are lower.
+
  * Key presence: every optional key sets its MSNAP_K_* bit (and top-level
  * keys MSNAP_TOP_*), so snapshot_write.c writes back exactly the keys of
  * the source.  2.0 blocks get address = segment address + sizes of the
@@ -52,6 +56,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "msnap_internal.h"
 #include "pickle.h"
@@ -105,7 +112,13 @@ typedef struct pair_tab_s {
   uint32_t n, cap;
   uint32_t *slots; /* id + 1 */
   uint32_t mask;
+  uint64_t seed;
 } pair_tab_t;
+
+static uint32_t pair_hash(const pair_tab_t *t, uint64_t a, uint64_t b) {
+  uint64_t k[2] = {a, b};
+  return (uint32_t)XXH3_64bits_withSeed(k, sizeof k, t->seed);
+}
 
 typedef struct rd_s {
   msnap_snap_t *s;
@@ -121,6 +134,8 @@ typedef struct rd_s {
   pair_tab_t pairs;
   uint32_t *ids;
   uint32_t nids_cap;
+  uint32_t nseg_records, nblock_records; /* made during the run */
+  size_t len; /* input bytes: each memo reference costs >= 2 of them */
   bool any_current_key, any_time;
 } rd_t;
 
@@ -146,9 +161,7 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
     uint32_t *ns = calloc(nc, sizeof *ns);
     if (!ns) return UINT32_MAX;
     for (uint32_t i = 0; i < t->n; i++) {
-      uint32_t h = (uint32_t)((t->v[i].first * 0x9e3779b97f4a7c15ull) ^
-                              t->v[i].second * 0xc2b2ae3d27d4eb4full) &
-                   (nc - 1);
+      uint32_t h = pair_hash(t, t->v[i].first, t->v[i].second) & (nc - 1);
       while (ns[h]) h = (h + 1) & (nc - 1);
       ns[h] = i + 1;
     }
@@ -156,9 +169,7 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
     t->slots = ns;
     t->mask = nc - 1;
   }
-  uint32_t h = (uint32_t)((a * 0x9e3779b97f4a7c15ull) ^
-                          b * 0xc2b2ae3d27d4eb4full) &
-               t->mask;
+  uint32_t h = pair_hash(t, a, b) & t->mask;
   while (t->slots[h]) {
     msnap_mempool_id_t *e = &t->v[t->slots[h] - 1];
     if (e->first == a && e->second == b) return t->slots[h] - 1;
@@ -175,13 +186,13 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
 static void get_fields(rd_t *r, const msnap_pobj_t *o, fields_t *f) {
   f->present = 0;
   for (uint32_t i = 0; i + 1 < o->n; i += 2) {
-    msnap_pv_t k = o->items[i];
+    msnap_pv_t k = msnap__pobj_item(o, i);
     if (MSNAP_PV_TAG(k) != MSNAP_PV_STR) continue;
     uint64_t id = MSNAP_PV_PAYLOAD(k);
     if (id >= r->nkey_of || !r->key_of[id]) continue;
     int key = r->key_of[id] - 1;
     f->present |= 1ull << key;
-    f->v[key] = o->items[i + 1];
+    f->v[key] = msnap__pobj_item(o, i + 1);
     f->pos[key] = (int)i;
   }
 }
@@ -275,9 +286,9 @@ static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
   uint32_t n = o->n;
   if (ids_room(r, n) < 0) return MSNAP_ENOMEM;
   for (uint32_t i = 0; i < n; i++) {
-    if (MSNAP_PV_TAG(o->items[i]) != MSNAP_PV_STR)
-      return bad_type(r, key, o->items[i], "a str item");
-    r->ids[i] = (uint32_t)MSNAP_PV_PAYLOAD(o->items[i]);
+    if (MSNAP_PV_TAG(msnap__pobj_item(o, i)) != MSNAP_PV_STR)
+      return bad_type(r, key, msnap__pobj_item(o, i), "a str item");
+    r->ids[i] = (uint32_t)MSNAP_PV_PAYLOAD(msnap__pobj_item(o, i));
   }
   *out = msnap__snap_strlist(r->s, r->ids, n);
   if (!*out) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
@@ -294,7 +305,8 @@ static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   if (HAS(f, name)) rc = get_str(r, f, KEY_name, &fr.name);
   if (!rc && HAS(f, filename)) rc = get_str(r, f, KEY_filename, &fr.filename);
   if (!rc && HAS(f, line)) rc = get_i64(r, f, KEY_line, &fr.line);
-  if (!rc && HAS(f, fx_node_op)) rc = get_str(r, f, KEY_fx_node_op, &fr.fx_node_op);
+  if (!rc && HAS(f, fx_node_op))
+    rc = get_str(r, f, KEY_fx_node_op, &fr.fx_node_op);
   if (!rc && HAS(f, fx_node_name))
     rc = get_str(r, f, KEY_fx_node_name, &fr.fx_node_name);
   if (!rc && HAS(f, fx_node_target))
@@ -309,6 +321,10 @@ static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * Trace-entry dict -> a record in the trace pool (REC_TRACE).  Sets a
+ * MSNAP_K_* bit per optional key; an unknown action keeps its string.
+ */
 static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_strace_t t;
   memset(&t, 0, sizeof t);
@@ -379,6 +395,9 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * 2.0 `history` element {addr, real_size, frames} -> histories[].
+ */
 static int conv_hist(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_shistory_t h = {0};
   int rc = 0;
@@ -409,15 +428,16 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
     return bad_type(r, key, v, "a list");
   bool consecutive = true;
   for (uint32_t i = 0; i < o->n; i++) {
-    if (!IS_REC(o->items[i], kind))
-      return bad_type(r, key, o->items[i],
+    if (!IS_REC(msnap__pobj_item(o, i), kind))
+      return bad_type(r, key, msnap__pobj_item(o, i),
                       kind == REC_BLOCK ? "a block dict" : "a history dict");
-    if (MSNAP_PV_REC_INDEX(o->items[i]) != MSNAP_PV_REC_INDEX(o->items[0]) + i)
+    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) !=
+        MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0)) + i)
       consecutive = false;
   }
   if (o->n == 0) return 0;
   if (consecutive) {
-    *first = (uint32_t)MSNAP_PV_REC_INDEX(o->items[0]);
+    *first = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0));
     *n = o->n;
   } else {
     /* shared or reordered records: lay out copies */
@@ -426,7 +446,7 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
     *first = kind == REC_BLOCK ? s->nblocks : s->nhistories;
     for (uint32_t i = 0; i < cnt; i++) {
       o = msnap__pvm_obj(r->vm, v);
-      uint64_t idx = MSNAP_PV_REC_INDEX(o->items[i]);
+      uint64_t idx = MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i));
       if (kind == REC_BLOCK) {
         msnap_sblock_t *b = msnap__snap_add_block(s);
         if (!b) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
@@ -443,6 +463,9 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
   return 0;
 }
 
+/*
+ * Block dict -> blocks[] (laid out again in segment order at STOP).
+ */
 static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_sblock_t b;
   memset(&b, 0, sizeof b);
@@ -492,6 +515,10 @@ static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * Segment dict -> segments[]; its block list must hold block records,
+ * which become the segment's span (2.0 block addresses are computed).
+ */
 static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_ssegment_t g;
   memset(&g, 0, sizeof g);
@@ -569,6 +596,9 @@ static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   return 0;
 }
 
+/*
+ * external_annotations entry -> annotations[].
+ */
 static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_sannotation_t a = {0};
   int rc = 0;
@@ -605,11 +635,11 @@ static int snap_complete(void *ctx, msnap_pvm_t *vm, msnap_pv_t *v) {
       return 0;
     }
     for (uint32_t i = 0; i < o->n; i++)
-      if (!IS_REC(o->items[i], REC_FRAME)) return 0;
+      if (!IS_REC(msnap__pobj_item(o, i), REC_FRAME)) return 0;
     if (ids_room(r, o->n) < 0) return MSNAP_ENOMEM;
     o = msnap__pvm_obj(vm, *v);
     for (uint32_t i = 0; i < o->n; i++)
-      r->ids[i] = (uint32_t)MSNAP_PV_REC_INDEX(o->items[i]);
+      r->ids[i] = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i));
     msnap_stack_t st = msnap__snap_stack(r->s, r->ids, o->n);
     if (!st) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
     *v = REC(REC_STACK, st);
@@ -621,7 +651,7 @@ static int snap_complete(void *ctx, msnap_pvm_t *vm, msnap_pv_t *v) {
     for (int i = 0; i < 2; i++) {
       int64_t x;
       uint64_t u;
-      msnap_pv_t it = o->items[i];
+      msnap_pv_t it = msnap__pobj_item(o, i);
       msnap_pint_t k = msnap__pvm_int(vm, it, &x, &u);
       if (MSNAP_PV_TAG(it) == MSNAP_PV_CONST) return 0;
       if (k == MSNAP_PINT_I64 && x >= 0)
@@ -692,12 +722,18 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
     return bad_type(r, key, list, "a list of segment dicts");
   uint64_t nb = 0;
   for (uint32_t i = 0; i < o->n; i++) {
-    if (!IS_REC(o->items[i], REC_SEG))
-      return bad_type(r, key, o->items[i], "a segment dict");
-    nb += segs[MSNAP_PV_REC_INDEX(o->items[i])].nblocks;
+    if (!IS_REC(msnap__pobj_item(o, i), REC_SEG))
+      return bad_type(r, key, msnap__pobj_item(o, i), "a segment dict");
+    nb += segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))].nblocks;
   }
-  if (nb > UINT32_MAX - 2)
-    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT, "too many blocks");
+  /* a segment listed many times (memo references) would multiply its
+   * blocks: allow what a sane file can hold, refuse amplification */
+  if (nb > UINT32_MAX - 2 ||
+      nb > 2 * (uint64_t)r->nblock_records + r->len / 2 + 1024 ||
+      o->n > 2 * (uint64_t)r->nseg_records + r->len / 2 + 1024)
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                           "'%s' repeats segments (%u listed, %llu blocks)",
+                           key_names[key], o->n, (unsigned long long)nb);
   msnap_ssegment_t *ns = malloc(((size_t)o->n + 1) * sizeof *ns);
   msnap_sblock_t *nbk = malloc(((size_t)nb + 1) * sizeof *nbk);
   if (!ns || !nbk) {
@@ -707,9 +743,10 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
   }
   uint32_t k = 0;
   for (uint32_t i = 0; i < o->n; i++) {
-    ns[i] = segs[MSNAP_PV_REC_INDEX(o->items[i])];
-    memcpy(nbk + k, blocks + ns[i].first_block,
-           (size_t)ns[i].nblocks * sizeof *nbk);
+    ns[i] = segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
+    if (ns[i].nblocks)
+      memcpy(nbk + k, blocks + ns[i].first_block,
+             (size_t)ns[i].nblocks * sizeof *nbk);
     ns[i].first_block = k;
     k += ns[i].nblocks;
   }
@@ -735,29 +772,39 @@ static int trace_items(rd_t *r, int key, msnap_pv_t list, msnap_pobj_t **po) {
   if (!o || o->kind != MSNAP_POBJ_LIST)
     return bad_type(r, key, list, "a list of trace entry dicts");
   for (uint32_t i = 0; i < o->n; i++)
-    if (!IS_REC(o->items[i], REC_TRACE))
-      return bad_type(r, key, o->items[i], "a trace entry dict");
+    if (!IS_REC(msnap__pobj_item(o, i), REC_TRACE))
+      return bad_type(r, key, msnap__pobj_item(o, i), "a trace entry dict");
   *po = o;
   return 0;
 }
 
+/*
+ * Copy the records of a trace list out of the pool into l.
+ */
 static int copy_traces(rd_t *r, msnap_pobj_t *o, msnap_trace_list_t *l) {
   if (!o || o->n == 0) return 0;
   l->v = malloc((size_t)o->n * sizeof *l->v);
   if (!l->v) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < o->n; i++)
-    l->v[i] = r->pool[MSNAP_PV_REC_INDEX(o->items[i])];
+    l->v[i] = r->pool[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
   l->n = l->cap = o->n;
   return 0;
 }
 
+/*
+ * True when the list's records are pool[0..n): it may take the pool.
+ */
 static bool starts_pool(const msnap_pobj_t *o) {
   if (!o || o->n == 0) return false;
   for (uint32_t i = 0; i < o->n; i++)
-    if (MSNAP_PV_REC_INDEX(o->items[i]) != i) return false;
+    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) != i) return false;
   return true;
 }
 
+/*
+ * device_traces / host_traces -> the model's trace lists.  The first
+ * device list that starts the pool takes the pool array (no copy).
+ */
 static int map_traces(rd_t *r, const fields_t *f) {
   msnap_snap_t *s = r->s;
   msnap__pvm_set_phase(r->vm, "mapping device_traces");
@@ -777,11 +824,26 @@ static int map_traces(rd_t *r, const fields_t *f) {
   }
   if (nd && msnap__snap_set_devices(s, nd) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  /* lists repeated through the memo would multiply the entries */
+  uint64_t total = host ? host->n : 0;
+  for (uint32_t d = 0; d < nd; d++) {
+    msnap_pobj_t *o;
+    outer = msnap__pvm_obj(r->vm, dt);
+    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    if (rc < 0) return rc;
+    total += o ? o->n : 0;
+  }
+  if (total > 2 * (uint64_t)r->npool + r->len / 2 + 1024)
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                           "trace lists repeat entries (%llu listed, %u "
+                           "distinct)",
+                           (unsigned long long)total, r->npool);
   int owner = -1;
   for (uint32_t d = 0; d < nd; d++) {
     msnap_pobj_t *o;
     outer = msnap__pvm_obj(r->vm, dt);
-    if ((rc = trace_items(r, KEY_device_traces, outer->items[d], &o)) < 0)
+    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    if (rc < 0)
       return rc;
     if (owner < 0 && starts_pool(o))
       owner = (int)d;
@@ -792,7 +854,7 @@ static int map_traces(rd_t *r, const fields_t *f) {
   if (owner >= 0) {
     msnap_pobj_t *o;
     outer = msnap__pvm_obj(r->vm, dt);
-    trace_items(r, KEY_device_traces, outer->items[owner], &o);
+    trace_items(r, KEY_device_traces, msnap__pobj_item(outer, owner), &o);
     msnap_strace_t *v = realloc(r->pool, (size_t)o->n * sizeof *v);
     if (!v) v = r->pool;
     s->device_traces[owner].v = v;
@@ -804,6 +866,9 @@ static int map_traces(rd_t *r, const fields_t *f) {
   return 0;
 }
 
+/*
+ * external_annotations list -> annotations[] in list order.
+ */
 static int map_annotations(rd_t *r, msnap_pv_t list) {
   msnap_snap_t *s = r->s;
   if (IS_REC(list, REC_EMPTY)) {
@@ -816,12 +881,12 @@ static int map_annotations(rd_t *r, msnap_pv_t list) {
   msnap_sannotation_t *na = malloc(((size_t)o->n + 1) * sizeof *na);
   if (!na) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < o->n; i++) {
-    if (!IS_REC(o->items[i], REC_ANNOT)) {
+    if (!IS_REC(msnap__pobj_item(o, i), REC_ANNOT)) {
       free(na);
-      return bad_type(r, KEY_external_annotations, o->items[i],
+      return bad_type(r, KEY_external_annotations, msnap__pobj_item(o, i),
                       "an annotation dict");
     }
-    na[i] = s->annotations[MSNAP_PV_REC_INDEX(o->items[i])];
+    na[i] = s->annotations[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
   }
   free(s->annotations);
   s->annotations = na;
@@ -837,6 +902,8 @@ static int map_root(rd_t *r, msnap_pv_t root) {
   /* segment and block records so far are the pool; re-laid below */
   msnap_ssegment_t *segs = s->segments;
   msnap_sblock_t *blocks = s->blocks;
+  r->nseg_records = s->nsegments;
+  r->nblock_records = s->nblocks;
   s->segments = NULL;
   s->blocks = NULL;
   s->nsegments = s->segments_cap = s->nblocks = s->blocks_cap = 0;
@@ -913,9 +980,14 @@ static int map_root(rd_t *r, msnap_pv_t root) {
   return rc;
 }
 
+/*
+ * Intern the key and value strings (their ids are small, so key_of is a
+ * small table) and create the VM with the completion callback.
+ */
 static int rd_init(rd_t *r, msnap_snap_t *s) {
   memset(r, 0, sizeof *r);
   r->s = s;
+  r->pairs.seed = msnap__hash_seed();
   r->vm = msnap__pvm_new(s, snap_complete, r);
   if (!r->vm) return MSNAP_ENOMEM;
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
@@ -979,6 +1051,10 @@ static void drop_pages(void *ctx, size_t consumed) {
   }
 }
 
+/*
+ * Run the VM over buf, map the root, check the model.  On success *out
+ * owns the model (marked as read from a file).
+ */
 static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
                        msnap_snap_t **out, msnap_read_error_t *err) {
   msnap_read_error_t local;
@@ -994,6 +1070,7 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   rd_t r;
   int rc = rd_init(&r, s);
   if (rc == 0) {
+    r.len = len;
     if (drop) msnap__pvm_set_progress(r.vm, drop_pages, drop);
     msnap_pv_t root = 0;
     rc = msnap__pvm_run(r.vm, buf, len, &root, err);
@@ -1021,12 +1098,19 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   return 0;
 }
 
+/*
+ * Read a snapshot from memory (the caller keeps buf).
+ */
 int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
                             msnap_read_error_t *err) {
   if (!buf && len) return MSNAP_EINVAL;
   return read_common(buf, len, NULL, out, err);
 }
 
+/*
+ * Read a snapshot file: mmap'ed (consumed pages dropped as the VM goes),
+ * or read into memory when it is not a regular file (pipe, /dev/stdin).
+ */
 int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err) {
   msnap_read_error_t local;

@@ -100,6 +100,9 @@ static void jw(wr_t *w, const char *p, size_t n) {
 
 static void jputs(wr_t *w, const char *p) { jw(w, p, strlen(p)); }
 
+/*
+ * A JSON string: UTF-8 passed through, controls and quotes escaped.
+ */
 static void jstr(wr_t *w, const char *p, size_t n) {
   static const char hx[] = "0123456789abcdef";
   jw(w, "\"", 1);
@@ -304,6 +307,10 @@ static void wpair(wr_t *w, msnap_mempool_id_t p) {
   }
 }
 
+/*
+ * A frame dict (memoized: written once, then BINGET).  2.0 models keep
+ * the filename/name/line key order of that generation.
+ */
 static void wframe(wr_t *w, uint32_t fid) {
   const msnap_frame_t *f = &w->s->frames[fid];
   if (!w->json && w->frame_memo[fid] != NO_MEMO) {
@@ -340,6 +347,9 @@ static void wframe(wr_t *w, uint32_t fid) {
   dict_end(w);
 }
 
+/*
+ * A frame list (memoized when non-empty); [] for MSNAP_STACK_EMPTY.
+ */
 static void wstack(wr_t *w, msnap_stack_t id) {
   if (id >= w->s->nstacks) id = MSNAP_STACK_EMPTY;
   msnap_span_t sp = w->s->stacks[id];
@@ -372,6 +382,9 @@ static void wstrlist(wr_t *w, uint32_t id) {
   list_end(w, sp.n);
 }
 
+/*
+ * A generic value (allocator_settings); tuples as TUPLE1-3/TUPLE.
+ */
 static void wgv(wr_t *w, const msnap_gv_t *v) {
   switch (v->kind) {
   case MSNAP_GV_NONE:
@@ -482,7 +495,8 @@ static void wblock(wr_t *w, const msnap_sblock_t *b) {
       wu64(w, h->addr, "history addr");
       key(w, C_real_size);
       wu64(w, h->real_size, "real_size");
-      if (h->frames != MSNAP_STACK_ABSENT) key(w, C_frames), wstack(w, h->frames);
+      if (h->frames != MSNAP_STACK_ABSENT)
+        key(w, C_frames), wstack(w, h->frames);
       dict_end(w);
     }
     list_end(w, b->history.n);
@@ -490,6 +504,10 @@ static void wblock(wr_t *w, const msnap_sblock_t *b) {
   dict_end(w);
 }
 
+/*
+ * A segment dict, PyTorch's key order (frames after blocks when the
+ * source had it so).
+ */
 static void wsegment(wr_t *w, const msnap_ssegment_t *g,
                      const msnap_sblock_t *blocks) {
   unsigned k = g->keys;
@@ -516,9 +534,11 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
   if (k & MSNAP_K_SEGMENT_TYPE)
     key(w, C_segment_type), cstr(w, g->is_large ? C_v_large : C_v_small);
   if (k & MSNAP_K_POOL_ID) key(w, C_segment_pool_id), wpair(w, g->pool_id);
-  if (k & MSNAP_K_EXPANDABLE) key(w, C_is_expandable), wbool(w, g->is_expandable);
+  if (k & MSNAP_K_EXPANDABLE)
+    key(w, C_is_expandable), wbool(w, g->is_expandable);
   bool frames_last = (k & MSNAP_K_FRAMES_LAST) != 0;
-  if ((k & MSNAP_K_FRAMES) && !frames_last) key(w, C_frames), wstack(w, g->frames);
+  if ((k & MSNAP_K_FRAMES) && !frames_last)
+    key(w, C_frames), wstack(w, g->frames);
   if ((k & MSNAP_K_FORWARD) && !frames_last)
     key(w, C_forward_frames), wstrlist(w, g->forward_frames);
   key(w, C_blocks);
@@ -528,12 +548,18 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
     wblock(w, &blocks[g->first_block + i]);
   }
   list_end(w, g->nblocks);
-  if ((k & MSNAP_K_FRAMES) && frames_last) key(w, C_frames), wstack(w, g->frames);
+  if ((k & MSNAP_K_FRAMES) && frames_last)
+    key(w, C_frames), wstack(w, g->frames);
   if ((k & MSNAP_K_FORWARD) && frames_last)
     key(w, C_forward_frames), wstrlist(w, g->forward_frames);
   dict_end(w);
 }
 
+/*
+ * A trace-entry dict: action, addr|device_free, size, stream, time_us,
+ * compile_context, user_metadata, internal_metadata, pool_id, frames,
+ * forward_frames -- each when present.
+ */
 static void wtrace(wr_t *w, const msnap_strace_t *t) {
   unsigned k = t->keys;
   if (w->live) {
@@ -614,6 +640,10 @@ static void wannotations(wr_t *w) {
   list_end(w, s->nannotations);
 }
 
+/*
+ * The top level: a bare list of segments, or the snapshot dict with the
+ * top-level keys of the source (all six for a live model without bits).
+ */
 static void wtop(wr_t *w) {
   const msnap_snap_t *s = w->s;
   if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
@@ -652,6 +682,9 @@ static void wtop(wr_t *w) {
   dict_end(w);
 }
 
+/*
+ * Writer state; the memo tables (pickle only) start empty (all ones).
+ */
 static int wr_init(wr_t *w, const msnap_snap_t *s, bool json) {
   memset(w, 0, sizeof *w);
   w->s = s;
@@ -697,6 +730,9 @@ int msnap__snap_write_pickle(const msnap_snap_t *s, msnap_sink_t *out) {
   return rc;
 }
 
+/*
+ * Write s as JSON to out (flushed, not finished).
+ */
 int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
   wr_t *w = malloc(sizeof *w);
   if (!w) return MSNAP_ENOMEM;
@@ -713,6 +749,10 @@ int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
   return rc;
 }
 
+/*
+ * Write s to path through a temporary file + fsync + rename; on any
+ * error the temporary is removed and path is untouched.
+ */
 int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
                            bool json) {
   msnap_atomic_file_t f;
@@ -724,7 +764,8 @@ int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
     msnap__atomic_abort(&f);
     return rc;
   }
-  rc = json ? msnap__snap_write_json(s, &sink) : msnap__snap_write_pickle(s, &sink);
+  rc = json ? msnap__snap_write_json(s, &sink)
+            : msnap__snap_write_pickle(s, &sink);
   int frc = msnap__sink_finish(&sink);
   if (rc == 0) rc = frc;
   if (rc < 0) {

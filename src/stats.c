@@ -44,9 +44,9 @@ int msnap_stats_get(msnap_allocator_t *a, int device, msnap_stats_t *out) {
                             "sizeof(msnap_stats_t) = %zu",
                             sizeof *out);
   uint32_t size = out->size;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   *out = d->stats;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   out->size = size;
   out->version = MSNAP_STATS_VERSION;
   return 0;
@@ -56,7 +56,7 @@ int msnap_reset_peak_stats(msnap_allocator_t *a, int device) {
   msnap_device_t *d = stat_dev(a, device, "msnap_reset_peak_stats");
   if (!d)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   msnap_stats_t *s = &d->stats;
 #define RESET_PEAK_ARR_(n)                                                    \
   for (int i = 0; i < MSNAP_STAT_TYPES; i++)                                  \
@@ -66,7 +66,7 @@ int msnap_reset_peak_stats(msnap_allocator_t *a, int device) {
 #define RESET_PEAK_ONE_(n) s->n.peak = s->n.current;
   MSNAP_STAT_FIELDS(RESET_PEAK_ONE_)
 #undef RESET_PEAK_ONE_
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -74,7 +74,7 @@ int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device) {
   msnap_device_t *d = stat_dev(a, device, "msnap_reset_accumulated_stats");
   if (!d)
     return MSNAP_EINVAL;
-  pthread_mutex_lock(&d->lock);
+  msnap__lock(&d->lock);
   msnap_stats_t *s = &d->stats;
 #define RESET_ACC_ARR_(n)                                                     \
   for (int i = 0; i < MSNAP_STAT_TYPES; i++)                                  \
@@ -92,7 +92,7 @@ int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device) {
   /* torch_npu also zeroes num_oom_rejections (NPU L1811); upstream's
    * newest CUDA code does the same for its new counter. */
   s->num_oom_rejections = 0;
-  pthread_mutex_unlock(&d->lock);
+  msnap__unlock(&d->lock);
   return 0;
 }
 
@@ -171,6 +171,22 @@ static void fmt_count(sbuf_t *b, int64_t cnt, int64_t pref) {
   sb_printf(b, "%7" PRId64 " %s ", cnt, units[u]);
 }
 
+/* torch_npu's variant: units "B ", "KB", "MB"... and a 7-wide number
+ * (still 10 characters). */
+static void fmt_size_npu(sbuf_t *b, int64_t sz, int64_t pref) {
+  static const char *units[] = {"B ", "KB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  double p = (double)pref;
+  for (int k = 1; k < 6; k++) {
+    if (p < 768 * 1024)
+      break;
+    u = k;
+    sz = floordiv(sz, 1024);
+    p /= 1024;
+  }
+  sb_printf(b, "%7" PRId64 " %s", sz, units[u]);
+}
+
 typedef void (*fmt_fn)(sbuf_t *, int64_t, int64_t);
 
 static void line_start(sbuf_t *b, bool *first) {
@@ -202,8 +218,9 @@ static void row(sbuf_t *b, bool *first, const char *label,
 
 /*
  * memory_summary (§15).  The "npu" profile renders torch_npu's variant:
- * "NPU" wording, widths adjusted to keep 75 columns, and no "Requested
- * memory" rows (torch-npu-today.md §1.1).
+ * "NPU" wording, the header widths that keep 75 columns (device ID 18,
+ * OOMs 13, retries 9), sizes as "%7d" + "B "/"KB"/"MB"..., and no
+ * "Requested memory" rows (torch-npu-today.md §1.1).
  */
 int msnap_memory_summary(msnap_allocator_t *a, int device, bool abbreviated,
                          char **out) {
@@ -246,17 +263,18 @@ int msnap_memory_summary(msnap_allocator_t *a, int device, bool abbreviated,
   sb_printf(&b, "        Metric         | Cur Usage  | Peak Usage | "
                 "Tot Alloc  | Tot Freed  ");
 
+  fmt_fn fsz = npu ? fmt_size_npu : fmt_size;
   struct {
     const msnap_stat_t *arr;
     const char *name;
     fmt_fn f;
   } metrics[] = {
-      {st.allocated_bytes, "Allocated memory", fmt_size},
-      {st.active_bytes, "Active memory", fmt_size},
-      {st.requested_bytes, "Requested memory", fmt_size},
+      {st.allocated_bytes, "Allocated memory", fsz},
+      {st.active_bytes, "Active memory", fsz},
+      {st.requested_bytes, "Requested memory", fsz},
       {st.reserved_bytes, npu ? "NPU reserved memory" : "GPU reserved memory",
-       fmt_size},
-      {st.inactive_split_bytes, "Non-releasable memory", fmt_size},
+       fsz},
+      {st.inactive_split_bytes, "Non-releasable memory", fsz},
       {st.allocation, "Allocations", fmt_count},
       {st.active, "Active allocs", fmt_count},
       {st.segment, npu ? "NPU reserved segments" : "GPU reserved segments",

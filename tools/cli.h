@@ -77,6 +77,12 @@ void cj_escape(FILE *f, const char *s, size_t len);
 /* A generic model value (allocator_settings) as JSON. */
 void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
 
+/* allocator_settings as compact "key=value" items ("max_split_size=-1",
+ * "roundup_power2_divisions={64:4}"; all-zero integer dicts left out):
+ * *n malloc'd strings in a malloc'd array, NULL if none or on ENOMEM. */
+char **cli_settings_items(const msnap_snap_t *s, const msnap_gv_t *d,
+                          uint32_t *n);
+
 /* ---- progress on stderr (cli_util.c) ------------------------------------ */
 typedef struct cli_progress_s {
   struct timespec start;
@@ -112,18 +118,39 @@ static inline bool cli_block_active(const msnap_sblock_t *b) {
 const char *cli_action_name(const msnap_snap_t *s, const msnap_strace_t *e);
 const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b);
 
-/* Allocation site: the innermost "user" frame of a stack.  Heuristic:
- * skip frames whose file is not a Python source (C/C++ frames, "??",
- * shared objects), frames inside torch/ (any path component "torch" or
- * "torch_npu"), and frames of the Python standard library (a path under
- * lib/python3.x that is not in site-packages).  When every frame is
- * skipped, the innermost Python frame, else the innermost frame, is used.
- * Returns the frame id or UINT32_MAX when the stack is empty. */
-uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st);
+/* Allocation site of a stack: `frame`, the innermost "user" frame, and
+ * `via`, the innermost frame of an installed package called from it.
+ * Heuristic: skip frames whose file is not a Python source (C/C++ frames,
+ * "??", shared objects), frames inside torch/ (any path component "torch",
+ * "torch_npu" or "memsnap") and frames of the Python standard library (a
+ * path under lib/python3.x that is not in site-packages); the first frame
+ * left that is not in an installed package (site-packages, dist-packages)
+ * is the site, and the innermost installed-package frame inside it (e.g.
+ * einops, transformers' modeling code) its `via`.  When every frame is
+ * skipped, the innermost installed-package frame, else the innermost
+ * Python frame, else (native frames only: an autograd engine thread) the
+ * innermost autograd node ("...MmBackward0::apply(...)"), else the
+ * innermost native frame that is not the unwinder or the allocator, is
+ * the site (via = CLI_SITE_NONE).  frame is CLI_SITE_NONE when the stack
+ * is empty. */
+typedef struct cli_site_s {
+  uint32_t frame, via;
+} cli_site_t;
+cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
+static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
+  return a.frame == b.frame && a.via == b.via;
+}
 /* Format a site as "file:line:name" (file shortened to its last two path
- * components) into buf; "<no stack>" for UINT32_MAX. */
-void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
+ * components; a native frame (line 0, not a .py file) is its C++ name
+ * without the final parameter list),
+ * followed by " (via file:line:name)" when it has a via; the pseudo sites
+ * as CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT.  Control characters come
+ * out as '?'. */
+void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                      size_t len);
+/* Replace control characters of a NUL-terminated string by '?' in place
+ * (text from a file must not drive the terminal). */
+void cli_sanitize(char *buf);
 
 /* Devices that appear in the snapshot: every segment device and every
  * index of a non-empty device trace, sorted; *n set; caller frees. */
@@ -142,6 +169,71 @@ int cli_write_file(const char *path, const void *data, size_t len);
 
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);
+/* A duration in microseconds as "17 us", "366 ms", "1.25 s", "3 min 5 s". */
+const char *cli_duration(int64_t us, char *buf, size_t len);
+/* An axis label: bytes in the largest binary unit, without trailing
+ * zeros ("1.5 GiB", "512 MiB", "0 B"). */
+const char *cli_bytes_tick(uint64_t v, char *buf, size_t len);
+/* A "nice" tick step for an axis from 0 to max: 1, 2 or 5 times a power
+ * of ten (bytes: of a binary unit, so ticks fall on 256 MiB, 1 GiB...),
+ * giving at most `most` intervals.  Never 0. */
+uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most);
+/* Index of the first entry of tl at or after time t (tl->n when none):
+ * where a record_function annotation of that time goes on a timeline. */
+uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t);
+
+/* ---- stacks of live blocks (cli_stacks.c) -------------------------------- */
+/* Where the stack shown for a live block comes from (see cli_stacks.c). */
+typedef enum cli_stack_src_e {
+  CLI_SRC_NONE = 0,     /* no stack anywhere in the file                  */
+  CLI_SRC_BLOCK,        /* the block's own `frames`                       */
+  CLI_SRC_HISTORY,      /* 2.0: the first element of its `history`        */
+  CLI_SRC_TRACE,        /* the latest alloc entry at its address, live    */
+  CLI_SRC_BEFORE_TRACE  /* allocated before the first trace entry         */
+} cli_stack_src_t;
+
+/* Pseudo sites (cli_site returns frame CLI_SITE_NONE for an empty stack). */
+#define CLI_SITE_NONE UINT32_MAX
+#define CLI_SITE_BEFORE_TRACE (UINT32_MAX - 1)
+#define CLI_SITE_NONE_TEXT "<no stack>"
+#define CLI_SITE_BEFORE_TEXT "<no stack: allocated before the trace>"
+
+typedef struct cli_stacks_dev_s {
+  uint64_t *addr;  /* addresses of live alloc entries, increasing */
+  uint32_t *entry; /* their index in the device trace            */
+  uint32_t n;
+  bool has_trace;
+} cli_stacks_dev_t;
+
+typedef struct cli_stacks_s {
+  const msnap_snap_t *s;
+  cli_stacks_dev_t *dev; /* indexed by device (= device_traces index) */
+  uint32_t ndev;
+} cli_stacks_t;
+
+/* Index the live alloc entries of every device trace of s (which must
+ * outlive x).  0, or -1 on ENOMEM (x then needs no free). */
+int cli_stacks_init(cli_stacks_t *x, const msnap_snap_t *s);
+void cli_stacks_free(cli_stacks_t *x);
+/* The invariants of x (tests and debug checks). */
+bool cli_stacks_check(const cli_stacks_t *x);
+/* Index in the trace of `dev` of the alloc entry at addr that is still
+ * live at the end of the trace, or -1. */
+long cli_stacks_live_entry(const cli_stacks_t *x, int64_t dev,
+                           uint64_t addr);
+/* The stack to show for block b at addr of device dev; *src (may be NULL)
+ * says where it comes from.  MSNAP_STACK_ABSENT when there is none. */
+msnap_stack_t cli_stacks_block(const cli_stacks_t *x, int64_t dev,
+                               uint64_t addr, const msnap_sblock_t *b,
+                               cli_stack_src_t *src);
+/* The allocation site of that block (frame CLI_SITE_BEFORE_TRACE when it
+ * predates the trace; format with cli_site_format). */
+cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
+                         const msnap_sblock_t *b);
+/* True for the text of a pseudo site ("<...>"). */
+static inline bool cli_site_is_pseudo(const char *site) {
+  return site[0] == '<';
+}
 
 /* ---- backward replay (cli_back.c) ---------------------------------------- */
 /* Walking a device trace from its newest entry to its oldest, undoing each

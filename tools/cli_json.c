@@ -5,9 +5,13 @@
  * once container d received a value (so the next one needs a comma);
  * after_key is true between cj_key() and the value written for it.  The
  * writer never buffers: every call writes straight to the FILE.
+ *
+ * Also here: the compact text form of allocator_settings (the other
+ * formatter of a generic model value).
  */
 #include <math.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -191,4 +195,118 @@ void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v) {
     break;
   default: cj_null(j); break;
   }
+}
+
+/* True for a dict whose values are all integers (roundup_power2_divisions:
+ * interval -> divisions). */
+static bool int_dict(const msnap_gv_t *v) {
+  if (v->kind != MSNAP_GV_DICT)
+    return false;
+  for (uint32_t i = 1; i < v->u.seq.n; i += 2)
+    if (v->u.seq.items[i].kind != MSNAP_GV_INT)
+      return false;
+  return true;
+}
+
+/* A settings value as compact text: strings bare (quoted when empty or
+ * holding a blank), lists [a,b], dicts {k:v}; an integer dict keeps only
+ * its non-zero entries.  Nesting deeper than 8 prints "...". */
+static void gv_text(FILE *f, const msnap_snap_t *s, const msnap_gv_t *v,
+                    int depth) {
+  size_t len;
+  const char *p;
+  if (depth > 8 || (depth == 8 && v->kind >= MSNAP_GV_LIST)) {
+    fputs("...", f);
+    return;
+  }
+  switch (v->kind) {
+  case MSNAP_GV_NONE: fputs("None", f); break;
+  case MSNAP_GV_BOOL: fputs(v->u.b ? "true" : "false", f); break;
+  case MSNAP_GV_INT: fprintf(f, "%" PRId64, v->u.i); break;
+  case MSNAP_GV_FLOAT: fprintf(f, "%g", v->u.f); break;
+  case MSNAP_GV_STR: {
+    p = cli_str(s, v->u.s, &len);
+    bool quote = len == 0 || memchr(p, ' ', len) || memchr(p, '\t', len);
+    if (quote)
+      fputc('\'', f);
+    for (size_t i = 0; i < len; i++)
+      fputc((unsigned char)p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i], f);
+    if (quote)
+      fputc('\'', f);
+    break;
+  }
+  case MSNAP_GV_LIST:
+  case MSNAP_GV_TUPLE:
+    fputc('[', f);
+    for (uint32_t i = 0; i < v->u.seq.n; i++) {
+      if (i)
+        fputc(',', f);
+      gv_text(f, s, &v->u.seq.items[i], depth + 1);
+    }
+    fputc(']', f);
+    break;
+  case MSNAP_GV_DICT: {
+    bool ints = int_dict(v), first = true;
+    fputc('{', f);
+    for (uint32_t i = 0; i + 1 < v->u.seq.n; i += 2) {
+      if (ints && v->u.seq.items[i + 1].u.i == 0)
+        continue;
+      if (!first)
+        fputc(',', f);
+      first = false;
+      gv_text(f, s, &v->u.seq.items[i], depth + 1);
+      fputc(':', f);
+      gv_text(f, s, &v->u.seq.items[i + 1], depth + 1);
+    }
+    fputc('}', f);
+    break;
+  }
+  }
+}
+
+/*
+ * allocator_settings (a dict) as "key=value" items: an integer dict
+ * (roundup_power2_divisions) only when one entry is non-zero, and then
+ * only its non-zero entries.  Returns a malloc'd array of *n malloc'd
+ * strings (caller frees each and the array), NULL on ENOMEM or when d is
+ * not a dict.
+ */
+char **cli_settings_items(const msnap_snap_t *s, const msnap_gv_t *d,
+                          uint32_t *n) {
+  *n = 0;
+  if (d->kind != MSNAP_GV_DICT)
+    return NULL;
+  char **v = calloc(d->u.seq.n / 2 + 1, sizeof *v);
+  if (!v)
+    return NULL;
+  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
+    const msnap_gv_t *val = &d->u.seq.items[i + 1];
+    if (int_dict(val)) {
+      bool any = false;
+      for (uint32_t k = 1; k < val->u.seq.n; k += 2)
+        any |= val->u.seq.items[k].u.i != 0;
+      if (!any)
+        continue;
+    }
+    char *item = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&item, &len);
+    if (!m)
+      goto oom;
+    gv_text(m, s, &d->u.seq.items[i], 0);
+    fputc('=', m);
+    gv_text(m, s, val, 0);
+    if (fclose(m) != 0 || !item) {
+      free(item);
+      goto oom;
+    }
+    v[(*n)++] = item;
+  }
+  return v;
+oom:
+  for (uint32_t i = 0; i < *n; i++)
+    free(v[i]);
+  free(v);
+  *n = 0;
+  return NULL;
 }

@@ -43,6 +43,7 @@ int cli_load(const char *path, msnap_snap_t **out) {
   memset(&err, 0, sizeof err);
   int rc = msnap__snap_read_file(path, &s, &err);
   if (rc != 0 || !s) {
+    cli_sanitize(err.msg); /* it may quote bytes of the file */
     if (err.msg[0])
       cli_err("%s: %s [%s]", path, err.msg, msnap_err_name(rc));
     else
@@ -199,10 +200,15 @@ static bool is_torch(const char *f, size_t n) {
          has_component(f, n, "memsnap");
 }
 
-uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
+static bool is_third_party(const char *f, size_t n) {
+  return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
+}
+
+cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);
-  uint32_t first_py = UINT32_MAX;
+  uint32_t first_py = UINT32_MAX, first_lib = UINT32_MAX;
+  cli_site_t site = {CLI_SITE_NONE, CLI_SITE_NONE};
   for (uint32_t i = 0; i < n; i++) {
     if (fr[i] >= s->nframes)
       continue;
@@ -214,12 +220,37 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
       first_py = fr[i];
     if (is_torch(file, fl) || is_stdlib(file, fl))
       continue;
-    return fr[i];
+    if (is_third_party(file, fl)) {
+      if (first_lib == UINT32_MAX)
+        first_lib = fr[i];
+      continue;
+    }
+    site.frame = fr[i];
+    site.via = first_lib;
+    return site;
   }
-  if (first_py != UINT32_MAX)
-    return first_py;
-  /* Only native frames: the innermost one that is not the unwinder, the
+  if (first_lib != UINT32_MAX) {
+    site.frame = first_lib;
+    return site;
+  }
+  if (first_py != UINT32_MAX) {
+    site.frame = first_py;
+    return site;
+  }
+  /* Only native frames (an autograd engine thread): the innermost
+   * autograd node ("...MulBackward0::apply(...)") says which backward op
+   * allocated; else the innermost frame that is not the unwinder, the
    * traceback gatherer or the caching allocator itself. */
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= s->nframes)
+      continue;
+    size_t nl;
+    const char *name = cli_str(s, s->frames[fr[i]].name, &nl);
+    if (memmem(name, nl, "Backward", 8) && memmem(name, nl, "::apply(", 8)) {
+      site.frame = fr[i];
+      return site;
+    }
+  }
   static const char *const skip[] = {"unwind", "CapturedTraceback",
                                      "gather", "CachingAllocator",
                                      "c10::", "_start", "__libc_start_main",
@@ -232,25 +263,43 @@ uint32_t cli_site_frame(const msnap_snap_t *s, msnap_stack_t st) {
     bool skipped = nl == 0;
     for (int k = 0; skip[k] && !skipped; k++)
       skipped = memmem(name, nl, skip[k], strlen(skip[k])) != NULL;
-    if (!skipped)
-      return fr[i];
+    if (!skipped) {
+      site.frame = fr[i];
+      return site;
+    }
   }
   for (uint32_t i = 0; i < n; i++)
-    if (fr[i] < s->nframes)
-      return fr[i];
-  return UINT32_MAX;
+    if (fr[i] < s->nframes) {
+      site.frame = fr[i];
+      return site;
+    }
+  return site;
 }
 
-void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
-                     size_t len) {
-  if (frame == UINT32_MAX || frame >= s->nframes) {
-    snprintf(buf, len, "<no stack>");
-    return;
-  }
+/* One frame as "file:line:name" (see cli_site_format); returns the
+ * length written (snprintf's). */
+static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
+                        size_t len) {
   const msnap_frame_t *f = &s->frames[frame];
   size_t fl, nl;
   const char *file = cli_str(s, f->filename, &fl);
   const char *name = cli_str(s, f->name, &nl);
+  /* A native frame (line 0, not a Python file): its C++ name alone,
+   * without the final parameter list. */
+  if (f->line == 0 && !is_python_file(file, fl)) {
+    if (nl > 0 && name[nl - 1] == ')') {
+      int depth = 0;
+      for (size_t i = nl; i > 0; i--) {
+        depth += name[i - 1] == ')' ? 1 : name[i - 1] == '(' ? -1 : 0;
+        if (depth == 0) {
+          if (i > 1)
+            nl = i - 1;
+          break;
+        }
+      }
+    }
+    return snprintf(buf, len, "%.*s", (int)nl, name);
+  }
   /* Keep the last two path components. */
   size_t start = 0;
   int slashes = 0;
@@ -260,8 +309,42 @@ void cli_site_format(const msnap_snap_t *s, uint32_t frame, char *buf,
       break;
     }
   }
-  snprintf(buf, len, "%.*s:%" PRId64 ":%.*s", (int)(fl - start),
-           file + start, f->line, (int)nl, name);
+  return snprintf(buf, len, "%.*s:%" PRId64 ":%.*s", (int)(fl - start),
+                  file + start, f->line, (int)nl, name);
+}
+
+void cli_sanitize(char *buf) {
+  for (; *buf; buf++)
+    if ((unsigned char)*buf < 0x20 || *buf == 0x7f)
+      *buf = '?';
+}
+
+/* The site as text, unsanitized (cli_site_format's work). */
+static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
+                        size_t len) {
+  if (site.frame == CLI_SITE_BEFORE_TRACE) {
+    snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
+    return;
+  }
+  if (site.frame >= s->nframes) {
+    snprintf(buf, len, "%s", CLI_SITE_NONE_TEXT);
+    return;
+  }
+  int w = frame_format(s, site.frame, buf, len);
+  if (site.via < s->nframes && w >= 0 && (size_t)w + 8 < len) {
+    memcpy(buf + w, " (via ", 6);
+    int v = frame_format(s, site.via, buf + w + 6, len - (size_t)w - 6);
+    if (v >= 0 && (size_t)w + 6 + (size_t)v + 1 < len)
+      memcpy(buf + w + 6 + v, ")", 2);
+  }
+}
+
+void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
+                     size_t len) {
+  if (len == 0)
+    return;
+  site_format(s, site, buf, len);
+  cli_sanitize(buf);
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -309,6 +392,78 @@ const char *cli_bytes(uint64_t v, char *buf, size_t len) {
   else
     snprintf(buf, len, "%.2f %s", d, u[i]);
   return buf;
+}
+
+const char *cli_duration(int64_t us, char *buf, size_t len) {
+  const char *sign = us < 0 ? "-" : "";
+  double a = us < 0 ? -(double)us : (double)us;
+  if (a < 1000)
+    snprintf(buf, len, "%s%.0f us", sign, a);
+  else if (a < 1e6)
+    snprintf(buf, len, "%s%.3g ms", sign, a / 1e3);
+  else if (a < 60e6)
+    snprintf(buf, len, "%s%.3g s", sign, a / 1e6);
+  else
+    snprintf(buf, len, "%s%" PRIu64 " min %" PRIu64 " s", sign,
+             (uint64_t)(a / 1e6) / 60, (uint64_t)(a / 1e6) % 60);
+  return buf;
+}
+
+const char *cli_bytes_tick(uint64_t v, char *buf, size_t len) {
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  double d = (double)v;
+  while (d >= 1024.0 && i < 4) {
+    d /= 1024.0;
+    i++;
+  }
+  snprintf(buf, len, "%.2f", d);
+  /* Trailing zeros and a trailing point go. */
+  char *dot = strchr(buf, '.');
+  if (dot) {
+    char *e = buf + strlen(buf);
+    while (e > dot + 1 && e[-1] == '0')
+      *--e = 0;
+    if (e == dot + 1)
+      *dot = 0;
+  }
+  size_t n = strlen(buf);
+  snprintf(buf + n, len > n ? len - n : 0, " %s", u[i]);
+  return buf;
+}
+
+uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most) {
+  if (most == 0)
+    most = 1;
+  uint64_t unit = 1;
+  if (bytes)
+    while (unit <= UINT64_MAX / 1024 && max / unit >= 1024)
+      unit *= 1024;
+  /* Steps 1, 2, 5, 10, 20, 50... (times unit) until max fits in `most`
+   * intervals. */
+  static const uint64_t m[] = {1, 2, 5};
+  for (uint64_t p = 1; p <= UINT64_MAX / 10; p *= 10)
+    for (int k = 0; k < 3; k++) {
+      uint64_t st = m[k] * p;
+      if (st > UINT64_MAX / unit)
+        return UINT64_MAX;
+      st *= unit;
+      if (max / st < most || (max / st == most && max % st == 0))
+        return st;
+    }
+  return UINT64_MAX;
+}
+
+uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
+  uint32_t lo = 0, hi = tl ? tl->n : 0;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (tl->v[mid].time_us < t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 const char *cli_generation_name(msnap_generation_t g) {

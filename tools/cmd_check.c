@@ -42,6 +42,7 @@ static void report(check_t *c, const char *where, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  cli_sanitize(msg); /* names from the file must not drive the terminal */
   c->count++;
   if (c->max_lines >= 0 && c->count > c->max_lines)
     return;

@@ -87,6 +87,48 @@ static int upgrade(msnap_snap_t *s) {
   return 0;
 }
 
+/* The first value of s that the writer refuses (>= 2^63), named as
+ * "segments[i].address 0x..." into buf; "" when none is found. */
+static void find_big(const msnap_snap_t *s, char *buf, size_t len) {
+  const uint64_t lim = UINT64_C(1) << 63;
+  buf[0] = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    const uint64_t v[] = {g->address, g->total_size, g->allocated_size,
+                          g->active_size, g->requested_size};
+    static const char *const k[] = {"address", "total_size",
+                                    "allocated_size", "active_size",
+                                    "requested_size"};
+    for (int x = 0; x < 5; x++)
+      if (v[x] >= lim) {
+        snprintf(buf, len, "segments[%u].%s 0x%" PRIx64 " is >= 2^63", i,
+                 k[x], v[x]);
+        return;
+      }
+    for (uint32_t b = 0; b < g->nblocks; b++) {
+      const msnap_sblock_t *bl = &s->blocks[g->first_block + b];
+      const uint64_t w[] = {bl->address, bl->size, bl->requested_size};
+      static const char *const kb[] = {"address", "size", "requested_size"};
+      for (int x = 0; x < 3; x++)
+        if (w[x] >= lim) {
+          snprintf(buf, len, "segments[%u].blocks[%u].%s 0x%" PRIx64
+                   " is >= 2^63", i, b, kb[x], w[x]);
+          return;
+        }
+    }
+  }
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    for (uint32_t i = 0; i < s->device_traces[d].n; i++) {
+      const msnap_strace_t *e = &s->device_traces[d].v[i];
+      if (e->addr >= lim || e->size >= lim) {
+        snprintf(buf, len, "device_traces[%u][%u].%s 0x%" PRIx64
+                 " is >= 2^63", d, i, e->addr >= lim ? "addr" : "size",
+                 e->addr >= lim ? e->addr : e->size);
+        return;
+      }
+    }
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap convert [--json] [--keep-keys] FILE -o OUT\n"
@@ -137,9 +179,15 @@ int cli_cmd_convert(int argc, char **argv) {
   int rc = keep ? 0 : upgrade(s);
   if (rc == 0)
     rc = msnap__snap_write_file(s, out, json);
+  char why[160] = "";
+  if (rc == MSNAP_EINVAL)
+    find_big(s, why, sizeof why);
   msnap__snap_free(s);
   if (rc) {
-    cli_err("%s: cannot write: %s [%s]", out, msnap_strerror(rc),
+    cli_err("%s: cannot write: %s%s [%s]", out,
+            why[0] ? why : msnap_strerror(rc),
+            why[0] ? " (a pickle MemoryViz reads holds values below 2^63)"
+                   : "",
             msnap_err_name(rc));
     return CLI_UNUSABLE;
   }

@@ -4,10 +4,14 @@
  * Live blocks (active_allocated) are keyed by (device, address, size).
  * A block of B that is not in A is new; a block of A not in B is freed; a
  * block in both with the same allocation site (innermost user frame,
- * compared as text since the two files have their own string tables) is a
- * leak candidate.  A leak candidate site that also has new blocks in B is
- * "growing": allocations from it survive and more keep coming, which is
- * what a leak looks like; exit status 1 is returned only for those.
+ * compared as text since the two files have their own string tables; a
+ * side that cannot name the site takes the other's) is a leak candidate.
+ * Sites come from the stack resolver (cli_stacks.c), so blocks whose own
+ * frames are empty are named by their alloc entry in the trace.  A leak
+ * candidate site that also has new blocks in B is "growing": allocations
+ * from it survive and more keep coming, which is what a leak looks like;
+ * exit status 1 is returned only for those, never for a pseudo site
+ * ("<no stack...>").
  * Segments are keyed by (device, address, total_size): opened / closed.
  */
 #include <getopt.h>
@@ -29,15 +33,15 @@ typedef struct seg_s {
   uint64_t addr, size;
 } segk_t;
 
+/* Order of live blocks: (device, address, size); sites do not take part,
+ * since one side may know the site of a block the other cannot name. */
 static int cmp_live(const void *a, const void *b) {
   const live_t *x = a, *y = b;
   if (x->device != y->device)
     return x->device < y->device ? -1 : 1;
   if (x->addr != y->addr)
     return x->addr < y->addr ? -1 : 1;
-  if (x->size != y->size)
-    return x->size < y->size ? -1 : 1;
-  return strcmp(x->site, y->site);
+  return x->size < y->size ? -1 : x->size > y->size;
 }
 
 static int cmp_seg(const void *a, const void *b) {
@@ -49,16 +53,25 @@ static int cmp_seg(const void *a, const void *b) {
   return x->size < y->size ? -1 : x->size > y->size;
 }
 
+/* The live blocks of s, sorted by cmp_live, with their sites (the stack
+ * resolver of cli_stacks.c: own frames, else the live alloc entry of the
+ * trace).  NULL on ENOMEM; the caller frees each site and the array. */
 static live_t *collect_live(const msnap_snap_t *s, uint32_t *n) {
   uint32_t cap = 0;
   for (uint32_t i = 0; i < s->nblocks; i++)
     cap += s->blocks[i].state == MSNAP_BLOCK_ACTIVE_ALLOCATED;
   live_t *v = calloc(cap + 1, sizeof *v);
+  cli_stacks_t stk;
   if (!v)
     return NULL;
+  if (cli_stacks_init(&stk, s) != 0) {
+    free(v);
+    return NULL;
+  }
   uint32_t k = 0;
   char buf[512];
-  for (uint32_t i = 0; i < s->nsegments; i++) {
+  bool oom = false;
+  for (uint32_t i = 0; i < s->nsegments && !oom; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
     uint64_t a = g->address;
     for (uint32_t j = 0; j < g->nblocks && k < cap; j++) {
@@ -67,16 +80,25 @@ static live_t *collect_live(const msnap_snap_t *s, uint32_t *n) {
       a += b->size;
       if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
         continue;
-      cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), buf,
+      cli_site_format(s, cli_stacks_site(&stk, g->device, ba, b), buf,
                       sizeof buf);
       v[k].device = g->device;
       v[k].addr = ba;
       v[k].size = b->size;
       v[k].site = strdup(buf);
-      if (!v[k].site)
+      if (!v[k].site) {
+        oom = true;
         break;
+      }
       k++;
     }
+  }
+  cli_stacks_free(&stk);
+  if (oom) {
+    for (uint32_t i = 0; i < k; i++)
+      free(v[i].site);
+    free(v);
+    return NULL;
   }
   *n = k;
   qsort(v, k, sizeof *v, cmp_live);
@@ -279,13 +301,26 @@ int cli_cmd_diff(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
-  /* Merge the two sorted lists. */
+  /* Merge the two sorted lists.  A block at the same (device, address,
+   * size) on both sides is the same allocation unless both name a site and
+   * the sites differ (freed and allocated again elsewhere); when only one
+   * side names its site (the other's trace no longer holds its alloc
+   * entry), that site is used. */
   for (uint32_t i = 0, k = 0; i < na || k < nb;) {
     int c = i >= na ? 1 : k >= nb ? -1 : cmp_live(&la[i], &lb[k]);
-    if (c == 0) {
+    if (c == 0 && (!strcmp(la[i].site, lb[k].site) ||
+                   cli_site_is_pseudo(la[i].site) ||
+                   cli_site_is_pseudo(lb[k].site))) {
       all[nall] = la[i++];
+      if (cli_site_is_pseudo(all[nall].site))
+        all[nall].site = lb[k].site;
       all[nall++].side = 2;
       k++;
+    } else if (c == 0) {
+      all[nall] = la[i++];
+      all[nall++].side = 0;
+      all[nall] = lb[k++];
+      all[nall++].side = 1;
     } else if (c < 0) {
       all[nall] = la[i++];
       all[nall++].side = 0;
@@ -302,9 +337,11 @@ int cli_cmd_diff(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
-  /* Growth of leak candidate sites: new blocks from the same site. */
+  /* Growth of leak candidate sites: new blocks from the same site.  A
+   * pseudo site ("<no stack...>") names no place in the program: blocks
+   * grouped under it say nothing about growth. */
   for (uint32_t i = 0; i < nboth; i++)
-    for (uint32_t k = 0; k < nnew; k++)
+    for (uint32_t k = 0; k < nnew && !cli_site_is_pseudo(gboth[i].site); k++)
       if (gnew[k].device == gboth[i].device &&
           !strcmp(gnew[k].site, gboth[i].site)) {
         gboth[i].new_bytes = gnew[k].bytes;

@@ -15,12 +15,13 @@
 #include "msnap_internal.h"
 
 #define W 960
-#define H 420
-#define ML 90
-#define MR 20
-#define MT 40
-#define MB 50
+#define H 440
+#define ML 80
+#define MR 24
+#define MT 58
+#define MB 52
 #define MAXCOLS 1600
+#define MAXANN 40
 
 static void svg_text(FILE *f, const char *s) {
   for (; *s; s++) {
@@ -29,30 +30,81 @@ static void svg_text(FILE *f, const char *s) {
     case '>': fputs("&gt;", f); break;
     case '&': fputs("&amp;", f); break;
     case '"': fputs("&quot;", f); break;
-    default: fputc(*s, f);
+    default:
+      /* Control bytes are not allowed in XML 1.0. */
+      fputc((unsigned char)*s < 0x20 ? '?' : *s, f);
     }
   }
 }
 
-/* Polyline of v[0..n) bucketed into at most MAXCOLS points. */
-static void series(FILE *f, const uint64_t *v, uint32_t n, uint64_t ymax,
-                   const char *color, double width) {
-  uint32_t cols = n < MAXCOLS ? n : MAXCOLS;
-  double pw = W - ML - MR, ph = H - MT - MB;
-  fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" "
-             "points=\"",
-          color, width);
+static void svg_textn(FILE *f, const char *s, size_t n) {
+  char *c = strndup(s, n);
+  if (c) {
+    svg_text(f, c);
+    free(c);
+  }
+}
+
+typedef struct plot_s {
+  uint32_t n;     /* points (entries + 1) */
+  uint64_t ymax;  /* top of the y axis    */
+  double pw, ph;  /* plot area            */
+} plot_t;
+
+static double px(const plot_t *p, double k) {
+  return ML + (p->n > 1 ? p->pw * k / (p->n - 1) : p->pw / 2);
+}
+
+static double py(const plot_t *p, uint64_t v) {
+  return MT + p->ph - p->ph * (double)v / (double)p->ymax;
+}
+
+/* v[0..n) bucketed into at most MAXCOLS points (each bucket's maximum,
+ * so peaks survive): a polyline, or with `fill` a polygon down to 0. */
+static void series(FILE *f, const plot_t *p, const uint64_t *v,
+                   const char *color, double width, bool fill) {
+  uint32_t n = p->n, cols = n < MAXCOLS ? n : MAXCOLS;
+  if (fill)
+    fprintf(f, "<polygon fill=\"%s\" stroke=\"none\" points=\"%.1f,%.1f ",
+            color, px(p, 0), py(p, 0));
+  else
+    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" "
+               "stroke-linejoin=\"round\" points=\"",
+            color, width);
   for (uint32_t c = 0; c < cols; c++) {
     uint64_t lo = (uint64_t)c * n / cols, hi = (uint64_t)(c + 1) * n / cols;
     uint64_t m = 0;
     for (uint64_t i = lo; i < hi; i++)
       if (v[i] > m)
         m = v[i];
-    double x = ML + (cols > 1 ? pw * c / (cols - 1) : pw / 2);
-    double y = MT + ph - (ymax ? ph * (double)m / (double)ymax : 0);
-    fprintf(f, "%.1f,%.1f ", x, y);
+    double x = cols > 1 ? ML + p->pw * c / (cols - 1) : px(p, 0);
+    fprintf(f, "%.1f,%.1f ", x, py(p, m));
   }
+  if (fill)
+    fprintf(f, "%.1f,%.1f", px(p, n - 1), py(p, 0));
   fputs("\"/>\n", f);
+}
+
+/* The legend row under the title: swatch + label items from left. */
+static double legend_item(FILE *f, double x, const char *kind,
+                          const char *color, const char *label) {
+  double y = 40;
+  if (!strcmp(kind, "area"))
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"10\" "
+               "fill=\"%s\"/>\n", x, y - 9, color);
+  else if (!strcmp(kind, "dash"))
+    fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" "
+               "stroke=\"%s\" stroke-dasharray=\"3,3\"/>\n",
+            x + 7, x + 7, y - 11, y + 2, color);
+  else if (!strcmp(kind, "dot"))
+    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n",
+            x + 7, y - 4, color);
+  else
+    fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" "
+               "stroke=\"%s\" stroke-width=\"2\"/>\n",
+            x, x + 14, y - 4, y - 4, color);
+  fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x + 19, y, label);
+  return x + 19 + 6.1 * (double)strlen(label) + 16;
 }
 
 static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
@@ -62,13 +114,28 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
   char b1[32], b2[64];
   if (cli_timeline(s, dev, &act, &res, &n) < 0)
     return -1;
-  uint64_t ymax = 1;
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  uint64_t top = 1;
+  uint32_t peak_at = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (res[i] > ymax)
-      ymax = res[i];
-    if (act[i] > ymax)
-      ymax = act[i];
+    if (res[i] > top)
+      top = res[i];
+    if (act[i] > top)
+      top = act[i];
+    if (act[i] > act[peak_at])
+      peak_at = i;
   }
+  if (n <= 1) {
+    /* No trace: the final state as bars. */
+    for (uint32_t i = 0; i < s->nsegments; i++)
+      if (s->segments[i].device == dev && s->segments[i].total_size > top)
+        top += s->segments[i].total_size;
+  }
+  uint64_t ystep = cli_nice_step(top, true, 9);
+  plot_t p = {.n = n, .pw = W - ML - MR, .ph = H - MT - MB};
+  p.ymax = ystep >= top ? ystep : (top + ystep - 1) / ystep * ystep;
+  const char *base = strrchr(file, '/');
+  base = base ? base + 1 : file;
   fprintf(f,
           "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
           "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
@@ -76,33 +143,86 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
           "font-size=\"12\">\n"
           "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
           W, H, W, H);
-  fprintf(f, "<text x=\"%d\" y=\"22\" font-size=\"15\">Active memory "
-             "timeline, device %" PRId64 ": ",
-          ML, dev);
-  svg_text(f, file);
+  fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"15\" "
+             "font-weight=\"bold\">Memory timeline, device %" PRId64
+             "</text>\n<text x=\"%d\" y=\"20\" text-anchor=\"end\" "
+             "fill=\"#666\">",
+          ML, dev, W - MR);
+  svg_text(f, base);
   fputs("</text>\n", f);
-  double ph = H - MT - MB;
-  for (int t = 0; t <= 4; t++) {
-    double y = MT + ph - ph * t / 4.0;
+  /* Horizontal grid and y labels. */
+  for (uint64_t v = 0; v <= p.ymax; v += ystep) {
+    double y = py(&p, v);
     fprintf(f,
             "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" "
-            "stroke=\"#ddd\"/>\n<text x=\"%d\" y=\"%.1f\" "
+            "stroke=\"%s\"/>\n<text x=\"%d\" y=\"%.1f\" "
             "text-anchor=\"end\">%s</text>\n",
-            ML, W - MR, y, y, ML - 6, y + 4,
-            cli_bytes((uint64_t)((double)ymax * t / 4.0), b1, sizeof b1));
+            ML, W - MR, y, y, v ? "#e6e6e6" : "#999", ML - 6, y + 4,
+            cli_bytes_tick(v, b1, sizeof b1));
+    if (v > UINT64_MAX - ystep)
+      break;
   }
   if (n > 1) {
-    series(f, res, n, ymax, "#999", 1.5);
-    series(f, act, n, ymax, "#1f77b4", 2.0);
+    /* Vertical grid and x labels (entry index). */
+    uint64_t xstep = cli_nice_step(n - 1, false, 8);
+    for (uint64_t k = 0; k <= n - 1; k += xstep) {
+      double x = px(&p, (double)k);
+      fprintf(f,
+              "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" "
+              "stroke=\"#999\"/>\n<text x=\"%.1f\" y=\"%d\" "
+              "text-anchor=\"middle\">%" PRIu64 "</text>\n",
+              x, x, H - MB, H - MB + 5, x, H - MB + 18, k);
+    }
+    const char *unit = "";
+    char span[96] = "";
+    if (tl && tl->n && (tl->v[0].keys & MSNAP_K_TIME) &&
+        (tl->v[tl->n - 1].keys & MSNAP_K_TIME)) {
+      char d[32];
+      snprintf(span, sizeof span, " over %s",
+               cli_duration(tl->v[tl->n - 1].time_us - tl->v[0].time_us, d,
+                            sizeof d));
+      unit = span;
+    }
     fprintf(f,
-            "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">trace entry "
-            "(0 .. %u)</text>\n",
-            ML + (W - ML - MR) / 2, H - 15, n - 1);
-    fprintf(f,
-            "<text x=\"%d\" y=\"%d\" fill=\"#1f77b4\">active (requested "
-            "bytes)</text><text x=\"%d\" y=\"%d\" fill=\"#777\">reserved"
-            "</text>\n",
-            ML + 10, MT + 14, ML + 200, MT + 14);
+            "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#444\">"
+            "trace entry (%u entries%s)</text>\n",
+            ML + (W - ML - MR) / 2, H - 12, n - 1, unit);
+    /* record_function ranges: a dashed line at each START. */
+    uint32_t shown = 0;
+    for (uint32_t i = 0; tl && i < s->nannotations && shown < MAXANN; i++) {
+      const msnap_sannotation_t *an = &s->annotations[i];
+      if (an->device != dev || !an->is_start ||
+          !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+        continue;
+      uint32_t at = cli_entry_at_time(tl, an->time_us);
+      double x = px(&p, at);
+      size_t nl;
+      const char *nm = cli_str(s, an->name, &nl);
+      fprintf(f,
+              "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" "
+              "stroke=\"#9467bd\" stroke-opacity=\"0.6\" "
+              "stroke-dasharray=\"3,3\"/>\n<text x=\"%.1f\" y=\"%u\" "
+              "font-size=\"10\" fill=\"#7b4fa8\">",
+              x, x, MT, H - MB, x + 3, MT + 10 + 11 * (shown % 3));
+      svg_textn(f, nm, nl > 40 ? 40 : nl);
+      fputs("</text>\n", f);
+      shown++;
+    }
+    series(f, &p, act, "#9ec5e3", 0, true);
+    series(f, &p, act, "#1f77b4", 1.2, false);
+    series(f, &p, res, "#666", 1.5, false);
+    /* The peak of active memory: a dot, its figure in the legend. */
+    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d62728\"/>\n",
+            px(&p, peak_at), py(&p, act[peak_at]));
+    double lx = ML;
+    lx = legend_item(f, lx, "area", "#9ec5e3",
+                     "active (requested bytes of live allocations)");
+    lx = legend_item(f, lx, "line", "#666", "reserved (segments)");
+    if (shown)
+      lx = legend_item(f, lx, "dash", "#9467bd", "record_function");
+    snprintf(b2, sizeof b2, "peak active %s at entry %u",
+             cli_bytes(act[peak_at], b1, sizeof b1), peak_at);
+    legend_item(f, lx, "dot", "#d62728", b2);
   } else {
     /* No trace: bars of the final state. */
     uint64_t alloc = 0, reserved = 0;
@@ -116,22 +236,22 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
             MSNAP_BLOCK_ACTIVE_ALLOCATED)
           alloc += s->blocks[g->first_block + k].size;
     }
-    if (reserved > ymax)
-      ymax = reserved;
-    double hr = ph * (double)reserved / (double)ymax;
-    double ha = ph * (double)alloc / (double)ymax;
+    double hr = p.ph * (double)reserved / (double)p.ymax;
+    double ha = p.ph * (double)alloc / (double)p.ymax;
     fprintf(f,
             "<rect x=\"%d\" y=\"%.1f\" width=\"120\" height=\"%.1f\" "
             "fill=\"#bbb\"/><rect x=\"%d\" y=\"%.1f\" width=\"120\" "
             "height=\"%.1f\" fill=\"#1f77b4\"/>\n",
-            ML + 60, MT + ph - hr, hr, ML + 220, MT + ph - ha, ha);
+            ML + 60, MT + p.ph - hr, hr, ML + 220, MT + p.ph - ha, ha);
     snprintf(b2, sizeof b2, "%s", cli_bytes(alloc, b1, sizeof b1));
     fprintf(f,
-            "<text x=\"%d\" y=\"%d\">reserved %s</text><text x=\"%d\" "
-            "y=\"%d\">allocated %s</text>\n<text x=\"%d\" y=\"%d\">(no "
-            "trace in this file: final state only)</text>\n",
-            ML + 60, H - 30, cli_bytes(reserved, b1, sizeof b1), ML + 220,
-            H - 30, b2, ML + 400, MT + 40);
+            "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">reserved %s"
+            "</text><text x=\"%d\" y=\"%d\" text-anchor=\"middle\">"
+            "allocated %s</text>\n<text x=\"%d\" y=\"40\" fill=\"#666\">"
+            "No trace for this device in the file: its final state "
+            "only.</text>\n",
+            ML + 120, H - MB + 18, cli_bytes(reserved, b1, sizeof b1),
+            ML + 280, H - MB + 18, b2, ML);
   }
   fputs("</svg>\n", f);
   free(act);

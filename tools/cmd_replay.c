@@ -160,6 +160,7 @@ typedef struct dev_replay_s {
   /* the recording's own figures */
   uint64_t rec_segment_allocs, rec_segment_frees;
   uint64_t rec_peak_reserved, rec_final_reserved;
+  uint64_t rec_inactive_split; /* inactive blocks of split segments */
   uint64_t entries;
 } dev_replay_t;
 
@@ -184,6 +185,7 @@ static void mismatch(replay_t *r, dev_replay_t *d, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  cli_sanitize(buf);
   d->mismatches[d->nkept] = strdup(buf);
   if (d->mismatches[d->nkept])
     d->nkept++;
@@ -597,9 +599,17 @@ static void recorded_figures(const msnap_snap_t *s, dev_replay_t *d,
   }
   d->rec_peak_reserved = peak;
   d->rec_final_reserved = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++)
-    if (s->segments[i].device == d->device)
-      d->rec_final_reserved += s->segments[i].total_size;
+  d->rec_inactive_split = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != d->device)
+      continue;
+    d->rec_final_reserved += g->total_size;
+    /* A block is split when its segment holds more than one block. */
+    for (uint32_t k = 0; g->nblocks > 1 && k < g->nblocks; k++)
+      if (s->blocks[g->first_block + k].state == MSNAP_BLOCK_INACTIVE)
+        d->rec_inactive_split += s->blocks[g->first_block + k].size;
+  }
 }
 
 static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
@@ -949,7 +959,9 @@ static void usage(FILE *f) {
           "and freed in it are inferred from their requests (start state\n"
           "\"inferred\").\n"
           "\n"
-          "  --profile P       cuda (default) or npu\n"
+          "  --profile P       cuda or npu (default: npu for a recording\n"
+          "                    whose allocator_settings name\n"
+          "                    PYTORCH_NPU_ALLOC_CONF, else cuda)\n"
           "  --alloc-conf STR  allocator configuration (e.g.\n"
           "                    expandable_segments:True,\n"
           "                    max_split_size_mb:128)\n"
@@ -1031,10 +1043,27 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
     cj_u64(j, d->rec_peak_reserved);
     cj_key(j, "final_reserved_bytes");
     cj_u64(j, d->rec_final_reserved);
+    cj_key(j, "inactive_split_bytes");
+    cj_u64(j, d->rec_inactive_split);
     cj_obj_end(j);
   }
   (void)exact;
   cj_obj_end(j);
+}
+
+/* True when allocator_settings is a dict with the string key `key`. */
+static bool settings_have(const msnap_snap_t *s, const char *key) {
+  const msnap_gv_t *d = &s->allocator_settings;
+  if (d->kind != MSNAP_GV_DICT)
+    return false;
+  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
+    const msnap_gv_t *k = &d->u.seq.items[i];
+    size_t n;
+    const char *p = k->kind == MSNAP_GV_STR ? cli_str(s, k->u.s, &n) : NULL;
+    if (p && n == strlen(key) && !memcmp(p, key, n))
+      return true;
+  }
+  return false;
 }
 
 int cli_cmd_replay(int argc, char **argv) {
@@ -1046,7 +1075,7 @@ int cli_cmd_replay(int argc, char **argv) {
       {"max-mismatches", required_argument, NULL, 'm'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  bool json = false;
+  bool json = false, profile_given = false;
   const char *profile = "cuda", *conf = NULL, *out = NULL;
   long maxm = 10;
   int o;
@@ -1054,7 +1083,10 @@ int cli_cmd_replay(int argc, char **argv) {
   while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
     switch (o) {
     case 'j': json = true; break;
-    case 'p': profile = optarg; break;
+    case 'p':
+      profile = optarg;
+      profile_given = true;
+      break;
     case 'c': conf = optarg; break;
     case 'o': out = optarg; break;
     case 'm': {
@@ -1070,21 +1102,28 @@ int cli_cmd_replay(int argc, char **argv) {
   }
   if (optind + 1 != argc)
     return cli_usage_error("replay", "expects exactly one FILE");
+  if (strcmp(profile, "cuda") && strcmp(profile, "npu"))
+    return cli_usage_error("replay", "--profile must be cuda or npu");
   replay_t r = {0};
+  const char *file = argv[optind];
+  msnap_snap_t *s;
+  if (cli_load(file, &s) != CLI_OK)
+    return CLI_UNUSABLE;
+  /* A recording of memsnap's npu profile names PYTORCH_NPU_ALLOC_CONF in
+   * its allocator_settings: replay it with that profile unless told. */
+  if (!profile_given && settings_have(s, "PYTORCH_NPU_ALLOC_CONF"))
+    profile = "npu";
   if (!strcmp(profile, "cuda")) {
     r.profile = MSNAP_PROFILE_CUDA;
   } else if (!strcmp(profile, "npu")) {
     r.profile = MSNAP_PROFILE_NPU;
     r.pad = 32;
   } else {
+    msnap__snap_free(s);
     return cli_usage_error("replay", "--profile must be cuda or npu");
   }
   r.exact = r.profile == MSNAP_PROFILE_CUDA && conf == NULL;
   r.max_keep = (uint32_t)maxm;
-  const char *file = argv[optind];
-  msnap_snap_t *s;
-  if (cli_load(file, &s) != CLI_OK)
-    return CLI_UNUSABLE;
   if (r.exact) {
     const char *rc_conf = gv_dict_str(s, &s->allocator_settings,
                                       "PYTORCH_CUDA_ALLOC_CONF");
@@ -1241,7 +1280,11 @@ int cli_cmd_replay(int argc, char **argv) {
     cj_end(&j);
   } else {
     char b1[32], b2[32];
-    printf("%s: replay with the %s profile%s%s (%s)\n", file, profile,
+    printf("%s: replay with the %s profile%s%s%s (%s)\n", file, profile,
+           profile_given || r.profile == MSNAP_PROFILE_CUDA
+               ? ""
+               : " (the file's allocator_settings name "
+                 "PYTORCH_NPU_ALLOC_CONF)",
            conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
            r.exact ? "exact: recorded addresses" : "what-if");
     for (uint32_t k = 0; k < (nd ? nd : 1); k++) {
@@ -1268,8 +1311,9 @@ int cli_cmd_replay(int argc, char **argv) {
       printf("  %-22s %15s %15s\n", "final reserved",
              cli_bytes(d->final_reserved, b1, sizeof b1),
              cli_bytes(d->rec_final_reserved, b2, sizeof b2));
-      printf("  %-22s %15s\n", "inactive split (frag.)",
-             cli_bytes(d->inactive_split, b1, sizeof b1));
+      printf("  %-22s %15s %15s\n", "inactive split (frag.)",
+             cli_bytes(d->inactive_split, b1, sizeof b1),
+             cli_bytes(d->rec_inactive_split, b2, sizeof b2));
       if (d->mismatch_count == 0)
         printf("  matches the recording: yes%s\n",
                r.exact ? (d->final_compared

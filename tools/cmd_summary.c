@@ -14,7 +14,11 @@
  * allocated memory (in requested bytes: what the trace records) and of
  * reserved memory, both starting from the state at the start of the trace
  * that the backward replay reconstructs.  Sites are the innermost user
- * frame (cli_site_frame).
+ * frame (cli_site) of the stack the resolver of cli_stacks.c gives a live
+ * block (its own frames, its 2.0 history, or its live alloc entry in the
+ * trace); blocks that predate the trace are counted in live_before_trace.
+ * The text form prints allocator_settings as key=value items
+ * (cli_settings_items) and record_function ranges counted per name.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -26,9 +30,15 @@
 #define TOPN_DEFAULT 10
 
 typedef struct site_sum_s {
-  uint32_t frame;
+  cli_site_t site;
   uint64_t bytes, count;
 } site_sum_t;
+
+typedef struct live_blk_s {
+  uint32_t block;
+  uint64_t addr; /* recorded or computed (2.0) address */
+  cli_site_t site;
+} live_blk_t;
 
 typedef struct dev_fig_s {
   int64_t device;
@@ -40,38 +50,47 @@ typedef struct dev_fig_s {
   int64_t t0, t1;
   uint64_t peak_alloc, peak_reserved;
   bool have_peak;
-  /* largest live allocations: block indexes */
-  uint32_t *largest;
+  /* largest live allocations: block indexes and sites */
+  live_blk_t *largest;
   uint32_t nlargest;
   site_sum_t *sites;
   uint32_t nsites;
+  /* live blocks allocated before the first trace entry */
+  uint64_t before_bytes, before_count;
 } dev_fig_t;
 
 static const msnap_snap_t *g_sort_snap;
 
 static int cmp_block_size(const void *a, const void *b) {
-  const msnap_sblock_t *x = &g_sort_snap->blocks[*(const uint32_t *)a];
-  const msnap_sblock_t *y = &g_sort_snap->blocks[*(const uint32_t *)b];
+  const live_blk_t *p = a, *q = b;
+  const msnap_sblock_t *x = &g_sort_snap->blocks[p->block];
+  const msnap_sblock_t *y = &g_sort_snap->blocks[q->block];
   if (x->size != y->size)
     return x->size > y->size ? -1 : 1;
-  return x->address < y->address ? -1 : x->address > y->address;
+  return p->addr < q->addr ? -1 : p->addr > q->addr;
+}
+
+static int cmp_site(cli_site_t x, cli_site_t y) {
+  if (x.frame != y.frame)
+    return x.frame < y.frame ? -1 : 1;
+  return x.via < y.via ? -1 : x.via > y.via;
 }
 
 static int cmp_site_frame(const void *a, const void *b) {
-  const site_sum_t *x = a, *y = b;
-  return x->frame < y->frame ? -1 : x->frame > y->frame;
+  return cmp_site(((const site_sum_t *)a)->site,
+                  ((const site_sum_t *)b)->site);
 }
 
 static int cmp_site_bytes(const void *a, const void *b) {
   const site_sum_t *x = a, *y = b;
   if (x->bytes != y->bytes)
     return x->bytes > y->bytes ? -1 : 1;
-  return x->frame < y->frame ? -1 : x->frame > y->frame;
+  return cmp_site(x->site, y->site);
 }
 
 /* Figures of one device; the caller frees f->largest and f->sites. */
-static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
-                          uint32_t topn) {
+static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
+                          int64_t dev, dev_fig_t *f, uint32_t topn) {
   memset(f, 0, sizeof *f);
   f->device = dev;
   uint32_t nlive = 0;
@@ -97,7 +116,7 @@ static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
     }
   }
   /* Live allocations, largest first, and their sites. */
-  uint32_t *idx = malloc((nlive + 1) * sizeof *idx);
+  live_blk_t *idx = malloc((nlive + 1) * sizeof *idx);
   site_sum_t *sites = malloc((nlive + 1) * sizeof *sites);
   if (!idx || !sites) {
     free(idx);
@@ -109,12 +128,17 @@ static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
     const msnap_ssegment_t *g = &s->segments[i];
     if (g->device != dev)
       continue;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks && n < nlive; k++) {
       const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
+      a += b->size;
       if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
         continue;
-      idx[n] = g->first_block + k;
-      sites[n].frame = cli_site_frame(s, cli_block_stack(s, b));
+      idx[n].block = g->first_block + k;
+      idx[n].addr = ba;
+      idx[n].site = cli_stacks_site(stk, dev, ba, b);
+      sites[n].site = idx[n].site;
       sites[n].bytes = b->size;
       sites[n].count = 1;
       n++;
@@ -123,11 +147,11 @@ static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
   g_sort_snap = s;
   qsort(idx, n, sizeof *idx, cmp_block_size);
   f->largest = idx;
-  f->nlargest = n < topn ? n : topn;
+  f->nlargest = topn == 0 || n < topn ? n : topn;
   qsort(sites, n, sizeof *sites, cmp_site_frame);
   uint32_t m = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (m > 0 && sites[m - 1].frame == sites[i].frame) {
+    if (m > 0 && cli_site_eq(sites[m - 1].site, sites[i].site)) {
       sites[m - 1].bytes += sites[i].bytes;
       sites[m - 1].count++;
     } else {
@@ -136,7 +160,12 @@ static int device_figures(const msnap_snap_t *s, int64_t dev, dev_fig_t *f,
   }
   qsort(sites, m, sizeof *sites, cmp_site_bytes);
   f->sites = sites;
-  f->nsites = m < topn ? m : topn;
+  f->nsites = topn == 0 || m < topn ? m : topn;
+  for (uint32_t i = 0; i < m; i++)
+    if (sites[i].site.frame == CLI_SITE_BEFORE_TRACE) {
+      f->before_bytes = sites[i].bytes;
+      f->before_count = sites[i].count;
+    }
 
   /* Trace figures. */
   const msnap_trace_list_t *tl = cli_trace(s, dev);
@@ -261,17 +290,25 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
       cj_u64(j, f->peak_reserved);
     else
       cj_null(j);
+    cj_key(j, "live_before_trace");
+    cj_obj(j);
+    cj_key(j, "count");
+    cj_u64(j, f->before_count);
+    cj_key(j, "bytes");
+    cj_u64(j, f->before_bytes);
+    cj_obj_end(j);
     cj_key(j, "largest_live");
     cj_arr(j);
     for (uint32_t i = 0; i < f->nlargest; i++) {
-      const msnap_sblock_t *b = &s->blocks[f->largest[i]];
+      const msnap_sblock_t *b = &s->blocks[f->largest[i].block];
       cj_obj(j);
+      cj_key(j, "address");
+      cj_u64(j, f->largest[i].addr);
       cj_key(j, "size");
       cj_u64(j, b->size);
       cj_key(j, "requested_size");
       cj_u64(j, b->requested_size);
-      cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), site,
-                      sizeof site);
+      cli_site_format(s, f->largest[i].site, site, sizeof site);
       cj_key(j, "site");
       cj_cstr(j, site);
       cj_obj_end(j);
@@ -280,7 +317,7 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     cj_key(j, "top_sites");
     cj_arr(j);
     for (uint32_t i = 0; i < f->nsites; i++) {
-      cli_site_format(s, f->sites[i].frame, site, sizeof site);
+      cli_site_format(s, f->sites[i].site, site, sizeof site);
       cj_obj(j);
       cj_key(j, "site");
       cj_cstr(j, site);
@@ -301,6 +338,71 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     cj_gv(j, s, &s->allocator_settings);
   }
   cj_obj_end(j);
+}
+
+/* allocator_settings as "key=value" items wrapped at 79 columns. */
+static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
+  const char *head = "\nallocator settings:";
+  size_t col = strlen(head) - 1;
+  uint32_t n = 0;
+  char **items = cli_settings_items(s, d, &n);
+  if (!items)
+    return;
+  fputs(head, stdout);
+  for (uint32_t i = 0; i < n; i++) {
+    size_t len = strlen(items[i]);
+    if (col + 1 + len > 79 && col > 2) {
+      fputs("\n ", stdout);
+      col = 1;
+    }
+    printf(" %s", items[i]);
+    col += 1 + len;
+    free(items[i]);
+  }
+  free(items);
+  fputc('\n', stdout);
+}
+
+/* record_function annotations: the START count per (name, device), the
+ * first 10 names in order of appearance. */
+static void print_annotations(const msnap_snap_t *s) {
+  enum { SHOWN = 10 };
+  struct {
+    msnap_str_t name;
+    int64_t device;
+    uint32_t n;
+  } g[SHOWN];
+  uint32_t ng = 0, starts = 0, rest = 0;
+  for (uint32_t i = 0; i < s->nannotations; i++) {
+    const msnap_sannotation_t *a = &s->annotations[i];
+    if (!a->is_start)
+      continue;
+    starts++;
+    uint32_t k = 0;
+    while (k < ng && (g[k].name != a->name || g[k].device != a->device))
+      k++;
+    if (k < ng) {
+      g[k].n++;
+    } else if (ng < SHOWN) {
+      g[ng].name = a->name;
+      g[ng].device = a->device;
+      g[ng++].n = 1;
+    } else {
+      rest++;
+    }
+  }
+  printf("\nannotations: %u (%u record_function range%s)\n",
+         s->nannotations, starts, starts == 1 ? "" : "s");
+  for (uint32_t k = 0; k < ng; k++) {
+    size_t nl;
+    const char *nm = cli_str(s, g[k].name, &nl);
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(nl < 255 ? nl : 255), nm);
+    cli_sanitize(name);
+    printf("  %5u x  %s (device %" PRId64 ")\n", g[k].n, name, g[k].device);
+  }
+  if (rest)
+    printf("  ... %u more ranges of other names\n", rest);
 }
 
 static void print_text(const char *file, const msnap_snap_t *s,
@@ -337,7 +439,8 @@ static void print_text(const char *file, const msnap_snap_t *s,
       }
     printf("\n");
     if (f->have_time)
-      printf("  time span        %.3f s\n", (double)(f->t1 - f->t0) / 1e6);
+      printf("  time span        %s\n",
+             cli_duration(f->t1 - f->t0, b1, sizeof b1));
     else if (f->trace_entries)
       printf("  time span        (no time_us in this format)\n");
     if (f->have_peak) {
@@ -349,42 +452,36 @@ static void print_text(const char *file, const msnap_snap_t *s,
     if (f->nlargest) {
       printf("  largest live allocations:\n");
       for (uint32_t i = 0; i < f->nlargest; i++) {
-        const msnap_sblock_t *b = &s->blocks[f->largest[i]];
-        cli_site_format(s, cli_site_frame(s, cli_block_stack(s, b)), b2,
-                        sizeof b2);
-        printf("    %12s  %s\n", cli_bytes(b->size, b1, sizeof b1), b2);
+        const msnap_sblock_t *b = &s->blocks[f->largest[i].block];
+        cli_site_format(s, f->largest[i].site, b2, sizeof b2);
+        printf("    %12s  0x%012" PRIx64 "  %s\n",
+               cli_bytes(b->size, b1, sizeof b1), f->largest[i].addr, b2);
       }
     }
     if (f->nsites) {
       printf("  top allocation sites (live bytes):\n");
       for (uint32_t i = 0; i < f->nsites; i++) {
-        cli_site_format(s, f->sites[i].frame, b2, sizeof b2);
+        cli_site_format(s, f->sites[i].site, b2, sizeof b2);
         printf("    %12s  %5" PRIu64 " x  %s\n",
                cli_bytes(f->sites[i].bytes, b1, sizeof b1),
                f->sites[i].count, b2);
       }
     }
+    if (f->before_count)
+      printf("  %" PRIu64 " live block%s (%s) predate%s the first trace "
+             "entry, so the file\n  holds no stack for %s: start "
+             "_record_memory_history() before\n  allocating them (or raise "
+             "max_entries) to see where they come from.\n",
+             f->before_count, f->before_count == 1 ? "" : "s",
+             cli_bytes(f->before_bytes, b1, sizeof b1),
+             f->before_count == 1 ? "s" : "",
+             f->before_count == 1 ? "it" : "them");
   }
-  if (s->nannotations) {
-    printf("\nannotations: %u\n", s->nannotations);
-    uint32_t shown = 0;
-    for (uint32_t i = 0; i < s->nannotations && shown < 10; i++) {
-      const msnap_sannotation_t *a = &s->annotations[i];
-      if (!a->is_start)
-        continue;
-      printf("  %s (device %" PRId64 ")\n", cli_str(s, a->name, NULL),
-             a->device);
-      shown++;
-    }
-  }
+  if (s->nannotations)
+    print_annotations(s);
   if ((s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) &&
-      s->allocator_settings.kind == MSNAP_GV_DICT) {
-    printf("\nallocator settings:");
-    cli_json_t j;
-    cj_init(&j, stdout);
-    cj_gv(&j, s, &s->allocator_settings);
-    printf("\n");
-  }
+      s->allocator_settings.kind == MSNAP_GV_DICT)
+    print_settings(s, &s->allocator_settings);
 }
 
 static void usage(FILE *f) {
@@ -400,14 +497,22 @@ static void usage(FILE *f) {
           "live bytes; annotations and allocator settings.\n"
           "\n"
           "A site is the innermost user frame of the allocation's stack:\n"
-          "C/C++ frames, frames under a torch/ or torch_npu/ directory and\n"
-          "Python standard library frames are skipped.\n"
+          "C/C++ frames, frames under a torch/ or torch_npu/ directory,\n"
+          "Python standard library frames and (when a frame of your own\n"
+          "code is present) installed packages are skipped; the innermost\n"
+          "installed-package frame it called is shown as \"(via ...)\".\n"
+          "A stack of native frames only (autograd's engine thread) is\n"
+          "named by its autograd node (e.g. MmBackward0::apply).\n"
+          "A live block whose own frames are empty takes the stack of its\n"
+          "alloc entry in the trace; one allocated before the first trace\n"
+          "entry shows as \"" CLI_SITE_BEFORE_TEXT "\".\n"
           "\n"
           "  --json     one JSON object {file, generation, devices: [{device,\n"
           "             segments, reserved_bytes, allocated_bytes,\n"
           "             active_bytes, requested_bytes, blocks,\n"
           "             trace_entries, ...}], annotations}\n"
-          "  --top N    show N largest allocations and sites (default 10)\n"
+          "  --top N    show N largest allocations and sites (default 10,\n"
+          "             0 = all, as in diff)\n"
           "  -h, --help this text\n"
           "\nExit status: 0 ok, 2 unusable input.\n");
 }
@@ -449,12 +554,20 @@ int cli_cmd_summary(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
+  cli_stacks_t stk;
+  if (cli_stacks_init(&stk, s) != 0) {
+    cli_err("out of memory");
+    rc = CLI_UNUSABLE;
+    goto out;
+  }
   for (uint32_t d = 0; d < nd; d++)
-    if (device_figures(s, devs[d], &figs[d], (uint32_t)topn)) {
+    if (device_figures(s, &stk, devs[d], &figs[d], (uint32_t)topn)) {
+      cli_stacks_free(&stk);
       cli_err("out of memory");
       rc = CLI_UNUSABLE;
       goto out;
     }
+  cli_stacks_free(&stk);
   if (json) {
     cli_json_t j;
     cj_init(&j, stdout);

@@ -20,6 +20,31 @@
     while (Math.abs(v) >= 1024 && i < u.length - 1) { v /= 1024; i++; }
     return (i === 0 ? v.toFixed(0) : v.toFixed(2)) + ' ' + u[i];
   }
+  // Axis labels: the largest binary unit, no trailing zeros.
+  function fmtTick(v) {
+    var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
+    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+    return String(Number(v.toFixed(2))) + ' ' + u[i];
+  }
+  // A round step (1, 2, 5 x 10^k; bytes: of a binary unit) giving at
+  // most `most` intervals from 0 to max (as cli_nice_step).
+  function niceStep(max, bytes, most) {
+    var unit = 1;
+    if (bytes) while (max / unit >= 1024) unit *= 1024;
+    for (var p = 1; p < 1e18; p *= 10)
+      for (var k = 0; k < 3; k++) {
+        var st = [1, 2, 5][k] * p * unit;
+        if (max / st <= most) return st;
+      }
+    return max || 1;
+  }
+  function fmtDur(us) {
+    var a = Math.abs(us), sg = us < 0 ? '-' : '';
+    if (a < 1000) return sg + a.toFixed(0) + ' us';
+    if (a < 1e6) return sg + Number((a / 1e3).toPrecision(3)) + ' ms';
+    if (a < 60e6) return sg + Number((a / 1e6).toPrecision(3)) + ' s';
+    return sg + Math.floor(a / 60e6) + ' min ' + Math.floor(a / 1e6 % 60) + ' s';
+  }
   function hex(v) { return '0x' + v.toString(16); }
   function actionName(c) { return c < ACTIONS.length ? ACTIONS[c] : 'other'; }
   function esc(s) {
@@ -29,14 +54,17 @@
   }
   function stackColor(st) {
     if (!st) return '#7a8fa6';
-    var h = (st * 2654435761) % 360;
-    return 'hsl(' + h + ',55%,55%)';
+    // Golden-angle hues, kept away from red (pending free) and alternating
+    // in lightness, so neighbouring stack ids look different.
+    var h = 30 + (st * 137.508) % 360 * 300 / 360;
+    return 'hsl(' + h.toFixed(0) + ',55%,' + (st % 2 ? 50 : 62) + '%)';
   }
 
   var dev = null;        // the device record shown
   var series = null;     // {act: [], res: []}
   var sel = 0;           // entries applied (0..events.length)
   var layoutRects = [];  // clickable rectangles of the layout canvas
+  var selBlock = null;   // address of the block whose stack is shown
 
   function computeSeries(d) {
     var a = 0, r = 0, i;
@@ -64,24 +92,46 @@
     return {g: g, w: w, h: h};
   }
 
-  var TL = {l: 80, r: 10, t: 10, b: 28};
+  var TL = {l: 70, r: 14, t: 8, b: 36};
+  function swatch(color, label, style) {
+    return '<span class="sw" style="background:' + color + (style || '') +
+      '"></span>' + esc(label);
+  }
   function drawTimeline() {
     var c = fitCanvas($('timeline'), 260), g = c.g;
     g.fillStyle = '#fff'; g.fillRect(0, 0, c.w, c.h);
-    var n = series.act.length, ymax = 1, i;
-    for (i = 0; i < n; i++) ymax = Math.max(ymax, series.act[i], series.res[i]);
+    var n = series.act.length, top = 1, i, peak = 0;
+    for (i = 0; i < n; i++) {
+      top = Math.max(top, series.act[i], series.res[i]);
+      if (series.act[i] > series.act[peak]) peak = i;
+    }
+    var ystep = niceStep(top, true, 9), ymax = Math.ceil(top / ystep) * ystep;
     var pw = c.w - TL.l - TL.r, ph = c.h - TL.t - TL.b;
     var X = function (k) { return TL.l + (n > 1 ? pw * k / (n - 1) : pw / 2); };
     var Y = function (v) { return TL.t + ph - ph * v / ymax; };
-    g.strokeStyle = '#e3e3e3'; g.fillStyle = '#555'; g.font = '11px sans-serif';
+    g.fillStyle = '#555'; g.font = '11px sans-serif';
     g.textAlign = 'right';
-    for (i = 0; i <= 4; i++) {
-      var y = TL.t + ph - ph * i / 4;
+    for (var v = 0; v <= ymax; v += ystep) {
+      var y = Y(v);
+      g.strokeStyle = v ? '#e6e6e6' : '#999';
       g.beginPath(); g.moveTo(TL.l, y); g.lineTo(c.w - TL.r, y); g.stroke();
-      g.fillText(fmtBytes(ymax * i / 4), TL.l - 4, y + 4);
+      g.fillText(fmtTick(v), TL.l - 5, y + 4);
     }
-    g.textAlign = 'center';
-    g.fillText('trace entry (0 .. ' + (n - 1) + ')', TL.l + pw / 2, c.h - 8);
+    g.textAlign = 'center'; g.strokeStyle = '#999';
+    if (n > 1) {
+      var xstep = niceStep(n - 1, false, Math.max(2, Math.floor(pw / 90)));
+      for (var k = 0; k <= n - 1; k += xstep) {
+        g.beginPath(); g.moveTo(X(k), TL.t + ph); g.lineTo(X(k), TL.t + ph + 4);
+        g.stroke();
+        g.fillText(String(k), X(k), TL.t + ph + 15);
+      }
+    }
+    var ev = dev.events, span = '';
+    if (ev.length > 1 && ev[0][4] !== null && ev[ev.length - 1][4] !== null)
+      span = ' over ' + fmtDur(ev[ev.length - 1][4] - ev[0][4]);
+    g.fillStyle = '#444';
+    g.fillText('trace entry (' + (n - 1) + ' entries' + span + ')',
+      TL.l + pw / 2, c.h - 4);
     // Bucketed (max per pixel column) so peaks survive on long traces.
     function path(v, fill, color) {
       var cols = Math.max(1, Math.min(n, Math.floor(pw)));
@@ -111,16 +161,24 @@
       g.beginPath(); g.moveTo(ax, TL.t); g.lineTo(ax, TL.t + ph); g.stroke();
       g.setLineDash([]);
       g.fillStyle = '#9467bd';
-      g.fillText(anns[i][1], ax + 2, TL.t + 26 + 11 * (shown % 4));
+      g.fillText(anns[i][1].slice(0, 40), ax + 2, TL.t + 10 + 11 * (shown % 3));
       shown++;
     }
     path(series.act, true, 'rgba(31,119,180,0.55)');
-    path(series.res, false, '#888');
-    g.strokeStyle = '#d62728';
+    path(series.act, false, '#1f77b4');
+    path(series.res, false, '#666');
+    g.fillStyle = '#d62728';
+    g.beginPath(); g.arc(X(peak), Y(series.act[peak]), 3.5, 0, 2 * Math.PI); g.fill();
+    g.strokeStyle = '#ff7f0e'; g.lineWidth = 2;
     g.beginPath(); g.moveTo(X(sel), TL.t); g.lineTo(X(sel), TL.t + ph); g.stroke();
-    g.textAlign = 'left'; g.fillStyle = '#1f77b4';
-    g.fillText('active (requested bytes)', TL.l + 8, TL.t + 14);
-    g.fillStyle = '#777'; g.fillText('reserved', TL.l + 170, TL.t + 14);
+    g.lineWidth = 1;
+    $('tlegend').innerHTML =
+      swatch('rgba(31,119,180,0.55)', 'active (requested bytes of live allocations)') +
+      swatch('#666', 'reserved (segments)', ';height:2px;vertical-align:middle') +
+      (shown ? swatch('#9467bd', 'record_function', ';width:2px') : '') +
+      swatch('#d62728', 'peak active ' + fmtBytes(series.act[peak]) +
+        ' at entry ' + peak, ';border-radius:5px;width:8px;height:8px') +
+      swatch('#ff7f0e', 'selected entry ' + sel, ';width:2px');
     $('timeline').onclick = function (ev) {
       var rect = $('timeline').getBoundingClientRect();
       var x = ev.clientX - rect.left;
@@ -136,7 +194,8 @@
       for (i = 0; i < dev.segments.length; i++) {
         var s = dev.segments[i];
         segs.push({addr: s[0], size: s[1], blocks: s[3].map(function (b) {
-          return {addr: b[0], size: b[1], state: b[2], req: b[3], stack: b[4]};
+          return {addr: b[0], size: b[1], state: b[2], req: b[3], stack: b[4],
+            entry: b[5] >= 0 ? b[5] : undefined, before: b[5] === -2};
         })});
       }
       return {segs: segs, exact: true};
@@ -144,7 +203,8 @@
     var seg = {}, blk = {};
     dev.start.segments.forEach(function (s) { seg[s[0]] = s[1]; });
     dev.start.blocks.forEach(function (b) {
-      blk[b[0]] = {addr: b[0], size: b[1], state: 1, req: b[2], stack: b[3]};
+      blk[b[0]] = {addr: b[0], size: b[1], state: 1, req: b[2], stack: b[3],
+        before: true};
     });
     for (i = 0; i < upto; i++) {
       var e = dev.events[i], c = e[0];
@@ -180,7 +240,7 @@
     layoutRects = [];
     var maxSize = 1;
     segs.forEach(function (s) { maxSize = Math.max(maxSize, s.size); });
-    var left = 200, avail = c.w - left - 10;
+    var left = 200, avail = c.w - left - 60;
     g.font = '11px monospace'; g.textAlign = 'right';
     segs.forEach(function (s, r) {
       var y = 5 + r * (rowH + gap);
@@ -188,63 +248,104 @@
       g.fillStyle = '#444';
       if (rowH >= 10) g.fillText(hex(s.addr) + ' ' + fmtBytes(s.size), left - 6, y + 12);
       g.fillStyle = '#eeeeee'; g.fillRect(left, y, w, rowH);
+      var used = 0;
       s.blocks.forEach(function (b) {
         var x0 = left + w * (b.addr - s.addr) / s.size;
         var bw = Math.max(1, w * b.size / s.size);
         if (b.state === 0) return;
+        used += b.size;
         g.fillStyle = b.state === 2 ? '#d62728' : stackColor(b.stack);
         g.fillRect(x0, y + 1, bw, rowH - 2);
         layoutRects.push({x: x0, y: y, w: bw, h: rowH, b: b});
+        if (b.addr === selBlock) {
+          g.strokeStyle = '#000'; g.lineWidth = 2;
+          g.strokeRect(x0 - 1, y - 1, bw + 2, rowH + 2); g.lineWidth = 1;
+        }
       });
       g.strokeStyle = '#999'; g.strokeRect(left + 0.5, y + 0.5, w, rowH);
+      if (rowH >= 10) {
+        g.fillStyle = '#666'; g.textAlign = 'left';
+        g.fillText(Math.round(100 * used / s.size) + '%', left + w + 5, y + 12);
+        g.textAlign = 'right';
+      }
     });
-    $('layoutinfo').textContent = n + ' segments after entry ' + sel +
+    $('layoutinfo').textContent = n + (dev.events.length ? ' after entry ' + sel : '') +
       (L.exact ? ' (final state of the file)' :
-        ' (rebuilt from the trace; block sizes rounded to 512 B)');
+        ' (rebuilt from the trace; block sizes rounded to 512 B)') +
+      '; bar width grows with the square root of the segment size, ' +
+      '% = bytes in use';
+    $('blegend').innerHTML = swatch('hsl(200,55%,55%)', 'allocated (hue = stack; click for it)') +
+      swatch('#7a8fa6', 'allocated, no stack') + swatch('#d62728', 'freed, pending (stream use)') +
+      swatch('#eeeeee', 'free (cached)', ';border:1px solid #999');
     $('layout').onclick = function (ev) {
       var rect = $('layout').getBoundingClientRect();
       var x = ev.clientX - rect.left, y = ev.clientY - rect.top;
       for (var i = 0; i < layoutRects.length; i++) {
         var q = layoutRects[i];
         if (x >= q.x && x <= q.x + q.w + 1 && y >= q.y && y <= q.y + q.h) {
-          var b = q.b;
-          showStack('Block ' + hex(b.addr) + ', ' + fmtBytes(b.size) +
-            ' (requested ' + b.req + ' B), ' + STATES[b.state] +
-            (b.entry !== undefined ? ', allocated at entry ' + b.entry : ''),
-            b.stack);
+          showBlock(q.b);
           return;
         }
       }
     };
   }
 
-  function showStack(title, st) {
+  function showBlock(b) {
+    selBlock = b.addr;
+    drawLayout();
+    showStack('Block ' + hex(b.addr) + ', ' + fmtBytes(b.size) +
+      ' (requested ' + fmtBytes(b.req) + '), ' + STATES[b.state] +
+      (b.entry !== undefined ? ', allocated at entry ' + b.entry : ''),
+      b.stack, b.before);
+  }
+
+  function showStack(title, st, before) {
     var html = '<b>' + esc(title) + '</b>';
     var fr = st ? DATA.stacks[st] : null;
-    if (!fr || !fr.length) {
+    if ((!fr || !fr.length) && before) {
+      html += '<p class="dim">Allocated before the first entry of the ' +
+        'trace (before recording began, or in entries the history ring ' +
+        'buffer dropped): the file holds no stack for it.</p>';
+    } else if (!fr || !fr.length) {
       html += '<p class="dim">No stack was recorded for this ' +
         '(history off, context below "alloc", or a 2.0 file without history).</p>';
     } else {
-      html += '<ol>';
+      // Innermost first; runs of native (C/C++) frames fold into one
+      // line that opens on click, so the Python frames stand out.
+      var items = [], run = [];
+      var flush = function () {
+        if (run.length > 2)
+          items.push('<li class="sys"><details><summary>' + run.length +
+            ' native frames</summary><ol>' + run.join('') + '</ol></details></li>');
+        else items = items.concat(run);
+        run = [];
+      };
       fr.forEach(function (f) {
         var F = DATA.frames[f];
-        var user = /\.py$/.test(F[1]) && !/(^|\/)torch(_npu)?\//.test(F[1]);
-        html += '<li class="' + (user ? 'user' : 'sys') + '">' + esc(F[0]) +
+        var py = /\.py$/.test(F[1]);
+        var user = py && !/(^|\/)torch(_npu)?\//.test(F[1]) &&
+          !/\/lib\/python3[^/]*\/(?!site-packages|dist-packages)/.test(F[1]);
+        var li = '<li class="' + (user ? 'user' : 'sys') + '">' + esc(F[0]) +
           ' <span class="dim">' + esc(F[1]) + ':' + F[2] + '</span></li>';
+        if (py) { flush(); items.push(li); } else run.push(li);
       });
-      html += '</ol>';
+      flush();
+      html += '<ol>' + items.join('') + '</ol>';
     }
     $('stack').innerHTML = html;
   }
 
   function select(k, fromClick) {
     sel = k;
+    if (fromClick) selBlock = null;
     $('slider').value = String(k);
     var e = k > 0 ? dev.events[k - 1] : null;
-    var txt = 'after entry ' + k + ' of ' + dev.events.length + ': active ' +
+    var txt = (dev.events.length ? 'after entry ' + k + ' of ' + dev.events.length
+      : 'final state') + ': active ' +
       fmtBytes(series.act[k]) + ', reserved ' + fmtBytes(series.res[k]);
-    if (e) txt += ' \u2014 last: ' + actionName(e[0]) + ' ' + hex(e[1]) + ' ' + e[2] + ' B' +
-      (e[4] !== null ? ' at ' + new Date(e[4] / 1000).toISOString() : '');
+    var t0 = dev.events.length ? dev.events[0][4] : null;
+    if (e) txt += ' \u2014 last: ' + actionName(e[0]) + ' ' + hex(e[1]) + ' ' +
+      fmtBytes(e[2]) + (e[4] !== null && t0 !== null ? ' at +' + fmtDur(e[4] - t0) : '');
     $('pos').textContent = txt;
     drawTimeline();
     drawLayout();
@@ -256,8 +357,48 @@
     dev = DATA.devices[i];
     series = computeSeries(dev);
     $('slider').max = String(dev.events.length);
-    $('notrace').style.display = dev.events.length ? 'none' : 'block';
+    // Only marker entries (snapshot, oom...: a 2.0 file's trace): no
+    // history to draw.
+    var history = dev.events.some(function (e) { return e[0] <= 6; });
+    $('notrace').style.display = history ? 'none' : 'block';
+    if (dev.events.length && !history)
+      $('notrace').textContent = 'This file holds no allocation history for ' +
+        'this device (' + dev.events.length + ' marker entr' +
+        (dev.events.length > 1 ? 'ies' : 'y') + ': ' +
+        dev.events.map(function (e) { return actionName(e[0]); }).slice(0, 3).join(', ') +
+        '): the layout is its final state.';
+    $('timeline').style.display = $('slider').style.display =
+      $('tlegend').style.display = history ? '' : 'none';
+    var rows = (dev.sites || []).map(function (x) {
+      return '<tr><td class="n">' + fmtBytes(x[1]) + '</td><td class="n">' + x[2] +
+        ' &times;</td><td class="site">' +
+        esc(x[0]).replace(/([\/ ])/g, '$1<wbr>') + '</td></tr>';
+    });
+    $('sites').innerHTML = rows.join('');
+    $('sitesbox').style.display = rows.length ? '' : 'none';
     select(dev.events.length, false);
+  }
+
+  // Links: #device=D&entry=N&block=0xADDR select a device, an entry (its
+  // stack is shown) and a block of the layout at that entry.
+  function fromHash() {
+    var h = {};
+    location.hash.replace(/^#/, '').split('&').forEach(function (kv) {
+      var p = kv.split('='); if (p.length === 2) h[p[0]] = decodeURIComponent(p[1]);
+    });
+    if (h.device !== undefined) {
+      for (var i = 0; i < DATA.devices.length; i++)
+        if (String(DATA.devices[i].device) === h.device) {
+          $('device').value = String(i); showDevice(i);
+        }
+    }
+    if (h.entry !== undefined && /^[0-9]+$/.test(h.entry))
+      select(Math.min(Number(h.entry), dev.events.length), true);
+    if (h.block) {
+      var a = parseInt(h.block, 16);
+      for (var k = 0; k < layoutRects.length; k++)
+        if (layoutRects[k].b.addr === a) { showBlock(layoutRects[k].b); break; }
+    }
   }
 
   function init() {
@@ -274,9 +415,14 @@
     sel0.value = String(best);
     sel0.onchange = function () { showDevice(Number(sel0.value)); };
     $('slider').oninput = function () { select(Number($('slider').value), true); };
-    if (DATA.settings) $('settings').textContent = JSON.stringify(DATA.settings, null, 1);
+    if (DATA.settings && DATA.settings.length)
+      $('settings').innerHTML = DATA.settings.map(function (x) {
+        return '<span>' + esc(x) + '</span>'; }).join(' ');
+    else $('settingsbox').style.display = 'none';
     if (!DATA.devices.length) { $('pos').textContent = 'The file holds no segments.'; return; }
     showDevice(best);
+    fromHash();
+    window.addEventListener('hashchange', fromHash);
     window.addEventListener('resize', function () { drawTimeline(); drawLayout(); });
   }
   init();

@@ -10,7 +10,6 @@
  * are short, and the allocator may capture Python frames during them.
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -157,7 +156,8 @@ static PyObject *py_record_stream(PyObject *module, PyObject *args) {
   PyObject *p, *s;
   uint64_t ptr, stream;
   if (!PyArg_ParseTuple(args, "OO:record_stream", &p, &s) ||
-      msnap_py_u64(p, &ptr, "ptr") < 0 || msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_u64(p, &ptr, "ptr") < 0 ||
+      msnap_py_u64(s, &stream, "stream") < 0)
     return NULL;
   GET_ALLOC(a);
   int rc = msnap_record_stream(a, ptr, stream);
@@ -190,7 +190,7 @@ static PyObject *py_empty_cache(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* ---- settings ------------------------------------------------------------- */
+/* ---- settings ------------------------------------------------------------ */
 
 static PyObject *py_set_allocator_settings(PyObject *module, PyObject *arg) {
   if (!PyUnicode_Check(arg)) {
@@ -273,8 +273,7 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
  * plugin_entry_points() -> {name: address} of the pluggable-allocator entry
  * points as this module sees them.  A ctypes/dlopen of libmemsnap.so in
  * the same process must find the same addresses: one library, one
- * allocator.  (These references are also the strong ones that keep
- * libmemsnap.so a DT_NEEDED dependency of the module; weak.h's are weak.)
+ * allocator.
  */
 static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
   return Py_BuildValue(
@@ -315,7 +314,7 @@ static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
   return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
 }
 
-/* ---- statistics ------------------------------------------------------------ */
+/* ---- statistics ---------------------------------------------------------- */
 
 /* {"current": c, "peak": p, "allocated": a, "freed": f} */
 static PyObject *stat_dict(const msnap_stat_t *s) {
@@ -497,7 +496,7 @@ PyMethodDef msnap_py_allocator_methods[] = {
      "sim_fail_nth(call, nth): make the nth sim runtime call fail."},
     {NULL, NULL, 0, NULL}};
 
-/* ---- MemPool: a private pool, released when the object dies --------------- */
+/* ---- MemPool: a private pool, released when the object dies -------------- */
 
 typedef struct mempool_s {
   PyObject_HEAD
@@ -545,7 +544,7 @@ static void mempool_dealloc(PyObject *o) {
   mempool_t *self = (mempool_t *)o;
   PyTypeObject *tp = Py_TYPE(o);
   PyObject_GC_UnTrack(o);
-  if (self->live && msnap_default != NULL) {
+  if (self->live) {
     msnap_allocator_t *a = msnap_default();
     if (a != NULL)
       (void)msnap_mempool_release(a, self->device, self->id);
@@ -666,9 +665,16 @@ static PyType_Slot mempool_slots[] = {
                 "(torch.cuda.MemPool's C part)."},
     {0, NULL}};
 
+#if PY_VERSION_HEX >= 0x030A0000
+#define MEMPOOL_IMMUTABLE Py_TPFLAGS_IMMUTABLETYPE
+#else
+#define MEMPOOL_IMMUTABLE 0
+#endif
+
 static PyType_Spec mempool_spec = {
-    "_memsnap.MemPool", sizeof(mempool_t), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    "memsnap._memsnap.MemPool", sizeof(mempool_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC |
+        MEMPOOL_IMMUTABLE,
     mempool_slots};
 
 int msnap_py_allocator_init(PyObject *module) {

@@ -17,7 +17,6 @@
  * the pointer, token or size), else msnap_strerror().
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <string.h>
 
@@ -73,11 +72,9 @@ PyObject *msnap_py_oom_type(PyObject *module) {
  * call on the same thread (msnap_last_error() is thread-local).
  */
 PyObject *msnap_py_raise(PyObject *module, int err, const char *what) {
-  const char *text = NULL;
-  if (msnap_last_error != NULL)
-    text = msnap_last_error();
+  const char *text = msnap_last_error();
   if (text == NULL || text[0] == '\0')
-    text = msnap_strerror != NULL ? msnap_strerror(err) : "memsnap error";
+    text = msnap_strerror(err);
   PyObject *type;
   switch (err) {
   case MSNAP_EOOM:

@@ -22,11 +22,12 @@
  *   - resolve() reads only immutable data: the copied strings and the code
  *     object's line table (PyCode_Addr2Line allocates nothing).
  *   - capture() takes the GIL (PyGILState_Ensure) only when the calling
- *     thread does not hold it, and does nothing while the interpreter is
- *     finalizing.
+ *     thread has a Python thread state but does not hold the GIL (a thread
+ *     that released it around C work); threads that never ran Python, and
+ *     every thread while the interpreter is finalizing, get no frames
+ *     without touching the GIL.
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -37,16 +38,24 @@
 #include <frameobject.h>
 #endif
 
-/* CPython 3.11: walk the interpreter's own frame records instead of frame
- * objects (PyFrame_GetBack creates a frame object per frame that has
- * none, i.e. for every new call: ~1 us for 20 fresh frames).  Other
- * versions use the public API (walk_public). */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 &&           \
+/* CPython 3.11-3.13: walk the interpreter's own frame records instead of
+ * frame objects (PyFrame_GetBack creates a frame object per frame that has
+ * none, i.e. for every new call: ~1 us for 20 fresh frames).  3.9, 3.10
+ * and unknown versions use the public API (walk_public); define
+ * MSNAP_PY_NO_FAST_FRAMES to force it. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 &&           \
     !defined(MSNAP_PY_NO_FAST_FRAMES)
 #define MSNAP_PY_FAST_FRAMES 1
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
+#if PY_VERSION_HEX >= 0x030D0000
+#define FRAME_CODE(f) _PyFrame_GetCode(f)
+#define CURRENT_FRAME(ts) ((ts)->current_frame)
+#else
+#define FRAME_CODE(f) ((f)->f_code)
+#define CURRENT_FRAME(ts) ((ts)->cframe->current_frame)
+#endif
 #endif
 
 #if PY_VERSION_HEX >= 0x030C0000
@@ -164,22 +173,29 @@ static int walk_public(uintptr_t (*frames)[2], int max) {
 }
 
 #ifdef MSNAP_PY_FAST_FRAMES
-/* 3.11: the same frames as walk_public (incomplete frames skipped, as
- * PyEval_GetFrame/PyFrame_GetBack skip them), without frame objects. */
+/* 3.11-3.13: the same frames as walk_public (incomplete and C-stack
+ * frames skipped, as PyEval_GetFrame/PyFrame_GetBack skip them), and the
+ * same lasti as PyFrame_GetLasti, without frame objects. */
 static int walk(uintptr_t (*frames)[2], int max) {
   PyThreadState *ts = PyThreadState_Get();
-  _PyInterpreterFrame *f = ts->cframe->current_frame;
+  _PyInterpreterFrame *f = CURRENT_FRAME(ts);
   int n = 0;
   for (; f != NULL && n < max; f = f->previous) {
+#if PY_VERSION_HEX >= 0x030C0000
+    /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
+    if (f->owner == FRAME_OWNED_BY_CSTACK)
+      continue;
+#endif
     if (_PyFrame_IsIncomplete(f))
       continue;
-    frame_entry_t *e = entry_of(f->f_code);
+    frame_entry_t *e = entry_of(FRAME_CODE(f));
     if (e == NULL)
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);
     frames[n][0] = (uintptr_t)e;
-    frames[n][1] =
-        (uintptr_t)(intptr_t)(lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT));
+    if (lasti >= 0)
+      lasti *= (int)sizeof(_Py_CODEUNIT);
+    frames[n][1] = (uintptr_t)(intptr_t)lasti;
     n++;
   }
   return n;
@@ -194,7 +210,9 @@ static int hook_capture(void *ctx, uintptr_t (*frames)[2], int max) {
     return 0;
   if (PyGILState_Check())
     return walk(frames, max);
-  if (IS_FINALIZING())
+  /* A thread that never ran Python (e.g. torch's autograd engine threads)
+   * has no Python frames: do not take the GIL just to find none. */
+  if (PyGILState_GetThisThreadState() == NULL || IS_FINALIZING())
     return 0;
   PyGILState_STATE g = PyGILState_Ensure();
   int n = walk(frames, max);
@@ -230,7 +248,7 @@ static int hook_resolve(void *ctx, const uintptr_t frame[2], const char **name,
 static const msnap_frame_hook_t hook = {
     NULL, hook_capture, hook_retain, hook_release, hook_resolve};
 
-/* ---- Python-visible helpers (tests and bench/) ------------------------------ */
+/* ---- Python-visible helpers (tests and bench/) --------------------------- */
 
 /* capture_frames(max=64, public=False) -> list of (name, filename, line),
  * innermost first: what the library would record for an allocation made
@@ -246,7 +264,8 @@ static PyObject *py_capture_frames(PyObject *module, PyObject *args) {
   uintptr_t(*frames)[2] = PyMem_Malloc(sizeof *frames * (size_t)(max + 1));
   if (frames == NULL)
     return PyErr_NoMemory();
-  int n = public_api ? walk_public(frames, max) : hook_capture(NULL, frames, max);
+  int n = public_api ? walk_public(frames, max)
+                     : hook_capture(NULL, frames, max);
   PyObject *list = PyList_New(n);
   for (int i = 0; list != NULL && i < n; i++) {
     const char *nm = "??", *fn = "??";
@@ -316,12 +335,10 @@ int msnap_py_frames_init(PyObject *module) {
       PyErr_SetString(PyExc_RuntimeError, "no free co_extra index");
       return -1;
     }
-    if (msnap_set_frame_hook != NULL) {
-      int rc = msnap_set_frame_hook(&hook);
-      if (rc < 0) {
-        msnap_py_raise(module, rc, "msnap_set_frame_hook");
-        return -1;
-      }
+    int rc = msnap_set_frame_hook(&hook);
+    if (rc < 0) {
+      msnap_py_raise(module, rc, "msnap_set_frame_hook");
+      return -1;
     }
   }
   return 0;

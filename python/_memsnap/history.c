@@ -16,7 +16,6 @@
  * alive for the life of the process once an observer is attached.
  */
 #include "msnap_py.h"
-#include "weak.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -111,7 +110,8 @@ static PyObject *py_record_history(PyObject *module, PyObject *args) {
     return NULL;
   const char *enabled, *context, *stacks;
   if (opt_str(en, &enabled, "enabled") < 0 ||
-      opt_str(ctx, &context, "context") < 0 || opt_str(st, &stacks, "stacks") < 0)
+      opt_str(ctx, &context, "context") < 0 ||
+      opt_str(st, &stacks, "stacks") < 0)
     return NULL;
   if (host && enabled == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "record_pinned_host_memory requires "
@@ -321,7 +321,7 @@ static PyObject *py_write_usage_report(PyObject *module, PyObject *arg) {
   return r;
 }
 
-/* ---- metadata, annotations, tracebacks ------------------------------------- */
+/* ---- metadata, annotations, tracebacks ----------------------------------- */
 
 static PyObject *py_set_memory_metadata(PyObject *module, PyObject *arg) {
   if (!PyUnicode_Check(arg)) {
@@ -418,11 +418,17 @@ static PyObject *py_allocation_traceback(PyObject *module, PyObject *arg) {
   return loads(module, buf, len);
 }
 
-/* ---- OOM observers -------------------------------------------------------- */
+/* ---- OOM observers ------------------------------------------------------- */
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define IS_FINALIZING() Py_IsFinalizing()
+#else
+#define IS_FINALIZING() _Py_IsFinalizing()
+#endif
 
 static void oom_callback(int device, uint64_t alloc_size, uint64_t total,
                          uint64_t free_bytes, void *arg) {
-  if (!Py_IsInitialized())
+  if (!Py_IsInitialized() || (!PyGILState_Check() && IS_FINALIZING()))
     return;
   PyGILState_STATE g = PyGILState_Ensure();
   PyObject *module = (PyObject *)arg;

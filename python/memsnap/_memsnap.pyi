@@ -1,11 +1,8 @@
-# Type stub of memsnap._memsnap, the C binding of libmemsnap.  Functions
-# whose C entry point is missing from the library are absent at run time and
-# listed in MISSING.  Sizes/addresses are bytes, devices ints (-1 = all),
-# streams int handles.
+# Type stub of memsnap._memsnap, the C binding of libmemsnap.
+# Sizes/addresses are bytes, devices ints (-1 = all), streams int handles.
 from typing import Any, Callable
 
 VERSION: str
-MISSING: tuple[str, ...]
 
 class OutOfMemoryError(MemoryError): ...
 

@@ -79,20 +79,6 @@ _current_stream_hook = None
 _history_listeners: list = []
 
 
-def _missing(name: str):
-    raise NotImplementedError(
-        f"memsnap: {name} is not available in this build of libmemsnap "
-        f"(missing C functions: {', '.join(_C.MISSING)})"
-    )
-
-
-def _lib(name: str):
-    fn = getattr(_C, name, None)
-    if fn is None:
-        _missing(name)
-    return fn
-
-
 def _current_device() -> int:
     if _current_device_hook is not None:
         return int(_current_device_hook())
@@ -107,6 +93,8 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
     attribute (``torch.device``; ``index`` None means the current device).
     Raises ValueError for anything else.
     """
+    if type(device) is int:  # the common case first
+        return device
     if device is None:
         return _current_device()
     if isinstance(device, bool):
@@ -132,6 +120,8 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
 
 
 def _stream_handle(stream: Any, device: int) -> int:
+    if type(stream) is int:  # the common case first
+        return stream
     if stream is None:
         if _current_stream_hook is not None:
             return int(_current_stream_hook(device))
@@ -177,8 +167,8 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
-    dev = _device_index(device)
-    handle = _stream_handle(stream, dev)
+    dev = device if type(device) is int else _device_index(device)
+    handle = stream if type(stream) is int else _stream_handle(stream, dev)
     return _C.malloc(size, dev, handle)
 
 
@@ -229,7 +219,7 @@ def caching_allocator_enable(value: bool = True) -> None:
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_enable``.
     """
-    _lib("set_caching_enabled")(value)
+    _C.set_caching_enabled(value)
 
 
 @contextlib.contextmanager
@@ -238,7 +228,7 @@ def caching_allocator_disabled():
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_disabled``.
     """
-    prev = _lib("caching_enabled")()
+    prev = _C.caching_enabled()
     caching_allocator_enable(False)
     try:
         yield
@@ -266,7 +256,7 @@ def set_per_process_memory_fraction(fraction, device: Any = None) -> None:
         raise TypeError("Invalid type for fraction argument, must be `float`")
     if fraction < 0 or fraction > 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-    _lib("set_memory_fraction")(fraction, _device_index(device))
+    _C.set_memory_fraction(fraction, _device_index(device))
 
 
 def get_per_process_memory_fraction(device: Any = None) -> float:
@@ -274,7 +264,7 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
     Mirrors ``torch/cuda/memory.py: get_per_process_memory_fraction``.
     """
-    return _lib("get_memory_fraction")(_device_index(device))
+    return _C.get_memory_fraction(_device_index(device))
 
 
 def empty_cache() -> None:
@@ -285,7 +275,7 @@ def empty_cache() -> None:
 
     Mirrors ``torch/cuda/memory.py: empty_cache``.
     """
-    _lib("empty_cache")(-1)
+    _C.empty_cache(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +301,7 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
 
     Mirrors ``torch/cuda/memory.py: memory_stats_as_nested_dict``.
     """
-    return _lib("memory_stats")(_device_index(device))
+    return _C.memory_stats(_device_index(device))
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
@@ -347,7 +337,7 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
     0; ``max_split_size`` is kept.  Mirrors
     ``torch/cuda/memory.py: reset_accumulated_memory_stats``.
     """
-    _lib("reset_accumulated_stats")(_device_index(device))
+    _C.reset_accumulated_stats(_device_index(device))
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
@@ -355,7 +345,7 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 
     Mirrors ``torch/cuda/memory.py: reset_peak_memory_stats``.
     """
-    _lib("reset_peak_stats")(_device_index(device))
+    _C.reset_peak_stats(_device_index(device))
 
 
 def reset_max_memory_allocated(device: Any = None) -> None:
@@ -447,7 +437,7 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     allocations/segments; columns Cur Usage, Peak Usage, Tot Alloc, Tot
     Freed.  Mirrors ``torch/cuda/memory.py: memory_summary``.
     """
-    return _lib("memory_summary")(_device_index(device), bool(abbreviated))
+    return _C.memory_summary(_device_index(device), bool(abbreviated))
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -456,7 +446,7 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     Mirrors ``torch/cuda/memory.py: mem_get_info`` (cudaMemGetInfo /
     aclrtGetMemInfo; the sim runtime reports MEMSNAP_SIM_MEMORY).
     """
-    return _lib("mem_get_info")(_device_index(device))
+    return _C.mem_get_info(_device_index(device))
 
 
 def list_gpu_processes(device: Any = None) -> str:
@@ -471,7 +461,7 @@ def list_gpu_processes(device: Any = None) -> str:
     Mirrors ``torch/cuda/memory.py: list_gpu_processes``.
     """
     index = _device_index(device)
-    runtime = _lib("runtime_name")()
+    runtime = _C.runtime_name()
     lines = [f"GPU:{index}"]
     if runtime == "cuda":
         try:
@@ -518,7 +508,7 @@ def _set_allocator_settings(env: str):
     """
     if not isinstance(env, str):
         raise TypeError(f"env must be a str, not {type(env).__name__}")
-    _lib("set_allocator_settings")(env)
+    _C.set_allocator_settings(env)
 
 
 # ---------------------------------------------------------------------------
@@ -526,7 +516,7 @@ def _set_allocator_settings(env: str):
 # ---------------------------------------------------------------------------
 
 
-class MemPool(_C.MemPool if hasattr(_C, "MemPool") else object):  # type: ignore[misc]
+class MemPool(_C.MemPool):
     """A private memory pool of the memsnap allocator (``torch.cuda.MemPool``).
 
     Args:
@@ -543,8 +533,6 @@ class MemPool(_C.MemPool if hasattr(_C, "MemPool") else object):  # type: ignore
     """
 
     def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
-        if not hasattr(_C, "MemPool"):
-            _missing("MemPool")
         if allocator is not None:
             raise ValueError("memsnap MemPool does not take a custom allocator")
         self._create(_current_device(), bool(use_on_oom), bool(no_split))
@@ -605,7 +593,7 @@ def _record_memory_history_legacy(
 
     Mirrors ``torch/cuda/memory.py: _record_memory_history_legacy``.
     """
-    _lib("record_history_legacy")(
+    _C.record_history_legacy(
         enabled,
         record_context,
         trace_alloc_max_entries,
@@ -680,7 +668,7 @@ def _record_memory_history_impl(
     Mirrors ``torch/cuda/memory.py: _record_memory_history_impl`` and
     ``torch/csrc/cuda/memory_snapshot.cpp: _record_memory_history``.
     """
-    _lib("record_history")(
+    _C.record_history(
         enabled,
         context,
         stacks,
@@ -723,7 +711,7 @@ def _snapshot(device: Any = None, augment_with_fx_traces=False):
     Mirrors ``torch/cuda/memory.py: _snapshot``.
     """
     dev = -1 if device is None else _device_index(device)
-    s = _lib("snapshot")(dev, 0, 0, True, False)
+    s = _C.snapshot(dev, 0, 0, True, False)
     if augment_with_fx_traces:
         s = _augment(s)
     return s
@@ -744,7 +732,7 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
     """
     filename = os.fspath(filename)
     if not augment_with_fx_traces:
-        _lib("dump_snapshot")(filename, -1, 0, 0, True, False)
+        _C.dump_snapshot(filename, -1, 0, 0, True, False)
         return
     data = _snapshot(augment_with_fx_traces=True)
     directory = os.path.dirname(os.path.abspath(filename))
@@ -779,7 +767,7 @@ def memory_snapshot(mempool_id=None, include_traces=True):
     first, second = (0, 0) if mempool_id is None else (mempool_id[0], mempool_id[1])
     if not isinstance(first, int) or not isinstance(second, int):
         raise RuntimeError("mempool_id elements must be integers")
-    result = _lib("snapshot")(-1, first, second, include_traces, True)
+    result = _C.snapshot(-1, first, second, include_traces, True)
     return result["segments"] if isinstance(result, dict) else result
 
 
@@ -793,7 +781,7 @@ def _allocation_traceback(data_ptr: int) -> list[dict[str, Any]] | None:
     """
     if not isinstance(data_ptr, int) and hasattr(data_ptr, "untyped_storage"):
         data_ptr = data_ptr.untyped_storage().data_ptr()
-    return _lib("allocation_traceback")(data_ptr)
+    return _C.allocation_traceback(data_ptr)
 
 
 def _memory_metadata_supported() -> bool:
@@ -810,7 +798,7 @@ def _set_memory_metadata(metadata: str):
     Stored as ``user_metadata`` of the entries; ``""`` clears.  Mirrors
     ``torch/cuda/memory.py: _set_memory_metadata``.
     """
-    _lib("set_memory_metadata")(metadata)
+    _C.set_memory_metadata(metadata)
 
 
 def _get_memory_metadata() -> str:
@@ -818,7 +806,7 @@ def _get_memory_metadata() -> str:
 
     Mirrors ``torch/cuda/memory.py: _get_memory_metadata``.
     """
-    return _lib("get_memory_metadata")()
+    return _C.get_memory_metadata()
 
 
 def _annotate_memory(data_ptr: int, metadata: str) -> None:
@@ -833,7 +821,7 @@ def _annotate_memory(data_ptr: int, metadata: str) -> None:
 
     Mirrors ``torch/cuda/memory.py: _annotate_memory``.
     """
-    _lib("annotate_memory")(data_ptr, metadata)
+    _C.annotate_memory(data_ptr, metadata)
 
 
 def _attach_out_of_memory_observer(observer) -> None:
@@ -847,7 +835,7 @@ def _attach_out_of_memory_observer(observer) -> None:
 
     Mirrors ``torch._C._cuda_attach_out_of_memory_observer``.
     """
-    _lib("attach_oom_observer")(observer)
+    _C.attach_oom_observer(observer)
 
 
 def _write_usage_report(path) -> None:
@@ -855,5 +843,5 @@ def _write_usage_report(path) -> None:
 
     memsnap's counterpart of torch_npu's ``_npu_saveDevMemUsageInfo``.
     """
-    _lib("write_usage_report")(os.fspath(path))
+    _C.write_usage_report(os.fspath(path))
 

@@ -88,9 +88,12 @@ def use_allocator(backend: str | None = None):
         if kind == "npu":
             torch_npu = importlib.import_module("torch_npu")
             mem = importlib.import_module("torch_npu.npu.memory")
-            pluggable = getattr(mem, "NPUPluggableAllocator", None)
-            change = getattr(mem, "change_current_allocator", None)
             dev_mod = getattr(torch_npu, "npu", None)
+            # torch_npu.npu.memory defines them; torch_npu.npu re-exports.
+            pluggable = getattr(mem, "NPUPluggableAllocator", None) or getattr(
+                dev_mod, "NPUPluggableAllocator", None)
+            change = getattr(mem, "change_current_allocator", None) or getattr(
+                dev_mod, "change_current_allocator", None)
             runtime, profile = "acl", "npu"
             stream_attr = "npu_stream"
         else:
@@ -249,15 +252,13 @@ def _on_enter(name: str) -> None:
     if not st["on"]:
         return
     if st["global"] or threading.get_ident() == st["thread"]:
-        if hasattr(_C, "record_annotation"):
-            _C.record_annotation(_device_now(), name, True)
+        _C.record_annotation(_device_now(), name, True)
     if st["compile"] and name.startswith("Torch-Compiled Region"):
-        if hasattr(_C, "compile_context_push"):
-            _C.compile_context_push(name)
-            stack = getattr(_ann, "compiled", None)
-            if stack is None:
-                stack = _ann.compiled = []
-            stack.append(name)
+        _C.compile_context_push(name)
+        stack = getattr(_ann, "compiled", None)
+        if stack is None:
+            stack = _ann.compiled = []
+        stack.append(name)
 
 
 def _on_exit(name: str) -> None:
@@ -265,13 +266,11 @@ def _on_exit(name: str) -> None:
     stack = getattr(_ann, "compiled", None)
     if stack and stack[-1] == name:
         stack.pop()
-        if hasattr(_C, "compile_context_pop"):
-            _C.compile_context_pop()
+        _C.compile_context_pop()
     if not st["on"]:
         return
     if st["global"] or threading.get_ident() == st["thread"]:
-        if hasattr(_C, "record_annotation"):
-            _C.record_annotation(_device_now(), name, False)
+        _C.record_annotation(_device_now(), name, False)
 
 
 def _patch_record_function() -> None:

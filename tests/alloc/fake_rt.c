@@ -105,7 +105,7 @@ static int f_count(void *ctx, int *n) {
 #define LOCKED(...)                                                           \
   do {                                                                        \
     pthread_mutex_lock(&F.mu);                                                \
-    __VA_ARGS__;                                                                   \
+    __VA_ARGS__;                                                              \
     pthread_mutex_unlock(&F.mu);                                              \
   } while (0)
 

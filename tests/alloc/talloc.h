@@ -91,6 +91,14 @@ static inline void F(msnap_allocator_t *a, uint64_t p) {
   INV(a);
 }
 
+static inline void R(msnap_allocator_t *a, uint64_t p, uint64_t stream) {
+  int rc = msnap_record_stream(a, p, stream);
+  if (rc != 0)
+    fail_msg("msnap_record_stream(0x%llx): %d %s", (unsigned long long)p, rc,
+             msnap_last_error());
+  INV(a);
+}
+
 static inline void EC(msnap_allocator_t *a) {
   int rc = msnap_empty_cache(a, -1);
   if (rc != 0)

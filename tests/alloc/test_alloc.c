@@ -108,7 +108,15 @@ static void summary_golden(void **state) {
   assert_true(w);
   assert_non_null(strstr(s, "PyTorch NPU memory summary, device ID 0"));
   assert_non_null(strstr(s, " NPU OOMs: 0"));
-  assert_non_null(strstr(s, "| NPU reserved memory   |  20480 KiB |"));
+  assert_non_null(strstr(
+      s, "|                  PyTorch NPU memory summary, device ID 0        "
+         "          |\n"));
+  assert_non_null(strstr(
+      s, "|            NPU OOMs: 0             |        npuMalloc retries: "
+         "0          |\n"));
+  /* torch_npu's units: "%7d" and "KB" */
+  assert_non_null(strstr(s, "| NPU reserved memory   |   20480 KB |"));
+  assert_non_null(strstr(s, "| Oversize NPU segments |       0    |"));
   assert_null(strstr(s, "Requested memory"));
   free(s);
   F(a, pa);
@@ -229,7 +237,7 @@ static void caching_disabled(void **state) {
     size_t sz = 0;
     assert_int_equal(msnap_allocation_size(a, p, &sz), 0);
     assert_int_equal(sz, prof == NPU ? 132 : 100);
-    assert_int_equal(msnap_record_stream(a, p, 5), 0); /* no-op */
+    R(a, p, 5); /* no-op */
     msnap_stats_t s = S(a);
     assert_int_equal(CUR(s, allocation, ALL), 0);
     assert_int_equal(s.num_device_alloc, 0);
@@ -326,6 +334,39 @@ static void fraction_api(void **state) {
   size_t fr = 0, tot = 0;
   assert_int_equal(msnap_mem_get_info(a, 0, &fr, &tot), 0);
   assert_int_equal(tot, 64ull << 30);
+  done(a);
+}
+
+
+/* OOM message with cached memory in a private pool (P > 0). */
+static void oom_message_private_pool(void **state) {
+  (void)state;
+  fake_cfg_t cfg = {.total = 100 * MiB};
+  msnap_allocator_t *a = mk_cfg(CUDA, NULL, &cfg);
+  msnap_mempool_id_t id;
+  assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
+  assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 0, true), 0);
+  uint64_t pp = M(a, 30 * MiB);
+  assert_int_equal(msnap_end_allocate_to_pool(a, 0, id), 0);
+  F(a, pp); /* cached in the live pool: empty_cache keeps it */
+  uint64_t p = M(a, 50 * MiB);
+  uint64_t q = 0;
+  assert_int_equal(msnap_malloc(a, 0, 40 * MiB, 0, &q), MSNAP_EOOM);
+  INV(a);
+  assert_string_equal(
+      msnap_last_error(),
+      "CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a total "
+      "capacity of 100.00 MiB of which 20.00 MiB is free. Of the allocated "
+      "memory 80.00 MiB is allocated by PyTorch, with 30.00 MiB allocated in "
+      "private pools (e.g., CUDA Graphs), and 0 bytes is reserved by "
+      "PyTorch but unallocated. If reserved but unallocated memory is large "
+      "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+      "fragmentation.  See documentation for Memory Management  "
+      "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-"
+      "memory-usage-with-pytorch-cuda-alloc-conf)");
+  F(a, p);
+  assert_int_equal(msnap_mempool_release(a, 0, id), 0);
+  assert_int_equal(msnap_mempool_release(a, 0, id), 0);
   done(a);
 }
 
@@ -428,7 +469,7 @@ static void deferred_free_during_capture(void **state) {
   msnap_allocator_t *a = mk(CUDA, NULL);
   fake_set_manual_events(true);
   uint64_t p = M(a, 4096);
-  assert_int_equal(msnap_record_stream(a, p, 9), 0);
+  R(a, p, 9);
   msnap_mempool_id_t id;
   assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
   assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 123, false), 0);
@@ -460,7 +501,7 @@ static void collect_segments(void **state) {
   msnap_allocator_t *a = mk(CUDA, tw_exp_helper);
   fake_set_manual_events(true);
   uint64_t p1 = M(a, 5 * MiB), p2 = M(a, 1000);
-  assert_int_equal(msnap_record_stream(a, p2, 4), 0);
+  R(a, p2, 4);
   F(a, p2); /* pending */
   msnap_snap_t *sn = msnap__snap_new();
   uint64_t act = 0;
@@ -510,6 +551,18 @@ static void two_devices(void **state) {
       msnap__allocation_info(a, p0, &dev, &req, NULL, NULL, NULL), 0);
   assert_int_equal(dev, 0);
   assert_int_equal(req, 4096);
+  uint64_t base = 0, bsz = 0;
+  assert_int_equal(msnap__allocation_base(a, p1, &base, &bsz), 0);
+  assert_int_equal(base, p1);
+  assert_int_equal(bsz, 2 * MiB);
+  assert_int_equal(msnap__allocation_base(a, p1 + 512, &base, &bsz),
+                   MSNAP_EBADPTR);
+  uint64_t p2 = 0; /* second block of device 0's segment */
+  assert_int_equal(msnap_malloc(a, 0, 4096, 0, &p2), 0);
+  assert_int_equal(msnap__allocation_base(a, p2, &base, &bsz), 0);
+  assert_int_equal(base, p0);
+  assert_int_equal(bsz, 2 * MiB);
+  F(a, p2);
   F(a, p1);
   F(a, p0);
   msnap_stats_t s1;
@@ -681,6 +734,121 @@ static void threads_smoke(void **state) {
   done(a);
 }
 
+
+/* ---- randomized operations (fixed seeds), invariants after each -------- */
+
+static void tw_rand_mss(msnap_conf_t *c) {
+  c->max_split_size = 40 * MiB;
+  c->max_non_split_rounding_size = 20 * MiB;
+}
+static void tw_rand_gc(msnap_conf_t *c) {
+  c->garbage_collection_threshold = 0.6;
+  c->roundup_power2_divisions[0] = 4;
+  for (int i = 1; i < MSNAP_ROUNDUP_INTERVALS; i++)
+    c->roundup_power2_divisions[i] = 8;
+}
+static void tw_rand_exp_npu(msnap_conf_t *c) {
+  c->expandable_segments = true;
+  c->multi_stream_lazy_reclaim = true;
+}
+
+static void randomized(void **state) {
+  (void)state;
+  struct {
+    msnap_profile_t prof;
+    tweak_fn tw;
+    uint64_t allowed_mib;
+  } cfgs[] = {
+      {CUDA, NULL, 0},          {NPU, NULL, 512},
+      {CUDA, tw_rand_mss, 400}, {NPU, tw_rand_gc, 300},
+      {CUDA, tw_exp_helper, 0}, {NPU, tw_rand_exp_npu, 600},
+  };
+  for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+    msnap_allocator_t *a = mk(cfgs[ci].prof, cfgs[ci].tw);
+    if (cfgs[ci].allowed_mib)
+      assert_int_equal(msnap_set_memory_fraction(
+                           a, 0, (double)cfgs[ci].allowed_mib / 65536.0),
+                       0);
+    fake_set_manual_events(true);
+    uint64_t x = 0x243f6a8885a308d3ull + ci;
+    uint64_t live[64] = {0};
+    msnap_mempool_id_t pool;
+    assert_int_equal(msnap_mempool_create(a, 0, ci % 2 == 0, ci % 3 == 0,
+                                          &pool),
+                     0);
+    bool routing = false;
+    int ooms = 0, mallocs = 0;
+    for (int step = 0; step < 6000; step++) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      int k = (int)(x % 64);
+      int op = (int)((x >> 8) % 100);
+      if (op < 55) {
+        if (live[k]) {
+          F(a, live[k]);
+          live[k] = 0;
+        } else {
+          uint64_t sz = (x >> 16) % 4 == 0 ? ((x >> 20) % (48 * MiB)) + 1
+                                           : ((x >> 20) % 1500000) + 1;
+          uint64_t p = 0;
+          int rc = msnap_malloc(a, 0, sz, (x >> 40) % 3, &p);
+          INV(a);
+          mallocs++;
+          if (rc == 0) {
+            live[k] = p;
+          } else {
+            assert_int_equal(rc, MSNAP_EOOM);
+            ooms++;
+          }
+        }
+      } else if (op < 70) {
+        if (live[k])
+          R(a, live[k], 3 + (x >> 30) % 2);
+      } else if (op < 75) {
+        fake_complete_events(3 + (x >> 30) % 2);
+      } else if (op < 78) {
+        EC(a);
+      } else if (op < 82) {
+        if (!routing)
+          assert_int_equal(
+              msnap_begin_allocate_to_pool(a, 0, pool, (x >> 33) % 3, false),
+              0);
+        else {
+          /* as use_mem_pool: end, then drop begin's reference */
+          assert_int_equal(msnap_end_allocate_to_pool(a, 0, pool), 0);
+          assert_int_equal(msnap_mempool_release(a, 0, pool), 0);
+        }
+        routing = !routing;
+        INV(a);
+      } else if (op < 84) {
+        msnap__allocator_conf_mut(a)->expandable_segments ^=
+            cfgs[ci].tw == tw_exp_helper;
+        INV(a);
+      }
+    }
+    if (routing) {
+      assert_int_equal(msnap_end_allocate_to_pool(a, 0, pool), 0);
+      assert_int_equal(msnap_mempool_release(a, 0, pool), 0);
+    }
+    for (int k = 0; k < 64; k++)
+      if (live[k])
+        F(a, live[k]);
+    assert_int_equal(msnap_mempool_release(a, 0, pool), 0);
+    EC(a);
+    msnap_stats_t s = S(a);
+    print_message("randomized config %zu: %d mallocs, %d OOMs, %lld "
+                  "segments allocated, %lld retries\n",
+                  ci, mallocs, ooms, (long long)s.num_device_alloc,
+                  (long long)s.num_alloc_retries);
+    assert_int_equal(CUR(s, allocation, ALL), 0);
+    assert_int_equal(CUR(s, active, ALL), 0);
+    assert_int_equal(CUR(s, reserved_bytes, ALL), 0);
+    assert_int_equal(nsegs(a), 0);
+    done(a);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(summary_golden),
@@ -688,6 +856,7 @@ int main(void) {
       cmocka_unit_test(unknown_pointer),
       cmocka_unit_test(guards),
       cmocka_unit_test(device_oom_message),
+      cmocka_unit_test(oom_message_private_pool),
       cmocka_unit_test(caching_disabled),
       cmocka_unit_test(rejection),
       cmocka_unit_test(resets),
@@ -702,6 +871,7 @@ int main(void) {
       cmocka_unit_test(expandable_oom),
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(threads_smoke),
+      cmocka_unit_test(randomized),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -164,12 +164,88 @@ static void sim_fault_injection(void **state) {
   print_message("sim fault injection: %llu runs\n", (unsigned long long)runs);
 }
 
+
+static void create_errors_and_default(void **state) {
+  (void)state;
+  msnap_options_t o;
+  msnap_options_init(&o);
+  o.profile = CUDA;
+  o.runtime_name = "sim";
+  o.alloc_conf = "max_split_size_mb:5";
+  char err[256] = "";
+  o.error_buf = err;
+  o.error_buf_len = sizeof err;
+  msnap_allocator_t *a = (msnap_allocator_t *)0x1;
+  assert_int_equal(msnap_allocator_create(&o, &a), MSNAP_ECONF);
+  assert_ptr_equal(a, (msnap_allocator_t *)0x1); /* untouched */
+  assert_non_null(strstr(err, "max_split_size_mb"));
+  o.alloc_conf = "";
+  o.runtime_name = "nosuch";
+  assert_int_equal(msnap_allocator_create(&o, &a), MSNAP_EINVAL);
+  assert_non_null(strstr(err, "nosuch"));
+  o.runtime_name = "sim";
+  o.profile = 7;
+  assert_int_equal(msnap_allocator_create(&o, &a), MSNAP_EINVAL);
+
+  /* The process-wide allocator comes from the environment. */
+  setenv("MEMSNAP_PROFILE", "cuda", 1);
+  setenv("MEMSNAP_RUNTIME", "sim", 1);
+  setenv("MEMSNAP_SIM_MEMORY", "1G", 1);
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64", 1);
+  msnap_allocator_t *d = msnap_default();
+  assert_non_null(d);
+  assert_null(msnap_default_error());
+  assert_ptr_equal(msnap_default(), d);
+  assert_int_equal(msnap_profile(d), CUDA);
+  assert_string_equal(msnap_runtime(d)->name, "sim");
+  assert_int_equal(msnap_device_count(d), 1);
+  assert_string_equal(msnap_allocator_settings(d), "max_split_size_mb:64");
+  size_t fr = 0, tot = 0;
+  assert_int_equal(msnap_mem_get_info(d, 0, &fr, &tot), 0);
+  assert_int_equal(tot, 1ull << 30);
+  uint64_t p = 0;
+  assert_int_equal(msnap_malloc(d, 0, 1000, 0, &p), 0);
+  size_t sz = 0;
+  assert_int_equal(msnap_allocation_size(d, p, &sz), 0);
+  assert_int_equal(sz, 1024);
+  assert_int_equal(msnap_free(d, p), 0);
+  INV(d);
+}
+
+
+/* As torch_npu's test_preemptive_rejection_with_low_fraction: the policy
+ * set at run time rejects a 1 GiB request on a 1% budget. */
+static void rejection_by_settings(void **state) {
+  (void)state;
+  for (int prof = 0; prof < 2; prof++) {
+    msnap_allocator_t *a = mk_sim(prof, "", 64ull << 30);
+    assert_int_equal(
+        msnap_set_allocator_settings(
+            a, prof == NPU ? "throw_on_npumalloc_oom:True,"
+                             "per_process_memory_fraction:0.01"
+                           : "throw_on_cudamalloc_oom:True,"
+                             "per_process_memory_fraction:0.01"),
+        0);
+    uint64_t p = 0;
+    assert_int_equal(msnap_malloc(a, 0, 1ull << 30, 0, &p), MSNAP_EREJECTED);
+    INV(a);
+    msnap_stats_t s = S(a);
+    assert_int_equal(s.num_oom_rejections, 1);
+    assert_int_equal(s.num_ooms, 0);
+    uint64_t q = M(a, 100 * MiB); /* within the budget */
+    F(a, q);
+    sim_done(a);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conf_strings),
       cmocka_unit_test(expandable_on_sim),
       cmocka_unit_test(gc_on_sim),
       cmocka_unit_test(sim_fault_injection),
+      cmocka_unit_test(create_errors_and_default),
+      cmocka_unit_test(rejection_by_settings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -409,9 +409,9 @@ static void ex7(void **state) {
     uint64_t S1 = fake_next_address(0);
     uint64_t pa = M2(a, 5 * MiB, 10);
     assert_int_equal(pa, S1);
-    assert_int_equal(msnap_record_stream(a, pa, 11), 0);
-    assert_int_equal(msnap_record_stream(a, pa, 11), 0); /* set */
-    assert_int_equal(msnap_record_stream(a, pa, 10), 0); /* own stream */
+    R(a, pa, 11);
+    R(a, pa, 11); /* set */
+    R(a, pa, 10); /* own stream */
     F(a, pa);
     msnap_stats_t s = S(a);
     assert_int_equal(CUR(s, allocation, ALL), 0);
@@ -439,7 +439,7 @@ static void ex7(void **state) {
 
     /* Variant: empty_cache while an event is pending blocks on it,
      * completes the free and releases nothing (S1 is still split). */
-    assert_int_equal(msnap_record_stream(a, pc, 12), 0);
+    R(a, pc, 12);
     F(a, pc);
     BLK(a, S1, f, ST_PENDING);
     EC(a);
@@ -840,6 +840,78 @@ static void ex14(void **state) {
   }
 }
 
+
+/* ---- NPU-only options (§20.3, §20.9) ------------------------------------ */
+
+static void tw_lazy(msnap_conf_t *c) { c->multi_stream_lazy_reclaim = true; }
+static void tw_1g(msnap_conf_t *c) { c->page_size_1g = true; }
+static void tw_1g_exp(msnap_conf_t *c) {
+  c->page_size_1g = true;
+  c->expandable_segments = true;
+}
+static void tw_segmb(msnap_conf_t *c) {
+  c->segment_size_mb = 64;
+  c->expandable_segments = true;
+}
+
+/*
+ * multi_stream_lazy_reclaim: a completed cross-stream free is not reaped
+ * at the start of malloc (cuda would give the next request a's range); it
+ * is reaped only when the search fails.
+ */
+static void npu_lazy_reclaim(void **state) {
+  (void)state;
+  for (int lazy = 0; lazy < 2; lazy++) {
+    msnap_allocator_t *a = mk(NPU, lazy ? tw_lazy : NULL);
+    uint64_t S1 = fake_next_address(0);
+    uint64_t pa = M2(a, 5 * MiB, 1);
+    R(a, pa, 2);
+    F(a, pa); /* the event completes at once (fake auto mode) */
+    BLK(a, S1, 5243392, ST_PENDING);
+    uint64_t pb = M2(a, 5 * MiB, 1);
+    if (!lazy) {
+      assert_int_equal(pb, S1); /* reaped first, best fit */
+    } else {
+      assert_int_equal(pb, S1 + 5243392); /* the tail; a still pending */
+      BLK(a, S1, 5243392, ST_PENDING);
+      uint64_t pc = M2(a, 30 * MiB, 1); /* search fails -> reap */
+      BLK(a, S1, 5243392, ST_FREE);
+      F(a, pc);
+    }
+    F(a, pb);
+    done(a);
+  }
+}
+
+static void npu_page_1g(void **state) {
+  (void)state;
+  msnap_allocator_t *a = mk(NPU, tw_1g);
+  uint64_t S1 = fake_next_address(0);
+  uint64_t p = M(a, 5 * MiB);
+  assert_int_equal(p, S1);
+  BLK(a, S1 + 5243392, 1024 * MiB - 5243392, ST_FREE);
+  assert_int_equal(CUR(S(a), reserved_bytes, LARGE_POOL), 1024 * MiB);
+  uint64_t q = M(a, 1000); /* small pool is unaffected */
+  assert_int_equal(CUR(S(a), reserved_bytes, SMALL_POOL), 2 * MiB);
+  F(a, p);
+  F(a, q);
+  done(a);
+
+  a = mk(NPU, tw_1g_exp); /* 1 GiB granule for the large pool */
+  p = M(a, 5 * MiB);
+  assert_int_equal(CUR(S(a), reserved_bytes, ALL), 1024 * MiB);
+  assert_int_equal(msnap__device(a, 0)->segments->granule, 1024 * MiB);
+  F(a, p);
+  EC(a);
+  done(a);
+
+  a = mk(NPU, tw_segmb); /* segment_size_mb sets the large granule */
+  p = M(a, 5 * MiB);
+  assert_int_equal(CUR(S(a), reserved_bytes, ALL), 64 * MiB);
+  F(a, p);
+  done(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ex1_cuda),  cmocka_unit_test(ex1_npu),
@@ -851,6 +923,7 @@ int main(void) {
       cmocka_unit_test(ex10),      cmocka_unit_test(ex11),
       cmocka_unit_test(ex12),      cmocka_unit_test(ex13_cuda),
       cmocka_unit_test(ex13_npu),  cmocka_unit_test(ex14),
+      cmocka_unit_test(npu_lazy_reclaim), cmocka_unit_test(npu_page_1g),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -176,6 +176,15 @@ def synth(out):
         "device_traces": [[{"action": "alloc", "addr": A, "size": 500,
                             "stream": 0, "frames": st}]]}
     variants["empty_traces"] = {"segments": [], "device_traces": []}
+    # torch_npu today: pool_id but no time_us/compile_context/user_metadata,
+    # and the workspace_snapshot action
+    variants["npu"] = {
+        "segments": newest["segments"][:1],
+        "device_traces": [[
+            {"action": "workspace_snapshot", "addr": 0, "size": 4096,
+             "stream": 0, "pool_id": (0, 0)},
+            {"action": "alloc", "addr": A, "size": 400, "stream": 0,
+             "pool_id": (0, 0), "frames": st}]]}
     for name, v in variants.items():
         with open(os.path.join(out, name + ".pickle"), "wb") as f:
             pickle.dump(v, f, protocol=4)

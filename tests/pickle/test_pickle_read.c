@@ -56,7 +56,8 @@ static void test_cpython_protocols(void **state) {
     msnap_read_error_t err;
     int rc = canon_of(data, n, &got, &err);
     if (strcmp(expect, "unsafe") == 0) {
-      if (rc != MSNAP_EUNSAFE) fprintf(stderr, "%s p%d: rc %d\n", name, proto, rc);
+      if (rc != MSNAP_EUNSAFE)
+        fprintf(stderr, "%s p%d: rc %d\n", name, proto, rc);
       assert_int_equal(rc, MSNAP_EUNSAFE);
       assert_non_null(strstr(err.msg, "offset "));
       assert_non_null(strstr(err.msg, "refused"));
@@ -175,6 +176,14 @@ static void test_huge_lengths(void **state) {
                        &err),
                    MSNAP_EFORMAT);
   assert_non_null(strstr(err.msg, "frame of"));
+  /* a 100000-digit LONG literal (quadratic to convert) is refused */
+  char *lit = malloc(100010);
+  lit[0] = 'L';
+  memset(lit + 1, '7', 100000);
+  memcpy(lit + 100001, "L\n.", 3);
+  assert_int_equal(run_bytes(lit, 100004, &err), MSNAP_ELIMIT);
+  assert_non_null(strstr(err.msg, "100000 digits"));
+  free(lit);
 }
 
 static void test_memo_and_stack(void **state) {

@@ -81,7 +81,8 @@ static void e_list(dual_t *d, uint32_t n, void (*fn)(dual_t *, uint32_t)) {
 static const int64_t edge_ints[] = {
     0, 1, 255, 256, 65535, 65536, INT32_MAX, (int64_t)INT32_MAX + 1, -1,
     INT32_MIN, (int64_t)INT32_MIN - 1, INT64_C(1) << 53, (INT64_C(1) << 53) + 1,
-    INT64_C(1) << 47, (INT64_C(1) << 55) - 1, INT64_C(1) << 55, -(INT64_C(1) << 55),
+    INT64_C(1) << 47, (INT64_C(1) << 55) - 1, INT64_C(1) << 55,
+    -(INT64_C(1) << 55),
     INT64_MAX, INT64_MIN, 139927954128896, 1772552894612167};
 
 static void f_edge(dual_t *d, uint32_t i) { e_int(d, edge_ints[i]); }
@@ -264,7 +265,7 @@ static void test_encoder_refuses(void **state) {
   free(mb.data);
 }
 
-/* ---- sinks ---------------------------------------------------------------- */
+/* ---- sinks -------------------------------------------------------------- */
 
 typedef struct cbstate_s {
   size_t bytes, calls, fail_after;

@@ -37,7 +37,8 @@ static int py(const char *fmt, ...) {
 /* Figures of a model, in snapcheck.py's "key value" format. */
 static void model_figures(const msnap_snap_t *s, char *out, size_t len) {
   uint64_t total = 0, bsize = 0, alloc = 0, trace_size = 0, entries = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++) total += s->segments[i].total_size;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    total += s->segments[i].total_size;
   for (uint32_t i = 0; i < s->nblocks; i++) {
     bsize += s->blocks[i].size;
     alloc += s->blocks[i].state == MSNAP_BLOCK_ACTIVE_ALLOCATED;
@@ -158,6 +159,7 @@ static void test_synthetic_generations(void **state) {
       {"v22", MSNAP_GEN_2_2, ""},
       {"minimal", MSNAP_GEN_2_1, "--unordered"},
       {"empty_traces", MSNAP_GEN_2_1, ""},
+      {"npu", MSNAP_GEN_CURRENT, ""},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char in[4096], out[4096];
@@ -174,6 +176,12 @@ static void test_synthetic_generations(void **state) {
                   tu_src(), in, out, cases[i].flags);
     if (same) fprintf(stderr, "%s: rewrite differs\n", cases[i].name);
     assert_int_equal(same, 0);
+    if (strcmp(cases[i].name, "npu") == 0) {
+      const msnap_strace_t *t = &s->device_traces[0].v[0];
+      assert_int_equal(t->action, MSNAP_ACTION_WORKSPACE_SNAPSHOT);
+      assert_true(t->keys & MSNAP_K_POOL_ID);
+      assert_false(t->keys & (MSNAP_K_TIME | MSNAP_K_COMPILE_CTX));
+    }
     if (strcmp(cases[i].name, "newest") == 0) {
       assert_int_equal(s->ndevices, 3);
       assert_int_equal(s->device_traces[2].n, 1500);
@@ -196,13 +204,16 @@ static void test_synthetic_generations(void **state) {
       assert_int_equal(s->device_traces[0].v[0].frames, s->blocks[0].frames);
       /* JSON has the same structure (tuples as arrays) */
       assert_int_equal(msnap__snap_write_file(s, out, true), 0);
-      assert_int_equal(py("python3 -c \"import json,pickle,sys\n"
-                          "def n(x):\n"
-                          " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
-                          " if isinstance(x,dict): return {k:n(v) for k,v in x.items()}\n"
-                          " return x\n"
-                          "sys.exit(0 if n(json.load(open('%s')))==n(pickle.load(open('%s','rb'))) else 1)\"",
-                          out, in),
+      assert_int_equal(
+          py("python3 -c \"import json,pickle,sys\n"
+             "def n(x):\n"
+             " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
+             " if isinstance(x,dict): return {k:n(v) for k,v in x.items()}\n"
+             " return x\n"
+             "a=json.load(open('%s'))\n"
+             "b=pickle.load(open('%s','rb'))\n"
+             "sys.exit(0 if n(a)==n(b) else 1)\"",
+             out, in),
                        0);
     }
     msnap__snap_free(s);
@@ -425,6 +436,66 @@ static void test_live_model_keys(void **state) {
   free(tmp);
 }
 
+/* A python3 that has torch (for torch.cuda._memory_viz), or NULL. */
+static const char *torch_python(void) {
+  static char buf[4096];
+  const char *env = getenv("MEMSNAP_TORCH_PYTHON");
+  const char *cands[3] = {env, NULL, "python3"};
+  snprintf(buf, sizeof buf, "%s/.venv/bin/python", tu_src());
+  cands[1] = buf;
+  for (int i = 0; i < 3; i++) {
+    if (!cands[i]) continue;
+    if (py("'%s' -c 'import torch.cuda._memory_viz' >/dev/null 2>&1",
+           cands[i]) == 0)
+      return cands[i];
+  }
+  return NULL;
+}
+
+/* `python -m torch.cuda._memory_viz stats|trace` prints the same for each
+ * real input and its rewrite (memsnap convert's promise); vizcheck.py
+ * runs segsum()/trace() for all files in one process. */
+static void test_memory_viz_cli(void **state) {
+  (void)state;
+  const char *dir = tu_real_inputs();
+  const char *tp = torch_python();
+  if (!dir || !tp) {
+    fprintf(stderr, "SKIP test_memory_viz_cli: %s\n",
+            !dir ? "../shared/real_inputs missing"
+                 : "no python with torch (set MEMSNAP_TORCH_PYTHON)");
+    skip();
+  }
+  char *tmp = tu_tmpdir();
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  struct dirent *e;
+  static char args[12000];
+  size_t al = 0;
+  int n = 0;
+  while ((e = readdir(d))) {
+    if (!is_snapshot_file(e->d_name)) continue;
+    char path[8192], out[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    snprintf(out, sizeof out, "%s/%s", tmp, e->d_name);
+    msnap_snap_t *s = NULL;
+    msnap_read_error_t err;
+    assert_int_equal(msnap__snap_read_file(path, &s, &err), 0);
+    assert_int_equal(msnap__snap_write_file(s, out, false), 0);
+    msnap__snap_free(s);
+    al += (size_t)snprintf(args + al, sizeof args - al, " '%s' '%s'", path,
+                           out);
+    assert_true(al < sizeof args);
+    n++;
+  }
+  closedir(d);
+  assert_true(n >= 8);
+  int rc = py("'%s' '%s/tests/pickle/vizcheck.py' %s 2>/dev/null", tp,
+              tu_src(), args);
+  assert_int_equal(rc, 0);
+  tu_rmrf(tmp);
+  free(tmp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_inputs),
@@ -433,6 +504,7 @@ int main(void) {
       cmocka_unit_test(test_bit_flips),
       cmocka_unit_test(test_refuses_code),
       cmocka_unit_test(test_live_model_keys),
+      cmocka_unit_test(test_memory_viz_cli),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,10 +4,6 @@ The tests import the INSTALLED package (``make build`` installs it into
 .venv).  Work that needs a fresh process-wide allocator (its runtime,
 profile and sim memory come from the environment when it is created) runs
 in a subprocess through :func:`run_script`.
-
-A test that needs a C entry point that is not in libmemsnap yet skips with
-the names of the missing functions (``_memsnap.MISSING``); nothing else
-skips.
 """
 
 from __future__ import annotations
@@ -24,16 +20,6 @@ import memsnap
 from memsnap import _memsnap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def need(*names: str) -> None:
-    """Skip the calling test while a needed _memsnap function is missing."""
-    missing = [n for n in names if not hasattr(_memsnap, n)]
-    if missing:
-        pytest.skip(
-            "libmemsnap does not provide these yet (C core not merged): "
-            + ", ".join(missing)
-        )
 
 
 def base_env(**extra: str) -> dict:

@@ -6,7 +6,7 @@ import pytest
 
 import memsnap
 import memsnap.memory as mm
-from conftest import base_env, need, run_script
+from conftest import base_env, run_script
 
 
 def test_fraction_type_and_range():
@@ -70,8 +70,6 @@ print("RESULT " + json.dumps(out))
 
 
 def test_pointer_and_config_errors():
-    need("malloc", "free", "annotate_memory", "allocation_traceback",
-         "set_allocator_settings", "set_caching_enabled")
     r = run_script(ERRORS).result
     assert r["double_free"][0] == "ValueError" and "0x" in r["double_free"][1]
     assert r["bogus_free"][0] == "ValueError" and "0x1234" in r["bogus_free"][1]
@@ -87,7 +85,6 @@ def test_pointer_and_config_errors():
 
 
 def test_bad_environment_config_names_token():
-    need("malloc")
     code = r"""
 import json, memsnap.memory as mm
 try:

@@ -103,3 +103,30 @@ def test_fast_walk_equals_public_api():
     assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
     assert fast[0][2] + 1 == slow[0][2]
     assert gfast[0][:2] == gslow[0][:2] and gfast[1:] == gslow[1:]
+
+
+def test_fast_walk_through_c_callbacks_and_threads():
+    """C -> Python re-entries (sorted's key, a generator, a thread's
+    bootstrap) give the same frames in both walks."""
+    res = []
+
+    def key(x):
+        res.append((_memsnap.capture_frames(), _memsnap.capture_frames(64, True)))
+        return x
+
+    def gen():
+        yield sorted([1], key=key)
+
+    def worker():
+        list(gen())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    sorted([2], key=key)
+    assert len(res) == 2
+    for fast, slow in res:
+        assert [f[:2] for f in fast] == [f[:2] for f in slow]
+        assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
+    names = [f[0].rsplit(".", 1)[-1] for f in res[0][0]]
+    assert names[:4] == ["key", "gen", "worker", "run"]

@@ -11,7 +11,7 @@ import pickletools
 
 import pytest
 
-from conftest import base_env, need, run_script
+from conftest import base_env, run_script
 from snapcheck import schema_errors
 
 HISTORY_FUNCS = ("record_history", "malloc", "free", "snapshot", "dump_snapshot")
@@ -46,8 +46,6 @@ print("RESULT " + json.dumps({"a": a, "b": b, "c": c, "tb": tb,
 
 @pytest.fixture(scope="module")
 def dumped(tmp_path_factory):
-    need(*HISTORY_FUNCS, "annotate_memory", "set_memory_metadata",
-         "allocation_traceback", "compile_context_push")
     path = str(tmp_path_factory.mktemp("hist") / "snap.pickle")
     proc = run_script(SCRIPT.replace("DUMP", repr(path)))
     with open(path, "rb") as f:
@@ -184,7 +182,6 @@ print("RESULT " + json.dumps(out))
 
 
 def test_recording_semantics():
-    need(*HISTORY_FUNCS)
     r = run_script(SEMANTICS).result
     assert r["first"][-2:] == ["free_requested", "free_completed"]
     assert "alloc" in r["first"]
@@ -226,7 +223,6 @@ print("RESULT " + json.dumps(out))
 
 
 def test_bad_history_arguments_raise_like_torch():
-    need("record_history", "record_history_legacy", "history_enabled")
     r = run_script(BAD_ARGS).result
     assert r["enabled"] == ["RuntimeError", "expected state to be 'state', 'all', or None"]
     assert r["context"] == ["RuntimeError",

@@ -2,10 +2,11 @@
 
 * ``python -m torch.cuda._memory_viz stats|trace|trace_plot|segment_plot``
   on a memsnap dump succeed.
-* MemoryViz.js: if the installed torch ships torch/utils/viz/MemoryViz.js,
-  its unpickle function is extracted at test time and run under node on the
-  dump (nothing of it is copied into the project); otherwise only the §2.9
-  opcode subset is checked (pickletools).
+* MemoryViz.js: if the installed torch ships torch/utils/viz/MemoryViz.js
+  (or MEMSNAP_MEMORYVIZ_JS names one), its unpickle function (and the
+  unpickle* helpers it calls) is extracted at test time and run under node
+  on the dump (nothing of it is copied into the project); otherwise only
+  the §2.9 opcode subset is checked (pickletools).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import base_env, need, run_script
+from conftest import base_env, run_script
 
 torch = pytest.importorskip("torch")
 
@@ -50,7 +51,6 @@ ALLOWED = {
 
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory):
-    need("record_history", "malloc", "free", "dump_snapshot", "annotate_memory")
     path = str(tmp_path_factory.mktemp("viz") / "memsnap.pickle")
     run_script(SCRIPT.replace("PATH", repr(path)))
     return path
@@ -90,28 +90,83 @@ def test_memory_viz_segsum(dump):
     assert "Summary of segments" in text or text
 
 
-def _extract_js_function(src: str, name: str) -> str:
-    start = src.find(f"function {name}(")
-    if start < 0:
-        raise AssertionError(f"MemoryViz.js has no function {name}")
-    depth, i = 0, src.index("{", start)
-    while True:
+def _function_end(src: str, start: int) -> int:
+    """Index just past the function body that starts at `start` (skips
+    strings, template literals and comments when matching braces)."""
+    i = src.index("{", start)
+    depth = 0
+    while i < len(src):
         ch = src[i]
-        if ch == "{":
+        if ch in "'\"`":
+            i += 1
+            while src[i] != ch:
+                i += 2 if src[i] == "\\" else 1
+        elif src.startswith("//", i):
+            i = src.index("\n", i)
+        elif src.startswith("/*", i):
+            i = src.index("*/", i) + 1
+        elif ch == "{":
             depth += 1
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return src[start : i + 1]
+                return i + 1
         i += 1
+    raise AssertionError("unbalanced braces in MemoryViz.js")
+
+
+def extract_unpickler(src: str) -> str:
+    """The text of MemoryViz.js's `unpickle` and of the unpickle* helper
+    functions it calls (e.g. unpickleData), nothing else."""
+    import re
+
+    wanted, found, todo = set(), {}, ["unpickle"]
+    while todo:
+        name = todo.pop()
+        if name in wanted:
+            continue
+        wanted.add(name)
+        m = re.search(rf"^function {name}\(", src, re.M)
+        if m is None:
+            raise AssertionError(f"MemoryViz.js has no function {name}")
+        body = src[m.start() : _function_end(src, m.start())]
+        found[name] = body
+        todo += [n for n in re.findall(r"\b(unpickle\w*)\(", body) if n not in wanted]
+    return "\n\n".join(found.values())
 
 
 def _to_json_like(v):
+    """What JSON.stringify of the JS unpickler's result reads back as:
+    tuples become lists, ints beyond 2**53 become doubles (the viewer
+    decodes LONG1 <= 8 bytes to a JS Number)."""
     if isinstance(v, (list, tuple)):
         return [_to_json_like(x) for x in v]
     if isinstance(v, dict):
         return {k: _to_json_like(x) for k, x in v.items()}
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53:
+        return float(v)
     return v
+
+
+def memoryviz_js() -> str | None:
+    """MemoryViz.js to check against: MEMSNAP_MEMORYVIZ_JS (e.g. from a
+    PyTorch source checkout), else the one the installed torch ships."""
+    env = os.environ.get("MEMSNAP_MEMORYVIZ_JS")
+    if env:
+        assert os.path.exists(env), f"MEMSNAP_MEMORYVIZ_JS={env} does not exist"
+        return env
+    js = os.path.join(os.path.dirname(torch.__file__), "utils", "viz", "MemoryViz.js")
+    return js if os.path.exists(js) else None
+
+
+HARNESS = """
+import fs from 'fs';
+console.log = () => {};  // MemoryViz logs its JSON attempt
+const b = fs.readFileSync(process.argv[2]);
+const ab = b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength);
+const r = unpickle(ab);
+process.stdout.write(JSON.stringify(r, (k, v) => typeof v === 'bigint' ? Number(v) : v));
+"""
 
 
 def test_memoryviz_js_or_opcode_subset(dump, tmp_path):
@@ -119,24 +174,17 @@ def test_memoryviz_js_or_opcode_subset(dump, tmp_path):
         raw = f.read()
     used = {op.name for op, _, _ in pickletools.genops(raw)}
     assert used - ALLOWED == set()
-    js = os.path.join(os.path.dirname(torch.__file__), "utils", "viz", "MemoryViz.js")
-    if not os.path.exists(js):
+    js = memoryviz_js()
+    if js is None:
         # This torch wheel ships no MemoryViz.js: the opcode check above is
-        # the whole check (documented fallback).
+        # the whole check (the documented fallback).
         return
     node = shutil.which("node")
-    assert node, "MemoryViz.js is installed but node is not on PATH"
+    assert node, "MemoryViz.js is available but node is not on PATH"
     with open(js, encoding="utf-8") as f:
-        fn = _extract_js_function(f.read(), "unpickle")
+        code = extract_unpickler(f.read())
     harness = tmp_path / "run.mjs"
-    harness.write_text(
-        fn
-        + "\nimport fs from 'fs';\n"
-        "const b = fs.readFileSync(process.argv[2]);\n"
-        "const ab = b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength);\n"
-        "const r = unpickle(ab);\n"
-        "process.stdout.write(JSON.stringify(r, (k, v) => typeof v === 'bigint' ? Number(v) : v));\n"
-    )
+    harness.write_text(code + "\n" + HARNESS)
     p = subprocess.run([node, str(harness), dump], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == _to_json_like(pickle.loads(raw))
+    assert _to_json_like(json.loads(p.stdout)) == _to_json_like(pickle.loads(raw))

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import base_env, need, run_script
+from conftest import base_env, run_script
 from snapcheck import schema_errors
 
 OOM_SCRIPT = r"""
@@ -43,7 +43,6 @@ print("RESULT " + json.dumps(out))
 
 
 def test_oom_snapshot_enable_dump_observer_and_error(tmp_path):
-    need("malloc", "attach_oom_observer", "snapshot", "dump_snapshot", "memory_stats")
     outdir = str(tmp_path)
     env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
                    OOM_SNAPSHOT_PATH=outdir)
@@ -91,14 +90,12 @@ except torch.OutOfMemoryError as e:
 
 
 def test_oom_under_torch_raises_torch_type():
-    need("malloc")
     pytest.importorskip("torch")
     r = run_script(TORCH_OOM, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result
     assert r == ["TorchOutOfMemoryError", True, True, True]
 
 
 def test_oom_without_torch_is_plain_memsnap_type():
-    need("malloc")
     code = r"""
 import json, sys
 import memsnap.memory as mm

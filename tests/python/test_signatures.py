@@ -55,6 +55,8 @@ def ours_and_theirs():
         theirs = getattr(torch_memory, name, None)
         if not callable(ours) or theirs is None or not callable(theirs):
             continue
+        if not getattr(ours, "__module__", "").startswith("memsnap"):
+            continue  # names both modules import (typing.Any, inspect.signature)
         if isinstance(ours, type) and issubclass(ours, BaseException):
             continue
         yield name, ours, theirs
