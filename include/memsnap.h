@@ -295,15 +295,75 @@ MSNAP_API int msnap_stats_get(msnap_allocator_t *a, int device,
                               msnap_stats_t *out);
 MSNAP_API int msnap_reset_peak_stats(msnap_allocator_t *a, int device);
 MSNAP_API int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device);
+/* reserved_bytes of one private pool (memory_stats()'s
+ * reserved_bytes_by_private_pools, torch 2.13).  A deleted pool keeps its
+ * entry (current 0; peak, allocated, freed as they were) until the resets
+ * bring all four fields of every type to 0. */
+typedef struct msnap_pool_stats_s {
+  msnap_mempool_id_t id;
+  msnap_stat_t reserved_bytes[MSNAP_STAT_TYPES];
+} msnap_pool_stats_t;
+/* The private pools of a device with a non-zero entry (a pool appears with
+ * its first reserved byte): live pools in creation order, then deleted
+ * ones.  Fills out[0 .. min(cap, total)) and
+ * sets *n to the total (call with cap 0 to size the array). */
+MSNAP_API int msnap_pool_stats_get(msnap_allocator_t *a, int device,
+                                   msnap_pool_stats_t *out, size_t cap,
+                                   size_t *n);
 /* memory_summary() text exactly as torch.cuda.memory.memory_summary prints
  * it; *out owned by the caller. */
 MSNAP_API int msnap_memory_summary(msnap_allocator_t *a, int device,
                                    bool abbreviated, char **out);
 /* Invariant checker: walks every device and pool (chains contiguous, block
- * sizes sum to segments, pool membership, stats equal recomputed sums).
+ * sizes sum to segments, pool membership, stats equal recomputed sums),
+ * then the pinned host allocator (src/host_alloc.c).
  * Returns 0, or MSNAP_ESTATE with the first violation in msg. */
 MSNAP_API int msnap_check_invariants(msnap_allocator_t *a, char *msg,
                                      size_t msg_len);
+
+/* ------------------------------------------------------------------------
+ * Pinned host memory (PyTorch's CachingHostAllocator): blocks of the
+ * runtime's host_malloc, request sizes rounded up to a power of two,
+ * cached by size and reused once freed and their record_stream events
+ * completed.  Thread safe (one host lock).  With history on and
+ * record_host, the blocks appear in host_segments and their events in
+ * host_traces.  Behaviour details and the alloc-conf keys honoured:
+ * src/host_alloc.c.
+ * ------------------------------------------------------------------------ */
+/* size 0 gives *ptr = 0.  MSNAP_EOOM when the runtime has no pinned memory
+ * left; MSNAP_ENOTSUP when the runtime has no host allocation calls. */
+MSNAP_API int msnap_host_malloc(msnap_allocator_t *a, size_t size,
+                                uint64_t *ptr);
+/* 0 is a no-op; anything but a live host block gives MSNAP_EBADPTR
+ * ("invalid pinned host pointer: 0x...") and changes nothing. */
+MSNAP_API int msnap_host_free(msnap_allocator_t *a, uint64_t ptr);
+/* The live host block at ptr is used on `stream`: its reuse after free
+ * waits for the work queued on stream so far (one event per stream). */
+MSNAP_API int msnap_host_record_stream(msnap_allocator_t *a, uint64_t ptr,
+                                       uint64_t stream);
+/* Return every cached (free, no pending event) host block to the runtime. */
+MSNAP_API int msnap_host_empty_cache(msnap_allocator_t *a);
+/* Host stats in msnap_stats_t (out->size/version set by the caller).
+ * segment/reserved_bytes: blocks owned (torch "allocations"/
+ * "allocated_bytes"); allocation/allocated_bytes/requested_bytes: blocks
+ * held by callers; active/active_bytes: held or waiting for events (torch
+ * "active_requests"/"active_bytes"); num_device_alloc/num_device_free:
+ * runtime host_malloc/host_free calls (torch num_host_alloc/free).  The
+ * SMALL_POOL entries equal ALL (host segments are "small"); LARGE_POOL
+ * and the other fields are 0. */
+MSNAP_API int msnap_host_stats_get(msnap_allocator_t *a, msnap_stats_t *out);
+MSNAP_API int msnap_host_reset_peak_stats(msnap_allocator_t *a);
+MSNAP_API int msnap_host_reset_accumulated_stats(msnap_allocator_t *a);
+/* Time spent in the runtime's host_malloc / host_free (microseconds),
+ * torch's host_alloc_time / host_free_time.  min is 0 until the first
+ * call; reset_peak zeroes min and max, reset_accumulated total and
+ * count. */
+typedef struct msnap_duration_stat_s {
+  int64_t total, max, min, count;
+} msnap_duration_stat_t;
+MSNAP_API int msnap_host_timing_get(msnap_allocator_t *a,
+                                    msnap_duration_stat_t *alloc_time,
+                                    msnap_duration_stat_t *free_time);
 
 /* ------------------------------------------------------------------------
  * Memory history (torch.cuda.memory._record_memory_history).

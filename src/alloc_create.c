@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "alloc_core.h"
+#include "host_alloc.h"
 
 void msnap_options_init(msnap_options_t *o) {
   memset(o, 0, sizeof *o);
@@ -225,6 +226,7 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
     free(pp);
   }
   free(d->captures);
+  free(d->retired);
   free(d->map.buckets);
   msnap__unlock(&d->lock);
   msnap__lock_destroy(&d->lock);
@@ -233,6 +235,7 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
 void msnap_allocator_destroy(msnap_allocator_t *a) {
   if (!a)
     return;
+  msnap__host_destroy(a); /* before the runtime goes */
   if (a->recorder)
     msnap__recorder_destroy(a->recorder);
   a->recorder = NULL;

@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "history.h"
+#include "host_alloc.h"
 #include "stack.h"
 
 /* ---- actions ------------------------------------------------------------ */
@@ -181,19 +182,20 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
   return 0;
 }
 
-/* Add one chunk (head == 0, n == vcap < capacity): no entry moves.  A
- * partial last chunk (left by a smaller capacity) is widened in place
- * first: ring_slot relies on every chunk but the last being full. */
+/* Add slots (head == 0, n == vcap < capacity): no entry moves.  Indexing
+ * (ring_at) assumes every chunk but the last holds MSNAP_RING_CHUNK slots,
+ * so a partial last chunk -- made while the capacity was smaller -- is
+ * widened in place before any new chunk is added. */
 static int ring_grow(msnap_ring_t *ring) {
-  uint64_t part = ring->vcap & (MSNAP_RING_CHUNK - 1);
-  if (part != 0) {
-    uint64_t want = ring->capacity - (ring->vcap - part);
-    if (want > MSNAP_RING_CHUNK) want = MSNAP_RING_CHUNK;
+  uint64_t tail = ring->vcap & (MSNAP_RING_CHUNK - 1);
+  if (tail != 0) {
+    uint64_t sz = tail + (ring->capacity - ring->vcap);
+    if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
     msnap_hentry_t *c =
-        realloc(ring->chunks[ring->nchunks - 1], (size_t)want * sizeof *c);
+        realloc(ring->chunks[ring->nchunks - 1], (size_t)sz * sizeof *c);
     if (c == NULL) return MSNAP_ENOMEM;
     ring->chunks[ring->nchunks - 1] = c;
-    ring->vcap += want - part;
+    ring->vcap += sz - tail;
     return 0;
   }
   if (ring->nchunks == ring->chunks_cap) {
@@ -332,6 +334,10 @@ msnap_recorder_t *msnap__recorder_get(msnap_allocator_t *a, bool create) {
       r->max_entries = 1;
       r->ann_capacity = 1;
       for (int d = 0; d < nd; d++) r->rings[d].capacity = 1;
+      r->host_ring.capacity = 1;
+      atomic_init(&r->host_enabled, false);
+      atomic_init(&r->host_level, MSNAP_CONTEXT_NEVER);
+      atomic_init(&r->host_stacks, 0u);
       atomic_init(&r->enabled, false);
       atomic_init(&r->level, MSNAP_CONTEXT_NEVER);
       atomic_init(&r->stacks, 0u);
@@ -357,6 +363,9 @@ void msnap__recorder_destroy(struct msnap_recorder_s *r) {
     keymap_free(&r->rings[d].pools);
   }
   free(r->rings);
+  ring_clear(&r->host_ring);
+  keymap_free(&r->host_ring.streams);
+  keymap_free(&r->host_ring.pools);
   for (uint64_t i = 0; i < r->ann_n; i++)
     msnap__stack_unref(r->ann[(r->ann_head + i) % r->ann_vcap].name);
   free(r->ann);
@@ -445,7 +454,7 @@ void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context) {
   msnap__stack_ref(*compile_context);
 }
 
-/* ---- recording ------------------------------------------------------------ */
+/* ---- recording ----------------------------------------------------------- */
 
 /* OOM_SNAPSHOT_ENABLE seen in the environment: 0 unknown, 1 no, 2 yes. */
 static _Atomic int oom_env_seen;
@@ -517,22 +526,15 @@ void msnap__rctx_release(msnap_rctx_t *ctx) {
  * ctx->stack); it takes its own references, ctx keeps its own.  Skipped
  * actions and disabled history record nothing.
  */
-void msnap__history_record_locked(msnap_allocator_t *a, int device,
-                                  msnap_action_t action, uint64_t addr,
-                                  uint64_t size, uint64_t stream,
-                                  msnap_mempool_id_t pool,
-                                  const msnap_rctx_t *ctx,
-                                  uint32_t stack_override) {
-  msnap_recorder_t *r = rec_load(a);
-  if (r == NULL || !atomic_load_explicit(&r->enabled, memory_order_relaxed))
-    return;
-  if ((unsigned)action >= MSNAP_ACTION_COUNT || device < 0 ||
-      device >= r->ndevices)
-    return;
+/* Append one entry to `ring` (its owner's lock held); the entry carries
+ * a stack only when level >= ALLOC. */
+static void ring_record(msnap_recorder_t *r, msnap_ring_t *ring, int level,
+                        msnap_action_t action, uint64_t addr, uint64_t size,
+                        uint64_t stream, msnap_mempool_id_t pool,
+                        const msnap_rctx_t *ctx, uint32_t stack_override) {
   if (atomic_load_explicit(&r->skip, memory_order_relaxed) &
       (1u << action))
     return;
-  msnap_ring_t *ring = &r->rings[device];
   msnap_hentry_t e;
   e.raw_time = msnap__clock_raw();
   e.addr = addr;
@@ -541,8 +543,7 @@ void msnap__history_record_locked(msnap_allocator_t *a, int device,
   e.internal_meta = 0;
   e.reserved = 0;
   e.stack = 0;
-  if (atomic_load_explicit(&r->level, memory_order_relaxed) >=
-      MSNAP_CONTEXT_ALLOC)
+  if (level >= MSNAP_CONTEXT_ALLOC)
     e.stack = stack_override ? stack_override : (ctx ? ctx->stack : 0);
   e.user_metadata = ctx ? ctx->user_metadata : 0;
   e.compile_context = ctx ? ctx->compile_context : 0;
@@ -560,10 +561,72 @@ void msnap__history_record_locked(msnap_allocator_t *a, int device,
   ring_push(ring, &e);
 }
 
-int msnap__ring_copy_locked(msnap_recorder_t *r, int device,
-                            msnap_hcopy_t **out, size_t *n,
-                            uint64_t *dropped, uint64_t *capacity) {
-  msnap_ring_t *ring = &r->rings[device];
+void msnap__history_record_locked(msnap_allocator_t *a, int device,
+                                  msnap_action_t action, uint64_t addr,
+                                  uint64_t size, uint64_t stream,
+                                  msnap_mempool_id_t pool,
+                                  const msnap_rctx_t *ctx,
+                                  uint32_t stack_override) {
+  msnap_recorder_t *r = rec_load(a);
+  if (r == NULL || !atomic_load_explicit(&r->enabled, memory_order_relaxed))
+    return;
+  if ((unsigned)action >= MSNAP_ACTION_COUNT || device < 0 ||
+      device >= r->ndevices)
+    return;
+  ring_record(r, &r->rings[device],
+              atomic_load_explicit(&r->level, memory_order_relaxed), action,
+              addr, size, stream, pool, ctx, stack_override);
+}
+
+/* ---- host (pinned) memory ------------------------------------------------ */
+
+bool msnap__host_history_active(const msnap_allocator_t *a) {
+  msnap_recorder_t *r = rec_load(a);
+  return r != NULL &&
+         atomic_load_explicit(&r->host_enabled, memory_order_relaxed);
+}
+
+/* As msnap__rctx_capture, with the host settings (outside the host lock). */
+void msnap__host_rctx_capture(msnap_allocator_t *a, msnap_rctx_t *ctx,
+                              bool is_free_site) {
+  memset(ctx, 0, sizeof *ctx);
+  msnap_recorder_t *r = rec_load(a);
+  if (r == NULL ||
+      !atomic_load_explicit(&r->host_enabled, memory_order_relaxed))
+    return;
+  int level = atomic_load_explicit(&r->host_level, memory_order_relaxed);
+  ctx->level = (uint8_t)level;
+  if (level != MSNAP_CONTEXT_NEVER &&
+      (is_free_site ? level == MSNAP_CONTEXT_ALL
+                    : level >= MSNAP_CONTEXT_STATE)) {
+    unsigned stacks =
+        atomic_load_explicit(&r->host_stacks, memory_order_relaxed);
+    /* skip this function's frame and host_alloc.c's entry point */
+    ctx->stack = msnap__stack_capture(stacks, 1);
+  }
+  msnap__tls_context(&ctx->user_metadata, &ctx->compile_context);
+}
+
+/* Append to the host ring (stream as given, pool (0,0)).  Caller holds the
+ * host allocator lock. */
+void msnap__host_history_record_locked(msnap_allocator_t *a,
+                                       msnap_action_t action, uint64_t addr,
+                                       uint64_t size, uint64_t stream,
+                                       const msnap_rctx_t *ctx,
+                                       uint32_t stack_override) {
+  msnap_recorder_t *r = rec_load(a);
+  if (r == NULL ||
+      !atomic_load_explicit(&r->host_enabled, memory_order_relaxed))
+    return;
+  if ((unsigned)action >= MSNAP_ACTION_COUNT) return;
+  ring_record(r, &r->host_ring,
+              atomic_load_explicit(&r->host_level, memory_order_relaxed),
+              action, addr, size, stream, (msnap_mempool_id_t){0, 0}, ctx,
+              stack_override);
+}
+
+/* Copy `ring` oldest first with one reference per id (owner lock held). */
+static int ring_copy(msnap_ring_t *ring, msnap_hcopy_t **out, size_t *n) {
   msnap_hcopy_t *v = NULL;
   if (ring->n > 0) {
     if (ring->n > SIZE_MAX / sizeof *v) return MSNAP_ENOMEM;
@@ -582,6 +645,22 @@ int msnap__ring_copy_locked(msnap_recorder_t *r, int device,
   }
   *out = v;
   *n = (size_t)ring->n;
+  return 0;
+}
+
+int msnap__host_ring_copy_locked(msnap_recorder_t *r, msnap_hcopy_t **out,
+                                 size_t *n, uint64_t *dropped) {
+  int rc = ring_copy(&r->host_ring, out, n);
+  if (rc == 0) *dropped = r->host_ring.dropped;
+  return rc;
+}
+
+int msnap__ring_copy_locked(msnap_recorder_t *r, int device,
+                            msnap_hcopy_t **out, size_t *n,
+                            uint64_t *dropped, uint64_t *capacity) {
+  msnap_ring_t *ring = &r->rings[device];
+  int rc = ring_copy(ring, out, n);
+  if (rc != 0) return rc;
   *dropped = ring->dropped;
   *capacity = ring->capacity;
   return 0;
@@ -592,7 +671,7 @@ void msnap__hcopy_release(msnap_hcopy_t *v, size_t n) {
   free(v);
 }
 
-/* ---- annotations ----------------------------------------------------------- */
+/* ---- annotations --------------------------------------------------------- */
 
 static void ann_clear_locked(msnap_recorder_t *r) {
   for (uint64_t i = 0; i < r->ann_n; i++)
@@ -684,7 +763,7 @@ int msnap__ann_copy(msnap_recorder_t *r, msnap_aentry_t **out, size_t *n) {
   return 0;
 }
 
-/* ---- configuration --------------------------------------------------------- */
+/* ---- configuration ------------------------------------------------------- */
 
 void msnap_history_options_init(msnap_history_options_t *o) {
   memset(o, 0, sizeof *o);
@@ -734,6 +813,14 @@ int msnap_record_history(msnap_allocator_t *a,
                             o->skip_actions);
   msnap_recorder_t *r = msnap__recorder_get(a, true);
   if (r == NULL) return MSNAP_ENOMEM;
+  bool hon = o->enabled && o->record_host;
+  if (hon || atomic_load(&r->host_enabled)) {
+    /* Create the host allocator state now: once it exists taking its lock
+     * cannot fail, so nothing below fails half-way. */
+    int hrc = msnap__host_lock(a);
+    if (hrc != 0) return hrc;
+    msnap__host_unlock(a);
+  }
   msnap__clock_init();
 
   bool on = o->enabled && o->record_device;
@@ -760,6 +847,20 @@ int msnap_record_history(msnap_allocator_t *a,
   }
   atomic_store(&r->compile_context, on && o->compile_context);
 
+  /* Pinned host memory (cuda-reference §4.2 (d)): on when enabled and
+   * record_host, whatever record_device says; otherwise turned off (ring
+   * cleared) if it was on. */
+  if (hon || atomic_load(&r->host_enabled)) {
+    (void)msnap__host_lock(a); /* state exists: cannot fail */
+    atomic_store(&r->host_enabled, hon);
+    atomic_store(&r->host_stacks,
+                 hon && o->context != MSNAP_CONTEXT_NEVER ? o->stacks : 0u);
+    ring_set_capacity(&r->host_ring, cap);
+    atomic_store(&r->host_level, hon ? (int)o->context : MSNAP_CONTEXT_NEVER);
+    if (!hon || o->clear_history) ring_clear(&r->host_ring);
+    msnap__host_unlock(a);
+  }
+
   pthread_mutex_lock(&r->lock);
   r->max_entries = cap;
   r->global_record_annotations = o->global_record_annotations;
@@ -777,7 +878,7 @@ bool msnap_history_enabled(msnap_allocator_t *a) {
   return a != NULL && msnap__history_active(a);
 }
 
-/* ---- annotate_memory -------------------------------------------------------- */
+/* ---- annotate_memory ----------------------------------------------------- */
 
 /*
  * _annotate_memory(ptr, text): an `annotate` entry on the live allocation

@@ -114,6 +114,14 @@ typedef struct msnap_recorder_s {
   bool oom_inited;               /* msnap__oom_env_init ran            */
 
   struct msnap_workspace_s *ws;  /* workspace.c, own lock              */
+
+  /* Pinned host memory (record_pinned_host_memory): its own settings,
+   * atomics as above, and one flat ring guarded by the host allocator's
+   * lock (host_alloc.c), not by a device lock. */
+  _Atomic bool host_enabled;
+  _Atomic int host_level;
+  _Atomic unsigned host_stacks;
+  msnap_ring_t host_ring;
 } msnap_recorder_t;
 
 /* The allocator's recorder, created on first use when create is true
@@ -133,6 +141,9 @@ int msnap__ring_copy_locked(msnap_recorder_t *r, int device,
                             msnap_hcopy_t **out, size_t *n,
                             uint64_t *dropped, uint64_t *capacity);
 void msnap__hcopy_release(msnap_hcopy_t *v, size_t n);
+/* The same for the host ring; caller holds the host allocator lock. */
+int msnap__host_ring_copy_locked(msnap_recorder_t *r, msnap_hcopy_t **out,
+                                 size_t *n, uint64_t *dropped);
 /* Copy the annotation ring (takes rec->lock); name ids carry a reference
  * each, dropped by the caller. */
 int msnap__ann_copy(msnap_recorder_t *r, msnap_aentry_t **out, size_t *n);

@@ -6,7 +6,9 @@
  * Lock order (checked in debug builds): device allocator lock ->
  * history/recorder lock -> stack-table lock.  The dump lock is never held
  * together with a device lock: snapshots copy under the device lock and
- * serialize after releasing it.
+ * serialize after releasing it.  The pinned host allocator's lock
+ * (host_alloc.c) is never held with a device lock; its host history ring
+ * and the stack table are taken inside it.
  */
 #ifndef MSNAP_INTERNAL_H
 #define MSNAP_INTERNAL_H
@@ -214,6 +216,11 @@ void msnap__dump_set_fault(uint64_t after_bytes, int err);
 /* Write len bytes to path atomically (temporary file + rename; the fault
  * hook applies). */
 int msnap__write_file_atomic(const char *path, const void *p, size_t len);
+
+/* ---- host_alloc.c: the pinned host caching allocator -------------------- */
+/* Its internal functions (lock, snapshot collection, destruction, checker)
+ * and history.c's host recording entry points are declared in
+ * host_alloc.h. */
 
 /* ---- oom.c: OOM observers and OOM_SNAPSHOT_ENABLE auto-dump ------------- */
 void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,

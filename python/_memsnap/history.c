@@ -141,7 +141,9 @@ static PyObject *py_record_history(PyObject *module, PyObject *args) {
   if (parse_max_entries(maxe, &o.max_entries) < 0 ||
       parse_skip(skip, &o.skip_actions) < 0)
     return NULL;
-  o.enabled = enabled != NULL && dev;
+  /* record_device carries record_cuda; msnap_record_history turns device
+   * recording on only when both are set (host recording needs enabled). */
+  o.enabled = enabled != NULL;
   if (enabled != NULL && strcmp(enabled, "state") == 0)
     o.max_entries = 1;
   if (context == NULL)
@@ -193,7 +195,7 @@ static PyObject *py_record_history_legacy(PyObject *module, PyObject *args) {
     return NULL;
   if (o.max_entries == 0)
     o.max_entries = 1;
-  o.enabled = enabled && dev;
+  o.enabled = enabled; /* record_device carries record_cuda */
   o.context = alloc_ctx ? MSNAP_CONTEXT_ALLOC
                         : (rec_ctx ? MSNAP_CONTEXT_STATE : MSNAP_CONTEXT_NEVER);
   o.stacks = MSNAP_STACKS_PYTHON;

@@ -2,8 +2,8 @@
  * module.c -- the _memsnap extension module: definition, multi-phase
  * initialisation (PEP 489) and per-module state (PEP 573).
  *
- * The functions come from three tables (allocator.c, history.c,
- * frames.c); the module links against libmemsnap.so, found next to it
+ * The functions come from four tables (allocator.c, history.c,
+ * frames.c, host.c); the module links against libmemsnap.so, found next to it
  * ($ORIGIN) once installed.
  */
 #include "msnap_py.h"
@@ -11,7 +11,8 @@
 static int memsnap_exec(PyObject *module) {
   if (PyModule_AddFunctions(module, msnap_py_allocator_methods) < 0 ||
       PyModule_AddFunctions(module, msnap_py_history_methods) < 0 ||
-      PyModule_AddFunctions(module, msnap_py_frames_methods) < 0)
+      PyModule_AddFunctions(module, msnap_py_frames_methods) < 0 ||
+      PyModule_AddFunctions(module, msnap_py_host_methods) < 0)
     return -1;
   if (msnap_py_errors_init(module) < 0 || msnap_py_allocator_init(module) < 0 ||
       msnap_py_history_init(module) < 0)

@@ -12,7 +12,8 @@
  *   errors.c     MSNAP_E* codes -> Python exceptions (one function);
  *   allocator.c  malloc/free/stats/settings/fraction/mempool type;
  *   history.c    memory history, snapshots, metadata, OOM observers;
- *   frames.c     the interpreter frame hook (msnap_set_frame_hook).
+ *   frames.c     the interpreter frame hook (msnap_set_frame_hook);
+ *   host.c       pinned host memory (allocation, host_memory_stats).
  *
  * Rules kept by every file: no static globals hold Python objects (they
  * live in the module state); the GIL is released only around long C work
@@ -73,6 +74,9 @@ int msnap_py_errors_init(PyObject *module);
 msnap_allocator_t *msnap_py_allocator(PyObject *module);
 extern PyMethodDef msnap_py_allocator_methods[];
 int msnap_py_allocator_init(PyObject *module);
+
+/* ---- host.c ------------------------------------------------------------- */
+extern PyMethodDef msnap_py_host_methods[];
 
 /* ---- history.c ---------------------------------------------------------- */
 extern PyMethodDef msnap_py_history_methods[];

@@ -62,6 +62,12 @@ __all__ = [
     "record_stream",
     "MemPool",
     "use_mem_pool",
+    # Pinned host memory (the block at the end of this file).
+    "empty_host_cache",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
+    "reset_accumulated_host_memory_stats",
+    "reset_peak_host_memory_stats",
 ]
 
 #: Raised when the device is out of memory (a ``MemoryError``).  With torch
@@ -296,8 +302,14 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
     ``num_sync_all_streams``, ``num_device_alloc``, ``num_device_free``,
     ``num_oom_rejections`` are ints.  ``*_bytes`` values are bytes.
 
+    ``reserved_bytes_by_private_pools`` (cuda profile, as torch 2.13):
+    ``{pool_id_tuple: {"all"|"small_pool"|"large_pool": {four fields}}}``,
+    the reserved bytes of each private pool (``MemPool``, graph pools).  A
+    pool appears with its first reserved byte; a deleted pool keeps its
+    entry (``current`` 0) until the resets bring every field to 0.  The npu
+    profile leaves the key out, as torch_npu does.
+
     Unlike torch, this works before the first allocation (all zeros).
-    ``reserved_bytes_by_private_pools`` is not reported.
 
     Mirrors ``torch/cuda/memory.py: memory_stats_as_nested_dict``.
     """
@@ -309,7 +321,10 @@ def memory_stats(device: Any = None) -> dict[str, Any]:
 
     An ``OrderedDict`` sorted by key, e.g. ``"allocated_bytes.all.current"``
     (bytes), ``"num_ooms"``: 123 keys (torch 2.14's set, including
-    ``num_oom_rejections``).  See :func:`memory_stats_as_nested_dict`.
+    ``num_oom_rejections``), plus, per private pool, 12 keys such as
+    ``"reserved_bytes_by_private_pools.0_1.all.current"`` (tuple keys
+    joined with ``"_"``, as torch 2.13).  See
+    :func:`memory_stats_as_nested_dict`.
 
     Mirrors ``torch/cuda/memory.py: memory_stats``.
     """
@@ -551,6 +566,11 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 
     memsnap routes every stream of the device (torch routes the current
     thread's allocations).  Mirrors ``torch/cuda/memory.py: use_mem_pool``.
+
+    As in torch, entering takes a reference on the pool (``use_count()`` is
+    one more inside the block) and leaving drops it again
+    (endAllocateToPool, then releasePool), so that the pool's cached
+    segments are released once the MemPool object itself is gone.
     """
     index = _device_index(device)
     pool._begin(index, 0, True)
@@ -558,6 +578,7 @@ def use_mem_pool(pool: MemPool, device: Any = None):
         yield
     finally:
         pool._end(index)
+        pool._release(index)
 
 
 # ---------------------------------------------------------------------------
@@ -845,3 +866,107 @@ def _write_usage_report(path) -> None:
     """
     _C.write_usage_report(os.fspath(path))
 
+
+
+# ---------------------------------------------------------------------------
+# Pinned host memory (src/host_alloc.c: PyTorch's CachingHostAllocator).
+# Recorded into host_segments/host_traces by
+# _record_memory_history(record_pinned_host_memory=True).
+# ---------------------------------------------------------------------------
+
+
+def _host_alloc(size: int) -> int:
+    """Allocate ``size`` bytes of pinned host memory; return the address.
+
+    The block is rounded up to a power of two and cached by size after
+    :func:`_host_free` (reused by the next request of that rounded size).
+    ``size`` 0 returns 0.
+
+    Raises:
+        OutOfMemoryError: the runtime has no pinned memory left.
+        ValueError: ``size`` is negative.
+
+    memsnap's stand-in for what ``torch.empty(..., pin_memory=True)`` asks
+    of ``CachingHostAllocator``.
+    """
+    return _C.host_malloc(size)
+
+
+def _host_free(ptr: int) -> None:
+    """Free a block of :func:`_host_alloc` (``0`` is a no-op).
+
+    Raises:
+        ValueError: ``ptr`` is not a live pinned host block.
+    """
+    _C.host_free(ptr)
+
+
+def _host_record_stream(ptr: int, stream: Any) -> None:
+    """Mark the pinned block at ``ptr`` as used on ``stream``: after
+    :func:`_host_free` it is reused only once the work queued on ``stream``
+    has finished.
+
+    Mirrors ``CachingHostAllocator_recordEvent``.
+    """
+    _C.host_record_stream(ptr, _stream_handle(stream, _current_device()))
+
+
+def empty_host_cache() -> None:
+    """Return every cached (free) pinned host block to the runtime.
+
+    Mirrors ``torch/accelerator/memory.py: empty_host_cache``.
+    """
+    _C.host_empty_cache()
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """Return the pinned host allocator statistics as a nested dict.
+
+    Keys as torch's: ``allocations``, ``allocated_bytes`` (blocks owned,
+    active or cached, rounded sizes), ``active_requests``, ``active_bytes``
+    (blocks not yet reusable) each ``{"current", "peak", "allocated",
+    "freed"}``; ``num_host_alloc``/``num_host_free`` (runtime calls);
+    ``host_alloc_time``/``host_free_time`` ``{"total", "max", "min",
+    "count", "avg"}`` in microseconds.  Unlike torch, this works before
+    the first allocation (all zeros).
+
+    Mirrors ``torch/cuda/memory.py: host_memory_stats_as_nested_dict``.
+    """
+    return _C.host_memory_stats()
+
+
+def host_memory_stats() -> dict[str, Any]:
+    """Return :func:`host_memory_stats_as_nested_dict` flattened with ``"."``
+    as an ``OrderedDict`` sorted by key (e.g. ``"allocated_bytes.current"``).
+
+    Mirrors ``torch/cuda/memory.py: host_memory_stats``.
+    """
+    items: list = []
+
+    def walk(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        else:
+            items.append((prefix, obj))
+
+    walk("", host_memory_stats_as_nested_dict())
+    items.sort()
+    return collections.OrderedDict(items)
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Zero the ``allocated``/``freed`` fields, the runtime call counters and
+    the ``total``/``count`` of the timings.
+
+    Mirrors ``torch/cuda/memory.py: reset_accumulated_host_memory_stats``.
+    """
+    _C.host_reset_accumulated_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Set every ``peak`` to ``current`` and the timings' ``min``/``max`` to 0.
+
+    Mirrors ``torch/cuda/memory.py: reset_peak_host_memory_stats``.
+    """
+    _C.host_reset_peak_stats()

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "fake_alloc.h"
+#include "host_alloc.h"
 
 static _Thread_local char fake_err[512];
 
@@ -77,3 +78,18 @@ void fake_destroy(msnap_allocator_t *a) {
 
 /* The unit tests do not link oom.c. */
 void msnap__oom_env_init(msnap_allocator_t *a) { (void)a; }
+
+/* The host allocator's lock (host_alloc.h): one process-wide mutex is
+ * enough for the unit tests, which never allocate host memory. */
+static pthread_mutex_t fake_host_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int msnap__host_lock(msnap_allocator_t *a) {
+  (void)a;
+  pthread_mutex_lock(&fake_host_lock);
+  return 0;
+}
+
+void msnap__host_unlock(msnap_allocator_t *a) {
+  (void)a;
+  pthread_mutex_unlock(&fake_host_lock);
+}
