@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -125,8 +126,38 @@ static inline msnap_hentry_t *ring_at(const msnap_ring_t *ring, uint64_t i) {
   return ring_slot(ring, s);
 }
 
+/* Chunks are mapped directly, each at full size (MSNAP_RING_CHUNK entries
+ * = 192 KiB, a whole number of pages).  malloc would serve such a block by
+ * mmap with one more page for its header: about 1 byte per entry.  Only
+ * touched pages are resident, so a partly used chunk costs its entries. */
+#define RING_CHUNK_BYTES ((size_t)MSNAP_RING_CHUNK * sizeof(msnap_hentry_t))
+
+#if defined(__SANITIZE_ADDRESS__)
+#define RING_CHUNK_MALLOC 1 /* keep ASan's redzones around chunks */
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RING_CHUNK_MALLOC 1
+#endif
+#endif
+
+static msnap_hentry_t *chunk_new(void) {
+#ifdef RING_CHUNK_MALLOC
+  return malloc(RING_CHUNK_BYTES);
+#else
+  void *p = mmap(NULL, RING_CHUNK_BYTES, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+#endif
+}
+
 static void ring_free_chunks(msnap_hentry_t **chunks, uint64_t n) {
-  for (uint64_t k = 0; k < n; k++) free(chunks[k]);
+  for (uint64_t k = 0; k < n; k++) {
+#ifdef RING_CHUNK_MALLOC
+    free(chunks[k]);
+#else
+    if (chunks[k] != NULL) munmap(chunks[k], RING_CHUNK_BYTES);
+#endif
+  }
   free(chunks);
 }
 
@@ -136,9 +167,7 @@ static msnap_hentry_t **ring_alloc_chunks(uint64_t slots, uint64_t *nchunks) {
   msnap_hentry_t **c = calloc(n ? n : 1, sizeof *c);
   if (c == NULL) return NULL;
   for (uint64_t k = 0; k < n; k++) {
-    uint64_t sz = slots - k * MSNAP_RING_CHUNK;
-    if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
-    c[k] = malloc((size_t)sz * sizeof **c);
+    c[k] = chunk_new();
     if (c[k] == NULL) {
       ring_free_chunks(c, k);
       return NULL;
@@ -185,16 +214,13 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
 /* Add slots (head == 0, n == vcap < capacity): no entry moves.  Indexing
  * (ring_at) assumes every chunk but the last holds MSNAP_RING_CHUNK slots,
  * so a partial last chunk -- made while the capacity was smaller -- is
- * widened in place before any new chunk is added. */
+ * widened before any new chunk is added (in place: every chunk is mapped
+ * at full size). */
 static int ring_grow(msnap_ring_t *ring) {
   uint64_t tail = ring->vcap & (MSNAP_RING_CHUNK - 1);
   if (tail != 0) {
     uint64_t sz = tail + (ring->capacity - ring->vcap);
     if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
-    msnap_hentry_t *c =
-        realloc(ring->chunks[ring->nchunks - 1], (size_t)sz * sizeof *c);
-    if (c == NULL) return MSNAP_ENOMEM;
-    ring->chunks[ring->nchunks - 1] = c;
     ring->vcap += sz - tail;
     return 0;
   }
@@ -207,7 +233,7 @@ static int ring_grow(msnap_ring_t *ring) {
   }
   uint64_t sz = ring->capacity - ring->vcap;
   if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
-  msnap_hentry_t *c = malloc((size_t)sz * sizeof *c);
+  msnap_hentry_t *c = chunk_new();
   if (c == NULL) return MSNAP_ENOMEM;
   ring->chunks[ring->nchunks++] = c;
   ring->vcap += sz;
