@@ -80,6 +80,10 @@ typedef struct msnap_ring_s {
    * recorder is destroyed; 64 x 192 KiB at most. */
   msnap_hentry_t *spare[MSNAP_RING_SPARE];
   uint32_t nspare;
+  /* The call (context address and serial) that recorded the newest entry
+   * and that entry's raw time: the same call's next entry reuses it. */
+  const void *last_ctx;
+  uint64_t last_call, last_time;
 } msnap_ring_t;
 
 /* external_annotations entry. */
