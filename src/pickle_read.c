@@ -1273,6 +1273,10 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
       NEED(1);
       if (op == MSNAP_OP_BINGET && msnap_likely(memo_get_fast(vm, *p))) {
         p++;
+        /* runs of gets (list items): no dispatch per opcode */
+        while (end - p >= 2 && *p == MSNAP_OP_BINGET &&
+               memo_get_fast(vm, p[1]))
+          p += 2;
         break;
       }
       TRY(op == MSNAP_OP_BINGET ? memo_get(vm, *p) : memo_put(vm, *p));
@@ -1284,6 +1288,9 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
       if (op == MSNAP_OP_LONG_BINGET &&
           msnap_likely(memo_get_fast(vm, le(p, 4)))) {
         p += 4;
+        while (end - p >= 5 && *p == MSNAP_OP_LONG_BINGET &&
+               memo_get_fast(vm, le(p + 1, 4)))
+          p += 5;
         break;
       }
       TRY(op == MSNAP_OP_LONG_BINGET ? memo_get(vm, le(p, 4))
