@@ -285,9 +285,9 @@ static void obj_release_slot(msnap_pvm_t *vm, msnap_pobj_t *o) {
   if (msnap__grow((void **)&vm->free_objs, &vm->free_cap, vm->nfree, 1,
                   sizeof *vm->free_objs) < 0)
     return; /* leak the slot rather than fail */
-  free(o->items);
-  o->items = NULL;
-  o->n = o->cap = 0;
+  /* The item array stays with the free slot (kept for the next container
+   * made in it: no malloc/free per trace entry dict). */
+  o->n = 0;
   o->kind = MSNAP_POBJ_FREE;
   o->flags = 0;
   o->gen++;
@@ -340,19 +340,14 @@ const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
  */
 static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
                    msnap_pv_t *out) {
-  msnap_pv_t *items = NULL;
-  if (cap) {
-    items = malloc((size_t)cap * sizeof *items);
-    if (!items) return oom(vm);
-  }
   uint32_t idx;
-  if (vm->nfree) {
+  bool recycled = vm->nfree > 0;
+  if (recycled) {
     idx = vm->free_objs[--vm->nfree];
   } else {
     if (vm->nobjs >= OBJ_INDEX_MASK ||
         msnap__grow((void **)&vm->objs, &vm->objs_cap, vm->nobjs, 1,
                     sizeof *vm->objs) < 0) {
-      free(items);
       if (vm->nobjs >= OBJ_INDEX_MASK)
         return msnap__pvm_fail(vm, MSNAP_ELIMIT,
                                "more than %u live containers",
@@ -363,9 +358,23 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
     memset(&vm->objs[idx], 0, sizeof vm->objs[idx]);
   }
   msnap_pobj_t *o = &vm->objs[idx];
-  o->items = items;
+  /* a recycled slot may bring an item array; use it when large enough */
+  if (cap > o->cap) {
+    msnap_pv_t *items = malloc((size_t)cap * sizeof *items);
+    if (!items) {
+      /* the slot stays free: back to the list (room: it was just taken
+       * from it), or a fresh slot is given back */
+      if (recycled)
+        vm->free_objs[vm->nfree++] = idx;
+      else
+        vm->nobjs--;
+      return oom(vm);
+    }
+    free(o->items);
+    o->items = items;
+    o->cap = cap;
+  }
   o->n = 0;
-  o->cap = cap;
   o->memo_slot = UINT32_MAX;
   o->stackrefs = 0;
   o->fwd = 0;
