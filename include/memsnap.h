@@ -295,6 +295,21 @@ MSNAP_API int msnap_stats_get(msnap_allocator_t *a, int device,
                               msnap_stats_t *out);
 MSNAP_API int msnap_reset_peak_stats(msnap_allocator_t *a, int device);
 MSNAP_API int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device);
+/* reserved_bytes of one private pool (memory_stats()'s
+ * reserved_bytes_by_private_pools, torch 2.13).  A deleted pool keeps its
+ * entry (current 0; peak, allocated, freed as they were) until the resets
+ * bring all four fields of every type to 0. */
+typedef struct msnap_pool_stats_s {
+  msnap_mempool_id_t id;
+  msnap_stat_t reserved_bytes[MSNAP_STAT_TYPES];
+} msnap_pool_stats_t;
+/* The private pools of a device with a non-zero entry (a pool appears with
+ * its first reserved byte): live pools in creation order, then deleted
+ * ones.  Fills out[0 .. min(cap, total)) and
+ * sets *n to the total (call with cap 0 to size the array). */
+MSNAP_API int msnap_pool_stats_get(msnap_allocator_t *a, int device,
+                                   msnap_pool_stats_t *out, size_t cap,
+                                   size_t *n);
 /* memory_summary() text exactly as torch.cuda.memory.memory_summary prints
  * it; *out owned by the caller. */
 MSNAP_API int msnap_memory_summary(msnap_allocator_t *a, int device,

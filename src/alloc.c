@@ -593,7 +593,7 @@ static int release_block(msnap_device_t *d, msnap_block_t *b,
   d->total_allocated_memory -= b->size;
   int type = msnap__pool_stat_type(b->pool);
   msnap__stat2_dec(st->segment, type, 1);
-  msnap__stat2_dec(st->reserved_bytes, type, (int64_t)b->size);
+  msnap__reserved_dec(d, b->pool, (int64_t)b->size);
   if (b->size >= a->conf.max_split_size)
     msnap__stat_dec(&st->oversize_segments, 1);
   msnap__pool_erase(b);
@@ -716,7 +716,7 @@ static bool alloc_block(msnap_device_t *d, msnap_params_t *p, bool is_retry,
   b->mapped = 1;
   int type = msnap__pool_stat_type(p->pool);
   msnap__stat2_inc(st->segment, type, 1);
-  msnap__stat2_inc(st->reserved_bytes, type, (int64_t)size);
+  msnap__reserved_inc(d, p->pool, (int64_t)size);
   if (size >= a->conf.max_split_size)
     msnap__stat_inc(&st->oversize_segments, 1);
   st->num_device_alloc++;
@@ -1079,9 +1079,16 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
   }
 
   /* npu base_addr_aligned_kb (§20.4): as torch_npu, the found block's
-   * object keeps the unaligned head (and goes back to the pool, no stat
-   * change); a new object starts at the aligned address and is the one
-   * allocated (split below as usual). */
+   * object keeps the unaligned head (and goes back to the pool); a new
+   * object starts at the aligned address and is the one allocated (split
+   * below as usual).  torch_npu decides by the global expandable flag, so
+   * after a run-time switch to expandable segments the found block can
+   * belong to a non-expandable segment.  inactive_split* count the free
+   * split blocks of non-expandable segments (§6.2, §9.2: a per-segment
+   * test), so there the head is counted, and so is the aligned block
+   * (split now, alloc_found_block takes it back out): from (1, S) or
+   * (0, 0) to (2, S) for the S bytes of the found block.  In an expandable
+   * segment nothing is counted, as in torch_npu. */
   if (npu && conf->expandable_segments && conf->base_addr_aligned_kb > 0 &&
       p.size >= MSNAP_ROUND_LARGE) {
     uint64_t g = conf->base_addr_aligned_kb * 1024;
@@ -1092,6 +1099,17 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
         msnap_block_t *aligned = msnap__block_new(d);
         if (aligned) {
           msnap_block_t *head = p.block;
+          if (!head->seg->expandable) {
+            msnap_stats_t *st = &d->stats;
+            int type = msnap__pool_stat_type(head->pool);
+            if (head->prev || head->next) {
+              msnap__stat2_inc(st->inactive_split, type, 1);
+            } else {
+              msnap__stat2_inc(st->inactive_split, type, 2);
+              msnap__stat2_inc(st->inactive_split_bytes, type,
+                               (int64_t)head->size);
+            }
+          }
           aligned->stream = head->stream;
           aligned->size = head->size - gap;
           aligned->ptr = head->ptr + gap;

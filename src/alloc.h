@@ -41,7 +41,10 @@
  *     - two adjacent free blocks with the same `mapped` never coexist
  *       (they would have been merged), unless one of them has stream uses;
  *     - the ptr map holds exactly the allocated blocks;
- *     - the stats equal the sums recomputed from the blocks.
+ *     - the stats equal the sums recomputed from the blocks;
+ *     - a live private pool's reserved.*.current is the mapped bytes of its
+ *       segments; a retired (deleted) pool's entry has current 0, its id is
+ *       no live pool's and appears once.
  *
  * Object identity follows PyTorch (§6.2, §9.3): a split creates a NEW block
  * for the allocated low part and the old object becomes the remainder; a
@@ -196,6 +199,9 @@ struct msnap_ppool_s {
   bool use_on_oom, no_split, freeable;
   msnap_bpool_t large, small;
   msnap_ppool_t *next; /* device list, creation order                  */
+  /* reserved_bytes of this pool's segments (reserved_bytes_by_private_
+   * pools); current == the mapped bytes of its segments. */
+  msnap_stat_t reserved[MSNAP_STAT_TYPES];
 };
 
 struct msnap_segment_s {
@@ -265,6 +271,10 @@ struct msnap_device_s {
   double fraction;
   uint64_t device_total; /* cached from mem_get_info at creation     */
   uint64_t next_pool_id;
+  /* reserved_bytes of deleted private pools (current 0), kept until the
+   * resets zero them; taken back if a pool with the same id is made. */
+  msnap_pool_stats_t *retired;
+  uint32_t nretired, retired_cap;
 };
 
 /* Raw (caching disabled) allocations: ptr -> (device, size). */
@@ -346,5 +356,28 @@ msnap_conf_t *msnap__allocator_conf_mut(msnap_allocator_t *a);
  * expandable) and their blocks (ptr, size, allocated/pending/free).  Used
  * by the worked-example tests; caller holds the device lock. */
 msnap_device_t *msnap__device(msnap_allocator_t *a, int device);
+
+/* ---- reserved bytes (device and private pool) ---------------------------- */
+/* mempool.c: drop the retired pool stats that the resets brought to all
+ * zeros.  Caller holds the device lock. */
+void msnap__ppool_retired_prune(msnap_device_t *d);
+/* Reserved bytes of a pool's segments changed (segment alloc / free, map /
+ * unmap): the device-wide reserved_bytes and, for a private pool, its own
+ * reserved stat (reserved_bytes_by_private_pools).  Caller holds the
+ * device lock. */
+static inline void msnap__reserved_inc(msnap_device_t *d, msnap_bpool_t *p,
+                                       int64_t n) {
+  int type = msnap__pool_stat_type(p);
+  msnap__stat2_inc(d->stats.reserved_bytes, type, n);
+  if (p->owner)
+    msnap__stat2_inc(p->owner->reserved, type, n);
+}
+static inline void msnap__reserved_dec(msnap_device_t *d, msnap_bpool_t *p,
+                                       int64_t n) {
+  int type = msnap__pool_stat_type(p);
+  msnap__stat2_dec(d->stats.reserved_bytes, type, n);
+  if (p->owner)
+    msnap__stat2_dec(p->owner->reserved, type, n);
+}
 
 #endif /* MSNAP_ALLOC_H */

@@ -105,6 +105,47 @@ static int check_device(msnap_device_t *d, char *msg, size_t len) {
       FAIL("private pool (%" PRIu64 ",%" PRIu64 ") has %" PRId64
            " segments but malloc_count %" PRId64,
            pp->id.first, pp->id.second, nseg, pp->malloc_count);
+    /* reserved_bytes_by_private_pools: the mapped bytes of its segments. */
+    int64_t mapped[MSNAP_STAT_TYPES] = {0};
+    for (const msnap_segment_t *s = d->segments; s; s = s->snext) {
+      if (s->pool->owner != pp)
+        continue;
+      int type = msnap__pool_stat_type(s->pool);
+      for (const msnap_block_t *b = s->head; b; b = b->next) {
+        if (b->mapped) {
+          mapped[MSNAP_STAT_ALL] += (int64_t)b->size;
+          mapped[type] += (int64_t)b->size;
+        }
+      }
+    }
+    for (int t = 0; t < MSNAP_STAT_TYPES; t++) {
+      if (pp->reserved[t].current != mapped[t])
+        FAIL("private pool (%" PRIu64 ",%" PRIu64 "): reserved stat %d "
+             "current %" PRId64 " but its segments map %" PRId64,
+             pp->id.first, pp->id.second, t, pp->reserved[t].current,
+             mapped[t]);
+      if (pp->reserved[t].peak < pp->reserved[t].current)
+        FAIL("private pool (%" PRIu64 ",%" PRIu64 "): reserved stat %d "
+             "peak below current",
+             pp->id.first, pp->id.second, t);
+    }
+  }
+  for (uint32_t i = 0; i < d->nretired; i++) {
+    const msnap_pool_stats_t *r = &d->retired[i];
+    for (int t = 0; t < MSNAP_STAT_TYPES; t++)
+      if (r->reserved_bytes[t].current != 0)
+        FAIL("deleted private pool (%" PRIu64 ",%" PRIu64 "): reserved "
+             "stat %d current %" PRId64 ", not 0",
+             r->id.first, r->id.second, t, r->reserved_bytes[t].current);
+    for (const msnap_ppool_t *pp = d->ppools; pp; pp = pp->next)
+      if (msnap__id_eq(pp->id, r->id))
+        FAIL("private pool (%" PRIu64 ",%" PRIu64 ") is both live and "
+             "deleted",
+             r->id.first, r->id.second);
+    for (uint32_t k = i + 1; k < d->nretired; k++)
+      if (msnap__id_eq(d->retired[k].id, r->id))
+        FAIL("deleted private pool (%" PRIu64 ",%" PRIu64 ") listed twice",
+             r->id.first, r->id.second);
   }
 
   uint64_t nseg = 0;

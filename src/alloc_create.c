@@ -226,6 +226,7 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
     free(pp);
   }
   free(d->captures);
+  free(d->retired);
   free(d->map.buckets);
   msnap__unlock(&d->lock);
   msnap__lock_destroy(&d->lock);

@@ -247,8 +247,7 @@ static msnap_block_t *map_block(msnap_device_t *d, msnap_block_t *to_map,
   msnap__try_merge(d, to_map, to_map->next);
   msnap__pool_insert_blocks(pool, to_map);
   d->total_allocated_memory += mapped;
-  int type = msnap__pool_stat_type(pool);
-  msnap__stat2_inc(d->stats.reserved_bytes, type, (int64_t)mapped);
+  msnap__reserved_inc(d, pool, (int64_t)mapped);
   d->stats.num_device_alloc++;
   msnap__trace(d, c, MSNAP_ACTION_SEGMENT_MAP, to_map->ptr, mapped,
                to_map->stream, pool, 0);
@@ -353,8 +352,7 @@ void msnap__unmap_block(msnap_device_t *d, msnap_block_t *b,
   msnap__try_merge(d, b, b->next);
   msnap__pool_insert_unmapped(pool, b);
   d->total_allocated_memory -= usize;
-  int type = msnap__pool_stat_type(pool);
-  msnap__stat2_dec(d->stats.reserved_bytes, type, (int64_t)usize);
+  msnap__reserved_dec(d, pool, (int64_t)usize);
   d->stats.num_device_free++;
   msnap__trace(d, c, MSNAP_ACTION_SEGMENT_UNMAP, uptr, usize, b->stream, pool,
                s->stack);

@@ -19,6 +19,7 @@
  */
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "alloc_core.h"
 
@@ -29,13 +30,53 @@ msnap_ppool_t *msnap__ppool_find(msnap_device_t *d, msnap_mempool_id_t id) {
   return NULL;
 }
 
+/* An entry that the resets have brought back to all zeros. */
+static bool pool_stat_zero(const msnap_stat_t *r) {
+  for (int t = 0; t < MSNAP_STAT_TYPES; t++)
+    if (r[t].current || r[t].peak || r[t].allocated || r[t].freed)
+      return false;
+  return true;
+}
+
+/*
+ * Delete pp (no segment left).  Its reserved stat moves to d->retired so
+ * that memory_stats keeps reporting the pool's peak and totals until the
+ * resets clear them, as torch 2.13 does.  Out of host memory the entry is
+ * dropped (the only effect: the deleted pool's key disappears early).
+ * Caller holds the device lock.
+ */
 void msnap__ppool_free(msnap_device_t *d, msnap_ppool_t *pp) {
   msnap_ppool_t **link = &d->ppools;
   while (*link && *link != pp)
     link = &(*link)->next;
   if (*link)
     *link = pp->next;
+  if (!pool_stat_zero(pp->reserved)) {
+    if (d->nretired == d->retired_cap) {
+      uint32_t nc = d->retired_cap ? d->retired_cap * 2 : 4;
+      msnap_pool_stats_t *nv = realloc(d->retired, nc * sizeof *nv);
+      if (nv) {
+        d->retired = nv;
+        d->retired_cap = nc;
+      }
+    }
+    if (d->nretired < d->retired_cap) {
+      msnap_pool_stats_t *r = &d->retired[d->nretired++];
+      r->id = pp->id;
+      memcpy(r->reserved_bytes, pp->reserved, sizeof r->reserved_bytes);
+    }
+  }
   free(pp);
+}
+
+/* Drop the retired entries that the resets brought to all zeros.  Caller
+ * holds the device lock. */
+void msnap__ppool_retired_prune(msnap_device_t *d) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < d->nretired; i++)
+    if (!pool_stat_zero(d->retired[i].reserved_bytes))
+      d->retired[k++] = d->retired[i];
+  d->nretired = k;
 }
 
 static void bpool_init(msnap_bpool_t *p, bool is_small, msnap_ppool_t *owner) {
@@ -67,6 +108,15 @@ static int create_or_incref(msnap_device_t *d, msnap_mempool_id_t id,
   pp->use_count = 1;
   bpool_init(&pp->large, false, pp);
   bpool_init(&pp->small, true, pp);
+  /* The same id again (a graph pool id reused): its history continues. */
+  for (uint32_t i = 0; i < d->nretired; i++) {
+    if (msnap__id_eq(d->retired[i].id, id)) {
+      memcpy(pp->reserved, d->retired[i].reserved_bytes,
+             sizeof pp->reserved);
+      d->retired[i] = d->retired[--d->nretired];
+      break;
+    }
+  }
   /* Append: creation order is the use_on_oom search order. */
   msnap_ppool_t **link = &d->ppools;
   while (*link)
@@ -205,6 +255,33 @@ int msnap_mempool_use_count(msnap_allocator_t *a, int device,
   msnap__lock(&d->lock);
   msnap_ppool_t *pp = msnap__ppool_find(d, id);
   *count = pp ? pp->use_count : 0;
+  msnap__unlock(&d->lock);
+  return 0;
+}
+
+int msnap_pool_stats_get(msnap_allocator_t *a, int device,
+                         msnap_pool_stats_t *out, size_t cap, size_t *n) {
+  msnap_device_t *d = dev(a, device, "msnap_pool_stats_get");
+  if (!d)
+    return MSNAP_EINVAL;
+  if (!n || (cap > 0 && !out))
+    return msnap__set_error(MSNAP_EINVAL, "msnap_pool_stats_get: NULL");
+  msnap__lock(&d->lock);
+  size_t k = 0;
+  for (const msnap_ppool_t *pp = d->ppools; pp; pp = pp->next) {
+    if (pool_stat_zero(pp->reserved))
+      continue; /* never reserved anything (or reset to nothing) */
+    if (k < cap) {
+      out[k].id = pp->id;
+      memcpy(out[k].reserved_bytes, pp->reserved,
+             sizeof out[k].reserved_bytes);
+    }
+    k++;
+  }
+  for (uint32_t i = 0; i < d->nretired; i++, k++)
+    if (k < cap)
+      out[k] = d->retired[i];
+  *n = k;
   msnap__unlock(&d->lock);
   return 0;
 }

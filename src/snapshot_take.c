@@ -18,6 +18,24 @@
  * and build allocator_settings.  Serialization happens afterwards, on the
  * model, never under a device lock.
  *
+ * allocator_settings holds no integer above 2^53 - 1 (JavaScript's
+ * Number.MAX_SAFE_INTEGER): pytorch.org/memory_viz reads every pickle int
+ * into a double, so a larger value would be shown rounded (2^63 - 1, the
+ * default ring capacity of _record_memory_history(max_entries=
+ * sys.maxsize), reads as 9223372036854775808).  Hence:
+ *   - limits (trace_alloc_max_entries, max_split_size,
+ *     max_round_threshold, max_cached_size) above it are written as -1,
+ *     meaning "unlimited": no ring or threshold that large can ever be
+ *     reached.  trace_alloc_max_entries is the ring capacity per device
+ *     (entries) when it is at most 2^53 - 1, -1 when it is larger, 0 when
+ *     history was never recorded; max_split_size was already -1 when
+ *     unset, as in PyTorch;
+ *   - counts and byte totals (trace_alloc_dropped, workspace_*) saturate
+ *     at 2^53 - 1 (unreachable in practice).
+ * Segment and block addresses are device addresses (below 2^49 on CUDA
+ * and Ascend, and on the sim) and times are microseconds since the epoch
+ * (about 2^51): both stay exact.
+ *
  * Filters: o->device >= 0 keeps that device's segments and trace (the
  * other devices' trace lists are present and empty, so indices stay
  * device ordinals); a private pool id keeps that pool's segments and the
@@ -293,6 +311,19 @@ static int64_t clamp_i64(uint64_t v) {
   return v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v;
 }
 
+/* The largest integer a JavaScript viewer reads exactly (2^53 - 1). */
+#define JS_MAX_SAFE ((1ull << 53) - 1)
+
+/* A count or byte total, saturated at JS_MAX_SAFE. */
+static int64_t js_count(uint64_t v) {
+  return v > JS_MAX_SAFE ? (int64_t)JS_MAX_SAFE : (int64_t)v;
+}
+
+/* A limit: -1 ("unlimited") above JS_MAX_SAFE. */
+static int64_t js_limit(uint64_t v) {
+  return v > JS_MAX_SAFE ? -1 : (int64_t)v;
+}
+
 typedef struct take_totals_s {
   uint64_t *dropped; /* per device */
   uint64_t max_entries;
@@ -301,25 +332,48 @@ typedef struct take_totals_s {
   gvb_t ws_segments; /* list of ints */
 } take_totals_t;
 
+/*
+ * A consistent copy of the allocator's conf.  msnap_set_allocator_settings
+ * re-parses the conf in place (and frees and replaces conf.raw) under
+ * every device lock, so the fields and the string are copied under device
+ * 0's lock: all of them come from one applied conf.  *raw receives a
+ * malloc'ed copy of the string (the caller frees it); c->raw is left NULL.
+ * Called with no lock held.  Returns 0 or MSNAP_ENOMEM.
+ */
+static int conf_copy(msnap_allocator_t *a, msnap_conf_t *c, char **raw) {
+  *raw = NULL;
+  if (msnap_device_count(a) <= 0) return MSNAP_EINVAL;
+  msnap__device_lock(a, 0);
+  *c = *msnap__allocator_conf(a);
+  const char *r = c->raw ? c->raw : "";
+  *raw = strdup(r);
+  msnap__device_unlock(a, 0);
+  c->raw = NULL;
+  return *raw == NULL ? MSNAP_ENOMEM : 0;
+}
+
 /* Every cuda-reference §2.7 key, the NPU conf string, and the recorder's
- * ring facts. */
+ * ring facts.  Called with no lock held (takes device 0's lock briefly). */
 static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
                           take_totals_t *t, int ndev) {
-  const msnap_conf_t *c = msnap__allocator_conf(a);
+  msnap_conf_t conf;
+  char *raw_copy = NULL;
+  int crc = conf_copy(a, &conf, &raw_copy);
+  if (crc == MSNAP_ENOMEM) return crc;
+  const msnap_conf_t *c = crc == 0 ? &conf : NULL;
   gvb_t b = {0};
-  const char *raw = c && c->raw ? c->raw : "";
+  const char *raw = raw_copy ? raw_copy : "";
   gv_put(s, &b, "PYTORCH_CUDA_ALLOC_CONF", gv_str(s, raw));
   if (msnap_profile(a) == MSNAP_PROFILE_NPU)
     gv_put(s, &b, "PYTORCH_NPU_ALLOC_CONF", gv_str(s, raw));
   uint64_t mss = c ? c->max_split_size : UINT64_MAX;
-  gv_put(s, &b, "max_split_size",
-         gv_int(mss == UINT64_MAX || mss == SIZE_MAX ? -1 : clamp_i64(mss)));
+  gv_put(s, &b, "max_split_size", gv_int(js_limit(mss)));
   gv_put(s, &b, "garbage_collection_threshold",
          gv_float(c ? c->garbage_collection_threshold : 0.0));
   gv_put(s, &b, "expandable_segments",
          gv_bool(c ? c->expandable_segments : false));
   gv_put(s, &b, "pinned_num_register_threads",
-         gv_int(c ? clamp_i64(c->pinned_num_register_threads) : 1));
+         gv_int(c ? js_count(c->pinned_num_register_threads) : 1));
   gv_put(s, &b, "release_lock_on_cudamalloc",
          gv_bool(c ? c->release_lock_on_malloc : false));
   gv_put(s, &b, "pinned_use_cuda_host_register",
@@ -329,37 +383,39 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
   /* The pinned host allocator's thresholds as configured (bytes; 0 when
    * never set).  host_alloc.c honours both. */
   gv_put(s, &b, "max_round_threshold",
-         gv_int(c ? clamp_i64(c->pinned_max_round_threshold) : 0));
+         gv_int(c ? js_limit(c->pinned_max_round_threshold) : 0));
   gv_put(s, &b, "max_cached_size",
-         gv_int(c ? clamp_i64(c->pinned_max_cached_size) : 0));
+         gv_int(c ? js_limit(c->pinned_max_cached_size) : 0));
   gvb_t rd = {0};
   for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
     char key[16];
     snprintf(key, sizeof key, "%u", 1u << i);
     gvb_push(&rd, gv_str(s, key));
-    gvb_push(&rd, gv_int(c ? clamp_i64(c->roundup_power2_divisions[i]) : 0));
+    gvb_push(&rd, gv_int(c ? js_count(c->roundup_power2_divisions[i]) : 0));
   }
   if (rd.err) b.err = rd.err;
   gv_put(s, &b, "roundup_power2_divisions", gv_seq(MSNAP_GV_DICT, &rd));
-  /* memsnap additions: ring capacity and overflow (closed PR #179276). */
+  /* memsnap additions: ring capacity and overflow (closed PR #179276).
+   * The capacity is -1 when above 2^53 - 1 (see the file comment). */
   gv_put(s, &b, "trace_alloc_max_entries",
-         gv_int(t->have_recorder ? clamp_i64(t->max_entries) : 0));
+         gv_int(t->have_recorder ? js_limit(t->max_entries) : 0));
   bool over = false;
   gvb_t dl = {0};
   for (int d = 0; d < ndev; d++) {
     over |= t->dropped[d] > 0;
-    gvb_push(&dl, gv_int(clamp_i64(t->dropped[d])));
+    gvb_push(&dl, gv_int(js_count(t->dropped[d])));
   }
   if (dl.err) b.err = dl.err;
   gv_put(s, &b, "trace_alloc_overflowed", gv_bool(over));
   gv_put(s, &b, "trace_alloc_dropped", gv_seq(MSNAP_GV_LIST, &dl));
   /* Workspace (not in memory_stats): lets a reader reconcile. */
-  gv_put(s, &b, "workspace_reserved_bytes", gv_int(clamp_i64(t->ws_reserved)));
+  gv_put(s, &b, "workspace_reserved_bytes", gv_int(js_count(t->ws_reserved)));
   gv_put(s, &b, "workspace_allocated_bytes",
-         gv_int(clamp_i64(t->ws_allocated)));
+         gv_int(js_count(t->ws_allocated)));
   gv_put(s, &b, "workspace_segments", gv_seq(MSNAP_GV_LIST, &t->ws_segments));
   memset(&t->ws_segments, 0, sizeof t->ws_segments);
   s->allocator_settings = gv_seq(MSNAP_GV_DICT, &b);
+  free(raw_copy);
   return b.err;
 }
 
@@ -647,12 +703,8 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   int irc = msnap__snap_import_stacks(s);
   if (!err) err = irc;
   if (!err) {
-    /* msnap_set_allocator_settings replaces the conf (and frees its raw
-     * string) holding every device lock: read it under one of them. */
-    bool lock = msnap_device_count(a) > 0;
-    if (lock) msnap__device_lock(a, 0);
+    /* build_settings copies the conf under device 0's lock (conf_copy). */
     err = build_settings(a, s, &tt, ndev);
-    if (lock) msnap__device_unlock(a, 0);
   }
   free(tt.ws_segments.items);
   free(tt.dropped);

@@ -66,6 +66,13 @@ int msnap_reset_peak_stats(msnap_allocator_t *a, int device) {
 #define RESET_PEAK_ONE_(n) s->n.peak = s->n.current;
   MSNAP_STAT_FIELDS(RESET_PEAK_ONE_)
 #undef RESET_PEAK_ONE_
+  for (msnap_ppool_t *pp = d->ppools; pp; pp = pp->next)
+    for (int i = 0; i < MSNAP_STAT_TYPES; i++)
+      pp->reserved[i].peak = pp->reserved[i].current;
+  for (uint32_t k = 0; k < d->nretired; k++)
+    for (int i = 0; i < MSNAP_STAT_TYPES; i++)
+      d->retired[k].reserved_bytes[i].peak = 0; /* current is 0 */
+  msnap__ppool_retired_prune(d);
   msnap__unlock(&d->lock);
   return 0;
 }
@@ -92,6 +99,14 @@ int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device) {
   /* torch_npu also zeroes num_oom_rejections (NPU L1811); upstream's
    * newest CUDA code does the same for its new counter. */
   s->num_oom_rejections = 0;
+  for (msnap_ppool_t *pp = d->ppools; pp; pp = pp->next)
+    for (int i = 0; i < MSNAP_STAT_TYPES; i++)
+      pp->reserved[i].allocated = pp->reserved[i].freed = 0;
+  for (uint32_t k = 0; k < d->nretired; k++)
+    for (int i = 0; i < MSNAP_STAT_TYPES; i++)
+      d->retired[k].reserved_bytes[i].allocated =
+          d->retired[k].reserved_bytes[i].freed = 0;
+  msnap__ppool_retired_prune(d);
   msnap__unlock(&d->lock);
   return 0;
 }

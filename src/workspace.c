@@ -31,8 +31,13 @@
  * Invariants (ws_check): at most one buffer per (device, stream); sizes
  * are multiples of 2 MiB; requested + 32 <= size for allocated buffers.
  * Locking: ws->lock is taken alone or inside a device lock (alloc.c's
- * empty_cache may call msnap_workspace_empty_cache under it); this file
- * never takes a device lock while holding ws->lock.
+ * last OOM retry in the npu profile calls msnap_workspace_empty_cache
+ * under the device lock; msnap_empty_cache calls it before taking the
+ * device lock, after the device sync, as torch_npu's emptyCache).  The
+ * order is always device lock, then ws->lock: this file never takes a
+ * device lock (nor calls into the caching allocator) while holding
+ * ws->lock.  tests/recorder/test_workspace_empty runs both paths from
+ * several threads (under TSan in make test-threads).
  */
 #include <inttypes.h>
 #include <stdio.h>

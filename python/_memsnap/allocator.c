@@ -332,6 +332,49 @@ static int put(PyObject *d, const char *key, PyObject *value) {
   return rc;
 }
 
+/* {(first, second): {"all": {...}, "small_pool": {...}, "large_pool": {...}}}
+ * for every private pool with an entry (msnap_pool_stats_get).  New
+ * reference, NULL with an exception set. */
+static PyObject *private_pool_stats(PyObject *module, msnap_allocator_t *a,
+                                    int device, const char *const types[]) {
+  size_t n = 0;
+  int rc = msnap_pool_stats_get(a, device, NULL, 0, &n);
+  msnap_pool_stats_t *v = NULL;
+  /* Pools may appear between the two calls: retry with the new size. */
+  while (rc == 0) {
+    size_t cap = n + 4;
+    msnap_pool_stats_t *nv = PyMem_Realloc(v, cap * sizeof *nv);
+    if (nv == NULL) {
+      PyMem_Free(v);
+      return PyErr_NoMemory();
+    }
+    v = nv;
+    rc = msnap_pool_stats_get(a, device, v, cap, &n);
+    if (rc == 0 && n <= cap)
+      break;
+  }
+  if (rc < 0) {
+    PyMem_Free(v);
+    return msnap_py_raise(module, rc, NULL);
+  }
+  PyObject *pools = PyDict_New();
+  for (size_t i = 0; pools != NULL && i < n; i++) {
+    PyObject *arr = PyDict_New();
+    PyObject *key = Py_BuildValue("(KK)", (unsigned long long)v[i].id.first,
+                                  (unsigned long long)v[i].id.second);
+    bool ok = arr != NULL && key != NULL;
+    for (int t = 0; ok && t < MSNAP_STAT_TYPES; t++)
+      ok = put(arr, types[t], stat_dict(&v[i].reserved_bytes[t])) == 0;
+    ok = ok && PyDict_SetItem(pools, key, arr) == 0;
+    Py_XDECREF(arr);
+    Py_XDECREF(key);
+    if (!ok)
+      Py_CLEAR(pools);
+  }
+  PyMem_Free(v);
+  return pools;
+}
+
 /* memory_stats(device) -> the nested dict of
  * torch.cuda.memory.memory_stats_as_nested_dict (cuda-reference §5.10). */
 static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
@@ -376,6 +419,14 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
     goto fail;
   MSNAP_COUNTER_FIELDS(COUNTER_)
 #undef COUNTER_
+  /* torch 2.13 (CUDA): reserved_bytes_by_private_pools, keyed by the pool
+   * id tuple, each value shaped as reserved_bytes.  torch_npu has no such
+   * key (torch-npu-today §1), so the npu profile leaves it out. */
+  if (msnap_profile(a) == MSNAP_PROFILE_CUDA) {
+    PyObject *pools = private_pool_stats(module, a, device, types);
+    if (put(d, "reserved_bytes_by_private_pools", pools) < 0)
+      goto fail;
+  }
   return d;
 fail:
   Py_DECREF(d);
@@ -640,6 +691,24 @@ static PyObject *mempool_end(PyObject *o, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* _release(device): drop one reference (releasePool), e.g. the one that
+ * _begin took.  The pool's own reference is dropped when the object dies;
+ * at use_count 0 the pool's cached segments are released. */
+static PyObject *mempool_release(PyObject *o, PyObject *args) {
+  mempool_t *self = (mempool_t *)o;
+  int device;
+  if (!PyArg_ParseTuple(args, "i:_release", &device))
+    return NULL;
+  PyObject *module = mempool_module(o);
+  if (module == NULL)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_mempool_release(a, device, self->id);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "releasePool");
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mempool_methods[] = {
     {"_create", mempool_create, METH_VARARGS,
      "_create(device, use_on_oom, no_split): make the private pool."},
@@ -648,6 +717,8 @@ static PyMethodDef mempool_methods[] = {
     {"_begin", mempool_begin, METH_VARARGS,
      "_begin(device, stream, all_streams): route allocations here."},
     {"_end", mempool_end, METH_VARARGS, "_end(device): stop routing."},
+    {"_release", mempool_release, METH_VARARGS,
+     "_release(device): drop the reference _begin took (releasePool)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef mempool_getset[] = {

@@ -302,8 +302,14 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
     ``num_sync_all_streams``, ``num_device_alloc``, ``num_device_free``,
     ``num_oom_rejections`` are ints.  ``*_bytes`` values are bytes.
 
+    ``reserved_bytes_by_private_pools`` (cuda profile, as torch 2.13):
+    ``{pool_id_tuple: {"all"|"small_pool"|"large_pool": {four fields}}}``,
+    the reserved bytes of each private pool (``MemPool``, graph pools).  A
+    pool appears with its first reserved byte; a deleted pool keeps its
+    entry (``current`` 0) until the resets bring every field to 0.  The npu
+    profile leaves the key out, as torch_npu does.
+
     Unlike torch, this works before the first allocation (all zeros).
-    ``reserved_bytes_by_private_pools`` is not reported.
 
     Mirrors ``torch/cuda/memory.py: memory_stats_as_nested_dict``.
     """
@@ -315,7 +321,10 @@ def memory_stats(device: Any = None) -> dict[str, Any]:
 
     An ``OrderedDict`` sorted by key, e.g. ``"allocated_bytes.all.current"``
     (bytes), ``"num_ooms"``: 123 keys (torch 2.14's set, including
-    ``num_oom_rejections``).  See :func:`memory_stats_as_nested_dict`.
+    ``num_oom_rejections``), plus, per private pool, 12 keys such as
+    ``"reserved_bytes_by_private_pools.0_1.all.current"`` (tuple keys
+    joined with ``"_"``, as torch 2.13).  See
+    :func:`memory_stats_as_nested_dict`.
 
     Mirrors ``torch/cuda/memory.py: memory_stats``.
     """
@@ -557,6 +566,11 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 
     memsnap routes every stream of the device (torch routes the current
     thread's allocations).  Mirrors ``torch/cuda/memory.py: use_mem_pool``.
+
+    As in torch, entering takes a reference on the pool (``use_count()`` is
+    one more inside the block) and leaving drops it again
+    (endAllocateToPool, then releasePool), so that the pool's cached
+    segments are released once the MemPool object itself is gone.
     """
     index = _device_index(device)
     pool._begin(index, 0, True)
@@ -564,6 +578,7 @@ def use_mem_pool(pool: MemPool, device: Any = None):
         yield
     finally:
         pool._end(index)
+        pool._release(index)
 
 
 # ---------------------------------------------------------------------------

@@ -849,6 +849,151 @@ static void randomized(void **state) {
   }
 }
 
+/* A runtime whose device mallocs are 512 bytes past a 2 MiB boundary
+ * (the fake's pointers, shifted), to reach torch_npu's base-address
+ * alignment on an unsplit non-expandable block. */
+static const msnap_runtime_ops_t *g_fake_ops;
+static int off_malloc(void *ctx, int device, size_t size, uint64_t *ptr) {
+  int rc = g_fake_ops->malloc(ctx, device, size, ptr);
+  if (rc == 0)
+    *ptr += 512;
+  return rc;
+}
+static int off_free(void *ctx, int device, uint64_t ptr) {
+  return g_fake_ops->free(ctx, device, ptr - 512);
+}
+
+/* npu: an unsplit free 20 MiB segment starting 512 bytes past a 16 KiB
+ * boundary, then expandable_segments switched on at run time.  The next
+ * 5 MiB request splits a 15872-byte head off (base_addr_aligned_kb:16) and
+ * then the remainder: both are free split blocks of a non-expandable
+ * segment, counted in inactive_split (fuzz find, see test_alloc_sim). */
+static void expandable_switch_unsplit_head(void **state) {
+  (void)state;
+  g_fake_ops = fake_rt(NULL);
+  static msnap_runtime_ops_t ops;
+  ops = *g_fake_ops;
+  ops.malloc = off_malloc;
+  ops.free = off_free;
+  msnap_options_t o;
+  msnap_options_init(&o);
+  o.profile = (int)NPU;
+  o.runtime = &ops;
+  o.caching_disabled = 0;
+  o.alloc_conf = "";
+  msnap_allocator_t *a = NULL;
+  assert_int_equal(msnap_allocator_create(&o, &a), 0);
+  uint64_t p = M(a, 5 * MiB);
+  assert_int_equal(p % (2 * MiB), 512);
+  F(a, p);
+  BLK(a, p, 20 * MiB, ST_FREE);
+  assert_int_equal(CUR(S(a), inactive_split, ALL), 0);
+  assert_int_equal(msnap_set_allocator_settings(a, "expandable_segments:True"),
+                   0);
+  INV(a);
+  uint64_t q = M(a, 5 * MiB); /* 5 MiB + 32 -> 5243392 */
+  assert_int_equal(q, p + 15872);
+  BLK(a, p, 15872, ST_FREE);
+  BLK(a, q, 5243392, ST_ALLOC);
+  BLK(a, q + 5243392, 20 * MiB - 15872 - 5243392, ST_FREE);
+  msnap_stats_t s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 2);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 20 * MiB - 5243392);
+  F(a, q);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 0);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 0);
+  EC(a);
+  done(a);
+}
+
+/* reserved_bytes_by_private_pools (torch 2.13, cuda-reference §5.10): a
+ * pool's entry appears with its first reserved byte, follows its segments
+ * (cudaMalloc'ed or mapped), stays after the pool is deleted (current 0,
+ * peak/allocated/freed kept) until the resets bring it to zeros. */
+static msnap_pool_stats_t pool_stat(msnap_allocator_t *a, size_t want_n,
+                                    size_t i) {
+  msnap_pool_stats_t v[4];
+  size_t n = 99;
+  assert_int_equal(msnap_pool_stats_get(a, 0, NULL, 0, &n), 0);
+  assert_int_equal(n, want_n);
+  assert_int_equal(msnap_pool_stats_get(a, 0, v, 4, &n), 0);
+  assert_int_equal(n, want_n);
+  if (i >= n) {
+    msnap_pool_stats_t z;
+    memset(&z, 0, sizeof z);
+    return z;
+  }
+  return v[i];
+}
+
+static void set_expandable(msnap_conf_t *c) { c->expandable_segments = true; }
+
+static void private_pool_reserved_stats(void **state) {
+  (void)state;
+  for (int exp = 0; exp < 2; exp++) {
+    msnap_allocator_t *a = mk(CUDA, exp ? set_expandable : NULL);
+    msnap_mempool_id_t id, unused;
+    assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
+    assert_int_equal(msnap_mempool_create(a, 0, false, false, &unused), 0);
+    pool_stat(a, 0, 0);
+    assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 0, true), 0);
+    uint64_t big = M(a, 5 * MiB);    /* 20 MiB segment / granule */
+    uint64_t small = M(a, 1000);     /* 2 MiB small segment       */
+    assert_int_equal(msnap_end_allocate_to_pool(a, 0, id), 0);
+    assert_int_equal(msnap_mempool_release(a, 0, id), 0); /* begin's ref */
+    uint64_t dflt = M(a, 5 * MiB);   /* default pool: not counted */
+    msnap_pool_stats_t ps = pool_stat(a, 1, 0);
+    assert_true(msnap__id_eq(ps.id, id));
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].current, 22 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_LARGE_POOL].current,
+                     20 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_SMALL_POOL].current,
+                     2 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].peak, 22 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].allocated, 22 * MiB);
+    assert_int_equal(CUR(S(a), reserved_bytes, ALL), 42 * MiB);
+
+    /* The pool dies: its segments go, the entry stays with current 0. */
+    F(a, big);
+    F(a, small);
+    assert_int_equal(msnap_mempool_release(a, 0, id), 0);
+    INV(a);
+    ps = pool_stat(a, 1, 0);
+    assert_true(msnap__id_eq(ps.id, id));
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].current, 0);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].peak, 22 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].allocated, 22 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].freed, 22 * MiB);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_SMALL_POOL].freed, 2 * MiB);
+    assert_int_equal(CUR(S(a), reserved_bytes, ALL), 20 * MiB);
+
+    /* Resets: peak first (still listed), then the totals (gone). */
+    assert_int_equal(msnap_reset_peak_stats(a, 0), 0);
+    ps = pool_stat(a, 1, 0);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].peak, 0);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].freed, 22 * MiB);
+    assert_int_equal(msnap_reset_accumulated_stats(a, 0), 0);
+    pool_stat(a, 0, 0);
+
+    /* The same id again (graph pools reuse ids by value): a new pool. */
+    assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 0, true), 0);
+    uint64_t again = M(a, 1000);
+    assert_int_equal(msnap_end_allocate_to_pool(a, 0, id), 0);
+    ps = pool_stat(a, 1, 0);
+    assert_true(msnap__id_eq(ps.id, id));
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].current, 2 * MiB);
+    F(a, again);
+    assert_int_equal(msnap_mempool_release(a, 0, id), 0);
+    ps = pool_stat(a, 1, 0);
+    assert_int_equal(ps.reserved_bytes[MSNAP_STAT_ALL].current, 0);
+    assert_int_equal(msnap_mempool_release(a, 0, unused), 0);
+    F(a, dflt);
+    EC(a);
+    done(a);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(summary_golden),
@@ -863,12 +1008,14 @@ int main(void) {
       cmocka_unit_test(fraction_api),
       cmocka_unit_test(mempools),
       cmocka_unit_test(mempool_release_with_live_block),
+      cmocka_unit_test(private_pool_reserved_stats),
       cmocka_unit_test(use_on_oom_and_no_split),
       cmocka_unit_test(deferred_free_during_capture),
       cmocka_unit_test(collect_segments),
       cmocka_unit_test(two_devices),
       cmocka_unit_test(expandable_small_and_off),
       cmocka_unit_test(expandable_oom),
+      cmocka_unit_test(expandable_switch_unsplit_head),
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(threads_smoke),
       cmocka_unit_test(randomized),

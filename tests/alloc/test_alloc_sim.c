@@ -238,6 +238,84 @@ static void rejection_by_settings(void **state) {
   }
 }
 
+/* Fuzz find (tests/corpus/alloc_trace/known-expandable-switch, replayed
+ * by corpus_alloc_trace): npu profile, a split non-expandable segment, then
+ * expandable_segments switched on at run time.  The next >= 2 MiB request
+ * reuses the non-expandable remainder, and torch_npu's base-address
+ * alignment (decided by the global flag, §20.4) splits a 14848-byte head
+ * off it.  That head is a free split block of a non-expandable segment, so
+ * inactive_split must count it (§6.2, §9.2: the test is per segment).
+ * Then the reverse: blocks of an expandable segment while the flag is off
+ * again never enter inactive_split. */
+static void expandable_switch_inactive_split(void **state) {
+  (void)state;
+  msnap_allocator_t *a = mk_sim(NPU, "", 64ull << 30);
+  uint64_t p = M(a, 1115419); /* 1115419 + 32 pad -> 1115648 */
+  uint64_t base = p;
+  assert_int_equal(base % (2 * MiB), 0);
+  BLK(a, p, 1115648, ST_ALLOC);
+  msnap_stats_t s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 1);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 20 * MiB - 1115648);
+
+  assert_int_equal(
+      msnap_set_allocator_settings(a, "expandable_segments:True"), 0);
+  INV(a);
+  /* 2097152 + 32 -> 2097664; the remainder at base + 1115648 is 1536
+   * bytes past a 16 KiB boundary: a 14848-byte head stays behind. */
+  uint64_t q = M(a, 2097152);
+  assert_int_equal(q, base + 1130496);
+  BLK(a, base + 1115648, 14848, ST_FREE);
+  BLK(a, q, 2097664, ST_ALLOC);
+  BLK(a, q + 2097664, 20 * MiB - 1130496 - 2097664, ST_FREE);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 2);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL),
+                   14848 + 20 * MiB - 1130496 - 2097664);
+  assert_int_equal(CUR(s, inactive_split, LARGE_POOL), 2);
+
+  /* Freeing q merges it with the head and the remainder. */
+  F(a, q);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 1);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 20 * MiB - 1115648);
+
+  /* A fresh expandable segment while the flag is on: never counted.  The
+   * next request (3 MiB + 32 -> 3146240) is again carved, aligned, from
+   * the non-expandable segment: a head and a remainder counted. */
+  uint64_t e = M(a, 30 * MiB);
+  assert_true(blk(a, e)->seg->expandable);
+  uint64_t e2 = M(a, 3 * MiB);
+  assert_int_equal(e2, base + 1130496);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 2);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL),
+                   14848 + 20 * MiB - 1130496 - 3146240);
+
+  /* Flag off again with expandable blocks live; the expandable segment's
+   * free block is then skipped and 5 MiB + 32 -> 5243392 is split from
+   * the non-expandable remainder, unaligned. */
+  assert_int_equal(
+      msnap_set_allocator_settings(a, "expandable_segments:False"), 0);
+  INV(a);
+  F(a, e);
+  uint64_t e3 = M(a, 5 * MiB);
+  assert_int_equal(e3, base + 1130496 + 3146240);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 2);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL),
+                   14848 + 20 * MiB - 1130496 - 3146240 - 5243392);
+  F(a, e2);
+  F(a, e3);
+  F(a, p);
+  s = S(a);
+  assert_int_equal(CUR(s, inactive_split, ALL), 0);
+  assert_int_equal(CUR(s, inactive_split_bytes, ALL), 0);
+  EC(a);
+  assert_int_equal(CUR(S(a), reserved_bytes, ALL), 0);
+  sim_done(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conf_strings),
@@ -246,6 +324,7 @@ int main(void) {
       cmocka_unit_test(sim_fault_injection),
       cmocka_unit_test(create_errors_and_default),
       cmocka_unit_test(rejection_by_settings),
+      cmocka_unit_test(expandable_switch_inactive_split),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

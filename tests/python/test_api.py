@@ -168,3 +168,131 @@ print("RESULT " + json.dumps({
     assert r["full"] == [0, 1] and r["only1"] == [1]
     assert r["traces"] == 2 and r["dev1_allocs"] == [r["p1"]]
     assert r["stats1"] is True
+
+
+# torch.cuda.use_mem_pool (torch 2.13, torch/cuda/memory.py) calls
+# _cuda_beginAllocateCurrentThreadToPool on entry and, on exit,
+# _cuda_endAllocateToPool then _cuda_releasePool: the context holds one
+# reference to the pool while it is active and drops it on exit, so
+# MemPool.use_count() is 1, then 2 inside, then 1 again (also after an
+# exception), and the pool's cached segments go once the object dies
+# (allocator-algorithm §18: releasePool at 0 marks the pool freeable;
+# MemPool's destructor empties it).
+POOL_REFS = r"""
+import gc, json
+import memsnap.memory as mm
+out = {}
+pool = mm.MemPool()
+out["created"] = pool.use_count()
+with mm.use_mem_pool(pool):
+    out["inside"] = pool.use_count()
+    p = mm.caching_allocator_alloc(3 << 20)
+    with mm.use_mem_pool(mm.MemPool()) as _:
+        pass
+out["after"] = pool.use_count()
+try:
+    with mm.use_mem_pool(pool):
+        raise KeyError("boom")
+except KeyError:
+    pass
+out["after_exception"] = pool.use_count()
+try:
+    with mm.use_mem_pool(pool):
+        with mm.use_mem_pool(pool):
+            pass
+except RuntimeError as e:
+    out["nested_same"] = str(e)
+out["after_nested"] = pool.use_count()
+mm.caching_allocator_delete(p)
+out["reserved_live_pool"] = mm.memory_reserved()
+pool_id = pool.id
+del pool
+gc.collect()
+out["reserved_after_del"] = mm.memory_reserved()
+out["pools_left"] = [s["segment_pool_id"] for s in mm.memory_snapshot()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_use_mem_pool_reference_count():
+    r = run_script(POOL_REFS).result
+    assert r["created"] == 1
+    assert r["inside"] == 2
+    assert r["after"] == 1
+    assert r["after_exception"] == 1
+    assert "already recording to mempool_id" in r["nested_same"]
+    assert r["after_nested"] == 1
+    assert r["reserved_live_pool"] == 20 << 20
+    assert r["reserved_after_del"] == 0
+    assert r["pools_left"] == []
+
+
+# torch 2.13's memory_stats_as_nested_dict (CUDA) carries
+# reserved_bytes_by_private_pools keyed by MemPool.id tuples, each shaped
+# like reserved_bytes; memory_stats joins the tuple with "_"
+# (cuda-reference §5.10, torch/cuda/memory.py: memory_stats).  The
+# CachingDeviceAllocator.h comment: "current drops to 0 when a pool is
+# deleted, while peak/allocated/freed are preserved until reset".
+PRIVATE_POOL_STATS = r"""
+import gc, json
+import memsnap
+memsnap.configure(profile="cuda")
+import memsnap.memory as mm
+out = {}
+out["before"] = mm.memory_stats_as_nested_dict().get(
+    "reserved_bytes_by_private_pools", "absent")
+flat0 = mm.memory_stats()
+out["nkeys_before"] = len(flat0)
+pool = mm.MemPool()
+with mm.use_mem_pool(pool):
+    p = mm.caching_allocator_alloc(5 << 20)
+    q = mm.caching_allocator_alloc(1000)
+r = mm.caching_allocator_alloc(5 << 20)
+nested = mm.memory_stats_as_nested_dict()["reserved_bytes_by_private_pools"]
+out["nested_keys"] = [list(k) for k in nested]
+out["key_types"] = [type(k).__name__ for k in nested]
+k = "reserved_bytes_by_private_pools.%d_%d" % pool.id
+flat = mm.memory_stats()
+out["flat"] = {key[len(k) + 1:]: v for key, v in flat.items()
+               if key.startswith(k + ".")}
+out["nkeys"] = len(flat)
+out["id"] = list(pool.id)
+mm.caching_allocator_delete(p); mm.caching_allocator_delete(q)
+del pool
+gc.collect()
+flat = mm.memory_stats()
+out["after_del"] = {key[len(k) + 1:]: v for key, v in flat.items()
+                    if key.startswith(k + ".")}
+mm.reset_peak_memory_stats()
+mm.reset_accumulated_memory_stats()
+out["after_resets"] = mm.memory_stats_as_nested_dict()[
+    "reserved_bytes_by_private_pools"]
+mm.caching_allocator_delete(r)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_reserved_bytes_by_private_pools():
+    r = run_script(PRIVATE_POOL_STATS).result
+    mib = 1 << 20
+    assert r["before"] == {}
+    assert r["nkeys_before"] == 123
+    assert r["nested_keys"] == [r["id"]] and r["key_types"] == ["tuple"]
+    f = r["flat"]
+    assert len(f) == 12 and r["nkeys"] == 123 + 12
+    assert f["all.current"] == 22 * mib and f["all.peak"] == 22 * mib
+    assert f["large_pool.current"] == 20 * mib
+    assert f["small_pool.current"] == 2 * mib
+    assert f["all.allocated"] == 22 * mib and f["all.freed"] == 0
+    a = r["after_del"]
+    assert a["all.current"] == 0 and a["all.peak"] == 22 * mib
+    assert a["all.allocated"] == 22 * mib and a["all.freed"] == 22 * mib
+    assert r["after_resets"] == {}
+
+
+def test_no_private_pool_stats_in_npu_profile():
+    code = PRIVATE_POOL_STATS.replace(
+        'profile="cuda"', 'profile="npu"').split("pool = mm.MemPool()")[0]
+    code += "print('RESULT ' + json.dumps(out))\n"
+    r = run_script(code).result
+    assert r["before"] == "absent" and r["nkeys_before"] == 123

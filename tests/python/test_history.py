@@ -233,3 +233,49 @@ def test_bad_history_arguments_raise_like_torch():
     assert r["host"] == ["RuntimeError", "record_pinned_host_memory requires memory "
                          "history recording to be enabled"]
     assert r["legacy"] is None and r["history_on"] is True
+
+
+# allocator_settings["trace_alloc_max_entries"]: the default ring of
+# _record_memory_history (max_entries=sys.maxsize) is written as -1
+# ("unlimited"), never 2^63 - 1, which pytorch.org/memory_viz would read
+# as the double 9223372036854775808; a bounded ring keeps its capacity.
+# No int of allocator_settings exceeds 2^53 - 1 (src/snapshot_take.c).
+MAX_ENTRIES = r"""
+import json, os, pickle, sys, tempfile
+import memsnap.memory as mm
+
+def ints(v):
+    if isinstance(v, bool):
+        return []
+    if isinstance(v, int):
+        return [v]
+    if isinstance(v, dict):
+        return [i for x in v.values() for i in ints(x)]
+    if isinstance(v, (list, tuple)):
+        return [i for x in v for i in ints(x)]
+    return []
+
+out = {"never": mm._snapshot()["allocator_settings"]["trace_alloc_max_entries"]}
+for n in (None, 2 ** 53, 2 ** 53 - 1, 1000):
+    if n is None:
+        mm._record_memory_history(stacks="python")
+    else:
+        mm._record_memory_history(stacks="python", max_entries=n)
+    p = mm.caching_allocator_alloc(1000); mm.caching_allocator_delete(p)
+    path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+    mm._dump_snapshot(path)
+    with open(path, "rb") as f:
+        st = pickle.load(f)["allocator_settings"]
+    out[str(n)] = [st["trace_alloc_max_entries"], max(abs(i) for i in ints(st))]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_trace_alloc_max_entries_js_safe():
+    r = run_script(MAX_ENTRIES).result
+    safe = 2 ** 53 - 1
+    assert r["never"] == 0
+    assert r["None"] == [-1, r["None"][1]] and r["None"][1] <= safe
+    assert r[str(2 ** 53)][0] == -1
+    assert r[str(2 ** 53 - 1)] == [safe, safe]
+    assert r["1000"][0] == 1000 and r["1000"][1] <= safe

@@ -200,31 +200,6 @@ static void test_ring_chunks(void **state) {
   fake_destroy(a);
 }
 
-/* Regression (found by the threaded stress under ASan): a ring whose last
- * chunk is partial because the capacity was small, filled exactly (no wrap)
- * and then given a larger capacity, must widen that chunk before adding
- * another -- indexing assumes full chunks before the last. */
-static void test_ring_grow_from_partial_chunk(void **state) {
-  (void)state;
-  msnap_allocator_t *a = fake_create(1);
-  msnap_hcopy_t *v;
-  uint64_t dropped;
-  enable(a, 100, MSNAP_CONTEXT_NEVER, true, 0);
-  uint64_t next = 0;
-  for (int i = 0; i < 100; i++)
-    event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false);
-  assert_int_equal(a->rec->rings[0].vcap, 100);
-  enable(a, 10000, MSNAP_CONTEXT_NEVER, false, 0);
-  for (int i = 0; i < 5000; i++)
-    event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false);
-  size_t n = copy(a, 0, &v, &dropped);
-  assert_int_equal(n, 5100);
-  assert_int_equal(dropped, 0);
-  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].e.addr, i);
-  msnap__hcopy_release(v, n);
-  fake_destroy(a);
-}
-
 static void test_clear_and_disable(void **state) {
   (void)state;
   msnap_allocator_t *a = fake_create(1);
@@ -522,13 +497,42 @@ static void test_clock(void **state) {
   fake_destroy(a);
 }
 
+/* A ring whose last chunk was cut to a small capacity (max_entries 1, 3)
+ * and whose capacity then grows without clear_history: the partial chunk
+ * must be widened, not followed by a new chunk (slot i lives in chunk
+ * i / MSNAP_RING_CHUNK, so entry 1 would land past the 1-entry chunk;
+ * found by the threaded stress under ASan). */
+static void test_ring_capacity_grows_after_partial_chunk(void **state) {
+  (void)state;
+  static const uint64_t first_caps[] = {1, 3, 4095, 4097};
+  for (size_t c = 0; c < sizeof first_caps / sizeof first_caps[0]; c++) {
+    uint64_t cap0 = first_caps[c];
+    msnap_allocator_t *a = fake_create(1);
+    enable(a, cap0, MSNAP_CONTEXT_NEVER, true, 0);
+    uint64_t next = 1;
+    for (uint64_t i = 0; i < cap0 + 2; i++)
+      event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false); /* wraps */
+    enable(a, 10000, MSNAP_CONTEXT_NEVER, false, 0);
+    for (int i = 0; i < 5000; i++)
+      event(a, 0, MSNAP_ACTION_ALLOC, next++, 1, false);
+    msnap_hcopy_t *v;
+    uint64_t dropped;
+    size_t n = copy(a, 0, &v, &dropped);
+    assert_int_equal(n, cap0 + 5000 > 10000 ? 10000 : cap0 + 5000);
+    for (size_t i = 0; i < n; i++)
+      assert_int_equal(v[i].e.addr, next - n + i);
+    msnap__hcopy_release(v, n);
+    fake_destroy(a);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_action_names),
       cmocka_unit_test(test_ring_keeps_newest),
       cmocka_unit_test(test_ring_growth_many),
       cmocka_unit_test(test_ring_chunks),
-      cmocka_unit_test(test_ring_grow_from_partial_chunk),
+      cmocka_unit_test(test_ring_capacity_grows_after_partial_chunk),
       cmocka_unit_test(test_clear_and_disable),
       cmocka_unit_test(test_skip_actions),
       cmocka_unit_test(test_option_validation),

@@ -925,6 +925,63 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* Every int of allocator_settings, recursively, within 2^53 - 1 (what a
+ * JavaScript viewer reads exactly). */
+static void ints_js_safe(const msnap_gv_t *v) {
+  if (v->kind == MSNAP_GV_INT) {
+    assert_true(v->u.i <= (int64_t)((1ull << 53) - 1));
+    assert_true(v->u.i >= -(int64_t)((1ull << 53) - 1));
+  }
+  if (v->kind == MSNAP_GV_DICT || v->kind == MSNAP_GV_LIST)
+    for (uint32_t i = 0; i < v->u.seq.n; i++) ints_js_safe(&v->u.seq.items[i]);
+}
+
+/* trace_alloc_max_entries: the ring capacity when it is at most 2^53 - 1,
+ * -1 ("unlimited") above (the default UINT64_MAX, Python's sys.maxsize),
+ * 0 before any history; no other setting above 2^53 - 1 either. */
+static void test_settings_js_safe(void **state) {
+  (void)state;
+  static const struct {
+    uint64_t max_entries;
+    int64_t written;
+  } cases[] = {
+      {UINT64_MAX, -1},
+      {(uint64_t)INT64_MAX, -1}, /* sys.maxsize */
+      {1ull << 53, -1},
+      {(1ull << 53) - 1, (int64_t)((1ull << 53) - 1)},
+      {100000, 100000},
+      {1, 1},
+  };
+  msnap_allocator_t *a = make(MSNAP_PROFILE_CUDA, 1);
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  assert_int_equal(setting(s, "trace_alloc_max_entries")->u.i, 0);
+  msnap__snap_free(s);
+  /* Huge thresholds from the conf are limits too. */
+  assert_int_equal(msnap_set_allocator_settings(
+                       a, "pinned_max_cached_size_mb:17179869184,"
+                          "pinned_max_round_threshold_mb:1024"),
+                   0);
+  msnap_history_options_t ho;
+  msnap_history_options_init(&ho);
+  assert_int_equal(ho.max_entries, UINT64_MAX);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    enable(a, MSNAP_CONTEXT_STATE, cases[i].max_entries);
+    uint64_t p;
+    assert_int_equal(msnap_malloc(a, 0, 1000, 0, &p), 0);
+    assert_int_equal(msnap_free(a, p), 0);
+    assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+    assert_int_equal(setting(s, "trace_alloc_max_entries")->u.i,
+                     cases[i].written);
+    assert_int_equal(setting(s, "max_split_size")->u.i, -1);
+    assert_int_equal(setting(s, "max_cached_size")->u.i, -1);
+    assert_int_equal(setting(s, "max_round_threshold")->u.i, 1ll << 30);
+    ints_js_safe(&s->allocator_settings);
+    msnap__snap_free(s);
+  }
+  msnap_allocator_destroy(a);
+}
+
 int main(void) {
   unsetenv("OOM_SNAPSHOT_ENABLE");
   const struct CMUnitTest tests[] = {
@@ -933,6 +990,7 @@ int main(void) {
       cmocka_unit_test(test_filters_and_include_traces),
       cmocka_unit_test(test_overflow_reported),
       cmocka_unit_test(test_allocator_settings),
+      cmocka_unit_test(test_settings_js_safe),
       cmocka_unit_test(test_workspace),
       cmocka_unit_test(test_allocation_traceback),
       cmocka_unit_test(test_dump_failures_leave_no_file),
