@@ -139,6 +139,10 @@ typedef struct msnap_rctx_s {
   uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
   uint32_t compile_context; /* interned string id, 0 = "N/A"         */
   uint8_t level;            /* msnap_record_context_t at capture      */
+  /* Serial of the capturing call, unique per thread and call (0: none).
+   * Entries that one call records back to back in a ring share one clock
+   * read (history.c, ring_record). */
+  uint64_t call;
 } msnap_rctx_t;
 
 /* True when history (or STATE context) is on for the allocator: the only
