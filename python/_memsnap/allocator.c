@@ -198,6 +198,19 @@ static PyObject *py_set_allocator_settings(PyObject *module, PyObject *arg) {
                  Py_TYPE(arg)->tp_name);
     return NULL;
   }
+  /* The C parser sees a NUL-terminated string: refuse an embedded NUL
+   * (naming its character position) rather than silently dropping what
+   * follows it. */
+  Py_ssize_t nul = PyUnicode_FindChar(arg, 0, 0, PyUnicode_GetLength(arg), 1);
+  if (nul == -2)
+    return NULL;
+  if (nul >= 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "allocator settings: embedded null character at position "
+                 "%zd of %R",
+                 nul, arg);
+    return NULL;
+  }
   const char *conf = PyUnicode_AsUTF8(arg);
   if (conf == NULL)
     return NULL;

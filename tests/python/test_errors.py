@@ -64,6 +64,11 @@ out["annotate"] = catch(mm._annotate_memory, 0x1234, "x")
 out["traceback_unknown"] = mm._allocation_traceback(0x1234)
 out["zero"] = mm.caching_allocator_alloc(0)
 out["settings"] = catch(mm._set_allocator_settings, "max_split_size_mb:abc")
+out["settings_range"] = catch(mm._set_allocator_settings,
+                              "max_split_size_mb:99999999999999999999")
+out["settings_nul"] = catch(mm._set_allocator_settings,
+                            "expandable_segments:True\x00,bogus:1")
+out["settings_after"] = mm._C.allocator_settings()
 out["configure_late"] = catch(memsnap.configure, "acl", "cuda")
 print("RESULT " + json.dumps(out))
 """
@@ -81,6 +86,14 @@ def test_pointer_and_config_errors():
     assert r["traceback_unknown"] is None
     assert r["zero"] == 0
     assert r["settings"][0] == "ValueError" and "max_split_size_mb" in r["settings"][1]
+    # torch: std::stoull throws out_of_range; here an error naming the token.
+    assert r["settings_range"][0] == "ValueError"
+    assert "'99999999999999999999'" in r["settings_range"][1]
+    assert "out of range" in r["settings_range"][1]
+    # An embedded NUL is refused (naming its position), not truncated.
+    assert r["settings_nul"][0] == "ValueError"
+    assert "position 24" in r["settings_nul"][1]
+    assert "expandable_segments" not in r["settings_after"]
     assert r["configure_late"][0] == "RuntimeError"
 
 
