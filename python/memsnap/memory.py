@@ -605,7 +605,23 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 # ---------------------------------------------------------------------------
 
 
+def _load_torch_hooks() -> None:
+    """Load memsnap.torch (its listener records torch record_function
+    ranges as external_annotations) when torch is importable, so that
+    annotations work without memsnap.torch.use_allocator()."""
+    if __package__ + ".torch" in sys.modules:
+        return
+    import importlib
+    import importlib.util
+
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        return
+    importlib.import_module(__package__ + ".torch")
+
+
 def _notify_history(enabled, compile_context, global_record_annotations):
+    if enabled:
+        _load_torch_hooks()
     for fn in list(_history_listeners):
         fn(enabled, compile_context, global_record_annotations)
 
