@@ -101,6 +101,11 @@ int msnap__conf_check(const msnap_conf_t *c, char *msg, size_t msg_len);
 int msnap__env_profile(msnap_profile_t *out);
 const char *msnap__env_runtime(void);
 uint64_t msnap__env_size(const char *name, uint64_t dflt);
+uint64_t msnap__env_count(const char *name, uint64_t dflt, uint64_t lo,
+                          uint64_t hi);
+uint64_t msnap__env_size_min(const char *name, uint64_t dflt, uint64_t min);
+/* MEMSNAP_SIM_DEVICES accepts 1..MSNAP_SIM_MAX_DEVICES. */
+#define MSNAP_SIM_MAX_DEVICES 64
 bool msnap__env_no_caching(msnap_profile_t profile);
 
 /* ---- runtime_sim.c ------------------------------------------------------ */
