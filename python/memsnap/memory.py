@@ -607,15 +607,15 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 
 def _load_torch_hooks() -> None:
     """Load memsnap.torch (its listener records torch record_function
-    ranges as external_annotations) when torch is importable, so that
-    annotations work without memsnap.torch.use_allocator()."""
-    if __package__ + ".torch" in sys.modules:
+    ranges as external_annotations) when torch is already imported, so that
+    annotations work without memsnap.torch.use_allocator().  torch is never
+    imported here: enabling history must stay cheap in torch-free programs
+    (a program that imports torch after enabling history gets annotations
+    from the next _record_memory_history call, or from use_allocator())."""
+    if __package__ + ".torch" in sys.modules or "torch" not in sys.modules:
         return
     import importlib
-    import importlib.util
 
-    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
-        return
     importlib.import_module(__package__ + ".torch")
 
 
