@@ -138,7 +138,8 @@ test-threads: deps-quality venv
 	$(TSAN_ENV) $(MRUN) test -C build-tsan --print-errorlogs \
 	  --suite threads --timeout-multiplier 4
 	$(call setup_dir,build-stress,-Dpython=false -Dbuildtype=release)
-	$(MRUN) test -C build-stress --print-errorlogs --suite threads
+	MEMSNAP_STRESS_OPS=1000000 $(MRUN) test -C build-stress --print-errorlogs \
+	  --suite threads
 
 # The C suites cross-compiled for aarch64 and run under qemu-aarch64 (see
 # cross/aarch64-linux-gnu.ini).
