@@ -228,16 +228,14 @@ static void op_settings(state_t *st, bool raw) {
    * stats drift (as in PyTorch) while msnap_check_invariants recomputes
    * them against the new value.  Until the checker allows for that drift,
    * such a change is applied to a quiesced allocator (everything freed,
-   * cache emptied).  So is a switch of expandable_segments, until the
-   * inactive_split bug in tests/fuzz/known/ is fixed.  Every other change
-   * is applied as it comes. */
+   * cache emptied).  Every other change (expandable_segments switches
+   * included) is applied as it comes. */
   msnap_conf_t next;
   char err[128];
   msnap__conf_init(&next, st->profile);
   const msnap_conf_t *cur = msnap__allocator_conf(st->a);
   if (msnap__conf_parse_runtime(&next, conf, err, sizeof err) == 0 &&
-      (next.max_split_size != cur->max_split_size ||
-       next.expandable_segments != cur->expandable_segments))
+      next.max_split_size != cur->max_split_size)
     quiesce(st);
   msnap__conf_destroy(&next);
   int rc = msnap_set_allocator_settings(st->a, conf);
