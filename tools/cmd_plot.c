@@ -307,6 +307,8 @@ int cli_cmd_plot(int argc, char **argv) {
     return cli_usage_error("plot", "expects exactly one FILE");
   if (!out)
     return cli_usage_error("plot", "-o OUT.svg is required");
+  if (cli_check_output("plot", out, argv + optind, 1) != CLI_OK)
+    return CLI_UNUSABLE;
   msnap_snap_t *s;
   if (cli_load(argv[optind], &s) != CLI_OK)
     return CLI_UNUSABLE;

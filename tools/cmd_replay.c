@@ -1104,6 +1104,8 @@ int cli_cmd_replay(int argc, char **argv) {
     return cli_usage_error("replay", "expects exactly one FILE");
   if (strcmp(profile, "cuda") && strcmp(profile, "npu"))
     return cli_usage_error("replay", "--profile must be cuda or npu");
+  if (out && cli_check_output("replay", out, argv + optind, 1) != CLI_OK)
+    return CLI_UNUSABLE;
   replay_t r = {0};
   const char *file = argv[optind];
   msnap_snap_t *s;
@@ -1203,8 +1205,9 @@ int cli_cmd_replay(int argc, char **argv) {
         e = msnap_dump_snapshot(r.a, &so, out);
       }
       if (e != 0) {
-        cli_err("%s: cannot write the replayed snapshot: %s", out,
-                msnap_strerror(e));
+        cli_err("cannot write the replayed snapshot: %s",
+                msnap_last_error()[0] ? msnap_last_error()
+                                      : msnap_strerror(e));
         rc = CLI_UNUSABLE;
       } else {
         fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n", out);

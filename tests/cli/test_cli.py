@@ -1377,7 +1377,93 @@ def group_sites():
            "yiyi 2.0: sites from the block history")
 
 
-GROUPS = {"usage": group_usage, "hostile": group_hostile,
+def group_io():
+    """Output files and stdout: write errors are reported (exit 2 with the
+    system's reason), non-regular targets are never replaced, -o must not
+    be empty, a directory or the input itself."""
+    need(reader_available(), "the reader")
+    path = write_pickle(good_snapshot(), "io.pickle")
+    with open(path, "rb") as f:
+        orig = f.read()
+    # stdout on a full device
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(WRAPPER + [MEMSNAP, "summary", "--json", path],
+                           stdout=full, stderr=subprocess.PIPE, text=True)
+    expect(p.returncode == 2 and
+           "memsnap: error writing output: No space left on device"
+           in p.stderr,
+           "summary --json > /dev/full: exit 2 with ENOSPC (%d %r)"
+           % (p.returncode, p.stderr))
+    for cmd in ("view", "plot", "convert"):
+        rc, out, err = run(cmd, path, "-o", "")
+        expect(rc == 2 and "output path is empty" in err,
+               "%s -o '': output path is empty (%d %r)" % (cmd, rc, err))
+        rc, out, err = run(cmd, path, "-o", TMP)
+        expect(rc == 2 and ("'%s' is a directory" % TMP) in err
+               and os.path.isdir(TMP),
+               "%s -o DIR: is a directory (%d %r)" % (cmd, rc, err))
+        rc, out, err = run(cmd, path, "-o", path)
+        with open(path, "rb") as f:
+            same = f.read() == orig
+        expect(rc == 2 and "is the input file" in err and same,
+               "%s -o INPUT: refused, input intact (%d %r)" % (cmd, rc, err))
+    rc, out, err = run("replay", path, "-o", path)
+    expect(rc == 2 and "is the input file" in err,
+           "replay -o INPUT: refused (%d %r)" % (rc, err))
+    # symlink: the link survives, its target gets the pickle
+    real = os.path.join(TMP, "real.pickle")
+    with open(real, "wb") as f:
+        f.write(b"old")
+    link = os.path.join(TMP, "link.pickle")
+    os.symlink(real, link)
+    rc, out, err = run("convert", path, "-o", link)
+    with open(real, "rb") as f:
+        data = f.read()
+    expect(rc == 0 and os.path.islink(link) and data[:1] == b"\x80",
+           "convert -o SYMLINK: link kept, target written (%d %r)"
+           % (rc, err))
+    # FIFO: written directly for a reader
+    fifo = os.path.join(TMP, "fifo")
+    os.mkfifo(fifo)
+    got = []
+    import threading
+
+    def reader():
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+    th = threading.Thread(target=reader)
+    th.start()
+    rc, out, err = run("convert", path, "-o", fifo, timeout=60)
+    th.join(60)
+    import stat as st_
+    expect(rc == 0 and got and pickle.loads(got[0])["segments"]
+           and st_.S_ISFIFO(os.lstat(fifo).st_mode),
+           "convert -o FIFO: the reader gets the pickle, FIFO kept (%d %r)"
+           % (rc, err))
+    # devices: our own nodes (never the real /dev ones)
+    full = os.path.join(TMP, "full")
+    null = os.path.join(TMP, "null")
+    try:
+        os.mknod(full, 0o666 | st_.S_IFCHR, os.makedev(1, 7))
+        os.mknod(null, 0o666 | st_.S_IFCHR, os.makedev(1, 3))
+    except OSError as e:
+        print("SKIP device targets: mknod: %s (needs root)" % e)
+        return
+    for cmd in ("convert", "plot", "view"):
+        rc, out, err = run(cmd, path, "-o", full)
+        m = os.lstat(full)
+        expect(rc == 2 and "No space left on device" in err
+               and st_.S_ISCHR(m.st_mode) and m.st_rdev == os.makedev(1, 7),
+               "%s -o FULL-DEVICE: ENOSPC reported, device kept (%d %r)"
+               % (cmd, rc, err))
+        rc, out, err = run(cmd, path, "-o", null)
+        m = os.lstat(null)
+        expect(rc == 0 and st_.S_ISCHR(m.st_mode)
+               and m.st_rdev == os.makedev(1, 3),
+               "%s -o NULL-DEVICE: ok, device kept (%d %r)" % (cmd, rc, err))
+
+
+GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "check": group_check, "real": group_real,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view, "sites": group_sites}
