@@ -1061,6 +1061,21 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   if (!err) err = &local;
   err->offset = 0;
   err->msg[0] = 0;
+  /* JSON (memsnap convert --json, or any JSON) starts with '{' or '['
+   * after whitespace; neither byte is a pickle opcode, so say what the
+   * file is instead of "unknown opcode 0x7b". */
+  size_t ws = 0;
+  while (ws < len && (buf[ws] == ' ' || buf[ws] == '\t' || buf[ws] == '\n' ||
+                      buf[ws] == '\r'))
+    ws++;
+  if (ws < len && (buf[ws] == '{' || buf[ws] == '[')) {
+    err->offset = ws;
+    snprintf(err->msg, sizeof err->msg,
+             "offset %zu: not a pickle: this looks like JSON (memsnap "
+             "convert --json output cannot be read back; use the pickle)",
+             ws);
+    return MSNAP_EFORMAT;
+  }
   msnap_snap_t *s = msnap__snap_new();
   if (!s) {
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "

@@ -1410,6 +1410,20 @@ def group_io():
     rc, out, err = run("replay", path, "-o", path)
     expect(rc == 2 and "is the input file" in err,
            "replay -o INPUT: refused (%d %r)" % (rc, err))
+    # JSON input (memsnap's own convert --json output): said so, not
+    # "unknown opcode 0x7b"
+    js = os.path.join(TMP, "io.json")
+    rc, out, err = run("convert", "--json", path, "-o", js)
+    expect(rc == 0, "convert --json (%d %r)" % (rc, err))
+    for cmd in ("summary", "check", "view"):
+        extra = ["-o", os.path.join(TMP, "x.html")] if cmd == "view" else []
+        rc, out, err = run(cmd, js, *extra)
+        expect(rc == 2 and "this looks like JSON" in err + out
+               and "unknown opcode" not in err + out,
+               "%s on JSON: 'looks like JSON' (%d %r)" % (cmd, rc, err + out))
+    rc, out, err = run("summary", write_bytes(b"  \n[1, 2]", "list.json"))
+    expect(rc == 2 and "this looks like JSON" in err,
+           "summary on a JSON list after whitespace (%d %r)" % (rc, err))
     # symlink: the link survives, its target gets the pickle
     real = os.path.join(TMP, "real.pickle")
     with open(real, "wb") as f:
