@@ -9,6 +9,7 @@ written instead, and the first line's comment says so.
 
 usage: sizes.py OUT_FILE [REAL_INPUTS_DIR]
 """
+import argparse
 import glob
 import os
 import pickle
@@ -54,10 +55,16 @@ def fallback_sizes():
 
 
 def main():
-    out = sys.argv[1]
-    folder = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), '..', '..', 'shared',
-        'real_inputs')
+    ap = argparse.ArgumentParser(
+        description='Write the request-size mix of the real snapshots, '
+        'one size a line.')
+    ap.add_argument('out', metavar='OUT_FILE')
+    ap.add_argument('folder', metavar='REAL_INPUTS_DIR', nargs='?',
+                    default=os.path.join(
+                        os.path.dirname(os.path.abspath(__file__)), '..',
+                        '..', 'shared', 'real_inputs'))
+    args = ap.parse_args()
+    out, folder = args.out, args.folder
     files, sizes = ([], [])
     if os.path.isdir(folder):
         files, sizes = real_sizes(folder)
