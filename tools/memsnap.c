@@ -84,8 +84,13 @@ int main(int argc, char **argv) {
     return check_stdout(CLI_OK);
   }
   for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-    if (!strcmp(commands[i].name, cmd))
+    if (!strcmp(commands[i].name, cmd)) {
+      /* getopt names argv[0] in its messages: "memsnap CMD: ..." */
+      char prog[64];
+      snprintf(prog, sizeof prog, "memsnap %s", cmd);
+      argv[1] = prog;
       return check_stdout(commands[i].fn(argc - 1, argv + 1));
+    }
   fprintf(stderr, "memsnap: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return CLI_UNUSABLE;

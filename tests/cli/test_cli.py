@@ -1424,6 +1424,15 @@ def group_io():
     rc, out, err = run("summary", write_bytes(b"  \n[1, 2]", "list.json"))
     expect(rc == 2 and "this looks like JSON" in err,
            "summary on a JSON list after whitespace (%d %r)" % (rc, err))
+    # a device the file does not have: exit 2 naming the ones it has
+    rc, out, err = run("plot", "--device", "7", path, "-o",
+                       os.path.join(TMP, "p.svg"))
+    expect(rc == 2 and "has no device 7 (devices in the file: 0)" in err,
+           "plot --device 7: names the file's devices (%d %r)" % (rc, err))
+    # getopt errors name the command
+    rc, out, err = run("summary", "--bogus", path)
+    expect(rc == 2 and err.startswith("memsnap summary: unrecognized option"),
+           "getopt errors prefixed 'memsnap summary:' (%d %r)" % (rc, err))
     # symlink: the link survives, its target gets the pickle
     real = os.path.join(TMP, "real.pickle")
     with open(real, "wb") as f:
