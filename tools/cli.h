@@ -43,6 +43,8 @@ int cli_usage_error(const char *cmd, const char *what);
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */
 int cli_load(const char *path, msnap_snap_t **out);
+/* The reason of the last failed cli_load (without the path), for JSON. */
+const char *cli_load_error(void);
 
 /* ---- JSON emitter (cli_json.c) ------------------------------------------ */
 /* A streaming writer with 2-space indentation.  Values written after

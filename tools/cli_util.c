@@ -39,6 +39,10 @@ int cli_usage_error(const char *cmd, const char *what) {
  * invariants.  The caller owns *out on success.  Every failure is reported
  * with the file name and the reader's byte offset.
  */
+static char load_error[1024];
+
+const char *cli_load_error(void) { return load_error; }
+
 int cli_load(const char *path, msnap_snap_t **out) {
   msnap_read_error_t err;
   msnap_snap_t *s = NULL;
@@ -47,10 +51,13 @@ int cli_load(const char *path, msnap_snap_t **out) {
   if (rc != 0 || !s) {
     cli_sanitize(err.msg); /* it may quote bytes of the file */
     if (err.msg[0])
-      cli_err("%s: %s [%s]", path, err.msg, msnap_err_name(rc));
+      snprintf(load_error, sizeof load_error, "%s [%s]", err.msg,
+               msnap_err_name(rc));
     else
-      cli_err("%s: cannot read snapshot: %s [%s]", path, msnap_strerror(rc),
-              msnap_err_name(rc));
+      snprintf(load_error, sizeof load_error,
+               "cannot read snapshot: %s [%s]", msnap_strerror(rc),
+               msnap_err_name(rc));
+    cli_err("%s: %s", path, load_error);
     if (s)
       msnap__snap_free(s);
     return CLI_UNUSABLE;
@@ -58,7 +65,9 @@ int cli_load(const char *path, msnap_snap_t **out) {
   char msg[256];
   msg[0] = 0;
   if (msnap__snap_check_model(s, msg, sizeof msg) != 0) {
-    cli_err("%s: inconsistent model after reading: %s", path, msg);
+    snprintf(load_error, sizeof load_error,
+             "inconsistent model after reading: %s", msg);
+    cli_err("%s: %s", path, load_error);
     msnap__snap_free(s);
     return CLI_UNUSABLE;
   }

@@ -75,6 +75,10 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
     snprintf(where, sizeof where, "segments[%u]", i);
+    if (g->device < 0 || g->device > (1 << 16))
+      report(c, where,
+             "device %" PRId64 " is not a device index (expected 0..65536)",
+             g->device);
     if (g->device != prev_dev) {
       if (prev_dev != INT64_MIN && g->device < prev_dev &&
           !dev_seen_order_bad) {
@@ -132,6 +136,10 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
                "default then)");
       if (b->size == 0)
         report(c, where, "block of size 0");
+      if ((b->keys & MSNAP_K_REQUESTED) && b->requested_size > b->size)
+        report(c, where,
+               "requested_size %" PRIu64 " is larger than the block's size "
+               "%" PRIu64, b->requested_size, b->size);
       run += b->size;
       sum += b->size;
       if (b->state == MSNAP_BLOCK_ACTIVE_ALLOCATED)
@@ -304,8 +312,11 @@ int cli_cmd_check(int argc, char **argv) {
     }
     if (lr != CLI_OK) {
       rc = CLI_UNUSABLE;
-      if (json)
+      if (json) {
+        cj_key(&j, "reason");
+        cj_cstr(&j, cli_load_error());
         cj_obj_end(&j);
+      }
       continue;
     }
     check_t c = {.file = argv[a], .json = json, .j = &j,

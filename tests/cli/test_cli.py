@@ -1433,6 +1433,43 @@ def group_io():
     rc, out, err = run("summary", "--bogus", path)
     expect(rc == 2 and err.startswith("memsnap summary: unrecognized option"),
            "getopt errors prefixed 'memsnap summary:' (%d %r)" % (rc, err))
+    # check: requested_size > size, a device that is not an index
+    def mut(f):
+        snap = good_snapshot()
+        f(snap)
+        return write_pickle(snap, "m.pickle")
+    def m_req(s):
+        s["segments"][1]["blocks"][0]["requested_size"] = 600
+        s["segments"][1]["requested_size"] = 600
+    rc, out, err = run("check", mut(m_req))
+    expect(rc == 1 and "segments[1].blocks[0]" in out and
+           "requested_size 600 is larger than the block's size 512" in out,
+           "check: requested_size > size flagged (%d %r)" % (rc, out))
+    for d in (-1, 1 << 20):
+        def m_dev(s, d=d):
+            for g in s["segments"]:
+                g["device"] = d
+        rc, out, err = run("check", mut(m_dev))
+        expect(rc in (1, 2) and ("device %d is not a device index" % d)
+               in out + err,
+               "check: segment device %d flagged (%d %r)" % (d, rc, out + err))
+    # unusable input: reasons in JSON
+    junk = write_bytes(b"\x80\x04junk", "junk.pickle")
+    rc, out, err = run("check", "--json", junk)
+    try:
+        f0 = json.loads(out)["files"][0]
+    except (ValueError, KeyError, IndexError):
+        f0 = {}
+    expect(rc == 2 and f0.get("usable") is False and f0.get("reason"),
+           "check --json: the reason of an unusable file (%d %r)" % (rc, out))
+    rc, out, err = run("summary", "--json", junk)
+    try:
+        js = json.loads(out)
+    except ValueError:
+        js = {}
+    expect(rc == 2 and js.get("usable") is False and js.get("error"),
+           "summary --json on unusable input: a JSON error (%d %r)"
+           % (rc, out))
     # symlink: the link survives, its target gets the pickle
     real = os.path.join(TMP, "real.pickle")
     with open(real, "wb") as f:
