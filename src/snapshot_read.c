@@ -200,8 +200,12 @@ static void get_fields(rd_t *r, const msnap_pobj_t *o, fields_t *f) {
 #define HAS(f, k) (((f)->present >> KEY_##k) & 1u)
 
 static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
-  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is a %s, expected %s",
-                         key_names[key], msnap__pvm_type(r->vm, v), want);
+  const char *t = msnap__pvm_type(r->vm, v);
+  const char *art = !strcmp(t, "None")         ? ""
+                    : strchr("aeiouAEIOU", t[0]) ? "an "
+                                                 : "a ";
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is %s%s, expected %s",
+                         key_names[key], art, t, want);
 }
 
 static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {

@@ -136,7 +136,10 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
                "default then)");
       if (b->size == 0)
         report(c, where, "block of size 0");
-      if ((b->keys & MSNAP_K_REQUESTED) && b->requested_size > b->size)
+      /* Inactive blocks keep the stale request of their last use (PyTorch
+       * does not clear it on a split or merge): only active ones count. */
+      if ((b->keys & MSNAP_K_REQUESTED) && cli_block_active(b) &&
+          b->requested_size > b->size)
         report(c, where,
                "requested_size %" PRIu64 " is larger than the block's size "
                "%" PRIu64, b->requested_size, b->size);
@@ -336,8 +339,10 @@ int cli_cmd_check(int argc, char **argv) {
       uint64_t ne = 0;
       for (uint32_t d = 0; d < s->ndevices; d++)
         ne += s->device_traces[d].n;
-      printf("%s: ok (%u segments, %u blocks, %" PRIu64 " trace entries)\n",
-             argv[a], s->nsegments, s->nblocks, ne);
+      printf("%s: ok (%u segment%s, %u block%s, %" PRIu64
+             " trace entr%s)\n", argv[a], s->nsegments,
+             s->nsegments == 1 ? "" : "s", s->nblocks,
+             s->nblocks == 1 ? "" : "s", ne, ne == 1 ? "y" : "ies");
     } else if (max_lines >= 0 && c.count > max_lines) {
       printf("%s: %ld violations (%ld not shown)\n", argv[a], c.count,
              c.count - max_lines);

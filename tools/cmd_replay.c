@@ -1297,9 +1297,11 @@ int cli_cmd_replay(int argc, char **argv) {
         printf("not replayable: %s\n", d->reason);
         continue;
       }
-      printf("%" PRIu64 " trace entries, start state %s (%u segments, %u "
-             "live blocks",
-             d->entries, d->initial, d->initial_segments, d->initial_blocks);
+      printf("%" PRIu64 " trace entr%s, start state %s (%u segment%s, %u "
+             "live block%s",
+             d->entries, d->entries == 1 ? "y" : "ies", d->initial,
+             d->initial_segments, d->initial_segments == 1 ? "" : "s",
+             d->initial_blocks, d->initial_blocks == 1 ? "" : "s");
       if (d->inferred_blocks)
         printf(", %u block sizes inferred from requests", d->inferred_blocks);
       printf(")\n");
@@ -1337,8 +1339,12 @@ int cli_cmd_replay(int argc, char **argv) {
   if (rc == CLI_OK) {
     if (!replayed) {
       rc = CLI_UNUSABLE;
-      cli_err("%s: not replayable: %s", file,
-              dr[0].reason[0] ? dr[0].reason : "no device history");
+      /* The text report above already gave each device's reason. */
+      if (json)
+        cli_err("%s: not replayable: %s", file,
+                dr[0].reason[0] ? dr[0].reason : "no device history");
+      else
+        cli_err("%s: not replayable (reason above)", file);
     }
     else if (!matches && r.exact)
       rc = CLI_FINDING;

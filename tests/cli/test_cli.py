@@ -1470,6 +1470,33 @@ def group_io():
     expect(rc == 2 and js.get("usable") is False and js.get("error"),
            "summary --json on unusable input: a JSON error (%d %r)"
            % (rc, out))
+    # wording: plurals, articles, the not-replayable reason once
+    def m_one(s):
+        s["segments"] = s["segments"][1:]
+        s["segments"][0]["blocks"] = s["segments"][0]["blocks"][:1]
+        s["segments"][0]["total_size"] = 512
+        s["device_traces"] = [[{"action": "alloc", "addr": A0 + 64 * MiB,
+                                "size": 400, "stream": 0, "frames": [],
+                                "time_us": 1}]]
+    rc, out, err = run("check", mut(m_one))
+    expect("(1 segment, 1 block, 1 trace entry)" in out,
+           "check: singular counts (%d %r %r)" % (rc, out, err))
+    def m_addr(s):
+        s["segments"][0]["address"] = "0x10"
+    rc, out, err = run("check", mut(m_addr))
+    expect(rc == 2 and "'address' is a str" in err,
+           "'address' is a str (%d %r)" % (rc, err))
+    def m_addr_none(s):
+        s["segments"][0]["address"] = None
+    rc, out, err = run("check", mut(m_addr_none))
+    expect(rc == 2 and "'address' is None" in err,
+           "'address' is None (%d %r)" % (rc, err))
+    snap = good_snapshot()
+    snap["segments"][0]["is_expandable"] = True
+    rc, out, err = run("replay", write_pickle(snap, "exp.pickle"))
+    expect(rc == 2 and (out + err).count("expandable") == 1,
+           "replay: the not-replayable reason printed once (%d %r %r)"
+           % (rc, out, err))
     # symlink: the link survives, its target gets the pickle
     real = os.path.join(TMP, "real.pickle")
     with open(real, "wb") as f:
