@@ -100,7 +100,11 @@ test: test-c test-python
 MRUN       := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON)
 SAN_ENV    := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1 \
               UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
-TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+# Under TSan the recorder unwinds with glibc backtrace(): libunwind's
+# per-thread cache (uninstrumented) runs a TSD destructor at thread exit
+# that crashes TSan's runtime (SIGSEGV in __tsan::MutexPreLock).
+TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+              MEMSNAP_UNWIND=backtrace
 # setup_dir DIR, OPTIONS: meson setup, again from scratch when OPTIONS
 # changed since the folder was made (kept in DIR/.setup-options).  Commas
 # in OPTIONS are written $(comma) (make's $(call) splits on commas).

@@ -56,15 +56,13 @@ def fallback_sizes():
 
 def main():
     ap = argparse.ArgumentParser(
-        description='Write the request-size mix of the real snapshots, '
-        'one size a line.')
-    ap.add_argument('out', metavar='OUT_FILE')
-    ap.add_argument('folder', metavar='REAL_INPUTS_DIR', nargs='?',
-                    default=os.path.join(
-                        os.path.dirname(os.path.abspath(__file__)), '..',
-                        '..', 'shared', 'real_inputs'))
+        description='Write the request-size mix of the real snapshots.')
+    ap.add_argument('out', help='output file, one size a line')
+    ap.add_argument('real', nargs='?', default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), '..', '..', 'shared',
+        'real_inputs'), help='real-inputs folder')
     args = ap.parse_args()
-    out, folder = args.out, args.folder
+    out, folder = args.out, args.real
     files, sizes = ([], [])
     if os.path.isdir(folder):
         files, sizes = real_sizes(folder)

@@ -125,11 +125,13 @@ int msnap_allocator_create(const msnap_options_t *opts,
   if (rt == msnap_runtime_sim() && (o->sim_devices > 0 || o->sim_memory > 0))
     rc = msnap__sim_create(o->sim_devices > 0
                                ? o->sim_devices
-                               : (int)msnap__env_size("MEMSNAP_SIM_DEVICES", 1),
+                               : (int)msnap__env_count(
+                                     "MEMSNAP_SIM_DEVICES", 1, 1,
+                                     MSNAP_SIM_MAX_DEVICES),
                            o->sim_memory > 0 ? o->sim_memory
-                                             : msnap__env_size(
+                                             : msnap__env_size_min(
                                                    "MEMSNAP_SIM_MEMORY",
-                                                   64ull << 30),
+                                                   64ull << 30, 1),
                            &a->rt_ctx);
   else
     rc = rt->init(&a->rt_ctx);

@@ -175,7 +175,11 @@ static int skip_value(parser_t *p, size_t key, size_t *i) {
   return 0;
 }
 
-/* A whole-token non-negative decimal integer (clamped at UINT64_MAX). */
+/*
+ * A whole-token non-negative decimal integer.  A value above UINT64_MAX
+ * is an error naming the token (PyTorch's std::stoull throws
+ * out_of_range there).
+ */
 static int tok_u64(parser_t *p, size_t key, size_t i, uint64_t *out) {
   const char *t = p->tok[i];
   uint64_t v = 0;
@@ -187,7 +191,11 @@ static int tok_u64(parser_t *p, size_t key, size_t i, uint64_t *out) {
       return fail(p, i, "expected a non-negative integer for '%s'; got '%s'",
                   p->tok[key], p->tok[i]);
     unsigned d = (unsigned)(*t - '0');
-    v = v > (UINT64_MAX - d) / 10 ? UINT64_MAX : v * 10 + d;
+    if (v > (UINT64_MAX - d) / 10)
+      return fail(p, i, "value '%s' for '%s' is out of range (largest "
+                  "accepted: %llu)", p->tok[i], p->tok[key],
+                  (unsigned long long)UINT64_MAX);
+    v = v * 10 + d;
   }
   *out = v;
   return 0;

@@ -3,7 +3,9 @@
  *
  * MEMSNAP_PROFILE      "npu" (default) or "cuda".
  * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
- * MEMSNAP_SIM_DEVICES, MEMSNAP_SIM_MEMORY and any other size option:
+ * MEMSNAP_SIM_DEVICES  a device count, a plain decimal number in [1, 64]
+ *                      (msnap__env_count).
+ * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option:
  *                      a decimal number with an optional binary suffix
  *                      K, M, G or T (optionally followed by "B" or "iB",
  *                      any case): "64G" = 64 GiB.  Values that overflow
@@ -123,6 +125,54 @@ uint64_t msnap__env_size(const char *name, uint64_t dflt) {
             "memsnap: warning: ignoring invalid size '%s' in %s (expected a "
             "number with an optional K, M, G or T suffix); using %llu\n",
             v, name, (unsigned long long)dflt);
+  return dflt;
+}
+
+/*
+ * A count (MEMSNAP_SIM_DEVICES): a plain decimal number in [lo, hi], no
+ * suffix.  Anything else ("-1", "0", "65", "1K") warns once, naming the
+ * variable, the value and the accepted range, and returns dflt.
+ */
+uint64_t msnap__env_count(const char *name, uint64_t dflt, uint64_t lo,
+                          uint64_t hi) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return dflt;
+  const char *s = v;
+  while (isspace((unsigned char)*s)) s++;
+  bool ok = isdigit((unsigned char)*s);
+  uint64_t n = 0;
+  for (; ok && isdigit((unsigned char)*s); s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (n > (UINT64_MAX - d) / 10) ok = false;
+    else n = n * 10 + d;
+  }
+  while (ok && isspace((unsigned char)*s)) s++;
+  if (ok && *s == '\0' && n >= lo && n <= hi) return n;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid %s '%s' (expected a whole "
+            "number from %llu to %llu); using %llu\n",
+            name, v, (unsigned long long)lo, (unsigned long long)hi,
+            (unsigned long long)dflt);
+  return dflt;
+}
+
+/*
+ * A size (see parse_size) of at least `min` bytes.  A malformed value or
+ * one below min ("0") warns once, naming the variable, and returns dflt.
+ */
+uint64_t msnap__env_size_min(const char *name, uint64_t dflt, uint64_t min) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return dflt;
+  uint64_t r;
+  if (!parse_size(v, &r)) return msnap__env_size(name, dflt);
+  if (r >= min) return r;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring %s '%s': it must be at least %llu "
+            "bytes (a number with an optional K, M, G or T suffix); using "
+            "%llu\n",
+            name, v, (unsigned long long)min, (unsigned long long)dflt);
   return dflt;
 }
 

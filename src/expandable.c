@@ -230,6 +230,9 @@ static msnap_block_t *map_block(msnap_device_t *d, msnap_block_t *to_map,
   }
   msnap__pool_erase(to_map);
   to_map->mapped = 1;
+  /* The trace names the newly mapped range (§13): its start is to_map's
+   * ptr before the merge with a free predecessor moves it. */
+  uint64_t map_ptr = to_map->ptr;
   if (mapped < to_map->size) {
     rest->stream = to_map->stream;
     rest->size = to_map->size - mapped;
@@ -249,7 +252,7 @@ static msnap_block_t *map_block(msnap_device_t *d, msnap_block_t *to_map,
   d->total_allocated_memory += mapped;
   msnap__reserved_inc(d, pool, (int64_t)mapped);
   d->stats.num_device_alloc++;
-  msnap__trace(d, c, MSNAP_ACTION_SEGMENT_MAP, to_map->ptr, mapped,
+  msnap__trace(d, c, MSNAP_ACTION_SEGMENT_MAP, map_ptr, mapped,
                to_map->stream, pool, 0);
   if (!s->stack && c->r.stack) {
     msnap__stack_ref(c->r.stack);

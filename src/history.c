@@ -9,13 +9,16 @@
  *   - msnap__rctx_capture (outside the allocator lock): the stack capture
  *     and reference increments on the thread's metadata ids;
  *   - msnap__history_record_locked (under the device lock): one counter
- *     read, a 48-byte store into the ring and up to three atomic
+ *     read (none for an entry that follows one of the same call, e.g.
+ *     free_completed after free_requested: ~60 ns where the hypervisor
+ *     traps rdtsc), a 48-byte store into the ring and up to three atomic
  *     increments.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -125,22 +128,100 @@ static inline msnap_hentry_t *ring_at(const msnap_ring_t *ring, uint64_t i) {
   return ring_slot(ring, s);
 }
 
-static void ring_free_chunks(msnap_hentry_t **chunks, uint64_t n) {
-  for (uint64_t k = 0; k < n; k++) free(chunks[k]);
+/* Chunks are mapped directly, each at full size (MSNAP_RING_CHUNK entries
+ * = 192 KiB, a whole number of pages).  malloc would serve such a block by
+ * mmap with one more page for its header: about 1 byte per entry.  The
+ * slots in use are prefaulted in one call (MADV_POPULATE_WRITE, Linux
+ * 5.14; ignored where unknown): taking one page fault per 85 entries on
+ * the recording path cost ~90 ns per alloc+free pair on a VM.  Slots past
+ * the capacity stay untouched, so a partly used chunk costs its entries.
+ * A ring keeps up to MSNAP_RING_SPARE freed chunks (12 MiB) for reuse
+ * until the recorder is destroyed, so that turning history off and on
+ * again does not fault fresh pages in (malloc's heap gave that reuse). */
+#define RING_CHUNK_BYTES ((size_t)MSNAP_RING_CHUNK * sizeof(msnap_hentry_t))
+
+#if defined(__SANITIZE_ADDRESS__)
+#define RING_CHUNK_MALLOC 1 /* keep ASan's redzones around chunks */
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RING_CHUNK_MALLOC 1
+#endif
+#endif
+
+/* Prefault slots [from, to) of chunk c (best effort). */
+static void chunk_populate(msnap_hentry_t *c, uint64_t from, uint64_t to) {
+#if !defined(RING_CHUNK_MALLOC) && defined(MADV_POPULATE_WRITE)
+  uintptr_t pg = 4096;
+  uintptr_t a = (uintptr_t)(c + from) & ~(pg - 1);
+  uintptr_t b = ((uintptr_t)(c + to) + pg - 1) & ~(pg - 1);
+  if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+  (void)c;
+  (void)from;
+  (void)to;
+#endif
+}
+
+/* A chunk with its first `slots` slots resident: a spare one of the ring,
+ * else a fresh mapping.  NULL on ENOMEM.  Device lock held. */
+static msnap_hentry_t *chunk_new(msnap_ring_t *ring, uint64_t slots) {
+#ifdef RING_CHUNK_MALLOC
+  (void)ring;
+  (void)slots;
+  return malloc(RING_CHUNK_BYTES);
+#else
+  if (ring->nspare > 0) return ring->spare[--ring->nspare];
+  void *p = mmap(NULL, RING_CHUNK_BYTES, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  chunk_populate(p, 0, slots);
+  return p;
+#endif
+}
+
+/* Give chunk c back: kept as a spare of the ring while there is room.
+ * Device lock held. */
+static void chunk_free(msnap_ring_t *ring, msnap_hentry_t *c) {
+  if (c == NULL) return;
+#ifdef RING_CHUNK_MALLOC
+  (void)ring;
+  free(c);
+#else
+  if (ring->nspare < MSNAP_RING_SPARE)
+    ring->spare[ring->nspare++] = c;
+  else
+    munmap(c, RING_CHUNK_BYTES);
+#endif
+}
+
+/* Unmap the spare chunks (recorder destruction). */
+static void ring_drop_spare(msnap_ring_t *ring) {
+#ifndef RING_CHUNK_MALLOC
+  while (ring->nspare > 0)
+    munmap(ring->spare[--ring->nspare], RING_CHUNK_BYTES);
+#else
+  (void)ring;
+#endif
+}
+
+static void ring_free_chunks(msnap_ring_t *ring, msnap_hentry_t **chunks,
+                             uint64_t n) {
+  for (uint64_t k = 0; k < n; k++) chunk_free(ring, chunks[k]);
   free(chunks);
 }
 
 /* Allocate chunks for `slots` slots (all full-size but the last). */
-static msnap_hentry_t **ring_alloc_chunks(uint64_t slots, uint64_t *nchunks) {
+static msnap_hentry_t **ring_alloc_chunks(msnap_ring_t *ring, uint64_t slots,
+                                          uint64_t *nchunks) {
   uint64_t n = (slots + MSNAP_RING_CHUNK - 1) >> MSNAP_RING_CHUNK_BITS;
   msnap_hentry_t **c = calloc(n ? n : 1, sizeof *c);
   if (c == NULL) return NULL;
   for (uint64_t k = 0; k < n; k++) {
     uint64_t sz = slots - k * MSNAP_RING_CHUNK;
     if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
-    c[k] = malloc((size_t)sz * sizeof **c);
+    c[k] = chunk_new(ring, sz);
     if (c[k] == NULL) {
-      ring_free_chunks(c, k);
+      ring_free_chunks(ring, c, k);
       return NULL;
     }
   }
@@ -160,7 +241,7 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
   uint64_t nchunks = 0;
   msnap_hentry_t **nc = NULL;
   if (slots > 0) {
-    nc = ring_alloc_chunks(slots, &nchunks);
+    nc = ring_alloc_chunks(ring, slots, &nchunks);
     if (nc == NULL) return MSNAP_ENOMEM;
   }
   uint64_t drop = ring->n - keep;
@@ -172,7 +253,7 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
       nc[(i - drop) >> MSNAP_RING_CHUNK_BITS]
         [(i - drop) & (MSNAP_RING_CHUNK - 1)] = *e;
   }
-  ring_free_chunks(ring->chunks, ring->nchunks);
+  ring_free_chunks(ring, ring->chunks, ring->nchunks);
   ring->chunks = nc;
   ring->nchunks = ring->chunks_cap = nchunks;
   ring->vcap = slots;
@@ -185,16 +266,14 @@ static int ring_relayout(msnap_ring_t *ring, uint64_t keep) {
 /* Add slots (head == 0, n == vcap < capacity): no entry moves.  Indexing
  * (ring_at) assumes every chunk but the last holds MSNAP_RING_CHUNK slots,
  * so a partial last chunk -- made while the capacity was smaller -- is
- * widened in place before any new chunk is added. */
+ * widened before any new chunk is added (in place: every chunk is mapped
+ * at full size). */
 static int ring_grow(msnap_ring_t *ring) {
   uint64_t tail = ring->vcap & (MSNAP_RING_CHUNK - 1);
   if (tail != 0) {
     uint64_t sz = tail + (ring->capacity - ring->vcap);
     if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
-    msnap_hentry_t *c =
-        realloc(ring->chunks[ring->nchunks - 1], (size_t)sz * sizeof *c);
-    if (c == NULL) return MSNAP_ENOMEM;
-    ring->chunks[ring->nchunks - 1] = c;
+    chunk_populate(ring->chunks[ring->nchunks - 1], tail, sz);
     ring->vcap += sz - tail;
     return 0;
   }
@@ -207,7 +286,7 @@ static int ring_grow(msnap_ring_t *ring) {
   }
   uint64_t sz = ring->capacity - ring->vcap;
   if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
-  msnap_hentry_t *c = malloc((size_t)sz * sizeof *c);
+  msnap_hentry_t *c = chunk_new(ring, sz);
   if (c == NULL) return MSNAP_ENOMEM;
   ring->chunks[ring->nchunks++] = c;
   ring->vcap += sz;
@@ -216,11 +295,13 @@ static int ring_grow(msnap_ring_t *ring) {
 
 static void ring_clear(msnap_ring_t *ring) {
   for (uint64_t i = 0; i < ring->n; i++) hentry_release(ring_at(ring, i));
-  ring_free_chunks(ring->chunks, ring->nchunks);
+  ring_free_chunks(ring, ring->chunks, ring->nchunks);
   ring->chunks = NULL;
   ring->nchunks = ring->chunks_cap = 0;
   ring->vcap = ring->head = ring->n = 0;
   ring->dropped = 0;
+  ring->last_ctx = NULL;
+  ring->last_call = ring->last_time = 0;
 }
 
 /* Set the capacity (>= 1) keeping the newest entries. */
@@ -271,6 +352,7 @@ int msnap__ring_check(const msnap_ring_t *ring, char *msg, size_t len) {
   if (ring->n > ring->capacity) bad = "more entries than capacity";
   else if (ring->n > ring->vcap) bad = "more entries than slots";
   else if (ring->vcap && ring->head >= ring->vcap) bad = "head out of range";
+  else if (ring->nspare > MSNAP_RING_SPARE) bad = "too many spare chunks";
   else if (ring->nchunks !=
            (ring->vcap + MSNAP_RING_CHUNK - 1) >> MSNAP_RING_CHUNK_BITS)
     bad = "chunk count does not match the slots";
@@ -359,11 +441,13 @@ void msnap__recorder_destroy(struct msnap_recorder_s *r) {
   msnap__ws_destroy(r);
   for (int d = 0; d < r->ndevices; d++) {
     ring_clear(&r->rings[d]);
+    ring_drop_spare(&r->rings[d]);
     keymap_free(&r->rings[d].streams);
     keymap_free(&r->rings[d].pools);
   }
   free(r->rings);
   ring_clear(&r->host_ring);
+  ring_drop_spare(&r->host_ring);
   keymap_free(&r->host_ring.streams);
   keymap_free(&r->host_ring.pools);
   for (uint64_t i = 0; i < r->ann_n; i++)
@@ -495,12 +579,23 @@ bool msnap__history_active(const msnap_allocator_t *a) {
  * (is_free_site) only at level ALL.  *ctx holds one reference on each
  * non-zero id; msnap__rctx_release drops what the caller did not take.
  */
+/* A serial for a new call: each thread draws a range of 2^32 serials
+ * once, so serials are unique across threads and never 0. */
+static uint64_t call_serial(void) {
+  static _Thread_local uint64_t tl_next;
+  static atomic_uint_fast64_t ranges;
+  if (msnap_unlikely((tl_next & 0xffffffffu) == 0))
+    tl_next = (atomic_fetch_add(&ranges, 1) + 1) << 32 | 1;
+  return tl_next++;
+}
+
 void msnap__rctx_capture(msnap_allocator_t *a, msnap_rctx_t *ctx,
                          bool is_free_site) {
   memset(ctx, 0, sizeof *ctx);
   msnap_recorder_t *r = rec_load(a);
   if (r == NULL || !atomic_load_explicit(&r->enabled, memory_order_relaxed))
     return;
+  ctx->call = call_serial();
   int level = atomic_load_explicit(&r->level, memory_order_relaxed);
   ctx->level = (uint8_t)level;
   if (level != MSNAP_CONTEXT_NEVER &&
@@ -536,7 +631,14 @@ static void ring_record(msnap_recorder_t *r, msnap_ring_t *ring, int level,
       (1u << action))
     return;
   msnap_hentry_t e;
-  e.raw_time = msnap__clock_raw();
+  /* One clock read per call and ring: an entry right after one of the
+   * same call (no other entry in between, so time never decreases) takes
+   * its time. */
+  if (ctx != NULL && ctx->call != 0 && ring->last_ctx == (const void *)ctx &&
+      ring->last_call == ctx->call)
+    e.raw_time = ring->last_time;
+  else
+    e.raw_time = msnap__clock_raw();
   e.addr = addr;
   e.size = size;
   e.action = (uint8_t)action;
@@ -559,6 +661,9 @@ static void ring_record(msnap_recorder_t *r, msnap_ring_t *ring, int level,
   msnap__stack_ref(e.user_metadata);
   msnap__stack_ref(e.compile_context);
   ring_push(ring, &e);
+  ring->last_ctx = ctx;
+  ring->last_call = ctx != NULL ? ctx->call : 0;
+  ring->last_time = e.raw_time;
 }
 
 void msnap__history_record_locked(msnap_allocator_t *a, int device,
@@ -594,6 +699,7 @@ void msnap__host_rctx_capture(msnap_allocator_t *a, msnap_rctx_t *ctx,
   if (r == NULL ||
       !atomic_load_explicit(&r->host_enabled, memory_order_relaxed))
     return;
+  ctx->call = call_serial();
   int level = atomic_load_explicit(&r->host_level, memory_order_relaxed);
   ctx->level = (uint8_t)level;
   if (level != MSNAP_CONTEXT_NEVER &&

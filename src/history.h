@@ -67,6 +67,8 @@ typedef struct msnap_keymap_s {
 #define MSNAP_RING_CHUNK_BITS 12
 #define MSNAP_RING_CHUNK (1u << MSNAP_RING_CHUNK_BITS)
 
+#define MSNAP_RING_SPARE 64
+
 typedef struct msnap_ring_s {
   msnap_hentry_t **chunks; /* slot s: chunks[s / CHUNK][s % CHUNK]      */
   uint64_t nchunks, chunks_cap;
@@ -74,6 +76,14 @@ typedef struct msnap_ring_s {
   uint64_t capacity;
   uint64_t dropped;
   msnap_keymap_t streams, pools;
+  /* Freed chunks kept for the next growth (history.c), unmapped when the
+   * recorder is destroyed; 64 x 192 KiB at most. */
+  msnap_hentry_t *spare[MSNAP_RING_SPARE];
+  uint32_t nspare;
+  /* The call (context address and serial) that recorded the newest entry
+   * and that entry's raw time: the same call's next entry reuses it. */
+  const void *last_ctx;
+  uint64_t last_call, last_time;
 } msnap_ring_t;
 
 /* external_annotations entry. */

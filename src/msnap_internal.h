@@ -105,6 +105,11 @@ int msnap__conf_check(const msnap_conf_t *c, char *msg, size_t msg_len);
 int msnap__env_profile(msnap_profile_t *out);
 const char *msnap__env_runtime(void);
 uint64_t msnap__env_size(const char *name, uint64_t dflt);
+uint64_t msnap__env_count(const char *name, uint64_t dflt, uint64_t lo,
+                          uint64_t hi);
+uint64_t msnap__env_size_min(const char *name, uint64_t dflt, uint64_t min);
+/* MEMSNAP_SIM_DEVICES accepts 1..MSNAP_SIM_MAX_DEVICES. */
+#define MSNAP_SIM_MAX_DEVICES 64
 bool msnap__env_no_caching(msnap_profile_t profile);
 
 /* ---- runtime_sim.c ------------------------------------------------------ */
@@ -143,6 +148,10 @@ typedef struct msnap_rctx_s {
   uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
   uint32_t compile_context; /* interned string id, 0 = "N/A"         */
   uint8_t level;            /* msnap_record_context_t at capture      */
+  /* Serial of the capturing call, unique per thread and call (0: none).
+   * Entries that one call records back to back in a ring share one clock
+   * read (history.c, ring_record). */
+  uint64_t call;
 } msnap_rctx_t;
 
 /* True when history (or STATE context) is on for the allocator: the only

@@ -285,9 +285,9 @@ static void obj_release_slot(msnap_pvm_t *vm, msnap_pobj_t *o) {
   if (msnap__grow((void **)&vm->free_objs, &vm->free_cap, vm->nfree, 1,
                   sizeof *vm->free_objs) < 0)
     return; /* leak the slot rather than fail */
-  free(o->items);
-  o->items = NULL;
-  o->n = o->cap = 0;
+  /* The item array stays with the free slot (kept for the next container
+   * made in it: no malloc/free per trace entry dict). */
+  o->n = 0;
   o->kind = MSNAP_POBJ_FREE;
   o->flags = 0;
   o->gen++;
@@ -340,19 +340,14 @@ const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
  */
 static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
                    msnap_pv_t *out) {
-  msnap_pv_t *items = NULL;
-  if (cap) {
-    items = malloc((size_t)cap * sizeof *items);
-    if (!items) return oom(vm);
-  }
   uint32_t idx;
-  if (vm->nfree) {
+  bool recycled = vm->nfree > 0;
+  if (recycled) {
     idx = vm->free_objs[--vm->nfree];
   } else {
     if (vm->nobjs >= OBJ_INDEX_MASK ||
         msnap__grow((void **)&vm->objs, &vm->objs_cap, vm->nobjs, 1,
                     sizeof *vm->objs) < 0) {
-      free(items);
       if (vm->nobjs >= OBJ_INDEX_MASK)
         return msnap__pvm_fail(vm, MSNAP_ELIMIT,
                                "more than %u live containers",
@@ -363,9 +358,23 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
     memset(&vm->objs[idx], 0, sizeof vm->objs[idx]);
   }
   msnap_pobj_t *o = &vm->objs[idx];
-  o->items = items;
+  /* a recycled slot may bring an item array; use it when large enough */
+  if (cap > o->cap) {
+    msnap_pv_t *items = malloc((size_t)cap * sizeof *items);
+    if (!items) {
+      /* the slot stays free: back to the list (room: it was just taken
+       * from it), or a fresh slot is given back */
+      if (recycled)
+        vm->free_objs[vm->nfree++] = idx;
+      else
+        vm->nobjs--;
+      return oom(vm);
+    }
+    free(o->items);
+    o->items = items;
+    o->cap = cap;
+  }
   o->n = 0;
-  o->cap = cap;
   o->memo_slot = UINT32_MAX;
   o->stackrefs = 0;
   o->fwd = 0;
@@ -442,28 +451,49 @@ static bool unhashable(msnap_pvm_t *vm, msnap_pv_t k) {
  */
 static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
                       uint32_t n, bool keys, bool from_stack) {
+  /* The container is looked up once, and again only after a callback ran
+   * (completing a container item may reshape the object pool): items that
+   * are not containers (scalars, strings, records: nearly all of them)
+   * need no completion, no unreferencing and no depth update. */
+  msnap_pobj_t *o = msnap__pvm_obj(vm, c);
+  if (!o)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "container was consumed while being filled");
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t d;
-    if (keys && (i & 1) == 0 && unhashable(vm, vals[i]))
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unhashable %s as a key",
-                             msnap__pvm_type(vm, vals[i]));
-    msnap_pv_t orig = vals[i];
-    int rc = complete(vm, &vals[i], &d);
-    if (rc < 0) return rc;
-    if (from_stack) stack_unref(vm, orig);
-    msnap_pobj_t *o = msnap__pvm_obj(vm, c);
-    if (!o)
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                             "container was consumed while being filled");
-    if (d + 1 > o->depth) {
-      if (d + 1 > MSNAP_PICKLE_MAX_DEPTH)
-        return msnap__pvm_fail(vm, MSNAP_ELIMIT,
-                               "containers nested deeper than %d levels",
-                               MSNAP_PICKLE_MAX_DEPTH);
-      o->depth = (uint16_t)(d + 1);
+    if (msnap_unlikely(MSNAP_PV_TAG(vals[i]) == MSNAP_PV_OBJ)) {
+      uint32_t d;
+      if (keys && (i & 1) == 0 && unhashable(vm, vals[i]))
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unhashable %s as a key",
+                               msnap__pvm_type(vm, vals[i]));
+      msnap_pv_t orig = vals[i];
+      int rc = complete(vm, &vals[i], &d);
+      if (rc < 0) return rc;
+      if (from_stack) stack_unref(vm, orig);
+      o = msnap__pvm_obj(vm, c);
+      if (!o)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "container was consumed while being filled");
+      if (d + 1 > o->depth) {
+        if (d + 1 > MSNAP_PICKLE_MAX_DEPTH)
+          return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                                 "containers nested deeper than %d levels",
+                                 MSNAP_PICKLE_MAX_DEPTH);
+        o->depth = (uint16_t)(d + 1);
+      }
     }
     msnap_pv_t it = vals[i];
-    if (o->flags & MSNAP_POBJF_RANGE) {
+    if (msnap_likely(!(o->flags & MSNAP_POBJF_RANGE))) {
+      if (msnap_unlikely(o->n == 0 && o->kind == MSNAP_POBJ_LIST &&
+                         MSNAP_PV_TAG(it) == MSNAP_PV_REC)) {
+        free(o->items);
+        o->items = NULL;
+        o->cap = 0;
+        o->fwd = it;
+        o->flags |= MSNAP_POBJF_RANGE;
+        o->n = 1;
+        continue;
+      }
+    } else {
       if (it == o->fwd + ((uint64_t)o->n << 3) && o->n < UINT32_MAX - 1) {
         o->n++;
         continue;
@@ -478,24 +508,15 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
       o->cap = cap;
       o->fwd = 0;
       o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
-    } else if (o->n == 0 && o->kind == MSNAP_POBJ_LIST &&
-               MSNAP_PV_TAG(it) == MSNAP_PV_REC) {
-      free(o->items);
-      o->items = NULL;
-      o->cap = 0;
-      o->fwd = it;
-      o->flags |= MSNAP_POBJF_RANGE;
-      o->n = 1;
-      continue;
     }
-    if (o->n == o->cap) {
+    if (msnap_unlikely(o->n == o->cap)) {
       uint32_t extra = o->cap < 8 ? 8 : o->cap / 2;
       if (n - i > extra) extra = n - i;
       if (msnap__grow((void **)&o->items, &o->cap, o->n, extra,
                       sizeof *o->items) < 0)
         return oom(vm);
     }
-    o->items[o->n++] = vals[i];
+    o->items[o->n++] = it;
   }
   return 0;
 }
@@ -557,7 +578,7 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
   if (kind == MSNAP_POBJ_DICT && (n & 1))
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                            "odd number of items (%u) for a dict", n);
-  msnap_pv_t c;
+  msnap_pv_t c = 0;
   int rc = obj_new(vm, kind, n, &c);
   if (rc < 0) return rc;
   if (n) { /* (the stack may still be unallocated when n == 0) */
@@ -612,6 +633,21 @@ static int memo_get(msnap_pvm_t *vm, uint64_t idx) {
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "memo key %llu is not defined",
                            (unsigned long long)idx);
   return push(vm, vm->memo[idx]);
+}
+
+/*
+ * The common case of memo_get, inlined in the interpreter loop: a defined
+ * memo entry that is not a container (a string, a number or a record) and
+ * room on the stack.  Returns false when memo_get must handle it.
+ */
+static inline bool memo_get_fast(msnap_pvm_t *vm, uint64_t idx) {
+  if (idx >= vm->memo_len || vm->sn >= vm->scap) return false;
+  msnap_pv_t v = vm->memo[idx];
+  if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ ||
+      v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+    return false;
+  vm->stack[vm->sn++] = v;
+  return true;
 }
 
 /* ---- scalars ------------------------------------------------------------- */
@@ -1244,12 +1280,28 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_BINGET:
     case MSNAP_OP_BINPUT:
       NEED(1);
+      if (op == MSNAP_OP_BINGET && msnap_likely(memo_get_fast(vm, *p))) {
+        p++;
+        /* runs of gets (list items): no dispatch per opcode */
+        while (end - p >= 2 && *p == MSNAP_OP_BINGET &&
+               memo_get_fast(vm, p[1]))
+          p += 2;
+        break;
+      }
       TRY(op == MSNAP_OP_BINGET ? memo_get(vm, *p) : memo_put(vm, *p));
       p++;
       break;
     case MSNAP_OP_LONG_BINGET:
     case MSNAP_OP_LONG_BINPUT:
       NEED(4);
+      if (op == MSNAP_OP_LONG_BINGET &&
+          msnap_likely(memo_get_fast(vm, le(p, 4)))) {
+        p += 4;
+        while (end - p >= 5 && *p == MSNAP_OP_LONG_BINGET &&
+               memo_get_fast(vm, le(p + 1, 4)))
+          p += 5;
+        break;
+      }
       TRY(op == MSNAP_OP_LONG_BINGET ? memo_get(vm, le(p, 4))
                                      : memo_put(vm, le(p, 4)));
       p += 4;

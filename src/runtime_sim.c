@@ -64,7 +64,7 @@
 #define SIM_BASE ((uint64_t)0x7f0000000000ull)
 #define SIM_HOST_BASE ((uint64_t)0x7e0000000000ull)
 #define SIM_HOST_END SIM_BASE
-#define SIM_MAX_DEVICES 64
+#define SIM_MAX_DEVICES MSNAP_SIM_MAX_DEVICES
 #define SIM_MAX_MEMORY ((uint64_t)1 << 48)
 #define SIM_DEFAULT_MEMORY ((uint64_t)64 << 30)
 
@@ -278,11 +278,10 @@ int msnap__sim_create(int devices, uint64_t memory, void **ctx) {
 }
 
 static int sim_init(void **ctx) {
-  uint64_t n = msnap__env_size("MEMSNAP_SIM_DEVICES", 1);
-  uint64_t mem = msnap__env_size("MEMSNAP_SIM_MEMORY", SIM_DEFAULT_MEMORY);
-  if (n == 0) n = 1;
-  if (n > SIM_MAX_DEVICES) n = SIM_MAX_DEVICES;
-  if (mem == 0) mem = SIM_DEFAULT_MEMORY;
+  /* Out-of-range values warn (naming the variable) and use the default. */
+  uint64_t n = msnap__env_count("MEMSNAP_SIM_DEVICES", 1, 1, SIM_MAX_DEVICES);
+  uint64_t mem = msnap__env_size_min("MEMSNAP_SIM_MEMORY", SIM_DEFAULT_MEMORY,
+                                     1);
   return msnap__sim_create((int)n, mem, ctx);
 }
 

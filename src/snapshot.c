@@ -19,7 +19,9 @@
  * Hash tables are open-addressing arrays of (id + 1), 0 = empty slot, kept
  * at most half full; hashes are XXH3 of the interned content with a
  * per-model random seed (so a hostile file cannot pick colliding strings
- * in advance), recomputed on growth (no hash array is stored).
+ * in advance).  Strings and frames are hashed again on growth; stacks and
+ * string lists (long spans) keep the low 32 bits of their hash in an
+ * array by id (4 bytes each) that growth and probes use.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,11 @@ typedef struct snap_ht_s {
 
 struct msnap_snap_priv_s {
   snap_ht_t strings, frames, stacks, strlists;
+  /* Low 32 bits of the hash of each stack / string list, by id (the
+   * placeholders' entries are unused): growth re-slots without hashing
+   * again, and a probe compares contents only when the hashes agree. */
+  uint32_t *stack_hash, *strlist_hash;
+  uint32_t stack_hash_cap, strlist_hash_cap;
   uint64_t seed; /* XXH3 seed, random per model */
   bool from_reader; /* key bits are authoritative (model read from a file) */
 };
@@ -123,11 +130,8 @@ static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
     return str_hash(pr->seed, p, len);
   }
   if (t == &pr->frames) return frame_hash(pr->seed, &s->frames[id]);
-  if (t == &pr->stacks)
-    return span_hash(pr->seed, s->stack_frames + s->stacks[id].first,
-                     s->stacks[id].n);
-  return span_hash(pr->seed, s->strlist_items + s->strlists[id].first,
-                   s->strlists[id].n);
+  if (t == &pr->stacks) return pr->stack_hash[id];
+  return pr->strlist_hash[id];
 }
 
 /* Double the table (or create it with 1024 slots). */
@@ -224,6 +228,8 @@ void msnap__snap_free(msnap_snap_t *s) {
     free(s->priv->frames.slots);
     free(s->priv->stacks.slots);
     free(s->priv->strlists.slots);
+    free(s->priv->stack_hash);
+    free(s->priv->strlist_hash);
     free(s->priv);
   }
   free(s->strbuf);
@@ -340,31 +346,40 @@ uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f) {
 }
 
 /*
- * Intern a span of ids into (items, spans).  Shared by stacks and string
- * lists.  Returns the span id or 0 on ENOMEM.
+ * Intern a span of ids into (items, spans); hashes[id] keeps the low bits
+ * of each span's hash.  Shared by stacks and string lists.  Returns the
+ * span id or 0 on ENOMEM.
  */
 static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
                             uint32_t *nitems, uint32_t *items_cap,
                             msnap_span_t **spans, uint32_t *nspans,
-                            uint32_t *spans_cap, const uint32_t *v,
+                            uint32_t *spans_cap, uint32_t **hashes,
+                            uint32_t *hashes_cap, const uint32_t *v,
                             uint32_t n) {
   if (ht_reserve(s, t) < 0) return 0;
-  uint32_t h = (uint32_t)span_hash(s->priv->seed, v, n) & t->mask;
+  uint32_t hv = (uint32_t)span_hash(s->priv->seed, v, n);
+  uint32_t h = hv & t->mask;
   for (;;) {
     uint32_t e = t->slots[h];
     if (!e) break;
-    msnap_span_t sp = (*spans)[e - 1];
-    if (sp.n == n &&
-        (n == 0 || memcmp(*items + sp.first, v, (size_t)n * 4) == 0))
-      return e - 1;
+    if ((*hashes)[e - 1] == hv) {
+      msnap_span_t sp = (*spans)[e - 1];
+      if (sp.n == n &&
+          (n == 0 || memcmp(*items + sp.first, v, (size_t)n * 4) == 0))
+        return e - 1;
+    }
     h = (h + 1) & t->mask;
   }
   if (msnap__grow((void **)items, items_cap, *nitems, n, sizeof **items) < 0)
     return 0;
   if (msnap__grow((void **)spans, spans_cap, *nspans, 1, sizeof **spans) < 0)
     return 0;
+  if (msnap__grow((void **)hashes, hashes_cap, *nspans, 1,
+                  sizeof **hashes) < 0)
+    return 0;
   uint32_t id = (*nspans)++;
   (*spans)[id] = (msnap_span_t){*nitems, n};
+  (*hashes)[id] = hv;
   if (n) memcpy(*items + *nitems, v, (size_t)n * 4);
   *nitems += n;
   t->slots[h] = id + 1;
@@ -380,7 +395,8 @@ msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
   if (n == 0) return MSNAP_STACK_EMPTY;
   return span_intern(s, &s->priv->stacks, &s->stack_frames,
                      &s->nstack_frames, &s->stack_frames_cap, &s->stacks,
-                     &s->nstacks, &s->stacks_cap, frame_ids, n);
+                     &s->nstacks, &s->stacks_cap, &s->priv->stack_hash,
+                     &s->priv->stack_hash_cap, frame_ids, n);
 }
 
 /*
@@ -390,7 +406,8 @@ uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
                              uint32_t n) {
   return span_intern(s, &s->priv->strlists, &s->strlist_items,
                      &s->nstrlist_items, &s->strlist_items_cap, &s->strlists,
-                     &s->nstrlists, &s->strlists_cap, items, n);
+                     &s->nstrlists, &s->strlists_cap, &s->priv->strlist_hash,
+                     &s->priv->strlist_hash_cap, items, n);
 }
 
 /* ---- records ------------------------------------------------------------- */

@@ -192,12 +192,13 @@ static void viol(bctx_t *c, uint32_t entry, const char *fmt, ...)
 static void viol(bctx_t *c, uint32_t entry, const char *fmt, ...) {
   char msg[512];
   va_list ap;
+  c->n++;
+  if (!c->cb)
+    return; /* only counted: no message to format */
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  c->n++;
-  if (c->cb)
-    c->cb(c->arg, entry, msg);
+  c->cb(c->arg, entry, msg);
 }
 
 /* Extent used for overlap tests: a block re-created from a free only

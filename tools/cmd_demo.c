@@ -109,7 +109,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap demo-train [--steps N] [--layers L] "
           "[--hidden H]\n"
-          "                          [--profile cuda|npu] -o FILE\n"
+          "                          [--profile cuda|npu] [--alloc-conf STR]"
+          " -o FILE\n"
           "\n"
           "Record a memory snapshot (pickle, as torch.cuda.memory."
           "_dump_snapshot)\nfrom a built-in simulated training loop: "
@@ -122,6 +123,9 @@ static void usage(FILE *f) {
           "  --layers L         layers (default 6)\n"
           "  --hidden H         layer width (default 2048)\n"
           "  --profile P        allocator profile, cuda (default) or npu\n"
+          "  --alloc-conf STR   allocator configuration, as\n"
+          "                     PYTORCH_CUDA_ALLOC_CONF (e.g.\n"
+          "                     expandable_segments:True; default none)\n"
           "  --json             print {output, profile, steps, layers,\n"
           "                     hidden} on stdout\n"
           "  -h, --help         this text\n");
@@ -134,10 +138,11 @@ int cli_cmd_demo_train(int argc, char **argv) {
       {"layers", required_argument, NULL, 'l'},
       {"hidden", required_argument, NULL, 'H'},
       {"profile", required_argument, NULL, 'p'},
+      {"alloc-conf", required_argument, NULL, 'c'},
       {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  const char *out = NULL, *profile = "cuda";
+  const char *out = NULL, *profile = "cuda", *conf = "";
   long steps = 3, layers = 6, hidden = 2048;
   bool json = false;
   int o;
@@ -150,6 +155,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
     case 'l': layers = strtol(optarg, &end, 10); break;
     case 'H': hidden = strtol(optarg, &end, 10); break;
     case 'p': profile = optarg; break;
+    case 'c': conf = optarg; break;
     case 'j': json = true; break;
     case 'h': usage(stdout); return CLI_OK;
     default: return cli_usage_error("demo-train", NULL);
@@ -173,7 +179,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
   else
     return cli_usage_error("demo-train", "--profile must be cuda or npu");
   mo.runtime_name = "sim";
-  mo.alloc_conf = "";
+  mo.alloc_conf = conf;
   mo.caching_disabled = 0;
   mo.sim_devices = 1;
   mo.error_buf = ebuf;

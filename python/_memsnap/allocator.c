@@ -58,6 +58,22 @@ int msnap_py_device(PyObject *o, int *out) {
   return 0;
 }
 
+int msnap_py_check_device(msnap_allocator_t *a, int device, int any_ok,
+                          int ordinal) {
+  int n = msnap_device_count(a);
+  if ((device >= 0 && device < n) || (any_ok && device == -1))
+    return 0;
+  if (ordinal)
+    PyErr_Format(PyExc_RuntimeError,
+                 "%s error: invalid device ordinal %d (%d device%s visible)",
+                 msnap_profile(a) == MSNAP_PROFILE_NPU ? "NPU" : "CUDA",
+                 device, n, n == 1 ? "" : "s");
+  else
+    PyErr_Format(PyExc_RuntimeError,
+                 "Invalid device argument %d: did you call init?", device);
+  return -1;
+}
+
 /*
  * msnap_py_allocator -- the default allocator, created on first use from
  * the environment (MEMSNAP_RUNTIME, MEMSNAP_PROFILE, the alloc-conf
@@ -129,6 +145,8 @@ static PyObject *py_malloc(PyObject *module, PyObject *const *args,
       msnap_py_u64(args[2], &stream, "stream") < 0)
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
   int rc = msnap_malloc(a, device, (size_t)size, stream, &ptr);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -184,6 +202,8 @@ static PyObject *py_empty_cache(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "|i:empty_cache", &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 1, 0) < 0)
+    return NULL;
   int rc = msnap_empty_cache(a, device);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -196,6 +216,19 @@ static PyObject *py_set_allocator_settings(PyObject *module, PyObject *arg) {
   if (!PyUnicode_Check(arg)) {
     PyErr_Format(PyExc_TypeError, "env must be a str, not %.100s",
                  Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  /* The C parser sees a NUL-terminated string: refuse an embedded NUL
+   * (naming its character position) rather than silently dropping what
+   * follows it. */
+  Py_ssize_t nul = PyUnicode_FindChar(arg, 0, 0, PyUnicode_GetLength(arg), 1);
+  if (nul == -2)
+    return NULL;
+  if (nul >= 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "allocator settings: embedded null character at position "
+                 "%zd of %R",
+                 nul, arg);
     return NULL;
   }
   const char *conf = PyUnicode_AsUTF8(arg);
@@ -220,6 +253,8 @@ static PyObject *py_set_memory_fraction(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "di:set_memory_fraction", &fraction, &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_set_memory_fraction(a, device, fraction);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -232,6 +267,8 @@ static PyObject *py_get_memory_fraction(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i:get_memory_fraction", &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_get_memory_fraction(a, device, &fraction);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -263,6 +300,8 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i:mem_get_info", &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
   int rc = msnap_mem_get_info(a, device, &free_b, &total_b);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -382,6 +421,8 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i:memory_stats", &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   msnap_stats_t s;
   memset(&s, 0, sizeof s);
   s.size = sizeof s;
@@ -438,6 +479,8 @@ static PyObject *py_reset_peak_stats(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i:reset_peak_stats", &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_reset_peak_stats(a, device);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -449,6 +492,8 @@ static PyObject *py_reset_accumulated_stats(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i:reset_accumulated_stats", &device))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_reset_accumulated_stats(a, device);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -460,6 +505,8 @@ static PyObject *py_memory_summary(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "ip:memory_summary", &device, &abbreviated))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   char *out = NULL;
   int rc = msnap_memory_summary(a, device, abbreviated != 0, &out);
   if (rc < 0)
@@ -624,6 +671,8 @@ static PyObject *mempool_create(PyObject *o, PyObject *args) {
   if (module == NULL)
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_mempool_create(a, device, use_on_oom != 0, no_split != 0,
                                 &self->id);
   if (rc < 0)
@@ -669,6 +718,8 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
   if (module == NULL)
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_begin_allocate_to_pool(a, device, self->id, stream,
                                         all_streams != 0);
   if (rc < 0)
@@ -685,6 +736,8 @@ static PyObject *mempool_end(PyObject *o, PyObject *args) {
   if (module == NULL)
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_end_allocate_to_pool(a, device, self->id);
   if (rc < 0)
     return msnap_py_raise(module, rc, "endAllocateToPool");
@@ -703,6 +756,8 @@ static PyObject *mempool_release(PyObject *o, PyObject *args) {
   if (module == NULL)
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
   int rc = msnap_mempool_release(a, device, self->id);
   if (rc < 0)
     return msnap_py_raise(module, rc, "releasePool");

@@ -80,6 +80,15 @@ PyObject *msnap_py_raise(PyObject *module, int err, const char *what) {
   const char *text = msnap_last_error();
   if (text == NULL || text[0] == '\0')
     text = msnap_strerror(err);
+  /* The C API prefixes some messages with its function name
+   * ("msnap_stats_get: ..."); a Python user never called that: drop it. */
+  if (strncmp(text, "msnap_", 6) == 0) {
+    const char *t = text + 6;
+    while ((*t >= 'a' && *t <= 'z') || (*t >= '0' && *t <= '9') || *t == '_')
+      t++;
+    if (t[0] == ':' && t[1] == ' ')
+      text = t + 2;
+  }
   PyObject *type;
   switch (err) {
   case MSNAP_EOOM:

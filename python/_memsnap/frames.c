@@ -173,6 +173,33 @@ static int walk_public(uintptr_t (*frames)[2], int max) {
 }
 
 #ifdef MSNAP_PY_FAST_FRAMES
+/* Code object -> entry, direct-mapped, read and written with the GIL held
+ * (walk() runs only then).  A cached code object is pinned by its entry,
+ * so its address is never reused by another code object and a hit is
+ * always right; a miss falls back to the co_extra slot (a call into the
+ * interpreter and a few dependent loads per frame). */
+#define CODE_CACHE_SLOTS 256
+static struct {
+  PyCodeObject *code;
+  frame_entry_t *entry;
+} code_cache[CODE_CACHE_SLOTS];
+
+static inline frame_entry_t *entry_cached(PyCodeObject *co) {
+#ifdef Py_GIL_DISABLED
+  return entry_of(co); /* no GIL to guard the cache */
+#endif
+  uintptr_t a = (uintptr_t)co;
+  size_t k = ((a >> 4) ^ (a >> 12)) & (CODE_CACHE_SLOTS - 1);
+  if (__builtin_expect(code_cache[k].code == co, 1))
+    return code_cache[k].entry;
+  frame_entry_t *e = entry_of(co);
+  if (e != NULL) {
+    code_cache[k].code = co;
+    code_cache[k].entry = e;
+  }
+  return e;
+}
+
 /* 3.11-3.13: the same frames as walk_public (incomplete and C-stack
  * frames skipped, as PyEval_GetFrame/PyFrame_GetBack skip them), and the
  * same lasti as PyFrame_GetLasti, without frame objects. */
@@ -188,7 +215,7 @@ static int walk(uintptr_t (*frames)[2], int max) {
 #endif
     if (_PyFrame_IsIncomplete(f))
       continue;
-    frame_entry_t *e = entry_of(FRAME_CODE(f));
+    frame_entry_t *e = entry_cached(FRAME_CODE(f));
     if (e == NULL)
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);

@@ -253,6 +253,8 @@ static PyObject *py_snapshot(PyObject *module, PyObject *args) {
   if (parse_snap(args, &o, "iKKpp:snapshot") < 0)
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, o.device, 1, 0) < 0)
+    return NULL;
   char *buf = NULL;
   size_t len = 0;
   int rc;
@@ -374,6 +376,8 @@ static PyObject *py_record_annotation(PyObject *module, PyObject *args) {
                         &is_start))
     return NULL;
   GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 1, 0) < 0)
+    return NULL;
   int rc = msnap_record_annotation(a, device, name, is_start != 0);
   if (rc < 0)
     return msnap_py_raise(module, rc, "record_annotation");

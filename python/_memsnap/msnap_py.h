@@ -92,4 +92,16 @@ int msnap_py_frames_init(PyObject *module);
 int msnap_py_u64(PyObject *o, uint64_t *out, const char *what);
 int msnap_py_device(PyObject *o, int *out);
 
+/*
+ * msnap_py_check_device -- raise what torch raises for a device index the
+ * allocator does not have and return -1; 0 when valid.  `any_ok`: -1
+ * (every device) is accepted.  Allocator-state calls (stats, fraction,
+ * pools, snapshot) raise RuntimeError "Invalid device argument N: did you
+ * call init?" (torch's assertValidDevice); `ordinal` calls (malloc,
+ * mem_get_info: torch switches to the device first) raise RuntimeError
+ * "invalid device ordinal".
+ */
+int msnap_py_check_device(msnap_allocator_t *a, int device, int any_ok,
+                          int ordinal);
+
 #endif /* MSNAP_PY_H */

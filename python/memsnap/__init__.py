@@ -49,12 +49,14 @@ def configure(runtime: str | None = None, profile: str | None = None) -> None:
     if profile is not None and profile not in _PROFILES:
         raise ValueError(f"unknown memsnap profile {profile!r}; expected one of {_PROFILES}")
     if _memsnap.initialized():
-        current = (os.environ.get("MEMSNAP_RUNTIME"), os.environ.get("MEMSNAP_PROFILE"))
+        # What the allocator really runs (the environment may be unset:
+        # the defaults were used).
+        current = (_memsnap.runtime_name(), _memsnap.profile())
         if (runtime in (None, current[0])) and (profile in (None, current[1])):
             return
         raise RuntimeError(
             "memsnap.configure() must be called before the allocator is first "
-            "used (it already exists with MEMSNAP_RUNTIME=%s, MEMSNAP_PROFILE=%s)" % current
+            "used (it already exists with runtime %r, profile %r)" % current
         )
     if runtime is not None:
         os.environ["MEMSNAP_RUNTIME"] = runtime

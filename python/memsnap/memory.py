@@ -91,6 +91,16 @@ def _current_device() -> int:
     return 0
 
 
+_DEVICE_TYPES = ("npu", "cuda")
+
+
+def _device_type() -> str:
+    """The device type the profile names in messages: "cuda" or "npu"."""
+    if _C.initialized():
+        return _C.profile()
+    return "cuda" if os.environ.get("MEMSNAP_PROFILE") == "cuda" else "npu"
+
+
 def _device_index(device: Any = None, optional: bool = True) -> int:
     """Normalise a device argument as torch's ``_get_device_index`` does.
 
@@ -111,6 +121,10 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
         kind, _, idx = device.partition(":")
         if kind.isdigit() and not idx:
             return int(kind)
+        if kind not in _DEVICE_TYPES:
+            # torch: torch.device(str) then "Expected a cuda device, but
+            # got: cpu" (torch_npu says npu).
+            raise ValueError(f"Expected a {_device_type()} device, but got: {device}")
         if idx:
             if not idx.isdigit():
                 raise ValueError(f"Invalid device string: {device!r}")
@@ -118,6 +132,8 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
         return _current_device()
     index = getattr(device, "index", None)
     if hasattr(device, "type"):
+        if device.type not in _DEVICE_TYPES:
+            raise ValueError(f"Expected a {_device_type()} device, but got: {device}")
         return _current_device() if index is None else int(index)
     raise ValueError(
         f"Expected a torch.device with a specified index or an integer, "
@@ -262,6 +278,9 @@ def set_per_process_memory_fraction(fraction, device: Any = None) -> None:
         raise TypeError("Invalid type for fraction argument, must be `float`")
     if fraction < 0 or fraction > 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    if fraction != fraction:
+        # NaN passes torch's Python check; its C++ check then raises.
+        raise RuntimeError("invalid fraction:nan. Please set within [0, 1].")
     _C.set_memory_fraction(fraction, _device_index(device))
 
 
@@ -586,7 +605,23 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 # ---------------------------------------------------------------------------
 
 
+def _load_torch_hooks() -> None:
+    """Load memsnap.torch (its listener records torch record_function
+    ranges as external_annotations) when torch is importable, so that
+    annotations work without memsnap.torch.use_allocator()."""
+    if __package__ + ".torch" in sys.modules:
+        return
+    import importlib
+    import importlib.util
+
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        return
+    importlib.import_module(__package__ + ".torch")
+
+
 def _notify_history(enabled, compile_context, global_record_annotations):
+    if enabled:
+        _load_torch_hooks()
     for fn in list(_history_listeners):
         fn(enabled, compile_context, global_record_annotations)
 

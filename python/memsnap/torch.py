@@ -273,14 +273,28 @@ def _on_exit(name: str) -> None:
         _C.record_annotation(_device_now(), name, False)
 
 
+_rf_originals: tuple | None = None  # (class, __enter__, __exit__) while patched
+
+
 def _patch_record_function() -> None:
-    """Wrap torch.autograd.profiler.record_function's __enter__/__exit__."""
-    global _patched_record_function
+    """Wrap torch.autograd.profiler.record_function's __enter__/__exit__.
+
+    Installed while history is on (memsnap.memory._record_memory_history
+    loads this module when torch is importable), removed again by
+    :func:`_unpatch_record_function` when history is disabled.
+    """
+    global _patched_record_function, _rf_originals
     if _patched_record_function:
         return
     try:
         from torch.autograd import profiler
     except ImportError:
+        return
+    except Exception as e:  # a broken torch install: history still works
+        import warnings
+
+        warnings.warn(f"memsnap: record_function ranges will not be recorded: "
+                      f"importing torch failed: {e}", RuntimeWarning, stacklevel=3)
         return
     cls = profiler.record_function
     enter, exit_ = cls.__enter__, cls.__exit__
@@ -294,15 +308,39 @@ def _patch_record_function() -> None:
         _on_exit(self.name)
         return exit_(self, exc_type, exc_value, traceback)
 
+    __enter__._memsnap_hook = True
+    __exit__._memsnap_hook = True
     cls.__enter__ = __enter__
     cls.__exit__ = __exit__
+    _rf_originals = (cls, enter, exit_)
     _patched_record_function = True
+
+
+def _unpatch_record_function() -> None:
+    """Restore record_function's own __enter__/__exit__ (history off).
+
+    Compiled-region contexts this thread still has open are popped: their
+    __exit__ will no longer reach memsnap.
+    """
+    global _patched_record_function, _rf_originals
+    if not _patched_record_function or _rf_originals is None:
+        return
+    cls, enter, exit_ = _rf_originals
+    cls.__enter__ = enter
+    cls.__exit__ = exit_
+    _rf_originals = None
+    _patched_record_function = False
+    stack = getattr(_ann, "compiled", None)
+    while stack:
+        stack.pop()
+        _C.compile_context_pop()
 
 
 def _history_changed(enabled: bool, compile_context: bool, global_annotations: bool) -> None:
     st = _ann_state
     if not enabled:
         st.update(on=False, compile=False)
+        _unpatch_record_function()
         return
     if not st["on"]:
         # Installation is idempotent as in torch: the thread-local/global

@@ -112,6 +112,88 @@ static void hooks_expandable(void **state) {
 
 
 /*
+ * allocator-algorithm §21 example 13 with history on, in both profiles:
+ * every segment_map names the start of the newly mapped granules (not the
+ * block that absorbs them) and the mapped bytes; the final segment_unmap
+ * names the unmapped range.  The NPU profile pads every request by 32
+ * bytes before rounding (§20.1: 5 MiB becomes a 5 MiB + 512 block), and
+ * (§20.4, base_addr_aligned_kb 16) a request >= 2 MiB whose block
+ * does not start on 16 KiB first splits off a leading fragment: b lands
+ * at E+5MiB+16KiB and c at E+30MiB+32KiB.  The mapped and unmapped
+ * ranges are the same granules in both profiles.
+ */
+static void example13_trace(void **state) {
+  (void)state;
+  for (int prof = 0; prof < 2; prof++) {
+    msnap_allocator_t *a = mk(prof ? NPU : CUDA, tw_exp);
+    enable_history(a);
+    uint64_t kb16 = prof ? 16384 : 0; /* NPU 16 KiB block alignment */
+    uint64_t pa = M(a, 5 * MiB);
+    uint64_t E = pa;
+    uint64_t pb = M(a, 25 * MiB);
+    assert_int_equal(pb, E + 5 * MiB + kb16);
+    F(a, pa);
+    uint64_t pc = M(a, 8 * MiB);
+    assert_int_equal(pc, E + 30 * MiB + 2 * kb16);
+    F(a, pb);
+    F(a, pc);
+    EC(a);
+    want_t w[] = {
+        {MSNAP_ACTION_SEGMENT_MAP, E, 20 * MiB},
+        {MSNAP_ACTION_ALLOC, pa, 5 * MiB},
+        {MSNAP_ACTION_SEGMENT_MAP, E + 20 * MiB, 20 * MiB},
+        {MSNAP_ACTION_ALLOC, pb, 25 * MiB},
+        {MSNAP_ACTION_FREE_REQUESTED, pa, 5 * MiB},
+        {MSNAP_ACTION_FREE_COMPLETED, pa, 5 * MiB},
+        {MSNAP_ACTION_ALLOC, pc, 8 * MiB},
+        {MSNAP_ACTION_FREE_REQUESTED, pb, 25 * MiB},
+        {MSNAP_ACTION_FREE_COMPLETED, pb, 25 * MiB},
+        {MSNAP_ACTION_FREE_REQUESTED, pc, 8 * MiB},
+        {MSNAP_ACTION_FREE_COMPLETED, pc, 8 * MiB},
+        {MSNAP_ACTION_SEGMENT_UNMAP, E, 40 * MiB},
+    };
+    expect_trace(a, w, sizeof w / sizeof w[0]);
+    done(a);
+  }
+}
+
+/*
+ * The fresh-user repro: two 30 MiB requests.  The first maps granules
+ * 0-1 (40 MiB at E); the second extends the free 10 MiB tail at E+30MiB
+ * by mapping granule 2, so its segment_map is E+40MiB +20MiB and never
+ * overlaps the first.  Then a partial unmap: freeing only the first block
+ * and emptying the cache unmaps granule 0 alone (granule 1 still holds
+ * part of the second block).
+ */
+static void map_ranges_disjoint(void **state) {
+  (void)state;
+  msnap_allocator_t *a = mk(CUDA, tw_exp);
+  enable_history(a);
+  uint64_t p1 = M(a, 30 * MiB);
+  uint64_t E = p1;
+  uint64_t p2 = M(a, 30 * MiB);
+  assert_int_equal(p2, E + 30 * MiB);
+  F(a, p1);
+  EC(a);
+  F(a, p2);
+  EC(a);
+  want_t w[] = {
+      {MSNAP_ACTION_SEGMENT_MAP, E, 40 * MiB},
+      {MSNAP_ACTION_ALLOC, p1, 30 * MiB},
+      {MSNAP_ACTION_SEGMENT_MAP, E + 40 * MiB, 20 * MiB},
+      {MSNAP_ACTION_ALLOC, p2, 30 * MiB},
+      {MSNAP_ACTION_FREE_REQUESTED, p1, 30 * MiB},
+      {MSNAP_ACTION_FREE_COMPLETED, p1, 30 * MiB},
+      {MSNAP_ACTION_SEGMENT_UNMAP, E, 20 * MiB},
+      {MSNAP_ACTION_FREE_REQUESTED, p2, 30 * MiB},
+      {MSNAP_ACTION_FREE_COMPLETED, p2, 30 * MiB},
+      {MSNAP_ACTION_SEGMENT_UNMAP, E + 20 * MiB, 40 * MiB},
+  };
+  expect_trace(a, w, sizeof w / sizeof w[0]);
+  done(a);
+}
+
+/*
  * Stack references: with context "all" and C stacks, every alloc stack
  * stored on a block, every segment stack, the trace entries and a
  * snapshot's collected ids are references; after the allocator is gone
@@ -172,6 +254,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(hooks_cuda),
       cmocka_unit_test(hooks_expandable),
+      cmocka_unit_test(example13_trace),
+      cmocka_unit_test(map_ranges_disjoint),
       cmocka_unit_test(stack_refs_balance),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

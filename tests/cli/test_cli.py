@@ -805,6 +805,72 @@ def group_replay():
     expect(rc == 2 and js.get("matches_recording", 0) is None and
            "expandable" in (js.get("reason") or ""),
            "expandable recording: matches_recording null with a reason")
+    # Expandable segments, recorded live and replayed as a what-if, in
+    # both profiles: every segment_map names a fresh page-aligned range
+    # that overlaps no mapped range, every segment_unmap a mapped one, and
+    # `check` accepts both files (a map entry naming the block instead of
+    # the mapped range overlaps an earlier alloc and fails check).
+    def map_ranges_ok(path):
+        with open(path, "rb") as f:
+            tr = pickle.load(f)["device_traces"][0]
+        mapped, nmap, nunmap, bad = [], 0, 0, []
+        for i, e in enumerate(tr):
+            a, n = e["addr"], e["size"]
+            if e["action"] == "segment_map":
+                nmap += 1
+                if a % (2 * MiB) or n % (2 * MiB) or n == 0 or any(
+                        a < b + m and b < a + n for b, m in mapped):
+                    bad.append((i, "map", hex(a), n))
+                mapped.append((a, n))
+            elif e["action"] == "segment_unmap":
+                nunmap += 1
+                if a % (2 * MiB) or n % (2 * MiB):
+                    bad.append((i, "unmap unaligned", hex(a), n))
+                rest = []
+                for b, m in mapped:
+                    if a < b + m and b < a + n:
+                        if b < a:
+                            rest.append((b, a - b))
+                        if a + n < b + m:
+                            rest.append((a + n, b + m - (a + n)))
+                    else:
+                        rest.append((b, m))
+                if sum(m for b, m in mapped) - sum(m for b, m in rest) != n:
+                    bad.append((i, "unmap of unmapped bytes", hex(a), n))
+                mapped = rest
+        return nmap, nunmap, bad
+    for prof in ("cuda", "npu"):
+        rec = os.path.join(TMP, "exp_%s.pickle" % prof)
+        rc, out, err = run("demo-train", "--profile", prof, "--alloc-conf",
+                           "expandable_segments:True", "-o", rec)
+        expect(rc == 0, "demo-train --alloc-conf expandable_segments:True "
+               "(%s) records a snapshot: %s" % (prof, err[-300:]))
+        if rc != 0:
+            continue
+        rc, out, err = run("check", rec)
+        expect(rc == 0, "check accepts the recorded expandable dump (%s): %s"
+               % (prof, (out + err)[-600:]))
+        nmap, nunmap, bad = map_ranges_ok(rec)
+        expect(nmap >= 2 and not bad,
+               "recorded expandable dump (%s): %d segment_map entries, "
+               "disjoint and page aligned (bad: %s)" % (prof, nmap, bad[:3]))
+        plain = os.path.join(TMP, "plain_%s.pickle" % prof)
+        run("demo-train", "--profile", prof, "-o", plain)
+        outp = os.path.join(TMP, "replay_exp_%s.pickle" % prof)
+        rc, out, err = run("replay", "--profile", prof, "--alloc-conf",
+                           "expandable_segments:True", "-o", outp, plain)
+        expect(rc == 0 and os.path.exists(outp),
+               "replay --alloc-conf expandable_segments:True -o writes the "
+               "replayed snapshot (%s): %s" % (prof, err[-300:]))
+        if not os.path.exists(outp):
+            continue
+        rc, out, err = run("check", outp)
+        expect(rc == 0, "check accepts the expandable replay output (%s): %s"
+               % (prof, (out + err)[-600:]))
+        nmap, nunmap, bad = map_ranges_ok(outp)
+        expect(nmap >= 2 and not bad,
+               "expandable replay output (%s): %d segment_map entries, "
+               "disjoint and page aligned (bad: %s)" % (prof, nmap, bad[:3]))
     files = real_files()
     for path in files:
         name = os.path.basename(path)

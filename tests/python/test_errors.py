@@ -64,6 +64,11 @@ out["annotate"] = catch(mm._annotate_memory, 0x1234, "x")
 out["traceback_unknown"] = mm._allocation_traceback(0x1234)
 out["zero"] = mm.caching_allocator_alloc(0)
 out["settings"] = catch(mm._set_allocator_settings, "max_split_size_mb:abc")
+out["settings_range"] = catch(mm._set_allocator_settings,
+                              "max_split_size_mb:99999999999999999999")
+out["settings_nul"] = catch(mm._set_allocator_settings,
+                            "expandable_segments:True\x00,bogus:1")
+out["settings_after"] = mm._C.allocator_settings()
 out["configure_late"] = catch(memsnap.configure, "acl", "cuda")
 print("RESULT " + json.dumps(out))
 """
@@ -81,6 +86,14 @@ def test_pointer_and_config_errors():
     assert r["traceback_unknown"] is None
     assert r["zero"] == 0
     assert r["settings"][0] == "ValueError" and "max_split_size_mb" in r["settings"][1]
+    # torch: std::stoull throws out_of_range; here an error naming the token.
+    assert r["settings_range"][0] == "ValueError"
+    assert "'99999999999999999999'" in r["settings_range"][1]
+    assert "out of range" in r["settings_range"][1]
+    # An embedded NUL is refused (naming its position), not truncated.
+    assert r["settings_nul"][0] == "ValueError"
+    assert "position 24" in r["settings_nul"][1]
+    assert "expandable_segments" not in r["settings_after"]
     assert r["configure_late"][0] == "RuntimeError"
 
 
@@ -128,3 +141,68 @@ def test_dump_snapshot_oserror_keeps_errno(tmp_path):
     m = os.lstat(full)
     assert stat.S_ISCHR(m.st_mode) and m.st_rdev == os.makedev(1, 7)
     mm._record_memory_history(None)
+
+
+DEVICE_ERRORS = r"""
+import json, math
+import memsnap, memsnap.memory as mm
+out = {}
+def catch(f, *a):
+    try:
+        f(*a)
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+mm.caching_allocator_delete(mm.caching_allocator_alloc(100))
+n = mm._C.device_count()
+out["n"] = n
+out["alloc"] = catch(mm.caching_allocator_alloc, 100, n)
+out["stats"] = catch(mm.memory_stats, n)
+out["allocated"] = catch(mm.memory_allocated, n)
+out["fraction"] = catch(mm.set_per_process_memory_fraction, 0.5, n)
+out["get_fraction"] = catch(mm.get_per_process_memory_fraction, n)
+out["mem_get_info"] = catch(mm.mem_get_info, n)
+out["reset"] = catch(mm.reset_peak_memory_stats, n)
+out["cpu"] = catch(mm.memory_allocated, "cpu")
+out["nan"] = catch(mm.set_per_process_memory_fraction, math.nan)
+out["configure_late"] = catch(memsnap.configure, "acl", "cuda")
+try:
+    import torch
+    out["torch_cpu"] = catch(mm.memory_allocated, torch.device("cpu"))
+except ImportError:
+    out["torch_cpu"] = None
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("profile", ["cuda", "npu"])
+def test_device_argument_errors_are_torch_like(profile):
+    """A device the allocator does not have, a cpu device, a NaN fraction
+    and a late configure() raise torch's exceptions and messages; no
+    internal C function name (msnap_*) reaches the user."""
+    r = run_script(DEVICE_ERRORS, env=base_env(MEMSNAP_PROFILE=profile)).result
+    n = r["n"]
+    for k in ("alloc", "stats", "allocated", "fraction", "get_fraction",
+              "mem_get_info", "reset", "cpu", "nan", "configure_late"):
+        assert r[k] is not None, k
+        assert "msnap_" not in r[k][1], (k, r[k])
+    dev = "CUDA" if profile == "cuda" else "NPU"
+    assert r["alloc"] == ["RuntimeError",
+                          f"{dev} error: invalid device ordinal {n} "
+                          f"({n} device{'' if n == 1 else 's'} visible)"]
+    assert r["mem_get_info"][0] == "RuntimeError"
+    assert "invalid device ordinal" in r["mem_get_info"][1]
+    want = ["RuntimeError", f"Invalid device argument {n}: did you call init?"]
+    for k in ("stats", "allocated", "fraction", "get_fraction", "reset"):
+        assert r[k] == want, (k, r[k])
+    assert r["cpu"] == ["ValueError", f"Expected a {profile} device, but got: cpu"]
+    if r["torch_cpu"] is not None:
+        assert r["torch_cpu"] == ["ValueError",
+                                  f"Expected a {profile} device, but got: cpu"]
+    assert r["nan"] == ["RuntimeError",
+                        "invalid fraction:nan. Please set within [0, 1]."]
+    # configure() names what the allocator really runs, even though
+    # MEMSNAP_PROFILE may be unset in the environment.
+    assert r["configure_late"][0] == "RuntimeError"
+    assert "'sim'" in r["configure_late"][1]
+    assert f"'{profile}'" in r["configure_late"][1]
+    assert "None" not in r["configure_late"][1]

@@ -279,3 +279,39 @@ def test_trace_alloc_max_entries_js_safe():
     assert r[str(2 ** 53)][0] == -1
     assert r[str(2 ** 53 - 1)] == [safe, safe]
     assert r["1000"][0] == 1000 and r["1000"][1] <= safe
+
+
+@pytest.mark.parametrize("profile", ["cuda", "npu"])
+def test_expandable_segment_map_ranges(profile):
+    """The fresh-user repro: expandable segments switched on at run time,
+    two 30 MiB allocations with history on.  The second segment_map is the
+    newly mapped granule right after the first map (never overlapping
+    it), both page aligned; empty_cache unmaps exactly what was mapped."""
+    code = r"""
+import json
+import memsnap.memory as mm
+mm._set_allocator_settings("expandable_segments:True")
+mm._record_memory_history("all")
+a = mm.caching_allocator_alloc(30 << 20)
+b = mm.caching_allocator_alloc(30 << 20)
+mm.caching_allocator_delete(a)
+mm.caching_allocator_delete(b)
+mm.empty_cache()
+tr = mm._snapshot()["device_traces"][0]
+print("RESULT " + json.dumps({"a": a, "tr": [[e["action"], e["addr"], e["size"]]
+    for e in tr if e["action"].startswith("segment_")]}))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_PROFILE=profile)).result
+    MiB = 1 << 20
+    maps = [t for t in r["tr"] if t[0] == "segment_map"]
+    unmaps = [t for t in r["tr"] if t[0] == "segment_unmap"]
+    assert len(maps) == 2
+    (_, m1, s1), (_, m2, s2) = maps
+    assert m1 == r["a"] and s1 == 40 * MiB
+    # cuda: the free 10 MiB tail + one 20 MiB granule hold 30 MiB.  npu
+    # pads requests by 32 bytes (a 30 MiB + 512 block), so tail + granule
+    # falls short (30 MiB - 512 < 30 MiB + 512): two granules are mapped.
+    assert m2 == m1 + 40 * MiB
+    assert s2 == (20 if profile == "cuda" else 40) * MiB
+    assert all(m % (2 * MiB) == 0 for _, m, _ in maps)
+    assert unmaps == [["segment_unmap", m1, s1 + s2]]

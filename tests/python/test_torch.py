@@ -195,3 +195,53 @@ print("RESULT " + json.dumps({"ann": ann, "ann2": ann2, "augmented": s.get("augm
     assert r["ann"] == [["outer_region", "START"], ["outer_region", "END"]]
     assert r["ann2"] == [["thread_region", "START"], ["thread_region", "END"]]
     assert r["augmented"] is True and r["calls"] == 1
+
+
+def test_record_function_annotations_without_use_allocator():
+    """_record_memory_history alone (memsnap.torch never imported by the
+    user, use_allocator never called) records torch record_function ranges
+    as external_annotations with name/stage/device/time_us; disabling
+    history removes the hook from record_function again."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, sys, threading
+import torch
+import memsnap.memory as mm
+rf = torch.autograd.profiler.record_function
+orig = (rf.__enter__, rf.__exit__)
+mm._record_memory_history("all", global_record_annotations=True)
+hooked = rf.__enter__ is not orig[0]
+with torch.autograd.profiler.record_function("region"):
+    p = mm.caching_allocator_alloc(1000)
+def other_thread():
+    with torch.autograd.profiler.record_function("thread_region"):
+        pass
+t = threading.Thread(target=other_thread); t.start(); t.join()
+s = mm._snapshot()
+ann = s["external_annotations"]
+alloc_t = [e["time_us"] for e in s["device_traces"][0] if e["action"] == "alloc"]
+mm.caching_allocator_delete(p)
+mm._record_memory_history(None)
+restored = (rf.__enter__, rf.__exit__) == orig
+mm._record_memory_history("all")
+with torch.autograd.profiler.record_function("after"):
+    pass
+ann_after = [a["name"] for a in mm._snapshot()["external_annotations"]]
+print("RESULT " + json.dumps({"ann": ann, "hooked": hooked, "restored": restored,
+                              "alloc_t": alloc_t, "ann_after": ann_after,
+                              "mt": "memsnap.torch" in sys.modules}))
+"""
+    r = run_script(code).result
+    assert r["hooked"] is True and r["mt"] is True
+    ann = r["ann"]
+    assert [(a["name"], a["stage"]) for a in ann] == [
+        ("region", "START"), ("region", "END"),
+        ("thread_region", "START"), ("thread_region", "END")]
+    for a in ann:
+        assert a["device"] == 0
+        assert isinstance(a["time_us"], int) and a["time_us"] > 0
+    # The allocation happened inside the range.
+    assert ann[0]["time_us"] <= r["alloc_t"][0] <= ann[1]["time_us"]
+    assert r["restored"] is True
+    # Re-enabled (thread-local this time): the hook is back.
+    assert "after" in r["ann_after"]

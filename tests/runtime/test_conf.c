@@ -81,9 +81,25 @@ static void test_generic_keys(void **state) {
   assert_int_equal(c.max_split_size, 100 * MiB);
   ok(&c, "max_split_size_mb:20");
   assert_int_equal(c.max_split_size, 20 * MiB);
-  /* Clamp: min(v, SIZE_MAX / MiB) * MiB. */
-  ok(&c, "max_split_size_mb:99999999999999999999");
+  /* Clamp: min(v, SIZE_MAX / MiB) * MiB (the largest value std::stoull
+   * takes is UINT64_MAX). */
+  ok(&c, "max_split_size_mb:18446744073709551615");
   assert_int_equal(c.max_split_size, (SIZE_MAX / MiB) * MiB);
+  ok(&c, "max_split_size_mb:100000000000000");
+  assert_int_equal(c.max_split_size, (SIZE_MAX / MiB) * MiB);
+  /* One more is out of range (std::stoull throws): an error naming the
+   * token, the conf unchanged. */
+  bad(&c, "max_split_size_mb:99999999999999999999",
+      "alloc conf: value '99999999999999999999' for 'max_split_size_mb' is "
+      "out of range (largest accepted: 18446744073709551615) at token 3 in "
+      "\"max_split_size_mb:99999999999999999999\"");
+  bad(&c, "expandable_segments:True,roundup_power2_divisions:"
+      "18446744073709551616",
+      "alloc conf: value '18446744073709551616' for "
+      "'roundup_power2_divisions' is out of range (largest accepted: "
+      "18446744073709551615) at token 7 in \"expandable_segments:True,"
+      "roundup_power2_divisions:18446744073709551616\"");
+  ok(&c, "max_split_size_mb:18446744073709551615");
   ok(&c, "max_non_split_rounding_mb:64");
   assert_int_equal(c.max_non_split_rounding_size, 64 * MiB);
   ok(&c, "garbage_collection_threshold:0.6");

@@ -113,6 +113,90 @@ static void test_size(void **state) {
   unsetenv(v);
 }
 
+/*
+ * MEMSNAP_SIM_DEVICES is a count, not a size: 1..64, plain decimal.  Bad
+ * values warn naming the variable and the accepted range (never the size
+ * suffixes) and give the default.
+ */
+static void test_count(void **state) {
+  (void)state;
+  const char *v = "MEMSNAP_TEST_COUNT";
+  unsetenv(v);
+  assert_int_equal(msnap__env_count(v, 1, 1, 64), 1);
+  setenv(v, "2", 1);
+  assert_int_equal(msnap__env_count(v, 1, 1, 64), 2);
+  setenv(v, " 64 ", 1);
+  assert_int_equal(msnap__env_count(v, 1, 1, 64), 64);
+  static const char *bad[] = {"-1", "0", "65", "1K", "abc", "2.0",
+                              "99999999999999999999999"};
+  /* A fresh variable per value (each warns once); the warned-once table
+   * keeps the name pointers, hence static storage. */
+  static char names[16][64];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(names[i], sizeof names[i], "MEMSNAP_TEST_COUNT_%zu", i);
+    setenv(names[i], bad[i], 1);
+    FILE *tmp;
+    int saved;
+    capture_begin(&tmp, &saved);
+    assert_int_equal(msnap__env_count(names[i], 1, 1, 64), 1);
+    const char *out = capture_end(tmp, saved);
+    char want[160];
+    snprintf(want, sizeof want,
+             "ignoring invalid %s '%s' (expected a whole number from 1 to "
+             "64); using 1",
+             names[i], bad[i]);
+    if (strstr(out, want) == NULL)
+      fail_msg("count '%s': got warning \"%s\"", bad[i], out);
+    assert_null(strstr(out, "suffix"));
+    unsetenv(names[i]);
+  }
+  /* The real variable through the sim runtime: -1 warns about the count
+   * and the runtime still comes up with one device. */
+  setenv("MEMSNAP_SIM_DEVICES", "-1", 1);
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  void *ctx = NULL;
+  const msnap_runtime_ops_t *rt = msnap_runtime_sim();
+  assert_int_equal(rt->init(&ctx), 0);
+  int n = 0;
+  assert_int_equal(rt->device_count(ctx, &n), 0);
+  rt->fini(ctx);
+  const char *out = capture_end(tmp, saved);
+  assert_int_equal(n, 1);
+  assert_non_null(strstr(out, "MEMSNAP_SIM_DEVICES '-1' (expected a whole "
+                              "number from 1 to 64)"));
+  assert_null(strstr(out, "suffix"));
+  unsetenv("MEMSNAP_SIM_DEVICES");
+}
+
+/* MEMSNAP_SIM_MEMORY=0 warns (naming the variable) instead of silently
+ * becoming the 64 GiB default. */
+static void test_size_min(void **state) {
+  (void)state;
+  const char *v = "MEMSNAP_TEST_SIZE_MIN";
+  setenv(v, "64M", 1);
+  assert_int_equal(msnap__env_size_min(v, 7, 1), 64ull << 20);
+  setenv(v, "0", 1);
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  assert_int_equal(msnap__env_size_min(v, 7, 1), 7);
+  const char *out = capture_end(tmp, saved);
+  assert_non_null(strstr(out, "ignoring MEMSNAP_TEST_SIZE_MIN '0': it must "
+                              "be at least 1 bytes"));
+  unsetenv(v);
+  setenv("MEMSNAP_SIM_MEMORY", "0", 1);
+  capture_begin(&tmp, &saved);
+  void *ctx = NULL;
+  const msnap_runtime_ops_t *rt = msnap_runtime_sim();
+  assert_int_equal(rt->init(&ctx), 0);
+  rt->fini(ctx);
+  out = capture_end(tmp, saved);
+  assert_non_null(strstr(out, "ignoring MEMSNAP_SIM_MEMORY '0'"));
+  unsetenv("MEMSNAP_SIM_MEMORY");
+}
+
 static void test_no_caching(void **state) {
   (void)state;
   unsetenv("PYTORCH_NO_NPU_MEMORY_CACHING");
@@ -152,6 +236,8 @@ int main(void) {
       cmocka_unit_test(test_profile),
       cmocka_unit_test(test_runtime),
       cmocka_unit_test(test_size),
+      cmocka_unit_test(test_count),
+      cmocka_unit_test(test_size_min),
       cmocka_unit_test(test_no_caching),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
