@@ -4,12 +4,19 @@ plain-text op list bench/alloc_bench reads: "a <id> <size>" / "f <id>".
 
 Usage: alloc_trace.py OUT FILE.pickle...   (skips files without traces)
 """
+import argparse
 import pickle
 import sys
 
 
 def main():
-    out, files = sys.argv[1], sys.argv[2:]
+    ap = argparse.ArgumentParser(
+        description='Turn the alloc/free_requested entries of real '
+        'snapshot traces into the op list bench/alloc_bench reads.')
+    ap.add_argument('out', metavar='OUT')
+    ap.add_argument('files', metavar='FILE.pickle', nargs='*')
+    args = ap.parse_args()
+    out, files = args.out, args.files
     ops = []
     for path in files:
         with open(path, "rb") as f:

@@ -188,6 +188,9 @@ MSNAP_API void *msnap_runtime_ctx(msnap_allocator_t *a);
  * "invalid device pointer: 0x...", bad conf token...).  Owned by the
  * library, valid until the next call on this thread. */
 MSNAP_API const char *msnap_last_error(void);
+/* The errno of the last error on this thread when it came from a system
+ * call (open, write, rename: MSNAP_EIO / MSNAP_ENOSPC), else 0. */
+MSNAP_API int msnap_last_errno(void);
 
 /* ------------------------------------------------------------------------
  * Allocation.  Mirrors NativeCachingAllocator::malloc/free/recordStream.

@@ -21,6 +21,7 @@
 #define MSNAP_LAST_ERROR_MAX 2048
 
 static _Thread_local char last_error[MSNAP_LAST_ERROR_MAX];
+static _Thread_local int last_errno;
 
 const char *msnap_strerror(int err) {
   switch (err) {
@@ -58,15 +59,13 @@ void msnap_free_string(char *s) { free(s); }
  * into the current last-error text (msnap_last_error()).  A NULL fmt stores
  * msnap_strerror(err).
  */
-int msnap__set_error(int err, const char *fmt, ...) {
+static int set_error_v(int err, int sys_errno, const char *fmt,
+                       va_list ap) {
   char tmp[MSNAP_LAST_ERROR_MAX];
   if (fmt == NULL) {
     snprintf(tmp, sizeof tmp, "%s", msnap_strerror(err));
   } else {
-    va_list ap;
-    va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
     if (n < 0) {
       snprintf(tmp, sizeof tmp, "%s", msnap_strerror(err));
     } else if ((size_t)n >= sizeof tmp) {
@@ -74,7 +73,28 @@ int msnap__set_error(int err, const char *fmt, ...) {
     }
   }
   memcpy(last_error, tmp, sizeof tmp);
+  last_errno = sys_errno;
   return err;
 }
+
+int msnap__set_error(int err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_error_v(err, 0, fmt, ap);
+  va_end(ap);
+  return err;
+}
+
+/* As msnap__set_error, also keeping the system errno for callers that
+ * rebuild an OSError (Python) or print strerror (CLI). */
+int msnap__set_error_errno(int err, int sys_errno, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_error_v(err, sys_errno, fmt, ap);
+  va_end(ap);
+  return err;
+}
+
+int msnap_last_errno(void) { return last_errno; }
 
 const char *msnap_last_error(void) { return last_error; }

@@ -39,6 +39,10 @@ static const int msnap_debug_level = MSNAP_DEBUG;
 /* Set this thread's last-error text (printf format); returns err. */
 int msnap__set_error(int err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Same, and remember the system errno `sys_errno` (msnap_last_errno());
+ * msnap__set_error resets it to 0. */
+int msnap__set_error_errno(int err, int sys_errno, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- conf.c: alloc-conf parsing (PYTORCH_{CUDA,NPU}_ALLOC_CONF) --------- */
 #define MSNAP_ROUNDUP_INTERVALS 16

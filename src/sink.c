@@ -15,7 +15,10 @@
  * the target (same file system, so rename(2) is atomic);
  * msnap__atomic_commit fsyncs, closes and renames it over the target;
  * msnap__atomic_abort closes and unlinks it.  A failed commit also removes
- * the temporary, so no partial file is ever left at `path`.
+ * the temporary, so no partial file is ever left at `path`.  A symlink
+ * target is resolved first (the link survives, the file it names is
+ * replaced); a device or FIFO target is written directly (never replaced);
+ * a directory target is refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "msnap_internal.h"
@@ -131,7 +135,9 @@ static int fd_write_cb(void *opaque, const void *p, size_t len) {
     ssize_t w = write(fd, c, len);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return sink_errno(errno);
+      int e = errno;
+      return msnap__set_error_errno(sink_errno(e), e, "write failed: %s",
+                                    strerror(e));
     }
     if (w == 0) return MSNAP_EIO;
     c += w;
@@ -157,24 +163,102 @@ int msnap__sink_init_cb(msnap_sink_t *s,
 static atomic_uint atomic_counter;
 
 /*
- * Create the temporary next to `path`.  On failure *f is left closed
- * (fd -1, no names) and nothing is created.
+ * Decide where the bytes for `path` go.  A symlink is followed (the
+ * temporary and the rename happen next to the file it names, so the link
+ * itself survives); a dangling link, a directory or an unreadable parent
+ * is refused with a message naming `path`.  A device, FIFO or socket
+ * target is opened for writing directly (f->direct): there is nothing to
+ * replace atomically, and renaming over /dev/null would destroy it.
+ * Returns 1 when *f is ready (direct), 0 to go on with a temporary at
+ * *target (malloc'ed), or a negative error.
+ */
+static int atomic_classify(msnap_atomic_file_t *f, const char *path,
+                           char **target) {
+  struct stat st;
+  *target = NULL;
+  if (lstat(path, &st) != 0) {
+    if (errno == ENOENT) {
+      *target = strdup(path);
+      return *target ? 0 : MSNAP_ENOMEM;
+    }
+    int e = errno;
+    return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s",
+                                  path, strerror(e));
+  }
+  char *real = NULL;
+  if (S_ISLNK(st.st_mode)) {
+    real = realpath(path, NULL);
+    if (!real) {
+      int e = errno;
+      if (e == ENOENT)
+        return msnap__set_error_errno(
+            MSNAP_EIO, e, "cannot write '%s': it is a dangling symlink", path);
+      return msnap__set_error_errno(sink_errno(e), e,
+                                    "cannot resolve symlink '%s': %s", path,
+                                    strerror(e));
+    }
+    if (stat(real, &st) != 0) {
+      int e = errno;
+      free(real);
+      return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s",
+                                    path, strerror(e));
+    }
+  }
+  if (S_ISDIR(st.st_mode)) {
+    free(real);
+    return msnap__set_error_errno(MSNAP_EIO, EISDIR,
+                                  "cannot write '%s': it is a directory",
+                                  path);
+  }
+  if (S_ISREG(st.st_mode)) {
+    *target = real ? real : strdup(path);
+    return *target ? 0 : MSNAP_ENOMEM;
+  }
+  /* Character/block device, FIFO, socket: write straight to it. */
+  const char *open_path = real ? real : path;
+  int fd = open(open_path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    free(real);
+    return msnap__set_error_errno(sink_errno(e), e, "cannot open '%s': %s",
+                                  path, strerror(e));
+  }
+  f->fd = fd;
+  f->direct = 1;
+  f->path = real ? real : strdup(path);
+  if (!f->path) {
+    close(fd);
+    f->fd = -1;
+    return MSNAP_ENOMEM;
+  }
+  return 1;
+}
+
+/*
+ * Create the temporary next to `path` (or open a non-regular target
+ * directly, see atomic_classify).  On failure *f is left closed (fd -1, no
+ * names), nothing is created and the last error names `path` with the
+ * system's reason (msnap_last_errno() keeps the errno).
  */
 int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
   f->fd = -1;
+  f->direct = 0;
   f->tmp_path = f->path = NULL;
-  if (!path || !*path) return MSNAP_EINVAL;
-  size_t n = strlen(path) + 64;
+  if (!path || !*path)
+    return msnap__set_error(MSNAP_EINVAL, "output path is empty");
+  char *dst = NULL;
+  int rc = atomic_classify(f, path, &dst);
+  if (rc < 0) return rc;
+  if (rc == 1) return 0;
+  size_t n = strlen(dst) + 64;
   char *tmp = malloc(n);
-  char *dst = strdup(path);
-  if (!tmp || !dst) {
-    free(tmp);
+  if (!tmp) {
     free(dst);
     return MSNAP_ENOMEM;
   }
   for (int tries = 0; tries < 100; tries++) {
     unsigned k = atomic_fetch_add(&atomic_counter, 1u);
-    snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), k);
+    snprintf(tmp, n, "%s.tmp.%ld.%u", dst, (long)getpid(), k);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
       f->fd = fd;
@@ -186,14 +270,17 @@ int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
       int e = errno;
       free(tmp);
       free(dst);
-      return e == ENOENT || e == EACCES || e == EROFS || e == ENOTDIR
-                 ? MSNAP_EIO
-                 : sink_errno(e);
+      int code = e == ENOMEM ? MSNAP_EIO : sink_errno(e);
+      return msnap__set_error_errno(code, e,
+                                    "cannot create a temporary file next to "
+                                    "'%s': %s", path, strerror(e));
     }
   }
   free(tmp);
   free(dst);
-  return MSNAP_EIO;
+  return msnap__set_error_errno(MSNAP_EIO, EEXIST,
+                                "cannot create a temporary file next to "
+                                "'%s': 100 names taken", path);
 }
 
 static void atomic_release(msnap_atomic_file_t *f) {
@@ -201,21 +288,33 @@ static void atomic_release(msnap_atomic_file_t *f) {
   free(f->path);
   f->tmp_path = f->path = NULL;
   f->fd = -1;
+  f->direct = 0;
 }
 
 /*
- * fsync + close + rename over the target.  On any failure the temporary is
- * removed and the error returned (MSNAP_ENOSPC for a full disk).
+ * fsync + close + rename over the target (a direct target: fsync where the
+ * device supports it + close).  On any failure the temporary is removed
+ * and the error returned (MSNAP_ENOSPC for a full disk) with the system's
+ * reason and the path in the last error.
  */
 int msnap__atomic_commit(msnap_atomic_file_t *f) {
-  if (f->fd < 0 || !f->tmp_path) return MSNAP_EINVAL;
+  if (f->fd < 0 || (!f->tmp_path && !f->direct)) return MSNAP_EINVAL;
   int rc = 0;
-  if (fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS)
-    rc = sink_errno(errno);
-  if (close(f->fd) != 0 && rc == 0 && errno != EINTR) rc = sink_errno(errno);
+  if (fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS &&
+      errno != ENOTSUP && errno != ESPIPE)
+    rc = msnap__set_error_errno(sink_errno(errno), errno,
+                                "cannot sync '%s': %s", f->path,
+                                strerror(errno));
+  if (close(f->fd) != 0 && rc == 0 && errno != EINTR)
+    rc = msnap__set_error_errno(sink_errno(errno), errno,
+                                "cannot close '%s': %s", f->path,
+                                strerror(errno));
   f->fd = -1;
-  if (rc == 0 && rename(f->tmp_path, f->path) != 0) rc = sink_errno(errno);
-  if (rc != 0) unlink(f->tmp_path);
+  if (rc == 0 && !f->direct && rename(f->tmp_path, f->path) != 0)
+    rc = msnap__set_error_errno(sink_errno(errno), errno,
+                                "cannot rename the temporary file to '%s': "
+                                "%s", f->path, strerror(errno));
+  if (rc != 0 && f->tmp_path) unlink(f->tmp_path);
   atomic_release(f);
   return rc;
 }

@@ -44,11 +44,16 @@ int msnap__sink_init_cb(msnap_sink_t *s,
                         void *opaque);
 
 /* Atomic file output: open "<path>.tmp.<pid>.<n>" in the same directory;
- * commit = fsync + rename over path; abort = unlink the temporary. */
+ * commit = fsync + rename over path; abort = unlink the temporary.  A
+ * symlink path is resolved first; a device/FIFO path is written directly
+ * (direct = 1, tmp_path NULL, nothing renamed); a directory is refused.
+ * Failures set the last error with the path and strerror (and
+ * msnap_last_errno()). */
 typedef struct msnap_atomic_file_s {
   int fd;
   char *tmp_path;
-  char *path;
+  char *path;  /* the resolved target */
+  int direct;  /* 1: fd is the target itself (device, FIFO) */
 } msnap_atomic_file_t;
 int msnap__atomic_open(msnap_atomic_file_t *f, const char *path);
 int msnap__atomic_commit(msnap_atomic_file_t *f);

@@ -200,8 +200,12 @@ static void get_fields(rd_t *r, const msnap_pobj_t *o, fields_t *f) {
 #define HAS(f, k) (((f)->present >> KEY_##k) & 1u)
 
 static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
-  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is a %s, expected %s",
-                         key_names[key], msnap__pvm_type(r->vm, v), want);
+  const char *t = msnap__pvm_type(r->vm, v);
+  const char *art = !strcmp(t, "None")         ? ""
+                    : strchr("aeiouAEIOU", t[0]) ? "an "
+                                                 : "a ";
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is %s%s, expected %s",
+                         key_names[key], art, t, want);
 }
 
 static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
@@ -1061,6 +1065,21 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   if (!err) err = &local;
   err->offset = 0;
   err->msg[0] = 0;
+  /* JSON (memsnap convert --json, or any JSON) starts with '{' or '['
+   * after whitespace; neither byte is a pickle opcode, so say what the
+   * file is instead of "unknown opcode 0x7b". */
+  size_t ws = 0;
+  while (ws < len && (buf[ws] == ' ' || buf[ws] == '\t' || buf[ws] == '\n' ||
+                      buf[ws] == '\r'))
+    ws++;
+  if (ws < len && (buf[ws] == '{' || buf[ws] == '[')) {
+    err->offset = ws;
+    snprintf(err->msg, sizeof err->msg,
+             "offset %zu: not a pickle: this looks like JSON (memsnap "
+             "convert --json output cannot be read back; use the pickle)",
+             ws);
+    return MSNAP_EFORMAT;
+  }
   msnap_snap_t *s = msnap__snap_new();
   if (!s) {
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "

@@ -781,8 +781,7 @@ static int open_atomic_sink(const char *path, msnap_atomic_file_t *f,
                             msnap_sink_t *sink, fault_wrap_t *fw) {
   int rc = msnap__atomic_open(f, path);
   if (rc != 0)
-    return msnap__set_error(rc, "cannot create a temporary file next to "
-                            "'%s': %s", path, strerror(errno));
+    return rc; /* the last error names path and the system's reason */
   rc = msnap__sink_init_fd(sink, f->fd);
   if (rc != 0) {
     msnap__atomic_abort(f);
@@ -807,15 +806,15 @@ static int close_atomic_sink(const char *path, msnap_atomic_file_t *f,
   int frc = msnap__sink_finish(sink);
   if (rc == 0) rc = frc;
   if (rc != 0) {
+    int e = msnap_last_errno();
+    const char *why = e ? strerror(e) : msnap_strerror(rc);
+    bool direct = f->direct;
     msnap__atomic_abort(f);
-    return msnap__set_error(rc, "writing '%s' failed: %s; no file was left",
-                            path, msnap_strerror(rc));
+    return msnap__set_error_errno(rc, e, "writing '%s' failed: %s%s", path,
+                                  why, direct ? "" : "; no file was left");
   }
   rc = msnap__atomic_commit(f);
-  if (rc != 0)
-    return msnap__set_error(rc, "committing '%s' failed: %s", path,
-                            msnap_strerror(rc));
-  return 0;
+  return rc; /* the last error names path and the system's reason */
 }
 
 int msnap__write_file_atomic(const char *path, const void *p, size_t len) {

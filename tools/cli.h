@@ -43,6 +43,8 @@ int cli_usage_error(const char *cmd, const char *what);
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */
 int cli_load(const char *path, msnap_snap_t **out);
+/* The reason of the last failed cli_load (without the path), for JSON. */
+const char *cli_load_error(void);
 
 /* ---- JSON emitter (cli_json.c) ------------------------------------------ */
 /* A streaming writer with 2-space indentation.  Values written after
@@ -166,6 +168,10 @@ int64_t cli_default_device(const msnap_snap_t *s);
 /* Write a whole file atomically (temporary file + rename); prints the
  * reason and returns -1 on failure. */
 int cli_write_file(const char *path, const void *data, size_t len);
+/* Refuse an empty output path, a directory, or an output that is one of
+ * the inputs (same device and inode); prints why, returns CLI_UNUSABLE. */
+int cli_check_output(const char *cmd, const char *out, char **inputs,
+                     int ninputs);
 
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);

@@ -12,9 +12,11 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "sink.h"
 
 void cli_err(const char *fmt, ...) {
   va_list ap;
@@ -37,6 +39,10 @@ int cli_usage_error(const char *cmd, const char *what) {
  * invariants.  The caller owns *out on success.  Every failure is reported
  * with the file name and the reader's byte offset.
  */
+static char load_error[1024];
+
+const char *cli_load_error(void) { return load_error; }
+
 int cli_load(const char *path, msnap_snap_t **out) {
   msnap_read_error_t err;
   msnap_snap_t *s = NULL;
@@ -45,10 +51,13 @@ int cli_load(const char *path, msnap_snap_t **out) {
   if (rc != 0 || !s) {
     cli_sanitize(err.msg); /* it may quote bytes of the file */
     if (err.msg[0])
-      cli_err("%s: %s [%s]", path, err.msg, msnap_err_name(rc));
+      snprintf(load_error, sizeof load_error, "%s [%s]", err.msg,
+               msnap_err_name(rc));
     else
-      cli_err("%s: cannot read snapshot: %s [%s]", path, msnap_strerror(rc),
-              msnap_err_name(rc));
+      snprintf(load_error, sizeof load_error,
+               "cannot read snapshot: %s [%s]", msnap_strerror(rc),
+               msnap_err_name(rc));
+    cli_err("%s: %s", path, load_error);
     if (s)
       msnap__snap_free(s);
     return CLI_UNUSABLE;
@@ -56,7 +65,9 @@ int cli_load(const char *path, msnap_snap_t **out) {
   char msg[256];
   msg[0] = 0;
   if (msnap__snap_check_model(s, msg, sizeof msg) != 0) {
-    cli_err("%s: inconsistent model after reading: %s", path, msg);
+    snprintf(load_error, sizeof load_error,
+             "inconsistent model after reading: %s", msg);
+    cli_err("%s: %s", path, load_error);
     msnap__snap_free(s);
     return CLI_UNUSABLE;
   }
@@ -542,38 +553,66 @@ int64_t cli_default_device(const msnap_snap_t *s) {
 }
 
 /*
- * Write len bytes to path through "<path>.tmp.<pid>" and rename(2), so a
- * failure never leaves a truncated file.  Prints the reason and returns
- * -1 on failure.
+ * Write len bytes to path through the library's atomic file (temporary +
+ * rename for a regular file, a symlink's target replaced, a device or FIFO
+ * written directly, a directory refused), so a failure never leaves a
+ * truncated file.  Prints the reason and returns -1 on failure.
  */
 int cli_write_file(const char *path, const void *data, size_t len) {
-  size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
-  if (!tmp) {
-    cli_err("%s: out of memory", path);
+  msnap_atomic_file_t f;
+  int rc = msnap__atomic_open(&f, path);
+  if (rc != 0) {
+    cli_err("%s", msnap_last_error());
     return -1;
   }
-  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    cli_err("%s: cannot create: %s", tmp, strerror(errno));
-    free(tmp);
+  msnap_sink_t sink;
+  rc = msnap__sink_init_fd(&sink, f.fd);
+  if (rc == 0) {
+    msnap__sink_write(&sink, data, len);
+    rc = msnap__sink_finish(&sink);
+  }
+  if (rc != 0) {
+    int e = msnap_last_errno();
+    msnap__atomic_abort(&f);
+    cli_err("%s: write failed: %s", path,
+            e ? strerror(e) : msnap_strerror(rc));
     return -1;
   }
-  size_t w = fwrite(data, 1, len, f);
-  int e = ferror(f);
-  if (fclose(f) != 0 || w != len || e) {
-    cli_err("%s: write failed: %s", path, strerror(errno));
-    unlink(tmp);
-    free(tmp);
+  if (msnap__atomic_commit(&f) != 0) {
+    cli_err("%s", msnap_last_error());
     return -1;
   }
-  if (rename(tmp, path) != 0) {
-    cli_err("%s: cannot rename %s: %s", path, tmp, strerror(errno));
-    unlink(tmp);
-    free(tmp);
-    return -1;
-  }
-  free(tmp);
   return 0;
+}
+
+/*
+ * Refuse an output path that is empty, a directory, or the same file as
+ * one of the ninputs inputs (same st_dev/st_ino: the output would clobber
+ * what is being read).  Prints "memsnap CMD: <reason>" and returns
+ * CLI_UNUSABLE, else CLI_OK.
+ */
+int cli_check_output(const char *cmd, const char *out, char **inputs,
+                     int ninputs) {
+  if (!out[0]) {
+    fprintf(stderr, "memsnap %s: output path is empty\n", cmd);
+    return CLI_UNUSABLE;
+  }
+  struct stat so;
+  if (stat(out, &so) != 0)
+    return CLI_OK; /* does not exist (yet): fine */
+  if (S_ISDIR(so.st_mode)) {
+    fprintf(stderr, "memsnap %s: '%s' is a directory\n", cmd, out);
+    return CLI_UNUSABLE;
+  }
+  for (int i = 0; i < ninputs; i++) {
+    struct stat si;
+    if (stat(inputs[i], &si) == 0 && si.st_dev == so.st_dev &&
+        si.st_ino == so.st_ino && S_ISREG(so.st_mode)) {
+      fprintf(stderr,
+              "memsnap %s: output '%s' is the input file '%s'; refusing to "
+              "overwrite it\n", cmd, out, inputs[i]);
+      return CLI_UNUSABLE;
+    }
+  }
+  return CLI_OK;
 }

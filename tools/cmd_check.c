@@ -75,6 +75,10 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
     snprintf(where, sizeof where, "segments[%u]", i);
+    if (g->device < 0 || g->device > (1 << 16))
+      report(c, where,
+             "device %" PRId64 " is not a device index (expected 0..65536)",
+             g->device);
     if (g->device != prev_dev) {
       if (prev_dev != INT64_MIN && g->device < prev_dev &&
           !dev_seen_order_bad) {
@@ -132,6 +136,13 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
                "default then)");
       if (b->size == 0)
         report(c, where, "block of size 0");
+      /* Inactive blocks keep the stale request of their last use (PyTorch
+       * does not clear it on a split or merge): only active ones count. */
+      if ((b->keys & MSNAP_K_REQUESTED) && cli_block_active(b) &&
+          b->requested_size > b->size)
+        report(c, where,
+               "requested_size %" PRIu64 " is larger than the block's size "
+               "%" PRIu64, b->requested_size, b->size);
       run += b->size;
       sum += b->size;
       if (b->state == MSNAP_BLOCK_ACTIVE_ALLOCATED)
@@ -304,8 +315,11 @@ int cli_cmd_check(int argc, char **argv) {
     }
     if (lr != CLI_OK) {
       rc = CLI_UNUSABLE;
-      if (json)
+      if (json) {
+        cj_key(&j, "reason");
+        cj_cstr(&j, cli_load_error());
         cj_obj_end(&j);
+      }
       continue;
     }
     check_t c = {.file = argv[a], .json = json, .j = &j,
@@ -325,8 +339,10 @@ int cli_cmd_check(int argc, char **argv) {
       uint64_t ne = 0;
       for (uint32_t d = 0; d < s->ndevices; d++)
         ne += s->device_traces[d].n;
-      printf("%s: ok (%u segments, %u blocks, %" PRIu64 " trace entries)\n",
-             argv[a], s->nsegments, s->nblocks, ne);
+      printf("%s: ok (%u segment%s, %u block%s, %" PRIu64
+             " trace entr%s)\n", argv[a], s->nsegments,
+             s->nsegments == 1 ? "" : "s", s->nblocks,
+             s->nblocks == 1 ? "" : "s", ne, ne == 1 ? "y" : "ies");
     } else if (max_lines >= 0 && c.count > max_lines) {
       printf("%s: %ld violations (%ld not shown)\n", argv[a], c.count,
              c.count - max_lines);

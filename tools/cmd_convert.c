@@ -173,6 +173,8 @@ int cli_cmd_convert(int argc, char **argv) {
     return cli_usage_error("convert", "expects exactly one FILE");
   if (!out)
     return cli_usage_error("convert", "-o OUT is required");
+  if (cli_check_output("convert", out, argv + optind, 1) != CLI_OK)
+    return CLI_UNUSABLE;
   msnap_snap_t *s;
   if (cli_load(argv[optind], &s) != CLI_OK)
     return CLI_UNUSABLE;
@@ -184,8 +186,9 @@ int cli_cmd_convert(int argc, char **argv) {
     find_big(s, why, sizeof why);
   msnap__snap_free(s);
   if (rc) {
+    const char *le = msnap_last_error();
     cli_err("%s: cannot write: %s%s [%s]", out,
-            why[0] ? why : msnap_strerror(rc),
+            why[0] ? why : le[0] ? le : msnap_strerror(rc),
             why[0] ? " (a pickle MemoryViz reads holds values below 2^63)"
                    : "",
             msnap_err_name(rc));

@@ -218,7 +218,7 @@ static void print_groups(cli_json_t *j, bool json, const char *title,
     cj_key(j, title);
     cj_arr(j);
   } else if (total) {
-    printf("  %s (%u sites):\n", title, total);
+    printf("  %s (%u site%s):\n", title, total, total == 1 ? "" : "s");
   }
   for (uint32_t i = 0; i < n; i++) {
     if (g[i].device != dev)

@@ -276,6 +276,36 @@ static void usage(FILE *f) {
           "\nExit status: 0 ok, 2 unusable input or write error.\n");
 }
 
+/* Whether dev has a segment or a non-empty trace in s. */
+static bool has_device(const msnap_snap_t *s, int64_t dev) {
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (s->segments[i].device == dev)
+      return true;
+  return dev >= 0 && (uint64_t)dev < s->ndevices &&
+         s->device_traces[dev].n > 0;
+}
+
+/* "0, 1" -- the devices of s (segments or trace entries), or "none". */
+static void device_list(const msnap_snap_t *s, char *out, size_t cap) {
+  size_t used = 0;
+  out[0] = 0;
+  int64_t top = (int64_t)s->ndevices;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (s->segments[i].device >= top && s->segments[i].device < (1 << 16))
+      top = s->segments[i].device + 1;
+  for (int64_t d = 0; d < top; d++) {
+    if (!has_device(s, d))
+      continue;
+    int n = snprintf(out + used, cap - used, "%s%" PRId64, used ? ", " : "",
+                     d);
+    if (n < 0 || (size_t)n >= cap - used)
+      break;
+    used += (size_t)n;
+  }
+  if (!used)
+    snprintf(out, cap, "none");
+}
+
 int cli_cmd_plot(int argc, char **argv) {
   static const struct option opts[] = {
       {"output", required_argument, NULL, 'o'},
@@ -307,11 +337,21 @@ int cli_cmd_plot(int argc, char **argv) {
     return cli_usage_error("plot", "expects exactly one FILE");
   if (!out)
     return cli_usage_error("plot", "-o OUT.svg is required");
+  if (cli_check_output("plot", out, argv + optind, 1) != CLI_OK)
+    return CLI_UNUSABLE;
   msnap_snap_t *s;
   if (cli_load(argv[optind], &s) != CLI_OK)
     return CLI_UNUSABLE;
-  if (dev < 0)
+  if (dev < 0) {
     dev = cli_default_device(s);
+  } else if (!has_device(s, dev)) {
+    char list[256];
+    device_list(s, list, sizeof list);
+    fprintf(stderr, "memsnap plot: %s has no device %" PRId64
+            " (devices in the file: %s)\n", argv[optind], dev, list);
+    msnap__snap_free(s);
+    return CLI_UNUSABLE;
+  }
   msnap_membuf_t mb = {0};
   FILE *f = open_memstream(&mb.data, &mb.len);
   int rc = CLI_OK;

@@ -1104,6 +1104,8 @@ int cli_cmd_replay(int argc, char **argv) {
     return cli_usage_error("replay", "expects exactly one FILE");
   if (strcmp(profile, "cuda") && strcmp(profile, "npu"))
     return cli_usage_error("replay", "--profile must be cuda or npu");
+  if (out && cli_check_output("replay", out, argv + optind, 1) != CLI_OK)
+    return CLI_UNUSABLE;
   replay_t r = {0};
   const char *file = argv[optind];
   msnap_snap_t *s;
@@ -1203,8 +1205,9 @@ int cli_cmd_replay(int argc, char **argv) {
         e = msnap_dump_snapshot(r.a, &so, out);
       }
       if (e != 0) {
-        cli_err("%s: cannot write the replayed snapshot: %s", out,
-                msnap_strerror(e));
+        cli_err("cannot write the replayed snapshot: %s",
+                msnap_last_error()[0] ? msnap_last_error()
+                                      : msnap_strerror(e));
         rc = CLI_UNUSABLE;
       } else {
         fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n", out);
@@ -1294,9 +1297,11 @@ int cli_cmd_replay(int argc, char **argv) {
         printf("not replayable: %s\n", d->reason);
         continue;
       }
-      printf("%" PRIu64 " trace entries, start state %s (%u segments, %u "
-             "live blocks",
-             d->entries, d->initial, d->initial_segments, d->initial_blocks);
+      printf("%" PRIu64 " trace entr%s, start state %s (%u segment%s, %u "
+             "live block%s",
+             d->entries, d->entries == 1 ? "y" : "ies", d->initial,
+             d->initial_segments, d->initial_segments == 1 ? "" : "s",
+             d->initial_blocks, d->initial_blocks == 1 ? "" : "s");
       if (d->inferred_blocks)
         printf(", %u block sizes inferred from requests", d->inferred_blocks);
       printf(")\n");
@@ -1334,8 +1339,12 @@ int cli_cmd_replay(int argc, char **argv) {
   if (rc == CLI_OK) {
     if (!replayed) {
       rc = CLI_UNUSABLE;
-      cli_err("%s: not replayable: %s", file,
-              dr[0].reason[0] ? dr[0].reason : "no device history");
+      /* The text report above already gave each device's reason. */
+      if (json)
+        cli_err("%s: not replayable: %s", file,
+                dr[0].reason[0] ? dr[0].reason : "no device history");
+      else
+        cli_err("%s: not replayable (reason above)", file);
     }
     else if (!matches && r.exact)
       rc = CLI_FINDING;

@@ -543,8 +543,22 @@ int cli_cmd_summary(int argc, char **argv) {
   if (optind + 1 != argc)
     return cli_usage_error("summary", "expects exactly one FILE");
   msnap_snap_t *s;
-  if (cli_load(argv[optind], &s) != CLI_OK)
+  if (cli_load(argv[optind], &s) != CLI_OK) {
+    if (json) {
+      cli_json_t j;
+      cj_init(&j, stdout);
+      cj_obj(&j);
+      cj_key(&j, "file");
+      cj_cstr(&j, argv[optind]);
+      cj_key(&j, "usable");
+      cj_bool(&j, false);
+      cj_key(&j, "error");
+      cj_cstr(&j, cli_load_error());
+      cj_obj_end(&j);
+      cj_end(&j);
+    }
     return CLI_UNUSABLE;
+  }
   uint32_t nd;
   int64_t *devs = cli_devices(s, &nd);
   dev_fig_t *figs = calloc(nd + 1, sizeof *figs);

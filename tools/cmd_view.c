@@ -486,6 +486,8 @@ int cli_cmd_view(int argc, char **argv) {
     return cli_usage_error("view", "expects exactly one FILE");
   if (!out)
     return cli_usage_error("view", "-o OUT.html is required");
+  if (cli_check_output("view", out, argv + optind, 1) != CLI_OK)
+    return CLI_UNUSABLE;
   msnap_snap_t *s;
   if (cli_load(argv[optind], &s) != CLI_OK)
     return CLI_UNUSABLE;

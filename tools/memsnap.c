@@ -4,6 +4,7 @@
  * getopt_long, has --help, and --json where it reports; exit codes are
  * 0 ok, 1 finding, 2 unusable input (cli.h).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,6 +45,24 @@ static void usage(FILE *f) {
           "mismatch), 2 unusable input.\n");
 }
 
+/*
+ * A command's stdout may be a full disk or a closed pipe: flush it and
+ * turn a write error into exit 2 with the reason, never a silent 0.
+ */
+static int check_stdout(int rc) {
+  int e = errno; /* a failed flush earlier in the command left its errno */
+  errno = 0;
+  int bad = fflush(stdout) != 0;
+  if (bad && errno)
+    e = errno;
+  if (bad || ferror(stdout)) {
+    fprintf(stderr, "memsnap: error writing output: %s\n",
+            e ? strerror(e) : "write error");
+    return CLI_UNUSABLE;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -55,18 +74,23 @@ int main(int argc, char **argv) {
       char *sub[] = {argv[2], (char *)"--help", NULL};
       for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(commands[i].name, argv[2]))
-          return commands[i].fn(2, sub);
+          return check_stdout(commands[i].fn(2, sub));
     }
     usage(stdout);
-    return CLI_OK;
+    return check_stdout(CLI_OK);
   }
   if (!strcmp(cmd, "--version")) {
     printf("memsnap %s\n", MSNAP_VERSION_STRING);
-    return CLI_OK;
+    return check_stdout(CLI_OK);
   }
   for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-    if (!strcmp(commands[i].name, cmd))
-      return commands[i].fn(argc - 1, argv + 1);
+    if (!strcmp(commands[i].name, cmd)) {
+      /* getopt names argv[0] in its messages: "memsnap CMD: ..." */
+      char prog[64];
+      snprintf(prog, sizeof prog, "memsnap %s", cmd);
+      argv[1] = prog;
+      return check_stdout(commands[i].fn(argc - 1, argv + 1));
+    }
   fprintf(stderr, "memsnap: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return CLI_UNUSABLE;

@@ -14,10 +14,15 @@
  *   MSNAP_ENOTSUP                -> NotImplementedError
  *   anything else                -> RuntimeError
  * The message is the library's last error text of this thread (it names
- * the pointer, token or size), else msnap_strerror().
+ * the pointer, token or size), else msnap_strerror().  For file errors
+ * (msnap_py_raise_path) the system errno the library kept
+ * (msnap_last_errno()) becomes OSError(errno, text, filename), so Python
+ * picks the subclass (IsADirectoryError, PermissionError, ...) and
+ * .errno/.filename are set.
  */
 #include "msnap_py.h"
 
+#include <errno.h>
 #include <string.h>
 
 /*
@@ -115,6 +120,34 @@ PyObject *msnap_py_raise(PyObject *module, int err, const char *what) {
     PyErr_Format(type, "%s: %s", what, text);
   else
     PyErr_SetString(type, text);
+  return NULL;
+}
+
+/*
+ * msnap_py_raise_path -- as msnap_py_raise for an operation on `path`; an
+ * MSNAP_EIO/MSNAP_ENOSPC with a saved errno is raised as
+ * OSError(errno, message, path) (the errno's subclass).  Returns NULL.
+ */
+PyObject *msnap_py_raise_path(PyObject *module, int err, const char *path) {
+  int e = msnap_last_errno();
+  if ((err != MSNAP_EIO && err != MSNAP_ENOSPC) || path == NULL)
+    return msnap_py_raise(module, err, path);
+  if (e == 0 && err == MSNAP_ENOSPC)
+    e = ENOSPC;
+  if (e == 0)
+    return msnap_py_raise(module, err, path);
+  const char *text = msnap_last_error();
+  if (text == NULL || text[0] == '\0')
+    text = strerror(e);
+  PyObject *fn = PyUnicode_DecodeFSDefault(path);
+  if (fn == NULL)
+    return NULL;
+  PyObject *exc = PyObject_CallFunction(PyExc_OSError, "isO", e, text, fn);
+  Py_DECREF(fn);
+  if (exc != NULL) {
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
   return NULL;
 }
 

@@ -299,7 +299,7 @@ static PyObject *py_dump_snapshot(PyObject *module, PyObject *args) {
   Py_END_ALLOW_THREADS
   PyObject *r = NULL;
   if (rc < 0)
-    msnap_py_raise(module, rc, path);
+    msnap_py_raise_path(module, rc, path);
   else
     r = Py_NewRef(Py_None);
   Py_DECREF(path_obj);
@@ -320,7 +320,7 @@ static PyObject *py_write_usage_report(PyObject *module, PyObject *arg) {
   Py_BEGIN_ALLOW_THREADS
   rc = msnap_write_usage_report(a, path);
   Py_END_ALLOW_THREADS
-  PyObject *r = rc < 0 ? msnap_py_raise(module, rc, path) : Py_NewRef(Py_None);
+  PyObject *r = rc < 0 ? msnap_py_raise_path(module, rc, path) : Py_NewRef(Py_None);
   Py_DECREF(path_obj);
   return r;
 }

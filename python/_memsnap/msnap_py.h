@@ -62,6 +62,7 @@ extern struct PyModuleDef msnap_py_moduledef;
  * ECONF raise ValueError; ENOMEM MemoryError; EIO/ENOSPC OSError; ENOTSUP
  * NotImplementedError; the rest RuntimeError. */
 PyObject *msnap_py_raise(PyObject *module, int err, const char *what);
+PyObject *msnap_py_raise_path(PyObject *module, int err, const char *path);
 /* The OOM exception type to raise now (borrowed); NULL with an exception
  * set on failure. */
 PyObject *msnap_py_oom_type(PyObject *module);

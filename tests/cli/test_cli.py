@@ -1443,7 +1443,180 @@ def group_sites():
            "yiyi 2.0: sites from the block history")
 
 
-GROUPS = {"usage": group_usage, "hostile": group_hostile,
+def group_io():
+    """Output files and stdout: write errors are reported (exit 2 with the
+    system's reason), non-regular targets are never replaced, -o must not
+    be empty, a directory or the input itself."""
+    need(reader_available(), "the reader")
+    path = write_pickle(good_snapshot(), "io.pickle")
+    with open(path, "rb") as f:
+        orig = f.read()
+    # stdout on a full device
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(WRAPPER + [MEMSNAP, "summary", "--json", path],
+                           stdout=full, stderr=subprocess.PIPE, text=True)
+    expect(p.returncode == 2 and
+           "memsnap: error writing output: No space left on device"
+           in p.stderr,
+           "summary --json > /dev/full: exit 2 with ENOSPC (%d %r)"
+           % (p.returncode, p.stderr))
+    for cmd in ("view", "plot", "convert"):
+        rc, out, err = run(cmd, path, "-o", "")
+        expect(rc == 2 and "output path is empty" in err,
+               "%s -o '': output path is empty (%d %r)" % (cmd, rc, err))
+        rc, out, err = run(cmd, path, "-o", TMP)
+        expect(rc == 2 and ("'%s' is a directory" % TMP) in err
+               and os.path.isdir(TMP),
+               "%s -o DIR: is a directory (%d %r)" % (cmd, rc, err))
+        rc, out, err = run(cmd, path, "-o", path)
+        with open(path, "rb") as f:
+            same = f.read() == orig
+        expect(rc == 2 and "is the input file" in err and same,
+               "%s -o INPUT: refused, input intact (%d %r)" % (cmd, rc, err))
+    rc, out, err = run("replay", path, "-o", path)
+    expect(rc == 2 and "is the input file" in err,
+           "replay -o INPUT: refused (%d %r)" % (rc, err))
+    # JSON input (memsnap's own convert --json output): said so, not
+    # "unknown opcode 0x7b"
+    js = os.path.join(TMP, "io.json")
+    rc, out, err = run("convert", "--json", path, "-o", js)
+    expect(rc == 0, "convert --json (%d %r)" % (rc, err))
+    for cmd in ("summary", "check", "view"):
+        extra = ["-o", os.path.join(TMP, "x.html")] if cmd == "view" else []
+        rc, out, err = run(cmd, js, *extra)
+        expect(rc == 2 and "this looks like JSON" in err + out
+               and "unknown opcode" not in err + out,
+               "%s on JSON: 'looks like JSON' (%d %r)" % (cmd, rc, err + out))
+    rc, out, err = run("summary", write_bytes(b"  \n[1, 2]", "list.json"))
+    expect(rc == 2 and "this looks like JSON" in err,
+           "summary on a JSON list after whitespace (%d %r)" % (rc, err))
+    # a device the file does not have: exit 2 naming the ones it has
+    rc, out, err = run("plot", "--device", "7", path, "-o",
+                       os.path.join(TMP, "p.svg"))
+    expect(rc == 2 and "has no device 7 (devices in the file: 0)" in err,
+           "plot --device 7: names the file's devices (%d %r)" % (rc, err))
+    # getopt errors name the command
+    rc, out, err = run("summary", "--bogus", path)
+    expect(rc == 2 and err.startswith("memsnap summary: unrecognized option"),
+           "getopt errors prefixed 'memsnap summary:' (%d %r)" % (rc, err))
+    # check: requested_size > size, a device that is not an index
+    def mut(f):
+        snap = good_snapshot()
+        f(snap)
+        return write_pickle(snap, "m.pickle")
+    def m_req(s):
+        s["segments"][1]["blocks"][0]["requested_size"] = 600
+        s["segments"][1]["requested_size"] = 600
+    rc, out, err = run("check", mut(m_req))
+    expect(rc == 1 and "segments[1].blocks[0]" in out and
+           "requested_size 600 is larger than the block's size 512" in out,
+           "check: requested_size > size flagged (%d %r)" % (rc, out))
+    for d in (-1, 1 << 20):
+        def m_dev(s, d=d):
+            for g in s["segments"]:
+                g["device"] = d
+        rc, out, err = run("check", mut(m_dev))
+        expect(rc in (1, 2) and ("device %d is not a device index" % d)
+               in out + err,
+               "check: segment device %d flagged (%d %r)" % (d, rc, out + err))
+    # unusable input: reasons in JSON
+    junk = write_bytes(b"\x80\x04junk", "junk.pickle")
+    rc, out, err = run("check", "--json", junk)
+    try:
+        f0 = json.loads(out)["files"][0]
+    except (ValueError, KeyError, IndexError):
+        f0 = {}
+    expect(rc == 2 and f0.get("usable") is False and f0.get("reason"),
+           "check --json: the reason of an unusable file (%d %r)" % (rc, out))
+    rc, out, err = run("summary", "--json", junk)
+    try:
+        js = json.loads(out)
+    except ValueError:
+        js = {}
+    expect(rc == 2 and js.get("usable") is False and js.get("error"),
+           "summary --json on unusable input: a JSON error (%d %r)"
+           % (rc, out))
+    # wording: plurals, articles, the not-replayable reason once
+    def m_one(s):
+        s["segments"] = s["segments"][1:]
+        s["segments"][0]["blocks"] = s["segments"][0]["blocks"][:1]
+        s["segments"][0]["total_size"] = 512
+        s["device_traces"] = [[{"action": "alloc", "addr": A0 + 64 * MiB,
+                                "size": 400, "stream": 0, "frames": [],
+                                "time_us": 1}]]
+    rc, out, err = run("check", mut(m_one))
+    expect("(1 segment, 1 block, 1 trace entry)" in out,
+           "check: singular counts (%d %r %r)" % (rc, out, err))
+    def m_addr(s):
+        s["segments"][0]["address"] = "0x10"
+    rc, out, err = run("check", mut(m_addr))
+    expect(rc == 2 and "'address' is a str" in err,
+           "'address' is a str (%d %r)" % (rc, err))
+    def m_addr_none(s):
+        s["segments"][0]["address"] = None
+    rc, out, err = run("check", mut(m_addr_none))
+    expect(rc == 2 and "'address' is None" in err,
+           "'address' is None (%d %r)" % (rc, err))
+    snap = good_snapshot()
+    snap["segments"][0]["is_expandable"] = True
+    rc, out, err = run("replay", write_pickle(snap, "exp.pickle"))
+    expect(rc == 2 and (out + err).count("expandable") == 1,
+           "replay: the not-replayable reason printed once (%d %r %r)"
+           % (rc, out, err))
+    # symlink: the link survives, its target gets the pickle
+    real = os.path.join(TMP, "real.pickle")
+    with open(real, "wb") as f:
+        f.write(b"old")
+    link = os.path.join(TMP, "link.pickle")
+    os.symlink(real, link)
+    rc, out, err = run("convert", path, "-o", link)
+    with open(real, "rb") as f:
+        data = f.read()
+    expect(rc == 0 and os.path.islink(link) and data[:1] == b"\x80",
+           "convert -o SYMLINK: link kept, target written (%d %r)"
+           % (rc, err))
+    # FIFO: written directly for a reader
+    fifo = os.path.join(TMP, "fifo")
+    os.mkfifo(fifo)
+    got = []
+    import threading
+
+    def reader():
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+    th = threading.Thread(target=reader)
+    th.start()
+    rc, out, err = run("convert", path, "-o", fifo, timeout=60)
+    th.join(60)
+    import stat as st_
+    expect(rc == 0 and got and pickle.loads(got[0])["segments"]
+           and st_.S_ISFIFO(os.lstat(fifo).st_mode),
+           "convert -o FIFO: the reader gets the pickle, FIFO kept (%d %r)"
+           % (rc, err))
+    # devices: our own nodes (never the real /dev ones)
+    full = os.path.join(TMP, "full")
+    null = os.path.join(TMP, "null")
+    try:
+        os.mknod(full, 0o666 | st_.S_IFCHR, os.makedev(1, 7))
+        os.mknod(null, 0o666 | st_.S_IFCHR, os.makedev(1, 3))
+    except OSError as e:
+        print("SKIP device targets: mknod: %s (needs root)" % e)
+        return
+    for cmd in ("convert", "plot", "view"):
+        rc, out, err = run(cmd, path, "-o", full)
+        m = os.lstat(full)
+        expect(rc == 2 and "No space left on device" in err
+               and st_.S_ISCHR(m.st_mode) and m.st_rdev == os.makedev(1, 7),
+               "%s -o FULL-DEVICE: ENOSPC reported, device kept (%d %r)"
+               % (cmd, rc, err))
+        rc, out, err = run(cmd, path, "-o", null)
+        m = os.lstat(null)
+        expect(rc == 0 and st_.S_ISCHR(m.st_mode)
+               and m.st_rdev == os.makedev(1, 3),
+               "%s -o NULL-DEVICE: ok, device kept (%d %r)" % (cmd, rc, err))
+
+
+GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "check": group_check, "real": group_real,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view, "sites": group_sites}

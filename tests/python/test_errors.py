@@ -109,6 +109,40 @@ except ValueError as e:
     assert r is not None and "bogus_key" in r
 
 
+def test_dump_snapshot_oserror_keeps_errno(tmp_path):
+    """Regression: file errors used to be a bare OSError("input/output
+    error"); now the errno's subclass with .errno and .filename."""
+    import errno
+    import os
+    import stat
+
+    mm._record_memory_history("all")
+    # a directory target: IsADirectoryError, the directory untouched
+    with pytest.raises(IsADirectoryError) as ei:
+        mm._dump_snapshot(str(tmp_path))
+    assert ei.value.errno == errno.EISDIR
+    assert ei.value.filename == str(tmp_path)
+    assert "is a directory" in str(ei.value)
+    assert os.path.isdir(tmp_path)
+    # a missing directory: FileNotFoundError naming the path
+    bad = str(tmp_path / "no" / "x.pickle")
+    with pytest.raises(FileNotFoundError) as ei:
+        mm._dump_snapshot(bad)
+    assert ei.value.errno == errno.ENOENT and ei.value.filename == bad
+    # a full device (our own node, never /dev/full): ENOSPC, node kept
+    full = str(tmp_path / "full")
+    try:
+        os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except OSError as e:
+        pytest.skip(f"mknod needs root: {e}")
+    with pytest.raises(OSError) as ei:
+        mm._dump_snapshot(full)
+    assert ei.value.errno == errno.ENOSPC and ei.value.filename == full
+    m = os.lstat(full)
+    assert stat.S_ISCHR(m.st_mode) and m.st_rdev == os.makedev(1, 7)
+    mm._record_memory_history(None)
+
+
 DEVICE_ERRORS = r"""
 import json, math
 import memsnap, memsnap.memory as mm
