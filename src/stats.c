@@ -156,33 +156,33 @@ static int64_t floordiv(int64_t v, int64_t d) {
   return q;
 }
 
+/* The unit scaling shared by memory_summary's formatters: while the
+ * reference value `pref` is at least `threshold`, move to the next of the
+ * `nunits` units, dividing `v` (floor) and `pref` by `div`.  Returns the
+ * unit index; *v is scaled in place. */
+static int scale_units(int64_t *v, int64_t pref, double threshold,
+                       int64_t div, int nunits) {
+  int u = 0;
+  double p = (double)pref;
+  for (int k = 1; k < nunits && p >= threshold; k++) {
+    u = k;
+    *v = floordiv(*v, div);
+    p /= (double)div;
+  }
+  return u;
+}
+
 /* _format_size(sz, pref_sz): 10 characters "%6d UUU". */
 static void fmt_size(sbuf_t *b, int64_t sz, int64_t pref) {
   static const char *units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  double p = (double)pref;
-  for (int k = 1; k < 6; k++) {
-    if (p < 768 * 1024)
-      break;
-    u = k;
-    sz = floordiv(sz, 1024);
-    p /= 1024;
-  }
+  int u = scale_units(&sz, pref, 768 * 1024, 1024, 6);
   sb_printf(b, "%6" PRId64 " %s", sz, units[u]);
 }
 
 /* _format_count(cnt, pref_cnt): 10 characters "%7d U ". */
 static void fmt_count(sbuf_t *b, int64_t cnt, int64_t pref) {
   static const char *units[] = {" ", "K", "M"};
-  int u = 0;
-  double p = (double)pref;
-  for (int k = 1; k < 3; k++) {
-    if (p < 750 * 1000)
-      break;
-    u = k;
-    cnt = floordiv(cnt, 1000);
-    p /= 1000;
-  }
+  int u = scale_units(&cnt, pref, 750 * 1000, 1000, 3);
   sb_printf(b, "%7" PRId64 " %s ", cnt, units[u]);
 }
 
@@ -190,15 +190,7 @@ static void fmt_count(sbuf_t *b, int64_t cnt, int64_t pref) {
  * (still 10 characters). */
 static void fmt_size_npu(sbuf_t *b, int64_t sz, int64_t pref) {
   static const char *units[] = {"B ", "KB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  double p = (double)pref;
-  for (int k = 1; k < 6; k++) {
-    if (p < 768 * 1024)
-      break;
-    u = k;
-    sz = floordiv(sz, 1024);
-    p /= 1024;
-  }
+  int u = scale_units(&sz, pref, 768 * 1024, 1024, 6);
   sb_printf(b, "%7" PRId64 " %s", sz, units[u]);
 }
 

@@ -705,20 +705,31 @@ static PyObject *mempool_use_count(PyObject *o, PyObject *unused) {
   return PyLong_FromLong(count);
 }
 
+/* The shared prologue of the pool-routing methods: the module, its
+ * allocator and a checked device.  Returns the allocator or NULL with an
+ * exception set. */
+static msnap_allocator_t *mempool_target(PyObject *o, int device,
+                                         PyObject **module) {
+  *module = mempool_module(o);
+  if (*module == NULL)
+    return NULL;
+  msnap_allocator_t *a = msnap_py_allocator(*module);
+  if (a == NULL || msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
+  return a;
+}
+
 /* _begin(device, stream, all_streams): route allocations to the pool. */
 static PyObject *mempool_begin(PyObject *o, PyObject *args) {
   mempool_t *self = (mempool_t *)o;
   int device, all_streams;
-  PyObject *s;
+  PyObject *s, *module;
   uint64_t stream;
   if (!PyArg_ParseTuple(args, "iOp:_begin", &device, &s, &all_streams) ||
       msnap_py_u64(s, &stream, "stream") < 0)
     return NULL;
-  PyObject *module = mempool_module(o);
-  if (module == NULL)
-    return NULL;
-  GET_ALLOC(a);
-  if (msnap_py_check_device(a, device, 0, 0) < 0)
+  msnap_allocator_t *a = mempool_target(o, device, &module);
+  if (a == NULL)
     return NULL;
   int rc = msnap_begin_allocate_to_pool(a, device, self->id, stream,
                                         all_streams != 0);
@@ -730,13 +741,11 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
 static PyObject *mempool_end(PyObject *o, PyObject *args) {
   mempool_t *self = (mempool_t *)o;
   int device;
+  PyObject *module;
   if (!PyArg_ParseTuple(args, "i:_end", &device))
     return NULL;
-  PyObject *module = mempool_module(o);
-  if (module == NULL)
-    return NULL;
-  GET_ALLOC(a);
-  if (msnap_py_check_device(a, device, 0, 0) < 0)
+  msnap_allocator_t *a = mempool_target(o, device, &module);
+  if (a == NULL)
     return NULL;
   int rc = msnap_end_allocate_to_pool(a, device, self->id);
   if (rc < 0)
@@ -750,13 +759,11 @@ static PyObject *mempool_end(PyObject *o, PyObject *args) {
 static PyObject *mempool_release(PyObject *o, PyObject *args) {
   mempool_t *self = (mempool_t *)o;
   int device;
+  PyObject *module;
   if (!PyArg_ParseTuple(args, "i:_release", &device))
     return NULL;
-  PyObject *module = mempool_module(o);
-  if (module == NULL)
-    return NULL;
-  GET_ALLOC(a);
-  if (msnap_py_check_device(a, device, 0, 0) < 0)
+  msnap_allocator_t *a = mempool_target(o, device, &module);
+  if (a == NULL)
     return NULL;
   int rc = msnap_mempool_release(a, device, self->id);
   if (rc < 0)
