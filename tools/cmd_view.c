@@ -45,7 +45,7 @@ static const char *CSS =
     "border-left:1px solid #ddd;padding-left:10px}"
     "canvas{display:block}#plot{cursor:crosshair}#mini{cursor:ew-resize}"
     "#zoominfo{font-size:12px;color:#555}"
-    "#hist{display:flex;gap:10px}#evlist{flex:2;min-width:0;height:62vh;"
+    "#hist{display:flex;gap:10px}#evlist{flex:0 0 470px;height:62vh;"
     "overflow:auto;border:1px solid #ddd;font:12px monospace;"
     "position:relative;outline:none}#evlist:focus{border-color:#1f77b4}"
     "#evlist div.row{position:absolute;left:0;right:0;height:18px;"

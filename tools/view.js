@@ -410,8 +410,14 @@
     });
   }
 
+  // Hover shows a thing's details; a click keeps them (S.pinned), shown
+  // again when the pointer leaves.
+  function showPinned() {
+    var p = S.pinned;
+    if (p) showStack(p.title, p.node, p.before, false);
+  }
+
   function showStack(title, node, before, pin) {
-    if (S.pinned && !pin) return;
     var html = '<b>' + esc(title) + '</b>';
     var fr = node ? frames(node) : [];
     if (!fr.length && before) {
@@ -442,7 +448,7 @@
       flush();
       html += '<ol>' + items.join('') + '</ol>';
     }
-    if (pin) S.pinned = {title: title};
+    if (pin) S.pinned = {title: title, node: node, before: before};
     $('info').className = '';
     $('info').innerHTML = html;
   }
@@ -574,6 +580,14 @@
         g.fillText(num(t), tx, PL.t + ph + 15);
       }
     }
+    // selected state
+    if (D.n > 0) {
+      var sx = X(S.sel);
+      if (sx >= PL.l && sx <= PL.l + pw) {
+        g.strokeStyle = '#ff7f0e'; g.lineWidth = 2;
+        g.beginPath(); g.moveTo(sx, PL.t); g.lineTo(sx, PL.t + ph); g.stroke(); g.lineWidth = 1;
+      }
+    }
     // OOM markers
     var P = D.prep;
     D.ooms.forEach(function (o) {
@@ -586,14 +600,6 @@
       g.textAlign = 'left'; g.font = 'bold 11px sans-serif';
       g.fillText('OOM', ox + 7, PL.t + 9); g.font = '11px sans-serif';
     });
-    // selected state
-    if (D.n > 0) {
-      var sx = X(S.sel);
-      if (sx >= PL.l && sx <= PL.l + pw) {
-        g.strokeStyle = '#ff7f0e'; g.lineWidth = 2;
-        g.beginPath(); g.moveTo(sx, PL.t); g.lineTo(sx, PL.t + ph); g.stroke(); g.lineWidth = 1;
-      }
-    }
     g.strokeStyle = '#999'; g.strokeRect(PL.l + 0.5, PL.t + 0.5, pw, ph);
     geo = {K: K, C: C, ymax: ymax, pw: pw, ph: ph, X: X, cols: cols};
     $('tlegend').innerHTML =
@@ -768,6 +774,7 @@
       var h = bandAt(p[0], p[1]);
       if (h) hoverBand(h, false);
     });
+    [plot, lanes].forEach(function (el) { el.addEventListener('mouseleave', showPinned); });
     plot.addEventListener('dblclick', function () { S.x0 = 0; S.x1 = Math.max(1, D.n); drawTimeline(); });
     // overview brush
     var miniDrag = null;
@@ -860,7 +867,9 @@
         showStack(entryText(e), e.stack, false, false);
       }
     });
+    list.addEventListener('mouseleave', showPinned);
     var lay = $('layout');
+    lay.addEventListener('mouseleave', showPinned);
     lay.addEventListener('mousemove', function (ev) {
       var q = layoutHit(ev);
       if (q) showBlockInfo(q, false);
@@ -1085,7 +1094,7 @@
         g.textAlign = 'right';
       }
     });
-    $('layoutinfo').textContent = n + ' segments ' + stateLabel(S.sel) + ': ' +
+    $('layoutinfo').textContent = n + (n === 1 ? ' segment ' : ' segments ') + stateLabel(S.sel) + ': ' +
       fmtBytes(used) + ' allocated (requested) / ' + fmtBytes(reserved) + ' reserved' +
       (L.exact ? ' (the final state of the file)' :
         ' (rebuilt from the trace: block sizes are the requested sizes)') +
