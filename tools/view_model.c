@@ -990,6 +990,32 @@ static void bucket(uint64_t v, uint64_t rest, uint32_t s, uint32_t j,
   }
 }
 
+/* Record x leaves the live set at state `end`: its band ends there. */
+static void band_close(bands_t *b, const lrec_t *x, uint64_t *drawn,
+                       uint32_t end) {
+  if (x->rank != NONE32) {
+    b->end[x->rank] = end;
+    *drawn = sub0(*drawn, x->size);
+  }
+}
+
+/* A new live record y (element `id`; *next = the next drawn band not yet
+ * started): a record at the same address (a damaged trace) ends first.
+ * 0, or -1 on ENOMEM. */
+static int band_open(live_t *L, bands_t *b, uint32_t *next, uint32_t id,
+                     lrec_t *y, uint64_t *drawn) {
+  if (*next < b->n && b->id[*next] == id)
+    y->rank = (*next)++;
+  const lrec_t *x = live_get(L, y->addr);
+  if (x)
+    band_close(b, x, drawn, y->entry + 1);
+  if (!live_put(L, y))
+    return -1;
+  if (y->rank != NONE32)
+    *drawn += y->size;
+  return 0;
+}
+
 /* Pass B: forward over the trace: series, band ends, leaks, keyframes. */
 static int pass_b(vdev_t *d) {
   live_t B = {0}, G = {0};
@@ -1040,20 +1066,9 @@ static int pass_b(vdev_t *d) {
       lrec_t y = {.addr = e->addr, .size = e->size, .stream = e->stream,
                   .stack = e->frames, .rank = NONE32, .entry = i,
                   .step = step};
-      if (bi < d->blk.n && d->blk.id[bi] == d->st.nb + i)
-        y.rank = bi++;
-      if ((x = live_get(&B, e->addr)) != NULL) {
-        /* alloc over a live block (a damaged trace): end the old one */
-        if (x->rank != NONE32) {
-          d->blk.end[x->rank] = i + 1;
-          ad = sub0(ad, x->size);
-        }
-      }
-      if (!live_put(&B, &y))
+      if (band_open(&B, &d->blk, &bi, d->st.nb + i, &y, &ad))
         goto out;
       a += e->size;
-      if (y.rank != NONE32)
-        ad += e->size;
       break;
     }
     case MSNAP_ACTION_FREE_REQUESTED:
@@ -1063,10 +1078,7 @@ static int pass_b(vdev_t *d) {
     case MSNAP_ACTION_FREE_COMPLETED:
       a = sub0(a, e->size);
       if ((x = live_get(&B, e->addr)) != NULL) {
-        if (x->rank != NONE32) {
-          d->blk.end[x->rank] = i + 1;
-          ad = sub0(ad, x->size);
-        }
+        band_close(&d->blk, x, &ad, i + 1);
         if (survivor(d, x, i + 1, x->rank))
           goto out;
         live_del(&B, e->addr);
@@ -1077,27 +1089,16 @@ static int pass_b(vdev_t *d) {
       lrec_t y = {.addr = e->addr, .size = e->size, .stream = e->stream,
                   .stack = e->frames, .rank = NONE32, .entry = i,
                   .step = -1};
-      if (gi < d->seg.n && d->seg.id[gi] == d->st.ng + i)
-        y.rank = gi++;
-      if ((x = live_get(&G, e->addr)) != NULL && x->rank != NONE32) {
-        d->seg.end[x->rank] = i + 1;
-        rd = sub0(rd, x->size);
-      }
-      if (!live_put(&G, &y))
+      if (band_open(&G, &d->seg, &gi, d->st.ng + i, &y, &rd))
         goto out;
       r += e->size;
-      if (y.rank != NONE32)
-        rd += e->size;
       break;
     }
     case MSNAP_ACTION_SEGMENT_FREE:
     case MSNAP_ACTION_SEGMENT_UNMAP:
       r = sub0(r, e->size);
       if ((x = live_get(&G, e->addr)) != NULL) {
-        if (x->rank != NONE32) {
-          d->seg.end[x->rank] = i + 1;
-          rd = sub0(rd, x->size);
-        }
+        band_close(&d->seg, x, &rd, i + 1);
         live_del(&G, e->addr);
       }
       break;
