@@ -5,7 +5,8 @@
  * clock_gettime(REALTIME).  Prints RESULT lines: ns per read.
  */
 #include "bench_common.h"
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define N 20000000
 

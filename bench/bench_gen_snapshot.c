@@ -15,7 +15,8 @@
 #include <sys/stat.h>
 
 #include "bench_common.h"
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define NFRAMES 6000
 

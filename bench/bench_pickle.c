@@ -16,7 +16,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 static double now(void) {
   struct timespec t;

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "memsnap.h"
-#include "snapshot.h"
+#include "model/snapshot.h"
 
 enum { CLI_OK = 0, CLI_FINDING = 1, CLI_UNUSABLE = 2 };
 

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "msnap_internal.h"
+#include "base/base.h"
 
 typedef struct ev_s {
   uint64_t addr;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "sink.h"
+#include "base/sink.h"
 
 void cli_err(const char *fmt, ...) {
   va_list ap;

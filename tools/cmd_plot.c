@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "msnap_internal.h"
+#include "base/sink.h"
 
 #define W 960
 #define H 440

@@ -51,7 +51,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "msnap_internal.h"
+#include "api/api.h"
 
 #define MIB (1024ull * 1024ull)
 #define SMALL_SIZE MIB

@@ -1,5 +1,5 @@
 /*
- * host.c -- pinned host memory (src/host_alloc.c): allocation for tests
+ * host.c -- pinned host memory (src/alloc/host.c): allocation for tests
  * and users, and the statistics of torch.cuda.memory.host_memory_stats.
  *
  * Like allocator.c, every function works on the process-wide allocator

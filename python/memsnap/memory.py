@@ -904,7 +904,7 @@ def _write_usage_report(path) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Pinned host memory (src/host_alloc.c: PyTorch's CachingHostAllocator).
+# Pinned host memory (src/alloc/host.c: PyTorch's CachingHostAllocator).
 # Recorded into host_segments/host_traces by
 # _record_memory_history(record_pinned_host_memory=True).
 # ---------------------------------------------------------------------------

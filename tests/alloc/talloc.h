@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "alloc_core.h"
+#include "alloc/alloc_core.h"
 #include "fake_rt.h"
 
 #define MiB 1048576ull

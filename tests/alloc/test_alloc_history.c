@@ -1,10 +1,10 @@
 /*
  * test_alloc_history.c -- the allocator's recorder hooks (cuda-reference
  * §3): which trace entries each operation emits, in which order, with
- * which addr/size.  Built only once the recorder (src/history.h) is in
+ * which addr/size.  Built only once the recorder (src/record) is in
  * the tree; reads the device trace through msnap__snapshot_take.
  */
-#include "stack.h"
+#include "record/stack.h"
 #include "talloc.h"
 
 typedef struct want_s {

@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

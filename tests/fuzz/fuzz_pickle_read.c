@@ -12,8 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "msnap_internal.h"
-#include "pickle.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "model/pickle.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,5 @@
 /*
- * test_host.c -- the pinned host caching allocator (src/host_alloc.c) on
+ * test_host.c -- the pinned host caching allocator (src/alloc/host.c) on
  * the sim runtime: power-of-two rounding, reuse by size, record_stream
  * events delaying reuse, empty_cache, the pinned_* alloc-conf keys, bad
  * pointers, runtime faults at every call (no leak, invariants hold),
@@ -22,10 +22,11 @@
 
 #include <cmocka.h>
 
-#include "history.h"
-#include "host_alloc.h"
-#include "msnap_internal.h"
-#include "stack.h"
+#include "alloc/alloc.h"
+#include "alloc/host.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "record/stack.h"
 
 #define MiB (1ull << 20)
 

@@ -12,8 +12,9 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
-#include "pickle.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "model/pickle.h"
 #include "testutil.h"
 
 static int canon_of(const void *p, size_t n, char **text,

@@ -21,8 +21,9 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "msnap_internal.h"
-#include "pickle.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "model/pickle.h"
 #include "testutil.h"
 
 typedef struct dual_s {

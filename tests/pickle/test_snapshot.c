@@ -19,8 +19,9 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
-#include "pickle.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "model/pickle.h"
 #include "testutil.h"
 
 static char cmd[16384];

@@ -239,7 +239,7 @@ def test_bad_history_arguments_raise_like_torch():
 # _record_memory_history (max_entries=sys.maxsize) is written as -1
 # ("unlimited"), never 2^63 - 1, which pytorch.org/memory_viz would read
 # as the double 9223372036854775808; a bounded ring keeps its capacity.
-# No int of allocator_settings exceeds 2^53 - 1 (src/snapshot_take.c).
+# No int of allocator_settings exceeds 2^53 - 1 (src/api/snapshot.c).
 MAX_ENTRIES = r"""
 import json, os, pickle, sys, tempfile
 import memsnap.memory as mm

@@ -20,9 +20,10 @@
 
 #include <cmocka.h>
 
-#include "history.h"
-#include "msnap_internal.h"
-#include "stack.h"
+#include "alloc/alloc.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "record/stack.h"
 
 static char tmpdir[256];
 

@@ -19,8 +19,9 @@
 
 #include <cmocka.h>
 
-#include "history.h"
-#include "msnap_internal.h"
+#include "alloc/alloc.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 static char tmpdir[256];
 
@@ -175,7 +176,7 @@ static void test_state_mode(void **state) {
   setenv("OOM_SNAPSHOT_ENABLE", "2", 1);
   setenv("OOM_SNAPSHOT_PATH", tmpdir, 1);
   msnap_allocator_t *a = make_small();
-  msnap__oom_env_init(a); /* what allocator creation does; idempotent */
+  msnap__oom_dump_init(a); /* what allocator creation does; idempotent */
   uint64_t p, big;
   assert_int_equal(msnap_malloc(a, 0, 1000, 0, &p), 0);
   assert_int_equal(msnap_malloc(a, 0, 500ull << 20, 0, &big), MSNAP_EOOM);
@@ -214,7 +215,7 @@ static void test_disabled(void **state) {
   setenv("OOM_SNAPSHOT_ENABLE", "0", 1);
   setenv("OOM_SNAPSHOT_PATH", tmpdir, 1);
   msnap_allocator_t *a = make_small();
-  msnap__oom_env_init(a);
+  msnap__oom_dump_init(a);
   assert_false(msnap_history_enabled(a));
   uint64_t big;
   assert_int_equal(msnap_malloc(a, 0, 500ull << 20, 0, &big), MSNAP_EOOM);

@@ -8,7 +8,7 @@
  * without traces and checks that allocator_settings describes ONE applied
  * conf: PYTORCH_CUDA_ALLOC_CONF is one of the three strings and
  * max_split_size / garbage_collection_threshold are that string's values.
- * snapshot_take.c copies the conf under device 0's lock; reading it
+ * api/snapshot.c copies the conf under device 0's lock; reading it
  * without the lock is a data race that ThreadSanitizer reports (suite
  * `threads`, make test-threads) and can pair one conf's string with
  * another's numbers, or read a freed string.
@@ -27,8 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "msnap_internal.h"
-#include "snapshot.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
+#include "model/snapshot.h"
 
 typedef struct conf_case_s {
   const char *s;

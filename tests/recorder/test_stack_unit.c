@@ -13,7 +13,8 @@
 
 #include <cmocka.h>
 
-#include "fake_alloc.h"
+#include "record/history.h"
+#include "record/stack.h"
 
 static void check_table(void) {
   char msg[256];

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "history.h"
+#include "alloc/alloc.h"
 
 #define MiB (1ull << 20)
 

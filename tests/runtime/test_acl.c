@@ -1,5 +1,5 @@
 /*
- * test_acl.c -- the "acl" runtime (runtime_acl.c) through the fake
+ * test_acl.c -- the "acl" runtime (src/runtime/acl.c) through the fake
  * libascendcl.so of tests/fakes (paths come from the test environment).
  */
 #include <dlfcn.h>
@@ -13,7 +13,8 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define MiB ((uint64_t)1 << 20)
 #define CAP (256 * MiB)

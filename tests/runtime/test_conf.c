@@ -14,7 +14,8 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define MiB ((uint64_t)1 << 20)
 

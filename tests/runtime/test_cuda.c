@@ -1,5 +1,5 @@
 /*
- * test_cuda.c -- the "cuda" runtime (runtime_cuda.c) through the fake
+ * test_cuda.c -- the "cuda" runtime (src/runtime/cuda.c) through the fake
  * libcudart.so / libcuda.so of tests/fakes.
  */
 #include <dlfcn.h>
@@ -13,7 +13,8 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define MiB ((uint64_t)1 << 20)
 #define CAP (256 * MiB)

@@ -1,4 +1,5 @@
-/* test_env.c -- environment options (env.c). */
+/* test_env.c -- environment options (base/env.c): the table of
+ * variables, the typed reads and the parsers behind them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +11,8 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
+#include "base/base.h"
+#include "runtime/runtime.h"
 
 /* Run fn with stderr redirected to a temporary file; returns its text. */
 static char captured[4096];
@@ -73,7 +75,7 @@ static void test_size(void **state) {
   (void)state;
   const char *v = "MEMSNAP_TEST_SIZE";
   unsetenv(v);
-  assert_int_equal(msnap__env_size(v, 7), 7);
+  assert_int_equal(msnap__env_parse_size(v, getenv(v), 7), 7);
   static const struct {
     const char *text;
     uint64_t value;
@@ -96,7 +98,7 @@ static void test_size(void **state) {
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     setenv(v, ok[i].text, 1);
-    assert_int_equal(msnap__env_size(v, 7), ok[i].value);
+    assert_int_equal(msnap__env_parse_size(v, getenv(v), 7), ok[i].value);
   }
   static const char *bad[] = {"abc", "-5", "12X", "1.5G", "G", "5 M B x"};
   FILE *tmp;
@@ -104,7 +106,7 @@ static void test_size(void **state) {
   capture_begin(&tmp, &saved);
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     setenv(v, bad[i], 1);
-    assert_int_equal(msnap__env_size(v, 42), 42);
+    assert_int_equal(msnap__env_parse_size(v, getenv(v), 42), 42);
   }
   const char *out = capture_end(tmp, saved);
   /* Warned once, naming the value and the variable. */
@@ -122,11 +124,11 @@ static void test_count(void **state) {
   (void)state;
   const char *v = "MEMSNAP_TEST_COUNT";
   unsetenv(v);
-  assert_int_equal(msnap__env_count(v, 1, 1, 64), 1);
+  assert_int_equal(msnap__env_parse_count(v, getenv(v), 1, 1, 64), 1);
   setenv(v, "2", 1);
-  assert_int_equal(msnap__env_count(v, 1, 1, 64), 2);
+  assert_int_equal(msnap__env_parse_count(v, getenv(v), 1, 1, 64), 2);
   setenv(v, " 64 ", 1);
-  assert_int_equal(msnap__env_count(v, 1, 1, 64), 64);
+  assert_int_equal(msnap__env_parse_count(v, getenv(v), 1, 1, 64), 64);
   static const char *bad[] = {"-1", "0", "65", "1K", "abc", "2.0",
                               "99999999999999999999999"};
   /* A fresh variable per value (each warns once); the warned-once table
@@ -138,7 +140,8 @@ static void test_count(void **state) {
     FILE *tmp;
     int saved;
     capture_begin(&tmp, &saved);
-    assert_int_equal(msnap__env_count(names[i], 1, 1, 64), 1);
+    assert_int_equal(
+        msnap__env_parse_count(names[i], getenv(names[i]), 1, 1, 64), 1);
     const char *out = capture_end(tmp, saved);
     char want[160];
     snprintf(want, sizeof want,
@@ -176,12 +179,13 @@ static void test_size_min(void **state) {
   (void)state;
   const char *v = "MEMSNAP_TEST_SIZE_MIN";
   setenv(v, "64M", 1);
-  assert_int_equal(msnap__env_size_min(v, 7, 1), 64ull << 20);
+  assert_int_equal(msnap__env_parse_size_min(v, getenv(v), 7, 1),
+                   64ull << 20);
   setenv(v, "0", 1);
   FILE *tmp;
   int saved;
   capture_begin(&tmp, &saved);
-  assert_int_equal(msnap__env_size_min(v, 7, 1), 7);
+  assert_int_equal(msnap__env_parse_size_min(v, getenv(v), 7, 1), 7);
   const char *out = capture_end(tmp, saved);
   assert_non_null(strstr(out, "ignoring MEMSNAP_TEST_SIZE_MIN '0': it must "
                               "be at least 1 bytes"));
@@ -231,6 +235,50 @@ static void test_no_caching(void **state) {
   unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
 }
 
+/* The table: every variable has a distinct name, and msnap__env_get
+ * reads exactly that variable. */
+static void test_table(void **state) {
+  (void)state;
+  for (int i = 0; i < MSNAP_ENV_COUNT; i++) {
+    const char *name = msnap__env_name((msnap_env_t)i);
+    assert_non_null(name);
+    assert_string_not_equal(name, "?");
+    for (int k = 0; k < i; k++)
+      assert_string_not_equal(name, msnap__env_name((msnap_env_t)k));
+  }
+  assert_string_equal(msnap__env_name(MSNAP_ENV_OOM_SNAPSHOT_PATH),
+                      "OOM_SNAPSHOT_PATH");
+  setenv("MEMSNAP_CLOCK_FALLBACK", "x", 1);
+  assert_string_equal(msnap__env_get(MSNAP_ENV_CLOCK_FALLBACK), "x");
+  unsetenv("MEMSNAP_CLOCK_FALLBACK");
+  assert_null(msnap__env_get(MSNAP_ENV_CLOCK_FALLBACK));
+  assert_null(msnap__env_get(MSNAP_ENV_COUNT));
+}
+
+/* OOM_SNAPSHOT_ENABLE as torch_npu parses it (strtol). */
+static void test_oom_snapshot_mode(void **state) {
+  (void)state;
+  static const struct {
+    const char *text;
+    int mode;
+  } cases[] = {{"", 0}, {"0", 0}, {"1", 1}, {"2", 2}, {"3", 1},
+               {"-1", 1}, {"2x", 2}, {"00", 0}};
+  unsetenv("OOM_SNAPSHOT_ENABLE");
+  assert_int_equal(msnap__env_oom_snapshot_mode(), 0);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("OOM_SNAPSHOT_ENABLE", cases[i].text, 1);
+    assert_int_equal(msnap__env_oom_snapshot_mode(), cases[i].mode);
+  }
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  setenv("OOM_SNAPSHOT_ENABLE", "yes", 1);
+  assert_int_equal(msnap__env_oom_snapshot_mode(), 0);
+  const char *out = capture_end(tmp, saved);
+  assert_non_null(strstr(out, "OOM_SNAPSHOT_ENABLE='yes' is not a number"));
+  unsetenv("OOM_SNAPSHOT_ENABLE");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_profile),
@@ -239,6 +287,8 @@ int main(void) {
       cmocka_unit_test(test_count),
       cmocka_unit_test(test_size_min),
       cmocka_unit_test(test_no_caching),
+      cmocka_unit_test(test_table),
+      cmocka_unit_test(test_oom_snapshot_mode),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,8 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 static void test_table(void **state) {
   (void)state;

@@ -1,5 +1,5 @@
 /*
- * test_sim.c -- the simulated device runtime (runtime_sim.c).  Every test
+ * test_sim.c -- the simulated device runtime (src/runtime/sim.c).  Every test
  * runs msnap__sim_check after each operation (CHECK).
  */
 #include <setjmp.h>
@@ -14,7 +14,8 @@
 
 #include <cmocka.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define KiB ((uint64_t)1 << 10)
 #define MiB ((uint64_t)1 << 20)

@@ -52,7 +52,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 /* ---- counting wrapper around the sim runtime ---------------------------- */
 

@@ -39,7 +39,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 #define NWORKERS 4
 #define MAX_LIVE 64

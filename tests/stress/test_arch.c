@@ -23,7 +23,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 static int64_t realtime_us(void) {
   struct timespec ts;

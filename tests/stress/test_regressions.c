@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "msnap_internal.h"
+#include "api/api.h"
+#include "runtime/runtime.h"
 
 static msnap_allocator_t *make(void) {
   setenv("MEMSNAP_SIM_DEVICES", "1", 1);

@@ -1,0 +1,202 @@
+/*
+ * oom.c -- out-of-memory observers (torch.cuda.memory._record_memory_history's
+ * companion attach_out_of_memory_observer) and the memory-usage report
+ * (torch_npu's saveDevMemUsageInfo CSV).
+ *
+ * Observers live in the allocator (a->observers, guarded by a->obs_lock,
+ * MSNAP_RANK_OBSERVERS).  On an OOM the allocator records the `oom` trace
+ * entry, releases the device lock and calls msnap__oom_notify, which
+ * copies the list under obs_lock and then, with no library lock held,
+ * calls every observer in attachment order.  An observer may call
+ * msnap_dump_snapshot.  The api layer's OOM_SNAPSHOT_ENABLE dump
+ * (api/oom_dump.c) is such an observer, attached by msnap_allocator_create
+ * before any other, so it runs first; library-owned observers carry a
+ * `release` that frees their argument when the allocator is destroyed.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc/alloc.h"
+#include "base/sink.h"
+
+/* ---- observers ------------------------------------------------------------ */
+
+int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
+                            void *arg, void (*release)(void *arg),
+                            bool unique) {
+  msnap__mutex_lock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+  if (unique) {
+    for (uint32_t i = 0; i < a->nobservers; i++) {
+      if (a->observers[i].cb == cb) {
+        msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+        return 1;
+      }
+    }
+  }
+  if (a->nobservers == a->observers_cap) {
+    uint32_t cap = a->observers_cap ? a->observers_cap * 2 : 4;
+    msnap_oom_observer_t *n = realloc(a->observers, cap * sizeof *n);
+    if (n == NULL) {
+      msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+      return MSNAP_ENOMEM;
+    }
+    a->observers = n;
+    a->observers_cap = cap;
+  }
+  a->observers[a->nobservers++] = (msnap_oom_observer_t){cb, arg, release};
+  msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+  return 0;
+}
+
+int msnap_attach_oom_observer(msnap_allocator_t *a, msnap_oom_observer_cb cb,
+                              void *arg) {
+  if (a == NULL || cb == NULL)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "attach_oom_observer: NULL allocator or callback");
+  int rc = msnap__oom_observer_add(a, cb, arg, NULL, false);
+  return rc < 0 ? rc : 0;
+}
+
+void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
+                       uint64_t device_total, uint64_t device_free) {
+  msnap__mutex_lock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+  uint32_t n = a->nobservers;
+  msnap_oom_observer_t local[16];
+  msnap_oom_observer_t *obs = n <= 16 ? local : malloc(n * sizeof *obs);
+  if (obs == NULL) n = 0;
+  else if (n) memcpy(obs, a->observers, n * sizeof *obs);
+  msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+  for (uint32_t i = 0; i < n; i++)
+    obs[i].cb(device, alloc_size, device_total, device_free, obs[i].arg);
+  if (obs != local) free(obs);
+}
+
+/* Free the list (allocator destruction), releasing library-owned
+ * arguments. */
+void msnap__oom_observers_destroy(msnap_allocator_t *a) {
+  for (uint32_t i = 0; i < a->nobservers; i++)
+    if (a->observers[i].release != NULL)
+      a->observers[i].release(a->observers[i].arg);
+  free(a->observers);
+  a->observers = NULL;
+  a->nobservers = a->observers_cap = 0;
+}
+
+/* ---- memory-usage report ------------------------------------------------- */
+
+typedef struct usage_buf_s {
+  char *p;
+  size_t len, cap;
+  int err;
+} usage_buf_t;
+
+__attribute__((format(printf, 2, 3))) static void ub_printf(usage_buf_t *b,
+                                                            const char *fmt,
+                                                            ...) {
+  if (b->err) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0,
+                      fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      b->err = MSNAP_EINVAL;
+      return;
+    }
+    if (b->p && b->len + (size_t)n < b->cap) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t cap = b->cap ? b->cap * 2 : 1024;
+    while (cap < b->len + (size_t)n + 1) cap *= 2;
+    char *np = realloc(b->p, cap);
+    if (np == NULL) {
+      b->err = MSNAP_ENOMEM;
+      return;
+    }
+    b->p = np;
+    b->cap = cap;
+  }
+}
+
+static const char *const pool_names[MSNAP_STAT_TYPES] = {"all", "small_pool",
+                                                         "large_pool"};
+
+/*
+ * Build the CSV text of one device (or all when device < 0):
+ *   device,pool,total_bytes,free_bytes,reserved_bytes,allocated_bytes,
+ *   active_bytes,requested_bytes,peak_reserved_bytes,peak_allocated_bytes,
+ *   note
+ * one row per pool (all / small_pool / large_pool, from msnap_stats_get)
+ * plus a "workspace" row; total/free come from the runtime and are left
+ * empty, with the reason in `note` and on stderr, when it cannot say.
+ */
+static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
+  int nd = msnap_device_count(a);
+  ub_printf(b, "device,pool,total_bytes,free_bytes,reserved_bytes,"
+               "allocated_bytes,active_bytes,requested_bytes,"
+               "peak_reserved_bytes,peak_allocated_bytes,note\n");
+  for (int d = 0; d < nd; d++) {
+    if (device >= 0 && d != device) continue;
+    msnap_stats_t st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    st.version = MSNAP_STATS_VERSION;
+    int src = msnap_stats_get(a, d, &st);
+    size_t fb = 0, tb = 0;
+    int mrc = msnap_mem_get_info(a, d, &fb, &tb);
+    char note[200] = "";
+    if (mrc != 0) {
+      snprintf(note, sizeof note,
+               "runtime could not report total/free memory (%s)",
+               msnap_strerror(mrc));
+      fprintf(stderr, "memsnap: device %d: %s\n", d, note);
+    }
+    if (src != 0) {
+      ub_printf(b, "%d,all,,,,,,,,,statistics unavailable (%s)\n", d,
+                msnap_strerror(src));
+      continue;
+    }
+    for (int k = 0; k < MSNAP_STAT_TYPES; k++) {
+      ub_printf(b, "%d,%s,", d, pool_names[k]);
+      if (k == MSNAP_STAT_ALL && mrc == 0)
+        ub_printf(b, "%zu,%zu,", tb, fb);
+      else
+        ub_printf(b, ",,");
+      ub_printf(b,
+                "%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+                ",%" PRId64 ",%s\n",
+                st.reserved_bytes[k].current, st.allocated_bytes[k].current,
+                st.active_bytes[k].current, st.requested_bytes[k].current,
+                st.reserved_bytes[k].peak, st.allocated_bytes[k].peak,
+                k == MSNAP_STAT_ALL ? note : "");
+    }
+    uint64_t wr, wa;
+    msnap__ws_totals(a, d, &wr, &wa);
+    ub_printf(b,
+              "%d,workspace,,,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",,,,"
+              "not included in the all row\n",
+              d, wr, wa, wa);
+  }
+  return b->err;
+}
+
+int msnap__usage_report(msnap_allocator_t *a, int device, const char *path) {
+  usage_buf_t b = {0};
+  int rc = usage_text(a, device, &b);
+  if (rc == 0) rc = msnap__write_file_atomic(path, b.p, b.len);
+  free(b.p);
+  return rc;
+}
+
+int msnap_write_usage_report(msnap_allocator_t *a, const char *path) {
+  if (a == NULL || path == NULL)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "write_usage_report: NULL allocator or path");
+  return msnap__usage_report(a, -1, path);
+}

@@ -1,0 +1,47 @@
+/*
+ * create.c (api layer) -- msnap_allocator_create and the process-wide
+ * allocator (msnap_default).
+ *
+ * msnap_allocator_create = the alloc layer's msnap__allocator_new (profile,
+ * runtime, conf, devices, history off) followed by what only the api
+ * layer can add: OOM_SNAPSHOT_ENABLE (oom_dump.c attaches the automatic
+ * dump as the allocator's first OOM observer and turns history on).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+
+int msnap_allocator_create(const msnap_options_t *opts,
+                           msnap_allocator_t **out) {
+  int rc = msnap__allocator_new(opts, out);
+  if (rc != 0) return rc;
+  msnap__oom_dump_init(*out);
+  return 0;
+}
+
+/* ---- the process-wide allocator ----------------------------------------- */
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static msnap_allocator_t *default_alloc;
+static char default_err[512];
+
+static void default_create(void) {
+  msnap_options_t o;
+  msnap_options_init(&o);
+  o.error_buf = default_err;
+  o.error_buf_len = sizeof default_err;
+  if (msnap_allocator_create(&o, &default_alloc) != 0)
+    default_alloc = NULL;
+}
+
+msnap_allocator_t *msnap_default(void) {
+  pthread_once(&default_once, default_create);
+  return default_alloc;
+}
+
+const char *msnap_default_error(void) {
+  pthread_once(&default_once, default_create);
+  return default_alloc ? NULL : default_err;
+}

@@ -1,0 +1,894 @@
+/*
+ * snapshot.c (api layer) -- live snapshots (torch.cuda.memory._snapshot) of a
+ * msnap_allocator_t, their serialization (_dump_snapshot), and
+ * _allocation_traceback.
+ *
+ * Sequence of msnap__snapshot_take, per device in order:
+ *   1. under the device lock: copy the trace ring (unless include_traces
+ *      is false; references are taken on every id so that nothing dies
+ *      meanwhile), collect the segments (alloc.c), then record the
+ *      `snapshot` entry -- after the copy, so it shows in the next
+ *      snapshot only, as in PyTorch;
+ *   2. with no lock: append the device's workspace buffers as one-block
+ *      large segments and keep the device's segments sorted by address.
+ * Then, with no lock held: recalibrate the clock, convert the copied
+ * entries (time_us non-decreasing per device, synthetic workspace entries
+ * first), copy the external annotations, resolve every captured stack into
+ * model frames (C symbols and interpreter frames once per unique frame)
+ * and build allocator_settings.  Serialization happens afterwards, on the
+ * model, never under a device lock.
+ *
+ * allocator_settings holds no integer above 2^53 - 1 (JavaScript's
+ * Number.MAX_SAFE_INTEGER): pytorch.org/memory_viz reads every pickle int
+ * into a double, so a larger value would be shown rounded (2^63 - 1, the
+ * default ring capacity of _record_memory_history(max_entries=
+ * sys.maxsize), reads as 9223372036854775808).  Hence:
+ *   - limits (trace_alloc_max_entries, max_split_size,
+ *     max_round_threshold, max_cached_size) above it are written as -1,
+ *     meaning "unlimited": no ring or threshold that large can ever be
+ *     reached.  trace_alloc_max_entries is the ring capacity per device
+ *     (entries) when it is at most 2^53 - 1, -1 when it is larger, 0 when
+ *     history was never recorded; max_split_size was already -1 when
+ *     unset, as in PyTorch;
+ *   - counts and byte totals (trace_alloc_dropped, workspace_*) saturate
+ *     at 2^53 - 1 (unreachable in practice).
+ * Segment and block addresses are device addresses (below 2^49 on CUDA
+ * and Ascend, and on the sim) and times are microseconds since the epoch
+ * (about 2^51): both stay exact.
+ *
+ * Filters: o->device >= 0 keeps that device's segments and trace (the
+ * other devices' trace lists are present and empty, so indices stay
+ * device ordinals); a private pool id keeps that pool's segments and the
+ * trace entries whose pool is that pool (so that the State History replay
+ * stays consistent), and leaves out the workspace.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "alloc/host.h"
+#include "api/api.h"
+#include "record/stack.h"
+
+/* ---- a small 16-byte-key map used while converting ------------------------ */
+
+typedef struct kv_s {
+  uint64_t k0, k1;
+  uint32_t v;
+  uint32_t used;
+} kv_t;
+
+typedef struct kvmap_s {
+  kv_t *t;
+  size_t cap, n;
+} kvmap_t;
+
+/* Slot for key (k0,k1); *fresh tells whether it was just inserted.  NULL
+ * on ENOMEM. */
+static uint32_t *kv_slot(kvmap_t *m, uint64_t k0, uint64_t k1, bool *fresh) {
+  if ((m->n + 1) * 2 > m->cap) {
+    size_t cap = m->cap ? m->cap * 2 : 256;
+    kv_t *t = calloc(cap, sizeof *t);
+    if (t == NULL) return NULL;
+    for (size_t i = 0; i < m->cap; i++) {
+      if (!m->t[i].used) continue;
+      uint64_t k[2] = {m->t[i].k0, m->t[i].k1};
+      size_t j = (size_t)XXH3_64bits(k, 16) & (cap - 1);
+      while (t[j].used) j = (j + 1) & (cap - 1);
+      t[j] = m->t[i];
+    }
+    free(m->t);
+    m->t = t;
+    m->cap = cap;
+  }
+  uint64_t k[2] = {k0, k1};
+  size_t j = (size_t)XXH3_64bits(k, 16) & (m->cap - 1);
+  while (m->t[j].used && (m->t[j].k0 != k0 || m->t[j].k1 != k1))
+    j = (j + 1) & (m->cap - 1);
+  *fresh = !m->t[j].used;
+  if (*fresh) {
+    m->t[j].used = 1;
+    m->t[j].k0 = k0;
+    m->t[j].k1 = k1;
+    m->t[j].v = 0;
+    m->n++;
+  }
+  return &m->t[j].v;
+}
+
+/* ---- stack import ------------------------------------------------------------ */
+
+typedef struct import_s {
+  msnap_snap_t *s;
+  kvmap_t stacks; /* raw stack id -> model stack id */
+  kvmap_t cframes; /* pc -> model frame id          */
+  kvmap_t pyframes; /* (code, instr) -> model frame  */
+  msnap_str_t unknown;
+  int err;
+} import_t;
+
+static uint32_t model_frame(import_t *im, const char *name,
+                            const char *filename, int64_t line) {
+  msnap_frame_t f;
+  memset(&f, 0, sizeof f);
+  f.name = msnap__snap_intern(im->s, name, strlen(name));
+  f.filename = msnap__snap_intern(im->s, filename, strlen(filename));
+  f.line = line;
+  if (f.name == 0 || f.filename == 0) {
+    im->err = MSNAP_ENOMEM;
+    return UINT32_MAX;
+  }
+  uint32_t id = msnap__snap_frame(im->s, &f);
+  if (id == UINT32_MAX) im->err = MSNAP_ENOMEM;
+  return id;
+}
+
+static uint32_t c_frame(import_t *im, uintptr_t pc, msnap_csym_t *sym) {
+  msnap__symbolize(pc, sym);
+  bool fresh;
+  uint32_t *slot = kv_slot(&im->cframes, pc, 0, &fresh);
+  if (slot == NULL) {
+    im->err = MSNAP_ENOMEM;
+    return UINT32_MAX;
+  }
+  if (fresh) *slot = model_frame(im, sym->name, sym->filename, sym->line);
+  return *slot;
+}
+
+static uint32_t py_frame(import_t *im, const msnap_frame_hook_t *hook,
+                         const uintptr_t f[2]) {
+  bool fresh;
+  uint32_t *slot = kv_slot(&im->pyframes, f[0], f[1], &fresh);
+  if (slot == NULL) {
+    im->err = MSNAP_ENOMEM;
+    return UINT32_MAX;
+  }
+  if (fresh) {
+    const char *name = NULL, *file = NULL;
+    int64_t line = 0;
+    if (hook == NULL || hook->resolve(hook->ctx, f, &name, &file, &line) != 0)
+      name = file = NULL;
+    if (name == NULL || file == NULL) line = 0;
+    *slot = model_frame(im, name ? name : "??", file ? file : "??", line);
+  }
+  return *slot;
+}
+
+/* A C frame that runs interpreter frames: the matching Python frame goes
+ * just before it (cuda-reference §2.5, stacks "all"). */
+static bool is_eval_frame(const char *name) {
+  return strstr(name, "PyEval_EvalFrame") != NULL;
+}
+
+/* Model stack of a raw recorder stack (cached). */
+static msnap_stack_t import_one(import_t *im, uint32_t raw) {
+  bool fresh;
+  uint32_t *slot = kv_slot(&im->stacks, raw, 0, &fresh);
+  if (slot == NULL) {
+    im->err = MSNAP_ENOMEM;
+    return MSNAP_STACK_EMPTY;
+  }
+  if (!fresh) return *slot;
+  *slot = MSNAP_STACK_EMPTY;
+  msnap_stack_view_t v;
+  if (msnap__stack_view(raw, &v) != 0) return MSNAP_STACK_EMPTY;
+  uint32_t *ids = malloc(((size_t)v.nc + v.npy + 1) * sizeof *ids);
+  if (ids == NULL) {
+    im->err = MSNAP_ENOMEM;
+    return MSNAP_STACK_EMPTY;
+  }
+  uint32_t n = 0, pi = 0;
+  for (uint32_t k = 0; k < v.nc; k++) {
+    msnap_csym_t sym;
+    uint32_t cf = c_frame(im, v.c[k], &sym);
+    if (pi < v.npy && is_eval_frame(sym.name)) {
+      uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
+      if (pf != UINT32_MAX) ids[n++] = pf;
+    }
+    if (cf != UINT32_MAX) ids[n++] = cf;
+  }
+  while (pi < v.npy) {
+    uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
+    if (pf != UINT32_MAX) ids[n++] = pf;
+  }
+  msnap_stack_t st = msnap__snap_stack(im->s, ids, n);
+  free(ids);
+  if (st == 0) {
+    im->err = MSNAP_ENOMEM;
+    st = MSNAP_STACK_EMPTY;
+  }
+  *slot = st;
+  return st;
+}
+
+/* Convert one frames field holding a raw id (with its reference). */
+static void import_field(import_t *im, msnap_stack_t *field, bool absent_ok) {
+  uint32_t raw = *field;
+  if (raw == 0) {
+    *field = absent_ok ? MSNAP_STACK_ABSENT : MSNAP_STACK_EMPTY;
+    return;
+  }
+  *field = import_one(im, raw);
+  msnap__stack_unref(raw);
+}
+
+int msnap__snap_import_stacks(msnap_snap_t *s) {
+  import_t im;
+  memset(&im, 0, sizeof im);
+  im.s = s;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    import_field(&im, &s->segments[i].frames, false);
+  for (uint32_t i = 0; i < s->nblocks; i++)
+    import_field(&im, &s->blocks[i].frames, false);
+  for (uint32_t i = 0; i < s->nhost_segments; i++)
+    import_field(&im, &s->host_segments[i].frames, false);
+  for (uint32_t i = 0; i < s->nhost_blocks; i++)
+    import_field(&im, &s->host_blocks[i].frames, false);
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    msnap_trace_list_t *l = &s->device_traces[d];
+    for (uint32_t i = 0; i < l->n; i++) {
+      import_field(&im, &l->v[i].frames, true);
+      if (l->v[i].frames != MSNAP_STACK_ABSENT) l->v[i].keys |= MSNAP_K_FRAMES;
+    }
+  }
+  for (uint32_t i = 0; i < s->host_traces.n; i++) {
+    import_field(&im, &s->host_traces.v[i].frames, true);
+    if (s->host_traces.v[i].frames != MSNAP_STACK_ABSENT)
+      s->host_traces.v[i].keys |= MSNAP_K_FRAMES;
+  }
+  free(im.stacks.t);
+  free(im.cframes.t);
+  free(im.pyframes.t);
+  return im.err;
+}
+
+/* ---- allocator_settings ------------------------------------------------------ */
+
+typedef struct gvb_s {
+  msnap_gv_t *items;
+  uint32_t n, cap;
+  int err;
+} gvb_t;
+
+static void gvb_push(gvb_t *b, msnap_gv_t v) {
+  if (b->err) {
+    msnap__gv_free(&v);
+    return;
+  }
+  if (b->n == b->cap) {
+    uint32_t cap = b->cap ? b->cap * 2 : 32;
+    msnap_gv_t *n = realloc(b->items, cap * sizeof *n);
+    if (n == NULL) {
+      b->err = MSNAP_ENOMEM;
+      msnap__gv_free(&v);
+      return;
+    }
+    b->items = n;
+    b->cap = cap;
+  }
+  b->items[b->n++] = v;
+}
+
+static msnap_gv_t gv_str(msnap_snap_t *s, const char *p) {
+  msnap_gv_t v = {.kind = MSNAP_GV_STR};
+  v.u.s = msnap__snap_intern(s, p, strlen(p));
+  return v;
+}
+static msnap_gv_t gv_int(int64_t i) {
+  msnap_gv_t v = {.kind = MSNAP_GV_INT};
+  v.u.i = i;
+  return v;
+}
+static msnap_gv_t gv_bool(bool b) {
+  msnap_gv_t v = {.kind = MSNAP_GV_BOOL};
+  v.u.b = b;
+  return v;
+}
+static msnap_gv_t gv_float(double f) {
+  msnap_gv_t v = {.kind = MSNAP_GV_FLOAT};
+  v.u.f = f;
+  return v;
+}
+static msnap_gv_t gv_seq(msnap_gv_kind_t kind, gvb_t *b) {
+  msnap_gv_t v = {.kind = kind};
+  v.u.seq.items = b->items;
+  v.u.seq.n = b->n;
+  return v;
+}
+
+static void gv_put(msnap_snap_t *s, gvb_t *b, const char *key, msnap_gv_t v) {
+  gvb_push(b, gv_str(s, key));
+  gvb_push(b, v);
+}
+
+static int64_t clamp_i64(uint64_t v) {
+  return v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v;
+}
+
+/* The largest integer a JavaScript viewer reads exactly (2^53 - 1). */
+#define JS_MAX_SAFE ((1ull << 53) - 1)
+
+/* A count or byte total, saturated at JS_MAX_SAFE. */
+static int64_t js_count(uint64_t v) {
+  return v > JS_MAX_SAFE ? (int64_t)JS_MAX_SAFE : (int64_t)v;
+}
+
+/* A limit: -1 ("unlimited") above JS_MAX_SAFE. */
+static int64_t js_limit(uint64_t v) {
+  return v > JS_MAX_SAFE ? -1 : (int64_t)v;
+}
+
+typedef struct take_totals_s {
+  uint64_t *dropped; /* per device */
+  uint64_t max_entries; /* 0: history never recorded */
+  uint64_t ws_reserved, ws_allocated;
+  gvb_t ws_segments; /* list of ints */
+} take_totals_t;
+
+/*
+ * A consistent copy of the allocator's conf.  msnap_set_allocator_settings
+ * re-parses the conf in place (and frees and replaces conf.raw) under
+ * every device lock, so the fields and the string are copied under device
+ * 0's lock: all of them come from one applied conf.  *raw receives a
+ * malloc'ed copy of the string (the caller frees it); c->raw is left NULL.
+ * Called with no lock held.  Returns 0 or MSNAP_ENOMEM.
+ */
+static int conf_copy(msnap_allocator_t *a, msnap_conf_t *c, char **raw) {
+  *raw = NULL;
+  if (msnap_device_count(a) <= 0) return MSNAP_EINVAL;
+  msnap__device_lock(a, 0);
+  *c = *msnap__allocator_conf(a);
+  const char *r = c->raw ? c->raw : "";
+  *raw = strdup(r);
+  msnap__device_unlock(a, 0);
+  c->raw = NULL;
+  return *raw == NULL ? MSNAP_ENOMEM : 0;
+}
+
+/* Every cuda-reference §2.7 key, the NPU conf string, and the recorder's
+ * ring facts.  Called with no lock held (takes device 0's lock briefly). */
+static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
+                          take_totals_t *t, int ndev) {
+  msnap_conf_t conf;
+  char *raw_copy = NULL;
+  int crc = conf_copy(a, &conf, &raw_copy);
+  if (crc == MSNAP_ENOMEM) return crc;
+  const msnap_conf_t *c = crc == 0 ? &conf : NULL;
+  gvb_t b = {0};
+  const char *raw = raw_copy ? raw_copy : "";
+  gv_put(s, &b, "PYTORCH_CUDA_ALLOC_CONF", gv_str(s, raw));
+  if (msnap_profile(a) == MSNAP_PROFILE_NPU)
+    gv_put(s, &b, "PYTORCH_NPU_ALLOC_CONF", gv_str(s, raw));
+  uint64_t mss = c ? c->max_split_size : UINT64_MAX;
+  gv_put(s, &b, "max_split_size", gv_int(js_limit(mss)));
+  gv_put(s, &b, "garbage_collection_threshold",
+         gv_float(c ? c->garbage_collection_threshold : 0.0));
+  gv_put(s, &b, "expandable_segments",
+         gv_bool(c ? c->expandable_segments : false));
+  gv_put(s, &b, "pinned_num_register_threads",
+         gv_int(c ? js_count(c->pinned_num_register_threads) : 1));
+  gv_put(s, &b, "release_lock_on_cudamalloc",
+         gv_bool(c ? c->release_lock_on_malloc : false));
+  gv_put(s, &b, "pinned_use_cuda_host_register",
+         gv_bool(c ? c->pinned_use_host_register : false));
+  gv_put(s, &b, "graph_capture_record_stream_reuse",
+         gv_bool(c ? c->graph_capture_record_stream_reuse : false));
+  /* The pinned host allocator's thresholds as configured (bytes; 0 when
+   * never set).  alloc/host.c honours both. */
+  gv_put(s, &b, "max_round_threshold",
+         gv_int(c ? js_limit(c->pinned_max_round_threshold) : 0));
+  gv_put(s, &b, "max_cached_size",
+         gv_int(c ? js_limit(c->pinned_max_cached_size) : 0));
+  gvb_t rd = {0};
+  for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "%u", 1u << i);
+    gvb_push(&rd, gv_str(s, key));
+    gvb_push(&rd, gv_int(c ? js_count(c->roundup_power2_divisions[i]) : 0));
+  }
+  if (rd.err) b.err = rd.err;
+  gv_put(s, &b, "roundup_power2_divisions", gv_seq(MSNAP_GV_DICT, &rd));
+  /* memsnap additions: ring capacity and overflow (closed PR #179276).
+   * The capacity is -1 when above 2^53 - 1 (see the file comment). */
+  gv_put(s, &b, "trace_alloc_max_entries",
+         gv_int(js_limit(t->max_entries)));
+  bool over = false;
+  gvb_t dl = {0};
+  for (int d = 0; d < ndev; d++) {
+    over |= t->dropped[d] > 0;
+    gvb_push(&dl, gv_int(js_count(t->dropped[d])));
+  }
+  if (dl.err) b.err = dl.err;
+  gv_put(s, &b, "trace_alloc_overflowed", gv_bool(over));
+  gv_put(s, &b, "trace_alloc_dropped", gv_seq(MSNAP_GV_LIST, &dl));
+  /* Workspace (not in memory_stats): lets a reader reconcile. */
+  gv_put(s, &b, "workspace_reserved_bytes", gv_int(js_count(t->ws_reserved)));
+  gv_put(s, &b, "workspace_allocated_bytes",
+         gv_int(js_count(t->ws_allocated)));
+  gv_put(s, &b, "workspace_segments", gv_seq(MSNAP_GV_LIST, &t->ws_segments));
+  memset(&t->ws_segments, 0, sizeof t->ws_segments);
+  s->allocator_settings = gv_seq(MSNAP_GV_DICT, &b);
+  free(raw_copy);
+  return b.err;
+}
+
+/* ---- taking the snapshot ----------------------------------------------------- */
+
+static int seg_cmp(const void *x, const void *y) {
+  const msnap_ssegment_t *a = x, *b = y;
+  return a->address < b->address ? -1 : a->address > b->address;
+}
+
+static bool pool_is_default(msnap_mempool_id_t p) {
+  return p.first == 0 && p.second == 0;
+}
+
+typedef struct dev_copy_s {
+  msnap_hcopy_t *v;
+  size_t n;
+  msnap_ws_info_t *ws;
+  size_t nws;
+} dev_copy_t;
+
+/* Intern a recorder string into the model (cached by recorder id). */
+static msnap_str_t model_str(msnap_snap_t *s, kvmap_t *cache, uint32_t id,
+                             msnap_str_t dflt, int *err) {
+  if (id == 0) return dflt;
+  bool fresh;
+  uint32_t *slot = kv_slot(cache, id, 1, &fresh);
+  if (slot == NULL) {
+    *err = MSNAP_ENOMEM;
+    return dflt;
+  }
+  if (fresh) {
+    size_t len;
+    const char *p = msnap__str_get(id, &len);
+    *slot = msnap__snap_intern(s, p, len);
+    if (*slot == 0) {
+      *err = MSNAP_ENOMEM;
+      *slot = dflt;
+    }
+  }
+  return *slot;
+}
+
+static msnap_strace_t *add_trace(msnap_snap_t *s, msnap_trace_list_t *l,
+                                 int *err) {
+  msnap_strace_t *t = msnap__snap_add_trace(s, l);
+  if (t == NULL) *err = MSNAP_ENOMEM;
+  return t;
+}
+
+enum {
+  TRACE_KEYS = MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
+               MSNAP_K_USER_META | MSNAP_K_POOL_ID,
+  SEG_KEYS = MSNAP_K_REQUESTED | MSNAP_K_FRAMES | MSNAP_K_POOL_ID |
+             MSNAP_K_EXPANDABLE | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE,
+  BLOCK_KEYS = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES
+};
+
+/* Append the workspace buffers of one device as segments. */
+static int add_ws_segments(msnap_snap_t *s, int device,
+                           const msnap_ws_info_t *w, size_t n,
+                           take_totals_t *t) {
+  for (size_t i = 0; i < n; i++) {
+    msnap_sblock_t *b = msnap__snap_add_block(s);
+    if (b == NULL) return MSNAP_ENOMEM;
+    uint32_t bi = s->nblocks - 1;
+    b->address = w[i].ptr;
+    b->size = w[i].size;
+    b->requested_size = w[i].allocated ? w[i].requested : 0;
+    b->frames = 0; /* raw id: none (import makes it []) */
+    b->keys = BLOCK_KEYS;
+    b->state = w[i].allocated ? MSNAP_BLOCK_ACTIVE_ALLOCATED
+                              : MSNAP_BLOCK_INACTIVE;
+    msnap_ssegment_t *g = msnap__snap_add_segment(s);
+    if (g == NULL) return MSNAP_ENOMEM;
+    g->device = device;
+    g->address = w[i].ptr;
+    g->total_size = w[i].size;
+    g->allocated_size = w[i].allocated ? w[i].size : 0;
+    g->active_size = g->allocated_size;
+    g->requested_size = w[i].allocated ? w[i].requested : 0;
+    g->stream = (int64_t)w[i].stream;
+    g->pool_id = (msnap_mempool_id_t){0, 0};
+    g->frames = 0;
+    g->first_block = bi;
+    g->nblocks = 1;
+    g->keys = SEG_KEYS;
+    g->is_large = 1;
+    g->is_expandable = 0;
+    t->ws_reserved += w[i].size;
+    if (w[i].allocated) t->ws_allocated += w[i].size;
+    gvb_push(&t->ws_segments, gv_int(clamp_i64(w[i].ptr)));
+  }
+  return t->ws_segments.err;
+}
+
+/* Convert one device's copied entries (synthetic workspace entries first)
+ * into model trace entries; stack fields keep raw ids for the import. */
+static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
+                              dev_copy_t *dc, msnap_mempool_id_t pool,
+                              kvmap_t *strs, msnap_str_t na) {
+  int err = 0;
+  int64_t prev = INT64_MIN;
+  /* Synthetic workspace entries are stamped with the earliest of the
+   * buffers' creation times and the first recorded entry, so that times
+   * stay non-decreasing. */
+  if (dc->nws > 0) {
+    uint64_t t0 = dc->ws[0].raw_created;
+    for (size_t i = 1; i < dc->nws; i++)
+      if (dc->ws[i].raw_created < t0) t0 = dc->ws[i].raw_created;
+    if (dc->n > 0 && dc->v[0].e.raw_time < t0) t0 = dc->v[0].e.raw_time;
+    int64_t tus = msnap__clock_to_us(t0);
+    for (size_t i = 0; i < dc->nws && !err; i++) {
+      const msnap_ws_info_t *w = &dc->ws[i];
+      int nsyn = w->allocated ? 3 : 2;
+      static const uint8_t acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
+                                      MSNAP_ACTION_SEGMENT_ALLOC,
+                                      MSNAP_ACTION_ALLOC};
+      for (int k = 0; k < nsyn; k++) {
+        msnap_strace_t *t = add_trace(s, l, &err);
+        if (t == NULL) break;
+        t->action = acts[k];
+        t->addr = w->ptr;
+        t->size = acts[k] == MSNAP_ACTION_ALLOC ? w->requested : w->size;
+        t->stream = (int64_t)w->stream;
+        t->time_us = tus;
+        t->pool_id = (msnap_mempool_id_t){0, 0};
+        t->frames = 0;
+        t->compile_context = na;
+        t->user_metadata = MSNAP_STR_EMPTY;
+        t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
+      }
+    }
+    prev = tus;
+  }
+  for (size_t i = 0; i < dc->n && !err; i++) {
+    const msnap_hcopy_t *c = &dc->v[i];
+    if (!pool_is_default(pool) &&
+        (c->pool.first != pool.first || c->pool.second != pool.second))
+      continue;
+    msnap_strace_t *t = add_trace(s, l, &err);
+    if (t == NULL) break;
+    t->action = c->e.action;
+    t->addr = c->e.addr;
+    t->size = c->e.size;
+    t->stream = (int64_t)c->stream;
+    int64_t tus = msnap__clock_to_us(c->e.raw_time);
+    if (tus < prev) tus = prev;
+    prev = tus;
+    t->time_us = tus;
+    t->pool_id = c->pool;
+    t->frames = c->e.stack; /* raw id, reference moved to the model */
+    msnap__stack_ref(c->e.stack);
+    t->compile_context = model_str(s, strs, c->e.compile_context, na, &err);
+    t->user_metadata =
+        model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
+    t->keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
+                                ? MSNAP_K_DEVICE_FREE
+                                : MSNAP_K_ADDRESS);
+    if (c->e.internal_meta == 1) {
+      t->internal_metadata =
+          msnap__snap_intern(s, "mallocWithAddress", 17);
+      t->keys |= MSNAP_K_INTERNAL_META;
+    }
+  }
+  return err;
+}
+
+int msnap__snapshot_take(msnap_allocator_t *a,
+                         const msnap_snapshot_options_t *o,
+                         msnap_snap_t **out) {
+  msnap_snapshot_options_t dflt;
+  if (a == NULL || out == NULL)
+    return msnap__set_error(MSNAP_EINVAL, "snapshot: NULL argument");
+  if (o == NULL) {
+    msnap_snapshot_options_init(&dflt);
+    o = &dflt;
+  }
+  int ndev = msnap_device_count(a);
+  if (ndev < 0) ndev = 0;
+  if (o->device < -1 || o->device >= ndev)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "snapshot: device %d out of range (%d devices)",
+                            o->device, ndev);
+  bool traces = o->include_traces && !o->segments_only;
+  msnap_mempool_id_t pool = o->mempool;
+  int d0 = o->device < 0 ? 0 : o->device;
+  int d1 = o->device < 0 ? ndev : o->device + 1;
+
+  msnap_snap_t *s = msnap__snap_new();
+  if (s == NULL) return MSNAP_ENOMEM;
+  dev_copy_t *dc = calloc((size_t)ndev + 1, sizeof *dc);
+  take_totals_t tt;
+  memset(&tt, 0, sizeof tt);
+  tt.dropped = calloc((size_t)ndev + 1, sizeof *tt.dropped);
+  int err = (dc == NULL || tt.dropped == NULL) ? MSNAP_ENOMEM : 0;
+  if (!err && traces) err = msnap__snap_set_devices(s, (uint32_t)ndev);
+
+  /* The snapshot entry carries this thread's metadata, no stack. */
+  msnap_rctx_t sctx;
+  memset(&sctx, 0, sizeof sctx);
+  msnap__tls_context(&sctx.user_metadata, &sctx.compile_context);
+
+  for (int d = d0; d < d1 && !err; d++) {
+    uint32_t seg_start = s->nsegments;
+    uint64_t active = 0, cap = 0;
+    msnap__device_lock(a, d);
+    if (traces)
+      err = msnap__history_copy_locked(a, d, &dc[d].v, &dc[d].n,
+                                       &tt.dropped[d], &cap);
+    if (!err)
+      err = msnap__device_collect_segments_locked(a, d, pool, s, &active);
+    if (!err)
+      msnap__history_record_locked(a, d, MSNAP_ACTION_SNAPSHOT, 0, active, 0,
+                                   pool, &sctx, 0);
+    msnap__device_unlock(a, d);
+    if (err) break;
+    if (pool_is_default(pool)) {
+      err = msnap__ws_collect(a, d, &dc[d].ws, &dc[d].nws);
+      if (!err) err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt);
+    }
+    if (!err && s->nsegments > seg_start)
+      qsort(s->segments + seg_start, s->nsegments - seg_start,
+            sizeof s->segments[0], seg_cmp);
+  }
+  msnap__rctx_release(&sctx);
+  /* Pinned host memory (cuda-reference §2.8): every host block as a
+   * one-block segment and the flat host ring, only while host history is
+   * on (both stay [] otherwise), copied together under the host lock. */
+  dev_copy_t hc;
+  memset(&hc, 0, sizeof hc);
+  if (!err && !o->segments_only && msnap__host_history_active(a) &&
+      msnap__host_lock(a) == 0) {
+    uint64_t hdropped = 0;
+    if (traces) err = msnap__host_ring_copy_locked(a, &hc.v, &hc.n, &hdropped);
+    if (!err) err = msnap__host_collect_locked(a, s);
+    msnap__host_unlock(a);
+  }
+  tt.max_entries = msnap__history_max_entries(a);
+
+  /* Outside every lock: times, strings, stacks. */
+  msnap__clock_calibrate();
+  kvmap_t strs = {0};
+  msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
+  if (na == 0 && !err) err = MSNAP_ENOMEM;
+  for (int d = d0; d < d1 && !err && traces; d++)
+    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na);
+  if (!err && hc.n > 0)
+    err = build_device_trace(s, &s->host_traces, &hc,
+                             (msnap_mempool_id_t){0, 0}, &strs, na);
+  msnap__hcopy_release(hc.v, hc.n);
+  if (!err && traces) {
+    msnap_aentry_t *av = NULL;
+    size_t an = 0;
+    err = msnap__annotations_copy(a, &av, &an);
+    for (size_t i = 0; i < an; i++) {
+      if (!err) {
+        msnap_sannotation_t *x = msnap__snap_add_annotation(s);
+        if (x == NULL) {
+          err = MSNAP_ENOMEM;
+        } else {
+          x->name = model_str(s, &strs, av[i].name, MSNAP_STR_EMPTY, &err);
+          x->device = av[i].device;
+          x->time_us = msnap__clock_to_us(av[i].raw_time);
+          x->is_start = av[i].is_start;
+        }
+      }
+      msnap__stack_unref(av[i].name);
+    }
+    free(av);
+  }
+  free(strs.t);
+  for (int d = 0; dc != NULL && d < ndev; d++) {
+    msnap__hcopy_release(dc[d].v, dc[d].n);
+    free(dc[d].ws);
+  }
+  free(dc);
+  /* Always import, even after an error: it drops the collected refs. */
+  int irc = msnap__snap_import_stacks(s);
+  if (!err) err = irc;
+  if (!err) {
+    /* build_settings copies the conf under device 0's lock (conf_copy). */
+    err = build_settings(a, s, &tt, ndev);
+  }
+  free(tt.ws_segments.items);
+  free(tt.dropped);
+  if (err) {
+    msnap__snap_free(s);
+    return err;
+  }
+  if (o->segments_only) {
+    s->generation = MSNAP_GEN_SEGMENT_LIST;
+    s->top_keys = MSNAP_TOP_SEGMENTS;
+  } else {
+    s->generation = MSNAP_GEN_CURRENT;
+    s->top_keys = MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES |
+                  MSNAP_TOP_ALLOCATOR_SETTINGS |
+                  MSNAP_TOP_EXTERNAL_ANNOTATIONS | MSNAP_TOP_HOST_SEGMENTS |
+                  MSNAP_TOP_HOST_TRACES;
+  }
+  *out = s;
+  return 0;
+}
+
+void msnap_snapshot_options_init(msnap_snapshot_options_t *o) {
+  memset(o, 0, sizeof *o);
+  o->size = sizeof *o;
+  o->version = MSNAP_SNAPSHOT_OPTIONS_VERSION;
+  o->device = -1;
+  o->include_traces = true;
+}
+
+static int check_snapshot_options(const msnap_snapshot_options_t *o) {
+  if (o != NULL && (o->size < sizeof *o ||
+                    o->version != MSNAP_SNAPSHOT_OPTIONS_VERSION))
+    return msnap__set_error(MSNAP_EINVAL,
+                            "snapshot options size %u / version %u not "
+                            "supported (use msnap_snapshot_options_init)",
+                            o->size, o->version);
+  return 0;
+}
+
+int msnap_snapshot_pickle(msnap_allocator_t *a,
+                          const msnap_snapshot_options_t *o, char **out,
+                          size_t *len) {
+  if (a == NULL || out == NULL || len == NULL)
+    return msnap__set_error(MSNAP_EINVAL, "snapshot_pickle: NULL argument");
+  int rc = check_snapshot_options(o);
+  if (rc != 0) return rc;
+  msnap_snap_t *s = NULL;
+  rc = msnap__snapshot_take(a, o, &s);
+  if (rc != 0) return rc;
+  msnap_membuf_t mb = {0};
+  msnap_sink_t sink;
+  rc = msnap__sink_init_mem(&sink, &mb);
+  if (rc == 0) {
+    rc = msnap__snap_write_pickle(s, &sink);
+    int frc = msnap__sink_finish(&sink);
+    if (rc == 0) rc = frc;
+  }
+  msnap__snap_free(s);
+  if (rc != 0) {
+    free(mb.data);
+    return rc;
+  }
+  *out = mb.data;
+  *len = mb.len;
+  return 0;
+}
+
+int msnap_dump_snapshot(msnap_allocator_t *a,
+                        const msnap_snapshot_options_t *o, const char *path) {
+  if (a == NULL || path == NULL)
+    return msnap__set_error(MSNAP_EINVAL, "dump_snapshot: NULL argument");
+  int rc = check_snapshot_options(o);
+  if (rc != 0) return rc;
+  msnap_snap_t *s = NULL;
+  rc = msnap__snapshot_take(a, o, &s);
+  if (rc != 0) return rc;
+  msnap_atomic_sink_t out;
+  rc = msnap__atomic_sink_open(&out, path);
+  if (rc == 0) {
+    rc = msnap__snap_write_pickle(s, &out.sink);
+    rc = msnap__atomic_sink_close(&out, rc);
+  }
+  msnap__snap_free(s);
+  return rc;
+}
+
+/* ---- _allocation_traceback ---------------------------------------------------- */
+
+/* Minimal protocol-4 pickle of a list of frame dicts. */
+static void pk_str(msnap_membuf_t *b, const char *p, size_t n, int *err);
+
+static void pk_put(msnap_membuf_t *b, const void *p, size_t n, int *err) {
+  if (*err) return;
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 256;
+    while (cap < b->len + n) cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (d == NULL) {
+      *err = MSNAP_ENOMEM;
+      return;
+    }
+    b->data = d;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+}
+
+static void pk_str(msnap_membuf_t *b, const char *p, size_t n, int *err) {
+  if (n < 256) {
+    unsigned char h[2] = {0x8c, (unsigned char)n}; /* SHORT_BINUNICODE */
+    pk_put(b, h, 2, err);
+  } else {
+    unsigned char h[5] = {'X', (unsigned char)n, (unsigned char)(n >> 8),
+                          (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
+    pk_put(b, h, 5, err);
+  }
+  pk_put(b, p, n, err);
+}
+
+static void pk_int(msnap_membuf_t *b, int64_t v, int *err) {
+  if (v >= INT32_MIN && v <= INT32_MAX) {
+    uint32_t u = (uint32_t)(int32_t)v;
+    unsigned char h[5] = {'J', (unsigned char)u, (unsigned char)(u >> 8),
+                          (unsigned char)(u >> 16), (unsigned char)(u >> 24)};
+    pk_put(b, h, 5, err);
+  } else {
+    unsigned char h[10] = {0x8a, 8}; /* LONG1, 8 bytes two's complement */
+    uint64_t u = (uint64_t)v;
+    for (int i = 0; i < 8; i++) h[2 + i] = (unsigned char)(u >> (8 * i));
+    pk_put(b, h, 10, err);
+  }
+}
+
+int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
+                               size_t *len) {
+  if (a == NULL || out == NULL || len == NULL)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "allocation_traceback: NULL argument");
+  int device = -1;
+  uint64_t req = 0, stream = 0;
+  msnap_mempool_id_t pool = {0, 0};
+  uint32_t stack = 0;
+  if (msnap__allocation_info(a, ptr, &device, &req, &stream, &pool, &stack) !=
+          0 ||
+      stack == 0) {
+    *out = NULL;
+    *len = 0;
+    return 0;
+  }
+  msnap_snap_t *s = msnap__snap_new();
+  if (s == NULL) {
+    msnap__stack_unref(stack);
+    return MSNAP_ENOMEM;
+  }
+  import_t im;
+  memset(&im, 0, sizeof im);
+  im.s = s;
+  msnap_stack_t st = import_one(&im, stack);
+  msnap__stack_unref(stack);
+  free(im.stacks.t);
+  free(im.cframes.t);
+  free(im.pyframes.t);
+  int err = im.err;
+  msnap_membuf_t b = {0};
+  static const unsigned char head[] = {0x80, 4, ']', '('};
+  pk_put(&b, head, sizeof head, &err);
+  if (st > MSNAP_STACK_EMPTY) {
+    const msnap_span_t *sp = &s->stacks[st];
+    for (uint32_t i = 0; i < sp->n; i++) {
+      const msnap_frame_t *f = &s->frames[s->stack_frames[sp->first + i]];
+      size_t nl, fl;
+      const char *name = msnap__snap_str(s, f->name, &nl);
+      const char *file = msnap__snap_str(s, f->filename, &fl);
+      pk_put(&b, "}(", 2, &err);
+      pk_str(&b, "filename", 8, &err);
+      pk_str(&b, file, fl, &err);
+      pk_str(&b, "line", 4, &err);
+      pk_int(&b, f->line, &err);
+      pk_str(&b, "name", 4, &err);
+      pk_str(&b, name, nl, &err);
+      pk_put(&b, "u", 1, &err); /* SETITEMS */
+    }
+  }
+  pk_put(&b, "e.", 2, &err); /* APPENDS, STOP */
+  msnap__snap_free(s);
+  if (err) {
+    free(b.data);
+    return err;
+  }
+  *out = b.data;
+  *len = b.len;
+  return 0;
+}

@@ -1,0 +1,193 @@
+/*
+ * base.h -- the base layer's internal interface: every function with
+ * external linkage of error.c, env.c, clock.c, util.c and lockrank.c
+ * (sink.c has its own header, sink.h).  Every other layer may include it;
+ * base calls no other layer.  Internal names are msnap__*.
+ *
+ * Layers (docs/design.md): base <- runtime, record, model <- alloc <- api
+ * <- tools, python.  Each layer is its own static library; a lower layer
+ * never references a symbol of a higher one (tests/layers checks it with
+ * nm, and the per-layer link checks in src/meson.build fail to link).
+ *
+ * Debug tiers (meson -Ddebug_level=N defines MSNAP_DEBUG=N; debug code is
+ * always compiled and removed by `if` on the constant):
+ *   >= 1  lock-rank checking: every library mutex is taken through
+ *         msnap__rank_acquire / msnap__rank_release (lockrank.c), and a
+ *         lock taken out of order aborts with both lock names;
+ *   >= 2  internal asserts (MSNAP_ASSERT): "caller holds the device lock"
+ *         and other preconditions of internal functions;
+ *   >= 3  expensive checks: the allocator runs its device invariant
+ *         checker after every malloc / free (alloc.c).
+ */
+#ifndef MSNAP_BASE_H
+#define MSNAP_BASE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memsnap.h"
+
+#if defined(__GNUC__)
+#define msnap_likely(x) __builtin_expect(!!(x), 1)
+#define msnap_unlikely(x) __builtin_expect(!!(x), 0)
+#else
+#define msnap_likely(x) (x)
+#define msnap_unlikely(x) (x)
+#endif
+
+#ifndef MSNAP_DEBUG
+#define MSNAP_DEBUG 0
+#endif
+static const int msnap_debug_level = MSNAP_DEBUG;
+
+/* Thread-local variables of the library.  (initial-exec TLS was tried:
+ * it puts libmemsnap.so's whole TLS block, error buffers included, into
+ * the static TLS surplus, and dlopen from Python then fails with "cannot
+ * allocate memory in static TLS block"; the default model costs a
+ * __tls_get_addr call per access instead.) */
+#define MSNAP_TLS _Thread_local
+
+/* ---- error.c ------------------------------------------------------------ */
+/* Set this thread's last-error text (printf format); returns err. */
+int msnap__set_error(int err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Same, and remember the system errno `sys_errno` (msnap_last_errno());
+ * msnap__set_error resets it to 0. */
+int msnap__set_error_errno(int err, int sys_errno, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* MSNAP_DEBUG >= 2: report a failed internal assertion and abort. */
+void msnap__assert_fail(const char *cond, const char *file, int line)
+    __attribute__((noreturn));
+#define MSNAP_ASSERT(cond)                                                   \
+  do {                                                                       \
+    if (msnap_debug_level >= 2 && msnap_unlikely(!(cond)))                   \
+      msnap__assert_fail(#cond, __FILE__, __LINE__);                         \
+  } while (0)
+
+/* ---- env.c: the one table of environment variables ---------------------- */
+/* Every variable memsnap reads; env.c's table gives each one's name and
+ * meaning, and msnap__env_get is the only getenv of src/. */
+typedef enum msnap_env_e {
+  MSNAP_ENV_PROFILE,                   /* MEMSNAP_PROFILE                  */
+  MSNAP_ENV_RUNTIME,                   /* MEMSNAP_RUNTIME                  */
+  MSNAP_ENV_SIM_DEVICES,               /* MEMSNAP_SIM_DEVICES              */
+  MSNAP_ENV_SIM_MEMORY,                /* MEMSNAP_SIM_MEMORY               */
+  MSNAP_ENV_ACL_LIBRARY,               /* MEMSNAP_ACL_LIBRARY              */
+  MSNAP_ENV_CUDA_LIBRARY,              /* MEMSNAP_CUDA_LIBRARY             */
+  MSNAP_ENV_CUDA_DRIVER_LIBRARY,       /* MEMSNAP_CUDA_DRIVER_LIBRARY      */
+  MSNAP_ENV_UNWIND,                    /* MEMSNAP_UNWIND                   */
+  MSNAP_ENV_NO_LIBDW,                  /* MEMSNAP_NO_LIBDW                 */
+  MSNAP_ENV_CLOCK_FALLBACK,            /* MEMSNAP_CLOCK_FALLBACK           */
+  MSNAP_ENV_PYTORCH_CUDA_ALLOC_CONF,   /* PYTORCH_CUDA_ALLOC_CONF          */
+  MSNAP_ENV_PYTORCH_NPU_ALLOC_CONF,    /* PYTORCH_NPU_ALLOC_CONF           */
+  MSNAP_ENV_PYTORCH_ALLOC_CONF,        /* PYTORCH_ALLOC_CONF               */
+  MSNAP_ENV_NO_CUDA_MEMORY_CACHING,    /* PYTORCH_NO_CUDA_MEMORY_CACHING   */
+  MSNAP_ENV_NO_NPU_MEMORY_CACHING,     /* PYTORCH_NO_NPU_MEMORY_CACHING    */
+  MSNAP_ENV_OOM_SNAPSHOT_ENABLE,       /* OOM_SNAPSHOT_ENABLE              */
+  MSNAP_ENV_OOM_SNAPSHOT_PATH,         /* OOM_SNAPSHOT_PATH                */
+  MSNAP_ENV_COUNT
+} msnap_env_t;
+/* The raw value (NULL when unset); read on every call. */
+const char *msnap__env_get(msnap_env_t var);
+/* The variable's name ("MEMSNAP_PROFILE"). */
+const char *msnap__env_name(msnap_env_t var);
+/* MEMSNAP_PROFILE: npu (default) or cuda; anything else warns once. */
+int msnap__env_profile(msnap_profile_t *out);
+/* MEMSNAP_RUNTIME ("sim" when unset or empty). */
+const char *msnap__env_runtime(void);
+/* Typed reads of a variable of the table: a size (K/M/G/T suffixes), a
+ * count in [lo, hi], a size of at least `min` bytes.  A bad value warns
+ * once per variable and gives dflt. */
+uint64_t msnap__env_size(msnap_env_t var, uint64_t dflt);
+uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
+                          uint64_t hi);
+uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min);
+/* The parsers behind them, on a value already read (`name` is only used
+ * in the warning and as the warn-once key; it must outlive the process). */
+uint64_t msnap__env_parse_size(const char *name, const char *value,
+                               uint64_t dflt);
+uint64_t msnap__env_parse_count(const char *name, const char *value,
+                                uint64_t dflt, uint64_t lo, uint64_t hi);
+uint64_t msnap__env_parse_size_min(const char *name, const char *value,
+                                   uint64_t dflt, uint64_t min);
+/* MEMSNAP_SIM_DEVICES accepts 1..MSNAP_SIM_MAX_DEVICES. */
+#define MSNAP_SIM_MAX_DEVICES 64
+/* PYTORCH_NO_{NPU,CUDA}_MEMORY_CACHING of the profile: exactly "1". */
+bool msnap__env_no_caching(msnap_profile_t profile);
+/* OOM_SNAPSHOT_ENABLE as torch_npu parses it (strtol; unset, "" or "0":
+ * 0; non-numeric: 0 with a warning; "2": 2 (state); other numbers: 1). */
+int msnap__env_oom_snapshot_mode(void);
+
+/* ---- clock.c: time stamps ----------------------------------------------- */
+/* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */
+uint64_t msnap__clock_raw(void);
+/* Convert a raw reading to microseconds since the Unix epoch (calibrated
+ * against CLOCK_REALTIME; monotone). */
+int64_t msnap__clock_to_us(uint64_t raw);
+int64_t msnap__clock_now_us(void);
+/* First use: pick the counter, take the first anchor (idempotent). */
+void msnap__clock_init(void);
+/* Refresh the conversion anchor against CLOCK_REALTIME (snapshot time). */
+void msnap__clock_calibrate(void);
+/* "tsc", "cntvct" or "clock_gettime". */
+const char *msnap__clock_source(void);
+int msnap__clock_check(char *msg, size_t len);
+
+/* ---- util.c: small helpers ---------------------------------------------- */
+/* Make room for `extra` more elements of `size` bytes in *p (capacity
+ * *cap, n used); capacities grow by half plus 16.  0 or MSNAP_ENOMEM
+ * (then *p is unchanged). */
+int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
+                size_t size);
+/* "%.2f KiB" etc. (PyTorch's format_size, allocator-algorithm §8.3). */
+void msnap__format_size(uint64_t size, char *buf, size_t len);
+
+/* ---- lockrank.c: lock ranks (checked when MSNAP_DEBUG >= 1) -------------- */
+/*
+ * Every mutex of the library has a rank; a thread may only take a lock
+ * whose (rank, sub) is greater than that of every lock it holds (sub
+ * orders the device locks by device index), and some pairs may never be
+ * held together at all.  Outermost first:
+ */
+typedef enum msnap_rank_e {
+  MSNAP_RANK_OOM_DUMP = 1,  /* api/oom_dump.c: automatic OOM dumps       */
+  MSNAP_RANK_DEVICE,        /* alloc: one per device (sub = device)      */
+  MSNAP_RANK_HOST_CREATE,   /* alloc/host.c: lazy creation of its state  */
+  MSNAP_RANK_HOST,          /* alloc/host.c: never with a device lock    */
+  MSNAP_RANK_WORKSPACE,     /* alloc/workspace.c                         */
+  MSNAP_RANK_RAW,           /* alloc/raw.c: caching-disabled table       */
+  MSNAP_RANK_OBSERVERS,     /* alloc/oom.c: the OOM observer list        */
+  MSNAP_RANK_ANNOTATIONS,   /* record/history.c: the annotation ring     */
+  MSNAP_RANK_RUNTIME,       /* runtime/sim.c: the sim context            */
+  MSNAP_RANK_STACK_TABLE,   /* record/stack.c: intern table              */
+  MSNAP_RANK_UNWIND,        /* record/stack.c: unwinder choice           */
+  MSNAP_RANK_SYMBOLS,       /* record/stack.c: symbol cache              */
+  MSNAP_RANK_CLOCK,         /* base/clock.c: calibration anchors         */
+  MSNAP_RANK_ENV,           /* base/env.c: warned-once table             */
+  MSNAP_RANK_COUNT
+} msnap_rank_t;
+/* Record that this thread takes / dropped lock (rank, sub).  A violation
+ * calls the hook (tests) or prints both locks and aborts. */
+void msnap__rank_acquire(msnap_rank_t rank, uint32_t sub);
+void msnap__rank_release(msnap_rank_t rank, uint32_t sub);
+/* True when this thread holds lock (rank, sub) (sub UINT32_MAX: any). */
+bool msnap__rank_held(msnap_rank_t rank, uint32_t sub);
+const char *msnap__rank_name(msnap_rank_t rank);
+/* Test hook: called with the violation's text instead of aborting (NULL
+ * restores the abort). */
+void msnap__rank_set_hook(void (*hook)(const char *msg));
+
+/* A pthread mutex taken with its rank checked (MSNAP_DEBUG >= 1). */
+static inline void msnap__mutex_lock(pthread_mutex_t *m, msnap_rank_t rank) {
+  if (msnap_debug_level >= 1) msnap__rank_acquire(rank, 0);
+  pthread_mutex_lock(m);
+}
+static inline void msnap__mutex_unlock(pthread_mutex_t *m,
+                                       msnap_rank_t rank) {
+  pthread_mutex_unlock(m);
+  if (msnap_debug_level >= 1) msnap__rank_release(rank, 0);
+}
+
+#endif /* MSNAP_BASE_H */

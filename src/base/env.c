@@ -1,0 +1,281 @@
+/*
+ * env.c -- the one table of environment variables memsnap reads, and
+ * their parsers.  msnap__env_get is the only getenv call of src/; every
+ * other file asks for a variable of the table by its msnap_env_t.
+ *
+ * MEMSNAP_PROFILE      "npu" (default) or "cuda".
+ * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
+ * MEMSNAP_SIM_DEVICES  a device count, a plain decimal number in [1, 64]
+ *                      (msnap__env_count).
+ * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option:
+ *                      a decimal number with an optional binary suffix
+ *                      K, M, G or T (optionally followed by "B" or "iB",
+ *                      any case): "64G" = 64 GiB.  Values that overflow
+ *                      64 bits are clamped to UINT64_MAX.
+ * PYTORCH_NO_NPU_MEMORY_CACHING / PYTORCH_NO_CUDA_MEMORY_CACHING
+ *                      only exactly "1" is true and "0" false (PyTorch's
+ *                      check_env); anything else warns and counts as unset.
+ * OOM_SNAPSHOT_ENABLE  torch_npu's rule (strtol): unset, "" or "0" off;
+ *                      non-numeric off with a warning; "2" history "state";
+ *                      any other number full history (api/oom_dump.c).
+ * The others (library paths, unwinder, clock, alloc-conf strings, the OOM
+ * dump directory) are read as text by the file named in the table.
+ *
+ * A bad value never fails: it prints one warning on stderr (once per
+ * variable per process) and the default is used.  The environment is read
+ * on every call; callers cache what they need.
+ *
+ * Invariants: the warned-once table only grows; it is guarded by a mutex.
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "base/base.h"
+
+#define MSNAP_ENV_WARN_SLOTS 32
+
+static pthread_mutex_t warn_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *warned[MSNAP_ENV_WARN_SLOTS];
+static int nwarned;
+
+/* The table: every variable memsnap reads, and who reads it. */
+static const struct {
+  const char *name, *used_by;
+} env_table[MSNAP_ENV_COUNT] = {
+    [MSNAP_ENV_PROFILE] = {"MEMSNAP_PROFILE", "alloc/create.c: profile"},
+    [MSNAP_ENV_RUNTIME] = {"MEMSNAP_RUNTIME", "alloc/create.c: runtime"},
+    [MSNAP_ENV_SIM_DEVICES] = {"MEMSNAP_SIM_DEVICES",
+                               "runtime/sim.c: device count"},
+    [MSNAP_ENV_SIM_MEMORY] = {"MEMSNAP_SIM_MEMORY",
+                              "runtime/sim.c: bytes per device"},
+    [MSNAP_ENV_ACL_LIBRARY] = {"MEMSNAP_ACL_LIBRARY",
+                               "runtime/acl.c: libascendcl.so path"},
+    [MSNAP_ENV_CUDA_LIBRARY] = {"MEMSNAP_CUDA_LIBRARY",
+                                "runtime/cuda.c: libcudart.so path"},
+    [MSNAP_ENV_CUDA_DRIVER_LIBRARY] = {"MEMSNAP_CUDA_DRIVER_LIBRARY",
+                                       "runtime/cuda.c: libcuda.so path"},
+    [MSNAP_ENV_UNWIND] = {"MEMSNAP_UNWIND",
+                          "record/stack.c: libunwind, backtrace or fp"},
+    [MSNAP_ENV_NO_LIBDW] = {"MEMSNAP_NO_LIBDW",
+                            "record/stack.c: symbolize with dladdr only"},
+    [MSNAP_ENV_CLOCK_FALLBACK] = {"MEMSNAP_CLOCK_FALLBACK",
+                                  "base/clock.c: clock_gettime counter"},
+    [MSNAP_ENV_PYTORCH_CUDA_ALLOC_CONF] = {"PYTORCH_CUDA_ALLOC_CONF",
+                                           "alloc/conf.c: cuda alloc conf"},
+    [MSNAP_ENV_PYTORCH_NPU_ALLOC_CONF] = {"PYTORCH_NPU_ALLOC_CONF",
+                                          "alloc/conf.c: npu alloc conf"},
+    [MSNAP_ENV_PYTORCH_ALLOC_CONF] = {"PYTORCH_ALLOC_CONF",
+                                      "alloc/conf.c: either profile"},
+    [MSNAP_ENV_NO_CUDA_MEMORY_CACHING] = {"PYTORCH_NO_CUDA_MEMORY_CACHING",
+                                          "alloc/create.c: caching off"},
+    [MSNAP_ENV_NO_NPU_MEMORY_CACHING] = {"PYTORCH_NO_NPU_MEMORY_CACHING",
+                                         "alloc/create.c: caching off"},
+    [MSNAP_ENV_OOM_SNAPSHOT_ENABLE] = {"OOM_SNAPSHOT_ENABLE",
+                                       "api/oom_dump.c: automatic dump"},
+    [MSNAP_ENV_OOM_SNAPSHOT_PATH] = {"OOM_SNAPSHOT_PATH",
+                                     "api/oom_dump.c: dump directory"},
+};
+
+const char *msnap__env_name(msnap_env_t var) {
+  return (unsigned)var < MSNAP_ENV_COUNT ? env_table[var].name : "?";
+}
+
+const char *msnap__env_get(msnap_env_t var) {
+  if ((unsigned)var >= MSNAP_ENV_COUNT) return NULL;
+  return getenv(env_table[var].name);
+}
+
+/*
+ * True the first time it is called for variable `name` (a string literal or
+ * other storage that outlives the process), false afterwards.  When the
+ * table is full every call returns true (warnings repeat rather than get
+ * lost).
+ */
+static bool first_warning(const char *name) {
+  bool first = true;
+  msnap__mutex_lock(&warn_lock, MSNAP_RANK_ENV);
+  for (int i = 0; i < nwarned; i++) {
+    if (strcmp(warned[i], name) == 0) {
+      first = false;
+      break;
+    }
+  }
+  if (first && nwarned < MSNAP_ENV_WARN_SLOTS) warned[nwarned++] = name;
+  msnap__mutex_unlock(&warn_lock, MSNAP_RANK_ENV);
+  return first;
+}
+
+int msnap__env_profile(msnap_profile_t *out) {
+  const char *v = msnap__env_get(MSNAP_ENV_PROFILE);
+  if (v == NULL || *v == '\0' || strcasecmp(v, "npu") == 0) {
+    *out = MSNAP_PROFILE_NPU;
+  } else if (strcasecmp(v, "cuda") == 0) {
+    *out = MSNAP_PROFILE_CUDA;
+  } else {
+    if (first_warning("MEMSNAP_PROFILE"))
+      fprintf(stderr,
+              "memsnap: warning: ignoring invalid MEMSNAP_PROFILE '%s' "
+              "(valid values are npu and cuda); using npu\n",
+              v);
+    *out = MSNAP_PROFILE_NPU;
+  }
+  return 0;
+}
+
+const char *msnap__env_runtime(void) {
+  const char *v = msnap__env_get(MSNAP_ENV_RUNTIME);
+  return (v == NULL || *v == '\0') ? "sim" : v;
+}
+
+/*
+ * Parse a size with an optional K/M/G/T suffix.  Returns false for
+ * malformed text; clamps to UINT64_MAX on overflow.
+ */
+static bool parse_size(const char *s, uint64_t *out) {
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s)) return false;
+  uint64_t v = 0;
+  bool overflow = false;
+  while (isdigit((unsigned char)*s)) {
+    unsigned d = (unsigned)(*s - '0');
+    if (v > (UINT64_MAX - d) / 10) overflow = true;
+    else v = v * 10 + d;
+    s++;
+  }
+  unsigned shift = 0;
+  switch (toupper((unsigned char)*s)) {
+  case 'K': shift = 10; break;
+  case 'M': shift = 20; break;
+  case 'G': shift = 30; break;
+  case 'T': shift = 40; break;
+  default: break;
+  }
+  if (shift != 0) {
+    s++;
+    if (toupper((unsigned char)s[0]) == 'I' &&
+        toupper((unsigned char)s[1]) == 'B')
+      s += 2;
+    else if (toupper((unsigned char)s[0]) == 'B')
+      s++;
+  }
+  while (isspace((unsigned char)*s)) s++;
+  if (*s != '\0') return false;
+  if (shift != 0 && v > (UINT64_MAX >> shift)) overflow = true;
+  *out = overflow ? UINT64_MAX : (v << shift);
+  return true;
+}
+
+uint64_t msnap__env_parse_size(const char *name, const char *v,
+                               uint64_t dflt) {
+  if (v == NULL || *v == '\0') return dflt;
+  uint64_t r;
+  if (parse_size(v, &r)) return r;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid size '%s' in %s (expected a "
+            "number with an optional K, M, G or T suffix); using %llu\n",
+            v, name, (unsigned long long)dflt);
+  return dflt;
+}
+
+/*
+ * A count (MEMSNAP_SIM_DEVICES): a plain decimal number in [lo, hi], no
+ * suffix.  Anything else ("-1", "0", "65", "1K") warns once, naming the
+ * variable, the value and the accepted range, and returns dflt.
+ */
+uint64_t msnap__env_parse_count(const char *name, const char *v,
+                                uint64_t dflt, uint64_t lo, uint64_t hi) {
+  if (v == NULL || *v == '\0') return dflt;
+  const char *s = v;
+  while (isspace((unsigned char)*s)) s++;
+  bool ok = isdigit((unsigned char)*s);
+  uint64_t n = 0;
+  for (; ok && isdigit((unsigned char)*s); s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (n > (UINT64_MAX - d) / 10) ok = false;
+    else n = n * 10 + d;
+  }
+  while (ok && isspace((unsigned char)*s)) s++;
+  if (ok && *s == '\0' && n >= lo && n <= hi) return n;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid %s '%s' (expected a whole "
+            "number from %llu to %llu); using %llu\n",
+            name, v, (unsigned long long)lo, (unsigned long long)hi,
+            (unsigned long long)dflt);
+  return dflt;
+}
+
+/*
+ * A size (see parse_size) of at least `min` bytes.  A malformed value or
+ * one below min ("0") warns once, naming the variable, and returns dflt.
+ */
+uint64_t msnap__env_parse_size_min(const char *name, const char *v,
+                                   uint64_t dflt, uint64_t min) {
+  if (v == NULL || *v == '\0') return dflt;
+  uint64_t r;
+  if (!parse_size(v, &r)) return msnap__env_parse_size(name, v, dflt);
+  if (r >= min) return r;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring %s '%s': it must be at least %llu "
+            "bytes (a number with an optional K, M, G or T suffix); using "
+            "%llu\n",
+            name, v, (unsigned long long)min, (unsigned long long)dflt);
+  return dflt;
+}
+
+uint64_t msnap__env_size(msnap_env_t var, uint64_t dflt) {
+  return msnap__env_parse_size(msnap__env_name(var), msnap__env_get(var),
+                               dflt);
+}
+
+uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
+                          uint64_t hi) {
+  return msnap__env_parse_count(msnap__env_name(var), msnap__env_get(var),
+                                dflt, lo, hi);
+}
+
+uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min) {
+  return msnap__env_parse_size_min(msnap__env_name(var), msnap__env_get(var),
+                                   dflt, min);
+}
+
+bool msnap__env_no_caching(msnap_profile_t profile) {
+  msnap_env_t var = profile == MSNAP_PROFILE_CUDA
+                        ? MSNAP_ENV_NO_CUDA_MEMORY_CACHING
+                        : MSNAP_ENV_NO_NPU_MEMORY_CACHING;
+  const char *name = msnap__env_name(var);
+  const char *v = msnap__env_get(var);
+  if (v == NULL) return false;
+  if (strcmp(v, "1") == 0) return true;
+  if (strcmp(v, "0") == 0) return false;
+  /* PyTorch's text, including its missing space before "valid". */
+  if (first_warning(name))
+    fprintf(stderr,
+            "Ignoring invalid value for boolean flag %s: %svalid values are "
+            "0 or 1.\n",
+            name, v);
+  return false;
+}
+
+/* OOM_SNAPSHOT_ENABLE, parsed here only (torch_npu: strtol, non-numeric =
+ * 0).  The warning repeats for each allocator created with a bad value,
+ * as the variable is read once per allocator. */
+int msnap__env_oom_snapshot_mode(void) {
+  const char *s = msnap__env_get(MSNAP_ENV_OOM_SNAPSHOT_ENABLE);
+  if (s == NULL || *s == '\0') return 0;
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (end == s) {
+    fprintf(stderr,
+            "memsnap: OOM_SNAPSHOT_ENABLE='%s' is not a number; OOM "
+            "snapshots stay off\n", s);
+    return 0;
+  }
+  return v == 0 ? 0 : (v == 2 ? 2 : 1);
+}

@@ -1,0 +1,88 @@
+/*
+ * sink.h -- output streams behind one ops struct (the redis `rio` / jemalloc
+ * `write_cb` pattern): file, memory buffer, or a caller callback (Python
+ * file), behind a buffered writer with a sticky error.
+ *
+ * Invariants: `err` is sticky -- once a write fails every later write is a
+ * no-op and msnap__sink_finish returns that error; `bytes` counts bytes
+ * accepted by write() (including buffered ones).
+ */
+#ifndef MSNAP_SINK_H
+#define MSNAP_SINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct msnap_sink_s {
+  /* Backend: write len bytes; return 0 or a negative MSNAP_E* code. */
+  int (*write_cb)(void *opaque, const void *p, size_t len);
+  void *opaque;
+  unsigned char *buf; /* buffer of cap bytes, used bytes in `used` */
+  size_t used, cap;
+  uint64_t bytes;
+  int err;
+} msnap_sink_t;
+
+/* Buffered write; the fast path is a memcpy into buf. */
+int msnap__sink_write(msnap_sink_t *s, const void *p, size_t len);
+int msnap__sink_flush(msnap_sink_t *s);
+/* Flush and free the buffer; returns the sticky error (0 if none). */
+int msnap__sink_finish(msnap_sink_t *s);
+
+/* Memory sink: grows *out; caller frees msnap__membuf_t.data with free(). */
+typedef struct msnap_membuf_s {
+  char *data;
+  size_t len, cap;
+} msnap_membuf_t;
+int msnap__sink_init_mem(msnap_sink_t *s, msnap_membuf_t *mb);
+/* File sink over an open fd (write(2) with EINTR/short-write handling;
+ * ENOSPC -> MSNAP_ENOSPC, other errors MSNAP_EIO). */
+int msnap__sink_init_fd(msnap_sink_t *s, int fd);
+/* Callback sink. */
+int msnap__sink_init_cb(msnap_sink_t *s,
+                        int (*write_cb)(void *, const void *, size_t),
+                        void *opaque);
+
+/* Atomic file output: open "<path>.tmp.<pid>.<n>" in the same directory;
+ * commit = fsync + rename over path; abort = unlink the temporary.  A
+ * symlink path is resolved first; a device/FIFO path is written directly
+ * (direct = 1, tmp_path NULL, nothing renamed); a directory is refused.
+ * Failures set the last error with the path and strerror (and
+ * msnap_last_errno()). */
+typedef struct msnap_atomic_file_s {
+  int fd;
+  char *tmp_path;
+  char *path;  /* the resolved target */
+  int direct;  /* 1: fd is the target itself (device, FIFO) */
+} msnap_atomic_file_t;
+int msnap__atomic_open(msnap_atomic_file_t *f, const char *path);
+int msnap__atomic_commit(msnap_atomic_file_t *f);
+void msnap__atomic_abort(msnap_atomic_file_t *f);
+
+/* An atomic file behind a buffered sink: open = msnap__atomic_open +
+ * buffered fd sink (with the fault hook when armed); close(rc) finishes
+ * the sink and commits when rc and the sink are fine, else removes the
+ * temporary and sets the last error ("writing '<path>' failed: <why>; no
+ * file was left").  `path` must stay valid until close. */
+typedef struct msnap_fault_wrap_s {
+  int (*cb)(void *, const void *, size_t);
+  void *opaque;
+  uint64_t written, limit;
+  int err;
+} msnap_fault_wrap_t;
+typedef struct msnap_atomic_sink_s {
+  msnap_atomic_file_t f;
+  msnap_sink_t sink;
+  msnap_fault_wrap_t fault;
+  const char *path;
+} msnap_atomic_sink_t;
+int msnap__atomic_sink_open(msnap_atomic_sink_t *as, const char *path);
+int msnap__atomic_sink_close(msnap_atomic_sink_t *as, int rc);
+/* Write len bytes to path through an atomic sink. */
+int msnap__write_file_atomic(const char *path, const void *p, size_t len);
+/* Test hook: every atomic sink opened later fails with `err` (e.g.
+ * MSNAP_ENOSPC) once `after_bytes` bytes were written; UINT64_MAX
+ * disarms. */
+void msnap__dump_set_fault(uint64_t after_bytes, int err);
+
+#endif /* MSNAP_SINK_H */

@@ -1,0 +1,301 @@
+/*
+ * pickle.h -- internal API of the pickle encoder (pickle_write.c) and of
+ * the safe pickle VM (pickle_read.c), shared by snapshot_read.c and
+ * snapshot_write.c.  Nothing here is public.
+ *
+ * The VM's values are 8-byte tagged words (msnap_pv_t): the low 3 bits are
+ * a tag, the rest a payload.  Strings are ids in a msnap_snap_t string
+ * table (interned), ints that fit in 61 bits are inline, everything else
+ * (floats, wide ints, big ints) is boxed in a side table, containers are
+ * indices into an object pool (with a generation so a stale reference to
+ * a recycled object is detected, never aliased), and REC values are
+ * records a consumer produced from a completed container (snapshot_read.c
+ * turns trace-entry dicts into model records this way).
+ */
+#ifndef MSNAP_PICKLE_H
+#define MSNAP_PICKLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "base/sink.h"
+#include "model/snapshot.h"
+
+/* ---- snapshot.c helpers shared by the snapshot files --------------------- */
+/* A random 64-bit seed for hash tables fed by untrusted input. */
+uint64_t msnap__hash_seed(void);
+/* The reader marks its models: their key-presence bits are authoritative. */
+void msnap__snap_set_from_reader(msnap_snap_t *s, bool v);
+bool msnap__snap_from_reader(const msnap_snap_t *s);
+
+/* ---- pickle_write.c: protocol-4 encoder over a sink --------------------- */
+/*
+ * Writes only the MemoryViz opcode subset (cuda-reference §2.9), in 64 KiB
+ * FRAMEs.  Errors are sticky in `err` (with text in `msg`); every emit
+ * function is a no-op after an error.  The caller manages memo ids: each
+ * msnap__pw_memoize returns the id that BINGET/LONG_BINGET later use.
+ */
+#define MSNAP_PW_FRAME_SIZE 65536u
+typedef struct msnap_pw_s {
+  msnap_sink_t *sink;
+  unsigned char *buf; /* current frame: FRAME header room + payload */
+  size_t used;        /* bytes of payload in buf (after the header) */
+  uint32_t memo_next; /* next memo id (MEMOIZE appends)             */
+  int err;
+  char msg[160];
+} msnap_pw_t;
+
+int msnap__pw_init(msnap_pw_t *w, msnap_sink_t *sink);
+/* Flush the last frame, write STOP, release the buffer; returns err. */
+int msnap__pw_finish(msnap_pw_t *w);
+/* Release without writing more (after an error). */
+void msnap__pw_abort(msnap_pw_t *w);
+/* Emit the current frame (internal to the inline fast paths below). */
+void msnap__pw_flush_frame(msnap_pw_t *w);
+/* Room for n more bytes in the current frame (n <= frame size); NULL
+ * after an error. */
+static inline unsigned char *msnap__pw_room(msnap_pw_t *w, size_t n) {
+  if (__builtin_expect(w->used + n > MSNAP_PW_FRAME_SIZE, 0))
+    msnap__pw_flush_frame(w);
+  if (__builtin_expect(w->err != 0, 0)) return NULL;
+  unsigned char *p = w->buf + 9 + w->used;
+  w->used += n;
+  return p;
+}
+static inline void msnap__pw_op(msnap_pw_t *w, unsigned char op) {
+  unsigned char *p = msnap__pw_room(w, 1);
+  if (p) *p = op;
+}
+/* Slow path of msnap__pw_int (BININT2 and wider). */
+void msnap__pw_int_wide(msnap_pw_t *w, int64_t v);
+static inline void msnap__pw_int(msnap_pw_t *w, int64_t v) {
+  if (v >= 0 && v < 256) {
+    unsigned char *p = msnap__pw_room(w, 2);
+    if (p) {
+      p[0] = 'K'; /* BININT1 */
+      p[1] = (unsigned char)v;
+    }
+    return;
+  }
+  msnap__pw_int_wide(w, v);
+}
+/* Unsigned: values >= 2^63 are refused (MSNAP_EINVAL, sticky). */
+void msnap__pw_uint(msnap_pw_t *w, uint64_t v, const char *what);
+void msnap__pw_float(msnap_pw_t *w, double v);
+void msnap__pw_bool(msnap_pw_t *w, bool v);
+void msnap__pw_str(msnap_pw_t *w, const char *p, size_t len);
+/* MEMOIZE the object on top of the stack; returns its memo id. */
+static inline uint32_t msnap__pw_memoize(msnap_pw_t *w) {
+  msnap__pw_op(w, 0x94); /* MEMOIZE */
+  return w->memo_next++;
+}
+static inline void msnap__pw_get(msnap_pw_t *w, uint32_t id) {
+  unsigned char *p;
+  if (id < 256) {
+    if ((p = msnap__pw_room(w, 2))) {
+      p[0] = 'h'; /* BINGET */
+      p[1] = (unsigned char)id;
+    }
+  } else if ((p = msnap__pw_room(w, 5))) {
+    p[0] = 'j'; /* LONG_BINGET */
+    for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(id >> (8 * i));
+  }
+}
+
+/* Opcodes used by the writer and the reader. */
+enum {
+  MSNAP_OP_MARK = '(',
+  MSNAP_OP_STOP = '.',
+  MSNAP_OP_POP = '0',
+  MSNAP_OP_POP_MARK = '1',
+  MSNAP_OP_DUP = '2',
+  MSNAP_OP_FLOAT = 'F',
+  MSNAP_OP_INT = 'I',
+  MSNAP_OP_BININT = 'J',
+  MSNAP_OP_BININT1 = 'K',
+  MSNAP_OP_LONG = 'L',
+  MSNAP_OP_BININT2 = 'M',
+  MSNAP_OP_NONE = 'N',
+  MSNAP_OP_PERSID = 'P',
+  MSNAP_OP_BINPERSID = 'Q',
+  MSNAP_OP_REDUCE = 'R',
+  MSNAP_OP_STRING = 'S',
+  MSNAP_OP_BINSTRING = 'T',
+  MSNAP_OP_SHORT_BINSTRING = 'U',
+  MSNAP_OP_UNICODE = 'V',
+  MSNAP_OP_BINUNICODE = 'X',
+  MSNAP_OP_APPEND = 'a',
+  MSNAP_OP_BUILD = 'b',
+  MSNAP_OP_GLOBAL = 'c',
+  MSNAP_OP_DICT = 'd',
+  MSNAP_OP_EMPTY_DICT = '}',
+  MSNAP_OP_APPENDS = 'e',
+  MSNAP_OP_GET = 'g',
+  MSNAP_OP_BINGET = 'h',
+  MSNAP_OP_INST = 'i',
+  MSNAP_OP_LONG_BINGET = 'j',
+  MSNAP_OP_LIST = 'l',
+  MSNAP_OP_EMPTY_LIST = ']',
+  MSNAP_OP_OBJ = 'o',
+  MSNAP_OP_PUT = 'p',
+  MSNAP_OP_BINPUT = 'q',
+  MSNAP_OP_LONG_BINPUT = 'r',
+  MSNAP_OP_SETITEM = 's',
+  MSNAP_OP_TUPLE = 't',
+  MSNAP_OP_EMPTY_TUPLE = ')',
+  MSNAP_OP_SETITEMS = 'u',
+  MSNAP_OP_BINFLOAT = 'G',
+  MSNAP_OP_PROTO = 0x80,
+  MSNAP_OP_NEWOBJ = 0x81,
+  MSNAP_OP_EXT1 = 0x82,
+  MSNAP_OP_EXT2 = 0x83,
+  MSNAP_OP_EXT4 = 0x84,
+  MSNAP_OP_TUPLE1 = 0x85,
+  MSNAP_OP_TUPLE2 = 0x86,
+  MSNAP_OP_TUPLE3 = 0x87,
+  MSNAP_OP_NEWTRUE = 0x88,
+  MSNAP_OP_NEWFALSE = 0x89,
+  MSNAP_OP_LONG1 = 0x8a,
+  MSNAP_OP_LONG4 = 0x8b,
+  MSNAP_OP_BINBYTES = 'B',
+  MSNAP_OP_SHORT_BINBYTES = 'C',
+  MSNAP_OP_SHORT_BINUNICODE = 0x8c,
+  MSNAP_OP_BINUNICODE8 = 0x8d,
+  MSNAP_OP_BINBYTES8 = 0x8e,
+  MSNAP_OP_EMPTY_SET = 0x8f,
+  MSNAP_OP_ADDITEMS = 0x90,
+  MSNAP_OP_FROZENSET = 0x91,
+  MSNAP_OP_NEWOBJ_EX = 0x92,
+  MSNAP_OP_STACK_GLOBAL = 0x93,
+  MSNAP_OP_MEMOIZE = 0x94,
+  MSNAP_OP_FRAME = 0x95,
+  MSNAP_OP_BYTEARRAY8 = 0x96,
+  MSNAP_OP_NEXT_BUFFER = 0x97,
+  MSNAP_OP_READONLY_BUFFER = 0x98
+};
+
+/* ---- pickle_read.c: the safe VM ------------------------------------------ */
+typedef uint64_t msnap_pv_t;
+
+enum msnap_pv_tag_e {
+  MSNAP_PV_CONST = 0, /* payload: MSNAP_PVC_*                       */
+  MSNAP_PV_INT = 1,   /* signed 61-bit payload                      */
+  MSNAP_PV_STR = 2,   /* string id                                  */
+  MSNAP_PV_OBJ = 3,   /* (generation << 28) | pool index            */
+  MSNAP_PV_REC = 4,   /* (kind << 48) | index: consumer records     */
+  MSNAP_PV_BOX = 5,   /* box index                                  */
+  MSNAP_PV_BYTES = 6, /* string id holding the bytes                */
+  MSNAP_PV_BYTEARRAY = 7
+};
+enum { MSNAP_PVC_NONE = 0, MSNAP_PVC_FALSE = 1, MSNAP_PVC_TRUE = 2,
+       MSNAP_PVC_HOLE = 3 /* unset memo slot */ };
+
+#define MSNAP_PV_TAG(v) ((unsigned)((v) & 7u))
+#define MSNAP_PV_PAYLOAD(v) ((v) >> 3)
+#define MSNAP_PV_MAKE(tag, payload) (((uint64_t)(payload) << 3) | (tag))
+#define MSNAP_PV_NONE MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_NONE)
+#define MSNAP_PV_REC_MAKE(kind, idx)                                          \
+  MSNAP_PV_MAKE(MSNAP_PV_REC, ((uint64_t)(kind) << 48) | (uint64_t)(idx))
+#define MSNAP_PV_REC_KIND(v) ((unsigned)(MSNAP_PV_PAYLOAD(v) >> 48))
+#define MSNAP_PV_REC_INDEX(v) (MSNAP_PV_PAYLOAD(v) & ((1ull << 48) - 1))
+
+typedef enum msnap_pobj_kind_e {
+  MSNAP_POBJ_FREE = 0,
+  MSNAP_POBJ_LIST,
+  MSNAP_POBJ_TUPLE,
+  MSNAP_POBJ_DICT, /* items: key, value, key, value... */
+  MSNAP_POBJ_SET,
+  MSNAP_POBJ_FROZENSET,
+  MSNAP_POBJ_FORWARDED /* replaced while still on the stack: see fwd */
+} msnap_pobj_kind_t;
+
+typedef struct msnap_pobj_s {
+  msnap_pv_t *items;
+  msnap_pv_t fwd;     /* FORWARDED: the replacement value */
+  uint32_t stackrefs; /* copies of this object on the VM stack */
+  uint32_t n, cap;
+  uint32_t memo_slot; /* UINT32_MAX: not memoized */
+  uint32_t gen;
+  uint16_t depth;     /* nesting depth of the contents */
+  uint8_t kind;
+  uint8_t flags;
+} msnap_pobj_t;
+
+/* Object flag: a list whose items are REC values with consecutive indices
+ * is kept as a range (items NULL, first item in fwd): a million trace
+ * entries then cost no item array. */
+#define MSNAP_POBJF_RANGE 4u
+
+/* Item i of a container (works for ranges). */
+static inline msnap_pv_t msnap__pobj_item(const msnap_pobj_t *o, uint32_t i) {
+  return (o->flags & MSNAP_POBJF_RANGE) ? o->fwd + ((uint64_t)i << 3)
+                                        : o->items[i];
+}
+
+/* Integer classification of a value (msnap__pvm_int). */
+typedef enum msnap_pint_e {
+  MSNAP_PINT_NOT_INT = 0,
+  MSNAP_PINT_I64,  /* *i valid                                   */
+  MSNAP_PINT_U64,  /* *u valid, value in [2^63, 2^64)            */
+  MSNAP_PINT_BIG   /* does not fit 64 bits (kept as bytes)       */
+} msnap_pint_t;
+
+struct msnap_pvm_s;
+typedef struct msnap_pvm_s msnap_pvm_t;
+/* Called when the container value *v is stored into another container or
+ * becomes the result.  May replace *v (then the VM frees the container and
+ * points its memo slot at the replacement).  Returns 0 or an error set with
+ * msnap__pvm_fail. */
+typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
+                                     msnap_pv_t *v);
+
+#define MSNAP_PICKLE_MAX_DEPTH 1000
+
+msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
+                            void *ctx);
+void msnap__pvm_free(msnap_pvm_t *vm);
+/* Run the pickle in buf[0..len) up to STOP; *result gets the root value.
+ * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM with
+ * err filled ("offset N: <what> (while <phase>)").  release_cb, if set,
+ * is called now and then with the number of bytes consumed (read_file
+ * drops consumed pages). */
+int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
+                   msnap_pv_t *result, msnap_read_error_t *err);
+void msnap__pvm_set_progress(msnap_pvm_t *vm,
+                             void (*cb)(void *ctx, size_t consumed),
+                             void *ctx);
+/* Record an error at the current opcode; returns rc. */
+int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Phase text used in error messages ("converting a trace entry"). */
+void msnap__pvm_set_phase(msnap_pvm_t *vm, const char *phase);
+/* The object of an OBJ value, NULL if v is not a live container. */
+msnap_pobj_t *msnap__pvm_obj(msnap_pvm_t *vm, msnap_pv_t v);
+/* Replace a container by v everywhere the VM can see it (its memo slot)
+ * and free it. */
+void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v);
+msnap_pint_t msnap__pvm_int(const msnap_pvm_t *vm, msnap_pv_t v, int64_t *i,
+                            uint64_t *u);
+/* True (and *f set) for a float; ints are not converted. */
+bool msnap__pvm_float(const msnap_pvm_t *vm, msnap_pv_t v, double *f);
+/* Python type name of a value for messages ("str", "dict"...). */
+const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v);
+/* Convert a value into a generic tree; MSNAP_EFORMAT for values the tree
+ * cannot hold (bytes, sets, big ints).  REC values go through the hook set
+ * with msnap__pvm_set_rec_gv (error without one). */
+void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
+                           int (*cb)(void *ctx, msnap_pv_t v,
+                                     msnap_gv_t *out));
+int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
+
+/* Canonical text of any pickle (for tests against CPython; see
+ * tests/pickle/canon.py for the format).  out is filled with a
+ * NUL-terminated string the caller frees (free(out->data)).  Shared
+ * containers are printed at each use; MSNAP_ELIMIT beyond 16 values per
+ * input byte (memo bombs). */
+int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
+                        msnap_read_error_t *err);
+
+#endif /* MSNAP_PICKLE_H */

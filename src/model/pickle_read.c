@@ -1,0 +1,1623 @@
+/*
+ * pickle_read.c -- a safe pickle virtual machine.
+ *
+ * It executes the data opcodes of pickle protocols 0-5 and refuses every
+ * opcode that can import or call code (GLOBAL, STACK_GLOBAL, REDUCE,
+ * BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX, EXT1/2/4, PERSID, BINPERSID,
+ * NEXT_BUFFER, READONLY_BUFFER) with MSNAP_EUNSAFE.  It never trusts the
+ * input:
+ *   - every declared length is checked against the bytes that remain
+ *     before anything is allocated or copied;
+ *   - the VM is a loop, never recursion; container nesting and MARK depth
+ *     are bounded by MSNAP_PICKLE_MAX_DEPTH (MSNAP_ELIMIT beyond);
+ *   - memo indices are bounded by the input position (a pickle cannot
+ *     legitimately define more memo entries than it has bytes);
+ *   - pops never go below the innermost MARK (stack underflow is an error);
+ *   - a reference to a container that a consumer already converted (and the
+ *     VM recycled) is detected by a generation number, never aliased.
+ *
+ * Values (msnap_pv_t, see pickle.h) are 8 bytes: strings are interned ids
+ * in a msnap_snap_t, small ints inline, the rest boxed.  Containers live in
+ * an object pool.  Whenever a container is stored into another container
+ * (APPEND(S), SETITEM(S), ADDITEMS, TUPLE*, LIST, DICT, FROZENSET) or
+ * becomes the result, the consumer's complete callback may turn it into a
+ * compact record; the VM then frees the container and repoints its memo
+ * slot.  This is what keeps snapshot reading within ~1.5x the file size:
+ * no generic tree of the whole file ever exists.
+ *
+ * Integers: ints in [-2^63, 2^64) are exact (boxed when wider than 61
+ * bits).  Wider LONG/LONG1/LONG4 values are kept as their two's-complement
+ * bytes (MSNAP_PINT_BIG); consumers that need a 64-bit number refuse them
+ * with an error (snapshot_read.c does), the canonical dump prints them
+ * exactly.  Strings are taken as UTF-8 without validation (text opcodes are
+ * decoded: STRING/BINSTRING as ASCII with Python escapes, UNICODE as
+ * raw-unicode-escape).
+ *
+ * Errors read "offset N: <what> (while <phase>)", N being the offset of the
+ * opcode being executed.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/pickle.h"
+
+#define OBJ_INDEX_BITS 28
+#define OBJ_INDEX_MASK ((1u << OBJ_INDEX_BITS) - 1)
+#define INLINE_MIN (-(INT64_C(1) << 60))
+#define INLINE_MAX ((INT64_C(1) << 60) - 1)
+#define PROGRESS_STEP (8u << 20)
+
+_Static_assert(sizeof(msnap_pv_t) == 8, "a VM value is one 8-byte word");
+_Static_assert(sizeof(msnap_pobj_t) <= 48, "containers stay small");
+_Static_assert(MSNAP_PICKLE_MAX_DEPTH < UINT16_MAX, "depth fits uint16_t");
+
+enum box_kind_e { BOX_FLOAT, BOX_I64, BOX_U64, BOX_BIG };
+typedef struct box_s {
+  uint8_t kind;
+  union {
+    double f;
+    int64_t i;
+    uint64_t u;
+    struct {
+      uint64_t off;
+      uint32_t len;
+    } big;
+  } v;
+} box_t;
+
+enum { OBJF_VISITING = 1, OBJF_MULTI_MEMO = 2 };
+
+struct msnap_pvm_s {
+  msnap_snap_t *snap;
+  msnap_pvm_complete_cb cb;
+  void *cb_ctx;
+  void (*progress)(void *ctx, size_t consumed);
+  void *progress_ctx;
+  int (*rec_gv)(void *ctx, msnap_pv_t v, msnap_gv_t *out);
+
+  msnap_pv_t *stack;
+  uint32_t sn, scap;
+  uint32_t *marks;
+  uint32_t mn, mcap;
+
+  msnap_pv_t *memo;
+  uint32_t memo_cap, memo_len, memo_count;
+
+  msnap_pobj_t *objs;
+  uint32_t nobjs, objs_cap;
+  uint32_t *free_objs;
+  uint32_t nfree, free_cap;
+
+  box_t *boxes;
+  uint32_t nboxes, boxes_cap;
+  unsigned char *big;
+  size_t big_len, big_cap;
+
+  char *scratch;
+  size_t scratch_cap;
+
+  const unsigned char *base;
+  size_t len;
+  size_t op_off;
+  unsigned op;
+  const char *phase;
+  msnap_read_error_t *err;
+  bool failed;
+};
+
+/* ---- errors -------------------------------------------------------------- */
+
+static const char *op_name(unsigned op) {
+  switch (op) {
+#define N(o) case MSNAP_OP_##o: return #o;
+    N(MARK) N(STOP) N(POP) N(POP_MARK) N(DUP) N(FLOAT) N(INT) N(BININT)
+    N(BININT1) N(LONG) N(BININT2) N(NONE) N(PERSID) N(BINPERSID) N(REDUCE)
+    N(STRING) N(BINSTRING) N(SHORT_BINSTRING) N(UNICODE) N(BINUNICODE)
+    N(APPEND) N(BUILD) N(GLOBAL) N(DICT) N(EMPTY_DICT) N(APPENDS) N(GET)
+    N(BINGET) N(INST) N(LONG_BINGET) N(LIST) N(EMPTY_LIST) N(OBJ) N(PUT)
+    N(BINPUT) N(LONG_BINPUT) N(SETITEM) N(TUPLE) N(EMPTY_TUPLE) N(SETITEMS)
+    N(BINFLOAT) N(PROTO) N(NEWOBJ) N(EXT1) N(EXT2) N(EXT4) N(TUPLE1)
+    N(TUPLE2) N(TUPLE3) N(NEWTRUE) N(NEWFALSE) N(LONG1) N(LONG4) N(BINBYTES)
+    N(SHORT_BINBYTES) N(SHORT_BINUNICODE) N(BINUNICODE8) N(BINBYTES8)
+    N(EMPTY_SET) N(ADDITEMS) N(FROZENSET) N(NEWOBJ_EX) N(STACK_GLOBAL)
+    N(MEMOIZE) N(FRAME) N(BYTEARRAY8) N(NEXT_BUFFER) N(READONLY_BUFFER)
+#undef N
+  default:
+    return "unknown opcode";
+  }
+}
+
+int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...) {
+  if (vm->failed) return rc;
+  vm->failed = true;
+  if (!vm->err) return rc;
+  char what[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  vm->err->offset = vm->op_off;
+  if (vm->phase)
+    snprintf(vm->err->msg, sizeof vm->err->msg, "offset %zu: %s (while %s)",
+             vm->op_off, what, vm->phase);
+  else
+    snprintf(vm->err->msg, sizeof vm->err->msg,
+             "offset %zu: %s (while decoding %s)", vm->op_off, what,
+             op_name(vm->op));
+  return rc;
+}
+
+void msnap__pvm_set_phase(msnap_pvm_t *vm, const char *phase) {
+  vm->phase = phase;
+}
+
+static int oom(msnap_pvm_t *vm) {
+  return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+}
+
+/* ---- construction -------------------------------------------------------- */
+
+msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
+                            void *ctx) {
+  msnap_pvm_t *vm = calloc(1, sizeof *vm);
+  if (!vm) return NULL;
+  vm->snap = strings;
+  vm->cb = cb;
+  vm->cb_ctx = ctx;
+  return vm;
+}
+
+void msnap__pvm_free(msnap_pvm_t *vm) {
+  if (!vm) return;
+  for (uint32_t i = 0; i < vm->nobjs; i++) free(vm->objs[i].items);
+  free(vm->objs);
+  free(vm->free_objs);
+  free(vm->stack);
+  free(vm->marks);
+  free(vm->memo);
+  free(vm->boxes);
+  free(vm->big);
+  free(vm->scratch);
+  free(vm);
+}
+
+void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
+                           int (*cb)(void *ctx, msnap_pv_t v,
+                                     msnap_gv_t *out)) {
+  vm->rec_gv = cb;
+}
+
+void msnap__pvm_set_progress(msnap_pvm_t *vm,
+                             void (*cb)(void *ctx, size_t consumed),
+                             void *ctx) {
+  vm->progress = cb;
+  vm->progress_ctx = ctx;
+}
+
+/* ---- values -------------------------------------------------------------- */
+
+static int box_new(msnap_pvm_t *vm, box_t b, msnap_pv_t *out) {
+  if (msnap__grow((void **)&vm->boxes, &vm->boxes_cap, vm->nboxes, 1,
+                  sizeof *vm->boxes) < 0)
+    return oom(vm);
+  vm->boxes[vm->nboxes] = b;
+  *out = MSNAP_PV_MAKE(MSNAP_PV_BOX, vm->nboxes);
+  vm->nboxes++;
+  return 0;
+}
+
+static int make_i64(msnap_pvm_t *vm, int64_t v, msnap_pv_t *out) {
+  if (v >= INLINE_MIN && v <= INLINE_MAX) {
+    *out = MSNAP_PV_MAKE(MSNAP_PV_INT, (uint64_t)v & ((1ull << 61) - 1));
+    return 0;
+  }
+  box_t b = {.kind = BOX_I64};
+  b.v.i = v;
+  return box_new(vm, b, out);
+}
+
+static int make_u64(msnap_pvm_t *vm, uint64_t v, msnap_pv_t *out) {
+  if (v <= (uint64_t)INT64_MAX) return make_i64(vm, (int64_t)v, out);
+  box_t b = {.kind = BOX_U64};
+  b.v.u = v;
+  return box_new(vm, b, out);
+}
+
+static int64_t inline_int(msnap_pv_t v) {
+  /* sign-extend the 61-bit payload */
+  return (int64_t)v >> 3;
+}
+
+msnap_pint_t msnap__pvm_int(const msnap_pvm_t *vm, msnap_pv_t v, int64_t *i,
+                            uint64_t *u) {
+  switch (MSNAP_PV_TAG(v)) {
+  case MSNAP_PV_INT:
+    if (i) *i = inline_int(v);
+    return MSNAP_PINT_I64;
+  case MSNAP_PV_BOX: {
+    const box_t *b = &vm->boxes[MSNAP_PV_PAYLOAD(v)];
+    if (b->kind == BOX_I64) {
+      if (i) *i = b->v.i;
+      return MSNAP_PINT_I64;
+    }
+    if (b->kind == BOX_U64) {
+      if (u) *u = b->v.u;
+      return MSNAP_PINT_U64;
+    }
+    if (b->kind == BOX_BIG) return MSNAP_PINT_BIG;
+    return MSNAP_PINT_NOT_INT;
+  }
+  default:
+    return MSNAP_PINT_NOT_INT;
+  }
+}
+
+bool msnap__pvm_float(const msnap_pvm_t *vm, msnap_pv_t v, double *f) {
+  if (MSNAP_PV_TAG(v) != MSNAP_PV_BOX) return false;
+  const box_t *b = &vm->boxes[MSNAP_PV_PAYLOAD(v)];
+  if (b->kind != BOX_FLOAT) return false;
+  *f = b->v.f;
+  return true;
+}
+
+/* The object of v, live or forwarded; NULL for stale references. */
+static msnap_pobj_t *obj_any(const msnap_pvm_t *vm, msnap_pv_t v) {
+  if (MSNAP_PV_TAG(v) != MSNAP_PV_OBJ) return NULL;
+  uint64_t p = MSNAP_PV_PAYLOAD(v);
+  uint32_t idx = (uint32_t)(p & OBJ_INDEX_MASK);
+  uint32_t gen = (uint32_t)(p >> OBJ_INDEX_BITS);
+  if (idx >= vm->nobjs) return NULL;
+  msnap_pobj_t *o = &vm->objs[idx];
+  if (o->kind == MSNAP_POBJ_FREE || o->gen != gen) return NULL;
+  return o;
+}
+
+msnap_pobj_t *msnap__pvm_obj(msnap_pvm_t *vm, msnap_pv_t v) {
+  msnap_pobj_t *o = obj_any(vm, v);
+  return o && o->kind != MSNAP_POBJ_FORWARDED ? o : NULL;
+}
+
+static void obj_release_slot(msnap_pvm_t *vm, msnap_pobj_t *o) {
+  uint32_t idx = (uint32_t)(o - vm->objs);
+  if (msnap__grow((void **)&vm->free_objs, &vm->free_cap, vm->nfree, 1,
+                  sizeof *vm->free_objs) < 0)
+    return; /* leak the slot rather than fail */
+  /* The item array stays with the free slot (kept for the next container
+   * made in it: no malloc/free per trace entry dict). */
+  o->n = 0;
+  o->kind = MSNAP_POBJ_FREE;
+  o->flags = 0;
+  o->gen++;
+  vm->free_objs[vm->nfree++] = idx;
+}
+
+/* A stack copy of v goes away. */
+static inline void stack_unref(msnap_pvm_t *vm, msnap_pv_t v) {
+  if (MSNAP_PV_TAG(v) != MSNAP_PV_OBJ) return;
+  msnap_pobj_t *o = obj_any(vm, v);
+  if (!o || !o->stackrefs) return;
+  o->stackrefs--;
+  if (o->kind == MSNAP_POBJ_FORWARDED && o->stackrefs == 0)
+    obj_release_slot(vm, o);
+}
+
+static void stack_unref_range(msnap_pvm_t *vm, uint32_t from, uint32_t to) {
+  for (uint32_t i = from; i < to; i++) stack_unref(vm, vm->stack[i]);
+}
+
+const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
+  switch (MSNAP_PV_TAG(v)) {
+  case MSNAP_PV_CONST:
+    return MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_NONE ? "None" : "bool";
+  case MSNAP_PV_INT:
+    return "int";
+  case MSNAP_PV_STR:
+    return "str";
+  case MSNAP_PV_BYTES:
+    return "bytes";
+  case MSNAP_PV_BYTEARRAY:
+    return "bytearray";
+  case MSNAP_PV_REC:
+    return "record";
+  case MSNAP_PV_BOX:
+    return vm->boxes[MSNAP_PV_PAYLOAD(v)].kind == BOX_FLOAT ? "float" : "int";
+  case MSNAP_PV_OBJ: {
+    msnap_pobj_t *o = msnap__pvm_obj((msnap_pvm_t *)vm, v);
+    if (!o) return "consumed container";
+    static const char *const names[] = {"?", "list", "tuple", "dict", "set",
+                                        "frozenset"};
+    return names[o->kind];
+  }
+  }
+  return "?";
+}
+
+/*
+ * A new empty container of `kind` with room for cap items.
+ */
+static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
+                   msnap_pv_t *out) {
+  uint32_t idx;
+  bool recycled = vm->nfree > 0;
+  if (recycled) {
+    idx = vm->free_objs[--vm->nfree];
+  } else {
+    if (vm->nobjs >= OBJ_INDEX_MASK ||
+        msnap__grow((void **)&vm->objs, &vm->objs_cap, vm->nobjs, 1,
+                    sizeof *vm->objs) < 0) {
+      if (vm->nobjs >= OBJ_INDEX_MASK)
+        return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                               "more than %u live containers",
+                               OBJ_INDEX_MASK);
+      return oom(vm);
+    }
+    idx = vm->nobjs++;
+    memset(&vm->objs[idx], 0, sizeof vm->objs[idx]);
+  }
+  msnap_pobj_t *o = &vm->objs[idx];
+  /* a recycled slot may bring an item array; use it when large enough */
+  if (cap > o->cap) {
+    msnap_pv_t *items = malloc((size_t)cap * sizeof *items);
+    if (!items) {
+      /* the slot stays free: back to the list (room: it was just taken
+       * from it), or a fresh slot is given back */
+      if (recycled)
+        vm->free_objs[vm->nfree++] = idx;
+      else
+        vm->nobjs--;
+      return oom(vm);
+    }
+    free(o->items);
+    o->items = items;
+    o->cap = cap;
+  }
+  o->n = 0;
+  o->memo_slot = UINT32_MAX;
+  o->stackrefs = 0;
+  o->fwd = 0;
+  o->depth = 1;
+  o->kind = kind;
+  o->flags = 0;
+  *out = MSNAP_PV_MAKE(MSNAP_PV_OBJ,
+                       ((uint64_t)o->gen << OBJ_INDEX_BITS) | idx);
+  return 0;
+}
+
+/*
+ * Replace a container by v: its memo slot now holds v; copies still on
+ * the stack (a memo reference pushed before the container was stored)
+ * are forwarded to v until they are consumed, then the slot is recycled.
+ */
+void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v) {
+  msnap_pobj_t *o = msnap__pvm_obj(vm, obj);
+  if (!o) return;
+  if (o->memo_slot < vm->memo_len && vm->memo[o->memo_slot] == obj)
+    vm->memo[o->memo_slot] = v;
+  o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
+  if (o->stackrefs) {
+    free(o->items);
+    o->items = NULL;
+    o->n = o->cap = 0;
+    o->kind = MSNAP_POBJ_FORWARDED;
+    o->fwd = v;
+    return;
+  }
+  obj_release_slot(vm, o);
+}
+
+/*
+ * Prepare value *v for storage into a container (or as the result): run
+ * the consumer's callback on containers.  Returns its depth in *depth.
+ */
+static int complete(msnap_pvm_t *vm, msnap_pv_t *v, uint32_t *depth) {
+  *depth = 0;
+  if (MSNAP_PV_TAG(*v) != MSNAP_PV_OBJ) return 0;
+  msnap_pobj_t *o = obj_any(vm, *v);
+  if (o && o->kind == MSNAP_POBJ_FORWARDED) {
+    *v = o->fwd;
+    return 0;
+  }
+  if (!o)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "reference to a container that was already "
+                           "consumed (a container stored twice)");
+  *depth = o->depth;
+  if (!vm->cb) return 0;
+  msnap_pv_t old = *v;
+  const char *phase = vm->phase;
+  int rc = vm->cb(vm->cb_ctx, vm, v);
+  vm->phase = phase;
+  if (rc < 0) return rc;
+  if (*v != old) {
+    msnap__pvm_replace(vm, old, *v);
+    *depth = 0;
+  }
+  return 0;
+}
+
+static bool unhashable(msnap_pvm_t *vm, msnap_pv_t k) {
+  msnap_pobj_t *o = msnap__pvm_obj(vm, k);
+  return o && (o->kind == MSNAP_POBJ_LIST || o->kind == MSNAP_POBJ_DICT ||
+               o->kind == MSNAP_POBJ_SET);
+}
+
+/*
+ * Append n values to container `c` (validated by the caller), completing
+ * each and tracking the nesting depth.  `keys` (dicts): every even item is
+ * a key that must be hashable.
+ */
+static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
+                      uint32_t n, bool keys, bool from_stack) {
+  /* The container is looked up once, and again only after a callback ran
+   * (completing a container item may reshape the object pool): items that
+   * are not containers (scalars, strings, records: nearly all of them)
+   * need no completion, no unreferencing and no depth update. */
+  msnap_pobj_t *o = msnap__pvm_obj(vm, c);
+  if (!o)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "container was consumed while being filled");
+  for (uint32_t i = 0; i < n; i++) {
+    if (msnap_unlikely(MSNAP_PV_TAG(vals[i]) == MSNAP_PV_OBJ)) {
+      uint32_t d;
+      if (keys && (i & 1) == 0 && unhashable(vm, vals[i]))
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unhashable %s as a key",
+                               msnap__pvm_type(vm, vals[i]));
+      msnap_pv_t orig = vals[i];
+      int rc = complete(vm, &vals[i], &d);
+      if (rc < 0) return rc;
+      if (from_stack) stack_unref(vm, orig);
+      o = msnap__pvm_obj(vm, c);
+      if (!o)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "container was consumed while being filled");
+      if (d + 1 > o->depth) {
+        if (d + 1 > MSNAP_PICKLE_MAX_DEPTH)
+          return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                                 "containers nested deeper than %d levels",
+                                 MSNAP_PICKLE_MAX_DEPTH);
+        o->depth = (uint16_t)(d + 1);
+      }
+    }
+    msnap_pv_t it = vals[i];
+    if (msnap_likely(!(o->flags & MSNAP_POBJF_RANGE))) {
+      if (msnap_unlikely(o->n == 0 && o->kind == MSNAP_POBJ_LIST &&
+                         MSNAP_PV_TAG(it) == MSNAP_PV_REC)) {
+        free(o->items);
+        o->items = NULL;
+        o->cap = 0;
+        o->fwd = it;
+        o->flags |= MSNAP_POBJF_RANGE;
+        o->n = 1;
+        continue;
+      }
+    } else {
+      if (it == o->fwd + ((uint64_t)o->n << 3) && o->n < UINT32_MAX - 1) {
+        o->n++;
+        continue;
+      }
+      /* the range ends: materialize it */
+      uint32_t cnt = o->n, cap = cnt + (n - i) + 8;
+      msnap_pv_t *items = malloc((size_t)cap * sizeof *items);
+      if (!items) return oom(vm);
+      for (uint32_t k = 0; k < cnt; k++)
+        items[k] = o->fwd + ((uint64_t)k << 3);
+      o->items = items;
+      o->cap = cap;
+      o->fwd = 0;
+      o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
+    }
+    if (msnap_unlikely(o->n == o->cap)) {
+      uint32_t extra = o->cap < 8 ? 8 : o->cap / 2;
+      if (n - i > extra) extra = n - i;
+      if (msnap__grow((void **)&o->items, &o->cap, o->n, extra,
+                      sizeof *o->items) < 0)
+        return oom(vm);
+    }
+    o->items[o->n++] = it;
+  }
+  return 0;
+}
+
+/* ---- the stack ----------------------------------------------------------- */
+
+static inline int push(msnap_pvm_t *vm, msnap_pv_t v) {
+  if (msnap_unlikely(vm->sn == vm->scap)) {
+    if (msnap__grow((void **)&vm->stack, &vm->scap, vm->sn, 1,
+                    sizeof *vm->stack) < 0)
+      return oom(vm);
+  }
+  vm->stack[vm->sn++] = v;
+  if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ) {
+    msnap_pobj_t *o = obj_any(vm, v);
+    if (o) o->stackrefs++;
+  }
+  return 0;
+}
+
+static inline uint32_t mark_base(const msnap_pvm_t *vm) {
+  return vm->mn ? vm->marks[vm->mn - 1] : 0;
+}
+
+static inline int pop(msnap_pvm_t *vm, msnap_pv_t *v) {
+  if (msnap_unlikely(vm->sn <= mark_base(vm)))
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "stack underflow");
+  *v = vm->stack[--vm->sn];
+  return 0;
+}
+
+static inline int top(msnap_pvm_t *vm, msnap_pv_t **v) {
+  if (msnap_unlikely(vm->sn <= mark_base(vm)))
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "stack underflow");
+  *v = &vm->stack[vm->sn - 1];
+  return 0;
+}
+
+/* Pop the innermost mark: items are stack[*first .. sn). */
+static int pop_mark(msnap_pvm_t *vm, uint32_t *first) {
+  if (!vm->mn)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "no MARK on the stack");
+  *first = vm->marks[--vm->mn];
+  return 0;
+}
+
+static int container_at(msnap_pvm_t *vm, msnap_pv_t v, uint8_t kind,
+                        const char *what) {
+  msnap_pobj_t *o = msnap__pvm_obj(vm, v);
+  if (!o || o->kind != kind)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "%s applied to a %s", what,
+                           msnap__pvm_type(vm, v));
+  return 0;
+}
+
+/* Build a container of `kind` from stack[first..sn) and push it. */
+static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
+  uint32_t n = vm->sn - first;
+  if (kind == MSNAP_POBJ_DICT && (n & 1))
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "odd number of items (%u) for a dict", n);
+  msnap_pv_t c = 0;
+  int rc = obj_new(vm, kind, n, &c);
+  if (rc < 0) return rc;
+  if (n) { /* (the stack may still be unallocated when n == 0) */
+    rc = obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
+                    true);
+    if (rc < 0) return rc;
+  }
+  vm->sn = first;
+  return push(vm, c);
+}
+
+/* ---- memo ---------------------------------------------------------------- */
+
+static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
+  msnap_pv_t *t = 0;
+  int rc = top(vm, &t);
+  if (rc < 0) return rc;
+  if (idx >= UINT32_MAX - 1 || idx > vm->op_off + 16)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "memo index %llu is beyond what %zu bytes of "
+                           "input can define",
+                           (unsigned long long)idx, vm->op_off);
+  if (idx >= vm->memo_cap) {
+    uint32_t old = vm->memo_cap;
+    uint32_t extra = (uint32_t)(idx + 1 - old);
+    if (extra < old / 2) extra = old / 2;
+    if (extra < 64) extra = 64;
+    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
+                    sizeof *vm->memo) < 0)
+      return oom(vm);
+  }
+  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
+  for (; vm->memo_len <= idx; vm->memo_len++)
+    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
+  if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+    vm->memo_count++;
+  vm->memo[idx] = *t;
+  msnap_pobj_t *o = msnap__pvm_obj(vm, *t);
+  if (o) {
+    if (o->memo_slot != UINT32_MAX) o->flags |= OBJF_MULTI_MEMO;
+    o->memo_slot = (uint32_t)idx;
+  }
+  return 0;
+}
+
+/*
+ * Push memo[idx]; an undefined key is an error.
+ */
+static int memo_get(msnap_pvm_t *vm, uint64_t idx) {
+  if (idx >= vm->memo_len ||
+      vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "memo key %llu is not defined",
+                           (unsigned long long)idx);
+  return push(vm, vm->memo[idx]);
+}
+
+/*
+ * The common case of memo_get, inlined in the interpreter loop: a defined
+ * memo entry that is not a container (a string, a number or a record) and
+ * room on the stack.  Returns false when memo_get must handle it.
+ */
+static inline bool memo_get_fast(msnap_pvm_t *vm, uint64_t idx) {
+  if (idx >= vm->memo_len || vm->sn >= vm->scap) return false;
+  msnap_pv_t v = vm->memo[idx];
+  if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ ||
+      v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+    return false;
+  vm->stack[vm->sn++] = v;
+  return true;
+}
+
+/* ---- scalars ------------------------------------------------------------- */
+
+static int scratch(msnap_pvm_t *vm, size_t n) {
+  if (vm->scratch_cap >= n) return 0;
+  size_t c = vm->scratch_cap ? vm->scratch_cap : 256;
+  while (c < n) c *= 2;
+  char *p = realloc(vm->scratch, c);
+  if (!p) return oom(vm);
+  vm->scratch = p;
+  vm->scratch_cap = c;
+  return 0;
+}
+
+static int push_str(msnap_pvm_t *vm, unsigned tag, const void *p,
+                    size_t n) {
+  msnap_str_t id = msnap__snap_intern(vm->snap, p, n);
+  if (id == 0) return oom(vm);
+  return push(vm, MSNAP_PV_MAKE(tag, id));
+}
+
+/* Little-endian two's-complement bytes -> a value (LONG1/LONG4). */
+static int push_long_bytes(msnap_pvm_t *vm, const unsigned char *b,
+                           size_t n) {
+  /* drop redundant sign bytes */
+  while (n > 1 && ((b[n - 1] == 0 && !(b[n - 2] & 0x80)) ||
+                   (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
+    n--;
+  msnap_pv_t v = 0;
+  int rc;
+  if (n == 0) return push(vm, MSNAP_PV_MAKE(MSNAP_PV_INT, 0));
+  if (n <= 8) {
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    if (n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
+    rc = make_i64(vm, (int64_t)u, &v);
+  } else if (n == 9 && b[8] == 0) {
+    uint64_t u = 0;
+    for (size_t i = 0; i < 8; i++) u |= (uint64_t)b[i] << (8 * i);
+    rc = make_u64(vm, u, &v);
+  } else {
+    if (n > UINT32_MAX)
+      return msnap__pvm_fail(vm, MSNAP_ELIMIT, "integer of %zu bytes", n);
+    if (vm->big_cap - vm->big_len < n) {
+      size_t c = vm->big_cap ? vm->big_cap : 256;
+      while (c - vm->big_len < n) c *= 2;
+      unsigned char *nb = realloc(vm->big, c);
+      if (!nb) return oom(vm);
+      vm->big = nb;
+      vm->big_cap = c;
+    }
+    memcpy(vm->big + vm->big_len, b, n);
+    box_t bx = {.kind = BOX_BIG};
+    bx.v.big.off = vm->big_len;
+    bx.v.big.len = (uint32_t)n;
+    vm->big_len += n;
+    rc = box_new(vm, bx, &v);
+  }
+  if (rc < 0) return rc;
+  return push(vm, v);
+}
+
+/* Decimal text (optional sign, digits, optional trailing 'L') -> value. */
+static int push_decimal(msnap_pvm_t *vm, const char *s, size_t n) {
+  while (n && (s[n - 1] == ' ' || s[n - 1] == '\r' || s[n - 1] == '\t'))
+    n--;
+  if (n && s[n - 1] == 'L') n--;
+  while (n && (*s == ' ' || *s == '\t')) s++, n--;
+  bool neg = false;
+  if (n && (*s == '-' || *s == '+')) neg = *s == '-', s++, n--;
+  if (n == 0)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "empty integer literal");
+  /* the conversion is quadratic; CPython also refuses longer literals
+   * (sys.int_info.default_max_str_digits) */
+  if (n > 4300)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "integer literal of %zu digits (limit 4300)", n);
+  /* magnitude in 32-bit limbs, little-endian */
+  size_t nl = n / 9 + 2;
+  if (scratch(vm, nl * 4 + nl * 4 + 8) < 0) return MSNAP_ENOMEM;
+  uint32_t *l = (uint32_t *)(void *)vm->scratch;
+  memset(l, 0, nl * 4);
+  size_t used = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                             "bad character 0x%02x in an integer literal",
+                             (unsigned char)s[i]);
+    uint64_t carry = (uint64_t)(s[i] - '0');
+    for (size_t k = 0; k < used; k++) {
+      uint64_t x = (uint64_t)l[k] * 10 + carry;
+      l[k] = (uint32_t)x;
+      carry = x >> 32;
+    }
+    if (carry) l[used++] = (uint32_t)carry;
+  }
+  /* two's complement little-endian bytes, one extra sign byte */
+  size_t nb = used * 4 + 1;
+  unsigned char *b = (unsigned char *)(l + nl);
+  if (nb > nl * 4 + 8) nb = nl * 4 + 8;
+  for (size_t i = 0; i < nb; i++)
+    b[i] = i / 4 < used ? (unsigned char)(l[i / 4] >> (8 * (i % 4))) : 0;
+  if (neg) {
+    unsigned carry = 1;
+    for (size_t i = 0; i < nb; i++) {
+      unsigned x = (unsigned)(unsigned char)~b[i] + carry;
+      b[i] = (unsigned char)x;
+      carry = x >> 8;
+    }
+  }
+  return push_long_bytes(vm, b, nb);
+}
+
+static int push_float(msnap_pvm_t *vm, double f) {
+  box_t b = {.kind = BOX_FLOAT};
+  b.v.f = f;
+  msnap_pv_t v = 0;
+  int rc = box_new(vm, b, &v);
+  return rc < 0 ? rc : push(vm, v);
+}
+
+/* Append the UTF-8 encoding of code point c to scratch at *o. */
+static size_t put_utf8(char *o, uint32_t c) {
+  if (c < 0x80) {
+    o[0] = (char)c;
+    return 1;
+  }
+  if (c < 0x800) {
+    o[0] = (char)(0xc0 | (c >> 6));
+    o[1] = (char)(0x80 | (c & 0x3f));
+    return 2;
+  }
+  if (c < 0x10000) {
+    o[0] = (char)(0xe0 | (c >> 12));
+    o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
+    o[2] = (char)(0x80 | (c & 0x3f));
+    return 3;
+  }
+  o[0] = (char)(0xf0 | (c >> 18));
+  o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+  o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
+  o[3] = (char)(0x80 | (c & 0x3f));
+  return 4;
+}
+
+static int hexval(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* UNICODE: raw-unicode-escape (\uXXXX, \UXXXXXXXX; other bytes latin-1). */
+static int push_raw_unicode(msnap_pvm_t *vm, const unsigned char *s,
+                            size_t n) {
+  if (scratch(vm, n * 4 + 1) < 0) return MSNAP_ENOMEM;
+  char *o = vm->scratch;
+  size_t k = 0;
+  for (size_t i = 0; i < n;) {
+    if (s[i] == '\\' && i + 1 < n && (s[i + 1] == 'u' || s[i + 1] == 'U')) {
+      size_t nd = s[i + 1] == 'u' ? 4 : 8;
+      if (i + 2 + nd > n)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "truncated \\u escape");
+      uint32_t c = 0;
+      for (size_t j = 0; j < nd; j++) {
+        int h = hexval(s[i + 2 + j]);
+        if (h < 0)
+          return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad \\u escape");
+        c = c * 16 + (uint32_t)h;
+      }
+      if (c > 0x10ffff)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "code point 0x%x out of range", c);
+      k += put_utf8(o + k, c);
+      i += 2 + nd;
+    } else {
+      k += put_utf8(o + k, s[i]);
+      i++;
+    }
+  }
+  return push_str(vm, MSNAP_PV_STR, o, k);
+}
+
+/* STRING: a Python repr-quoted byte string, decoded as ASCII. */
+static int push_quoted(msnap_pvm_t *vm, const unsigned char *s, size_t n) {
+  while (n && (s[n - 1] == '\r' || s[n - 1] == ' ')) n--;
+  if (n < 2 || (s[0] != '\'' && s[0] != '"') || s[n - 1] != s[0])
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "the STRING opcode argument must be quoted");
+  s++;
+  n -= 2;
+  if (scratch(vm, n + 1) < 0) return MSNAP_ENOMEM;
+  char *o = vm->scratch;
+  size_t k = 0;
+  for (size_t i = 0; i < n;) {
+    unsigned c = s[i++];
+    if (c != '\\') {
+      o[k++] = (char)c;
+      continue;
+    }
+    if (i >= n)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "trailing \\ in STRING");
+    c = s[i++];
+    switch (c) {
+    case 'n': o[k++] = '\n'; break;
+    case 't': o[k++] = '\t'; break;
+    case 'r': o[k++] = '\r'; break;
+    case 'a': o[k++] = '\a'; break;
+    case 'b': o[k++] = '\b'; break;
+    case 'f': o[k++] = '\f'; break;
+    case 'v': o[k++] = '\v'; break;
+    case '\n': break;
+    case 'x': {
+      int h1 = i < n ? hexval(s[i]) : -1;
+      int h2 = i + 1 < n ? hexval(s[i + 1]) : -1;
+      if (h1 < 0 || h2 < 0)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad \\x escape");
+      o[k++] = (char)(h1 * 16 + h2);
+      i += 2;
+      break;
+    }
+    default:
+      if (c >= '0' && c <= '7') {
+        unsigned v = c - '0';
+        for (int j = 0; j < 2 && i < n && s[i] >= '0' && s[i] <= '7'; j++)
+          v = v * 8 + (s[i++] - '0');
+        o[k++] = (char)(v & 0xff);
+      } else {
+        o[k++] = '\\';
+        o[k++] = (char)c;
+      }
+    }
+  }
+  for (size_t i = 0; i < k; i++)
+    if ((unsigned char)o[i] >= 0x80)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                             "non-ASCII byte in a protocol-0/1 string");
+  return push_str(vm, MSNAP_PV_STR, o, k);
+}
+
+static int push_ascii(msnap_pvm_t *vm, const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (s[i] >= 0x80)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                             "non-ASCII byte in a BINSTRING");
+  return push_str(vm, MSNAP_PV_STR, s, n);
+}
+
+/* ---- the interpreter ----------------------------------------------------- */
+
+static uint64_t le(const unsigned char *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+#define NEED(k)                                                               \
+  do {                                                                        \
+    if (msnap_unlikely((size_t)(end - p) < (size_t)(k)))                      \
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,                               \
+                             "needs %llu bytes but only %zu remain",          \
+                             (unsigned long long)(k), (size_t)(end - p));     \
+  } while (0)
+
+#define TRY(x)                                                                \
+  do {                                                                        \
+    int rc_ = (x);                                                            \
+    if (msnap_unlikely(rc_ < 0)) return rc_;                                  \
+  } while (0)
+
+/* Read a text line (the argument of a protocol-0 opcode). */
+static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
+                     const unsigned char *end, const unsigned char **line,
+                     size_t *n) {
+  const unsigned char *p = *pp;
+  const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
+  if (!nl)
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "argument line has no terminating newline");
+  *line = p;
+  *n = (size_t)(nl - p);
+  *pp = nl + 1;
+  return 0;
+}
+
+static int refuse(msnap_pvm_t *vm, unsigned op) {
+  return msnap__pvm_fail(vm, MSNAP_EUNSAFE,
+                         "opcode %s (0x%02x) would import or call code; "
+                         "refused",
+                         op_name(op), op);
+}
+
+/*
+ * Execute the pickle in buf[0..len) up to STOP (trailing bytes ignored).
+ * The result is the root value, completed like any stored container.
+ * Every error names the opcode's offset; the VM may be freed after an
+ * error but not run again.
+ */
+int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
+                   msnap_pv_t *result, msnap_read_error_t *err) {
+  const unsigned char *p = buf, *end = buf + len;
+  size_t next_progress = PROGRESS_STEP;
+  vm->base = buf;
+  vm->len = len;
+  vm->err = err;
+  vm->failed = false;
+  if (err) {
+    err->offset = 0;
+    err->msg[0] = 0;
+  }
+  for (;;) {
+    if (msnap_unlikely(p >= end)) {
+      vm->op_off = len;
+      vm->op = MSNAP_OP_STOP;
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                             "the pickle ended without STOP");
+    }
+    vm->op_off = (size_t)(p - buf);
+    if (msnap_unlikely(vm->progress && vm->op_off >= next_progress)) {
+      vm->progress(vm->progress_ctx, vm->op_off);
+      next_progress = vm->op_off + PROGRESS_STEP;
+    }
+    unsigned op = *p++;
+    vm->op = op;
+    switch (op) {
+    case MSNAP_OP_PROTO:
+      NEED(1);
+      if (*p > 5)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "unsupported pickle protocol %u", *p);
+      p++;
+      break;
+    case MSNAP_OP_FRAME: {
+      NEED(8);
+      uint64_t n = le(p, 8);
+      p += 8;
+      if (n > (uint64_t)(end - p))
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "frame of %llu bytes but only %zu remain",
+                               (unsigned long long)n, (size_t)(end - p));
+      break;
+    }
+    case MSNAP_OP_STOP: {
+      msnap_pv_t v = 0;
+      uint32_t d;
+      TRY(pop(vm, &v));
+      vm->op_off = (size_t)(p - buf) - 1;
+      TRY(complete(vm, &v, &d));
+      *result = v;
+      return 0;
+    }
+    case MSNAP_OP_MARK:
+      if (vm->mn >= MSNAP_PICKLE_MAX_DEPTH)
+        return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                               "MARKs nested deeper than %d levels",
+                               MSNAP_PICKLE_MAX_DEPTH);
+      if (msnap__grow((void **)&vm->marks, &vm->mcap, vm->mn, 1,
+                      sizeof *vm->marks) < 0)
+        return oom(vm);
+      vm->marks[vm->mn++] = vm->sn;
+      break;
+    case MSNAP_OP_POP:
+      if (vm->sn > mark_base(vm))
+        stack_unref(vm, vm->stack[--vm->sn]);
+      else if (vm->mn)
+        vm->mn--;
+      else
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "stack underflow");
+      break;
+    case MSNAP_OP_POP_MARK: {
+      uint32_t first = 0;
+      TRY(pop_mark(vm, &first));
+      stack_unref_range(vm, first, vm->sn);
+      vm->sn = first;
+      break;
+    }
+    case MSNAP_OP_DUP: {
+      msnap_pv_t *t = 0;
+      TRY(top(vm, &t));
+      TRY(push(vm, *t));
+      break;
+    }
+    case MSNAP_OP_NONE:
+      TRY(push(vm, MSNAP_PV_NONE));
+      break;
+    case MSNAP_OP_NEWTRUE:
+      TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_TRUE)));
+      break;
+    case MSNAP_OP_NEWFALSE:
+      TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_FALSE)));
+      break;
+    case MSNAP_OP_BININT1:
+      NEED(1);
+      TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_INT, *p)));
+      p++;
+      break;
+    case MSNAP_OP_BININT2:
+      NEED(2);
+      TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_INT, le(p, 2))));
+      p += 2;
+      break;
+    case MSNAP_OP_BININT: {
+      NEED(4);
+      msnap_pv_t v = 0;
+      TRY(make_i64(vm, (int32_t)(uint32_t)le(p, 4), &v));
+      TRY(push(vm, v));
+      p += 4;
+      break;
+    }
+    case MSNAP_OP_LONG1: {
+      NEED(1);
+      size_t n = *p++;
+      NEED(n);
+      TRY(push_long_bytes(vm, p, n));
+      p += n;
+      break;
+    }
+    case MSNAP_OP_LONG4: {
+      NEED(4);
+      int32_t n = (int32_t)(uint32_t)le(p, 4);
+      p += 4;
+      if (n < 0)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "negative LONG4 length");
+      NEED((size_t)n);
+      TRY(push_long_bytes(vm, p, (size_t)n));
+      p += n;
+      break;
+    }
+    case MSNAP_OP_INT:
+    case MSNAP_OP_LONG: {
+      const unsigned char *l = 0;
+      size_t n = 0;
+      TRY(read_line(vm, &p, end, &l, &n));
+      if (op == MSNAP_OP_INT && n == 2 && l[0] == '0' &&
+          (l[1] == '0' || l[1] == '1')) {
+        TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_CONST, l[1] == '1'
+                                                       ? MSNAP_PVC_TRUE
+                                                       : MSNAP_PVC_FALSE)));
+        break;
+      }
+      TRY(push_decimal(vm, (const char *)l, n));
+      break;
+    }
+    case MSNAP_OP_FLOAT: {
+      const unsigned char *l = 0;
+      size_t n = 0;
+      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(scratch(vm, n + 1));
+      memcpy(vm->scratch, l, n);
+      vm->scratch[n] = 0;
+      char *e;
+      double f = strtod(vm->scratch, &e);
+      while (*e == ' ' || *e == '\r') e++;
+      if (e == vm->scratch || *e)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad float literal");
+      TRY(push_float(vm, f));
+      break;
+    }
+    case MSNAP_OP_BINFLOAT: {
+      NEED(8);
+      uint64_t u = 0;
+      for (int i = 0; i < 8; i++) u = (u << 8) | p[i];
+      double f;
+      memcpy(&f, &u, 8);
+      p += 8;
+      TRY(push_float(vm, f));
+      break;
+    }
+    case MSNAP_OP_STRING: {
+      const unsigned char *l = 0;
+      size_t n = 0;
+      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(push_quoted(vm, l, n));
+      break;
+    }
+    case MSNAP_OP_UNICODE: {
+      const unsigned char *l = 0;
+      size_t n = 0;
+      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(push_raw_unicode(vm, l, n));
+      break;
+    }
+    case MSNAP_OP_BINSTRING: {
+      NEED(4);
+      int32_t n = (int32_t)(uint32_t)le(p, 4);
+      p += 4;
+      if (n < 0)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "negative BINSTRING length");
+      NEED((size_t)n);
+      TRY(push_ascii(vm, p, (size_t)n));
+      p += n;
+      break;
+    }
+    case MSNAP_OP_SHORT_BINSTRING: {
+      NEED(1);
+      size_t n = *p++;
+      NEED(n);
+      TRY(push_ascii(vm, p, n));
+      p += n;
+      break;
+    }
+    case MSNAP_OP_SHORT_BINUNICODE:
+    case MSNAP_OP_SHORT_BINBYTES:
+    case MSNAP_OP_BINUNICODE:
+    case MSNAP_OP_BINBYTES:
+    case MSNAP_OP_BINUNICODE8:
+    case MSNAP_OP_BINBYTES8:
+    case MSNAP_OP_BYTEARRAY8: {
+      int w = (op == MSNAP_OP_SHORT_BINUNICODE || op == MSNAP_OP_SHORT_BINBYTES)
+                  ? 1
+              : (op == MSNAP_OP_BINUNICODE || op == MSNAP_OP_BINBYTES) ? 4
+                                                                        : 8;
+      NEED(w);
+      uint64_t n = le(p, w);
+      p += w;
+      NEED(n);
+      unsigned tag = (op == MSNAP_OP_SHORT_BINUNICODE ||
+                      op == MSNAP_OP_BINUNICODE || op == MSNAP_OP_BINUNICODE8)
+                         ? MSNAP_PV_STR
+                     : op == MSNAP_OP_BYTEARRAY8 ? MSNAP_PV_BYTEARRAY
+                                                 : MSNAP_PV_BYTES;
+      TRY(push_str(vm, tag, p, (size_t)n));
+      p += n;
+      break;
+    }
+    case MSNAP_OP_EMPTY_LIST:
+    case MSNAP_OP_EMPTY_DICT:
+    case MSNAP_OP_EMPTY_TUPLE:
+    case MSNAP_OP_EMPTY_SET: {
+      msnap_pv_t v = 0;
+      uint8_t kind = op == MSNAP_OP_EMPTY_LIST   ? MSNAP_POBJ_LIST
+                     : op == MSNAP_OP_EMPTY_DICT ? MSNAP_POBJ_DICT
+                     : op == MSNAP_OP_EMPTY_SET  ? MSNAP_POBJ_SET
+                                                 : MSNAP_POBJ_TUPLE;
+      TRY(obj_new(vm, kind, 0, &v));
+      TRY(push(vm, v));
+      break;
+    }
+    case MSNAP_OP_LIST:
+    case MSNAP_OP_TUPLE:
+    case MSNAP_OP_DICT:
+    case MSNAP_OP_FROZENSET: {
+      uint32_t first = 0;
+      TRY(pop_mark(vm, &first));
+      uint8_t kind = op == MSNAP_OP_LIST    ? MSNAP_POBJ_LIST
+                     : op == MSNAP_OP_TUPLE ? MSNAP_POBJ_TUPLE
+                     : op == MSNAP_OP_DICT  ? MSNAP_POBJ_DICT
+                                            : MSNAP_POBJ_FROZENSET;
+      if (kind == MSNAP_POBJ_FROZENSET)
+        for (uint32_t i = first; i < vm->sn; i++)
+          if (unhashable(vm, vm->stack[i]))
+            return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                                   "unhashable %s in a frozenset",
+                                   msnap__pvm_type(vm, vm->stack[i]));
+      TRY(build_from(vm, kind, first));
+      break;
+    }
+    case MSNAP_OP_TUPLE1:
+    case MSNAP_OP_TUPLE2:
+    case MSNAP_OP_TUPLE3: {
+      uint32_t n = op - MSNAP_OP_TUPLE1 + 1;
+      if (vm->sn < mark_base(vm) + n)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "stack underflow");
+      TRY(build_from(vm, MSNAP_POBJ_TUPLE, vm->sn - n));
+      break;
+    }
+    case MSNAP_OP_APPEND: {
+      msnap_pv_t v = 0, *l = NULL;
+      TRY(pop(vm, &v));
+      TRY(top(vm, &l));
+      TRY(container_at(vm, *l, MSNAP_POBJ_LIST, "APPEND"));
+      TRY(obj_extend(vm, *l, &v, 1, false, true));
+      break;
+    }
+    case MSNAP_OP_APPENDS:
+    case MSNAP_OP_SETITEMS:
+    case MSNAP_OP_ADDITEMS: {
+      uint32_t first = 0;
+      TRY(pop_mark(vm, &first));
+      if (first == 0 || first <= mark_base(vm))
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "no container below the MARK");
+      msnap_pv_t c = vm->stack[first - 1];
+      uint8_t kind = op == MSNAP_OP_APPENDS    ? MSNAP_POBJ_LIST
+                     : op == MSNAP_OP_SETITEMS ? MSNAP_POBJ_DICT
+                                               : MSNAP_POBJ_SET;
+      TRY(container_at(vm, c, kind, op_name(op)));
+      uint32_t n = vm->sn - first;
+      if (kind == MSNAP_POBJ_DICT && (n & 1))
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "odd number of items (%u) for SETITEMS", n);
+      if (kind == MSNAP_POBJ_SET)
+        for (uint32_t i = first; i < vm->sn; i++)
+          if (unhashable(vm, vm->stack[i]))
+            return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                                   "unhashable %s in a set",
+                                   msnap__pvm_type(vm, vm->stack[i]));
+      TRY(obj_extend(vm, c, vm->stack + first, n, kind == MSNAP_POBJ_DICT,
+                     true));
+      vm->sn = first;
+      break;
+    }
+    case MSNAP_OP_SETITEM: {
+      if (vm->sn < mark_base(vm) + 3)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "stack underflow");
+      msnap_pv_t c = vm->stack[vm->sn - 3];
+      TRY(container_at(vm, c, MSNAP_POBJ_DICT, "SETITEM"));
+      TRY(obj_extend(vm, c, vm->stack + vm->sn - 2, 2, true, true));
+      vm->sn -= 2;
+      break;
+    }
+    case MSNAP_OP_GET:
+    case MSNAP_OP_PUT: {
+      const unsigned char *l = 0;
+      size_t n = 0;
+      TRY(read_line(vm, &p, end, &l, &n));
+      uint64_t idx = 0;
+      if (n == 0 || n > 18)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad memo index");
+      for (size_t i = 0; i < n; i++) {
+        if (l[i] < '0' || l[i] > '9')
+          return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad memo index");
+        idx = idx * 10 + (l[i] - '0');
+      }
+      TRY(op == MSNAP_OP_GET ? memo_get(vm, idx) : memo_put(vm, idx));
+      break;
+    }
+    case MSNAP_OP_BINGET:
+    case MSNAP_OP_BINPUT:
+      NEED(1);
+      if (op == MSNAP_OP_BINGET && msnap_likely(memo_get_fast(vm, *p))) {
+        p++;
+        /* runs of gets (list items): no dispatch per opcode */
+        while (end - p >= 2 && *p == MSNAP_OP_BINGET &&
+               memo_get_fast(vm, p[1]))
+          p += 2;
+        break;
+      }
+      TRY(op == MSNAP_OP_BINGET ? memo_get(vm, *p) : memo_put(vm, *p));
+      p++;
+      break;
+    case MSNAP_OP_LONG_BINGET:
+    case MSNAP_OP_LONG_BINPUT:
+      NEED(4);
+      if (op == MSNAP_OP_LONG_BINGET &&
+          msnap_likely(memo_get_fast(vm, le(p, 4)))) {
+        p += 4;
+        while (end - p >= 5 && *p == MSNAP_OP_LONG_BINGET &&
+               memo_get_fast(vm, le(p + 1, 4)))
+          p += 5;
+        break;
+      }
+      TRY(op == MSNAP_OP_LONG_BINGET ? memo_get(vm, le(p, 4))
+                                     : memo_put(vm, le(p, 4)));
+      p += 4;
+      break;
+    case MSNAP_OP_MEMOIZE:
+      TRY(memo_put(vm, vm->memo_count));
+      break;
+    case MSNAP_OP_GLOBAL:
+    case MSNAP_OP_STACK_GLOBAL:
+    case MSNAP_OP_REDUCE:
+    case MSNAP_OP_BUILD:
+    case MSNAP_OP_INST:
+    case MSNAP_OP_OBJ:
+    case MSNAP_OP_NEWOBJ:
+    case MSNAP_OP_NEWOBJ_EX:
+    case MSNAP_OP_EXT1:
+    case MSNAP_OP_EXT2:
+    case MSNAP_OP_EXT4:
+    case MSNAP_OP_PERSID:
+    case MSNAP_OP_BINPERSID:
+    case MSNAP_OP_NEXT_BUFFER:
+    case MSNAP_OP_READONLY_BUFFER:
+      return refuse(vm, op);
+    default:
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unknown opcode 0x%02x",
+                             op);
+    }
+  }
+}
+
+/* ---- generic tree -------------------------------------------------------- */
+
+static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
+                 unsigned depth, uint64_t *budget) {
+  memset(out, 0, sizeof *out);
+  out->kind = MSNAP_GV_NONE;
+  if (depth > MSNAP_PICKLE_MAX_DEPTH || (*budget)-- == 0)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "value too deep or too large to convert");
+  int64_t i;
+  double f;
+  switch (MSNAP_PV_TAG(v)) {
+  case MSNAP_PV_CONST:
+    if (MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_NONE) return 0;
+    out->kind = MSNAP_GV_BOOL;
+    out->u.b = MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_TRUE;
+    return 0;
+  case MSNAP_PV_STR:
+    out->kind = MSNAP_GV_STR;
+    out->u.s = (msnap_str_t)MSNAP_PV_PAYLOAD(v);
+    return 0;
+  case MSNAP_PV_INT:
+  case MSNAP_PV_BOX:
+    if (msnap__pvm_float(vm, v, &f)) {
+      out->kind = MSNAP_GV_FLOAT;
+      out->u.f = f;
+      return 0;
+    }
+    if (msnap__pvm_int(vm, v, &i, NULL) == MSNAP_PINT_I64) {
+      out->kind = MSNAP_GV_INT;
+      out->u.i = i;
+      return 0;
+    }
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "integer does not fit in 64 signed bits");
+  case MSNAP_PV_OBJ: {
+    msnap_pobj_t *o = msnap__pvm_obj(vm, v);
+    if (!o)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "consumed container");
+    if (o->kind == MSNAP_POBJ_SET || o->kind == MSNAP_POBJ_FROZENSET)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "a set is not supported");
+    if (o->flags & OBJF_VISITING)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "recursive structure");
+    uint32_t n = o->n;
+    msnap_gv_t *items = n ? calloc(n, sizeof *items) : NULL;
+    if (n && !items) return oom(vm);
+    out->kind = o->kind == MSNAP_POBJ_LIST    ? MSNAP_GV_LIST
+                : o->kind == MSNAP_POBJ_TUPLE ? MSNAP_GV_TUPLE
+                                              : MSNAP_GV_DICT;
+    out->u.seq.items = items;
+    out->u.seq.n = n;
+    o->flags |= OBJF_VISITING;
+    uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(v) & OBJ_INDEX_MASK);
+    for (uint32_t k = 0; k < n; k++) {
+      int rc = to_gv(vm, msnap__pobj_item(&vm->objs[idx], k), &items[k],
+                     depth + 1,
+                     budget);
+      if (rc < 0) {
+        vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
+        msnap__gv_free(out);
+        return rc;
+      }
+    }
+    vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
+    return 0;
+  }
+  case MSNAP_PV_REC:
+    if (vm->rec_gv) return vm->rec_gv(vm->cb_ctx, v, out);
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
+  default:
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "a %s cannot be kept as a generic value",
+                           msnap__pvm_type(vm, v));
+  }
+}
+
+int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out) {
+  uint64_t budget = 1u << 24;
+  return to_gv(vm, v, out, 0, &budget);
+}
+
+/* ---- canonical text ------------------------------------------------------ */
+
+/*
+ * The canonical form (tests/pickle/canon.py produces the same from a
+ * Python object): N, T, F; i<decimal> for ints in [-2^63, 2^64), else
+ * I[-]0x<hex>; f<16 hex digits of the IEEE bits>; s<hex utf-8>; ;
+ * b<hex>; and B<hex>; for bytes/bytearray; [..] lists, (..) tuples,
+ * {k:v,..} dicts in insertion order, S{..} / Z{..} sets / frozensets with
+ * elements sorted by their canonical text; items separated by ','.
+ */
+typedef struct canon_s {
+  msnap_pvm_t *vm;
+  msnap_sink_t *out;
+  uint64_t budget;
+} canon_t;
+
+/*
+ * Canonical text of v (recursive; depth and size bounded).
+ */
+static int canon(canon_t *c, msnap_pv_t v, unsigned depth);
+
+static int cput(canon_t *c, const char *s) {
+  return msnap__sink_write(c->out, s, strlen(s));
+}
+
+static int chex(canon_t *c, const unsigned char *p, size_t n) {
+  static const char hx[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    char b[2] = {hx[p[i] >> 4], hx[p[i] & 15]};
+    msnap__sink_write(c->out, b, 2);
+  }
+  return c->out->err;
+}
+
+static int canon_big(canon_t *c, const unsigned char *b, size_t n) {
+  bool neg = n && (b[n - 1] & 0x80);
+  unsigned char *m = malloc(n ? n : 1);
+  if (!m) return MSNAP_ENOMEM;
+  memcpy(m, b, n);
+  if (neg) {
+    unsigned carry = 1;
+    for (size_t i = 0; i < n; i++) {
+      unsigned x = (unsigned)(unsigned char)~m[i] + carry;
+      m[i] = (unsigned char)x;
+      carry = x >> 8;
+    }
+  }
+  size_t top = n;
+  while (top > 1 && m[top - 1] == 0) top--;
+  cput(c, neg ? "I-0x" : "I0x");
+  static const char hx[] = "0123456789abcdef";
+  bool lead = true;
+  for (size_t i = top; i-- > 0;) {
+    for (int h = 1; h >= 0; h--) {
+      unsigned d = (m[i] >> (4 * h)) & 15;
+      if (lead && d == 0 && !(i == 0 && h == 0)) continue;
+      lead = false;
+      msnap__sink_write(c->out, &hx[d], 1);
+    }
+  }
+  free(m);
+  return c->out->err;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int canon_set(canon_t *c, msnap_pobj_t *o, uint32_t idx,
+                     unsigned depth) {
+  uint32_t n = o->n;
+  char **parts = calloc(n ? n : 1, sizeof *parts);
+  if (!parts) return MSNAP_ENOMEM;
+  int rc = 0;
+  msnap_sink_t *saved = c->out;
+  for (uint32_t k = 0; k < n && rc == 0; k++) {
+    msnap_membuf_t mb = {0};
+    msnap_sink_t s;
+    if ((rc = msnap__sink_init_mem(&s, &mb)) < 0) break;
+    c->out = &s;
+    rc = canon(c, msnap__pobj_item(&c->vm->objs[idx], k), depth + 1);
+    c->out = saved;
+    if (rc == 0) rc = msnap__sink_write(&s, "", 1);
+    int frc = msnap__sink_finish(&s);
+    if (rc == 0) rc = frc;
+    parts[k] = mb.data;
+    if (rc == 0 && !mb.data) rc = MSNAP_ENOMEM;
+  }
+  c->out = saved;
+  if (rc == 0) {
+    qsort(parts, n, sizeof *parts, cmp_str);
+    for (uint32_t k = 0; k < n; k++) {
+      if (k) cput(c, ",");
+      cput(c, parts[k]);
+    }
+  }
+  for (uint32_t k = 0; k < n; k++) free(parts[k]);
+  free(parts);
+  return rc;
+}
+
+static int canon(canon_t *c, msnap_pv_t v, unsigned depth) {
+  msnap_pvm_t *vm = c->vm;
+  char tmp[64];
+  if (depth > MSNAP_PICKLE_MAX_DEPTH + 1 || c->budget-- == 0)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "value too deep or too large to print");
+  switch (MSNAP_PV_TAG(v)) {
+  case MSNAP_PV_CONST:
+    return cput(c, MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_NONE    ? "N"
+                   : MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_TRUE ? "T"
+                                                           : "F");
+  case MSNAP_PV_INT:
+    snprintf(tmp, sizeof tmp, "i%lld", (long long)inline_int(v));
+    return cput(c, tmp);
+  case MSNAP_PV_STR:
+  case MSNAP_PV_BYTES:
+  case MSNAP_PV_BYTEARRAY: {
+    size_t n = 0;
+    const char *s = msnap__snap_str(vm->snap, (msnap_str_t)MSNAP_PV_PAYLOAD(v),
+                                    &n);
+    unsigned t = MSNAP_PV_TAG(v);
+    cput(c, t == MSNAP_PV_STR ? "s" : t == MSNAP_PV_BYTES ? "b" : "B");
+    chex(c, (const unsigned char *)s, n);
+    return cput(c, ";");
+  }
+  case MSNAP_PV_BOX: {
+    const box_t *b = &vm->boxes[MSNAP_PV_PAYLOAD(v)];
+    switch (b->kind) {
+    case BOX_FLOAT: {
+      uint64_t u;
+      memcpy(&u, &b->v.f, 8);
+      snprintf(tmp, sizeof tmp, "f%016llx", (unsigned long long)u);
+      break;
+    }
+    case BOX_I64:
+      snprintf(tmp, sizeof tmp, "i%lld", (long long)b->v.i);
+      break;
+    case BOX_U64:
+      snprintf(tmp, sizeof tmp, "i%llu", (unsigned long long)b->v.u);
+      break;
+    default:
+      return canon_big(c, vm->big + b->v.big.off, b->v.big.len);
+    }
+    return cput(c, tmp);
+  }
+  case MSNAP_PV_OBJ: {
+    msnap_pobj_t *o = msnap__pvm_obj(vm, v);
+    if (!o) return msnap__pvm_fail(vm, MSNAP_EFORMAT, "consumed container");
+    if (o->flags & OBJF_VISITING)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "recursive structure");
+    uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(v) & OBJ_INDEX_MASK);
+    o->flags |= OBJF_VISITING;
+    static const char *const open[] = {"", "[", "(", "{", "S{", "Z{"};
+    static const char *const close[] = {"", "]", ")", "}", "}", "}"};
+    uint8_t kind = o->kind;
+    int rc = cput(c, open[kind]);
+    if (kind == MSNAP_POBJ_SET || kind == MSNAP_POBJ_FROZENSET) {
+      if (rc == 0) rc = canon_set(c, o, idx, depth);
+    } else {
+      for (uint32_t k = 0; rc == 0 && k < vm->objs[idx].n; k++) {
+        if (k) cput(c, kind == MSNAP_POBJ_DICT && (k & 1) ? ":" : ",");
+        rc = canon(c, msnap__pobj_item(&vm->objs[idx], k), depth + 1);
+      }
+    }
+    vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
+    if (rc == 0) rc = cput(c, close[kind]);
+    return rc;
+  }
+  default:
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
+  }
+}
+
+/*
+ * Run a pickle with no consumer and print its canonical text.
+ */
+int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
+                        msnap_read_error_t *err) {
+  msnap_snap_t *strings = msnap__snap_new();
+  msnap_pvm_t *vm = strings ? msnap__pvm_new(strings, NULL, NULL) : NULL;
+  if (!vm) {
+    msnap__snap_free(strings);
+    return MSNAP_ENOMEM;
+  }
+  msnap_pv_t root;
+  int rc = msnap__pvm_run(vm, buf, len, &root, err);
+  if (rc == 0) {
+    msnap_sink_t s;
+    memset(out, 0, sizeof *out);
+    rc = msnap__sink_init_mem(&s, out);
+    if (rc == 0) {
+      /* shared containers are printed each time: bound the expansion */
+      canon_t c = {vm, &s, (uint64_t)len * 16 + 65536};
+      vm->phase = "printing the canonical form";
+      rc = canon(&c, root, 0);
+      if (rc == 0) rc = msnap__sink_write(&s, "", 1);
+      int frc = msnap__sink_finish(&s);
+      if (rc == 0) rc = frc;
+      if (rc < 0) {
+        free(out->data);
+        memset(out, 0, sizeof *out);
+      }
+    }
+  }
+  msnap__pvm_free(vm);
+  msnap__snap_free(strings);
+  return rc;
+}

@@ -1,0 +1,291 @@
+/*
+ * snapshot.h -- the snapshot model: one in-memory form for every generation
+ * of PyTorch's snapshot format (2.0 per-block `history`, 2.1, 2.6, newest,
+ * and a bare list of segments from memory_snapshot()) and for live
+ * snapshots of a msnap_allocator_t.
+ *
+ * Who uses it:
+ *   - api/snapshot.c fills it from a live allocator (under the device lock
+ *     for segments, copying the history ring), then serializes it outside
+ *     the lock;
+ *   - snapshot_read.c fills it from a pickle file (any generation);
+ *   - snapshot_write.c writes it as a pickle (protocol 4, MemoryViz opcode
+ *     subset) or JSON, keeping exactly the keys the source had;
+ *   - the memsnap CLI (check, summary, diff, replay, view, convert) reads it.
+ *
+ * Invariants (checked by msnap__snap_check_model):
+ *   - Every string id is 0 (= key absent) or < nstrings; string 1 is "".
+ *   - Every stack id is 0 (= key absent), 1 (= empty list []), or <
+ *     nstacks; a stack is a span of stack_frames, each < nframes.
+ *   - segments[i].first_block + nblocks <= nblocks (total); blocks of a
+ *     segment are consecutive in `blocks`.
+ *   - device_traces has ndevices lists (ndevices may be 0 for a bare list).
+ * The model does NOT assume the file was consistent: checking sums,
+ * contiguity and ordering is the CLI's `check` job, which reports where.
+ *
+ * Memory: every record is a fixed-size struct; strings, frames and stacks
+ * are interned once (xxHash), so a file with shared frames costs little
+ * more than its distinct frames.
+ */
+#ifndef MSNAP_SNAPSHOT_H
+#define MSNAP_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memsnap.h"
+
+typedef uint32_t msnap_str_t;   /* 0: absent; 1: "" */
+typedef uint32_t msnap_stack_t; /* 0: absent (no key); 1: [] */
+
+#define MSNAP_STR_ABSENT 0u
+#define MSNAP_STR_EMPTY 1u
+#define MSNAP_STACK_ABSENT 0u
+#define MSNAP_STACK_EMPTY 1u
+
+typedef struct msnap_frame_s {
+  msnap_str_t name, filename;
+  int64_t line;
+  /* Optional FX-augmentation keys (0 = absent). */
+  msnap_str_t fx_node_op, fx_node_name, fx_node_target, fx_original_trace;
+} msnap_frame_t;
+
+typedef struct msnap_span_s {
+  uint32_t first, n;
+} msnap_span_t;
+
+enum msnap_block_state_e {
+  MSNAP_BLOCK_INACTIVE = 0,
+  MSNAP_BLOCK_ACTIVE_ALLOCATED = 1,
+  MSNAP_BLOCK_ACTIVE_PENDING_FREE = 2,
+  MSNAP_BLOCK_UNKNOWN_STATE = 3 /* state string kept in state_str */
+};
+
+/* Key-presence bits, so a rewrite keeps exactly the keys of the source. */
+enum {
+  MSNAP_K_ADDRESS = 1u << 0,        /* block address (absent in 2.0)    */
+  MSNAP_K_REQUESTED = 1u << 1,      /* requested_size                    */
+  MSNAP_K_FRAMES = 1u << 2,         /* frames                            */
+  MSNAP_K_POOL_ID = 1u << 3,        /* segment_pool_id / pool_id         */
+  MSNAP_K_EXPANDABLE = 1u << 4,     /* is_expandable                     */
+  MSNAP_K_TIME = 1u << 5,           /* time_us                           */
+  MSNAP_K_COMPILE_CTX = 1u << 6,    /* compile_context                   */
+  MSNAP_K_USER_META = 1u << 7,      /* user_metadata                     */
+  MSNAP_K_HISTORY = 1u << 8,        /* 2.0 block `history`               */
+  MSNAP_K_FORWARD = 1u << 9,        /* forward_frames                    */
+  MSNAP_K_DEVICE_FREE = 1u << 10,   /* oom entry: device_free not addr   */
+  MSNAP_K_STREAM = 1u << 11,
+  MSNAP_K_SEGMENT_TYPE = 1u << 12,
+  MSNAP_K_INTERNAL_META = 1u << 13,
+  MSNAP_K_FRAMES_LAST = 1u << 14    /* segment: `frames` after `blocks`  */
+};
+/* Notes on the bits (added by the pickle helper):
+ *   - segments: MSNAP_K_REQUESTED stands for the three sums
+ *     allocated_size/active_size/requested_size; device, address and
+ *     total_size are always written.
+ *   - trace entries: MSNAP_K_ADDRESS = `addr` present, MSNAP_K_DEVICE_FREE
+ *     = `device_free` present; action and size are always written.
+ *   - Models not produced by snapshot_read.c (live snapshots) with
+ *     generation MSNAP_GEN_CURRENT are written with every key PyTorch
+ *     writes (cuda-reference §2) whatever their bits say; if their top_keys
+ *     is 0, all six top-level keys are written. */
+
+typedef struct msnap_sblock_s {
+  uint64_t address, size, requested_size;
+  msnap_stack_t frames;
+  uint32_t forward_frames; /* index into strlists, 0 = absent */
+  msnap_span_t history;    /* 2.0: span of `histories`          */
+  msnap_str_t state_str;   /* only for MSNAP_BLOCK_UNKNOWN_STATE  */
+  uint16_t keys;           /* MSNAP_K_* present in the source    */
+  uint8_t state;           /* enum msnap_block_state_e           */
+} msnap_sblock_t;
+
+/* 2.0 per-block history element {addr, real_size, frames}. */
+typedef struct msnap_shistory_s {
+  uint64_t addr, real_size;
+  msnap_stack_t frames;
+} msnap_shistory_t;
+
+typedef struct msnap_ssegment_s {
+  int64_t device;
+  uint64_t address, total_size, allocated_size, active_size, requested_size;
+  int64_t stream;
+  msnap_mempool_id_t pool_id;
+  msnap_stack_t frames;
+  uint32_t forward_frames;
+  uint32_t first_block, nblocks;
+  uint16_t keys;
+  uint8_t is_large;      /* segment_type "large" */
+  uint8_t is_expandable;
+} msnap_ssegment_t;
+
+#define MSNAP_ACTION_UNKNOWN 255 /* action string kept in action_str */
+
+typedef struct msnap_strace_s {
+  uint64_t addr; /* device_free for oom entries (MSNAP_K_DEVICE_FREE) */
+  uint64_t size;
+  int64_t stream;
+  int64_t time_us;
+  msnap_mempool_id_t pool_id;
+  msnap_stack_t frames;
+  uint32_t forward_frames;
+  msnap_str_t compile_context, user_metadata, internal_metadata;
+  msnap_str_t action_str; /* only for MSNAP_ACTION_UNKNOWN (e.g. legacy "free") */
+  uint16_t keys;
+  uint8_t action; /* msnap_action_t or MSNAP_ACTION_UNKNOWN */
+} msnap_strace_t;
+
+typedef struct msnap_sannotation_s {
+  msnap_str_t name;
+  int64_t device;
+  int64_t time_us;
+  uint8_t is_start; /* stage "START" / "END" */
+} msnap_sannotation_t;
+
+typedef struct msnap_trace_list_s {
+  msnap_strace_t *v;
+  uint32_t n, cap;
+} msnap_trace_list_t;
+
+/* A generic value for the free-form parts (allocator_settings, unknown
+ * top-level keys): a small tree. */
+typedef enum msnap_gv_kind_e {
+  MSNAP_GV_NONE,
+  MSNAP_GV_BOOL,
+  MSNAP_GV_INT,
+  MSNAP_GV_FLOAT,
+  MSNAP_GV_STR,
+  MSNAP_GV_LIST,
+  MSNAP_GV_TUPLE,
+  MSNAP_GV_DICT
+} msnap_gv_kind_t;
+
+typedef struct msnap_gv_s {
+  msnap_gv_kind_t kind;
+  union {
+    bool b;
+    int64_t i;
+    double f;
+    msnap_str_t s;
+    struct {
+      struct msnap_gv_s *items; /* dict: key,value,key,value... */
+      uint32_t n;               /* number of items (dict: 2*pairs) */
+    } seq;
+  } u;
+} msnap_gv_t;
+
+typedef enum msnap_generation_e {
+  MSNAP_GEN_SEGMENT_LIST = 0, /* bare list of segments (memory_snapshot()) */
+  MSNAP_GEN_2_0 = 1,          /* blocks with `history`, no block address   */
+  MSNAP_GEN_2_1 = 2,          /* device_traces, frames, no time_us         */
+  MSNAP_GEN_2_2 = 3,          /* time_us                                   */
+  MSNAP_GEN_2_6 = 4,          /* allocator_settings, external_annotations  */
+  MSNAP_GEN_CURRENT = 5       /* compile_context, user_metadata, pool_id,  */
+                              /* host_segments/host_traces                  */
+} msnap_generation_t;
+
+typedef struct msnap_snap_s {
+  msnap_generation_t generation;
+  uint32_t top_keys; /* MSNAP_TOP_* present */
+
+  /* interned strings: offsets into one buffer */
+  char *strbuf;
+  size_t strbuf_len, strbuf_cap;
+  uint64_t *str_off; /* str_off[id] = offset; length = next - off - 1 */
+  uint32_t nstrings, str_cap;
+
+  msnap_frame_t *frames;
+  uint32_t nframes, frames_cap;
+  uint32_t *stack_frames; /* flat frame ids */
+  uint32_t nstack_frames, stack_frames_cap;
+  msnap_span_t *stacks;
+  uint32_t nstacks, stacks_cap;
+  msnap_span_t *strlists; /* forward_frames: spans of strlist_items */
+  uint32_t nstrlists, strlists_cap;
+  msnap_str_t *strlist_items;
+  uint32_t nstrlist_items, strlist_items_cap;
+
+  msnap_ssegment_t *segments;
+  uint32_t nsegments, segments_cap;
+  msnap_sblock_t *blocks;
+  uint32_t nblocks, blocks_cap;
+  msnap_shistory_t *histories;
+  uint32_t nhistories, histories_cap;
+
+  msnap_trace_list_t *device_traces;
+  uint32_t ndevices;
+
+  msnap_sannotation_t *annotations;
+  uint32_t nannotations, annotations_cap;
+
+  msnap_gv_t allocator_settings; /* MSNAP_GV_NONE if absent */
+
+  msnap_ssegment_t *host_segments; /* blocks in host_blocks */
+  uint32_t nhost_segments, host_segments_cap;
+  msnap_sblock_t *host_blocks;
+  uint32_t nhost_blocks, host_blocks_cap;
+  msnap_trace_list_t host_traces;
+
+  /* private: intern hash tables, arenas */
+  struct msnap_snap_priv_s *priv;
+} msnap_snap_t;
+
+enum {
+  MSNAP_TOP_SEGMENTS = 1u << 0,
+  MSNAP_TOP_DEVICE_TRACES = 1u << 1,
+  MSNAP_TOP_ALLOCATOR_SETTINGS = 1u << 2,
+  MSNAP_TOP_EXTERNAL_ANNOTATIONS = 1u << 3,
+  MSNAP_TOP_HOST_SEGMENTS = 1u << 4,
+  MSNAP_TOP_HOST_TRACES = 1u << 5
+};
+
+/* --- construction (snapshot.c) ----------------------------------------- */
+msnap_snap_t *msnap__snap_new(void);
+void msnap__snap_free(msnap_snap_t *s);
+/* Intern a string (not necessarily NUL-terminated); 0 on ENOMEM. */
+msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len);
+const char *msnap__snap_str(const msnap_snap_t *s, msnap_str_t id,
+                            size_t *len);
+/* Intern a frame; returns its id or UINT32_MAX on ENOMEM. */
+uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f);
+/* Intern a stack of frame ids (innermost first); n == 0 gives
+ * MSNAP_STACK_EMPTY; UINT32_MAX... returns 0 on ENOMEM. */
+msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
+                                uint32_t n);
+uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
+                             uint32_t n);
+/* Append records; return a pointer to the zeroed new record or NULL. */
+msnap_ssegment_t *msnap__snap_add_segment(msnap_snap_t *s);
+msnap_sblock_t *msnap__snap_add_block(msnap_snap_t *s);
+msnap_shistory_t *msnap__snap_add_history(msnap_snap_t *s);
+int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices);
+msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l);
+msnap_sannotation_t *msnap__snap_add_annotation(msnap_snap_t *s);
+void msnap__gv_free(msnap_gv_t *v);
+/* Structural invariants of the model (see top of file). */
+int msnap__snap_check_model(const msnap_snap_t *s, char *msg, size_t len);
+
+/* --- reading (snapshot_read.c) ------------------------------------------ */
+typedef struct msnap_read_error_s {
+  uint64_t offset;  /* byte offset in the file            */
+  char msg[512];    /* "offset N: <what> (while <phase>)" */
+} msnap_read_error_t;
+/* Read any generation.  MSNAP_EFORMAT / MSNAP_EUNSAFE / MSNAP_ELIMIT /
+ * MSNAP_EIO with err filled. */
+int msnap__snap_read_file(const char *path, msnap_snap_t **out,
+                          msnap_read_error_t *err);
+int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
+                            msnap_read_error_t *err);
+
+/* --- writing (snapshot_write.c) ----------------------------------------- */
+struct msnap_sink_s;
+/* Pickle protocol 4, MemoryViz opcode subset, memo for repeated strings,
+ * frames and stacks, streamed to the sink. */
+int msnap__snap_write_pickle(const msnap_snap_t *s, struct msnap_sink_s *out);
+int msnap__snap_write_json(const msnap_snap_t *s, struct msnap_sink_s *out);
+/* Write to path through a temporary file + rename. */
+int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
+                           bool json);
+
+#endif /* MSNAP_SNAPSHOT_H */

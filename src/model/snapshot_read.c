@@ -1,0 +1,1200 @@
+/*
+ * snapshot_read.c -- read a snapshot pickle of any generation into the
+ * model (snapshot.h): 2.0 (blocks with `history`, no block address), 2.1,
+ * 2.2, 2.6, the newest dict, and a bare list of segments.
+ *
+ * Design (memory bound: a snapshot is read in about 1.5x its file size):
+ *   - The file is mmap'ed read-only and the safe VM (pickle_read.c) runs
+ *     over it; every 64 MiB the consumed pages are dropped from the
+ *     process (MADV_DONTNEED), so the input costs little resident memory.
+ *   - No generic object tree of the file is built.  The VM calls
+ *     snap_complete() whenever a container is stored into another one.
+ *     At that moment the container is complete (a pickler writes a
+ *     container fully before the opcode that stores it), and this file
+ *     classifies it by its keys and turns it into a model record:
+ *       frame dict          -> interned frame id        (REC_FRAME)
+ *       list of frames      -> interned stack id        (REC_STACK)
+ *       (int, int) tuple    -> interned pool-id pair    (REC_PAIR)
+ *       dict with `action`  -> msnap_strace_t in a pool (REC_TRACE)
+ *       dict with `state`   -> msnap_sblock_t           (REC_BLOCK)
+ *       dict with `real_size` (2.0 history) -> msnap_shistory_t
+ *       dict with `blocks`  -> msnap_ssegment_t         (REC_SEG)
+ *       dict with `stage`   -> msnap_sannotation_t      (REC_ANNOT)
+ *       empty list          -> REC_EMPTY
+ *     The VM then frees the container and points its memo slot at the
+ *     record, so a frame list shared through the memo is interned once and
+ *     every later BINGET of it is one 8-byte value.
+ *   - What stays alive until STOP: the trace lists (kept by the VM as
+ *     ranges of consecutive records, so no per-entry item array), the memo
+ *     (8 bytes per memoized object, written lazily), the trace pool (one
+ *     msnap_strace_t, 80 bytes, per entry) and small generic containers
+ *     (the top-level dict, allocator_settings).  At STOP the root dict is
+ *     mapped: the device list whose entries start the pool takes the pool
+ *     array itself (no copy), other lists are copied out, segments and
+ *     blocks are laid out in list order.
+ *   Measured (bench/bench_pickle): 1M entries, a 59 MB file written by
+ *   memsnap -> 87 MB peak RSS growth (1.47x); the same object written by
+ *   CPython (which memoizes every dict) -> 1.62x.  The 80-byte record per
+ *   entry is the floor; real PyTorch entries are larger in the file
+ *   (pool_id tuples, compile_context keys), so real ratios are lower.
+
+ * Key presence: every optional key sets its MSNAP_K_* bit (and top-level
+ * keys MSNAP_TOP_*), so snapshot_write.c writes back exactly the keys of
+ * the source.  2.0 blocks get address = segment address + sizes of the
+ * preceding blocks with MSNAP_K_ADDRESS clear.  Keys the model does not
+ * know (e.g. `category` of _profile_to_snapshot entries) are dropped.
+ *
+ * Big integers (beyond 64 bits) and negative sizes/addresses are refused
+ * with MSNAP_EFORMAT naming the key; the pickle itself stays readable by
+ * msnap__pickle_canon.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "model/pickle.h"
+
+enum rec_kind_e {
+  REC_FRAME = 1,
+  REC_STACK,
+  REC_PAIR,
+  REC_TRACE,
+  REC_BLOCK,
+  REC_HIST,
+  REC_SEG,
+  REC_ANNOT,
+  REC_EMPTY
+};
+
+/* Keys known to the model; interned first, so their string ids are small
+ * and a table maps id -> key. */
+#define KEY_LIST(X)                                                           \
+  X(action) X(addr) X(size) X(stream) X(time_us) X(frames) X(forward_frames) \
+  X(compile_context) X(user_metadata) X(internal_metadata) X(pool_id)        \
+  X(device_free) X(device) X(address) X(total_size) X(allocated_size)        \
+  X(active_size) X(requested_size) X(segment_type) X(segment_pool_id)        \
+  X(is_expandable) X(blocks) X(state) X(history) X(real_size) X(name)        \
+  X(filename) X(line) X(fx_node_op) X(fx_node_name) X(fx_node_target)        \
+  X(fx_original_trace) X(stage) X(segments) X(device_traces)                 \
+  X(allocator_settings) X(external_annotations) X(host_segments)             \
+  X(host_traces)
+
+enum key_e {
+#define KEY_ENUM_(k) KEY_##k,
+  KEY_LIST(KEY_ENUM_)
+#undef KEY_ENUM_
+  NKEYS
+};
+
+static const char *const key_names[NKEYS] = {
+#define KEY_NAME_(k) #k,
+    KEY_LIST(KEY_NAME_)
+#undef KEY_NAME_
+};
+
+typedef struct fields_s {
+  msnap_pv_t v[NKEYS];
+  uint64_t present;
+  int pos[NKEYS]; /* item order, for key-order facts */
+} fields_t;
+
+typedef struct pair_tab_s {
+  msnap_mempool_id_t *v;
+  uint32_t n, cap;
+  uint32_t *slots; /* id + 1 */
+  uint32_t mask;
+  uint64_t seed;
+} pair_tab_t;
+
+static uint32_t pair_hash(const pair_tab_t *t, uint64_t a, uint64_t b) {
+  uint64_t k[2] = {a, b};
+  return (uint32_t)XXH3_64bits_withSeed(k, sizeof k, t->seed);
+}
+
+typedef struct rd_s {
+  msnap_snap_t *s;
+  msnap_pvm_t *vm;
+  msnap_str_t key_str[NKEYS];
+  uint8_t *key_of; /* key_of[str id] = key + 1, for ids < nkey_of */
+  uint32_t nkey_of;
+  msnap_str_t action_str[MSNAP_ACTION_COUNT];
+  msnap_str_t st_alloc, st_pending, st_inactive, seg_large, seg_small,
+      stage_start, stage_end;
+  msnap_strace_t *pool;
+  uint32_t npool, pool_cap;
+  pair_tab_t pairs;
+  uint32_t *ids;
+  uint32_t nids_cap;
+  uint32_t nseg_records, nblock_records; /* made during the run */
+  size_t len; /* input bytes: each memo reference costs >= 2 of them */
+  bool any_current_key, any_time;
+} rd_t;
+
+#define REC(kind, idx) MSNAP_PV_REC_MAKE(kind, idx)
+#define IS_REC(v, kind)                                                       \
+  (MSNAP_PV_TAG(v) == MSNAP_PV_REC && MSNAP_PV_REC_KIND(v) == (kind))
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static int ids_room(rd_t *r, uint32_t n) {
+  if (n <= r->nids_cap) return 0;
+  uint32_t *p = realloc(r->ids, (size_t)n * sizeof *p);
+  if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  r->ids = p;
+  r->nids_cap = n;
+  return 0;
+}
+
+static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
+  pair_tab_t *t = &r->pairs;
+  if (!t->slots || (t->n + 1) * 2 > t->mask + 1) {
+    uint32_t nc = t->slots ? (t->mask + 1) * 2 : 64;
+    uint32_t *ns = calloc(nc, sizeof *ns);
+    if (!ns) return UINT32_MAX;
+    for (uint32_t i = 0; i < t->n; i++) {
+      uint32_t h = pair_hash(t, t->v[i].first, t->v[i].second) & (nc - 1);
+      while (ns[h]) h = (h + 1) & (nc - 1);
+      ns[h] = i + 1;
+    }
+    free(t->slots);
+    t->slots = ns;
+    t->mask = nc - 1;
+  }
+  uint32_t h = pair_hash(t, a, b) & t->mask;
+  while (t->slots[h]) {
+    msnap_mempool_id_t *e = &t->v[t->slots[h] - 1];
+    if (e->first == a && e->second == b) return t->slots[h] - 1;
+    h = (h + 1) & t->mask;
+  }
+  if (msnap__grow((void **)&t->v, &t->cap, t->n, 1, sizeof *t->v) < 0)
+    return UINT32_MAX;
+  t->v[t->n] = (msnap_mempool_id_t){a, b};
+  t->slots[h] = t->n + 1;
+  return t->n++;
+}
+
+/* Collect the known keys of a dict object into f. */
+static void get_fields(rd_t *r, const msnap_pobj_t *o, fields_t *f) {
+  f->present = 0;
+  for (uint32_t i = 0; i + 1 < o->n; i += 2) {
+    msnap_pv_t k = msnap__pobj_item(o, i);
+    if (MSNAP_PV_TAG(k) != MSNAP_PV_STR) continue;
+    uint64_t id = MSNAP_PV_PAYLOAD(k);
+    if (id >= r->nkey_of || !r->key_of[id]) continue;
+    int key = r->key_of[id] - 1;
+    f->present |= 1ull << key;
+    f->v[key] = msnap__pobj_item(o, i + 1);
+    f->pos[key] = (int)i;
+  }
+}
+
+#define HAS(f, k) (((f)->present >> KEY_##k) & 1u)
+
+static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
+  const char *t = msnap__pvm_type(r->vm, v);
+  const char *art = !strcmp(t, "None")         ? ""
+                    : strchr("aeiouAEIOU", t[0]) ? "an "
+                                                 : "a ";
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is %s%s, expected %s",
+                         key_names[key], art, t, want);
+}
+
+static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
+  int64_t i;
+  msnap_pv_t v = f->v[key];
+  if (msnap__pvm_int(r->vm, v, &i, NULL) != MSNAP_PINT_I64 ||
+      MSNAP_PV_TAG(v) == MSNAP_PV_CONST)
+    return bad_type(r, key, v, "an int in 64 signed bits");
+  *out = i;
+  return 0;
+}
+
+static int get_u64(rd_t *r, const fields_t *f, int key, uint64_t *out) {
+  int64_t i;
+  uint64_t u;
+  msnap_pv_t v = f->v[key];
+  switch (msnap__pvm_int(r->vm, v, &i, &u)) {
+  case MSNAP_PINT_I64:
+    if (i < 0) return bad_type(r, key, v, "a non-negative int");
+    *out = (uint64_t)i;
+    return 0;
+  case MSNAP_PINT_U64:
+    *out = u;
+    return 0;
+  case MSNAP_PINT_BIG:
+    return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                           "'%s' does not fit in 64 bits", key_names[key]);
+  default:
+    return bad_type(r, key, v, "an int");
+  }
+}
+
+static int get_str(rd_t *r, const fields_t *f, int key, msnap_str_t *out) {
+  msnap_pv_t v = f->v[key];
+  if (MSNAP_PV_TAG(v) != MSNAP_PV_STR) return bad_type(r, key, v, "a str");
+  *out = (msnap_str_t)MSNAP_PV_PAYLOAD(v);
+  return 0;
+}
+
+static int get_bool(rd_t *r, const fields_t *f, int key, uint8_t *out) {
+  msnap_pv_t v = f->v[key];
+  if (v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_TRUE))
+    *out = 1;
+  else if (v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_FALSE))
+    *out = 0;
+  else
+    return bad_type(r, key, v, "a bool");
+  return 0;
+}
+
+static int get_pair(rd_t *r, const fields_t *f, int key,
+                    msnap_mempool_id_t *out) {
+  msnap_pv_t v = f->v[key];
+  if (!IS_REC(v, REC_PAIR))
+    return bad_type(r, key, v, "a (int, int) tuple");
+  *out = r->pairs.v[MSNAP_PV_REC_INDEX(v)];
+  return 0;
+}
+
+static int get_stack(rd_t *r, const fields_t *f, int key,
+                     msnap_stack_t *out) {
+  msnap_pv_t v = f->v[key];
+  if (IS_REC(v, REC_STACK))
+    *out = (msnap_stack_t)MSNAP_PV_REC_INDEX(v);
+  else if (IS_REC(v, REC_EMPTY))
+    *out = MSNAP_STACK_EMPTY;
+  else
+    return bad_type(r, key, v, "a list of frame dicts");
+  return 0;
+}
+
+/* forward_frames: a list of str (consumed: replaced by REC_EMPTY). */
+static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
+  msnap_pv_t v = f->v[key];
+  if (IS_REC(v, REC_EMPTY)) {
+    *out = msnap__snap_strlist(r->s, NULL, 0);
+    return *out ? 0 : msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  }
+  msnap_pobj_t *o = msnap__pvm_obj(r->vm, v);
+  if (!o || o->kind != MSNAP_POBJ_LIST)
+    return bad_type(r, key, v, "a list of str");
+  uint32_t n = o->n;
+  if (ids_room(r, n) < 0) return MSNAP_ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    if (MSNAP_PV_TAG(msnap__pobj_item(o, i)) != MSNAP_PV_STR)
+      return bad_type(r, key, msnap__pobj_item(o, i), "a str item");
+    r->ids[i] = (uint32_t)MSNAP_PV_PAYLOAD(msnap__pobj_item(o, i));
+  }
+  *out = msnap__snap_strlist(r->s, r->ids, n);
+  if (!*out) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  return 0;
+}
+
+/* ---- conversions --------------------------------------------------------- */
+
+static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
+  msnap_frame_t fr = {0};
+  int rc = 0;
+  msnap__pvm_set_phase(r->vm, "converting a frame dict");
+  fr.name = fr.filename = MSNAP_STR_EMPTY;
+  if (HAS(f, name)) rc = get_str(r, f, KEY_name, &fr.name);
+  if (!rc && HAS(f, filename)) rc = get_str(r, f, KEY_filename, &fr.filename);
+  if (!rc && HAS(f, line)) rc = get_i64(r, f, KEY_line, &fr.line);
+  if (!rc && HAS(f, fx_node_op))
+    rc = get_str(r, f, KEY_fx_node_op, &fr.fx_node_op);
+  if (!rc && HAS(f, fx_node_name))
+    rc = get_str(r, f, KEY_fx_node_name, &fr.fx_node_name);
+  if (!rc && HAS(f, fx_node_target))
+    rc = get_str(r, f, KEY_fx_node_target, &fr.fx_node_target);
+  if (!rc && HAS(f, fx_original_trace))
+    rc = get_str(r, f, KEY_fx_original_trace, &fr.fx_original_trace);
+  if (rc) return rc;
+  uint32_t id = msnap__snap_frame(r->s, &fr);
+  if (id == UINT32_MAX)
+    return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  *v = REC(REC_FRAME, id);
+  return 0;
+}
+
+/*
+ * Trace-entry dict -> a record in the trace pool (REC_TRACE).  Sets a
+ * MSNAP_K_* bit per optional key; an unknown action keeps its string.
+ */
+static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
+  msnap_strace_t t;
+  memset(&t, 0, sizeof t);
+  int rc = 0;
+  msnap__pvm_set_phase(r->vm, "converting a trace entry");
+  msnap_str_t a = 0;
+  if ((rc = get_str(r, f, KEY_action, &a)) < 0) return rc;
+  t.action = MSNAP_ACTION_UNKNOWN;
+  for (int i = 0; i < MSNAP_ACTION_COUNT; i++)
+    if (r->action_str[i] == a) t.action = (uint8_t)i;
+  if (t.action == MSNAP_ACTION_UNKNOWN) t.action_str = a;
+  if (HAS(f, addr)) {
+    if ((rc = get_u64(r, f, KEY_addr, &t.addr)) < 0) return rc;
+    t.keys |= MSNAP_K_ADDRESS;
+  } else if (HAS(f, device_free)) {
+    if ((rc = get_u64(r, f, KEY_device_free, &t.addr)) < 0) return rc;
+    t.keys |= MSNAP_K_DEVICE_FREE;
+  }
+  if (HAS(f, size) && (rc = get_u64(r, f, KEY_size, &t.size)) < 0) return rc;
+  if (HAS(f, stream)) {
+    if ((rc = get_i64(r, f, KEY_stream, &t.stream)) < 0) return rc;
+    t.keys |= MSNAP_K_STREAM;
+  }
+  if (HAS(f, time_us)) {
+    if ((rc = get_i64(r, f, KEY_time_us, &t.time_us)) < 0) return rc;
+    t.keys |= MSNAP_K_TIME;
+    r->any_time = true;
+  }
+  if (HAS(f, compile_context)) {
+    if ((rc = get_str(r, f, KEY_compile_context, &t.compile_context)) < 0)
+      return rc;
+    t.keys |= MSNAP_K_COMPILE_CTX;
+    r->any_current_key = true;
+  }
+  if (HAS(f, user_metadata)) {
+    if ((rc = get_str(r, f, KEY_user_metadata, &t.user_metadata)) < 0)
+      return rc;
+    t.keys |= MSNAP_K_USER_META;
+    r->any_current_key = true;
+  }
+  if (HAS(f, internal_metadata)) {
+    if ((rc = get_str(r, f, KEY_internal_metadata, &t.internal_metadata)) < 0)
+      return rc;
+    t.keys |= MSNAP_K_INTERNAL_META;
+  }
+  if (HAS(f, pool_id)) {
+    if ((rc = get_pair(r, f, KEY_pool_id, &t.pool_id)) < 0) return rc;
+    t.keys |= MSNAP_K_POOL_ID;
+    r->any_current_key = true;
+  }
+  if (HAS(f, frames)) {
+    if ((rc = get_stack(r, f, KEY_frames, &t.frames)) < 0) return rc;
+    t.keys |= MSNAP_K_FRAMES;
+  }
+  if (HAS(f, forward_frames)) {
+    if ((rc = get_strlist(r, f, KEY_forward_frames, &t.forward_frames)) < 0)
+      return rc;
+    t.keys |= MSNAP_K_FORWARD;
+  }
+  if (r->npool >= (1u << 31))
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT, "more than 2^31 entries");
+  if (msnap__grow((void **)&r->pool, &r->pool_cap, r->npool, 1,
+                  sizeof *r->pool) < 0)
+    return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  r->pool[r->npool] = t;
+  *v = REC(REC_TRACE, r->npool);
+  r->npool++;
+  return 0;
+}
+
+/*
+ * 2.0 `history` element {addr, real_size, frames} -> histories[].
+ */
+static int conv_hist(rd_t *r, const fields_t *f, msnap_pv_t *v) {
+  msnap_shistory_t h = {0};
+  int rc = 0;
+  msnap__pvm_set_phase(r->vm, "converting a 2.0 block history entry");
+  if (HAS(f, addr)) rc = get_u64(r, f, KEY_addr, &h.addr);
+  if (!rc) rc = get_u64(r, f, KEY_real_size, &h.real_size);
+  h.frames = MSNAP_STACK_ABSENT;
+  if (!rc && HAS(f, frames)) rc = get_stack(r, f, KEY_frames, &h.frames);
+  if (rc) return rc;
+  msnap_shistory_t *p = msnap__snap_add_history(r->s);
+  if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  *p = h;
+  *v = REC(REC_HIST, r->s->nhistories - 1);
+  return 0;
+}
+
+/*
+ * Items of a list value that must all be REC(kind): returns the index span
+ * [first, first + n) when they are consecutive, else copies them with
+ * `copy` to the end of their array first.  *n = 0 for an empty list.
+ */
+static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
+                    uint32_t *first, uint32_t *n) {
+  *first = *n = 0;
+  if (IS_REC(v, REC_EMPTY)) return 0;
+  msnap_pobj_t *o = msnap__pvm_obj(r->vm, v);
+  if (!o || o->kind != MSNAP_POBJ_LIST)
+    return bad_type(r, key, v, "a list");
+  bool consecutive = true;
+  for (uint32_t i = 0; i < o->n; i++) {
+    if (!IS_REC(msnap__pobj_item(o, i), kind))
+      return bad_type(r, key, msnap__pobj_item(o, i),
+                      kind == REC_BLOCK ? "a block dict" : "a history dict");
+    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) !=
+        MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0)) + i)
+      consecutive = false;
+  }
+  if (o->n == 0) return 0;
+  if (consecutive) {
+    *first = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0));
+    *n = o->n;
+  } else {
+    /* shared or reordered records: lay out copies */
+    uint32_t cnt = o->n;
+    msnap_snap_t *s = r->s;
+    *first = kind == REC_BLOCK ? s->nblocks : s->nhistories;
+    for (uint32_t i = 0; i < cnt; i++) {
+      o = msnap__pvm_obj(r->vm, v);
+      uint64_t idx = MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i));
+      if (kind == REC_BLOCK) {
+        msnap_sblock_t *b = msnap__snap_add_block(s);
+        if (!b) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+        *b = s->blocks[idx];
+      } else {
+        msnap_shistory_t *h = msnap__snap_add_history(s);
+        if (!h) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+        *h = s->histories[idx];
+      }
+    }
+    *n = cnt;
+  }
+  msnap__pvm_replace(r->vm, v, REC(REC_EMPTY, 0));
+  return 0;
+}
+
+/*
+ * Block dict -> blocks[] (laid out again in segment order at STOP).
+ */
+static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
+  msnap_sblock_t b;
+  memset(&b, 0, sizeof b);
+  int rc = 0;
+  msnap__pvm_set_phase(r->vm, "converting a block dict");
+  if (HAS(f, address)) {
+    if ((rc = get_u64(r, f, KEY_address, &b.address)) < 0) return rc;
+    b.keys |= MSNAP_K_ADDRESS;
+  }
+  if (HAS(f, size) && (rc = get_u64(r, f, KEY_size, &b.size)) < 0) return rc;
+  if (HAS(f, requested_size)) {
+    if ((rc = get_u64(r, f, KEY_requested_size, &b.requested_size)) < 0)
+      return rc;
+    b.keys |= MSNAP_K_REQUESTED;
+  }
+  msnap_str_t st = 0;
+  if ((rc = get_str(r, f, KEY_state, &st)) < 0) return rc;
+  if (st == r->st_alloc)
+    b.state = MSNAP_BLOCK_ACTIVE_ALLOCATED;
+  else if (st == r->st_pending)
+    b.state = MSNAP_BLOCK_ACTIVE_PENDING_FREE;
+  else if (st == r->st_inactive)
+    b.state = MSNAP_BLOCK_INACTIVE;
+  else {
+    b.state = MSNAP_BLOCK_UNKNOWN_STATE;
+    b.state_str = st;
+  }
+  if (HAS(f, frames)) {
+    if ((rc = get_stack(r, f, KEY_frames, &b.frames)) < 0) return rc;
+    b.keys |= MSNAP_K_FRAMES;
+  }
+  if (HAS(f, forward_frames)) {
+    if ((rc = get_strlist(r, f, KEY_forward_frames, &b.forward_frames)) < 0)
+      return rc;
+    b.keys |= MSNAP_K_FORWARD;
+  }
+  if (HAS(f, history)) {
+    if ((rc = rec_span(r, KEY_history, f->v[KEY_history], REC_HIST,
+                       &b.history.first, &b.history.n)) < 0)
+      return rc;
+    b.keys |= MSNAP_K_HISTORY;
+  }
+  msnap_sblock_t *p = msnap__snap_add_block(r->s);
+  if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  *p = b;
+  *v = REC(REC_BLOCK, r->s->nblocks - 1);
+  return 0;
+}
+
+/*
+ * Segment dict -> segments[]; its block list must hold block records,
+ * which become the segment's span (2.0 block addresses are computed).
+ */
+static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
+  msnap_ssegment_t g;
+  memset(&g, 0, sizeof g);
+  int rc = 0;
+  msnap__pvm_set_phase(r->vm, "converting a segment dict");
+  if (HAS(f, device) && (rc = get_i64(r, f, KEY_device, &g.device)) < 0)
+    return rc;
+  if (HAS(f, address) && (rc = get_u64(r, f, KEY_address, &g.address)) < 0)
+    return rc;
+  if (HAS(f, total_size) &&
+      (rc = get_u64(r, f, KEY_total_size, &g.total_size)) < 0)
+    return rc;
+  if (HAS(f, allocated_size) || HAS(f, active_size) ||
+      HAS(f, requested_size)) {
+    g.keys |= MSNAP_K_REQUESTED;
+    if (HAS(f, allocated_size) &&
+        (rc = get_u64(r, f, KEY_allocated_size, &g.allocated_size)) < 0)
+      return rc;
+    if (HAS(f, active_size) &&
+        (rc = get_u64(r, f, KEY_active_size, &g.active_size)) < 0)
+      return rc;
+    if (HAS(f, requested_size) &&
+        (rc = get_u64(r, f, KEY_requested_size, &g.requested_size)) < 0)
+      return rc;
+  }
+  if (HAS(f, stream)) {
+    if ((rc = get_i64(r, f, KEY_stream, &g.stream)) < 0) return rc;
+    g.keys |= MSNAP_K_STREAM;
+  }
+  if (HAS(f, segment_type)) {
+    msnap_str_t t = 0;
+    if ((rc = get_str(r, f, KEY_segment_type, &t)) < 0) return rc;
+    if (t == r->seg_large)
+      g.is_large = 1;
+    else if (t != r->seg_small)
+      return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                             "segment_type is neither \"large\" nor "
+                             "\"small\"");
+    g.keys |= MSNAP_K_SEGMENT_TYPE;
+  }
+  if (HAS(f, segment_pool_id)) {
+    if ((rc = get_pair(r, f, KEY_segment_pool_id, &g.pool_id)) < 0) return rc;
+    g.keys |= MSNAP_K_POOL_ID;
+  }
+  if (HAS(f, is_expandable)) {
+    if ((rc = get_bool(r, f, KEY_is_expandable, &g.is_expandable)) < 0)
+      return rc;
+    g.keys |= MSNAP_K_EXPANDABLE;
+  }
+  if (HAS(f, frames)) {
+    if ((rc = get_stack(r, f, KEY_frames, &g.frames)) < 0) return rc;
+    g.keys |= MSNAP_K_FRAMES;
+    if (HAS(f, blocks) && f->pos[KEY_frames] > f->pos[KEY_blocks])
+      g.keys |= MSNAP_K_FRAMES_LAST;
+  }
+  if (HAS(f, forward_frames)) {
+    if ((rc = get_strlist(r, f, KEY_forward_frames, &g.forward_frames)) < 0)
+      return rc;
+    g.keys |= MSNAP_K_FORWARD;
+  }
+  if ((rc = rec_span(r, KEY_blocks, f->v[KEY_blocks], REC_BLOCK,
+                     &g.first_block, &g.nblocks)) < 0)
+    return rc;
+  /* 2.0: blocks without an address start at the segment address */
+  uint64_t a = g.address;
+  for (uint32_t i = 0; i < g.nblocks; i++) {
+    msnap_sblock_t *b = &r->s->blocks[g.first_block + i];
+    if (!(b->keys & MSNAP_K_ADDRESS)) b->address = a;
+    a += b->size;
+  }
+  msnap_ssegment_t *p = msnap__snap_add_segment(r->s);
+  if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  *p = g;
+  *v = REC(REC_SEG, r->s->nsegments - 1);
+  return 0;
+}
+
+/*
+ * external_annotations entry -> annotations[].
+ */
+static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
+  msnap_sannotation_t a = {0};
+  int rc = 0;
+  msnap__pvm_set_phase(r->vm, "converting an external_annotations entry");
+  msnap_str_t st = 0;
+  if ((rc = get_str(r, f, KEY_stage, &st)) < 0) return rc;
+  if (st != r->stage_start && st != r->stage_end)
+    return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                           "stage is neither \"START\" nor \"END\"");
+  a.is_start = st == r->stage_start;
+  if (HAS(f, name) && (rc = get_str(r, f, KEY_name, &a.name)) < 0) return rc;
+  if (HAS(f, device) && (rc = get_i64(r, f, KEY_device, &a.device)) < 0)
+    return rc;
+  if (HAS(f, time_us) && (rc = get_i64(r, f, KEY_time_us, &a.time_us)) < 0)
+    return rc;
+  msnap_sannotation_t *p = msnap__snap_add_annotation(r->s);
+  if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  *p = a;
+  *v = REC(REC_ANNOT, r->s->nannotations - 1);
+  return 0;
+}
+
+/*
+ * The VM's completion callback: classify a finished container and turn it
+ * into a record (see the header comment).  Unknown shapes stay generic.
+ */
+static int snap_complete(void *ctx, msnap_pvm_t *vm, msnap_pv_t *v) {
+  rd_t *r = ctx;
+  msnap_pobj_t *o = msnap__pvm_obj(vm, *v);
+  if (!o) return 0;
+  if (o->kind == MSNAP_POBJ_LIST) {
+    if (o->n == 0) {
+      *v = REC(REC_EMPTY, 0);
+      return 0;
+    }
+    for (uint32_t i = 0; i < o->n; i++)
+      if (!IS_REC(msnap__pobj_item(o, i), REC_FRAME)) return 0;
+    if (ids_room(r, o->n) < 0) return MSNAP_ENOMEM;
+    o = msnap__pvm_obj(vm, *v);
+    for (uint32_t i = 0; i < o->n; i++)
+      r->ids[i] = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i));
+    msnap_stack_t st = msnap__snap_stack(r->s, r->ids, o->n);
+    if (!st) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+    *v = REC(REC_STACK, st);
+    return 0;
+  }
+  if (o->kind == MSNAP_POBJ_TUPLE) {
+    if (o->n != 2) return 0;
+    uint64_t ab[2];
+    for (int i = 0; i < 2; i++) {
+      int64_t x;
+      uint64_t u;
+      msnap_pv_t it = msnap__pobj_item(o, i);
+      msnap_pint_t k = msnap__pvm_int(vm, it, &x, &u);
+      if (MSNAP_PV_TAG(it) == MSNAP_PV_CONST) return 0;
+      if (k == MSNAP_PINT_I64 && x >= 0)
+        ab[i] = (uint64_t)x;
+      else if (k == MSNAP_PINT_U64)
+        ab[i] = u;
+      else
+        return 0;
+    }
+    uint32_t id = pair_intern(r, ab[0], ab[1]);
+    if (id == UINT32_MAX)
+      return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+    *v = REC(REC_PAIR, id);
+    return 0;
+  }
+  if (o->kind != MSNAP_POBJ_DICT) return 0;
+  fields_t f;
+  get_fields(r, o, &f);
+  if (HAS(&f, action)) return conv_trace(r, &f, v);
+  if (HAS(&f, blocks) && !HAS(&f, segments)) return conv_segment(r, &f, v);
+  if (HAS(&f, state)) return conv_block(r, &f, v);
+  if (HAS(&f, real_size)) return conv_hist(r, &f, v);
+  if (HAS(&f, stage)) return conv_annotation(r, &f, v);
+  if ((HAS(&f, filename) || (HAS(&f, name) && HAS(&f, line))) &&
+      !HAS(&f, segments))
+    return conv_frame(r, &f, v);
+  return 0;
+}
+
+/* REC values inside generic parts (allocator_settings): only [] is known. */
+static int rec_gv(void *ctx, msnap_pv_t v, msnap_gv_t *out) {
+  rd_t *r = ctx;
+  if (IS_REC(v, REC_EMPTY)) {
+    memset(out, 0, sizeof *out);
+    out->kind = MSNAP_GV_LIST;
+    return 0;
+  }
+  if (IS_REC(v, REC_PAIR)) {
+    msnap_mempool_id_t p = r->pairs.v[MSNAP_PV_REC_INDEX(v)];
+    msnap_gv_t *it = calloc(2, sizeof *it);
+    if (!it || p.first > INT64_MAX || p.second > INT64_MAX) {
+      free(it);
+      return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "pair out of range");
+    }
+    it[0].kind = it[1].kind = MSNAP_GV_INT;
+    it[0].u.i = (int64_t)p.first;
+    it[1].u.i = (int64_t)p.second;
+    out->kind = MSNAP_GV_TUPLE;
+    out->u.seq.items = it;
+    out->u.seq.n = 2;
+    return 0;
+  }
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                         "a snapshot record inside allocator_settings");
+}
+
+/* ---- the root ------------------------------------------------------------ */
+
+/* Lay segments (in the order of `list`) and their blocks out into fresh
+ * arrays: the device ones into segments/blocks, or host ones. */
+static int place_segments(rd_t *r, int key, msnap_pv_t list,
+                          const msnap_ssegment_t *segs,
+                          const msnap_sblock_t *blocks, bool host) {
+  msnap_snap_t *s = r->s;
+  if (IS_REC(list, REC_EMPTY)) return 0;
+  msnap_pobj_t *o = msnap__pvm_obj(r->vm, list);
+  if (!o || o->kind != MSNAP_POBJ_LIST)
+    return bad_type(r, key, list, "a list of segment dicts");
+  uint64_t nb = 0;
+  for (uint32_t i = 0; i < o->n; i++) {
+    if (!IS_REC(msnap__pobj_item(o, i), REC_SEG))
+      return bad_type(r, key, msnap__pobj_item(o, i), "a segment dict");
+    nb += segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))].nblocks;
+  }
+  /* a segment listed many times (memo references) would multiply its
+   * blocks: allow what a sane file can hold, refuse amplification */
+  if (nb > UINT32_MAX - 2 ||
+      nb > 2 * (uint64_t)r->nblock_records + r->len / 2 + 1024 ||
+      o->n > 2 * (uint64_t)r->nseg_records + r->len / 2 + 1024)
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                           "'%s' repeats segments (%u listed, %llu blocks)",
+                           key_names[key], o->n, (unsigned long long)nb);
+  msnap_ssegment_t *ns = malloc(((size_t)o->n + 1) * sizeof *ns);
+  msnap_sblock_t *nbk = malloc(((size_t)nb + 1) * sizeof *nbk);
+  if (!ns || !nbk) {
+    free(ns);
+    free(nbk);
+    return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  }
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < o->n; i++) {
+    ns[i] = segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
+    if (ns[i].nblocks)
+      memcpy(nbk + k, blocks + ns[i].first_block,
+             (size_t)ns[i].nblocks * sizeof *nbk);
+    ns[i].first_block = k;
+    k += ns[i].nblocks;
+  }
+  if (host) {
+    s->host_segments = ns;
+    s->nhost_segments = s->host_segments_cap = o->n;
+    s->host_blocks = nbk;
+    s->nhost_blocks = s->host_blocks_cap = k;
+  } else {
+    s->segments = ns;
+    s->nsegments = s->segments_cap = o->n;
+    s->blocks = nbk;
+    s->nblocks = s->blocks_cap = k;
+  }
+  return 0;
+}
+
+/* A list of trace records -> (first, n) when consecutive in the pool. */
+static int trace_items(rd_t *r, int key, msnap_pv_t list, msnap_pobj_t **po) {
+  *po = NULL;
+  if (IS_REC(list, REC_EMPTY)) return 0;
+  msnap_pobj_t *o = msnap__pvm_obj(r->vm, list);
+  if (!o || o->kind != MSNAP_POBJ_LIST)
+    return bad_type(r, key, list, "a list of trace entry dicts");
+  for (uint32_t i = 0; i < o->n; i++)
+    if (!IS_REC(msnap__pobj_item(o, i), REC_TRACE))
+      return bad_type(r, key, msnap__pobj_item(o, i), "a trace entry dict");
+  *po = o;
+  return 0;
+}
+
+/*
+ * Copy the records of a trace list out of the pool into l.
+ */
+static int copy_traces(rd_t *r, msnap_pobj_t *o, msnap_trace_list_t *l) {
+  if (!o || o->n == 0) return 0;
+  l->v = malloc((size_t)o->n * sizeof *l->v);
+  if (!l->v) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < o->n; i++)
+    l->v[i] = r->pool[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
+  l->n = l->cap = o->n;
+  return 0;
+}
+
+/*
+ * True when the list's records are pool[0..n): it may take the pool.
+ */
+static bool starts_pool(const msnap_pobj_t *o) {
+  if (!o || o->n == 0) return false;
+  for (uint32_t i = 0; i < o->n; i++)
+    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) != i) return false;
+  return true;
+}
+
+/*
+ * device_traces / host_traces -> the model's trace lists.  The first
+ * device list that starts the pool takes the pool array (no copy).
+ */
+static int map_traces(rd_t *r, const fields_t *f) {
+  msnap_snap_t *s = r->s;
+  msnap__pvm_set_phase(r->vm, "mapping device_traces");
+  msnap_pobj_t *host = NULL;
+  int rc;
+  if (HAS(f, host_traces) &&
+      (rc = trace_items(r, KEY_host_traces, f->v[KEY_host_traces], &host)) < 0)
+    return rc;
+  uint32_t nd = 0;
+  msnap_pv_t dt = f->v[KEY_device_traces];
+  msnap_pobj_t *outer = NULL;
+  if (HAS(f, device_traces) && !IS_REC(dt, REC_EMPTY)) {
+    outer = msnap__pvm_obj(r->vm, dt);
+    if (!outer || outer->kind != MSNAP_POBJ_LIST)
+      return bad_type(r, KEY_device_traces, dt, "a list of lists");
+    nd = outer->n;
+  }
+  if (nd && msnap__snap_set_devices(s, nd) < 0)
+    return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  /* lists repeated through the memo would multiply the entries */
+  uint64_t total = host ? host->n : 0;
+  for (uint32_t d = 0; d < nd; d++) {
+    msnap_pobj_t *o;
+    outer = msnap__pvm_obj(r->vm, dt);
+    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    if (rc < 0) return rc;
+    total += o ? o->n : 0;
+  }
+  if (total > 2 * (uint64_t)r->npool + r->len / 2 + 1024)
+    return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                           "trace lists repeat entries (%llu listed, %u "
+                           "distinct)",
+                           (unsigned long long)total, r->npool);
+  int owner = -1;
+  for (uint32_t d = 0; d < nd; d++) {
+    msnap_pobj_t *o;
+    outer = msnap__pvm_obj(r->vm, dt);
+    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    if (rc < 0)
+      return rc;
+    if (owner < 0 && starts_pool(o))
+      owner = (int)d;
+    else if ((rc = copy_traces(r, o, &s->device_traces[d])) < 0)
+      return rc;
+  }
+  if ((rc = copy_traces(r, host, &s->host_traces)) < 0) return rc;
+  if (owner >= 0) {
+    msnap_pobj_t *o;
+    outer = msnap__pvm_obj(r->vm, dt);
+    trace_items(r, KEY_device_traces, msnap__pobj_item(outer, owner), &o);
+    msnap_strace_t *v = realloc(r->pool, (size_t)o->n * sizeof *v);
+    if (!v) v = r->pool;
+    s->device_traces[owner].v = v;
+    s->device_traces[owner].n = o->n;
+    s->device_traces[owner].cap = o->n;
+    r->pool = NULL;
+    r->npool = r->pool_cap = 0;
+  }
+  return 0;
+}
+
+/*
+ * external_annotations list -> annotations[] in list order.
+ */
+static int map_annotations(rd_t *r, msnap_pv_t list) {
+  msnap_snap_t *s = r->s;
+  if (IS_REC(list, REC_EMPTY)) {
+    s->nannotations = 0;
+    return 0;
+  }
+  msnap_pobj_t *o = msnap__pvm_obj(r->vm, list);
+  if (!o || o->kind != MSNAP_POBJ_LIST)
+    return bad_type(r, KEY_external_annotations, list, "a list");
+  msnap_sannotation_t *na = malloc(((size_t)o->n + 1) * sizeof *na);
+  if (!na) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < o->n; i++) {
+    if (!IS_REC(msnap__pobj_item(o, i), REC_ANNOT)) {
+      free(na);
+      return bad_type(r, KEY_external_annotations, msnap__pobj_item(o, i),
+                      "an annotation dict");
+    }
+    na[i] = s->annotations[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
+  }
+  free(s->annotations);
+  s->annotations = na;
+  s->nannotations = s->annotations_cap = o->n;
+  return 0;
+}
+
+/* Map the root value into the model. */
+static int map_root(rd_t *r, msnap_pv_t root) {
+  msnap_snap_t *s = r->s;
+  msnap_pvm_t *vm = r->vm;
+  msnap__pvm_set_phase(vm, "mapping the top-level object");
+  /* segment and block records so far are the pool; re-laid below */
+  msnap_ssegment_t *segs = s->segments;
+  msnap_sblock_t *blocks = s->blocks;
+  r->nseg_records = s->nsegments;
+  r->nblock_records = s->nblocks;
+  s->segments = NULL;
+  s->blocks = NULL;
+  s->nsegments = s->segments_cap = s->nblocks = s->blocks_cap = 0;
+  int rc = 0;
+  msnap_pobj_t *o = msnap__pvm_obj(vm, root);
+  if (IS_REC(root, REC_EMPTY) || (o && o->kind == MSNAP_POBJ_LIST)) {
+    s->generation = MSNAP_GEN_SEGMENT_LIST;
+    s->top_keys = MSNAP_TOP_SEGMENTS;
+    rc = place_segments(r, KEY_segments, root, segs, blocks, false);
+  } else if (o && o->kind == MSNAP_POBJ_DICT) {
+    fields_t f;
+    get_fields(r, o, &f);
+    if (!HAS(&f, segments) && !HAS(&f, device_traces))
+      rc = msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                           "the top-level dict has neither 'segments' nor "
+                           "'device_traces'");
+    if (!rc && HAS(&f, segments)) {
+      s->top_keys |= MSNAP_TOP_SEGMENTS;
+      rc = place_segments(r, KEY_segments, f.v[KEY_segments], segs, blocks,
+                          false);
+    }
+    if (!rc && HAS(&f, host_segments)) {
+      s->top_keys |= MSNAP_TOP_HOST_SEGMENTS;
+      rc = place_segments(r, KEY_host_segments, f.v[KEY_host_segments], segs,
+                          blocks, true);
+    }
+    if (!rc) {
+      if (HAS(&f, device_traces)) s->top_keys |= MSNAP_TOP_DEVICE_TRACES;
+      if (HAS(&f, host_traces)) s->top_keys |= MSNAP_TOP_HOST_TRACES;
+      rc = map_traces(r, &f);
+    }
+    if (!rc && HAS(&f, external_annotations)) {
+      s->top_keys |= MSNAP_TOP_EXTERNAL_ANNOTATIONS;
+      rc = map_annotations(r, f.v[KEY_external_annotations]);
+    } else if (!rc) {
+      s->nannotations = 0;
+    }
+    if (!rc && HAS(&f, allocator_settings)) {
+      s->top_keys |= MSNAP_TOP_ALLOCATOR_SETTINGS;
+      msnap__pvm_set_phase(vm, "converting allocator_settings");
+      rc = msnap__pvm_to_gv(vm, f.v[KEY_allocator_settings],
+                            &s->allocator_settings);
+    }
+    /* generation, from the keys seen */
+    /* 2.0: blocks carry `history` (or neither `address` nor `frames`) */
+    bool old20 = false, no_addr = false, frames = false;
+    for (uint32_t i = 0; i < s->nblocks; i++) {
+      if (s->blocks[i].keys & MSNAP_K_HISTORY) old20 = true;
+      if (!(s->blocks[i].keys & MSNAP_K_ADDRESS)) no_addr = true;
+      if (s->blocks[i].keys & MSNAP_K_FRAMES) frames = true;
+    }
+    if (no_addr && !frames) old20 = true;
+    if (old20)
+      s->generation = MSNAP_GEN_2_0;
+    else if (r->any_current_key ||
+             (s->top_keys &
+              (MSNAP_TOP_HOST_SEGMENTS | MSNAP_TOP_HOST_TRACES)))
+      s->generation = MSNAP_GEN_CURRENT;
+    else if (s->top_keys & (MSNAP_TOP_ALLOCATOR_SETTINGS |
+                            MSNAP_TOP_EXTERNAL_ANNOTATIONS))
+      s->generation = MSNAP_GEN_2_6;
+    else if (r->any_time)
+      s->generation = MSNAP_GEN_2_2;
+    else
+      s->generation = MSNAP_GEN_2_1;
+  } else {
+    rc = msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                         "the pickle holds a %s, not a snapshot dict or a "
+                         "list of segments",
+                         msnap__pvm_type(vm, root));
+  }
+  free(segs);
+  free(blocks);
+  return rc;
+}
+
+/*
+ * Intern the key and value strings (their ids are small, so key_of is a
+ * small table) and create the VM with the completion callback.
+ */
+static int rd_init(rd_t *r, msnap_snap_t *s) {
+  memset(r, 0, sizeof *r);
+  r->s = s;
+  r->pairs.seed = msnap__hash_seed();
+  r->vm = msnap__pvm_new(s, snap_complete, r);
+  if (!r->vm) return MSNAP_ENOMEM;
+  msnap__pvm_set_rec_gv(r->vm, rec_gv);
+  uint32_t maxid = 0;
+  for (int k = 0; k < NKEYS; k++) {
+    r->key_str[k] = msnap__snap_intern(s, key_names[k], strlen(key_names[k]));
+    if (!r->key_str[k]) return MSNAP_ENOMEM;
+    if (r->key_str[k] > maxid) maxid = r->key_str[k];
+  }
+  r->nkey_of = maxid + 1;
+  r->key_of = calloc(r->nkey_of, 1);
+  if (!r->key_of) return MSNAP_ENOMEM;
+  for (int k = 0; k < NKEYS; k++) r->key_of[r->key_str[k]] = (uint8_t)(k + 1);
+  static const char *const action_names[MSNAP_ACTION_COUNT] = {
+#define ACTION_NAME_(name, str) str,
+      MSNAP_ACTION_MAP(ACTION_NAME_)
+#undef ACTION_NAME_
+  };
+  for (int a = 0; a < MSNAP_ACTION_COUNT; a++) {
+    const char *n = action_names[a];
+    if (!(r->action_str[a] = msnap__snap_intern(s, n, strlen(n))))
+      return MSNAP_ENOMEM;
+  }
+#define I_(field, lit)                                                        \
+  if (!(r->field = msnap__snap_intern(s, lit, sizeof lit - 1)))               \
+    return MSNAP_ENOMEM;
+  I_(st_alloc, "active_allocated")
+  I_(st_pending, "active_pending_free")
+  I_(st_inactive, "inactive")
+  I_(seg_large, "large")
+  I_(seg_small, "small")
+  I_(stage_start, "START")
+  I_(stage_end, "END")
+#undef I_
+  return 0;
+}
+
+static void rd_destroy(rd_t *r) {
+  msnap__pvm_free(r->vm);
+  free(r->key_of);
+  free(r->pool);
+  free(r->pairs.v);
+  free(r->pairs.slots);
+  free(r->ids);
+}
+
+typedef struct drop_s {
+  const unsigned char *base;
+  size_t dropped;
+} drop_t;
+
+/* Progress hook of read_file: drop consumed pages of the mapping. */
+static void drop_pages(void *ctx, size_t consumed) {
+  drop_t *d = ctx;
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  size_t upto = (consumed / pg) * pg;
+  if (upto > d->dropped) {
+    madvise((void *)(d->base + d->dropped), upto - d->dropped,
+            MADV_DONTNEED);
+    d->dropped = upto;
+  }
+}
+
+/*
+ * Run the VM over buf, map the root, check the model.  On success *out
+ * owns the model (marked as read from a file).
+ */
+static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
+                       msnap_snap_t **out, msnap_read_error_t *err) {
+  msnap_read_error_t local;
+  if (!err) err = &local;
+  err->offset = 0;
+  err->msg[0] = 0;
+  /* JSON (memsnap convert --json, or any JSON) starts with '{' or '['
+   * after whitespace; neither byte is a pickle opcode, so say what the
+   * file is instead of "unknown opcode 0x7b". */
+  size_t ws = 0;
+  while (ws < len && (buf[ws] == ' ' || buf[ws] == '\t' || buf[ws] == '\n' ||
+                      buf[ws] == '\r'))
+    ws++;
+  if (ws < len && (buf[ws] == '{' || buf[ws] == '[')) {
+    err->offset = ws;
+    snprintf(err->msg, sizeof err->msg,
+             "offset %zu: not a pickle: this looks like JSON (memsnap "
+             "convert --json output cannot be read back; use the pickle)",
+             ws);
+    return MSNAP_EFORMAT;
+  }
+  msnap_snap_t *s = msnap__snap_new();
+  if (!s) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "
+                                        "starting)");
+    return MSNAP_ENOMEM;
+  }
+  rd_t r;
+  int rc = rd_init(&r, s);
+  if (rc == 0) {
+    r.len = len;
+    if (drop) msnap__pvm_set_progress(r.vm, drop_pages, drop);
+    msnap_pv_t root = 0;
+    rc = msnap__pvm_run(r.vm, buf, len, &root, err);
+    if (rc == 0) rc = map_root(&r, root);
+  } else {
+    snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "
+                                        "starting)");
+  }
+  rd_destroy(&r);
+  if (rc == 0) {
+    char msg[256];
+    if (msnap__snap_check_model(s, msg, sizeof msg) < 0) {
+      snprintf(err->msg, sizeof err->msg,
+               "offset %zu: inconsistent model: %s (while checking)", len,
+               msg);
+      rc = MSNAP_EFORMAT;
+    }
+  }
+  if (rc < 0) {
+    msnap__snap_free(s);
+    return rc;
+  }
+  msnap__snap_set_from_reader(s, true);
+  *out = s;
+  return 0;
+}
+
+/*
+ * Read a snapshot from memory (the caller keeps buf).
+ */
+int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
+                            msnap_read_error_t *err) {
+  if (!buf && len) return MSNAP_EINVAL;
+  return read_common(buf, len, NULL, out, err);
+}
+
+/*
+ * Read a snapshot file: mmap'ed (consumed pages dropped as the VM goes),
+ * or read into memory when it is not a regular file (pipe, /dev/stdin).
+ */
+int msnap__snap_read_file(const char *path, msnap_snap_t **out,
+                          msnap_read_error_t *err) {
+  msnap_read_error_t local;
+  if (!err) err = &local;
+  err->offset = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err->msg, sizeof err->msg,
+             "offset 0: cannot open %s: %s (while opening)", path,
+             strerror(errno));
+    return MSNAP_EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    /* not a regular file: read it into memory */
+    size_t cap = 1 << 20, n = 0;
+    unsigned char *b = malloc(cap);
+    for (;;) {
+      if (!b) {
+        close(fd);
+        snprintf(err->msg, sizeof err->msg,
+                 "offset %zu: out of memory (while reading %s)", n, path);
+        return MSNAP_ENOMEM;
+      }
+      ssize_t k = read(fd, b + n, cap - n);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) {
+        snprintf(err->msg, sizeof err->msg,
+                 "offset %zu: read error on %s: %s (while reading)", n, path,
+                 strerror(errno));
+        free(b);
+        close(fd);
+        return MSNAP_EIO;
+      }
+      if (k == 0) break;
+      n += (size_t)k;
+      if (n == cap) {
+        unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(b, cap * 2);
+        if (!nb) free(b);
+        b = nb;
+        cap *= 2;
+      }
+    }
+    close(fd);
+    int rc = read_common(b, n, NULL, out, err);
+    free(b);
+    return rc;
+  }
+  size_t len = (size_t)st.st_size;
+  if (len == 0) {
+    close(fd);
+    snprintf(err->msg, sizeof err->msg,
+             "offset 0: %s is empty (while reading)", path);
+    return MSNAP_EFORMAT;
+  }
+  void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) {
+    snprintf(err->msg, sizeof err->msg,
+             "offset 0: cannot map %s: %s (while reading)", path,
+             strerror(errno));
+    return MSNAP_EIO;
+  }
+  madvise(m, len, MADV_SEQUENTIAL);
+  drop_t drop = {m, 0};
+  int rc = read_common(m, len, &drop, out, err);
+  munmap(m, len);
+  return rc;
+}

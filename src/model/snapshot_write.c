@@ -1,0 +1,775 @@
+/*
+ * snapshot_write.c -- write the snapshot model as a pickle (protocol 4,
+ * MemoryViz opcode subset, pickle_write.c) or as JSON (same structure,
+ * tuples as arrays), streamed to a sink.
+ *
+ * Keys: a model read from a file (msnap__snap_from_reader) is written with
+ * exactly the keys its bits record (MSNAP_K_*, MSNAP_TOP_*), in PyTorch's
+ * order for its generation (2.0 frames are filename/name/line; segments
+ * whose source had `frames` after `blocks` keep that order), so a round
+ * trip gives an equal Python object.  A live model (not from the reader)
+ * of generation MSNAP_GEN_CURRENT is written with every key PyTorch writes
+ * (cuda-reference §2.1-2.6; all six top-level keys when top_keys is 0).
+ *
+ * Memo (pickle only): key strings and constant values ("alloc",
+ * "active_allocated"...) are written once and then fetched with BINGET;
+ * every model string, frame dict and frame list likewise, so shared stacks
+ * cost a 2-5 byte BINGET per use, as in PyTorch's own files.  Trace and
+ * block dicts are not memoized (nothing refers to them twice).
+ *
+ * Lists are written as MARK ... APPENDS batches of 1000 items (APPEND for
+ * a single item), dicts as MARK ... SETITEMS.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/pickle.h"
+
+#define CONST_LIST(X)                                                         \
+  X(action, "action") X(addr, "addr") X(size, "size") X(stream, "stream")    \
+  X(time_us, "time_us") X(frames, "frames")                                  \
+  X(forward_frames, "forward_frames") X(compile_context, "compile_context")  \
+  X(user_metadata, "user_metadata")                                          \
+  X(internal_metadata, "internal_metadata") X(pool_id, "pool_id")            \
+  X(device_free, "device_free") X(device, "device") X(address, "address")    \
+  X(total_size, "total_size") X(allocated_size, "allocated_size")            \
+  X(active_size, "active_size") X(requested_size, "requested_size")          \
+  X(segment_type, "segment_type") X(segment_pool_id, "segment_pool_id")      \
+  X(is_expandable, "is_expandable") X(blocks, "blocks") X(state, "state")    \
+  X(history, "history") X(real_size, "real_size") X(name, "name")            \
+  X(filename, "filename") X(line, "line") X(fx_node_op, "fx_node_op")        \
+  X(fx_node_name, "fx_node_name") X(fx_node_target, "fx_node_target")        \
+  X(fx_original_trace, "fx_original_trace") X(stage, "stage")                \
+  X(segments, "segments") X(device_traces, "device_traces")                  \
+  X(allocator_settings, "allocator_settings")                                \
+  X(external_annotations, "external_annotations")                            \
+  X(host_segments, "host_segments") X(host_traces, "host_traces")            \
+  X(v_large, "large") X(v_small, "small")                                    \
+  X(v_active_allocated, "active_allocated")                                  \
+  X(v_active_pending_free, "active_pending_free") X(v_inactive, "inactive")  \
+  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")
+
+enum const_e {
+#define CONST_ENUM_(id, text) C_##id,
+  CONST_LIST(CONST_ENUM_)
+#undef CONST_ENUM_
+  C_ACTION0,
+  NCONSTS = C_ACTION0 + MSNAP_ACTION_COUNT
+};
+
+static const char *const const_text[NCONSTS] = {
+#define CONST_TEXT_(id, text) text,
+    CONST_LIST(CONST_TEXT_)
+#undef CONST_TEXT_
+#define ACTION_TEXT_(name, text) text,
+    MSNAP_ACTION_MAP(ACTION_TEXT_)
+#undef ACTION_TEXT_
+};
+
+#define MAX_LEVELS 1100
+#define NO_MEMO UINT32_MAX
+
+typedef struct level_s {
+  uint32_t count;
+  uint8_t is_list;
+} level_t;
+
+typedef struct wr_s {
+  const msnap_snap_t *s;
+  bool json;
+  bool live; /* write every key (live model of generation CURRENT) */
+  msnap_pw_t pw;
+  msnap_sink_t *out; /* json */
+  int json_err;
+  uint32_t const_memo[NCONSTS];
+  uint32_t *str_memo, *frame_memo, *stack_memo;
+  level_t lv[MAX_LEVELS];
+  int depth;
+} wr_t;
+
+static int werr(wr_t *w) { return w->json ? w->out->err : w->pw.err; }
+
+/* ---- JSON primitives ----------------------------------------------------- */
+
+static void jw(wr_t *w, const char *p, size_t n) {
+  msnap__sink_write(w->out, p, n);
+}
+
+static void jputs(wr_t *w, const char *p) { jw(w, p, strlen(p)); }
+
+/*
+ * A JSON string: UTF-8 passed through, controls and quotes escaped.
+ */
+static void jstr(wr_t *w, const char *p, size_t n) {
+  static const char hx[] = "0123456789abcdef";
+  jw(w, "\"", 1);
+  size_t run = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)p[i];
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    jw(w, p + run, i - run);
+    run = i + 1;
+    char e[8];
+    switch (c) {
+    case '"': jw(w, "\\\"", 2); break;
+    case '\\': jw(w, "\\\\", 2); break;
+    case '\n': jw(w, "\\n", 2); break;
+    case '\t': jw(w, "\\t", 2); break;
+    case '\r': jw(w, "\\r", 2); break;
+    default:
+      e[0] = '\\';
+      e[1] = 'u';
+      e[2] = '0';
+      e[3] = '0';
+      e[4] = hx[c >> 4];
+      e[5] = hx[c & 15];
+      jw(w, e, 6);
+    }
+  }
+  jw(w, p + run, n - run);
+  jw(w, "\"", 1);
+}
+
+/* ---- structure ----------------------------------------------------------- */
+
+static int push_level(wr_t *w, bool is_list) {
+  if (w->depth + 1 >= MAX_LEVELS) {
+    if (w->json) {
+      if (!w->out->err) w->out->err = MSNAP_ELIMIT;
+    } else if (!w->pw.err) {
+      w->pw.err = MSNAP_ELIMIT;
+      snprintf(w->pw.msg, sizeof w->pw.msg, "value nested too deeply");
+    }
+    return MSNAP_ELIMIT;
+  }
+  w->depth++;
+  w->lv[w->depth].count = 0;
+  w->lv[w->depth].is_list = is_list;
+  return 0;
+}
+
+static void dict_begin(wr_t *w) {
+  if (w->json)
+    jw(w, "{", 1);
+  else {
+    msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
+    msnap__pw_op(&w->pw, MSNAP_OP_MARK);
+  }
+  push_level(w, false);
+}
+
+static void dict_end(wr_t *w) {
+  if (w->json)
+    jw(w, "}", 1);
+  else
+    msnap__pw_op(&w->pw, MSNAP_OP_SETITEMS);
+  w->depth--;
+}
+
+static void list_begin(wr_t *w) {
+  if (w->json)
+    jw(w, "[", 1);
+  else
+    msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
+  push_level(w, true);
+}
+
+/* Before each list item: commas (JSON) or MARK batches of 1000 (pickle). */
+static void list_item(wr_t *w, uint32_t total) {
+  level_t *l = &w->lv[w->depth];
+  if (w->json) {
+    if (l->count) jw(w, ",", 1);
+  } else if (l->count % 1000 == 0) {
+    if (l->count) msnap__pw_op(&w->pw, MSNAP_OP_APPENDS);
+    if (total - l->count > 1) msnap__pw_op(&w->pw, MSNAP_OP_MARK);
+  }
+  l->count++;
+}
+
+static void list_end(wr_t *w, uint32_t total) {
+  level_t *l = &w->lv[w->depth];
+  if (w->json)
+    jw(w, "]", 1);
+  else if (l->count) {
+    /* the last batch: APPENDS after a MARK, APPEND for a single item */
+    uint32_t last = l->count % 1000 ? l->count % 1000 : 1000;
+    msnap__pw_op(&w->pw, last > 1 || total - (l->count - last) > 1
+                             ? MSNAP_OP_APPENDS
+                             : MSNAP_OP_APPEND);
+  }
+  w->depth--;
+}
+
+/* Write a constant string (key or value), memoized after first use. */
+static void cstr(wr_t *w, int c) {
+  if (w->json) {
+    jstr(w, const_text[c], strlen(const_text[c]));
+    return;
+  }
+  if (w->const_memo[c] != NO_MEMO) {
+    msnap__pw_get(&w->pw, w->const_memo[c]);
+    return;
+  }
+  msnap__pw_str(&w->pw, const_text[c], strlen(const_text[c]));
+  w->const_memo[c] = msnap__pw_memoize(&w->pw);
+}
+
+static void key(wr_t *w, int c) {
+  if (w->json) {
+    if (w->lv[w->depth].count++) jw(w, ",", 1);
+    cstr(w, c);
+    jw(w, ":", 1);
+  } else {
+    cstr(w, c);
+  }
+}
+
+static void mstr(wr_t *w, msnap_str_t id) {
+  size_t n;
+  const char *p = msnap__snap_str(w->s, id, &n);
+  if (w->json) {
+    jstr(w, p, n);
+    return;
+  }
+  if (id < w->s->nstrings && w->str_memo[id] != NO_MEMO) {
+    msnap__pw_get(&w->pw, w->str_memo[id]);
+    return;
+  }
+  msnap__pw_str(&w->pw, p, n);
+  uint32_t m = msnap__pw_memoize(&w->pw);
+  if (id < w->s->nstrings) w->str_memo[id] = m;
+}
+
+/* A model string, or a default constant when the id is 0 (absent). */
+static void mstr_or(wr_t *w, msnap_str_t id, int dflt) {
+  if (id == MSNAP_STR_ABSENT)
+    cstr(w, dflt);
+  else
+    mstr(w, id);
+}
+
+static void wi64(wr_t *w, int64_t v) {
+  if (w->json) {
+    char b[32];
+    int n = snprintf(b, sizeof b, "%lld", (long long)v);
+    jw(w, b, (size_t)n);
+  } else {
+    msnap__pw_int(&w->pw, v);
+  }
+}
+
+static void wu64(wr_t *w, uint64_t v, const char *what) {
+  if (w->json) {
+    char b[32];
+    int n = snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    jw(w, b, (size_t)n);
+  } else {
+    msnap__pw_uint(&w->pw, v, what);
+  }
+}
+
+static void wbool(wr_t *w, bool v) {
+  if (w->json)
+    jputs(w, v ? "true" : "false");
+  else
+    msnap__pw_bool(&w->pw, v);
+}
+
+static void wfloat(wr_t *w, double v) {
+  if (!w->json) {
+    msnap__pw_float(&w->pw, v);
+    return;
+  }
+  if (!isfinite(v)) {
+    jputs(w, "null");
+    return;
+  }
+  char b[40];
+  int n = snprintf(b, sizeof b, "%.17g", v);
+  if (!strpbrk(b, ".eEn")) b[n++] = '.', b[n++] = '0', b[n] = 0;
+  jw(w, b, (size_t)n);
+}
+
+static void wpair(wr_t *w, msnap_mempool_id_t p) {
+  if (w->json) {
+    jw(w, "[", 1);
+    wu64(w, p.first, "pool id");
+    jw(w, ",", 1);
+    wu64(w, p.second, "pool id");
+    jw(w, "]", 1);
+  } else {
+    msnap__pw_uint(&w->pw, p.first, "pool id");
+    msnap__pw_uint(&w->pw, p.second, "pool id");
+    msnap__pw_op(&w->pw, MSNAP_OP_TUPLE2);
+  }
+}
+
+/*
+ * A frame dict (memoized: written once, then BINGET).  2.0 models keep
+ * the filename/name/line key order of that generation.
+ */
+static void wframe(wr_t *w, uint32_t fid) {
+  const msnap_frame_t *f = &w->s->frames[fid];
+  if (!w->json && w->frame_memo[fid] != NO_MEMO) {
+    msnap__pw_get(&w->pw, w->frame_memo[fid]);
+    return;
+  }
+  if (w->json) {
+    jw(w, "{", 1);
+    push_level(w, false);
+  } else {
+    msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
+    w->frame_memo[fid] = msnap__pw_memoize(&w->pw);
+    msnap__pw_op(&w->pw, MSNAP_OP_MARK);
+    push_level(w, false);
+  }
+  if (w->s->generation == MSNAP_GEN_2_0) {
+    key(w, C_filename);
+    mstr_or(w, f->filename, C_v_na);
+    key(w, C_name);
+    mstr_or(w, f->name, C_v_na);
+  } else {
+    key(w, C_name);
+    mstr_or(w, f->name, C_v_na);
+    key(w, C_filename);
+    mstr_or(w, f->filename, C_v_na);
+  }
+  key(w, C_line);
+  wi64(w, f->line);
+  if (f->fx_node_op) key(w, C_fx_node_op), mstr(w, f->fx_node_op);
+  if (f->fx_node_name) key(w, C_fx_node_name), mstr(w, f->fx_node_name);
+  if (f->fx_node_target) key(w, C_fx_node_target), mstr(w, f->fx_node_target);
+  if (f->fx_original_trace)
+    key(w, C_fx_original_trace), mstr(w, f->fx_original_trace);
+  dict_end(w);
+}
+
+/*
+ * A frame list (memoized when non-empty); [] for MSNAP_STACK_EMPTY.
+ */
+static void wstack(wr_t *w, msnap_stack_t id) {
+  if (id >= w->s->nstacks) id = MSNAP_STACK_EMPTY;
+  msnap_span_t sp = w->s->stacks[id];
+  if (!w->json) {
+    if (w->stack_memo[id] != NO_MEMO) {
+      msnap__pw_get(&w->pw, w->stack_memo[id]);
+      return;
+    }
+    msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
+    if (sp.n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
+    push_level(w, true);
+  } else {
+    list_begin(w);
+  }
+  for (uint32_t i = 0; i < sp.n; i++) {
+    list_item(w, sp.n);
+    wframe(w, w->s->stack_frames[sp.first + i]);
+  }
+  list_end(w, sp.n);
+}
+
+static void wstrlist(wr_t *w, uint32_t id) {
+  msnap_span_t sp = id < w->s->nstrlists ? w->s->strlists[id]
+                                         : (msnap_span_t){0, 0};
+  list_begin(w);
+  for (uint32_t i = 0; i < sp.n; i++) {
+    list_item(w, sp.n);
+    mstr(w, w->s->strlist_items[sp.first + i]);
+  }
+  list_end(w, sp.n);
+}
+
+/*
+ * A generic value (allocator_settings); tuples as TUPLE1-3/TUPLE.
+ */
+static void wgv(wr_t *w, const msnap_gv_t *v) {
+  switch (v->kind) {
+  case MSNAP_GV_NONE:
+    if (w->json)
+      jputs(w, "null");
+    else
+      msnap__pw_op(&w->pw, MSNAP_OP_NONE);
+    return;
+  case MSNAP_GV_BOOL:
+    wbool(w, v->u.b);
+    return;
+  case MSNAP_GV_INT:
+    wi64(w, v->u.i);
+    return;
+  case MSNAP_GV_FLOAT:
+    wfloat(w, v->u.f);
+    return;
+  case MSNAP_GV_STR:
+    mstr(w, v->u.s);
+    return;
+  case MSNAP_GV_LIST:
+  case MSNAP_GV_TUPLE: {
+    uint32_t n = v->u.seq.n;
+    if (v->kind == MSNAP_GV_TUPLE && !w->json) {
+      if (n == 0) {
+        msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_TUPLE);
+        return;
+      }
+      if (n > 3) msnap__pw_op(&w->pw, MSNAP_OP_MARK);
+      if (push_level(w, true) < 0) return;
+      for (uint32_t i = 0; i < n; i++) wgv(w, &v->u.seq.items[i]);
+      w->depth--;
+      msnap__pw_op(&w->pw, n == 1   ? MSNAP_OP_TUPLE1
+                           : n == 2 ? MSNAP_OP_TUPLE2
+                           : n == 3 ? MSNAP_OP_TUPLE3
+                                    : MSNAP_OP_TUPLE);
+      return;
+    }
+    list_begin(w);
+    for (uint32_t i = 0; i < n && !werr(w); i++) {
+      list_item(w, n);
+      wgv(w, &v->u.seq.items[i]);
+    }
+    list_end(w, n);
+    return;
+  }
+  case MSNAP_GV_DICT: {
+    uint32_t n = v->u.seq.n / 2;
+    if (!w->json && n == 0) {
+      msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
+      return;
+    }
+    dict_begin(w);
+    for (uint32_t i = 0; i < n && !werr(w); i++) {
+      if (w->json) {
+        if (i) jw(w, ",", 1);
+        const msnap_gv_t *k = &v->u.seq.items[2 * i];
+        if (k->kind == MSNAP_GV_STR) {
+          mstr(w, k->u.s);
+        } else { /* JSON keys are strings */
+          char b[40];
+          snprintf(b, sizeof b, "%lld",
+                   k->kind == MSNAP_GV_INT ? (long long)k->u.i : 0LL);
+          jstr(w, b, strlen(b));
+        }
+        jw(w, ":", 1);
+      } else {
+        wgv(w, &v->u.seq.items[2 * i]);
+      }
+      wgv(w, &v->u.seq.items[2 * i + 1]);
+    }
+    dict_end(w);
+    return;
+  }
+  }
+}
+
+/* ---- records ------------------------------------------------------------- */
+
+static void wblock(wr_t *w, const msnap_sblock_t *b) {
+  unsigned k = b->keys;
+  if (w->live) k |= MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES;
+  if (w->live && b->forward_frames) k |= MSNAP_K_FORWARD;
+  dict_begin(w);
+  if (k & MSNAP_K_ADDRESS) key(w, C_address), wu64(w, b->address, "address");
+  key(w, C_size);
+  wu64(w, b->size, "block size");
+  if (k & MSNAP_K_REQUESTED)
+    key(w, C_requested_size), wu64(w, b->requested_size, "requested_size");
+  key(w, C_state);
+  switch (b->state) {
+  case MSNAP_BLOCK_ACTIVE_ALLOCATED: cstr(w, C_v_active_allocated); break;
+  case MSNAP_BLOCK_ACTIVE_PENDING_FREE: cstr(w, C_v_active_pending_free); break;
+  case MSNAP_BLOCK_INACTIVE: cstr(w, C_v_inactive); break;
+  default: mstr(w, b->state_str);
+  }
+  if (k & MSNAP_K_FRAMES) key(w, C_frames), wstack(w, b->frames);
+  if (k & MSNAP_K_FORWARD)
+    key(w, C_forward_frames), wstrlist(w, b->forward_frames);
+  if (k & MSNAP_K_HISTORY) {
+    key(w, C_history);
+    list_begin(w);
+    for (uint32_t i = 0; i < b->history.n; i++) {
+      const msnap_shistory_t *h = &w->s->histories[b->history.first + i];
+      list_item(w, b->history.n);
+      dict_begin(w);
+      key(w, C_addr);
+      wu64(w, h->addr, "history addr");
+      key(w, C_real_size);
+      wu64(w, h->real_size, "real_size");
+      if (h->frames != MSNAP_STACK_ABSENT)
+        key(w, C_frames), wstack(w, h->frames);
+      dict_end(w);
+    }
+    list_end(w, b->history.n);
+  }
+  dict_end(w);
+}
+
+/*
+ * A segment dict, PyTorch's key order (frames after blocks when the
+ * source had it so).
+ */
+static void wsegment(wr_t *w, const msnap_ssegment_t *g,
+                     const msnap_sblock_t *blocks) {
+  unsigned k = g->keys;
+  if (w->live)
+    k |= MSNAP_K_REQUESTED | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE |
+         MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
+  if (w->live && g->forward_frames) k |= MSNAP_K_FORWARD;
+  dict_begin(w);
+  key(w, C_device);
+  wi64(w, g->device);
+  key(w, C_address);
+  wu64(w, g->address, "segment address");
+  key(w, C_total_size);
+  wu64(w, g->total_size, "total_size");
+  if (k & MSNAP_K_REQUESTED) {
+    key(w, C_allocated_size);
+    wu64(w, g->allocated_size, "allocated_size");
+    key(w, C_active_size);
+    wu64(w, g->active_size, "active_size");
+    key(w, C_requested_size);
+    wu64(w, g->requested_size, "requested_size");
+  }
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, g->stream);
+  if (k & MSNAP_K_SEGMENT_TYPE)
+    key(w, C_segment_type), cstr(w, g->is_large ? C_v_large : C_v_small);
+  if (k & MSNAP_K_POOL_ID) key(w, C_segment_pool_id), wpair(w, g->pool_id);
+  if (k & MSNAP_K_EXPANDABLE)
+    key(w, C_is_expandable), wbool(w, g->is_expandable);
+  bool frames_last = (k & MSNAP_K_FRAMES_LAST) != 0;
+  if ((k & MSNAP_K_FRAMES) && !frames_last)
+    key(w, C_frames), wstack(w, g->frames);
+  if ((k & MSNAP_K_FORWARD) && !frames_last)
+    key(w, C_forward_frames), wstrlist(w, g->forward_frames);
+  key(w, C_blocks);
+  list_begin(w);
+  for (uint32_t i = 0; i < g->nblocks && !werr(w); i++) {
+    list_item(w, g->nblocks);
+    wblock(w, &blocks[g->first_block + i]);
+  }
+  list_end(w, g->nblocks);
+  if ((k & MSNAP_K_FRAMES) && frames_last)
+    key(w, C_frames), wstack(w, g->frames);
+  if ((k & MSNAP_K_FORWARD) && frames_last)
+    key(w, C_forward_frames), wstrlist(w, g->forward_frames);
+  dict_end(w);
+}
+
+/*
+ * A trace-entry dict: action, addr|device_free, size, stream, time_us,
+ * compile_context, user_metadata, internal_metadata, pool_id, frames,
+ * forward_frames -- each when present.
+ */
+static void wtrace(wr_t *w, const msnap_strace_t *t) {
+  unsigned k = t->keys;
+  if (w->live) {
+    k |= MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
+         MSNAP_K_USER_META | MSNAP_K_POOL_ID;
+    k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
+    if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
+    if (t->forward_frames) k |= MSNAP_K_FORWARD;
+    if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
+  }
+  dict_begin(w);
+  key(w, C_action);
+  if (t->action < MSNAP_ACTION_COUNT)
+    cstr(w, C_ACTION0 + t->action);
+  else
+    mstr(w, t->action_str);
+  if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
+  if (k & MSNAP_K_DEVICE_FREE)
+    key(w, C_device_free), wu64(w, t->addr, "device_free");
+  key(w, C_size);
+  wu64(w, t->size, "size");
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, t->stream);
+  if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
+  if (k & MSNAP_K_COMPILE_CTX)
+    key(w, C_compile_context), mstr_or(w, t->compile_context, C_v_na);
+  if (k & MSNAP_K_USER_META) {
+    key(w, C_user_metadata);
+    if (t->user_metadata == MSNAP_STR_ABSENT)
+      mstr(w, MSNAP_STR_EMPTY);
+    else
+      mstr(w, t->user_metadata);
+  }
+  if (k & MSNAP_K_INTERNAL_META)
+    key(w, C_internal_metadata), mstr(w, t->internal_metadata);
+  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, t->pool_id);
+  if (k & MSNAP_K_FRAMES) key(w, C_frames), wstack(w, t->frames);
+  if (k & MSNAP_K_FORWARD)
+    key(w, C_forward_frames), wstrlist(w, t->forward_frames);
+  dict_end(w);
+}
+
+static void wtraces(wr_t *w, const msnap_trace_list_t *l) {
+  list_begin(w);
+  for (uint32_t i = 0; i < l->n && !werr(w); i++) {
+    list_item(w, l->n);
+    wtrace(w, &l->v[i]);
+  }
+  list_end(w, l->n);
+}
+
+static void wsegments(wr_t *w, const msnap_ssegment_t *segs, uint32_t n,
+                      const msnap_sblock_t *blocks) {
+  list_begin(w);
+  for (uint32_t i = 0; i < n && !werr(w); i++) {
+    list_item(w, n);
+    wsegment(w, &segs[i], blocks);
+  }
+  list_end(w, n);
+}
+
+static void wannotations(wr_t *w) {
+  const msnap_snap_t *s = w->s;
+  list_begin(w);
+  for (uint32_t i = 0; i < s->nannotations; i++) {
+    const msnap_sannotation_t *a = &s->annotations[i];
+    list_item(w, s->nannotations);
+    dict_begin(w);
+    key(w, C_stage);
+    cstr(w, a->is_start ? C_v_start : C_v_end);
+    key(w, C_name);
+    mstr(w, a->name);
+    key(w, C_device);
+    wi64(w, a->device);
+    key(w, C_time_us);
+    wi64(w, a->time_us);
+    dict_end(w);
+  }
+  list_end(w, s->nannotations);
+}
+
+/*
+ * The top level: a bare list of segments, or the snapshot dict with the
+ * top-level keys of the source (all six for a live model without bits).
+ */
+static void wtop(wr_t *w) {
+  const msnap_snap_t *s = w->s;
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+    wsegments(w, s->segments, s->nsegments, s->blocks);
+    return;
+  }
+  uint32_t top = s->top_keys | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
+  if (w->live && s->top_keys == 0) top = 0x3f;
+  dict_begin(w);
+  key(w, C_segments);
+  wsegments(w, s->segments, s->nsegments, s->blocks);
+  key(w, C_device_traces);
+  list_begin(w);
+  for (uint32_t d = 0; d < s->ndevices && !werr(w); d++) {
+    list_item(w, s->ndevices);
+    wtraces(w, &s->device_traces[d]);
+  }
+  list_end(w, s->ndevices);
+  if (top & MSNAP_TOP_ALLOCATOR_SETTINGS) {
+    key(w, C_allocator_settings);
+    if (s->allocator_settings.kind == MSNAP_GV_NONE) {
+      msnap_gv_t empty = {.kind = MSNAP_GV_DICT};
+      wgv(w, &empty);
+    } else {
+      wgv(w, &s->allocator_settings);
+    }
+  }
+  if (top & MSNAP_TOP_EXTERNAL_ANNOTATIONS)
+    key(w, C_external_annotations), wannotations(w);
+  if (top & MSNAP_TOP_HOST_SEGMENTS) {
+    key(w, C_host_segments);
+    wsegments(w, s->host_segments, s->nhost_segments, s->host_blocks);
+  }
+  if (top & MSNAP_TOP_HOST_TRACES)
+    key(w, C_host_traces), wtraces(w, &s->host_traces);
+  dict_end(w);
+}
+
+/*
+ * Writer state; the memo tables (pickle only) start empty (all ones).
+ */
+static int wr_init(wr_t *w, const msnap_snap_t *s, bool json) {
+  memset(w, 0, sizeof *w);
+  w->s = s;
+  w->json = json;
+  w->live = !msnap__snap_from_reader(s) && s->generation == MSNAP_GEN_CURRENT;
+  for (int i = 0; i < NCONSTS; i++) w->const_memo[i] = NO_MEMO;
+  if (json) return 0;
+  w->str_memo = malloc(((size_t)s->nstrings + 1) * sizeof *w->str_memo);
+  w->frame_memo = malloc(((size_t)s->nframes + 1) * sizeof *w->frame_memo);
+  w->stack_memo = malloc(((size_t)s->nstacks + 1) * sizeof *w->stack_memo);
+  if (!w->str_memo || !w->frame_memo || !w->stack_memo) return MSNAP_ENOMEM;
+  memset(w->str_memo, 0xff, ((size_t)s->nstrings + 1) * sizeof *w->str_memo);
+  memset(w->frame_memo, 0xff, ((size_t)s->nframes + 1) * sizeof *w->frame_memo);
+  memset(w->stack_memo, 0xff, ((size_t)s->nstacks + 1) * sizeof *w->stack_memo);
+  return 0;
+}
+
+static void wr_destroy(wr_t *w) {
+  free(w->str_memo);
+  free(w->frame_memo);
+  free(w->stack_memo);
+}
+
+/*
+ * Write s as a pickle to out (the sink is flushed, not finished).  Returns
+ * 0, MSNAP_EINVAL for a value MemoryViz cannot read (>= 2^63), or the
+ * sink's error.
+ */
+int msnap__snap_write_pickle(const msnap_snap_t *s, msnap_sink_t *out) {
+  wr_t *w = malloc(sizeof *w);
+  if (!w) return MSNAP_ENOMEM;
+  int rc = wr_init(w, s, false);
+  if (rc == 0) rc = msnap__pw_init(&w->pw, out);
+  if (rc == 0) {
+    wtop(w);
+    rc = msnap__pw_finish(&w->pw);
+    if (rc == 0) rc = msnap__sink_flush(out);
+  } else {
+    msnap__pw_abort(&w->pw);
+  }
+  wr_destroy(w);
+  free(w);
+  return rc;
+}
+
+/*
+ * Write s as JSON to out (flushed, not finished).
+ */
+int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
+  wr_t *w = malloc(sizeof *w);
+  if (!w) return MSNAP_ENOMEM;
+  int rc = wr_init(w, s, true);
+  if (rc == 0) {
+    w->out = out;
+    wtop(w);
+    jw(w, "\n", 1);
+    rc = out->err;
+    if (rc == 0) rc = msnap__sink_flush(out);
+  }
+  wr_destroy(w);
+  free(w);
+  return rc;
+}
+
+/*
+ * Write s to path through a temporary file + fsync + rename; on any
+ * error the temporary is removed and path is untouched.
+ */
+int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
+                           bool json) {
+  msnap_atomic_file_t f;
+  int rc = msnap__atomic_open(&f, path);
+  if (rc < 0) return rc;
+  msnap_sink_t sink;
+  rc = msnap__sink_init_fd(&sink, f.fd);
+  if (rc < 0) {
+    msnap__atomic_abort(&f);
+    return rc;
+  }
+  rc = json ? msnap__snap_write_json(s, &sink)
+            : msnap__snap_write_pickle(s, &sink);
+  int frc = msnap__sink_finish(&sink);
+  if (rc == 0) rc = frc;
+  if (rc < 0) {
+    msnap__atomic_abort(&f);
+    return rc;
+  }
+  return msnap__atomic_commit(&f);
+}

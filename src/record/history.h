@@ -1,0 +1,194 @@
+/*
+ * history.h -- the record layer's internal interface, apart from the stack
+ * table (stack.h): the trace ring (ring.c) and, in history.c, the
+ * recording settings, recording contexts, thread-local metadata and
+ * compile context, the annotation ring and the action names.
+ *
+ * The record layer calls only base.  It knows no allocator: the allocator
+ * (alloc layer) embeds one ring per device (msnap_device_t, guarded by
+ * that device's lock), the host ring in its pinned host allocator (guarded
+ * by the host lock), one msnap_hsettings_t for device history and one for
+ * host history, and one annotation ring (its own lock); it passes them in
+ * with the right lock held.
+ *
+ * A trace ring keeps the newest `capacity` entries, oldest first from
+ * `head`:
+ *
+ *     v[head], v[(head+1) % vcap], ..., v[(head+n-1) % vcap]
+ *
+ * Invariants (msnap__ring_check):
+ *   - n <= capacity, n <= vcap, head < vcap (or vcap == 0 and n == 0);
+ *   - vcap <= capacity, except after a failed shrink (ENOMEM) that left
+ *     the old slots; nchunks = ceil(vcap / MSNAP_RING_CHUNK);
+ *   - while the ring grows (n == vcap < capacity) head is 0;
+ *   - every entry holds one reference on each of its non-zero stack,
+ *     user_metadata and compile_context ids; overwriting or clearing an
+ *     entry drops them;
+ *   - dropped counts entries lost to overflow since the last clear;
+ *   - stream and pool fields index the ring's own interning tables.
+ * The whole ring (entries, tables, counters) is guarded by its owner's
+ * lock.  Lowering the capacity without clearing drops the oldest entries
+ * at once (PyTorch leaves stale slots; we keep "newest N").
+ *
+ * The settings (enabled, level, stacks, skip set) are atomics read without
+ * locks on the hot path; the allocator's msnap_record_history writes them.
+ */
+#ifndef MSNAP_HISTORY_H
+#define MSNAP_HISTORY_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "base/base.h"
+
+/* ---- recording contexts (history.c) -------------------------------------- */
+/* A recording context, captured at the start of malloc/free/empty_cache
+ * OUTSIDE the allocator lock, consumed under it.  stack is an id in the
+ * process-wide stack table (0 = none), holding one reference that the
+ * consumer takes over (msnap__stack_ref/unref). */
+typedef struct msnap_rctx_s {
+  uint32_t stack;           /* interned stack id, 0 = none          */
+  uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
+  uint32_t compile_context; /* interned string id, 0 = "N/A"         */
+  uint8_t level;            /* msnap_record_context_t at capture      */
+  /* Serial of the capturing call, unique per thread and call (0: none).
+   * Entries that one call records back to back in a ring share one clock
+   * read (ring.c, msnap__ring_record). */
+  uint64_t call;
+} msnap_rctx_t;
+
+/* What to record: one for device history, one for host history. */
+typedef struct msnap_hsettings_s {
+  _Atomic bool enabled;    /* history on                             */
+  _Atomic int level;       /* msnap_record_context_t                 */
+  _Atomic unsigned stacks; /* MSNAP_STACKS_*                         */
+  _Atomic uint32_t skip;   /* 1u << action: actions not recorded     */
+} msnap_hsettings_t;
+
+/* Off, context NEVER, no stacks, nothing skipped. */
+void msnap__hsettings_init(msnap_hsettings_t *s);
+/* The only check on the hot path when recording is off. */
+static inline bool msnap__hsettings_on(const msnap_hsettings_t *s) {
+  return atomic_load_explicit(&s->enabled, memory_order_relaxed);
+}
+/* Capture the calling thread's context under settings s (zeroed when s is
+ * off).  is_free_site: a free()/empty_cache() call site (a stack only at
+ * level ALL); other sites get a stack at level >= STATE. */
+void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
+                         bool is_free_site);
+/* Drop the references a context still holds. */
+void msnap__rctx_release(msnap_rctx_t *ctx);
+/* This thread's metadata/compile-context ids with a reference each. */
+void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context);
+
+/* ---- the trace ring (ring.c) --------------------------------------------- */
+/* One recorded trace entry: 48 bytes. */
+typedef struct msnap_hentry_s {
+  uint64_t addr;            /* device_free for oom entries            */
+  uint64_t size;
+  uint64_t raw_time;        /* msnap__clock_raw at record time         */
+  uint32_t stack;           /* stack id (0 = none), one reference      */
+  uint32_t user_metadata;   /* string id (0 = ""), one reference       */
+  uint32_t compile_context; /* string id (0 = "N/A"), one reference    */
+  uint32_t stream;          /* index into ring->streams                */
+  uint32_t pool;            /* index into ring->pools                  */
+  uint8_t action;           /* msnap_action_t                          */
+  uint8_t internal_meta;    /* 0 none, 1 "mallocWithAddress"          */
+  uint16_t reserved;
+} msnap_hentry_t;
+_Static_assert(sizeof(msnap_hentry_t) == 48, "trace entry must be 48 bytes");
+
+/* Small interning table for 16-byte keys (streams: {stream, 0}; pools). */
+typedef struct msnap_keymap_s {
+  uint64_t (*keys)[2];
+  uint32_t n, cap;
+  uint32_t *ht; /* ids + 1, 0 empty */
+  uint32_t ht_cap;
+  uint32_t last;
+} msnap_keymap_t;
+
+/* Ring storage comes in chunks of 4096 entries (192 KiB): growing adds a
+ * chunk and never copies, so an unbounded history costs its entries and no
+ * transient double-size copy. */
+#define MSNAP_RING_CHUNK_BITS 12
+#define MSNAP_RING_CHUNK (1u << MSNAP_RING_CHUNK_BITS)
+
+#define MSNAP_RING_SPARE 64
+
+typedef struct msnap_ring_s {
+  msnap_hentry_t **chunks; /* slot s: chunks[s / CHUNK][s % CHUNK]      */
+  uint64_t nchunks, chunks_cap;
+  uint64_t vcap, head, n;  /* vcap = slots allocated                    */
+  uint64_t capacity;
+  uint64_t dropped;
+  msnap_keymap_t streams, pools;
+  /* Freed chunks kept for the next growth, unmapped by
+   * msnap__ring_destroy; 64 x 192 KiB at most. */
+  msnap_hentry_t *spare[MSNAP_RING_SPARE];
+  uint32_t nspare;
+  /* The call (context address and serial) that recorded the newest entry
+   * and that entry's raw time: the same call's next entry reuses it. */
+  const void *last_ctx;
+  uint64_t last_call, last_time;
+} msnap_ring_t;
+
+/* An empty ring of capacity 1. */
+void msnap__ring_init(msnap_ring_t *ring);
+/* Release every entry and all storage (the owner is being destroyed). */
+void msnap__ring_destroy(msnap_ring_t *ring);
+/* Set the capacity (>= 1) keeping the newest entries. */
+void msnap__ring_set_capacity(msnap_ring_t *ring, uint64_t capacity);
+/* Drop every entry (references released) and the dropped count. */
+void msnap__ring_clear(msnap_ring_t *ring);
+/* Append one entry when s is on and `action` is not skipped; the entry
+ * carries a stack only at level >= ALLOC (stack_override, when non-zero,
+ * wins over ctx->stack) and takes its own references.  Caller holds the
+ * ring owner's lock. */
+void msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
+                        msnap_action_t action, uint64_t addr, uint64_t size,
+                        uint64_t stream, msnap_mempool_id_t pool,
+                        const msnap_rctx_t *ctx, uint32_t stack_override);
+
+/* A copied trace entry with its stream and pool resolved (snapshots). */
+typedef struct msnap_hcopy_s {
+  msnap_hentry_t e;
+  uint64_t stream;
+  msnap_mempool_id_t pool;
+} msnap_hcopy_t;
+/* Copy the ring oldest first into *out (malloc'd), taking one reference
+ * on each id (released with msnap__hcopy_release).  Owner's lock held. */
+int msnap__ring_copy(const msnap_ring_t *ring, msnap_hcopy_t **out,
+                     size_t *n);
+void msnap__hcopy_release(msnap_hcopy_t *v, size_t n);
+/* Ring structure check (owner's lock held): 0 or MSNAP_ESTATE. */
+int msnap__ring_check(const msnap_ring_t *ring, char *msg, size_t len);
+
+/* ---- the annotation ring (history.c) ------------------------------------- */
+/* external_annotations entry. */
+typedef struct msnap_aentry_s {
+  uint64_t raw_time;
+  uint32_t name; /* string id, one reference */
+  int32_t device;
+  uint8_t is_start;
+} msnap_aentry_t;
+
+/* The newest `capacity` annotations (same rules as a trace ring, one flat
+ * array), guarded by its own lock (MSNAP_RANK_ANNOTATIONS). */
+typedef struct msnap_annring_s {
+  pthread_mutex_t lock;
+  msnap_aentry_t *v;
+  uint64_t vcap, head, n, capacity, dropped;
+} msnap_annring_t;
+
+void msnap__ann_init(msnap_annring_t *r);
+void msnap__ann_destroy(msnap_annring_t *r);
+/* Append one annotation (interns name; MSNAP_ENOMEM when that fails). */
+int msnap__ann_record(msnap_annring_t *r, int device, const char *name,
+                      bool is_start);
+/* Set the capacity (>= 1) keeping the newest; clear drops them all. */
+void msnap__ann_configure(msnap_annring_t *r, uint64_t capacity, bool clear);
+/* Copy oldest first; name ids carry a reference each, dropped by the
+ * caller. */
+int msnap__ann_copy(msnap_annring_t *r, msnap_aentry_t **out, size_t *n);
+
+#endif /* MSNAP_HISTORY_H */

@@ -1,0 +1,103 @@
+/*
+ * stack.h -- the process-wide intern table of captured stacks and strings
+ * (stack.c).
+ *
+ * One table serves every allocator.  An entry is either a STACK (raw C
+ * return addresses, innermost first, plus raw interpreter frames from the
+ * msnap_frame_hook_t, innermost first) or a STRING (user metadata,
+ * compile context, annotation text).  Both live in one id space: ids are
+ * small integers, 0 means "none" (no stack / the empty string), and
+ * msnap__stack_ref / msnap__stack_unref count references for either
+ * kind.
+ *
+ * Invariants (msnap__stack_check):
+ *   - every live entry is in the hash index exactly once and in its id
+ *     slot; identical contents are never interned twice;
+ *   - a live entry has refs >= 1, except transiently between the last
+ *     unref and its removal under the table lock;
+ *   - freed ids are on the free list and their slots are NULL.
+ *
+ * Ownership: intern/capture return an id holding ONE reference for the
+ * caller.  Views of an entry (msnap__stack_view, msnap__str_get) are valid
+ * while the caller holds a reference.
+ *
+ * Interpreter frames: hook->retain is called once per frame when a stack
+ * holding it is created; hook->release is DEFERRED when the stack dies and
+ * called on the next thread whose capture() returned frames (such a thread
+ * runs the interpreter, e.g. holds the GIL), or by msnap_set_frame_hook.
+ *
+ * Lock: the table lock (MSNAP_RANK_STACK_TABLE) is taken inside the
+ * device, host and annotation locks, never the other way round; reference
+ * counts are atomics and need no lock except when a count drops to zero.
+ */
+#ifndef MSNAP_STACK_H
+#define MSNAP_STACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+#define MSNAP_STACK_MAX_C 128
+#define MSNAP_STACK_MAX_PY 256
+
+typedef struct msnap_stack_view_s {
+  const uintptr_t *c;        /* nc return addresses, innermost first */
+  uint32_t nc;
+  const uintptr_t (*py)[2];  /* npy raw interpreter frames             */
+  uint32_t npy;
+  const msnap_frame_hook_t *hook; /* hook that captured py (or NULL)   */
+} msnap_stack_view_t;
+
+/* Intern a stack; returns its id with one reference, 0 when both parts are
+ * empty or on host ENOMEM. */
+uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
+                             const uintptr_t (*py)[2], uint32_t npy,
+                             const msnap_frame_hook_t *hook);
+/* Capture the calling thread's stack: C frames when stacks has
+ * MSNAP_STACKS_CPP (dropping the `skip` innermost ones, i.e. memsnap's own
+ * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
+ * is installed.  Returns an id with one reference, or 0. */
+uint32_t msnap__stack_capture(unsigned stacks, int skip);
+/* The C unwinder in use (MEMSNAP_UNWIND): "libunwind" (default when
+ * libunwind.so.8 loads), "backtrace" (glibc) or "fp". */
+const char *msnap__stack_unwinder_name(void);
+/* Intern a string (len bytes, need not be NUL-terminated).  "" gives 0. */
+uint32_t msnap__str_intern(const char *s, size_t len);
+/* Text of a string id ("" for 0); valid while a reference is held. */
+const char *msnap__str_get(uint32_t id, size_t *len);
+/* The parts of a stack id; MSNAP_EINVAL for 0, a string or a dead id. */
+int msnap__stack_view(uint32_t id, msnap_stack_view_t *v);
+/* One more / one less reference on a stack or string id (0: no-op); the
+ * entry dies at zero (the table lock is taken then). */
+void msnap__stack_ref(uint32_t id);
+void msnap__stack_unref(uint32_t id);
+/* Current reference count (tests); 0 for a dead id. */
+uint32_t msnap__stack_refcount(uint32_t id);
+/* Live entries (stacks + strings) in the table (tests, leak checks). */
+size_t msnap__stack_live(void);
+/* The installed interpreter-frame hook or NULL. */
+const msnap_frame_hook_t *msnap__frame_hook(void);
+/* Call the deferred hook->release of dead stacks now (tests, shutdown);
+ * the caller must be allowed to run the hook. */
+void msnap__stack_drain_releases(void);
+/* Drop the calling thread's cache of recently captured stacks (each
+ * thread keeps references on its last few stacks; msnap_set_frame_hook
+ * and thread exit flush it too). */
+void msnap__stack_tcache_flush(void);
+/* Structure check (see top of file): 0 or MSNAP_ESTATE with msg. */
+int msnap__stack_check(char *msg, size_t len);
+
+/* Symbol of a C return address: function name, source file and line
+ * ("??", "??", 0 when unknown; never fails).  Looked up once per address
+ * (libdw via dlopen when available, else dladdr) and cached for the life
+ * of the process; the strings are never freed. */
+typedef struct msnap_csym_s {
+  const char *name, *filename;
+  int64_t line;
+} msnap_csym_t;
+void msnap__symbolize(uintptr_t pc, msnap_csym_t *out);
+/* Whether libdw was found ("libdw" or "dladdr"). */
+const char *msnap__symbolizer_name(void);
+
+#endif /* MSNAP_STACK_H */

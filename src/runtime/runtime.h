@@ -1,0 +1,24 @@
+/*
+ * runtime.h -- the runtime layer's internal interface (runtime.c, sim.c,
+ * acl.c, cuda.c).  The runtimes themselves are const ops tables
+ * (msnap_runtime_ops_t, public in memsnap.h: msnap_runtime_sim / _acl /
+ * _cuda / _by_name); this header adds the sim runtime's test entry points.
+ * The runtime layer calls only base.
+ */
+#ifndef MSNAP_RUNTIME_H
+#define MSNAP_RUNTIME_H
+
+#include "base/base.h"
+
+/* ---- sim.c --------------------------------------------------------------- */
+/* Host (pinned) memory is also simulated: no host RAM behind it. */
+/* Create a sim runtime context with explicit parameters (the ops table's
+ * init reads MEMSNAP_SIM_DEVICES / MEMSNAP_SIM_MEMORY instead); devices is
+ * clamped to [1, 64], memory to [2 MiB, 256 TiB].  Free with the sim ops
+ * table's fini. */
+int msnap__sim_create(int devices, uint64_t memory, void **ctx);
+/* Invariant checker of a sim context: 0, or MSNAP_ESTATE with the first
+ * violation in msg. */
+int msnap__sim_check(void *ctx, char *msg, size_t msg_len);
+
+#endif /* MSNAP_RUNTIME_H */

@@ -1,0 +1,843 @@
+/*
+ * sim.c -- the simulated device runtime ("sim").
+ *
+ * It behaves like a device runtime without any device and without host RAM
+ * behind the "memory": only address ranges and byte counts are tracked, so
+ * a 64 GiB device costs a few kilobytes.  Everything is deterministic: the
+ * same sequence of calls yields the same addresses, handles and event ids.
+ *
+ * Address layout (documented policy; tests and replay rely on it):
+ *   - Device d owns [base_d, base_d + span) with
+ *       span   = max(2^44, next_pow2(memory) * 64)
+ *       base_d = 0x7f0000000000 + d * span.
+ *     The first sixteenth, [base_d, base_d + span/16), is the malloc region;
+ *     the rest is the VMM (virtual address) region.
+ *   - malloc places a request at the LOWEST address of the malloc region
+ *     where it fits, aligned to 2 MiB when size >= 2 MiB (segment-sized
+ *     requests) and to 512 bytes otherwise.  Its footprint in the address
+ *     space is size rounded up to 512 bytes; device memory is charged the
+ *     exact size.  msnap_sim_set_next_address overrides the placement of the
+ *     next malloc on a device (any 512-aligned address whose range is free,
+ *     inside or outside the region: replay may use real addresses).
+ *   - vmm_reserve places a range at the lowest fitting address of the VMM
+ *     region, aligned to max(next_pow2(alignment), 2 MiB) (a granule such as
+ *     20 MiB becomes 32 MiB); sizes must be multiples of the 2 MiB granule.  A reservation is not charged to device memory;
+ *     each vmm_map charges its size.
+ *   - Host (pinned) memory lives in [0x7e0000000000, 0x7f0000000000), placed
+ *     lowest-fit with 4 KiB alignment, and is not charged to any device.
+ *   - size 0 mallocs return address 0 (as cudaMalloc); freeing 0 is a no-op.
+ *
+ * Events: ids 1, 2, 3... never reused.  By default a recorded event is
+ * complete at once.  In manual mode (msnap_sim_set_manual_events) a recorded
+ * event stays pending until msnap_sim_complete_events covers its stream, or
+ * it is synchronized (event_synchronize, device_synchronize).  Leaving
+ * manual mode completes every pending event.  A never-recorded event
+ * queries as complete (CUDA semantics).
+ *
+ * Fault switch (msnap_sim_fail_nth): the nth matching call from now fails
+ * once, then the switch disarms.  Call names are the ops-table member names.
+ * The allocating calls (malloc, vmm_map, host_malloc) fail with MSNAP_EOOM,
+ * every other call with MSNAP_ERUNTIME.  vmm_reserve also fails with
+ * MSNAP_EOOM when the VMM region is exhausted.
+ *
+ * Invariants (msnap__sim_check):
+ *   - Each device's range set is sorted by address and non-overlapping; it
+ *     holds malloc ranges and VA reservations.
+ *   - used(d) = sum of live malloc sizes + sum of live mapping sizes of d,
+ *     and used(d) <= total(d).
+ *   - Every live mapping lies inside one VA reservation of its device and
+ *     no two mappings overlap.
+ *   - live_events equals the number of created, not destroyed events.
+ *   - The host range set is sorted and non-overlapping inside its region.
+ * One mutex guards the whole context (every op and control call).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+
+#define SIM_GRANULE ((uint64_t)2 << 20)
+#define SIM_MIN_ALIGN ((uint64_t)512)
+#define SIM_HOST_ALIGN ((uint64_t)4096)
+#define SIM_BASE ((uint64_t)0x7f0000000000ull)
+#define SIM_HOST_BASE ((uint64_t)0x7e0000000000ull)
+#define SIM_HOST_END SIM_BASE
+#define SIM_MAX_DEVICES MSNAP_SIM_MAX_DEVICES
+#define SIM_MAX_MEMORY ((uint64_t)1 << 48)
+#define SIM_DEFAULT_MEMORY ((uint64_t)64 << 30)
+
+enum { RANGE_MALLOC = 1, RANGE_VA = 2, RANGE_HOST = 3 };
+enum { EV_DEAD = 0, EV_CREATED, EV_PENDING, EV_COMPLETE };
+
+typedef struct sim_range_s {
+  uint64_t addr; /* start address                          */
+  uint64_t len;  /* footprint in the address space         */
+  uint64_t size; /* bytes charged (malloc) or reserved (VA) */
+  int kind;
+} sim_range_t;
+
+typedef struct sim_rangeset_s {
+  sim_range_t *v;
+  size_t n, cap;
+} sim_rangeset_t;
+
+typedef struct sim_device_s {
+  uint64_t total, used;
+  uint64_t base, span;
+  sim_rangeset_t ranges;
+  bool has_next;
+  uint64_t next_addr;
+} sim_device_t;
+
+typedef struct sim_map_s {
+  uint64_t handle, va, size;
+  int device;
+} sim_map_t;
+
+typedef struct sim_event_s {
+  uint64_t stream;
+  int device;
+  int state;
+} sim_event_t;
+
+#define SIM_MAGIC 0x6d73696du /* "msim": guards the msnap_sim_* calls */
+
+typedef struct msnap_sim_s {
+  uint32_t magic;
+  pthread_mutex_t lock;
+  int ndev;
+  sim_device_t *dev;
+  sim_rangeset_t host;
+  sim_map_t *maps;
+  size_t nmaps, capmaps;
+  uint64_t next_handle;
+  sim_event_t *events; /* index = id - 1 */
+  size_t nevents, capevents;
+  uint64_t live_events;
+  bool manual;
+  bool fault_any;
+  char fault_call[32];
+  uint64_t fault_countdown; /* 0 = disarmed */
+} msnap_sim_t;
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static uint64_t align_up(uint64_t x, uint64_t a) {
+  /* a is a power of two; saturates instead of wrapping. */
+  if (x > UINT64_MAX - (a - 1)) return UINT64_MAX & ~(a - 1);
+  return (x + a - 1) & ~(a - 1);
+}
+
+static uint64_t next_pow2(uint64_t x) {
+  uint64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+/* Index of the first range whose addr >= addr. */
+static size_t rs_lower(const sim_rangeset_t *rs, uint64_t addr) {
+  size_t lo = 0, hi = rs->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (rs->v[mid].addr < addr) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The range starting exactly at addr, or NULL. */
+static sim_range_t *rs_find(sim_rangeset_t *rs, uint64_t addr, size_t *idx) {
+  size_t i = rs_lower(rs, addr);
+  if (i < rs->n && rs->v[i].addr == addr) {
+    if (idx) *idx = i;
+    return &rs->v[i];
+  }
+  return NULL;
+}
+
+/* True when [addr, addr+len) overlaps no range of rs. */
+static bool rs_is_free(const sim_rangeset_t *rs, uint64_t addr, uint64_t len) {
+  size_t i = rs_lower(rs, addr);
+  if (i < rs->n && rs->v[i].addr < addr + len) return false;
+  if (i > 0 && rs->v[i - 1].addr + rs->v[i - 1].len > addr) return false;
+  return true;
+}
+
+/*
+ * Lowest address in [lo, hi) aligned to `align` where `len` bytes fit
+ * between the ranges of rs.  Returns false when nothing fits.
+ */
+static bool rs_place(const sim_rangeset_t *rs, uint64_t lo, uint64_t hi,
+                     uint64_t len, uint64_t align, uint64_t *out) {
+  uint64_t cur = align_up(lo, align);
+  size_t i = rs_lower(rs, lo);
+  if (i > 0 && rs->v[i - 1].addr + rs->v[i - 1].len > cur)
+    cur = align_up(rs->v[i - 1].addr + rs->v[i - 1].len, align);
+  for (; i < rs->n; i++) {
+    const sim_range_t *r = &rs->v[i];
+    if (cur >= hi || len > hi - cur) return false;
+    if (r->addr >= cur + len) break;
+    if (r->addr + r->len > cur) cur = align_up(r->addr + r->len, align);
+  }
+  if (cur >= hi || len > hi - cur) return false;
+  *out = cur;
+  return true;
+}
+
+static int rs_insert(sim_rangeset_t *rs, sim_range_t r) {
+  if (rs->n == rs->cap) {
+    size_t cap = rs->cap ? rs->cap * 2 : 16;
+    sim_range_t *v = realloc(rs->v, cap * sizeof *v);
+    if (v == NULL) return msnap__set_error(MSNAP_ENOMEM, "sim: out of host "
+                                           "memory growing a range table");
+    rs->v = v;
+    rs->cap = cap;
+  }
+  size_t i = rs_lower(rs, r.addr);
+  memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof r);
+  rs->v[i] = r;
+  rs->n++;
+  return 0;
+}
+
+static void rs_remove(sim_rangeset_t *rs, size_t i) {
+  memmove(&rs->v[i], &rs->v[i + 1], (rs->n - i - 1) * sizeof rs->v[0]);
+  rs->n--;
+}
+
+/*
+ * Fault switch: true when this call of `name` is the one that must fail.
+ * Lock held.
+ */
+static bool fault_hit(msnap_sim_t *s, const char *name) {
+  if (s->fault_countdown == 0) return false;
+  if (!s->fault_any && strcmp(s->fault_call, name) != 0) return false;
+  if (--s->fault_countdown != 0) return false;
+  return true;
+}
+
+static int fault_error(const char *name) {
+  bool alloc = strcmp(name, "malloc") == 0 || strcmp(name, "vmm_map") == 0 ||
+               strcmp(name, "host_malloc") == 0;
+  return msnap__set_error(alloc ? MSNAP_EOOM : MSNAP_ERUNTIME,
+                          "sim: injected failure of %s (msnap_sim_fail_nth)",
+                          name);
+}
+
+/* Enter an op: lock, check the fault switch and the device index. */
+static int enter(msnap_sim_t *s, const char *name, int device,
+                 bool has_device) {
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  if (has_device && (device < 0 || device >= s->ndev)) {
+    msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+    return msnap__set_error(MSNAP_EINVAL,
+                            "sim: %s: invalid device %d (%d device%s)", name,
+                            device, s->ndev, s->ndev == 1 ? "" : "s");
+  }
+  if (fault_hit(s, name)) {
+    msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+    return fault_error(name);
+  }
+  return 0;
+}
+
+static int leave(msnap_sim_t *s, int rc) {
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+  return rc;
+}
+
+/* ---- context ------------------------------------------------------------- */
+
+int msnap__sim_create(int devices, uint64_t memory, void **ctx) {
+  if (devices < 1) devices = 1;
+  if (devices > SIM_MAX_DEVICES) devices = SIM_MAX_DEVICES;
+  if (memory < SIM_GRANULE) memory = SIM_GRANULE;
+  if (memory > SIM_MAX_MEMORY) memory = SIM_MAX_MEMORY;
+  msnap_sim_t *s = calloc(1, sizeof *s);
+  if (s == NULL) return msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory");
+  s->dev = calloc((size_t)devices, sizeof *s->dev);
+  if (s->dev == NULL) {
+    free(s);
+    return msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory");
+  }
+  pthread_mutex_init(&s->lock, NULL);
+  s->magic = SIM_MAGIC;
+  s->ndev = devices;
+  uint64_t span = next_pow2(memory) * 64;
+  if (span < ((uint64_t)1 << 44)) span = (uint64_t)1 << 44;
+  for (int d = 0; d < devices; d++) {
+    s->dev[d].total = memory;
+    s->dev[d].span = span;
+    s->dev[d].base = SIM_BASE + (uint64_t)d * span;
+  }
+  s->next_handle = 1;
+  *ctx = s;
+  return 0;
+}
+
+static int sim_init(void **ctx) {
+  /* Out-of-range values warn (naming the variable) and use the default. */
+  uint64_t n = msnap__env_count(MSNAP_ENV_SIM_DEVICES, 1, 1, SIM_MAX_DEVICES);
+  uint64_t mem = msnap__env_size_min(MSNAP_ENV_SIM_MEMORY, SIM_DEFAULT_MEMORY,
+                                     1);
+  return msnap__sim_create((int)n, mem, ctx);
+}
+
+static void sim_fini(void *ctx) {
+  msnap_sim_t *s = ctx;
+  if (s == NULL) return;
+  for (int d = 0; d < s->ndev; d++) free(s->dev[d].ranges.v);
+  free(s->dev);
+  free(s->host.v);
+  free(s->maps);
+  free(s->events);
+  pthread_mutex_destroy(&s->lock);
+  s->magic = 0;
+  free(s);
+}
+
+static int sim_device_count(void *ctx, int *count) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "device_count", 0, false);
+  if (rc) return rc;
+  *count = s->ndev;
+  return leave(s, 0);
+}
+
+/* ---- device memory --------------------------------------------------------- */
+
+static int sim_malloc(void *ctx, int device, size_t size, uint64_t *ptr) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "malloc", device, true);
+  if (rc) return rc;
+  sim_device_t *d = &s->dev[device];
+  bool forced = d->has_next;
+  uint64_t forced_addr = d->next_addr;
+  if (size == 0) {
+    *ptr = 0;
+    return leave(s, 0);
+  }
+  d->has_next = false;
+  if ((uint64_t)size > d->total - d->used)
+    return leave(s, msnap__set_error(
+                        MSNAP_EOOM,
+                        "sim: device %d out of memory allocating %zu bytes "
+                        "(%llu of %llu bytes in use)",
+                        device, size, (unsigned long long)d->used,
+                        (unsigned long long)d->total));
+  uint64_t len = align_up(size, SIM_MIN_ALIGN);
+  uint64_t addr;
+  if (forced) {
+    if (forced_addr == 0 || forced_addr % SIM_MIN_ALIGN != 0 ||
+        forced_addr > UINT64_MAX - len ||
+        !rs_is_free(&d->ranges, forced_addr, len))
+      return leave(s, msnap__set_error(
+                          MSNAP_EINVAL,
+                          "sim: forced address 0x%llx for %zu bytes on "
+                          "device %d is not a free 512-aligned range",
+                          (unsigned long long)forced_addr, size, device));
+    addr = forced_addr;
+  } else {
+    uint64_t align = size >= SIM_GRANULE ? SIM_GRANULE : SIM_MIN_ALIGN;
+    if (!rs_place(&d->ranges, d->base, d->base + d->span / 16, len, align,
+                  &addr))
+      return leave(s, msnap__set_error(
+                          MSNAP_EOOM,
+                          "sim: device %d address space exhausted "
+                          "allocating %zu bytes",
+                          device, size));
+  }
+  sim_range_t r = {addr, len, size, RANGE_MALLOC};
+  rc = rs_insert(&d->ranges, r);
+  if (rc) return leave(s, rc);
+  d->used += size;
+  *ptr = addr;
+  return leave(s, 0);
+}
+
+static int sim_free(void *ctx, int device, uint64_t ptr) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "free", device, true);
+  if (rc) return rc;
+  if (ptr == 0) return leave(s, 0);
+  sim_device_t *d = &s->dev[device];
+  size_t i;
+  sim_range_t *r = rs_find(&d->ranges, ptr, &i);
+  if (r == NULL || r->kind != RANGE_MALLOC)
+    return leave(s, msnap__set_error(
+                        MSNAP_ERUNTIME,
+                        "sim: free of 0x%llx on device %d: not a live "
+                        "device allocation",
+                        (unsigned long long)ptr, device));
+  d->used -= r->size;
+  rs_remove(&d->ranges, i);
+  return leave(s, 0);
+}
+
+static int sim_mem_get_info(void *ctx, int device, size_t *free_bytes,
+                            size_t *total_bytes) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "mem_get_info", device, true);
+  if (rc) return rc;
+  *free_bytes = (size_t)(s->dev[device].total - s->dev[device].used);
+  *total_bytes = (size_t)s->dev[device].total;
+  return leave(s, 0);
+}
+
+/* ---- events ---------------------------------------------------------------- */
+
+/* The live event `id` of `device`, or NULL (error set).  Lock held. */
+static sim_event_t *event_get(msnap_sim_t *s, const char *name, int device,
+                              uint64_t id) {
+  if (id == 0 || id > s->nevents || s->events[id - 1].state == EV_DEAD) {
+    msnap__set_error(MSNAP_ERUNTIME, "sim: %s: event %llu is not a live event",
+                     name, (unsigned long long)id);
+    return NULL;
+  }
+  sim_event_t *e = &s->events[id - 1];
+  if (e->device != device) {
+    msnap__set_error(MSNAP_ERUNTIME,
+                     "sim: %s: event %llu belongs to device %d, not %d", name,
+                     (unsigned long long)id, e->device, device);
+    return NULL;
+  }
+  return e;
+}
+
+static int sim_event_create(void *ctx, int device, uint64_t *event) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "event_create", device, true);
+  if (rc) return rc;
+  if (s->nevents == s->capevents) {
+    size_t cap = s->capevents ? s->capevents * 2 : 64;
+    sim_event_t *v = realloc(s->events, cap * sizeof *v);
+    if (v == NULL)
+      return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
+                                       "creating an event"));
+    s->events = v;
+    s->capevents = cap;
+  }
+  s->events[s->nevents] = (sim_event_t){0, device, EV_CREATED};
+  s->nevents++;
+  s->live_events++;
+  *event = s->nevents;
+  return leave(s, 0);
+}
+
+static int sim_event_destroy(void *ctx, int device, uint64_t event) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "event_destroy", device, true);
+  if (rc) return rc;
+  sim_event_t *e = event_get(s, "event_destroy", device, event);
+  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  e->state = EV_DEAD;
+  s->live_events--;
+  return leave(s, 0);
+}
+
+static int sim_event_record(void *ctx, int device, uint64_t event,
+                            uint64_t stream) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "event_record", device, true);
+  if (rc) return rc;
+  sim_event_t *e = event_get(s, "event_record", device, event);
+  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  e->stream = stream;
+  e->state = s->manual ? EV_PENDING : EV_COMPLETE;
+  return leave(s, 0);
+}
+
+static int sim_event_query(void *ctx, int device, uint64_t event, bool *done) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "event_query", device, true);
+  if (rc) return rc;
+  sim_event_t *e = event_get(s, "event_query", device, event);
+  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  *done = e->state != EV_PENDING;
+  return leave(s, 0);
+}
+
+static int sim_event_synchronize(void *ctx, int device, uint64_t event) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "event_synchronize", device, true);
+  if (rc) return rc;
+  sim_event_t *e = event_get(s, "event_synchronize", device, event);
+  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  if (e->state == EV_PENDING) e->state = EV_COMPLETE;
+  return leave(s, 0);
+}
+
+static int sim_device_synchronize(void *ctx, int device) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "device_synchronize", device, true);
+  if (rc) return rc;
+  for (size_t i = 0; i < s->nevents; i++)
+    if (s->events[i].device == device && s->events[i].state == EV_PENDING)
+      s->events[i].state = EV_COMPLETE;
+  return leave(s, 0);
+}
+
+/* ---- virtual memory ---------------------------------------------------------- */
+
+static int sim_vmm_reserve(void *ctx, int device, size_t size,
+                           size_t alignment, uint64_t *va) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "vmm_reserve", device, true);
+  if (rc) return rc;
+  if (size == 0 || size % SIM_GRANULE != 0 || alignment > ((size_t)1 << 40))
+    return leave(s, msnap__set_error(
+                        MSNAP_EINVAL,
+                        "sim: vmm_reserve of %zu bytes aligned %zu: size must "
+                        "be a non-zero multiple of 2 MiB and alignment at "
+                        "most 1 TiB",
+                        size, alignment));
+  sim_device_t *d = &s->dev[device];
+  uint64_t align = next_pow2(alignment);
+  if (align < SIM_GRANULE) align = SIM_GRANULE;
+  uint64_t addr;
+  if (!rs_place(&d->ranges, d->base + d->span / 16, d->base + d->span, size,
+                align, &addr))
+    return leave(s, msnap__set_error(
+                        MSNAP_EOOM,
+                        "sim: device %d virtual address space exhausted "
+                        "reserving %zu bytes",
+                        device, size));
+  sim_range_t r = {addr, size, size, RANGE_VA};
+  rc = rs_insert(&d->ranges, r);
+  if (rc) return leave(s, rc);
+  *va = addr;
+  return leave(s, 0);
+}
+
+static int sim_vmm_release(void *ctx, int device, uint64_t va, size_t size) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "vmm_release", device, true);
+  if (rc) return rc;
+  sim_device_t *d = &s->dev[device];
+  size_t i;
+  sim_range_t *r = rs_find(&d->ranges, va, &i);
+  if (r == NULL || r->kind != RANGE_VA || r->size != size)
+    return leave(s, msnap__set_error(
+                        MSNAP_ERUNTIME,
+                        "sim: vmm_release of 0x%llx (%zu bytes) on device %d: "
+                        "not a live reservation of that size",
+                        (unsigned long long)va, size, device));
+  for (size_t m = 0; m < s->nmaps; m++)
+    if (s->maps[m].device == device && s->maps[m].va >= va &&
+        s->maps[m].va < va + size)
+      return leave(s, msnap__set_error(
+                          MSNAP_ERUNTIME,
+                          "sim: vmm_release of 0x%llx on device %d: still "
+                          "mapped at 0x%llx (handle %llu)",
+                          (unsigned long long)va, device,
+                          (unsigned long long)s->maps[m].va,
+                          (unsigned long long)s->maps[m].handle));
+  rs_remove(&d->ranges, i);
+  return leave(s, 0);
+}
+
+static int sim_vmm_map(void *ctx, int device, uint64_t va, size_t size,
+                       uint64_t *handle) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "vmm_map", device, true);
+  if (rc) return rc;
+  sim_device_t *d = &s->dev[device];
+  if (size == 0 || size % SIM_GRANULE != 0 || va % SIM_GRANULE != 0 ||
+      va > UINT64_MAX - size)
+    return leave(s, msnap__set_error(
+                        MSNAP_EINVAL,
+                        "sim: vmm_map of 0x%llx (%zu bytes): address and size "
+                        "must be non-zero multiples of 2 MiB",
+                        (unsigned long long)va, size));
+  size_t i = rs_lower(&d->ranges, va + 1);
+  const sim_range_t *r = i > 0 ? &d->ranges.v[i - 1] : NULL;
+  if (r == NULL || r->kind != RANGE_VA || va + size > r->addr + r->len)
+    return leave(s, msnap__set_error(
+                        MSNAP_ERUNTIME,
+                        "sim: vmm_map of 0x%llx (%zu bytes) on device %d: not "
+                        "inside a reservation",
+                        (unsigned long long)va, size, device));
+  for (size_t m = 0; m < s->nmaps; m++) {
+    const sim_map_t *mp = &s->maps[m];
+    if (mp->device == device && mp->va < va + size && va < mp->va + mp->size)
+      return leave(s, msnap__set_error(
+                          MSNAP_ERUNTIME,
+                          "sim: vmm_map of 0x%llx (%zu bytes) on device %d "
+                          "overlaps the mapping at 0x%llx",
+                          (unsigned long long)va, size, device,
+                          (unsigned long long)mp->va));
+  }
+  if ((uint64_t)size > d->total - d->used)
+    return leave(s, msnap__set_error(
+                        MSNAP_EOOM,
+                        "sim: device %d out of memory mapping %zu bytes "
+                        "(%llu of %llu bytes in use)",
+                        device, size, (unsigned long long)d->used,
+                        (unsigned long long)d->total));
+  if (s->nmaps == s->capmaps) {
+    size_t cap = s->capmaps ? s->capmaps * 2 : 64;
+    sim_map_t *v = realloc(s->maps, cap * sizeof *v);
+    if (v == NULL)
+      return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
+                                       "growing the mapping table"));
+    s->maps = v;
+    s->capmaps = cap;
+  }
+  s->maps[s->nmaps++] = (sim_map_t){s->next_handle, va, size, device};
+  *handle = s->next_handle++;
+  d->used += size;
+  return leave(s, 0);
+}
+
+static int sim_vmm_unmap(void *ctx, int device, uint64_t va, size_t size,
+                         uint64_t handle) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "vmm_unmap", device, true);
+  if (rc) return rc;
+  for (size_t m = 0; m < s->nmaps; m++) {
+    sim_map_t *mp = &s->maps[m];
+    if (mp->handle != handle) continue;
+    if (mp->device != device || mp->va != va || mp->size != size)
+      return leave(s, msnap__set_error(
+                          MSNAP_ERUNTIME,
+                          "sim: vmm_unmap of handle %llu at 0x%llx (%zu bytes) "
+                          "on device %d: it is mapped at 0x%llx (%llu bytes) "
+                          "on device %d",
+                          (unsigned long long)handle, (unsigned long long)va,
+                          size, device, (unsigned long long)mp->va,
+                          (unsigned long long)mp->size, mp->device));
+    s->dev[device].used -= size;
+    /* Keep the table in creation order (deterministic iteration). */
+    memmove(mp, mp + 1, (s->nmaps - m - 1) * sizeof *mp);
+    s->nmaps--;
+    return leave(s, 0);
+  }
+  return leave(s, msnap__set_error(MSNAP_ERUNTIME,
+                                   "sim: vmm_unmap: handle %llu is not mapped",
+                                   (unsigned long long)handle));
+}
+
+/* ---- host memory ----------------------------------------------------------- */
+
+static int sim_host_malloc(void *ctx, size_t size, uint64_t *ptr) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "host_malloc", 0, false);
+  if (rc) return rc;
+  if (size == 0) {
+    *ptr = 0;
+    return leave(s, 0);
+  }
+  uint64_t len = align_up(size, SIM_HOST_ALIGN), addr;
+  if (!rs_place(&s->host, SIM_HOST_BASE, SIM_HOST_END, len, SIM_HOST_ALIGN,
+                &addr))
+    return leave(s, msnap__set_error(MSNAP_EOOM,
+                                     "sim: host address space exhausted "
+                                     "allocating %zu pinned bytes",
+                                     size));
+  rc = rs_insert(&s->host, (sim_range_t){addr, len, size, RANGE_HOST});
+  if (rc) return leave(s, rc);
+  *ptr = addr;
+  return leave(s, 0);
+}
+
+static int sim_host_free(void *ctx, uint64_t ptr) {
+  msnap_sim_t *s = ctx;
+  int rc = enter(s, "host_free", 0, false);
+  if (rc) return rc;
+  if (ptr == 0) return leave(s, 0);
+  size_t i;
+  if (rs_find(&s->host, ptr, &i) == NULL)
+    return leave(s, msnap__set_error(MSNAP_ERUNTIME,
+                                     "sim: host_free of 0x%llx: not a live "
+                                     "pinned allocation",
+                                     (unsigned long long)ptr));
+  rs_remove(&s->host, i);
+  return leave(s, 0);
+}
+
+static const msnap_runtime_ops_t sim_ops = {
+    .name = "sim",
+    .init = sim_init,
+    .fini = sim_fini,
+    .device_count = sim_device_count,
+    .malloc = sim_malloc,
+    .free = sim_free,
+    .mem_get_info = sim_mem_get_info,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .event_query = sim_event_query,
+    .event_synchronize = sim_event_synchronize,
+    .device_synchronize = sim_device_synchronize,
+    .vmm_reserve = sim_vmm_reserve,
+    .vmm_release = sim_vmm_release,
+    .vmm_map = sim_vmm_map,
+    .vmm_unmap = sim_vmm_unmap,
+    .host_malloc = sim_host_malloc,
+    .host_free = sim_host_free,
+};
+
+const msnap_runtime_ops_t *msnap_runtime_sim(void) { return &sim_ops; }
+
+/* ---- control calls ------------------------------------------------------------ */
+
+/* The control calls accept any runtime's context and ignore non-sim ones
+ * (an allocator on acl or cuda hands out its own context). */
+static msnap_sim_t *as_sim(void *ctx) {
+  msnap_sim_t *s = ctx;
+  return s != NULL && s->magic == SIM_MAGIC ? s : NULL;
+}
+
+void msnap_sim_set_manual_events(void *ctx, bool manual) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s == NULL) return;
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  s->manual = manual;
+  if (!manual)
+    for (size_t i = 0; i < s->nevents; i++)
+      if (s->events[i].state == EV_PENDING) s->events[i].state = EV_COMPLETE;
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+}
+
+void msnap_sim_complete_events(void *ctx, uint64_t stream, bool all_streams) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s == NULL) return;
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  for (size_t i = 0; i < s->nevents; i++)
+    if (s->events[i].state == EV_PENDING &&
+        (all_streams || s->events[i].stream == stream))
+      s->events[i].state = EV_COMPLETE;
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+}
+
+void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s == NULL) return;
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  s->fault_countdown = nth;
+  s->fault_any = call == NULL;
+  snprintf(s->fault_call, sizeof s->fault_call, "%s", call ? call : "");
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+}
+
+void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s == NULL) return;
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  if (device >= 0 && device < s->ndev) {
+    s->dev[device].has_next = true;
+    s->dev[device].next_addr = address;
+  }
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+}
+
+uint64_t msnap_sim_live_allocations(void *ctx) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s == NULL) return 0;
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  uint64_t n = s->host.n + s->nmaps + s->live_events;
+  for (int d = 0; d < s->ndev; d++) n += s->dev[d].ranges.n;
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+  return n;
+}
+
+/* ---- invariant checker ------------------------------------------------------- */
+
+#define CHECK_FAIL(...)                                                       \
+  do {                                                                        \
+    if (msg != NULL && msg_len > 0) snprintf(msg, msg_len, __VA_ARGS__);      \
+    rc = MSNAP_ESTATE;                                                        \
+    goto out;                                                                 \
+  } while (0)
+
+static bool rs_sorted(const sim_rangeset_t *rs, size_t *bad) {
+  for (size_t i = 0; i + 1 < rs->n; i++) {
+    if (rs->v[i].addr + rs->v[i].len > rs->v[i + 1].addr) {
+      *bad = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+int msnap__sim_check(void *ctx, char *msg, size_t msg_len) {
+  msnap_sim_t *s = as_sim(ctx);
+  int rc = 0;
+  if (s == NULL) {
+    if (msg != NULL && msg_len > 0)
+      snprintf(msg, msg_len, "not a sim runtime context");
+    return MSNAP_EINVAL;
+  }
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  for (int dv = 0; dv < s->ndev; dv++) {
+    const sim_device_t *d = &s->dev[dv];
+    size_t bad;
+    if (!rs_sorted(&d->ranges, &bad))
+      CHECK_FAIL("device %d: range 0x%llx+%llu overlaps or precedes 0x%llx",
+                 dv, (unsigned long long)d->ranges.v[bad].addr,
+                 (unsigned long long)d->ranges.v[bad].len,
+                 (unsigned long long)d->ranges.v[bad + 1].addr);
+    uint64_t used = 0;
+    for (size_t i = 0; i < d->ranges.n; i++) {
+      const sim_range_t *r = &d->ranges.v[i];
+      if (r->kind == RANGE_MALLOC) used += r->size;
+      else if (r->kind != RANGE_VA)
+        CHECK_FAIL("device %d: range 0x%llx has kind %d", dv,
+                   (unsigned long long)r->addr, r->kind);
+      if (r->len < r->size || r->len == 0)
+        CHECK_FAIL("device %d: range 0x%llx footprint %llu < size %llu", dv,
+                   (unsigned long long)r->addr, (unsigned long long)r->len,
+                   (unsigned long long)r->size);
+    }
+    for (size_t m = 0; m < s->nmaps; m++)
+      if (s->maps[m].device == dv) used += s->maps[m].size;
+    if (used != d->used)
+      CHECK_FAIL("device %d: used %llu but live allocations and mappings sum "
+                 "to %llu",
+                 dv, (unsigned long long)d->used, (unsigned long long)used);
+    if (d->used > d->total)
+      CHECK_FAIL("device %d: used %llu exceeds total %llu", dv,
+                 (unsigned long long)d->used, (unsigned long long)d->total);
+  }
+  for (size_t m = 0; m < s->nmaps; m++) {
+    const sim_map_t *mp = &s->maps[m];
+    if (mp->device < 0 || mp->device >= s->ndev)
+      CHECK_FAIL("mapping %llu has device %d", (unsigned long long)mp->handle,
+                 mp->device);
+    const sim_rangeset_t *rs = &s->dev[mp->device].ranges;
+    size_t i = rs_lower(rs, mp->va + 1);
+    const sim_range_t *r = i > 0 ? &rs->v[i - 1] : NULL;
+    if (r == NULL || r->kind != RANGE_VA || mp->va + mp->size > r->addr + r->len)
+      CHECK_FAIL("mapping %llu at 0x%llx is outside every reservation",
+                 (unsigned long long)mp->handle, (unsigned long long)mp->va);
+    for (size_t k = m + 1; k < s->nmaps; k++) {
+      const sim_map_t *o = &s->maps[k];
+      if (o->device == mp->device && o->va < mp->va + mp->size &&
+          mp->va < o->va + o->size)
+        CHECK_FAIL("mappings %llu and %llu overlap",
+                   (unsigned long long)mp->handle,
+                   (unsigned long long)o->handle);
+      if (o->handle == mp->handle)
+        CHECK_FAIL("handle %llu mapped twice", (unsigned long long)o->handle);
+    }
+  }
+  uint64_t live = 0;
+  for (size_t i = 0; i < s->nevents; i++) live += s->events[i].state != EV_DEAD;
+  if (live != s->live_events)
+    CHECK_FAIL("live_events %llu but %llu events are live",
+               (unsigned long long)s->live_events, (unsigned long long)live);
+  size_t bad;
+  if (!rs_sorted(&s->host, &bad))
+    CHECK_FAIL("host range 0x%llx overlaps the next one",
+               (unsigned long long)s->host.v[bad].addr);
+  for (size_t i = 0; i < s->host.n; i++)
+    if (s->host.v[i].addr < SIM_HOST_BASE ||
+        s->host.v[i].addr + s->host.v[i].len > SIM_HOST_END)
+      CHECK_FAIL("host range 0x%llx outside the host region",
+                 (unsigned long long)s->host.v[i].addr);
+out:
+  msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+  return rc;
+}
