@@ -23,6 +23,9 @@
 /* msnap_allocator_create without what the api layer adds (the OOM
  * auto-dump observer): profile, runtime, conf, caching switch, devices. */
 int msnap__allocator_new(const msnap_options_t *opts, msnap_allocator_t **out);
+/* The profile an allocator on runtime rt gets when neither the options
+ * nor MEMSNAP_PROFILE name one: acl -> npu, cuda and sim -> cuda. */
+msnap_profile_t msnap__runtime_profile(const msnap_runtime_ops_t *rt);
 
 /* ---- alloc.c ------------------------------------------------------------- */
 /* Lock/unlock one device's allocator (MSNAP_RANK_DEVICE, sub = device). */

@@ -3,9 +3,10 @@
  * msnap_allocator_create is the api layer's, which adds the OOM
  * auto-dump) and destruction (msnap_allocator_destroy).
  *
- * Creation order: profile (options or MEMSNAP_PROFILE), runtime (options
- * or MEMSNAP_RUNTIME, "sim" by default; explicit sim sizes go through
- * msnap__sim_create), conf defaults then the alloc-conf string (options or
+ * Creation order: runtime (options or MEMSNAP_RUNTIME, "sim" by default;
+ * explicit sim sizes go through msnap__sim_create), profile (options, else
+ * MEMSNAP_PROFILE, else the runtime's own: msnap__runtime_profile), conf
+ * defaults then the alloc-conf string (options or
  * the profile's environment variables), caching switch, runtime init, one
  * msnap_device_t per device (fraction seeded from the conf, max_split_size
  * stat frozen, an empty trace ring), history off, the workspace allocator.
@@ -59,6 +60,24 @@ static void errbuf(const msnap_options_t *o, const char *msg) {
     snprintf(o->error_buf, o->error_buf_len, "%s", msg);
 }
 
+/*
+ * The profile of an allocator created without one (no option, no
+ * MEMSNAP_PROFILE): the runtime's own.  acl runs torch_npu's allocator
+ * (npu); cuda runs PyTorch's (cuda); the sim stands for a device without
+ * saying whose, and takes PyTorch's (cuda): the upstream allocator is the
+ * reference every recording in circulation and torch.cuda.memory follow,
+ * so a script tried on a laptop behaves as `torch.cuda` does.  NPU users
+ * on the sim say MEMSNAP_PROFILE=npu (or configure(profile="npu")).
+ * A runtime table of another name (a test fake) counts as its name says:
+ * "acl"/"npu"/"ascend" npu, anything else cuda.
+ */
+msnap_profile_t msnap__runtime_profile(const msnap_runtime_ops_t *rt) {
+  const char *n = rt && rt->name ? rt->name : "sim";
+  if (!strcmp(n, "acl") || !strcmp(n, "npu") || !strcmp(n, "ascend"))
+    return MSNAP_PROFILE_NPU;
+  return MSNAP_PROFILE_CUDA;
+}
+
 int msnap__allocator_new(const msnap_options_t *opts,
                          msnap_allocator_t **out) {
   msnap_options_t defaults;
@@ -69,23 +88,6 @@ int msnap__allocator_new(const msnap_options_t *opts,
   if (!o) {
     msnap_options_init(&defaults);
     o = &defaults;
-  }
-  msnap_profile_t profile;
-  if (o->profile >= 0) {
-    if (o->profile != MSNAP_PROFILE_NPU && o->profile != MSNAP_PROFILE_CUDA) {
-      snprintf(err, sizeof err, "invalid profile %d (0 = npu, 1 = cuda)",
-               o->profile);
-      errbuf(o, err);
-      return msnap__set_error(MSNAP_EINVAL, "%s", err);
-    }
-    profile = (msnap_profile_t)o->profile;
-  } else {
-    int rc = msnap__env_profile(&profile);
-    if (rc != 0) {
-      snprintf(err, sizeof err, "%s", msnap_last_error());
-      errbuf(o, err);
-      return rc;
-    }
   }
   const msnap_runtime_ops_t *rt = o->runtime;
   const char *rt_name = NULL;
@@ -98,6 +100,23 @@ int msnap__allocator_new(const msnap_options_t *opts,
       snprintf(err, sizeof err, "unknown device runtime '%s'", rt_name);
       errbuf(o, err);
       return msnap__set_error(MSNAP_EINVAL, "%s", err);
+    }
+  }
+  msnap_profile_t profile;
+  if (o->profile >= 0) {
+    if (o->profile != MSNAP_PROFILE_NPU && o->profile != MSNAP_PROFILE_CUDA) {
+      snprintf(err, sizeof err, "invalid profile %d (0 = npu, 1 = cuda)",
+               o->profile);
+      errbuf(o, err);
+      return msnap__set_error(MSNAP_EINVAL, "%s", err);
+    }
+    profile = (msnap_profile_t)o->profile;
+  } else {
+    int rc = msnap__env_profile(&profile, msnap__runtime_profile(rt));
+    if (rc != 0) {
+      snprintf(err, sizeof err, "%s", msnap_last_error());
+      errbuf(o, err);
+      return rc;
     }
   }
   msnap_allocator_t *a = calloc(1, sizeof *a);
