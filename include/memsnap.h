@@ -141,7 +141,8 @@ typedef enum msnap_profile_e {
 typedef struct msnap_options_s {
   uint32_t size;    /* sizeof(msnap_options_t); set by msnap_options_init */
   uint32_t version; /* MSNAP_OPTIONS_VERSION */
-  /* -1: from MEMSNAP_PROFILE ("npu" default). */
+  /* -1: from MEMSNAP_PROFILE, else the runtime's own profile (acl: npu;
+   * cuda and sim: cuda). */
   int profile;
   /* NULL: from MEMSNAP_RUNTIME ("sim" default).  Or an explicit table. */
   const char *runtime_name;
@@ -489,6 +490,15 @@ MSNAP_API int msnap_snapshot_pickle(msnap_allocator_t *a,
 MSNAP_API int msnap_dump_snapshot(msnap_allocator_t *a,
                                   const msnap_snapshot_options_t *o,
                                   const char *path);
+
+/* The process's place in a distributed job, recorded in every snapshot's
+ * `process_info` (a top-level key memory_viz ignores) and in OOM dump
+ * names: global rank, world size, local rank, each -1 = unknown (then the
+ * RANK / WORLD_SIZE / LOCAL_RANK environment variables are used).  The
+ * Python package calls it from torch.distributed once the default process
+ * group exists.  MSNAP_EINVAL for a rank outside [0, world_size). */
+MSNAP_API int msnap_set_process_rank(int rank, int world_size,
+                                     int local_rank);
 
 /* OOM observers (_attach_out_of_memory_observer): called as
  * fn(device, alloc_size, device_allowed_or_total, device_free, arg) after

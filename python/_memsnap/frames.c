@@ -21,6 +21,14 @@
  *     never freed (bounded by the number of distinct functions).
  *   - resolve() reads only immutable data: the copied strings and the code
  *     object's line table (PyCode_Addr2Line allocates nothing).
+ *   - Frames of memsnap's own Python code (files under the memsnap
+ *     package directory: memory.py's API wrappers, memsnap.torch) are
+ *     never recorded: an allocation's innermost frame is the caller's, so
+ *     stacks and sites name the user's line.  Which code objects are ours
+ *     is decided once per code object (frame_entry_t.own) from its file
+ *     name, against the package directories registered at import
+ *     (own_dirs: the extension's directory, and the package's own
+ *     __init__.py directory through set_own_dir).
  *   - capture() takes the GIL (PyGILState_Ensure) only when the calling
  *     thread has a Python thread state but does not hold the GIL (a thread
  *     that released it around C work); threads that never ran Python, and
@@ -79,8 +87,48 @@ typedef struct frame_entry_s {
   char *name;         /* co_qualname (3.11+) or co_name  */
   char *filename;     /* co_filename                     */
   int firstlineno;
+  bool own;         /* a file of the memsnap package: skipped */
   atomic_long refs; /* references the library holds     */
 } frame_entry_t;
+
+/* Directories of memsnap's own Python files, each ending in '/'; written
+ * with the GIL held at import, read with the GIL held in entry_of(). */
+#define MAX_OWN_DIRS 4
+static char *own_dirs[MAX_OWN_DIRS];
+static int n_own_dirs;
+
+static bool is_own_file(const char *fn) {
+  for (int i = 0; i < n_own_dirs; i++)
+    if (strncmp(fn, own_dirs[i], strlen(own_dirs[i])) == 0)
+      return true;
+  return false;
+}
+
+/* Register directory `dir` (no trailing separator needed).  GIL held. */
+static int add_own_dir(const char *dir) {
+  size_t n = strlen(dir);
+  while (n > 1 && (dir[n - 1] == '/' || dir[n - 1] == '\\'))
+    n--;
+  if (n == 0)
+    return 0;
+  char *d = malloc(n + 2);
+  if (d == NULL)
+    return -1;
+  memcpy(d, dir, n);
+  d[n] = strchr(dir, '\\') && !strchr(dir, '/') ? '\\' : '/';
+  d[n + 1] = 0;
+  for (int i = 0; i < n_own_dirs; i++)
+    if (strcmp(own_dirs[i], d) == 0) {
+      free(d);
+      return 0;
+    }
+  if (n_own_dirs == MAX_OWN_DIRS) {
+    free(d);
+    return 0;
+  }
+  own_dirs[n_own_dirs++] = d;
+  return 0;
+}
 
 /* Process-wide hook state: plain C data, no Python objects. */
 static Py_ssize_t extra_index = -1;
@@ -129,6 +177,7 @@ static frame_entry_t *entry_of(PyCodeObject *co) {
 #endif
   e->filename = dup_attr((PyObject *)co, "co_filename");
   e->firstlineno = co->co_firstlineno;
+  e->own = e->filename != NULL && is_own_file(e->filename);
   if (e->name == NULL || e->filename == NULL ||
       SET_EXTRA((PyObject *)co, extra_index, e) < 0) {
     PyErr_Clear();
@@ -159,7 +208,7 @@ static int walk_public(uintptr_t (*frames)[2], int max) {
 #endif
     frame_entry_t *e = entry_of(co);
     Py_DECREF(co);
-    if (e != NULL) {
+    if (e != NULL && !e->own) {
       frames[n][0] = (uintptr_t)e;
       frames[n][1] = (uintptr_t)(intptr_t)lasti;
       n++;
@@ -216,7 +265,7 @@ static int walk(uintptr_t (*frames)[2], int max) {
     if (_PyFrame_IsIncomplete(f))
       continue;
     frame_entry_t *e = entry_cached(FRAME_CODE(f));
-    if (e == NULL)
+    if (e == NULL || e->own)
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);
     frames[n][0] = (uintptr_t)e;
@@ -335,6 +384,17 @@ static PyObject *py_bench_capture(PyObject *module, PyObject *args) {
   return Py_BuildValue("(di)", ns, depth);
 }
 
+/* set_own_dir(path): frames of files under `path` are memsnap's own and
+ * never recorded (memsnap/__init__.py registers its directory). */
+static PyObject *py_set_own_dir(PyObject *module, PyObject *args) {
+  const char *dir;
+  if (!PyArg_ParseTuple(args, "s:set_own_dir", &dir))
+    return NULL;
+  if (add_own_dir(dir) < 0)
+    return PyErr_NoMemory();
+  Py_RETURN_NONE;
+}
+
 /* frame_hook_stats() -> (code objects seen, entries the library retains) */
 static PyObject *py_frame_hook_stats(PyObject *module, PyObject *unused) {
   return Py_BuildValue("(ll)", (long)atomic_load(&n_entries),
@@ -347,6 +407,8 @@ PyMethodDef msnap_py_frames_methods[] = {
      "innermost first."},
     {"bench_capture", py_bench_capture, METH_VARARGS,
      "bench_capture(n, max=64) -> (ns per capture, depth)."},
+    {"set_own_dir", py_set_own_dir, METH_VARARGS,
+     "set_own_dir(path): frames of files under path are never recorded."},
     {"frame_hook_stats", py_frame_hook_stats, METH_NOARGS,
      "frame_hook_stats() -> (code objects seen, code objects retained)."},
     {NULL, NULL, 0, NULL}};
@@ -356,6 +418,27 @@ PyMethodDef msnap_py_frames_methods[] = {
  * (once per process; a second module instance reuses both).
  */
 int msnap_py_frames_init(PyObject *module) {
+  /* The extension lies in the package directory once installed. */
+  PyObject *fn = PyModule_GetFilenameObject(module);
+  if (fn == NULL) {
+    PyErr_Clear();
+  } else {
+    const char *p = PyUnicode_AsUTF8(fn);
+    const char *slash = p ? strrchr(p, '/') : NULL;
+    if (p == NULL) {
+      PyErr_Clear();
+    } else if (slash != NULL && slash > p) {
+      char *dir = strndup(p, (size_t)(slash - p));
+      if (dir == NULL || add_own_dir(dir) < 0) {
+        free(dir);
+        Py_DECREF(fn);
+        PyErr_NoMemory();
+        return -1;
+      }
+      free(dir);
+    }
+    Py_DECREF(fn);
+  }
   if (extra_index < 0) {
     extra_index = REQUEST_EXTRA(entry_free);
     if (extra_index < 0) {

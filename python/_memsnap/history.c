@@ -384,6 +384,17 @@ static PyObject *py_record_annotation(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* set_process_rank(rank, world_size, local_rank): -1 = unknown. */
+static PyObject *py_set_process_rank(PyObject *module, PyObject *args) {
+  int rank, world, local;
+  if (!PyArg_ParseTuple(args, "iii:set_process_rank", &rank, &world, &local))
+    return NULL;
+  int rc = msnap_set_process_rank(rank, world, local);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "set_process_rank");
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_compile_context_push(PyObject *module, PyObject *arg) {
   const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
   if (s == NULL) {
@@ -507,6 +518,9 @@ PyMethodDef msnap_py_history_methods[] = {
      "get_memory_metadata() -> str"},
     {"annotate_memory", py_annotate_memory, METH_VARARGS,
      "annotate_memory(ptr, text)"},
+    {"set_process_rank", py_set_process_rank, METH_VARARGS,
+     "set_process_rank(rank, world_size, local_rank): -1 = unknown; "
+     "recorded in snapshots' process_info and OOM dump names."},
     {"record_annotation", py_record_annotation, METH_VARARGS,
      "record_annotation(device, name, is_start)"},
     {"compile_context_push", py_compile_context_push, METH_O,

@@ -12,7 +12,13 @@ from __future__ import annotations
 import os
 
 from . import _memsnap
-from . import memory
+
+# memsnap's own frames (memory.py's wrappers, memsnap.torch) are never
+# recorded in stacks: register this directory before anything allocates.
+_memsnap.set_own_dir(os.path.dirname(__file__))
+_memsnap.set_own_dir(os.path.dirname(os.path.abspath(__file__)))
+
+from . import memory  # noqa: E402
 
 __all__ = ["configure", "memory", "library_path", "__version__"]
 
@@ -35,7 +41,8 @@ def configure(runtime: str | None = None, profile: str | None = None) -> None:
             MEMSNAP_SIM_MEMORY bytes), "acl" (Ascend, libascendcl.so) or
             "cuda" (libcudart.so); None keeps MEMSNAP_RUNTIME (default sim).
         profile: "npu" (torch_npu's allocator decisions) or "cuda"
-            (PyTorch's); None keeps MEMSNAP_PROFILE (default npu).
+            (PyTorch's); None keeps MEMSNAP_PROFILE, whose default is the
+            runtime's own profile: acl -> npu, cuda -> cuda, sim -> cuda.
 
     The choice is stored in MEMSNAP_RUNTIME / MEMSNAP_PROFILE of this
     process, which the allocator reads when it is created.

@@ -619,7 +619,26 @@ def _load_torch_hooks() -> None:
     importlib.import_module(__package__ + ".torch")
 
 
+def _sync_process_rank() -> None:
+    """Tell the library this process's rank once torch.distributed's
+    default process group exists, so that snapshots (``process_info``) and
+    OOM dump names carry it; without a process group the library reads
+    RANK / WORLD_SIZE / LOCAL_RANK.  torch is never imported here."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:  # a half-initialised or torn-down group: keep the env
+        return
+    local = os.environ.get("LOCAL_RANK", "")
+    _C.set_process_rank(rank, world, int(local) if local.isdigit() else -1)
+
+
 def _notify_history(enabled, compile_context, global_record_annotations):
+    _sync_process_rank()
     if enabled:
         _load_torch_hooks()
     for fn in list(_history_listeners):
@@ -755,7 +774,9 @@ def _snapshot(device: Any = None, augment_with_fx_traces=False):
     with ``blocks``), ``device_traces`` (one list of trace entries per
     device, oldest first; ``time_us`` in microseconds since the epoch),
     ``allocator_settings``, ``external_annotations``, ``host_segments``,
-    ``host_traces``.  Addresses and sizes are bytes.
+    ``host_traces``, and memsnap's own ``process_info`` (pid, host, rank,
+    world_size, local_rank when known, runtime, profile, devices' total
+    bytes; memory_viz ignores it).  Addresses and sizes are bytes.
 
     Args:
         device: None = every device.  Unlike torch (which ignores it), a
@@ -767,6 +788,7 @@ def _snapshot(device: Any = None, augment_with_fx_traces=False):
     Mirrors ``torch/cuda/memory.py: _snapshot``.
     """
     dev = -1 if device is None else _device_index(device)
+    _sync_process_rank()
     s = _C.snapshot(dev, 0, 0, True, False)
     if augment_with_fx_traces:
         s = _augment(s)
@@ -787,6 +809,7 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
     Mirrors ``torch/cuda/memory.py: _dump_snapshot``.
     """
     filename = os.fspath(filename)
+    _sync_process_rank()
     if not augment_with_fx_traces:
         _C.dump_snapshot(filename, -1, 0, 0, True, False)
         return

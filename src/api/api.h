@@ -22,6 +22,15 @@ int msnap__snapshot_take(msnap_allocator_t *a,
  * drop the references taken during collection. */
 int msnap__snap_import_stacks(msnap_snap_t *s);
 
+/* ---- process.c ----------------------------------------------------------- */
+/* The process's place in a distributed job (see process.c). */
+typedef struct msnap_process_s {
+  int64_t rank, world_size, local_rank; /* -1: unknown */
+  int64_t pid;
+  char host[256]; /* "" when unknown */
+} msnap_process_t;
+void msnap__process_get(msnap_process_t *p);
+
 /* ---- oom_dump.c ---------------------------------------------------------- */
 /* OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH for allocator a: when the mode
  * is non-zero, attach the automatic-dump observer (once per allocator)

@@ -12,6 +12,9 @@
  * library lock held) and turns history on.  An invalid path only warns.
  *
  * On an OOM the observer writes oom_snapshot_<pid>_<YYYYmmddHHMMSS>.pickle
+ * (oom_snapshot_rank<R>_<pid>_<YYYYmmddHHMMSS>.pickle when the process
+ * knows its rank: msnap_set_process_rank or RANK, api/process.c, so that
+ * the dumps of a job's ranks sort by rank in one shared directory)
  * and device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv in OOM_SNAPSHOT_PATH
  * (default "."), each through a temporary file and rename(2) so that a
  * reader never sees a truncated file.  Names that already exist get a
@@ -102,7 +105,13 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
     struct tm tmv;
     localtime_r(&now, &tmv);
     strftime(ts, sizeof ts, "%Y%m%d%H%M%S", &tmv);
-    snprintf(stem, sizeof stem, "oom_snapshot_%ld_%s", (long)getpid(), ts);
+    msnap_process_t proc;
+    msnap__process_get(&proc);
+    if (proc.rank >= 0)
+      snprintf(stem, sizeof stem, "oom_snapshot_rank%lld_%ld_%s",
+               (long long)proc.rank, (long)getpid(), ts);
+    else
+      snprintf(stem, sizeof stem, "oom_snapshot_%ld_%s", (long)getpid(), ts);
     char *pk = oom_unique_path(dir, stem, ".pickle");
     if (pk != NULL) {
       int rc = msnap_dump_snapshot(a, NULL, pk);

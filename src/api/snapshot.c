@@ -420,6 +420,45 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
 
 /* ---- taking the snapshot ----------------------------------------------------- */
 
+/*
+ * process_info (memsnap's own top-level key; memory_viz ignores it): the
+ * process's identity (api/process.c), the allocator's runtime and
+ * profile, and the total memory of each device of the snapshot (the
+ * runtime's mem_get_info), so that `memsnap summary` can say how much of
+ * the device an OOM left free and `memsnap fleet` can name ranks.
+ */
+static int build_process_info(msnap_allocator_t *a, msnap_snap_t *s, int d0,
+                              int d1) {
+  msnap_process_t p;
+  msnap__process_get(&p);
+  gvb_t b = {0};
+  gv_put(s, &b, "pid", gv_int(p.pid));
+  if (p.host[0]) gv_put(s, &b, "host", gv_str(s, p.host));
+  if (p.rank >= 0) gv_put(s, &b, "rank", gv_int(p.rank));
+  if (p.world_size >= 1) gv_put(s, &b, "world_size", gv_int(p.world_size));
+  if (p.local_rank >= 0) gv_put(s, &b, "local_rank", gv_int(p.local_rank));
+  const msnap_runtime_ops_t *rt = msnap_runtime(a);
+  gv_put(s, &b, "runtime", gv_str(s, rt && rt->name ? rt->name : "?"));
+  gv_put(s, &b, "profile",
+         gv_str(s, msnap_profile(a) == MSNAP_PROFILE_CUDA ? "cuda" : "npu"));
+  gvb_t dl = {0};
+  for (int d = d0; d < d1; d++) {
+    size_t fb = 0, tb = 0;
+    if (msnap_mem_get_info(a, d, &fb, &tb) != 0) continue;
+    gvb_t one = {0};
+    gv_put(s, &one, "device", gv_int(d));
+    gv_put(s, &one, "total_bytes", gv_int(clamp_i64(tb)));
+    if (one.err) b.err = one.err;
+    gvb_push(&dl, gv_seq(MSNAP_GV_DICT, &one));
+  }
+  if (dl.err) b.err = dl.err;
+  gv_put(s, &b, "devices", gv_seq(MSNAP_GV_LIST, &dl));
+  gv_put(s, &b, "memsnap_version", gv_str(s, MSNAP_VERSION_STRING));
+  msnap__gv_free(&s->process_info);
+  s->process_info = gv_seq(MSNAP_GV_DICT, &b);
+  return b.err;
+}
+
 static int seg_cmp(const void *x, const void *y) {
   const msnap_ssegment_t *a = x, *b = y;
   return a->address < b->address ? -1 : a->address > b->address;
@@ -699,6 +738,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     /* build_settings copies the conf under device 0's lock (conf_copy). */
     err = build_settings(a, s, &tt, ndev);
   }
+  if (!err && !o->segments_only) err = build_process_info(a, s, d0, d1);
   free(tt.ws_segments.items);
   free(tt.dropped);
   if (err) {
@@ -713,7 +753,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     s->top_keys = MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES |
                   MSNAP_TOP_ALLOCATOR_SETTINGS |
                   MSNAP_TOP_EXTERNAL_ANNOTATIONS | MSNAP_TOP_HOST_SEGMENTS |
-                  MSNAP_TOP_HOST_TRACES;
+                  MSNAP_TOP_HOST_TRACES | MSNAP_TOP_PROCESS_INFO;
   }
   *out = s;
   return 0;

@@ -87,14 +87,19 @@ typedef enum msnap_env_e {
   MSNAP_ENV_NO_NPU_MEMORY_CACHING,     /* PYTORCH_NO_NPU_MEMORY_CACHING    */
   MSNAP_ENV_OOM_SNAPSHOT_ENABLE,       /* OOM_SNAPSHOT_ENABLE              */
   MSNAP_ENV_OOM_SNAPSHOT_PATH,         /* OOM_SNAPSHOT_PATH                */
+  MSNAP_ENV_RANK,                      /* RANK (torchrun)                  */
+  MSNAP_ENV_WORLD_SIZE,                /* WORLD_SIZE                       */
+  MSNAP_ENV_LOCAL_RANK,                /* LOCAL_RANK                       */
   MSNAP_ENV_COUNT
 } msnap_env_t;
 /* The raw value (NULL when unset); read on every call. */
 const char *msnap__env_get(msnap_env_t var);
 /* The variable's name ("MEMSNAP_PROFILE"). */
 const char *msnap__env_name(msnap_env_t var);
-/* MEMSNAP_PROFILE: npu (default) or cuda; anything else warns once. */
-int msnap__env_profile(msnap_profile_t *out);
+/* MEMSNAP_PROFILE: npu or cuda; unset or empty gives dflt (the runtime's
+ * own profile, chosen by alloc/create.c); anything else warns once and
+ * gives dflt. */
+int msnap__env_profile(msnap_profile_t *out, msnap_profile_t dflt);
 /* MEMSNAP_RUNTIME ("sim" when unset or empty). */
 const char *msnap__env_runtime(void);
 /* Typed reads of a variable of the table: a size (K/M/G/T suffixes), a
@@ -119,6 +124,10 @@ bool msnap__env_no_caching(msnap_profile_t profile);
 /* OOM_SNAPSHOT_ENABLE as torch_npu parses it (strtol; unset, "" or "0":
  * 0; non-numeric: 0 with a warning; "2": 2 (state); other numbers: 1). */
 int msnap__env_oom_snapshot_mode(void);
+/* RANK / WORLD_SIZE / LOCAL_RANK (set by torchrun and most launchers): a
+ * whole number in [0, 2^31 - 1] (WORLD_SIZE: >= 1); -1 when unset; a bad
+ * value warns once and gives -1. */
+int64_t msnap__env_rank(msnap_env_t var);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */

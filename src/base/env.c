@@ -18,6 +18,10 @@
  * OOM_SNAPSHOT_ENABLE  torch_npu's rule (strtol): unset, "" or "0" off;
  *                      non-numeric off with a warning; "2" history "state";
  *                      any other number full history (api/oom_dump.c).
+ * RANK, WORLD_SIZE, LOCAL_RANK  the process's place in a distributed job
+ *                      (torchrun sets all three): whole numbers, recorded
+ *                      in snapshots' process_info and in OOM dump names
+ *                      (api/process.c).
  * The others (library paths, unwinder, clock, alloc-conf strings, the OOM
  * dump directory) are read as text by the file named in the table.
  *
@@ -78,6 +82,9 @@ static const struct {
                                        "api/oom_dump.c: automatic dump"},
     [MSNAP_ENV_OOM_SNAPSHOT_PATH] = {"OOM_SNAPSHOT_PATH",
                                      "api/oom_dump.c: dump directory"},
+    [MSNAP_ENV_RANK] = {"RANK", "api/process.c: global rank"},
+    [MSNAP_ENV_WORLD_SIZE] = {"WORLD_SIZE", "api/process.c: world size"},
+    [MSNAP_ENV_LOCAL_RANK] = {"LOCAL_RANK", "api/process.c: local rank"},
 };
 
 const char *msnap__env_name(msnap_env_t var) {
@@ -109,9 +116,11 @@ static bool first_warning(const char *name) {
   return first;
 }
 
-int msnap__env_profile(msnap_profile_t *out) {
+int msnap__env_profile(msnap_profile_t *out, msnap_profile_t dflt) {
   const char *v = msnap__env_get(MSNAP_ENV_PROFILE);
-  if (v == NULL || *v == '\0' || strcasecmp(v, "npu") == 0) {
+  if (v == NULL || *v == '\0') {
+    *out = dflt;
+  } else if (strcasecmp(v, "npu") == 0) {
     *out = MSNAP_PROFILE_NPU;
   } else if (strcasecmp(v, "cuda") == 0) {
     *out = MSNAP_PROFILE_CUDA;
@@ -119,9 +128,9 @@ int msnap__env_profile(msnap_profile_t *out) {
     if (first_warning("MEMSNAP_PROFILE"))
       fprintf(stderr,
               "memsnap: warning: ignoring invalid MEMSNAP_PROFILE '%s' "
-              "(valid values are npu and cuda); using npu\n",
-              v);
-    *out = MSNAP_PROFILE_NPU;
+              "(valid values are npu and cuda); using %s\n",
+              v, dflt == MSNAP_PROFILE_CUDA ? "cuda" : "npu");
+    *out = dflt;
   }
   return 0;
 }
@@ -278,4 +287,24 @@ int msnap__env_oom_snapshot_mode(void) {
     return 0;
   }
   return v == 0 ? 0 : (v == 2 ? 2 : 1);
+}
+
+int64_t msnap__env_rank(msnap_env_t var) {
+  const char *v = msnap__env_get(var);
+  if (v == NULL || *v == '\0') return -1;
+  int64_t lo = var == MSNAP_ENV_WORLD_SIZE ? 1 : 0, n = 0;
+  const char *s = v;
+  bool ok = isdigit((unsigned char)*s);
+  for (; ok && isdigit((unsigned char)*s); s++) {
+    n = n * 10 + (*s - '0');
+    if (n > INT32_MAX) ok = false;
+  }
+  if (ok && *s == '\0' && n >= lo) return n;
+  const char *name = msnap__env_name(var);
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid %s '%s' (expected a whole "
+            "number from %lld); snapshots will not record it\n",
+            name, v, (long long)lo);
+  return -1;
 }

@@ -173,6 +173,7 @@ msnap_snap_t *msnap__snap_new(void) {
   s->nstrlists = 1;
   s->generation = MSNAP_GEN_CURRENT;
   s->allocator_settings.kind = MSNAP_GV_NONE;
+  s->process_info.kind = MSNAP_GV_NONE;
   /* "" must be found by interning too */
   struct msnap_snap_priv_s *pr = s->priv;
   pr->seed = msnap__hash_seed();
@@ -225,6 +226,7 @@ void msnap__snap_free(msnap_snap_t *s) {
   free(s->device_traces);
   free(s->annotations);
   msnap__gv_free(&s->allocator_settings);
+  msnap__gv_free(&s->process_info);
   free(s->host_segments);
   free(s->host_blocks);
   free(s->host_traces.v);

@@ -220,6 +220,12 @@ typedef struct msnap_snap_s {
   uint32_t nannotations, annotations_cap;
 
   msnap_gv_t allocator_settings; /* MSNAP_GV_NONE if absent */
+  /* memsnap's own top-level key `process_info` (absent in PyTorch's files;
+   * memory_viz and torch's _memory_viz ignore it): a dict {pid, host,
+   * rank, world_size, local_rank, runtime, profile, devices: [{device,
+   * total_bytes}], memsnap_version}, each key only when known
+   * (api/process.c).  MSNAP_GV_NONE if absent. */
+  msnap_gv_t process_info;
 
   msnap_ssegment_t *host_segments; /* blocks in host_blocks */
   uint32_t nhost_segments, host_segments_cap;
@@ -237,7 +243,8 @@ enum {
   MSNAP_TOP_ALLOCATOR_SETTINGS = 1u << 2,
   MSNAP_TOP_EXTERNAL_ANNOTATIONS = 1u << 3,
   MSNAP_TOP_HOST_SEGMENTS = 1u << 4,
-  MSNAP_TOP_HOST_TRACES = 1u << 5
+  MSNAP_TOP_HOST_TRACES = 1u << 5,
+  MSNAP_TOP_PROCESS_INFO = 1u << 6 /* memsnap's process_info          */
 };
 
 /* --- construction (snapshot.c) ----------------------------------------- */

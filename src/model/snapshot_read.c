@@ -85,7 +85,7 @@ enum rec_kind_e {
   X(filename) X(line) X(fx_node_op) X(fx_node_name) X(fx_node_target)        \
   X(fx_original_trace) X(stage) X(segments) X(device_traces)                 \
   X(allocator_settings) X(external_annotations) X(host_segments)             \
-  X(host_traces)
+  X(host_traces) X(process_info)
 
 enum key_e {
 #define KEY_ENUM_(k) KEY_##k,
@@ -949,6 +949,11 @@ static int map_root(rd_t *r, msnap_pv_t root) {
       msnap__pvm_set_phase(vm, "converting allocator_settings");
       rc = msnap__pvm_to_gv(vm, f.v[KEY_allocator_settings],
                             &s->allocator_settings);
+    }
+    if (!rc && HAS(&f, process_info)) {
+      s->top_keys |= MSNAP_TOP_PROCESS_INFO;
+      msnap__pvm_set_phase(vm, "converting process_info");
+      rc = msnap__pvm_to_gv(vm, f.v[KEY_process_info], &s->process_info);
     }
     /* generation, from the keys seen */
     /* 2.0: blocks carry `history` (or neither `address` nor `frames`) */

@@ -46,6 +46,7 @@
   X(allocator_settings, "allocator_settings")                                \
   X(external_annotations, "external_annotations")                            \
   X(host_segments, "host_segments") X(host_traces, "host_traces")            \
+  X(process_info, "process_info")                                            \
   X(v_large, "large") X(v_small, "small")                                    \
   X(v_active_allocated, "active_allocated")                                  \
   X(v_active_pending_free, "active_pending_free") X(v_inactive, "inactive")  \
@@ -678,6 +679,9 @@ static void wtop(wr_t *w) {
   }
   if (top & MSNAP_TOP_HOST_TRACES)
     key(w, C_host_traces), wtraces(w, &s->host_traces);
+  if ((top & MSNAP_TOP_PROCESS_INFO) &&
+      s->process_info.kind == MSNAP_GV_DICT)
+    key(w, C_process_info), wgv(w, &s->process_info);
   dict_end(w);
 }
 

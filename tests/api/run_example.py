@@ -38,8 +38,14 @@ def main() -> int:
         with open(path, "rb") as f:
             snap = pickle.load(f)
         keys = ["segments", "device_traces", "allocator_settings",
-                "external_annotations", "host_segments", "host_traces"]
+                "external_annotations", "host_segments", "host_traces",
+                "process_info"]
         assert sorted(snap) == sorted(keys), sorted(snap)
+        # memsnap's own key: who wrote the file (memory_viz ignores it).
+        info = snap["process_info"]
+        assert info["pid"] > 0 and info["runtime"] == "sim", info
+        assert info["profile"] == "npu", info  # the example asks for npu
+        assert info["devices"] == [{"device": 0, "total_bytes": 1 << 30}], info
         trace = snap["device_traces"][0]
         actions = [e["action"] for e in trace]
         allocs = [e["size"] for e in trace if e["action"] == "alloc"]

@@ -36,28 +36,63 @@ static const char *capture_end(FILE *tmp, int saved) {
 
 static void test_profile(void **state) {
   (void)state;
-  msnap_profile_t p = MSNAP_PROFILE_CUDA;
+  msnap_profile_t p = MSNAP_PROFILE_NPU;
+  /* unset: the caller's default (the runtime's own profile) */
   unsetenv("MEMSNAP_PROFILE");
-  assert_int_equal(msnap__env_profile(&p), 0);
+  assert_int_equal(msnap__env_profile(&p, MSNAP_PROFILE_CUDA), 0);
+  assert_int_equal(p, MSNAP_PROFILE_CUDA);
+  msnap__env_profile(&p, MSNAP_PROFILE_NPU);
   assert_int_equal(p, MSNAP_PROFILE_NPU);
+  setenv("MEMSNAP_PROFILE", "", 1);
+  msnap__env_profile(&p, MSNAP_PROFILE_CUDA);
+  assert_int_equal(p, MSNAP_PROFILE_CUDA);
   setenv("MEMSNAP_PROFILE", "cuda", 1);
-  msnap__env_profile(&p);
+  msnap__env_profile(&p, MSNAP_PROFILE_NPU);
   assert_int_equal(p, MSNAP_PROFILE_CUDA);
   setenv("MEMSNAP_PROFILE", "npu", 1);
-  msnap__env_profile(&p);
+  msnap__env_profile(&p, MSNAP_PROFILE_CUDA);
   assert_int_equal(p, MSNAP_PROFILE_NPU);
   FILE *tmp;
   int saved;
   capture_begin(&tmp, &saved);
   setenv("MEMSNAP_PROFILE", "rocm", 1);
-  p = MSNAP_PROFILE_CUDA;
-  msnap__env_profile(&p);
-  msnap__env_profile(&p); /* second bad read: no second warning */
+  p = MSNAP_PROFILE_NPU;
+  msnap__env_profile(&p, MSNAP_PROFILE_CUDA);
+  msnap__env_profile(&p, MSNAP_PROFILE_CUDA); /* no second warning */
   const char *out = capture_end(tmp, saved);
-  assert_int_equal(p, MSNAP_PROFILE_NPU);
+  assert_int_equal(p, MSNAP_PROFILE_CUDA);
   assert_non_null(strstr(out, "invalid MEMSNAP_PROFILE 'rocm'"));
+  assert_non_null(strstr(out, "using cuda"));
   assert_null(strstr(strstr(out, "rocm") + 1, "MEMSNAP_PROFILE 'rocm'"));
   unsetenv("MEMSNAP_PROFILE");
+}
+
+/* RANK / WORLD_SIZE / LOCAL_RANK: whole numbers, -1 when unset or bad. */
+static void test_rank(void **state) {
+  (void)state;
+  unsetenv("RANK");
+  assert_int_equal(msnap__env_rank(MSNAP_ENV_RANK), -1);
+  setenv("RANK", "3", 1);
+  assert_int_equal(msnap__env_rank(MSNAP_ENV_RANK), 3);
+  setenv("WORLD_SIZE", "0", 1); /* a world has at least one rank */
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  assert_int_equal(msnap__env_rank(MSNAP_ENV_WORLD_SIZE), -1);
+  setenv("LOCAL_RANK", "1x", 1);
+  assert_int_equal(msnap__env_rank(MSNAP_ENV_LOCAL_RANK), -1);
+  const char *out = capture_end(tmp, saved);
+  assert_non_null(strstr(out, "invalid WORLD_SIZE '0'"));
+  assert_non_null(strstr(out, "invalid LOCAL_RANK '1x'"));
+  setenv("WORLD_SIZE", "8", 1);
+  assert_int_equal(msnap__env_rank(MSNAP_ENV_WORLD_SIZE), 8);
+  setenv("RANK", "99999999999", 1);
+  capture_begin(&tmp, &saved);
+  assert_int_equal(msnap__env_rank(MSNAP_ENV_RANK), -1);
+  capture_end(tmp, saved);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
 }
 
 static void test_runtime(void **state) {
@@ -282,6 +317,7 @@ static void test_oom_snapshot_mode(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_rank),
       cmocka_unit_test(test_runtime),
       cmocka_unit_test(test_size),
       cmocka_unit_test(test_count),
