@@ -160,6 +160,22 @@ int64_t *cli_devices(const msnap_snap_t *s, uint32_t *n);
 /* Trace of a device, NULL when absent. */
 const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device);
 
+/* Value of `key` in a generic dict (allocator_settings, process_info),
+ * NULL when absent; typed variants. */
+const msnap_gv_t *cli_gv_get(const msnap_snap_t *s, const msnap_gv_t *d,
+                             const char *key);
+const char *cli_gv_str(const msnap_snap_t *s, const msnap_gv_t *d,
+                       const char *key);
+bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
+                int64_t *out);
+/* "npu" or "cuda": the profile the recording was made with
+ * (process_info's, else npu when allocator_settings name
+ * PYTORCH_NPU_ALLOC_CONF, else cuda). */
+const char *cli_recording_profile(const msnap_snap_t *s);
+/* Total bytes of device dev as recorded in process_info (memsnap's files);
+ * false when the file does not say. */
+bool cli_device_total(const msnap_snap_t *s, int64_t dev, uint64_t *total);
+
 /* "2.1", "2.6", "segment list"... */
 const char *cli_generation_name(msnap_generation_t g);
 
@@ -236,6 +252,15 @@ msnap_stack_t cli_stacks_block(const cli_stacks_t *x, int64_t dev,
  * predates the trace; format with cli_site_format). */
 cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
                          const msnap_sblock_t *b);
+/* Events of a trace by address: (addr, entry index, alloc or free). */
+typedef struct cli_ev_s {
+  uint64_t addr;
+  uint32_t idx;
+  bool alloc;
+} cli_ev_t;
+/* Sort by (addr, idx), stably in linear time for events made in trace
+ * order (a radix sort on addr; qsort when scratch memory is short). */
+void cli_sort_ev(cli_ev_t *ev, uint32_t n);
 /* True for the text of a pseudo site ("<...>"). */
 static inline bool cli_site_is_pseudo(const char *site) {
   return site[0] == '<';
@@ -289,5 +314,132 @@ void cli_state_free(cli_state_t *st);
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
                  uint64_t **res, uint32_t *n);
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st);
+
+/* ---- lifetimes and sites (cli_life.c) ------------------------------------ */
+#define CLI_NO_PAIR UINT32_MAX
+/* pair[i] of every entry of tl (see cli_life.c): alloc -> its
+ * free_completed, free_completed -> its alloc, CLI_NO_PAIR otherwise.
+ * *out malloc'd (tl->n entries); 0, or -1 on ENOMEM. */
+int cli_pair_entries(const msnap_trace_list_t *tl, uint32_t **out);
+
+/* Site index of every stack of a model; equal sites share an index. */
+#define CLI_SITEIX_NONE 0u   /* "<no stack>"                            */
+#define CLI_SITEIX_BEFORE 1u /* "<no stack: allocated before the trace>" */
+typedef struct cli_sites_s {
+  uint32_t *of_stack; /* stack id -> site index                        */
+  cli_site_t *site;   /* site index -> site                            */
+  uint32_t n, nstacks;
+} cli_sites_t;
+int cli_sites_init(cli_sites_t *x, const msnap_snap_t *s);
+void cli_sites_free(cli_sites_t *x);
+bool cli_sites_check(const cli_sites_t *x);
+static inline uint32_t cli_sites_of(const cli_sites_t *x, msnap_stack_t st) {
+  return st < x->nstacks ? x->of_stack[st] : CLI_SITEIX_NONE;
+}
+
+/* Bytes and count of live allocations of one site. */
+typedef struct cli_site_sum_s {
+  cli_site_t site;
+  uint64_t bytes, count;
+} cli_site_sum_t;
+/* Allocations live at `state` (after entries 0..state-1) of dev's trace,
+ * grouped by site, largest first: trace allocations by their requested
+ * size and stack; blocks of the start state (cli_backward) by their
+ * requested size and the stack the same block has at the end, else the
+ * before-trace pseudo site.  *out malloc'd; 0, or -1 on ENOMEM. */
+int cli_live_sites_at(const msnap_snap_t *s, const cli_stacks_t *stk,
+                      const cli_sites_t *sites, int64_t dev,
+                      const uint32_t *pair, uint32_t state,
+                      cli_site_sum_t **out, uint32_t *nout);
+
+/* ---- fragmentation (cli_frag.c) ------------------------------------------ */
+/* Fragmentation of one device of a model (a file's final state, or the
+ * snapshot of a replayed allocator), in PyTorch's terms. */
+typedef struct cli_frag_s {
+  uint64_t segments, reserved, allocated, active;
+  /* inactive blocks of segments split into more than one block (PyTorch's
+   * inactive_split_bytes) and their number */
+  uint64_t inactive_split, inactive_split_blocks;
+  /* segments without an active block (empty_cache would release them) */
+  uint64_t free_segments, free_segments_bytes;
+  /* the largest inactive block: of every pool, of the small pool
+   * (segments of segment_type "small"), of the large pool */
+  uint64_t largest_free, largest_free_small, largest_free_large;
+  uint64_t inactive; /* every inactive block */
+} cli_frag_t;
+void cli_frag_model(const msnap_snap_t *s, int64_t dev, cli_frag_t *f);
+/* The fragmentation object of `summary --json` / `fleet --json`. */
+void cli_frag_json(cli_json_t *j, const cli_frag_t *f);
+
+/* ---- explanations (cli_explain.c) ---------------------------------------- */
+typedef struct cli_oom_s {
+  bool present;
+  int64_t device, stream;
+  uint32_t entry, count, state; /* the last oom entry, how many, its state */
+  bool have_time;
+  int64_t time_us;
+  uint64_t requested, device_free; /* the entry's size and device_free  */
+  bool have_total;
+  uint64_t device_total;           /* process_info's                     */
+  bool small_pool;                 /* requested <= 1 MiB                 */
+  uint64_t reserved, active_requested; /* at the OOM, from the trace walk */
+  bool have_at;                    /* `at` known (source says how)       */
+  const char *source;
+  char why[512];                   /* why `at` is unknown                */
+  cli_frag_t at;
+  bool fits_largest, fits_unfragmented;
+  int expandable;                  /* 1 fits, 0 not, -1 unknown          */
+  char expandable_why[512];
+  msnap_stack_t stack;             /* the failing allocation's stack     */
+  cli_site_t site;
+  cli_site_sum_t *top;             /* live at the OOM, by site           */
+  uint32_t ntop;
+} cli_oom_t;
+
+typedef struct cli_explain_s {
+  int64_t device;
+  cli_frag_t final;
+  bool have_peak_state, have_at_peak;
+  uint32_t peak_state;
+  const char *peak_source;
+  char peak_why[512];
+  cli_frag_t at_peak;
+  cli_oom_t oom;
+} cli_explain_t;
+/* Fragmentation (final state, at the peak) and the last OOM of device
+ * dev (see cli_explain.c); whatif runs the expandable-segments replay.
+ * 0, or -1 on ENOMEM; free with cli_explain_free. */
+int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
+                       const cli_sites_t *sites, int64_t dev, uint32_t topn,
+                       bool whatif, cli_explain_t *x);
+void cli_explain_free(cli_explain_t *x);
+
+/* ---- the replay engine (cmd_replay.c) ----------------------------------- */
+/* Called with the replaying allocator in state `state` (after entries
+ * 0..state-1 of the device trace) for every state 0..n in order (the
+ * states inside a run of segment_free entries, which replay as one
+ * empty_cache, are skipped); returning false stops the replay there. */
+typedef bool (*cli_replay_visit_fn)(void *arg, uint32_t state,
+                                    msnap_allocator_t *a, int dev);
+typedef struct cli_replay_cfg_s {
+  const char *profile;    /* "cuda"/"npu"; NULL: the recording's        */
+  const char *alloc_conf; /* NULL: the recording's own (exact with cuda) */
+  uint64_t sim_memory;    /* bytes of the simulated device; 0: 1 TiB    */
+  cli_replay_visit_fn visit;
+  void *arg;
+} cli_replay_cfg_t;
+typedef struct cli_replay_res_s {
+  bool replayable; /* false: `reason` says why                          */
+  bool exact;      /* recorded addresses (cuda profile, recorded conf)  */
+  bool matches;    /* no mismatch with the recording where it ran       */
+  const char *initial; /* start state: "empty", "exact", "inferred"...  */
+  uint64_t mismatches;
+  uint32_t first_failed; /* first alloc entry that failed (CLI_NO_PAIR) */
+  char reason[512];
+} cli_replay_res_t;
+/* Replay device dev of s (see cmd_replay.c).  0 (res filled, also when
+ * not replayable), or -1 on ENOMEM. */
+int cli_replay_run(const msnap_snap_t *s, int64_t dev,
+                   const cli_replay_cfg_t *cfg, cli_replay_res_t *res);
 
 #endif /* MSNAP_CLI_H */

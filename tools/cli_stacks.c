@@ -29,11 +29,7 @@
 #include "cli.h"
 #include "base/base.h"
 
-typedef struct ev_s {
-  uint64_t addr;
-  uint32_t idx;
-  bool alloc;
-} ev_t;
+typedef cli_ev_t ev_t;
 
 static int cmp_ev(const void *a, const void *b) {
   const ev_t *x = a, *y = b;
@@ -93,6 +89,11 @@ static int sort_ev(ev_t *ev, uint32_t n) {
   return 0;
 }
 
+void cli_sort_ev(cli_ev_t *ev, uint32_t n) {
+  if (sort_ev(ev, n) != 0)
+    qsort(ev, n, sizeof *ev, cmp_ev);
+}
+
 /* Live alloc entries of one trace, sorted by address. */
 static int index_device(cli_stacks_dev_t *d, const msnap_trace_list_t *tl) {
   uint32_t n = 0;
@@ -117,8 +118,7 @@ static int index_device(cli_stacks_dev_t *d, const msnap_trace_list_t *tl) {
     ev[k].alloc = e->action == MSNAP_ACTION_ALLOC;
     k++;
   }
-  if (sort_ev(ev, k) != 0)
-    qsort(ev, k, sizeof *ev, cmp_ev);
+  cli_sort_ev(ev, k);
   d->n = 0;
   for (uint32_t i = 0; i < k; i++) {
     /* The last event of each address decides. */

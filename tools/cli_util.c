@@ -477,6 +477,66 @@ uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
   return lo;
 }
 
+const msnap_gv_t *cli_gv_get(const msnap_snap_t *s, const msnap_gv_t *d,
+                             const char *key) {
+  if (!d || d->kind != MSNAP_GV_DICT)
+    return NULL;
+  size_t kl = strlen(key);
+  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
+    const msnap_gv_t *k = &d->u.seq.items[i];
+    size_t n;
+    const char *p = k->kind == MSNAP_GV_STR ? cli_str(s, k->u.s, &n) : NULL;
+    if (p && n == kl && !memcmp(p, key, n))
+      return &d->u.seq.items[i + 1];
+  }
+  return NULL;
+}
+
+const char *cli_gv_str(const msnap_snap_t *s, const msnap_gv_t *d,
+                       const char *key) {
+  const msnap_gv_t *v = cli_gv_get(s, d, key);
+  return v && v->kind == MSNAP_GV_STR ? cli_str(s, v->u.s, NULL) : NULL;
+}
+
+bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
+                int64_t *out) {
+  const msnap_gv_t *v = cli_gv_get(s, d, key);
+  if (!v || v->kind != MSNAP_GV_INT)
+    return false;
+  *out = v->u.i;
+  return true;
+}
+
+/*
+ * The profile a recording was made with: memsnap's process_info names it;
+ * otherwise a recording whose allocator_settings name
+ * PYTORCH_NPU_ALLOC_CONF comes from torch_npu's allocator (npu); anything
+ * else from PyTorch's (cuda).
+ */
+const char *cli_recording_profile(const msnap_snap_t *s) {
+  const char *p = cli_gv_str(s, &s->process_info, "profile");
+  if (p && (!strcmp(p, "npu") || !strcmp(p, "cuda")))
+    return p;
+  if (cli_gv_get(s, &s->allocator_settings, "PYTORCH_NPU_ALLOC_CONF"))
+    return "npu";
+  return "cuda";
+}
+
+bool cli_device_total(const msnap_snap_t *s, int64_t dev, uint64_t *total) {
+  const msnap_gv_t *l = cli_gv_get(s, &s->process_info, "devices");
+  if (!l || l->kind != MSNAP_GV_LIST)
+    return false;
+  for (uint32_t i = 0; i < l->u.seq.n; i++) {
+    int64_t d, t;
+    if (cli_gv_int(s, &l->u.seq.items[i], "device", &d) && d == dev &&
+        cli_gv_int(s, &l->u.seq.items[i], "total_bytes", &t) && t >= 0) {
+      *total = (uint64_t)t;
+      return true;
+    }
+  }
+  return false;
+}
+
 const char *cli_generation_name(msnap_generation_t g) {
   switch (g) {
   case MSNAP_GEN_SEGMENT_LIST: return "segment list";

@@ -154,6 +154,9 @@ typedef struct dev_replay_s {
   uint64_t inactive_split, peak_inactive_split;
   uint64_t peak_allocated, final_allocated;
   uint64_t mismatch_count;
+  uint32_t first_failed; /* first alloc that failed in the replay, or
+                            CLI_NO_PAIR */
+  bool stopped;          /* the visitor stopped the replay early */
   char *mismatches[MAX_MISMATCH_KEEP];
   uint32_t nkept;
   bool final_compared;
@@ -172,6 +175,8 @@ typedef struct replay_s {
   msnap_profile_t profile;
   uint64_t pad; /* bytes the profile adds before rounding (npu: 32) */
   uint32_t max_keep;
+  cli_replay_visit_fn visit; /* cli_replay_run's visitor, or NULL */
+  void *visit_arg;
 } replay_t;
 
 static void mismatch(replay_t *r, dev_replay_t *d, const char *fmt, ...)
@@ -666,9 +671,14 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   bool seg_pending = false;
   uint64_t seg_addr = 0, seg_size = 0;
   uint32_t seg_entry = 0;
+  d->first_failed = CLI_NO_PAIR;
   for (uint32_t i = 0; i < tl->n; i++) {
     const msnap_strace_t *e = &tl->v[i];
     cli_progress_tick(pr, i, tl->n);
+    if (r->visit && !r->visit(r->visit_arg, i, r->a, dev)) {
+      d->stopped = true;
+      break;
+    }
     switch (e->action) {
     case MSNAP_ACTION_SEGMENT_ALLOC:
       if (seg_pending)
@@ -696,6 +706,8 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       int64_t made = grew > 0;
       d->segment_allocs += grew > 0;
       if (rc != 0) {
+        if (d->first_failed == CLI_NO_PAIR)
+          d->first_failed = i;
         mismatch(r, d, "entry %u: alloc of %" PRIu64 " B failed in the "
                        "replay: %s",
                  i, e->size, msnap_strerror(rc));
@@ -768,6 +780,8 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       break;
     }
   }
+  if (r->visit && !d->stopped)
+    r->visit(r->visit_arg, tl->n, r->a, dev);
   get_stats(r, dev, &s1);
   d->segment_frees = (uint64_t)(s1.segment[MSNAP_STAT_ALL].freed -
                                 s0.segment[MSNAP_STAT_ALL].freed);
@@ -778,7 +792,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       (uint64_t)s1.inactive_split_bytes[MSNAP_STAT_ALL].peak;
   d->peak_allocated = (uint64_t)s1.allocated_bytes[MSNAP_STAT_ALL].peak;
   d->final_allocated = (uint64_t)s1.allocated_bytes[MSNAP_STAT_ALL].current;
-  if (r->exact)
+  if (r->exact && !d->stopped)
     compare_final(r, d);
   char msg[256];
   if (msnap_check_invariants(r->a, msg, sizeof msg) != 0)
@@ -925,19 +939,6 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
   return 0;
 }
 
-static const char *gv_dict_str(const msnap_snap_t *s, const msnap_gv_t *v,
-                               const char *key) {
-  if (v->kind != MSNAP_GV_DICT)
-    return NULL;
-  for (uint32_t i = 0; i + 1 < v->u.seq.n; i += 2) {
-    const msnap_gv_t *k = &v->u.seq.items[i], *x = &v->u.seq.items[i + 1];
-    if (k->kind == MSNAP_GV_STR && !strcmp(cli_str(s, k->u.s, NULL), key) &&
-        x->kind == MSNAP_GV_STR)
-      return cli_str(s, x->u.s, NULL);
-  }
-  return NULL;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap replay [--profile cuda|npu] [--alloc-conf STR]\n"
@@ -959,8 +960,10 @@ static void usage(FILE *f) {
           "and freed in it are inferred from their requests (start state\n"
           "\"inferred\").\n"
           "\n"
-          "  --profile P       cuda or npu (default: npu for a recording\n"
-          "                    whose allocator_settings name\n"
+          "  --profile P       cuda or npu (default: the profile the\n"
+          "                    recording was made with: its process_info\n"
+          "                    (memsnap's files), else npu when its\n"
+          "                    allocator_settings name\n"
           "                    PYTORCH_NPU_ALLOC_CONF, else cuda)\n"
           "  --alloc-conf STR  allocator configuration (e.g.\n"
           "                    expandable_segments:True,\n"
@@ -1051,21 +1054,6 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
   cj_obj_end(j);
 }
 
-/* True when allocator_settings is a dict with the string key `key`. */
-static bool settings_have(const msnap_snap_t *s, const char *key) {
-  const msnap_gv_t *d = &s->allocator_settings;
-  if (d->kind != MSNAP_GV_DICT)
-    return false;
-  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
-    const msnap_gv_t *k = &d->u.seq.items[i];
-    size_t n;
-    const char *p = k->kind == MSNAP_GV_STR ? cli_str(s, k->u.s, &n) : NULL;
-    if (p && n == strlen(key) && !memcmp(p, key, n))
-      return true;
-  }
-  return false;
-}
-
 int cli_cmd_replay(int argc, char **argv) {
   static const struct option opts[] = {
       {"json", no_argument, NULL, 'j'},
@@ -1111,10 +1099,9 @@ int cli_cmd_replay(int argc, char **argv) {
   msnap_snap_t *s;
   if (cli_load(file, &s) != CLI_OK)
     return CLI_UNUSABLE;
-  /* A recording of memsnap's npu profile names PYTORCH_NPU_ALLOC_CONF in
-   * its allocator_settings: replay it with that profile unless told. */
-  if (!profile_given && settings_have(s, "PYTORCH_NPU_ALLOC_CONF"))
-    profile = "npu";
+  /* Unless told, replay with the profile the recording was made with. */
+  if (!profile_given)
+    profile = cli_recording_profile(s);
   if (!strcmp(profile, "cuda")) {
     r.profile = MSNAP_PROFILE_CUDA;
   } else if (!strcmp(profile, "npu")) {
@@ -1127,7 +1114,7 @@ int cli_cmd_replay(int argc, char **argv) {
   r.exact = r.profile == MSNAP_PROFILE_CUDA && conf == NULL;
   r.max_keep = (uint32_t)maxm;
   if (r.exact) {
-    const char *rc_conf = gv_dict_str(s, &s->allocator_settings,
+    const char *rc_conf = cli_gv_str(s, &s->allocator_settings,
                                       "PYTORCH_CUDA_ALLOC_CONF");
     conf = rc_conf ? rc_conf : "";
   }
@@ -1284,10 +1271,7 @@ int cli_cmd_replay(int argc, char **argv) {
   } else {
     char b1[32], b2[32];
     printf("%s: replay with the %s profile%s%s%s (%s)\n", file, profile,
-           profile_given || r.profile == MSNAP_PROFILE_CUDA
-               ? ""
-               : " (the file's allocator_settings name "
-                 "PYTORCH_NPU_ALLOC_CONF)",
+           profile_given ? "" : " (the recording's)",
            conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
            r.exact ? "exact: recorded addresses" : "what-if");
     for (uint32_t k = 0; k < (nd ? nd : 1); k++) {
@@ -1359,4 +1343,83 @@ done:
   free(devs);
   msnap__snap_free(s);
   return rc;
+}
+
+/*
+ * The replay engine for the other commands (summary's fragmentation at
+ * the peak and its OOM what-if): one device trace of s through a fresh
+ * allocator on the sim, as cli_cmd_replay does it, with cfg->visit called
+ * in every state (see cli.h).  Exact mode (recorded addresses) with the
+ * cuda profile and no alloc conf, else what-if.
+ */
+int cli_replay_run(const msnap_snap_t *s, int64_t dev,
+                   const cli_replay_cfg_t *cfg, cli_replay_res_t *res) {
+  memset(res, 0, sizeof *res);
+  res->first_failed = CLI_NO_PAIR;
+  const char *profile = cfg->profile ? cfg->profile : cli_recording_profile(s);
+  replay_t r = {0};
+  r.s = s;
+  r.profile = strcmp(profile, "npu") ? MSNAP_PROFILE_CUDA : MSNAP_PROFILE_NPU;
+  r.pad = r.profile == MSNAP_PROFILE_NPU ? 32 : 0;
+  r.exact = r.profile == MSNAP_PROFILE_CUDA && cfg->alloc_conf == NULL;
+  r.visit = cfg->visit;
+  r.visit_arg = cfg->arg;
+  const char *conf = cfg->alloc_conf;
+  if (r.exact) {
+    const char *rc_conf = cli_gv_str(s, &s->allocator_settings,
+                                     "PYTORCH_CUDA_ALLOC_CONF");
+    conf = rc_conf ? rc_conf : "";
+  }
+  res->exact = r.exact;
+  dev_replay_t d;
+  memset(&d, 0, sizeof d);
+  d.device = dev;
+  replayable(s, dev, &d);
+  if (d.replayable && (dev < 0 || dev > 64)) {
+    d.replayable = false;
+    snprintf(d.reason, sizeof d.reason,
+             "device index %" PRId64 " is out of range for the sim", dev);
+  }
+  if (!d.replayable) {
+    snprintf(res->reason, sizeof res->reason, "%s", d.reason);
+    return 0;
+  }
+  msnap_options_t mo;
+  char ebuf[256] = "";
+  msnap_options_init(&mo);
+  mo.profile = (int)r.profile;
+  mo.runtime_name = "sim";
+  mo.alloc_conf = conf;
+  mo.caching_disabled = 0;
+  mo.sim_devices = (int)dev + 1;
+  mo.sim_memory = cfg->sim_memory ? cfg->sim_memory : 1ull << 40;
+  mo.error_buf = ebuf;
+  mo.error_buf_len = sizeof ebuf;
+  int e = msnap_allocator_create(&mo, &r.a);
+  if (e != 0) {
+    snprintf(res->reason, sizeof res->reason,
+             "cannot create the %s allocator%s%s: %s%s%s", profile,
+             conf && *conf ? " with alloc conf " : "", conf ? conf : "",
+             msnap_strerror(e), ebuf[0] ? ": " : "", ebuf);
+    return 0;
+  }
+  r.ctx = msnap_runtime_ctx(r.a);
+  r.max_keep = 0;
+  cli_progress_t pr;
+  cli_progress_init(&pr, "replay");
+  int rc = replay_device(&r, &d, &pr);
+  cli_progress_end(&pr);
+  msnap_allocator_destroy(r.a);
+  for (uint32_t i = 0; i < d.nkept; i++)
+    free(d.mismatches[i]);
+  if (rc < 0)
+    return -1;
+  res->replayable = d.replayable;
+  if (!d.replayable)
+    snprintf(res->reason, sizeof res->reason, "%s", d.reason);
+  res->initial = d.initial;
+  res->mismatches = d.mismatch_count;
+  res->matches = d.mismatch_count == 0;
+  res->first_failed = d.first_failed;
+  return 0;
 }

@@ -19,6 +19,8 @@
  * trace); blocks that predate the trace are counted in live_before_trace.
  * The text form prints allocator_settings as key=value items
  * (cli_settings_items) and record_function ranges counted per name.
+ * Fragmentation (final state and at the peak) and the explanation of the
+ * last OOM come from cli_explain.c.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -57,6 +59,8 @@ typedef struct dev_fig_s {
   uint32_t nsites;
   /* live blocks allocated before the first trace entry */
   uint64_t before_bytes, before_count;
+  /* fragmentation and the OOM (cli_explain.c) */
+  cli_explain_t x;
 } dev_fig_t;
 
 static const msnap_snap_t *g_sort_snap;
@@ -223,6 +227,207 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
 static const char *state_names[4] = {"inactive", "active_allocated",
                                      "active_pending_free", "other"};
 
+/* fragmentation: the final state's figures, and the same at the peak. */
+static void json_fragmentation(cli_json_t *j, const cli_explain_t *x) {
+  const cli_frag_t *f = &x->final;
+  cj_key(j, "fragmentation");
+  cj_obj(j);
+  cj_key(j, "inactive_split_bytes");
+  cj_u64(j, f->inactive_split);
+  cj_key(j, "inactive_split_blocks");
+  cj_u64(j, f->inactive_split_blocks);
+  cj_key(j, "largest_free_block_bytes");
+  cj_u64(j, f->largest_free);
+  cj_key(j, "largest_free_block_by_pool");
+  cj_obj(j);
+  cj_key(j, "small");
+  cj_u64(j, f->largest_free_small);
+  cj_key(j, "large");
+  cj_u64(j, f->largest_free_large);
+  cj_obj_end(j);
+  cj_key(j, "free_segments");
+  cj_u64(j, f->free_segments);
+  cj_key(j, "free_segments_bytes");
+  cj_u64(j, f->free_segments_bytes);
+  cj_key(j, "inactive_bytes");
+  cj_u64(j, f->inactive);
+  cj_key(j, "peak_state");
+  if (x->have_peak_state)
+    cj_u64(j, x->peak_state);
+  else
+    cj_null(j);
+  cj_key(j, "at_peak");
+  if (x->have_at_peak) {
+    cli_frag_json(j, &x->at_peak);
+  } else {
+    cj_null(j);
+  }
+  cj_key(j, "at_peak_source");
+  if (x->have_at_peak)
+    cj_cstr(j, x->peak_source);
+  else
+    cj_null(j);
+  cj_key(j, "at_peak_unavailable");
+  if (x->have_at_peak)
+    cj_null(j);
+  else
+    cj_cstr(j, x->peak_why);
+  cj_obj_end(j);
+}
+
+/* The OOM to explain: the latest by time, else the last device's. */
+static const cli_oom_t *latest_oom(const dev_fig_t *figs, uint32_t nd) {
+  const cli_oom_t *best = NULL;
+  for (uint32_t d = 0; d < nd; d++) {
+    const cli_oom_t *o = &figs[d].x.oom;
+    if (!o->present)
+      continue;
+    if (!best || !best->have_time || !o->have_time ||
+        o->time_us >= best->time_us)
+      best = o;
+  }
+  return best;
+}
+
+static void json_frames(cli_json_t *j, const msnap_snap_t *s,
+                        msnap_stack_t st) {
+  uint32_t n;
+  const uint32_t *fr = cli_stack(s, st, &n);
+  cj_arr(j);
+  for (uint32_t i = 0; i < n; i++) {
+    if (fr[i] >= s->nframes)
+      continue;
+    const msnap_frame_t *f = &s->frames[fr[i]];
+    size_t l;
+    const char *p;
+    cj_obj(j);
+    cj_key(j, "name");
+    p = cli_str(s, f->name, &l);
+    cj_str(j, p, l);
+    cj_key(j, "filename");
+    p = cli_str(s, f->filename, &l);
+    cj_str(j, p, l);
+    cj_key(j, "line");
+    cj_i64(j, f->line);
+    cj_obj_end(j);
+  }
+  cj_arr_end(j);
+}
+
+/* One sentence: why the request failed. */
+static const char *oom_verdict(const cli_oom_t *o) {
+  if (o->have_at && o->fits_largest)
+    return "the cache held a free block large enough (of another stream, "
+           "or freed after the OOM)";
+  if (!o->fits_unfragmented)
+    return "out of memory: the request exceeds everything the process could "
+           "still use (free device memory plus its cached free blocks)";
+  return "fragmentation: free device memory plus cached free blocks would "
+         "hold the request, but no single free block or free device range "
+         "did";
+}
+
+static void json_oom(cli_json_t *j, const msnap_snap_t *s,
+                     const cli_oom_t *o) {
+  char site[512];
+  cj_obj(j);
+  cj_key(j, "device");
+  cj_i64(j, o->device);
+  cj_key(j, "entry");
+  cj_u64(j, o->entry);
+  cj_key(j, "count");
+  cj_u64(j, o->count);
+  cj_key(j, "time_us");
+  if (o->have_time)
+    cj_i64(j, o->time_us);
+  else
+    cj_null(j);
+  cj_key(j, "requested_bytes");
+  cj_u64(j, o->requested);
+  cj_key(j, "pool");
+  cj_cstr(j, o->small_pool ? "small" : "large");
+  cj_key(j, "device_free_bytes");
+  cj_u64(j, o->device_free);
+  cj_key(j, "device_total_bytes");
+  if (o->have_total)
+    cj_u64(j, o->device_total);
+  else
+    cj_null(j);
+  cj_key(j, "reserved_bytes");
+  cj_u64(j, o->reserved);
+  cj_key(j, "active_requested_bytes");
+  cj_u64(j, o->active_requested);
+  cj_key(j, "state_source");
+  if (o->have_at)
+    cj_cstr(j, o->source);
+  else
+    cj_null(j);
+  cj_key(j, "state_unavailable");
+  if (o->have_at)
+    cj_null(j);
+  else
+    cj_cstr(j, o->why);
+#define AT_(key, v)                                                           \
+  cj_key(j, key);                                                             \
+  if (o->have_at)                                                             \
+    cj_u64(j, v);                                                             \
+  else                                                                        \
+    cj_null(j);
+  AT_("allocated_bytes", o->at.allocated)
+  AT_("active_bytes", o->at.active)
+  AT_("cached_free_bytes", o->at.reserved - o->at.active)
+  AT_("inactive_split_bytes", o->at.inactive_split)
+  AT_("largest_free_block_bytes", o->at.largest_free)
+#undef AT_
+  cj_key(j, "largest_free_block_by_pool");
+  if (o->have_at) {
+    cj_obj(j);
+    cj_key(j, "small");
+    cj_u64(j, o->at.largest_free_small);
+    cj_key(j, "large");
+    cj_u64(j, o->at.largest_free_large);
+    cj_obj_end(j);
+  } else {
+    cj_null(j);
+  }
+  cj_key(j, "fits_in_largest_free_block");
+  if (o->have_at)
+    cj_bool(j, o->fits_largest);
+  else
+    cj_null(j);
+  cj_key(j, "fits_without_fragmentation");
+  cj_bool(j, o->fits_unfragmented);
+  cj_key(j, "fits_with_expandable_segments");
+  if (o->expandable >= 0)
+    cj_bool(j, o->expandable == 1);
+  else
+    cj_null(j);
+  cj_key(j, "expandable_segments_replay");
+  cj_cstr(j, o->expandable_why);
+  cj_key(j, "verdict");
+  cj_cstr(j, oom_verdict(o));
+  cli_site_format(s, o->site, site, sizeof site);
+  cj_key(j, "site");
+  cj_cstr(j, site);
+  cj_key(j, "frames");
+  json_frames(j, s, o->stack);
+  cj_key(j, "top_live_sites");
+  cj_arr(j);
+  for (uint32_t i = 0; i < o->ntop; i++) {
+    cli_site_format(s, o->top[i].site, site, sizeof site);
+    cj_obj(j);
+    cj_key(j, "site");
+    cj_cstr(j, site);
+    cj_key(j, "bytes");
+    cj_u64(j, o->top[i].bytes);
+    cj_key(j, "count");
+    cj_u64(j, o->top[i].count);
+    cj_obj_end(j);
+  }
+  cj_arr_end(j);
+  cj_obj_end(j);
+}
+
 static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
                        dev_fig_t *figs, uint32_t nd) {
   char site[512];
@@ -328,9 +533,18 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
       cj_obj_end(j);
     }
     cj_arr_end(j);
+    json_fragmentation(j, &f->x);
+    cj_key(j, "ooms");
+    cj_u64(j, f->x.oom.count);
     cj_obj_end(j);
   }
   cj_arr_end(j);
+  const cli_oom_t *oom = latest_oom(figs, nd);
+  cj_key(j, "oom");
+  if (oom)
+    json_oom(j, s, oom);
+  else
+    cj_null(j);
   cj_key(j, "annotations");
   cj_u64(j, s->nannotations);
   if (s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) {
@@ -405,6 +619,104 @@ static void print_annotations(const msnap_snap_t *s) {
     printf("  ... %u more ranges of other names\n", rest);
 }
 
+static void print_fragmentation(const cli_explain_t *x) {
+  char b1[32], b2[32], b3[32], b4[32];
+  const cli_frag_t *f = &x->final;
+  printf("  fragmentation    inactive in split segments %s (%" PRIu64
+         " block%s); free segments %s (%" PRIu64 ")\n",
+         cli_bytes(f->inactive_split, b1, sizeof b1),
+         f->inactive_split_blocks, f->inactive_split_blocks == 1 ? "" : "s",
+         cli_bytes(f->free_segments_bytes, b2, sizeof b2), f->free_segments);
+  printf("                   largest free block %s (small pool %s, large "
+         "pool %s)\n",
+         cli_bytes(f->largest_free, b1, sizeof b1),
+         cli_bytes(f->largest_free_small, b2, sizeof b2),
+         cli_bytes(f->largest_free_large, b3, sizeof b3));
+  if (x->have_at_peak) {
+    const cli_frag_t *p = &x->at_peak;
+    printf("  at the peak      reserved %s, allocated %s, inactive split %s,"
+           "\n                   largest free block %s (state %u, from the "
+           "%s)\n",
+           cli_bytes(p->reserved, b1, sizeof b1),
+           cli_bytes(p->allocated, b2, sizeof b2),
+           cli_bytes(p->inactive_split, b3, sizeof b3),
+           cli_bytes(p->largest_free, b4, sizeof b4), x->peak_state,
+           x->peak_source);
+  } else if (x->peak_why[0]) {
+    printf("  at the peak      unknown: %s\n", x->peak_why);
+  }
+}
+
+static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
+  char b1[32], b2[32], b3[32], b4[512];
+  printf("\nout of memory on device %" PRId64 " (trace entry %u", o->device,
+         o->entry);
+  if (o->count > 1)
+    printf("; the last of %u OOMs", o->count);
+  printf(")\n");
+  cli_site_format(s, o->site, b4, sizeof b4);
+  printf("  failing allocation  %s\n", b4);
+  printf("  requested        %s (%" PRIu64 " B, rounded; %s pool)\n",
+         cli_bytes(o->requested, b1, sizeof b1), o->requested,
+         o->small_pool ? "small" : "large");
+  if (o->have_total)
+    printf("  device           %s free of %s\n",
+           cli_bytes(o->device_free, b1, sizeof b1),
+           cli_bytes(o->device_total, b2, sizeof b2));
+  else
+    printf("  device           %s free (total not recorded in this file)\n",
+           cli_bytes(o->device_free, b1, sizeof b1));
+  printf("  at the OOM       reserved %s, live allocations %s requested\n",
+         cli_bytes(o->reserved, b1, sizeof b1),
+         cli_bytes(o->active_requested, b2, sizeof b2));
+  if (o->have_at) {
+    printf("                   allocated %s; cached free %s, of it %s "
+           "inactive in split segments\n",
+           cli_bytes(o->at.allocated, b1, sizeof b1),
+           cli_bytes(o->at.reserved - o->at.active, b2, sizeof b2),
+           cli_bytes(o->at.inactive_split, b3, sizeof b3));
+    printf("                   largest free block: small pool %s, large "
+           "pool %s (from the %s)\n",
+           cli_bytes(o->at.largest_free_small, b1, sizeof b1),
+           cli_bytes(o->at.largest_free_large, b2, sizeof b2), o->source);
+  } else {
+    printf("                   blocks at the OOM unknown: %s\n", o->why);
+  }
+  printf("  verdict          %s\n", oom_verdict(o));
+  printf("  without fragmentation  %s\n",
+         o->fits_unfragmented ? "would have fit" : "would not have fit");
+  if (o->expandable >= 0 || o->expandable_why[0])
+    printf("  expandable_segments    %s%s%s\n",
+           o->expandable == 1   ? "would have fit: "
+           : o->expandable == 0 ? "would not have fit: "
+                                : "unknown: ",
+           o->expandable_why, "");
+  uint32_t n;
+  const uint32_t *fr = cli_stack(s, o->stack, &n);
+  if (n) {
+    printf("  stack of the failing allocation (innermost first):\n");
+    uint32_t shown = 0;
+    for (uint32_t i = 0; i < n && shown < 12; i++) {
+      if (fr[i] >= s->nframes)
+        continue;
+      cli_site_t one = {fr[i], CLI_SITE_NONE};
+      cli_site_format(s, one, b4, sizeof b4);
+      printf("    %s%s\n", b4, fr[i] == o->site.frame ? "   <- your code" : "");
+      shown++;
+    }
+    if (n > shown)
+      printf("    ... %u more frames\n", n - shown);
+  }
+  if (o->ntop) {
+    printf("  live at the OOM (top sites, requested bytes):\n");
+    for (uint32_t i = 0; i < o->ntop; i++) {
+      cli_site_format(s, o->top[i].site, b4, sizeof b4);
+      printf("    %12s  %5" PRIu64 " x  %s\n",
+             cli_bytes(o->top[i].bytes, b1, sizeof b1), o->top[i].count, b4);
+    }
+  }
+}
+
 static void print_text(const char *file, const msnap_snap_t *s,
                        dev_fig_t *figs, uint32_t nd) {
   char b1[32], b2[512];
@@ -449,6 +761,7 @@ static void print_text(const char *file, const msnap_snap_t *s,
       printf("  peak reserved    %s over the trace\n",
              cli_bytes(f->peak_reserved, b1, sizeof b1));
     }
+    print_fragmentation(&f->x);
     if (f->nlargest) {
       printf("  largest live allocations:\n");
       for (uint32_t i = 0; i < f->nlargest; i++) {
@@ -477,6 +790,9 @@ static void print_text(const char *file, const msnap_snap_t *s,
              f->before_count == 1 ? "s" : "",
              f->before_count == 1 ? "it" : "them");
   }
+  const cli_oom_t *oom = latest_oom(figs, nd);
+  if (oom)
+    print_oom(s, oom);
   if (s->nannotations)
     print_annotations(s);
   if ((s->top_keys & MSNAP_TOP_ALLOCATOR_SETTINGS) &&
@@ -486,7 +802,7 @@ static void print_text(const char *file, const msnap_snap_t *s,
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: memsnap summary [--json] [--top N] FILE\n"
+          "usage: memsnap summary [--json] [--top N] [--no-whatif] FILE\n"
           "\n"
           "Per device: segments; reserved, allocated, active and requested\n"
           "bytes (sums over the blocks); blocks by state; trace entries by\n"
@@ -494,7 +810,20 @@ static void usage(FILE *f) {
           "trace records) and peak reserved over the trace, starting from\n"
           "the state at the trace start that a backward replay rebuilds;\n"
           "the largest live allocations and the top allocation sites by\n"
-          "live bytes; annotations and allocator settings.\n"
+          "live bytes; fragmentation (inactive blocks of split segments,\n"
+          "free segments, the largest free block per pool) at the end and\n"
+          "at the peak of reserved memory; annotations and allocator\n"
+          "settings.\n"
+          "\n"
+          "An OOM (the last `oom` trace entry) is explained: the request,\n"
+          "free and total device memory, reserved/allocated/cached bytes\n"
+          "and the largest free block per pool at the OOM, whether the\n"
+          "request would have fit without fragmentation and with\n"
+          "expandable_segments (a replay of the trace), the failing\n"
+          "allocation's stack and the live allocations by site.  States\n"
+          "other than the final one come from an exact replay of the\n"
+          "trace (memsnap replay); when none is possible they are\n"
+          "reported unknown, with the reason.\n"
           "\n"
           "A site is the innermost user frame of the allocation's stack:\n"
           "C/C++ frames, frames under a torch/ or torch_npu/ directory,\n"
@@ -510,7 +839,13 @@ static void usage(FILE *f) {
           "  --json     one JSON object {file, generation, devices: [{device,\n"
           "             segments, reserved_bytes, allocated_bytes,\n"
           "             active_bytes, requested_bytes, blocks,\n"
-          "             trace_entries, ...}], annotations}\n"
+          "             trace_entries, fragmentation: {inactive_split_bytes,\n"
+          "             largest_free_block_bytes, free_segments_bytes,\n"
+          "             at_peak, ...}, ooms, ...}], oom: {requested_bytes,\n"
+          "             device_free_bytes, largest_free_block_bytes,\n"
+          "             fits_without_fragmentation, frames, ...} | null,\n"
+          "             annotations}\n"
+          "  --no-whatif  skip the expandable_segments replay of an OOM\n"
           "  --top N    show N largest allocations and sites (default 10,\n"
           "             0 = all, as in diff)\n"
           "  -h, --help this text\n"
@@ -520,15 +855,17 @@ static void usage(FILE *f) {
 int cli_cmd_summary(int argc, char **argv) {
   static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
                                        {"top", required_argument, NULL, 't'},
+                                       {"no-whatif", no_argument, NULL, 'W'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
-  bool json = false;
+  bool json = false, whatif = true;
   long topn = TOPN_DEFAULT;
   int o;
   optind = 1;
   while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
     switch (o) {
     case 'j': json = true; break;
+    case 'W': whatif = false; break;
     case 't': {
       char *end;
       topn = strtol(optarg, &end, 10);
@@ -574,14 +911,25 @@ int cli_cmd_summary(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
+  cli_sites_t sites;
+  if (cli_sites_init(&sites, s) != 0) {
+    cli_stacks_free(&stk);
+    cli_err("out of memory");
+    rc = CLI_UNUSABLE;
+    goto out;
+  }
   for (uint32_t d = 0; d < nd; d++)
-    if (device_figures(s, &stk, devs[d], &figs[d], (uint32_t)topn)) {
+    if (device_figures(s, &stk, devs[d], &figs[d], (uint32_t)topn) ||
+        cli_explain_device(s, &stk, &sites, devs[d], (uint32_t)topn, whatif,
+                           &figs[d].x)) {
       cli_stacks_free(&stk);
+      cli_sites_free(&sites);
       cli_err("out of memory");
       rc = CLI_UNUSABLE;
       goto out;
     }
   cli_stacks_free(&stk);
+  cli_sites_free(&sites);
   if (json) {
     cli_json_t j;
     cj_init(&j, stdout);
@@ -595,6 +943,7 @@ out:
     for (uint32_t d = 0; d < nd; d++) {
       free(figs[d].largest);
       free(figs[d].sites);
+      cli_explain_free(&figs[d].x);
     }
   free(figs);
   free(devs);

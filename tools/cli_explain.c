@@ -1,0 +1,315 @@
+/*
+ * cli_explain.c -- what `memsnap summary` explains beyond the sums of the
+ * final state: fragmentation at the peak, and why an allocation ran out of
+ * memory.
+ *
+ * States.  State s of a device trace is the allocator after entries
+ * 0..s-1 (s = n: the final state).  The figures of a state come from a
+ * snapshot model and cli_frag_model: the file's own segments for the
+ * final state (exact), otherwise the allocator of an exact replay
+ * (cli_replay_run: PyTorch's decisions at the recorded addresses) visited
+ * in that state, used only when the replay matched the recording up to
+ * there.  Anything else is reported as unknown with the reason; nothing
+ * is estimated.
+ *
+ * The peak.  The state with the most reserved bytes (segment_alloc/_map
+ * minus segment_free/_unmap from the start state that the backward replay
+ * rebuilds), ties broken by the most active (requested) bytes, the first
+ * of equals.  When that is the final state no replay is needed.
+ *
+ * The OOM.  The last `oom` entry of the device (PyTorch records it after
+ * the cache release and retry failed: `size` is the rounded request,
+ * `device_free` what the runtime reported free).  At its state:
+ *   reserved / active  from the trace walk (exact);
+ *   allocated, inactive_split, largest free block per pool
+ *                      from the state's model (above);
+ *   fits_in_largest_free_block   the largest inactive block of the
+ *                      request's pool (small: <= 1 MiB) >= the request;
+ *   fits_without_fragmentation   request <= device_free + reserved -
+ *                      active: all the memory the process could use, were
+ *                      it one block;
+ *   fits_with_expandable_segments  a what-if replay with
+ *                      expandable_segments:True on a device of reserved +
+ *                      device_free bytes, stopped in the OOM's state, then
+ *                      asked for the request (null when the trace is not
+ *                      replayable; false when the replay ran out of memory
+ *                      earlier, naming the entry);
+ *   the stack of the failing allocation (the oom entry's frames) and the
+ *   allocations live at that state by site (cli_live_sites_at).
+ * The device total comes from process_info (memsnap's files) or is
+ * unknown.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "api/api.h"
+
+#define SMALL_SIZE (1ull << 20) /* kSmallSize: requests of the small pool */
+
+/* True when no entry from state `state` on changes segments or blocks:
+ * that state is the final one. */
+static bool state_is_final(const msnap_trace_list_t *tl, uint32_t state) {
+  for (uint32_t i = state; i < tl->n; i++)
+    switch (tl->v[i].action) {
+    case MSNAP_ACTION_ALLOC:
+    case MSNAP_ACTION_FREE_COMPLETED:
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_MAP:
+    case MSNAP_ACTION_SEGMENT_UNMAP:
+      return false;
+    default:
+      break;
+    }
+  return true;
+}
+
+/* ---- replay visits ------------------------------------------------------- */
+
+typedef struct visit_s {
+  uint32_t want[2]; /* states to observe (CLI_NO_PAIR: none)      */
+  bool got[2];
+  cli_frag_t frag[2];
+  int64_t dev;
+  bool failed;      /* a snapshot could not be taken (ENOMEM)     */
+  /* what-if: ask for `request` bytes in state want[0]            */
+  bool ask;
+  uint64_t request;
+  int64_t stream;
+  int ask_rc;
+} visit_t;
+
+static bool frag_of_allocator(msnap_allocator_t *a, int dev, cli_frag_t *f) {
+  msnap_snapshot_options_t so;
+  msnap_snapshot_options_init(&so);
+  so.device = dev;
+  so.include_traces = false;
+  msnap_snap_t *m = NULL;
+  if (msnap__snapshot_take(a, &so, &m) != 0 || !m)
+    return false;
+  cli_frag_model(m, dev, f);
+  msnap__snap_free(m);
+  return true;
+}
+
+static bool visit(void *arg, uint32_t state, msnap_allocator_t *a, int dev) {
+  visit_t *v = arg;
+  bool more = false;
+  for (int k = 0; k < 2; k++) {
+    if (v->want[k] == CLI_NO_PAIR || v->got[k])
+      continue;
+    if (state == v->want[k]) {
+      if (v->ask && k == 0) {
+        uint64_t p = 0;
+        v->ask_rc = msnap_malloc(a, dev, v->request, (uint64_t)v->stream, &p);
+        if (v->ask_rc == 0)
+          msnap_free(a, p);
+      } else if (!frag_of_allocator(a, dev, &v->frag[k])) {
+        v->failed = true;
+      }
+      v->got[k] = true;
+    } else if (state < v->want[k]) {
+      more = true; /* a state skipped by a segment_free run stays unseen */
+    }
+  }
+  return more && !v->failed;
+}
+
+/* ---- the peak --------------------------------------------------------------- */
+
+static int peak_state(const msnap_snap_t *s, int64_t dev, uint32_t *state,
+                      uint64_t **act, uint64_t **res, uint32_t *n) {
+  if (cli_timeline(s, dev, act, res, n) != 0)
+    return -1;
+  uint32_t best = 0;
+  for (uint32_t i = 1; i < *n; i++)
+    if ((*res)[i] > (*res)[best] ||
+        ((*res)[i] == (*res)[best] && (*act)[i] > (*act)[best]))
+      best = i;
+  *state = best;
+  return 0;
+}
+
+static bool has_allocs(const msnap_trace_list_t *tl) {
+  for (uint32_t i = 0; tl && i < tl->n; i++)
+    if (tl->v[i].action == MSNAP_ACTION_ALLOC)
+      return true;
+  return false;
+}
+
+void cli_explain_free(cli_explain_t *x) {
+  free(x->oom.top);
+  memset(x, 0, sizeof *x);
+}
+
+int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
+                       const cli_sites_t *sites, int64_t dev, uint32_t topn,
+                       bool whatif, cli_explain_t *x) {
+  memset(x, 0, sizeof *x);
+  x->device = dev;
+  cli_frag_model(s, dev, &x->final);
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  cli_oom_t *o = &x->oom;
+  /* the last oom entry */
+  for (uint32_t i = 0; tl && i < tl->n; i++)
+    if (tl->v[i].action == MSNAP_ACTION_OOM) {
+      o->present = true;
+      o->entry = i;
+      o->count++;
+    }
+  if (!tl || tl->n == 0 || !has_allocs(tl)) {
+    snprintf(x->peak_why, sizeof x->peak_why, "%s",
+             s->generation == MSNAP_GEN_SEGMENT_LIST
+                 ? "the file is a bare list of segments: no trace"
+             : !tl || tl->n == 0
+                 ? "the device has no trace (history was not recorded)"
+                 : "the trace holds no alloc history");
+  }
+  uint64_t *act = NULL, *res = NULL;
+  uint32_t nstates = 0;
+  int rc = -1;
+  if (tl && tl->n && peak_state(s, dev, &x->peak_state, &act, &res,
+                                &nstates) != 0)
+    goto out;
+  x->have_peak_state = tl && tl->n && has_allocs(tl);
+  (void)nstates;
+
+  if (o->present) {
+    const msnap_strace_t *e = &tl->v[o->entry];
+    o->device = dev;
+    o->requested = e->size;
+    o->device_free = e->addr;
+    o->stream = e->stream;
+    o->have_time = (e->keys & MSNAP_K_TIME) != 0;
+    o->time_us = e->time_us;
+    o->small_pool = e->size <= SMALL_SIZE;
+    o->have_total = cli_device_total(s, dev, &o->device_total);
+    o->stack = e->frames;
+    o->site = cli_site(s, e->frames);
+    o->state = o->entry; /* the state the oom entry was recorded in */
+    o->reserved = res[o->state];
+    o->active_requested = act[o->state];
+    o->expandable = -1;
+  }
+
+  /* States to observe: the peak and the OOM's, from the final state when
+   * nothing changes after them, else from an exact replay. */
+  visit_t v = {.want = {CLI_NO_PAIR, CLI_NO_PAIR}, .dev = dev};
+  if (x->have_peak_state) {
+    if (state_is_final(tl, x->peak_state)) {
+      x->at_peak = x->final;
+      x->have_at_peak = true;
+      x->peak_source = "final state";
+    } else {
+      v.want[0] = x->peak_state;
+    }
+  }
+  if (o->present) {
+    if (state_is_final(tl, o->state)) {
+      o->at = x->final;
+      o->have_at = true;
+      o->source = "final state";
+    } else {
+      v.want[1] = o->state;
+    }
+  }
+  if (v.want[0] != CLI_NO_PAIR || v.want[1] != CLI_NO_PAIR) {
+    cli_replay_cfg_t cfg = {.profile = NULL, .visit = visit, .arg = &v};
+    cli_replay_res_t rr;
+    if (cli_replay_run(s, dev, &cfg, &rr) != 0 || v.failed)
+      goto out;
+    const char *why = !rr.replayable ? rr.reason
+                      : !rr.exact
+                          ? "the recording's allocator cannot be replayed "
+                            "exactly (only the cuda profile with the "
+                            "recorded addresses is)"
+                      : !rr.matches ? "the replay did not match the recording"
+                                    : NULL;
+    for (int k = 0; k < 2; k++) {
+      if (v.want[k] == CLI_NO_PAIR && !v.got[k])
+        continue;
+      char *dst = k == 0 ? x->peak_why : o->why;
+      size_t len = k == 0 ? sizeof x->peak_why : sizeof o->why;
+      if (why || !v.got[k]) {
+        snprintf(dst, len, "%s", why ? why : "the replay skipped that state");
+        continue;
+      }
+      if (k == 0) {
+        x->at_peak = v.frag[0];
+        x->have_at_peak = true;
+        x->peak_source = "exact replay";
+      } else {
+        o->at = v.frag[1];
+        o->have_at = true;
+        o->source = "exact replay";
+      }
+    }
+  }
+  if (o->present) {
+    o->fits_unfragmented =
+        o->requested <= o->device_free + (o->reserved > o->active_requested
+                                              ? o->reserved -
+                                                    o->active_requested
+                                              : 0);
+    if (o->have_at) {
+      uint64_t lf = o->small_pool ? o->at.largest_free_small
+                                  : o->at.largest_free_large;
+      o->fits_largest = lf >= o->requested;
+      o->fits_unfragmented = o->requested <= o->device_free + o->at.reserved -
+                                                 o->at.active;
+    }
+    if (whatif) {
+      /* expandable segments on a device of what this process could use */
+      visit_t w = {.want = {o->state, CLI_NO_PAIR}, .dev = dev, .ask = true,
+                   .request = o->requested, .stream = o->stream,
+                   .ask_rc = -1};
+      cli_replay_cfg_t cfg = {.profile = NULL,
+                              .alloc_conf = "expandable_segments:True",
+                              .sim_memory = o->reserved + o->device_free,
+                              .visit = visit,
+                              .arg = &w};
+      cli_replay_res_t rr;
+      if (cli_replay_run(s, dev, &cfg, &rr) != 0)
+        goto out;
+      if (!rr.replayable) {
+        snprintf(o->expandable_why, sizeof o->expandable_why, "%s",
+                 rr.reason);
+      } else if (rr.first_failed != CLI_NO_PAIR &&
+                 rr.first_failed < o->state) {
+        o->expandable = 0;
+        snprintf(o->expandable_why, sizeof o->expandable_why,
+                 "the replay with expandable_segments:True on a device of "
+                 "%" PRIu64 " B ran out of memory earlier, at entry %u",
+                 o->reserved + o->device_free, rr.first_failed);
+      } else if (w.got[0]) {
+        o->expandable = w.ask_rc == 0;
+        snprintf(o->expandable_why, sizeof o->expandable_why,
+                 "a replay with expandable_segments:True on a device of "
+                 "%" PRIu64 " B (reserved + free at the OOM) %s the "
+                 "request in the OOM's state",
+                 o->reserved + o->device_free,
+                 w.ask_rc == 0 ? "served" : "could not serve");
+      } else {
+        snprintf(o->expandable_why, sizeof o->expandable_why,
+                 "the replay did not reach the OOM's state");
+      }
+    }
+    uint32_t *pair = NULL;
+    if (cli_pair_entries(tl, &pair) != 0)
+      goto out;
+    int lr = cli_live_sites_at(s, stk, sites, dev, pair, o->state, &o->top,
+                               &o->ntop);
+    free(pair);
+    if (lr != 0)
+      goto out;
+    if (topn && o->ntop > topn)
+      o->ntop = topn;
+  }
+  rc = 0;
+out:
+  free(act);
+  free(res);
+  return rc;
+}
