@@ -1302,8 +1302,15 @@ def group_sites():
            x.get("count") == 1,
            "diff: a block named only by A's trace is a growing leak "
            "candidate at its site (%s)" % sorted(lc))
-    expect(SITE_BEFORE in lc and not lc[SITE_BEFORE]["growing"],
-           "diff: the pseudo site is never 'growing'")
+    expect(SITE_BEFORE not in lc and x.get("a_bytes") == 4 * MiB and
+           x.get("b_bytes") == 8 * MiB,
+           "diff: the pseudo site is never a leak candidate; the candidate's "
+           "live bytes grow from 4 to 8 MiB")
+    al = js["devices"][0].get("alignment", {})
+    expect(al.get("method") == "time" and
+           al.get("b_first_entry_after_a") == 4,
+           "diff: B's trace aligned with A's end by time, checked against "
+           "the entries (%s)" % al)
 
     # view: the final blocks carry the trace stack and the alloc entry.
     html = os.path.join(TMP, "sites.html")
