@@ -31,7 +31,9 @@
  *
  * Leak candidates.  A site whose live bytes grew from A to B and that has
  * NEW blocks in B: allocations from it survive and there are more of them
- * (growth = B's live bytes of the site minus A's).  A loop dumped twice at
+ * (growth = B's live bytes of the site minus A's, in requested bytes: the
+ * rounded block sizes of equal requests differ with the allocator's split
+ * decisions).  A loop dumped twice at
  * the same point has equal live bytes per site: no candidate.  Pseudo
  * sites ("<no stack...>") name no place and are never candidates.  Exit
  * status 1 when there is a candidate.
@@ -51,6 +53,7 @@
 typedef struct live_s {
   int64_t device;
   uint64_t addr, size;
+  uint64_t req; /* requested_size (the block size when the file has none) */
   char *site; /* owned */
   long entry; /* live alloc entry in the file's trace, -1 none   */
   int side;   /* 0 only A (freed), 1 only B (new), 2 both (kept) */
@@ -113,6 +116,7 @@ static live_t *collect_live(const msnap_snap_t *s, uint32_t *n) {
       v[k].device = g->device;
       v[k].addr = ba;
       v[k].size = b->size;
+      v[k].req = (b->keys & MSNAP_K_REQUESTED) ? b->requested_size : b->size;
       v[k].entry = cli_stacks_live_entry(&stk, g->device, ba);
       v[k].site = strdup(buf);
       if (!v[k].site) {
@@ -352,8 +356,10 @@ static group_t *group(const live_t *v, uint32_t nv, int side, uint32_t *n) {
 }
 
 /* Leak candidates: per (device, site) the live bytes in A (freed + kept)
- * and in B (new + kept) and the new blocks; kept are sites that grew and
- * have new blocks.  *n candidates, sorted by growth. */
+ * and in B (new + kept) and the new blocks, in requested bytes (what the
+ * program asked for: block sizes also vary with the allocator's split
+ * decisions); kept are sites that grew and have new blocks.  *n
+ * candidates. */
 static group_t *leak_candidates(const live_t *v, uint32_t nv, uint32_t *n) {
   group_t *g = calloc(nv + 1, sizeof *g);
   uint32_t k = 0;
@@ -365,11 +371,11 @@ static group_t *leak_candidates(const live_t *v, uint32_t nv, uint32_t *n) {
     g[k].site = v[i].site;
     g[k].device = v[i].device;
     if (v[i].side != 1)
-      g[k].a_bytes = v[i].size;
+      g[k].a_bytes = v[i].req;
     if (v[i].side != 0)
-      g[k].b_bytes = v[i].size;
+      g[k].b_bytes = v[i].req;
     if (v[i].side == 1) {
-      g[k].new_bytes = v[i].size;
+      g[k].new_bytes = v[i].req;
       g[k].new_count = 1;
     }
     k++;
@@ -432,7 +438,8 @@ static void usage(FILE *f) {
           "match by address, size and site.\n"
           "\n"
           "Leak candidates: sites whose live bytes grew from A to B and\n"
-          "that have new blocks in B (bytes = the growth).  Two files\n"
+          "that have new blocks in B (bytes = the growth, in requested\n"
+          "bytes; the other lists count block sizes).  Two files\n"
           "that share nothing (no common trace, block or segment, or two\n"
           "processes by their process_info) get a warning and no\n"
           "candidates.\n"
