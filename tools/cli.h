@@ -414,6 +414,22 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
                        bool whatif, cli_explain_t *x);
 void cli_explain_free(cli_explain_t *x);
 
+/* ---- record_function ranges and steps (cli_steps.c) ---------------------- */
+typedef struct cli_ranges_s {
+  uint32_t *rg;          /* (name string, s0, s1) triples, by (s0, s1)  */
+  uint32_t nrg, dropped; /* kept ranges; ranges beyond max_ranges        */
+  uint32_t *steps;       /* (s0, s1) pairs of the step ranges            */
+  uint32_t nsteps;
+  char stepname[128];    /* the steps' name without trailing digits      */
+} cli_ranges_t;
+/* The ranges of device dev and its steps (see cli_steps.c); want = a
+ * step name or NULL (automatic).  0, or -1 on ENOMEM; free with
+ * cli_ranges_free. */
+int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
+                    uint32_t max_ranges, cli_ranges_t *r);
+void cli_ranges_free(cli_ranges_t *r);
+bool cli_ranges_check(const cli_ranges_t *r, uint32_t n);
+
 /* ---- the replay engine (cmd_replay.c) ----------------------------------- */
 /* Called with the replaying allocator in state `state` (after entries
  * 0..state-1 of the device trace) for every state 0..n in order (the

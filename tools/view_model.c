@@ -59,7 +59,7 @@
  *
  * Leaks.  Steps are the ranges of one repeated annotation (the most
  * frequent non-overlapping name, digits at its end ignored, at least 3
- * times; or --step NAME).  An allocation made in step k that is still
+ * times; or --step NAME; cli_steps.c).  An allocation made in step k that is still
  * live at the end of step k+1 survived a whole later step; a site whose
  * allocations survive in at least 2 steps and in at least half of the
  * steps that have a next one is a leak site.
@@ -736,185 +736,18 @@ out:
 }
 
 /* ---- annotations and steps ------------------------------------------------ */
-/* name without its trailing digits (and a '#' or '_' before them) */
-static size_t norm_len(const char *p, size_t l) {
-  size_t k = l;
-  while (k > 0 && p[k - 1] >= '0' && p[k - 1] <= '9')
-    k--;
-  if (k < l && k > 0 && (p[k - 1] == '#' || p[k - 1] == '_' ||
-                         p[k - 1] == ' ' || p[k - 1] == '-'))
-    k--;
-  return k ? k : l;
-}
-
-static bool same_norm(const msnap_snap_t *s, msnap_str_t a, msnap_str_t b) {
-  size_t la, lb;
-  const char *pa = cli_str(s, a, &la), *pb = cli_str(s, b, &lb);
-  la = norm_len(pa, la);
-  lb = norm_len(pb, lb);
-  return la == lb && !memcmp(pa, pb, la);
-}
-
-typedef struct ann_s {
-  int64_t t;
-  uint32_t idx;
-} ann_t;
-
-static int cmp_ann(const void *a, const void *b) {
-  const ann_t *x = a, *y = b;
-  if (x->t != y->t)
-    return x->t < y->t ? -1 : 1;
-  return x->idx < y->idx ? -1 : x->idx > y->idx;
-}
-
-static int cmp_range(const void *a, const void *b) {
-  const uint32_t *x = a, *y = b;
-  if (x[1] != y[1])
-    return x[1] < y[1] ? -1 : 1;
-  return x[2] < y[2] ? -1 : x[2] > y[2];
-}
-
-typedef struct group_s {
-  msnap_str_t rep;
-  uint32_t cnt, last_end;
-  bool overlap;
-} group_t;
-
+/* record_function ranges and the steps among them (cli_steps.c). */
 static int annotations(vdev_t *d) {
-  const msnap_snap_t *s = d->s;
-  const msnap_trace_list_t *tl = d->tl;
-  if (!tl || tl->n == 0 || !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
-    return 0;
-  uint32_t na = 0;
-  for (uint32_t i = 0; i < s->nannotations; i++)
-    na += s->annotations[i].device == d->dev;
-  if (na == 0)
-    return 0;
-  ann_t *v = malloc((size_t)na * sizeof *v);
-  uint32_t *open = malloc((size_t)na * sizeof *open); /* indices into v */
-  d->rg = malloc(((size_t)(na < VM_MAX_RANGES ? na : VM_MAX_RANGES) + 1) *
-                 3 * sizeof *d->rg);
-  if (!v || !open || !d->rg) {
-    free(v);
-    free(open);
+  cli_ranges_t r;
+  if (cli_ranges_find(d->s, d->dev, d->o->step, VM_MAX_RANGES, &r) != 0)
     return -1;
-  }
-  uint32_t k = 0, nopen = 0;
-  for (uint32_t i = 0; i < s->nannotations; i++)
-    if (s->annotations[i].device == d->dev)
-      v[k++] = (ann_t){s->annotations[i].time_us, i};
-  qsort(v, na, sizeof *v, cmp_ann);
-  for (uint32_t i = 0; i < na; i++) {
-    const msnap_sannotation_t *an = &s->annotations[v[i].idx];
-    if (an->is_start) {
-      open[nopen++] = i;
-      continue;
-    }
-    /* the latest open START of the same name */
-    uint32_t j = nopen;
-    while (j > 0 && s->annotations[v[open[j - 1]].idx].name != an->name)
-      j--;
-    if (j == 0)
-      continue; /* END without START */
-    uint32_t si = open[j - 1];
-    memmove(&open[j - 1], &open[j], (nopen - j) * sizeof *open);
-    nopen--;
-    if (d->nrg >= VM_MAX_RANGES) {
-      d->rg_dropped++;
-      continue;
-    }
-    d->rg[3 * d->nrg] = an->name;
-    d->rg[3 * d->nrg + 1] = cli_entry_at_time(tl, v[si].t);
-    d->rg[3 * d->nrg + 2] = cli_entry_at_time(tl, v[i].t);
-    d->nrg++;
-  }
-  /* ranges still open at the end of the file run to its end */
-  for (uint32_t j = 0; j < nopen; j++) {
-    if (d->nrg >= VM_MAX_RANGES) {
-      d->rg_dropped++;
-      continue;
-    }
-    d->rg[3 * d->nrg] = s->annotations[v[open[j]].idx].name;
-    d->rg[3 * d->nrg + 1] = cli_entry_at_time(tl, v[open[j]].t);
-    d->rg[3 * d->nrg + 2] = d->n;
-    d->nrg++;
-  }
-  free(v);
-  free(open);
-
-  /* ranges by their start */
-  qsort(d->rg, d->nrg, 3 * sizeof *d->rg, cmp_range);
-  /* Steps: ranges of one repeated name (digits at the end ignored). */
-  group_t *gv = calloc((size_t)d->nrg + 1, sizeof *gv);
-  umap_t gm = {0};
-  uint32_t ng = 0;
-  int rc = -1;
-  if (!gv)
-    return -1;
-  for (uint32_t i = 0; i < d->nrg; i++) {
-    msnap_str_t nm = d->rg[3 * i];
-    size_t l;
-    const char *p = cli_str(s, nm, &l);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t q = 0; q < norm_len(p, l); q++)
-      h = (h ^ (unsigned char)p[q]) * 1099511628211ull;
-    uint32_t g = um_get(&gm, h);
-    if (g != NONE32 && !same_norm(s, gv[g].rep, nm))
-      for (g = 0; g < ng && !same_norm(s, gv[g].rep, nm); g++)
-        ;
-    if (g == NONE32 || g == ng) {
-      g = ng++;
-      gv[g].rep = nm;
-      if (um_put(&gm, h, g))
-        goto out;
-    }
-    if (gv[g].cnt && d->rg[3 * i + 1] < gv[g].last_end)
-      gv[g].overlap = true;
-    gv[g].last_end = d->rg[3 * i + 2];
-    gv[g].cnt++;
-  }
-  uint32_t best = NONE32;
-  for (uint32_t g = 0; g < ng; g++) {
-    size_t l;
-    const char *p = cli_str(s, gv[g].rep, &l);
-    if (d->o->step) {
-      size_t ls = strlen(d->o->step);
-      bool want = (ls == l && !memcmp(p, d->o->step, l)) ||
-                  (norm_len(p, l) == norm_len(d->o->step, ls) &&
-                   !memcmp(p, d->o->step, norm_len(p, l)));
-      if (want && gv[g].cnt >= 2) {
-        best = g;
-        break;
-      }
-    } else if (!gv[g].overlap && gv[g].cnt >= 3 &&
-               (best == NONE32 || gv[g].cnt > gv[best].cnt)) {
-      best = g;
-    }
-  }
-  if (best != NONE32) {
-    d->steps = malloc((size_t)gv[best].cnt * 2 * sizeof *d->steps);
-    if (!d->steps)
-      goto out;
-    for (uint32_t i = 0; i < d->nrg; i++)
-      if (same_norm(s, d->rg[3 * i], gv[best].rep)) {
-        d->steps[2 * d->nsteps] = d->rg[3 * i + 1];
-        d->steps[2 * d->nsteps + 1] = d->rg[3 * i + 2];
-        d->nsteps++;
-      }
-    size_t l;
-    const char *p = cli_str(s, gv[best].rep, &l);
-    l = norm_len(p, l);
-    if (l >= sizeof d->stepname)
-      l = sizeof d->stepname - 1;
-    memcpy(d->stepname, p, l);
-    d->stepname[l] = 0;
-    cli_sanitize(d->stepname);
-  }
-  rc = 0;
-out:
-  free(gv);
-  um_free(&gm);
-  return rc;
+  d->rg = r.rg;
+  d->nrg = r.nrg;
+  d->rg_dropped = r.dropped;
+  d->steps = r.steps;
+  d->nsteps = r.nsteps;
+  memcpy(d->stepname, r.stepname, sizeof d->stepname);
+  return 0;
 }
 
 /* An allocation of step `step` freed at state `end` (-1: never) survived
