@@ -34,6 +34,8 @@ int cli_cmd_view(int argc, char **argv);
 int cli_cmd_plot(int argc, char **argv);
 int cli_cmd_convert(int argc, char **argv);
 int cli_cmd_demo_train(int argc, char **argv);
+int cli_cmd_leaks(int argc, char **argv);
+int cli_cmd_fleet(int argc, char **argv);
 
 /* Print "memsnap: <message>\n" on stderr (printf format). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -429,6 +431,28 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
                     uint32_t max_ranges, cli_ranges_t *r);
 void cli_ranges_free(cli_ranges_t *r);
 bool cli_ranges_check(const cli_ranges_t *r, uint32_t n);
+
+/* ---- leaks across steps (cmd_leaks.c) ------------------------------------- */
+typedef struct cli_leak_s {
+  char *site;            /* owned text                                 */
+  uint64_t first, last;  /* live requested bytes at the first/last step */
+  uint32_t grown, shrunk;
+  double confidence;
+} cli_leak_t;
+typedef struct cli_leaks_s {
+  int64_t device;
+  uint32_t steps;
+  char stepname[128];
+  char why[256];         /* why there are no steps ("" when there are) */
+  cli_leak_t *v;         /* candidates, by confidence then growth      */
+  uint32_t n;
+} cli_leaks_t;
+/* Leak candidates of device dev over the steps of one recording (see
+ * cmd_leaks.c); step = a step name or NULL.  0, or -1 on ENOMEM. */
+int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
+                    double min_conf, cli_leaks_t *l);
+void cli_leaks_free(cli_leaks_t *l);
+double cli_leak_confidence(uint32_t grown, uint32_t shrunk, uint32_t steps);
 
 /* ---- the replay engine (cmd_replay.c) ----------------------------------- */
 /* Called with the replaying allocator in state `state` (after entries

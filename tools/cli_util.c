@@ -39,7 +39,7 @@ int cli_usage_error(const char *cmd, const char *what) {
  * invariants.  The caller owns *out on success.  Every failure is reported
  * with the file name and the reader's byte offset.
  */
-static char load_error[1024];
+static _Thread_local char load_error[1024]; /* per thread: fleet loads in parallel */
 
 const char *cli_load_error(void) { return load_error; }
 

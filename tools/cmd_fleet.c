@@ -1,0 +1,754 @@
+/*
+ * cmd_fleet.c -- `memsnap fleet FILE...|DIR`: the snapshots of the ranks
+ * of a job side by side, the ranks that stand out, and the leaks they
+ * share.
+ *
+ * Per file (one rank): its rank, world size, local rank, host and pid from
+ * process_info (memsnap's files; RANK/WORLD_SIZE or torch.distributed at
+ * dump time), else a rank from the file name ("rank3", "rank_3",
+ * "rank-3"); peak allocated (requested bytes) and peak reserved over the
+ * trace (cli_timeline), final reserved and allocated, fragmentation of the
+ * final state (cli_frag_model), OOM entries, and leak candidates across
+ * the recording's steps (cli_leaks_steps).  Figures are summed over the
+ * file's devices (a rank normally drives one).
+ *
+ * Outliers.  For each of peak_reserved, peak_allocated, reserved,
+ * allocated and inactive_split, over the ranks that have it (at least 3):
+ * median m and median absolute deviation MAD; a rank is flagged when
+ * |x - m| > max(3.5 * 1.4826 * MAD, 5% of m, 1 MiB) -- the modified
+ * z-score of Iglewicz and Hoaglin, with floors so that identical ranks
+ * (MAD = 0) do not flag a few bytes of noise.  Both directions count.
+ *
+ * Common leaks.  A site that is a leak candidate in at least 2 ranks,
+ * with the number of ranks.
+ *
+ * Parallel, bounded.  Files are analysed by -j worker threads (default:
+ * the online CPUs, at most 16), each loading one file at a time and
+ * keeping only the figures, so at most -j models are in memory at once.
+ * The result does not depend on -j.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define MIB (1ull << 20)
+#define NMETRICS 5
+#define MAX_JOBS 16
+
+static const char *const metric_names[NMETRICS] = {
+    "peak_reserved_bytes", "peak_allocated_bytes", "reserved_bytes",
+    "allocated_bytes", "inactive_split_bytes"};
+
+typedef struct rank_s {
+  const char *file;
+  bool ok;
+  char error[512];
+  int64_t rank, world_size, local_rank, pid;
+  const char *rank_source;
+  char host[128];
+  uint32_t ndev;
+  bool have_peak;
+  uint64_t m[NMETRICS]; /* metric_names order */
+  bool have_m[NMETRICS];
+  uint64_t largest_free, free_segments_bytes;
+  uint32_t ooms;
+  uint64_t oom_requested;
+  uint32_t steps;
+  cli_leak_t *leaks;
+  uint32_t nleaks;
+  bool outlier;
+  double dev_ratio[NMETRICS]; /* x / median of flagged metrics, else 0 */
+} rank_t;
+
+/* "rank3", "rank_3", "rank-3" (any case) in the file's base name. */
+static int64_t rank_from_name(const char *path) {
+  const char *b = strrchr(path, '/');
+  b = b ? b + 1 : path;
+  for (const char *p = b; *p; p++) {
+    if (strncasecmp(p, "rank", 4))
+      continue;
+    const char *q = p + 4;
+    if (*q == '_' || *q == '-')
+      q++;
+    if (!isdigit((unsigned char)*q))
+      continue;
+    int64_t r = 0;
+    while (isdigit((unsigned char)*q) && r < INT32_MAX)
+      r = r * 10 + (*q++ - '0');
+    return r;
+  }
+  return -1;
+}
+
+static void analyse(rank_t *r, double min_conf) {
+  msnap_snap_t *s;
+  r->rank = r->world_size = r->local_rank = r->pid = -1;
+  if (cli_load(r->file, &s) != CLI_OK) {
+    snprintf(r->error, sizeof r->error, "%s", cli_load_error());
+    return;
+  }
+  const msnap_gv_t *pi = &s->process_info;
+  if (cli_gv_int(s, pi, "rank", &r->rank))
+    r->rank_source = "process_info";
+  else if ((r->rank = rank_from_name(r->file)) >= 0)
+    r->rank_source = "file name";
+  else
+    r->rank = -1;
+  cli_gv_int(s, pi, "world_size", &r->world_size);
+  cli_gv_int(s, pi, "local_rank", &r->local_rank);
+  cli_gv_int(s, pi, "pid", &r->pid);
+  const char *h = cli_gv_str(s, pi, "host");
+  snprintf(r->host, sizeof r->host, "%s", h ? h : "");
+  cli_sanitize(r->host);
+  uint32_t nd;
+  int64_t *devs = cli_devices(s, &nd);
+  r->ndev = nd;
+  bool nomem = !devs && nd;
+  r->have_m[2] = r->have_m[3] = r->have_m[4] = true;
+  for (uint32_t d = 0; d < nd && !nomem; d++) {
+    cli_frag_t f;
+    cli_frag_model(s, devs[d], &f);
+    r->m[2] += f.reserved;
+    r->m[3] += f.allocated;
+    r->m[4] += f.inactive_split;
+    if (f.largest_free > r->largest_free)
+      r->largest_free = f.largest_free;
+    r->free_segments_bytes += f.free_segments_bytes;
+    const msnap_trace_list_t *tl = cli_trace(s, devs[d]);
+    if (tl && tl->n) {
+      uint64_t *act, *res;
+      uint32_t n;
+      if (cli_timeline(s, devs[d], &act, &res, &n) != 0) {
+        nomem = true;
+        break;
+      }
+      uint64_t pa = 0, pr = 0;
+      for (uint32_t i = 0; i < n; i++) {
+        pa = act[i] > pa ? act[i] : pa;
+        pr = res[i] > pr ? res[i] : pr;
+      }
+      free(act);
+      free(res);
+      r->m[0] += pr;
+      r->m[1] += pa;
+      r->have_peak = true;
+      for (uint32_t i = 0; i < tl->n; i++)
+        if (tl->v[i].action == MSNAP_ACTION_OOM) {
+          r->ooms++;
+          r->oom_requested = tl->v[i].size;
+        }
+    }
+    cli_leaks_t l;
+    if (cli_leaks_steps(s, devs[d], NULL, min_conf, &l) != 0) {
+      nomem = true;
+      break;
+    }
+    if (l.steps > r->steps)
+      r->steps = l.steps;
+    if (l.n) {
+      cli_leak_t *v = realloc(r->leaks, ((size_t)r->nleaks + l.n) *
+                                            sizeof *v);
+      if (!v) {
+        cli_leaks_free(&l);
+        nomem = true;
+        break;
+      }
+      r->leaks = v;
+      memcpy(r->leaks + r->nleaks, l.v, l.n * sizeof *v);
+      r->nleaks += l.n;
+      free(l.v); /* the sites moved to r->leaks */
+    } else {
+      cli_leaks_free(&l);
+    }
+  }
+  r->have_m[0] = r->have_m[1] = r->have_peak;
+  free(devs);
+  msnap__snap_free(s);
+  if (nomem)
+    snprintf(r->error, sizeof r->error, "out of memory");
+  else
+    r->ok = true;
+}
+
+typedef struct pool_s {
+  rank_t *r;
+  uint32_t n;
+  atomic_uint next;
+  double min_conf;
+} pool_t;
+
+static void *worker(void *arg) {
+  pool_t *p = arg;
+  for (;;) {
+    uint32_t i = atomic_fetch_add(&p->next, 1);
+    if (i >= p->n)
+      return NULL;
+    analyse(&p->r[i], p->min_conf);
+  }
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v). */
+static double median(uint64_t *v, uint32_t n) {
+  qsort(v, n, sizeof *v, cmp_u64);
+  return n % 2 ? (double)v[n / 2]
+               : ((double)v[n / 2 - 1] + (double)v[n / 2]) / 2.0;
+}
+
+static void outliers(rank_t *r, uint32_t n, double med[NMETRICS],
+                     bool have_med[NMETRICS]) {
+  uint64_t *v = malloc(((size_t)n + 1) * sizeof *v);
+  if (!v)
+    return;
+  for (int k = 0; k < NMETRICS; k++) {
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+      if (r[i].ok && r[i].have_m[k])
+        v[m++] = r[i].m[k];
+    have_med[k] = m > 0;
+    if (m == 0)
+      continue;
+    med[k] = median(v, m);
+    if (m < 3)
+      continue;
+    for (uint32_t i = 0; i < m; i++)
+      v[i] = (uint64_t)fabs((double)v[i] - med[k]);
+    double mad = median(v, m);
+    double limit = fmax(3.5 * 1.4826 * mad, fmax(0.05 * med[k], (double)MIB));
+    for (uint32_t i = 0; i < n; i++)
+      if (r[i].ok && r[i].have_m[k] &&
+          fabs((double)r[i].m[k] - med[k]) > limit) {
+        r[i].outlier = true;
+        r[i].dev_ratio[k] = med[k] > 0 ? (double)r[i].m[k] / med[k] : INFINITY;
+      }
+  }
+  free(v);
+}
+
+/* ---- common leaks ------------------------------------------------------- */
+
+typedef struct lk_s {
+  const char *site;
+  uint32_t rank_ix;
+  uint64_t growth;
+} lk_t;
+
+static int cmp_lk(const void *a, const void *b) {
+  const lk_t *x = a, *y = b;
+  int c = strcmp(x->site, y->site);
+  return c ? c : (x->rank_ix < y->rank_ix ? -1 : x->rank_ix > y->rank_ix);
+}
+
+typedef struct common_s {
+  const char *site;
+  uint32_t first, count; /* range in the sorted lk array */
+} common_t;
+
+static int cmp_common(const void *a, const void *b) {
+  const common_t *x = a, *y = b;
+  if (x->count != y->count)
+    return x->count > y->count ? -1 : 1;
+  return strcmp(x->site, y->site);
+}
+
+/* ---- input files ------------------------------------------------------------ */
+
+static bool snapshot_name(const char *n) {
+  static const char *const ext[] = {".pickle", ".pkl", ".pickle.gz",
+                                    ".pkl.gz", ".pickle.zst", ".pkl.zst",
+                                    NULL};
+  size_t l = strlen(n);
+  for (int i = 0; ext[i]; i++) {
+    size_t e = strlen(ext[i]);
+    if (l > e && !strcmp(n + l - e, ext[i]))
+      return true;
+  }
+  return false;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Expand directories (their snapshot files, sorted); *n paths, owned. */
+static char **inputs(char **args, int nargs, uint32_t *n) {
+  char **v = NULL;
+  uint32_t k = 0, cap = 0;
+  for (int a = 0; a < nargs; a++) {
+    struct stat st;
+    bool dir = stat(args[a], &st) == 0 && S_ISDIR(st.st_mode);
+    DIR *d = dir ? opendir(args[a]) : NULL;
+    if (dir && !d) {
+      cli_err("%s: cannot read the directory", args[a]);
+      continue;
+    }
+    uint32_t first = k;
+    struct dirent *de;
+    do {
+      const char *name = NULL;
+      char *path = NULL;
+      if (d) {
+        de = readdir(d);
+        if (!de)
+          break;
+        if (de->d_name[0] == '.' || !snapshot_name(de->d_name))
+          continue;
+        name = de->d_name;
+        size_t l = strlen(args[a]) + strlen(name) + 2;
+        path = malloc(l);
+        if (path)
+          snprintf(path, l, "%s/%s", args[a], name);
+        struct stat fs;
+        if (path && (stat(path, &fs) != 0 || !S_ISREG(fs.st_mode))) {
+          free(path);
+          continue;
+        }
+      } else {
+        de = NULL;
+        path = strdup(args[a]);
+      }
+      if (k == cap) {
+        cap = cap ? cap * 2 : 16;
+        char **w = realloc(v, cap * sizeof *w);
+        if (!w) {
+          free(path);
+          break;
+        }
+        v = w;
+      }
+      if (!path)
+        break;
+      v[k++] = path;
+    } while (d);
+    if (d) {
+      closedir(d);
+      qsort(v + first, k - first, sizeof *v, cmp_str);
+      if (k == first)
+        cli_err("%s: no snapshot files (*.pickle, *.pkl) in this directory",
+                args[a]);
+    }
+  }
+  *n = k;
+  return v;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: memsnap fleet [--json] [-j N] [--top N] FILE...|DIR\n"
+          "\n"
+          "The snapshots of a job's ranks side by side (a directory: its\n"
+          "*.pickle / *.pkl files): per rank its rank, host (from the\n"
+          "file's process_info, or \"rank<N>\" in its name), peak\n"
+          "allocated and reserved over the trace, final reserved and\n"
+          "allocated, fragmentation (inactive split bytes, largest free\n"
+          "block), OOMs and leak candidates across its steps.  Ranks whose\n"
+          "figures lie far from the others' median (|x - median| >\n"
+          "max(3.5 x 1.4826 x MAD, 5%% of the median, 1 MiB)) are flagged\n"
+          "as outliers; leak sites found in 2 or more ranks are listed.\n"
+          "Files are analysed in parallel, one at a time per thread.\n"
+          "\n"
+          "  -j N       threads (default: the online CPUs, at most 16)\n"
+          "  --top N    common leak sites shown (default 10, 0 = all)\n"
+          "  --json     {files, ranks: [{file, rank, world_size, host,\n"
+          "             pid, peak_reserved_bytes, peak_allocated_bytes,\n"
+          "             reserved_bytes, allocated_bytes, fragmentation,\n"
+          "             ooms, leak_candidates, outlier, outlier_metrics,\n"
+          "             error}], medians, outliers: [file], oom_ranks:\n"
+          "             [file], common_leaks: [{site, ranks, files}],\n"
+          "             warnings}\n"
+          "  -h, --help this text\n"
+          "\nExit status: 0 no outlier, 1 outlier ranks, 2 unusable input\n"
+          "(no file could be read).\n");
+}
+
+static int cmp_rank(const void *a, const void *b) {
+  const rank_t *x = a, *y = b;
+  if ((x->rank < 0) != (y->rank < 0))
+    return x->rank < 0 ? 1 : -1;
+  if (x->rank != y->rank)
+    return x->rank < y->rank ? -1 : 1;
+  return strcmp(x->file, y->file);
+}
+
+int cli_cmd_fleet(int argc, char **argv) {
+  static const struct option opts[] = {{"json", no_argument, NULL, 'J'},
+                                       {"jobs", required_argument, NULL, 'j'},
+                                       {"top", required_argument, NULL, 't'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  bool json = false;
+  long jobs = 0, topn = 10;
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "hj:t:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'J': json = true; break;
+    case 'j': {
+      char *end;
+      jobs = strtol(optarg, &end, 10);
+      if (*end || jobs < 1 || jobs > 256)
+        return cli_usage_error("fleet", "-j needs a number 1..256");
+      break;
+    }
+    case 't': {
+      char *end;
+      topn = strtol(optarg, &end, 10);
+      if (*end || topn < 0)
+        return cli_usage_error("fleet", "--top needs a number >= 0");
+      break;
+    }
+    case 'h': usage(stdout); return CLI_OK;
+    default: return cli_usage_error("fleet", NULL);
+    }
+  }
+  if (optind >= argc)
+    return cli_usage_error("fleet", "expects files or a directory");
+  uint32_t n = 0;
+  char **paths = inputs(argv + optind, argc - optind, &n);
+  if (n == 0) {
+    free(paths);
+    cli_err("fleet: no input files");
+    return CLI_UNUSABLE;
+  }
+  rank_t *r = calloc(n, sizeof *r);
+  if (!r) {
+    cli_err("out of memory");
+    return CLI_UNUSABLE;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    r[i].file = paths[i];
+  if (jobs == 0) {
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    jobs = c < 1 ? 1 : c > MAX_JOBS ? MAX_JOBS : c;
+  }
+  if ((uint32_t)jobs > n)
+    jobs = n;
+  pool_t pool = {.r = r, .n = n, .min_conf = 0.7};
+  atomic_init(&pool.next, 0);
+  pthread_t *th = calloc((size_t)jobs, sizeof *th);
+  long started = 0;
+  for (long t = 0; th && t < jobs; t++)
+    if (pthread_create(&th[t], NULL, worker, &pool) == 0)
+      started++;
+  if (started == 0)
+    worker(&pool); /* no thread could start: do the work here */
+  for (long t = 0; t < started; t++)
+    pthread_join(th[t], NULL);
+  free(th);
+  qsort(r, n, sizeof *r, cmp_rank);
+
+  uint32_t nok = 0;
+  for (uint32_t i = 0; i < n; i++)
+    nok += r[i].ok;
+  double med[NMETRICS] = {0};
+  bool have_med[NMETRICS] = {0};
+  outliers(r, n, med, have_med);
+
+  /* warnings: duplicate ranks, missing ranks, unreadable files */
+  char warn[4][512];
+  uint32_t nwarn = 0;
+  int64_t world = -1;
+  for (uint32_t i = 0; i < n; i++)
+    if (r[i].ok && r[i].world_size > world)
+      world = r[i].world_size;
+  for (uint32_t i = 1; i < n && nwarn < 1; i++)
+    if (r[i].ok && r[i].rank >= 0 && r[i].rank == r[i - 1].rank &&
+        r[i - 1].ok)
+      snprintf(warn[nwarn++], sizeof warn[0],
+               "rank %" PRId64 " appears more than once (%s, %s): compare "
+               "files of one job and one moment",
+               r[i].rank, r[i - 1].file, r[i].file);
+  if (world > 0 && nok < (uint64_t)world)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "world size %" PRId64 " but %u readable rank file%s", world,
+             nok, nok == 1 ? "" : "s");
+  if (nok < n)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "%u file%s could not be read (see their error)", n - nok,
+             n - nok == 1 ? "" : "s");
+
+  /* common leaks */
+  uint32_t nlk = 0;
+  for (uint32_t i = 0; i < n; i++)
+    nlk += r[i].nleaks;
+  lk_t *lk = calloc((size_t)nlk + 1, sizeof *lk);
+  common_t *cm = calloc((size_t)nlk + 1, sizeof *cm);
+  uint32_t ncm = 0;
+  if (lk && cm) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+      for (uint32_t q = 0; q < r[i].nleaks; q++)
+        lk[k++] = (lk_t){r[i].leaks[q].site, i,
+                         r[i].leaks[q].last - r[i].leaks[q].first};
+    qsort(lk, nlk, sizeof *lk, cmp_lk);
+    for (uint32_t i = 0, e; i < nlk; i = e) {
+      uint32_t ranks = 0;
+      for (e = i; e < nlk && !strcmp(lk[e].site, lk[i].site); e++)
+        ranks += e == i || lk[e].rank_ix != lk[e - 1].rank_ix;
+      if (ranks >= 2)
+        cm[ncm++] = (common_t){lk[i].site, i, e - i};
+    }
+    qsort(cm, ncm, sizeof *cm, cmp_common);
+  }
+
+  uint32_t nout = 0, noom = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    nout += r[i].outlier;
+    noom += r[i].ok && r[i].ooms;
+  }
+  char b[6][32];
+  if (json) {
+    cli_json_t j;
+    cj_init(&j, stdout);
+    cj_obj(&j);
+    cj_key(&j, "files");
+    cj_u64(&j, n);
+    cj_key(&j, "world_size");
+    if (world > 0)
+      cj_i64(&j, world);
+    else
+      cj_null(&j);
+    cj_key(&j, "ranks");
+    cj_arr(&j);
+    for (uint32_t i = 0; i < n; i++) {
+      const rank_t *x = &r[i];
+      cj_obj(&j);
+      cj_key(&j, "file");
+      cj_cstr(&j, x->file);
+      cj_key(&j, "rank");
+      if (x->rank >= 0)
+        cj_i64(&j, x->rank);
+      else
+        cj_null(&j);
+      cj_key(&j, "rank_source");
+      if (x->rank_source)
+        cj_cstr(&j, x->rank_source);
+      else
+        cj_null(&j);
+      cj_key(&j, "error");
+      if (x->ok) {
+        cj_null(&j);
+      } else {
+        cj_cstr(&j, x->error);
+        cj_obj_end(&j);
+        continue;
+      }
+#define OPT_(key, v)                                                          \
+  cj_key(&j, key);                                                            \
+  if ((v) >= 0)                                                               \
+    cj_i64(&j, v);                                                            \
+  else                                                                        \
+    cj_null(&j);
+      OPT_("world_size", x->world_size)
+      OPT_("local_rank", x->local_rank)
+      OPT_("pid", x->pid)
+#undef OPT_
+      cj_key(&j, "host");
+      if (x->host[0])
+        cj_cstr(&j, x->host);
+      else
+        cj_null(&j);
+      cj_key(&j, "devices");
+      cj_u64(&j, x->ndev);
+      for (int k = 0; k < NMETRICS - 1; k++) {
+        cj_key(&j, metric_names[k]);
+        if (x->have_m[k])
+          cj_u64(&j, x->m[k]);
+        else
+          cj_null(&j);
+      }
+      cj_key(&j, "fragmentation");
+      cj_obj(&j);
+      cj_key(&j, "inactive_split_bytes");
+      cj_u64(&j, x->m[4]);
+      cj_key(&j, "largest_free_block_bytes");
+      cj_u64(&j, x->largest_free);
+      cj_key(&j, "free_segments_bytes");
+      cj_u64(&j, x->free_segments_bytes);
+      cj_obj_end(&j);
+      cj_key(&j, "ooms");
+      cj_u64(&j, x->ooms);
+      cj_key(&j, "oom_requested_bytes");
+      if (x->ooms)
+        cj_u64(&j, x->oom_requested);
+      else
+        cj_null(&j);
+      cj_key(&j, "steps");
+      cj_u64(&j, x->steps);
+      cj_key(&j, "leak_candidates");
+      cj_arr(&j);
+      for (uint32_t q = 0; q < x->nleaks; q++) {
+        cj_obj(&j);
+        cj_key(&j, "site");
+        cj_cstr(&j, x->leaks[q].site);
+        cj_key(&j, "bytes");
+        cj_u64(&j, x->leaks[q].last - x->leaks[q].first);
+        cj_key(&j, "confidence");
+        cj_dbl(&j, floor(x->leaks[q].confidence * 1000.0 + 0.5) / 1000.0);
+        cj_obj_end(&j);
+      }
+      cj_arr_end(&j);
+      cj_key(&j, "outlier");
+      cj_bool(&j, x->outlier);
+      cj_key(&j, "outlier_metrics");
+      cj_obj(&j);
+      for (int k = 0; k < NMETRICS; k++)
+        if (x->dev_ratio[k] != 0) {
+          cj_key(&j, metric_names[k]);
+          if (isfinite(x->dev_ratio[k]))
+            cj_dbl(&j, floor(x->dev_ratio[k] * 1000.0 + 0.5) / 1000.0);
+          else
+            cj_null(&j);
+        }
+      cj_obj_end(&j);
+      cj_obj_end(&j);
+    }
+    cj_arr_end(&j);
+    cj_key(&j, "medians");
+    cj_obj(&j);
+    for (int k = 0; k < NMETRICS; k++) {
+      cj_key(&j, metric_names[k]);
+      if (have_med[k])
+        cj_dbl(&j, med[k]);
+      else
+        cj_null(&j);
+    }
+    cj_obj_end(&j);
+    cj_key(&j, "outliers");
+    cj_arr(&j);
+    for (uint32_t i = 0; i < n; i++)
+      if (r[i].outlier)
+        cj_cstr(&j, r[i].file);
+    cj_arr_end(&j);
+    cj_key(&j, "oom_ranks");
+    cj_arr(&j);
+    for (uint32_t i = 0; i < n; i++)
+      if (r[i].ok && r[i].ooms)
+        cj_cstr(&j, r[i].file);
+    cj_arr_end(&j);
+    cj_key(&j, "common_leaks");
+    cj_arr(&j);
+    for (uint32_t c = 0; c < ncm && (topn == 0 || c < (uint32_t)topn); c++) {
+      cj_obj(&j);
+      cj_key(&j, "site");
+      cj_cstr(&j, cm[c].site);
+      uint32_t ranks = 0;
+      for (uint32_t q = cm[c].first; q < cm[c].first + cm[c].count; q++)
+        ranks += q == cm[c].first || lk[q].rank_ix != lk[q - 1].rank_ix;
+      cj_key(&j, "ranks");
+      cj_u64(&j, ranks);
+      cj_key(&j, "files");
+      cj_arr(&j);
+      for (uint32_t q = cm[c].first; q < cm[c].first + cm[c].count; q++)
+        if (q == cm[c].first || lk[q].rank_ix != lk[q - 1].rank_ix)
+          cj_cstr(&j, r[lk[q].rank_ix].file);
+      cj_arr_end(&j);
+      cj_obj_end(&j);
+    }
+    cj_arr_end(&j);
+    cj_key(&j, "warnings");
+    cj_arr(&j);
+    for (uint32_t w = 0; w < nwarn; w++)
+      cj_cstr(&j, warn[w]);
+    cj_arr_end(&j);
+    cj_obj_end(&j);
+    cj_end(&j);
+  } else {
+    printf("fleet: %u file%s", n, n == 1 ? "" : "s");
+    if (world > 0)
+      printf(", world size %" PRId64, world);
+    printf("\n");
+    for (uint32_t w = 0; w < nwarn; w++)
+      printf("warning: %s\n", warn[w]);
+    printf("\n%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", "rank",
+           "host", "peak alloc", "peak resv", "reserved", "inact split",
+           "largest free", "OOMs", "leaks", "file");
+    for (uint32_t i = 0; i < n; i++) {
+      const rank_t *x = &r[i];
+      char rk[24];
+      if (x->rank >= 0)
+        snprintf(rk, sizeof rk, "%" PRId64, x->rank);
+      else
+        snprintf(rk, sizeof rk, "?");
+      if (!x->ok) {
+        printf("%5s %-10s %s  %s\n", rk, "", x->error, x->file);
+        continue;
+      }
+      printf("%5s %-10.10s %12s %12s %12s %12s %12s %4u %5u  %s%s\n", rk,
+             x->host[0] ? x->host : "?",
+             x->have_peak ? cli_bytes(x->m[1], b[0], sizeof b[0]) : "-",
+             x->have_peak ? cli_bytes(x->m[0], b[1], sizeof b[1]) : "-",
+             cli_bytes(x->m[2], b[2], sizeof b[2]),
+             cli_bytes(x->m[4], b[3], sizeof b[3]),
+             cli_bytes(x->largest_free, b[4], sizeof b[4]), x->ooms,
+             x->nleaks, x->file, x->outlier ? "  <- outlier" : "");
+    }
+    if (nout) {
+      printf("\noutliers (far from the median of the ranks):\n");
+      for (uint32_t i = 0; i < n; i++) {
+        if (!r[i].outlier)
+          continue;
+        printf("  %s:", r[i].file);
+        for (int k = 0; k < NMETRICS; k++)
+          if (r[i].dev_ratio[k] != 0)
+            printf(" %s %s (%.2fx the median %s)", metric_names[k],
+                   cli_bytes(r[i].m[k], b[0], sizeof b[0]),
+                   r[i].dev_ratio[k],
+                   cli_bytes((uint64_t)med[k], b[1], sizeof b[1]));
+        printf("\n");
+      }
+    } else if (nok >= 3) {
+      printf("\nno outlier rank\n");
+    } else {
+      printf("\n(outliers need at least 3 readable ranks)\n");
+    }
+    if (noom) {
+      printf("\nranks with an OOM:\n");
+      for (uint32_t i = 0; i < n; i++)
+        if (r[i].ok && r[i].ooms)
+          printf("  %s: %u OOM%s, last request %s (memsnap summary %s "
+                 "explains it)\n",
+                 r[i].file, r[i].ooms, r[i].ooms == 1 ? "" : "s",
+                 cli_bytes(r[i].oom_requested, b[0], sizeof b[0]),
+                 r[i].file);
+    }
+    if (ncm) {
+      printf("\nleak sites common to several ranks:\n");
+      for (uint32_t c = 0; c < ncm && (topn == 0 || c < (uint32_t)topn);
+           c++) {
+        uint32_t ranks = 0;
+        for (uint32_t q = cm[c].first; q < cm[c].first + cm[c].count; q++)
+          ranks += q == cm[c].first || lk[q].rank_ix != lk[q - 1].rank_ix;
+        printf("  %3u/%u ranks  %s\n", ranks, nok, cm[c].site);
+      }
+    }
+  }
+  free(lk);
+  free(cm);
+  for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t q = 0; q < r[i].nleaks; q++)
+      free(r[i].leaks[q].site);
+    free(r[i].leaks);
+    free((char *)r[i].file);
+  }
+  free(r);
+  free(paths);
+  if (nok == 0)
+    return CLI_UNUSABLE;
+  return nout ? CLI_FINDING : CLI_OK;
+}

@@ -1,0 +1,546 @@
+/*
+ * cmd_leaks.c -- `memsnap leaks FILE...`: allocation sites whose live
+ * memory grows step after step.
+ *
+ * Steps.  With one file: the ranges of its repeated record_function name
+ * (cli_steps.c: ProfilerStep#N, or --step NAME), per device; the value of
+ * a site at step k is the requested bytes of the trace's allocations from
+ * that site live at the end of the step (state s1 of its range; lifetimes
+ * from cli_pair_entries).  Blocks allocated before the trace are left
+ * out: they can only be freed, never grow.  With several files: one step
+ * per file, in the order given; the value of a site is the requested
+ * bytes of its live blocks in that file (sites by the stack resolver of
+ * cli_stacks.c, compared as text across files).
+ *
+ * Score.  Over the T = steps - 1 transitions a site grows in g and
+ * shrinks in h; it is a leak candidate when its last value exceeds its
+ * first and
+ *     confidence = max(0, g - h) / T * (1 - 2^-T)
+ * reaches --min-confidence (default 0.7): growth in every transition of
+ * 2 gives 0.75, of 4 0.94, of 9 0.998; one growth among 9 transitions
+ * (a cache filled once) 0.11.  Requested bytes, not block sizes: the same
+ * requests give different block sizes as the allocator splits
+ * differently.  Pseudo sites ("<no stack...>") are never candidates.
+ *
+ * Memory: per site a few counters (values are folded in at each step
+ * end: O(sites x steps) time, O(sites) memory); in files mode one file
+ * at a time is loaded.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define DEFAULT_MIN_CONFIDENCE 0.7
+#define MAX_RANGES 1000000u
+
+typedef struct acc_s {
+  uint64_t first, last, prev;
+  uint32_t grown, shrunk, seen;
+} acc_t;
+
+static void acc_step(acc_t *a, uint64_t v) {
+  if (a->seen == 0) {
+    a->first = v;
+  } else {
+    a->grown += v > a->prev;
+    a->shrunk += v < a->prev;
+  }
+  a->prev = a->last = v;
+  a->seen++;
+}
+
+double cli_leak_confidence(uint32_t grown, uint32_t shrunk, uint32_t steps) {
+  if (steps < 2 || grown <= shrunk)
+    return 0.0;
+  double t = steps - 1;
+  return (double)(grown - shrunk) / t * (1.0 - pow(2.0, -t));
+}
+
+static int cmp_leak(const void *a, const void *b) {
+  const cli_leak_t *x = a, *y = b;
+  if (x->confidence != y->confidence)
+    return x->confidence > y->confidence ? -1 : 1;
+  uint64_t gx = x->last - x->first, gy = y->last - y->first;
+  if (gx != gy)
+    return gx > gy ? -1 : 1;
+  return strcmp(x->site, y->site);
+}
+
+void cli_leaks_free(cli_leaks_t *l) {
+  for (uint32_t i = 0; i < l->n; i++)
+    free(l->v[i].site);
+  free(l->v);
+  memset(l, 0, sizeof *l);
+}
+
+/* Append the candidate of accumulator a at `site` when it qualifies. */
+static int add_candidate(cli_leaks_t *l, const char *site, const acc_t *a,
+                         double min_conf) {
+  if (cli_site_is_pseudo(site) || a->last <= a->first)
+    return 0;
+  double c = cli_leak_confidence(a->grown, a->shrunk, l->steps);
+  if (c < min_conf)
+    return 0;
+  cli_leak_t *v = realloc(l->v, ((size_t)l->n + 1) * sizeof *v);
+  if (!v)
+    return -1;
+  l->v = v;
+  v[l->n] = (cli_leak_t){.site = strdup(site), .first = a->first,
+                         .last = a->last, .grown = a->grown,
+                         .shrunk = a->shrunk, .confidence = c};
+  if (!v[l->n].site)
+    return -1;
+  l->n++;
+  return 0;
+}
+
+int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
+                    double min_conf, cli_leaks_t *l) {
+  memset(l, 0, sizeof *l);
+  l->device = dev;
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  cli_ranges_t r;
+  if (cli_ranges_find(s, dev, step, MAX_RANGES, &r) != 0)
+    return -1;
+  snprintf(l->stepname, sizeof l->stepname, "%s", r.stepname);
+  l->steps = r.nsteps;
+  if (r.nsteps < 2) {
+    snprintf(l->why, sizeof l->why, "%s",
+             !tl || tl->n == 0 ? "no trace on this device"
+             : !(tl->v[tl->n - 1].keys & MSNAP_K_TIME)
+                 ? "the trace has no time_us to place annotations on"
+             : r.nrg == 0 ? "no record_function ranges on this device"
+             : step ? "the step name occurs fewer than 2 times"
+                    : "no record_function name repeats 3 times without "
+                      "overlapping itself (name the step with --step)");
+    cli_ranges_free(&r);
+    return 0;
+  }
+  uint32_t *pair = NULL;
+  cli_sites_t sites;
+  if (cli_pair_entries(tl, &pair) != 0) {
+    cli_ranges_free(&r);
+    return -1;
+  }
+  if (cli_sites_init(&sites, s) != 0) {
+    free(pair);
+    cli_ranges_free(&r);
+    return -1;
+  }
+  uint64_t *live = calloc((size_t)sites.n + 1, sizeof *live);
+  acc_t *acc = calloc((size_t)sites.n + 1, sizeof *acc);
+  int rc = -1;
+  if (!live || !acc)
+    goto out;
+  uint32_t k = 0;
+  for (uint32_t st = 0; st <= tl->n && k < r.nsteps; st++) {
+    /* state st: after entries 0..st-1; step ends are states */
+    while (k < r.nsteps && r.steps[2 * k + 1] == st) {
+      for (uint32_t x = 0; x < sites.n; x++)
+        acc_step(&acc[x], live[x]);
+      k++;
+    }
+    if (st == tl->n)
+      break;
+    const msnap_strace_t *e = &tl->v[st];
+    if (e->action == MSNAP_ACTION_ALLOC) {
+      live[cli_sites_of(&sites, e->frames)] += e->size;
+    } else if (e->action == MSNAP_ACTION_FREE_COMPLETED &&
+               pair[st] != CLI_NO_PAIR) {
+      const msnap_strace_t *a = &tl->v[pair[st]];
+      uint64_t *v = &live[cli_sites_of(&sites, a->frames)];
+      *v -= *v >= a->size ? a->size : *v;
+    }
+  }
+  char text[512];
+  for (uint32_t x = 0; x < sites.n; x++) {
+    cli_site_format(s, sites.site[x], text, sizeof text);
+    if (add_candidate(l, text, &acc[x], min_conf) != 0)
+      goto out;
+  }
+  qsort(l->v, l->n, sizeof *l->v, cmp_leak);
+  rc = 0;
+out:
+  free(live);
+  free(acc);
+  free(pair);
+  cli_sites_free(&sites);
+  cli_ranges_free(&r);
+  if (rc != 0)
+    cli_leaks_free(l);
+  return rc;
+}
+
+/* ---- several files ---------------------------------------------------------- */
+
+typedef struct fsite_s {
+  char *site; /* owned */
+  int64_t device;
+  uint32_t file;
+  uint64_t bytes;
+} fsite_t;
+
+static int cmp_fsite(const void *a, const void *b) {
+  const fsite_t *x = a, *y = b;
+  if (x->device != y->device)
+    return x->device < y->device ? -1 : 1;
+  int c = strcmp(x->site, y->site);
+  if (c)
+    return c;
+  return x->file < y->file ? -1 : x->file > y->file;
+}
+
+/* The live blocks of one file as (device, site, file, requested bytes),
+ * appended to *v (summed per site later). */
+static int file_sites(const msnap_snap_t *s, uint32_t file, fsite_t **v,
+                      uint32_t *n, uint32_t *cap) {
+  cli_stacks_t stk;
+  if (cli_stacks_init(&stk, s) != 0)
+    return -1;
+  char text[512];
+  int rc = 0;
+  for (uint32_t i = 0; i < s->nsegments && rc == 0; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    uint64_t a = g->address;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
+      a += b->size;
+      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
+        continue;
+      cli_site_format(s, cli_stacks_site(&stk, g->device, ba, b), text,
+                      sizeof text);
+      uint64_t req = (b->keys & MSNAP_K_REQUESTED) ? b->requested_size
+                                                   : b->size;
+      if (*n == *cap) {
+        uint32_t c = *cap ? *cap * 2 : 256;
+        fsite_t *w = realloc(*v, (size_t)c * sizeof *w);
+        if (!w) {
+          rc = -1;
+          break;
+        }
+        *v = w;
+        *cap = c;
+      }
+      (*v)[*n] = (fsite_t){strdup(text), g->device, file, req};
+      if (!(*v)[*n].site) {
+        rc = -1;
+        break;
+      }
+      (*n)++;
+    }
+  }
+  cli_stacks_free(&stk);
+  return rc;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: memsnap leaks [--json] [--step NAME] [--min-confidence X]\n"
+          "                     [--top N] FILE...\n"
+          "\n"
+          "Allocation sites whose live memory grows step after step: over\n"
+          "the repeated record_function ranges of one recording (steps:\n"
+          "the most frequent non-overlapping name, trailing digits\n"
+          "ignored, e.g. ProfilerStep#N; or --step NAME), or over several\n"
+          "snapshots of one process (one step per file, in the order\n"
+          "given).  A site's value at a step is the requested bytes of its\n"
+          "allocations live at the end of the step.  confidence =\n"
+          "max(0, grown - shrunk) / T * (1 - 2^-T) over the T transitions\n"
+          "between steps (1.0: grows every step of many).\n"
+          "\n"
+          "  --step NAME          the annotation name of one step\n"
+          "  --min-confidence X   report sites from this confidence (0..1,\n"
+          "                       default 0.7)\n"
+          "  --top N              sites shown per device (default 10, 0 =\n"
+          "                       all)\n"
+          "  --json               {mode, files, steps, step_name,\n"
+          "                       min_confidence, warnings, devices:\n"
+          "                       [{device, steps, step_name,\n"
+          "                       leak_candidates: [{site, bytes,\n"
+          "                       bytes_per_step, first_bytes, last_bytes,\n"
+          "                       steps_grown, steps_shrunk, confidence}],\n"
+          "                       no_steps_reason}], leak_candidate_count}\n"
+          "  -h, --help           this text\n"
+          "\nExit status: 0 no leak candidate, 1 leak candidates found,\n"
+          "2 unusable input.\n");
+}
+
+static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
+                      long topn) {
+  char b1[32], b2[32], b3[32];
+  uint32_t shown = topn > 0 && (uint32_t)topn < l->n ? (uint32_t)topn : l->n;
+  uint32_t t = l->steps > 1 ? l->steps - 1 : 1;
+  if (json) {
+    cj_obj(j);
+    cj_key(j, "device");
+    cj_i64(j, l->device);
+    cj_key(j, "steps");
+    cj_u64(j, l->steps);
+    cj_key(j, "step_name");
+    if (l->stepname[0])
+      cj_cstr(j, l->stepname);
+    else
+      cj_null(j);
+    cj_key(j, "no_steps_reason");
+    if (l->why[0])
+      cj_cstr(j, l->why);
+    else
+      cj_null(j);
+    cj_key(j, "leak_candidates");
+    cj_arr(j);
+    for (uint32_t i = 0; i < shown; i++) {
+      const cli_leak_t *x = &l->v[i];
+      cj_obj(j);
+      cj_key(j, "site");
+      cj_cstr(j, x->site);
+      cj_key(j, "bytes");
+      cj_u64(j, x->last - x->first);
+      cj_key(j, "bytes_per_step");
+      cj_u64(j, (x->last - x->first) / t);
+      cj_key(j, "first_bytes");
+      cj_u64(j, x->first);
+      cj_key(j, "last_bytes");
+      cj_u64(j, x->last);
+      cj_key(j, "steps_grown");
+      cj_u64(j, x->grown);
+      cj_key(j, "steps_shrunk");
+      cj_u64(j, x->shrunk);
+      cj_key(j, "confidence");
+      cj_dbl(j, floor(x->confidence * 1000.0 + 0.5) / 1000.0);
+      cj_obj_end(j);
+    }
+    cj_arr_end(j);
+    cj_obj_end(j);
+    return;
+  }
+  printf("\ndevice %" PRId64 ": ", l->device);
+  if (l->why[0]) {
+    printf("no steps: %s\n", l->why);
+    return;
+  }
+  printf("%u steps%s%s%s\n", l->steps, l->stepname[0] ? " (" : "",
+         l->stepname, l->stepname[0] ? ")" : "");
+  if (l->n == 0) {
+    printf("  no site grows from step to step\n");
+    return;
+  }
+  printf("  %-6s %12s %12s  %-15s %s\n", "conf.", "growth", "per step",
+         "grew/shrank", "site");
+  for (uint32_t i = 0; i < shown; i++) {
+    const cli_leak_t *x = &l->v[i];
+    char gs[32];
+    snprintf(gs, sizeof gs, "%u/%u of %u", x->grown, x->shrunk, t);
+    printf("  %-6.3f %12s %12s  %-15s %s\n", x->confidence,
+           cli_bytes(x->last - x->first, b1, sizeof b1),
+           cli_bytes((x->last - x->first) / t, b2, sizeof b2), gs, x->site);
+    (void)b3;
+  }
+  if (l->n > shown)
+    printf("  ... %u more\n", l->n - shown);
+}
+
+int cli_cmd_leaks(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"json", no_argument, NULL, 'j'},
+      {"step", required_argument, NULL, 's'},
+      {"min-confidence", required_argument, NULL, 'c'},
+      {"top", required_argument, NULL, 't'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  bool json = false;
+  const char *step = NULL;
+  double min_conf = DEFAULT_MIN_CONFIDENCE;
+  long topn = 10;
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'j': json = true; break;
+    case 's': step = optarg; break;
+    case 'c': {
+      char *end;
+      min_conf = strtod(optarg, &end);
+      if (*end || !(min_conf >= 0.0 && min_conf <= 1.0))
+        return cli_usage_error("leaks", "--min-confidence needs 0..1");
+      break;
+    }
+    case 't': {
+      char *end;
+      topn = strtol(optarg, &end, 10);
+      if (*end || topn < 0)
+        return cli_usage_error("leaks", "--top needs a number >= 0");
+      break;
+    }
+    case 'h': usage(stdout); return CLI_OK;
+    default: return cli_usage_error("leaks", NULL);
+    }
+  }
+  int nfiles = argc - optind;
+  if (nfiles < 1)
+    return cli_usage_error("leaks", "expects one recording or several "
+                                    "snapshots");
+  char **files = argv + optind;
+  cli_leaks_t *per = NULL;
+  uint32_t nper = 0;
+  char warn[512] = "";
+  int rc = CLI_OK;
+  if (nfiles == 1) {
+    msnap_snap_t *s;
+    if (cli_load(files[0], &s) != CLI_OK)
+      return CLI_UNUSABLE;
+    uint32_t nd;
+    int64_t *devs = cli_devices(s, &nd);
+    per = calloc((size_t)nd + 1, sizeof *per);
+    if (!per || (!devs && nd)) {
+      rc = CLI_UNUSABLE;
+    } else {
+      for (uint32_t d = 0; d < nd && rc == CLI_OK; d++, nper++)
+        if (cli_leaks_steps(s, devs[d], step, min_conf, &per[d]) != 0)
+          rc = CLI_UNUSABLE;
+    }
+    if (rc != CLI_OK)
+      cli_err("out of memory");
+    free(devs);
+    msnap__snap_free(s);
+  } else {
+    if (step)
+      return cli_usage_error("leaks", "--step applies to one recording");
+    fsite_t *v = NULL;
+    uint32_t n = 0, cap = 0;
+    int64_t pid0 = -1, pid;
+    const char *diffproc = NULL;
+    for (int f = 0; f < nfiles && rc == CLI_OK; f++) {
+      msnap_snap_t *s;
+      if (cli_load(files[f], &s) != CLI_OK) {
+        rc = CLI_UNUSABLE;
+        break;
+      }
+      if (cli_gv_int(s, &s->process_info, "pid", &pid)) {
+        if (pid0 < 0)
+          pid0 = pid;
+        else if (pid != pid0)
+          diffproc = files[f];
+      }
+      if (file_sites(s, (uint32_t)f, &v, &n, &cap) != 0) {
+        cli_err("out of memory");
+        rc = CLI_UNUSABLE;
+      }
+      msnap__snap_free(s);
+    }
+    if (diffproc)
+      snprintf(warn, sizeof warn,
+               "%s was written by another process than %s (process_info): "
+               "sites of different runs are compared",
+               diffproc, files[0]);
+    if (rc == CLI_OK) {
+      qsort(v, n, sizeof *v, cmp_fsite);
+      /* one entry per (device, site, file) */
+      uint32_t m = 0;
+      for (uint32_t i = 0; i < n; i++) {
+        if (m && v[m - 1].device == v[i].device &&
+            v[m - 1].file == v[i].file && !strcmp(v[m - 1].site, v[i].site)) {
+          v[m - 1].bytes += v[i].bytes;
+          free(v[i].site);
+        } else {
+          v[m++] = v[i];
+        }
+      }
+      n = m;
+      per = calloc(1, sizeof *per);
+      if (!per)
+        rc = CLI_UNUSABLE;
+    }
+    /* one cli_leaks_t per device, in device order */
+    for (uint32_t i = 0; rc == CLI_OK && i < n;) {
+      int64_t dev = v[i].device;
+      cli_leaks_t *l = NULL;
+      if (nper == 0 || per[nper - 1].device != dev) {
+        cli_leaks_t *w = realloc(per, ((size_t)nper + 1) * sizeof *w);
+        if (!w) {
+          rc = CLI_UNUSABLE;
+          break;
+        }
+        per = w;
+        memset(&per[nper], 0, sizeof per[nper]);
+        per[nper].device = dev;
+        per[nper].steps = (uint32_t)nfiles;
+        snprintf(per[nper].stepname, sizeof per[nper].stepname, "files");
+        nper++;
+      }
+      l = &per[nper - 1];
+      uint32_t k = i;
+      acc_t a = {0};
+      for (int f = 0; f < nfiles; f++) {
+        uint64_t val = 0;
+        if (k < n && v[k].device == dev && !strcmp(v[k].site, v[i].site) &&
+            v[k].file == (uint32_t)f)
+          val = v[k++].bytes;
+        acc_step(&a, val);
+      }
+      if (add_candidate(l, v[i].site, &a, min_conf) != 0)
+        rc = CLI_UNUSABLE;
+      i = k > i ? k : i + 1;
+    }
+    for (uint32_t i = 0; i < nper; i++)
+      qsort(per[i].v, per[i].n, sizeof *per[i].v, cmp_leak);
+    for (uint32_t i = 0; i < n; i++)
+      free(v[i].site);
+    free(v);
+  }
+  if (rc != CLI_OK) {
+    for (uint32_t i = 0; per && i < nper; i++)
+      cli_leaks_free(&per[i]);
+    free(per);
+    return rc;
+  }
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < nper; i++)
+    total += per[i].n;
+  cli_json_t j;
+  cj_init(&j, stdout);
+  if (json) {
+    cj_obj(&j);
+    cj_key(&j, "mode");
+    cj_cstr(&j, nfiles == 1 ? "steps" : "files");
+    cj_key(&j, "files");
+    cj_arr(&j);
+    for (int f = 0; f < nfiles; f++)
+      cj_cstr(&j, files[f]);
+    cj_arr_end(&j);
+    cj_key(&j, "min_confidence");
+    cj_dbl(&j, min_conf);
+    cj_key(&j, "warnings");
+    cj_arr(&j);
+    if (warn[0])
+      cj_cstr(&j, warn);
+    cj_arr_end(&j);
+    cj_key(&j, "devices");
+    cj_arr(&j);
+  } else {
+    if (nfiles == 1)
+      printf("%s: leaks across the steps of the recording\n", files[0]);
+    else
+      printf("leaks across %d snapshots (one step per file, in the order "
+             "given)\n", nfiles);
+    if (warn[0])
+      printf("warning: %s\n", warn);
+  }
+  for (uint32_t i = 0; i < nper; i++)
+    print_dev(&j, json, &per[i], topn);
+  if (json) {
+    cj_arr_end(&j);
+    cj_key(&j, "leak_candidate_count");
+    cj_u64(&j, total);
+    cj_obj_end(&j);
+    cj_end(&j);
+  }
+  for (uint32_t i = 0; i < nper; i++)
+    cli_leaks_free(&per[i]);
+  free(per);
+  return total ? CLI_FINDING : CLI_OK;
+}
