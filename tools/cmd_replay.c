@@ -851,6 +851,71 @@ static msnap_stack_t xstack(xfer_t *x, msnap_stack_t st) {
   return out;
 }
 
+/* A generic value of the recording, copied into the replayed model. */
+static int xgv(xfer_t *x, const msnap_gv_t *v, msnap_gv_t *out) {
+  *out = *v;
+  if (v->kind == MSNAP_GV_STR) {
+    out->u.s = xstr(x, v->u.s);
+    return out->u.s ? 0 : -1;
+  }
+  if (v->kind != MSNAP_GV_LIST && v->kind != MSNAP_GV_TUPLE &&
+      v->kind != MSNAP_GV_DICT)
+    return 0;
+  out->u.seq.items = calloc((size_t)v->u.seq.n + 1, sizeof *out->u.seq.items);
+  if (!out->u.seq.items) {
+    out->kind = MSNAP_GV_NONE;
+    return -1;
+  }
+  for (uint32_t i = 0; i < v->u.seq.n; i++)
+    if (xgv(x, &v->u.seq.items[i], &out->u.seq.items[i]) != 0) {
+      out->u.seq.n = i + 1;
+      return -1;
+    }
+  return 0;
+}
+
+/*
+ * process_info of the replayed snapshot: who made the recording (pid,
+ * host, rank, world_size, local_rank, devices: the recording's when it
+ * has them), what made this file (runtime "sim", the replay's profile),
+ * and replayed: true.
+ */
+static int replayed_process_info(xfer_t *x, const replay_t *r) {
+  static const char *const keep[] = {"pid", "host", "rank", "world_size",
+                                     "local_rank", "devices"};
+  const msnap_gv_t *src = &x->src->process_info;
+  msnap_snap_t *m = x->dst;
+  msnap_gv_t d = {.kind = MSNAP_GV_DICT};
+  d.u.seq.items = calloc(2 * 10, sizeof *d.u.seq.items);
+  if (!d.u.seq.items)
+    return -1;
+  int rc = 0;
+#define PUT_(k, v)                                                            \
+  do {                                                                        \
+    d.u.seq.items[d.u.seq.n].kind = MSNAP_GV_STR;                             \
+    d.u.seq.items[d.u.seq.n++].u.s = msnap__snap_intern(m, k, strlen(k));     \
+    d.u.seq.items[d.u.seq.n++] = (v);                                         \
+  } while (0)
+  for (size_t i = 0; i < sizeof keep / sizeof *keep && rc == 0; i++) {
+    const msnap_gv_t *v = cli_gv_get(x->src, src, keep[i]);
+    msnap_gv_t c;
+    if (v && (rc = xgv(x, v, &c)) == 0)
+      PUT_(keep[i], c);
+  }
+  msnap_gv_t sv = {.kind = MSNAP_GV_STR};
+  sv.u.s = msnap__snap_intern(m, "sim", 3);
+  PUT_("runtime", sv);
+  const char *prof = r->profile == MSNAP_PROFILE_CUDA ? "cuda" : "npu";
+  sv.u.s = msnap__snap_intern(m, prof, strlen(prof));
+  PUT_("profile", sv);
+  msnap_gv_t bv = {.kind = MSNAP_GV_BOOL, .u.b = true};
+  PUT_("replayed", bv);
+#undef PUT_
+  msnap__gv_free(&m->process_info);
+  m->process_info = d;
+  return rc;
+}
+
 /*
  * Take the replayed allocator's snapshot and give its entries, blocks and
  * segments the recording's stacks (and time stamps): the replay trace is
@@ -871,6 +936,14 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
     msnap__snap_free(m);
     return MSNAP_ENOMEM;
   }
+  /* From here on the key bits say what is written: what the recording
+   * does not give is left out rather than made up. */
+  msnap__snap_settle_keys(m);
+  if (replayed_process_info(&x, r) != 0) {
+    free(x.memo);
+    msnap__snap_free(m);
+    return MSNAP_ENOMEM;
+  }
   for (uint32_t d = 0; d < m->ndevices; d++) {
     const msnap_trace_list_t *rt = cli_trace(s, d);
     msnap_trace_list_t *mt = &m->device_traces[d];
@@ -882,9 +955,15 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
         have_t = true;
         last_t = rt->v[q].time_us;
       }
+    /* A recording without time_us (2.1 and older): no times at all (the
+     * replay's own clock says nothing about the recording). */
+    for (uint32_t k = 0; !have_t && k < mt->n; k++)
+      mt->v[k].keys &= (uint16_t)~MSNAP_K_TIME;
     for (uint32_t k = 0; rt && k < mt->n; k++) {
       msnap_strace_t *e = &mt->v[k];
-      /* Times: the recorded ones where matched, never decreasing. */
+      /* Times: the recorded ones where matched, never decreasing; an
+       * entry of the replay's own takes the time of the last recorded
+       * entry matched before it (the call that caused it). */
       if (have_t) {
         e->time_us = last_t;
         e->keys |= MSNAP_K_TIME;
@@ -927,12 +1006,24 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
               b->frames = xstack(&x, st);
               b->keys |= MSNAP_K_FRAMES;
             }
+            /* The recording's requested_size, not the request the
+             * replay had to make to recreate a block that predates the
+             * trace; none when the recording has none. */
+            if (c->keys & MSNAP_K_REQUESTED)
+              b->requested_size = c->requested_size;
+            else
+              b->keys &= (uint16_t)~MSNAP_K_REQUESTED;
             break;
           }
         }
       }
       break;
     }
+    uint64_t req = 0;
+    for (uint32_t k = 0; k < g->nblocks; k++)
+      if (cli_block_active(&m->blocks[g->first_block + k]))
+        req += m->blocks[g->first_block + k].requested_size;
+    g->requested_size = req;
   }
   free(x.memo);
   *out = m;

@@ -291,6 +291,13 @@ struct msnap_sink_s;
  * frames and stacks, streamed to the sink. */
 int msnap__snap_write_pickle(const msnap_snap_t *s, struct msnap_sink_s *out);
 int msnap__snap_write_json(const msnap_snap_t *s, struct msnap_sink_s *out);
+/* Turn a live model (not read from a file, generation CURRENT) into one
+ * whose key bits say exactly what is written: every key a live model is
+ * written with is set in its records' bits, which become authoritative
+ * (as a model read from a file).  A caller can then clear the bits of
+ * values it cannot vouch for (memsnap replay: time_us of a recording
+ * without times, requested_size the recording does not give). */
+void msnap__snap_settle_keys(msnap_snap_t *s);
 /* Write to path through a temporary file + rename. */
 int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
                            bool json);

@@ -464,10 +464,60 @@ static void wgv(wr_t *w, const msnap_gv_t *v) {
 
 /* ---- records ------------------------------------------------------------- */
 
+/* The keys a live model's records are written with (every key PyTorch
+ * writes for them), whatever their bits say. */
+static unsigned live_block_keys(const msnap_sblock_t *b) {
+  unsigned k = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES;
+  if (b->forward_frames) k |= MSNAP_K_FORWARD;
+  return k;
+}
+
+static unsigned live_segment_keys(const msnap_ssegment_t *g) {
+  unsigned k = MSNAP_K_REQUESTED | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE |
+               MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
+  if (g->forward_frames) k |= MSNAP_K_FORWARD;
+  return k;
+}
+
+static unsigned live_trace_keys(const msnap_strace_t *t) {
+  unsigned k = MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
+               MSNAP_K_USER_META | MSNAP_K_POOL_ID;
+  k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
+  if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
+  if (t->forward_frames) k |= MSNAP_K_FORWARD;
+  if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
+  return k;
+}
+
+static void settle_segments(msnap_ssegment_t *g, uint32_t n,
+                            msnap_sblock_t *blocks) {
+  for (uint32_t i = 0; i < n; i++) {
+    g[i].keys |= (uint16_t)live_segment_keys(&g[i]);
+    for (uint32_t k = 0; k < g[i].nblocks; k++)
+      blocks[g[i].first_block + k].keys |=
+          (uint16_t)live_block_keys(&blocks[g[i].first_block + k]);
+  }
+}
+
+static void settle_traces(msnap_trace_list_t *l) {
+  for (uint32_t i = 0; i < l->n; i++)
+    l->v[i].keys |= (uint16_t)live_trace_keys(&l->v[i]);
+}
+
+void msnap__snap_settle_keys(msnap_snap_t *s) {
+  if (msnap__snap_from_reader(s) || s->generation != MSNAP_GEN_CURRENT)
+    return;
+  settle_segments(s->segments, s->nsegments, s->blocks);
+  settle_segments(s->host_segments, s->nhost_segments, s->host_blocks);
+  for (uint32_t d = 0; d < s->ndevices; d++) settle_traces(&s->device_traces[d]);
+  settle_traces(&s->host_traces);
+  if (s->top_keys == 0) s->top_keys = 0x3f;
+  msnap__snap_set_from_reader(s, true);
+}
+
 static void wblock(wr_t *w, const msnap_sblock_t *b) {
   unsigned k = b->keys;
-  if (w->live) k |= MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES;
-  if (w->live && b->forward_frames) k |= MSNAP_K_FORWARD;
+  if (w->live) k |= live_block_keys(b);
   dict_begin(w);
   if (k & MSNAP_K_ADDRESS) key(w, C_address), wu64(w, b->address, "address");
   key(w, C_size);
@@ -511,10 +561,7 @@ static void wblock(wr_t *w, const msnap_sblock_t *b) {
 static void wsegment(wr_t *w, const msnap_ssegment_t *g,
                      const msnap_sblock_t *blocks) {
   unsigned k = g->keys;
-  if (w->live)
-    k |= MSNAP_K_REQUESTED | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE |
-         MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
-  if (w->live && g->forward_frames) k |= MSNAP_K_FORWARD;
+  if (w->live) k |= live_segment_keys(g);
   dict_begin(w);
   key(w, C_device);
   wi64(w, g->device);
@@ -562,14 +609,7 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
  */
 static void wtrace(wr_t *w, const msnap_strace_t *t) {
   unsigned k = t->keys;
-  if (w->live) {
-    k |= MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
-         MSNAP_K_USER_META | MSNAP_K_POOL_ID;
-    k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
-    if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
-    if (t->forward_frames) k |= MSNAP_K_FORWARD;
-    if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
-  }
+  if (w->live) k |= live_trace_keys(t);
   dict_begin(w);
   key(w, C_action);
   if (t->action < MSNAP_ACTION_COUNT)
