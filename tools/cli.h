@@ -145,8 +145,8 @@ static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
   return a.frame == b.frame && a.via == b.via;
 }
 /* Format a site as "file:line:name" (file shortened to its last two path
- * components; a native frame (line 0, not a .py file) is its C++ name
- * without the final parameter list),
+ * components, '/' or backslash separated; a native frame (line 0, not a
+ * .py file) is its C++ name without the final parameter list),
  * followed by " (via file:line:name)" when it has a via; the pseudo sites
  * as CLI_SITE_NONE_TEXT / CLI_SITE_BEFORE_TEXT.  Control characters come
  * out as '?'. */

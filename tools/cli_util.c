@@ -199,10 +199,15 @@ static bool is_python_file(const char *f, size_t n) {
   return ends_with(f, n, ".py");
 }
 
+/* The standard library: lib/python3.x on POSIX, <prefix>\Lib on Windows
+ * (C:\Python311\Lib\asyncio\tasks.py), frozen modules; never under
+ * site-packages. */
 static bool is_stdlib(const char *f, size_t n) {
   if (memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13))
     return false;
   return memmem(f, n, "/lib/python3", 12) != NULL ||
+         memmem(f, n, "\\Lib\\", 5) != NULL ||
+         memmem(f, n, "\\lib\\python3", 12) != NULL ||
          memmem(f, n, "<frozen", 7) != NULL;
 }
 
@@ -311,11 +316,12 @@ static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
     }
     return snprintf(buf, len, "%.*s", (int)nl, name);
   }
-  /* Keep the last two path components. */
+  /* Keep the last two path components (POSIX or Windows separators:
+   * D:\work\proj\model.py gives proj\model.py). */
   size_t start = 0;
   int slashes = 0;
   for (size_t i = fl; i > 0; i--) {
-    if (file[i - 1] == '/' && ++slashes == 2) {
+    if ((file[i - 1] == '/' || file[i - 1] == '\\') && ++slashes == 2) {
       start = i;
       break;
     }

@@ -1028,7 +1028,8 @@ def py_is_torch(f):
 def py_is_stdlib(f):
     if "site-packages" in f or "dist-packages" in f:
         return False
-    return "/lib/python3" in f or "<frozen" in f
+    return ("/lib/python3" in f or "\\Lib\\" in f or
+            "\\lib\\python3" in f or "<frozen" in f)
 
 
 def py_site_frame(frames):
@@ -1069,7 +1070,16 @@ def py_frame_format(fr):
                 if depth == 0:
                     return name[:i] if i > 0 else name
         return name
-    return "%s:%d:%s" % ("/".join(f.split("/")[-2:]), line, name)
+    # the last two path components, '/' or '\\' separated (the
+    # separators are kept as they are)
+    cut, seps = 0, 0
+    for i in range(len(f), 0, -1):
+        if f[i - 1] in "/\\":
+            seps += 1
+            if seps == 2:
+                cut = i
+                break
+    return "%s:%d:%s" % (f[cut:], line, name)
 
 
 def py_site_format(site):
@@ -1245,6 +1255,21 @@ def group_sites():
     expect(rc == 0 and json.loads(out)["allocator_settings"][
         "roundup_power2_divisions"] == {"1": 0, "64": 0},
         "summary --json keeps every setting")
+
+    # Windows paths are shortened like POSIX ones; the standard library
+    # under <prefix>\\Lib is skipped.
+    win = sites_snapshot()
+    win["segments"][0]["blocks"][1]["frames"] = [
+        frame("run", "C:\\Python311\\Lib\\asyncio\\events.py", 80),
+        frame("forward", "D:\\work\\proj\\model.py", 21),
+        frame("<module>", "D:\\work\\proj\\train.py", 3)]
+    rc, out, err = run("summary", "--json", write_pickle(win, "win.pickle"))
+    got = [x["site"] for x in json.loads(out)["devices"][0]["top_sites"]] \
+        if rc == 0 else []
+    expect("proj\\model.py:21:forward" in got and
+           py_sites(win)[0].get("proj\\model.py:21:forward"),
+           "summary: a Windows path is shortened to its last two components "
+           "and the stdlib frame under Lib is skipped (%s)" % got)
 
     # Native-only stacks (autograd engine thread): the autograd node.
     nat = sites_snapshot()
