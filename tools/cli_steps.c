@@ -15,7 +15,9 @@
  * a '#', '_', ' ' or '-' before them: "ProfilerStep#12" and
  * "ProfilerStep#13" are one name): with want == NULL the name with the
  * most ranges among those that never overlap themselves and occur at
- * least 3 times (ties: the name that appears first); with want, the
+ * least 3 times (ties: the name whose ranges cover more of the trace --
+ * a step holds its forward and backward parts -- then the name that
+ * appears first); with want, the
  * first name (in order of appearance) equal to want, digits ignored on
  * both sides, that occurs at least twice.
  *
@@ -170,12 +172,14 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
   qsort(ord, r->nrg, sizeof *ord, cmp_by_name);
   size_t lw = want ? norm_len(want, strlen(want)) : 0;
   uint32_t best = UINT32_MAX, best_cnt = 0, best_first = UINT32_MAX;
+  uint64_t best_cover = 0;
   for (uint32_t g0 = 0, g1; g0 < r->nrg; g0 = g1) {
     size_t l0;
     const char *p0 = cli_str(s, r->rg[3 * ord[g0]], &l0);
     l0 = norm_len(p0, l0);
     bool overlap = false;
     uint32_t last_end = 0;
+    uint64_t cover = 0;
     for (g1 = g0; g1 < r->nrg; g1++) {
       size_t l1;
       const char *p1 = cli_str(s, r->rg[3 * ord[g1]], &l1);
@@ -184,18 +188,22 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
       if (g1 > g0 && r->rg[3 * ord[g1] + 1] < last_end)
         overlap = true;
       last_end = r->rg[3 * ord[g1] + 2];
+      cover += r->rg[3 * ord[g1] + 2] - r->rg[3 * ord[g1] + 1];
     }
     uint32_t cnt = g1 - g0, first = ord[g0];
     bool ok = want ? (l0 == lw && !memcmp(p0, want, l0) && cnt >= 2)
                    : (!overlap && cnt >= 3 &&
                       (cnt > best_cnt ||
-                       (cnt == best_cnt && first < best_first)));
+                       (cnt == best_cnt &&
+                        (cover > best_cover ||
+                         (cover == best_cover && first < best_first)))));
     if (want && ok && first >= best_first)
       ok = false; /* with want: the first name to appear */
     if (ok) {
       best = g0;
       best_cnt = cnt;
       best_first = first;
+      best_cover = cover;
     }
   }
   if (best != UINT32_MAX) {

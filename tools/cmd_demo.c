@@ -29,12 +29,14 @@ typedef struct site_s {
   int line;
 } site_t;
 
-enum { S_MAIN, S_INIT, S_STEP, S_FWD, S_BWD, S_OPT, S_ZERO, S_TMP, NSITES };
+enum { S_MAIN, S_INIT, S_STEP, S_FWD, S_BWD, S_OPT, S_ZERO, S_TMP, S_LEAK,
+       NSITES };
 static const site_t sites[NSITES] = {
     [S_MAIN] = {"<module>", 88},   [S_INIT] = {"build_model", 21},
     [S_STEP] = {"train_step", 64}, [S_FWD] = {"forward", 33},
     [S_BWD] = {"backward", 47},    [S_OPT] = {"adam_step", 55},
     [S_ZERO] = {"zero_grad", 60},  [S_TMP] = {"gelu", 38},
+    [S_LEAK] = {"remember", 70},
 };
 static int cur_site = S_MAIN;
 
@@ -109,8 +111,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap demo-train [--steps N] [--layers L] "
           "[--hidden H]\n"
-          "                          [--profile cuda|npu] [--alloc-conf STR]"
-          " -o FILE\n"
+          "                          [--profile cuda|npu] [--alloc-conf STR]\n"
+          "                          [--leak BYTES] -o FILE\n"
           "\n"
           "Record a memory snapshot (pickle, as torch.cuda.memory."
           "_dump_snapshot)\nfrom a built-in simulated training loop: "
@@ -122,12 +124,18 @@ static void usage(FILE *f) {
           "  --steps N          training steps (default 3)\n"
           "  --layers L         layers (default 6)\n"
           "  --hidden H         layer width (default 2048)\n"
-          "  --profile P        allocator profile, cuda (default) or npu\n"
+          "  --profile P        allocator profile, cuda or npu (default:\n"
+          "                     MEMSNAP_PROFILE, else the sim's own, cuda)\n"
           "  --alloc-conf STR   allocator configuration, as\n"
           "                     PYTORCH_CUDA_ALLOC_CONF (e.g.\n"
           "                     expandable_segments:True; default none)\n"
+          "  --leak BYTES       keep BYTES per step from one site, never\n"
+          "                     freed (a planted leak; default 0)\n"
           "  --json             print {output, profile, steps, layers,\n"
-          "                     hidden} on stdout\n"
+          "                     hidden, leak} on stdout\n"
+          "\nEach step is a record_function range \"ProfilerStep#N\" (as\n"
+          "torch.profiler names them); RANK / WORLD_SIZE / LOCAL_RANK in\n"
+          "the environment are recorded in process_info.\n"
           "  -h, --help         this text\n");
 }
 
@@ -139,11 +147,12 @@ int cli_cmd_demo_train(int argc, char **argv) {
       {"hidden", required_argument, NULL, 'H'},
       {"profile", required_argument, NULL, 'p'},
       {"alloc-conf", required_argument, NULL, 'c'},
+      {"leak", required_argument, NULL, 'L'},
       {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  const char *out = NULL, *profile = "cuda", *conf = "";
-  long steps = 3, layers = 6, hidden = 2048;
+  const char *out = NULL, *profile = NULL, *conf = "";
+  long steps = 3, layers = 6, hidden = 2048, leak = 0;
   bool json = false;
   int o;
   optind = 1;
@@ -156,6 +165,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
     case 'H': hidden = strtol(optarg, &end, 10); break;
     case 'p': profile = optarg; break;
     case 'c': conf = optarg; break;
+    case 'L': leak = strtol(optarg, &end, 10); break;
     case 'j': json = true; break;
     case 'h': usage(stdout); return CLI_OK;
     default: return cli_usage_error("demo-train", NULL);
@@ -166,13 +176,16 @@ int cli_cmd_demo_train(int argc, char **argv) {
   if (!out || optind != argc)
     return cli_usage_error("demo-train", "-o FILE is required");
   if (steps < 1 || steps > 1000 || layers < 1 || layers > 256 ||
-      hidden < 16 || hidden > 65536)
+      hidden < 16 || hidden > 65536 || leak < 0 || leak > (1l << 34))
     return cli_usage_error("demo-train",
-                           "steps 1..1000, layers 1..256, hidden 16..65536");
+                           "steps 1..1000, layers 1..256, hidden 16..65536, "
+                           "leak 0..16 GiB");
   msnap_options_t mo;
   char ebuf[256] = "";
   msnap_options_init(&mo);
-  if (!strcmp(profile, "cuda"))
+  if (!profile)
+    mo.profile = -1; /* MEMSNAP_PROFILE, else the sim's own (cuda) */
+  else if (!strcmp(profile, "cuda"))
     mo.profile = MSNAP_PROFILE_CUDA;
   else if (!strcmp(profile, "npu"))
     mo.profile = MSNAP_PROFILE_NPU;
@@ -222,7 +235,16 @@ int cli_cmd_demo_train(int argc, char **argv) {
     w[i] = alloc_at(&l, S_INIT, wsize);
     b[i] = alloc_at(&l, S_INIT, bsize);
   }
+  uint64_t *leaked = calloc((size_t)steps + 1, sizeof *leaked);
+  if (!leaked) {
+    cli_err("out of memory");
+    rc = MSNAP_ENOMEM;
+    goto out;
+  }
   for (long s = 0; s < steps && !l.err; s++) {
+    char stepname[32];
+    snprintf(stepname, sizeof stepname, "ProfilerStep#%ld", s);
+    msnap_record_annotation(l.a, 0, stepname, true);
     msnap_record_annotation(l.a, 0, "forward", true);
     act[0] = alloc_at(&l, S_STEP, asize); /* input batch */
     for (long i = 0; i < layers; i++) {
@@ -252,7 +274,11 @@ int cli_cmd_demo_train(int argc, char **argv) {
       free_at(&l, S_ZERO, gw[i]);
       free_at(&l, S_ZERO, gb[i]);
     }
+    if (leak)
+      leaked[s] = alloc_at(&l, S_LEAK, (uint64_t)leak);
+    msnap_record_annotation(l.a, 0, stepname, false);
   }
+  free(leaked); /* the leaked blocks stay allocated: that is the point */
   rc = l.err;
   if (!rc) {
     msnap_snapshot_options_t so;
@@ -272,13 +298,15 @@ int cli_cmd_demo_train(int argc, char **argv) {
       cj_key(&j, "output");
       cj_cstr(&j, out);
       cj_key(&j, "profile");
-      cj_cstr(&j, profile);
+      cj_cstr(&j, msnap_profile(l.a) == MSNAP_PROFILE_CUDA ? "cuda" : "npu");
       cj_key(&j, "steps");
       cj_i64(&j, steps);
       cj_key(&j, "layers");
       cj_i64(&j, layers);
       cj_key(&j, "hidden");
       cj_i64(&j, hidden);
+      cj_key(&j, "leak");
+      cj_i64(&j, leak);
       cj_obj_end(&j);
       cj_end(&j);
     }

@@ -59,7 +59,7 @@
  *
  * Leaks.  Steps are the ranges of one repeated annotation (the most
  * frequent non-overlapping name, digits at its end ignored, at least 3
- * times; or --step NAME; cli_steps.c).  An allocation made in step k that is still
+ * times, ties to the one covering more; or --step NAME; cli_steps.c).  An allocation made in step k that is still
  * live at the end of step k+1 survived a whole later step; a site whose
  * allocations survive in at least 2 steps and in at least half of the
  * steps that have a next one is a leak site.

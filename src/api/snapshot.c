@@ -187,6 +187,9 @@ static msnap_stack_t import_one(import_t *im, uint32_t raw) {
   for (uint32_t k = 0; k < v.nc; k++) {
     msnap_csym_t sym;
     uint32_t cf = c_frame(im, v.c[k], &sym);
+    /* memsnap's own C frames (the allocator, the Python binding) say
+     * nothing about the caller: left out, as its Python frames are. */
+    if (sym.own) continue;
     if (pi < v.npy && is_eval_frame(sym.name)) {
       uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
       if (pf != UINT32_MAX) ids[n++] = pf;

@@ -705,6 +705,28 @@ static char *sym_name(const char *raw) {
   return sym_strdup(raw);
 }
 
+/* Is the code at q memsnap's own: in the shared libmemsnap.so that holds
+ * this function, or in the Python extension _memsnap.*.so? */
+static bool sym_own(uintptr_t q) {
+  static void *own_base; /* libmemsnap.so's base; sym_lock held */
+  static bool own_known;
+  if (!own_known) {
+    Dl_info me;
+    own_known = true;
+    if (dladdr((void *)(uintptr_t)&sym_own, &me) && me.dli_fname) {
+      const char *b = strrchr(me.dli_fname, '/');
+      b = b ? b + 1 : me.dli_fname;
+      if (strncmp(b, "libmemsnap.so", 13) == 0) own_base = me.dli_fbase;
+    }
+  }
+  Dl_info di;
+  if (q == 0 || !dladdr((void *)q, &di)) return false;
+  if (own_base != NULL && di.dli_fbase == own_base) return true;
+  const char *b = di.dli_fname ? strrchr(di.dli_fname, '/') : NULL;
+  b = b ? b + 1 : di.dli_fname;
+  return b != NULL && strncmp(b, "_memsnap.", 9) == 0;
+}
+
 /* Resolve one pc (not cached).  sym_lock held. */
 static void sym_lookup_locked(uintptr_t pc, msnap_csym_t *out) {
   /* pc is a return address: look at the call instruction before it. */
@@ -712,6 +734,7 @@ static void sym_lookup_locked(uintptr_t pc, msnap_csym_t *out) {
   out->name = "??";
   out->filename = "??";
   out->line = 0;
+  out->own = sym_own(q);
   if (dw.dwfl != NULL) {
     Dwfl_Module *m = dw.addrmodule(dw.dwfl, q);
     if (m == NULL) {

@@ -24,11 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def base_env(**extra: str) -> dict:
     """A clean environment for a subprocess: no inherited memsnap/torch
-    allocator settings, sim runtime, plus `extra`."""
+    allocator settings or distributed rank, sim runtime, plus `extra`."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("MEMSNAP_", "PYTORCH_", "OOM_SNAPSHOT"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     }
     env["MEMSNAP_RUNTIME"] = "sim"
     env.update({k: str(v) for k, v in extra.items()})
@@ -56,6 +57,25 @@ def run_script(code: str, env: dict | None = None, cwd: str | None = None,
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             proc.result = json.loads(line[len("RESULT "):])
+    return proc
+
+
+def memsnap_cli() -> str:
+    """The installed `memsnap` command (next to this interpreter)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "memsnap")
+    if not os.path.exists(exe):
+        pytest.fail(f"the memsnap CLI is not installed at {exe} (make build)")
+    return exe
+
+
+def run_cli(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    """Run the installed CLI; .json holds stdout parsed when it is JSON."""
+    proc = subprocess.run([memsnap_cli(), *map(str, args)], cwd=cwd,
+                          env=base_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    proc.json = None
+    if proc.stdout.lstrip().startswith("{"):
+        proc.json = json.loads(proc.stdout)
     return proc
 
 

@@ -105,8 +105,11 @@ try:
 except ValueError as e:
     print("RESULT " + json.dumps(str(e)))
 """
-    r = run_script(code, env=base_env(PYTORCH_NPU_ALLOC_CONF="bogus_key:1")).result
+    r = run_script(code, env=base_env(PYTORCH_NPU_ALLOC_CONF="bogus_key:1",
+                                      MEMSNAP_PROFILE="npu")).result
     assert r is not None and "bogus_key" in r
+    r = run_script(code, env=base_env(PYTORCH_CUDA_ALLOC_CONF="bogus_key:1")).result
+    assert r is not None and "bogus_key" in r  # the sim's own profile: cuda
 
 
 def test_dump_snapshot_oserror_keeps_errno(tmp_path):

@@ -1,0 +1,438 @@
+"""memsnap explains what it recorded: OOMs, leaks across steps and runs,
+many ranks -- on recordings made here with memsnap itself (real Python
+stacks, torch's record_function and torch.distributed), read back with the
+installed `memsnap` CLI; and memsnap's own frames never reach a stack."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import memsnap
+from conftest import base_env, run_cli, run_script
+
+MiB = 1 << 20
+PKG_DIR = os.path.dirname(os.path.abspath(memsnap.__file__))
+
+
+def all_frame_lists(snap):
+    """Every recorded stack of a snapshot dict."""
+    for seg in snap.get("segments", []) + snap.get("host_segments", []):
+        yield seg.get("frames", [])
+        for b in seg["blocks"]:
+            yield b.get("frames", [])
+    for trace in snap.get("device_traces", []) + [snap.get("host_traces", [])]:
+        for e in trace:
+            yield e.get("frames", [])
+
+
+def write_script(tmp_path, name, code):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+def line_of(code, marker):
+    """1-based line of the first line of `code` that contains marker."""
+    return next(i for i, x in enumerate(code.splitlines(), 1) if marker in x)
+
+
+def run_file(path, env=None, args=(), cwd=None, check=True):
+    proc = subprocess.run([sys.executable, str(path), *map(str, args)],
+                          env=env or base_env(), cwd=cwd or path.parent,
+                          capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{path.name} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+# --- frames ------------------------------------------------------------------
+
+FRAMES = r"""
+import json, pickle, sys
+import torch
+from torch.autograd.profiler import record_function
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks=STACKS, record_pinned_host_memory=True)
+
+def user_alloc(n):
+    return mm.caching_allocator_alloc(n)
+
+def user_free(p):
+    mm.caching_allocator_delete(p)
+
+with record_function("ProfilerStep#0"):
+    a = user_alloc(1000)
+    b = user_alloc(3 << 20)
+    mm.record_stream(b, 7)
+    mm._annotate_memory(a, "weights")
+    user_free(b)
+    pool = mm.MemPool()
+    with mm.use_mem_pool(pool):
+        c = user_alloc(4096)
+    h = mm._host_alloc(1 << 20)
+    mm._host_free(h)
+    try:
+        user_alloc(1 << 50)           # an oom entry with its stack
+    except MemoryError:
+        pass
+tb = mm._allocation_traceback(a)
+mm._dump_snapshot(OUT)
+print("RESULT " + json.dumps({"tb": tb}))
+"""
+
+
+@pytest.mark.parametrize("stacks", ["python", "all"])
+def test_no_memsnap_frame_in_any_recorded_stack(tmp_path, stacks):
+    out = str(tmp_path / "frames.pickle")
+    code = FRAMES.replace("STACKS", repr(stacks)).replace("OUT", repr(out))
+    r = run_script(code).result
+    with open(out, "rb") as f:
+        snap = pickle.load(f)
+    lists = [fl for fl in all_frame_lists(snap) if fl]
+    python = [f for fl in lists for f in fl if f["filename"].endswith(".py")
+              or f["filename"] == "<string>"]
+    assert python, "no Python frame recorded at all"
+    ours = [f for f in python if f["filename"].startswith(PKG_DIR)]
+    assert ours == [], f"memsnap frames recorded: {ours[:3]}"
+    # the innermost Python frame of every allocation is the caller's code
+    allocs = [e for e in snap["device_traces"][0]
+              if e["action"] in ("alloc", "oom")]
+    assert len(allocs) >= 4
+    for e in allocs:
+        py = [f for f in e["frames"] if f["filename"] == "<string>"]
+        assert py and py[0]["name"] == "user_alloc", e["frames"][:4]
+    assert r["tb"] and all(not f["filename"].startswith(PKG_DIR) for f in r["tb"])
+
+
+# --- rank, world size, host, pid ------------------------------------------------
+
+RANKED = r"""
+import json, os
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+p = mm.caching_allocator_alloc(1 << 20)
+try:
+    mm.caching_allocator_alloc(1 << 40)
+except MemoryError:
+    pass
+s = mm._snapshot()
+print("RESULT " + json.dumps({"info": s["process_info"], "pid": os.getpid()}))
+"""
+
+
+def test_rank_from_the_environment_and_oom_dump_name(tmp_path):
+    env = base_env(RANK="3", WORLD_SIZE="8", LOCAL_RANK="1",
+                   MEMSNAP_SIM_MEMORY="256M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path))
+    r = run_script(RANKED, env=env, cwd=str(tmp_path)).result
+    info = r["info"]
+    assert (info["rank"], info["world_size"], info["local_rank"]) == (3, 8, 1)
+    assert info["pid"] == r["pid"] and info["host"] == os.uname().nodename
+    assert info["runtime"] == "sim" and info["profile"] == "cuda"
+    assert info["devices"] == [{"device": 0, "total_bytes": 256 * MiB}]
+    dumps = glob.glob(str(tmp_path / "oom_snapshot_*.pickle"))
+    assert [os.path.basename(d).split("_")[2] for d in dumps] == ["rank3"], dumps
+    assert f"_{r['pid']}_" in os.path.basename(dumps[0])
+    # without a rank: torch_npu's name, and no rank keys
+    env = base_env(MEMSNAP_SIM_MEMORY="256M")
+    info = run_script(RANKED, env=env).result["info"]
+    assert "rank" not in info and "world_size" not in info
+
+
+DIST = r"""
+import json, os, sys
+import torch.distributed as dist
+import memsnap.memory as mm
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank,
+                        world_size=2)
+mm._record_memory_history("all", stacks="python")
+p = mm.caching_allocator_alloc(1 << 20)
+mm._dump_snapshot(f"dist_rank{rank}.pickle")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_rank_from_torch_distributed(tmp_path):
+    """No RANK in the environment: the rank comes from the real process
+    group (gloo, two processes)."""
+    script = write_script(tmp_path, "dist.py", DIST)
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
+                              env=base_env(), cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in (0, 1)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    for r in (0, 1):
+        with open(tmp_path / f"dist_rank{r}.pickle", "rb") as f:
+            info = pickle.load(f)["process_info"]
+        assert info["rank"] == r and info["world_size"] == 2, info
+    fl = run_cli("fleet", "--json", tmp_path)
+    assert fl.returncode == 0, fl.stderr
+    assert [(x["rank"], x["rank_source"]) for x in fl.json["ranks"]] == \
+        [(0, "process_info"), (1, "process_info")]
+
+
+# --- the OOM explained ----------------------------------------------------------
+
+OOM_TRAIN = """\
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+keep = []
+
+def activation(i):
+    return mm.caching_allocator_alloc(6 * MiB)
+
+def forward():
+    ptrs = [activation(i) for i in range(150)]
+    for p in ptrs[1::3]:
+        mm.caching_allocator_delete(p)   # a 6 MiB hole in every segment
+    keep.extend(ptrs[0::3] + ptrs[2::3])
+    return mm.caching_allocator_alloc(100 * MiB)   # fails
+
+try:
+    forward()
+except MemoryError as e:
+    print("OOM", e)
+"""
+
+
+def test_oom_dump_written_by_memsnap_is_explained(tmp_path):
+    script = write_script(tmp_path, "train.py", OOM_TRAIN)
+    env = base_env(MEMSNAP_SIM_MEMORY="1G", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path))
+    proc = run_file(script, env=env)
+    assert "OOM CUDA out of memory" in proc.stdout
+    (dump,) = glob.glob(str(tmp_path / "oom_snapshot_*.pickle"))
+    js = run_cli("summary", "--json", dump)
+    assert js.returncode == 0, js.stderr
+    oom = js.json["oom"]
+    # The request and the device: 100 MiB asked, 24 MiB of the 1 GiB free
+    # (50 segments of 20 MiB reserved).
+    assert oom["requested_bytes"] == 100 * MiB and oom["pool"] == "large"
+    assert oom["device_free_bytes"] == 24 * MiB
+    assert oom["device_total_bytes"] == 1 << 30
+    assert oom["reserved_bytes"] == 1000 * MiB
+    assert oom["allocated_bytes"] == 600 * MiB
+    assert oom["inactive_split_bytes"] == 400 * MiB
+    # the holes are 6 MiB; segment tails 2 MiB
+    assert oom["largest_free_block_bytes"] == 6 * MiB
+    assert oom["largest_free_block_by_pool"] == {"small": 0, "large": 6 * MiB}
+    assert oom["fits_in_largest_free_block"] is False
+    assert oom["fits_without_fragmentation"] is True
+    assert oom["fits_with_expandable_segments"] is True
+    assert oom["state_source"] == "final state"
+    assert oom["verdict"].startswith("fragmentation")
+    # the failing allocation's stack: the user's line, no memsnap frame
+    fail = line_of(OOM_TRAIN, "# fails")
+    act = line_of(OOM_TRAIN, "6 * MiB")
+    assert oom["frames"][0] == {"name": "forward", "filename": str(script),
+                                "line": fail}
+    assert oom["site"].endswith(f"train.py:{fail}:forward")
+    assert oom["top_live_sites"] == [
+        {"site": oom["site"].replace(f"{fail}:forward", f"{act}:activation"),
+         "bytes": 600 * MiB, "count": 100}]
+    # every real figure agrees with the dump read with CPython's pickle
+    with open(dump, "rb") as f:
+        snap = pickle.load(f)
+    blocks = [b for s in snap["segments"] for b in s["blocks"]]
+    inactive = [b["size"] for b in blocks if b["state"] == "inactive"]
+    assert max(inactive) == oom["largest_free_block_bytes"]
+    assert sum(inactive) == oom["inactive_split_bytes"]
+    entry = [e for e in snap["device_traces"][0] if e["action"] == "oom"][-1]
+    assert entry["device_free"] == oom["device_free_bytes"]
+    assert entry["size"] == oom["requested_bytes"]
+    # the text names the user's line
+    txt = run_cli("summary", dump)
+    assert "failing allocation  " in txt.stdout
+    line = [x for x in txt.stdout.splitlines() if "failing allocation" in x][0]
+    assert line.rstrip().endswith(f"train.py:{fail}:forward")
+    assert "would have fit" in txt.stdout and "<- your code" in txt.stdout
+
+
+# --- leaks: diff of two dumps, steps of one recording --------------------------
+
+LOOP = """\
+import sys
+import memsnap.memory as mm
+from torch.autograd.profiler import record_function
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+leak = sys.argv[1] == "leak"
+params = [mm.caching_allocator_alloc(4 * MiB) for _ in range(4)]
+kept = []
+
+def forward():
+    return [mm.caching_allocator_alloc((1 + i) * MiB) for i in range(5)]
+
+def backward(acts):
+    for a in reversed(acts):
+        mm.caching_allocator_delete(a)
+
+def remember():
+    kept.append(mm.caching_allocator_alloc(2 * MiB))   # the planted leak
+
+for step in range(10):
+    with record_function(f"ProfilerStep#{step}"):
+        acts = forward()
+        if step in (4, 8):                  # dumped while activations live
+            mm._dump_snapshot(f"{sys.argv[1]}_{step}.pickle")
+        backward(acts)
+        if leak:
+            remember()
+mm._dump_snapshot(f"{sys.argv[1]}_end.pickle")
+"""
+
+
+@pytest.fixture(scope="module")
+def loops(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loops")
+    script = write_script(d, "loop.py", LOOP)
+    for kind in ("noleak", "leak"):
+        run_file(script, args=[kind])
+    return d
+
+
+def test_diff_of_a_loop_without_leak_has_no_candidate(loops):
+    r = run_cli("diff", "--json", loops / "noleak_4.pickle",
+                loops / "noleak_8.pickle")
+    assert r.returncode == 0, r.stdout
+    d = r.json["devices"][0]
+    assert d["leak_candidates"] == []
+    assert d["alignment"]["method"] == "time"
+    # the activations live in both were freed and allocated again in
+    # between (same addresses): freed + new, never kept
+    new = {x["site"]: x["count"] for x in d["new_by_site"]}
+    freed = {x["site"]: x["count"] for x in d["freed_by_site"]}
+    assert new == freed and list(new.values()) == [5]
+    assert [x["count"] for x in d["kept_by_site"]] == [4]   # the params
+
+
+def test_diff_finds_the_planted_leak_only(loops):
+    r = run_cli("diff", "--json", loops / "leak_4.pickle",
+                loops / "leak_8.pickle")
+    assert r.returncode == 1
+    (cand,) = r.json["devices"][0]["leak_candidates"]
+    assert cand["site"].endswith(f"loop.py:{line_of(LOOP, 'planted')}:remember")
+    assert cand["bytes"] == 4 * 2 * MiB and cand["count"] == 4
+
+
+def test_diff_warns_when_files_share_nothing(loops):
+    r = run_cli("diff", "--json", loops / "noleak_8.pickle",
+                loops / "leak_8.pickle")
+    assert r.json["same_process"] is False
+    assert r.json["leak_candidate_count"] == 0 and r.returncode == 0
+    assert "different processes" in r.json["warnings"][0]
+
+
+def test_leaks_over_the_steps_of_one_recording(loops):
+    r = run_cli("leaks", "--json", loops / "leak_end.pickle")
+    assert r.returncode == 1, r.stdout
+    (dev,) = r.json["devices"]
+    assert dev["steps"] == 10 and dev["step_name"] == "ProfilerStep"
+    (cand,) = dev["leak_candidates"]
+    assert cand["site"].endswith(f"loop.py:{line_of(LOOP, 'planted')}:remember")
+    assert cand["bytes_per_step"] == 2 * MiB and cand["steps_grown"] == 9
+    assert cand["confidence"] > 0.99
+    r = run_cli("leaks", "--json", loops / "noleak_end.pickle")
+    assert r.returncode == 0 and r.json["leak_candidate_count"] == 0
+
+
+def test_leaks_over_several_snapshots(loops):
+    files = [loops / f"leak_{s}.pickle" for s in (4, 8)] + \
+        [loops / "leak_end.pickle"]
+    r = run_cli("leaks", "--json", *files)
+    (cand,) = r.json["devices"][0]["leak_candidates"]
+    assert cand["site"].endswith(f"loop.py:{line_of(LOOP, 'planted')}:remember")
+    assert r.json["warnings"] == []
+
+
+# --- many ranks ----------------------------------------------------------------
+
+RANK = """\
+import os
+import memsnap.memory as mm
+from torch.autograd.profiler import record_function
+rank = int(os.environ["RANK"])
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+params = [mm.caching_allocator_alloc(8 * MiB) for _ in range(4)]
+kept = []
+
+def cache(step):
+    kept.append(mm.caching_allocator_alloc(MiB))   # leaks on every rank
+
+for step in range(6):
+    with record_function(f"ProfilerStep#{step}"):
+        n = 12 if rank == 5 else 6                 # rank 5: the outlier
+        acts = [mm.caching_allocator_alloc(3 * MiB) for _ in range(n)]
+        for a in acts:
+            mm.caching_allocator_delete(a)
+        cache(step)
+mm._dump_snapshot(f"snap_rank{rank}.pickle")
+"""
+
+
+def test_fleet_flags_the_planted_outlier_among_eight_ranks(tmp_path):
+    script = write_script(tmp_path, "rank.py", RANK)
+    for r in range(8):
+        run_file(script, env=base_env(RANK=str(r), WORLD_SIZE="8",
+                                      LOCAL_RANK=str(r)))
+    res = run_cli("fleet", "--json", "-j", "4", tmp_path)
+    assert res.returncode == 1, res.stderr
+    js = res.json
+    assert [x["rank"] for x in js["ranks"]] == list(range(8))
+    assert all(x["world_size"] == 8 and x["rank_source"] == "process_info"
+               for x in js["ranks"])
+    assert js["outliers"] == [str(tmp_path / "snap_rank5.pickle")]
+    (r5,) = [x for x in js["ranks"] if x["rank"] == 5]
+    assert r5["peak_reserved_bytes"] > js["medians"]["peak_reserved_bytes"]
+    (common,) = js["common_leaks"]
+    assert common["site"].endswith(f"rank.py:{line_of(RANK, 'every rank')}:cache")
+    assert common["ranks"] == 8
+    # the same result with one thread
+    one = run_cli("fleet", "--json", "-j", "1", tmp_path).json
+    assert one["outliers"] == js["outliers"] and one["ranks"] == js["ranks"]
+    txt = run_cli("fleet", tmp_path).stdout
+    assert "snap_rank5.pickle  <- outlier" in txt
+    assert "8/8 ranks" in txt
+
+
+# --- which profile -------------------------------------------------------------
+
+def test_replay_defaults_to_the_recordings_profile(tmp_path):
+    """The live allocator takes the runtime's own profile (sim: cuda) unless
+    MEMSNAP_PROFILE says; replay takes the recording's."""
+    code = textwrap.dedent("""
+    import memsnap.memory as mm, sys
+    mm._record_memory_history("all", stacks="python")
+    ps = [mm.caching_allocator_alloc(n) for n in (1 << 20, 3000, 5 << 20)]
+    mm.caching_allocator_delete(ps[1])
+    mm._dump_snapshot(sys.argv[1])
+    """)
+    script = write_script(tmp_path, "rec.py", code)
+    for prof in ("npu", "cuda"):
+        env = base_env(MEMSNAP_PROFILE=prof) if prof == "npu" else base_env()
+        out = tmp_path / f"{prof}.pickle"
+        run_file(script, env=env, args=[out])
+        with open(out, "rb") as f:
+            assert pickle.load(f)["process_info"]["profile"] == prof
+        r = run_cli("replay", "--json", out)
+        assert r.json["profile"] == prof, r.stdout
+        assert r.returncode == 0
+    # a 1 MiB request is a 1 MiB block under cuda (no NPU pad)
+    with open(tmp_path / "cuda.pickle", "rb") as f:
+        blocks = [b for s in pickle.load(f)["segments"] for b in s["blocks"]
+                  if b["requested_size"] == 1 << 20]
+    assert blocks[0]["size"] == 1 << 20
