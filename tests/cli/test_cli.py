@@ -1654,10 +1654,323 @@ def group_io():
                "%s -o NULL-DEVICE: ok, device kept (%d %r)" % (cmd, rc, err))
 
 
+# --- fragmentation, OOM, leaks, fleet: the same figures in Python -----------
+SMALL_SIZE = 1 << 20       # kSmallSize: the small pool's requests
+MIN_BLOCK = 512            # kMinBlockSize
+
+
+def py_frag_final(segs, dev):
+    """Fragmentation of the segments of a device, as PyTorch's stats
+    count it, straight from the block states."""
+    f = {"inactive_split_bytes": 0, "inactive_split_blocks": 0,
+         "free_segments_bytes": 0, "largest_free_block_bytes": 0,
+         "largest_free_block_by_pool": {"small": 0, "large": 0}}
+    for s in segs:
+        if s["device"] != dev:
+            continue
+        large = s.get("segment_type", "large" if s["total_size"] != 2 * MiB
+                      else "small") == "large"
+        active = [b for b in s["blocks"]
+                  if b["state"] in ("active_allocated", "active_pending_free")]
+        if not active:
+            f["free_segments_bytes"] += s["total_size"]
+        for b in s["blocks"]:
+            if b["state"] != "inactive":
+                continue
+            if len(s["blocks"]) > 1:
+                f["inactive_split_bytes"] += b["size"]
+                f["inactive_split_blocks"] += 1
+            f["largest_free_block_bytes"] = max(f["largest_free_block_bytes"],
+                                                b["size"])
+            pool = f["largest_free_block_by_pool"]
+            k = "large" if large else "small"
+            pool[k] = max(pool[k], b["size"])
+    return f
+
+
+def py_round(req):
+    """PyTorch's round_size with the default configuration."""
+    return MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
+
+
+class PySim:
+    """A device's segments and live blocks followed forward through its
+    trace, with PyTorch's placement rules for the block sizes the trace
+    does not give (it records requested sizes): round to 512 bytes; in a
+    large segment a remainder of at most 1 MiB is not split off.  The
+    start state is the final one with the trace undone (written again
+    here, independently of the C code)."""
+
+    def __init__(self, snap, dev):
+        self.trace = snap["device_traces"][dev]
+        segs = {s["address"]: [s["total_size"],
+                               s.get("segment_type") == "large"]
+                for s in snap["segments"] if s["device"] == dev}
+        live = {}
+        for s in snap["segments"]:
+            if s["device"] != dev:
+                continue
+            for b in s["blocks"]:
+                if b["state"] != "inactive":
+                    live[b["address"]] = [b["size"], b["requested_size"]]
+        for e in reversed(self.trace):
+            a = e["action"]
+            if a == "alloc":
+                live.pop(e["addr"], None)
+            elif a == "free_completed":
+                live[e["addr"]] = [None, e["size"]]
+            elif a == "segment_alloc":
+                segs.pop(e["addr"], None)
+            elif a == "segment_free":
+                segs[e["addr"]] = [e["size"], e["size"] != 2 * MiB]
+        self.segs, self.live = segs, live
+        for addr in sorted(a for a, v in live.items() if v[0] is None):
+            live[addr][0] = self.size_at(addr, live[addr][1])
+
+    def size_at(self, addr, req):
+        seg = max(a for a in self.segs if a <= addr)
+        size, large = self.segs[seg]
+        nxt = min([a for a in self.live if addr < a < seg + size] +
+                  [seg + size])
+        want = py_round(req)
+        if large and nxt - addr - want <= SMALL_SIZE:
+            want = nxt - addr
+        return want
+
+    def states(self):
+        """Yield (state, self) for states 0..n."""
+        yield 0, self
+        for i, e in enumerate(self.trace):
+            a = e["action"]
+            if a == "alloc":
+                self.live[e["addr"]] = [0, e["size"]]
+                self.live[e["addr"]][0] = self.size_at(e["addr"], e["size"])
+            elif a == "free_completed":
+                self.live.pop(e["addr"], None)
+            elif a == "segment_alloc":
+                self.segs[e["addr"]] = [e["size"], e["size"] != 2 * MiB]
+            elif a == "segment_free":
+                self.segs.pop(e["addr"], None)
+            yield i + 1, self
+
+    def reserved(self):
+        return sum(v[0] for v in self.segs.values())
+
+    def active_requested(self):
+        return sum(v[1] for v in self.live.values())
+
+    def frag(self):
+        out = {"reserved_bytes": self.reserved(), "allocated_bytes": 0,
+               "inactive_split_bytes": 0, "free_segments_bytes": 0,
+               "largest_free_block_bytes": 0,
+               "largest_free_block_by_pool": {"small": 0, "large": 0}}
+        blocks = sorted(self.live.items())
+        for seg, (size, large) in sorted(self.segs.items()):
+            inside = [(a, v[0]) for a, v in blocks if seg <= a < seg + size]
+            out["allocated_bytes"] += sum(n for _, n in inside)
+            if not inside:
+                out["free_segments_bytes"] += size
+                gaps = [size]
+            else:
+                gaps, pos = [], seg
+                for a, n in inside:
+                    gaps.append(a - pos)
+                    pos = a + n
+                gaps.append(seg + size - pos)
+                out["inactive_split_bytes"] += sum(gaps)
+            k = "large" if large else "small"
+            for g in gaps:
+                out["largest_free_block_bytes"] = max(
+                    out["largest_free_block_bytes"], g)
+                pool = out["largest_free_block_by_pool"]
+                pool[k] = max(pool[k], g)
+        return out
+
+
+def group_frag():
+    """summary --json: fragmentation per device on every real input, equal
+    to the figures computed here from the pickle (final state), and at the
+    peak of reserved memory equal to PySim's forward walk."""
+    files = real_files()
+    for path in files:
+        name = os.path.basename(path)
+        rc, out, err = run("summary", "--json", path)
+        need(rc == 0, "summary --json %s" % name)
+        js = json.loads(out)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        segs = snap if isinstance(snap, list) else snap["segments"]
+        for d in js["devices"]:
+            fr = d.get("fragmentation")
+            expect(fr is not None, "%s device %d: fragmentation present"
+                   % (name, d["device"]))
+            if fr is None:
+                continue
+            want = py_frag_final(segs, d["device"])
+            got = {k: fr[k] for k in want}
+            expect(got == want, "%s device %d: final fragmentation equals "
+                   "pickle's %s (got %s)" % (name, d["device"], want, got))
+            traces = [] if isinstance(snap, list) else snap["device_traces"]
+            tr = traces[d["device"]] if d["device"] < len(traces) else []
+            if not any(e["action"] == "alloc" for e in tr):
+                expect(fr["at_peak"] is None and fr["at_peak_unavailable"],
+                       "%s device %d: no alloc history, so no peak figures "
+                       "(%s)" % (name, d["device"],
+                                 fr["at_peak_unavailable"]))
+                continue
+            sim = PySim(snap, d["device"])
+            best = None
+            for st, x in sim.states():
+                key = (x.reserved(), x.active_requested())
+                if best is None or key > best[0]:
+                    best = (key, st, x.frag())
+            expect(fr["peak_state"] == best[1],
+                   "%s device %d: the peak is state %d (most reserved, then "
+                   "most active): %s" % (name, d["device"], best[1],
+                                         fr["peak_state"]))
+            peak = fr["at_peak"] or {}
+            got = {k: peak.get(k) for k in best[2]}
+            expect(got == best[2], "%s device %d: fragmentation at the peak "
+                   "(%s) equals the forward walk's %s (got %s)" %
+                   (name, d["device"], fr["at_peak_source"], best[2], got))
+
+
+def oom_snapshot():
+    """A PyTorch-like OOM dump: 4 segments of 20 MiB, each with a 12 MiB
+    block live and an 8 MiB hole... made by a trace from an empty
+    allocator, then an oom entry for 30 MiB with 10 MiB of the device
+    free."""
+    fr = [frame("malloc", "??", 0),
+          frame("step", "/home/u/train.py", 77),
+          frame("<module>", "/home/u/train.py", 90)]
+    t = 1700000000000000
+    trace, segs = [], []
+    for k in range(4):
+        base = A0 + k * 32 * MiB
+        trace.append({"action": "segment_alloc", "addr": base,
+                      "size": 20 * MiB, "stream": 0, "time_us": t + 3 * k,
+                      "frames": fr})
+        trace.append({"action": "alloc", "addr": base, "size": 12 * MiB,
+                      "stream": 0, "time_us": t + 3 * k + 1, "frames": fr})
+        segs.append({"device": 0, "address": base, "total_size": 20 * MiB,
+                     "allocated_size": 12 * MiB, "active_size": 12 * MiB,
+                     "requested_size": 12 * MiB, "stream": 0,
+                     "segment_type": "large", "segment_pool_id": (0, 0),
+                     "is_expandable": False, "frames": fr,
+                     "blocks": [{"address": base, "size": 12 * MiB,
+                                 "requested_size": 12 * MiB,
+                                 "state": "active_allocated", "frames": fr},
+                                {"address": base + 12 * MiB,
+                                 "size": 8 * MiB, "requested_size": 0,
+                                 "state": "inactive", "frames": []}]})
+    trace.append({"action": "oom", "device_free": 10 * MiB, "size": 30 * MiB,
+                  "stream": 0, "time_us": t + 20, "frames": fr})
+    return {"segments": segs, "device_traces": [trace],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "",
+                                   "max_split_size": -1,
+                                   "expandable_segments": False},
+            "external_annotations": []}
+
+
+def group_explain():
+    """The OOM of a PyTorch-like dump explained; leaks and fleet on
+    recordings of memsnap demo-train; replay keeps the recording's
+    figures."""
+    if not reader_available():
+        need(False, "explain: summary of a small valid snapshot")
+    p = write_pickle(oom_snapshot(), "oom.pickle")
+    rc, out, err = run("summary", "--json", p)
+    oom = json.loads(out)["oom"] if rc == 0 else {}
+    expect(oom.get("requested_bytes") == 30 * MiB and
+           oom.get("device_free_bytes") == 10 * MiB and
+           oom.get("device_total_bytes") is None and
+           oom.get("reserved_bytes") == 80 * MiB and
+           oom.get("inactive_split_bytes") == 32 * MiB and
+           oom.get("largest_free_block_bytes") == 8 * MiB and
+           oom.get("fits_in_largest_free_block") is False and
+           oom.get("fits_without_fragmentation") is True and
+           oom.get("site") == "u/train.py:77:step" and
+           [f["line"] for f in oom.get("frames", [])] == [0, 77, 90],
+           "summary: the OOM of a PyTorch-like dump (%s)" % oom)
+    expect(oom.get("fits_with_expandable_segments") is True and
+           "served" in oom.get("expandable_segments_replay", ""),
+           "summary: with expandable segments the 30 MiB fit on a device of "
+           "reserved + free bytes (%s)" % oom.get("expandable_segments_replay"))
+    rc, out, err = run("summary", p)
+    expect(rc == 0 and "failing allocation  u/train.py:77:step" in out and
+           "fragmentation:" in out,
+           "summary text: the failing allocation's line and the verdict")
+
+    # leaks: demo-train with and without a planted leak
+    d = os.path.join(TMP, "demo_leak.pickle")
+    d0 = os.path.join(TMP, "demo.pickle")
+    rc1 = run("demo-train", "--steps", "6", "--layers", "2", "--hidden", "256",
+              "--leak", str(MiB), "-o", d)[0]
+    rc2 = run("demo-train", "--steps", "6", "--layers", "2", "--hidden", "256",
+              "-o", d0)[0]
+    need(rc1 == 0 and rc2 == 0, "demo-train writes two recordings")
+    rc, out, err = run("leaks", "--json", d)
+    js = json.loads(out) if out else {"devices": [{}]}
+    lc = js["devices"][0].get("leak_candidates", [])
+    expect(rc == 1 and [x["site"] for x in lc] ==
+           ["examples/train.py:70:remember"] and
+           lc[0]["bytes_per_step"] == MiB and
+           js["devices"][0]["step_name"] == "ProfilerStep",
+           "leaks: the planted leak of demo-train --leak is the only site "
+           "(%s)" % lc)
+    rc, out, err = run("leaks", d0)
+    expect(rc == 0 and "no site grows" in out,
+           "leaks: no leak in a loop without one")
+
+    # fleet: 8 ranks of demo-train, rank 6 with twice the layers
+    fleet = os.path.join(TMP, "fleet")
+    os.makedirs(fleet)
+    for r in range(8):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="8", LOCAL_RANK="0")
+        subprocess.run(WRAPPER + [MEMSNAP, "demo-train", "--steps", "3",
+                                  "--layers", "4" if r == 6 else "2",
+                                  "--hidden", "256", "-o",
+                                  os.path.join(fleet, "r%d.pickle" % r)],
+                       env=env, capture_output=True, timeout=300)
+    rc, out, err = run("fleet", "--json", fleet)
+    js = json.loads(out) if out else {}
+    expect(rc == 1 and js.get("outliers") == [os.path.join(fleet,
+                                                           "r6.pickle")] and
+           [x["rank"] for x in js.get("ranks", [])] == list(range(8)),
+           "fleet: 8 ranks in rank order, the planted outlier flagged (%s)"
+           % js.get("outliers"))
+    rc, out, err = run("fleet", fleet)
+    expect(rc == 1 and "r6.pickle  <- outlier" in out,
+           "fleet text: the outlier marked in the table")
+
+    # replay -o keeps what the recording has (2.1: no time_us; the
+    # requested sizes of blocks older than the trace)
+    if os.path.isdir(REAL):
+        src = os.path.join(REAL, "cranberrii_ftcourse__memory_snapshot.pickle")
+        dst = os.path.join(TMP, "cr_replay.pickle")
+        rc, out, err = run("replay", src, "-o", dst)
+        if rc == 0:
+            with open(src, "rb") as f:
+                a = pickle.load(f)
+            with open(dst, "rb") as f:
+                b = pickle.load(f)
+            req = lambda x: {(bl["address"], bl["size"]): bl["requested_size"]
+                             for s in x["segments"] for bl in s["blocks"]
+                             if bl["state"] != "inactive"}
+            expect(req(a) == req(b) and not any(
+                "time_us" in e for e in b["device_traces"][0]) and
+                b["process_info"]["replayed"] is True,
+                "replay -o of a 2.1 recording: requested sizes kept, no "
+                "invented time_us")
+        else:
+            expect(False, "replay of cranberrii (%s)" % err)
+
+
 GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "check": group_check, "real": group_real,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
-          "view": group_view, "sites": group_sites}
+          "view": group_view, "sites": group_sites, "frag": group_frag,
+          "explain": group_explain}
 
 if __name__ == "__main__":
     GROUPS[GROUP]()
