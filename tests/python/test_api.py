@@ -65,9 +65,9 @@ print("RESULT " + json.dumps(out))
 
 
 def test_api_surface():
-    r = run_script(API, env=base_env(MEMSNAP_SIM_MEMORY="128M")).result
-    # No MEMSNAP_PROFILE: the runtime's own profile, cuda for the sim.
-    assert r["profile"] == "cuda" and r["runtime"] == "sim"
+    r = run_script(API, env=base_env(MEMSNAP_SIM_MEMORY="128M",
+                                     MEMSNAP_PROFILE="npu")).result
+    assert r["profile"] == "npu" and r["runtime"] == "sim"
     assert r["info0"] == [128 << 20, 128 << 20]
     assert len(r["keys"]) == 123 and r["keys"] == sorted(r["keys"])
     assert "num_oom_rejections" in r["keys"]
@@ -96,6 +96,24 @@ def test_api_surface():
     assert r["metadata"] == [True, ""]
     assert "max_split_size_mb:40" in r["settings"]
     assert "memory summary, device ID 0" in r["summary_head"]
+
+
+def test_default_profile_is_the_runtimes_own():
+    """No MEMSNAP_PROFILE: the sim runs PyTorch's allocator (cuda), so a
+    1 MiB request is a 1 MiB block and the summary speaks CUDA."""
+    code = r"""
+import json
+import memsnap.memory as mm
+from memsnap import _memsnap
+p = mm.caching_allocator_alloc(1 << 20)
+size = [b["size"] for s in mm.memory_snapshot() for b in s["blocks"]
+        if b["state"] == "active_allocated"]
+print("RESULT " + json.dumps([_memsnap.profile(), size,
+                              mm.memory_summary().splitlines()[1]]))
+"""
+    prof, size, head = run_script(code).result
+    assert prof == "cuda" and size == [1 << 20]
+    assert "PyTorch CUDA memory summary" in head
 
 
 POOL = r"""
