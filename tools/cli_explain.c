@@ -279,17 +279,19 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
       } else if (rr.first_failed != CLI_NO_PAIR &&
                  rr.first_failed < o->state) {
         o->expandable = 0;
+        char b[32];
         snprintf(o->expandable_why, sizeof o->expandable_why,
-                 "the replay with expandable_segments:True on a device of "
-                 "%" PRIu64 " B ran out of memory earlier, at entry %u",
-                 o->reserved + o->device_free, rr.first_failed);
+                 "the replay on a device of %s (reserved + free at the OOM) "
+                 "ran out of memory earlier, at entry %u",
+                 cli_bytes(o->reserved + o->device_free, b, sizeof b),
+                 rr.first_failed);
       } else if (w.got[0]) {
         o->expandable = w.ask_rc == 0;
+        char b[32];
         snprintf(o->expandable_why, sizeof o->expandable_why,
-                 "a replay with expandable_segments:True on a device of "
-                 "%" PRIu64 " B (reserved + free at the OOM) %s the "
-                 "request in the OOM's state",
-                 o->reserved + o->device_free,
+                 "a replay on a device of %s (reserved + free at the OOM) "
+                 "%s the request in the OOM's state",
+                 cli_bytes(o->reserved + o->device_free, b, sizeof b),
                  w.ask_rc == 0 ? "served" : "could not serve");
       } else {
         snprintf(o->expandable_why, sizeof o->expandable_why,

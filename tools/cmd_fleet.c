@@ -703,14 +703,13 @@ int cli_cmd_fleet(int argc, char **argv) {
       for (uint32_t i = 0; i < n; i++) {
         if (!r[i].outlier)
           continue;
-        printf("  %s:", r[i].file);
+        printf("  %s\n", r[i].file);
         for (int k = 0; k < NMETRICS; k++)
           if (r[i].dev_ratio[k] != 0)
-            printf(" %s %s (%.2fx the median %s)", metric_names[k],
+            printf("    %-22s %12s  %.2fx the median %s\n", metric_names[k],
                    cli_bytes(r[i].m[k], b[0], sizeof b[0]),
                    r[i].dev_ratio[k],
                    cli_bytes((uint64_t)med[k], b[1], sizeof b[1]));
-        printf("\n");
       }
     } else if (nok >= 3) {
       printf("\nno outlier rank\n");

@@ -647,8 +647,53 @@ static void print_fragmentation(const cli_explain_t *x) {
   }
 }
 
+/* "  label            text" with text wrapped at 79 columns under itself
+ * (words longer than a line are not split). */
+static void print_wrapped(const char *label, const char *text) {
+  enum { INDENT = 19, WIDTH = 79 };
+  int col = printf("  %-*s", INDENT - 3, label);
+  if (col < INDENT) {
+    printf("%*s", INDENT - col, "");
+    col = INDENT;
+  } else {
+    putchar(' ');
+    col++;
+  }
+  const char *p = text;
+  bool first = true;
+  while (*p) {
+    while (*p == ' ')
+      p++;
+    size_t w = strcspn(p, " ");
+    if (!w)
+      break;
+    /* keep "400.00 MiB" on one line */
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    for (int u = 0; u < 5 && p[w] == ' '; u++) {
+      size_t ul = strlen(units[u]);
+      if (!strncmp(p + w + 1, units[u], ul) &&
+          (p[w + 1 + ul] == 0 || strchr(" ,;)", p[w + 1 + ul]))) {
+        w += 1 + strcspn(p + w + 1, " ");
+        break;
+      }
+    }
+    if (!first && col + 1 + (int)w > WIDTH) {
+      printf("\n%*s", INDENT, "");
+      col = INDENT;
+    } else if (!first) {
+      putchar(' ');
+      col++;
+    }
+    printf("%.*s", (int)w, p);
+    col += (int)w;
+    p += w;
+    first = false;
+  }
+  putchar('\n');
+}
+
 static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
-  char b1[32], b2[32], b3[32], b4[512];
+  char b1[32], b2[32], b3[32], b4[512], b5[32], b6[32];
   printf("\nout of memory on device %" PRId64 " (trace entry %u", o->device,
          o->entry);
   if (o->count > 1)
@@ -666,31 +711,37 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   else
     printf("  device           %s free (total not recorded in this file)\n",
            cli_bytes(o->device_free, b1, sizeof b1));
-  printf("  at the OOM       reserved %s, live allocations %s requested\n",
-         cli_bytes(o->reserved, b1, sizeof b1),
-         cli_bytes(o->active_requested, b2, sizeof b2));
+  char buf[700];
+  snprintf(buf, sizeof buf, "reserved %s, live allocations %s requested",
+           cli_bytes(o->reserved, b1, sizeof b1),
+           cli_bytes(o->active_requested, b2, sizeof b2));
+  print_wrapped("at the OOM", buf);
   if (o->have_at) {
-    printf("                   allocated %s; cached free %s, of it %s "
-           "inactive in split segments\n",
-           cli_bytes(o->at.allocated, b1, sizeof b1),
-           cli_bytes(o->at.reserved - o->at.active, b2, sizeof b2),
-           cli_bytes(o->at.inactive_split, b3, sizeof b3));
-    printf("                   largest free block: small pool %s, large "
-           "pool %s (from the %s)\n",
-           cli_bytes(o->at.largest_free_small, b1, sizeof b1),
-           cli_bytes(o->at.largest_free_large, b2, sizeof b2), o->source);
+    snprintf(buf, sizeof buf,
+             "allocated %s; cached free %s, of it %s inactive in split "
+             "segments; largest free block: small pool %s, large pool %s "
+             "(blocks from the %s)",
+             cli_bytes(o->at.allocated, b1, sizeof b1),
+             cli_bytes(o->at.reserved - o->at.active, b2, sizeof b2),
+             cli_bytes(o->at.inactive_split, b3, sizeof b3),
+             cli_bytes(o->at.largest_free_small, b5, sizeof b5),
+             cli_bytes(o->at.largest_free_large, b6, sizeof b6), o->source);
   } else {
-    printf("                   blocks at the OOM unknown: %s\n", o->why);
+    snprintf(buf, sizeof buf, "blocks at the OOM unknown: %s", o->why);
   }
-  printf("  verdict          %s\n", oom_verdict(o));
-  printf("  without fragmentation  %s\n",
-         o->fits_unfragmented ? "would have fit" : "would not have fit");
-  if (o->expandable >= 0 || o->expandable_why[0])
-    printf("  expandable_segments    %s%s%s\n",
-           o->expandable == 1   ? "would have fit: "
-           : o->expandable == 0 ? "would not have fit: "
-                                : "unknown: ",
-           o->expandable_why, "");
+  print_wrapped("", buf);
+  print_wrapped("verdict", oom_verdict(o));
+  print_wrapped("unfragmented", o->fits_unfragmented
+                                    ? "the request would have fit"
+                                    : "the request would not have fit");
+  if (o->expandable >= 0 || o->expandable_why[0]) {
+    snprintf(buf, sizeof buf, "with expandable_segments:True the request %s: %s",
+             o->expandable == 1   ? "would have fit"
+             : o->expandable == 0 ? "would not have fit"
+                                  : "may or may not have fit",
+             o->expandable_why);
+    print_wrapped("expandable", buf);
+  }
   uint32_t n;
   const uint32_t *fr = cli_stack(s, o->stack, &n);
   if (n) {
