@@ -124,21 +124,12 @@ void cj_i64(cli_json_t *j, int64_t v) {
   fprintf(j->f, "%" PRId64, v);
 }
 
-/* The shortest of %.15g / %.16g / %.17g that reads back as v (0.969, not
- * 0.96899999999999997). */
 void cj_dbl(cli_json_t *j, double v) {
   cj_pre(j);
-  if (!isfinite(v)) {
+  if (isfinite(v))
+    fprintf(j->f, "%.17g", v);
+  else
     fputs("null", j->f);
-    return;
-  }
-  char buf[40];
-  for (int prec = 15; prec <= 17; prec++) {
-    snprintf(buf, sizeof buf, "%.*g", prec, v);
-    if (strtod(buf, NULL) == v)
-      break;
-  }
-  fputs(buf, j->f);
 }
 
 void cj_bool(cli_json_t *j, bool v) {
