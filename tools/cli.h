@@ -339,6 +339,13 @@ static inline uint32_t cli_sites_of(const cli_sites_t *x, msnap_stack_t st) {
   return st < x->nstacks ? x->of_stack[st] : CLI_SITEIX_NONE;
 }
 
+/* out[k] (st->nb entries, zeroed by the caller) = the stack of block k of
+ * the start state st of dev: the stack the resolver gives the same block
+ * in the final state (its own frames) when it is the same allocation (no
+ * live alloc entry at its address); left MSNAP_STACK_ABSENT otherwise. */
+void cli_start_stacks(const msnap_snap_t *s, const cli_stacks_t *stk,
+                      int64_t dev, const cli_state_t *st, msnap_stack_t *out);
+
 /* Bytes and count of live allocations of one site. */
 typedef struct cli_site_sum_s {
   cli_site_t site;
@@ -370,7 +377,8 @@ typedef struct cli_frag_s {
   uint64_t inactive; /* every inactive block */
 } cli_frag_t;
 void cli_frag_model(const msnap_snap_t *s, int64_t dev, cli_frag_t *f);
-/* The fragmentation object of `summary --json` / `fleet --json`. */
+/* The figures as JSON keys of the open object, or as one object. */
+void cli_frag_json_fields(cli_json_t *j, const cli_frag_t *f);
 void cli_frag_json(cli_json_t *j, const cli_frag_t *f);
 
 /* ---- explanations (cli_explain.c) ---------------------------------------- */

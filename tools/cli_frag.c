@@ -59,24 +59,11 @@ void cli_frag_model(const msnap_snap_t *s, int64_t dev, cli_frag_t *f) {
   }
 }
 
-void cli_frag_json(cli_json_t *j, const cli_frag_t *f) {
-  cj_obj(j);
-  cj_key(j, "reserved_bytes");
-  cj_u64(j, f->reserved);
-  cj_key(j, "allocated_bytes");
-  cj_u64(j, f->allocated);
-  cj_key(j, "active_bytes");
-  cj_u64(j, f->active);
-  cj_key(j, "inactive_bytes");
-  cj_u64(j, f->inactive);
+void cli_frag_json_fields(cli_json_t *j, const cli_frag_t *f) {
   cj_key(j, "inactive_split_bytes");
   cj_u64(j, f->inactive_split);
   cj_key(j, "inactive_split_blocks");
   cj_u64(j, f->inactive_split_blocks);
-  cj_key(j, "free_segments");
-  cj_u64(j, f->free_segments);
-  cj_key(j, "free_segments_bytes");
-  cj_u64(j, f->free_segments_bytes);
   cj_key(j, "largest_free_block_bytes");
   cj_u64(j, f->largest_free);
   cj_key(j, "largest_free_block_by_pool");
@@ -86,5 +73,22 @@ void cli_frag_json(cli_json_t *j, const cli_frag_t *f) {
   cj_key(j, "large");
   cj_u64(j, f->largest_free_large);
   cj_obj_end(j);
+  cj_key(j, "free_segments");
+  cj_u64(j, f->free_segments);
+  cj_key(j, "free_segments_bytes");
+  cj_u64(j, f->free_segments_bytes);
+  cj_key(j, "inactive_bytes");
+  cj_u64(j, f->inactive);
+}
+
+void cli_frag_json(cli_json_t *j, const cli_frag_t *f) {
+  cj_obj(j);
+  cj_key(j, "reserved_bytes");
+  cj_u64(j, f->reserved);
+  cj_key(j, "allocated_bytes");
+  cj_u64(j, f->allocated);
+  cj_key(j, "active_bytes");
+  cj_u64(j, f->active);
+  cli_frag_json_fields(j, f);
   cj_obj_end(j);
 }

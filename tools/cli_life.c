@@ -146,12 +146,8 @@ static int cmp_sum_bytes(const void *a, const void *b) {
   return x->site.via < y->site.via ? -1 : x->site.via > y->site.via;
 }
 
-/* Stack of each block of the start state: the stack the resolver gives
- * the same block in the final state (its own frames), when it is still
- * live at the end; MSNAP_STACK_ABSENT otherwise. */
-static void start_stacks(const msnap_snap_t *s, const cli_stacks_t *stk,
-                         int64_t dev, const cli_state_t *st,
-                         msnap_stack_t *out) {
+void cli_start_stacks(const msnap_snap_t *s, const cli_stacks_t *stk,
+                      int64_t dev, const cli_state_t *st, msnap_stack_t *out) {
   for (uint32_t gi = 0; gi < s->nsegments; gi++) {
     const msnap_ssegment_t *g = &s->segments[gi];
     if (g->device != dev)
@@ -202,7 +198,7 @@ int cli_live_sites_at(const msnap_snap_t *s, const cli_stacks_t *stk,
   }
   for (uint32_t k = 0; k < sites->n; k++)
     sum[k].site = sites->site[k];
-  start_stacks(s, stk, dev, &st, pre);
+  cli_start_stacks(s, stk, dev, &st, pre);
   /* blocks of the start state freed before `state` */
   for (uint32_t i = 0; i < state; i++) {
     const msnap_strace_t *e = &tl->v[i];

@@ -229,28 +229,9 @@ static const char *state_names[4] = {"inactive", "active_allocated",
 
 /* fragmentation: the final state's figures, and the same at the peak. */
 static void json_fragmentation(cli_json_t *j, const cli_explain_t *x) {
-  const cli_frag_t *f = &x->final;
   cj_key(j, "fragmentation");
   cj_obj(j);
-  cj_key(j, "inactive_split_bytes");
-  cj_u64(j, f->inactive_split);
-  cj_key(j, "inactive_split_blocks");
-  cj_u64(j, f->inactive_split_blocks);
-  cj_key(j, "largest_free_block_bytes");
-  cj_u64(j, f->largest_free);
-  cj_key(j, "largest_free_block_by_pool");
-  cj_obj(j);
-  cj_key(j, "small");
-  cj_u64(j, f->largest_free_small);
-  cj_key(j, "large");
-  cj_u64(j, f->largest_free_large);
-  cj_obj_end(j);
-  cj_key(j, "free_segments");
-  cj_u64(j, f->free_segments);
-  cj_key(j, "free_segments_bytes");
-  cj_u64(j, f->free_segments_bytes);
-  cj_key(j, "inactive_bytes");
-  cj_u64(j, f->inactive);
+  cli_frag_json_fields(j, &x->final);
   cj_key(j, "peak_state");
   if (x->have_peak_state)
     cj_u64(j, x->peak_state);

@@ -497,37 +497,12 @@ static uint64_t pre_size(const cli_lblock_t *b) {
   return b->requested ? b->requested : b->size;
 }
 
-/* Stacks of the blocks live at the start: the frames of the final block at
- * the same address when that block is the same allocation (no live alloc
- * entry for it in the trace). */
+/* Stacks of the blocks live at the start (cli_start_stacks). */
 static int prestacks(vdev_t *d) {
   d->prestack = calloc((size_t)d->st.nb + 1, sizeof *d->prestack);
   if (!d->prestack)
     return -1;
-  for (uint32_t gi = 0; gi < d->s->nsegments; gi++) {
-    const msnap_ssegment_t *g = &d->s->segments[gi];
-    if (g->device != d->dev)
-      continue;
-    uint64_t a = g->address;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &d->s->blocks[g->first_block + k];
-      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
-      a += b->size;
-      if (!cli_block_active(b) || cli_stacks_live_entry(d->stk, d->dev, ba) >= 0)
-        continue;
-      /* binary search in st.b (sorted by address) */
-      uint32_t lo = 0, hi = d->st.nb;
-      while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (d->st.b[mid].addr < ba)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      if (lo < d->st.nb && d->st.b[lo].addr == ba)
-        d->prestack[lo] = cli_stacks_block(d->stk, d->dev, ba, b, NULL);
-    }
-  }
+  cli_start_stacks(d->s, d->stk, d->dev, &d->st, d->prestack);
   return 0;
 }
 

@@ -1912,9 +1912,12 @@ def group_explain():
     rc, out, err = run("leaks", "--json", d)
     js = json.loads(out) if out else {"devices": [{}]}
     lc = js["devices"][0].get("leak_candidates", [])
+    # (a step's END and its last alloc may share a microsecond, so the
+    # leak of one step can count at the next step's end: growth >= 4 of 5)
     expect(rc == 1 and [x["site"] for x in lc] ==
            ["examples/train.py:70:remember"] and
-           lc[0]["bytes_per_step"] == MiB and
+           lc[0]["steps_grown"] >= 4 and lc[0]["steps_shrunk"] == 0 and
+           lc[0]["last_bytes"] - lc[0]["first_bytes"] >= 4 * MiB and
            js["devices"][0]["step_name"] == "ProfilerStep",
            "leaks: the planted leak of demo-train --leak is the only site "
            "(%s)" % lc)
