@@ -943,8 +943,15 @@ int cli_cmd_summary(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
+  /* Sites of every stack: only the OOM explanation needs them (a file of
+   * many distinct stacks pays for them only when it holds an OOM). */
+  bool any_oom = false;
+  for (uint32_t d = 0; d < s->ndevices && !any_oom; d++)
+    for (uint32_t i = 0; i < s->device_traces[d].n && !any_oom; i++)
+      any_oom = s->device_traces[d].v[i].action == MSNAP_ACTION_OOM;
   cli_sites_t sites;
-  if (cli_sites_init(&sites, s) != 0) {
+  memset(&sites, 0, sizeof sites);
+  if (any_oom && cli_sites_init(&sites, s) != 0) {
     cli_stacks_free(&stk);
     cli_err("out of memory");
     rc = CLI_UNUSABLE;
