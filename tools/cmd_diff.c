@@ -262,18 +262,23 @@ static int align(const msnap_trace_list_t *ta, const msnap_trace_list_t *tb,
       }
     }
   } else {
+    /* A's last (up to 32) change entries; where B holds fewer before a
+     * place, as many as it holds: at least 8, or any number when B's
+     * `snapshot` entry follows (the dump of A itself). */
     uint32_t m = na < 32 ? na : 32, found = 0, best = 0, nsnap = 0,
              best_snap = 0;
     uint32_t least = m < 8 ? m : 8;
-    for (uint32_t p = least; m && p <= nb; p++)
-      if (tail_at(ta, fa, na, tb, fb, nb, p, m, least)) {
-        found++;
-        best = p;
-        if (snapshot_follows(tb, fb[p - 1])) {
-          nsnap++;
-          best_snap = p;
-        }
+    for (uint32_t p = 1; m && p <= nb; p++) {
+      bool snap = snapshot_follows(tb, fb[p - 1]);
+      if (!tail_at(ta, fa, na, tb, fb, nb, p, m, snap ? 1 : least))
+        continue;
+      found++;
+      best = p;
+      if (snap) {
+        nsnap++;
+        best_snap = p;
       }
+    }
     if (found) {
       uint32_t p = nsnap ? best_snap : best;
       al->aligned = true;

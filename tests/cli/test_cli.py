@@ -157,8 +157,8 @@ def reader_available():
 
 # --- groups --------------------------------------------------------------
 def group_usage():
-    cmds = ["check", "summary", "diff", "replay", "view", "plot", "convert",
-            "demo-train"]
+    cmds = ["check", "summary", "diff", "leaks", "fleet", "replay", "view",
+            "plot", "convert", "demo-train"]
     for c in cmds:
         rc, out, err = run(c, "--help")
         expect(rc == 0 and out.startswith("usage: memsnap " + c),
@@ -1872,6 +1872,128 @@ def oom_snapshot():
             "external_annotations": []}
 
 
+def loop_snapshot(steps, leak, with_time):
+    """A 2.1/2.6-style recording of a loop dumped in the middle of step
+    `steps`: every step allocates two activations at the same addresses
+    and frees them; with `leak` it also keeps 1 MiB at a fresh address.
+    PyTorch's `snapshot` entry marks where an earlier dump was taken."""
+    fa = [frame("forward", "/home/u/model.py", 30)]
+    fl = [frame("remember", "/home/u/model.py", 44)]
+    seg = 64 * MiB
+    t0 = 1700000000000000
+    trace, live = [], {}
+
+    def ev(action, addr, size, frames):
+        e = {"action": action, "addr": addr, "size": size, "stream": 0,
+             "frames": frames}
+        if with_time:
+            e["time_us"] = t0 + len(trace)
+        trace.append(e)
+    ev("segment_alloc", A0, seg, fa)
+    for k in range(steps + 1):
+        ev("alloc", A0, 4 * MiB, fa)
+        ev("alloc", A0 + 4 * MiB, 4 * MiB, fa)
+        live[A0], live[A0 + 4 * MiB] = (4 * MiB, fa), (4 * MiB, fa)
+        if k == steps:
+            break
+        if k == 4:
+            ev("snapshot", 0, 0, [])   # an earlier dump was taken here
+        for a in (A0 + 4 * MiB, A0):
+            ev("free_requested", a, 4 * MiB, fa)
+            ev("free_completed", a, 4 * MiB, fa)
+            del live[a]
+        if leak:
+            a = A0 + 8 * MiB + k * MiB
+            ev("alloc", a, MiB, fl)
+            live[a] = (MiB, fl)
+    blocks, pos = [], A0
+    for a in sorted(live):
+        if a > pos:
+            blocks.append({"address": pos, "size": a - pos,
+                           "requested_size": 0, "state": "inactive",
+                           "frames": []})
+        size, fr = live[a]
+        blocks.append({"address": a, "size": size, "requested_size": size,
+                       "state": "active_allocated", "frames": fr})
+        pos = a + size
+    blocks.append({"address": pos, "size": A0 + seg - pos,
+                   "requested_size": 0, "state": "inactive", "frames": []})
+    act = sum(v[0] for v in live.values())
+    segment = {"device": 0, "address": A0, "total_size": seg,
+               "allocated_size": act, "active_size": act,
+               "requested_size": act, "stream": 0, "segment_type": "large",
+               "segment_pool_id": (0, 0), "is_expandable": False,
+               "frames": [], "blocks": blocks}
+    return {"segments": [segment], "device_traces": [trace]}
+
+
+def group_diff_traces():
+    """diff through the traces, with and without time_us: a loop without
+    a leak gives no candidate (its activations were freed and allocated
+    again at the same addresses), a planted leak its site only."""
+    if not reader_available():
+        need(False, "diff: summary of a small valid snapshot")
+    for with_time in (True, False):
+        kind = "time" if with_time else "trace"
+        for leak in (False, True):
+            a = write_pickle(loop_snapshot(4, leak, with_time), "la.pickle")
+            b = write_pickle(loop_snapshot(8, leak, with_time), "lb.pickle")
+            rc, out, err = run("check", a, b)
+            need(rc == 0, "the loop recordings pass check (%s)" %
+                 ("" if rc == 0 else out[-300:]))
+            rc, out, err = run("diff", "--json", a, b)
+            js = json.loads(out) if out else {"devices": [{}]}
+            d = js["devices"][0]
+            lc = [(x["site"], x["bytes"]) for x in d.get("leak_candidates", [])]
+            al = d.get("alignment", {})
+            want = [("u/model.py:44:remember", 4 * MiB)] if leak else []
+            expect(rc == (1 if leak else 0) and lc == want and
+                   al.get("method") == kind and not al.get("ambiguous"),
+                   "diff (%s, %s): leak candidates %s, aligned by %s"
+                   % (kind, "leak" if leak else "no leak", lc, al))
+            if not leak:
+                new = {x["site"]: x["count"] for x in d.get("new_by_site", [])}
+                expect(new == {"u/model.py:30:forward": 2} and
+                       d.get("kept_by_site") == [],
+                       "diff (%s): the activations at the same addresses "
+                       "are freed + new, not kept" % kind)
+    # B's ring lost its oldest entries; without time_us the repeating
+    # loop matches A's end at every step: B's `snapshot` entry picks A's
+    a = write_pickle(loop_snapshot(4, False, False), "la.pickle")
+    short = loop_snapshot(8, False, False)
+    short["device_traces"][0] = short["device_traces"][0][-30:]
+    b = write_pickle(short, "lshort.pickle")
+    rc, out, err = run("diff", "--json", a, b)
+    d = json.loads(out)["devices"][0] if out else {}
+    cut = [i for i, e in enumerate(short["device_traces"][0])
+           if e["action"] == "snapshot"][0]
+    expect(rc == 0 and d.get("leak_candidates") == [] and
+           d.get("alignment", {}).get("b_first_entry_after_a") == cut,
+           "diff (trace, B's ring truncated): aligned at B's snapshot entry "
+           "(%s)" % d.get("alignment"))
+
+    # different runs: nothing in common
+    other = loop_snapshot(8, True, True)
+    for seg in other["segments"]:
+        seg["address"] += 1 << 30
+        for blk in seg["blocks"]:
+            blk["address"] += 1 << 30
+    for e in other["device_traces"][0]:
+        e["addr"] += 1 << 30 if e["addr"] else 0
+        e["time_us"] += 10 ** 9
+    a = write_pickle(loop_snapshot(4, True, True), "la.pickle")
+    b = write_pickle(other, "other.pickle")
+    rc, out, err = run("diff", "--json", a, b)
+    js = json.loads(out) if out else {}
+    expect(rc == 0 and js.get("shared") is False and
+           js.get("leak_candidate_count") == 0 and
+           "share nothing" in " ".join(js.get("warnings", [])),
+           "diff: two runs that share nothing get a warning, no candidate")
+    rc, out, err = run("diff", a, b)
+    expect("warning: A and B share nothing" in out,
+           "diff text: the warning is printed")
+
+
 def group_explain():
     """The OOM of a PyTorch-like dump explained; leaks and fleet on
     recordings of memsnap demo-train; replay keeps the recording's
@@ -1945,6 +2067,15 @@ def group_explain():
     rc, out, err = run("fleet", fleet)
     expect(rc == 1 and "r6.pickle  <- outlier" in out,
            "fleet text: the outlier marked in the table")
+    # an unreadable file is listed with its error, the others reported
+    write_bytes(b"not a pickle at all", os.path.join("fleet", "r8.pickle"))
+    rc, out, err = run("fleet", "--json", "-j", "3", fleet)
+    js = json.loads(out) if out else {}
+    bad = [x for x in js.get("ranks", []) if x.get("error")]
+    expect(rc == 1 and len(bad) == 1 and bad[0]["file"].endswith("r8.pickle")
+           and js.get("outliers") == [os.path.join(fleet, "r6.pickle")] and
+           any("could not be read" in w for w in js.get("warnings", [])),
+           "fleet: an unreadable file is reported, the others still are")
 
     # replay -o keeps what the recording has (2.1: no time_us; the
     # requested sizes of blocks older than the trace)
@@ -1973,7 +2104,7 @@ GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "check": group_check, "real": group_real,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view, "sites": group_sites, "frag": group_frag,
-          "explain": group_explain}
+          "explain": group_explain, "difftrace": group_diff_traces}
 
 if __name__ == "__main__":
     GROUPS[GROUP]()
