@@ -20,13 +20,15 @@
  * stacks with the same site (cli_site: innermost user frame and its via)
  * share the index.  Index CLI_SITEIX_NONE is the empty stack ("<no
  * stack>"), CLI_SITEIX_BEFORE the blocks allocated before the trace.
- * Invariants (cli_sites_check): of_stack[st] < n for every stack; site[k]
- * are distinct for k >= 2; site[0] = NONE, site[1] = BEFORE.
+ * Invariants (cli_sites_check, run after every cli_sites_init in builds
+ * with MSNAP_DEBUG >= 2): of_stack[st] < n for every stack; site[k] are
+ * distinct and increasing for k >= 2; site[0] = NONE, site[1] = BEFORE.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "base/base.h"
 
 int cli_pair_entries(const msnap_trace_list_t *tl, uint32_t **out) {
   uint32_t n = tl ? tl->n : 0, k = 0;
@@ -113,6 +115,10 @@ int cli_sites_init(cli_sites_t *x, const msnap_snap_t *s) {
     x->of_stack[k[i].stack] = x->n - 1;
   }
   free(k);
+  if (msnap_debug_level >= 2 && !cli_sites_check(x)) {
+    fprintf(stderr, "memsnap: internal error: cli_sites invariants\n");
+    abort();
+  }
   return 0;
 }
 

@@ -21,13 +21,15 @@
  * first name (in order of appearance) equal to want, digits ignored on
  * both sides, that occurs at least twice.
  *
- * Invariants (cli_ranges_check): rg sorted by (s0, s1), s0 <= s1 <= n;
- * steps in increasing s0, each pair one of the ranges.
+ * Invariants (cli_ranges_check, run after every cli_ranges_find in builds
+ * with MSNAP_DEBUG >= 2): rg sorted by (s0, s1), s0 <= s1 <= n; steps in
+ * increasing s0, each pair one of the ranges.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "base/base.h"
 
 /* name without its trailing digits (and a '#', '_', ' ' or '-' before) */
 static size_t norm_len(const char *p, size_t l) {
@@ -229,6 +231,10 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
     cli_sanitize(r->stepname);
   }
   free(ord);
+  if (msnap_debug_level >= 2 && !cli_ranges_check(r, tl->n)) {
+    fprintf(stderr, "memsnap: internal error: cli_ranges invariants\n");
+    abort();
+  }
   return 0;
 }
 
