@@ -1145,6 +1145,34 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
   cj_obj_end(j);
 }
 
+/* The replay's allocator on the sim: r->profile, the alloc conf, ndev
+ * devices of sim_memory bytes (0: 1 TiB).  0, or an error with the reason
+ * in why. */
+static int create_allocator(replay_t *r, const char *profile,
+                            const char *conf, int ndev, uint64_t sim_memory,
+                            char *why, size_t len) {
+  msnap_options_t mo;
+  char ebuf[256] = "";
+  msnap_options_init(&mo);
+  mo.profile = (int)r->profile;
+  mo.runtime_name = "sim";
+  mo.alloc_conf = conf;
+  mo.caching_disabled = 0;
+  mo.sim_devices = ndev;
+  mo.sim_memory = sim_memory ? sim_memory : 1ull << 40;
+  mo.error_buf = ebuf;
+  mo.error_buf_len = sizeof ebuf;
+  int e = msnap_allocator_create(&mo, &r->a);
+  if (e != 0) {
+    snprintf(why, len, "cannot create the %s allocator%s%s: %s%s%s", profile,
+             conf && *conf ? " with alloc conf " : "", conf ? conf : "",
+             msnap_strerror(e), ebuf[0] ? ": " : "", ebuf);
+    return e;
+  }
+  r->ctx = msnap_runtime_ctx(r->a);
+  return 0;
+}
+
 int cli_cmd_replay(int argc, char **argv) {
   static const struct option opts[] = {
       {"json", no_argument, NULL, 'j'},
@@ -1242,26 +1270,14 @@ int cli_cmd_replay(int argc, char **argv) {
       dr[k].replayable = false;
   }
   if (any) {
-    msnap_options_t mo;
-    char ebuf[256] = "";
-    msnap_options_init(&mo);
-    mo.profile = (int)r.profile;
-    mo.runtime_name = "sim";
-    mo.alloc_conf = conf;
-    mo.caching_disabled = 0;
-    mo.sim_devices = (int)maxdev + 1;
-    mo.sim_memory = 1ull << 40;
-    mo.error_buf = ebuf;
-    mo.error_buf_len = sizeof ebuf;
-    int e = msnap_allocator_create(&mo, &r.a);
+    char why[512];
+    int e = create_allocator(&r, profile, conf, (int)maxdev + 1, 0, why,
+                             sizeof why);
     if (e != 0) {
-      cli_err("cannot create the %s allocator%s%s: %s%s%s", profile,
-              conf && *conf ? " with alloc conf " : "", conf ? conf : "",
-              msnap_strerror(e), ebuf[0] ? ": " : "", ebuf);
+      cli_err("%s", why);
       rc = CLI_UNUSABLE;
       goto done;
     }
-    r.ctx = msnap_runtime_ctx(r.a);
     cli_progress_t pr;
     cli_progress_init(&pr, "replay");
     for (uint32_t k = 0; k < nd; k++)
@@ -1475,26 +1491,9 @@ int cli_replay_run(const msnap_snap_t *s, int64_t dev,
     snprintf(res->reason, sizeof res->reason, "%s", d.reason);
     return 0;
   }
-  msnap_options_t mo;
-  char ebuf[256] = "";
-  msnap_options_init(&mo);
-  mo.profile = (int)r.profile;
-  mo.runtime_name = "sim";
-  mo.alloc_conf = conf;
-  mo.caching_disabled = 0;
-  mo.sim_devices = (int)dev + 1;
-  mo.sim_memory = cfg->sim_memory ? cfg->sim_memory : 1ull << 40;
-  mo.error_buf = ebuf;
-  mo.error_buf_len = sizeof ebuf;
-  int e = msnap_allocator_create(&mo, &r.a);
-  if (e != 0) {
-    snprintf(res->reason, sizeof res->reason,
-             "cannot create the %s allocator%s%s: %s%s%s", profile,
-             conf && *conf ? " with alloc conf " : "", conf ? conf : "",
-             msnap_strerror(e), ebuf[0] ? ": " : "", ebuf);
+  if (create_allocator(&r, profile, conf, (int)dev + 1, cfg->sim_memory,
+                       res->reason, sizeof res->reason) != 0)
     return 0;
-  }
-  r.ctx = msnap_runtime_ctx(r.a);
   r.max_keep = 0;
   cli_progress_t pr;
   cli_progress_init(&pr, "replay");
