@@ -87,6 +87,7 @@ typedef enum msnap_env_e {
   MSNAP_ENV_NO_NPU_MEMORY_CACHING,     /* PYTORCH_NO_NPU_MEMORY_CACHING    */
   MSNAP_ENV_OOM_SNAPSHOT_ENABLE,       /* OOM_SNAPSHOT_ENABLE              */
   MSNAP_ENV_OOM_SNAPSHOT_PATH,         /* OOM_SNAPSHOT_PATH                */
+  MSNAP_ENV_INPUT_LIMIT,               /* MEMSNAP_INPUT_LIMIT              */
   MSNAP_ENV_COUNT
 } msnap_env_t;
 /* The raw value (NULL when unset); read on every call. */

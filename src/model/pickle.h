@@ -21,6 +21,7 @@
 
 #include "base/base.h"
 #include "base/sink.h"
+#include "base/source.h"
 #include "model/snapshot.h"
 
 /* ---- snapshot.c helpers shared by the snapshot files --------------------- */
@@ -256,16 +257,18 @@ typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
 msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
                             void *ctx);
 void msnap__pvm_free(msnap_pvm_t *vm);
-/* Run the pickle in buf[0..len) up to STOP; *result gets the root value.
- * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM with
- * err filled ("offset N: <what> (while <phase>)").  release_cb, if set,
- * is called now and then with the number of bytes consumed (read_file
- * drops consumed pages). */
+/* Run the pickle of src up to STOP; *result gets the root value.
+ * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM (and
+ * the source's MSNAP_EIO) with err filled ("offset N: <what> (while
+ * <phase>)").  Consumed pages of a mapped source are dropped as it goes
+ * (msnap__source_progress). */
+int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
+                          msnap_pv_t *result, msnap_read_error_t *err);
+/* The same over buf[0..len). */
 int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
                    msnap_pv_t *result, msnap_read_error_t *err);
-void msnap__pvm_set_progress(msnap_pvm_t *vm,
-                             void (*cb)(void *ctx, size_t consumed),
-                             void *ctx);
+/* Stream offset of the opcode being executed (of STOP after a run). */
+uint64_t msnap__pvm_offset(const msnap_pvm_t *vm);
 /* Record an error at the current opcode; returns rc. */
 int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -289,6 +292,17 @@ void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
                            int (*cb)(void *ctx, msnap_pv_t v,
                                      msnap_gv_t *out));
 int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
+
+/* ---- identify.c: what a file is when it is not a snapshot ------------------ */
+/* From the first bytes, before parsing: zip (torch.save), legacy
+ * torch.save, xz/bzip2/lz4, ELF, PNG, PDF, HTML, SVG/XML, JSON.  Fills out
+ * with "not a pickle: this is ..." and *at with the offset meant. */
+bool msnap__identify_head(const unsigned char *p, size_t n, char *out,
+                          size_t len, size_t *at);
+/* After an early reader failure: text ("this looks like a text file (it
+ * begins "...")"). */
+bool msnap__identify_text(const unsigned char *p, size_t n, char *out,
+                          size_t len);
 
 /* Canonical text of any pickle (for tests against CPython; see
  * tests/pickle/canon.py for the format).  out is filled with a

@@ -73,8 +73,6 @@ struct msnap_pvm_s {
   msnap_snap_t *snap;
   msnap_pvm_complete_cb cb;
   void *cb_ctx;
-  void (*progress)(void *ctx, size_t consumed);
-  void *progress_ctx;
   int (*rec_gv)(void *ctx, msnap_pv_t v, msnap_gv_t *out);
 
   msnap_pv_t *stack;
@@ -98,8 +96,7 @@ struct msnap_pvm_s {
   char *scratch;
   size_t scratch_cap;
 
-  const unsigned char *base;
-  size_t len;
+  msnap_source_t *src;
   size_t op_off;
   unsigned op;
   const char *phase;
@@ -149,6 +146,8 @@ int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...) {
   return rc;
 }
 
+uint64_t msnap__pvm_offset(const msnap_pvm_t *vm) { return vm->op_off; }
+
 void msnap__pvm_set_phase(msnap_pvm_t *vm, const char *phase) {
   vm->phase = phase;
 }
@@ -187,13 +186,6 @@ void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
                            int (*cb)(void *ctx, msnap_pv_t v,
                                      msnap_gv_t *out)) {
   vm->rec_gv = cb;
-}
-
-void msnap__pvm_set_progress(msnap_pvm_t *vm,
-                             void (*cb)(void *ctx, size_t consumed),
-                             void *ctx) {
-  vm->progress = cb;
-  vm->progress_ctx = ctx;
 }
 
 /* ---- values -------------------------------------------------------------- */
@@ -904,54 +896,104 @@ static uint64_t le(const unsigned char *p, int n) {
   return v;
 }
 
-#define NEED(k)                                                               \
-  do {                                                                        \
-    if (msnap_unlikely((size_t)(end - p) < (size_t)(k)))                      \
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT,                               \
-                             "needs %llu bytes but only %zu remain",          \
-                             (unsigned long long)(k), (size_t)(end - p));     \
-  } while (0)
-
 #define TRY(x)                                                                \
   do {                                                                        \
     int rc_ = (x);                                                            \
     if (msnap_unlikely(rc_ < 0)) return rc_;                                  \
   } while (0)
 
-/* Read a text line (the argument of a protocol-0 opcode). */
-static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
-                     const unsigned char *end, const unsigned char **line,
-                     size_t *n) {
-  const unsigned char *p = *pp;
-  const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
-  if (!nl)
+/* Make k bytes available at p: a refill of a streamed source, or an
+ * error naming what is missing. */
+static int refill(msnap_pvm_t *vm, const unsigned char **p,
+                  const unsigned char **end, uint64_t k) {
+  size_t have = (size_t)(*end - *p);
+  int rc = k > SIZE_MAX ? 1 : msnap__source_fill(vm->src, p, (size_t)k);
+  *end = vm->src->end;
+  if (rc == 0) return 0;
+  if (rc == 1)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                           "argument line has no terminating newline");
-  *line = p;
-  *n = (size_t)(nl - p);
-  *pp = nl + 1;
-  return 0;
+                           "needs %llu bytes but only %zu remain",
+                           (unsigned long long)k, have);
+  return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
 }
 
-static int refuse(msnap_pvm_t *vm, unsigned op) {
+#define NEED(k)                                                               \
+  do {                                                                        \
+    if (msnap_unlikely((size_t)(end - p) < (uint64_t)(k)))                    \
+      TRY(refill(vm, &p, &end, (uint64_t)(k)));                               \
+  } while (0)
+
+
+/* Read a text line (the argument of a protocol-0 opcode). */
+static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
+                     const unsigned char **pend, const unsigned char **line,
+                     size_t *n) {
+  size_t scanned = 0;
+  for (;;) {
+    const unsigned char *p = *pp, *end = *pend;
+    const unsigned char *nl =
+        memchr(p + scanned, '\n', (size_t)(end - p) - scanned);
+    if (nl) {
+      *line = p;
+      *n = (size_t)(nl - p);
+      *pp = nl + 1;
+      return 0;
+    }
+    scanned = (size_t)(end - p);
+    int rc = msnap__source_fill(vm->src, pp, scanned + 1);
+    *pend = vm->src->end;
+    if (rc == 1)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                             "argument line has no terminating newline");
+    if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
+  }
+}
+
+/* Refuse an opcode that imports or calls; GLOBAL / STACK_GLOBAL name
+ * what they would import (a pickle of Python objects, e.g. a tensor). */
+static int refuse(msnap_pvm_t *vm, unsigned op, const unsigned char *p,
+                  const unsigned char *end) {
+  char name[160] = "";
+  if (op == MSNAP_OP_GLOBAL) {
+    const unsigned char *nl1 = memchr(p, '\n', (size_t)(end - p));
+    const unsigned char *nl2 =
+        nl1 ? memchr(nl1 + 1, '\n', (size_t)(end - nl1 - 1)) : NULL;
+    if (nl2 && nl2 - p < 150)
+      snprintf(name, sizeof name, " (%.*s.%.*s)", (int)(nl1 - p), p,
+               (int)(nl2 - nl1 - 1), nl1 + 1);
+  } else if (op == MSNAP_OP_STACK_GLOBAL && vm->sn >= 2 &&
+             MSNAP_PV_TAG(vm->stack[vm->sn - 1]) == MSNAP_PV_STR &&
+             MSNAP_PV_TAG(vm->stack[vm->sn - 2]) == MSNAP_PV_STR) {
+    size_t lm, ln;
+    const char *m = msnap__snap_str(
+        vm->snap, (msnap_str_t)MSNAP_PV_PAYLOAD(vm->stack[vm->sn - 2]), &lm);
+    const char *n = msnap__snap_str(
+        vm->snap, (msnap_str_t)MSNAP_PV_PAYLOAD(vm->stack[vm->sn - 1]), &ln);
+    snprintf(name, sizeof name, " (%.*s.%.*s)", (int)(lm < 70 ? lm : 70), m,
+             (int)(ln < 70 ? ln : 70), n);
+  }
+  bool imports = op == MSNAP_OP_GLOBAL || op == MSNAP_OP_STACK_GLOBAL;
   return msnap__pvm_fail(vm, MSNAP_EUNSAFE,
-                         "opcode %s (0x%02x) would import or call code; "
-                         "refused",
-                         op_name(op), op);
+                         "opcode %s (0x%02x) would import or call code%s; "
+                         "refused%s",
+                         op_name(op), op, name,
+                         imports ? ": this pickle holds Python objects, not "
+                                   "only the dicts and lists of a memory "
+                                   "snapshot"
+                                 : "");
 }
 
 /*
- * Execute the pickle in buf[0..len) up to STOP (trailing bytes ignored).
+ * Execute the pickle of src up to STOP (trailing bytes are not read).
  * The result is the root value, completed like any stored container.
  * Every error names the opcode's offset; the VM may be freed after an
  * error but not run again.
  */
-int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
-                   msnap_pv_t *result, msnap_read_error_t *err) {
-  const unsigned char *p = buf, *end = buf + len;
-  size_t next_progress = PROGRESS_STEP;
-  vm->base = buf;
-  vm->len = len;
+int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
+                          msnap_pv_t *result, msnap_read_error_t *err) {
+  const unsigned char *p = src->start, *end = src->end;
+  uint64_t next_progress = PROGRESS_STEP;
+  vm->src = src;
   vm->err = err;
   vm->failed = false;
   if (err) {
@@ -960,14 +1002,18 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
   }
   for (;;) {
     if (msnap_unlikely(p >= end)) {
-      vm->op_off = len;
+      vm->op_off = (size_t)msnap__source_offset(src, p);
       vm->op = MSNAP_OP_STOP;
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                             "the pickle ended without STOP");
+      int rc = msnap__source_fill(src, &p, 1);
+      end = src->end;
+      if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
+      if (rc == 1)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "the pickle ended without STOP");
     }
-    vm->op_off = (size_t)(p - buf);
-    if (msnap_unlikely(vm->progress && vm->op_off >= next_progress)) {
-      vm->progress(vm->progress_ctx, vm->op_off);
+    vm->op_off = (size_t)msnap__source_offset(src, p);
+    if (msnap_unlikely(vm->op_off >= next_progress)) {
+      msnap__source_progress(src, p);
       next_progress = vm->op_off + PROGRESS_STEP;
     }
     unsigned op = *p++;
@@ -984,17 +1030,23 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
       NEED(8);
       uint64_t n = le(p, 8);
       p += 8;
-      if (n > (uint64_t)(end - p))
-        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                               "frame of %llu bytes but only %zu remain",
-                               (unsigned long long)n, (size_t)(end - p));
+      if (n > (uint64_t)(end - p)) {
+        /* the declared frame must be there (a stream buffers it) */
+        size_t have = (size_t)(end - p);
+        int rc = msnap__source_fill(src, &p, (size_t)n);
+        end = src->end;
+        if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
+        if (rc == 1)
+          return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                                 "frame of %llu bytes but only %zu remain",
+                                 (unsigned long long)n, have);
+      }
       break;
     }
     case MSNAP_OP_STOP: {
       msnap_pv_t v = 0;
       uint32_t d;
       TRY(pop(vm, &v));
-      vm->op_off = (size_t)(p - buf) - 1;
       TRY(complete(vm, &v, &d));
       *result = v;
       return 0;
@@ -1080,7 +1132,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_LONG: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       if (op == MSNAP_OP_INT && n == 2 && l[0] == '0' &&
           (l[1] == '0' || l[1] == '1')) {
         TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_CONST, l[1] == '1'
@@ -1094,7 +1146,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_FLOAT: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       TRY(scratch(vm, n + 1));
       memcpy(vm->scratch, l, n);
       vm->scratch[n] = 0;
@@ -1119,14 +1171,14 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_STRING: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       TRY(push_quoted(vm, l, n));
       break;
     }
     case MSNAP_OP_UNICODE: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       TRY(push_raw_unicode(vm, l, n));
       break;
     }
@@ -1264,7 +1316,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_PUT: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       uint64_t idx = 0;
       if (n == 0 || n > 18)
         return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad memo index");
@@ -1323,12 +1375,24 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_BINPERSID:
     case MSNAP_OP_NEXT_BUFFER:
     case MSNAP_OP_READONLY_BUFFER:
-      return refuse(vm, op);
+      return refuse(vm, op, p, end);
     default:
       return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unknown opcode 0x%02x",
                              op);
     }
   }
+}
+
+int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
+                   msnap_pv_t *result, msnap_read_error_t *err) {
+  msnap_source_t *src;
+  if (msnap__source_mem(&src, buf, len) < 0) {
+    if (err) snprintf(err->msg, sizeof err->msg, "offset 0: out of memory");
+    return MSNAP_ENOMEM;
+  }
+  int rc = msnap__pvm_run_source(vm, src, result, err);
+  msnap__source_close(src);
+  return rc;
 }
 
 /* ---- generic tree -------------------------------------------------------- */

@@ -48,14 +48,9 @@
  * with MSNAP_EFORMAT naming the key; the pickle itself stays readable by
  * msnap__pickle_canon.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -1037,48 +1032,39 @@ static void rd_destroy(rd_t *r) {
   free(r->ids);
 }
 
-typedef struct drop_s {
-  const unsigned char *base;
-  size_t dropped;
-} drop_t;
-
-/* Progress hook of read_file: drop consumed pages of the mapping. */
-static void drop_pages(void *ctx, size_t consumed) {
-  drop_t *d = ctx;
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  size_t upto = (consumed / pg) * pg;
-  if (upto > d->dropped) {
-    madvise((void *)(d->base + d->dropped), upto - d->dropped,
-            MADV_DONTNEED);
-    d->dropped = upto;
-  }
-}
-
 /*
- * Run the VM over buf, map the root, check the model.  On success *out
- * owns the model (marked as read from a file).
+ * Run the VM over src, map the root, check the model.  On success *out
+ * owns the model (marked as read from a file).  Wrong inputs are named
+ * (msnap__identify_head before parsing, msnap__identify_text after an
+ * early failure).
  */
-static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
-                       msnap_snap_t **out, msnap_read_error_t *err) {
-  msnap_read_error_t local;
-  if (!err) err = &local;
-  err->offset = 0;
-  err->msg[0] = 0;
-  /* JSON (memsnap convert --json, or any JSON) starts with '{' or '['
-   * after whitespace; neither byte is a pickle opcode, so say what the
-   * file is instead of "unknown opcode 0x7b". */
-  size_t ws = 0;
-  while (ws < len && (buf[ws] == ' ' || buf[ws] == '\t' || buf[ws] == '\n' ||
-                      buf[ws] == '\r'))
-    ws++;
-  if (ws < len && (buf[ws] == '{' || buf[ws] == '[')) {
-    err->offset = ws;
-    snprintf(err->msg, sizeof err->msg,
-             "offset %zu: not a pickle: this looks like JSON (memsnap "
-             "convert --json output cannot be read back; use the pickle)",
-             ws);
+static int read_source(msnap_source_t *src, msnap_snap_t **out,
+                       msnap_read_error_t *err) {
+  /* the head: what the file is, when it is not a pickle */
+  const unsigned char *p = src->start;
+  int frc = msnap__source_fill(src, &p, 512);
+  if (frc < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: %s (while reading)",
+             src->err);
+    return frc;
+  }
+  size_t nhead = (size_t)(src->end - p);
+  if (nhead > 512) nhead = 512;
+  if (nhead == 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: the %sinput is empty "
+             "(while reading)", msnap__source_codec_name(src));
     return MSNAP_EFORMAT;
   }
+  char what[400];
+  size_t at = 0;
+  if (msnap__identify_head(p, nhead, what, sizeof what, &at)) {
+    err->offset = at;
+    snprintf(err->msg, sizeof err->msg, "offset %zu: %s", at, what);
+    return MSNAP_EFORMAT;
+  }
+  /* kept for msnap__identify_text (the window may move while reading) */
+  unsigned char head[512];
+  memcpy(head, p, nhead);
   msnap_snap_t *s = msnap__snap_new();
   if (!s) {
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "
@@ -1088,21 +1074,32 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   rd_t r;
   int rc = rd_init(&r, s);
   if (rc == 0) {
-    r.len = len;
-    if (drop) msnap__pvm_set_progress(r.vm, drop_pages, drop);
     msnap_pv_t root = 0;
-    rc = msnap__pvm_run(r.vm, buf, len, &root, err);
+    rc = msnap__pvm_run_source(r.vm, src, &root, err);
+    /* the bytes read up to STOP justify what the lists may repeat */
+    r.len = (size_t)msnap__pvm_offset(r.vm) + 1;
     if (rc == 0) rc = map_root(&r, root);
   } else {
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "
                                         "starting)");
   }
   rd_destroy(&r);
+  if (rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
+      err->offset < sizeof head &&
+      msnap__identify_text(head, nhead, what, sizeof what)) {
+    /* a text file fails in its first bytes: say so, keep the detail */
+    char detail[200];
+    const char *d = strchr(err->msg, ':');
+    snprintf(detail, sizeof detail, "%.199s", d ? d + 2 : err->msg);
+    snprintf(err->msg, sizeof err->msg, "offset %llu: %.250s; the pickle "
+             "reader stopped there: %s",
+             (unsigned long long)err->offset, what, detail);
+  }
   if (rc == 0) {
     char msg[256];
     if (msnap__snap_check_model(s, msg, sizeof msg) < 0) {
       snprintf(err->msg, sizeof err->msg,
-               "offset %zu: inconsistent model: %s (while checking)", len,
+               "offset %zu: inconsistent model: %s (while checking)", r.len,
                msg);
       rc = MSNAP_EFORMAT;
     }
@@ -1117,84 +1114,45 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
 }
 
 /*
- * Read a snapshot from memory (the caller keeps buf).
+ * Read a snapshot from memory (the caller keeps buf; not decompressed).
  */
 int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
                             msnap_read_error_t *err) {
+  msnap_read_error_t local;
+  if (!err) err = &local;
+  memset(err, 0, sizeof *err);
   if (!buf && len) return MSNAP_EINVAL;
-  return read_common(buf, len, NULL, out, err);
+  msnap_source_t *src;
+  if (msnap__source_mem(&src, buf, len) < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: out of memory");
+    return MSNAP_ENOMEM;
+  }
+  int rc = read_source(src, out, err);
+  msnap__source_close(src);
+  return rc;
 }
 
 /*
- * Read a snapshot file: mmap'ed (consumed pages dropped as the VM goes),
- * or read into memory when it is not a regular file (pipe, /dev/stdin).
+ * Read a snapshot file ("-": standard input) through a source (source.h):
+ * a regular file is mapped, anything else streamed with the limit of
+ * MEMSNAP_INPUT_LIMIT; gzip and zstd files are decompressed.
  */
 int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err) {
   msnap_read_error_t local;
   if (!err) err = &local;
-  err->offset = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    snprintf(err->msg, sizeof err->msg,
-             "offset 0: cannot open %s: %s (while opening)", path,
-             strerror(errno));
-    return MSNAP_EIO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    /* not a regular file: read it into memory */
-    size_t cap = 1 << 20, n = 0;
-    unsigned char *b = malloc(cap);
-    for (;;) {
-      if (!b) {
-        close(fd);
-        snprintf(err->msg, sizeof err->msg,
-                 "offset %zu: out of memory (while reading %s)", n, path);
-        return MSNAP_ENOMEM;
-      }
-      ssize_t k = read(fd, b + n, cap - n);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0) {
-        snprintf(err->msg, sizeof err->msg,
-                 "offset %zu: read error on %s: %s (while reading)", n, path,
-                 strerror(errno));
-        free(b);
-        close(fd);
-        return MSNAP_EIO;
-      }
-      if (k == 0) break;
-      n += (size_t)k;
-      if (n == cap) {
-        unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(b, cap * 2);
-        if (!nb) free(b);
-        b = nb;
-        cap *= 2;
-      }
-    }
-    close(fd);
-    int rc = read_common(b, n, NULL, out, err);
-    free(b);
+  memset(err, 0, sizeof *err);
+  uint64_t limit =
+      msnap__env_size(MSNAP_ENV_INPUT_LIMIT, MSNAP_SOURCE_LIMIT_DEFAULT);
+  msnap_source_t *src;
+  char why[256];
+  int rc = msnap__source_open(&src, path, limit, why, sizeof why);
+  if (rc < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: %.200s: %s (while opening)",
+             strcmp(path, "-") ? path : "standard input", why);
     return rc;
   }
-  size_t len = (size_t)st.st_size;
-  if (len == 0) {
-    close(fd);
-    snprintf(err->msg, sizeof err->msg,
-             "offset 0: %s is empty (while reading)", path);
-    return MSNAP_EFORMAT;
-  }
-  void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (m == MAP_FAILED) {
-    snprintf(err->msg, sizeof err->msg,
-             "offset 0: cannot map %s: %s (while reading)", path,
-             strerror(errno));
-    return MSNAP_EIO;
-  }
-  madvise(m, len, MADV_SEQUENTIAL);
-  drop_t drop = {m, 0};
-  int rc = read_common(m, len, &drop, out, err);
-  munmap(m, len);
+  rc = read_source(src, out, err);
+  msnap__source_close(src);
   return rc;
 }
