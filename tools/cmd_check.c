@@ -240,6 +240,19 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
   free(devs);
 }
 
+/* Text that was not valid UTF-8 (the reader repaired it with U+FFFD, so
+ * what memsnap writes always decodes; the file itself does not). */
+static void check_strings(check_t *c, const msnap_snap_t *s) {
+  if (!s->utf8_repaired) return;
+  size_t n;
+  const char *ex = cli_str(s, s->utf8_example, &n);
+  report(c, "strings",
+         "%" PRIu64 " string%s not valid UTF-8 (invalid bytes or lone "
+         "surrogates; read as U+FFFD), the first: \"%.*s%s\"",
+         s->utf8_repaired, s->utf8_repaired == 1 ? " is" : "s are",
+         (int)(n < 120 ? n : 120), ex, n > 120 ? "..." : "");
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap check [--json] [--max-lines N] FILE...\n"
@@ -254,7 +267,8 @@ static void usage(FILE *f) {
           "per device, time_us not decreasing per device, keys of the\n"
           "generation, and a backward replay of each trace over the final\n"
           "state (alloc/free_*/segment_* must be consistent with it; a ring\n"
-          "buffer that dropped old entries is not a violation).\n"
+          "buffer that dropped old entries is not a violation).  Text that\n"
+          "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"
           "  --json          one JSON object: {files: [{file, usable,\n"
           "                  violations: [{where, message}], count}]}\n"
@@ -330,6 +344,7 @@ int cli_cmd_check(int argc, char **argv) {
     }
     check_segments(&c, s);
     check_traces(&c, s);
+    check_strings(&c, s);
     if (json) {
       cj_arr_end(&j);
       cj_key(&j, "count");

@@ -29,9 +29,10 @@
  * bits).  Wider LONG/LONG1/LONG4 values are kept as their two's-complement
  * bytes (MSNAP_PINT_BIG); consumers that need a 64-bit number refuse them
  * with an error (snapshot_read.c does), the canonical dump prints them
- * exactly.  Strings are taken as UTF-8 without validation (text opcodes are
- * decoded: STRING/BINSTRING as ASCII with Python escapes, UNICODE as
- * raw-unicode-escape).
+ * exactly.  Text is interned under the model's UTF-8 policy (invalid
+ * bytes and encoded surrogates become U+FFFD, msnap__snap_intern); bytes
+ * objects are kept as they are.  Text opcodes are decoded: STRING and
+ * BINSTRING as ASCII with Python escapes, UNICODE as raw-unicode-escape.
  *
  * Errors read "offset N: <what> (while <phase>)", N being the offset of the
  * opcode being executed.
@@ -656,7 +657,10 @@ static int scratch(msnap_pvm_t *vm, size_t n) {
 
 static int push_str(msnap_pvm_t *vm, unsigned tag, const void *p,
                     size_t n) {
-  msnap_str_t id = msnap__snap_intern(vm->snap, p, n);
+  /* text under the model's UTF-8 policy; bytes as they are */
+  msnap_str_t id = tag == MSNAP_PV_STR
+                       ? msnap__snap_intern(vm->snap, p, n)
+                       : msnap__snap_intern_bytes(vm->snap, p, n);
   if (id == 0) return oom(vm);
   return push(vm, MSNAP_PV_MAKE(tag, id));
 }

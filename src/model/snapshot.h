@@ -15,6 +15,10 @@
  *
  * Invariants (checked by msnap__snap_check_model):
  *   - Every string id is 0 (= key absent) or < nstrings; string 1 is "".
+ *   - Strings interned as text are valid UTF-8 (msnap__snap_intern
+ *     repairs them), so every pickle and JSON written from the model
+ *     decodes; only pickle bytes objects (never part of a snapshot)
+ *     are kept raw.
  *   - Every stack id is 0 (= key absent), 1 (= empty list []), or <
  *     nstacks; a stack is a span of stack_frames, each < nframes.
  *   - segments[i].first_block + nblocks <= nblocks (total); blocks of a
@@ -227,6 +231,11 @@ typedef struct msnap_snap_s {
   uint32_t nhost_blocks, host_blocks_cap;
   msnap_trace_list_t host_traces;
 
+  /* Strings that were not valid UTF-8 when interned (repaired with
+   * U+FFFD; msnap__snap_intern), the first of them (0: none). */
+  uint64_t utf8_repaired;
+  msnap_str_t utf8_example;
+
   /* private: intern hash tables, arenas */
   struct msnap_snap_priv_s *priv;
 } msnap_snap_t;
@@ -243,8 +252,17 @@ enum {
 /* --- construction (snapshot.c) ----------------------------------------- */
 msnap_snap_t *msnap__snap_new(void);
 void msnap__snap_free(msnap_snap_t *s);
-/* Intern a string (not necessarily NUL-terminated); 0 on ENOMEM. */
+/* Intern text (not necessarily NUL-terminated) under the model's UTF-8
+ * policy: bytes that are not valid UTF-8 (invalid bytes, cut sequences,
+ * encoded surrogates) become U+FFFD, exactly as CPython's
+ * bytes.decode("utf-8", "replace"), and are counted in utf8_repaired.
+ * 0 on ENOMEM. */
 msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len);
+/* Intern bytes as they are (pickle bytes objects); 0 on ENOMEM. */
+msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,
+                                     size_t len);
+/* True when p[0..len) is valid UTF-8 (no surrogates). */
+bool msnap__utf8_valid(const char *p, size_t len);
 const char *msnap__snap_str(const msnap_snap_t *s, msnap_str_t id,
                             size_t *len);
 /* Intern a frame; returns its id or UINT32_MAX on ENOMEM. */
