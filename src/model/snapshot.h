@@ -23,7 +23,9 @@
  *     nstacks; a stack is a span of stack_frames, each < nframes.
  *   - segments[i].first_block + nblocks <= nblocks (total); blocks of a
  *     segment are consecutive in `blocks`.
- *   - device_traces has ndevices lists (ndevices may be 0 for a bare list).
+ *   - device_traces has ndevices lists (ndevices may be 0 for a bare list),
+ *     ndevices <= MSNAP_SNAP_MAX_DEVICES; segment devices are in
+ *     [0, MSNAP_SNAP_MAX_DEVICES) (host segments: also -1).
  * The model does NOT assume the file was consistent: checking sums,
  * contiguity and ordering is the CLI's `check` job, which reports where.
  *
@@ -41,6 +43,12 @@
 #include "memsnap.h"
 
 typedef uint32_t msnap_str_t;   /* 0: absent; 1: "" */
+
+/* Device indices a model holds: segments 0..MSNAP_SNAP_MAX_DEVICES - 1
+ * (host segments and annotations also -1); the reader refuses others, so
+ * every command validates devices the same way and nothing sized by a
+ * device index can grow beyond this. */
+#define MSNAP_SNAP_MAX_DEVICES 65536
 typedef uint32_t msnap_stack_t; /* 0: absent (no key); 1: [] */
 
 #define MSNAP_STR_ABSENT 0u

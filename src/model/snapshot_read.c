@@ -610,6 +610,11 @@ static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   if (HAS(f, name) && (rc = get_str(r, f, KEY_name, &a.name)) < 0) return rc;
   if (HAS(f, device) && (rc = get_i64(r, f, KEY_device, &a.device)) < 0)
     return rc;
+  if (a.device < -1 || a.device >= MSNAP_SNAP_MAX_DEVICES)
+    return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                           "device %lld is not a device index (expected "
+                           "-1..%d)",
+                           (long long)a.device, MSNAP_SNAP_MAX_DEVICES - 1);
   if (HAS(f, time_us) && (rc = get_i64(r, f, KEY_time_us, &a.time_us)) < 0)
     return rc;
   msnap_sannotation_t *p = msnap__snap_add_annotation(r->s);
@@ -742,6 +747,18 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
   uint32_t k = 0;
   for (uint32_t i = 0; i < o->n; i++) {
     ns[i] = segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
+    /* one rule for every command: a device is an index (host segments
+     * say -1), so nothing sized by it can blow up */
+    int64_t dev = ns[i].device;
+    if (dev < (host ? -1 : 0) || dev >= MSNAP_SNAP_MAX_DEVICES) {
+      free(ns);
+      free(nbk);
+      return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                             "%s[%u]: device %lld is not a device index "
+                             "(expected %d..%d)",
+                             key_names[key], i, (long long)dev,
+                             host ? -1 : 0, MSNAP_SNAP_MAX_DEVICES - 1);
+    }
     if (ns[i].nblocks)
       memcpy(nbk + k, blocks + ns[i].first_block,
              (size_t)ns[i].nblocks * sizeof *nbk);
@@ -819,6 +836,11 @@ static int map_traces(rd_t *r, const fields_t *f) {
     if (!outer || outer->kind != MSNAP_POBJ_LIST)
       return bad_type(r, KEY_device_traces, dt, "a list of lists");
     nd = outer->n;
+    if (nd > MSNAP_SNAP_MAX_DEVICES)
+      return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                             "device_traces has %u lists: more than %d "
+                             "devices",
+                             nd, MSNAP_SNAP_MAX_DEVICES);
   }
   if (nd && msnap__snap_set_devices(s, nd) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");

@@ -1,7 +1,8 @@
 /*
  * snapshot_write.c -- write the snapshot model as a pickle (protocol 4,
  * MemoryViz opcode subset, pickle_write.c) or as JSON (same structure,
- * tuples as arrays), streamed to a sink.
+ * tuples as arrays, frames and stacks written once in two tables: see
+ * wtables), streamed to a sink.
  *
  * Keys: a model read from a file (msnap__snap_from_reader) is written with
  * exactly the keys its bits record (MSNAP_K_*, MSNAP_TOP_*), in PyTorch's
@@ -49,7 +50,11 @@
   X(v_large, "large") X(v_small, "small")                                    \
   X(v_active_allocated, "active_allocated")                                  \
   X(v_active_pending_free, "active_pending_free") X(v_inactive, "inactive")  \
-  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")
+  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")                        \
+  X(format, "format") X(frame_table, "frame_table")                          \
+  X(stack_table, "stack_table")                                              \
+  X(v_format, "memsnap snapshot JSON 1: every 'frames' value is an index "   \
+              "into stack_table, whose items list indices into frame_table")
 
 enum const_e {
 #define CONST_ENUM_(id, text) C_##id,
@@ -87,6 +92,7 @@ typedef struct wr_s {
   uint32_t *str_memo, *frame_memo, *stack_memo;
   level_t lv[MAX_LEVELS];
   int depth;
+  bool tables; /* JSON: writing stack_table (frame lists, not ids) */
 } wr_t;
 
 static int werr(wr_t *w) { return w->json ? w->out->err : w->pw.err; }
@@ -351,6 +357,11 @@ static void wframe(wr_t *w, uint32_t fid) {
  */
 static void wstack(wr_t *w, msnap_stack_t id) {
   if (id >= w->s->nstacks) id = MSNAP_STACK_EMPTY;
+  if (w->json && !w->tables) {
+    /* JSON: an index into stack_table (wtables) */
+    wu64(w, id, "stack id");
+    return;
+  }
   msnap_span_t sp = w->s->stacks[id];
   if (!w->json) {
     if (w->stack_memo[id] != NO_MEMO) {
@@ -365,9 +376,42 @@ static void wstack(wr_t *w, msnap_stack_t id) {
   }
   for (uint32_t i = 0; i < sp.n; i++) {
     list_item(w, sp.n);
-    wframe(w, w->s->stack_frames[sp.first + i]);
+    if (w->json)
+      wu64(w, w->s->stack_frames[sp.first + i], "frame id");
+    else
+      wframe(w, w->s->stack_frames[sp.first + i]);
   }
   list_end(w, sp.n);
+}
+
+/*
+ * JSON has no memo: frames and stacks are written once, in two tables at
+ * the top (frame_table: frame dicts by frame id; stack_table: lists of
+ * frame ids by stack id, 0 and 1 being []), and every `frames` value is a
+ * stack id.  So a stack shared by a million entries costs one number per
+ * entry, as its BINGET does in the pickle: the output stays proportional
+ * to the input.
+ */
+static void wtables(wr_t *w) {
+  const msnap_snap_t *s = w->s;
+  key(w, C_format);
+  cstr(w, C_v_format);
+  key(w, C_frame_table);
+  list_begin(w);
+  for (uint32_t i = 0; i < s->nframes && !werr(w); i++) {
+    list_item(w, s->nframes);
+    wframe(w, i);
+  }
+  list_end(w, s->nframes);
+  key(w, C_stack_table);
+  list_begin(w);
+  w->tables = true;
+  for (uint32_t i = 0; i < s->nstacks && !werr(w); i++) {
+    list_item(w, s->nstacks);
+    wstack(w, i);
+  }
+  w->tables = false;
+  list_end(w, s->nstacks);
 }
 
 static void wstrlist(wr_t *w, uint32_t id) {
@@ -645,14 +689,21 @@ static void wannotations(wr_t *w) {
  */
 static void wtop(wr_t *w) {
   const msnap_snap_t *s = w->s;
-  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST && !w->json) {
     wsegments(w, s->segments, s->nsegments, s->blocks);
     return;
   }
   uint32_t top = s->top_keys | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
   if (w->live && s->top_keys == 0) top = 0x3f;
   dict_begin(w);
+  if (w->json) wtables(w);
   key(w, C_segments);
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+    /* a bare list of segments: JSON puts it under "segments" */
+    wsegments(w, s->segments, s->nsegments, s->blocks);
+    dict_end(w);
+    return;
+  }
   wsegments(w, s->segments, s->nsegments, s->blocks);
   key(w, C_device_traces);
   list_begin(w);

@@ -203,15 +203,21 @@ static void test_synthetic_generations(void **state) {
       assert_int_equal(s->nannotations, 2);
       /* the shared stack is interned once */
       assert_int_equal(s->device_traces[0].v[0].frames, s->blocks[0].frames);
-      /* JSON has the same structure (tuples as arrays) */
+      /* JSON has the same structure (tuples as arrays) once its
+       * `frames` stack ids are resolved through the two tables */
       assert_int_equal(msnap__snap_write_file(s, out, true), 0);
       assert_int_equal(
           py("python3 -c \"import json,pickle,sys\n"
-             "def n(x):\n"
-             " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
-             " if isinstance(x,dict): return {k:n(v) for k,v in x.items()}\n"
-             " return x\n"
              "a=json.load(open('%s'))\n"
+             "F,S=a.pop('frame_table'),a.pop('stack_table')\n"
+             "a.pop('format')\n"
+             "def n(x,k=None):\n"
+             " if k=='frames' and isinstance(x,int):"
+             " return [n(F[i]) for i in S[x]]\n"
+             " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
+             " if isinstance(x,dict):"
+             " return {k:n(v,k) for k,v in x.items()}\n"
+             " return x\n"
              "b=pickle.load(open('%s','rb'))\n"
              "sys.exit(0 if n(a)==n(b) else 1)\"",
              out, in),
