@@ -101,7 +101,9 @@ void cli_progress_end(cli_progress_t *p);
 /* ---- model helpers (cli_util.c) ----------------------------------------- */
 /* A string of the model, "" when absent; *len may be NULL. */
 const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len);
-/* Frames of a stack: *n frames ids innermost first; NULL/0 for none. */
+/* Frames of a stack: *n frames ids innermost first; NULL/0 for none.
+ * The ids are decoded into a buffer of the calling thread, valid until
+ * its next cli_stack call. */
 const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
                           uint32_t *n);
 /* The stack to show for a block: its `frames`, or (2.0) the frames of its

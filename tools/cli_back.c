@@ -269,7 +269,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a);
         break;
       }
-      cli_lblock_t b = {.addr = a, .requested = sz, .stream = e->stream,
+      cli_lblock_t b = {.addr = a, .requested = sz, .stream = msnap__tattr(s, e)->stream,
                         .pending = true, .has_requested = true};
       uint32_t k = lb_block(&st, a);
       if (k > 0 && st.b[k - 1].addr + extent(&st.b[k - 1]) > a)
@@ -351,7 +351,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "segment_free of 0x%" PRIx64 " while the block 0x%" PRIx64
              " inside it is live",
              a, st.b[in].addr);
-      cli_lseg_t g = {.addr = a, .size = sz, .stream = e->stream,
+      cli_lseg_t g = {.addr = a, .size = sz, .stream = msnap__tattr(s, e)->stream,
                       .is_large = sz != (2u << 20)};
       if (insert_seg(&st, &g))
         goto nomem;
@@ -397,7 +397,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a, sz);
         break;
       }
-      cli_lseg_t g = {.addr = a, .size = sz, .stream = e->stream,
+      cli_lseg_t g = {.addr = a, .size = sz, .stream = msnap__tattr(s, e)->stream,
                       .is_large = true, .is_expandable = true};
       if (insert_seg(&st, &g))
         goto nomem;

@@ -187,36 +187,39 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
      * conversions of them have none). */
     uint32_t timed = 0;
     for (uint32_t i = 0; i < tl->n; i++)
-      timed += (tl->v[i].keys & MSNAP_K_TIME) != 0;
+      timed += (msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) != 0;
+#define WHERE (snprintf(where, sizeof where, "device_traces[%u][%u]", d, i), \
+               where)
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
-      snprintf(where, sizeof where, "device_traces[%u][%u]", d, i);
+      const msnap_tattr_t *at = msnap__tattr(s, e);
       if (e->action == MSNAP_ACTION_UNKNOWN) {
-        const char *a = cli_str(s, e->action_str, NULL);
-        report(c, where, "unknown action '%s'%s", a,
+        const char *a = cli_str(s, at->action_str, NULL);
+        report(c, WHERE, "unknown action '%s'%s", a,
                !strcmp(a, "free") ? " ('free' is only synthesized by "
                                     "viewers, producers write "
                                     "free_requested/free_completed)"
                                   : "");
       }
-      if (e->keys & MSNAP_K_TIME) {
+      if (at->keys & MSNAP_K_TIME) {
         if (have_prev && e->time_us < prev)
-          report(c, where,
+          report(c, WHERE,
                  "time_us %" PRId64 " is before the previous entry's %" PRId64
                  " (time must not decrease within a device)",
                  e->time_us, prev);
         prev = e->time_us;
         have_prev = true;
       } else if (timed > 0) {
-        report(c, where,
+        report(c, WHERE,
                "missing key 'time_us' (%u of the device's %u entries have "
                "it)",
                timed, tl->n);
       }
-      if (e->addr >= (1ull << 53) && !(e->keys & MSNAP_K_DEVICE_FREE))
-        report(c, where,
+      if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
+        report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53 (§7.3 rule 5)", e->addr);
     }
+#undef WHERE
   }
   if (s->ndevices > 0) {
     for (uint32_t i = 0; i < s->nsegments; i++) {

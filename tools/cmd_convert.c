@@ -65,21 +65,35 @@ static int upgrade(msnap_snap_t *s) {
     if (rc)
       return rc;
   }
-  for (uint32_t d = 0; d < s->ndevices; d++) {
-    msnap_trace_list_t *tl = &s->device_traces[d];
-    for (uint32_t i = 0; i < tl->n; i++) {
-      msnap_strace_t *e = &tl->v[i];
-      if (!(e->keys & MSNAP_K_COMPILE_CTX)) {
-        e->compile_context = na;
-        e->keys |= MSNAP_K_COMPILE_CTX;
-      }
-      if (!(e->keys & MSNAP_K_USER_META)) {
-        e->user_metadata = empty;
-        e->keys |= MSNAP_K_USER_META;
-      }
-      e->keys |= MSNAP_K_POOL_ID | MSNAP_K_STREAM;
+  /* trace entries share their attribute sets: upgrade each set once,
+   * then point the entries at the upgraded ones */
+  uint32_t na_sets = s->ntattrs;
+  uint32_t *map = malloc((size_t)na_sets * sizeof *map);
+  if (!map)
+    return MSNAP_ENOMEM;
+  for (uint32_t k = 0; k < na_sets; k++) {
+    msnap_tattr_t a = s->tattrs[k];
+    if (!(a.keys & MSNAP_K_COMPILE_CTX)) {
+      a.compile_context = na;
+      a.keys |= MSNAP_K_COMPILE_CTX;
+    }
+    if (!(a.keys & MSNAP_K_USER_META)) {
+      a.user_metadata = empty;
+      a.keys |= MSNAP_K_USER_META;
+    }
+    a.keys |= MSNAP_K_POOL_ID | MSNAP_K_STREAM;
+    map[k] = msnap__snap_tattr(s, &a);
+    if (map[k] == UINT32_MAX) {
+      free(map);
+      return MSNAP_ENOMEM;
     }
   }
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    msnap_trace_list_t *tl = &s->device_traces[d];
+    for (uint32_t i = 0; i < tl->n; i++)
+      tl->v[i].attr = map[tl->v[i].attr];
+  }
+  free(map);
   s->top_keys |= MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES |
                  MSNAP_TOP_EXTERNAL_ANNOTATIONS;
   if (s->generation < MSNAP_GEN_CURRENT)

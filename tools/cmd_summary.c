@@ -175,7 +175,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       const msnap_strace_t *e = &tl->v[i];
       f->by_action[e->action < MSNAP_ACTION_COUNT ? e->action
                                                   : MSNAP_ACTION_COUNT]++;
-      if (e->keys & MSNAP_K_TIME) {
+      if (msnap__tattr(s, e)->keys & MSNAP_K_TIME) {
         if (!f->have_time) {
           f->t0 = e->time_us;
           f->have_time = true;

@@ -230,17 +230,21 @@ int msnap__snap_import_stacks(msnap_snap_t *s) {
     import_field(&im, &s->host_segments[i].frames, false);
   for (uint32_t i = 0; i < s->nhost_blocks; i++)
     import_field(&im, &s->host_blocks[i].frames, false);
-  for (uint32_t d = 0; d < s->ndevices; d++) {
-    msnap_trace_list_t *l = &s->device_traces[d];
+  for (uint32_t d = 0; d <= s->ndevices; d++) {
+    msnap_trace_list_t *l =
+        d < s->ndevices ? &s->device_traces[d] : &s->host_traces;
     for (uint32_t i = 0; i < l->n; i++) {
-      import_field(&im, &l->v[i].frames, true);
-      if (l->v[i].frames != MSNAP_STACK_ABSENT) l->v[i].keys |= MSNAP_K_FRAMES;
+      msnap_strace_t *e = &l->v[i];
+      uint32_t raw = e->frames;
+      import_field(&im, &e->frames, true);
+      if (raw != 0 && e->frames != MSNAP_STACK_ABSENT &&
+          !(msnap__tattr(s, e)->keys & MSNAP_K_FRAMES)) {
+        msnap_tattr_t a = *msnap__tattr(s, e);
+        a.keys |= MSNAP_K_FRAMES;
+        int rc = msnap__snap_trace_set_attr(s, e, &a);
+        if (rc < 0 && !im.err) im.err = rc;
+      }
     }
-  }
-  for (uint32_t i = 0; i < s->host_traces.n; i++) {
-    import_field(&im, &s->host_traces.v[i].frames, true);
-    if (s->host_traces.v[i].frames != MSNAP_STACK_ABSENT)
-      s->host_traces.v[i].keys |= MSNAP_K_FRAMES;
   }
   free(im.stacks.t);
   free(im.cframes.t);
@@ -533,19 +537,22 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
       static const uint8_t acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
                                       MSNAP_ACTION_SEGMENT_ALLOC,
                                       MSNAP_ACTION_ALLOC};
+      msnap_tattr_t a;
+      memset(&a, 0, sizeof a);
+      a.stream = (int64_t)w->stream;
+      a.compile_context = na;
+      a.user_metadata = MSNAP_STR_EMPTY;
+      a.keys = TRACE_KEYS | MSNAP_K_ADDRESS;
       for (int k = 0; k < nsyn; k++) {
         msnap_strace_t *t = add_trace(s, l, &err);
         if (t == NULL) break;
         t->action = acts[k];
         t->addr = w->ptr;
         t->size = acts[k] == MSNAP_ACTION_ALLOC ? w->requested : w->size;
-        t->stream = (int64_t)w->stream;
         t->time_us = tus;
-        t->pool_id = (msnap_mempool_id_t){0, 0};
         t->frames = 0;
-        t->compile_context = na;
-        t->user_metadata = MSNAP_STR_EMPTY;
-        t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
+        int rc = msnap__snap_trace_set_attr(s, t, &a);
+        if (rc < 0) err = rc;
       }
     }
     prev = tus;
@@ -560,25 +567,28 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     t->action = c->e.action;
     t->addr = c->e.addr;
     t->size = c->e.size;
-    t->stream = (int64_t)c->stream;
     int64_t tus = msnap__clock_to_us(c->e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
     t->time_us = tus;
-    t->pool_id = c->pool;
     t->frames = c->e.stack; /* raw id, reference moved to the model */
     msnap__stack_ref(c->e.stack);
-    t->compile_context = model_str(s, strs, c->e.compile_context, na, &err);
-    t->user_metadata =
+    msnap_tattr_t a;
+    memset(&a, 0, sizeof a);
+    a.stream = (int64_t)c->stream;
+    a.pool_id = c->pool;
+    a.compile_context = model_str(s, strs, c->e.compile_context, na, &err);
+    a.user_metadata =
         model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
-    t->keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
-                                ? MSNAP_K_DEVICE_FREE
-                                : MSNAP_K_ADDRESS);
+    a.keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
+                               ? MSNAP_K_DEVICE_FREE
+                               : MSNAP_K_ADDRESS);
     if (c->e.internal_meta == 1) {
-      t->internal_metadata =
-          msnap__snap_intern(s, "mallocWithAddress", 17);
-      t->keys |= MSNAP_K_INTERNAL_META;
+      a.internal_metadata = msnap__snap_intern(s, "mallocWithAddress", 17);
+      a.keys |= MSNAP_K_INTERNAL_META;
     }
+    int rc = msnap__snap_trace_set_attr(s, t, &a);
+    if (rc < 0) err = rc;
   }
   return err;
 }
@@ -866,9 +876,11 @@ int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
   static const unsigned char head[] = {0x80, 4, ']', '('};
   pk_put(&b, head, sizeof head, &err);
   if (st > MSNAP_STACK_EMPTY) {
-    const msnap_span_t *sp = &s->stacks[st];
-    for (uint32_t i = 0; i < sp->n; i++) {
-      const msnap_frame_t *f = &s->frames[s->stack_frames[sp->first + i]];
+    msnap_stack_iter_t it;
+    msnap__stack_iter(s, st, &it);
+    uint32_t fid;
+    while (msnap__stack_next(&it, &fid)) {
+      const msnap_frame_t *f = &s->frames[fid];
       size_t nl, fl;
       const char *name = msnap__snap_str(s, f->name, &nl);
       const char *file = msnap__snap_str(s, f->filename, &fl);

@@ -31,7 +31,7 @@
 
 #define CHUNK (1u << 20)
 #define IN_CHUNK (256u << 10)
-#define DROP_STEP (8u << 20)
+#define DROP_STEP (2u << 20)
 
 struct msnap_source_priv_s {
   int fd;                    /* streams: the file; -1 otherwise       */

@@ -48,7 +48,7 @@
 #define OBJ_INDEX_MASK ((1u << OBJ_INDEX_BITS) - 1)
 #define INLINE_MIN (-(INT64_C(1) << 60))
 #define INLINE_MAX ((INT64_C(1) << 60) - 1)
-#define PROGRESS_STEP (8u << 20)
+#define PROGRESS_STEP (2u << 20)
 
 _Static_assert(sizeof(msnap_pv_t) == 8, "a VM value is one 8-byte word");
 _Static_assert(sizeof(msnap_pobj_t) <= 48, "containers stay small");
@@ -69,6 +69,14 @@ typedef struct box_s {
 } box_t;
 
 enum { OBJF_VISITING = 1, OBJF_MULTI_MEMO = 2 };
+/* A memo slot the fast path assigned to a container it has not closed
+ * yet (never seen by the generic interpreter: resolved or rolled back). */
+#define PV_PENDING MSNAP_PV_MAKE(MSNAP_PV_CONST, 4)
+
+typedef struct fp_undo_s {
+  uint32_t slot;
+  msnap_pv_t old;
+} fp_undo_t;
 
 struct msnap_pvm_s {
   msnap_snap_t *snap;
@@ -103,6 +111,16 @@ struct msnap_pvm_s {
   const char *phase;
   msnap_read_error_t *err;
   bool failed;
+
+  /* the fast path (see pickle.h) */
+  bool fast;
+  void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]);
+  void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]);
+  msnap_pv_t *fitems; /* items of the open containers, innermost last */
+  uint32_t nfitems, fitems_cap;
+  fp_undo_t *undo;    /* memo writes of the batch, to roll back */
+  uint32_t nundo, undo_cap;
+  uint64_t fast_done, fast_rolled_back;
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -166,7 +184,25 @@ msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
   vm->snap = strings;
   vm->cb = cb;
   vm->cb_ctx = ctx;
+  vm->fast = cb != NULL;
   return vm;
+}
+
+void msnap__pvm_set_checkpoint(
+    msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
+    void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS])) {
+  vm->save = save;
+  vm->restore = restore;
+}
+
+void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on) {
+  vm->fast = on && vm->cb != NULL;
+}
+
+void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
+                           uint64_t *rolled_back) {
+  *done = vm->fast_done;
+  *rolled_back = vm->fast_rolled_back;
 }
 
 void msnap__pvm_free(msnap_pvm_t *vm) {
@@ -180,6 +216,8 @@ void msnap__pvm_free(msnap_pvm_t *vm) {
   free(vm->boxes);
   free(vm->big);
   free(vm->scratch);
+  free(vm->fitems);
+  free(vm->undo);
   free(vm);
 }
 
@@ -418,13 +456,16 @@ static int complete(msnap_pvm_t *vm, msnap_pv_t *v, uint32_t *depth) {
                            "consumed (a container stored twice)");
   *depth = o->depth;
   if (!vm->cb) return 0;
-  msnap_pv_t old = *v;
+  msnap_pv_t old = *v, out = 0;
+  msnap_pitems_t it = {o->items, o->fwd, o->n,
+                       (o->flags & MSNAP_POBJF_RANGE) != 0};
   const char *phase = vm->phase;
-  int rc = vm->cb(vm->cb_ctx, vm, v);
+  int rc = vm->cb(vm->cb_ctx, vm, o->kind, &it, &out);
   vm->phase = phase;
   if (rc < 0) return rc;
-  if (*v != old) {
-    msnap__pvm_replace(vm, old, *v);
+  if (out) {
+    *v = out;
+    msnap__pvm_replace(vm, old, out);
     *depth = 0;
   }
   return 0;
@@ -892,6 +933,405 @@ static int push_ascii(msnap_pvm_t *vm, const unsigned char *s, size_t n) {
   return push_str(vm, MSNAP_PV_STR, s, n);
 }
 
+/* ---- the fast path (pickle.h) ------------------------------------------ */
+
+static uint64_t le(const unsigned char *p, int n);
+
+typedef struct fp_s {
+  msnap_pvm_t *vm;
+  const unsigned char *q, *end;
+} fp_t;
+
+/* FRAME opcodes sit between any two opcodes: skip them (a declared
+ * length beyond the input is left to the generic interpreter). */
+static inline bool fp_frames(fp_t *f) {
+  while (msnap_unlikely(f->q < f->end && *f->q == MSNAP_OP_FRAME)) {
+    if (f->end - f->q < 9 || le(f->q + 1, 8) > (uint64_t)(f->end - f->q - 9))
+      return false;
+    f->q += 9;
+  }
+  return true;
+}
+
+static bool fp_push(msnap_pvm_t *vm, msnap_pv_t v) {
+  if (msnap_unlikely(vm->nfitems == vm->fitems_cap) &&
+      msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
+                  sizeof *vm->fitems) < 0)
+    return false;
+  vm->fitems[vm->nfitems++] = v;
+  return true;
+}
+
+/* A memo write of the batch (memo_put's effect, logged for rollback). */
+static bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
+                          const unsigned char *at) {
+  msnap_pvm_t *vm = f->vm;
+  if (idx >= UINT32_MAX - 1 ||
+      idx > msnap__source_offset(vm->src, at) + 16)
+    return false;
+  if (idx >= vm->memo_cap) {
+    uint32_t old = vm->memo_cap;
+    uint32_t extra = (uint32_t)(idx + 1 - old);
+    if (extra < old / 2) extra = old / 2;
+    if (extra < 64) extra = 64;
+    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
+                    sizeof *vm->memo) < 0)
+      return false;
+  }
+  if (vm->nundo == vm->undo_cap &&
+      msnap__grow((void **)&vm->undo, &vm->undo_cap, vm->nundo, 64,
+                  sizeof *vm->undo) < 0)
+    return false;
+  for (; vm->memo_len <= idx; vm->memo_len++)
+    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
+  vm->undo[vm->nundo++] = (fp_undo_t){(uint32_t)idx, vm->memo[idx]};
+  if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+    vm->memo_count++;
+  vm->memo[idx] = v;
+  return true;
+}
+
+/* An optional MEMOIZE / BINPUT / LONG_BINPUT of v.  *slot gets the slot
+ * (UINT32_MAX: none).  false: bail. */
+static bool fp_put(fp_t *f, msnap_pv_t v, uint32_t *slot) {
+  if (!fp_frames(f)) return false;
+  const unsigned char *q = f->q;
+  uint64_t idx;
+  *slot = UINT32_MAX;
+  if (q >= f->end) return true;
+  switch (*q) {
+  case MSNAP_OP_MEMOIZE:
+    idx = f->vm->memo_count;
+    f->q = q + 1;
+    break;
+  case MSNAP_OP_BINPUT:
+    if (f->end - q < 2) return false;
+    idx = q[1];
+    f->q = q + 2;
+    break;
+  case MSNAP_OP_LONG_BINPUT:
+    if (f->end - q < 5) return false;
+    idx = le(q + 1, 4);
+    f->q = q + 5;
+    break;
+  default:
+    return true;
+  }
+  if (!fp_memo_write(f, idx, v, q)) return false;
+  *slot = (uint32_t)idx;
+  return true;
+}
+
+/* Length of the scalar token at q (0: not one the fast path reads). */
+static size_t fp_scalar_len(const unsigned char *q, const unsigned char *end) {
+  if (q >= end) return 0;
+  switch (*q) {
+  case MSNAP_OP_BININT1:
+  case MSNAP_OP_BINGET: return 2;
+  case MSNAP_OP_BININT2: return 3;
+  case MSNAP_OP_BININT:
+  case MSNAP_OP_LONG_BINGET: return 5;
+  case MSNAP_OP_LONG1: return end - q >= 2 ? 2 + (size_t)q[1] : 0;
+  case MSNAP_OP_NONE:
+  case MSNAP_OP_NEWTRUE:
+  case MSNAP_OP_NEWFALSE: return 1;
+  default: return 0;
+  }
+}
+
+static bool fp_value(fp_t *f, int depth);
+static inline int fp_scalar(fp_t *f);
+static bool fp_tuple_tail(fp_t *f);
+
+/* A run of memo references to non-containers (a frame list: every item a
+ * BINGET of a frame record), as long as none starts an (a, b) tuple.
+ * Returns false only when out of memory. */
+static inline bool fp_get_run(fp_t *f) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *q = f->q, *end = f->end;
+  const msnap_pv_t *memo = vm->memo;
+  uint32_t memo_len = vm->memo_len;
+  for (;;) {
+    size_t w;
+    uint64_t idx;
+    if (end - q >= 3 && q[0] == MSNAP_OP_BINGET) {
+      w = 2;
+      idx = q[1];
+    } else if (end - q >= 6 && q[0] == MSNAP_OP_LONG_BINGET) {
+      w = 5;
+      idx = le(q + 1, 4);
+    } else {
+      break;
+    }
+    if (idx >= memo_len) break;
+    msnap_pv_t v = memo[idx];
+    if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
+        v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+      break;
+    /* the next token must not close a tuple with this one */
+    size_t l2 = fp_scalar_len(q + w, end);
+    if (l2 && (size_t)(end - q) > w + l2 && q[w + l2] == MSNAP_OP_TUPLE2)
+      break;
+    if (msnap_unlikely(vm->nfitems == vm->fitems_cap)) {
+      if (msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
+                      sizeof *vm->fitems) < 0)
+        return false;
+    }
+    vm->fitems[vm->nfitems++] = v;
+    q += w;
+  }
+  f->q = q;
+  return true;
+}
+
+/* Close the container whose items start at fitems[base]: the consumer
+ * must turn it into a record; it replaces the items. */
+static bool fp_close(fp_t *f, unsigned kind, uint32_t base, uint32_t slot) {
+  msnap_pvm_t *vm = f->vm;
+  msnap_pitems_t it = {vm->fitems + base, 0, vm->nfitems - base, false};
+  msnap_pv_t out = 0;
+  const char *phase = vm->phase;
+  int rc = vm->cb(vm->cb_ctx, vm, kind, &it, &out);
+  vm->phase = phase;
+  if (rc < 0 || !out) {
+    /* (an error is found again by the generic interpreter) */
+    vm->failed = false;
+    if (vm->err) vm->err->msg[0] = 0;
+    return false;
+  }
+  vm->nfitems = base;
+  if (slot != UINT32_MAX) vm->memo[slot] = out; /* was PV_PENDING */
+  return fp_push(vm, out);
+}
+
+/* A dict: '}' [put] then MARK (key value)* SETITEMS batches, or one
+ * key value SETITEM. */
+static bool fp_dict(fp_t *f, int depth) {
+  msnap_pvm_t *vm = f->vm;
+  uint32_t slot, base = vm->nfitems;
+  f->q++;
+  if (!fp_put(f, PV_PENDING, &slot) || !fp_frames(f)) return false;
+  bool single = f->q < f->end && *f->q != MSNAP_OP_MARK;
+  do {
+    if (!single) f->q++; /* MARK */
+    for (;;) {
+      if (!fp_frames(f) || f->q >= f->end) return false;
+      unsigned op = *f->q;
+      if (op == (single ? MSNAP_OP_SETITEM : MSNAP_OP_SETITEMS)) break;
+      /* a key: a string */
+      if (fp_scalar(f) <= 0 ||
+          MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR)
+        return false;
+      (void)op;
+      if (!fp_frames(f) || f->q >= f->end) return false;
+      int r = fp_scalar(f);
+      if (r < 0 || (r > 0 ? !fp_tuple_tail(f) : !fp_value(f, depth)))
+        return false;
+      if (single) {
+        if (!fp_frames(f) || f->q >= f->end || *f->q != MSNAP_OP_SETITEM)
+          return false;
+        break;
+      }
+    }
+    f->q++; /* SETITEMS / SETITEM */
+  } while (!single && fp_frames(f) && f->q < f->end &&
+           *f->q == MSNAP_OP_MARK);
+  return fp_close(f, MSNAP_POBJ_DICT, base, slot);
+}
+
+/* A list: ']' [put] then MARK value* APPENDS batches, one dict APPEND,
+ * or nothing (empty). */
+static bool fp_list(fp_t *f, int depth) {
+  msnap_pvm_t *vm = f->vm;
+  uint32_t slot, base = vm->nfitems;
+  f->q++;
+  if (!fp_put(f, PV_PENDING, &slot) || !fp_frames(f)) return false;
+  if (f->q < f->end && *f->q == MSNAP_OP_EMPTY_DICT) {
+    if (!fp_value(f, depth)) return false;
+    if (!fp_frames(f) || f->q >= f->end || *f->q != MSNAP_OP_APPEND)
+      return false;
+    f->q++;
+  } else {
+    while (f->q < f->end && *f->q == MSNAP_OP_MARK) {
+      f->q++;
+      while (fp_frames(f) && f->q < f->end && *f->q != MSNAP_OP_APPENDS) {
+        if (!fp_get_run(f)) return false;
+        if (f->q < f->end && *f->q != MSNAP_OP_APPENDS &&
+            *f->q != MSNAP_OP_FRAME && !fp_value(f, depth))
+          return false;
+      }
+      if (f->q >= f->end) return false;
+      f->q++;
+      if (!fp_frames(f)) return false;
+    }
+  }
+  return fp_close(f, MSNAP_POBJ_LIST, base, slot);
+}
+
+/* A scalar token at f->q: pushed (1), not a scalar (0: a container or an
+ * opcode the fast path does not read), or bail (-1). */
+static inline int fp_scalar(fp_t *f) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *q = f->q, *end = f->end;
+  msnap_pv_t v = 0;
+  switch (*q) {
+  case MSNAP_OP_BINGET:
+  case MSNAP_OP_LONG_BINGET: {
+    size_t w = *q == MSNAP_OP_BINGET ? 1 : 4;
+    if ((size_t)(end - q) < 1 + w) return -1;
+    uint64_t idx = w == 1 ? q[1] : le(q + 1, 4);
+    if (idx >= vm->memo_len) return -1;
+    v = vm->memo[idx];
+    if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
+        v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+      return -1;
+    f->q = q + 1 + w;
+    break;
+  }
+  case MSNAP_OP_BININT1:
+    if (end - q < 2) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_INT, q[1]);
+    f->q = q + 2;
+    break;
+  case MSNAP_OP_BININT2:
+    if (end - q < 3) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_INT, le(q + 1, 2));
+    f->q = q + 3;
+    break;
+  case MSNAP_OP_BININT:
+    if (end - q < 5) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_INT,
+                      (uint64_t)(int64_t)(int32_t)(uint32_t)le(q + 1, 4) &
+                          ((1ull << 61) - 1));
+    f->q = q + 5;
+    break;
+  case MSNAP_OP_LONG1: {
+    if (end - q < 2) return -1;
+    size_t n = q[1];
+    if (n > 8 || (size_t)(end - q) < 2 + n) return -1;
+    const unsigned char *b = q + 2;
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    if (n && n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
+    if (make_i64(vm, (int64_t)u, &v) < 0) return -1;
+    f->q = q + 2 + n;
+    break;
+  }
+  case MSNAP_OP_NONE:
+    v = MSNAP_PV_NONE;
+    f->q = q + 1;
+    break;
+  case MSNAP_OP_NEWTRUE:
+  case MSNAP_OP_NEWFALSE:
+    v = MSNAP_PV_MAKE(MSNAP_PV_CONST, *q == MSNAP_OP_NEWTRUE
+                                          ? MSNAP_PVC_TRUE
+                                          : MSNAP_PVC_FALSE);
+    f->q = q + 1;
+    break;
+  case MSNAP_OP_SHORT_BINUNICODE:
+  case MSNAP_OP_BINUNICODE: {
+    size_t w = *q == MSNAP_OP_SHORT_BINUNICODE ? 1 : 4;
+    if ((size_t)(end - q) < 1 + w) return -1;
+    uint64_t n = le(q + 1, (int)w);
+    if (n > (uint64_t)(end - q) - 1 - w) return -1;
+    msnap_str_t id = msnap__snap_intern(vm->snap, (const char *)q + 1 + w,
+                                        (size_t)n);
+    if (!id) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_STR, id);
+    f->q = q + 1 + w + n;
+    uint32_t slot;
+    if (!fp_put(f, v, &slot)) return -1;
+    return fp_push(vm, v) ? 1 : -1;
+  }
+  default:
+    return 0;
+  }
+  if (msnap_unlikely(vm->nfitems == vm->fitems_cap))
+    return fp_push(vm, v) ? 1 : -1;
+  vm->fitems[vm->nfitems++] = v;
+  return 1;
+}
+
+/* After a scalar: an (a, b) TUPLE2 [put] (a pool id) when the next
+ * scalar is followed by TUPLE2. */
+static bool fp_tuple_tail(fp_t *f) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *end = f->end;
+  if (!fp_frames(f)) return false;
+  size_t l2 = fp_scalar_len(f->q, end);
+  if (!l2 || (size_t)(end - f->q) <= l2 || f->q[l2] != MSNAP_OP_TUPLE2)
+    return true;
+  uint32_t base = vm->nfitems - 1;
+  if (fp_scalar(f) <= 0) return false;
+  f->q++; /* TUPLE2 */
+  msnap_pitems_t it = {vm->fitems + base, 0, 2, false};
+  msnap_pv_t out = 0;
+  const char *phase = vm->phase;
+  int rc = vm->cb(vm->cb_ctx, vm, MSNAP_POBJ_TUPLE, &it, &out);
+  vm->phase = phase;
+  if (rc < 0 || !out) {
+    vm->failed = false;
+    if (vm->err) vm->err->msg[0] = 0;
+    return false;
+  }
+  vm->nfitems = base;
+  uint32_t slot;
+  if (!fp_put(f, out, &slot)) return false;
+  return fp_push(vm, out);
+}
+
+/* One value. */
+static bool fp_value(fp_t *f, int depth) {
+  if (!fp_frames(f) || f->q >= f->end) return false;
+  int r = fp_scalar(f);
+  if (r > 0) return fp_tuple_tail(f);
+  if (r < 0) return false;
+  if (*f->q == MSNAP_OP_EMPTY_DICT)
+    return depth < MSNAP_PVM_FAST_DEPTH && fp_dict(f, depth + 1);
+  if (*f->q == MSNAP_OP_EMPTY_LIST)
+    return depth < MSNAP_PVM_FAST_DEPTH && fp_list(f, depth + 1);
+  return false;
+}
+
+/*
+ * At a MARK over `list` with a dict next: decode the APPENDS batch.
+ * Returns true with *pp past the APPENDS when done; false with nothing
+ * changed (the generic interpreter takes over).
+ */
+static bool fast_batch(msnap_pvm_t *vm, msnap_pv_t list,
+                       const unsigned char **pp, const unsigned char *end) {
+  uint64_t st[MSNAP_PVM_SAVE_WORDS];
+  uint32_t memo_len = vm->memo_len, memo_count = vm->memo_count;
+  if (vm->save) vm->save(vm->cb_ctx, st);
+  vm->nundo = 0;
+  vm->nfitems = 0;
+  fp_t f = {vm, *pp, end};
+  bool ok = true;
+  while (ok && fp_frames(&f) && f.q < end && *f.q != MSNAP_OP_APPENDS)
+    ok = fp_value(&f, 0);
+  ok = ok && f.q < end && *f.q == MSNAP_OP_APPENDS;
+  if (ok) {
+    /* the records go into the list; nothing of the batch is open */
+    for (uint32_t i = 0; i < vm->nundo && ok; i++)
+      ok = vm->memo[vm->undo[i].slot] != PV_PENDING;
+  }
+  if (ok && obj_extend(vm, list, vm->fitems, vm->nfitems, false, false) == 0) {
+    *pp = f.q + 1;
+    vm->fast_done++;
+    return true;
+  }
+  /* roll back: memo writes in reverse, then the consumer's records */
+  vm->failed = false;
+  if (vm->err) vm->err->msg[0] = 0;
+  for (uint32_t i = vm->nundo; i-- > 0;)
+    vm->memo[vm->undo[i].slot] = vm->undo[i].old;
+  vm->memo_len = memo_len;
+  vm->memo_count = memo_count;
+  if (vm->restore) vm->restore(vm->cb_ctx, st);
+  vm->fast_rolled_back++;
+  return false;
+}
+
 /* ---- the interpreter ----------------------------------------------------- */
 
 static uint64_t le(const unsigned char *p, int n) {
@@ -1056,6 +1496,18 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
       return 0;
     }
     case MSNAP_OP_MARK:
+      if (vm->fast && p < end && *p == MSNAP_OP_EMPTY_DICT && vm->sn &&
+          mark_base(vm) < vm->sn) {
+        msnap_pobj_t *lo = msnap__pvm_obj(vm, vm->stack[vm->sn - 1]);
+        if (lo && lo->kind == MSNAP_POBJ_LIST) {
+          if (end - p < (64 << 10)) { /* a batch in view (streams) */
+            int frc = msnap__source_fill(src, &p, 1u << 20);
+            end = src->end;
+            if (frc < 0) return msnap__pvm_fail(vm, frc, "%s", src->err);
+          }
+          if (fast_batch(vm, vm->stack[vm->sn - 1], &p, end)) break;
+        }
+      }
       if (vm->mn >= MSNAP_PICKLE_MAX_DEPTH)
         return msnap__pvm_fail(vm, MSNAP_ELIMIT,
                                "MARKs nested deeper than %d levels",

@@ -9,15 +9,19 @@
  *     "absent" placeholder (an empty string nobody may look up as a key),
  *     id 1 is "".  Interning is by content: equal bytes give equal ids.
  *   - Frames are interned by all seven fields; frame ids start at 0.
- *   - Stacks are spans of stack_frames; id 0 = absent, id 1 = [] (both
- *     placeholders with n == 0); equal frame sequences give equal ids.
+ *   - Stacks are msnap_stackspan_t over stack_bytes (varint zigzag
+ *     differences of frame ids); id 0 = absent, id 1 = [] (both
+ *     placeholders with n == 0); equal frame sequences give equal ids
+ *     (equal sequences have equal encodings).
+ *   - Trace entry attribute sets (msnap_tattr_t) are interned by all
+ *     their fields; [0] is the all-zero set.
  *   - String lists (forward_frames) are spans of strlist_items; id 0 is the
  *     absent placeholder.
  *   - Record arrays (segments, blocks, ...) only grow; pointers returned by
  *     msnap__snap_add_* are valid until the next add of the same kind.
  *
  * Hash tables are open-addressing arrays of (id + 1), 0 = empty slot, kept
- * at most half full; hashes are XXH3 of the interned content with a
+ * at most half full (the stack table three quarters); hashes are XXH3 of the interned content with a
  * per-model random seed (so a hostile file cannot pick colliding strings
  * in advance).  Strings and frames are hashed again on growth; stacks and
  * string lists (long spans) keep the low 32 bits of their hash in an
@@ -42,7 +46,10 @@ typedef struct snap_ht_s {
 } snap_ht_t;
 
 struct msnap_snap_priv_s {
-  snap_ht_t strings, frames, stacks, strlists;
+  snap_ht_t strings, frames, stacks, strlists, tattrs;
+  uint32_t tattr_last; /* the last attribute set interned (a cache) */
+  unsigned char *enc;  /* scratch: a stack being encoded */
+  size_t enc_cap;
   /* Low 32 bits of the hash of each stack / string list, by id (the
    * placeholders' entries are unused): growth re-slots without hashing
    * again, and a probe compares contents only when the hashes agree. */
@@ -84,6 +91,34 @@ static bool frame_eq(const msnap_frame_t *a, const msnap_frame_t *b) {
          a->fx_original_trace == b->fx_original_trace;
 }
 
+static uint64_t tattr_hash(uint64_t seed, const msnap_tattr_t *a) {
+  uint32_t w[13];
+  w[0] = (uint32_t)a->stream;
+  w[1] = (uint32_t)((uint64_t)a->stream >> 32);
+  w[2] = (uint32_t)a->pool_id.first;
+  w[3] = (uint32_t)(a->pool_id.first >> 32);
+  w[4] = (uint32_t)a->pool_id.second;
+  w[5] = (uint32_t)(a->pool_id.second >> 32);
+  w[6] = a->forward_frames;
+  w[7] = a->compile_context;
+  w[8] = a->user_metadata;
+  w[9] = a->internal_metadata;
+  w[10] = a->action_str;
+  w[11] = a->keys;
+  w[12] = 0;
+  return XXH3_64bits_withSeed(w, sizeof w, seed);
+}
+
+static bool tattr_eq(const msnap_tattr_t *a, const msnap_tattr_t *b) {
+  return a->stream == b->stream && a->pool_id.first == b->pool_id.first &&
+         a->pool_id.second == b->pool_id.second &&
+         a->forward_frames == b->forward_frames &&
+         a->compile_context == b->compile_context &&
+         a->user_metadata == b->user_metadata &&
+         a->internal_metadata == b->internal_metadata &&
+         a->action_str == b->action_str && a->keys == b->keys;
+}
+
 static uint64_t span_hash(uint64_t seed, const uint32_t *v, uint32_t n) {
   return XXH3_64bits_withSeed(v, (size_t)n * sizeof *v, seed);
 }
@@ -110,6 +145,7 @@ static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
   }
   if (t == &pr->frames) return frame_hash(pr->seed, &s->frames[id]);
   if (t == &pr->stacks) return pr->stack_hash[id];
+  if (t == &pr->tattrs) return tattr_hash(pr->seed, &s->tattrs[id]);
   return pr->strlist_hash[id];
 }
 
@@ -135,8 +171,11 @@ static int ht_grow(msnap_snap_t *s, snap_ht_t *t) {
 }
 
 static int ht_reserve(msnap_snap_t *s, snap_ht_t *t) {
-  if (!t->slots || (uint64_t)(t->count + 1) * 2 > (uint64_t)t->mask + 1)
-    return ht_grow(s, t);
+  /* at most half full; the stack table (the largest: one slot per
+   * distinct stack, probes compare a kept hash first) three quarters */
+  uint64_t cap = (uint64_t)t->mask + 1;
+  uint64_t limit = t == &s->priv->stacks ? cap / 4 * 3 : cap / 2;
+  if (!t->slots || (uint64_t)t->count + 1 > limit) return ht_grow(s, t);
   return 0;
 }
 
@@ -154,7 +193,10 @@ msnap_snap_t *msnap__snap_new(void) {
   s->stacks = malloc(s->stacks_cap * sizeof *s->stacks);
   s->strlists_cap = 16;
   s->strlists = malloc(s->strlists_cap * sizeof *s->strlists);
-  if (!s->priv || !s->strbuf || !s->str_off || !s->stacks || !s->strlists) {
+  s->tattrs_cap = 16;
+  s->tattrs = calloc(s->tattrs_cap, sizeof *s->tattrs);
+  if (!s->priv || !s->strbuf || !s->str_off || !s->stacks || !s->strlists ||
+      !s->tattrs) {
     msnap__snap_free(s);
     return NULL;
   }
@@ -166,9 +208,10 @@ msnap_snap_t *msnap__snap_new(void) {
   s->str_off[1] = 1;
   s->str_off[2] = 2;
   s->nstrings = 2;
-  s->stacks[0] = (msnap_span_t){0, 0};
-  s->stacks[1] = (msnap_span_t){0, 0};
+  s->stacks[0] = (msnap_stackspan_t){0, 0};
+  s->stacks[1] = (msnap_stackspan_t){0, 0};
   s->nstacks = 2;
+  s->ntattrs = 1; /* [0]: no keys, all zero */
   s->strlists[0] = (msnap_span_t){0, 0};
   s->nstrlists = 1;
   s->generation = MSNAP_GEN_CURRENT;
@@ -207,15 +250,18 @@ void msnap__snap_free(msnap_snap_t *s) {
     free(s->priv->frames.slots);
     free(s->priv->stacks.slots);
     free(s->priv->strlists.slots);
+    free(s->priv->tattrs.slots);
     free(s->priv->stack_hash);
     free(s->priv->strlist_hash);
+    free(s->priv->enc);
     free(s->priv);
   }
   free(s->strbuf);
   free(s->str_off);
   free(s->frames);
-  free(s->stack_frames);
+  free(s->stack_bytes);
   free(s->stacks);
+  free(s->tattrs);
   free(s->strlists);
   free(s->strlist_items);
   free(s->segments);
@@ -468,16 +514,103 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
   return id;
 }
 
+/* Encoded bytes of stack id: up to the next stack's offset. */
+static uint64_t stack_nbytes(const msnap_snap_t *s, uint32_t id) {
+  uint64_t end = id + 1 < s->nstacks ? s->stacks[id + 1].off : s->nstack_bytes;
+  return end - s->stacks[id].off;
+}
+
 /*
- * Intern a frame-id sequence; MSNAP_STACK_EMPTY for n == 0, 0 on ENOMEM.
+ * Intern a frame-id sequence; MSNAP_STACK_EMPTY for n == 0, 0 on ENOMEM
+ * (or beyond MSNAP_STACK_MAX_FRAMES frames).
+ * The ids are encoded (msnap_stackspan_t) first; equal sequences have
+ * equal encodings, so the table compares bytes.
  */
 msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                                 uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
-  return span_intern(s, &s->priv->stacks, &s->stack_frames,
-                     &s->nstack_frames, &s->stack_frames_cap, &s->stacks,
-                     &s->nstacks, &s->stacks_cap, &s->priv->stack_hash,
-                     &s->priv->stack_hash_cap, frame_ids, n);
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  unsigned char *enc = msnap__snap_stack_buf(s, n);
+  if (!enc) return 0;
+  unsigned char *o = enc;
+  uint32_t prev = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    o = msnap__stack_put(o, prev, frame_ids[i]);
+    prev = frame_ids[i];
+  }
+  return msnap__snap_stack_encoded(s, enc, (size_t)(o - enc), n);
+}
+
+unsigned char *msnap__snap_stack_buf(msnap_snap_t *s, uint32_t n) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  size_t need = (size_t)n * 5 + 16;
+  if (pr->enc_cap < need) {
+    unsigned char *e = realloc(pr->enc, need);
+    if (!e) return NULL;
+    pr->enc = e;
+    pr->enc_cap = need;
+  }
+  return pr->enc;
+}
+
+/*
+ * Intern a stack given as its encoding (nb bytes of n frame ids, written
+ * with msnap__stack_put into msnap__snap_stack_buf's buffer or any other
+ * one).  Equal sequences have equal encodings, so the table compares
+ * bytes.  0 on ENOMEM.
+ */
+msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
+                                        const unsigned char *enc, size_t nb,
+                                        uint32_t n) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  if (n == 0) return MSNAP_STACK_EMPTY;
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  snap_ht_t *t = &pr->stacks;
+  if (ht_reserve(s, t) < 0) return 0;
+  uint32_t hv = (uint32_t)XXH3_64bits_withSeed(enc, nb, pr->seed);
+  uint32_t h = hv & t->mask;
+  for (;;) {
+    uint32_t e = t->slots[h];
+    if (!e) break;
+    if (pr->stack_hash[e - 1] == hv) {
+      msnap_stackspan_t sp = s->stacks[e - 1];
+      if (sp.n == n && stack_nbytes(s, e - 1) == nb &&
+          memcmp(s->stack_bytes + sp.off, enc, nb) == 0)
+        return e - 1;
+    }
+    h = (h + 1) & t->mask;
+  }
+  if (s->nstacks >= UINT32_MAX - 1) return 0;
+  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
+    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
+    while (nc - s->nstack_bytes < nb) nc *= 2;
+    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
+    if (!b) return 0;
+    s->stack_bytes = b;
+    s->stack_bytes_cap = nc;
+  }
+  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
+  if (msnap__grow((void **)&pr->stack_hash, &pr->stack_hash_cap, s->nstacks,
+                  1, sizeof *pr->stack_hash) < 0)
+    return 0;
+  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
+  uint32_t id = s->nstacks++;
+  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
+  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
+  s->nstack_bytes += nb;
+  pr->stack_hash[id] = hv;
+  t->slots[h] = id + 1;
+  t->count++;
+  return id;
+}
+
+uint32_t msnap__stack_frames(const msnap_snap_t *s, msnap_stack_t st,
+                             uint32_t *out, uint32_t cap) {
+  msnap_stack_iter_t it;
+  msnap__stack_iter(s, st, &it);
+  uint32_t n = it.left, k = 0, f;
+  while (k < cap && msnap__stack_next(&it, &f)) out[k++] = f;
+  return n;
 }
 
 /*
@@ -537,6 +670,50 @@ msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l) {
     return NULL;
   memset(&l->v[l->n], 0, sizeof *l->v);
   return &l->v[l->n++];
+}
+
+_Static_assert(sizeof(msnap_strace_t) == 32, "a trace entry is 32 bytes");
+
+/*
+ * Intern a trace entry attribute set (0 is the all-zero set).  The last
+ * one is remembered: consecutive entries mostly share theirs.
+ */
+uint32_t msnap__snap_tattr(msnap_snap_t *s, const msnap_tattr_t *a) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  if (tattr_eq(&s->tattrs[pr->tattr_last], a)) return pr->tattr_last;
+  if (tattr_eq(&s->tattrs[0], a)) return 0;
+  if (ht_reserve(s, &pr->tattrs) < 0) return UINT32_MAX;
+  uint32_t h = (uint32_t)tattr_hash(pr->seed, a) & pr->tattrs.mask;
+  for (;;) {
+    uint32_t v = pr->tattrs.slots[h];
+    if (!v) break;
+    if (tattr_eq(&s->tattrs[v - 1], a)) return pr->tattr_last = v - 1;
+    h = (h + 1) & pr->tattrs.mask;
+  }
+  if (s->ntattrs >= MSNAP_TATTR_MAX) return UINT32_MAX;
+  if (GROW(s->tattrs, s->tattrs_cap, s->ntattrs, 1) < 0) return UINT32_MAX;
+  uint32_t id = s->ntattrs++;
+  memset(&s->tattrs[id], 0, sizeof s->tattrs[id]);
+  s->tattrs[id].stream = a->stream;
+  s->tattrs[id].pool_id = a->pool_id;
+  s->tattrs[id].forward_frames = a->forward_frames;
+  s->tattrs[id].compile_context = a->compile_context;
+  s->tattrs[id].user_metadata = a->user_metadata;
+  s->tattrs[id].internal_metadata = a->internal_metadata;
+  s->tattrs[id].action_str = a->action_str;
+  s->tattrs[id].keys = a->keys;
+  pr->tattrs.slots[h] = id + 1;
+  pr->tattrs.count++;
+  return pr->tattr_last = id;
+}
+
+int msnap__snap_trace_set_attr(msnap_snap_t *s, msnap_strace_t *e,
+                               const msnap_tattr_t *a) {
+  uint32_t id = msnap__snap_tattr(s, a);
+  if (id == UINT32_MAX)
+    return s->ntattrs >= MSNAP_TATTR_MAX ? MSNAP_ELIMIT : MSNAP_ENOMEM;
+  e->attr = id;
+  return 0;
 }
 
 /* ---- checking ------------------------------------------------------------ */
@@ -601,14 +778,65 @@ static int check_traces(const msnap_snap_t *s, const char *what, uint32_t d,
     const msnap_strace_t *t = &l->v[i];
     CHECK(stack_ok(s, t->frames), "%s[%u][%u]: stack id %u out of range",
           what, d, i, t->frames);
-    CHECK(strlist_ok(s, t->forward_frames),
-          "%s[%u][%u]: forward_frames out of range", what, d, i);
-    CHECK(str_ok(s, t->compile_context) && str_ok(s, t->user_metadata) &&
-              str_ok(s, t->internal_metadata) && str_ok(s, t->action_str),
-          "%s[%u][%u]: string id out of range", what, d, i);
+    CHECK(t->attr < s->ntattrs, "%s[%u][%u]: attribute set %u out of range",
+          what, d, i, (unsigned)t->attr);
     CHECK(t->action < MSNAP_ACTION_COUNT || t->action == MSNAP_ACTION_UNKNOWN,
-          "%s[%u][%u]: action %u", what, d, i, t->action);
+          "%s[%u][%u]: action %u", what, d, i, (unsigned)t->action);
   }
+  return 0;
+}
+
+static int check_tattrs(const msnap_snap_t *s, char *msg, size_t len) {
+  CHECK(s->ntattrs >= 1 && s->ntattrs <= MSNAP_TATTR_MAX,
+        "%u attribute sets", s->ntattrs);
+  const msnap_tattr_t *z = &s->tattrs[0];
+  CHECK(!z->stream && !z->pool_id.first && !z->pool_id.second &&
+            !z->forward_frames && !z->compile_context && !z->user_metadata &&
+            !z->internal_metadata && !z->action_str && !z->keys,
+        "attribute set 0 is not all zero");
+  for (uint32_t i = 0; i < s->ntattrs; i++) {
+    const msnap_tattr_t *a = &s->tattrs[i];
+    CHECK(strlist_ok(s, a->forward_frames),
+          "attribute set %u: forward_frames out of range", i);
+    CHECK(str_ok(s, a->compile_context) && str_ok(s, a->user_metadata) &&
+              str_ok(s, a->internal_metadata) && str_ok(s, a->action_str),
+          "attribute set %u: string id out of range", i);
+  }
+  return 0;
+}
+
+/* A stack decodes to exactly n ids < nframes in exactly nbytes bytes. */
+static int check_stack(const msnap_snap_t *s, uint32_t i, bool deep,
+                       char *msg, size_t len) {
+  msnap_stackspan_t sp = s->stacks[i];
+  uint64_t next = i + 1 < s->nstacks ? s->stacks[i + 1].off : s->nstack_bytes;
+  CHECK(sp.off <= next && next <= s->nstack_bytes,
+        "stack %u: bytes %llu..%llu out of order or beyond %llu", i,
+        (unsigned long long)sp.off, (unsigned long long)next,
+        (unsigned long long)s->nstack_bytes);
+  CHECK(next - sp.off >= sp.n && next - sp.off <= 5 * (uint64_t)sp.n,
+        "stack %u: %llu bytes for %u frames", i,
+        (unsigned long long)(next - sp.off), (unsigned)sp.n);
+  if (!deep) return 0;
+  const unsigned char *p = s->stack_bytes + sp.off,
+                      *end = s->stack_bytes + next;
+  int64_t prev = 0;
+  for (uint32_t k = 0; k < (uint32_t)sp.n; k++) {
+    uint64_t z = 0;
+    unsigned shift = 0;
+    for (;;) {
+      CHECK(p < end && shift < 42, "stack %u: frame %u cut or too long", i,
+            k);
+      unsigned char b = *p++;
+      z |= (uint64_t)(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    prev += (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    CHECK(prev >= 0 && prev < (int64_t)s->nframes,
+          "stack %u: frame id %lld out of range", i, (long long)prev);
+  }
+  CHECK(p == end, "stack %u: %u bytes left over", i, (unsigned)(end - p));
   return 0;
 }
 
@@ -617,6 +845,17 @@ static int check_traces(const msnap_snap_t *s, const char *what, uint32_t d,
  * Returns 0 or MSNAP_ESTATE with the first violation in msg.
  */
 int msnap__snap_check_model(const msnap_snap_t *s, char *msg, size_t len) {
+  return msnap__snap_check_model_level(s, true, msg, len);
+}
+
+/*
+ * The same; shallow (deep false) leaves out decoding every stack's frame
+ * ids (spans and byte ranges are still checked): what the reader runs on
+ * each model it makes, whose stacks msnap__snap_stack encoded from frame
+ * ids it had checked.
+ */
+int msnap__snap_check_model_level(const msnap_snap_t *s, bool deep, char *msg,
+                                  size_t len) {
   int rc;
   CHECK(s && s->priv, "no model");
   CHECK(s->nstrings >= 2 && s->str_off[0] == 0 &&
@@ -637,16 +876,9 @@ int msnap__snap_check_model(const msnap_snap_t *s, char *msg, size_t len) {
   }
   CHECK(s->nstacks >= 2 && s->stacks[0].n == 0 && s->stacks[1].n == 0,
         "stack placeholders 0/1 must be empty");
-  for (uint32_t i = 0; i < s->nstacks; i++) {
-    msnap_span_t sp = s->stacks[i];
-    CHECK((uint64_t)sp.first + sp.n <= s->nstack_frames,
-          "stack %u: span %u+%u beyond %u", i, sp.first, sp.n,
-          s->nstack_frames);
-    for (uint32_t k = 0; k < sp.n; k++)
-      CHECK(s->stack_frames[sp.first + k] < s->nframes,
-            "stack %u: frame id %u out of range", i,
-            s->stack_frames[sp.first + k]);
-  }
+  for (uint32_t i = 0; i < s->nstacks; i++)
+    if ((rc = check_stack(s, i, deep, msg, len)) < 0) return rc;
+  if ((rc = check_tattrs(s, msg, len)) < 0) return rc;
   for (uint32_t i = 0; i < s->nstrlists; i++) {
     msnap_span_t sp = s->strlists[i];
     CHECK((uint64_t)sp.first + sp.n <= s->nstrlist_items,

@@ -362,26 +362,29 @@ static void wstack(wr_t *w, msnap_stack_t id) {
     wu64(w, id, "stack id");
     return;
   }
-  msnap_span_t sp = w->s->stacks[id];
+  uint32_t n = msnap__stack_len(w->s, id);
   if (!w->json) {
     if (w->stack_memo[id] != NO_MEMO) {
       msnap__pw_get(&w->pw, w->stack_memo[id]);
       return;
     }
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
-    if (sp.n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
+    if (n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
     push_level(w, true);
   } else {
     list_begin(w);
   }
-  for (uint32_t i = 0; i < sp.n; i++) {
-    list_item(w, sp.n);
+  msnap_stack_iter_t it;
+  msnap__stack_iter(w->s, id, &it);
+  uint32_t f;
+  while (msnap__stack_next(&it, &f)) {
+    list_item(w, n);
     if (w->json)
-      wu64(w, w->s->stack_frames[sp.first + i], "frame id");
+      wu64(w, f, "frame id");
     else
-      wframe(w, w->s->stack_frames[sp.first + i]);
+      wframe(w, f);
   }
-  list_end(w, sp.n);
+  list_end(w, n);
 }
 
 /*
@@ -604,43 +607,44 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
  * forward_frames -- each when present.
  */
 static void wtrace(wr_t *w, const msnap_strace_t *t) {
-  unsigned k = t->keys;
+  const msnap_tattr_t *a = msnap__tattr(w->s, t);
+  unsigned k = a->keys;
   if (w->live) {
     k |= MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
          MSNAP_K_USER_META | MSNAP_K_POOL_ID;
     k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
     if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
-    if (t->forward_frames) k |= MSNAP_K_FORWARD;
-    if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
+    if (a->forward_frames) k |= MSNAP_K_FORWARD;
+    if (a->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
   }
   dict_begin(w);
   key(w, C_action);
   if (t->action < MSNAP_ACTION_COUNT)
     cstr(w, C_ACTION0 + t->action);
   else
-    mstr(w, t->action_str);
+    mstr(w, a->action_str);
   if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
   if (k & MSNAP_K_DEVICE_FREE)
     key(w, C_device_free), wu64(w, t->addr, "device_free");
   key(w, C_size);
   wu64(w, t->size, "size");
-  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, t->stream);
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
   if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
   if (k & MSNAP_K_COMPILE_CTX)
-    key(w, C_compile_context), mstr_or(w, t->compile_context, C_v_na);
+    key(w, C_compile_context), mstr_or(w, a->compile_context, C_v_na);
   if (k & MSNAP_K_USER_META) {
     key(w, C_user_metadata);
-    if (t->user_metadata == MSNAP_STR_ABSENT)
+    if (a->user_metadata == MSNAP_STR_ABSENT)
       mstr(w, MSNAP_STR_EMPTY);
     else
-      mstr(w, t->user_metadata);
+      mstr(w, a->user_metadata);
   }
   if (k & MSNAP_K_INTERNAL_META)
-    key(w, C_internal_metadata), mstr(w, t->internal_metadata);
-  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, t->pool_id);
+    key(w, C_internal_metadata), mstr(w, a->internal_metadata);
+  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, a->pool_id);
   if (k & MSNAP_K_FRAMES) key(w, C_frames), wstack(w, t->frames);
   if (k & MSNAP_K_FORWARD)
-    key(w, C_forward_frames), wstrlist(w, t->forward_frames);
+    key(w, C_forward_frames), wstrlist(w, a->forward_frames);
   dict_end(w);
 }
 
