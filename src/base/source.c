@@ -51,6 +51,8 @@ struct msnap_source_priv_s {
   bool z_init, z_member_end;
   ZSTD_DStream *zs;
   size_t zs_last;            /* last ZSTD_decompressStream result     */
+  const unsigned char *chunked; /* tests: a buffer read in small pieces */
+  size_t chunked_len, chunked_pos, chunk;
 };
 
 static int fail(msnap_source_t *src, int rc, const char *fmt, ...)
@@ -88,6 +90,14 @@ static int fifo_first(msnap_source_t *src) {
 /* read(2) up to n bytes; 0 at the end, negative MSNAP_E* on error. */
 static ssize_t read_fd(msnap_source_t *src, unsigned char *dst, size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
+  if (pr->chunked) {
+    size_t k = pr->chunked_len - pr->chunked_pos;
+    if (k > n) k = n;
+    if (k > pr->chunk) k = pr->chunk;
+    memcpy(dst, pr->chunked + pr->chunked_pos, k);
+    pr->chunked_pos += k;
+    return (ssize_t)k;
+  }
   if (pr->fifo_wait) {
     int rc = fifo_first(src);
     if (rc < 0) return rc;
@@ -110,7 +120,7 @@ static int raw_more(msnap_source_t *src) {
   struct msnap_source_priv_s *pr = src->priv;
   if (pr->raw_n) return 0;
   if (pr->raw_eof) return 1;
-  if (pr->fd < 0) {
+  if (pr->fd < 0 && !pr->chunked) {
     pr->raw_eof = true;
     return 1;
   }
@@ -326,6 +336,30 @@ int msnap__source_mem(msnap_source_t **out, const void *buf, size_t len) {
   src->end = src->start + len;
   src->size = len;
   src->priv->eof = true;
+  *out = src;
+  return 0;
+}
+
+static int detect_codec(msnap_source_t *src);
+
+int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
+                          size_t chunk, uint64_t limit) {
+  *out = NULL;
+  msnap_source_t *src = source_new(limit ? limit : MSNAP_SOURCE_LIMIT_DEFAULT);
+  if (!src) return MSNAP_ENOMEM;
+  struct msnap_source_priv_s *pr = src->priv;
+  static const unsigned char none[1];
+  pr->chunked = len ? buf : none;
+  pr->chunked_len = len;
+  pr->chunk = chunk ? chunk : 1;
+  src->start = src->end = none;
+  const unsigned char *p = src->start;
+  int rc = msnap__source_fill(src, &p, 4);
+  if (rc == 0 || rc == 1) rc = detect_codec(src);
+  if (rc < 0) {
+    msnap__source_close(src);
+    return rc;
+  }
   *out = src;
   return 0;
 }

@@ -78,6 +78,11 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
 /* A source over buf[0..len) (the caller keeps buf; not decompressed). */
 int msnap__source_mem(msnap_source_t **out, const void *buf, size_t len);
 void msnap__source_close(msnap_source_t *src);
+/* Tests and fuzzing: buf[0..len) as a stream that yields at most `chunk`
+ * bytes per read (so every refill path runs), decompressed when it starts
+ * with a gzip or zstd magic, with `limit` (0: the default). */
+int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
+                          size_t chunk, uint64_t limit);
 
 /* Make `need` bytes available at *p (start <= *p <= end).  0 when they
  * are; 1 at the end of the input with fewer (end - *p < need); a

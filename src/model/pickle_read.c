@@ -1350,14 +1350,13 @@ static uint64_t le(const unsigned char *p, int n) {
  * error naming what is missing. */
 static int refill(msnap_pvm_t *vm, const unsigned char **p,
                   const unsigned char **end, uint64_t k) {
-  size_t have = (size_t)(*end - *p);
   int rc = k > SIZE_MAX ? 1 : msnap__source_fill(vm->src, p, (size_t)k);
   *end = vm->src->end;
   if (rc == 0) return 0;
   if (rc == 1)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                            "needs %llu bytes but only %zu remain",
-                           (unsigned long long)k, have);
+                           (unsigned long long)k, (size_t)(*end - *p));
   return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
 }
 
@@ -1476,14 +1475,13 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
       p += 8;
       if (n > (uint64_t)(end - p)) {
         /* the declared frame must be there (a stream buffers it) */
-        size_t have = (size_t)(end - p);
         int rc = msnap__source_fill(src, &p, (size_t)n);
         end = src->end;
         if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
         if (rc == 1)
           return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                                  "frame of %llu bytes but only %zu remain",
-                                 (unsigned long long)n, have);
+                                 (unsigned long long)n, (size_t)(end - p));
       }
       break;
     }

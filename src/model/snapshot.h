@@ -416,6 +416,11 @@ typedef struct msnap_read_stats_s {
 int msnap__snap_read_buffer_ex(const void *buf, size_t len,
                                msnap_snap_t **out, msnap_read_error_t *err,
                                msnap_read_stats_t *stats);
+/* From an open source (base/source.h); stats may be NULL. */
+struct msnap_source_s;
+int msnap__snap_read_source(struct msnap_source_s *src, msnap_snap_t **out,
+                            msnap_read_error_t *err,
+                            msnap_read_stats_t *stats);
 
 /* --- writing (snapshot_write.c) ----------------------------------------- */
 struct msnap_sink_s;

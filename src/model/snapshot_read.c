@@ -1292,6 +1292,15 @@ int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
   return msnap__snap_read_buffer_ex(buf, len, out, err, NULL);
 }
 
+int msnap__snap_read_source(msnap_source_t *src, msnap_snap_t **out,
+                            msnap_read_error_t *err,
+                            msnap_read_stats_t *stats) {
+  msnap_read_error_t local;
+  if (!err) err = &local;
+  memset(err, 0, sizeof *err);
+  return read_source(src, out, err, stats);
+}
+
 /*
  * Read a snapshot file ("-": standard input) through a source (source.h):
  * a regular file is mapped, anything else streamed with the limit of
