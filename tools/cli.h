@@ -226,7 +226,8 @@ void cli_stacks_free(cli_stacks_t *x);
 /* The invariants of x (tests and debug checks). */
 bool cli_stacks_check(const cli_stacks_t *x);
 /* Index in the trace of `dev` of the alloc entry at addr that is still
- * live at the end of the trace, or -1. */
+ * live at the end of the trace, or -1.  Only addresses of the device's
+ * active blocks (final segments) are indexed: -1 for any other. */
 long cli_stacks_live_entry(const cli_stacks_t *x, int64_t dev,
                            uint64_t addr);
 /* The stack to show for block b at addr of device dev; *src (may be NULL)

@@ -493,24 +493,43 @@ const char *cli_generation_name(msnap_generation_t g) {
 /*
  * Active (requested bytes of live allocations) and reserved bytes after
  * each entry of a device trace, starting from the state at the start of
- * the trace that the backward replay rebuilds.  Arrays of tl->n + 1
- * values (index 0 = before the first entry); caller frees both.
+ * the trace: the final one (requested bytes of active blocks, their size
+ * when no request is known; reserved bytes) minus the trace's net effect.
+ * Two passes over the trace, no replay.  Arrays of tl->n + 1 values
+ * (index 0 = before the first entry); caller frees both.
  */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
                  uint64_t **res, uint32_t *n) {
   const msnap_trace_list_t *tl = cli_trace(s, dev);
   uint32_t m = tl ? tl->n : 0;
-  cli_state_t st;
   *act = *res = NULL;
   *n = 0;
-  if (cli_backward(s, dev, NULL, NULL, &st) < 0)
-    return -1;
-  uint64_t a = 0, r = 0;
-  for (uint32_t i = 0; i < st.nb; i++)
-    a += st.b[i].requested ? st.b[i].requested : st.b[i].size;
-  for (uint32_t i = 0; i < st.ng; i++)
-    r += st.g[i].size;
-  cli_state_free(&st);
+  __int128 a0 = 0, r0 = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    r0 += g->total_size;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (cli_block_active(b))
+        a0 += b->requested_size ? b->requested_size : b->size;
+    }
+  }
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: a0 -= e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a0 += e->size; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r0 -= e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r0 += e->size; break;
+    default: break;
+    }
+  }
+  uint64_t a = a0 < 0 ? 0 : a0 > UINT64_MAX ? UINT64_MAX : (uint64_t)a0;
+  uint64_t r = r0 < 0 ? 0 : r0 > UINT64_MAX ? UINT64_MAX : (uint64_t)r0;
   uint64_t *va = malloc((m + 1) * sizeof *va);
   uint64_t *vr = malloc((m + 1) * sizeof *vr);
   if (!va || !vr) {
