@@ -50,6 +50,7 @@ struct msnap_snap_priv_s {
   uint32_t tattr_last; /* the last attribute set interned (a cache) */
   unsigned char *enc;  /* scratch: a stack being encoded */
   size_t enc_cap;
+  bool stacks_unindexed; /* stacks appended, not deduplicated yet */
   /* Low 32 bits of the hash of each stack / string list, by id (the
    * placeholders' entries are unused): growth re-slots without hashing
    * again, and a probe compares contents only when the hashes agree. */
@@ -565,6 +566,7 @@ msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
   struct msnap_snap_priv_s *pr = s->priv;
   if (n == 0) return MSNAP_STACK_EMPTY;
   if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  if (pr->stacks_unindexed && msnap__snap_dedupe_stacks(s) < 0) return 0;
   snap_ht_t *t = &pr->stacks;
   if (ht_reserve(s, t) < 0) return 0;
   uint32_t hv = (uint32_t)XXH3_64bits_withSeed(enc, nb, pr->seed);
@@ -603,6 +605,156 @@ msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
   t->count++;
   return id;
 }
+
+/*
+ * Append a stack without looking it up (the reader: most stacks of a big
+ * file are new, and looking each up costs two cache misses in the middle
+ * of parsing); msnap__snap_dedupe_stacks later gives equal stacks one id.
+ * 0 on ENOMEM or beyond MSNAP_STACK_MAX_FRAMES frames.
+ */
+msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
+                                       const unsigned char *enc, size_t nb,
+                                       uint32_t n) {
+  if (n == 0) return MSNAP_STACK_EMPTY;
+  if (n > MSNAP_STACK_MAX_FRAMES || s->nstacks >= UINT32_MAX - 1) return 0;
+  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
+  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
+    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
+    while (nc - s->nstack_bytes < nb) nc *= 2;
+    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
+    if (!b) return 0;
+    s->stack_bytes = b;
+    s->stack_bytes_cap = nc;
+  }
+  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
+  uint32_t id = s->nstacks++;
+  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
+  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
+  s->nstack_bytes += nb;
+  s->priv->stacks_unindexed = true;
+  return id;
+}
+
+/* Rewrite a stack id field through map (ids 0 and 1 stay). */
+#define REMAP(field)                                                          \
+  do {                                                                        \
+    if ((field) > MSNAP_STACK_EMPTY && (field) < n) (field) = map[field];     \
+  } while (0)
+
+/*
+ * Give equal stacks one id, after msnap__snap_stack_append: hash every
+ * stack (prefetching its table slot a batch ahead, so the cache misses
+ * overlap), keep the first of each content, move the others' bytes down,
+ * rewrite every stack id of the model.  Afterwards the table is complete
+ * (msnap__snap_stack works on the model).  0 or MSNAP_ENOMEM.
+ */
+int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  if (!pr->stacks_unindexed) return 0;
+  uint32_t n = s->nstacks;
+  snap_ht_t *t = &pr->stacks;
+  /* the table for all of them at once (three quarters full at most) */
+  uint64_t cap = 1024;
+  while (cap / 4 * 3 < (uint64_t)n + 1) cap *= 2;
+  if (cap > ((uint64_t)1 << 32)) return MSNAP_ENOMEM;
+  uint32_t *slots = calloc((size_t)cap, sizeof *slots);
+  uint32_t *hashes = malloc(((size_t)n + 1) * sizeof *hashes);
+  if (!slots || !hashes) {
+    free(slots);
+    free(hashes);
+    return MSNAP_ENOMEM;
+  }
+  uint32_t mask = (uint32_t)(cap - 1);
+  enum { AHEAD = 16 };
+  for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n && i < 2 + AHEAD; i++)
+    hashes[i] = (uint32_t)XXH3_64bits_withSeed(
+        s->stack_bytes + s->stacks[i].off, stack_nbytes(s, i), pr->seed);
+  uint32_t *map = NULL; /* old id -> new id, made at the first duplicate */
+  uint32_t next = MSNAP_STACK_EMPTY + 1;  /* next new id */
+  uint64_t bytes = s->nstacks > 2 ? s->stacks[2].off : 0;
+  for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n; i++) {
+    uint32_t k = i + AHEAD;
+    if (k < n) {
+      hashes[k] = (uint32_t)XXH3_64bits_withSeed(
+          s->stack_bytes + s->stacks[k].off, stack_nbytes(s, k), pr->seed);
+      __builtin_prefetch(&slots[hashes[k] & mask]);
+    }
+    msnap_stackspan_t sp = s->stacks[i];
+    uint64_t nb = stack_nbytes(s, i);
+    uint32_t hv = hashes[i], h = hv & mask, dup = 0;
+    for (;;) {
+      uint32_t e = slots[h];
+      if (!e) break;
+      msnap_stackspan_t q = s->stacks[e - 1];
+      /* (kept stacks are compacted: the last one ends at `bytes`) */
+      uint64_t qnb = e < next ? s->stacks[e].off - q.off : bytes - q.off;
+      if (hashes[e - 1] == hv && q.n == sp.n && qnb == nb &&
+          memcmp(s->stack_bytes + q.off, s->stack_bytes + sp.off, nb) == 0) {
+        dup = e - 1;
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+    if (dup) {
+      if (!map) {
+        map = malloc((size_t)n * sizeof *map);
+        if (!map) {
+          free(slots);
+          free(hashes);
+          return MSNAP_ENOMEM;
+        }
+        for (uint32_t j = 0; j < i; j++) map[j] = j;
+      }
+      map[i] = dup;
+      continue;
+    }
+    /* a new content: it becomes stack `next` (bytes moved down) */
+    uint32_t id = next++;
+    if (map) {
+      map[i] = id;
+      if (bytes != sp.off)
+        memmove(s->stack_bytes + bytes, s->stack_bytes + sp.off, (size_t)nb);
+      s->stacks[id] = (msnap_stackspan_t){bytes, sp.n};
+      hashes[id] = hv;
+    }
+    bytes += nb;
+    slots[h] = id + 1;
+  }
+  if (map) {
+    /* the bytes after the last kept stack end at `bytes` */
+    s->nstacks = next;
+    s->nstack_bytes = bytes;
+    for (uint32_t i = 0; i < s->nsegments; i++) REMAP(s->segments[i].frames);
+    for (uint32_t i = 0; i < s->nblocks; i++) REMAP(s->blocks[i].frames);
+    for (uint32_t i = 0; i < s->nhost_segments; i++)
+      REMAP(s->host_segments[i].frames);
+    for (uint32_t i = 0; i < s->nhost_blocks; i++)
+      REMAP(s->host_blocks[i].frames);
+    for (uint32_t i = 0; i < s->nhistories; i++)
+      REMAP(s->histories[i].frames);
+    for (uint32_t d = 0; d <= s->ndevices; d++) {
+      msnap_trace_list_t *l =
+          d < s->ndevices ? &s->device_traces[d] : &s->host_traces;
+      for (uint32_t i = 0; i < l->n; i++) {
+        uint32_t f = l->v[i].frames;
+        REMAP(f);
+        l->v[i].frames = f;
+      }
+    }
+    free(map);
+  }
+  free(t->slots);
+  t->slots = slots;
+  t->mask = mask;
+  t->count = s->nstacks - 2;
+  free(pr->stack_hash);
+  pr->stack_hash = hashes;
+  pr->stack_hash_cap = n + 1;
+  pr->stacks_unindexed = false;
+  return 0;
+}
+
+#undef REMAP
 
 uint32_t msnap__stack_frames(const msnap_snap_t *s, msnap_stack_t st,
                              uint32_t *out, uint32_t cap) {
@@ -805,6 +957,28 @@ static int check_tattrs(const msnap_snap_t *s, char *msg, size_t len) {
   return 0;
 }
 
+/* The id the stack table gives the content of stack i (UINT32_MAX: not
+ * found). */
+static uint32_t stack_lookup(const msnap_snap_t *s, uint32_t i) {
+  const struct msnap_snap_priv_s *pr = s->priv;
+  const snap_ht_t *t = &pr->stacks;
+  msnap_stackspan_t sp = s->stacks[i];
+  uint64_t nb = stack_nbytes(s, i);
+  uint32_t hv = (uint32_t)XXH3_64bits_withSeed(s->stack_bytes + sp.off, nb,
+                                               pr->seed);
+  for (uint32_t h = hv & t->mask, k = 0; k <= t->mask;
+       h = (h + 1) & t->mask, k++) {
+    uint32_t e = t->slots[h];
+    if (!e) return UINT32_MAX;
+    msnap_stackspan_t q = s->stacks[e - 1];
+    if (pr->stack_hash[e - 1] == hv && q.n == sp.n &&
+        stack_nbytes(s, e - 1) == nb &&
+        memcmp(s->stack_bytes + q.off, s->stack_bytes + sp.off, nb) == 0)
+      return e - 1;
+  }
+  return UINT32_MAX;
+}
+
 /* A stack decodes to exactly n ids < nframes in exactly nbytes bytes. */
 static int check_stack(const msnap_snap_t *s, uint32_t i, bool deep,
                        char *msg, size_t len) {
@@ -878,6 +1052,11 @@ int msnap__snap_check_model_level(const msnap_snap_t *s, bool deep, char *msg,
         "stack placeholders 0/1 must be empty");
   for (uint32_t i = 0; i < s->nstacks; i++)
     if ((rc = check_stack(s, i, deep, msg, len)) < 0) return rc;
+  /* interned once: each stack is found in the table under its own id */
+  if (deep && !s->priv->stacks_unindexed && s->priv->stacks.slots)
+    for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < s->nstacks; i++)
+      CHECK(stack_lookup(s, i) == i, "stack %u: found as %u in the table",
+            i, stack_lookup(s, i));
   if ((rc = check_tattrs(s, msg, len)) < 0) return rc;
   for (uint32_t i = 0; i < s->nstrlists; i++) {
     msnap_span_t sp = s->strlists[i];

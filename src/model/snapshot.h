@@ -325,6 +325,12 @@ static inline unsigned char *msnap__stack_put(unsigned char *o, uint32_t prev,
 msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
                                         const unsigned char *enc, size_t nb,
                                         uint32_t n);
+/* The reader's way: append without a lookup, then one pass at the end
+ * gives equal stacks one id (and rewrites the model's stack ids). */
+msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
+                                       const unsigned char *enc, size_t nb,
+                                       uint32_t n);
+int msnap__snap_dedupe_stacks(msnap_snap_t *s);
 uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
                              uint32_t n);
 /* Append records; return a pointer to the zeroed new record or NULL. */

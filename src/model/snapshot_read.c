@@ -678,7 +678,7 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
     o = msnap__stack_put(o, prev, id);
     prev = id;
   }
-  msnap_stack_t st = msnap__snap_stack_encoded(r->s, enc, (size_t)(o - enc), n);
+  msnap_stack_t st = msnap__snap_stack_append(r->s, enc, (size_t)(o - enc), n);
   if (!st) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
   *out = REC(REC_STACK, st);
   return 0;
@@ -1238,6 +1238,13 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
                                         "starting)");
   }
   rd_destroy(&r);
+  /* equal stacks get one id (the VM's memory is given back first) */
+  if (rc == 0 && msnap__snap_dedupe_stacks(s) < 0) {
+    snprintf(err->msg, sizeof err->msg,
+             "offset %zu: out of memory (while merging equal stacks)",
+             r.len);
+    rc = MSNAP_ENOMEM;
+  }
   if (rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
       err->offset < sizeof head &&
       msnap__identify_text(head, nhead, what, sizeof what)) {
