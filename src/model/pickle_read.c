@@ -1497,14 +1497,13 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
       if (vm->fast && p < end && *p == MSNAP_OP_EMPTY_DICT && vm->sn &&
           mark_base(vm) < vm->sn) {
         msnap_pobj_t *lo = msnap__pvm_obj(vm, vm->stack[vm->sn - 1]);
-        if (lo && lo->kind == MSNAP_POBJ_LIST) {
-          if (end - p < (64 << 10)) { /* a batch in view (streams) */
-            int frc = msnap__source_fill(src, &p, 1u << 20);
-            end = src->end;
-            if (frc < 0) return msnap__pvm_fail(vm, frc, "%s", src->err);
-          }
-          if (fast_batch(vm, vm->stack[vm->sn - 1], &p, end)) break;
-        }
+        /* (on a stream it decodes what the window holds: a batch that
+         * runs past it is left to the generic interpreter, which reads
+         * on only as far as it needs -- a writer that keeps a FIFO open
+         * after STOP never blocks the reader) */
+        if (lo && lo->kind == MSNAP_POBJ_LIST &&
+            fast_batch(vm, vm->stack[vm->sn - 1], &p, end))
+          break;
       }
       if (vm->mn >= MSNAP_PICKLE_MAX_DEPTH)
         return msnap__pvm_fail(vm, MSNAP_ELIMIT,

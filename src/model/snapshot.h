@@ -315,6 +315,15 @@ static inline unsigned char *msnap__stack_put(unsigned char *o, uint32_t prev,
                                               uint32_t id) {
   int64_t d = (int64_t)id - (int64_t)prev;
   uint64_t z = ((uint64_t)d << 1) ^ (uint64_t)(d >> 63);
+  if (z < 0x80) { /* the common lengths without a loop */
+    *o = (unsigned char)z;
+    return o + 1;
+  }
+  if (z < 0x4000) {
+    o[0] = (unsigned char)(z | 0x80);
+    o[1] = (unsigned char)(z >> 7);
+    return o + 2;
+  }
   while (z >= 0x80) {
     *o++ = (unsigned char)(z | 0x80);
     z >>= 7;

@@ -1191,9 +1191,11 @@ static void rd_destroy(rd_t *r) {
  */
 static int read_source(msnap_source_t *src, msnap_snap_t **out,
                        msnap_read_error_t *err, msnap_read_stats_t *stats) {
-  /* the head: what the file is, when it is not a pickle */
+  /* the head: what the file is, when it is not a pickle (the magic
+   * numbers need 14 bytes at most; more of a stream is not waited for:
+   * a writer may send a short pickle and keep its end open) */
   const unsigned char *p = src->start;
-  int frc = msnap__source_fill(src, &p, 512);
+  int frc = msnap__source_fill(src, &p, 16);
   if (frc < 0) {
     snprintf(err->msg, sizeof err->msg, "offset 0: %s (while reading)",
              src->err);

@@ -211,6 +211,23 @@ def group_special():
     expect(p.returncode == 0 and
            json.loads(out)["devices"][0]["allocated_bytes"] == 4 * MiB,
            "summary - (a pipe): figures (%d %r)" % (p.returncode, err))
+    # A writer that keeps its end of the pipe open after the pickle: the
+    # reader stops at STOP, it does not wait for more.
+    r, w = os.pipe()
+    p = subprocess.Popen(WRAPPER + [MEMSNAP, "summary", "--json", "-"],
+                         stdin=r, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    os.close(r)
+    os.write(w, good)
+    try:
+        out, err = p.communicate(timeout=20)
+        ended = p.returncode == 0
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        ended = False
+    os.close(w)
+    expect(ended, "a pipe whose writer stays open after STOP: summary ends")
     # /dev/null as standard input: a device, said so.
     rc, out, err, secs, rss = measured("check", "-", stdin="/dev/null")
     expect(rc == 2 and "standard input is a character device" in err,
