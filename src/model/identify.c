@@ -91,14 +91,14 @@ bool msnap__identify_head(const unsigned char *p, size_t n, char *out,
 }
 
 /*
- * When the reader failed: true (with a description) when p[0..n) looks
- * like text -- printable UTF-8, tabs and line breaks, no NUL -- quoting
- * the first line.
+ * When the reader failed early: true (with a description) when the first
+ * bytes p[0..n) look like text -- printable UTF-8, tabs and line breaks,
+ * no NUL -- quoting the first line.
  */
 bool msnap__identify_text(const unsigned char *p, size_t n, char *out,
                           size_t len) {
   if (n == 0) return false;
-  size_t lim = n < 512 ? n : 512;
+  size_t lim = n;
   for (size_t i = 0; i < lim; i++) {
     unsigned char c = p[i];
     if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return false;

@@ -1189,20 +1189,23 @@ static void rd_destroy(rd_t *r) {
  * (msnap__identify_head before parsing, msnap__identify_text after an
  * early failure).
  */
+#define READ_HEAD 40
+
 static int read_source(msnap_source_t *src, msnap_snap_t **out,
                        msnap_read_error_t *err, msnap_read_stats_t *stats) {
-  /* the head: what the file is, when it is not a pickle (the magic
-   * numbers need 14 bytes at most; more of a stream is not waited for:
-   * a writer may send a short pickle and keep its end open) */
+  /* the head: what the file is, when it is not a pickle.  READ_HEAD
+   * bytes (the magic numbers need 14), the same for every kind of input,
+   * and no more of a stream is waited for: a writer may send a short
+   * pickle and keep its end open */
   const unsigned char *p = src->start;
-  int frc = msnap__source_fill(src, &p, 16);
+  int frc = msnap__source_fill(src, &p, READ_HEAD);
   if (frc < 0) {
     snprintf(err->msg, sizeof err->msg, "offset 0: %s (while reading)",
              src->err);
     return frc;
   }
   size_t nhead = (size_t)(src->end - p);
-  if (nhead > 512) nhead = 512;
+  if (nhead > READ_HEAD) nhead = READ_HEAD;
   if (nhead == 0) {
     snprintf(err->msg, sizeof err->msg, "offset 0: the %sinput is empty "
              "(while reading)", msnap__source_codec_name(src));
@@ -1216,7 +1219,7 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
     return MSNAP_EFORMAT;
   }
   /* kept for msnap__identify_text (the window may move while reading) */
-  unsigned char head[512];
+  unsigned char head[READ_HEAD];
   memcpy(head, p, nhead);
   msnap_snap_t *s = msnap__snap_new();
   if (!s) {
@@ -1248,7 +1251,7 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
     rc = MSNAP_ENOMEM;
   }
   if (rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
-      err->offset < sizeof head &&
+      err->offset < 512 &&
       msnap__identify_text(head, nhead, what, sizeof what)) {
     /* a text file fails in its first bytes: say so, keep the detail */
     char detail[200];
