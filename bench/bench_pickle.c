@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "api/api.h"
 #include "runtime/runtime.h"
 
@@ -25,15 +26,7 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static long rss_kb(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmHWM:", 6) == 0) v = atol(line + 6);
-  if (f) fclose(f);
-  return v;
-}
+static long rss_kb(void) { return (long)(bench_peak_rss_bytes() / 1024); }
 
 static int discard_cb(void *opaque, const void *p, size_t len) {
   (void)opaque;

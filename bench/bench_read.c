@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "model/snapshot.h"
 
 static double wall(void) {
@@ -39,16 +40,6 @@ static double cpu(void) {
   getrusage(RUSAGE_SELF, &u);
   return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec * 1e-6 +
          (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec * 1e-6;
-}
-
-static long hwm_kb(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmHWM:", 6) == 0) v = atol(line + 6);
-  if (f) fclose(f);
-  return v;
 }
 
 static uint64_t le(const unsigned char *p, int n) {
@@ -115,7 +106,7 @@ int main(int argc, char **argv) {
     perror(path);
     return 1;
   }
-  long before = hwm_kb();
+  uint64_t before = bench_peak_rss_bytes();
   double w0 = wall(), c0 = cpu();
   if (strcmp(argv[1], "walk") == 0) {
     int fd = open(path, O_RDONLY);
@@ -155,7 +146,7 @@ int main(int argc, char **argv) {
       rc = msnap__snap_read_file(path, &s, &err);
     }
     double w1 = wall(), c1 = cpu();
-    long after = hwm_kb();
+    uint64_t after = bench_peak_rss_bytes();
     if (rc != 0) {
       fprintf(stderr, "read failed: %s\n", err.msg);
       return 1;
@@ -166,7 +157,8 @@ int main(int argc, char **argv) {
            (unsigned long long)ne, s->nstacks, s->nframes);
     printf("RESULT stack_bytes=%llu\n", (unsigned long long)s->nstack_bytes);
     printf("RESULT wall_s=%.4f\nRESULT cpu_s=%.4f\n", w1 - w0, c1 - c0);
-    printf("RESULT rss_growth=%ld\n", (after - before) * 1024);
+    printf("RESULT rss_growth=%llu\n",
+           (unsigned long long)(after - before));
     msnap__snap_free(s);
   }
   printf("RESULT bytes=%lld\n", (long long)st.st_size);

@@ -62,22 +62,8 @@ def results(text):
 
 def timed(cmd, timeout=3600, env=None):
     """Run cmd under /usr/bin/time -v: (seconds, peak RSS bytes, stdout)."""
-    if not os.path.exists('/usr/bin/time'):
-        raise Skip('/usr/bin/time missing (make deps-quality)')
-    with tempfile.NamedTemporaryFile('r', suffix='.time') as tf:
-        full = ['/usr/bin/time', '-v', '-o', tf.name] + cmd
-        log('$ ' + ' '.join(cmd))
-        t0 = time.perf_counter()
-        p = subprocess.run(full, capture_output=True, text=True,
-                           timeout=timeout, env=env)
-        secs = time.perf_counter() - t0
-        info = tf.read()
-    if p.returncode != 0:
-        raise Skip('%s failed (exit %d): %s' % (
-            ' '.join(cmd[:3]), p.returncode,
-            (p.stderr or p.stdout).strip().splitlines()[-1:]))
-    m = re.search(r'Maximum resident set size \(kbytes\): (\d+)', info)
-    return secs, int(m.group(1)) * 1024 if m else 0, p.stdout
+    secs, _, rss, out = timed_cpu(cmd, timeout=timeout, env=env)
+    return secs, rss, out
 
 
 def timed_cpu(cmd, timeout=7200, env=None):

@@ -625,6 +625,23 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
 
 /* ---- memo ---------------------------------------------------------------- */
 
+/* Memo slots up to idx exist (new ones are holes); false on ENOMEM. */
+static bool memo_reserve(msnap_pvm_t *vm, uint64_t idx) {
+  if (idx >= vm->memo_cap) {
+    uint32_t old = vm->memo_cap;
+    uint32_t extra = (uint32_t)(idx + 1 - old);
+    if (extra < old / 2) extra = old / 2;
+    if (extra < 64) extra = 64;
+    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
+                    sizeof *vm->memo) < 0)
+      return false;
+  }
+  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
+  for (; vm->memo_len <= idx; vm->memo_len++)
+    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
+  return true;
+}
+
 static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
   msnap_pv_t *t = 0;
   int rc = top(vm, &t);
@@ -634,18 +651,7 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
                            "memo index %llu is beyond what %zu bytes of "
                            "input can define",
                            (unsigned long long)idx, vm->op_off);
-  if (idx >= vm->memo_cap) {
-    uint32_t old = vm->memo_cap;
-    uint32_t extra = (uint32_t)(idx + 1 - old);
-    if (extra < old / 2) extra = old / 2;
-    if (extra < 64) extra = 64;
-    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
-                    sizeof *vm->memo) < 0)
-      return oom(vm);
-  }
-  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
-  for (; vm->memo_len <= idx; vm->memo_len++)
-    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
+  if (!memo_reserve(vm, idx)) return oom(vm);
   if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     vm->memo_count++;
   vm->memo[idx] = *t;
@@ -969,21 +975,11 @@ static bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
   if (idx >= UINT32_MAX - 1 ||
       idx > msnap__source_offset(vm->src, at) + 16)
     return false;
-  if (idx >= vm->memo_cap) {
-    uint32_t old = vm->memo_cap;
-    uint32_t extra = (uint32_t)(idx + 1 - old);
-    if (extra < old / 2) extra = old / 2;
-    if (extra < 64) extra = 64;
-    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
-                    sizeof *vm->memo) < 0)
-      return false;
-  }
+  if (!memo_reserve(vm, idx)) return false;
   if (vm->nundo == vm->undo_cap &&
       msnap__grow((void **)&vm->undo, &vm->undo_cap, vm->nundo, 64,
                   sizeof *vm->undo) < 0)
     return false;
-  for (; vm->memo_len <= idx; vm->memo_len++)
-    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
   vm->undo[vm->nundo++] = (fp_undo_t){(uint32_t)idx, vm->memo[idx]};
   if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     vm->memo_count++;
@@ -1084,24 +1080,32 @@ static inline bool fp_get_run(fp_t *f) {
   return true;
 }
 
-/* Close the container whose items start at fitems[base]: the consumer
- * must turn it into a record; it replaces the items. */
-static bool fp_close(fp_t *f, unsigned kind, uint32_t base, uint32_t slot) {
+/* The container of `kind` whose items are fitems[base..]: the consumer
+ * must turn it into a record (*out), which replaces the items. */
+static bool fp_offer(fp_t *f, unsigned kind, uint32_t base,
+                     msnap_pv_t *out) {
   msnap_pvm_t *vm = f->vm;
   msnap_pitems_t it = {vm->fitems + base, 0, vm->nfitems - base, false};
-  msnap_pv_t out = 0;
   const char *phase = vm->phase;
-  int rc = vm->cb(vm->cb_ctx, vm, kind, &it, &out);
+  *out = 0;
+  int rc = vm->cb(vm->cb_ctx, vm, kind, &it, out);
   vm->phase = phase;
-  if (rc < 0 || !out) {
+  if (rc < 0 || !*out) {
     /* (an error is found again by the generic interpreter) */
     vm->failed = false;
     if (vm->err) vm->err->msg[0] = 0;
     return false;
   }
   vm->nfitems = base;
-  if (slot != UINT32_MAX) vm->memo[slot] = out; /* was PV_PENDING */
-  return fp_push(vm, out);
+  return true;
+}
+
+/* Close a dict or list opened with memo slot `slot` (UINT32_MAX: none). */
+static bool fp_close(fp_t *f, unsigned kind, uint32_t base, uint32_t slot) {
+  msnap_pv_t out;
+  if (!fp_offer(f, kind, base, &out)) return false;
+  if (slot != UINT32_MAX) f->vm->memo[slot] = out; /* was PV_PENDING */
+  return fp_push(f->vm, out);
 }
 
 /* A dict: '}' [put] then MARK (key value)* SETITEMS batches, or one
@@ -1264,17 +1268,8 @@ static bool fp_tuple_tail(fp_t *f) {
   uint32_t base = vm->nfitems - 1;
   if (fp_scalar(f) <= 0) return false;
   f->q++; /* TUPLE2 */
-  msnap_pitems_t it = {vm->fitems + base, 0, 2, false};
-  msnap_pv_t out = 0;
-  const char *phase = vm->phase;
-  int rc = vm->cb(vm->cb_ctx, vm, MSNAP_POBJ_TUPLE, &it, &out);
-  vm->phase = phase;
-  if (rc < 0 || !out) {
-    vm->failed = false;
-    if (vm->err) vm->err->msg[0] = 0;
-    return false;
-  }
-  vm->nfitems = base;
+  msnap_pv_t out;
+  if (!fp_offer(f, MSNAP_POBJ_TUPLE, base, &out)) return false;
   uint32_t slot;
   if (!fp_put(f, out, &slot)) return false;
   return fp_push(vm, out);

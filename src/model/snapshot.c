@@ -515,6 +515,28 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
   return id;
 }
 
+/* A new stack of n frames encoded in enc[0..nb): its id, 0 on ENOMEM or
+ * past the limits (2^32 stacks, 2^40 bytes). */
+static uint32_t stack_store(msnap_snap_t *s, const unsigned char *enc,
+                            size_t nb, uint32_t n) {
+  if (s->nstacks >= UINT32_MAX - 1) return 0;
+  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
+  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
+    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
+    while (nc - s->nstack_bytes < nb) nc *= 2;
+    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
+    if (!b) return 0;
+    s->stack_bytes = b;
+    s->stack_bytes_cap = nc;
+  }
+  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
+  uint32_t id = s->nstacks++;
+  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
+  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
+  s->nstack_bytes += nb;
+  return id;
+}
+
 /* Encoded bytes of stack id: up to the next stack's offset. */
 static uint64_t stack_nbytes(const msnap_snap_t *s, uint32_t id) {
   uint64_t end = id + 1 < s->nstacks ? s->stacks[id + 1].off : s->nstack_bytes;
@@ -582,24 +604,11 @@ msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
     }
     h = (h + 1) & t->mask;
   }
-  if (s->nstacks >= UINT32_MAX - 1) return 0;
-  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
-    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
-    while (nc - s->nstack_bytes < nb) nc *= 2;
-    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
-    if (!b) return 0;
-    s->stack_bytes = b;
-    s->stack_bytes_cap = nc;
-  }
-  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
   if (msnap__grow((void **)&pr->stack_hash, &pr->stack_hash_cap, s->nstacks,
                   1, sizeof *pr->stack_hash) < 0)
     return 0;
-  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
-  uint32_t id = s->nstacks++;
-  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
-  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
-  s->nstack_bytes += nb;
+  uint32_t id = stack_store(s, enc, nb, n);
+  if (!id) return 0;
   pr->stack_hash[id] = hv;
   t->slots[h] = id + 1;
   t->count++;
@@ -616,22 +625,9 @@ msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
                                        const unsigned char *enc, size_t nb,
                                        uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
-  if (n > MSNAP_STACK_MAX_FRAMES || s->nstacks >= UINT32_MAX - 1) return 0;
-  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
-  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
-    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
-    while (nc - s->nstack_bytes < nb) nc *= 2;
-    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
-    if (!b) return 0;
-    s->stack_bytes = b;
-    s->stack_bytes_cap = nc;
-  }
-  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
-  uint32_t id = s->nstacks++;
-  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
-  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
-  s->nstack_bytes += nb;
-  s->priv->stacks_unindexed = true;
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  uint32_t id = stack_store(s, enc, nb, n);
+  if (id) s->priv->stacks_unindexed = true;
   return id;
 }
 

@@ -10,7 +10,10 @@
  *   - as a stream handing out 1 to 8 bytes per read (every refill path);
  *   - gzip-compressed, then decompressed by the source (inputs < 64 KiB);
  *   - zstd-compressed likewise.
- * A model that reads must pass msnap__snap_check_model, and its pickle
+ * (One allowed difference: a declared length beyond what a stream may
+ * hold is refused by a stream with MSNAP_ELIMIT, where the buffer reader
+ * says how many bytes remain.)  A model that reads must pass
+ * msnap__snap_check_model, and its pickle
  * rewrite must read back; any violation aborts.  Built only with
  * -Dfuzz=true (clang, -fsanitize=fuzzer); replay_corpus.c runs the same
  * function over tests/corpus/ in the normal test suite.
@@ -46,9 +49,21 @@ static unsigned char *rewrite(const msnap_snap_t *s, size_t *len) {
 }
 
 /* Abort unless (rc2, s2, e2) is the same outcome as (rc, ref, e). */
+/* A declared length beyond MSNAP_SOURCE_MAX_NEED: a buffer knows how much
+ * input is left ("needs N bytes but only M remain"), a stream refuses the
+ * item without reading to the end ("an item of N bytes ..."). */
+static bool same_refusal(int rc, const msnap_read_error_t *e, int rc2,
+                         const msnap_read_error_t *e2) {
+  return rc == MSNAP_EFORMAT && rc2 == MSNAP_ELIMIT &&
+         strstr(e->msg, "bytes but only") && strstr(e2->msg, "an item of");
+}
+
 static void same(const char *how, int rc, const unsigned char *ref,
                  size_t ref_len, const msnap_read_error_t *e, int rc2,
                  msnap_snap_t *s2, const msnap_read_error_t *e2) {
+  if (strcmp(how, "generic interpreter") != 0 &&
+      same_refusal(rc, e, rc2, e2))
+    return;
   if (rc != rc2) {
     fprintf(stderr, "%s: result %d, the buffer read %d (%s / %s)\n", how,
             rc2, rc, e2->msg, e->msg);

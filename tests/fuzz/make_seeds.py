@@ -175,6 +175,12 @@ def pickles():
             {"action": "annotate", "addr": A0, "size": 400, "stream": 0,
              "time_us": 10 + i, "frames": stacks[i % 3]})
     out['small_memo_stacks_p4.bin'] = pickle.dumps(shared, protocol=4)
+    # a declared length far beyond the input (a stream refuses the item,
+    # a buffer counts what remains)
+    out['hostile_binunicode_huge.bin'] = (b"\x80\x04\x95\x10\x00\x00\x00"
+                                          b"\x00\x00\x00\x00]\x94(X" +
+                                          struct.pack("<I", 0xF7000000) +
+                                          b"abc" * 100)
     # a device that is not an index: refused by every command
     out['hostile_device_200m.bin'] = pickle.dumps(
         snapshot(fr, n=1, device=200000000), protocol=4)

@@ -66,6 +66,12 @@ static void take(outcome_t *o, int rc, msnap_snap_t *s,
 
 static void expect_same(const char *name, const char *how,
                         const outcome_t *a, const outcome_t *b) {
+  /* a declared length beyond MSNAP_SOURCE_MAX_NEED: a stream refuses the
+   * item without reading to the end to count what remains */
+  if (strcmp(how, "the generic interpreter") != 0 &&
+      a->rc == MSNAP_EFORMAT && b->rc == MSNAP_ELIMIT &&
+      strstr(a->msg, "bytes but only") && strstr(b->msg, "an item of"))
+    return;
   if (a->rc != b->rc || strcmp(a->msg, b->msg) != 0 || a->n != b->n ||
       (a->n && memcmp(a->w, b->w, a->n) != 0))
     fail_msg("%s: %s differs: rc %d/%d '%s' / '%s', %zu/%zu bytes", name,
