@@ -1393,9 +1393,21 @@ static int refuse(msnap_pvm_t *vm, unsigned op, const unsigned char *p,
                   const unsigned char *end) {
   char name[160] = "";
   if (op == MSNAP_OP_GLOBAL) {
-    const unsigned char *nl1 = memchr(p, '\n', (size_t)(end - p));
-    const unsigned char *nl2 =
-        nl1 ? memchr(nl1 + 1, '\n', (size_t)(end - nl1 - 1)) : NULL;
+    /* its two argument lines, read as far as they go (150 bytes at
+     * most), so a stream names the same thing as a file */
+    const unsigned char *nl1 = NULL, *nl2 = NULL;
+    for (;;) {
+      nl1 = memchr(p, '\n', (size_t)(end - p));
+      nl2 = nl1 ? memchr(nl1 + 1, '\n', (size_t)(end - nl1 - 1)) : NULL;
+      if (nl2 || end - p >= 150) break;
+      if (msnap__source_fill(vm->src, &p, (size_t)(end - p) + 1) != 0) {
+        end = vm->src->end;
+        nl1 = memchr(p, '\n', (size_t)(end - p));
+        nl2 = nl1 ? memchr(nl1 + 1, '\n', (size_t)(end - nl1 - 1)) : NULL;
+        break;
+      }
+      end = vm->src->end;
+    }
     if (nl2 && nl2 - p < 150)
       snprintf(name, sizeof name, " (%.*s.%.*s)", (int)(nl1 - p), p,
                (int)(nl2 - nl1 - 1), nl1 + 1);

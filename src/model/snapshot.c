@@ -196,8 +196,10 @@ msnap_snap_t *msnap__snap_new(void) {
   s->strlists = malloc(s->strlists_cap * sizeof *s->strlists);
   s->tattrs_cap = 16;
   s->tattrs = calloc(s->tattrs_cap, sizeof *s->tattrs);
+  s->stack_bytes_cap = 4096; /* never NULL: offsets are added to it */
+  s->stack_bytes = malloc(s->stack_bytes_cap);
   if (!s->priv || !s->strbuf || !s->str_off || !s->stacks || !s->strlists ||
-      !s->tattrs) {
+      !s->tattrs || !s->stack_bytes) {
     msnap__snap_free(s);
     return NULL;
   }
