@@ -14,7 +14,6 @@
  * annotations as [entry index, name, is_start].  Strings are escaped so that
  * "</script>" cannot occur inside the data.
  */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,9 +242,7 @@ static int write_html(FILE *f, const char *file, const msnap_snap_t *s) {
              "<script>\nconst DATA = ",
           CSS);
   cli_json_t j;
-  cj_init(&j, f);
-  j.compact = true;
-  j.html = true;
+  cj_init_html(&j, f);
   /* The device part first in a buffer would cost memory; instead the
    * stacks are assigned while writing devices and written last. */
   cj_obj(&j);
@@ -465,37 +462,19 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_view(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"output", required_argument, NULL, 'o'},
-      {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   const char *out = NULL;
   bool json = false;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'o': out = optarg; break;
-    case 'j': json = true; break;
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("view", NULL);
-    }
-  }
-  if (optind + 1 != argc)
-    return cli_usage_error("view", "expects exactly one FILE");
-  if (!out)
-    return cli_usage_error("view", "-o OUT.html is required");
-  if (cli_check_output("view", out, argv + optind, 1) != CLI_OK)
-    return CLI_UNUSABLE;
+  const cli_cmd_t cmd = {"view", usage, NULL, 1, "expects exactly one FILE",
+                         &json, &out, "-o OUT.html is required"};
+  int first;
   msnap_snap_t *s;
-  if (cli_load(argv[optind], &s) != CLI_OK)
-    return CLI_UNUSABLE;
+  int brc = cli_begin(&cmd, argc, argv, &first, &s);
+  if (brc != CLI_CONTINUE) return brc;
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   int rc = CLI_OK;
-  if (!f || write_html(f, argv[optind], s) != 0) {
+  if (!f || write_html(f, argv[first], s) != 0) {
     cli_err("out of memory");
     rc = CLI_UNUSABLE;
   }
@@ -508,15 +487,9 @@ int cli_cmd_view(int argc, char **argv) {
   if (rc == CLI_OK) {
     fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n", out, len);
     if (json) {
-      cli_json_t j;
-      cj_init(&j, stdout);
-      cj_obj(&j);
-      cj_key(&j, "output");
-      cj_cstr(&j, out);
-      cj_key(&j, "bytes");
-      cj_u64(&j, len);
-      cj_obj_end(&j);
-      cj_end(&j);
+      const cli_field_t fields[] = {{"output", out, 0},
+                                    {"bytes", NULL, (int64_t)len}};
+      cli_print_fields(fields, 2);
     }
   }
   return rc;
