@@ -74,7 +74,7 @@ int msnap__sink_flush(msnap_sink_t *s) {
 int msnap__sink_write(msnap_sink_t *s, const void *p, size_t len) {
   if (msnap_unlikely(s->err)) return s->err;
   s->bytes += len;
-  if (msnap_likely(s->cap - s->used >= len)) {
+  if (msnap_likely(s->cap - s->used >= len && s->cap != 0)) {
     memcpy(s->buf + s->used, p, len);
     s->used += len;
     return 0;
