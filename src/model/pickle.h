@@ -1,7 +1,10 @@
 /*
- * pickle.h -- internal API of the pickle encoder (pickle_write.c) and of
- * the safe pickle VM (pickle_read.c), shared by snapshot_read.c and
- * snapshot_write.c.  Nothing here is public.
+ * pickle.h -- the model layer's pickle interface: the one pickle encoder
+ * of memsnap (pickle_write.c; snapshot_write.c and the api layer's
+ * _allocation_traceback write through it), the safe pickle VM
+ * (pickle_read.c, used by snapshot_read.c; its accessors also serve the
+ * tests' canonical dump, tests/pickle/canon.c) and snapshot.c's helpers
+ * for the other model files.  Nothing here is public.
  *
  * The VM's values are 8-byte tagged words (msnap_pv_t): the low 3 bits are
  * a tag, the rest a payload.  Strings are ids in a msnap_snap_t string
