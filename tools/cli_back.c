@@ -28,6 +28,9 @@
  * What is left at the end is the state at the start of the trace: empty
  * for a trace that began with an empty allocator.
  *
+ * cli_timeline runs the other way from that start state: active and
+ * reserved bytes after each entry (the data of `memsnap plot`).
+ *
  * Invariants of cli_state_t: b[] sorted by addr with distinct addresses;
  * g[] sorted by addr, ranges disjoint.
  */
@@ -44,29 +47,15 @@ void cli_state_free(cli_state_t *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* Index of the first block with addr >= a. */
+/* Index of the first block / segment with addr >= a. */
 static uint32_t lb_block(const cli_state_t *st, uint64_t a) {
-  uint32_t lo = 0, hi = st->nb;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (st->b[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+  return cli_lower_bound(st->b, st->nb, sizeof *st->b,
+                         offsetof(cli_lblock_t, addr), a, false);
 }
 
 static uint32_t lb_seg(const cli_state_t *st, uint64_t a) {
-  uint32_t lo = 0, hi = st->ng;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (st->g[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+  return cli_lower_bound(st->g, st->ng, sizeof *st->g,
+                         offsetof(cli_lseg_t, addr), a, false);
 }
 
 static long find_block(const cli_state_t *st, uint64_t a) {
@@ -75,14 +64,8 @@ static long find_block(const cli_state_t *st, uint64_t a) {
 }
 
 static int insert_block(cli_state_t *st, const cli_lblock_t *b) {
-  if (st->nb == st->capb) {
-    uint32_t cap = st->capb ? st->capb * 2 : 64;
-    cli_lblock_t *v = realloc(st->b, cap * sizeof *v);
-    if (!v)
-      return -1;
-    st->b = v;
-    st->capb = cap;
-  }
+  if (MSNAP_GROW(st->b, st->capb, st->nb + 1) != 0)
+    return -1;
   uint32_t i = lb_block(st, b->addr);
   memmove(st->b + i + 1, st->b + i, (st->nb - i) * sizeof *st->b);
   st->b[i] = *b;
@@ -96,14 +79,8 @@ static void remove_block(cli_state_t *st, uint32_t i) {
 }
 
 static int insert_seg(cli_state_t *st, const cli_lseg_t *g) {
-  if (st->ng == st->capg) {
-    uint32_t cap = st->capg ? st->capg * 2 : 32;
-    cli_lseg_t *v = realloc(st->g, cap * sizeof *v);
-    if (!v)
-      return -1;
-    st->g = v;
-    st->capg = cap;
-  }
+  if (MSNAP_GROW(st->g, st->capg, st->ng + 1) != 0)
+    return -1;
   uint32_t i = lb_seg(st, g->addr);
   memmove(st->g + i + 1, st->g + i, (st->ng - i) * sizeof *st->g);
   st->g[i] = *g;
@@ -432,4 +409,54 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
 nomem:
   cli_state_free(&st);
   return -1;
+}
+
+/*
+ * Active (requested bytes of live allocations) and reserved bytes after
+ * each entry of a device trace, starting from the state at the start of
+ * the trace that the backward replay rebuilds.  Arrays of tl->n + 1
+ * values (index 0 = before the first entry); caller frees both.
+ */
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n) {
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  uint32_t m = tl ? tl->n : 0;
+  cli_state_t st;
+  *act = *res = NULL;
+  *n = 0;
+  if (cli_backward(s, dev, NULL, NULL, &st) < 0)
+    return -1;
+  uint64_t a = 0, r = 0;
+  for (uint32_t i = 0; i < st.nb; i++)
+    a += st.b[i].requested ? st.b[i].requested : st.b[i].size;
+  for (uint32_t i = 0; i < st.ng; i++)
+    r += st.g[i].size;
+  cli_state_free(&st);
+  uint64_t *va = malloc((m + 1) * sizeof *va);
+  uint64_t *vr = malloc((m + 1) * sizeof *vr);
+  if (!va || !vr) {
+    free(va);
+    free(vr);
+    return -1;
+  }
+  va[0] = a;
+  vr[0] = r;
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: a += e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r += e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
+    default: break;
+    }
+    va[i + 1] = a;
+    vr[i + 1] = r;
+  }
+  *act = va;
+  *res = vr;
+  *n = m + 1;
+  return 0;
 }

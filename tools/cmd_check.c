@@ -17,7 +17,7 @@
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -266,31 +266,17 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_check(int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"max-lines", required_argument, NULL,
-                                        'm'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
   bool json = false;
   long max_lines = -1;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "hm:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 'm': {
-      char *end;
-      max_lines = strtol(optarg, &end, 10);
-      if (*end || max_lines < 0)
-        return cli_usage_error("check", "--max-lines needs a number >= 0");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("check", NULL);
-    }
-  }
-  if (optind >= argc)
-    return cli_usage_error("check", "no FILE given");
+  const cli_opt_t opts[] = {CLI_LONG("max-lines", 'm', &max_lines, 0,
+                                     LONG_MAX,
+                                     "--max-lines needs a number >= 0"),
+                            CLI_OPT_END};
+  const cli_cmd_t cmd = {"check", usage, opts, -1, "no FILE given", &json,
+                         NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
   cli_json_t j;
   cj_init(&j, stdout);
   if (json) {
@@ -302,8 +288,8 @@ int cli_cmd_check(int argc, char **argv) {
   long total = 0;
   cli_progress_t pr;
   cli_progress_init(&pr, "check");
-  for (int a = optind; a < argc; a++) {
-    cli_progress_tick(&pr, (uint64_t)(a - optind), (uint64_t)(argc - optind));
+  for (int a = first; a < argc; a++) {
+    cli_progress_tick(&pr, (uint64_t)(a - first), (uint64_t)(argc - first));
     msnap_snap_t *s = NULL;
     int lr = cli_load(argv[a], &s);
     if (json) {

@@ -382,19 +382,24 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     _C.reset_peak_stats(_device_index(device))
 
 
+def _deprecated_reset_peak(name: str, device: Any) -> None:
+    """torch's FutureWarning for the old reset_max_* names (pointing at the
+    caller of the deprecated function), then reset_peak_memory_stats."""
+    warnings.warn(
+        "torch.cuda.%s now calls torch.cuda.reset_peak_memory_stats, which "
+        "resets /all/ peak memory stats." % name,
+        FutureWarning,
+        stacklevel=3,
+    )
+    return reset_peak_memory_stats(device=device)
+
+
 def reset_max_memory_allocated(device: Any = None) -> None:
     """Deprecated: warns (FutureWarning) and calls reset_peak_memory_stats.
 
     Mirrors ``torch/cuda/memory.py: reset_max_memory_allocated``.
     """
-    warnings.warn(
-        "torch.cuda.reset_max_memory_allocated now calls "
-        "torch.cuda.reset_peak_memory_stats, which resets /all/ peak memory "
-        "stats.",
-        FutureWarning,
-        stacklevel=2,
-    )
-    return reset_peak_memory_stats(device=device)
+    return _deprecated_reset_peak("reset_max_memory_allocated", device)
 
 
 def reset_max_memory_cached(device: Any = None) -> None:
@@ -402,14 +407,7 @@ def reset_max_memory_cached(device: Any = None) -> None:
 
     Mirrors ``torch/cuda/memory.py: reset_max_memory_cached``.
     """
-    warnings.warn(
-        "torch.cuda.reset_max_memory_cached now calls "
-        "torch.cuda.reset_peak_memory_stats, which resets /all/ peak memory "
-        "stats.",
-        FutureWarning,
-        stacklevel=2,
-    )
-    return reset_peak_memory_stats(device=device)
+    return _deprecated_reset_peak("reset_max_memory_cached", device)
 
 
 def memory_allocated(device: Any = None) -> int:

@@ -110,9 +110,11 @@ void msnap__link_before(msnap_block_t *nb, msnap_block_t *b) {
 }
 
 void msnap__link_after(msnap_block_t *nb, msnap_block_t *b) {
-  nb->next = b->next;
-  if (nb->next)
-    nb->next->prev = nb;
+  if (b->next) {
+    msnap__link_before(nb, b->next);
+    return;
+  }
+  nb->next = NULL; /* b is the segment's last block */
   nb->prev = b;
   b->next = nb;
 }
@@ -854,6 +856,18 @@ static bool try_mempool_fallback(msnap_device_t *d, msnap_params_t *p) {
   return false;
 }
 
+/* release_blocks of two pools in this order; the first error stays. */
+static void release_pair(msnap_device_t *d, msnap_bpool_t *p1,
+                         msnap_bpool_t *p2, const msnap_call_t *c,
+                         int *first_err) {
+  int rc = release_blocks(d, p1, c);
+  if (rc && !*first_err)
+    *first_err = rc;
+  rc = release_blocks(d, p2, c);
+  if (rc && !*first_err)
+    *first_err = rc;
+}
+
 /*
  * release_cached_blocks (§8.2) -- also empty_cache.  id {0,0}: sync every
  * event and release the default pools (unless a capture is on); then the
@@ -863,15 +877,10 @@ static bool try_mempool_fallback(msnap_device_t *d, msnap_params_t *p) {
 int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
                                  const msnap_call_t *c) {
   MSNAP_ASSERT_DEVICE_LOCKED(d);
-  int first_err = 0, rc;
+  int first_err = 0;
   if (msnap__id_zero(id) && d->ncaptures == 0) {
     msnap__sync_and_free_events(d, c, NULL);
-    rc = release_blocks(d, &d->large, c);
-    if (rc && !first_err)
-      first_err = rc;
-    rc = release_blocks(d, &d->small, c);
-    if (rc && !first_err)
-      first_err = rc;
+    release_pair(d, &d->large, &d->small, c, &first_err);
   }
   msnap_ppool_t *pp = d->ppools;
   while (pp) {
@@ -887,12 +896,7 @@ int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
       }
       msnap__sync_and_free_events(d, c, pp);
     }
-    rc = release_blocks(d, &pp->small, c);
-    if (rc && !first_err)
-      first_err = rc;
-    rc = release_blocks(d, &pp->large, c);
-    if (rc && !first_err)
-      first_err = rc;
+    release_pair(d, &pp->small, &pp->large, c, &first_err);
     if (pp->malloc_count == 0)
       msnap__ppool_free(d, pp);
     pp = nx;
@@ -1230,49 +1234,18 @@ int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
   return rc;
 }
 
-int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
-  if (msnap_unlikely(!a))
-    return msnap__set_error(MSNAP_EINVAL, "msnap_free: NULL allocator");
-  if (msnap_unlikely(ptr == 0))
-    return 0;
-  msnap_call_t c;
-  msnap__call_begin(a, &c, true);
-  int n = a->ndevices, start = tl_device_hint;
-  if (start >= n)
-    start = 0;
-  for (int k = 0, i = start; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
-    msnap_device_t *d = &a->devices[i];
-    msnap__lock(&d->lock);
-    msnap_block_t *b = ptrmap_remove(&d->map, ptr);
-    if (msnap_likely(b != NULL)) {
-      free_locked(d, b, &c);
-      if (msnap_debug_level >= 3) debug_check_locked(d);
-      msnap__unlock(&d->lock);
-      msnap__call_end(&c);
-      return 0;
-    }
-    msnap__unlock(&d->lock);
-  }
-  msnap__call_end(&c);
-  if (__atomic_load_n(&a->raw_count, __ATOMIC_RELAXED) > 0) {
-    int rc = msnap__raw_free(a, ptr);
-    if (rc <= 0)
-      return rc;
-  }
-  return msnap__set_error(MSNAP_EBADPTR, "invalid device pointer: 0x%" PRIx64,
-                          ptr);
-}
-
-/* Find the device holding live allocation ptr and lock it; NULL if none. */
+/* Find the device holding live allocation ptr and lock it (NULL if none);
+ * with take, the block also leaves the pointer map (free). */
 static msnap_device_t *lock_owner(msnap_allocator_t *a, uint64_t ptr,
-                                  msnap_block_t **out) {
+                                  msnap_block_t **out, bool take) {
   int n = a->ndevices, start = tl_device_hint;
   if (start >= n)
     start = 0;
   for (int k = 0, i = start; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
     msnap_device_t *d = &a->devices[i];
     msnap__lock(&d->lock);
-    msnap_block_t *b = ptrmap_find(&d->map, ptr);
+    msnap_block_t *b = take ? ptrmap_remove(&d->map, ptr)
+                            : ptrmap_find(&d->map, ptr);
     if (b) {
       *out = b;
       return d;
@@ -1282,13 +1255,44 @@ static msnap_device_t *lock_owner(msnap_allocator_t *a, uint64_t ptr,
   return NULL;
 }
 
+static int bad_pointer(uint64_t ptr) {
+  return msnap__set_error(MSNAP_EBADPTR, "invalid device pointer: 0x%" PRIx64,
+                          ptr);
+}
+
+int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
+  if (msnap_unlikely(!a))
+    return msnap__set_error(MSNAP_EINVAL, "msnap_free: NULL allocator");
+  if (msnap_unlikely(ptr == 0))
+    return 0;
+  msnap_call_t c;
+  msnap__call_begin(a, &c, true);
+  msnap_block_t *b;
+  msnap_device_t *d = lock_owner(a, ptr, &b, true);
+  if (msnap_likely(d != NULL)) {
+    free_locked(d, b, &c);
+    if (msnap_debug_level >= 3) debug_check_locked(d);
+    msnap__unlock(&d->lock);
+    msnap__call_end(&c);
+    return 0;
+  }
+  msnap__call_end(&c);
+  if (__atomic_load_n(&a->raw_count, __ATOMIC_RELAXED) > 0) {
+    int rc = msnap__raw_free(a, ptr);
+    if (rc <= 0)
+      return rc;
+  }
+  return bad_pointer(ptr);
+}
+
+
 int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
   if (!a)
     return msnap__set_error(MSNAP_EINVAL, "msnap_record_stream: NULL");
   if (ptr == 0)
     return 0;
   msnap_block_t *b;
-  msnap_device_t *d = lock_owner(a, ptr, &b);
+  msnap_device_t *d = lock_owner(a, ptr, &b, false);
   if (!d) {
     if (msnap__raw_lookup(a, ptr, NULL))
       return 0; /* raw allocations ignore record_stream (§19) */
@@ -1301,15 +1305,9 @@ int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
     for (uint32_t i = 0; i < b->nuses; i++)
       present |= b->stream_uses[i] == stream;
     if (!present) {
-      if (b->nuses == b->cap_uses) {
-        uint32_t nc = b->cap_uses ? b->cap_uses * 2 : 4;
-        uint64_t *nv = realloc(b->stream_uses, nc * sizeof *nv);
-        if (!nv) {
-          rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-          goto out;
-        }
-        b->stream_uses = nv;
-        b->cap_uses = nc;
+      if (MSNAP_GROW(b->stream_uses, b->cap_uses, b->nuses + 1) != 0) {
+        rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+        goto out;
       }
       b->stream_uses[b->nuses++] = stream;
     }
@@ -1351,7 +1349,7 @@ int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr, size_t *size) {
   if (!a || !size)
     return msnap__set_error(MSNAP_EINVAL, "msnap_allocation_size: NULL");
   msnap_block_t *b;
-  msnap_device_t *d = lock_owner(a, ptr, &b);
+  msnap_device_t *d = lock_owner(a, ptr, &b, false);
   if (d) {
     *size = b->size;
     msnap__unlock(&d->lock);
@@ -1362,17 +1360,15 @@ int msnap_allocation_size(msnap_allocator_t *a, uint64_t ptr, size_t *size) {
     *size = rsz;
     return 0;
   }
-  return msnap__set_error(MSNAP_EBADPTR, "invalid device pointer: 0x%" PRIx64,
-                          ptr);
+  return bad_pointer(ptr);
 }
 
 int msnap__allocation_base(msnap_allocator_t *a, uint64_t ptr,
                            uint64_t *base, uint64_t *size) {
   msnap_block_t *b;
-  msnap_device_t *d = lock_owner(a, ptr, &b);
+  msnap_device_t *d = lock_owner(a, ptr, &b, false);
   if (!d)
-    return msnap__set_error(MSNAP_EBADPTR,
-                            "invalid device pointer: 0x%" PRIx64, ptr);
+    return bad_pointer(ptr);
   const msnap_block_t *h = b->seg->head;
   uint64_t sum = 0;
   for (const msnap_block_t *x = h; x; x = x->next)
@@ -1389,10 +1385,9 @@ int msnap__allocation_info(msnap_allocator_t *a, uint64_t ptr, int *device,
                            uint64_t *requested_size, uint64_t *stream,
                            msnap_mempool_id_t *pool, uint32_t *stack) {
   msnap_block_t *b;
-  msnap_device_t *d = lock_owner(a, ptr, &b);
+  msnap_device_t *d = lock_owner(a, ptr, &b, false);
   if (!d)
-    return msnap__set_error(MSNAP_EBADPTR,
-                            "invalid device pointer: 0x%" PRIx64, ptr);
+    return bad_pointer(ptr);
   if (device)
     *device = d->id;
   if (requested_size)

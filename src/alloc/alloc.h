@@ -83,18 +83,6 @@
 #include "record/stack.h"
 #include "runtime/runtime.h"
 
-/* ---- constants (allocator-algorithm.md §1) ------------------------------ */
-#define MSNAP_MIN_BLOCK_SIZE 512ull
-#define MSNAP_SMALL_SIZE 1048576ull       /* kSmallSize                    */
-#define MSNAP_SMALL_BUFFER 2097152ull     /* kSmallBuffer                  */
-#define MSNAP_MIN_LARGE_ALLOC 10485760ull /* kMinLargeAlloc                */
-#define MSNAP_ROUND_LARGE 2097152ull      /* kRoundLarge                   */
-#define MSNAP_EXTRA_LARGE_BUFFER 1073741824ull /* npu page_size:1g         */
-#define MSNAP_ONE_EB (1ull << 60)         /* allocate() guard              */
-#define MSNAP_NPU_PAD 32ull               /* AddPadSize()                  */
-#define MSNAP_LAZY_QUERY_SIZE 512u        /* kLazyQuerySize (npu)          */
-#define MSNAP_MIB 1048576ull
-
 /* ---- the device lock ---------------------------------------------------- */
 /*
  * A futex mutex (Drepper, "Futexes Are Tricky", mutex 3): 0 = free, 1 =
@@ -352,6 +340,10 @@ struct msnap_allocator_s {
 
 /* ---- pool.c ------------------------------------------------------------- */
 void msnap__rb_init(msnap_rbtree_t *t, bool by_addr);
+/* An empty block pool: both sets, small or large, owned by a private pool
+ * (owner) or by the device (NULL). */
+void msnap__bpool_init(msnap_bpool_t *p, bool is_small,
+                       msnap_ppool_t *owner);
 void msnap__rb_insert(msnap_rbtree_t *t, msnap_block_t *b);
 void msnap__rb_erase(msnap_rbtree_t *t, msnap_block_t *b);
 /* First block with key >= (stream, size, ptr) (size ignored by_addr). */
@@ -422,19 +414,22 @@ void msnap__ppool_retired_prune(msnap_device_t *d);
  * unmap): the device-wide reserved_bytes and, for a private pool, its own
  * reserved stat (reserved_bytes_by_private_pools).  Caller holds the
  * device lock. */
+static inline void msnap__reserved_change(msnap_device_t *d,
+                                          msnap_bpool_t *p, int64_t n,
+                                          bool grow) {
+  void (*change)(msnap_stat_t *, int, int64_t) =
+      grow ? msnap__stat2_inc : msnap__stat2_dec;
+  int type = msnap__pool_stat_type(p);
+  change(d->stats.reserved_bytes, type, n);
+  if (p->owner) change(p->owner->reserved, type, n);
+}
 static inline void msnap__reserved_inc(msnap_device_t *d, msnap_bpool_t *p,
                                        int64_t n) {
-  int type = msnap__pool_stat_type(p);
-  msnap__stat2_inc(d->stats.reserved_bytes, type, n);
-  if (p->owner)
-    msnap__stat2_inc(p->owner->reserved, type, n);
+  msnap__reserved_change(d, p, n, true);
 }
 static inline void msnap__reserved_dec(msnap_device_t *d, msnap_bpool_t *p,
                                        int64_t n) {
-  int type = msnap__pool_stat_type(p);
-  msnap__stat2_dec(d->stats.reserved_bytes, type, n);
-  if (p->owner)
-    msnap__stat2_dec(p->owner->reserved, type, n);
+  msnap__reserved_change(d, p, n, false);
 }
 
 #endif /* MSNAP_ALLOC_H */

@@ -19,6 +19,18 @@
 #include "model/snapshot.h"
 #include "record/history.h"
 
+/* ---- size constants (allocator-algorithm.md §1; also the CLI's replay) -- */
+#define MSNAP_MIN_BLOCK_SIZE 512ull
+#define MSNAP_SMALL_SIZE 1048576ull       /* kSmallSize                    */
+#define MSNAP_SMALL_BUFFER 2097152ull     /* kSmallBuffer                  */
+#define MSNAP_MIN_LARGE_ALLOC 10485760ull /* kMinLargeAlloc                */
+#define MSNAP_ROUND_LARGE 2097152ull      /* kRoundLarge                   */
+#define MSNAP_EXTRA_LARGE_BUFFER 1073741824ull /* npu page_size:1g         */
+#define MSNAP_ONE_EB (1ull << 60)         /* allocate() guard              */
+#define MSNAP_NPU_PAD 32ull               /* AddPadSize()                  */
+#define MSNAP_LAZY_QUERY_SIZE 512u        /* kLazyQuerySize (npu)          */
+#define MSNAP_MIB 1048576ull
+
 /* ---- create.c ------------------------------------------------------------ */
 /* msnap_allocator_create without what the api layer adds (the OOM
  * auto-dump observer): profile, runtime, conf, caching switch, devices. */

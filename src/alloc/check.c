@@ -389,14 +389,9 @@ int msnap__device_collect_segments_locked(msnap_allocator_t *a, int device,
     for (const msnap_block_t *b = s->head; b; b = b->next) {
       if (!b->mapped || (b->prev && b->prev->mapped))
         continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 16;
-        head_t *nh = realloc(heads, cap * sizeof *nh);
-        if (!nh) {
-          free(heads);
-          return MSNAP_ENOMEM;
-        }
-        heads = nh;
+      if (MSNAP_GROW(heads, cap, n + 1) != 0) {
+        free(heads);
+        return MSNAP_ENOMEM;
       }
       heads[n++].b = b;
     }

@@ -28,14 +28,6 @@ void msnap_options_init(msnap_options_t *o) {
   o->caching_disabled = -1;
 }
 
-static void bpool_init(msnap_bpool_t *p, bool is_small, msnap_ppool_t *owner) {
-  msnap__rb_init(&p->blocks, false);
-  msnap__rb_init(&p->unmapped, true);
-  p->get_free_blocks_call_count = 0;
-  p->is_small = is_small;
-  p->owner = owner;
-}
-
 static int device_init(msnap_allocator_t *a, msnap_device_t *d, int id) {
   memset(d, 0, sizeof *d);
   msnap__lock_init(&d->lock, (uint32_t)id);
@@ -45,8 +37,8 @@ static int device_init(msnap_allocator_t *a, msnap_device_t *d, int id) {
   d->stats.size = sizeof d->stats;
   d->stats.version = MSNAP_STATS_VERSION;
   d->stats.max_split_size = (int64_t)a->conf.max_split_size;
-  bpool_init(&d->large, false, NULL);
-  bpool_init(&d->small, true, NULL);
+  msnap__bpool_init(&d->large, false, NULL);
+  msnap__bpool_init(&d->small, true, NULL);
   size_t f = 0, t = 0;
   if (a->rt->mem_get_info(a->rt_ctx, id, &f, &t) == 0)
     d->device_total = t;

@@ -25,15 +25,9 @@ static int event_get(msnap_device_t *d, uint64_t *ev) {
 }
 
 static void event_put(msnap_device_t *d, uint64_t ev) {
-  if (d->nevent_pool == d->event_pool_cap) {
-    uint32_t nc = d->event_pool_cap ? d->event_pool_cap * 2 : 16;
-    uint64_t *nv = realloc(d->event_pool, nc * sizeof *nv);
-    if (!nv) {
-      d->a->rt->event_destroy(d->a->rt_ctx, d->id, ev);
-      return;
-    }
-    d->event_pool = nv;
-    d->event_pool_cap = nc;
+  if (MSNAP_GROW(d->event_pool, d->event_pool_cap, d->nevent_pool + 1) != 0) {
+    d->a->rt->event_destroy(d->a->rt_ctx, d->id, ev);
+    return;
   }
   d->event_pool[d->nevent_pool++] = ev;
 }
@@ -42,14 +36,8 @@ static msnap_evq_t *evq_for(msnap_device_t *d, uint64_t stream) {
   for (uint32_t i = 0; i < d->nevqs; i++)
     if (d->evqs[i].stream == stream)
       return &d->evqs[i];
-  if (d->nevqs == d->evqs_cap) {
-    uint32_t nc = d->evqs_cap ? d->evqs_cap * 2 : 4;
-    msnap_evq_t *nv = realloc(d->evqs, nc * sizeof *nv);
-    if (!nv)
-      return NULL;
-    d->evqs = nv;
-    d->evqs_cap = nc;
-  }
+  if (MSNAP_GROW(d->evqs, d->evqs_cap, d->nevqs + 1) != 0)
+    return NULL;
   msnap_evq_t *q = &d->evqs[d->nevqs++];
   memset(q, 0, sizeof *q);
   q->stream = stream;
@@ -58,16 +46,15 @@ static msnap_evq_t *evq_for(msnap_device_t *d, uint64_t stream) {
 
 static int evq_push(msnap_evq_t *q, uint64_t ev, msnap_block_t *b) {
   if (q->n == q->cap) {
-    uint32_t nc = q->cap ? q->cap * 2 : 8;
-    msnap_evitem_t *nv = malloc(nc * sizeof *nv);
-    if (!nv)
+    /* Grow, then move the items from head to the old end to the new end
+     * so that the FIFO stays in order. */
+    uint32_t old = q->cap;
+    if (MSNAP_GROW(q->v, q->cap, (uint64_t)q->n + 1) != 0)
       return MSNAP_ENOMEM;
-    for (uint32_t i = 0; i < q->n; i++)
-      nv[i] = q->v[(q->head + i) % q->cap];
-    free(q->v);
-    q->v = nv;
-    q->cap = nc;
-    q->head = 0;
+    uint32_t tail = old - q->head;
+    memmove(q->v + (q->cap - tail), q->v + q->head, tail * sizeof *q->v);
+    q->head = q->cap - tail;
+    if (q->head == q->cap) q->head = 0;
   }
   q->v[(q->head + q->n) % q->cap] = (msnap_evitem_t){ev, b};
   q->n++;

@@ -145,6 +145,19 @@ static msnap_host_t *host_get(msnap_allocator_t *a) {
   return h;
 }
 
+/* Start a host call that records: the state, this thread's recording
+ * context (captured before the lock: a free site or not) and the lock.
+ * Inlined, so that the captured stack starts at the public entry point. */
+static inline __attribute__((always_inline)) int host_enter(
+    msnap_allocator_t *a, msnap_host_t **h, msnap_rctx_t *ctx,
+    bool free_site) {
+  *h = host_get(a);
+  if (*h == NULL) return MSNAP_ENOMEM;
+  msnap__rctx_capture(&a->host_hist, ctx, free_site);
+  msnap__mutex_lock(&(*h)->lock, MSNAP_RANK_HOST);
+  return 0;
+}
+
 int msnap__host_lock(msnap_allocator_t *a) {
   msnap_host_t *h = host_get(a);
   if (h == NULL) return MSNAP_ENOMEM;
@@ -216,13 +229,7 @@ static hblock_t *blocks_find(const msnap_host_t *h, uint64_t p) {
 }
 
 static int blocks_reserve(msnap_host_t *h) {
-  if (h->nblocks < h->blocks_cap) return 0;
-  size_t cap = h->blocks_cap ? h->blocks_cap * 2 : 16;
-  hblock_t **n = realloc(h->blocks, cap * sizeof *n);
-  if (n == NULL) return MSNAP_ENOMEM;
-  h->blocks = n;
-  h->blocks_cap = cap;
-  return 0;
+  return MSNAP_GROW(h->blocks, h->blocks_cap, h->nblocks + 1);
 }
 
 /* Insert b (capacity reserved by blocks_reserve). */
@@ -246,13 +253,7 @@ static hbin_t *bin_get(msnap_host_t *h, uint64_t size, bool create) {
   for (size_t i = 0; i < h->nbins; i++)
     if (h->bins[i].size == size) return &h->bins[i];
   if (!create) return NULL;
-  if (h->nbins == h->bins_cap) {
-    size_t cap = h->bins_cap ? h->bins_cap * 2 : 16;
-    hbin_t *n = realloc(h->bins, cap * sizeof *n);
-    if (n == NULL) return NULL;
-    h->bins = n;
-    h->bins_cap = cap;
-  }
+  if (MSNAP_GROW(h->bins, h->bins_cap, h->nbins + 1) != 0) return NULL;
   h->bins[h->nbins] = (hbin_t){size, NULL};
   return &h->bins[h->nbins++];
 }
@@ -371,12 +372,8 @@ static int evq_push(msnap_host_t *h, uint64_t ev, hblock_t *b) {
               (h->nevq - h->evq_head) * sizeof *h->evq);
       h->nevq -= h->evq_head;
       h->evq_head = 0;
-    } else {
-      size_t cap = h->evq_cap ? h->evq_cap * 2 : 16;
-      hevent_t *n = realloc(h->evq, cap * sizeof *n);
-      if (n == NULL) return MSNAP_ENOMEM;
-      h->evq = n;
-      h->evq_cap = cap;
+    } else if (MSNAP_GROW(h->evq, h->evq_cap, h->nevq + 1) != 0) {
+      return MSNAP_ENOMEM;
     }
   }
   h->evq[h->nevq++] = (hevent_t){ev, b};
@@ -465,11 +462,9 @@ int msnap_host_malloc(msnap_allocator_t *a, size_t size, uint64_t *ptr) {
   if (rounded == 0)
     return msnap__set_error(MSNAP_EINVAL, "host_malloc: size %zu too large",
                             size);
-  msnap_host_t *h = host_get(a);
-  if (h == NULL) return MSNAP_ENOMEM;
+  msnap_host_t *h;
   msnap_rctx_t ctx;
-  msnap__rctx_capture(&a->host_hist, &ctx, false);
-  msnap__mutex_lock(&h->lock, MSNAP_RANK_HOST);
+  if (host_enter(a, &h, &ctx, false) != 0) return MSNAP_ENOMEM;
   process_events(h, &ctx);
   hbin_t *bin = bin_get(h, rounded, false);
   hblock_t *b = bin ? bin->head : NULL;
@@ -520,11 +515,9 @@ int msnap_host_free(msnap_allocator_t *a, uint64_t ptr) {
   int rc = check_a(a, "host_free");
   if (rc != 0) return rc;
   if (ptr == 0) return 0;
-  msnap_host_t *h = host_get(a);
-  if (h == NULL) return MSNAP_ENOMEM;
+  msnap_host_t *h;
   msnap_rctx_t ctx;
-  msnap__rctx_capture(&a->host_hist, &ctx, true);
-  msnap__mutex_lock(&h->lock, MSNAP_RANK_HOST);
+  if (host_enter(a, &h, &ctx, true) != 0) return MSNAP_ENOMEM;
   hblock_t *b = blocks_find(h, ptr);
   if (b == NULL || b->state != HB_ALLOCATED) {
     rc = msnap__set_error(MSNAP_EBADPTR,
@@ -578,15 +571,9 @@ int msnap_host_record_stream(msnap_allocator_t *a, uint64_t ptr,
   }
   for (uint32_t i = 0; i < b->nstreams; i++)
     if (b->streams[i] == stream) goto out;
-  if (b->nstreams == b->streams_cap) {
-    uint32_t cap = b->streams_cap ? b->streams_cap * 2 : 4;
-    uint64_t *n = realloc(b->streams, cap * sizeof *n);
-    if (n == NULL) {
-      rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-      goto out;
-    }
-    b->streams = n;
-    b->streams_cap = cap;
+  if (MSNAP_GROW(b->streams, b->streams_cap, b->nstreams + 1) != 0) {
+    rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+    goto out;
   }
   b->streams[b->nstreams++] = stream;
 out:
@@ -600,11 +587,9 @@ out:
 int msnap_host_empty_cache(msnap_allocator_t *a) {
   int rc = check_a(a, "host_empty_cache");
   if (rc != 0) return rc;
-  msnap_host_t *h = host_get(a);
-  if (h == NULL) return MSNAP_ENOMEM;
+  msnap_host_t *h;
   msnap_rctx_t ctx;
-  msnap__rctx_capture(&a->host_hist, &ctx, true);
-  msnap__mutex_lock(&h->lock, MSNAP_RANK_HOST);
+  if (host_enter(a, &h, &ctx, true) != 0) return MSNAP_ENOMEM;
   process_events(h, &ctx);
   for (size_t i = 0; i < h->nbins && rc == 0; i++) {
     hblock_t **pp = &h->bins[i].head;

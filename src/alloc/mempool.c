@@ -52,15 +52,7 @@ void msnap__ppool_free(msnap_device_t *d, msnap_ppool_t *pp) {
   if (*link)
     *link = pp->next;
   if (!pool_stat_zero(pp->reserved)) {
-    if (d->nretired == d->retired_cap) {
-      uint32_t nc = d->retired_cap ? d->retired_cap * 2 : 4;
-      msnap_pool_stats_t *nv = realloc(d->retired, nc * sizeof *nv);
-      if (nv) {
-        d->retired = nv;
-        d->retired_cap = nc;
-      }
-    }
-    if (d->nretired < d->retired_cap) {
+    if (MSNAP_GROW(d->retired, d->retired_cap, d->nretired + 1) == 0) {
       msnap_pool_stats_t *r = &d->retired[d->nretired++];
       r->id = pp->id;
       memcpy(r->reserved_bytes, pp->reserved, sizeof r->reserved_bytes);
@@ -77,14 +69,6 @@ void msnap__ppool_retired_prune(msnap_device_t *d) {
     if (!pool_stat_zero(d->retired[i].reserved_bytes))
       d->retired[k++] = d->retired[i];
   d->nretired = k;
-}
-
-static void bpool_init(msnap_bpool_t *p, bool is_small, msnap_ppool_t *owner) {
-  msnap__rb_init(&p->blocks, false);
-  msnap__rb_init(&p->unmapped, true);
-  p->get_free_blocks_call_count = 0;
-  p->is_small = is_small;
-  p->owner = owner;
 }
 
 /* create_or_incref_pool (CCA L2767-2790). */
@@ -106,8 +90,8 @@ static int create_or_incref(msnap_device_t *d, msnap_mempool_id_t id,
     return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
   pp->id = id;
   pp->use_count = 1;
-  bpool_init(&pp->large, false, pp);
-  bpool_init(&pp->small, true, pp);
+  msnap__bpool_init(&pp->large, false, pp);
+  msnap__bpool_init(&pp->small, true, pp);
   /* The same id again (a graph pool id reused): its history continues. */
   for (uint32_t i = 0; i < d->nretired; i++) {
     if (msnap__id_eq(d->retired[i].id, id)) {
@@ -203,15 +187,9 @@ int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
       goto out;
     }
   }
-  if (d->ncaptures == d->captures_cap) {
-    uint32_t nc = d->captures_cap ? d->captures_cap * 2 : 4;
-    msnap_capture_t *nv = realloc(d->captures, nc * sizeof *nv);
-    if (!nv) {
-      rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-      goto out;
-    }
-    d->captures = nv;
-    d->captures_cap = nc;
+  if (MSNAP_GROW(d->captures, d->captures_cap, d->ncaptures + 1) != 0) {
+    rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+    goto out;
   }
   msnap_ppool_t *pp;
   rc = create_or_incref(d, id, &pp);

@@ -37,15 +37,9 @@ int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
       }
     }
   }
-  if (a->nobservers == a->observers_cap) {
-    uint32_t cap = a->observers_cap ? a->observers_cap * 2 : 4;
-    msnap_oom_observer_t *n = realloc(a->observers, cap * sizeof *n);
-    if (n == NULL) {
-      msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
-      return MSNAP_ENOMEM;
-    }
-    a->observers = n;
-    a->observers_cap = cap;
+  if (MSNAP_GROW(a->observers, a->observers_cap, a->nobservers + 1) != 0) {
+    msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
+    return MSNAP_ENOMEM;
   }
   a->observers[a->nobservers++] = (msnap_oom_observer_t){cb, arg, release};
   msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
@@ -88,42 +82,6 @@ void msnap__oom_observers_destroy(msnap_allocator_t *a) {
 
 /* ---- memory-usage report ------------------------------------------------- */
 
-typedef struct usage_buf_s {
-  char *p;
-  size_t len, cap;
-  int err;
-} usage_buf_t;
-
-__attribute__((format(printf, 2, 3))) static void ub_printf(usage_buf_t *b,
-                                                            const char *fmt,
-                                                            ...) {
-  if (b->err) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0,
-                      fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      b->err = MSNAP_EINVAL;
-      return;
-    }
-    if (b->p && b->len + (size_t)n < b->cap) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 1024;
-    while (cap < b->len + (size_t)n + 1) cap *= 2;
-    char *np = realloc(b->p, cap);
-    if (np == NULL) {
-      b->err = MSNAP_ENOMEM;
-      return;
-    }
-    b->p = np;
-    b->cap = cap;
-  }
-}
-
 static const char *const pool_names[MSNAP_STAT_TYPES] = {"all", "small_pool",
                                                          "large_pool"};
 
@@ -136,9 +94,9 @@ static const char *const pool_names[MSNAP_STAT_TYPES] = {"all", "small_pool",
  * plus a "workspace" row; total/free come from the runtime and are left
  * empty, with the reason in `note` and on stderr, when it cannot say.
  */
-static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
+static int usage_text(msnap_allocator_t *a, int device, msnap_strbuf_t *b) {
   int nd = msnap_device_count(a);
-  ub_printf(b, "device,pool,total_bytes,free_bytes,reserved_bytes,"
+  msnap__strbuf_printf(b, "device,pool,total_bytes,free_bytes,reserved_bytes,"
                "allocated_bytes,active_bytes,requested_bytes,"
                "peak_reserved_bytes,peak_allocated_bytes,note\n");
   for (int d = 0; d < nd; d++) {
@@ -158,17 +116,17 @@ static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
       fprintf(stderr, "memsnap: device %d: %s\n", d, note);
     }
     if (src != 0) {
-      ub_printf(b, "%d,all,,,,,,,,,statistics unavailable (%s)\n", d,
+      msnap__strbuf_printf(b, "%d,all,,,,,,,,,statistics unavailable (%s)\n", d,
                 msnap_strerror(src));
       continue;
     }
     for (int k = 0; k < MSNAP_STAT_TYPES; k++) {
-      ub_printf(b, "%d,%s,", d, pool_names[k]);
+      msnap__strbuf_printf(b, "%d,%s,", d, pool_names[k]);
       if (k == MSNAP_STAT_ALL && mrc == 0)
-        ub_printf(b, "%zu,%zu,", tb, fb);
+        msnap__strbuf_printf(b, "%zu,%zu,", tb, fb);
       else
-        ub_printf(b, ",,");
-      ub_printf(b,
+        msnap__strbuf_printf(b, ",,");
+      msnap__strbuf_printf(b,
                 "%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
                 ",%" PRId64 ",%s\n",
                 st.reserved_bytes[k].current, st.allocated_bytes[k].current,
@@ -178,7 +136,7 @@ static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
     }
     uint64_t wr, wa;
     msnap__ws_totals(a, d, &wr, &wa);
-    ub_printf(b,
+    msnap__strbuf_printf(b,
               "%d,workspace,,,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",,,,"
               "not included in the all row\n",
               d, wr, wa, wa);
@@ -187,7 +145,7 @@ static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
 }
 
 int msnap__usage_report(msnap_allocator_t *a, int device, const char *path) {
-  usage_buf_t b = {0};
+  msnap_strbuf_t b = {0};
   int rc = usage_text(a, device, &b);
   if (rc == 0) rc = msnap__write_file_atomic(path, b.p, b.len);
   free(b.p);

@@ -159,16 +159,10 @@ int msnap_workspace_malloc(msnap_allocator_t *a, int device, size_t size,
                               msnap_strerror(rc));
     }
     ws_lock(ws);
-    if (ws->nraw == ws->rawcap) {
-      uint32_t cap = ws->rawcap ? ws->rawcap * 2 : 16;
-      ws_raw_t *n = realloc(ws->raw, cap * sizeof *n);
-      if (n == NULL) {
-        ws_unlock(ws);
-        ops->free(rctx, device, p);
-        return MSNAP_ENOMEM;
-      }
-      ws->raw = n;
-      ws->rawcap = cap;
+    if (MSNAP_GROW(ws->raw, ws->rawcap, ws->nraw + 1) != 0) {
+      ws_unlock(ws);
+      ops->free(rctx, device, p);
+      return MSNAP_ENOMEM;
     }
     ws->raw[ws->nraw++] = (ws_raw_t){device, p, need};
     ws_unlock(ws);
@@ -193,15 +187,9 @@ int msnap_workspace_malloc(msnap_allocator_t *a, int device, size_t size,
       ops->free(rctx, device, b->ptr);
       ws_remove(ws, b);
     }
-    if (ws->n == ws->cap) {
-      uint32_t cap = ws->cap ? ws->cap * 2 : 8;
-      ws_buf_t *n = realloc(ws->v, cap * sizeof *n);
-      if (n == NULL) {
-        ws_unlock(ws);
-        return MSNAP_ENOMEM;
-      }
-      ws->v = n;
-      ws->cap = cap;
+    if (MSNAP_GROW(ws->v, ws->cap, ws->n + 1) != 0) {
+      ws_unlock(ws);
+      return MSNAP_ENOMEM;
     }
     uint64_t p = 0;
     int rc = ops->malloc(rctx, device, rounded, &p);

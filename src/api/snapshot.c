@@ -1,7 +1,8 @@
 /*
  * snapshot.c (api layer) -- live snapshots (torch.cuda.memory._snapshot) of a
- * msnap_allocator_t, their serialization (_dump_snapshot), and
- * _allocation_traceback.
+ * msnap_allocator_t and their serialization (_dump_snapshot, to memory or
+ * to an atomic file of base/sink.c).  The recorded stacks become model
+ * frames in traceback.c.
  *
  * Sequence of msnap__snapshot_take, per device in order:
  *   1. under the device lock: copy the trace ring (unless include_traces
@@ -49,204 +50,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "alloc/host.h"
 #include "api/api.h"
+#include "base/map16.h"
 #include "record/stack.h"
-
-/* ---- a small 16-byte-key map used while converting ------------------------ */
-
-typedef struct kv_s {
-  uint64_t k0, k1;
-  uint32_t v;
-  uint32_t used;
-} kv_t;
-
-typedef struct kvmap_s {
-  kv_t *t;
-  size_t cap, n;
-} kvmap_t;
-
-/* Slot for key (k0,k1); *fresh tells whether it was just inserted.  NULL
- * on ENOMEM. */
-static uint32_t *kv_slot(kvmap_t *m, uint64_t k0, uint64_t k1, bool *fresh) {
-  if ((m->n + 1) * 2 > m->cap) {
-    size_t cap = m->cap ? m->cap * 2 : 256;
-    kv_t *t = calloc(cap, sizeof *t);
-    if (t == NULL) return NULL;
-    for (size_t i = 0; i < m->cap; i++) {
-      if (!m->t[i].used) continue;
-      uint64_t k[2] = {m->t[i].k0, m->t[i].k1};
-      size_t j = (size_t)XXH3_64bits(k, 16) & (cap - 1);
-      while (t[j].used) j = (j + 1) & (cap - 1);
-      t[j] = m->t[i];
-    }
-    free(m->t);
-    m->t = t;
-    m->cap = cap;
-  }
-  uint64_t k[2] = {k0, k1};
-  size_t j = (size_t)XXH3_64bits(k, 16) & (m->cap - 1);
-  while (m->t[j].used && (m->t[j].k0 != k0 || m->t[j].k1 != k1))
-    j = (j + 1) & (m->cap - 1);
-  *fresh = !m->t[j].used;
-  if (*fresh) {
-    m->t[j].used = 1;
-    m->t[j].k0 = k0;
-    m->t[j].k1 = k1;
-    m->t[j].v = 0;
-    m->n++;
-  }
-  return &m->t[j].v;
-}
-
-/* ---- stack import ------------------------------------------------------------ */
-
-typedef struct import_s {
-  msnap_snap_t *s;
-  kvmap_t stacks; /* raw stack id -> model stack id */
-  kvmap_t cframes; /* pc -> model frame id          */
-  kvmap_t pyframes; /* (code, instr) -> model frame  */
-  msnap_str_t unknown;
-  int err;
-} import_t;
-
-static uint32_t model_frame(import_t *im, const char *name,
-                            const char *filename, int64_t line) {
-  msnap_frame_t f;
-  memset(&f, 0, sizeof f);
-  f.name = msnap__snap_intern(im->s, name, strlen(name));
-  f.filename = msnap__snap_intern(im->s, filename, strlen(filename));
-  f.line = line;
-  if (f.name == 0 || f.filename == 0) {
-    im->err = MSNAP_ENOMEM;
-    return UINT32_MAX;
-  }
-  uint32_t id = msnap__snap_frame(im->s, &f);
-  if (id == UINT32_MAX) im->err = MSNAP_ENOMEM;
-  return id;
-}
-
-static uint32_t c_frame(import_t *im, uintptr_t pc, msnap_csym_t *sym) {
-  msnap__symbolize(pc, sym);
-  bool fresh;
-  uint32_t *slot = kv_slot(&im->cframes, pc, 0, &fresh);
-  if (slot == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return UINT32_MAX;
-  }
-  if (fresh) *slot = model_frame(im, sym->name, sym->filename, sym->line);
-  return *slot;
-}
-
-static uint32_t py_frame(import_t *im, const msnap_frame_hook_t *hook,
-                         const uintptr_t f[2]) {
-  bool fresh;
-  uint32_t *slot = kv_slot(&im->pyframes, f[0], f[1], &fresh);
-  if (slot == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return UINT32_MAX;
-  }
-  if (fresh) {
-    const char *name = NULL, *file = NULL;
-    int64_t line = 0;
-    if (hook == NULL || hook->resolve(hook->ctx, f, &name, &file, &line) != 0)
-      name = file = NULL;
-    if (name == NULL || file == NULL) line = 0;
-    *slot = model_frame(im, name ? name : "??", file ? file : "??", line);
-  }
-  return *slot;
-}
-
-/* A C frame that runs interpreter frames: the matching Python frame goes
- * just before it (cuda-reference §2.5, stacks "all"). */
-static bool is_eval_frame(const char *name) {
-  return strstr(name, "PyEval_EvalFrame") != NULL;
-}
-
-/* Model stack of a raw recorder stack (cached). */
-static msnap_stack_t import_one(import_t *im, uint32_t raw) {
-  bool fresh;
-  uint32_t *slot = kv_slot(&im->stacks, raw, 0, &fresh);
-  if (slot == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return MSNAP_STACK_EMPTY;
-  }
-  if (!fresh) return *slot;
-  *slot = MSNAP_STACK_EMPTY;
-  msnap_stack_view_t v;
-  if (msnap__stack_view(raw, &v) != 0) return MSNAP_STACK_EMPTY;
-  uint32_t *ids = malloc(((size_t)v.nc + v.npy + 1) * sizeof *ids);
-  if (ids == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return MSNAP_STACK_EMPTY;
-  }
-  uint32_t n = 0, pi = 0;
-  for (uint32_t k = 0; k < v.nc; k++) {
-    msnap_csym_t sym;
-    uint32_t cf = c_frame(im, v.c[k], &sym);
-    if (pi < v.npy && is_eval_frame(sym.name)) {
-      uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
-      if (pf != UINT32_MAX) ids[n++] = pf;
-    }
-    if (cf != UINT32_MAX) ids[n++] = cf;
-  }
-  while (pi < v.npy) {
-    uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
-    if (pf != UINT32_MAX) ids[n++] = pf;
-  }
-  msnap_stack_t st = msnap__snap_stack(im->s, ids, n);
-  free(ids);
-  if (st == 0) {
-    im->err = MSNAP_ENOMEM;
-    st = MSNAP_STACK_EMPTY;
-  }
-  *slot = st;
-  return st;
-}
-
-/* Convert one frames field holding a raw id (with its reference). */
-static void import_field(import_t *im, msnap_stack_t *field, bool absent_ok) {
-  uint32_t raw = *field;
-  if (raw == 0) {
-    *field = absent_ok ? MSNAP_STACK_ABSENT : MSNAP_STACK_EMPTY;
-    return;
-  }
-  *field = import_one(im, raw);
-  msnap__stack_unref(raw);
-}
-
-int msnap__snap_import_stacks(msnap_snap_t *s) {
-  import_t im;
-  memset(&im, 0, sizeof im);
-  im.s = s;
-  for (uint32_t i = 0; i < s->nsegments; i++)
-    import_field(&im, &s->segments[i].frames, false);
-  for (uint32_t i = 0; i < s->nblocks; i++)
-    import_field(&im, &s->blocks[i].frames, false);
-  for (uint32_t i = 0; i < s->nhost_segments; i++)
-    import_field(&im, &s->host_segments[i].frames, false);
-  for (uint32_t i = 0; i < s->nhost_blocks; i++)
-    import_field(&im, &s->host_blocks[i].frames, false);
-  for (uint32_t d = 0; d < s->ndevices; d++) {
-    msnap_trace_list_t *l = &s->device_traces[d];
-    for (uint32_t i = 0; i < l->n; i++) {
-      import_field(&im, &l->v[i].frames, true);
-      if (l->v[i].frames != MSNAP_STACK_ABSENT) l->v[i].keys |= MSNAP_K_FRAMES;
-    }
-  }
-  for (uint32_t i = 0; i < s->host_traces.n; i++) {
-    import_field(&im, &s->host_traces.v[i].frames, true);
-    if (s->host_traces.v[i].frames != MSNAP_STACK_ABSENT)
-      s->host_traces.v[i].keys |= MSNAP_K_FRAMES;
-  }
-  free(im.stacks.t);
-  free(im.cframes.t);
-  free(im.pyframes.t);
-  return im.err;
-}
 
 /* ---- allocator_settings ------------------------------------------------------ */
 
@@ -261,16 +68,10 @@ static void gvb_push(gvb_t *b, msnap_gv_t v) {
     msnap__gv_free(&v);
     return;
   }
-  if (b->n == b->cap) {
-    uint32_t cap = b->cap ? b->cap * 2 : 32;
-    msnap_gv_t *n = realloc(b->items, cap * sizeof *n);
-    if (n == NULL) {
-      b->err = MSNAP_ENOMEM;
-      msnap__gv_free(&v);
-      return;
-    }
-    b->items = n;
-    b->cap = cap;
+  if (MSNAP_GROW(b->items, b->cap, b->n + 1) != 0) {
+    b->err = MSNAP_ENOMEM;
+    msnap__gv_free(&v);
+    return;
   }
   b->items[b->n++] = v;
 }
@@ -437,11 +238,11 @@ typedef struct dev_copy_s {
 } dev_copy_t;
 
 /* Intern a recorder string into the model (cached by recorder id). */
-static msnap_str_t model_str(msnap_snap_t *s, kvmap_t *cache, uint32_t id,
+static msnap_str_t model_str(msnap_snap_t *s, msnap_map16_t *cache, uint32_t id,
                              msnap_str_t dflt, int *err) {
   if (id == 0) return dflt;
   bool fresh;
-  uint32_t *slot = kv_slot(cache, id, 1, &fresh);
+  uint32_t *slot = msnap__map16_slot(cache, id, 1, &fresh);
   if (slot == NULL) {
     *err = MSNAP_ENOMEM;
     return dflt;
@@ -515,7 +316,7 @@ static int add_ws_segments(msnap_snap_t *s, int device,
  * into model trace entries; stack fields keep raw ids for the import. */
 static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
                               dev_copy_t *dc, msnap_mempool_id_t pool,
-                              kvmap_t *strs, msnap_str_t na) {
+                              msnap_map16_t *strs, msnap_str_t na) {
   int err = 0;
   int64_t prev = INT64_MIN;
   /* Synthetic workspace entries are stamped with the earliest of the
@@ -657,7 +458,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
 
   /* Outside every lock: times, strings, stacks. */
   msnap__clock_calibrate();
-  kvmap_t strs = {0};
+  msnap_map16_t strs = {0};
   msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
@@ -686,7 +487,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     }
     free(av);
   }
-  free(strs.t);
+  msnap__map16_free(&strs);
   for (int d = 0; dc != NULL && d < ndev; d++) {
     msnap__hcopy_release(dc[d].v, dc[d].n);
     free(dc[d].ws);
@@ -782,113 +583,4 @@ int msnap_dump_snapshot(msnap_allocator_t *a,
   }
   msnap__snap_free(s);
   return rc;
-}
-
-/* ---- _allocation_traceback ---------------------------------------------------- */
-
-/* Minimal protocol-4 pickle of a list of frame dicts. */
-static void pk_str(msnap_membuf_t *b, const char *p, size_t n, int *err);
-
-static void pk_put(msnap_membuf_t *b, const void *p, size_t n, int *err) {
-  if (*err) return;
-  if (b->len + n > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 256;
-    while (cap < b->len + n) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (d == NULL) {
-      *err = MSNAP_ENOMEM;
-      return;
-    }
-    b->data = d;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, p, n);
-  b->len += n;
-}
-
-static void pk_str(msnap_membuf_t *b, const char *p, size_t n, int *err) {
-  if (n < 256) {
-    unsigned char h[2] = {0x8c, (unsigned char)n}; /* SHORT_BINUNICODE */
-    pk_put(b, h, 2, err);
-  } else {
-    unsigned char h[5] = {'X', (unsigned char)n, (unsigned char)(n >> 8),
-                          (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
-    pk_put(b, h, 5, err);
-  }
-  pk_put(b, p, n, err);
-}
-
-static void pk_int(msnap_membuf_t *b, int64_t v, int *err) {
-  if (v >= INT32_MIN && v <= INT32_MAX) {
-    uint32_t u = (uint32_t)(int32_t)v;
-    unsigned char h[5] = {'J', (unsigned char)u, (unsigned char)(u >> 8),
-                          (unsigned char)(u >> 16), (unsigned char)(u >> 24)};
-    pk_put(b, h, 5, err);
-  } else {
-    unsigned char h[10] = {0x8a, 8}; /* LONG1, 8 bytes two's complement */
-    uint64_t u = (uint64_t)v;
-    for (int i = 0; i < 8; i++) h[2 + i] = (unsigned char)(u >> (8 * i));
-    pk_put(b, h, 10, err);
-  }
-}
-
-int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
-                               size_t *len) {
-  if (a == NULL || out == NULL || len == NULL)
-    return msnap__set_error(MSNAP_EINVAL,
-                            "allocation_traceback: NULL argument");
-  int device = -1;
-  uint64_t req = 0, stream = 0;
-  msnap_mempool_id_t pool = {0, 0};
-  uint32_t stack = 0;
-  if (msnap__allocation_info(a, ptr, &device, &req, &stream, &pool, &stack) !=
-          0 ||
-      stack == 0) {
-    *out = NULL;
-    *len = 0;
-    return 0;
-  }
-  msnap_snap_t *s = msnap__snap_new();
-  if (s == NULL) {
-    msnap__stack_unref(stack);
-    return MSNAP_ENOMEM;
-  }
-  import_t im;
-  memset(&im, 0, sizeof im);
-  im.s = s;
-  msnap_stack_t st = import_one(&im, stack);
-  msnap__stack_unref(stack);
-  free(im.stacks.t);
-  free(im.cframes.t);
-  free(im.pyframes.t);
-  int err = im.err;
-  msnap_membuf_t b = {0};
-  static const unsigned char head[] = {0x80, 4, ']', '('};
-  pk_put(&b, head, sizeof head, &err);
-  if (st > MSNAP_STACK_EMPTY) {
-    const msnap_span_t *sp = &s->stacks[st];
-    for (uint32_t i = 0; i < sp->n; i++) {
-      const msnap_frame_t *f = &s->frames[s->stack_frames[sp->first + i]];
-      size_t nl, fl;
-      const char *name = msnap__snap_str(s, f->name, &nl);
-      const char *file = msnap__snap_str(s, f->filename, &fl);
-      pk_put(&b, "}(", 2, &err);
-      pk_str(&b, "filename", 8, &err);
-      pk_str(&b, file, fl, &err);
-      pk_str(&b, "line", 4, &err);
-      pk_int(&b, f->line, &err);
-      pk_str(&b, "name", 4, &err);
-      pk_str(&b, name, nl, &err);
-      pk_put(&b, "u", 1, &err); /* SETITEMS */
-    }
-  }
-  pk_put(&b, "e.", 2, &err); /* APPENDS, STOP */
-  msnap__snap_free(s);
-  if (err) {
-    free(b.data);
-    return err;
-  }
-  *out = b.data;
-  *len = b.len;
-  return 0;
 }

@@ -104,6 +104,10 @@ uint64_t msnap__env_size(msnap_env_t var, uint64_t dflt);
 uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
                           uint64_t hi);
 uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min);
+/* A size: decimal digits with an optional K/M/G/T suffix (binary), then
+ * an optional B or iB.  False for malformed text; UINT64_MAX on overflow.
+ * The one size parser of memsnap (environment, CLI options). */
+bool msnap__parse_size(const char *s, uint64_t *out);
 /* The parsers behind them, on a value already read (`name` is only used
  * in the warning and as the warn-once key; it must outlive the process). */
 uint64_t msnap__env_parse_size(const char *name, const char *value,
@@ -136,11 +140,30 @@ const char *msnap__clock_source(void);
 int msnap__clock_check(char *msg, size_t len);
 
 /* ---- util.c: small helpers ---------------------------------------------- */
-/* Make room for `extra` more elements of `size` bytes in *p (capacity
- * *cap, n used); capacities grow by half plus 16.  0 or MSNAP_ENOMEM
- * (then *p is unchanged). */
+/* The array-growth helper of the library: make room for `need` elements
+ * of `size` bytes in *p, whose capacity is the unsigned integer at `cap`
+ * (cap_size 4 or 8 bytes).  The capacity grows by half plus 16 (16 at
+ * first) up to what its type holds.  0 or MSNAP_ENOMEM (then *p and *cap
+ * are unchanged).  MSNAP_GROW(arr, cap, need) is the usual call. */
+int msnap__grow_to(void **p, void *cap, size_t cap_size, uint64_t need,
+                   size_t size);
+#define MSNAP_GROW(arr, cap, need)                                          \
+  msnap__grow_to((void **)&(arr), &(cap), sizeof(cap), (uint64_t)(need),   \
+                 sizeof *(arr))
+/* The same for a uint32_t capacity with n used and `extra` more wanted. */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* A growable text buffer (stats text, CSV reports): printf appends; the
+ * first failure is sticky in err (MSNAP_ENOMEM, MSNAP_EINVAL for a bad
+ * format) and later appends do nothing.  A zeroed one is empty; free p. */
+typedef struct msnap_strbuf_s {
+  char *p;
+  size_t len, cap;
+  int err;
+} msnap_strbuf_t;
+void msnap__strbuf_printf(msnap_strbuf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void msnap__strbuf_append(msnap_strbuf_t *b, const char *s, size_t n);
 /* "%.2f KiB" etc. (PyTorch's format_size, allocator-algorithm §8.3). */
 void msnap__format_size(uint64_t size, char *buf, size_t len);
 

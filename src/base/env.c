@@ -135,7 +135,7 @@ const char *msnap__env_runtime(void) {
  * Parse a size with an optional K/M/G/T suffix.  Returns false for
  * malformed text; clamps to UINT64_MAX on overflow.
  */
-static bool parse_size(const char *s, uint64_t *out) {
+bool msnap__parse_size(const char *s, uint64_t *out) {
   while (isspace((unsigned char)*s)) s++;
   if (!isdigit((unsigned char)*s)) return false;
   uint64_t v = 0;
@@ -173,7 +173,7 @@ uint64_t msnap__env_parse_size(const char *name, const char *v,
                                uint64_t dflt) {
   if (v == NULL || *v == '\0') return dflt;
   uint64_t r;
-  if (parse_size(v, &r)) return r;
+  if (msnap__parse_size(v, &r)) return r;
   if (first_warning(name))
     fprintf(stderr,
             "memsnap: warning: ignoring invalid size '%s' in %s (expected a "
@@ -211,14 +211,14 @@ uint64_t msnap__env_parse_count(const char *name, const char *v,
 }
 
 /*
- * A size (see parse_size) of at least `min` bytes.  A malformed value or
+ * A size (see msnap__parse_size) of at least `min` bytes.  A malformed value or
  * one below min ("0") warns once, naming the variable, and returns dflt.
  */
 uint64_t msnap__env_parse_size_min(const char *name, const char *v,
                                    uint64_t dflt, uint64_t min) {
   if (v == NULL || *v == '\0') return dflt;
   uint64_t r;
-  if (!parse_size(v, &r)) return msnap__env_parse_size(name, v, dflt);
+  if (!msnap__parse_size(v, &r)) return msnap__env_parse_size(name, v, dflt);
   if (r >= min) return r;
   if (first_warning(name))
     fprintf(stderr,

@@ -74,7 +74,7 @@ int msnap__sink_flush(msnap_sink_t *s) {
 int msnap__sink_write(msnap_sink_t *s, const void *p, size_t len) {
   if (msnap_unlikely(s->err)) return s->err;
   s->bytes += len;
-  if (msnap_likely(s->cap - s->used >= len)) {
+  if (msnap_likely(s->cap - s->used >= len && s->cap != 0)) {
     memcpy(s->buf + s->used, p, len);
     s->used += len;
     return 0;
@@ -111,20 +111,11 @@ static int sink_init(msnap_sink_t *s,
   return 0;
 }
 
-/* Memory backend: append to a growing buffer (doubling). */
+/* Memory backend: append to a growing buffer. */
 static int mem_write_cb(void *opaque, const void *p, size_t len) {
   msnap_membuf_t *mb = opaque;
-  if (mb->cap - mb->len < len) {
-    size_t ncap = mb->cap ? mb->cap : 4096;
-    while (ncap - mb->len < len) {
-      if (ncap > SIZE_MAX / 2) return MSNAP_ENOMEM;
-      ncap *= 2;
-    }
-    char *nd = realloc(mb->data, ncap);
-    if (!nd) return MSNAP_ENOMEM;
-    mb->data = nd;
-    mb->cap = ncap;
-  }
+  if (MSNAP_GROW(mb->data, mb->cap, (uint64_t)mb->len + len) != 0)
+    return MSNAP_ENOMEM;
   memcpy(mb->data + mb->len, p, len);
   mb->len += len;
   return 0;
@@ -156,6 +147,20 @@ static int fd_write_cb(void *opaque, const void *p, size_t len) {
 int msnap__sink_init_fd(msnap_sink_t *s, int fd) {
   if (fd < 0) return MSNAP_EINVAL;
   return sink_init(s, fd_write_cb, (void *)(intptr_t)fd);
+}
+
+/* stdio backend, unbuffered here (the FILE has its own buffer, and the
+ * caller may write to it directly between two sink writes). */
+static int file_write_cb(void *opaque, const void *p, size_t len) {
+  return fwrite(p, 1, len, (FILE *)opaque) == len ? 0 : MSNAP_EIO;
+}
+
+int msnap__sink_init_file(msnap_sink_t *s, FILE *f) {
+  if (f == NULL) return MSNAP_EINVAL;
+  memset(s, 0, sizeof *s);
+  s->write_cb = file_write_cb;
+  s->opaque = f;
+  return 0;
 }
 
 int msnap__sink_init_cb(msnap_sink_t *s,

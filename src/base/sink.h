@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct msnap_sink_s {
   /* Backend: write len bytes; return 0 or a negative MSNAP_E* code. */
@@ -38,6 +39,9 @@ int msnap__sink_init_mem(msnap_sink_t *s, msnap_membuf_t *mb);
 /* File sink over an open fd (write(2) with EINTR/short-write handling;
  * ENOSPC -> MSNAP_ENOSPC, other errors MSNAP_EIO). */
 int msnap__sink_init_fd(msnap_sink_t *s, int fd);
+/* stdio sink: unbuffered (the FILE buffers); fwrite failures are
+ * MSNAP_EIO.  Nothing to free. */
+int msnap__sink_init_file(msnap_sink_t *s, FILE *f);
 /* Callback sink. */
 int msnap__sink_init_cb(msnap_sink_t *s,
                         int (*write_cb)(void *, const void *, size_t),

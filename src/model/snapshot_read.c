@@ -46,7 +46,7 @@
  *
  * Big integers (beyond 64 bits) and negative sizes/addresses are refused
  * with MSNAP_EFORMAT naming the key; the pickle itself stays readable by
- * msnap__pickle_canon.
+ * the generic VM (the tests' canonical dump, tests/pickle/canon.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1165,11 +1165,9 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
       }
       if (k == 0) break;
       n += (size_t)k;
-      if (n == cap) {
-        unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(b, cap * 2);
-        if (!nb) free(b);
-        b = nb;
-        cap *= 2;
+      if (n == cap && MSNAP_GROW(b, cap, (uint64_t)n + 1) != 0) {
+        free(b);
+        b = NULL;
       }
     }
     close(fd);

@@ -248,26 +248,11 @@ void msnap__stack_unref(uint32_t id) {
   if (e != NULL && atomic_load_explicit(&e->refs, memory_order_acquire) == 0) {
     ht_remove_locked(e);
     slot_set_locked(id, NULL);
-    if (nfree == free_cap) {
-      uint32_t cap = free_cap ? free_cap * 2 : 256;
-      uint32_t *n = realloc(free_ids, cap * sizeof *n);
-      if (n) {
-        free_ids = n;
-        free_cap = cap;
-      }
-    }
-    if (nfree < free_cap) free_ids[nfree++] = id; /* else the id leaks */
+    if (MSNAP_GROW(free_ids, free_cap, nfree + 1) == 0)
+      free_ids[nfree++] = id; /* else the id leaks */
     atomic_fetch_sub_explicit(&live_entries, 1, memory_order_relaxed);
     if (e->kind == KIND_STACK && e->npy && e->hook && e->hook->release) {
-      if (ngraves == grave_cap) {
-        uint32_t cap = grave_cap ? grave_cap * 2 : 64;
-        sentry_t **n = realloc(graves, cap * sizeof *n);
-        if (n) {
-          graves = n;
-          grave_cap = cap;
-        }
-      }
-      if (ngraves < grave_cap) {
+      if (MSNAP_GROW(graves, grave_cap, ngraves + 1) == 0) {
         graves[ngraves++] = e;
         atomic_store_explicit(&ngraves_hint, ngraves, memory_order_relaxed);
         e = NULL; /* freed after release */

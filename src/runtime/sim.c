@@ -52,6 +52,7 @@
  * One mutex guards the whole context (every op and control call).
  */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,19 +188,36 @@ static bool rs_place(const sim_rangeset_t *rs, uint64_t lo, uint64_t hi,
 }
 
 static int rs_insert(sim_rangeset_t *rs, sim_range_t r) {
-  if (rs->n == rs->cap) {
-    size_t cap = rs->cap ? rs->cap * 2 : 16;
-    sim_range_t *v = realloc(rs->v, cap * sizeof *v);
-    if (v == NULL) return msnap__set_error(MSNAP_ENOMEM, "sim: out of host "
-                                           "memory growing a range table");
-    rs->v = v;
-    rs->cap = cap;
-  }
+  if (MSNAP_GROW(rs->v, rs->cap, rs->n + 1) != 0)
+    return msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory growing "
+                            "a range table");
   size_t i = rs_lower(rs, r.addr);
   memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof r);
   rs->v[i] = r;
   rs->n++;
   return 0;
+}
+
+/* Place a range of `len` bytes (`size` of them in use) of `kind` in
+ * [lo, hi) at `align` and insert it: 0 with *addr, MSNAP_EOOM (message
+ * "sim: <what> exhausted ...", printf format) when nothing fits, or an
+ * error. */
+static int rs_take(sim_rangeset_t *rs, uint64_t lo, uint64_t hi,
+                   uint64_t len, uint64_t size, uint64_t align, int kind,
+                   uint64_t *addr, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+static int rs_take(sim_rangeset_t *rs, uint64_t lo, uint64_t hi,
+                   uint64_t len, uint64_t size, uint64_t align, int kind,
+                   uint64_t *addr, const char *fmt, ...) {
+  if (!rs_place(rs, lo, hi, len, align, addr)) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return msnap__set_error(MSNAP_EOOM, "sim: %s", what);
+  }
+  return rs_insert(rs, (sim_range_t){*addr, len, size, kind});
 }
 
 static void rs_remove(sim_rangeset_t *rs, size_t i) {
@@ -339,18 +357,14 @@ static int sim_malloc(void *ctx, int device, size_t size, uint64_t *ptr) {
                           "device %d is not a free 512-aligned range",
                           (unsigned long long)forced_addr, size, device));
     addr = forced_addr;
+    rc = rs_insert(&d->ranges, (sim_range_t){addr, len, size, RANGE_MALLOC});
   } else {
     uint64_t align = size >= SIM_GRANULE ? SIM_GRANULE : SIM_MIN_ALIGN;
-    if (!rs_place(&d->ranges, d->base, d->base + d->span / 16, len, align,
-                  &addr))
-      return leave(s, msnap__set_error(
-                          MSNAP_EOOM,
-                          "sim: device %d address space exhausted "
-                          "allocating %zu bytes",
-                          device, size));
+    rc = rs_take(&d->ranges, d->base, d->base + d->span / 16, len, size,
+                 align, RANGE_MALLOC, &addr,
+                 "device %d address space exhausted allocating %zu bytes",
+                 device, size);
   }
-  sim_range_t r = {addr, len, size, RANGE_MALLOC};
-  rc = rs_insert(&d->ranges, r);
   if (rc) return leave(s, rc);
   d->used += size;
   *ptr = addr;
@@ -406,19 +420,24 @@ static sim_event_t *event_get(msnap_sim_t *s, const char *name, int device,
   return e;
 }
 
+/* Enter an event op: lock, checks, the live event of `device`.  NULL
+ * (the lock released, the error in *rc) when anything is wrong. */
+static sim_event_t *event_enter(msnap_sim_t *s, const char *name, int device,
+                                uint64_t id, int *rc) {
+  *rc = enter(s, name, device, true);
+  if (*rc) return NULL;
+  sim_event_t *e = event_get(s, name, device, id);
+  if (e == NULL) *rc = leave(s, MSNAP_ERUNTIME);
+  return e;
+}
+
 static int sim_event_create(void *ctx, int device, uint64_t *event) {
   msnap_sim_t *s = ctx;
   int rc = enter(s, "event_create", device, true);
   if (rc) return rc;
-  if (s->nevents == s->capevents) {
-    size_t cap = s->capevents ? s->capevents * 2 : 64;
-    sim_event_t *v = realloc(s->events, cap * sizeof *v);
-    if (v == NULL)
-      return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
-                                       "creating an event"));
-    s->events = v;
-    s->capevents = cap;
-  }
+  if (MSNAP_GROW(s->events, s->capevents, s->nevents + 1) != 0)
+    return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
+                                     "creating an event"));
   s->events[s->nevents] = (sim_event_t){0, device, EV_CREATED};
   s->nevents++;
   s->live_events++;
@@ -428,10 +447,9 @@ static int sim_event_create(void *ctx, int device, uint64_t *event) {
 
 static int sim_event_destroy(void *ctx, int device, uint64_t event) {
   msnap_sim_t *s = ctx;
-  int rc = enter(s, "event_destroy", device, true);
-  if (rc) return rc;
-  sim_event_t *e = event_get(s, "event_destroy", device, event);
-  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  int rc;
+  sim_event_t *e = event_enter(s, "event_destroy", device, event, &rc);
+  if (e == NULL) return rc;
   e->state = EV_DEAD;
   s->live_events--;
   return leave(s, 0);
@@ -440,10 +458,9 @@ static int sim_event_destroy(void *ctx, int device, uint64_t event) {
 static int sim_event_record(void *ctx, int device, uint64_t event,
                             uint64_t stream) {
   msnap_sim_t *s = ctx;
-  int rc = enter(s, "event_record", device, true);
-  if (rc) return rc;
-  sim_event_t *e = event_get(s, "event_record", device, event);
-  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  int rc;
+  sim_event_t *e = event_enter(s, "event_record", device, event, &rc);
+  if (e == NULL) return rc;
   e->stream = stream;
   e->state = s->manual ? EV_PENDING : EV_COMPLETE;
   return leave(s, 0);
@@ -451,20 +468,18 @@ static int sim_event_record(void *ctx, int device, uint64_t event,
 
 static int sim_event_query(void *ctx, int device, uint64_t event, bool *done) {
   msnap_sim_t *s = ctx;
-  int rc = enter(s, "event_query", device, true);
-  if (rc) return rc;
-  sim_event_t *e = event_get(s, "event_query", device, event);
-  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  int rc;
+  sim_event_t *e = event_enter(s, "event_query", device, event, &rc);
+  if (e == NULL) return rc;
   *done = e->state != EV_PENDING;
   return leave(s, 0);
 }
 
 static int sim_event_synchronize(void *ctx, int device, uint64_t event) {
   msnap_sim_t *s = ctx;
-  int rc = enter(s, "event_synchronize", device, true);
-  if (rc) return rc;
-  sim_event_t *e = event_get(s, "event_synchronize", device, event);
-  if (e == NULL) return leave(s, MSNAP_ERUNTIME);
+  int rc;
+  sim_event_t *e = event_enter(s, "event_synchronize", device, event, &rc);
+  if (e == NULL) return rc;
   if (e->state == EV_PENDING) e->state = EV_COMPLETE;
   return leave(s, 0);
 }
@@ -497,15 +512,11 @@ static int sim_vmm_reserve(void *ctx, int device, size_t size,
   uint64_t align = next_pow2(alignment);
   if (align < SIM_GRANULE) align = SIM_GRANULE;
   uint64_t addr;
-  if (!rs_place(&d->ranges, d->base + d->span / 16, d->base + d->span, size,
-                align, &addr))
-    return leave(s, msnap__set_error(
-                        MSNAP_EOOM,
-                        "sim: device %d virtual address space exhausted "
-                        "reserving %zu bytes",
-                        device, size));
-  sim_range_t r = {addr, size, size, RANGE_VA};
-  rc = rs_insert(&d->ranges, r);
+  rc = rs_take(&d->ranges, d->base + d->span / 16, d->base + d->span, size,
+               size, align, RANGE_VA, &addr,
+               "device %d virtual address space exhausted reserving %zu "
+               "bytes",
+               device, size);
   if (rc) return leave(s, rc);
   *va = addr;
   return leave(s, 0);
@@ -576,15 +587,9 @@ static int sim_vmm_map(void *ctx, int device, uint64_t va, size_t size,
                         "(%llu of %llu bytes in use)",
                         device, size, (unsigned long long)d->used,
                         (unsigned long long)d->total));
-  if (s->nmaps == s->capmaps) {
-    size_t cap = s->capmaps ? s->capmaps * 2 : 64;
-    sim_map_t *v = realloc(s->maps, cap * sizeof *v);
-    if (v == NULL)
-      return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
-                                       "growing the mapping table"));
-    s->maps = v;
-    s->capmaps = cap;
-  }
+  if (MSNAP_GROW(s->maps, s->capmaps, s->nmaps + 1) != 0)
+    return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
+                                     "growing the mapping table"));
   s->maps[s->nmaps++] = (sim_map_t){s->next_handle, va, size, device};
   *handle = s->next_handle++;
   d->used += size;
@@ -630,13 +635,10 @@ static int sim_host_malloc(void *ctx, size_t size, uint64_t *ptr) {
     return leave(s, 0);
   }
   uint64_t len = align_up(size, SIM_HOST_ALIGN), addr;
-  if (!rs_place(&s->host, SIM_HOST_BASE, SIM_HOST_END, len, SIM_HOST_ALIGN,
-                &addr))
-    return leave(s, msnap__set_error(MSNAP_EOOM,
-                                     "sim: host address space exhausted "
-                                     "allocating %zu pinned bytes",
-                                     size));
-  rc = rs_insert(&s->host, (sim_range_t){addr, len, size, RANGE_HOST});
+  rc = rs_take(&s->host, SIM_HOST_BASE, SIM_HOST_END, len, size,
+               SIM_HOST_ALIGN, RANGE_HOST, &addr,
+               "host address space exhausted allocating %zu pinned bytes",
+               size);
   if (rc) return leave(s, rc);
   *ptr = addr;
   return leave(s, 0);

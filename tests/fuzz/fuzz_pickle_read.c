@@ -2,7 +2,7 @@
  * fuzz_pickle_read.c -- libFuzzer target for the safe pickle reader.
  *
  * Every input goes through msnap__snap_read_buffer (snapshot mapping) and
- * msnap__pickle_canon (generic VM).  A model that reads must pass
+ * test_pickle_canon (generic VM, tests/pickle/canon.c).  A model that reads must pass
  * msnap__snap_check_model, and its pickle rewrite must read back; any
  * violation aborts.  Built only with -Dfuzz=true (clang,
  * -fsanitize=fuzzer); replay_corpus.c runs the same function over
@@ -15,6 +15,7 @@
 #include "api/api.h"
 #include "runtime/runtime.h"
 #include "model/pickle.h"
+#include "../pickle/canon.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -49,6 +50,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     abort();
   }
   msnap_membuf_t out = {0};
-  if (msnap__pickle_canon(data, size, &out, &err) == 0) free(out.data);
+  if (test_pickle_canon(data, size, &out, &err) == 0) free(out.data);
   return 0;
 }
