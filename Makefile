@@ -14,6 +14,9 @@ DEB_QUALITY := clang libclang-rt-14-dev llvm time
 # come from Debian's multiarch packages (dpkg --add-architecture arm64).
 DEB_AARCH64 := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user \
                libcmocka-dev:arm64 libxxhash-dev:arm64 libdw1:arm64
+# Debian's own python3 (one of the interpreters test-pythons tries):
+# venv/ensurepip and the headers.
+DEB_PYTHONS := python3-venv python3-dev
 FUZZ_SECONDS ?= 60
 # Only the tests need these (headless Chromium renders `memsnap view`).
 TEST_DEB_PKGS := chromium
@@ -166,6 +169,7 @@ wheels: deps deps-wheels
 # Build, install into a fresh venv, import, CLI and a recording with every
 # CPython 3.9-3.13 found (packaging/test-pythons.sh lists where it looks).
 test-pythons: deps
+	$(call install_debs,$(DEB_PYTHONS))
 	packaging/test-pythons.sh
 
 # libFuzzer targets (clang, ASan+UBSan), FUZZ_SECONDS each; a crash is
