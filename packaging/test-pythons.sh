@@ -8,7 +8,8 @@
 #   1. a fresh venv; `pip install .` from the source tree with build
 #      isolation, so pip picks meson-python by pyproject.toml's markers
 #      (the version it took is printed);
-#   2. the installed extension's RUNPATH must start with $ORIGIN, and
+#   2. the installed extension's RUNPATH must be $ORIGIN (meson-python
+#      >= 0.22) or $ORIGIN/../src:$ORIGIN (older: Python 3.9), and
 #      libmemsnap.so must sit next to it;
 #   3. outside the tree: memsnap --version, import memsnap.memory, a
 #      recording with Python stacks dumped and passed by memsnap check and
@@ -42,7 +43,9 @@ check_install() {
   local label=$1 v=$2 ext rp t out
   ext=$("$v/bin/python" -c 'import memsnap._memsnap as m; print(m.__file__)') || { echo "  $label: import memsnap failed"; return 1; }
   rp=$(readelf -d "$ext" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
-  case $rp in '$ORIGIN'|'$ORIGIN:'*) ;; *) echo "  $label: RUNPATH [$rp] does not start with \$ORIGIN"; return 1;; esac
+  # meson-python >= 0.22: exactly $ORIGIN (install_rpath); older ones keep
+  # the build tree's entry before the link_args' $ORIGIN.
+  case $rp in '$ORIGIN'|'$ORIGIN/../src:$ORIGIN') ;; *) echo "  $label: RUNPATH [$rp] is neither [\$ORIGIN] nor [\$ORIGIN/../src:\$ORIGIN]"; return 1;; esac
   [ -f "$(dirname "$ext")/libmemsnap.so" ] || { echo "  $label: libmemsnap.so not next to the extension"; return 1; }
   t=$(mktemp -d)
   out=$(cd "$t" && "$v/bin/memsnap" --version) || { rm -rf "$t"; echo "  $label: memsnap --version failed"; return 1; }
