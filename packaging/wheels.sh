@@ -102,6 +102,7 @@ step_sdist() {
   PATH=$W/venv/bin:$PATH "$TOOLS_PY" -m build --sdist --no-isolation \
     --outdir "$DIST" . >"$W/sdist.log" 2>&1 || { tail -20 "$W/sdist.log"; die "sdist"; }
   [ -f "$(sdist_path)" ] || die "no $(sdist_path)"
+  SDIST_BUILT=1  # the wheels of this run build from this one, never an older
   say "sdist: $(sdist_path)"
 }
 
@@ -110,7 +111,7 @@ step_sdist() {
 build_wheel() {
   local arch=$1
   local raw="$W/raw-$arch" mf="$W/zig-$arch.ini"
-  [ -f "$(sdist_path)" ] || step_sdist
+  [ -n "${SDIST_BUILT:-}" ] || step_sdist
   rm -rf "$raw" "$W/build-$arch"
   local setup=--native-file="$mf" env=()
   if [ "$arch" = aarch64 ]; then
@@ -188,7 +189,7 @@ mm.caching_allocator_delete(p)") || die "import memsnap.memory / dump"
 }
 
 step_sdist_deps() {
-  [ -f "$(sdist_path)" ] || step_sdist
+  [ -n "${SDIST_BUILT:-}" ] || step_sdist
   # 1. No xxhash.h anywhere the compiler looks: meson setup stops with one
   #    line naming the package.
   mkdir -p "$W/empty"
