@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu", "side_by_side.py")
 
 
@@ -26,7 +28,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_without_cuda_the_comparison_refuses_to_run():
-    import torch
+    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         return  # the real comparison is exercised by hand on a GPU machine
     r = run("--steps", "2")
