@@ -82,7 +82,8 @@ MSNAP_API void msnap_free_string(char *s);
 /* ------------------------------------------------------------------------
  * Device runtimes: one const ops table per runtime.  "sim" runs everywhere
  * (MEMSNAP_SIM_DEVICES devices of MEMSNAP_SIM_MEMORY bytes, no host RAM
- * used); "acl" and "cuda" are loaded with dlopen.
+ * used unless host-backed: MEMSNAP_SIM_HOST_BACKED=1); "acl" and "cuda"
+ * are loaded with dlopen.
  * ------------------------------------------------------------------------ */
 typedef struct msnap_runtime_ops_s {
   const char *name; /* "sim", "acl", "cuda" */
@@ -160,6 +161,11 @@ typedef struct msnap_options_s {
    * alloc-conf token); may be NULL. */
   char *error_buf;
   size_t error_buf_len;
+  /* sim runtime: 1 = host-backed (device and pinned memory are real host
+   * memory, so its bytes can be read and written), 0 = address ranges
+   * only, -1 = from MEMSNAP_SIM_HOST_BACKED (default 0).  Read only when
+   * `size` covers it (callers built against an older header get -1). */
+  int sim_host_backed;
 } msnap_options_t;
 
 #define MSNAP_OPTIONS_VERSION 1
@@ -536,6 +542,9 @@ MSNAP_API void msnap_sim_set_next_address(void *ctx, int device,
                                           uint64_t address);
 /* Live runtime allocations and handles (leak checks). */
 MSNAP_API uint64_t msnap_sim_live_allocations(void *ctx);
+/* True when ctx is a host-backed sim context (its device addresses are
+ * host memory the process can read and write). */
+MSNAP_API bool msnap_sim_host_backed(void *ctx);
 
 /* ------------------------------------------------------------------------
  * Pluggable-allocator entry points (torch.cuda.memory.CUDAPluggableAllocator

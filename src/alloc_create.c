@@ -11,6 +11,7 @@
  * segment, mapping, reservation, event and raw allocation to the runtime,
  * live allocations included.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ void msnap_options_init(msnap_options_t *o) {
   o->version = MSNAP_OPTIONS_VERSION;
   o->profile = -1;
   o->caching_disabled = -1;
+  o->sim_host_backed = -1;
 }
 
 static void bpool_init(msnap_bpool_t *p, bool is_small, msnap_ppool_t *owner) {
@@ -122,17 +124,23 @@ int msnap_allocator_create(const msnap_options_t *opts,
                                            : msnap__env_no_caching(profile);
   atomic_init(&a->caching_enabled, !no_cache);
 
-  if (rt == msnap_runtime_sim() && (o->sim_devices > 0 || o->sim_memory > 0))
-    rc = msnap__sim_create(o->sim_devices > 0
-                               ? o->sim_devices
-                               : (int)msnap__env_count(
-                                     "MEMSNAP_SIM_DEVICES", 1, 1,
-                                     MSNAP_SIM_MAX_DEVICES),
-                           o->sim_memory > 0 ? o->sim_memory
-                                             : msnap__env_size_min(
-                                                   "MEMSNAP_SIM_MEMORY",
-                                                   64ull << 30, 1),
-                           &a->rt_ctx);
+  /* Options of older callers end before sim_host_backed: from the env. */
+  int host_backed = o->size >= offsetof(msnap_options_t, sim_host_backed) +
+                                   sizeof o->sim_host_backed
+                        ? o->sim_host_backed
+                        : -1;
+  if (rt == msnap_runtime_sim() &&
+      (o->sim_devices > 0 || o->sim_memory > 0 || host_backed >= 0))
+    rc = msnap__sim_create_ex(
+        o->sim_devices > 0 ? o->sim_devices
+                           : (int)msnap__env_count("MEMSNAP_SIM_DEVICES", 1, 1,
+                                                   MSNAP_SIM_MAX_DEVICES),
+        o->sim_memory > 0
+            ? o->sim_memory
+            : msnap__env_size_min("MEMSNAP_SIM_MEMORY", 64ull << 30, 1),
+        host_backed >= 0 ? host_backed != 0
+                         : msnap__env_bool("MEMSNAP_SIM_HOST_BACKED", false),
+        &a->rt_ctx);
   else
     rc = rt->init(&a->rt_ctx);
   if (rc != 0) {

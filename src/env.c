@@ -10,6 +10,9 @@
  *                      K, M, G or T (optionally followed by "B" or "iB",
  *                      any case): "64G" = 64 GiB.  Values that overflow
  *                      64 bits are clamped to UINT64_MAX.
+ * MEMSNAP_SIM_HOST_BACKED  "1": the sim runtime's device memory is real
+ *                      host memory (runtime_sim.c); "0" or unset: address
+ *                      ranges only (msnap__env_bool).
  * PYTORCH_NO_NPU_MEMORY_CACHING / PYTORCH_NO_CUDA_MEMORY_CACHING
  *                      only exactly "1" is true and "0" false (PyTorch's
  *                      check_env); anything else warns and counts as unset.
@@ -173,6 +176,23 @@ uint64_t msnap__env_size_min(const char *name, uint64_t dflt, uint64_t min) {
             "bytes (a number with an optional K, M, G or T suffix); using "
             "%llu\n",
             name, v, (unsigned long long)min, (unsigned long long)dflt);
+  return dflt;
+}
+
+/*
+ * A switch: exactly "1" is true and "0" false; unset or empty gives dflt;
+ * anything else warns once, naming the variable, and gives dflt.
+ */
+bool msnap__env_bool(const char *name, bool dflt) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return dflt;
+  if (strcmp(v, "1") == 0) return true;
+  if (strcmp(v, "0") == 0) return false;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid %s '%s' (expected 0 or 1); "
+            "using %d\n",
+            name, v, dflt ? 1 : 0);
   return dflt;
 }
 

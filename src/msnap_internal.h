@@ -111,6 +111,8 @@ uint64_t msnap__env_size_min(const char *name, uint64_t dflt, uint64_t min);
 /* MEMSNAP_SIM_DEVICES accepts 1..MSNAP_SIM_MAX_DEVICES. */
 #define MSNAP_SIM_MAX_DEVICES 64
 bool msnap__env_no_caching(msnap_profile_t profile);
+/* A 0/1 switch (MEMSNAP_SIM_HOST_BACKED); bad values warn once. */
+bool msnap__env_bool(const char *name, bool dflt);
 
 /* ---- runtime_sim.c ------------------------------------------------------ */
 /* Host (pinned) memory is also simulated: no host RAM behind it. */
@@ -119,6 +121,11 @@ bool msnap__env_no_caching(msnap_profile_t profile);
  * clamped to [1, 64], memory to [2 MiB, 256 TiB].  Free with the sim ops
  * table's fini. */
 int msnap__sim_create(int devices, uint64_t memory, void **ctx);
+/* The same with the host-backed option (real host memory behind device
+ * and pinned addresses; see runtime_sim.c).  MSNAP_EOOM when the address
+ * space cannot be reserved. */
+int msnap__sim_create_ex(int devices, uint64_t memory, bool host_backed,
+                         void **ctx);
 /* Invariant checker of a sim context: 0, or MSNAP_ESTATE with the first
  * violation in msg. */
 int msnap__sim_check(void *ctx, char *msg, size_t msg_len);
