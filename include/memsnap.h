@@ -179,6 +179,13 @@ MSNAP_API int msnap_allocator_create(const msnap_options_t *o,
 /* Release every cached segment and the runtime.  Live allocations are
  * returned to the runtime too. */
 MSNAP_API void msnap_allocator_destroy(msnap_allocator_t *a);
+/* True in a child process forked from a process that used `a` on a real
+ * device runtime (acl, cuda): its device calls then fail with
+ * MSNAP_ESTATE, as torch's "bad fork" (the sim runtime is never in a bad
+ * fork: the child works on a copy).  Every lock of every allocator is
+ * taken around fork() (pthread_atfork), so a child never inherits a held
+ * lock. */
+MSNAP_API bool msnap_in_bad_fork(msnap_allocator_t *a);
 /* The process-wide allocator (created from the environment on first use;
  * the pluggable-allocator entry points and the Python package use it).
  * NULL if creation failed (see msnap_default_error()). */

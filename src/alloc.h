@@ -304,7 +304,16 @@ struct msnap_allocator_s {
   msnap_rawent_t *raw;
   uint64_t raw_cap, raw_count;
   uint64_t next_mempool_id;
+  /* fork.c: the registry link (under its lock) and the "bad fork" mark of
+   * a forked child on a real device runtime. */
+  struct msnap_allocator_s *fork_next;
+  _Atomic bool bad_fork;
 };
+
+/* fork.c: true in a forked child of a process that used a real runtime. */
+static inline bool msnap__bad_fork(const msnap_allocator_t *a) {
+  return atomic_load_explicit(&a->bad_fork, memory_order_relaxed);
+}
 
 /* ---- pool.c ------------------------------------------------------------- */
 void msnap__rb_init(msnap_rbtree_t *t, bool by_addr);

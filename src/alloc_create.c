@@ -171,6 +171,8 @@ int msnap_allocator_create(const msnap_options_t *opts,
     device_init(a, &a->devices[i], i);
   /* OOM_SNAPSHOT_ENABLE / OOM_SNAPSHOT_PATH (recorder side, oom.c). */
   msnap__oom_env_init(a);
+  atomic_init(&a->bad_fork, false);
+  msnap__fork_register(a);
   *out = a;
   return 0;
 
@@ -244,6 +246,11 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
 
 void msnap_allocator_destroy(msnap_allocator_t *a) {
   if (!a)
+    return;
+  msnap__fork_unregister(a);
+  /* A forked child on a real runtime must not touch the parent's device
+   * context: nothing is released (the process is a copy). */
+  if (atomic_load(&a->bad_fork))
     return;
   msnap__host_destroy(a); /* before the runtime goes */
   if (a->recorder)

@@ -212,3 +212,5 @@ bool msnap__env_no_caching(msnap_profile_t profile) {
             name, v);
   return false;
 }
+
+void msnap__env_atfork(int phase) { msnap__fork_mutex(&warn_lock, phase); }

@@ -375,6 +375,15 @@ int msnap__ring_check(const msnap_ring_t *ring, char *msg, size_t len) {
 
 static pthread_mutex_t rec_create_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void msnap__history_atfork(msnap_allocator_t *a, int phase) {
+  if (a == NULL) {
+    msnap__fork_mutex(&rec_create_lock, phase);
+    return;
+  }
+  msnap_recorder_t *r = *msnap__allocator_recorder(a);
+  if (r != NULL) msnap__fork_mutex(&r->lock, phase);
+}
+
 static msnap_recorder_t *rec_load(const msnap_allocator_t *a) {
   struct msnap_recorder_s **slot =
       msnap__allocator_recorder((msnap_allocator_t *)a);

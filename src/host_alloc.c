@@ -143,6 +143,15 @@ static msnap_host_t *host_get(msnap_allocator_t *a) {
   return h;
 }
 
+void msnap__host_atfork(msnap_allocator_t *a, int phase) {
+  if (a == NULL) {
+    msnap__fork_mutex(&host_create_lock, phase);
+    return;
+  }
+  msnap_host_t *h = __atomic_load_n(msnap__allocator_host(a), __ATOMIC_ACQUIRE);
+  if (h != NULL) msnap__fork_mutex(&h->lock, phase);
+}
+
 int msnap__host_lock(msnap_allocator_t *a) {
   msnap_host_t *h = host_get(a);
   if (h == NULL) return MSNAP_ENOMEM;
@@ -378,7 +387,7 @@ static int check_a(msnap_allocator_t *a, const char *fn) {
   if (a->rt->host_malloc == NULL || a->rt->host_free == NULL)
     return msnap__set_error(MSNAP_ENOTSUP, "%s: runtime '%s' has no pinned "
                             "host memory", fn, a->rt->name);
-  return 0;
+  return msnap__fork_check(a, fn);
 }
 
 /* A new block of `size` bytes: carved from the reserve segment when it
@@ -504,6 +513,7 @@ out:
  * the block is reusable once they completed.
  */
 int msnap_host_free(msnap_allocator_t *a, uint64_t ptr) {
+  if (a != NULL && msnap__bad_fork(a)) return 0; /* as msnap_free */
   int rc = check_a(a, "host_free");
   if (rc != 0) return rc;
   if (ptr == 0) return 0;

@@ -13,6 +13,7 @@
 #ifndef MSNAP_INTERNAL_H
 #define MSNAP_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -249,5 +250,34 @@ void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
  * history on when set).  alloc.c calls it at the end of
  * msnap_allocator_create. */
 void msnap__oom_env_init(msnap_allocator_t *a);
+
+/* ---- fork.c: fork safety (pthread_atfork) -------------------------------- */
+/* Phases of a fork.  PREPARE takes locks (in fork.c's order), PARENT and
+ * CHILD release them: the child's only thread is the one that forked and
+ * still owns them.  Each module below exposes one hook for its locks. */
+enum { MSNAP_FORK_PREPARE = 0, MSNAP_FORK_PARENT = 1, MSNAP_FORK_CHILD = 2 };
+static inline void msnap__fork_mutex(pthread_mutex_t *m, int phase) {
+  if (phase == MSNAP_FORK_PREPARE)
+    pthread_mutex_lock(m);
+  else
+    pthread_mutex_unlock(m);
+}
+/* Register a new allocator for the fork handlers (installed on first
+ * call) / forget it before it is destroyed. */
+void msnap__fork_register(msnap_allocator_t *a);
+void msnap__fork_unregister(msnap_allocator_t *a);
+/* MSNAP_ESTATE with torch's "bad fork" advice when `a` (a real device
+ * runtime) was inherited through fork(); 0 otherwise.  `what` names the
+ * call in the message. */
+int msnap__fork_check(msnap_allocator_t *a, const char *what);
+/* The modules' hooks.  a == NULL: the module's process-wide locks. */
+void msnap__history_atfork(msnap_allocator_t *a, int phase);   /* history.c */
+void msnap__workspace_atfork(msnap_allocator_t *a, int phase); /* workspace.c */
+void msnap__host_atfork(msnap_allocator_t *a, int phase);      /* host_alloc.c */
+void msnap__oom_atfork(int phase);                             /* oom.c */
+void msnap__stack_atfork(int phase);                           /* stack.c */
+void msnap__clock_atfork(int phase);                           /* clock.c */
+void msnap__env_atfork(int phase);                             /* env.c */
+void msnap__sim_atfork(void *ctx, int phase);                  /* runtime_sim.c */
 
 #endif /* MSNAP_INTERNAL_H */

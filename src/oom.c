@@ -38,6 +38,10 @@
 
 static pthread_mutex_t oom_dump_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void msnap__oom_atfork(int phase) {
+  msnap__fork_mutex(&oom_dump_lock, phase);
+}
+
 int msnap_attach_oom_observer(msnap_allocator_t *a, msnap_oom_observer_cb cb,
                               void *arg) {
   if (a == NULL || cb == NULL)

@@ -872,6 +872,11 @@ void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
   pthread_mutex_unlock(&s->lock);
 }
 
+void msnap__sim_atfork(void *ctx, int phase) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s != NULL) msnap__fork_mutex(&s->lock, phase);
+}
+
 bool msnap_sim_host_backed(void *ctx) {
   msnap_sim_t *s = as_sim(ctx);
   return s != NULL && s->host_backed;

@@ -803,3 +803,16 @@ const char *msnap__symbolizer_name(void) {
   pthread_mutex_unlock(&sym_lock);
   return n;
 }
+
+/* unwind_lock, then sym_lock, then the stack table lock (innermost). */
+void msnap__stack_atfork(int phase) {
+  if (phase == MSNAP_FORK_PREPARE) {
+    msnap__fork_mutex(&unwind_lock, phase);
+    msnap__fork_mutex(&sym_lock, phase);
+    msnap__fork_mutex(&tab_lock, phase);
+  } else {
+    msnap__fork_mutex(&tab_lock, phase);
+    msnap__fork_mutex(&sym_lock, phase);
+    msnap__fork_mutex(&unwind_lock, phase);
+  }
+}
