@@ -353,6 +353,16 @@ static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
   return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
 }
 
+static PyObject *py_sim_host_backed(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_sim_host_backed(msnap_runtime_ctx(a)));
+}
+
+static PyObject *py_in_bad_fork(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_in_bad_fork(a));
+}
+
 /* ---- statistics ---------------------------------------------------------- */
 
 /* {"current": c, "peak": p, "allocated": a, "freed": f} */
@@ -580,6 +590,11 @@ PyMethodDef msnap_py_allocator_methods[] = {
     {"profile", py_profile, METH_NOARGS, "profile() -> 'npu' | 'cuda'."},
     {"runtime_name", py_runtime_name, METH_NOARGS,
      "runtime_name() -> 'sim' | 'acl' | 'cuda'."},
+    {"sim_host_backed", py_sim_host_backed, METH_NOARGS,
+     "sim_host_backed() -> True on the host-backed sim runtime."},
+    {"in_bad_fork", py_in_bad_fork, METH_NOARGS,
+     "in_bad_fork() -> True in a child forked from a process that used a "
+     "real device runtime."},
     {"memory_stats", py_memory_stats, METH_VARARGS,
      "memory_stats(device) -> nested dict of allocator statistics."},
     {"reset_peak_stats", py_reset_peak_stats, METH_VARARGS,

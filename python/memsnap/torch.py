@@ -21,22 +21,36 @@ ranges named "Torch-Compiled Region..." set the entries' compile_context.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import sys
 import threading
 from typing import Any
 
+from . import _device
 from . import _memsnap as _C
+from . import _shim
 from . import configure, library_path
 from . import memory as _memory
 
-__all__ = ["use_allocator", "patch_torch_npu", "installed_backend"]
+__all__ = [
+    "use_allocator",
+    "patch_torch_npu",
+    "patch_torch_cuda",
+    "installed_backend",
+    "register_device",
+    "registered_device",
+    "claim_privateuse1",
+]
 
 ALLOC_FN = "msnap_plugin_malloc"
 FREE_FN = "msnap_plugin_free"
 
 _installed: str | None = None
 _lock = threading.Lock()
+_claimed: str | None = None  # the PrivateUse1 name memsnap gave
+_registered: str | None = None  # register_device's name
 
 
 def installed_backend() -> str | None:
@@ -229,6 +243,181 @@ def patch_torch_npu() -> list[str]:
             if t is not None and t is not mem and hasattr(t, name):
                 setattr(t, name, fn)
     return sorted(names)
+
+
+# ---------------------------------------------------------------------------
+# A memsnap device in torch: PrivateUse1
+# ---------------------------------------------------------------------------
+
+# Names torch already gives a meaning (torch.device types, torch attributes
+# such as torch.cpu or torch.mps): a device of that name is refused.
+_PRIVATEUSE1_FREE = "privateuseone"
+
+
+def claim_privateuse1(name: str) -> str:
+    """Give torch's PrivateUse1 backend the name ``name`` for memsnap.
+
+    The one place memsnap names a device (``register_device`` and other
+    memsnap tools call it).  Calls ``torch.utils.rename_privateuse1_backend``
+    (the mechanism torch_npu uses for "npu"); a second call with the same
+    name is a no-op.
+
+    Returns:
+        ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a lowercase identifier.
+        RuntimeError: PrivateUse1 is already named (e.g. "npu" by torch_npu:
+            memsnap then cannot add a device; put memsnap under torch_npu
+            with :func:`use_allocator` instead), or ``torch.<name>`` already
+            exists (a built-in device type or torch module).
+    """
+    global _claimed
+    import torch
+
+    if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+        raise ValueError(f"device name must be a lowercase identifier, not {name!r}")
+    current = torch._C._get_privateuse1_backend_name()
+    if current == name and _claimed == name:
+        return name
+    if current != _PRIVATEUSE1_FREE:
+        who = " (by torch_npu)" if "torch_npu" in sys.modules else ""
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r}: torch's PrivateUse1 "
+            f"backend is already registered as {current!r}{who}, and a process "
+            f"has only one; with a real backend there, use "
+            f"memsnap.torch.use_allocator() to put memsnap's allocator under it"
+        )
+    if hasattr(torch, name):
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r}: torch.{name} already "
+            f"exists (a built-in device type or torch module); choose another name"
+        )
+    try:
+        torch.utils.rename_privateuse1_backend(name)
+    except RuntimeError as e:
+        raise RuntimeError(f"memsnap cannot register the device {name!r}: {e}") from e
+    _claimed = name
+    return name
+
+
+def registered_device() -> str | None:
+    """The name given to :func:`register_device`, or None."""
+    return _registered
+
+
+def register_device(name: str = "npu") -> str:
+    """Make ``name`` a PyTorch device whose memory is memsnap's.
+
+    memsnap becomes that device's ``c10::Allocator`` through PyTorch's
+    PrivateUse1 mechanism (as torch_npu registers "npu"), so
+    ``torch.empty(..., device=name)``, ``.to(name)``, views, ``resize_``,
+    ``del`` and garbage collection allocate and free through memsnap's
+    caching allocator, with Python stacks that point at the caller's line.
+    ``torch.<name>`` is a device module whose memory functions are
+    :mod:`memsnap.memory`'s; ``Tensor.<name>()`` / ``Module.<name>()`` and
+    ``Tensor.is_<name>`` are generated as torch does for PrivateUse1.
+
+    The device memory is the sim runtime's, host-backed
+    (MEMSNAP_SIM_HOST_BACKED=1 is set when the allocator does not exist
+    yet), so copies to and from the CPU carry the real bytes.  A small set
+    of operators is computed on the CPU over that memory (docs/python.md);
+    any other raises NotImplementedError naming the operator.
+    MEMSNAP_SIM_DEVICES and MEMSNAP_SIM_MEMORY give the device count and
+    size; running past the size raises ``torch.OutOfMemoryError``.
+
+    Args:
+        name: the device type name ("npu" by default).
+
+    Returns:
+        ``name``.  A second call with the same name returns it again.
+
+    Raises:
+        RuntimeError: PrivateUse1 already taken (e.g. torch_npu imported),
+            ``torch.<name>`` exists, another name was registered, memsnap's
+            allocator already runs on another runtime (acl, cuda, or sim
+            without host backing), or the C++ shim is missing.
+        ValueError: an invalid name.
+    """
+    global _registered
+    with _lock:
+        if _registered is not None:
+            if _registered == name:
+                return name
+            raise RuntimeError(
+                f"memsnap already registered the device {_registered!r} "
+                f"(one PrivateUse1 device per process)"
+            )
+        import torch
+
+        if not _C.initialized():
+            runtime = os.environ.get("MEMSNAP_RUNTIME", "sim") or "sim"
+            if runtime != "sim":
+                raise RuntimeError(
+                    f"memsnap.torch.register_device needs the sim runtime "
+                    f"(MEMSNAP_RUNTIME={runtime!r}); on a real device use "
+                    f"memsnap.torch.use_allocator()"
+                )
+            os.environ["MEMSNAP_RUNTIME"] = "sim"
+            os.environ["MEMSNAP_SIM_HOST_BACKED"] = "1"
+        lib = _shim.torch_lib()
+        err = lib.msnap_torch_device_check()
+        if err:
+            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
+        claim_privateuse1(name)
+        err = lib.msnap_torch_device_init()
+        if err:
+            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
+        _device.name = name
+        torch._register_device_module(name, _device)
+        torch.utils.generate_methods_for_privateuse1_backend()
+        _memory._add_device_type(name)
+        _memory._current_device_hook = _device.current_device
+        _memory._current_stream_hook = _device.current_stream_handle
+        _hide_registration_frames()
+        atexit.register(_drain_autograd_threads, name)
+        _registered = name
+        return name
+
+
+def _hide_registration_frames() -> None:
+    """Frames of torch's generated ``Tensor.<name>()`` / ``Module.<name>()``
+    wrappers (torch/utils/backend_registration.py) are not recorded: the
+    stack of an allocation then starts at the caller's line, as for
+    ``Tensor.cuda()``, which is C."""
+    from torch.utils import backend_registration
+
+    _C.hide_frames_of(backend_registration.__file__)
+
+
+def _drain_autograd_threads(name: str) -> None:
+    """At exit: let torch's autograd device threads drop their last graph
+    task while the interpreter still runs.
+
+    torch (2.13) keeps a Python object (the contextvars.Context of
+    ``backward()``) in each graph task; the device worker thread may drop
+    the last reference just after ``backward()`` returned, and if that
+    happens during interpreter finalization CPython ends the thread with
+    pthread_exit, which aborts the process ("terminate called without an
+    active exception", pytorch/pytorch#117762).  One tiny backward per
+    device, run through the engine without that Python object, completes
+    only after each worker finished its previous graph task.
+    """
+    try:
+        lib = _shim.torch_lib()
+        if not lib.msnap_torch_worker_threads():
+            return
+        import torch
+        from torch.autograd import Variable
+
+        for d in range(_device.device_count()):
+            x = torch.zeros((), device=torch.device(name, d), requires_grad=True)
+            y = x.sum()
+            Variable._execution_engine.run_backward(
+                (y,), (torch.ones((), device=y.device),), False, False, (), True, True
+            )
+    except Exception:  # at exit: never turn a clean exit into an error
+        pass
 
 
 # ---------------------------------------------------------------------------
