@@ -191,6 +191,12 @@ MSNAP_API bool msnap_in_bad_fork(msnap_allocator_t *a);
  * NULL if creation failed (see msnap_default_error()). */
 MSNAP_API msnap_allocator_t *msnap_default(void);
 MSNAP_API const char *msnap_default_error(void);
+/* Make msnap_default() use this ops table instead of the runtime
+ * MEMSNAP_RUNTIME names (e.g. memsnap's torch_npu shim: the acl runtime
+ * with torch_npu's task queue drained before device synchronizations and
+ * event records).  The table must outlive the process.  MSNAP_ESTATE when
+ * the default allocator already exists; MSNAP_EINVAL for NULL. */
+MSNAP_API int msnap_set_default_runtime(const msnap_runtime_ops_t *ops);
 
 MSNAP_API int msnap_device_count(msnap_allocator_t *a);
 MSNAP_API msnap_profile_t msnap_profile(msnap_allocator_t *a);
@@ -221,6 +227,12 @@ MSNAP_API int msnap_free(msnap_allocator_t *a, uint64_t ptr);
 /* Mark that the live allocation at ptr is used on `stream` (record_stream). */
 MSNAP_API int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr,
                                   uint64_t stream);
+/* Forget that the live allocation at ptr is used on `stream` (torch_npu's
+ * NPUCachingAllocator::eraseStream, after HCCL synchronized that stream):
+ * its free then waits for no event on it.  Unknown streams are ignored;
+ * MSNAP_EBADPTR for an unknown pointer. */
+MSNAP_API int msnap_erase_stream(msnap_allocator_t *a, uint64_t ptr,
+                                 uint64_t stream);
 /* Release cached memory (release_cached_blocks({0,0}) on every device, or
  * only `device` when >= 0). */
 MSNAP_API int msnap_empty_cache(msnap_allocator_t *a, int device);
@@ -563,8 +575,10 @@ MSNAP_API void msnap_plugin_free(void *ptr, ssize_t size, int device,
                                  void *stream);
 MSNAP_API void msnap_plugin_init(int device_count);
 MSNAP_API void msnap_plugin_empty_cache(void);
+MSNAP_API void msnap_plugin_reset(bool check_error);
 MSNAP_API void msnap_plugin_memory_fraction(double fraction, int device);
 MSNAP_API void msnap_plugin_record_stream(void *ptr, void *stream);
+MSNAP_API void msnap_plugin_erase_stream(void *ptr, void *stream);
 MSNAP_API void *msnap_plugin_get_base_allocation(void *ptr, size_t *size);
 
 #ifdef __cplusplus

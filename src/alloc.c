@@ -1322,6 +1322,31 @@ out:
   return rc;
 }
 
+int msnap_erase_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
+  if (!a)
+    return msnap__set_error(MSNAP_EINVAL, "msnap_erase_stream: NULL");
+  if (ptr == 0)
+    return 0;
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_erase_stream");
+  msnap_block_t *b;
+  msnap_device_t *d = lock_owner(a, ptr, &b);
+  if (!d) {
+    if (msnap__raw_lookup(a, ptr, NULL))
+      return 0;
+    return msnap__set_error(MSNAP_EBADPTR,
+                            "invalid device pointer: 0x%" PRIx64, ptr);
+  }
+  for (uint32_t i = 0; i < b->nuses; i++) {
+    if (b->stream_uses[i] == stream) {
+      b->stream_uses[i] = b->stream_uses[--b->nuses];
+      break;
+    }
+  }
+  msnap__unlock(&d->lock);
+  return 0;
+}
+
 int msnap_empty_cache(msnap_allocator_t *a, int device) {
   if (!a || device >= a->ndevices)
     return msnap__set_error(MSNAP_EINVAL,

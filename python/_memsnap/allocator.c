@@ -316,7 +316,7 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
  */
 static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
       (unsigned long long)(uintptr_t)&msnap_plugin_malloc, "msnap_plugin_free",
       (unsigned long long)(uintptr_t)&msnap_plugin_free, "msnap_plugin_init",
       (unsigned long long)(uintptr_t)&msnap_plugin_init,
@@ -326,6 +326,9 @@ static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
       (unsigned long long)(uintptr_t)&msnap_plugin_memory_fraction,
       "msnap_plugin_record_stream",
       (unsigned long long)(uintptr_t)&msnap_plugin_record_stream,
+      "msnap_plugin_reset", (unsigned long long)(uintptr_t)&msnap_plugin_reset,
+      "msnap_plugin_erase_stream",
+      (unsigned long long)(uintptr_t)&msnap_plugin_erase_stream,
       "msnap_plugin_get_base_allocation",
       (unsigned long long)(uintptr_t)&msnap_plugin_get_base_allocation);
 }

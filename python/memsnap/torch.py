@@ -44,8 +44,12 @@ __all__ = [
     "claim_privateuse1",
 ]
 
-ALLOC_FN = "msnap_plugin_malloc"
-FREE_FN = "msnap_plugin_free"
+# The pluggable allocator's functions: the C++ shim's (raising
+# torch.OutOfMemoryError), or libmemsnap.so's C ones without the shim.
+ALLOC_FN = "msnap_torch_malloc"
+FREE_FN = "msnap_torch_free"
+PLUGIN_ALLOC_FN = "msnap_plugin_malloc"
+PLUGIN_FREE_FN = "msnap_plugin_free"
 
 _installed: str | None = None
 _lock = threading.Lock()
@@ -70,6 +74,75 @@ def _pick_backend(backend: str | None) -> str:
         return "cuda"
 
 
+def _entry_points() -> tuple[str, str, str]:
+    """(library, alloc_fn name, free_fn name) for the pluggable allocator:
+    the C++ shim's msnap_torch_malloc, which raises torch.OutOfMemoryError,
+    or, when the shim was not built, libmemsnap.so's msnap_plugin_malloc
+    (an OOM then returns NULL to torch: warned)."""
+    shim = _shim.path(_shim.TORCH_LIB)
+    if os.path.exists(shim):
+        return shim, ALLOC_FN, FREE_FN
+    import warnings
+
+    warnings.warn(
+        f"memsnap: {shim} is missing (memsnap was built without torch): an "
+        f"out-of-memory returns NULL to torch instead of raising "
+        f"torch.OutOfMemoryError, and the optional allocator hooks are not "
+        f"registered; reinstall memsnap with torch installed",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return library_path(), PLUGIN_ALLOC_FN, PLUGIN_FREE_FN
+
+
+# set_<hook>_fn of torch_npu's _NPUPluggableAllocator -> (library, symbol).
+# "core" is libmemsnap.so, "npu" the torch_npu shim (C++ types).
+_NPU_HOOKS = (
+    ("set_init_fn", "core", "msnap_plugin_init"),
+    ("set_reset_fn", "core", "msnap_plugin_reset"),
+    ("set_memory_fraction_fn", "core", "msnap_plugin_memory_fraction"),
+    ("set_base_alloc_fn", "core", "msnap_plugin_get_base_allocation"),
+    ("set_record_stream_fn", "npu", "msnap_npu_record_stream"),
+    ("set_erase_stream_fn", "npu", "msnap_npu_erase_stream"),
+    ("set_get_device_stats_fn", "npu", "msnap_npu_get_device_stats"),
+    ("set_reset_peak_status_fn", "npu", "msnap_npu_reset_peak_stats"),
+)
+
+
+def _npu_shim():
+    """The torch_npu shim, or None (warned) when it was not built."""
+    try:
+        return _shim.npu_lib()
+    except (RuntimeError, OSError) as e:
+        import warnings
+
+        warnings.warn(
+            f"memsnap: {e}; record_stream, erase_stream, memory statistics "
+            f"and torch_npu's task queue are not wired to memsnap",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+
+
+def _register_npu_hooks(allocator: Any, npu) -> list[str]:
+    """Every hook torch_npu's allocator object offers; returns their names."""
+    obj = allocator.allocator() if hasattr(allocator, "allocator") else None
+    if obj is None:
+        return []
+    # libmemsnap.so's functions as the extension sees them: the copy whose
+    # allocator memsnap.memory describes.
+    core = _C.plugin_entry_points()
+    done = []
+    for setter, where, symbol in _NPU_HOOKS:
+        if not hasattr(obj, setter) or (where == "npu" and npu is None):
+            continue
+        fn = core[symbol] if where == "core" else _shim.addr(npu, symbol)
+        getattr(obj, setter)(fn)
+        done.append(setter)
+    return done
+
+
 def use_allocator(backend: str | None = None):
     """Install memsnap as torch's device allocator; return the allocator object.
 
@@ -81,8 +154,18 @@ def use_allocator(backend: str | None = None):
     Must run before the first device allocation of the process (torch
     cannot swap an initialised allocator).  Also selects memsnap's runtime
     and profile (acl/npu or cuda/cuda) unless MEMSNAP_RUNTIME /
-    MEMSNAP_PROFILE say otherwise, and routes memsnap.memory's current
-    device and stream to torch's.
+    MEMSNAP_PROFILE say otherwise, routes memsnap.memory's current device
+    and stream to torch's, registers every optional hook of the pluggable
+    allocator (empty_cache, memory fraction, record_stream, base
+    allocation; torch_npu: erase_stream, device statistics, peak reset;
+    CUDA: allocate-to-pool and pool release), and calls
+    :func:`patch_torch_npu` or :func:`patch_torch_cuda`.
+
+    The allocation function is the C++ shim's ``msnap_torch_malloc``: an
+    out-of-memory raises ``torch.OutOfMemoryError`` (after memsnap's `oom`
+    trace entry, OOM observers and OOM_SNAPSHOT_ENABLE dump).  With
+    torch_npu on the acl runtime, memsnap's device synchronizations and
+    event records first drain torch_npu's task queue.
 
     Raises:
         RuntimeError: too late (the device allocator is already in use), or
@@ -96,9 +179,15 @@ def use_allocator(backend: str | None = None):
             if _installed == kind:
                 return None
             raise RuntimeError(f"memsnap is already installed for {_installed}")
+        if _registered is not None:
+            raise RuntimeError(
+                f"memsnap already provides the device {_registered!r} "
+                f"(register_device); it cannot also be torch's {kind} allocator"
+            )
         path = library_path()
         if not os.path.exists(path):
             raise RuntimeError(f"memsnap: {path} is missing (package not built?)")
+        npu = None
         if kind == "npu":
             torch_npu = importlib.import_module("torch_npu")
             mem = importlib.import_module("torch_npu.npu.memory")
@@ -135,7 +224,14 @@ def use_allocator(backend: str | None = None):
                 runtime=os.environ.get("MEMSNAP_RUNTIME", runtime),
                 profile=os.environ.get("MEMSNAP_PROFILE", profile),
             )
-        allocator = pluggable(path, ALLOC_FN, FREE_FN)
+        if kind == "npu":
+            npu = _npu_shim()
+            if npu is not None and os.environ.get("MEMSNAP_RUNTIME") in ("acl", "npu", "ascend"):
+                _install_queue_runtime(npu)
+        lib_path, alloc_fn, free_fn = _entry_points()
+        allocator = pluggable(lib_path, alloc_fn, free_fn)
+        if kind == "npu":
+            _register_npu_hooks(allocator, npu)
         try:
             change(allocator)
         except RuntimeError as e:
@@ -143,9 +239,53 @@ def use_allocator(backend: str | None = None):
                 "memsnap.torch.use_allocator() must run before the first "
                 f"{kind} allocation of the process (torch said: {e})"
             ) from e
+        if kind == "cuda":
+            _install_cuda_hooks()
         _route(dev_mod, stream_attr)
         _installed = kind
-        return allocator
+    if kind == "npu":
+        patch_torch_npu()
+    else:
+        patch_torch_cuda()
+    return allocator
+
+
+def _install_queue_runtime(npu) -> None:
+    """memsnap's default allocator on the acl runtime, draining torch_npu's
+    task queue before device synchronizations and event records."""
+    err = npu.msnap_npu_install_runtime()
+    if err:
+        import warnings
+
+        warnings.warn(
+            f"memsnap: torch_npu's task queue is not drained before memsnap's "
+            f"device synchronizations and event records: {err.decode()} "
+            f"(call memsnap.torch.use_allocator() before any other memsnap "
+            f"function)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _install_cuda_hooks() -> None:
+    """CUDAPluggableAllocator's hooks exist only in C++: the shim's CUDA
+    part sets them on torch's current allocator."""
+    lib = _shim.torch_lib()
+    fn = getattr(lib, "msnap_torch_cuda_install_hooks", None)
+    if fn is None:
+        import warnings
+
+        warnings.warn(
+            "memsnap: the C++ shim was built without CUDA headers: "
+            "torch.cuda.empty_cache(), record_stream and the memory fraction "
+            "are not forwarded to memsnap (use memsnap.memory's functions)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return
+    err = fn()
+    if err:
+        raise RuntimeError(f"memsnap.torch.use_allocator('cuda'): {err.decode()}")
 
 
 def _route(dev_mod: Any, stream_attr: str) -> None:
@@ -243,6 +383,76 @@ def patch_torch_npu() -> list[str]:
             if t is not None and t is not mem and hasattr(t, name):
                 setattr(t, name, fn)
     return sorted(names)
+
+
+# torch.cuda.memory's functions that answer from the current allocator
+# (and raise, or say nothing, for a pluggable one): memsnap's instead.
+_CUDA_PATCHED = (
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "empty_cache",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_cached",
+    "max_memory_cached",
+    "memory_summary",
+    "memory_snapshot",
+    "set_per_process_memory_fraction",
+    "get_per_process_memory_fraction",
+    "_record_memory_history",
+    "_record_memory_history_impl",
+    "_record_memory_history_legacy",
+    "_snapshot",
+    "_dump_snapshot",
+    "_allocation_traceback",
+    "_set_memory_metadata",
+    "_get_memory_metadata",
+    "_memory_metadata_supported",
+    "_annotate_memory",
+    "_attach_out_of_memory_observer",
+    "_set_allocator_settings",
+)
+
+
+def patch_torch_cuda() -> list[str]:
+    """Route torch.cuda's memory statistics, history and snapshots to memsnap.
+
+    The counterpart of :func:`patch_torch_npu`: replaces, in
+    ``torch.cuda.memory`` and where ``torch.cuda`` re-exports them,
+    ``memory_stats``, ``memory_allocated``, ``memory_reserved`` and the
+    other statistics and resets, ``memory_summary``, ``memory_snapshot``,
+    ``empty_cache``, ``caching_allocator_alloc``/``delete``, the memory
+    fraction, ``_record_memory_history``, ``_snapshot``,
+    ``_dump_snapshot``, ``_allocation_traceback``, the memory metadata and
+    annotation functions, ``_attach_out_of_memory_observer`` and
+    ``_set_allocator_settings``: with memsnap as the CUDA allocator torch
+    would raise for them (a pluggable allocator has no statistics or
+    history).  :func:`use_allocator` calls it for "cuda".  Returns the
+    sorted names replaced in ``torch.cuda.memory``.
+
+    Raises:
+        ImportError: torch is not importable.
+    """
+    import torch
+
+    mem = importlib.import_module("torch.cuda.memory")
+    done = []
+    for name in _CUDA_PATCHED:
+        fn = getattr(_memory, name)
+        if hasattr(mem, name):
+            setattr(mem, name, fn)
+            done.append(name)
+        if hasattr(torch.cuda, name):
+            setattr(torch.cuda, name, fn)
+    return sorted(done)
 
 
 # ---------------------------------------------------------------------------
