@@ -113,6 +113,8 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::scatter", "aten::scatter_add", "aten::masked_fill",
       "aten::masked_fill_", "aten::embedding_dense_backward",
       "aten::index.Tensor", "aten::nonzero",
+      // factories that fill what they allocate
+      "aten::arange", "aten::linspace", "aten::eye",
       // random (the CPU generator, seeded by torch.manual_seed)
       "aten::normal_", "aten::uniform_", "aten::bernoulli_",
       "aten::random_",
@@ -147,7 +149,8 @@ std::atomic<c10::StreamId> next_stream{1};
 
 void check_index(c10::DeviceIndex d) {
   int n = device_count();
-  TORCH_CHECK(d >= 0 && d < n, "memsnap device: invalid device index ", d,
+  TORCH_CHECK(d >= 0 && d < n, "memsnap device: invalid device index ",
+              static_cast<int>(d),
               " (", n, " device", n == 1 ? "" : "s",
               "; MEMSNAP_SIM_DEVICES sets the count)");
 }
