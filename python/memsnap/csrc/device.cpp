@@ -117,7 +117,7 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::arange", "aten::linspace", "aten::eye",
       // random (the CPU generator, seeded by torch.manual_seed)
       "aten::normal_", "aten::uniform_", "aten::bernoulli_",
-      "aten::random_",
+      "aten::random_", "aten::native_dropout", "aten::native_dropout_backward",
       // optimizer foreach kernels (SGD, Adam, AdamW)
       "aten::_foreach_add", "aten::_foreach_add_", "aten::_foreach_sub_",
       "aten::_foreach_mul", "aten::_foreach_mul_", "aten::_foreach_div",
