@@ -386,39 +386,14 @@ def patch_torch_npu() -> list[str]:
 
 
 # torch.cuda.memory's functions that answer from the current allocator
-# (and raise, or say nothing, for a pluggable one): memsnap's instead.
-_CUDA_PATCHED = (
-    "caching_allocator_alloc",
-    "caching_allocator_delete",
-    "empty_cache",
-    "memory_stats",
-    "memory_stats_as_nested_dict",
-    "reset_accumulated_memory_stats",
-    "reset_peak_memory_stats",
-    "reset_max_memory_allocated",
-    "reset_max_memory_cached",
-    "memory_allocated",
-    "max_memory_allocated",
-    "memory_reserved",
-    "max_memory_reserved",
-    "memory_cached",
-    "max_memory_cached",
-    "memory_summary",
-    "memory_snapshot",
-    "set_per_process_memory_fraction",
-    "get_per_process_memory_fraction",
-    "_record_memory_history",
-    "_record_memory_history_impl",
-    "_record_memory_history_legacy",
-    "_snapshot",
-    "_dump_snapshot",
-    "_allocation_traceback",
-    "_set_memory_metadata",
-    "_get_memory_metadata",
-    "_memory_metadata_supported",
-    "_annotate_memory",
-    "_attach_out_of_memory_observer",
-    "_set_allocator_settings",
+# (and raise, or say nothing, for a pluggable one): memsnap's instead.  The
+# same names as torch_npu gets, less those torch.cuda answers from the
+# device itself (mem_get_info, list_gpu_processes) or has no use for with
+# a pluggable allocator (caching_allocator_enable / _disabled).
+_CUDA_PATCHED = tuple(
+    n for n in _NPU_PATCHED + _NPU_PATCHED_WHEN_INSTALLED
+    if n not in ("mem_get_info", "list_gpu_processes", "caching_allocator_enable",
+                 "caching_allocator_disabled")
 )
 
 

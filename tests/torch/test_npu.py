@@ -51,6 +51,15 @@ import memsnap, memsnap.memory as mm, memsnap.torch as mt
 out = {}
 """
 
+# The fake libascendcl.so's control function (memsnap loaded that library).
+ACL = r"""
+import ctypes, os
+acl = ctypes.CDLL(os.environ["MEMSNAP_ACL_LIBRARY"])
+acl.fake_acl_control.restype = ctypes.c_long
+acl.fake_acl_control.argtypes = [ctypes.c_char_p, ctypes.c_long]
+ctl = lambda what, v=0: acl.fake_acl_control(what.encode(), v)
+"""
+
 
 def test_use_allocator_registers_every_hook_and_raises_oom():
     r = run(PRELUDE + r"""
@@ -108,12 +117,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_record_stream_gets_the_npustream_and_erase_stream_undoes_it():
-    r = run(PRELUDE + r"""
-import ctypes
-acl = ctypes.CDLL(__import__("os").environ["MEMSNAP_ACL_LIBRARY"])
-acl.fake_acl_control.restype = ctypes.c_long
-acl.fake_acl_control.argtypes = [ctypes.c_char_p, ctypes.c_long]
-ctl = lambda what, v=0: acl.fake_acl_control(what.encode(), v)
+    r = run(PRELUDE + ACL + r"""
 mt.use_allocator()
 ctl("pending_events", 1)
 p = C._fake_alloc(1 << 20)
@@ -146,12 +150,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_events_and_synchronize_wait_for_the_task_queue():
-    r = run(PRELUDE + r"""
-import ctypes
-acl = ctypes.CDLL(__import__("os").environ["MEMSNAP_ACL_LIBRARY"])
-acl.fake_acl_control.restype = ctypes.c_long
-acl.fake_acl_control.argtypes = [ctypes.c_char_p, ctypes.c_long]
-ctl = lambda what, v=0: acl.fake_acl_control(what.encode(), v)
+    r = run(PRELUDE + ACL + r"""
 mt.use_allocator()
 p = C._fake_alloc(1 << 20)
 C._fake_record_stream(p, 0, 2)

@@ -26,17 +26,10 @@
 
 namespace {
 
+using memsnap_torch::as_u64;
+using memsnap_torch::report;
+
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
-
-uint64_t as_u64(const void* p) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
-}
-
-void report(const char* hook, int rc) {
-  const char* text = msnap_last_error();
-  std::fprintf(stderr, "memsnap: %s failed: %s\n", hook,
-               text != nullptr && text[0] ? text : msnap_strerror(rc));
-}
 
 msnap_mempool_id_t pool_id(c10::cuda::MempoolId_t id) {
   return msnap_mempool_id_t{static_cast<uint64_t>(id.first),

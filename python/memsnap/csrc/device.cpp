@@ -162,6 +162,13 @@ c10::StreamId current_stream_id(c10::DeviceIndex d) {
 
 uint64_t stream_handle(c10::StreamId id) { return static_cast<uint64_t>(id); }
 
+// record_stream of the allocation at `base` (a storage's data pointer).
+void record_on_stream(void* base, c10::StreamId id) {
+  if (base == nullptr) return;
+  int rc = msnap_record_stream(allocator(), as_u64(base), stream_handle(id));
+  if (rc < 0) throw_error(rc, "memsnap record_stream");
+}
+
 // ---- the allocator ----------------------------------------------------------
 
 void raw_delete(void* ptr) { free_or_report(ptr); }
@@ -279,12 +286,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr,
                              const c10::Stream& stream) const override {
-    if (data_ptr.get() == nullptr) return;
-    int rc = msnap_record_stream(
-        allocator(), static_cast<uint64_t>(
-                         reinterpret_cast<uintptr_t>(data_ptr.get())),
-        stream_handle(stream.id()));
-    if (rc < 0) throw_error(rc, "memsnap record_stream");
+    record_on_stream(data_ptr.get(), stream.id());
   }
   double elapsedTime(void* event1, void* event2,
                      const c10::DeviceIndex device_index) const override {
@@ -372,19 +374,26 @@ struct Hooks final : at::PrivateUse1HooksInterface {
 
 // ---- kernels ---------------------------------------------------------------------
 
+// The device of a factory call, after the checks every factory makes.
+c10::Device factory_device(std::optional<c10::Device> device,
+                           std::optional<c10::Layout> layout,
+                           std::optional<bool> pin_memory) {
+  c10::Device dev = c10::device_or_default(device);
+  TORCH_CHECK(dev.type() == kType, "memsnap: not a memsnap device: ", dev);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "the memsnap device supports only strided tensors");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
+              "Only dense CPU tensors can be pinned");
+  return dev;
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
                                std::optional<c10::Device> device,
                                std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
-  c10::Device dev = c10::device_or_default(device);
-  TORCH_CHECK(dev.type() == kType, "memsnap empty: not a memsnap device: ", dev);
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
-              "the memsnap device supports only strided tensors");
-  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
-              "Only dense CPU tensors can be pinned");
-  const c10::DeviceGuard guard(dev);
+  const c10::DeviceGuard guard(factory_device(device, layout, pin_memory));
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
   return at::detail::empty_generic(size, &g_allocator, ks,
                                    c10::dtype_or_default(dtype), memory_format);
@@ -395,14 +404,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
-  c10::Device dev = c10::device_or_default(device);
-  TORCH_CHECK(dev.type() == kType, "memsnap empty_strided: not a memsnap "
-              "device: ", dev);
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
-              "the memsnap device supports only strided tensors");
-  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
-              "Only dense CPU tensors can be pinned");
-  const c10::DeviceGuard guard(dev);
+  const c10::DeviceGuard guard(factory_device(device, layout, pin_memory));
   constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
   return at::detail::empty_strided_generic(size, stride, &g_allocator, ks,
                                            c10::dtype_or_default(dtype));
@@ -476,12 +478,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 }
 
 void record_stream(at::Tensor& self, c10::Stream s) {
-  void* base = self.storage().data_ptr().get();
-  if (base == nullptr) return;
-  int rc = msnap_record_stream(
-      allocator(), static_cast<uint64_t>(reinterpret_cast<uintptr_t>(base)),
-      stream_handle(s.id()));
-  if (rc < 0) throw_error(rc, "memsnap record_stream");
+  record_on_stream(self.storage().data_ptr().get(), s.id());
 }
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -552,19 +549,14 @@ void register_all() {
   fb.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
-} // namespace
-} // namespace memsnap_torch
-
-extern "C" {
-
-// Whether the device can be registered in this process.  NULL, or why not.
-__attribute__((visibility("default"))) const char* msnap_torch_device_check(
-    void) {
-  using namespace memsnap_torch;
+// Run f under init_mutex unless the device is registered; NULL, or the
+// error text (valid until the next call).
+template <class F>
+const char* init_step(F&& f) {
   std::lock_guard<std::mutex> g(init_mutex);
   if (init_done) return nullptr;
   try {
-    check_runtime();
+    f();
     return nullptr;
   } catch (const c10::Error& e) {
     init_error = e.what_without_backtrace();
@@ -573,24 +565,24 @@ __attribute__((visibility("default"))) const char* msnap_torch_device_check(
   }
   return init_error.c_str();
 }
+} // namespace
+} // namespace memsnap_torch
 
-// Register the device (idempotent).  Returns NULL, or the error text
-// (valid until the next call) when it could not be registered.
+extern "C" {
+
+// Whether the device can be registered in this process.  NULL, or why not.
+__attribute__((visibility("default"))) const char* msnap_torch_device_check(
+    void) {
+  return memsnap_torch::init_step([] { memsnap_torch::check_runtime(); });
+}
+
+// Register the device (idempotent).  NULL, or the error text.
 __attribute__((visibility("default"))) const char* msnap_torch_device_init(
     void) {
-  using namespace memsnap_torch;
-  std::lock_guard<std::mutex> g(init_mutex);
-  if (init_done) return nullptr;
-  try {
-    register_all();
-    init_done = true;
-    return nullptr;
-  } catch (const c10::Error& e) {
-    init_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    init_error = e.what();
-  }
-  return init_error.c_str();
+  return memsnap_torch::init_step([] {
+    memsnap_torch::register_all();
+    memsnap_torch::init_done = true;
+  });
 }
 
 // The calling thread's current device (the device guard's).

@@ -45,6 +45,9 @@
 
 namespace {
 
+using memsnap_torch::as_u64;
+using memsnap_torch::report;
+
 using Pluggable = torch::npu::NPUPluggableAllocator::NPUPluggableAllocator;
 using DeviceStats = c10_npu::NPUCachingAllocator::DeviceStats;
 
@@ -69,18 +72,7 @@ aclrtStream raw_stream(const S& s, long) {
   return s.stream();
 }
 aclrtStream to_handle(const c10_npu::NPUStream& s) { return raw_stream(s, 0); }
-aclrtStream to_handle(aclrtStream s) { return s; }
-
-uint64_t as_u64(const void* p) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
-}
-
-// A hook cannot raise into torch_npu's allocator: errors are printed.
-void report(const char* hook, int rc) {
-  const char* text = msnap_last_error();
-  std::fprintf(stderr, "memsnap: %s failed: %s\n", hook,
-               text != nullptr && text[0] ? text : msnap_strerror(rc));
-}
+[[maybe_unused]] aclrtStream to_handle(aclrtStream s) { return s; }
 
 void fill(c10::CachingAllocator::StatArray& out, const msnap_stat_t* in) {
   for (size_t t = 0; t < out.size() && t < MSNAP_STAT_TYPES; t++) {

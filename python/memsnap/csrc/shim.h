@@ -14,10 +14,25 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 #include "memsnap.h"
 
 namespace memsnap_torch {
+
+// A pointer as memsnap's address / stream handle.
+inline uint64_t as_u64(const void* p) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
+}
+
+// A hook that torch calls cannot raise into torch's allocator: print the
+// failure ("memsnap: <hook> failed: <text>"), as libmemsnap.so's
+// msnap_plugin_* do.
+inline void report(const char* hook, int rc) {
+  const char* text = msnap_last_error();
+  std::fprintf(stderr, "memsnap: %s failed: %s\n", hook,
+               text != nullptr && text[0] ? text : msnap_strerror(rc));
+}
 
 // msnap_default(), or a c10::Error naming why it could not be created.
 msnap_allocator_t* allocator();
