@@ -54,6 +54,7 @@ PLUGIN_FREE_FN = "msnap_plugin_free"
 _installed: str | None = None
 _lock = threading.Lock()
 _claimed: str | None = None  # the PrivateUse1 name memsnap gave
+_claimed_module: Any = None  # the torch.<name> module it registered
 _registered: str | None = None  # register_device's name
 
 
@@ -439,13 +440,14 @@ def patch_torch_cuda() -> list[str]:
 _PRIVATEUSE1_FREE = "privateuseone"
 
 
-def claim_privateuse1(name: str) -> str:
+def claim_privateuse1(name: str, module: Any = None) -> str:
     """Give torch's PrivateUse1 backend the name ``name`` for memsnap.
 
     The one place memsnap names a device (``register_device`` and other
     memsnap tools call it).  Calls ``torch.utils.rename_privateuse1_backend``
-    (the mechanism torch_npu uses for "npu"); a second call with the same
-    name is a no-op.
+    (the mechanism torch_npu uses for "npu") and, with ``module``,
+    ``torch._register_device_module(name, module)`` (``torch.<name>``); a
+    second call with the same name is a no-op.
 
     Returns:
         ``name``.
@@ -457,13 +459,16 @@ def claim_privateuse1(name: str) -> str:
             with :func:`use_allocator` instead), or ``torch.<name>`` already
             exists (a built-in device type or torch module).
     """
-    global _claimed
+    global _claimed, _claimed_module
     import torch
 
     if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
         raise ValueError(f"device name must be a lowercase identifier, not {name!r}")
     current = torch._C._get_privateuse1_backend_name()
     if current == name and _claimed == name:
+        if module is not None and _claimed_module is None:
+            torch._register_device_module(name, module)
+            _claimed_module = module
         return name
     if current != _PRIVATEUSE1_FREE:
         who = " (by torch_npu)" if "torch_npu" in sys.modules else ""
@@ -483,6 +488,9 @@ def claim_privateuse1(name: str) -> str:
     except RuntimeError as e:
         raise RuntimeError(f"memsnap cannot register the device {name!r}: {e}") from e
     _claimed = name
+    if module is not None:
+        torch._register_device_module(name, module)
+        _claimed_module = module
     return name
 
 
@@ -549,12 +557,11 @@ def register_device(name: str = "npu") -> str:
         err = lib.msnap_torch_device_check()
         if err:
             raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
-        claim_privateuse1(name)
+        _device.name = name
+        claim_privateuse1(name, _device)
         err = lib.msnap_torch_device_init()
         if err:
             raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
-        _device.name = name
-        torch._register_device_module(name, _device)
         torch.utils.generate_methods_for_privateuse1_backend()
         _memory._add_device_type(name)
         _memory._current_device_hook = _device.current_device

@@ -281,3 +281,25 @@ def test_cpu_operator_list_is_documented():
     doc = open(os.path.join(ROOT, "docs", "python.md")).read()
     missing = [op for op in ops if f"`{op.split('::')[1]}`" not in doc]
     assert len(ops) > 50 and not missing, missing
+
+
+def test_claim_privateuse1_is_the_shared_naming_function():
+    """claim_privateuse1 (what register_device and other memsnap tools call)
+    names PrivateUse1 and registers torch.<name>, once."""
+    code = r"""
+import json, types
+import memsnap.torch as mt, torch
+mod = types.ModuleType("fake_device_module")
+out = {"first": mt.claim_privateuse1("fakedev", mod),
+       "again": mt.claim_privateuse1("fakedev"),
+       "module": torch.fakedev is mod,
+       "backend": torch._C._get_privateuse1_backend_name()}
+try:
+    mt.claim_privateuse1("otherdev")
+except RuntimeError as e:
+    out["other"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["first"] == r["again"] == "fakedev" == r["backend"] and r["module"]
+    assert "already registered as 'fakedev'" in r["other"]
