@@ -7,7 +7,7 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 BUILD       := build
 MESON       := $(VENV)/bin/meson
-DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev libunwind8
+DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev libunwind8 g++
 # Quality gates: sanitizers and libFuzzer (clang), bench (/usr/bin/time).
 DEB_QUALITY := clang libclang-rt-14-dev llvm time
 # Cross build for aarch64, run under qemu-user.  cmocka and xxhash for arm64

@@ -82,7 +82,8 @@ MSNAP_API void msnap_free_string(char *s);
 /* ------------------------------------------------------------------------
  * Device runtimes: one const ops table per runtime.  "sim" runs everywhere
  * (MEMSNAP_SIM_DEVICES devices of MEMSNAP_SIM_MEMORY bytes, no host RAM
- * used); "acl" and "cuda" are loaded with dlopen.
+ * used unless host-backed: MEMSNAP_SIM_HOST_BACKED=1); "acl" and "cuda"
+ * are loaded with dlopen.
  * ------------------------------------------------------------------------ */
 typedef struct msnap_runtime_ops_s {
   const char *name; /* "sim", "acl", "cuda" */
@@ -160,6 +161,11 @@ typedef struct msnap_options_s {
    * alloc-conf token); may be NULL. */
   char *error_buf;
   size_t error_buf_len;
+  /* sim runtime: 1 = host-backed (device and pinned memory are real host
+   * memory, so its bytes can be read and written), 0 = address ranges
+   * only, -1 = from MEMSNAP_SIM_HOST_BACKED (default 0).  Read only when
+   * `size` covers it (callers built against an older header get -1). */
+  int sim_host_backed;
 } msnap_options_t;
 
 #define MSNAP_OPTIONS_VERSION 1
@@ -173,11 +179,24 @@ MSNAP_API int msnap_allocator_create(const msnap_options_t *o,
 /* Release every cached segment and the runtime.  Live allocations are
  * returned to the runtime too. */
 MSNAP_API void msnap_allocator_destroy(msnap_allocator_t *a);
+/* True in a child process forked from a process that used `a` on a real
+ * device runtime (acl, cuda): its device calls then fail with
+ * MSNAP_ESTATE, as torch's "bad fork" (the sim runtime is never in a bad
+ * fork: the child works on a copy).  Every lock of every allocator is
+ * taken around fork() (pthread_atfork), so a child never inherits a held
+ * lock. */
+MSNAP_API bool msnap_in_bad_fork(msnap_allocator_t *a);
 /* The process-wide allocator (created from the environment on first use;
  * the pluggable-allocator entry points and the Python package use it).
  * NULL if creation failed (see msnap_default_error()). */
 MSNAP_API msnap_allocator_t *msnap_default(void);
 MSNAP_API const char *msnap_default_error(void);
+/* Make msnap_default() use this ops table instead of the runtime
+ * MEMSNAP_RUNTIME names (e.g. memsnap's torch_npu shim: the acl runtime
+ * with torch_npu's task queue drained before device synchronizations and
+ * event records).  The table must outlive the process.  MSNAP_ESTATE when
+ * the default allocator already exists; MSNAP_EINVAL for NULL. */
+MSNAP_API int msnap_set_default_runtime(const msnap_runtime_ops_t *ops);
 
 MSNAP_API int msnap_device_count(msnap_allocator_t *a);
 MSNAP_API msnap_profile_t msnap_profile(msnap_allocator_t *a);
@@ -208,6 +227,12 @@ MSNAP_API int msnap_free(msnap_allocator_t *a, uint64_t ptr);
 /* Mark that the live allocation at ptr is used on `stream` (record_stream). */
 MSNAP_API int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr,
                                   uint64_t stream);
+/* Forget that the live allocation at ptr is used on `stream` (torch_npu's
+ * NPUCachingAllocator::eraseStream, after HCCL synchronized that stream):
+ * its free then waits for no event on it.  Unknown streams are ignored;
+ * MSNAP_EBADPTR for an unknown pointer. */
+MSNAP_API int msnap_erase_stream(msnap_allocator_t *a, uint64_t ptr,
+                                 uint64_t stream);
 /* Release cached memory (release_cached_blocks({0,0}) on every device, or
  * only `device` when >= 0). */
 MSNAP_API int msnap_empty_cache(msnap_allocator_t *a, int device);
@@ -536,6 +561,9 @@ MSNAP_API void msnap_sim_set_next_address(void *ctx, int device,
                                           uint64_t address);
 /* Live runtime allocations and handles (leak checks). */
 MSNAP_API uint64_t msnap_sim_live_allocations(void *ctx);
+/* True when ctx is a host-backed sim context (its device addresses are
+ * host memory the process can read and write). */
+MSNAP_API bool msnap_sim_host_backed(void *ctx);
 
 /* ------------------------------------------------------------------------
  * Pluggable-allocator entry points (torch.cuda.memory.CUDAPluggableAllocator
@@ -547,8 +575,10 @@ MSNAP_API void msnap_plugin_free(void *ptr, ssize_t size, int device,
                                  void *stream);
 MSNAP_API void msnap_plugin_init(int device_count);
 MSNAP_API void msnap_plugin_empty_cache(void);
+MSNAP_API void msnap_plugin_reset(bool check_error);
 MSNAP_API void msnap_plugin_memory_fraction(double fraction, int device);
 MSNAP_API void msnap_plugin_record_stream(void *ptr, void *stream);
+MSNAP_API void msnap_plugin_erase_stream(void *ptr, void *stream);
 MSNAP_API void *msnap_plugin_get_base_allocation(void *ptr, size_t *size);
 
 #ifdef __cplusplus

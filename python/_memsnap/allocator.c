@@ -316,7 +316,7 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
  */
 static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
       (unsigned long long)(uintptr_t)&msnap_plugin_malloc, "msnap_plugin_free",
       (unsigned long long)(uintptr_t)&msnap_plugin_free, "msnap_plugin_init",
       (unsigned long long)(uintptr_t)&msnap_plugin_init,
@@ -326,6 +326,9 @@ static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
       (unsigned long long)(uintptr_t)&msnap_plugin_memory_fraction,
       "msnap_plugin_record_stream",
       (unsigned long long)(uintptr_t)&msnap_plugin_record_stream,
+      "msnap_plugin_reset", (unsigned long long)(uintptr_t)&msnap_plugin_reset,
+      "msnap_plugin_erase_stream",
+      (unsigned long long)(uintptr_t)&msnap_plugin_erase_stream,
       "msnap_plugin_get_base_allocation",
       (unsigned long long)(uintptr_t)&msnap_plugin_get_base_allocation);
 }
@@ -351,6 +354,16 @@ static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
   GET_ALLOC(a);
   const msnap_runtime_ops_t *ops = msnap_runtime(a);
   return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
+}
+
+static PyObject *py_sim_host_backed(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_sim_host_backed(msnap_runtime_ctx(a)));
+}
+
+static PyObject *py_in_bad_fork(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_in_bad_fork(a));
 }
 
 /* ---- statistics ---------------------------------------------------------- */
@@ -580,6 +593,11 @@ PyMethodDef msnap_py_allocator_methods[] = {
     {"profile", py_profile, METH_NOARGS, "profile() -> 'npu' | 'cuda'."},
     {"runtime_name", py_runtime_name, METH_NOARGS,
      "runtime_name() -> 'sim' | 'acl' | 'cuda'."},
+    {"sim_host_backed", py_sim_host_backed, METH_NOARGS,
+     "sim_host_backed() -> True on the host-backed sim runtime."},
+    {"in_bad_fork", py_in_bad_fork, METH_NOARGS,
+     "in_bad_fork() -> True in a child forked from a process that used a "
+     "real device runtime."},
     {"memory_stats", py_memory_stats, METH_VARARGS,
      "memory_stats(device) -> nested dict of allocator statistics."},
     {"reset_peak_stats", py_reset_peak_stats, METH_VARARGS,

@@ -91,7 +91,14 @@ def _current_device() -> int:
     return 0
 
 
-_DEVICE_TYPES = ("npu", "cuda")
+_DEVICE_TYPES = ["npu", "cuda"]
+
+
+def _add_device_type(name: str) -> None:
+    """Accept ``name`` in device arguments ("<name>:1", torch.device(name));
+    memsnap.torch.register_device calls it."""
+    if name not in _DEVICE_TYPES:
+        _DEVICE_TYPES.append(name)
 
 
 def _device_type() -> str:

@@ -1208,6 +1208,8 @@ int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
     *ptr = 0;
     return 0;
   }
+  if (msnap_unlikely(msnap__bad_fork(a)))
+    return msnap__fork_check(a, "msnap_malloc");
   if (msnap_unlikely(!atomic_load_explicit(&a->caching_enabled,
                                            memory_order_relaxed)))
     return msnap__raw_malloc(a, device, size, ptr);
@@ -1265,6 +1267,9 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
     return msnap__set_error(MSNAP_EINVAL, "msnap_free: NULL allocator");
   if (msnap_unlikely(ptr == 0))
     return 0;
+  /* A forked child on a real runtime forgets inherited allocations. */
+  if (msnap_unlikely(msnap__bad_fork(a)))
+    return 0;
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
   msnap_block_t *b;
@@ -1291,6 +1296,8 @@ int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
     return msnap__set_error(MSNAP_EINVAL, "msnap_record_stream: NULL");
   if (ptr == 0)
     return 0;
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_record_stream");
   msnap_block_t *b;
   msnap_device_t *d = lock_owner(a, ptr, &b, false);
   if (!d) {
@@ -1317,10 +1324,37 @@ out:
   return rc;
 }
 
+int msnap_erase_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
+  if (!a)
+    return msnap__set_error(MSNAP_EINVAL, "msnap_erase_stream: NULL");
+  if (ptr == 0)
+    return 0;
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_erase_stream");
+  msnap_block_t *b;
+  msnap_device_t *d = lock_owner(a, ptr, &b, false);
+  if (!d) {
+    if (msnap__raw_lookup(a, ptr, NULL))
+      return 0;
+    return msnap__set_error(MSNAP_EBADPTR,
+                            "invalid device pointer: 0x%" PRIx64, ptr);
+  }
+  for (uint32_t i = 0; i < b->nuses; i++) {
+    if (b->stream_uses[i] == stream) {
+      b->stream_uses[i] = b->stream_uses[--b->nuses];
+      break;
+    }
+  }
+  msnap__unlock(&d->lock);
+  return 0;
+}
+
 int msnap_empty_cache(msnap_allocator_t *a, int device) {
   if (!a || device >= a->ndevices)
     return msnap__set_error(MSNAP_EINVAL,
                             "msnap_empty_cache: invalid device %d", device);
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_empty_cache");
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
   int first_err = 0;
@@ -1524,6 +1558,8 @@ int msnap_mem_get_info(msnap_allocator_t *a, int device, size_t *free_bytes,
   if (!get_device(a, device) || !free_bytes || !total_bytes)
     return msnap__set_error(MSNAP_EINVAL,
                             "msnap_mem_get_info: invalid device %d", device);
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_mem_get_info");
   size_t f = 0, t = 0;
   int rc = a->rt->mem_get_info(a->rt_ctx, device, &f, &t);
   if (rc != 0)

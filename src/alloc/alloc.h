@@ -124,8 +124,9 @@ void msnap__lock_slow(msnap_lock_t *l);
 void msnap__unlock_slow(msnap_lock_t *l);
 #endif
 
-static inline void msnap__lock(msnap_lock_t *l) {
-  if (msnap_debug_level >= 1) msnap__rank_acquire(MSNAP_RANK_DEVICE, l->sub);
+/* Take / drop the lock without the rank bookkeeping (the fork handlers,
+ * alloc/fork.c, which hold every lock at once). */
+static inline void msnap__lock_raw(msnap_lock_t *l) {
 #if defined(__linux__)
   uint32_t c = 0;
   if (msnap_likely(atomic_compare_exchange_strong_explicit(
@@ -137,7 +138,7 @@ static inline void msnap__lock(msnap_lock_t *l) {
 #endif
 }
 
-static inline void msnap__unlock(msnap_lock_t *l) {
+static inline void msnap__unlock_raw(msnap_lock_t *l) {
 #if defined(__linux__)
   if (msnap_unlikely(atomic_fetch_sub_explicit(&l->v, 1,
                                                memory_order_release) != 1))
@@ -145,6 +146,15 @@ static inline void msnap__unlock(msnap_lock_t *l) {
 #else
   pthread_mutex_unlock(&l->m);
 #endif
+}
+
+static inline void msnap__lock(msnap_lock_t *l) {
+  if (msnap_debug_level >= 1) msnap__rank_acquire(MSNAP_RANK_DEVICE, l->sub);
+  msnap__lock_raw(l);
+}
+
+static inline void msnap__unlock(msnap_lock_t *l) {
+  msnap__unlock_raw(l);
   if (msnap_debug_level >= 1) msnap__rank_release(MSNAP_RANK_DEVICE, l->sub);
 }
 
@@ -336,7 +346,16 @@ struct msnap_allocator_s {
   msnap_rawent_t *raw;
   uint64_t raw_cap, raw_count;
   uint64_t next_mempool_id;
+  /* fork.c: the registry link (under its lock) and the "bad fork" mark of
+   * a forked child on a real device runtime. */
+  struct msnap_allocator_s *fork_next;
+  _Atomic bool bad_fork;
 };
+
+/* fork.c: true in a forked child of a process that used a real runtime. */
+static inline bool msnap__bad_fork(const msnap_allocator_t *a) {
+  return atomic_load_explicit(&a->bad_fork, memory_order_relaxed);
+}
 
 /* ---- pool.c ------------------------------------------------------------- */
 void msnap__rb_init(msnap_rbtree_t *t, bool by_addr);
@@ -388,6 +407,21 @@ int msnap__ws_create(msnap_allocator_t *a);
 void msnap__ws_destroy(msnap_allocator_t *a);
 /* Free the observer list, releasing library-owned arguments. */
 void msnap__oom_observers_destroy(msnap_allocator_t *a);
+
+/* ---- fork.c: fork safety (pthread_atfork) -------------------------------- */
+/* Register a new allocator for the fork handlers (installed on the first
+ * call) / forget it before it is destroyed. */
+void msnap__fork_register(msnap_allocator_t *a);
+void msnap__fork_unregister(msnap_allocator_t *a);
+/* MSNAP_ESTATE with torch's "bad fork" advice when `a` (a real device
+ * runtime) was inherited through fork(); 0 otherwise.  `what` names the
+ * call in the message. */
+int msnap__fork_check(msnap_allocator_t *a, const char *what);
+/* The modules' hooks for their locks, called by fork.c in rank order:
+ * host.c (a == NULL: the creation lock; else a's host lock), workspace.c
+ * (a's workspace lock). */
+void msnap__host_atfork(msnap_allocator_t *a, int phase);
+void msnap__workspace_atfork(msnap_allocator_t *a, int phase);
 
 /* ---- check.c -------------------------------------------------------------- */
 /* The invariants above for one device (msnap_check_invariants runs it on

@@ -145,6 +145,15 @@ static msnap_host_t *host_get(msnap_allocator_t *a) {
   return h;
 }
 
+void msnap__host_atfork(msnap_allocator_t *a, int phase) {
+  if (a == NULL) {
+    msnap__fork_mutex(&host_create_lock, phase);
+    return;
+  }
+  msnap_host_t *h = __atomic_load_n(&a->host, __ATOMIC_ACQUIRE);
+  if (h != NULL) msnap__fork_mutex(&h->lock, phase);
+}
+
 /* Start a host call that records: the state, this thread's recording
  * context (captured before the lock: a free site or not) and the lock.
  * Inlined, so that the captured stack starts at the public entry point. */
@@ -388,7 +397,7 @@ static int check_a(msnap_allocator_t *a, const char *fn) {
   if (a->rt->host_malloc == NULL || a->rt->host_free == NULL)
     return msnap__set_error(MSNAP_ENOTSUP, "%s: runtime '%s' has no pinned "
                             "host memory", fn, a->rt->name);
-  return 0;
+  return msnap__fork_check(a, fn);
 }
 
 /* A new block of `size` bytes: carved from the reserve segment when it
@@ -512,6 +521,7 @@ out:
  * the block is reusable once they completed.
  */
 int msnap_host_free(msnap_allocator_t *a, uint64_t ptr) {
+  if (a != NULL && msnap__bad_fork(a)) return 0; /* as msnap_free */
   int rc = check_a(a, "host_free");
   if (rc != 0) return rc;
   if (ptr == 0) return 0;

@@ -147,6 +147,8 @@ int msnap_mempool_release(msnap_allocator_t *a, int device,
   msnap_device_t *d = dev(a, device, "msnap_mempool_release");
   if (!d)
     return MSNAP_EINVAL;
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_mempool_release");
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
   msnap__lock(&d->lock);

@@ -33,6 +33,18 @@
 
 static pthread_mutex_t oom_dump_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Fork safety (alloc/fork.c takes every lower lock): oom_dump_lock is the
+ * outermost lock, so its prepare handler must run before the alloc
+ * layer's.  pthread_atfork runs prepare handlers in the reverse order of
+ * registration, hence the registration after the first allocator exists
+ * (msnap__allocator_new registered the alloc layer's handlers). */
+static void oom_fork_prepare(void) { pthread_mutex_lock(&oom_dump_lock); }
+static void oom_fork_release(void) { pthread_mutex_unlock(&oom_dump_lock); }
+static void oom_fork_install(void) {
+  pthread_atfork(oom_fork_prepare, oom_fork_release, oom_fork_release);
+}
+static pthread_once_t oom_fork_once = PTHREAD_ONCE_INIT;
+
 /* The observer's argument: the allocator and the configured directory
  * (NULL = "."); freed with the allocator (oom_dump_release). */
 typedef struct oom_dump_s {
@@ -129,6 +141,7 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
 }
 
 void msnap__oom_dump_init(msnap_allocator_t *a) {
+  pthread_once(&oom_fork_once, oom_fork_install);
   int mode = msnap__env_oom_snapshot_mode();
   if (mode == 0) return;
   const char *path = msnap__env_get(MSNAP_ENV_OOM_SNAPSHOT_PATH);

@@ -12,6 +12,9 @@
  *                      K, M, G or T (optionally followed by "B" or "iB",
  *                      any case): "64G" = 64 GiB.  Values that overflow
  *                      64 bits are clamped to UINT64_MAX.
+ * MEMSNAP_SIM_HOST_BACKED  "1": the sim runtime's device memory is real
+ *                      host memory (runtime_sim.c); "0" or unset: address
+ *                      ranges only (msnap__env_bool).
  * PYTORCH_NO_NPU_MEMORY_CACHING / PYTORCH_NO_CUDA_MEMORY_CACHING
  *                      only exactly "1" is true and "0" false (PyTorch's
  *                      check_env); anything else warns and counts as unset.
@@ -50,6 +53,8 @@ static const struct {
     [MSNAP_ENV_RUNTIME] = {"MEMSNAP_RUNTIME", "alloc/create.c: runtime"},
     [MSNAP_ENV_SIM_DEVICES] = {"MEMSNAP_SIM_DEVICES",
                                "runtime/sim.c: device count"},
+    [MSNAP_ENV_SIM_HOST_BACKED] = {"MEMSNAP_SIM_HOST_BACKED",
+                                   "runtime/sim.c: host-backed memory"},
     [MSNAP_ENV_SIM_MEMORY] = {"MEMSNAP_SIM_MEMORY",
                               "runtime/sim.c: bytes per device"},
     [MSNAP_ENV_ACL_LIBRARY] = {"MEMSNAP_ACL_LIBRARY",
@@ -245,6 +250,24 @@ uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min) {
                                    dflt, min);
 }
 
+/*
+ * A switch: exactly "1" is true and "0" false; unset or empty gives dflt;
+ * anything else warns once, naming the variable, and gives dflt.
+ */
+bool msnap__env_bool(msnap_env_t var, bool dflt) {
+  const char *v = msnap__env_get(var);
+  const char *name = msnap__env_name(var);
+  if (v == NULL || *v == '\0') return dflt;
+  if (strcmp(v, "1") == 0) return true;
+  if (strcmp(v, "0") == 0) return false;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid %s '%s' (expected 0 or 1); "
+            "using %d\n",
+            name, v, dflt ? 1 : 0);
+  return dflt;
+}
+
 bool msnap__env_no_caching(msnap_profile_t profile) {
   msnap_env_t var = profile == MSNAP_PROFILE_CUDA
                         ? MSNAP_ENV_NO_CUDA_MEMORY_CACHING
@@ -279,3 +302,5 @@ int msnap__env_oom_snapshot_mode(void) {
   }
   return v == 0 ? 0 : (v == 2 ? 2 : 1);
 }
+
+void msnap__env_atfork(int phase) { msnap__fork_mutex(&warn_lock, phase); }

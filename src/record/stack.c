@@ -873,3 +873,18 @@ const char *msnap__symbolizer_name(void) {
   msnap__mutex_unlock(&sym_lock, MSNAP_RANK_SYMBOLS);
   return n;
 }
+
+/* unwind_lock, then sym_lock, then the stack table lock (innermost). */
+/* Fork safety (alloc/fork.c): rank order MSNAP_RANK_STACK_TABLE <
+ * MSNAP_RANK_UNWIND < MSNAP_RANK_SYMBOLS; released in reverse. */
+void msnap__stack_atfork(int phase) {
+  if (phase == MSNAP_FORK_PREPARE) {
+    msnap__fork_mutex(&tab_lock, phase);
+    msnap__fork_mutex(&unwind_lock, phase);
+    msnap__fork_mutex(&sym_lock, phase);
+  } else {
+    msnap__fork_mutex(&sym_lock, phase);
+    msnap__fork_mutex(&unwind_lock, phase);
+    msnap__fork_mutex(&tab_lock, phase);
+  }
+}

@@ -161,6 +161,29 @@ static void unknown_pointer(void **state) {
   done(a);
 }
 
+/* msnap_erase_stream (torch_npu's eraseStream): a stream use is forgotten,
+ * so the free records no event for it; the other uses stay. */
+static void erase_stream(void **state) {
+  (void)state;
+  msnap_allocator_t *a = mk(NPU, NULL);
+  fake_set_manual_events(true);
+  uint64_t p = M(a, 1 << 20);
+  assert_int_equal(msnap_record_stream(a, p, 5), 0);
+  assert_int_equal(msnap_record_stream(a, p, 6), 0);
+  assert_int_equal(msnap_erase_stream(a, p, 5), 0);
+  assert_int_equal(msnap_erase_stream(a, p, 9), 0); /* never recorded */
+  INV(a);
+  uint64_t ev = fake_calls("event_record");
+  F(a, p);
+  assert_int_equal(fake_calls("event_record"), ev + 1); /* stream 6 only */
+  fake_complete_events(6);
+  fake_set_manual_events(false);
+  assert_int_equal(msnap_erase_stream(a, p, 6), MSNAP_EBADPTR);
+  assert_int_equal(msnap_erase_stream(a, 0, 6), 0);
+  INV(a);
+  done(a);
+}
+
 static void guards(void **state) {
   (void)state;
   for (int prof = 0; prof < 2; prof++) {
@@ -1019,6 +1042,7 @@ int main(void) {
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(threads_smoke),
       cmocka_unit_test(randomized),
+      cmocka_unit_test(erase_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

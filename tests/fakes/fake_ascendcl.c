@@ -20,6 +20,9 @@
  *   "used"  dev      bytes charged on device dev
  *   "complete_all"   complete every pending event
  *   "pending_count"  number of pending events
+ *   "record_calls"   aclrtRecordEvent calls so far
+ *   "last_record_stream"  the stream of the last aclrtRecordEvent
+ *   "sync_device_calls"   aclrtSynchronizeDevice calls so far
  *
  * Invariants: used[d] = sum of live malloc and physical sizes on d; one
  * mutex guards every list.
@@ -58,6 +61,7 @@ static size_t used[MAX_DEV];
 static int pending_mode;
 static long fail_next;
 static long set_device_calls, init_calls;
+static long record_calls, sync_device_calls, last_record_stream;
 static _Thread_local int current = -1;
 
 /* Exported API (prototypes for -Wmissing-prototypes). */
@@ -231,12 +235,13 @@ aclError aclrtDestroyEvent(void *ev) {
 }
 
 aclError aclrtRecordEvent(void *ev, void *stream) {
-  (void)stream;
   aclError e = enter();
   if (e) return leave(e);
   node_t *n = find(ev, 2);
   if (n == NULL) return leave(ERR_INVALID);
   n->state = pending_mode ? 1 : 2;
+  record_calls++;
+  last_record_stream = (long)(intptr_t)stream;
   return leave(0);
 }
 
@@ -262,6 +267,7 @@ aclError aclrtSynchronizeDevice(void) {
   aclError e = enter();
   if (e) return leave(e);
   if (current < 0) return leave(ERR_NO_DEVICE);
+  sync_device_calls++;
   for (node_t *n = nodes; n; n = n->next)
     if (n->kind == 2 && n->dev == current && n->state == 1) n->state = 2;
   return leave(0);
@@ -429,6 +435,9 @@ long fake_acl_control(const char *what, long value) {
   else if (strcmp(what, "set_device_calls") == 0) r = set_device_calls;
   else if (strcmp(what, "current_device") == 0) r = current;
   else if (strcmp(what, "init_calls") == 0) r = init_calls;
+  else if (strcmp(what, "record_calls") == 0) r = record_calls;
+  else if (strcmp(what, "last_record_stream") == 0) r = last_record_stream;
+  else if (strcmp(what, "sync_device_calls") == 0) r = sync_device_calls;
   else if (strcmp(what, "used") == 0 && value >= 0 && value < MAX_DEV)
     r = (long)used[value];
   else r = -1;
