@@ -150,7 +150,7 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
             if self._dist is not None:
                 self._dist.__exit__(exc_type, exc, tb)
         s.finish()
-        snap = s.targets[0].alloc.snapshot() if s.targets else None
+        snap = s.snapshot() if s.targets else None
         self.result = _report.results(s, snap)
         return suppress
 

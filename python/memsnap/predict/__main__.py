@@ -7,6 +7,7 @@ own configuration), 2 usage error or the script failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -75,11 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         stem = os.path.splitext(os.path.basename(ns.script))[0]
         out = f"{stem}_predict.pickle"
+    # With --json, stdout carries only the JSON object: the script's own
+    # output goes to stderr.
+    redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
     try:
-        pred = run_script(ns.script, ns.args, memory=memory, profile=ns.profile,
-                          alloc_conf=ns.alloc_conf, what_if=what_if, compare=ns.compare,
-                          world_size=ns.devices, rank=ns.rank, output=out, reserve=reserve,
-                          annotate=not ns.no_annotations)
+        with redirect:
+            pred = run_script(ns.script, ns.args, memory=memory, profile=ns.profile,
+                              alloc_conf=ns.alloc_conf, what_if=what_if, compare=ns.compare,
+                              world_size=ns.devices, rank=ns.rank, output=out,
+                              reserve=reserve, annotate=not ns.no_annotations)
     except (ValueError, RuntimeError) as e:
         print(f"memsnap.predict: {e}", file=sys.stderr)
         return 2
@@ -90,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r))
     else:
         sys.stdout.write(pred.report(ns.script))
-    if pred.script_error and not ns.json:
-        pass  # the report shows it
     if r["oom"] is not None:
         return 1
     return 2 if pred.script_error else 0

@@ -122,7 +122,6 @@ _SIGNATURES = {
     "msnap_snapshot_options_init": (None, [ctypes.POINTER(_SnapshotOptions)]),
     "msnap_snapshot_pickle": (c_int, [_P, ctypes.POINTER(_SnapshotOptions), ctypes.POINTER(_P),
                                       ctypes.POINTER(ctypes.c_size_t)]),
-    "msnap_dump_snapshot": (c_int, [_P, ctypes.POINTER(_SnapshotOptions), ctypes.c_char_p]),
 }
 
 _LIB = None
@@ -317,10 +316,3 @@ class Allocator:
             return pickle.loads(ctypes.string_at(out, n.value))
         finally:
             self._lib.msnap_free_string(out)
-
-    def dump_snapshot(self, path: str) -> None:
-        """Write the snapshot pickle atomically (temporary file + rename)."""
-        o = self._snap_opts()
-        rc = self._lib.msnap_dump_snapshot(self._h, ctypes.byref(o), os.fsencode(path))
-        if rc < 0:
-            raise OSError(_err(rc, f"cannot write {path}"))

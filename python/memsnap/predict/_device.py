@@ -485,14 +485,15 @@ _record_memory_history_impl = _record_memory_history
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces=False) -> None:
-    a = _primary()
-    if a is not None:
-        a.dump_snapshot(str(filename))
+    """The prediction's snapshot so far, written to ``filename``."""
+    if _ACTIVE is not None:
+        _ACTIVE.write_snapshot(str(filename))
 
 
 def _snapshot(device: Any = None, augment_with_fx_traces=False) -> dict:
-    a = _primary()
-    return a.snapshot() if a is not None else {"segments": [], "device_traces": []}
+    if _ACTIVE is None:
+        return {"segments": [], "device_traces": []}
+    return _ACTIVE.snapshot()
 
 
 def memory_snapshot(mempool_id=None, include_traces=True) -> list:

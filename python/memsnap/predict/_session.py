@@ -34,7 +34,7 @@ import weakref
 
 import torch
 
-from . import _capi, _device, _frames
+from . import _capi, _device, _frames, _snapshot
 
 
 class PredictionStopped(BaseException):
@@ -211,6 +211,18 @@ class Session:
     def primary(self) -> _capi.Allocator | None:
         return self.targets[0].alloc if self.targets else None
 
+    def snapshot(self) -> dict:
+        """The run's snapshot now (``_snapshot()`` of the first
+        configuration, without memsnap's own frames)."""
+        if not self.targets:
+            return {"segments": [], "device_traces": [[] for _ in range(self.devices)],
+                    "allocator_settings": {}, "external_annotations": [],
+                    "host_segments": [], "host_traces": []}
+        return _snapshot.clean(self.targets[0].alloc.snapshot())
+
+    def write_snapshot(self, path: str) -> None:
+        _snapshot.write(self.snapshot(), path)
+
     # -- events from the tracker -----------------------------------------
     def allocate(self, device: int, nbytes: int) -> list | None:
         if not self.targets:
@@ -232,7 +244,7 @@ class Session:
             a = t.poll(device)
             if t is self.targets[0] and a > self._peak_allocated:
                 self._peak_allocated = a
-                self.peak_phase = self.phase_stack[-1] if self.phase_stack else None
+                self.peak_phase = self._phase()
             ptrs.append(p)
             live = True
         if not live:
@@ -273,6 +285,12 @@ class Session:
         if self.targets and not self.targets[0].dead:
             self.targets[0].alloc.annotate(self.device_state.device, name, is_start)
 
+    def _phase(self) -> str | None:
+        """The innermost open range, or "backward" / None outside them."""
+        if self.phase_stack:
+            return self.phase_stack[-1]
+        return "backward" if torch._C._current_graph_task_id() != -1 else None
+
     def _oom(self, t: Target, device: int, nbytes: int) -> None:
         message = t.alloc.last_error()
         free, total = t.alloc.mem_get_info(device)
@@ -281,10 +299,10 @@ class Session:
                     reserved_bytes=s.reserved_bytes[0].current,
                     allocated_bytes=s.allocated_bytes[0].current, message=message,
                     stack=_frames.user_stack_now(2),
-                    phase=self.phase_stack[-1] if self.phase_stack else None)
+                    phase=self._phase())
         t.dead = True
         if t is self.targets[0] and self.output:
-            t.alloc.dump_snapshot(self.output)
+            self.write_snapshot(self.output)
             self.snapshot_written = self.output
 
     # -- context ---------------------------------------------------------
@@ -292,8 +310,6 @@ class Session:
         if _device._ACTIVE is not None:
             raise RuntimeError("memsnap.predict: a prediction is already running in "
                                "this process (predictions do not nest)")
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         from ._annotate import Annotator
         from ._tracker import Tracker
 
@@ -301,11 +317,7 @@ class Session:
         _device.register_device(name)
         stack = contextlib.ExitStack()
         try:
-            # Fake tensors first, while no device is "available": then
-            # FakeTensorMode makes torch.tensor(data, device=...) build on
-            # the CPU and move (NOTE [torch.tensor, lift_fresh, and device
-            # movement] in torch/_subclasses/fake_tensor.py).
-            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            self.fake_mode = _fake_mode_class()(allow_non_fake_inputs=True)
             stack.enter_context(self.fake_mode)
             stack.enter_context(_swappable(self.fake_mode))
             stack.enter_context(_foreach_fake())
@@ -341,7 +353,7 @@ class Session:
         """Write the snapshot (unless the OOM snapshot was written) and
         stop every allocator from taking more events."""
         if self.targets and self.output and self.snapshot_written is None:
-            self.targets[0].alloc.dump_snapshot(self.output)
+            self.write_snapshot(self.output)
             self.snapshot_written = self.output
         if self.tracker is not None:
             self.tracker.release_all()
@@ -361,6 +373,21 @@ def _patched_modules():
         if not had:
             sys.modules.pop("torch_npu", None)
             sys.modules.pop("torch_npu.npu", None)
+
+
+def _fake_mode_class():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class _FakeMode(FakeTensorMode):
+        # No device is ever touched: torch.tensor(data, device=...) builds
+        # on the CPU and moves, and real host tensors are never copied to
+        # the device for real (NOTE [torch.tensor, lift_fresh, and device
+        # movement] in torch/_subclasses/fake_tensor.py).  FakeTensorMode
+        # decides this from device availability, which the fake device
+        # reports as True to the script.
+        avoid_device_init = True
+
+    return _FakeMode
 
 
 def _drop_memo(memo: dict, t) -> None:

@@ -18,10 +18,16 @@ returns, every output tensor on the fake device is looked at:
 re-materialises parameters with it), so it is wrapped while the mode is
 active, as torch's MemTracker does.
 
-Values are not computed: ``.item()`` and ``bool(t)`` read 0 / False, and
-the few operators whose output size depends on values (``nonzero``,
-``masked_select``) get their largest possible size, so memory is an upper
-bound there.  "cuda" device arguments become the fake device (see
+Host tensors stay real when they are small: an operator with no fake
+input whose tensors are all on the CPU and at most ``real_cpu_bytes``
+(1 MiB) runs for real, so index arithmetic, device meshes, samplers and
+scalars in the script compute true values; larger host tensors (a model
+built on the CPU before ``.to(device)``) are fake, so host memory does
+not grow with the model.  Values of fake tensors are not computed:
+``.item()`` and ``bool(t)`` read 0 / False (unless FakeTensorMode knows
+the constant), and the few operators whose output size depends on values
+(``nonzero``, ``masked_select``) get their largest possible size, so
+memory is an upper bound there.  "cuda" device arguments become the fake device (see
 ``_device.py``).  ``Tensor.record_stream`` reaches the allocators as
 ``record_stream``.
 """
@@ -35,8 +41,13 @@ import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    is_traceable_wrapper_subclass_type,
+)
 
 aten = torch.ops.aten
 
@@ -64,9 +75,10 @@ class _Storage:
 class Tracker(TorchDispatchMode):
     """The dispatch mode of one prediction (see the module docstring)."""
 
-    def __init__(self, session, device_type: str):
+    def __init__(self, session, device_type: str, real_cpu_bytes: int = 1 << 20):
         super().__init__()
         self.session = session
+        self.real_cpu_bytes = real_cpu_bytes
         self.device_type = device_type
         self.live: dict[int, _Storage] = {}
         self._orig_resize = None
@@ -120,6 +132,9 @@ class Tracker(TorchDispatchMode):
 
     # -- operators -------------------------------------------------------
     def _scalar(self, func, args, kwargs):
+        if not isinstance(args[0], FakeTensor):  # a real host tensor
+            with _disable_current_modes():
+                return func(*args, **kwargs)
         try:  # FakeTensorMode knows constants (torch.tensor(0.0), their results)
             return func(*args, **kwargs)
         except DataDependentOutputException:
@@ -154,13 +169,57 @@ class Tracker(TorchDispatchMode):
             return torch.empty((n,), dtype=x.dtype, device=dev)
         raise
 
+    def _host_side(self, func, args, kwargs) -> bool:
+        """True when the operator works on host tensors only, all real
+        (no fake input, CPU output), and what it touches is at most
+        ``real_cpu_bytes``: it then runs for real."""
+        dev = kwargs.get("device")
+        if dev is not None and dev.type != "cpu":
+            return False
+        n = 0
+        found = False
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if isinstance(a, FakeTensor) or a.device.type != "cpu":
+                    return False
+                n += a.untyped_storage().nbytes()
+                found = True
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, torch.Tensor):
+                        if isinstance(b, FakeTensor) or b.device.type != "cpu":
+                            return False
+                        n += b.untyped_storage().nbytes()
+                        found = True
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                if isinstance(a, FakeTensor) or a.device.type != "cpu":
+                    return False
+                n += a.untyped_storage().nbytes()
+                found = True
+        if found:
+            return n <= self.real_cpu_bytes
+        # A factory: its size from a fake run.
+        probe = func(*args, **kwargs)
+        return (isinstance(probe, torch.Tensor) and probe.device.type == "cpu"
+                and probe.untyped_storage().nbytes() <= self.real_cpu_bytes)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # Tensor subclasses that wrap tensors (DTensor of FSDP2 / tensor
+        # parallel, ...) desugar into operators on their local tensors
+        # first; those come back here (as in torch's MemTracker).
+        for t in types:
+            if t is not FakeTensor and is_traceable_wrapper_subclass_type(t):
+                return NotImplemented
         kwargs = kwargs or {}
         special = self._special.get(func)
         if special is not None:
             return special(func, args, kwargs)
         if "device" in kwargs:
             kwargs = self._map_cuda(kwargs)
+        if self.real_cpu_bytes and self._host_side(func, args, kwargs):
+            with _disable_current_modes():
+                return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except DynamicOutputShapeException:
