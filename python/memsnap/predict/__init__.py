@@ -35,9 +35,10 @@ import traceback
 from typing import Any, Sequence
 
 from . import _report
-from ._session import Config, PredictionStopped, Session, parse_what_if
+from ._session import Config, ConfigError, PredictionStopped, Session, parse_what_if
 
-__all__ = ["predict", "run_script", "parse_size", "Config", "PredictionStopped"]
+__all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",
+           "PredictionStopped"]
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*", re.IGNORECASE)
 _SHIFT = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
@@ -204,7 +205,7 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     except SystemExit as e:
         if e.code not in (None, 0):
             p.script_error = f"SystemExit: {e.code}"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, ConfigError):
         raise
     except BaseException as e:  # the script's own failure
         p.script_error = _script_traceback(e, script)

@@ -63,13 +63,22 @@ def user_stack_now(skip: int = 1) -> list:
     while f is not None:
         code = f.f_code
         if is_user_file(code.co_filename):
-            out.append({"filename": code.co_filename, "line": f.f_lineno, "name": code.co_name})
+            name = getattr(code, "co_qualname", code.co_name)  # as the allocator's frames
+            out.append({"filename": code.co_filename, "line": f.f_lineno, "name": name})
         f = f.f_back
     return out
 
 
 def site(frame: dict | None) -> str:
-    """``file:line in name`` of a frame dict ("<no user frame>" for None)."""
+    """``file:line in name`` of a frame dict ("<no user frame>" for None);
+    the file relative to the current directory when it lies below it."""
     if not frame:
         return "<no user frame>"
-    return f"{frame['filename']}:{frame['line']} in {frame['name']}"
+    name = frame["filename"]
+    try:
+        rel = os.path.relpath(name)
+        if not rel.startswith(os.pardir):
+            name = rel
+    except ValueError:  # another drive
+        pass
+    return f"{name}:{frame['line']} in {frame['name']}"

@@ -41,6 +41,11 @@ class PredictionStopped(BaseException):
     """Raised into the script when every configuration is out of memory."""
 
 
+class ConfigError(ValueError):
+    """A configuration the allocator refuses (bad alloc-conf, a --reserve
+    larger than the device); raised at the first device allocation."""
+
+
 @dataclasses.dataclass
 class Config:
     """One allocator configuration: ``profile`` "npu"/"cuda" or None (the
@@ -193,20 +198,28 @@ class Session:
             c = Config(c.profile or profile, c.alloc_conf or "")
             if all(c != o for o in configs):
                 configs.append(c)
-        for c in configs:
-            a = _capi.Allocator(c.profile, c.alloc_conf, self.devices, self.memory)
-            self.targets.append(Target(c, a))
-        self.targets[0].alloc.record_history(True)
-        if self.extra_bytes:
-            # Known constants outside the allocator's view (runtime context,
-            # communication buffers): reserved up front on every device of
-            # every configuration, as a block that is never freed.
-            for t in self.targets:
-                for d in range(self.devices):
-                    p = t.alloc.malloc(d, self.extra_bytes, 0)
-                    if p < 0:
-                        raise ValueError(f"--reserve {self.extra_bytes} B does not fit in "
-                                         f"--memory {self.memory} B")
+        targets: list[Target] = []
+        try:
+            for c in configs:
+                targets.append(Target(c, _capi.Allocator(c.profile, c.alloc_conf,
+                                                          self.devices, self.memory)))
+            if self.extra_bytes:
+                # Known constants outside the allocator's view (runtime
+                # context, communication buffers): taken up front on every
+                # device of every configuration, never freed, before the
+                # history starts (so no frame is blamed for them).
+                for t in targets:
+                    for d in range(self.devices):
+                        if t.alloc.malloc(d, self.extra_bytes, 0) < 0:
+                            raise ValueError(
+                                f"--reserve {self.extra_bytes} B does not fit in a device "
+                                f"of --memory {self.memory} B")
+            targets[0].alloc.record_history(True)
+        except ValueError as e:
+            for t in targets:
+                t.alloc.close()
+            raise ConfigError(str(e)) from None
+        self.targets = targets
 
     def primary(self) -> _capi.Allocator | None:
         return self.targets[0].alloc if self.targets else None
