@@ -280,7 +280,7 @@ def test_fsdp_per_rank_memory(tmp_path):
     def step_bytes(r):  # live bytes allocated by opt.step() at the peak
         src = open(FSDP).read().splitlines()
         line = next(i + 1 for i, t in enumerate(src) if "opt.step()" in t)
-        return sum(s["bytes"] for s in r["top_sites"] if s["line"] == line
+        return sum(s["requested_bytes"] for s in r["top_sites"] if s["line"] == line
                    and s["filename"] == FSDP)
 
     n = param_count()
@@ -328,3 +328,62 @@ def test_refuses_a_taken_device_name():
     """
     msg = run_script(code).result
     assert "already named 'foo'" in msg
+
+
+def test_amp_lowers_the_peak(tmp_path):
+    """torch.autocast on the fake device (PyTorch's CUDA autocast lists):
+    bf16 activations, so a lower peak than fp32."""
+    res = {}
+    for amp in ([], ["--amp"]):
+        p = predict("--memory", "64G", "--json", "-o", str(tmp_path / "a.pickle"), GPT,
+                    "--steps", "1", *amp, cwd=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        res[bool(amp)] = p.json["peak_allocated_bytes"]
+    assert res[True] < res[False]
+
+
+def test_torch_npu_script(tmp_path):
+    """`import torch_npu`, .npu(), torch.npu.amp, torch.npu statistics."""
+    p = predict("--memory", "8G", "--json", "-o", str(tmp_path / "n.pickle"),
+                os.path.join(SCRIPTS, "npu_amp.py"), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.json["profile"] == "npu"
+    reported = int(p.stderr.split("max_memory_allocated ")[1].split()[0])
+    assert reported == p.json["peak_allocated_bytes"]
+
+
+def test_cuda_loader_amp_streams(tmp_path):
+    """DataLoader workers + pin_memory, fp16 autocast + GradScaler, a side
+    stream with record_stream: runs, and torch.cuda's statistics are the
+    prediction's."""
+    out = tmp_path / "l.pickle"
+    p = predict("--memory", "8G", "--json", "-o", str(out),
+                os.path.join(SCRIPTS, "cuda_amp_loader.py"), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.json["profile"] == "cuda"
+    assert "PyTorch CUDA memory summary" in p.stderr
+    reported = int(p.stderr.split("max_memory_allocated ")[1].split()[0])
+    assert reported == p.json["peak_allocated_bytes"]
+    streams = {e["stream"] for e in load(out)["device_traces"][0] if e["action"] == "alloc"}
+    assert len(streams) == 2  # the default stream and the side stream
+
+
+def test_fused_attention(tmp_path):
+    """SDPA as the device's fused kernel: far below the math path, which
+    keeps the attention matrix; npu keeps more than cuda (softmax_max and
+    softmax_sum, B x N x S x 8 fp32 each, vs logsumexp)."""
+    llama = os.path.join(os.path.dirname(HERE), "..", "bench", "predict_llama.py")
+    args = [llama, "--layers", "2", "--d-model", "512", "--heads", "8", "--kv-heads", "2",
+            "--ffn", "1024", "--vocab", "1000", "--seq", "2048"]
+    peak = {}
+    for profile in ("npu", "cuda"):
+        for attention in ("fused", "math"):
+            p = predict("--memory", "64G", "--json", "--profile", profile, "--attention",
+                        attention, "-o", str(tmp_path / "s.pickle"), *args, cwd=tmp_path)
+            assert p.returncode == 0, p.stdout + p.stderr
+            peak[profile, attention] = p.json["peak_allocated_bytes"]
+    matrix = 8 * 2048 * 2048 * 2  # one layer's B x H x T x T bf16 attention matrix
+    for profile in ("npu", "cuda"):
+        assert peak[profile, "math"] - peak[profile, "fused"] > matrix
+    extra = 2 * 8 * 2048 * 8 * 4 - 8 * 2048 * 4  # per layer, npu over cuda
+    assert peak["npu", "fused"] - peak["cuda", "fused"] >= extra

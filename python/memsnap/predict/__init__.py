@@ -90,6 +90,10 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
             the allocator does not see (runtime context, communication
             buffers).
         annotate: record module forward/backward and optimizer step ranges.
+        attention: "fused" (``F.scaled_dot_product_attention`` allocates
+            what the device's fused kernel allocates: flash / efficient
+            attention for cuda, torch_npu's npu_fusion_attention for npu)
+            or "math" (torch's math path, the attention matrix kept).
 
     Attributes after the block: ``fits``, ``peak_allocated_bytes``,
     ``peak_reserved_bytes``, ``fragmentation_bytes``, ``oom`` (None or a
@@ -106,7 +110,7 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
                  alloc_conf: str | None = None, what_if: Sequence[Any] = (),
                  compare: bool = False, devices: int | None = None,
                  world_size: int | None = None, rank: int = 0, output: str | None = None,
-                 reserve: Any = 0, annotate: bool = True):
+                 reserve: Any = 0, annotate: bool = True, attention: str = "fused"):
         if profile not in (None, "npu", "cuda"):
             raise ValueError(f"profile must be 'npu', 'cuda' or None, not {profile!r}")
         configs = [Config(profile, alloc_conf)]
@@ -121,7 +125,7 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
                                 compare=compare,
                                 output=os.fspath(output) if output is not None else None,
                                 extra_bytes=parse_size(reserve) if reserve else 0,
-                                annotate=annotate)
+                                annotate=annotate, attention=attention)
         self._world = (world_size, rank) if world_size is not None else None
         self._dist = None
         self.result: dict | None = None

@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, metavar="OUT.pickle",
                    help="snapshot file (default: <script>_predict.pickle in the current "
                         "directory)")
+    p.add_argument("--attention", choices=("fused", "math"), default="fused",
+                   help="F.scaled_dot_product_attention as the device's fused kernel "
+                        "(default: flash/efficient for cuda, npu_fusion_attention for npu) "
+                        "or torch's math path")
     p.add_argument("--no-annotations", action="store_true",
                    help="do not record module / optimizer-step ranges")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             pred = run_script(ns.script, ns.args, memory=memory, profile=ns.profile,
                               alloc_conf=ns.alloc_conf, what_if=what_if, compare=ns.compare,
                               world_size=ns.devices, rank=ns.rank, output=out,
-                              reserve=reserve, annotate=not ns.no_annotations)
+                              reserve=reserve, annotate=not ns.no_annotations,
+                              attention=ns.attention)
     except (ValueError, RuntimeError) as e:
         print(f"memsnap.predict: {e}", file=sys.stderr)
         return 2

@@ -528,8 +528,20 @@ for _n in _DEVICE_FUNCS + _MEMORY_FUNCS + ("get_amp_supported_dtype",):
 for _n in _MEMORY_FUNCS:
     setattr(memory, _n, globals()[_n])
 npu.memory = memory
-npu.amp = types.SimpleNamespace(
-    autocast=lambda *a, **k: torch.autocast(_registered or DEVICE_NAME, *a, **k))
+
+
+def _amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16,
+                  cache_enabled: bool = True):
+    """``torch.cuda.amp.autocast`` / ``torch_npu.npu.amp.autocast``."""
+    return torch.autocast(_registered or DEVICE_NAME, dtype=dtype, enabled=enabled,
+                          cache_enabled=cache_enabled)
+
+
+def _amp_grad_scaler(*args, **kwargs):
+    return torch.amp.GradScaler(_registered or DEVICE_NAME, *args, **kwargs)
+
+
+npu.amp = types.SimpleNamespace(autocast=_amp_autocast, GradScaler=_amp_grad_scaler)
 
 # torch_npu, for scripts that `import torch_npu` (only while predicting, and
 # only when the real one is not loaded).
@@ -551,6 +563,9 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
     an index gets the prediction's current device (the device guard of a
     Python backend always answers index 0): ``device=`` keyword arguments
     of every function, the device of ``Tensor.to``, and ``Tensor.cuda()``.
+
+    Also the place where ``F.scaled_dot_product_attention`` on the fake
+    device becomes the device's fused kernel (``_attention.py``).
     """
 
     def __init__(self, session):
@@ -559,6 +574,7 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
         self.name = _registered or DEVICE_NAME
         T = torch.Tensor
         self._to, self._cuda = T.to, T.cuda
+        self._sdpa = torch._C._nn.scaled_dot_product_attention
 
     def _map(self, d):
         if isinstance(d, str):
@@ -577,6 +593,14 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
         return torch.device(self.name, index)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is self._sdpa and self.session.attention == "fused":
+            q = args[0] if args else kwargs.get("query")
+            if isinstance(q, torch.Tensor) and q.device.type == self.name:
+                from . import _attention
+
+                r = _attention.fused(self.session.kernel_profile(), args, kwargs or {})
+                if r is not None:
+                    return r
         if kwargs:
             d = kwargs.get("device")
             if d is not None:

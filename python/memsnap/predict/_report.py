@@ -29,7 +29,9 @@ def fmt_bytes(n: int | None) -> str:
 def peak_sites(snapshot: dict, device: int, top: int = TOP_SITES) -> dict:
     """Live blocks at the allocated peak of ``device``'s trace, grouped by
     user site: ``{"peak_allocated_bytes", "blocks", "sites": [{"site",
-    "frame", "bytes", "blocks"}...]}`` (largest first)."""
+    "frame", "requested_bytes", "blocks"}...]}`` (largest first).  Sizes
+    are the trace's: requested bytes, as PyTorch records ``alloc`` and
+    ``free_completed`` entries."""
     traces = snapshot.get("device_traces", [])
     entries = traces[device] if device < len(traces) else []
     cur = peak = 0
@@ -56,11 +58,12 @@ def peak_sites(snapshot: dict, device: int, top: int = TOP_SITES) -> dict:
         key = _frames.site(frame)
         s = by_site.get(key)
         if s is None:
-            s = by_site[key] = {"site": key, "frame": frame, "bytes": 0, "blocks": 0}
-        s["bytes"] += e["size"]
+            s = by_site[key] = {"site": key, "frame": frame, "requested_bytes": 0,
+                                     "blocks": 0}
+        s["requested_bytes"] += e["size"]
         s["blocks"] += 1
-    sites = sorted(by_site.values(), key=lambda s: (-s["bytes"], s["site"]))
-    return {"peak_allocated_bytes": peak, "blocks": len(live), "sites": sites[:top]}
+    sites = sorted(by_site.values(), key=lambda s: (-s["requested_bytes"], s["site"]))
+    return {"peak_requested_bytes": peak, "blocks": len(live), "sites": sites[:top]}
 
 
 def user_frame_share(snapshot: dict, device: int) -> float:
@@ -165,9 +168,11 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
                f"({_pct(r['fragmentation'])} of reserved at its peak: reserved but not "
                f"allocated)")
     if r["top_sites"]:
-        out.append("  top allocation sites at the peak (live blocks, user code):")
+        out.append("  top allocation sites at the peak (live blocks by the innermost line of "
+                   "your code, requested bytes):")
         for s in r["top_sites"]:
-            out.append(f"    {fmt_bytes(s['bytes']):>12}  {s['blocks']:6d} blocks  {s['site']}")
+            out.append(f"    {fmt_bytes(s['requested_bytes']):>12}  {s['blocks']:6d} blocks  "
+                       f"{s['site']}")
     oom = r["oom"]
     if oom is None:
         head = mem - r["peak_reserved_bytes"] - r.get("reserve_bytes", 0)

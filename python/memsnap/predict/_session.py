@@ -147,7 +147,7 @@ class Session:
 
     def __init__(self, memory: int, configs: list[Config], devices: int = 1,
                  device: int = 0, compare: bool = False, output: str | None = None,
-                 extra_bytes: int = 0, annotate: bool = True):
+                 extra_bytes: int = 0, annotate: bool = True, attention: str = "fused"):
         if memory <= 0:
             raise ValueError("memory must be a positive number of bytes")
         if devices < 1:
@@ -159,6 +159,9 @@ class Session:
         self.output = output
         self.extra_bytes = extra_bytes
         self.annotate_modules = annotate
+        if attention not in ("fused", "math"):
+            raise ValueError(f"attention must be 'fused' or 'math', not {attention!r}")
+        self.attention = attention
         self.device_state = _device.DeviceState(devices, device)
         self.targets: list[Target] = []
         self.saw_cuda = False
@@ -220,6 +223,12 @@ class Session:
                 t.alloc.close()
             raise ConfigError(str(e)) from None
         self.targets = targets
+
+    def kernel_profile(self) -> str:
+        """The device whose kernels run: the run's profile."""
+        if self.targets:
+            return self.targets[0].config.profile
+        return self.configs[0].profile or ("cuda" if self.saw_cuda else "npu")
 
     def primary(self) -> _capi.Allocator | None:
         return self.targets[0].alloc if self.targets else None
@@ -336,9 +345,11 @@ class Session:
             stack.enter_context(_foreach_fake())
             _device._ACTIVE = self
             stack.callback(setattr, _device, "_ACTIVE", None)
+            stack.enter_context(_autocast_on(name))
             stack.enter_context(_device.cuda_as_device())
             stack.enter_context(_patched_modules())
             stack.enter_context(_eager_compile(self))
+            stack.enter_context(_inline_dataloader())
             # Backward on the calling thread: its allocations then carry the
             # user's `loss.backward()` frame.
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
@@ -454,6 +465,52 @@ def _foreach_fake():
     finally:
         for lst in added:
             lst.remove(FakeTensor)
+
+
+@contextlib.contextmanager
+def _autocast_on(name: str):
+    """Autocast kernels of the fake device (``_autocast.py``); their cast
+    cache is cleared with torch's (outermost autocast exit)."""
+    from . import _autocast
+
+    _autocast.install(name)
+    orig = torch.clear_autocast_cache
+
+    def clear_autocast_cache():
+        _autocast.clear_cache()
+        orig()
+
+    torch.clear_autocast_cache = clear_autocast_cache
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache = orig
+        _autocast.clear_cache()
+
+
+@contextlib.contextmanager
+def _inline_dataloader():
+    """DataLoaders load in the calling thread (``num_workers`` ignored):
+    worker processes and the pin-memory thread would run outside the
+    prediction (and cannot pickle fake tensors).  Loading order and batch
+    shapes are unchanged."""
+    from torch.utils.data import dataloader
+
+    orig = dataloader.DataLoader._get_iterator
+
+    def _get_iterator(self):
+        workers, timeout = self.num_workers, self.timeout
+        self.num_workers, self.timeout = 0, 0
+        try:
+            return dataloader._SingleProcessDataLoaderIter(self)
+        finally:
+            self.num_workers, self.timeout = workers, timeout
+
+    dataloader.DataLoader._get_iterator = _get_iterator
+    try:
+        yield
+    finally:
+        dataloader.DataLoader._get_iterator = orig
 
 
 @contextlib.contextmanager

@@ -29,7 +29,8 @@ the constant), and the few operators whose output size depends on values
 (``nonzero``, ``masked_select``) get their largest possible size, so
 memory is an upper bound there.  "cuda" device arguments become the fake device (see
 ``_device.py``).  ``Tensor.record_stream`` reaches the allocators as
-``record_stream``.
+``record_stream``.  ``pin_memory()`` is a plain host copy (pinned host
+memory needs the device runtime) and ``is_pinned()`` is False.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class Tracker(TorchDispatchMode):
         self._special = {
             aten._local_scalar_dense.default: self._scalar,
             aten.record_stream.default: self._record_stream,
+            aten.is_pinned.default: lambda func, args, kwargs: False,
         }
 
     # -- storage bookkeeping ---------------------------------------------
@@ -215,6 +217,9 @@ class Tracker(TorchDispatchMode):
         special = self._special.get(func)
         if special is not None:
             return special(func, args, kwargs)
+        if func is aten._pin_memory.default:
+            # Pinned host memory needs the device runtime: a plain copy.
+            func, args, kwargs = aten.clone.default, args[:1], {}
         if "device" in kwargs:
             kwargs = self._map_cuda(kwargs)
         if self.real_cpu_bytes and self._host_side(func, args, kwargs):

@@ -85,6 +85,7 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--amp", action="store_true", help="bf16 autocast")
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -93,8 +94,9 @@ def main():
     for step in range(args.steps):
         x = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
         y = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
