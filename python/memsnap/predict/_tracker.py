@@ -171,40 +171,36 @@ class Tracker(TorchDispatchMode):
             return torch.empty((n,), dtype=x.dtype, device=dev)
         raise
 
-    def _host_side(self, func, args, kwargs) -> bool:
-        """True when the operator works on host tensors only, all real
-        (no fake input, CPU output), and what it touches is at most
-        ``real_cpu_bytes``: it then runs for real."""
+    def _host_bytes(self, args, kwargs) -> int | None:
+        """Bytes of the tensor arguments when all are real host tensors;
+        None when one is fake or on a device; 0 when there is none."""
+        n = 0
+        for a in (*args, *kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, torch.Tensor):
+                    if isinstance(t, FakeTensor) or t.device.type != "cpu":
+                        return None
+                    n += t.untyped_storage().nbytes() or 1
+        return n
+
+    def _host_side(self, func, args, kwargs):
+        """``(True, None)`` when the operator works on real host tensors
+        only (no fake input, CPU output) of at most ``real_cpu_bytes``: it
+        then runs for real.  Otherwise ``(False, out)``, ``out`` the fake
+        result when a factory had to be run to learn its size."""
         dev = kwargs.get("device")
         if dev is not None and dev.type != "cpu":
-            return False
-        n = 0
-        found = False
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if isinstance(a, FakeTensor) or a.device.type != "cpu":
-                    return False
-                n += a.untyped_storage().nbytes()
-                found = True
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, torch.Tensor):
-                        if isinstance(b, FakeTensor) or b.device.type != "cpu":
-                            return False
-                        n += b.untyped_storage().nbytes()
-                        found = True
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor):
-                if isinstance(a, FakeTensor) or a.device.type != "cpu":
-                    return False
-                n += a.untyped_storage().nbytes()
-                found = True
-        if found:
-            return n <= self.real_cpu_bytes
-        # A factory: its size from a fake run.
+            return False, None
+        n = self._host_bytes(args, kwargs)
+        if n is None:
+            return False, None
+        if n:
+            return n <= self.real_cpu_bytes, None
+        # A factory: its size from the fake run (kept if it is too large).
         probe = func(*args, **kwargs)
-        return (isinstance(probe, torch.Tensor) and probe.device.type == "cpu"
-                and probe.untyped_storage().nbytes() <= self.real_cpu_bytes)
+        small = (isinstance(probe, torch.Tensor) and probe.device.type == "cpu"
+                 and probe.untyped_storage().nbytes() <= self.real_cpu_bytes)
+        return small, (None if small else probe)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # Tensor subclasses that wrap tensors (DTensor of FSDP2 / tensor
@@ -222,13 +218,17 @@ class Tracker(TorchDispatchMode):
             func, args, kwargs = aten.clone.default, args[:1], {}
         if "device" in kwargs:
             kwargs = self._map_cuda(kwargs)
-        if self.real_cpu_bytes and self._host_side(func, args, kwargs):
-            with _disable_current_modes():
-                return func(*args, **kwargs)
-        try:
-            out = func(*args, **kwargs)
-        except DynamicOutputShapeException:
-            out = self._upper_bound(func, args, kwargs)
+        out = None
+        if self.real_cpu_bytes:
+            real, out = self._host_side(func, args, kwargs)
+            if real:
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
+        if out is None:
+            try:
+                out = func(*args, **kwargs)
+            except DynamicOutputShapeException:
+                out = self._upper_bound(func, args, kwargs)
         if isinstance(out, torch.Tensor):
             self._track(out)
         elif isinstance(out, (tuple, list)):

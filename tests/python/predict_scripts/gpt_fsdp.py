@@ -1,7 +1,6 @@
 """The GPT of gpt_train.py sharded with FSDP2 (fully_shard), as launched by
 `torchrun --nproc-per-node N gpt_fsdp.py --device npu` on a real node."""
 
-import argparse
 import os
 
 import torch
@@ -9,20 +8,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 
-from gpt_train import GPT
+from gpt_train import GPT, parser
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="npu")
+    ap = parser()
     ap.add_argument("--backend", default="hccl")
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=2)
     args = ap.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])

@@ -75,7 +75,7 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def main():
+def parser():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="npu")
     ap.add_argument("--vocab", type=int, default=8192)
@@ -86,7 +86,11 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--amp", action="store_true", help="bf16 autocast")
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    args = parser().parse_args()
 
     device = torch.device(args.device)
     model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads).to(device)
