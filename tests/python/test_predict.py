@@ -387,3 +387,25 @@ def test_fused_attention(tmp_path):
         assert peak[profile, "math"] - peak[profile, "fused"] > matrix
     extra = 2 * 8 * 2048 * 8 * 4 - 8 * 2048 * 4  # per layer, npu over cuda
     assert peak["npu", "fused"] - peak["cuda", "fused"] >= extra
+
+
+def test_values_and_data_dependent_shapes(tmp_path):
+    """No values on the device: .item() reads 0, data-dependent sizes are
+    upper bounds; small host tensors are real (true values)."""
+    script = tmp_path / "values.py"
+    script.write_text(
+        "import sys, torch\n"
+        "x = torch.randn(1000, 64, device='npu')\n"
+        "m = x[:, 0] > 0\n"
+        "print('shapes', tuple(torch.nonzero(m).shape), tuple(x[m].shape),\n"
+        "      tuple(x.masked_select(m[:, None]).shape), file=sys.stderr)\n"
+        "print('item', x.sum().item(), bool(x.sum() > 0), file=sys.stderr)\n"
+        "host = torch.arange(10) * 3\n"
+        "print('host', host.sum().item(), torch.nonzero(host > 20).flatten().tolist(),\n"
+        "      file=sys.stderr)\n")
+    p = predict("--memory", "1G", "--json", "-o", str(tmp_path / "v.pickle"), str(script),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "shapes (1000, 1) (1000, 64) (64000,)" in p.stderr
+    assert "item 0.0 False" in p.stderr
+    assert "host 135 [7, 8, 9]" in p.stderr

@@ -88,7 +88,7 @@ def compare_set(primary: Config) -> list[Config]:
     defaults."""
     items = [i for i in _conf_items(primary.alloc_conf or "")
              if not i.startswith("expandable_segments")]
-    on = "expandable_segments:True" in (primary.alloc_conf or "")
+    on = "expandable_segments:true" in (primary.alloc_conf or "").lower().replace(" ", "")
     items.append(f"expandable_segments:{'False' if on else 'True'}")
     other = "cuda" if primary.profile == "npu" else "npu"
     return [Config(primary.profile, ",".join(items)), Config(other, "")]

@@ -26,8 +26,8 @@ built on the CPU before ``.to(device)``) are fake, so host memory does
 not grow with the model.  Values of fake tensors are not computed:
 ``.item()`` and ``bool(t)`` read 0 / False (unless FakeTensorMode knows
 the constant), and the few operators whose output size depends on values
-(``nonzero``, ``masked_select``) get their largest possible size, so
-memory is an upper bound there.  "cuda" device arguments become the fake device (see
+(``nonzero``, ``masked_select``, indexing with a bool mask) get their
+largest possible size, so memory is an upper bound there.  "cuda" device arguments become the fake device (see
 ``_device.py``).  ``Tensor.record_stream`` reaches the allocators as
 ``record_stream``.  ``pin_memory()`` is a plain host copy (pinned host
 memory needs the device runtime) and ``is_pinned()`` is False.
@@ -161,7 +161,8 @@ class Tracker(TorchDispatchMode):
         return kwargs
 
     def _upper_bound(self, func, args, kwargs):
-        """Outputs of data-dependent size, at their largest."""
+        """Outputs of data-dependent size, at their largest (None for an
+        operator not handled here)."""
         x = args[0]
         dev = x.device
         if func in (aten.nonzero.default,):
@@ -169,7 +170,17 @@ class Tracker(TorchDispatchMode):
         if func in (aten.masked_select.default,):
             n = torch.broadcast_shapes(x.shape, args[1].shape).numel()
             return torch.empty((n,), dtype=x.dtype, device=dev)
-        raise
+        if func is aten.index.Tensor:
+            # x[mask]: every element of a bool mask selected.
+            indices = []
+            for i in args[1]:
+                if i is not None and i.dtype in (torch.bool, torch.uint8):
+                    full = torch.empty((i.numel(),), dtype=torch.long, device=i.device)
+                    indices += [full] * i.dim()
+                else:
+                    indices.append(i)
+            return func(x, indices)
+        return None
 
     def _host_bytes(self, args, kwargs) -> int | None:
         """Bytes of the tensor arguments when all are real host tensors;
@@ -229,6 +240,8 @@ class Tracker(TorchDispatchMode):
                 out = func(*args, **kwargs)
             except DynamicOutputShapeException:
                 out = self._upper_bound(func, args, kwargs)
+                if out is None:
+                    raise
         if isinstance(out, torch.Tensor):
             self._track(out)
         elif isinstance(out, (tuple, list)):
