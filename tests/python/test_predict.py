@@ -409,3 +409,4 @@ def test_values_and_data_dependent_shapes(tmp_path):
     assert "shapes (1000, 1) (1000, 64) (64000,)" in p.stderr
     assert "item 0.0 False" in p.stderr
     assert "host 135 [7, 8, 9]" in p.stderr
+    assert p.json["values_read_as_zero"] == 2  # x.sum().item(), bool(x.sum() > 0)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-
 BACKWARD_SUFFIX = " (backward)"
 
 

@@ -116,7 +116,6 @@ class DeviceState:
         self.device = device
         self._stream: dict[int, int] = {}
         self._next_stream = 1
-        self._tls = threading.local()
 
     def check(self, index: int) -> int:
         if not 0 <= index < self.devices:

@@ -139,6 +139,7 @@ def results(session, snapshot: dict | None) -> dict:
     r["rank"] = session.rank
     r["world_size"] = session.world_size
     r["eager_compile"] = session.compile_calls
+    r["values_read_as_zero"] = session.unknown_scalars
     return r
 
 
@@ -161,6 +162,9 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
         out.append(f"  includes --reserve {fmt_bytes(r['reserve_bytes'])} per device")
     if r.get("eager_compile"):
         out.append(f"  torch.compile ran eagerly ({r['eager_compile']} call(s))")
+    if r.get("values_read_as_zero"):
+        out.append(f"  {r['values_read_as_zero']} tensor value read(s) (.item(), bool()) gave 0: "
+                   f"fake tensors have no values")
     phase = f"  (during {r['peak_phase']})" if r.get("peak_phase") else ""
     out.append(f"  peak allocated   {fmt_bytes(r['peak_allocated_bytes']):>12}{phase}")
     out.append(f"  peak reserved    {fmt_bytes(r['peak_reserved_bytes']):>12}")

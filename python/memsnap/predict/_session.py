@@ -55,10 +55,6 @@ class Config:
     profile: str | None = None
     alloc_conf: str | None = None
 
-    def label(self) -> str:
-        conf = self.alloc_conf or ""
-        return f"{self.profile}" + (f" {conf}" if conf else " (default)")
-
 
 def parse_what_if(spec: str) -> Config:
     """``npu``, ``cuda``, ``expandable_segments:True``, or
@@ -165,7 +161,6 @@ class Session:
         self.device_state = _device.DeviceState(devices, device)
         self.targets: list[Target] = []
         self.saw_cuda = False
-        self.stopped = False
         self.phase_stack: list[str] = []
         self.used_devices: set[int] = set()
         self.snapshot_written: str | None = None
@@ -270,7 +265,6 @@ class Session:
             ptrs.append(p)
             live = True
         if not live:
-            self.stopped = True
             raise PredictionStopped(
                 f"memsnap.predict: every configuration is out of memory "
                 f"(requested {nbytes} bytes on device {device})")
