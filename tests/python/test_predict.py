@@ -102,6 +102,14 @@ def test_gpt_fits_on_64g(gpt_run):
 def test_gpt_snapshot_is_valid(gpt_run):
     _, out = gpt_run
     assert "ok" in check_cli(out)
+    # The CLI's replay engine, fed the recorded stream, makes the same
+    # decisions as the prediction did.
+    rp = subprocess.run([CLI, "replay", "--json", "--profile", "npu", str(out)],
+                        capture_output=True, text=True, timeout=300)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    replay = json.loads(rp.stdout)
+    assert replay["matches_recording"] is True
+    assert replay["peak_reserved_bytes"] == gpt_run[0].json["peak_reserved_bytes"]
     raw = out.read_bytes()
     from test_memory_viz import ALLOWED
 
