@@ -54,6 +54,7 @@ PLUGIN_FREE_FN = "msnap_plugin_free"
 _installed: str | None = None
 _lock = threading.Lock()
 _claimed: str | None = None  # the PrivateUse1 name memsnap gave
+_claimed_owner: str | None = None  # who claimed it (claim_privateuse1)
 _claimed_module: Any = None  # the torch.<name> module it registered
 _registered: str | None = None  # register_device's name
 
@@ -440,11 +441,14 @@ def patch_torch_cuda() -> list[str]:
 _PRIVATEUSE1_FREE = "privateuseone"
 
 
-def claim_privateuse1(name: str, module: Any = None) -> str:
+def claim_privateuse1(name: str, module: Any = None,
+                      owner: str = "memsnap.torch.register_device") -> str:
     """Give torch's PrivateUse1 backend the name ``name`` for memsnap.
 
-    The one place memsnap names a device (``register_device`` and other
-    memsnap tools call it).  Calls ``torch.utils.rename_privateuse1_backend``
+    The one place memsnap names a device (``register_device`` for the real
+    memsnap device and ``memsnap.predict`` for its fake one call it).
+    ``owner`` names the caller: a process has one PrivateUse1 backend, so a
+    second claim by another owner is refused.  Calls ``torch.utils.rename_privateuse1_backend``
     (the mechanism torch_npu uses for "npu") and, with ``module``,
     ``torch._register_device_module(name, module)`` (``torch.<name>``); a
     second call with the same name is a no-op.
@@ -459,12 +463,18 @@ def claim_privateuse1(name: str, module: Any = None) -> str:
             with :func:`use_allocator` instead), or ``torch.<name>`` already
             exists (a built-in device type or torch module).
     """
-    global _claimed, _claimed_module
+    global _claimed, _claimed_module, _claimed_owner
     import torch
 
     if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
         raise ValueError(f"device name must be a lowercase identifier, not {name!r}")
     current = torch._C._get_privateuse1_backend_name()
+    if _claimed is not None and _claimed_owner != owner:
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r} for {owner}: "
+            f"{_claimed_owner} already registered {_claimed!r} in this process "
+            f"(one PrivateUse1 backend per process; run it in its own process)"
+        )
     if current == name and _claimed == name:
         if module is not None and _claimed_module is None:
             torch._register_device_module(name, module)
@@ -488,6 +498,7 @@ def claim_privateuse1(name: str, module: Any = None) -> str:
     except RuntimeError as e:
         raise RuntimeError(f"memsnap cannot register the device {name!r}: {e}") from e
     _claimed = name
+    _claimed_owner = owner
     if module is not None:
         torch._register_device_module(name, module)
         _claimed_module = module

@@ -335,7 +335,24 @@ def test_refuses_a_taken_device_name():
             print("RESULT " + __import__("json").dumps(str(e)))
     """
     msg = run_script(code).result
-    assert "already named 'foo'" in msg
+    assert "already registered as 'foo'" in msg
+
+
+def test_refuses_the_real_memsnap_device():
+    """memsnap.torch.register_device and a prediction both need PrivateUse1:
+    the second owner is refused by the one naming function."""
+    code = """
+        import memsnap.torch as mt
+        mt.register_device("npu")
+        from memsnap.predict import predict
+        try:
+            with predict():
+                pass
+        except RuntimeError as e:
+            print("RESULT " + __import__("json").dumps(str(e)))
+    """
+    msg = run_script(code).result
+    assert "memsnap.torch.register_device already registered 'npu'" in msg
 
 
 def test_amp_lowers_the_peak(tmp_path):

@@ -50,6 +50,7 @@ class _Options(ctypes.Structure):
         ("alloc_conf", ctypes.c_char_p), ("caching_disabled", c_int),
         ("sim_devices", c_int), ("sim_memory", c_u64),
         ("error_buf", ctypes.c_void_p), ("error_buf_len", ctypes.c_size_t),
+        ("sim_host_backed", c_int),
     ]
 
 

@@ -5,12 +5,12 @@ autograd engine needs a device guard that only a CUDA build has).  A
 prediction therefore runs every device tensor as a fake tensor of torch's
 PrivateUse1 backend, renamed "npu":
 
-- :func:`register_device` names PrivateUse1, installs a device guard and
-  the hooks through ``torch.utils.backend_registration.
-  _setup_privateuseone_for_python_backend`` (torch's Python backend
-  registration), and registers :data:`npu` as ``torch.npu``.  It is the one
-  place that names the device (memsnap.torch's own registration may take
-  it over later).
+- :func:`register_device` names PrivateUse1 through
+  ``memsnap.torch.claim_privateuse1`` (memsnap's one naming function: it
+  refuses a backend taken by torch_npu or by memsnap's real device),
+  registers :data:`npu` as ``torch.npu`` and installs a Python device
+  guard and hooks, as torch's ``_setup_privateuseone_for_python_backend``
+  does.
 - Scripts written for CUDA run unchanged: while a prediction is active,
   ``torch.cuda``'s device functions are replaced by this module's (and
   restored afterwards), ``torch.autocast("cuda")`` becomes the "npu"
@@ -71,10 +71,10 @@ def register_device(name: str = DEVICE_NAME) -> types.ModuleType:
     (``torch.<name>``).
 
     Raises:
-        RuntimeError: PrivateUse1 is already named (e.g. torch_npu is
-            loaded: a prediction needs the name for its fake device, so run
-            it in a process that does not import torch_npu), or another
-            module is registered as ``torch.<name>``.
+        RuntimeError: PrivateUse1 is already named (torch_npu is loaded,
+            or memsnap.torch.register_device ran: a prediction needs the
+            backend for its fake device, so run it in its own process), or
+            ``torch.<name>`` already exists.
     """
     global _registered
     with _lock:
@@ -82,23 +82,16 @@ def register_device(name: str = DEVICE_NAME) -> types.ModuleType:
             return npu
         if _registered is not None:
             raise RuntimeError(f"memsnap.predict: the device is already named {_registered!r}")
-        current = torch._C._get_privateuse1_backend_name()
-        owner = "torch_npu is loaded" if "torch_npu" in sys.modules else None
-        if current != "privateuseone" or owner:
-            raise RuntimeError(
-                f"memsnap.predict: torch's PrivateUse1 backend is already named "
-                f"{current!r}{' (' + owner + ')' if owner else ''}; a prediction needs it "
-                f"for its fake {name!r} device.  Run the prediction in a process that "
-                "does not import torch_npu (or any other PrivateUse1 backend): "
-                "python -m memsnap.predict SCRIPT")
-        if hasattr(torch, name):
-            raise RuntimeError(f"memsnap.predict: torch.{name} is already registered "
-                               f"({getattr(torch, name)!r})")
-        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+        from memsnap.torch import claim_privateuse1
 
         npu.__name__ = f"torch.{name}"
-        _setup_privateuseone_for_python_backend(
-            rename=name, backend_module=npu, hook=_Hooks(), device_guard=_Guard())
+        # The order is torch's (_setup_privateuseone_for_python_backend):
+        # rename, generate the Tensor methods, the module, hooks, guard.
+        claim_privateuse1(name, owner="memsnap.predict")
+        torch.utils.generate_methods_for_privateuse1_backend()
+        claim_privateuse1(name, npu, owner="memsnap.predict")
+        torch._C._acc.register_python_privateuseone_hook(_Hooks())
+        torch._C._acc.register_python_privateuseone_device_guard(_Guard())
         _registered = name
         return npu
 
