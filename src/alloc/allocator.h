@@ -107,11 +107,21 @@ void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
                        uint64_t device_total, uint64_t device_free);
 /* Attach an observer owned by the library: `release(arg)` runs when the
  * allocator is destroyed.  With unique, an observer with the same cb is
- * not attached twice (returns 1).  0, 1 or MSNAP_ENOMEM. */
+ * not attached twice (returns 1).  With on_device_error it also runs on
+ * device errors CANN reports as OOM (msnap__oom_notify_device_error).
+ * 0, 1 or MSNAP_ENOMEM. */
 int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
                             void *arg, void (*release)(void *arg),
-                            bool unique);
+                            bool unique, bool on_device_error);
+/* A device call failed with CANN's OOM text (torch_npu isCannOOM, e.g. an
+ * operator's allocation): the on_device_error observers run, as
+ * torch_npu's NPU_CHECK_ERROR calls oom_observer() before throwing.  No
+ * library lock may be held. */
+void msnap__oom_notify_device_error(msnap_allocator_t *a, int device);
 /* Write the usage-report CSV of one device (-1 = all) to path (atomic). */
 int msnap__usage_report(msnap_allocator_t *a, int device, const char *path);
+/* The same text, malloc'ed (caller frees). */
+int msnap__usage_report_text(msnap_allocator_t *a, int device, char **text,
+                             size_t *len);
 
 #endif /* MSNAP_ALLOCATOR_H */

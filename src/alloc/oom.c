@@ -27,7 +27,7 @@
 
 int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
                             void *arg, void (*release)(void *arg),
-                            bool unique) {
+                            bool unique, bool on_device_error) {
   msnap__mutex_lock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   if (unique) {
     for (uint32_t i = 0; i < a->nobservers; i++) {
@@ -47,7 +47,8 @@ int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
     a->observers = n;
     a->observers_cap = cap;
   }
-  a->observers[a->nobservers++] = (msnap_oom_observer_t){cb, arg, release};
+  a->observers[a->nobservers++] =
+      (msnap_oom_observer_t){cb, arg, release, on_device_error};
   msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   return 0;
 }
@@ -57,12 +58,15 @@ int msnap_attach_oom_observer(msnap_allocator_t *a, msnap_oom_observer_cb cb,
   if (a == NULL || cb == NULL)
     return msnap__set_error(MSNAP_EINVAL,
                             "attach_oom_observer: NULL allocator or callback");
-  int rc = msnap__oom_observer_add(a, cb, arg, NULL, false);
+  int rc = msnap__oom_observer_add(a, cb, arg, NULL, false, false);
   return rc < 0 ? rc : 0;
 }
 
-void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
-                       uint64_t device_total, uint64_t device_free) {
+/* Call the observers (only the on_device_error ones when `errors_only`)
+ * from a copy of the list, with no library lock held. */
+static void notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
+                   uint64_t device_total, uint64_t device_free,
+                   bool errors_only) {
   msnap__mutex_lock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   uint32_t n = a->nobservers;
   msnap_oom_observer_t local[16];
@@ -71,8 +75,43 @@ void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
   else if (n) memcpy(obs, a->observers, n * sizeof *obs);
   msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   for (uint32_t i = 0; i < n; i++)
-    obs[i].cb(device, alloc_size, device_total, device_free, obs[i].arg);
+    if (!errors_only || obs[i].on_device_error)
+      obs[i].cb(device, alloc_size, device_total, device_free, obs[i].arg);
   if (obs != local) free(obs);
+}
+
+void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
+                       uint64_t device_total, uint64_t device_free) {
+  notify(a, device, alloc_size, device_total, device_free, false);
+}
+
+void msnap__oom_notify_device_error(msnap_allocator_t *a, int device) {
+  size_t f = 0, t = 0;
+  if (device < 0 || device >= a->ndevices ||
+      a->rt->mem_get_info(a->rt_ctx, device, &f, &t) != 0)
+    f = t = 0;
+  notify(a, device, 0, t, f, true);
+}
+
+/*
+ * msnap_notify_device_error: a framework reports a failed device call's
+ * error text (torch_npu's NPU_CHECK_ERROR / NPUQueue error paths).  When
+ * the text is CANN's OOM (isCannOOM: "EL0004" or "Failed to allocate")
+ * the on_device_error observers run -- the OOM_SNAPSHOT dump -- and 1 is
+ * returned; otherwise 0.
+ */
+int msnap_notify_device_error(msnap_allocator_t *a, int device,
+                              const char *message) {
+  if (a == NULL || message == NULL)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "notify_device_error: NULL allocator or message");
+  if (device < 0 || device >= a->ndevices)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "notify_device_error: invalid device %d", device);
+  if (!msnap__is_cann_oom_text(message))
+    return 0;
+  msnap__oom_notify_device_error(a, device);
+  return 1;
 }
 
 /* Free the list (allocator destruction), releasing library-owned
@@ -184,6 +223,19 @@ static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
               d, wr, wa, wa);
   }
   return b->err;
+}
+
+int msnap__usage_report_text(msnap_allocator_t *a, int device, char **text,
+                             size_t *len) {
+  usage_buf_t b = {0};
+  int rc = usage_text(a, device, &b);
+  if (rc != 0) {
+    free(b.p);
+    return rc;
+  }
+  *text = b.p;
+  *len = b.len;
+  return 0;
 }
 
 int msnap__usage_report(msnap_allocator_t *a, int device, const char *path) {

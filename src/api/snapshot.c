@@ -379,12 +379,13 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
          gv_bool(c ? c->pinned_use_host_register : false));
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
-  /* The pinned host allocator's thresholds as configured (bytes; 0 when
-   * never set).  alloc/host.c honours both. */
+  /* The pinned host allocator's thresholds (bytes): SIZE_MAX by default
+   * as in PyTorch, written as -1 (above 2^53 - 1: see the file comment).
+   * alloc/host.c honours both. */
   gv_put(s, &b, "max_round_threshold",
-         gv_int(c ? js_limit(c->pinned_max_round_threshold) : 0));
+         gv_int(js_limit(c ? c->pinned_max_round_threshold : UINT64_MAX)));
   gv_put(s, &b, "max_cached_size",
-         gv_int(c ? js_limit(c->pinned_max_cached_size) : 0));
+         gv_int(js_limit(c ? c->pinned_max_cached_size : UINT64_MAX)));
   gvb_t rd = {0};
   for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
     char key[16];
