@@ -205,6 +205,9 @@ MSNAP_API void msnap_allocator_destroy(msnap_allocator_t *a);
  * NULL if creation failed (see msnap_default_error()). */
 MSNAP_API msnap_allocator_t *msnap_default(void);
 MSNAP_API const char *msnap_default_error(void);
+/* Whether msnap_default() has created the process-wide allocator yet
+ * (never creates it). */
+MSNAP_API bool msnap_default_exists(void);
 
 MSNAP_API int msnap_device_count(msnap_allocator_t *a);
 MSNAP_API msnap_profile_t msnap_profile(msnap_allocator_t *a);

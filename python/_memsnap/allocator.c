@@ -330,10 +330,109 @@ static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
       (unsigned long long)(uintptr_t)&msnap_plugin_get_base_allocation);
 }
 
-/* initialized() -> bool: whether this module already created (or found)
- * the process-wide allocator; memsnap.configure() must come before. */
+/* initialized() -> bool: whether the process-wide allocator exists
+ * (created by this module, or by the pluggable-allocator entry points when
+ * torch allocated through memsnap); memsnap.configure() must come before.
+ * It is memsnap's "device initialized" (torch.cuda.is_initialized). */
 static PyObject *py_initialized(PyObject *module, PyObject *unused) {
-  return PyBool_FromLong(msnap_py_state(module)->created);
+  return PyBool_FromLong(msnap_py_state(module)->created ||
+                         msnap_default_exists());
+}
+
+/* mark_capture_begin(device, stream) / mark_capture_end(device, stream):
+ * a graph capture on stream begins / ends (markCaptureBegin/End). */
+static PyObject *capture_mark(PyObject *module, PyObject *args, bool begin) {
+  int device;
+  PyObject *s;
+  uint64_t stream;
+  if (!PyArg_ParseTuple(args, "iO", &device, &s) ||
+      msnap_py_u64(s, &stream, "stream") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
+  int rc = begin ? msnap_mark_capture_begin(a, device, stream)
+                 : msnap_mark_capture_end(a, device, stream);
+  if (rc < 0)
+    return msnap_py_raise(module, rc,
+                          begin ? "markCaptureBegin" : "markCaptureEnd");
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_mark_capture_begin(PyObject *module, PyObject *args) {
+  return capture_mark(module, args, true);
+}
+
+static PyObject *py_mark_capture_end(PyObject *module, PyObject *args) {
+  return capture_mark(module, args, false);
+}
+
+/* set_expandable_segment_reserve_class(stream, name). */
+static PyObject *py_set_reserve_class(PyObject *module, PyObject *args) {
+  PyObject *s;
+  const char *name;
+  uint64_t stream;
+  if (!PyArg_ParseTuple(args, "Os", &s, &name) ||
+      msnap_py_u64(s, &stream, "stream") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_set_expandable_segment_reserve_class(a, stream, name);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "setExpandableSegmentReserveClass");
+  Py_RETURN_NONE;
+}
+
+/* notify_device_error(device, message) -> bool: CANN OOM text? (then the
+ * OOM_SNAPSHOT dump ran). */
+static PyObject *py_notify_device_error(PyObject *module, PyObject *args) {
+  int device;
+  const char *msg;
+  if (!PyArg_ParseTuple(args, "is", &device, &msg))
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = msnap_notify_device_error(a, device, msg);
+  Py_END_ALLOW_THREADS
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "notify_device_error");
+  return PyBool_FromLong(rc == 1);
+}
+
+/* save_dev_mem_usage_info(device) -> bool (torch_npu
+ * _npu_saveDevMemUsageInfo): CANN's usage CSV in OOM_SNAPSHOT_PATH or ".";
+ * False when the runtime cannot give it or the file cannot be written. */
+static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
+  int device;
+  if (msnap_py_device(arg, &device) < 0)
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = msnap_save_dev_mem_usage_info(a, device, NULL, NULL);
+  Py_END_ALLOW_THREADS
+  return PyBool_FromLong(rc == 0);
+}
+
+/* dump_usage_reports(device) -> bool: the usage CSV files of a dump
+ * (MEMSNAP_USAGE_REPORT); False when CANN's report was wanted and could
+ * not be written (torch_npu then runs its profiler). */
+static PyObject *py_dump_usage_reports(PyObject *module, PyObject *arg) {
+  int device;
+  if (msnap_py_device(arg, &device) < 0)
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = msnap_dump_usage_reports(a, device, NULL);
+  Py_END_ALLOW_THREADS
+  return PyBool_FromLong(rc == 0);
 }
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused) {
@@ -575,7 +674,20 @@ PyMethodDef msnap_py_allocator_methods[] = {
      "plugin_entry_points() -> {name: address} of the msnap_plugin_* "
      "functions."},
     {"initialized", py_initialized, METH_NOARGS,
-     "initialized() -> bool: the allocator was created by this module."},
+     "initialized() -> bool: the process-wide allocator exists."},
+    {"mark_capture_begin", py_mark_capture_begin, METH_VARARGS,
+     "mark_capture_begin(device, stream): a graph capture begins."},
+    {"mark_capture_end", py_mark_capture_end, METH_VARARGS,
+     "mark_capture_end(device, stream): the graph capture ends."},
+    {"set_expandable_segment_reserve_class", py_set_reserve_class,
+     METH_VARARGS,
+     "set_expandable_segment_reserve_class(stream, name): '' clears."},
+    {"notify_device_error", py_notify_device_error, METH_VARARGS,
+     "notify_device_error(device, message) -> bool: CANN OOM (dumped)."},
+    {"save_dev_mem_usage_info", py_save_dev_mem_usage_info, METH_O,
+     "save_dev_mem_usage_info(device) -> bool: CANN's usage CSV written."},
+    {"dump_usage_reports", py_dump_usage_reports, METH_O,
+     "dump_usage_reports(device) -> bool: False if CANN's CSV failed."},
     {"device_count", py_device_count, METH_NOARGS, "device_count() -> int."},
     {"profile", py_profile, METH_NOARGS, "profile() -> 'npu' | 'cuda'."},
     {"runtime_name", py_runtime_name, METH_NOARGS,
@@ -719,6 +831,23 @@ static msnap_allocator_t *mempool_target(PyObject *o, int device,
   return a;
 }
 
+/* _begin_current_thread(device): route this thread's allocations to the
+ * pool (_cuda_beginAllocateCurrentThreadToPool, use_mem_pool). */
+static PyObject *mempool_begin_current_thread(PyObject *o, PyObject *args) {
+  mempool_t *self = (mempool_t *)o;
+  int device;
+  PyObject *module;
+  if (!PyArg_ParseTuple(args, "i:_begin_current_thread", &device))
+    return NULL;
+  msnap_allocator_t *a = mempool_target(o, device, &module);
+  if (a == NULL)
+    return NULL;
+  int rc = msnap_begin_allocate_current_thread_to_pool(a, device, self->id);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "beginAllocateCurrentThreadToPool");
+  Py_RETURN_NONE;
+}
+
 /* _begin(device, stream, all_streams): route allocations to the pool. */
 static PyObject *mempool_begin(PyObject *o, PyObject *args) {
   mempool_t *self = (mempool_t *)o;
@@ -778,6 +907,8 @@ static PyMethodDef mempool_methods[] = {
      "use_count() -> int: the pool's reference count."},
     {"_begin", mempool_begin, METH_VARARGS,
      "_begin(device, stream, all_streams): route allocations here."},
+    {"_begin_current_thread", mempool_begin_current_thread, METH_VARARGS,
+     "_begin_current_thread(device): route this thread's allocations here."},
     {"_end", mempool_end, METH_VARARGS, "_end(device): stop routing."},
     {"_release", mempool_release, METH_VARARGS,
      "_release(device): drop the reference _begin took (releasePool)."},

@@ -86,7 +86,7 @@ static const struct {
                                     "runtime/sim.c: CANN version the sim "
                                     "reports"},
     [MSNAP_ENV_WORKSPACE_VIEW] = {"MEMSNAP_WORKSPACE_VIEW",
-                                  "alloc/create.c: workspace in snapshots"},
+                                  "api/snapshot.c: workspace in snapshots"},
     [MSNAP_ENV_USAGE_REPORT] = {"MEMSNAP_USAGE_REPORT",
                                 "api/usage.c: usage CSV on dumps"},
     [MSNAP_ENV_NVML_LIBRARY] = {"MEMSNAP_NVML_LIBRARY",
