@@ -434,10 +434,13 @@ static int new_block(msnap_host_t *h, uint64_t size, hblock_t **out,
     if (rc != 0) {
       free(b);
       *cann_oom = msnap__is_cann_oom_text(msnap_last_error());
-      if (rc == MSNAP_EOOM)
+      if (rc == MSNAP_EOOM) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", msnap_last_error());
         return msnap__set_error(rc, "host allocator: pinned host memory "
-                                "exhausted allocating %" PRIu64 " bytes",
-                                size);
+                                "exhausted allocating %" PRIu64 " bytes (%s)",
+                                size, why);
+      }
       return rc;
     }
     dur_add(&h->alloc_time, now_us() - t0);
