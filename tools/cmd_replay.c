@@ -941,8 +941,8 @@ static const char *gv_dict_str(const msnap_snap_t *s, const msnap_gv_t *v,
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap replay [--profile cuda|npu] [--alloc-conf STR]\n"
-          "                      [-o OUT] [--json] [--max-mismatches N] "
-          "FILE\n"
+          "                      [-o OUT] [--json] [--max-mismatches N]\n"
+          "                      [--device-memory BYTES] FILE\n"
           "\n"
           "Run the file's recorded alloc/free stream through memsnap's\n"
           "caching allocator on the simulated device and report segment\n"
@@ -978,6 +978,11 @@ static void usage(FILE *f) {
           "                    final_reserved_bytes, inactive_split_bytes,\n"
           "                    mismatches, reason, devices, recording}\n"
           "  --max-mismatches N  mismatches listed per device (default 10)\n"
+          "  --device-memory B the simulated device's memory (default 1T;\n"
+          "                    K/M/G/T suffixes): give the recording\n"
+          "                    device's total when the configuration depends\n"
+          "                    on it (per_process_memory_fraction,\n"
+          "                    garbage_collection_threshold, OOMs)\n"
           "  -h, --help        this text\n"
           "\nExit status: 0 replayed (and, in exact mode, matched), 1 exact\n"
           "replay did not match, 2 unusable input or not replayable.\n");
@@ -1073,11 +1078,13 @@ int cli_cmd_replay(int argc, char **argv) {
       {"alloc-conf", required_argument, NULL, 'c'},
       {"output", required_argument, NULL, 'o'},
       {"max-mismatches", required_argument, NULL, 'm'},
+      {"device-memory", required_argument, NULL, 'd'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   bool json = false, profile_given = false;
   const char *profile = "cuda", *conf = NULL, *out = NULL;
   long maxm = 10;
+  uint64_t devmem = 1ull << 40;
   int o;
   optind = 1;
   while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
@@ -1094,6 +1101,20 @@ int cli_cmd_replay(int argc, char **argv) {
       maxm = strtol(optarg, &end, 10);
       if (*end || maxm < 0 || maxm > MAX_MISMATCH_KEEP)
         return cli_usage_error("replay", "--max-mismatches needs 0..64");
+      break;
+    }
+    case 'd': {
+      /* bytes, with an optional binary K/M/G/T suffix */
+      char *end;
+      unsigned long long v = strtoull(optarg, &end, 10);
+      int sh = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30
+             : *end == 'T' ? 40 : 0;
+      if (sh) end++;
+      if (end == optarg || *end || optarg[0] == '-' || v == 0 ||
+          v > (1ull << 48) >> sh || (v << sh) < (2ull << 20))
+        return cli_usage_error("replay", "--device-memory needs 2M..256T "
+                               "bytes (K/M/G/T suffixes)");
+      devmem = (uint64_t)v << sh;
       break;
     }
     case 'h': usage(stdout); return CLI_OK;
@@ -1172,7 +1193,7 @@ int cli_cmd_replay(int argc, char **argv) {
     mo.alloc_conf = conf;
     mo.caching_disabled = 0;
     mo.sim_devices = (int)maxdev + 1;
-    mo.sim_memory = 1ull << 40;
+    mo.sim_memory = devmem;
     mo.error_buf = ebuf;
     mo.error_buf_len = sizeof ebuf;
     int e = msnap_allocator_create(&mo, &r.a);
@@ -1184,6 +1205,10 @@ int cli_cmd_replay(int argc, char **argv) {
       goto done;
     }
     r.ctx = msnap_runtime_ctx(r.a);
+    /* The pad the allocator really adds (torch_npu AddPadSize: 0 on an
+     * Ascend950 with CANN >= 9.1.0, which the sim reports through
+     * MEMSNAP_SIM_SOC_NAME / MEMSNAP_SIM_CANN_VERSION). */
+    r.pad = msnap__npu_pad(r.a);
     cli_progress_t pr;
     cli_progress_init(&pr, "replay");
     for (uint32_t k = 0; k < nd; k++)

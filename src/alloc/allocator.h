@@ -99,6 +99,10 @@ void msnap__ws_totals(msnap_allocator_t *a, int device, uint64_t *reserved,
 /* Workspace invariants (tests): 0 or MSNAP_ESTATE with msg. */
 int msnap__ws_check(msnap_allocator_t *a, char *msg, size_t len);
 
+/* The bytes the npu profile adds to every request (torch_npu AddPadSize,
+ * alloc/pad.c); 0 in the cuda profile. */
+uint64_t msnap__npu_pad(const msnap_allocator_t *a);
+
 /* ---- oom.c: OOM observers and the usage report ----------------------------- */
 /* Called by the allocator after an allocation failed for good (after the
  * `oom` trace entry), with no library lock held: every observer in

@@ -156,3 +156,7 @@ uint64_t msnap__npu_pad_from(const msnap_runtime_ops_t *rt, void *ctx) {
     return MSNAP_NPU_PAD;
   return 0;
 }
+
+uint64_t msnap__npu_pad(const msnap_allocator_t *a) {
+  return a->profile == MSNAP_PROFILE_NPU ? a->npu_pad : 0;
+}
