@@ -401,10 +401,10 @@ static PyObject *py_notify_device_error(PyObject *module, PyObject *args) {
   return PyBool_FromLong(rc == 1);
 }
 
-/* save_dev_mem_usage_info(device) -> bool (torch_npu
- * _npu_saveDevMemUsageInfo): CANN's usage CSV in OOM_SNAPSHOT_PATH or ".";
- * False when the runtime cannot give it or the file cannot be written. */
-static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
+/* A usage-CSV call on one device with the GIL released: True when it
+ * wrote what was wanted. */
+static PyObject *usage_call(PyObject *module, PyObject *arg,
+                            int (*fn)(msnap_allocator_t *, int)) {
   int device;
   if (msnap_py_device(arg, &device) < 0)
     return NULL;
@@ -413,26 +413,31 @@ static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
     return NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = msnap_save_dev_mem_usage_info(a, device, NULL, NULL);
+  rc = fn(a, device);
   Py_END_ALLOW_THREADS
   return PyBool_FromLong(rc == 0);
+}
+
+static int save_usage(msnap_allocator_t *a, int device) {
+  return msnap_save_dev_mem_usage_info(a, device, NULL, NULL);
+}
+
+static int dump_usage(msnap_allocator_t *a, int device) {
+  return msnap_dump_usage_reports(a, device, NULL);
+}
+
+/* save_dev_mem_usage_info(device) -> bool (torch_npu
+ * _npu_saveDevMemUsageInfo): CANN's usage CSV in OOM_SNAPSHOT_PATH or ".";
+ * False when the runtime cannot give it or the file cannot be written. */
+static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
+  return usage_call(module, arg, save_usage);
 }
 
 /* dump_usage_reports(device) -> bool: the usage CSV files of a dump
  * (MEMSNAP_USAGE_REPORT); False when CANN's report was wanted and could
  * not be written (torch_npu then runs its profiler). */
 static PyObject *py_dump_usage_reports(PyObject *module, PyObject *arg) {
-  int device;
-  if (msnap_py_device(arg, &device) < 0)
-    return NULL;
-  GET_ALLOC(a);
-  if (msnap_py_check_device(a, device, 0, 1) < 0)
-    return NULL;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = msnap_dump_usage_reports(a, device, NULL);
-  Py_END_ALLOW_THREADS
-  return PyBool_FromLong(rc == 0);
+  return usage_call(module, arg, dump_usage);
 }
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused) {
@@ -831,21 +836,32 @@ static msnap_allocator_t *mempool_target(PyObject *o, int device,
   return a;
 }
 
-/* _begin_current_thread(device): route this thread's allocations to the
- * pool (_cuda_beginAllocateCurrentThreadToPool, use_mem_pool). */
-static PyObject *mempool_begin_current_thread(PyObject *o, PyObject *args) {
+/* The pool methods that take only a device: parse it ("i:<name>"), call
+ * fn on the pool, raise with `what` on error. */
+static PyObject *pool_device_call(PyObject *o, PyObject *args,
+                                  const char *fmt, const char *what,
+                                  int (*fn)(msnap_allocator_t *, int,
+                                            msnap_mempool_id_t)) {
   mempool_t *self = (mempool_t *)o;
   int device;
   PyObject *module;
-  if (!PyArg_ParseTuple(args, "i:_begin_current_thread", &device))
+  if (!PyArg_ParseTuple(args, fmt, &device))
     return NULL;
   msnap_allocator_t *a = mempool_target(o, device, &module);
   if (a == NULL)
     return NULL;
-  int rc = msnap_begin_allocate_current_thread_to_pool(a, device, self->id);
+  int rc = fn(a, device, self->id);
   if (rc < 0)
-    return msnap_py_raise(module, rc, "beginAllocateCurrentThreadToPool");
+    return msnap_py_raise(module, rc, what);
   Py_RETURN_NONE;
+}
+
+/* _begin_current_thread(device): route this thread's allocations to the
+ * pool (_cuda_beginAllocateCurrentThreadToPool, use_mem_pool). */
+static PyObject *mempool_begin_current_thread(PyObject *o, PyObject *args) {
+  return pool_device_call(o, args, "i:_begin_current_thread",
+                          "beginAllocateCurrentThreadToPool",
+                          msnap_begin_allocate_current_thread_to_pool);
 }
 
 /* _begin(device, stream, all_streams): route allocations to the pool. */
@@ -868,36 +884,16 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
 }
 
 static PyObject *mempool_end(PyObject *o, PyObject *args) {
-  mempool_t *self = (mempool_t *)o;
-  int device;
-  PyObject *module;
-  if (!PyArg_ParseTuple(args, "i:_end", &device))
-    return NULL;
-  msnap_allocator_t *a = mempool_target(o, device, &module);
-  if (a == NULL)
-    return NULL;
-  int rc = msnap_end_allocate_to_pool(a, device, self->id);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "endAllocateToPool");
-  Py_RETURN_NONE;
+  return pool_device_call(o, args, "i:_end", "endAllocateToPool",
+                          msnap_end_allocate_to_pool);
 }
 
 /* _release(device): drop one reference (releasePool), e.g. the one that
  * _begin took.  The pool's own reference is dropped when the object dies;
  * at use_count 0 the pool's cached segments are released. */
 static PyObject *mempool_release(PyObject *o, PyObject *args) {
-  mempool_t *self = (mempool_t *)o;
-  int device;
-  PyObject *module;
-  if (!PyArg_ParseTuple(args, "i:_release", &device))
-    return NULL;
-  msnap_allocator_t *a = mempool_target(o, device, &module);
-  if (a == NULL)
-    return NULL;
-  int rc = msnap_mempool_release(a, device, self->id);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "releasePool");
-  Py_RETURN_NONE;
+  return pool_device_call(o, args, "i:_release", "releasePool",
+                          msnap_mempool_release);
 }
 
 static PyMethodDef mempool_methods[] = {

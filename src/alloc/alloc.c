@@ -1556,16 +1556,11 @@ int msnap_set_expandable_segment_reserve_class(msnap_allocator_t *a,
     if (i < a->nstream_classes)
       a->stream_classes[i] = a->stream_classes[--a->nstream_classes];
   } else {
-    if (i == a->nstream_classes && i == a->stream_classes_cap) {
-      uint32_t nc = a->stream_classes_cap ? a->stream_classes_cap * 2 : 4;
-      msnap_stream_class_t *nv =
-          realloc(a->stream_classes, nc * sizeof *nv);
-      if (!nv) {
-        rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-        goto out;
-      }
-      a->stream_classes = nv;
-      a->stream_classes_cap = nc;
+    if (i == a->nstream_classes &&
+        msnap__grow((void **)&a->stream_classes, &a->stream_classes_cap,
+                    a->nstream_classes, 1, sizeof *a->stream_classes) != 0) {
+      rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+      goto out;
     }
     a->stream_classes[i].stream = stream;
     snprintf(a->stream_classes[i].name, MSNAP_RESERVE_CLASS_LEN, "%s", cls);

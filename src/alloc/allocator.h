@@ -124,7 +124,12 @@ int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
 void msnap__oom_notify_device_error(msnap_allocator_t *a, int device);
 /* Write the usage-report CSV of one device (-1 = all) to path (atomic). */
 int msnap__usage_report(msnap_allocator_t *a, int device, const char *path);
-/* The same text, malloc'ed (caller frees). */
+/* CANN's per-module usage CSV text of a device (aclrtGetMemUsageInfo,
+ * torch_npu saveDevMemUsageInfo's format), malloc'ed (caller frees);
+ * MSNAP_ENOTSUP when the runtime has no such report. */
+int msnap__cann_usage_text(msnap_allocator_t *a, int device, char **text,
+                           size_t *len);
+/* memsnap's report text, malloc'ed (caller frees). */
 int msnap__usage_report_text(msnap_allocator_t *a, int device, char **text,
                              size_t *len);
 

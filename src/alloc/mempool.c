@@ -465,15 +465,10 @@ static int begin_scope(msnap_device_t *d, msnap_mempool_id_t id,
       goto out;
     }
   }
-  if (d->nscopes == d->scopes_cap) {
-    uint32_t nc = d->scopes_cap ? d->scopes_cap * 2 : 4;
-    msnap_scope_t *nv = realloc(d->scopes, nc * sizeof *nv);
-    if (!nv) {
-      rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-      goto out;
-    }
-    d->scopes = nv;
-    d->scopes_cap = nc;
+  if (msnap__grow((void **)&d->scopes, &d->scopes_cap, d->nscopes, 1,
+                  sizeof *d->scopes) != 0) {
+    rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+    goto out;
   }
   msnap_ppool_t *pp;
   rc = create_or_incref(d, id, &pp);
@@ -540,15 +535,10 @@ int msnap_mark_capture_begin(msnap_allocator_t *a, int device,
     return MSNAP_EINVAL;
   int rc = 0;
   msnap__lock(&d->lock);
-  if (d->ncaptures == d->captures_cap) {
-    uint32_t nc = d->captures_cap ? d->captures_cap * 2 : 4;
-    uint64_t *nv = realloc(d->capture_streams, nc * sizeof *nv);
-    if (!nv) {
-      rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-      goto out;
-    }
-    d->capture_streams = nv;
-    d->captures_cap = nc;
+  if (msnap__grow((void **)&d->capture_streams, &d->captures_cap,
+                  d->ncaptures, 1, sizeof *d->capture_streams) != 0) {
+    rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+    goto out;
   }
   d->capture_streams[d->ncaptures++] = stream;
 out:

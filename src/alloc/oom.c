@@ -225,6 +225,61 @@ static int usage_text(msnap_allocator_t *a, int device, usage_buf_t *b) {
   return b->err;
 }
 
+/*
+ * CANN's per-module report of one device (torch_npu saveDevMemUsageInfo):
+ * the runtime's mem_usage_info op (aclrtGetMemUsageInfo(device, rows[128],
+ * 128, &count)) as
+ *
+ *   moduleName,curMemSize(MB),memPeakSize(MB)
+ *   <name>,<bytes / 2^20 with 4 decimals>,<same>
+ *
+ * one row per module, at most 128 ("moduleCount is unreliable"; a warning
+ * on stderr names a larger count).  A name runs to its NUL or its 32
+ * bytes; a line break in it becomes '?' (one row per module).
+ */
+#define CANN_MAX_MODULES 128 /* torch_npu kMaxModuleNum */
+
+int msnap__cann_usage_text(msnap_allocator_t *a, int device, char **text,
+                           size_t *len) {
+  if (a->rt->mem_usage_info == NULL)
+    return msnap__set_error(MSNAP_ENOTSUP, "the %s runtime has no "
+                            "aclrtGetMemUsageInfo",
+                            a->rt->name ? a->rt->name : "?");
+  msnap_mem_usage_t *rows = calloc(CANN_MAX_MODULES, sizeof *rows);
+  if (rows == NULL) return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+  size_t n = 0;
+  int rc = a->rt->mem_usage_info(a->rt_ctx, device, rows, CANN_MAX_MODULES,
+                                 &n);
+  if (rc != 0) {
+    free(rows);
+    return rc;
+  }
+  usage_buf_t b = {0};
+  ub_printf(&b, "moduleName,curMemSize(MB),memPeakSize(MB)\n");
+  for (size_t i = 0; i < n && i < CANN_MAX_MODULES; i++) {
+    char name[sizeof rows[i].name + 1];
+    memcpy(name, rows[i].name, sizeof rows[i].name);
+    name[sizeof rows[i].name] = '\0';
+    for (char *c = name; *c; c++)
+      if (*c == '\n' || *c == '\r') *c = '?';
+    ub_printf(&b, "%s,%.4f,%.4f\n", name,
+              (double)rows[i].cur_bytes / 1048576.0,
+              (double)rows[i].peak_bytes / 1048576.0);
+  }
+  if (n > CANN_MAX_MODULES)
+    fprintf(stderr, "memsnap: warning: CANN reported %zu memory modules on "
+            "device %d; the usage CSV has the first %d\n", n, device,
+            CANN_MAX_MODULES);
+  free(rows);
+  if (b.err) {
+    free(b.p);
+    return msnap__set_error(b.err, "out of host memory");
+  }
+  *text = b.p ? b.p : calloc(1, 1);
+  *len = b.len;
+  return *text ? 0 : msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+}
+
 int msnap__usage_report_text(msnap_allocator_t *a, int device, char **text,
                              size_t *len) {
   usage_buf_t b = {0};

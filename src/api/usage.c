@@ -4,14 +4,7 @@
  *
  * CANN's report (torch_npu saveDevMemUsageInfo, NPUCachingAllocator.cpp,
  * called by torch_npu.npu.memory._dump_snapshot and so by every
- * OOM_SNAPSHOT dump): the runtime's mem_usage_info op
- * (aclrtGetMemUsageInfo(device, rows[128], 128, &count)) written as
- *
- *   moduleName,curMemSize(MB),memPeakSize(MB)
- *   <name>,<bytes / 2^20 with 4 decimals>,<same>
- *
- * one row per module, at most 128 ("moduleCount is unreliable"; a warning
- * on stderr names a larger count), to
+ * OOM_SNAPSHOT dump; its text is alloc/oom.c's msnap__cann_usage_text) to
  * <dir>/device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv (local time, 1 s).
  * dir defaults to torch_npu's GetOomSnapshotDumpPath(): the real path of
  * OOM_SNAPSHOT_PATH, else of ".".  Without aclrtGetMemUsageInfo (older
@@ -43,84 +36,11 @@
 
 #include "api/api.h"
 
-#define CANN_MAX_MODULES 128 /* torch_npu kMaxModuleNum */
-
-typedef struct tbuf_s {
-  char *p;
-  size_t len, cap;
-  int err;
-} tbuf_t;
-
-__attribute__((format(printf, 2, 3))) static void tb_printf(tbuf_t *b,
-                                                            const char *fmt,
-                                                            ...) {
-  if (b->err) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0,
-                      fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      b->err = MSNAP_EINVAL;
-      return;
-    }
-    if (b->p && b->len + (size_t)n < b->cap) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap < b->len + (size_t)n + 1) cap *= 2;
-    char *np = realloc(b->p, cap);
-    if (np == NULL) {
-      b->err = MSNAP_ENOMEM;
-      return;
-    }
-    b->p = np;
-    b->cap = cap;
-  }
-}
-
 msnap_usage_kind_t msnap__usage_kind(void) {
   static const char *const words[] = {"cann", "memsnap", "both", "none",
                                       NULL};
   return (msnap_usage_kind_t)msnap__env_choice(MSNAP_ENV_USAGE_REPORT, words,
                                                MSNAP_USAGE_CANN);
-}
-
-/* The CSV text of CANN's report for one device. */
-static int cann_text(msnap_allocator_t *a, int device, tbuf_t *b) {
-  const msnap_runtime_ops_t *rt = msnap_runtime(a);
-  if (rt->mem_usage_info == NULL)
-    return msnap__set_error(MSNAP_ENOTSUP, "the %s runtime has no "
-                            "aclrtGetMemUsageInfo",
-                            rt->name ? rt->name : "?");
-  msnap_mem_usage_t *rows = calloc(CANN_MAX_MODULES, sizeof *rows);
-  if (rows == NULL) return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
-  size_t n = 0;
-  int rc = rt->mem_usage_info(msnap_runtime_ctx(a), device, rows,
-                              CANN_MAX_MODULES, &n);
-  if (rc != 0) {
-    free(rows);
-    return rc;
-  }
-  tb_printf(b, "moduleName,curMemSize(MB),memPeakSize(MB)\n");
-  for (size_t i = 0; i < n && i < CANN_MAX_MODULES; i++) {
-    char name[sizeof rows[i].name + 1];
-    memcpy(name, rows[i].name, sizeof rows[i].name);
-    name[sizeof rows[i].name] = '\0';
-    for (char *c = name; *c; c++)
-      if (*c == '\n' || *c == '\r') *c = '?'; /* one row per module */
-    tb_printf(b, "%s,%.4f,%.4f\n", name,
-              (double)rows[i].cur_bytes / 1048576.0,
-              (double)rows[i].peak_bytes / 1048576.0);
-  }
-  if (n > CANN_MAX_MODULES)
-    fprintf(stderr, "memsnap: warning: CANN reported %zu memory modules on "
-            "device %d; the usage CSV has the first %d\n", n, device,
-            CANN_MAX_MODULES);
-  free(rows);
-  return b->err;
 }
 
 char *msnap__usage_dir(const char *configured) {
@@ -145,35 +65,25 @@ int msnap__usage_csv(msnap_allocator_t *a, int device, const char *dir,
                      bool cann, const char *stamp, bool unique,
                      char **path) {
   if (path) *path = NULL;
-  tbuf_t b = {0};
-  int rc;
-  if (cann) {
-    rc = cann_text(a, device, &b);
-  } else {
-    char *text = NULL;
-    size_t len = 0;
-    rc = msnap__usage_report_text(a, device, &text, &len);
-    b.p = text;
-    b.len = len;
-  }
-  if (rc != 0) {
-    free(b.p);
-    return rc;
-  }
+  char *text = NULL;
+  size_t len = 0;
+  int rc = cann ? msnap__cann_usage_text(a, device, &text, &len)
+                : msnap__usage_report_text(a, device, &text, &len);
+  if (rc != 0) return rc;
   char stem[96];
   snprintf(stem, sizeof stem, "device_%d_%s_%s", device,
            cann ? "memUsageInfo" : "memsnapUsage", stamp);
   size_t plen = strlen(dir) + sizeof stem + 32;
   char *p = malloc(plen);
   if (p == NULL) {
-    free(b.p);
+    free(text);
     return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
   }
   snprintf(p, plen, "%s/%s.csv", dir, stem);
   for (int k = 1; unique && access(p, F_OK) == 0 && k < 10000; k++)
     snprintf(p, plen, "%s/%s_%d.csv", dir, stem, k);
-  rc = msnap__write_file_atomic(p, b.p ? b.p : "", b.len);
-  free(b.p);
+  rc = msnap__write_file_atomic(p, text ? text : "", len);
+  free(text);
   if (rc == 0 && path) {
     *path = p;
     return 0;
