@@ -235,7 +235,10 @@ MSNAP_API int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
  * pointer gives MSNAP_EBADPTR ("invalid device pointer: 0x...") and leaves
  * the allocator unchanged. */
 MSNAP_API int msnap_free(msnap_allocator_t *a, uint64_t ptr);
-/* Mark that the live allocation at ptr is used on `stream` (record_stream). */
+/* Mark that the live allocation at ptr is used on `stream` (record_stream):
+ * its free then waits for an event recorded on that stream.  The cuda
+ * profile ignores the allocation's own stream (PyTorch's recordStream);
+ * the npu profile records it too (torch_npu's). */
 MSNAP_API int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr,
                                   uint64_t stream);
 /* Release cached memory (release_cached_blocks({0,0}) on every device, or

@@ -883,7 +883,7 @@ static bool try_mempool_fallback(msnap_device_t *d, msnap_params_t *p) {
 
 /*
  * release_cached_blocks (§8.2) -- also empty_cache.  id {0,0}: sync every
- * event and release the default pools (unless a capture is on); then the
+ * event and release the default pools (unless `capturing`); then the
  * freeable private pools (only `id` when non-zero).  Returns the first
  * runtime error (0 if none).
  */

@@ -34,7 +34,7 @@
  *               free (in pool->blocks) --alloc_found_block--> allocated
  *               allocated --free, no stream uses--> free (merged)
  *               allocated --free, stream uses--> pending (event_count > 0,
- *                                  or deferred during a pool capture)
+ *                                  or deferred during a graph capture)
  *               pending --events complete--> free (merged)
  *               free --release_block / unmap_block--> gone / unmapped
  *               unmapped (in pool->unmapped) --map_block--> free

@@ -2,7 +2,7 @@
  * events.c -- cross-stream frees (allocator-algorithm.md §10): the per-
  * device pool of runtime events, the per-stream FIFOs of (event, block),
  * insert_events / process_events / synchronize_and_free_events, and the
- * frees deferred while a pool capture is on.
+ * frees deferred while a graph capture is on (msnap__capturing).
  *
  * Invariants (checked by msnap_check_invariants): d->pending_events is the
  * number of queued items; a block's event_count is the number of items
