@@ -989,9 +989,12 @@ def _notify_device_error(message: str, device: Any = None) -> bool:
 
 
 def _write_usage_report(path) -> None:
-    """Write the CSV device memory-usage report (one row per device and pool).
+    """Write memsnap's CSV memory-usage report (one row per device and pool,
+    plus the workspace) to ``path``.
 
-    memsnap's counterpart of torch_npu's ``_npu_saveDevMemUsageInfo``.
+    memsnap-only: allocator statistics, not CANN's per-module report (that
+    is :func:`_save_dev_mem_usage_info`, torch_npu's
+    ``_npu_saveDevMemUsageInfo``).
     """
     _C.write_usage_report(os.fspath(path))
 

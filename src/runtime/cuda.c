@@ -29,7 +29,9 @@
  * cudaErrorNotSupported (801) -> MSNAP_ENOTSUP; cudaErrorNotReady (600) from
  * cudaEventQuery means "not done"; other codes -> MSNAP_ERUNTIME.
  *
- * Invariants: the context is immutable after init, so calls need no lock.
+ * Invariants: the context is immutable after init (but for the atomic
+ * nvml_state, set once by the first process_memory call), so calls need
+ * no lock.
  * Every device call runs under a device guard (switch to `device`, switch
  * back afterwards).
  */

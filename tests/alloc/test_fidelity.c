@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "talloc.h"
+#include "api/api.h"
 
 static const msnap_profile_t profiles[2] = {NPU, CUDA};
 
@@ -562,6 +563,25 @@ static void pinned_defaults(void **state) {
                    0);
   assert_int_equal(c.pinned_max_cached_size, 0); /* a real limit */
   msnap__conf_destroy(&c);
+  /* _snapshot()["allocator_settings"]: SIZE_MAX, written as -1 like every
+   * limit above 2^53 - 1 (docs/design.md). */
+  msnap_allocator_t *a = mk(CUDA, NULL);
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  const msnap_gv_t *d = &s->allocator_settings;
+  int found = 0;
+  for (uint32_t i = 0; i + 1 < d->u.seq.n; i += 2) {
+    size_t n;
+    const char *k = msnap__snap_str(s, d->u.seq.items[i].u.s, &n);
+    if ((n == 19 && !memcmp(k, "max_round_threshold", 19)) ||
+        (n == 15 && !memcmp(k, "max_cached_size", 15))) {
+      assert_int_equal(d->u.seq.items[i + 1].u.i, -1);
+      found++;
+    }
+  }
+  assert_int_equal(found, 2);
+  msnap__snap_free(s);
+  done(a);
 }
 
 int main(void) {
