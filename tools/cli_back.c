@@ -25,6 +25,11 @@
  *   segment_map R    R lies inside a live range; undo: unmap R.
  *   segment_unmap R  R overlaps no live range; undo: map R.
  *   annotate A       the block at A is live.
+ * The synthetic workspace entries torch_npu puts first in a trace
+ * (NPUWorkspaceAllocator get_trace: workspace_snapshot, segment_alloc,
+ * alloc of the same buffer) describe the buffers at snapshot time, not
+ * history, and torch_npu shows their blocks inactive: a segment_alloc or
+ * alloc right after a workspace_snapshot of its address is skipped.
  * What is left at the end is the state at the start of the trace: empty
  * for a trace that began with an empty allocator.
  *
@@ -185,6 +190,21 @@ static uint64_t extent(const cli_lblock_t *b) {
   return n ? n : 1;
 }
 
+/* Entry i is the segment_alloc or alloc of a workspace_snapshot group. */
+static bool is_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i) {
+  const msnap_strace_t *v = tl->v;
+  uint64_t a = v[i].addr;
+  if (v[i].action == MSNAP_ACTION_SEGMENT_ALLOC)
+    return i >= 1 && v[i - 1].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 1].addr == a;
+  if (v[i].action == MSNAP_ACTION_ALLOC)
+    return i >= 2 && v[i - 1].action == MSNAP_ACTION_SEGMENT_ALLOC &&
+           v[i - 1].addr == a &&
+           v[i - 2].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 2].addr == a;
+  return false;
+}
+
 /*
  * Undo the trace of `device` (see the top of the file).  The caller owns
  * *start afterwards.  Returns the number of violations, -1 on ENOMEM.
@@ -204,6 +224,8 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     const msnap_strace_t *e = &tl->v[i];
     uint64_t a = e->addr, sz = e->size;
     long bi;
+    if (is_workspace_synthetic(tl, i))
+      continue;
     switch (e->action) {
     case MSNAP_ACTION_ALLOC:
       bi = find_block(&st, a);

@@ -903,6 +903,7 @@ int replay_init(replay_t *r, const msnap_snap_t *s, const char *file,
   memset(r, 0, sizeof *r);
   r->s = s;
   r->max_keep = max_keep;
+  r->device_memory = REPLAY_DEVICE_MEMORY;
   /* A recording of memsnap's npu profile names PYTORCH_NPU_ALLOC_CONF in
    * its allocator_settings: replay it with that profile unless told. */
   if (profile == NULL) {
@@ -967,7 +968,7 @@ int replay_run(replay_t *r) {
   mo.alloc_conf = r->conf;
   mo.caching_disabled = 0;
   mo.sim_devices = (int)maxdev + 1;
-  mo.sim_memory = 1ull << 40;
+  mo.sim_memory = r->device_memory;
   mo.error_buf = ebuf;
   mo.error_buf_len = sizeof ebuf;
   int e = msnap_allocator_create(&mo, &r->a);
@@ -979,6 +980,7 @@ int replay_run(replay_t *r) {
     return CLI_UNUSABLE;
   }
   r->ctx = msnap_runtime_ctx(r->a);
+  r->pad = msnap__npu_pad(r->a);
   cli_progress_t pr;
   cli_progress_init(&pr, "replay");
   for (uint32_t k = 0; k < r->nd; k++)

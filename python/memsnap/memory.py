@@ -240,15 +240,21 @@ def caching_allocator_enable(value: bool = True) -> None:
     """Enable or disable caching (on by default).
 
     Disabled: every allocation is a direct runtime malloc/free; no
-    statistics, no history, no segments.
+    statistics, no history, no segments.  As in torch, a call before the
+    device is initialized does nothing: memsnap's device is initialized
+    once the process-wide allocator exists (the first allocation through
+    memsnap.memory, memsnap.torch or the pluggable-allocator entry points;
+    ``_C.initialized()``).
 
     Raises:
         RuntimeError: ``value`` is not a bool ("cudaCachingAllocator_enable
-            expects a bool, but got <type>").
+            expects a bool, but got <type>"), once initialized.
 
-    Mirrors ``torch/cuda/memory.py: caching_allocator_enable``.
+    Mirrors ``torch/cuda/memory.py: caching_allocator_enable`` (``if
+    is_initialized(): torch._C._cuda_cudaCachingAllocator_enable(value)``).
     """
-    _C.set_caching_enabled(value)
+    if _C.initialized():
+        _C.set_caching_enabled(value)
 
 
 @contextlib.contextmanager
@@ -540,11 +546,23 @@ def _set_allocator_settings(env: str):
     Same syntax as PYTORCH_NPU_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (per the
     profile), e.g. ``"expandable_segments:True"``.
 
+    In the cuda profile it warns as torch 2.13 does (FutureWarning: torch
+    deprecated ``torch.cuda._set_allocator_settings``); torch_npu's
+    ``torch_npu.npu.memory._set_allocator_settings`` does not warn.
+
     Raises:
         ValueError: a bad token, named in the message.
 
     Mirrors ``torch/cuda/memory.py: _set_allocator_settings``.
     """
+    if _device_type() == "cuda":
+        warnings.warn(
+            "torch.cuda._set_allocator_settings is deprecated. Use "
+            "torch._C._accelerator_setAllocatorSettings instead (memsnap "
+            "keeps memsnap.memory._set_allocator_settings working).",
+            FutureWarning,
+            stacklevel=2,
+        )
     if not isinstance(env, str):
         raise TypeError(f"env must be a str, not {type(env).__name__}")
     _C.set_allocator_settings(env)
@@ -586,10 +604,17 @@ class MemPool(_C.MemPool):
 
 @contextlib.contextmanager
 def use_mem_pool(pool: MemPool, device: Any = None):
-    """Route allocations of ``device`` to ``pool`` inside the ``with`` block.
+    """Route this thread's allocations on ``device`` to ``pool`` inside the
+    ``with`` block.
 
-    memsnap routes every stream of the device (torch routes the current
-    thread's allocations).  Mirrors ``torch/cuda/memory.py: use_mem_pool``.
+    As in torch, only the current thread's allocations go to the pool
+    (any stream): other threads, and threads started inside the block,
+    keep allocating from the default pools.  The scope is routing only:
+    unlike a graph capture it does not stop event processing, defer
+    cross-stream frees or skip freeing the cache before an OOM, so an
+    allocation inside it can use memory the default pools cached.
+    Mirrors ``torch/cuda/memory.py: use_mem_pool``
+    (``_cuda_beginAllocateCurrentThreadToPool``).
 
     As in torch, entering takes a reference on the pool (``use_count()`` is
     one more inside the block) and leaving drops it again
@@ -597,7 +622,7 @@ def use_mem_pool(pool: MemPool, device: Any = None):
     segments are released once the MemPool object itself is gone.
     """
     index = _device_index(device)
-    pool._begin(index, 0, True)
+    pool._begin_current_thread(index)
     try:
         yield
     finally:
@@ -786,15 +811,55 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
     library serializes.  Open it at pytorch.org/memory_viz or with
     ``python -m torch.cuda._memory_viz``.
 
+    In the npu profile the usage report follows, as torch_npu's
+    ``_dump_snapshot`` writes it: CANN's per-module CSV of the current
+    device (``aclrtGetMemUsageInfo``, ``moduleName,curMemSize(MB),
+    memPeakSize(MB)``) as ``device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv``
+    in ``OOM_SNAPSHOT_PATH`` (default: the current directory); when the
+    runtime cannot give it (older CANN, the sim) and torch_npu is
+    importable, torch_npu's profiler is started and stopped once in the
+    pickle's directory instead, as torch_npu does.  MEMSNAP_USAGE_REPORT
+    (``cann``, ``memsnap``, ``both``, ``none``) selects memsnap's own
+    statistics CSV instead or as well (docs/python.md).
+
     Raises:
         OSError: the file cannot be written (the message names it).
 
-    Mirrors ``torch/cuda/memory.py: _dump_snapshot``.
+    Mirrors ``torch/cuda/memory.py: _dump_snapshot`` and
+    ``torch_npu/npu/memory.py: _dump_snapshot``.
     """
     filename = os.fspath(filename)
     if not augment_with_fx_traces:
         _C.dump_snapshot(filename, -1, 0, 0, True, False)
+    else:
+        _dump_augmented(filename)
+    if _C.profile() == "npu":
+        _dump_usage_report(filename)
+
+
+def _dump_usage_report(filename: str) -> None:
+    """torch_npu's step after the pickle: saveDevMemUsageInfo, else the
+    profiler (``torch_npu/npu/memory.py: _dump_snapshot``)."""
+    device = _current_device()
+    if _C.dump_usage_reports(device):
         return
+    try:
+        import torch_npu  # type: ignore[import-not-found]
+    except ImportError:
+        return  # no CANN report and no torch_npu profiler to ask
+    prof_path = os.path.dirname(os.path.abspath(filename))
+    activities = {torch_npu.profiler.ProfilerActivity.CPU,
+                  torch_npu.profiler.ProfilerActivity.NPU}
+    prof = torch_npu._C._profiler
+    prof._init_profiler(prof_path, activities)
+    prof_config = [prof_path, False, True, False, False, False, prof._ExperimentalConfig()]
+    npu_prof_config = prof.NpuProfilerConfig(*tuple(prof_config))
+    prof._start_profiler(npu_prof_config, activities)
+    prof._stop_profiler()
+    prof._finalize_profiler()
+
+
+def _dump_augmented(filename: str) -> None:
     data = _snapshot(augment_with_fx_traces=True)
     directory = os.path.dirname(os.path.abspath(filename))
     fd, tmp = tempfile.mkstemp(prefix=".memsnap-", dir=directory)
@@ -899,10 +964,42 @@ def _attach_out_of_memory_observer(observer) -> None:
     _C.attach_oom_observer(observer)
 
 
-def _write_usage_report(path) -> None:
-    """Write the CSV device memory-usage report (one row per device and pool).
+def _save_dev_mem_usage_info(device: Any = None) -> bool:
+    """Write CANN's per-module usage CSV of ``device`` (torch_npu's
+    ``torch_npu._C._npu_saveDevMemUsageInfo``).
 
-    memsnap's counterpart of torch_npu's ``_npu_saveDevMemUsageInfo``.
+    The file is ``device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv`` in
+    ``OOM_SNAPSHOT_PATH`` or the current directory, header
+    ``moduleName,curMemSize(MB),memPeakSize(MB)``, sizes in MiB with four
+    decimals.  Returns False when the runtime has no
+    ``aclrtGetMemUsageInfo`` (older CANN, the sim) or the file cannot be
+    written.  Mirrors ``NPUCachingAllocator.cpp: saveDevMemUsageInfo``.
+    """
+    return _C.save_dev_mem_usage_info(_device_index(device))
+
+
+def _notify_device_error(message: str, device: Any = None) -> bool:
+    """Report the text of a failed device call (a framework's error path).
+
+    When the text is CANN's OOM (torch_npu ``isCannOOM``: it contains
+    ``EL0004`` or ``Failed to allocate``) the OOM_SNAPSHOT_ENABLE dump runs
+    -- torch_npu's ``NPU_CHECK_ERROR`` calls its OOM observer before
+    raising -- and True is returned; otherwise False.  Observers attached
+    with :func:`_attach_out_of_memory_observer` are not called (torch_npu
+    calls only the snapshot observer there).
+    """
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, not {type(message).__name__}")
+    return _C.notify_device_error(_device_index(device), message)
+
+
+def _write_usage_report(path) -> None:
+    """Write memsnap's CSV memory-usage report (one row per device and pool,
+    plus the workspace) to ``path``.
+
+    memsnap-only: allocator statistics, not CANN's per-module report (that
+    is :func:`_save_dev_mem_usage_info`, torch_npu's
+    ``_npu_saveDevMemUsageInfo``).
     """
     _C.write_usage_report(os.fspath(path))
 

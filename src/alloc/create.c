@@ -168,6 +168,7 @@ int msnap__allocator_new(const msnap_options_t *opts,
     goto fail_init;
   }
   a->ndevices = n;
+  a->npu_pad = msnap__npu_pad_from(rt, a->rt_ctx);
   for (int i = 0; i < n; i++)
     device_init(a, &a->devices[i], i);
   rc = msnap__ws_create(a);
@@ -245,7 +246,9 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
     d->ppools = pp->next;
     free(pp);
   }
-  free(d->captures);
+  free(d->scopes);
+  msnap__idset_free(&d->oom_pools);
+  free(d->capture_streams);
   free(d->retired);
   free(d->map.buckets);
   msnap__ring_destroy(&d->ring);
@@ -273,5 +276,6 @@ void msnap_allocator_destroy(msnap_allocator_t *a) {
   msnap__ann_destroy(&a->ann);
   pthread_mutex_destroy(&a->obs_lock);
   pthread_mutex_destroy(&a->raw_lock);
+  free(a->stream_classes);
   free(a);
 }

@@ -12,10 +12,14 @@
  * library lock held) and turns history on.  An invalid path only warns.
  *
  * On an OOM the observer writes oom_snapshot_<pid>_<YYYYmmddHHMMSS>.pickle
- * and device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv in OOM_SNAPSHOT_PATH
- * (default "."), each through a temporary file and rename(2) so that a
- * reader never sees a truncated file.  Names that already exist get a
- * "_<n>" suffix: two OOMs in the same second give two files.  Automatic
+ * and, as torch_npu's _dump_snapshot does, the usage CSV of api/usage.c
+ * (CANN's device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv by default) in
+ * OOM_SNAPSHOT_PATH (default "."), each through a temporary file and
+ * rename(2) so that a reader never sees a truncated file.  Names that
+ * already exist get a "_<n>" suffix: two OOMs in the same second give two
+ * files.  It also runs on device errors CANN reports as OOM
+ * (msnap_notify_device_error), as torch_npu's NPU_CHECK_ERROR calls its
+ * oom_observer().  Automatic
  * dumps are serialized by oom_dump_lock (MSNAP_RANK_OOM_DUMP: outer to the
  * device locks the snapshot takes).  Unlike torch_npu no interpreter call
  * is made at the OOM point: the dump is written from C.
@@ -125,16 +129,26 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
         fprintf(stderr, "memsnap: device %d out of memory; snapshot "
                 "written to %s\n", device, pk);
     }
-    snprintf(stem, sizeof stem, "device_%d_memUsageInfo_%s", device, ts);
-    char *csv = oom_unique_path(dir, stem, ".csv");
-    if (csv != NULL) {
-      int rc = msnap__usage_report(a, device, csv);
-      if (rc != 0)
-        fprintf(stderr, "memsnap: memory usage report %s not written: %s\n",
-                csv, msnap_strerror(rc));
+    /* _dump_snapshot's usage CSV (api/usage.c): CANN's report by
+     * default, memsnap's with MEMSNAP_USAGE_REPORT=memsnap|both. */
+    msnap_usage_kind_t kind = msnap__usage_kind();
+    for (int k = 0; k < 2; k++) {
+      bool cann = k == 0;
+      if (kind == MSNAP_USAGE_NONE ||
+          (cann && kind == MSNAP_USAGE_MEMSNAP) ||
+          (!cann && kind == MSNAP_USAGE_CANN))
+        continue;
+      int rc = msnap__usage_csv(a, device, dir, cann, ts, true, NULL);
+      if (rc == MSNAP_ENOTSUP && cann)
+        fprintf(stderr, "memsnap: no CANN memory usage report for device %d "
+                "(%s); set MEMSNAP_USAGE_REPORT=memsnap for memsnap's own\n",
+                device, msnap_last_error());
+      else if (rc != 0)
+        fprintf(stderr, "memsnap: memory usage report of device %d not "
+                "written: %s (%s)\n", device, msnap_strerror(rc),
+                msnap_last_error());
     }
     free(pk);
-    free(csv);
     free(dir);
   }
   msnap__mutex_unlock(&oom_dump_lock, MSNAP_RANK_OOM_DUMP);
@@ -150,7 +164,7 @@ void msnap__oom_dump_init(msnap_allocator_t *a) {
   od->a = a;
   od->path = path && *path ? strdup(path) : NULL;
   if (msnap__oom_observer_add(a, oom_dump_observer, od, oom_dump_release,
-                              true) != 0) {
+                              true, true) != 0) {
     oom_dump_release(od); /* once per allocator (or ENOMEM) */
     return;
   }

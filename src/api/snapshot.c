@@ -10,8 +10,8 @@
  *      meanwhile), collect the segments (alloc.c), then record the
  *      `snapshot` entry -- after the copy, so it shows in the next
  *      snapshot only, as in PyTorch;
- *   2. with no lock: append the device's workspace buffers as one-block
- *      large segments and keep the device's segments sorted by address.
+ *   2. with no lock: collect the device's workspace buffers and keep the
+ *      device's segments sorted by address.
  * Then, with no lock held: recalibrate the clock, convert the copied
  * entries (time_us non-decreasing per device, synthetic workspace entries
  * first), copy the external annotations, resolve every captured stack into
@@ -36,6 +36,25 @@
  * Segment and block addresses are device addresses (below 2^49 on CUDA
  * and Ascend, and on the sim) and times are microseconds since the epoch
  * (about 2^51): both stay exact.
+ *
+ * Workspace buffers (torch_npu's NPUWorkspaceAllocator) are shown as
+ * MEMSNAP_WORKSPACE_VIEW selects; "torch_npu" is the npu profile's
+ * default, "memsnap" the cuda profile's:
+ *   torch_npu  as Module.cpp's _snapshot merges NPUWorkspaceAllocator::
+ *              snapshot(): one one-block large segment per buffer,
+ *              appended after every device's segments (device order,
+ *              buffers in creation order, not sorted by address), its
+ *              block inactive with requested_size 0 (torch_npu never sets
+ *              WorkspaceBlock::allocated); while history is recording,
+ *              three entries per buffer first in the device's trace
+ *              (workspace_snapshot, segment_alloc, alloc, each sized to the
+ *              buffer: get_trace).
+ *   memsnap    each buffer a segment among the device's sorted segments,
+ *              active_allocated (requested size) while allocated; the
+ *              synthetic entries whenever traces are included, alloc only
+ *              for buffers in use, sized to the request.
+ * Either way the entries carry the earliest buffer creation time and
+ * allocator_settings the workspace_* totals.
  *
  * Filters: o->device >= 0 keeps that device's segments and trace (the
  * other devices' trace lists are present and empty, so indices stay
@@ -180,12 +199,13 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
          gv_bool(c ? c->pinned_use_host_register : false));
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
-  /* The pinned host allocator's thresholds as configured (bytes; 0 when
-   * never set).  alloc/host.c honours both. */
+  /* The pinned host allocator's thresholds (bytes): SIZE_MAX by default
+   * as in PyTorch, written as -1 (above 2^53 - 1: see the file comment).
+   * alloc/host.c honours both. */
   gv_put(s, &b, "max_round_threshold",
-         gv_int(c ? js_limit(c->pinned_max_round_threshold) : 0));
+         gv_int(js_limit(c ? c->pinned_max_round_threshold : UINT64_MAX)));
   gv_put(s, &b, "max_cached_size",
-         gv_int(c ? js_limit(c->pinned_max_cached_size) : 0));
+         gv_int(js_limit(c ? c->pinned_max_cached_size : UINT64_MAX)));
   gvb_t rd = {0};
   for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
     char key[16];
@@ -274,29 +294,30 @@ enum {
   BLOCK_KEYS = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES
 };
 
-/* Append the workspace buffers of one device as segments. */
+/* Append the workspace buffers of one device as segments (torch_npu
+ * view: never allocated, requested 0). */
 static int add_ws_segments(msnap_snap_t *s, int device,
                            const msnap_ws_info_t *w, size_t n,
-                           take_totals_t *t) {
+                           take_totals_t *t, bool npu_view) {
   for (size_t i = 0; i < n; i++) {
+    bool used = w[i].allocated && !npu_view;
     msnap_sblock_t *b = msnap__snap_add_block(s);
     if (b == NULL) return MSNAP_ENOMEM;
     uint32_t bi = s->nblocks - 1;
     b->address = w[i].ptr;
     b->size = w[i].size;
-    b->requested_size = w[i].allocated ? w[i].requested : 0;
+    b->requested_size = used ? w[i].requested : 0;
     b->frames = 0; /* raw id: none (import makes it []) */
     b->keys = BLOCK_KEYS;
-    b->state = w[i].allocated ? MSNAP_BLOCK_ACTIVE_ALLOCATED
-                              : MSNAP_BLOCK_INACTIVE;
+    b->state = used ? MSNAP_BLOCK_ACTIVE_ALLOCATED : MSNAP_BLOCK_INACTIVE;
     msnap_ssegment_t *g = msnap__snap_add_segment(s);
     if (g == NULL) return MSNAP_ENOMEM;
     g->device = device;
     g->address = w[i].ptr;
     g->total_size = w[i].size;
-    g->allocated_size = w[i].allocated ? w[i].size : 0;
+    g->allocated_size = used ? w[i].size : 0;
     g->active_size = g->allocated_size;
-    g->requested_size = w[i].allocated ? w[i].requested : 0;
+    g->requested_size = used ? w[i].requested : 0;
     g->stream = (int64_t)w[i].stream;
     g->pool_id = (msnap_mempool_id_t){0, 0};
     g->frames = 0;
@@ -316,13 +337,14 @@ static int add_ws_segments(msnap_snap_t *s, int device,
  * into model trace entries; stack fields keep raw ids for the import. */
 static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
                               dev_copy_t *dc, msnap_mempool_id_t pool,
-                              msnap_map16_t *strs, msnap_str_t na) {
+                              msnap_map16_t *strs, msnap_str_t na,
+                              bool ws_entries, bool npu_view) {
   int err = 0;
   int64_t prev = INT64_MIN;
   /* Synthetic workspace entries are stamped with the earliest of the
    * buffers' creation times and the first recorded entry, so that times
    * stay non-decreasing. */
-  if (dc->nws > 0) {
+  if (dc->nws > 0 && ws_entries) {
     uint64_t t0 = dc->ws[0].raw_created;
     for (size_t i = 1; i < dc->nws; i++)
       if (dc->ws[i].raw_created < t0) t0 = dc->ws[i].raw_created;
@@ -330,7 +352,7 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     int64_t tus = msnap__clock_to_us(t0);
     for (size_t i = 0; i < dc->nws && !err; i++) {
       const msnap_ws_info_t *w = &dc->ws[i];
-      int nsyn = w->allocated ? 3 : 2;
+      int nsyn = w->allocated || npu_view ? 3 : 2;
       static const uint8_t acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
                                       MSNAP_ACTION_SEGMENT_ALLOC,
                                       MSNAP_ACTION_ALLOC};
@@ -339,7 +361,8 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
         if (t == NULL) break;
         t->action = acts[k];
         t->addr = w->ptr;
-        t->size = acts[k] == MSNAP_ACTION_ALLOC ? w->requested : w->size;
+        t->size = acts[k] == MSNAP_ACTION_ALLOC && !npu_view ? w->requested
+                                                              : w->size;
         t->stream = (int64_t)w->stream;
         t->time_us = tus;
         t->pool_id = (msnap_mempool_id_t){0, 0};
@@ -419,6 +442,13 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   memset(&sctx, 0, sizeof sctx);
   msnap__tls_context(&sctx.user_metadata, &sctx.compile_context);
 
+  static const char *const views[] = {"torch_npu", "memsnap", NULL};
+  bool npu_view = msnap__env_choice(MSNAP_ENV_WORKSPACE_VIEW, views,
+                                    msnap_profile(a) == MSNAP_PROFILE_NPU
+                                        ? 0
+                                        : 1) == 0;
+  /* torch_npu: the synthetic entries only while recording (get_trace). */
+  bool ws_entries = traces && (!npu_view || msnap_history_enabled(a));
   for (int d = d0; d < d1 && !err; d++) {
     uint32_t seg_start = s->nsegments;
     uint64_t active = 0, cap = 0;
@@ -435,12 +465,16 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     if (err) break;
     if (pool_is_default(pool)) {
       err = msnap__ws_collect(a, d, &dc[d].ws, &dc[d].nws);
-      if (!err) err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt);
+      if (!err && !npu_view)
+        err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt, false);
     }
     if (!err && s->nsegments > seg_start)
       qsort(s->segments + seg_start, s->nsegments - seg_start,
             sizeof s->segments[0], seg_cmp);
   }
+  /* torch_npu: every device's workspace segments after all the others. */
+  for (int d = d0; d < d1 && !err && npu_view; d++)
+    err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt, true);
   msnap__rctx_release(&sctx);
   /* Pinned host memory (cuda-reference §2.8): every host block as a
    * one-block segment and the flat host ring, only while host history is
@@ -462,10 +496,12 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
-    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na);
+    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na,
+                             ws_entries, npu_view);
   if (!err && hc.n > 0)
     err = build_device_trace(s, &s->host_traces, &hc,
-                             (msnap_mempool_id_t){0, 0}, &strs, na);
+                             (msnap_mempool_id_t){0, 0}, &strs, na, false,
+                             false);
   msnap__hcopy_release(hc.v, hc.n);
   if (!err && traces) {
     msnap_aentry_t *av = NULL;

@@ -88,6 +88,11 @@ typedef enum msnap_env_e {
   MSNAP_ENV_NO_NPU_MEMORY_CACHING,     /* PYTORCH_NO_NPU_MEMORY_CACHING    */
   MSNAP_ENV_OOM_SNAPSHOT_ENABLE,       /* OOM_SNAPSHOT_ENABLE              */
   MSNAP_ENV_OOM_SNAPSHOT_PATH,         /* OOM_SNAPSHOT_PATH                */
+  MSNAP_ENV_SIM_SOC_NAME,              /* MEMSNAP_SIM_SOC_NAME             */
+  MSNAP_ENV_SIM_CANN_VERSION,          /* MEMSNAP_SIM_CANN_VERSION         */
+  MSNAP_ENV_WORKSPACE_VIEW,            /* MEMSNAP_WORKSPACE_VIEW           */
+  MSNAP_ENV_USAGE_REPORT,              /* MEMSNAP_USAGE_REPORT             */
+  MSNAP_ENV_NVML_LIBRARY,              /* MEMSNAP_NVML_LIBRARY             */
   MSNAP_ENV_COUNT
 } msnap_env_t;
 /* The raw value (NULL when unset); read on every call. */
@@ -130,6 +135,10 @@ void msnap__clock_atfork(int phase);
 /* OOM_SNAPSHOT_ENABLE as torch_npu parses it (strtol; unset, "" or "0":
  * 0; non-numeric: 0 with a warning; "2": 2 (state); other numbers: 1). */
 int msnap__env_oom_snapshot_mode(void);
+/* A word from `choices` (NULL-terminated, case-insensitive): its index;
+ * unset or "" gives dflt; another value warns once and gives dflt
+ * (MEMSNAP_USAGE_REPORT, MEMSNAP_WORKSPACE_VIEW). */
+int msnap__env_choice(msnap_env_t var, const char *const *choices, int dflt);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */

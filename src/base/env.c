@@ -22,7 +22,9 @@
  *                      non-numeric off with a warning; "2" history "state";
  *                      any other number full history (api/oom_dump.c).
  * The others (library paths, unwinder, clock, alloc-conf strings, the OOM
- * dump directory) are read as text by the file named in the table.
+ * dump directory, the sim's SoC name and CANN version, the workspace view
+ * and usage-report choices) are read as text by the file named in the
+ * table.
  *
  * A bad value never fails: it prints one warning on stderr (once per
  * variable per process) and the default is used.  The environment is read
@@ -83,6 +85,17 @@ static const struct {
                                        "api/oom_dump.c: automatic dump"},
     [MSNAP_ENV_OOM_SNAPSHOT_PATH] = {"OOM_SNAPSHOT_PATH",
                                      "api/oom_dump.c: dump directory"},
+    [MSNAP_ENV_SIM_SOC_NAME] = {"MEMSNAP_SIM_SOC_NAME",
+                                "runtime/sim.c: SoC name the sim reports"},
+    [MSNAP_ENV_SIM_CANN_VERSION] = {"MEMSNAP_SIM_CANN_VERSION",
+                                    "runtime/sim.c: CANN version the sim "
+                                    "reports"},
+    [MSNAP_ENV_WORKSPACE_VIEW] = {"MEMSNAP_WORKSPACE_VIEW",
+                                  "api/snapshot.c: workspace in snapshots"},
+    [MSNAP_ENV_USAGE_REPORT] = {"MEMSNAP_USAGE_REPORT",
+                                "api/usage.c: usage CSV on dumps"},
+    [MSNAP_ENV_NVML_LIBRARY] = {"MEMSNAP_NVML_LIBRARY",
+                                "runtime/cuda.c: libnvidia-ml.so path"},
 };
 
 const char *msnap__env_name(msnap_env_t var) {
@@ -304,3 +317,22 @@ int msnap__env_oom_snapshot_mode(void) {
 }
 
 void msnap__env_atfork(int phase) { msnap__fork_mutex(&warn_lock, phase); }
+
+/* One of a fixed set of words (case-insensitive): its index; unset or ""
+ * gives dflt; anything else warns once (naming the accepted words) and
+ * gives dflt.  `choices` ends with NULL. */
+int msnap__env_choice(msnap_env_t var, const char *const *choices, int dflt) {
+  const char *v = msnap__env_get(var);
+  if (v == NULL || *v == '\0') return dflt;
+  int n = 0;
+  for (; choices[n] != NULL; n++)
+    if (strcasecmp(v, choices[n]) == 0) return n;
+  const char *name = msnap__env_name(var);
+  if (first_warning(name)) {
+    fprintf(stderr, "memsnap: warning: %s='%s' is not one of", name, v);
+    for (int i = 0; i < n; i++)
+      fprintf(stderr, "%s %s", i ? "," : "", choices[i]);
+    fprintf(stderr, "; using %s\n", choices[dflt]);
+  }
+  return dflt;
+}

@@ -29,4 +29,9 @@ void msnap__sim_atfork(void *ctx, int phase);
  * violation in msg. */
 int msnap__sim_check(void *ctx, char *msg, size_t msg_len);
 
+/* ---- acl.c -------------------------------------------------------------- */
+/* torch_npu isCannOOM (NPUException.cpp): the text names CANN's OOM
+ * ("EL0004" or "Failed to allocate"). */
+bool msnap__is_cann_oom_text(const char *text);
+
 #endif /* MSNAP_RUNTIME_H */

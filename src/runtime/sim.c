@@ -155,6 +155,9 @@ typedef struct msnap_sim_s {
   uint64_t host_lo, host_hi;
   void *host_map;
   size_t host_map_len;
+  /* What the sim reports as SoC name and CANN version (empty: unknown),
+   * from MEMSNAP_SIM_SOC_NAME / MEMSNAP_SIM_CANN_VERSION at creation. */
+  char soc_name[64], cann_version[64];
 } msnap_sim_t;
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -416,6 +419,10 @@ int msnap__sim_create_ex(int devices, uint64_t memory, bool host_backed,
     }
   }
   s->next_handle = 1;
+  const char *soc = msnap__env_get(MSNAP_ENV_SIM_SOC_NAME);
+  const char *cann = msnap__env_get(MSNAP_ENV_SIM_CANN_VERSION);
+  snprintf(s->soc_name, sizeof s->soc_name, "%s", soc ? soc : "");
+  snprintf(s->cann_version, sizeof s->cann_version, "%s", cann ? cann : "");
   *ctx = s;
   return 0;
 }
@@ -802,6 +809,60 @@ static int sim_host_free(void *ctx, uint64_t ptr) {
   return leave(s, 0);
 }
 
+/* ---- platform ------------------------------------------------------------------ */
+
+/* The SoC name and CANN version set for the sim (MEMSNAP_SIM_SOC_NAME,
+ * MEMSNAP_SIM_CANN_VERSION): unset, the sim is no Ascend device and the
+ * npu profile pads as torch_npu does on unknown hardware (32 bytes). */
+static int sim_text(const char *v, char *buf, size_t len) {
+  if (v[0] == '\0') return MSNAP_ENOTSUP; /* unknown: not an error */
+  if (len == 0) return MSNAP_EINVAL;
+  snprintf(buf, len, "%s", v);
+  return 0;
+}
+
+static int sim_soc_name(void *ctx, char *buf, size_t len) {
+  msnap_sim_t *s = ctx;
+  return sim_text(s->soc_name, buf, len);
+}
+
+static int sim_cann_version(void *ctx, char *buf, size_t len) {
+  msnap_sim_t *s = ctx;
+  return sim_text(s->cann_version, buf, len);
+}
+
+/* CANN's per-module report exists only on Ascend (the acl runtime). */
+static int sim_mem_usage_info(void *ctx, int device, msnap_mem_usage_t *out,
+                              size_t cap, size_t *n) {
+  (void)ctx;
+  (void)device;
+  (void)out;
+  (void)cap;
+  (void)n;
+  return msnap__set_error(MSNAP_ENOTSUP, "sim: no CANN per-module memory "
+                          "usage (aclrtGetMemUsageInfo) on the simulated "
+                          "device");
+}
+
+/* As NVML on a device this process has to itself: one process, this one,
+ * using what the sim has charged to the device. */
+static int sim_process_memory(void *ctx, int device, msnap_proc_mem_t *out,
+                              size_t cap, size_t *n) {
+  msnap_sim_t *s = ctx;
+  /* A query, never a fault-injection site (fault tests count calls). */
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  if (device < 0 || device >= s->ndev)
+    return leave(s, msnap__set_error(MSNAP_EINVAL, "sim: process_memory: "
+                                     "invalid device %d", device));
+  uint64_t used = s->dev[device].used;
+  *n = used > 0 ? 1 : 0;
+  if (used > 0 && cap > 0) {
+    out[0].pid = (uint32_t)getpid();
+    out[0].used_bytes = used;
+  }
+  return leave(s, 0);
+}
+
 static const msnap_runtime_ops_t sim_ops = {
     .name = "sim",
     .init = sim_init,
@@ -822,6 +883,10 @@ static const msnap_runtime_ops_t sim_ops = {
     .vmm_unmap = sim_vmm_unmap,
     .host_malloc = sim_host_malloc,
     .host_free = sim_host_free,
+    .soc_name = sim_soc_name,
+    .cann_version = sim_cann_version,
+    .mem_usage_info = sim_mem_usage_info,
+    .process_memory = sim_process_memory,
 };
 
 const msnap_runtime_ops_t *msnap_runtime_sim(void) { return &sim_ops; }

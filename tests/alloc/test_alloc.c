@@ -485,8 +485,10 @@ static void use_on_oom_and_no_split(void **state) {
   done(a);
 }
 
-/* record_stream + free while a pool capture is on: the free is deferred
- * (no event yet), and processed after the capture ends. */
+/* record_stream + free while a graph capture is on (markCaptureBegin on
+ * the stream, allocations routed to the capture's pool): the free is
+ * deferred (no event yet), and processed after the capture ends
+ * (CCA DeviceCachingAllocator::free, insert_events_deferred_until_no_capture). */
 static void deferred_free_during_capture(void **state) {
   (void)state;
   msnap_allocator_t *a = mk(CUDA, NULL);
@@ -495,7 +497,8 @@ static void deferred_free_during_capture(void **state) {
   R(a, p, 9);
   msnap_mempool_id_t id;
   assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
-  assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 123, false), 0);
+  assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 0, false), 0);
+  assert_int_equal(msnap_mark_capture_begin(a, 0, 0), 0);
   uint64_t ev_before = fake_calls("event_record");
   F(a, p);
   BLK(a, p, 4096, ST_PENDING);
@@ -503,6 +506,8 @@ static void deferred_free_during_capture(void **state) {
   assert_int_equal(fake_calls("event_record"), ev_before);
   uint64_t x = M(a, 4096); /* no process_events during capture */
   BLK(a, p, 4096, ST_PENDING);
+  assert_int_equal(msnap_mark_capture_end(a, 0, 0), 0);
+  assert_int_equal(msnap_mark_capture_end(a, 0, 0), MSNAP_ESTATE);
   assert_int_equal(msnap_end_allocate_to_pool(a, 0, id), 0);
   uint64_t y = M(a, 4096); /* inserts the event; not complete yet */
   assert_int_equal(fake_calls("event_record"), ev_before + 1);
@@ -513,6 +518,7 @@ static void deferred_free_during_capture(void **state) {
   F(a, x);
   F(a, y);
   F(a, z);
+  assert_int_equal(msnap_mempool_release(a, 0, id), 0);
   assert_int_equal(msnap_mempool_release(a, 0, id), 0);
   done(a);
 }

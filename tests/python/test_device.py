@@ -90,8 +90,10 @@ out["sum"] = (x * 2).sum().item()
 out["dumps"] = sorted(os.path.basename(p) for p in glob.glob(os.path.join(os.environ["OOM_SNAPSHOT_PATH"], "*")))
 print("RESULT " + json.dumps(out))
 """
+    # MEMSNAP_USAGE_REPORT=memsnap: the sim has no CANN per-module report,
+    # so the dump's CSV is memsnap's own allocator-stats one.
     env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
-                   OOM_SNAPSHOT_PATH=str(tmp_path))
+                   OOM_SNAPSHOT_PATH=str(tmp_path), MEMSNAP_USAGE_REPORT="memsnap")
     r = run_script(code, env=env).result
     # torch_npu rounds the request up to its 2 MiB segment granularity.
     assert re.match(r"^NPU out of memory\. Tried to allocate 4\d\.\d\d MiB", r["msg"]), r["msg"]

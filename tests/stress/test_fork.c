@@ -207,7 +207,7 @@ static void test_fork_while_busy(void **state) {
 
 static void test_bad_fork_on_real_runtime(void **state) {
   (void)state;
-  fake_cfg_t cfg = {1, 1ull << 30, false};
+  fake_cfg_t cfg = {.devices = 1, .total = 1ull << 30, .no_vmm = false};
   msnap_options_t o;
   msnap_options_init(&o);
   o.runtime = fake_rt(&cfg);
