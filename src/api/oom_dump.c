@@ -14,13 +14,20 @@
  * On an OOM the observer writes oom_snapshot_<pid>_<YYYYmmddHHMMSS>.pickle
  * and device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv in OOM_SNAPSHOT_PATH
  * (default "."), each through a temporary file and rename(2) so that a
- * reader never sees a truncated file.  Names that already exist get a
- * "_<n>" suffix: two OOMs in the same second give two files.  Automatic
+ * reader never sees a truncated file.  Each name is first created empty
+ * with O_CREAT | O_EXCL | O_NOFOLLOW (oom_reserve), so a name that exists
+ * -- an earlier dump, or a link someone planted -- gets a "_<n>" suffix
+ * instead (two OOMs in the same second give two files) and no other
+ * file is ever replaced.  An unusable OOM_SNAPSHOT_PATH (missing, not a
+ * directory, not writable, reached through a refused link) is reported
+ * once per reason: when the allocator is created, and at an OOM only if
+ * the reason changed.  Automatic
  * dumps are serialized by oom_dump_lock (MSNAP_RANK_OOM_DUMP: outer to the
  * device locks the snapshot takes).  Unlike torch_npu no interpreter call
  * is made at the OOM point: the dump is written from C.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,11 +40,14 @@
 
 static pthread_mutex_t oom_dump_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* The observer's argument: the allocator and the configured directory
- * (NULL = "."); freed with the allocator (oom_dump_release). */
+/* The observer's argument: the allocator, the configured directory
+ * (NULL = ".") and the reason last reported for an unusable directory
+ * (an errno; 0 = none), so that one reason is printed once; freed with
+ * the allocator (oom_dump_release).  Used under oom_dump_lock. */
 typedef struct oom_dump_s {
   msnap_allocator_t *a;
   char *path;
+  int warned;
 } oom_dump_t;
 
 static void oom_dump_release(void *arg) {
@@ -46,42 +56,80 @@ static void oom_dump_release(void *arg) {
   free(od);
 }
 
-/* Resolve the dump directory; NULL (with a message on stderr) when it
- * does not exist or is not a writable directory.  Caller frees. */
-static char *oom_dir(const char *configured) {
-  const char *p = configured ? configured : ".";
-  char *real = realpath(p, NULL);
-  struct stat st;
-  if (real == NULL || stat(real, &st) != 0 || !S_ISDIR(st.st_mode) ||
-      access(real, W_OK | X_OK) != 0) {
-    int e = errno;
+/* The dump directory: "." or OOM_SNAPSHOT_PATH, which must be an existing
+ * writable directory reached under the link rule of every output (a link
+ * planted in a sticky world-writable directory is not followed).  Returns
+ * it, or NULL after printing why -- once per reason and allocator. */
+static const char *oom_dir(oom_dump_t *od) {
+  const char *p = od->path ? od->path : ".";
+  size_t n = strlen(p);
+  char *probe = malloc(n + 3);
+  if (probe == NULL) return NULL;
+  snprintf(probe, n + 3, "%s/.", p); /* the directory itself, even "x/" */
+  msnap_outpath_t o;
+  int e = 0;
+  const char *why = NULL;
+  if (msnap__outpath_resolve(&o, probe) != 0) {
+    e = msnap_last_errno() ? msnap_last_errno() : EINVAL;
+    if (e == EACCES) why = msnap_last_error(); /* a refused link */
+  } else {
+    if (!S_ISDIR(o.st.st_mode))
+      e = ENOTDIR;
+    else if (faccessat(o.dirfd, o.name, W_OK | X_OK, 0) != 0)
+      e = errno;
+    msnap__outpath_release(&o);
+  }
+  free(probe);
+  if (e == 0) {
+    od->warned = 0;
+    return p;
+  }
+  if (od->warned != e)
     fprintf(stderr,
             "memsnap: OOM_SNAPSHOT_PATH '%s' is invalid (%s): it must be an "
             "existing writable directory; no OOM snapshot is written\n",
-            p, real == NULL || e ? strerror(e ? e : ENOTDIR)
-                                 : "not a writable directory");
-    free(real);
-    return NULL;
-  }
-  return real;
+            p, why ? why : strerror(e));
+  od->warned = e;
+  return NULL;
 }
 
-/* "<dir>/<stem><suffix>" that does not exist yet (suffix "_1", "_2"... on
- * collisions).  Caller holds oom_dump_lock and frees the result. */
-static char *oom_unique_path(const char *dir, const char *stem,
-                             const char *ext) {
+/* Create "<dir>/<stem><ext>" (or "<stem>_<n><ext>" when taken) with
+ * O_CREAT | O_EXCL | O_NOFOLLOW: the name is ours from the moment it
+ * exists, with no check-then-open window, and an existing name -- a
+ * file, or a link someone planted -- is never reused.  The dump is then
+ * renamed over this empty file.  Caller holds oom_dump_lock and frees the
+ * result; NULL (with a message) when no name could be created. */
+static char *oom_reserve(const char *dir, const char *stem, const char *ext) {
   size_t len = strlen(dir) + strlen(stem) + strlen(ext) + 32;
   char *p = malloc(len);
   if (p == NULL) return NULL;
-  for (int n = 0; n < 10000; n++) {
+  int e = EEXIST;
+  for (int n = 0; n < 10000 && e == EEXIST; n++) {
     if (n == 0)
       snprintf(p, len, "%s/%s%s", dir, stem, ext);
     else
       snprintf(p, len, "%s/%s_%d%s", dir, stem, n, ext);
-    if (access(p, F_OK) != 0) return p;
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  0666);
+    if (fd >= 0) {
+      close(fd);
+      return p;
+    }
+    e = errno;
   }
+  fprintf(stderr, "memsnap: cannot create %s: %s; no OOM %s is written\n",
+          p, strerror(e), strcmp(ext, ".csv") ? "snapshot" : "usage report");
   free(p);
   return NULL;
+}
+
+/* After a failed dump: remove the name reserved for it, if it is still
+ * the empty regular file oom_reserve made. */
+static void oom_unreserve(const char *p) {
+  struct stat st;
+  if (lstat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
+      st.st_uid == geteuid())
+    unlink(p);
 }
 
 /* The observer: both files of one OOM, under oom_dump_lock (which is
@@ -92,10 +140,10 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
   (void)alloc_size;
   (void)device_total;
   (void)device_free;
-  const oom_dump_t *od = arg;
+  oom_dump_t *od = arg;
   msnap_allocator_t *a = od->a;
   msnap__mutex_lock(&oom_dump_lock, MSNAP_RANK_OOM_DUMP);
-  char *dir = oom_dir(od->path);
+  const char *dir = oom_dir(od);
   if (dir != NULL) {
     char ts[32], stem[96];
     time_t now = time(NULL);
@@ -103,27 +151,30 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
     localtime_r(&now, &tmv);
     strftime(ts, sizeof ts, "%Y%m%d%H%M%S", &tmv);
     snprintf(stem, sizeof stem, "oom_snapshot_%ld_%s", (long)getpid(), ts);
-    char *pk = oom_unique_path(dir, stem, ".pickle");
+    char *pk = oom_reserve(dir, stem, ".pickle");
     if (pk != NULL) {
       int rc = msnap_dump_snapshot(a, NULL, pk);
-      if (rc != 0)
+      if (rc != 0) {
         fprintf(stderr, "memsnap: OOM snapshot %s not written: %s (%s)\n",
                 pk, msnap_strerror(rc), msnap_last_error());
-      else
+        oom_unreserve(pk);
+      } else {
         fprintf(stderr, "memsnap: device %d out of memory; snapshot "
                 "written to %s\n", device, pk);
+      }
     }
     snprintf(stem, sizeof stem, "device_%d_memUsageInfo_%s", device, ts);
-    char *csv = oom_unique_path(dir, stem, ".csv");
+    char *csv = oom_reserve(dir, stem, ".csv");
     if (csv != NULL) {
       int rc = msnap__usage_report(a, device, csv);
-      if (rc != 0)
+      if (rc != 0) {
         fprintf(stderr, "memsnap: memory usage report %s not written: %s\n",
                 csv, msnap_strerror(rc));
+        oom_unreserve(csv);
+      }
     }
     free(pk);
     free(csv);
-    free(dir);
   }
   msnap__mutex_unlock(&oom_dump_lock, MSNAP_RANK_OOM_DUMP);
 }
@@ -136,12 +187,18 @@ void msnap__oom_dump_init(msnap_allocator_t *a) {
   if (od == NULL) return;
   od->a = a;
   od->path = path && *path ? strdup(path) : NULL;
+  if (od->path) { /* "dir/" -> "dir" (not "/"): names read "dir/oom_..." */
+    size_t n = strlen(od->path);
+    while (n > 1 && od->path[n - 1] == '/') od->path[--n] = '\0';
+  }
   if (msnap__oom_observer_add(a, oom_dump_observer, od, oom_dump_release,
                               true) != 0) {
     oom_dump_release(od); /* once per allocator (or ENOMEM) */
     return;
   }
-  free(oom_dir(od->path)); /* warn early */
+  msnap__mutex_lock(&oom_dump_lock, MSNAP_RANK_OOM_DUMP);
+  (void)oom_dir(od); /* warn early (and only once for this reason) */
+  msnap__mutex_unlock(&oom_dump_lock, MSNAP_RANK_OOM_DUMP);
   msnap_history_options_t o;
   msnap_history_options_init(&o);
   o.context = MSNAP_CONTEXT_ALL;
