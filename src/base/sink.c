@@ -410,6 +410,12 @@ int msnap__atomic_sink_close(msnap_atomic_sink_t *as, int rc) {
   return rc; /* the last error names path and the system's reason */
 }
 
+int msnap_write_file(const char *path, const void *data, size_t len) {
+  if (path == NULL || (data == NULL && len > 0))
+    return msnap__set_error(MSNAP_EINVAL, "write_file: NULL argument");
+  return msnap__write_file_atomic(path, data, len);
+}
+
 int msnap__write_file_atomic(const char *path, const void *p, size_t len) {
   msnap_atomic_sink_t as;
   int rc = msnap__atomic_sink_open(&as, path);
