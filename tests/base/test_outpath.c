@@ -202,35 +202,30 @@ static void test_rule_exceptions(void **state) {
   (void)state;
   if (!need_root()) return;
   char dir[512], victim[600], link[600];
-  msnap_outpath_t o;
   snprintf(victim, sizeof victim, "%s/target", root);
   put(victim, "old", 0600);
-  /* the link belongs to the directory's owner: followed */
-  sticky_dir(dir, sizeof dir, "nobodys", NOBODY);
-  snprintf(link, sizeof link, "%s/l", dir);
-  assert_int_equal(symlink(victim, link), 0);
-  assert_int_equal(lchown(link, NOBODY, NOBODY), 0);
-  assert_int_equal(resolve_checked(link, &o), 0);
-  assert_string_equal(o.name, "target");
-  msnap__outpath_release(&o);
-  /* not sticky: followed (the kernel's rule is about sticky dirs) */
-  path_of(dir, sizeof dir, "open");
-  assert_int_equal(mkdir(dir, 0777), 0);
-  assert_int_equal(chmod(dir, 0777), 0);
-  snprintf(link, sizeof link, "%s/l", dir);
-  assert_int_equal(symlink(victim, link), 0);
-  assert_int_equal(lchown(link, NOBODY, NOBODY), 0);
-  assert_int_equal(resolve_checked(link, &o), 0);
-  msnap__outpath_release(&o);
-  /* sticky but not world-writable: followed */
-  path_of(dir, sizeof dir, "group");
-  assert_int_equal(mkdir(dir, 0777), 0);
-  assert_int_equal(chmod(dir, 01775), 0);
-  snprintf(link, sizeof link, "%s/l", dir);
-  assert_int_equal(symlink(victim, link), 0);
-  assert_int_equal(lchown(link, NOBODY, NOBODY), 0);
-  assert_int_equal(resolve_checked(link, &o), 0);
-  msnap__outpath_release(&o);
+  /* The same link of nobody's is followed in a sticky directory of
+   * nobody's (the directory owner's link), a directory that is not sticky
+   * (0777), and one that is sticky but not world-writable (01775). */
+  const struct {
+    const char *name;
+    mode_t mode;
+    uid_t owner;
+  } dirs[] = {{"nobodys", 01777, NOBODY}, {"open", 0777, 0},
+              {"group", 01775, 0}};
+  for (int i = 0; i < 3; i++) {
+    path_of(dir, sizeof dir, dirs[i].name);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(chmod(dir, dirs[i].mode), 0);
+    assert_int_equal(chown(dir, dirs[i].owner, dirs[i].owner), 0);
+    snprintf(link, sizeof link, "%s/l", dir);
+    assert_int_equal(symlink(victim, link), 0);
+    assert_int_equal(lchown(link, NOBODY, NOBODY), 0);
+    msnap_outpath_t o;
+    assert_int_equal(resolve_checked(link, &o), 0);
+    assert_string_equal(o.name, "target");
+    msnap__outpath_release(&o);
+  }
   /* the predicate itself */
   struct stat d = {0}, e = {0};
   d.st_mode = S_IFDIR | 01777;

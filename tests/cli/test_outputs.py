@@ -20,14 +20,15 @@ Groups:
 import os
 import pickle
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import test_cli as T  # noqa: E402  (run, expect, TMP, good_snapshot, ...)
+from tmptag import tmp_tag  # noqa: E402
 
 NOBODY = 65534
 SECRET = b"the user's own secret"
@@ -165,29 +166,6 @@ def group_stdout():
     T.expect(p.returncode == 2 and "not open for writing" in p.stderr,
              "convert -o /dev/stdin (read-only): refused (%d %r)"
              % (p.returncode, p.stderr))
-
-
-def tmp_tag():
-    """src/base/outpath.c's tag, computed independently: FNV-1a 64 of
-    host name, "\\n", /etc/machine-id (<= 128 bytes, "-" if unreadable),
-    "\\n", the /proc/self/ns/pid link; the low 48 bits in hex."""
-    def fnv(h, data):
-        for b in data:
-            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-        return h
-    h = fnv(0xCBF29CE484222325, socket.gethostname().encode())
-    h = fnv(h, b"\n")
-    try:
-        with open("/etc/machine-id", "rb") as f:
-            mid = f.read(128)
-    except OSError:
-        mid = b""
-    h = fnv(fnv(h, mid or b"-"), b"\n")
-    try:
-        h = fnv(h, os.readlink("/proc/self/ns/pid").encode())
-    except OSError:
-        pass
-    return "%012x" % (h & 0xFFFFFFFFFFFF)
 
 
 def dead_pid():

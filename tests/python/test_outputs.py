@@ -14,7 +14,6 @@ import glob
 import os
 import pickle
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -25,6 +24,9 @@ import pytest
 import memsnap.memory as mm
 from conftest import base_env, run_script
 from snapcheck import schema_errors
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tmptag import tmp_tag  # noqa: E402  (tests/tmptag.py)
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(
@@ -184,31 +186,6 @@ def test_oom_snapshot_path_regular_file_said_once(tmp_path):
 
 
 # ---- temporaries of killed dumps ------------------------------------------
-
-def tmp_tag() -> str:
-    """The host / pid-namespace tag of temporaries, computed here as
-    src/base/outpath.c documents it: FNV-1a 64 of the host name, "\\n",
-    /etc/machine-id (up to 128 bytes, "-" if unreadable), "\\n", the
-    /proc/self/ns/pid link; its low 48 bits in hex."""
-    def fnv(h, data):
-        for b in data:
-            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-        return h
-    h = fnv(0xCBF29CE484222325, socket.gethostname().encode())
-    h = fnv(h, b"\n")
-    try:
-        with open("/etc/machine-id", "rb") as f:
-            mid = f.read(128)
-    except OSError:
-        mid = b""
-    h = fnv(h, mid or b"-")
-    h = fnv(h, b"\n")
-    try:
-        h = fnv(h, os.readlink("/proc/self/ns/pid").encode())
-    except OSError:
-        pass
-    return "%012x" % (h & 0xFFFFFFFFFFFF)
-
 
 DUMPER = r"""
 import memsnap.memory as mm, sys
