@@ -15,7 +15,7 @@
  * and device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv in OOM_SNAPSHOT_PATH
  * (default "."), each through a temporary file and rename(2) so that a
  * reader never sees a truncated file.  Each name is first created empty
- * with O_CREAT | O_EXCL | O_NOFOLLOW (oom_reserve), so a name that exists
+ * with O_CREAT | O_EXCL | O_NOFOLLOW (msnap__name_reserve, base), so a name that exists
  * -- an earlier dump, or a link someone planted -- gets a "_<n>" suffix
  * instead (two OOMs in the same second give two files) and no other
  * file is ever replaced.  An unusable OOM_SNAPSHOT_PATH (missing, not a
@@ -27,7 +27,6 @@
  * is made at the OOM point: the dump is written from C.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,45 +92,6 @@ static const char *oom_dir(oom_dump_t *od) {
   return NULL;
 }
 
-/* Create "<dir>/<stem><ext>" (or "<stem>_<n><ext>" when taken) with
- * O_CREAT | O_EXCL | O_NOFOLLOW: the name is ours from the moment it
- * exists, with no check-then-open window, and an existing name -- a
- * file, or a link someone planted -- is never reused.  The dump is then
- * renamed over this empty file.  Caller holds oom_dump_lock and frees the
- * result; NULL (with a message) when no name could be created. */
-static char *oom_reserve(const char *dir, const char *stem, const char *ext) {
-  size_t len = strlen(dir) + strlen(stem) + strlen(ext) + 32;
-  char *p = malloc(len);
-  if (p == NULL) return NULL;
-  int e = EEXIST;
-  for (int n = 0; n < 10000 && e == EEXIST; n++) {
-    if (n == 0)
-      snprintf(p, len, "%s/%s%s", dir, stem, ext);
-    else
-      snprintf(p, len, "%s/%s_%d%s", dir, stem, n, ext);
-    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                  0666);
-    if (fd >= 0) {
-      close(fd);
-      return p;
-    }
-    e = errno;
-  }
-  fprintf(stderr, "memsnap: cannot create %s: %s; no OOM %s is written\n",
-          p, strerror(e), strcmp(ext, ".csv") ? "snapshot" : "usage report");
-  free(p);
-  return NULL;
-}
-
-/* After a failed dump: remove the name reserved for it, if it is still
- * the empty regular file oom_reserve made. */
-static void oom_unreserve(const char *p) {
-  struct stat st;
-  if (lstat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
-      st.st_uid == geteuid())
-    unlink(p);
-}
-
 /* The observer: both files of one OOM, under oom_dump_lock (which is
  * taken before the device locks of the snapshot). */
 static void oom_dump_observer(int device, uint64_t alloc_size,
@@ -151,26 +111,32 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
     localtime_r(&now, &tmv);
     strftime(ts, sizeof ts, "%Y%m%d%H%M%S", &tmv);
     snprintf(stem, sizeof stem, "oom_snapshot_%ld_%s", (long)getpid(), ts);
-    char *pk = oom_reserve(dir, stem, ".pickle");
-    if (pk != NULL) {
+    char *pk = msnap__name_reserve(dir, stem, ".pickle");
+    if (pk == NULL) {
+      fprintf(stderr, "memsnap: no OOM snapshot is written: %s\n",
+              msnap_last_error());
+    } else {
       int rc = msnap_dump_snapshot(a, NULL, pk);
       if (rc != 0) {
         fprintf(stderr, "memsnap: OOM snapshot %s not written: %s (%s)\n",
                 pk, msnap_strerror(rc), msnap_last_error());
-        oom_unreserve(pk);
+        msnap__name_unreserve(pk);
       } else {
         fprintf(stderr, "memsnap: device %d out of memory; snapshot "
                 "written to %s\n", device, pk);
       }
     }
     snprintf(stem, sizeof stem, "device_%d_memUsageInfo_%s", device, ts);
-    char *csv = oom_reserve(dir, stem, ".csv");
-    if (csv != NULL) {
+    char *csv = msnap__name_reserve(dir, stem, ".csv");
+    if (csv == NULL) {
+      fprintf(stderr, "memsnap: no memory usage report is written: %s\n",
+              msnap_last_error());
+    } else {
       int rc = msnap__usage_report(a, device, csv);
       if (rc != 0) {
         fprintf(stderr, "memsnap: memory usage report %s not written: %s\n",
                 csv, msnap_strerror(rc));
-        oom_unreserve(csv);
+        msnap__name_unreserve(csv);
       }
     }
     free(pk);

@@ -33,6 +33,13 @@
  * never a symbolic link at resolution time.  msnap__outpath_check()
  * checks this.
  *
+ * Unique names (msnap__name_reserve, the OOM dump's files): the name is
+ * created empty with O_CREAT | O_EXCL | O_NOFOLLOW -- "<stem><ext>", else
+ * "<stem>_<n><ext>" -- so it is the caller's from the moment it exists:
+ * no check-then-open window, and an existing name (an earlier file, a
+ * planted link, even a dangling one) is never reused.  The content is
+ * then renamed over it by an atomic file.
+ *
  * Temporaries: an atomic file is written as
  * "<name>.tmp.<tag>.<pid>.<n>", where <tag> is 12 hex digits naming the
  * host and the pid namespace (a hash of the host name, /etc/machine-id
@@ -343,6 +350,42 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
   free(shown.p);
   if (rc != 0) msnap__outpath_release(o);
   return rc;
+}
+
+/* ---- unique names -------------------------------------------------------- */
+
+char *msnap__name_reserve(const char *dir, const char *stem, const char *ext) {
+  size_t len = strlen(dir) + strlen(stem) + strlen(ext) + 32;
+  char *p = malloc(len);
+  if (p == NULL) {
+    msnap__set_error(MSNAP_ENOMEM, "out of memory");
+    return NULL;
+  }
+  int e = EEXIST;
+  for (int n = 0; n < 10000 && e == EEXIST; n++) {
+    if (n == 0)
+      snprintf(p, len, "%s/%s%s", dir, stem, ext);
+    else
+      snprintf(p, len, "%s/%s_%d%s", dir, stem, n, ext);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  0666);
+    if (fd >= 0) {
+      close(fd);
+      return p;
+    }
+    e = errno;
+  }
+  msnap__set_error_errno(MSNAP_EIO, e, "cannot create '%s': %s", p,
+                         strerror(e));
+  free(p);
+  return NULL;
+}
+
+void msnap__name_unreserve(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0 &&
+      st.st_uid == geteuid())
+    unlink(path);
 }
 
 /* ---- temporaries ------------------------------------------------------- */

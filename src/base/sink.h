@@ -73,6 +73,14 @@ int msnap__outpath_check(const msnap_outpath_t *o, char *msg, size_t len);
  * world-writable directory `dir` and belongs neither to the effective user
  * nor to the directory's owner -- it must not be followed or written. */
 bool msnap__link_protected(const struct stat *dir, const struct stat *entry);
+/* "<dir>/<stem><ext>", or "<dir>/<stem>_<n><ext>" when taken (n < 10000),
+ * created empty with O_CREAT | O_EXCL | O_NOFOLLOW: the name is the
+ * caller's (no check-then-open window; an existing file or link is never
+ * reused).  Returns it (free()), or NULL with the last error set.  Write
+ * the content over it with an atomic file; after a failure
+ * msnap__name_unreserve removes it if it is still the empty file of ours. */
+char *msnap__name_reserve(const char *dir, const char *stem, const char *ext);
+void msnap__name_unreserve(const char *path);
 /* 12 hex digits naming this host and pid namespace; temporaries are
  * "<name>.tmp.<tag>.<pid>.<n>". */
 const char *msnap__tmp_tag(void);

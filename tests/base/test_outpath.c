@@ -3,7 +3,8 @@
  * and the atomic files of src/base/sink.c): the kernel's
  * protected_symlinks rule in user space, the replaced file's mode, links
  * in the middle of a path, descriptor links of /proc (/dev/stdout into a
- * pipe), and the cleaning of temporaries that dead processes left.
+ * pipe), unique names created with O_EXCL (the OOM dump's), and the
+ * cleaning of temporaries that dead processes left.
  * msnap__outpath_check runs after every resolution.
  *
  * The rule needs a link owned by another user: as root the tests create
@@ -408,6 +409,48 @@ static void test_long_name(void **state) {
   assert_string_equal(slurp(p), "long");
 }
 
+/* Unique names (the OOM dump's): created with O_EXCL, an existing file,
+ * a link or a dangling link is skipped, never reused or followed. */
+static void test_name_reserve(void **state) {
+  (void)state;
+  char p[600], victim[600];
+  snprintf(victim, sizeof victim, "%s/victim", root);
+  put(victim, "secret", 0600);
+  path_of(p, sizeof p, "oom.pickle");
+  put(p, "earlier dump", 0644);
+  path_of(p, sizeof p, "oom_1.pickle");
+  assert_int_equal(symlink(victim, p), 0);
+  path_of(p, sizeof p, "oom_2.pickle");
+  assert_int_equal(symlink("nowhere/new", p), 0);
+  char *got = msnap__name_reserve(root, "oom", ".pickle");
+  assert_non_null(got);
+  path_of(p, sizeof p, "oom_3.pickle");
+  assert_string_equal(got, p);
+  struct stat st;
+  assert_int_equal(lstat(got, &st), 0);
+  assert_true(S_ISREG(st.st_mode) && st.st_size == 0);
+  assert_string_equal(slurp(victim), "secret");
+  /* the dump goes over the reserved file */
+  assert_int_equal(msnap__write_file_atomic(got, "dump", 4), 0);
+  assert_string_equal(slurp(got), "dump");
+  /* unreserve removes only the empty file of ours */
+  msnap__name_unreserve(got);
+  assert_int_equal(lstat(got, &st), 0);
+  free(got);
+  got = msnap__name_reserve(root, "oom", ".pickle");
+  assert_non_null(strstr(got, "oom_4.pickle"));
+  msnap__name_unreserve(got);
+  assert_int_equal(lstat(got, &st), -1);
+  free(got);
+  path_of(p, sizeof p, "oom_1.pickle");
+  assert_int_equal(lstat(p, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  /* a directory that does not exist: NULL with the reason */
+  path_of(p, sizeof p, "missing");
+  assert_null(msnap__name_reserve(p, "oom", ".csv"));
+  assert_int_equal(msnap_last_errno(), ENOENT);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_plain_and_new, setup, teardown),
@@ -421,6 +464,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_descriptor_links, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tmp_clean, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_name, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_name_reserve, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
