@@ -572,10 +572,22 @@ MSNAP_API int msnap_snapshot_pickle(msnap_allocator_t *a,
                                     char **out, size_t *len);
 /* Write the snapshot to `path` via a temporary file in the same directory
  * and rename(2): a crash never leaves a truncated file.  MSNAP_EIO /
- * MSNAP_ENOSPC on write failures (the temporary file is removed). */
+ * MSNAP_ENOSPC on write failures (the temporary file is removed).  Every
+ * file the library writes (this, msnap_write_file, the usage report, the
+ * OOM dump) follows the kernel's protected_symlinks rule: a symbolic link
+ * in a sticky world-writable directory (/tmp) is followed only when it
+ * belongs to the user or to the directory's owner, else MSNAP_EIO with
+ * msnap_last_errno() EACCES and nothing is written; a replaced file keeps
+ * its permission bits; a device, FIFO or /dev/stdout is written directly;
+ * temporaries that killed processes of this host left in the directory
+ * ("<name>.tmp.<tag>.<pid>.<n>") are removed first. */
 MSNAP_API int msnap_dump_snapshot(msnap_allocator_t *a,
                                   const msnap_snapshot_options_t *o,
                                   const char *path);
+/* Write `len` bytes to `path` as msnap_dump_snapshot writes its file
+ * (same rules and errors). */
+MSNAP_API int msnap_write_file(const char *path, const void *data,
+                               size_t len);
 
 /* OOM observers (_attach_out_of_memory_observer): called as
  * fn(device, alloc_size, device_allowed_or_total, device_free, arg) after

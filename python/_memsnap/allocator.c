@@ -16,9 +16,9 @@
 
 /* ---- argument helpers ---------------------------------------------------- */
 
-/* Unsigned 64-bit integer argument (addresses, streams, sizes). */
+/* Unsigned 64-bit integer argument (addresses). */
 int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
-  if (!PyLong_Check(o)) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
     PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
                  Py_TYPE(o)->tp_name);
     return -1;
@@ -35,6 +35,51 @@ int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
     } else {
       return -1;
     }
+  }
+  *out = (uint64_t)v;
+  return 0;
+}
+
+/* A size in bytes: a non-bool int >= 0 (torch's caching_allocator_alloc
+ * takes the size through PyLong_AsSsize_t; a bool is refused here). */
+int msnap_py_size(PyObject *o, uint64_t *out, const char *what) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s: size must be an int (bytes), not "
+                 "%.100s", what, Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  long long size = PyLong_AsLongLong(o);
+  if (size == -1 && PyErr_Occurred())
+    return -1;
+  if (size < 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "Invalid memory size: %lld; %s requires a non-negative "
+                 "size.", size, what);
+    return -1;
+  }
+  *out = (uint64_t)size;
+  return 0;
+}
+
+/* A stream handle: a non-bool int in [0, MSNAP_PY_STREAM_LIMIT). */
+int msnap_py_stream(PyObject *o, uint64_t *out) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "Invalid type for stream argument, must be "
+                    "`torch.cuda.Stream` or `int` representing a pointer "
+                    "to an existing stream");
+    return -1;
+  }
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (v == -1 && PyErr_Occurred())
+    return -1;
+  if (overflow != 0 || v < 0 || (unsigned long long)v >= MSNAP_PY_STREAM_LIMIT) {
+    PyErr_Format(PyExc_ValueError,
+                 "Invalid stream handle %R: a stream is 0 (the default "
+                 "stream) or the runtime's stream handle, an int in "
+                 "[0, 2**56)", o);
+    return -1;
   }
   *out = (uint64_t)v;
   return 0;
@@ -124,25 +169,13 @@ static PyObject *py_malloc(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "malloc(size, device, stream)");
     return NULL;
   }
-  if (!PyLong_Check(args[0])) {
-    PyErr_Format(PyExc_TypeError, "size must be an int, not %.100s",
-                 Py_TYPE(args[0])->tp_name);
+  uint64_t size;
+  if (msnap_py_size(args[0], &size, "caching_allocator_alloc") < 0)
     return NULL;
-  }
-  long long size = PyLong_AsLongLong(args[0]);
-  if (size == -1 && PyErr_Occurred())
-    return NULL;
-  if (size < 0) {
-    PyErr_Format(PyExc_ValueError,
-                 "Invalid memory size: %lld; caching_allocator_alloc "
-                 "requires a non-negative size.",
-                 size);
-    return NULL;
-  }
   int device;
   uint64_t stream, ptr = 0;
   if (msnap_py_device(args[1], &device) < 0 ||
-      msnap_py_u64(args[2], &stream, "stream") < 0)
+      msnap_py_stream(args[2], &stream) < 0)
     return NULL;
   GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 1) < 0)
@@ -175,7 +208,7 @@ static PyObject *py_record_stream(PyObject *module, PyObject *args) {
   uint64_t ptr, stream;
   if (!PyArg_ParseTuple(args, "OO:record_stream", &p, &s) ||
       msnap_py_u64(p, &ptr, "ptr") < 0 ||
-      msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_stream(s, &stream) < 0)
     return NULL;
   GET_ALLOC(a);
   int rc = msnap_record_stream(a, ptr, stream);
@@ -889,7 +922,7 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
   PyObject *s, *module;
   uint64_t stream;
   if (!PyArg_ParseTuple(args, "iOp:_begin", &device, &s, &all_streams) ||
-      msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_stream(s, &stream) < 0)
     return NULL;
   msnap_allocator_t *a = mempool_target(o, device, &module);
   if (a == NULL)

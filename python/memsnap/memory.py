@@ -17,6 +17,29 @@ Errors: a device out of memory raises :class:`OutOfMemoryError` (a
 from ``torch.OutOfMemoryError``); a pointer that is not a live allocation
 raises ``ValueError`` naming it; a bad allocator configuration raises
 ``ValueError`` naming the offending token.
+
+Argument types are checked here, at the Python boundary, as torch checks
+them (tests/python/test_arg_types.py sweeps every public function):
+
+- bool parameters that torch hands to a pybind11 binding
+  (``_record_memory_history``'s ``clear_history``, ``compile_context``,
+  ``global_record_annotations``, ``record_pinned_host_memory``,
+  ``record_cuda`` and the legacy form's flags; ``MemPool``'s ``use_on_oom``
+  and ``no_split``) take what pybind11's bool caster takes: ``True`` /
+  ``False``, ``None`` (False), a numpy bool or a number (its truth value);
+  a str, list or other object raises ``TypeError``.  ``caching_allocator_enable``
+  and ``memory_snapshot(include_traces=)`` take only a bool, as torch.
+- devices are an int, ``"npu"`` / ``"cuda"`` / ``"npu:1"`` / ``"cuda:0"`` /
+  ``"1"``, or an object with ``type`` and ``index`` (``torch.device``) or
+  ``idx`` (``torch.cuda.device``); anything else (a bool, a float,
+  ``object()``) raises ``ValueError`` -- also for ``_record_memory_history``,
+  whose ``device`` is otherwise ignored.
+- sizes and pointers are ints, never bools (``TypeError``; torch would
+  take ``True`` as 1); a negative size raises ``ValueError``.
+- streams are ints or stream objects (``npu_stream`` / ``cuda_stream``);
+  a bool raises ``TypeError``; a handle outside ``[0, 2**56)`` (no
+  user-space pointer of a 64-bit Linux process reaches 2**56) raises
+  ``ValueError``.
 """
 
 from __future__ import annotations
@@ -26,7 +49,6 @@ import contextlib
 import os
 import pickle
 import sys
-import tempfile
 import warnings
 from inspect import signature
 from typing import Any
@@ -108,13 +130,36 @@ def _device_type() -> str:
     return "cuda" if os.environ.get("MEMSNAP_PROFILE") == "cuda" else "npu"
 
 
+def _pybind_bool(value: Any, name: str, func: str) -> bool:
+    """A bool argument as torch's pybind11 bindings convert it.
+
+    pybind11's bool caster (``type_caster<bool>::load`` with conversion)
+    takes True/False, None (False), a numpy bool, or an object whose type
+    implements the number protocol's ``__bool__`` (int, float, numpy
+    numbers); everything else -- a str, a list, ``object()`` -- is an
+    "incompatible function arguments" TypeError.
+    """
+    if value is True or value is False:
+        return value
+    if value is None:
+        return False
+    if getattr(type(value), "__bool__", None) is not None:
+        return bool(value)
+    raise TypeError(
+        f"{func}(): incompatible function arguments: {name} must be a bool, "
+        f"not {type(value).__name__}"
+    )
+
+
 def _device_index(device: Any = None, optional: bool = True) -> int:
     """Normalise a device argument as torch's ``_get_device_index`` does.
 
     Accepts None (the current device), an int, a string ``"npu"``,
-    ``"npu:1"``, ``"cuda:0"`` or ``"1"``, or an object with an ``index``
-    attribute (``torch.device``; ``index`` None means the current device).
-    Raises ValueError for anything else.
+    ``"npu:1"``, ``"cuda:0"`` or ``"1"``, an object with ``type`` and
+    ``index`` attributes (``torch.device``; ``index`` None means the
+    current device), or one with an int ``idx`` (``torch.cuda.device``,
+    ``torch_npu.npu.device``).  Raises ValueError for anything else (a
+    bool, a float, ``object()``).
     """
     if type(device) is int:  # the common case first
         return device
@@ -137,6 +182,9 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
                 raise ValueError(f"Invalid device string: {device!r}")
             return int(idx)
         return _current_device()
+    idx = getattr(device, "idx", None)
+    if type(idx) is int and not hasattr(device, "type"):
+        return idx  # torch.cuda.device / torch_npu.npu.device
     index = getattr(device, "index", None)
     if hasattr(device, "type"):
         if device.type not in _DEVICE_TYPES:
@@ -157,7 +205,7 @@ def _stream_handle(stream: Any, device: int) -> int:
         return 0
     for attr in ("npu_stream", "cuda_stream"):
         handle = getattr(stream, attr, None)
-        if isinstance(handle, int):
+        if isinstance(handle, int) and not isinstance(handle, bool):
             return handle
     if isinstance(stream, bool) or not isinstance(stream, int):
         raise TypeError(
@@ -165,7 +213,7 @@ def _stream_handle(stream: Any, device: int) -> int:
             "`torch.cuda.Stream` or `int` representing a pointer "
             "to an existing stream"
         )
-    return stream
+    return stream  # its range is checked by the extension
 
 
 # ---------------------------------------------------------------------------
@@ -191,8 +239,10 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
         OutOfMemoryError: the device is out of memory after the full OOM
             sequence (observers ran first; with OOM_SNAPSHOT_ENABLE an OOM
             snapshot was written).
-        ValueError: negative size ("Invalid memory size: ...").
-        TypeError: stream of another type (torch's message).
+        ValueError: negative size ("Invalid memory size: ..."); a device
+            that is not a device; a stream handle outside [0, 2**56).
+        TypeError: a size that is not an int (a bool included); a stream
+            of another type (torch's message).
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
@@ -592,7 +642,11 @@ class MemPool(_C.MemPool):
     def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
         if allocator is not None:
             raise ValueError("memsnap MemPool does not take a custom allocator")
-        self._create(_current_device(), bool(use_on_oom), bool(no_split))
+        self._create(
+            _current_device(),
+            _pybind_bool(use_on_oom, "use_on_oom", "MemPool"),
+            _pybind_bool(no_split, "no_split", "MemPool"),
+        )
 
     def snapshot(self, include_traces=True):
         """Segments of this pool (list of segment dicts; see _snapshot).
@@ -621,6 +675,8 @@ def use_mem_pool(pool: MemPool, device: Any = None):
     (endAllocateToPool, then releasePool), so that the pool's cached
     segments are released once the MemPool object itself is gone.
     """
+    if not isinstance(pool, _C.MemPool):
+        raise TypeError(f"use_mem_pool() expects a MemPool, not {type(pool).__name__}")
     index = _device_index(device)
     pool._begin_current_thread(index)
     try:
@@ -677,22 +733,44 @@ def _record_memory_history_legacy(
     capacity (default 1); ``record_context_cpp`` adds C frames.  ``device``
     is ignored (history covers every device).
 
+    Bool arguments follow torch's pybind11 binding (see the module text);
+    ``device`` must be a device (ValueError) although it is ignored.
+
     Mirrors ``torch/cuda/memory.py: _record_memory_history_legacy``.
     """
+    func = "_record_memory_history_legacy"
+    flags = {
+        name: _pybind_bool(value, name, func)
+        for name, value in (
+            ("enabled", enabled),
+            ("record_context", record_context),
+            ("trace_alloc_record_context", trace_alloc_record_context),
+            ("record_context_cpp", record_context_cpp),
+            ("clear_history", clear_history),
+            ("compile_context", compile_context),
+            ("global_record_annotations", global_record_annotations),
+            ("record_pinned_host_memory", record_pinned_host_memory),
+            ("record_cuda", record_cuda),
+        )
+    }
+    if device is not None:
+        _device_index(device)
     _C.record_history_legacy(
-        enabled,
-        record_context,
+        flags["enabled"],
+        flags["record_context"],
         trace_alloc_max_entries,
-        trace_alloc_record_context,
-        record_context_cpp,
-        clear_history,
-        compile_context,
-        global_record_annotations,
+        flags["trace_alloc_record_context"],
+        flags["record_context_cpp"],
+        flags["clear_history"],
+        flags["compile_context"],
+        flags["global_record_annotations"],
         skip_actions if skip_actions is not None else [],
-        record_pinned_host_memory,
-        record_cuda,
+        flags["record_pinned_host_memory"],
+        flags["record_cuda"],
     )
-    _notify_history(bool(enabled), compile_context, global_record_annotations)
+    _notify_history(
+        flags["enabled"], flags["compile_context"], flags["global_record_annotations"]
+    )
 
 
 def _record_memory_history(enabled="all", *args, **kwargs) -> None:
@@ -731,7 +809,9 @@ def _record_memory_history_impl(
         stacks: "python" or "all" (adds C frames).
         max_entries (int): ring capacity per device; oldest entries are
             dropped first.
-        device: ignored; history covers every device.
+        device: ignored (history covers every device), but it must be a
+            device (an int, a device string, a torch.device): ValueError
+            otherwise.
         clear_history (bool): empty the rings when (re-)enabling.
         compile_context (bool): record "Torch-Compiled Region" names.
         global_record_annotations (bool): record_function ranges of every
@@ -749,11 +829,26 @@ def _record_memory_history_impl(
             "expected stacks to be 'python', or 'all'", "Unknown TraceEntry
             action: <s>", "record_pinned_host_memory requires memory history
             recording to be enabled".
-        TypeError: negative ``max_entries``.
+        TypeError: negative ``max_entries``; a bool argument that is a
+            str, a list or another object pybind11 refuses (see the module
+            text); a str ``skip_actions``.
+        ValueError: a ``device`` that is not a device.
 
     Mirrors ``torch/cuda/memory.py: _record_memory_history_impl`` and
     ``torch/csrc/cuda/memory_snapshot.cpp: _record_memory_history``.
     """
+    func = "_record_memory_history"
+    clear_history = _pybind_bool(clear_history, "clear_history", func)
+    compile_context = _pybind_bool(compile_context, "compile_context", func)
+    global_record_annotations = _pybind_bool(
+        global_record_annotations, "global_record_annotations", func
+    )
+    record_pinned_host_memory = _pybind_bool(
+        record_pinned_host_memory, "record_pinned_host_memory", func
+    )
+    record_cuda = _pybind_bool(record_cuda, "record_cuda", func)
+    if device is not None:
+        _device_index(device)
     _C.record_history(
         enabled,
         context,
@@ -808,7 +903,14 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 
     The file is written next to its final name and renamed into place, so a
     crash never leaves a truncated file; the GIL is released while the C
-    library serializes.  Open it at pytorch.org/memory_viz or with
+    library serializes.  Both forms (with ``augment_with_fx_traces`` the
+    dict is pickled here and written by the same C writer) follow the
+    kernel's protected_symlinks rule: a symbolic link in a sticky
+    world-writable directory (/tmp) is followed only when it belongs to
+    the user or to the directory's owner (else ``PermissionError`` and
+    nothing is written); a replaced file keeps its permission bits; the
+    temporaries that killed dumps of this host left in the directory are
+    removed first.  Open it at pytorch.org/memory_viz or with
     ``python -m torch.cuda._memory_viz``.
 
     In the npu profile the usage report follows, as torch_npu's
@@ -823,7 +925,8 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
     statistics CSV instead or as well (docs/python.md).
 
     Raises:
-        OSError: the file cannot be written (the message names it).
+        OSError: the file cannot be written (the message names it);
+            ``PermissionError`` for a link the rule refuses.
 
     Mirrors ``torch/cuda/memory.py: _dump_snapshot`` and
     ``torch_npu/npu/memory.py: _dump_snapshot``.
@@ -861,16 +964,7 @@ def _dump_usage_report(filename: str) -> None:
 
 def _dump_augmented(filename: str) -> None:
     data = _snapshot(augment_with_fx_traces=True)
-    directory = os.path.dirname(os.path.abspath(filename))
-    fd, tmp = tempfile.mkstemp(prefix=".memsnap-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(data, f, protocol=4)
-        os.replace(tmp, filename)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _C.write_file(filename, pickle.dumps(data, protocol=4))
 
 
 def memory_snapshot(mempool_id=None, include_traces=True):
@@ -999,7 +1093,8 @@ def _write_usage_report(path) -> None:
 
     memsnap-only: allocator statistics, not CANN's per-module report (that
     is :func:`_save_dev_mem_usage_info`, torch_npu's
-    ``_npu_saveDevMemUsageInfo``).
+    ``_npu_saveDevMemUsageInfo``).  Written as :func:`_dump_snapshot`
+    writes (atomically, under the protected_symlinks rule).
     """
     _C.write_usage_report(os.fspath(path))
 

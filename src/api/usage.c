@@ -49,16 +49,18 @@ char *msnap__usage_dir(const char *configured) {
     p = msnap__env_get(MSNAP_ENV_OOM_SNAPSHOT_PATH);
     if (p == NULL || *p == '\0') p = ".";
   }
-  char *real = realpath(p, NULL);
+  /* Not resolved here: the CSV is written through the atomic writer, which
+   * walks the path under the protected_symlinks rule (base/outpath.c). */
   struct stat st;
-  if (real == NULL || stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    int e = real == NULL ? errno : ENOTDIR;
-    free(real);
+  int e = stat(p, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+  if (e != 0) {
     msnap__set_error_errno(MSNAP_EIO, e, "usage report directory '%s' is "
                            "not an existing directory", p);
     return NULL;
   }
-  return real;
+  char *d = strdup(p);
+  if (d == NULL) msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+  return d;
 }
 
 int msnap__usage_csv(msnap_allocator_t *a, int device, const char *dir,
@@ -79,11 +81,21 @@ int msnap__usage_csv(msnap_allocator_t *a, int device, const char *dir,
     free(text);
     return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
   }
-  snprintf(p, plen, "%s/%s.csv", dir, stem);
-  for (int k = 1; unique && access(p, F_OK) == 0 && k < 10000; k++)
-    snprintf(p, plen, "%s/%s_%d.csv", dir, stem, k);
+  if (unique) {
+    /* A name of our own, created with O_EXCL: "_<n>" when it exists (an
+     * earlier dump, or a link someone planted), no check-then-open gap. */
+    free(p);
+    p = msnap__name_reserve(dir, stem, ".csv");
+    if (p == NULL) {
+      free(text);
+      return MSNAP_EIO;
+    }
+  } else {
+    snprintf(p, plen, "%s/%s.csv", dir, stem);
+  }
   rc = msnap__write_file_atomic(p, text ? text : "", len);
   free(text);
+  if (rc != 0 && unique) msnap__name_unreserve(p);
   if (rc == 0 && path) {
     *path = p;
     return 0;
