@@ -25,8 +25,17 @@
  *   segment_map R    R lies inside a live range; undo: unmap R.
  *   segment_unmap R  R overlaps no live range; undo: map R.
  *   annotate A       the block at A is live.
+ * The synthetic workspace entries torch_npu puts first in a trace
+ * (NPUWorkspaceAllocator get_trace: workspace_snapshot, segment_alloc,
+ * alloc of the same buffer) describe the buffers at snapshot time, not
+ * history, and torch_npu shows their blocks inactive: a segment_alloc or
+ * alloc right after a workspace_snapshot of its address is skipped.
  * What is left at the end is the state at the start of the trace: empty
  * for a trace that began with an empty allocator.
+ *
+ * cli_timeline needs no replay: active and reserved bytes after each entry
+ * (the data of `memsnap plot`) from the final state minus the trace's net
+ * effect.
  *
  * Invariants of cli_state_t: b[] sorted by addr with distinct addresses;
  * g[] sorted by addr, ranges disjoint.
@@ -44,29 +53,15 @@ void cli_state_free(cli_state_t *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* Index of the first block with addr >= a. */
+/* Index of the first block / segment with addr >= a. */
 static uint32_t lb_block(const cli_state_t *st, uint64_t a) {
-  uint32_t lo = 0, hi = st->nb;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (st->b[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+  return cli_lower_bound(st->b, st->nb, sizeof *st->b,
+                         offsetof(cli_lblock_t, addr), a, false);
 }
 
 static uint32_t lb_seg(const cli_state_t *st, uint64_t a) {
-  uint32_t lo = 0, hi = st->ng;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (st->g[mid].addr < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+  return cli_lower_bound(st->g, st->ng, sizeof *st->g,
+                         offsetof(cli_lseg_t, addr), a, false);
 }
 
 static long find_block(const cli_state_t *st, uint64_t a) {
@@ -75,14 +70,8 @@ static long find_block(const cli_state_t *st, uint64_t a) {
 }
 
 static int insert_block(cli_state_t *st, const cli_lblock_t *b) {
-  if (st->nb == st->capb) {
-    uint32_t cap = st->capb ? st->capb * 2 : 64;
-    cli_lblock_t *v = realloc(st->b, cap * sizeof *v);
-    if (!v)
-      return -1;
-    st->b = v;
-    st->capb = cap;
-  }
+  if (MSNAP_GROW(st->b, st->capb, st->nb + 1) != 0)
+    return -1;
   uint32_t i = lb_block(st, b->addr);
   memmove(st->b + i + 1, st->b + i, (st->nb - i) * sizeof *st->b);
   st->b[i] = *b;
@@ -91,14 +80,8 @@ static int insert_block(cli_state_t *st, const cli_lblock_t *b) {
 }
 
 static int insert_seg(cli_state_t *st, const cli_lseg_t *g) {
-  if (st->ng == st->capg) {
-    uint32_t cap = st->capg ? st->capg * 2 : 32;
-    cli_lseg_t *v = realloc(st->g, cap * sizeof *v);
-    if (!v)
-      return -1;
-    st->g = v;
-    st->capg = cap;
-  }
+  if (MSNAP_GROW(st->g, st->capg, st->ng + 1) != 0)
+    return -1;
   uint32_t i = lb_seg(st, g->addr);
   memmove(st->g + i + 1, st->g + i, (st->ng - i) * sizeof *st->g);
   st->g[i] = *g;
@@ -200,14 +183,8 @@ static int bt_insert(btree_t *t, const cli_lblock_t *b) {
   if (x) {
     t->free_head = t->n[x].l;
   } else {
-    if (t->cnt + 1 >= t->cap) {
-      uint32_t cap = t->cap ? t->cap * 2 : 256;
-      bnode_t *v = realloc(t->n, (size_t)cap * sizeof *v);
-      if (!v)
-        return -1;
-      t->n = v;
-      t->cap = cap;
-    }
+    if (MSNAP_GROW(t->n, t->cap, (uint64_t)t->cnt + 2) != 0)
+      return -1;
     x = ++t->cnt; /* index 0 stays "none" */
   }
   t->n[x].b = *b;
@@ -323,6 +300,21 @@ static uint64_t extent(const cli_lblock_t *b) {
   return n ? n : 1;
 }
 
+/* Entry i is the segment_alloc or alloc of a workspace_snapshot group. */
+bool cli_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i) {
+  const msnap_strace_t *v = tl->v;
+  uint64_t a = v[i].addr;
+  if (v[i].action == MSNAP_ACTION_SEGMENT_ALLOC)
+    return i >= 1 && v[i - 1].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 1].addr == a;
+  if (v[i].action == MSNAP_ACTION_ALLOC)
+    return i >= 2 && v[i - 1].action == MSNAP_ACTION_SEGMENT_ALLOC &&
+           v[i - 1].addr == a &&
+           v[i - 2].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 2].addr == a;
+  return false;
+}
+
 /*
  * Undo the trace of `device` (see the top of the file).  The caller owns
  * *start afterwards.  Returns the number of violations, -1 on ENOMEM.
@@ -349,6 +341,8 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     const msnap_strace_t *e = &tl->v[i];
     uint64_t a = e->addr, sz = e->size;
     uint32_t bi;
+    if (cli_workspace_synthetic(tl, i))
+      continue;
     switch (e->action) {
     case MSNAP_ACTION_ALLOC:
       bi = bt_find(&bt, a);
@@ -391,8 +385,11 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a);
         break;
       }
-      cli_lblock_t b = {.addr = a, .requested = sz, .stream = msnap__tattr(s, e)->stream,
-                        .pending = true, .has_requested = true};
+      cli_lblock_t b = {.addr = a,
+                        .requested = sz,
+                        .stream = msnap__tattr(s, e)->stream,
+                        .pending = true,
+                        .has_requested = true};
       uint32_t kp = bt_pred(&bt, a), kn = bt_lb(&bt, a);
       if (kp && B(kp).addr + extent(&B(kp)) > a)
         viol(&c, i,
@@ -473,7 +470,9 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "segment_free of 0x%" PRIx64 " while the block 0x%" PRIx64
              " inside it is live",
              a, B(in).addr);
-      cli_lseg_t g = {.addr = a, .size = sz, .stream = msnap__tattr(s, e)->stream,
+      cli_lseg_t g = {.addr = a,
+                      .size = sz,
+                      .stream = msnap__tattr(s, e)->stream,
                       .is_large = sz != (2u << 20)};
       if (insert_seg(&st, &g))
         goto nomem;
@@ -519,8 +518,11 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a, sz);
         break;
       }
-      cli_lseg_t g = {.addr = a, .size = sz, .stream = msnap__tattr(s, e)->stream,
-                      .is_large = true, .is_expandable = true};
+      cli_lseg_t g = {.addr = a,
+                      .size = sz,
+                      .stream = msnap__tattr(s, e)->stream,
+                      .is_large = true,
+                      .is_expandable = true};
       if (insert_seg(&st, &g))
         goto nomem;
       /* Mapped ranges of an expandable segment are one segment when they
@@ -550,13 +552,8 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
   if (start) {
     /* the blocks back into the sorted array */
     uint32_t live = bt.cnt;
-    if (live > st.capb) {
-      cli_lblock_t *v = realloc(st.b, (size_t)live * sizeof *v);
-      if (!v)
-        goto nomem;
-      st.b = v;
-      st.capb = live;
-    }
+    if (MSNAP_GROW(st.b, st.capb, live) != 0)
+      goto nomem;
     st.nb = 0;
     bt_flatten(&bt, bt.root, &st);
     *start = st;
@@ -569,4 +566,79 @@ nomem:
   free(bt.n);
   cli_state_free(&st);
   return -1;
+}
+
+/*
+ * Active (requested bytes of live allocations) and reserved bytes after
+ * each entry of a device trace, starting from the state at the start of
+ * the trace: the final one (requested bytes of active blocks, their size
+ * when no request is known; reserved bytes) minus the trace's net effect.
+ * Two passes over the trace, no replay.  torch_npu's synthetic workspace
+ * entries (cli_workspace_synthetic) are no history and count in neither
+ * pass: the workspace segments are reserved from the start, their blocks
+ * never active.  Arrays of tl->n + 1 values (index 0 = before the first
+ * entry); caller frees both.
+ */
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n) {
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  uint32_t m = tl ? tl->n : 0;
+  *act = *res = NULL;
+  *n = 0;
+  __int128 a0 = 0, r0 = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    r0 += g->total_size;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (cli_block_active(b))
+        a0 += b->requested_size ? b->requested_size : b->size;
+    }
+  }
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    if (cli_workspace_synthetic(tl, i))
+      continue;
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: a0 -= e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a0 += e->size; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r0 -= e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r0 += e->size; break;
+    default: break;
+    }
+  }
+  uint64_t a = a0 < 0 ? 0 : a0 > UINT64_MAX ? UINT64_MAX : (uint64_t)a0;
+  uint64_t r = r0 < 0 ? 0 : r0 > UINT64_MAX ? UINT64_MAX : (uint64_t)r0;
+  uint64_t *va = malloc((m + 1) * sizeof *va);
+  uint64_t *vr = malloc((m + 1) * sizeof *vr);
+  if (!va || !vr) {
+    free(va);
+    free(vr);
+    return -1;
+  }
+  va[0] = a;
+  vr[0] = r;
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
+                                           : e->action) {
+    case MSNAP_ACTION_ALLOC: a += e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r += e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
+    default: break;
+    }
+    va[i + 1] = a;
+    vr[i + 1] = r;
+  }
+  *act = va;
+  *res = vr;
+  *n = m + 1;
+  return 0;
 }

@@ -466,16 +466,28 @@ uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most) {
   return UINT64_MAX;
 }
 
-uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
-  uint32_t lo = 0, hi = tl ? tl->n : 0;
+uint32_t cli_lower_bound(const void *base, uint32_t n, size_t stride,
+                         size_t off, uint64_t key, bool is_signed) {
+  /* signed keys compare as unsigned once the sign bit is flipped */
+  uint64_t flip = is_signed ? 1ull << 63 : 0;
+  uint32_t lo = 0, hi = n;
   while (lo < hi) {
     uint32_t mid = lo + (hi - lo) / 2;
-    if (tl->v[mid].time_us < t)
+    uint64_t k;
+    memcpy(&k, (const char *)base + (size_t)mid * stride + off, sizeof k);
+    if ((k ^ flip) < (key ^ flip))
       lo = mid + 1;
     else
       hi = mid;
   }
   return lo;
+}
+
+uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
+  if (tl == NULL) return 0;
+  return cli_lower_bound(tl->v, tl->n, sizeof *tl->v,
+                         offsetof(msnap_strace_t, time_us), (uint64_t)t,
+                         true);
 }
 
 const char *cli_generation_name(msnap_generation_t g) {
@@ -488,75 +500,6 @@ const char *cli_generation_name(msnap_generation_t g) {
   case MSNAP_GEN_CURRENT: return "current";
   }
   return "?";
-}
-
-/*
- * Active (requested bytes of live allocations) and reserved bytes after
- * each entry of a device trace, starting from the state at the start of
- * the trace: the final one (requested bytes of active blocks, their size
- * when no request is known; reserved bytes) minus the trace's net effect.
- * Two passes over the trace, no replay.  Arrays of tl->n + 1 values
- * (index 0 = before the first entry); caller frees both.
- */
-int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
-                 uint64_t **res, uint32_t *n) {
-  const msnap_trace_list_t *tl = cli_trace(s, dev);
-  uint32_t m = tl ? tl->n : 0;
-  *act = *res = NULL;
-  *n = 0;
-  __int128 a0 = 0, r0 = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != dev)
-      continue;
-    r0 += g->total_size;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
-      if (cli_block_active(b))
-        a0 += b->requested_size ? b->requested_size : b->size;
-    }
-  }
-  for (uint32_t i = 0; i < m; i++) {
-    const msnap_strace_t *e = &tl->v[i];
-    switch (e->action) {
-    case MSNAP_ACTION_ALLOC: a0 -= e->size; break;
-    case MSNAP_ACTION_FREE_COMPLETED: a0 += e->size; break;
-    case MSNAP_ACTION_SEGMENT_ALLOC:
-    case MSNAP_ACTION_SEGMENT_MAP: r0 -= e->size; break;
-    case MSNAP_ACTION_SEGMENT_FREE:
-    case MSNAP_ACTION_SEGMENT_UNMAP: r0 += e->size; break;
-    default: break;
-    }
-  }
-  uint64_t a = a0 < 0 ? 0 : a0 > UINT64_MAX ? UINT64_MAX : (uint64_t)a0;
-  uint64_t r = r0 < 0 ? 0 : r0 > UINT64_MAX ? UINT64_MAX : (uint64_t)r0;
-  uint64_t *va = malloc((m + 1) * sizeof *va);
-  uint64_t *vr = malloc((m + 1) * sizeof *vr);
-  if (!va || !vr) {
-    free(va);
-    free(vr);
-    return -1;
-  }
-  va[0] = a;
-  vr[0] = r;
-  for (uint32_t i = 0; i < m; i++) {
-    const msnap_strace_t *e = &tl->v[i];
-    switch (e->action) {
-    case MSNAP_ACTION_ALLOC: a += e->size; break;
-    case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
-    case MSNAP_ACTION_SEGMENT_ALLOC:
-    case MSNAP_ACTION_SEGMENT_MAP: r += e->size; break;
-    case MSNAP_ACTION_SEGMENT_FREE:
-    case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
-    default: break;
-    }
-    va[i + 1] = a;
-    vr[i + 1] = r;
-  }
-  *act = va;
-  *res = vr;
-  *n = m + 1;
-  return 0;
 }
 
 int64_t cli_default_device(const msnap_snap_t *s) {

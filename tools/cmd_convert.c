@@ -12,7 +12,6 @@
  * that were never recorded stay absent (viewers only display them).
  * --keep-keys writes exactly the keys of the source instead.
  */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,34 +165,16 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_convert(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"json", no_argument, NULL, 'j'},
-      {"keep-keys", no_argument, NULL, 'k'},
-      {"output", required_argument, NULL, 'o'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   bool json = false, keep = false;
   const char *out = NULL;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 'k': keep = true; break;
-    case 'o': out = optarg; break;
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("convert", NULL);
-    }
-  }
-  if (optind + 1 != argc)
-    return cli_usage_error("convert", "expects exactly one FILE");
-  if (!out)
-    return cli_usage_error("convert", "-o OUT is required");
-  if (cli_check_output("convert", out, argv + optind, 1) != CLI_OK)
-    return CLI_UNUSABLE;
+  const cli_opt_t opts[] = {CLI_FLAG("keep-keys", 0, &keep), CLI_OPT_END};
+  const cli_cmd_t cmd = {"convert", usage, opts, 1,
+                         "expects exactly one FILE", &json, &out,
+                         "-o OUT is required"};
+  int first;
   msnap_snap_t *s;
-  if (cli_load(argv[optind], &s) != CLI_OK)
-    return CLI_UNUSABLE;
+  int brc = cli_begin(&cmd, argc, argv, &first, &s);
+  if (brc != CLI_CONTINUE) return brc;
   int rc = keep ? 0 : upgrade(s);
   if (rc == 0)
     rc = msnap__snap_write_file(s, out, json);

@@ -14,7 +14,7 @@
  * ("<no stack...>").
  * Segments are keyed by (device, address, total_size): opened / closed.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,34 +258,20 @@ static void print_groups(cli_json_t *j, bool json, const char *title,
 }
 
 int cli_cmd_diff(int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"top", required_argument, NULL, 't'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
   bool json = false;
   long topn = 10;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 't': {
-      char *end;
-      topn = strtol(optarg, &end, 10);
-      if (*end || topn < 0)
-        return cli_usage_error("diff", "--top needs a number >= 0");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("diff", NULL);
-    }
-  }
-  if (optind + 2 != argc)
-    return cli_usage_error("diff", "expects two files A B");
+  const cli_opt_t opts[] = {
+      CLI_LONG("top", 't', &topn, 0, LONG_MAX, "--top needs a number >= 0"),
+      CLI_OPT_END};
+  const cli_cmd_t cmd = {"diff", usage, opts, 2, "expects two files A B",
+                         &json, NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
   msnap_snap_t *sa = NULL, *sb = NULL;
-  if (cli_load(argv[optind], &sa) != CLI_OK)
+  if (cli_load(argv[first], &sa) != CLI_OK)
     return CLI_UNUSABLE;
-  if (cli_load(argv[optind + 1], &sb) != CLI_OK) {
+  if (cli_load(argv[first + 1], &sb) != CLI_OK) {
     msnap__snap_free(sa);
     return CLI_UNUSABLE;
   }
@@ -375,13 +361,13 @@ int cli_cmd_diff(int argc, char **argv) {
   if (json) {
     cj_obj(&j);
     cj_key(&j, "a");
-    cj_cstr(&j, argv[optind]);
+    cj_cstr(&j, argv[first]);
     cj_key(&j, "b");
-    cj_cstr(&j, argv[optind + 1]);
+    cj_cstr(&j, argv[first + 1]);
     cj_key(&j, "devices");
     cj_arr(&j);
   } else {
-    printf("diff %s -> %s\n", argv[optind], argv[optind + 1]);
+    printf("diff %s -> %s\n", argv[first], argv[first + 1]);
   }
   char b1[32], b2[32], b3[32];
   for (uint32_t d = 0; d < nd; d++) {

@@ -21,7 +21,7 @@
  * The text form prints allocator_settings as key=value items
  * (cli_settings_items) and record_function ranges counted per name.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +193,8 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
         }
         f->t1 = e->time_us;
       }
-      switch (e->action) {
+      switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
+                                             : e->action) {
       case MSNAP_ACTION_ALLOC: da += e->size; break;
       case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; break;
       case MSNAP_ACTION_SEGMENT_ALLOC:
@@ -235,20 +236,14 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     cj_obj(j);
     cj_key(j, "device");
     cj_i64(j, f->device);
-    cj_key(j, "segments");
-    cj_u64(j, f->segments);
-    cj_key(j, "large_segments");
-    cj_u64(j, f->large);
-    cj_key(j, "reserved_bytes");
-    cj_u64(j, f->reserved);
-    cj_key(j, "allocated_bytes");
-    cj_u64(j, f->allocated);
-    cj_key(j, "active_bytes");
-    cj_u64(j, f->active);
-    cj_key(j, "requested_bytes");
-    cj_u64(j, f->requested);
-    cj_key(j, "blocks");
-    cj_u64(j, f->blocks);
+    const cli_u64_field_t sums[] = {{"segments", f->segments},
+                                    {"large_segments", f->large},
+                                    {"reserved_bytes", f->reserved},
+                                    {"allocated_bytes", f->allocated},
+                                    {"active_bytes", f->active},
+                                    {"requested_bytes", f->requested},
+                                    {"blocks", f->blocks}};
+    cj_u64_fields(j, sums, sizeof sums / sizeof sums[0]);
     cj_key(j, "blocks_by_state");
     cj_obj(j);
     for (int k = 0; k < 4; k++)
@@ -267,26 +262,23 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
         cj_u64(j, f->by_action[k]);
       }
     cj_obj_end(j);
-    cj_key(j, "time_first_us");
-    if (f->have_time)
-      cj_i64(j, f->t0);
-    else
-      cj_null(j);
-    cj_key(j, "time_last_us");
-    if (f->have_time)
-      cj_i64(j, f->t1);
-    else
-      cj_null(j);
-    cj_key(j, "peak_allocated_bytes");
-    if (f->have_peak)
-      cj_u64(j, f->peak_alloc);
-    else
-      cj_null(j);
-    cj_key(j, "peak_reserved_bytes");
-    if (f->have_peak)
-      cj_u64(j, f->peak_reserved);
-    else
-      cj_null(j);
+    /* null when the trace has no times / no replayable history */
+    const struct {
+      const char *key;
+      bool have;
+      int64_t v;
+    } opt[] = {{"time_first_us", f->have_time, f->t0},
+               {"time_last_us", f->have_time, f->t1},
+               {"peak_allocated_bytes", f->have_peak, (int64_t)f->peak_alloc},
+               {"peak_reserved_bytes", f->have_peak,
+                (int64_t)f->peak_reserved}};
+    for (size_t k = 0; k < sizeof opt / sizeof opt[0]; k++) {
+      cj_key(j, opt[k].key);
+      if (opt[k].have)
+        cj_i64(j, opt[k].v);
+      else
+        cj_null(j);
+    }
     cj_key(j, "live_before_trace");
     cj_obj(j);
     cj_key(j, "count");
@@ -516,38 +508,24 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_summary(int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"top", required_argument, NULL, 't'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
   bool json = false;
   long topn = TOPN_DEFAULT;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 't': {
-      char *end;
-      topn = strtol(optarg, &end, 10);
-      if (*end || topn < 0 || topn > 100000)
-        return cli_usage_error("summary", "--top needs a number 0..100000");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("summary", NULL);
-    }
-  }
-  if (optind + 1 != argc)
-    return cli_usage_error("summary", "expects exactly one FILE");
+  const cli_opt_t opts[] = {CLI_LONG("top", 't', &topn, 0, 100000,
+                                     "--top needs a number 0..100000"),
+                            CLI_OPT_END};
+  const cli_cmd_t cmd = {"summary", usage, opts, 1,
+                         "expects exactly one FILE", &json, NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
   msnap_snap_t *s;
-  if (cli_load(argv[optind], &s) != CLI_OK) {
+  if (cli_load(argv[first], &s) != CLI_OK) {
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);
       cj_obj(&j);
       cj_key(&j, "file");
-      cj_cstr(&j, argv[optind]);
+      cj_cstr(&j, argv[first]);
       cj_key(&j, "usable");
       cj_bool(&j, false);
       cj_key(&j, "error");
@@ -583,10 +561,10 @@ int cli_cmd_summary(int argc, char **argv) {
   if (json) {
     cli_json_t j;
     cj_init(&j, stdout);
-    print_json(&j, argv[optind], s, figs, nd);
+    print_json(&j, argv[first], s, figs, nd);
     cj_end(&j);
   } else {
-    print_text(argv[optind], s, figs, nd);
+    print_text(argv[first], s, figs, nd);
   }
 out:
   if (figs)

@@ -1,7 +1,10 @@
 /*
- * pickle.h -- internal API of the pickle encoder (pickle_write.c) and of
- * the safe pickle VM (pickle_read.c), shared by snapshot_read.c and
- * snapshot_write.c.  Nothing here is public.
+ * pickle.h -- the model layer's pickle interface: the one pickle encoder
+ * of memsnap (pickle_write.c; snapshot_write.c and the api layer's
+ * _allocation_traceback write through it), the safe pickle VM
+ * (pickle_read.c, used by snapshot_read.c; its accessors also serve the
+ * tests' canonical dump, tests/pickle/canon.c) and snapshot.c's helpers
+ * for the other model files.  Nothing here is public.
  *
  * The VM's values are 8-byte tagged words (msnap_pv_t): the low 3 bits are
  * a tag, the rest a payload.  Strings are ids in a msnap_snap_t string
@@ -105,76 +108,31 @@ static inline void msnap__pw_get(msnap_pw_t *w, uint32_t id) {
   }
 }
 
-/* Opcodes used by the writer and the reader. */
+/* Opcodes used by the writer and the reader (name, byte): one list for
+ * the enum and the reader's error messages (pickle_read.c, op_name). */
+#define MSNAP_PICKLE_OPS(X) \
+  X(MARK, '(') X(STOP, '.') X(POP, '0') X(POP_MARK, '1') X(DUP, '2') \
+  X(FLOAT, 'F') X(INT, 'I') X(BININT, 'J') X(BININT1, 'K') X(LONG, 'L') \
+  X(BININT2, 'M') X(NONE, 'N') X(PERSID, 'P') X(BINPERSID, 'Q') \
+  X(REDUCE, 'R') X(STRING, 'S') X(BINSTRING, 'T') X(SHORT_BINSTRING, 'U') \
+  X(UNICODE, 'V') X(BINUNICODE, 'X') X(APPEND, 'a') X(BUILD, 'b') \
+  X(GLOBAL, 'c') X(DICT, 'd') X(EMPTY_DICT, '}') X(APPENDS, 'e') \
+  X(GET, 'g') X(BINGET, 'h') X(INST, 'i') X(LONG_BINGET, 'j') X(LIST, 'l') \
+  X(EMPTY_LIST, ']') X(OBJ, 'o') X(PUT, 'p') X(BINPUT, 'q') \
+  X(LONG_BINPUT, 'r') X(SETITEM, 's') X(TUPLE, 't') X(EMPTY_TUPLE, ')') \
+  X(SETITEMS, 'u') X(BINFLOAT, 'G') X(PROTO, 0x80) X(NEWOBJ, 0x81) \
+  X(EXT1, 0x82) X(EXT2, 0x83) X(EXT4, 0x84) X(TUPLE1, 0x85) X(TUPLE2, 0x86) \
+  X(TUPLE3, 0x87) X(NEWTRUE, 0x88) X(NEWFALSE, 0x89) X(LONG1, 0x8a) \
+  X(LONG4, 0x8b) X(BINBYTES, 'B') X(SHORT_BINBYTES, 'C') \
+  X(SHORT_BINUNICODE, 0x8c) X(BINUNICODE8, 0x8d) X(BINBYTES8, 0x8e) \
+  X(EMPTY_SET, 0x8f) X(ADDITEMS, 0x90) X(FROZENSET, 0x91) \
+  X(NEWOBJ_EX, 0x92) X(STACK_GLOBAL, 0x93) X(MEMOIZE, 0x94) X(FRAME, 0x95) \
+  X(BYTEARRAY8, 0x96) X(NEXT_BUFFER, 0x97) X(READONLY_BUFFER, 0x98)
+
 enum {
-  MSNAP_OP_MARK = '(',
-  MSNAP_OP_STOP = '.',
-  MSNAP_OP_POP = '0',
-  MSNAP_OP_POP_MARK = '1',
-  MSNAP_OP_DUP = '2',
-  MSNAP_OP_FLOAT = 'F',
-  MSNAP_OP_INT = 'I',
-  MSNAP_OP_BININT = 'J',
-  MSNAP_OP_BININT1 = 'K',
-  MSNAP_OP_LONG = 'L',
-  MSNAP_OP_BININT2 = 'M',
-  MSNAP_OP_NONE = 'N',
-  MSNAP_OP_PERSID = 'P',
-  MSNAP_OP_BINPERSID = 'Q',
-  MSNAP_OP_REDUCE = 'R',
-  MSNAP_OP_STRING = 'S',
-  MSNAP_OP_BINSTRING = 'T',
-  MSNAP_OP_SHORT_BINSTRING = 'U',
-  MSNAP_OP_UNICODE = 'V',
-  MSNAP_OP_BINUNICODE = 'X',
-  MSNAP_OP_APPEND = 'a',
-  MSNAP_OP_BUILD = 'b',
-  MSNAP_OP_GLOBAL = 'c',
-  MSNAP_OP_DICT = 'd',
-  MSNAP_OP_EMPTY_DICT = '}',
-  MSNAP_OP_APPENDS = 'e',
-  MSNAP_OP_GET = 'g',
-  MSNAP_OP_BINGET = 'h',
-  MSNAP_OP_INST = 'i',
-  MSNAP_OP_LONG_BINGET = 'j',
-  MSNAP_OP_LIST = 'l',
-  MSNAP_OP_EMPTY_LIST = ']',
-  MSNAP_OP_OBJ = 'o',
-  MSNAP_OP_PUT = 'p',
-  MSNAP_OP_BINPUT = 'q',
-  MSNAP_OP_LONG_BINPUT = 'r',
-  MSNAP_OP_SETITEM = 's',
-  MSNAP_OP_TUPLE = 't',
-  MSNAP_OP_EMPTY_TUPLE = ')',
-  MSNAP_OP_SETITEMS = 'u',
-  MSNAP_OP_BINFLOAT = 'G',
-  MSNAP_OP_PROTO = 0x80,
-  MSNAP_OP_NEWOBJ = 0x81,
-  MSNAP_OP_EXT1 = 0x82,
-  MSNAP_OP_EXT2 = 0x83,
-  MSNAP_OP_EXT4 = 0x84,
-  MSNAP_OP_TUPLE1 = 0x85,
-  MSNAP_OP_TUPLE2 = 0x86,
-  MSNAP_OP_TUPLE3 = 0x87,
-  MSNAP_OP_NEWTRUE = 0x88,
-  MSNAP_OP_NEWFALSE = 0x89,
-  MSNAP_OP_LONG1 = 0x8a,
-  MSNAP_OP_LONG4 = 0x8b,
-  MSNAP_OP_BINBYTES = 'B',
-  MSNAP_OP_SHORT_BINBYTES = 'C',
-  MSNAP_OP_SHORT_BINUNICODE = 0x8c,
-  MSNAP_OP_BINUNICODE8 = 0x8d,
-  MSNAP_OP_BINBYTES8 = 0x8e,
-  MSNAP_OP_EMPTY_SET = 0x8f,
-  MSNAP_OP_ADDITEMS = 0x90,
-  MSNAP_OP_FROZENSET = 0x91,
-  MSNAP_OP_NEWOBJ_EX = 0x92,
-  MSNAP_OP_STACK_GLOBAL = 0x93,
-  MSNAP_OP_MEMOIZE = 0x94,
-  MSNAP_OP_FRAME = 0x95,
-  MSNAP_OP_BYTEARRAY8 = 0x96,
-  MSNAP_OP_NEXT_BUFFER = 0x97,
-  MSNAP_OP_READONLY_BUFFER = 0x98
+#define MSNAP_OP_ENUM_(name, byte) MSNAP_OP_##name = byte,
+  MSNAP_PICKLE_OPS(MSNAP_OP_ENUM_)
+#undef MSNAP_OP_ENUM_
 };
 
 /* ---- pickle_read.c: the safe VM ------------------------------------------ */
@@ -347,12 +305,12 @@ bool msnap__identify_head(const unsigned char *p, size_t n, char *out,
 bool msnap__identify_text(const unsigned char *p, size_t n, char *out,
                           size_t len);
 
-/* Canonical text of any pickle (for tests against CPython; see
- * tests/pickle/canon.py for the format).  out is filled with a
- * NUL-terminated string the caller frees (free(out->data)).  Shared
- * containers are printed at each use; MSNAP_ELIMIT beyond 16 values per
- * input byte (memo bombs). */
-int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
-                        msnap_read_error_t *err);
+/* The little-endian two's-complement bytes of an integer classified
+ * MSNAP_PINT_BIG (NULL for other values). */
+const unsigned char *msnap__pvm_big(const msnap_pvm_t *vm, msnap_pv_t v,
+                                    size_t *len);
+/* The string table of the VM (strings, bytes and bytearrays are ids in
+ * it, read with msnap__snap_str). */
+const msnap_snap_t *msnap__pvm_strings(const msnap_pvm_t *vm);
 
 #endif /* MSNAP_PICKLE_H */

@@ -28,11 +28,12 @@
  * Integers: ints in [-2^63, 2^64) are exact (boxed when wider than 61
  * bits).  Wider LONG/LONG1/LONG4 values are kept as their two's-complement
  * bytes (MSNAP_PINT_BIG); consumers that need a 64-bit number refuse them
- * with an error (snapshot_read.c does), the canonical dump prints them
- * exactly.  Text is interned under the model's UTF-8 policy (invalid
- * bytes and encoded surrogates become U+FFFD, msnap__snap_intern); bytes
- * objects are kept as they are.  Text opcodes are decoded: STRING and
- * BINSTRING as ASCII with Python escapes, UNICODE as raw-unicode-escape.
+ * with an error (snapshot_read.c does); msnap__pvm_big hands out their
+ * bytes (the tests' canonical dump, tests/pickle/canon.c, prints them).
+ * Text is interned under the model's UTF-8 policy (invalid bytes and
+ * encoded surrogates become U+FFFD, msnap__snap_intern); bytes objects are
+ * kept as they are.  Text opcodes are decoded: STRING and BINSTRING as
+ * ASCII with Python escapes, UNICODE as raw-unicode-escape.
  *
  * Errors read "offset N: <what> (while <phase>)", N being the offset of the
  * opcode being executed.
@@ -127,21 +128,10 @@ struct msnap_pvm_s {
 
 static const char *op_name(unsigned op) {
   switch (op) {
-#define N(o) case MSNAP_OP_##o: return #o;
-    N(MARK) N(STOP) N(POP) N(POP_MARK) N(DUP) N(FLOAT) N(INT) N(BININT)
-    N(BININT1) N(LONG) N(BININT2) N(NONE) N(PERSID) N(BINPERSID) N(REDUCE)
-    N(STRING) N(BINSTRING) N(SHORT_BINSTRING) N(UNICODE) N(BINUNICODE)
-    N(APPEND) N(BUILD) N(GLOBAL) N(DICT) N(EMPTY_DICT) N(APPENDS) N(GET)
-    N(BINGET) N(INST) N(LONG_BINGET) N(LIST) N(EMPTY_LIST) N(OBJ) N(PUT)
-    N(BINPUT) N(LONG_BINPUT) N(SETITEM) N(TUPLE) N(EMPTY_TUPLE) N(SETITEMS)
-    N(BINFLOAT) N(PROTO) N(NEWOBJ) N(EXT1) N(EXT2) N(EXT4) N(TUPLE1)
-    N(TUPLE2) N(TUPLE3) N(NEWTRUE) N(NEWFALSE) N(LONG1) N(LONG4) N(BINBYTES)
-    N(SHORT_BINBYTES) N(SHORT_BINUNICODE) N(BINUNICODE8) N(BINBYTES8)
-    N(EMPTY_SET) N(ADDITEMS) N(FROZENSET) N(NEWOBJ_EX) N(STACK_GLOBAL)
-    N(MEMOIZE) N(FRAME) N(BYTEARRAY8) N(NEXT_BUFFER) N(READONLY_BUFFER)
-#undef N
-  default:
-    return "unknown opcode";
+#define OP_NAME_(name, byte) case MSNAP_OP_##name: return #name;
+    MSNAP_PICKLE_OPS(OP_NAME_)
+#undef OP_NAME_
+  default: return "unknown opcode";
   }
 }
 
@@ -291,6 +281,19 @@ bool msnap__pvm_float(const msnap_pvm_t *vm, msnap_pv_t v, double *f) {
   if (b->kind != BOX_FLOAT) return false;
   *f = b->v.f;
   return true;
+}
+
+const unsigned char *msnap__pvm_big(const msnap_pvm_t *vm, msnap_pv_t v,
+                                    size_t *len) {
+  if (MSNAP_PV_TAG(v) != MSNAP_PV_BOX) return NULL;
+  const box_t *b = &vm->boxes[MSNAP_PV_PAYLOAD(v)];
+  if (b->kind != BOX_BIG) return NULL;
+  *len = b->v.big.len;
+  return vm->big + b->v.big.off;
+}
+
+const msnap_snap_t *msnap__pvm_strings(const msnap_pvm_t *vm) {
+  return vm->snap;
 }
 
 /* The object of v, live or forwarded; NULL for stale references. */
@@ -692,14 +695,7 @@ static inline bool memo_get_fast(msnap_pvm_t *vm, uint64_t idx) {
 /* ---- scalars ------------------------------------------------------------- */
 
 static int scratch(msnap_pvm_t *vm, size_t n) {
-  if (vm->scratch_cap >= n) return 0;
-  size_t c = vm->scratch_cap ? vm->scratch_cap : 256;
-  while (c < n) c *= 2;
-  char *p = realloc(vm->scratch, c);
-  if (!p) return oom(vm);
-  vm->scratch = p;
-  vm->scratch_cap = c;
-  return 0;
+  return MSNAP_GROW(vm->scratch, vm->scratch_cap, n) != 0 ? oom(vm) : 0;
 }
 
 static int push_str(msnap_pvm_t *vm, unsigned tag, const void *p,
@@ -734,14 +730,8 @@ static int push_long_bytes(msnap_pvm_t *vm, const unsigned char *b,
   } else {
     if (n > UINT32_MAX)
       return msnap__pvm_fail(vm, MSNAP_ELIMIT, "integer of %zu bytes", n);
-    if (vm->big_cap - vm->big_len < n) {
-      size_t c = vm->big_cap ? vm->big_cap : 256;
-      while (c - vm->big_len < n) c *= 2;
-      unsigned char *nb = realloc(vm->big, c);
-      if (!nb) return oom(vm);
-      vm->big = nb;
-      vm->big_cap = c;
-    }
+    if (MSNAP_GROW(vm->big, vm->big_cap, (uint64_t)vm->big_len + n) != 0)
+      return oom(vm);
     memcpy(vm->big + vm->big_len, b, n);
     box_t bx = {.kind = BOX_BIG};
     bx.v.big.off = vm->big_len;
@@ -1934,214 +1924,4 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
 int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out) {
   uint64_t budget = 1u << 24;
   return to_gv(vm, v, out, 0, &budget);
-}
-
-/* ---- canonical text ------------------------------------------------------ */
-
-/*
- * The canonical form (tests/pickle/canon.py produces the same from a
- * Python object): N, T, F; i<decimal> for ints in [-2^63, 2^64), else
- * I[-]0x<hex>; f<16 hex digits of the IEEE bits>; s<hex utf-8>; ;
- * b<hex>; and B<hex>; for bytes/bytearray; [..] lists, (..) tuples,
- * {k:v,..} dicts in insertion order, S{..} / Z{..} sets / frozensets with
- * elements sorted by their canonical text; items separated by ','.
- */
-typedef struct canon_s {
-  msnap_pvm_t *vm;
-  msnap_sink_t *out;
-  uint64_t budget;
-} canon_t;
-
-/*
- * Canonical text of v (recursive; depth and size bounded).
- */
-static int canon(canon_t *c, msnap_pv_t v, unsigned depth);
-
-static int cput(canon_t *c, const char *s) {
-  return msnap__sink_write(c->out, s, strlen(s));
-}
-
-static int chex(canon_t *c, const unsigned char *p, size_t n) {
-  static const char hx[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    char b[2] = {hx[p[i] >> 4], hx[p[i] & 15]};
-    msnap__sink_write(c->out, b, 2);
-  }
-  return c->out->err;
-}
-
-static int canon_big(canon_t *c, const unsigned char *b, size_t n) {
-  bool neg = n && (b[n - 1] & 0x80);
-  unsigned char *m = malloc(n ? n : 1);
-  if (!m) return MSNAP_ENOMEM;
-  memcpy(m, b, n);
-  if (neg) {
-    unsigned carry = 1;
-    for (size_t i = 0; i < n; i++) {
-      unsigned x = (unsigned)(unsigned char)~m[i] + carry;
-      m[i] = (unsigned char)x;
-      carry = x >> 8;
-    }
-  }
-  size_t top = n;
-  while (top > 1 && m[top - 1] == 0) top--;
-  cput(c, neg ? "I-0x" : "I0x");
-  static const char hx[] = "0123456789abcdef";
-  bool lead = true;
-  for (size_t i = top; i-- > 0;) {
-    for (int h = 1; h >= 0; h--) {
-      unsigned d = (m[i] >> (4 * h)) & 15;
-      if (lead && d == 0 && !(i == 0 && h == 0)) continue;
-      lead = false;
-      msnap__sink_write(c->out, &hx[d], 1);
-    }
-  }
-  free(m);
-  return c->out->err;
-}
-
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static int canon_set(canon_t *c, msnap_pobj_t *o, uint32_t idx,
-                     unsigned depth) {
-  uint32_t n = o->n;
-  char **parts = calloc(n ? n : 1, sizeof *parts);
-  if (!parts) return MSNAP_ENOMEM;
-  int rc = 0;
-  msnap_sink_t *saved = c->out;
-  for (uint32_t k = 0; k < n && rc == 0; k++) {
-    msnap_membuf_t mb = {0};
-    msnap_sink_t s;
-    if ((rc = msnap__sink_init_mem(&s, &mb)) < 0) break;
-    c->out = &s;
-    rc = canon(c, msnap__pobj_item(&c->vm->objs[idx], k), depth + 1);
-    c->out = saved;
-    if (rc == 0) rc = msnap__sink_write(&s, "", 1);
-    int frc = msnap__sink_finish(&s);
-    if (rc == 0) rc = frc;
-    parts[k] = mb.data;
-    if (rc == 0 && !mb.data) rc = MSNAP_ENOMEM;
-  }
-  c->out = saved;
-  if (rc == 0) {
-    qsort(parts, n, sizeof *parts, cmp_str);
-    for (uint32_t k = 0; k < n; k++) {
-      if (k) cput(c, ",");
-      cput(c, parts[k]);
-    }
-  }
-  for (uint32_t k = 0; k < n; k++) free(parts[k]);
-  free(parts);
-  return rc;
-}
-
-static int canon(canon_t *c, msnap_pv_t v, unsigned depth) {
-  msnap_pvm_t *vm = c->vm;
-  char tmp[64];
-  if (depth > MSNAP_PICKLE_MAX_DEPTH + 1 || c->budget-- == 0)
-    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
-                           "value too deep or too large to print");
-  switch (MSNAP_PV_TAG(v)) {
-  case MSNAP_PV_CONST:
-    return cput(c, MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_NONE    ? "N"
-                   : MSNAP_PV_PAYLOAD(v) == MSNAP_PVC_TRUE ? "T"
-                                                           : "F");
-  case MSNAP_PV_INT:
-    snprintf(tmp, sizeof tmp, "i%lld", (long long)inline_int(v));
-    return cput(c, tmp);
-  case MSNAP_PV_STR:
-  case MSNAP_PV_BYTES:
-  case MSNAP_PV_BYTEARRAY: {
-    size_t n = 0;
-    const char *s = msnap__snap_str(vm->snap, (msnap_str_t)MSNAP_PV_PAYLOAD(v),
-                                    &n);
-    unsigned t = MSNAP_PV_TAG(v);
-    cput(c, t == MSNAP_PV_STR ? "s" : t == MSNAP_PV_BYTES ? "b" : "B");
-    chex(c, (const unsigned char *)s, n);
-    return cput(c, ";");
-  }
-  case MSNAP_PV_BOX: {
-    const box_t *b = &vm->boxes[MSNAP_PV_PAYLOAD(v)];
-    switch (b->kind) {
-    case BOX_FLOAT: {
-      uint64_t u;
-      memcpy(&u, &b->v.f, 8);
-      snprintf(tmp, sizeof tmp, "f%016llx", (unsigned long long)u);
-      break;
-    }
-    case BOX_I64:
-      snprintf(tmp, sizeof tmp, "i%lld", (long long)b->v.i);
-      break;
-    case BOX_U64:
-      snprintf(tmp, sizeof tmp, "i%llu", (unsigned long long)b->v.u);
-      break;
-    default:
-      return canon_big(c, vm->big + b->v.big.off, b->v.big.len);
-    }
-    return cput(c, tmp);
-  }
-  case MSNAP_PV_OBJ: {
-    msnap_pobj_t *o = msnap__pvm_obj(vm, v);
-    if (!o) return msnap__pvm_fail(vm, MSNAP_EFORMAT, "consumed container");
-    if (o->flags & OBJF_VISITING)
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT, "recursive structure");
-    uint32_t idx = (uint32_t)(MSNAP_PV_PAYLOAD(v) & OBJ_INDEX_MASK);
-    o->flags |= OBJF_VISITING;
-    static const char *const open[] = {"", "[", "(", "{", "S{", "Z{"};
-    static const char *const close[] = {"", "]", ")", "}", "}", "}"};
-    uint8_t kind = o->kind;
-    int rc = cput(c, open[kind]);
-    if (kind == MSNAP_POBJ_SET || kind == MSNAP_POBJ_FROZENSET) {
-      if (rc == 0) rc = canon_set(c, o, idx, depth);
-    } else {
-      for (uint32_t k = 0; rc == 0 && k < vm->objs[idx].n; k++) {
-        if (k) cput(c, kind == MSNAP_POBJ_DICT && (k & 1) ? ":" : ",");
-        rc = canon(c, msnap__pobj_item(&vm->objs[idx], k), depth + 1);
-      }
-    }
-    vm->objs[idx].flags &= (uint8_t)~OBJF_VISITING;
-    if (rc == 0) rc = cput(c, close[kind]);
-    return rc;
-  }
-  default:
-    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
-  }
-}
-
-/*
- * Run a pickle with no consumer and print its canonical text.
- */
-int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
-                        msnap_read_error_t *err) {
-  msnap_snap_t *strings = msnap__snap_new();
-  msnap_pvm_t *vm = strings ? msnap__pvm_new(strings, NULL, NULL) : NULL;
-  if (!vm) {
-    msnap__snap_free(strings);
-    return MSNAP_ENOMEM;
-  }
-  msnap_pv_t root;
-  int rc = msnap__pvm_run(vm, buf, len, &root, err);
-  if (rc == 0) {
-    msnap_sink_t s;
-    memset(out, 0, sizeof *out);
-    rc = msnap__sink_init_mem(&s, out);
-    if (rc == 0) {
-      /* shared containers are printed each time: bound the expansion */
-      canon_t c = {vm, &s, (uint64_t)len * 16 + 65536};
-      vm->phase = "printing the canonical form";
-      rc = canon(&c, root, 0);
-      if (rc == 0) rc = msnap__sink_write(&s, "", 1);
-      int frc = msnap__sink_finish(&s);
-      if (rc == 0) rc = frc;
-      if (rc < 0) {
-        free(out->data);
-        memset(out, 0, sizeof *out);
-      }
-    }
-  }
-  msnap__pvm_free(vm);
-  msnap__snap_free(strings);
-  return rc;
 }

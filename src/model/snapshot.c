@@ -188,8 +188,8 @@ msnap_snap_t *msnap__snap_new(void) {
   s->priv = calloc(1, sizeof *s->priv);
   s->strbuf_cap = 4096;
   s->strbuf = malloc(s->strbuf_cap);
-  s->str_cap = 1024;
-  s->str_off = malloc((s->str_cap + 1) * sizeof *s->str_off);
+  s->str_cap = 1025; /* str_off entries: one per string + the end */
+  s->str_off = malloc(s->str_cap * sizeof *s->str_off);
   s->stacks_cap = 1024;
   s->stacks = malloc(s->stacks_cap * sizeof *s->stacks);
   s->strlists_cap = 16;
@@ -406,24 +406,10 @@ msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,
     h = (h + 1) & pr->strings.mask;
   }
   if (s->nstrings >= UINT32_MAX - 2) return 0;
-  if (s->strbuf_cap - s->strbuf_len < len + 1) {
-    size_t nc = s->strbuf_cap;
-    while (nc - s->strbuf_len < len + 1) {
-      if (nc > SIZE_MAX / 2) return 0;
-      nc *= 2;
-    }
-    char *nb = realloc(s->strbuf, nc);
-    if (!nb) return 0;
-    s->strbuf = nb;
-    s->strbuf_cap = nc;
-  }
-  if (s->nstrings + 1 >= s->str_cap) {
-    uint32_t nc = s->str_cap * 2;
-    uint64_t *no = realloc(s->str_off, ((size_t)nc + 1) * sizeof *no);
-    if (!no) return 0;
-    s->str_off = no;
-    s->str_cap = nc;
-  }
+  if (MSNAP_GROW(s->strbuf, s->strbuf_cap,
+                 (uint64_t)s->strbuf_len + len + 1) != 0 ||
+      MSNAP_GROW(s->str_off, s->str_cap, (uint64_t)s->nstrings + 2) != 0)
+    return 0;
   uint32_t id = s->nstrings;
   memcpy(s->strbuf + s->strbuf_len, p, len);
   s->strbuf[s->strbuf_len + len] = 0;

@@ -46,7 +46,7 @@
  *
  * Big integers (beyond 64 bits) and negative sizes/addresses are refused
  * with MSNAP_EFORMAT naming the key; the pickle itself stays readable by
- * msnap__pickle_canon.
+ * the generic VM (the tests' canonical dump, tests/pickle/canon.c).
  */
 #include <stdio.h>
 #include <stdlib.h>

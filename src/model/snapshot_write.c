@@ -2,7 +2,7 @@
  * snapshot_write.c -- write the snapshot model as a pickle (protocol 4,
  * MemoryViz opcode subset, pickle_write.c) or as JSON (same structure,
  * tuples as arrays, frames and stacks written once in two tables: see
- * wtables), streamed to a sink.
+ * wtables; through base/json.c), streamed to a sink.
  *
  * Keys: a model read from a file (msnap__snap_from_reader) is written with
  * exactly the keys its bits record (MSNAP_K_*, MSNAP_TOP_*), in PyTorch's
@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json.h"
 #include "model/pickle.h"
 
 #define CONST_LIST(X)                                                         \
@@ -86,8 +87,7 @@ typedef struct wr_s {
   bool json;
   bool live; /* write every key (live model of generation CURRENT) */
   msnap_pw_t pw;
-  msnap_sink_t *out; /* json */
-  int json_err;
+  msnap_json_t jw; /* json */
   uint32_t const_memo[NCONSTS];
   uint32_t *str_memo, *frame_memo, *stack_memo;
   level_t lv[MAX_LEVELS];
@@ -95,47 +95,8 @@ typedef struct wr_s {
   bool tables; /* JSON: writing stack_table (frame lists, not ids) */
 } wr_t;
 
-static int werr(wr_t *w) { return w->json ? w->out->err : w->pw.err; }
-
-/* ---- JSON primitives ----------------------------------------------------- */
-
-static void jw(wr_t *w, const char *p, size_t n) {
-  msnap__sink_write(w->out, p, n);
-}
-
-static void jputs(wr_t *w, const char *p) { jw(w, p, strlen(p)); }
-
-/*
- * A JSON string: UTF-8 passed through, controls and quotes escaped.
- */
-static void jstr(wr_t *w, const char *p, size_t n) {
-  static const char hx[] = "0123456789abcdef";
-  jw(w, "\"", 1);
-  size_t run = 0;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)p[i];
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    jw(w, p + run, i - run);
-    run = i + 1;
-    char e[8];
-    switch (c) {
-    case '"': jw(w, "\\\"", 2); break;
-    case '\\': jw(w, "\\\\", 2); break;
-    case '\n': jw(w, "\\n", 2); break;
-    case '\t': jw(w, "\\t", 2); break;
-    case '\r': jw(w, "\\r", 2); break;
-    default:
-      e[0] = '\\';
-      e[1] = 'u';
-      e[2] = '0';
-      e[3] = '0';
-      e[4] = hx[c >> 4];
-      e[5] = hx[c & 15];
-      jw(w, e, 6);
-    }
-  }
-  jw(w, p + run, n - run);
-  jw(w, "\"", 1);
+static int werr(wr_t *w) {
+  return w->json ? msnap__json_err(&w->jw) : w->pw.err;
 }
 
 /* ---- structure ----------------------------------------------------------- */
@@ -143,7 +104,7 @@ static void jstr(wr_t *w, const char *p, size_t n) {
 static int push_level(wr_t *w, bool is_list) {
   if (w->depth + 1 >= MAX_LEVELS) {
     if (w->json) {
-      if (!w->out->err) w->out->err = MSNAP_ELIMIT;
+      if (!w->jw.out->err) w->jw.out->err = MSNAP_ELIMIT;
     } else if (!w->pw.err) {
       w->pw.err = MSNAP_ELIMIT;
       snprintf(w->pw.msg, sizeof w->pw.msg, "value nested too deeply");
@@ -158,7 +119,7 @@ static int push_level(wr_t *w, bool is_list) {
 
 static void dict_begin(wr_t *w) {
   if (w->json)
-    jw(w, "{", 1);
+    msnap__json_obj(&w->jw);
   else {
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
     msnap__pw_op(&w->pw, MSNAP_OP_MARK);
@@ -168,7 +129,7 @@ static void dict_begin(wr_t *w) {
 
 static void dict_end(wr_t *w) {
   if (w->json)
-    jw(w, "}", 1);
+    msnap__json_obj_end(&w->jw);
   else
     msnap__pw_op(&w->pw, MSNAP_OP_SETITEMS);
   w->depth--;
@@ -176,18 +137,17 @@ static void dict_end(wr_t *w) {
 
 static void list_begin(wr_t *w) {
   if (w->json)
-    jw(w, "[", 1);
+    msnap__json_arr(&w->jw);
   else
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
   push_level(w, true);
 }
 
-/* Before each list item: commas (JSON) or MARK batches of 1000 (pickle). */
+/* Before each list item: MARK batches of 1000 (pickle; the JSON writer
+ * places its commas itself). */
 static void list_item(wr_t *w, uint32_t total) {
   level_t *l = &w->lv[w->depth];
-  if (w->json) {
-    if (l->count) jw(w, ",", 1);
-  } else if (l->count % 1000 == 0) {
+  if (!w->json && l->count % 1000 == 0) {
     if (l->count) msnap__pw_op(&w->pw, MSNAP_OP_APPENDS);
     if (total - l->count > 1) msnap__pw_op(&w->pw, MSNAP_OP_MARK);
   }
@@ -197,7 +157,7 @@ static void list_item(wr_t *w, uint32_t total) {
 static void list_end(wr_t *w, uint32_t total) {
   level_t *l = &w->lv[w->depth];
   if (w->json)
-    jw(w, "]", 1);
+    msnap__json_arr_end(&w->jw);
   else if (l->count) {
     /* the last batch: APPENDS after a MARK, APPEND for a single item */
     uint32_t last = l->count % 1000 ? l->count % 1000 : 1000;
@@ -211,7 +171,7 @@ static void list_end(wr_t *w, uint32_t total) {
 /* Write a constant string (key or value), memoized after first use. */
 static void cstr(wr_t *w, int c) {
   if (w->json) {
-    jstr(w, const_text[c], strlen(const_text[c]));
+    msnap__json_cstr(&w->jw, const_text[c]);
     return;
   }
   if (w->const_memo[c] != NO_MEMO) {
@@ -224,9 +184,7 @@ static void cstr(wr_t *w, int c) {
 
 static void key(wr_t *w, int c) {
   if (w->json) {
-    if (w->lv[w->depth].count++) jw(w, ",", 1);
-    cstr(w, c);
-    jw(w, ":", 1);
+    msnap__json_ckey(&w->jw, const_text[c]);
   } else {
     cstr(w, c);
   }
@@ -236,7 +194,7 @@ static void mstr(wr_t *w, msnap_str_t id) {
   size_t n;
   const char *p = msnap__snap_str(w->s, id, &n);
   if (w->json) {
-    jstr(w, p, n);
+    msnap__json_str(&w->jw, p, n);
     return;
   }
   if (id < w->s->nstrings && w->str_memo[id] != NO_MEMO) {
@@ -257,54 +215,39 @@ static void mstr_or(wr_t *w, msnap_str_t id, int dflt) {
 }
 
 static void wi64(wr_t *w, int64_t v) {
-  if (w->json) {
-    char b[32];
-    int n = snprintf(b, sizeof b, "%lld", (long long)v);
-    jw(w, b, (size_t)n);
-  } else {
+  if (w->json)
+    msnap__json_i64(&w->jw, v);
+  else
     msnap__pw_int(&w->pw, v);
-  }
 }
 
 static void wu64(wr_t *w, uint64_t v, const char *what) {
-  if (w->json) {
-    char b[32];
-    int n = snprintf(b, sizeof b, "%llu", (unsigned long long)v);
-    jw(w, b, (size_t)n);
-  } else {
+  if (w->json)
+    msnap__json_u64(&w->jw, v);
+  else
     msnap__pw_uint(&w->pw, v, what);
-  }
 }
 
 static void wbool(wr_t *w, bool v) {
   if (w->json)
-    jputs(w, v ? "true" : "false");
+    msnap__json_bool(&w->jw, v);
   else
     msnap__pw_bool(&w->pw, v);
 }
 
 static void wfloat(wr_t *w, double v) {
-  if (!w->json) {
+  if (w->json)
+    msnap__json_dbl(&w->jw, v);
+  else
     msnap__pw_float(&w->pw, v);
-    return;
-  }
-  if (!isfinite(v)) {
-    jputs(w, "null");
-    return;
-  }
-  char b[40];
-  int n = snprintf(b, sizeof b, "%.17g", v);
-  if (!strpbrk(b, ".eEn")) b[n++] = '.', b[n++] = '0', b[n] = 0;
-  jw(w, b, (size_t)n);
 }
 
 static void wpair(wr_t *w, msnap_mempool_id_t p) {
   if (w->json) {
-    jw(w, "[", 1);
+    msnap__json_arr(&w->jw);
     wu64(w, p.first, "pool id");
-    jw(w, ",", 1);
     wu64(w, p.second, "pool id");
-    jw(w, "]", 1);
+    msnap__json_arr_end(&w->jw);
   } else {
     msnap__pw_uint(&w->pw, p.first, "pool id");
     msnap__pw_uint(&w->pw, p.second, "pool id");
@@ -323,7 +266,7 @@ static void wframe(wr_t *w, uint32_t fid) {
     return;
   }
   if (w->json) {
-    jw(w, "{", 1);
+    msnap__json_obj(&w->jw);
     push_level(w, false);
   } else {
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
@@ -435,7 +378,7 @@ static void wgv(wr_t *w, const msnap_gv_t *v) {
   switch (v->kind) {
   case MSNAP_GV_NONE:
     if (w->json)
-      jputs(w, "null");
+      msnap__json_null(&w->jw);
     else
       msnap__pw_op(&w->pw, MSNAP_OP_NONE);
     return;
@@ -486,17 +429,17 @@ static void wgv(wr_t *w, const msnap_gv_t *v) {
     dict_begin(w);
     for (uint32_t i = 0; i < n && !werr(w); i++) {
       if (w->json) {
-        if (i) jw(w, ",", 1);
         const msnap_gv_t *k = &v->u.seq.items[2 * i];
         if (k->kind == MSNAP_GV_STR) {
-          mstr(w, k->u.s);
+          size_t kn;
+          const char *kp = msnap__snap_str(w->s, k->u.s, &kn);
+          msnap__json_key(&w->jw, kp, kn);
         } else { /* JSON keys are strings */
           char b[40];
           snprintf(b, sizeof b, "%lld",
                    k->kind == MSNAP_GV_INT ? (long long)k->u.i : 0LL);
-          jstr(w, b, strlen(b));
+          msnap__json_ckey(&w->jw, b);
         }
-        jw(w, ":", 1);
       } else {
         wgv(w, &v->u.seq.items[2 * i]);
       }
@@ -792,9 +735,9 @@ int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
   if (!w) return MSNAP_ENOMEM;
   int rc = wr_init(w, s, true);
   if (rc == 0) {
-    w->out = out;
+    msnap__json_init(&w->jw, out, MSNAP_JSON_FLOAT_POINT);
     wtop(w);
-    jw(w, "\n", 1);
+    msnap__sink_write(out, "\n", 1);
     rc = out->err;
     if (rc == 0) rc = msnap__sink_flush(out);
   }

@@ -2,10 +2,10 @@
  * fuzz_pickle_read.c -- libFuzzer target for the safe pickle reader.
  *
  * Every input goes through msnap__snap_read_buffer (snapshot mapping, the
- * fast path on) and msnap__pickle_canon (generic VM), and is checked
- * against itself read four more ways, which must all agree exactly (the
- * same result code and message, or models whose pickle rewrites are the
- * same bytes):
+ * fast path on) and test_pickle_canon (generic VM, tests/pickle/canon.c),
+ * and is checked against itself read four more ways, which must all agree
+ * exactly (the same result code and message, or models whose pickle
+ * rewrites are the same bytes):
  *   - the generic interpreter alone (the fast path off);
  *   - as a stream handing out 1 to 8 bytes per read (every refill path);
  *   - gzip-compressed, then decompressed by the source (inputs < 64 KiB);
@@ -29,6 +29,7 @@
 #include "api/api.h"
 #include "runtime/runtime.h"
 #include "model/pickle.h"
+#include "../pickle/canon.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -174,6 +175,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   free(ref);
   msnap_membuf_t out = {0};
-  if (msnap__pickle_canon(data, size, &out, &err) == 0) free(out.data);
+  if (test_pickle_canon(data, size, &out, &err) == 0) free(out.data);
   return 0;
 }

@@ -15,12 +15,13 @@
 #include "api/api.h"
 #include "runtime/runtime.h"
 #include "model/pickle.h"
+#include "canon.h"
 #include "testutil.h"
 
 static int canon_of(const void *p, size_t n, char **text,
                     msnap_read_error_t *err) {
   msnap_membuf_t mb = {0};
-  int rc = msnap__pickle_canon(p, n, &mb, err);
+  int rc = test_pickle_canon(p, n, &mb, err);
   *text = mb.data;
   return rc;
 }

@@ -543,8 +543,11 @@ static void test_allocator_settings(void **state) {
   msnap_allocator_destroy(a);
 }
 
+/* memsnap's workspace view (MEMSNAP_WORKSPACE_VIEW=memsnap); the npu
+ * profile's default, torch_npu's view, is test_workspace_torch_npu_view. */
 static void test_workspace(void **state) {
   (void)state;
+  setenv("MEMSNAP_WORKSPACE_VIEW", "memsnap", 1);
   msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 1);
   enable(a, MSNAP_CONTEXT_ALLOC, UINT64_MAX);
   uint64_t w1, w2, w3, p;
@@ -637,6 +640,85 @@ static void test_workspace(void **state) {
   assert_int_equal(msnap_sim_live_allocations(rt), live0);
   assert_int_equal(msnap_set_caching_enabled(a, true), 0);
   msnap_free(a, p);
+  msnap_allocator_destroy(a);
+  unsetenv("MEMSNAP_WORKSPACE_VIEW");
+}
+
+/*
+ * The npu profile's default workspace view is torch_npu's: Module.cpp
+ * THNPModule_memorySnapshot appends NPUWorkspaceAllocator::snapshot()'s
+ * segments after the caching allocator's (get_segm: one block, allocated
+ * never set, requested_size 0) and, while history records
+ * (NPUWorkspaceAllocator.cpp get_trace), puts three entries per buffer --
+ * WORKSPACE_SNAPSHOT, SEGMENT_ALLOC, ALLOC, each sized to the buffer --
+ * in front of the device trace.
+ */
+static void test_workspace_torch_npu_view(void **state) {
+  (void)state;
+  unsetenv("MEMSNAP_WORKSPACE_VIEW");
+  msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 1);
+  uint64_t p, q, w1, w2;
+  assert_int_equal(msnap_malloc(a, 0, 3000, 0, &p), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 5000, 0x42, &w1), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 3u << 20, 0x43, &w2), 0);
+  assert_int_equal(msnap_workspace_free(a, w2), 0);
+  assert_int_equal(msnap_malloc(a, 0, 30u << 20, 0, &q), 0);
+  /* History off: segments, no synthetic entries. */
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  check_model(s);
+  assert_int_equal(s->nsegments, 4);
+  /* the caching segments first, sorted; then the buffers in creation
+   * order */
+  assert_true(s->segments[0].address < s->segments[1].address);
+  assert_int_equal(s->segments[2].address, w1);
+  assert_int_equal(s->segments[3].address, w2);
+  for (uint32_t i = 2; i < 4; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    const msnap_sblock_t *b = &s->blocks[g->first_block];
+    assert_int_equal(g->nblocks, 1);
+    assert_true(g->is_large);
+    assert_int_equal(g->allocated_size, 0);
+    assert_int_equal(g->active_size, 0);
+    assert_int_equal(g->requested_size, 0);
+    assert_int_equal(b->state, MSNAP_BLOCK_INACTIVE);
+    assert_int_equal(b->requested_size, 0);
+  }
+  assert_int_equal(s->segments[2].total_size, 2u << 20);
+  assert_int_equal(s->segments[3].total_size, 4u << 20);
+  for (uint32_t i = 0; i < s->device_traces[0].n; i++)
+    assert_int_not_equal(s->device_traces[0].v[i].action,
+                         MSNAP_ACTION_WORKSPACE_SNAPSHOT);
+  msnap__snap_free(s);
+  /* History on: three entries per buffer, sized to the buffer. */
+  enable(a, MSNAP_CONTEXT_ALLOC, UINT64_MAX);
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  check_model(s);
+  const msnap_trace_list_t *l = &s->device_traces[0];
+  assert_true(l->n >= 6);
+  static const int acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
+                              MSNAP_ACTION_SEGMENT_ALLOC, MSNAP_ACTION_ALLOC};
+  for (uint32_t i = 0; i < 6; i++) {
+    uint64_t w = i < 3 ? w1 : w2;
+    assert_int_equal(l->v[i].action, acts[i % 3]);
+    assert_int_equal(l->v[i].addr, w);
+    assert_int_equal(l->v[i].size, i < 3 ? 2u << 20 : 4u << 20);
+    assert_int_equal(msnap__tattr(s, &l->v[i])->stream,
+                     i < 3 ? 0x42 : 0x43);
+  }
+  msnap__snap_free(s);
+  if (have_python()) {
+    char path[512], out[1024];
+    snprintf(path, sizeof path, "%s/ws_npu.pickle", tmpdir);
+    assert_int_equal(msnap_dump_snapshot(a, NULL, path), 0);
+    int rc = run_check("full", path, "1", out, sizeof out);
+    print_message("%s", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "\"workspace_snapshot\": 2"));
+  }
+  assert_int_equal(msnap_workspace_free(a, w1), 0);
+  assert_int_equal(msnap_free(a, p), 0);
+  assert_int_equal(msnap_free(a, q), 0);
   msnap_allocator_destroy(a);
 }
 
@@ -996,6 +1078,7 @@ int main(void) {
       cmocka_unit_test(test_allocator_settings),
       cmocka_unit_test(test_settings_js_safe),
       cmocka_unit_test(test_workspace),
+      cmocka_unit_test(test_workspace_torch_npu_view),
       cmocka_unit_test(test_allocation_traceback),
       cmocka_unit_test(test_dump_failures_leave_no_file),
       cmocka_unit_test(test_python_c_merge),
