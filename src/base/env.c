@@ -101,6 +101,10 @@ static const struct {
     [MSNAP_ENV_INPUT_LIMIT] = {"MEMSNAP_INPUT_LIMIT",
                                "model/snapshot_read.c: most bytes read "
                                "from a stream or decompressed (a size)"},
+    [MSNAP_ENV_ZLIB_LIBRARY] = {"MEMSNAP_ZLIB_LIBRARY",
+                                "base/source.c: zlib for gzip input"},
+    [MSNAP_ENV_ZSTD_LIBRARY] = {"MEMSNAP_ZSTD_LIBRARY",
+                                "base/source.c: libzstd for zstd input"},
 };
 
 const char *msnap__env_name(msnap_env_t var) {

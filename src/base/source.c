@@ -1,6 +1,6 @@
 /*
  * source.c -- input sources (source.h): memory, mapped files, streams,
- * gzip and zstd.
+ * gzip and zstd (zlib and libzstd opened at run time, see below).
  *
  * Invariants:
  *   - start <= end; for memory and mapped plain sources the window is the
@@ -12,10 +12,13 @@
  *   - a named FIFO is read without blocking until its first byte (poll
  *     with a timeout), then in blocking mode.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +26,224 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <zlib.h>
-#include <zstd.h>
-
 #include "base/base.h"
 #include "base/source.h"
+
+/* ---- zlib and libzstd, opened at run time ----------------------------------
+ * Both are opened with dlopen on the first compressed input (optional at
+ * run time, as libdw is in record/stack.c): a build needs neither their
+ * headers nor their libraries, and a plain snapshot never loads them.
+ * The few types, constants and entry points used below are declared here
+ * as zlib.h (1.2.13) and zstd.h (1.5.4) of Debian 12 declare them; the
+ * entry points are resolved with dlsym.  Where the real headers are
+ * found at build time they are included after these declarations and the
+ * build checks every one against them (layouts with sizeof/offsetof,
+ * field and function types with _Generic, constants by value).  At run
+ * time zlib checks the stream's size itself (inflateInit2_). */
+
+/* zlib's z_stream (zlib.h: struct z_stream_s; z_const is empty unless
+ * ZLIB_CONST, `state` points to zlib's private struct internal_state). */
+typedef struct msnap__z_stream_s {
+  unsigned char *next_in;
+  unsigned avail_in;
+  unsigned long total_in;
+  unsigned char *next_out;
+  unsigned avail_out;
+  unsigned long total_out;
+  char *msg;
+  void *state;
+  void *(*zalloc)(void *opaque, unsigned items, unsigned size);
+  void (*zfree)(void *opaque, void *address);
+  void *opaque;
+  int data_type;
+  unsigned long adler;
+  unsigned long reserved;
+} msnap__z_stream_t;
+/* The version handed to inflateInit2_ (zlib compares its first digit). */
+#define MSNAP_ZLIB_VERSION "1.2.13"
+#define MSNAP_ZLIB_CONSTS(X)                                                  \
+  X(Z_OK, 0) X(Z_STREAM_END, 1) X(Z_NO_FLUSH, 0) X(Z_MEM_ERROR, -4)          \
+  X(Z_BUF_ERROR, -5)
+enum {
+#define MSNAP_ZC_(name, value) MSNAP__##name = (value),
+  MSNAP_ZLIB_CONSTS(MSNAP_ZC_)
+#undef MSNAP_ZC_
+};
+/* The entry points (name, return type, parameters), over the stream type
+ * zs: ours for the calls, zlib's z_stream for the check. */
+#define MSNAP_ZLIB_FNS(X, zs)                                                 \
+  X(inflateInit2_, int,                                                       \
+    (zs * strm, int windowBits, const char *version, int stream_size))       \
+  X(inflate, int, (zs * strm, int flush))                                     \
+  X(inflateEnd, int, (zs * strm))                                             \
+  X(inflateReset, int, (zs * strm))
+
+/* zstd's opaque decompression context (the same typedefs as zstd.h) and
+ * its buffers (zstd.h: struct ZSTD_inBuffer_s / ZSTD_outBuffer_s). */
+typedef struct ZSTD_DCtx_s ZSTD_DCtx;
+typedef ZSTD_DCtx ZSTD_DStream;
+typedef struct msnap__zstd_in_s {
+  const void *src;
+  size_t size;
+  size_t pos;
+} msnap__zstd_in_t;
+typedef struct msnap__zstd_out_s {
+  void *dst;
+  size_t size;
+  size_t pos;
+} msnap__zstd_out_t;
+/* ZSTD_dParameter is an enum of non-negative values: an unsigned int for
+ * the compilers memsnap supports (checked against zstd.h below). */
+#define MSNAP_ZSTD_D_WINDOWLOGMAX 100u /* ZSTD_d_windowLogMax */
+#define MSNAP_ZSTD_FNS(X, zin, zout, dparam)                                  \
+  X(ZSTD_createDStream, ZSTD_DStream *, (void))                               \
+  X(ZSTD_freeDStream, size_t, (ZSTD_DStream * zds))                           \
+  X(ZSTD_initDStream, size_t, (ZSTD_DStream * zds))                           \
+  X(ZSTD_decompressStream, size_t,                                            \
+    (ZSTD_DStream * zds, zout * output, zin * input))                         \
+  X(ZSTD_isError, unsigned, (size_t code))                                    \
+  X(ZSTD_getErrorName, const char *, (size_t code))                           \
+  X(ZSTD_DCtx_setParameter, size_t,                                           \
+    (ZSTD_DCtx * dctx, dparam param, int value))
+
+#if defined(__has_include)
+#if __has_include(<zlib.h>)
+#include <zlib.h>
+#define MSNAP_Z_FIELD_SAME(f)                                                 \
+  _Static_assert(offsetof(z_stream, f) == offsetof(msnap__z_stream_t, f) &&   \
+                     sizeof(((z_stream *)0)->f) ==                            \
+                         sizeof(((msnap__z_stream_t *)0)->f),                 \
+                 "z_stream." #f " differs from zlib.h")
+#define MSNAP_Z_TYPE_SAME(f)                                                  \
+  MSNAP_Z_FIELD_SAME(f);                                                      \
+  _Static_assert(_Generic(((z_stream *)0)->f,                                 \
+                     __typeof__(((msnap__z_stream_t *)0)->f): 1,              \
+                     default: 0),                                             \
+                 "z_stream." #f ": type differs from zlib.h")
+MSNAP_Z_TYPE_SAME(next_in);
+MSNAP_Z_TYPE_SAME(avail_in);
+MSNAP_Z_TYPE_SAME(total_in);
+MSNAP_Z_TYPE_SAME(next_out);
+MSNAP_Z_TYPE_SAME(avail_out);
+MSNAP_Z_TYPE_SAME(total_out);
+MSNAP_Z_TYPE_SAME(msg);
+MSNAP_Z_FIELD_SAME(state); /* a pointer to zlib's private struct */
+MSNAP_Z_TYPE_SAME(zalloc);
+MSNAP_Z_TYPE_SAME(zfree);
+MSNAP_Z_TYPE_SAME(opaque);
+MSNAP_Z_TYPE_SAME(data_type);
+MSNAP_Z_TYPE_SAME(adler);
+MSNAP_Z_TYPE_SAME(reserved);
+_Static_assert(sizeof(z_stream) == sizeof(msnap__z_stream_t),
+               "z_stream differs from zlib.h");
+#undef MSNAP_Z_TYPE_SAME
+#undef MSNAP_Z_FIELD_SAME
+#define MSNAP_ZC_(name, value)                                                \
+  _Static_assert(name == MSNAP__##name, "zlib.h: " #name " differs");
+MSNAP_ZLIB_CONSTS(MSNAP_ZC_)
+#undef MSNAP_ZC_
+#define MSNAP_ZF_(name, ret, params)                                          \
+  _Static_assert(_Generic(&name, ret(*) params: 1, default: 0),              \
+                 "zlib.h: " #name " differs");
+MSNAP_ZLIB_FNS(MSNAP_ZF_, z_stream)
+#undef MSNAP_ZF_
+#endif
+#if __has_include(<zstd.h>)
+#include <zstd.h>
+#define MSNAP_ZSTD_BUF_SAME(real, ours, f)                                    \
+  _Static_assert(offsetof(real, f) == offsetof(ours, f) &&                    \
+                     _Generic(((real *)0)->f,                                 \
+                         __typeof__(((ours *)0)->f): 1,                       \
+                         default: 0),                                         \
+                 #real "." #f " differs from zstd.h")
+MSNAP_ZSTD_BUF_SAME(ZSTD_inBuffer, msnap__zstd_in_t, src);
+MSNAP_ZSTD_BUF_SAME(ZSTD_inBuffer, msnap__zstd_in_t, size);
+MSNAP_ZSTD_BUF_SAME(ZSTD_inBuffer, msnap__zstd_in_t, pos);
+MSNAP_ZSTD_BUF_SAME(ZSTD_outBuffer, msnap__zstd_out_t, dst);
+MSNAP_ZSTD_BUF_SAME(ZSTD_outBuffer, msnap__zstd_out_t, size);
+MSNAP_ZSTD_BUF_SAME(ZSTD_outBuffer, msnap__zstd_out_t, pos);
+_Static_assert(sizeof(ZSTD_inBuffer) == sizeof(msnap__zstd_in_t) &&
+                   sizeof(ZSTD_outBuffer) == sizeof(msnap__zstd_out_t),
+               "ZSTD_inBuffer / ZSTD_outBuffer differ from zstd.h");
+#undef MSNAP_ZSTD_BUF_SAME
+_Static_assert(ZSTD_d_windowLogMax == MSNAP_ZSTD_D_WINDOWLOGMAX,
+               "zstd.h: ZSTD_d_windowLogMax differs");
+/* (with `unsigned` for ZSTD_dParameter: an enum type is compatible with
+ * its underlying type, so this also checks that assumption) */
+#define MSNAP_ZF_(name, ret, params)                                          \
+  _Static_assert(_Generic(&name, ret(*) params: 1, default: 0),              \
+                 "zstd.h: " #name " differs");
+MSNAP_ZSTD_FNS(MSNAP_ZF_, ZSTD_inBuffer, ZSTD_outBuffer, unsigned)
+#undef MSNAP_ZF_
+#endif
+#endif
+
+/* The loaded entry points (pthread_once: loaded at most once). */
+#define MSNAP_FN_FIELD_(name, ret, params) ret(*name) params;
+typedef struct codec_lib_s {
+  const char *codec;   /* "gzip" / "zstd" for messages */
+  const char *soname;  /* what is opened by default */
+  const char *what;    /* the library and its Debian package */
+  msnap_env_t env;     /* the variable naming another file */
+  const char *file;    /* what was opened: soname or the variable's file */
+  bool ok;
+  char why[224];       /* why not, when !ok */
+} codec_lib_t;
+static struct {
+  codec_lib_t lib;
+  MSNAP_ZLIB_FNS(MSNAP_FN_FIELD_, msnap__z_stream_t)
+} zl = {.lib = {.codec = "gzip",
+               .soname = "libz.so.1",
+               .what = "zlib; Debian/Ubuntu package zlib1g",
+               .env = MSNAP_ENV_ZLIB_LIBRARY}};
+static struct {
+  codec_lib_t lib;
+  MSNAP_ZSTD_FNS(MSNAP_FN_FIELD_, msnap__zstd_in_t, msnap__zstd_out_t,
+                 unsigned)
+} zs = {.lib = {.codec = "zstd",
+               .soname = "libzstd.so.1",
+               .what = "zstd >= 1.4.0; Debian/Ubuntu package libzstd1",
+               .env = MSNAP_ENV_ZSTD_LIBRARY}};
+#undef MSNAP_FN_FIELD_
+static pthread_once_t zl_once = PTHREAD_ONCE_INIT, zs_once = PTHREAD_ONCE_INIT;
+
+/* dlopen the library of l (its variable's file, else its soname); NULL
+ * with l->why set when it cannot be opened. */
+static void *lib_open(codec_lib_t *l) {
+  l->file = msnap__env_get(l->env);
+  if (l->file == NULL || l->file[0] == 0) l->file = l->soname;
+  void *h = dlopen(l->file, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    const char *e = dlerror();
+    snprintf(l->why, sizeof l->why, "%s", e ? e : l->file);
+  }
+  return h;
+}
+
+/* Resolve one entry point into *slot; false with l->why set. */
+static bool lib_sym(codec_lib_t *l, void *h, const char *name, void **slot) {
+  *slot = dlsym(h, name);
+  if (*slot == NULL)
+    snprintf(l->why, sizeof l->why, "%.160s has no %s", l->file, name);
+  return *slot != NULL;
+}
+
+#define MSNAP_FN_LOAD_(name, ret, params)                                    \
+  &&lib_sym(&LIB_.lib, h, #name, (void **)&LIB_.name)
+static void zl_load(void) {
+  void *h = lib_open(&zl.lib);
+#define LIB_ zl
+  zl.lib.ok = h != NULL MSNAP_ZLIB_FNS(MSNAP_FN_LOAD_, msnap__z_stream_t);
+#undef LIB_
+}
+static void zs_load(void) {
+  void *h = lib_open(&zs.lib);
+#define LIB_ zs
+  zs.lib.ok = h != NULL MSNAP_ZSTD_FNS(MSNAP_FN_LOAD_, msnap__zstd_in_t,
+                                       msnap__zstd_out_t, unsigned);
+#undef LIB_
+}
+#undef MSNAP_FN_LOAD_
 
 #define CHUNK (1u << 20)
 #define IN_CHUNK (256u << 10)
@@ -47,7 +263,7 @@ struct msnap_source_priv_s {
   uint64_t limit, produced;
   bool eof;
   bool fifo_wait;            /* named FIFO before its first byte      */
-  z_stream z;
+  msnap__z_stream_t z;
   bool z_init, z_member_end;
   ZSTD_DStream *zs;
   size_t zs_last;            /* last ZSTD_decompressStream result     */
@@ -140,8 +356,8 @@ static int raw_more(msnap_source_t *src) {
 static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
                             size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
-  z_stream *z = &pr->z;
-  uInt cap = (uInt)(n > UINT32_MAX ? UINT32_MAX : n);
+  msnap__z_stream_t *z = &pr->z;
+  unsigned cap = (unsigned)(n > UINT32_MAX ? UINT32_MAX : n);
   z->next_out = dst;
   z->avail_out = cap;
   while (z->avail_out == cap) {
@@ -154,7 +370,7 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
       if (more == 1 || pr->raw_n < 2 || pr->raw[0] != 0x1f ||
           pr->raw[1] != 0x8b)
         return 0;
-      inflateReset(z);
+      zl.inflateReset(z);
       pr->z_member_end = false;
     }
     if (more == 1)
@@ -162,18 +378,20 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
                   "the gzip-compressed data is truncated (the file ends "
                   "inside a member)");
     z->next_in = (unsigned char *)pr->raw;
-    z->avail_in = (uInt)(pr->raw_n > UINT32_MAX ? UINT32_MAX : pr->raw_n);
-    uInt before = z->avail_in;
-    int zr = inflate(z, Z_NO_FLUSH);
+    z->avail_in =
+        (unsigned)(pr->raw_n > UINT32_MAX ? UINT32_MAX : pr->raw_n);
+    unsigned before = z->avail_in;
+    int zr = zl.inflate(z, MSNAP__Z_NO_FLUSH);
     size_t used = before - z->avail_in;
     pr->raw += used;
     pr->raw_n -= used;
-    if (zr == Z_STREAM_END) {
+    if (zr == MSNAP__Z_STREAM_END) {
       pr->z_member_end = true;
       continue;
     }
-    if (zr == Z_MEM_ERROR) return fail(src, MSNAP_ENOMEM, "out of memory");
-    if (zr != Z_OK && zr != Z_BUF_ERROR)
+    if (zr == MSNAP__Z_MEM_ERROR)
+      return fail(src, MSNAP_ENOMEM, "out of memory");
+    if (zr != MSNAP__Z_OK && zr != MSNAP__Z_BUF_ERROR)
       return fail(src, MSNAP_EFORMAT,
                   "the gzip-compressed data is corrupt: %s",
                   z->msg ? z->msg : "inflate failed");
@@ -184,7 +402,7 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
 static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
                             size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
-  ZSTD_outBuffer out = {dst, n, 0};
+  msnap__zstd_out_t out = {dst, n, 0};
   while (out.pos == 0) {
     int more = raw_more(src);
     if (more < 0) return more;
@@ -195,13 +413,13 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
                     "inside a frame)");
       return 0;
     }
-    ZSTD_inBuffer in = {pr->raw, pr->raw_n, 0};
-    size_t r = ZSTD_decompressStream(pr->zs, &out, &in);
+    msnap__zstd_in_t in = {pr->raw, pr->raw_n, 0};
+    size_t r = zs.ZSTD_decompressStream(pr->zs, &out, &in);
     pr->raw += in.pos;
     pr->raw_n -= in.pos;
-    if (ZSTD_isError(r))
+    if (zs.ZSTD_isError(r))
       return fail(src, MSNAP_EFORMAT, "the zstd-compressed data is corrupt: %s",
-                  ZSTD_getErrorName(r));
+                  zs.ZSTD_getErrorName(r));
     pr->zs_last = r;
   }
   return (ssize_t)out.pos;
@@ -318,8 +536,8 @@ void msnap__source_close(msnap_source_t *src) {
   if (pr) {
     if (pr->fd >= 0) close(pr->fd);
     if (pr->map) munmap(pr->map, pr->map_len);
-    if (pr->z_init) inflateEnd(&pr->z);
-    if (pr->zs) ZSTD_freeDStream(pr->zs);
+    if (pr->z_init) zl.inflateEnd(&pr->z);
+    if (pr->zs) zs.ZSTD_freeDStream(pr->zs);
     free(pr->buf);
     free(pr->in);
     free(pr);
@@ -394,19 +612,29 @@ static int detect_codec(msnap_source_t *src) {
            p[3] == 0xfd)
     c = MSNAP_SOURCE_ZSTD;
   if (c == MSNAP_SOURCE_PLAIN) return 0;
+  /* the library of the codec, opened on the first such input */
+  pthread_once(c == MSNAP_SOURCE_GZIP ? &zl_once : &zs_once,
+               c == MSNAP_SOURCE_GZIP ? zl_load : zs_load);
+  const codec_lib_t *l = c == MSNAP_SOURCE_GZIP ? &zl.lib : &zs.lib;
+  if (!l->ok)
+    return fail(src, MSNAP_ENOTSUP,
+                "reading %s input needs %s (%s), which could not be "
+                "loaded: %s",
+                l->codec, l->soname, l->what, l->why);
   if (c == MSNAP_SOURCE_GZIP) {
     memset(&pr->z, 0, sizeof pr->z);
-    /* 15 + 16: gzip wrapper only */
-    if (inflateInit2(&pr->z, 15 + 16) != Z_OK)
+    /* 15 + 16: gzip wrapper only (zlib.h's inflateInit2 macro) */
+    if (zl.inflateInit2_(&pr->z, 15 + 16, MSNAP_ZLIB_VERSION,
+                         (int)sizeof pr->z) != MSNAP__Z_OK)
       return fail(src, MSNAP_ENOMEM, "cannot start gzip decompression");
     pr->z_init = true;
   } else {
-    pr->zs = ZSTD_createDStream();
-    if (!pr->zs || ZSTD_isError(ZSTD_initDStream(pr->zs)))
+    pr->zs = zs.ZSTD_createDStream();
+    if (!pr->zs || zs.ZSTD_isError(zs.ZSTD_initDStream(pr->zs)))
       return fail(src, MSNAP_ENOMEM, "cannot start zstd decompression");
     /* a frame may ask for a window up to 2^27 bytes (zstd's default
      * limit): the memory a decompressor needs stays bounded */
-    ZSTD_DCtx_setParameter(pr->zs, ZSTD_d_windowLogMax, 27);
+    zs.ZSTD_DCtx_setParameter(pr->zs, MSNAP_ZSTD_D_WINDOWLOGMAX, 27);
   }
   src->codec = c;
   if (pr->map) {

@@ -22,8 +22,11 @@
  *     nobody writes never hangs the reader;
  *   - gzip / zstd: a mapped or streamed file whose first bytes are the
  *     gzip (1f 8b) or zstd (28 b5 2f fd) magic number, decompressed into
- *     the window (zlib, libzstd); concatenated members/frames are read
- *     as one stream.
+ *     the window (zlib, libzstd: opened with dlopen on the first such
+ *     input, MEMSNAP_ZLIB_LIBRARY / MEMSNAP_ZSTD_LIBRARY naming other
+ *     files; MSNAP_ENOTSUP "reading gzip input needs libz.so.1 ..." when
+ *     one cannot be loaded); concatenated members/frames are read as one
+ *     stream.
  * Refused with a clear message (MSNAP_EFORMAT, nothing opened): character
  * and block devices (/dev/zero, /dev/urandom, a terminal), sockets by
  * path, directories.

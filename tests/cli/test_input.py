@@ -8,7 +8,8 @@ Groups:
              (issue 14 item 1); streamed input past MEMSNAP_INPUT_LIMIT
   compressed gzip and zstd snapshots read directly (files and pipes), the
              same figures as the plain file; truncated, corrupt and bomb
-             inputs refused (issue 11)
+             inputs refused (issue 11); zlib and libzstd opened only for
+             such inputs, a missing one named
   wrong      common wrong inputs named: a torch.save zip, a legacy
              torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2
   utf8       invalid UTF-8 and lone surrogates become U+FFFD, `check`
@@ -328,6 +329,57 @@ def group_compressed():
     expect(rc == 2 and "MEMSNAP_INPUT_LIMIT" in err,
            "decompressed bytes count against the limit: %r"
            % err.strip()[-160:])
+    compression_libraries(good)
+
+
+def compression_libraries(good):
+    """zlib and libzstd are opened at run time on the first compressed
+    input (src/base/source.c): nothing of memsnap is linked against them,
+    a plain input never needs them, a missing one is named."""
+    readelf = shutil.which("readelf")
+    lib = os.path.join(os.path.dirname(MEMSNAP), "..", "src",
+                       "libmemsnap.so")
+    if readelf:
+        for f in [MEMSNAP] + ([lib] if os.path.exists(lib) else []):
+            d = subprocess.run([readelf, "-d", f], capture_output=True,
+                               text=True).stdout
+            expect("NEEDED" in d and "libz" not in d and "zstd" not in d,
+                   "%s: no libz / libzstd among its NEEDED libraries"
+                   % os.path.basename(f))
+    else:
+        print("SKIP NEEDED check: readelf is missing")
+    plain = write_bytes(good, "plain.pickle")
+    gz = write_bytes(gzip.compress(good), "good.pickle.gz")
+    # the library is opened only for a compressed input (the zstd magic
+    # is enough: the library is needed before any byte is decompressed)
+    zst = write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 64, "magic.zst")
+    gone = {"MEMSNAP_ZLIB_LIBRARY": path("no/libz.so.1"),
+            "MEMSNAP_ZSTD_LIBRARY": path("no/libzstd.so.1")}
+    rc, out, err = run("check", plain, env=gone)
+    expect(rc == 0, "a plain input reads without zlib and libzstd (%d %r)"
+           % (rc, err.strip()[-160:]))
+    rc, out, err = run("check", gz, env=gone)
+    expect(rc == 2 and "reading gzip input needs libz.so.1" in err and
+           "no/libz.so.1" in err and "MSNAP_ENOTSUP" in err,
+           "without zlib a .gz is refused naming libz.so.1: %r"
+           % err.strip()[-240:])
+    with open(gz, "rb") as stdin:
+        rc, out, err = run("check", "-", env=gone, stdin=stdin)
+    expect(rc == 2 and "reading gzip input needs libz.so.1" in err,
+           "the same through a pipe: %r" % err.strip()[-160:])
+    rc, out, err = run("check", zst, env=gone)
+    expect(rc == 2 and "reading zstd input needs libzstd.so.1" in err and
+           "no/libzstd.so.1" in err,
+           "without libzstd a .zst is refused naming libzstd.so.1: %r"
+           % err.strip()[-240:])
+    # a library without the entry points: named too
+    rc, out, err = run("check", zst,
+                       env={"MEMSNAP_ZSTD_LIBRARY": "libz.so.1"})
+    expect(rc == 2 and "libz.so.1 has no ZSTD_" in err,
+           "a libzstd without its entry points: %r" % err.strip()[-160:])
+    # and by default both load
+    rc, out, err = run("check", gz)
+    expect(rc == 0, "by default the .gz reads (%d %r)" % (rc, err[-160:]))
 
 
 def group_wrong():
