@@ -10,7 +10,10 @@
  *     gzip/zstd) <= limit + 1; more than limit is an error;
  *   - eof: the producer has nothing more; once set it stays set;
  *   - a named FIFO is read without blocking until its first byte (poll
- *     with a timeout), then in blocking mode.
+ *     with a timeout), then in blocking mode;
+ *   - zl / zs (the codec libraries) are loaded at most once per process;
+ *     lib.ok means every entry point was resolved, and only then is a
+ *     gzip / zstd source started (z_init, zs are set only after that).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -235,6 +238,7 @@ static void zl_load(void) {
 #define LIB_ zl
   zl.lib.ok = h != NULL MSNAP_ZLIB_FNS(MSNAP_FN_LOAD_, msnap__z_stream_t);
 #undef LIB_
+  if (h != NULL && !zl.lib.ok) dlclose(h);
 }
 static void zs_load(void) {
   void *h = lib_open(&zs.lib);
@@ -242,6 +246,7 @@ static void zs_load(void) {
   zs.lib.ok = h != NULL MSNAP_ZSTD_FNS(MSNAP_FN_LOAD_, msnap__zstd_in_t,
                                        msnap__zstd_out_t, unsigned);
 #undef LIB_
+  if (h != NULL && !zs.lib.ok) dlclose(h);
 }
 #undef MSNAP_FN_LOAD_
 
