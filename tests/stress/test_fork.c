@@ -145,6 +145,14 @@ static int wait_child(pid_t pid) {
     if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (now.tv_sec - t0.tv_sec > WAIT_SECONDS) {
+      /* A hang is a bug to find: show where the child waits when gdb is
+       * there (stderr goes to the test log). */
+      char cmd[160];
+      snprintf(cmd, sizeof cmd,
+               "gdb -p %d -batch -ex 'thread apply all bt' </dev/null "
+               ">&2 2>&1 || true", (int)pid);
+      if (access("/usr/bin/gdb", X_OK) == 0 && system(cmd) < 0)
+        fprintf(stderr, "fork test: could not run gdb\n");
       kill(pid, SIGKILL);
       waitpid(pid, &st, 0);
       return -1;
@@ -153,8 +161,27 @@ static int wait_child(pid_t pid) {
   }
 }
 
+/* GCC 12's AddressSanitizer allocator takes no lock around fork(): a
+ * child forked while another thread is inside ASan's malloc blocks in
+ * ASan's own allocator lock (seen here: SizeClassAllocator64::
+ * GetFromAllocator in the child, memsnap holding none of its locks).  The
+ * test is about memsnap's locks, so it runs in the builds without ASan
+ * (make test, the release stress build). */
+#if defined(__SANITIZE_ADDRESS__)
+#define MSNAP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MSNAP_ASAN 1
+#endif
+#endif
+
 static void test_fork_while_busy(void **state) {
   (void)state;
+#ifdef MSNAP_ASAN
+  fprintf(stderr, "SKIP test_fork_while_busy: the AddressSanitizer "
+                  "allocator is not fork-safe (see the comment above)\n");
+  skip();
+#endif
   char dir[] = "/tmp/msnap_forkXXXXXX";
   assert_non_null(mkdtemp(dir));
   msnap_options_t o;
