@@ -1075,7 +1075,9 @@ static inline bool fp_get_run(fp_t *f) {
 static bool fp_offer(fp_t *f, unsigned kind, uint32_t base,
                      msnap_pv_t *out) {
   msnap_pvm_t *vm = f->vm;
-  msnap_pitems_t it = {vm->fitems + base, 0, vm->nfitems - base, false};
+  /* (no items yet: fitems may still be NULL, and NULL + 0 is undefined) */
+  msnap_pitems_t it = {vm->fitems ? vm->fitems + base : NULL, 0,
+                       vm->nfitems - base, false};
   const char *phase = vm->phase;
   *out = 0;
   int rc = vm->cb(vm->cb_ctx, vm, kind, &it, out);
