@@ -23,7 +23,7 @@ import memsnap.memory as mm
 INTERNAL = {
     "_add_device_type", "_augment", "_current_device",
     "_deprecated_reset_peak", "_device_index", "_device_type",
-    "_dump_usage_report", "_load_torch_hooks", "_notify_history",
+    "_dump_augmented", "_dump_usage_report", "_load_torch_hooks", "_notify_history",
     "_pybind_bool", "_stream_handle",
 }
 

@@ -91,7 +91,7 @@ def test_checks_table_reports_each_check():
 def test_checks_child_refuses_without_cuda():
     """The checks child needs CUDA; on the CPU torch it fails with torch's
     own refusal from use_allocator, never silently."""
-    import torch
+    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         return
     r = subprocess.run([sys.executable, SCRIPT, "--child", "checks"], capture_output=True,
@@ -129,7 +129,7 @@ def test_ground_truth_bad_arguments_are_refused():
 
 def test_ground_truth_refuses_to_record_without_cuda():
     need_cli()
-    import torch
+    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         return  # the GPU run itself is made by hand (bench/README.md)
     r = gt("--configs", "max_split", "--out", "/nonexistent/never-written")

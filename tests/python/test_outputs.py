@@ -25,8 +25,20 @@ import memsnap.memory as mm
 from conftest import base_env, run_script
 from snapcheck import schema_errors
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tmptag import tmp_tag  # noqa: E402  (tests/tmptag.py)
+
+def _load_tmptag():
+    """tests/tmptag.py, loaded by path: putting tests/ on sys.path would let
+    the folder tests/torch shadow the torch package."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "tmptag.py")
+    spec = importlib.util.spec_from_file_location("tmptag", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.tmp_tag
+
+
+tmp_tag = _load_tmptag()
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(
