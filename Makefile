@@ -7,13 +7,15 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 BUILD       := build
 MESON       := $(VENV)/bin/meson
-DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev libunwind8 g++
+DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev libunwind8 g++ \
+               zlib1g-dev libzstd-dev
 # Quality gates: sanitizers and libFuzzer (clang), bench (/usr/bin/time).
 DEB_QUALITY := clang libclang-rt-14-dev llvm time
 # Cross build for aarch64, run under qemu-user.  cmocka and xxhash for arm64
 # come from Debian's multiarch packages (dpkg --add-architecture arm64).
 DEB_AARCH64 := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user \
-               libcmocka-dev:arm64 libxxhash-dev:arm64 libdw1:arm64
+               libcmocka-dev:arm64 libxxhash-dev:arm64 libdw1:arm64 \
+               zlib1g-dev:arm64 libzstd-dev:arm64
 # Debian's own python3 (one of the interpreters test-pythons tries):
 # venv/ensurepip and the headers.
 DEB_PYTHONS := python3-venv python3-dev

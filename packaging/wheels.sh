@@ -9,10 +9,11 @@
 #   aarch64    dist/memsnap-V-cp311-cp311-manylinux_2_28_aarch64.whl
 #   smoke      a fresh venv installs the x86_64 wheel with --no-index and
 #              runs memsnap --version, import memsnap.memory, a dump that
-#              memsnap check passes
+#              memsnap check passes, also gzip- and zstd-compressed (zlib
+#              and libzstd of the host, opened at run time)
 #   sdist-deps the sdist fails at meson setup with a one-line message naming
 #              the Debian package of a missing header; it builds without
-#              elfutils (libdw) headers
+#              elfutils (libdw), zlib and zstd headers
 #
 # Compiler: zig's clang (PyPI package ziglang), `zig cc -target
 # ARCH-linux-gnu.2.28`: it links against glibc 2.28's symbol versions
@@ -167,6 +168,10 @@ show() {
     readelf -h "$f" | grep -q "Machine: *.*$want" || die "${f#$x/} is not $want"
   done
   readelf -d "$ext" | grep -q 'RUNPATH.*\[\$ORIGIN\]' || die "${ext#$x/}: RUNPATH is not \$ORIGIN"
+  # zlib and libzstd are opened at run time (src/base/source.c), never linked
+  for f in "$lib" "$cli"; do
+    ! readelf -d "$f" | grep NEEDED | grep -Eq 'libz\.|libzstd' || die "${f#$x/} links zlib or libzstd"
+  done
   say "$arch: $(basename "$whl"): auditwheel show: consistent with manylinux_2_$tag (<= 2_28); extension, libmemsnap.so and CLI for $want; RUNPATH \$ORIGIN"
 }
 
@@ -185,7 +190,20 @@ p = mm.caching_allocator_alloc(1 << 20)
 mm._dump_snapshot('snap.pickle')
 mm.caching_allocator_delete(p)") || die "import memsnap.memory / dump"
   (cd "$t" && "$v/bin/memsnap" check snap.pickle >/dev/null) || die "memsnap check of the dump"
-  say "smoke: fresh venv, pip install --no-index $(basename "$whl"): memsnap --version = $out, import memsnap.memory, dump passes memsnap check"
+  # compressed: through the host's libz.so.1 / libzstd.so.1 (dlopen)
+  local plain gz
+  plain=$(cd "$t" && "$v/bin/memsnap" summary --json snap.pickle | grep -v '^  "file":') || die "memsnap summary of the dump"
+  gzip -c "$t/snap.pickle" >"$t/snap.pickle.gz"
+  (cd "$t" && "$v/bin/memsnap" check snap.pickle.gz >/dev/null) || die "memsnap check of the gzip'd dump"
+  gz=$(cd "$t" && cat snap.pickle.gz | "$v/bin/memsnap" summary --json - | grep -v '^  "file":') || die "memsnap summary of the gzip'd dump on a pipe"
+  [ "$gz" = "$plain" ] || die "the gzip'd dump does not read as the plain one"
+  local zst="zstd: the zstd program is missing, not tried"
+  if command -v zstd >/dev/null; then
+    zstd -q "$t/snap.pickle" -o "$t/snap.pickle.zst"
+    (cd "$t" && "$v/bin/memsnap" check snap.pickle.zst >/dev/null) || die "memsnap check of the zstd dump"
+    zst="and .zst"
+  fi
+  say "smoke: fresh venv, pip install --no-index $(basename "$whl"): memsnap --version = $out, import memsnap.memory, dump passes memsnap check, as .gz (file and pipe) $zst"
 }
 
 step_sdist_deps() {
@@ -212,6 +230,15 @@ step_sdist_deps() {
     die "zig finds elfutils/libdwfl.h: the no-libdw build is not shown"
   fi
   say "sdist-deps: the wheel builds are compiled without elfutils headers (zig sees none)"
+  # 3. Nor zlib / zstd headers: source.c declares what it opens.
+  local h
+  for h in zlib.h zstd.h; do
+    if echo "#include <$h>" | "$W/venv/bin/python-zig" cc \
+        -target "x86_64-linux-gnu.$GLIBC" -isystem "$W/include" -E -x c - >/dev/null 2>&1; then
+      die "zig finds $h: the build without zlib / zstd headers is not shown"
+    fi
+  done
+  say "sdist-deps: ... and without zlib.h and zstd.h (zig sees neither)"
 }
 
 [ $# -gt 0 ] || set -- tools sdist sdist-deps x86_64 aarch64 smoke

@@ -132,10 +132,11 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
     snprintf(where, sizeof where, "segments[%u]", i);
-    if (g->device < 0 || g->device > (1 << 16))
+    /* (the reader refuses these already: kept for models built in code) */
+    if (g->device < 0 || g->device >= MSNAP_SNAP_MAX_DEVICES)
       report(c, where,
-             "device %" PRId64 " is not a device index (expected 0..65536)",
-             g->device);
+             "device %" PRId64 " is not a device index (expected 0..%d)",
+             g->device, MSNAP_SNAP_MAX_DEVICES - 1);
     if (i >= tail) {
       /* the workspace tail: order free */
     } else if (g->device != prev_dev) {
@@ -239,36 +240,39 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
      * conversions of them have none). */
     uint32_t timed = 0;
     for (uint32_t i = 0; i < tl->n; i++)
-      timed += (tl->v[i].keys & MSNAP_K_TIME) != 0;
+      timed += (msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) != 0;
+#define WHERE (snprintf(where, sizeof where, "device_traces[%u][%u]", d, i), \
+               where)
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
-      snprintf(where, sizeof where, "device_traces[%u][%u]", d, i);
+      const msnap_tattr_t *at = msnap__tattr(s, e);
       if (e->action == MSNAP_ACTION_UNKNOWN) {
-        const char *a = cli_str(s, e->action_str, NULL);
-        report(c, where, "unknown action '%s'%s", a,
+        const char *a = cli_str(s, at->action_str, NULL);
+        report(c, WHERE, "unknown action '%s'%s", a,
                !strcmp(a, "free") ? " ('free' is only synthesized by "
                                     "viewers, producers write "
                                     "free_requested/free_completed)"
                                   : "");
       }
-      if (e->keys & MSNAP_K_TIME) {
+      if (at->keys & MSNAP_K_TIME) {
         if (have_prev && e->time_us < prev)
-          report(c, where,
+          report(c, WHERE,
                  "time_us %" PRId64 " is before the previous entry's %" PRId64
                  " (time must not decrease within a device)",
                  e->time_us, prev);
         prev = e->time_us;
         have_prev = true;
       } else if (timed > 0) {
-        report(c, where,
+        report(c, WHERE,
                "missing key 'time_us' (%u of the device's %u entries have "
                "it)",
                timed, tl->n);
       }
-      if (e->addr >= (1ull << 53) && !(e->keys & MSNAP_K_DEVICE_FREE))
-        report(c, where,
+      if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
+        report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53 (§7.3 rule 5)", e->addr);
     }
+#undef WHERE
   }
   if (s->ndevices > 0) {
     for (uint32_t i = 0; i < s->nsegments; i++) {
@@ -293,6 +297,19 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
   free(devs);
 }
 
+/* Text that was not valid UTF-8 (the reader repaired it with U+FFFD, so
+ * what memsnap writes always decodes; the file itself does not). */
+static void check_strings(check_t *c, const msnap_snap_t *s) {
+  if (!s->utf8_repaired) return;
+  size_t n;
+  const char *ex = cli_str(s, s->utf8_example, &n);
+  report(c, "strings",
+         "%" PRIu64 " string%s not valid UTF-8 (invalid bytes or lone "
+         "surrogates; read as U+FFFD), the first: \"%.*s%s\"",
+         s->utf8_repaired, s->utf8_repaired == 1 ? " is" : "s are",
+         (int)(n < 120 ? n : 120), ex, n > 120 ? "..." : "");
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap check [--json] [--max-lines N] FILE...\n"
@@ -307,7 +324,8 @@ static void usage(FILE *f) {
           "per device, time_us not decreasing per device, keys of the\n"
           "generation, and a backward replay of each trace over the final\n"
           "state (alloc/free_*/segment_* must be consistent with it; a ring\n"
-          "buffer that dropped old entries is not a violation).\n"
+          "buffer that dropped old entries is not a violation).  Text that\n"
+          "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"
           "  --json          one JSON object: {files: [{file, usable,\n"
           "                  violations: [{where, message}], count}]}\n"
@@ -369,6 +387,7 @@ int cli_cmd_check(int argc, char **argv) {
     }
     check_segments(&c, s);
     check_traces(&c, s);
+    check_strings(&c, s);
     if (json) {
       cj_arr_end(&j);
       cj_key(&j, "count");

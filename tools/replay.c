@@ -477,8 +477,9 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
     frees += e->action == MSNAP_ACTION_FREE_COMPLETED;
     maps += e->action == MSNAP_ACTION_SEGMENT_MAP ||
             e->action == MSNAP_ACTION_SEGMENT_UNMAP;
-    other_pool += (e->keys & MSNAP_K_POOL_ID) &&
-                  (e->pool_id.first || e->pool_id.second);
+    const msnap_tattr_t *at = msnap__tattr(s, e);
+    other_pool += (at->keys & MSNAP_K_POOL_ID) &&
+                  (at->pool_id.first || at->pool_id.second);
   }
   if (allocs == 0) {
     snprintf(d->reason, sizeof d->reason,
@@ -629,7 +630,8 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       if (seg_pending && r->exact)
         msnap_sim_set_next_address(r->ctx, dev, seg_addr);
       uint64_t p = 0;
-      int rc = msnap_malloc(r->a, dev, e->size, (uint64_t)e->stream, &p);
+      int rc = msnap_malloc(r->a, dev, e->size,
+                            (uint64_t)msnap__tattr(s, e)->stream, &p);
       get_stats(r, dev, &a1);
       /* A new segment (or, with expandable segments, newly mapped
        * pages) is seen as growth of reserved memory. */
@@ -806,16 +808,17 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
     bool have_t = false;
     int64_t last_t = 0;
     for (uint32_t q = 0; rt && q < rt->n && !have_t; q++)
-      if (rt->v[q].keys & MSNAP_K_TIME) {
+      if (msnap__tattr(s, &rt->v[q])->keys & MSNAP_K_TIME) {
         have_t = true;
         last_t = rt->v[q].time_us;
       }
     for (uint32_t k = 0; rt && k < mt->n; k++) {
       msnap_strace_t *e = &mt->v[k];
+      msnap_tattr_t at = *msnap__tattr(m, e);
       /* Times: the recorded ones where matched, never decreasing. */
       if (have_t) {
         e->time_us = last_t;
-        e->keys |= MSNAP_K_TIME;
+        at.keys |= MSNAP_K_TIME;
       }
       for (uint32_t look = i; look < rt->n && look < i + 64; look++) {
         const msnap_strace_t *f = &rt->v[look];
@@ -823,14 +826,20 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
           continue;
         if (f->frames != MSNAP_STACK_ABSENT) {
           e->frames = xstack(&x, f->frames);
-          e->keys |= MSNAP_K_FRAMES;
+          at.keys |= MSNAP_K_FRAMES;
         }
-        if ((f->keys & MSNAP_K_TIME) && f->time_us > last_t) {
+        if ((msnap__tattr(s, f)->keys & MSNAP_K_TIME) &&
+            f->time_us > last_t) {
           e->time_us = f->time_us;
           last_t = f->time_us;
         }
         i = look + 1;
         break;
+      }
+      if (msnap__snap_trace_set_attr(m, e, &at) < 0) {
+        free(x.memo);
+        msnap__snap_free(m);
+        return MSNAP_ENOMEM;
       }
     }
   }

@@ -356,6 +356,12 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
       static const uint8_t acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
                                       MSNAP_ACTION_SEGMENT_ALLOC,
                                       MSNAP_ACTION_ALLOC};
+      msnap_tattr_t a;
+      memset(&a, 0, sizeof a);
+      a.stream = (int64_t)w->stream;
+      a.compile_context = na;
+      a.user_metadata = MSNAP_STR_EMPTY;
+      a.keys = TRACE_KEYS | MSNAP_K_ADDRESS;
       for (int k = 0; k < nsyn; k++) {
         msnap_strace_t *t = add_trace(s, l, &err);
         if (t == NULL) break;
@@ -363,13 +369,10 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
         t->addr = w->ptr;
         t->size = acts[k] == MSNAP_ACTION_ALLOC && !npu_view ? w->requested
                                                               : w->size;
-        t->stream = (int64_t)w->stream;
         t->time_us = tus;
-        t->pool_id = (msnap_mempool_id_t){0, 0};
         t->frames = 0;
-        t->compile_context = na;
-        t->user_metadata = MSNAP_STR_EMPTY;
-        t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
+        int rc = msnap__snap_trace_set_attr(s, t, &a);
+        if (rc < 0) err = rc;
       }
     }
     prev = tus;
@@ -384,25 +387,28 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     t->action = c->e.action;
     t->addr = c->e.addr;
     t->size = c->e.size;
-    t->stream = (int64_t)c->stream;
     int64_t tus = msnap__clock_to_us(c->e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
     t->time_us = tus;
-    t->pool_id = c->pool;
     t->frames = c->e.stack; /* raw id, reference moved to the model */
     msnap__stack_ref(c->e.stack);
-    t->compile_context = model_str(s, strs, c->e.compile_context, na, &err);
-    t->user_metadata =
+    msnap_tattr_t a;
+    memset(&a, 0, sizeof a);
+    a.stream = (int64_t)c->stream;
+    a.pool_id = c->pool;
+    a.compile_context = model_str(s, strs, c->e.compile_context, na, &err);
+    a.user_metadata =
         model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
-    t->keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
-                                ? MSNAP_K_DEVICE_FREE
-                                : MSNAP_K_ADDRESS);
+    a.keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
+                               ? MSNAP_K_DEVICE_FREE
+                               : MSNAP_K_ADDRESS);
     if (c->e.internal_meta == 1) {
-      t->internal_metadata =
-          msnap__snap_intern(s, "mallocWithAddress", 17);
-      t->keys |= MSNAP_K_INTERNAL_META;
+      a.internal_metadata = msnap__snap_intern(s, "mallocWithAddress", 17);
+      a.keys |= MSNAP_K_INTERNAL_META;
     }
+    int rc = msnap__snap_trace_set_attr(s, t, &a);
+    if (rc < 0) err = rc;
   }
   return err;
 }

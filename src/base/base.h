@@ -93,6 +93,9 @@ typedef enum msnap_env_e {
   MSNAP_ENV_WORKSPACE_VIEW,            /* MEMSNAP_WORKSPACE_VIEW           */
   MSNAP_ENV_USAGE_REPORT,              /* MEMSNAP_USAGE_REPORT             */
   MSNAP_ENV_NVML_LIBRARY,              /* MEMSNAP_NVML_LIBRARY             */
+  MSNAP_ENV_INPUT_LIMIT,               /* MEMSNAP_INPUT_LIMIT              */
+  MSNAP_ENV_ZLIB_LIBRARY,              /* MEMSNAP_ZLIB_LIBRARY             */
+  MSNAP_ENV_ZSTD_LIBRARY,              /* MEMSNAP_ZSTD_LIBRARY             */
   MSNAP_ENV_COUNT
 } msnap_env_t;
 /* The raw value (NULL when unset); read on every call. */

@@ -7,7 +7,9 @@
  * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
  * MEMSNAP_SIM_DEVICES  a device count, a plain decimal number in [1, 64]
  *                      (msnap__env_count).
- * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option:
+ * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option
+ * (MEMSNAP_INPUT_LIMIT: the most bytes the snapshot reader takes from a
+ *                      pipe, a FIFO or a decompressor; default 8G):
  *                      a decimal number with an optional binary suffix
  *                      K, M, G or T (optionally followed by "B" or "iB",
  *                      any case): "64G" = 64 GiB.  Values that overflow
@@ -96,6 +98,13 @@ static const struct {
                                 "api/usage.c: usage CSV on dumps"},
     [MSNAP_ENV_NVML_LIBRARY] = {"MEMSNAP_NVML_LIBRARY",
                                 "runtime/cuda.c: libnvidia-ml.so path"},
+    [MSNAP_ENV_INPUT_LIMIT] = {"MEMSNAP_INPUT_LIMIT",
+                               "model/snapshot_read.c: most bytes read "
+                               "from a stream or decompressed (a size)"},
+    [MSNAP_ENV_ZLIB_LIBRARY] = {"MEMSNAP_ZLIB_LIBRARY",
+                                "base/source.c: zlib for gzip input"},
+    [MSNAP_ENV_ZSTD_LIBRARY] = {"MEMSNAP_ZSTD_LIBRARY",
+                                "base/source.c: libzstd for zstd input"},
 };
 
 const char *msnap__env_name(msnap_env_t var) {

@@ -1,7 +1,8 @@
 /*
  * snapshot_write.c -- write the snapshot model as a pickle (protocol 4,
  * MemoryViz opcode subset, pickle_write.c) or as JSON (same structure,
- * tuples as arrays, through base/json.c), streamed to a sink.
+ * tuples as arrays, frames and stacks written once in two tables: see
+ * wtables; through base/json.c), streamed to a sink.
  *
  * Keys: a model read from a file (msnap__snap_from_reader) is written with
  * exactly the keys its bits record (MSNAP_K_*, MSNAP_TOP_*), in PyTorch's
@@ -50,7 +51,11 @@
   X(v_large, "large") X(v_small, "small")                                    \
   X(v_active_allocated, "active_allocated")                                  \
   X(v_active_pending_free, "active_pending_free") X(v_inactive, "inactive")  \
-  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")
+  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")                        \
+  X(format, "format") X(frame_table, "frame_table")                          \
+  X(stack_table, "stack_table")                                              \
+  X(v_format, "memsnap snapshot JSON 1: every 'frames' value is an index "   \
+              "into stack_table, whose items list indices into frame_table")
 
 enum const_e {
 #define CONST_ENUM_(id, text) C_##id,
@@ -87,6 +92,7 @@ typedef struct wr_s {
   uint32_t *str_memo, *frame_memo, *stack_memo;
   level_t lv[MAX_LEVELS];
   int depth;
+  bool tables; /* JSON: writing stack_table (frame lists, not ids) */
 } wr_t;
 
 static int werr(wr_t *w) {
@@ -294,23 +300,64 @@ static void wframe(wr_t *w, uint32_t fid) {
  */
 static void wstack(wr_t *w, msnap_stack_t id) {
   if (id >= w->s->nstacks) id = MSNAP_STACK_EMPTY;
-  msnap_span_t sp = w->s->stacks[id];
+  if (w->json && !w->tables) {
+    /* JSON: an index into stack_table (wtables) */
+    wu64(w, id, "stack id");
+    return;
+  }
+  uint32_t n = msnap__stack_len(w->s, id);
   if (!w->json) {
     if (w->stack_memo[id] != NO_MEMO) {
       msnap__pw_get(&w->pw, w->stack_memo[id]);
       return;
     }
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
-    if (sp.n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
+    if (n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
     push_level(w, true);
   } else {
     list_begin(w);
   }
-  for (uint32_t i = 0; i < sp.n; i++) {
-    list_item(w, sp.n);
-    wframe(w, w->s->stack_frames[sp.first + i]);
+  msnap_stack_iter_t it;
+  msnap__stack_iter(w->s, id, &it);
+  uint32_t f;
+  while (msnap__stack_next(&it, &f)) {
+    list_item(w, n);
+    if (w->json)
+      wu64(w, f, "frame id");
+    else
+      wframe(w, f);
   }
-  list_end(w, sp.n);
+  list_end(w, n);
+}
+
+/*
+ * JSON has no memo: frames and stacks are written once, in two tables at
+ * the top (frame_table: frame dicts by frame id; stack_table: lists of
+ * frame ids by stack id, 0 and 1 being []), and every `frames` value is a
+ * stack id.  So a stack shared by a million entries costs one number per
+ * entry, as its BINGET does in the pickle: the output stays proportional
+ * to the input.
+ */
+static void wtables(wr_t *w) {
+  const msnap_snap_t *s = w->s;
+  key(w, C_format);
+  cstr(w, C_v_format);
+  key(w, C_frame_table);
+  list_begin(w);
+  for (uint32_t i = 0; i < s->nframes && !werr(w); i++) {
+    list_item(w, s->nframes);
+    wframe(w, i);
+  }
+  list_end(w, s->nframes);
+  key(w, C_stack_table);
+  list_begin(w);
+  w->tables = true;
+  for (uint32_t i = 0; i < s->nstacks && !werr(w); i++) {
+    list_item(w, s->nstacks);
+    wstack(w, i);
+  }
+  w->tables = false;
+  list_end(w, s->nstacks);
 }
 
 static void wstrlist(wr_t *w, uint32_t id) {
@@ -503,43 +550,44 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
  * forward_frames -- each when present.
  */
 static void wtrace(wr_t *w, const msnap_strace_t *t) {
-  unsigned k = t->keys;
+  const msnap_tattr_t *a = msnap__tattr(w->s, t);
+  unsigned k = a->keys;
   if (w->live) {
     k |= MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
          MSNAP_K_USER_META | MSNAP_K_POOL_ID;
     k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
     if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
-    if (t->forward_frames) k |= MSNAP_K_FORWARD;
-    if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
+    if (a->forward_frames) k |= MSNAP_K_FORWARD;
+    if (a->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
   }
   dict_begin(w);
   key(w, C_action);
   if (t->action < MSNAP_ACTION_COUNT)
     cstr(w, C_ACTION0 + t->action);
   else
-    mstr(w, t->action_str);
+    mstr(w, a->action_str);
   if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
   if (k & MSNAP_K_DEVICE_FREE)
     key(w, C_device_free), wu64(w, t->addr, "device_free");
   key(w, C_size);
   wu64(w, t->size, "size");
-  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, t->stream);
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
   if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
   if (k & MSNAP_K_COMPILE_CTX)
-    key(w, C_compile_context), mstr_or(w, t->compile_context, C_v_na);
+    key(w, C_compile_context), mstr_or(w, a->compile_context, C_v_na);
   if (k & MSNAP_K_USER_META) {
     key(w, C_user_metadata);
-    if (t->user_metadata == MSNAP_STR_ABSENT)
+    if (a->user_metadata == MSNAP_STR_ABSENT)
       mstr(w, MSNAP_STR_EMPTY);
     else
-      mstr(w, t->user_metadata);
+      mstr(w, a->user_metadata);
   }
   if (k & MSNAP_K_INTERNAL_META)
-    key(w, C_internal_metadata), mstr(w, t->internal_metadata);
-  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, t->pool_id);
+    key(w, C_internal_metadata), mstr(w, a->internal_metadata);
+  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, a->pool_id);
   if (k & MSNAP_K_FRAMES) key(w, C_frames), wstack(w, t->frames);
   if (k & MSNAP_K_FORWARD)
-    key(w, C_forward_frames), wstrlist(w, t->forward_frames);
+    key(w, C_forward_frames), wstrlist(w, a->forward_frames);
   dict_end(w);
 }
 
@@ -588,14 +636,21 @@ static void wannotations(wr_t *w) {
  */
 static void wtop(wr_t *w) {
   const msnap_snap_t *s = w->s;
-  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST && !w->json) {
     wsegments(w, s->segments, s->nsegments, s->blocks);
     return;
   }
   uint32_t top = s->top_keys | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
   if (w->live && s->top_keys == 0) top = 0x3f;
   dict_begin(w);
+  if (w->json) wtables(w);
   key(w, C_segments);
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+    /* a bare list of segments: JSON puts it under "segments" */
+    wsegments(w, s->segments, s->nsegments, s->blocks);
+    dict_end(w);
+    return;
+  }
   wsegments(w, s->segments, s->nsegments, s->blocks);
   key(w, C_device_traces);
   list_begin(w);

@@ -318,8 +318,11 @@ static void test_dump_loads_in_cpython(void **state) {
     const msnap_strace_t *t = &l->v[i];
     if (t->action != MSNAP_ACTION_ALLOC) continue;
     size_t n;
-    assert_string_equal(msnap__snap_str(s, t->user_metadata, &n), "step=1");
-    assert_string_equal(msnap__snap_str(s, t->compile_context, &n),
+    assert_string_equal(msnap__snap_str(s, msnap__tattr(s, t)->user_metadata,
+                                        &n),
+                        "step=1");
+    assert_string_equal(msnap__snap_str(s, msnap__tattr(s, t)->compile_context,
+                                        &n),
                         "Torch-Compiled Region: 0/0");
     assert_true(t->frames > MSNAP_STACK_EMPTY);
     saw++;
@@ -410,7 +413,7 @@ static void test_filters_and_include_traces(void **state) {
   const msnap_trace_list_t *l = &s->device_traces[0];
   assert_int_equal(l->v[l->n - 1].action, MSNAP_ACTION_SNAPSHOT);
   assert_int_equal(l->v[l->n - 1].addr, 0);
-  assert_int_equal(l->v[l->n - 1].stream, 0);
+  assert_int_equal(msnap__tattr(s, &l->v[l->n - 1])->stream, 0);
   assert_true(l->v[l->n - 1].size >= 1024); /* active bytes of device 0 */
   msnap__snap_free(s);
 
@@ -700,7 +703,8 @@ static void test_workspace_torch_npu_view(void **state) {
     assert_int_equal(l->v[i].action, acts[i % 3]);
     assert_int_equal(l->v[i].addr, w);
     assert_int_equal(l->v[i].size, i < 3 ? 2u << 20 : 4u << 20);
-    assert_int_equal(l->v[i].stream, i < 3 ? 0x42 : 0x43);
+    assert_int_equal(msnap__tattr(s, &l->v[i])->stream,
+                     i < 3 ? 0x42 : 0x43);
   }
   msnap__snap_free(s);
   if (have_python()) {
@@ -868,13 +872,13 @@ static void test_python_c_merge(void **state) {
   assert_int_equal(s->blocks[0].frames, MSNAP_STACK_EMPTY);
   msnap_stack_t st = s->segments[0].frames;
   assert_true(st > MSNAP_STACK_EMPTY);
-  const msnap_span_t *sp = &s->stacks[st];
   const char *names[64];
-  uint32_t n = sp->n < 64 ? sp->n : 64;
+  uint32_t ids[64];
+  uint32_t n = msnap__stack_frames(s, st, ids, 64);
+  if (n > 64) n = 64;
   for (uint32_t i = 0; i < n; i++) {
     size_t l;
-    names[i] = msnap__snap_str(
-        s, s->frames[s->stack_frames[sp->first + i]].name, &l);
+    names[i] = msnap__snap_str(s, s->frames[ids[i]].name, &l);
   }
   /* C frames innermost first; py_inner just before the eval frame;
    * py_outer (no second eval frame) appended at the end. */
