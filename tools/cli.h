@@ -1,6 +1,6 @@
 /*
- * cli.h -- what the `memsnap` command files share: exit codes, the JSON
- * emitter, loading a snapshot with a clear message, progress on stderr,
+ * cli.h -- what the `memsnap` command files share: exit codes, JSON
+ * output, loading a snapshot with a clear message, progress on stderr,
  * small model helpers (block addresses, stacks, allocation sites) and the
  * backward replay of a device trace that `check` and `replay` both use.
  *
@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "base/json.h"
+#include "base/sink.h"
 #include "memsnap.h"
 #include "model/snapshot.h"
 
@@ -42,43 +44,116 @@ void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "memsnap CMD: unknown option, see memsnap CMD --help"; returns 2. */
 int cli_usage_error(const char *cmd, const char *what);
 
+/* ---- the shared command prologue (cli_args.c) ----------------------------- */
+typedef enum { CLI_OPT_FLAG, CLI_OPT_STRING, CLI_OPT_LONG } cli_optkind_t;
+/* One option: --name (and -letter when letter != 0); dest is a bool *
+ * (FLAG), a const char ** (STRING) or a long * (LONG, accepted in
+ * [lo, hi], else the usage error `what`). */
+typedef struct cli_opt_s {
+  const char *name;
+  char letter;
+  cli_optkind_t kind;
+  void *dest;
+  long lo, hi;
+  const char *what;
+} cli_opt_t;
+#define CLI_FLAG(name, letter, dest)                                        \
+  { name, letter, CLI_OPT_FLAG, dest, 0, 0, NULL }
+#define CLI_STRING(name, letter, dest)                                      \
+  { name, letter, CLI_OPT_STRING, dest, 0, 0, NULL }
+#define CLI_LONG(name, letter, dest, lo, hi, what)                          \
+  { name, letter, CLI_OPT_LONG, dest, lo, hi, what }
+#define CLI_OPT_END { NULL, 0, CLI_OPT_FLAG, NULL, 0, 0, NULL }
+#define CLI_MAX_OPTS 16
+/* A command: its own options (ended by CLI_OPT_END; NULL for none), the
+ * number of FILE arguments (-1: one or more) and the message when it is
+ * wrong, where --json goes (NULL: no --json), where -o/--output goes
+ * (NULL: no -o) and the message when -o is missing (NULL: optional).
+ * -h/--help is always there. */
+typedef struct cli_cmd_s {
+  const char *name;
+  void (*usage)(FILE *f);
+  const cli_opt_t *opts;
+  int nfiles;
+  const char *files_msg;
+  bool *json;
+  const char **output;
+  const char *output_msg;
+} cli_cmd_t;
+/* cli_begin's "go on" (any other value is the exit code to return). */
+enum { CLI_CONTINUE = -1, CLI_DONE = CLI_OK };
+/* Parse argv for command c: options, FILE count, -o (checked against the
+ * inputs).  *first is the index of the first FILE; with load != NULL the
+ * first FILE is loaded into *load (the caller frees it). */
+int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
+              msnap_snap_t **load);
+
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */
 int cli_load(const char *path, msnap_snap_t **out);
 /* The reason of the last failed cli_load (without the path), for JSON. */
 const char *cli_load_error(void);
 
-/* ---- JSON emitter (cli_json.c) ------------------------------------------ */
-/* A streaming writer with 2-space indentation.  Values written after
+/* ---- JSON output (base/json.c; cli_json.c) -------------------------------- */
+/* --json output is the library's one JSON writer (base/json.h) over a
+ * stdio sink: pretty (2-space indentation) for the commands, compact with
+ * <, > and & escaped for the viewer's embedded data.  Values written after
  * cj_key() belong to that key; commas are placed automatically. */
-#define CJ_MAX_DEPTH 64
 typedef struct cli_json_s {
+  msnap_json_t w;
+  msnap_sink_t sink;
   FILE *f;
-  int depth;
-  bool nonempty[CJ_MAX_DEPTH];
-  bool after_key;
-  bool compact; /* no new lines or indentation                    */
-  bool html;    /* escape '<' so the text can sit inside <script> */
 } cli_json_t;
 
+/* Pretty JSON to f. */
 void cj_init(cli_json_t *j, FILE *f);
-void cj_obj(cli_json_t *j);
-void cj_obj_end(cli_json_t *j);
-void cj_arr(cli_json_t *j);
-void cj_arr_end(cli_json_t *j);
-void cj_key(cli_json_t *j, const char *key);
-void cj_str(cli_json_t *j, const char *s, size_t len);
-void cj_cstr(cli_json_t *j, const char *s);
-void cj_u64(cli_json_t *j, uint64_t v);
-void cj_i64(cli_json_t *j, int64_t v);
-void cj_dbl(cli_json_t *j, double v);
-void cj_bool(cli_json_t *j, bool v);
-void cj_null(cli_json_t *j);
-/* Finish the document with a newline. */
+/* Compact JSON to f for an HTML <script> element. */
+void cj_init_html(cli_json_t *j, FILE *f);
+/* Finish the document with a newline and flush. */
 void cj_end(cli_json_t *j);
-/* Escape s into f as a JSON string (with quotes). */
-void cj_escape(FILE *f, const char *s, size_t len);
-/* A generic model value (allocator_settings) as JSON. */
+static inline void cj_obj(cli_json_t *j) { msnap__json_obj(&j->w); }
+static inline void cj_obj_end(cli_json_t *j) { msnap__json_obj_end(&j->w); }
+static inline void cj_arr(cli_json_t *j) { msnap__json_arr(&j->w); }
+static inline void cj_arr_end(cli_json_t *j) { msnap__json_arr_end(&j->w); }
+static inline void cj_key(cli_json_t *j, const char *key) {
+  msnap__json_ckey(&j->w, key);
+}
+static inline void cj_str(cli_json_t *j, const char *s, size_t len) {
+  msnap__json_str(&j->w, s, len);
+}
+static inline void cj_cstr(cli_json_t *j, const char *s) {
+  msnap__json_cstr(&j->w, s);
+}
+static inline void cj_u64(cli_json_t *j, uint64_t v) {
+  msnap__json_u64(&j->w, v);
+}
+static inline void cj_i64(cli_json_t *j, int64_t v) {
+  msnap__json_i64(&j->w, v);
+}
+static inline void cj_dbl(cli_json_t *j, double v) {
+  msnap__json_dbl(&j->w, v);
+}
+static inline void cj_bool(cli_json_t *j, bool v) {
+  msnap__json_bool(&j->w, v);
+}
+static inline void cj_null(cli_json_t *j) { msnap__json_null(&j->w); }
+/* Number fields of the open object, in order. */
+typedef struct cli_u64_field_s {
+  const char *key;
+  uint64_t v;
+} cli_u64_field_t;
+void cj_u64_fields(cli_json_t *j, const cli_u64_field_t *f, size_t n);
+/* A one-object document on stdout: string (s != NULL) or integer fields
+ * ({"output": ..., "bytes": ...} of the commands that write a file). */
+typedef struct cli_field_s {
+  const char *key;
+  const char *s;
+  int64_t i;
+} cli_field_t;
+void cli_print_fields(const cli_field_t *f, size_t n);
+/* A generic model value (allocator_settings) as JSON; nesting deeper than
+ * CJ_MAX_DEPTH - 2 is written as null. */
+#define CJ_MAX_DEPTH 64
 void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
 
 /* allocator_settings as compact "key=value" items ("max_split_size=-1",
@@ -103,7 +178,9 @@ void cli_progress_end(cli_progress_t *p);
 /* ---- model helpers (cli_util.c) ----------------------------------------- */
 /* A string of the model, "" when absent; *len may be NULL. */
 const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len);
-/* Frames of a stack: *n frames ids innermost first; NULL/0 for none. */
+/* Frames of a stack: *n frames ids innermost first; NULL/0 for none.
+ * The ids are decoded into a buffer of the calling thread, valid until
+ * its next cli_stack call. */
 const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
                           uint32_t *n);
 /* The stack to show for a block: its `frames`, or (2.0) the frames of its
@@ -113,6 +190,11 @@ msnap_stack_t cli_block_stack(const msnap_snap_t *s, const msnap_sblock_t *b);
  * has one, else segment address + sizes of the preceding blocks. */
 uint64_t cli_block_addr(const msnap_snap_t *s, const msnap_ssegment_t *seg,
                         uint32_t i);
+/* Index of the first of n sorted elements (stride bytes each) whose
+ * 64-bit key at byte offset `off` is >= key (signed or unsigned). */
+uint32_t cli_lower_bound(const void *base, uint32_t n, size_t stride,
+                         size_t off, uint64_t key, bool is_signed);
+
 /* True for the states that count as "active" (allocated or pending). */
 static inline bool cli_block_active(const msnap_sblock_t *b) {
   return b->state == MSNAP_BLOCK_ACTIVE_ALLOCATED ||
@@ -242,7 +324,8 @@ void cli_stacks_free(cli_stacks_t *x);
 /* The invariants of x (tests and debug checks). */
 bool cli_stacks_check(const cli_stacks_t *x);
 /* Index in the trace of `dev` of the alloc entry at addr that is still
- * live at the end of the trace, or -1. */
+ * live at the end of the trace, or -1.  Only addresses of the device's
+ * active blocks (final segments) are indexed: -1 for any other. */
 long cli_stacks_live_entry(const cli_stacks_t *x, int64_t dev,
                            uint64_t addr);
 /* The stack to show for block b at addr of device dev; *src (may be NULL)
@@ -254,15 +337,6 @@ msnap_stack_t cli_stacks_block(const cli_stacks_t *x, int64_t dev,
  * predates the trace; format with cli_site_format). */
 cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
                          const msnap_sblock_t *b);
-/* Events of a trace by address: (addr, entry index, alloc or free). */
-typedef struct cli_ev_s {
-  uint64_t addr;
-  uint32_t idx;
-  bool alloc;
-} cli_ev_t;
-/* Sort by (addr, idx), stably in linear time for events made in trace
- * order (a radix sort on addr; qsort when scratch memory is short). */
-void cli_sort_ev(cli_ev_t *ev, uint32_t n);
 /* True for the text of a pseudo site ("<...>"). */
 static inline bool cli_site_is_pseudo(const char *site) {
   return site[0] == '<';
@@ -311,6 +385,11 @@ typedef void (*cli_violation_cb)(void *arg, uint32_t entry, const char *msg);
 long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                   void *arg, cli_state_t *start);
 void cli_state_free(cli_state_t *st);
+/* Entry i of tl is one of torch_npu's synthetic workspace entries (the
+ * segment_alloc or alloc right after a workspace_snapshot of its address):
+ * no history, skipped by the backward replay, the timeline and the
+ * summary's peaks. */
+bool cli_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i);
 /* Active (requested) and reserved bytes before the first entry and after
  * each entry of the device trace; *n = entries + 1; caller frees. */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
@@ -318,6 +397,15 @@ int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st);
 
 /* ---- lifetimes and sites (cli_life.c) ------------------------------------ */
+/* Events of a trace by address: (addr, entry index, alloc or free). */
+typedef struct cli_ev_s {
+  uint64_t addr;
+  uint32_t idx;
+  bool alloc;
+} cli_ev_t;
+/* Sort by (addr, idx), stably in linear time for events made in trace
+ * order (a radix sort on addr; qsort when scratch memory is short). */
+void cli_sort_ev(cli_ev_t *ev, uint32_t n);
 #define CLI_NO_PAIR UINT32_MAX
 /* pair[i] of every entry of tl (see cli_life.c): alloc -> its
  * free_completed, free_completed -> its alloc, CLI_NO_PAIR otherwise.

@@ -181,8 +181,8 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     o->device = dev;
     o->requested = e->size;
     o->device_free = e->addr;
-    o->stream = e->stream;
-    o->have_time = (e->keys & MSNAP_K_TIME) != 0;
+    o->stream = msnap__tattr(s, e)->stream;
+    o->have_time = (msnap__tattr(s, e)->keys & MSNAP_K_TIME) != 0;
     o->time_us = e->time_us;
     o->small_pool = e->size <= SMALL_SIZE;
     o->have_total = cli_device_total(s, dev, &o->device_total);

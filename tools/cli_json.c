@@ -1,13 +1,9 @@
 /*
- * cli_json.c -- a small streaming JSON writer for `--json` output.
- *
- * Invariants: depth is the number of open containers; nonempty[d] is true
- * once container d received a value (so the next one needs a comma);
- * after_key is true between cj_key() and the value written for it.  The
- * writer never buffers: every call writes straight to the FILE.
- *
- * Also here: the compact text form of allocator_settings (the other
- * formatter of a generic model value).
+ * cli_json.c -- `--json` output: the library's JSON writer (base/json.c)
+ * over a stdio sink, a generic model value as JSON, and the compact text
+ * form of allocator_settings (the other formatter of a generic model
+ * value).  The sink is unbuffered: commands may write to the same FILE
+ * between two JSON values (the viewer's HTML around its data).
  */
 #include <math.h>
 #include <inttypes.h>
@@ -18,128 +14,14 @@
 
 void cj_init(cli_json_t *j, FILE *f) {
   j->f = f;
-  j->depth = 0;
-  j->nonempty[0] = false;
-  j->after_key = false;
-  j->compact = false;
-  j->html = false;
+  (void)msnap__sink_init_file(&j->sink, f);
+  msnap__json_init(&j->w, &j->sink, MSNAP_JSON_PRETTY);
 }
 
-static void cj_indent(cli_json_t *j) {
-  if (j->compact)
-    return;
-  fputc('\n', j->f);
-  for (int i = 0; i < j->depth; i++)
-    fputs("  ", j->f);
-}
-
-/* Separator before a value: a comma and a new line inside containers,
- * nothing right after a key. */
-static void cj_pre(cli_json_t *j) {
-  if (j->after_key) {
-    j->after_key = false;
-    return;
-  }
-  if (j->depth > 0) {
-    if (j->nonempty[j->depth])
-      fputc(',', j->f);
-    cj_indent(j);
-  }
-  j->nonempty[j->depth] = true;
-}
-
-static void cj_escape_x(FILE *f, const char *s, size_t len, bool html) {
-  fputc('"', f);
-  for (size_t i = 0; i < len; i++) {
-    unsigned char c = (unsigned char)s[i];
-    switch (c) {
-    case '"': fputs("\\\"", f); break;
-    case '\\': fputs("\\\\", f); break;
-    case '\n': fputs("\\n", f); break;
-    case '\r': fputs("\\r", f); break;
-    case '\t': fputs("\\t", f); break;
-    default:
-      if (c < 0x20 || c == 0x7f || (html && (c == '<' || c == '>' || c == '&')))
-        fprintf(f, "\\u%04x", c);
-      else
-        fputc(c, f);
-    }
-  }
-  fputc('"', f);
-}
-
-void cj_escape(FILE *f, const char *s, size_t len) {
-  cj_escape_x(f, s, len, false);
-}
-
-static void cj_open(cli_json_t *j, char c) {
-  cj_pre(j);
-  fputc(c, j->f);
-  if (j->depth + 1 < CJ_MAX_DEPTH)
-    j->depth++;
-  j->nonempty[j->depth] = false;
-}
-
-static void cj_close(cli_json_t *j, char c) {
-  bool had = j->nonempty[j->depth];
-  if (j->depth > 0)
-    j->depth--;
-  if (had)
-    cj_indent(j);
-  fputc(c, j->f);
-}
-
-void cj_obj(cli_json_t *j) { cj_open(j, '{'); }
-void cj_obj_end(cli_json_t *j) { cj_close(j, '}'); }
-void cj_arr(cli_json_t *j) { cj_open(j, '['); }
-void cj_arr_end(cli_json_t *j) { cj_close(j, ']'); }
-
-void cj_key(cli_json_t *j, const char *key) {
-  cj_pre(j);
-  cj_escape_x(j->f, key, strlen(key), j->html);
-  fputs(j->compact ? ":" : ": ", j->f);
-  j->after_key = true;
-}
-
-void cj_str(cli_json_t *j, const char *s, size_t len) {
-  cj_pre(j);
-  cj_escape_x(j->f, s, len, j->html);
-}
-
-void cj_cstr(cli_json_t *j, const char *s) {
-  if (!s) {
-    cj_null(j);
-    return;
-  }
-  cj_str(j, s, strlen(s));
-}
-
-void cj_u64(cli_json_t *j, uint64_t v) {
-  cj_pre(j);
-  fprintf(j->f, "%" PRIu64, v);
-}
-
-void cj_i64(cli_json_t *j, int64_t v) {
-  cj_pre(j);
-  fprintf(j->f, "%" PRId64, v);
-}
-
-void cj_dbl(cli_json_t *j, double v) {
-  cj_pre(j);
-  if (isfinite(v))
-    fprintf(j->f, "%.17g", v);
-  else
-    fputs("null", j->f);
-}
-
-void cj_bool(cli_json_t *j, bool v) {
-  cj_pre(j);
-  fputs(v ? "true" : "false", j->f);
-}
-
-void cj_null(cli_json_t *j) {
-  cj_pre(j);
-  fputs("null", j->f);
+void cj_init_html(cli_json_t *j, FILE *f) {
+  j->f = f;
+  (void)msnap__sink_init_file(&j->sink, f);
+  msnap__json_init(&j->w, &j->sink, MSNAP_JSON_HTML);
 }
 
 void cj_end(cli_json_t *j) {
@@ -147,12 +29,34 @@ void cj_end(cli_json_t *j) {
   fflush(j->f);
 }
 
+void cj_u64_fields(cli_json_t *j, const cli_u64_field_t *f, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    cj_key(j, f[i].key);
+    cj_u64(j, f[i].v);
+  }
+}
+
+void cli_print_fields(const cli_field_t *f, size_t n) {
+  cli_json_t j;
+  cj_init(&j, stdout);
+  cj_obj(&j);
+  for (size_t i = 0; i < n; i++) {
+    cj_key(&j, f[i].key);
+    if (f[i].s)
+      cj_cstr(&j, f[i].s);
+    else
+      cj_i64(&j, f[i].i);
+  }
+  cj_obj_end(&j);
+  cj_end(&j);
+}
+
 /* Write a generic value of the model (allocator_settings) as JSON.  Depth
  * is bounded by CJ_MAX_DEPTH; deeper parts are written as null. */
 void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v) {
   size_t len;
   const char *p;
-  if (j->depth >= CJ_MAX_DEPTH - 2) {
+  if (j->w.depth >= CJ_MAX_DEPTH - 2) {
     cj_null(j);
     return;
   }
@@ -178,10 +82,7 @@ void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v) {
       char kb[64];
       if (k->kind == MSNAP_GV_STR) {
         p = cli_str(s, k->u.s, &len);
-        cj_pre(j);
-        cj_escape_x(j->f, p, len, j->html);
-        fputs(j->compact ? ":" : ": ", j->f);
-        j->after_key = true;
+        msnap__json_key(&j->w, p, len);
       } else {
         if (k->kind == MSNAP_GV_INT)
           snprintf(kb, sizeof kb, "%" PRId64, k->u.i);

@@ -30,6 +30,75 @@
 #include "cli.h"
 #include "base/base.h"
 
+/* ---- events by address --------------------------------------------------- */
+
+typedef cli_ev_t ev_t;
+
+static int cmp_ev(const void *a, const void *b) {
+  const ev_t *x = a, *y = b;
+  if (x->addr != y->addr)
+    return x->addr < y->addr ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/*
+ * Sort ev[0..n) by (addr, idx) as cmp_ev does, in linear time: the events
+ * are made in trace order (idx increasing), so a stable LSD radix sort on
+ * addr alone gives the same order.  11-bit digits; digits that are equal
+ * in every address (the high bits of device addresses) cost no pass.
+ * Returns -1 when the scratch array cannot be had (the caller then uses
+ * qsort).
+ */
+static int sort_ev(ev_t *ev, uint32_t n) {
+  enum { BITS = 11, NB = 1 << BITS };
+  if (n < 2)
+    return 0;
+  uint64_t lo = ev[0].addr, hi = ev[0].addr;
+  for (uint32_t i = 1; i < n; i++) {
+    lo &= ev[i].addr;
+    hi |= ev[i].addr;
+  }
+  uint64_t varying = lo ^ hi; /* bits that differ somewhere */
+  ev_t *tmp = NULL;
+  ev_t *src = ev, *dst = NULL;
+  uint32_t count[NB];
+  for (int shift = 0; shift < 64; shift += BITS) {
+    if (((varying >> shift) & (NB - 1)) == 0)
+      continue;
+    if (tmp == NULL) {
+      tmp = malloc((size_t)n * sizeof *tmp);
+      if (tmp == NULL)
+        return -1;
+      dst = tmp;
+    }
+    memset(count, 0, sizeof count);
+    for (uint32_t i = 0; i < n; i++)
+      count[(src[i].addr >> shift) & (NB - 1)]++;
+    uint32_t sum = 0;
+    for (uint32_t b = 0; b < NB; b++) {
+      uint32_t c = count[b];
+      count[b] = sum;
+      sum += c;
+    }
+    for (uint32_t i = 0; i < n; i++)
+      dst[count[(src[i].addr >> shift) & (NB - 1)]++] = src[i];
+    ev_t *t = src;
+    src = dst;
+    dst = t;
+  }
+  if (src != ev)
+    memcpy(ev, src, (size_t)n * sizeof *ev);
+  free(tmp);
+  return 0;
+}
+
+void cli_sort_ev(cli_ev_t *ev, uint32_t n) {
+  if (sort_ev(ev, n) != 0)
+    qsort(ev, n, sizeof *ev, cmp_ev);
+}
+
+/* ---- pairing ------------------------------------------------------------- */
+
 int cli_pair_entries(const msnap_trace_list_t *tl, uint32_t **out) {
   uint32_t n = tl ? tl->n : 0, k = 0;
   uint32_t *pair = malloc(((size_t)n + 1) * sizeof *pair);

@@ -153,7 +153,8 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
                     uint32_t max_ranges, cli_ranges_t *r) {
   memset(r, 0, sizeof *r);
   const msnap_trace_list_t *tl = cli_trace(s, dev);
-  if (!tl || tl->n == 0 || !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+  if (!tl || tl->n == 0 ||
+      !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME))
     return 0;
   if (pair_ranges(s, tl, dev, max_ranges, r) != 0) {
     cli_ranges_free(r);

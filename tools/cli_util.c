@@ -35,8 +35,8 @@ int cli_usage_error(const char *cmd, const char *what) {
 }
 
 /*
- * Read `path` with the safe reader and check the model's structural
- * invariants.  The caller owns *out on success.  Every failure is reported
+ * Read `path` with the safe reader (which checks the model's structural
+ * invariants).  The caller owns *out on success.  Every failure is reported
  * with the file name and the reader's byte offset.
  */
 static _Thread_local char load_error[1024]; /* per thread: fleet loads in parallel */
@@ -62,15 +62,7 @@ int cli_load(const char *path, msnap_snap_t **out) {
       msnap__snap_free(s);
     return CLI_UNUSABLE;
   }
-  char msg[256];
-  msg[0] = 0;
-  if (msnap__snap_check_model(s, msg, sizeof msg) != 0) {
-    snprintf(load_error, sizeof load_error,
-             "inconsistent model after reading: %s", msg);
-    cli_err("%s: %s", path, load_error);
-    msnap__snap_free(s);
-    return CLI_UNUSABLE;
-  }
+  /* (the reader checked the model's invariants) */
   *out = s;
   return CLI_OK;
 }
@@ -129,14 +121,23 @@ const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len) {
 
 const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
                           uint32_t *n) {
+  /* the model keeps stacks encoded (about a byte per frame): decode into
+   * this thread's buffer, valid until the next call */
+  static _Thread_local uint32_t *buf;
+  static _Thread_local uint32_t cap;
   *n = 0;
   if (st <= MSNAP_STACK_EMPTY || st >= s->nstacks)
     return NULL;
-  msnap_span_t sp = s->stacks[st];
-  if ((uint64_t)sp.first + sp.n > s->nstack_frames)
-    return NULL;
-  *n = sp.n;
-  return s->stack_frames + sp.first;
+  uint32_t len = msnap__stack_len(s, st);
+  if (len > cap) {
+    uint32_t *nb = realloc(buf, (size_t)len * sizeof *nb);
+    if (!nb)
+      return NULL;
+    buf = nb;
+    cap = len;
+  }
+  *n = msnap__stack_frames(s, st, buf, len);
+  return buf;
 }
 
 msnap_stack_t cli_block_stack(const msnap_snap_t *s,
@@ -162,7 +163,7 @@ uint64_t cli_block_addr(const msnap_snap_t *s, const msnap_ssegment_t *seg,
 
 const char *cli_action_name(const msnap_snap_t *s, const msnap_strace_t *e) {
   if (e->action == MSNAP_ACTION_UNKNOWN) {
-    const char *n = cli_str(s, e->action_str, NULL);
+    const char *n = cli_str(s, msnap__tattr(s, e)->action_str, NULL);
     return n[0] ? n : "?";
   }
   const char *n = msnap_action_name(e->action);
@@ -471,11 +472,16 @@ uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most) {
   return UINT64_MAX;
 }
 
-uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
-  uint32_t lo = 0, hi = tl ? tl->n : 0;
+uint32_t cli_lower_bound(const void *base, uint32_t n, size_t stride,
+                         size_t off, uint64_t key, bool is_signed) {
+  /* signed keys compare as unsigned once the sign bit is flipped */
+  uint64_t flip = is_signed ? 1ull << 63 : 0;
+  uint32_t lo = 0, hi = n;
   while (lo < hi) {
     uint32_t mid = lo + (hi - lo) / 2;
-    if (tl->v[mid].time_us < t)
+    uint64_t k;
+    memcpy(&k, (const char *)base + (size_t)mid * stride + off, sizeof k);
+    if ((k ^ flip) < (key ^ flip))
       lo = mid + 1;
     else
       hi = mid;
@@ -543,6 +549,13 @@ bool cli_device_total(const msnap_snap_t *s, int64_t dev, uint64_t *total) {
   return false;
 }
 
+uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t) {
+  if (tl == NULL) return 0;
+  return cli_lower_bound(tl->v, tl->n, sizeof *tl->v,
+                         offsetof(msnap_strace_t, time_us), (uint64_t)t,
+                         true);
+}
+
 const char *cli_generation_name(msnap_generation_t g) {
   switch (g) {
   case MSNAP_GEN_SEGMENT_LIST: return "segment list";
@@ -553,56 +566,6 @@ const char *cli_generation_name(msnap_generation_t g) {
   case MSNAP_GEN_CURRENT: return "current";
   }
   return "?";
-}
-
-/*
- * Active (requested bytes of live allocations) and reserved bytes after
- * each entry of a device trace, starting from the state at the start of
- * the trace that the backward replay rebuilds.  Arrays of tl->n + 1
- * values (index 0 = before the first entry); caller frees both.
- */
-int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
-                 uint64_t **res, uint32_t *n) {
-  const msnap_trace_list_t *tl = cli_trace(s, dev);
-  uint32_t m = tl ? tl->n : 0;
-  cli_state_t st;
-  *act = *res = NULL;
-  *n = 0;
-  if (cli_backward(s, dev, NULL, NULL, &st) < 0)
-    return -1;
-  uint64_t a = 0, r = 0;
-  for (uint32_t i = 0; i < st.nb; i++)
-    a += st.b[i].requested ? st.b[i].requested : st.b[i].size;
-  for (uint32_t i = 0; i < st.ng; i++)
-    r += st.g[i].size;
-  cli_state_free(&st);
-  uint64_t *va = malloc((m + 1) * sizeof *va);
-  uint64_t *vr = malloc((m + 1) * sizeof *vr);
-  if (!va || !vr) {
-    free(va);
-    free(vr);
-    return -1;
-  }
-  va[0] = a;
-  vr[0] = r;
-  for (uint32_t i = 0; i < m; i++) {
-    const msnap_strace_t *e = &tl->v[i];
-    switch (e->action) {
-    case MSNAP_ACTION_ALLOC: a += e->size; break;
-    case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
-    case MSNAP_ACTION_SEGMENT_ALLOC:
-    case MSNAP_ACTION_SEGMENT_MAP: r += e->size; break;
-    case MSNAP_ACTION_SEGMENT_FREE:
-    case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
-    default: break;
-    }
-    va[i + 1] = a;
-    vr[i + 1] = r;
-  }
-  *act = va;
-  *res = vr;
-  *n = m + 1;
-  return 0;
 }
 
 int64_t cli_default_device(const msnap_snap_t *s) {

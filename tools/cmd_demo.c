@@ -16,7 +16,7 @@
  * ("train.py:forward" ...) for the site being executed, so summaries and
  * the viewer show allocation sites as they would for a Python script.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,48 +133,29 @@ static void usage(FILE *f) {
           "                     freed (a planted leak; default 0)\n"
           "  --json             print {output, profile, steps, layers,\n"
           "                     hidden, leak} on stdout\n"
+          "  -h, --help         this text\n"
           "\nEach step is a record_function range \"ProfilerStep#N\" (as\n"
           "torch.profiler names them); RANK / WORLD_SIZE / LOCAL_RANK in\n"
-          "the environment are recorded in process_info.\n"
-          "  -h, --help         this text\n");
+          "the environment are recorded in process_info.\n");
 }
 
 int cli_cmd_demo_train(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"output", required_argument, NULL, 'o'},
-      {"steps", required_argument, NULL, 's'},
-      {"layers", required_argument, NULL, 'l'},
-      {"hidden", required_argument, NULL, 'H'},
-      {"profile", required_argument, NULL, 'p'},
-      {"alloc-conf", required_argument, NULL, 'c'},
-      {"leak", required_argument, NULL, 'L'},
-      {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   const char *out = NULL, *profile = NULL, *conf = "";
   long steps = 3, layers = 6, hidden = 2048, leak = 0;
   bool json = false;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
-    char *end = NULL;
-    switch (o) {
-    case 'o': out = optarg; break;
-    case 's': steps = strtol(optarg, &end, 10); break;
-    case 'l': layers = strtol(optarg, &end, 10); break;
-    case 'H': hidden = strtol(optarg, &end, 10); break;
-    case 'p': profile = optarg; break;
-    case 'c': conf = optarg; break;
-    case 'L': leak = strtol(optarg, &end, 10); break;
-    case 'j': json = true; break;
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("demo-train", NULL);
-    }
-    if (end && *end)
-      return cli_usage_error("demo-train", "numbers expected");
-  }
-  if (!out || optind != argc)
-    return cli_usage_error("demo-train", "-o FILE is required");
+  const cli_opt_t opts[] = {
+      CLI_LONG("steps", 0, &steps, LONG_MIN, LONG_MAX, "numbers expected"),
+      CLI_LONG("layers", 0, &layers, LONG_MIN, LONG_MAX, "numbers expected"),
+      CLI_LONG("hidden", 0, &hidden, LONG_MIN, LONG_MAX, "numbers expected"),
+      CLI_STRING("profile", 0, &profile),
+      CLI_STRING("alloc-conf", 0, &conf),
+      CLI_LONG("leak", 0, &leak, LONG_MIN, LONG_MAX, "numbers expected"),
+      CLI_OPT_END};
+  const cli_cmd_t cmd = {"demo-train", usage, opts, 0, "-o FILE is required",
+                         &json, &out, "-o FILE is required"};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
   if (steps < 1 || steps > 1000 || layers < 1 || layers > 256 ||
       hidden < 16 || hidden > 65536 || leak < 0 || leak > (1l << 34))
     return cli_usage_error("demo-train",
@@ -242,7 +223,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
     goto out;
   }
   for (long s = 0; s < steps && !l.err; s++) {
-    char stepname[32];
+    char stepname[40];
     snprintf(stepname, sizeof stepname, "ProfilerStep#%ld", s);
     msnap_record_annotation(l.a, 0, stepname, true);
     msnap_record_annotation(l.a, 0, "forward", true);
@@ -285,30 +266,23 @@ int cli_cmd_demo_train(int argc, char **argv) {
     msnap_snapshot_options_init(&so);
     rc = msnap_dump_snapshot(l.a, &so, out);
     if (rc)
-      cli_err("%s: cannot write the snapshot: %s", out, msnap_strerror(rc));
+      cli_err("%s: cannot write the snapshot: %s", out,
+              msnap_last_error()[0] ? msnap_last_error() : msnap_strerror(rc));
     else
       fprintf(stderr,
               "memsnap: recorded %ld training steps of a %ld-layer model "
               "(width %ld) on the simulated device: %s\n",
               steps, layers, hidden, out);
     if (!rc && json) {
-      cli_json_t j;
-      cj_init(&j, stdout);
-      cj_obj(&j);
-      cj_key(&j, "output");
-      cj_cstr(&j, out);
-      cj_key(&j, "profile");
-      cj_cstr(&j, msnap_profile(l.a) == MSNAP_PROFILE_CUDA ? "cuda" : "npu");
-      cj_key(&j, "steps");
-      cj_i64(&j, steps);
-      cj_key(&j, "layers");
-      cj_i64(&j, layers);
-      cj_key(&j, "hidden");
-      cj_i64(&j, hidden);
-      cj_key(&j, "leak");
-      cj_i64(&j, leak);
-      cj_obj_end(&j);
-      cj_end(&j);
+      const cli_field_t fields[] = {
+          {"output", out, 0},
+          {"profile",
+           msnap_profile(l.a) == MSNAP_PROFILE_CUDA ? "cuda" : "npu", 0},
+          {"steps", NULL, steps},
+          {"layers", NULL, layers},
+          {"hidden", NULL, hidden},
+          {"leak", NULL, leak}};
+      cli_print_fields(fields, 6);
     }
   }
 out:

@@ -43,7 +43,7 @@
  * runs: a warning says so and no leak candidate is reported.
  * Segments are keyed by (device, address, total_size): opened / closed.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,9 +200,9 @@ static bool tail_at(const msnap_trace_list_t *ta, const uint32_t *fa,
   return true;
 }
 
-static bool all_timed(const msnap_trace_list_t *tl) {
-  return tl && tl->n && (tl->v[0].keys & MSNAP_K_TIME) &&
-         (tl->v[tl->n - 1].keys & MSNAP_K_TIME);
+static bool all_timed(const msnap_snap_t *s, const msnap_trace_list_t *tl) {
+  return tl && tl->n && (msnap__tattr(s, &tl->v[0])->keys & MSNAP_K_TIME) &&
+         (msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME);
 }
 
 /* Is there a `snapshot` entry after B entry i, before the next change? */
@@ -216,7 +216,8 @@ static bool snapshot_follows(const msnap_trace_list_t *tb, uint32_t i) {
   return false;
 }
 
-static int align(const msnap_trace_list_t *ta, const msnap_trace_list_t *tb,
+static int align(const msnap_snap_t *sa, const msnap_trace_list_t *ta,
+                 const msnap_snap_t *sb, const msnap_trace_list_t *tb,
                  bool same_process, align_t *al) {
   memset(al, 0, sizeof *al);
   al->method = "address";
@@ -229,7 +230,7 @@ static int align(const msnap_trace_list_t *ta, const msnap_trace_list_t *tb,
     free(fb);
     return -1;
   }
-  if (all_timed(ta) && all_timed(tb)) {
+  if (all_timed(sa, ta) && all_timed(sb, tb)) {
     int64_t tend = ta->v[ta->n - 1].time_us;
     uint32_t c0 = cli_entry_at_time(tb, tend + 1); /* entries <= tend */
     al->b_reaches_a = tb->v[0].time_us <= tend;
@@ -589,34 +590,20 @@ static uint64_t merge(live_t *la, uint32_t na, live_t *lb, uint32_t nb,
 }
 
 int cli_cmd_diff(int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"top", required_argument, NULL, 't'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
   bool json = false;
   long topn = 10;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 't': {
-      char *end;
-      topn = strtol(optarg, &end, 10);
-      if (*end || topn < 0)
-        return cli_usage_error("diff", "--top needs a number >= 0");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("diff", NULL);
-    }
-  }
-  if (optind + 2 != argc)
-    return cli_usage_error("diff", "expects two files A B");
+  const cli_opt_t opts[] = {
+      CLI_LONG("top", 't', &topn, 0, LONG_MAX, "--top needs a number >= 0"),
+      CLI_OPT_END};
+  const cli_cmd_t cmd = {"diff", usage, opts, 2, "expects two files A B",
+                         &json, NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
   msnap_snap_t *sa = NULL, *sb = NULL;
-  if (cli_load(argv[optind], &sa) != CLI_OK)
+  if (cli_load(argv[first], &sa) != CLI_OK)
     return CLI_UNUSABLE;
-  if (cli_load(argv[optind + 1], &sb) != CLI_OK) {
+  if (cli_load(argv[first + 1], &sb) != CLI_OK) {
     msnap__snap_free(sa);
     return CLI_UNUSABLE;
   }
@@ -637,8 +624,8 @@ int cli_cmd_diff(int argc, char **argv) {
   int same = same_process(sa, sb);
   bool any_aligned = false;
   for (uint32_t d = 0; d < nd; d++) {
-    if (align(cli_trace(sa, devs[d]), cli_trace(sb, devs[d]), same == 1,
-              &al[d]) != 0) {
+    if (align(sa, cli_trace(sa, devs[d]), sb, cli_trace(sb, devs[d]),
+              same == 1, &al[d]) != 0) {
       cli_err("out of memory");
       rc = CLI_UNUSABLE;
       goto out;
@@ -699,9 +686,9 @@ int cli_cmd_diff(int argc, char **argv) {
   if (json) {
     cj_obj(&j);
     cj_key(&j, "a");
-    cj_cstr(&j, argv[optind]);
+    cj_cstr(&j, argv[first]);
     cj_key(&j, "b");
-    cj_cstr(&j, argv[optind + 1]);
+    cj_cstr(&j, argv[first + 1]);
     cj_key(&j, "same_process");
     if (same < 0)
       cj_null(&j);
@@ -717,7 +704,7 @@ int cli_cmd_diff(int argc, char **argv) {
     cj_key(&j, "devices");
     cj_arr(&j);
   } else {
-    printf("diff %s -> %s\n", argv[optind], argv[optind + 1]);
+    printf("diff %s -> %s\n", argv[first], argv[first + 1]);
     for (uint32_t w = 0; w < nwarn; w++)
       printf("warning: %s\n", warn[w]);
   }

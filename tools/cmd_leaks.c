@@ -111,7 +111,7 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   if (r.nsteps < 2) {
     snprintf(l->why, sizeof l->why, "%s",
              !tl || tl->n == 0 ? "no trace on this device"
-             : !(tl->v[tl->n - 1].keys & MSNAP_K_TIME)
+             : !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)
                  ? "the trace has no time_us to place annotations on"
              : r.nrg == 0 ? "no record_function ranges on this device"
              : step ? "the step name occurs fewer than 2 times"

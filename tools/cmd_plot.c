@@ -6,8 +6,8 @@
  * maximum, so peaks survive.  A file without a trace gets the final
  * figures as bars.
  */
-#include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,8 +175,8 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     }
     const char *unit = "";
     char span[96] = "";
-    if (tl && tl->n && (tl->v[0].keys & MSNAP_K_TIME) &&
-        (tl->v[tl->n - 1].keys & MSNAP_K_TIME)) {
+    if (tl && tl->n && (msnap__tattr(s, &tl->v[0])->keys & MSNAP_K_TIME) &&
+        (msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)) {
       char d[32];
       snprintf(span, sizeof span, " over %s",
                cli_duration(tl->v[tl->n - 1].time_us - tl->v[0].time_us, d,
@@ -192,7 +192,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     for (uint32_t i = 0; tl && i < s->nannotations && shown < MAXANN; i++) {
       const msnap_sannotation_t *an = &s->annotations[i];
       if (an->device != dev || !an->is_start ||
-          !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+          !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME))
         continue;
       uint32_t at = cli_entry_at_time(tl, an->time_us);
       double x = px(&p, at);
@@ -307,55 +307,33 @@ static void device_list(const msnap_snap_t *s, char *out, size_t cap) {
 }
 
 int cli_cmd_plot(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"output", required_argument, NULL, 'o'},
-      {"device", required_argument, NULL, 'd'},
-      {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   const char *out = NULL;
   bool json = false;
-  int64_t dev = -1;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ho:d:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'o': out = optarg; break;
-    case 'j': json = true; break;
-    case 'd': {
-      char *end;
-      dev = strtoll(optarg, &end, 10);
-      if (*end || dev < 0)
-        return cli_usage_error("plot", "--device needs a number >= 0");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("plot", NULL);
-    }
-  }
-  if (optind + 1 != argc)
-    return cli_usage_error("plot", "expects exactly one FILE");
-  if (!out)
-    return cli_usage_error("plot", "-o OUT.svg is required");
-  if (cli_check_output("plot", out, argv + optind, 1) != CLI_OK)
-    return CLI_UNUSABLE;
+  long devarg = -1;
+  const cli_opt_t opts[] = {CLI_LONG("device", 'd', &devarg, 0, LONG_MAX,
+                                     "--device needs a number >= 0"),
+                            CLI_OPT_END};
+  const cli_cmd_t cmd = {"plot", usage, opts, 1, "expects exactly one FILE",
+                         &json, &out, "-o OUT.svg is required"};
+  int first;
   msnap_snap_t *s;
-  if (cli_load(argv[optind], &s) != CLI_OK)
-    return CLI_UNUSABLE;
+  int brc = cli_begin(&cmd, argc, argv, &first, &s);
+  if (brc != CLI_CONTINUE) return brc;
+  int64_t dev = devarg;
   if (dev < 0) {
     dev = cli_default_device(s);
   } else if (!has_device(s, dev)) {
     char list[256];
     device_list(s, list, sizeof list);
     fprintf(stderr, "memsnap plot: %s has no device %" PRId64
-            " (devices in the file: %s)\n", argv[optind], dev, list);
+            " (devices in the file: %s)\n", argv[first], dev, list);
     msnap__snap_free(s);
     return CLI_UNUSABLE;
   }
   msnap_membuf_t mb = {0};
   FILE *f = open_memstream(&mb.data, &mb.len);
   int rc = CLI_OK;
-  if (!f || write_svg(f, argv[optind], s, dev) != 0) {
+  if (!f || write_svg(f, argv[first], s, dev) != 0) {
     cli_err("out of memory");
     rc = CLI_UNUSABLE;
   }
@@ -367,17 +345,10 @@ int cli_cmd_plot(int argc, char **argv) {
   if (rc == CLI_OK) {
     fprintf(stderr, "memsnap: wrote %s\n", out);
     if (json) {
-      cli_json_t j;
-      cj_init(&j, stdout);
-      cj_obj(&j);
-      cj_key(&j, "output");
-      cj_cstr(&j, out);
-      cj_key(&j, "device");
-      cj_i64(&j, dev);
-      cj_key(&j, "bytes");
-      cj_u64(&j, mb.len);
-      cj_obj_end(&j);
-      cj_end(&j);
+      const cli_field_t fields[] = {{"output", out, 0},
+                                    {"device", NULL, dev},
+                                    {"bytes", NULL, (int64_t)mb.len}};
+      cli_print_fields(fields, 3);
     }
   }
   free(mb.data);

@@ -1,1040 +1,27 @@
 /*
- * cmd_replay.c -- `memsnap replay FILE`: run a recording's alloc/free
- * stream through memsnap's allocator on the simulated device.
- *
- * What is replayable.  A device trace is replayed from the state at its
- * first entry, which the backward replay (cli_back.c) rebuilds from the
- * final segments.  That state is exact when every block live at the start
- * of the trace is still live at the end (its size is then in the final
- * segments) -- true for every real input with a history, because the ring
- * buffers never wrapped: the trace simply began while memory was already
- * in use (cranberrii: 63 of its 215 segments and 622 blocks predate the
- * first entry).  A trace is not replayable when it holds no alloc/free
- * history, is inconsistent with the final state (see `memsnap check`),
- * or uses expandable segments or private pools (their addresses cannot be
- * forced).  Blocks allocated before the trace and freed in it (a ring
- * buffer that dropped old entries) only tell their requested size; their
- * block size is inferred (infer_sizes) and the start state is reported as
- * "inferred" -- a wrong guess shows up as mismatches.
- *
- * Rebuilding the start state in the allocator ("carving").  For each
- * segment, in address order: the sim runtime is told to return the
- * segment's recorded address (msnap_sim_set_next_address), the segment is
- * created by one allocation of its whole size (large) or of its first
- * piece (small), and then the recorded layout is cut out of it piece by
- * piece -- live blocks with their exact size, free gaps as placeholders in
- * pieces of at most 1 MiB in small segments.  Best fit can only use the
- * segment being carved because every earlier one is fully allocated.
- * When all segments are carved the placeholders are freed, which merges
- * the free gaps exactly as the caching allocator keeps them.
- *
- * Replaying.  alloc -> msnap_malloc(requested size, stream), with the
- * address of a segment_alloc recorded just before it forced on the sim;
- * free_completed -> msnap_free (free_requested is only a marker: a
- * deferred free is performed when it completed in the recording); a run
- * of segment_free -> msnap_empty_cache.  After each call the decision is
- * compared with the recording: same address (exact mode), a segment
- * allocated exactly when the recording allocated one, of the same size.
- * At the end the replayed segments and blocks are compared with the
- * file's.
+ * cmd_replay.c -- `memsnap replay FILE`: the command line and the report
+ * (text or --json) of a replay; the engine is replay.c (what is
+ * replayable, how the start state is rebuilt, what is compared).
  *
  * Modes.  "exact": --profile cuda and no --alloc-conf (the recording's
  * own PYTORCH_CUDA_ALLOC_CONF is applied): matches_recording says whether
  * every decision matched.  "what-if": another profile or alloc conf;
- * addresses are the sim's own and only segment decisions are compared, to
- * answer "what would my peak reserved be with ...".
+ * addresses are the sim's own and only segment decisions are compared.
+ * Exit status: 0 replayed (and, in exact mode, matched), 1 an exact
+ * replay did not match, 2 unusable input or nothing replayable.
  */
-#include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "api/api.h"
-
-#define MIB (1024ull * 1024ull)
-#define SMALL_SIZE MIB
-#define SMALL_BUFFER (2 * MIB)
-
-/* ---- recorded address -> replayed pointer ------------------------------ */
-/* Open addressing, linear probing, backward-shift deletion; key 0 = empty
- * (address 0 is never a block). */
-typedef struct amap_s {
-  uint64_t *k, *v;
-  size_t cap, n;
-} amap_t;
-
-static size_t amap_slot(const amap_t *m, uint64_t k) {
-  uint64_t h = k * 0x9e3779b97f4a7c15ull;
-  return (size_t)(h >> 17) & (m->cap - 1);
-}
-
-static int amap_put(amap_t *m, uint64_t k, uint64_t v);
-
-static int amap_grow(amap_t *m) {
-  amap_t n = {0};
-  n.cap = m->cap ? m->cap * 2 : 1024;
-  n.k = calloc(n.cap, sizeof *n.k);
-  n.v = calloc(n.cap, sizeof *n.v);
-  if (!n.k || !n.v) {
-    free(n.k);
-    free(n.v);
-    return -1;
-  }
-  for (size_t i = 0; i < m->cap; i++)
-    if (m->k[i])
-      amap_put(&n, m->k[i], m->v[i]);
-  free(m->k);
-  free(m->v);
-  *m = n;
-  return 0;
-}
-
-static int amap_put(amap_t *m, uint64_t k, uint64_t v) {
-  if ((m->n + 1) * 2 > m->cap && amap_grow(m))
-    return -1;
-  size_t i = amap_slot(m, k);
-  while (m->k[i] && m->k[i] != k)
-    i = (i + 1) & (m->cap - 1);
-  if (!m->k[i])
-    m->n++;
-  m->k[i] = k;
-  m->v[i] = v;
-  return 0;
-}
-
-static bool amap_take(amap_t *m, uint64_t k, uint64_t *v) {
-  if (!m->cap)
-    return false;
-  size_t i = amap_slot(m, k);
-  while (m->k[i] && m->k[i] != k)
-    i = (i + 1) & (m->cap - 1);
-  if (!m->k[i])
-    return false;
-  *v = m->v[i];
-  /* backward-shift deletion */
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & (m->cap - 1);
-    if (!m->k[j])
-      break;
-    size_t h = amap_slot(m, m->k[j]);
-    bool move = (j > i) ? (h <= i || h > j) : (h <= i && h > j);
-    if (move) {
-      m->k[i] = m->k[j];
-      m->v[i] = m->v[j];
-      i = j;
-    }
-  }
-  m->k[i] = 0;
-  m->n--;
-  return true;
-}
-
-static void amap_free(amap_t *m) {
-  free(m->k);
-  free(m->v);
-  memset(m, 0, sizeof *m);
-}
-
-/* ---- replay state -------------------------------------------------------- */
-
-#define MAX_MISMATCH_KEEP 64
-
-typedef struct dev_replay_s {
-  int64_t device;
-  bool replayable;
-  char reason[512];
-  const char *initial; /* "empty", "exact", "inferred", "approximate" */
-  uint32_t initial_segments, initial_blocks, inferred_blocks;
-  /* results */
-  uint64_t segment_allocs, segment_frees;
-  uint64_t peak_reserved, final_reserved;
-  uint64_t inactive_split, peak_inactive_split;
-  uint64_t peak_allocated, final_allocated;
-  uint64_t mismatch_count;
-  uint32_t first_failed; /* first alloc that failed in the replay, or
-                            CLI_NO_PAIR */
-  bool stopped;          /* the visitor stopped the replay early */
-  char *mismatches[MAX_MISMATCH_KEEP];
-  uint32_t nkept;
-  bool final_compared;
-  /* the recording's own figures */
-  uint64_t rec_segment_allocs, rec_segment_frees;
-  uint64_t rec_peak_reserved, rec_final_reserved;
-  uint64_t rec_inactive_split; /* inactive blocks of split segments */
-  uint64_t entries;
-} dev_replay_t;
-
-typedef struct replay_s {
-  const msnap_snap_t *s;
-  msnap_allocator_t *a;
-  void *ctx;
-  bool exact;
-  msnap_profile_t profile;
-  uint64_t pad; /* bytes the profile adds before rounding (npu: 32) */
-  uint32_t max_keep;
-  cli_replay_visit_fn visit; /* cli_replay_run's visitor, or NULL */
-  void *visit_arg;
-} replay_t;
-
-static void mismatch(replay_t *r, dev_replay_t *d, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void mismatch(replay_t *r, dev_replay_t *d, const char *fmt, ...) {
-  d->mismatch_count++;
-  if (d->nkept >= r->max_keep || d->nkept >= MAX_MISMATCH_KEEP)
-    return;
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  cli_sanitize(buf);
-  d->mismatches[d->nkept] = strdup(buf);
-  if (d->mismatches[d->nkept])
-    d->nkept++;
-}
-
-static int get_stats(replay_t *r, int dev, msnap_stats_t *st) {
-  memset(st, 0, sizeof *st);
-  st->size = sizeof *st;
-  st->version = MSNAP_STATS_VERSION;
-  return msnap_stats_get(r->a, dev, st);
-}
-
-/* Rounded block size of a request under the profile's default rounding
- * (512-byte multiples, after the NPU padding). */
-static uint64_t round_req(const replay_t *r, uint64_t req) {
-  uint64_t n = req + r->pad;
-  if (n < 512)
-    return 512;
-  return (n + 511) & ~511ull;
-}
-
-/* The request that gives a block of exactly `size` bytes; prefers the
- * recorded requested size when it rounds to the block size. */
-static uint64_t req_for(const replay_t *r, uint64_t size, uint64_t requested) {
-  if (requested && round_req(r, requested) == size)
-    return requested;
-  return size > r->pad ? size - r->pad : size;
-}
-
-typedef struct piece_s {
-  uint64_t addr, size, req;
-  bool placeholder;
-} piece_t;
-
-
-/*
- * Blocks live before the first entry and freed in the trace only tell
- * their requested size.  Their block size is inferred: round_size of the
- * request (exact in small segments, where sizes are multiples of 512 and
- * a remainder is always split); in a large segment a free gap of at most
- * 1 MiB cannot exist (every free large-pool block is larger), so a gap
- * that short between the rounded end and the next live block or the
- * segment end belongs to the block.  A wrong guess shows up as replay
- * mismatches.  Returns the number of blocks inferred.
- */
-static uint32_t infer_sizes(const replay_t *r, cli_state_t *st) {
-  uint32_t n = 0, gi = 0;
-  for (uint32_t i = 0; i < st->nb; i++) {
-    cli_lblock_t *b = &st->b[i];
-    if (b->size != 0)
-      continue;
-    while (gi < st->ng && st->g[gi].addr + st->g[gi].size <= b->addr)
-      gi++;
-    uint64_t size = round_req(r, b->requested);
-    if (gi < st->ng && st->g[gi].addr <= b->addr) {
-      const cli_lseg_t *g = &st->g[gi];
-      uint64_t next = g->addr + g->size;
-      if (i + 1 < st->nb && st->b[i + 1].addr < next)
-        next = st->b[i + 1].addr;
-      if (b->addr + size < next && g->is_large &&
-          next - (b->addr + size) <= SMALL_SIZE)
-        size = next - b->addr;
-    }
-    b->size = size;
-    n++;
-  }
-  return n;
-}
-
-/*
- * Rebuild the start state `st` of device `dev` in the allocator (see the
- * top of the file).  Returns 0, or -1 with the reason in d->reason.
- * Initial live blocks are entered in `map` (recorded -> replayed).
- */
-static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
-                 amap_t *map) {
-  int dev = (int)d->device;
-  uint64_t *holders = NULL;
-  size_t nh = 0, caph = 0;
-  int rc = -1;
-  for (uint32_t gi = 0; gi < st->ng; gi++) {
-    const cli_lseg_t *g = &st->g[gi];
-    bool small = g->size <= SMALL_BUFFER && !g->is_large;
-    /* Pieces of this segment: live blocks and gaps between them. */
-    piece_t *pc = NULL;
-    size_t np = 0, capp = 0;
-    uint64_t pos = g->addr, end = g->addr + g->size;
-    uint32_t bi = 0;
-    while (bi < st->nb && st->b[bi].addr < g->addr)
-      bi++;
-    while (pos < end) {
-      uint64_t next = end;
-      const cli_lblock_t *b = NULL;
-      if (bi < st->nb && st->b[bi].addr < end) {
-        b = &st->b[bi];
-        next = b->addr;
-      }
-      if (b && b->addr < pos) {
-        snprintf(d->reason, sizeof d->reason,
-                 "blocks overlap in the start state at 0x%" PRIx64, b->addr);
-        free(pc);
-        goto out;
-      }
-      while (pos < next) { /* gap */
-        uint64_t n = next - pos;
-        if (small && n > SMALL_SIZE)
-          n = SMALL_SIZE;
-        if (np == capp) {
-          capp = capp ? capp * 2 : 16;
-          piece_t *v = realloc(pc, capp * sizeof *v);
-          if (!v) {
-            free(pc);
-            snprintf(d->reason, sizeof d->reason, "out of memory");
-            goto out;
-          }
-          pc = v;
-        }
-        pc[np++] = (piece_t){pos, n, req_for(r, n, 0), true};
-        pos += n;
-      }
-      if (!b)
-        break;
-      if (b->size > end - b->addr) {
-        snprintf(d->reason, sizeof d->reason,
-                 "the block at 0x%" PRIx64 " (%" PRIu64 " B) extends past "
-                 "its segment",
-                 b->addr, b->size);
-        free(pc);
-        goto out;
-      }
-      if (b->size == 0) {
-        snprintf(d->reason, sizeof d->reason,
-                 "the block at 0x%" PRIx64 " was live before the first trace "
-                 "entry and freed in the trace: its block size is unknown",
-                 b->addr);
-        free(pc);
-        goto out;
-      }
-      if (np == capp) {
-        capp = capp ? capp * 2 : 16;
-        piece_t *v = realloc(pc, capp * sizeof *v);
-        if (!v) {
-          free(pc);
-          snprintf(d->reason, sizeof d->reason, "out of memory");
-          goto out;
-        }
-        pc = v;
-      }
-      pc[np++] = (piece_t){b->addr, b->size,
-                           req_for(r, b->size, b->requested), false};
-      pos = b->addr + b->size;
-      bi++;
-    }
-    /* Create the segment at its recorded address. */
-    msnap_stats_t s0, s1;
-    get_stats(r, dev, &s0);
-    msnap_sim_set_next_address(r->ctx, dev, g->addr);
-    uint64_t p = 0;
-    size_t first = 0;
-    int e;
-    if (small) {
-      e = msnap_malloc(r->a, dev, pc[0].req, (uint64_t)g->stream, &p);
-      first = 1;
-    } else {
-      e = msnap_malloc(r->a, dev, g->size - r->pad, (uint64_t)g->stream, &p);
-      if (e == 0)
-        e = msnap_free(r->a, p);
-    }
-    get_stats(r, dev, &s1);
-    if (e != 0 || p != g->addr ||
-        s1.reserved_bytes[MSNAP_STAT_ALL].current -
-                s0.reserved_bytes[MSNAP_STAT_ALL].current !=
-            (int64_t)g->size) {
-      snprintf(d->reason, sizeof d->reason,
-               "could not recreate the segment 0x%" PRIx64 " of %" PRIu64
-               " B that predates the trace (%s; got 0x%" PRIx64 ", +%" PRId64
-               " B reserved)",
-               g->addr, g->size, e ? msnap_strerror(e) : "wrong placement",
-               p, s1.reserved_bytes[MSNAP_STAT_ALL].current -
-                      s0.reserved_bytes[MSNAP_STAT_ALL].current);
-      if (small && e == 0 && p)
-        msnap_free(r->a, p);
-      free(pc);
-      goto out;
-    }
-    if (small) {
-      if (pc[0].placeholder) {
-        if (nh == caph) {
-          caph = caph ? caph * 2 : 64;
-          uint64_t *v = realloc(holders, caph * sizeof *v);
-          if (!v) {
-            free(pc);
-            goto out;
-          }
-          holders = v;
-        }
-        holders[nh++] = p;
-      } else if (amap_put(map, pc[0].addr, p)) {
-        free(pc);
-        goto out;
-      }
-    }
-    for (size_t k = first; k < np; k++) {
-      size_t got = 0;
-      e = msnap_malloc(r->a, dev, pc[k].req, (uint64_t)g->stream, &p);
-      if (e == 0)
-        e = msnap_allocation_size(r->a, p, &got);
-      if (e != 0 || p != pc[k].addr || got != pc[k].size) {
-        snprintf(d->reason, sizeof d->reason,
-                 "could not recreate the %s of %" PRIu64 " B at 0x%" PRIx64
-                 " that predates the trace (%s; got %zu B at 0x%" PRIx64 ")",
-                 pc[k].placeholder ? "free gap" : "block", pc[k].size,
-                 pc[k].addr, e ? msnap_strerror(e) : "different layout", got,
-                 p);
-        if (p && (e == 0 || got == 0))
-          msnap_free(r->a, p);
-        free(pc);
-        goto out;
-      }
-      if (pc[k].placeholder) {
-        if (nh == caph) {
-          caph = caph ? caph * 2 : 64;
-          uint64_t *v = realloc(holders, caph * sizeof *v);
-          if (!v) {
-            free(pc);
-            goto out;
-          }
-          holders = v;
-        }
-        holders[nh++] = p;
-      } else if (amap_put(map, pc[k].addr, p)) {
-        free(pc);
-        goto out;
-      }
-    }
-    free(pc);
-  }
-  rc = 0;
-out:
-  for (size_t k = 0; k < nh; k++)
-    msnap_free(r->a, holders[k]);
-  free(holders);
-  return rc;
-}
-
-/* Approximate start state for what-if runs whose allocator cannot be
- * carved (expandable segments, other rounding): allocate each live block
- * with its requested size, in address order. */
-static int approximate(replay_t *r, dev_replay_t *d, const cli_state_t *st,
-                       amap_t *map) {
-  for (uint32_t i = 0; i < st->nb; i++) {
-    uint64_t p;
-    uint64_t req = st->b[i].requested ? st->b[i].requested : st->b[i].size;
-    int e = msnap_malloc(r->a, (int)d->device, req,
-                         (uint64_t)st->b[i].stream, &p);
-    if (e) {
-      snprintf(d->reason, sizeof d->reason,
-               "allocating the %" PRIu64 " B live before the trace failed: "
-               "%s",
-               req, msnap_strerror(e));
-      return -1;
-    }
-    if (amap_put(map, st->b[i].addr, p))
-      return -1;
-  }
-  return 0;
-}
-
-/* Compare the replayed final segments of a device with the file's. */
-static void compare_final(replay_t *r, dev_replay_t *d) {
-  msnap_snapshot_options_t so;
-  msnap_snapshot_options_init(&so);
-  so.device = (int)d->device;
-  so.include_traces = false;
-  msnap_snap_t *m = NULL;
-  if (msnap__snapshot_take(r->a, &so, &m) != 0 || !m)
-    return;
-  d->final_compared = true;
-  const msnap_snap_t *s = r->s;
-  uint32_t i = 0, k = 0;
-  for (;;) {
-    while (i < s->nsegments && s->segments[i].device != d->device)
-      i++;
-    while (k < m->nsegments && m->segments[k].device != d->device)
-      k++;
-    if (i >= s->nsegments && k >= m->nsegments)
-      break;
-    const msnap_ssegment_t *a = i < s->nsegments ? &s->segments[i] : NULL;
-    const msnap_ssegment_t *b = k < m->nsegments ? &m->segments[k] : NULL;
-    if (!b || (a && a->address < b->address)) {
-      mismatch(r, d,
-               "final state: recorded segment 0x%" PRIx64 " (%" PRIu64
-               " B) is not in the replay",
-               a->address, a->total_size);
-      i++;
-      continue;
-    }
-    if (!a || b->address < a->address) {
-      mismatch(r, d,
-               "final state: the replay has a segment 0x%" PRIx64
-               " (%" PRIu64 " B) the recording has not",
-               b->address, b->total_size);
-      k++;
-      continue;
-    }
-    if (a->total_size != b->total_size || a->nblocks != b->nblocks) {
-      mismatch(r, d,
-               "final state: segment 0x%" PRIx64 ": recorded %" PRIu64
-               " B in %u blocks, replayed %" PRIu64 " B in %u blocks",
-               a->address, a->total_size, a->nblocks, b->total_size,
-               b->nblocks);
-    } else {
-      for (uint32_t j = 0; j < a->nblocks; j++) {
-        const msnap_sblock_t *x = &s->blocks[a->first_block + j];
-        const msnap_sblock_t *y = &m->blocks[b->first_block + j];
-        if (x->size != y->size ||
-            cli_block_active(x) != cli_block_active(y)) {
-          mismatch(r, d,
-                   "final state: segment 0x%" PRIx64 " block %u: recorded "
-                   "%" PRIu64 " B %s, replayed %" PRIu64 " B %s",
-                   a->address, j, x->size, cli_state_name(s, x), y->size,
-                   cli_state_name(m, y));
-          break;
-        }
-      }
-    }
-    i++;
-    k++;
-  }
-  msnap__snap_free(m);
-}
-
-/* Why a device trace is not replayable; "" if it is. */
-static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
-  const msnap_trace_list_t *tl = cli_trace(s, dev);
-  if (!tl || tl->n == 0) {
-    snprintf(d->reason, sizeof d->reason,
-             s->generation == MSNAP_GEN_SEGMENT_LIST
-                 ? "the file is a bare list of segments: it holds no trace"
-                 : "the device trace is empty (history was not recorded)");
-    return;
-  }
-  uint64_t allocs = 0, frees = 0, maps = 0, other_pool = 0;
-  for (uint32_t i = 0; i < tl->n; i++) {
-    const msnap_strace_t *e = &tl->v[i];
-    allocs += e->action == MSNAP_ACTION_ALLOC;
-    frees += e->action == MSNAP_ACTION_FREE_COMPLETED;
-    maps += e->action == MSNAP_ACTION_SEGMENT_MAP ||
-            e->action == MSNAP_ACTION_SEGMENT_UNMAP;
-    other_pool += (e->keys & MSNAP_K_POOL_ID) &&
-                  (e->pool_id.first || e->pool_id.second);
-  }
-  if (allocs == 0) {
-    snprintf(d->reason, sizeof d->reason,
-             "the trace holds no alloc history (%u entries: %" PRIu64
-             " free_completed, the rest snapshot/other markers)",
-             tl->n, frees);
-    return;
-  }
-  for (uint32_t i = 0; i < s->nsegments; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != dev)
-      continue;
-    if (g->is_expandable)
-      maps++;
-    if (g->pool_id.first || g->pool_id.second)
-      other_pool++;
-  }
-  if (maps) {
-    snprintf(d->reason, sizeof d->reason,
-             "the recording uses expandable segments (segment_map/unmap): "
-             "their virtual addresses cannot be forced on the sim");
-    return;
-  }
-  if (other_pool) {
-    snprintf(d->reason, sizeof d->reason,
-             "the recording uses private memory pools (CUDA graphs / "
-             "MemPool), which the trace does not describe");
-    return;
-  }
-  long v = cli_backward(s, dev, NULL, NULL, NULL);
-  if (v != 0) {
-    snprintf(d->reason, sizeof d->reason,
-             "the trace is inconsistent with the final state (%ld "
-             "violations; see memsnap check)",
-             v);
-    return;
-  }
-  d->replayable = true;
-}
-
-/* The recording's own figures (backward start state + forward walk). */
-static void recorded_figures(const msnap_snap_t *s, dev_replay_t *d,
-                             const cli_state_t *st) {
-  const msnap_trace_list_t *tl = cli_trace(s, d->device);
-  uint64_t res = 0;
-  for (uint32_t i = 0; i < st->ng; i++)
-    res += st->g[i].size;
-  uint64_t peak = res;
-  for (uint32_t i = 0; tl && i < tl->n; i++) {
-    const msnap_strace_t *e = &tl->v[i];
-    if (e->action == MSNAP_ACTION_SEGMENT_ALLOC) {
-      d->rec_segment_allocs++;
-      res += e->size;
-    } else if (e->action == MSNAP_ACTION_SEGMENT_FREE) {
-      d->rec_segment_frees++;
-      res -= res >= e->size ? e->size : res;
-    }
-    if (res > peak)
-      peak = res;
-  }
-  d->rec_peak_reserved = peak;
-  d->rec_final_reserved = 0;
-  d->rec_inactive_split = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != d->device)
-      continue;
-    d->rec_final_reserved += g->total_size;
-    /* A block is split when its segment holds more than one block. */
-    for (uint32_t k = 0; g->nblocks > 1 && k < g->nblocks; k++)
-      if (s->blocks[g->first_block + k].state == MSNAP_BLOCK_INACTIVE)
-        d->rec_inactive_split += s->blocks[g->first_block + k].size;
-  }
-}
-
-static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
-  const msnap_snap_t *s = r->s;
-  int dev = (int)d->device;
-  cli_state_t st;
-  amap_t map = {0};
-  if (cli_backward(s, d->device, NULL, NULL, &st) < 0)
-    return -1;
-  recorded_figures(s, d, &st);
-  d->initial_segments = st.ng;
-  d->initial_blocks = st.nb;
-  d->inferred_blocks = infer_sizes(r, &st);
-  if (st.ng == 0 && st.nb == 0) {
-    d->initial = "empty";
-  } else if (carve(r, d, &st, &map) == 0) {
-    d->initial = d->inferred_blocks ? "inferred" : "exact";
-  } else if (!r->exact) {
-    /* What-if allocators may not reproduce the recorded layout. */
-    char why[512];
-    snprintf(why, sizeof why, "%s", d->reason);
-    d->reason[0] = 0;
-    for (size_t k = 0; k < map.cap; k++)
-      if (map.k[k])
-        msnap_free(r->a, map.v[k]);
-    amap_free(&map);
-    msnap_empty_cache(r->a, dev);
-    if (approximate(r, d, &st, &map) != 0) {
-      d->replayable = false;
-      cli_state_free(&st);
-      amap_free(&map);
-      return 0;
-    }
-    d->initial = "approximate";
-    (void)why;
-  } else {
-    d->replayable = false;
-    cli_state_free(&st);
-    amap_free(&map);
-    return 0;
-  }
-  cli_state_free(&st);
-  msnap_reset_peak_stats(r->a, dev);
-  msnap_history_options_t ho;
-  msnap_history_options_init(&ho);
-  ho.context = MSNAP_CONTEXT_NEVER;
-  ho.stacks = 0;
-  msnap_record_history(r->a, &ho);
-
-  msnap_stats_t s0, s1;
-  get_stats(r, dev, &s0);
-  const msnap_trace_list_t *tl = cli_trace(s, d->device);
-  d->entries = tl->n;
-  bool seg_pending = false;
-  uint64_t seg_addr = 0, seg_size = 0;
-  uint32_t seg_entry = 0;
-  d->first_failed = CLI_NO_PAIR;
-  for (uint32_t i = 0; i < tl->n; i++) {
-    const msnap_strace_t *e = &tl->v[i];
-    cli_progress_tick(pr, i, tl->n);
-    if (r->visit && !r->visit(r->visit_arg, i, r->a, dev)) {
-      d->stopped = true;
-      break;
-    }
-    switch (e->action) {
-    case MSNAP_ACTION_SEGMENT_ALLOC:
-      if (seg_pending)
-        mismatch(r, d,
-                 "entry %u: two segment_alloc entries in a row (0x%" PRIx64
-                 ", 0x%" PRIx64 "); replay creates at most one per alloc",
-                 i, seg_addr, e->addr);
-      seg_pending = true;
-      seg_addr = e->addr;
-      seg_size = e->size;
-      seg_entry = i;
-      break;
-    case MSNAP_ACTION_ALLOC: {
-      msnap_stats_t a0, a1;
-      get_stats(r, dev, &a0);
-      if (seg_pending && r->exact)
-        msnap_sim_set_next_address(r->ctx, dev, seg_addr);
-      uint64_t p = 0;
-      int rc = msnap_malloc(r->a, dev, e->size, (uint64_t)e->stream, &p);
-      get_stats(r, dev, &a1);
-      /* A new segment (or, with expandable segments, newly mapped
-       * pages) is seen as growth of reserved memory. */
-      int64_t grew = a1.reserved_bytes[MSNAP_STAT_ALL].current -
-                     a0.reserved_bytes[MSNAP_STAT_ALL].current;
-      int64_t made = grew > 0;
-      d->segment_allocs += grew > 0;
-      if (rc != 0) {
-        if (d->first_failed == CLI_NO_PAIR)
-          d->first_failed = i;
-        mismatch(r, d, "entry %u: alloc of %" PRIu64 " B failed in the "
-                       "replay: %s",
-                 i, e->size, msnap_strerror(rc));
-      } else {
-        if (seg_pending && made == 0)
-          mismatch(r, d,
-                   "entry %u: the recording allocated a segment of %" PRIu64
-                   " B (entry %u) for this alloc of %" PRIu64
-                   " B; the replay reused cached memory",
-                   i, seg_size, seg_entry, e->size);
-        else if (!seg_pending && made > 0)
-          mismatch(r, d,
-                   "entry %u: the replay allocated a new segment of %" PRId64
-                   " B for this alloc of %" PRIu64
-                   " B; the recording reused cached memory",
-                   i, grew, e->size);
-        else if (seg_pending && made > 0 && (uint64_t)grew != seg_size)
-          mismatch(r, d,
-                   "entry %u: segment size %" PRId64 " B in the replay, %"
-                   PRIu64 " B in the recording (alloc of %" PRIu64 " B)",
-                   i, grew, seg_size, e->size);
-        if (r->exact && p != e->addr)
-          mismatch(r, d,
-                   "entry %u: alloc of %" PRIu64 " B placed at 0x%" PRIx64
-                   " in the replay, 0x%" PRIx64 " in the recording",
-                   i, e->size, p, e->addr);
-        if (amap_put(&map, e->addr, p))
-          return -1;
-      }
-      /* The sim cannot disarm a forced address: when the replay did not
-       * allocate the recorded segment, the next segment it allocates goes
-       * there (or fails); the run is already reported as a mismatch. */
-      seg_pending = false;
-      break;
-    }
-    case MSNAP_ACTION_FREE_COMPLETED: {
-      uint64_t p;
-      if (!amap_take(&map, e->addr, &p)) {
-        mismatch(r, d, "entry %u: free_completed of 0x%" PRIx64
-                       " which the replay never allocated",
-                 i, e->addr);
-        break;
-      }
-      int rc = msnap_free(r->a, p);
-      if (rc)
-        mismatch(r, d, "entry %u: free of 0x%" PRIx64 " failed: %s", i, p,
-                 msnap_strerror(rc));
-      break;
-    }
-    case MSNAP_ACTION_SEGMENT_FREE: {
-      /* A run of segment_free entries is one release of cached blocks. */
-      uint32_t k = i;
-      while (k < tl->n && tl->v[k].action == MSNAP_ACTION_SEGMENT_FREE)
-        k++;
-      msnap_stats_t f0, f1;
-      get_stats(r, dev, &f0);
-      msnap_empty_cache(r->a, dev);
-      get_stats(r, dev, &f1);
-      int64_t freed = f1.segment[MSNAP_STAT_ALL].freed -
-                      f0.segment[MSNAP_STAT_ALL].freed;
-      if (freed != (int64_t)(k - i))
-        mismatch(r, d,
-                 "entries %u-%u: the recording released %u cached segments, "
-                 "the replay's empty_cache released %" PRId64,
-                 i, k - 1, k - i, freed);
-      i = k - 1;
-      break;
-    }
-    default:
-      break;
-    }
-  }
-  if (r->visit && !d->stopped)
-    r->visit(r->visit_arg, tl->n, r->a, dev);
-  get_stats(r, dev, &s1);
-  d->segment_frees = (uint64_t)(s1.segment[MSNAP_STAT_ALL].freed -
-                                s0.segment[MSNAP_STAT_ALL].freed);
-  d->peak_reserved = (uint64_t)s1.reserved_bytes[MSNAP_STAT_ALL].peak;
-  d->final_reserved = (uint64_t)s1.reserved_bytes[MSNAP_STAT_ALL].current;
-  d->inactive_split = (uint64_t)s1.inactive_split_bytes[MSNAP_STAT_ALL].current;
-  d->peak_inactive_split =
-      (uint64_t)s1.inactive_split_bytes[MSNAP_STAT_ALL].peak;
-  d->peak_allocated = (uint64_t)s1.allocated_bytes[MSNAP_STAT_ALL].peak;
-  d->final_allocated = (uint64_t)s1.allocated_bytes[MSNAP_STAT_ALL].current;
-  if (r->exact && !d->stopped)
-    compare_final(r, d);
-  char msg[256];
-  if (msnap_check_invariants(r->a, msg, sizeof msg) != 0)
-    mismatch(r, d, "allocator invariant violated after the replay: %s", msg);
-  amap_free(&map);
-  return 0;
-}
-
-
-/* ---- the replayed snapshot, with the recording's stacks ----------------- */
-
-typedef struct xfer_s {
-  const msnap_snap_t *src;
-  msnap_snap_t *dst;
-  msnap_stack_t *memo; /* src stack id -> dst stack id + 1 */
-} xfer_t;
-
-static msnap_str_t xstr(xfer_t *x, msnap_str_t id) {
-  if (id == MSNAP_STR_ABSENT)
-    return MSNAP_STR_ABSENT;
-  size_t len;
-  const char *p = cli_str(x->src, id, &len);
-  return msnap__snap_intern(x->dst, p, len);
-}
-
-/* Copy a stack of the recording into the replayed model (memoized). */
-static msnap_stack_t xstack(xfer_t *x, msnap_stack_t st) {
-  if (st <= MSNAP_STACK_EMPTY || st >= x->src->nstacks)
-    return st <= MSNAP_STACK_EMPTY ? st : MSNAP_STACK_ABSENT;
-  if (x->memo[st])
-    return x->memo[st] - 1;
-  uint32_t n;
-  const uint32_t *fr = cli_stack(x->src, st, &n);
-  uint32_t *ids = malloc((n + 1) * sizeof *ids);
-  if (!ids)
-    return MSNAP_STACK_ABSENT;
-  uint32_t k = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    if (fr[i] >= x->src->nframes)
-      continue;
-    const msnap_frame_t *f = &x->src->frames[fr[i]];
-    msnap_frame_t g = {.name = xstr(x, f->name),
-                       .filename = xstr(x, f->filename),
-                       .line = f->line,
-                       .fx_node_op = xstr(x, f->fx_node_op),
-                       .fx_node_name = xstr(x, f->fx_node_name),
-                       .fx_node_target = xstr(x, f->fx_node_target),
-                       .fx_original_trace = xstr(x, f->fx_original_trace)};
-    uint32_t id = msnap__snap_frame(x->dst, &g);
-    if (id != UINT32_MAX)
-      ids[k++] = id;
-  }
-  msnap_stack_t out = msnap__snap_stack(x->dst, ids, k);
-  free(ids);
-  x->memo[st] = out + 1;
-  return out;
-}
-
-/* A generic value of the recording, copied into the replayed model. */
-static int xgv(xfer_t *x, const msnap_gv_t *v, msnap_gv_t *out) {
-  *out = *v;
-  if (v->kind == MSNAP_GV_STR) {
-    out->u.s = xstr(x, v->u.s);
-    return out->u.s ? 0 : -1;
-  }
-  if (v->kind != MSNAP_GV_LIST && v->kind != MSNAP_GV_TUPLE &&
-      v->kind != MSNAP_GV_DICT)
-    return 0;
-  out->u.seq.items = calloc((size_t)v->u.seq.n + 1, sizeof *out->u.seq.items);
-  if (!out->u.seq.items) {
-    out->kind = MSNAP_GV_NONE;
-    return -1;
-  }
-  for (uint32_t i = 0; i < v->u.seq.n; i++)
-    if (xgv(x, &v->u.seq.items[i], &out->u.seq.items[i]) != 0) {
-      out->u.seq.n = i + 1;
-      return -1;
-    }
-  return 0;
-}
-
-/*
- * process_info of the replayed snapshot: who made the recording (pid,
- * host, rank, world_size, local_rank, devices: the recording's when it
- * has them), what made this file (runtime "sim", the replay's profile),
- * and replayed: true.
- */
-static int replayed_process_info(xfer_t *x, const replay_t *r) {
-  static const char *const keep[] = {"pid", "host", "rank", "world_size",
-                                     "local_rank", "devices"};
-  const msnap_gv_t *src = &x->src->process_info;
-  msnap_snap_t *m = x->dst;
-  msnap_gv_t d = {.kind = MSNAP_GV_DICT};
-  d.u.seq.items = calloc(2 * 10, sizeof *d.u.seq.items);
-  if (!d.u.seq.items)
-    return -1;
-  int rc = 0;
-#define PUT_(k, v)                                                            \
-  do {                                                                        \
-    d.u.seq.items[d.u.seq.n].kind = MSNAP_GV_STR;                             \
-    d.u.seq.items[d.u.seq.n++].u.s = msnap__snap_intern(m, k, strlen(k));     \
-    d.u.seq.items[d.u.seq.n++] = (v);                                         \
-  } while (0)
-  for (size_t i = 0; i < sizeof keep / sizeof *keep && rc == 0; i++) {
-    const msnap_gv_t *v = cli_gv_get(x->src, src, keep[i]);
-    msnap_gv_t c;
-    if (v && (rc = xgv(x, v, &c)) == 0)
-      PUT_(keep[i], c);
-  }
-  msnap_gv_t sv = {.kind = MSNAP_GV_STR};
-  sv.u.s = msnap__snap_intern(m, "sim", 3);
-  PUT_("runtime", sv);
-  const char *prof = r->profile == MSNAP_PROFILE_CUDA ? "cuda" : "npu";
-  sv.u.s = msnap__snap_intern(m, prof, strlen(prof));
-  PUT_("profile", sv);
-  msnap_gv_t bv = {.kind = MSNAP_GV_BOOL, .u.b = true};
-  PUT_("replayed", bv);
-#undef PUT_
-  msnap__gv_free(&m->process_info);
-  m->process_info = d;
-  return rc;
-}
-
-/*
- * Take the replayed allocator's snapshot and give its entries, blocks and
- * segments the recording's stacks (and time stamps): the replay trace is
- * matched to the recorded one in order by action (and address in exact
- * mode); blocks and segments by address and size.  Returns 0 and the
- * model in *out, or an error (then the caller dumps without stacks).
- */
-static int replayed_model(replay_t *r, msnap_snap_t **out) {
-  msnap_snapshot_options_t so;
-  msnap_snapshot_options_init(&so);
-  msnap_snap_t *m = NULL;
-  int rc = msnap__snapshot_take(r->a, &so, &m);
-  if (rc != 0 || !m)
-    return rc ? rc : MSNAP_ENOMEM;
-  const msnap_snap_t *s = r->s;
-  xfer_t x = {s, m, calloc(s->nstacks + 1, sizeof *x.memo)};
-  if (!x.memo) {
-    msnap__snap_free(m);
-    return MSNAP_ENOMEM;
-  }
-  /* From here on the key bits say what is written: what the recording
-   * does not give is left out rather than made up. */
-  msnap__snap_settle_keys(m);
-  if (replayed_process_info(&x, r) != 0) {
-    free(x.memo);
-    msnap__snap_free(m);
-    return MSNAP_ENOMEM;
-  }
-  for (uint32_t d = 0; d < m->ndevices; d++) {
-    const msnap_trace_list_t *rt = cli_trace(s, d);
-    msnap_trace_list_t *mt = &m->device_traces[d];
-    uint32_t i = 0;
-    bool have_t = false;
-    int64_t last_t = 0;
-    for (uint32_t q = 0; rt && q < rt->n && !have_t; q++)
-      if (rt->v[q].keys & MSNAP_K_TIME) {
-        have_t = true;
-        last_t = rt->v[q].time_us;
-      }
-    /* A recording without time_us (2.1 and older): no times at all (the
-     * replay's own clock says nothing about the recording). */
-    for (uint32_t k = 0; !have_t && k < mt->n; k++)
-      mt->v[k].keys &= (uint16_t)~MSNAP_K_TIME;
-    for (uint32_t k = 0; rt && k < mt->n; k++) {
-      msnap_strace_t *e = &mt->v[k];
-      /* Times: the recorded ones where matched, never decreasing; an
-       * entry of the replay's own takes the time of the last recorded
-       * entry matched before it (the call that caused it). */
-      if (have_t) {
-        e->time_us = last_t;
-        e->keys |= MSNAP_K_TIME;
-      }
-      for (uint32_t look = i; look < rt->n && look < i + 64; look++) {
-        const msnap_strace_t *f = &rt->v[look];
-        if (f->action != e->action || (r->exact && f->addr != e->addr))
-          continue;
-        if (f->frames != MSNAP_STACK_ABSENT) {
-          e->frames = xstack(&x, f->frames);
-          e->keys |= MSNAP_K_FRAMES;
-        }
-        if ((f->keys & MSNAP_K_TIME) && f->time_us > last_t) {
-          e->time_us = f->time_us;
-          last_t = f->time_us;
-        }
-        i = look + 1;
-        break;
-      }
-    }
-  }
-  for (uint32_t gi = 0; gi < m->nsegments; gi++) {
-    msnap_ssegment_t *g = &m->segments[gi];
-    for (uint32_t si = 0; si < s->nsegments; si++) {
-      const msnap_ssegment_t *h = &s->segments[si];
-      if (h->device != g->device || h->address != g->address)
-        continue;
-      if (h->keys & MSNAP_K_FRAMES)
-        g->frames = xstack(&x, h->frames);
-      for (uint32_t k = 0; k < g->nblocks; k++) {
-        msnap_sblock_t *b = &m->blocks[g->first_block + k];
-        if (!cli_block_active(b))
-          continue;
-        uint64_t ba = cli_block_addr(m, g, k);
-        for (uint32_t j = 0; j < h->nblocks; j++) {
-          const msnap_sblock_t *c = &s->blocks[h->first_block + j];
-          if (cli_block_addr(s, h, j) == ba && c->size == b->size) {
-            msnap_stack_t st = cli_block_stack(s, c);
-            if (st != MSNAP_STACK_ABSENT) {
-              b->frames = xstack(&x, st);
-              b->keys |= MSNAP_K_FRAMES;
-            }
-            /* The recording's requested_size, not the request the
-             * replay had to make to recreate a block that predates the
-             * trace; none when the recording has none. */
-            if (c->keys & MSNAP_K_REQUESTED)
-              b->requested_size = c->requested_size;
-            else
-              b->keys &= (uint16_t)~MSNAP_K_REQUESTED;
-            break;
-          }
-        }
-      }
-      break;
-    }
-    uint64_t req = 0;
-    for (uint32_t k = 0; k < g->nblocks; k++)
-      if (cli_block_active(&m->blocks[g->first_block + k]))
-        req += m->blocks[g->first_block + k].requested_size;
-    g->requested_size = req;
-  }
-  free(x.memo);
-  *out = m;
-  return 0;
-}
+#include "replay.h"
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap replay [--profile cuda|npu] [--alloc-conf STR]\n"
-          "                      [-o OUT] [--json] [--max-mismatches N] "
-          "FILE\n"
+          "                      [-o OUT] [--json] [--max-mismatches N]\n"
+          "                      [--device-memory BYTES] FILE\n"
           "\n"
           "Run the file's recorded alloc/free stream through memsnap's\n"
           "caching allocator on the simulated device and report segment\n"
@@ -1072,6 +59,11 @@ static void usage(FILE *f) {
           "                    final_reserved_bytes, inactive_split_bytes,\n"
           "                    mismatches, reason, devices, recording}\n"
           "  --max-mismatches N  mismatches listed per device (default 10)\n"
+          "  --device-memory B the simulated device's memory (default 1T;\n"
+          "                    K/M/G/T suffixes): give the recording\n"
+          "                    device's total when the configuration depends\n"
+          "                    on it (per_process_memory_fraction,\n"
+          "                    garbage_collection_threshold, OOMs)\n"
           "  -h, --help        this text\n"
           "\nExit status: 0 replayed (and, in exact mode, matched), 1 exact\n"
           "replay did not match, 2 unusable input or not replayable.\n");
@@ -1096,28 +88,19 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
   if (d->replayable) {
     cj_key(j, "initial_state");
     cj_cstr(j, d->initial);
-    cj_key(j, "initial_segments");
-    cj_u64(j, d->initial_segments);
-    cj_key(j, "initial_blocks");
-    cj_u64(j, d->initial_blocks);
-    cj_key(j, "inferred_block_sizes");
-    cj_u64(j, d->inferred_blocks);
-    cj_key(j, "trace_entries");
-    cj_u64(j, d->entries);
-    cj_key(j, "segment_allocs");
-    cj_u64(j, d->segment_allocs);
-    cj_key(j, "segment_frees");
-    cj_u64(j, d->segment_frees);
-    cj_key(j, "peak_reserved_bytes");
-    cj_u64(j, d->peak_reserved);
-    cj_key(j, "final_reserved_bytes");
-    cj_u64(j, d->final_reserved);
-    cj_key(j, "peak_allocated_bytes");
-    cj_u64(j, d->peak_allocated);
-    cj_key(j, "inactive_split_bytes");
-    cj_u64(j, d->inactive_split);
-    cj_key(j, "peak_inactive_split_bytes");
-    cj_u64(j, d->peak_inactive_split);
+    const cli_u64_field_t figs[] = {
+        {"initial_segments", d->initial_segments},
+        {"initial_blocks", d->initial_blocks},
+        {"inferred_block_sizes", d->inferred_blocks},
+        {"trace_entries", d->entries},
+        {"segment_allocs", d->segment_allocs},
+        {"segment_frees", d->segment_frees},
+        {"peak_reserved_bytes", d->peak_reserved},
+        {"final_reserved_bytes", d->final_reserved},
+        {"peak_allocated_bytes", d->peak_allocated},
+        {"inactive_split_bytes", d->inactive_split},
+        {"peak_inactive_split_bytes", d->peak_inactive_split}};
+    cj_u64_fields(j, figs, sizeof figs / sizeof figs[0]);
     cj_key(j, "final_state_compared");
     cj_bool(j, d->final_compared);
     cj_key(j, "mismatch_count");
@@ -1129,387 +112,185 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
     cj_arr_end(j);
     cj_key(j, "recording");
     cj_obj(j);
-    cj_key(j, "segment_allocs");
-    cj_u64(j, d->rec_segment_allocs);
-    cj_key(j, "segment_frees");
-    cj_u64(j, d->rec_segment_frees);
-    cj_key(j, "peak_reserved_bytes");
-    cj_u64(j, d->rec_peak_reserved);
-    cj_key(j, "final_reserved_bytes");
-    cj_u64(j, d->rec_final_reserved);
-    cj_key(j, "inactive_split_bytes");
-    cj_u64(j, d->rec_inactive_split);
+    const cli_u64_field_t rec[] = {
+        {"segment_allocs", d->rec_segment_allocs},
+        {"segment_frees", d->rec_segment_frees},
+        {"peak_reserved_bytes", d->rec_peak_reserved},
+        {"final_reserved_bytes", d->rec_final_reserved},
+        {"inactive_split_bytes", d->rec_inactive_split}};
+    cj_u64_fields(j, rec, sizeof rec / sizeof rec[0]);
     cj_obj_end(j);
   }
   (void)exact;
   cj_obj_end(j);
 }
 
-/* The replay's allocator on the sim: r->profile, the alloc conf, ndev
- * devices of sim_memory bytes (0: 1 TiB).  0, or an error with the reason
- * in why. */
-static int create_allocator(replay_t *r, const char *profile,
-                            const char *conf, int ndev, uint64_t sim_memory,
-                            char *why, size_t len) {
-  msnap_options_t mo;
-  char ebuf[256] = "";
-  msnap_options_init(&mo);
-  mo.profile = (int)r->profile;
-  mo.runtime_name = "sim";
-  mo.alloc_conf = conf;
-  mo.caching_disabled = 0;
-  mo.sim_devices = ndev;
-  mo.sim_memory = sim_memory ? sim_memory : 1ull << 40;
-  mo.error_buf = ebuf;
-  mo.error_buf_len = sizeof ebuf;
-  int e = msnap_allocator_create(&mo, &r->a);
-  if (e != 0) {
-    snprintf(why, len, "cannot create the %s allocator%s%s: %s%s%s", profile,
-             conf && *conf ? " with alloc conf " : "", conf ? conf : "",
-             msnap_strerror(e), ebuf[0] ? ": " : "", ebuf);
-    return e;
+static void print_json(const replay_t *r, const replay_totals_t *t,
+                       const char *file, const char *out) {
+  cli_json_t j;
+  cj_init(&j, stdout);
+  cj_obj(&j);
+  cj_key(&j, "file");
+  cj_cstr(&j, file);
+  cj_key(&j, "profile");
+  cj_cstr(&j, r->profile_name);
+  cj_key(&j, "alloc_conf");
+  cj_cstr(&j, r->conf ? r->conf : "");
+  cj_key(&j, "mode");
+  cj_cstr(&j, r->exact ? "exact" : "what-if");
+  cj_key(&j, "replayable");
+  cj_bool(&j, t->replayed);
+  cj_key(&j, "matches_recording");
+  if (t->replayed)
+    cj_bool(&j, t->matches);
+  else
+    cj_null(&j);
+  cj_key(&j, "reason");
+  if (t->replayed)
+    cj_null(&j);
+  else
+    cj_cstr(&j, r->dr[0].reason[0] ? r->dr[0].reason : "not replayable");
+  const struct {
+    const char *key;
+    uint64_t v;
+  } totals[] = {{"segment_allocs", t->segment_allocs},
+                {"segment_frees", t->segment_frees},
+                {"peak_reserved_bytes", t->peak_reserved},
+                {"final_reserved_bytes", t->final_reserved},
+                {"inactive_split_bytes", t->inactive_split}};
+  for (size_t k = 0; k < sizeof totals / sizeof totals[0]; k++) {
+    cj_key(&j, totals[k].key);
+    if (t->replayed)
+      cj_u64(&j, totals[k].v);
+    else
+      cj_null(&j);
   }
-  r->ctx = msnap_runtime_ctx(r->a);
-  return 0;
+  cj_key(&j, "mismatches");
+  cj_arr(&j);
+  for (uint32_t k = 0; k < r->nd; k++)
+    for (uint32_t i = 0; i < r->dr[k].nkept; i++)
+      cj_cstr(&j, r->dr[k].mismatches[i]);
+  cj_arr_end(&j);
+  cj_key(&j, "output");
+  cj_cstr(&j, out);
+  cj_key(&j, "devices");
+  cj_arr(&j);
+  for (uint32_t k = 0; k < r->nd; k++)
+    json_dev(&j, &r->dr[k], r->exact);
+  cj_arr_end(&j);
+  cj_obj_end(&j);
+  cj_end(&j);
+}
+
+static void print_device(const replay_t *r, const dev_replay_t *d) {
+  char b1[32], b2[32];
+  printf("\ndevice %" PRId64 ": ", d->device);
+  if (!d->replayable) {
+    printf("not replayable: %s\n", d->reason);
+    return;
+  }
+  printf("%" PRIu64 " trace entr%s, start state %s (%u segment%s, %u "
+         "live block%s",
+         d->entries, d->entries == 1 ? "y" : "ies", d->initial,
+         d->initial_segments, d->initial_segments == 1 ? "" : "s",
+         d->initial_blocks, d->initial_blocks == 1 ? "" : "s");
+  if (d->inferred_blocks)
+    printf(", %u block sizes inferred from requests", d->inferred_blocks);
+  printf(")\n");
+  printf("  %-22s %15s %15s\n", "", "replay", "recording");
+  printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment allocs",
+         d->segment_allocs, d->rec_segment_allocs);
+  printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment frees",
+         d->segment_frees, d->rec_segment_frees);
+  printf("  %-22s %15s %15s\n", "peak reserved",
+         cli_bytes(d->peak_reserved, b1, sizeof b1),
+         cli_bytes(d->rec_peak_reserved, b2, sizeof b2));
+  printf("  %-22s %15s %15s\n", "final reserved",
+         cli_bytes(d->final_reserved, b1, sizeof b1),
+         cli_bytes(d->rec_final_reserved, b2, sizeof b2));
+  printf("  %-22s %15s %15s\n", "inactive split (frag.)",
+         cli_bytes(d->inactive_split, b1, sizeof b1),
+         cli_bytes(d->rec_inactive_split, b2, sizeof b2));
+  if (d->mismatch_count == 0)
+    printf("  matches the recording: yes%s\n",
+           r->exact ? (d->final_compared
+                           ? " (every decision and the final layout)"
+                           : " (every decision)")
+                    : " (segment decisions)");
+  else if (r->exact)
+    printf("  matches the recording: no (%" PRIu64 " mismatches)\n",
+           d->mismatch_count);
+  else
+    printf("  differs from the recording in %" PRIu64 " decisions "
+           "(expected for another allocator; first ones below)\n",
+           d->mismatch_count);
+  for (uint32_t i = 0; i < d->nkept; i++)
+    printf("    %s\n", d->mismatches[i]);
+}
+
+static void print_text(const replay_t *r, const char *file) {
+  const char *conf = r->conf;
+  printf("%s: replay with the %s profile%s%s%s (%s)\n", file, r->profile_name,
+         r->profile_from_file ? " (the recording's)" : "",
+         conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
+         r->exact ? "exact: recorded addresses" : "what-if");
+  for (uint32_t k = 0; k < (r->nd ? r->nd : 1); k++)
+    print_device(r, &r->dr[k]);
 }
 
 int cli_cmd_replay(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"json", no_argument, NULL, 'j'},
-      {"profile", required_argument, NULL, 'p'},
-      {"alloc-conf", required_argument, NULL, 'c'},
-      {"output", required_argument, NULL, 'o'},
-      {"max-mismatches", required_argument, NULL, 'm'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
-  bool json = false, profile_given = false;
-  const char *profile = "cuda", *conf = NULL, *out = NULL;
+  bool json = false;
+  const char *profile = NULL, *conf = NULL, *out = NULL, *devmem_arg = NULL;
   long maxm = 10;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 'p':
-      profile = optarg;
-      profile_given = true;
-      break;
-    case 'c': conf = optarg; break;
-    case 'o': out = optarg; break;
-    case 'm': {
-      char *end;
-      maxm = strtol(optarg, &end, 10);
-      if (*end || maxm < 0 || maxm > MAX_MISMATCH_KEEP)
-        return cli_usage_error("replay", "--max-mismatches needs 0..64");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("replay", NULL);
-    }
-  }
-  if (optind + 1 != argc)
-    return cli_usage_error("replay", "expects exactly one FILE");
-  if (strcmp(profile, "cuda") && strcmp(profile, "npu"))
+  uint64_t devmem = REPLAY_DEVICE_MEMORY;
+  const cli_opt_t opts[] = {
+      CLI_STRING("profile", 0, &profile),
+      CLI_STRING("alloc-conf", 0, &conf),
+      CLI_LONG("max-mismatches", 0, &maxm, 0, REPLAY_MAX_MISMATCHES,
+               "--max-mismatches needs 0..64"),
+      CLI_STRING("device-memory", 0, &devmem_arg),
+      CLI_OPT_END};
+  const cli_cmd_t cmd = {"replay", usage, opts, 1, "expects exactly one FILE",
+                         &json, &out, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
+  if (profile && strcmp(profile, "cuda") && strcmp(profile, "npu"))
     return cli_usage_error("replay", "--profile must be cuda or npu");
-  if (out && cli_check_output("replay", out, argv + optind, 1) != CLI_OK)
-    return CLI_UNUSABLE;
-  replay_t r = {0};
-  const char *file = argv[optind];
+  if (devmem_arg != NULL &&
+      (!msnap__parse_size(devmem_arg, &devmem) || devmem < (2ull << 20) ||
+       devmem > (1ull << 48)))
+    return cli_usage_error("replay", "--device-memory needs 2M..256T bytes "
+                                     "(K/M/G/T suffixes)");
+  const char *file = argv[first];
   msnap_snap_t *s;
   if (cli_load(file, &s) != CLI_OK)
     return CLI_UNUSABLE;
-  /* Unless told, replay with the profile the recording was made with. */
-  if (!profile_given)
-    profile = cli_recording_profile(s);
-  if (!strcmp(profile, "cuda")) {
-    r.profile = MSNAP_PROFILE_CUDA;
-  } else if (!strcmp(profile, "npu")) {
-    r.profile = MSNAP_PROFILE_NPU;
-    r.pad = 32;
-  } else {
-    msnap__snap_free(s);
-    return cli_usage_error("replay", "--profile must be cuda or npu");
-  }
-  r.exact = r.profile == MSNAP_PROFILE_CUDA && conf == NULL;
-  r.max_keep = (uint32_t)maxm;
-  if (r.exact) {
-    const char *rc_conf = cli_gv_str(s, &s->allocator_settings,
-                                      "PYTORCH_CUDA_ALLOC_CONF");
-    conf = rc_conf ? rc_conf : "";
-  }
-  r.s = s;
-
-  /* Devices: every device with segments or a trace. */
-  uint32_t nd;
-  int64_t *devs = cli_devices(s, &nd);
-  dev_replay_t *dr = calloc(nd + 1, sizeof *dr);
-  int rc = CLI_OK;
-  int64_t maxdev = 0;
-  if (!dr) {
-    cli_err("out of memory");
-    free(devs);
-    msnap__snap_free(s);
-    return CLI_UNUSABLE;
-  }
-  bool any = false;
-  for (uint32_t k = 0; k < nd; k++) {
-    dr[k].device = devs[k];
-    if (devs[k] > maxdev)
-      maxdev = devs[k];
-    replayable(s, devs[k], &dr[k]);
-    any |= dr[k].replayable;
-  }
-  if (nd == 0)
-    snprintf(dr[0].reason, sizeof dr[0].reason,
-             "the file holds no segments and no trace");
-  if (any && maxdev > 64) {
-    cli_err("%s: device index %" PRId64 " is out of range for the sim",
-            file, maxdev);
-    any = false;
-    for (uint32_t k = 0; k < nd; k++)
-      dr[k].replayable = false;
-  }
-  if (any) {
-    char why[512];
-    int e = create_allocator(&r, profile, conf, (int)maxdev + 1, 0, why,
-                             sizeof why);
-    if (e != 0) {
-      cli_err("%s", why);
-      rc = CLI_UNUSABLE;
-      goto done;
-    }
-    cli_progress_t pr;
-    cli_progress_init(&pr, "replay");
-    for (uint32_t k = 0; k < nd; k++)
-      if (dr[k].replayable && replay_device(&r, &dr[k], &pr) < 0) {
-        cli_err("out of memory during the replay");
-        rc = CLI_UNUSABLE;
-        goto done;
-      }
-    cli_progress_end(&pr);
-    if (out) {
-      msnap_snap_t *m = NULL;
-      e = replayed_model(&r, &m);
-      if (e == 0) {
-        e = msnap__snap_write_file(m, out, false);
-        msnap__snap_free(m);
-      } else {
-        msnap_snapshot_options_t so;
-        msnap_snapshot_options_init(&so);
-        e = msnap_dump_snapshot(r.a, &so, out);
-      }
-      if (e != 0) {
-        cli_err("cannot write the replayed snapshot: %s",
-                msnap_last_error()[0] ? msnap_last_error()
-                                      : msnap_strerror(e));
-        rc = CLI_UNUSABLE;
-      } else {
-        fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n", out);
-      }
-    }
-  }
-
-  /* Totals over the replayed devices. */
-  bool replayed = false, matches = true;
-  uint64_t sa = 0, sf = 0, pk = 0, fin = 0, isb = 0;
-  for (uint32_t k = 0; k < nd; k++) {
-    if (!dr[k].replayable)
-      continue;
-    replayed = true;
-    matches &= dr[k].mismatch_count == 0;
-    sa += dr[k].segment_allocs;
-    sf += dr[k].segment_frees;
-    pk += dr[k].peak_reserved;
-    fin += dr[k].final_reserved;
-    isb += dr[k].inactive_split;
-  }
-  if (json) {
-    cli_json_t j;
-    cj_init(&j, stdout);
-    cj_obj(&j);
-    cj_key(&j, "file");
-    cj_cstr(&j, file);
-    cj_key(&j, "profile");
-    cj_cstr(&j, profile);
-    cj_key(&j, "alloc_conf");
-    cj_cstr(&j, conf ? conf : "");
-    cj_key(&j, "mode");
-    cj_cstr(&j, r.exact ? "exact" : "what-if");
-    cj_key(&j, "replayable");
-    cj_bool(&j, replayed);
-    cj_key(&j, "matches_recording");
-    if (replayed)
-      cj_bool(&j, matches);
-    else
-      cj_null(&j);
-    cj_key(&j, "reason");
-    if (replayed) {
-      cj_null(&j);
-    } else {
-      cj_cstr(&j, dr[0].reason[0] ? dr[0].reason : "not replayable");
-    }
-#define TOTAL_(k, v)                                                          \
-  cj_key(&j, k);                                                              \
-  if (replayed)                                                               \
-    cj_u64(&j, v);                                                            \
-  else                                                                        \
-    cj_null(&j);
-    TOTAL_("segment_allocs", sa)
-    TOTAL_("segment_frees", sf)
-    TOTAL_("peak_reserved_bytes", pk)
-    TOTAL_("final_reserved_bytes", fin)
-    TOTAL_("inactive_split_bytes", isb)
-#undef TOTAL_
-    cj_key(&j, "mismatches");
-    cj_arr(&j);
-    for (uint32_t k = 0; k < nd; k++)
-      for (uint32_t i = 0; i < dr[k].nkept; i++)
-        cj_cstr(&j, dr[k].mismatches[i]);
-    cj_arr_end(&j);
-    cj_key(&j, "output");
-    cj_cstr(&j, out);
-    cj_key(&j, "devices");
-    cj_arr(&j);
-    for (uint32_t k = 0; k < nd; k++)
-      json_dev(&j, &dr[k], r.exact);
-    cj_arr_end(&j);
-    cj_obj_end(&j);
-    cj_end(&j);
-  } else {
-    char b1[32], b2[32];
-    printf("%s: replay with the %s profile%s%s%s (%s)\n", file, profile,
-           profile_given ? "" : " (the recording's)",
-           conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
-           r.exact ? "exact: recorded addresses" : "what-if");
-    for (uint32_t k = 0; k < (nd ? nd : 1); k++) {
-      const dev_replay_t *d = &dr[k];
-      printf("\ndevice %" PRId64 ": ", d->device);
-      if (!d->replayable) {
-        printf("not replayable: %s\n", d->reason);
-        continue;
-      }
-      printf("%" PRIu64 " trace entr%s, start state %s (%u segment%s, %u "
-             "live block%s",
-             d->entries, d->entries == 1 ? "y" : "ies", d->initial,
-             d->initial_segments, d->initial_segments == 1 ? "" : "s",
-             d->initial_blocks, d->initial_blocks == 1 ? "" : "s");
-      if (d->inferred_blocks)
-        printf(", %u block sizes inferred from requests", d->inferred_blocks);
-      printf(")\n");
-      printf("  %-22s %15s %15s\n", "", "replay", "recording");
-      printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment allocs",
-             d->segment_allocs, d->rec_segment_allocs);
-      printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment frees",
-             d->segment_frees, d->rec_segment_frees);
-      printf("  %-22s %15s %15s\n", "peak reserved",
-             cli_bytes(d->peak_reserved, b1, sizeof b1),
-             cli_bytes(d->rec_peak_reserved, b2, sizeof b2));
-      printf("  %-22s %15s %15s\n", "final reserved",
-             cli_bytes(d->final_reserved, b1, sizeof b1),
-             cli_bytes(d->rec_final_reserved, b2, sizeof b2));
-      printf("  %-22s %15s %15s\n", "inactive split (frag.)",
-             cli_bytes(d->inactive_split, b1, sizeof b1),
-             cli_bytes(d->rec_inactive_split, b2, sizeof b2));
-      if (d->mismatch_count == 0)
-        printf("  matches the recording: yes%s\n",
-               r.exact ? (d->final_compared
-                              ? " (every decision and the final layout)"
-                              : " (every decision)")
-                       : " (segment decisions)");
-      else if (r.exact)
-        printf("  matches the recording: no (%" PRIu64 " mismatches)\n",
-               d->mismatch_count);
-      else
-        printf("  differs from the recording in %" PRIu64 " decisions "
-               "(expected for another allocator; first ones below)\n",
-               d->mismatch_count);
-      for (uint32_t i = 0; i < d->nkept; i++)
-        printf("    %s\n", d->mismatches[i]);
-    }
-  }
+  replay_t r;
+  int rc = replay_init(&r, s, file, profile, conf, (uint32_t)maxm);
+  r.device_memory = devmem;
+  if (rc == CLI_OK) rc = replay_run(&r);
   if (rc == CLI_OK) {
-    if (!replayed) {
+    if (out && r.a) rc = replay_write(&r, out);
+    replay_totals_t t;
+    replay_totals(&r, &t);
+    if (json)
+      print_json(&r, &t, file, out);
+    else
+      print_text(&r, file);
+    if (rc == CLI_OK && !t.replayed) {
       rc = CLI_UNUSABLE;
       /* The text report above already gave each device's reason. */
       if (json)
         cli_err("%s: not replayable: %s", file,
-                dr[0].reason[0] ? dr[0].reason : "no device history");
+                r.dr[0].reason[0] ? r.dr[0].reason : "no device history");
       else
         cli_err("%s: not replayable (reason above)", file);
-    }
-    else if (!matches && r.exact)
+    } else if (rc == CLI_OK && !t.matches && r.exact) {
       rc = CLI_FINDING;
+    }
   }
-done:
-  if (r.a)
-    msnap_allocator_destroy(r.a);
-  for (uint32_t k = 0; k < nd; k++)
-    for (uint32_t i = 0; i < dr[k].nkept; i++)
-      free(dr[k].mismatches[i]);
-  free(dr);
-  free(devs);
+  replay_free(&r);
   msnap__snap_free(s);
   return rc;
-}
-
-/*
- * The replay engine for the other commands (summary's fragmentation at
- * the peak and its OOM what-if): one device trace of s through a fresh
- * allocator on the sim, as cli_cmd_replay does it, with cfg->visit called
- * in every state (see cli.h).  Exact mode (recorded addresses) with the
- * cuda profile and no alloc conf, else what-if.
- */
-int cli_replay_run(const msnap_snap_t *s, int64_t dev,
-                   const cli_replay_cfg_t *cfg, cli_replay_res_t *res) {
-  memset(res, 0, sizeof *res);
-  res->first_failed = CLI_NO_PAIR;
-  const char *profile = cfg->profile ? cfg->profile : cli_recording_profile(s);
-  replay_t r = {0};
-  r.s = s;
-  r.profile = strcmp(profile, "npu") ? MSNAP_PROFILE_CUDA : MSNAP_PROFILE_NPU;
-  r.pad = r.profile == MSNAP_PROFILE_NPU ? 32 : 0;
-  r.exact = r.profile == MSNAP_PROFILE_CUDA && cfg->alloc_conf == NULL;
-  r.visit = cfg->visit;
-  r.visit_arg = cfg->arg;
-  const char *conf = cfg->alloc_conf;
-  if (r.exact) {
-    const char *rc_conf = cli_gv_str(s, &s->allocator_settings,
-                                     "PYTORCH_CUDA_ALLOC_CONF");
-    conf = rc_conf ? rc_conf : "";
-  }
-  res->exact = r.exact;
-  dev_replay_t d;
-  memset(&d, 0, sizeof d);
-  d.device = dev;
-  replayable(s, dev, &d);
-  if (d.replayable && (dev < 0 || dev > 64)) {
-    d.replayable = false;
-    snprintf(d.reason, sizeof d.reason,
-             "device index %" PRId64 " is out of range for the sim", dev);
-  }
-  if (!d.replayable) {
-    snprintf(res->reason, sizeof res->reason, "%s", d.reason);
-    return 0;
-  }
-  if (create_allocator(&r, profile, conf, (int)dev + 1, cfg->sim_memory,
-                       res->reason, sizeof res->reason) != 0)
-    return 0;
-  r.max_keep = 0;
-  cli_progress_t pr;
-  cli_progress_init(&pr, "replay");
-  int rc = replay_device(&r, &d, &pr);
-  cli_progress_end(&pr);
-  msnap_allocator_destroy(r.a);
-  for (uint32_t i = 0; i < d.nkept; i++)
-    free(d.mismatches[i]);
-  if (rc < 0)
-    return -1;
-  res->replayable = d.replayable;
-  if (!d.replayable)
-    snprintf(res->reason, sizeof res->reason, "%s", d.reason);
-  res->initial = d.initial;
-  res->mismatches = d.mismatch_count;
-  res->matches = d.mismatch_count == 0;
-  res->first_failed = d.first_failed;
-  return 0;
 }

@@ -12,8 +12,9 @@
  *   trace_entries    length of device_traces[device] (0 when absent)
  * and, from the trace: entries by action, the time span, the peak of
  * allocated memory (in requested bytes: what the trace records) and of
- * reserved memory, both starting from the state at the start of the trace
- * that the backward replay reconstructs.  Sites are the innermost user
+ * reserved memory, both starting from the state at the start of the trace:
+ * the final figures (requested bytes of active blocks, reserved bytes)
+ * minus the trace's net effect, so one pass over the trace gives them.  Sites are the innermost user
  * frame (cli_site) of the stack the resolver of cli_stacks.c gives a live
  * block (its own frames, its 2.0 history, or its live alloc entry in the
  * trace); blocks that predate the trace are counted in live_before_trace.
@@ -22,7 +23,7 @@
  * Fragmentation (final state and at the peak) and the explanation of the
  * last OOM come from cli_explain.c.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,55 +172,52 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       f->before_count = sites[i].count;
     }
 
-  /* Trace figures. */
+  /* Trace figures, in one pass: entries by action, the time span, and
+   * the peaks.  The state at the start of the trace is the final one
+   * minus the trace's net effect (start = final - sum of deltas), so
+   * peak = start + the highest prefix sum of the deltas; no replay. */
   const msnap_trace_list_t *tl = cli_trace(s, dev);
   if (tl && tl->n) {
     f->trace_entries = tl->n;
+    __int128 da = 0, dr = 0, ma = 0, mr = 0; /* sums, highest prefixes */
+    uint32_t last_attr = UINT32_MAX;
+    bool timed = false;
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
       f->by_action[e->action < MSNAP_ACTION_COUNT ? e->action
                                                   : MSNAP_ACTION_COUNT]++;
-      if (e->keys & MSNAP_K_TIME) {
+      if (e->attr != last_attr) {
+        last_attr = e->attr;
+        timed = (msnap__tattr(s, e)->keys & MSNAP_K_TIME) != 0;
+      }
+      if (timed) {
         if (!f->have_time) {
           f->t0 = e->time_us;
           f->have_time = true;
         }
         f->t1 = e->time_us;
       }
-    }
-    cli_state_t st;
-    if (cli_backward(s, dev, NULL, NULL, &st) >= 0) {
-      uint64_t cur = 0, res = 0;
-      for (uint32_t i = 0; i < st.nb; i++)
-        cur += st.b[i].requested;
-      for (uint32_t i = 0; i < st.ng; i++)
-        res += st.g[i].size;
-      cli_state_free(&st);
-      uint64_t pa = cur, pr = res;
-      for (uint32_t i = 0; i < tl->n; i++) {
-        const msnap_strace_t *e = &tl->v[i];
-        switch (e->action) {
-        case MSNAP_ACTION_ALLOC: cur += e->size; break;
-        case MSNAP_ACTION_FREE_COMPLETED:
-          cur = cur >= e->size ? cur - e->size : 0;
-          break;
-        case MSNAP_ACTION_SEGMENT_ALLOC:
-        case MSNAP_ACTION_SEGMENT_MAP: res += e->size; break;
-        case MSNAP_ACTION_SEGMENT_FREE:
-        case MSNAP_ACTION_SEGMENT_UNMAP:
-          res = res >= e->size ? res - e->size : 0;
-          break;
-        default: break;
-        }
-        if (cur > pa)
-          pa = cur;
-        if (res > pr)
-          pr = res;
+      switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
+                                             : e->action) {
+      case MSNAP_ACTION_ALLOC: da += e->size; break;
+      case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; break;
+      case MSNAP_ACTION_SEGMENT_ALLOC:
+      case MSNAP_ACTION_SEGMENT_MAP: dr += e->size; break;
+      case MSNAP_ACTION_SEGMENT_FREE:
+      case MSNAP_ACTION_SEGMENT_UNMAP: dr -= e->size; break;
+      default: break;
       }
-      f->peak_alloc = pa;
-      f->peak_reserved = pr;
-      f->have_peak = true;
+      if (da > ma)
+        ma = da;
+      if (dr > mr)
+        mr = dr;
     }
+    __int128 pa = (__int128)f->requested - da + ma;
+    __int128 pr = (__int128)f->reserved - dr + mr;
+    f->peak_alloc = pa < 0 ? 0 : pa > UINT64_MAX ? UINT64_MAX : (uint64_t)pa;
+    f->peak_reserved =
+        pr < 0 ? 0 : pr > UINT64_MAX ? UINT64_MAX : (uint64_t)pr;
+    f->have_peak = true;
   }
   return 0;
 }
@@ -424,20 +422,14 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
     cj_obj(j);
     cj_key(j, "device");
     cj_i64(j, f->device);
-    cj_key(j, "segments");
-    cj_u64(j, f->segments);
-    cj_key(j, "large_segments");
-    cj_u64(j, f->large);
-    cj_key(j, "reserved_bytes");
-    cj_u64(j, f->reserved);
-    cj_key(j, "allocated_bytes");
-    cj_u64(j, f->allocated);
-    cj_key(j, "active_bytes");
-    cj_u64(j, f->active);
-    cj_key(j, "requested_bytes");
-    cj_u64(j, f->requested);
-    cj_key(j, "blocks");
-    cj_u64(j, f->blocks);
+    const cli_u64_field_t sums[] = {{"segments", f->segments},
+                                    {"large_segments", f->large},
+                                    {"reserved_bytes", f->reserved},
+                                    {"allocated_bytes", f->allocated},
+                                    {"active_bytes", f->active},
+                                    {"requested_bytes", f->requested},
+                                    {"blocks", f->blocks}};
+    cj_u64_fields(j, sums, sizeof sums / sizeof sums[0]);
     cj_key(j, "blocks_by_state");
     cj_obj(j);
     for (int k = 0; k < 4; k++)
@@ -456,26 +448,23 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
         cj_u64(j, f->by_action[k]);
       }
     cj_obj_end(j);
-    cj_key(j, "time_first_us");
-    if (f->have_time)
-      cj_i64(j, f->t0);
-    else
-      cj_null(j);
-    cj_key(j, "time_last_us");
-    if (f->have_time)
-      cj_i64(j, f->t1);
-    else
-      cj_null(j);
-    cj_key(j, "peak_allocated_bytes");
-    if (f->have_peak)
-      cj_u64(j, f->peak_alloc);
-    else
-      cj_null(j);
-    cj_key(j, "peak_reserved_bytes");
-    if (f->have_peak)
-      cj_u64(j, f->peak_reserved);
-    else
-      cj_null(j);
+    /* null when the trace has no times / no replayable history */
+    const struct {
+      const char *key;
+      bool have;
+      int64_t v;
+    } opt[] = {{"time_first_us", f->have_time, f->t0},
+               {"time_last_us", f->have_time, f->t1},
+               {"peak_allocated_bytes", f->have_peak, (int64_t)f->peak_alloc},
+               {"peak_reserved_bytes", f->have_peak,
+                (int64_t)f->peak_reserved}};
+    for (size_t k = 0; k < sizeof opt / sizeof opt[0]; k++) {
+      cj_key(j, opt[k].key);
+      if (opt[k].have)
+        cj_i64(j, opt[k].v);
+      else
+        cj_null(j);
+    }
     cj_key(j, "live_before_trace");
     cj_obj(j);
     cj_key(j, "count");
@@ -840,7 +829,8 @@ static void usage(FILE *f) {
           "bytes (sums over the blocks); blocks by state; trace entries by\n"
           "action; time span; peak allocated (in requested bytes, what the\n"
           "trace records) and peak reserved over the trace, starting from\n"
-          "the state at the trace start that a backward replay rebuilds;\n"
+          "the state at the trace start (the final one minus the trace's\n"
+          "net effect);\n"
           "the largest live allocations and the top allocation sites by\n"
           "live bytes; fragmentation (inactive blocks of split segments,\n"
           "free segments, the largest free block per pool) at the end and\n"
@@ -885,40 +875,26 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_summary(int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"top", required_argument, NULL, 't'},
-                                       {"no-whatif", no_argument, NULL, 'W'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
-  bool json = false, whatif = true;
+  bool json = false, no_whatif = false;
   long topn = TOPN_DEFAULT;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 'W': whatif = false; break;
-    case 't': {
-      char *end;
-      topn = strtol(optarg, &end, 10);
-      if (*end || topn < 0 || topn > 100000)
-        return cli_usage_error("summary", "--top needs a number 0..100000");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("summary", NULL);
-    }
-  }
-  if (optind + 1 != argc)
-    return cli_usage_error("summary", "expects exactly one FILE");
+  const cli_opt_t opts[] = {CLI_LONG("top", 't', &topn, 0, 100000,
+                                     "--top needs a number 0..100000"),
+                            CLI_FLAG("no-whatif", 0, &no_whatif),
+                            CLI_OPT_END};
+  const cli_cmd_t cmd = {"summary", usage, opts, 1,
+                         "expects exactly one FILE", &json, NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
+  bool whatif = !no_whatif;
   msnap_snap_t *s;
-  if (cli_load(argv[optind], &s) != CLI_OK) {
+  if (cli_load(argv[first], &s) != CLI_OK) {
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);
       cj_obj(&j);
       cj_key(&j, "file");
-      cj_cstr(&j, argv[optind]);
+      cj_cstr(&j, argv[first]);
       cj_key(&j, "usable");
       cj_bool(&j, false);
       cj_key(&j, "error");
@@ -972,10 +948,10 @@ int cli_cmd_summary(int argc, char **argv) {
   if (json) {
     cli_json_t j;
     cj_init(&j, stdout);
-    print_json(&j, argv[optind], s, figs, nd);
+    print_json(&j, argv[first], s, figs, nd);
     cj_end(&j);
   } else {
-    print_text(argv[optind], s, figs, nd);
+    print_text(argv[first], s, figs, nd);
   }
 out:
   if (figs)

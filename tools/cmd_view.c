@@ -12,7 +12,6 @@
  * "</script>" cannot occur inside it.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +79,7 @@ static int write_html(FILE *f, char **paths, msnap_snap_t **snaps, int n,
           CSS);
   for (int i = 0; i < n; i++) {
     cli_json_t j;
-    cj_init(&j, f);
-    j.compact = true;
-    j.html = true;
+    cj_init_html(&j, f);
     if (i)
       fputc(',', f);
     if (vm_write_file(&j, paths[i], snaps[i], o, &st[i]) != 0)
@@ -90,30 +87,6 @@ static int write_html(FILE *f, char **paths, msnap_snap_t **snaps, int n,
   }
   fprintf(f, "]};\n%s</script>\n</body></html>\n", view_js);
   return 0;
-}
-
-/* "64M", "1G", "500000": bytes; false when not a size. */
-static bool parse_bytes(const char *p, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(p, &end, 10);
-  if (end == p || errno || *p == '-')
-    return false;
-  unsigned sh = 0;
-  switch (*end) {
-  case 'k': case 'K': sh = 10; end++; break;
-  case 'm': case 'M': sh = 20; end++; break;
-  case 'g': case 'G': sh = 30; end++; break;
-  default: break;
-  }
-  if (*end == 'i')
-    end++;
-  if (*end == 'B')
-    end++;
-  if (*end || (sh && v > (UINT64_MAX >> sh)))
-    return false;
-  *out = (uint64_t)v << sh;
-  return true;
 }
 
 static void usage(FILE *f) {
@@ -157,58 +130,41 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_view(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"output", required_argument, NULL, 'o'},
-      {"json", no_argument, NULL, 'j'},
-      {"budget", required_argument, NULL, 'b'},
-      {"detail", required_argument, NULL, 'd'},
-      {"step", required_argument, NULL, 's'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
-  const char *out = NULL;
+  const char *out = NULL, *budget_arg = NULL;
   bool json = false;
+  long detail = VIEW_DETAIL;
   uint64_t budget = 0;
   vm_opts_t vo = {0, VIEW_DETAIL, NULL};
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'o': out = optarg; break;
-    case 'j': json = true; break;
-    case 'b':
-      if (!parse_bytes(optarg, &budget) || budget == 0)
-        return cli_usage_error("view", "--budget expects a size in bytes "
-                                       "(e.g. 64M)");
-      break;
-    case 'd': {
-      char *end;
-      long v = strtol(optarg, &end, 10);
-      if (*end || end == optarg || v < 1 || v > (long)VIEW_MAX_DETAIL)
-        return cli_usage_error("view", "--detail expects 1..2000000");
-      vo.detail = (uint32_t)v;
-      break;
-    }
-    case 's': vo.step = optarg; break;
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("view", NULL);
-    }
-  }
-  int nf = argc - optind;
-  if (nf < 1 || nf > 2)
+  const cli_opt_t opts[] = {
+      CLI_STRING("budget", 0, &budget_arg),
+      CLI_LONG("detail", 0, &detail, 1, (long)VIEW_MAX_DETAIL,
+               "--detail expects 1..2000000"),
+      CLI_STRING("step", 0, &vo.step), CLI_OPT_END};
+  const cli_cmd_t cmd = {"view", usage, opts, -1,
+                         "expects one FILE, or two to compare", &json, &out,
+                         "-o OUT.html is required"};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE)
+    return brc;
+  int nf = argc - first;
+  if (nf > 2)
     return cli_usage_error("view", "expects one FILE, or two to compare");
-  if (!out)
-    return cli_usage_error("view", "-o OUT.html is required");
-  if (cli_check_output("view", out, argv + optind, nf) != CLI_OK)
-    return CLI_UNUSABLE;
+  if (budget_arg != NULL &&
+      (!msnap__parse_size(budget_arg, &budget) || budget == 0 ||
+       budget == UINT64_MAX))
+    return cli_usage_error("view", "--budget expects a size in bytes "
+                                   "(e.g. 64M)");
+  vo.detail = (uint32_t)detail;
   msnap_snap_t *snaps[2] = {NULL, NULL};
   vm_stats_t st[2];
   uint64_t insize[2] = {0, 0};
   int rc = CLI_OK;
   for (int i = 0; i < nf && rc == CLI_OK; i++) {
     struct stat sb;
-    if (stat(argv[optind + i], &sb) == 0)
+    if (stat(argv[first + i], &sb) == 0)
       insize[i] = (uint64_t)sb.st_size;
-    if (cli_load(argv[optind + i], &snaps[i]) != CLI_OK)
+    if (cli_load(argv[first + i], &snaps[i]) != CLI_OK)
       rc = CLI_UNUSABLE;
   }
   char *buf = NULL;
@@ -221,7 +177,7 @@ int cli_cmd_view(int argc, char **argv) {
     if (!budget && vo.budget > VIEW_MAX_BUDGET)
       vo.budget = VIEW_MAX_BUDGET;
     FILE *f = open_memstream(&buf, &len);
-    if (!f || write_html(f, argv + optind, snaps, nf, &vo, st) != 0) {
+    if (!f || write_html(f, argv + first, snaps, nf, &vo, st) != 0) {
       cli_err("out of memory");
       rc = CLI_UNUSABLE;
     }
@@ -251,7 +207,7 @@ int cli_cmd_view(int argc, char **argv) {
       for (int i = 0; i < nf; i++) {
         cj_obj(&j);
         cj_key(&j, "file");
-        cj_cstr(&j, argv[optind + i]);
+        cj_cstr(&j, argv[first + i]);
         cj_key(&j, "input_bytes");
         cj_u64(&j, insize[i]);
         cj_key(&j, "entries");

@@ -21,14 +21,17 @@
  *     never freed (bounded by the number of distinct functions).
  *   - resolve() reads only immutable data: the copied strings and the code
  *     object's line table (PyCode_Addr2Line allocates nothing).
- *   - Frames of memsnap's own Python code (files under the memsnap
- *     package directory: memory.py's API wrappers, memsnap.torch) are
- *     never recorded: an allocation's innermost frame is the caller's, so
- *     stacks and sites name the user's line.  Which code objects are ours
- *     is decided once per code object (frame_entry_t.own) from its file
- *     name, against the package directories registered at import
- *     (own_dirs: the extension's directory, and the package's own
- *     __init__.py directory through set_own_dir).
+ *   - Frames of hidden code are skipped by capture(): memsnap's own
+ *     Python files (every file under the package's directories:
+ *     memory.py's API wrappers, memsnap.torch; the extension's directory
+ *     is registered at init, the package's by memsnap/__init__.py through
+ *     hide_frames_under), so that an allocation's innermost frame is the
+ *     caller's and stacks and sites name the user's line; and single
+ *     files (hide_frames_of: the wrappers torch generates for a
+ *     registered device).  One list of hidden paths, each a file or a
+ *     directory prefix; it only grows; each entry caches whether it is
+ *     hidden together with the list generation it checked (capture runs
+ *     with the GIL, which guards both).
  *   - capture() takes the GIL (PyGILState_Ensure) only when the calling
  *     thread has a Python thread state but does not hold the GIL (a thread
  *     that released it around C work); threads that never ran Python, and
@@ -87,53 +90,75 @@ typedef struct frame_entry_s {
   char *name;         /* co_qualname (3.11+) or co_name  */
   char *filename;     /* co_filename                     */
   int firstlineno;
-  bool own;         /* a file of the memsnap package: skipped */
   atomic_long refs; /* references the library holds     */
+  int hidden_gen;   /* hidden_gen when `hidden` was set  */
+  bool hidden;      /* the file is in hidden_files       */
 } frame_entry_t;
-
-/* Directories of memsnap's own Python files, each ending in '/'; written
- * with the GIL held at import, read with the GIL held in entry_of(). */
-#define MAX_OWN_DIRS 4
-static char *own_dirs[MAX_OWN_DIRS];
-static int n_own_dirs;
-
-static bool is_own_file(const char *fn) {
-  for (int i = 0; i < n_own_dirs; i++)
-    if (strncmp(fn, own_dirs[i], strlen(own_dirs[i])) == 0)
-      return true;
-  return false;
-}
-
-/* Register directory `dir` (no trailing separator needed).  GIL held. */
-static int add_own_dir(const char *dir) {
-  size_t n = strlen(dir);
-  while (n > 1 && (dir[n - 1] == '/' || dir[n - 1] == '\\'))
-    n--;
-  if (n == 0)
-    return 0;
-  char *d = malloc(n + 2);
-  if (d == NULL)
-    return -1;
-  memcpy(d, dir, n);
-  d[n] = strchr(dir, '\\') && !strchr(dir, '/') ? '\\' : '/';
-  d[n + 1] = 0;
-  for (int i = 0; i < n_own_dirs; i++)
-    if (strcmp(own_dirs[i], d) == 0) {
-      free(d);
-      return 0;
-    }
-  if (n_own_dirs == MAX_OWN_DIRS) {
-    free(d);
-    return 0;
-  }
-  own_dirs[n_own_dirs++] = d;
-  return 0;
-}
 
 /* Process-wide hook state: plain C data, no Python objects. */
 static Py_ssize_t extra_index = -1;
 static atomic_long n_entries;
 static atomic_long n_retained;
+
+/* Files and directories whose frames are never recorded (GIL held for
+ * every access).  A directory ends with its separator and hides every
+ * file whose name starts with it. */
+#define MAX_HIDDEN 16
+static struct {
+  char *path;
+  size_t len;
+  bool dir;
+} hidden[MAX_HIDDEN];
+static int n_hidden;
+static int hidden_gen = 1;
+
+static inline bool entry_hidden(frame_entry_t *e) {
+  if (n_hidden == 0)
+    return false;
+  if (e->hidden_gen != hidden_gen) {
+    e->hidden = false;
+    for (int i = 0; i < n_hidden && !e->hidden; i++)
+      e->hidden = hidden[i].dir
+                      ? strncmp(e->filename, hidden[i].path, hidden[i].len) == 0
+                      : strcmp(e->filename, hidden[i].path) == 0;
+    e->hidden_gen = hidden_gen;
+  }
+  return e->hidden;
+}
+
+/* Hide the frames of file `path`, or (dir) of every file under directory
+ * `path` (a trailing separator is added).  GIL held.  0, 1 when the list
+ * is full, -1 on ENOMEM. */
+static int hide(const char *path, bool dir) {
+  size_t n = strlen(path);
+  if (dir)
+    while (n > 1 && (path[n - 1] == '/' || path[n - 1] == '\\'))
+      n--;
+  if (n == 0)
+    return 0;
+  char *p = malloc(n + 2);
+  if (p == NULL)
+    return -1;
+  memcpy(p, path, n);
+  if (dir)
+    p[n++] = strchr(path, '\\') && !strchr(path, '/') ? '\\' : '/';
+  p[n] = 0;
+  for (int i = 0; i < n_hidden; i++)
+    if (hidden[i].dir == dir && strcmp(hidden[i].path, p) == 0) {
+      free(p);
+      return 0;
+    }
+  if (n_hidden == MAX_HIDDEN) {
+    free(p);
+    return 1;
+  }
+  hidden[n_hidden].path = p;
+  hidden[n_hidden].len = n;
+  hidden[n_hidden].dir = dir;
+  n_hidden++;
+  hidden_gen++;
+  return 0;
+}
 
 /* co_extra free function: only reached if a pinned code object somehow
  * dies (it cannot while the entry holds its reference). */
@@ -177,7 +202,6 @@ static frame_entry_t *entry_of(PyCodeObject *co) {
 #endif
   e->filename = dup_attr((PyObject *)co, "co_filename");
   e->firstlineno = co->co_firstlineno;
-  e->own = e->filename != NULL && is_own_file(e->filename);
   if (e->name == NULL || e->filename == NULL ||
       SET_EXTRA((PyObject *)co, extra_index, e) < 0) {
     PyErr_Clear();
@@ -208,7 +232,7 @@ static int walk_public(uintptr_t (*frames)[2], int max) {
 #endif
     frame_entry_t *e = entry_of(co);
     Py_DECREF(co);
-    if (e != NULL && !e->own) {
+    if (e != NULL && !entry_hidden(e)) {
       frames[n][0] = (uintptr_t)e;
       frames[n][1] = (uintptr_t)(intptr_t)lasti;
       n++;
@@ -265,7 +289,7 @@ static int walk(uintptr_t (*frames)[2], int max) {
     if (_PyFrame_IsIncomplete(f))
       continue;
     frame_entry_t *e = entry_cached(FRAME_CODE(f));
-    if (e == NULL || e->own)
+    if (e == NULL || entry_hidden(e))
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);
     frames[n][0] = (uintptr_t)e;
@@ -384,15 +408,34 @@ static PyObject *py_bench_capture(PyObject *module, PyObject *args) {
   return Py_BuildValue("(di)", ns, depth);
 }
 
-/* set_own_dir(path): frames of files under `path` are memsnap's own and
- * never recorded (memsnap/__init__.py registers its directory). */
-static PyObject *py_set_own_dir(PyObject *module, PyObject *args) {
-  const char *dir;
-  if (!PyArg_ParseTuple(args, "s:set_own_dir", &dir))
+static PyObject *hide_arg(PyObject *arg, bool dir, const char *what) {
+  const char *f = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+  if (f == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError, "%s: str required", what);
     return NULL;
-  if (add_own_dir(dir) < 0)
+  }
+  int rc = hide(f, dir);
+  if (rc < 0)
     return PyErr_NoMemory();
+  if (rc > 0) {
+    PyErr_Format(PyExc_RuntimeError, "%s: too many hidden paths", what);
+    return NULL;
+  }
   Py_RETURN_NONE;
+}
+
+/* hide_frames_of(filename): frames of code from that file are not
+ * recorded from now on. */
+static PyObject *py_hide_frames_of(PyObject *module, PyObject *arg) {
+  return hide_arg(arg, false, "hide_frames_of(filename)");
+}
+
+/* hide_frames_under(directory): frames of code from files under that
+ * directory are not recorded from now on (memsnap/__init__.py registers
+ * the package's own directory). */
+static PyObject *py_hide_frames_under(PyObject *module, PyObject *arg) {
+  return hide_arg(arg, true, "hide_frames_under(directory)");
 }
 
 /* frame_hook_stats() -> (code objects seen, entries the library retains) */
@@ -407,8 +450,11 @@ PyMethodDef msnap_py_frames_methods[] = {
      "innermost first."},
     {"bench_capture", py_bench_capture, METH_VARARGS,
      "bench_capture(n, max=64) -> (ns per capture, depth)."},
-    {"set_own_dir", py_set_own_dir, METH_VARARGS,
-     "set_own_dir(path): frames of files under path are never recorded."},
+    {"hide_frames_of", py_hide_frames_of, METH_O,
+     "hide_frames_of(filename): do not record frames of that file."},
+    {"hide_frames_under", py_hide_frames_under, METH_O,
+     "hide_frames_under(directory): do not record frames of files under "
+     "that directory."},
     {"frame_hook_stats", py_frame_hook_stats, METH_NOARGS,
      "frame_hook_stats() -> (code objects seen, code objects retained)."},
     {NULL, NULL, 0, NULL}};
@@ -418,7 +464,8 @@ PyMethodDef msnap_py_frames_methods[] = {
  * (once per process; a second module instance reuses both).
  */
 int msnap_py_frames_init(PyObject *module) {
-  /* The extension lies in the package directory once installed. */
+  /* The extension lies in the package directory once installed: its
+   * Python files are memsnap's own. */
   PyObject *fn = PyModule_GetFilenameObject(module);
   if (fn == NULL) {
     PyErr_Clear();
@@ -429,7 +476,7 @@ int msnap_py_frames_init(PyObject *module) {
       PyErr_Clear();
     } else if (slash != NULL && slash > p) {
       char *dir = strndup(p, (size_t)(slash - p));
-      if (dir == NULL || add_own_dir(dir) < 0) {
+      if (dir == NULL || hide(dir, true) < 0) {
         free(dir);
         Py_DECREF(fn);
         PyErr_NoMemory();

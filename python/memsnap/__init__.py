@@ -13,10 +13,15 @@ import os
 
 from . import _memsnap
 
-# memsnap's own frames (memory.py's wrappers, memsnap.torch) are never
-# recorded in stacks: register this directory before anything allocates.
-_memsnap.set_own_dir(os.path.dirname(__file__))
-_memsnap.set_own_dir(os.path.dirname(os.path.abspath(__file__)))
+# memsnap's own frames (memory.py's wrappers, memsnap.torch,
+# memsnap.predict) are never recorded in stacks: register this directory
+# before anything allocates.  memsnap.predict's notion of "not the user's
+# code" starts from the same directories.
+_OWN_DIRS = tuple(dict.fromkeys(
+    (os.path.dirname(__file__), os.path.dirname(os.path.abspath(__file__)))))
+for _d in _OWN_DIRS:
+    _memsnap.hide_frames_under(_d)
+del _d
 
 from . import memory  # noqa: E402
 

@@ -2,7 +2,7 @@
  * events.c -- cross-stream frees (allocator-algorithm.md §10): the per-
  * device pool of runtime events, the per-stream FIFOs of (event, block),
  * insert_events / process_events / synchronize_and_free_events, and the
- * frees deferred while a pool capture is on.
+ * frees deferred while a graph capture is on (msnap__capturing).
  *
  * Invariants (checked by msnap_check_invariants): d->pending_events is the
  * number of queued items; a block's event_count is the number of items
@@ -25,15 +25,9 @@ static int event_get(msnap_device_t *d, uint64_t *ev) {
 }
 
 static void event_put(msnap_device_t *d, uint64_t ev) {
-  if (d->nevent_pool == d->event_pool_cap) {
-    uint32_t nc = d->event_pool_cap ? d->event_pool_cap * 2 : 16;
-    uint64_t *nv = realloc(d->event_pool, nc * sizeof *nv);
-    if (!nv) {
-      d->a->rt->event_destroy(d->a->rt_ctx, d->id, ev);
-      return;
-    }
-    d->event_pool = nv;
-    d->event_pool_cap = nc;
+  if (MSNAP_GROW(d->event_pool, d->event_pool_cap, d->nevent_pool + 1) != 0) {
+    d->a->rt->event_destroy(d->a->rt_ctx, d->id, ev);
+    return;
   }
   d->event_pool[d->nevent_pool++] = ev;
 }
@@ -42,14 +36,8 @@ static msnap_evq_t *evq_for(msnap_device_t *d, uint64_t stream) {
   for (uint32_t i = 0; i < d->nevqs; i++)
     if (d->evqs[i].stream == stream)
       return &d->evqs[i];
-  if (d->nevqs == d->evqs_cap) {
-    uint32_t nc = d->evqs_cap ? d->evqs_cap * 2 : 4;
-    msnap_evq_t *nv = realloc(d->evqs, nc * sizeof *nv);
-    if (!nv)
-      return NULL;
-    d->evqs = nv;
-    d->evqs_cap = nc;
-  }
+  if (MSNAP_GROW(d->evqs, d->evqs_cap, d->nevqs + 1) != 0)
+    return NULL;
   msnap_evq_t *q = &d->evqs[d->nevqs++];
   memset(q, 0, sizeof *q);
   q->stream = stream;
@@ -58,16 +46,15 @@ static msnap_evq_t *evq_for(msnap_device_t *d, uint64_t stream) {
 
 static int evq_push(msnap_evq_t *q, uint64_t ev, msnap_block_t *b) {
   if (q->n == q->cap) {
-    uint32_t nc = q->cap ? q->cap * 2 : 8;
-    msnap_evitem_t *nv = malloc(nc * sizeof *nv);
-    if (!nv)
+    /* Grow, then move the items from head to the old end to the new end
+     * so that the FIFO stays in order. */
+    uint32_t old = q->cap;
+    if (MSNAP_GROW(q->v, q->cap, (uint64_t)q->n + 1) != 0)
       return MSNAP_ENOMEM;
-    for (uint32_t i = 0; i < q->n; i++)
-      nv[i] = q->v[(q->head + i) % q->cap];
-    free(q->v);
-    q->v = nv;
-    q->cap = nc;
-    q->head = 0;
+    uint32_t tail = old - q->head;
+    memmove(q->v + (q->cap - tail), q->v + q->head, tail * sizeof *q->v);
+    q->head = q->cap - tail;
+    if (q->head == q->cap) q->head = 0;
   }
   q->v[(q->head + q->n) % q->cap] = (msnap_evitem_t){ev, b};
   q->n++;
@@ -111,17 +98,33 @@ void msnap__insert_events(msnap_device_t *d, msnap_block_t *b,
     }
   }
   b->nuses = 0;
+  b->graph_uses = 0;
   if (b->event_count == 0)
     msnap__free_block(d, b, c);
 }
 
-/* insert_events_deferred_until_no_capture. */
+/* remove_cudagraph_stream_uses: drop the streams recorded during a graph
+ * capture (their work is part of the graph: no event is needed). */
+static void remove_graph_uses(msnap_block_t *b) {
+  if (b->graph_uses == 0)
+    return;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < b->nuses; i++)
+    if (i >= 64 || !(b->graph_uses & (1ull << i)))
+      b->stream_uses[k++] = b->stream_uses[i];
+  b->nuses = k;
+  b->graph_uses = 0;
+}
+
+/* insert_events_deferred_until_no_capture: stream uses recorded during
+ * the capture are dropped first; a block left with none is freed. */
 static void insert_deferred(msnap_device_t *d, const msnap_call_t *c) {
   while (msnap_unlikely(d->deferred != NULL)) {
     msnap_block_t *b = d->deferred;
     d->deferred = b->link;
     b->link = NULL;
     b->deferred = 0;
+    remove_graph_uses(b);
     msnap__insert_events(d, b, c);
   }
 }

@@ -80,6 +80,15 @@ static void rotate_right(msnap_rbtree_t *t, msnap_rbnode_t *x) {
   x->parent = y;
 }
 
+void msnap__bpool_init(msnap_bpool_t *p, bool is_small,
+                       msnap_ppool_t *owner) {
+  msnap__rb_init(&p->blocks, false);
+  msnap__rb_init(&p->unmapped, true);
+  p->get_free_blocks_call_count = 0;
+  p->is_small = is_small;
+  p->owner = owner;
+}
+
 /*
  * Insert block b (not in any set) into t.  The key must not be present
  * (block pointers are unique within a pool and stream).

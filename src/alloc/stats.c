@@ -102,41 +102,6 @@ int msnap_reset_accumulated_stats(msnap_allocator_t *a, int device) {
 
 /* ---- memory_summary ----------------------------------------------------- */
 
-typedef struct sbuf_s {
-  char *p;
-  size_t n, cap;
-  bool oom;
-} sbuf_t;
-
-__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf_t *b,
-                                                            const char *fmt,
-                                                            ...) {
-  if (b->oom)
-    return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-    va_end(ap);
-    if (k < 0) {
-      b->oom = true;
-      return;
-    }
-    if ((size_t)k < b->cap - b->n) {
-      b->n += (size_t)k;
-      return;
-    }
-    size_t nc = b->cap * 2 + (size_t)k;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = true;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-}
-
 /* Python floor division (values are normally >= 0). */
 static int64_t floordiv(int64_t v, int64_t d) {
   int64_t q = v / d;
@@ -162,54 +127,54 @@ static int scale_units(int64_t *v, int64_t pref, double threshold,
 }
 
 /* _format_size(sz, pref_sz): 10 characters "%6d UUU". */
-static void fmt_size(sbuf_t *b, int64_t sz, int64_t pref) {
+static void fmt_size(msnap_strbuf_t *b, int64_t sz, int64_t pref) {
   static const char *units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = scale_units(&sz, pref, 768 * 1024, 1024, 6);
-  sb_printf(b, "%6" PRId64 " %s", sz, units[u]);
+  msnap__strbuf_printf(b, "%6" PRId64 " %s", sz, units[u]);
 }
 
 /* _format_count(cnt, pref_cnt): 10 characters "%7d U ". */
-static void fmt_count(sbuf_t *b, int64_t cnt, int64_t pref) {
+static void fmt_count(msnap_strbuf_t *b, int64_t cnt, int64_t pref) {
   static const char *units[] = {" ", "K", "M"};
   int u = scale_units(&cnt, pref, 750 * 1000, 1000, 3);
-  sb_printf(b, "%7" PRId64 " %s ", cnt, units[u]);
+  msnap__strbuf_printf(b, "%7" PRId64 " %s ", cnt, units[u]);
 }
 
 /* torch_npu's variant: units "B ", "KB", "MB"... and a 7-wide number
  * (still 10 characters). */
-static void fmt_size_npu(sbuf_t *b, int64_t sz, int64_t pref) {
+static void fmt_size_npu(msnap_strbuf_t *b, int64_t sz, int64_t pref) {
   static const char *units[] = {"B ", "KB", "MB", "GB", "TB", "PB"};
   int u = scale_units(&sz, pref, 768 * 1024, 1024, 6);
-  sb_printf(b, "%7" PRId64 " %s", sz, units[u]);
+  msnap__strbuf_printf(b, "%7" PRId64 " %s", sz, units[u]);
 }
 
-typedef void (*fmt_fn)(sbuf_t *, int64_t, int64_t);
+typedef void (*fmt_fn)(msnap_strbuf_t *, int64_t, int64_t);
 
-static void line_start(sbuf_t *b, bool *first) {
-  sb_printf(b, *first ? "|" : "|\n|");
+static void line_start(msnap_strbuf_t *b, bool *first) {
+  msnap__strbuf_printf(b, *first ? "|" : "|\n|");
   *first = false;
 }
 
-static void rule(sbuf_t *b, bool *first, char c) {
+static void rule(msnap_strbuf_t *b, bool *first, char c) {
   line_start(b, first);
   char s[76];
   memset(s, c, 75);
   s[75] = 0;
-  sb_printf(b, "%s", s);
+  msnap__strbuf_printf(b, "%s", s);
 }
 
-static void row(sbuf_t *b, bool *first, const char *label,
+static void row(msnap_strbuf_t *b, bool *first, const char *label,
                 const msnap_stat_t *s, const msnap_stat_t *pref, fmt_fn f) {
   line_start(b, first);
-  sb_printf(b, " %-21s | ", label);
+  msnap__strbuf_printf(b, " %-21s | ", label);
   f(b, s->current, pref->current);
-  sb_printf(b, " | ");
+  msnap__strbuf_printf(b, " | ");
   f(b, s->peak, pref->peak);
-  sb_printf(b, " | ");
+  msnap__strbuf_printf(b, " | ");
   f(b, s->allocated, pref->allocated);
-  sb_printf(b, " | ");
+  msnap__strbuf_printf(b, " | ");
   f(b, s->freed, pref->freed);
-  sb_printf(b, " ");
+  msnap__strbuf_printf(b, " ");
 }
 
 /*
@@ -229,34 +194,32 @@ int msnap_memory_summary(msnap_allocator_t *a, int device, bool abbreviated,
   if (rc != 0)
     return rc;
   bool npu = a->profile == MSNAP_PROFILE_NPU;
-  sbuf_t b = {malloc(4096), 0, 4096, false};
-  if (!b.p)
-    return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+  msnap_strbuf_t b = {0};
   bool first = true;
 
   rule(&b, &first, '=');
   line_start(&b, &first);
   if (npu)
-    sb_printf(&b, " %16s PyTorch NPU memory summary, device ID %-18d ", "",
+    msnap__strbuf_printf(&b, " %16s PyTorch NPU memory summary, device ID %-18d ", "",
               device);
   else
-    sb_printf(&b, " %16s PyTorch CUDA memory summary, device ID %-17d ", "",
+    msnap__strbuf_printf(&b, " %16s PyTorch CUDA memory summary, device ID %-17d ", "",
               device);
   rule(&b, &first, '-');
   line_start(&b, &first);
   if (npu)
-    sb_printf(&b,
+    msnap__strbuf_printf(&b,
               "  %9s NPU OOMs: %-13" PRId64 " | %6s npuMalloc retries: "
               "%-9" PRId64 "  ",
               "", st.num_ooms, "", st.num_alloc_retries);
   else
-    sb_printf(&b,
+    msnap__strbuf_printf(&b,
               "  %9s CUDA OOMs: %-12" PRId64 " | %6s cudaMalloc retries: "
               "%-8" PRId64 "  ",
               "", st.num_ooms, "", st.num_alloc_retries);
   rule(&b, &first, '=');
   line_start(&b, &first);
-  sb_printf(&b, "        Metric         | Cur Usage  | Peak Usage | "
+  msnap__strbuf_printf(&b, "        Metric         | Cur Usage  | Peak Usage | "
                 "Tot Alloc  | Tot Freed  ");
 
   fmt_fn fsz = npu ? fmt_size_npu : fmt_size;
@@ -298,8 +261,8 @@ int msnap_memory_summary(msnap_allocator_t *a, int device, bool abbreviated,
   row(&b, &first, npu ? "Oversize NPU segments" : "Oversize GPU segments",
       &st.oversize_segments, &st.oversize_segments, fmt_count);
   rule(&b, &first, '=');
-  sb_printf(&b, "|\n");
-  if (b.oom) {
+  msnap__strbuf_printf(&b, "|\n");
+  if (b.err) {
     free(b.p);
     return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
   }

@@ -1,7 +1,8 @@
 /*
  * snapshot.c (api layer) -- live snapshots (torch.cuda.memory._snapshot) of a
- * msnap_allocator_t, their serialization (_dump_snapshot), and
- * _allocation_traceback.
+ * msnap_allocator_t and their serialization (_dump_snapshot, to memory or
+ * to an atomic file of base/sink.c).  The recorded stacks become model
+ * frames in traceback.c.
  *
  * Sequence of msnap__snapshot_take, per device in order:
  *   1. under the device lock: copy the trace ring (unless include_traces
@@ -9,8 +10,8 @@
  *      meanwhile), collect the segments (alloc.c), then record the
  *      `snapshot` entry -- after the copy, so it shows in the next
  *      snapshot only, as in PyTorch;
- *   2. with no lock: append the device's workspace buffers as one-block
- *      large segments and keep the device's segments sorted by address.
+ *   2. with no lock: collect the device's workspace buffers and keep the
+ *      device's segments sorted by address.
  * Then, with no lock held: recalibrate the clock, convert the copied
  * entries (time_us non-decreasing per device, synthetic workspace entries
  * first), copy the external annotations, resolve every captured stack into
@@ -36,6 +37,25 @@
  * and Ascend, and on the sim) and times are microseconds since the epoch
  * (about 2^51): both stay exact.
  *
+ * Workspace buffers (torch_npu's NPUWorkspaceAllocator) are shown as
+ * MEMSNAP_WORKSPACE_VIEW selects; "torch_npu" is the npu profile's
+ * default, "memsnap" the cuda profile's:
+ *   torch_npu  as Module.cpp's _snapshot merges NPUWorkspaceAllocator::
+ *              snapshot(): one one-block large segment per buffer,
+ *              appended after every device's segments (device order,
+ *              buffers in creation order, not sorted by address), its
+ *              block inactive with requested_size 0 (torch_npu never sets
+ *              WorkspaceBlock::allocated); while history is recording,
+ *              three entries per buffer first in the device's trace
+ *              (workspace_snapshot, segment_alloc, alloc, each sized to the
+ *              buffer: get_trace).
+ *   memsnap    each buffer a segment among the device's sorted segments,
+ *              active_allocated (requested size) while allocated; the
+ *              synthetic entries whenever traces are included, alloc only
+ *              for buffers in use, sized to the request.
+ * Either way the entries carry the earliest buffer creation time and
+ * allocator_settings the workspace_* totals.
+ *
  * Filters: o->device >= 0 keeps that device's segments and trace (the
  * other devices' trace lists are present and empty, so indices stay
  * device ordinals); a private pool id keeps that pool's segments and the
@@ -49,207 +69,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "alloc/host.h"
 #include "api/api.h"
+#include "base/map16.h"
 #include "record/stack.h"
-
-/* ---- a small 16-byte-key map used while converting ------------------------ */
-
-typedef struct kv_s {
-  uint64_t k0, k1;
-  uint32_t v;
-  uint32_t used;
-} kv_t;
-
-typedef struct kvmap_s {
-  kv_t *t;
-  size_t cap, n;
-} kvmap_t;
-
-/* Slot for key (k0,k1); *fresh tells whether it was just inserted.  NULL
- * on ENOMEM. */
-static uint32_t *kv_slot(kvmap_t *m, uint64_t k0, uint64_t k1, bool *fresh) {
-  if ((m->n + 1) * 2 > m->cap) {
-    size_t cap = m->cap ? m->cap * 2 : 256;
-    kv_t *t = calloc(cap, sizeof *t);
-    if (t == NULL) return NULL;
-    for (size_t i = 0; i < m->cap; i++) {
-      if (!m->t[i].used) continue;
-      uint64_t k[2] = {m->t[i].k0, m->t[i].k1};
-      size_t j = (size_t)XXH3_64bits(k, 16) & (cap - 1);
-      while (t[j].used) j = (j + 1) & (cap - 1);
-      t[j] = m->t[i];
-    }
-    free(m->t);
-    m->t = t;
-    m->cap = cap;
-  }
-  uint64_t k[2] = {k0, k1};
-  size_t j = (size_t)XXH3_64bits(k, 16) & (m->cap - 1);
-  while (m->t[j].used && (m->t[j].k0 != k0 || m->t[j].k1 != k1))
-    j = (j + 1) & (m->cap - 1);
-  *fresh = !m->t[j].used;
-  if (*fresh) {
-    m->t[j].used = 1;
-    m->t[j].k0 = k0;
-    m->t[j].k1 = k1;
-    m->t[j].v = 0;
-    m->n++;
-  }
-  return &m->t[j].v;
-}
-
-/* ---- stack import ------------------------------------------------------------ */
-
-typedef struct import_s {
-  msnap_snap_t *s;
-  kvmap_t stacks; /* raw stack id -> model stack id */
-  kvmap_t cframes; /* pc -> model frame id          */
-  kvmap_t pyframes; /* (code, instr) -> model frame  */
-  msnap_str_t unknown;
-  int err;
-} import_t;
-
-static uint32_t model_frame(import_t *im, const char *name,
-                            const char *filename, int64_t line) {
-  msnap_frame_t f;
-  memset(&f, 0, sizeof f);
-  f.name = msnap__snap_intern(im->s, name, strlen(name));
-  f.filename = msnap__snap_intern(im->s, filename, strlen(filename));
-  f.line = line;
-  if (f.name == 0 || f.filename == 0) {
-    im->err = MSNAP_ENOMEM;
-    return UINT32_MAX;
-  }
-  uint32_t id = msnap__snap_frame(im->s, &f);
-  if (id == UINT32_MAX) im->err = MSNAP_ENOMEM;
-  return id;
-}
-
-static uint32_t c_frame(import_t *im, uintptr_t pc, msnap_csym_t *sym) {
-  msnap__symbolize(pc, sym);
-  bool fresh;
-  uint32_t *slot = kv_slot(&im->cframes, pc, 0, &fresh);
-  if (slot == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return UINT32_MAX;
-  }
-  if (fresh) *slot = model_frame(im, sym->name, sym->filename, sym->line);
-  return *slot;
-}
-
-static uint32_t py_frame(import_t *im, const msnap_frame_hook_t *hook,
-                         const uintptr_t f[2]) {
-  bool fresh;
-  uint32_t *slot = kv_slot(&im->pyframes, f[0], f[1], &fresh);
-  if (slot == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return UINT32_MAX;
-  }
-  if (fresh) {
-    const char *name = NULL, *file = NULL;
-    int64_t line = 0;
-    if (hook == NULL || hook->resolve(hook->ctx, f, &name, &file, &line) != 0)
-      name = file = NULL;
-    if (name == NULL || file == NULL) line = 0;
-    *slot = model_frame(im, name ? name : "??", file ? file : "??", line);
-  }
-  return *slot;
-}
-
-/* A C frame that runs interpreter frames: the matching Python frame goes
- * just before it (cuda-reference §2.5, stacks "all"). */
-static bool is_eval_frame(const char *name) {
-  return strstr(name, "PyEval_EvalFrame") != NULL;
-}
-
-/* Model stack of a raw recorder stack (cached). */
-static msnap_stack_t import_one(import_t *im, uint32_t raw) {
-  bool fresh;
-  uint32_t *slot = kv_slot(&im->stacks, raw, 0, &fresh);
-  if (slot == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return MSNAP_STACK_EMPTY;
-  }
-  if (!fresh) return *slot;
-  *slot = MSNAP_STACK_EMPTY;
-  msnap_stack_view_t v;
-  if (msnap__stack_view(raw, &v) != 0) return MSNAP_STACK_EMPTY;
-  uint32_t *ids = malloc(((size_t)v.nc + v.npy + 1) * sizeof *ids);
-  if (ids == NULL) {
-    im->err = MSNAP_ENOMEM;
-    return MSNAP_STACK_EMPTY;
-  }
-  uint32_t n = 0, pi = 0;
-  for (uint32_t k = 0; k < v.nc; k++) {
-    msnap_csym_t sym;
-    uint32_t cf = c_frame(im, v.c[k], &sym);
-    /* memsnap's own C frames (the allocator, the Python binding) say
-     * nothing about the caller: left out, as its Python frames are. */
-    if (sym.own) continue;
-    if (pi < v.npy && is_eval_frame(sym.name)) {
-      uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
-      if (pf != UINT32_MAX) ids[n++] = pf;
-    }
-    if (cf != UINT32_MAX) ids[n++] = cf;
-  }
-  while (pi < v.npy) {
-    uint32_t pf = py_frame(im, v.hook, v.py[pi++]);
-    if (pf != UINT32_MAX) ids[n++] = pf;
-  }
-  msnap_stack_t st = msnap__snap_stack(im->s, ids, n);
-  free(ids);
-  if (st == 0) {
-    im->err = MSNAP_ENOMEM;
-    st = MSNAP_STACK_EMPTY;
-  }
-  *slot = st;
-  return st;
-}
-
-/* Convert one frames field holding a raw id (with its reference). */
-static void import_field(import_t *im, msnap_stack_t *field, bool absent_ok) {
-  uint32_t raw = *field;
-  if (raw == 0) {
-    *field = absent_ok ? MSNAP_STACK_ABSENT : MSNAP_STACK_EMPTY;
-    return;
-  }
-  *field = import_one(im, raw);
-  msnap__stack_unref(raw);
-}
-
-int msnap__snap_import_stacks(msnap_snap_t *s) {
-  import_t im;
-  memset(&im, 0, sizeof im);
-  im.s = s;
-  for (uint32_t i = 0; i < s->nsegments; i++)
-    import_field(&im, &s->segments[i].frames, false);
-  for (uint32_t i = 0; i < s->nblocks; i++)
-    import_field(&im, &s->blocks[i].frames, false);
-  for (uint32_t i = 0; i < s->nhost_segments; i++)
-    import_field(&im, &s->host_segments[i].frames, false);
-  for (uint32_t i = 0; i < s->nhost_blocks; i++)
-    import_field(&im, &s->host_blocks[i].frames, false);
-  for (uint32_t d = 0; d < s->ndevices; d++) {
-    msnap_trace_list_t *l = &s->device_traces[d];
-    for (uint32_t i = 0; i < l->n; i++) {
-      import_field(&im, &l->v[i].frames, true);
-      if (l->v[i].frames != MSNAP_STACK_ABSENT) l->v[i].keys |= MSNAP_K_FRAMES;
-    }
-  }
-  for (uint32_t i = 0; i < s->host_traces.n; i++) {
-    import_field(&im, &s->host_traces.v[i].frames, true);
-    if (s->host_traces.v[i].frames != MSNAP_STACK_ABSENT)
-      s->host_traces.v[i].keys |= MSNAP_K_FRAMES;
-  }
-  free(im.stacks.t);
-  free(im.cframes.t);
-  free(im.pyframes.t);
-  return im.err;
-}
 
 /* ---- allocator_settings ------------------------------------------------------ */
 
@@ -264,16 +87,10 @@ static void gvb_push(gvb_t *b, msnap_gv_t v) {
     msnap__gv_free(&v);
     return;
   }
-  if (b->n == b->cap) {
-    uint32_t cap = b->cap ? b->cap * 2 : 32;
-    msnap_gv_t *n = realloc(b->items, cap * sizeof *n);
-    if (n == NULL) {
-      b->err = MSNAP_ENOMEM;
-      msnap__gv_free(&v);
-      return;
-    }
-    b->items = n;
-    b->cap = cap;
+  if (MSNAP_GROW(b->items, b->cap, b->n + 1) != 0) {
+    b->err = MSNAP_ENOMEM;
+    msnap__gv_free(&v);
+    return;
   }
   b->items[b->n++] = v;
 }
@@ -382,12 +199,13 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
          gv_bool(c ? c->pinned_use_host_register : false));
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
-  /* The pinned host allocator's thresholds as configured (bytes; 0 when
-   * never set).  alloc/host.c honours both. */
+  /* The pinned host allocator's thresholds (bytes): SIZE_MAX by default
+   * as in PyTorch, written as -1 (above 2^53 - 1: see the file comment).
+   * alloc/host.c honours both. */
   gv_put(s, &b, "max_round_threshold",
-         gv_int(c ? js_limit(c->pinned_max_round_threshold) : 0));
+         gv_int(js_limit(c ? c->pinned_max_round_threshold : UINT64_MAX)));
   gv_put(s, &b, "max_cached_size",
-         gv_int(c ? js_limit(c->pinned_max_cached_size) : 0));
+         gv_int(js_limit(c ? c->pinned_max_cached_size : UINT64_MAX)));
   gvb_t rd = {0};
   for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
     char key[16];
@@ -479,11 +297,11 @@ typedef struct dev_copy_s {
 } dev_copy_t;
 
 /* Intern a recorder string into the model (cached by recorder id). */
-static msnap_str_t model_str(msnap_snap_t *s, kvmap_t *cache, uint32_t id,
+static msnap_str_t model_str(msnap_snap_t *s, msnap_map16_t *cache, uint32_t id,
                              msnap_str_t dflt, int *err) {
   if (id == 0) return dflt;
   bool fresh;
-  uint32_t *slot = kv_slot(cache, id, 1, &fresh);
+  uint32_t *slot = msnap__map16_slot(cache, id, 1, &fresh);
   if (slot == NULL) {
     *err = MSNAP_ENOMEM;
     return dflt;
@@ -515,29 +333,30 @@ enum {
   BLOCK_KEYS = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES
 };
 
-/* Append the workspace buffers of one device as segments. */
+/* Append the workspace buffers of one device as segments (torch_npu
+ * view: never allocated, requested 0). */
 static int add_ws_segments(msnap_snap_t *s, int device,
                            const msnap_ws_info_t *w, size_t n,
-                           take_totals_t *t) {
+                           take_totals_t *t, bool npu_view) {
   for (size_t i = 0; i < n; i++) {
+    bool used = w[i].allocated && !npu_view;
     msnap_sblock_t *b = msnap__snap_add_block(s);
     if (b == NULL) return MSNAP_ENOMEM;
     uint32_t bi = s->nblocks - 1;
     b->address = w[i].ptr;
     b->size = w[i].size;
-    b->requested_size = w[i].allocated ? w[i].requested : 0;
+    b->requested_size = used ? w[i].requested : 0;
     b->frames = 0; /* raw id: none (import makes it []) */
     b->keys = BLOCK_KEYS;
-    b->state = w[i].allocated ? MSNAP_BLOCK_ACTIVE_ALLOCATED
-                              : MSNAP_BLOCK_INACTIVE;
+    b->state = used ? MSNAP_BLOCK_ACTIVE_ALLOCATED : MSNAP_BLOCK_INACTIVE;
     msnap_ssegment_t *g = msnap__snap_add_segment(s);
     if (g == NULL) return MSNAP_ENOMEM;
     g->device = device;
     g->address = w[i].ptr;
     g->total_size = w[i].size;
-    g->allocated_size = w[i].allocated ? w[i].size : 0;
+    g->allocated_size = used ? w[i].size : 0;
     g->active_size = g->allocated_size;
-    g->requested_size = w[i].allocated ? w[i].requested : 0;
+    g->requested_size = used ? w[i].requested : 0;
     g->stream = (int64_t)w[i].stream;
     g->pool_id = (msnap_mempool_id_t){0, 0};
     g->frames = 0;
@@ -557,13 +376,14 @@ static int add_ws_segments(msnap_snap_t *s, int device,
  * into model trace entries; stack fields keep raw ids for the import. */
 static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
                               dev_copy_t *dc, msnap_mempool_id_t pool,
-                              kvmap_t *strs, msnap_str_t na) {
+                              msnap_map16_t *strs, msnap_str_t na,
+                              bool ws_entries, bool npu_view) {
   int err = 0;
   int64_t prev = INT64_MIN;
   /* Synthetic workspace entries are stamped with the earliest of the
    * buffers' creation times and the first recorded entry, so that times
    * stay non-decreasing. */
-  if (dc->nws > 0) {
+  if (dc->nws > 0 && ws_entries) {
     uint64_t t0 = dc->ws[0].raw_created;
     for (size_t i = 1; i < dc->nws; i++)
       if (dc->ws[i].raw_created < t0) t0 = dc->ws[i].raw_created;
@@ -571,23 +391,27 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     int64_t tus = msnap__clock_to_us(t0);
     for (size_t i = 0; i < dc->nws && !err; i++) {
       const msnap_ws_info_t *w = &dc->ws[i];
-      int nsyn = w->allocated ? 3 : 2;
+      int nsyn = w->allocated || npu_view ? 3 : 2;
       static const uint8_t acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
                                       MSNAP_ACTION_SEGMENT_ALLOC,
                                       MSNAP_ACTION_ALLOC};
+      msnap_tattr_t a;
+      memset(&a, 0, sizeof a);
+      a.stream = (int64_t)w->stream;
+      a.compile_context = na;
+      a.user_metadata = MSNAP_STR_EMPTY;
+      a.keys = TRACE_KEYS | MSNAP_K_ADDRESS;
       for (int k = 0; k < nsyn; k++) {
         msnap_strace_t *t = add_trace(s, l, &err);
         if (t == NULL) break;
         t->action = acts[k];
         t->addr = w->ptr;
-        t->size = acts[k] == MSNAP_ACTION_ALLOC ? w->requested : w->size;
-        t->stream = (int64_t)w->stream;
+        t->size = acts[k] == MSNAP_ACTION_ALLOC && !npu_view ? w->requested
+                                                              : w->size;
         t->time_us = tus;
-        t->pool_id = (msnap_mempool_id_t){0, 0};
         t->frames = 0;
-        t->compile_context = na;
-        t->user_metadata = MSNAP_STR_EMPTY;
-        t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
+        int rc = msnap__snap_trace_set_attr(s, t, &a);
+        if (rc < 0) err = rc;
       }
     }
     prev = tus;
@@ -602,25 +426,28 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     t->action = c->e.action;
     t->addr = c->e.addr;
     t->size = c->e.size;
-    t->stream = (int64_t)c->stream;
     int64_t tus = msnap__clock_to_us(c->e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
     t->time_us = tus;
-    t->pool_id = c->pool;
     t->frames = c->e.stack; /* raw id, reference moved to the model */
     msnap__stack_ref(c->e.stack);
-    t->compile_context = model_str(s, strs, c->e.compile_context, na, &err);
-    t->user_metadata =
+    msnap_tattr_t a;
+    memset(&a, 0, sizeof a);
+    a.stream = (int64_t)c->stream;
+    a.pool_id = c->pool;
+    a.compile_context = model_str(s, strs, c->e.compile_context, na, &err);
+    a.user_metadata =
         model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
-    t->keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
-                                ? MSNAP_K_DEVICE_FREE
-                                : MSNAP_K_ADDRESS);
+    a.keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
+                               ? MSNAP_K_DEVICE_FREE
+                               : MSNAP_K_ADDRESS);
     if (c->e.internal_meta == 1) {
-      t->internal_metadata =
-          msnap__snap_intern(s, "mallocWithAddress", 17);
-      t->keys |= MSNAP_K_INTERNAL_META;
+      a.internal_metadata = msnap__snap_intern(s, "mallocWithAddress", 17);
+      a.keys |= MSNAP_K_INTERNAL_META;
     }
+    int rc = msnap__snap_trace_set_attr(s, t, &a);
+    if (rc < 0) err = rc;
   }
   return err;
 }
@@ -660,6 +487,13 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   memset(&sctx, 0, sizeof sctx);
   msnap__tls_context(&sctx.user_metadata, &sctx.compile_context);
 
+  static const char *const views[] = {"torch_npu", "memsnap", NULL};
+  bool npu_view = msnap__env_choice(MSNAP_ENV_WORKSPACE_VIEW, views,
+                                    msnap_profile(a) == MSNAP_PROFILE_NPU
+                                        ? 0
+                                        : 1) == 0;
+  /* torch_npu: the synthetic entries only while recording (get_trace). */
+  bool ws_entries = traces && (!npu_view || msnap_history_enabled(a));
   for (int d = d0; d < d1 && !err; d++) {
     uint32_t seg_start = s->nsegments;
     uint64_t active = 0, cap = 0;
@@ -676,12 +510,16 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     if (err) break;
     if (pool_is_default(pool)) {
       err = msnap__ws_collect(a, d, &dc[d].ws, &dc[d].nws);
-      if (!err) err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt);
+      if (!err && !npu_view)
+        err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt, false);
     }
     if (!err && s->nsegments > seg_start)
       qsort(s->segments + seg_start, s->nsegments - seg_start,
             sizeof s->segments[0], seg_cmp);
   }
+  /* torch_npu: every device's workspace segments after all the others. */
+  for (int d = d0; d < d1 && !err && npu_view; d++)
+    err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt, true);
   msnap__rctx_release(&sctx);
   /* Pinned host memory (cuda-reference §2.8): every host block as a
    * one-block segment and the flat host ring, only while host history is
@@ -699,14 +537,16 @@ int msnap__snapshot_take(msnap_allocator_t *a,
 
   /* Outside every lock: times, strings, stacks. */
   msnap__clock_calibrate();
-  kvmap_t strs = {0};
+  msnap_map16_t strs = {0};
   msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
-    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na);
+    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na,
+                             ws_entries, npu_view);
   if (!err && hc.n > 0)
     err = build_device_trace(s, &s->host_traces, &hc,
-                             (msnap_mempool_id_t){0, 0}, &strs, na);
+                             (msnap_mempool_id_t){0, 0}, &strs, na, false,
+                             false);
   msnap__hcopy_release(hc.v, hc.n);
   if (!err && traces) {
     msnap_aentry_t *av = NULL;
@@ -728,7 +568,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     }
     free(av);
   }
-  free(strs.t);
+  msnap__map16_free(&strs);
   for (int d = 0; dc != NULL && d < ndev; d++) {
     msnap__hcopy_release(dc[d].v, dc[d].n);
     free(dc[d].ws);
@@ -825,113 +665,4 @@ int msnap_dump_snapshot(msnap_allocator_t *a,
   }
   msnap__snap_free(s);
   return rc;
-}
-
-/* ---- _allocation_traceback ---------------------------------------------------- */
-
-/* Minimal protocol-4 pickle of a list of frame dicts. */
-static void pk_str(msnap_membuf_t *b, const char *p, size_t n, int *err);
-
-static void pk_put(msnap_membuf_t *b, const void *p, size_t n, int *err) {
-  if (*err) return;
-  if (b->len + n > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 256;
-    while (cap < b->len + n) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (d == NULL) {
-      *err = MSNAP_ENOMEM;
-      return;
-    }
-    b->data = d;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, p, n);
-  b->len += n;
-}
-
-static void pk_str(msnap_membuf_t *b, const char *p, size_t n, int *err) {
-  if (n < 256) {
-    unsigned char h[2] = {0x8c, (unsigned char)n}; /* SHORT_BINUNICODE */
-    pk_put(b, h, 2, err);
-  } else {
-    unsigned char h[5] = {'X', (unsigned char)n, (unsigned char)(n >> 8),
-                          (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
-    pk_put(b, h, 5, err);
-  }
-  pk_put(b, p, n, err);
-}
-
-static void pk_int(msnap_membuf_t *b, int64_t v, int *err) {
-  if (v >= INT32_MIN && v <= INT32_MAX) {
-    uint32_t u = (uint32_t)(int32_t)v;
-    unsigned char h[5] = {'J', (unsigned char)u, (unsigned char)(u >> 8),
-                          (unsigned char)(u >> 16), (unsigned char)(u >> 24)};
-    pk_put(b, h, 5, err);
-  } else {
-    unsigned char h[10] = {0x8a, 8}; /* LONG1, 8 bytes two's complement */
-    uint64_t u = (uint64_t)v;
-    for (int i = 0; i < 8; i++) h[2 + i] = (unsigned char)(u >> (8 * i));
-    pk_put(b, h, 10, err);
-  }
-}
-
-int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
-                               size_t *len) {
-  if (a == NULL || out == NULL || len == NULL)
-    return msnap__set_error(MSNAP_EINVAL,
-                            "allocation_traceback: NULL argument");
-  int device = -1;
-  uint64_t req = 0, stream = 0;
-  msnap_mempool_id_t pool = {0, 0};
-  uint32_t stack = 0;
-  if (msnap__allocation_info(a, ptr, &device, &req, &stream, &pool, &stack) !=
-          0 ||
-      stack == 0) {
-    *out = NULL;
-    *len = 0;
-    return 0;
-  }
-  msnap_snap_t *s = msnap__snap_new();
-  if (s == NULL) {
-    msnap__stack_unref(stack);
-    return MSNAP_ENOMEM;
-  }
-  import_t im;
-  memset(&im, 0, sizeof im);
-  im.s = s;
-  msnap_stack_t st = import_one(&im, stack);
-  msnap__stack_unref(stack);
-  free(im.stacks.t);
-  free(im.cframes.t);
-  free(im.pyframes.t);
-  int err = im.err;
-  msnap_membuf_t b = {0};
-  static const unsigned char head[] = {0x80, 4, ']', '('};
-  pk_put(&b, head, sizeof head, &err);
-  if (st > MSNAP_STACK_EMPTY) {
-    const msnap_span_t *sp = &s->stacks[st];
-    for (uint32_t i = 0; i < sp->n; i++) {
-      const msnap_frame_t *f = &s->frames[s->stack_frames[sp->first + i]];
-      size_t nl, fl;
-      const char *name = msnap__snap_str(s, f->name, &nl);
-      const char *file = msnap__snap_str(s, f->filename, &fl);
-      pk_put(&b, "}(", 2, &err);
-      pk_str(&b, "filename", 8, &err);
-      pk_str(&b, file, fl, &err);
-      pk_str(&b, "line", 4, &err);
-      pk_int(&b, f->line, &err);
-      pk_str(&b, "name", 4, &err);
-      pk_str(&b, name, nl, &err);
-      pk_put(&b, "u", 1, &err); /* SETITEMS */
-    }
-  }
-  pk_put(&b, "e.", 2, &err); /* APPENDS, STOP */
-  msnap__snap_free(s);
-  if (err) {
-    free(b.data);
-    return err;
-  }
-  *out = b.data;
-  *len = b.len;
-  return 0;
 }

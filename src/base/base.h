@@ -74,6 +74,7 @@ typedef enum msnap_env_e {
   MSNAP_ENV_RUNTIME,                   /* MEMSNAP_RUNTIME                  */
   MSNAP_ENV_SIM_DEVICES,               /* MEMSNAP_SIM_DEVICES              */
   MSNAP_ENV_SIM_MEMORY,                /* MEMSNAP_SIM_MEMORY               */
+  MSNAP_ENV_SIM_HOST_BACKED,           /* MEMSNAP_SIM_HOST_BACKED          */
   MSNAP_ENV_ACL_LIBRARY,               /* MEMSNAP_ACL_LIBRARY              */
   MSNAP_ENV_CUDA_LIBRARY,              /* MEMSNAP_CUDA_LIBRARY             */
   MSNAP_ENV_CUDA_DRIVER_LIBRARY,       /* MEMSNAP_CUDA_DRIVER_LIBRARY      */
@@ -90,6 +91,14 @@ typedef enum msnap_env_e {
   MSNAP_ENV_RANK,                      /* RANK (torchrun)                  */
   MSNAP_ENV_WORLD_SIZE,                /* WORLD_SIZE                       */
   MSNAP_ENV_LOCAL_RANK,                /* LOCAL_RANK                       */
+  MSNAP_ENV_SIM_SOC_NAME,              /* MEMSNAP_SIM_SOC_NAME             */
+  MSNAP_ENV_SIM_CANN_VERSION,          /* MEMSNAP_SIM_CANN_VERSION         */
+  MSNAP_ENV_WORKSPACE_VIEW,            /* MEMSNAP_WORKSPACE_VIEW           */
+  MSNAP_ENV_USAGE_REPORT,              /* MEMSNAP_USAGE_REPORT             */
+  MSNAP_ENV_NVML_LIBRARY,              /* MEMSNAP_NVML_LIBRARY             */
+  MSNAP_ENV_INPUT_LIMIT,               /* MEMSNAP_INPUT_LIMIT              */
+  MSNAP_ENV_ZLIB_LIBRARY,              /* MEMSNAP_ZLIB_LIBRARY             */
+  MSNAP_ENV_ZSTD_LIBRARY,              /* MEMSNAP_ZSTD_LIBRARY             */
   MSNAP_ENV_COUNT
 } msnap_env_t;
 /* The raw value (NULL when unset); read on every call. */
@@ -109,6 +118,10 @@ uint64_t msnap__env_size(msnap_env_t var, uint64_t dflt);
 uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
                           uint64_t hi);
 uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min);
+/* A size: decimal digits with an optional K/M/G/T suffix (binary), then
+ * an optional B or iB.  False for malformed text; UINT64_MAX on overflow.
+ * The one size parser of memsnap (environment, CLI options). */
+bool msnap__parse_size(const char *s, uint64_t *out);
 /* The parsers behind them, on a value already read (`name` is only used
  * in the warning and as the warn-once key; it must outlive the process). */
 uint64_t msnap__env_parse_size(const char *name, const char *value,
@@ -121,6 +134,12 @@ uint64_t msnap__env_parse_size_min(const char *name, const char *value,
 #define MSNAP_SIM_MAX_DEVICES 64
 /* PYTORCH_NO_{NPU,CUDA}_MEMORY_CACHING of the profile: exactly "1". */
 bool msnap__env_no_caching(msnap_profile_t profile);
+/* A 0/1 switch (MEMSNAP_SIM_HOST_BACKED); bad values warn once. */
+bool msnap__env_bool(msnap_env_t var, bool dflt);
+/* Fork safety: the warned-once lock (alloc/fork.c). */
+void msnap__env_atfork(int phase);
+/* Fork safety: the calibration lock (clock.c). */
+void msnap__clock_atfork(int phase);
 /* OOM_SNAPSHOT_ENABLE as torch_npu parses it (strtol; unset, "" or "0":
  * 0; non-numeric: 0 with a warning; "2": 2 (state); other numbers: 1). */
 int msnap__env_oom_snapshot_mode(void);
@@ -128,6 +147,10 @@ int msnap__env_oom_snapshot_mode(void);
  * whole number in [0, 2^31 - 1] (WORLD_SIZE: >= 1); -1 when unset; a bad
  * value warns once and gives -1. */
 int64_t msnap__env_rank(msnap_env_t var);
+/* A word from `choices` (NULL-terminated, case-insensitive): its index;
+ * unset or "" gives dflt; another value warns once and gives dflt
+ * (MEMSNAP_USAGE_REPORT, MEMSNAP_WORKSPACE_VIEW). */
+int msnap__env_choice(msnap_env_t var, const char *const *choices, int dflt);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */
@@ -145,11 +168,30 @@ const char *msnap__clock_source(void);
 int msnap__clock_check(char *msg, size_t len);
 
 /* ---- util.c: small helpers ---------------------------------------------- */
-/* Make room for `extra` more elements of `size` bytes in *p (capacity
- * *cap, n used); capacities grow by half plus 16.  0 or MSNAP_ENOMEM
- * (then *p is unchanged). */
+/* The array-growth helper of the library: make room for `need` elements
+ * of `size` bytes in *p, whose capacity is the unsigned integer at `cap`
+ * (cap_size 4 or 8 bytes).  The capacity grows by half plus 16 (16 at
+ * first) up to what its type holds.  0 or MSNAP_ENOMEM (then *p and *cap
+ * are unchanged).  MSNAP_GROW(arr, cap, need) is the usual call. */
+int msnap__grow_to(void **p, void *cap, size_t cap_size, uint64_t need,
+                   size_t size);
+#define MSNAP_GROW(arr, cap, need)                                          \
+  msnap__grow_to((void **)&(arr), &(cap), sizeof(cap), (uint64_t)(need),   \
+                 sizeof *(arr))
+/* The same for a uint32_t capacity with n used and `extra` more wanted. */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* A growable text buffer (stats text, CSV reports): printf appends; the
+ * first failure is sticky in err (MSNAP_ENOMEM, MSNAP_EINVAL for a bad
+ * format) and later appends do nothing.  A zeroed one is empty; free p. */
+typedef struct msnap_strbuf_s {
+  char *p;
+  size_t len, cap;
+  int err;
+} msnap_strbuf_t;
+void msnap__strbuf_printf(msnap_strbuf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void msnap__strbuf_append(msnap_strbuf_t *b, const char *s, size_t n);
 /* "%.2f KiB" etc. (PyTorch's format_size, allocator-algorithm §8.3). */
 void msnap__format_size(uint64_t size, char *buf, size_t len);
 
@@ -197,6 +239,21 @@ static inline void msnap__mutex_unlock(pthread_mutex_t *m,
                                        msnap_rank_t rank) {
   pthread_mutex_unlock(m);
   if (msnap_debug_level >= 1) msnap__rank_release(rank, 0);
+}
+
+/* ---- fork safety (the handlers live in alloc/fork.c) --------------------- */
+/* Phases of a fork.  PREPARE takes a module's locks, PARENT and CHILD
+ * release them: the child's only thread is the one that forked and still
+ * owns them.  Each module exposes one hook for its locks; alloc/fork.c
+ * calls them in lock-rank order.  Raw pthread calls: the rank checker
+ * would (rightly) object to one thread holding every lock at once, which
+ * only the fork handlers ever do. */
+enum { MSNAP_FORK_PREPARE = 0, MSNAP_FORK_PARENT = 1, MSNAP_FORK_CHILD = 2 };
+static inline void msnap__fork_mutex(pthread_mutex_t *m, int phase) {
+  if (phase == MSNAP_FORK_PREPARE)
+    pthread_mutex_lock(m);
+  else
+    pthread_mutex_unlock(m);
 }
 
 #endif /* MSNAP_BASE_H */

@@ -1,7 +1,10 @@
 /*
- * pickle.h -- internal API of the pickle encoder (pickle_write.c) and of
- * the safe pickle VM (pickle_read.c), shared by snapshot_read.c and
- * snapshot_write.c.  Nothing here is public.
+ * pickle.h -- the model layer's pickle interface: the one pickle encoder
+ * of memsnap (pickle_write.c; snapshot_write.c and the api layer's
+ * _allocation_traceback write through it), the safe pickle VM
+ * (pickle_read.c, used by snapshot_read.c; its accessors also serve the
+ * tests' canonical dump, tests/pickle/canon.c) and snapshot.c's helpers
+ * for the other model files.  Nothing here is public.
  *
  * The VM's values are 8-byte tagged words (msnap_pv_t): the low 3 bits are
  * a tag, the rest a payload.  Strings are ids in a msnap_snap_t string
@@ -21,6 +24,7 @@
 
 #include "base/base.h"
 #include "base/sink.h"
+#include "base/source.h"
 #include "model/snapshot.h"
 
 /* ---- snapshot.c helpers shared by the snapshot files --------------------- */
@@ -104,76 +108,31 @@ static inline void msnap__pw_get(msnap_pw_t *w, uint32_t id) {
   }
 }
 
-/* Opcodes used by the writer and the reader. */
+/* Opcodes used by the writer and the reader (name, byte): one list for
+ * the enum and the reader's error messages (pickle_read.c, op_name). */
+#define MSNAP_PICKLE_OPS(X) \
+  X(MARK, '(') X(STOP, '.') X(POP, '0') X(POP_MARK, '1') X(DUP, '2') \
+  X(FLOAT, 'F') X(INT, 'I') X(BININT, 'J') X(BININT1, 'K') X(LONG, 'L') \
+  X(BININT2, 'M') X(NONE, 'N') X(PERSID, 'P') X(BINPERSID, 'Q') \
+  X(REDUCE, 'R') X(STRING, 'S') X(BINSTRING, 'T') X(SHORT_BINSTRING, 'U') \
+  X(UNICODE, 'V') X(BINUNICODE, 'X') X(APPEND, 'a') X(BUILD, 'b') \
+  X(GLOBAL, 'c') X(DICT, 'd') X(EMPTY_DICT, '}') X(APPENDS, 'e') \
+  X(GET, 'g') X(BINGET, 'h') X(INST, 'i') X(LONG_BINGET, 'j') X(LIST, 'l') \
+  X(EMPTY_LIST, ']') X(OBJ, 'o') X(PUT, 'p') X(BINPUT, 'q') \
+  X(LONG_BINPUT, 'r') X(SETITEM, 's') X(TUPLE, 't') X(EMPTY_TUPLE, ')') \
+  X(SETITEMS, 'u') X(BINFLOAT, 'G') X(PROTO, 0x80) X(NEWOBJ, 0x81) \
+  X(EXT1, 0x82) X(EXT2, 0x83) X(EXT4, 0x84) X(TUPLE1, 0x85) X(TUPLE2, 0x86) \
+  X(TUPLE3, 0x87) X(NEWTRUE, 0x88) X(NEWFALSE, 0x89) X(LONG1, 0x8a) \
+  X(LONG4, 0x8b) X(BINBYTES, 'B') X(SHORT_BINBYTES, 'C') \
+  X(SHORT_BINUNICODE, 0x8c) X(BINUNICODE8, 0x8d) X(BINBYTES8, 0x8e) \
+  X(EMPTY_SET, 0x8f) X(ADDITEMS, 0x90) X(FROZENSET, 0x91) \
+  X(NEWOBJ_EX, 0x92) X(STACK_GLOBAL, 0x93) X(MEMOIZE, 0x94) X(FRAME, 0x95) \
+  X(BYTEARRAY8, 0x96) X(NEXT_BUFFER, 0x97) X(READONLY_BUFFER, 0x98)
+
 enum {
-  MSNAP_OP_MARK = '(',
-  MSNAP_OP_STOP = '.',
-  MSNAP_OP_POP = '0',
-  MSNAP_OP_POP_MARK = '1',
-  MSNAP_OP_DUP = '2',
-  MSNAP_OP_FLOAT = 'F',
-  MSNAP_OP_INT = 'I',
-  MSNAP_OP_BININT = 'J',
-  MSNAP_OP_BININT1 = 'K',
-  MSNAP_OP_LONG = 'L',
-  MSNAP_OP_BININT2 = 'M',
-  MSNAP_OP_NONE = 'N',
-  MSNAP_OP_PERSID = 'P',
-  MSNAP_OP_BINPERSID = 'Q',
-  MSNAP_OP_REDUCE = 'R',
-  MSNAP_OP_STRING = 'S',
-  MSNAP_OP_BINSTRING = 'T',
-  MSNAP_OP_SHORT_BINSTRING = 'U',
-  MSNAP_OP_UNICODE = 'V',
-  MSNAP_OP_BINUNICODE = 'X',
-  MSNAP_OP_APPEND = 'a',
-  MSNAP_OP_BUILD = 'b',
-  MSNAP_OP_GLOBAL = 'c',
-  MSNAP_OP_DICT = 'd',
-  MSNAP_OP_EMPTY_DICT = '}',
-  MSNAP_OP_APPENDS = 'e',
-  MSNAP_OP_GET = 'g',
-  MSNAP_OP_BINGET = 'h',
-  MSNAP_OP_INST = 'i',
-  MSNAP_OP_LONG_BINGET = 'j',
-  MSNAP_OP_LIST = 'l',
-  MSNAP_OP_EMPTY_LIST = ']',
-  MSNAP_OP_OBJ = 'o',
-  MSNAP_OP_PUT = 'p',
-  MSNAP_OP_BINPUT = 'q',
-  MSNAP_OP_LONG_BINPUT = 'r',
-  MSNAP_OP_SETITEM = 's',
-  MSNAP_OP_TUPLE = 't',
-  MSNAP_OP_EMPTY_TUPLE = ')',
-  MSNAP_OP_SETITEMS = 'u',
-  MSNAP_OP_BINFLOAT = 'G',
-  MSNAP_OP_PROTO = 0x80,
-  MSNAP_OP_NEWOBJ = 0x81,
-  MSNAP_OP_EXT1 = 0x82,
-  MSNAP_OP_EXT2 = 0x83,
-  MSNAP_OP_EXT4 = 0x84,
-  MSNAP_OP_TUPLE1 = 0x85,
-  MSNAP_OP_TUPLE2 = 0x86,
-  MSNAP_OP_TUPLE3 = 0x87,
-  MSNAP_OP_NEWTRUE = 0x88,
-  MSNAP_OP_NEWFALSE = 0x89,
-  MSNAP_OP_LONG1 = 0x8a,
-  MSNAP_OP_LONG4 = 0x8b,
-  MSNAP_OP_BINBYTES = 'B',
-  MSNAP_OP_SHORT_BINBYTES = 'C',
-  MSNAP_OP_SHORT_BINUNICODE = 0x8c,
-  MSNAP_OP_BINUNICODE8 = 0x8d,
-  MSNAP_OP_BINBYTES8 = 0x8e,
-  MSNAP_OP_EMPTY_SET = 0x8f,
-  MSNAP_OP_ADDITEMS = 0x90,
-  MSNAP_OP_FROZENSET = 0x91,
-  MSNAP_OP_NEWOBJ_EX = 0x92,
-  MSNAP_OP_STACK_GLOBAL = 0x93,
-  MSNAP_OP_MEMOIZE = 0x94,
-  MSNAP_OP_FRAME = 0x95,
-  MSNAP_OP_BYTEARRAY8 = 0x96,
-  MSNAP_OP_NEXT_BUFFER = 0x97,
-  MSNAP_OP_READONLY_BUFFER = 0x98
+#define MSNAP_OP_ENUM_(name, byte) MSNAP_OP_##name = byte,
+  MSNAP_PICKLE_OPS(MSNAP_OP_ENUM_)
+#undef MSNAP_OP_ENUM_
 };
 
 /* ---- pickle_read.c: the safe VM ------------------------------------------ */
@@ -242,30 +201,75 @@ typedef enum msnap_pint_e {
   MSNAP_PINT_BIG   /* does not fit 64 bits (kept as bytes)       */
 } msnap_pint_t;
 
+/* The items of a finished container as a consumer sees them: an array,
+ * or (a list kept as a range) consecutive REC values from `first`. */
+typedef struct msnap_pitems_s {
+  const msnap_pv_t *v;
+  msnap_pv_t first;
+  uint32_t n;
+  bool range;
+} msnap_pitems_t;
+static inline msnap_pv_t msnap__pitem(const msnap_pitems_t *it, uint32_t i) {
+  return it->range ? it->first + ((uint64_t)i << 3) : it->v[i];
+}
+
 struct msnap_pvm_s;
 typedef struct msnap_pvm_s msnap_pvm_t;
-/* Called when the container value *v is stored into another container or
- * becomes the result.  May replace *v (then the VM frees the container and
- * points its memo slot at the replacement).  Returns 0 or an error set with
- * msnap__pvm_fail. */
+/* Called when a container of `kind` (msnap_pobj_kind_t) with these items
+ * is stored into another container or becomes the result.  It may set
+ * *out (0 on entry) to a value that replaces the container (the VM then
+ * frees it and points its memo slot at *out).  Returns 0 or an error set
+ * with msnap__pvm_fail.  It must be a function of the items alone: the
+ * fast path (below) calls it for the same containers in the same order
+ * as the generic interpreter would. */
 typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
-                                     msnap_pv_t *v);
+                                     unsigned kind,
+                                     const msnap_pitems_t *items,
+                                     msnap_pv_t *out);
+
+/*
+ * The fast path.  At a MARK over a list whose next opcode starts a dict,
+ * the VM tries to decode the whole APPENDS batch in one go: dicts, lists
+ * and (int, int) tuples nested up to MSNAP_PVM_FAST_DEPTH levels, whose
+ * leaves are ints, floats, None, bools, strings and memo references to
+ * non-containers -- the shape of every trace entry, frame, block and
+ * segment.  Each container is handed to the complete callback when it
+ * closes, and must come back as a record; the records are appended to the
+ * list.  Anything else (an opcode outside that subset, a container the
+ * consumer keeps generic, a memo reference to an open container, an
+ * error) rolls the batch back -- the VM's memo writes and, through the
+ * checkpoint hooks, what the consumer appended -- and the generic
+ * interpreter executes the same bytes.  Conversions happen in the same
+ * order either way, so the model is the same (tests compare both).
+ */
+#define MSNAP_PVM_FAST_DEPTH 8
+#define MSNAP_PVM_SAVE_WORDS 8
+void msnap__pvm_set_checkpoint(
+    msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
+    void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]));
+/* Tests: false runs the generic interpreter only. */
+void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on);
+/* Batches the fast path decoded, and rolled back, so far. */
+void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
+                           uint64_t *rolled_back);
 
 #define MSNAP_PICKLE_MAX_DEPTH 1000
 
 msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
                             void *ctx);
 void msnap__pvm_free(msnap_pvm_t *vm);
-/* Run the pickle in buf[0..len) up to STOP; *result gets the root value.
- * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM with
- * err filled ("offset N: <what> (while <phase>)").  release_cb, if set,
- * is called now and then with the number of bytes consumed (read_file
- * drops consumed pages). */
+/* Run the pickle of src up to STOP; *result gets the root value.
+ * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM (and
+ * the source's MSNAP_EIO) with err filled ("offset N: <what> (while
+ * <phase>)").  Consumed pages of a mapped source are dropped as it goes
+ * (msnap__source_progress). */
+int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
+                          msnap_pv_t *result, msnap_read_error_t *err);
+/* The same over buf[0..len). */
 int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
                    msnap_pv_t *result, msnap_read_error_t *err);
-void msnap__pvm_set_progress(msnap_pvm_t *vm,
-                             void (*cb)(void *ctx, size_t consumed),
-                             void *ctx);
+/* Stream offset of the opcode being executed (of STOP after a run). */
+uint64_t msnap__pvm_offset(const msnap_pvm_t *vm);
 /* Record an error at the current opcode; returns rc. */
 int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -290,12 +294,23 @@ void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
                                      msnap_gv_t *out));
 int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
 
-/* Canonical text of any pickle (for tests against CPython; see
- * tests/pickle/canon.py for the format).  out is filled with a
- * NUL-terminated string the caller frees (free(out->data)).  Shared
- * containers are printed at each use; MSNAP_ELIMIT beyond 16 values per
- * input byte (memo bombs). */
-int msnap__pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
-                        msnap_read_error_t *err);
+/* ---- identify.c: what a file is when it is not a snapshot ------------------ */
+/* From the first bytes, before parsing: zip (torch.save), legacy
+ * torch.save, xz/bzip2/lz4, ELF, PNG, PDF, HTML, SVG/XML, JSON.  Fills out
+ * with "not a pickle: this is ..." and *at with the offset meant. */
+bool msnap__identify_head(const unsigned char *p, size_t n, char *out,
+                          size_t len, size_t *at);
+/* After an early reader failure: text ("this looks like a text file (it
+ * begins "...")"). */
+bool msnap__identify_text(const unsigned char *p, size_t n, char *out,
+                          size_t len);
+
+/* The little-endian two's-complement bytes of an integer classified
+ * MSNAP_PINT_BIG (NULL for other values). */
+const unsigned char *msnap__pvm_big(const msnap_pvm_t *vm, msnap_pv_t v,
+                                    size_t *len);
+/* The string table of the VM (strings, bytes and bytearrays are ids in
+ * it, read with msnap__snap_str). */
+const msnap_snap_t *msnap__pvm_strings(const msnap_pvm_t *vm);
 
 #endif /* MSNAP_PICKLE_H */

@@ -1,7 +1,8 @@
 /*
  * snapshot_write.c -- write the snapshot model as a pickle (protocol 4,
  * MemoryViz opcode subset, pickle_write.c) or as JSON (same structure,
- * tuples as arrays), streamed to a sink.
+ * tuples as arrays, frames and stacks written once in two tables: see
+ * wtables; through base/json.c), streamed to a sink.
  *
  * Keys: a model read from a file (msnap__snap_from_reader) is written with
  * exactly the keys its bits record (MSNAP_K_*, MSNAP_TOP_*), in PyTorch's
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json.h"
 #include "model/pickle.h"
 
 #define CONST_LIST(X)                                                         \
@@ -50,7 +52,11 @@
   X(v_large, "large") X(v_small, "small")                                    \
   X(v_active_allocated, "active_allocated")                                  \
   X(v_active_pending_free, "active_pending_free") X(v_inactive, "inactive")  \
-  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")
+  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")                        \
+  X(format, "format") X(frame_table, "frame_table")                          \
+  X(stack_table, "stack_table")                                              \
+  X(v_format, "memsnap snapshot JSON 1: every 'frames' value is an index "   \
+              "into stack_table, whose items list indices into frame_table")
 
 enum const_e {
 #define CONST_ENUM_(id, text) C_##id,
@@ -82,55 +88,16 @@ typedef struct wr_s {
   bool json;
   bool live; /* write every key (live model of generation CURRENT) */
   msnap_pw_t pw;
-  msnap_sink_t *out; /* json */
-  int json_err;
+  msnap_json_t jw; /* json */
   uint32_t const_memo[NCONSTS];
   uint32_t *str_memo, *frame_memo, *stack_memo;
   level_t lv[MAX_LEVELS];
   int depth;
+  bool tables; /* JSON: writing stack_table (frame lists, not ids) */
 } wr_t;
 
-static int werr(wr_t *w) { return w->json ? w->out->err : w->pw.err; }
-
-/* ---- JSON primitives ----------------------------------------------------- */
-
-static void jw(wr_t *w, const char *p, size_t n) {
-  msnap__sink_write(w->out, p, n);
-}
-
-static void jputs(wr_t *w, const char *p) { jw(w, p, strlen(p)); }
-
-/*
- * A JSON string: UTF-8 passed through, controls and quotes escaped.
- */
-static void jstr(wr_t *w, const char *p, size_t n) {
-  static const char hx[] = "0123456789abcdef";
-  jw(w, "\"", 1);
-  size_t run = 0;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)p[i];
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    jw(w, p + run, i - run);
-    run = i + 1;
-    char e[8];
-    switch (c) {
-    case '"': jw(w, "\\\"", 2); break;
-    case '\\': jw(w, "\\\\", 2); break;
-    case '\n': jw(w, "\\n", 2); break;
-    case '\t': jw(w, "\\t", 2); break;
-    case '\r': jw(w, "\\r", 2); break;
-    default:
-      e[0] = '\\';
-      e[1] = 'u';
-      e[2] = '0';
-      e[3] = '0';
-      e[4] = hx[c >> 4];
-      e[5] = hx[c & 15];
-      jw(w, e, 6);
-    }
-  }
-  jw(w, p + run, n - run);
-  jw(w, "\"", 1);
+static int werr(wr_t *w) {
+  return w->json ? msnap__json_err(&w->jw) : w->pw.err;
 }
 
 /* ---- structure ----------------------------------------------------------- */
@@ -138,7 +105,7 @@ static void jstr(wr_t *w, const char *p, size_t n) {
 static int push_level(wr_t *w, bool is_list) {
   if (w->depth + 1 >= MAX_LEVELS) {
     if (w->json) {
-      if (!w->out->err) w->out->err = MSNAP_ELIMIT;
+      if (!w->jw.out->err) w->jw.out->err = MSNAP_ELIMIT;
     } else if (!w->pw.err) {
       w->pw.err = MSNAP_ELIMIT;
       snprintf(w->pw.msg, sizeof w->pw.msg, "value nested too deeply");
@@ -153,7 +120,7 @@ static int push_level(wr_t *w, bool is_list) {
 
 static void dict_begin(wr_t *w) {
   if (w->json)
-    jw(w, "{", 1);
+    msnap__json_obj(&w->jw);
   else {
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
     msnap__pw_op(&w->pw, MSNAP_OP_MARK);
@@ -163,7 +130,7 @@ static void dict_begin(wr_t *w) {
 
 static void dict_end(wr_t *w) {
   if (w->json)
-    jw(w, "}", 1);
+    msnap__json_obj_end(&w->jw);
   else
     msnap__pw_op(&w->pw, MSNAP_OP_SETITEMS);
   w->depth--;
@@ -171,18 +138,17 @@ static void dict_end(wr_t *w) {
 
 static void list_begin(wr_t *w) {
   if (w->json)
-    jw(w, "[", 1);
+    msnap__json_arr(&w->jw);
   else
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
   push_level(w, true);
 }
 
-/* Before each list item: commas (JSON) or MARK batches of 1000 (pickle). */
+/* Before each list item: MARK batches of 1000 (pickle; the JSON writer
+ * places its commas itself). */
 static void list_item(wr_t *w, uint32_t total) {
   level_t *l = &w->lv[w->depth];
-  if (w->json) {
-    if (l->count) jw(w, ",", 1);
-  } else if (l->count % 1000 == 0) {
+  if (!w->json && l->count % 1000 == 0) {
     if (l->count) msnap__pw_op(&w->pw, MSNAP_OP_APPENDS);
     if (total - l->count > 1) msnap__pw_op(&w->pw, MSNAP_OP_MARK);
   }
@@ -192,7 +158,7 @@ static void list_item(wr_t *w, uint32_t total) {
 static void list_end(wr_t *w, uint32_t total) {
   level_t *l = &w->lv[w->depth];
   if (w->json)
-    jw(w, "]", 1);
+    msnap__json_arr_end(&w->jw);
   else if (l->count) {
     /* the last batch: APPENDS after a MARK, APPEND for a single item */
     uint32_t last = l->count % 1000 ? l->count % 1000 : 1000;
@@ -206,7 +172,7 @@ static void list_end(wr_t *w, uint32_t total) {
 /* Write a constant string (key or value), memoized after first use. */
 static void cstr(wr_t *w, int c) {
   if (w->json) {
-    jstr(w, const_text[c], strlen(const_text[c]));
+    msnap__json_cstr(&w->jw, const_text[c]);
     return;
   }
   if (w->const_memo[c] != NO_MEMO) {
@@ -219,9 +185,7 @@ static void cstr(wr_t *w, int c) {
 
 static void key(wr_t *w, int c) {
   if (w->json) {
-    if (w->lv[w->depth].count++) jw(w, ",", 1);
-    cstr(w, c);
-    jw(w, ":", 1);
+    msnap__json_ckey(&w->jw, const_text[c]);
   } else {
     cstr(w, c);
   }
@@ -231,7 +195,7 @@ static void mstr(wr_t *w, msnap_str_t id) {
   size_t n;
   const char *p = msnap__snap_str(w->s, id, &n);
   if (w->json) {
-    jstr(w, p, n);
+    msnap__json_str(&w->jw, p, n);
     return;
   }
   if (id < w->s->nstrings && w->str_memo[id] != NO_MEMO) {
@@ -252,54 +216,39 @@ static void mstr_or(wr_t *w, msnap_str_t id, int dflt) {
 }
 
 static void wi64(wr_t *w, int64_t v) {
-  if (w->json) {
-    char b[32];
-    int n = snprintf(b, sizeof b, "%lld", (long long)v);
-    jw(w, b, (size_t)n);
-  } else {
+  if (w->json)
+    msnap__json_i64(&w->jw, v);
+  else
     msnap__pw_int(&w->pw, v);
-  }
 }
 
 static void wu64(wr_t *w, uint64_t v, const char *what) {
-  if (w->json) {
-    char b[32];
-    int n = snprintf(b, sizeof b, "%llu", (unsigned long long)v);
-    jw(w, b, (size_t)n);
-  } else {
+  if (w->json)
+    msnap__json_u64(&w->jw, v);
+  else
     msnap__pw_uint(&w->pw, v, what);
-  }
 }
 
 static void wbool(wr_t *w, bool v) {
   if (w->json)
-    jputs(w, v ? "true" : "false");
+    msnap__json_bool(&w->jw, v);
   else
     msnap__pw_bool(&w->pw, v);
 }
 
 static void wfloat(wr_t *w, double v) {
-  if (!w->json) {
+  if (w->json)
+    msnap__json_dbl(&w->jw, v);
+  else
     msnap__pw_float(&w->pw, v);
-    return;
-  }
-  if (!isfinite(v)) {
-    jputs(w, "null");
-    return;
-  }
-  char b[40];
-  int n = snprintf(b, sizeof b, "%.17g", v);
-  if (!strpbrk(b, ".eEn")) b[n++] = '.', b[n++] = '0', b[n] = 0;
-  jw(w, b, (size_t)n);
 }
 
 static void wpair(wr_t *w, msnap_mempool_id_t p) {
   if (w->json) {
-    jw(w, "[", 1);
+    msnap__json_arr(&w->jw);
     wu64(w, p.first, "pool id");
-    jw(w, ",", 1);
     wu64(w, p.second, "pool id");
-    jw(w, "]", 1);
+    msnap__json_arr_end(&w->jw);
   } else {
     msnap__pw_uint(&w->pw, p.first, "pool id");
     msnap__pw_uint(&w->pw, p.second, "pool id");
@@ -318,7 +267,7 @@ static void wframe(wr_t *w, uint32_t fid) {
     return;
   }
   if (w->json) {
-    jw(w, "{", 1);
+    msnap__json_obj(&w->jw);
     push_level(w, false);
   } else {
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_DICT);
@@ -352,23 +301,64 @@ static void wframe(wr_t *w, uint32_t fid) {
  */
 static void wstack(wr_t *w, msnap_stack_t id) {
   if (id >= w->s->nstacks) id = MSNAP_STACK_EMPTY;
-  msnap_span_t sp = w->s->stacks[id];
+  if (w->json && !w->tables) {
+    /* JSON: an index into stack_table (wtables) */
+    wu64(w, id, "stack id");
+    return;
+  }
+  uint32_t n = msnap__stack_len(w->s, id);
   if (!w->json) {
     if (w->stack_memo[id] != NO_MEMO) {
       msnap__pw_get(&w->pw, w->stack_memo[id]);
       return;
     }
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
-    if (sp.n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
+    if (n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
     push_level(w, true);
   } else {
     list_begin(w);
   }
-  for (uint32_t i = 0; i < sp.n; i++) {
-    list_item(w, sp.n);
-    wframe(w, w->s->stack_frames[sp.first + i]);
+  msnap_stack_iter_t it;
+  msnap__stack_iter(w->s, id, &it);
+  uint32_t f;
+  while (msnap__stack_next(&it, &f)) {
+    list_item(w, n);
+    if (w->json)
+      wu64(w, f, "frame id");
+    else
+      wframe(w, f);
   }
-  list_end(w, sp.n);
+  list_end(w, n);
+}
+
+/*
+ * JSON has no memo: frames and stacks are written once, in two tables at
+ * the top (frame_table: frame dicts by frame id; stack_table: lists of
+ * frame ids by stack id, 0 and 1 being []), and every `frames` value is a
+ * stack id.  So a stack shared by a million entries costs one number per
+ * entry, as its BINGET does in the pickle: the output stays proportional
+ * to the input.
+ */
+static void wtables(wr_t *w) {
+  const msnap_snap_t *s = w->s;
+  key(w, C_format);
+  cstr(w, C_v_format);
+  key(w, C_frame_table);
+  list_begin(w);
+  for (uint32_t i = 0; i < s->nframes && !werr(w); i++) {
+    list_item(w, s->nframes);
+    wframe(w, i);
+  }
+  list_end(w, s->nframes);
+  key(w, C_stack_table);
+  list_begin(w);
+  w->tables = true;
+  for (uint32_t i = 0; i < s->nstacks && !werr(w); i++) {
+    list_item(w, s->nstacks);
+    wstack(w, i);
+  }
+  w->tables = false;
+  list_end(w, s->nstacks);
 }
 
 static void wstrlist(wr_t *w, uint32_t id) {
@@ -389,7 +379,7 @@ static void wgv(wr_t *w, const msnap_gv_t *v) {
   switch (v->kind) {
   case MSNAP_GV_NONE:
     if (w->json)
-      jputs(w, "null");
+      msnap__json_null(&w->jw);
     else
       msnap__pw_op(&w->pw, MSNAP_OP_NONE);
     return;
@@ -440,17 +430,17 @@ static void wgv(wr_t *w, const msnap_gv_t *v) {
     dict_begin(w);
     for (uint32_t i = 0; i < n && !werr(w); i++) {
       if (w->json) {
-        if (i) jw(w, ",", 1);
         const msnap_gv_t *k = &v->u.seq.items[2 * i];
         if (k->kind == MSNAP_GV_STR) {
-          mstr(w, k->u.s);
+          size_t kn;
+          const char *kp = msnap__snap_str(w->s, k->u.s, &kn);
+          msnap__json_key(&w->jw, kp, kn);
         } else { /* JSON keys are strings */
           char b[40];
           snprintf(b, sizeof b, "%lld",
                    k->kind == MSNAP_GV_INT ? (long long)k->u.i : 0LL);
-          jstr(w, b, strlen(b));
+          msnap__json_ckey(&w->jw, b);
         }
-        jw(w, ":", 1);
       } else {
         wgv(w, &v->u.seq.items[2 * i]);
       }
@@ -479,13 +469,14 @@ static unsigned live_segment_keys(const msnap_ssegment_t *g) {
   return k;
 }
 
-static unsigned live_trace_keys(const msnap_strace_t *t) {
+static unsigned live_trace_keys(const msnap_strace_t *t,
+                                const msnap_tattr_t *a) {
   unsigned k = MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
                MSNAP_K_USER_META | MSNAP_K_POOL_ID;
   k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
   if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
-  if (t->forward_frames) k |= MSNAP_K_FORWARD;
-  if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
+  if (a->forward_frames) k |= MSNAP_K_FORWARD;
+  if (a->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
   return k;
 }
 
@@ -499,20 +490,35 @@ static void settle_segments(msnap_ssegment_t *g, uint32_t n,
   }
 }
 
-static void settle_traces(msnap_trace_list_t *l) {
-  for (uint32_t i = 0; i < l->n; i++)
-    l->v[i].keys |= (uint16_t)live_trace_keys(&l->v[i]);
+/* The entries' key bits live in their (shared) attribute sets: each entry
+ * gets the set it has plus the keys it is written with. */
+static int settle_traces(msnap_snap_t *s, msnap_trace_list_t *l) {
+  for (uint32_t i = 0; i < l->n; i++) {
+    msnap_strace_t *e = &l->v[i];
+    msnap_tattr_t a = *msnap__tattr(s, e);
+    unsigned k = a.keys | live_trace_keys(e, &a);
+    if (k == a.keys) continue;
+    a.keys = (uint16_t)k;
+    int rc = msnap__snap_trace_set_attr(s, e, &a);
+    if (rc != 0) return rc;
+  }
+  return 0;
 }
 
-void msnap__snap_settle_keys(msnap_snap_t *s) {
+int msnap__snap_settle_keys(msnap_snap_t *s) {
   if (msnap__snap_from_reader(s) || s->generation != MSNAP_GEN_CURRENT)
-    return;
+    return 0;
   settle_segments(s->segments, s->nsegments, s->blocks);
   settle_segments(s->host_segments, s->nhost_segments, s->host_blocks);
-  for (uint32_t d = 0; d < s->ndevices; d++) settle_traces(&s->device_traces[d]);
-  settle_traces(&s->host_traces);
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    int rc = settle_traces(s, &s->device_traces[d]);
+    if (rc != 0) return rc;
+  }
+  int rc = settle_traces(s, &s->host_traces);
+  if (rc != 0) return rc;
   if (s->top_keys == 0) s->top_keys = 0x3f;
   msnap__snap_set_from_reader(s, true);
+  return 0;
 }
 
 static void wblock(wr_t *w, const msnap_sblock_t *b) {
@@ -608,36 +614,37 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
  * forward_frames -- each when present.
  */
 static void wtrace(wr_t *w, const msnap_strace_t *t) {
-  unsigned k = t->keys;
-  if (w->live) k |= live_trace_keys(t);
+  const msnap_tattr_t *a = msnap__tattr(w->s, t);
+  unsigned k = a->keys;
+  if (w->live) k |= live_trace_keys(t, a);
   dict_begin(w);
   key(w, C_action);
   if (t->action < MSNAP_ACTION_COUNT)
     cstr(w, C_ACTION0 + t->action);
   else
-    mstr(w, t->action_str);
+    mstr(w, a->action_str);
   if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
   if (k & MSNAP_K_DEVICE_FREE)
     key(w, C_device_free), wu64(w, t->addr, "device_free");
   key(w, C_size);
   wu64(w, t->size, "size");
-  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, t->stream);
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
   if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
   if (k & MSNAP_K_COMPILE_CTX)
-    key(w, C_compile_context), mstr_or(w, t->compile_context, C_v_na);
+    key(w, C_compile_context), mstr_or(w, a->compile_context, C_v_na);
   if (k & MSNAP_K_USER_META) {
     key(w, C_user_metadata);
-    if (t->user_metadata == MSNAP_STR_ABSENT)
+    if (a->user_metadata == MSNAP_STR_ABSENT)
       mstr(w, MSNAP_STR_EMPTY);
     else
-      mstr(w, t->user_metadata);
+      mstr(w, a->user_metadata);
   }
   if (k & MSNAP_K_INTERNAL_META)
-    key(w, C_internal_metadata), mstr(w, t->internal_metadata);
-  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, t->pool_id);
+    key(w, C_internal_metadata), mstr(w, a->internal_metadata);
+  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, a->pool_id);
   if (k & MSNAP_K_FRAMES) key(w, C_frames), wstack(w, t->frames);
   if (k & MSNAP_K_FORWARD)
-    key(w, C_forward_frames), wstrlist(w, t->forward_frames);
+    key(w, C_forward_frames), wstrlist(w, a->forward_frames);
   dict_end(w);
 }
 
@@ -686,14 +693,21 @@ static void wannotations(wr_t *w) {
  */
 static void wtop(wr_t *w) {
   const msnap_snap_t *s = w->s;
-  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST && !w->json) {
     wsegments(w, s->segments, s->nsegments, s->blocks);
     return;
   }
   uint32_t top = s->top_keys | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
   if (w->live && s->top_keys == 0) top = 0x3f;
   dict_begin(w);
+  if (w->json) wtables(w);
   key(w, C_segments);
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+    /* a bare list of segments: JSON puts it under "segments" */
+    wsegments(w, s->segments, s->nsegments, s->blocks);
+    dict_end(w);
+    return;
+  }
   wsegments(w, s->segments, s->nsegments, s->blocks);
   key(w, C_device_traces);
   list_begin(w);
@@ -781,9 +795,9 @@ int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
   if (!w) return MSNAP_ENOMEM;
   int rc = wr_init(w, s, true);
   if (rc == 0) {
-    w->out = out;
+    msnap__json_init(&w->jw, out, MSNAP_JSON_FLOAT_POINT);
     wtop(w);
-    jw(w, "\n", 1);
+    msnap__sink_write(out, "\n", 1);
     rc = out->err;
     if (rc == 0) rc = msnap__sink_flush(out);
   }

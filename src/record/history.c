@@ -148,15 +148,9 @@ int msnap_compile_context_push(const char *name) {
     return msnap__set_error(MSNAP_EINVAL, "compile_context_push: NULL name");
   uint32_t id = msnap__str_intern(name, strlen(name));
   if (id == 0 && name[0] != '\0') return MSNAP_ENOMEM;
-  if (tls_cc_n == tls_cc_cap) {
-    uint32_t cap = tls_cc_cap ? tls_cc_cap * 2 : 8;
-    uint32_t *n = realloc(tls_cc, cap * sizeof *n);
-    if (n == NULL) {
-      msnap__stack_unref(id);
-      return MSNAP_ENOMEM;
-    }
-    tls_cc = n;
-    tls_cc_cap = cap;
+  if (MSNAP_GROW(tls_cc, tls_cc_cap, tls_cc_n + 1) != 0) {
+    msnap__stack_unref(id);
+    return MSNAP_ENOMEM;
   }
   tls_register();
   tls_cc[tls_cc_n++] = id;

@@ -40,6 +40,7 @@
 #include <stdatomic.h>
 
 #include "base/base.h"
+#include "base/map16.h"
 
 /* ---- recording contexts (history.c) -------------------------------------- */
 /* A recording context, captured at the start of malloc/free/empty_cache
@@ -98,12 +99,12 @@ typedef struct msnap_hentry_s {
 } msnap_hentry_t;
 _Static_assert(sizeof(msnap_hentry_t) == 48, "trace entry must be 48 bytes");
 
-/* Small interning table for 16-byte keys (streams: {stream, 0}; pools). */
+/* Interning of 16-byte keys (streams: {stream, 0}; pools): keys[id] and
+ * an index key -> id (base/map16.c). */
 typedef struct msnap_keymap_s {
   uint64_t (*keys)[2];
   uint32_t n, cap;
-  uint32_t *ht; /* ids + 1, 0 empty */
-  uint32_t ht_cap;
+  msnap_map16_t index;
   uint32_t last;
 } msnap_keymap_t;
 

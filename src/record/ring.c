@@ -16,64 +16,33 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "record/history.h"
 #include "record/stack.h"
 
 /* ---- key maps (streams, pools) ------------------------------------------ */
 
-static uint32_t keymap_slot(const uint64_t k[2], uint32_t cap) {
-  return (uint32_t)XXH3_64bits(k, 16) & (cap - 1);
-}
-
 /* Index of key {k0,k1}, inserting it.  UINT32_MAX on ENOMEM.  Guarded by
- * the owner's lock. */
+ * the owner's lock.  The last key found is checked first (one call
+ * records entries of the same stream and pool in a row). */
 static uint32_t keymap_get(msnap_keymap_t *m, uint64_t k0, uint64_t k1) {
   if (m->n > 0 && m->keys[m->last][0] == k0 && m->keys[m->last][1] == k1)
     return m->last;
-  uint64_t k[2] = {k0, k1};
-  if (m->ht_cap) {
-    uint32_t j = keymap_slot(k, m->ht_cap);
-    while (m->ht[j] != 0) {
-      uint32_t i = m->ht[j] - 1;
-      if (m->keys[i][0] == k0 && m->keys[i][1] == k1) return m->last = i;
-      j = (j + 1) & (m->ht_cap - 1);
-    }
+  if (MSNAP_GROW(m->keys, m->cap, m->n + 1) != 0) return UINT32_MAX;
+  bool fresh;
+  uint32_t *slot = msnap__map16_slot(&m->index, k0, k1, &fresh);
+  if (slot == NULL) return UINT32_MAX;
+  if (fresh) {
+    *slot = m->n;
+    m->keys[m->n][0] = k0;
+    m->keys[m->n][1] = k1;
+    m->n++;
   }
-  if (m->n == m->cap) {
-    uint32_t cap = m->cap ? m->cap * 2 : 8;
-    void *nk = realloc(m->keys, cap * sizeof m->keys[0]);
-    if (nk == NULL) return UINT32_MAX;
-    m->keys = nk;
-    m->cap = cap;
-  }
-  if ((m->n + 1) * 2 > m->ht_cap) {
-    uint32_t hc = m->ht_cap ? m->ht_cap * 2 : 16;
-    uint32_t *h = calloc(hc, sizeof *h);
-    if (h == NULL) return UINT32_MAX;
-    for (uint32_t i = 0; i < m->n; i++) {
-      uint32_t j = keymap_slot(m->keys[i], hc);
-      while (h[j] != 0) j = (j + 1) & (hc - 1);
-      h[j] = i + 1;
-    }
-    free(m->ht);
-    m->ht = h;
-    m->ht_cap = hc;
-  }
-  uint32_t i = m->n++;
-  m->keys[i][0] = k0;
-  m->keys[i][1] = k1;
-  uint32_t j = keymap_slot(k, m->ht_cap);
-  while (m->ht[j] != 0) j = (j + 1) & (m->ht_cap - 1);
-  m->ht[j] = i + 1;
-  return m->last = i;
+  return m->last = *slot;
 }
 
 static void keymap_free(msnap_keymap_t *m) {
   free(m->keys);
-  free(m->ht);
+  msnap__map16_free(&m->index);
   memset(m, 0, sizeof *m);
 }
 
@@ -246,13 +215,8 @@ static int ring_grow(msnap_ring_t *ring) {
     ring->vcap += sz - tail;
     return 0;
   }
-  if (ring->nchunks == ring->chunks_cap) {
-    uint64_t cap = ring->chunks_cap ? ring->chunks_cap * 2 : 4;
-    msnap_hentry_t **nc = realloc(ring->chunks, (size_t)cap * sizeof *nc);
-    if (nc == NULL) return MSNAP_ENOMEM;
-    ring->chunks = nc;
-    ring->chunks_cap = cap;
-  }
+  if (MSNAP_GROW(ring->chunks, ring->chunks_cap, ring->nchunks + 1) != 0)
+    return MSNAP_ENOMEM;
   uint64_t sz = ring->capacity - ring->vcap;
   if (sz > MSNAP_RING_CHUNK) sz = MSNAP_RING_CHUNK;
   msnap_hentry_t *c = chunk_new(ring, sz);

@@ -24,6 +24,7 @@
 #include "api/api.h"
 #include "runtime/runtime.h"
 #include "model/pickle.h"
+#include "canon.h"
 #include "testutil.h"
 
 typedef struct dual_s {
@@ -229,7 +230,7 @@ static void test_encoder_vs_cpython(void **state) {
   /* our reader agrees */
   msnap_membuf_t mb = {0};
   msnap_read_error_t err;
-  assert_int_equal(msnap__pickle_canon(d.out_mb.data, d.out_mb.len, &mb, &err),
+  assert_int_equal(test_pickle_canon(d.out_mb.data, d.out_mb.len, &mb, &err),
                    0);
   assert_string_equal(mb.data, d.canon_mb.data);
   free(mb.data);
@@ -347,7 +348,7 @@ static void test_atomic(void **state) {
   /* abort: target unchanged, temporary removed */
   msnap_atomic_file_t f;
   assert_int_equal(msnap__atomic_open(&f, path), 0);
-  assert_non_null(strstr(f.tmp_path, "out.pickle.tmp."));
+  assert_non_null(strstr(f.tmp_name, "out.pickle.tmp."));
   assert_int_equal(count_entries(tmp), 2);
   assert_int_equal(write(f.fd, "new!", 4), 4);
   msnap__atomic_abort(&f);
@@ -364,7 +365,7 @@ static void test_atomic(void **state) {
   assert_int_equal(msnap__sink_write(&s, "new!", 4), 0);
   assert_int_equal(msnap__sink_finish(&s), 0);
   assert_int_equal(msnap__atomic_commit(&f), 0);
-  assert_null(f.tmp_path);
+  assert_null(f.tmp_name);
   assert_int_equal(count_entries(tmp), 1);
   c = (char *)tu_slurp(path, &n);
   assert_int_equal(n, 4);

@@ -60,7 +60,7 @@ static uint32_t trace_entries(msnap_allocator_t *a) {
   return n;
 }
 
-/* history.c ring_grow: a ring whose capacity was small (one partial
+/* record/ring.c ring_grow: a ring whose capacity was small (one partial
  * chunk) and is then raised grew by appending a chunk after the partial
  * one, and ring_slot (which assumes full chunks) wrote past the partial
  * chunk: heap-buffer-overflow under ASan, heap corruption without it. */

@@ -1,0 +1,230 @@
+/*
+ * json.c -- the streaming JSON writer (json.h).
+ *
+ * Invariants: depth is the number of open containers, in
+ * [0, MSNAP_JSON_MAX_DEPTH); bit d of nonempty is set once container d
+ * received a value (so the next one needs a comma); after_key is true between a key
+ * and the value written for it.  Every byte goes to the sink, whose error
+ * is sticky.
+ *
+ * Strings: '"' and '\' are escaped, control characters (< 0x20, and 0x7f)
+ * are written as \n \r \t or \u00XX, and with MSNAP_JSON_HTML also < > &
+ * (so that the text can sit inside an HTML <script> element).  Everything
+ * else is UTF-8 and passed through when valid (RFC 3629: no overlong
+ * forms, no surrogates, nothing above U+10FFFF); each maximal invalid
+ * subpart (a lone continuation byte, a lead byte whose sequence breaks
+ * off) becomes one U+FFFD, as Python's bytes.decode(errors="replace").
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/json.h"
+
+static void put(msnap_json_t *j, const char *p, size_t n) {
+  msnap__sink_write(j->out, p, n);
+}
+
+static void puts_(msnap_json_t *j, const char *p) { put(j, p, strlen(p)); }
+
+void msnap__json_init(msnap_json_t *j, msnap_sink_t *out, unsigned flags) {
+  memset(j, 0, sizeof *j);
+  j->out = out;
+  j->flags = flags;
+}
+
+int msnap__json_err(const msnap_json_t *j) { return j->out->err; }
+
+static bool nonempty(const msnap_json_t *j) {
+  return (j->nonempty[j->depth / 64] >> (j->depth % 64)) & 1;
+}
+
+static void set_nonempty(msnap_json_t *j, bool v) {
+  uint64_t bit = 1ull << (j->depth % 64);
+  if (v)
+    j->nonempty[j->depth / 64] |= bit;
+  else
+    j->nonempty[j->depth / 64] &= ~bit;
+}
+
+static void indent(msnap_json_t *j) {
+  if (!(j->flags & MSNAP_JSON_PRETTY)) return;
+  put(j, "\n", 1);
+  for (int i = 0; i < j->depth; i++) put(j, "  ", 2);
+}
+
+/* Before a value: a comma (and a new line when pretty) inside
+ * containers, nothing right after a key. */
+static void pre(msnap_json_t *j) {
+  if (j->after_key) {
+    j->after_key = false;
+    return;
+  }
+  if (j->depth > 0) {
+    if (nonempty(j)) put(j, ",", 1);
+    indent(j);
+  }
+  set_nonempty(j, true);
+}
+
+/* Length of the valid UTF-8 sequence at p (at most n bytes), or 0 when
+ * the sequence is invalid; *bad is then the length of its maximal invalid
+ * subpart (>= 1). */
+static size_t utf8_seq(const unsigned char *p, size_t n, size_t *bad) {
+  unsigned char c = p[0];
+  size_t need;
+  unsigned char lo = 0x80, hi = 0xbf; /* range of the second byte */
+  if (c >= 0xc2 && c <= 0xdf) {
+    need = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    need = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    need = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    *bad = 1;
+    return 0;
+  }
+  size_t k = 1;
+  for (; k < need && k < n; k++) {
+    unsigned char b = p[k];
+    unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
+    if (b < l || b > h) break;
+  }
+  if (k == need) return need;
+  *bad = k;
+  return 0;
+}
+
+static void string(msnap_json_t *j, const char *s, size_t len) {
+  static const char hx[] = "0123456789abcdef";
+  const unsigned char *p = (const unsigned char *)s;
+  bool html = j->flags & MSNAP_JSON_HTML;
+  put(j, "\"", 1);
+  size_t run = 0, i = 0;
+  while (i < len) {
+    unsigned char c = p[i];
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\' &&
+        !(html && (c == '<' || c == '>' || c == '&'))) {
+      i++;
+      continue;
+    }
+    size_t bad = 0, seq = c >= 0x80 ? utf8_seq(p + i, len - i, &bad) : 0;
+    if (seq > 0) {
+      i += seq;
+      continue;
+    }
+    put(j, s + run, i - run);
+    if (c >= 0x80) {
+      put(j, "\xef\xbf\xbd", 3); /* U+FFFD */
+      i += bad;
+    } else {
+      char e[6] = {'\\', 'u', '0', '0', hx[c >> 4], hx[c & 15]};
+      switch (c) {
+      case '"': put(j, "\\\"", 2); break;
+      case '\\': put(j, "\\\\", 2); break;
+      case '\n': put(j, "\\n", 2); break;
+      case '\r': put(j, "\\r", 2); break;
+      case '\t': put(j, "\\t", 2); break;
+      default: put(j, e, 6); break;
+      }
+      i++;
+    }
+    run = i;
+  }
+  put(j, s + run, len - run);
+  put(j, "\"", 1);
+}
+
+static void open_(msnap_json_t *j, char c) {
+  pre(j);
+  if (j->depth + 1 >= MSNAP_JSON_MAX_DEPTH) {
+    if (!j->out->err) j->out->err = MSNAP_ELIMIT;
+    return;
+  }
+  put(j, &c, 1);
+  j->depth++;
+  set_nonempty(j, false);
+}
+
+static void close_(msnap_json_t *j, char c) {
+  if (j->out->err) return;
+  bool had = nonempty(j);
+  if (j->depth > 0) j->depth--;
+  if (had) indent(j);
+  put(j, &c, 1);
+}
+
+void msnap__json_obj(msnap_json_t *j) { open_(j, '{'); }
+void msnap__json_obj_end(msnap_json_t *j) { close_(j, '}'); }
+void msnap__json_arr(msnap_json_t *j) { open_(j, '['); }
+void msnap__json_arr_end(msnap_json_t *j) { close_(j, ']'); }
+
+void msnap__json_key(msnap_json_t *j, const char *k, size_t len) {
+  pre(j);
+  string(j, k, len);
+  if (j->flags & MSNAP_JSON_PRETTY)
+    put(j, ": ", 2);
+  else
+    put(j, ":", 1);
+  j->after_key = true;
+}
+
+void msnap__json_ckey(msnap_json_t *j, const char *k) {
+  msnap__json_key(j, k, strlen(k));
+}
+
+void msnap__json_str(msnap_json_t *j, const char *s, size_t len) {
+  pre(j);
+  string(j, s, len);
+}
+
+void msnap__json_cstr(msnap_json_t *j, const char *s) {
+  if (s == NULL)
+    msnap__json_null(j);
+  else
+    msnap__json_str(j, s, strlen(s));
+}
+
+void msnap__json_i64(msnap_json_t *j, int64_t v) {
+  char b[32];
+  int n = snprintf(b, sizeof b, "%" PRId64, v);
+  pre(j);
+  put(j, b, (size_t)n);
+}
+
+void msnap__json_u64(msnap_json_t *j, uint64_t v) {
+  char b[32];
+  int n = snprintf(b, sizeof b, "%" PRIu64, v);
+  pre(j);
+  put(j, b, (size_t)n);
+}
+
+void msnap__json_dbl(msnap_json_t *j, double v) {
+  pre(j);
+  if (!isfinite(v)) {
+    puts_(j, "null");
+    return;
+  }
+  char b[40];
+  int n = snprintf(b, sizeof b, "%.17g", v);
+  if ((j->flags & MSNAP_JSON_FLOAT_POINT) && !strpbrk(b, ".eE")) {
+    b[n++] = '.';
+    b[n++] = '0';
+  }
+  put(j, b, (size_t)n);
+}
+
+void msnap__json_bool(msnap_json_t *j, bool v) {
+  pre(j);
+  puts_(j, v ? "true" : "false");
+}
+
+void msnap__json_null(msnap_json_t *j) {
+  pre(j);
+  puts_(j, "null");
+}

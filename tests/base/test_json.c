@@ -1,0 +1,211 @@
+/*
+ * test_json.c -- the JSON writer (src/base/json.c): structure and commas,
+ * pretty and HTML modes, numbers, the depth limit, and strings checked as
+ * UTF-8.  The UTF-8 rule is checked against CPython: random byte strings
+ * are written, and json.loads of the output must equal
+ * bytes.decode("utf-8", "replace") of the input (skipped, saying so, when
+ * python3 is missing).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/json.h"
+
+/* A writer into memory; text() finishes and returns the NUL-terminated
+ * output (freed by the caller). */
+typedef struct out_s {
+  msnap_membuf_t mb;
+  msnap_sink_t sink;
+  msnap_json_t j;
+} out_t;
+
+static void open_out(out_t *o, unsigned flags) {
+  memset(o, 0, sizeof *o);
+  assert_int_equal(msnap__sink_init_mem(&o->sink, &o->mb), 0);
+  msnap__json_init(&o->j, &o->sink, flags);
+}
+
+static char *text(out_t *o, int *err) {
+  *err = msnap__json_err(&o->j);
+  msnap__sink_write(&o->sink, "", 1);
+  msnap__sink_finish(&o->sink);
+  return o->mb.data;
+}
+
+static void expect(out_t *o, const char *want) {
+  int err;
+  char *got = text(o, &err);
+  assert_int_equal(err, 0);
+  assert_string_equal(got, want);
+  free(got);
+}
+
+static void test_structure(void **state) {
+  (void)state;
+  out_t o;
+  open_out(&o, 0);
+  msnap__json_obj(&o.j);
+  msnap__json_ckey(&o.j, "a");
+  msnap__json_arr(&o.j);
+  msnap__json_i64(&o.j, -3);
+  msnap__json_u64(&o.j, UINT64_MAX);
+  msnap__json_bool(&o.j, true);
+  msnap__json_null(&o.j);
+  msnap__json_cstr(&o.j, NULL);
+  msnap__json_arr_end(&o.j);
+  msnap__json_ckey(&o.j, "b");
+  msnap__json_obj(&o.j);
+  msnap__json_obj_end(&o.j);
+  msnap__json_ckey(&o.j, "c");
+  msnap__json_dbl(&o.j, 1.0 / 0.0);
+  msnap__json_obj_end(&o.j);
+  expect(&o, "{\"a\":[-3,18446744073709551615,true,null,null],\"b\":{},"
+             "\"c\":null}");
+
+  open_out(&o, MSNAP_JSON_PRETTY);
+  msnap__json_obj(&o.j);
+  msnap__json_ckey(&o.j, "k");
+  msnap__json_arr(&o.j);
+  msnap__json_i64(&o.j, 1);
+  msnap__json_i64(&o.j, 2);
+  msnap__json_arr_end(&o.j);
+  msnap__json_ckey(&o.j, "e");
+  msnap__json_arr(&o.j);
+  msnap__json_arr_end(&o.j);
+  msnap__json_obj_end(&o.j);
+  expect(&o, "{\n  \"k\": [\n    1,\n    2\n  ],\n  \"e\": []\n}");
+}
+
+static void test_numbers_and_escapes(void **state) {
+  (void)state;
+  out_t o;
+  open_out(&o, MSNAP_JSON_FLOAT_POINT);
+  msnap__json_arr(&o.j);
+  msnap__json_dbl(&o.j, 2.0);
+  msnap__json_dbl(&o.j, 0.5);
+  msnap__json_dbl(&o.j, 1e300);
+  msnap__json_str(&o.j, "q\"b\\n\n\t\r\x01\x7f<&>", 13);
+  msnap__json_arr_end(&o.j);
+  expect(&o, "[2.0,0.5,1.0000000000000001e+300,"
+             "\"q\\\"b\\\\n\\n\\t\\r\\u0001\\u007f<&>\"]");
+  open_out(&o, MSNAP_JSON_HTML);
+  msnap__json_arr(&o.j);
+  msnap__json_dbl(&o.j, 2.0);
+  msnap__json_cstr(&o.j, "</script>&");
+  msnap__json_arr_end(&o.j);
+  expect(&o, "[2,\"\\u003c/script\\u003e\\u0026\"]");
+}
+
+/* Valid UTF-8 passes through; each maximal invalid subpart becomes one
+ * U+FFFD (the replacement examples of the Unicode standard, ch. 3.9). */
+static void test_utf8(void **state) {
+  (void)state;
+  static const struct {
+    const char *in, *want;
+  } cases[] = {
+      {"\xc3\xa9t\xc3\xa9", "\"\xc3\xa9t\xc3\xa9\""},             /* été */
+      {"\xe2\x82\xac\xf0\x9f\x98\x80", "\"\xe2\x82\xac\xf0\x9f\x98\x80\""},
+      {"a\x80z", "\"a\xef\xbf\xbdz\""},                            /* lone */
+      {"\xc0\xaf", "\"\xef\xbf\xbd\xef\xbf\xbd\""},                /* overlong */
+      {"\xed\xa0\x80", "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\""}, /* surrogate */
+      {"\xf4\x90\x80\x80",
+       "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\""},   /* > 10FFFF */
+      {"\xe2\x82", "\"\xef\xbf\xbd\""},                         /* cut off */
+      {"\xe2\x82x", "\"\xef\xbf\xbdx\""},
+      {"\xf0\x9f\x98", "\"\xef\xbf\xbd\""},
+      {"\xff\xfe", "\"\xef\xbf\xbd\xef\xbf\xbd\""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    out_t o;
+    open_out(&o, 0);
+    msnap__json_cstr(&o.j, cases[i].in);
+    expect(&o, cases[i].want);
+  }
+}
+
+/* Random bytes: the output decodes, and to what CPython's decoder with
+ * errors="replace" makes of the input. */
+static void test_utf8_against_cpython(void **state) {
+  (void)state;
+  if (system("python3 -c 'import json' 2>/dev/null") != 0) {
+    print_message("python3 missing: CPython cross-check skipped\n");
+    skip();
+  }
+  char dir[] = "/tmp/msnap_json_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char inp[64], outp[64];
+  snprintf(inp, sizeof inp, "%s/in.bin", dir);
+  snprintf(outp, sizeof outp, "%s/out.json", dir);
+  FILE *fi = fopen(inp, "wb"), *fo = fopen(outp, "wb");
+  assert_non_null(fi);
+  assert_non_null(fo);
+  msnap_sink_t sink;
+  assert_int_equal(msnap__sink_init_file(&sink, fo), 0);
+  msnap_json_t j;
+  msnap__json_init(&j, &sink, 0);
+  msnap__json_arr(&j);
+  unsigned seed = 12345;
+  static const unsigned char pick[] = {0x00, 0x1f, 0x22, 0x5c, 0x41, 0x7f,
+                                       0x80, 0xbf, 0xc0, 0xc2, 0xdf, 0xe0,
+                                       0xed, 0xef, 0xf0, 0xf4, 0xf5, 0xff};
+  for (int n = 0; n < 2000; n++) {
+    unsigned char b[12];
+    size_t len = (size_t)(rand_r(&seed) % sizeof b);
+    for (size_t k = 0; k < len; k++)
+      b[k] = rand_r(&seed) % 3 ? pick[rand_r(&seed) % sizeof pick]
+                               : (unsigned char)rand_r(&seed);
+    uint32_t l32 = (uint32_t)len;
+    fwrite(&l32, sizeof l32, 1, fi);
+    fwrite(b, 1, len, fi);
+    msnap__json_str(&j, (const char *)b, len);
+  }
+  msnap__json_arr_end(&j);
+  assert_int_equal(msnap__json_err(&j), 0);
+  fclose(fi);
+  fclose(fo);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "python3 -c 'import json,struct,sys\n"
+           "raw=open(sys.argv[1],\"rb\").read(); got=json.load(open("
+           "sys.argv[2],encoding=\"utf-8\"))\n"
+           "want=[]; i=0\n"
+           "while i < len(raw):\n"
+           "  (n,)=struct.unpack_from(\"<I\",raw,i); i+=4\n"
+           "  want.append(raw[i:i+n].decode(\"utf-8\",\"replace\")); i+=n\n"
+           "sys.exit(0 if got==want else 1)' %s %s",
+           inp, outp);
+  int rc = system(cmd);
+  unlink(inp);
+  unlink(outp);
+  rmdir(dir);
+  assert_int_equal(rc, 0);
+}
+
+static void test_depth_limit(void **state) {
+  (void)state;
+  out_t o;
+  open_out(&o, 0);
+  for (int i = 0; i < MSNAP_JSON_MAX_DEPTH + 5; i++) msnap__json_arr(&o.j);
+  int err;
+  free(text(&o, &err));
+  assert_int_equal(err, MSNAP_ELIMIT);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_structure),
+      cmocka_unit_test(test_numbers_and_escapes),
+      cmocka_unit_test(test_utf8),
+      cmocka_unit_test(test_utf8_against_cpython),
+      cmocka_unit_test(test_depth_limit),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,19 @@
+/*
+ * canon.h -- canonical text of any pickle (canon.c), for the tests and the
+ * pickle_read fuzz target: the same text tests/pickle/canon.py prints for
+ * a Python object, so that a pickle read by memsnap's VM and by CPython can
+ * be compared as strings.
+ */
+#ifndef MSNAP_TEST_CANON_H
+#define MSNAP_TEST_CANON_H
+
+#include "model/pickle.h"
+
+/* Run a pickle with no consumer and print its canonical text into out
+ * (NUL-terminated; the caller frees out->data).  Shared containers are
+ * printed at each use; MSNAP_ELIMIT beyond 16 values per input byte
+ * (memo bombs).  Errors as msnap__pvm_run, with err filled. */
+int test_pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
+                      msnap_read_error_t *err);
+
+#endif /* MSNAP_TEST_CANON_H */

@@ -1,0 +1,94 @@
+/*
+ * cli_args.c -- the prologue every `memsnap` command shares: options from
+ * a const table (getopt_long), the number of FILE arguments, the -o
+ * output (required or not, never one of the inputs, never a directory)
+ * and, for one-file commands, loading that file.
+ *
+ * Messages and exit codes are the commands' own (a table row names them):
+ * a usage error prints "memsnap CMD: <what>" and "Try 'memsnap CMD
+ * --help'." and gives 2; -h/--help prints the usage on stdout and gives 0.
+ */
+#include <getopt.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* Store one option's argument; a message on a bad number. */
+static int set_opt(const cli_cmd_t *c, const cli_opt_t *op,
+                   const char *arg) {
+  switch (op->kind) {
+  case CLI_OPT_FLAG: *(bool *)op->dest = true; return CLI_OK;
+  case CLI_OPT_STRING: *(const char **)op->dest = arg; return CLI_OK;
+  case CLI_OPT_LONG: {
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end || v < op->lo || v > op->hi)
+      return cli_usage_error(c->name, op->what);
+    *(long *)op->dest = v;
+    return CLI_OK;
+  }
+  }
+  return CLI_UNUSABLE;
+}
+
+int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
+              msnap_snap_t **load) {
+  /* the command's options, then --json and -o/--output when it has them */
+  cli_opt_t all[CLI_MAX_OPTS + 3];
+  size_t na = 0;
+  for (; c->opts && c->opts[na].name && na < CLI_MAX_OPTS; na++)
+    all[na] = c->opts[na];
+  if (c->json) all[na++] = (cli_opt_t)CLI_FLAG("json", 0, c->json);
+  if (c->output) all[na++] = (cli_opt_t)CLI_STRING("output", 'o', c->output);
+  all[na] = (cli_opt_t)CLI_OPT_END;
+  struct option lo[CLI_MAX_OPTS + 4];
+  char shorts[2 * CLI_MAX_OPTS + 8];
+  size_t ns = 0, n = 0;
+  shorts[ns++] = 'h';
+  for (; all[n].name; n++) {
+    const cli_opt_t *op = &all[n];
+    lo[n] = (struct option){op->name,
+                            op->kind == CLI_OPT_FLAG ? no_argument
+                                                     : required_argument,
+                            NULL, op->letter ? op->letter : 256 + (int)n};
+    if (op->letter) {
+      shorts[ns++] = op->letter;
+      if (op->kind != CLI_OPT_FLAG) shorts[ns++] = ':';
+    }
+  }
+  lo[n++] = (struct option){"help", no_argument, NULL, 'h'};
+  lo[n] = (struct option){NULL, 0, NULL, 0};
+  shorts[ns] = '\0';
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
+    if (o == 'h') {
+      c->usage(stdout);
+      return CLI_DONE;
+    }
+    const cli_opt_t *op = NULL;
+    for (size_t k = 0; all[k].name && !op; k++)
+      if (o == (all[k].letter ? all[k].letter : 256 + (int)k))
+        op = &all[k];
+    if (op == NULL) return cli_usage_error(c->name, NULL);
+    int rc = set_opt(c, op, optarg);
+    if (rc != CLI_OK) return rc;
+  }
+  int nfiles = argc - optind;
+  if (c->nfiles >= 0 ? nfiles != c->nfiles : nfiles < 1)
+    return cli_usage_error(c->name, c->files_msg);
+  if (c->output != NULL) {
+    const char *out = *c->output;
+    if (out == NULL && c->output_msg != NULL)
+      return cli_usage_error(c->name, c->output_msg);
+    if (out != NULL &&
+        cli_check_output(c->name, out, argv + optind, nfiles) != CLI_OK)
+      return CLI_UNUSABLE;
+  }
+  *first = optind;
+  if (load != NULL && cli_load(argv[optind], load) != CLI_OK)
+    return CLI_UNUSABLE;
+  return CLI_CONTINUE;
+}

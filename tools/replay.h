@@ -1,0 +1,107 @@
+/*
+ * replay.h -- the replay engine (replay.c): a recording's alloc/free
+ * stream run through memsnap's allocator on the simulated device, device
+ * by device, with every decision compared with the recording.  `memsnap
+ * replay` (cmd_replay.c) parses the command line and reports; the engine
+ * knows nothing of either.
+ */
+#ifndef MSNAP_REPLAY_H
+#define MSNAP_REPLAY_H
+
+#include "cli.h"
+
+#define REPLAY_MAX_MISMATCHES 64
+
+/* One device of the recording. */
+typedef struct dev_replay_s {
+  int64_t device;
+  bool replayable;
+  char reason[512];
+  const char *initial; /* "empty", "exact", "inferred", "approximate" */
+  uint32_t initial_segments, initial_blocks, inferred_blocks;
+  /* results */
+  uint64_t segment_allocs, segment_frees;
+  uint64_t peak_reserved, final_reserved;
+  uint64_t inactive_split, peak_inactive_split;
+  uint64_t peak_allocated, final_allocated;
+  uint64_t mismatch_count;
+  uint32_t first_failed; /* first alloc entry that failed in the replay,
+                            or CLI_NO_PAIR */
+  bool stopped;          /* the visitor stopped the replay early */
+  char *mismatches[REPLAY_MAX_MISMATCHES];
+  uint32_t nkept;
+  bool final_compared;
+  /* the recording's own figures */
+  uint64_t rec_segment_allocs, rec_segment_frees;
+  uint64_t rec_peak_reserved, rec_final_reserved;
+  uint64_t rec_inactive_split; /* inactive blocks of split segments */
+  uint64_t entries;
+} dev_replay_t;
+
+/* Bytes per simulated device unless --device-memory says otherwise: more
+ * than any recording needs, so that only the allocator decides. */
+#define REPLAY_DEVICE_MEMORY (1ull << 40)
+
+typedef struct replay_s {
+  const msnap_snap_t *s;
+  const char *file; /* for messages (NULL: none) */
+  msnap_allocator_t *a;
+  void *ctx;
+  bool exact;
+  msnap_profile_t profile;
+  const char *profile_name; /* "cuda" or "npu" */
+  bool profile_from_file;   /* the recording's (cli_recording_profile) */
+  const char *conf;         /* alloc conf of the replay ("" for none) */
+  /* bytes the profile adds before rounding: the replay allocator's own
+   * (torch_npu AddPadSize: 32, or 0 on an Ascend950 with CANN >= 9.1.0
+   * as the sim reports through MEMSNAP_SIM_SOC_NAME / _CANN_VERSION) */
+  uint64_t pad;
+  uint64_t device_memory; /* bytes per simulated device (--device-memory) */
+  uint32_t max_keep;
+  /* Set between replay_init and replay_run (cli_replay_run): only this
+   * device is replayed (-1: every device); the visitor is called in every
+   * state of its trace (cli.h); quiet: failures only go to `why`. */
+  int64_t only_device;
+  cli_replay_visit_fn visit;
+  void *visit_arg;
+  bool quiet;
+  char why[512]; /* why replay_init / replay_run failed */
+  bool nomem;    /* ... for want of memory */
+  /* every device with segments or a trace (dr[0] exists even when nd is
+   * 0, holding the reason) */
+  int64_t *devs;
+  dev_replay_t *dr;
+  uint32_t nd;
+} replay_t;
+
+/* Sums over the replayed devices. */
+typedef struct replay_totals_s {
+  bool replayed; /* at least one device was replayed */
+  bool matches;  /* no replayed device had a mismatch */
+  uint64_t segment_allocs, segment_frees, peak_reserved, final_reserved;
+  uint64_t inactive_split;
+} replay_totals_t;
+
+/* Settle the profile and the conf for recording s: profile NULL means the
+ * profile the recording was made with (cli_recording_profile: its
+ * process_info's, else npu when its allocator_settings name
+ * PYTORCH_NPU_ALLOC_CONF, else cuda); "exact" mode is cuda without a conf
+ * (the recording's own PYTORCH_CUDA_ALLOC_CONF then applies).  Decides
+ * which devices are replayable.  CLI_OK, or CLI_UNUSABLE (message
+ * printed). */
+int replay_init(replay_t *r, const msnap_snap_t *s, const char *file,
+                const char *profile, const char *conf, uint32_t max_keep);
+/* Create the sim allocator and replay every replayable device.  CLI_OK,
+ * or CLI_UNUSABLE (message printed). */
+int replay_run(replay_t *r);
+/* Write the replayed allocator's snapshot to out (pickle), as faithful to
+ * the recording as the replay allows: the recording's stacks and times
+ * where they match (no time_us at all when the recording has none), the
+ * recording's requested_size for its live blocks, and a process_info
+ * naming the recording's process with replayed: true.  CLI_OK or
+ * CLI_UNUSABLE (message printed). */
+int replay_write(replay_t *r, const char *out);
+void replay_totals(const replay_t *r, replay_totals_t *t);
+void replay_free(replay_t *r);
+
+#endif /* MSNAP_REPLAY_H */
