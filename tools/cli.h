@@ -45,10 +45,16 @@ void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int cli_usage_error(const char *cmd, const char *what);
 
 /* ---- the shared command prologue (cli_args.c) ----------------------------- */
-typedef enum { CLI_OPT_FLAG, CLI_OPT_STRING, CLI_OPT_LONG } cli_optkind_t;
+typedef enum {
+  CLI_OPT_FLAG,
+  CLI_OPT_STRING,
+  CLI_OPT_LONG,
+  CLI_OPT_DOUBLE
+} cli_optkind_t;
 /* One option: --name (and -letter when letter != 0); dest is a bool *
- * (FLAG), a const char ** (STRING) or a long * (LONG, accepted in
- * [lo, hi], else the usage error `what`). */
+ * (FLAG), a const char ** (STRING), a long * (LONG, accepted in
+ * [lo, hi]) or a double * (DOUBLE, accepted in [dlo, dhi]); a number out
+ * of range gives the usage error `what`. */
 typedef struct cli_opt_s {
   const char *name;
   char letter;
@@ -56,14 +62,17 @@ typedef struct cli_opt_s {
   void *dest;
   long lo, hi;
   const char *what;
+  double dlo, dhi;
 } cli_opt_t;
 #define CLI_FLAG(name, letter, dest)                                        \
-  { name, letter, CLI_OPT_FLAG, dest, 0, 0, NULL }
+  { name, letter, CLI_OPT_FLAG, dest, 0, 0, NULL, 0, 0 }
 #define CLI_STRING(name, letter, dest)                                      \
-  { name, letter, CLI_OPT_STRING, dest, 0, 0, NULL }
+  { name, letter, CLI_OPT_STRING, dest, 0, 0, NULL, 0, 0 }
 #define CLI_LONG(name, letter, dest, lo, hi, what)                          \
-  { name, letter, CLI_OPT_LONG, dest, lo, hi, what }
-#define CLI_OPT_END { NULL, 0, CLI_OPT_FLAG, NULL, 0, 0, NULL }
+  { name, letter, CLI_OPT_LONG, dest, lo, hi, what, 0, 0 }
+#define CLI_DOUBLE(name, letter, dest, lo, hi, what)                        \
+  { name, letter, CLI_OPT_DOUBLE, dest, 0, 0, what, lo, hi }
+#define CLI_OPT_END { NULL, 0, CLI_OPT_FLAG, NULL, 0, 0, NULL, 0, 0 }
 #define CLI_MAX_OPTS 16
 /* A command: its own options (ended by CLI_OPT_END; NULL for none), the
  * number of FILE arguments (-1: one or more) and the message when it is

@@ -29,6 +29,14 @@ static int set_opt(const cli_cmd_t *c, const cli_opt_t *op,
     *(long *)op->dest = v;
     return CLI_OK;
   }
+  case CLI_OPT_DOUBLE: {
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end || !(v >= op->dlo && v <= op->dhi))
+      return cli_usage_error(c->name, op->what);
+    *(double *)op->dest = v;
+    return CLI_OK;
+  }
   }
   return CLI_UNUSABLE;
 }

@@ -29,7 +29,7 @@
  */
 #include <ctype.h>
 #include <dirent.h>
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -386,40 +386,19 @@ static int cmp_rank(const void *a, const void *b) {
 }
 
 int cli_cmd_fleet(int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'J'},
-                                       {"jobs", required_argument, NULL, 'j'},
-                                       {"top", required_argument, NULL, 't'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
   bool json = false;
   long jobs = 0, topn = 10;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "hj:t:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'J': json = true; break;
-    case 'j': {
-      char *end;
-      jobs = strtol(optarg, &end, 10);
-      if (*end || jobs < 1 || jobs > 256)
-        return cli_usage_error("fleet", "-j needs a number 1..256");
-      break;
-    }
-    case 't': {
-      char *end;
-      topn = strtol(optarg, &end, 10);
-      if (*end || topn < 0)
-        return cli_usage_error("fleet", "--top needs a number >= 0");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("fleet", NULL);
-    }
-  }
-  if (optind >= argc)
-    return cli_usage_error("fleet", "expects files or a directory");
+  const cli_opt_t opts[] = {
+      CLI_LONG("jobs", 'j', &jobs, 1, 256, "-j needs a number 1..256"),
+      CLI_LONG("top", 't', &topn, 0, LONG_MAX, "--top needs a number >= 0"),
+      CLI_OPT_END};
+  const cli_cmd_t cmd = {"fleet", usage, opts, -1,
+                         "expects files or a directory", &json, NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
   uint32_t n = 0;
-  char **paths = inputs(argv + optind, argc - optind, &n);
+  char **paths = inputs(argv + first, argc - first, &n);
   if (n == 0) {
     free(paths);
     cli_err("fleet: no input files");

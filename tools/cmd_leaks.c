@@ -26,7 +26,7 @@
  * end: O(sites x steps) time, O(sites) memory); in files mode one file
  * at a time is loaded.
  */
-#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -345,46 +345,24 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
 }
 
 int cli_cmd_leaks(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"json", no_argument, NULL, 'j'},
-      {"step", required_argument, NULL, 's'},
-      {"min-confidence", required_argument, NULL, 'c'},
-      {"top", required_argument, NULL, 't'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   bool json = false;
   const char *step = NULL;
   double min_conf = DEFAULT_MIN_CONFIDENCE;
   long topn = 10;
-  int o;
-  optind = 1;
-  while ((o = getopt_long(argc, argv, "ht:", opts, NULL)) != -1) {
-    switch (o) {
-    case 'j': json = true; break;
-    case 's': step = optarg; break;
-    case 'c': {
-      char *end;
-      min_conf = strtod(optarg, &end);
-      if (*end || !(min_conf >= 0.0 && min_conf <= 1.0))
-        return cli_usage_error("leaks", "--min-confidence needs 0..1");
-      break;
-    }
-    case 't': {
-      char *end;
-      topn = strtol(optarg, &end, 10);
-      if (*end || topn < 0)
-        return cli_usage_error("leaks", "--top needs a number >= 0");
-      break;
-    }
-    case 'h': usage(stdout); return CLI_OK;
-    default: return cli_usage_error("leaks", NULL);
-    }
-  }
-  int nfiles = argc - optind;
-  if (nfiles < 1)
-    return cli_usage_error("leaks", "expects one recording or several "
-                                    "snapshots");
-  char **files = argv + optind;
+  const cli_opt_t opts[] = {
+      CLI_STRING("step", 0, &step),
+      CLI_DOUBLE("min-confidence", 0, &min_conf, 0.0, 1.0,
+                 "--min-confidence needs 0..1"),
+      CLI_LONG("top", 't', &topn, 0, LONG_MAX, "--top needs a number >= 0"),
+      CLI_OPT_END};
+  const cli_cmd_t cmd = {"leaks", usage, opts, -1,
+                         "expects one recording or several snapshots",
+                         &json, NULL, NULL};
+  int first;
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
+  if (brc != CLI_CONTINUE) return brc;
+  int nfiles = argc - first;
+  char **files = argv + first;
   cli_leaks_t *per = NULL;
   uint32_t nper = 0;
   char warn[512] = "";

@@ -176,6 +176,24 @@ def group_usage():
     expect(rc == 2 and "--profile" in err, "replay --profile tpu exits 2")
     rc, out, err = run("convert", "x.pickle")
     expect(rc == 2 and "-o" in err, "convert without -o exits 2")
+    # leaks and fleet share the commands' prologue (cli_args.c): bounded
+    # numbers, FILE counts, the same messages
+    for args, what in ((("leaks", "--min-confidence", "1.5", "x.pickle"),
+                        "--min-confidence needs 0..1"),
+                       (("leaks", "--min-confidence", "abc", "x.pickle"),
+                        "--min-confidence needs 0..1"),
+                       (("leaks", "--top", "-1", "x.pickle"),
+                        "--top needs a number >= 0"),
+                       (("leaks",), "expects one recording or several"),
+                       (("fleet", "-j", "0", "x.pickle"),
+                        "-j needs a number 1..256"),
+                       (("fleet", "--jobs", "257", "x.pickle"),
+                        "-j needs a number 1..256"),
+                       (("fleet",), "expects files or a directory")):
+        rc, out, err = run(*args)
+        expect(rc == 2 and what in err and
+               "Try 'memsnap %s --help'" % args[0] in err,
+               "%s: usage error %r" % (" ".join(args), what))
 
 
 def hostile_inputs():
