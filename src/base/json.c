@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/json.h"
@@ -210,8 +211,23 @@ void msnap__json_dbl(msnap_json_t *j, double v) {
     puts_(j, "null");
     return;
   }
+  /* The fewest significant digits (%.Ng, N = 1..17) that read back as v
+   * (17 always do): 0.969 rather than 0.96899999999999997, the digits of
+   * Python's repr.  Doubles are rare in the output (ratios, settings). */
   char b[40];
-  int n = snprintf(b, sizeof b, "%.17g", v);
+  int n = 0;
+  int prec = 1;
+  for (; prec <= 17; prec++) {
+    n = snprintf(b, sizeof b, "%.*g", prec, v);
+    if (prec == 17 || strtod(b, NULL) == v) break;
+  }
+  /* %g writes 100 as 1e+02 when one digit suffices; as repr, numbers
+   * from 1 to 1e16 keep their integer digits (more correctly rounded
+   * digits still read back as v). */
+  const char *e = strchr(b, 'e');
+  long x = e ? strtol(e + 1, NULL, 10) : -1;
+  if (x >= prec && x < 16)
+    n = snprintf(b, sizeof b, "%.*g", (int)x + 1, v);
   if ((j->flags & MSNAP_JSON_FLOAT_POINT) && !strpbrk(b, ".eE")) {
     b[n++] = '.';
     b[n++] = '0';

@@ -42,8 +42,10 @@ void msnap__json_arr_end(msnap_json_t *j);
 /* A key of the open object; the next value belongs to it. */
 void msnap__json_key(msnap_json_t *j, const char *k, size_t len);
 void msnap__json_ckey(msnap_json_t *j, const char *k);
-/* Values.  msnap__json_cstr(NULL) writes null; doubles that are not
- * finite are written as null. */
+/* Values.  msnap__json_cstr(NULL) writes null; doubles are written with
+ * the fewest significant digits that read back as the same double (the
+ * digits of Python's repr: 0.1, not 0.10000000000000001); doubles that
+ * are not finite are written as null. */
 void msnap__json_str(msnap_json_t *j, const char *s, size_t len);
 void msnap__json_cstr(msnap_json_t *j, const char *s);
 void msnap__json_i64(msnap_json_t *j, int64_t v);
