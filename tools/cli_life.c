@@ -9,7 +9,9 @@
  *   free_completed  the index of the alloc it ends, or CLI_NO_PAIR when the
  *                   block was allocated before the first entry (before
  *                   recording began, or in entries the ring dropped);
- *   anything else   CLI_NO_PAIR.
+ *   anything else   CLI_NO_PAIR, and so are torch_npu's synthetic
+ *                   workspace entries (cli_workspace_synthetic: no
+ *                   history; cli_live_sites_at skips them too).
  * Events are sorted by (address, index) (cli_sort_ev, linear time); at one
  * address an alloc is ended by the next event when that is a
  * free_completed.  So allocation i is live in the states i+1 .. pair[i]
@@ -117,8 +119,9 @@ int cli_pair_entries(const msnap_trace_list_t *tl, uint32_t **out) {
   k = 0;
   for (uint32_t i = 0; i < n; i++) {
     const msnap_strace_t *e = &tl->v[i];
-    if (e->action != MSNAP_ACTION_ALLOC &&
-        e->action != MSNAP_ACTION_FREE_COMPLETED)
+    if ((e->action != MSNAP_ACTION_ALLOC &&
+         e->action != MSNAP_ACTION_FREE_COMPLETED) ||
+        cli_workspace_synthetic(tl, i))
       continue;
     ev[k++] = (cli_ev_t){e->addr, i, e->action == MSNAP_ACTION_ALLOC};
   }
@@ -302,7 +305,8 @@ int cli_live_sites_at(const msnap_snap_t *s, const cli_stacks_t *stk,
   for (uint32_t i = 0; i < state; i++) {
     const msnap_strace_t *e = &tl->v[i];
     if (e->action != MSNAP_ACTION_ALLOC ||
-        (pair[i] != CLI_NO_PAIR && pair[i] < state))
+        (pair[i] != CLI_NO_PAIR && pair[i] < state) ||
+        cli_workspace_synthetic(tl, i))
       continue;
     uint32_t ix = cli_sites_of(sites, e->frames);
     sum[ix].bytes += e->size;

@@ -171,13 +171,14 @@ static bool same_entry(const msnap_strace_t *x, const msnap_strace_t *y) {
   return x->action == y->action && x->addr == y->addr && x->size == y->size;
 }
 
-/* Indices of the change entries of tl (alloc/free/segment). */
+/* Indices of the change entries of tl (alloc/free/segment; not torch_npu's
+ * synthetic workspace entries, which are no history). */
 static uint32_t *changes(const msnap_trace_list_t *tl, uint32_t *n) {
   uint32_t *v = malloc(((size_t)(tl ? tl->n : 0) + 1) * sizeof *v), k = 0;
   if (!v)
     return NULL;
   for (uint32_t i = 0; tl && i < tl->n; i++)
-    if (kind_of_change(tl->v[i].action))
+    if (kind_of_change(tl->v[i].action) && !cli_workspace_synthetic(tl, i))
       v[k++] = i;
   *n = k;
   return v;

@@ -147,7 +147,8 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     if (st == tl->n)
       break;
     const msnap_strace_t *e = &tl->v[st];
-    if (e->action == MSNAP_ACTION_ALLOC) {
+    if (e->action == MSNAP_ACTION_ALLOC &&
+        !cli_workspace_synthetic(tl, st)) {
       live[cli_sites_of(&sites, e->frames)] += e->size;
     } else if (e->action == MSNAP_ACTION_FREE_COMPLETED &&
                pair[st] != CLI_NO_PAIR) {

@@ -261,6 +261,52 @@ def test_oom_dump_written_by_memsnap_is_explained(tmp_path):
     assert "would have fit" in txt.stdout and "<- your code" in txt.stdout
 
 
+WORKSPACE_OOM = r"""
+import ctypes, glob, os
+import memsnap, memsnap.memory as mm
+lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(memsnap.__file__),
+                                         "libmemsnap*.so*"))[0])
+lib.msnap_default.restype = ctypes.c_void_p
+lib.msnap_workspace_malloc.argtypes = [ctypes.c_void_p, ctypes.c_int,
+    ctypes.c_size_t, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
+keep = mm.caching_allocator_alloc(5 << 20)
+w = ctypes.c_uint64()
+assert lib.msnap_workspace_malloc(lib.msnap_default(), 0, 1 << 20, 7,
+                                  ctypes.byref(w)) == 0
+mm._record_memory_history()
+big = [mm.caching_allocator_alloc(8 << 20) for _ in range(3)]
+try:
+    mm.caching_allocator_alloc(60 << 20)
+except MemoryError:
+    pass
+mm._dump_snapshot("ws_oom.pickle")
+"""
+
+
+def test_oom_live_sites_skip_torch_npu_workspace_entries(tmp_path):
+    """torch_npu's workspace view puts three synthetic entries per buffer
+    at the start of the trace (workspace_snapshot, segment_alloc, alloc);
+    they are no history, and the OOM's live allocations leave them out, as
+    the summary's peaks and the backward replay do (cli_workspace_synthetic):
+    the live sites add up to the active bytes at the OOM."""
+    run_script(WORKSPACE_OOM, env=base_env(MEMSNAP_PROFILE="npu",
+                                           MEMSNAP_SIM_MEMORY="64M"),
+               cwd=str(tmp_path))
+    dump = tmp_path / "ws_oom.pickle"
+    with open(dump, "rb") as f:
+        snap = pickle.load(f)
+    trace = snap["device_traces"][0]
+    assert [e["action"] for e in trace[:3]] == [
+        "workspace_snapshot", "segment_alloc", "alloc"]
+    js = run_cli("summary", "--json", dump)
+    assert js.returncode == 0, js.stderr
+    oom = js.json["oom"]
+    live = oom["top_live_sites"]
+    assert sum(x["bytes"] for x in live) == oom["active_requested_bytes"]
+    assert sum(x["count"] for x in live) == 4  # keep + the three 8 MiB
+    assert all(x["site"] != "<no stack>" for x in live)
+
+
 # --- leaks: diff of two dumps, steps of one recording --------------------------
 
 LOOP = """\
