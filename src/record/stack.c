@@ -776,7 +776,8 @@ static char *sym_name(const char *raw) {
 }
 
 /* Is the code at q memsnap's own: in the shared libmemsnap.so that holds
- * this function, or in the Python extension _memsnap.*.so? */
+ * this function, in the Python extension _memsnap.*.so, or in the torch
+ * shim (libmemsnap_torch.so, libmemsnap_torch_npu.so)? */
 static bool sym_own(uintptr_t q) {
   static void *own_base; /* libmemsnap.so's base; sym_lock held */
   static bool own_known;
@@ -794,7 +795,8 @@ static bool sym_own(uintptr_t q) {
   if (own_base != NULL && di.dli_fbase == own_base) return true;
   const char *b = di.dli_fname ? strrchr(di.dli_fname, '/') : NULL;
   b = b ? b + 1 : di.dli_fname;
-  return b != NULL && strncmp(b, "_memsnap.", 9) == 0;
+  return b != NULL && (strncmp(b, "_memsnap.", 9) == 0 ||
+                       strncmp(b, "libmemsnap_torch", 16) == 0);
 }
 
 /* Resolve one pc (not cached).  sym_lock held. */

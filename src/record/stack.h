@@ -95,9 +95,9 @@ int msnap__stack_check(char *msg, size_t len);
 typedef struct msnap_csym_s {
   const char *name, *filename;
   int64_t line;
-  /* memsnap's own code: the shared libmemsnap.so, or the Python
-   * extension _memsnap.*.so (not a program that links the core
-   * statically) -- snapshots leave these frames out. */
+  /* memsnap's own code: the shared libmemsnap.so, the Python extension
+   * _memsnap.*.so or the torch shim libmemsnap_torch*.so (not a program
+   * that links the core statically) -- snapshots leave these frames out. */
   bool own;
 } msnap_csym_t;
 void msnap__symbolize(uintptr_t pc, msnap_csym_t *out);

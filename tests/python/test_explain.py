@@ -111,6 +111,39 @@ def test_no_memsnap_frame_in_any_recorded_stack(tmp_path, stacks):
     assert r["tb"] and all(not f["filename"].startswith(PKG_DIR) for f in r["tb"])
 
 
+SHIM = r"""
+import json
+import torch
+import memsnap.torch as mt, memsnap.memory as mm
+name = mt.register_device("npu")
+mm._record_memory_history("all", stacks="all")
+t = torch.empty(1 << 20, dtype=torch.uint8, device=name)
+s = mm._snapshot()
+print("RESULT " + json.dumps({"frames": [e["frames"] for e in s["device_traces"][0]
+                                         if e["action"] == "alloc"]}))
+"""
+
+
+def test_no_torch_shim_frame_in_c_stacks():
+    """memsnap's C++ torch shim (libmemsnap_torch.so: the device's
+    allocator and kernels) is memsnap's own code, left out as
+    libmemsnap.so is: the C stack of a tensor allocation starts in torch."""
+    import memsnap.torch as mt
+    try:
+        mt._shim.torch_lib()
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"SKIP: the torch shim is not built: {e}")
+    r = run_script(SHIM).result
+    assert r["frames"], "no alloc entry"
+    for fr in r["frames"]:
+        assert fr, "an allocation without frames"
+        ours = [f for f in fr if "libmemsnap" in f["filename"] or
+                "memsnap/csrc" in f["filename"] or
+                f["name"].startswith(("memsnap_torch::", "msnap_"))]
+        assert ours == [], ours[:3]
+        assert any(f["filename"] == "<string>" for f in fr)
+
+
 # --- rank, world size, host, pid ------------------------------------------------
 
 RANKED = r"""
