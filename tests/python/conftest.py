@@ -22,6 +22,24 @@ from memsnap import _memsnap
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# A script prologue: a 5 MiB block `keep`, then a 1 MiB workspace buffer
+# `w` of stream 7 (torch_npu's NPUWorkspaceAllocator, msnap_workspace_malloc
+# through ctypes on the default allocator), history not yet on.
+WORKSPACE_SETUP = r"""
+import ctypes, glob, json, os
+import memsnap, memsnap.memory as mm
+lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(memsnap.__file__),
+                                         "libmemsnap*.so*"))[0])
+lib.msnap_default.restype = ctypes.c_void_p
+lib.msnap_workspace_malloc.argtypes = [ctypes.c_void_p, ctypes.c_int,
+    ctypes.c_size_t, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
+keep = mm.caching_allocator_alloc(5 << 20)
+w = ctypes.c_uint64()
+assert lib.msnap_workspace_malloc(lib.msnap_default(), 0, 1 << 20, 7,
+                                  ctypes.byref(w)) == 0
+"""
+
+
 def base_env(**extra: str) -> dict:
     """A clean environment for a subprocess: no inherited memsnap/torch
     allocator settings or distributed rank, sim runtime, plus `extra`."""

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import memsnap
-from conftest import base_env, run_cli, run_script
+from conftest import WORKSPACE_SETUP, base_env, run_cli, run_script
 
 MiB = 1 << 20
 PKG_DIR = os.path.dirname(os.path.abspath(memsnap.__file__))
@@ -294,18 +294,7 @@ def test_oom_dump_written_by_memsnap_is_explained(tmp_path):
     assert "would have fit" in txt.stdout and "<- your code" in txt.stdout
 
 
-WORKSPACE_OOM = r"""
-import ctypes, glob, os
-import memsnap, memsnap.memory as mm
-lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(memsnap.__file__),
-                                         "libmemsnap*.so*"))[0])
-lib.msnap_default.restype = ctypes.c_void_p
-lib.msnap_workspace_malloc.argtypes = [ctypes.c_void_p, ctypes.c_int,
-    ctypes.c_size_t, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
-keep = mm.caching_allocator_alloc(5 << 20)
-w = ctypes.c_uint64()
-assert lib.msnap_workspace_malloc(lib.msnap_default(), 0, 1 << 20, 7,
-                                  ctypes.byref(w)) == 0
+WORKSPACE_OOM = WORKSPACE_SETUP + r"""
 mm._record_memory_history()
 big = [mm.caching_allocator_alloc(8 << 20) for _ in range(3)]
 try:

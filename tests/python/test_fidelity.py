@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import HERE, base_env, run_script
+from conftest import HERE, WORKSPACE_SETUP, base_env, run_script
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FAKE_ACL = os.path.join(ROOT, "build", "tests", "runtime", "libascendcl.so")
@@ -241,18 +241,7 @@ def test_cann_reported_oom_dumps(tmp_path):
     assert len(glob.glob(str(tmp_path / "device_0_memsnapUsage_*.csv"))) == 1
 
 
-WORKSPACE = r"""
-import ctypes, glob, json, os
-import memsnap, memsnap.memory as mm
-lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(memsnap.__file__),
-                                         "libmemsnap*.so*"))[0])
-lib.msnap_default.restype = ctypes.c_void_p
-lib.msnap_workspace_malloc.argtypes = [ctypes.c_void_p, ctypes.c_int,
-    ctypes.c_size_t, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
-keep = mm.caching_allocator_alloc(5 << 20)
-w = ctypes.c_uint64()
-assert lib.msnap_workspace_malloc(lib.msnap_default(), 0, 1 << 20, 7,
-                                  ctypes.byref(w)) == 0
+WORKSPACE = WORKSPACE_SETUP + r"""
 mm._record_memory_history()
 s = mm._snapshot()
 mm._dump_snapshot("ws.pickle")
