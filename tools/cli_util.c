@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,15 @@ const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len) {
   return p;
 }
 
+/* cli_stack's buffer is per thread (fleet analyses files on worker
+ * threads); a thread's buffer is freed when the thread ends (the key's
+ * destructor). */
+static pthread_key_t stack_buf_key;
+static pthread_once_t stack_buf_once = PTHREAD_ONCE_INIT;
+static void stack_buf_key_init(void) {
+  (void)pthread_key_create(&stack_buf_key, free);
+}
+
 const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
                           uint32_t *n) {
   /* the model keeps stacks encoded (about a byte per frame): decode into
@@ -130,11 +140,13 @@ const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
     return NULL;
   uint32_t len = msnap__stack_len(s, st);
   if (len > cap) {
+    pthread_once(&stack_buf_once, stack_buf_key_init);
     uint32_t *nb = realloc(buf, (size_t)len * sizeof *nb);
     if (!nb)
       return NULL;
     buf = nb;
     cap = len;
+    (void)pthread_setspecific(stack_buf_key, buf);
   }
   *n = msnap__stack_frames(s, st, buf, len);
   return buf;

@@ -163,7 +163,8 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     if (add_candidate(l, text, &acc[x], min_conf) != 0)
       goto out;
   }
-  qsort(l->v, l->n, sizeof *l->v, cmp_leak);
+  if (l->n) /* l->v is NULL without candidates */
+    qsort(l->v, l->n, sizeof *l->v, cmp_leak);
   rc = 0;
 out:
   free(live);
@@ -417,7 +418,8 @@ int cli_cmd_leaks(int argc, char **argv) {
                "sites of different runs are compared",
                diffproc, files[0]);
     if (rc == CLI_OK) {
-      qsort(v, n, sizeof *v, cmp_fsite);
+      if (n) /* v is NULL when no file has a live block */
+        qsort(v, n, sizeof *v, cmp_fsite);
       /* one entry per (device, site, file) */
       uint32_t m = 0;
       for (uint32_t i = 0; i < n; i++) {
@@ -466,7 +468,8 @@ int cli_cmd_leaks(int argc, char **argv) {
       i = k > i ? k : i + 1;
     }
     for (uint32_t i = 0; i < nper; i++)
-      qsort(per[i].v, per[i].n, sizeof *per[i].v, cmp_leak);
+      if (per[i].n)
+        qsort(per[i].v, per[i].n, sizeof *per[i].v, cmp_leak);
     for (uint32_t i = 0; i < n; i++)
       free(v[i].site);
     free(v);
