@@ -11,6 +11,7 @@
  * usage: bench_dump PATH [N]
  */
 #include <sys/stat.h>
+#include <stdlib.h>
 
 #include "bench_common.h"
 #include "memsnap.h"
@@ -68,7 +69,7 @@ int main(int argc, char **argv) {
   msnap_snapshot_options_t so;
   msnap_snapshot_options_init(&so);
   double best = 1e300;
-  for (int r = 0; r < 3; r++) {
+  for (int r = 0; r < (getenv("ROUNDS")?atoi(getenv("ROUNDS")):3); r++) {
     uint64_t t0 = bench_now_ns();
     if (msnap_dump_snapshot(g_a, &so, argv[1]) != 0) {
       fprintf(stderr, "bench_dump: dump: %s\n", msnap_last_error());

@@ -46,11 +46,11 @@ void msnap__history_record_locked(msnap_allocator_t *a, int device,
 }
 
 int msnap__history_copy_locked(msnap_allocator_t *a, int device,
-                               msnap_hcopy_t **out, size_t *n,
-                               uint64_t *dropped, uint64_t *capacity) {
+                               msnap_hcopy_t *out, uint64_t *dropped,
+                               uint64_t *capacity) {
   msnap_device_t *d = &a->devices[device];
   MSNAP_ASSERT_DEVICE_LOCKED(d);
-  int rc = msnap__ring_copy(&d->ring, out, n);
+  int rc = msnap__ring_copy(&d->ring, out);
   if (rc != 0) return rc;
   *dropped = d->ring.dropped;
   *capacity = d->ring.capacity;

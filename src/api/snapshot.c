@@ -231,8 +231,7 @@ static bool pool_is_default(msnap_mempool_id_t p) {
 }
 
 typedef struct dev_copy_s {
-  msnap_hcopy_t *v;
-  size_t n;
+  msnap_hcopy_t c; /* the ring copy: packed entries + their contexts */
   msnap_ws_info_t *ws;
   size_t nws;
 } dev_copy_t;
@@ -312,13 +311,27 @@ static int add_ws_segments(msnap_snap_t *s, int device,
   return t->ws_segments.err;
 }
 
+/* What one entry context of a ring copy becomes in the model, computed
+ * once per context (a recording has a handful), not per entry. */
+typedef struct ctx_model_s {
+  msnap_stack_t frames;
+  msnap_str_t compile_context, user_metadata;
+  uint8_t keep; /* passes the pool filter */
+} ctx_model_t;
+
 /* Convert one device's copied entries (synthetic workspace entries first)
- * into model trace entries; stack fields keep raw ids for the import. */
+ * into model trace entries, stacks imported through im. */
 static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
                               dev_copy_t *dc, msnap_mempool_id_t pool,
-                              msnap_map16_t *strs, msnap_str_t na) {
+                              msnap_map16_t *strs, msnap_str_t na,
+                              msnap_import_t *im) {
   int err = 0;
   int64_t prev = INT64_MIN;
+  const msnap_hcopy_t *c = &dc->c;
+  uint64_t nsyn_total = 0;
+  for (size_t i = 0; i < dc->nws; i++) nsyn_total += dc->ws[i].allocated ? 3 : 2;
+  if (msnap__snap_reserve_traces(s, l, nsyn_total + c->n) != 0)
+    return MSNAP_ENOMEM;
   /* Synthetic workspace entries are stamped with the earliest of the
    * buffers' creation times and the first recorded entry, so that times
    * stay non-decreasing. */
@@ -326,7 +339,7 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     uint64_t t0 = dc->ws[0].raw_created;
     for (size_t i = 1; i < dc->nws; i++)
       if (dc->ws[i].raw_created < t0) t0 = dc->ws[i].raw_created;
-    if (dc->n > 0 && dc->v[0].e.raw_time < t0) t0 = dc->v[0].e.raw_time;
+    if (c->n > 0 && c->slots[0].raw_time < t0) t0 = c->slots[0].raw_time;
     int64_t tus = msnap__clock_to_us(t0);
     for (size_t i = 0; i < dc->nws && !err; i++) {
       const msnap_ws_info_t *w = &dc->ws[i];
@@ -343,7 +356,7 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
         t->stream = (int64_t)w->stream;
         t->time_us = tus;
         t->pool_id = (msnap_mempool_id_t){0, 0};
-        t->frames = 0;
+        t->frames = MSNAP_STACK_ABSENT;
         t->compile_context = na;
         t->user_metadata = MSNAP_STR_EMPTY;
         t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
@@ -351,36 +364,51 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     }
     prev = tus;
   }
-  for (size_t i = 0; i < dc->n && !err; i++) {
-    const msnap_hcopy_t *c = &dc->v[i];
-    if (!pool_is_default(pool) &&
-        (c->pool.first != pool.first || c->pool.second != pool.second))
-      continue;
+  if (c->n == 0 || err) return err;
+  ctx_model_t *cm = calloc(c->nctx, sizeof *cm);
+  if (cm == NULL) return MSNAP_ENOMEM;
+  for (uint32_t k = 0; k < c->nctx; k++) {
+    const msnap_hcopy_ctx_t *x = &c->ctx[k];
+    cm[k].keep = pool_is_default(pool) || (x->pool.first == pool.first &&
+                                           x->pool.second == pool.second);
+    if (!cm[k].keep) continue;
+    cm[k].frames = msnap__import_stack(im, x->stack);
+    cm[k].compile_context = model_str(s, strs, x->compile_context, na, &err);
+    cm[k].user_metadata =
+        model_str(s, strs, x->user_metadata, MSNAP_STR_EMPTY, &err);
+  }
+  msnap_str_t malloc_with_addr = 0;
+  for (uint64_t i = 0; i < c->n && !err; i++) {
+    msnap_hentry_t e;
+    msnap__hcopy_get(c, i, &e);
+    const ctx_model_t *m = &cm[c->slots[i].ctx];
+    if (!m->keep) continue;
     msnap_strace_t *t = add_trace(s, l, &err);
     if (t == NULL) break;
-    t->action = c->e.action;
-    t->addr = c->e.addr;
-    t->size = c->e.size;
-    t->stream = (int64_t)c->stream;
-    int64_t tus = msnap__clock_to_us(c->e.raw_time);
+    t->action = e.action;
+    t->addr = e.addr;
+    t->size = e.size;
+    t->stream = (int64_t)e.stream;
+    int64_t tus = msnap__clock_to_us(e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
     t->time_us = tus;
-    t->pool_id = c->pool;
-    t->frames = c->e.stack; /* raw id, reference moved to the model */
-    msnap__stack_ref(c->e.stack);
-    t->compile_context = model_str(s, strs, c->e.compile_context, na, &err);
-    t->user_metadata =
-        model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
-    t->keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
-                                ? MSNAP_K_DEVICE_FREE
-                                : MSNAP_K_ADDRESS);
-    if (c->e.internal_meta == 1) {
-      t->internal_metadata =
-          msnap__snap_intern(s, "mallocWithAddress", 17);
+    t->pool_id = e.pool;
+    t->frames = m->frames;
+    t->compile_context = m->compile_context;
+    t->user_metadata = m->user_metadata;
+    t->keys = TRACE_KEYS | (e.action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE
+                                                         : MSNAP_K_ADDRESS);
+    if (m->frames != MSNAP_STACK_ABSENT) t->keys |= MSNAP_K_FRAMES;
+    if (e.internal_meta == 1) {
+      if (malloc_with_addr == 0)
+        malloc_with_addr = msnap__snap_intern(s, "mallocWithAddress", 17);
+      t->internal_metadata = malloc_with_addr;
       t->keys |= MSNAP_K_INTERNAL_META;
     }
   }
+  free(cm);
+  if (!err && im->err) err = im->err;
   return err;
 }
 
@@ -424,8 +452,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     uint64_t active = 0, cap = 0;
     msnap__device_lock(a, d);
     if (traces)
-      err = msnap__history_copy_locked(a, d, &dc[d].v, &dc[d].n,
-                                       &tt.dropped[d], &cap);
+      err = msnap__history_copy_locked(a, d, &dc[d].c, &tt.dropped[d], &cap);
     if (!err)
       err = msnap__device_collect_segments_locked(a, d, pool, s, &active);
     if (!err)
@@ -450,7 +477,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   if (!err && !o->segments_only && msnap__host_history_active(a) &&
       msnap__host_lock(a) == 0) {
     uint64_t hdropped = 0;
-    if (traces) err = msnap__host_ring_copy_locked(a, &hc.v, &hc.n, &hdropped);
+    if (traces) err = msnap__host_ring_copy_locked(a, &hc.c, &hdropped);
     if (!err) err = msnap__host_collect_locked(a, s);
     msnap__host_unlock(a);
   }
@@ -459,14 +486,17 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   /* Outside every lock: times, strings, stacks. */
   msnap__clock_calibrate();
   msnap_map16_t strs = {0};
+  msnap_import_t im;
+  msnap__import_init(&im, s);
   msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
-    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na);
-  if (!err && hc.n > 0)
+    err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na,
+                             &im);
+  if (!err && hc.c.n > 0)
     err = build_device_trace(s, &s->host_traces, &hc,
-                             (msnap_mempool_id_t){0, 0}, &strs, na);
-  msnap__hcopy_release(hc.v, hc.n);
+                             (msnap_mempool_id_t){0, 0}, &strs, na, &im);
+  msnap__hcopy_release(&hc.c);
   if (!err && traces) {
     msnap_aentry_t *av = NULL;
     size_t an = 0;
@@ -489,12 +519,14 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   }
   msnap__map16_free(&strs);
   for (int d = 0; dc != NULL && d < ndev; d++) {
-    msnap__hcopy_release(dc[d].v, dc[d].n);
+    msnap__hcopy_release(&dc[d].c);
     free(dc[d].ws);
   }
   free(dc);
-  /* Always import, even after an error: it drops the collected refs. */
-  int irc = msnap__snap_import_stacks(s);
+  /* Always import, even after an error: it drops the references segments
+   * and blocks hold (trace entries got model stacks above). */
+  (void)msnap__snap_import_stacks(s, &im, false);
+  int irc = msnap__import_done(&im);
   if (!err) err = irc;
   if (!err) {
     /* build_settings copies the conf under device 0's lock (conf_copy). */

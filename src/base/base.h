@@ -153,6 +153,18 @@ int msnap__grow_to(void **p, void *cap, size_t cap_size, uint64_t need,
 /* The same for a uint32_t capacity with n used and `extra` more wanted. */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* Scratch memory that is written in full at once (snapshot copies of a
+ * trace ring, model arrays of a dump): large sizes are mapped and
+ * prefaulted in one system call (MAP_POPULATE) instead of one page fault
+ * per 4 KiB page as they are first written; small sizes, sanitizer builds
+ * and systems without MAP_POPULATE use malloc.  Contents are zero only
+ * when mapped: callers write every byte.  NULL on ENOMEM (or bytes 0);
+ * free with msnap__prefaulted_free and the same size. */
+void *msnap__prefaulted_alloc(size_t bytes);
+void msnap__prefaulted_free(void *p, size_t bytes);
+/* Prefault [p, p + bytes) of memory about to be written in full (best
+ * effort: MADV_POPULATE_WRITE, Linux 5.14; a no-op elsewhere). */
+void msnap__prefault(void *p, size_t bytes);
 /* A growable text buffer (stats text, CSV reports): printf appends; the
  * first failure is sticky in err (MSNAP_ENOMEM, MSNAP_EINVAL for a bad
  * format) and later appends do nothing.  A zeroed one is empty; free p. */

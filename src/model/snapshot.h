@@ -261,6 +261,11 @@ msnap_sblock_t *msnap__snap_add_block(msnap_snap_t *s);
 msnap_shistory_t *msnap__snap_add_history(msnap_snap_t *s);
 int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices);
 msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l);
+/* Room for `extra` more entries in l (exactly), prefaulted: a writer that
+ * knows its count up front adds them without reallocation or a page fault
+ * per page.  0 or MSNAP_ENOMEM. */
+int msnap__snap_reserve_traces(msnap_snap_t *s, msnap_trace_list_t *l,
+                               uint64_t extra);
 msnap_sannotation_t *msnap__snap_add_annotation(msnap_snap_t *s);
 void msnap__gv_free(msnap_gv_t *v);
 /* Structural invariants of the model (see top of file). */
@@ -284,6 +289,9 @@ struct msnap_sink_s;
  * frames and stacks, streamed to the sink. */
 int msnap__snap_write_pickle(const msnap_snap_t *s, struct msnap_sink_s *out);
 int msnap__snap_write_json(const msnap_snap_t *s, struct msnap_sink_s *out);
+/* Tests: turn the pickle writer's trace-tail cache off (on by default) to
+ * compare its output with the plain path's. */
+void msnap__snap_write_tail_cache(bool on);
 /* Write to path through a temporary file + rename. */
 int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
                            bool json);
