@@ -207,9 +207,8 @@ int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
   if (!msnap__history_active(a)) return 0;
   msnap_rctx_t ctx;
   msnap__rctx_capture(&a->hist, &ctx, false);
-  msnap__stack_unref(ctx.user_metadata);
-  ctx.user_metadata =
-      metadata ? msnap__str_intern(metadata, strlen(metadata)) : 0;
+  msnap__rctx_set_metadata(
+      &ctx, metadata ? msnap__str_intern(metadata, strlen(metadata)) : 0);
   msnap__device_lock(a, device);
   msnap__history_record_locked(a, device, MSNAP_ACTION_ANNOTATE, ptr, req,
                                stream, pool, &ctx, 0);

@@ -48,14 +48,24 @@
 
 /* ---- recording contexts (history.c) -------------------------------------- */
 /* A recording context, captured at the start of malloc/free/empty_cache
- * OUTSIDE the allocator lock, consumed under it.  stack is an id in the
- * process-wide stack table (0 = none), holding one reference that the
- * consumer takes over (msnap__stack_ref/unref). */
+ * OUTSIDE the allocator lock, consumed under it, released at the end of
+ * the call (msnap__rctx_release) on the same thread.  Its ids are valid
+ * until then, and cost no atomic operation in the common case:
+ *   - stack: borrowed from the calling thread's stack cache when
+ *     stack_pin != 0 (the cache keeps the slot while pinned), else one
+ *     reference of the context's own;
+ *   - user_metadata, compile_context: borrowed from the thread's
+ *     metadata (it cannot change during the call), unless `owns` says the
+ *     context holds a reference (msnap__rctx_set_metadata).
+ * A consumer that keeps an id beyond the call takes its own reference. */
+enum { MSNAP_RCTX_OWNS_STACK = 1, MSNAP_RCTX_OWNS_META = 2 };
 typedef struct msnap_rctx_s {
   uint32_t stack;           /* interned stack id, 0 = none          */
   uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
   uint32_t compile_context; /* interned string id, 0 = "N/A"         */
   uint8_t level;            /* msnap_record_context_t at capture      */
+  uint8_t stack_pin;        /* thread stack-cache pin (0: none)       */
+  uint8_t owns;             /* MSNAP_RCTX_OWNS_*                      */
   /* Serial of the capturing call, unique per thread and call (0: none).
    * Entries that one call records back to back in a ring share one clock
    * read (ring.c, msnap__ring_record). */
@@ -81,9 +91,13 @@ static inline bool msnap__hsettings_on(const msnap_hsettings_t *s) {
  * level ALL); other sites get a stack at level >= STATE. */
 void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
                          bool is_free_site);
-/* Drop the references a context still holds. */
+/* Drop what a context holds (references, stack-cache pin). */
 void msnap__rctx_release(msnap_rctx_t *ctx);
-/* This thread's metadata/compile-context ids with a reference each. */
+/* Replace the context's user_metadata by `id`, whose reference the
+ * context takes over (msnap_annotate_memory's text). */
+void msnap__rctx_set_metadata(msnap_rctx_t *ctx, uint32_t id);
+/* This thread's metadata/compile-context ids, borrowed: valid until the
+ * thread changes them (take a reference to keep them). */
 void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context);
 
 /* ---- the trace ring (ring.c) --------------------------------------------- */
@@ -126,7 +140,9 @@ typedef struct msnap_hctxtab_s {
   uint32_t free_head;  /* first free index + 1 (0: none)                   */
   uint32_t *ht;
   uint32_t ht_cap;     /* power of two (0: no index yet)                   */
-  uint32_t last;       /* index + 1 of the context used last (0: none)     */
+  uint32_t last[2];    /* index + 1 of the two contexts used last, most
+                        * recent first (0: none): an allocator call's
+                        * entries alternate between at most two         */
 } msnap_hctxtab_t;
 
 /* One trace entry, decoded (copies, tests). */

@@ -86,9 +86,16 @@ static int hctx_rehash(msnap_hctxtab_t *t, uint32_t cap) {
  * (with references on its ids) when new.  UINT32_MAX on ENOMEM.  Owner's
  * lock. */
 static uint32_t hctx_get(msnap_hctxtab_t *t, const msnap_hctx_t *k) {
-  if (t->last != 0 && hctx_equal(&t->v[t->last - 1], k)) {
-    t->v[t->last - 1].refs++;
-    return t->last - 1;
+  if (t->last[0] != 0 && hctx_equal(&t->v[t->last[0] - 1], k)) {
+    t->v[t->last[0] - 1].refs++;
+    return t->last[0] - 1;
+  }
+  if (t->last[1] != 0 && hctx_equal(&t->v[t->last[1] - 1], k)) {
+    uint32_t i = t->last[1];
+    t->last[1] = t->last[0];
+    t->last[0] = i;
+    t->v[i - 1].refs++;
+    return i - 1;
   }
   if ((t->live + 1) * 2 > t->ht_cap) { /* load <= 1/2 */
     uint32_t cap = t->ht_cap ? t->ht_cap * 2 : 64;
@@ -99,7 +106,8 @@ static uint32_t hctx_get(msnap_hctxtab_t *t, const msnap_hctx_t *k) {
     msnap_hctx_t *x = &t->v[t->ht[j] - 1];
     if (hctx_equal(x, k)) {
       x->refs++;
-      t->last = t->ht[j];
+      t->last[1] = t->last[0];
+      t->last[0] = t->ht[j];
       return t->ht[j] - 1;
     }
     j = (j + 1) & (t->ht_cap - 1);
@@ -120,7 +128,8 @@ static uint32_t hctx_get(msnap_hctxtab_t *t, const msnap_hctx_t *k) {
   msnap__stack_ref(k->compile_context);
   t->ht[j] = i + 1;
   t->live++;
-  t->last = i + 1;
+  t->last[1] = t->last[0];
+  t->last[0] = i + 1;
   return i;
 }
 
@@ -151,7 +160,11 @@ static void hctx_put(msnap_hctxtab_t *t, uint32_t i) {
   x->stack = t->free_head;
   t->free_head = i + 1;
   t->live--;
-  if (t->last == i + 1) t->last = 0;
+  if (t->last[1] == i + 1) t->last[1] = 0;
+  if (t->last[0] == i + 1) {
+    t->last[0] = t->last[1];
+    t->last[1] = 0;
+  }
 }
 
 static void hctx_free_all(msnap_hctxtab_t *t) {
@@ -406,8 +419,10 @@ static const char *hctx_check(const msnap_ring_t *ring, uint64_t *sum) {
   uint32_t live = 0, nfree = 0, indexed = 0;
   *sum = 0;
   if (t->n > t->cap) return "context count above capacity";
-  if (t->last > t->n || (t->last && t->v[t->last - 1].refs == 0))
-    return "last context is not live";
+  for (int m = 0; m < 2; m++)
+    if (t->last[m] > t->n || (t->last[m] && t->v[t->last[m] - 1].refs == 0))
+      return "a recently used context is not live";
+  if (t->last[0] == 0 && t->last[1] != 0) return "recent contexts out of order";
   for (uint32_t i = 0; i < t->n; i++) {
     const msnap_hctx_t *x = &t->v[i];
     if (x->refs == 0) continue;

@@ -59,6 +59,15 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
  * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
  * is installed.  Returns an id with one reference, or 0. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
+/* The same, for a caller that uses the id only until a matching
+ * msnap__stack_unpin on this thread, with no other capture on this thread
+ * in between (an allocator call): on a hit in the thread's stack cache,
+ * or when the new stack enters it, the id is borrowed from the cache,
+ * whose slot stays pinned (*pin != 0) -- no atomic operation; otherwise
+ * (*pin == 0) the caller owns one reference. */
+uint32_t msnap__stack_capture_pinned(unsigned stacks, int skip,
+                                     uint8_t *pin);
+void msnap__stack_unpin(uint8_t pin);
 /* The C unwinder in use (MEMSNAP_UNWIND): "libunwind" (default when
  * libunwind.so.8 loads), "backtrace" (glibc) or "fp". */
 const char *msnap__stack_unwinder_name(void);
@@ -83,7 +92,7 @@ const msnap_frame_hook_t *msnap__frame_hook(void);
 void msnap__stack_drain_releases(void);
 /* Drop the calling thread's cache of recently captured stacks (each
  * thread keeps references on its last few stacks; msnap_set_frame_hook
- * and thread exit flush it too). */
+ * and thread exit flush it too); pinned slots stay. */
 void msnap__stack_tcache_flush(void);
 /* Structure check (see top of file): 0 or MSNAP_ESTATE with msg. */
 int msnap__stack_check(char *msg, size_t len);

@@ -368,8 +368,9 @@ static void test_context_levels(void **state) {
   assert_int_equal(v[0].stack, actx.stack);
   assert_int_equal(v[1].stack, actx.stack);
   /* Both entries share one entry context, which holds the ring's one
-   * reference; the copy holds one per context: ring (1) + copy (1) + ours
-   * (1), once the thread cache let go. */
+   * reference; the copy holds one per context: ring (1) + copy (1) + the
+   * thread's stack cache (1: actx borrows its id from a pinned slot, which
+   * a flush keeps). */
   msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_refcount(actx.stack), 3);
   release(v);
