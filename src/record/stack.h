@@ -68,9 +68,28 @@ uint32_t msnap__stack_capture(unsigned stacks, int skip);
 uint32_t msnap__stack_capture_pinned(unsigned stacks, int skip,
                                      uint8_t *pin);
 void msnap__stack_unpin(uint8_t pin);
-/* The C unwinder in use (MEMSNAP_UNWIND): "libunwind" (default when
- * libunwind.so.8 loads), "backtrace" (glibc) or "fp". */
+/* The DWARF CFI unwinder (unwind.c): return addresses of the calling
+ * thread, innermost first, the first one inside msnap__unwind_cfi itself;
+ * at most max.  -1 when it cannot follow this stack (the caller then uses
+ * another unwinder).  Rules are cached per return address for the life
+ * of the process. */
+int msnap__unwind_cfi(uintptr_t *out, int max);
+/* Forget the calling thread's last walk (tests: the next capture walks
+ * every frame by rule). */
+void msnap__unwind_forget(void);
+/* Rules in the unwind cache (tests). */
+size_t msnap__unwind_cached(void);
+/* Structure check of the unwind cache: 0 or MSNAP_ESTATE with msg. */
+int msnap__unwind_check(char *msg, size_t len);
+/* The C unwinder in use (MEMSNAP_UNWIND): "cfi" (default where
+ * supported: x86_64, aarch64), "libunwind", "backtrace" (glibc) or "fp".
+ * With "cfi", a stack it cannot follow is unwound by libunwind when
+ * libunwind.so.8 loads, else by backtrace(). */
 const char *msnap__stack_unwinder_name(void);
+/* Switch the unwinder ("cfi", "libunwind", "backtrace", "fp") for tests
+ * and benchmarks that compare them in one process: 0, or MSNAP_EINVAL
+ * when it is unknown or unavailable here. */
+int msnap__stack_set_unwinder(const char *name);
 /* Intern a string (len bytes, need not be NUL-terminated).  "" gives 0. */
 uint32_t msnap__str_intern(const char *s, size_t len);
 /* Text of a string id ("" for 0); valid while a reference is held. */
