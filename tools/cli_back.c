@@ -47,34 +47,15 @@ void cli_state_free(cli_state_t *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* Index of the first block / segment with addr >= a (typed, inlined:
- * these run several times per trace entry in check and replay). */
-static inline uint32_t lb_block(const cli_state_t *st, uint64_t a) {
-  uint32_t lo = 0, n = st->nb;
-  while (n > 0) {
-    uint32_t half = n / 2;
-    if (st->b[lo + half].addr < a) {
-      lo += half + 1;
-      n -= half + 1;
-    } else {
-      n = half;
-    }
-  }
-  return lo;
+/* Index of the first block / segment with addr >= a. */
+static uint32_t lb_block(const cli_state_t *st, uint64_t a) {
+  return cli_lower_bound(st->b, st->nb, sizeof *st->b,
+                         offsetof(cli_lblock_t, addr), a, false);
 }
 
-static inline uint32_t lb_seg(const cli_state_t *st, uint64_t a) {
-  uint32_t lo = 0, n = st->ng;
-  while (n > 0) {
-    uint32_t half = n / 2;
-    if (st->g[lo + half].addr < a) {
-      lo += half + 1;
-      n -= half + 1;
-    } else {
-      n = half;
-    }
-  }
-  return lo;
+static uint32_t lb_seg(const cli_state_t *st, uint64_t a) {
+  return cli_lower_bound(st->g, st->ng, sizeof *st->g,
+                         offsetof(cli_lseg_t, addr), a, false);
 }
 
 static long find_block(const cli_state_t *st, uint64_t a) {
