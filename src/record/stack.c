@@ -370,7 +370,6 @@ enum {
   UNWIND_CFI = 4
 };
 static _Atomic int unwind_mode; /* 0 = not chosen yet */
-static MSNAP_TLS uintptr_t stk_lo, stk_hi;
 static int (*unw_bt)(void **, int); /* set once before unwind_mode */
 
 #if defined(__x86_64__)
@@ -463,18 +462,8 @@ const char *msnap__stack_unwinder_name(void) {
  * function that inlines this one. */
 static inline __attribute__((always_inline)) int fp_walk(uintptr_t *out,
                                                          int max) {
-  if (stk_hi == 0) {
-    pthread_attr_t at;
-    void *addr = NULL;
-    size_t sz = 0;
-    if (pthread_getattr_np(pthread_self(), &at) == 0) {
-      pthread_attr_getstack(&at, &addr, &sz);
-      pthread_attr_destroy(&at);
-    }
-    stk_lo = (uintptr_t)addr;
-    stk_hi = (uintptr_t)addr + sz;
-    if (stk_hi == 0) stk_hi = 1; /* unknown: the walk stops at once */
-  }
+  uintptr_t stk_lo, stk_hi; /* unknown: hi 1, the walk stops at once */
+  msnap__thread_stack(&stk_lo, &stk_hi);
   uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
   int n = 0;
   while (n < max) {

@@ -74,6 +74,9 @@ void msnap__stack_unpin(uint8_t pin);
  * another unwinder).  Rules are cached per return address for the life
  * of the process. */
 int msnap__unwind_cfi(uintptr_t *out, int max);
+/* The calling thread's stack [lo, hi) (pthread_getattr_np, once per
+ * thread; hi 1 when unknown): the bounds every stack walk reads within. */
+void msnap__thread_stack(uintptr_t *lo, uintptr_t *hi);
 /* Forget the calling thread's last walk (tests: the next capture walks
  * every frame by rule). */
 void msnap__unwind_forget(void);

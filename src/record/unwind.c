@@ -210,6 +210,29 @@ size_t msnap__unwind_cached(void) {
   return t ? t->used : 0;
 }
 
+/* ---- the thread's stack ---------------------------------------------------- */
+
+static MSNAP_TLS uintptr_t stk_lo, stk_hi;
+
+static void stack_bounds(void) {
+  pthread_attr_t at;
+  void *addr = NULL;
+  size_t sz = 0;
+  if (pthread_getattr_np(pthread_self(), &at) == 0) {
+    pthread_attr_getstack(&at, &addr, &sz);
+    pthread_attr_destroy(&at);
+  }
+  stk_lo = (uintptr_t)addr;
+  stk_hi = (uintptr_t)addr + sz;
+  if (stk_hi == 0) stk_hi = 1; /* unknown: every walk stops at once */
+}
+
+void msnap__thread_stack(uintptr_t *lo, uintptr_t *hi) {
+  if (msnap_unlikely(stk_hi == 0)) stack_bounds();
+  *lo = stk_lo;
+  *hi = stk_hi;
+}
+
 #if CFI_SUPPORTED
 
 /* ---- reading DWARF ------------------------------------------------------- */
@@ -646,21 +669,6 @@ static uint64_t rule_compute(uintptr_t key, uintptr_t target) {
 }
 
 /* ---- the walk ------------------------------------------------------------ */
-
-static MSNAP_TLS uintptr_t stk_lo, stk_hi;
-
-static void stack_bounds(void) {
-  pthread_attr_t at;
-  void *addr = NULL;
-  size_t sz = 0;
-  if (pthread_getattr_np(pthread_self(), &at) == 0) {
-    pthread_attr_getstack(&at, &addr, &sz);
-    pthread_attr_destroy(&at);
-  }
-  stk_lo = (uintptr_t)addr;
-  stk_hi = (uintptr_t)addr + sz;
-  if (stk_hi == 0) stk_hi = 1; /* unknown: every capture falls back */
-}
 
 /*
  * The thread's last walk, outermost frame first (F[0]).  For each frame:

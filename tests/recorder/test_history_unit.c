@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "decoded_copy.h"
+
 #include "record/history.h"
 #include "record/stack.h"
 
@@ -87,28 +89,6 @@ static void disable(rec_t *r) {
   atomic_store(&r->s.stacks, 0u);
   msnap__ring_clear(&r->ring);
   pthread_mutex_unlock(&r->lock);
-}
-
-/* A ring copy decoded for the tests: the entries oldest first, placed
- * after the copy itself so that release(v) can drop the copy's
- * references (one per id of each entry context). */
-typedef struct decoded_s {
-  msnap_hcopy_t c;
-  msnap_hentry_t v[];
-} decoded_t;
-
-static msnap_hentry_t *decode(msnap_hcopy_t *c) {
-  decoded_t *d = malloc(sizeof *d + (size_t)c->n * sizeof(msnap_hentry_t));
-  assert_non_null(d);
-  d->c = *c;
-  for (uint64_t i = 0; i < c->n; i++) msnap__hcopy_get(c, i, &d->v[i]);
-  return d->v;
-}
-
-static void release(msnap_hentry_t *v) {
-  decoded_t *d = (decoded_t *)((char *)v - offsetof(decoded_t, v));
-  msnap__hcopy_release(&d->c);
-  free(d);
 }
 
 /* Copy the ring (decoded); returns the count. */
