@@ -750,10 +750,21 @@ static void walk_store(uwalk_t *wc, int kept, const uframe_t *tmp, int own) {
   wc->n = (uint32_t)count;
 }
 
-/* Reads other frames' saved registers: not instrumented (sanitizers
- * would see reads outside this function's objects). */
-__attribute__((noinline, no_sanitize_address, no_sanitize_thread)) int
-msnap__unwind_cfi(uintptr_t *out, int max) {
+/* A word of this thread's stack outside this function's objects (a saved
+ * return address or frame pointer of another frame): read by one
+ * instruction that the sanitizers do not instrument -- it is no object
+ * of the program's, and no other thread writes it. */
+static inline uintptr_t stack_word(uintptr_t at) {
+  uintptr_t v;
+#if defined(__x86_64__)
+  __asm__ volatile("mov (%1), %0" : "=r"(v) : "r"(at));
+#else
+  __asm__ volatile("ldr %0, [%1]" : "=r"(v) : "r"(at));
+#endif
+  return v;
+}
+
+__attribute__((noinline)) int msnap__unwind_cfi(uintptr_t *out, int max) {
   uintptr_t pc, sp, fp, lr = 0;
   (void)lr;
 #if defined(__x86_64__)
@@ -785,8 +796,8 @@ msnap__unwind_cfi(uintptr_t *out, int max) {
         for (;;) { /* replay F[i], F[i-1]... while their words hold */
           const uframe_t *c = &F[i];
           if (c->how == F_OPEN ||
-              (c->ra_at && *(const uintptr_t *)c->ra_at != c->ra) ||
-              (c->fp_at && *(const uintptr_t *)c->fp_at != c->fpv))
+              (c->ra_at && stack_word(c->ra_at) != c->ra) ||
+              (c->fp_at && stack_word(c->fp_at) != c->fpv))
             break;
           if (c->how == F_END || n + 1 >= max) { /* the rest is F's */
             n++;
@@ -833,7 +844,7 @@ msnap__unwind_cfi(uintptr_t *out, int max) {
     if (cfa <= sp || cfa > hi ||
         (!in_lr && (ra_at < sp || ra_at + sizeof(uintptr_t) > hi)))
       break; /* off the stack: the walk ends here */
-    uintptr_t ra = in_lr ? lr : *(const uintptr_t *)ra_at;
+    uintptr_t ra = in_lr ? lr : stack_word(ra_at);
     if (!in_lr) {
       fr->ra_at = ra_at;
       fr->ra = ra;
@@ -841,7 +852,7 @@ msnap__unwind_cfi(uintptr_t *out, int max) {
     if (RULE_FP_SAVED(r)) {
       uintptr_t fp_at = cfa + (intptr_t)RULE_FP_OFF(r);
       if (fp_at < sp || fp_at + sizeof(uintptr_t) > hi) break;
-      fp = *(const uintptr_t *)fp_at;
+      fp = stack_word(fp_at);
       fr->fp_saved = 1;
       fr->fp_at = fp_at;
       fr->fpv = fp;
