@@ -570,8 +570,8 @@ def main():
     load_end = os.getloadavg()[0] if hasattr(os, 'getloadavg') else -1
     header = ('Run on %s, on %s (`make bench`, %s).' % (
         when, machine(), 'release build, memsnap and its anchor '
-        'interleaved, medians of %d rounds unless the row says otherwise'
-        % args.rounds))
+        'interleaved, medians of %d rounds, except row 4 (one run each; '
+        'the reader rows are being reworked)' % args.rounds))
     if load_start >= 0:
         header += (' Load average (1 min) %.1f at the start, %.1f at the '
                    'end, on %d cores: other jobs shared the machine.'

@@ -378,28 +378,33 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
         model_str(s, strs, x->user_metadata, MSNAP_STR_EMPTY, &err);
   }
   msnap_str_t malloc_with_addr = 0;
+  msnap_clock_map_t clk; /* one clock lock for the whole trace */
+  msnap__clock_map(&clk);
   for (uint64_t i = 0; i < c->n && !err; i++) {
     msnap_hentry_t e;
     msnap__hcopy_get(c, i, &e);
     const ctx_model_t *m = &cm[c->slots[i].ctx];
     if (!m->keep) continue;
-    msnap_strace_t *t = add_trace(s, l, &err);
-    if (t == NULL) break;
-    t->action = e.action;
-    t->addr = e.addr;
-    t->size = e.size;
-    t->stream = (int64_t)e.stream;
-    int64_t tus = msnap__clock_to_us(e.raw_time);
+    int64_t tus = msnap__clock_map_us(&clk, e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
-    t->time_us = tus;
-    t->pool_id = e.pool;
-    t->frames = m->frames;
-    t->compile_context = m->compile_context;
-    t->user_metadata = m->user_metadata;
-    t->keys = TRACE_KEYS | (e.action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE
-                                                         : MSNAP_K_ADDRESS);
-    if (m->frames != MSNAP_STACK_ABSENT) t->keys |= MSNAP_K_FRAMES;
+    /* room was reserved above: append in place, every field written */
+    msnap_strace_t *t = &l->v[l->n++];
+    *t = (msnap_strace_t){
+        .addr = e.addr,
+        .size = e.size,
+        .stream = (int64_t)e.stream,
+        .time_us = tus,
+        .pool_id = e.pool,
+        .frames = m->frames,
+        .compile_context = m->compile_context,
+        .user_metadata = m->user_metadata,
+        .keys = (uint16_t)(TRACE_KEYS |
+                           (e.action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE
+                                                         : MSNAP_K_ADDRESS) |
+                           (m->frames != MSNAP_STACK_ABSENT ? MSNAP_K_FRAMES
+                                                            : 0)),
+        .action = e.action};
     if (e.internal_meta == 1) {
       if (malloc_with_addr == 0)
         malloc_with_addr = msnap__snap_intern(s, "mallocWithAddress", 17);

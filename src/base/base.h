@@ -130,6 +130,23 @@ uint64_t msnap__clock_raw(void);
 /* Convert a raw reading to microseconds since the Unix epoch (calibrated
  * against CLOCK_REALTIME; monotone). */
 int64_t msnap__clock_to_us(uint64_t raw);
+/* The conversion as of now, for converting many readings (a snapshot's
+ * trace) without the clock lock per reading: msnap__clock_map takes it
+ * once, msnap__clock_map_us converts exactly as msnap__clock_to_us. */
+typedef struct msnap_clock_map_s {
+  uint64_t raw1;   /* the anchor: a raw reading ...  */
+  int64_t real1_ns; /* ... and its CLOCK_REALTIME    */
+  double scale;    /* ns per tick                    */
+} msnap_clock_map_t;
+void msnap__clock_map(msnap_clock_map_t *m);
+static inline int64_t msnap__clock_map_us(const msnap_clock_map_t *m,
+                                          uint64_t raw) {
+  double delta = raw >= m->raw1 ? (double)(raw - m->raw1) * m->scale
+                                : -(double)(m->raw1 - raw) * m->scale;
+  int64_t ns = m->real1_ns + (int64_t)delta;
+  /* floor division, as the binding's ns / 1000 for positive times */
+  return ns >= 0 ? ns / 1000 : -((-ns + 999) / 1000);
+}
 int64_t msnap__clock_now_us(void);
 /* First use: pick the counter, take the first anchor (idempotent). */
 void msnap__clock_init(void);

@@ -263,7 +263,8 @@ int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices);
 msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l);
 /* Room for `extra` more entries in l (exactly), prefaulted: a writer that
  * knows its count up front adds them without reallocation or a page fault
- * per page.  0 or MSNAP_ENOMEM. */
+ * per page -- through msnap__snap_add_trace, or as l->v[l->n++] with
+ * every field written.  0 or MSNAP_ENOMEM. */
 int msnap__snap_reserve_traces(msnap_snap_t *s, msnap_trace_list_t *l,
                                uint64_t extra);
 msnap_sannotation_t *msnap__snap_add_annotation(msnap_snap_t *s);
