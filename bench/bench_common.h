@@ -92,6 +92,19 @@ static inline uint64_t bench_rss_bytes(void) {
   return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
+/* Peak resident set size of this process in bytes (VmHWM). */
+static inline uint64_t bench_peak_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  uint64_t v = 0;
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (strncmp(line, "VmHWM:", 6) == 0)
+      v = strtoull(line + 6, NULL, 10) * 1024;
+  if (f != NULL)
+    fclose(f);
+  return v;
+}
+
 /* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES
  * and MEMSNAP_SIM_MEMORY (it does not see msnap_options_t.sim_*), so set
  * both as well (0 leaves a variable alone). */

@@ -109,6 +109,9 @@ static msnap_snap_t *generate(uint64_t nentries) {
   int64_t t = 1732000000000000;
   uint64_t addr = 0, size = 0;
   msnap_stack_t st = MSNAP_STACK_EMPTY;
+  msnap_tattr_t attr;
+  memset(&attr, 0, sizeof attr); /* stream 0 */
+  attr.keys = MSNAP_K_ADDRESS | MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_FRAMES;
   for (uint64_t i = 0; i < nentries; i++) {
     if (i % 3 == 0) {
       /* Inside a free (inactive, odd) 5 MiB block of a random segment, so
@@ -135,10 +138,10 @@ static msnap_snap_t *generate(uint64_t nentries) {
     e->action = actions[i % 3];
     e->addr = addr;
     e->size = size;
-    e->stream = 0;
     e->time_us = t += 1 + (int64_t)(i % 5);
     e->frames = st;
-    e->keys = MSNAP_K_ADDRESS | MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_FRAMES;
+    if (msnap__snap_trace_set_attr(s, e, &attr) != 0)
+      die("trace attributes");
   }
   free(frames);
   return s;

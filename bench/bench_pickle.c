@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "api/api.h"
 #include "runtime/runtime.h"
 
@@ -25,15 +26,7 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static long rss_kb(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmHWM:", 6) == 0) v = atol(line + 6);
-  if (f) fclose(f);
-  return v;
-}
+static long rss_kb(void) { return (long)(bench_peak_rss_bytes() / 1024); }
 
 static int discard_cb(void *opaque, const void *p, size_t len) {
   (void)opaque;
@@ -63,6 +56,15 @@ static int read_only(const char *path) {
          "(%.2fx)\n",
          path, t1 - t0, (after - before) / 1e3, size / 1e6,
          (after - before) * 1e3 / (double)size);
+  uint64_t ne = 0, cap = 0;
+  for (uint32_t d = 0; d < r->ndevices; d++)
+    ne += r->device_traces[d].n, cap += r->device_traces[d].cap;
+  printf("model: %llu entries (%.1f MB, cap %llu), %u stacks (%.1f MB "
+         "encoded, %.2f B/frame), %u frames, %u strings (%.1f MB), %u "
+         "attribute sets\n",
+         (unsigned long long)ne, ne * sizeof(msnap_strace_t) / 1e6,
+         (unsigned long long)cap, r->nstacks, r->nstack_bytes / 1e6,
+         0.0, r->nframes, r->nstrings, r->strbuf_len / 1e6, r->ntattrs);
   msnap__snap_free(r);
   return 0;
 }
@@ -98,8 +100,9 @@ int main(int argc, char **argv) {
     t->size = 512 + (i % 1000) * 64;
     t->time_us = 1772552894612167ll + i;
     t->frames = stacks[i % 1000];
-    t->compile_context = na;
-    t->user_metadata = MSNAP_STR_EMPTY;
+    msnap_tattr_t a = {.compile_context = na,
+                       .user_metadata = MSNAP_STR_EMPTY};
+    msnap__snap_trace_set_attr(s, t, &a);
   }
   double t1 = now();
   if (msnap__snap_write_file(s, out, false) != 0) {

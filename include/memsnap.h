@@ -82,8 +82,21 @@ MSNAP_API void msnap_free_string(char *s);
 /* ------------------------------------------------------------------------
  * Device runtimes: one const ops table per runtime.  "sim" runs everywhere
  * (MEMSNAP_SIM_DEVICES devices of MEMSNAP_SIM_MEMORY bytes, no host RAM
- * used); "acl" and "cuda" are loaded with dlopen.
+ * used unless host-backed: MEMSNAP_SIM_HOST_BACKED=1); "acl" and "cuda"
+ * are loaded with dlopen.
  * ------------------------------------------------------------------------ */
+/* One row of CANN's per-module device memory report (aclrtMemUsageInfo:
+ * name[32] as ACL gives it, not always NUL-terminated; bytes). */
+typedef struct msnap_mem_usage_s {
+  char name[32];
+  uint64_t cur_bytes, peak_bytes;
+} msnap_mem_usage_t;
+/* One process using a device (NVML nvmlProcessInfo_v1_t: pid, bytes). */
+typedef struct msnap_proc_mem_s {
+  uint32_t pid;
+  uint64_t used_bytes;
+} msnap_proc_mem_t;
+
 typedef struct msnap_runtime_ops_s {
   const char *name; /* "sim", "acl", "cuda" */
   /* Load/initialise; *ctx receives the runtime's context.  MSNAP_ENORUNTIME
@@ -120,6 +133,21 @@ typedef struct msnap_runtime_ops_s {
   /* Pinned host memory (host_segments/host_traces). */
   int (*host_malloc)(void *ctx, size_t size, uint64_t *ptr);
   int (*host_free)(void *ctx, uint64_t ptr);
+  /* Optional platform queries; NULL or MSNAP_ENOTSUP when the runtime
+   * cannot say.  soc_name / cann_version: the SoC name (aclrtGetSocName,
+   * e.g. "Ascend910B1") and the CANN package version
+   * (aclsysGetCANNVersion(ACL_PKG_NAME_CANN), e.g. "8.5.0") written
+   * NUL-terminated into buf; the npu profile's request pad follows them
+   * (torch_npu AddPadSize).  mem_usage_info: CANN's per-module usage of a
+   * device (aclrtGetMemUsageInfo): up to cap rows into out, *n = rows the
+   * runtime reported (may exceed cap).  process_memory: the processes
+   * using a device (NVML), up to cap into out, *n = processes reported. */
+  int (*soc_name)(void *ctx, char *buf, size_t len);
+  int (*cann_version)(void *ctx, char *buf, size_t len);
+  int (*mem_usage_info)(void *ctx, int device, msnap_mem_usage_t *out,
+                        size_t cap, size_t *n);
+  int (*process_memory)(void *ctx, int device, msnap_proc_mem_t *out,
+                        size_t cap, size_t *n);
 } msnap_runtime_ops_t;
 
 MSNAP_API const msnap_runtime_ops_t *msnap_runtime_sim(void);
@@ -160,6 +188,11 @@ typedef struct msnap_options_s {
    * alloc-conf token); may be NULL. */
   char *error_buf;
   size_t error_buf_len;
+  /* sim runtime: 1 = host-backed (device and pinned memory are real host
+   * memory, so its bytes can be read and written), 0 = address ranges
+   * only, -1 = from MEMSNAP_SIM_HOST_BACKED (default 0).  Read only when
+   * `size` covers it (callers built against an older header get -1). */
+  int sim_host_backed;
 } msnap_options_t;
 
 #define MSNAP_OPTIONS_VERSION 1
@@ -173,11 +206,28 @@ MSNAP_API int msnap_allocator_create(const msnap_options_t *o,
 /* Release every cached segment and the runtime.  Live allocations are
  * returned to the runtime too. */
 MSNAP_API void msnap_allocator_destroy(msnap_allocator_t *a);
+/* True in a child process forked from a process that used `a` on a real
+ * device runtime (acl, cuda): its device calls then fail with
+ * MSNAP_ESTATE, as torch's "bad fork" (the sim runtime is never in a bad
+ * fork: the child works on a copy).  Every lock of every allocator is
+ * taken around fork() (pthread_atfork), so a child never inherits a held
+ * lock. */
+MSNAP_API bool msnap_in_bad_fork(msnap_allocator_t *a);
 /* The process-wide allocator (created from the environment on first use;
  * the pluggable-allocator entry points and the Python package use it).
  * NULL if creation failed (see msnap_default_error()). */
 MSNAP_API msnap_allocator_t *msnap_default(void);
 MSNAP_API const char *msnap_default_error(void);
+/* Make msnap_default() use this ops table instead of the runtime
+ * MEMSNAP_RUNTIME names (e.g. memsnap's torch_npu shim: the acl runtime
+ * with torch_npu's task queue drained before device synchronizations and
+ * event records).  The table must outlive the process.  MSNAP_ESTATE when
+ * the default allocator already exists; MSNAP_EINVAL for NULL. */
+MSNAP_API int msnap_set_default_runtime(const msnap_runtime_ops_t *ops);
+
+/* Whether msnap_default() has created the process-wide allocator yet
+ * (never creates it). */
+MSNAP_API bool msnap_default_exists(void);
 
 MSNAP_API int msnap_device_count(msnap_allocator_t *a);
 MSNAP_API msnap_profile_t msnap_profile(msnap_allocator_t *a);
@@ -205,9 +255,18 @@ MSNAP_API int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
  * pointer gives MSNAP_EBADPTR ("invalid device pointer: 0x...") and leaves
  * the allocator unchanged. */
 MSNAP_API int msnap_free(msnap_allocator_t *a, uint64_t ptr);
-/* Mark that the live allocation at ptr is used on `stream` (record_stream). */
+/* Mark that the live allocation at ptr is used on `stream` (record_stream):
+ * its free then waits for an event recorded on that stream.  The cuda
+ * profile ignores the allocation's own stream (PyTorch's recordStream);
+ * the npu profile records it too (torch_npu's). */
 MSNAP_API int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr,
                                   uint64_t stream);
+/* Forget that the live allocation at ptr is used on `stream` (torch_npu's
+ * NPUCachingAllocator::eraseStream, after HCCL synchronized that stream):
+ * its free then waits for no event on it.  Unknown streams are ignored;
+ * MSNAP_EBADPTR for an unknown pointer. */
+MSNAP_API int msnap_erase_stream(msnap_allocator_t *a, uint64_t ptr,
+                                 uint64_t stream);
 /* Release cached memory (release_cached_blocks({0,0}) on every device, or
  * only `device` when >= 0). */
 MSNAP_API int msnap_empty_cache(msnap_allocator_t *a, int device);
@@ -245,12 +304,40 @@ MSNAP_API int msnap_mempool_create(msnap_allocator_t *a, int device,
 MSNAP_API int msnap_mempool_release(msnap_allocator_t *a, int device,
                                     msnap_mempool_id_t id);
 /* Route allocations of `stream` (or every stream when all_streams) to the
- * pool until msnap_end_allocate_to_pool (beginAllocateToPool). */
+ * pool until msnap_end_allocate_to_pool (beginAllocateToPool).  Takes a
+ * reference on the pool (drop it with msnap_mempool_release).  Routing
+ * only: it does not make the device behave as during a graph capture
+ * (see msnap_mark_capture_begin).  MSNAP_ESTATE if the pool already has a
+ * scope. */
 MSNAP_API int msnap_begin_allocate_to_pool(msnap_allocator_t *a, int device,
                                            msnap_mempool_id_t id,
                                            uint64_t stream, bool all_streams);
+/* Route the calling thread's allocations (any stream) to the pool until
+ * msnap_end_allocate_to_pool: torch.cuda.use_mem_pool's filter
+ * (_cuda_beginAllocateCurrentThreadToPool).  Other threads keep using the
+ * default pools. */
+MSNAP_API int msnap_begin_allocate_current_thread_to_pool(
+    msnap_allocator_t *a, int device, msnap_mempool_id_t id);
 MSNAP_API int msnap_end_allocate_to_pool(msnap_allocator_t *a, int device,
                                          msnap_mempool_id_t id);
+/* A graph capture on `stream` begins / ends (PyTorch's markCaptureBegin /
+ * markCaptureEnd, called by CUDAGraph / NPUGraph around the real stream
+ * capture).  While one is in progress, allocations and frees on that
+ * stream follow the capture rules: no event queries, frees of blocks with
+ * stream uses deferred until the capture ends (streams recorded during
+ * the capture are then dropped), no free-cache-and-retry on OOM;
+ * empty_cache leaves the default pools alone.  Captures nest (a count per
+ * stream).  end: MSNAP_ESTATE when no capture is in progress there. */
+/* setExpandableSegmentReserveClassForStream (cuda,
+ * expandable_segments_reserve_by_class): the class of `stream` for the VA
+ * reservation of its next expandable segments; "" or NULL clears.
+ * MSNAP_EINVAL for a class of 48 bytes or more. */
+MSNAP_API int msnap_set_expandable_segment_reserve_class(
+    msnap_allocator_t *a, uint64_t stream, const char *reserve_class);
+MSNAP_API int msnap_mark_capture_begin(msnap_allocator_t *a, int device,
+                                       uint64_t stream);
+MSNAP_API int msnap_mark_capture_end(msnap_allocator_t *a, int device,
+                                     uint64_t stream);
 MSNAP_API int msnap_mempool_use_count(msnap_allocator_t *a, int device,
                                       msnap_mempool_id_t id, int *count);
 
@@ -485,10 +572,22 @@ MSNAP_API int msnap_snapshot_pickle(msnap_allocator_t *a,
                                     char **out, size_t *len);
 /* Write the snapshot to `path` via a temporary file in the same directory
  * and rename(2): a crash never leaves a truncated file.  MSNAP_EIO /
- * MSNAP_ENOSPC on write failures (the temporary file is removed). */
+ * MSNAP_ENOSPC on write failures (the temporary file is removed).  Every
+ * file the library writes (this, msnap_write_file, the usage report, the
+ * OOM dump) follows the kernel's protected_symlinks rule: a symbolic link
+ * in a sticky world-writable directory (/tmp) is followed only when it
+ * belongs to the user or to the directory's owner, else MSNAP_EIO with
+ * msnap_last_errno() EACCES and nothing is written; a replaced file keeps
+ * its permission bits; a device, FIFO or /dev/stdout is written directly;
+ * temporaries that killed processes of this host left in the directory
+ * ("<name>.tmp.<tag>.<pid>.<n>") are removed first. */
 MSNAP_API int msnap_dump_snapshot(msnap_allocator_t *a,
                                   const msnap_snapshot_options_t *o,
                                   const char *path);
+/* Write `len` bytes to `path` as msnap_dump_snapshot writes its file
+ * (same rules and errors). */
+MSNAP_API int msnap_write_file(const char *path, const void *data,
+                               size_t len);
 
 /* OOM observers (_attach_out_of_memory_observer): called as
  * fn(device, alloc_size, device_allowed_or_total, device_free, arg) after
@@ -499,6 +598,38 @@ typedef void (*msnap_oom_observer_cb)(int device, uint64_t alloc_size,
                                       uint64_t device_free, void *arg);
 MSNAP_API int msnap_attach_oom_observer(msnap_allocator_t *a,
                                         msnap_oom_observer_cb cb, void *arg);
+
+/* A framework reports the text of a failed device call (torch_npu:
+ * NPU_CHECK_ERROR, the task queue's error paths).  When it is CANN's OOM
+ * (torch_npu isCannOOM: contains "EL0004" or "Failed to allocate") the
+ * OOM_SNAPSHOT_ENABLE dump runs (user observers do not) and 1 is
+ * returned; otherwise 0.  memsnap calls it itself when aclrtMallocHost
+ * fails that way.  MSNAP_EINVAL for a bad device or NULL. */
+MSNAP_API int msnap_notify_device_error(msnap_allocator_t *a, int device,
+                                        const char *message);
+
+/* torch_npu saveDevMemUsageInfo: CANN's per-module memory usage of
+ * `device` (aclrtGetMemUsageInfo) as CSV, header
+ * "moduleName,curMemSize(MB),memPeakSize(MB)", sizes in MiB with 4
+ * decimals, at most 128 rows, written atomically to
+ * <dir>/device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv (local time).  dir
+ * NULL: OOM_SNAPSHOT_PATH, else "." (torch_npu's GetOomSnapshotDumpPath).
+ * *path (optional) receives the file's path (free with
+ * msnap_free_string).  MSNAP_ENOTSUP when the runtime has no
+ * aclrtGetMemUsageInfo (older CANN, sim, cuda): nothing is written;
+ * MSNAP_EIO when dir is not a directory or the write fails. */
+MSNAP_API int msnap_save_dev_mem_usage_info(msnap_allocator_t *a, int device,
+                                            const char *dir, char **path);
+/* The usage CSV files a dump writes (what _dump_snapshot does in the npu
+ * profile after the pickle, and the OOM_SNAPSHOT dump), as
+ * MEMSNAP_USAGE_REPORT selects: "cann" (default) CANN's report as
+ * msnap_save_dev_mem_usage_info; "memsnap" memsnap's statistics report
+ * (msnap_write_usage_report's columns) as
+ * device_<dev>_memsnapUsage_<stamp>.csv; "both"; "none".  Returns the
+ * result of CANN's report when it was wanted (MSNAP_ENOTSUP: the caller
+ * may fall back to torch_npu's profiler), else 0 or the error. */
+MSNAP_API int msnap_dump_usage_reports(msnap_allocator_t *a, int device,
+                                       const char *dir);
 
 /* Device memory-usage report (CSV, one row per device and pool) written to
  * `path` atomically. */
@@ -536,6 +667,9 @@ MSNAP_API void msnap_sim_set_next_address(void *ctx, int device,
                                           uint64_t address);
 /* Live runtime allocations and handles (leak checks). */
 MSNAP_API uint64_t msnap_sim_live_allocations(void *ctx);
+/* True when ctx is a host-backed sim context (its device addresses are
+ * host memory the process can read and write). */
+MSNAP_API bool msnap_sim_host_backed(void *ctx);
 
 /* ------------------------------------------------------------------------
  * Pluggable-allocator entry points (torch.cuda.memory.CUDAPluggableAllocator
@@ -547,8 +681,10 @@ MSNAP_API void msnap_plugin_free(void *ptr, ssize_t size, int device,
                                  void *stream);
 MSNAP_API void msnap_plugin_init(int device_count);
 MSNAP_API void msnap_plugin_empty_cache(void);
+MSNAP_API void msnap_plugin_reset(bool check_error);
 MSNAP_API void msnap_plugin_memory_fraction(double fraction, int device);
 MSNAP_API void msnap_plugin_record_stream(void *ptr, void *stream);
+MSNAP_API void msnap_plugin_erase_stream(void *ptr, void *stream);
 MSNAP_API void *msnap_plugin_get_base_allocation(void *ptr, size_t *size);
 
 #ifdef __cplusplus

@@ -176,7 +176,9 @@ void cli_progress_end(cli_progress_t *p);
 /* ---- model helpers (cli_util.c) ----------------------------------------- */
 /* A string of the model, "" when absent; *len may be NULL. */
 const char *cli_str(const msnap_snap_t *s, msnap_str_t id, size_t *len);
-/* Frames of a stack: *n frames ids innermost first; NULL/0 for none. */
+/* Frames of a stack: *n frames ids innermost first; NULL/0 for none.
+ * The ids are decoded into a buffer of the calling thread, valid until
+ * its next cli_stack call. */
 const uint32_t *cli_stack(const msnap_snap_t *s, msnap_stack_t st,
                           uint32_t *n);
 /* The stack to show for a block: its `frames`, or (2.0) the frames of its
@@ -304,7 +306,8 @@ void cli_stacks_free(cli_stacks_t *x);
 /* The invariants of x (tests and debug checks). */
 bool cli_stacks_check(const cli_stacks_t *x);
 /* Index in the trace of `dev` of the alloc entry at addr that is still
- * live at the end of the trace, or -1. */
+ * live at the end of the trace, or -1.  Only addresses of the device's
+ * active blocks (final segments) are indexed: -1 for any other. */
 long cli_stacks_live_entry(const cli_stacks_t *x, int64_t dev,
                            uint64_t addr);
 /* The stack to show for block b at addr of device dev; *src (may be NULL)
@@ -364,6 +367,11 @@ typedef void (*cli_violation_cb)(void *arg, uint32_t entry, const char *msg);
 long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                   void *arg, cli_state_t *start);
 void cli_state_free(cli_state_t *st);
+/* Entry i of tl is one of torch_npu's synthetic workspace entries (the
+ * segment_alloc or alloc right after a workspace_snapshot of its address):
+ * no history, skipped by the backward replay, the timeline and the
+ * summary's peaks. */
+bool cli_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i);
 /* Active (requested) and reserved bytes before the first entry and after
  * each entry of the device trace; *n = entries + 1; caller frees. */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,

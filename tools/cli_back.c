@@ -25,11 +25,17 @@
  *   segment_map R    R lies inside a live range; undo: unmap R.
  *   segment_unmap R  R overlaps no live range; undo: map R.
  *   annotate A       the block at A is live.
+ * The synthetic workspace entries torch_npu puts first in a trace
+ * (NPUWorkspaceAllocator get_trace: workspace_snapshot, segment_alloc,
+ * alloc of the same buffer) describe the buffers at snapshot time, not
+ * history, and torch_npu shows their blocks inactive: a segment_alloc or
+ * alloc right after a workspace_snapshot of its address is skipped.
  * What is left at the end is the state at the start of the trace: empty
  * for a trace that began with an empty allocator.
  *
- * cli_timeline runs the other way from that start state: active and
- * reserved bytes after each entry (the data of `memsnap plot`).
+ * cli_timeline needs no replay: active and reserved bytes after each entry
+ * (the data of `memsnap plot`) from the final state minus the trace's net
+ * effect.
  *
  * Invariants of cli_state_t: b[] sorted by addr with distinct addresses;
  * g[] sorted by addr, ranges disjoint.
@@ -73,11 +79,6 @@ static int insert_block(cli_state_t *st, const cli_lblock_t *b) {
   return 0;
 }
 
-static void remove_block(cli_state_t *st, uint32_t i) {
-  memmove(st->b + i, st->b + i + 1, (st->nb - i - 1) * sizeof *st->b);
-  st->nb--;
-}
-
 static int insert_seg(cli_state_t *st, const cli_lseg_t *g) {
   if (MSNAP_GROW(st->g, st->capg, st->ng + 1) != 0)
     return -1;
@@ -91,6 +92,128 @@ static int insert_seg(cli_state_t *st, const cli_lseg_t *g) {
 static void remove_seg(cli_state_t *st, uint32_t i) {
   memmove(st->g + i, st->g + i + 1, (st->ng - i - 1) * sizeof *st->g);
   st->ng--;
+}
+
+/* ---- live blocks during the walk: a treap keyed by address -------------
+ * (the sorted array of cli_state_t costs a memmove per alloc and free; a
+ * trace of millions of entries needs O(log n)).  Nodes live in one array,
+ * index 0 is "none"; priorities are a fixed xorshift sequence, so runs are
+ * deterministic. */
+typedef struct bnode_s {
+  cli_lblock_t b;
+  uint32_t l, r, pri;
+} bnode_t;
+
+typedef struct btree_s {
+  bnode_t *n;
+  uint32_t cnt, cap, root, free_head;
+  uint32_t rng;
+} btree_t;
+
+static uint32_t bt_rand(btree_t *t) {
+  t->rng ^= t->rng << 13;
+  t->rng ^= t->rng >> 17;
+  t->rng ^= t->rng << 5;
+  return t->rng;
+}
+
+/* Split the subtree at x into keys < a (*l) and >= a (*r). */
+static void bt_split(btree_t *t, uint32_t x, uint64_t a, uint32_t *l,
+                     uint32_t *r) {
+  if (!x) {
+    *l = *r = 0;
+    return;
+  }
+  if (t->n[x].b.addr < a) {
+    bt_split(t, t->n[x].r, a, &t->n[x].r, r);
+    *l = x;
+  } else {
+    bt_split(t, t->n[x].l, a, l, &t->n[x].l);
+    *r = x;
+  }
+}
+
+static uint32_t bt_merge(btree_t *t, uint32_t l, uint32_t r) {
+  if (!l || !r) return l ? l : r;
+  if (t->n[l].pri > t->n[r].pri) {
+    t->n[l].r = bt_merge(t, t->n[l].r, r);
+    return l;
+  }
+  t->n[r].l = bt_merge(t, l, t->n[r].l);
+  return r;
+}
+
+static uint32_t bt_find(const btree_t *t, uint64_t a) {
+  uint32_t x = t->root;
+  while (x && t->n[x].b.addr != a)
+    x = a < t->n[x].b.addr ? t->n[x].l : t->n[x].r;
+  return x;
+}
+
+/* First node with addr >= a, or 0. */
+static uint32_t bt_lb(const btree_t *t, uint64_t a) {
+  uint32_t x = t->root, best = 0;
+  while (x) {
+    if (t->n[x].b.addr >= a) {
+      best = x;
+      x = t->n[x].l;
+    } else {
+      x = t->n[x].r;
+    }
+  }
+  return best;
+}
+
+/* Last node with addr < a, or 0. */
+static uint32_t bt_pred(const btree_t *t, uint64_t a) {
+  uint32_t x = t->root, best = 0;
+  while (x) {
+    if (t->n[x].b.addr < a) {
+      best = x;
+      x = t->n[x].r;
+    } else {
+      x = t->n[x].l;
+    }
+  }
+  return best;
+}
+
+static int bt_insert(btree_t *t, const cli_lblock_t *b) {
+  uint32_t x = t->free_head;
+  if (x) {
+    t->free_head = t->n[x].l;
+  } else {
+    if (MSNAP_GROW(t->n, t->cap, (uint64_t)t->cnt + 2) != 0)
+      return -1;
+    x = ++t->cnt; /* index 0 stays "none" */
+  }
+  t->n[x].b = *b;
+  t->n[x].l = t->n[x].r = 0;
+  t->n[x].pri = bt_rand(t);
+  uint32_t l, r;
+  bt_split(t, t->root, b->addr, &l, &r);
+  t->root = bt_merge(t, bt_merge(t, l, x), r);
+  return 0;
+}
+
+static void bt_erase(btree_t *t, uint64_t a) {
+  uint32_t l, m, r;
+  bt_split(t, t->root, a, &l, &m);
+  bt_split(t, m, a + 1, &m, &r);
+  if (m) { /* one node: addresses are distinct */
+    t->n[m].l = t->free_head;
+    t->free_head = m;
+  }
+  t->root = bt_merge(t, l, r);
+}
+
+/* In-order copy into the sorted array of st (which must have room). */
+static void bt_flatten(const btree_t *t, uint32_t x, cli_state_t *st) {
+  while (x) {
+    bt_flatten(t, t->n[x].l, st);
+    st->b[st->nb++] = t->n[x].b;
+    x = t->n[x].r;
+  }
 }
 
 /* Segment containing [a, a+n), or -1. */
@@ -112,14 +235,6 @@ static bool seg_overlaps(const cli_state_t *st, uint64_t a, uint64_t n) {
   if (i > 0 && st->g[i - 1].addr + st->g[i - 1].size > a)
     return true;
   return false;
-}
-
-/* First live block inside [a, a+n), or -1. */
-static long block_in(const cli_state_t *st, uint64_t a, uint64_t n) {
-  uint32_t i = lb_block(st, a);
-  if (i < st->nb && st->b[i].addr < a + n)
-    return (long)i;
-  return -1;
 }
 
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st) {
@@ -185,6 +300,21 @@ static uint64_t extent(const cli_lblock_t *b) {
   return n ? n : 1;
 }
 
+/* Entry i is the segment_alloc or alloc of a workspace_snapshot group. */
+bool cli_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i) {
+  const msnap_strace_t *v = tl->v;
+  uint64_t a = v[i].addr;
+  if (v[i].action == MSNAP_ACTION_SEGMENT_ALLOC)
+    return i >= 1 && v[i - 1].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 1].addr == a;
+  if (v[i].action == MSNAP_ACTION_ALLOC)
+    return i >= 2 && v[i - 1].action == MSNAP_ACTION_SEGMENT_ALLOC &&
+           v[i - 1].addr == a &&
+           v[i - 2].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 2].addr == a;
+  return false;
+}
+
 /*
  * Undo the trace of `device` (see the top of the file).  The caller owns
  * *start afterwards.  Returns the number of violations, -1 on ENOMEM.
@@ -193,102 +323,114 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                   void *arg, cli_state_t *start) {
   cli_state_t st;
   bctx_t c = {cb, arg, 0};
+  btree_t bt = {.rng = 0x9e3779b9u};
   if (cli_state_final(s, device, &st)) {
     cli_state_free(&st);
     return -1;
   }
+  /* the blocks go into the treap for the walk; st keeps the segments */
+  for (uint32_t k = 0; k < st.nb; k++)
+    if (bt_insert(&bt, &st.b[k]))
+      goto nomem;
+  st.nb = 0;
+#define B(x) (bt.n[x].b)
   const msnap_trace_list_t *tl = cli_trace(s, device);
   uint32_t n = tl ? tl->n : 0;
   for (uint32_t ii = n; ii > 0; ii--) {
     uint32_t i = ii - 1;
     const msnap_strace_t *e = &tl->v[i];
     uint64_t a = e->addr, sz = e->size;
-    long bi;
+    uint32_t bi;
+    if (cli_workspace_synthetic(tl, i))
+      continue;
     switch (e->action) {
     case MSNAP_ACTION_ALLOC:
-      bi = find_block(&st, a);
-      if (bi < 0) {
+      bi = bt_find(&bt, a);
+      if (!bi) {
         viol(&c, i,
              "alloc of 0x%" PRIx64 " (%" PRIu64 " B): the block is neither "
              "live at the end nor freed later in the trace",
              a, sz);
         break;
       }
-      if (st.b[bi].pending && !st.b[bi].from_final)
+      if (B(bi).pending && !B(bi).from_final)
         viol(&c, i,
              "alloc of 0x%" PRIx64 ": a free_completed follows with no "
              "free_requested in between",
              a);
-      if (st.b[bi].from_final && st.b[bi].has_requested &&
-          st.b[bi].requested != sz)
+      if (B(bi).from_final && B(bi).has_requested &&
+          B(bi).requested != sz)
         viol(&c, i,
              "alloc size %" PRIu64 " differs from the live block's "
              "requested_size %" PRIu64 " at 0x%" PRIx64,
-             sz, st.b[bi].requested, a);
-      else if (!st.b[bi].from_final && st.b[bi].requested != sz)
+             sz, B(bi).requested, a);
+      else if (!B(bi).from_final && B(bi).requested != sz)
         viol(&c, i,
              "alloc size %" PRIu64 " differs from the size %" PRIu64
              " of its later free at 0x%" PRIx64,
-             sz, st.b[bi].requested, a);
-      if (seg_containing(&st, a, extent(&st.b[bi])) < 0)
+             sz, B(bi).requested, a);
+      if (seg_containing(&st, a, extent(&B(bi))) < 0)
         viol(&c, i,
              "alloc at 0x%" PRIx64 " lies outside every live segment "
              "(segment_alloc missing or after it)",
              a);
-      remove_block(&st, (uint32_t)bi);
+      bt_erase(&bt, a);
       break;
     case MSNAP_ACTION_FREE_COMPLETED: {
-      bi = find_block(&st, a);
-      if (bi >= 0) {
+      bi = bt_find(&bt, a);
+      if (bi) {
         viol(&c, i,
              "free_completed of 0x%" PRIx64 " but the block is live right "
              "after it (double free, or an alloc is missing)",
              a);
         break;
       }
-      cli_lblock_t b = {.addr = a, .requested = sz, .stream = e->stream,
-                        .pending = true, .has_requested = true};
-      uint32_t k = lb_block(&st, a);
-      if (k > 0 && st.b[k - 1].addr + extent(&st.b[k - 1]) > a)
+      cli_lblock_t b = {.addr = a,
+                        .requested = sz,
+                        .stream = msnap__tattr(s, e)->stream,
+                        .pending = true,
+                        .has_requested = true};
+      uint32_t kp = bt_pred(&bt, a), kn = bt_lb(&bt, a);
+      if (kp && B(kp).addr + extent(&B(kp)) > a)
         viol(&c, i,
              "free_completed of 0x%" PRIx64 " overlaps the live block at "
              "0x%" PRIx64,
-             a, st.b[k - 1].addr);
-      else if (k < st.nb && a + (sz ? sz : 1) > st.b[k].addr)
+             a, B(kp).addr);
+      else if (kn && a + (sz ? sz : 1) > B(kn).addr)
         viol(&c, i,
              "free_completed of 0x%" PRIx64 " (%" PRIu64 " B) overlaps the "
              "live block at 0x%" PRIx64,
-             a, sz, st.b[k].addr);
+             a, sz, B(kn).addr);
       if (seg_containing(&st, a, sz ? sz : 1) < 0)
         viol(&c, i,
              "free_completed at 0x%" PRIx64 " lies outside every live "
              "segment (segment_free before free_completed?)",
              a);
-      if (insert_block(&st, &b))
+      if (bt_insert(&bt, &b))
         goto nomem;
       break;
     }
     case MSNAP_ACTION_FREE_REQUESTED:
-      bi = find_block(&st, a);
-      if (bi < 0) {
+      bi = bt_find(&bt, a);
+      if (!bi) {
         viol(&c, i,
              "free_requested of 0x%" PRIx64 " with no later free_completed "
              "and no active_pending_free block at the end",
              a);
         break;
       }
-      if (!st.b[bi].pending)
+      if (!B(bi).pending)
         viol(&c, i,
              "free_requested of 0x%" PRIx64 " but the block is still "
              "allocated (not pending) afterwards",
              a);
-      else if (st.b[bi].requested != sz &&
-               (st.b[bi].has_requested || !st.b[bi].from_final))
+      else if (B(bi).requested != sz &&
+               (B(bi).has_requested || !B(bi).from_final))
         viol(&c, i,
              "free_requested size %" PRIu64 " differs from requested_size "
              "%" PRIu64 " at 0x%" PRIx64,
-             sz, st.b[bi].requested, a);
-      st.b[bi].pending = false;
+             sz, B(bi).requested, a);
+      B(bi).pending = false;
       break;
     case MSNAP_ACTION_SEGMENT_ALLOC: {
       uint32_t k = lb_seg(&st, a);
@@ -304,13 +446,13 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "segment_alloc size %" PRIu64 " differs from the segment's "
              "size %" PRIu64 " at 0x%" PRIx64,
              sz, st.g[k].size, a);
-      long in = block_in(&st, a, st.g[k].size);
-      if (in >= 0)
+      uint32_t in = bt_lb(&bt, a);
+      if (in && B(in).addr < a + st.g[k].size)
         viol(&c, i,
              "segment_alloc of 0x%" PRIx64 " comes after the alloc of the "
              "block 0x%" PRIx64 " inside it (or that block is never "
              "allocated in the trace)",
-             a, st.b[in].addr);
+             a, B(in).addr);
       remove_seg(&st, k);
       break;
     }
@@ -322,13 +464,15 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a, sz);
         break;
       }
-      long in = block_in(&st, a, sz);
-      if (in >= 0)
+      uint32_t in = bt_lb(&bt, a);
+      if (in && B(in).addr < a + sz)
         viol(&c, i,
              "segment_free of 0x%" PRIx64 " while the block 0x%" PRIx64
              " inside it is live",
-             a, st.b[in].addr);
-      cli_lseg_t g = {.addr = a, .size = sz, .stream = e->stream,
+             a, B(in).addr);
+      cli_lseg_t g = {.addr = a,
+                      .size = sz,
+                      .stream = msnap__tattr(s, e)->stream,
                       .is_large = sz != (2u << 20)};
       if (insert_seg(&st, &g))
         goto nomem;
@@ -343,12 +487,12 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a, sz);
         break;
       }
-      long in = block_in(&st, a, sz);
-      if (in >= 0)
+      uint32_t in = bt_lb(&bt, a);
+      if (in && B(in).addr < a + sz)
         viol(&c, i,
              "segment_map of 0x%" PRIx64 " comes after the alloc of the "
              "block 0x%" PRIx64 " inside it",
-             a, st.b[in].addr);
+             a, B(in).addr);
       cli_lseg_t g = st.g[k];
       remove_seg(&st, (uint32_t)k);
       if (g.addr < a) {
@@ -374,8 +518,11 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              a, sz);
         break;
       }
-      cli_lseg_t g = {.addr = a, .size = sz, .stream = e->stream,
-                      .is_large = true, .is_expandable = true};
+      cli_lseg_t g = {.addr = a,
+                      .size = sz,
+                      .stream = msnap__tattr(s, e)->stream,
+                      .is_large = true,
+                      .is_expandable = true};
       if (insert_seg(&st, &g))
         goto nomem;
       /* Mapped ranges of an expandable segment are one segment when they
@@ -394,19 +541,29 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       break;
     }
     case MSNAP_ACTION_ANNOTATE:
-      if (find_block(&st, a) < 0)
+      if (!bt_find(&bt, a))
         viol(&c, i, "annotate of 0x%" PRIx64 ": no live block there", a);
       break;
     default:
       break;
     }
   }
-  if (start)
+#undef B
+  if (start) {
+    /* the blocks back into the sorted array */
+    uint32_t live = bt.cnt;
+    if (MSNAP_GROW(st.b, st.capb, live) != 0)
+      goto nomem;
+    st.nb = 0;
+    bt_flatten(&bt, bt.root, &st);
     *start = st;
-  else
+  } else {
     cli_state_free(&st);
+  }
+  free(bt.n);
   return c.n;
 nomem:
+  free(bt.n);
   cli_state_free(&st);
   return -1;
 }
@@ -414,24 +571,48 @@ nomem:
 /*
  * Active (requested bytes of live allocations) and reserved bytes after
  * each entry of a device trace, starting from the state at the start of
- * the trace that the backward replay rebuilds.  Arrays of tl->n + 1
- * values (index 0 = before the first entry); caller frees both.
+ * the trace: the final one (requested bytes of active blocks, their size
+ * when no request is known; reserved bytes) minus the trace's net effect.
+ * Two passes over the trace, no replay.  torch_npu's synthetic workspace
+ * entries (cli_workspace_synthetic) are no history and count in neither
+ * pass: the workspace segments are reserved from the start, their blocks
+ * never active.  Arrays of tl->n + 1 values (index 0 = before the first
+ * entry); caller frees both.
  */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
                  uint64_t **res, uint32_t *n) {
   const msnap_trace_list_t *tl = cli_trace(s, dev);
   uint32_t m = tl ? tl->n : 0;
-  cli_state_t st;
   *act = *res = NULL;
   *n = 0;
-  if (cli_backward(s, dev, NULL, NULL, &st) < 0)
-    return -1;
-  uint64_t a = 0, r = 0;
-  for (uint32_t i = 0; i < st.nb; i++)
-    a += st.b[i].requested ? st.b[i].requested : st.b[i].size;
-  for (uint32_t i = 0; i < st.ng; i++)
-    r += st.g[i].size;
-  cli_state_free(&st);
+  __int128 a0 = 0, r0 = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    r0 += g->total_size;
+    for (uint32_t k = 0; k < g->nblocks; k++) {
+      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
+      if (cli_block_active(b))
+        a0 += b->requested_size ? b->requested_size : b->size;
+    }
+  }
+  for (uint32_t i = 0; i < m; i++) {
+    const msnap_strace_t *e = &tl->v[i];
+    if (cli_workspace_synthetic(tl, i))
+      continue;
+    switch (e->action) {
+    case MSNAP_ACTION_ALLOC: a0 -= e->size; break;
+    case MSNAP_ACTION_FREE_COMPLETED: a0 += e->size; break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP: r0 -= e->size; break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: r0 += e->size; break;
+    default: break;
+    }
+  }
+  uint64_t a = a0 < 0 ? 0 : a0 > UINT64_MAX ? UINT64_MAX : (uint64_t)a0;
+  uint64_t r = r0 < 0 ? 0 : r0 > UINT64_MAX ? UINT64_MAX : (uint64_t)r0;
   uint64_t *va = malloc((m + 1) * sizeof *va);
   uint64_t *vr = malloc((m + 1) * sizeof *vr);
   if (!va || !vr) {
@@ -443,7 +624,8 @@ int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
   vr[0] = r;
   for (uint32_t i = 0; i < m; i++) {
     const msnap_strace_t *e = &tl->v[i];
-    switch (e->action) {
+    switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
+                                           : e->action) {
     case MSNAP_ACTION_ALLOC: a += e->size; break;
     case MSNAP_ACTION_FREE_COMPLETED: a -= a >= e->size ? e->size : a; break;
     case MSNAP_ACTION_SEGMENT_ALLOC:

@@ -20,7 +20,8 @@
  *
  * Invariants of cli_stacks_t: per device, `addr` is strictly increasing
  * and `entry[i]` is the index in the device trace of the live alloc entry
- * at addr[i].  cli_stacks_check() verifies them, after every
+ * at addr[i]; only addresses of the device's active blocks are indexed
+ * (the only ones rule 3 is asked about).  cli_stacks_check() verifies them, after every
  * cli_stacks_init() in builds with MSNAP_DEBUG >= 2.
  */
 #include <stdlib.h>
@@ -29,108 +30,94 @@
 #include "cli.h"
 #include "base/base.h"
 
-typedef struct ev_s {
-  uint64_t addr;
-  uint32_t idx;
-  bool alloc;
-} ev_t;
-
-static int cmp_ev(const void *a, const void *b) {
-  const ev_t *x = a, *y = b;
-  if (x->addr != y->addr)
-    return x->addr < y->addr ? -1 : 1;
-  return x->idx < y->idx ? -1 : x->idx > y->idx;
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
 }
 
 /*
- * Sort ev[0..n) by (addr, idx) as cmp_ev does, in linear time: the events
- * are made in trace order (idx increasing), so a stable LSD radix sort on
- * addr alone gives the same order.  11-bit digits; digits that are equal
- * in every address (the high bits of device addresses) cost no pass.
- * Returns -1 when the scratch array cannot be had (the caller then uses
- * qsort).
+ * Live alloc entries of one device, for the addresses of its active
+ * blocks only (the only ones ever asked about): the trace is walked from
+ * its newest entry back, and the first alloc or free_completed met at
+ * such an address decides it -- an alloc is the live entry, a free says
+ * the block predates what the trace holds of it.  The walk stops when
+ * every address is decided.  Memory: a few words per active block.
  */
-static int sort_ev(ev_t *ev, uint32_t n) {
-  enum { BITS = 11, NB = 1 << BITS };
-  if (n < 2)
-    return 0;
-  uint64_t lo = ev[0].addr, hi = ev[0].addr;
-  for (uint32_t i = 1; i < n; i++) {
-    lo &= ev[i].addr;
-    hi |= ev[i].addr;
-  }
-  uint64_t varying = lo ^ hi; /* bits that differ somewhere */
-  ev_t *tmp = NULL;
-  ev_t *src = ev, *dst = NULL;
-  uint32_t count[NB];
-  for (int shift = 0; shift < 64; shift += BITS) {
-    if (((varying >> shift) & (NB - 1)) == 0)
-      continue;
-    if (tmp == NULL) {
-      tmp = malloc((size_t)n * sizeof *tmp);
-      if (tmp == NULL)
-        return -1;
-      dst = tmp;
-    }
-    memset(count, 0, sizeof count);
-    for (uint32_t i = 0; i < n; i++)
-      count[(src[i].addr >> shift) & (NB - 1)]++;
-    uint32_t sum = 0;
-    for (uint32_t b = 0; b < NB; b++) {
-      uint32_t c = count[b];
-      count[b] = sum;
-      sum += c;
-    }
-    for (uint32_t i = 0; i < n; i++)
-      dst[count[(src[i].addr >> shift) & (NB - 1)]++] = src[i];
-    ev_t *t = src;
-    src = dst;
-    dst = t;
-  }
-  if (src != ev)
-    memcpy(ev, src, (size_t)n * sizeof *ev);
-  free(tmp);
-  return 0;
-}
-
-/* Live alloc entries of one trace, sorted by address. */
-static int index_device(cli_stacks_dev_t *d, const msnap_trace_list_t *tl) {
+static int index_device(cli_stacks_dev_t *d, const msnap_snap_t *s,
+                        int64_t dev, const msnap_trace_list_t *tl) {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < tl->n; i++)
-    n += tl->v[i].action == MSNAP_ACTION_ALLOC ||
-         tl->v[i].action == MSNAP_ACTION_FREE_COMPLETED;
-  ev_t *ev = malloc(((size_t)n + 1) * sizeof *ev);
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    for (uint32_t k = 0; k < g->nblocks; k++)
+      n += cli_block_active(&s->blocks[g->first_block + k]);
+  }
   d->addr = malloc(((size_t)n + 1) * sizeof *d->addr);
   d->entry = malloc(((size_t)n + 1) * sizeof *d->entry);
-  if (!ev || !d->addr || !d->entry) {
-    free(ev);
+  if (!d->addr || !d->entry)
     return -1;
-  }
   uint32_t k = 0;
-  for (uint32_t i = 0; i < tl->n; i++) {
-    const msnap_strace_t *e = &tl->v[i];
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    if (g->device != dev)
+      continue;
+    uint64_t a = g->address;
+    for (uint32_t b = 0; b < g->nblocks; b++) {
+      const msnap_sblock_t *bl = &s->blocks[g->first_block + b];
+      uint64_t ba = (bl->keys & MSNAP_K_ADDRESS) ? bl->address : a;
+      a += bl->size;
+      if (cli_block_active(bl) && k < n)
+        d->addr[k++] = ba;
+    }
+  }
+  qsort(d->addr, k, sizeof *d->addr, cmp_u64);
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < k; i++)
+    if (m == 0 || d->addr[m - 1] != d->addr[i])
+      d->addr[m++] = d->addr[i];
+  /* an open-addressing table: address -> position in addr[] */
+  uint32_t cap = 16;
+  while (cap < 2 * m + 2)
+    cap *= 2;
+  uint32_t *slot = malloc((size_t)cap * sizeof *slot);
+  if (!slot)
+    return -1;
+  memset(slot, 0xff, (size_t)cap * sizeof *slot);
+  for (uint32_t i = 0; i < m; i++) {
+    uint32_t h = (uint32_t)((d->addr[i] * 0x9e3779b97f4a7c15ull) >> 32) &
+                 (cap - 1);
+    while (slot[h] != UINT32_MAX)
+      h = (h + 1) & (cap - 1);
+    slot[h] = i;
+    d->entry[i] = UINT32_MAX; /* undecided */
+  }
+  uint32_t left = m;
+  for (uint32_t ii = tl->n; ii > 0 && left > 0; ii--) {
+    const msnap_strace_t *e = &tl->v[ii - 1];
     if (e->action != MSNAP_ACTION_ALLOC &&
         e->action != MSNAP_ACTION_FREE_COMPLETED)
       continue;
-    ev[k].addr = e->addr;
-    ev[k].idx = i;
-    ev[k].alloc = e->action == MSNAP_ACTION_ALLOC;
-    k++;
+    uint32_t h = (uint32_t)((e->addr * 0x9e3779b97f4a7c15ull) >> 32) &
+                 (cap - 1);
+    while (slot[h] != UINT32_MAX && d->addr[slot[h]] != e->addr)
+      h = (h + 1) & (cap - 1);
+    if (slot[h] == UINT32_MAX || d->entry[slot[h]] != UINT32_MAX)
+      continue;
+    /* the newest event at this address: an alloc is live; a free means
+     * the live block was allocated before the trace */
+    d->entry[slot[h]] = e->action == MSNAP_ACTION_ALLOC ? ii - 1
+                                                        : UINT32_MAX - 1;
+    left--;
   }
-  if (sort_ev(ev, k) != 0)
-    qsort(ev, k, sizeof *ev, cmp_ev);
+  free(slot);
   d->n = 0;
-  for (uint32_t i = 0; i < k; i++) {
-    /* The last event of each address decides. */
-    if (i + 1 < k && ev[i + 1].addr == ev[i].addr)
-      continue;
-    if (!ev[i].alloc)
-      continue;
-    d->addr[d->n] = ev[i].addr;
-    d->entry[d->n] = ev[i].idx;
-    d->n++;
-  }
-  free(ev);
+  for (uint32_t i = 0; i < m; i++)
+    if (d->entry[i] < UINT32_MAX - 1) {
+      d->addr[d->n] = d->addr[i];
+      d->entry[d->n] = d->entry[i];
+      d->n++;
+    }
   return 0;
 }
 
@@ -143,7 +130,7 @@ int cli_stacks_init(cli_stacks_t *x, const msnap_snap_t *s) {
     return -1;
   for (uint32_t d = 0; d < x->ndev; d++) {
     x->dev[d].has_trace = s->device_traces[d].n > 0;
-    if (index_device(&x->dev[d], &s->device_traces[d]) != 0) {
+    if (index_device(&x->dev[d], s, d, &s->device_traces[d]) != 0) {
       cli_stacks_free(x);
       return -1;
     }

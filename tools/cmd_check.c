@@ -9,7 +9,9 @@
  * Rules: block sizes sum to total_size; blocks are contiguous from the
  * segment address; allocated/active/requested sizes are the sums of the
  * blocks; states and actions are known names; segments are sorted and
- * disjoint per device and devices are concatenated in order; time_us never
+ * disjoint per device and devices are concatenated in order (except a
+ * tail of one-block workspace segments, as torch_npu appends them);
+ * time_us never
  * decreases within a device trace; keys required by the generation are
  * present (block address since 2.1, requested_size with frames, time_us
  * on all entries of a device or none); every device with segments has a
@@ -66,20 +68,78 @@ static void back_cb(void *arg, uint32_t entry, const char *msg) {
   report(c, where, "%s", msg);
 }
 
+/*
+ * Where the workspace tail starts (nsegments when none).  torch_npu's
+ * _snapshot (Module.cpp) appends NPUWorkspaceAllocator's segments, one
+ * block each, after the caching allocator's device-ordered, address-sorted
+ * ones, in its own order; memsnap's npu profile does the same.  The tail
+ * is the run after the first break of the order when every segment of it
+ * is a large segment of exactly one block.
+ */
+static uint32_t workspace_tail(const msnap_snap_t *s) {
+  for (uint32_t i = 1; i < s->nsegments; i++) {
+    const msnap_ssegment_t *p = &s->segments[i - 1], *g = &s->segments[i];
+    if (g->device > p->device ||
+        (g->device == p->device && g->address > p->address))
+      continue;
+    for (uint32_t k = i; k < s->nsegments; k++)
+      if (s->segments[k].nblocks != 1 || !s->segments[k].is_large)
+        return s->nsegments;
+    return i;
+  }
+  return s->nsegments;
+}
+
+static const msnap_snap_t *g_sort_snap;
+static int seg_idx_cmp(const void *x, const void *y) {
+  const msnap_ssegment_t *a = &g_sort_snap->segments[*(const uint32_t *)x];
+  const msnap_ssegment_t *b = &g_sort_snap->segments[*(const uint32_t *)y];
+  if (a->device != b->device) return a->device < b->device ? -1 : 1;
+  return a->address < b->address ? -1 : a->address > b->address;
+}
+
+/* Segments of one device must not overlap (the workspace tail included). */
+static void check_overlaps(check_t *c, const msnap_snap_t *s) {
+  if (s->nsegments < 2) return;
+  uint32_t *ix = malloc(s->nsegments * sizeof *ix);
+  if (ix == NULL) return;
+  for (uint32_t i = 0; i < s->nsegments; i++) ix[i] = i;
+  g_sort_snap = s;
+  qsort(ix, s->nsegments, sizeof *ix, seg_idx_cmp);
+  for (uint32_t k = 1; k < s->nsegments; k++) {
+    const msnap_ssegment_t *p = &s->segments[ix[k - 1]];
+    const msnap_ssegment_t *g = &s->segments[ix[k]];
+    if (p->device != g->device || g->address >= p->address + p->total_size)
+      continue;
+    char where[64];
+    snprintf(where, sizeof where, "segments[%u]", ix[k]);
+    report(c, where,
+           "segment at 0x%" PRIx64 " overlaps segments[%u] "
+           "[0x%" PRIx64 ", 0x%" PRIx64 ")",
+           g->address, ix[k - 1], p->address, p->address + p->total_size);
+  }
+  free(ix);
+}
+
 static void check_segments(check_t *c, const msnap_snap_t *s) {
   char where[96];
   int64_t prev_dev = INT64_MIN;
-  uint64_t prev_end = 0, prev_addr = 0;
+  uint64_t prev_addr = 0;
   uint32_t prev_i = 0;
   bool dev_seen_order_bad = false;
+  uint32_t tail = workspace_tail(s);
+  check_overlaps(c, s);
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
     snprintf(where, sizeof where, "segments[%u]", i);
-    if (g->device < 0 || g->device > (1 << 16))
+    /* (the reader refuses these already: kept for models built in code) */
+    if (g->device < 0 || g->device >= MSNAP_SNAP_MAX_DEVICES)
       report(c, where,
-             "device %" PRId64 " is not a device index (expected 0..65536)",
-             g->device);
-    if (g->device != prev_dev) {
+             "device %" PRId64 " is not a device index (expected 0..%d)",
+             g->device, MSNAP_SNAP_MAX_DEVICES - 1);
+    if (i >= tail) {
+      /* the workspace tail: order free */
+    } else if (g->device != prev_dev) {
       if (prev_dev != INT64_MIN && g->device < prev_dev &&
           !dev_seen_order_bad) {
         report(c, where,
@@ -95,14 +155,8 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
              "(segments[%u] at 0x%" PRIx64 "): segments must be sorted by "
              "address per device",
              g->address, prev_i, prev_addr);
-    } else if (g->address < prev_end) {
-      report(c, where,
-             "segment at 0x%" PRIx64 " overlaps segments[%u] "
-             "[0x%" PRIx64 ", 0x%" PRIx64 ")",
-             g->address, prev_i, prev_addr, prev_end);
     }
     prev_addr = g->address;
-    prev_end = g->address + g->total_size;
     prev_i = i;
     if (g->address + g->total_size > (1ull << 53))
       report(c, where,
@@ -186,36 +240,39 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
      * conversions of them have none). */
     uint32_t timed = 0;
     for (uint32_t i = 0; i < tl->n; i++)
-      timed += (tl->v[i].keys & MSNAP_K_TIME) != 0;
+      timed += (msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) != 0;
+#define WHERE (snprintf(where, sizeof where, "device_traces[%u][%u]", d, i), \
+               where)
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
-      snprintf(where, sizeof where, "device_traces[%u][%u]", d, i);
+      const msnap_tattr_t *at = msnap__tattr(s, e);
       if (e->action == MSNAP_ACTION_UNKNOWN) {
-        const char *a = cli_str(s, e->action_str, NULL);
-        report(c, where, "unknown action '%s'%s", a,
+        const char *a = cli_str(s, at->action_str, NULL);
+        report(c, WHERE, "unknown action '%s'%s", a,
                !strcmp(a, "free") ? " ('free' is only synthesized by "
                                     "viewers, producers write "
                                     "free_requested/free_completed)"
                                   : "");
       }
-      if (e->keys & MSNAP_K_TIME) {
+      if (at->keys & MSNAP_K_TIME) {
         if (have_prev && e->time_us < prev)
-          report(c, where,
+          report(c, WHERE,
                  "time_us %" PRId64 " is before the previous entry's %" PRId64
                  " (time must not decrease within a device)",
                  e->time_us, prev);
         prev = e->time_us;
         have_prev = true;
       } else if (timed > 0) {
-        report(c, where,
+        report(c, WHERE,
                "missing key 'time_us' (%u of the device's %u entries have "
                "it)",
                timed, tl->n);
       }
-      if (e->addr >= (1ull << 53) && !(e->keys & MSNAP_K_DEVICE_FREE))
-        report(c, where,
+      if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
+        report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53 (§7.3 rule 5)", e->addr);
     }
+#undef WHERE
   }
   if (s->ndevices > 0) {
     for (uint32_t i = 0; i < s->nsegments; i++) {
@@ -240,6 +297,19 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
   free(devs);
 }
 
+/* Text that was not valid UTF-8 (the reader repaired it with U+FFFD, so
+ * what memsnap writes always decodes; the file itself does not). */
+static void check_strings(check_t *c, const msnap_snap_t *s) {
+  if (!s->utf8_repaired) return;
+  size_t n;
+  const char *ex = cli_str(s, s->utf8_example, &n);
+  report(c, "strings",
+         "%" PRIu64 " string%s not valid UTF-8 (invalid bytes or lone "
+         "surrogates; read as U+FFFD), the first: \"%.*s%s\"",
+         s->utf8_repaired, s->utf8_repaired == 1 ? " is" : "s are",
+         (int)(n < 120 ? n : 120), ex, n > 120 ? "..." : "");
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap check [--json] [--max-lines N] FILE...\n"
@@ -254,7 +324,8 @@ static void usage(FILE *f) {
           "per device, time_us not decreasing per device, keys of the\n"
           "generation, and a backward replay of each trace over the final\n"
           "state (alloc/free_*/segment_* must be consistent with it; a ring\n"
-          "buffer that dropped old entries is not a violation).\n"
+          "buffer that dropped old entries is not a violation).  Text that\n"
+          "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"
           "  --json          one JSON object: {files: [{file, usable,\n"
           "                  violations: [{where, message}], count}]}\n"
@@ -316,6 +387,7 @@ int cli_cmd_check(int argc, char **argv) {
     }
     check_segments(&c, s);
     check_traces(&c, s);
+    check_strings(&c, s);
     if (json) {
       cj_arr_end(&j);
       cj_key(&j, "count");

@@ -64,21 +64,35 @@ static int upgrade(msnap_snap_t *s) {
     if (rc)
       return rc;
   }
-  for (uint32_t d = 0; d < s->ndevices; d++) {
-    msnap_trace_list_t *tl = &s->device_traces[d];
-    for (uint32_t i = 0; i < tl->n; i++) {
-      msnap_strace_t *e = &tl->v[i];
-      if (!(e->keys & MSNAP_K_COMPILE_CTX)) {
-        e->compile_context = na;
-        e->keys |= MSNAP_K_COMPILE_CTX;
-      }
-      if (!(e->keys & MSNAP_K_USER_META)) {
-        e->user_metadata = empty;
-        e->keys |= MSNAP_K_USER_META;
-      }
-      e->keys |= MSNAP_K_POOL_ID | MSNAP_K_STREAM;
+  /* trace entries share their attribute sets: upgrade each set once,
+   * then point the entries at the upgraded ones */
+  uint32_t na_sets = s->ntattrs;
+  uint32_t *map = malloc((size_t)na_sets * sizeof *map);
+  if (!map)
+    return MSNAP_ENOMEM;
+  for (uint32_t k = 0; k < na_sets; k++) {
+    msnap_tattr_t a = s->tattrs[k];
+    if (!(a.keys & MSNAP_K_COMPILE_CTX)) {
+      a.compile_context = na;
+      a.keys |= MSNAP_K_COMPILE_CTX;
+    }
+    if (!(a.keys & MSNAP_K_USER_META)) {
+      a.user_metadata = empty;
+      a.keys |= MSNAP_K_USER_META;
+    }
+    a.keys |= MSNAP_K_POOL_ID | MSNAP_K_STREAM;
+    map[k] = msnap__snap_tattr(s, &a);
+    if (map[k] == UINT32_MAX) {
+      free(map);
+      return MSNAP_ENOMEM;
     }
   }
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    msnap_trace_list_t *tl = &s->device_traces[d];
+    for (uint32_t i = 0; i < tl->n; i++)
+      tl->v[i].attr = map[tl->v[i].attr];
+  }
+  free(map);
   s->top_keys |= MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES |
                  MSNAP_TOP_EXTERNAL_ANNOTATIONS;
   if (s->generation < MSNAP_GEN_CURRENT)
@@ -134,8 +148,10 @@ static void usage(FILE *f) {
           "\n"
           "Rewrite a snapshot of any generation (2.0 with block history,\n"
           "2.1, 2.6, current, or a bare list of segments) as a\n"
-          "current-format pickle (protocol 4) or, with --json, as JSON\n"
-          "(accepted by pytorch.org/memory_viz).  Keys the current producer\n"
+          "current-format pickle (protocol 4) or, with --json, as JSON in\n"
+          "which frames and stacks are written once (frame_table,\n"
+          "stack_table; each 'frames' value is an index into stack_table).\n"
+          "Keys the current producer\n"
           "always writes are added (block address, frames, requested_size,\n"
           "compile_context, user_metadata, one device_traces list per\n"
           "device); --keep-keys keeps exactly the source's keys.  The output\n"

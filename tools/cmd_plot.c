@@ -175,8 +175,8 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     }
     const char *unit = "";
     char span[96] = "";
-    if (tl && tl->n && (tl->v[0].keys & MSNAP_K_TIME) &&
-        (tl->v[tl->n - 1].keys & MSNAP_K_TIME)) {
+    if (tl && tl->n && (msnap__tattr(s, &tl->v[0])->keys & MSNAP_K_TIME) &&
+        (msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)) {
       char d[32];
       snprintf(span, sizeof span, " over %s",
                cli_duration(tl->v[tl->n - 1].time_us - tl->v[0].time_us, d,
@@ -192,7 +192,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     for (uint32_t i = 0; tl && i < s->nannotations && shown < MAXANN; i++) {
       const msnap_sannotation_t *an = &s->annotations[i];
       if (an->device != dev || !an->is_start ||
-          !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+          !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME))
         continue;
       uint32_t at = cli_entry_at_time(tl, an->time_us);
       double x = px(&p, at);

@@ -20,8 +20,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap replay [--profile cuda|npu] [--alloc-conf STR]\n"
-          "                      [-o OUT] [--json] [--max-mismatches N] "
-          "FILE\n"
+          "                      [-o OUT] [--json] [--max-mismatches N]\n"
+          "                      [--device-memory BYTES] FILE\n"
           "\n"
           "Run the file's recorded alloc/free stream through memsnap's\n"
           "caching allocator on the simulated device and report segment\n"
@@ -57,6 +57,11 @@ static void usage(FILE *f) {
           "                    final_reserved_bytes, inactive_split_bytes,\n"
           "                    mismatches, reason, devices, recording}\n"
           "  --max-mismatches N  mismatches listed per device (default 10)\n"
+          "  --device-memory B the simulated device's memory (default 1T;\n"
+          "                    K/M/G/T suffixes): give the recording\n"
+          "                    device's total when the configuration depends\n"
+          "                    on it (per_process_memory_fraction,\n"
+          "                    garbage_collection_threshold, OOMs)\n"
           "  -h, --help        this text\n"
           "\nExit status: 0 replayed (and, in exact mode, matched), 1 exact\n"
           "replay did not match, 2 unusable input or not replayable.\n");
@@ -235,13 +240,15 @@ static void print_text(const replay_t *r, const char *file) {
 
 int cli_cmd_replay(int argc, char **argv) {
   bool json = false;
-  const char *profile = NULL, *conf = NULL, *out = NULL;
+  const char *profile = NULL, *conf = NULL, *out = NULL, *devmem_arg = NULL;
   long maxm = 10;
+  uint64_t devmem = REPLAY_DEVICE_MEMORY;
   const cli_opt_t opts[] = {
       CLI_STRING("profile", 0, &profile),
       CLI_STRING("alloc-conf", 0, &conf),
       CLI_LONG("max-mismatches", 0, &maxm, 0, REPLAY_MAX_MISMATCHES,
                "--max-mismatches needs 0..64"),
+      CLI_STRING("device-memory", 0, &devmem_arg),
       CLI_OPT_END};
   const cli_cmd_t cmd = {"replay", usage, opts, 1, "expects exactly one FILE",
                          &json, &out, NULL};
@@ -250,12 +257,18 @@ int cli_cmd_replay(int argc, char **argv) {
   if (brc != CLI_CONTINUE) return brc;
   if (profile && strcmp(profile, "cuda") && strcmp(profile, "npu"))
     return cli_usage_error("replay", "--profile must be cuda or npu");
+  if (devmem_arg != NULL &&
+      (!msnap__parse_size(devmem_arg, &devmem) || devmem < (2ull << 20) ||
+       devmem > (1ull << 48)))
+    return cli_usage_error("replay", "--device-memory needs 2M..256T bytes "
+                                     "(K/M/G/T suffixes)");
   const char *file = argv[first];
   msnap_snap_t *s;
   if (cli_load(file, &s) != CLI_OK)
     return CLI_UNUSABLE;
   replay_t r;
   int rc = replay_init(&r, s, file, profile, conf, (uint32_t)maxm);
+  r.device_memory = devmem;
   if (rc == CLI_OK) rc = replay_run(&r);
   if (rc == CLI_OK) {
     if (out && r.a) rc = replay_write(&r, out);

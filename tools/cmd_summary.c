@@ -12,8 +12,9 @@
  *   trace_entries    length of device_traces[device] (0 when absent)
  * and, from the trace: entries by action, the time span, the peak of
  * allocated memory (in requested bytes: what the trace records) and of
- * reserved memory, both starting from the state at the start of the trace
- * that the backward replay reconstructs.  Sites are the innermost user
+ * reserved memory, both starting from the state at the start of the trace:
+ * the final figures (requested bytes of active blocks, reserved bytes)
+ * minus the trace's net effect, so one pass over the trace gives them.  Sites are the innermost user
  * frame (cli_site) of the stack the resolver of cli_stacks.c gives a live
  * block (its own frames, its 2.0 history, or its live alloc entry in the
  * trace); blocks that predate the trace are counted in live_before_trace.
@@ -167,55 +168,52 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       f->before_count = sites[i].count;
     }
 
-  /* Trace figures. */
+  /* Trace figures, in one pass: entries by action, the time span, and
+   * the peaks.  The state at the start of the trace is the final one
+   * minus the trace's net effect (start = final - sum of deltas), so
+   * peak = start + the highest prefix sum of the deltas; no replay. */
   const msnap_trace_list_t *tl = cli_trace(s, dev);
   if (tl && tl->n) {
     f->trace_entries = tl->n;
+    __int128 da = 0, dr = 0, ma = 0, mr = 0; /* sums, highest prefixes */
+    uint32_t last_attr = UINT32_MAX;
+    bool timed = false;
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
       f->by_action[e->action < MSNAP_ACTION_COUNT ? e->action
                                                   : MSNAP_ACTION_COUNT]++;
-      if (e->keys & MSNAP_K_TIME) {
+      if (e->attr != last_attr) {
+        last_attr = e->attr;
+        timed = (msnap__tattr(s, e)->keys & MSNAP_K_TIME) != 0;
+      }
+      if (timed) {
         if (!f->have_time) {
           f->t0 = e->time_us;
           f->have_time = true;
         }
         f->t1 = e->time_us;
       }
-    }
-    cli_state_t st;
-    if (cli_backward(s, dev, NULL, NULL, &st) >= 0) {
-      uint64_t cur = 0, res = 0;
-      for (uint32_t i = 0; i < st.nb; i++)
-        cur += st.b[i].requested;
-      for (uint32_t i = 0; i < st.ng; i++)
-        res += st.g[i].size;
-      cli_state_free(&st);
-      uint64_t pa = cur, pr = res;
-      for (uint32_t i = 0; i < tl->n; i++) {
-        const msnap_strace_t *e = &tl->v[i];
-        switch (e->action) {
-        case MSNAP_ACTION_ALLOC: cur += e->size; break;
-        case MSNAP_ACTION_FREE_COMPLETED:
-          cur = cur >= e->size ? cur - e->size : 0;
-          break;
-        case MSNAP_ACTION_SEGMENT_ALLOC:
-        case MSNAP_ACTION_SEGMENT_MAP: res += e->size; break;
-        case MSNAP_ACTION_SEGMENT_FREE:
-        case MSNAP_ACTION_SEGMENT_UNMAP:
-          res = res >= e->size ? res - e->size : 0;
-          break;
-        default: break;
-        }
-        if (cur > pa)
-          pa = cur;
-        if (res > pr)
-          pr = res;
+      switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
+                                             : e->action) {
+      case MSNAP_ACTION_ALLOC: da += e->size; break;
+      case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; break;
+      case MSNAP_ACTION_SEGMENT_ALLOC:
+      case MSNAP_ACTION_SEGMENT_MAP: dr += e->size; break;
+      case MSNAP_ACTION_SEGMENT_FREE:
+      case MSNAP_ACTION_SEGMENT_UNMAP: dr -= e->size; break;
+      default: break;
       }
-      f->peak_alloc = pa;
-      f->peak_reserved = pr;
-      f->have_peak = true;
+      if (da > ma)
+        ma = da;
+      if (dr > mr)
+        mr = dr;
     }
+    __int128 pa = (__int128)f->requested - da + ma;
+    __int128 pr = (__int128)f->reserved - dr + mr;
+    f->peak_alloc = pa < 0 ? 0 : pa > UINT64_MAX ? UINT64_MAX : (uint64_t)pa;
+    f->peak_reserved =
+        pr < 0 ? 0 : pr > UINT64_MAX ? UINT64_MAX : (uint64_t)pr;
+    f->have_peak = true;
   }
   return 0;
 }
@@ -483,7 +481,8 @@ static void usage(FILE *f) {
           "bytes (sums over the blocks); blocks by state; trace entries by\n"
           "action; time span; peak allocated (in requested bytes, what the\n"
           "trace records) and peak reserved over the trace, starting from\n"
-          "the state at the trace start that a backward replay rebuilds;\n"
+          "the state at the trace start (the final one minus the trace's\n"
+          "net effect);\n"
           "the largest live allocations and the top allocation sites by\n"
           "live bytes; annotations and allocator settings.\n"
           "\n"

@@ -486,8 +486,9 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
     frees += e->action == MSNAP_ACTION_FREE_COMPLETED;
     maps += e->action == MSNAP_ACTION_SEGMENT_MAP ||
             e->action == MSNAP_ACTION_SEGMENT_UNMAP;
-    other_pool += (e->keys & MSNAP_K_POOL_ID) &&
-                  (e->pool_id.first || e->pool_id.second);
+    const msnap_tattr_t *at = msnap__tattr(s, e);
+    other_pool += (at->keys & MSNAP_K_POOL_ID) &&
+                  (at->pool_id.first || at->pool_id.second);
   }
   if (allocs == 0) {
     snprintf(d->reason, sizeof d->reason,
@@ -644,7 +645,8 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       if (seg_pending && r->exact)
         msnap_sim_set_next_address(r->ctx, dev, seg_addr);
       uint64_t p = 0;
-      int rc = msnap_malloc(r->a, dev, e->size, (uint64_t)e->stream, &p);
+      int rc = msnap_malloc(r->a, dev, e->size,
+                            (uint64_t)msnap__tattr(s, e)->stream, &p);
       /* A new segment (or, with expandable segments, newly mapped
        * pages) is seen as growth of the memory held from the runtime. */
       int64_t grew = (int64_t)(runtime_used(r, dev) - used0);
@@ -819,16 +821,17 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
     bool have_t = false;
     int64_t last_t = 0;
     for (uint32_t q = 0; rt && q < rt->n && !have_t; q++)
-      if (rt->v[q].keys & MSNAP_K_TIME) {
+      if (msnap__tattr(s, &rt->v[q])->keys & MSNAP_K_TIME) {
         have_t = true;
         last_t = rt->v[q].time_us;
       }
     for (uint32_t k = 0; rt && k < mt->n; k++) {
       msnap_strace_t *e = &mt->v[k];
+      msnap_tattr_t at = *msnap__tattr(m, e);
       /* Times: the recorded ones where matched, never decreasing. */
       if (have_t) {
         e->time_us = last_t;
-        e->keys |= MSNAP_K_TIME;
+        at.keys |= MSNAP_K_TIME;
       }
       for (uint32_t look = i; look < rt->n && look < i + 64; look++) {
         const msnap_strace_t *f = &rt->v[look];
@@ -836,14 +839,20 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
           continue;
         if (f->frames != MSNAP_STACK_ABSENT) {
           e->frames = xstack(&x, f->frames);
-          e->keys |= MSNAP_K_FRAMES;
+          at.keys |= MSNAP_K_FRAMES;
         }
-        if ((f->keys & MSNAP_K_TIME) && f->time_us > last_t) {
+        if ((msnap__tattr(s, f)->keys & MSNAP_K_TIME) &&
+            f->time_us > last_t) {
           e->time_us = f->time_us;
           last_t = f->time_us;
         }
         i = look + 1;
         break;
+      }
+      if (msnap__snap_trace_set_attr(m, e, &at) < 0) {
+        free(x.memo);
+        msnap__snap_free(m);
+        return MSNAP_ENOMEM;
       }
     }
   }
@@ -916,6 +925,7 @@ int replay_init(replay_t *r, const msnap_snap_t *s, const char *file,
   memset(r, 0, sizeof *r);
   r->s = s;
   r->max_keep = max_keep;
+  r->device_memory = REPLAY_DEVICE_MEMORY;
   /* A recording of memsnap's npu profile names PYTORCH_NPU_ALLOC_CONF in
    * its allocator_settings: replay it with that profile unless told. */
   if (profile == NULL) {
@@ -980,7 +990,7 @@ int replay_run(replay_t *r) {
   mo.alloc_conf = r->conf;
   mo.caching_disabled = 0;
   mo.sim_devices = (int)maxdev + 1;
-  mo.sim_memory = 1ull << 40;
+  mo.sim_memory = r->device_memory;
   mo.error_buf = ebuf;
   mo.error_buf_len = sizeof ebuf;
   int e = msnap_allocator_create(&mo, &r->a);
@@ -992,6 +1002,7 @@ int replay_run(replay_t *r) {
     return CLI_UNUSABLE;
   }
   r->ctx = msnap_runtime_ctx(r->a);
+  r->pad = msnap__npu_pad(r->a);
   cli_progress_t pr;
   cli_progress_init(&pr, "replay");
   for (uint32_t k = 0; k < r->nd; k++)

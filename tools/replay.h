@@ -39,6 +39,10 @@ typedef struct dev_replay_s {
   bool have_start;
 } dev_replay_t;
 
+/* Bytes per simulated device unless --device-memory says otherwise: more
+ * than any recording needs, so that only the allocator decides. */
+#define REPLAY_DEVICE_MEMORY (1ull << 40)
+
 typedef struct replay_s {
   const msnap_snap_t *s;
   msnap_allocator_t *a;
@@ -48,7 +52,11 @@ typedef struct replay_s {
   const char *profile_name; /* "cuda" or "npu" */
   bool profile_from_file;   /* chosen by the file's allocator_settings */
   const char *conf;         /* alloc conf of the replay ("" for none) */
-  uint64_t pad; /* bytes the profile adds before rounding (npu: 32) */
+  /* bytes the profile adds before rounding: the replay allocator's own
+   * (torch_npu AddPadSize: 32, or 0 on an Ascend950 with CANN >= 9.1.0
+   * as the sim reports through MEMSNAP_SIM_SOC_NAME / _CANN_VERSION) */
+  uint64_t pad;
+  uint64_t device_memory; /* bytes per simulated device (--device-memory) */
   uint32_t max_keep;
   /* every device with segments or a trace (dr[0] exists even when nd is
    * 0, holding the reason) */

@@ -783,7 +783,8 @@ typedef struct group_s {
 static int annotations(vdev_t *d) {
   const msnap_snap_t *s = d->s;
   const msnap_trace_list_t *tl = d->tl;
-  if (!tl || tl->n == 0 || !(tl->v[tl->n - 1].keys & MSNAP_K_TIME))
+  if (!tl || tl->n == 0 ||
+      !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME))
     return 0;
   uint32_t na = 0;
   for (uint32_t i = 0; i < s->nannotations; i++)
@@ -1063,7 +1064,8 @@ static int pass_b(vdev_t *d) {
     lrec_t *x;
     switch (e->action) {
     case MSNAP_ACTION_ALLOC: {
-      lrec_t y = {.addr = e->addr, .size = e->size, .stream = e->stream,
+      lrec_t y = {.addr = e->addr, .size = e->size,
+                  .stream = msnap__tattr(d->s, e)->stream,
                   .stack = e->frames, .rank = NONE32, .entry = i,
                   .step = step};
       if (band_open(&B, &d->blk, &bi, d->st.nb + i, &y, &ad))
@@ -1086,7 +1088,8 @@ static int pass_b(vdev_t *d) {
       break;
     case MSNAP_ACTION_SEGMENT_ALLOC:
     case MSNAP_ACTION_SEGMENT_MAP: {
-      lrec_t y = {.addr = e->addr, .size = e->size, .stream = e->stream,
+      lrec_t y = {.addr = e->addr, .size = e->size,
+                  .stream = msnap__tattr(d->s, e)->stream,
                   .stack = e->frames, .rank = NONE32, .entry = i,
                   .step = -1};
       if (band_open(&G, &d->seg, &gi, d->st.ng + i, &y, &rd))
@@ -1139,8 +1142,9 @@ static void w_u32s(cli_json_t *j, const char *key, const uint32_t *v,
 }
 
 static int64_t entry_time(const vdev_t *d, uint32_t i) {
-  return i < d->n && (d->tl->v[i].keys & MSNAP_K_TIME) ? d->tl->v[i].time_us
-                                                       : INT64_MIN;
+  return i < d->n && (msnap__tattr(d->s, &d->tl->v[i])->keys & MSNAP_K_TIME)
+             ? d->tl->v[i].time_us
+             : INT64_MIN;
 }
 
 static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
@@ -1282,7 +1286,7 @@ static int write_windows(vdev_t *d, cli_json_t *j) {
     cj_key(j, "t");
     cj_arr(j);
     for (uint32_t i = 0; i < k->count; i++) {
-      if ((v[i].keys & MSNAP_K_TIME) && t0 != INT64_MIN)
+      if ((msnap__tattr(d->s, &v[i])->keys & MSNAP_K_TIME) && t0 != INT64_MIN)
         cj_i64(j, v[i].time_us - t0);
       else
         cj_null(j);
@@ -1291,7 +1295,7 @@ static int write_windows(vdev_t *d, cli_json_t *j) {
     cj_key(j, "stream");
     cj_arr(j);
     for (uint32_t i = 0; i < k->count; i++)
-      cj_i64(j, v[i].stream);
+      cj_i64(j, msnap__tattr(d->s, &v[i])->stream);
     cj_arr_end(j);
     cj_obj_end(j);
     cj_obj_end(j);

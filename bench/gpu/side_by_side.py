@@ -13,9 +13,17 @@ allocation):
 
 Each mode is timed with and without history.  The report gives time per
 step, peak reserved bytes, number of segments, the key sets of both
-snapshots and whether both files load in torch.cuda._memory_viz.  With
---write-readme the figures replace the "GPU side by side" section of
-bench/README.md.
+snapshots and whether both files load in torch.cuda._memory_viz.
+
+A third child process ("checks") installs memsnap with
+memsnap.torch.use_allocator("cuda") and checks, on the GPU, what the C++
+shim and patch_torch_cuda() provide (CHECKS below): an allocation beyond
+the device raises torch.OutOfMemoryError through the shim and the process
+goes on; torch.cuda.empty_cache() returns memsnap's cached segments;
+Tensor.record_stream across two streams keeps the block until the second
+stream's work is done; torch.cuda.memory_allocated() answers from memsnap
+after patch_torch_cuda().  With --write-readme the figures and the checks
+replace the "GPU side by side" section of bench/README.md.
 
 Usage:
   python bench/gpu/side_by_side.py [--steps 20] [--out DIR] [--write-readme]
@@ -52,7 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--write-readme", action="store_true")
     p.add_argument("--check", action="store_true",
                    help="validate arguments and the environment, run nothing on a GPU")
-    p.add_argument("--child", choices=["native", "memsnap"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["native", "memsnap", "checks"], help=argparse.SUPPRESS)
     p.add_argument("--history", type=int, choices=[0, 1], default=1, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.steps < 2:
@@ -126,13 +134,88 @@ def child(a) -> dict:
     return res
 
 
+# What the "checks" child verifies (name -> what passing means).
+CHECKS = {
+    "oom": "allocating twice the device raises torch.OutOfMemoryError (shim), "
+           "with PyTorch's message; the next allocation works",
+    "empty_cache": "torch.cuda.empty_cache() releases memsnap's cached segments",
+    "record_stream": "a block used on a second stream is freed only after that "
+                     "stream's work (free_completed after the synchronize)",
+    "memory_allocated": "torch.cuda.memory_allocated() equals memsnap's after "
+                        "patch_torch_cuda()",
+}
+
+
+def checks(a) -> dict:
+    """The "checks" child: memsnap as torch's CUDA allocator."""
+    import torch
+    import memsnap.memory as mm
+    import memsnap.torch as mt
+
+    mt.use_allocator("cuda")  # registers the shim's hooks, patch_torch_cuda()
+    mm._record_memory_history("all", stacks="python")
+    res = {}
+    # memory_allocated after patch_torch_cuda
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    res["memory_allocated"] = (torch.cuda.memory_allocated() == mm.memory_allocated()
+                               >= 64 << 20)
+    # record_stream across two streams
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(s1):
+        y = torch.ones(1 << 20, device="cuda")
+    s2.wait_stream(s1)
+    with torch.cuda.stream(s2):
+        torch.cuda._sleep(50_000_000)  # keep s2 busy while y is freed
+        z = y * 2
+    y.record_stream(s2)
+    ptr = y.data_ptr()
+    del y
+    pending = any(b["state"] == "active_pending_free" for seg in mm.memory_snapshot()
+                  for b in seg["blocks"] if b["address"] == ptr)
+    torch.cuda.synchronize()
+    w = torch.empty(1 << 20, device="cuda", dtype=torch.uint8)  # processes events
+    acts = [e["action"] for e in mm._snapshot()["device_traces"][0] if e["addr"] == ptr]
+    res["record_stream"] = pending and acts[-2:] == ["free_requested", "free_completed"]
+    del z, w
+    # empty_cache through torch's own function (the reset hook)
+    del x
+    before = mm.memory_reserved()
+    torch.cuda.empty_cache()
+    res["empty_cache"] = before > 0 and mm.memory_reserved() < before
+    # OOM through the shim
+    total = torch.cuda.mem_get_info()[1]
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+        res["oom"] = False
+        res["oom_message"] = "no error"
+    except torch.OutOfMemoryError as e:
+        res["oom_message"] = str(e).splitlines()[0][:160]
+        res["oom"] = "out of memory. Tried to allocate" in str(e) and \
+            torch.ones(10, device="cuda").sum().item() == 10
+    return {"mode": "checks", "checks": res}
+
+
+def checks_table(r: dict) -> str:
+    """The checks as a Markdown table (an error line when the child failed)."""
+    if "error" in r:
+        return f"checks: error: {r['error'].splitlines()[-1] if r['error'] else '?'}"
+    lines = ["| check | result | what |", "|---|---|---|"]
+    for name, what in CHECKS.items():
+        ok = r["checks"].get(name)
+        lines.append(f"| {name} | {'pass' if ok else 'FAIL'} | {what} |")
+    if "oom_message" in r["checks"]:
+        lines.append("")
+        lines.append(f"OOM message: `{r['checks']['oom_message']}`")
+    return "\n".join(lines)
+
+
 def run_child(a, mode: str, history: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--history", str(history),
            "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch),
            "--seq", str(a.seq), "--d-model", str(a.d_model), "--layers", str(a.layers),
            "--out", a.out]
     env = dict(os.environ)
-    if mode == "memsnap":
+    if mode in ("memsnap", "checks"):
         env["MEMSNAP_RUNTIME"] = "cuda"
         env["MEMSNAP_PROFILE"] = "cuda"
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -165,7 +248,7 @@ def table(results) -> str:
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.child:
-        print(json.dumps(child(a)))
+        print(json.dumps(checks(a) if a.child == "checks" else child(a)))
         return 0
     if a.check:
         try:
@@ -174,6 +257,7 @@ def main(argv=None) -> int:
         except ImportError:
             have_cuda = False
         print(f"arguments ok; CUDA available: {have_cuda}")
+        print("checks: " + ", ".join(CHECKS))
         return 0
     import torch
     if not torch.cuda.is_available():
@@ -181,9 +265,12 @@ def main(argv=None) -> int:
         return 2
     t0 = time.time()
     results = [run_child(a, m, h) for m in ("native", "memsnap") for h in (0, 1)]
+    checked = run_child(a, "checks", 1)
     text = (f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
             f"{a.layers}-layer d={a.d_model} encoder, batch {a.batch}x{a.seq}, {a.steps} timed steps "
-            f"({time.strftime('%Y-%m-%d')}, {time.time() - t0:.0f} s in all)\n\n" + table(results))
+            f"({time.strftime('%Y-%m-%d')}, {time.time() - t0:.0f} s in all)\n\n" + table(results)
+            + "\n\nmemsnap as torch's CUDA allocator (use_allocator(\"cuda\")):\n\n"
+            + checks_table(checked))
     print(text)
     if a.write_readme:
         old = open(README).read() if os.path.exists(README) else ""
@@ -194,7 +281,9 @@ def main(argv=None) -> int:
             new = old.rstrip() + "\n\n## GPU side by side\n\n" + block + "\n"
         with open(README, "w") as f:
             f.write(new)
-    return 0 if all("error" not in r for r in results) else 1
+    ok = all("error" not in r for r in results) and "error" not in checked and \
+        all(checked["checks"].get(n) for n in CHECKS)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@
 
 /* ---- argument helpers ---------------------------------------------------- */
 
-/* Unsigned 64-bit integer argument (addresses, streams, sizes). */
+/* Unsigned 64-bit integer argument (addresses). */
 int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
-  if (!PyLong_Check(o)) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
     PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
                  Py_TYPE(o)->tp_name);
     return -1;
@@ -35,6 +35,51 @@ int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
     } else {
       return -1;
     }
+  }
+  *out = (uint64_t)v;
+  return 0;
+}
+
+/* A size in bytes: a non-bool int >= 0 (torch's caching_allocator_alloc
+ * takes the size through PyLong_AsSsize_t; a bool is refused here). */
+int msnap_py_size(PyObject *o, uint64_t *out, const char *what) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s: size must be an int (bytes), not "
+                 "%.100s", what, Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  long long size = PyLong_AsLongLong(o);
+  if (size == -1 && PyErr_Occurred())
+    return -1;
+  if (size < 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "Invalid memory size: %lld; %s requires a non-negative "
+                 "size.", size, what);
+    return -1;
+  }
+  *out = (uint64_t)size;
+  return 0;
+}
+
+/* A stream handle: a non-bool int in [0, MSNAP_PY_STREAM_LIMIT). */
+int msnap_py_stream(PyObject *o, uint64_t *out) {
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "Invalid type for stream argument, must be "
+                    "`torch.cuda.Stream` or `int` representing a pointer "
+                    "to an existing stream");
+    return -1;
+  }
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (v == -1 && PyErr_Occurred())
+    return -1;
+  if (overflow != 0 || v < 0 || (unsigned long long)v >= MSNAP_PY_STREAM_LIMIT) {
+    PyErr_Format(PyExc_ValueError,
+                 "Invalid stream handle %R: a stream is 0 (the default "
+                 "stream) or the runtime's stream handle, an int in "
+                 "[0, 2**56)", o);
+    return -1;
   }
   *out = (uint64_t)v;
   return 0;
@@ -124,25 +169,13 @@ static PyObject *py_malloc(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "malloc(size, device, stream)");
     return NULL;
   }
-  if (!PyLong_Check(args[0])) {
-    PyErr_Format(PyExc_TypeError, "size must be an int, not %.100s",
-                 Py_TYPE(args[0])->tp_name);
+  uint64_t size;
+  if (msnap_py_size(args[0], &size, "caching_allocator_alloc") < 0)
     return NULL;
-  }
-  long long size = PyLong_AsLongLong(args[0]);
-  if (size == -1 && PyErr_Occurred())
-    return NULL;
-  if (size < 0) {
-    PyErr_Format(PyExc_ValueError,
-                 "Invalid memory size: %lld; caching_allocator_alloc "
-                 "requires a non-negative size.",
-                 size);
-    return NULL;
-  }
   int device;
   uint64_t stream, ptr = 0;
   if (msnap_py_device(args[1], &device) < 0 ||
-      msnap_py_u64(args[2], &stream, "stream") < 0)
+      msnap_py_stream(args[2], &stream) < 0)
     return NULL;
   GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 1) < 0)
@@ -175,7 +208,7 @@ static PyObject *py_record_stream(PyObject *module, PyObject *args) {
   uint64_t ptr, stream;
   if (!PyArg_ParseTuple(args, "OO:record_stream", &p, &s) ||
       msnap_py_u64(p, &ptr, "ptr") < 0 ||
-      msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_stream(s, &stream) < 0)
     return NULL;
   GET_ALLOC(a);
   int rc = msnap_record_stream(a, ptr, stream);
@@ -316,7 +349,7 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
  */
 static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msnap_plugin_malloc",
       (unsigned long long)(uintptr_t)&msnap_plugin_malloc, "msnap_plugin_free",
       (unsigned long long)(uintptr_t)&msnap_plugin_free, "msnap_plugin_init",
       (unsigned long long)(uintptr_t)&msnap_plugin_init,
@@ -326,14 +359,121 @@ static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
       (unsigned long long)(uintptr_t)&msnap_plugin_memory_fraction,
       "msnap_plugin_record_stream",
       (unsigned long long)(uintptr_t)&msnap_plugin_record_stream,
+      "msnap_plugin_reset", (unsigned long long)(uintptr_t)&msnap_plugin_reset,
+      "msnap_plugin_erase_stream",
+      (unsigned long long)(uintptr_t)&msnap_plugin_erase_stream,
       "msnap_plugin_get_base_allocation",
       (unsigned long long)(uintptr_t)&msnap_plugin_get_base_allocation);
 }
 
-/* initialized() -> bool: whether this module already created (or found)
- * the process-wide allocator; memsnap.configure() must come before. */
+/* initialized() -> bool: whether the process-wide allocator exists
+ * (created by this module, or by the pluggable-allocator entry points when
+ * torch allocated through memsnap); memsnap.configure() must come before.
+ * It is memsnap's "device initialized" (torch.cuda.is_initialized). */
 static PyObject *py_initialized(PyObject *module, PyObject *unused) {
-  return PyBool_FromLong(msnap_py_state(module)->created);
+  return PyBool_FromLong(msnap_py_state(module)->created ||
+                         msnap_default_exists());
+}
+
+/* mark_capture_begin(device, stream) / mark_capture_end(device, stream):
+ * a graph capture on stream begins / ends (markCaptureBegin/End). */
+static PyObject *capture_mark(PyObject *module, PyObject *args, bool begin) {
+  int device;
+  PyObject *s;
+  uint64_t stream;
+  if (!PyArg_ParseTuple(args, "iO", &device, &s) ||
+      msnap_py_u64(s, &stream, "stream") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 0) < 0)
+    return NULL;
+  int rc = begin ? msnap_mark_capture_begin(a, device, stream)
+                 : msnap_mark_capture_end(a, device, stream);
+  if (rc < 0)
+    return msnap_py_raise(module, rc,
+                          begin ? "markCaptureBegin" : "markCaptureEnd");
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_mark_capture_begin(PyObject *module, PyObject *args) {
+  return capture_mark(module, args, true);
+}
+
+static PyObject *py_mark_capture_end(PyObject *module, PyObject *args) {
+  return capture_mark(module, args, false);
+}
+
+/* set_expandable_segment_reserve_class(stream, name). */
+static PyObject *py_set_reserve_class(PyObject *module, PyObject *args) {
+  PyObject *s;
+  const char *name;
+  uint64_t stream;
+  if (!PyArg_ParseTuple(args, "Os", &s, &name) ||
+      msnap_py_u64(s, &stream, "stream") < 0)
+    return NULL;
+  GET_ALLOC(a);
+  int rc = msnap_set_expandable_segment_reserve_class(a, stream, name);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "setExpandableSegmentReserveClass");
+  Py_RETURN_NONE;
+}
+
+/* notify_device_error(device, message) -> bool: CANN OOM text? (then the
+ * OOM_SNAPSHOT dump ran). */
+static PyObject *py_notify_device_error(PyObject *module, PyObject *args) {
+  int device;
+  const char *msg;
+  if (!PyArg_ParseTuple(args, "is", &device, &msg))
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = msnap_notify_device_error(a, device, msg);
+  Py_END_ALLOW_THREADS
+  if (rc < 0)
+    return msnap_py_raise(module, rc, "notify_device_error");
+  return PyBool_FromLong(rc == 1);
+}
+
+/* A usage-CSV call on one device with the GIL released: True when it
+ * wrote what was wanted. */
+static PyObject *usage_call(PyObject *module, PyObject *arg,
+                            int (*fn)(msnap_allocator_t *, int)) {
+  int device;
+  if (msnap_py_device(arg, &device) < 0)
+    return NULL;
+  GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = fn(a, device);
+  Py_END_ALLOW_THREADS
+  return PyBool_FromLong(rc == 0);
+}
+
+static int save_usage(msnap_allocator_t *a, int device) {
+  return msnap_save_dev_mem_usage_info(a, device, NULL, NULL);
+}
+
+static int dump_usage(msnap_allocator_t *a, int device) {
+  return msnap_dump_usage_reports(a, device, NULL);
+}
+
+/* save_dev_mem_usage_info(device) -> bool (torch_npu
+ * _npu_saveDevMemUsageInfo): CANN's usage CSV in OOM_SNAPSHOT_PATH or ".";
+ * False when the runtime cannot give it or the file cannot be written. */
+static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
+  return usage_call(module, arg, save_usage);
+}
+
+/* dump_usage_reports(device) -> bool: the usage CSV files of a dump
+ * (MEMSNAP_USAGE_REPORT); False when CANN's report was wanted and could
+ * not be written (torch_npu then runs its profiler). */
+static PyObject *py_dump_usage_reports(PyObject *module, PyObject *arg) {
+  return usage_call(module, arg, dump_usage);
 }
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused) {
@@ -351,6 +491,16 @@ static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
   GET_ALLOC(a);
   const msnap_runtime_ops_t *ops = msnap_runtime(a);
   return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
+}
+
+static PyObject *py_sim_host_backed(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_sim_host_backed(msnap_runtime_ctx(a)));
+}
+
+static PyObject *py_in_bad_fork(PyObject *module, PyObject *unused) {
+  GET_ALLOC(a);
+  return PyBool_FromLong(msnap_in_bad_fork(a));
 }
 
 /* ---- statistics ---------------------------------------------------------- */
@@ -575,11 +725,29 @@ PyMethodDef msnap_py_allocator_methods[] = {
      "plugin_entry_points() -> {name: address} of the msnap_plugin_* "
      "functions."},
     {"initialized", py_initialized, METH_NOARGS,
-     "initialized() -> bool: the allocator was created by this module."},
+     "initialized() -> bool: the process-wide allocator exists."},
+    {"mark_capture_begin", py_mark_capture_begin, METH_VARARGS,
+     "mark_capture_begin(device, stream): a graph capture begins."},
+    {"mark_capture_end", py_mark_capture_end, METH_VARARGS,
+     "mark_capture_end(device, stream): the graph capture ends."},
+    {"set_expandable_segment_reserve_class", py_set_reserve_class,
+     METH_VARARGS,
+     "set_expandable_segment_reserve_class(stream, name): '' clears."},
+    {"notify_device_error", py_notify_device_error, METH_VARARGS,
+     "notify_device_error(device, message) -> bool: CANN OOM (dumped)."},
+    {"save_dev_mem_usage_info", py_save_dev_mem_usage_info, METH_O,
+     "save_dev_mem_usage_info(device) -> bool: CANN's usage CSV written."},
+    {"dump_usage_reports", py_dump_usage_reports, METH_O,
+     "dump_usage_reports(device) -> bool: False if CANN's CSV failed."},
     {"device_count", py_device_count, METH_NOARGS, "device_count() -> int."},
     {"profile", py_profile, METH_NOARGS, "profile() -> 'npu' | 'cuda'."},
     {"runtime_name", py_runtime_name, METH_NOARGS,
      "runtime_name() -> 'sim' | 'acl' | 'cuda'."},
+    {"sim_host_backed", py_sim_host_backed, METH_NOARGS,
+     "sim_host_backed() -> True on the host-backed sim runtime."},
+    {"in_bad_fork", py_in_bad_fork, METH_NOARGS,
+     "in_bad_fork() -> True in a child forked from a process that used a "
+     "real device runtime."},
     {"memory_stats", py_memory_stats, METH_VARARGS,
      "memory_stats(device) -> nested dict of allocator statistics."},
     {"reset_peak_stats", py_reset_peak_stats, METH_VARARGS,
@@ -719,6 +887,34 @@ static msnap_allocator_t *mempool_target(PyObject *o, int device,
   return a;
 }
 
+/* The pool methods that take only a device: parse it ("i:<name>"), call
+ * fn on the pool, raise with `what` on error. */
+static PyObject *pool_device_call(PyObject *o, PyObject *args,
+                                  const char *fmt, const char *what,
+                                  int (*fn)(msnap_allocator_t *, int,
+                                            msnap_mempool_id_t)) {
+  mempool_t *self = (mempool_t *)o;
+  int device;
+  PyObject *module;
+  if (!PyArg_ParseTuple(args, fmt, &device))
+    return NULL;
+  msnap_allocator_t *a = mempool_target(o, device, &module);
+  if (a == NULL)
+    return NULL;
+  int rc = fn(a, device, self->id);
+  if (rc < 0)
+    return msnap_py_raise(module, rc, what);
+  Py_RETURN_NONE;
+}
+
+/* _begin_current_thread(device): route this thread's allocations to the
+ * pool (_cuda_beginAllocateCurrentThreadToPool, use_mem_pool). */
+static PyObject *mempool_begin_current_thread(PyObject *o, PyObject *args) {
+  return pool_device_call(o, args, "i:_begin_current_thread",
+                          "beginAllocateCurrentThreadToPool",
+                          msnap_begin_allocate_current_thread_to_pool);
+}
+
 /* _begin(device, stream, all_streams): route allocations to the pool. */
 static PyObject *mempool_begin(PyObject *o, PyObject *args) {
   mempool_t *self = (mempool_t *)o;
@@ -726,7 +922,7 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
   PyObject *s, *module;
   uint64_t stream;
   if (!PyArg_ParseTuple(args, "iOp:_begin", &device, &s, &all_streams) ||
-      msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_stream(s, &stream) < 0)
     return NULL;
   msnap_allocator_t *a = mempool_target(o, device, &module);
   if (a == NULL)
@@ -739,36 +935,16 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
 }
 
 static PyObject *mempool_end(PyObject *o, PyObject *args) {
-  mempool_t *self = (mempool_t *)o;
-  int device;
-  PyObject *module;
-  if (!PyArg_ParseTuple(args, "i:_end", &device))
-    return NULL;
-  msnap_allocator_t *a = mempool_target(o, device, &module);
-  if (a == NULL)
-    return NULL;
-  int rc = msnap_end_allocate_to_pool(a, device, self->id);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "endAllocateToPool");
-  Py_RETURN_NONE;
+  return pool_device_call(o, args, "i:_end", "endAllocateToPool",
+                          msnap_end_allocate_to_pool);
 }
 
 /* _release(device): drop one reference (releasePool), e.g. the one that
  * _begin took.  The pool's own reference is dropped when the object dies;
  * at use_count 0 the pool's cached segments are released. */
 static PyObject *mempool_release(PyObject *o, PyObject *args) {
-  mempool_t *self = (mempool_t *)o;
-  int device;
-  PyObject *module;
-  if (!PyArg_ParseTuple(args, "i:_release", &device))
-    return NULL;
-  msnap_allocator_t *a = mempool_target(o, device, &module);
-  if (a == NULL)
-    return NULL;
-  int rc = msnap_mempool_release(a, device, self->id);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "releasePool");
-  Py_RETURN_NONE;
+  return pool_device_call(o, args, "i:_release", "releasePool",
+                          msnap_mempool_release);
 }
 
 static PyMethodDef mempool_methods[] = {
@@ -778,6 +954,8 @@ static PyMethodDef mempool_methods[] = {
      "use_count() -> int: the pool's reference count."},
     {"_begin", mempool_begin, METH_VARARGS,
      "_begin(device, stream, all_streams): route allocations here."},
+    {"_begin_current_thread", mempool_begin_current_thread, METH_VARARGS,
+     "_begin_current_thread(device): route this thread's allocations here."},
     {"_end", mempool_end, METH_VARARGS, "_end(device): stop routing."},
     {"_release", mempool_release, METH_VARARGS,
      "_release(device): drop the reference _begin took (releasePool)."},

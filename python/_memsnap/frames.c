@@ -21,6 +21,11 @@
  *     never freed (bounded by the number of distinct functions).
  *   - resolve() reads only immutable data: the copied strings and the code
  *     object's line table (PyCode_Addr2Line allocates nothing).
+ *   - Frames of hidden files (hide_frames_of: the wrappers torch generates
+ *     for a registered device) are skipped by capture().  The file list
+ *     only grows; each entry caches whether it is hidden together with
+ *     the list generation it checked (capture runs with the GIL, which
+ *     guards both).
  *   - capture() takes the GIL (PyGILState_Ensure) only when the calling
  *     thread has a Python thread state but does not hold the GIL (a thread
  *     that released it around C work); threads that never ran Python, and
@@ -80,12 +85,33 @@ typedef struct frame_entry_s {
   char *filename;     /* co_filename                     */
   int firstlineno;
   atomic_long refs; /* references the library holds     */
+  int hidden_gen;   /* hidden_gen when `hidden` was set  */
+  bool hidden;      /* the file is in hidden_files       */
 } frame_entry_t;
 
 /* Process-wide hook state: plain C data, no Python objects. */
 static Py_ssize_t extra_index = -1;
 static atomic_long n_entries;
 static atomic_long n_retained;
+
+/* Files whose frames are never recorded (GIL held for every access). */
+#define MAX_HIDDEN_FILES 16
+static char *hidden_files[MAX_HIDDEN_FILES];
+static int n_hidden;
+static int hidden_gen = 1;
+
+static inline bool entry_hidden(frame_entry_t *e) {
+  if (n_hidden == 0)
+    return false;
+  if (e->hidden_gen != hidden_gen) {
+    e->hidden = false;
+    for (int i = 0; i < n_hidden; i++)
+      if (strcmp(hidden_files[i], e->filename) == 0)
+        e->hidden = true;
+    e->hidden_gen = hidden_gen;
+  }
+  return e->hidden;
+}
 
 /* co_extra free function: only reached if a pinned code object somehow
  * dies (it cannot while the entry holds its reference). */
@@ -159,7 +185,7 @@ static int walk_public(uintptr_t (*frames)[2], int max) {
 #endif
     frame_entry_t *e = entry_of(co);
     Py_DECREF(co);
-    if (e != NULL) {
+    if (e != NULL && !entry_hidden(e)) {
       frames[n][0] = (uintptr_t)e;
       frames[n][1] = (uintptr_t)(intptr_t)lasti;
       n++;
@@ -215,7 +241,7 @@ static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
     if (_PyFrame_IsIncomplete(f))
       continue;
     frame_entry_t *e = entry_cached(FRAME_CODE(f));
-    if (e == NULL)
+    if (e == NULL || entry_hidden(e))
       continue;
     int lasti = _PyInterpreterFrame_LASTI(f);
     frames[n][0] = (uintptr_t)e;
@@ -368,6 +394,30 @@ static PyObject *py_bench_capture(PyObject *module, PyObject *args) {
   return Py_BuildValue("(di)", ns, depth);
 }
 
+/* hide_frames_of(filename): frames of code from that file are not
+ * recorded from now on. */
+static PyObject *py_hide_frames_of(PyObject *module, PyObject *arg) {
+  const char *f = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+  if (f == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "hide_frames_of(filename: str)");
+    return NULL;
+  }
+  for (int i = 0; i < n_hidden; i++)
+    if (strcmp(hidden_files[i], f) == 0)
+      Py_RETURN_NONE;
+  if (n_hidden == MAX_HIDDEN_FILES) {
+    PyErr_SetString(PyExc_RuntimeError, "hide_frames_of: too many files");
+    return NULL;
+  }
+  char *copy = strdup(f);
+  if (copy == NULL)
+    return PyErr_NoMemory();
+  hidden_files[n_hidden++] = copy;
+  hidden_gen++;
+  Py_RETURN_NONE;
+}
+
 /* frame_hook_stats() -> (code objects seen, entries the library retains) */
 static PyObject *py_frame_hook_stats(PyObject *module, PyObject *unused) {
   return Py_BuildValue("(ll)", (long)atomic_load(&n_entries),
@@ -380,6 +430,8 @@ PyMethodDef msnap_py_frames_methods[] = {
      "innermost first."},
     {"bench_capture", py_bench_capture, METH_VARARGS,
      "bench_capture(n, max=64) -> (ns per capture, depth)."},
+    {"hide_frames_of", py_hide_frames_of, METH_O,
+     "hide_frames_of(filename): do not record frames of that file."},
     {"frame_hook_stats", py_frame_hook_stats, METH_NOARGS,
      "frame_hook_stats() -> (code objects seen, code objects retained)."},
     {NULL, NULL, 0, NULL}};

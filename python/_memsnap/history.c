@@ -30,6 +30,10 @@ static int parse_skip(PyObject *seq, uint32_t *bits) {
   *bits = 0;
   if (seq == Py_None)
     return 0;
+  if (PyUnicode_Check(seq) || PyBytes_Check(seq)) { /* pybind11 refuses */
+    PyErr_SetString(PyExc_TypeError, "skip_actions must be a list of str");
+    return -1;
+  }
   PyObject *fast = PySequence_Fast(seq, "skip_actions must be a list of str");
   if (fast == NULL)
     return -1;
@@ -325,6 +329,26 @@ static PyObject *py_write_usage_report(PyObject *module, PyObject *arg) {
   return r;
 }
 
+/* write_file(path, data): bytes written as every dump is (the link rule,
+ * temporary + rename, the replaced file's mode), with the GIL released. */
+static PyObject *py_write_file(PyObject *module, PyObject *args) {
+  PyObject *path_obj = NULL;
+  Py_buffer data;
+  if (!PyArg_ParseTuple(args, "O&y*:write_file", PyUnicode_FSConverter,
+                        &path_obj, &data))
+    return NULL;
+  int rc;
+  const char *path = PyBytes_AS_STRING(path_obj);
+  Py_BEGIN_ALLOW_THREADS
+  rc = msnap_write_file(path, data.buf, (size_t)data.len);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&data);
+  PyObject *r =
+      rc < 0 ? msnap_py_raise_path(module, rc, path) : Py_NewRef(Py_None);
+  Py_DECREF(path_obj);
+  return r;
+}
+
 /* ---- metadata, annotations, tracebacks ----------------------------------- */
 
 static PyObject *py_set_memory_metadata(PyObject *module, PyObject *arg) {
@@ -501,6 +525,8 @@ PyMethodDef msnap_py_history_methods[] = {
      "segments_only): atomic write (temporary file + rename)"},
     {"write_usage_report", py_write_usage_report, METH_O,
      "write_usage_report(path): the CSV device memory-usage report"},
+    {"write_file", py_write_file, METH_VARARGS,
+     "write_file(path, data): bytes written as a dump is (atomically)"},
     {"set_memory_metadata", py_set_memory_metadata, METH_O,
      "set_memory_metadata(str)"},
     {"get_memory_metadata", py_get_memory_metadata, METH_NOARGS,

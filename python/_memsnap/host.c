@@ -19,22 +19,8 @@
  * size 0). */
 static PyObject *py_host_malloc(PyObject *module, PyObject *arg) {
   uint64_t size;
-  if (!PyLong_Check(arg)) {
-    PyErr_Format(PyExc_TypeError, "size must be an int, not %.100s",
-                 Py_TYPE(arg)->tp_name);
+  if (msnap_py_size(arg, &size, "pinned host allocation") < 0)
     return NULL;
-  }
-  long long s = PyLong_AsLongLong(arg);
-  if (s == -1 && PyErr_Occurred())
-    return NULL;
-  if (s < 0) {
-    PyErr_Format(PyExc_ValueError,
-                 "Invalid memory size: %lld; pinned host allocation "
-                 "requires a non-negative size.",
-                 s);
-    return NULL;
-  }
-  size = (uint64_t)s;
   GET_ALLOC(a);
   uint64_t ptr = 0;
   int rc = msnap_host_malloc(a, (size_t)size, &ptr);
@@ -59,7 +45,7 @@ static PyObject *py_host_record_stream(PyObject *module, PyObject *args) {
   uint64_t ptr, stream;
   if (!PyArg_ParseTuple(args, "OO:host_record_stream", &p, &s) ||
       msnap_py_u64(p, &ptr, "ptr") < 0 ||
-      msnap_py_u64(s, &stream, "stream") < 0)
+      msnap_py_stream(s, &stream) < 0)
     return NULL;
   GET_ALLOC(a);
   int rc = msnap_host_record_stream(a, ptr, stream);

@@ -88,8 +88,17 @@ extern PyMethodDef msnap_py_frames_methods[];
 /* Install the frame hook once per process. */
 int msnap_py_frames_init(PyObject *module);
 
-/* Parse helpers shared by the files (set an exception and return -1). */
+/* Parse helpers shared by the files (set an exception and return -1).
+ * Pointers (u64) and sizes are ints, never bools (TypeError); a negative
+ * size is ValueError "Invalid memory size: N; <what> requires a
+ * non-negative size."; a stream is a handle in [0, MSNAP_PY_STREAM_LIMIT)
+ * (ValueError otherwise): 0 is the default stream, anything else the
+ * runtime's stream pointer, and no user-space address of a 64-bit Linux
+ * process reaches 2^56 (x86-64 5-level paging; aarch64 uses 2^52). */
+#define MSNAP_PY_STREAM_LIMIT (1ULL << 56)
 int msnap_py_u64(PyObject *o, uint64_t *out, const char *what);
+int msnap_py_size(PyObject *o, uint64_t *out, const char *what);
+int msnap_py_stream(PyObject *o, uint64_t *out);
 int msnap_py_device(PyObject *o, int *out);
 
 /*

@@ -17,6 +17,29 @@ Errors: a device out of memory raises :class:`OutOfMemoryError` (a
 from ``torch.OutOfMemoryError``); a pointer that is not a live allocation
 raises ``ValueError`` naming it; a bad allocator configuration raises
 ``ValueError`` naming the offending token.
+
+Argument types are checked here, at the Python boundary, as torch checks
+them (tests/python/test_arg_types.py sweeps every public function):
+
+- bool parameters that torch hands to a pybind11 binding
+  (``_record_memory_history``'s ``clear_history``, ``compile_context``,
+  ``global_record_annotations``, ``record_pinned_host_memory``,
+  ``record_cuda`` and the legacy form's flags; ``MemPool``'s ``use_on_oom``
+  and ``no_split``) take what pybind11's bool caster takes: ``True`` /
+  ``False``, ``None`` (False), a numpy bool or a number (its truth value);
+  a str, list or other object raises ``TypeError``.  ``caching_allocator_enable``
+  and ``memory_snapshot(include_traces=)`` take only a bool, as torch.
+- devices are an int, ``"npu"`` / ``"cuda"`` / ``"npu:1"`` / ``"cuda:0"`` /
+  ``"1"``, or an object with ``type`` and ``index`` (``torch.device``) or
+  ``idx`` (``torch.cuda.device``); anything else (a bool, a float,
+  ``object()``) raises ``ValueError`` -- also for ``_record_memory_history``,
+  whose ``device`` is otherwise ignored.
+- sizes and pointers are ints, never bools (``TypeError``; torch would
+  take ``True`` as 1); a negative size raises ``ValueError``.
+- streams are ints or stream objects (``npu_stream`` / ``cuda_stream``);
+  a bool raises ``TypeError``; a handle outside ``[0, 2**56)`` (no
+  user-space pointer of a 64-bit Linux process reaches 2**56) raises
+  ``ValueError``.
 """
 
 from __future__ import annotations
@@ -26,7 +49,6 @@ import contextlib
 import os
 import pickle
 import sys
-import tempfile
 import warnings
 from inspect import signature
 from typing import Any
@@ -91,7 +113,14 @@ def _current_device() -> int:
     return 0
 
 
-_DEVICE_TYPES = ("npu", "cuda")
+_DEVICE_TYPES = ["npu", "cuda"]
+
+
+def _add_device_type(name: str) -> None:
+    """Accept ``name`` in device arguments ("<name>:1", torch.device(name));
+    memsnap.torch.register_device calls it."""
+    if name not in _DEVICE_TYPES:
+        _DEVICE_TYPES.append(name)
 
 
 def _device_type() -> str:
@@ -101,13 +130,36 @@ def _device_type() -> str:
     return "cuda" if os.environ.get("MEMSNAP_PROFILE") == "cuda" else "npu"
 
 
+def _pybind_bool(value: Any, name: str, func: str) -> bool:
+    """A bool argument as torch's pybind11 bindings convert it.
+
+    pybind11's bool caster (``type_caster<bool>::load`` with conversion)
+    takes True/False, None (False), a numpy bool, or an object whose type
+    implements the number protocol's ``__bool__`` (int, float, numpy
+    numbers); everything else -- a str, a list, ``object()`` -- is an
+    "incompatible function arguments" TypeError.
+    """
+    if value is True or value is False:
+        return value
+    if value is None:
+        return False
+    if getattr(type(value), "__bool__", None) is not None:
+        return bool(value)
+    raise TypeError(
+        f"{func}(): incompatible function arguments: {name} must be a bool, "
+        f"not {type(value).__name__}"
+    )
+
+
 def _device_index(device: Any = None, optional: bool = True) -> int:
     """Normalise a device argument as torch's ``_get_device_index`` does.
 
     Accepts None (the current device), an int, a string ``"npu"``,
-    ``"npu:1"``, ``"cuda:0"`` or ``"1"``, or an object with an ``index``
-    attribute (``torch.device``; ``index`` None means the current device).
-    Raises ValueError for anything else.
+    ``"npu:1"``, ``"cuda:0"`` or ``"1"``, an object with ``type`` and
+    ``index`` attributes (``torch.device``; ``index`` None means the
+    current device), or one with an int ``idx`` (``torch.cuda.device``,
+    ``torch_npu.npu.device``).  Raises ValueError for anything else (a
+    bool, a float, ``object()``).
     """
     if type(device) is int:  # the common case first
         return device
@@ -130,6 +182,9 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
                 raise ValueError(f"Invalid device string: {device!r}")
             return int(idx)
         return _current_device()
+    idx = getattr(device, "idx", None)
+    if type(idx) is int and not hasattr(device, "type"):
+        return idx  # torch.cuda.device / torch_npu.npu.device
     index = getattr(device, "index", None)
     if hasattr(device, "type"):
         if device.type not in _DEVICE_TYPES:
@@ -150,7 +205,7 @@ def _stream_handle(stream: Any, device: int) -> int:
         return 0
     for attr in ("npu_stream", "cuda_stream"):
         handle = getattr(stream, attr, None)
-        if isinstance(handle, int):
+        if isinstance(handle, int) and not isinstance(handle, bool):
             return handle
     if isinstance(stream, bool) or not isinstance(stream, int):
         raise TypeError(
@@ -158,7 +213,7 @@ def _stream_handle(stream: Any, device: int) -> int:
             "`torch.cuda.Stream` or `int` representing a pointer "
             "to an existing stream"
         )
-    return stream
+    return stream  # its range is checked by the extension
 
 
 # ---------------------------------------------------------------------------
@@ -184,8 +239,10 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
         OutOfMemoryError: the device is out of memory after the full OOM
             sequence (observers ran first; with OOM_SNAPSHOT_ENABLE an OOM
             snapshot was written).
-        ValueError: negative size ("Invalid memory size: ...").
-        TypeError: stream of another type (torch's message).
+        ValueError: negative size ("Invalid memory size: ..."); a device
+            that is not a device; a stream handle outside [0, 2**56).
+        TypeError: a size that is not an int (a bool included); a stream
+            of another type (torch's message).
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
@@ -233,15 +290,21 @@ def caching_allocator_enable(value: bool = True) -> None:
     """Enable or disable caching (on by default).
 
     Disabled: every allocation is a direct runtime malloc/free; no
-    statistics, no history, no segments.
+    statistics, no history, no segments.  As in torch, a call before the
+    device is initialized does nothing: memsnap's device is initialized
+    once the process-wide allocator exists (the first allocation through
+    memsnap.memory, memsnap.torch or the pluggable-allocator entry points;
+    ``_C.initialized()``).
 
     Raises:
         RuntimeError: ``value`` is not a bool ("cudaCachingAllocator_enable
-            expects a bool, but got <type>").
+            expects a bool, but got <type>"), once initialized.
 
-    Mirrors ``torch/cuda/memory.py: caching_allocator_enable``.
+    Mirrors ``torch/cuda/memory.py: caching_allocator_enable`` (``if
+    is_initialized(): torch._C._cuda_cudaCachingAllocator_enable(value)``).
     """
-    _C.set_caching_enabled(value)
+    if _C.initialized():
+        _C.set_caching_enabled(value)
 
 
 @contextlib.contextmanager
@@ -533,11 +596,23 @@ def _set_allocator_settings(env: str):
     Same syntax as PYTORCH_NPU_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (per the
     profile), e.g. ``"expandable_segments:True"``.
 
+    In the cuda profile it warns as torch 2.13 does (FutureWarning: torch
+    deprecated ``torch.cuda._set_allocator_settings``); torch_npu's
+    ``torch_npu.npu.memory._set_allocator_settings`` does not warn.
+
     Raises:
         ValueError: a bad token, named in the message.
 
     Mirrors ``torch/cuda/memory.py: _set_allocator_settings``.
     """
+    if _device_type() == "cuda":
+        warnings.warn(
+            "torch.cuda._set_allocator_settings is deprecated. Use "
+            "torch._C._accelerator_setAllocatorSettings instead (memsnap "
+            "keeps memsnap.memory._set_allocator_settings working).",
+            FutureWarning,
+            stacklevel=2,
+        )
     if not isinstance(env, str):
         raise TypeError(f"env must be a str, not {type(env).__name__}")
     _C.set_allocator_settings(env)
@@ -567,7 +642,11 @@ class MemPool(_C.MemPool):
     def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
         if allocator is not None:
             raise ValueError("memsnap MemPool does not take a custom allocator")
-        self._create(_current_device(), bool(use_on_oom), bool(no_split))
+        self._create(
+            _current_device(),
+            _pybind_bool(use_on_oom, "use_on_oom", "MemPool"),
+            _pybind_bool(no_split, "no_split", "MemPool"),
+        )
 
     def snapshot(self, include_traces=True):
         """Segments of this pool (list of segment dicts; see _snapshot).
@@ -579,18 +658,27 @@ class MemPool(_C.MemPool):
 
 @contextlib.contextmanager
 def use_mem_pool(pool: MemPool, device: Any = None):
-    """Route allocations of ``device`` to ``pool`` inside the ``with`` block.
+    """Route this thread's allocations on ``device`` to ``pool`` inside the
+    ``with`` block.
 
-    memsnap routes every stream of the device (torch routes the current
-    thread's allocations).  Mirrors ``torch/cuda/memory.py: use_mem_pool``.
+    As in torch, only the current thread's allocations go to the pool
+    (any stream): other threads, and threads started inside the block,
+    keep allocating from the default pools.  The scope is routing only:
+    unlike a graph capture it does not stop event processing, defer
+    cross-stream frees or skip freeing the cache before an OOM, so an
+    allocation inside it can use memory the default pools cached.
+    Mirrors ``torch/cuda/memory.py: use_mem_pool``
+    (``_cuda_beginAllocateCurrentThreadToPool``).
 
     As in torch, entering takes a reference on the pool (``use_count()`` is
     one more inside the block) and leaving drops it again
     (endAllocateToPool, then releasePool), so that the pool's cached
     segments are released once the MemPool object itself is gone.
     """
+    if not isinstance(pool, _C.MemPool):
+        raise TypeError(f"use_mem_pool() expects a MemPool, not {type(pool).__name__}")
     index = _device_index(device)
-    pool._begin(index, 0, True)
+    pool._begin_current_thread(index)
     try:
         yield
     finally:
@@ -645,22 +733,44 @@ def _record_memory_history_legacy(
     capacity (default 1); ``record_context_cpp`` adds C frames.  ``device``
     is ignored (history covers every device).
 
+    Bool arguments follow torch's pybind11 binding (see the module text);
+    ``device`` must be a device (ValueError) although it is ignored.
+
     Mirrors ``torch/cuda/memory.py: _record_memory_history_legacy``.
     """
+    func = "_record_memory_history_legacy"
+    flags = {
+        name: _pybind_bool(value, name, func)
+        for name, value in (
+            ("enabled", enabled),
+            ("record_context", record_context),
+            ("trace_alloc_record_context", trace_alloc_record_context),
+            ("record_context_cpp", record_context_cpp),
+            ("clear_history", clear_history),
+            ("compile_context", compile_context),
+            ("global_record_annotations", global_record_annotations),
+            ("record_pinned_host_memory", record_pinned_host_memory),
+            ("record_cuda", record_cuda),
+        )
+    }
+    if device is not None:
+        _device_index(device)
     _C.record_history_legacy(
-        enabled,
-        record_context,
+        flags["enabled"],
+        flags["record_context"],
         trace_alloc_max_entries,
-        trace_alloc_record_context,
-        record_context_cpp,
-        clear_history,
-        compile_context,
-        global_record_annotations,
+        flags["trace_alloc_record_context"],
+        flags["record_context_cpp"],
+        flags["clear_history"],
+        flags["compile_context"],
+        flags["global_record_annotations"],
         skip_actions if skip_actions is not None else [],
-        record_pinned_host_memory,
-        record_cuda,
+        flags["record_pinned_host_memory"],
+        flags["record_cuda"],
     )
-    _notify_history(bool(enabled), compile_context, global_record_annotations)
+    _notify_history(
+        flags["enabled"], flags["compile_context"], flags["global_record_annotations"]
+    )
 
 
 def _record_memory_history(enabled="all", *args, **kwargs) -> None:
@@ -699,7 +809,9 @@ def _record_memory_history_impl(
         stacks: "python" or "all" (adds C frames).
         max_entries (int): ring capacity per device; oldest entries are
             dropped first.
-        device: ignored; history covers every device.
+        device: ignored (history covers every device), but it must be a
+            device (an int, a device string, a torch.device): ValueError
+            otherwise.
         clear_history (bool): empty the rings when (re-)enabling.
         compile_context (bool): record "Torch-Compiled Region" names.
         global_record_annotations (bool): record_function ranges of every
@@ -717,11 +829,26 @@ def _record_memory_history_impl(
             "expected stacks to be 'python', or 'all'", "Unknown TraceEntry
             action: <s>", "record_pinned_host_memory requires memory history
             recording to be enabled".
-        TypeError: negative ``max_entries``.
+        TypeError: negative ``max_entries``; a bool argument that is a
+            str, a list or another object pybind11 refuses (see the module
+            text); a str ``skip_actions``.
+        ValueError: a ``device`` that is not a device.
 
     Mirrors ``torch/cuda/memory.py: _record_memory_history_impl`` and
     ``torch/csrc/cuda/memory_snapshot.cpp: _record_memory_history``.
     """
+    func = "_record_memory_history"
+    clear_history = _pybind_bool(clear_history, "clear_history", func)
+    compile_context = _pybind_bool(compile_context, "compile_context", func)
+    global_record_annotations = _pybind_bool(
+        global_record_annotations, "global_record_annotations", func
+    )
+    record_pinned_host_memory = _pybind_bool(
+        record_pinned_host_memory, "record_pinned_host_memory", func
+    )
+    record_cuda = _pybind_bool(record_cuda, "record_cuda", func)
+    if device is not None:
+        _device_index(device)
     _C.record_history(
         enabled,
         context,
@@ -776,29 +903,68 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 
     The file is written next to its final name and renamed into place, so a
     crash never leaves a truncated file; the GIL is released while the C
-    library serializes.  Open it at pytorch.org/memory_viz or with
+    library serializes.  Both forms (with ``augment_with_fx_traces`` the
+    dict is pickled here and written by the same C writer) follow the
+    kernel's protected_symlinks rule: a symbolic link in a sticky
+    world-writable directory (/tmp) is followed only when it belongs to
+    the user or to the directory's owner (else ``PermissionError`` and
+    nothing is written); a replaced file keeps its permission bits; the
+    temporaries that killed dumps of this host left in the directory are
+    removed first.  Open it at pytorch.org/memory_viz or with
     ``python -m torch.cuda._memory_viz``.
 
-    Raises:
-        OSError: the file cannot be written (the message names it).
+    In the npu profile the usage report follows, as torch_npu's
+    ``_dump_snapshot`` writes it: CANN's per-module CSV of the current
+    device (``aclrtGetMemUsageInfo``, ``moduleName,curMemSize(MB),
+    memPeakSize(MB)``) as ``device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv``
+    in ``OOM_SNAPSHOT_PATH`` (default: the current directory); when the
+    runtime cannot give it (older CANN, the sim) and torch_npu is
+    importable, torch_npu's profiler is started and stopped once in the
+    pickle's directory instead, as torch_npu does.  MEMSNAP_USAGE_REPORT
+    (``cann``, ``memsnap``, ``both``, ``none``) selects memsnap's own
+    statistics CSV instead or as well (docs/python.md).
 
-    Mirrors ``torch/cuda/memory.py: _dump_snapshot``.
+    Raises:
+        OSError: the file cannot be written (the message names it);
+            ``PermissionError`` for a link the rule refuses.
+
+    Mirrors ``torch/cuda/memory.py: _dump_snapshot`` and
+    ``torch_npu/npu/memory.py: _dump_snapshot``.
     """
     filename = os.fspath(filename)
     if not augment_with_fx_traces:
         _C.dump_snapshot(filename, -1, 0, 0, True, False)
+    else:
+        _dump_augmented(filename)
+    if _C.profile() == "npu":
+        _dump_usage_report(filename)
+
+
+def _dump_usage_report(filename: str) -> None:
+    """torch_npu's step after the pickle: saveDevMemUsageInfo, else the
+    profiler (``torch_npu/npu/memory.py: _dump_snapshot``)."""
+    device = _current_device()
+    if _C.dump_usage_reports(device):
         return
-    data = _snapshot(augment_with_fx_traces=True)
-    directory = os.path.dirname(os.path.abspath(filename))
-    fd, tmp = tempfile.mkstemp(prefix=".memsnap-", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(data, f, protocol=4)
-        os.replace(tmp, filename)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        import torch_npu  # type: ignore[import-not-found]
+    except ImportError:
+        return  # no CANN report and no torch_npu profiler to ask
+    prof_path = os.path.dirname(os.path.abspath(filename))
+    activities = {torch_npu.profiler.ProfilerActivity.CPU,
+                  torch_npu.profiler.ProfilerActivity.NPU}
+    prof = torch_npu._C._profiler
+    prof._init_profiler(prof_path, activities)
+    prof_config = [prof_path, False, True, False, False, False, prof._ExperimentalConfig()]
+    npu_prof_config = prof.NpuProfilerConfig(*tuple(prof_config))
+    prof._start_profiler(npu_prof_config, activities)
+    prof._stop_profiler()
+    prof._finalize_profiler()
+
+
+def _dump_augmented(filename: str) -> None:
+    data = _snapshot(augment_with_fx_traces=True)
+    _C.write_file(filename, pickle.dumps(data, protocol=4))
 
 
 def memory_snapshot(mempool_id=None, include_traces=True):
@@ -892,10 +1058,43 @@ def _attach_out_of_memory_observer(observer) -> None:
     _C.attach_oom_observer(observer)
 
 
-def _write_usage_report(path) -> None:
-    """Write the CSV device memory-usage report (one row per device and pool).
+def _save_dev_mem_usage_info(device: Any = None) -> bool:
+    """Write CANN's per-module usage CSV of ``device`` (torch_npu's
+    ``torch_npu._C._npu_saveDevMemUsageInfo``).
 
-    memsnap's counterpart of torch_npu's ``_npu_saveDevMemUsageInfo``.
+    The file is ``device_<dev>_memUsageInfo_<YYYYmmddHHMMSS>.csv`` in
+    ``OOM_SNAPSHOT_PATH`` or the current directory, header
+    ``moduleName,curMemSize(MB),memPeakSize(MB)``, sizes in MiB with four
+    decimals.  Returns False when the runtime has no
+    ``aclrtGetMemUsageInfo`` (older CANN, the sim) or the file cannot be
+    written.  Mirrors ``NPUCachingAllocator.cpp: saveDevMemUsageInfo``.
+    """
+    return _C.save_dev_mem_usage_info(_device_index(device))
+
+
+def _notify_device_error(message: str, device: Any = None) -> bool:
+    """Report the text of a failed device call (a framework's error path).
+
+    When the text is CANN's OOM (torch_npu ``isCannOOM``: it contains
+    ``EL0004`` or ``Failed to allocate``) the OOM_SNAPSHOT_ENABLE dump runs
+    -- torch_npu's ``NPU_CHECK_ERROR`` calls its OOM observer before
+    raising -- and True is returned; otherwise False.  Observers attached
+    with :func:`_attach_out_of_memory_observer` are not called (torch_npu
+    calls only the snapshot observer there).
+    """
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, not {type(message).__name__}")
+    return _C.notify_device_error(_device_index(device), message)
+
+
+def _write_usage_report(path) -> None:
+    """Write memsnap's CSV memory-usage report (one row per device and pool,
+    plus the workspace) to ``path``.
+
+    memsnap-only: allocator statistics, not CANN's per-module report (that
+    is :func:`_save_dev_mem_usage_info`, torch_npu's
+    ``_npu_saveDevMemUsageInfo``).  Written as :func:`_dump_snapshot`
+    writes (atomically, under the protected_symlinks rule).
     """
     _C.write_usage_report(os.fspath(path))
 

@@ -21,22 +21,42 @@ ranges named "Torch-Compiled Region..." set the entries' compile_context.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import sys
 import threading
 from typing import Any
 
+from . import _device
 from . import _memsnap as _C
+from . import _shim
 from . import configure, library_path
 from . import memory as _memory
 
-__all__ = ["use_allocator", "patch_torch_npu", "installed_backend"]
+__all__ = [
+    "use_allocator",
+    "patch_torch_npu",
+    "patch_torch_cuda",
+    "installed_backend",
+    "register_device",
+    "registered_device",
+    "claim_privateuse1",
+]
 
-ALLOC_FN = "msnap_plugin_malloc"
-FREE_FN = "msnap_plugin_free"
+# The pluggable allocator's functions: the C++ shim's (raising
+# torch.OutOfMemoryError), or libmemsnap.so's C ones without the shim.
+ALLOC_FN = "msnap_torch_malloc"
+FREE_FN = "msnap_torch_free"
+PLUGIN_ALLOC_FN = "msnap_plugin_malloc"
+PLUGIN_FREE_FN = "msnap_plugin_free"
 
 _installed: str | None = None
 _lock = threading.Lock()
+_claimed: str | None = None  # the PrivateUse1 name memsnap gave
+_claimed_owner: str | None = None  # who claimed it (claim_privateuse1)
+_claimed_module: Any = None  # the torch.<name> module it registered
+_registered: str | None = None  # register_device's name
 
 
 def installed_backend() -> str | None:
@@ -56,6 +76,75 @@ def _pick_backend(backend: str | None) -> str:
         return "cuda"
 
 
+def _entry_points() -> tuple[str, str, str]:
+    """(library, alloc_fn name, free_fn name) for the pluggable allocator:
+    the C++ shim's msnap_torch_malloc, which raises torch.OutOfMemoryError,
+    or, when the shim was not built, libmemsnap.so's msnap_plugin_malloc
+    (an OOM then returns NULL to torch: warned)."""
+    shim = _shim.path(_shim.TORCH_LIB)
+    if os.path.exists(shim):
+        return shim, ALLOC_FN, FREE_FN
+    import warnings
+
+    warnings.warn(
+        f"memsnap: {shim} is missing (memsnap was built without torch): an "
+        f"out-of-memory returns NULL to torch instead of raising "
+        f"torch.OutOfMemoryError, and the optional allocator hooks are not "
+        f"registered; reinstall memsnap with torch installed",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return library_path(), PLUGIN_ALLOC_FN, PLUGIN_FREE_FN
+
+
+# set_<hook>_fn of torch_npu's _NPUPluggableAllocator -> (library, symbol).
+# "core" is libmemsnap.so, "npu" the torch_npu shim (C++ types).
+_NPU_HOOKS = (
+    ("set_init_fn", "core", "msnap_plugin_init"),
+    ("set_reset_fn", "core", "msnap_plugin_reset"),
+    ("set_memory_fraction_fn", "core", "msnap_plugin_memory_fraction"),
+    ("set_base_alloc_fn", "core", "msnap_plugin_get_base_allocation"),
+    ("set_record_stream_fn", "npu", "msnap_npu_record_stream"),
+    ("set_erase_stream_fn", "npu", "msnap_npu_erase_stream"),
+    ("set_get_device_stats_fn", "npu", "msnap_npu_get_device_stats"),
+    ("set_reset_peak_status_fn", "npu", "msnap_npu_reset_peak_stats"),
+)
+
+
+def _npu_shim():
+    """The torch_npu shim, or None (warned) when it was not built."""
+    try:
+        return _shim.npu_lib()
+    except (RuntimeError, OSError) as e:
+        import warnings
+
+        warnings.warn(
+            f"memsnap: {e}; record_stream, erase_stream, memory statistics "
+            f"and torch_npu's task queue are not wired to memsnap",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+
+
+def _register_npu_hooks(allocator: Any, npu) -> list[str]:
+    """Every hook torch_npu's allocator object offers; returns their names."""
+    obj = allocator.allocator() if hasattr(allocator, "allocator") else None
+    if obj is None:
+        return []
+    # libmemsnap.so's functions as the extension sees them: the copy whose
+    # allocator memsnap.memory describes.
+    core = _C.plugin_entry_points()
+    done = []
+    for setter, where, symbol in _NPU_HOOKS:
+        if not hasattr(obj, setter) or (where == "npu" and npu is None):
+            continue
+        fn = core[symbol] if where == "core" else _shim.addr(npu, symbol)
+        getattr(obj, setter)(fn)
+        done.append(setter)
+    return done
+
+
 def use_allocator(backend: str | None = None):
     """Install memsnap as torch's device allocator; return the allocator object.
 
@@ -67,8 +156,18 @@ def use_allocator(backend: str | None = None):
     Must run before the first device allocation of the process (torch
     cannot swap an initialised allocator).  Also selects memsnap's runtime
     and profile (acl/npu or cuda/cuda) unless MEMSNAP_RUNTIME /
-    MEMSNAP_PROFILE say otherwise, and routes memsnap.memory's current
-    device and stream to torch's.
+    MEMSNAP_PROFILE say otherwise, routes memsnap.memory's current device
+    and stream to torch's, registers every optional hook of the pluggable
+    allocator (empty_cache, memory fraction, record_stream, base
+    allocation; torch_npu: erase_stream, device statistics, peak reset;
+    CUDA: allocate-to-pool and pool release), and calls
+    :func:`patch_torch_npu` or :func:`patch_torch_cuda`.
+
+    The allocation function is the C++ shim's ``msnap_torch_malloc``: an
+    out-of-memory raises ``torch.OutOfMemoryError`` (after memsnap's `oom`
+    trace entry, OOM observers and OOM_SNAPSHOT_ENABLE dump).  With
+    torch_npu on the acl runtime, memsnap's device synchronizations and
+    event records first drain torch_npu's task queue.
 
     Raises:
         RuntimeError: too late (the device allocator is already in use), or
@@ -82,9 +181,15 @@ def use_allocator(backend: str | None = None):
             if _installed == kind:
                 return None
             raise RuntimeError(f"memsnap is already installed for {_installed}")
+        if _registered is not None:
+            raise RuntimeError(
+                f"memsnap already provides the device {_registered!r} "
+                f"(register_device); it cannot also be torch's {kind} allocator"
+            )
         path = library_path()
         if not os.path.exists(path):
             raise RuntimeError(f"memsnap: {path} is missing (package not built?)")
+        npu = None
         if kind == "npu":
             torch_npu = importlib.import_module("torch_npu")
             mem = importlib.import_module("torch_npu.npu.memory")
@@ -121,7 +226,14 @@ def use_allocator(backend: str | None = None):
                 runtime=os.environ.get("MEMSNAP_RUNTIME", runtime),
                 profile=os.environ.get("MEMSNAP_PROFILE", profile),
             )
-        allocator = pluggable(path, ALLOC_FN, FREE_FN)
+        if kind == "npu":
+            npu = _npu_shim()
+            if npu is not None and os.environ.get("MEMSNAP_RUNTIME") in ("acl", "npu", "ascend"):
+                _install_queue_runtime(npu)
+        lib_path, alloc_fn, free_fn = _entry_points()
+        allocator = pluggable(lib_path, alloc_fn, free_fn)
+        if kind == "npu":
+            _register_npu_hooks(allocator, npu)
         try:
             change(allocator)
         except RuntimeError as e:
@@ -129,9 +241,53 @@ def use_allocator(backend: str | None = None):
                 "memsnap.torch.use_allocator() must run before the first "
                 f"{kind} allocation of the process (torch said: {e})"
             ) from e
+        if kind == "cuda":
+            _install_cuda_hooks()
         _route(dev_mod, stream_attr)
         _installed = kind
-        return allocator
+    if kind == "npu":
+        patch_torch_npu()
+    else:
+        patch_torch_cuda()
+    return allocator
+
+
+def _install_queue_runtime(npu) -> None:
+    """memsnap's default allocator on the acl runtime, draining torch_npu's
+    task queue before device synchronizations and event records."""
+    err = npu.msnap_npu_install_runtime()
+    if err:
+        import warnings
+
+        warnings.warn(
+            f"memsnap: torch_npu's task queue is not drained before memsnap's "
+            f"device synchronizations and event records: {err.decode()} "
+            f"(call memsnap.torch.use_allocator() before any other memsnap "
+            f"function)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _install_cuda_hooks() -> None:
+    """CUDAPluggableAllocator's hooks exist only in C++: the shim's CUDA
+    part sets them on torch's current allocator."""
+    lib = _shim.torch_lib()
+    fn = getattr(lib, "msnap_torch_cuda_install_hooks", None)
+    if fn is None:
+        import warnings
+
+        warnings.warn(
+            "memsnap: the C++ shim was built without CUDA headers: "
+            "torch.cuda.empty_cache(), record_stream and the memory fraction "
+            "are not forwarded to memsnap (use memsnap.memory's functions)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return
+    err = fn()
+    if err:
+        raise RuntimeError(f"memsnap.torch.use_allocator('cuda'): {err.decode()}")
 
 
 def _route(dev_mod: Any, stream_attr: str) -> None:
@@ -229,6 +385,242 @@ def patch_torch_npu() -> list[str]:
             if t is not None and t is not mem and hasattr(t, name):
                 setattr(t, name, fn)
     return sorted(names)
+
+
+# torch.cuda.memory's functions that answer from the current allocator
+# (and raise, or say nothing, for a pluggable one): memsnap's instead.  The
+# same names as torch_npu gets, less those torch.cuda answers from the
+# device itself (mem_get_info, list_gpu_processes) or has no use for with
+# a pluggable allocator (caching_allocator_enable / _disabled).
+_CUDA_PATCHED = tuple(
+    n for n in _NPU_PATCHED + _NPU_PATCHED_WHEN_INSTALLED
+    if n not in ("mem_get_info", "list_gpu_processes", "caching_allocator_enable",
+                 "caching_allocator_disabled")
+)
+
+
+def patch_torch_cuda() -> list[str]:
+    """Route torch.cuda's memory statistics, history and snapshots to memsnap.
+
+    The counterpart of :func:`patch_torch_npu`: replaces, in
+    ``torch.cuda.memory`` and where ``torch.cuda`` re-exports them,
+    ``memory_stats``, ``memory_allocated``, ``memory_reserved`` and the
+    other statistics and resets, ``memory_summary``, ``memory_snapshot``,
+    ``empty_cache``, ``caching_allocator_alloc``/``delete``, the memory
+    fraction, ``_record_memory_history``, ``_snapshot``,
+    ``_dump_snapshot``, ``_allocation_traceback``, the memory metadata and
+    annotation functions, ``_attach_out_of_memory_observer`` and
+    ``_set_allocator_settings``: with memsnap as the CUDA allocator torch
+    would raise for them (a pluggable allocator has no statistics or
+    history).  :func:`use_allocator` calls it for "cuda".  Returns the
+    sorted names replaced in ``torch.cuda.memory``.
+
+    Raises:
+        ImportError: torch is not importable.
+    """
+    import torch
+
+    mem = importlib.import_module("torch.cuda.memory")
+    done = []
+    for name in _CUDA_PATCHED:
+        fn = getattr(_memory, name)
+        if hasattr(mem, name):
+            setattr(mem, name, fn)
+            done.append(name)
+        if hasattr(torch.cuda, name):
+            setattr(torch.cuda, name, fn)
+    return sorted(done)
+
+
+# ---------------------------------------------------------------------------
+# A memsnap device in torch: PrivateUse1
+# ---------------------------------------------------------------------------
+
+# Names torch already gives a meaning (torch.device types, torch attributes
+# such as torch.cpu or torch.mps): a device of that name is refused.
+_PRIVATEUSE1_FREE = "privateuseone"
+
+
+def claim_privateuse1(name: str, module: Any = None,
+                      owner: str = "memsnap.torch.register_device") -> str:
+    """Give torch's PrivateUse1 backend the name ``name`` for memsnap.
+
+    The one place memsnap names a device (``register_device`` for the real
+    memsnap device and ``memsnap.predict`` for its fake one call it).
+    ``owner`` names the caller: a process has one PrivateUse1 backend, so a
+    second claim by another owner is refused.  Calls ``torch.utils.rename_privateuse1_backend``
+    (the mechanism torch_npu uses for "npu") and, with ``module``,
+    ``torch._register_device_module(name, module)`` (``torch.<name>``); a
+    second call with the same name is a no-op.
+
+    Returns:
+        ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a lowercase identifier.
+        RuntimeError: PrivateUse1 is already named (e.g. "npu" by torch_npu:
+            memsnap then cannot add a device; put memsnap under torch_npu
+            with :func:`use_allocator` instead), or ``torch.<name>`` already
+            exists (a built-in device type or torch module).
+    """
+    global _claimed, _claimed_module, _claimed_owner
+    import torch
+
+    if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+        raise ValueError(f"device name must be a lowercase identifier, not {name!r}")
+    current = torch._C._get_privateuse1_backend_name()
+    if _claimed is not None and _claimed_owner != owner:
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r} for {owner}: "
+            f"{_claimed_owner} already registered {_claimed!r} in this process "
+            f"(one PrivateUse1 backend per process; run it in its own process)"
+        )
+    if current == name and _claimed == name:
+        if module is not None and _claimed_module is None:
+            torch._register_device_module(name, module)
+            _claimed_module = module
+        return name
+    if current != _PRIVATEUSE1_FREE:
+        who = " (by torch_npu)" if "torch_npu" in sys.modules else ""
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r}: torch's PrivateUse1 "
+            f"backend is already registered as {current!r}{who}, and a process "
+            f"has only one; with a real backend there, use "
+            f"memsnap.torch.use_allocator() to put memsnap's allocator under it"
+        )
+    if hasattr(torch, name):
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r}: torch.{name} already "
+            f"exists (a built-in device type or torch module); choose another name"
+        )
+    try:
+        torch.utils.rename_privateuse1_backend(name)
+    except RuntimeError as e:
+        raise RuntimeError(f"memsnap cannot register the device {name!r}: {e}") from e
+    _claimed = name
+    _claimed_owner = owner
+    if module is not None:
+        torch._register_device_module(name, module)
+        _claimed_module = module
+    return name
+
+
+def registered_device() -> str | None:
+    """The name given to :func:`register_device`, or None."""
+    return _registered
+
+
+def register_device(name: str = "npu") -> str:
+    """Make ``name`` a PyTorch device whose memory is memsnap's.
+
+    memsnap becomes that device's ``c10::Allocator`` through PyTorch's
+    PrivateUse1 mechanism (as torch_npu registers "npu"), so
+    ``torch.empty(..., device=name)``, ``.to(name)``, views, ``resize_``,
+    ``del`` and garbage collection allocate and free through memsnap's
+    caching allocator, with Python stacks that point at the caller's line.
+    ``torch.<name>`` is a device module whose memory functions are
+    :mod:`memsnap.memory`'s; ``Tensor.<name>()`` / ``Module.<name>()`` and
+    ``Tensor.is_<name>`` are generated as torch does for PrivateUse1.
+
+    The device memory is the sim runtime's, host-backed
+    (MEMSNAP_SIM_HOST_BACKED=1 is set when the allocator does not exist
+    yet), so copies to and from the CPU carry the real bytes.  A small set
+    of operators is computed on the CPU over that memory (docs/python.md);
+    any other raises NotImplementedError naming the operator.
+    MEMSNAP_SIM_DEVICES and MEMSNAP_SIM_MEMORY give the device count and
+    size; running past the size raises ``torch.OutOfMemoryError``.
+
+    Args:
+        name: the device type name ("npu" by default).
+
+    Returns:
+        ``name``.  A second call with the same name returns it again.
+
+    Raises:
+        RuntimeError: PrivateUse1 already taken (e.g. torch_npu imported),
+            ``torch.<name>`` exists, another name was registered, memsnap's
+            allocator already runs on another runtime (acl, cuda, or sim
+            without host backing), or the C++ shim is missing.
+        ValueError: an invalid name.
+    """
+    global _registered
+    with _lock:
+        if _registered is not None:
+            if _registered == name:
+                return name
+            raise RuntimeError(
+                f"memsnap already registered the device {_registered!r} "
+                f"(one PrivateUse1 device per process)"
+            )
+        import torch
+
+        if not _C.initialized():
+            runtime = os.environ.get("MEMSNAP_RUNTIME", "sim") or "sim"
+            if runtime != "sim":
+                raise RuntimeError(
+                    f"memsnap.torch.register_device needs the sim runtime "
+                    f"(MEMSNAP_RUNTIME={runtime!r}); on a real device use "
+                    f"memsnap.torch.use_allocator()"
+                )
+            os.environ["MEMSNAP_RUNTIME"] = "sim"
+            os.environ["MEMSNAP_SIM_HOST_BACKED"] = "1"
+        lib = _shim.torch_lib()
+        err = lib.msnap_torch_device_check()
+        if err:
+            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
+        _device.name = name
+        claim_privateuse1(name, _device)
+        err = lib.msnap_torch_device_init()
+        if err:
+            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
+        torch.utils.generate_methods_for_privateuse1_backend()
+        _memory._add_device_type(name)
+        _memory._current_device_hook = _device.current_device
+        _memory._current_stream_hook = _device.current_stream_handle
+        _hide_registration_frames()
+        atexit.register(_drain_autograd_threads, name)
+        _registered = name
+        return name
+
+
+def _hide_registration_frames() -> None:
+    """Frames of torch's generated ``Tensor.<name>()`` / ``Module.<name>()``
+    wrappers (torch/utils/backend_registration.py) are not recorded: the
+    stack of an allocation then starts at the caller's line, as for
+    ``Tensor.cuda()``, which is C."""
+    from torch.utils import backend_registration
+
+    _C.hide_frames_of(backend_registration.__file__)
+
+
+def _drain_autograd_threads(name: str) -> None:
+    """At exit: let torch's autograd device threads drop their last graph
+    task while the interpreter still runs.
+
+    torch (2.13) keeps a Python object (the contextvars.Context of
+    ``backward()``) in each graph task; the device worker thread may drop
+    the last reference just after ``backward()`` returned, and if that
+    happens during interpreter finalization CPython ends the thread with
+    pthread_exit, which aborts the process ("terminate called without an
+    active exception", pytorch/pytorch#117762).  One tiny backward per
+    device, run through the engine without that Python object, completes
+    only after each worker finished its previous graph task.
+    """
+    try:
+        lib = _shim.torch_lib()
+        if not lib.msnap_torch_worker_threads():
+            return
+        import torch
+        from torch.autograd import Variable
+
+        for d in range(_device.device_count()):
+            x = torch.zeros((), device=torch.device(name, d), requires_grad=True)
+            y = x.sum()
+            Variable._execution_engine.run_backward(
+                (y,), (torch.ones((), device=y.device),), False, False, (), True, True
+            )
+    except Exception:  # at exit: never turn a clean exit into an error
+        pass
 
 
 # ---------------------------------------------------------------------------

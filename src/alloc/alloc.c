@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -62,6 +63,7 @@ msnap_block_t *msnap__block_new(msnap_device_t *d) {
     b->pool = NULL;
     b->seg = NULL;
     b->nuses = 0;
+    b->graph_uses = 0;
     b->event_count = 0;
     b->gc_count_base = 0;
     b->stack = 0;
@@ -284,12 +286,13 @@ static uint64_t next_division(uint64_t size, uint64_t divisions) {
 }
 
 /*
- * round_size (§3.1; npu: +32-byte pad first, §20.1).  Pure function of the
+ * round_size (§3.1; npu: the AddPadSize pad first, §20.1: 32 bytes, or 0
+ * on Ascend950 with CANN >= 9.1.0, pad.c).  Pure function of the
  * conf; the caller holds a device lock (or the conf is not changing).
  */
 static inline uint64_t round_size(const msnap_allocator_t *a, uint64_t size) {
   if (a->profile == MSNAP_PROFILE_NPU)
-    size += MSNAP_NPU_PAD;
+    size += a->npu_pad;
   if (size < MSNAP_MIN_BLOCK_SIZE)
     return MSNAP_MIN_BLOCK_SIZE;
   uint64_t d = divisions_for(&a->conf, size);
@@ -311,15 +314,27 @@ uint64_t msnap__allocation_size(const msnap_allocator_t *a, uint64_t size) {
   return round_up(size, MSNAP_ROUND_LARGE);
 }
 
-/* get_pool (§3.2): a capture scope accepting the stream wins (most recent
- * first), else the default pools. */
+/* get_pool (§3.2): the newest allocate-to-pool scope whose filter accepts
+ * the allocation (its stream, or the calling thread for use_mem_pool's
+ * thread filter), else the default pools. */
 static inline msnap_bpool_t *get_pool(msnap_device_t *d, uint64_t size,
                                       uint64_t stream) {
-  if (msnap_unlikely(d->ncaptures > 0)) {
-    for (uint32_t i = d->ncaptures; i-- > 0;) {
-      msnap_capture_t *cap = &d->captures[i];
-      if (cap->all_streams || cap->stream == stream) {
-        msnap_ppool_t *pp = msnap__ppool_find(d, cap->id);
+  if (msnap_unlikely(d->nscopes > 0)) {
+    uint64_t tkey = 0;
+    for (uint32_t i = d->nscopes; i-- > 0;) {
+      const msnap_scope_t *sc = &d->scopes[i];
+      bool match;
+      if (sc->kind == MSNAP_SCOPE_ALL) {
+        match = true;
+      } else if (sc->kind == MSNAP_SCOPE_STREAM) {
+        match = sc->key == stream;
+      } else {
+        if (tkey == 0)
+          tkey = msnap__thread_key();
+        match = sc->key == tkey;
+      }
+      if (match) {
+        msnap_ppool_t *pp = msnap__ppool_find(d, sc->id);
         if (pp)
           return size <= MSNAP_SMALL_SIZE ? &pp->small : &pp->large;
       }
@@ -560,7 +575,7 @@ static void free_locked(msnap_device_t *d, msnap_block_t *b,
   if (b->size >= d->a->conf.max_split_size)
     msnap__stat_dec(&st->oversize_allocations, 1);
   if (msnap_unlikely(b->nuses > 0)) {
-    if (d->ncaptures > 0) {
+    if (msnap__capturing(d, b->stream)) {
       b->deferred = 1;
       b->link = d->deferred;
       d->deferred = b;
@@ -839,15 +854,27 @@ static void garbage_collect(msnap_device_t *d, const msnap_call_t *c) {
   }
 }
 
-/* try_mempool_fallback (§18): a cached block of a use_on_oom pool. */
+/*
+ * try_mempool_fallback (§18; CCA / NPUCachingAllocator.cpp
+ * try_mempool_fallback): a cached block of a use_on_oom pool, tried in the
+ * iteration order of use_on_oom_pools (a ska::flat_hash_set, emulated in
+ * mempool.c) with expandable segments off for the search
+ * (AllocParams(..., false)).  Only from a default pool.
+ */
 static bool try_mempool_fallback(msnap_device_t *d, msnap_params_t *p) {
   if (p->pool->owner)
     return false;
-  for (msnap_ppool_t *pp = d->ppools; pp; pp = pp->next) {
-    if (!pp->use_on_oom)
+  const msnap_idset_t *set = &d->oom_pools;
+  uint64_t end = msnap__idset_end(set);
+  for (uint64_t i = 0; i < end; i++) {
+    if (set->dist[i] < 0)
       continue;
+    msnap_ppool_t *pp = msnap__ppool_find(d, set->v[i]);
+    if (!pp)
+      continue; /* ids leave the set with their pool's last reference */
     msnap_params_t q = *p;
     q.pool = p->size <= MSNAP_SMALL_SIZE ? &pp->small : &pp->large;
+    q.expandable_active = false;
     if (get_free_block(d, &q)) {
       *p = q;
       return true;
@@ -870,15 +897,15 @@ static void release_pair(msnap_device_t *d, msnap_bpool_t *p1,
 
 /*
  * release_cached_blocks (§8.2) -- also empty_cache.  id {0,0}: sync every
- * event and release the default pools (unless a capture is on); then the
+ * event and release the default pools (unless `capturing`); then the
  * freeable private pools (only `id` when non-zero).  Returns the first
  * runtime error (0 if none).
  */
 int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
-                                 const msnap_call_t *c) {
+                                 bool capturing, const msnap_call_t *c) {
   MSNAP_ASSERT_DEVICE_LOCKED(d);
   int first_err = 0;
-  if (msnap__id_zero(id) && d->ncaptures == 0) {
+  if (msnap__id_zero(id) && !capturing) {
     msnap__sync_and_free_events(d, c, NULL);
     release_pair(d, &d->large, &d->small, c, &first_err);
   }
@@ -926,6 +953,46 @@ static uint64_t private_pool_free_bytes(const msnap_device_t *d) {
   return sum;
 }
 
+/*
+ * reportProcessMemoryInfo (CCA): the processes using the device as the
+ * runtime's process_memory op (NVML) reports them, "Process <pid> has
+ * <size> memory in use. " each, this process as "Including non-PyTorch
+ * memory, this process has ...".  Empty when the runtime cannot say.
+ */
+static void process_info(const msnap_device_t *d, char *out, size_t len) {
+  const msnap_allocator_t *a = d->a;
+  out[0] = '\0';
+  if (a->rt->process_memory == NULL)
+    return;
+  msnap_proc_mem_t procs[16];
+  size_t n = 0;
+  if (a->rt->process_memory(a->rt_ctx, d->id, procs, 16, &n) != 0)
+    return;
+  size_t at = 0;
+  uint32_t self = (uint32_t)getpid();
+  for (size_t i = 0; i < n && i < 16 && at < len; i++) {
+    char sz[32];
+    msnap__format_size(procs[i].used_bytes, sz, sizeof sz);
+    int w = procs[i].pid == self
+                ? snprintf(out + at, len - at,
+                           "Including non-PyTorch memory, this process has "
+                           "%s memory in use. ", sz)
+                : snprintf(out + at, len - at,
+                           "Process %u has %s memory in use. ", procs[i].pid,
+                           sz);
+    if (w < 0 || (size_t)w >= len - at) {
+      out[at] = '\0';
+      return;
+    }
+    at += (size_t)w;
+  }
+}
+
+static const char reserve_hint[] =
+    " The request is larger than the virtual address range an expandable "
+    "segment reserves on this stream: raise expandable_segments_reserve "
+    "(or the stream's class in expandable_segments_reserve_by_class).";
+
 static void build_oom(msnap_device_t *d, const msnap_params_t *p,
                       const msnap_call_t *c, oom_info_t *oom) {
   msnap_allocator_t *a = d->a;
@@ -964,6 +1031,8 @@ static void build_oom(msnap_device_t *d, const msnap_params_t *p,
   } else {
     uint64_t priv = private_pool_free_bytes(d);
     char s_a[32], s_un[32], s_priv[32], priv_msg[128] = "";
+    char procs[512] = "";
+    process_info(d, procs, sizeof procs);
     msnap__format_size(allocated + priv, s_a, sizeof s_a);
     msnap__format_size(reserved - allocated - priv, s_un, sizeof s_un);
     if (priv > 0) {
@@ -972,17 +1041,24 @@ static void build_oom(msnap_device_t *d, const msnap_params_t *p,
                "with %s allocated in private pools (e.g., CUDA Graphs), ",
                s_priv);
     }
+    /* The expandable-segments suggestion only while they are off
+     * (pytorch#191105). */
+    const char *hint =
+        a->conf.expandable_segments
+            ? ""
+            : " If reserved but unallocated memory is large try setting "
+              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+              "fragmentation.";
     snprintf(oom->msg, sizeof oom->msg,
              "CUDA out of memory. Tried to allocate %s. GPU %d has a total "
-             "capacity of %s of which %s is free. %sOf the allocated memory "
-             "%s is allocated by PyTorch, %sand %s is reserved by PyTorch "
-             "but unallocated. If reserved but unallocated memory is large "
-             "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-             "to avoid fragmentation.  See documentation for Memory "
+             "capacity of %s of which %s is free. %s%sOf the allocated "
+             "memory %s is allocated by PyTorch, %sand %s is reserved by "
+             "PyTorch but unallocated.%s%s  See documentation for Memory "
              "Management  (https://docs.pytorch.org/docs/stable/notes/"
              "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-"
              "conf)",
-             s_alloc, d->id, s_total, s_free, s_allowed, s_a, priv_msg, s_un);
+             s_alloc, d->id, s_total, s_free, procs, s_allowed, s_a, priv_msg,
+             s_un, hint, p->reserve_short ? reserve_hint : "");
   }
   oom->alloc_size = p->alloc_size;
   oom->total_or_allowed =
@@ -1007,7 +1083,10 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
   msnap_allocator_t *a = d->a;
   const msnap_conf_t *conf = &a->conf;
   bool npu = a->profile == MSNAP_PROFILE_NPU;
-  bool capture = d->ncaptures > 0;
+  /* Only a real capture on this stream (not an allocate-to-pool scope)
+   * skips event processing and the free-cache-and-retry step
+   * (is_capture_context, NPUCachingAllocator.cpp malloc). */
+  bool capture = msnap__capturing(d, stream);
   bool lazy = npu && conf->multi_stream_lazy_reclaim;
 
   if (msnap_unlikely((d->pending_events || d->deferred) && !capture && !lazy))
@@ -1030,6 +1109,7 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
   p.block = NULL;
   p.err = 0;
   p.rejected = false;
+  p.reserve_short = false;
   p.expandable_active =
       conf->expandable_segments && a->rt->vmm_reserve != NULL;
 
@@ -1061,7 +1141,8 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
           device_sync(d);
           msnap_workspace_empty_cache(a, d->id);
         }
-        msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, c);
+        msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, false,
+                                     c);
         found = alloc_block(d, &p, true, c);
         if (!found && p.err != MSNAP_EOOM)
           goto hard_error;
@@ -1208,6 +1289,8 @@ int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
     *ptr = 0;
     return 0;
   }
+  if (msnap_unlikely(msnap__bad_fork(a)))
+    return msnap__fork_check(a, "msnap_malloc");
   if (msnap_unlikely(!atomic_load_explicit(&a->caching_enabled,
                                            memory_order_relaxed)))
     return msnap__raw_malloc(a, device, size, ptr);
@@ -1265,6 +1348,9 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
     return msnap__set_error(MSNAP_EINVAL, "msnap_free: NULL allocator");
   if (msnap_unlikely(ptr == 0))
     return 0;
+  /* A forked child on a real runtime forgets inherited allocations. */
+  if (msnap_unlikely(msnap__bad_fork(a)))
+    return 0;
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
   msnap_block_t *b;
@@ -1286,11 +1372,23 @@ int msnap_free(msnap_allocator_t *a, uint64_t ptr) {
 }
 
 
+/*
+ * recordStream.  cuda: a use on the block's own stream is ignored (CCA
+ * DeviceCachingAllocator::recordStream, "ignore uses on the allocation
+ * stream").  npu: every stream is inserted, the block's own included
+ * (NPUCachingAllocator.cpp DeviceCachingAllocator::recordStream), so the
+ * free of such a block waits for an event on its own stream.  A stream
+ * recorded while a graph capture is on is remembered as a graph use
+ * (block_to_cudagraph_stream_uses): it is dropped before the deferred
+ * free inserts its events.
+ */
 int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
   if (!a)
     return msnap__set_error(MSNAP_EINVAL, "msnap_record_stream: NULL");
   if (ptr == 0)
     return 0;
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_record_stream");
   msnap_block_t *b;
   msnap_device_t *d = lock_owner(a, ptr, &b, false);
   if (!d) {
@@ -1300,27 +1398,57 @@ int msnap_record_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
                             "invalid device pointer: 0x%" PRIx64, ptr);
   }
   int rc = 0;
-  if (stream != b->stream) {
-    bool present = false;
+  if (stream != b->stream || a->profile == MSNAP_PROFILE_NPU) {
+    uint32_t at = b->nuses;
     for (uint32_t i = 0; i < b->nuses; i++)
-      present |= b->stream_uses[i] == stream;
-    if (!present) {
+      if (b->stream_uses[i] == stream)
+        at = i;
+    if (at == b->nuses) {
       if (MSNAP_GROW(b->stream_uses, b->cap_uses, b->nuses + 1) != 0) {
         rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
         goto out;
       }
       b->stream_uses[b->nuses++] = stream;
     }
+    if (msnap_unlikely(msnap__capturing_any(d)) && at < 64)
+      b->graph_uses |= 1ull << at;
   }
 out:
   msnap__unlock(&d->lock);
   return rc;
 }
 
+int msnap_erase_stream(msnap_allocator_t *a, uint64_t ptr, uint64_t stream) {
+  if (!a)
+    return msnap__set_error(MSNAP_EINVAL, "msnap_erase_stream: NULL");
+  if (ptr == 0)
+    return 0;
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_erase_stream");
+  msnap_block_t *b;
+  msnap_device_t *d = lock_owner(a, ptr, &b, false);
+  if (!d) {
+    if (msnap__raw_lookup(a, ptr, NULL))
+      return 0;
+    return msnap__set_error(MSNAP_EBADPTR,
+                            "invalid device pointer: 0x%" PRIx64, ptr);
+  }
+  for (uint32_t i = 0; i < b->nuses; i++) {
+    if (b->stream_uses[i] == stream) {
+      b->stream_uses[i] = b->stream_uses[--b->nuses];
+      break;
+    }
+  }
+  msnap__unlock(&d->lock);
+  return 0;
+}
+
 int msnap_empty_cache(msnap_allocator_t *a, int device) {
   if (!a || device >= a->ndevices)
     return msnap__set_error(MSNAP_EINVAL,
                             "msnap_empty_cache: invalid device %d", device);
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_empty_cache");
   msnap_call_t c;
   msnap__call_begin(a, &c, true);
   int first_err = 0;
@@ -1336,7 +1464,8 @@ int msnap_empty_cache(msnap_allocator_t *a, int device) {
         first_err = wrc;
     }
     msnap__lock(&d->lock);
-    int rc = msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0}, &c);
+    int rc = msnap__release_cached_blocks(d, (msnap_mempool_id_t){0, 0},
+                                          msnap__capturing_any(d), &c);
     msnap__unlock(&d->lock);
     if (rc && !first_err)
       first_err = rc;
@@ -1432,6 +1561,46 @@ int msnap_set_allocator_settings(msnap_allocator_t *a, const char *conf) {
   return 0;
 }
 
+/* setExpandableSegmentReserveClassForStream (pytorch#192269): tag a
+ * stream with a reserve class; "" or NULL clears the tag.  Taken into
+ * account by the stream's next new expandable segment. */
+int msnap_set_expandable_segment_reserve_class(msnap_allocator_t *a,
+                                               uint64_t stream,
+                                               const char *reserve_class) {
+  if (!a)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "set_expandable_segment_reserve_class: NULL");
+  const char *cls = reserve_class ? reserve_class : "";
+  if (strlen(cls) >= MSNAP_RESERVE_CLASS_LEN)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "expandable segment reserve class '%.60s' is "
+                            "longer than %d bytes",
+                            cls, MSNAP_RESERVE_CLASS_LEN - 1);
+  int rc = 0;
+  lock_all(a);
+  uint32_t i = 0;
+  while (i < a->nstream_classes && a->stream_classes[i].stream != stream)
+    i++;
+  if (cls[0] == '\0') {
+    if (i < a->nstream_classes)
+      a->stream_classes[i] = a->stream_classes[--a->nstream_classes];
+  } else {
+    if (i == a->nstream_classes &&
+        msnap__grow((void **)&a->stream_classes, &a->stream_classes_cap,
+                    a->nstream_classes, 1, sizeof *a->stream_classes) != 0) {
+      rc = msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+      goto out;
+    }
+    a->stream_classes[i].stream = stream;
+    snprintf(a->stream_classes[i].name, MSNAP_RESERVE_CLASS_LEN, "%s", cls);
+    if (i == a->nstream_classes)
+      a->nstream_classes++;
+  }
+out:
+  unlock_all(a);
+  return rc;
+}
+
 /*
  * The conf string as last applied.  msnap_set_allocator_settings replaces
  * (and frees) conf.raw under every device lock, so the string is copied
@@ -1524,6 +1693,8 @@ int msnap_mem_get_info(msnap_allocator_t *a, int device, size_t *free_bytes,
   if (!get_device(a, device) || !free_bytes || !total_bytes)
     return msnap__set_error(MSNAP_EINVAL,
                             "msnap_mem_get_info: invalid device %d", device);
+  if (msnap__bad_fork(a))
+    return msnap__fork_check(a, "msnap_mem_get_info");
   size_t f = 0, t = 0;
   int rc = a->rt->mem_get_info(a->rt_ctx, device, &f, &t);
   if (rc != 0)

@@ -34,7 +34,7 @@
  *               free (in pool->blocks) --alloc_found_block--> allocated
  *               allocated --free, no stream uses--> free (merged)
  *               allocated --free, stream uses--> pending (event_count > 0,
- *                                  or deferred during a pool capture)
+ *                                  or deferred during a graph capture)
  *               pending --events complete--> free (merged)
  *               free --release_block / unmap_block--> gone / unmapped
  *               unmapped (in pool->unmapped) --map_block--> free
@@ -124,8 +124,9 @@ void msnap__lock_slow(msnap_lock_t *l);
 void msnap__unlock_slow(msnap_lock_t *l);
 #endif
 
-static inline void msnap__lock(msnap_lock_t *l) {
-  if (msnap_debug_level >= 1) msnap__rank_acquire(MSNAP_RANK_DEVICE, l->sub);
+/* Take / drop the lock without the rank bookkeeping (the fork handlers,
+ * alloc/fork.c, which hold every lock at once). */
+static inline void msnap__lock_raw(msnap_lock_t *l) {
 #if defined(__linux__)
   uint32_t c = 0;
   if (msnap_likely(atomic_compare_exchange_strong_explicit(
@@ -137,7 +138,7 @@ static inline void msnap__lock(msnap_lock_t *l) {
 #endif
 }
 
-static inline void msnap__unlock(msnap_lock_t *l) {
+static inline void msnap__unlock_raw(msnap_lock_t *l) {
 #if defined(__linux__)
   if (msnap_unlikely(atomic_fetch_sub_explicit(&l->v, 1,
                                                memory_order_release) != 1))
@@ -145,6 +146,15 @@ static inline void msnap__unlock(msnap_lock_t *l) {
 #else
   pthread_mutex_unlock(&l->m);
 #endif
+}
+
+static inline void msnap__lock(msnap_lock_t *l) {
+  if (msnap_debug_level >= 1) msnap__rank_acquire(MSNAP_RANK_DEVICE, l->sub);
+  msnap__lock_raw(l);
+}
+
+static inline void msnap__unlock(msnap_lock_t *l) {
+  msnap__unlock_raw(l);
   if (msnap_debug_level >= 1) msnap__rank_release(MSNAP_RANK_DEVICE, l->sub);
 }
 
@@ -189,6 +199,10 @@ struct msnap_block_s {
   msnap_segment_t *seg;
   uint64_t *stream_uses; /* set of extra streams (record_stream)       */
   uint32_t nuses, cap_uses;
+  /* Bit i: stream_uses[i] was recorded while a graph capture was on
+   * (block_to_cudagraph_stream_uses); dropped before the deferred
+   * events are inserted.  Entries past 64 are never graph uses. */
+  uint64_t graph_uses;
   int32_t event_count;
   int64_t gc_count_base;
   uint32_t stack; /* alloc stack id (recorder), 0 = none              */
@@ -247,11 +261,39 @@ typedef struct msnap_evq_s {
   uint32_t head, n, cap;
 } msnap_evq_t;
 
-typedef struct msnap_capture_s {
+/* An allocate-to-pool scope (PyTorch's allocation scopes, the
+ * (mempool_id, filter) pairs of beginAllocateToPool): the filter accepts
+ * one stream, every stream, or the allocations of one thread (the filter
+ * use_mem_pool installs, _cuda_beginAllocateCurrentThreadToPool). */
+enum {
+  MSNAP_SCOPE_STREAM = 0, /* key: the stream                           */
+  MSNAP_SCOPE_ALL = 1,    /* every allocation of the device            */
+  MSNAP_SCOPE_THREAD = 2  /* key: msnap__thread_key() of the thread    */
+};
+typedef struct msnap_scope_s {
   msnap_mempool_id_t id;
-  uint64_t stream;
-  bool all_streams;
-} msnap_capture_t;
+  uint64_t key;
+  uint8_t kind;
+} msnap_scope_t;
+
+/*
+ * The set of use_on_oom pool ids (PyTorch's use_on_oom_pools, a
+ * ska::flat_hash_set<MempoolId_t, MempoolIdHash>).  try_mempool_fallback
+ * tries the pools in the set's iteration order, so the set reproduces
+ * ska's sherwood_v3_table exactly (fibonacci hashing of MempoolIdHash,
+ * robin-hood insertion, growth at load factor 0.5 or max_lookups, erase
+ * by backward shift; c10/util/flat_hash_map.h): v/dist hold the
+ * num_slots + max_lookups entries (dist -1 = empty; the last entry is the
+ * end marker with dist 0).  nslots_m1 == 0 and v == NULL: ska's empty
+ * default table.  Checked by msnap__idset_check.
+ */
+typedef struct msnap_idset_s {
+  msnap_mempool_id_t *v;
+  int8_t *dist;
+  uint64_t nslots_m1;
+  uint64_t n;
+  int8_t max_lookups, shift;
+} msnap_idset_t;
 
 /* ptr -> allocated block, chained through block->hnext. */
 typedef struct msnap_ptrmap_s {
@@ -270,7 +312,16 @@ struct msnap_device_s {
   msnap_segment_t *segments; /* every live segment                   */
   uint64_t nsegments;
   msnap_ppool_t *ppools;
-  msnap_capture_t *captures;
+  msnap_idset_t oom_pools; /* use_on_oom pool ids (mempool.c)         */
+  /* Allocate-to-pool scopes, oldest first (get_pool scans newest first).
+   * Routing only: a scope alone is no graph capture. */
+  msnap_scope_t *scopes;
+  uint32_t nscopes, scopes_cap;
+  /* Real graph captures (markCaptureBegin/End): the stream of each
+   * capture in progress, a multiset.  Only these make a call a "capture
+   * context" (events not queried, frees with stream uses deferred, no
+   * free-cache-and-retry). */
+  uint64_t *capture_streams;
   uint32_t ncaptures, captures_cap;
   msnap_evq_t *evqs;
   uint32_t nevqs, evqs_cap;
@@ -297,6 +348,9 @@ typedef struct msnap_oom_observer_s {
   msnap_oom_observer_cb cb;
   void *arg;
   void (*release)(void *arg); /* library-owned observers (oom.c) */
+  /* also called on device errors CANN reports as OOM (api's
+   * OOM_SNAPSHOT dump, as torch_npu's NPU_CHECK_ERROR oom_observer()) */
+  bool on_device_error;
 } msnap_oom_observer_t;
 
 /* Raw (caching disabled) allocations: ptr -> (device, size). */
@@ -308,6 +362,9 @@ typedef struct msnap_rawent_s {
 
 struct msnap_allocator_s {
   msnap_profile_t profile;
+  /* npu: bytes added to every request before rounding (pad.c, torch_npu
+   * AddPadSize: 32, or 0 on Ascend950 with CANN >= 9.1.0). */
+  uint64_t npu_pad;
   const msnap_runtime_ops_t *rt;
   void *rt_ctx;
   msnap_conf_t conf;
@@ -336,7 +393,20 @@ struct msnap_allocator_s {
   msnap_rawent_t *raw;
   uint64_t raw_cap, raw_count;
   uint64_t next_mempool_id;
+  /* fork.c: the registry link (under its lock) and the "bad fork" mark of
+   * a forked child on a real device runtime. */
+  struct msnap_allocator_s *fork_next;
+  _Atomic bool bad_fork;
+  /* setExpandableSegmentReserveClassForStream: stream -> reserve class,
+   * written under every device lock, read under one. */
+  struct msnap_stream_class_s *stream_classes;
+  uint32_t nstream_classes, stream_classes_cap;
 };
+
+/* fork.c: true in a forked child of a process that used a real runtime. */
+static inline bool msnap__bad_fork(const msnap_allocator_t *a) {
+  return atomic_load_explicit(&a->bad_fork, memory_order_relaxed);
+}
 
 /* ---- pool.c ------------------------------------------------------------- */
 void msnap__rb_init(msnap_rbtree_t *t, bool by_addr);
@@ -388,6 +458,27 @@ int msnap__ws_create(msnap_allocator_t *a);
 void msnap__ws_destroy(msnap_allocator_t *a);
 /* Free the observer list, releasing library-owned arguments. */
 void msnap__oom_observers_destroy(msnap_allocator_t *a);
+
+/* ---- fork.c: fork safety (pthread_atfork) -------------------------------- */
+/* Register a new allocator for the fork handlers (installed on the first
+ * call) / forget it before it is destroyed. */
+void msnap__fork_register(msnap_allocator_t *a);
+void msnap__fork_unregister(msnap_allocator_t *a);
+/* MSNAP_ESTATE with torch's "bad fork" advice when `a` (a real device
+ * runtime) was inherited through fork(); 0 otherwise.  `what` names the
+ * call in the message. */
+int msnap__fork_check(msnap_allocator_t *a, const char *what);
+/* The modules' hooks for their locks, called by fork.c in rank order:
+ * host.c (a == NULL: the creation lock; else a's host lock), workspace.c
+ * (a's workspace lock). */
+void msnap__host_atfork(msnap_allocator_t *a, int phase);
+void msnap__workspace_atfork(msnap_allocator_t *a, int phase);
+/* ---- pad.c ---------------------------------------------------------------- */
+/* AddPadSize from the runtime's soc_name / cann_version ops. */
+uint64_t msnap__npu_pad_from(const msnap_runtime_ops_t *rt, void *ctx);
+bool msnap__soc_is_ascend950(const char *soc);
+/* IsGteCANNVersion("9.1.0", "CANN") for a reported version string. */
+bool msnap__cann_version_at_least_9_1_0(const char *current);
 
 /* ---- check.c -------------------------------------------------------------- */
 /* The invariants above for one device (msnap_check_invariants runs it on

@@ -9,6 +9,12 @@
 
 #include "alloc/alloc.h"
 
+/* A stream's expandable-segment reserve class (alloc.h stream_classes). */
+typedef struct msnap_stream_class_s {
+  uint64_t stream;
+  char name[MSNAP_RESERVE_CLASS_LEN];
+} msnap_stream_class_t;
+
 /* One allocator call's recording context: captured outside the lock. */
 typedef struct msnap_call_s {
   msnap_rctx_t r;
@@ -25,6 +31,7 @@ typedef struct msnap_params_s {
   int err;              /* 0, MSNAP_EOOM (allocation failure) or hard    */
   bool rejected;        /* throw_on_*malloc_oom                          */
   bool expandable_active;
+  bool reserve_short;   /* request > the stream's expandable VA reserve */
 } msnap_params_t;
 
 static inline msnap_mempool_id_t msnap__pool_id(const msnap_bpool_t *p) {
@@ -89,6 +96,39 @@ void msnap__expandable_teardown(msnap_device_t *d, msnap_segment_t *s);
 
 /* mempool.c */
 msnap_ppool_t *msnap__ppool_find(msnap_device_t *d, msnap_mempool_id_t id);
+/* The calling thread's key for MSNAP_SCOPE_THREAD scopes: assigned on
+ * first use from a process-wide counter, never 0, never reused (a pthread
+ * id can be reused after the thread exits). */
+uint64_t msnap__thread_key(void);
+/* The use_on_oom pool set (alloc.h msnap_idset_t): one past its last
+ * slot (iterate slots [0, end) with dist >= 0), its checker, free. */
+uint64_t msnap__idset_end(const msnap_idset_t *s);
+int msnap__idset_check(const msnap_idset_t *s, char *msg, size_t len);
+void msnap__idset_free(msnap_idset_t *s);
+
+/*
+ * is_capture_context (CCA / NPUCachingAllocator.cpp is_capture_context):
+ * a graph capture (markCaptureBegin) is in progress on `stream`.  PyTorch
+ * asks about the calling thread's current stream; memsnap has no current
+ * stream, so callers pass the stream the call is about (the malloc's
+ * stream, the freed block's stream).  Allocate-to-pool scopes alone
+ * (use_mem_pool, MemPool routing) never count.
+ */
+static inline bool msnap__capturing(const msnap_device_t *d,
+                                    uint64_t stream) {
+  if (msnap_likely(d->ncaptures == 0))
+    return false;
+  for (uint32_t i = 0; i < d->ncaptures; i++)
+    if (d->capture_streams[i] == stream)
+      return true;
+  return false;
+}
+
+/* Some graph capture is in progress on the device (calls that name no
+ * stream: empty_cache, releasePool). */
+static inline bool msnap__capturing_any(const msnap_device_t *d) {
+  return d->ncaptures > 0;
+}
 void msnap__ppool_free(msnap_device_t *d, msnap_ppool_t *pp);
 
 /* events.c (§10) */
@@ -115,8 +155,10 @@ void msnap__free_block(msnap_device_t *d, msnap_block_t *b,
                        const msnap_call_t *c);
 /* setMemoryFraction (§16). */
 void msnap__set_fraction_locked(msnap_device_t *d, double fraction);
+/* release_cached_blocks; `capturing`: the caller is in a capture context
+ * (the default pools are then left alone). */
 int msnap__release_cached_blocks(msnap_device_t *d, msnap_mempool_id_t id,
-                                 const msnap_call_t *c);
+                                 bool capturing, const msnap_call_t *c);
 void msnap__call_begin(msnap_allocator_t *a, msnap_call_t *c,
                        bool is_free_site);
 void msnap__call_end(msnap_call_t *c);

@@ -111,6 +111,10 @@ void msnap__ws_totals(msnap_allocator_t *a, int device, uint64_t *reserved,
 /* Workspace invariants (tests): 0 or MSNAP_ESTATE with msg. */
 int msnap__ws_check(msnap_allocator_t *a, char *msg, size_t len);
 
+/* The bytes the npu profile adds to every request (torch_npu AddPadSize,
+ * alloc/pad.c); 0 in the cuda profile. */
+uint64_t msnap__npu_pad(const msnap_allocator_t *a);
+
 /* ---- oom.c: OOM observers and the usage report ----------------------------- */
 /* Called by the allocator after an allocation failed for good (after the
  * `oom` trace entry), with no library lock held: every observer in
@@ -119,11 +123,26 @@ void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
                        uint64_t device_total, uint64_t device_free);
 /* Attach an observer owned by the library: `release(arg)` runs when the
  * allocator is destroyed.  With unique, an observer with the same cb is
- * not attached twice (returns 1).  0, 1 or MSNAP_ENOMEM. */
+ * not attached twice (returns 1).  With on_device_error it also runs on
+ * device errors CANN reports as OOM (msnap__oom_notify_device_error).
+ * 0, 1 or MSNAP_ENOMEM. */
 int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
                             void *arg, void (*release)(void *arg),
-                            bool unique);
+                            bool unique, bool on_device_error);
+/* A device call failed with CANN's OOM text (torch_npu isCannOOM, e.g. an
+ * operator's allocation): the on_device_error observers run, as
+ * torch_npu's NPU_CHECK_ERROR calls oom_observer() before throwing.  No
+ * library lock may be held. */
+void msnap__oom_notify_device_error(msnap_allocator_t *a, int device);
 /* Write the usage-report CSV of one device (-1 = all) to path (atomic). */
 int msnap__usage_report(msnap_allocator_t *a, int device, const char *path);
+/* CANN's per-module usage CSV text of a device (aclrtGetMemUsageInfo,
+ * torch_npu saveDevMemUsageInfo's format), malloc'ed (caller frees);
+ * MSNAP_ENOTSUP when the runtime has no such report. */
+int msnap__cann_usage_text(msnap_allocator_t *a, int device, char **text,
+                           size_t *len);
+/* memsnap's report text, malloc'ed (caller frees). */
+int msnap__usage_report_text(msnap_allocator_t *a, int device, char **text,
+                             size_t *len);
 
 #endif /* MSNAP_ALLOCATOR_H */

@@ -320,6 +320,38 @@ int msnap__device_check_locked(msnap_device_t *d, char *msg, size_t len) {
              d->id, names[k], tnames[t], s->peak, s->current);
     }
   }
+  /* Allocate-to-pool scopes name live, non-freeable pools, once each;
+   * the use_on_oom set is a well-formed table of live pools' ids. */
+  for (uint32_t i = 0; i < d->nscopes; i++) {
+    const msnap_ppool_t *pp = msnap__ppool_find(d, d->scopes[i].id);
+    if (!pp || pp->freeable || pp->use_count <= 0)
+      FAIL("device %d: scope %u names pool (%" PRIu64 ", %" PRIu64
+           ") which is not a live pool",
+           d->id, i, d->scopes[i].id.first, d->scopes[i].id.second);
+    for (uint32_t k = 0; k < i; k++)
+      if (msnap__id_eq(d->scopes[k].id, d->scopes[i].id))
+        FAIL("device %d: pool (%" PRIu64 ", %" PRIu64 ") has two scopes",
+             d->id, d->scopes[i].id.first, d->scopes[i].id.second);
+    if (d->scopes[i].kind > MSNAP_SCOPE_THREAD)
+      FAIL("device %d: scope %u has kind %u", d->id, i, d->scopes[i].kind);
+  }
+  if (d->ncaptures > d->captures_cap)
+    FAIL("device %d: %u captures in %u slots", d->id, d->ncaptures,
+         d->captures_cap);
+  if ((rc = msnap__idset_check(&d->oom_pools, msg, len)) != 0)
+    return rc;
+  {
+    const msnap_idset_t *set = &d->oom_pools;
+    for (uint64_t i = 0; i < msnap__idset_end(set); i++) {
+      if (set->dist[i] < 0)
+        continue;
+      const msnap_ppool_t *pp = msnap__ppool_find(d, set->v[i]);
+      if (!pp || pp->use_count <= 0 || !pp->use_on_oom)
+        FAIL("device %d: use_on_oom set holds (%" PRIu64 ", %" PRIu64
+             ") which is not a live use_on_oom pool",
+             d->id, set->v[i].first, set->v[i].second);
+    }
+  }
   if (!a->mss_changed) {
     if (d->stats.oversize_allocations.current != cn.oversize_alloc)
       FAIL("device %d: oversize_allocations.current %" PRId64

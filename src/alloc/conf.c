@@ -64,6 +64,10 @@ void msnap__conf_init(msnap_conf_t *c, msnap_profile_t profile) {
   c->pinned_num_register_threads = 1;
   c->base_addr_aligned_kb = 16;
   c->segment_size_mb = 0;
+  /* AcceleratorAllocatorConfig: pinned_max_round_threshold_ and
+   * pinned_max_cached_size_ default to SIZE_MAX (no limit). */
+  c->pinned_max_round_threshold = UINT64_MAX;
+  c->pinned_max_cached_size = UINT64_MAX;
 }
 
 void msnap__conf_destroy(msnap_conf_t *c) {
@@ -445,30 +449,114 @@ static int k_per_process_memory_fraction(parser_t *p, size_t key,
 }
 
 /*
- * expandable_segments_reserve: a fraction in (0, 1] or "<n>G".  As in
- * PyTorch a bad value only warns; memsnap records nothing (its sim and
- * device runtimes reserve 1.125x the device memory as PyTorch does).
+ * expandable_segments_reserve / expandable_segments_reserve_by_class
+ * (CUDAAllocatorConfig parseReserveSpec, pytorch#192269): a value is a
+ * positive fraction of the device memory ("0.5") or a positive number of
+ * GiB with a 'G' suffix ("40G").  As in PyTorch a malformed or
+ * non-positive value only warns and is ignored (the previous value stays);
+ * in the by-class list a bad entry is skipped and the good ones apply.
+ * The list replaces the previous class table; memsnap keeps the first
+ * MSNAP_RESERVE_CLASSES classes (a warning names the others).
  */
+static bool reserve_spec(const char *t, msnap_reserve_spec_t *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(t, &end);
+  if (end == t || errno == ERANGE || !isfinite(v) || !(v > 0.0)) return false;
+  if (*end == '\0') {
+    *out = (msnap_reserve_spec_t){true, v};
+    return true;
+  }
+  if ((*end == 'G' || *end == 'g') && end[1] == '\0') {
+    *out = (msnap_reserve_spec_t){false, v};
+    return true;
+  }
+  return false;
+}
+
+static void reserve_warn(parser_t *p, size_t i, const char *what) {
+  fprintf(stderr,
+          "memsnap: warning: alloc conf: ignoring invalid %s '%s' at token "
+          "%zu in \"%s\"\n",
+          what, p->tok[i], i + 1, p->src);
+}
+
 static int k_expandable_segments_reserve(parser_t *p, size_t key, size_t *i) {
   int rc = to_value(p, key, i);
   if (rc) return rc;
-  const char *t = p->tok[*i];
-  char *end;
-  double v = strtod(t, &end);
-  bool ok = end != t && ((*end == '\0' && v > 0.0 && v <= 1.0) ||
-                         ((*end == 'G' || *end == 'g') && end[1] == '\0' &&
-                          v > 0.0));
-  if (!ok)
-    fprintf(stderr,
-            "memsnap: warning: alloc conf: ignoring invalid "
-            "expandable_segments_reserve '%s' at token %zu in \"%s\"\n",
-            t, *i + 1, p->src);
+  msnap_reserve_spec_t spec;
+  if (reserve_spec(p->tok[*i], &spec)) {
+    p->c->reserve = spec;
+    p->c->reserve_set = true;
+  } else {
+    reserve_warn(p, *i, "expandable_segments_reserve");
+  }
   return 0;
 }
 
-/* expandable_segments_reserve_by_class: a [name:val,...] list, skipped. */
-static int k_skip_list(parser_t *p, size_t key, size_t *i) {
-  return skip_value(p, key, i);
+/* [name:value,...] */
+static int k_expandable_segments_reserve_by_class(parser_t *p, size_t key,
+                                                  size_t *i) {
+  int rc = to_value(p, key, i);
+  if (rc) return rc;
+  if (strcmp(p->tok[*i], "[") != 0)
+    return fail(p, *i, "expected a list [class:value,...] for '%s'; got '%s'",
+                p->tok[key], p->tok[*i]);
+  msnap_conf_t *c = p->c;
+  c->nreserve_classes = 0;
+  while (++*i < p->ntok && strcmp(p->tok[*i], "]") != 0) {
+    size_t name = *i;
+    if (strcmp(p->tok[name], ",") == 0) continue;
+    *i += 2; /* separator (unchecked) and the value */
+    if (*i >= p->ntok || strcmp(p->tok[*i], "]") == 0)
+      return fail(p, *i >= p->ntok ? p->ntok : *i,
+                  "missing value after class '%s' (token %zu) in the list "
+                  "of '%s'", p->tok[name], name + 1, p->tok[key]);
+    msnap_reserve_spec_t spec;
+    if (!reserve_spec(p->tok[*i], &spec)) {
+      reserve_warn(p, *i, "expandable_segments_reserve_by_class value");
+      continue;
+    }
+    if (strlen(p->tok[name]) >= MSNAP_RESERVE_CLASS_LEN ||
+        c->nreserve_classes == MSNAP_RESERVE_CLASSES) {
+      reserve_warn(p, name, "(too long, or one too many) reserve class");
+      continue;
+    }
+    uint32_t k = 0;
+    while (k < c->nreserve_classes &&
+           strcmp(c->reserve_classes[k].name, p->tok[name]) != 0)
+      k++;
+    snprintf(c->reserve_classes[k].name, MSNAP_RESERVE_CLASS_LEN, "%s",
+             p->tok[name]);
+    c->reserve_classes[k].spec = spec;
+    if (k == c->nreserve_classes) c->nreserve_classes++;
+  }
+  if (*i >= p->ntok)
+    return fail(p, p->ntok, "missing ']' closing the list of '%s' (token %zu)",
+                p->tok[key], key + 1);
+  return 0;
+}
+
+/* ExpandableSegmentReserveSpec::resolveBytes, saturating. */
+static uint64_t reserve_resolve(const msnap_reserve_spec_t *s,
+                                uint64_t total) {
+  double b = s->is_fraction ? s->value * (double)total
+                            : s->value * (double)(1ull << 30);
+  if (!(b < 18446744073709551615.0)) return UINT64_MAX;
+  return (uint64_t)b;
+}
+
+uint64_t msnap__conf_reserve_bytes(const msnap_conf_t *c, const char *cls,
+                                   uint64_t total) {
+  uint64_t full = total + total / 8;
+  const msnap_reserve_spec_t *spec = NULL;
+  for (uint32_t k = 0; k < c->nreserve_classes && spec == NULL; k++)
+    if (strcmp(c->reserve_classes[k].name, cls ? cls : "") == 0)
+      spec = &c->reserve_classes[k].spec;
+  if (spec == NULL && c->reserve_set) spec = &c->reserve;
+  if (spec == NULL) return full;
+  uint64_t b = reserve_resolve(spec, total);
+  return b < full ? b : full;
 }
 
 /* ---- NPU keys (NPUAllocatorConfig) --------------------------------------------- */
@@ -554,7 +642,8 @@ static const conf_key_t keys[] = {
     {"pinned_free_catch_all", S_CUDA, k_bool_ignored},
     {"throw_on_cudamalloc_oom", S_CUDA, k_throw_on_malloc_oom},
     {"expandable_segments_reserve", S_CUDA, k_expandable_segments_reserve},
-    {"expandable_segments_reserve_by_class", S_CUDA, k_skip_list},
+    {"expandable_segments_reserve_by_class", S_CUDA,
+     k_expandable_segments_reserve_by_class},
     /* npu */
     {"base_addr_aligned_kb", S_NPU, k_base_addr_aligned_kb},
     {"page_size", S_NPU, k_page_size},
@@ -705,7 +794,14 @@ int msnap__conf_from_env(msnap_profile_t profile, const char **out,
 
 int msnap__conf_check(const msnap_conf_t *c, char *msg, size_t msg_len) {
   const char *what = NULL;
+  bool bad_reserve = c->reserve_set && !(c->reserve.value > 0.0);
+  bool bad_class = c->nreserve_classes > MSNAP_RESERVE_CLASSES;
+  for (uint32_t k = 0; !bad_class && k < c->nreserve_classes; k++)
+    bad_class = c->reserve_classes[k].name[0] == '\0' ||
+                !(c->reserve_classes[k].spec.value > 0.0);
   if (c->raw == NULL) what = "raw is NULL";
+  else if (bad_reserve) what = "expandable_segments_reserve not positive";
+  else if (bad_class) what = "a bad expandable_segments_reserve class";
   else if (c->large_segment_size <= 10 * MiB)
     what = "large_segment_size <= 10 MiB";
   else if (c->max_split_size != SIZE_MAX &&

@@ -11,6 +11,20 @@
 
 /* ---- conf.c: alloc-conf parsing (PYTORCH_{CUDA,NPU}_ALLOC_CONF) --------- */
 #define MSNAP_ROUNDUP_INTERVALS 16
+/* expandable_segments_reserve classes kept (more are ignored, with a
+ * warning) and the longest class name. */
+#define MSNAP_RESERVE_CLASSES 16
+#define MSNAP_RESERVE_CLASS_LEN 48
+/* A per-segment VA reserve (PyTorch's ExpandableSegmentReserveSpec): a
+ * fraction of the device's memory, or GiB (value with a 'G' suffix). */
+typedef struct msnap_reserve_spec_s {
+  bool is_fraction;
+  double value; /* > 0 */
+} msnap_reserve_spec_t;
+typedef struct msnap_reserve_class_s {
+  char name[MSNAP_RESERVE_CLASS_LEN];
+  msnap_reserve_spec_t spec;
+} msnap_reserve_class_t;
 typedef struct msnap_conf_s {
   msnap_profile_t profile;
   char *raw;                          /* last applied string ("" if none) */
@@ -33,10 +47,18 @@ typedef struct msnap_conf_s {
   uint64_t segment_size_mb;           /* 0 = unset                       */
   bool multi_stream_lazy_reclaim;
   bool large_segment_size_set;
-  /* pinned host allocator (recorded for allocator_settings; 0 = unset) */
+  /* pinned host allocator: thresholds in bytes, UINT64_MAX (no limit)
+   * by default as AcceleratorAllocatorConfig's SIZE_MAX; the reserve
+   * segment 0 = none */
   uint64_t pinned_max_round_threshold; /* pinned_max_round_threshold_mb  */
   uint64_t pinned_max_cached_size;     /* pinned_max_cached_size_mb      */
   uint64_t pinned_reserve_segment_size; /* pinned_reserve_segment_size_mb */
+  /* cuda: expandable_segments_reserve (reserve_set: configured) and
+   * expandable_segments_reserve_by_class (pytorch#192269). */
+  bool reserve_set;
+  msnap_reserve_spec_t reserve;
+  uint32_t nreserve_classes;
+  msnap_reserve_class_t reserve_classes[MSNAP_RESERVE_CLASSES];
 } msnap_conf_t;
 /* Defaults of a profile. */
 void msnap__conf_init(msnap_conf_t *c, msnap_profile_t profile);
@@ -61,6 +83,13 @@ int msnap__conf_parse_runtime(msnap_conf_t *c, const char *s, char *err,
 /* roundup_power2_divisions entry for a (>= 512) size: the size class is
  * floor(log2(size)) - 20 clamped to [0, 15] (allocator-algorithm §3.1). */
 uint64_t msnap__roundup_divisions(const msnap_conf_t *c, size_t size);
+/* The VA one expandable segment of a stream tagged `cls` ("" = untagged)
+ * reserves on a device of `total` bytes (expandable_segments_reserve_
+ * decision + clamp_reserve_bytes): the configured reserve of the class,
+ * else the default reserve, capped at the historical total + total / 8;
+ * total + total / 8 when none is configured. */
+uint64_t msnap__conf_reserve_bytes(const msnap_conf_t *c, const char *cls,
+                                   uint64_t total);
 /* Invariant checker of a conf: 0, or MSNAP_ESTATE with the violation. */
 int msnap__conf_check(const msnap_conf_t *c, char *msg, size_t msg_len);
 

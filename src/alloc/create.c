@@ -13,6 +13,7 @@
  * allocation and workspace buffer to the runtime, live allocations
  * included, and releases the library-owned OOM observers.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ void msnap_options_init(msnap_options_t *o) {
   o->version = MSNAP_OPTIONS_VERSION;
   o->profile = -1;
   o->caching_disabled = -1;
+  o->sim_host_backed = -1;
 }
 
 static int device_init(msnap_allocator_t *a, msnap_device_t *d, int id) {
@@ -122,17 +124,24 @@ int msnap__allocator_new(const msnap_options_t *opts,
                                            : msnap__env_no_caching(profile);
   atomic_init(&a->caching_enabled, !no_cache);
 
-  if (rt == msnap_runtime_sim() && (o->sim_devices > 0 || o->sim_memory > 0))
-    rc = msnap__sim_create(o->sim_devices > 0
-                               ? o->sim_devices
-                               : (int)msnap__env_count(
-                                     MSNAP_ENV_SIM_DEVICES, 1, 1,
-                                     MSNAP_SIM_MAX_DEVICES),
-                           o->sim_memory > 0 ? o->sim_memory
-                                             : msnap__env_size_min(
-                                                   MSNAP_ENV_SIM_MEMORY,
-                                                   64ull << 30, 1),
-                           &a->rt_ctx);
+  /* Options of older callers end before sim_host_backed: from the env. */
+  int host_backed = o->size >= offsetof(msnap_options_t, sim_host_backed) +
+                                   sizeof o->sim_host_backed
+                        ? o->sim_host_backed
+                        : -1;
+  if (rt == msnap_runtime_sim() &&
+      (o->sim_devices > 0 || o->sim_memory > 0 || host_backed >= 0))
+    rc = msnap__sim_create_ex(
+        o->sim_devices > 0
+            ? o->sim_devices
+            : (int)msnap__env_count(MSNAP_ENV_SIM_DEVICES, 1, 1,
+                                    MSNAP_SIM_MAX_DEVICES),
+        o->sim_memory > 0
+            ? o->sim_memory
+            : msnap__env_size_min(MSNAP_ENV_SIM_MEMORY, 64ull << 30, 1),
+        host_backed >= 0 ? host_backed != 0
+                         : msnap__env_bool(MSNAP_ENV_SIM_HOST_BACKED, false),
+        &a->rt_ctx);
   else
     rc = rt->init(&a->rt_ctx);
   if (rc != 0) {
@@ -159,6 +168,7 @@ int msnap__allocator_new(const msnap_options_t *opts,
     goto fail_init;
   }
   a->ndevices = n;
+  a->npu_pad = msnap__npu_pad_from(rt, a->rt_ctx);
   for (int i = 0; i < n; i++)
     device_init(a, &a->devices[i], i);
   rc = msnap__ws_create(a);
@@ -168,6 +178,8 @@ int msnap__allocator_new(const msnap_options_t *opts,
     snprintf(err, sizeof err, "out of host memory");
     goto fail_init;
   }
+  atomic_init(&a->bad_fork, false);
+  msnap__fork_register(a);
   *out = a;
   return 0;
 
@@ -234,7 +246,9 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
     d->ppools = pp->next;
     free(pp);
   }
-  free(d->captures);
+  free(d->scopes);
+  msnap__idset_free(&d->oom_pools);
+  free(d->capture_streams);
   free(d->retired);
   free(d->map.buckets);
   msnap__ring_destroy(&d->ring);
@@ -244,6 +258,11 @@ static void device_destroy(msnap_allocator_t *a, msnap_device_t *d) {
 
 void msnap_allocator_destroy(msnap_allocator_t *a) {
   if (!a)
+    return;
+  msnap__fork_unregister(a);
+  /* A forked child on a real runtime must not touch the parent's device
+   * context: nothing is released (the process is a copy). */
+  if (atomic_load(&a->bad_fork))
     return;
   msnap__host_destroy(a); /* before the runtime goes */
   msnap__ws_destroy(a);   /* likewise */
@@ -257,5 +276,6 @@ void msnap_allocator_destroy(msnap_allocator_t *a) {
   msnap__ann_destroy(&a->ann);
   pthread_mutex_destroy(&a->obs_lock);
   pthread_mutex_destroy(&a->raw_lock);
+  free(a->stream_classes);
   free(a);
 }

@@ -2,7 +2,7 @@
  * events.c -- cross-stream frees (allocator-algorithm.md §10): the per-
  * device pool of runtime events, the per-stream FIFOs of (event, block),
  * insert_events / process_events / synchronize_and_free_events, and the
- * frees deferred while a pool capture is on.
+ * frees deferred while a graph capture is on (msnap__capturing).
  *
  * Invariants (checked by msnap_check_invariants): d->pending_events is the
  * number of queued items; a block's event_count is the number of items
@@ -98,17 +98,33 @@ void msnap__insert_events(msnap_device_t *d, msnap_block_t *b,
     }
   }
   b->nuses = 0;
+  b->graph_uses = 0;
   if (b->event_count == 0)
     msnap__free_block(d, b, c);
 }
 
-/* insert_events_deferred_until_no_capture. */
+/* remove_cudagraph_stream_uses: drop the streams recorded during a graph
+ * capture (their work is part of the graph: no event is needed). */
+static void remove_graph_uses(msnap_block_t *b) {
+  if (b->graph_uses == 0)
+    return;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < b->nuses; i++)
+    if (i >= 64 || !(b->graph_uses & (1ull << i)))
+      b->stream_uses[k++] = b->stream_uses[i];
+  b->nuses = k;
+  b->graph_uses = 0;
+}
+
+/* insert_events_deferred_until_no_capture: stream uses recorded during
+ * the capture are dropped first; a block left with none is freed. */
 static void insert_deferred(msnap_device_t *d, const msnap_call_t *c) {
   while (msnap_unlikely(d->deferred != NULL)) {
     msnap_block_t *b = d->deferred;
     d->deferred = b->link;
     b->link = NULL;
     b->deferred = 0;
+    remove_graph_uses(b);
     msnap__insert_events(d, b, c);
   }
 }

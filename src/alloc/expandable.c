@@ -129,14 +129,42 @@ static inline bool allocatable(const msnap_block_t *b) {
          !b->deferred;
 }
 
-/* A new expandable segment whose VA is one unmapped block. */
+/* The reserve class set for a stream ("" when none); caller holds a
+ * device lock. */
+static const char *stream_class(const msnap_allocator_t *a, uint64_t stream) {
+  for (uint32_t i = 0; i < a->nstream_classes; i++)
+    if (a->stream_classes[i].stream == stream)
+      return a->stream_classes[i].name;
+  return "";
+}
+
+/*
+ * Granules of a new segment's VA (ExpandableSegment's max_handles_ =
+ * numSegments(reserve)): the reserve is total + total / 8 unless
+ * expandable_segments_reserve[_by_class] (cuda) sets a smaller one for the
+ * stream's class (msnap__conf_reserve_bytes).
+ */
+static uint64_t segment_granules(const msnap_device_t *d, uint64_t g,
+                                 uint64_t stream) {
+  const msnap_allocator_t *a = d->a;
+  uint64_t reserve = msnap__conf_reserve_bytes(
+      &a->conf, stream_class(a, stream), d->device_total);
+  uint64_t n = reserve / g + (reserve % g != 0);
+  return n == 0 ? 1 : n;
+}
+
+/* A new expandable segment whose VA is one unmapped block.  A request
+ * larger than that VA fails with MSNAP_EOOM and p->reserve_short (the OOM
+ * message then names expandable_segments_reserve). */
 static msnap_block_t *new_segment(msnap_device_t *d, msnap_params_t *p) {
   msnap_allocator_t *a = d->a;
   uint64_t g = granule_for(a, p->pool);
-  uint64_t total = d->device_total;
-  uint64_t n = (total + total / 8 + g - 1) / g;
-  if (n == 0)
-    n = 1;
+  uint64_t n = segment_granules(d, g, p->stream);
+  if (p->size > n * g) {
+    p->err = MSNAP_EOOM;
+    p->reserve_short = true;
+    return NULL;
+  }
   msnap_block_t *b = msnap__block_new(d);
   if (!b) {
     p->err = msnap__set_error(MSNAP_ENOMEM, "out of host memory");

@@ -7,7 +7,7 @@
  * Behaviour (memsnap's reading of CachingHostAllocator; allocator-algorithm
  * does not cover it):
  *   - A request of n > 0 bytes is rounded up to the next power of two
- *     (n <= pinned_max_round_threshold, or always when that is unset) or,
+ *     (n <= pinned_max_round_threshold, which is unlimited unless set) or,
  *     above the threshold, to a multiple of 2 MiB.  Every block is one
  *     runtime host_malloc of its rounded size (or a piece of the reserve
  *     segment, below); blocks are never split or merged.
@@ -19,7 +19,8 @@
  *     Events are polled in FIFO order, stopping at the first one not done,
  *     at every malloc, free and empty_cache.  An event that cannot be
  *     created or recorded is replaced by a device synchronisation.
- *   - pinned_max_cached_size (bytes, 0 = unlimited): a block whose free
+ *   - pinned_max_cached_size (bytes, unlimited unless set; 0 caches
+ *     nothing, as in PyTorch where no block is <= 0 bytes): a block whose free
  *     completes while the cached (free) bytes plus its size would exceed
  *     the limit goes back to the runtime at once.
  *   - pinned_reserve_segment_size (bytes, 0 = none): the first request
@@ -145,6 +146,15 @@ static msnap_host_t *host_get(msnap_allocator_t *a) {
   return h;
 }
 
+void msnap__host_atfork(msnap_allocator_t *a, int phase) {
+  if (a == NULL) {
+    msnap__fork_mutex(&host_create_lock, phase);
+    return;
+  }
+  msnap_host_t *h = __atomic_load_n(&a->host, __ATOMIC_ACQUIRE);
+  if (h != NULL) msnap__fork_mutex(&h->lock, phase);
+}
+
 /* Start a host call that records: the state, this thread's recording
  * context (captured before the lock: a free site or not) and the lock.
  * Inlined, so that the captured stack starts at the public entry point. */
@@ -192,7 +202,7 @@ static uint64_t host_round(msnap_allocator_t *a, uint64_t n) {
   const msnap_conf_t *c = msnap__allocator_conf(a);
   uint64_t thr = __atomic_load_n(&c->pinned_max_round_threshold,
                                  __ATOMIC_RELAXED);
-  if (thr != 0 && n > thr) {
+  if (n > thr) {
     if (n > UINT64_MAX - HOST_ROUND_LARGE) return 0;
     return (n + HOST_ROUND_LARGE - 1) & ~(HOST_ROUND_LARGE - 1);
   }
@@ -330,7 +340,7 @@ static void complete_free(msnap_host_t *h, hblock_t *b,
   b->state = HB_FREE;
   const msnap_conf_t *c = msnap__allocator_conf(h->a);
   uint64_t lim = __atomic_load_n(&c->pinned_max_cached_size, __ATOMIC_RELAXED);
-  if (lim != 0 && !b->carved && h->cached_bytes + b->size > lim &&
+  if (!b->carved && h->cached_bytes + b->size > lim &&
       release_block(h, b, ctx, false) == 0)
     return;
   /* The bin exists: the malloc that created b made it, and bins are never
@@ -388,13 +398,14 @@ static int check_a(msnap_allocator_t *a, const char *fn) {
   if (a->rt->host_malloc == NULL || a->rt->host_free == NULL)
     return msnap__set_error(MSNAP_ENOTSUP, "%s: runtime '%s' has no pinned "
                             "host memory", fn, a->rt->name);
-  return 0;
+  return msnap__fork_check(a, fn);
 }
 
 /* A new block of `size` bytes: carved from the reserve segment when it
  * fits, else one runtime host_malloc.  h->lock held.  *out is not yet
  * inserted anywhere. */
-static int new_block(msnap_host_t *h, uint64_t size, hblock_t **out) {
+static int new_block(msnap_host_t *h, uint64_t size, hblock_t **out,
+                     bool *cann_oom) {
   msnap_allocator_t *a = h->a;
   int rc = blocks_reserve(h);
   if (rc != 0) return msnap__set_error(rc, "host allocator: out of host "
@@ -428,10 +439,14 @@ static int new_block(msnap_host_t *h, uint64_t size, hblock_t **out) {
     rc = a->rt->host_malloc(a->rt_ctx, (size_t)size, &b->ptr);
     if (rc != 0) {
       free(b);
-      if (rc == MSNAP_EOOM)
+      *cann_oom = msnap__is_cann_oom_text(msnap_last_error());
+      if (rc == MSNAP_EOOM) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", msnap_last_error());
         return msnap__set_error(rc, "host allocator: pinned host memory "
-                                "exhausted allocating %" PRIu64 " bytes",
-                                size);
+                                "exhausted allocating %" PRIu64 " bytes (%s)",
+                                size, why);
+      }
       return rc;
     }
     dur_add(&h->alloc_time, now_us() - t0);
@@ -463,6 +478,7 @@ int msnap_host_malloc(msnap_allocator_t *a, size_t size, uint64_t *ptr) {
     return msnap__set_error(MSNAP_EINVAL, "host_malloc: size %zu too large",
                             size);
   msnap_host_t *h;
+  bool cann_oom = false;
   msnap_rctx_t ctx;
   if (host_enter(a, &h, &ctx, false) != 0) return MSNAP_ENOMEM;
   process_events(h, &ctx);
@@ -478,7 +494,7 @@ int msnap_host_malloc(msnap_allocator_t *a, size_t size, uint64_t *ptr) {
                             "memory");
       goto out;
     }
-    rc = new_block(h, rounded, &b);
+    rc = new_block(h, rounded, &b, &cann_oom);
     if (rc != 0) goto out;
     blocks_insert(h, b);
     b->seg_stack = ctx.stack;
@@ -502,6 +518,14 @@ int msnap_host_malloc(msnap_allocator_t *a, size_t size, uint64_t *ptr) {
 out:
   msnap__mutex_unlock(&h->lock, MSNAP_RANK_HOST);
   msnap__rctx_release(&ctx);
+  if (cann_oom) {
+    /* aclrtMallocHost failed with CANN's OOM text: torch_npu's
+     * NPU_CHECK_ERROR would run oom_observer() (the OOM_SNAPSHOT dump). */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", msnap_last_error());
+    msnap__oom_notify_device_error(a, 0);
+    msnap__set_error(rc, "%s", msg);
+  }
   return rc;
 }
 
@@ -512,6 +536,7 @@ out:
  * the block is reusable once they completed.
  */
 int msnap_host_free(msnap_allocator_t *a, uint64_t ptr) {
+  if (a != NULL && msnap__bad_fork(a)) return 0; /* as msnap_free */
   int rc = check_a(a, "host_free");
   if (rc != 0) return rc;
   if (ptr == 0) return 0;

@@ -27,7 +27,7 @@
 
 int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
                             void *arg, void (*release)(void *arg),
-                            bool unique) {
+                            bool unique, bool on_device_error) {
   msnap__mutex_lock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   if (unique) {
     for (uint32_t i = 0; i < a->nobservers; i++) {
@@ -41,7 +41,8 @@ int msnap__oom_observer_add(msnap_allocator_t *a, msnap_oom_observer_cb cb,
     msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
     return MSNAP_ENOMEM;
   }
-  a->observers[a->nobservers++] = (msnap_oom_observer_t){cb, arg, release};
+  a->observers[a->nobservers++] =
+      (msnap_oom_observer_t){cb, arg, release, on_device_error};
   msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   return 0;
 }
@@ -51,12 +52,15 @@ int msnap_attach_oom_observer(msnap_allocator_t *a, msnap_oom_observer_cb cb,
   if (a == NULL || cb == NULL)
     return msnap__set_error(MSNAP_EINVAL,
                             "attach_oom_observer: NULL allocator or callback");
-  int rc = msnap__oom_observer_add(a, cb, arg, NULL, false);
+  int rc = msnap__oom_observer_add(a, cb, arg, NULL, false, false);
   return rc < 0 ? rc : 0;
 }
 
-void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
-                       uint64_t device_total, uint64_t device_free) {
+/* Call the observers (only the on_device_error ones when `errors_only`)
+ * from a copy of the list, with no library lock held. */
+static void notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
+                   uint64_t device_total, uint64_t device_free,
+                   bool errors_only) {
   msnap__mutex_lock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   uint32_t n = a->nobservers;
   msnap_oom_observer_t local[16];
@@ -65,8 +69,43 @@ void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
   else if (n) memcpy(obs, a->observers, n * sizeof *obs);
   msnap__mutex_unlock(&a->obs_lock, MSNAP_RANK_OBSERVERS);
   for (uint32_t i = 0; i < n; i++)
-    obs[i].cb(device, alloc_size, device_total, device_free, obs[i].arg);
+    if (!errors_only || obs[i].on_device_error)
+      obs[i].cb(device, alloc_size, device_total, device_free, obs[i].arg);
   if (obs != local) free(obs);
+}
+
+void msnap__oom_notify(msnap_allocator_t *a, int device, uint64_t alloc_size,
+                       uint64_t device_total, uint64_t device_free) {
+  notify(a, device, alloc_size, device_total, device_free, false);
+}
+
+void msnap__oom_notify_device_error(msnap_allocator_t *a, int device) {
+  size_t f = 0, t = 0;
+  if (device < 0 || device >= a->ndevices ||
+      a->rt->mem_get_info(a->rt_ctx, device, &f, &t) != 0)
+    f = t = 0;
+  notify(a, device, 0, t, f, true);
+}
+
+/*
+ * msnap_notify_device_error: a framework reports a failed device call's
+ * error text (torch_npu's NPU_CHECK_ERROR / NPUQueue error paths).  When
+ * the text is CANN's OOM (isCannOOM: "EL0004" or "Failed to allocate")
+ * the on_device_error observers run -- the OOM_SNAPSHOT dump -- and 1 is
+ * returned; otherwise 0.
+ */
+int msnap_notify_device_error(msnap_allocator_t *a, int device,
+                              const char *message) {
+  if (a == NULL || message == NULL)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "notify_device_error: NULL allocator or message");
+  if (device < 0 || device >= a->ndevices)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "notify_device_error: invalid device %d", device);
+  if (!msnap__is_cann_oom_text(message))
+    return 0;
+  msnap__oom_notify_device_error(a, device);
+  return 1;
 }
 
 /* Free the list (allocator destruction), releasing library-owned
@@ -142,6 +181,74 @@ static int usage_text(msnap_allocator_t *a, int device, msnap_strbuf_t *b) {
               d, wr, wa, wa);
   }
   return b->err;
+}
+
+/*
+ * CANN's per-module report of one device (torch_npu saveDevMemUsageInfo):
+ * the runtime's mem_usage_info op (aclrtGetMemUsageInfo(device, rows[128],
+ * 128, &count)) as
+ *
+ *   moduleName,curMemSize(MB),memPeakSize(MB)
+ *   <name>,<bytes / 2^20 with 4 decimals>,<same>
+ *
+ * one row per module, at most 128 ("moduleCount is unreliable"; a warning
+ * on stderr names a larger count).  A name runs to its NUL or its 32
+ * bytes; a line break in it becomes '?' (one row per module).
+ */
+#define CANN_MAX_MODULES 128 /* torch_npu kMaxModuleNum */
+
+int msnap__cann_usage_text(msnap_allocator_t *a, int device, char **text,
+                           size_t *len) {
+  if (a->rt->mem_usage_info == NULL)
+    return msnap__set_error(MSNAP_ENOTSUP, "the %s runtime has no "
+                            "aclrtGetMemUsageInfo",
+                            a->rt->name ? a->rt->name : "?");
+  msnap_mem_usage_t *rows = calloc(CANN_MAX_MODULES, sizeof *rows);
+  if (rows == NULL) return msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+  size_t n = 0;
+  int rc = a->rt->mem_usage_info(a->rt_ctx, device, rows, CANN_MAX_MODULES,
+                                 &n);
+  if (rc != 0) {
+    free(rows);
+    return rc;
+  }
+  msnap_strbuf_t b = {0};
+  msnap__strbuf_printf(&b, "moduleName,curMemSize(MB),memPeakSize(MB)\n");
+  for (size_t i = 0; i < n && i < CANN_MAX_MODULES; i++) {
+    char name[sizeof rows[i].name + 1];
+    memcpy(name, rows[i].name, sizeof rows[i].name);
+    name[sizeof rows[i].name] = '\0';
+    for (char *c = name; *c; c++)
+      if (*c == '\n' || *c == '\r') *c = '?';
+    msnap__strbuf_printf(&b, "%s,%.4f,%.4f\n", name,
+              (double)rows[i].cur_bytes / 1048576.0,
+              (double)rows[i].peak_bytes / 1048576.0);
+  }
+  if (n > CANN_MAX_MODULES)
+    fprintf(stderr, "memsnap: warning: CANN reported %zu memory modules on "
+            "device %d; the usage CSV has the first %d\n", n, device,
+            CANN_MAX_MODULES);
+  free(rows);
+  if (b.err) {
+    free(b.p);
+    return msnap__set_error(b.err, "out of host memory");
+  }
+  *text = b.p ? b.p : calloc(1, 1);
+  *len = b.len;
+  return *text ? 0 : msnap__set_error(MSNAP_ENOMEM, "out of host memory");
+}
+
+int msnap__usage_report_text(msnap_allocator_t *a, int device, char **text,
+                             size_t *len) {
+  msnap_strbuf_t b = {0};
+  int rc = usage_text(a, device, &b);
+  if (rc != 0) {
+    free(b.p);
+    return rc;
+  }
+  *text = b.p;
+  *len = b.len;
+  return 0;
 }
 
 int msnap__usage_report(msnap_allocator_t *a, int device, const char *path) {

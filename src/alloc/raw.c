@@ -90,7 +90,7 @@ static void raw_erase(msnap_allocator_t *a, msnap_rawent_t *e) {
 int msnap__raw_malloc(msnap_allocator_t *a, int device, uint64_t size,
                       uint64_t *ptr) {
   if (a->profile == MSNAP_PROFILE_NPU)
-    size += MSNAP_NPU_PAD;
+    size += a->npu_pad;
   uint64_t p = 0;
   int rc = a->rt->malloc(a->rt_ctx, device, size, &p);
   if (rc != 0) {

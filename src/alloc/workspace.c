@@ -86,6 +86,10 @@ static void ws_unlock(msnap_workspace_t *ws) {
   msnap__mutex_unlock(&ws->lock, MSNAP_RANK_WORKSPACE);
 }
 
+void msnap__workspace_atfork(msnap_allocator_t *a, int phase) {
+  if (a->ws != NULL) msnap__fork_mutex(&a->ws->lock, phase);
+}
+
 static ws_buf_t *ws_find(msnap_workspace_t *ws, int device, uint64_t stream) {
   for (uint32_t i = 0; i < ws->n; i++)
     if (ws->v[i].device == device && ws->v[i].stream == stream)
@@ -129,6 +133,8 @@ int msnap_workspace_malloc(msnap_allocator_t *a, int device, size_t size,
                            uint64_t stream, uint64_t *ptr) {
   if (a == NULL || ptr == NULL)
     return msnap__set_error(MSNAP_EINVAL, "workspace_malloc: NULL argument");
+  if (msnap_in_bad_fork(a))
+    return msnap__fork_check(a, "workspace_malloc");
   int nd = msnap_device_count(a);
   if (device < 0 || device >= nd)
     return msnap__set_error(MSNAP_EINVAL,
@@ -222,7 +228,7 @@ int msnap_workspace_malloc(msnap_allocator_t *a, int device, size_t size,
 int msnap_workspace_free(msnap_allocator_t *a, uint64_t ptr) {
   if (a == NULL)
     return msnap__set_error(MSNAP_EINVAL, "workspace_free: NULL allocator");
-  if (ptr == 0) return 0;
+  if (ptr == 0 || msnap_in_bad_fork(a)) return 0;
   msnap_workspace_t *ws = a->ws;
   ws_lock(ws);
   for (uint32_t i = 0; i < ws->n; i++) {
@@ -254,6 +260,8 @@ int msnap_workspace_empty_cache(msnap_allocator_t *a, int device) {
   if (a == NULL)
     return msnap__set_error(MSNAP_EINVAL,
                             "workspace_empty_cache: NULL allocator");
+  if (msnap_in_bad_fork(a))
+    return msnap__fork_check(a, "workspace_empty_cache");
   msnap_workspace_t *ws = a->ws;
   const msnap_runtime_ops_t *ops = msnap_runtime(a);
   void *rctx = msnap_runtime_ctx(a);

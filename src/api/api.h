@@ -51,4 +51,25 @@ int msnap__snap_import_stacks(msnap_snap_t *s, msnap_import_t *im,
  * and turn history on.  msnap_allocator_create calls it; idempotent. */
 void msnap__oom_dump_init(msnap_allocator_t *a);
 
+/* ---- usage.c ----------------------------------------------------------- */
+/* MEMSNAP_USAGE_REPORT: which usage CSV files a dump writes. */
+typedef enum msnap_usage_kind_e {
+  MSNAP_USAGE_CANN = 0,    /* CANN's report (torch_npu), the default    */
+  MSNAP_USAGE_MEMSNAP = 1, /* memsnap's allocator-statistics report     */
+  MSNAP_USAGE_BOTH = 2,
+  MSNAP_USAGE_NONE = 3
+} msnap_usage_kind_t;
+msnap_usage_kind_t msnap__usage_kind(void);
+/* GetOomSnapshotDumpPath: real path of `configured`, else of
+ * OOM_SNAPSHOT_PATH, else of "."; NULL (MSNAP_EIO set) when it is not an
+ * existing directory.  Caller frees. */
+char *msnap__usage_dir(const char *configured);
+/* YYYYmmddHHMMSS, local time. */
+void msnap__usage_stamp(char out[32]);
+/* Write one CSV of device `device` in dir: CANN's (cann) or memsnap's,
+ * named with `stamp`; unique: add "_<n>" instead of replacing a file of
+ * the same name.  *path (optional) receives the file's path. */
+int msnap__usage_csv(msnap_allocator_t *a, int device, const char *dir,
+                     bool cann, const char *stamp, bool unique, char **path);
+
 #endif /* MSNAP_API_H */

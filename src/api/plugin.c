@@ -9,17 +9,26 @@
  *   void  free(void *ptr, ssize_t size, int device, stream_t stream);
  *
  * plus optional hooks set through the allocator object (set_init_fn,
- * set_reset_fn / empty_cache, set_memory_fraction_fn, set_record_stream_fn,
- * set_begin/end_allocate_to_pool..., set_get_base_allocation_fn).  These
- * are msnap_plugin_* below; every one works on msnap_default(), the
+ * set_reset_fn, set_memory_fraction_fn, set_base_alloc_fn,
+ * set_record_stream_fn, torch_npu's set_erase_stream_fn...).  These are
+ * msnap_plugin_* below; every one works on msnap_default(), the
  * process-wide allocator that the _memsnap Python module uses too, so
  * memsnap.memory sees the allocations torch makes.
  *
- * The loaders give no way to report an error: malloc returns NULL on any
- * failure (torch then raises its own OutOfMemoryError; memsnap has already
- * recorded the `oom` trace entry, run the OOM observers and, with
- * OOM_SNAPSHOT_ENABLE, written the OOM dump); the other hooks keep the
- * error text in msnap_last_error() and print it once to stderr, so that a
+ * These C functions cannot raise: msnap_plugin_malloc returns NULL on any
+ * failure (after memsnap recorded the `oom` trace entry, ran the OOM
+ * observers and, with OOM_SNAPSHOT_ENABLE, wrote the OOM dump), and
+ * neither loader checks for NULL: torch_npu's NPUPluggableAllocator builds
+ * a DataPtr on nullptr (a device fault later) and PyTorch's
+ * CUDAPluggableAllocator raises no OutOfMemoryError
+ * (pytorch/pytorch#133280).  memsnap.torch.use_allocator() therefore
+ * registers msnap_torch_malloc of the C++ shim (python/memsnap/csrc/),
+ * which throws c10::OutOfMemoryError, and these functions serve C and
+ * ctypes callers.  Likewise torch_npu versions whose record_stream_fn
+ * takes a c10_npu::NPUStream (a class passed by invisible reference) need
+ * the shim's msnap_npu_record_stream; msnap_plugin_record_stream takes the
+ * stream handle itself (cudaStream_t, aclrtStream).  The other hooks keep
+ * the error text in msnap_last_error() and print it to stderr, so that a
  * bad pointer never passes silently.
  *
  * No state lives here: nothing to check beyond what the allocator checks.
@@ -86,7 +95,8 @@ void msnap_plugin_init(int device_count) {
   }
 }
 
-/* msnap_plugin_empty_cache -- reset_fn / empty_cache on every device. */
+/* msnap_plugin_empty_cache -- CUDAPluggableAllocator's reset_fn():
+ * empty_cache on every device. */
 void msnap_plugin_empty_cache(void) {
   msnap_allocator_t *a = msnap_default();
   if (a == NULL)
@@ -94,6 +104,14 @@ void msnap_plugin_empty_cache(void) {
   int rc = msnap_empty_cache(a, -1);
   if (rc < 0)
     report("empty_cache", rc);
+}
+
+/* msnap_plugin_reset -- torch_npu's reset_fn(check_error) (emptyCache):
+ * empty_cache on every device; an error is printed either way (a hook
+ * cannot raise). */
+void msnap_plugin_reset(bool check_error) {
+  (void)check_error;
+  msnap_plugin_empty_cache();
 }
 
 /* msnap_plugin_memory_fraction -- memory_fraction_fn(fraction, device). */
@@ -117,21 +135,35 @@ void msnap_plugin_record_stream(void *ptr, void *stream) {
     report("record_stream", rc);
 }
 
+/* msnap_plugin_erase_stream -- erase_stream_fn(ptr, stream) of the
+ * torch_npu versions that pass the aclrtStream itself. */
+void msnap_plugin_erase_stream(void *ptr, void *stream) {
+  msnap_allocator_t *a = msnap_default();
+  if (a == NULL || ptr == NULL)
+    return;
+  int rc = msnap_erase_stream(a, (uint64_t)(uintptr_t)ptr,
+                              (uint64_t)(uintptr_t)stream);
+  if (rc < 0)
+    report("erase_stream", rc);
+}
+
 /*
- * msnap_plugin_get_base_allocation -- get_base_allocation_fn(ptr, &size):
- * for a live base pointer, its block size in *size and ptr itself;
- * otherwise NULL and *size = 0 (interior pointers are not resolved).
+ * msnap_plugin_get_base_allocation -- base_alloc_fn(ptr, &size), PyTorch's
+ * getBaseAllocation: for a live allocation, the start of its segment and
+ * the segment's size in *size (the whole reservation for expandable
+ * segments); otherwise NULL and *size = 0 (interior pointers are not
+ * resolved).
  */
 void *msnap_plugin_get_base_allocation(void *ptr, size_t *size) {
   msnap_allocator_t *a = msnap_default();
-  size_t sz = 0;
+  uint64_t base = 0, sz = 0;
   if (a == NULL || ptr == NULL ||
-      msnap_allocation_size(a, (uint64_t)(uintptr_t)ptr, &sz) < 0) {
+      msnap__allocation_base(a, (uint64_t)(uintptr_t)ptr, &base, &sz) < 0) {
     if (size != NULL)
       *size = 0;
     return NULL;
   }
   if (size != NULL)
-    *size = sz;
-  return ptr;
+    *size = (size_t)sz;
+  return (void *)(uintptr_t)base;
 }

@@ -10,8 +10,8 @@
  *      meanwhile), collect the segments (alloc.c), then record the
  *      `snapshot` entry -- after the copy, so it shows in the next
  *      snapshot only, as in PyTorch;
- *   2. with no lock: append the device's workspace buffers as one-block
- *      large segments and keep the device's segments sorted by address.
+ *   2. with no lock: collect the device's workspace buffers and keep the
+ *      device's segments sorted by address.
  * Then, with no lock held: recalibrate the clock, convert the copied
  * entries (time_us non-decreasing per device, synthetic workspace entries
  * first), copy the external annotations, resolve every captured stack into
@@ -36,6 +36,25 @@
  * Segment and block addresses are device addresses (below 2^49 on CUDA
  * and Ascend, and on the sim) and times are microseconds since the epoch
  * (about 2^51): both stay exact.
+ *
+ * Workspace buffers (torch_npu's NPUWorkspaceAllocator) are shown as
+ * MEMSNAP_WORKSPACE_VIEW selects; "torch_npu" is the npu profile's
+ * default, "memsnap" the cuda profile's:
+ *   torch_npu  as Module.cpp's _snapshot merges NPUWorkspaceAllocator::
+ *              snapshot(): one one-block large segment per buffer,
+ *              appended after every device's segments (device order,
+ *              buffers in creation order, not sorted by address), its
+ *              block inactive with requested_size 0 (torch_npu never sets
+ *              WorkspaceBlock::allocated); while history is recording,
+ *              three entries per buffer first in the device's trace
+ *              (workspace_snapshot, segment_alloc, alloc, each sized to the
+ *              buffer: get_trace).
+ *   memsnap    each buffer a segment among the device's sorted segments,
+ *              active_allocated (requested size) while allocated; the
+ *              synthetic entries whenever traces are included, alloc only
+ *              for buffers in use, sized to the request.
+ * Either way the entries carry the earliest buffer creation time and
+ * allocator_settings the workspace_* totals.
  *
  * Filters: o->device >= 0 keeps that device's segments and trace (the
  * other devices' trace lists are present and empty, so indices stay
@@ -180,12 +199,13 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
          gv_bool(c ? c->pinned_use_host_register : false));
   gv_put(s, &b, "graph_capture_record_stream_reuse",
          gv_bool(c ? c->graph_capture_record_stream_reuse : false));
-  /* The pinned host allocator's thresholds as configured (bytes; 0 when
-   * never set).  alloc/host.c honours both. */
+  /* The pinned host allocator's thresholds (bytes): SIZE_MAX by default
+   * as in PyTorch, written as -1 (above 2^53 - 1: see the file comment).
+   * alloc/host.c honours both. */
   gv_put(s, &b, "max_round_threshold",
-         gv_int(c ? js_limit(c->pinned_max_round_threshold) : 0));
+         gv_int(js_limit(c ? c->pinned_max_round_threshold : UINT64_MAX)));
   gv_put(s, &b, "max_cached_size",
-         gv_int(c ? js_limit(c->pinned_max_cached_size) : 0));
+         gv_int(js_limit(c ? c->pinned_max_cached_size : UINT64_MAX)));
   gvb_t rd = {0};
   for (int i = 0; i < MSNAP_ROUNDUP_INTERVALS; i++) {
     char key[16];
@@ -273,29 +293,30 @@ enum {
   BLOCK_KEYS = MSNAP_K_ADDRESS | MSNAP_K_REQUESTED | MSNAP_K_FRAMES
 };
 
-/* Append the workspace buffers of one device as segments. */
+/* Append the workspace buffers of one device as segments (torch_npu
+ * view: never allocated, requested 0). */
 static int add_ws_segments(msnap_snap_t *s, int device,
                            const msnap_ws_info_t *w, size_t n,
-                           take_totals_t *t) {
+                           take_totals_t *t, bool npu_view) {
   for (size_t i = 0; i < n; i++) {
+    bool used = w[i].allocated && !npu_view;
     msnap_sblock_t *b = msnap__snap_add_block(s);
     if (b == NULL) return MSNAP_ENOMEM;
     uint32_t bi = s->nblocks - 1;
     b->address = w[i].ptr;
     b->size = w[i].size;
-    b->requested_size = w[i].allocated ? w[i].requested : 0;
+    b->requested_size = used ? w[i].requested : 0;
     b->frames = 0; /* raw id: none (import makes it []) */
     b->keys = BLOCK_KEYS;
-    b->state = w[i].allocated ? MSNAP_BLOCK_ACTIVE_ALLOCATED
-                              : MSNAP_BLOCK_INACTIVE;
+    b->state = used ? MSNAP_BLOCK_ACTIVE_ALLOCATED : MSNAP_BLOCK_INACTIVE;
     msnap_ssegment_t *g = msnap__snap_add_segment(s);
     if (g == NULL) return MSNAP_ENOMEM;
     g->device = device;
     g->address = w[i].ptr;
     g->total_size = w[i].size;
-    g->allocated_size = w[i].allocated ? w[i].size : 0;
+    g->allocated_size = used ? w[i].size : 0;
     g->active_size = g->allocated_size;
-    g->requested_size = w[i].allocated ? w[i].requested : 0;
+    g->requested_size = used ? w[i].requested : 0;
     g->stream = (int64_t)w[i].stream;
     g->pool_id = (msnap_mempool_id_t){0, 0};
     g->frames = 0;
@@ -312,30 +333,52 @@ static int add_ws_segments(msnap_snap_t *s, int device,
 }
 
 /* What one entry context of a ring copy becomes in the model, computed
- * once per context (a recording has a handful), not per entry. */
+ * once per context (a recording has a handful), not per entry: its
+ * model stack and the attribute sets (msnap_tattr_t) of its entries --
+ * one per (oom entry, mallocWithAddress) pair, interned on first use. */
+#define ATTR_UNSET UINT32_MAX
 typedef struct ctx_model_s {
   msnap_stack_t frames;
-  msnap_str_t compile_context, user_metadata;
-  uint8_t keep; /* passes the pool filter */
+  msnap_tattr_t base; /* keys without ADDRESS / DEVICE_FREE / INTERNAL_META */
+  uint32_t attr[2][2]; /* [oom][internal_meta]: ATTR_UNSET until used */
+  uint8_t keep;        /* passes the pool filter */
 } ctx_model_t;
+
+static uint32_t ctx_attr(msnap_snap_t *s, ctx_model_t *m, bool oom,
+                         bool imeta, msnap_str_t *malloc_with_addr) {
+  uint32_t *slot = &m->attr[oom][imeta];
+  if (*slot != ATTR_UNSET) return *slot;
+  msnap_tattr_t a = m->base;
+  a.keys |= oom ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
+  if (imeta) {
+    if (*malloc_with_addr == 0)
+      *malloc_with_addr = msnap__snap_intern(s, "mallocWithAddress", 17);
+    if (*malloc_with_addr == 0) return UINT32_MAX;
+    a.internal_metadata = *malloc_with_addr;
+    a.keys |= MSNAP_K_INTERNAL_META;
+  }
+  return *slot = msnap__snap_tattr(s, &a); /* UINT32_MAX on error */
+}
 
 /* Convert one device's copied entries (synthetic workspace entries first)
  * into model trace entries, stacks imported through im. */
 static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
                               dev_copy_t *dc, msnap_mempool_id_t pool,
                               msnap_map16_t *strs, msnap_str_t na,
-                              msnap_import_t *im) {
+                              msnap_import_t *im, bool ws_entries,
+                              bool npu_view) {
   int err = 0;
   int64_t prev = INT64_MIN;
   const msnap_hcopy_t *c = &dc->c;
   uint64_t nsyn_total = 0;
-  for (size_t i = 0; i < dc->nws; i++) nsyn_total += dc->ws[i].allocated ? 3 : 2;
+  for (size_t i = 0; ws_entries && i < dc->nws; i++)
+    nsyn_total += dc->ws[i].allocated || npu_view ? 3 : 2;
   if (msnap__snap_reserve_traces(s, l, nsyn_total + c->n) != 0)
     return MSNAP_ENOMEM;
   /* Synthetic workspace entries are stamped with the earliest of the
    * buffers' creation times and the first recorded entry, so that times
    * stay non-decreasing. */
-  if (dc->nws > 0) {
+  if (dc->nws > 0 && ws_entries) {
     uint64_t t0 = dc->ws[0].raw_created;
     for (size_t i = 1; i < dc->nws; i++)
       if (dc->ws[i].raw_created < t0) t0 = dc->ws[i].raw_created;
@@ -343,23 +386,27 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     int64_t tus = msnap__clock_to_us(t0);
     for (size_t i = 0; i < dc->nws && !err; i++) {
       const msnap_ws_info_t *w = &dc->ws[i];
-      int nsyn = w->allocated ? 3 : 2;
+      int nsyn = w->allocated || npu_view ? 3 : 2;
       static const uint8_t acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
                                       MSNAP_ACTION_SEGMENT_ALLOC,
                                       MSNAP_ACTION_ALLOC};
+      msnap_tattr_t a;
+      memset(&a, 0, sizeof a);
+      a.stream = (int64_t)w->stream;
+      a.compile_context = na;
+      a.user_metadata = MSNAP_STR_EMPTY;
+      a.keys = TRACE_KEYS | MSNAP_K_ADDRESS;
       for (int k = 0; k < nsyn; k++) {
         msnap_strace_t *t = add_trace(s, l, &err);
         if (t == NULL) break;
         t->action = acts[k];
         t->addr = w->ptr;
-        t->size = acts[k] == MSNAP_ACTION_ALLOC ? w->requested : w->size;
-        t->stream = (int64_t)w->stream;
+        t->size = acts[k] == MSNAP_ACTION_ALLOC && !npu_view ? w->requested
+                                                              : w->size;
         t->time_us = tus;
-        t->pool_id = (msnap_mempool_id_t){0, 0};
         t->frames = MSNAP_STACK_ABSENT;
-        t->compile_context = na;
-        t->user_metadata = MSNAP_STR_EMPTY;
-        t->keys = TRACE_KEYS | MSNAP_K_ADDRESS;
+        int rc = msnap__snap_trace_set_attr(s, t, &a);
+        if (rc < 0) err = rc;
       }
     }
     prev = tus;
@@ -369,13 +416,21 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
   if (cm == NULL) return MSNAP_ENOMEM;
   for (uint32_t k = 0; k < c->nctx; k++) {
     const msnap_hcopy_ctx_t *x = &c->ctx[k];
-    cm[k].keep = pool_is_default(pool) || (x->pool.first == pool.first &&
-                                           x->pool.second == pool.second);
-    if (!cm[k].keep) continue;
-    cm[k].frames = msnap__import_stack(im, x->stack);
-    cm[k].compile_context = model_str(s, strs, x->compile_context, na, &err);
-    cm[k].user_metadata =
+    ctx_model_t *m = &cm[k];
+    m->keep = pool_is_default(pool) || (x->pool.first == pool.first &&
+                                        x->pool.second == pool.second);
+    if (!m->keep) continue;
+    memset(m->attr, 0xff, sizeof m->attr);
+    m->frames = msnap__import_stack(im, x->stack);
+    m->base.stream = (int64_t)x->stream;
+    m->base.pool_id = x->pool;
+    m->base.compile_context =
+        model_str(s, strs, x->compile_context, na, &err);
+    m->base.user_metadata =
         model_str(s, strs, x->user_metadata, MSNAP_STR_EMPTY, &err);
+    m->base.keys = (uint16_t)(TRACE_KEYS | (m->frames != MSNAP_STACK_ABSENT
+                                                ? MSNAP_K_FRAMES
+                                                : 0));
   }
   msnap_str_t malloc_with_addr = 0;
   msnap_clock_map_t clk; /* one clock lock for the whole trace */
@@ -383,34 +438,24 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
   for (uint64_t i = 0; i < c->n && !err; i++) {
     msnap_hentry_t e;
     msnap__hcopy_get(c, i, &e);
-    const ctx_model_t *m = &cm[c->slots[i].ctx];
+    ctx_model_t *m = &cm[c->slots[i].ctx];
     if (!m->keep) continue;
+    uint32_t attr = ctx_attr(s, m, e.action == MSNAP_ACTION_OOM,
+                             e.internal_meta == 1, &malloc_with_addr);
+    if (attr == UINT32_MAX) {
+      err = s->ntattrs >= MSNAP_TATTR_MAX ? MSNAP_ELIMIT : MSNAP_ENOMEM;
+      break;
+    }
     int64_t tus = msnap__clock_map_us(&clk, e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
     /* room was reserved above: append in place, every field written */
-    msnap_strace_t *t = &l->v[l->n++];
-    *t = (msnap_strace_t){
-        .addr = e.addr,
-        .size = e.size,
-        .stream = (int64_t)e.stream,
-        .time_us = tus,
-        .pool_id = e.pool,
-        .frames = m->frames,
-        .compile_context = m->compile_context,
-        .user_metadata = m->user_metadata,
-        .keys = (uint16_t)(TRACE_KEYS |
-                           (e.action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE
-                                                         : MSNAP_K_ADDRESS) |
-                           (m->frames != MSNAP_STACK_ABSENT ? MSNAP_K_FRAMES
-                                                            : 0)),
-        .action = e.action};
-    if (e.internal_meta == 1) {
-      if (malloc_with_addr == 0)
-        malloc_with_addr = msnap__snap_intern(s, "mallocWithAddress", 17);
-      t->internal_metadata = malloc_with_addr;
-      t->keys |= MSNAP_K_INTERNAL_META;
-    }
+    l->v[l->n++] = (msnap_strace_t){.addr = e.addr,
+                                    .size = e.size,
+                                    .time_us = tus,
+                                    .frames = m->frames,
+                                    .action = e.action,
+                                    .attr = attr};
   }
   free(cm);
   if (!err && im->err) err = im->err;
@@ -452,6 +497,13 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   memset(&sctx, 0, sizeof sctx);
   msnap__tls_context(&sctx.user_metadata, &sctx.compile_context);
 
+  static const char *const views[] = {"torch_npu", "memsnap", NULL};
+  bool npu_view = msnap__env_choice(MSNAP_ENV_WORKSPACE_VIEW, views,
+                                    msnap_profile(a) == MSNAP_PROFILE_NPU
+                                        ? 0
+                                        : 1) == 0;
+  /* torch_npu: the synthetic entries only while recording (get_trace). */
+  bool ws_entries = traces && (!npu_view || msnap_history_enabled(a));
   for (int d = d0; d < d1 && !err; d++) {
     uint32_t seg_start = s->nsegments;
     uint64_t active = 0, cap = 0;
@@ -467,12 +519,16 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     if (err) break;
     if (pool_is_default(pool)) {
       err = msnap__ws_collect(a, d, &dc[d].ws, &dc[d].nws);
-      if (!err) err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt);
+      if (!err && !npu_view)
+        err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt, false);
     }
     if (!err && s->nsegments > seg_start)
       qsort(s->segments + seg_start, s->nsegments - seg_start,
             sizeof s->segments[0], seg_cmp);
   }
+  /* torch_npu: every device's workspace segments after all the others. */
+  for (int d = d0; d < d1 && !err && npu_view; d++)
+    err = add_ws_segments(s, d, dc[d].ws, dc[d].nws, &tt, true);
   msnap__rctx_release(&sctx);
   /* Pinned host memory (cuda-reference §2.8): every host block as a
    * one-block segment and the flat host ring, only while host history is
@@ -497,10 +553,11 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
     err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na,
-                             &im);
+                             &im, ws_entries, npu_view);
   if (!err && hc.c.n > 0)
     err = build_device_trace(s, &s->host_traces, &hc,
-                             (msnap_mempool_id_t){0, 0}, &strs, na, &im);
+                             (msnap_mempool_id_t){0, 0}, &strs, na, &im,
+                             false, false);
   msnap__hcopy_release(&hc.c);
   if (!err && traces) {
     msnap_aentry_t *av = NULL;

@@ -154,9 +154,19 @@ static void import_field(import_t *im, msnap_stack_t *field, bool absent_ok) {
 }
 
 static void import_traces(import_t *im, msnap_trace_list_t *l) {
+  msnap_snap_t *s = im->s;
   for (uint32_t i = 0; i < l->n; i++) {
-    import_field(im, &l->v[i].frames, true);
-    if (l->v[i].frames != MSNAP_STACK_ABSENT) l->v[i].keys |= MSNAP_K_FRAMES;
+    msnap_strace_t *e = &l->v[i];
+    uint32_t raw = e->frames;
+    import_field(im, &e->frames, true);
+    /* the frames key lives in the entry's interned attributes */
+    if (raw != 0 && e->frames != MSNAP_STACK_ABSENT &&
+        !(msnap__tattr(s, e)->keys & MSNAP_K_FRAMES)) {
+      msnap_tattr_t a = *msnap__tattr(s, e);
+      a.keys |= MSNAP_K_FRAMES;
+      int rc = msnap__snap_trace_set_attr(s, e, &a);
+      if (rc < 0 && !im->err) im->err = rc;
+    }
   }
 }
 
@@ -223,9 +233,11 @@ int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
     msnap__pw_op(&w, MSNAP_OP_EMPTY_LIST);
     msnap__pw_op(&w, MSNAP_OP_MARK);
     if (st > MSNAP_STACK_EMPTY) {
-      const msnap_span_t *sp = &s->stacks[st];
-      for (uint32_t i = 0; i < sp->n; i++) {
-        const msnap_frame_t *f = &s->frames[s->stack_frames[sp->first + i]];
+      msnap_stack_iter_t it;
+      msnap__stack_iter(s, st, &it);
+      uint32_t fid;
+      while (msnap__stack_next(&it, &fid)) {
+        const msnap_frame_t *f = &s->frames[fid];
         size_t nl, fl;
         const char *name = msnap__snap_str(s, f->name, &nl);
         const char *file = msnap__snap_str(s, f->filename, &fl);

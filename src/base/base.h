@@ -74,6 +74,7 @@ typedef enum msnap_env_e {
   MSNAP_ENV_RUNTIME,                   /* MEMSNAP_RUNTIME                  */
   MSNAP_ENV_SIM_DEVICES,               /* MEMSNAP_SIM_DEVICES              */
   MSNAP_ENV_SIM_MEMORY,                /* MEMSNAP_SIM_MEMORY               */
+  MSNAP_ENV_SIM_HOST_BACKED,           /* MEMSNAP_SIM_HOST_BACKED          */
   MSNAP_ENV_ACL_LIBRARY,               /* MEMSNAP_ACL_LIBRARY              */
   MSNAP_ENV_CUDA_LIBRARY,              /* MEMSNAP_CUDA_LIBRARY             */
   MSNAP_ENV_CUDA_DRIVER_LIBRARY,       /* MEMSNAP_CUDA_DRIVER_LIBRARY      */
@@ -87,6 +88,14 @@ typedef enum msnap_env_e {
   MSNAP_ENV_NO_NPU_MEMORY_CACHING,     /* PYTORCH_NO_NPU_MEMORY_CACHING    */
   MSNAP_ENV_OOM_SNAPSHOT_ENABLE,       /* OOM_SNAPSHOT_ENABLE              */
   MSNAP_ENV_OOM_SNAPSHOT_PATH,         /* OOM_SNAPSHOT_PATH                */
+  MSNAP_ENV_SIM_SOC_NAME,              /* MEMSNAP_SIM_SOC_NAME             */
+  MSNAP_ENV_SIM_CANN_VERSION,          /* MEMSNAP_SIM_CANN_VERSION         */
+  MSNAP_ENV_WORKSPACE_VIEW,            /* MEMSNAP_WORKSPACE_VIEW           */
+  MSNAP_ENV_USAGE_REPORT,              /* MEMSNAP_USAGE_REPORT             */
+  MSNAP_ENV_NVML_LIBRARY,              /* MEMSNAP_NVML_LIBRARY             */
+  MSNAP_ENV_INPUT_LIMIT,               /* MEMSNAP_INPUT_LIMIT              */
+  MSNAP_ENV_ZLIB_LIBRARY,              /* MEMSNAP_ZLIB_LIBRARY             */
+  MSNAP_ENV_ZSTD_LIBRARY,              /* MEMSNAP_ZSTD_LIBRARY             */
   MSNAP_ENV_COUNT
 } msnap_env_t;
 /* The raw value (NULL when unset); read on every call. */
@@ -120,9 +129,19 @@ uint64_t msnap__env_parse_size_min(const char *name, const char *value,
 #define MSNAP_SIM_MAX_DEVICES 64
 /* PYTORCH_NO_{NPU,CUDA}_MEMORY_CACHING of the profile: exactly "1". */
 bool msnap__env_no_caching(msnap_profile_t profile);
+/* A 0/1 switch (MEMSNAP_SIM_HOST_BACKED); bad values warn once. */
+bool msnap__env_bool(msnap_env_t var, bool dflt);
+/* Fork safety: the warned-once lock (alloc/fork.c). */
+void msnap__env_atfork(int phase);
+/* Fork safety: the calibration lock (clock.c). */
+void msnap__clock_atfork(int phase);
 /* OOM_SNAPSHOT_ENABLE as torch_npu parses it (strtol; unset, "" or "0":
  * 0; non-numeric: 0 with a warning; "2": 2 (state); other numbers: 1). */
 int msnap__env_oom_snapshot_mode(void);
+/* A word from `choices` (NULL-terminated, case-insensitive): its index;
+ * unset or "" gives dflt; another value warns once and gives dflt
+ * (MEMSNAP_USAGE_REPORT, MEMSNAP_WORKSPACE_VIEW). */
+int msnap__env_choice(msnap_env_t var, const char *const *choices, int dflt);
 
 /* ---- clock.c: time stamps ----------------------------------------------- */
 /* Raw cycle counter (rdtsc / cntvct_el0 / clock_gettime fallback). */
@@ -240,6 +259,21 @@ static inline void msnap__mutex_unlock(pthread_mutex_t *m,
                                        msnap_rank_t rank) {
   pthread_mutex_unlock(m);
   if (msnap_debug_level >= 1) msnap__rank_release(rank, 0);
+}
+
+/* ---- fork safety (the handlers live in alloc/fork.c) --------------------- */
+/* Phases of a fork.  PREPARE takes a module's locks, PARENT and CHILD
+ * release them: the child's only thread is the one that forked and still
+ * owns them.  Each module exposes one hook for its locks; alloc/fork.c
+ * calls them in lock-rank order.  Raw pthread calls: the rank checker
+ * would (rightly) object to one thread holding every lock at once, which
+ * only the fork handlers ever do. */
+enum { MSNAP_FORK_PREPARE = 0, MSNAP_FORK_PARENT = 1, MSNAP_FORK_CHILD = 2 };
+static inline void msnap__fork_mutex(pthread_mutex_t *m, int phase) {
+  if (phase == MSNAP_FORK_PREPARE)
+    pthread_mutex_lock(m);
+  else
+    pthread_mutex_unlock(m);
 }
 
 #endif /* MSNAP_BASE_H */

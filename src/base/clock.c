@@ -211,3 +211,5 @@ int msnap__clock_check(char *msg, size_t len) {
   }
   return 0;
 }
+
+void msnap__clock_atfork(int phase) { msnap__fork_mutex(&clock_lock, phase); }

@@ -7,11 +7,16 @@
  * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
  * MEMSNAP_SIM_DEVICES  a device count, a plain decimal number in [1, 64]
  *                      (msnap__env_count).
- * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option:
+ * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option
+ * (MEMSNAP_INPUT_LIMIT: the most bytes the snapshot reader takes from a
+ *                      pipe, a FIFO or a decompressor; default 8G):
  *                      a decimal number with an optional binary suffix
  *                      K, M, G or T (optionally followed by "B" or "iB",
  *                      any case): "64G" = 64 GiB.  Values that overflow
  *                      64 bits are clamped to UINT64_MAX.
+ * MEMSNAP_SIM_HOST_BACKED  "1": the sim runtime's device memory is real
+ *                      host memory (runtime_sim.c); "0" or unset: address
+ *                      ranges only (msnap__env_bool).
  * PYTORCH_NO_NPU_MEMORY_CACHING / PYTORCH_NO_CUDA_MEMORY_CACHING
  *                      only exactly "1" is true and "0" false (PyTorch's
  *                      check_env); anything else warns and counts as unset.
@@ -19,7 +24,9 @@
  *                      non-numeric off with a warning; "2" history "state";
  *                      any other number full history (api/oom_dump.c).
  * The others (library paths, unwinder, clock, alloc-conf strings, the OOM
- * dump directory) are read as text by the file named in the table.
+ * dump directory, the sim's SoC name and CANN version, the workspace view
+ * and usage-report choices) are read as text by the file named in the
+ * table.
  *
  * A bad value never fails: it prints one warning on stderr (once per
  * variable per process) and the default is used.  The environment is read
@@ -50,6 +57,8 @@ static const struct {
     [MSNAP_ENV_RUNTIME] = {"MEMSNAP_RUNTIME", "alloc/create.c: runtime"},
     [MSNAP_ENV_SIM_DEVICES] = {"MEMSNAP_SIM_DEVICES",
                                "runtime/sim.c: device count"},
+    [MSNAP_ENV_SIM_HOST_BACKED] = {"MEMSNAP_SIM_HOST_BACKED",
+                                   "runtime/sim.c: host-backed memory"},
     [MSNAP_ENV_SIM_MEMORY] = {"MEMSNAP_SIM_MEMORY",
                               "runtime/sim.c: bytes per device"},
     [MSNAP_ENV_ACL_LIBRARY] = {"MEMSNAP_ACL_LIBRARY",
@@ -78,6 +87,24 @@ static const struct {
                                        "api/oom_dump.c: automatic dump"},
     [MSNAP_ENV_OOM_SNAPSHOT_PATH] = {"OOM_SNAPSHOT_PATH",
                                      "api/oom_dump.c: dump directory"},
+    [MSNAP_ENV_SIM_SOC_NAME] = {"MEMSNAP_SIM_SOC_NAME",
+                                "runtime/sim.c: SoC name the sim reports"},
+    [MSNAP_ENV_SIM_CANN_VERSION] = {"MEMSNAP_SIM_CANN_VERSION",
+                                    "runtime/sim.c: CANN version the sim "
+                                    "reports"},
+    [MSNAP_ENV_WORKSPACE_VIEW] = {"MEMSNAP_WORKSPACE_VIEW",
+                                  "api/snapshot.c: workspace in snapshots"},
+    [MSNAP_ENV_USAGE_REPORT] = {"MEMSNAP_USAGE_REPORT",
+                                "api/usage.c: usage CSV on dumps"},
+    [MSNAP_ENV_NVML_LIBRARY] = {"MEMSNAP_NVML_LIBRARY",
+                                "runtime/cuda.c: libnvidia-ml.so path"},
+    [MSNAP_ENV_INPUT_LIMIT] = {"MEMSNAP_INPUT_LIMIT",
+                               "model/snapshot_read.c: most bytes read "
+                               "from a stream or decompressed (a size)"},
+    [MSNAP_ENV_ZLIB_LIBRARY] = {"MEMSNAP_ZLIB_LIBRARY",
+                                "base/source.c: zlib for gzip input"},
+    [MSNAP_ENV_ZSTD_LIBRARY] = {"MEMSNAP_ZSTD_LIBRARY",
+                                "base/source.c: libzstd for zstd input"},
 };
 
 const char *msnap__env_name(msnap_env_t var) {
@@ -245,6 +272,24 @@ uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min) {
                                    dflt, min);
 }
 
+/*
+ * A switch: exactly "1" is true and "0" false; unset or empty gives dflt;
+ * anything else warns once, naming the variable, and gives dflt.
+ */
+bool msnap__env_bool(msnap_env_t var, bool dflt) {
+  const char *v = msnap__env_get(var);
+  const char *name = msnap__env_name(var);
+  if (v == NULL || *v == '\0') return dflt;
+  if (strcmp(v, "1") == 0) return true;
+  if (strcmp(v, "0") == 0) return false;
+  if (first_warning(name))
+    fprintf(stderr,
+            "memsnap: warning: ignoring invalid %s '%s' (expected 0 or 1); "
+            "using %d\n",
+            name, v, dflt ? 1 : 0);
+  return dflt;
+}
+
 bool msnap__env_no_caching(msnap_profile_t profile) {
   msnap_env_t var = profile == MSNAP_PROFILE_CUDA
                         ? MSNAP_ENV_NO_CUDA_MEMORY_CACHING
@@ -278,4 +323,25 @@ int msnap__env_oom_snapshot_mode(void) {
     return 0;
   }
   return v == 0 ? 0 : (v == 2 ? 2 : 1);
+}
+
+void msnap__env_atfork(int phase) { msnap__fork_mutex(&warn_lock, phase); }
+
+/* One of a fixed set of words (case-insensitive): its index; unset or ""
+ * gives dflt; anything else warns once (naming the accepted words) and
+ * gives dflt.  `choices` ends with NULL. */
+int msnap__env_choice(msnap_env_t var, const char *const *choices, int dflt) {
+  const char *v = msnap__env_get(var);
+  if (v == NULL || *v == '\0') return dflt;
+  int n = 0;
+  for (; choices[n] != NULL; n++)
+    if (strcasecmp(v, choices[n]) == 0) return n;
+  const char *name = msnap__env_name(var);
+  if (first_warning(name)) {
+    fprintf(stderr, "memsnap: warning: %s='%s' is not one of", name, v);
+    for (int i = 0; i < n; i++)
+      fprintf(stderr, "%s %s", i ? "," : "", choices[i]);
+    fprintf(stderr, "; using %s\n", choices[dflt]);
+  }
+  return dflt;
 }

@@ -11,22 +11,29 @@
  * The fast path of msnap__sink_write is one memcpy into buf; writes larger
  * than the buffer go straight to the backend after a flush.
  *
- * Atomic files: msnap__atomic_open creates "<path>.tmp.<pid>.<n>" next to
- * the target (same file system, so rename(2) is atomic);
- * msnap__atomic_commit fsyncs, closes and renames it over the target;
- * msnap__atomic_abort closes and unlinks it.  A failed commit also removes
- * the temporary, so no partial file is ever left at `path`.  A symlink
- * target is resolved first (the link survives, the file it names is
- * replaced); a device or FIFO target is written directly (never replaced);
- * a directory target is refused.
+ * Atomic files: msnap__atomic_open resolves the path under the kernel's
+ * protected_symlinks rule (outpath.c: a link planted by another user in a
+ * sticky world-writable directory is never followed), removes the
+ * temporaries that dead processes left in the target's directory, and
+ * creates "<name>.tmp.<tag>.<pid>.<n>" there (same file system, so
+ * renameat(2) is atomic) with the permission bits of the file it will
+ * replace; msnap__atomic_commit fsyncs, closes and renames it over the
+ * target; msnap__atomic_abort closes and unlinks it.  Every step after the
+ * resolution works on the directory's descriptor.  A failed commit also
+ * removes the temporary, so no partial file is ever left at `path`.  A
+ * symlink that may be followed is (the link survives, the file it names is
+ * replaced); a device, FIFO, socket or a descriptor named through /proc
+ * (/dev/stdout) is written directly (never replaced); a directory target
+ * is refused.
  *
  * An atomic sink (msnap__atomic_sink_open/close) is a buffered sink over
  * an atomic file; every dump and report of the library is written through
  * one.  It starts the writeback of the temporary every 8 MiB
  * (sync_file_range, no waiting), so that the commit's fsync waits for the
- * last part only.  The fault hook (msnap__dump_set_fault, tests) makes every atomic
- * sink opened afterwards fail with a chosen error once a number of bytes
- * were written, after really writing the part below the limit.
+ * last part only; a direct target (device, FIFO, /dev/stdout) is written
+ * as is.  The fault hook (msnap__dump_set_fault, tests) makes every
+ * atomic sink opened afterwards fail with a chosen error once a number of
+ * bytes were written, after really writing the part below the limit.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -176,143 +183,141 @@ int msnap__sink_init_cb(msnap_sink_t *s,
 
 static atomic_uint atomic_counter;
 
+/* The temporary's name keeps at most this much of the target's name, so
+ * that "<name>.tmp.<tag>.<pid>.<n>" fits NAME_MAX. */
+#define TMP_NAME_KEEP 200
+
 /*
- * Decide where the bytes for `path` go.  A symlink is followed (the
- * temporary and the rename happen next to the file it names, so the link
- * itself survives); a dangling link, a directory or an unreadable parent
- * is refused with a message naming `path`.  A device, FIFO or socket
- * target is opened for writing directly (f->direct): there is nothing to
- * replace atomically, and renaming over /dev/null would destroy it.
- * Returns 1 when *f is ready (direct), 0 to go on with a temporary at
- * *target (malloc'ed), or a negative error.
+ * Open the target of a resolved path that is not replaced through a
+ * temporary: a device, FIFO or socket (f->direct).  A FIFO or socket that
+ * another user left in a sticky world-writable directory is refused (the
+ * link rule, see outpath.c).  Returns 0 or a negative error.
  */
-static int atomic_classify(msnap_atomic_file_t *f, const char *path,
-                           char **target) {
-  struct stat st;
-  *target = NULL;
-  if (lstat(path, &st) != 0) {
-    if (errno == ENOENT) {
-      *target = strdup(path);
-      return *target ? 0 : MSNAP_ENOMEM;
-    }
-    int e = errno;
-    return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s",
-                                  path, strerror(e));
-  }
-  char *real = NULL;
-  if (S_ISLNK(st.st_mode)) {
-    real = realpath(path, NULL);
-    if (!real) {
-      int e = errno;
-      if (e == ENOENT)
-        return msnap__set_error_errno(
-            MSNAP_EIO, e, "cannot write '%s': it is a dangling symlink", path);
-      return msnap__set_error_errno(sink_errno(e), e,
-                                    "cannot resolve symlink '%s': %s", path,
-                                    strerror(e));
-    }
-    if (stat(real, &st) != 0) {
-      int e = errno;
-      free(real);
-      return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s",
-                                    path, strerror(e));
-    }
-  }
-  if (S_ISDIR(st.st_mode)) {
-    free(real);
-    return msnap__set_error_errno(MSNAP_EIO, EISDIR,
-                                  "cannot write '%s': it is a directory",
-                                  path);
-  }
-  if (S_ISREG(st.st_mode)) {
-    *target = real ? real : strdup(path);
-    return *target ? 0 : MSNAP_ENOMEM;
-  }
-  /* Character/block device, FIFO, socket: write straight to it. */
-  const char *open_path = real ? real : path;
-  int fd = open(open_path, O_WRONLY | O_CLOEXEC);
+static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
+  if ((S_ISFIFO(o->st.st_mode) || S_ISSOCK(o->st.st_mode)) &&
+      msnap__link_protected(&o->dir, &o->st))
+    return msnap__set_error_errno(
+        MSNAP_EIO, EACCES,
+        "cannot write '%s': it is a %s of uid %ld in a sticky "
+        "world-writable directory owned by uid %ld; not writing into it",
+        o->shown, S_ISFIFO(o->st.st_mode) ? "FIFO" : "socket",
+        (long)o->st.st_uid, (long)o->dir.st_uid);
+  int fd = openat(o->dirfd, o->name,
+                  O_WRONLY | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    free(real);
     return msnap__set_error_errno(sink_errno(e), e, "cannot open '%s': %s",
-                                  path, strerror(e));
+                                  o->shown, strerror(e));
   }
   f->fd = fd;
-  f->direct = 1;
-  f->path = real ? real : strdup(path);
-  if (!f->path) {
-    close(fd);
-    f->fd = -1;
-    return MSNAP_ENOMEM;
-  }
-  return 1;
+  return 0;
 }
 
 /*
- * Create the temporary next to `path` (or open a non-regular target
- * directly, see atomic_classify).  On failure *f is left closed (fd -1, no
- * names), nothing is created and the last error names `path` with the
- * system's reason (msnap_last_errno() keeps the errno).
+ * Create the temporary next to the target (or open a non-regular target
+ * directly).  On failure *f is left closed (fd -1, no names), nothing is
+ * created and the last error names `path` with the system's reason
+ * (msnap_last_errno() keeps the errno).
  */
 int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
-  f->fd = -1;
+  f->fd = f->dirfd = -1;
   f->direct = 0;
-  f->tmp_path = f->path = NULL;
-  if (!path || !*path)
-    return msnap__set_error(MSNAP_EINVAL, "output path is empty");
-  char *dst = NULL;
-  int rc = atomic_classify(f, path, &dst);
-  if (rc < 0) return rc;
-  if (rc == 1) return 0;
-  size_t n = strlen(dst) + 64;
-  char *tmp = malloc(n);
-  if (!tmp) {
-    free(dst);
-    return MSNAP_ENOMEM;
+  f->tmp_name = f->name = f->path = NULL;
+  msnap_outpath_t o;
+  int rc = msnap__outpath_resolve(&o, path);
+  if (rc != 0) return rc;
+  if (o.fd >= 0) { /* a descriptor named through /proc (/dev/stdout) */
+    f->fd = o.fd;
+    f->direct = 1;
+    f->path = o.shown;
+    o.fd = -1;
+    o.shown = NULL;
+    msnap__outpath_release(&o);
+    return 0;
   }
+  if (o.exists && S_ISDIR(o.st.st_mode)) {
+    rc = msnap__set_error_errno(MSNAP_EIO, EISDIR,
+                                "cannot write '%s': it is a directory", path);
+    msnap__outpath_release(&o);
+    return rc;
+  }
+  if (o.exists && !S_ISREG(o.st.st_mode)) {
+    rc = atomic_open_direct(f, &o);
+    if (rc == 0) {
+      f->direct = 1;
+      f->path = o.shown;
+      o.shown = NULL;
+    }
+    msnap__outpath_release(&o);
+    return rc;
+  }
+  msnap__tmp_clean(o.dirfd);
+  /* A replaced file keeps its permission bits (and, where allowed, its
+   * owner); a new one gets 0666 less the umask, as open(2) gives. */
+  mode_t mode = o.exists ? (o.st.st_mode & 0777) : 0666;
+  char tmp[TMP_NAME_KEEP + 64];
   for (int tries = 0; tries < 100; tries++) {
     unsigned k = atomic_fetch_add(&atomic_counter, 1u);
-    snprintf(tmp, n, "%s.tmp.%ld.%u", dst, (long)getpid(), k);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    snprintf(tmp, sizeof tmp, "%.*s.tmp.%s.%ld.%u", TMP_NAME_KEEP, o.name,
+             msnap__tmp_tag(), (long)getpid(), k);
+    int fd = openat(o.dirfd, tmp,
+                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                    mode);
     if (fd >= 0) {
+      if (o.exists) {
+        /* fchown fails unless allowed (root, or a group of ours): then
+         * the file is ours; fchmod of our own new file cannot fail. */
+        if (o.st.st_uid != geteuid() || o.st.st_gid != getegid())
+          (void)!fchown(fd, o.st.st_uid, o.st.st_gid);
+        (void)!fchmod(fd, mode);
+      }
       f->fd = fd;
-      f->tmp_path = tmp;
-      f->path = dst;
+      f->dirfd = o.dirfd;
+      f->tmp_name = strdup(tmp);
+      f->name = o.name;
+      f->path = o.shown;
+      o.dirfd = -1;
+      o.name = o.shown = NULL;
+      msnap__outpath_release(&o);
+      if (!f->tmp_name) {
+        msnap__atomic_abort(f);
+        return MSNAP_ENOMEM;
+      }
       return 0;
     }
     if (errno != EEXIST) {
       int e = errno;
-      free(tmp);
-      free(dst);
       int code = e == ENOMEM ? MSNAP_EIO : sink_errno(e);
+      msnap__outpath_release(&o);
       return msnap__set_error_errno(code, e,
                                     "cannot create a temporary file next to "
                                     "'%s': %s", path, strerror(e));
     }
   }
-  free(tmp);
-  free(dst);
+  msnap__outpath_release(&o);
   return msnap__set_error_errno(MSNAP_EIO, EEXIST,
                                 "cannot create a temporary file next to "
                                 "'%s': 100 names taken", path);
 }
 
 static void atomic_release(msnap_atomic_file_t *f) {
-  free(f->tmp_path);
+  if (f->dirfd >= 0) close(f->dirfd);
+  free(f->tmp_name);
+  free(f->name);
   free(f->path);
-  f->tmp_path = f->path = NULL;
-  f->fd = -1;
+  f->tmp_name = f->name = f->path = NULL;
+  f->fd = f->dirfd = -1;
   f->direct = 0;
 }
 
 /*
- * fsync + close + rename over the target (a direct target: fsync where the
- * device supports it + close).  On any failure the temporary is removed
- * and the error returned (MSNAP_ENOSPC for a full disk) with the system's
- * reason and the path in the last error.
+ * fsync + close + renameat over the target (a direct target: fsync where
+ * the device supports it + close).  On any failure the temporary is
+ * removed and the error returned (MSNAP_ENOSPC for a full disk) with the
+ * system's reason and the path in the last error.
  */
 int msnap__atomic_commit(msnap_atomic_file_t *f) {
-  if (f->fd < 0 || (!f->tmp_path && !f->direct)) return MSNAP_EINVAL;
+  if (f->fd < 0 || (!f->tmp_name && !f->direct)) return MSNAP_EINVAL;
   int rc = 0;
   if (fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS &&
       errno != ENOTSUP && errno != ESPIPE)
@@ -324,18 +329,19 @@ int msnap__atomic_commit(msnap_atomic_file_t *f) {
                                 "cannot close '%s': %s", f->path,
                                 strerror(errno));
   f->fd = -1;
-  if (rc == 0 && !f->direct && rename(f->tmp_path, f->path) != 0)
+  if (rc == 0 && !f->direct &&
+      renameat(f->dirfd, f->tmp_name, f->dirfd, f->name) != 0)
     rc = msnap__set_error_errno(sink_errno(errno), errno,
                                 "cannot rename the temporary file to '%s': "
                                 "%s", f->path, strerror(errno));
-  if (rc != 0 && f->tmp_path) unlink(f->tmp_path);
+  if (rc != 0 && f->tmp_name) unlinkat(f->dirfd, f->tmp_name, 0);
   atomic_release(f);
   return rc;
 }
 
 void msnap__atomic_abort(msnap_atomic_file_t *f) {
   if (f->fd >= 0) close(f->fd);
-  if (f->tmp_path) unlink(f->tmp_path);
+  if (f->tmp_name) unlinkat(f->dirfd, f->tmp_name, 0);
   atomic_release(f);
 }
 
@@ -428,6 +434,12 @@ int msnap__atomic_sink_close(msnap_atomic_sink_t *as, int rc) {
   }
   rc = msnap__atomic_commit(f);
   return rc; /* the last error names path and the system's reason */
+}
+
+int msnap_write_file(const char *path, const void *data, size_t len) {
+  if (path == NULL || (data == NULL && len > 0))
+    return msnap__set_error(MSNAP_EINVAL, "write_file: NULL argument");
+  return msnap__write_file_atomic(path, data, len);
 }
 
 int msnap__write_file_atomic(const char *path, const void *p, size_t len) {

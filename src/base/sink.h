@@ -11,8 +11,10 @@
 #define MSNAP_SINK_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 typedef struct msnap_sink_s {
   /* Backend: write len bytes; return 0 or a negative MSNAP_E* code. */
@@ -47,17 +49,61 @@ int msnap__sink_init_cb(msnap_sink_t *s,
                         int (*write_cb)(void *, const void *, size_t),
                         void *opaque);
 
-/* Atomic file output: open "<path>.tmp.<pid>.<n>" in the same directory;
- * commit = fsync + rename over path; abort = unlink the temporary.  A
- * symlink path is resolved first; a device/FIFO path is written directly
- * (direct = 1, tmp_path NULL, nothing renamed); a directory is refused.
- * Failures set the last error with the path and strerror (and
- * msnap_last_errno()). */
+/* ---- outpath.c: where an output path leads (the link rule) ------------ */
+/* The target of an output path, resolved on directory descriptors under
+ * the kernel's protected_symlinks rule (outpath.c says it in full):
+ * either fd >= 0 (an open descriptor named through /proc, e.g.
+ * /dev/stdout: write there) or the directory dirfd (O_PATH) holding
+ * `name` (one component).  `exists`: `st` is the lstat of name (never a
+ * link); `dir` is the fstat of dirfd.  `shown` is the path for messages:
+ * the caller's, or the resolved one once a link was followed. */
+typedef struct msnap_outpath_s {
+  int dirfd, fd;
+  char *name, *shown;
+  bool exists;
+  struct stat st, dir;
+} msnap_outpath_t;
+/* 0, or an error naming path (a refused link: MSNAP_EIO with errno EACCES;
+ * every system error keeps its errno in msnap_last_errno()). */
+int msnap__outpath_resolve(msnap_outpath_t *o, const char *path);
+void msnap__outpath_release(msnap_outpath_t *o);
+/* The invariants of a resolved target; MSNAP_ESTATE and msg if broken. */
+int msnap__outpath_check(const msnap_outpath_t *o, char *msg, size_t len);
+/* The rule: true when `entry` (a link, FIFO or socket) lies in the sticky
+ * world-writable directory `dir` and belongs neither to the effective user
+ * nor to the directory's owner -- it must not be followed or written. */
+bool msnap__link_protected(const struct stat *dir, const struct stat *entry);
+/* "<dir>/<stem><ext>", or "<dir>/<stem>_<n><ext>" when taken (n < 10000),
+ * created empty with O_CREAT | O_EXCL | O_NOFOLLOW: the name is the
+ * caller's (no check-then-open window; an existing file or link is never
+ * reused).  Returns it (free()), or NULL with the last error set.  Write
+ * the content over it with an atomic file; after a failure
+ * msnap__name_unreserve removes it if it is still the empty file of ours. */
+char *msnap__name_reserve(const char *dir, const char *stem, const char *ext);
+void msnap__name_unreserve(const char *path);
+/* 12 hex digits naming this host and pid namespace; temporaries are
+ * "<name>.tmp.<tag>.<pid>.<n>". */
+const char *msnap__tmp_tag(void);
+/* Remove the temporaries in dirfd that dead processes of this host and
+ * pid namespace left (this tag, a pid that is gone, a regular file of the
+ * effective user); returns how many. */
+int msnap__tmp_clean(int dirfd);
+
+/* Atomic file output: the path is resolved (msnap__outpath_resolve); a
+ * regular or new target gets "<name>.tmp.<tag>.<pid>.<n>" in its
+ * directory (temporaries of dead processes there are removed first), with
+ * the replaced file's permission bits; commit = fsync + renameat over
+ * name; abort = unlink the temporary.  A device, FIFO or socket, or a
+ * descriptor named through /proc, is written directly (direct = 1, no
+ * temporary); a directory is refused.  Failures set the last error with
+ * the path and strerror (and msnap_last_errno()). */
 typedef struct msnap_atomic_file_s {
   int fd;
-  char *tmp_path;
-  char *path;  /* the resolved target */
-  int direct;  /* 1: fd is the target itself (device, FIFO) */
+  int dirfd;       /* the target's directory (-1 when direct) */
+  char *tmp_name;  /* the temporary in dirfd */
+  char *name;      /* the target in dirfd */
+  char *path;      /* the target for messages */
+  int direct;      /* 1: fd is the target itself (device, FIFO, pipe) */
 } msnap_atomic_file_t;
 int msnap__atomic_open(msnap_atomic_file_t *f, const char *path);
 int msnap__atomic_commit(msnap_atomic_file_t *f);

@@ -24,6 +24,7 @@
 
 #include "base/base.h"
 #include "base/sink.h"
+#include "base/source.h"
 #include "model/snapshot.h"
 
 /* ---- snapshot.c helpers shared by the snapshot files --------------------- */
@@ -200,30 +201,75 @@ typedef enum msnap_pint_e {
   MSNAP_PINT_BIG   /* does not fit 64 bits (kept as bytes)       */
 } msnap_pint_t;
 
+/* The items of a finished container as a consumer sees them: an array,
+ * or (a list kept as a range) consecutive REC values from `first`. */
+typedef struct msnap_pitems_s {
+  const msnap_pv_t *v;
+  msnap_pv_t first;
+  uint32_t n;
+  bool range;
+} msnap_pitems_t;
+static inline msnap_pv_t msnap__pitem(const msnap_pitems_t *it, uint32_t i) {
+  return it->range ? it->first + ((uint64_t)i << 3) : it->v[i];
+}
+
 struct msnap_pvm_s;
 typedef struct msnap_pvm_s msnap_pvm_t;
-/* Called when the container value *v is stored into another container or
- * becomes the result.  May replace *v (then the VM frees the container and
- * points its memo slot at the replacement).  Returns 0 or an error set with
- * msnap__pvm_fail. */
+/* Called when a container of `kind` (msnap_pobj_kind_t) with these items
+ * is stored into another container or becomes the result.  It may set
+ * *out (0 on entry) to a value that replaces the container (the VM then
+ * frees it and points its memo slot at *out).  Returns 0 or an error set
+ * with msnap__pvm_fail.  It must be a function of the items alone: the
+ * fast path (below) calls it for the same containers in the same order
+ * as the generic interpreter would. */
 typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
-                                     msnap_pv_t *v);
+                                     unsigned kind,
+                                     const msnap_pitems_t *items,
+                                     msnap_pv_t *out);
+
+/*
+ * The fast path.  At a MARK over a list whose next opcode starts a dict,
+ * the VM tries to decode the whole APPENDS batch in one go: dicts, lists
+ * and (int, int) tuples nested up to MSNAP_PVM_FAST_DEPTH levels, whose
+ * leaves are ints, floats, None, bools, strings and memo references to
+ * non-containers -- the shape of every trace entry, frame, block and
+ * segment.  Each container is handed to the complete callback when it
+ * closes, and must come back as a record; the records are appended to the
+ * list.  Anything else (an opcode outside that subset, a container the
+ * consumer keeps generic, a memo reference to an open container, an
+ * error) rolls the batch back -- the VM's memo writes and, through the
+ * checkpoint hooks, what the consumer appended -- and the generic
+ * interpreter executes the same bytes.  Conversions happen in the same
+ * order either way, so the model is the same (tests compare both).
+ */
+#define MSNAP_PVM_FAST_DEPTH 8
+#define MSNAP_PVM_SAVE_WORDS 8
+void msnap__pvm_set_checkpoint(
+    msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
+    void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]));
+/* Tests: false runs the generic interpreter only. */
+void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on);
+/* Batches the fast path decoded, and rolled back, so far. */
+void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
+                           uint64_t *rolled_back);
 
 #define MSNAP_PICKLE_MAX_DEPTH 1000
 
 msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
                             void *ctx);
 void msnap__pvm_free(msnap_pvm_t *vm);
-/* Run the pickle in buf[0..len) up to STOP; *result gets the root value.
- * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM with
- * err filled ("offset N: <what> (while <phase>)").  release_cb, if set,
- * is called now and then with the number of bytes consumed (read_file
- * drops consumed pages). */
+/* Run the pickle of src up to STOP; *result gets the root value.
+ * Errors: MSNAP_EFORMAT, MSNAP_EUNSAFE, MSNAP_ELIMIT, MSNAP_ENOMEM (and
+ * the source's MSNAP_EIO) with err filled ("offset N: <what> (while
+ * <phase>)").  Consumed pages of a mapped source are dropped as it goes
+ * (msnap__source_progress). */
+int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
+                          msnap_pv_t *result, msnap_read_error_t *err);
+/* The same over buf[0..len). */
 int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
                    msnap_pv_t *result, msnap_read_error_t *err);
-void msnap__pvm_set_progress(msnap_pvm_t *vm,
-                             void (*cb)(void *ctx, size_t consumed),
-                             void *ctx);
+/* Stream offset of the opcode being executed (of STOP after a run). */
+uint64_t msnap__pvm_offset(const msnap_pvm_t *vm);
 /* Record an error at the current opcode; returns rc. */
 int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -247,6 +293,17 @@ void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
                            int (*cb)(void *ctx, msnap_pv_t v,
                                      msnap_gv_t *out));
 int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out);
+
+/* ---- identify.c: what a file is when it is not a snapshot ------------------ */
+/* From the first bytes, before parsing: zip (torch.save), legacy
+ * torch.save, xz/bzip2/lz4, ELF, PNG, PDF, HTML, SVG/XML, JSON.  Fills out
+ * with "not a pickle: this is ..." and *at with the offset meant. */
+bool msnap__identify_head(const unsigned char *p, size_t n, char *out,
+                          size_t len, size_t *at);
+/* After an early reader failure: text ("this looks like a text file (it
+ * begins "...")"). */
+bool msnap__identify_text(const unsigned char *p, size_t n, char *out,
+                          size_t len);
 
 /* The little-endian two's-complement bytes of an integer classified
  * MSNAP_PINT_BIG (NULL for other values). */

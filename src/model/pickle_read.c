@@ -29,9 +29,11 @@
  * bits).  Wider LONG/LONG1/LONG4 values are kept as their two's-complement
  * bytes (MSNAP_PINT_BIG); consumers that need a 64-bit number refuse them
  * with an error (snapshot_read.c does); msnap__pvm_big hands out their
- * bytes (the tests' canonical dump, tests/pickle/canon.c, prints them).  Strings are taken as UTF-8 without validation (text opcodes are
- * decoded: STRING/BINSTRING as ASCII with Python escapes, UNICODE as
- * raw-unicode-escape).
+ * bytes (the tests' canonical dump, tests/pickle/canon.c, prints them).
+ * Text is interned under the model's UTF-8 policy (invalid bytes and
+ * encoded surrogates become U+FFFD, msnap__snap_intern); bytes objects are
+ * kept as they are.  Text opcodes are decoded: STRING and BINSTRING as
+ * ASCII with Python escapes, UNICODE as raw-unicode-escape.
  *
  * Errors read "offset N: <what> (while <phase>)", N being the offset of the
  * opcode being executed.
@@ -47,7 +49,7 @@
 #define OBJ_INDEX_MASK ((1u << OBJ_INDEX_BITS) - 1)
 #define INLINE_MIN (-(INT64_C(1) << 60))
 #define INLINE_MAX ((INT64_C(1) << 60) - 1)
-#define PROGRESS_STEP (8u << 20)
+#define PROGRESS_STEP (2u << 20)
 
 _Static_assert(sizeof(msnap_pv_t) == 8, "a VM value is one 8-byte word");
 _Static_assert(sizeof(msnap_pobj_t) <= 48, "containers stay small");
@@ -68,13 +70,19 @@ typedef struct box_s {
 } box_t;
 
 enum { OBJF_VISITING = 1, OBJF_MULTI_MEMO = 2 };
+/* A memo slot the fast path assigned to a container it has not closed
+ * yet (never seen by the generic interpreter: resolved or rolled back). */
+#define PV_PENDING MSNAP_PV_MAKE(MSNAP_PV_CONST, 4)
+
+typedef struct fp_undo_s {
+  uint32_t slot;
+  msnap_pv_t old;
+} fp_undo_t;
 
 struct msnap_pvm_s {
   msnap_snap_t *snap;
   msnap_pvm_complete_cb cb;
   void *cb_ctx;
-  void (*progress)(void *ctx, size_t consumed);
-  void *progress_ctx;
   int (*rec_gv)(void *ctx, msnap_pv_t v, msnap_gv_t *out);
 
   msnap_pv_t *stack;
@@ -98,13 +106,22 @@ struct msnap_pvm_s {
   char *scratch;
   size_t scratch_cap;
 
-  const unsigned char *base;
-  size_t len;
+  msnap_source_t *src;
   size_t op_off;
   unsigned op;
   const char *phase;
   msnap_read_error_t *err;
   bool failed;
+
+  /* the fast path (see pickle.h) */
+  bool fast;
+  void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]);
+  void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]);
+  msnap_pv_t *fitems; /* items of the open containers, innermost last */
+  uint32_t nfitems, fitems_cap;
+  fp_undo_t *undo;    /* memo writes of the batch, to roll back */
+  uint32_t nundo, undo_cap;
+  uint64_t fast_done, fast_rolled_back;
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -138,6 +155,8 @@ int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...) {
   return rc;
 }
 
+uint64_t msnap__pvm_offset(const msnap_pvm_t *vm) { return vm->op_off; }
+
 void msnap__pvm_set_phase(msnap_pvm_t *vm, const char *phase) {
   vm->phase = phase;
 }
@@ -155,7 +174,25 @@ msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
   vm->snap = strings;
   vm->cb = cb;
   vm->cb_ctx = ctx;
+  vm->fast = cb != NULL;
   return vm;
+}
+
+void msnap__pvm_set_checkpoint(
+    msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
+    void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS])) {
+  vm->save = save;
+  vm->restore = restore;
+}
+
+void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on) {
+  vm->fast = on && vm->cb != NULL;
+}
+
+void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
+                           uint64_t *rolled_back) {
+  *done = vm->fast_done;
+  *rolled_back = vm->fast_rolled_back;
 }
 
 void msnap__pvm_free(msnap_pvm_t *vm) {
@@ -169,6 +206,8 @@ void msnap__pvm_free(msnap_pvm_t *vm) {
   free(vm->boxes);
   free(vm->big);
   free(vm->scratch);
+  free(vm->fitems);
+  free(vm->undo);
   free(vm);
 }
 
@@ -176,13 +215,6 @@ void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
                            int (*cb)(void *ctx, msnap_pv_t v,
                                      msnap_gv_t *out)) {
   vm->rec_gv = cb;
-}
-
-void msnap__pvm_set_progress(msnap_pvm_t *vm,
-                             void (*cb)(void *ctx, size_t consumed),
-                             void *ctx) {
-  vm->progress = cb;
-  vm->progress_ctx = ctx;
 }
 
 /* ---- values -------------------------------------------------------------- */
@@ -427,13 +459,16 @@ static int complete(msnap_pvm_t *vm, msnap_pv_t *v, uint32_t *depth) {
                            "consumed (a container stored twice)");
   *depth = o->depth;
   if (!vm->cb) return 0;
-  msnap_pv_t old = *v;
+  msnap_pv_t old = *v, out = 0;
+  msnap_pitems_t it = {o->items, o->fwd, o->n,
+                       (o->flags & MSNAP_POBJF_RANGE) != 0};
   const char *phase = vm->phase;
-  int rc = vm->cb(vm->cb_ctx, vm, v);
+  int rc = vm->cb(vm->cb_ctx, vm, o->kind, &it, &out);
   vm->phase = phase;
   if (rc < 0) return rc;
-  if (*v != old) {
-    msnap__pvm_replace(vm, old, *v);
+  if (out) {
+    *v = out;
+    msnap__pvm_replace(vm, old, out);
     *depth = 0;
   }
   return 0;
@@ -593,6 +628,23 @@ static int build_from(msnap_pvm_t *vm, uint8_t kind, uint32_t first) {
 
 /* ---- memo ---------------------------------------------------------------- */
 
+/* Memo slots up to idx exist (new ones are holes); false on ENOMEM. */
+static bool memo_reserve(msnap_pvm_t *vm, uint64_t idx) {
+  if (idx >= vm->memo_cap) {
+    uint32_t old = vm->memo_cap;
+    uint32_t extra = (uint32_t)(idx + 1 - old);
+    if (extra < old / 2) extra = old / 2;
+    if (extra < 64) extra = 64;
+    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
+                    sizeof *vm->memo) < 0)
+      return false;
+  }
+  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
+  for (; vm->memo_len <= idx; vm->memo_len++)
+    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
+  return true;
+}
+
 static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
   msnap_pv_t *t = 0;
   int rc = top(vm, &t);
@@ -602,18 +654,7 @@ static int memo_put(msnap_pvm_t *vm, uint64_t idx) {
                            "memo index %llu is beyond what %zu bytes of "
                            "input can define",
                            (unsigned long long)idx, vm->op_off);
-  if (idx >= vm->memo_cap) {
-    uint32_t old = vm->memo_cap;
-    uint32_t extra = (uint32_t)(idx + 1 - old);
-    if (extra < old / 2) extra = old / 2;
-    if (extra < 64) extra = 64;
-    if (msnap__grow((void **)&vm->memo, &vm->memo_cap, old, extra,
-                    sizeof *vm->memo) < 0)
-      return oom(vm);
-  }
-  /* slots [memo_len, memo_cap) are untouched memory (not yet resident) */
-  for (; vm->memo_len <= idx; vm->memo_len++)
-    vm->memo[vm->memo_len] = MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE);
+  if (!memo_reserve(vm, idx)) return oom(vm);
   if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
     vm->memo_count++;
   vm->memo[idx] = *t;
@@ -659,7 +700,10 @@ static int scratch(msnap_pvm_t *vm, size_t n) {
 
 static int push_str(msnap_pvm_t *vm, unsigned tag, const void *p,
                     size_t n) {
-  msnap_str_t id = msnap__snap_intern(vm->snap, p, n);
+  /* text under the model's UTF-8 policy; bytes as they are */
+  msnap_str_t id = tag == MSNAP_PV_STR
+                       ? msnap__snap_intern(vm->snap, p, n)
+                       : msnap__snap_intern_bytes(vm->snap, p, n);
   if (id == 0) return oom(vm);
   return push(vm, MSNAP_PV_MAKE(tag, id));
 }
@@ -885,6 +929,396 @@ static int push_ascii(msnap_pvm_t *vm, const unsigned char *s, size_t n) {
   return push_str(vm, MSNAP_PV_STR, s, n);
 }
 
+/* ---- the fast path (pickle.h) ------------------------------------------ */
+
+static uint64_t le(const unsigned char *p, int n);
+
+typedef struct fp_s {
+  msnap_pvm_t *vm;
+  const unsigned char *q, *end;
+} fp_t;
+
+/* FRAME opcodes sit between any two opcodes: skip them (a declared
+ * length beyond the input is left to the generic interpreter). */
+static inline bool fp_frames(fp_t *f) {
+  while (msnap_unlikely(f->q < f->end && *f->q == MSNAP_OP_FRAME)) {
+    if (f->end - f->q < 9 || le(f->q + 1, 8) > (uint64_t)(f->end - f->q - 9))
+      return false;
+    f->q += 9;
+  }
+  return true;
+}
+
+static bool fp_push(msnap_pvm_t *vm, msnap_pv_t v) {
+  if (msnap_unlikely(vm->nfitems == vm->fitems_cap) &&
+      msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
+                  sizeof *vm->fitems) < 0)
+    return false;
+  vm->fitems[vm->nfitems++] = v;
+  return true;
+}
+
+/* A memo write of the batch (memo_put's effect, logged for rollback). */
+static bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
+                          const unsigned char *at) {
+  msnap_pvm_t *vm = f->vm;
+  if (idx >= UINT32_MAX - 1 ||
+      idx > msnap__source_offset(vm->src, at) + 16)
+    return false;
+  if (!memo_reserve(vm, idx)) return false;
+  if (vm->nundo == vm->undo_cap &&
+      msnap__grow((void **)&vm->undo, &vm->undo_cap, vm->nundo, 64,
+                  sizeof *vm->undo) < 0)
+    return false;
+  vm->undo[vm->nundo++] = (fp_undo_t){(uint32_t)idx, vm->memo[idx]};
+  if (vm->memo[idx] == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+    vm->memo_count++;
+  vm->memo[idx] = v;
+  return true;
+}
+
+/* An optional MEMOIZE / BINPUT / LONG_BINPUT of v.  *slot gets the slot
+ * (UINT32_MAX: none).  false: bail. */
+static bool fp_put(fp_t *f, msnap_pv_t v, uint32_t *slot) {
+  if (!fp_frames(f)) return false;
+  const unsigned char *q = f->q;
+  uint64_t idx;
+  *slot = UINT32_MAX;
+  if (q >= f->end) return true;
+  switch (*q) {
+  case MSNAP_OP_MEMOIZE:
+    idx = f->vm->memo_count;
+    f->q = q + 1;
+    break;
+  case MSNAP_OP_BINPUT:
+    if (f->end - q < 2) return false;
+    idx = q[1];
+    f->q = q + 2;
+    break;
+  case MSNAP_OP_LONG_BINPUT:
+    if (f->end - q < 5) return false;
+    idx = le(q + 1, 4);
+    f->q = q + 5;
+    break;
+  default:
+    return true;
+  }
+  if (!fp_memo_write(f, idx, v, q)) return false;
+  *slot = (uint32_t)idx;
+  return true;
+}
+
+/* Length of the scalar token at q (0: not one the fast path reads). */
+static size_t fp_scalar_len(const unsigned char *q, const unsigned char *end) {
+  if (q >= end) return 0;
+  switch (*q) {
+  case MSNAP_OP_BININT1:
+  case MSNAP_OP_BINGET: return 2;
+  case MSNAP_OP_BININT2: return 3;
+  case MSNAP_OP_BININT:
+  case MSNAP_OP_LONG_BINGET: return 5;
+  case MSNAP_OP_LONG1: return end - q >= 2 ? 2 + (size_t)q[1] : 0;
+  case MSNAP_OP_NONE:
+  case MSNAP_OP_NEWTRUE:
+  case MSNAP_OP_NEWFALSE: return 1;
+  default: return 0;
+  }
+}
+
+static bool fp_value(fp_t *f, int depth);
+static inline int fp_scalar(fp_t *f);
+static bool fp_tuple_tail(fp_t *f);
+
+/* A run of memo references to non-containers (a frame list: every item a
+ * BINGET of a frame record), as long as none starts an (a, b) tuple.
+ * Returns false only when out of memory. */
+static inline bool fp_get_run(fp_t *f) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *q = f->q, *end = f->end;
+  const msnap_pv_t *memo = vm->memo;
+  uint32_t memo_len = vm->memo_len;
+  for (;;) {
+    size_t w;
+    uint64_t idx;
+    if (end - q >= 3 && q[0] == MSNAP_OP_BINGET) {
+      w = 2;
+      idx = q[1];
+    } else if (end - q >= 6 && q[0] == MSNAP_OP_LONG_BINGET) {
+      w = 5;
+      idx = le(q + 1, 4);
+    } else {
+      break;
+    }
+    if (idx >= memo_len) break;
+    msnap_pv_t v = memo[idx];
+    if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
+        v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+      break;
+    /* the next token must not close a tuple with this one */
+    size_t l2 = fp_scalar_len(q + w, end);
+    if (l2 && (size_t)(end - q) > w + l2 && q[w + l2] == MSNAP_OP_TUPLE2)
+      break;
+    if (msnap_unlikely(vm->nfitems == vm->fitems_cap)) {
+      if (msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
+                      sizeof *vm->fitems) < 0)
+        return false;
+    }
+    vm->fitems[vm->nfitems++] = v;
+    q += w;
+  }
+  f->q = q;
+  return true;
+}
+
+/* The container of `kind` whose items are fitems[base..]: the consumer
+ * must turn it into a record (*out), which replaces the items. */
+static bool fp_offer(fp_t *f, unsigned kind, uint32_t base,
+                     msnap_pv_t *out) {
+  msnap_pvm_t *vm = f->vm;
+  /* (no items yet: fitems may still be NULL, and NULL + 0 is undefined) */
+  msnap_pitems_t it = {vm->fitems ? vm->fitems + base : NULL, 0,
+                       vm->nfitems - base, false};
+  const char *phase = vm->phase;
+  *out = 0;
+  int rc = vm->cb(vm->cb_ctx, vm, kind, &it, out);
+  vm->phase = phase;
+  if (rc < 0 || !*out) {
+    /* (an error is found again by the generic interpreter) */
+    vm->failed = false;
+    if (vm->err) vm->err->msg[0] = 0;
+    return false;
+  }
+  vm->nfitems = base;
+  return true;
+}
+
+/* Close a dict or list opened with memo slot `slot` (UINT32_MAX: none). */
+static bool fp_close(fp_t *f, unsigned kind, uint32_t base, uint32_t slot) {
+  msnap_pv_t out;
+  if (!fp_offer(f, kind, base, &out)) return false;
+  if (slot != UINT32_MAX) f->vm->memo[slot] = out; /* was PV_PENDING */
+  return fp_push(f->vm, out);
+}
+
+/* A dict: '}' [put] then MARK (key value)* SETITEMS batches, or one
+ * key value SETITEM. */
+static bool fp_dict(fp_t *f, int depth) {
+  msnap_pvm_t *vm = f->vm;
+  uint32_t slot, base = vm->nfitems;
+  f->q++;
+  if (!fp_put(f, PV_PENDING, &slot) || !fp_frames(f)) return false;
+  bool single = f->q < f->end && *f->q != MSNAP_OP_MARK;
+  do {
+    if (!single) f->q++; /* MARK */
+    for (;;) {
+      if (!fp_frames(f) || f->q >= f->end) return false;
+      unsigned op = *f->q;
+      if (op == (single ? MSNAP_OP_SETITEM : MSNAP_OP_SETITEMS)) break;
+      /* a key: a string */
+      if (fp_scalar(f) <= 0 ||
+          MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR)
+        return false;
+      (void)op;
+      if (!fp_frames(f) || f->q >= f->end) return false;
+      int r = fp_scalar(f);
+      if (r < 0 || (r > 0 ? !fp_tuple_tail(f) : !fp_value(f, depth)))
+        return false;
+      if (single) {
+        if (!fp_frames(f) || f->q >= f->end || *f->q != MSNAP_OP_SETITEM)
+          return false;
+        break;
+      }
+    }
+    f->q++; /* SETITEMS / SETITEM */
+  } while (!single && fp_frames(f) && f->q < f->end &&
+           *f->q == MSNAP_OP_MARK);
+  return fp_close(f, MSNAP_POBJ_DICT, base, slot);
+}
+
+/* A list: ']' [put] then MARK value* APPENDS batches, one dict APPEND,
+ * or nothing (empty). */
+static bool fp_list(fp_t *f, int depth) {
+  msnap_pvm_t *vm = f->vm;
+  uint32_t slot, base = vm->nfitems;
+  f->q++;
+  if (!fp_put(f, PV_PENDING, &slot) || !fp_frames(f)) return false;
+  if (f->q < f->end && *f->q == MSNAP_OP_EMPTY_DICT) {
+    if (!fp_value(f, depth)) return false;
+    if (!fp_frames(f) || f->q >= f->end || *f->q != MSNAP_OP_APPEND)
+      return false;
+    f->q++;
+  } else {
+    while (f->q < f->end && *f->q == MSNAP_OP_MARK) {
+      f->q++;
+      while (fp_frames(f) && f->q < f->end && *f->q != MSNAP_OP_APPENDS) {
+        if (!fp_get_run(f)) return false;
+        if (f->q < f->end && *f->q != MSNAP_OP_APPENDS &&
+            *f->q != MSNAP_OP_FRAME && !fp_value(f, depth))
+          return false;
+      }
+      if (f->q >= f->end) return false;
+      f->q++;
+      if (!fp_frames(f)) return false;
+    }
+  }
+  return fp_close(f, MSNAP_POBJ_LIST, base, slot);
+}
+
+/* A scalar token at f->q: pushed (1), not a scalar (0: a container or an
+ * opcode the fast path does not read), or bail (-1). */
+static inline int fp_scalar(fp_t *f) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *q = f->q, *end = f->end;
+  msnap_pv_t v = 0;
+  switch (*q) {
+  case MSNAP_OP_BINGET:
+  case MSNAP_OP_LONG_BINGET: {
+    size_t w = *q == MSNAP_OP_BINGET ? 1 : 4;
+    if ((size_t)(end - q) < 1 + w) return -1;
+    uint64_t idx = w == 1 ? q[1] : le(q + 1, 4);
+    if (idx >= vm->memo_len) return -1;
+    v = vm->memo[idx];
+    if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
+        v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
+      return -1;
+    f->q = q + 1 + w;
+    break;
+  }
+  case MSNAP_OP_BININT1:
+    if (end - q < 2) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_INT, q[1]);
+    f->q = q + 2;
+    break;
+  case MSNAP_OP_BININT2:
+    if (end - q < 3) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_INT, le(q + 1, 2));
+    f->q = q + 3;
+    break;
+  case MSNAP_OP_BININT:
+    if (end - q < 5) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_INT,
+                      (uint64_t)(int64_t)(int32_t)(uint32_t)le(q + 1, 4) &
+                          ((1ull << 61) - 1));
+    f->q = q + 5;
+    break;
+  case MSNAP_OP_LONG1: {
+    if (end - q < 2) return -1;
+    size_t n = q[1];
+    if (n > 8 || (size_t)(end - q) < 2 + n) return -1;
+    const unsigned char *b = q + 2;
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    if (n && n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
+    if (make_i64(vm, (int64_t)u, &v) < 0) return -1;
+    f->q = q + 2 + n;
+    break;
+  }
+  case MSNAP_OP_NONE:
+    v = MSNAP_PV_NONE;
+    f->q = q + 1;
+    break;
+  case MSNAP_OP_NEWTRUE:
+  case MSNAP_OP_NEWFALSE:
+    v = MSNAP_PV_MAKE(MSNAP_PV_CONST, *q == MSNAP_OP_NEWTRUE
+                                          ? MSNAP_PVC_TRUE
+                                          : MSNAP_PVC_FALSE);
+    f->q = q + 1;
+    break;
+  case MSNAP_OP_SHORT_BINUNICODE:
+  case MSNAP_OP_BINUNICODE: {
+    size_t w = *q == MSNAP_OP_SHORT_BINUNICODE ? 1 : 4;
+    if ((size_t)(end - q) < 1 + w) return -1;
+    uint64_t n = le(q + 1, (int)w);
+    if (n > (uint64_t)(end - q) - 1 - w) return -1;
+    msnap_str_t id = msnap__snap_intern(vm->snap, (const char *)q + 1 + w,
+                                        (size_t)n);
+    if (!id) return -1;
+    v = MSNAP_PV_MAKE(MSNAP_PV_STR, id);
+    f->q = q + 1 + w + n;
+    uint32_t slot;
+    if (!fp_put(f, v, &slot)) return -1;
+    return fp_push(vm, v) ? 1 : -1;
+  }
+  default:
+    return 0;
+  }
+  if (msnap_unlikely(vm->nfitems == vm->fitems_cap))
+    return fp_push(vm, v) ? 1 : -1;
+  vm->fitems[vm->nfitems++] = v;
+  return 1;
+}
+
+/* After a scalar: an (a, b) TUPLE2 [put] (a pool id) when the next
+ * scalar is followed by TUPLE2. */
+static bool fp_tuple_tail(fp_t *f) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *end = f->end;
+  if (!fp_frames(f)) return false;
+  size_t l2 = fp_scalar_len(f->q, end);
+  if (!l2 || (size_t)(end - f->q) <= l2 || f->q[l2] != MSNAP_OP_TUPLE2)
+    return true;
+  uint32_t base = vm->nfitems - 1;
+  if (fp_scalar(f) <= 0) return false;
+  f->q++; /* TUPLE2 */
+  msnap_pv_t out;
+  if (!fp_offer(f, MSNAP_POBJ_TUPLE, base, &out)) return false;
+  uint32_t slot;
+  if (!fp_put(f, out, &slot)) return false;
+  return fp_push(vm, out);
+}
+
+/* One value. */
+static bool fp_value(fp_t *f, int depth) {
+  if (!fp_frames(f) || f->q >= f->end) return false;
+  int r = fp_scalar(f);
+  if (r > 0) return fp_tuple_tail(f);
+  if (r < 0) return false;
+  if (*f->q == MSNAP_OP_EMPTY_DICT)
+    return depth < MSNAP_PVM_FAST_DEPTH && fp_dict(f, depth + 1);
+  if (*f->q == MSNAP_OP_EMPTY_LIST)
+    return depth < MSNAP_PVM_FAST_DEPTH && fp_list(f, depth + 1);
+  return false;
+}
+
+/*
+ * At a MARK over `list` with a dict next: decode the APPENDS batch.
+ * Returns true with *pp past the APPENDS when done; false with nothing
+ * changed (the generic interpreter takes over).
+ */
+static bool fast_batch(msnap_pvm_t *vm, msnap_pv_t list,
+                       const unsigned char **pp, const unsigned char *end) {
+  uint64_t st[MSNAP_PVM_SAVE_WORDS];
+  uint32_t memo_len = vm->memo_len, memo_count = vm->memo_count;
+  if (vm->save) vm->save(vm->cb_ctx, st);
+  vm->nundo = 0;
+  vm->nfitems = 0;
+  fp_t f = {vm, *pp, end};
+  bool ok = true;
+  while (ok && fp_frames(&f) && f.q < end && *f.q != MSNAP_OP_APPENDS)
+    ok = fp_value(&f, 0);
+  ok = ok && f.q < end && *f.q == MSNAP_OP_APPENDS;
+  if (ok) {
+    /* the records go into the list; nothing of the batch is open */
+    for (uint32_t i = 0; i < vm->nundo && ok; i++)
+      ok = vm->memo[vm->undo[i].slot] != PV_PENDING;
+  }
+  if (ok && obj_extend(vm, list, vm->fitems, vm->nfitems, false, false) == 0) {
+    *pp = f.q + 1;
+    vm->fast_done++;
+    return true;
+  }
+  /* roll back: memo writes in reverse, then the consumer's records */
+  vm->failed = false;
+  if (vm->err) vm->err->msg[0] = 0;
+  for (uint32_t i = vm->nundo; i-- > 0;)
+    vm->memo[vm->undo[i].slot] = vm->undo[i].old;
+  vm->memo_len = memo_len;
+  vm->memo_count = memo_count;
+  if (vm->restore) vm->restore(vm->cb_ctx, st);
+  vm->fast_rolled_back++;
+  return false;
+}
+
 /* ---- the interpreter ----------------------------------------------------- */
 
 static uint64_t le(const unsigned char *p, int n) {
@@ -893,54 +1327,115 @@ static uint64_t le(const unsigned char *p, int n) {
   return v;
 }
 
-#define NEED(k)                                                               \
-  do {                                                                        \
-    if (msnap_unlikely((size_t)(end - p) < (size_t)(k)))                      \
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT,                               \
-                             "needs %llu bytes but only %zu remain",          \
-                             (unsigned long long)(k), (size_t)(end - p));     \
-  } while (0)
-
 #define TRY(x)                                                                \
   do {                                                                        \
     int rc_ = (x);                                                            \
     if (msnap_unlikely(rc_ < 0)) return rc_;                                  \
   } while (0)
 
-/* Read a text line (the argument of a protocol-0 opcode). */
-static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
-                     const unsigned char *end, const unsigned char **line,
-                     size_t *n) {
-  const unsigned char *p = *pp;
-  const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
-  if (!nl)
+/* Make k bytes available at p: a refill of a streamed source, or an
+ * error naming what is missing. */
+static int refill(msnap_pvm_t *vm, const unsigned char **p,
+                  const unsigned char **end, uint64_t k) {
+  int rc = k > SIZE_MAX ? 1 : msnap__source_fill(vm->src, p, (size_t)k);
+  *end = vm->src->end;
+  if (rc == 0) return 0;
+  if (rc == 1)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                           "argument line has no terminating newline");
-  *line = p;
-  *n = (size_t)(nl - p);
-  *pp = nl + 1;
-  return 0;
+                           "needs %llu bytes but only %zu remain",
+                           (unsigned long long)k, (size_t)(*end - *p));
+  return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
 }
 
-static int refuse(msnap_pvm_t *vm, unsigned op) {
+#define NEED(k)                                                               \
+  do {                                                                        \
+    if (msnap_unlikely((size_t)(end - p) < (uint64_t)(k)))                    \
+      TRY(refill(vm, &p, &end, (uint64_t)(k)));                               \
+  } while (0)
+
+
+/* Read a text line (the argument of a protocol-0 opcode). */
+static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
+                     const unsigned char **pend, const unsigned char **line,
+                     size_t *n) {
+  size_t scanned = 0;
+  for (;;) {
+    const unsigned char *p = *pp, *end = *pend;
+    const unsigned char *nl =
+        memchr(p + scanned, '\n', (size_t)(end - p) - scanned);
+    if (nl) {
+      *line = p;
+      *n = (size_t)(nl - p);
+      *pp = nl + 1;
+      return 0;
+    }
+    scanned = (size_t)(end - p);
+    int rc = msnap__source_fill(vm->src, pp, scanned + 1);
+    *pend = vm->src->end;
+    if (rc == 1)
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                             "argument line has no terminating newline");
+    if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
+  }
+}
+
+/* Refuse an opcode that imports or calls; GLOBAL / STACK_GLOBAL name
+ * what they would import (a pickle of Python objects, e.g. a tensor). */
+static int refuse(msnap_pvm_t *vm, unsigned op, const unsigned char *p,
+                  const unsigned char *end) {
+  char name[160] = "";
+  if (op == MSNAP_OP_GLOBAL) {
+    /* its two argument lines, read as far as they go (150 bytes at
+     * most), so a stream names the same thing as a file */
+    const unsigned char *nl1 = NULL, *nl2 = NULL;
+    for (;;) {
+      nl1 = memchr(p, '\n', (size_t)(end - p));
+      nl2 = nl1 ? memchr(nl1 + 1, '\n', (size_t)(end - nl1 - 1)) : NULL;
+      if (nl2 || end - p >= 150) break;
+      if (msnap__source_fill(vm->src, &p, (size_t)(end - p) + 1) != 0) {
+        end = vm->src->end;
+        nl1 = memchr(p, '\n', (size_t)(end - p));
+        nl2 = nl1 ? memchr(nl1 + 1, '\n', (size_t)(end - nl1 - 1)) : NULL;
+        break;
+      }
+      end = vm->src->end;
+    }
+    if (nl2 && nl2 - p < 150)
+      snprintf(name, sizeof name, " (%.*s.%.*s)", (int)(nl1 - p), p,
+               (int)(nl2 - nl1 - 1), nl1 + 1);
+  } else if (op == MSNAP_OP_STACK_GLOBAL && vm->sn >= 2 &&
+             MSNAP_PV_TAG(vm->stack[vm->sn - 1]) == MSNAP_PV_STR &&
+             MSNAP_PV_TAG(vm->stack[vm->sn - 2]) == MSNAP_PV_STR) {
+    size_t lm, ln;
+    const char *m = msnap__snap_str(
+        vm->snap, (msnap_str_t)MSNAP_PV_PAYLOAD(vm->stack[vm->sn - 2]), &lm);
+    const char *n = msnap__snap_str(
+        vm->snap, (msnap_str_t)MSNAP_PV_PAYLOAD(vm->stack[vm->sn - 1]), &ln);
+    snprintf(name, sizeof name, " (%.*s.%.*s)", (int)(lm < 70 ? lm : 70), m,
+             (int)(ln < 70 ? ln : 70), n);
+  }
+  bool imports = op == MSNAP_OP_GLOBAL || op == MSNAP_OP_STACK_GLOBAL;
   return msnap__pvm_fail(vm, MSNAP_EUNSAFE,
-                         "opcode %s (0x%02x) would import or call code; "
-                         "refused",
-                         op_name(op), op);
+                         "opcode %s (0x%02x) would import or call code%s; "
+                         "refused%s",
+                         op_name(op), op, name,
+                         imports ? ": this pickle holds Python objects, not "
+                                   "only the dicts and lists of a memory "
+                                   "snapshot"
+                                 : "");
 }
 
 /*
- * Execute the pickle in buf[0..len) up to STOP (trailing bytes ignored).
+ * Execute the pickle of src up to STOP (trailing bytes are not read).
  * The result is the root value, completed like any stored container.
  * Every error names the opcode's offset; the VM may be freed after an
  * error but not run again.
  */
-int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
-                   msnap_pv_t *result, msnap_read_error_t *err) {
-  const unsigned char *p = buf, *end = buf + len;
-  size_t next_progress = PROGRESS_STEP;
-  vm->base = buf;
-  vm->len = len;
+int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
+                          msnap_pv_t *result, msnap_read_error_t *err) {
+  const unsigned char *p = src->start, *end = src->end;
+  uint64_t next_progress = PROGRESS_STEP;
+  vm->src = src;
   vm->err = err;
   vm->failed = false;
   if (err) {
@@ -949,14 +1444,18 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
   }
   for (;;) {
     if (msnap_unlikely(p >= end)) {
-      vm->op_off = len;
+      vm->op_off = (size_t)msnap__source_offset(src, p);
       vm->op = MSNAP_OP_STOP;
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                             "the pickle ended without STOP");
+      int rc = msnap__source_fill(src, &p, 1);
+      end = src->end;
+      if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
+      if (rc == 1)
+        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                               "the pickle ended without STOP");
     }
-    vm->op_off = (size_t)(p - buf);
-    if (msnap_unlikely(vm->progress && vm->op_off >= next_progress)) {
-      vm->progress(vm->progress_ctx, vm->op_off);
+    vm->op_off = (size_t)msnap__source_offset(src, p);
+    if (msnap_unlikely(vm->op_off >= next_progress)) {
+      msnap__source_progress(src, p);
       next_progress = vm->op_off + PROGRESS_STEP;
     }
     unsigned op = *p++;
@@ -973,22 +1472,38 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
       NEED(8);
       uint64_t n = le(p, 8);
       p += 8;
-      if (n > (uint64_t)(end - p))
-        return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                               "frame of %llu bytes but only %zu remain",
-                               (unsigned long long)n, (size_t)(end - p));
+      if (n > (uint64_t)(end - p)) {
+        /* the declared frame must be there (a stream buffers it) */
+        int rc = msnap__source_fill(src, &p, (size_t)n);
+        end = src->end;
+        if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
+        if (rc == 1)
+          return msnap__pvm_fail(vm, MSNAP_EFORMAT,
+                                 "frame of %llu bytes but only %zu remain",
+                                 (unsigned long long)n, (size_t)(end - p));
+      }
       break;
     }
     case MSNAP_OP_STOP: {
       msnap_pv_t v = 0;
       uint32_t d;
       TRY(pop(vm, &v));
-      vm->op_off = (size_t)(p - buf) - 1;
       TRY(complete(vm, &v, &d));
       *result = v;
       return 0;
     }
     case MSNAP_OP_MARK:
+      if (vm->fast && p < end && *p == MSNAP_OP_EMPTY_DICT && vm->sn &&
+          mark_base(vm) < vm->sn) {
+        msnap_pobj_t *lo = msnap__pvm_obj(vm, vm->stack[vm->sn - 1]);
+        /* (on a stream it decodes what the window holds: a batch that
+         * runs past it is left to the generic interpreter, which reads
+         * on only as far as it needs -- a writer that keeps a FIFO open
+         * after STOP never blocks the reader) */
+        if (lo && lo->kind == MSNAP_POBJ_LIST &&
+            fast_batch(vm, vm->stack[vm->sn - 1], &p, end))
+          break;
+      }
       if (vm->mn >= MSNAP_PICKLE_MAX_DEPTH)
         return msnap__pvm_fail(vm, MSNAP_ELIMIT,
                                "MARKs nested deeper than %d levels",
@@ -1069,7 +1584,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_LONG: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       if (op == MSNAP_OP_INT && n == 2 && l[0] == '0' &&
           (l[1] == '0' || l[1] == '1')) {
         TRY(push(vm, MSNAP_PV_MAKE(MSNAP_PV_CONST, l[1] == '1'
@@ -1083,7 +1598,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_FLOAT: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       TRY(scratch(vm, n + 1));
       memcpy(vm->scratch, l, n);
       vm->scratch[n] = 0;
@@ -1108,14 +1623,14 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_STRING: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       TRY(push_quoted(vm, l, n));
       break;
     }
     case MSNAP_OP_UNICODE: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       TRY(push_raw_unicode(vm, l, n));
       break;
     }
@@ -1253,7 +1768,7 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_PUT: {
       const unsigned char *l = 0;
       size_t n = 0;
-      TRY(read_line(vm, &p, end, &l, &n));
+      TRY(read_line(vm, &p, &end, &l, &n));
       uint64_t idx = 0;
       if (n == 0 || n > 18)
         return msnap__pvm_fail(vm, MSNAP_EFORMAT, "bad memo index");
@@ -1312,12 +1827,24 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
     case MSNAP_OP_BINPERSID:
     case MSNAP_OP_NEXT_BUFFER:
     case MSNAP_OP_READONLY_BUFFER:
-      return refuse(vm, op);
+      return refuse(vm, op, p, end);
     default:
       return msnap__pvm_fail(vm, MSNAP_EFORMAT, "unknown opcode 0x%02x",
                              op);
     }
   }
+}
+
+int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
+                   msnap_pv_t *result, msnap_read_error_t *err) {
+  msnap_source_t *src;
+  if (msnap__source_mem(&src, buf, len) < 0) {
+    if (err) snprintf(err->msg, sizeof err->msg, "offset 0: out of memory");
+    return MSNAP_ENOMEM;
+  }
+  int rc = msnap__pvm_run_source(vm, src, result, err);
+  msnap__source_close(src);
+  return rc;
 }
 
 /* ---- generic tree -------------------------------------------------------- */

@@ -9,15 +9,19 @@
  *     "absent" placeholder (an empty string nobody may look up as a key),
  *     id 1 is "".  Interning is by content: equal bytes give equal ids.
  *   - Frames are interned by all seven fields; frame ids start at 0.
- *   - Stacks are spans of stack_frames; id 0 = absent, id 1 = [] (both
- *     placeholders with n == 0); equal frame sequences give equal ids.
+ *   - Stacks are msnap_stackspan_t over stack_bytes (varint zigzag
+ *     differences of frame ids); id 0 = absent, id 1 = [] (both
+ *     placeholders with n == 0); equal frame sequences give equal ids
+ *     (equal sequences have equal encodings).
+ *   - Trace entry attribute sets (msnap_tattr_t) are interned by all
+ *     their fields; [0] is the all-zero set.
  *   - String lists (forward_frames) are spans of strlist_items; id 0 is the
  *     absent placeholder.
  *   - Record arrays (segments, blocks, ...) only grow; pointers returned by
  *     msnap__snap_add_* are valid until the next add of the same kind.
  *
  * Hash tables are open-addressing arrays of (id + 1), 0 = empty slot, kept
- * at most half full; hashes are XXH3 of the interned content with a
+ * at most half full (the stack table three quarters); hashes are XXH3 of the interned content with a
  * per-model random seed (so a hostile file cannot pick colliding strings
  * in advance).  Strings and frames are hashed again on growth; stacks and
  * string lists (long spans) keep the low 32 bits of their hash in an
@@ -42,7 +46,11 @@ typedef struct snap_ht_s {
 } snap_ht_t;
 
 struct msnap_snap_priv_s {
-  snap_ht_t strings, frames, stacks, strlists;
+  snap_ht_t strings, frames, stacks, strlists, tattrs;
+  uint32_t tattr_last; /* the last attribute set interned (a cache) */
+  unsigned char *enc;  /* scratch: a stack being encoded */
+  size_t enc_cap;
+  bool stacks_unindexed; /* stacks appended, not deduplicated yet */
   /* Low 32 bits of the hash of each stack / string list, by id (the
    * placeholders' entries are unused): growth re-slots without hashing
    * again, and a probe compares contents only when the hashes agree. */
@@ -84,6 +92,34 @@ static bool frame_eq(const msnap_frame_t *a, const msnap_frame_t *b) {
          a->fx_original_trace == b->fx_original_trace;
 }
 
+static uint64_t tattr_hash(uint64_t seed, const msnap_tattr_t *a) {
+  uint32_t w[13];
+  w[0] = (uint32_t)a->stream;
+  w[1] = (uint32_t)((uint64_t)a->stream >> 32);
+  w[2] = (uint32_t)a->pool_id.first;
+  w[3] = (uint32_t)(a->pool_id.first >> 32);
+  w[4] = (uint32_t)a->pool_id.second;
+  w[5] = (uint32_t)(a->pool_id.second >> 32);
+  w[6] = a->forward_frames;
+  w[7] = a->compile_context;
+  w[8] = a->user_metadata;
+  w[9] = a->internal_metadata;
+  w[10] = a->action_str;
+  w[11] = a->keys;
+  w[12] = 0;
+  return XXH3_64bits_withSeed(w, sizeof w, seed);
+}
+
+static bool tattr_eq(const msnap_tattr_t *a, const msnap_tattr_t *b) {
+  return a->stream == b->stream && a->pool_id.first == b->pool_id.first &&
+         a->pool_id.second == b->pool_id.second &&
+         a->forward_frames == b->forward_frames &&
+         a->compile_context == b->compile_context &&
+         a->user_metadata == b->user_metadata &&
+         a->internal_metadata == b->internal_metadata &&
+         a->action_str == b->action_str && a->keys == b->keys;
+}
+
 static uint64_t span_hash(uint64_t seed, const uint32_t *v, uint32_t n) {
   return XXH3_64bits_withSeed(v, (size_t)n * sizeof *v, seed);
 }
@@ -110,6 +146,7 @@ static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
   }
   if (t == &pr->frames) return frame_hash(pr->seed, &s->frames[id]);
   if (t == &pr->stacks) return pr->stack_hash[id];
+  if (t == &pr->tattrs) return tattr_hash(pr->seed, &s->tattrs[id]);
   return pr->strlist_hash[id];
 }
 
@@ -135,8 +172,11 @@ static int ht_grow(msnap_snap_t *s, snap_ht_t *t) {
 }
 
 static int ht_reserve(msnap_snap_t *s, snap_ht_t *t) {
-  if (!t->slots || (uint64_t)(t->count + 1) * 2 > (uint64_t)t->mask + 1)
-    return ht_grow(s, t);
+  /* at most half full; the stack table (the largest: one slot per
+   * distinct stack, probes compare a kept hash first) three quarters */
+  uint64_t cap = (uint64_t)t->mask + 1;
+  uint64_t limit = t == &s->priv->stacks ? cap / 4 * 3 : cap / 2;
+  if (!t->slots || (uint64_t)t->count + 1 > limit) return ht_grow(s, t);
   return 0;
 }
 
@@ -154,7 +194,12 @@ msnap_snap_t *msnap__snap_new(void) {
   s->stacks = malloc(s->stacks_cap * sizeof *s->stacks);
   s->strlists_cap = 16;
   s->strlists = malloc(s->strlists_cap * sizeof *s->strlists);
-  if (!s->priv || !s->strbuf || !s->str_off || !s->stacks || !s->strlists) {
+  s->tattrs_cap = 16;
+  s->tattrs = calloc(s->tattrs_cap, sizeof *s->tattrs);
+  s->stack_bytes_cap = 4096; /* never NULL: offsets are added to it */
+  s->stack_bytes = malloc(s->stack_bytes_cap);
+  if (!s->priv || !s->strbuf || !s->str_off || !s->stacks || !s->strlists ||
+      !s->tattrs || !s->stack_bytes) {
     msnap__snap_free(s);
     return NULL;
   }
@@ -166,9 +211,10 @@ msnap_snap_t *msnap__snap_new(void) {
   s->str_off[1] = 1;
   s->str_off[2] = 2;
   s->nstrings = 2;
-  s->stacks[0] = (msnap_span_t){0, 0};
-  s->stacks[1] = (msnap_span_t){0, 0};
+  s->stacks[0] = (msnap_stackspan_t){0, 0};
+  s->stacks[1] = (msnap_stackspan_t){0, 0};
   s->nstacks = 2;
+  s->ntattrs = 1; /* [0]: no keys, all zero */
   s->strlists[0] = (msnap_span_t){0, 0};
   s->nstrlists = 1;
   s->generation = MSNAP_GEN_CURRENT;
@@ -207,15 +253,18 @@ void msnap__snap_free(msnap_snap_t *s) {
     free(s->priv->frames.slots);
     free(s->priv->stacks.slots);
     free(s->priv->strlists.slots);
+    free(s->priv->tattrs.slots);
     free(s->priv->stack_hash);
     free(s->priv->strlist_hash);
+    free(s->priv->enc);
     free(s->priv);
   }
   free(s->strbuf);
   free(s->str_off);
   free(s->frames);
-  free(s->stack_frames);
+  free(s->stack_bytes);
   free(s->stacks);
+  free(s->tattrs);
   free(s->strlists);
   free(s->strlist_items);
   free(s->segments);
@@ -252,12 +301,95 @@ const char *msnap__snap_str(const msnap_snap_t *s, msnap_str_t id,
   return s->strbuf + off;
 }
 
+/* Length of the valid UTF-8 prefix of p[0..len) (Unicode's definition:
+ * no overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t utf8_valid_prefix(const unsigned char *p, size_t len) {
+  size_t i = 0;
+  for (;;) {
+    /* ASCII eight bytes at a time */
+    while (i + 8 <= len) {
+      uint64_t w;
+      memcpy(&w, p + i, 8);
+      if (w & UINT64_C(0x8080808080808080)) break;
+      i += 8;
+    }
+    while (i < len && p[i] < 0x80) i++;
+    if (i >= len) return len;
+    unsigned char c = p[i];
+    size_t k;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+      k = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+      k = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f; /* U+D800..DFFF are not scalar values */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      k = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else
+      return i;
+    if (i + k > len || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t j = 2; j < k; j++)
+      if ((p[i + j] & 0xc0) != 0x80) return i;
+    i += k;
+  }
+}
+
 /*
- * Intern len bytes at p (any bytes, NUL included).  Returns the id, or 0
- * on ENOMEM.  The string buffer may move: pointers from msnap__snap_str
+ * The model's UTF-8 policy: p[0..len) with every maximal ill-formed
+ * subpart (an invalid byte, a cut sequence, an encoded surrogate) replaced
+ * by U+FFFD -- what CPython's bytes.decode("utf-8", "replace") gives.
+ * Returns a malloc'ed buffer (*out_len bytes) or NULL on ENOMEM.
+ */
+static char *utf8_repair(const unsigned char *p, size_t len, size_t *out_len) {
+  if (len > (SIZE_MAX - 3) / 3) return NULL;
+  char *o = malloc(len * 3 + 1);
+  if (!o) return NULL;
+  size_t k = 0, i = 0;
+  while (i < len) {
+    size_t v = utf8_valid_prefix(p + i, len - i);
+    memcpy(o + k, p + i, v);
+    k += v;
+    i += v;
+    if (i >= len) break;
+    /* the maximal subpart at i: the lead byte and the continuation bytes
+     * that can still belong to a valid sequence */
+    unsigned char c = p[i];
+    size_t need = (c >= 0xc2 && c <= 0xdf)   ? 2
+                  : (c >= 0xe0 && c <= 0xef) ? 3
+                  : (c >= 0xf0 && c <= 0xf4) ? 4
+                                             : 1;
+    size_t j = 1;
+    if (need > 1) {
+      unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+      unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+      if (i + 1 < len && p[i + 1] >= lo && p[i + 1] <= hi) {
+        j = 2;
+        while (j < need && i + j < len && (p[i + j] & 0xc0) == 0x80) j++;
+      }
+    }
+    o[k++] = (char)0xef;
+    o[k++] = (char)0xbf;
+    o[k++] = (char)0xbd;
+    i += j;
+  }
+  *out_len = k;
+  return o;
+}
+
+bool msnap__utf8_valid(const char *p, size_t len) {
+  return utf8_valid_prefix((const unsigned char *)p, len) == len;
+}
+
+/*
+ * Intern len bytes at p as they are (NUL included).  Returns the id, or
+ * 0 on ENOMEM.  The string buffer may move: pointers from msnap__snap_str
  * are invalidated by this call.
  */
-msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
+msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,
+                                     size_t len) {
   struct msnap_snap_priv_s *pr = s->priv;
   if (len == 0) return MSNAP_STR_EMPTY;
   if (ht_reserve(s, &pr->strings) < 0) return 0;
@@ -286,6 +418,25 @@ msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
   s->str_off[s->nstrings] = s->strbuf_len;
   pr->strings.slots[h] = id + 1;
   pr->strings.count++;
+  return id;
+}
+
+/*
+ * Intern text under the model's UTF-8 policy: valid UTF-8 as it is; else
+ * repaired (utf8_repair), counted in s->utf8_repaired (the first such
+ * string in s->utf8_example).  Returns the id or 0 on ENOMEM.
+ */
+msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
+  size_t v = utf8_valid_prefix((const unsigned char *)p, len);
+  if (msnap_likely(v == len)) return msnap__snap_intern_bytes(s, p, len);
+  size_t n = 0;
+  char *fixed = utf8_repair((const unsigned char *)p, len, &n);
+  if (!fixed) return 0;
+  msnap_str_t id = msnap__snap_intern_bytes(s, fixed, n);
+  free(fixed);
+  if (id) {
+    if (s->utf8_repaired++ == 0) s->utf8_example = id;
+  }
   return id;
 }
 
@@ -352,16 +503,250 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
   return id;
 }
 
+/* A new stack of n frames encoded in enc[0..nb): its id, 0 on ENOMEM or
+ * past the limits (2^32 stacks, 2^40 bytes). */
+static uint32_t stack_store(msnap_snap_t *s, const unsigned char *enc,
+                            size_t nb, uint32_t n) {
+  if (s->nstacks >= UINT32_MAX - 1) return 0;
+  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
+  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
+    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
+    while (nc - s->nstack_bytes < nb) nc *= 2;
+    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
+    if (!b) return 0;
+    s->stack_bytes = b;
+    s->stack_bytes_cap = nc;
+  }
+  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
+  uint32_t id = s->nstacks++;
+  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
+  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
+  s->nstack_bytes += nb;
+  return id;
+}
+
+/* Encoded bytes of stack id: up to the next stack's offset. */
+static uint64_t stack_nbytes(const msnap_snap_t *s, uint32_t id) {
+  uint64_t end = id + 1 < s->nstacks ? s->stacks[id + 1].off : s->nstack_bytes;
+  return end - s->stacks[id].off;
+}
+
 /*
- * Intern a frame-id sequence; MSNAP_STACK_EMPTY for n == 0, 0 on ENOMEM.
+ * Intern a frame-id sequence; MSNAP_STACK_EMPTY for n == 0, 0 on ENOMEM
+ * (or beyond MSNAP_STACK_MAX_FRAMES frames).
+ * The ids are encoded (msnap_stackspan_t) first; equal sequences have
+ * equal encodings, so the table compares bytes.
  */
 msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                                 uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
-  return span_intern(s, &s->priv->stacks, &s->stack_frames,
-                     &s->nstack_frames, &s->stack_frames_cap, &s->stacks,
-                     &s->nstacks, &s->stacks_cap, &s->priv->stack_hash,
-                     &s->priv->stack_hash_cap, frame_ids, n);
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  unsigned char *enc = msnap__snap_stack_buf(s, n);
+  if (!enc) return 0;
+  unsigned char *o = enc;
+  uint32_t prev = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    o = msnap__stack_put(o, prev, frame_ids[i]);
+    prev = frame_ids[i];
+  }
+  return msnap__snap_stack_encoded(s, enc, (size_t)(o - enc), n);
+}
+
+unsigned char *msnap__snap_stack_buf(msnap_snap_t *s, uint32_t n) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  size_t need = (size_t)n * 5 + 16;
+  if (pr->enc_cap < need) {
+    unsigned char *e = realloc(pr->enc, need);
+    if (!e) return NULL;
+    pr->enc = e;
+    pr->enc_cap = need;
+  }
+  return pr->enc;
+}
+
+/*
+ * Intern a stack given as its encoding (nb bytes of n frame ids, written
+ * with msnap__stack_put into msnap__snap_stack_buf's buffer or any other
+ * one).  Equal sequences have equal encodings, so the table compares
+ * bytes.  0 on ENOMEM.
+ */
+msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
+                                        const unsigned char *enc, size_t nb,
+                                        uint32_t n) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  if (n == 0) return MSNAP_STACK_EMPTY;
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  if (pr->stacks_unindexed && msnap__snap_dedupe_stacks(s) < 0) return 0;
+  snap_ht_t *t = &pr->stacks;
+  if (ht_reserve(s, t) < 0) return 0;
+  uint32_t hv = (uint32_t)XXH3_64bits_withSeed(enc, nb, pr->seed);
+  uint32_t h = hv & t->mask;
+  for (;;) {
+    uint32_t e = t->slots[h];
+    if (!e) break;
+    if (pr->stack_hash[e - 1] == hv) {
+      msnap_stackspan_t sp = s->stacks[e - 1];
+      if (sp.n == n && stack_nbytes(s, e - 1) == nb &&
+          memcmp(s->stack_bytes + sp.off, enc, nb) == 0)
+        return e - 1;
+    }
+    h = (h + 1) & t->mask;
+  }
+  if (msnap__grow((void **)&pr->stack_hash, &pr->stack_hash_cap, s->nstacks,
+                  1, sizeof *pr->stack_hash) < 0)
+    return 0;
+  uint32_t id = stack_store(s, enc, nb, n);
+  if (!id) return 0;
+  pr->stack_hash[id] = hv;
+  t->slots[h] = id + 1;
+  t->count++;
+  return id;
+}
+
+/*
+ * Append a stack without looking it up (the reader: most stacks of a big
+ * file are new, and looking each up costs two cache misses in the middle
+ * of parsing); msnap__snap_dedupe_stacks later gives equal stacks one id.
+ * 0 on ENOMEM or beyond MSNAP_STACK_MAX_FRAMES frames.
+ */
+msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
+                                       const unsigned char *enc, size_t nb,
+                                       uint32_t n) {
+  if (n == 0) return MSNAP_STACK_EMPTY;
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  uint32_t id = stack_store(s, enc, nb, n);
+  if (id) s->priv->stacks_unindexed = true;
+  return id;
+}
+
+/* Rewrite a stack id field through map (ids 0 and 1 stay). */
+#define REMAP(field)                                                          \
+  do {                                                                        \
+    if ((field) > MSNAP_STACK_EMPTY && (field) < n) (field) = map[field];     \
+  } while (0)
+
+/*
+ * Give equal stacks one id, after msnap__snap_stack_append: hash every
+ * stack (prefetching its table slot a batch ahead, so the cache misses
+ * overlap), keep the first of each content, move the others' bytes down,
+ * rewrite every stack id of the model.  Afterwards the table is complete
+ * (msnap__snap_stack works on the model).  0 or MSNAP_ENOMEM.
+ */
+int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  if (!pr->stacks_unindexed) return 0;
+  uint32_t n = s->nstacks;
+  snap_ht_t *t = &pr->stacks;
+  /* the table for all of them at once (three quarters full at most) */
+  uint64_t cap = 1024;
+  while (cap / 4 * 3 < (uint64_t)n + 1) cap *= 2;
+  if (cap > ((uint64_t)1 << 32)) return MSNAP_ENOMEM;
+  uint32_t *slots = calloc((size_t)cap, sizeof *slots);
+  uint32_t *hashes = malloc(((size_t)n + 1) * sizeof *hashes);
+  if (!slots || !hashes) {
+    free(slots);
+    free(hashes);
+    return MSNAP_ENOMEM;
+  }
+  uint32_t mask = (uint32_t)(cap - 1);
+  enum { AHEAD = 16 };
+  for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n && i < 2 + AHEAD; i++)
+    hashes[i] = (uint32_t)XXH3_64bits_withSeed(
+        s->stack_bytes + s->stacks[i].off, stack_nbytes(s, i), pr->seed);
+  uint32_t *map = NULL; /* old id -> new id, made at the first duplicate */
+  uint32_t next = MSNAP_STACK_EMPTY + 1;  /* next new id */
+  uint64_t bytes = s->nstacks > 2 ? s->stacks[2].off : 0;
+  for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n; i++) {
+    uint32_t k = i + AHEAD;
+    if (k < n) {
+      hashes[k] = (uint32_t)XXH3_64bits_withSeed(
+          s->stack_bytes + s->stacks[k].off, stack_nbytes(s, k), pr->seed);
+      __builtin_prefetch(&slots[hashes[k] & mask]);
+    }
+    msnap_stackspan_t sp = s->stacks[i];
+    uint64_t nb = stack_nbytes(s, i);
+    uint32_t hv = hashes[i], h = hv & mask, dup = 0;
+    for (;;) {
+      uint32_t e = slots[h];
+      if (!e) break;
+      msnap_stackspan_t q = s->stacks[e - 1];
+      /* (kept stacks are compacted: the last one ends at `bytes`) */
+      uint64_t qnb = e < next ? s->stacks[e].off - q.off : bytes - q.off;
+      if (hashes[e - 1] == hv && q.n == sp.n && qnb == nb &&
+          memcmp(s->stack_bytes + q.off, s->stack_bytes + sp.off, nb) == 0) {
+        dup = e - 1;
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+    if (dup) {
+      if (!map) {
+        map = malloc((size_t)n * sizeof *map);
+        if (!map) {
+          free(slots);
+          free(hashes);
+          return MSNAP_ENOMEM;
+        }
+        for (uint32_t j = 0; j < i; j++) map[j] = j;
+      }
+      map[i] = dup;
+      continue;
+    }
+    /* a new content: it becomes stack `next` (bytes moved down) */
+    uint32_t id = next++;
+    if (map) {
+      map[i] = id;
+      if (bytes != sp.off)
+        memmove(s->stack_bytes + bytes, s->stack_bytes + sp.off, (size_t)nb);
+      s->stacks[id] = (msnap_stackspan_t){bytes, sp.n};
+      hashes[id] = hv;
+    }
+    bytes += nb;
+    slots[h] = id + 1;
+  }
+  if (map) {
+    /* the bytes after the last kept stack end at `bytes` */
+    s->nstacks = next;
+    s->nstack_bytes = bytes;
+    for (uint32_t i = 0; i < s->nsegments; i++) REMAP(s->segments[i].frames);
+    for (uint32_t i = 0; i < s->nblocks; i++) REMAP(s->blocks[i].frames);
+    for (uint32_t i = 0; i < s->nhost_segments; i++)
+      REMAP(s->host_segments[i].frames);
+    for (uint32_t i = 0; i < s->nhost_blocks; i++)
+      REMAP(s->host_blocks[i].frames);
+    for (uint32_t i = 0; i < s->nhistories; i++)
+      REMAP(s->histories[i].frames);
+    for (uint32_t d = 0; d <= s->ndevices; d++) {
+      msnap_trace_list_t *l =
+          d < s->ndevices ? &s->device_traces[d] : &s->host_traces;
+      for (uint32_t i = 0; i < l->n; i++) {
+        uint32_t f = l->v[i].frames;
+        REMAP(f);
+        l->v[i].frames = f;
+      }
+    }
+    free(map);
+  }
+  free(t->slots);
+  t->slots = slots;
+  t->mask = mask;
+  t->count = s->nstacks - 2;
+  free(pr->stack_hash);
+  pr->stack_hash = hashes;
+  pr->stack_hash_cap = n + 1;
+  pr->stacks_unindexed = false;
+  return 0;
+}
+
+#undef REMAP
+
+uint32_t msnap__stack_frames(const msnap_snap_t *s, msnap_stack_t st,
+                             uint32_t *out, uint32_t cap) {
+  msnap_stack_iter_t it;
+  msnap__stack_iter(s, st, &it);
+  uint32_t n = it.left, k = 0, f;
+  while (k < cap && msnap__stack_next(&it, &f)) out[k++] = f;
+  return n;
 }
 
 /*
@@ -439,6 +824,50 @@ msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l) {
   return &l->v[l->n++];
 }
 
+_Static_assert(sizeof(msnap_strace_t) == 32, "a trace entry is 32 bytes");
+
+/*
+ * Intern a trace entry attribute set (0 is the all-zero set).  The last
+ * one is remembered: consecutive entries mostly share theirs.
+ */
+uint32_t msnap__snap_tattr(msnap_snap_t *s, const msnap_tattr_t *a) {
+  struct msnap_snap_priv_s *pr = s->priv;
+  if (tattr_eq(&s->tattrs[pr->tattr_last], a)) return pr->tattr_last;
+  if (tattr_eq(&s->tattrs[0], a)) return 0;
+  if (ht_reserve(s, &pr->tattrs) < 0) return UINT32_MAX;
+  uint32_t h = (uint32_t)tattr_hash(pr->seed, a) & pr->tattrs.mask;
+  for (;;) {
+    uint32_t v = pr->tattrs.slots[h];
+    if (!v) break;
+    if (tattr_eq(&s->tattrs[v - 1], a)) return pr->tattr_last = v - 1;
+    h = (h + 1) & pr->tattrs.mask;
+  }
+  if (s->ntattrs >= MSNAP_TATTR_MAX) return UINT32_MAX;
+  if (GROW(s->tattrs, s->tattrs_cap, s->ntattrs, 1) < 0) return UINT32_MAX;
+  uint32_t id = s->ntattrs++;
+  memset(&s->tattrs[id], 0, sizeof s->tattrs[id]);
+  s->tattrs[id].stream = a->stream;
+  s->tattrs[id].pool_id = a->pool_id;
+  s->tattrs[id].forward_frames = a->forward_frames;
+  s->tattrs[id].compile_context = a->compile_context;
+  s->tattrs[id].user_metadata = a->user_metadata;
+  s->tattrs[id].internal_metadata = a->internal_metadata;
+  s->tattrs[id].action_str = a->action_str;
+  s->tattrs[id].keys = a->keys;
+  pr->tattrs.slots[h] = id + 1;
+  pr->tattrs.count++;
+  return pr->tattr_last = id;
+}
+
+int msnap__snap_trace_set_attr(msnap_snap_t *s, msnap_strace_t *e,
+                               const msnap_tattr_t *a) {
+  uint32_t id = msnap__snap_tattr(s, a);
+  if (id == UINT32_MAX)
+    return s->ntattrs >= MSNAP_TATTR_MAX ? MSNAP_ELIMIT : MSNAP_ENOMEM;
+  e->attr = id;
+  return 0;
+}
+
 /* ---- checking ------------------------------------------------------------ */
 
 #define CHECK(cond, ...)                                                      \
@@ -501,14 +930,87 @@ static int check_traces(const msnap_snap_t *s, const char *what, uint32_t d,
     const msnap_strace_t *t = &l->v[i];
     CHECK(stack_ok(s, t->frames), "%s[%u][%u]: stack id %u out of range",
           what, d, i, t->frames);
-    CHECK(strlist_ok(s, t->forward_frames),
-          "%s[%u][%u]: forward_frames out of range", what, d, i);
-    CHECK(str_ok(s, t->compile_context) && str_ok(s, t->user_metadata) &&
-              str_ok(s, t->internal_metadata) && str_ok(s, t->action_str),
-          "%s[%u][%u]: string id out of range", what, d, i);
+    CHECK(t->attr < s->ntattrs, "%s[%u][%u]: attribute set %u out of range",
+          what, d, i, (unsigned)t->attr);
     CHECK(t->action < MSNAP_ACTION_COUNT || t->action == MSNAP_ACTION_UNKNOWN,
-          "%s[%u][%u]: action %u", what, d, i, t->action);
+          "%s[%u][%u]: action %u", what, d, i, (unsigned)t->action);
   }
+  return 0;
+}
+
+static int check_tattrs(const msnap_snap_t *s, char *msg, size_t len) {
+  CHECK(s->ntattrs >= 1 && s->ntattrs <= MSNAP_TATTR_MAX,
+        "%u attribute sets", s->ntattrs);
+  const msnap_tattr_t *z = &s->tattrs[0];
+  CHECK(!z->stream && !z->pool_id.first && !z->pool_id.second &&
+            !z->forward_frames && !z->compile_context && !z->user_metadata &&
+            !z->internal_metadata && !z->action_str && !z->keys,
+        "attribute set 0 is not all zero");
+  for (uint32_t i = 0; i < s->ntattrs; i++) {
+    const msnap_tattr_t *a = &s->tattrs[i];
+    CHECK(strlist_ok(s, a->forward_frames),
+          "attribute set %u: forward_frames out of range", i);
+    CHECK(str_ok(s, a->compile_context) && str_ok(s, a->user_metadata) &&
+              str_ok(s, a->internal_metadata) && str_ok(s, a->action_str),
+          "attribute set %u: string id out of range", i);
+  }
+  return 0;
+}
+
+/* The id the stack table gives the content of stack i (UINT32_MAX: not
+ * found). */
+static uint32_t stack_lookup(const msnap_snap_t *s, uint32_t i) {
+  const struct msnap_snap_priv_s *pr = s->priv;
+  const snap_ht_t *t = &pr->stacks;
+  msnap_stackspan_t sp = s->stacks[i];
+  uint64_t nb = stack_nbytes(s, i);
+  uint32_t hv = (uint32_t)XXH3_64bits_withSeed(s->stack_bytes + sp.off, nb,
+                                               pr->seed);
+  for (uint32_t h = hv & t->mask, k = 0; k <= t->mask;
+       h = (h + 1) & t->mask, k++) {
+    uint32_t e = t->slots[h];
+    if (!e) return UINT32_MAX;
+    msnap_stackspan_t q = s->stacks[e - 1];
+    if (pr->stack_hash[e - 1] == hv && q.n == sp.n &&
+        stack_nbytes(s, e - 1) == nb &&
+        memcmp(s->stack_bytes + q.off, s->stack_bytes + sp.off, nb) == 0)
+      return e - 1;
+  }
+  return UINT32_MAX;
+}
+
+/* A stack decodes to exactly n ids < nframes in exactly nbytes bytes. */
+static int check_stack(const msnap_snap_t *s, uint32_t i, bool deep,
+                       char *msg, size_t len) {
+  msnap_stackspan_t sp = s->stacks[i];
+  uint64_t next = i + 1 < s->nstacks ? s->stacks[i + 1].off : s->nstack_bytes;
+  CHECK(sp.off <= next && next <= s->nstack_bytes,
+        "stack %u: bytes %llu..%llu out of order or beyond %llu", i,
+        (unsigned long long)sp.off, (unsigned long long)next,
+        (unsigned long long)s->nstack_bytes);
+  CHECK(next - sp.off >= sp.n && next - sp.off <= 5 * (uint64_t)sp.n,
+        "stack %u: %llu bytes for %u frames", i,
+        (unsigned long long)(next - sp.off), (unsigned)sp.n);
+  if (!deep) return 0;
+  const unsigned char *p = s->stack_bytes + sp.off,
+                      *end = s->stack_bytes + next;
+  int64_t prev = 0;
+  for (uint32_t k = 0; k < (uint32_t)sp.n; k++) {
+    uint64_t z = 0;
+    unsigned shift = 0;
+    for (;;) {
+      CHECK(p < end && shift < 42, "stack %u: frame %u cut or too long", i,
+            k);
+      unsigned char b = *p++;
+      z |= (uint64_t)(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    prev += (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    CHECK(prev >= 0 && prev < (int64_t)s->nframes,
+          "stack %u: frame id %lld out of range", i, (long long)prev);
+  }
+  CHECK(p == end, "stack %u: %u bytes left over", i, (unsigned)(end - p));
   return 0;
 }
 
@@ -517,6 +1019,17 @@ static int check_traces(const msnap_snap_t *s, const char *what, uint32_t d,
  * Returns 0 or MSNAP_ESTATE with the first violation in msg.
  */
 int msnap__snap_check_model(const msnap_snap_t *s, char *msg, size_t len) {
+  return msnap__snap_check_model_level(s, true, msg, len);
+}
+
+/*
+ * The same; shallow (deep false) leaves out decoding every stack's frame
+ * ids (spans and byte ranges are still checked): what the reader runs on
+ * each model it makes, whose stacks msnap__snap_stack encoded from frame
+ * ids it had checked.
+ */
+int msnap__snap_check_model_level(const msnap_snap_t *s, bool deep, char *msg,
+                                  size_t len) {
   int rc;
   CHECK(s && s->priv, "no model");
   CHECK(s->nstrings >= 2 && s->str_off[0] == 0 &&
@@ -537,16 +1050,14 @@ int msnap__snap_check_model(const msnap_snap_t *s, char *msg, size_t len) {
   }
   CHECK(s->nstacks >= 2 && s->stacks[0].n == 0 && s->stacks[1].n == 0,
         "stack placeholders 0/1 must be empty");
-  for (uint32_t i = 0; i < s->nstacks; i++) {
-    msnap_span_t sp = s->stacks[i];
-    CHECK((uint64_t)sp.first + sp.n <= s->nstack_frames,
-          "stack %u: span %u+%u beyond %u", i, sp.first, sp.n,
-          s->nstack_frames);
-    for (uint32_t k = 0; k < sp.n; k++)
-      CHECK(s->stack_frames[sp.first + k] < s->nframes,
-            "stack %u: frame id %u out of range", i,
-            s->stack_frames[sp.first + k]);
-  }
+  for (uint32_t i = 0; i < s->nstacks; i++)
+    if ((rc = check_stack(s, i, deep, msg, len)) < 0) return rc;
+  /* interned once: each stack is found in the table under its own id */
+  if (deep && !s->priv->stacks_unindexed && s->priv->stacks.slots)
+    for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < s->nstacks; i++)
+      CHECK(stack_lookup(s, i) == i, "stack %u: found as %u in the table",
+            i, stack_lookup(s, i));
+  if ((rc = check_tattrs(s, msg, len)) < 0) return rc;
   for (uint32_t i = 0; i < s->nstrlists; i++) {
     msnap_span_t sp = s->strlists[i];
     CHECK((uint64_t)sp.first + sp.n <= s->nstrlist_items,

@@ -15,17 +15,26 @@
  *
  * Invariants (checked by msnap__snap_check_model):
  *   - Every string id is 0 (= key absent) or < nstrings; string 1 is "".
+ *   - Strings interned as text are valid UTF-8 (msnap__snap_intern
+ *     repairs them), so every pickle and JSON written from the model
+ *     decodes; only pickle bytes objects (never part of a snapshot)
+ *     are kept raw.
  *   - Every stack id is 0 (= key absent), 1 (= empty list []), or <
- *     nstacks; a stack is a span of stack_frames, each < nframes.
+ *     nstacks; a stack is n frame ids, each < nframes, encoded in
+ *     stack_bytes (msnap_stackspan_t; read with msnap__stack_iter).
+ *   - Every trace entry's attr is < ntattrs; tattrs[0] is all zero.
  *   - segments[i].first_block + nblocks <= nblocks (total); blocks of a
  *     segment are consecutive in `blocks`.
- *   - device_traces has ndevices lists (ndevices may be 0 for a bare list).
+ *   - device_traces has ndevices lists (ndevices may be 0 for a bare list),
+ *     ndevices <= MSNAP_SNAP_MAX_DEVICES; segment devices are in
+ *     [0, MSNAP_SNAP_MAX_DEVICES) (host segments: also -1).
  * The model does NOT assume the file was consistent: checking sums,
  * contiguity and ordering is the CLI's `check` job, which reports where.
  *
- * Memory: every record is a fixed-size struct; strings, frames and stacks
- * are interned once (xxHash), so a file with shared frames costs little
- * more than its distinct frames.
+ * Memory: every record is a fixed-size struct (a trace entry 32 bytes);
+ * strings, frames, stacks and trace entry attributes are interned once
+ * (xxHash), a stack costs about a byte per frame, so a file with shared
+ * frames costs little more than its distinct frames.
  */
 #ifndef MSNAP_SNAPSHOT_H
 #define MSNAP_SNAPSHOT_H
@@ -37,6 +46,12 @@
 #include "memsnap.h"
 
 typedef uint32_t msnap_str_t;   /* 0: absent; 1: "" */
+
+/* Device indices a model holds: segments 0..MSNAP_SNAP_MAX_DEVICES - 1
+ * (host segments and annotations also -1); the reader refuses others, so
+ * every command validates devices the same way and nothing sized by a
+ * device index can grow beyond this. */
+#define MSNAP_SNAP_MAX_DEVICES 65536
 typedef uint32_t msnap_stack_t; /* 0: absent (no key); 1: [] */
 
 #define MSNAP_STR_ABSENT 0u
@@ -54,6 +69,17 @@ typedef struct msnap_frame_s {
 typedef struct msnap_span_s {
   uint32_t first, n;
 } msnap_span_t;
+
+/* A stack: n frame ids stored at stack_bytes + off (up to the next
+ * stack's off, or nstack_bytes for the last), each
+ * the LEB128 varint of the zigzag difference to the previous id (the
+ * first: to 0).  Frames of a stack are mostly interned together, so most
+ * differences take one byte: a stack costs about a byte per frame. */
+typedef struct msnap_stackspan_s {
+  uint64_t off : 40; /* stacks are appended: the next one's off ends it */
+  uint64_t n : 24;
+} msnap_stackspan_t;
+#define MSNAP_STACK_MAX_FRAMES ((1u << 24) - 1)
 
 enum msnap_block_state_e {
   MSNAP_BLOCK_INACTIVE = 0,
@@ -122,18 +148,29 @@ typedef struct msnap_ssegment_s {
 
 #define MSNAP_ACTION_UNKNOWN 255 /* action string kept in action_str */
 
-typedef struct msnap_strace_s {
-  uint64_t addr; /* device_free for oom entries (MSNAP_K_DEVICE_FREE) */
-  uint64_t size;
+/*
+ * What trace entries share: everything but addr, size, time_us, frames
+ * and action.  Interned once per distinct combination (a recording has a
+ * handful: streams x pools x metadata strings), so an entry is 32 bytes.
+ */
+typedef struct msnap_tattr_s {
   int64_t stream;
-  int64_t time_us;
   msnap_mempool_id_t pool_id;
-  msnap_stack_t frames;
   uint32_t forward_frames;
   msnap_str_t compile_context, user_metadata, internal_metadata;
   msnap_str_t action_str; /* only for MSNAP_ACTION_UNKNOWN (e.g. legacy "free") */
-  uint16_t keys;
-  uint8_t action; /* msnap_action_t or MSNAP_ACTION_UNKNOWN */
+  uint16_t keys;          /* MSNAP_K_* present in the source */
+} msnap_tattr_t;
+
+#define MSNAP_TATTR_MAX (1u << 24) /* distinct attribute sets per model */
+
+typedef struct msnap_strace_s {
+  uint64_t addr; /* device_free for oom entries (MSNAP_K_DEVICE_FREE) */
+  uint64_t size;
+  int64_t time_us;
+  msnap_stack_t frames;
+  uint32_t action : 8; /* msnap_action_t or MSNAP_ACTION_UNKNOWN */
+  uint32_t attr : 24;  /* index into tattrs (0: no keys, all zero) */
 } msnap_strace_t;
 
 typedef struct msnap_sannotation_s {
@@ -197,9 +234,9 @@ typedef struct msnap_snap_s {
 
   msnap_frame_t *frames;
   uint32_t nframes, frames_cap;
-  uint32_t *stack_frames; /* flat frame ids */
-  uint32_t nstack_frames, stack_frames_cap;
-  msnap_span_t *stacks;
+  unsigned char *stack_bytes; /* encoded frame ids (msnap_stackspan_t) */
+  uint64_t nstack_bytes, stack_bytes_cap;
+  msnap_stackspan_t *stacks;
   uint32_t nstacks, stacks_cap;
   msnap_span_t *strlists; /* forward_frames: spans of strlist_items */
   uint32_t nstrlists, strlists_cap;
@@ -216,6 +253,9 @@ typedef struct msnap_snap_s {
   msnap_trace_list_t *device_traces;
   uint32_t ndevices;
 
+  msnap_tattr_t *tattrs; /* trace entry attributes; [0] is all zero */
+  uint32_t ntattrs, tattrs_cap;
+
   msnap_sannotation_t *annotations;
   uint32_t nannotations, annotations_cap;
 
@@ -226,6 +266,11 @@ typedef struct msnap_snap_s {
   msnap_sblock_t *host_blocks;
   uint32_t nhost_blocks, host_blocks_cap;
   msnap_trace_list_t host_traces;
+
+  /* Strings that were not valid UTF-8 when interned (repaired with
+   * U+FFFD; msnap__snap_intern), the first of them (0: none). */
+  uint64_t utf8_repaired;
+  msnap_str_t utf8_example;
 
   /* private: intern hash tables, arenas */
   struct msnap_snap_priv_s *priv;
@@ -243,16 +288,58 @@ enum {
 /* --- construction (snapshot.c) ----------------------------------------- */
 msnap_snap_t *msnap__snap_new(void);
 void msnap__snap_free(msnap_snap_t *s);
-/* Intern a string (not necessarily NUL-terminated); 0 on ENOMEM. */
+/* Intern text (not necessarily NUL-terminated) under the model's UTF-8
+ * policy: bytes that are not valid UTF-8 (invalid bytes, cut sequences,
+ * encoded surrogates) become U+FFFD, exactly as CPython's
+ * bytes.decode("utf-8", "replace"), and are counted in utf8_repaired.
+ * 0 on ENOMEM. */
 msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len);
+/* Intern bytes as they are (pickle bytes objects); 0 on ENOMEM. */
+msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,
+                                     size_t len);
+/* True when p[0..len) is valid UTF-8 (no surrogates). */
+bool msnap__utf8_valid(const char *p, size_t len);
 const char *msnap__snap_str(const msnap_snap_t *s, msnap_str_t id,
                             size_t *len);
 /* Intern a frame; returns its id or UINT32_MAX on ENOMEM. */
 uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f);
 /* Intern a stack of frame ids (innermost first); n == 0 gives
- * MSNAP_STACK_EMPTY; UINT32_MAX... returns 0 on ENOMEM. */
+ * MSNAP_STACK_EMPTY; returns 0 on ENOMEM. */
 msnap_stack_t msnap__snap_stack(msnap_snap_t *s, const uint32_t *frame_ids,
                                 uint32_t n);
+/* The same from the encoding (msnap_stackspan_t): a caller that has the
+ * ids one by one writes them with msnap__stack_put into
+ * msnap__snap_stack_buf(s, n) (room for n ids; NULL on ENOMEM). */
+unsigned char *msnap__snap_stack_buf(msnap_snap_t *s, uint32_t n);
+static inline unsigned char *msnap__stack_put(unsigned char *o, uint32_t prev,
+                                              uint32_t id) {
+  int64_t d = (int64_t)id - (int64_t)prev;
+  uint64_t z = ((uint64_t)d << 1) ^ (uint64_t)(d >> 63);
+  if (z < 0x80) { /* the common lengths without a loop */
+    *o = (unsigned char)z;
+    return o + 1;
+  }
+  if (z < 0x4000) {
+    o[0] = (unsigned char)(z | 0x80);
+    o[1] = (unsigned char)(z >> 7);
+    return o + 2;
+  }
+  while (z >= 0x80) {
+    *o++ = (unsigned char)(z | 0x80);
+    z >>= 7;
+  }
+  *o++ = (unsigned char)z;
+  return o;
+}
+msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
+                                        const unsigned char *enc, size_t nb,
+                                        uint32_t n);
+/* The reader's way: append without a lookup, then one pass at the end
+ * gives equal stacks one id (and rewrites the model's stack ids). */
+msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
+                                       const unsigned char *enc, size_t nb,
+                                       uint32_t n);
+int msnap__snap_dedupe_stacks(msnap_snap_t *s);
 uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
                              uint32_t n);
 /* Append records; return a pointer to the zeroed new record or NULL. */
@@ -260,6 +347,8 @@ msnap_ssegment_t *msnap__snap_add_segment(msnap_snap_t *s);
 msnap_sblock_t *msnap__snap_add_block(msnap_snap_t *s);
 msnap_shistory_t *msnap__snap_add_history(msnap_snap_t *s);
 int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices);
+/* Append a zeroed entry (attr 0: no keys); set its attributes with
+ * msnap__snap_trace_set_attr. */
 msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l);
 /* Room for `extra` more entries in l (exactly), prefaulted: a writer that
  * knows its count up front adds them without reallocation or a page fault
@@ -267,10 +356,66 @@ msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l);
  * every field written.  0 or MSNAP_ENOMEM. */
 int msnap__snap_reserve_traces(msnap_snap_t *s, msnap_trace_list_t *l,
                                uint64_t extra);
+/* Intern an attribute set: its index, or UINT32_MAX on ENOMEM or past
+ * MSNAP_TATTR_MAX sets. */
+uint32_t msnap__snap_tattr(msnap_snap_t *s, const msnap_tattr_t *a);
+/* Give e the attributes *a (interned); 0 or MSNAP_ENOMEM/MSNAP_ELIMIT. */
+int msnap__snap_trace_set_attr(msnap_snap_t *s, msnap_strace_t *e,
+                               const msnap_tattr_t *a);
+/* The attributes of a trace entry. */
+static inline const msnap_tattr_t *msnap__tattr(const msnap_snap_t *s,
+                                                const msnap_strace_t *e) {
+  return &s->tattrs[e->attr];
+}
+
+/* ---- stacks ---------------------------------------------------------------- */
+typedef struct msnap_stack_iter_s {
+  const unsigned char *p;
+  uint32_t left, prev;
+} msnap_stack_iter_t;
+/* Frames of stack st, innermost first: msnap__stack_next gives each id. */
+static inline void msnap__stack_iter(const msnap_snap_t *s, msnap_stack_t st,
+                                     msnap_stack_iter_t *it) {
+  if (st >= s->nstacks) {
+    it->p = NULL;
+    it->left = it->prev = 0;
+    return;
+  }
+  it->p = s->stack_bytes + s->stacks[st].off;
+  it->left = (uint32_t)s->stacks[st].n;
+  it->prev = 0;
+}
+static inline bool msnap__stack_next(msnap_stack_iter_t *it, uint32_t *id) {
+  if (!it->left) return false;
+  uint64_t z = 0;
+  unsigned shift = 0;
+  unsigned char b;
+  do {
+    b = *it->p++;
+    z |= (uint64_t)(b & 0x7f) << shift;
+    shift += 7;
+  } while ((b & 0x80) && shift < 42);
+  int64_t d = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+  it->prev = (uint32_t)((int64_t)it->prev + d);
+  it->left--;
+  *id = it->prev;
+  return true;
+}
+/* Number of frames of stack st (0 for ids out of range). */
+static inline uint32_t msnap__stack_len(const msnap_snap_t *s,
+                                        msnap_stack_t st) {
+  return st < s->nstacks ? (uint32_t)s->stacks[st].n : 0;
+}
+/* Decode up to cap frame ids of st into out; returns the stack's length. */
+uint32_t msnap__stack_frames(const msnap_snap_t *s, msnap_stack_t st,
+                             uint32_t *out, uint32_t cap);
 msnap_sannotation_t *msnap__snap_add_annotation(msnap_snap_t *s);
 void msnap__gv_free(msnap_gv_t *v);
 /* Structural invariants of the model (see top of file). */
 int msnap__snap_check_model(const msnap_snap_t *s, char *msg, size_t len);
+/* The same; deep = false does not decode each stack's frame ids. */
+int msnap__snap_check_model_level(const msnap_snap_t *s, bool deep, char *msg,
+                                  size_t len);
 
 /* --- reading (snapshot_read.c) ------------------------------------------ */
 typedef struct msnap_read_error_s {
@@ -283,6 +428,20 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err);
 int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
                             msnap_read_error_t *err);
+/* Tests and benchmarks: the reader with its fast path off (generic_only),
+ * and how many APPENDS batches the fast path decoded / rolled back. */
+typedef struct msnap_read_stats_s {
+  bool generic_only;
+  uint64_t fast_batches, fast_rollbacks;
+} msnap_read_stats_t;
+int msnap__snap_read_buffer_ex(const void *buf, size_t len,
+                               msnap_snap_t **out, msnap_read_error_t *err,
+                               msnap_read_stats_t *stats);
+/* From an open source (base/source.h); stats may be NULL. */
+struct msnap_source_s;
+int msnap__snap_read_source(struct msnap_source_s *src, msnap_snap_t **out,
+                            msnap_read_error_t *err,
+                            msnap_read_stats_t *stats);
 
 /* --- writing (snapshot_write.c) ----------------------------------------- */
 struct msnap_sink_s;

@@ -48,14 +48,9 @@
  * with MSNAP_EFORMAT naming the key; the pickle itself stays readable by
  * the generic VM (the tests' canonical dump, tests/pickle/canon.c).
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -71,7 +66,10 @@ enum rec_kind_e {
   REC_HIST,
   REC_SEG,
   REC_ANNOT,
-  REC_EMPTY
+  REC_EMPTY,
+  REC_BSPAN,  /* a list of block records: spans[index]   */
+  REC_HSPAN,  /* a list of 2.0 history records: spans[]   */
+  REC_STRLIST /* a list of str: strlist id (forward_frames) */
 };
 
 /* Keys known to the model; interned first, so their string ids are small
@@ -106,6 +104,12 @@ typedef struct fields_s {
   int pos[NKEYS]; /* item order, for key-order facts */
 } fields_t;
 
+/* A list of block or history records (REC_BSPAN / REC_HSPAN). */
+typedef struct span_s {
+  uint32_t first, n;
+  bool claimed; /* a segment took these blocks (shared lists are copied) */
+} span_t;
+
 typedef struct pair_tab_s {
   msnap_mempool_id_t *v;
   uint32_t n, cap;
@@ -126,6 +130,8 @@ typedef struct rd_s {
   uint8_t *key_of; /* key_of[str id] = key + 1, for ids < nkey_of */
   uint32_t nkey_of;
   msnap_str_t action_str[MSNAP_ACTION_COUNT];
+  uint8_t *action_of; /* action_of[str id] = action + 1 */
+  uint32_t naction_of;
   msnap_str_t st_alloc, st_pending, st_inactive, seg_large, seg_small,
       stage_start, stage_end;
   msnap_strace_t *pool;
@@ -133,6 +139,8 @@ typedef struct rd_s {
   pair_tab_t pairs;
   uint32_t *ids;
   uint32_t nids_cap;
+  span_t *spans; /* REC_BSPAN / REC_HSPAN */
+  uint32_t nspans, spans_cap;
   uint32_t nseg_records, nblock_records; /* made during the run */
   size_t len; /* input bytes: each memo reference costs >= 2 of them */
   bool any_current_key, any_time;
@@ -181,17 +189,17 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
   return t->n++;
 }
 
-/* Collect the known keys of a dict object into f. */
-static void get_fields(rd_t *r, const msnap_pobj_t *o, fields_t *f) {
+/* Collect the known keys of a dict's items into f. */
+static void get_fields(rd_t *r, const msnap_pitems_t *it, fields_t *f) {
   f->present = 0;
-  for (uint32_t i = 0; i + 1 < o->n; i += 2) {
-    msnap_pv_t k = msnap__pobj_item(o, i);
+  for (uint32_t i = 0; i + 1 < it->n; i += 2) {
+    msnap_pv_t k = msnap__pitem(it, i);
     if (MSNAP_PV_TAG(k) != MSNAP_PV_STR) continue;
     uint64_t id = MSNAP_PV_PAYLOAD(k);
     if (id >= r->nkey_of || !r->key_of[id]) continue;
     int key = r->key_of[id] - 1;
     f->present |= 1ull << key;
-    f->v[key] = msnap__pobj_item(o, i + 1);
+    f->v[key] = msnap__pitem(it, i + 1);
     f->pos[key] = (int)i;
   }
 }
@@ -276,25 +284,15 @@ static int get_stack(rd_t *r, const fields_t *f, int key,
   return 0;
 }
 
-/* forward_frames: a list of str (consumed: replaced by REC_EMPTY). */
+/* forward_frames: a list of str (REC_STRLIST, made when it was stored). */
 static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
   msnap_pv_t v = f->v[key];
   if (IS_REC(v, REC_EMPTY)) {
     *out = msnap__snap_strlist(r->s, NULL, 0);
     return *out ? 0 : msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   }
-  msnap_pobj_t *o = msnap__pvm_obj(r->vm, v);
-  if (!o || o->kind != MSNAP_POBJ_LIST)
-    return bad_type(r, key, v, "a list of str");
-  uint32_t n = o->n;
-  if (ids_room(r, n) < 0) return MSNAP_ENOMEM;
-  for (uint32_t i = 0; i < n; i++) {
-    if (MSNAP_PV_TAG(msnap__pobj_item(o, i)) != MSNAP_PV_STR)
-      return bad_type(r, key, msnap__pobj_item(o, i), "a str item");
-    r->ids[i] = (uint32_t)MSNAP_PV_PAYLOAD(msnap__pobj_item(o, i));
-  }
-  *out = msnap__snap_strlist(r->s, r->ids, n);
-  if (!*out) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  if (!IS_REC(v, REC_STRLIST)) return bad_type(r, key, v, "a list of str");
+  *out = (uint32_t)MSNAP_PV_REC_INDEX(v);
   return 0;
 }
 
@@ -330,63 +328,71 @@ static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
  */
 static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_strace_t t;
+  msnap_tattr_t a;
   memset(&t, 0, sizeof t);
+  memset(&a, 0, sizeof a);
   int rc = 0;
   msnap__pvm_set_phase(r->vm, "converting a trace entry");
-  msnap_str_t a = 0;
-  if ((rc = get_str(r, f, KEY_action, &a)) < 0) return rc;
+  msnap_str_t as = 0;
+  if ((rc = get_str(r, f, KEY_action, &as)) < 0) return rc;
   t.action = MSNAP_ACTION_UNKNOWN;
-  for (int i = 0; i < MSNAP_ACTION_COUNT; i++)
-    if (r->action_str[i] == a) t.action = (uint8_t)i;
-  if (t.action == MSNAP_ACTION_UNKNOWN) t.action_str = a;
+  if (as < r->naction_of && r->action_of[as]) t.action = r->action_of[as] - 1;
+  if (t.action == MSNAP_ACTION_UNKNOWN) a.action_str = as;
   if (HAS(f, addr)) {
     if ((rc = get_u64(r, f, KEY_addr, &t.addr)) < 0) return rc;
-    t.keys |= MSNAP_K_ADDRESS;
+    a.keys |= MSNAP_K_ADDRESS;
   } else if (HAS(f, device_free)) {
     if ((rc = get_u64(r, f, KEY_device_free, &t.addr)) < 0) return rc;
-    t.keys |= MSNAP_K_DEVICE_FREE;
+    a.keys |= MSNAP_K_DEVICE_FREE;
   }
   if (HAS(f, size) && (rc = get_u64(r, f, KEY_size, &t.size)) < 0) return rc;
   if (HAS(f, stream)) {
-    if ((rc = get_i64(r, f, KEY_stream, &t.stream)) < 0) return rc;
-    t.keys |= MSNAP_K_STREAM;
+    if ((rc = get_i64(r, f, KEY_stream, &a.stream)) < 0) return rc;
+    a.keys |= MSNAP_K_STREAM;
   }
   if (HAS(f, time_us)) {
     if ((rc = get_i64(r, f, KEY_time_us, &t.time_us)) < 0) return rc;
-    t.keys |= MSNAP_K_TIME;
+    a.keys |= MSNAP_K_TIME;
     r->any_time = true;
   }
   if (HAS(f, compile_context)) {
-    if ((rc = get_str(r, f, KEY_compile_context, &t.compile_context)) < 0)
+    if ((rc = get_str(r, f, KEY_compile_context, &a.compile_context)) < 0)
       return rc;
-    t.keys |= MSNAP_K_COMPILE_CTX;
+    a.keys |= MSNAP_K_COMPILE_CTX;
     r->any_current_key = true;
   }
   if (HAS(f, user_metadata)) {
-    if ((rc = get_str(r, f, KEY_user_metadata, &t.user_metadata)) < 0)
+    if ((rc = get_str(r, f, KEY_user_metadata, &a.user_metadata)) < 0)
       return rc;
-    t.keys |= MSNAP_K_USER_META;
+    a.keys |= MSNAP_K_USER_META;
     r->any_current_key = true;
   }
   if (HAS(f, internal_metadata)) {
-    if ((rc = get_str(r, f, KEY_internal_metadata, &t.internal_metadata)) < 0)
+    if ((rc = get_str(r, f, KEY_internal_metadata, &a.internal_metadata)) < 0)
       return rc;
-    t.keys |= MSNAP_K_INTERNAL_META;
+    a.keys |= MSNAP_K_INTERNAL_META;
   }
   if (HAS(f, pool_id)) {
-    if ((rc = get_pair(r, f, KEY_pool_id, &t.pool_id)) < 0) return rc;
-    t.keys |= MSNAP_K_POOL_ID;
+    if ((rc = get_pair(r, f, KEY_pool_id, &a.pool_id)) < 0) return rc;
+    a.keys |= MSNAP_K_POOL_ID;
     r->any_current_key = true;
   }
   if (HAS(f, frames)) {
     if ((rc = get_stack(r, f, KEY_frames, &t.frames)) < 0) return rc;
-    t.keys |= MSNAP_K_FRAMES;
+    a.keys |= MSNAP_K_FRAMES;
   }
   if (HAS(f, forward_frames)) {
-    if ((rc = get_strlist(r, f, KEY_forward_frames, &t.forward_frames)) < 0)
+    if ((rc = get_strlist(r, f, KEY_forward_frames, &a.forward_frames)) < 0)
       return rc;
-    t.keys |= MSNAP_K_FORWARD;
+    a.keys |= MSNAP_K_FORWARD;
   }
+  if ((rc = msnap__snap_trace_set_attr(r->s, &t, &a)) < 0)
+    return msnap__pvm_fail(r->vm, rc,
+                           rc == MSNAP_ELIMIT
+                               ? "more than %u distinct sets of trace entry "
+                                 "attributes (stream, pool, metadata)"
+                               : "out of memory (%u)",
+                           MSNAP_TATTR_MAX);
   if (r->npool >= (1u << 31))
     return msnap__pvm_fail(r->vm, MSNAP_ELIMIT, "more than 2^31 entries");
   if (msnap__grow((void **)&r->pool, &r->pool_cap, r->npool, 1,
@@ -418,38 +424,54 @@ static int conv_hist(rd_t *r, const fields_t *f, msnap_pv_t *v) {
 }
 
 /*
- * Items of a list value that must all be REC(kind): returns the index span
- * [first, first + n) when they are consecutive, else copies them with
- * `copy` to the end of their array first.  *n = 0 for an empty list.
+ * A list of block (or 2.0 history) records, made REC_BSPAN / REC_HSPAN
+ * when it was stored: its span [first, first + n); *n = 0 for [].
  */
 static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
                     uint32_t *first, uint32_t *n) {
   *first = *n = 0;
   if (IS_REC(v, REC_EMPTY)) return 0;
-  msnap_pobj_t *o = msnap__pvm_obj(r->vm, v);
-  if (!o || o->kind != MSNAP_POBJ_LIST)
-    return bad_type(r, key, v, "a list");
-  bool consecutive = true;
-  for (uint32_t i = 0; i < o->n; i++) {
-    if (!IS_REC(msnap__pobj_item(o, i), kind))
-      return bad_type(r, key, msnap__pobj_item(o, i),
-                      kind == REC_BLOCK ? "a block dict" : "a history dict");
-    if (MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i)) !=
-        MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0)) + i)
-      consecutive = false;
+  if (!IS_REC(v, kind == REC_BLOCK ? REC_BSPAN : REC_HSPAN))
+    return bad_type(r, key, v,
+                    kind == REC_BLOCK ? "a list of block dicts"
+                                      : "a list of history dicts");
+  span_t *sp = &r->spans[MSNAP_PV_REC_INDEX(v)];
+  if (sp->claimed && kind == REC_BLOCK) {
+    /* the same block list in a second segment: its own copy (2.0 block
+     * addresses are computed from the segment's address) */
+    uint32_t at = r->s->nblocks;
+    for (uint32_t i = 0; i < sp->n; i++) {
+      msnap_sblock_t *b = msnap__snap_add_block(r->s);
+      if (!b) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+      *b = r->s->blocks[sp->first + i];
+    }
+    *first = at;
+    *n = sp->n;
+    return 0;
   }
-  if (o->n == 0) return 0;
-  if (consecutive) {
-    *first = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pobj_item(o, 0));
-    *n = o->n;
-  } else {
-    /* shared or reordered records: lay out copies */
-    uint32_t cnt = o->n;
-    msnap_snap_t *s = r->s;
-    *first = kind == REC_BLOCK ? s->nblocks : s->nhistories;
-    for (uint32_t i = 0; i < cnt; i++) {
-      o = msnap__pvm_obj(r->vm, v);
-      uint64_t idx = MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i));
+  if (kind == REC_BLOCK) sp->claimed = true;
+  *first = sp->first;
+  *n = sp->n;
+  return 0;
+}
+
+/*
+ * A list whose items are all block (history) records -> a span of them:
+ * consecutive records as they are, others (shared or reordered) copied
+ * to the end of their array first.
+ */
+static int make_span(rd_t *r, const msnap_pitems_t *it, unsigned kind,
+                     msnap_pv_t *out) {
+  msnap_snap_t *s = r->s;
+  uint32_t n = it->n;
+  uint32_t first = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pitem(it, 0));
+  bool consecutive = true;
+  for (uint32_t i = 1; i < n && consecutive; i++)
+    consecutive = MSNAP_PV_REC_INDEX(msnap__pitem(it, i)) == first + i;
+  if (!consecutive) {
+    first = kind == REC_BLOCK ? s->nblocks : s->nhistories;
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t idx = MSNAP_PV_REC_INDEX(msnap__pitem(it, i));
       if (kind == REC_BLOCK) {
         msnap_sblock_t *b = msnap__snap_add_block(s);
         if (!b) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
@@ -460,9 +482,13 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
         *h = s->histories[idx];
       }
     }
-    *n = cnt;
   }
-  msnap__pvm_replace(r->vm, v, REC(REC_EMPTY, 0));
+  if (msnap__grow((void **)&r->spans, &r->spans_cap, r->nspans, 1,
+                  sizeof *r->spans) < 0)
+    return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+  r->spans[r->nspans] = (span_t){first, n, false};
+  *out = REC(kind == REC_BLOCK ? REC_BSPAN : REC_HSPAN, r->nspans);
+  r->nspans++;
   return 0;
 }
 
@@ -615,6 +641,11 @@ static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   if (HAS(f, name) && (rc = get_str(r, f, KEY_name, &a.name)) < 0) return rc;
   if (HAS(f, device) && (rc = get_i64(r, f, KEY_device, &a.device)) < 0)
     return rc;
+  if (a.device < -1 || a.device >= MSNAP_SNAP_MAX_DEVICES)
+    return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                           "device %lld is not a device index (expected "
+                           "-1..%d)",
+                           (long long)a.device, MSNAP_SNAP_MAX_DEVICES - 1);
   if (HAS(f, time_us) && (rc = get_i64(r, f, KEY_time_us, &a.time_us)) < 0)
     return rc;
   msnap_sannotation_t *p = msnap__snap_add_annotation(r->s);
@@ -625,38 +656,84 @@ static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
 }
 
 /*
- * The VM's completion callback: classify a finished container and turn it
- * into a record (see the header comment).  Unknown shapes stay generic.
+ * A list whose first item is a frame record: a stack when every item is
+ * one (encoded in one pass: kind check, id, varint), else left generic.
  */
-static int snap_complete(void *ctx, msnap_pvm_t *vm, msnap_pv_t *v) {
+static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
+                           msnap_pv_t *out) {
+  uint32_t n = it->n;
+  if (n > MSNAP_STACK_MAX_FRAMES)
+    return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                           "a list of %u frames (at most %u)", n,
+                           MSNAP_STACK_MAX_FRAMES);
+  unsigned char *enc = msnap__snap_stack_buf(r->s, n), *o = enc;
+  if (!enc) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
+  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
+  uint32_t prev = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    msnap_pv_t v = msnap__pitem(it, i);
+    if ((v & kind_mask) != want) return 0;
+    uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+    o = msnap__stack_put(o, prev, id);
+    prev = id;
+  }
+  msnap_stack_t st = msnap__snap_stack_append(r->s, enc, (size_t)(o - enc), n);
+  if (!st) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+  *out = REC(REC_STACK, st);
+  return 0;
+}
+
+/*
+ * The VM's completion callback: classify a finished container by its
+ * items and turn it into a record (see the header comment); *out stays 0
+ * for shapes that remain generic.  The VM's fast path calls it with the
+ * same items at the same point of the stream, so both give one model.
+ */
+static int snap_convert(void *ctx, msnap_pvm_t *vm, unsigned kind,
+                        const msnap_pitems_t *it, msnap_pv_t *out) {
   rd_t *r = ctx;
-  msnap_pobj_t *o = msnap__pvm_obj(vm, *v);
-  if (!o) return 0;
-  if (o->kind == MSNAP_POBJ_LIST) {
-    if (o->n == 0) {
-      *v = REC(REC_EMPTY, 0);
+  uint32_t n = it->n;
+  if (kind == MSNAP_POBJ_LIST) {
+    if (n == 0) {
+      *out = REC(REC_EMPTY, 0);
       return 0;
     }
-    for (uint32_t i = 0; i < o->n; i++)
-      if (!IS_REC(msnap__pobj_item(o, i), REC_FRAME)) return 0;
-    if (ids_room(r, o->n) < 0) return MSNAP_ENOMEM;
-    o = msnap__pvm_obj(vm, *v);
-    for (uint32_t i = 0; i < o->n; i++)
-      r->ids[i] = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i));
-    msnap_stack_t st = msnap__snap_stack(r->s, r->ids, o->n);
-    if (!st) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
-    *v = REC(REC_STACK, st);
-    return 0;
+    msnap_pv_t v0 = msnap__pitem(it, 0);
+    unsigned k0 = MSNAP_PV_TAG(v0) == MSNAP_PV_REC ? MSNAP_PV_REC_KIND(v0)
+                  : MSNAP_PV_TAG(v0) == MSNAP_PV_STR ? REC_STRLIST
+                                                     : 0;
+    if (k0 != REC_FRAME && k0 != REC_BLOCK && k0 != REC_HIST &&
+        k0 != REC_STRLIST)
+      return 0;
+    /* (a frame list is checked while it is encoded) */
+    for (uint32_t i = 1; i < n && k0 != REC_FRAME; i++) {
+      msnap_pv_t v = msnap__pitem(it, i);
+      if (k0 == REC_STRLIST ? MSNAP_PV_TAG(v) != MSNAP_PV_STR
+                            : !IS_REC(v, k0))
+        return 0;
+    }
+    if (k0 == REC_BLOCK || k0 == REC_HIST) return make_span(r, it, k0, out);
+    if (k0 == REC_STRLIST) {
+      if (ids_room(r, n) < 0) return MSNAP_ENOMEM;
+      for (uint32_t i = 0; i < n; i++)
+        r->ids[i] = (uint32_t)MSNAP_PV_PAYLOAD(msnap__pitem(it, i));
+      uint32_t id = msnap__snap_strlist(r->s, r->ids, n);
+      if (!id) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+      *out = REC(REC_STRLIST, id);
+      return 0;
+    }
+    return frames_to_stack(r, vm, it, out);
   }
-  if (o->kind == MSNAP_POBJ_TUPLE) {
-    if (o->n != 2) return 0;
+  if (kind == MSNAP_POBJ_TUPLE) {
+    if (n != 2) return 0;
     uint64_t ab[2];
     for (int i = 0; i < 2; i++) {
       int64_t x;
       uint64_t u;
-      msnap_pv_t it = msnap__pobj_item(o, i);
-      msnap_pint_t k = msnap__pvm_int(vm, it, &x, &u);
-      if (MSNAP_PV_TAG(it) == MSNAP_PV_CONST) return 0;
+      msnap_pv_t v = msnap__pitem(it, (uint32_t)i);
+      msnap_pint_t k = msnap__pvm_int(vm, v, &x, &u);
+      if (MSNAP_PV_TAG(v) == MSNAP_PV_CONST) return 0;
       if (k == MSNAP_PINT_I64 && x >= 0)
         ab[i] = (uint64_t)x;
       else if (k == MSNAP_PINT_U64)
@@ -667,21 +744,46 @@ static int snap_complete(void *ctx, msnap_pvm_t *vm, msnap_pv_t *v) {
     uint32_t id = pair_intern(r, ab[0], ab[1]);
     if (id == UINT32_MAX)
       return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
-    *v = REC(REC_PAIR, id);
+    *out = REC(REC_PAIR, id);
     return 0;
   }
-  if (o->kind != MSNAP_POBJ_DICT) return 0;
+  if (kind != MSNAP_POBJ_DICT) return 0;
   fields_t f;
-  get_fields(r, o, &f);
-  if (HAS(&f, action)) return conv_trace(r, &f, v);
-  if (HAS(&f, blocks) && !HAS(&f, segments)) return conv_segment(r, &f, v);
-  if (HAS(&f, state)) return conv_block(r, &f, v);
-  if (HAS(&f, real_size)) return conv_hist(r, &f, v);
-  if (HAS(&f, stage)) return conv_annotation(r, &f, v);
+  get_fields(r, it, &f);
+  if (HAS(&f, action)) return conv_trace(r, &f, out);
+  if (HAS(&f, blocks) && !HAS(&f, segments)) return conv_segment(r, &f, out);
+  if (HAS(&f, state)) return conv_block(r, &f, out);
+  if (HAS(&f, real_size)) return conv_hist(r, &f, out);
+  if (HAS(&f, stage)) return conv_annotation(r, &f, out);
   if ((HAS(&f, filename) || (HAS(&f, name) && HAS(&f, line))) &&
       !HAS(&f, segments))
-    return conv_frame(r, &f, v);
+    return conv_frame(r, &f, out);
   return 0;
+}
+
+/* The fast path's checkpoint: what its records appended (the VM undoes
+ * its own memo writes; interned strings, frames, stacks and pairs are
+ * found again by content). */
+static void snap_save(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
+  rd_t *r = ctx;
+  st[0] = r->npool;
+  st[1] = r->s->nblocks;
+  st[2] = r->s->nhistories;
+  st[3] = r->s->nsegments;
+  st[4] = r->s->nannotations;
+  st[5] = r->nspans;
+  st[6] = r->s->utf8_repaired;
+}
+
+static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
+  rd_t *r = ctx;
+  r->npool = (uint32_t)st[0];
+  r->s->nblocks = (uint32_t)st[1];
+  r->s->nhistories = (uint32_t)st[2];
+  r->s->nsegments = (uint32_t)st[3];
+  r->s->nannotations = (uint32_t)st[4];
+  r->nspans = (uint32_t)st[5];
+  r->s->utf8_repaired = st[6];
 }
 
 /* REC values inside generic parts (allocator_settings): only [] is known. */
@@ -690,6 +792,21 @@ static int rec_gv(void *ctx, msnap_pv_t v, msnap_gv_t *out) {
   if (IS_REC(v, REC_EMPTY)) {
     memset(out, 0, sizeof *out);
     out->kind = MSNAP_GV_LIST;
+    return 0;
+  }
+  if (IS_REC(v, REC_STRLIST)) {
+    msnap_span_t sp = r->s->strlists[MSNAP_PV_REC_INDEX(v)];
+    msnap_gv_t *it = sp.n ? calloc(sp.n, sizeof *it) : NULL;
+    if (sp.n && !it)
+      return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < sp.n; i++) {
+      it[i].kind = MSNAP_GV_STR;
+      it[i].u.s = r->s->strlist_items[sp.first + i];
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = MSNAP_GV_LIST;
+    out->u.seq.items = it;
+    out->u.seq.n = sp.n;
     return 0;
   }
   if (IS_REC(v, REC_PAIR)) {
@@ -747,6 +864,18 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
   uint32_t k = 0;
   for (uint32_t i = 0; i < o->n; i++) {
     ns[i] = segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))];
+    /* one rule for every command: a device is an index (host segments
+     * say -1), so nothing sized by it can blow up */
+    int64_t dev = ns[i].device;
+    if (dev < (host ? -1 : 0) || dev >= MSNAP_SNAP_MAX_DEVICES) {
+      free(ns);
+      free(nbk);
+      return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                             "%s[%u]: device %lld is not a device index "
+                             "(expected %d..%d)",
+                             key_names[key], i, (long long)dev,
+                             host ? -1 : 0, MSNAP_SNAP_MAX_DEVICES - 1);
+    }
     if (ns[i].nblocks)
       memcpy(nbk + k, blocks + ns[i].first_block,
              (size_t)ns[i].nblocks * sizeof *nbk);
@@ -824,6 +953,11 @@ static int map_traces(rd_t *r, const fields_t *f) {
     if (!outer || outer->kind != MSNAP_POBJ_LIST)
       return bad_type(r, KEY_device_traces, dt, "a list of lists");
     nd = outer->n;
+    if (nd > MSNAP_SNAP_MAX_DEVICES)
+      return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
+                             "device_traces has %u lists: more than %d "
+                             "devices",
+                             nd, MSNAP_SNAP_MAX_DEVICES);
   }
   if (nd && msnap__snap_set_devices(s, nd) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
@@ -918,7 +1052,9 @@ static int map_root(rd_t *r, msnap_pv_t root) {
     rc = place_segments(r, KEY_segments, root, segs, blocks, false);
   } else if (o && o->kind == MSNAP_POBJ_DICT) {
     fields_t f;
-    get_fields(r, o, &f);
+    msnap_pitems_t it = {o->items, o->fwd, o->n,
+                         (o->flags & MSNAP_POBJF_RANGE) != 0};
+    get_fields(r, &it, &f);
     if (!HAS(&f, segments) && !HAS(&f, device_traces))
       rc = msnap__pvm_fail(vm, MSNAP_EFORMAT,
                            "the top-level dict has neither 'segments' nor "
@@ -991,9 +1127,10 @@ static int rd_init(rd_t *r, msnap_snap_t *s) {
   memset(r, 0, sizeof *r);
   r->s = s;
   r->pairs.seed = msnap__hash_seed();
-  r->vm = msnap__pvm_new(s, snap_complete, r);
+  r->vm = msnap__pvm_new(s, snap_convert, r);
   if (!r->vm) return MSNAP_ENOMEM;
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
+  msnap__pvm_set_checkpoint(r->vm, snap_save, snap_restore);
   uint32_t maxid = 0;
   for (int k = 0; k < NKEYS; k++) {
     r->key_str[k] = msnap__snap_intern(s, key_names[k], strlen(key_names[k]));
@@ -1009,11 +1146,18 @@ static int rd_init(rd_t *r, msnap_snap_t *s) {
       MSNAP_ACTION_MAP(ACTION_NAME_)
 #undef ACTION_NAME_
   };
+  uint32_t amax = 0;
   for (int a = 0; a < MSNAP_ACTION_COUNT; a++) {
     const char *n = action_names[a];
     if (!(r->action_str[a] = msnap__snap_intern(s, n, strlen(n))))
       return MSNAP_ENOMEM;
+    if (r->action_str[a] > amax) amax = r->action_str[a];
   }
+  r->naction_of = amax + 1;
+  r->action_of = calloc(r->naction_of, 1);
+  if (!r->action_of) return MSNAP_ENOMEM;
+  for (int a = 0; a < MSNAP_ACTION_COUNT; a++)
+    r->action_of[r->action_str[a]] = (uint8_t)(a + 1);
 #define I_(field, lit)                                                        \
   if (!(r->field = msnap__snap_intern(s, lit, sizeof lit - 1)))               \
     return MSNAP_ENOMEM;
@@ -1031,54 +1175,52 @@ static int rd_init(rd_t *r, msnap_snap_t *s) {
 static void rd_destroy(rd_t *r) {
   msnap__pvm_free(r->vm);
   free(r->key_of);
+  free(r->action_of);
   free(r->pool);
   free(r->pairs.v);
   free(r->pairs.slots);
   free(r->ids);
-}
-
-typedef struct drop_s {
-  const unsigned char *base;
-  size_t dropped;
-} drop_t;
-
-/* Progress hook of read_file: drop consumed pages of the mapping. */
-static void drop_pages(void *ctx, size_t consumed) {
-  drop_t *d = ctx;
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  size_t upto = (consumed / pg) * pg;
-  if (upto > d->dropped) {
-    madvise((void *)(d->base + d->dropped), upto - d->dropped,
-            MADV_DONTNEED);
-    d->dropped = upto;
-  }
+  free(r->spans);
 }
 
 /*
- * Run the VM over buf, map the root, check the model.  On success *out
- * owns the model (marked as read from a file).
+ * Run the VM over src, map the root, check the model.  On success *out
+ * owns the model (marked as read from a file).  Wrong inputs are named
+ * (msnap__identify_head before parsing, msnap__identify_text after an
+ * early failure).
  */
-static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
-                       msnap_snap_t **out, msnap_read_error_t *err) {
-  msnap_read_error_t local;
-  if (!err) err = &local;
-  err->offset = 0;
-  err->msg[0] = 0;
-  /* JSON (memsnap convert --json, or any JSON) starts with '{' or '['
-   * after whitespace; neither byte is a pickle opcode, so say what the
-   * file is instead of "unknown opcode 0x7b". */
-  size_t ws = 0;
-  while (ws < len && (buf[ws] == ' ' || buf[ws] == '\t' || buf[ws] == '\n' ||
-                      buf[ws] == '\r'))
-    ws++;
-  if (ws < len && (buf[ws] == '{' || buf[ws] == '[')) {
-    err->offset = ws;
-    snprintf(err->msg, sizeof err->msg,
-             "offset %zu: not a pickle: this looks like JSON (memsnap "
-             "convert --json output cannot be read back; use the pickle)",
-             ws);
+#define READ_HEAD 40
+
+static int read_source(msnap_source_t *src, msnap_snap_t **out,
+                       msnap_read_error_t *err, msnap_read_stats_t *stats) {
+  /* the head: what the file is, when it is not a pickle.  READ_HEAD
+   * bytes (the magic numbers need 14), the same for every kind of input,
+   * and no more of a stream is waited for: a writer may send a short
+   * pickle and keep its end open */
+  const unsigned char *p = src->start;
+  int frc = msnap__source_fill(src, &p, READ_HEAD);
+  if (frc < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: %s (while reading)",
+             src->err);
+    return frc;
+  }
+  size_t nhead = (size_t)(src->end - p);
+  if (nhead > READ_HEAD) nhead = READ_HEAD;
+  if (nhead == 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: the %sinput is empty "
+             "(while reading)", msnap__source_codec_name(src));
     return MSNAP_EFORMAT;
   }
+  char what[400];
+  size_t at = 0;
+  if (msnap__identify_head(p, nhead, what, sizeof what, &at)) {
+    err->offset = at;
+    snprintf(err->msg, sizeof err->msg, "offset %zu: %s", at, what);
+    return MSNAP_EFORMAT;
+  }
+  /* kept for msnap__identify_text (the window may move while reading) */
+  unsigned char head[READ_HEAD];
+  memcpy(head, p, nhead);
   msnap_snap_t *s = msnap__snap_new();
   if (!s) {
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "
@@ -1088,21 +1230,42 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
   rd_t r;
   int rc = rd_init(&r, s);
   if (rc == 0) {
-    r.len = len;
-    if (drop) msnap__pvm_set_progress(r.vm, drop_pages, drop);
     msnap_pv_t root = 0;
-    rc = msnap__pvm_run(r.vm, buf, len, &root, err);
+    if (stats) msnap__pvm_set_fast(r.vm, !stats->generic_only);
+    rc = msnap__pvm_run_source(r.vm, src, &root, err);
+    if (stats) msnap__pvm_fast_stats(r.vm, &stats->fast_batches,
+                                     &stats->fast_rollbacks);
+    /* the bytes read up to STOP justify what the lists may repeat */
+    r.len = (size_t)msnap__pvm_offset(r.vm) + 1;
     if (rc == 0) rc = map_root(&r, root);
   } else {
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory (while "
                                         "starting)");
   }
   rd_destroy(&r);
+  /* equal stacks get one id (the VM's memory is given back first) */
+  if (rc == 0 && msnap__snap_dedupe_stacks(s) < 0) {
+    snprintf(err->msg, sizeof err->msg,
+             "offset %zu: out of memory (while merging equal stacks)",
+             r.len);
+    rc = MSNAP_ENOMEM;
+  }
+  if (rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
+      err->offset < 512 &&
+      msnap__identify_text(head, nhead, what, sizeof what)) {
+    /* a text file fails in its first bytes: say so, keep the detail */
+    char detail[200];
+    const char *d = strchr(err->msg, ':');
+    snprintf(detail, sizeof detail, "%.199s", d ? d + 2 : err->msg);
+    snprintf(err->msg, sizeof err->msg, "offset %llu: %.250s; the pickle "
+             "reader stopped there: %s",
+             (unsigned long long)err->offset, what, detail);
+  }
   if (rc == 0) {
     char msg[256];
-    if (msnap__snap_check_model(s, msg, sizeof msg) < 0) {
+    if (msnap__snap_check_model_level(s, false, msg, sizeof msg) < 0) {
       snprintf(err->msg, sizeof err->msg,
-               "offset %zu: inconsistent model: %s (while checking)", len,
+               "offset %zu: inconsistent model: %s (while checking)", r.len,
                msg);
       rc = MSNAP_EFORMAT;
     }
@@ -1117,82 +1280,60 @@ static int read_common(const unsigned char *buf, size_t len, drop_t *drop,
 }
 
 /*
- * Read a snapshot from memory (the caller keeps buf).
+ * Read a snapshot from memory (the caller keeps buf; not decompressed).
  */
+int msnap__snap_read_buffer_ex(const void *buf, size_t len,
+                               msnap_snap_t **out, msnap_read_error_t *err,
+                               msnap_read_stats_t *stats) {
+  msnap_read_error_t local;
+  if (!err) err = &local;
+  memset(err, 0, sizeof *err);
+  if (!buf && len) return MSNAP_EINVAL;
+  msnap_source_t *src;
+  if (msnap__source_mem(&src, buf, len) < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: out of memory");
+    return MSNAP_ENOMEM;
+  }
+  int rc = read_source(src, out, err, stats);
+  msnap__source_close(src);
+  return rc;
+}
+
 int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
                             msnap_read_error_t *err) {
-  if (!buf && len) return MSNAP_EINVAL;
-  return read_common(buf, len, NULL, out, err);
+  return msnap__snap_read_buffer_ex(buf, len, out, err, NULL);
+}
+
+int msnap__snap_read_source(msnap_source_t *src, msnap_snap_t **out,
+                            msnap_read_error_t *err,
+                            msnap_read_stats_t *stats) {
+  msnap_read_error_t local;
+  if (!err) err = &local;
+  memset(err, 0, sizeof *err);
+  return read_source(src, out, err, stats);
 }
 
 /*
- * Read a snapshot file: mmap'ed (consumed pages dropped as the VM goes),
- * or read into memory when it is not a regular file (pipe, /dev/stdin).
+ * Read a snapshot file ("-": standard input) through a source (source.h):
+ * a regular file is mapped, anything else streamed with the limit of
+ * MEMSNAP_INPUT_LIMIT; gzip and zstd files are decompressed.
  */
 int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err) {
   msnap_read_error_t local;
   if (!err) err = &local;
-  err->offset = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    snprintf(err->msg, sizeof err->msg,
-             "offset 0: cannot open %s: %s (while opening)", path,
-             strerror(errno));
-    return MSNAP_EIO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    /* not a regular file: read it into memory */
-    size_t cap = 1 << 20, n = 0;
-    unsigned char *b = malloc(cap);
-    for (;;) {
-      if (!b) {
-        close(fd);
-        snprintf(err->msg, sizeof err->msg,
-                 "offset %zu: out of memory (while reading %s)", n, path);
-        return MSNAP_ENOMEM;
-      }
-      ssize_t k = read(fd, b + n, cap - n);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0) {
-        snprintf(err->msg, sizeof err->msg,
-                 "offset %zu: read error on %s: %s (while reading)", n, path,
-                 strerror(errno));
-        free(b);
-        close(fd);
-        return MSNAP_EIO;
-      }
-      if (k == 0) break;
-      n += (size_t)k;
-      if (n == cap && MSNAP_GROW(b, cap, (uint64_t)n + 1) != 0) {
-        free(b);
-        b = NULL;
-      }
-    }
-    close(fd);
-    int rc = read_common(b, n, NULL, out, err);
-    free(b);
+  memset(err, 0, sizeof *err);
+  uint64_t limit =
+      msnap__env_size(MSNAP_ENV_INPUT_LIMIT, MSNAP_SOURCE_LIMIT_DEFAULT);
+  msnap_source_t *src;
+  char why[256];
+  int rc = msnap__source_open(&src, path, limit, why, sizeof why);
+  if (rc < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset 0: %.200s: %s (while opening)",
+             strcmp(path, "-") ? path : "standard input", why);
     return rc;
   }
-  size_t len = (size_t)st.st_size;
-  if (len == 0) {
-    close(fd);
-    snprintf(err->msg, sizeof err->msg,
-             "offset 0: %s is empty (while reading)", path);
-    return MSNAP_EFORMAT;
-  }
-  void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (m == MAP_FAILED) {
-    snprintf(err->msg, sizeof err->msg,
-             "offset 0: cannot map %s: %s (while reading)", path,
-             strerror(errno));
-    return MSNAP_EIO;
-  }
-  madvise(m, len, MADV_SEQUENTIAL);
-  drop_t drop = {m, 0};
-  int rc = read_common(m, len, &drop, out, err);
-  munmap(m, len);
+  rc = read_source(src, out, err, NULL);
+  msnap__source_close(src);
   return rc;
 }

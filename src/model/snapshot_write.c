@@ -1,7 +1,8 @@
 /*
  * snapshot_write.c -- write the snapshot model as a pickle (protocol 4,
  * MemoryViz opcode subset, pickle_write.c) or as JSON (same structure,
- * tuples as arrays, through base/json.c), streamed to a sink.
+ * tuples as arrays, frames and stacks written once in two tables: see
+ * wtables; through base/json.c), streamed to a sink.
  *
  * Keys: a model read from a file (msnap__snap_from_reader) is written with
  * exactly the keys its bits record (MSNAP_K_*, MSNAP_TOP_*), in PyTorch's
@@ -21,10 +22,11 @@
  * a single item), dicts as MARK ... SETITEMS.
  *
  * Trace entries (pickle): the bytes of an entry from compile_context to
- * its SETITEMS depend only on its compile_context, user_metadata,
- * internal_metadata, pool_id, frames and forward_frames (and which keys
- * it has); once every object they name is memoized, they are the same
- * bytes each time (BINGETs).  A small cache of those tails turns the
+ * its SETITEMS depend only on its attribute set (compile_context,
+ * user_metadata, internal_metadata, pool_id, forward_frames and which
+ * keys it has: msnap_tattr_t) and its frames; once every object they name
+ * is memoized, they are the same bytes each time (BINGETs).  A small
+ * cache of those tails, keyed by (attribute id, frames), turns the
  * bulk of a million-entry trace into memcpy's, and the keys before them
  * (all memoized after the first entries) are encoded straight into the
  * frame; the output is byte for byte what the plain path writes
@@ -61,7 +63,11 @@
   X(v_large, "large") X(v_small, "small")                                    \
   X(v_active_allocated, "active_allocated")                                  \
   X(v_active_pending_free, "active_pending_free") X(v_inactive, "inactive")  \
-  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")
+  X(v_start, "START") X(v_end, "END") X(v_na, "N/A")                        \
+  X(format, "format") X(frame_table, "frame_table")                          \
+  X(stack_table, "stack_table")                                              \
+  X(v_format, "memsnap snapshot JSON 1: every 'frames' value is an index "   \
+              "into stack_table, whose items list indices into frame_table")
 
 enum const_e {
 #define CONST_ENUM_(id, text) C_##id,
@@ -91,15 +97,8 @@ typedef struct level_s {
 /* The tail of a trace entry (see the top of the file). */
 #define TAIL_SLOTS 512 /* direct-mapped by hash */
 #define TAIL_MAX 64    /* longest tail kept     */
-typedef struct tail_key_s {
-  msnap_mempool_id_t pool;
-  msnap_stack_t frames;
-  uint32_t forward_frames;
-  msnap_str_t compile_context, user_metadata, internal_metadata;
-  uint32_t keys;
-} tail_key_t;
 typedef struct tail_ent_s {
-  tail_key_t k;
+  uint64_t k; /* attribute set << 32 | frames */
   uint8_t len; /* 0: empty slot */
   unsigned char b[TAIL_MAX];
 } tail_ent_t;
@@ -121,6 +120,7 @@ typedef struct wr_s {
   tail_ent_t *tails; /* pickle only, NULL: not cached (tests)  */
   level_t lv[MAX_LEVELS];
   int depth;
+  bool tables; /* JSON: writing stack_table (frame lists, not ids) */
 } wr_t;
 
 static int werr(wr_t *w) {
@@ -333,23 +333,64 @@ static void wframe(wr_t *w, uint32_t fid) {
  */
 static void wstack(wr_t *w, msnap_stack_t id) {
   if (id >= w->s->nstacks) id = MSNAP_STACK_EMPTY;
-  msnap_span_t sp = w->s->stacks[id];
+  if (w->json && !w->tables) {
+    /* JSON: an index into stack_table (wtables) */
+    wu64(w, id, "stack id");
+    return;
+  }
+  uint32_t n = msnap__stack_len(w->s, id);
   if (!w->json) {
     if (w->stack_memo[id] != NO_MEMO) {
       msnap__pw_get(&w->pw, w->stack_memo[id]);
       return;
     }
     msnap__pw_op(&w->pw, MSNAP_OP_EMPTY_LIST);
-    if (sp.n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
+    if (n) w->stack_memo[id] = msnap__pw_memoize(&w->pw);
     push_level(w, true);
   } else {
     list_begin(w);
   }
-  for (uint32_t i = 0; i < sp.n; i++) {
-    list_item(w, sp.n);
-    wframe(w, w->s->stack_frames[sp.first + i]);
+  msnap_stack_iter_t it;
+  msnap__stack_iter(w->s, id, &it);
+  uint32_t f;
+  while (msnap__stack_next(&it, &f)) {
+    list_item(w, n);
+    if (w->json)
+      wu64(w, f, "frame id");
+    else
+      wframe(w, f);
   }
-  list_end(w, sp.n);
+  list_end(w, n);
+}
+
+/*
+ * JSON has no memo: frames and stacks are written once, in two tables at
+ * the top (frame_table: frame dicts by frame id; stack_table: lists of
+ * frame ids by stack id, 0 and 1 being []), and every `frames` value is a
+ * stack id.  So a stack shared by a million entries costs one number per
+ * entry, as its BINGET does in the pickle: the output stays proportional
+ * to the input.
+ */
+static void wtables(wr_t *w) {
+  const msnap_snap_t *s = w->s;
+  key(w, C_format);
+  cstr(w, C_v_format);
+  key(w, C_frame_table);
+  list_begin(w);
+  for (uint32_t i = 0; i < s->nframes && !werr(w); i++) {
+    list_item(w, s->nframes);
+    wframe(w, i);
+  }
+  list_end(w, s->nframes);
+  key(w, C_stack_table);
+  list_begin(w);
+  w->tables = true;
+  for (uint32_t i = 0; i < s->nstacks && !werr(w); i++) {
+    list_item(w, s->nstacks);
+    wstack(w, i);
+  }
+  w->tables = false;
+  list_end(w, s->nstacks);
 }
 
 static void wstrlist(wr_t *w, uint32_t id) {
@@ -542,22 +583,23 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
  * forward_frames -- each when present.
  */
 /* From compile_context to the end of the dict (plain path). */
-static void wtrace_tail(wr_t *w, const msnap_strace_t *t, unsigned k) {
+static void wtrace_tail(wr_t *w, const msnap_strace_t *t,
+                        const msnap_tattr_t *a, unsigned k) {
   if (k & MSNAP_K_COMPILE_CTX)
-    key(w, C_compile_context), mstr_or(w, t->compile_context, C_v_na);
+    key(w, C_compile_context), mstr_or(w, a->compile_context, C_v_na);
   if (k & MSNAP_K_USER_META) {
     key(w, C_user_metadata);
-    if (t->user_metadata == MSNAP_STR_ABSENT)
+    if (a->user_metadata == MSNAP_STR_ABSENT)
       mstr(w, MSNAP_STR_EMPTY);
     else
-      mstr(w, t->user_metadata);
+      mstr(w, a->user_metadata);
   }
   if (k & MSNAP_K_INTERNAL_META)
-    key(w, C_internal_metadata), mstr(w, t->internal_metadata);
-  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, t->pool_id);
+    key(w, C_internal_metadata), mstr(w, a->internal_metadata);
+  if (k & MSNAP_K_POOL_ID) key(w, C_pool_id), wpair(w, a->pool_id);
   if (k & MSNAP_K_FRAMES) key(w, C_frames), wstack(w, t->frames);
   if (k & MSNAP_K_FORWARD)
-    key(w, C_forward_frames), wstrlist(w, t->forward_frames);
+    key(w, C_forward_frames), wstrlist(w, a->forward_frames);
   dict_end(w);
 }
 
@@ -583,31 +625,16 @@ static inline void copy_small(unsigned char *d, const unsigned char *src,
 /* The tail through the cache (pickle): a hit copies its bytes; a miss
  * writes it and keeps its bytes when they memoized nothing (so they are
  * what every later entry with this key writes) and sit in one frame. */
-static void wtrace_tail_cached(wr_t *w, const msnap_strace_t *t, unsigned k) {
-  tail_key_t tk;
-  memset(&tk, 0, sizeof tk);
-  tk.pool = t->pool_id;
-  tk.frames = t->frames;
-  tk.forward_frames = t->forward_frames;
-  tk.compile_context = t->compile_context;
-  tk.user_metadata = t->user_metadata;
-  tk.internal_metadata = t->internal_metadata;
-  tk.keys = k & (MSNAP_K_COMPILE_CTX | MSNAP_K_USER_META |
-                 MSNAP_K_INTERNAL_META | MSNAP_K_POOL_ID | MSNAP_K_FRAMES |
-                 MSNAP_K_FORWARD);
-  uint64_t h = tk.pool.first * 0x9e3779b97f4a7c15ull ^
-               tk.pool.second * 0xc2b2ae3d27d4eb4full ^
-               ((uint64_t)tk.frames << 32 | tk.forward_frames) *
-                   0x165667b19e3779f9ull ^
-               ((uint64_t)tk.compile_context << 32 | tk.user_metadata) *
-                   0x27d4eb2f165667c5ull ^
-               ((uint64_t)tk.internal_metadata << 32 | tk.keys) *
-                   0x94d049bb133111ebull;
-  tail_ent_t *e = &w->tails[(h ^ h >> 29) & (TAIL_SLOTS - 1)];
+static void wtrace_tail_cached(wr_t *w, const msnap_strace_t *t,
+                               const msnap_tattr_t *a, unsigned k) {
+  /* The tail's keys and values are the attribute set's and the frames'
+   * (k follows from both), so (attr, frames) is the whole key. */
+  uint64_t tk = (uint64_t)t->attr << 32 | t->frames;
+  uint64_t h = tk * 0x9e3779b97f4a7c15ull;
+  tail_ent_t *e = &w->tails[(h ^ h >> 29 ^ h >> 47) & (TAIL_SLOTS - 1)];
   /* A tail that does not fit the current frame takes the plain path, so
    * that frames end exactly where they would without the cache. */
-  if (e->len && memcmp(&e->k, &tk, sizeof tk) == 0 &&
-      w->pw.used + e->len <= MSNAP_PW_FRAME_SIZE) {
+  if (e->len && e->k == tk && w->pw.used + e->len <= MSNAP_PW_FRAME_SIZE) {
     unsigned char *p = msnap__pw_room(&w->pw, e->len);
     if (p) copy_small(p, e->b, e->len);
     w->depth--; /* the dict the tail closes */
@@ -615,7 +642,7 @@ static void wtrace_tail_cached(wr_t *w, const msnap_strace_t *t, unsigned k) {
   }
   size_t start = w->pw.used;
   uint32_t memo = w->pw.memo_next;
-  wtrace_tail(w, t, k);
+  wtrace_tail(w, t, a, k);
   size_t end = w->pw.used;
   /* a flushed frame restarts `used` below start */
   if (!w->pw.err && w->pw.memo_next == memo && end > start &&
@@ -671,7 +698,8 @@ static inline unsigned char *put_int(unsigned char *p, int64_t v) {
  * them): the same bytes as dict_begin ... wi64(time_us).  false: not
  * taken (nothing written). */
 #define HEAD_MAX 64
-static bool wtrace_head_fast(wr_t *w, const msnap_strace_t *t, unsigned k) {
+static bool wtrace_head_fast(wr_t *w, const msnap_strace_t *t,
+                             const msnap_tattr_t *a, unsigned k) {
   int addr_key = (k & MSNAP_K_ADDRESS) ? C_addr : C_device_free;
   unsigned where = k & (MSNAP_K_ADDRESS | MSNAP_K_DEVICE_FREE);
   if ((where != MSNAP_K_ADDRESS && where != MSNAP_K_DEVICE_FREE) ||
@@ -696,7 +724,7 @@ static bool wtrace_head_fast(wr_t *w, const msnap_strace_t *t, unsigned k) {
   p = put_get(p, m[C_size]);
   p = put_int(p, (int64_t)t->size);
   p = put_get(p, m[C_stream]);
-  p = put_int(p, t->stream);
+  p = put_int(p, a->stream);
   p = put_get(p, m[C_time_us]);
   p = put_int(p, t->time_us);
   w->pw.used += (size_t)(p - p0);
@@ -707,17 +735,18 @@ static bool wtrace_head_fast(wr_t *w, const msnap_strace_t *t, unsigned k) {
 }
 
 static void wtrace(wr_t *w, const msnap_strace_t *t) {
-  unsigned k = t->keys;
+  const msnap_tattr_t *a = msnap__tattr(w->s, t);
+  unsigned k = a->keys;
   if (w->live) {
     k |= MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
          MSNAP_K_USER_META | MSNAP_K_POOL_ID;
     k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
     if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
-    if (t->forward_frames) k |= MSNAP_K_FORWARD;
-    if (t->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
+    if (a->forward_frames) k |= MSNAP_K_FORWARD;
+    if (a->internal_metadata > MSNAP_STR_EMPTY) k |= MSNAP_K_INTERNAL_META;
   }
-  if (w->tails != NULL && wtrace_head_fast(w, t, k)) {
-    wtrace_tail_cached(w, t, k);
+  if (w->tails != NULL && wtrace_head_fast(w, t, a, k)) {
+    wtrace_tail_cached(w, t, a, k);
     return;
   }
   dict_begin(w);
@@ -725,18 +754,18 @@ static void wtrace(wr_t *w, const msnap_strace_t *t) {
   if (t->action < MSNAP_ACTION_COUNT)
     cstr(w, C_ACTION0 + t->action);
   else
-    mstr(w, t->action_str);
+    mstr(w, a->action_str);
   if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
   if (k & MSNAP_K_DEVICE_FREE)
     key(w, C_device_free), wu64(w, t->addr, "device_free");
   key(w, C_size);
   wu64(w, t->size, "size");
-  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, t->stream);
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
   if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
   if (w->tails != NULL)
-    wtrace_tail_cached(w, t, k);
+    wtrace_tail_cached(w, t, a, k);
   else
-    wtrace_tail(w, t, k);
+    wtrace_tail(w, t, a, k);
 }
 
 static void wtraces(wr_t *w, const msnap_trace_list_t *l) {
@@ -785,14 +814,21 @@ static void wannotations(wr_t *w) {
  */
 static void wtop(wr_t *w) {
   const msnap_snap_t *s = w->s;
-  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST && !w->json) {
     wsegments(w, s->segments, s->nsegments, s->blocks);
     return;
   }
   uint32_t top = s->top_keys | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
   if (w->live && s->top_keys == 0) top = 0x3f;
   dict_begin(w);
+  if (w->json) wtables(w);
   key(w, C_segments);
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
+    /* a bare list of segments: JSON puts it under "segments" */
+    wsegments(w, s->segments, s->nsegments, s->blocks);
+    dict_end(w);
+    return;
+  }
   wsegments(w, s->segments, s->nsegments, s->blocks);
   key(w, C_device_traces);
   list_begin(w);

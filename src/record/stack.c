@@ -22,12 +22,100 @@
 #include <execinfo.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <elf.h> /* Elf64_* (glibc): the base of elfutils' GElf types */
+
+/* libdw is opened with dlopen (optional at run time), so its headers are
+ * optional at build time: the few libdwfl types and entry points used
+ * below are declared here as elfutils' libdwfl.h, libdw.h, gelf.h and
+ * libelf.h declare them (elfutils 0.188, Debian 12).  Where
+ * the real header is found it is included after them: C11 accepts a
+ * repeated typedef or prototype only when it is the same, so the build
+ * checks every declaration here against elfutils. */
+typedef struct Elf Elf;
+typedef struct Dwfl Dwfl;
+typedef struct Dwfl_Module Dwfl_Module;
+typedef struct Dwfl_Line Dwfl_Line;
+typedef Elf64_Addr GElf_Addr;
+typedef Elf64_Word GElf_Word;
+typedef Elf64_Xword GElf_Xword;
+typedef Elf64_Shdr GElf_Shdr;
+typedef GElf_Addr Dwarf_Addr;
+typedef GElf_Xword Dwarf_Word;
+
+/* Dwfl_Callbacks (an anonymous struct in libdwfl.h: checked field by
+ * field below when the header is there). */
+typedef struct msnap__dwfl_callbacks_s {
+  int (*find_elf)(Dwfl_Module *mod, void **userdata, const char *modname,
+                  Dwarf_Addr base, char **file_name, Elf **elfp);
+  int (*find_debuginfo)(Dwfl_Module *mod, void **userdata,
+                        const char *modname, Dwarf_Addr base,
+                        const char *file_name, const char *debuglink_file,
+                        GElf_Word debuglink_crc, char **debuginfo_file_name);
+  int (*section_address)(Dwfl_Module *mod, void **userdata,
+                         const char *modname, Dwarf_Addr base,
+                         const char *secname, GElf_Word shndx,
+                         const GElf_Shdr *shdr, Dwarf_Addr *addr);
+  char **debuginfo_path;
+} msnap__dwfl_callbacks_t;
+
+/* Never called directly (resolved with dlsym): declared for their types. */
+extern int dwfl_linux_proc_report(Dwfl *dwfl, pid_t pid);
+extern void dwfl_report_begin_add(Dwfl *dwfl);
+extern int dwfl_report_end(Dwfl *dwfl,
+                           int (*removed)(Dwfl_Module *, void *, const char *,
+                                          Dwarf_Addr, void *arg),
+                           void *arg);
+extern Dwfl_Module *dwfl_addrmodule(Dwfl *dwfl, Dwarf_Addr address);
+extern const char *dwfl_module_addrname(Dwfl_Module *mod, GElf_Addr address);
+extern Dwfl_Line *dwfl_module_getsrc(Dwfl_Module *mod, Dwarf_Addr addr);
+extern const char *dwfl_lineinfo(Dwfl_Line *line, Dwarf_Addr *addr,
+                                 int *linep, int *colp, Dwarf_Word *mtime,
+                                 Dwarf_Word *length);
+extern int dwfl_linux_proc_find_elf(Dwfl_Module *mod, void **userdata,
+                                    const char *module_name, Dwarf_Addr base,
+                                    char **file_name, Elf **);
+extern int dwfl_standard_find_debuginfo(Dwfl_Module *, void **, const char *,
+                                        Dwarf_Addr, const char *,
+                                        const char *, GElf_Word, char **);
+
+/* The callbacks handed to dwfl_begin are these two. */
+_Static_assert(_Generic(&dwfl_linux_proc_find_elf,
+                   __typeof__(((msnap__dwfl_callbacks_t *)0)->find_elf): 1,
+                   default: 0) &&
+                   _Generic(&dwfl_standard_find_debuginfo,
+                       __typeof__(((msnap__dwfl_callbacks_t *)0)
+                                      ->find_debuginfo): 1,
+                       default: 0),
+               "libdwfl callbacks: types differ");
+
+#if defined(__has_include)
+#if __has_include(<elfutils/libdwfl.h>)
 #include <elfutils/libdwfl.h>
+#define MSNAP_DWFL_CB_SAME(f)                                                 \
+  _Static_assert(offsetof(Dwfl_Callbacks, f) ==                               \
+                         offsetof(msnap__dwfl_callbacks_t, f) &&              \
+                     _Generic(((Dwfl_Callbacks *)0)->f,                       \
+                         __typeof__(((msnap__dwfl_callbacks_t *)0)->f): 1,    \
+                         default: 0),                                         \
+                 "Dwfl_Callbacks." #f " differs from elfutils")
+MSNAP_DWFL_CB_SAME(find_elf);
+MSNAP_DWFL_CB_SAME(find_debuginfo);
+MSNAP_DWFL_CB_SAME(section_address);
+MSNAP_DWFL_CB_SAME(debuginfo_path);
+_Static_assert(sizeof(Dwfl_Callbacks) == sizeof(msnap__dwfl_callbacks_t),
+               "Dwfl_Callbacks differs from elfutils");
+_Static_assert(_Generic(&dwfl_begin,
+                   Dwfl *(*)(const Dwfl_Callbacks *): 1, default: 0),
+               "dwfl_begin differs from elfutils");
+#undef MSNAP_DWFL_CB_SAME
+#endif
+#endif
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -718,18 +806,15 @@ int msnap__stack_check(char *msg, size_t len) {
 
 /* libdw entry points, resolved with dlsym. */
 typedef struct dw_api_s {
-  Dwfl *(*begin)(const Dwfl_Callbacks *);
-  int (*proc_report)(Dwfl *, pid_t);
-  void (*report_begin_add)(Dwfl *);
-  int (*report_end)(Dwfl *, int (*)(Dwfl_Module *, void *, const char *,
-                                    Dwarf_Addr, void *),
-                    void *);
-  Dwfl_Module *(*addrmodule)(Dwfl *, Dwarf_Addr);
-  const char *(*addrname)(Dwfl_Module *, GElf_Addr);
-  Dwfl_Line *(*getsrc)(Dwfl_Module *, Dwarf_Addr);
-  const char *(*lineinfo)(Dwfl_Line *, Dwarf_Addr *, int *, int *,
-                          Dwarf_Word *, Dwarf_Word *);
-  Dwfl_Callbacks cb;
+  Dwfl *(*begin)(const msnap__dwfl_callbacks_t *); /* dwfl_begin */
+  __typeof__(&dwfl_linux_proc_report) proc_report;
+  __typeof__(&dwfl_report_begin_add) report_begin_add;
+  __typeof__(&dwfl_report_end) report_end;
+  __typeof__(&dwfl_addrmodule) addrmodule;
+  __typeof__(&dwfl_module_addrname) addrname;
+  __typeof__(&dwfl_module_getsrc) getsrc;
+  __typeof__(&dwfl_lineinfo) lineinfo;
+  msnap__dwfl_callbacks_t cb;
   Dwfl *dwfl;
 } dw_api_t;
 
@@ -890,4 +975,19 @@ const char *msnap__symbolizer_name(void) {
   const char *n = dw.dwfl ? "libdw" : "dladdr";
   msnap__mutex_unlock(&sym_lock, MSNAP_RANK_SYMBOLS);
   return n;
+}
+
+/* unwind_lock, then sym_lock, then the stack table lock (innermost). */
+/* Fork safety (alloc/fork.c): rank order MSNAP_RANK_STACK_TABLE <
+ * MSNAP_RANK_UNWIND < MSNAP_RANK_SYMBOLS; released in reverse. */
+void msnap__stack_atfork(int phase) {
+  if (phase == MSNAP_FORK_PREPARE) {
+    msnap__fork_mutex(&tab_lock, phase);
+    msnap__fork_mutex(&unwind_lock, phase);
+    msnap__fork_mutex(&sym_lock, phase);
+  } else {
+    msnap__fork_mutex(&sym_lock, phase);
+    msnap__fork_mutex(&unwind_lock, phase);
+    msnap__fork_mutex(&tab_lock, phase);
+  }
 }

@@ -131,4 +131,8 @@ void msnap__symbolize(uintptr_t pc, msnap_csym_t *out);
 /* Whether libdw was found ("libdw" or "dladdr"). */
 const char *msnap__symbolizer_name(void);
 
+/* Fork safety: the stack table, unwinder and symbol locks (alloc/fork.c
+ * calls it at their rank). */
+void msnap__stack_atfork(int phase);
+
 #endif /* MSNAP_STACK_H */

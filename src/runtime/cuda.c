@@ -17,16 +17,26 @@
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
  * cuMemAddressFree.
  *
+ * NVML (optional, for the processes named in the OOM message, PyTorch's
+ * reportProcessMemoryInfo): MEMSNAP_NVML_LIBRARY when set, else
+ * libnvidia-ml.so.1; nvmlInit_v2, nvmlDeviceGetHandleByPciBusId_v2 and
+ * nvmlDeviceGetComputeRunningProcesses (the v1 process records PyTorch
+ * reads), with the device's PCI bus id from cudaDeviceGetPCIBusId.
+ * Without them process_memory answers MSNAP_ENOTSUP.
+ *
  * Error mapping: cudaErrorMemoryAllocation (2) and CUDA_ERROR_OUT_OF_MEMORY
  * (2) -> MSNAP_EOOM; CUDA_ERROR_NOT_SUPPORTED (801) and
  * cudaErrorNotSupported (801) -> MSNAP_ENOTSUP; cudaErrorNotReady (600) from
  * cudaEventQuery means "not done"; other codes -> MSNAP_ERUNTIME.
  *
- * Invariants: the context is immutable after init, so calls need no lock.
+ * Invariants: the context is immutable after init (but for the atomic
+ * nvml_state, set once by the first process_memory call), so calls need
+ * no lock.
  * Every device call runs under a device guard (switch to `device`, switch
  * back afterwards).
  */
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +91,13 @@ typedef struct cu_mem_access_desc_s {
   int flags;
 } cu_mem_access_desc_t;
 
+/* nvmlProcessInfo_v1_t (nvml.h). */
+typedef struct nvml_proc_v1_s {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvml_proc_v1_t;
+enum { NVML_SUCCESS = 0, NVML_ERROR_INSUFFICIENT_SIZE = 7 };
+
 typedef struct cuda_s {
   void *lib, *drv;
   char path[256];
@@ -114,6 +131,14 @@ typedef struct cuda_s {
   CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
   bool has_vmm;
   char vmm_why[200];
+  /* NVML (process_memory) */
+  void *nvml;
+  cudaError_t (*cudaDeviceGetPCIBusId)(char *, int, int);
+  int (*nvmlInit_v2)(void);
+  int (*nvmlDeviceGetHandleByPciBusId_v2)(const char *, void **);
+  int (*nvmlDeviceGetComputeRunningProcesses)(void *, unsigned *,
+                                              nvml_proc_v1_t *);
+  _Atomic int nvml_state; /* 0 not initialised, 1 ready, -1 unusable */
 } cuda_t;
 
 static int cuda_err(const char *call, int e, int device) {
@@ -149,6 +174,7 @@ static void guard_leave(cuda_t *c, guard_t *g) {
 
 /* ---- init/fini ------------------------------------------------------------------ */
 
+
 #define SYM(h, name, required)                                                \
   do {                                                                        \
     *(void **)&c->name = dlsym((h), #name);                                   \
@@ -172,6 +198,29 @@ static void *open_first(const char *const *names, const char **opened,
     snprintf(why, whylen, "%s", e ? e : "unknown dlopen error");
   }
   return NULL;
+}
+
+static void load_nvml(cuda_t *c) {
+  const char *env = msnap__env_get(MSNAP_ENV_NVML_LIBRARY);
+  const char *defaults[] = {"libnvidia-ml.so.1", NULL};
+  const char *one[] = {env, NULL};
+  const char *opened = NULL;
+  char why[160] = "";
+  *(void **)&c->cudaDeviceGetPCIBusId = dlsym(c->lib, "cudaDeviceGetPCIBusId");
+  if (c->cudaDeviceGetPCIBusId == NULL) return;
+  c->nvml = open_first(env != NULL && *env ? one : defaults, &opened, why,
+                       sizeof why);
+  if (c->nvml == NULL) return;
+  *(void **)&c->nvmlInit_v2 = dlsym(c->nvml, "nvmlInit_v2");
+  *(void **)&c->nvmlDeviceGetHandleByPciBusId_v2 =
+      dlsym(c->nvml, "nvmlDeviceGetHandleByPciBusId_v2");
+  *(void **)&c->nvmlDeviceGetComputeRunningProcesses =
+      dlsym(c->nvml, "nvmlDeviceGetComputeRunningProcesses");
+  if (c->nvmlInit_v2 == NULL || c->nvmlDeviceGetHandleByPciBusId_v2 == NULL ||
+      c->nvmlDeviceGetComputeRunningProcesses == NULL) {
+    dlclose(c->nvml);
+    c->nvml = NULL;
+  }
 }
 
 static void load_driver(cuda_t *c) {
@@ -253,6 +302,7 @@ static int cuda_init(void **ctx) {
   SYM(c->lib, cudaHostAlloc, false);
   SYM(c->lib, cudaFreeHost, false);
   load_driver(c);
+  load_nvml(c);
   *ctx = c;
   return 0;
 fail:
@@ -268,6 +318,7 @@ static void cuda_fini(void *ctx) {
   cuda_t *c = ctx;
   if (c == NULL) return;
   if (c->drv != NULL) dlclose(c->drv);
+  if (c->nvml != NULL) dlclose(c->nvml);
   dlclose(c->lib);
   free(c);
 }
@@ -533,6 +584,58 @@ static int cuda_host_free(void *ctx, uint64_t ptr) {
   return e == cudaSuccess ? 0 : cuda_err("cudaFreeHost", e, -1);
 }
 
+/* ---- processes (NVML) ------------------------------------------------------------ */
+
+/* reportProcessMemoryInfo's query: the compute processes on the device
+ * with the bytes NVML says each uses (grown until NVML stops answering
+ * INSUFFICIENT_SIZE). */
+static int cuda_process_memory(void *ctx, int device, msnap_proc_mem_t *out,
+                               size_t cap, size_t *n) {
+  cuda_t *c = ctx;
+  if (c->nvml == NULL) return MSNAP_ENOTSUP;
+  int st = atomic_load(&c->nvml_state);
+  if (st == 0) {
+    st = c->nvmlInit_v2() == NVML_SUCCESS ? 1 : -1;
+    atomic_store(&c->nvml_state, st);
+  }
+  if (st < 0) return MSNAP_ENOTSUP;
+  char pci[80] = "";
+  if (c->cudaDeviceGetPCIBusId(pci, (int)sizeof pci, device) != cudaSuccess)
+    return MSNAP_ENOTSUP;
+  void *dev = NULL;
+  if (c->nvmlDeviceGetHandleByPciBusId_v2(pci, &dev) != NVML_SUCCESS)
+    return MSNAP_ENOTSUP;
+  unsigned count = 8;
+  nvml_proc_v1_t *procs = NULL;
+  int r;
+  for (int tries = 0; tries < 8; tries++) {
+    nvml_proc_v1_t *np = realloc(procs, (count ? count : 1) * sizeof *np);
+    if (np == NULL) {
+      free(procs);
+      return MSNAP_ENOMEM;
+    }
+    procs = np;
+    unsigned want = count;
+    r = c->nvmlDeviceGetComputeRunningProcesses(dev, &want, procs);
+    if (r != NVML_ERROR_INSUFFICIENT_SIZE) {
+      count = want;
+      break;
+    }
+    count = want > count ? want : count * 2;
+  }
+  if (r != NVML_SUCCESS) {
+    free(procs);
+    return MSNAP_ENOTSUP;
+  }
+  for (unsigned i = 0; i < count && i < cap; i++) {
+    out[i].pid = procs[i].pid;
+    out[i].used_bytes = procs[i].usedGpuMemory;
+  }
+  *n = count;
+  free(procs);
+  return 0;
+}
+
 static const msnap_runtime_ops_t cuda_ops = {
     .name = "cuda",
     .init = cuda_init,
@@ -553,6 +656,7 @@ static const msnap_runtime_ops_t cuda_ops = {
     .vmm_unmap = cuda_vmm_unmap,
     .host_malloc = cuda_host_malloc,
     .host_free = cuda_host_free,
+    .process_memory = cuda_process_memory,
 };
 
 const msnap_runtime_ops_t *msnap_runtime_cuda(void) { return &cuda_ops; }

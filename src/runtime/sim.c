@@ -49,13 +49,36 @@
  *     no two mappings overlap.
  *   - live_events equals the number of created, not destroyed events.
  *   - The host range set is sorted and non-overlapping inside its region.
+ *
+ * Host-backed option (MEMSNAP_SIM_HOST_BACKED=1, msnap_options_t
+ * .sim_host_backed, msnap__sim_create_ex): the device memory is real host
+ * memory, so that a torch device built on memsnap (memsnap.torch
+ * .register_device) can copy bytes to and from it and run CPU kernels on
+ * it.  Each device's span (next_pow2(memory) * 64, without the 2^44
+ * minimum) and the host region (1 TiB) are one PROT_NONE, MAP_NORESERVE
+ * reservation each, whose base replaces base_d / 0x7e0000000000 (aligned
+ * to 1 GiB); placement, alignment and charging are as above except that
+ * footprints and alignments are at least one page.  malloc, vmm_map and
+ * host_malloc make their footprint readable and writable (pages are
+ * allocated by the kernel on first touch); free, vmm_unmap and host_free
+ * discard the pages (MADV_DONTNEED) and make them inaccessible again, so
+ * a use after free faults as on a device.  msnap_sim_set_next_address
+ * accepts only addresses inside the reservation.  Freshly committed memory
+ * reads as zeros.  A fork()ed child has a copy-on-write copy of it all.
+ * Host-backed invariant (beyond the list above): exactly the footprints
+ * of live malloc ranges, live mappings and live host ranges are readable
+ * and writable inside the reservations.
+ *
  * One mutex guards the whole context (every op and control call).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "runtime/runtime.h"
 
@@ -68,6 +91,8 @@
 #define SIM_MAX_DEVICES MSNAP_SIM_MAX_DEVICES
 #define SIM_MAX_MEMORY ((uint64_t)1 << 48)
 #define SIM_DEFAULT_MEMORY ((uint64_t)64 << 30)
+#define SIM_HOST_SPAN (SIM_HOST_END - SIM_HOST_BASE)
+#define SIM_HB_BASE_ALIGN ((uint64_t)1 << 30)
 
 enum { RANGE_MALLOC = 1, RANGE_VA = 2, RANGE_HOST = 3 };
 enum { EV_DEAD = 0, EV_CREATED, EV_PENDING, EV_COMPLETE };
@@ -90,6 +115,8 @@ typedef struct sim_device_s {
   sim_rangeset_t ranges;
   bool has_next;
   uint64_t next_addr;
+  void *map;      /* host-backed: the reservation (NULL otherwise) */
+  size_t map_len;
 } sim_device_t;
 
 typedef struct sim_map_s {
@@ -121,6 +148,16 @@ typedef struct msnap_sim_s {
   bool fault_any;
   char fault_call[32];
   uint64_t fault_countdown; /* 0 = disarmed */
+  /* Address layout knobs (512 / 4096 and the fixed host region unless
+   * host-backed). */
+  bool host_backed;
+  uint64_t min_align, host_align;
+  uint64_t host_lo, host_hi;
+  void *host_map;
+  size_t host_map_len;
+  /* What the sim reports as SoC name and CANN version (empty: unknown),
+   * from MEMSNAP_SIM_SOC_NAME / MEMSNAP_SIM_CANN_VERSION at creation. */
+  char soc_name[64], cann_version[64];
 } msnap_sim_t;
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -266,9 +303,71 @@ static int leave(msnap_sim_t *s, int rc) {
   return rc;
 }
 
+/* ---- host backing ------------------------------------------------------- */
+
+/* Reserve len bytes of address space (no memory) aligned to `align`; the
+ * aligned start in *base.  MSNAP_EOOM names what was being reserved. */
+static int hb_reserve(uint64_t len, uint64_t align, void **map,
+                      size_t *map_len, uint64_t *base, const char *what) {
+  size_t total = (size_t)(len + align);
+  void *p = mmap(NULL, total, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return msnap__set_error_errno(
+        MSNAP_EOOM, errno,
+        "sim: host-backed memory: cannot reserve %llu bytes of address "
+        "space for %s (%s); lower MEMSNAP_SIM_MEMORY or "
+        "MEMSNAP_SIM_DEVICES",
+        (unsigned long long)total, what, strerror(errno));
+  *map = p;
+  *map_len = total;
+  *base = align_up((uint64_t)(uintptr_t)p, align);
+  return 0;
+}
+
+/* Make [addr, addr+len) readable and writable (host-backed only). */
+static int hb_commit(msnap_sim_t *s, uint64_t addr, uint64_t len) {
+  if (!s->host_backed || len == 0) return 0;
+  if (mprotect((void *)(uintptr_t)addr, (size_t)len,
+               PROT_READ | PROT_WRITE) != 0)
+    return msnap__set_error_errno(
+        MSNAP_EOOM, errno,
+        "sim: host-backed memory: cannot commit %llu bytes at 0x%llx (%s)",
+        (unsigned long long)len, (unsigned long long)addr, strerror(errno));
+  return 0;
+}
+
+/* Discard the pages of [addr, addr+len) and make them inaccessible. */
+static void hb_release(msnap_sim_t *s, uint64_t addr, uint64_t len) {
+  if (!s->host_backed || len == 0) return;
+  void *p = (void *)(uintptr_t)addr;
+  (void)madvise(p, (size_t)len, MADV_DONTNEED);
+  (void)mprotect(p, (size_t)len, PROT_NONE);
+}
+
 /* ---- context ------------------------------------------------------------- */
 
 int msnap__sim_create(int devices, uint64_t memory, void **ctx) {
+  return msnap__sim_create_ex(devices, memory, false, ctx);
+}
+
+static void sim_free_ctx(msnap_sim_t *s) {
+  for (int d = 0; d < s->ndev; d++) {
+    free(s->dev[d].ranges.v);
+    if (s->dev[d].map != NULL) munmap(s->dev[d].map, s->dev[d].map_len);
+  }
+  if (s->host_map != NULL) munmap(s->host_map, s->host_map_len);
+  free(s->dev);
+  free(s->host.v);
+  free(s->maps);
+  free(s->events);
+  pthread_mutex_destroy(&s->lock);
+  s->magic = 0;
+  free(s);
+}
+
+int msnap__sim_create_ex(int devices, uint64_t memory, bool host_backed,
+                         void **ctx) {
   if (devices < 1) devices = 1;
   if (devices > SIM_MAX_DEVICES) devices = SIM_MAX_DEVICES;
   if (memory < SIM_GRANULE) memory = SIM_GRANULE;
@@ -283,14 +382,47 @@ int msnap__sim_create(int devices, uint64_t memory, void **ctx) {
   pthread_mutex_init(&s->lock, NULL);
   s->magic = SIM_MAGIC;
   s->ndev = devices;
+  s->host_backed = host_backed;
+  s->min_align = SIM_MIN_ALIGN;
+  s->host_align = SIM_HOST_ALIGN;
+  s->host_lo = SIM_HOST_BASE;
+  s->host_hi = SIM_HOST_END;
   uint64_t span = next_pow2(memory) * 64;
-  if (span < ((uint64_t)1 << 44)) span = (uint64_t)1 << 44;
+  if (host_backed) {
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t page = pg > 0 ? (uint64_t)pg : 4096;
+    if (page > s->min_align) s->min_align = page;
+    if (page > s->host_align) s->host_align = page;
+    int rc = hb_reserve(SIM_HOST_SPAN, SIM_HB_BASE_ALIGN, &s->host_map,
+                        &s->host_map_len, &s->host_lo, "pinned host memory");
+    if (rc != 0) {
+      sim_free_ctx(s);
+      return rc;
+    }
+    s->host_hi = s->host_lo + SIM_HOST_SPAN;
+  } else if (span < ((uint64_t)1 << 44)) {
+    span = (uint64_t)1 << 44;
+  }
   for (int d = 0; d < devices; d++) {
     s->dev[d].total = memory;
     s->dev[d].span = span;
     s->dev[d].base = SIM_BASE + (uint64_t)d * span;
+    if (host_backed) {
+      char what[32];
+      snprintf(what, sizeof what, "device %d", d);
+      int rc = hb_reserve(span, SIM_HB_BASE_ALIGN, &s->dev[d].map,
+                          &s->dev[d].map_len, &s->dev[d].base, what);
+      if (rc != 0) {
+        sim_free_ctx(s);
+        return rc;
+      }
+    }
   }
   s->next_handle = 1;
+  const char *soc = msnap__env_get(MSNAP_ENV_SIM_SOC_NAME);
+  const char *cann = msnap__env_get(MSNAP_ENV_SIM_CANN_VERSION);
+  snprintf(s->soc_name, sizeof s->soc_name, "%s", soc ? soc : "");
+  snprintf(s->cann_version, sizeof s->cann_version, "%s", cann ? cann : "");
   *ctx = s;
   return 0;
 }
@@ -300,20 +432,14 @@ static int sim_init(void **ctx) {
   uint64_t n = msnap__env_count(MSNAP_ENV_SIM_DEVICES, 1, 1, SIM_MAX_DEVICES);
   uint64_t mem = msnap__env_size_min(MSNAP_ENV_SIM_MEMORY, SIM_DEFAULT_MEMORY,
                                      1);
-  return msnap__sim_create((int)n, mem, ctx);
+  bool hb = msnap__env_bool(MSNAP_ENV_SIM_HOST_BACKED, false);
+  return msnap__sim_create_ex((int)n, mem, hb, ctx);
 }
 
 static void sim_fini(void *ctx) {
   msnap_sim_t *s = ctx;
   if (s == NULL) return;
-  for (int d = 0; d < s->ndev; d++) free(s->dev[d].ranges.v);
-  free(s->dev);
-  free(s->host.v);
-  free(s->maps);
-  free(s->events);
-  pthread_mutex_destroy(&s->lock);
-  s->magic = 0;
-  free(s);
+  sim_free_ctx(s);
 }
 
 static int sim_device_count(void *ctx, int *count) {
@@ -345,27 +471,37 @@ static int sim_malloc(void *ctx, int device, size_t size, uint64_t *ptr) {
                         "(%llu of %llu bytes in use)",
                         device, size, (unsigned long long)d->used,
                         (unsigned long long)d->total));
-  uint64_t len = align_up(size, SIM_MIN_ALIGN);
+  uint64_t len = align_up(size, s->min_align);
   uint64_t addr;
   if (forced) {
-    if (forced_addr == 0 || forced_addr % SIM_MIN_ALIGN != 0 ||
+    if (forced_addr == 0 || forced_addr % s->min_align != 0 ||
         forced_addr > UINT64_MAX - len ||
-        !rs_is_free(&d->ranges, forced_addr, len))
+        !rs_is_free(&d->ranges, forced_addr, len) ||
+        (s->host_backed &&
+         (forced_addr < d->base || forced_addr + len > d->base + d->span)))
       return leave(s, msnap__set_error(
                           MSNAP_EINVAL,
                           "sim: forced address 0x%llx for %zu bytes on "
-                          "device %d is not a free 512-aligned range",
-                          (unsigned long long)forced_addr, size, device));
+                          "device %d is not a free %llu-aligned range%s",
+                          (unsigned long long)forced_addr, size, device,
+                          (unsigned long long)s->min_align,
+                          s->host_backed ? " of the host-backed device" : ""));
     addr = forced_addr;
     rc = rs_insert(&d->ranges, (sim_range_t){addr, len, size, RANGE_MALLOC});
   } else {
-    uint64_t align = size >= SIM_GRANULE ? SIM_GRANULE : SIM_MIN_ALIGN;
+    uint64_t align = size >= SIM_GRANULE ? SIM_GRANULE : s->min_align;
     rc = rs_take(&d->ranges, d->base, d->base + d->span / 16, len, size,
                  align, RANGE_MALLOC, &addr,
                  "device %d address space exhausted allocating %zu bytes",
                  device, size);
   }
   if (rc) return leave(s, rc);
+  rc = hb_commit(s, addr, len);
+  if (rc) {
+    size_t i;
+    if (rs_find(&d->ranges, addr, &i)) rs_remove(&d->ranges, i);
+    return leave(s, rc);
+  }
   d->used += size;
   *ptr = addr;
   return leave(s, 0);
@@ -386,6 +522,7 @@ static int sim_free(void *ctx, int device, uint64_t ptr) {
                         "device allocation",
                         (unsigned long long)ptr, device));
   d->used -= r->size;
+  hb_release(s, r->addr, r->len);
   rs_remove(&d->ranges, i);
   return leave(s, 0);
 }
@@ -590,6 +727,8 @@ static int sim_vmm_map(void *ctx, int device, uint64_t va, size_t size,
   if (MSNAP_GROW(s->maps, s->capmaps, s->nmaps + 1) != 0)
     return leave(s, msnap__set_error(MSNAP_ENOMEM, "sim: out of host memory "
                                      "growing the mapping table"));
+  rc = hb_commit(s, va, size);
+  if (rc) return leave(s, rc);
   s->maps[s->nmaps++] = (sim_map_t){s->next_handle, va, size, device};
   *handle = s->next_handle++;
   d->used += size;
@@ -614,6 +753,7 @@ static int sim_vmm_unmap(void *ctx, int device, uint64_t va, size_t size,
                           size, device, (unsigned long long)mp->va,
                           (unsigned long long)mp->size, mp->device));
     s->dev[device].used -= size;
+    hb_release(s, va, size);
     /* Keep the table in creation order (deterministic iteration). */
     memmove(mp, mp + 1, (s->nmaps - m - 1) * sizeof *mp);
     s->nmaps--;
@@ -634,12 +774,20 @@ static int sim_host_malloc(void *ctx, size_t size, uint64_t *ptr) {
     *ptr = 0;
     return leave(s, 0);
   }
-  uint64_t len = align_up(size, SIM_HOST_ALIGN), addr;
-  rc = rs_take(&s->host, SIM_HOST_BASE, SIM_HOST_END, len, size,
-               SIM_HOST_ALIGN, RANGE_HOST, &addr,
-               "host address space exhausted allocating %zu pinned bytes",
-               size);
+  uint64_t len = align_up(size, s->host_align), addr;
+  if (!rs_place(&s->host, s->host_lo, s->host_hi, len, s->host_align,
+                &addr))
+    return leave(s, msnap__set_error(MSNAP_EOOM,
+                                     "sim: host address space exhausted "
+                                     "allocating %zu pinned bytes",
+                                     size));
+  rc = hb_commit(s, addr, len);
   if (rc) return leave(s, rc);
+  rc = rs_insert(&s->host, (sim_range_t){addr, len, size, RANGE_HOST});
+  if (rc) {
+    hb_release(s, addr, len);
+    return leave(s, rc);
+  }
   *ptr = addr;
   return leave(s, 0);
 }
@@ -650,12 +798,68 @@ static int sim_host_free(void *ctx, uint64_t ptr) {
   if (rc) return rc;
   if (ptr == 0) return leave(s, 0);
   size_t i;
-  if (rs_find(&s->host, ptr, &i) == NULL)
+  sim_range_t *hr = rs_find(&s->host, ptr, &i);
+  if (hr == NULL)
     return leave(s, msnap__set_error(MSNAP_ERUNTIME,
                                      "sim: host_free of 0x%llx: not a live "
                                      "pinned allocation",
                                      (unsigned long long)ptr));
+  hb_release(s, hr->addr, hr->len);
   rs_remove(&s->host, i);
+  return leave(s, 0);
+}
+
+/* ---- platform ------------------------------------------------------------------ */
+
+/* The SoC name and CANN version set for the sim (MEMSNAP_SIM_SOC_NAME,
+ * MEMSNAP_SIM_CANN_VERSION): unset, the sim is no Ascend device and the
+ * npu profile pads as torch_npu does on unknown hardware (32 bytes). */
+static int sim_text(const char *v, char *buf, size_t len) {
+  if (v[0] == '\0') return MSNAP_ENOTSUP; /* unknown: not an error */
+  if (len == 0) return MSNAP_EINVAL;
+  snprintf(buf, len, "%s", v);
+  return 0;
+}
+
+static int sim_soc_name(void *ctx, char *buf, size_t len) {
+  msnap_sim_t *s = ctx;
+  return sim_text(s->soc_name, buf, len);
+}
+
+static int sim_cann_version(void *ctx, char *buf, size_t len) {
+  msnap_sim_t *s = ctx;
+  return sim_text(s->cann_version, buf, len);
+}
+
+/* CANN's per-module report exists only on Ascend (the acl runtime). */
+static int sim_mem_usage_info(void *ctx, int device, msnap_mem_usage_t *out,
+                              size_t cap, size_t *n) {
+  (void)ctx;
+  (void)device;
+  (void)out;
+  (void)cap;
+  (void)n;
+  return msnap__set_error(MSNAP_ENOTSUP, "sim: no CANN per-module memory "
+                          "usage (aclrtGetMemUsageInfo) on the simulated "
+                          "device");
+}
+
+/* As NVML on a device this process has to itself: one process, this one,
+ * using what the sim has charged to the device. */
+static int sim_process_memory(void *ctx, int device, msnap_proc_mem_t *out,
+                              size_t cap, size_t *n) {
+  msnap_sim_t *s = ctx;
+  /* A query, never a fault-injection site (fault tests count calls). */
+  msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
+  if (device < 0 || device >= s->ndev)
+    return leave(s, msnap__set_error(MSNAP_EINVAL, "sim: process_memory: "
+                                     "invalid device %d", device));
+  uint64_t used = s->dev[device].used;
+  *n = used > 0 ? 1 : 0;
+  if (used > 0 && cap > 0) {
+    out[0].pid = (uint32_t)getpid();
+    out[0].used_bytes = used;
+  }
   return leave(s, 0);
 }
 
@@ -679,6 +883,10 @@ static const msnap_runtime_ops_t sim_ops = {
     .vmm_unmap = sim_vmm_unmap,
     .host_malloc = sim_host_malloc,
     .host_free = sim_host_free,
+    .soc_name = sim_soc_name,
+    .cann_version = sim_cann_version,
+    .mem_usage_info = sim_mem_usage_info,
+    .process_memory = sim_process_memory,
 };
 
 const msnap_runtime_ops_t *msnap_runtime_sim(void) { return &sim_ops; }
@@ -733,6 +941,16 @@ void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
     s->dev[device].next_addr = address;
   }
   msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);
+}
+
+void msnap__sim_atfork(void *ctx, int phase) {
+  msnap_sim_t *s = as_sim(ctx);
+  if (s != NULL) msnap__fork_mutex(&s->lock, phase);
+}
+
+bool msnap_sim_host_backed(void *ctx) {
+  msnap_sim_t *s = as_sim(ctx);
+  return s != NULL && s->host_backed;
 }
 
 uint64_t msnap_sim_live_allocations(void *ctx) {
@@ -792,6 +1010,13 @@ int msnap__sim_check(void *ctx, char *msg, size_t msg_len) {
         CHECK_FAIL("device %d: range 0x%llx footprint %llu < size %llu", dv,
                    (unsigned long long)r->addr, (unsigned long long)r->len,
                    (unsigned long long)r->size);
+      if (s->host_backed &&
+          (r->addr < d->base || r->addr + r->len > d->base + d->span ||
+           r->addr % s->min_align != 0 || r->len % s->min_align != 0))
+        CHECK_FAIL("device %d: host-backed range 0x%llx+%llu is outside the "
+                   "reservation or not page-aligned",
+                   dv, (unsigned long long)r->addr,
+                   (unsigned long long)r->len);
     }
     for (size_t m = 0; m < s->nmaps; m++)
       if (s->maps[m].device == dv) used += s->maps[m].size;
@@ -835,8 +1060,8 @@ int msnap__sim_check(void *ctx, char *msg, size_t msg_len) {
     CHECK_FAIL("host range 0x%llx overlaps the next one",
                (unsigned long long)s->host.v[bad].addr);
   for (size_t i = 0; i < s->host.n; i++)
-    if (s->host.v[i].addr < SIM_HOST_BASE ||
-        s->host.v[i].addr + s->host.v[i].len > SIM_HOST_END)
+    if (s->host.v[i].addr < s->host_lo ||
+        s->host.v[i].addr + s->host.v[i].len > s->host_hi)
       CHECK_FAIL("host range 0x%llx outside the host region",
                  (unsigned long long)s->host.v[i].addr);
 out:

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #define MAXD 4
@@ -314,6 +315,22 @@ static int f_unmap(void *ctx, int dev, uint64_t va, size_t size,
   return rc;
 }
 
+static int f_text(const char *v, char *buf, size_t len) {
+  if (v == NULL || len == 0) return MSNAP_ENOTSUP;
+  snprintf(buf, len, "%s", v);
+  return 0;
+}
+
+static int f_soc(void *ctx, char *buf, size_t len) {
+  (void)ctx;
+  return f_text(F.cfg.soc_name, buf, len);
+}
+
+static int f_cann(void *ctx, char *buf, size_t len) {
+  (void)ctx;
+  return f_text(F.cfg.cann_version, buf, len);
+}
+
 static msnap_runtime_ops_t ops = {
     .name = "fake",
     .init = f_init,
@@ -342,6 +359,10 @@ const msnap_runtime_ops_t *fake_rt(const fake_cfg_t *cfg) {
   F.cfg.devices = cfg && cfg->devices ? cfg->devices : 1;
   F.cfg.total = cfg && cfg->total ? cfg->total : (64ull << 30);
   F.cfg.no_vmm = cfg && cfg->no_vmm;
+  F.cfg.soc_name = cfg ? cfg->soc_name : NULL;
+  F.cfg.cann_version = cfg ? cfg->cann_version : NULL;
+  ops.soc_name = F.cfg.soc_name ? f_soc : NULL;
+  ops.cann_version = F.cfg.cann_version ? f_cann : NULL;
   for (int d = 0; d < MAXD; d++) {
     F.next[d] = base_of(d);
     F.next_va[d] = va_base_of(d);

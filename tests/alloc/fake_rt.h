@@ -20,6 +20,9 @@ typedef struct fake_cfg_s {
   int devices;         /* default 1            */
   uint64_t total;      /* default 64 GiB       */
   bool no_vmm;         /* hide the VMM ops     */
+  /* What soc_name / cann_version report (NULL: the op is absent, as on a
+   * runtime that cannot tell). */
+  const char *soc_name, *cann_version;
 } fake_cfg_t;
 
 /* Reset the fake (before creating an allocator) and return its ops. */

@@ -161,6 +161,29 @@ static void unknown_pointer(void **state) {
   done(a);
 }
 
+/* msnap_erase_stream (torch_npu's eraseStream): a stream use is forgotten,
+ * so the free records no event for it; the other uses stay. */
+static void erase_stream(void **state) {
+  (void)state;
+  msnap_allocator_t *a = mk(NPU, NULL);
+  fake_set_manual_events(true);
+  uint64_t p = M(a, 1 << 20);
+  assert_int_equal(msnap_record_stream(a, p, 5), 0);
+  assert_int_equal(msnap_record_stream(a, p, 6), 0);
+  assert_int_equal(msnap_erase_stream(a, p, 5), 0);
+  assert_int_equal(msnap_erase_stream(a, p, 9), 0); /* never recorded */
+  INV(a);
+  uint64_t ev = fake_calls("event_record");
+  F(a, p);
+  assert_int_equal(fake_calls("event_record"), ev + 1); /* stream 6 only */
+  fake_complete_events(6);
+  fake_set_manual_events(false);
+  assert_int_equal(msnap_erase_stream(a, p, 6), MSNAP_EBADPTR);
+  assert_int_equal(msnap_erase_stream(a, 0, 6), 0);
+  INV(a);
+  done(a);
+}
+
 static void guards(void **state) {
   (void)state;
   for (int prof = 0; prof < 2; prof++) {
@@ -462,8 +485,10 @@ static void use_on_oom_and_no_split(void **state) {
   done(a);
 }
 
-/* record_stream + free while a pool capture is on: the free is deferred
- * (no event yet), and processed after the capture ends. */
+/* record_stream + free while a graph capture is on (markCaptureBegin on
+ * the stream, allocations routed to the capture's pool): the free is
+ * deferred (no event yet), and processed after the capture ends
+ * (CCA DeviceCachingAllocator::free, insert_events_deferred_until_no_capture). */
 static void deferred_free_during_capture(void **state) {
   (void)state;
   msnap_allocator_t *a = mk(CUDA, NULL);
@@ -472,7 +497,8 @@ static void deferred_free_during_capture(void **state) {
   R(a, p, 9);
   msnap_mempool_id_t id;
   assert_int_equal(msnap_mempool_create(a, 0, false, false, &id), 0);
-  assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 123, false), 0);
+  assert_int_equal(msnap_begin_allocate_to_pool(a, 0, id, 0, false), 0);
+  assert_int_equal(msnap_mark_capture_begin(a, 0, 0), 0);
   uint64_t ev_before = fake_calls("event_record");
   F(a, p);
   BLK(a, p, 4096, ST_PENDING);
@@ -480,6 +506,8 @@ static void deferred_free_during_capture(void **state) {
   assert_int_equal(fake_calls("event_record"), ev_before);
   uint64_t x = M(a, 4096); /* no process_events during capture */
   BLK(a, p, 4096, ST_PENDING);
+  assert_int_equal(msnap_mark_capture_end(a, 0, 0), 0);
+  assert_int_equal(msnap_mark_capture_end(a, 0, 0), MSNAP_ESTATE);
   assert_int_equal(msnap_end_allocate_to_pool(a, 0, id), 0);
   uint64_t y = M(a, 4096); /* inserts the event; not complete yet */
   assert_int_equal(fake_calls("event_record"), ev_before + 1);
@@ -490,6 +518,7 @@ static void deferred_free_during_capture(void **state) {
   F(a, x);
   F(a, y);
   F(a, z);
+  assert_int_equal(msnap_mempool_release(a, 0, id), 0);
   assert_int_equal(msnap_mempool_release(a, 0, id), 0);
   done(a);
 }
@@ -1019,6 +1048,7 @@ int main(void) {
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(threads_smoke),
       cmocka_unit_test(randomized),
+      cmocka_unit_test(erase_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
  * which addr/size.  Built only once the recorder (src/record) is in
  * the tree; reads the device trace through msnap__snapshot_take.
  */
+#include "api/api.h"
 #include "record/stack.h"
 #include "talloc.h"
 

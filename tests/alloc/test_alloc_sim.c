@@ -192,9 +192,16 @@ static void create_errors_and_default(void **state) {
   setenv("MEMSNAP_RUNTIME", "sim", 1);
   setenv("MEMSNAP_SIM_MEMORY", "1G", 1);
   setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64", 1);
+  /* msnap_set_default_runtime: before the default allocator exists only. */
+  assert_int_equal(msnap_set_default_runtime(NULL), MSNAP_EINVAL);
+  assert_int_equal(msnap_set_default_runtime(msnap_runtime_sim()), 0);
   msnap_allocator_t *d = msnap_default();
   assert_non_null(d);
   assert_null(msnap_default_error());
+  assert_ptr_equal(msnap_runtime(d), msnap_runtime_sim());
+  assert_int_equal(msnap_set_default_runtime(msnap_runtime_sim()),
+                   MSNAP_ESTATE);
+  assert_non_null(strstr(msnap_last_error(), "already exists"));
   assert_ptr_equal(msnap_default(), d);
   assert_int_equal(msnap_profile(d), CUDA);
   assert_string_equal(msnap_runtime(d)->name, "sim");

@@ -22,6 +22,8 @@ import sys
 import tempfile
 
 MEMSNAP = os.path.abspath(sys.argv[1])
+# A cross-built CLI runs through this (make test-aarch64: qemu-aarch64 -L /).
+WRAPPER = os.environ.get("MEMSNAP_EXE_WRAPPER", "").split()
 REAL = os.environ.get("MEMSNAP_REAL_INPUTS") or os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "shared", "real_inputs")
 SHOTS = os.environ.get("MEMSNAP_VIEW_SHOTS")
@@ -44,7 +46,7 @@ def skip(why):
 
 
 def run(*args):
-    p = subprocess.run([MEMSNAP] + [str(a) for a in args],
+    p = subprocess.run(WRAPPER + [MEMSNAP] + [str(a) for a in args],
                        capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout, p.stderr
 

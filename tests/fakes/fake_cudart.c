@@ -19,6 +19,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,8 @@ cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags);
 cudaError_t cudaFreeHost(void *p);
 int fake_cuda_charge(int dev, long long delta);
 int fake_cuda_device_count(void);
+long long fake_cuda_used(int dev);
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
 void fake_cuda_live_add(long delta);
 long fake_cuda_control(const char *what, long value);
 
@@ -281,6 +284,25 @@ int fake_cuda_charge(int dev, long long delta) {
   else used[dev] = (size_t)((long long)used[dev] + delta);
   pthread_mutex_unlock(&lock);
   return rc;
+}
+
+/* Bytes charged on a device (the fake NVML reports them). */
+long long fake_cuda_used(int dev) {
+  pthread_mutex_lock(&lock);
+  setup();
+  long long r = dev >= 0 && dev < ndev ? (long long)used[dev] : -1;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* cudaDeviceGetPCIBusId: "0000:<dev + 0x10>:00.0". */
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device) {
+  cudaError_t e = enter_nofault();
+  if (e) return leave(e);
+  if (device < 0 || device >= ndev) return leave(E_INVALID_DEVICE);
+  if (pciBusId == NULL || len < 13) return leave(E_INVALID_VALUE);
+  snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", device + 0x10);
+  return leave(0);
 }
 
 int fake_cuda_device_count(void) {

@@ -6,8 +6,12 @@ committed.  Inputs that crashed a target (tests/fuzz/run.sh copies them,
 named crash-*, timeout-*, oom-*) live next to these seeds and are never
 rewritten here.
 """
+import gzip
+import io
 import os
+import pickle
 import struct
+import zipfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'corpus')
 
@@ -101,7 +105,105 @@ def traces():
     return progs
 
 
+A0 = 0x7f0000000000
+
+
+def frame(name, filename, line):
+    return {"filename": filename, "line": line, "name": name}
+
+
+def snapshot(frames, n=40, device=0):
+    """A small consistent snapshot whose trace entries share `frames`."""
+    seg = {"device": device, "address": A0, "total_size": 2 << 20,
+           "allocated_size": 512, "active_size": 512, "requested_size": 400,
+           "stream": 0, "segment_type": "small", "segment_pool_id": (0, 0),
+           "is_expandable": False, "frames": frames,
+           "blocks": [{"address": A0, "size": 512, "requested_size": 400,
+                       "state": "active_allocated", "frames": frames},
+                      {"address": A0 + 512, "size": (2 << 20) - 512,
+                       "requested_size": 0, "state": "inactive",
+                       "frames": []}]}
+    trace = [{"action": "segment_alloc", "addr": A0, "size": 2 << 20,
+              "stream": 0, "time_us": 1, "frames": frames},
+             {"action": "alloc", "addr": A0, "size": 400, "stream": 0,
+              "time_us": 2, "frames": frames}]
+    for i in range(n):
+        a = A0 + 512 + 512 * i
+        trace.append({"action": "alloc", "addr": a, "size": 512,
+                      "stream": 0, "time_us": 3 + 3 * i, "frames": frames,
+                      "pool_id": (0, 0), "compile_context": "N/A",
+                      "user_metadata": ""})
+        trace.append({"action": "free_requested", "addr": a, "size": 512,
+                      "stream": 0, "time_us": 4 + 3 * i, "frames": frames})
+        trace.append({"action": "free_completed", "addr": a, "size": 512,
+                      "stream": 0, "time_us": 5 + 3 * i, "frames": frames})
+    return {"segments": [seg], "device_traces": [trace],
+            "allocator_settings": {"expandable_segments": False},
+            "external_annotations": [{"stage": "START", "name": "step",
+                                      "device": 0, "time_us": 1}]}
+
+
+def pickles():
+    """Seeds of the reader (tests/corpus/pickle_read): the shapes its fast
+    path decodes and the inputs of issues 11, 13 and 14.  small_* must
+    read, hostile_* must be refused, generic_* either (the fuzz target
+    checks that every way of reading agrees)."""
+    out = {}
+    fr = [frame("forward", "/m/model.py", 12), frame("f", "/m/a.py", 3),
+          frame("forward", "/m/model.py", 12)]  # a frame twice (recursion)
+    for proto in (2, 4, 5):
+        out['small_shared_p%d.bin' % proto] = pickle.dumps(snapshot(fr),
+                                                           protocol=proto)
+    # one-item dicts (SETITEM) and lists (APPEND) in the batches
+    one = snapshot([frame("g", "/m/b.py", 1)], n=3)
+    one["device_traces"][0].append({"action": "snapshot"})
+    out['small_single_items_p4.bin'] = pickle.dumps(one, protocol=4)
+    # lone surrogates (CPython writes them with surrogatepass)
+    out['small_surrogates_p4.bin'] = pickle.dumps(
+        snapshot([frame("f\ud800", "/m/\udcff.py", 1)], n=2), protocol=4)
+    # raw invalid UTF-8 in SHORT_BINUNICODE (no CPython str holds it)
+    out['small_invalid_utf8_p4.bin'] = pickle.dumps(
+        snapshot([frame("nameAAAA", "/m/fileBBBB.py", 1)], n=2),
+        protocol=4).replace(b"AAAA", b"\xff\xfe\xe2\x82").replace(
+            b"BBBB", b"\xed\xa0\x80!")
+    # frame lists shared through the memo (convert --json stays small)
+    stacks = [[frame("f%d_%d" % (k, i), "/m/l%d.py" % i, i)
+               for i in range(60)] for k in range(3)]
+    shared = snapshot(stacks[0], n=0)
+    for i in range(150):
+        shared["device_traces"][0].append(
+            {"action": "annotate", "addr": A0, "size": 400, "stream": 0,
+             "time_us": 10 + i, "frames": stacks[i % 3]})
+    out['small_memo_stacks_p4.bin'] = pickle.dumps(shared, protocol=4)
+    # a declared length far beyond the input (a stream refuses the item,
+    # a buffer counts what remains)
+    out['hostile_binunicode_huge.bin'] = (b"\x80\x04\x95\x10\x00\x00\x00"
+                                          b"\x00\x00\x00\x00]\x94(X" +
+                                          struct.pack("<I", 0xF7000000) +
+                                          b"abc" * 100)
+    # a device that is not an index: refused by every command
+    out['hostile_device_200m.bin'] = pickle.dumps(
+        snapshot(fr, n=1, device=200000000), protocol=4)
+    # a trace dict that refers to its own frame list before it is stored
+    # (the fast path rolls back; the generic interpreter reads it)
+    d = pickle.dumps(snapshot(fr, n=1), protocol=4)
+    out['generic_batch_rollback.bin'] = d.replace(b"time_us", b"time_ux", 1)
+    # wrong inputs: text, a zip (torch.save), gzip (read directly from a
+    # file; the buffer reader sees the magic)
+    out['generic_text.bin'] = b"this is not a snapshot\nsecond line\n"
+    z = io.BytesIO()
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps({"a": 1}))
+    out['generic_zip.bin'] = z.getvalue()
+    out['generic_gzip.bin'] = gzip.compress(out['small_shared_p4.bin'])
+    return out
+
+
 def main():
+    os.makedirs(os.path.join(ROOT, 'pickle_read'), exist_ok=True)
+    for k, v in pickles().items():
+        with open(os.path.join(ROOT, 'pickle_read', k), 'wb') as f:
+            f.write(v)
     os.makedirs(os.path.join(ROOT, 'conf_parse'), exist_ok=True)
     os.makedirs(os.path.join(ROOT, 'alloc_trace'), exist_ok=True)
     for k, v in CONFS.items():

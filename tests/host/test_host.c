@@ -595,7 +595,7 @@ static void test_record_model(void **state) {
   assert_int_equal(t[3].size, 5000);
   assert_int_equal(t[6].addr, q);
   for (uint32_t i = 0; i < s->host_traces.n; i++) {
-    assert_int_equal(t[i].stream, 0);
+    assert_int_equal(msnap__tattr(s, &t[i])->stream, 0);
     assert_true(t[i].time_us > 1000000000000000ll);
     assert_true(i == 0 || t[i].time_us >= t[i - 1].time_us);
     /* context "all": every entry carries a stack. */

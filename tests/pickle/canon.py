@@ -1,7 +1,8 @@
 """Canonical text of a Python value, identical to msnap__pickle_canon's.
 
 N, T, F; i<decimal> for ints in [-2**63, 2**64), else I[-]0x<hex>;
-f<16 hex digits of the IEEE-754 bits>; s<hex of UTF-8>; b<hex>; B<hex>;
+f<16 hex digits of the IEEE-754 bits>; s<hex of UTF-8, lone surrogates
+as U+FFFD>; b<hex>; B<hex>;
 (bytes / bytearray); [..] lists, (..) tuples, {k:v,..} dicts in insertion
 order, S{..} / Z{..} sets / frozensets sorted by element text; ',' between
 items.
@@ -23,7 +24,10 @@ def canon(x):
     if isinstance(x, float):
         return "f" + struct.pack(">d", x).hex()
     if isinstance(x, str):
-        return "s" + x.encode("utf-8", "surrogatepass").hex() + ";"
+        # memsnap's UTF-8 policy: lone surrogates (pickled as their
+        # 3-byte forms) become U+FFFD, as bytes.decode("utf-8", "replace")
+        text = x.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return "s" + text.encode("utf-8").hex() + ";"
     if isinstance(x, bytearray):
         return "B" + bytes(x).hex() + ";"
     if isinstance(x, bytes):

@@ -15,7 +15,9 @@ EDGE_INTS = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, -1, -2**31,
 FLOATS = [0.0, -0.0, 1.5, -2.25, 1e300, 5e-324, float("inf"),
           float("-inf"), 3.141592653589793, 0.1]
 STRS = ["", "a", "hello world", "caf\u00e9", "\u4e2d\u6587", "\U0001f600",
-        "back\\slash", "new\nline", "quote'\"", "x" * 300, "y" * 70000]
+        "back\\slash", "new\nline", "quote'\"", "x" * 300, "y" * 70000,
+        "lone\ud800surrogate", "esc\udcffaped", "\ud83d\ude00pair",
+        "end\udbff"]
 
 
 def cases():

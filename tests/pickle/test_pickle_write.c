@@ -348,7 +348,7 @@ static void test_atomic(void **state) {
   /* abort: target unchanged, temporary removed */
   msnap_atomic_file_t f;
   assert_int_equal(msnap__atomic_open(&f, path), 0);
-  assert_non_null(strstr(f.tmp_path, "out.pickle.tmp."));
+  assert_non_null(strstr(f.tmp_name, "out.pickle.tmp."));
   assert_int_equal(count_entries(tmp), 2);
   assert_int_equal(write(f.fd, "new!", 4), 4);
   msnap__atomic_abort(&f);
@@ -365,7 +365,7 @@ static void test_atomic(void **state) {
   assert_int_equal(msnap__sink_write(&s, "new!", 4), 0);
   assert_int_equal(msnap__sink_finish(&s), 0);
   assert_int_equal(msnap__atomic_commit(&f), 0);
-  assert_null(f.tmp_path);
+  assert_null(f.tmp_name);
   assert_int_equal(count_entries(tmp), 1);
   c = (char *)tu_slurp(path, &n);
   assert_int_equal(n, 4);

@@ -180,8 +180,8 @@ static void test_synthetic_generations(void **state) {
     if (strcmp(cases[i].name, "npu") == 0) {
       const msnap_strace_t *t = &s->device_traces[0].v[0];
       assert_int_equal(t->action, MSNAP_ACTION_WORKSPACE_SNAPSHOT);
-      assert_true(t->keys & MSNAP_K_POOL_ID);
-      assert_false(t->keys & (MSNAP_K_TIME | MSNAP_K_COMPILE_CTX));
+      assert_true(msnap__tattr(s, t)->keys & MSNAP_K_POOL_ID);
+      assert_false(msnap__tattr(s, t)->keys & (MSNAP_K_TIME | MSNAP_K_COMPILE_CTX));
     }
     if (strcmp(cases[i].name, "newest") == 0) {
       assert_int_equal(s->ndevices, 3);
@@ -192,26 +192,32 @@ static void test_synthetic_generations(void **state) {
       assert_int_equal(s->top_keys, 0x3f);
       const msnap_strace_t *oom = &s->device_traces[0].v[2];
       assert_int_equal(oom->action, MSNAP_ACTION_OOM);
-      assert_true(oom->keys & MSNAP_K_DEVICE_FREE);
+      assert_true(msnap__tattr(s, oom)->keys & MSNAP_K_DEVICE_FREE);
       assert_int_equal(oom->addr, 1024);
       const msnap_strace_t *fr = &s->device_traces[0].v[4];
       assert_int_equal(fr->action, MSNAP_ACTION_UNKNOWN);
-      assert_string_equal(msnap__snap_str(s, fr->action_str, NULL), "free");
+      assert_string_equal(msnap__snap_str(s, msnap__tattr(s, fr)->action_str, NULL), "free");
       assert_int_equal(s->segments[1].pool_id.first, 1);
       assert_int_equal(s->segments[1].pool_id.second, 7);
       assert_int_equal(s->blocks[1].state, MSNAP_BLOCK_ACTIVE_PENDING_FREE);
       assert_int_equal(s->nannotations, 2);
       /* the shared stack is interned once */
       assert_int_equal(s->device_traces[0].v[0].frames, s->blocks[0].frames);
-      /* JSON has the same structure (tuples as arrays) */
+      /* JSON has the same structure (tuples as arrays) once its
+       * `frames` stack ids are resolved through the two tables */
       assert_int_equal(msnap__snap_write_file(s, out, true), 0);
       assert_int_equal(
           py("python3 -c \"import json,pickle,sys\n"
-             "def n(x):\n"
-             " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
-             " if isinstance(x,dict): return {k:n(v) for k,v in x.items()}\n"
-             " return x\n"
              "a=json.load(open('%s'))\n"
+             "F,S=a.pop('frame_table'),a.pop('stack_table')\n"
+             "a.pop('format')\n"
+             "def n(x,k=None):\n"
+             " if k=='frames' and isinstance(x,int):"
+             " return [n(F[i]) for i in S[x]]\n"
+             " if isinstance(x,(list,tuple)): return [n(v) for v in x]\n"
+             " if isinstance(x,dict):"
+             " return {k:n(v,k) for k,v in x.items()}\n"
+             " return x\n"
              "b=pickle.load(open('%s','rb'))\n"
              "sys.exit(0 if n(a)==n(b) else 1)\"",
              out, in),

@@ -44,8 +44,10 @@ print("RESULT " + json.dumps(out))
 
 def test_oom_snapshot_enable_dump_observer_and_error(tmp_path):
     outdir = str(tmp_path)
+    # The sim has no CANN usage report (aclrtGetMemUsageInfo): ask for
+    # memsnap's own statistics CSV (api/usage.c).
     env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
-                   OOM_SNAPSHOT_PATH=outdir)
+                   OOM_SNAPSHOT_PATH=outdir, MEMSNAP_USAGE_REPORT="memsnap")
     r = run_script(OOM_SCRIPT.replace("OUTDIR", repr(outdir)), env=env, cwd=outdir).result
 
     # The caller got OutOfMemoryError (a MemoryError), after the observer.
@@ -68,7 +70,8 @@ def test_oom_snapshot_enable_dump_observer_and_error(tmp_path):
     ooms = [e for e in snap["device_traces"][0] if e["action"] == "oom"]
     assert len(ooms) == 1 and ooms[0]["device_free"] <= 64 << 20
     # The CSV usage report was written too, and no temporary file is left.
-    assert glob.glob(os.path.join(outdir, "*.csv")), os.listdir(outdir)
+    assert glob.glob(os.path.join(outdir, "device_0_memsnapUsage_*.csv")), os.listdir(outdir)
+    assert not glob.glob(os.path.join(outdir, "device_0_memUsageInfo_*.csv"))
     leftovers = [n for n in os.listdir(outdir)
                  if not n.endswith((".pickle", ".csv"))]
     assert leftovers == []

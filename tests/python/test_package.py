@@ -21,7 +21,29 @@ def test_extension_and_library_side_by_side():
     assert os.path.dirname(_memsnap.__file__) == pkg
     assert os.path.exists(os.path.join(pkg, "libmemsnap.so"))
     assert os.path.exists(os.path.join(pkg, "_memsnap.pyi"))
-    assert memsnap.__version__ == "0.1.0"
+
+
+def _cli():
+    return os.path.join(os.path.dirname(sys.executable), "memsnap")
+
+
+# Cross runs (make test-aarch64) start the aarch64 CLI through this wrapper.
+WRAPPER = os.environ.get("MEMSNAP_EXE_WRAPPER", "").split()
+
+
+def test_one_version_everywhere():
+    """meson.build's project() version is the one source: the wheel's
+    metadata, memsnap.__version__ and `memsnap --version` all say it."""
+    import importlib.metadata
+
+    m = re.search(r"version\s*:\s*'([^']+)'", open(os.path.join(ROOT, "meson.build")).read())
+    assert m, "no project() version in meson.build"
+    version = m.group(1)
+    assert importlib.metadata.version("memsnap") == version
+    assert memsnap.__version__ == version
+    p = subprocess.run(WRAPPER + [_cli(), "--version"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == f"memsnap {version}\n"
 
 
 def test_module_uses_the_installed_library():
@@ -34,9 +56,9 @@ def test_cli_installed_in_environment():
     tools = open(os.path.join(ROOT, "tools", "meson.build")).read()
     if "executable(" not in tools:
         pytest.skip("tools/meson.build builds no CLI yet (the cli branch is not merged)")
-    cli = os.path.join(os.path.dirname(sys.executable), "memsnap")
+    cli = _cli()
     assert os.path.exists(cli), "memsnap CLI not installed next to the interpreter"
-    p = subprocess.run([cli, "--help"], capture_output=True, text=True)
+    p = subprocess.run(WRAPPER + [cli, "--help"], capture_output=True, text=True)
     assert p.returncode == 0
 
 

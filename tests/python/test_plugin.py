@@ -81,3 +81,26 @@ print("RESULT 1")
     proc = run_script(code)
     assert proc.result == 1
     assert "0xdead000" in proc.stderr
+
+
+def test_base_allocation_is_the_segment():
+    """msnap_plugin_get_base_allocation is PyTorch's getBaseAllocation: the
+    start and size of the segment holding the allocation (IPC handles)."""
+    code = r"""
+import ctypes, json, memsnap
+import memsnap.memory as mm
+lib = ctypes.CDLL(memsnap.library_path())
+f = lib.msnap_plugin_get_base_allocation
+f.restype = ctypes.c_void_p
+f.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+a = mm.caching_allocator_alloc(4096)
+b = mm.caching_allocator_alloc(4096)
+size = ctypes.c_size_t()
+base = f(b, ctypes.byref(size))
+bad = f(0xdead000, ctypes.byref(size))
+print("RESULT " + json.dumps({"a": a, "b": b, "base": base, "size": size.value,
+                              "bad": bad}))
+"""
+    r = run_script(code).result
+    assert r["b"] != r["a"] and r["base"] == min(r["a"], r["b"])
+    assert r["bad"] is None

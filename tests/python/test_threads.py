@@ -150,14 +150,17 @@ def test_native_thread_without_python_state(tmp_path):
 
     import memsnap
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    # $CC: the compiler for the interpreter's machine (make test-aarch64
+    # sets the aarch64 cross compiler); else the build machine's cc.
+    import shlex
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if cc[0] is None:
         pytest.skip("no C compiler to build the native-thread helper")
     src = tmp_path / "helper.c"
     src.write_text(HELPER_C)
     lib = tmp_path / "libhelper.so"
     pkg = os.path.dirname(memsnap.library_path())
-    subprocess.run([cc, "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib),
+    subprocess.run([*cc, "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib),
                     f"-L{pkg}", "-lmemsnap", f"-Wl,-rpath,{pkg}"], check=True)
     r = run_script(NATIVE.replace("HELPER", repr(str(lib))), timeout=60).result
     assert r["p"] and r["q"]

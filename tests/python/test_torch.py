@@ -103,14 +103,15 @@ print("RESULT " + json.dumps(out))
 
 
 def test_use_allocator_installs_plugin_for_npu(fake_npu):
+    pytest.importorskip("torch")  # the C++ shim is built against torch
     code = r"""
 import json, os
-import memsnap, memsnap.memory as mm, memsnap.torch as mt
+import memsnap, memsnap.memory as mm, memsnap.torch as mt, memsnap._shim
 import torch_npu.npu.memory as nm
 allocator = mt.use_allocator()
 out = {"backend": mt.installed_backend(),
        "names": list(allocator.names[1:]),
-       "path_ok": allocator.names[0] == memsnap.library_path(),
+       "path_ok": allocator.names[0] == memsnap._shim.path("libmemsnap_torch.so"),
        "runtime": os.environ["MEMSNAP_RUNTIME"]}
 mt.patch_torch_npu()
 mm._record_memory_history("all", stacks="python")
@@ -127,13 +128,16 @@ print("RESULT " + json.dumps(out))
 """
     r = run_script(code, env=fake_npu).result
     assert r["backend"] == "npu"
-    assert r["names"] == ["msnap_plugin_malloc", "msnap_plugin_free"] and r["path_ok"]
+    # The C++ shim's entry points: an OOM raises torch.OutOfMemoryError
+    # (tests/torch/test_npu.py drives it through a C++ NPUPluggableAllocator).
+    assert r["names"] == ["msnap_torch_malloc", "msnap_torch_free"] and r["path_ok"]
     assert r["runtime"] == "sim"  # the environment's choice is kept
     assert r["ptr"] and r["allocated"] >= 1 << 20 and r["in_trace"]
     assert "already installed" in r["second"]
 
 
 def test_use_allocator_too_late_is_a_clear_error(fake_npu):
+    pytest.importorskip("torch")  # the C++ shim is built against torch
     code = r"""
 import json
 import torch_npu.npu.memory as nm
@@ -245,3 +249,39 @@ print("RESULT " + json.dumps({"ann": ann, "hooked": hooked, "restored": restored
     assert r["restored"] is True
     # Re-enabled (thread-local this time): the hook is back.
     assert "after" in r["ann_after"]
+
+
+def test_patch_torch_cuda_answers_from_memsnap():
+    """patch_torch_cuda() on the CPU-only torch: torch.cuda's statistics,
+    history and snapshot functions are memsnap's (torch would raise or
+    answer for its own allocator)."""
+    pytest.importorskip("torch")
+    code = r"""
+import json
+import torch
+import memsnap.memory as mm, memsnap.torch as mt
+names = mt.patch_torch_cuda()
+torch.cuda.memory._record_memory_history("all", stacks="python")
+p = torch.cuda.memory.caching_allocator_alloc(3 << 20)
+out = {
+  "names": names,
+  "allocated": torch.cuda.memory_allocated(),
+  "mm": mm.memory_allocated(),
+  "stats": torch.cuda.memory_stats()["allocated_bytes.all.current"],
+  "reserved": torch.cuda.memory_reserved("cuda:0"),
+  "actions": [e["action"] for e in torch.cuda.memory._snapshot()["device_traces"][0]],
+  "same_fn": torch.cuda.memory_allocated is mm.memory_allocated,
+}
+torch.cuda.memory.caching_allocator_delete(p)
+torch.cuda.empty_cache()
+out["after"] = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    for n in ("memory_stats", "memory_allocated", "_record_memory_history",
+              "_snapshot", "_dump_snapshot", "empty_cache"):
+        assert n in r["names"]
+    assert r["allocated"] == r["mm"] == r["stats"] >= 3 << 20
+    assert r["reserved"] >= r["allocated"]
+    assert r["actions"] == ["segment_alloc", "alloc"] and r["same_fn"]
+    assert r["after"] == [0, 0]

@@ -131,10 +131,19 @@ def check_full(d, ndev):
     need(set(d) >= keys, "top", f"missing {sorted(keys - set(d))}")
     for i, s in enumerate(d["segments"]):
         check_segment(s, f"segments[{i}]")
-    devs = [s["device"] for s in d["segments"]]
+    # Workspace buffers (allocator_settings.workspace_segments) may come
+    # last, in any order: torch_npu's layout, the npu profile's default.
+    ws = set(d.get("allocator_settings", {}).get("workspace_segments", []))
+    segs = d["segments"]
+    k = len(segs)
+    while k > 0 and segs[k - 1]["address"] in ws:
+        k -= 1
+    head = [s for s in segs[:k]]
+    devs = [s["device"] for s in head]
     need(devs == sorted(devs), "segments", "devices not in order")
     for dev in set(devs):
-        addrs = [s["address"] for s in d["segments"] if s["device"] == dev]
+        addrs = [s["address"] for s in segs
+                 if s["device"] == dev and (s in head or s["address"] not in ws)]
         need(addrs == sorted(addrs), "segments", f"device {dev} not sorted")
     dt = d["device_traces"]
     need(isinstance(dt, list), "device_traces", "not a list")

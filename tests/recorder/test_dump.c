@@ -123,19 +123,27 @@ static void expect_trace_equals_copy(const msnap_snap_t *s, int d,
       continue;
     assert_true(j < l->n);
     const msnap_strace_t *t = &l->v[j++];
+    const msnap_tattr_t *at = msnap__tattr(s, t);
     assert_int_equal(t->action, e.action);
     assert_int_equal(t->addr, e.addr);
     assert_int_equal(t->size, e.size);
-    assert_int_equal(t->stream, (int64_t)e.stream);
-    assert_int_equal(t->pool_id.first, e.pool.first);
-    assert_int_equal(t->pool_id.second, e.pool.second);
+    assert_int_equal(at->stream, (int64_t)e.stream);
+    assert_int_equal(at->pool_id.first, e.pool.first);
+    assert_int_equal(at->pool_id.second, e.pool.second);
     const char *um = e.user_metadata ? msnap__str_get(e.user_metadata, NULL)
                                      : "";
     const char *cc = e.compile_context
                          ? msnap__str_get(e.compile_context, NULL)
                          : "N/A";
-    assert_string_equal(mstr(s, t->user_metadata), um);
-    assert_string_equal(mstr(s, t->compile_context), cc);
+    assert_string_equal(mstr(s, at->user_metadata), um);
+    assert_string_equal(mstr(s, at->compile_context), cc);
+    if (e.internal_meta == 1) {
+      assert_string_equal(mstr(s, at->internal_metadata), "mallocWithAddress");
+      assert_true(at->keys & MSNAP_K_INTERNAL_META);
+    } else {
+      assert_int_equal(at->internal_metadata, MSNAP_STR_ABSENT);
+      assert_false(at->keys & MSNAP_K_INTERNAL_META);
+    }
     if (e.stack == 0) {
       assert_int_equal(t->frames, MSNAP_STACK_ABSENT);
     } else {
@@ -143,11 +151,11 @@ static void expect_trace_equals_copy(const msnap_snap_t *s, int d,
       msnap_stack_view_t v;
       assert_int_equal(msnap__stack_view(e.stack, &v), 0);
       assert_true(t->frames > MSNAP_STACK_EMPTY && t->frames < s->nstacks);
-      assert_int_equal(s->stacks[t->frames].n, v.nc);
-      assert_true(t->keys & MSNAP_K_FRAMES);
+      assert_int_equal(msnap__stack_len(s, t->frames), v.nc);
+      assert_true(at->keys & MSNAP_K_FRAMES);
     }
-    assert_true(t->keys & (e.action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE
-                                                        : MSNAP_K_ADDRESS));
+    assert_true(at->keys & (e.action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE
+                                                         : MSNAP_K_ADDRESS));
     if (j > 1) assert_true(t->time_us >= l->v[j - 2].time_us);
   }
   assert_int_equal(j, l->n);

@@ -318,8 +318,11 @@ static void test_dump_loads_in_cpython(void **state) {
     const msnap_strace_t *t = &l->v[i];
     if (t->action != MSNAP_ACTION_ALLOC) continue;
     size_t n;
-    assert_string_equal(msnap__snap_str(s, t->user_metadata, &n), "step=1");
-    assert_string_equal(msnap__snap_str(s, t->compile_context, &n),
+    assert_string_equal(msnap__snap_str(s, msnap__tattr(s, t)->user_metadata,
+                                        &n),
+                        "step=1");
+    assert_string_equal(msnap__snap_str(s, msnap__tattr(s, t)->compile_context,
+                                        &n),
                         "Torch-Compiled Region: 0/0");
     assert_true(t->frames > MSNAP_STACK_EMPTY);
     saw++;
@@ -410,7 +413,7 @@ static void test_filters_and_include_traces(void **state) {
   const msnap_trace_list_t *l = &s->device_traces[0];
   assert_int_equal(l->v[l->n - 1].action, MSNAP_ACTION_SNAPSHOT);
   assert_int_equal(l->v[l->n - 1].addr, 0);
-  assert_int_equal(l->v[l->n - 1].stream, 0);
+  assert_int_equal(msnap__tattr(s, &l->v[l->n - 1])->stream, 0);
   assert_true(l->v[l->n - 1].size >= 1024); /* active bytes of device 0 */
   msnap__snap_free(s);
 
@@ -540,8 +543,11 @@ static void test_allocator_settings(void **state) {
   msnap_allocator_destroy(a);
 }
 
+/* memsnap's workspace view (MEMSNAP_WORKSPACE_VIEW=memsnap); the npu
+ * profile's default, torch_npu's view, is test_workspace_torch_npu_view. */
 static void test_workspace(void **state) {
   (void)state;
+  setenv("MEMSNAP_WORKSPACE_VIEW", "memsnap", 1);
   msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 1);
   enable(a, MSNAP_CONTEXT_ALLOC, UINT64_MAX);
   uint64_t w1, w2, w3, p;
@@ -634,6 +640,85 @@ static void test_workspace(void **state) {
   assert_int_equal(msnap_sim_live_allocations(rt), live0);
   assert_int_equal(msnap_set_caching_enabled(a, true), 0);
   msnap_free(a, p);
+  msnap_allocator_destroy(a);
+  unsetenv("MEMSNAP_WORKSPACE_VIEW");
+}
+
+/*
+ * The npu profile's default workspace view is torch_npu's: Module.cpp
+ * THNPModule_memorySnapshot appends NPUWorkspaceAllocator::snapshot()'s
+ * segments after the caching allocator's (get_segm: one block, allocated
+ * never set, requested_size 0) and, while history records
+ * (NPUWorkspaceAllocator.cpp get_trace), puts three entries per buffer --
+ * WORKSPACE_SNAPSHOT, SEGMENT_ALLOC, ALLOC, each sized to the buffer --
+ * in front of the device trace.
+ */
+static void test_workspace_torch_npu_view(void **state) {
+  (void)state;
+  unsetenv("MEMSNAP_WORKSPACE_VIEW");
+  msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 1);
+  uint64_t p, q, w1, w2;
+  assert_int_equal(msnap_malloc(a, 0, 3000, 0, &p), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 5000, 0x42, &w1), 0);
+  assert_int_equal(msnap_workspace_malloc(a, 0, 3u << 20, 0x43, &w2), 0);
+  assert_int_equal(msnap_workspace_free(a, w2), 0);
+  assert_int_equal(msnap_malloc(a, 0, 30u << 20, 0, &q), 0);
+  /* History off: segments, no synthetic entries. */
+  msnap_snap_t *s = NULL;
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  check_model(s);
+  assert_int_equal(s->nsegments, 4);
+  /* the caching segments first, sorted; then the buffers in creation
+   * order */
+  assert_true(s->segments[0].address < s->segments[1].address);
+  assert_int_equal(s->segments[2].address, w1);
+  assert_int_equal(s->segments[3].address, w2);
+  for (uint32_t i = 2; i < 4; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    const msnap_sblock_t *b = &s->blocks[g->first_block];
+    assert_int_equal(g->nblocks, 1);
+    assert_true(g->is_large);
+    assert_int_equal(g->allocated_size, 0);
+    assert_int_equal(g->active_size, 0);
+    assert_int_equal(g->requested_size, 0);
+    assert_int_equal(b->state, MSNAP_BLOCK_INACTIVE);
+    assert_int_equal(b->requested_size, 0);
+  }
+  assert_int_equal(s->segments[2].total_size, 2u << 20);
+  assert_int_equal(s->segments[3].total_size, 4u << 20);
+  for (uint32_t i = 0; i < s->device_traces[0].n; i++)
+    assert_int_not_equal(s->device_traces[0].v[i].action,
+                         MSNAP_ACTION_WORKSPACE_SNAPSHOT);
+  msnap__snap_free(s);
+  /* History on: three entries per buffer, sized to the buffer. */
+  enable(a, MSNAP_CONTEXT_ALLOC, UINT64_MAX);
+  assert_int_equal(msnap__snapshot_take(a, NULL, &s), 0);
+  check_model(s);
+  const msnap_trace_list_t *l = &s->device_traces[0];
+  assert_true(l->n >= 6);
+  static const int acts[3] = {MSNAP_ACTION_WORKSPACE_SNAPSHOT,
+                              MSNAP_ACTION_SEGMENT_ALLOC, MSNAP_ACTION_ALLOC};
+  for (uint32_t i = 0; i < 6; i++) {
+    uint64_t w = i < 3 ? w1 : w2;
+    assert_int_equal(l->v[i].action, acts[i % 3]);
+    assert_int_equal(l->v[i].addr, w);
+    assert_int_equal(l->v[i].size, i < 3 ? 2u << 20 : 4u << 20);
+    assert_int_equal(msnap__tattr(s, &l->v[i])->stream,
+                     i < 3 ? 0x42 : 0x43);
+  }
+  msnap__snap_free(s);
+  if (have_python()) {
+    char path[512], out[1024];
+    snprintf(path, sizeof path, "%s/ws_npu.pickle", tmpdir);
+    assert_int_equal(msnap_dump_snapshot(a, NULL, path), 0);
+    int rc = run_check("full", path, "1", out, sizeof out);
+    print_message("%s", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "\"workspace_snapshot\": 2"));
+  }
+  assert_int_equal(msnap_workspace_free(a, w1), 0);
+  assert_int_equal(msnap_free(a, p), 0);
+  assert_int_equal(msnap_free(a, q), 0);
   msnap_allocator_destroy(a);
 }
 
@@ -787,13 +872,13 @@ static void test_python_c_merge(void **state) {
   assert_int_equal(s->blocks[0].frames, MSNAP_STACK_EMPTY);
   msnap_stack_t st = s->segments[0].frames;
   assert_true(st > MSNAP_STACK_EMPTY);
-  const msnap_span_t *sp = &s->stacks[st];
   const char *names[64];
-  uint32_t n = sp->n < 64 ? sp->n : 64;
+  uint32_t ids[64];
+  uint32_t n = msnap__stack_frames(s, st, ids, 64);
+  if (n > 64) n = 64;
   for (uint32_t i = 0; i < n; i++) {
     size_t l;
-    names[i] = msnap__snap_str(
-        s, s->frames[s->stack_frames[sp->first + i]].name, &l);
+    names[i] = msnap__snap_str(s, s->frames[ids[i]].name, &l);
   }
   /* C frames innermost first; py_inner just before the eval frame;
    * py_outer (no second eval frame) appended at the end. */
@@ -993,6 +1078,7 @@ int main(void) {
       cmocka_unit_test(test_allocator_settings),
       cmocka_unit_test(test_settings_js_safe),
       cmocka_unit_test(test_workspace),
+      cmocka_unit_test(test_workspace_torch_npu_view),
       cmocka_unit_test(test_allocation_traceback),
       cmocka_unit_test(test_dump_failures_leave_no_file),
       cmocka_unit_test(test_python_c_merge),

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -495,6 +496,112 @@ static void test_no_host_ram(void **state) {
   ops->fini(ctx);
 }
 
+/* Host-backed: device, mapped and pinned addresses are real memory; freed
+ * ranges fault again; no RAM is used until pages are touched. */
+static void *make_hb(int devices, uint64_t memory) {
+  void *ctx = NULL;
+  assert_int_equal(msnap__sim_create_ex(devices, memory, true, &ctx), 0);
+  assert_true(msnap_sim_host_backed(ctx));
+  CHECK(ctx);
+  return ctx;
+}
+
+/* The permissions of the mapping holding p in /proc/self/maps ("rw-p",
+ * "---p"), "" when unmapped: what a touch would do, without faulting
+ * (sanitizers and qemu-user report the real maps too). */
+static const char *perms_of(uint64_t p) {
+  static char perms[8];
+  perms[0] = '\0';
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f == NULL) return perms;
+  char line[512];
+  while (fgets(line, sizeof line, f) != NULL) {
+    unsigned long long lo, hi;
+    char pr[8];
+    if (sscanf(line, "%llx-%llx %7s", &lo, &hi, pr) == 3 && p >= lo &&
+        p < hi) {
+      snprintf(perms, sizeof perms, "%s", pr);
+      break;
+    }
+  }
+  fclose(f);
+  return perms;
+}
+
+static void test_host_backed(void **state) {
+  (void)state;
+  void *plain = make(1, GiB);
+  assert_false(msnap_sim_host_backed(plain));
+  ops->fini(plain);
+  /* 8 GiB devices: 512 GiB of address space each (sanitizer and qemu
+   * runs have room for it). */
+  void *ctx = make_hb(2, 8 * GiB);
+  long page = sysconf(_SC_PAGESIZE);
+  long before = max_rss_kib();
+  /* 6 GiB on device 0 costs nothing until touched. */
+  uint64_t big = xmalloc(ctx, 0, 6 * GiB);
+  assert_true(max_rss_kib() - before < 16 * 1024);
+  unsigned char *b = (unsigned char *)(uintptr_t)big;
+  b[0] = 0x5a;
+  b[6 * GiB - 1] = 0xa5;
+  assert_int_equal(b[0] + b[6 * GiB - 1], 0xff);
+  xfree(ctx, 0, big);
+  /* Small requests are page-aligned and do not share pages. */
+  uint64_t p1 = xmalloc(ctx, 1, 1000), p2 = xmalloc(ctx, 1, 1000);
+  assert_int_equal(p1 % (uint64_t)page, 0);
+  assert_true(p2 >= p1 + (uint64_t)page);
+  unsigned char *c1 = (unsigned char *)(uintptr_t)p1;
+  for (int i = 0; i < 1000; i++) assert_int_equal(c1[i], 0);
+  memset(c1, 7, 1000);
+  memset((void *)(uintptr_t)p2, 9, 1000);
+  assert_int_equal(c1[999], 7);
+  assert_string_equal(perms_of(p1), "rw-p");
+  xfree(ctx, 1, p1);
+  assert_string_equal(perms_of(p1), "---p"); /* a touch faults */
+  assert_int_equal(((unsigned char *)(uintptr_t)p2)[0], 9);
+  /* A freed range that is handed out again reads zeros. */
+  uint64_t p3 = xmalloc(ctx, 1, 1000);
+  assert_int_equal(p3, p1);
+  assert_int_equal(((unsigned char *)(uintptr_t)p3)[0], 0);
+  xfree(ctx, 1, p2);
+  xfree(ctx, 1, p3);
+  /* VMM: a mapping is writable, unmapping makes it fault. */
+  uint64_t va = 0, h = 0;
+  assert_int_equal(ops->vmm_reserve(ctx, 0, 8 * MiB, 0, &va), 0);
+  assert_int_equal(ops->vmm_map(ctx, 0, va + 2 * MiB, 2 * MiB, &h), 0);
+  CHECK(ctx);
+  memset((void *)(uintptr_t)(va + 2 * MiB), 3, 2 * MiB);
+  assert_string_equal(perms_of(va + 2 * MiB), "rw-p");
+  assert_int_equal(ops->vmm_unmap(ctx, 0, va + 2 * MiB, 2 * MiB, h), 0);
+  assert_string_equal(perms_of(va + 2 * MiB), "---p");
+  assert_int_equal(ops->vmm_release(ctx, 0, va, 8 * MiB), 0);
+  /* Pinned host memory too. */
+  uint64_t hp = 0;
+  assert_int_equal(ops->host_malloc(ctx, 100, &hp), 0);
+  memset((void *)(uintptr_t)hp, 1, 100);
+  assert_int_equal(ops->host_free(ctx, hp), 0);
+  /* Forced placement must stay inside the reservation. */
+  msnap_sim_set_next_address(ctx, 0, BASE0);
+  uint64_t bad = 0;
+  assert_int_equal(ops->malloc(ctx, 0, 4096, &bad), MSNAP_EINVAL);
+  assert_non_null(strstr(msnap_last_error(), "host-backed"));
+  CHECK(ctx);
+  assert_int_equal(msnap_sim_live_allocations(ctx), 0);
+  ops->fini(ctx);
+  /* The environment switch. */
+  setenv("MEMSNAP_SIM_HOST_BACKED", "1", 1);
+  setenv("MEMSNAP_SIM_MEMORY", "1G", 1);
+  assert_int_equal(ops->init(&ctx), 0);
+  assert_true(msnap_sim_host_backed(ctx));
+  ops->fini(ctx);
+  setenv("MEMSNAP_SIM_HOST_BACKED", "yes", 1); /* warns once, default off */
+  assert_int_equal(ops->init(&ctx), 0);
+  assert_false(msnap_sim_host_backed(ctx));
+  ops->fini(ctx);
+  unsetenv("MEMSNAP_SIM_HOST_BACKED");
+  unsetenv("MEMSNAP_SIM_MEMORY");
+}
+
 /* Several threads hammer one context; the mutex keeps it consistent. */
 typedef struct worker_s {
   void *ctx;
@@ -566,6 +673,7 @@ int main(void) {
       cmocka_unit_test(test_next_address),
       cmocka_unit_test(test_oom_at_capacity),
       cmocka_unit_test(test_no_host_ram),
+      cmocka_unit_test(test_host_backed),
       cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -22,9 +22,9 @@
  *     (msnap_sim_live_allocations == 0: no leaked memory, mapping,
  *     reservation or event).
  *
- * Dump sites: the test binary interposes write(2), fsync(2) and rename(2)
- * (the core is linked statically into it, so its calls bind here; no hook
- * in src/).  Each is failed in turn during msnap_dump_snapshot (ENOSPC,
+ * Dump sites: the test binary interposes write(2), fsync(2), rename(2)
+ * and renameat(2) (the core is linked statically into it, so its calls
+ * bind here; no hook in src/).  Each is failed in turn during msnap_dump_snapshot (ENOSPC,
  * EIO, and a short write followed by ENOSPC), and the dump must return
  * MSNAP_ENOSPC / MSNAP_EIO, leave the target absent -- or, when a previous
  * dump existed, byte-for-byte intact -- and leave no temporary file.  A
@@ -173,6 +173,7 @@ static int file_fault_hits;
 ssize_t write(int fd, const void *buf, size_t n);
 int fsync(int fd);
 int rename(const char *from, const char *to);
+int renameat(int fromfd, const char *from, int tofd, const char *to);
 
 /* Only descriptors >= 3 (never our own stdout/stderr) are failed. */
 ssize_t write(int fd, const void *buf, size_t n) {
@@ -217,6 +218,20 @@ int rename(const char *from, const char *to) {
     return -1;
   }
   return real(from, to);
+}
+
+/* The atomic file renames on its directory's descriptor (base/sink.c). */
+int renameat(int fromfd, const char *from, int tofd, const char *to) {
+  static int (*real)(int, const char *, int, const char *);
+  if (real == NULL)
+    real = (int (*)(int, const char *, int, const char *))dlsym(RTLD_NEXT,
+                                                               "renameat");
+  if (file_fault == F_RENAME) {
+    file_fault_hits++;
+    errno = file_errno;
+    return -1;
+  }
+  return real(fromfd, from, tofd, to);
 }
 
 /* The sim runtime takes its device count and size from MEMSNAP_SIM_DEVICES

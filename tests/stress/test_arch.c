@@ -105,10 +105,13 @@ static void test_c_stacks(void **state) {
       continue;
     found_entry = true;
     assert_true(e->frames > MSNAP_STACK_EMPTY && e->frames < s->nstacks);
-    msnap_span_t sp = s->stacks[e->frames];
-    print_message("arch: alloc entry has %u frames\n", sp.n);
-    for (uint32_t k = 0; k < sp.n; k++) {
-      const msnap_frame_t *f = &s->frames[s->stack_frames[sp.first + k]];
+    print_message("arch: alloc entry has %u frames\n",
+                  msnap__stack_len(s, e->frames));
+    msnap_stack_iter_t it;
+    msnap__stack_iter(s, e->frames, &it);
+    uint32_t fid;
+    for (uint32_t k = 0; msnap__stack_next(&it, &fid); k++) {
+      const msnap_frame_t *f = &s->frames[fid];
       size_t nlen = 0;
       const char *name = msnap__snap_str(s, f->name, &nlen);
       if (name != NULL && strstr(name, "arch_marker_alloc") != NULL) {

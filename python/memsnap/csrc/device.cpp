@@ -1,0 +1,636 @@
+// device.cpp -- memsnap as a PyTorch device through PrivateUse1.
+//
+// memsnap.torch.register_device(name) renames PrivateUse1 to `name` and
+// calls msnap_torch_device_init(), which registers (once per process):
+//
+//   - c10::Allocator for PrivateUse1: allocate() is msnap_malloc on the
+//     current device and stream (torch.OutOfMemoryError on OOM), the
+//     deleter msnap_free: every tensor, view base, resize and garbage
+//     collection goes through memsnap's caching allocator, as a real
+//     backend's tensors go through its allocator;
+//   - a DeviceGuardImplInterface: MEMSNAP_SIM_DEVICES devices, a
+//     thread-local current device and current stream per device (stream
+//     ids are memsnap stream handles, 0 = default stream), events that
+//     complete when recorded (every operator runs synchronously);
+//   - at::PrivateUse1HooksInterface (device count, primary context,
+//     storage resize, pointer -> device);
+//   - the aten kernels a device must provide: empty.memory_format,
+//     empty_strided, _copy_from, _copy_from_and_resize, resize_, view,
+//     as_strided, _reshape_alias, set_ (3 overloads), _local_scalar_dense,
+//     record_stream;
+//   - a boxed fallback for every other operator: the operators of
+//     kCpuOperators run on the CPU through PyTorch's own
+//     at::native::cpu_fallback (inputs copied to the CPU, outputs and
+//     mutated arguments copied back, so outputs are allocated on the
+//     device through memsnap as a device kernel would); any other one
+//     raises NotImplementedError "operator aten::X is not implemented for
+//     the memsnap device 'npu'".
+//
+// The device memory is the host-backed sim runtime's (real host memory at
+// the device addresses), which is what makes copies and CPU kernels on
+// device tensors possible; init refuses any other runtime.
+//
+// No state lives here beyond the registrations and the per-thread current
+// device/stream; memsnap's allocator checks its own invariants.
+#include "shim.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_cpu_dispatch.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+namespace memsnap_torch {
+namespace {
+
+constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+// Operators computed on the CPU (over the host-backed device memory) by
+// at::native::cpu_fallback: what a small MLP needs for its forward and
+// backward passes, the usual losses, and the SGD / Adam / AdamW updates
+// (their foreach forms too), plus common elementwise operators and
+// reductions.  Every overload (including in-place and out= forms) of a
+// listed name is computed.  docs/python.md lists them; anything else
+// raises NotImplementedError.
+const std::unordered_set<std::string>& cpu_operators() {
+  static const std::unordered_set<std::string> names = {
+      // elementwise arithmetic
+      "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::rsub",
+      "aten::mul", "aten::mul_", "aten::div", "aten::div_", "aten::neg",
+      "aten::neg_", "aten::abs", "aten::abs_", "aten::pow", "aten::pow_",
+      "aten::sqrt", "aten::sqrt_", "aten::rsqrt", "aten::exp", "aten::exp_",
+      "aten::log", "aten::log_", "aten::reciprocal", "aten::sign",
+      "aten::addcmul", "aten::addcmul_", "aten::addcdiv", "aten::addcdiv_",
+      "aten::lerp", "aten::lerp_", "aten::clamp", "aten::clamp_",
+      "aten::clamp_min", "aten::clamp_min_", "aten::clamp_max",
+      "aten::maximum", "aten::minimum", "aten::where",
+      "aten::fill_", "aten::zero_", "aten::eq", "aten::ne", "aten::lt",
+      "aten::le", "aten::gt", "aten::ge", "aten::isnan", "aten::isfinite",
+      "aten::logical_not", "aten::logical_and", "aten::bitwise_and",
+      "aten::bitwise_or", "aten::ceil", "aten::floor", "aten::round",
+      "aten::trunc", "aten::masked_select",
+      // activations and their gradients
+      "aten::relu", "aten::relu_", "aten::threshold_backward",
+      "aten::sigmoid", "aten::sigmoid_backward", "aten::tanh",
+      "aten::tanh_backward", "aten::gelu", "aten::gelu_backward",
+      "aten::silu", "aten::silu_backward", "aten::_softmax",
+      "aten::_softmax_backward_data", "aten::_log_softmax",
+      "aten::_log_softmax_backward_data",
+      // linear algebra
+      "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::dot",
+      "aten::mv", "aten::addmv",
+      // reductions
+      "aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::max",
+      "aten::min", "aten::argmax", "aten::argmin", "aten::norm",
+      "aten::linalg_vector_norm", "aten::all", "aten::any",
+      // losses
+      "aten::mse_loss", "aten::mse_loss_backward", "aten::nll_loss_forward",
+      "aten::nll_loss_backward", "aten::l1_loss",
+      // data movement within the device
+      "aten::cat", "aten::stack", "aten::index_select", "aten::gather",
+      "aten::scatter", "aten::scatter_add", "aten::masked_fill",
+      "aten::masked_fill_", "aten::embedding_dense_backward",
+      "aten::index.Tensor", "aten::nonzero",
+      // factories that fill what they allocate
+      "aten::arange", "aten::linspace", "aten::eye",
+      // random (the CPU generator, seeded by torch.manual_seed)
+      "aten::normal_", "aten::uniform_", "aten::bernoulli_",
+      "aten::random_", "aten::native_dropout", "aten::native_dropout_backward",
+      // optimizer foreach kernels (SGD, Adam, AdamW)
+      "aten::_foreach_add", "aten::_foreach_add_", "aten::_foreach_sub_",
+      "aten::_foreach_mul", "aten::_foreach_mul_", "aten::_foreach_div",
+      "aten::_foreach_div_", "aten::_foreach_neg", "aten::_foreach_sqrt",
+      "aten::_foreach_sqrt_", "aten::_foreach_addcmul_",
+      "aten::_foreach_addcdiv_", "aten::_foreach_lerp_",
+      "aten::_foreach_zero_", "aten::_foreach_copy_",
+      "aten::_foreach_maximum_", "aten::_foreach_norm",
+      "aten::_foreach_pow", "aten::_foreach_reciprocal_",
+  };
+  return names;
+}
+
+int device_count() {
+  msnap_allocator_t* a = msnap_default();
+  int n = a != nullptr ? msnap_device_count(a) : 0;
+  return n > 0 ? n : 0;
+}
+
+// Per thread: current device, and current stream id per device.
+thread_local c10::DeviceIndex tl_device = 0;
+// Set when a thread other than the registering one sets a device: torch's
+// autograd engine starts one worker thread per device index and sets its
+// device (torch/csrc/autograd/engine.cpp, set_device).
+std::atomic<bool> g_worker_threads{false};
+std::thread::id g_init_thread;
+thread_local std::vector<c10::StreamId> tl_streams;
+std::atomic<c10::StreamId> next_stream{1};
+
+void check_index(c10::DeviceIndex d) {
+  int n = device_count();
+  TORCH_CHECK(d >= 0 && d < n, "memsnap device: invalid device index ",
+              static_cast<int>(d),
+              " (", n, " device", n == 1 ? "" : "s",
+              "; MEMSNAP_SIM_DEVICES sets the count)");
+}
+
+c10::StreamId current_stream_id(c10::DeviceIndex d) {
+  if (d < 0 || static_cast<size_t>(d) >= tl_streams.size()) return 0;
+  return tl_streams[static_cast<size_t>(d)];
+}
+
+uint64_t stream_handle(c10::StreamId id) { return static_cast<uint64_t>(id); }
+
+// record_stream of the allocation at `base` (a storage's data pointer).
+void record_on_stream(void* base, c10::StreamId id) {
+  if (base == nullptr) return;
+  int rc = msnap_record_stream(allocator(), as_u64(base), stream_handle(id));
+  if (rc < 0) throw_error(rc, "memsnap record_stream");
+}
+
+// ---- the allocator ----------------------------------------------------------
+
+void raw_delete(void* ptr) { free_or_report(ptr); }
+
+struct DeviceAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    c10::DeviceIndex d = tl_device;
+    void* p = malloc_or_throw(n, d, stream_handle(current_stream_id(d)));
+    return {p, p, &raw_delete, c10::Device(kType, d)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count)
+      const override {
+    // Host-backed device memory: a plain copy is the device-to-device copy.
+    if (count != 0) std::memcpy(dest, src, count);
+  }
+};
+
+DeviceAllocator g_allocator;
+
+// ---- the device guard --------------------------------------------------------
+
+struct Event {
+  std::chrono::steady_clock::time_point recorded;
+};
+
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return {kType, tl_device}; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "memsnap device guard: expected a ",
+                c10::get_privateuse1_backend(), " device, got ", d);
+    if (std::this_thread::get_id() != g_init_thread)
+      g_worker_threads.store(true);
+    if (d.has_index()) {
+      check_index(d.index());
+      tl_device = d.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.has_index()) tl_device = d.index();
+  }
+  // A device without an index means the current one.
+  static c10::Device indexed(c10::Device d) {
+    return d.has_index() ? d : c10::Device(kType, tl_device);
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    d = indexed(d);
+    return c10::Stream(c10::Stream::UNSAFE, d, current_stream_id(d.index()));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, indexed(d));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    (void)priority;
+    return c10::Stream(c10::Stream::UNSAFE, indexed(d),
+                       next_stream.fetch_add(1));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d,
+                                      bool high_priority) const override {
+    return getNewStream(d, high_priority ? -1 : 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override {
+    c10::DeviceIndex d = s.device_index();
+    c10::Stream old(c10::Stream::UNSAFE, s.device(), current_stream_id(d));
+    if (d >= 0) {
+      if (tl_streams.size() <= static_cast<size_t>(d))
+        tl_streams.resize(static_cast<size_t>(d) + 1, 0);
+      tl_streams[static_cast<size_t>(d)] = s.id();
+    }
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(device_count());
+  }
+  // Every operator runs synchronously: an event is complete once recorded.
+  void record(void** event, const c10::Stream& stream,
+              const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    (void)stream;
+    (void)device_index;
+    (void)flag;
+    Event* e = static_cast<Event*>(*event);
+    if (e == nullptr) *event = e = new Event();
+    e->recorded = std::chrono::steady_clock::now();
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    (void)event;
+    (void)stream;
+  }
+  bool queryEvent(void* event) const override {
+    (void)event;
+    return true;
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex device_index)
+      const noexcept override {
+    (void)device_index;
+    delete static_cast<Event*>(event);
+  }
+  bool queryStream(const c10::Stream& stream) const override {
+    (void)stream;
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    (void)stream;
+  }
+  void synchronizeEvent(void* event) const override { (void)event; }
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    (void)device_index;
+  }
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr,
+                             const c10::Stream& stream) const override {
+    record_on_stream(data_ptr.get(), stream.id());
+  }
+  double elapsedTime(void* event1, void* event2,
+                     const c10::DeviceIndex device_index) const override {
+    (void)device_index;
+    TORCH_CHECK(event1 != nullptr && event2 != nullptr,
+                "Both events must be recorded before calculating elapsed "
+                "time.");
+    auto dt = static_cast<Event*>(event2)->recorded -
+              static_cast<Event*>(event1)->recorded;
+    return std::chrono::duration<double, std::milli>(dt).count();
+  }
+};
+
+// ---- the PrivateUse1 hooks ------------------------------------------------------
+
+// resize_bytes for a device storage: allocate through memsnap, copy, free
+// the old block (as PyTorch's resize of a CUDA storage).
+void resize_storage_bytes(c10::StorageImpl* storage, size_t size_bytes) {
+  TORCH_CHECK(storage->resizable(),
+              "Trying to resize storage that is not resizable");
+  c10::DataPtr fresh;
+  if (size_bytes != 0) fresh = storage->allocator()->allocate(size_bytes);
+  const c10::DataPtr& old = storage->data_ptr();
+  size_t keep = std::min(size_bytes, storage->nbytes());
+  if (old.get() != nullptr && keep > 0)
+    std::memcpy(fresh.get(), old.get(), keep);
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(size_bytes);
+}
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    (void)device_index;
+    return true;
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(device_count());
+  }
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    check_index(device);
+    tl_device = device;
+  }
+  c10::DeviceIndex getCurrentDevice() const override { return tl_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    c10::DeviceIndex old = tl_device;
+    check_index(device);
+    tl_device = device;
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+  bool isPinnedPtr(const void* data) const override {
+    (void)data;
+    return false;
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false, "pinned host memory is not implemented for the memsnap device '",
+        c10::get_privateuse1_backend(), "'");
+  }
+  const at::Generator& getDefaultGenerator(
+      c10::DeviceIndex device_index) const override {
+    (void)device_index;
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false, "random number generators are not implemented for the memsnap "
+        "device '", c10::get_privateuse1_backend(), "': random operators run "
+        "on the CPU with the CPU generator (torch.manual_seed seeds it)");
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    (void)getDefaultGenerator(device_index);
+    return {};
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    (void)data;
+    return {kType, tl_device};
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage,
+                              size_t newsize) const override {
+    resize_storage_bytes(storage.unsafeGetStorageImpl(), newsize);
+  }
+};
+
+// ---- kernels ---------------------------------------------------------------------
+
+// The device of a factory call, after the checks every factory makes.
+c10::Device factory_device(std::optional<c10::Device> device,
+                           std::optional<c10::Layout> layout,
+                           std::optional<bool> pin_memory) {
+  c10::Device dev = c10::device_or_default(device);
+  TORCH_CHECK(dev.type() == kType, "memsnap: not a memsnap device: ", dev);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "the memsnap device supports only strided tensors");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
+              "Only dense CPU tensors can be pinned");
+  return dev;
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(factory_device(device, layout, pin_memory));
+  constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  return at::detail::empty_generic(size, &g_allocator, ks,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  const c10::DeviceGuard guard(factory_device(device, layout, pin_memory));
+  constexpr c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, ks,
+                                           c10::dtype_or_default(dtype));
+}
+
+// A CPU tensor over the same (host-backed) bytes as device tensor t.
+at::Tensor as_cpu(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                       t.options().device(at::kCPU));
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
+                     bool non_blocking) {
+  TORCH_CHECK(self.defined() && dst.defined(),
+              "memsnap _copy_from: undefined tensor");
+  TORCH_CHECK(self.sizes() == dst.sizes(), "memsnap _copy_from: sizes ",
+              self.sizes(), " and ", dst.sizes(), " differ");
+  if (self.numel() == 0) return dst;
+  at::Tensor src_cpu = self.is_cpu() ? self : as_cpu(self);
+  at::Tensor dst_cpu = dst.is_cpu() ? dst : as_cpu(dst);
+  at::native::copy_(dst_cpu, src_cpu, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_(dst, self.sizes(), std::nullopt);
+  return copy_from(self, dst, false);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size),
+                             memory_format);
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size,
+                      c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  return at::cpu::as_strided_symint(self, size, stride,
+                                    std::move(storage_offset));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
+  return at::native::set_(self, std::move(source));
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, at::Storage source,
+                                      c10::SymInt storage_offset,
+                                      c10::SymIntArrayRef size,
+                                      c10::SymIntArrayRef stride) {
+  return at::cpu::set__symint(self, std::move(source),
+                              std::move(storage_offset), size, stride);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  return at::native::_local_scalar_dense_cpu(self);
+}
+
+void record_stream(at::Tensor& self, c10::Stream s) {
+  record_on_stream(self.storage().data_ptr().get(), s.id());
+}
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::OperatorName& name = op.schema().operator_name();
+  const auto& ops = cpu_operators();
+  if (ops.count(name.name) ||
+      (!name.overload_name.empty() &&
+       ops.count(name.name + "." + name.overload_name))) {
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "operator ", name, " is not implemented for the memsnap device '",
+      c10::get_privateuse1_backend(),
+      "' (memsnap computes only the operators listed in its docs/python.md, "
+      "on the CPU; move the tensors to the CPU for this one)");
+}
+
+std::mutex init_mutex;
+std::string init_error;
+bool init_done = false;
+
+// The device needs the host-backed sim runtime (copies and CPU kernels
+// read and write the device addresses).
+void check_runtime() {
+  msnap_allocator_t* a = allocator();
+  const msnap_runtime_ops_t* rt = msnap_runtime(a);
+  TORCH_CHECK(rt == msnap_runtime_sim() &&
+                  msnap_sim_host_backed(msnap_runtime_ctx(a)),
+              "the memsnap device needs the host-backed sim runtime "
+              "(MEMSNAP_RUNTIME=sim, MEMSNAP_SIM_HOST_BACKED=1 before "
+              "memsnap's allocator is first used); this process runs '",
+              rt != nullptr && rt->name != nullptr ? rt->name : "?",
+              "'", rt == msnap_runtime_sim() ? " without host backing" : "");
+}
+
+void register_all() {
+  check_runtime();
+  g_init_thread = std::this_thread::get_id();
+  c10::SetAllocator(kType, &g_allocator);
+  static c10::impl::DeviceGuardImplRegistrar guard_registrar(kType,
+                                                             new GuardImpl());
+  at::RegisterPrivateUse1HooksInterface(new Hooks());
+  static torch::Library impl(torch::Library::IMPL, "aten",
+                             c10::DispatchKey::PrivateUse1, __FILE__,
+                             __LINE__);
+  impl.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  impl.impl("empty_strided", TORCH_FN(empty_strided));
+  impl.impl("_copy_from", TORCH_FN(copy_from));
+  impl.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  impl.impl("resize_", TORCH_FN(resize_));
+  impl.impl("view", TORCH_FN(view));
+  impl.impl("as_strided", TORCH_FN(as_strided));
+  impl.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  impl.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  impl.impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  impl.impl("set_.source_Storage_storage_offset",
+            TORCH_FN(set_source_storage_offset));
+  impl.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  impl.impl("record_stream", TORCH_FN(record_stream));
+  // mse_loss's functional form would otherwise go through the structured
+  // out= kernel with a 0-dim output, which PyTorch's CPU kernel resizes
+  // (and warns about); compute the functional form itself on the CPU.
+  impl.impl("mse_loss",
+            torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  static torch::Library fb(torch::Library::IMPL, "_",
+                           c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  fb.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+// Run f under init_mutex unless the device is registered; NULL, or the
+// error text (valid until the next call).
+template <class F>
+const char* init_step(F&& f) {
+  std::lock_guard<std::mutex> g(init_mutex);
+  if (init_done) return nullptr;
+  try {
+    f();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    init_error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    init_error = e.what();
+  }
+  return init_error.c_str();
+}
+} // namespace
+} // namespace memsnap_torch
+
+extern "C" {
+
+// Whether the device can be registered in this process.  NULL, or why not.
+__attribute__((visibility("default"))) const char* msnap_torch_device_check(
+    void) {
+  return memsnap_torch::init_step([] { memsnap_torch::check_runtime(); });
+}
+
+// Register the device (idempotent).  NULL, or the error text.
+__attribute__((visibility("default"))) const char* msnap_torch_device_init(
+    void) {
+  return memsnap_torch::init_step([] {
+    memsnap_torch::register_all();
+    memsnap_torch::init_done = true;
+  });
+}
+
+// The calling thread's current device (the device guard's).
+__attribute__((visibility("default"))) int msnap_torch_current_device(void) {
+  return memsnap_torch::tl_device;
+}
+
+// Make `device` current on the calling thread.  NULL, or the error text.
+__attribute__((visibility("default"))) const char* msnap_torch_set_device(
+    int device) {
+  static thread_local std::string err;
+  try {
+    memsnap_torch::check_index(static_cast<c10::DeviceIndex>(device));
+  } catch (const c10::Error& e) {
+    err = e.what_without_backtrace();
+    return err.c_str();
+  }
+  memsnap_torch::tl_device = static_cast<c10::DeviceIndex>(device);
+  return nullptr;
+}
+
+// The calling thread's current stream of `device` (a memsnap stream
+// handle; 0 = the default stream).
+__attribute__((visibility("default"))) int64_t msnap_torch_current_stream(
+    int device) {
+  return memsnap_torch::current_stream_id(
+      static_cast<c10::DeviceIndex>(device));
+}
+
+// Whether torch's autograd engine started its device threads for this
+// device type (they call the guard's setDevice from their own thread).
+__attribute__((visibility("default"))) int msnap_torch_worker_threads(void) {
+  return memsnap_torch::g_worker_threads.load() ? 1 : 0;
+}
+
+// The operator names the fallback computes on the CPU, one per line (for
+// the documentation test).
+__attribute__((visibility("default"))) const char* msnap_torch_cpu_operators(
+    void) {
+  static std::string text;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> v(memsnap_torch::cpu_operators().begin(),
+                               memsnap_torch::cpu_operators().end());
+    std::sort(v.begin(), v.end());
+    for (const auto& s : v) text += s + "\n";
+  });
+  return text.c_str();
+}
+
+} // extern "C"

@@ -1,0 +1,218 @@
+"""memsnap.predict -- a real model's device memory, without the device.
+
+Runs PyTorch code on fake tensors (``torch._subclasses.FakeTensorMode``:
+shapes, dtypes, aliasing and autograd, no data, no device, host memory
+independent of the model's size) while memsnap's caching allocator, on a
+simulated device of the chosen size, takes every storage allocation and
+free: the result is what PyTorch's (``cuda`` profile) or torch_npu's
+(``npu``) allocator would do on the device: peak allocated and reserved
+memory, fragmentation, the line that runs out of memory, and a snapshot
+that memory_viz opens.
+
+Command line (docs/predict.md)::
+
+    python -m memsnap.predict --memory 64G --compare train.py --steps 2
+
+In code::
+
+    from memsnap.predict import predict
+    with predict(memory="64G", compare=True) as p:
+        model = GPT().to("npu")
+        ...one training step...
+    print(p.report())          # p.fits, p.peak_reserved_bytes, p.oom, p.what_if
+
+Inside the block every tensor is a fake tensor; the device is "npu"
+(``torch.npu``) and "cuda" works as well (it runs as the same fake device).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import sys
+import traceback
+from typing import Any, Sequence
+
+from . import _report
+from ._session import Config, ConfigError, PredictionStopped, Session, parse_what_if
+
+__all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",
+           "PredictionStopped"]
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*", re.IGNORECASE)
+_SHIFT = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
+
+
+def parse_size(text: Any) -> int:
+    """Bytes from an int or text such as ``64G``, ``80GB``, ``1.5TiB``,
+    ``512M``, ``1073741824`` (binary units, as MEMSNAP_SIM_MEMORY).
+
+    Raises:
+        ValueError: anything else, or a size that is not positive.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        m = _SIZE.fullmatch(str(text))
+        if m is None:
+            raise ValueError(f"invalid size {text!r}: expected a number with an optional "
+                             "K, M, G, T or P suffix (binary units), e.g. 64G")
+        n = int(float(m.group(1)) * (1 << _SHIFT[m.group(2).upper()]))
+    if n <= 0:
+        raise ValueError(f"invalid size {text!r}: must be positive")
+    return n
+
+
+class predict:  # noqa: N801 (used as a context manager, like torch's)
+    """Predict the device memory of the code inside a ``with`` block.
+
+    Args:
+        memory: device size, bytes or text (``"64G"``).
+        profile: "npu" (torch_npu's allocator), "cuda" (PyTorch's), or
+            None: the device type the code uses.
+        alloc_conf: the allocator configuration (PYTORCH_NPU_ALLOC_CONF /
+            PYTORCH_CUDA_ALLOC_CONF syntax); None reads the profile's
+            environment variable.
+        what_if: more configurations to evaluate on the same run:
+            ``Config`` objects or strings (``"expandable_segments:True"``,
+            ``"cuda"``, ``"cuda,max_split_size_mb:128"``).
+        compare: add the standard what-ifs (expandable segments switched,
+            the other profile).
+        devices: simulated devices (``torch.npu.device_count()``); with
+            ``world_size`` it defaults to the world size.
+        world_size, rank: run as this rank of a fake process group of
+            ``world_size`` ranks (``torch.distributed`` calls work; the
+            prediction is this rank's device).
+        output: write the snapshot pickle here (the OOM snapshot when the
+            run's configuration runs out of memory).
+        reserve: bytes per device taken before the code runs, for memory
+            the allocator does not see (runtime context, communication
+            buffers).
+        annotate: record module forward/backward and optimizer step ranges.
+        attention: "fused" (``F.scaled_dot_product_attention`` allocates
+            what the device's fused kernel allocates: flash / efficient
+            attention for cuda, torch_npu's npu_fusion_attention for npu)
+            or "math" (torch's math path, the attention matrix kept).
+
+    Attributes after the block: ``fits``, ``peak_allocated_bytes``,
+    ``peak_reserved_bytes``, ``fragmentation_bytes``, ``oom`` (None or a
+    dict), ``what_if`` (list of dicts), ``result`` (the ``--json`` dict),
+    ``report()`` (the text report).
+
+    Raises:
+        ValueError: bad sizes or configurations.
+        RuntimeError: a prediction is already running, or the "npu" device
+            name is taken (torch_npu loaded).
+    """
+
+    def __init__(self, memory: Any = "64G", profile: str | None = None,
+                 alloc_conf: str | None = None, what_if: Sequence[Any] = (),
+                 compare: bool = False, devices: int | None = None,
+                 world_size: int | None = None, rank: int = 0, output: str | None = None,
+                 reserve: Any = 0, annotate: bool = True, attention: str = "fused"):
+        if profile not in (None, "npu", "cuda"):
+            raise ValueError(f"profile must be 'npu', 'cuda' or None, not {profile!r}")
+        configs = [Config(profile, alloc_conf)]
+        for w in what_if:
+            configs.append(w if isinstance(w, Config) else parse_what_if(str(w)))
+        if world_size is not None:
+            if world_size < 1 or not 0 <= rank < world_size:
+                raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        n = devices if devices is not None else (world_size or 1)
+        device = rank if world_size is not None and rank < n else 0
+        self._session = Session(parse_size(memory), configs, devices=n, device=device,
+                                compare=compare,
+                                output=os.fspath(output) if output is not None else None,
+                                extra_bytes=parse_size(reserve) if reserve else 0,
+                                annotate=annotate, attention=attention)
+        self._world = (world_size, rank) if world_size is not None else None
+        self._dist = None
+        self.result: dict | None = None
+        self.script_error: str | None = None
+
+    def __enter__(self) -> "predict":
+        s = self._session
+        if self._world is not None:
+            from ._dist import FakeWorld
+
+            self._dist = FakeWorld(*self._world)
+            s.world_size, s.rank = self._world
+            self._dist.__enter__()
+        try:
+            s.__enter__()
+        except BaseException:
+            if self._dist is not None:
+                self._dist.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        s = self._session
+        try:
+            suppress = s.__exit__(exc_type, exc, tb)
+        finally:
+            if self._dist is not None:
+                self._dist.__exit__(exc_type, exc, tb)
+        s.finish()
+        snap = s.snapshot() if s.targets else None
+        self.result = _report.results(s, snap)
+        return suppress
+
+    # -- results ---------------------------------------------------------
+    def _r(self, key):
+        if self.result is None:
+            raise RuntimeError("the prediction has not finished (leave the with block first)")
+        return self.result[key]
+
+    fits = property(lambda self: self._r("fits"))
+    peak_allocated_bytes = property(lambda self: self._r("peak_allocated_bytes"))
+    peak_reserved_bytes = property(lambda self: self._r("peak_reserved_bytes"))
+    fragmentation_bytes = property(lambda self: self._r("fragmentation_bytes"))
+    oom = property(lambda self: self._r("oom"))
+    what_if = property(lambda self: self._r("what_if"))
+    snapshot_path = property(lambda self: self._r("snapshot"))
+
+    def report(self, script: str | None = None) -> str:
+        """The text report (what ``python -m memsnap.predict`` prints)."""
+        self._r("fits")
+        return _report.text(self.result, script, self.script_error)
+
+
+def _script_traceback(exc: BaseException, script: str) -> str:
+    """The traceback from the script's first frame on."""
+    te = traceback.TracebackException.from_exception(exc)
+    target = os.path.realpath(script)
+    frames = te.stack
+    for i, f in enumerate(frames):
+        if os.path.realpath(f.filename) == target:
+            te.stack = traceback.StackSummary.from_list(frames[i:])
+            break
+    return "".join(te.format())
+
+
+def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict:
+    """Run ``script`` (as ``python script ARGS...`` would, ``__name__ ==
+    "__main__"``) under :class:`predict` with ``options``; return it.
+
+    The script's own exceptions are caught: ``script_error`` then holds the
+    traceback.  A ``SystemExit`` with a non-zero code counts as an error.
+    """
+    p = predict(**options)
+    script = os.fspath(script)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        with p:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            p.script_error = f"SystemExit: {e.code}"
+    except (KeyboardInterrupt, ConfigError):
+        raise
+    except BaseException as e:  # the script's own failure
+        p.script_error = _script_traceback(e, script)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return p

@@ -1,0 +1,109 @@
+"""python -m memsnap.predict -- predict a script's device memory (docs/predict.md).
+
+Exit status: 0 the run fits, 1 an out-of-memory is predicted (for the run's
+own configuration), 2 usage error or the script failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m memsnap.predict",
+        description="Run an unchanged PyTorch script on fake tensors while memsnap's "
+                    "allocator, on a simulated device, takes every allocation: peak "
+                    "allocated/reserved memory, fragmentation, the line that runs out of "
+                    "memory, what-ifs, and a snapshot for memory_viz.",
+        epilog="exit status: 0 fits, 1 out of memory predicted, 2 usage or script error")
+    p.add_argument("--memory", default="64G", metavar="SIZE",
+                   help="device memory (binary units: 64G, 80GiB, 1.5T; default 64G)")
+    p.add_argument("--profile", choices=("npu", "cuda"), default=None,
+                   help="allocator decisions: torch_npu's (npu) or PyTorch's (cuda); "
+                        "default: the device type the script uses")
+    p.add_argument("--alloc-conf", default=None, metavar="STR",
+                   help="allocator configuration (PYTORCH_NPU_ALLOC_CONF syntax); default: "
+                        "the profile's environment variable")
+    p.add_argument("--what-if", action="append", default=[], metavar="SPEC",
+                   help="another configuration evaluated on the same run (repeatable): "
+                        "npu | cuda | ALLOC_CONF | PROFILE,ALLOC_CONF")
+    p.add_argument("--compare", action="store_true",
+                   help="add the standard what-ifs: expandable segments switched, the "
+                        "other profile")
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="world size: N simulated devices and a fake process group of N "
+                        "ranks (default 1, no process group)")
+    p.add_argument("--rank", type=int, default=0, metavar="R",
+                   help="the rank whose process is run (with --devices; default 0)")
+    p.add_argument("--reserve", default="0", metavar="SIZE",
+                   help="memory the allocator does not see, per device (runtime "
+                        "context, communication buffers), taken before the script runs")
+    p.add_argument("-o", "--output", default=None, metavar="OUT.pickle",
+                   help="snapshot file (default: <script>_predict.pickle in the current "
+                        "directory)")
+    p.add_argument("--attention", choices=("fused", "math"), default="fused",
+                   help="F.scaled_dot_product_attention as the device's fused kernel "
+                        "(default: flash/efficient for cuda, npu_fusion_attention for npu) "
+                        "or torch's math path")
+    p.add_argument("--no-annotations", action="store_true",
+                   help="do not record module / optimizer-step ranges")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the script's arguments")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    ns = p.parse_args(argv)
+    if not os.path.isfile(ns.script):
+        p.error(f"{ns.script}: no such file")
+    from . import parse_size, parse_what_if, run_script
+
+    try:
+        memory = parse_size(ns.memory)
+        reserve = parse_size(ns.reserve) if ns.reserve not in ("0", "") else 0
+        what_if = [parse_what_if(w) for w in ns.what_if]
+    except ValueError as e:
+        p.error(str(e))
+    if ns.devices is not None and ns.devices < 1:
+        p.error("--devices must be >= 1")
+    if ns.devices is None and ns.rank != 0:
+        p.error("--rank needs --devices")
+    out = ns.output
+    if out is None:
+        stem = os.path.splitext(os.path.basename(ns.script))[0]
+        out = f"{stem}_predict.pickle"
+    # With --json, stdout carries only the JSON object: the script's own
+    # output goes to stderr.
+    redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
+    try:
+        with redirect:
+            pred = run_script(ns.script, ns.args, memory=memory, profile=ns.profile,
+                              alloc_conf=ns.alloc_conf, what_if=what_if, compare=ns.compare,
+                              world_size=ns.devices, rank=ns.rank, output=out,
+                              reserve=reserve, annotate=not ns.no_annotations,
+                              attention=ns.attention)
+    except (ValueError, RuntimeError) as e:
+        print(f"memsnap.predict: {e}", file=sys.stderr)
+        return 2
+    r = dict(pred.result)
+    r["script"] = ns.script
+    r["script_error"] = pred.script_error
+    if ns.json:
+        print(json.dumps(r))
+    else:
+        sys.stdout.write(pred.report(ns.script))
+    if r["oom"] is not None:
+        return 1
+    return 2 if pred.script_error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,654 @@
+"""memsnap.predict._device -- the "npu" device of a prediction, and "cuda".
+
+A CPU-only torch has no "npu" device type and no usable "cuda" one (its
+autograd engine needs a device guard that only a CUDA build has).  A
+prediction therefore runs every device tensor as a fake tensor of torch's
+PrivateUse1 backend, renamed "npu":
+
+- :func:`register_device` names PrivateUse1 through
+  ``memsnap.torch.claim_privateuse1`` (memsnap's one naming function: it
+  refuses a backend taken by torch_npu or by memsnap's real device),
+  registers :data:`npu` as ``torch.npu`` and installs a Python device
+  guard and hooks, as torch's ``_setup_privateuseone_for_python_backend``
+  does.
+- Scripts written for CUDA run unchanged: while a prediction is active,
+  ``torch.cuda``'s device functions are replaced by this module's (and
+  restored afterwards), ``torch.autocast("cuda")`` becomes the "npu"
+  autocast, and the tracker (``_tracker.py``) maps every "cuda" device
+  argument of an operator to the same "npu" index.  Tensors of such a script
+  report ``device(type='npu')``.
+
+The functions of the device module mirror ``torch.cuda`` /
+``torch_npu.npu`` (device selection, streams, events, properties) and route
+the memory functions (``memory_allocated``, ``memory_stats``,
+``memory_summary``, ``_dump_snapshot``...) to the prediction's allocator,
+so a script that prints ``torch.npu.max_memory_allocated()`` prints the
+prediction.  Streams are integer handles given to the allocator as
+``stream``; events complete at once (nothing runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+from typing import Any
+
+import torch
+
+DEVICE_NAME = "npu"
+
+# The prediction in progress (set by _session.Session); the device module
+# answers "no device" without one.
+_ACTIVE: Any = None
+_registered: str | None = None
+_lock = threading.Lock()
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """PrivateUse1 hooks: the backend is built; available while predicting."""
+
+    def is_available(self) -> bool:
+        return _ACTIVE is not None
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register_device(name: str = DEVICE_NAME) -> types.ModuleType:
+    """Name torch's PrivateUse1 backend ``name`` and install :data:`npu`.
+
+    Idempotent within a process.  Returns the device module
+    (``torch.<name>``).
+
+    Raises:
+        RuntimeError: PrivateUse1 is already named (torch_npu is loaded,
+            or memsnap.torch.register_device ran: a prediction needs the
+            backend for its fake device, so run it in its own process), or
+            ``torch.<name>`` already exists.
+    """
+    global _registered
+    with _lock:
+        if _registered == name:
+            return npu
+        if _registered is not None:
+            raise RuntimeError(f"memsnap.predict: the device is already named {_registered!r}")
+        from memsnap.torch import claim_privateuse1
+
+        npu.__name__ = f"torch.{name}"
+        # The order is torch's (_setup_privateuseone_for_python_backend):
+        # rename, generate the Tensor methods, the module, hooks, guard.
+        claim_privateuse1(name, owner="memsnap.predict")
+        torch.utils.generate_methods_for_privateuse1_backend()
+        claim_privateuse1(name, npu, owner="memsnap.predict")
+        torch._C._acc.register_python_privateuseone_hook(_Hooks())
+        torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+        _registered = name
+        return npu
+
+
+# ---------------------------------------------------------------------------
+# Device state of a prediction (current device, streams).
+# ---------------------------------------------------------------------------
+
+
+class DeviceState:
+    """Current device and per-device current stream of one prediction."""
+
+    def __init__(self, devices: int, device: int = 0):
+        self.devices = devices
+        self.device = device
+        self._stream: dict[int, int] = {}
+        self._next_stream = 1
+
+    def check(self, index: int) -> int:
+        if not 0 <= index < self.devices:
+            raise RuntimeError(f"invalid device ordinal {index} (the prediction has "
+                               f"{self.devices} device(s); see --devices)")
+        return index
+
+    def stream_of(self, device: int) -> int:
+        return self._stream.get(device, 0)
+
+    def new_stream(self) -> int:
+        self._next_stream += 1
+        return self._next_stream - 1
+
+
+def _state() -> DeviceState:
+    s = _ACTIVE
+    if s is None:
+        raise RuntimeError("memsnap.predict: no prediction is running (the simulated "
+                           "device exists only inside memsnap.predict)")
+    return s.device_state
+
+
+def _index(device: Any = None) -> int:
+    if device is None:
+        return _state().device
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        return _state().device if device.index is None else device.index
+    index = getattr(device, "index", None)
+    return _state().device if index is None else int(index)
+
+
+class Stream(torch.Stream):
+    """A stream of the simulated device (a ``torch.Stream`` whose
+    ``stream_id`` is the handle the allocator gets as ``stream``).
+
+    Mirrors ``torch.cuda.Stream`` / ``torch_npu.npu.Stream`` (nothing runs,
+    so waits and synchronizations return at once).
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, _handle: int | None = None, **kw):
+        st = _state()
+        index = _index(device)
+        handle = st.new_stream() if _handle is None else _handle
+        return super().__new__(cls, stream_id=handle, device_index=index,
+                               device_type=int(torch._C._autograd.DeviceType.PrivateUse1))
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @property
+    def npu_stream(self) -> int:
+        return self.stream_id
+
+    cuda_stream = npu_stream
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        self._ctx = stream(self)
+        return self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+class Event:
+    """``torch.cuda.Event``: complete as soon as recorded (nothing runs)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, **kw):
+        self.enable_timing = enable_timing
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event) -> float:
+        return 0.0
+
+
+def current_stream(device: Any = None) -> Stream:
+    i = _index(device)
+    return Stream(i, _handle=_state().stream_of(i))
+
+
+def default_stream(device: Any = None) -> Stream:
+    return Stream(_index(device), _handle=0)
+
+
+def set_stream(s: Stream) -> None:
+    if s is not None:
+        _state()._stream[s.device_index] = s.stream_id
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    """Make ``s`` the current stream of its device inside the block."""
+    if s is None:
+        yield
+        return
+    st = _state()
+    prev = st.stream_of(s.device_index)
+    st._stream[s.device_index] = s.stream_id
+    try:
+        yield s
+    finally:
+        st._stream[s.device_index] = prev
+
+
+class device:  # noqa: N801 (torch's name)
+    """``torch.cuda.device(i)``: the current device inside the block."""
+
+    def __init__(self, dev):
+        self.idx = -1 if dev is None else _index(dev)
+
+    def __enter__(self):
+        st = _state()
+        self.prev = st.device
+        if self.idx >= 0:
+            st.device = st.check(self.idx)
+
+    def __exit__(self, *exc):
+        _state().device = self.prev
+        return False
+
+
+def device_of(obj):
+    return device(obj.get_device() if obj.device.type != "cpu" else -1)
+
+
+def is_available() -> bool:
+    return _ACTIVE is not None
+
+
+def is_initialized() -> bool:
+    return _ACTIVE is not None
+
+
+def init() -> None:
+    _state()
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def device_count() -> int:
+    return _state().devices if _ACTIVE is not None else 0
+
+
+def current_device() -> int:
+    return _state().device
+
+
+def set_device(dev) -> None:
+    st = _state()
+    i = _index(dev)
+    if i >= 0:
+        st.device = st.check(i)
+
+
+def synchronize(device: Any = None) -> None:
+    pass
+
+
+def get_device_name(device: Any = None) -> str:
+    return f"memsnap sim device ({_ACTIVE.profile_name if _ACTIVE else DEVICE_NAME})"
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    # Ampere-class answers keep bf16/TF32 code paths the same as on a
+    # current device.
+    return (8, 0)
+
+
+def get_device_properties(device: Any = None):
+    i = _index(device)
+    total = _ACTIVE.memory if _ACTIVE is not None else 0
+    return types.SimpleNamespace(
+        name=get_device_name(i), total_memory=total, major=8, minor=0,
+        multi_processor_count=108, is_integrated=False, is_multi_gpu_board=False,
+        L2_cache_size=40 << 20, warp_size=32, max_threads_per_multi_processor=2048,
+        gcnArchName="", uuid=f"memsnap-sim-{i}", index=i)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype() -> list:
+    return [torch.float16, torch.bfloat16]
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def manual_seed(seed) -> None:
+    pass
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    pass
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return 0
+
+
+def get_rng_state(device: Any = None):
+    return torch.zeros(16, dtype=torch.uint8)
+
+
+def set_rng_state(new_state, device: Any = None) -> None:
+    pass
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    pass
+
+
+def ipc_collect() -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Memory functions: the prediction's own allocator (its first configuration).
+# ---------------------------------------------------------------------------
+
+
+def _primary():
+    s = _ACTIVE
+    return None if s is None else s.primary()
+
+
+def _stat(device, array: str, field: str) -> int:
+    a = _primary()
+    if a is None:
+        return 0
+    return getattr(getattr(a.stats(_index(device)), array)[0], field)
+
+
+def memory_allocated(device: Any = None) -> int:
+    return _stat(device, "allocated_bytes", "current")
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return _stat(device, "allocated_bytes", "peak")
+
+
+def memory_reserved(device: Any = None) -> int:
+    return _stat(device, "reserved_bytes", "current")
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return _stat(device, "reserved_bytes", "peak")
+
+
+memory_cached = memory_reserved
+max_memory_cached = max_memory_reserved
+
+
+def memory_stats(device: Any = None) -> dict:
+    """The flat statistics dict of ``torch.cuda.memory_stats`` (sorted keys
+    such as ``"allocated_bytes.all.current"``)."""
+    from . import _capi
+
+    a = _primary()
+    if a is None:
+        return {}
+    s = a.stats(_index(device))
+    out = {}
+    for name in _capi.STAT_ARRAYS:
+        for t, typ in enumerate(_capi.STAT_TYPES):
+            st = getattr(s, name)[t]
+            for f in ("current", "peak", "allocated", "freed"):
+                out[f"{name}.{typ}.{f}"] = getattr(st, f)
+    for name in _capi.STAT_SINGLES:
+        st = getattr(s, name)
+        for f in ("current", "peak", "allocated", "freed"):
+            out[f"{name}.{f}"] = getattr(st, f)
+    for name in _capi.COUNTERS:
+        out[name] = getattr(s, name)
+    return dict(sorted(out.items()))
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    a = _primary()
+    if a is not None:
+        a.reset_peak_stats(_index(device))
+
+
+reset_max_memory_allocated = reset_peak_memory_stats
+reset_max_memory_cached = reset_peak_memory_stats
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    pass
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    a = _primary()
+    return "" if a is None else a.memory_summary(_index(device), abbreviated)
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    a = _primary()
+    if a is None:
+        return (_ACTIVE.memory, _ACTIVE.memory) if _ACTIVE else (0, 0)
+    return a.mem_get_info(_index(device))
+
+
+def empty_cache() -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.set_memory_fraction(_index(device), float(fraction))
+
+
+def _record_memory_history(*args, **kwargs) -> None:
+    """History is always on during a prediction: a no-op."""
+
+
+_record_memory_history_impl = _record_memory_history
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces=False) -> None:
+    """The prediction's snapshot so far, written to ``filename``."""
+    if _ACTIVE is not None:
+        _ACTIVE.write_snapshot(str(filename))
+
+
+def _snapshot(device: Any = None, augment_with_fx_traces=False) -> dict:
+    if _ACTIVE is None:
+        return {"segments": [], "device_traces": []}
+    return _ACTIVE.snapshot()
+
+
+def memory_snapshot(mempool_id=None, include_traces=True) -> list:
+    return _snapshot()["segments"]
+
+
+_MEMORY_FUNCS = (
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_cached", "max_memory_cached", "memory_stats", "reset_peak_memory_stats",
+    "reset_max_memory_allocated", "reset_max_memory_cached", "reset_accumulated_memory_stats",
+    "memory_summary", "mem_get_info", "empty_cache", "set_per_process_memory_fraction",
+    "_record_memory_history", "_record_memory_history_impl", "_dump_snapshot", "_snapshot",
+    "memory_snapshot",
+)
+_DEVICE_FUNCS = (
+    "is_available", "is_initialized", "init", "_lazy_init", "device_count", "current_device",
+    "set_device", "synchronize", "get_device_name", "get_device_capability",
+    "get_device_properties", "is_bf16_supported", "_is_in_bad_fork", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all", "ipc_collect", "Stream", "Event",
+    "current_stream", "default_stream", "set_stream", "stream", "device", "device_of",
+)
+
+# ---------------------------------------------------------------------------
+# torch.npu: the module registered by register_device().
+# ---------------------------------------------------------------------------
+
+npu = types.ModuleType("torch.npu", "memsnap.predict's simulated device (fake tensors).")
+memory = types.ModuleType("torch.npu.memory", "memory functions of the simulated device")
+for _n in _DEVICE_FUNCS + _MEMORY_FUNCS + ("get_amp_supported_dtype",):
+    setattr(npu, _n, globals()[_n])
+for _n in _MEMORY_FUNCS:
+    setattr(memory, _n, globals()[_n])
+npu.memory = memory
+
+
+def _amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16,
+                  cache_enabled: bool = True):
+    """``torch.cuda.amp.autocast`` / ``torch_npu.npu.amp.autocast``."""
+    return torch.autocast(_registered or DEVICE_NAME, dtype=dtype, enabled=enabled,
+                          cache_enabled=cache_enabled)
+
+
+def _amp_grad_scaler(*args, **kwargs):
+    return torch.amp.GradScaler(_registered or DEVICE_NAME, *args, **kwargs)
+
+
+npu.amp = types.SimpleNamespace(autocast=_amp_autocast, GradScaler=_amp_grad_scaler)
+
+# torch_npu, for scripts that `import torch_npu` (only while predicting, and
+# only when the real one is not loaded).
+torch_npu_shim = types.ModuleType("torch_npu", "memsnap.predict stand-in for torch_npu")
+torch_npu_shim.npu = npu
+torch_npu_shim.__path__ = []  # a package, so `import torch_npu.npu` resolves
+
+
+# ---------------------------------------------------------------------------
+# "cuda" scripts
+# ---------------------------------------------------------------------------
+
+
+class DeviceArgs(torch.overrides.TorchFunctionMode):
+    """Device arguments at torch's Python API, before C++ sees them.
+
+    "cuda[:i]" becomes the fake device "npu[:i]" (C++ would look for a
+    CUDA device guard, which a CPU-only torch lacks), and a device without
+    an index gets the prediction's current device (the device guard of a
+    Python backend always answers index 0): ``device=`` keyword arguments
+    of every function, the device of ``Tensor.to``, and ``Tensor.cuda()``.
+
+    Also the place where ``F.scaled_dot_product_attention`` on the fake
+    device becomes the device's fused kernel (``_attention.py``).
+    """
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+        self.name = _registered or DEVICE_NAME
+        T = torch.Tensor
+        self._to, self._cuda = T.to, T.cuda
+        self._sdpa = torch._C._nn.scaled_dot_product_attention
+
+    def _map(self, d):
+        if isinstance(d, str):
+            if not d.startswith(("cuda", self.name)):
+                return d
+            d = torch.device(d)
+        elif isinstance(d, int) and not isinstance(d, bool):
+            return torch.device(self.name, d)
+        elif not isinstance(d, torch.device):
+            return d
+        if d.type == "cuda":
+            self.session.saw_cuda = True
+        elif d.type != self.name:
+            return d
+        index = self.session.device_state.device if d.index is None else d.index
+        return torch.device(self.name, index)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is self._sdpa and self.session.attention == "fused":
+            q = args[0] if args else kwargs.get("query")
+            if isinstance(q, torch.Tensor) and q.device.type == self.name:
+                from . import _attention
+
+                r = _attention.fused(self.session.kernel_profile(), args, kwargs or {})
+                if r is not None:
+                    return r
+        if kwargs:
+            d = kwargs.get("device")
+            if d is not None:
+                kwargs = dict(kwargs)
+                kwargs["device"] = self._map(d)
+        else:
+            kwargs = {}
+        if func is self._to and len(args) > 1 and isinstance(args[1], (str, torch.device, int)):
+            args = (args[0], self._map(args[1]), *args[2:])
+        elif func is self._cuda:
+            dev = args[1] if len(args) > 1 else kwargs.pop("device", None)
+            self.session.saw_cuda = True
+            index = self.session.device_state.device if dev is None else (
+                dev if isinstance(dev, int) else torch.device(dev).index)
+            kwargs.pop("device", None)
+            return self._to(args[0], torch.device(self.name, index), **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_as_device():
+    """While inside: ``torch.cuda``'s device and memory functions are this
+    module's, and ``torch.autocast("cuda", ...)`` is the fake device's
+    autocast (dtype default kept: float16).  Everything is restored after."""
+    saved: list = []
+
+    def patch(obj, name, value):
+        saved.append((obj, name, getattr(obj, name, _MISSING)))
+        setattr(obj, name, value)
+
+    cuda = torch.cuda
+    try:
+        for n in _DEVICE_FUNCS + _MEMORY_FUNCS:
+            patch(cuda, n, globals()[n])
+        cmem = getattr(cuda, "memory", None)
+        if cmem is not None:
+            for n in _MEMORY_FUNCS:
+                patch(cmem, n, globals()[n])
+        ac = torch.amp.autocast_mode.autocast
+        orig_init = ac.__init__
+
+        def __init__(self, device_type, dtype=None, *args, **kwargs):
+            if device_type == "cuda":
+                if dtype is None:
+                    dtype = torch.get_autocast_dtype("cuda")
+                device_type = _registered or DEVICE_NAME
+            orig_init(self, device_type, dtype, *args, **kwargs)
+
+        patch(ac, "__init__", __init__)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            if value is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+
+
+_MISSING = object()

@@ -1,0 +1,275 @@
+"""memsnap.predict._tracker -- every device storage becomes an allocation.
+
+A ``TorchDispatchMode`` stacked above the ``FakeTensorMode`` of a
+prediction.  Each operator runs on fake tensors (shapes, dtypes, devices,
+aliasing and autograd as in eager mode; no data, no device).  After it
+returns, every output tensor on the fake device is looked at:
+
+- a storage never seen before is a new allocation of ``nbytes`` on the
+  tensor's device and the current stream, requested from every live
+  configuration's allocator (``Session.allocate``); a weak reference on the
+  storage's Python object (torch keeps one object per storage alive as
+  long as the storage lives) frees it when the storage dies, exactly when
+  the caching allocator would see the free in eager mode;
+- a known storage whose size changed (``resize_``, ``out=``) is
+  reallocated (new block, then the old one freed, as ``resize_bytes``).
+
+``torch.UntypedStorage.resize_`` is not an operator (FSDP frees and
+re-materialises parameters with it), so it is wrapped while the mode is
+active, as torch's MemTracker does.
+
+Host tensors stay real when they are small: an operator with no fake
+input whose tensors are all on the CPU and at most ``real_cpu_bytes``
+(1 MiB) runs for real, so index arithmetic, device meshes, samplers and
+scalars in the script compute true values; larger host tensors (a model
+built on the CPU before ``.to(device)``) are fake, so host memory does
+not grow with the model.  Values of fake tensors are not computed:
+``.item()`` and ``bool(t)`` read 0 / False (unless FakeTensorMode knows
+the constant), and the few operators whose output size depends on values
+(``nonzero``, ``masked_select``, indexing with a bool mask) get their
+largest possible size, so memory is an upper bound there.  "cuda" device arguments become the fake device (see
+``_device.py``).  ``Tensor.record_stream`` reaches the allocators as
+``record_stream``.  ``pin_memory()`` is a plain host copy (pinned host
+memory needs the device runtime) and ``is_pinned()`` is False.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+)
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    is_traceable_wrapper_subclass_type,
+)
+
+aten = torch.ops.aten
+
+
+def _zero_of(dtype: torch.dtype):
+    if dtype == torch.bool:
+        return False
+    if dtype.is_complex:
+        return 0j
+    if dtype.is_floating_point:
+        return 0.0
+    return 0
+
+
+class _Storage:
+    """A live tracked storage: its size, device and one address per
+    configuration (0 where the configuration holds nothing)."""
+
+    __slots__ = ("nbytes", "device", "ptrs", "ref")
+
+    def __init__(self, nbytes: int, device: int, ptrs: list, ref):
+        self.nbytes, self.device, self.ptrs, self.ref = nbytes, device, ptrs, ref
+
+
+class Tracker(TorchDispatchMode):
+    """The dispatch mode of one prediction (see the module docstring)."""
+
+    def __init__(self, session, device_type: str, real_cpu_bytes: int = 1 << 20):
+        super().__init__()
+        self.session = session
+        self.real_cpu_bytes = real_cpu_bytes
+        self.device_type = device_type
+        self.live: dict[int, _Storage] = {}
+        self._orig_resize = None
+        self._special = {
+            aten._local_scalar_dense.default: self._scalar,
+            aten.record_stream.default: self._record_stream,
+            aten.is_pinned.default: lambda func, args, kwargs: False,
+        }
+
+    # -- storage bookkeeping ---------------------------------------------
+    def _track(self, t) -> None:
+        dev = t.device
+        if dev.type != self.device_type:
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        e = self.live.get(key)
+        if e is None:
+            self._new(st, key, dev.index)
+        else:
+            n = st.nbytes()
+            if n != e.nbytes:
+                self._resize(e, n)
+
+    def _new(self, st, key: int, device: int) -> None:
+        n = st.nbytes()
+        ptrs = self.session.allocate(device, n) if n else None
+        ref = weakref.ref(st, functools.partial(self._died, key))
+        self.live[key] = _Storage(n, device, ptrs, ref)
+
+    def _died(self, key: int, _ref) -> None:
+        e = self.live.pop(key, None)
+        if e is not None and e.ptrs:
+            self.session.free(e.ptrs)
+
+    def _resize(self, e: _Storage, n: int) -> None:
+        # resize_bytes: a new block first, then the old one is freed.
+        new = self.session.allocate(e.device, n) if n else None
+        old = e.ptrs
+        e.ptrs, e.nbytes = new, n
+        if old:
+            self.session.free(old)
+
+    def _after_storage_resize(self, st) -> None:
+        e = self.live.get(st._cdata)
+        if e is not None and st.nbytes() != e.nbytes:
+            self._resize(e, st.nbytes())
+
+    def release_all(self) -> None:
+        """Forget every tracked storage (the prediction is over)."""
+        self.live.clear()
+
+    # -- operators -------------------------------------------------------
+    def _scalar(self, func, args, kwargs):
+        if not isinstance(args[0], FakeTensor):  # a real host tensor
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        try:  # FakeTensorMode knows constants (torch.tensor(0.0), their results)
+            return func(*args, **kwargs)
+        except DataDependentOutputException:
+            self.session.unknown_scalars += 1
+            return _zero_of(args[0].dtype)
+
+    def _record_stream(self, func, args, kwargs):
+        t, s = args[0], args[1]
+        if t.device.type == self.device_type:
+            e = self.live.get(t.untyped_storage()._cdata)
+            if e is not None and e.ptrs:
+                self.session.record_stream(e.ptrs, int(getattr(s, "stream_id", 0)))
+        return None
+
+    def _map_cuda(self, kwargs: dict) -> dict:
+        dev = kwargs.get("device")
+        if dev is not None and dev.type == "cuda":
+            kwargs = dict(kwargs)
+            index = dev.index if dev.index is not None else self.session.device_state.device
+            kwargs["device"] = torch.device(self.device_type, index)
+            self.session.saw_cuda = True
+        return kwargs
+
+    def _upper_bound(self, func, args, kwargs):
+        """Outputs of data-dependent size, at their largest (None for an
+        operator not handled here)."""
+        x = args[0]
+        dev = x.device
+        if func in (aten.nonzero.default,):
+            return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=dev)
+        if func in (aten.masked_select.default,):
+            n = torch.broadcast_shapes(x.shape, args[1].shape).numel()
+            return torch.empty((n,), dtype=x.dtype, device=dev)
+        if func is aten.index.Tensor:
+            # x[mask]: every element of a bool mask selected.
+            indices = []
+            for i in args[1]:
+                if i is not None and i.dtype in (torch.bool, torch.uint8):
+                    full = torch.empty((i.numel(),), dtype=torch.long, device=i.device)
+                    indices += [full] * i.dim()
+                else:
+                    indices.append(i)
+            return func(x, indices)
+        return None
+
+    def _host_bytes(self, args, kwargs) -> int | None:
+        """Bytes of the tensor arguments when all are real host tensors;
+        None when one is fake or on a device; 0 when there is none."""
+        n = 0
+        for a in (*args, *kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, torch.Tensor):
+                    if isinstance(t, FakeTensor) or t.device.type != "cpu":
+                        return None
+                    n += t.untyped_storage().nbytes() or 1
+        return n
+
+    def _host_side(self, func, args, kwargs):
+        """``(True, None)`` when the operator works on real host tensors
+        only (no fake input, CPU output) of at most ``real_cpu_bytes``: it
+        then runs for real.  Otherwise ``(False, out)``, ``out`` the fake
+        result when a factory had to be run to learn its size."""
+        dev = kwargs.get("device")
+        if dev is not None and dev.type != "cpu":
+            return False, None
+        n = self._host_bytes(args, kwargs)
+        if n is None:
+            return False, None
+        if n:
+            return n <= self.real_cpu_bytes, None
+        # A factory: its size from the fake run (kept if it is too large).
+        probe = func(*args, **kwargs)
+        small = (isinstance(probe, torch.Tensor) and probe.device.type == "cpu"
+                 and probe.untyped_storage().nbytes() <= self.real_cpu_bytes)
+        return small, (None if small else probe)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # Tensor subclasses that wrap tensors (DTensor of FSDP2 / tensor
+        # parallel, ...) desugar into operators on their local tensors
+        # first; those come back here (as in torch's MemTracker).
+        for t in types:
+            if t is not FakeTensor and is_traceable_wrapper_subclass_type(t):
+                return NotImplemented
+        kwargs = kwargs or {}
+        special = self._special.get(func)
+        if special is not None:
+            return special(func, args, kwargs)
+        if func is aten._pin_memory.default:
+            # Pinned host memory needs the device runtime: a plain copy.
+            func, args, kwargs = aten.clone.default, args[:1], {}
+        if "device" in kwargs:
+            kwargs = self._map_cuda(kwargs)
+        out = None
+        if self.real_cpu_bytes:
+            real, out = self._host_side(func, args, kwargs)
+            if real:
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
+        if out is None:
+            try:
+                out = func(*args, **kwargs)
+            except DynamicOutputShapeException:
+                out = self._upper_bound(func, args, kwargs)
+                if out is None:
+                    raise
+        if isinstance(out, torch.Tensor):
+            self._track(out)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    self._track(o)
+                elif isinstance(o, (tuple, list)):
+                    for oo in o:
+                        if isinstance(oo, torch.Tensor):
+                            self._track(oo)
+        return out
+
+    # -- context ---------------------------------------------------------
+    def __enter__(self):
+        orig = self._orig_resize = torch.UntypedStorage.resize_
+        tracker = self
+
+        @functools.wraps(orig)
+        def resize_(st, size):
+            r = orig(st, size)
+            tracker._after_storage_resize(st)
+            return r
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._orig_resize is not None:
+            torch.UntypedStorage.resize_ = self._orig_resize
+            self._orig_resize = None
+        return super().__exit__(*exc)

@@ -1,0 +1,769 @@
+/*
+ * source.c -- input sources (source.h): memory, mapped files, streams,
+ * gzip and zstd (zlib and libzstd opened at run time, see below).
+ *
+ * Invariants:
+ *   - start <= end; for memory and mapped plain sources the window is the
+ *     whole input and never moves; for the others it lies in buf, and
+ *     end - buf <= cap;
+ *   - produced = bytes ever put into the window (decompressed bytes for
+ *     gzip/zstd) <= limit + 1; more than limit is an error;
+ *   - eof: the producer has nothing more; once set it stays set;
+ *   - a named FIFO is read without blocking until its first byte (poll
+ *     with a timeout), then in blocking mode;
+ *   - zl / zs (the codec libraries) are loaded at most once per process;
+ *     lib.ok means every entry point was resolved, and only then is a
+ *     gzip / zstd source started (z_init, zs are set only after that).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "base/source.h"
+
+/* ---- zlib and libzstd, opened at run time ----------------------------------
+ * Both are opened with dlopen on the first compressed input (optional at
+ * run time, as libdw is in record/stack.c): a build needs neither their
+ * headers nor their libraries, and a plain snapshot never loads them.
+ * The few types, constants and entry points used below are declared here
+ * as zlib.h (1.2.13) and zstd.h (1.5.4) of Debian 12 declare them; the
+ * entry points are resolved with dlsym.  Where the real headers are
+ * found at build time they are included after these declarations and the
+ * build checks every one against them (layouts with sizeof/offsetof,
+ * field and function types with _Generic, constants by value).  At run
+ * time zlib checks the stream's size itself (inflateInit2_). */
+
+/* zlib's z_stream (zlib.h: struct z_stream_s; z_const is empty unless
+ * ZLIB_CONST, `state` points to zlib's private struct internal_state). */
+typedef struct msnap__z_stream_s {
+  unsigned char *next_in;
+  unsigned avail_in;
+  unsigned long total_in;
+  unsigned char *next_out;
+  unsigned avail_out;
+  unsigned long total_out;
+  char *msg;
+  void *state;
+  void *(*zalloc)(void *opaque, unsigned items, unsigned size);
+  void (*zfree)(void *opaque, void *address);
+  void *opaque;
+  int data_type;
+  unsigned long adler;
+  unsigned long reserved;
+} msnap__z_stream_t;
+/* The version handed to inflateInit2_ (zlib compares its first digit). */
+#define MSNAP_ZLIB_VERSION "1.2.13"
+#define MSNAP_ZLIB_CONSTS(X)                                                  \
+  X(Z_OK, 0) X(Z_STREAM_END, 1) X(Z_NO_FLUSH, 0) X(Z_MEM_ERROR, -4)          \
+  X(Z_BUF_ERROR, -5)
+enum {
+#define MSNAP_ZC_(name, value) MSNAP__##name = (value),
+  MSNAP_ZLIB_CONSTS(MSNAP_ZC_)
+#undef MSNAP_ZC_
+};
+/* The entry points (name, return type, parameters), over the stream type
+ * zs: ours for the calls, zlib's z_stream for the check. */
+#define MSNAP_ZLIB_FNS(X, zs)                                                 \
+  X(inflateInit2_, int,                                                       \
+    (zs * strm, int windowBits, const char *version, int stream_size))       \
+  X(inflate, int, (zs * strm, int flush))                                     \
+  X(inflateEnd, int, (zs * strm))                                             \
+  X(inflateReset, int, (zs * strm))
+
+/* zstd's opaque decompression context (the same typedefs as zstd.h) and
+ * its buffers (zstd.h: struct ZSTD_inBuffer_s / ZSTD_outBuffer_s). */
+typedef struct ZSTD_DCtx_s ZSTD_DCtx;
+typedef ZSTD_DCtx ZSTD_DStream;
+typedef struct msnap__zstd_in_s {
+  const void *src;
+  size_t size;
+  size_t pos;
+} msnap__zstd_in_t;
+typedef struct msnap__zstd_out_s {
+  void *dst;
+  size_t size;
+  size_t pos;
+} msnap__zstd_out_t;
+/* ZSTD_dParameter is an enum of non-negative values: an unsigned int for
+ * the compilers memsnap supports (checked against zstd.h below). */
+#define MSNAP_ZSTD_D_WINDOWLOGMAX 100u /* ZSTD_d_windowLogMax */
+#define MSNAP_ZSTD_FNS(X, zin, zout, dparam)                                  \
+  X(ZSTD_createDStream, ZSTD_DStream *, (void))                               \
+  X(ZSTD_freeDStream, size_t, (ZSTD_DStream * zds))                           \
+  X(ZSTD_initDStream, size_t, (ZSTD_DStream * zds))                           \
+  X(ZSTD_decompressStream, size_t,                                            \
+    (ZSTD_DStream * zds, zout * output, zin * input))                         \
+  X(ZSTD_isError, unsigned, (size_t code))                                    \
+  X(ZSTD_getErrorName, const char *, (size_t code))                           \
+  X(ZSTD_DCtx_setParameter, size_t,                                           \
+    (ZSTD_DCtx * dctx, dparam param, int value))
+
+#if defined(__has_include)
+#if __has_include(<zlib.h>)
+#include <zlib.h>
+#define MSNAP_Z_FIELD_SAME(f)                                                 \
+  _Static_assert(offsetof(z_stream, f) == offsetof(msnap__z_stream_t, f) &&   \
+                     sizeof(((z_stream *)0)->f) ==                            \
+                         sizeof(((msnap__z_stream_t *)0)->f),                 \
+                 "z_stream." #f " differs from zlib.h")
+#define MSNAP_Z_TYPE_SAME(f)                                                  \
+  MSNAP_Z_FIELD_SAME(f);                                                      \
+  _Static_assert(_Generic(((z_stream *)0)->f,                                 \
+                     __typeof__(((msnap__z_stream_t *)0)->f): 1,              \
+                     default: 0),                                             \
+                 "z_stream." #f ": type differs from zlib.h")
+MSNAP_Z_TYPE_SAME(next_in);
+MSNAP_Z_TYPE_SAME(avail_in);
+MSNAP_Z_TYPE_SAME(total_in);
+MSNAP_Z_TYPE_SAME(next_out);
+MSNAP_Z_TYPE_SAME(avail_out);
+MSNAP_Z_TYPE_SAME(total_out);
+MSNAP_Z_TYPE_SAME(msg);
+MSNAP_Z_FIELD_SAME(state); /* a pointer to zlib's private struct */
+MSNAP_Z_TYPE_SAME(zalloc);
+MSNAP_Z_TYPE_SAME(zfree);
+MSNAP_Z_TYPE_SAME(opaque);
+MSNAP_Z_TYPE_SAME(data_type);
+MSNAP_Z_TYPE_SAME(adler);
+MSNAP_Z_TYPE_SAME(reserved);
+_Static_assert(sizeof(z_stream) == sizeof(msnap__z_stream_t),
+               "z_stream differs from zlib.h");
+#undef MSNAP_Z_TYPE_SAME
+#undef MSNAP_Z_FIELD_SAME
+#define MSNAP_ZC_(name, value)                                                \
+  _Static_assert(name == MSNAP__##name, "zlib.h: " #name " differs");
+MSNAP_ZLIB_CONSTS(MSNAP_ZC_)
+#undef MSNAP_ZC_
+#define MSNAP_ZF_(name, ret, params)                                          \
+  _Static_assert(_Generic(&name, ret(*) params: 1, default: 0),              \
+                 "zlib.h: " #name " differs");
+MSNAP_ZLIB_FNS(MSNAP_ZF_, z_stream)
+#undef MSNAP_ZF_
+#endif
+#if __has_include(<zstd.h>)
+#include <zstd.h>
+#define MSNAP_ZSTD_BUF_SAME(real, ours, f)                                    \
+  _Static_assert(offsetof(real, f) == offsetof(ours, f) &&                    \
+                     _Generic(((real *)0)->f,                                 \
+                         __typeof__(((ours *)0)->f): 1,                       \
+                         default: 0),                                         \
+                 #real "." #f " differs from zstd.h")
+MSNAP_ZSTD_BUF_SAME(ZSTD_inBuffer, msnap__zstd_in_t, src);
+MSNAP_ZSTD_BUF_SAME(ZSTD_inBuffer, msnap__zstd_in_t, size);
+MSNAP_ZSTD_BUF_SAME(ZSTD_inBuffer, msnap__zstd_in_t, pos);
+MSNAP_ZSTD_BUF_SAME(ZSTD_outBuffer, msnap__zstd_out_t, dst);
+MSNAP_ZSTD_BUF_SAME(ZSTD_outBuffer, msnap__zstd_out_t, size);
+MSNAP_ZSTD_BUF_SAME(ZSTD_outBuffer, msnap__zstd_out_t, pos);
+_Static_assert(sizeof(ZSTD_inBuffer) == sizeof(msnap__zstd_in_t) &&
+                   sizeof(ZSTD_outBuffer) == sizeof(msnap__zstd_out_t),
+               "ZSTD_inBuffer / ZSTD_outBuffer differ from zstd.h");
+#undef MSNAP_ZSTD_BUF_SAME
+_Static_assert(ZSTD_d_windowLogMax == MSNAP_ZSTD_D_WINDOWLOGMAX,
+               "zstd.h: ZSTD_d_windowLogMax differs");
+/* (with `unsigned` for ZSTD_dParameter: an enum type is compatible with
+ * its underlying type, so this also checks that assumption) */
+#define MSNAP_ZF_(name, ret, params)                                          \
+  _Static_assert(_Generic(&name, ret(*) params: 1, default: 0),              \
+                 "zstd.h: " #name " differs");
+MSNAP_ZSTD_FNS(MSNAP_ZF_, ZSTD_inBuffer, ZSTD_outBuffer, unsigned)
+#undef MSNAP_ZF_
+#endif
+#endif
+
+/* The loaded entry points (pthread_once: loaded at most once). */
+#define MSNAP_FN_FIELD_(name, ret, params) ret(*name) params;
+typedef struct codec_lib_s {
+  const char *codec;   /* "gzip" / "zstd" for messages */
+  const char *soname;  /* what is opened by default */
+  const char *what;    /* the library and its Debian package */
+  msnap_env_t env;     /* the variable naming another file */
+  const char *file;    /* what was opened: soname or the variable's file */
+  bool ok;
+  char why[224];       /* why not, when !ok */
+} codec_lib_t;
+static struct {
+  codec_lib_t lib;
+  MSNAP_ZLIB_FNS(MSNAP_FN_FIELD_, msnap__z_stream_t)
+} zl = {.lib = {.codec = "gzip",
+               .soname = "libz.so.1",
+               .what = "zlib; Debian/Ubuntu package zlib1g",
+               .env = MSNAP_ENV_ZLIB_LIBRARY}};
+static struct {
+  codec_lib_t lib;
+  MSNAP_ZSTD_FNS(MSNAP_FN_FIELD_, msnap__zstd_in_t, msnap__zstd_out_t,
+                 unsigned)
+} zs = {.lib = {.codec = "zstd",
+               .soname = "libzstd.so.1",
+               .what = "zstd >= 1.4.0; Debian/Ubuntu package libzstd1",
+               .env = MSNAP_ENV_ZSTD_LIBRARY}};
+#undef MSNAP_FN_FIELD_
+static pthread_once_t zl_once = PTHREAD_ONCE_INIT, zs_once = PTHREAD_ONCE_INIT;
+
+/* dlopen the library of l (its variable's file, else its soname); NULL
+ * with l->why set when it cannot be opened. */
+static void *lib_open(codec_lib_t *l) {
+  l->file = msnap__env_get(l->env);
+  if (l->file == NULL || l->file[0] == 0) l->file = l->soname;
+  void *h = dlopen(l->file, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    const char *e = dlerror();
+    snprintf(l->why, sizeof l->why, "%s", e ? e : l->file);
+  }
+  return h;
+}
+
+/* Resolve one entry point into *slot; false with l->why set. */
+static bool lib_sym(codec_lib_t *l, void *h, const char *name, void **slot) {
+  *slot = dlsym(h, name);
+  if (*slot == NULL)
+    snprintf(l->why, sizeof l->why, "%.160s has no %s", l->file, name);
+  return *slot != NULL;
+}
+
+#define MSNAP_FN_LOAD_(name, ret, params)                                    \
+  &&lib_sym(&LIB_.lib, h, #name, (void **)&LIB_.name)
+static void zl_load(void) {
+  void *h = lib_open(&zl.lib);
+#define LIB_ zl
+  zl.lib.ok = h != NULL MSNAP_ZLIB_FNS(MSNAP_FN_LOAD_, msnap__z_stream_t);
+#undef LIB_
+  if (h != NULL && !zl.lib.ok) dlclose(h);
+}
+static void zs_load(void) {
+  void *h = lib_open(&zs.lib);
+#define LIB_ zs
+  zs.lib.ok = h != NULL MSNAP_ZSTD_FNS(MSNAP_FN_LOAD_, msnap__zstd_in_t,
+                                       msnap__zstd_out_t, unsigned);
+#undef LIB_
+  if (h != NULL && !zs.lib.ok) dlclose(h);
+}
+#undef MSNAP_FN_LOAD_
+
+#define CHUNK (1u << 20)
+#define IN_CHUNK (256u << 10)
+#define DROP_STEP (2u << 20)
+
+struct msnap_source_priv_s {
+  int fd;                    /* streams: the file; -1 otherwise       */
+  unsigned char *map;        /* mapped files                          */
+  size_t map_len, dropped;   /* dropped: mapped bytes given back      */
+  unsigned char *buf;        /* window buffer (streams, decompressed) */
+  size_t cap;
+  unsigned char *in;         /* compressed input read from fd         */
+  size_t in_cap;
+  const unsigned char *raw;  /* compressed bytes not yet consumed     */
+  size_t raw_n;
+  bool raw_eof;              /* no more compressed bytes to read      */
+  uint64_t limit, produced;
+  bool eof;
+  bool fifo_wait;            /* named FIFO before its first byte      */
+  msnap__z_stream_t z;
+  bool z_init, z_member_end;
+  ZSTD_DStream *zs;
+  size_t zs_last;            /* last ZSTD_decompressStream result     */
+  const unsigned char *chunked; /* tests: a buffer read in small pieces */
+  size_t chunked_len, chunked_pos, chunk;
+};
+
+static int fail(msnap_source_t *src, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(msnap_source_t *src, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(src->err, sizeof src->err, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* ---- reading the file ---------------------------------------------------- */
+
+/* Wait for the first byte of a named FIFO (a FIFO nobody opens for
+ * writing would block read(2) forever in blocking mode). */
+static int fifo_first(msnap_source_t *src) {
+  struct msnap_source_priv_s *pr = src->priv;
+  struct pollfd pf = {pr->fd, POLLIN, 0};
+  int n;
+  do
+    n = poll(&pf, 1, MSNAP_SOURCE_FIFO_WAIT_MS);
+  while (n < 0 && errno == EINTR);
+  if (n == 0)
+    return fail(src, MSNAP_EIO,
+                "is a FIFO that no writer opened (no data within %d s)",
+                MSNAP_SOURCE_FIFO_WAIT_MS / 1000);
+  if (n < 0) return fail(src, MSNAP_EIO, "poll: %s", strerror(errno));
+  int fl = fcntl(pr->fd, F_GETFL);
+  if (fl >= 0) fcntl(pr->fd, F_SETFL, fl & ~O_NONBLOCK);
+  pr->fifo_wait = false;
+  return 0;
+}
+
+/* read(2) up to n bytes; 0 at the end, negative MSNAP_E* on error. */
+static ssize_t read_fd(msnap_source_t *src, unsigned char *dst, size_t n) {
+  struct msnap_source_priv_s *pr = src->priv;
+  if (pr->chunked) {
+    size_t k = pr->chunked_len - pr->chunked_pos;
+    if (k > n) k = n;
+    if (k > pr->chunk) k = pr->chunk;
+    memcpy(dst, pr->chunked + pr->chunked_pos, k);
+    pr->chunked_pos += k;
+    return (ssize_t)k;
+  }
+  if (pr->fifo_wait) {
+    int rc = fifo_first(src);
+    if (rc < 0) return rc;
+  }
+  for (;;) {
+    ssize_t k = read(pr->fd, dst, n);
+    if (k >= 0) return k;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      struct pollfd pf = {pr->fd, POLLIN, 0};
+      poll(&pf, 1, -1);
+      continue;
+    }
+    return fail(src, MSNAP_EIO, "read error: %s", strerror(errno));
+  }
+}
+
+/* Compressed input: make raw bytes available (0), or none left (1). */
+static int raw_more(msnap_source_t *src) {
+  struct msnap_source_priv_s *pr = src->priv;
+  if (pr->raw_n) return 0;
+  if (pr->raw_eof) return 1;
+  if (pr->fd < 0 && !pr->chunked) {
+    pr->raw_eof = true;
+    return 1;
+  }
+  ssize_t k = read_fd(src, pr->in, pr->in_cap);
+  if (k < 0) return (int)k;
+  if (k == 0) {
+    pr->raw_eof = true;
+    return 1;
+  }
+  pr->raw = pr->in;
+  pr->raw_n = (size_t)k;
+  return 0;
+}
+
+/* ---- decompression ------------------------------------------------------- */
+
+static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
+                            size_t n) {
+  struct msnap_source_priv_s *pr = src->priv;
+  msnap__z_stream_t *z = &pr->z;
+  unsigned cap = (unsigned)(n > UINT32_MAX ? UINT32_MAX : n);
+  z->next_out = dst;
+  z->avail_out = cap;
+  while (z->avail_out == cap) {
+    int more = raw_more(src);
+    if (more < 0) return more;
+    if (pr->z_member_end) {
+      /* another member follows (cat a.gz b.gz), else the end; bytes
+       * after the last member that do not start one are ignored, as
+       * gzip(1) does */
+      if (more == 1 || pr->raw_n < 2 || pr->raw[0] != 0x1f ||
+          pr->raw[1] != 0x8b)
+        return 0;
+      zl.inflateReset(z);
+      pr->z_member_end = false;
+    }
+    if (more == 1)
+      return fail(src, MSNAP_EFORMAT,
+                  "the gzip-compressed data is truncated (the file ends "
+                  "inside a member)");
+    z->next_in = (unsigned char *)pr->raw;
+    z->avail_in =
+        (unsigned)(pr->raw_n > UINT32_MAX ? UINT32_MAX : pr->raw_n);
+    unsigned before = z->avail_in;
+    int zr = zl.inflate(z, MSNAP__Z_NO_FLUSH);
+    size_t used = before - z->avail_in;
+    pr->raw += used;
+    pr->raw_n -= used;
+    if (zr == MSNAP__Z_STREAM_END) {
+      pr->z_member_end = true;
+      continue;
+    }
+    if (zr == MSNAP__Z_MEM_ERROR)
+      return fail(src, MSNAP_ENOMEM, "out of memory");
+    if (zr != MSNAP__Z_OK && zr != MSNAP__Z_BUF_ERROR)
+      return fail(src, MSNAP_EFORMAT,
+                  "the gzip-compressed data is corrupt: %s",
+                  z->msg ? z->msg : "inflate failed");
+  }
+  return (ssize_t)(cap - z->avail_out);
+}
+
+static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
+                            size_t n) {
+  struct msnap_source_priv_s *pr = src->priv;
+  msnap__zstd_out_t out = {dst, n, 0};
+  while (out.pos == 0) {
+    int more = raw_more(src);
+    if (more < 0) return more;
+    if (more == 1) {
+      if (pr->zs_last != 0)
+        return fail(src, MSNAP_EFORMAT,
+                    "the zstd-compressed data is truncated (the file ends "
+                    "inside a frame)");
+      return 0;
+    }
+    msnap__zstd_in_t in = {pr->raw, pr->raw_n, 0};
+    size_t r = zs.ZSTD_decompressStream(pr->zs, &out, &in);
+    pr->raw += in.pos;
+    pr->raw_n -= in.pos;
+    if (zs.ZSTD_isError(r))
+      return fail(src, MSNAP_EFORMAT, "the zstd-compressed data is corrupt: %s",
+                  zs.ZSTD_getErrorName(r));
+    pr->zs_last = r;
+  }
+  return (ssize_t)out.pos;
+}
+
+/* Put up to n new bytes at dst; 0 at the end. */
+static ssize_t produce(msnap_source_t *src, unsigned char *dst, size_t n) {
+  switch (src->codec) {
+  case MSNAP_SOURCE_GZIP: return produce_gzip(src, dst, n);
+  case MSNAP_SOURCE_ZSTD: return produce_zstd(src, dst, n);
+  default: return read_fd(src, dst, n);
+  }
+}
+
+/* ---- the window ---------------------------------------------------------- */
+
+int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
+                       size_t need) {
+  struct msnap_source_priv_s *pr = src->priv;
+  size_t have = (size_t)(src->end - *p);
+  if (have >= need) return 0;
+  if (pr->eof) return 1;
+  if (need > MSNAP_SOURCE_MAX_NEED)
+    return fail(src, MSNAP_ELIMIT,
+                "an item of %zu bytes: more than the %u MiB a streamed or "
+                "decompressed input may hold at once",
+                need, MSNAP_SOURCE_MAX_NEED >> 20);
+  /* move what is left to the front, grow for `need` plus a chunk */
+  size_t want = need > SIZE_MAX - CHUNK ? SIZE_MAX : need + CHUNK;
+  src->start_off += (uint64_t)(*p - src->start);
+  if (pr->cap < want) {
+    unsigned char *nb = malloc(want);
+    if (!nb) return fail(src, MSNAP_ENOMEM, "out of memory for %zu bytes",
+                         want);
+    if (have) memcpy(nb, *p, have);
+    free(pr->buf);
+    pr->buf = nb;
+    pr->cap = want;
+  } else if (have && *p != pr->buf) {
+    memmove(pr->buf, *p, have);
+  }
+  src->start = pr->buf;
+  *p = pr->buf;
+  unsigned char *e = pr->buf + have;
+  while ((size_t)(e - pr->buf) < need) {
+    size_t room = pr->cap - (size_t)(e - pr->buf);
+    /* one byte past the limit says the input exceeds it */
+    uint64_t left = pr->limit + 1 - pr->produced;
+    if (room > left) room = (size_t)left;
+    ssize_t k = room ? produce(src, e, room) : 0;
+    if (k < 0) {
+      src->end = e;
+      return (int)k;
+    }
+    if (k == 0) {
+      pr->eof = true;
+      break;
+    }
+    e += k;
+    pr->produced += (uint64_t)k;
+    if (pr->produced > pr->limit) {
+      src->end = e;
+      return fail(src, MSNAP_ELIMIT,
+                  "the input is larger than the limit of %llu bytes for "
+                  "streamed or decompressed input (MEMSNAP_INPUT_LIMIT)",
+                  (unsigned long long)pr->limit);
+    }
+  }
+  src->end = e;
+  return (size_t)(e - *p) >= need ? 0 : 1;
+}
+
+void msnap__source_progress(msnap_source_t *src, const unsigned char *p) {
+  struct msnap_source_priv_s *pr = src->priv;
+  if (!pr->map) return;
+  /* the mapped bytes before the reader (or before the decompressor) */
+  const unsigned char *at =
+      src->codec == MSNAP_SOURCE_PLAIN ? p : pr->raw;
+  if (at < pr->map || at > pr->map + pr->map_len) return;
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  size_t upto = ((size_t)(at - pr->map) / pg) * pg;
+  if (upto >= pr->dropped + DROP_STEP) {
+    madvise(pr->map + pr->dropped, upto - pr->dropped, MADV_DONTNEED);
+    pr->dropped = upto;
+  }
+}
+
+const char *msnap__source_codec_name(const msnap_source_t *src) {
+  switch (src->codec) {
+  case MSNAP_SOURCE_GZIP: return "gzip-compressed ";
+  case MSNAP_SOURCE_ZSTD: return "zstd-compressed ";
+  default: return "";
+  }
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+static msnap_source_t *source_new(uint64_t limit) {
+  msnap_source_t *src = calloc(1, sizeof *src);
+  if (!src) return NULL;
+  src->priv = calloc(1, sizeof *src->priv);
+  if (!src->priv) {
+    free(src);
+    return NULL;
+  }
+  src->priv->fd = -1;
+  src->priv->limit = limit;
+  return src;
+}
+
+void msnap__source_close(msnap_source_t *src) {
+  if (!src) return;
+  struct msnap_source_priv_s *pr = src->priv;
+  if (pr) {
+    if (pr->fd >= 0) close(pr->fd);
+    if (pr->map) munmap(pr->map, pr->map_len);
+    if (pr->z_init) zl.inflateEnd(&pr->z);
+    if (pr->zs) zs.ZSTD_freeDStream(pr->zs);
+    free(pr->buf);
+    free(pr->in);
+    free(pr);
+  }
+  free(src);
+}
+
+int msnap__source_mem(msnap_source_t **out, const void *buf, size_t len) {
+  *out = NULL;
+  msnap_source_t *src = source_new(UINT64_MAX - 1);
+  if (!src) return MSNAP_ENOMEM;
+  static const unsigned char none[1];
+  src->start = len ? buf : none;
+  src->end = src->start + len;
+  src->size = len;
+  src->priv->eof = true;
+  *out = src;
+  return 0;
+}
+
+static int detect_codec(msnap_source_t *src);
+
+int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
+                          size_t chunk, uint64_t limit) {
+  *out = NULL;
+  msnap_source_t *src = source_new(limit ? limit : MSNAP_SOURCE_LIMIT_DEFAULT);
+  if (!src) return MSNAP_ENOMEM;
+  struct msnap_source_priv_s *pr = src->priv;
+  static const unsigned char none[1];
+  pr->chunked = len ? buf : none;
+  pr->chunked_len = len;
+  pr->chunk = chunk ? chunk : 1;
+  src->start = src->end = none;
+  const unsigned char *p = src->start;
+  int rc = msnap__source_fill(src, &p, 4);
+  if (rc == 0 || rc == 1) rc = detect_codec(src);
+  if (rc < 0) {
+    msnap__source_close(src);
+    return rc;
+  }
+  *out = src;
+  return 0;
+}
+
+/* Why a file of this type cannot be a snapshot, or NULL.  fd >= 0: the
+ * already open standard input (a socket is fine there). */
+static const char *refused_type(mode_t m, int fd) {
+  if (S_ISDIR(m)) return "is a directory, not a snapshot file";
+  if (S_ISCHR(m))
+    return fd >= 0 && isatty(fd)
+               ? "is a terminal, not a snapshot file"
+               : "is a character device, not a snapshot file (a terminal, "
+                 "or a device such as /dev/zero or /dev/urandom that never "
+                 "ends)";
+  if (S_ISBLK(m)) return "is a block device, not a snapshot file";
+  if (S_ISSOCK(m) && fd < 0) return "is a socket, not a snapshot file";
+  if (!S_ISREG(m) && !S_ISFIFO(m) && !S_ISSOCK(m))
+    return "is not a regular file, a pipe or a FIFO";
+  return NULL;
+}
+
+/* Switch a source to decompression when its first bytes say so.  The
+ * bytes already in the window become the first compressed input. */
+static int detect_codec(msnap_source_t *src) {
+  struct msnap_source_priv_s *pr = src->priv;
+  const unsigned char *p = src->start;
+  size_t n = (size_t)(src->end - src->start);
+  msnap_source_codec_t c = MSNAP_SOURCE_PLAIN;
+  if (n >= 2 && p[0] == 0x1f && p[1] == 0x8b)
+    c = MSNAP_SOURCE_GZIP;
+  else if (n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f &&
+           p[3] == 0xfd)
+    c = MSNAP_SOURCE_ZSTD;
+  if (c == MSNAP_SOURCE_PLAIN) return 0;
+  /* the library of the codec, opened on the first such input */
+  pthread_once(c == MSNAP_SOURCE_GZIP ? &zl_once : &zs_once,
+               c == MSNAP_SOURCE_GZIP ? zl_load : zs_load);
+  const codec_lib_t *l = c == MSNAP_SOURCE_GZIP ? &zl.lib : &zs.lib;
+  if (!l->ok)
+    return fail(src, MSNAP_ENOTSUP,
+                "reading %s input needs %s (%s), which could not be "
+                "loaded: %s",
+                l->codec, l->soname, l->what, l->why);
+  if (c == MSNAP_SOURCE_GZIP) {
+    memset(&pr->z, 0, sizeof pr->z);
+    /* 15 + 16: gzip wrapper only (zlib.h's inflateInit2 macro) */
+    if (zl.inflateInit2_(&pr->z, 15 + 16, MSNAP_ZLIB_VERSION,
+                         (int)sizeof pr->z) != MSNAP__Z_OK)
+      return fail(src, MSNAP_ENOMEM, "cannot start gzip decompression");
+    pr->z_init = true;
+  } else {
+    pr->zs = zs.ZSTD_createDStream();
+    if (!pr->zs || zs.ZSTD_isError(zs.ZSTD_initDStream(pr->zs)))
+      return fail(src, MSNAP_ENOMEM, "cannot start zstd decompression");
+    /* a frame may ask for a window up to 2^27 bytes (zstd's default
+     * limit): the memory a decompressor needs stays bounded */
+    zs.ZSTD_DCtx_setParameter(pr->zs, MSNAP_ZSTD_D_WINDOWLOGMAX, 27);
+  }
+  src->codec = c;
+  if (pr->map) {
+    pr->raw = pr->map;
+    pr->raw_n = pr->map_len;
+    pr->raw_eof = true;
+  } else {
+    /* the window holds the first compressed bytes: they become `in` */
+    pr->in_cap = n > IN_CHUNK ? n : IN_CHUNK;
+    pr->in = malloc(pr->in_cap);
+    if (!pr->in) return fail(src, MSNAP_ENOMEM, "out of memory");
+    memcpy(pr->in, p, n);
+    pr->raw = pr->in;
+    pr->raw_n = n;
+    pr->raw_eof = pr->eof;
+  }
+  /* an empty window over the decompressed stream */
+  pr->eof = false;
+  pr->produced = 0;
+  src->start = src->end = pr->buf ? pr->buf : (const unsigned char *)"";
+  src->start_off = 0;
+  return 0;
+}
+
+/* True when fd is the read end of an anonymous pipe ("pipe:[ino]"). */
+static bool anonymous_pipe(int fd) {
+  char link[64], target[64];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = 0;
+  return strncmp(target, "pipe:", 5) == 0;
+}
+
+int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
+                       char *err, size_t errlen) {
+  *out = NULL;
+  err[0] = 0;
+  bool is_stdin = strcmp(path, "-") == 0;
+  struct stat st;
+  int fd;
+  if (is_stdin) {
+    fd = fcntl(0, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      snprintf(err, errlen, "cannot read standard input: %s",
+               strerror(errno));
+      if (fd >= 0) close(fd);
+      return MSNAP_EIO;
+    }
+  } else {
+    if (stat(path, &st) != 0) {
+      snprintf(err, errlen, "cannot open: %s", strerror(errno));
+      return MSNAP_EIO;
+    }
+    /* classified without opening it: opening a device can have effects */
+    const char *why = refused_type(st.st_mode, -1);
+    if (why) {
+      snprintf(err, errlen, "%s", why);
+      return MSNAP_EFORMAT;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+      snprintf(err, errlen, "cannot open: %s", strerror(errno));
+      return MSNAP_EIO;
+    }
+    if (fstat(fd, &st) != 0) {
+      snprintf(err, errlen, "cannot stat: %s", strerror(errno));
+      close(fd);
+      return MSNAP_EIO;
+    }
+  }
+  const char *why = refused_type(st.st_mode, is_stdin ? fd : -1);
+  if (why) {
+    snprintf(err, errlen, "%s%s", is_stdin ? "standard input " : "", why);
+    close(fd);
+    return MSNAP_EFORMAT;
+  }
+  msnap_source_t *src = source_new(limit ? limit : MSNAP_SOURCE_LIMIT_DEFAULT);
+  if (!src) {
+    close(fd);
+    snprintf(err, errlen, "out of memory");
+    return MSNAP_ENOMEM;
+  }
+  struct msnap_source_priv_s *pr = src->priv;
+  if (S_ISREG(st.st_mode) && st.st_size > 0) {
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m != MAP_FAILED) {
+      close(fd);
+      madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
+      pr->map = m;
+      pr->map_len = (size_t)st.st_size;
+      pr->eof = true;
+      src->mapped = true;
+      src->size = (uint64_t)st.st_size;
+      src->start = m;
+      src->end = src->start + pr->map_len;
+      int rc = detect_codec(src);
+      if (rc < 0) {
+        snprintf(err, errlen, "%s", src->err);
+        msnap__source_close(src);
+        return rc;
+      }
+      *out = src;
+      return 0;
+    }
+    /* not mappable (some FUSE file systems): read it as a stream */
+  }
+  pr->fd = fd;
+  if (S_ISFIFO(st.st_mode) && !is_stdin && !anonymous_pipe(fd)) {
+    pr->fifo_wait = true;
+  } else {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  }
+  static const unsigned char none[1];
+  src->start = src->end = none;
+  const unsigned char *p = src->start;
+  int rc = msnap__source_fill(src, &p, 4);
+  if (rc == 0 || rc == 1) rc = detect_codec(src);
+  if (rc < 0) {
+    snprintf(err, errlen, "%s", src->err);
+    msnap__source_close(src);
+    return rc;
+  }
+  *out = src;
+  return 0;
+}

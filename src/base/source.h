@@ -1,0 +1,107 @@
+/*
+ * source.h -- input sources, the reading counterpart of sink.h: the bytes
+ * of a file, a pipe or a memory buffer, decompressed when they are gzip or
+ * zstd, handed to a reader through a window that it advances.
+ *
+ * The window is [start, end): the bytes at stream offsets [start_off,
+ * start_off + (end - start)).  A reader keeps a position p inside it and
+ * calls msnap__source_fill(src, &p, need) when it needs `need` bytes from
+ * p; the window may then move (p is updated, pointers into the old window
+ * are invalid).  So a streamed input is held in memory only as far as the
+ * longest single item the reader needs at once, plus one read chunk.
+ *
+ * Kinds (msnap__source_open classifies the path before opening it):
+ *   - memory: a caller's buffer, never refilled (msnap__source_mem);
+ *   - mapped: a regular file, mmap'ed read-only, no copy; pages behind the
+ *     reader are dropped (MADV_DONTNEED) by msnap__source_progress;
+ *   - stream: what has no size but can be read -- a pipe ("-" is standard
+ *     input), a named FIFO, a file of a pseudo file system whose stat
+ *     size is 0 (/proc/self/maps): read(2) in 1 MiB chunks.  A named FIFO
+ *     is opened without blocking and must deliver its first byte within
+ *     MSNAP_SOURCE_FIFO_WAIT_MS (else MSNAP_EIO "no writer"), so a FIFO
+ *     nobody writes never hangs the reader;
+ *   - gzip / zstd: a mapped or streamed file whose first bytes are the
+ *     gzip (1f 8b) or zstd (28 b5 2f fd) magic number, decompressed into
+ *     the window (zlib, libzstd: opened with dlopen on the first such
+ *     input, MEMSNAP_ZLIB_LIBRARY / MEMSNAP_ZSTD_LIBRARY naming other
+ *     files; MSNAP_ENOTSUP "reading gzip input needs libz.so.1 ..." when
+ *     one cannot be loaded); concatenated members/frames are read as one
+ *     stream.
+ * Refused with a clear message (MSNAP_EFORMAT, nothing opened): character
+ * and block devices (/dev/zero, /dev/urandom, a terminal), sockets by
+ * path, directories.
+ *
+ * Bounds: streamed and decompressed bytes count against `limit` (the
+ * reader passes MEMSNAP_INPUT_LIMIT, default MSNAP_SOURCE_LIMIT_DEFAULT);
+ * past it msnap__source_fill fails with MSNAP_ELIMIT.  The window of a
+ * stream holds at most MSNAP_SOURCE_MAX_NEED bytes for one item plus a
+ * 1 MiB chunk; a zstd frame may ask for a 128 MiB window at most
+ * (ZSTD_d_windowLogMax 27), gzip needs 32 KiB.
+ *
+ * Errors: open and fill return 0 or a negative MSNAP_E* code with the
+ * reason in src->err (open: in the caller's buffer), never naming the
+ * path (the caller does).
+ */
+#ifndef MSNAP_SOURCE_H
+#define MSNAP_SOURCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MSNAP_SOURCE_LIMIT_DEFAULT (UINT64_C(8) << 30)
+#define MSNAP_SOURCE_FIFO_WAIT_MS 5000
+/* The most a streamed or decompressed source holds for one item (a
+ * string): larger ones are refused with MSNAP_ELIMIT. */
+#define MSNAP_SOURCE_MAX_NEED (256u << 20)
+
+typedef enum msnap_source_codec_e {
+  MSNAP_SOURCE_PLAIN = 0,
+  MSNAP_SOURCE_GZIP,
+  MSNAP_SOURCE_ZSTD
+} msnap_source_codec_t;
+
+typedef struct msnap_source_s {
+  /* The window (read-only for the reader). */
+  const unsigned char *start, *end;
+  uint64_t start_off;
+  /* What the bytes are: plain, gzip or zstd; whether the file was mapped
+   * (its size known: `size`) or is streamed. */
+  msnap_source_codec_t codec;
+  bool mapped;
+  uint64_t size; /* mapped: bytes of the file (compressed ones for gzip/zstd) */
+  char err[256];
+  struct msnap_source_priv_s *priv;
+} msnap_source_t;
+
+/* Open `path` ("-" = standard input).  On failure *out is NULL and err
+ * (errlen bytes) holds the reason, e.g. "is a character device ...". */
+int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
+                       char *err, size_t errlen);
+/* A source over buf[0..len) (the caller keeps buf; not decompressed). */
+int msnap__source_mem(msnap_source_t **out, const void *buf, size_t len);
+void msnap__source_close(msnap_source_t *src);
+/* Tests and fuzzing: buf[0..len) as a stream that yields at most `chunk`
+ * bytes per read (so every refill path runs), decompressed when it starts
+ * with a gzip or zstd magic, with `limit` (0: the default). */
+int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
+                          size_t chunk, uint64_t limit);
+
+/* Make `need` bytes available at *p (start <= *p <= end).  0 when they
+ * are; 1 at the end of the input with fewer (end - *p < need); a
+ * negative MSNAP_E* code with src->err on a read, decompression or limit
+ * error.  *p, start and end may move. */
+int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
+                       size_t need);
+/* The stream offset of p (inside the window). */
+static inline uint64_t msnap__source_offset(const msnap_source_t *src,
+                                            const unsigned char *p) {
+  return src->start_off + (uint64_t)(p - src->start);
+}
+/* The reader is at p: what lies before it will not be asked again
+ * (mapped files drop those pages). */
+void msnap__source_progress(msnap_source_t *src, const unsigned char *p);
+/* "gzip-compressed " / "zstd-compressed " / "" for messages. */
+const char *msnap__source_codec_name(const msnap_source_t *src);
+
+#endif /* MSNAP_SOURCE_H */

@@ -1,0 +1,560 @@
+#!/usr/bin/env python3
+"""What the memsnap reader takes as input, run by meson:
+test_input.py MEMSNAP GROUP.
+
+Groups:
+  special    devices, FIFOs, pipes, /proc files, directories: every one
+             ends within 10 s with a clear message and bounded memory
+             (issue 14 item 1); streamed input past MEMSNAP_INPUT_LIMIT
+  compressed gzip and zstd snapshots read directly (files and pipes), the
+             same figures as the plain file; truncated, corrupt and bomb
+             inputs refused (issue 11); zlib and libzstd opened only for
+             such inputs, a missing one named
+  wrong      common wrong inputs named: a torch.save zip, a legacy
+             torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2
+  utf8       invalid UTF-8 and lone surrogates become U+FFFD, `check`
+             reports them; every real input and such a file convert to
+             pickles CPython loads and JSON json.loads accepts
+  amplify    output bounded by input: a 2 kB file with device 200,000,000
+             and a file whose entries share frame lists through the memo
+Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
+helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
+group needs from outside the project is missing.
+"""
+import bz2
+import gzip
+import json
+import lzma
+import os
+import pickle
+import random
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+
+MEMSNAP = os.path.abspath(sys.argv[1])
+GROUP = sys.argv[2]
+REAL = os.environ.get("MEMSNAP_REAL_INPUTS") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "real_inputs")
+TMP = tempfile.mkdtemp(prefix="memsnap-input-test-")
+FAILS = []
+WRAPPER = os.environ.get("MEMSNAP_EXE_WRAPPER", "").split()
+MiB = 1 << 20
+A0 = 0x7f0000000000
+
+# Runs one command and reports its exit status, output, wall time and the
+# peak RSS of that process alone (a fresh helper per command).
+MEASURE = r"""
+import resource, subprocess, sys, time, json
+t = time.time()
+stdin = open(sys.argv[1], 'rb') if sys.argv[1] != '' else subprocess.DEVNULL
+try:
+    p = subprocess.run(sys.argv[2:], stdin=stdin, capture_output=True,
+                       timeout=60)
+    rc, out, err = p.returncode, p.stdout, p.stderr
+except subprocess.TimeoutExpired:
+    rc, out, err = -999, b'', b'timeout'
+print(json.dumps({'rc': rc, 'out': out.decode('utf-8', 'replace'),
+                  'err': err.decode('utf-8', 'replace'),
+                  'secs': time.time() - t,
+                  'rss': resource.getrusage(resource.RUSAGE_CHILDREN)
+                  .ru_maxrss * 1024}))
+"""
+
+
+def measured(*args, stdin=""):
+    """(rc, out, err, seconds, peak RSS bytes) of memsnap ARGS."""
+    p = subprocess.run([sys.executable, "-c", MEASURE, stdin] + WRAPPER +
+                       [MEMSNAP] + [str(a) for a in args],
+                       capture_output=True, text=True, timeout=120)
+    r = json.loads(p.stdout)
+    return r["rc"], r["out"], r["err"], r["secs"], r["rss"]
+
+
+def run(*args, timeout=300, env=None, stdin=None):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    p = subprocess.run(WRAPPER + [MEMSNAP] + [str(a) for a in args],
+                       capture_output=True, timeout=timeout, env=e,
+                       stdin=stdin if stdin is not None
+                       else subprocess.DEVNULL)
+    return (p.returncode, p.stdout.decode("utf-8", "replace"),
+            p.stderr.decode("utf-8", "replace"))
+
+
+def expect(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+def skip(why):
+    print("SKIP " + why, flush=True)
+    sys.exit(77)
+
+
+def finish():
+    shutil.rmtree(TMP, ignore_errors=True)
+    if FAILS:
+        print("%d failure(s)" % len(FAILS))
+        sys.exit(1)
+    sys.exit(0)
+
+
+def path(name):
+    return os.path.join(TMP, name)
+
+
+def write_bytes(data, name):
+    with open(path(name), "wb") as f:
+        f.write(data)
+    return path(name)
+
+
+def frame(name, filename, line):
+    return {"filename": filename, "line": line, "name": name}
+
+
+def good_snapshot(fr=None):
+    """A consistent 2.6 snapshot: a 20 MiB segment, one live block, a
+    trace from an empty allocator."""
+    fr = fr or [frame("forward", "/home/u/model.py", 12)]
+    seg = {"device": 0, "address": A0, "total_size": 20 * MiB,
+           "allocated_size": 4 * MiB, "active_size": 4 * MiB,
+           "requested_size": 4 * MiB - 100, "stream": 0,
+           "segment_type": "large", "segment_pool_id": (0, 0),
+           "is_expandable": False, "frames": fr,
+           "blocks": [{"address": A0, "size": 4 * MiB,
+                       "requested_size": 4 * MiB - 100,
+                       "state": "active_allocated", "frames": fr},
+                      {"address": A0 + 4 * MiB, "size": 16 * MiB,
+                       "requested_size": 0, "state": "inactive",
+                       "frames": []}]}
+    t = 1700000000000000
+    trace = [{"action": "segment_alloc", "addr": A0, "size": 20 * MiB,
+              "stream": 0, "time_us": t, "frames": fr},
+             {"action": "alloc", "addr": A0, "size": 4 * MiB - 100,
+              "stream": 0, "time_us": t + 1, "frames": fr}]
+    return {"segments": [seg], "device_traces": [trace],
+            "allocator_settings": {"expandable_segments": False},
+            "external_annotations": []}
+
+
+def good_file(name="good.pickle"):
+    return write_bytes(pickle.dumps(good_snapshot(), protocol=4), name)
+
+
+def real_files():
+    if not os.path.isdir(REAL):
+        skip("real inputs: %s is missing -- tests that need the real "
+             "snapshot files did NOT run" % REAL)
+    files = sorted(os.path.join(REAL, f) for f in os.listdir(REAL)
+                   if f.endswith((".pickle", ".pkl")))
+    if len(files) < 8:
+        skip("real inputs: only %d files in %s" % (len(files), REAL))
+    return files
+
+
+def summary_json(p, **kw):
+    rc, out, err = run("summary", "--json", p, **kw)
+    if rc != 0:
+        return None
+    d = json.loads(out)
+    d.pop("file", None)
+    return d
+
+
+# --- groups --------------------------------------------------------------
+def group_special():
+    # Devices: refused at once, by type, never read.
+    for args in (["check", "/dev/zero"], ["check", "/dev/urandom"],
+                 ["convert", "/dev/urandom", "-o", path("x")],
+                 ["convert", "/dev/zero", "-o", path("x")],
+                 ["summary", "--json", "/dev/zero"]):
+        rc, out, err, secs, rss = measured(*args)
+        expect(rc == 2 and "is a character device" in err and secs < 10
+               and rss <= 256 * MiB and not os.path.exists(path("x")),
+               "%s: exit 2 in %.2f s, RSS %.1f MB, %r" %
+               (" ".join(args[:2]), secs, rss / 1e6, err.strip()[-120:]))
+    # A FIFO nobody writes: ends within 10 s.
+    fifo = path("fifo")
+    os.mkfifo(fifo)
+    rc, out, err, secs, rss = measured("check", fifo)
+    expect(rc == 2 and "no writer" in err and secs < 10,
+           "check FIFO without a writer: exit 2 in %.1f s (%r)" %
+           (secs, err.strip()[-120:]))
+    # A FIFO with a writer: read as a stream.
+    good = pickle.dumps(good_snapshot(), protocol=4)
+
+    def writer():
+        time.sleep(0.5)
+        with open(fifo, "wb") as f:
+            f.write(good)
+    th = threading.Thread(target=writer)
+    th.start()
+    rc, out, err = run("check", fifo, timeout=60)
+    th.join(30)
+    expect(rc == 0 and "ok" in out, "check FIFO with a writer (%d %r)"
+           % (rc, err))
+    # A pipe on standard input ("-"), also slow to start.
+    p = subprocess.Popen(WRAPPER + [MEMSNAP, "summary", "--json", "-"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    out, err = p.communicate(good, timeout=60)
+    expect(p.returncode == 0 and
+           json.loads(out)["devices"][0]["allocated_bytes"] == 4 * MiB,
+           "summary - (a pipe): figures (%d %r)" % (p.returncode, err))
+    # A writer that keeps its end of the pipe open after the pickle: the
+    # reader stops at STOP, it does not wait for more.
+    r, w = os.pipe()
+    p = subprocess.Popen(WRAPPER + [MEMSNAP, "summary", "--json", "-"],
+                         stdin=r, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    os.close(r)
+    os.write(w, good)
+    try:
+        out, err = p.communicate(timeout=20)
+        ended = p.returncode == 0
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        ended = False
+    os.close(w)
+    expect(ended, "a pipe whose writer stays open after STOP: summary ends")
+    # /dev/null as standard input: a device, said so.
+    rc, out, err, secs, rss = measured("check", "-", stdin="/dev/null")
+    expect(rc == 2 and "standard input is a character device" in err,
+           "check - < /dev/null: %r" % err.strip()[-120:])
+    # Random bytes through a pipe: refused early, little memory.
+    rnd = random.Random(7)
+    worst = 0
+    for k in range(20):
+        blob = write_bytes(bytes(rnd.getrandbits(8) for _ in range(4096)) *
+                           2048, "rnd%d" % k)
+        rc, out, err, secs, rss = measured("check", "-", stdin=blob)
+        worst = max(worst, rss)
+        expect(rc == 2 and secs < 10, "8 MB of random bytes on a pipe "
+               "(%d): exit %d in %.2f s" % (k, rc, secs))
+    expect(worst <= 256 * MiB, "random pipes: peak RSS %.1f MB <= 256 MB"
+           % (worst / 1e6))
+    # An endless valid stream stops at MEMSNAP_INPUT_LIMIT.
+    big = pickle.dumps(list(range(300000)), protocol=4)
+    e = dict(os.environ, MEMSNAP_INPUT_LIMIT="64K")
+    p = subprocess.Popen(WRAPPER + [MEMSNAP, "check", "-"], env=e,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(big, timeout=60)
+    except BrokenPipeError:
+        out, err = p.communicate(timeout=60)
+    rc, err = p.returncode, err.decode()
+    expect(rc == 2 and "MEMSNAP_INPUT_LIMIT" in err and "limit" in err,
+           "a stream past MEMSNAP_INPUT_LIMIT: %r" % err.strip()[-160:])
+    # A regular file is mapped, the limit does not apply to it.
+    rc, out, err = run("check", good_file(),
+                       env={"MEMSNAP_INPUT_LIMIT": "64"})
+    expect(rc == 0, "a mapped file ignores the stream limit (%d %r)"
+           % (rc, err))
+    # /proc files (stat size 0): read as a stream, named as text.
+    rc, out, err, secs, rss = measured("check", "/proc/self/maps")
+    expect(rc == 2 and "text file" in err and "is empty" not in err,
+           "/proc/self/maps: a text file, not 'empty' (%r)"
+           % err.strip()[-160:])
+    rc, out, err = run("check", TMP)
+    expect(rc == 2 and "is a directory" in err, "a directory: %r" % err)
+    rc, out, err = run("check", write_bytes(b"", "empty.pickle"))
+    expect(rc == 2 and "empty" in err, "an empty file: %r" % err)
+    rc, out, err = run("check", path("missing.pickle"))
+    expect(rc == 2 and "No such file" in err, "a missing file: %r" % err)
+
+
+def group_compressed():
+    files = real_files()
+    for f in files:
+        name = os.path.basename(f)
+        ref = summary_json(f)
+        with open(f, "rb") as fh:
+            raw = fh.read()
+        gz = write_bytes(gzip.compress(raw), name + ".gz")
+        got = summary_json(gz)
+        expect(ref is not None and got == ref,
+               "%s.gz: same summary as the plain file" % name)
+        zst = None
+        if shutil.which("zstd"):
+            zst = path(name + ".zst")
+            subprocess.run(["zstd", "-q", "-f", f, "-o", zst], check=True)
+            expect(summary_json(zst) == ref,
+                   "%s.zst: same summary as the plain file" % name)
+        with open(gz, "rb") as stdin:
+            got = summary_json("-", stdin=stdin)
+        expect(got == ref, "%s.gz through a pipe: same summary" % name)
+    if not shutil.which("zstd"):
+        print("SKIP zstd files: the zstd program is missing (the gzip ones "
+              "ran)")
+    good = pickle.dumps(good_snapshot(), protocol=4)
+    # concatenated gzip members are one stream (cat a.gz b.gz)
+    half = len(good) // 2
+    cat = write_bytes(gzip.compress(good[:half]) + gzip.compress(good[half:]),
+                      "two-members.pickle.gz")
+    rc, out, err = run("check", cat)
+    expect(rc == 0, "two gzip members: one stream (%d %r)" % (rc, err))
+    gzd = gzip.compress(good)
+    rc, out, err = run("check", write_bytes(gzd[:len(gzd) // 2], "cut.gz"))
+    expect(rc == 2 and "gzip" in err and "truncated" in err,
+           "a truncated .gz: %r" % err.strip()[-160:])
+    bad = bytearray(gzd)
+    for i in range(12, len(bad) - 8, 7):
+        bad[i] ^= 0x5a
+    rc, out, err = run("check", write_bytes(bytes(bad), "corrupt.gz"))
+    expect(rc == 2 and "gzip" in err, "a corrupt .gz: %r"
+           % err.strip()[-160:])
+    # a bomb: 64 MB of zeros in 64 kB; decompressed bytes count against
+    # the limit, and the zeros are not a pickle anyway
+    bomb = write_bytes(gzip.compress(b"\x80\x04]" + b"\x00" * (64 * MiB)),
+                       "bomb.gz")
+    rc, out, err, secs, rss = measured("check", bomb)
+    expect(rc == 2 and rss <= 256 * MiB and secs < 10,
+           "a gzip bomb: exit 2, RSS %.1f MB, %.1f s" % (rss / 1e6, secs))
+    lim = write_bytes(gzip.compress(pickle.dumps(list(range(200000)),
+                                                 protocol=4)), "lim.gz")
+    rc, out, err = run("check", lim, env={"MEMSNAP_INPUT_LIMIT": "100K"})
+    expect(rc == 2 and "MEMSNAP_INPUT_LIMIT" in err,
+           "decompressed bytes count against the limit: %r"
+           % err.strip()[-160:])
+    compression_libraries(good)
+
+
+def compression_libraries(good):
+    """zlib and libzstd are opened at run time on the first compressed
+    input (src/base/source.c): nothing of memsnap is linked against them,
+    a plain input never needs them, a missing one is named."""
+    readelf = shutil.which("readelf")
+    lib = os.path.join(os.path.dirname(MEMSNAP), "..", "src",
+                       "libmemsnap.so")
+    if readelf:
+        for f in [MEMSNAP] + ([lib] if os.path.exists(lib) else []):
+            d = subprocess.run([readelf, "-d", f], capture_output=True,
+                               text=True).stdout
+            expect("NEEDED" in d and "libz" not in d and "zstd" not in d,
+                   "%s: no libz / libzstd among its NEEDED libraries"
+                   % os.path.basename(f))
+    else:
+        print("SKIP NEEDED check: readelf is missing")
+    plain = write_bytes(good, "plain.pickle")
+    gz = write_bytes(gzip.compress(good), "good.pickle.gz")
+    # the library is opened only for a compressed input (the zstd magic
+    # is enough: the library is needed before any byte is decompressed)
+    zst = write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 64, "magic.zst")
+    gone = {"MEMSNAP_ZLIB_LIBRARY": path("no/libz.so.1"),
+            "MEMSNAP_ZSTD_LIBRARY": path("no/libzstd.so.1")}
+    rc, out, err = run("check", plain, env=gone)
+    expect(rc == 0, "a plain input reads without zlib and libzstd (%d %r)"
+           % (rc, err.strip()[-160:]))
+    rc, out, err = run("check", gz, env=gone)
+    expect(rc == 2 and "reading gzip input needs libz.so.1" in err and
+           "no/libz.so.1" in err and "MSNAP_ENOTSUP" in err,
+           "without zlib a .gz is refused naming libz.so.1: %r"
+           % err.strip()[-240:])
+    with open(gz, "rb") as stdin:
+        rc, out, err = run("check", "-", env=gone, stdin=stdin)
+    expect(rc == 2 and "reading gzip input needs libz.so.1" in err,
+           "the same through a pipe: %r" % err.strip()[-160:])
+    rc, out, err = run("check", zst, env=gone)
+    expect(rc == 2 and "reading zstd input needs libzstd.so.1" in err and
+           "no/libzstd.so.1" in err,
+           "without libzstd a .zst is refused naming libzstd.so.1: %r"
+           % err.strip()[-240:])
+    # a library without the entry points: named too
+    rc, out, err = run("check", zst,
+                       env={"MEMSNAP_ZSTD_LIBRARY": "libz.so.1"})
+    expect(rc == 2 and "libz.so.1 has no ZSTD_" in err,
+           "a libzstd without its entry points: %r" % err.strip()[-160:])
+    # and by default both load
+    rc, out, err = run("check", gz)
+    expect(rc == 0, "by default the .gz reads (%d %r)" % (rc, err[-160:]))
+
+
+def group_wrong():
+    cases = []
+    try:
+        import torch  # the real torch of .venv when the tests run under make
+        import io
+        buf = io.BytesIO()
+        torch.save({"w": torch.zeros(3)}, buf)
+        cases.append(("torch.save", buf.getvalue(), "zip archive"))
+        buf = io.BytesIO()
+        torch.save({"w": torch.zeros(3)}, buf,
+                   _use_new_zipfile_serialization=False)
+        cases.append(("torch.save legacy", buf.getvalue(), "torch.save file"))
+        cases.append(("pickled tensor", pickle.dumps(torch.zeros(2)),
+                      "torch._utils._rebuild_tensor_v2"))
+    except ImportError:
+        print("SKIP torch.save files: torch is not importable by %s (a zip "
+              "archive made with zipfile stands in)" % sys.executable)
+        zb = path("z.zip")
+        with zipfile.ZipFile(zb, "w") as z:
+            z.writestr("archive/data.pkl", pickle.dumps({"a": 1}))
+        with open(zb, "rb") as f:
+            cases.append(("zip", f.read(), "zip archive"))
+    good = pickle.dumps(good_snapshot(), protocol=4)
+    cases += [
+        ("text", b"this is not a snapshot\nsecond line\n", "text file"),
+        ("csv", b"segment,size\n0,1024\n", "text file"),
+        ("html", b"<!DOCTYPE html><html><body>x</body></html>", "HTML page"),
+        ("json", json.dumps({"segments": []}).encode(), "looks like JSON"),
+        ("xz", lzma.compress(good), "xz-compressed"),
+        ("bz2", bz2.compress(good), "bzip2-compressed"),
+        ("elf", open(MEMSNAP, "rb").read(4096), "ELF"),
+        ("object", pickle.dumps(OSError("x")), "Python objects"),
+    ]
+    for name, data, want in cases:
+        p = write_bytes(data, "wrong-" + name.replace(" ", "-"))
+        for cmd in (["check"], ["summary"], ["convert", "-o", path("w.out")]):
+            rc, out, err = run(*(cmd + [p]))
+            expect(rc == 2 and want in err and p in err,
+                   "%s on %s: says %r (%r)" % (cmd[0], name, want,
+                                              err.strip()[-200:]))
+
+
+def crafted_invalid_utf8():
+    """A snapshot whose frame strings hold raw invalid UTF-8 (\\xff\\xfe,
+    a cut sequence) -- no CPython str can hold them, so the pickle is
+    patched: SHORT_BINUNICODE lengths stay right."""
+    fr = [frame("nameAAAA", "/x/fileBBBB.py", 3)]
+    data = pickle.dumps(good_snapshot(fr), protocol=4)
+    data = data.replace(b"AAAA", b"\xff\xfe\xe2\x82").replace(
+        b"BBBB", b"\xed\xa0\x80!")
+    return data
+
+
+def group_utf8():
+    p = write_bytes(crafted_invalid_utf8(), "invalid-utf8.pickle")
+    want_name = b"name\xff\xfe\xe2\x82".decode("utf-8", "replace")
+    want_file = b"/x/file\xed\xa0\x80!.py".decode("utf-8", "replace")
+    rc, out, err = run("check", p)
+    expect(rc == 1 and "strings:" in out and "not valid UTF-8" in out,
+           "check reports invalid UTF-8 (%d %r)" % (rc, out))
+    sur = pickle.dumps(good_snapshot([frame("f\ud800", "/y/\udcff.py", 1)]),
+                       protocol=4)
+    ps = write_bytes(sur, "surrogates.pickle")
+    rc, out, err = run("check", ps)
+    expect(rc == 1 and "not valid UTF-8" in out,
+           "check reports lone surrogates (%d %r)" % (rc, out))
+    files = [p, ps]
+    if os.path.isdir(REAL):
+        files += real_files()
+    else:
+        print("SKIP real inputs in the utf8 group: %s is missing" % REAL)
+    for f in files:
+        name = os.path.basename(f)
+        out_p = path(name + ".conv.pickle")
+        rc, o, err = run("convert", f, "-o", out_p)
+        ok = rc == 0
+        if ok:
+            try:
+                with open(out_p, "rb") as fh:
+                    d = pickle.load(fh)
+            except Exception as e:
+                ok = False
+                print("  pickle.load: %r" % e)
+        expect(ok, "convert %s: CPython's pickle loads it" % name)
+        out_j = path(name + ".json")
+        rc, o, err = run("convert", "--json", f, "-o", out_j)
+        ok = rc == 0
+        if ok:
+            try:
+                with open(out_j, "rb") as fh:
+                    j = json.loads(fh.read().decode("utf-8", "strict"))
+            except Exception as e:
+                ok = False
+                print("  json.loads: %r" % e)
+        expect(ok, "convert --json %s: strict UTF-8, json.loads accepts it"
+               % name)
+        if f == p and ok:
+            fr = d["segments"][0]["frames"][0]
+            expect(fr["name"] == want_name and fr["filename"] == want_file,
+                   "the repaired strings are CPython's decode('utf-8', "
+                   "'replace') (%r %r)" % (fr["name"], fr["filename"]))
+            jf = j["frame_table"][j["stack_table"][
+                j["segments"][0]["frames"]][0]]
+            expect(jf["name"] == want_name, "JSON holds the same text")
+
+
+def shared_frames_file():
+    """~400 kB: 3000 entries whose 250-frame stacks are shared through the
+    memo (a handful of stack objects); written inline, each entry would
+    repeat 250 frame dicts."""
+    stacks = [[frame("f%d_%d" % (s, i), "/m/layer%d.py" % i, i)
+               for i in range(250)] for s in range(4)]
+    t = 1700000000000000
+    trace = []
+    for i in range(1500):
+        st = stacks[i % 4]
+        trace.append({"action": "alloc", "addr": A0 + 4 * MiB + 512 * i,
+                      "size": 512, "stream": 0, "time_us": t + 2 * i,
+                      "frames": st})
+        trace.append({"action": "free_requested",
+                      "addr": A0 + 4 * MiB + 512 * i, "size": 512,
+                      "stream": 0, "time_us": t + 2 * i + 1, "frames": st})
+    snap = good_snapshot()
+    snap["device_traces"][0] += trace
+    return pickle.dumps(snap, protocol=4)
+
+
+def group_amplify():
+    seg = dict(good_snapshot()["segments"][0], device=200000000)
+    small = write_bytes(pickle.dumps({"segments": [seg],
+                                      "device_traces": [[]]}, protocol=4),
+                        "device-200M.pickle")
+    expect(os.path.getsize(small) < 2048, "the huge-device file is < 2 kB")
+    for cmd in (["check"], ["summary"], ["convert", "-o", path("d.out")],
+                ["convert", "--json", "-o", path("d.json")], ["replay"],
+                ["plot", "-o", path("d.svg")], ["view", "-o", path("d.html")],
+                ["diff", small]):
+        rc, out, err, secs, rss = measured(*(cmd + [small]))
+        expect(rc == 2 and "device 200000000 is not a device index" in err
+               and rss <= 256 * MiB,
+               "%s: the same clear error, RSS %.1f MB (%r)" %
+               (cmd[0], rss / 1e6, err.strip()[-140:]))
+    data = shared_frames_file()
+    sf = write_bytes(data, "shared-frames.pickle")
+    size = len(data)
+    for fmt in (["--json"], []):
+        out_p = path("sf.out")
+        rc, out, err, secs, rss = measured("convert", *fmt, sf, "-o", out_p)
+        osize = os.path.getsize(out_p) if rc == 0 else 0
+        expect(rc == 0 and osize <= 4 * size and rss <= 256 * MiB,
+               "convert %s of a %d kB shared-frames file: %d kB out "
+               "(<= 4x), RSS %.1f MB" % (" ".join(fmt) or "(pickle)",
+                                         size // 1000, osize // 1000,
+                                         rss / 1e6))
+    with open(path("sf.out"), "rb") as f:
+        conv = pickle.load(f)
+    rc, out, err = run("convert", "--json", sf, "-o", path("sf.json"))
+    with open(path("sf.json")) as f:
+        j = json.load(f)
+    F, S = j["frame_table"], j["stack_table"]
+    e = j["device_traces"][0][5]
+    expect([F[i] for i in S[e["frames"]]] ==
+           conv["device_traces"][0][5]["frames"],
+           "JSON frames resolve through stack_table/frame_table to the "
+           "pickle's frames")
+    expect(len(set(x["frames"] for x in j["device_traces"][0][2:])) == 4,
+           "the four shared stacks are four stack ids")
+
+
+GROUPS = {"special": group_special, "compressed": group_compressed,
+          "wrong": group_wrong, "utf8": group_utf8,
+          "amplify": group_amplify}
+
+if __name__ == "__main__":
+    GROUPS[GROUP]()
+    finish()

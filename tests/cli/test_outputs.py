@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Where `memsnap ... -o OUT` writes, run by meson: test_outputs.py MEMSNAP
+GROUP (the helpers are test_cli.py's).
+
+Groups:
+  links   the kernel's protected_symlinks rule for every command with -o
+          (convert, view, plot, replay, demo-train): a link planted by
+          `nobody` in a sticky world-writable directory is refused with
+          exit 2 and the victim file is unchanged; a link of the user's own
+          is followed, the link survives and the target keeps its mode
+          (0600 stays 0600); a link in the middle of the path is held to
+          the same rule.  Planting needs root (lchown): SKIP without it.
+  stdout  `-o /dev/stdout` into a pipe and into a redirected file, for
+          convert, view and plot: the reader gets the whole output.
+  temps   temporaries that killed writers left ("<name>.tmp.<tag>.<pid>.
+          <n>", tag computed here independently) are removed by the next
+          `-o` into the directory; live pids, other hosts' tags, the old
+          form, links and other users' files are not.
+"""
+import os
+import pickle
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+import test_cli as T  # noqa: E402  (run, expect, TMP, good_snapshot, ...)
+from tmptag import tmp_tag  # noqa: E402
+
+NOBODY = 65534
+SECRET = b"the user's own secret"
+
+
+def snapshot_input():
+    T.need(T.reader_available(), "the reader")
+    return T.write_pickle(T.good_snapshot(), "in.pickle")
+
+
+def sticky_dir(name):
+    d = os.path.join(T.TMP, name)
+    os.mkdir(d)
+    os.chmod(d, 0o1777)
+    return d
+
+
+def victim(name, mode=0o600):
+    v = os.path.join(T.TMP, name)
+    with open(v, "wb") as f:
+        f.write(SECRET)
+    os.chmod(v, mode)
+    return v
+
+
+def untouched(v, mode=0o600):
+    with open(v, "rb") as f:
+        data = f.read()
+    return data == SECRET and stat.S_IMODE(os.stat(v).st_mode) == mode
+
+
+def commands(src):
+    """(name, argv before -o OUT, a check of the written bytes)."""
+    cmds = [("convert", ["convert", src], lambda b: b[:2] == b"\x80\x04"),
+            ("convert --json", ["convert", "--json", src],
+             lambda b: b.lstrip()[:1] == b"{"),
+            ("view", ["view", src], lambda b: b"<html" in b[:400].lower()),
+            ("plot", ["plot", src], lambda b: b"<svg" in b[:400])]
+    if T.allocator_available():
+        cmds.append(("demo-train", ["demo-train", "--steps", "1",
+                                    "--layers", "1"],
+                     lambda b: b[:2] == b"\x80\x04"))
+        train = os.path.join(T.TMP, "train.pickle")
+        rc, _, err = T.run("demo-train", "--steps", "2", "--layers", "1",
+                           "-o", train)
+        T.need(rc == 0, "demo-train for replay (%r)" % err)
+        cmds.append(("replay", ["replay", "--profile", "cuda", train],
+                     lambda b: b[:2] == b"\x80\x04"))
+    return cmds
+
+
+def group_links():
+    src = snapshot_input()
+    cmds = commands(src)
+    if os.geteuid() != 0:
+        print("SKIP planted links: a link owned by another user needs root "
+              "(lchown); only the own-link cases run")
+    for name, argv, ok in cmds:
+        tag = name.replace(" ", "").replace("--", "-")
+        d = sticky_dir("sticky" + tag)
+        # own link: followed, mode kept, the link survives
+        v = victim("own" + tag)
+        link = os.path.join(d, "mine.out")
+        os.symlink(v, link)
+        rc, out, err = T.run(*argv, "-o", link)
+        with open(v, "rb") as f:
+            data = f.read()
+        T.expect(rc == 0 and os.path.islink(link) and ok(data) and
+                 stat.S_IMODE(os.stat(v).st_mode) == 0o600,
+                 "%s -o OWN-LINK: followed, 0600 kept (%d %r)" % (name, rc, err))
+        if os.geteuid() != 0:
+            continue
+        # planted link: refused, victim unchanged, nothing created
+        v = victim("victim" + tag)
+        link = os.path.join(d, "planted.out")
+        os.symlink(v, link)
+        os.lchown(link, NOBODY, NOBODY)
+        before = sorted(os.listdir(d))
+        rc, out, err = T.run(*argv, "-o", link)
+        T.expect(rc == 2 and "protected_symlinks" in err and "uid 65534" in err
+                 and untouched(v) and sorted(os.listdir(d)) == before,
+                 "%s -o PLANTED-LINK: refused, victim unchanged (%d %r)"
+                 % (name, rc, err))
+        # a planted link to a directory, in the middle of the path
+        v = victim("victim-mid" + tag)
+        mid = os.path.join(d, "dirlink")
+        os.symlink(T.TMP, mid)
+        os.lchown(mid, NOBODY, NOBODY)
+        rc, out, err = T.run(*argv, "-o", os.path.join(mid, os.path.basename(v)))
+        T.expect(rc == 2 and "protected_symlinks" in err and untouched(v),
+                 "%s -o PLANTED-DIR-LINK/x: refused (%d %r)" % (name, rc, err))
+        # the same link in a directory that is not sticky: followed
+        # (the rule is the kernel's, no stricter)
+        plain = os.path.join(T.TMP, "plain" + tag)
+        os.mkdir(plain)
+        os.chmod(plain, 0o777)
+        v = victim("victim-plain" + tag)
+        link = os.path.join(plain, "l.out")
+        os.symlink(v, link)
+        os.lchown(link, NOBODY, NOBODY)
+        rc, out, err = T.run(*argv, "-o", link)
+        with open(v, "rb") as f:
+            data = f.read()
+        T.expect(rc == 0 and ok(data),
+                 "%s -o LINK in a non-sticky dir: followed (%d %r)"
+                 % (name, rc, err))
+
+
+def group_stdout():
+    src = snapshot_input()
+    for name, argv, ok in commands(src)[:4]:
+        p = subprocess.Popen(T.WRAPPER + [T.MEMSNAP] + argv + ["-o", "/dev/stdout"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        data, err = p.communicate(timeout=300)
+        T.expect(p.returncode == 0 and ok(data) and b"dangling" not in err,
+                 "%s -o /dev/stdout into a pipe (%d %r)"
+                 % (name, p.returncode, err[-300:]))
+        if name == "convert":
+            T.expect(pickle.loads(data)["segments"],
+                     "convert -o /dev/stdout: the pipe holds the whole pickle")
+        out = os.path.join(T.TMP, "redirected.out")
+        with open(out, "wb") as f:
+            p = subprocess.run(T.WRAPPER + [T.MEMSNAP] + argv + ["-o", "/dev/stdout"],
+                               stdout=f, stderr=subprocess.PIPE)
+        with open(out, "rb") as f:
+            data2 = f.read()
+        T.expect(p.returncode == 0 and data2 == data,
+                 "%s -o /dev/stdout > FILE (%d %r)" % (name, p.returncode, p.stderr))
+    # a descriptor open only for reading: a clear error
+    other = victim("stdin-file", 0o644)
+    with open(other, "rb") as f:
+        p = subprocess.run(T.WRAPPER + [T.MEMSNAP, "convert", src, "-o",
+                                        "/dev/stdin"],
+                           stdin=f, capture_output=True, text=True)
+    T.expect(p.returncode == 2 and "not open for writing" in p.stderr,
+             "convert -o /dev/stdin (read-only): refused (%d %r)"
+             % (p.returncode, p.stderr))
+
+
+def dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def group_temps():
+    src = snapshot_input()
+    tag = tmp_tag()
+    d = os.path.join(T.TMP, "temps")
+    os.mkdir(d)
+    # A convert killed while writing leaves a temporary of the new form
+    # (the input: a 2 MB recording of demo-train; --json makes ~14 MB).
+    big = os.path.join(T.TMP, "big.pickle")
+    if not T.allocator_available() or T.run(
+            "demo-train", "--steps", "100", "--layers", "32", "--hidden", "64",
+            "-o", big)[0] != 0:
+        big = None
+    killed = []
+    if big is None:
+        T.expect(False, "demo-train writes an input to kill convert on")
+    else:
+        for _ in range(20):
+            p = subprocess.Popen(T.WRAPPER + [T.MEMSNAP, "convert", "--json", big,
+                                              "-o", os.path.join(d, "big.json")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            mine = ".%d." % p.pid
+            deadline = time.time() + 60
+            while time.time() < deadline and p.poll() is None:
+                if any(mine in n for n in os.listdir(d)):
+                    os.kill(p.pid, signal.SIGKILL)
+                    break
+                time.sleep(0.0005)
+            p.wait()
+            left = [n for n in os.listdir(d) if mine in n]
+            if left:
+                killed = left
+                break
+        T.expect(killed and killed[0].startswith("big.json.tmp.%s.%d."
+                                                  % (tag, p.pid)),
+                 "a killed convert left <name>.tmp.<tag>.<pid>.<n> (%r)" % killed)
+    gone = dead_pid()
+    remove = ["a.pickle.tmp.%s.%d.0" % (tag, gone),
+              "b.html.tmp.%s.%d.12" % (tag, gone)] + killed
+    other = "f" * 12 if tag != "f" * 12 else "e" * 12
+    keep = ["live.tmp.%s.%d.0" % (tag, os.getpid()),
+            "host.tmp.%s.%d.0" % (other, gone),
+            "old.tmp.%d.0" % gone,
+            "x.tmp.%s.%d.0~" % (tag, gone),
+            "unrelated.pickle"]
+    for n in remove + keep:
+        if n not in killed:
+            with open(os.path.join(d, n), "wb") as f:
+                f.write(b"x")
+    kept_target = victim("kept-by-link")
+    os.symlink(kept_target, os.path.join(d, "l.tmp.%s.%d.1" % (tag, gone)))
+    keep.append("l.tmp.%s.%d.1" % (tag, gone))
+    if os.geteuid() == 0:
+        n = "nobody.tmp.%s.%d.2" % (tag, gone)
+        with open(os.path.join(d, n), "wb") as f:
+            f.write(b"x")
+        os.chown(os.path.join(d, n), NOBODY, NOBODY)
+        keep.append(n)
+    rc, out, err = T.run("convert", src, "-o", os.path.join(d, "next.pickle"))
+    names = set(os.listdir(d))
+    T.expect(rc == 0 and not (set(remove) & names),
+             "the next -o removed the dead temporaries (%d %r %r)"
+             % (rc, err, sorted(set(remove) & names)))
+    T.expect(set(keep) <= names and untouched(kept_target),
+             "and nothing else (%r)" % sorted(set(keep) - names))
+
+
+GROUPS = {"links": group_links, "stdout": group_stdout, "temps": group_temps}
+
+if __name__ == "__main__":
+    GROUPS[T.GROUP]()
+    T.finish()

@@ -1,0 +1,307 @@
+"""memsnap.torch.register_device: a memsnap device in the CPU-only torch of
+the test venv, through PyTorch's PrivateUse1 mechanism and the C++ shim
+(python/memsnap/csrc/device.cpp).  Every scenario runs in a fresh process
+(torch's PrivateUse1 name and memsnap's allocator are per process), with
+real torch tensors and torch.nn modules."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import base_env, run_script
+
+torch = pytest.importorskip("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _shim_built() -> bool:
+    import memsnap._shim as s
+
+    return os.path.exists(s.path(s.TORCH_LIB))
+
+
+pytestmark = pytest.mark.skipif(not _shim_built(),
+                                reason="memsnap was built without its C++ torch shim")
+
+
+def test_must_show_1_allocation_free_and_device_module():
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+name = mt.register_device("npu")
+mm._record_memory_history("all", stacks="python")
+before = mm.memory_allocated()
+t = torch.empty(1 << 20, dtype=torch.uint8, device=name)  # LINE-EMPTY
+grew = mm.memory_allocated() - before
+snap = mm._snapshot()
+allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+dev_mod = getattr(torch, name)
+same = dev_mod.memory_allocated() == mm.memory_allocated()
+ptr = t.data_ptr()
+del t
+acts = [(e["action"], e["addr"]) for e in mm._snapshot()["device_traces"][0]]
+print("RESULT " + json.dumps({
+    "name": name, "grew": grew, "frames": allocs[-1]["frames"], "addr": allocs[-1]["addr"],
+    "ptr": ptr, "acts": acts, "same": same, "after": mm.memory_allocated(),
+    "device": str(torch.empty(1, device=name).device),
+    "mod": dev_mod.__name__, "count": dev_mod.device_count(),
+    "reserved": dev_mod.memory_reserved() == mm.memory_reserved(),
+    "stats": dev_mod.memory_stats()["allocated_bytes.all.current"] == mm.memory_allocated(),
+    "history_fn": dev_mod.memory._record_memory_history is mm._record_memory_history,
+}))
+"""
+    line = next(i for i, l in enumerate(code.splitlines(), 1) if "LINE-EMPTY" in l)
+    r = run_script(code).result
+    assert r["name"] == "npu" and r["device"] == "npu:0"
+    assert r["grew"] >= 1 << 20
+    top = r["frames"][0]
+    assert top["filename"] == "<string>" and top["line"] == line
+    assert not any("memsnap" in f["filename"] for f in r["frames"])
+    assert r["addr"] == r["ptr"]
+    tail = [a for a in r["acts"] if a[1] == r["ptr"]][-2:]
+    assert [a[0] for a in tail] == ["free_requested", "free_completed"]
+    assert r["same"] and r["reserved"] and r["stats"] and r["history_fn"]
+    assert r["mod"] == "memsnap._device" and r["count"] == 1
+
+
+def test_must_show_2_oom_raises_torch_oom_and_dumps(tmp_path):
+    code = r"""
+import json, glob, os
+import memsnap.torch as mt, torch
+mt.register_device("npu")
+keep = torch.empty(48 << 20, dtype=torch.uint8, device="npu")
+out = {}
+try:
+    torch.empty(40 << 20, dtype=torch.uint8, device="npu")
+except torch.OutOfMemoryError as e:
+    out["msg"] = str(e)
+    out["is_cuda_oom"] = isinstance(e, torch.cuda.OutOfMemoryError)
+x = torch.arange(1000, dtype=torch.float32).to("npu")
+out["sum"] = (x * 2).sum().item()
+out["dumps"] = sorted(os.path.basename(p) for p in glob.glob(os.path.join(os.environ["OOM_SNAPSHOT_PATH"], "*")))
+print("RESULT " + json.dumps(out))
+"""
+    # MEMSNAP_USAGE_REPORT=memsnap: the sim has no CANN per-module report,
+    # so the dump's CSV is memsnap's own allocator-stats one.
+    env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path), MEMSNAP_USAGE_REPORT="memsnap")
+    r = run_script(code, env=env).result
+    # torch_npu rounds the request up to its 2 MiB segment granularity.
+    assert re.match(r"^NPU out of memory\. Tried to allocate 4\d\.\d\d MiB", r["msg"]), r["msg"]
+    assert r["is_cuda_oom"]  # torch.cuda.OutOfMemoryError is the same class
+    assert r["sum"] == 999000.0  # the process goes on working
+    pickles = [p for p in r["dumps"] if p.endswith(".pickle")]
+    assert len(pickles) == 1 and any(p.endswith(".csv") for p in r["dumps"])
+    memsnap_cli = os.path.join(os.path.dirname(sys.executable), "memsnap")
+    chk = subprocess.run([memsnap_cli, "check", str(tmp_path / pickles[0])],
+                         capture_output=True, text=True)
+    assert chk.returncode == 0, chk.stdout + chk.stderr
+
+
+def test_must_show_3_linear_model_trains_and_unsupported_ops_say_so():
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+name = mt.register_device("npu")
+torch.manual_seed(0)
+cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+model.load_state_dict(cpu_model.state_dict())
+model = model.to(name)
+params_on_device = all(p.device.type == name for p in model.parameters())
+x, y = torch.randn(32, 8), torch.randn(32, 4)
+xd, yd = x.to(name), y.to(name)
+opt_d = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+opt_c = torch.optim.SGD(cpu_model.parameters(), lr=0.05, momentum=0.9)
+losses = []
+for step in range(5):
+    for m, opt, a, b in ((model, opt_d, xd, yd), (cpu_model, opt_c, x, y)):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(a), b)
+        loss.backward()
+        opt.step()
+    losses.append(loss.item())
+diff = max((p.detach().cpu() - q.detach()).abs().max().item()
+           for p, q in zip(model.parameters(), cpu_model.parameters()))
+out = {"on_device": params_on_device, "losses": losses, "diff": diff,
+       "allocated": mm.memory_allocated() > 0}
+try:
+    torch.linalg.svd(xd)
+except NotImplementedError as e:
+    out["err"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["on_device"] and r["allocated"]
+    assert r["losses"][-1] < r["losses"][0]
+    # The same update as on the CPU (the operators run there, on the bytes).
+    assert r["diff"] < 1e-5
+    assert re.match(r"operator aten::\S+ is not implemented for the memsnap device 'npu'",
+                    r["err"]), r["err"]
+
+
+def test_views_resize_gc_copies_and_streams():
+    code = r"""
+import gc, json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+mm._record_memory_history("all", stacks="python")
+data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+d = data.to("npu")
+roundtrip = torch.equal(d.cpu(), data)
+v = d[100:200].view(10, 10).t()
+view_ok = torch.equal(v.cpu(), data[100:200].view(10, 10).t())
+n_alloc = len([e for e in mm._snapshot()["device_traces"][0] if e["action"] == "alloc"])
+a = torch.ones(4, device="npu")
+a.resize_(5000)
+resized = a[:4].cpu().tolist()
+class Cycle: pass
+c = Cycle(); c.me = c; c.t = torch.empty(7000, device="npu"); ptr = c.t.data_ptr()
+del c; gc.collect()
+freed = [e["action"] for e in mm._snapshot()["device_traces"][0] if e["addr"] == ptr][-2:]
+s = torch.Stream(device="npu")
+d.record_stream(s)
+x = torch.arange(6.0).npu()   # torch's generated Tensor.npu(): no wrapper frame
+frames = [e["frames"] for e in mm._snapshot()["device_traces"][0] if e["action"] == "alloc"][-1]
+ev = torch.Event(device="npu"); ev.record(); ev.synchronize()
+print("RESULT " + json.dumps({
+    "roundtrip": roundtrip, "view_ok": view_ok, "views_allocate": n_alloc, "resized": resized,
+    "freed": freed, "stream": [s.device_index, s.stream_id], "is_npu": x.is_npu,
+    "top": frames[0], "event": ev.query(),
+}))
+"""
+    r = run_script(code).result
+    assert r["roundtrip"] and r["view_ok"]
+    assert r["views_allocate"] == 1  # views share the storage
+    assert r["resized"] == [1.0, 1.0, 1.0, 1.0]
+    assert r["freed"] == ["free_requested", "free_completed"]
+    assert r["stream"][0] == 0 and r["stream"][1] > 0
+    assert r["is_npu"] and r["event"]
+    assert r["top"]["filename"] == "<string>"
+
+
+def test_two_devices_and_device_arguments():
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+t1 = torch.empty(1 << 20, dtype=torch.uint8, device="npu:1")
+torch.npu.set_device(1)
+t2 = torch.empty(1 << 10, device="npu")
+out = {"d1": mm.memory_allocated("npu:1"), "d0": mm.memory_allocated(0),
+       "current": torch.npu.current_device(), "t2": str(t2.device),
+       "count": torch.npu.device_count()}
+try:
+    torch.npu.set_device(5)
+except ValueError as e:
+    out["bad"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_SIM_DEVICES="2")).result
+    assert r["count"] == 2 and r["current"] == 1 and r["t2"] == "npu:1"
+    assert r["d1"] >= (1 << 20) + (1 << 12) and r["d0"] == 0
+    assert "invalid device index 5" in r["bad"]
+
+
+def test_registration_errors_are_clear():
+    code = r"""
+import json, os
+import memsnap.torch as mt, torch
+out = {}
+for bad in ("NPU", "cuda", "cpu"):
+    try:
+        mt.register_device(bad)
+    except (ValueError, RuntimeError) as e:
+        out[bad] = f"{type(e).__name__}: {e}"
+out["first"] = mt.register_device("mydev")
+out["again"] = mt.register_device("mydev")
+try:
+    mt.register_device("npu")
+except RuntimeError as e:
+    out["second"] = str(e)
+try:
+    mt.use_allocator("npu")
+except (RuntimeError, ImportError) as e:
+    out["use_allocator"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["NPU"].startswith("ValueError") and "lowercase" in r["NPU"]
+    assert "torch.cuda already exists" in r["cuda"]
+    assert "torch.cpu already exists" in r["cpu"]
+    assert r["first"] == r["again"] == "mydev"
+    assert "already registered the device 'mydev'" in r["second"]
+    assert "register_device" in r["use_allocator"] or "torch_npu" in r["use_allocator"]
+
+
+def test_register_device_refuses_a_non_host_backed_runtime():
+    code = r"""
+import json
+import memsnap.memory as mm, memsnap.torch as mt
+mm.memory_allocated()          # the allocator now exists, not host-backed
+try:
+    mt.register_device("npu")
+except RuntimeError as e:
+    print("RESULT " + json.dumps(str(e)))
+"""
+    r = run_script(code).result
+    assert "host-backed sim runtime" in r and "without host backing" in r
+
+
+def test_exit_after_backward_is_clean():
+    """torch's autograd device threads may drop their last graph task at
+    interpreter shutdown (pytorch/pytorch#117762); memsnap drains them at
+    exit.  Several runs, each must exit 0 without 'terminate'."""
+    code = r"""
+import memsnap.torch as mt, torch, memsnap._shim as s
+mt.register_device("npu")
+w = torch.ones(64, device="npu", requires_grad=True)
+(w * w).sum().backward()
+assert s.torch_lib().msnap_torch_worker_threads() == 1
+"""
+    for _ in range(3):
+        p = run_script(code)
+        assert "terminate" not in p.stderr
+
+
+def test_cpu_operator_list_is_documented():
+    import memsnap._shim as s
+
+    ops = s.torch_lib().msnap_torch_cpu_operators().decode().split()
+    doc = open(os.path.join(ROOT, "docs", "python.md")).read()
+    missing = [op for op in ops if f"`{op.split('::')[1]}`" not in doc]
+    assert len(ops) > 50 and not missing, missing
+
+
+def test_claim_privateuse1_is_the_shared_naming_function():
+    """claim_privateuse1 (what register_device and other memsnap tools call)
+    names PrivateUse1 and registers torch.<name>, once."""
+    code = r"""
+import json, types
+import memsnap.torch as mt, torch
+mod = types.ModuleType("fake_device_module")
+out = {"first": mt.claim_privateuse1("fakedev", mod),
+       "again": mt.claim_privateuse1("fakedev"),
+       "module": torch.fakedev is mod,
+       "backend": torch._C._get_privateuse1_backend_name()}
+try:
+    mt.claim_privateuse1("otherdev")
+except RuntimeError as e:
+    out["other"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["first"] == r["again"] == "fakedev" == r["backend"] and r["module"]
+    assert "already registered as 'fakedev'" in r["other"]
