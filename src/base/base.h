@@ -234,6 +234,7 @@ typedef enum msnap_rank_e {
   MSNAP_RANK_RUNTIME,       /* runtime/sim.c: the sim context            */
   MSNAP_RANK_STACK_TABLE,   /* record/stack.c: intern table              */
   MSNAP_RANK_UNWIND,        /* record/stack.c: unwinder choice           */
+  MSNAP_RANK_UNWIND_CACHE,  /* record/unwind.c: CFI rule cache writers   */
   MSNAP_RANK_SYMBOLS,       /* record/stack.c: symbol cache              */
   MSNAP_RANK_CLOCK,         /* base/clock.c: calibration anchors         */
   MSNAP_RANK_ENV,           /* base/env.c: warned-once table             */

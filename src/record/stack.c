@@ -488,8 +488,9 @@ static pthread_mutex_t unwind_lock = PTHREAD_MUTEX_INITIALIZER;
 static int unwinder(void) {
   int m = atomic_load_explicit(&unwind_mode, memory_order_acquire);
   if (msnap_likely(m != 0)) return m;
-  /* Whether the CFI unwinder follows this stack (it takes its own lock,
-   * of the same rank: not under ours). */
+  /* Whether the CFI unwinder follows this stack (it may take its rule
+   * cache's lock, MSNAP_RANK_UNWIND_CACHE: before ours, which then
+   * guards the choice alone). */
   uintptr_t probe[4];
   bool cfi = msnap__unwind_cfi(probe, 4) > 0;
   msnap__mutex_lock(&unwind_lock, MSNAP_RANK_UNWIND);
@@ -979,14 +980,17 @@ const char *msnap__symbolizer_name(void) {
 
 /* unwind_lock, then sym_lock, then the stack table lock (innermost). */
 /* Fork safety (alloc/fork.c): rank order MSNAP_RANK_STACK_TABLE <
- * MSNAP_RANK_UNWIND < MSNAP_RANK_SYMBOLS; released in reverse. */
+ * MSNAP_RANK_UNWIND < MSNAP_RANK_UNWIND_CACHE (unwind.c's rule cache) <
+ * MSNAP_RANK_SYMBOLS; released in reverse. */
 void msnap__stack_atfork(int phase) {
   if (phase == MSNAP_FORK_PREPARE) {
     msnap__fork_mutex(&tab_lock, phase);
     msnap__fork_mutex(&unwind_lock, phase);
+    msnap__unwind_atfork(phase);
     msnap__fork_mutex(&sym_lock, phase);
   } else {
     msnap__fork_mutex(&sym_lock, phase);
+    msnap__unwind_atfork(phase);
     msnap__fork_mutex(&unwind_lock, phase);
     msnap__fork_mutex(&tab_lock, phase);
   }

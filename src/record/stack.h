@@ -84,6 +84,9 @@ void msnap__unwind_forget(void);
 size_t msnap__unwind_cached(void);
 /* Structure check of the unwind cache: 0 or MSNAP_ESTATE with msg. */
 int msnap__unwind_check(char *msg, size_t len);
+/* Fork safety: the rule cache's lock (msnap__stack_atfork calls it at its
+ * rank, MSNAP_RANK_UNWIND_CACHE). */
+void msnap__unwind_atfork(int phase);
 /* The C unwinder in use (MEMSNAP_UNWIND): "cfi" (default where
  * supported: x86_64, aarch64), "libunwind", "backtrace" (glibc) or "fp".
  * With "cfi", a stack it cannot follow is unwound by libunwind when
@@ -131,8 +134,8 @@ void msnap__symbolize(uintptr_t pc, msnap_csym_t *out);
 /* Whether libdw was found ("libdw" or "dladdr"). */
 const char *msnap__symbolizer_name(void);
 
-/* Fork safety: the stack table, unwinder and symbol locks (alloc/fork.c
- * calls it at their rank). */
+/* Fork safety: the stack table, unwinder choice, CFI rule cache and symbol
+ * locks (alloc/fork.c calls it at their rank). */
 void msnap__stack_atfork(int phase);
 
 #endif /* MSNAP_STACK_H */

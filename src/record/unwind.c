@@ -41,7 +41,10 @@
  *     change afterwards; readers load the pc with acquire.
  * Tables are only ever replaced by larger copies; retired tables are kept
  * (readers may still probe them) and freed never -- at most as much again
- * as the live table.  Writers hold unwind_lock (MSNAP_RANK_UNWIND).
+ * as the live table.  Writers hold rule_lock (MSNAP_RANK_UNWIND_CACHE, a
+ * leaf: nothing else is taken under it), which fork's prepare handler
+ * takes too (msnap__unwind_atfork), so that a child never inherits it
+ * held by a thread that was inserting a rule.
  */
 #define _GNU_SOURCE 1
 #include <link.h>
@@ -115,7 +118,7 @@ typedef struct utab_s {
 } utab_t;
 
 static _Atomic(utab_t *) utab;
-static pthread_mutex_t unwind_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t rule_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static inline uint32_t pc_hash(uintptr_t pc) {
   uint64_t h = (uint64_t)pc * 0x9e3779b97f4a7c15ull;
@@ -133,10 +136,10 @@ static inline uint64_t rule_find(const utab_t *t, uintptr_t pc) {
   }
 }
 
-/* Insert rule r (r->pc set) unless present.  Takes unwind_lock.  On
+/* Insert rule r (r->pc set) unless present.  Takes rule_lock.  On
  * ENOMEM nothing is cached (the next capture computes it again). */
 static void rule_insert(const urule_t *r) {
-  msnap__mutex_lock(&unwind_lock, MSNAP_RANK_UNWIND);
+  msnap__mutex_lock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
   utab_t *t = atomic_load_explicit(&utab, memory_order_relaxed);
   if (t == NULL || (t->used + 1) * 2 > t->cap) {
     uint32_t cap = t ? t->cap * 2 : 1024;
@@ -145,7 +148,7 @@ static void rule_insert(const urule_t *r) {
     if (n == NULL || v == NULL) {
       free(n);
       free(v);
-      msnap__mutex_unlock(&unwind_lock, MSNAP_RANK_UNWIND);
+      msnap__mutex_unlock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
       return;
     }
     n->v = v;
@@ -169,12 +172,12 @@ static void rule_insert(const urule_t *r) {
     __atomic_store_n(&s->pc, r->pc, __ATOMIC_RELEASE);
     t->used++;
   }
-  msnap__mutex_unlock(&unwind_lock, MSNAP_RANK_UNWIND);
+  msnap__mutex_unlock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
 }
 
 int msnap__unwind_check(char *msg, size_t len) {
   const char *bad = NULL;
-  msnap__mutex_lock(&unwind_lock, MSNAP_RANK_UNWIND);
+  msnap__mutex_lock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
   utab_t *t = atomic_load_explicit(&utab, memory_order_relaxed);
   if (t != NULL) {
     uint32_t used = 0, mask = t->cap - 1;
@@ -199,13 +202,15 @@ int msnap__unwind_check(char *msg, size_t len) {
     if (bad == NULL && used != t->used) bad = "used count is wrong";
     if (bad == NULL && used * 2 > t->cap) bad = "table more than half full";
   }
-  msnap__mutex_unlock(&unwind_lock, MSNAP_RANK_UNWIND);
+  msnap__mutex_unlock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
   if (bad) {
     if (msg && len) snprintf(msg, len, "unwind cache: %s", bad);
     return MSNAP_ESTATE;
   }
   return 0;
 }
+
+void msnap__unwind_atfork(int phase) { msnap__fork_mutex(&rule_lock, phase); }
 
 size_t msnap__unwind_cached(void) {
   utab_t *t = atomic_load_explicit(&utab, memory_order_acquire);

@@ -5,11 +5,15 @@
  * libunwind and glibc backtrace(): the same return addresses through
  * frames with and without frame pointers, alloca frames, deep recursion,
  * call paths that change between captures at the same stack depth (the
- * replay of the thread's last walk) and after forgetting it.
+ * replay of the thread's last walk) and after forgetting it; and that
+ * the fork handler (msnap__stack_atfork) holds the CFI rule cache's lock
+ * with the others until the parent's release.
  */
 #include <alloca.h>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -381,6 +386,42 @@ static void test_cfi_unwinder(void **state) {
   if (h != NULL) dlclose(h);
 }
 
+/* A thread that takes the rule cache's lock (msnap__unwind_check), the
+ * stack table's (msnap__stack_check) and the unwinder choice's
+ * (msnap__stack_set_unwinder), in turn. */
+static atomic_int fork_steps;
+static void *fork_locker(void *arg) {
+  (void)arg;
+  char msg[128];
+  if (msnap__unwind_check(msg, sizeof msg) != 0) return (void *)1;
+  atomic_store(&fork_steps, 1);
+  if (msnap__stack_check(msg, sizeof msg) != 0) return (void *)1;
+  atomic_store(&fork_steps, 2);
+  (void)msnap__stack_set_unwinder(msnap__stack_unwinder_name());
+  atomic_store(&fork_steps, 3);
+  return NULL;
+}
+
+static void test_fork_handler_holds_rule_lock(void **state) {
+  (void)state;
+  (void)msnap__stack_unwinder_name(); /* chosen before the handler runs */
+  uintptr_t probe[4];
+  (void)msnap__unwind_cfi(probe, 4);
+  msnap__stack_atfork(MSNAP_FORK_PREPARE);
+  atomic_store(&fork_steps, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, fork_locker, NULL), 0);
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  /* prepare holds every lock: the thread waits at the first one */
+  assert_int_equal(atomic_load(&fork_steps), 0);
+  msnap__stack_atfork(MSNAP_FORK_PARENT);
+  void *rc = (void *)1;
+  assert_int_equal(pthread_join(t, &rc), 0);
+  assert_null(rc);
+  assert_int_equal(atomic_load(&fork_steps), 3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_intern_dedup_and_free),
@@ -389,6 +430,7 @@ int main(void) {
       cmocka_unit_test(test_frame_hook),
       cmocka_unit_test(test_c_capture_and_symbols),
       cmocka_unit_test(test_cfi_unwinder),
+      cmocka_unit_test(test_fork_handler_holds_rule_lock),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
