@@ -358,6 +358,30 @@ class Bench:
             self.big = path
         return self.big
 
+    def check_big(self):
+        """The row saying whether the generated recording is consistent
+        (memsnap check exits 0), run once for rows 4 and 5."""
+        if getattr(self, 'checked', None) is None:
+            big = self.big_snapshot()
+            cli = self.memsnap_cli()
+            u0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            log('$ %s check %s' % (cli, big))
+            p = subprocess.run([cli, 'check', big], capture_output=True,
+                               text=True)
+            u1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime)
+            last = (p.stdout.strip().splitlines() or [''])[-1]
+            self.checked = dict(
+                name='the generated recording (%s, %s) is consistent: '
+                     'memsnap check' % (os.path.basename(big),
+                                        fmt_bytes(os.path.getsize(big))),
+                anchor='(validity of rows 4-5)',
+                value='exit %d: %s; %.1f s CPU' % (
+                    p.returncode, last.split(': ', 1)[-1][-120:], cpu),
+                ratio='', goal='exit 0', met=p.returncode == 0)
+            return self.checked
+        return None
+
     def row_reader(self):
         """The reader against a minimal C opcode walk over the same mmap
         (the physical floor), alternating runs, medians; and memsnap check
@@ -366,23 +390,15 @@ class Bench:
             raise Skip('--no-big')
         path = self.big_snapshot()
         size = os.path.getsize(path)
-        cli = self.memsnap_cli()
-        rows = []
-        _, ck_cpu, _, ck_out = timed_cpu([cli, 'check', path])
-        ok_line = ck_out.strip().splitlines()[-1] if ck_out.strip() else ''
-        rows.append(dict(
-            name='memsnap check on the generated recording (%s)'
-                 % fmt_bytes(size),
-            anchor='(it must be a consistent recording)',
-            value='exit 0: %s; %.1f s CPU' % (ok_line.split(': ', 1)[-1],
-                                              ck_cpu),
-            ratio='', goal='exit 0', met=True))
+        rows = [self.check_big()]
         walk, read = [], []
-        for _ in range(self.args.rounds):
-            w = results(run([self.prog('bench_read'), 'walk', path]))
-            r = results(run([self.prog('bench_read'), 'read', path]))
-            walk.append(w)
-            read.append(r)
+        prog = self.prog('bench_read')
+        for r in range(self.args.rounds):
+            # alternate, the order swapped every round
+            for mode in (('walk', 'read') if r % 2 == 0 else
+                         ('read', 'walk')):
+                got = results(run([prog, mode, path]))
+                (walk if mode == 'walk' else read).append(got)
         wc = median([w['cpu_s'] for w in walk])
         ww = median([w['wall_s'] for w in walk])
         rc = median([r['cpu_s'] for r in read])
@@ -390,7 +406,8 @@ class Bench:
         rss = median([r['rss_growth'] for r in read])
         rows.append(dict(
             name='reader (msnap__snap_read_file) on the generated recording '
-                 '(%s, %d entries)' % (fmt_bytes(size), read[0]['entries']),
+                 '(%s, %d entries), median of %d alternating rounds'
+                 % (fmt_bytes(size), read[0]['entries'], len(read)),
             anchor='C opcode walk over the same mmap: %.3f s CPU (%.2f GB/s), '
                    'wall %.3f s' % (wc, size / wc / 1e9, ww),
             value='%.3f s CPU (%.2f GB/s), wall %.3f s; peak RSS growth %s '
@@ -421,11 +438,13 @@ class Bench:
             big = size > (256 << 20)
             rounds = self.args.viz_rounds if big else self.args.rounds
             mine, theirs = [], []
-            for _ in range(rounds):
-                mine.append(timed_cpu([cli, 'summary', path]))
-                theirs.append(timed_cpu([self.py, '-m',
-                                         'torch.cuda._memory_viz', 'stats',
-                                         path], timeout=7200))
+            ours = [cli, 'summary', path]
+            viz = [self.py, '-m', 'torch.cuda._memory_viz', 'stats', path]
+            for r in range(rounds):
+                # alternate, the order swapped every round
+                for cmd in ((ours, viz) if r % 2 == 0 else (viz, ours)):
+                    got = timed_cpu(cmd, timeout=7200)
+                    (mine if cmd is ours else theirs).append(got)
             # /usr/bin/time counts CPU in 10 ms ticks
             mw, mc = median([m[0] for m in mine]), max(
                 median([m[1] for m in mine]), 0.01)
@@ -465,19 +484,11 @@ class Bench:
             rows.append(dict(name='replay, real input', skip=str(e)))
         if not self.args.no_big:
             big = self.big_snapshot()
-            # The generated recording must be consistent (check exits 0).
-            p = subprocess.run([cli, 'check', big], capture_output=True,
-                               text=True)
-            rows.append(dict(
-                name='generated snapshot (%s, %s) is a consistent '
-                     'recording: memsnap check' % (os.path.basename(big),
-                                                   fmt_bytes(
-                                                       os.path.getsize(big))),
-                anchor='(validity of rows 4-5)',
-                value='exit %d: %s' % (p.returncode,
-                                       (p.stdout.strip().splitlines()
-                                        or [''])[-1][-120:]),
-                ratio='', goal='exit 0', met=p.returncode == 0))
+            # The generated recording must be consistent (check exits 0):
+            # shown once, in row 4 when it ran.
+            row = self.check_big()
+            if row is not None:
+                rows.append(row)
             cands.append(('generated snapshot', big))
         prog = self.prog('bench_replay')
         for label, path in cands:
@@ -641,8 +652,9 @@ def main():
     load_end = os.getloadavg()[0] if hasattr(os, 'getloadavg') else -1
     header = ('Run on %s, on %s (`make bench`, %s).' % (
         when, machine(), 'release build, memsnap and its anchor '
-        'interleaved, medians of %d rounds, except row 4 (one run each; '
-        'the reader rows are being reworked)' % args.rounds))
+        'interleaved, medians of %d rounds (summary vs _memory_viz stats on '
+        'the ~1 GB file: %d)'
+        % (args.rounds, args.viz_rounds)))
     if load_start >= 0:
         header += (' Load average (1 min) %.1f at the start, %.1f at the '
                    'end, on %d cores: other jobs shared the machine.'
