@@ -106,11 +106,13 @@ test: test-c test-python
 MRUN       := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON)
 SAN_ENV    := ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1 \
               UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
-# Under TSan the recorder unwinds with glibc backtrace(): libunwind's
-# per-thread cache (uninstrumented) runs a TSD destructor at thread exit
-# that crashes TSan's runtime (SIGSEGV in __tsan::MutexPreLock).
-TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-              MEMSNAP_UNWIND=backtrace
+# Under TSan the threads suite runs twice: with glibc backtrace() and
+# with the recorder's own CFI unwinder (its rule cache is shared between
+# threads).  Never with libunwind: its per-thread cache (uninstrumented)
+# runs a TSD destructor at thread exit that crashes TSan's runtime
+# (SIGSEGV in __tsan::MutexPreLock).
+TSAN_OPTS  := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+TSAN_ENV   := $(TSAN_OPTS) MEMSNAP_UNWIND=backtrace
 # setup_dir DIR, OPTIONS: meson setup, again from scratch when OPTIONS
 # changed since the folder was made (kept in DIR/.setup-options).  Commas
 # in OPTIONS are written $(comma) (make's $(call) splits on commas).
@@ -143,6 +145,8 @@ test-threads: deps-quality venv
 	  -Db_lundef=false)
 	$(TSAN_ENV) $(MRUN) test -C build-tsan --print-errorlogs \
 	  --suite threads --timeout-multiplier 4
+	$(TSAN_OPTS) MEMSNAP_UNWIND=cfi $(MRUN) test -C build-tsan \
+	  --print-errorlogs --suite threads --timeout-multiplier 4
 	$(call setup_dir,build-stress,-Dpython=false -Dbuildtype=release)
 	MEMSNAP_STRESS_OPS=1000000 $(MRUN) test -C build-stress --print-errorlogs \
 	  --suite threads

@@ -1,7 +1,8 @@
 /*
  * bench_common.h -- helpers shared by the bench/ programs (header-only,
  * static functions): a monotonic nanosecond clock, the request-size list
- * (bench/sizes.py writes it), RSS, and the one output format the runner
+ * (bench/sizes.py writes it), RSS, thread CPU time, medians, and the one
+ * output format the runner
  * (bench/run.py) parses:  "RESULT key=value" lines, one figure each.
  * Benchmarks print figures; they never assert on time.
  */
@@ -19,6 +20,27 @@ static inline uint64_t bench_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* CPU time of the calling thread in ns: on a machine shared with other
+ * jobs it leaves out the time the thread waited for a core, which wall
+ * time does not (the runner interleaves rounds and quotes medians). */
+static inline uint64_t bench_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v). */
+static inline double bench_median(double *v, int n) {
+  if (n <= 0) return 0;
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* Keep the compiler from dropping a value or a pointer. */

@@ -6,8 +6,10 @@
  *
  * Each allocator first serves one warm-up pass over the sizes (so that
  * memsnap's cache holds a block of every size class, as in a training
- * step after the first), then `rounds` timed passes of pairs; the best
- * round counts (least disturbed by the other users of the machine).
+ * step after the first).  Then `rounds` rounds, each timing one pass of
+ * every allocator in turn (memsnap, glibc, mimalloc, rotating which goes
+ * first), so that a busy machine disturbs them alike; the figure of an
+ * allocator is the median of its rounds, in thread CPU time per pair.
  * Two mixes are timed: the whole size list, and its requests of at most
  * 1 MiB (PyTorch's small pool; there glibc and mimalloc serve from their
  * own caches, while larger requests make them call mmap/munmap).
@@ -26,30 +28,30 @@ typedef struct pairs_s {
 } pairs_t;
 
 static double time_glibc(const pairs_t *p) {
-  uint64_t t0 = bench_now_ns();
+  uint64_t t0 = bench_cpu_ns();
   for (size_t i = 0; i < p->n; i++) {
     void *q = malloc(p->sizes[i]);
     bench_escape(q);
     free(q);
   }
-  return (double)(bench_now_ns() - t0) / (double)p->n;
+  return (double)(bench_cpu_ns() - t0) / (double)p->n;
 }
 
 static double time_mimalloc(const pairs_t *p) {
-  uint64_t t0 = bench_now_ns();
+  uint64_t t0 = bench_cpu_ns();
   for (size_t i = 0; i < p->n; i++) {
     void *q = mi_malloc(p->sizes[i]);
     bench_escape(q);
     mi_free(q);
   }
-  return (double)(bench_now_ns() - t0) / (double)p->n;
+  return (double)(bench_cpu_ns() - t0) / (double)p->n;
 }
 
 static msnap_allocator_t *g_alloc;
 
 static double time_memsnap(const pairs_t *p) {
   msnap_allocator_t *a = g_alloc;
-  uint64_t t0 = bench_now_ns();
+  uint64_t t0 = bench_cpu_ns();
   for (size_t i = 0; i < p->n; i++) {
     uint64_t q = 0;
     if (msnap_malloc(a, 0, p->sizes[i], 0, &q) != 0) {
@@ -60,19 +62,24 @@ static double time_memsnap(const pairs_t *p) {
     bench_escape(&q);
     msnap_free(a, q);
   }
-  return (double)(bench_now_ns() - t0) / (double)p->n;
+  return (double)(bench_cpu_ns() - t0) / (double)p->n;
 }
 
-static double best_of(double (*fn)(const pairs_t *), const pairs_t *p,
-                      int rounds) {
-  fn(p); /* warm-up pass */
-  double best = 1e300;
-  for (int r = 0; r < rounds; r++) {
-    double ns = fn(p);
-    if (ns < best)
-      best = ns;
-  }
-  return best;
+#define MAX_ROUNDS 64
+
+/* Medians of the three allocators over interleaved rounds (out: memsnap,
+ * glibc, mimalloc). */
+static void interleaved(const pairs_t *p, int rounds, double out[3]) {
+  double (*fn[3])(const pairs_t *) = {time_memsnap, time_glibc,
+                                      time_mimalloc};
+  double v[3][MAX_ROUNDS];
+  for (int k = 0; k < 3; k++) fn[k](p); /* warm-up passes */
+  for (int r = 0; r < rounds; r++)
+    for (int j = 0; j < 3; j++) {
+      int k = (r + j) % 3; /* each goes first in turn */
+      v[k][r] = fn[k](p);
+    }
+  for (int k = 0; k < 3; k++) out[k] = bench_median(v[k], rounds);
 }
 
 int main(int argc, char **argv) {
@@ -82,7 +89,8 @@ int main(int argc, char **argv) {
   }
   size_t n = 0;
   size_t *all = bench_read_sizes(argv[1], &n);
-  int rounds = argc > 2 ? atoi(argv[2]) : 5;
+  int rounds = argc > 2 ? atoi(argv[2]) : 7;
+  if (rounds < 1 || rounds > MAX_ROUNDS) rounds = 7;
   size_t *small = malloc(n * sizeof *small);
   size_t nsmall = 0;
   for (size_t i = 0; i < n; i++)
@@ -117,15 +125,17 @@ int main(int argc, char **argv) {
   BENCH_RESULT("sizes", "%zu", n);
   BENCH_RESULT("sizes_small", "%zu", nsmall);
   BENCH_RESULT("pairs_per_round", "%zu", total);
-  BENCH_RESULT("memsnap_ns", "%.2f", best_of(time_memsnap, &p, rounds));
-  BENCH_RESULT("glibc_ns", "%.2f", best_of(time_glibc, &p, rounds));
-  BENCH_RESULT("mimalloc_ns", "%.2f", best_of(time_mimalloc, &p, rounds));
+  BENCH_RESULT("rounds", "%d", rounds);
+  double m[3];
+  interleaved(&p, rounds, m);
+  BENCH_RESULT("memsnap_ns", "%.2f", m[0]);
+  BENCH_RESULT("glibc_ns", "%.2f", m[1]);
+  BENCH_RESULT("mimalloc_ns", "%.2f", m[2]);
   if (nsmall > 0) {
-    BENCH_RESULT("small_memsnap_ns", "%.2f",
-                 best_of(time_memsnap, &ps, rounds));
-    BENCH_RESULT("small_glibc_ns", "%.2f", best_of(time_glibc, &ps, rounds));
-    BENCH_RESULT("small_mimalloc_ns", "%.2f",
-                 best_of(time_mimalloc, &ps, rounds));
+    interleaved(&ps, rounds, m);
+    BENCH_RESULT("small_memsnap_ns", "%.2f", m[0]);
+    BENCH_RESULT("small_glibc_ns", "%.2f", m[1]);
+    BENCH_RESULT("small_mimalloc_ns", "%.2f", m[2]);
   }
   msnap_allocator_destroy(g_alloc);
   free(seq);

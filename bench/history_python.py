@@ -1,31 +1,42 @@
 #!/usr/bin/env python3
-"""Bench row 2 (Python side): history overhead seen from Python.
+"""Bench row 2 (Python side): history overhead seen from Python, and the
+anchor: torch's own stack capture in the same process.
 
-Drives the memsnap package the way a PyTorch user's code does: alloc+free
-pairs of cached sizes made from a call stack DEPTH Python frames deep, with
-history off, then with python stacks, then with 'all' (python + C).  Uses
-memsnap.memory.caching_allocator_alloc / caching_allocator_delete (as
-torch.cuda.memory) on the sim runtime.  Prints RESULT lines: ns per pair.
+memsnap: alloc+free pairs of cached sizes through memsnap.memory
+(caching_allocator_alloc / caching_allocator_delete, as torch.cuda.memory)
+on the sim runtime, with history off, with python stacks, with 'all'
+(python + C).  The added cost of a mode is its time per pair minus the
+time with history off.
+
+Anchor: what torch pays for the same stacks.  With
+_record_memory_history(context='all'), PyTorch's caching allocator gathers
+a traceback at the malloc and at the free of every pair
+(CUDACachingAllocator.cpp: maybeGatherContext); on the CPU the same
+capture is torch._C._profiler.gather_traceback(python=True, script=False,
+cpp=False): two calls per pair, minus the cost of two empty calls.
+
+Two shapes of the caller's stack, DEPTH Python frames deep:
+  steady  every pair made from the same frames (a loop at one depth);
+  fresh   every pair at the bottom of a new call chain (as allocation
+          sites are reached in a training step: frames are new each time;
+          torch's capture then has to create their frame objects).
+
+Rounds interleave every mode (each round runs each mode once, in turn),
+and the figure of a mode is the median over the rounds of its thread CPU
+time per pair: on a machine shared with other jobs, time spent waiting
+for a core is not charged to either side.  Prints RESULT lines.
 """
 import os
+import statistics
 import sys
 import time
 
 DEPTH = 20
-PAIRS = 50000
+PAIRS = 30000
+FRESH_PAIRS = 8000
 ROUNDS = 7
 SIZES = [512, 4096, 65536, 1 << 20, 3 << 20]
-
-
-def pairs(mem, n):
-    alloc, delete = mem.caching_allocator_alloc, mem.caching_allocator_delete
-    sizes = SIZES
-    k = len(sizes)
-    t0 = time.perf_counter_ns()
-    for i in range(n):
-        p = alloc(sizes[i % k])
-        delete(p)
-    return (time.perf_counter_ns() - t0) / n
+clock = time.thread_time_ns
 
 
 def deep(depth, fn, *args):
@@ -44,30 +55,6 @@ def frames_recorded(mem):
     return 0
 
 
-def modes(mem):
-    """Best ns per pair of each history mode, rounds interleaved so that a
-    busy machine disturbs every mode alike."""
-    settings = {
-        'off': None,
-        'python': dict(context='all', stacks='python'),
-        'all': dict(context='all', stacks='all'),
-    }
-    best = {}
-    frames = {}
-    for _ in range(ROUNDS):
-        for name, kw in settings.items():
-            mem._record_memory_history(None)
-            if kw is not None:
-                mem._record_memory_history('all', max_entries=1000000, **kw)
-            deep(DEPTH, pairs, mem, 2000)  # warm the cache
-            ns = deep(DEPTH, pairs, mem, PAIRS)
-            best[name] = min(best.get(name, ns), ns)
-            if kw is not None and name not in frames:
-                frames[name] = frames_recorded(mem)
-    mem._record_memory_history(None)
-    return best, frames
-
-
 def main():
     os.environ.setdefault('MEMSNAP_RUNTIME', 'sim')
     try:
@@ -76,18 +63,99 @@ def main():
         print('history_python: memsnap package not importable: %s' % e,
               file=sys.stderr)
         sys.exit(1)
-    for name in ('caching_allocator_alloc', 'caching_allocator_delete',
-                 '_record_memory_history'):
-        if not hasattr(mem, name):
-            print('history_python: memsnap.memory.%s missing' % name,
-                  file=sys.stderr)
-            sys.exit(1)
-    best, frames = modes(mem)
+    try:
+        from torch._C._profiler import gather_traceback
+    except ImportError:
+        gather_traceback = None
+    alloc, delete = mem.caching_allocator_alloc, mem.caching_allocator_delete
+
+    # steady: a loop at one depth
+    def pairs(n):
+        k = len(SIZES)
+        t0 = clock()
+        for i in range(n):
+            p = alloc(SIZES[i % k])
+            delete(p)
+        return (clock() - t0) / n
+
+    def torch_pairs(n):
+        g = gather_traceback
+        t0 = clock()
+        for _ in range(n):
+            g(True, False, False)
+            g(True, False, False)
+        return (clock() - t0) / n
+
+    def two_calls(n):  # what two calls cost without a capture
+        f, x = len, ()
+        t0 = clock()
+        for _ in range(n):
+            f(x)
+            f(x)
+        return (clock() - t0) / n
+
+    # fresh: a new DEPTH-deep chain for every pair
+    def chain(k, fn):
+        if k == 0:
+            return fn()
+        return chain(k - 1, fn)
+
+    def one_pair():
+        p = alloc(4096)
+        delete(p)
+
+    def one_torch():
+        gather_traceback(True, False, False)
+        gather_traceback(True, False, False)
+
+    def one_nothing():
+        len(())
+        len(())
+
+    def fresh(fn):
+        def run(n):
+            t0 = clock()
+            for _ in range(n):
+                chain(DEPTH, fn)
+            return (clock() - t0) / n
+        return run
+
+    history = {'off': None, 'python': 'python', 'all': 'all'}
+    modes = [
+        ('off', 'off', lambda n: deep(DEPTH, pairs, n), PAIRS),
+        ('python', 'python', lambda n: deep(DEPTH, pairs, n), PAIRS),
+        ('all', 'all', lambda n: deep(DEPTH, pairs, n), PAIRS),
+        ('fresh_off', 'off', fresh(one_pair), FRESH_PAIRS),
+        ('fresh_python', 'python', fresh(one_pair), FRESH_PAIRS),
+    ]
+    if gather_traceback is not None:
+        modes += [
+            ('torch', 'off', lambda n: deep(DEPTH, torch_pairs, n), PAIRS),
+            ('calls', 'off', lambda n: deep(DEPTH, two_calls, n), PAIRS),
+            ('fresh_torch', 'off', fresh(one_torch), FRESH_PAIRS),
+            ('fresh_calls', 'off', fresh(one_nothing), FRESH_PAIRS),
+        ]
+    res = {name: [] for name, _, _, _ in modes}
+    frames = {}
+    for r in range(ROUNDS):
+        for j in range(len(modes)):
+            name, hist, fn, n = modes[(r + j) % len(modes)]
+            mem._record_memory_history(None)
+            if history[hist] is not None:
+                mem._record_memory_history('all', stacks=history[hist],
+                                           max_entries=1000000)
+            fn(1000)  # warm: stacks interned, caches filled
+            res[name].append(fn(n))
+            if history[hist] is not None and hist not in frames:
+                frames[hist] = frames_recorded(mem)
+    mem._record_memory_history(None)
     print('RESULT depth=%d' % (DEPTH + 3))
+    print('RESULT rounds=%d' % ROUNDS)
     print('RESULT python_frames=%d' % frames.get('python', 0))
     print('RESULT all_frames=%d' % frames.get('all', 0))
-    for name in ('off', 'python', 'all'):
-        print('RESULT %s_ns=%.2f' % (name, best[name]))
+    for name in res:
+        print('RESULT %s_ns=%.2f' % (name, statistics.median(res[name])))
+
 
 if __name__ == '__main__':
     main()

@@ -152,6 +152,15 @@ static void mismatch(replay_t *r, dev_replay_t *d, const char *fmt, ...) {
     d->nkept++;
 }
 
+/* Bytes the device holds from the runtime (segments, mapped pages): what
+ * an allocation adds to it is the segment it created.  mem_get_info is a
+ * runtime query, far cheaper per event than a full msnap_stats_get. */
+static uint64_t runtime_used(replay_t *r, int dev) {
+  size_t free_b = 0, total_b = 0;
+  if (msnap_mem_get_info(r->a, dev, &free_b, &total_b) != 0) return 0;
+  return (uint64_t)(total_b - free_b);
+}
+
 static int get_stats(replay_t *r, int dev, msnap_stats_t *st) {
   memset(st, 0, sizeof *st);
   st->size = sizeof *st;
@@ -509,14 +518,16 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
              "MemPool), which the trace does not describe");
     return;
   }
-  long v = cli_backward(s, dev, NULL, NULL, NULL);
+  long v = cli_backward(s, dev, NULL, NULL, &d->start);
   if (v != 0) {
+    cli_state_free(&d->start);
     snprintf(d->reason, sizeof d->reason,
              "the trace is inconsistent with the final state (%ld "
              "violations; see memsnap check)",
              v);
     return;
   }
+  d->have_start = true; /* replay_device starts from it */
   d->replayable = true;
 }
 
@@ -560,8 +571,13 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   int dev = (int)d->device;
   cli_state_t st;
   amap_t map = {0};
-  if (cli_backward(s, d->device, NULL, NULL, &st) < 0)
+  if (d->have_start) { /* from the replayability check */
+    st = d->start;
+    memset(&d->start, 0, sizeof d->start);
+    d->have_start = false;
+  } else if (cli_backward(s, d->device, NULL, NULL, &st) < 0) {
     return -1;
+  }
   recorded_figures(s, d, &st);
   d->initial_segments = st.ng;
   d->initial_blocks = st.nb;
@@ -630,18 +646,15 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       seg_entry = i;
       break;
     case MSNAP_ACTION_ALLOC: {
-      msnap_stats_t a0, a1;
-      get_stats(r, dev, &a0);
+      uint64_t used0 = runtime_used(r, dev);
       if (seg_pending && r->exact)
         msnap_sim_set_next_address(r->ctx, dev, seg_addr);
       uint64_t p = 0;
       int rc = msnap_malloc(r->a, dev, e->size,
                             (uint64_t)msnap__tattr(s, e)->stream, &p);
-      get_stats(r, dev, &a1);
       /* A new segment (or, with expandable segments, newly mapped
-       * pages) is seen as growth of reserved memory. */
-      int64_t grew = a1.reserved_bytes[MSNAP_STAT_ALL].current -
-                     a0.reserved_bytes[MSNAP_STAT_ALL].current;
+       * pages) is seen as growth of the memory held from the runtime. */
+      int64_t grew = (int64_t)(runtime_used(r, dev) - used0);
       int64_t made = grew > 0;
       d->segment_allocs += grew > 0;
       if (rc != 0) {
@@ -1145,9 +1158,11 @@ void replay_totals(const replay_t *r, replay_totals_t *t) {
 void replay_free(replay_t *r) {
   if (r->a)
     msnap_allocator_destroy(r->a);
-  for (uint32_t k = 0; r->dr && k < r->nd; k++)
+  for (uint32_t k = 0; r->dr && k < r->nd; k++) {
     for (uint32_t i = 0; i < r->dr[k].nkept; i++)
       free(r->dr[k].mismatches[i]);
+    cli_state_free(&r->dr[k].start);
+  }
   free(r->dr);
   free(r->devs);
   memset(r, 0, sizeof *r);

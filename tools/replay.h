@@ -36,6 +36,10 @@ typedef struct dev_replay_s {
   uint64_t rec_peak_reserved, rec_final_reserved;
   uint64_t rec_inactive_split; /* inactive blocks of split segments */
   uint64_t entries;
+  /* The state at the first entry, from the replayability check's
+   * backward replay (cli_backward), kept for the replay itself. */
+  cli_state_t start;
+  bool have_start;
 } dev_replay_t;
 
 /* Bytes per simulated device unless --device-memory says otherwise: more

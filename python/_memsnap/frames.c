@@ -276,8 +276,7 @@ static inline frame_entry_t *entry_cached(PyCodeObject *co) {
 /* 3.11-3.13: the same frames as walk_public (incomplete and C-stack
  * frames skipped, as PyEval_GetFrame/PyFrame_GetBack skip them), and the
  * same lasti as PyFrame_GetLasti, without frame objects. */
-static int walk(uintptr_t (*frames)[2], int max) {
-  PyThreadState *ts = PyThreadState_Get();
+static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
   _PyInterpreterFrame *f = CURRENT_FRAME(ts);
   int n = 0;
   for (; f != NULL && n < max; f = f->previous) {
@@ -300,12 +299,46 @@ static int walk(uintptr_t (*frames)[2], int max) {
   }
   return n;
 }
+
+static int walk(uintptr_t (*frames)[2], int max) {
+  return walk_ts(PyThreadState_Get(), frames, max);
+}
+
+/* The thread state of the thread holding the GIL (NULL when none holds
+ * it), read without checks. */
+#if PY_VERSION_HEX >= 0x030D0000
+#define GIL_HOLDER_TSTATE() PyThreadState_GetUnchecked()
+#else
+#define GIL_HOLDER_TSTATE() _PyThreadState_UncheckedGet()
+#endif
+
+/* The calling thread's state when it holds the GIL, else NULL: the GIL
+ * holder's state, if it is this thread's (its thread_id is this thread's
+ * pthread id).  Cheaper than PyGILState_Check + PyThreadState_Get, which
+ * look the thread up in thread-specific storage.  A thread that released
+ * the GIL is no holder (releasing swaps the current state to NULL). */
+static inline PyThreadState *gil_held_tstate(void) {
+#ifdef Py_GIL_DISABLED
+  return NULL; /* no GIL: take the checked path */
+#else
+  PyThreadState *ts = GIL_HOLDER_TSTATE();
+  if (ts != NULL && ts->thread_id == PyThread_get_thread_ident())
+    return ts;
+  return NULL;
+#endif
+}
 #else
 #define walk walk_public
 #endif
 
 static int hook_capture(void *ctx, uintptr_t (*frames)[2], int max) {
   (void)ctx;
+#ifdef MSNAP_PY_FAST_FRAMES
+  /* The common case: an allocation made from Python, GIL held. */
+  PyThreadState *held = gil_held_tstate();
+  if (held != NULL && max > 0 && extra_index >= 0)
+    return walk_ts(held, frames, max);
+#endif
   if (max <= 0 || !Py_IsInitialized() || extra_index < 0)
     return 0;
   if (PyGILState_Check())

@@ -88,8 +88,8 @@ void msnap__history_record_locked(msnap_allocator_t *a, int device,
 /* Copy device's ring (record/ring.c, msnap__ring_copy) with its overflow
  * count and capacity.  Caller holds the device lock. */
 int msnap__history_copy_locked(msnap_allocator_t *a, int device,
-                               msnap_hcopy_t **out, size_t *n,
-                               uint64_t *dropped, uint64_t *capacity);
+                               msnap_hcopy_t *out, uint64_t *dropped,
+                               uint64_t *capacity);
 /* The ring capacity last set by msnap_record_history (0: never called). */
 uint64_t msnap__history_max_entries(msnap_allocator_t *a);
 /* True when pinned host history is on. */

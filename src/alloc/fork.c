@@ -13,8 +13,8 @@
  *   another memsnap lock held), device locks (allocator by allocator,
  *   device 0..n-1), the host creation lock, host locks, workspace locks,
  *   raw-allocation locks, OOM observer locks, annotation ring locks, sim
- *   runtime contexts, the stack table / unwinder / symbol locks, the
- *   clock lock, the environment warn-once lock.
+ *   runtime contexts, the stack table / unwinder choice / CFI rule cache /
+ *   symbol locks, the clock lock, the environment warn-once lock.
  *
  * Every other thread takes locks in increasing rank and never holds two
  * allocators' locks at once, so a prepare handler that waits for a lock

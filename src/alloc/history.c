@@ -46,11 +46,11 @@ void msnap__history_record_locked(msnap_allocator_t *a, int device,
 }
 
 int msnap__history_copy_locked(msnap_allocator_t *a, int device,
-                               msnap_hcopy_t **out, size_t *n,
-                               uint64_t *dropped, uint64_t *capacity) {
+                               msnap_hcopy_t *out, uint64_t *dropped,
+                               uint64_t *capacity) {
   msnap_device_t *d = &a->devices[device];
   MSNAP_ASSERT_DEVICE_LOCKED(d);
-  int rc = msnap__ring_copy(&d->ring, out, n);
+  int rc = msnap__ring_copy(&d->ring, out);
   if (rc != 0) return rc;
   *dropped = d->ring.dropped;
   *capacity = d->ring.capacity;
@@ -207,9 +207,8 @@ int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
   if (!msnap__history_active(a)) return 0;
   msnap_rctx_t ctx;
   msnap__rctx_capture(&a->hist, &ctx, false);
-  msnap__stack_unref(ctx.user_metadata);
-  ctx.user_metadata =
-      metadata ? msnap__str_intern(metadata, strlen(metadata)) : 0;
+  msnap__rctx_set_metadata(
+      &ctx, metadata ? msnap__str_intern(metadata, strlen(metadata)) : 0);
   msnap__device_lock(a, device);
   msnap__history_record_locked(a, device, MSNAP_ACTION_ANNOTATE, ptr, req,
                                stream, pool, &ctx, 0);

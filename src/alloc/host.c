@@ -183,9 +183,9 @@ msnap_ring_t *msnap__host_ring_locked(msnap_allocator_t *a) {
   return &a->host->ring;
 }
 
-int msnap__host_ring_copy_locked(msnap_allocator_t *a, msnap_hcopy_t **out,
-                                 size_t *n, uint64_t *dropped) {
-  int rc = msnap__ring_copy(&a->host->ring, out, n);
+int msnap__host_ring_copy_locked(msnap_allocator_t *a, msnap_hcopy_t *out,
+                                 uint64_t *dropped) {
+  int rc = msnap__ring_copy(&a->host->ring, out);
   if (rc == 0) *dropped = a->host->ring.dropped;
   return rc;
 }

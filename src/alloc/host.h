@@ -21,8 +21,8 @@ void msnap__host_unlock(msnap_allocator_t *a);
 msnap_ring_t *msnap__host_ring_locked(msnap_allocator_t *a);
 /* Copy the host ring (msnap__ring_copy) and its overflow count; caller
  * holds the host lock. */
-int msnap__host_ring_copy_locked(msnap_allocator_t *a, msnap_hcopy_t **out,
-                                 size_t *n, uint64_t *dropped);
+int msnap__host_ring_copy_locked(msnap_allocator_t *a, msnap_hcopy_t *out,
+                                 uint64_t *dropped);
 /* Fill s->host_segments / s->host_blocks (cuda-reference §2.8: one
  * segment per block, device -1).  Frames fields hold raw stack ids with
  * one reference each (the api layer converts them).  Caller holds the

@@ -8,6 +8,7 @@
 #define MSNAP_API_H
 
 #include "alloc/allocator.h"
+#include "base/map16.h"
 #include "base/sink.h"
 #include "model/snapshot.h"
 
@@ -17,10 +18,32 @@
 int msnap__snapshot_take(msnap_allocator_t *a,
                          const msnap_snapshot_options_t *o,
                          msnap_snap_t **out);
-/* Replace raw stack ids in every frames field of s by model stacks
- * (resolving Python frames and C symbols once per unique address), and
- * drop the references taken during collection. */
-int msnap__snap_import_stacks(msnap_snap_t *s);
+
+/* ---- traceback.c --------------------------------------------------------- */
+/* A stack import into model s: recorded stacks (raw ids of record/stack.c)
+ * become model stacks, each unique stack, C address and interpreter frame
+ * resolved once (caches by raw id, pc and (code, instruction)). */
+typedef struct msnap_import_s {
+  msnap_snap_t *s;
+  msnap_map16_t stacks;   /* raw stack id -> model stack id */
+  msnap_map16_t cframes;  /* pc -> model frame id          */
+  msnap_map16_t pyframes; /* (code, instr) -> model frame  */
+  int err;                /* first error (MSNAP_ENOMEM)    */
+} msnap_import_t;
+void msnap__import_init(msnap_import_t *im, msnap_snap_t *s);
+/* The model stack of raw stack id `raw` (held by the caller; no reference
+ * is taken or dropped): MSNAP_STACK_ABSENT for 0, MSNAP_STACK_EMPTY for a
+ * dead id or on error (recorded in im->err). */
+msnap_stack_t msnap__import_stack(msnap_import_t *im, uint32_t raw);
+/* Free the caches; returns im->err. */
+int msnap__import_done(msnap_import_t *im);
+/* Replace the raw stack ids that segments, blocks, host segments and host
+ * blocks of s hold (one reference each) by model stacks, and drop those
+ * references; and likewise for trace entries whose frames still hold a
+ * raw id when raw_traces (live snapshots give trace entries model stacks
+ * as they build them, snapshot.c).  im NULL: a private import. */
+int msnap__snap_import_stacks(msnap_snap_t *s, msnap_import_t *im,
+                              bool raw_traces);
 
 /* ---- process.c ----------------------------------------------------------- */
 /* The process's place in a distributed job (see process.c). */

@@ -290,8 +290,7 @@ static bool pool_is_default(msnap_mempool_id_t p) {
 }
 
 typedef struct dev_copy_s {
-  msnap_hcopy_t *v;
-  size_t n;
+  msnap_hcopy_t c; /* the ring copy: packed entries + their contexts */
   msnap_ws_info_t *ws;
   size_t nws;
 } dev_copy_t;
@@ -372,14 +371,49 @@ static int add_ws_segments(msnap_snap_t *s, int device,
   return t->ws_segments.err;
 }
 
+/* What one entry context of a ring copy becomes in the model, computed
+ * once per context (a recording has a handful), not per entry: its
+ * model stack and the attribute sets (msnap_tattr_t) of its entries --
+ * one per (oom entry, mallocWithAddress) pair, interned on first use. */
+#define ATTR_UNSET UINT32_MAX
+typedef struct ctx_model_s {
+  msnap_stack_t frames;
+  msnap_tattr_t base; /* keys without ADDRESS / DEVICE_FREE / INTERNAL_META */
+  uint32_t attr[2][2]; /* [oom][internal_meta]: ATTR_UNSET until used */
+  uint8_t keep;        /* passes the pool filter */
+} ctx_model_t;
+
+static uint32_t ctx_attr(msnap_snap_t *s, ctx_model_t *m, bool oom,
+                         bool imeta, msnap_str_t *malloc_with_addr) {
+  uint32_t *slot = &m->attr[oom][imeta];
+  if (*slot != ATTR_UNSET) return *slot;
+  msnap_tattr_t a = m->base;
+  a.keys |= oom ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
+  if (imeta) {
+    if (*malloc_with_addr == 0)
+      *malloc_with_addr = msnap__snap_intern(s, "mallocWithAddress", 17);
+    if (*malloc_with_addr == 0) return UINT32_MAX;
+    a.internal_metadata = *malloc_with_addr;
+    a.keys |= MSNAP_K_INTERNAL_META;
+  }
+  return *slot = msnap__snap_tattr(s, &a); /* UINT32_MAX on error */
+}
+
 /* Convert one device's copied entries (synthetic workspace entries first)
- * into model trace entries; stack fields keep raw ids for the import. */
+ * into model trace entries, stacks imported through im. */
 static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
                               dev_copy_t *dc, msnap_mempool_id_t pool,
                               msnap_map16_t *strs, msnap_str_t na,
-                              bool ws_entries, bool npu_view) {
+                              msnap_import_t *im, bool ws_entries,
+                              bool npu_view) {
   int err = 0;
   int64_t prev = INT64_MIN;
+  const msnap_hcopy_t *c = &dc->c;
+  uint64_t nsyn_total = 0;
+  for (size_t i = 0; ws_entries && i < dc->nws; i++)
+    nsyn_total += dc->ws[i].allocated || npu_view ? 3 : 2;
+  if (msnap__snap_reserve_traces(s, l, nsyn_total + c->n) != 0)
+    return MSNAP_ENOMEM;
   /* Synthetic workspace entries are stamped with the earliest of the
    * buffers' creation times and the first recorded entry, so that times
    * stay non-decreasing. */
@@ -387,7 +421,7 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
     uint64_t t0 = dc->ws[0].raw_created;
     for (size_t i = 1; i < dc->nws; i++)
       if (dc->ws[i].raw_created < t0) t0 = dc->ws[i].raw_created;
-    if (dc->n > 0 && dc->v[0].e.raw_time < t0) t0 = dc->v[0].e.raw_time;
+    if (c->n > 0 && c->slots[0].raw_time < t0) t0 = c->slots[0].raw_time;
     int64_t tus = msnap__clock_to_us(t0);
     for (size_t i = 0; i < dc->nws && !err; i++) {
       const msnap_ws_info_t *w = &dc->ws[i];
@@ -409,46 +443,61 @@ static int build_device_trace(msnap_snap_t *s, msnap_trace_list_t *l,
         t->size = acts[k] == MSNAP_ACTION_ALLOC && !npu_view ? w->requested
                                                               : w->size;
         t->time_us = tus;
-        t->frames = 0;
+        t->frames = MSNAP_STACK_ABSENT;
         int rc = msnap__snap_trace_set_attr(s, t, &a);
         if (rc < 0) err = rc;
       }
     }
     prev = tus;
   }
-  for (size_t i = 0; i < dc->n && !err; i++) {
-    const msnap_hcopy_t *c = &dc->v[i];
-    if (!pool_is_default(pool) &&
-        (c->pool.first != pool.first || c->pool.second != pool.second))
-      continue;
-    msnap_strace_t *t = add_trace(s, l, &err);
-    if (t == NULL) break;
-    t->action = c->e.action;
-    t->addr = c->e.addr;
-    t->size = c->e.size;
-    int64_t tus = msnap__clock_to_us(c->e.raw_time);
+  if (c->n == 0 || err) return err;
+  ctx_model_t *cm = calloc(c->nctx, sizeof *cm);
+  if (cm == NULL) return MSNAP_ENOMEM;
+  for (uint32_t k = 0; k < c->nctx; k++) {
+    const msnap_hcopy_ctx_t *x = &c->ctx[k];
+    ctx_model_t *m = &cm[k];
+    m->keep = pool_is_default(pool) || (x->pool.first == pool.first &&
+                                        x->pool.second == pool.second);
+    if (!m->keep) continue;
+    memset(m->attr, 0xff, sizeof m->attr);
+    m->frames = msnap__import_stack(im, x->stack);
+    m->base.stream = (int64_t)x->stream;
+    m->base.pool_id = x->pool;
+    m->base.compile_context =
+        model_str(s, strs, x->compile_context, na, &err);
+    m->base.user_metadata =
+        model_str(s, strs, x->user_metadata, MSNAP_STR_EMPTY, &err);
+    m->base.keys = (uint16_t)(TRACE_KEYS | (m->frames != MSNAP_STACK_ABSENT
+                                                ? MSNAP_K_FRAMES
+                                                : 0));
+  }
+  msnap_str_t malloc_with_addr = 0;
+  msnap_clock_map_t clk; /* one clock lock for the whole trace */
+  msnap__clock_map(&clk);
+  for (uint64_t i = 0; i < c->n && !err; i++) {
+    msnap_hentry_t e;
+    msnap__hcopy_get(c, i, &e);
+    ctx_model_t *m = &cm[c->slots[i].ctx];
+    if (!m->keep) continue;
+    uint32_t attr = ctx_attr(s, m, e.action == MSNAP_ACTION_OOM,
+                             e.internal_meta == 1, &malloc_with_addr);
+    if (attr == UINT32_MAX) {
+      err = s->ntattrs >= MSNAP_TATTR_MAX ? MSNAP_ELIMIT : MSNAP_ENOMEM;
+      break;
+    }
+    int64_t tus = msnap__clock_map_us(&clk, e.raw_time);
     if (tus < prev) tus = prev;
     prev = tus;
-    t->time_us = tus;
-    t->frames = c->e.stack; /* raw id, reference moved to the model */
-    msnap__stack_ref(c->e.stack);
-    msnap_tattr_t a;
-    memset(&a, 0, sizeof a);
-    a.stream = (int64_t)c->stream;
-    a.pool_id = c->pool;
-    a.compile_context = model_str(s, strs, c->e.compile_context, na, &err);
-    a.user_metadata =
-        model_str(s, strs, c->e.user_metadata, MSNAP_STR_EMPTY, &err);
-    a.keys = TRACE_KEYS | (c->e.action == MSNAP_ACTION_OOM
-                               ? MSNAP_K_DEVICE_FREE
-                               : MSNAP_K_ADDRESS);
-    if (c->e.internal_meta == 1) {
-      a.internal_metadata = msnap__snap_intern(s, "mallocWithAddress", 17);
-      a.keys |= MSNAP_K_INTERNAL_META;
-    }
-    int rc = msnap__snap_trace_set_attr(s, t, &a);
-    if (rc < 0) err = rc;
+    /* room was reserved above: append in place, every field written */
+    l->v[l->n++] = (msnap_strace_t){.addr = e.addr,
+                                    .size = e.size,
+                                    .time_us = tus,
+                                    .frames = m->frames,
+                                    .action = e.action,
+                                    .attr = attr};
   }
+  free(cm);
+  if (!err && im->err) err = im->err;
   return err;
 }
 
@@ -499,8 +548,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
     uint64_t active = 0, cap = 0;
     msnap__device_lock(a, d);
     if (traces)
-      err = msnap__history_copy_locked(a, d, &dc[d].v, &dc[d].n,
-                                       &tt.dropped[d], &cap);
+      err = msnap__history_copy_locked(a, d, &dc[d].c, &tt.dropped[d], &cap);
     if (!err)
       err = msnap__device_collect_segments_locked(a, d, pool, s, &active);
     if (!err)
@@ -529,7 +577,7 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   if (!err && !o->segments_only && msnap__host_history_active(a) &&
       msnap__host_lock(a) == 0) {
     uint64_t hdropped = 0;
-    if (traces) err = msnap__host_ring_copy_locked(a, &hc.v, &hc.n, &hdropped);
+    if (traces) err = msnap__host_ring_copy_locked(a, &hc.c, &hdropped);
     if (!err) err = msnap__host_collect_locked(a, s);
     msnap__host_unlock(a);
   }
@@ -538,16 +586,18 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   /* Outside every lock: times, strings, stacks. */
   msnap__clock_calibrate();
   msnap_map16_t strs = {0};
+  msnap_import_t im;
+  msnap__import_init(&im, s);
   msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
   if (na == 0 && !err) err = MSNAP_ENOMEM;
   for (int d = d0; d < d1 && !err && traces; d++)
     err = build_device_trace(s, &s->device_traces[d], &dc[d], pool, &strs, na,
-                             ws_entries, npu_view);
-  if (!err && hc.n > 0)
+                             &im, ws_entries, npu_view);
+  if (!err && hc.c.n > 0)
     err = build_device_trace(s, &s->host_traces, &hc,
-                             (msnap_mempool_id_t){0, 0}, &strs, na, false,
-                             false);
-  msnap__hcopy_release(hc.v, hc.n);
+                             (msnap_mempool_id_t){0, 0}, &strs, na, &im,
+                             false, false);
+  msnap__hcopy_release(&hc.c);
   if (!err && traces) {
     msnap_aentry_t *av = NULL;
     size_t an = 0;
@@ -570,12 +620,14 @@ int msnap__snapshot_take(msnap_allocator_t *a,
   }
   msnap__map16_free(&strs);
   for (int d = 0; dc != NULL && d < ndev; d++) {
-    msnap__hcopy_release(dc[d].v, dc[d].n);
+    msnap__hcopy_release(&dc[d].c);
     free(dc[d].ws);
   }
   free(dc);
-  /* Always import, even after an error: it drops the collected refs. */
-  int irc = msnap__snap_import_stacks(s);
+  /* Always import, even after an error: it drops the references segments
+   * and blocks hold (trace entries got model stacks above). */
+  (void)msnap__snap_import_stacks(s, &im, false);
+  int irc = msnap__import_done(&im);
   if (!err) err = irc;
   if (!err) {
     /* build_settings copies the conf under device 0's lock (conf_copy). */

@@ -26,19 +26,22 @@
 
 /* ---- stack import ------------------------------------------------------------ */
 
-typedef struct import_s {
-  msnap_snap_t *s;
-  msnap_map16_t stacks; /* raw stack id -> model stack id */
-  msnap_map16_t cframes; /* pc -> model frame id          */
-  msnap_map16_t pyframes; /* (code, instr) -> model frame  */
-  msnap_str_t unknown;
-  int err;
-} import_t;
+typedef msnap_import_t import_t;
+
+void msnap__import_init(msnap_import_t *im, msnap_snap_t *s) {
+  memset(im, 0, sizeof *im);
+  im->s = s;
+}
 
 static void import_free(import_t *im) {
   msnap__map16_free(&im->stacks);
   msnap__map16_free(&im->cframes);
   msnap__map16_free(&im->pyframes);
+}
+
+int msnap__import_done(msnap_import_t *im) {
+  import_free(im);
+  return im->err;
 }
 
 static uint32_t model_frame(import_t *im, const char *name,
@@ -138,6 +141,10 @@ static msnap_stack_t import_one(import_t *im, uint32_t raw) {
   return st;
 }
 
+msnap_stack_t msnap__import_stack(msnap_import_t *im, uint32_t raw) {
+  return raw == 0 ? MSNAP_STACK_ABSENT : import_one(im, raw);
+}
+
 /* Convert one frames field holding a raw id (with its reference). */
 static void import_field(import_t *im, msnap_stack_t *field, bool absent_ok) {
   uint32_t raw = *field;
@@ -149,37 +156,45 @@ static void import_field(import_t *im, msnap_stack_t *field, bool absent_ok) {
   msnap__stack_unref(raw);
 }
 
-int msnap__snap_import_stacks(msnap_snap_t *s) {
-  import_t im;
-  memset(&im, 0, sizeof im);
-  im.s = s;
-  for (uint32_t i = 0; i < s->nsegments; i++)
-    import_field(&im, &s->segments[i].frames, false);
-  for (uint32_t i = 0; i < s->nblocks; i++)
-    import_field(&im, &s->blocks[i].frames, false);
-  for (uint32_t i = 0; i < s->nhost_segments; i++)
-    import_field(&im, &s->host_segments[i].frames, false);
-  for (uint32_t i = 0; i < s->nhost_blocks; i++)
-    import_field(&im, &s->host_blocks[i].frames, false);
-  for (uint32_t d = 0; d <= s->ndevices; d++) {
-    msnap_trace_list_t *l =
-        d < s->ndevices ? &s->device_traces[d] : &s->host_traces;
-    for (uint32_t i = 0; i < l->n; i++) {
-      msnap_strace_t *e = &l->v[i];
-      uint32_t raw = e->frames;
-      import_field(&im, &e->frames, true);
-      /* the frames key lives in the entry's interned attributes */
-      if (raw != 0 && e->frames != MSNAP_STACK_ABSENT &&
-          !(msnap__tattr(s, e)->keys & MSNAP_K_FRAMES)) {
-        msnap_tattr_t a = *msnap__tattr(s, e);
-        a.keys |= MSNAP_K_FRAMES;
-        int rc = msnap__snap_trace_set_attr(s, e, &a);
-        if (rc < 0 && !im.err) im.err = rc;
-      }
+static void import_traces(import_t *im, msnap_trace_list_t *l) {
+  msnap_snap_t *s = im->s;
+  for (uint32_t i = 0; i < l->n; i++) {
+    msnap_strace_t *e = &l->v[i];
+    uint32_t raw = e->frames;
+    import_field(im, &e->frames, true);
+    /* the frames key lives in the entry's interned attributes */
+    if (raw != 0 && e->frames != MSNAP_STACK_ABSENT &&
+        !(msnap__tattr(s, e)->keys & MSNAP_K_FRAMES)) {
+      msnap_tattr_t a = *msnap__tattr(s, e);
+      a.keys |= MSNAP_K_FRAMES;
+      int rc = msnap__snap_trace_set_attr(s, e, &a);
+      if (rc < 0 && !im->err) im->err = rc;
     }
   }
-  import_free(&im);
-  return im.err;
+}
+
+int msnap__snap_import_stacks(msnap_snap_t *s, msnap_import_t *shared,
+                              bool raw_traces) {
+  import_t own, *im = shared;
+  if (im == NULL) {
+    msnap__import_init(&own, s);
+    im = &own;
+  }
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    import_field(im, &s->segments[i].frames, false);
+  for (uint32_t i = 0; i < s->nblocks; i++)
+    import_field(im, &s->blocks[i].frames, false);
+  for (uint32_t i = 0; i < s->nhost_segments; i++)
+    import_field(im, &s->host_segments[i].frames, false);
+  for (uint32_t i = 0; i < s->nhost_blocks; i++)
+    import_field(im, &s->host_blocks[i].frames, false);
+  if (raw_traces) {
+    for (uint32_t d = 0; d < s->ndevices; d++)
+      import_traces(im, &s->device_traces[d]);
+    import_traces(im, &s->host_traces);
+  }
+  if (im == &own) return msnap__import_done(&own);
+  return im->err;
 }
 
 /* ---- _allocation_traceback ------------------------------------------------ */
@@ -206,12 +221,10 @@ int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
     return MSNAP_ENOMEM;
   }
   import_t im;
-  memset(&im, 0, sizeof im);
-  im.s = s;
+  msnap__import_init(&im, s);
   msnap_stack_t st = import_one(&im, stack);
   msnap__stack_unref(stack);
-  import_free(&im);
-  int err = im.err;
+  int err = msnap__import_done(&im);
   msnap_membuf_t b = {0};
   msnap_sink_t sink;
   msnap_pw_t w;

@@ -158,6 +158,23 @@ uint64_t msnap__clock_raw(void);
 /* Convert a raw reading to microseconds since the Unix epoch (calibrated
  * against CLOCK_REALTIME; monotone). */
 int64_t msnap__clock_to_us(uint64_t raw);
+/* The conversion as of now, for converting many readings (a snapshot's
+ * trace) without the clock lock per reading: msnap__clock_map takes it
+ * once, msnap__clock_map_us converts exactly as msnap__clock_to_us. */
+typedef struct msnap_clock_map_s {
+  uint64_t raw1;   /* the anchor: a raw reading ...  */
+  int64_t real1_ns; /* ... and its CLOCK_REALTIME    */
+  double scale;    /* ns per tick                    */
+} msnap_clock_map_t;
+void msnap__clock_map(msnap_clock_map_t *m);
+static inline int64_t msnap__clock_map_us(const msnap_clock_map_t *m,
+                                          uint64_t raw) {
+  double delta = raw >= m->raw1 ? (double)(raw - m->raw1) * m->scale
+                                : -(double)(m->raw1 - raw) * m->scale;
+  int64_t ns = m->real1_ns + (int64_t)delta;
+  /* floor division, as the binding's ns / 1000 for positive times */
+  return ns >= 0 ? ns / 1000 : -((-ns + 999) / 1000);
+}
 int64_t msnap__clock_now_us(void);
 /* First use: pick the counter, take the first anchor (idempotent). */
 void msnap__clock_init(void);
@@ -181,6 +198,18 @@ int msnap__grow_to(void **p, void *cap, size_t cap_size, uint64_t need,
 /* The same for a uint32_t capacity with n used and `extra` more wanted. */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* Scratch memory that is written in full at once (snapshot copies of a
+ * trace ring, model arrays of a dump): large sizes are mapped and
+ * prefaulted in one system call (MAP_POPULATE) instead of one page fault
+ * per 4 KiB page as they are first written; small sizes, sanitizer builds
+ * and systems without MAP_POPULATE use malloc.  Contents are zero only
+ * when mapped: callers write every byte.  NULL on ENOMEM (or bytes 0);
+ * free with msnap__prefaulted_free and the same size. */
+void *msnap__prefaulted_alloc(size_t bytes);
+void msnap__prefaulted_free(void *p, size_t bytes);
+/* Prefault [p, p + bytes) of memory about to be written in full (best
+ * effort: MADV_POPULATE_WRITE, Linux 5.14; a no-op elsewhere). */
+void msnap__prefault(void *p, size_t bytes);
 /* A growable text buffer (stats text, CSV reports): printf appends; the
  * first failure is sticky in err (MSNAP_ENOMEM, MSNAP_EINVAL for a bad
  * format) and later appends do nothing.  A zeroed one is empty; free p. */
@@ -214,6 +243,7 @@ typedef enum msnap_rank_e {
   MSNAP_RANK_RUNTIME,       /* runtime/sim.c: the sim context            */
   MSNAP_RANK_STACK_TABLE,   /* record/stack.c: intern table              */
   MSNAP_RANK_UNWIND,        /* record/stack.c: unwinder choice           */
+  MSNAP_RANK_UNWIND_CACHE,  /* record/unwind.c: CFI rule cache writers   */
   MSNAP_RANK_SYMBOLS,       /* record/stack.c: symbol cache              */
   MSNAP_RANK_CLOCK,         /* base/clock.c: calibration anchors         */
   MSNAP_RANK_ENV,           /* base/env.c: warned-once table             */

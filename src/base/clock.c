@@ -169,17 +169,19 @@ void msnap__clock_calibrate(void) {
 
 /* Convert a raw reading to microseconds since the Unix epoch with the
  * current anchors.  Monotone in raw for a fixed calibration. */
-int64_t msnap__clock_to_us(uint64_t raw) {
+void msnap__clock_map(msnap_clock_map_t *m) {
   msnap__clock_init();
   msnap__mutex_lock(&clock_lock, MSNAP_RANK_CLOCK);
-  clock_anchor_t a1 = anchor1;
-  double scale = clock_scale;
+  m->raw1 = anchor1.raw;
+  m->real1_ns = anchor1.real_ns;
+  m->scale = clock_scale;
   msnap__mutex_unlock(&clock_lock, MSNAP_RANK_CLOCK);
-  double delta = raw >= a1.raw ? (double)(raw - a1.raw) * scale
-                               : -(double)(a1.raw - raw) * scale;
-  int64_t ns = a1.real_ns + (int64_t)delta;
-  /* floor division, as the binding's ns / 1000 for positive times */
-  return ns >= 0 ? ns / 1000 : -((-ns + 999) / 1000);
+}
+
+int64_t msnap__clock_to_us(uint64_t raw) {
+  msnap_clock_map_t m;
+  msnap__clock_map(&m);
+  return msnap__clock_map_us(&m, raw);
 }
 
 int64_t msnap__clock_now_us(void) {

@@ -48,6 +48,7 @@ static const char *const rank_names[MSNAP_RANK_COUNT] = {
     [MSNAP_RANK_RUNTIME] = "sim runtime lock",
     [MSNAP_RANK_STACK_TABLE] = "stack table lock",
     [MSNAP_RANK_UNWIND] = "unwinder lock",
+    [MSNAP_RANK_UNWIND_CACHE] = "CFI rule cache lock",
     [MSNAP_RANK_SYMBOLS] = "symbol cache lock",
     [MSNAP_RANK_CLOCK] = "clock lock",
     [MSNAP_RANK_ENV] = "environment warning lock",

@@ -125,6 +125,7 @@ typedef struct msnap_atomic_sink_s {
   msnap_sink_t sink;
   msnap_fault_wrap_t fault;
   const char *path;
+  uint64_t written, flushed; /* bytes written; writeback started below */
 } msnap_atomic_sink_t;
 int msnap__atomic_sink_open(msnap_atomic_sink_t *as, const char *path);
 int msnap__atomic_sink_close(msnap_atomic_sink_t *as, int rc);

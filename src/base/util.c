@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/base.h"
 
@@ -32,6 +33,95 @@ int msnap__grow_to(void **p, void *capp, size_t cap_size, uint64_t need,
   else
     *(uint64_t *)capp = nc;
   return 0;
+}
+
+/* Below this size malloc serves scratch memory (its heap pages are
+ * usually resident already). */
+#define PREFAULT_MIN ((size_t)1 << 20)
+/* From this size on, scratch memory asks for transparent huge pages
+ * (MADV_HUGEPAGE, honoured where THP is "madvise" or "always"): one fault
+ * and no page-table work per 2 MiB.  Populating 80 MiB took 20 ms with
+ * 4 KiB pages and 9 ms with huge pages on the development VM, against
+ * 33 ms of page faults when written without prefaulting. */
+#define HUGE_MIN ((size_t)4 << 20)
+#define HUGE_SIZE ((size_t)2 << 20)
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define PREFAULT_MALLOC 1 /* keep the sanitizers' view of the heap */
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define PREFAULT_MALLOC 1
+#endif
+#endif
+#if !defined(MAP_POPULATE) || !defined(MAP_ANONYMOUS)
+#define PREFAULT_MALLOC 1
+#endif
+
+#ifndef PREFAULT_MALLOC
+/* Bytes mapped for a request of `bytes` (huge-page sizes round up). */
+static size_t prefault_span(size_t bytes) {
+  if (bytes < HUGE_MIN) return bytes;
+  return (bytes + HUGE_SIZE - 1) & ~(HUGE_SIZE - 1);
+}
+#endif
+
+void *msnap__prefaulted_alloc(size_t bytes) {
+  if (bytes == 0) return NULL;
+#ifndef PREFAULT_MALLOC
+  if (bytes >= HUGE_MIN && bytes <= SIZE_MAX - 2 * HUGE_SIZE) {
+    /* a 2 MiB-aligned span: map with slack, trim both ends */
+    size_t span = prefault_span(bytes);
+    char *q = mmap(NULL, span + HUGE_SIZE, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)q + HUGE_SIZE - 1) & ~(HUGE_SIZE - 1));
+    if (a > q) munmap(q, (size_t)(a - q));
+    if (a + span < q + span + HUGE_SIZE)
+      munmap(a + span, (size_t)(q + span + HUGE_SIZE - (a + span)));
+    msnap__prefault(a, span);
+    return a;
+  }
+  if (bytes >= PREFAULT_MIN) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+  }
+#endif
+  return malloc(bytes);
+}
+
+void msnap__prefaulted_free(void *p, size_t bytes) {
+  if (p == NULL) return;
+#ifndef PREFAULT_MALLOC
+  if (bytes >= PREFAULT_MIN) {
+    munmap(p, prefault_span(bytes));
+    return;
+  }
+#endif
+  (void)bytes;
+  free(p);
+}
+
+void msnap__prefault(void *p, size_t bytes) {
+#if !defined(PREFAULT_MALLOC) && defined(MADV_POPULATE_WRITE)
+  uintptr_t pg = 4096;
+  uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
+  uintptr_t b = ((uintptr_t)p + bytes) & ~(pg - 1);
+  if (bytes < PREFAULT_MIN || b <= a) return;
+#ifdef MADV_HUGEPAGE
+  if (bytes >= HUGE_MIN) {
+    /* the whole 2 MiB units inside the range */
+    uintptr_t ha = (a + HUGE_SIZE - 1) & ~(uintptr_t)(HUGE_SIZE - 1);
+    uintptr_t hb = b & ~(uintptr_t)(HUGE_SIZE - 1);
+    if (hb > ha) (void)madvise((void *)ha, hb - ha, MADV_HUGEPAGE);
+  }
+#endif
+  (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,

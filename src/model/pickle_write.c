@@ -89,17 +89,14 @@ void msnap__pw_int_wide(msnap_pw_t *w, int64_t v) {
       p[4] = (unsigned char)(u >> 24);
     }
   } else {
-    /* smallest n such that v fits in n two's-complement bytes */
-    int n = 8;
-    while (n > 1) {
-      int64_t lim = INT64_C(1) << (8 * (n - 1) - 1);
-      if (v >= -lim && v < lim)
-        n--;
-      else
-        break;
-    }
+    /* smallest n such that v fits in n two's-complement bytes: its
+     * significant bits plus a sign bit (v is outside int32 here, so the
+     * magnitude word is non-zero) */
+    uint64_t u = (uint64_t)v;
+    uint64_t mag = v < 0 ? ~u : u;
+    int bits = 64 - __builtin_clzll(mag) + 1;
+    int n = (bits + 7) / 8;
     if ((p = room(w, 2 + (size_t)n))) {
-      uint64_t u = (uint64_t)v;
       p[0] = MSNAP_OP_LONG1;
       p[1] = (unsigned char)n;
       for (int i = 0; i < n; i++) p[2 + i] = (unsigned char)(u >> (8 * i));

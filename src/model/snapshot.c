@@ -802,6 +802,22 @@ int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices) {
   return 0;
 }
 
+int msnap__snap_reserve_traces(msnap_snap_t *s, msnap_trace_list_t *l,
+                               uint64_t extra) {
+  (void)s;
+  uint64_t need = (uint64_t)l->n + extra;
+  if (need > UINT32_MAX - 1) return MSNAP_ENOMEM;
+  if (need > l->cap) {
+    if (need > SIZE_MAX / sizeof *l->v) return MSNAP_ENOMEM;
+    msnap_strace_t *v = realloc(l->v, (size_t)need * sizeof *v);
+    if (v == NULL) return MSNAP_ENOMEM;
+    l->v = v;
+    l->cap = (uint32_t)need;
+  }
+  msnap__prefault(l->v + l->n, (size_t)extra * sizeof *l->v);
+  return 0;
+}
+
 msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l) {
   (void)s;
   if (msnap__grow((void **)&l->v, &l->cap, l->n, 1, sizeof *l->v) < 0)

@@ -357,6 +357,12 @@ int msnap__snap_set_devices(msnap_snap_t *s, uint32_t ndevices);
 /* Append a zeroed entry (attr 0: no keys); set its attributes with
  * msnap__snap_trace_set_attr. */
 msnap_strace_t *msnap__snap_add_trace(msnap_snap_t *s, msnap_trace_list_t *l);
+/* Room for `extra` more entries in l (exactly), prefaulted: a writer that
+ * knows its count up front adds them without reallocation or a page fault
+ * per page -- through msnap__snap_add_trace, or as l->v[l->n++] with
+ * every field written.  0 or MSNAP_ENOMEM. */
+int msnap__snap_reserve_traces(msnap_snap_t *s, msnap_trace_list_t *l,
+                               uint64_t extra);
 /* Intern an attribute set: its index, or UINT32_MAX on ENOMEM or past
  * MSNAP_TATTR_MAX sets. */
 uint32_t msnap__snap_tattr(msnap_snap_t *s, const msnap_tattr_t *a);
@@ -458,6 +464,9 @@ int msnap__snap_write_json(const msnap_snap_t *s, struct msnap_sink_s *out);
  * without times, requested_size the recording does not give).  0, or
  * MSNAP_ENOMEM / MSNAP_ELIMIT (interning the entries' attribute sets). */
 int msnap__snap_settle_keys(msnap_snap_t *s);
+/* Tests: turn the pickle writer's trace-tail cache off (on by default) to
+ * compare its output with the plain path's. */
+void msnap__snap_write_tail_cache(bool on);
 /* Write to path through a temporary file + rename. */
 int msnap__snap_write_file(const msnap_snap_t *s, const char *path,
                            bool json);

@@ -20,8 +20,20 @@
  *
  * Lists are written as MARK ... APPENDS batches of 1000 items (APPEND for
  * a single item), dicts as MARK ... SETITEMS.
+ *
+ * Trace entries (pickle): the bytes of an entry from compile_context to
+ * its SETITEMS depend only on its attribute set (compile_context,
+ * user_metadata, internal_metadata, pool_id, forward_frames and which
+ * keys it has: msnap_tattr_t) and its frames; once every object they name
+ * is memoized, they are the same bytes each time (BINGETs).  A small
+ * cache of those tails, keyed by (attribute id, frames), turns the
+ * bulk of a million-entry trace into memcpy's, and the keys before them
+ * (all memoized after the first entries) are encoded straight into the
+ * frame; the output is byte for byte what the plain path writes
+ * (tests/recorder/test_dump.c compares both).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +95,21 @@ typedef struct level_s {
   uint8_t is_list;
 } level_t;
 
+/* The tail of a trace entry (see the top of the file). */
+#define TAIL_SLOTS 512 /* direct-mapped by hash */
+#define TAIL_MAX 64    /* longest tail kept     */
+typedef struct tail_ent_s {
+  uint64_t k; /* attribute set << 32 | frames */
+  uint8_t len; /* 0: empty slot */
+  unsigned char b[TAIL_MAX];
+} tail_ent_t;
+
+static _Atomic bool tail_cache_on = true;
+
+void msnap__snap_write_tail_cache(bool on) {
+  atomic_store_explicit(&tail_cache_on, on, memory_order_relaxed);
+}
+
 typedef struct wr_s {
   const msnap_snap_t *s;
   bool json;
@@ -91,6 +118,7 @@ typedef struct wr_s {
   msnap_json_t jw; /* json */
   uint32_t const_memo[NCONSTS];
   uint32_t *str_memo, *frame_memo, *stack_memo;
+  tail_ent_t *tails; /* pickle only, NULL: not cached (tests)  */
   level_t lv[MAX_LEVELS];
   int depth;
   bool tables; /* JSON: writing stack_table (frame lists, not ids) */
@@ -170,20 +198,23 @@ static void list_end(wr_t *w, uint32_t total) {
 }
 
 /* Write a constant string (key or value), memoized after first use. */
-static void cstr(wr_t *w, int c) {
+static void cstr_slow(wr_t *w, int c) {
   if (w->json) {
     msnap__json_cstr(&w->jw, const_text[c]);
-    return;
-  }
-  if (w->const_memo[c] != NO_MEMO) {
-    msnap__pw_get(&w->pw, w->const_memo[c]);
     return;
   }
   msnap__pw_str(&w->pw, const_text[c], strlen(const_text[c]));
   w->const_memo[c] = msnap__pw_memoize(&w->pw);
 }
 
-static void key(wr_t *w, int c) {
+static inline void cstr(wr_t *w, int c) {
+  if (msnap_likely(!w->json && w->const_memo[c] != NO_MEMO))
+    msnap__pw_get(&w->pw, w->const_memo[c]);
+  else
+    cstr_slow(w, c);
+}
+
+static inline void key(wr_t *w, int c) {
   if (w->json) {
     msnap__json_ckey(&w->jw, const_text[c]);
   } else {
@@ -215,18 +246,20 @@ static void mstr_or(wr_t *w, msnap_str_t id, int dflt) {
     mstr(w, id);
 }
 
-static void wi64(wr_t *w, int64_t v) {
+static inline void wi64(wr_t *w, int64_t v) {
   if (w->json)
     msnap__json_i64(&w->jw, v);
   else
     msnap__pw_int(&w->pw, v);
 }
 
-static void wu64(wr_t *w, uint64_t v, const char *what) {
+static inline void wu64(wr_t *w, uint64_t v, const char *what) {
   if (w->json)
     msnap__json_u64(&w->jw, v);
+  else if (msnap_likely(v <= (uint64_t)INT64_MAX))
+    msnap__pw_int(&w->pw, (int64_t)v);
   else
-    msnap__pw_uint(&w->pw, v, what);
+    msnap__pw_uint(&w->pw, v, what); /* refuses it */
 }
 
 static void wbool(wr_t *w, bool v) {
@@ -613,23 +646,9 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
  * compile_context, user_metadata, internal_metadata, pool_id, frames,
  * forward_frames -- each when present.
  */
-static void wtrace(wr_t *w, const msnap_strace_t *t) {
-  const msnap_tattr_t *a = msnap__tattr(w->s, t);
-  unsigned k = a->keys;
-  if (w->live) k |= live_trace_keys(t, a);
-  dict_begin(w);
-  key(w, C_action);
-  if (t->action < MSNAP_ACTION_COUNT)
-    cstr(w, C_ACTION0 + t->action);
-  else
-    mstr(w, a->action_str);
-  if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
-  if (k & MSNAP_K_DEVICE_FREE)
-    key(w, C_device_free), wu64(w, t->addr, "device_free");
-  key(w, C_size);
-  wu64(w, t->size, "size");
-  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
-  if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
+/* From compile_context to the end of the dict (plain path). */
+static void wtrace_tail(wr_t *w, const msnap_strace_t *t,
+                        const msnap_tattr_t *a, unsigned k) {
   if (k & MSNAP_K_COMPILE_CTX)
     key(w, C_compile_context), mstr_or(w, a->compile_context, C_v_na);
   if (k & MSNAP_K_USER_META) {
@@ -648,10 +667,169 @@ static void wtrace(wr_t *w, const msnap_strace_t *t) {
   dict_end(w);
 }
 
+/* memcpy of n <= 64 bytes as two overlapping fixed-size copies (a
+ * variable-length memcpy of a few dozen bytes costs more than the
+ * encoding it replaces). */
+static inline void copy_small(unsigned char *d, const unsigned char *src,
+                              size_t n) {
+  if (n >= 32) {
+    memcpy(d, src, 32);
+    memcpy(d + n - 32, src + n - 32, 32);
+  } else if (n >= 16) {
+    memcpy(d, src, 16);
+    memcpy(d + n - 16, src + n - 16, 16);
+  } else if (n >= 8) {
+    memcpy(d, src, 8);
+    memcpy(d + n - 8, src + n - 8, 8);
+  } else {
+    for (size_t i = 0; i < n; i++) d[i] = src[i];
+  }
+}
+
+/* The tail through the cache (pickle): a hit copies its bytes; a miss
+ * writes it and keeps its bytes when they memoized nothing (so they are
+ * what every later entry with this key writes) and sit in one frame. */
+static void wtrace_tail_cached(wr_t *w, const msnap_strace_t *t,
+                               const msnap_tattr_t *a, unsigned k) {
+  /* The tail's keys and values are the attribute set's and the frames'
+   * (k follows from both), so (attr, frames) is the whole key. */
+  uint64_t tk = (uint64_t)t->attr << 32 | t->frames;
+  uint64_t h = tk * 0x9e3779b97f4a7c15ull;
+  tail_ent_t *e = &w->tails[(h ^ h >> 29 ^ h >> 47) & (TAIL_SLOTS - 1)];
+  /* A tail that does not fit the current frame takes the plain path, so
+   * that frames end exactly where they would without the cache. */
+  if (e->len && e->k == tk && w->pw.used + e->len <= MSNAP_PW_FRAME_SIZE) {
+    unsigned char *p = msnap__pw_room(&w->pw, e->len);
+    if (p) copy_small(p, e->b, e->len);
+    w->depth--; /* the dict the tail closes */
+    return;
+  }
+  size_t start = w->pw.used;
+  uint32_t memo = w->pw.memo_next;
+  wtrace_tail(w, t, a, k);
+  size_t end = w->pw.used;
+  /* a flushed frame restarts `used` below start */
+  if (!w->pw.err && w->pw.memo_next == memo && end > start &&
+      end - start <= TAIL_MAX) {
+    e->k = tk;
+    e->len = (uint8_t)(end - start);
+    memcpy(e->b, w->pw.buf + 9 + start, e->len);
+  }
+}
+
+/* Direct encoders for the fast path below: the bytes msnap__pw_get and
+ * msnap__pw_int write, at p; the new end. */
+static inline unsigned char *put_get(unsigned char *p, uint32_t id) {
+  if (id < 256) {
+    p[0] = MSNAP_OP_BINGET;
+    p[1] = (unsigned char)id;
+    return p + 2;
+  }
+  p[0] = MSNAP_OP_LONG_BINGET;
+  for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(id >> (8 * i));
+  return p + 5;
+}
+
+static inline unsigned char *put_int(unsigned char *p, int64_t v) {
+  if (v >= 0 && v < 256) {
+    p[0] = MSNAP_OP_BININT1;
+    p[1] = (unsigned char)v;
+    return p + 2;
+  }
+  if (v >= 0 && v < 65536) {
+    p[0] = MSNAP_OP_BININT2;
+    p[1] = (unsigned char)v;
+    p[2] = (unsigned char)(v >> 8);
+    return p + 3;
+  }
+  uint64_t u = (uint64_t)v;
+  if (v >= INT32_MIN && v <= INT32_MAX) {
+    p[0] = MSNAP_OP_BININT;
+    for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(u >> (8 * i));
+    return p + 5;
+  }
+  uint64_t mag = v < 0 ? ~u : u;
+  int n = (64 - __builtin_clzll(mag) + 1 + 7) / 8;
+  p[0] = MSNAP_OP_LONG1;
+  p[1] = (unsigned char)n;
+  for (int i = 0; i < n; i++) p[2 + i] = (unsigned char)(u >> (8 * i));
+  return p + 2 + n;
+}
+
+/* The keys up to time_us of a live trace entry, written straight into the
+ * frame when every key and the action are memoized, the values fit and
+ * the bytes fit the frame (so that frames end where the plain path ends
+ * them): the same bytes as dict_begin ... wi64(time_us).  false: not
+ * taken (nothing written). */
+#define HEAD_MAX 64
+static bool wtrace_head_fast(wr_t *w, const msnap_strace_t *t,
+                             const msnap_tattr_t *a, unsigned k) {
+  int addr_key = (k & MSNAP_K_ADDRESS) ? C_addr : C_device_free;
+  unsigned where = k & (MSNAP_K_ADDRESS | MSNAP_K_DEVICE_FREE);
+  if ((where != MSNAP_K_ADDRESS && where != MSNAP_K_DEVICE_FREE) ||
+      !(k & MSNAP_K_STREAM) || !(k & MSNAP_K_TIME) ||
+      t->action >= MSNAP_ACTION_COUNT || t->addr > (uint64_t)INT64_MAX ||
+      t->size > (uint64_t)INT64_MAX ||
+      w->pw.used + HEAD_MAX > MSNAP_PW_FRAME_SIZE || w->pw.err ||
+      w->depth + 1 >= MAX_LEVELS)
+    return false;
+  const uint32_t *m = w->const_memo;
+  if (m[C_action] == NO_MEMO || m[C_ACTION0 + t->action] == NO_MEMO ||
+      m[addr_key] == NO_MEMO || m[C_size] == NO_MEMO ||
+      m[C_stream] == NO_MEMO || m[C_time_us] == NO_MEMO)
+    return false;
+  unsigned char *p0 = w->pw.buf + 9 + w->pw.used, *p = p0;
+  *p++ = MSNAP_OP_EMPTY_DICT;
+  *p++ = MSNAP_OP_MARK;
+  p = put_get(p, m[C_action]);
+  p = put_get(p, m[C_ACTION0 + t->action]);
+  p = put_get(p, m[addr_key]);
+  p = put_int(p, (int64_t)t->addr);
+  p = put_get(p, m[C_size]);
+  p = put_int(p, (int64_t)t->size);
+  p = put_get(p, m[C_stream]);
+  p = put_int(p, a->stream);
+  p = put_get(p, m[C_time_us]);
+  p = put_int(p, t->time_us);
+  w->pw.used += (size_t)(p - p0);
+  w->depth++; /* the dict the tail closes (dict_begin's push_level) */
+  w->lv[w->depth].count = 0;
+  w->lv[w->depth].is_list = false;
+  return true;
+}
+
+static void wtrace(wr_t *w, const msnap_strace_t *t) {
+  const msnap_tattr_t *a = msnap__tattr(w->s, t);
+  unsigned k = a->keys;
+  if (w->live) k |= live_trace_keys(t, a);
+  if (w->tails != NULL && wtrace_head_fast(w, t, a, k)) {
+    wtrace_tail_cached(w, t, a, k);
+    return;
+  }
+  dict_begin(w);
+  key(w, C_action);
+  if (t->action < MSNAP_ACTION_COUNT)
+    cstr(w, C_ACTION0 + t->action);
+  else
+    mstr(w, a->action_str);
+  if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
+  if (k & MSNAP_K_DEVICE_FREE)
+    key(w, C_device_free), wu64(w, t->addr, "device_free");
+  key(w, C_size);
+  wu64(w, t->size, "size");
+  if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
+  if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
+  if (w->tails != NULL)
+    wtrace_tail_cached(w, t, a, k);
+  else
+    wtrace_tail(w, t, a, k);
+}
+
 static void wtraces(wr_t *w, const msnap_trace_list_t *l) {
   list_begin(w);
   for (uint32_t i = 0; i < l->n && !werr(w); i++) {
     list_item(w, l->n);
+    if (i + 16 < l->n) __builtin_prefetch(&l->v[i + 16]); /* from memory */
     wtrace(w, &l->v[i]);
   }
   list_end(w, l->n);
@@ -756,6 +934,10 @@ static int wr_init(wr_t *w, const msnap_snap_t *s, bool json) {
   memset(w->str_memo, 0xff, ((size_t)s->nstrings + 1) * sizeof *w->str_memo);
   memset(w->frame_memo, 0xff, ((size_t)s->nframes + 1) * sizeof *w->frame_memo);
   memset(w->stack_memo, 0xff, ((size_t)s->nstacks + 1) * sizeof *w->stack_memo);
+  if (atomic_load_explicit(&tail_cache_on, memory_order_relaxed)) {
+    w->tails = calloc(TAIL_SLOTS, sizeof *w->tails);
+    if (w->tails == NULL) return MSNAP_ENOMEM;
+  }
   return 0;
 }
 
@@ -763,6 +945,7 @@ static void wr_destroy(wr_t *w) {
   free(w->str_memo);
   free(w->frame_memo);
   free(w->stack_memo);
+  free(w->tails);
 }
 
 /*

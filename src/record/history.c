@@ -9,8 +9,9 @@
  * Hot path with history off: the allocator reads its settings' `enabled`
  * (msnap__hsettings_on), one atomic load and a branch.  With history on,
  * msnap__rctx_capture (outside the allocator lock) captures the stack and
- * takes references on the thread's metadata ids; the entry itself is
- * stored under the lock by msnap__ring_record (ring.c).
+ * borrows the thread's metadata ids (no atomic operation when the stack
+ * is in the thread's stack cache); the entry itself is stored under the
+ * lock by msnap__ring_record (ring.c).
  *
  * The annotation ring has its own lock (MSNAP_RANK_ANNOTATIONS); the
  * stack table's lock is taken inside it when a name's last reference
@@ -59,28 +60,37 @@ void msnap__hsettings_init(msnap_hsettings_t *s) {
   atomic_init(&s->skip, 0u);
 }
 
+/* The calling thread's recording state: one thread-local block, so that
+ * a capture reaches it with one TLS lookup.  meta and cc[] hold one
+ * reference each. */
+typedef struct tl_rec_s {
+  uint64_t next_serial; /* call serials: a range of 2^32 per thread */
+  uint32_t meta;        /* string id                                */
+  uint32_t cc_n, cc_cap;
+  uint32_t *cc;         /* compile-context stack                    */
+} tl_rec_t;
+static MSNAP_TLS tl_rec_t tl_rec;
+
 /* A serial for a new call: each thread draws a range of 2^32 serials
  * once, so serials are unique across threads and never 0. */
-static uint64_t call_serial(void) {
-  static _Thread_local uint64_t tl_next;
+static inline uint64_t call_serial(tl_rec_t *t) {
   static atomic_uint_fast64_t ranges;
-  if (msnap_unlikely((tl_next & 0xffffffffu) == 0))
-    tl_next = (atomic_fetch_add(&ranges, 1) + 1) << 32 | 1;
-  return tl_next++;
+  if (msnap_unlikely((t->next_serial & 0xffffffffu) == 0))
+    t->next_serial = (atomic_fetch_add(&ranges, 1) + 1) << 32 | 1;
+  return t->next_serial++;
 }
 
 /*
  * Capture the calling thread's recording context (outside any allocator
  * lock: the frame hook may need the interpreter lock).  A stack is taken
  * for malloc-like sites at level >= STATE and for free/empty_cache sites
- * (is_free_site) only at level ALL.  *ctx holds one reference on each
- * non-zero id; msnap__rctx_release drops what the caller did not take.
+ * (is_free_site) only at level ALL.  The ids are borrowed (see
+ * msnap_rctx_t); msnap__rctx_release ends the loan.
  */
 void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
                          bool is_free_site) {
   memset(ctx, 0, sizeof *ctx);
   if (!msnap__hsettings_on(s)) return;
-  ctx->call = call_serial();
   int level = atomic_load_explicit(&s->level, memory_order_relaxed);
   ctx->level = (uint8_t)level;
   if (level != MSNAP_CONTEXT_NEVER &&
@@ -88,34 +98,44 @@ void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
                     : level >= MSNAP_CONTEXT_STATE)) {
     unsigned stacks = atomic_load_explicit(&s->stacks, memory_order_relaxed);
     /* skip this function's frame */
-    ctx->stack = msnap__stack_capture(stacks, 1);
+    ctx->stack = msnap__stack_capture_pinned(stacks, 1, &ctx->stack_pin);
+    if (ctx->stack != 0 && ctx->stack_pin == 0)
+      ctx->owns |= MSNAP_RCTX_OWNS_STACK;
   }
-  msnap__tls_context(&ctx->user_metadata, &ctx->compile_context);
+  tl_rec_t *t = &tl_rec;
+  ctx->call = call_serial(t);
+  ctx->user_metadata = t->meta;
+  ctx->compile_context = t->cc_n ? t->cc[t->cc_n - 1] : 0;
 }
 
 void msnap__rctx_release(msnap_rctx_t *ctx) {
-  msnap__stack_unref(ctx->stack);
-  msnap__stack_unref(ctx->user_metadata);
-  msnap__stack_unref(ctx->compile_context);
+  if (ctx->stack_pin) msnap__stack_unpin(ctx->stack_pin);
+  if (ctx->owns & MSNAP_RCTX_OWNS_STACK) msnap__stack_unref(ctx->stack);
+  if (ctx->owns & MSNAP_RCTX_OWNS_META) msnap__stack_unref(ctx->user_metadata);
   ctx->stack = ctx->user_metadata = ctx->compile_context = 0;
+  ctx->stack_pin = ctx->owns = 0;
+}
+
+void msnap__rctx_set_metadata(msnap_rctx_t *ctx, uint32_t id) {
+  if (ctx->owns & MSNAP_RCTX_OWNS_META) msnap__stack_unref(ctx->user_metadata);
+  ctx->user_metadata = id;
+  ctx->owns |= MSNAP_RCTX_OWNS_META;
 }
 
 /* ---- thread-local metadata and compile context --------------------------- */
 
-static MSNAP_TLS uint32_t tls_meta;    /* string id, TLS holds a ref */
-static MSNAP_TLS uint32_t *tls_cc;     /* compile-context stack      */
-static MSNAP_TLS uint32_t tls_cc_n, tls_cc_cap;
 static pthread_key_t tls_key;
 static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 
 static void tls_destructor(void *p) {
   (void)p;
-  msnap__stack_unref(tls_meta);
-  tls_meta = 0;
-  for (uint32_t i = 0; i < tls_cc_n; i++) msnap__stack_unref(tls_cc[i]);
-  free(tls_cc);
-  tls_cc = NULL;
-  tls_cc_n = tls_cc_cap = 0;
+  tl_rec_t *t = &tl_rec;
+  msnap__stack_unref(t->meta);
+  t->meta = 0;
+  for (uint32_t i = 0; i < t->cc_n; i++) msnap__stack_unref(t->cc[i]);
+  free(t->cc);
+  t->cc = NULL;
+  t->cc_n = t->cc_cap = 0;
 }
 
 static void tls_key_make(void) { pthread_key_create(&tls_key, tls_destructor); }
@@ -134,13 +154,13 @@ int msnap_set_memory_metadata(const char *metadata) {
     if (id == 0) return MSNAP_ENOMEM;
     tls_register();
   }
-  msnap__stack_unref(tls_meta);
-  tls_meta = id;
+  msnap__stack_unref(tl_rec.meta);
+  tl_rec.meta = id;
   return 0;
 }
 
 const char *msnap_get_memory_metadata(void) {
-  return msnap__str_get(tls_meta, NULL);
+  return msnap__str_get(tl_rec.meta, NULL);
 }
 
 int msnap_compile_context_push(const char *name) {
@@ -148,29 +168,30 @@ int msnap_compile_context_push(const char *name) {
     return msnap__set_error(MSNAP_EINVAL, "compile_context_push: NULL name");
   uint32_t id = msnap__str_intern(name, strlen(name));
   if (id == 0 && name[0] != '\0') return MSNAP_ENOMEM;
-  if (MSNAP_GROW(tls_cc, tls_cc_cap, tls_cc_n + 1) != 0) {
+  tl_rec_t *t = &tl_rec;
+  if (MSNAP_GROW(t->cc, t->cc_cap, t->cc_n + 1) != 0) {
     msnap__stack_unref(id);
     return MSNAP_ENOMEM;
   }
   tls_register();
-  tls_cc[tls_cc_n++] = id;
+  t->cc[t->cc_n++] = id;
   return 0;
 }
 
 int msnap_compile_context_pop(void) {
-  if (tls_cc_n == 0)
+  tl_rec_t *t = &tl_rec;
+  if (t->cc_n == 0)
     return msnap__set_error(MSNAP_ESTATE,
                             "compile_context_pop: the compile-context stack "
                             "of this thread is empty");
-  msnap__stack_unref(tls_cc[--tls_cc_n]);
+  msnap__stack_unref(t->cc[--t->cc_n]);
   return 0;
 }
 
 void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context) {
-  *user_metadata = tls_meta;
-  msnap__stack_ref(tls_meta);
-  *compile_context = tls_cc_n ? tls_cc[tls_cc_n - 1] : 0;
-  msnap__stack_ref(*compile_context);
+  tl_rec_t *t = &tl_rec;
+  *user_metadata = t->meta;
+  *compile_context = t->cc_n ? t->cc[t->cc_n - 1] : 0;
 }
 
 /* ---- the annotation ring ----------------------------------------------------- */

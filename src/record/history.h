@@ -21,11 +21,15 @@
  *   - vcap <= capacity, except after a failed shrink (ENOMEM) that left
  *     the old slots; nchunks = ceil(vcap / MSNAP_RING_CHUNK);
  *   - while the ring grows (n == vcap < capacity) head is 0;
- *   - every entry holds one reference on each of its non-zero stack,
- *     user_metadata and compile_context ids; overwriting or clearing an
- *     entry drops them;
+ *   - every entry names a live entry context (ctxs.v[slot.ctx].refs > 0);
+ *     a context's refs is the number of entries naming it; a live context
+ *     holds one reference on each of its non-zero stack, user_metadata
+ *     and compile_context ids, and is in the context index exactly once
+ *     (no two live contexts are equal); overwriting or clearing an entry
+ *     drops its context's count, and the last one frees the context and
+ *     its references;
  *   - dropped counts entries lost to overflow since the last clear;
- *   - stream and pool fields index the ring's own interning tables.
+ *   - a context's stream and pool index the ring's own interning tables.
  * The whole ring (entries, tables, counters) is guarded by its owner's
  * lock.  Lowering the capacity without clearing drops the oldest entries
  * at once (PyTorch leaves stale slots; we keep "newest N").
@@ -44,14 +48,24 @@
 
 /* ---- recording contexts (history.c) -------------------------------------- */
 /* A recording context, captured at the start of malloc/free/empty_cache
- * OUTSIDE the allocator lock, consumed under it.  stack is an id in the
- * process-wide stack table (0 = none), holding one reference that the
- * consumer takes over (msnap__stack_ref/unref). */
+ * OUTSIDE the allocator lock, consumed under it, released at the end of
+ * the call (msnap__rctx_release) on the same thread.  Its ids are valid
+ * until then, and cost no atomic operation in the common case:
+ *   - stack: borrowed from the calling thread's stack cache when
+ *     stack_pin != 0 (the cache keeps the slot while pinned), else one
+ *     reference of the context's own;
+ *   - user_metadata, compile_context: borrowed from the thread's
+ *     metadata (it cannot change during the call), unless `owns` says the
+ *     context holds a reference (msnap__rctx_set_metadata).
+ * A consumer that keeps an id beyond the call takes its own reference. */
+enum { MSNAP_RCTX_OWNS_STACK = 1, MSNAP_RCTX_OWNS_META = 2 };
 typedef struct msnap_rctx_s {
   uint32_t stack;           /* interned stack id, 0 = none          */
   uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
   uint32_t compile_context; /* interned string id, 0 = "N/A"         */
   uint8_t level;            /* msnap_record_context_t at capture      */
+  uint8_t stack_pin;        /* thread stack-cache pin (0: none)       */
+  uint8_t owns;             /* MSNAP_RCTX_OWNS_*                      */
   /* Serial of the capturing call, unique per thread and call (0: none).
    * Entries that one call records back to back in a ring share one clock
    * read (ring.c, msnap__ring_record). */
@@ -77,27 +91,73 @@ static inline bool msnap__hsettings_on(const msnap_hsettings_t *s) {
  * level ALL); other sites get a stack at level >= STATE. */
 void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
                          bool is_free_site);
-/* Drop the references a context still holds. */
+/* Drop what a context holds (references, stack-cache pin). */
 void msnap__rctx_release(msnap_rctx_t *ctx);
-/* This thread's metadata/compile-context ids with a reference each. */
+/* Replace the context's user_metadata by `id`, whose reference the
+ * context takes over (msnap_annotate_memory's text). */
+void msnap__rctx_set_metadata(msnap_rctx_t *ctx, uint32_t id);
+/* This thread's metadata/compile-context ids, borrowed: valid until the
+ * thread changes them (take a reference to keep them). */
 void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context);
 
 /* ---- the trace ring (ring.c) --------------------------------------------- */
-/* One recorded trace entry: 48 bytes. */
+/* A trace entry as the ring stores it: 28 bytes.  What entries share --
+ * stack, user_metadata, compile_context, stream, pool and the top byte of
+ * the size -- is interned once per ring in its entry-context table
+ * (msnap_hctx_t, below); an entry names its context by index. */
+typedef struct __attribute__((packed, aligned(4))) msnap_hslot_s {
+  uint64_t addr;     /* device_free for oom entries                      */
+  uint64_t sizeact;  /* bits 0-55: size (low 56 bits); 56-61: action;
+                      * 62: internal_meta ("mallocWithAddress")          */
+  uint64_t raw_time; /* msnap__clock_raw at record time                  */
+  uint32_t ctx;      /* index into the ring's context table             */
+} msnap_hslot_t;
+_Static_assert(sizeof(msnap_hslot_t) == 28, "a ring slot must be 28 bytes");
+
+#define MSNAP_HSLOT_SIZE_BITS 56
+#define MSNAP_HSLOT_SIZE_MASK ((UINT64_C(1) << MSNAP_HSLOT_SIZE_BITS) - 1)
+
+/* An entry context: what consecutive entries of a recording share.  A
+ * live context (refs > 0) holds one reference on each non-zero id; a free
+ * one (refs == 0) is on the table's free list (its `stack` is the next
+ * free index + 1). */
+typedef struct msnap_hctx_s {
+  uint32_t stack;           /* stack id (0 = none)                       */
+  uint32_t user_metadata;   /* string id (0 = "")                        */
+  uint32_t compile_context; /* string id (0 = "N/A")                     */
+  uint32_t stream, pool;    /* indices into ring->streams, ring->pools   */
+  uint32_t size_hi;         /* bits 56-63 of the entries' sizes          */
+  uint32_t refs;            /* ring slots naming this context            */
+} msnap_hctx_t;
+
+/* The context table: contexts by index, an index of the live ones
+ * (open addressing, linear probing, backward-shift deletion; slots hold
+ * index + 1, 0 = empty), a free list. */
+typedef struct msnap_hctxtab_s {
+  msnap_hctx_t *v;
+  uint32_t n, cap;     /* v[0..n) in use or free                           */
+  uint32_t live;       /* contexts with refs > 0                           */
+  uint32_t free_head;  /* first free index + 1 (0: none)                   */
+  uint32_t *ht;
+  uint32_t ht_cap;     /* power of two (0: no index yet)                   */
+  uint32_t last[2];    /* index + 1 of the two contexts used last, most
+                        * recent first (0: none): an allocator call's
+                        * entries alternate between at most two         */
+} msnap_hctxtab_t;
+
+/* One trace entry, decoded (copies, tests). */
 typedef struct msnap_hentry_s {
   uint64_t addr;            /* device_free for oom entries            */
   uint64_t size;
   uint64_t raw_time;        /* msnap__clock_raw at record time         */
-  uint32_t stack;           /* stack id (0 = none), one reference      */
-  uint32_t user_metadata;   /* string id (0 = ""), one reference       */
-  uint32_t compile_context; /* string id (0 = "N/A"), one reference    */
-  uint32_t stream;          /* index into ring->streams                */
-  uint32_t pool;            /* index into ring->pools                  */
+  uint64_t stream;
+  msnap_mempool_id_t pool;
+  uint32_t stack;           /* stack id (0 = none)                     */
+  uint32_t user_metadata;   /* string id (0 = "")                      */
+  uint32_t compile_context; /* string id (0 = "N/A")                   */
   uint8_t action;           /* msnap_action_t                          */
   uint8_t internal_meta;    /* 0 none, 1 "mallocWithAddress"          */
-  uint16_t reserved;
 } msnap_hentry_t;
-_Static_assert(sizeof(msnap_hentry_t) == 48, "trace entry must be 48 bytes");
 
 /* Interning of 16-byte keys (streams: {stream, 0}; pools): keys[id] and
  * an index key -> id (base/map16.c). */
@@ -108,28 +168,29 @@ typedef struct msnap_keymap_s {
   uint32_t last;
 } msnap_keymap_t;
 
-/* Ring storage comes in chunks of 4096 entries (192 KiB): growing adds a
- * chunk and never copies, so an unbounded history costs its entries and no
- * transient double-size copy. */
+/* Ring storage comes in chunks of 4096 slots (112 KiB, 28 pages):
+ * growing adds a chunk and never copies, so an unbounded history costs
+ * its entries and no transient double-size copy. */
 #define MSNAP_RING_CHUNK_BITS 12
 #define MSNAP_RING_CHUNK (1u << MSNAP_RING_CHUNK_BITS)
 
 #define MSNAP_RING_SPARE 64
 
 typedef struct msnap_ring_s {
-  msnap_hentry_t **chunks; /* slot s: chunks[s / CHUNK][s % CHUNK]      */
+  msnap_hslot_t **chunks; /* slot s: chunks[s / CHUNK][s % CHUNK]       */
   uint64_t nchunks, chunks_cap;
   uint64_t vcap, head, n;  /* vcap = slots allocated                    */
   uint64_t capacity;
   uint64_t dropped;
   msnap_keymap_t streams, pools;
+  msnap_hctxtab_t ctxs;
   /* Freed chunks kept for the next growth, unmapped by
-   * msnap__ring_destroy; 64 x 192 KiB at most. */
-  msnap_hentry_t *spare[MSNAP_RING_SPARE];
+   * msnap__ring_destroy; 64 x 112 KiB at most. */
+  msnap_hslot_t *spare[MSNAP_RING_SPARE];
   uint32_t nspare;
   /* The call (context address and serial) that recorded the newest entry
    * and that entry's raw time: the same call's next entry reuses it. */
-  const void *last_ctx;
+  const void *last_rctx;
   uint64_t last_call, last_time;
 } msnap_ring_t;
 
@@ -143,24 +204,56 @@ void msnap__ring_set_capacity(msnap_ring_t *ring, uint64_t capacity);
 void msnap__ring_clear(msnap_ring_t *ring);
 /* Append one entry when s is on and `action` is not skipped; the entry
  * carries a stack only at level >= ALLOC (stack_override, when non-zero,
- * wins over ctx->stack) and takes its own references.  Caller holds the
- * ring owner's lock. */
+ * wins over ctx->stack).  The ring takes its own references (one per
+ * entry context, not per entry).  Caller holds the ring owner's lock. */
 void msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
                         msnap_action_t action, uint64_t addr, uint64_t size,
                         uint64_t stream, msnap_mempool_id_t pool,
                         const msnap_rctx_t *ctx, uint32_t stack_override);
 
-/* A copied trace entry with its stream and pool resolved (snapshots). */
-typedef struct msnap_hcopy_s {
-  msnap_hentry_t e;
+/* A copied entry context with its stream and pool resolved (snapshots).
+ * Contexts that were free at copy time are all zero. */
+typedef struct msnap_hcopy_ctx_s {
+  uint32_t stack, user_metadata, compile_context; /* one reference each */
+  uint32_t size_hi;
   uint64_t stream;
   msnap_mempool_id_t pool;
+} msnap_hcopy_ctx_t;
+
+/* A copy of a ring, oldest first: the packed entries and the contexts
+ * they name.  The copy holds one reference per id of each copied context
+ * -- never one per entry. */
+typedef struct msnap_hcopy_s {
+  msnap_hslot_t *slots;
+  uint64_t n;
+  msnap_hcopy_ctx_t *ctx;
+  uint32_t nctx;
+  size_t slots_bytes; /* storage of slots (msnap__prefaulted_alloc) */
 } msnap_hcopy_t;
-/* Copy the ring oldest first into *out (malloc'd), taking one reference
- * on each id (released with msnap__hcopy_release).  Owner's lock held. */
-int msnap__ring_copy(const msnap_ring_t *ring, msnap_hcopy_t **out,
-                     size_t *n);
-void msnap__hcopy_release(msnap_hcopy_t *v, size_t n);
+
+/* Copy `ring` oldest first into *out (its slots in prefaulted memory),
+ * taking one reference per id of each live context (released with
+ * msnap__hcopy_release).  Owner's lock held.  0 or MSNAP_ENOMEM (*out
+ * is then empty). */
+int msnap__ring_copy(const msnap_ring_t *ring, msnap_hcopy_t *out);
+void msnap__hcopy_release(msnap_hcopy_t *c);
+/* Entry i of a copy, decoded. */
+static inline void msnap__hcopy_get(const msnap_hcopy_t *c, uint64_t i,
+                                    msnap_hentry_t *e) {
+  const msnap_hslot_t *s = &c->slots[i];
+  const msnap_hcopy_ctx_t *x = &c->ctx[s->ctx];
+  e->addr = s->addr;
+  e->size = (s->sizeact & MSNAP_HSLOT_SIZE_MASK) |
+            (uint64_t)x->size_hi << MSNAP_HSLOT_SIZE_BITS;
+  e->raw_time = s->raw_time;
+  e->stream = x->stream;
+  e->pool = x->pool;
+  e->stack = x->stack;
+  e->user_metadata = x->user_metadata;
+  e->compile_context = x->compile_context;
+  e->action = (uint8_t)((s->sizeact >> MSNAP_HSLOT_SIZE_BITS) & 0x3f);
+  e->internal_meta = (uint8_t)((s->sizeact >> 62) & 1);
+}
 /* Ring structure check (owner's lock held): 0 or MSNAP_ESTATE. */
 int msnap__ring_check(const msnap_ring_t *ring, char *msg, size_t len);
 

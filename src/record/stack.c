@@ -435,20 +435,29 @@ int msnap_set_frame_hook(const msnap_frame_hook_t *hook) {
 
 /*
  * C frames, by MEMSNAP_UNWIND:
- *   - "libunwind" (default when libunwind.so.8 can be dlopen'ed):
- *     unw_backtrace with libunwind's per-thread cache of unwind info --
- *     the DWARF unwinder, correct through code without frame pointers,
- *     about 30 ns per frame once warm (measured 0.8 us for 25 frames);
- *   - "backtrace" (default otherwise): glibc backtrace(), the same DWARF
- *     walk without a cache, about 10x slower (8 us for 25 frames);
+ *   - "cfi" (default on x86_64 and aarch64): the recorder's own DWARF
+ *     unwinder with a process-wide cache of one compiled rule per return
+ *     address (unwind.c): one probe and one or two loads per frame; a
+ *     stack it cannot follow (signal frames, expressions) goes to
+ *     libunwind when it loads, else to backtrace();
+ *   - "libunwind" (the default elsewhere when libunwind.so.8 can be
+ *     dlopen'ed): unw_backtrace with libunwind's per-thread cache of
+ *     unwind info -- correct through code without frame pointers, about
+ *     11 ns per frame once warm plus a context save per capture;
+ *   - "backtrace": glibc backtrace(), the same DWARF walk without a
+ *     cache, about 10x slower (8 us for 25 frames);
  *   - "fp": a frame-pointer walk, a few ns per frame, only meaningful when
  *     everything is built with frame pointers (functions without them are
  *     skipped; the walk stops at the first link outside the thread's
  *     stack, so it never faults).
  */
-enum { UNWIND_BACKTRACE = 1, UNWIND_FP = 2, UNWIND_LIBUNWIND = 3 };
+enum {
+  UNWIND_BACKTRACE = 1,
+  UNWIND_FP = 2,
+  UNWIND_LIBUNWIND = 3,
+  UNWIND_CFI = 4
+};
 static _Atomic int unwind_mode; /* 0 = not chosen yet */
-static MSNAP_TLS uintptr_t stk_lo, stk_hi;
 static int (*unw_bt)(void **, int); /* set once before unwind_mode */
 
 #if defined(__x86_64__)
@@ -479,6 +488,11 @@ static pthread_mutex_t unwind_lock = PTHREAD_MUTEX_INITIALIZER;
 static int unwinder(void) {
   int m = atomic_load_explicit(&unwind_mode, memory_order_acquire);
   if (msnap_likely(m != 0)) return m;
+  /* Whether the CFI unwinder follows this stack (it may take its rule
+   * cache's lock, MSNAP_RANK_UNWIND_CACHE: before ours, which then
+   * guards the choice alone). */
+  uintptr_t probe[4];
+  bool cfi = msnap__unwind_cfi(probe, 4) > 0;
   msnap__mutex_lock(&unwind_lock, MSNAP_RANK_UNWIND);
   m = atomic_load_explicit(&unwind_mode, memory_order_relaxed);
   if (m == 0) {
@@ -487,6 +501,10 @@ static int unwinder(void) {
       m = UNWIND_FP;
     else if (e && strcmp(e, "backtrace") == 0)
       m = UNWIND_BACKTRACE;
+    else if (e && strcmp(e, "libunwind") == 0)
+      m = libunwind_load() == 0 ? UNWIND_LIBUNWIND : UNWIND_BACKTRACE;
+    else if (cfi) /* its fallback: libunwind, else backtrace */
+      m = (libunwind_load(), UNWIND_CFI);
     else
       m = libunwind_load() == 0 ? UNWIND_LIBUNWIND : UNWIND_BACKTRACE;
     atomic_store_explicit(&unwind_mode, m, memory_order_release);
@@ -495,10 +513,36 @@ static int unwinder(void) {
   return m;
 }
 
+int msnap__stack_set_unwinder(const char *name) {
+  int m;
+  if (strcmp(name, "fp") == 0)
+    m = UNWIND_FP;
+  else if (strcmp(name, "backtrace") == 0)
+    m = UNWIND_BACKTRACE;
+  else if (strcmp(name, "libunwind") == 0)
+    m = UNWIND_LIBUNWIND;
+  else if (strcmp(name, "cfi") == 0)
+    m = UNWIND_CFI;
+  else
+    return MSNAP_EINVAL;
+  uintptr_t probe[4];
+  if (m == UNWIND_CFI && msnap__unwind_cfi(probe, 4) <= 0) return MSNAP_EINVAL;
+  (void)unwinder(); /* chosen once: libunwind loaded if it can be */
+  msnap__mutex_lock(&unwind_lock, MSNAP_RANK_UNWIND);
+  int rc = 0;
+  if (m == UNWIND_LIBUNWIND && unw_bt == NULL && libunwind_load() != 0)
+    rc = MSNAP_EINVAL;
+  else
+    atomic_store_explicit(&unwind_mode, m, memory_order_release);
+  msnap__mutex_unlock(&unwind_lock, MSNAP_RANK_UNWIND);
+  return rc;
+}
+
 const char *msnap__stack_unwinder_name(void) {
   switch (unwinder()) {
   case UNWIND_FP: return "fp";
   case UNWIND_LIBUNWIND: return "libunwind";
+  case UNWIND_CFI: return "cfi";
   default: return "backtrace";
   }
 }
@@ -507,18 +551,8 @@ const char *msnap__stack_unwinder_name(void) {
  * function that inlines this one. */
 static inline __attribute__((always_inline)) int fp_walk(uintptr_t *out,
                                                          int max) {
-  if (stk_hi == 0) {
-    pthread_attr_t at;
-    void *addr = NULL;
-    size_t sz = 0;
-    if (pthread_getattr_np(pthread_self(), &at) == 0) {
-      pthread_attr_getstack(&at, &addr, &sz);
-      pthread_attr_destroy(&at);
-    }
-    stk_lo = (uintptr_t)addr;
-    stk_hi = (uintptr_t)addr + sz;
-    if (stk_hi == 0) stk_hi = 1; /* unknown: the walk stops at once */
-  }
+  uintptr_t stk_lo, stk_hi; /* unknown: hi 1, the walk stops at once */
+  msnap__thread_stack(&stk_lo, &stk_hi);
   uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
   int n = 0;
   while (n < max) {
@@ -545,23 +579,34 @@ static void bt_warm(void) {
 
 /*
  * Per-thread cache of the last stacks this thread interned.  Loops capture
- * the same stack again and again; a hit costs a memcmp and one atomic
- * increment instead of a hash, the table lock and a probe, and keeps a
- * stack alive between a block's free and the next malloc of the same site
- * (no free/re-create churn).  Each cached id holds one reference, dropped
- * when the slot is reused or the thread exits.
+ * the same stack again and again; a hit costs a memcmp instead of a hash,
+ * the table lock and a probe, and keeps a stack alive between a block's
+ * free and the next malloc of the same site (no free/re-create churn).
+ * Each cached id holds one reference, dropped when the slot is reused or
+ * the thread exits.  An allocator call borrows the id it captured from
+ * its slot (msnap__stack_capture_pinned): the slot is pinned until the
+ * call ends, and a pinned slot is never reused -- so the call's stack
+ * costs no atomic operation.
  */
 #define TCACHE_SLOTS 4
-static MSNAP_TLS uint32_t tcache[TCACHE_SLOTS];
-static MSNAP_TLS unsigned tcache_next;
+typedef struct tcache_s {
+  uint32_t id[TCACHE_SLOTS];
+  uint8_t pins[TCACHE_SLOTS];
+  unsigned next;
+  bool registered;
+} tcache_t;
+static MSNAP_TLS tcache_t tc;
 static pthread_key_t tcache_key;
 static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
 
+/* Thread exit: every reference goes. */
 static void tcache_destructor(void *p) {
   (void)p;
+  tcache_t *t = &tc;
   for (int i = 0; i < TCACHE_SLOTS; i++) {
-    uint32_t id = tcache[i];
-    tcache[i] = 0;
+    uint32_t id = t->id[i];
+    t->id[i] = 0;
+    t->pins[i] = 0;
     msnap__stack_unref(id);
   }
 }
@@ -570,60 +615,88 @@ static void tcache_key_make(void) {
   pthread_key_create(&tcache_key, tcache_destructor);
 }
 
-void msnap__stack_tcache_flush(void) { tcache_destructor(NULL); }
+void msnap__stack_tcache_flush(void) {
+  tcache_t *t = &tc;
+  for (int i = 0; i < TCACHE_SLOTS; i++) {
+    if (t->pins[i]) continue; /* in use by a call of this thread */
+    uint32_t id = t->id[i];
+    t->id[i] = 0;
+    msnap__stack_unref(id);
+  }
+}
+
+void msnap__stack_unpin(uint8_t pin) {
+  if (pin == 0 || pin > TCACHE_SLOTS) return;
+  tcache_t *t = &tc;
+  MSNAP_ASSERT(t->pins[pin - 1] > 0);
+  if (t->pins[pin - 1] > 0) t->pins[pin - 1]--;
+}
 
 /* Look words (nc C frames then npy interpreter frames) up in the cache;
- * returns an id with a new reference, or 0. */
-static uint32_t tcache_lookup(const uintptr_t *w, uint32_t nc, uint32_t npy,
-                              const msnap_frame_hook_t *hook) {
+ * returns the slot + 1 holding them, or 0. */
+static int tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc,
+                         uint32_t npy, const msnap_frame_hook_t *hook) {
   size_t len = ((size_t)nc + 2 * (size_t)npy) * sizeof *w;
   for (int i = 0; i < TCACHE_SLOTS; i++) {
-    uint32_t id = tcache[i];
+    uint32_t id = t->id[i];
     if (id == 0) continue;
     sentry_t *e = slot_get(id); /* alive: the cache holds a reference */
-    if (e->nc == nc && e->npy == npy && e->hook == hook &&
-        memcmp(e->w, w, len) == 0) {
-      atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
-      return id;
-    }
+    if (e->nc == nc && e->npy == npy && e->hook == hook && e->w[0] == w[0] &&
+        memcmp(e->w, w, len) == 0)
+      return i + 1;
   }
   return 0;
 }
 
-static void tcache_insert(uint32_t id) {
-  if (tcache_next == 0 && tcache[0] == 0) {
+/* Put id (whose reference the cache takes over) into a slot that is not
+ * pinned; returns the slot + 1, or 0 when every slot is pinned (the
+ * reference stays the caller's). */
+static int tcache_insert(tcache_t *t, uint32_t id) {
+  if (!t->registered) {
     pthread_once(&tcache_once, tcache_key_make);
     pthread_setspecific(tcache_key, (void *)1);
+    t->registered = true;
   }
-  unsigned k = tcache_next++ % TCACHE_SLOTS;
-  uint32_t old = tcache[k];
-  msnap__stack_ref(id);
-  tcache[k] = id;
-  msnap__stack_unref(old);
+  for (int j = 0; j < TCACHE_SLOTS; j++) {
+    unsigned k = (t->next + (unsigned)j) % TCACHE_SLOTS;
+    if (t->pins[k]) continue;
+    t->next = k + 1;
+    uint32_t old = t->id[k];
+    t->id[k] = id;
+    msnap__stack_unref(old);
+    return (int)k + 1;
+  }
+  return 0;
 }
 
 /* Capture the calling thread's stack (see stack.h).  The C part starts at
- * this function's caller -- located by its return address, so that
- * interposed unwinders (sanitizers) adding frames do not matter -- and
- * drops `skip` more frames.  The frames are gathered in place, in the
- * layout of a table entry, so that a cache hit copies nothing. */
-__attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
-                                                        int skip) {
+ * the caller of the (noinline) entry point whose return address is `ret`
+ * -- located by that address, so that interposed unwinders (sanitizers)
+ * adding frames do not matter -- and drops `skip` more frames.  The
+ * frames are gathered in place, in the layout of a table entry, so that a
+ * cache hit copies nothing.  pin NULL: the id is returned with a
+ * reference; else borrowed from a pinned cache slot when possible. */
+static inline __attribute__((always_inline)) uint32_t
+capture(unsigned stacks, int skip, uintptr_t ret, uint8_t *pin) {
   uintptr_t w[MSNAP_STACK_MAX_C + 2 * MSNAP_STACK_MAX_PY];
   int nc = 0, npy = 0;
   const msnap_frame_hook_t *hook = NULL;
   if (stacks & MSNAP_STACKS_CPP) {
     int um = unwinder();
+    nc = -1;
+    if (um == UNWIND_CFI) {
+      nc = msnap__unwind_cfi(w, MSNAP_STACK_MAX_C);
+      if (nc < 0) um = unw_bt ? UNWIND_LIBUNWIND : UNWIND_BACKTRACE;
+    }
     if (um == UNWIND_FP) {
       nc = fp_walk(w, MSNAP_STACK_MAX_C);
     } else if (um == UNWIND_LIBUNWIND) {
       nc = unw_bt((void **)w, MSNAP_STACK_MAX_C);
       if (nc < 0) nc = 0;
-    } else {
+    } else if (um == UNWIND_BACKTRACE) {
       pthread_once(&bt_once, bt_warm);
       nc = backtrace((void **)w, MSNAP_STACK_MAX_C);
     }
-    uintptr_t ret = (uintptr_t)__builtin_return_address(0);
     int self = 1; /* default: only this function's frame */
     for (int i = 0; i < nc && i < 8; i++) {
       if (w[i] == ret) {
@@ -651,13 +724,44 @@ __attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
       if (npy > 0) msnap__stack_drain_releases();
     }
   }
+  if (pin) *pin = 0;
   if (nc + npy == 0) return 0;
   if (npy == 0) hook = NULL;
-  uint32_t id = tcache_lookup(w, (uint32_t)nc, (uint32_t)npy, hook);
-  if (id != 0) return id;
-  id = intern(KIND_STACK, w, (uint32_t)nc, (uint32_t)npy, hook);
-  if (id != 0) tcache_insert(id);
+  tcache_t *t = &tc;
+  int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook);
+  if (k != 0) {
+    uint32_t id = t->id[k - 1];
+    if (pin) {
+      t->pins[k - 1]++;
+      *pin = (uint8_t)k;
+    } else {
+      msnap__stack_ref(id);
+    }
+    return id;
+  }
+  uint32_t id = intern(KIND_STACK, w, (uint32_t)nc, (uint32_t)npy, hook);
+  if (id == 0) return 0;
+  if (!pin) msnap__stack_ref(id); /* one for the cache, one returned */
+  k = tcache_insert(t, id);
+  if (k == 0) {
+    if (!pin) msnap__stack_unref(id); /* not cached after all */
+    return id;
+  }
+  if (pin) {
+    t->pins[k - 1]++;
+    *pin = (uint8_t)k;
+  }
   return id;
+}
+
+__attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
+                                                        int skip) {
+  return capture(stacks, skip, (uintptr_t)__builtin_return_address(0), NULL);
+}
+
+__attribute__((noinline)) uint32_t
+msnap__stack_capture_pinned(unsigned stacks, int skip, uint8_t *pin) {
+  return capture(stacks, skip, (uintptr_t)__builtin_return_address(0), pin);
 }
 
 int msnap__stack_check(char *msg, size_t len) {
@@ -901,14 +1005,17 @@ const char *msnap__symbolizer_name(void) {
 
 /* unwind_lock, then sym_lock, then the stack table lock (innermost). */
 /* Fork safety (alloc/fork.c): rank order MSNAP_RANK_STACK_TABLE <
- * MSNAP_RANK_UNWIND < MSNAP_RANK_SYMBOLS; released in reverse. */
+ * MSNAP_RANK_UNWIND < MSNAP_RANK_UNWIND_CACHE (unwind.c's rule cache) <
+ * MSNAP_RANK_SYMBOLS; released in reverse. */
 void msnap__stack_atfork(int phase) {
   if (phase == MSNAP_FORK_PREPARE) {
     msnap__fork_mutex(&tab_lock, phase);
     msnap__fork_mutex(&unwind_lock, phase);
+    msnap__unwind_atfork(phase);
     msnap__fork_mutex(&sym_lock, phase);
   } else {
     msnap__fork_mutex(&sym_lock, phase);
+    msnap__unwind_atfork(phase);
     msnap__fork_mutex(&unwind_lock, phase);
     msnap__fork_mutex(&tab_lock, phase);
   }

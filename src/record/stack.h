@@ -59,9 +59,43 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
  * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
  * is installed.  Returns an id with one reference, or 0. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
-/* The C unwinder in use (MEMSNAP_UNWIND): "libunwind" (default when
- * libunwind.so.8 loads), "backtrace" (glibc) or "fp". */
+/* The same, for a caller that uses the id only until a matching
+ * msnap__stack_unpin on this thread, with no other capture on this thread
+ * in between (an allocator call): on a hit in the thread's stack cache,
+ * or when the new stack enters it, the id is borrowed from the cache,
+ * whose slot stays pinned (*pin != 0) -- no atomic operation; otherwise
+ * (*pin == 0) the caller owns one reference. */
+uint32_t msnap__stack_capture_pinned(unsigned stacks, int skip,
+                                     uint8_t *pin);
+void msnap__stack_unpin(uint8_t pin);
+/* The DWARF CFI unwinder (unwind.c): return addresses of the calling
+ * thread, innermost first, the first one inside msnap__unwind_cfi itself;
+ * at most max.  -1 when it cannot follow this stack (the caller then uses
+ * another unwinder).  Rules are cached per return address for the life
+ * of the process. */
+int msnap__unwind_cfi(uintptr_t *out, int max);
+/* The calling thread's stack [lo, hi) (pthread_getattr_np, once per
+ * thread; hi 1 when unknown): the bounds every stack walk reads within. */
+void msnap__thread_stack(uintptr_t *lo, uintptr_t *hi);
+/* Forget the calling thread's last walk (tests: the next capture walks
+ * every frame by rule). */
+void msnap__unwind_forget(void);
+/* Rules in the unwind cache (tests). */
+size_t msnap__unwind_cached(void);
+/* Structure check of the unwind cache: 0 or MSNAP_ESTATE with msg. */
+int msnap__unwind_check(char *msg, size_t len);
+/* Fork safety: the rule cache's lock (msnap__stack_atfork calls it at its
+ * rank, MSNAP_RANK_UNWIND_CACHE). */
+void msnap__unwind_atfork(int phase);
+/* The C unwinder in use (MEMSNAP_UNWIND): "cfi" (default where
+ * supported: x86_64, aarch64), "libunwind", "backtrace" (glibc) or "fp".
+ * With "cfi", a stack it cannot follow is unwound by libunwind when
+ * libunwind.so.8 loads, else by backtrace(). */
 const char *msnap__stack_unwinder_name(void);
+/* Switch the unwinder ("cfi", "libunwind", "backtrace", "fp") for tests
+ * and benchmarks that compare them in one process: 0, or MSNAP_EINVAL
+ * when it is unknown or unavailable here. */
+int msnap__stack_set_unwinder(const char *name);
 /* Intern a string (len bytes, need not be NUL-terminated).  "" gives 0. */
 uint32_t msnap__str_intern(const char *s, size_t len);
 /* Text of a string id ("" for 0); valid while a reference is held. */
@@ -83,7 +117,7 @@ const msnap_frame_hook_t *msnap__frame_hook(void);
 void msnap__stack_drain_releases(void);
 /* Drop the calling thread's cache of recently captured stacks (each
  * thread keeps references on its last few stacks; msnap_set_frame_hook
- * and thread exit flush it too). */
+ * and thread exit flush it too); pinned slots stay. */
 void msnap__stack_tcache_flush(void);
 /* Structure check (see top of file): 0 or MSNAP_ESTATE with msg. */
 int msnap__stack_check(char *msg, size_t len);
@@ -104,8 +138,8 @@ void msnap__symbolize(uintptr_t pc, msnap_csym_t *out);
 /* Whether libdw was found ("libdw" or "dladdr"). */
 const char *msnap__symbolizer_name(void);
 
-/* Fork safety: the stack table, unwinder and symbol locks (alloc/fork.c
- * calls it at their rank). */
+/* Fork safety: the stack table, unwinder choice, CFI rule cache and symbol
+ * locks (alloc/fork.c calls it at their rank). */
 void msnap__stack_atfork(int phase);
 
 #endif /* MSNAP_STACK_H */

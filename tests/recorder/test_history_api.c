@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "decoded_copy.h"
+
 #include "alloc/alloc.h"
 #include "record/stack.h"
 
@@ -52,16 +54,16 @@ static void disable(msnap_allocator_t *a) {
   assert_int_equal(msnap_record_history(a, &o), 0);
 }
 
-/* Copy device dev's ring; returns the count. */
-static size_t copy(msnap_allocator_t *a, int dev, msnap_hcopy_t **v,
+/* Copy device dev's ring (decoded); returns the count. */
+static size_t copy(msnap_allocator_t *a, int dev, msnap_hentry_t **v,
                    uint64_t *dropped) {
-  size_t n;
+  msnap_hcopy_t c;
   uint64_t cap;
   msnap__device_lock(a, dev);
-  assert_int_equal(msnap__history_copy_locked(a, dev, v, &n, dropped, &cap),
-                   0);
+  assert_int_equal(msnap__history_copy_locked(a, dev, &c, dropped, &cap), 0);
   msnap__device_unlock(a, dev);
-  return n;
+  *v = decode(&c);
+  return (size_t)c.n;
 }
 
 /* n allocations of `size` bytes on dev, freed at once: 2n entries. */
@@ -121,36 +123,36 @@ static void test_rings_of_every_device(void **state) {
   /* segment_alloc, then (alloc, free_requested, free_completed) x 3 */
   churn(a, 0, 3, 1000);
   churn(a, 1, 1, 1000); /* 4 entries */
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, 0, &v, &dropped);
   assert_int_equal(n, 3);
   assert_int_equal(dropped, 7);
-  assert_int_equal(v[0].e.action, MSNAP_ACTION_ALLOC);
-  assert_int_equal(v[2].e.action, MSNAP_ACTION_FREE_COMPLETED);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].action, MSNAP_ACTION_ALLOC);
+  assert_int_equal(v[2].action, MSNAP_ACTION_FREE_COMPLETED);
+  release(v);
   n = copy(a, 1, &v, &dropped);
   assert_int_equal(n, 3);
   assert_int_equal(dropped, 1);
-  msnap__hcopy_release(v, n);
+  release(v);
   /* A larger capacity keeps what is there. */
   enable(a, 100, MSNAP_CONTEXT_ALLOC, false, 0);
   n = copy(a, 1, &v, &dropped);
   assert_int_equal(n, 3);
-  msnap__hcopy_release(v, n);
+  release(v);
   /* A smaller one keeps the newest (on every device). */
   enable(a, 1, MSNAP_CONTEXT_ALLOC, false, 0);
   n = copy(a, 1, &v, &dropped);
   assert_int_equal(n, 1);
-  assert_int_equal(v[0].e.action, MSNAP_ACTION_FREE_COMPLETED);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].action, MSNAP_ACTION_FREE_COMPLETED);
+  release(v);
   /* clear_history empties every ring. */
   enable(a, 100, MSNAP_CONTEXT_ALLOC, true, 0);
   for (int d = 0; d < 2; d++) {
     n = copy(a, d, &v, &dropped);
     assert_int_equal(n, 0);
     assert_int_equal(dropped, 0);
-    msnap__hcopy_release(v, n);
+    release(v);
   }
   churn(a, 0, 1, 1000);
   disable(a);
@@ -158,7 +160,7 @@ static void test_rings_of_every_device(void **state) {
   churn(a, 0, 1, 1000);
   n = copy(a, 0, &v, &dropped);
   assert_int_equal(n, 0);
-  msnap__hcopy_release(v, n);
+  release(v);
   char msg[256];
   assert_int_equal(msnap_check_invariants(a, msg, sizeof msg), 0);
   msnap_allocator_destroy(a);
@@ -170,20 +172,20 @@ static void test_skip_actions(void **state) {
   enable(a, 100, MSNAP_CONTEXT_NEVER, true,
          (1u << MSNAP_ACTION_FREE_REQUESTED) | (1u << MSNAP_ACTION_ALLOC));
   churn(a, 0, 1, 1000);
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, 0, &v, &dropped);
   /* segment_alloc, free_completed */
   assert_int_equal(n, 2);
-  assert_int_equal(v[0].e.action, MSNAP_ACTION_SEGMENT_ALLOC);
-  assert_int_equal(v[1].e.action, MSNAP_ACTION_FREE_COMPLETED);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].action, MSNAP_ACTION_SEGMENT_ALLOC);
+  assert_int_equal(v[1].action, MSNAP_ACTION_FREE_COMPLETED);
+  release(v);
   /* The skip set is replaced on every call. */
   enable(a, 100, MSNAP_CONTEXT_NEVER, true, 0);
   churn(a, 0, 1, 1000);
   n = copy(a, 0, &v, &dropped);
   assert_int_equal(n, 3);
-  msnap__hcopy_release(v, n);
+  release(v);
   msnap_allocator_destroy(a);
 }
 
@@ -203,21 +205,21 @@ static void test_annotate(void **state) {
   assert_int_equal(msnap_set_memory_metadata("thread-meta"), 0);
   assert_int_equal(msnap_annotate_memory(a, p, "weights"), 0);
   assert_int_equal(msnap_set_memory_metadata(""), 0);
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, 1, &v, &dropped);
   assert_int_equal(n, 1);
-  assert_int_equal(v[0].e.action, MSNAP_ACTION_ANNOTATE);
-  assert_int_equal(v[0].e.addr, p);
-  assert_int_equal(v[0].e.size, 400);
+  assert_int_equal(v[0].action, MSNAP_ACTION_ANNOTATE);
+  assert_int_equal(v[0].addr, p);
+  assert_int_equal(v[0].size, 400);
   assert_int_equal(v[0].stream, 5);
   assert_int_equal(v[0].pool.second, 0);
-  assert_string_equal(msnap__str_get(v[0].e.user_metadata, NULL), "weights");
-  assert_int_not_equal(v[0].e.stack, 0); /* annotation-site stack */
-  msnap__hcopy_release(v, n);
+  assert_string_equal(msnap__str_get(v[0].user_metadata, NULL), "weights");
+  assert_int_not_equal(v[0].stack, 0); /* annotation-site stack */
+  release(v);
   n = copy(a, 0, &v, &dropped);
   assert_int_equal(n, 0);
-  msnap__hcopy_release(v, n);
+  release(v);
   assert_int_equal(msnap_free(a, p), 0);
   msnap_allocator_destroy(a);
 }

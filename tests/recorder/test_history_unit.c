@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "decoded_copy.h"
+
 #include "record/history.h"
 #include "record/stack.h"
 
@@ -89,14 +91,15 @@ static void disable(rec_t *r) {
   pthread_mutex_unlock(&r->lock);
 }
 
-/* Copy the ring; returns the count. */
-static size_t copy(rec_t *r, msnap_hcopy_t **v, uint64_t *dropped) {
-  size_t n;
+/* Copy the ring (decoded); returns the count. */
+static size_t copy(rec_t *r, msnap_hentry_t **v, uint64_t *dropped) {
+  msnap_hcopy_t c;
   pthread_mutex_lock(&r->lock);
-  assert_int_equal(msnap__ring_copy(&r->ring, v, &n), 0);
+  assert_int_equal(msnap__ring_copy(&r->ring, &c), 0);
   *dropped = r->ring.dropped;
   pthread_mutex_unlock(&r->lock);
-  return n;
+  *v = decode(&c);
+  return (size_t)c.n;
 }
 
 static void test_action_names(void **state) {
@@ -129,47 +132,47 @@ static void test_ring_keeps_newest(void **state) {
   for (uint64_t i = 1; i <= 5; i++)
     event(a, MSNAP_ACTION_ALLOC, 0x1000 * i, i, false);
   event(b, MSNAP_ACTION_ALLOC, 0x9000, 9, false);
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, &v, &dropped);
   assert_int_equal(n, 3);
   assert_int_equal(dropped, 2);
   for (size_t i = 0; i < n; i++) {
-    assert_int_equal(v[i].e.addr, 0x1000 * (i + 3));
-    assert_int_equal(v[i].e.size, i + 3);
+    assert_int_equal(v[i].addr, 0x1000 * (i + 3));
+    assert_int_equal(v[i].size, i + 3);
     assert_int_equal(v[i].stream, 7);
-    assert_int_equal(v[i].e.action, MSNAP_ACTION_ALLOC);
-    assert_int_equal(v[i].e.stack, 0); /* context NEVER: no stacks */
+    assert_int_equal(v[i].action, MSNAP_ACTION_ALLOC);
+    assert_int_equal(v[i].stack, 0); /* context NEVER: no stacks */
   }
-  msnap__hcopy_release(v, n);
+  release(v);
   n = copy(b, &v, &dropped);
   assert_int_equal(n, 1);
   assert_int_equal(dropped, 0);
-  msnap__hcopy_release(v, n);
+  release(v);
 
   /* Raising the capacity keeps the entries; lowering keeps the newest. */
   enable(a, 10, MSNAP_CONTEXT_NEVER, false, 0);
   event(a, MSNAP_ACTION_ALLOC, 0x6000, 6, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 4);
-  assert_int_equal(v[0].e.addr, 0x3000);
-  assert_int_equal(v[3].e.addr, 0x6000);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].addr, 0x3000);
+  assert_int_equal(v[3].addr, 0x6000);
+  release(v);
   enable(a, 2, MSNAP_CONTEXT_NEVER, false, 0);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 2);
-  assert_int_equal(v[0].e.addr, 0x5000);
-  assert_int_equal(v[1].e.addr, 0x6000);
+  assert_int_equal(v[0].addr, 0x5000);
+  assert_int_equal(v[1].addr, 0x6000);
   assert_int_equal(dropped, 4);
-  msnap__hcopy_release(v, n);
+  release(v);
 
   /* max_entries 0 is clamped to 1 ("state" mode). */
   enable(a, 0, MSNAP_CONTEXT_NEVER, false, 0);
   event(a, MSNAP_ACTION_FREE_REQUESTED, 0x7000, 7, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 1);
-  assert_int_equal(v[0].e.action, MSNAP_ACTION_FREE_REQUESTED);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].action, MSNAP_ACTION_FREE_REQUESTED);
+  release(v);
   rec_free(a);
   rec_free(b);
 }
@@ -180,13 +183,13 @@ static void test_ring_growth_many(void **state) {
   enable(a, 1000, MSNAP_CONTEXT_NEVER, false, 0);
   for (uint64_t i = 0; i < 2500; i++)
     event(a, MSNAP_ACTION_ALLOC, i, i, false);
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, &v, &dropped);
   assert_int_equal(n, 1000);
   assert_int_equal(dropped, 1500);
-  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].e.addr, 1500 + i);
-  msnap__hcopy_release(v, n);
+  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].addr, 1500 + i);
+  release(v);
   rec_free(a);
 }
 
@@ -196,7 +199,7 @@ static void test_ring_growth_many(void **state) {
 static void test_ring_chunks(void **state) {
   (void)state;
   rec_t *a = rec_new();
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n;
   enable(a, 10000, MSNAP_CONTEXT_NEVER, true, 0);
@@ -206,8 +209,8 @@ static void test_ring_chunks(void **state) {
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 10000);
   assert_int_equal(dropped, 15000);
-  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].e.addr, 15000 + i);
-  msnap__hcopy_release(v, n);
+  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].addr, 15000 + i);
+  release(v);
   assert_int_equal(a->ring.nchunks, 3);
   /* grow after wrapping: straightened, then chunks are added */
   enable(a, 20000, MSNAP_CONTEXT_NEVER, false, 0);
@@ -215,23 +218,23 @@ static void test_ring_chunks(void **state) {
     event(a, MSNAP_ACTION_ALLOC, next++, 1, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 15000);
-  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].e.addr, 15000 + i);
-  msnap__hcopy_release(v, n);
+  for (size_t i = 0; i < n; i++) assert_int_equal(v[i].addr, 15000 + i);
+  release(v);
   /* shrink keeps the newest */
   enable(a, 4097, MSNAP_CONTEXT_NEVER, false, 0);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 4097);
-  assert_int_equal(v[0].e.addr, 30000 - 4097);
-  assert_int_equal(v[4096].e.addr, 29999);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].addr, 30000 - 4097);
+  assert_int_equal(v[4096].addr, 29999);
+  release(v);
   assert_int_equal(a->ring.vcap, 4097);
   for (int i = 0; i < 9000; i++)
     event(a, MSNAP_ACTION_ALLOC, next++, 1, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 4097);
   for (size_t i = 0; i < n; i++)
-    assert_int_equal(v[i].e.addr, next - 4097 + i);
-  msnap__hcopy_release(v, n);
+    assert_int_equal(v[i].addr, next - 4097 + i);
+  release(v);
   char msg[256];
   pthread_mutex_lock(&a->lock);
   assert_int_equal(msnap__ring_check(&a->ring, msg, sizeof msg), 0);
@@ -247,16 +250,16 @@ static void test_clear_and_disable(void **state) {
   event(a, MSNAP_ACTION_ALLOC, 1, 1, false);
   /* Re-enabling with another context keeps the entries. */
   enable(a, 100, MSNAP_CONTEXT_ALLOC, false, 0);
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, &v, &dropped);
   assert_int_equal(n, 1);
-  msnap__hcopy_release(v, n);
+  release(v);
   /* clear_history empties the ring. */
   enable(a, 100, MSNAP_CONTEXT_ALLOC, true, 0);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 0);
-  msnap__hcopy_release(v, n);
+  release(v);
   event(a, MSNAP_ACTION_ALLOC, 2, 2, false);
   /* Disabling discards history and records nothing more. */
   disable(a);
@@ -264,7 +267,7 @@ static void test_clear_and_disable(void **state) {
   event(a, MSNAP_ACTION_ALLOC, 3, 3, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 0);
-  msnap__hcopy_release(v, n);
+  release(v);
   rec_free(a);
 }
 
@@ -277,24 +280,24 @@ static void test_skip_actions(void **state) {
   event(a, MSNAP_ACTION_FREE_REQUESTED, 1, 1, true);
   event(a, MSNAP_ACTION_FREE_COMPLETED, 1, 1, true);
   event(a, MSNAP_ACTION_SNAPSHOT, 0, 0, false);
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, &v, &dropped);
   assert_int_equal(n, 2);
-  assert_int_equal(v[0].e.action, MSNAP_ACTION_ALLOC);
-  assert_int_equal(v[1].e.action, MSNAP_ACTION_FREE_COMPLETED);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].action, MSNAP_ACTION_ALLOC);
+  assert_int_equal(v[1].action, MSNAP_ACTION_FREE_COMPLETED);
+  release(v);
   /* The skip set is replaced on every call. */
   enable(a, 100, MSNAP_CONTEXT_NEVER, true, 0);
   event(a, MSNAP_ACTION_FREE_REQUESTED, 1, 1, true);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 1);
-  msnap__hcopy_release(v, n);
+  release(v);
   /* Actions outside the table are never recorded. */
   event(a, (msnap_action_t)MSNAP_ACTION_COUNT, 1, 1, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 1);
-  msnap__hcopy_release(v, n);
+  release(v);
   rec_free(a);
 }
 
@@ -304,7 +307,7 @@ static void test_context_levels(void **state) {
   msnap__stack_tcache_flush();
   size_t live0 = msnap__stack_live();
   msnap_rctx_t ctx;
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n;
 
@@ -320,8 +323,8 @@ static void test_context_levels(void **state) {
   event(a, MSNAP_ACTION_ALLOC, 1, 1, false);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 1);
-  assert_int_equal(v[0].e.stack, 0);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[0].stack, 0);
+  release(v);
 
   /* ALLOC: entries carry the malloc stack; free sites capture none, the
    * allocator passes the block's stack as override. */
@@ -342,12 +345,15 @@ static void test_context_levels(void **state) {
   msnap__rctx_release(&ctx);
   n = copy(a, &v, &dropped);
   assert_int_equal(n, 2);
-  assert_int_equal(v[0].e.stack, actx.stack);
-  assert_int_equal(v[1].e.stack, actx.stack);
-  /* ring (2) + copy (2) + ours (1), once the thread cache let go */
+  assert_int_equal(v[0].stack, actx.stack);
+  assert_int_equal(v[1].stack, actx.stack);
+  /* Both entries share one entry context, which holds the ring's one
+   * reference; the copy holds one per context: ring (1) + copy (1) + the
+   * thread's stack cache (1: actx borrows its id from a pinned slot, which
+   * a flush keeps). */
   msnap__stack_tcache_flush();
-  assert_int_equal(msnap__stack_refcount(actx.stack), 5);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(msnap__stack_refcount(actx.stack), 3);
+  release(v);
   msnap__rctx_release(&actx);
 
   /* ALL: free sites capture their own stack. */
@@ -387,20 +393,20 @@ static void test_metadata_and_compile_context(void **state) {
   assert_int_equal(msnap_set_memory_metadata(""), 0);
   event(a, MSNAP_ACTION_ALLOC, 4, 4, false);
 
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, &v, &dropped);
   assert_int_equal(n, 4);
-  assert_int_equal(v[0].e.user_metadata, 0);
-  assert_int_equal(v[0].e.compile_context, 0);
-  assert_string_equal(msnap__str_get(v[1].e.user_metadata, NULL), "phase=fwd");
-  assert_string_equal(msnap__str_get(v[1].e.compile_context, NULL),
+  assert_int_equal(v[0].user_metadata, 0);
+  assert_int_equal(v[0].compile_context, 0);
+  assert_string_equal(msnap__str_get(v[1].user_metadata, NULL), "phase=fwd");
+  assert_string_equal(msnap__str_get(v[1].compile_context, NULL),
                       "Torch-Compiled Region: 1/0");
-  assert_string_equal(msnap__str_get(v[2].e.compile_context, NULL),
+  assert_string_equal(msnap__str_get(v[2].compile_context, NULL),
                       "Torch-Compiled Region: 0/0");
-  assert_int_equal(v[3].e.user_metadata, 0);
-  assert_int_equal(v[3].e.compile_context, 0);
-  msnap__hcopy_release(v, n);
+  assert_int_equal(v[3].user_metadata, 0);
+  assert_int_equal(v[3].compile_context, 0);
+  release(v);
   disable(a);
   msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_live(), live0);
@@ -472,13 +478,13 @@ static void test_clock(void **state) {
   for (int i = 0; i < 2000; i++) event(a, MSNAP_ACTION_ALLOC, i, 1, false);
   int64_t after = realtime_us();
   msnap__clock_calibrate();
-  msnap_hcopy_t *v;
+  msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, &v, &dropped);
   assert_int_equal(n, 2000);
   int64_t prev = INT64_MIN;
   for (size_t i = 0; i < n; i++) {
-    int64_t t = msnap__clock_to_us(v[i].e.raw_time);
+    int64_t t = msnap__clock_to_us(v[i].raw_time);
     assert_true(t >= prev);
     /* Within the bracketing wall-clock reads, with 2 ms of slack for the
      * calibration error. */
@@ -486,7 +492,7 @@ static void test_clock(void **state) {
     assert_true(t <= after + 2000);
     prev = t;
   }
-  msnap__hcopy_release(v, n);
+  release(v);
   int64_t now = msnap__clock_now_us(), wall = realtime_us();
   assert_true(now - wall < 2000 && wall - now < 2000);
   char msg[128];
@@ -513,15 +519,146 @@ static void test_ring_capacity_grows_after_partial_chunk(void **state) {
     enable(a, 10000, MSNAP_CONTEXT_NEVER, false, 0);
     for (int i = 0; i < 5000; i++)
       event(a, MSNAP_ACTION_ALLOC, next++, 1, false);
-    msnap_hcopy_t *v;
+    msnap_hentry_t *v;
     uint64_t dropped;
     size_t n = copy(a, &v, &dropped);
     assert_int_equal(n, cap0 + 5000 > 10000 ? 10000 : cap0 + 5000);
     for (size_t i = 0; i < n; i++)
-      assert_int_equal(v[i].e.addr, next - n + i);
-    msnap__hcopy_release(v, n);
+      assert_int_equal(v[i].addr, next - n + i);
+    release(v);
     rec_free(a);
   }
+}
+
+/* ---- the packed ring against a plain one ---------------------------------
+ * The ring stores 28-byte slots and shares stacks, metadata, streams and
+ * pools through entry contexts (ring.c).  Here a plain reference -- the
+ * newest `capacity` wide entries in a flat array -- receives the same
+ * random events (a few stacks, strings, streams, pools, every action,
+ * sizes with all 64 bits used, capacity changes with and without clear);
+ * after every step the decoded copy must equal it entry for entry, the
+ * ring must pass its check, and in the end every reference is gone. */
+typedef struct ref_s {
+  msnap_hentry_t *v;
+  size_t n, cap;
+  uint64_t capacity, dropped;
+} ref_t;
+
+static void ref_push(ref_t *r, const msnap_hentry_t *e) {
+  if (r->n == r->capacity) {
+    memmove(r->v, r->v + 1, (r->n - 1) * sizeof *r->v);
+    r->n--;
+    r->dropped++;
+  }
+  if (r->n == r->cap) {
+    r->cap = r->cap ? r->cap * 2 : 64;
+    r->v = realloc(r->v, r->cap * sizeof *r->v);
+    assert_non_null(r->v);
+  }
+  r->v[r->n++] = *e;
+}
+
+static void ref_capacity(ref_t *r, uint64_t capacity) {
+  r->capacity = capacity;
+  if (r->n > capacity) {
+    size_t drop = r->n - (size_t)capacity;
+    memmove(r->v, r->v + drop, (size_t)capacity * sizeof *r->v);
+    r->n = (size_t)capacity;
+    r->dropped += drop;
+  }
+}
+
+static uint64_t rnd_next(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+
+static void test_ring_matches_reference(void **state) {
+  (void)state;
+  msnap__stack_tcache_flush();
+  size_t live0 = msnap__stack_live();
+  uintptr_t pcs[3][2] = {{0x1000, 0x2000}, {0x1000, 0x3000}, {0x4000, 0}};
+  uint32_t stacks[3], strs[3];
+  for (int i = 0; i < 3; i++)
+    stacks[i] = msnap__stack_intern(pcs[i], i == 2 ? 1 : 2, NULL, 0, NULL);
+  strs[0] = msnap__str_intern("phase=fwd", 9);
+  strs[1] = msnap__str_intern("Torch-Compiled Region: 0/1", 26);
+  strs[2] = msnap__str_intern("phase=bwd", 9);
+  rec_t *a = rec_new();
+  ref_t ref = {0};
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  enable(a, 300, MSNAP_CONTEXT_ALL, true, 0);
+  ref.capacity = 300;
+  static const msnap_mempool_id_t pools[3] = {{0, 0}, {0, 1}, {7, 0}};
+  static const uint64_t caps[] = {1, 5, 299, 4096, 4097, 9000};
+  for (int step = 0; step < 40000; step++) {
+    uint64_t r = rnd_next(&x);
+    if (r % 1000 == 0) { /* capacity change, sometimes with clear */
+      uint64_t cap = caps[(r >> 10) % (sizeof caps / sizeof caps[0])];
+      bool clear = (r >> 20) % 4 == 0;
+      enable(a, cap, MSNAP_CONTEXT_ALL, clear, 0);
+      ref_capacity(&ref, cap);
+      if (clear) ref.n = 0, ref.dropped = 0;
+    } else {
+      msnap_hentry_t e;
+      memset(&e, 0, sizeof e);
+      e.action = (uint8_t)((r >> 8) % MSNAP_ACTION_COUNT);
+      e.addr = rnd_next(&x);
+      uint64_t w = rnd_next(&x);
+      e.size = (r >> 16) % 8 == 0 ? w : w >> (w % 64); /* all 64 bits too */
+      e.stream = (r >> 24) % 3 * 7;
+      e.pool = pools[(r >> 28) % 3];
+      e.stack = (r >> 32) % 4 ? stacks[(r >> 34) % 3] : 0;
+      e.user_metadata = (r >> 36) % 2 ? strs[(r >> 37) % 3] : 0;
+      e.compile_context = (r >> 39) % 3 == 0 ? strs[1] : 0;
+      msnap_rctx_t ctx;
+      memset(&ctx, 0, sizeof ctx);
+      ctx.stack = e.stack;
+      ctx.user_metadata = e.user_metadata;
+      ctx.compile_context = e.compile_context;
+      pthread_mutex_lock(&a->lock);
+      msnap__ring_record(&a->ring, &a->s, (msnap_action_t)e.action, e.addr,
+                         e.size, e.stream, e.pool, &ctx, 0);
+      pthread_mutex_unlock(&a->lock);
+      ref_push(&ref, &e);
+    }
+    pthread_mutex_lock(&a->lock);
+    char msg[256];
+    int rc = msnap__ring_check(&a->ring, msg, sizeof msg);
+    if (rc != 0) fail_msg("step %d: %s", step, msg);
+    assert_int_equal(a->ring.dropped, ref.dropped);
+    pthread_mutex_unlock(&a->lock);
+    if (step % 97 != 0 && step < 39999) continue;
+    msnap_hentry_t *v;
+    uint64_t dropped;
+    size_t n = copy(a, &v, &dropped);
+    assert_int_equal(n, ref.n);
+    for (size_t i = 0; i < n; i++) {
+      const msnap_hentry_t *g = &v[i], *w2 = &ref.v[i];
+      if (g->addr != w2->addr || g->size != w2->size ||
+          g->action != w2->action || g->stream != w2->stream ||
+          g->pool.first != w2->pool.first ||
+          g->pool.second != w2->pool.second || g->stack != w2->stack ||
+          g->user_metadata != w2->user_metadata ||
+          g->compile_context != w2->compile_context ||
+          g->internal_meta != 0)
+        fail_msg("step %d: entry %zu of %zu differs from the reference", step,
+                 i, n);
+      if (i > 0) assert_true(g->raw_time >= v[i - 1].raw_time);
+    }
+    release(v);
+  }
+  free(ref.v);
+  rec_free(a);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(msnap__stack_refcount(stacks[i]), 1);
+    msnap__stack_unref(stacks[i]);
+    assert_int_equal(msnap__stack_refcount(strs[i]), 1);
+    msnap__stack_unref(strs[i]);
+  }
+  assert_int_equal(msnap__stack_live(), live0);
 }
 
 int main(void) {
@@ -531,6 +668,7 @@ int main(void) {
       cmocka_unit_test(test_ring_growth_many),
       cmocka_unit_test(test_ring_chunks),
       cmocka_unit_test(test_ring_capacity_grows_after_partial_chunk),
+      cmocka_unit_test(test_ring_matches_reference),
       cmocka_unit_test(test_clear_and_disable),
       cmocka_unit_test(test_skip_actions),
       cmocka_unit_test(test_context_levels),

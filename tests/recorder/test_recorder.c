@@ -867,7 +867,7 @@ static void test_python_c_merge(void **state) {
   g = &s->segments[0];
   g->first_block = 0;
   g->nblocks = 1;
-  assert_int_equal(msnap__snap_import_stacks(s), 0);
+  assert_int_equal(msnap__snap_import_stacks(s, NULL, true), 0);
   check_model(s);
   assert_int_equal(s->blocks[0].frames, MSNAP_STACK_EMPTY);
   msnap_stack_t st = s->segments[0].frames;

@@ -1,15 +1,27 @@
 /*
  * test_stack_unit.c -- the stack/string intern table (dedup, reference
- * counts, id reuse), interpreter-frame hooks (retain, deferred release)
- * and C-frame symbolization.
+ * counts, id reuse), interpreter-frame hooks (retain, deferred release),
+ * C-frame symbolization, and the CFI unwinder (record/unwind.c) against
+ * libunwind and glibc backtrace(): the same return addresses through
+ * frames with and without frame pointers, alloca frames, deep recursion,
+ * call paths that change between captures at the same stack depth (the
+ * replay of the thread's last walk) and after forgetting it; and that
+ * the fork handler (msnap__stack_atfork) holds the CFI rule cache's lock
+ * with the others until the parent's release.
  */
+#include <alloca.h>
 #include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -232,6 +244,184 @@ static void test_c_capture_and_symbols(void **state) {
   msnap__stack_unref(s);
 }
 
+/* ---- the CFI unwinder against libunwind and backtrace() ------------------ */
+
+#define UW_MAX 128
+typedef struct uw_run_s {
+  uintptr_t cfi[UW_MAX], cfi_cold[UW_MAX], bt[UW_MAX];
+  void *lu[UW_MAX];
+  int ncfi, ncold, nbt, nlu;
+  uintptr_t here; /* return address into the function that captured */
+} uw_run_t;
+
+static int (*lu_backtrace)(void **, int);
+static uw_run_t uw;
+
+/* Captures with every unwinder from one frame; the walks are compared
+ * from `here` (the first frame they share) outward. */
+__attribute__((noinline)) static void uw_capture(void) {
+  uw.here = (uintptr_t)__builtin_return_address(0);
+  uw.ncfi = msnap__unwind_cfi(uw.cfi, UW_MAX);
+  msnap__unwind_forget();
+  uw.ncold = msnap__unwind_cfi(uw.cfi_cold, UW_MAX);
+  uw.nbt = backtrace((void **)uw.bt, UW_MAX);
+  uw.nlu = lu_backtrace ? lu_backtrace(uw.lu, UW_MAX) : 0;
+  no_tail_call++;
+}
+
+static int uw_from_here(const uintptr_t *v, int n) {
+  for (int i = 0; i < n && i < 8; i++)
+    if (v[i] == uw.here) return i;
+  return -1;
+}
+
+/* The walks agree from `here` on, over the frames both reached. */
+static void uw_expect_same(const char *what, const uintptr_t *a, int na,
+                           const uintptr_t *b, int nb, bool same_length) {
+  int ia = uw_from_here(a, na), ib = uw_from_here(b, nb);
+  if (ia < 0 || ib < 0) fail_msg("%s: caller not found", what);
+  int la = na - ia, lb = nb - ib;
+  if (same_length && la != lb)
+    fail_msg("%s: %d frames against %d", what, la, lb);
+  int l = la < lb ? la : lb;
+  assert_true(l >= 3);
+  for (int i = 0; i < l; i++)
+    if (a[ia + i] != b[ib + i])
+      fail_msg("%s: frame %d differs (%#lx, %#lx)", what, i,
+               (unsigned long)a[ia + i], (unsigned long)b[ib + i]);
+}
+
+static void uw_check(const char *what) {
+  assert_true(uw.ncfi > 0);
+  assert_true(uw.ncold > 0);
+  /* the replay of the last walk gives what a walk by rules gives */
+  uw_expect_same(what, uw.cfi, uw.ncfi, uw.cfi_cold, uw.ncold, true);
+  uw_expect_same(what, uw.cfi, uw.ncfi, uw.bt, uw.nbt, uw.nbt < UW_MAX &&
+                                                          uw.ncfi < UW_MAX);
+  if (lu_backtrace)
+    uw_expect_same(what, uw.cfi, uw.ncfi, (const uintptr_t *)uw.lu, uw.nlu,
+                   uw.nlu < UW_MAX && uw.ncfi < UW_MAX);
+}
+
+static volatile int uw_sink;
+
+/* Frames of different shapes: with a frame pointer (this file's
+ * default), without one, and with a variable-size frame (alloca: the CFA
+ * follows the frame pointer). */
+__attribute__((noinline)) static void uw_fp(int d, int kind);
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((noinline, optimize("omit-frame-pointer")))
+#else
+__attribute__((noinline))
+#endif
+static void uw_nofp(int d, int kind) {
+  volatile char pad[40];
+  pad[d % 40] = (char)d;
+  if (d <= 0) uw_capture();
+  else uw_fp(d - 1, kind);
+  uw_sink += pad[0];
+}
+__attribute__((noinline)) static void uw_alloca(int d, int kind) {
+  volatile char *p = alloca(64 + (size_t)(d % 7) * 48);
+  p[0] = (char)d;
+  if (d <= 0) uw_capture();
+  else uw_fp(d - 1, kind);
+  uw_sink += p[0];
+}
+__attribute__((noinline)) static void uw_fp(int d, int kind) {
+  if (d <= 0) {
+    uw_capture();
+  } else if ((d + kind) % 3 == 0) {
+    uw_nofp(d - 1, kind);
+  } else if ((d + kind) % 3 == 1) {
+    uw_alloca(d - 1, kind);
+  } else {
+    uw_fp(d - 1, kind);
+  }
+  uw_sink++;
+}
+
+/* Two call sites at the same depth, so that consecutive captures share
+ * their outer frames and stack addresses but not their inner frames. */
+__attribute__((noinline)) static void uw_site_a(int d) { uw_fp(d, 0); uw_sink++; }
+__attribute__((noinline)) static void uw_site_b(int d) { uw_fp(d, 1); uw_sink++; }
+
+static void test_cfi_unwinder(void **state) {
+  (void)state;
+  void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+  if (h != NULL)
+    *(void **)&lu_backtrace = dlsym(h, "unw_backtrace");
+  else
+    print_message("libunwind.so.8 missing: compared with backtrace() only\n");
+  uintptr_t probe[4];
+  if (msnap__unwind_cfi(probe, 4) < 0) {
+    print_message("CFI unwinder not supported here: SKIP\n");
+    skip();
+  }
+  static const int depths[] = {0, 1, 2, 5, 17, 40, 200};
+  for (int r = 0; r < 3; r++) {
+    for (size_t i = 0; i < sizeof depths / sizeof depths[0]; i++) {
+      char what[64];
+      snprintf(what, sizeof what, "site a, depth %d", depths[i]);
+      uw_site_a(depths[i]);
+      uw_check(what);
+      snprintf(what, sizeof what, "site b, depth %d", depths[i]);
+      uw_site_b(depths[i]);
+      uw_check(what);
+    }
+  }
+  char msg[256];
+  if (msnap__unwind_check(msg, sizeof msg) != 0) fail_msg("%s", msg);
+  assert_true(msnap__unwind_cached() > 0);
+  /* the recorder's capture: the caller is the innermost frame */
+  assert_int_equal(msnap__stack_set_unwinder("cfi"), 0);
+  assert_string_equal(msnap__stack_unwinder_name(), "cfi");
+  uint32_t s1 = capture_here();
+  msnap_stack_view_t v;
+  assert_int_equal(msnap__stack_view(s1, &v), 0);
+  Dl_info di;
+  if (dladdr((void *)(v.c[0] - 1), &di) && di.dli_sname)
+    assert_string_equal(di.dli_sname, "capture_here");
+  msnap__stack_unref(s1);
+  if (h != NULL) dlclose(h);
+}
+
+/* A thread that takes the rule cache's lock (msnap__unwind_check), the
+ * stack table's (msnap__stack_check) and the unwinder choice's
+ * (msnap__stack_set_unwinder), in turn. */
+static atomic_int fork_steps;
+static void *fork_locker(void *arg) {
+  (void)arg;
+  char msg[128];
+  if (msnap__unwind_check(msg, sizeof msg) != 0) return (void *)1;
+  atomic_store(&fork_steps, 1);
+  if (msnap__stack_check(msg, sizeof msg) != 0) return (void *)1;
+  atomic_store(&fork_steps, 2);
+  (void)msnap__stack_set_unwinder(msnap__stack_unwinder_name());
+  atomic_store(&fork_steps, 3);
+  return NULL;
+}
+
+static void test_fork_handler_holds_rule_lock(void **state) {
+  (void)state;
+  (void)msnap__stack_unwinder_name(); /* chosen before the handler runs */
+  uintptr_t probe[4];
+  (void)msnap__unwind_cfi(probe, 4);
+  msnap__stack_atfork(MSNAP_FORK_PREPARE);
+  atomic_store(&fork_steps, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, fork_locker, NULL), 0);
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  /* prepare holds every lock: the thread waits at the first one */
+  assert_int_equal(atomic_load(&fork_steps), 0);
+  msnap__stack_atfork(MSNAP_FORK_PARENT);
+  void *rc = (void *)1;
+  assert_int_equal(pthread_join(t, &rc), 0);
+  assert_null(rc);
+  assert_int_equal(atomic_load(&fork_steps), 3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_intern_dedup_and_free),
@@ -239,6 +429,8 @@ int main(void) {
       cmocka_unit_test(test_strings),
       cmocka_unit_test(test_frame_hook),
       cmocka_unit_test(test_c_capture_and_symbols),
+      cmocka_unit_test(test_cfi_unwinder),
+      cmocka_unit_test(test_fork_handler_holds_rule_lock),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
