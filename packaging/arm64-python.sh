@@ -12,13 +12,35 @@
 # wheels and the headers of libpython3.11-dev (only Python's: no libc
 # headers, so ROOT/usr/include can go on a cross compiler's include path).
 #
-# ROOT/usr/bin/python3.11-qemu runs it: qemu-aarch64 -L ROOT, with argv[0]
-# kept as the path it was called by, so that sys.executable is that script
-# (a subprocess of the tests starts qemu again) and a venv made from it
-# finds its pyvenv.cfg.  Idempotent: ROOT/.complete marks a finished root.
+# ROOT/usr/bin/python3.11-qemu runs it: qemu-aarch64 starts ROOT's own
+# ld.so, which loads ROOT/usr/bin/python3.11 with ROOT's libraries first
+# (--library-path) and argv[0] kept as the path the script was called by,
+# so that sys.executable is that script (a subprocess of the tests starts
+# qemu again) and a venv made from it finds its pyvenv.cfg; the stdlib is
+# found from the script's own folder (ROOT/usr/lib/python3.11).
+# ROOT/usr/bin/aarch64-run PROGRAM ARGS runs any aarch64 program that way.
+# Not `qemu-aarch64 -L ROOT`: that prefix makes every absolute path the
+# guest names resolve under ROOT first, "/" included, so a program that
+# walks a path from "/" (memsnap's output writer does, component by
+# component) finds ROOT's tree instead of the real one.
+# Idempotent: ROOT/.complete marks a fetched root (the two scripts are
+# written every time).
 set -euo pipefail
 root=${1:?usage: arm64-python.sh ROOT}
-[ -f "$root/.complete" ] && exit 0
+
+write_runners() {
+  local libs="$root/lib/aarch64-linux-gnu:$root/usr/lib/aarch64-linux-gnu"
+  cat > "$root/usr/bin/aarch64-run" <<EOF
+#!/bin/sh
+exec qemu-aarch64 "$root/lib/ld-linux-aarch64.so.1" --library-path "$libs" "\$@"
+EOF
+  cat > "$root/usr/bin/python3.11-qemu" <<EOF
+#!/bin/sh
+exec qemu-aarch64 "$root/lib/ld-linux-aarch64.so.1" --library-path "$libs" --argv0 "\$0" "$root/usr/bin/python3.11" "\$@"
+EOF
+  chmod +x "$root/usr/bin/aarch64-run" "$root/usr/bin/python3.11-qemu"
+}
+if [ -f "$root/.complete" ]; then write_runners; exit 0; fi
 
 # CPython 3.11's own packages and what their binaries and lib-dynload/*.so
 # link (apt-cache depends libpython3.11-stdlib:arm64 and friends).
@@ -53,11 +75,7 @@ if [ -n "$extra" ] || [ "$(ls "$root/usr/include/aarch64-linux-gnu")" != python3
   echo "arm64-python: unexpected headers in $root/usr/include: $extra" >&2
   exit 1
 fi
-cat > "$root/usr/bin/python3.11-qemu" <<EOF
-#!/bin/sh
-exec qemu-aarch64 -L "$root" -0 "\$0" "$root/usr/bin/python3.11" "\$@"
-EOF
-chmod +x "$root/usr/bin/python3.11-qemu"
+write_runners
 "$root/usr/bin/python3.11-qemu" -c \
   'import platform, ssl, sqlite3, ctypes, venv; print("arm64-python:", platform.machine(), platform.python_version())'
 rm -rf "$debs"

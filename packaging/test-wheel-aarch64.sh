@@ -23,7 +23,7 @@ ROOT=$W/arm64-root
 VERSION=$(sed -n "s/^ *version *: *'\([^']*\)'.*/\1/p" meson.build | head -1)
 whl=$top/dist/memsnap-$VERSION-cp311-cp311-manylinux_2_28_aarch64.whl
 [ -f "$whl" ] || { echo "test-wheel-aarch64: no $whl (packaging/wheels.sh aarch64)" >&2; exit 1; }
-WRAP="qemu-aarch64 -L $ROOT"
+WRAP=$ROOT/usr/bin/aarch64-run  # packaging/arm64-python.sh
 v=$W/venv-aarch64
 fail=0
 

@@ -75,7 +75,7 @@ machine_file() {
     echo "ar = ['$zig', 'ar']"
     if [ "$arch" = aarch64 ]; then
       echo "python = '$ROOT/usr/bin/python3.11-qemu'"
-      echo "exe_wrapper = ['qemu-aarch64', '-L', '$ROOT']"
+      echo "exe_wrapper = '$ROOT/usr/bin/aarch64-run'"
       echo "[properties]"
       echo "pkg_config_libdir = ['/usr/lib/aarch64-linux-gnu/pkgconfig', '/usr/share/pkgconfig']"
       echo "[host_machine]"
