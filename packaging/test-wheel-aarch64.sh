@@ -53,6 +53,7 @@ echo "test-wheel-aarch64: $out; import memsnap.memory; dump passes memsnap check
 
 echo "test-wheel-aarch64: tests/python (no torch in this venv: the torch tests skip)"
 (cd tests/python && MEMSNAP_EXE_WRAPPER="$WRAP" CC=aarch64-linux-gnu-gcc \
+   MEMSNAP_BUILD_DIR="$top/build-aarch64" \
    MEMSNAP_SOURCE_ROOT="$top" \
    "$v/bin/python" -m pytest -q -ra -p no:cacheprovider .) || fail=1
 

@@ -8,8 +8,10 @@ in a subprocess through :func:`run_script`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,20 @@ import memsnap
 from memsnap import _memsnap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+# The build whose test programs and stand-ins (tests/runtime's fake
+# libascendcl.so, tools/memsnap) match this interpreter's architecture:
+# build/ by default; build-aarch64/ for the aarch64 wheel's run under qemu
+# (packaging/test-wheel-aarch64.sh).
+BUILD = os.environ.get("MEMSNAP_BUILD_DIR") or os.path.join(ROOT, "build")
+# Cross runs (make test-aarch64) start aarch64 programs through this.
+EXE_WRAPPER = shlex.split(os.environ.get("MEMSNAP_EXE_WRAPPER", ""))
+
+# For tests whose scripts import torch (the torch-free venvs of
+# make test-pythons and make test-aarch64 have none).
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="SKIP: torch is not installed in this interpreter's environment")
 
 
 # A script prologue: a 5 MiB block `keep`, then a 1 MiB workspace buffer
@@ -86,9 +102,14 @@ def memsnap_cli() -> str:
     return exe
 
 
+def memsnap_cli_cmd() -> list:
+    """The installed CLI as a command line (through EXE_WRAPPER if any)."""
+    return [*EXE_WRAPPER, memsnap_cli()]
+
+
 def run_cli(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
     """Run the installed CLI; .json holds stdout parsed when it is JSON."""
-    proc = subprocess.run([memsnap_cli(), *map(str, args)], cwd=cwd,
+    proc = subprocess.run([*memsnap_cli_cmd(), *map(str, args)], cwd=cwd,
                           env=base_env(), capture_output=True, text=True,
                           timeout=timeout)
     proc.json = None

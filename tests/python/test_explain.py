@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import memsnap
-from conftest import WORKSPACE_SETUP, base_env, run_cli, run_script
+from conftest import WORKSPACE_SETUP, base_env, needs_torch, run_cli, run_script
 
 MiB = 1 << 20
 PKG_DIR = os.path.dirname(os.path.abspath(memsnap.__file__))
@@ -88,6 +88,7 @@ print("RESULT " + json.dumps({"tb": tb}))
 """
 
 
+@needs_torch
 @pytest.mark.parametrize("stacks", ["python", "all"])
 def test_no_memsnap_frame_in_any_recorded_stack(tmp_path, stacks):
     out = str(tmp_path / "frames.pickle")
@@ -124,6 +125,7 @@ print("RESULT " + json.dumps({"frames": [e["frames"] for e in s["device_traces"]
 """
 
 
+@needs_torch
 def test_no_torch_shim_frame_in_c_stacks():
     """memsnap's C++ torch shim (libmemsnap_torch.so: the device's
     allocator and kernels) is memsnap's own code, left out as
@@ -194,6 +196,7 @@ dist.destroy_process_group()
 """
 
 
+@needs_torch
 def test_rank_from_torch_distributed(tmp_path):
     """No RANK in the environment: the rank comes from the real process
     group (gloo, two processes)."""
@@ -372,6 +375,7 @@ def loops(tmp_path_factory):
     return d
 
 
+@needs_torch
 def test_diff_of_a_loop_without_leak_has_no_candidate(loops):
     r = run_cli("diff", "--json", loops / "noleak_4.pickle",
                 loops / "noleak_8.pickle")
@@ -387,6 +391,7 @@ def test_diff_of_a_loop_without_leak_has_no_candidate(loops):
     assert [x["count"] for x in d["kept_by_site"]] == [4]   # the params
 
 
+@needs_torch
 def test_diff_finds_the_planted_leak_only(loops):
     r = run_cli("diff", "--json", loops / "leak_4.pickle",
                 loops / "leak_8.pickle")
@@ -396,6 +401,7 @@ def test_diff_finds_the_planted_leak_only(loops):
     assert cand["bytes"] == 4 * 2 * MiB and cand["count"] == 4
 
 
+@needs_torch
 def test_diff_warns_when_files_share_nothing(loops):
     r = run_cli("diff", "--json", loops / "noleak_8.pickle",
                 loops / "leak_8.pickle")
@@ -404,6 +410,7 @@ def test_diff_warns_when_files_share_nothing(loops):
     assert "different processes" in r.json["warnings"][0]
 
 
+@needs_torch
 def test_leaks_over_the_steps_of_one_recording(loops):
     r = run_cli("leaks", "--json", loops / "leak_end.pickle")
     assert r.returncode == 1, r.stdout
@@ -420,6 +427,7 @@ def test_leaks_over_the_steps_of_one_recording(loops):
     assert r.returncode == 0 and r.json["leak_candidate_count"] == 0
 
 
+@needs_torch
 def test_leaks_over_several_snapshots(loops):
     files = [loops / f"leak_{s}.pickle" for s in (4, 8)] + \
         [loops / "leak_end.pickle"]
@@ -455,6 +463,7 @@ mm._dump_snapshot(f"snap_rank{rank}.pickle")
 """
 
 
+@needs_torch
 def test_fleet_flags_the_planted_outlier_among_eight_ranks(tmp_path):
     script = write_script(tmp_path, "rank.py", RANK)
     for r in range(8):

@@ -14,13 +14,13 @@ import subprocess
 
 import pytest
 
-from conftest import HERE, WORKSPACE_SETUP, base_env, run_script
+from conftest import BUILD, EXE_WRAPPER, HERE, WORKSPACE_SETUP, base_env, run_script
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
-FAKE_ACL = os.path.join(ROOT, "build", "tests", "runtime", "libascendcl.so")
-FAKE_ACL_OLD = os.path.join(ROOT, "build", "tests", "runtime", "libascendcl_novmm.so")
+FAKE_ACL = os.path.join(BUILD, "tests", "runtime", "libascendcl.so")
+FAKE_ACL_OLD = os.path.join(BUILD, "tests", "runtime", "libascendcl_novmm.so")
 STANDINS = os.path.join(ROOT, "tests", "fakes", "python")
-CLI = os.path.join(ROOT, "build", "tools", "memsnap")
+CLI = os.path.join(BUILD, "tools", "memsnap")
 
 
 def need(path: str) -> None:
@@ -265,6 +265,6 @@ def test_workspace_torch_npu_view_and_memsnap_check(tmp_path):
     assert r["last"] == [r["w"], "inactive", 0]
     assert r["first"] == ["workspace_snapshot", "segment_alloc", "alloc"]
     assert r["sizes"] == [2 << 20] * 3
-    p = subprocess.run([CLI, "check", str(tmp_path / "ws.pickle")],
+    p = subprocess.run([*EXE_WRAPPER, CLI, "check", str(tmp_path / "ws.pickle")],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import memsnap.memory as mm
-from conftest import base_env, run_script
+from conftest import base_env, memsnap_cli_cmd, run_script
 from snapcheck import schema_errors
 
 
@@ -289,8 +289,7 @@ def test_cli_dump_cleans_too(tmp_path):
     assert left
     src = tmp_path / "in.pickle"
     mm._dump_snapshot(src)
-    exe = os.path.join(os.path.dirname(sys.executable), "memsnap")
-    p = subprocess.run([exe, "convert", str(src), "-o",
+    p = subprocess.run([*memsnap_cli_cmd(), "convert", str(src), "-o",
                         str(d / "converted.pickle")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert glob.glob(str(d / "*.tmp.*")) == []
