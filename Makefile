@@ -161,7 +161,7 @@ test-aarch64: deps-aarch64 deps-wheels venv
 	MEMSNAP_EXE_WRAPPER="qemu-aarch64 -L /" \
 	  $(MRUN) test -C build-aarch64 --print-errorlogs --timeout-multiplier 5
 	PYTHON=$(PYTHON) packaging/wheels.sh aarch64
-	packaging/test-wheel-aarch64.sh
+	PYTHON=$(PYTHON) packaging/test-wheel-aarch64.sh
 
 # ---- Packaging ---------------------------------------------------------------
 # manylinux_2_28 wheels for x86_64 and aarch64 and the sdist, in dist/

@@ -11,7 +11,10 @@
 #   - tests/python with that interpreter: the torch tests skip (no torch),
 #     every other test runs;
 #   - tests/cli/test_cli.py, every group of tests/cli/meson.build, against
-#     the wheel's CLI (exit 77 = SKIP, as under meson).
+#     the wheel's CLI (exit 77 = SKIP, as under meson).  The harness is
+#     this machine's Python ($PYTHON, as meson runs it): only the CLI runs
+#     under qemu, and the harness's own checks (pickle loads of the real
+#     inputs, the fragmentation walks) run at native speed.
 # The aarch64 programs are started through MEMSNAP_EXE_WRAPPER (the kernel
 # here runs no aarch64 binary by itself); sys.executable is a script that
 # starts qemu, so the tests' subprocesses of Python run under qemu too.
@@ -65,7 +68,7 @@ for g in $groups; do
   rc=0
   MEMSNAP_EXE_WRAPPER="$WRAP" MEMSNAP_SOURCE_ROOT="$top" \
     MEMSNAP_REAL_INPUTS="$top/../shared/real_inputs" \
-    "$v/bin/python" tests/cli/test_cli.py "$v/bin/memsnap" "$g" >"$W/cli-$g.log" 2>&1 || rc=$?
+    "${PYTHON:-python3}" tests/cli/test_cli.py "$v/bin/memsnap" "$g" >"$W/cli-$g.log" 2>&1 || rc=$?
   case $rc in
     0) passed=$((passed + 1)); echo "  cli-$g ok" ;;
     77) skipped=$((skipped + 1)); echo "  cli-$g SKIP: $(grep -m1 '^SKIP' "$W/cli-$g.log")" ;;
