@@ -199,6 +199,46 @@ msnap_stack_t cli_block_stack(const msnap_snap_t *s, const msnap_sblock_t *b);
  * has one, else segment address + sizes of the preceding blocks. */
 uint64_t cli_block_addr(const msnap_snap_t *s, const msnap_ssegment_t *seg,
                         uint32_t i);
+/* A walk over the blocks of the segments of s, in order, each with its
+ * address (the rule of cli_block_addr, kept as a running sum):
+ *   for (cli_bwalk_t it = cli_bwalk(s, dev); cli_bwalk_next(&it);)
+ *     ... it.g (the segment), it.b (the block), it.addr ...
+ * cli_bwalk(s, dev) visits the segments of device dev, cli_bwalk_all(s)
+ * every segment. */
+typedef struct cli_bwalk_s {
+  const msnap_snap_t *s;
+  int64_t dev;
+  bool all;                  /* every device (dev unused)              */
+  uint32_t seg, k;           /* the next block: block k of segment seg */
+  uint64_t run;              /* the address after the previous block   */
+  const msnap_ssegment_t *g; /* the current block's segment            */
+  const msnap_sblock_t *b;   /* the current block                      */
+  uint64_t addr;             /* its address                            */
+} cli_bwalk_t;
+static inline cli_bwalk_t cli_bwalk(const msnap_snap_t *s, int64_t dev) {
+  return (cli_bwalk_t){.s = s, .dev = dev};
+}
+static inline cli_bwalk_t cli_bwalk_all(const msnap_snap_t *s) {
+  return (cli_bwalk_t){.s = s, .all = true};
+}
+static inline bool cli_bwalk_next(cli_bwalk_t *w) {
+  for (; w->seg < w->s->nsegments; w->seg++, w->k = 0) {
+    const msnap_ssegment_t *g = &w->s->segments[w->seg];
+    if (!w->all && g->device != w->dev)
+      continue;
+    if (w->k == 0)
+      w->run = g->address;
+    if (w->k < g->nblocks) {
+      const msnap_sblock_t *b = &w->s->blocks[g->first_block + w->k++];
+      w->g = g;
+      w->b = b;
+      w->addr = (b->keys & MSNAP_K_ADDRESS) ? b->address : w->run;
+      w->run += b->size;
+      return true;
+    }
+  }
+  return false;
+}
 /* Index of the first of n sorted elements (stride bytes each) whose
  * 64-bit key at byte offset `off` is >= key (signed or unsigned). */
 uint32_t cli_lower_bound(const void *base, uint32_t n, size_t stride,

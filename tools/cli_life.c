@@ -226,28 +226,21 @@ static int cmp_sum_bytes(const void *a, const void *b) {
 
 void cli_start_stacks(const msnap_snap_t *s, const cli_stacks_t *stk,
                       int64_t dev, const cli_state_t *st, msnap_stack_t *out) {
-  for (uint32_t gi = 0; gi < s->nsegments; gi++) {
-    const msnap_ssegment_t *g = &s->segments[gi];
-    if (g->device != dev)
+  for (cli_bwalk_t it = cli_bwalk(s, dev); cli_bwalk_next(&it);) {
+    const msnap_sblock_t *b = it.b;
+    uint64_t ba = it.addr;
+    if (!cli_block_active(b) || cli_stacks_live_entry(stk, dev, ba) >= 0)
       continue;
-    uint64_t a = g->address;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
-      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
-      a += b->size;
-      if (!cli_block_active(b) || cli_stacks_live_entry(stk, dev, ba) >= 0)
-        continue;
-      uint32_t lo = 0, hi = st->nb;
-      while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (st->b[mid].addr < ba)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      if (lo < st->nb && st->b[lo].addr == ba)
-        out[lo] = cli_stacks_block(stk, dev, ba, b, NULL);
+    uint32_t lo = 0, hi = st->nb;
+    while (lo < hi) {
+      uint32_t mid = lo + (hi - lo) / 2;
+      if (st->b[mid].addr < ba)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
+    if (lo < st->nb && st->b[lo].addr == ba)
+      out[lo] = cli_stacks_block(stk, dev, ba, b, NULL);
   }
 }
 

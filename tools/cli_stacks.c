@@ -58,19 +58,9 @@ static int index_device(cli_stacks_dev_t *d, const msnap_snap_t *s,
   if (!d->addr || !d->entry)
     return -1;
   uint32_t k = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != dev)
-      continue;
-    uint64_t a = g->address;
-    for (uint32_t b = 0; b < g->nblocks; b++) {
-      const msnap_sblock_t *bl = &s->blocks[g->first_block + b];
-      uint64_t ba = (bl->keys & MSNAP_K_ADDRESS) ? bl->address : a;
-      a += bl->size;
-      if (cli_block_active(bl) && k < n)
-        d->addr[k++] = ba;
-    }
-  }
+  for (cli_bwalk_t it = cli_bwalk(s, dev); cli_bwalk_next(&it);)
+    if (cli_block_active(it.b) && k < n)
+      d->addr[k++] = it.addr;
   qsort(d->addr, k, sizeof *d->addr, cmp_u64);
   uint32_t m = 0;
   for (uint32_t i = 0; i < k; i++)

@@ -102,29 +102,24 @@ static live_t *collect_live(const msnap_snap_t *s, uint32_t *n) {
   uint32_t k = 0;
   char buf[512];
   bool oom = false;
-  for (uint32_t i = 0; i < s->nsegments && !oom; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    uint64_t a = g->address;
-    for (uint32_t j = 0; j < g->nblocks && k < cap; j++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + j];
-      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
-      a += b->size;
-      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
-        continue;
-      cli_site_format(s, cli_stacks_site(&stk, g->device, ba, b), buf,
-                      sizeof buf);
-      v[k].device = g->device;
-      v[k].addr = ba;
-      v[k].size = b->size;
-      v[k].req = (b->keys & MSNAP_K_REQUESTED) ? b->requested_size : b->size;
-      v[k].entry = cli_stacks_live_entry(&stk, g->device, ba);
-      v[k].site = strdup(buf);
-      if (!v[k].site) {
-        oom = true;
-        break;
-      }
-      k++;
+  for (cli_bwalk_t it = cli_bwalk_all(s); k < cap && cli_bwalk_next(&it);) {
+    const msnap_sblock_t *b = it.b;
+    int64_t dev = it.g->device;
+    if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
+      continue;
+    cli_site_format(s, cli_stacks_site(&stk, dev, it.addr, b), buf,
+                    sizeof buf);
+    v[k].device = dev;
+    v[k].addr = it.addr;
+    v[k].size = b->size;
+    v[k].req = (b->keys & MSNAP_K_REQUESTED) ? b->requested_size : b->size;
+    v[k].entry = cli_stacks_live_entry(&stk, dev, it.addr);
+    v[k].site = strdup(buf);
+    if (!v[k].site) {
+      oom = true;
+      break;
     }
+    k++;
   }
   cli_stacks_free(&stk);
   if (oom) {

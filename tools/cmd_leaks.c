@@ -205,36 +205,31 @@ static int file_sites(const msnap_snap_t *s, uint32_t file, fsite_t **v,
     return -1;
   char text[512];
   int rc = 0;
-  for (uint32_t i = 0; i < s->nsegments && rc == 0; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    uint64_t a = g->address;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
-      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
-      a += b->size;
-      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
-        continue;
-      cli_site_format(s, cli_stacks_site(&stk, g->device, ba, b), text,
-                      sizeof text);
-      uint64_t req = (b->keys & MSNAP_K_REQUESTED) ? b->requested_size
-                                                   : b->size;
-      if (*n == *cap) {
-        uint32_t c = *cap ? *cap * 2 : 256;
-        fsite_t *w = realloc(*v, (size_t)c * sizeof *w);
-        if (!w) {
-          rc = -1;
-          break;
-        }
-        *v = w;
-        *cap = c;
-      }
-      (*v)[*n] = (fsite_t){strdup(text), g->device, file, req};
-      if (!(*v)[*n].site) {
+  for (cli_bwalk_t it = cli_bwalk_all(s); cli_bwalk_next(&it);) {
+    const msnap_sblock_t *b = it.b;
+    int64_t dev = it.g->device;
+    if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
+      continue;
+    cli_site_format(s, cli_stacks_site(&stk, dev, it.addr, b), text,
+                    sizeof text);
+    uint64_t req = (b->keys & MSNAP_K_REQUESTED) ? b->requested_size
+                                                 : b->size;
+    if (*n == *cap) {
+      uint32_t c = *cap ? *cap * 2 : 256;
+      fsite_t *w = realloc(*v, (size_t)c * sizeof *w);
+      if (!w) {
         rc = -1;
         break;
       }
-      (*n)++;
+      *v = w;
+      *cap = c;
     }
+    (*v)[*n] = (fsite_t){strdup(text), dev, file, req};
+    if (!(*v)[*n].site) {
+      rc = -1;
+      break;
+    }
+    (*n)++;
   }
   cli_stacks_free(&stk);
   return rc;

@@ -129,25 +129,17 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
     return -1;
   }
   uint32_t n = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != dev)
+  for (cli_bwalk_t it = cli_bwalk(s, dev); n < nlive && cli_bwalk_next(&it);) {
+    const msnap_sblock_t *b = it.b;
+    if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
       continue;
-    uint64_t a = g->address;
-    for (uint32_t k = 0; k < g->nblocks && n < nlive; k++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
-      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
-      a += b->size;
-      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
-        continue;
-      idx[n].block = g->first_block + k;
-      idx[n].addr = ba;
-      idx[n].site = cli_stacks_site(stk, dev, ba, b);
-      sites[n].site = idx[n].site;
-      sites[n].bytes = b->size;
-      sites[n].count = 1;
-      n++;
-    }
+    idx[n].block = (uint32_t)(b - s->blocks);
+    idx[n].addr = it.addr;
+    idx[n].site = cli_stacks_site(stk, dev, it.addr, b);
+    sites[n].site = idx[n].site;
+    sites[n].bytes = b->size;
+    sites[n].count = 1;
+    n++;
   }
   g_sort_snap = s;
   qsort(idx, n, sizeof *idx, cmp_block_size);

@@ -1140,28 +1140,20 @@ static int write_sites(vdev_t *d, cli_json_t *j) {
     return -1;
   int rc = 0;
   char buf[512];
-  for (uint32_t i = 0; i < s->nsegments && rc == 0; i++) {
-    const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != d->dev)
+  for (cli_bwalk_t it = cli_bwalk(s, d->dev); cli_bwalk_next(&it);) {
+    const msnap_sblock_t *b = it.b;
+    if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
       continue;
-    uint64_t a = g->address;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &s->blocks[g->first_block + k];
-      uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
-      a += b->size;
-      if (b->state != MSNAP_BLOCK_ACTIVE_ALLOCATED)
-        continue;
-      cli_site_format(s, cli_stacks_site(d->stk, d->dev, ba, b), buf,
-                      sizeof buf);
-      v[n].text = strdup(buf);
-      v[n].bytes = b->size;
-      v[n].count = 1;
-      if (!v[n].text) {
-        rc = -1;
-        break;
-      }
-      n++;
+    cli_site_format(s, cli_stacks_site(d->stk, d->dev, it.addr, b), buf,
+                    sizeof buf);
+    v[n].text = strdup(buf);
+    v[n].bytes = b->size;
+    v[n].count = 1;
+    if (!v[n].text) {
+      rc = -1;
+      break;
     }
+    n++;
   }
   uint32_t m = 0;
   if (rc == 0) {

@@ -85,6 +85,16 @@ int msnap_py_stream(PyObject *o, uint64_t *out) {
   return 0;
 }
 
+/* (ptr, stream) arguments parsed by `fmt` ("OO:NAME"). */
+int msnap_py_ptr_stream(PyObject *args, const char *fmt, uint64_t *ptr,
+                        uint64_t *stream) {
+  PyObject *p, *s;
+  if (!PyArg_ParseTuple(args, fmt, &p, &s) ||
+      msnap_py_u64(p, ptr, "ptr") < 0 || msnap_py_stream(s, stream) < 0)
+    return -1;
+  return 0;
+}
+
 /* Device index argument: a non-negative int. */
 int msnap_py_device(PyObject *o, int *out) {
   if (!PyLong_Check(o)) {
@@ -155,11 +165,6 @@ msnap_allocator_t *msnap_py_allocator(PyObject *module) {
   return NULL;
 }
 
-#define GET_ALLOC(a)                                                          \
-  msnap_allocator_t *a = msnap_py_allocator(module);                          \
-  if (a == NULL)                                                              \
-    return NULL
-
 /* ---- allocation (hot paths: METH_FASTCALL) ------------------------------- */
 
 /* malloc(size, device, stream) -> int address */
@@ -177,7 +182,7 @@ static PyObject *py_malloc(PyObject *module, PyObject *const *args,
   if (msnap_py_device(args[1], &device) < 0 ||
       msnap_py_stream(args[2], &stream) < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 1) < 0)
     return NULL;
   int rc = msnap_malloc(a, device, (size_t)size, stream, &ptr);
@@ -196,25 +201,18 @@ static PyObject *py_free(PyObject *module, PyObject *const *args,
   uint64_t ptr;
   if (msnap_py_u64(args[0], &ptr, "mem_ptr") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_free(a, ptr);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_record_stream(PyObject *module, PyObject *args) {
-  PyObject *p, *s;
   uint64_t ptr, stream;
-  if (!PyArg_ParseTuple(args, "OO:record_stream", &p, &s) ||
-      msnap_py_u64(p, &ptr, "ptr") < 0 ||
-      msnap_py_stream(s, &stream) < 0)
+  if (msnap_py_ptr_stream(args, "OO:record_stream", &ptr, &stream) < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_record_stream(a, ptr, stream);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_allocation_size(PyObject *module, PyObject *arg) {
@@ -222,7 +220,7 @@ static PyObject *py_allocation_size(PyObject *module, PyObject *arg) {
   size_t size = 0;
   if (msnap_py_u64(arg, &ptr, "ptr") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_allocation_size(a, ptr, &size);
   if (rc < 0)
     return msnap_py_raise(module, rc, NULL);
@@ -234,13 +232,11 @@ static PyObject *py_empty_cache(PyObject *module, PyObject *args) {
   int device = -1;
   if (!PyArg_ParseTuple(args, "|i:empty_cache", &device))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 1, 0) < 0)
     return NULL;
   int rc = msnap_empty_cache(a, device);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 /* ---- settings ------------------------------------------------------------ */
@@ -267,15 +263,13 @@ static PyObject *py_set_allocator_settings(PyObject *module, PyObject *arg) {
   const char *conf = PyUnicode_AsUTF8(arg);
   if (conf == NULL)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_set_allocator_settings(a, conf);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_allocator_settings(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   const char *s = msnap_allocator_settings(a);
   return PyUnicode_FromString(s ? s : "");
 }
@@ -285,13 +279,11 @@ static PyObject *py_set_memory_fraction(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "di:set_memory_fraction", &fraction, &device))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
   int rc = msnap_set_memory_fraction(a, device, fraction);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_get_memory_fraction(PyObject *module, PyObject *args) {
@@ -299,7 +291,7 @@ static PyObject *py_get_memory_fraction(PyObject *module, PyObject *args) {
   double fraction = 1.0;
   if (!PyArg_ParseTuple(args, "i:get_memory_fraction", &device))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
   int rc = msnap_get_memory_fraction(a, device, &fraction);
@@ -315,15 +307,13 @@ static PyObject *py_set_caching_enabled(PyObject *module, PyObject *arg) {
                  Py_TYPE(arg)->tp_name);
     return NULL;
   }
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_set_caching_enabled(a, arg == Py_True);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_caching_enabled(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   return PyBool_FromLong(msnap_caching_enabled(a));
 }
 
@@ -332,7 +322,7 @@ static PyObject *py_mem_get_info(PyObject *module, PyObject *args) {
   size_t free_b = 0, total_b = 0;
   if (!PyArg_ParseTuple(args, "i:mem_get_info", &device))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 1) < 0)
     return NULL;
   int rc = msnap_mem_get_info(a, device, &free_b, &total_b);
@@ -384,7 +374,7 @@ static PyObject *capture_mark(PyObject *module, PyObject *args, bool begin) {
   if (!PyArg_ParseTuple(args, "iO", &device, &s) ||
       msnap_py_u64(s, &stream, "stream") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
   int rc = begin ? msnap_mark_capture_begin(a, device, stream)
@@ -411,11 +401,9 @@ static PyObject *py_set_reserve_class(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "Os", &s, &name) ||
       msnap_py_u64(s, &stream, "stream") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_set_expandable_segment_reserve_class(a, stream, name);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "setExpandableSegmentReserveClass");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "setExpandableSegmentReserveClass");
 }
 
 /* notify_device_error(device, message) -> bool: CANN OOM text? (then the
@@ -425,7 +413,7 @@ static PyObject *py_notify_device_error(PyObject *module, PyObject *args) {
   const char *msg;
   if (!PyArg_ParseTuple(args, "is", &device, &msg))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 1) < 0)
     return NULL;
   int rc;
@@ -444,7 +432,7 @@ static PyObject *usage_call(PyObject *module, PyObject *arg,
   int device;
   if (msnap_py_device(arg, &device) < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 1) < 0)
     return NULL;
   int rc;
@@ -477,43 +465,43 @@ static PyObject *py_dump_usage_reports(PyObject *module, PyObject *arg) {
 }
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   return PyLong_FromLong(msnap_device_count(a));
 }
 
 static PyObject *py_profile(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   return PyUnicode_FromString(msnap_profile(a) == MSNAP_PROFILE_CUDA ? "cuda"
                                                                      : "npu");
 }
 
 static PyObject *py_runtime_name(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   const msnap_runtime_ops_t *ops = msnap_runtime(a);
   return PyUnicode_FromString(ops && ops->name ? ops->name : "?");
 }
 
 static PyObject *py_sim_host_backed(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   return PyBool_FromLong(msnap_sim_host_backed(msnap_runtime_ctx(a)));
 }
 
 static PyObject *py_in_bad_fork(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   return PyBool_FromLong(msnap_in_bad_fork(a));
 }
 
 /* ---- statistics ---------------------------------------------------------- */
 
 /* {"current": c, "peak": p, "allocated": a, "freed": f} */
-static PyObject *stat_dict(const msnap_stat_t *s) {
+PyObject *msnap_py_stat_dict(const msnap_stat_t *s) {
   return Py_BuildValue("{s:L,s:L,s:L,s:L}", "current", (long long)s->current,
                        "peak", (long long)s->peak, "allocated",
                        (long long)s->allocated, "freed", (long long)s->freed);
 }
 
 /* Add key -> value to d, stealing value; -1 on error. */
-static int put(PyObject *d, const char *key, PyObject *value) {
+int msnap_py_put(PyObject *d, const char *key, PyObject *value) {
   if (value == NULL)
     return -1;
   int rc = PyDict_SetItemString(d, key, value);
@@ -553,7 +541,8 @@ static PyObject *private_pool_stats(PyObject *module, msnap_allocator_t *a,
                                   (unsigned long long)v[i].id.second);
     bool ok = arr != NULL && key != NULL;
     for (int t = 0; ok && t < MSNAP_STAT_TYPES; t++)
-      ok = put(arr, types[t], stat_dict(&v[i].reserved_bytes[t])) == 0;
+      ok = msnap_py_put(arr, types[t],
+                        msnap_py_stat_dict(&v[i].reserved_bytes[t])) == 0;
     ok = ok && PyDict_SetItem(pools, key, arr) == 0;
     Py_XDECREF(arr);
     Py_XDECREF(key);
@@ -570,7 +559,7 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
   int device;
   if (!PyArg_ParseTuple(args, "i:memory_stats", &device))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
   msnap_stats_t s;
@@ -591,22 +580,22 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
     if (arr == NULL)                                                          \
       goto fail;                                                              \
     for (int t = 0; t < MSNAP_STAT_TYPES; t++)                                \
-      if (put(arr, types[t], stat_dict(&s.n[t])) < 0) {                       \
+      if (msnap_py_put(arr, types[t], msnap_py_stat_dict(&s.n[t])) < 0) {     \
         Py_DECREF(arr);                                                       \
         goto fail;                                                            \
       }                                                                       \
-    if (put(d, #n, arr) < 0)                                                  \
+    if (msnap_py_put(d, #n, arr) < 0)                                         \
       goto fail;                                                              \
   }
   MSNAP_STAT_ARRAY_FIELDS(ARRAY_)
 #undef ARRAY_
 #define ONE_(n)                                                               \
-  if (put(d, #n, stat_dict(&s.n)) < 0)                                        \
+  if (msnap_py_put(d, #n, msnap_py_stat_dict(&s.n)) < 0)                     \
     goto fail;
   MSNAP_STAT_FIELDS(ONE_)
 #undef ONE_
 #define COUNTER_(n)                                                           \
-  if (put(d, #n, PyLong_FromLongLong(s.n)) < 0)                               \
+  if (msnap_py_put(d, #n, PyLong_FromLongLong(s.n)) < 0)                     \
     goto fail;
   MSNAP_COUNTER_FIELDS(COUNTER_)
 #undef COUNTER_
@@ -615,7 +604,7 @@ static PyObject *py_memory_stats(PyObject *module, PyObject *args) {
    * key (torch-npu-today §1), so the npu profile leaves it out. */
   if (msnap_profile(a) == MSNAP_PROFILE_CUDA) {
     PyObject *pools = private_pool_stats(module, a, device, types);
-    if (put(d, "reserved_bytes_by_private_pools", pools) < 0)
+    if (msnap_py_put(d, "reserved_bytes_by_private_pools", pools) < 0)
       goto fail;
   }
   return d;
@@ -624,37 +613,34 @@ fail:
   return NULL;
 }
 
-static PyObject *py_reset_peak_stats(PyObject *module, PyObject *args) {
+/* reset(device) for a reset of one device's statistics; `fmt` is "i:NAME"
+ * (NAME for the argument errors). */
+static PyObject *reset_stats(PyObject *module, PyObject *args, const char *fmt,
+                             int (*reset)(msnap_allocator_t *, int)) {
   int device;
-  if (!PyArg_ParseTuple(args, "i:reset_peak_stats", &device))
+  if (!PyArg_ParseTuple(args, fmt, &device))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
-  int rc = msnap_reset_peak_stats(a, device);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, reset(a, device), NULL);
+}
+
+static PyObject *py_reset_peak_stats(PyObject *module, PyObject *args) {
+  return reset_stats(module, args, "i:reset_peak_stats",
+                     msnap_reset_peak_stats);
 }
 
 static PyObject *py_reset_accumulated_stats(PyObject *module, PyObject *args) {
-  int device;
-  if (!PyArg_ParseTuple(args, "i:reset_accumulated_stats", &device))
-    return NULL;
-  GET_ALLOC(a);
-  if (msnap_py_check_device(a, device, 0, 0) < 0)
-    return NULL;
-  int rc = msnap_reset_accumulated_stats(a, device);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return reset_stats(module, args, "i:reset_accumulated_stats",
+                     msnap_reset_accumulated_stats);
 }
 
 static PyObject *py_memory_summary(PyObject *module, PyObject *args) {
   int device, abbreviated;
   if (!PyArg_ParseTuple(args, "ip:memory_summary", &device, &abbreviated))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
   char *out = NULL;
@@ -668,7 +654,7 @@ static PyObject *py_memory_summary(PyObject *module, PyObject *args) {
 
 /* check_invariants() -> None; RuntimeError naming the first violation. */
 static PyObject *py_check_invariants(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   char msg[1024] = "";
   int rc = msnap_check_invariants(a, msg, sizeof msg);
   if (rc < 0) {
@@ -685,7 +671,7 @@ static PyObject *py_sim_fail_nth(PyObject *module, PyObject *args) {
   unsigned long long nth;
   if (!PyArg_ParseTuple(args, "zK:sim_fail_nth", &call, &nth))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   const msnap_runtime_ops_t *ops = msnap_runtime(a);
   if (ops == NULL || ops->name == NULL || strcmp(ops->name, "sim") != 0) {
     PyErr_SetString(PyExc_RuntimeError,
@@ -838,7 +824,7 @@ static PyObject *mempool_create(PyObject *o, PyObject *args) {
   PyObject *module = mempool_module(o);
   if (module == NULL)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 0, 0) < 0)
     return NULL;
   int rc = msnap_mempool_create(a, device, use_on_oom != 0, no_split != 0,
@@ -865,7 +851,7 @@ static PyObject *mempool_use_count(PyObject *o, PyObject *unused) {
   PyObject *module = mempool_module(o);
   if (module == NULL)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int count = 0;
   int rc = msnap_mempool_use_count(a, self->device, self->id, &count);
   if (rc < 0)
@@ -902,9 +888,7 @@ static PyObject *pool_device_call(PyObject *o, PyObject *args,
   if (a == NULL)
     return NULL;
   int rc = fn(a, device, self->id);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, what);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, what);
 }
 
 /* _begin_current_thread(device): route this thread's allocations to the
@@ -929,9 +913,7 @@ static PyObject *mempool_begin(PyObject *o, PyObject *args) {
     return NULL;
   int rc = msnap_begin_allocate_to_pool(a, device, self->id, stream,
                                         all_streams != 0);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "beginAllocateToPool");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "beginAllocateToPool");
 }
 
 static PyObject *mempool_end(PyObject *o, PyObject *args) {

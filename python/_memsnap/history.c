@@ -20,11 +20,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define GET_ALLOC(a)                                                          \
-  msnap_allocator_t *a = msnap_py_allocator(module);                          \
-  if (a == NULL)                                                              \
-    return NULL
-
 /* Parse skip_actions (a list/tuple of str) into action bits. */
 static int parse_skip(PyObject *seq, uint32_t *bits) {
   *bits = 0;
@@ -92,12 +87,31 @@ static int opt_str(PyObject *o, const char **out, const char *what) {
   return *out ? 0 : -1;
 }
 
+/* o: the defaults, then the arguments both APIs take alike: max_entries
+ * (0 keeps one entry) and skip_actions.  -1 with an exception set. */
+static int parse_entries(PyObject *maxe, PyObject *skip,
+                         msnap_history_options_t *o) {
+  msnap_history_options_init(o);
+  if (parse_max_entries(maxe, &o->max_entries) < 0 ||
+      parse_skip(skip, &o->skip_actions) < 0)
+    return -1;
+  if (o->max_entries == 0)
+    o->max_entries = 1;
+  return 0;
+}
+
+/* Both APIs refuse record_pinned_host_memory without history recording. */
+static PyObject *host_without_history(void) {
+  PyErr_SetString(PyExc_RuntimeError, "record_pinned_host_memory requires "
+                                      "memory history recording to be "
+                                      "enabled");
+  return NULL;
+}
+
 static PyObject *apply_history(PyObject *module, msnap_history_options_t *o) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_record_history(a, o);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "_record_memory_history");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "_record_memory_history");
 }
 
 /*
@@ -117,12 +131,8 @@ static PyObject *py_record_history(PyObject *module, PyObject *args) {
       opt_str(ctx, &context, "context") < 0 ||
       opt_str(st, &stacks, "stacks") < 0)
     return NULL;
-  if (host && enabled == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "record_pinned_host_memory requires "
-                                        "memory history recording to be "
-                                        "enabled");
-    return NULL;
-  }
+  if (host && enabled == NULL)
+    return host_without_history();
   if (enabled && strcmp(enabled, "state") != 0 && strcmp(enabled, "all") != 0) {
     PyErr_SetString(PyExc_RuntimeError,
                     "expected state to be 'state', 'all', or None");
@@ -141,9 +151,7 @@ static PyObject *py_record_history(PyObject *module, PyObject *args) {
     return NULL;
   }
   msnap_history_options_t o;
-  msnap_history_options_init(&o);
-  if (parse_max_entries(maxe, &o.max_entries) < 0 ||
-      parse_skip(skip, &o.skip_actions) < 0)
+  if (parse_entries(maxe, skip, &o) < 0)
     return NULL;
   /* record_device carries record_cuda; msnap_record_history turns device
    * recording on only when both are set (host recording needs enabled). */
@@ -161,8 +169,6 @@ static PyObject *py_record_history(PyObject *module, PyObject *args) {
   o.stacks = MSNAP_STACKS_PYTHON;
   if (strcmp(stacks, "all") == 0 && enabled != NULL && context != NULL)
     o.stacks |= MSNAP_STACKS_CPP;
-  if (o.max_entries == 0)
-    o.max_entries = 1;
   o.clear_history = clear != 0;
   o.compile_context = cc != 0;
   o.global_record_annotations = glob != 0;
@@ -186,19 +192,11 @@ static PyObject *py_record_history_legacy(PyObject *module, PyObject *args) {
                         &rec_ctx, &maxe, &alloc_ctx, &cpp, &clear, &cc, &glob,
                         &skip, &host, &dev))
     return NULL;
-  if (host && !enabled) {
-    PyErr_SetString(PyExc_RuntimeError, "record_pinned_host_memory requires "
-                                        "memory history recording to be "
-                                        "enabled");
-    return NULL;
-  }
+  if (host && !enabled)
+    return host_without_history();
   msnap_history_options_t o;
-  msnap_history_options_init(&o);
-  if (parse_max_entries(maxe, &o.max_entries) < 0 ||
-      parse_skip(skip, &o.skip_actions) < 0)
+  if (parse_entries(maxe, skip, &o) < 0)
     return NULL;
-  if (o.max_entries == 0)
-    o.max_entries = 1;
   o.enabled = enabled; /* record_device carries record_cuda */
   o.context = alloc_ctx ? MSNAP_CONTEXT_ALLOC
                         : (rec_ctx ? MSNAP_CONTEXT_STATE : MSNAP_CONTEXT_NEVER);
@@ -216,7 +214,7 @@ static PyObject *py_record_history_legacy(PyObject *module, PyObject *args) {
 }
 
 static PyObject *py_history_enabled(PyObject *module, PyObject *unused) {
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   return PyBool_FromLong(msnap_history_enabled(a));
 }
 
@@ -256,7 +254,7 @@ static PyObject *py_snapshot(PyObject *module, PyObject *args) {
   msnap_snapshot_options_t o;
   if (parse_snap(args, &o, "iKKpp:snapshot") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, o.device, 1, 0) < 0)
     return NULL;
   char *buf = NULL;
@@ -361,9 +359,7 @@ static PyObject *py_set_memory_metadata(PyObject *module, PyObject *arg) {
   if (s == NULL)
     return NULL;
   int rc = msnap_set_memory_metadata(s);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "_set_memory_metadata");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "_set_memory_metadata");
 }
 
 static PyObject *py_get_memory_metadata(PyObject *module, PyObject *unused) {
@@ -378,7 +374,7 @@ static PyObject *py_annotate_memory(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "Os:annotate_memory", &p, &text) ||
       msnap_py_u64(p, &ptr, "data_ptr") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_annotate_memory(a, ptr, text);
   if (rc == MSNAP_EBADPTR) {
     char msg[96];
@@ -388,9 +384,7 @@ static PyObject *py_annotate_memory(PyObject *module, PyObject *args) {
     PyErr_SetString(PyExc_RuntimeError, msg);
     return NULL;
   }
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "_annotate_memory");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "_annotate_memory");
 }
 
 static PyObject *py_record_annotation(PyObject *module, PyObject *args) {
@@ -399,13 +393,11 @@ static PyObject *py_record_annotation(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "isp:record_annotation", &device, &name,
                         &is_start))
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (msnap_py_check_device(a, device, 1, 0) < 0)
     return NULL;
   int rc = msnap_record_annotation(a, device, name, is_start != 0);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "record_annotation");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "record_annotation");
 }
 
 /* set_process_rank(rank, world_size, local_rank): -1 = unknown. */
@@ -414,9 +406,7 @@ static PyObject *py_set_process_rank(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "iii:set_process_rank", &rank, &world, &local))
     return NULL;
   int rc = msnap_set_process_rank(rank, world, local);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "set_process_rank");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "set_process_rank");
 }
 
 static PyObject *py_compile_context_push(PyObject *module, PyObject *arg) {
@@ -427,16 +417,12 @@ static PyObject *py_compile_context_push(PyObject *module, PyObject *arg) {
     return NULL;
   }
   int rc = msnap_compile_context_push(s);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "compile_context_push");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "compile_context_push");
 }
 
 static PyObject *py_compile_context_pop(PyObject *module, PyObject *unused) {
   int rc = msnap_compile_context_pop();
-  if (rc < 0)
-    return msnap_py_raise(module, rc, "compile_context_pop");
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, "compile_context_pop");
 }
 
 /* allocation_traceback(ptr) -> list of frame dicts, or None. */
@@ -444,7 +430,7 @@ static PyObject *py_allocation_traceback(PyObject *module, PyObject *arg) {
   uint64_t ptr;
   if (msnap_py_u64(arg, &ptr, "data_ptr") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   char *buf = NULL;
   size_t len = 0;
   int rc = msnap_allocation_traceback(a, ptr, &buf, &len);
@@ -501,7 +487,7 @@ static PyObject *py_attach_oom_observer(PyObject *module, PyObject *fn) {
     return NULL;
   }
   msnap_py_state_t *st = msnap_py_state(module);
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   if (!st->oom_attached) {
     int rc = msnap_attach_oom_observer(a, oom_callback, module);
     if (rc < 0)

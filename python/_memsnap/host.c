@@ -10,18 +10,13 @@
 
 #include <string.h>
 
-#define GET_ALLOC(a)                                                          \
-  msnap_allocator_t *a = msnap_py_allocator(module);                          \
-  if (a == NULL)                                                              \
-  return NULL
-
 /* host_malloc(size) -> int: a pinned block of at least size bytes (0 for
  * size 0). */
 static PyObject *py_host_malloc(PyObject *module, PyObject *arg) {
   uint64_t size;
   if (msnap_py_size(arg, &size, "pinned host allocation") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   uint64_t ptr = 0;
   int rc = msnap_host_malloc(a, (size_t)size, &ptr);
   if (rc < 0)
@@ -33,40 +28,25 @@ static PyObject *py_host_free(PyObject *module, PyObject *arg) {
   uint64_t ptr;
   if (msnap_py_u64(arg, &ptr, "ptr") < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_host_free(a, ptr);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_host_record_stream(PyObject *module, PyObject *args) {
-  PyObject *p, *s;
   uint64_t ptr, stream;
-  if (!PyArg_ParseTuple(args, "OO:host_record_stream", &p, &s) ||
-      msnap_py_u64(p, &ptr, "ptr") < 0 ||
-      msnap_py_stream(s, &stream) < 0)
+  if (msnap_py_ptr_stream(args, "OO:host_record_stream", &ptr, &stream) < 0)
     return NULL;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_host_record_stream(a, ptr, stream);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_host_empty_cache(PyObject *module, PyObject *unused) {
   (void)unused;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_host_empty_cache(a);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
-}
-
-static PyObject *stat_dict(const msnap_stat_t *s) {
-  return Py_BuildValue("{s:L,s:L,s:L,s:L}", "current", (long long)s->current,
-                       "peak", (long long)s->peak, "allocated",
-                       (long long)s->allocated, "freed", (long long)s->freed);
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *duration_dict(const msnap_duration_stat_t *d) {
@@ -76,14 +56,6 @@ static PyObject *duration_dict(const msnap_duration_stat_t *d) {
                        "count", (long long)d->count, "avg", avg);
 }
 
-static int put(PyObject *d, const char *key, PyObject *value) {
-  if (value == NULL)
-    return -1;
-  int rc = PyDict_SetItemString(d, key, value);
-  Py_DECREF(value);
-  return rc;
-}
-
 /* host_memory_stats() -> the nested dict of torch's
  * host_memory_stats_as_nested_dict: allocations / allocated_bytes (blocks
  * owned, active or cached), active_requests / active_bytes (blocks not yet
@@ -91,7 +63,7 @@ static int put(PyObject *d, const char *key, PyObject *value) {
  * host_free_time (microseconds). */
 static PyObject *py_host_memory_stats(PyObject *module, PyObject *unused) {
   (void)unused;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   msnap_stats_t s;
   memset(&s, 0, sizeof s);
   s.size = sizeof s;
@@ -105,15 +77,20 @@ static PyObject *py_host_memory_stats(PyObject *module, PyObject *unused) {
   PyObject *d = PyDict_New();
   if (d == NULL)
     return NULL;
-  if (put(d, "num_host_alloc", PyLong_FromLongLong(s.num_device_alloc)) < 0 ||
-      put(d, "num_host_free", PyLong_FromLongLong(s.num_device_free)) < 0 ||
-      put(d, "allocations", stat_dict(&s.segment[MSNAP_STAT_ALL])) < 0 ||
-      put(d, "allocated_bytes",
-          stat_dict(&s.reserved_bytes[MSNAP_STAT_ALL])) < 0 ||
-      put(d, "active_requests", stat_dict(&s.active[MSNAP_STAT_ALL])) < 0 ||
-      put(d, "active_bytes", stat_dict(&s.active_bytes[MSNAP_STAT_ALL])) < 0 ||
-      put(d, "host_alloc_time", duration_dict(&at)) < 0 ||
-      put(d, "host_free_time", duration_dict(&ft)) < 0) {
+  if (msnap_py_put(d, "num_host_alloc",
+                   PyLong_FromLongLong(s.num_device_alloc)) < 0 ||
+      msnap_py_put(d, "num_host_free",
+                   PyLong_FromLongLong(s.num_device_free)) < 0 ||
+      msnap_py_put(d, "allocations",
+                   msnap_py_stat_dict(&s.segment[MSNAP_STAT_ALL])) < 0 ||
+      msnap_py_put(d, "allocated_bytes",
+                   msnap_py_stat_dict(&s.reserved_bytes[MSNAP_STAT_ALL])) < 0 ||
+      msnap_py_put(d, "active_requests",
+                   msnap_py_stat_dict(&s.active[MSNAP_STAT_ALL])) < 0 ||
+      msnap_py_put(d, "active_bytes",
+                   msnap_py_stat_dict(&s.active_bytes[MSNAP_STAT_ALL])) < 0 ||
+      msnap_py_put(d, "host_alloc_time", duration_dict(&at)) < 0 ||
+      msnap_py_put(d, "host_free_time", duration_dict(&ft)) < 0) {
     Py_DECREF(d);
     return NULL;
   }
@@ -122,21 +99,17 @@ static PyObject *py_host_memory_stats(PyObject *module, PyObject *unused) {
 
 static PyObject *py_host_reset_peak_stats(PyObject *module, PyObject *unused) {
   (void)unused;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_host_reset_peak_stats(a);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 static PyObject *py_host_reset_accumulated_stats(PyObject *module,
                                                  PyObject *unused) {
   (void)unused;
-  GET_ALLOC(a);
+  MSNAP_PY_GET_ALLOC(a);
   int rc = msnap_host_reset_accumulated_stats(a);
-  if (rc < 0)
-    return msnap_py_raise(module, rc, NULL);
-  Py_RETURN_NONE;
+  return msnap_py_none_or_raise(module, rc, NULL);
 }
 
 PyMethodDef msnap_py_host_methods[] = {

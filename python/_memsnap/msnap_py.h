@@ -63,6 +63,14 @@ extern struct PyModuleDef msnap_py_moduledef;
  * NotImplementedError; the rest RuntimeError. */
 PyObject *msnap_py_raise(PyObject *module, int err, const char *what);
 PyObject *msnap_py_raise_path(PyObject *module, int err, const char *path);
+/* The result of a call that returns nothing: None when rc >= 0, else
+ * msnap_py_raise(module, rc, what). */
+static inline PyObject *msnap_py_none_or_raise(PyObject *module, int rc,
+                                               const char *what) {
+  if (rc < 0)
+    return msnap_py_raise(module, rc, what);
+  Py_RETURN_NONE;
+}
 /* The OOM exception type to raise now (borrowed); NULL with an exception
  * set on failure. */
 PyObject *msnap_py_oom_type(PyObject *module);
@@ -73,7 +81,18 @@ int msnap_py_errors_init(PyObject *module);
  * when it cannot be created (bad alloc conf -> ValueError naming the
  * token). */
 msnap_allocator_t *msnap_py_allocator(PyObject *module);
+/* Declare `a`, that allocator, in a method of `module`; the method returns
+ * NULL (the exception set) when there is none. */
+#define MSNAP_PY_GET_ALLOC(a)                                                 \
+  msnap_allocator_t *a = msnap_py_allocator(module);                          \
+  if (a == NULL)                                                              \
+  return NULL
 extern PyMethodDef msnap_py_allocator_methods[];
+/* {"current", "peak", "allocated", "freed"} of one stat (torch's Stat). */
+PyObject *msnap_py_stat_dict(const msnap_stat_t *s);
+/* Add key -> value to d, stealing value (NULL: an error already set); -1 on
+ * error. */
+int msnap_py_put(PyObject *d, const char *key, PyObject *value);
 int msnap_py_allocator_init(PyObject *module);
 
 /* ---- host.c ------------------------------------------------------------- */
@@ -100,6 +119,9 @@ int msnap_py_u64(PyObject *o, uint64_t *out, const char *what);
 int msnap_py_size(PyObject *o, uint64_t *out, const char *what);
 int msnap_py_stream(PyObject *o, uint64_t *out);
 int msnap_py_device(PyObject *o, int *out);
+/* (ptr, stream) positional arguments, format `fmt` ("OO:NAME"). */
+int msnap_py_ptr_stream(PyObject *args, const char *fmt, uint64_t *ptr,
+                        uint64_t *stream);
 
 /*
  * msnap_py_check_device -- raise what torch raises for a device index the

@@ -56,7 +56,7 @@ msnap_block_t *msnap__block_new(msnap_device_t *d) {
      * costs more than the rest of a cached malloc. stream_uses/cap_uses
      * keep their buffer for reuse. */
     d->free_objs = b->link;
-    b->node.left = b->node.right = b->node.parent = NULL;
+    b->node.child[0] = b->node.child[1] = b->node.parent = NULL;
     b->node.red = 0;
     b->stream = b->size = b->ptr = b->requested_size = 0;
     b->prev = b->next = b->hnext = b->link = NULL;

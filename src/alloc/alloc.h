@@ -164,8 +164,10 @@ static inline void msnap__unlock(msnap_lock_t *l) {
                msnap__rank_held(MSNAP_RANK_DEVICE, (uint32_t)(d)->id))
 
 /* ---- ordered block sets (pool.c) ---------------------------------------- */
+/* child[0]: the subtree of smaller keys, child[1]: of larger keys.  One
+ * index for the direction lets pool.c write each mirrored case once. */
 typedef struct msnap_rbnode_s {
-  struct msnap_rbnode_s *left, *right, *parent;
+  struct msnap_rbnode_s *child[2], *parent;
   int red;
 } msnap_rbnode_t;
 

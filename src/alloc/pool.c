@@ -18,7 +18,9 @@
  *
  * The balancing code follows the classic parent-pointer formulation
  * (Cormen et al.; the BSD <sys/tree.h> macros), written out for this one
- * node type.  Callers hold the device lock.
+ * node type.  The children are indexed by direction (LEFT, RIGHT; !dir is
+ * the mirror), so each pair of mirrored cases is written once.  Callers
+ * hold the device lock.
  */
 #include <stdio.h>
 
@@ -26,6 +28,9 @@
 
 #define NODE(b) (&(b)->node)
 #define BLOCK(n) ((msnap_block_t *)(n))
+
+/* Directions: child[LEFT] holds the smaller keys, child[RIGHT] the larger. */
+enum { LEFT = 0, RIGHT = 1 };
 
 _Static_assert(offsetof(msnap_block_t, node) == 0,
                "block->node must be first so that a node is a block");
@@ -48,35 +53,29 @@ static inline int key_cmp(bool by_addr, const msnap_block_t *x,
   return 0;
 }
 
-static void rotate_left(msnap_rbtree_t *t, msnap_rbnode_t *x) {
-  msnap_rbnode_t *y = x->right;
-  x->right = y->left;
-  if (y->left)
-    y->left->parent = x;
-  y->parent = x->parent;
-  if (!x->parent)
-    t->root = y;
-  else if (x == x->parent->left)
-    x->parent->left = y;
+/* A missing child (NULL) counts as black. */
+static inline bool is_red(const msnap_rbnode_t *n) { return n && n->red; }
+
+/* Point the link that held `old` at n: parent's child on old's side, or
+ * the root when old had no parent. */
+static void replace_link(msnap_rbtree_t *t, msnap_rbnode_t *parent,
+                         const msnap_rbnode_t *old, msnap_rbnode_t *n) {
+  if (!parent)
+    t->root = n;
   else
-    x->parent->right = y;
-  y->left = x;
-  x->parent = y;
+    parent->child[parent->child[LEFT] == old ? LEFT : RIGHT] = n;
 }
 
-static void rotate_right(msnap_rbtree_t *t, msnap_rbnode_t *x) {
-  msnap_rbnode_t *y = x->left;
-  x->left = y->right;
-  if (y->right)
-    y->right->parent = x;
+/* Rotate at x toward dir: x's child y on the other side takes x's place
+ * and x becomes y's child on side dir (dir = LEFT: a left rotation). */
+static void rotate(msnap_rbtree_t *t, msnap_rbnode_t *x, int dir) {
+  msnap_rbnode_t *y = x->child[!dir];
+  x->child[!dir] = y->child[dir];
+  if (y->child[dir])
+    y->child[dir]->parent = x;
   y->parent = x->parent;
-  if (!x->parent)
-    t->root = y;
-  else if (x == x->parent->right)
-    x->parent->right = y;
-  else
-    x->parent->left = y;
-  y->right = x;
+  replace_link(t, x->parent, x, y);
+  y->child[dir] = x;
   x->parent = y;
 }
 
@@ -99,11 +98,11 @@ void msnap__rb_insert(msnap_rbtree_t *t, msnap_block_t *b) {
   while (*link) {
     parent = *link;
     if (key_cmp(t->by_addr, BLOCK(parent), b->stream, b->size, b->ptr) > 0)
-      link = &parent->left;
+      link = &parent->child[LEFT];
     else
-      link = &parent->right;
+      link = &parent->child[RIGHT];
   }
-  z->left = z->right = NULL;
+  z->child[LEFT] = z->child[RIGHT] = NULL;
   z->parent = parent;
   z->red = 1;
   *link = z;
@@ -111,43 +110,24 @@ void msnap__rb_insert(msnap_rbtree_t *t, msnap_block_t *b) {
 
   while ((parent = z->parent) && parent->red) {
     msnap_rbnode_t *g = parent->parent;
-    if (parent == g->left) {
-      msnap_rbnode_t *u = g->right;
-      if (u && u->red) {
-        u->red = 0;
-        parent->red = 0;
-        g->red = 1;
-        z = g;
-        continue;
-      }
-      if (parent->right == z) {
-        rotate_left(t, parent);
-        msnap_rbnode_t *tmp = parent;
-        parent = z;
-        z = tmp;
-      }
+    int dir = parent == g->child[LEFT] ? LEFT : RIGHT; /* parent's side */
+    msnap_rbnode_t *u = g->child[!dir];
+    if (is_red(u)) {
+      u->red = 0;
       parent->red = 0;
       g->red = 1;
-      rotate_right(t, g);
-    } else {
-      msnap_rbnode_t *u = g->left;
-      if (u && u->red) {
-        u->red = 0;
-        parent->red = 0;
-        g->red = 1;
-        z = g;
-        continue;
-      }
-      if (parent->left == z) {
-        rotate_right(t, parent);
-        msnap_rbnode_t *tmp = parent;
-        parent = z;
-        z = tmp;
-      }
-      parent->red = 0;
-      g->red = 1;
-      rotate_left(t, g);
+      z = g;
+      continue;
     }
+    if (parent->child[!dir] == z) {
+      rotate(t, parent, dir);
+      msnap_rbnode_t *tmp = parent;
+      parent = z;
+      z = tmp;
+    }
+    parent->red = 0;
+    g->red = 1;
+    rotate(t, g, !dir);
   }
   t->root->red = 0;
 }
@@ -157,63 +137,34 @@ void msnap__rb_insert(msnap_rbtree_t *t, msnap_block_t *b) {
 static void erase_fixup(msnap_rbtree_t *t, msnap_rbnode_t *x,
                         msnap_rbnode_t *parent) {
   msnap_rbnode_t *w;
-  while ((!x || !x->red) && x != t->root) {
-    if (parent->left == x) {
-      w = parent->right;
-      if (w->red) {
-        w->red = 0;
-        parent->red = 1;
-        rotate_left(t, parent);
-        w = parent->right;
-      }
-      if ((!w->left || !w->left->red) && (!w->right || !w->right->red)) {
-        w->red = 1;
-        x = parent;
-        parent = x->parent;
-      } else {
-        if (!w->right || !w->right->red) {
-          if (w->left)
-            w->left->red = 0;
-          w->red = 1;
-          rotate_right(t, w);
-          w = parent->right;
-        }
-        w->red = parent->red;
-        parent->red = 0;
-        if (w->right)
-          w->right->red = 0;
-        rotate_left(t, parent);
-        x = t->root;
-        break;
-      }
+  while (!is_red(x) && x != t->root) {
+    int dir = parent->child[LEFT] == x ? LEFT : RIGHT; /* x's side */
+    w = parent->child[!dir];
+    if (w->red) {
+      w->red = 0;
+      parent->red = 1;
+      rotate(t, parent, dir);
+      w = parent->child[!dir];
+    }
+    if (!is_red(w->child[LEFT]) && !is_red(w->child[RIGHT])) {
+      w->red = 1;
+      x = parent;
+      parent = x->parent;
     } else {
-      w = parent->left;
-      if (w->red) {
-        w->red = 0;
-        parent->red = 1;
-        rotate_right(t, parent);
-        w = parent->left;
-      }
-      if ((!w->left || !w->left->red) && (!w->right || !w->right->red)) {
+      if (!is_red(w->child[!dir])) {
+        if (w->child[dir])
+          w->child[dir]->red = 0;
         w->red = 1;
-        x = parent;
-        parent = x->parent;
-      } else {
-        if (!w->left || !w->left->red) {
-          if (w->right)
-            w->right->red = 0;
-          w->red = 1;
-          rotate_left(t, w);
-          w = parent->left;
-        }
-        w->red = parent->red;
-        parent->red = 0;
-        if (w->left)
-          w->left->red = 0;
-        rotate_right(t, parent);
-        x = t->root;
-        break;
+        rotate(t, w, !dir);
+        w = parent->child[!dir];
       }
+      w->red = parent->red;
+      parent->red = 0;
+      if (w->child[!dir])
+        w->child[!dir]->red = 0;
+      rotate(t, parent, dir);
+      x = t->root;
+      break;
     }
   }
   if (x)
@@ -224,60 +175,43 @@ static void erase_fixup(msnap_rbtree_t *t, msnap_rbnode_t *x,
 void msnap__rb_erase(msnap_rbtree_t *t, msnap_block_t *b) {
   msnap_rbnode_t *old = NODE(b), *elm = old, *child, *parent;
   int red;
-  if (!elm->left) {
-    child = elm->right;
-  } else if (!elm->right) {
-    child = elm->left;
+  if (!elm->child[LEFT]) {
+    child = elm->child[RIGHT];
+  } else if (!elm->child[RIGHT]) {
+    child = elm->child[LEFT];
   } else {
     /* Two children: splice out the successor and put it in old's place. */
-    elm = elm->right;
-    while (elm->left)
-      elm = elm->left;
-    child = elm->right;
+    elm = elm->child[RIGHT];
+    while (elm->child[LEFT])
+      elm = elm->child[LEFT];
+    child = elm->child[RIGHT];
     parent = elm->parent;
     red = elm->red;
     if (child)
       child->parent = parent;
-    if (parent->left == elm)
-      parent->left = child;
-    else
-      parent->right = child;
+    replace_link(t, parent, elm, child);
     if (elm->parent == old)
       parent = elm;
-    elm->left = old->left;
-    elm->right = old->right;
+    elm->child[LEFT] = old->child[LEFT];
+    elm->child[RIGHT] = old->child[RIGHT];
     elm->parent = old->parent;
     elm->red = old->red;
-    if (old->parent) {
-      if (old->parent->left == old)
-        old->parent->left = elm;
-      else
-        old->parent->right = elm;
-    } else {
-      t->root = elm;
-    }
-    old->left->parent = elm;
-    if (old->right)
-      old->right->parent = elm;
+    replace_link(t, old->parent, old, elm);
+    old->child[LEFT]->parent = elm;
+    if (old->child[RIGHT])
+      old->child[RIGHT]->parent = elm;
     goto color;
   }
   parent = elm->parent;
   red = elm->red;
   if (child)
     child->parent = parent;
-  if (parent) {
-    if (parent->left == elm)
-      parent->left = child;
-    else
-      parent->right = child;
-  } else {
-    t->root = child;
-  }
+  replace_link(t, parent, elm, child);
 color:
   if (!red)
     erase_fixup(t, child, parent);
   t->count--;
-  old->left = old->right = old->parent = NULL;
+  old->child[LEFT] = old->child[RIGHT] = old->parent = NULL;
 }
 
 /*
@@ -291,56 +225,47 @@ msnap_block_t *msnap__rb_lower_bound(const msnap_rbtree_t *t, uint64_t stream,
   while (n) {
     if (key_cmp(by_addr, BLOCK(n), stream, size, ptr) >= 0) {
       best = n;
-      n = n->left;
+      n = n->child[LEFT];
     } else {
-      n = n->right;
+      n = n->child[RIGHT];
     }
   }
   return BLOCK(best);
 }
 
+/* The last node of the subtree at n toward dir (LEFT: the smallest key). */
+static inline const msnap_rbnode_t *extreme(const msnap_rbnode_t *n,
+                                            int dir) {
+  while (n->child[dir])
+    n = n->child[dir];
+  return n;
+}
+
+/* The in-order neighbour of b toward dir (RIGHT: next, LEFT: previous);
+ * NULL past the end. */
+static inline msnap_block_t *neighbour(const msnap_block_t *b, int dir) {
+  const msnap_rbnode_t *n = NODE(b);
+  if (n->child[dir])
+    return BLOCK(extreme(n->child[dir], !dir));
+  while (n->parent && n == n->parent->child[dir])
+    n = n->parent;
+  return BLOCK(n->parent);
+}
+
 msnap_block_t *msnap__rb_first(const msnap_rbtree_t *t) {
-  msnap_rbnode_t *n = t->root;
-  if (!n)
-    return NULL;
-  while (n->left)
-    n = n->left;
-  return BLOCK(n);
+  return t->root ? BLOCK(extreme(t->root, LEFT)) : NULL;
 }
 
 msnap_block_t *msnap__rb_last(const msnap_rbtree_t *t) {
-  msnap_rbnode_t *n = t->root;
-  if (!n)
-    return NULL;
-  while (n->right)
-    n = n->right;
-  return BLOCK(n);
+  return t->root ? BLOCK(extreme(t->root, RIGHT)) : NULL;
 }
 
 msnap_block_t *msnap__rb_next(const msnap_block_t *b) {
-  const msnap_rbnode_t *n = NODE(b);
-  if (n->right) {
-    n = n->right;
-    while (n->left)
-      n = n->left;
-    return BLOCK(n);
-  }
-  while (n->parent && n == n->parent->right)
-    n = n->parent;
-  return BLOCK(n->parent);
+  return neighbour(b, RIGHT);
 }
 
 msnap_block_t *msnap__rb_prev(const msnap_block_t *b) {
-  const msnap_rbnode_t *n = NODE(b);
-  if (n->left) {
-    n = n->left;
-    while (n->right)
-      n = n->right;
-    return BLOCK(n);
-  }
-  while (n->parent && n == n->parent->left)
-    n = n->parent;
-  return BLOCK(n->parent);
+  return neighbour(b, LEFT);
 }
 
 /* Black height of the subtree at n, or -1 after writing a violation. */
@@ -349,25 +274,23 @@ static int check_node(const msnap_rbtree_t *t, const msnap_rbnode_t *n,
   if (!n)
     return 0;
   (*count)++;
-  if (n->left && n->left->parent != n) {
-    snprintf(msg, len, "rb: left child of block 0x%llx has a bad parent link",
-             (unsigned long long)BLOCK(n)->ptr);
-    return -1;
+  for (int dir = LEFT; dir <= RIGHT; dir++) {
+    if (n->child[dir] && n->child[dir]->parent != n) {
+      snprintf(msg, len, "rb: %s child of block 0x%llx has a bad parent link",
+               dir == LEFT ? "left" : "right",
+               (unsigned long long)BLOCK(n)->ptr);
+      return -1;
+    }
   }
-  if (n->right && n->right->parent != n) {
-    snprintf(msg, len, "rb: right child of block 0x%llx has a bad parent link",
-             (unsigned long long)BLOCK(n)->ptr);
-    return -1;
-  }
-  if (n->red && ((n->left && n->left->red) || (n->right && n->right->red))) {
+  if (n->red && (is_red(n->child[LEFT]) || is_red(n->child[RIGHT]))) {
     snprintf(msg, len, "rb: red block 0x%llx has a red child",
              (unsigned long long)BLOCK(n)->ptr);
     return -1;
   }
-  int hl = check_node(t, n->left, count, msg, len);
+  int hl = check_node(t, n->child[LEFT], count, msg, len);
   if (hl < 0)
     return -1;
-  int hr = check_node(t, n->right, count, msg, len);
+  int hr = check_node(t, n->child[RIGHT], count, msg, len);
   if (hr < 0)
     return -1;
   if (hl != hr) {
