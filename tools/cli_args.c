@@ -88,6 +88,10 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   if (c->nfiles >= 0 ? nfiles != c->nfiles : nfiles < 1)
     return cli_usage_error(c->name, c->files_msg);
   if (c->output != NULL) {
+    /* "-o -": standard output (as "-" for an input is standard input),
+     * written through the descriptor link (base/outpath.c). */
+    if (*c->output != NULL && strcmp(*c->output, "-") == 0)
+      *c->output = "/dev/stdout";
     const char *out = *c->output;
     if (out == NULL && c->output_msg != NULL)
       return cli_usage_error(c->name, c->output_msg);

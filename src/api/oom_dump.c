@@ -60,13 +60,29 @@ static pthread_once_t oom_fork_once = PTHREAD_ONCE_INIT;
 
 /* The observer's argument: the allocator, the configured directory
  * (NULL = ".") and the reason last reported for an unusable directory
- * (an errno; 0 = none), so that one reason is printed once; freed with
- * the allocator (oom_dump_release).  Used under oom_dump_lock. */
+ * (an errno; 0 = none), so that one reason is printed once; the last
+ * message printed about a file of the dump (the snapshot or the usage
+ * report) likewise, so that a failure repeated at every OOM is said once
+ * until the reason changes or a dump succeeds; freed with the allocator
+ * (oom_dump_release).  Used under oom_dump_lock. */
 typedef struct oom_dump_s {
   msnap_allocator_t *a;
   char *path;
   int warned;
+  /* [0] the snapshot, [1] the usage report: the reason last said, as
+   * (memsnap error, errno) -- the message itself names a file whose name
+   * changes every second; 0 = nothing said since the last success. */
+  long said[2];
 } oom_dump_t;
+
+/* Print `msg` unless the reason (rc, the last errno) is the one said last
+ * for `which`. */
+static void oom_say(oom_dump_t *od, int which, int rc, const char *msg) {
+  long key = (long)(rc < 0 ? -rc : rc) * 4096 + msnap_last_errno() + 1;
+  if (od->said[which] == key) return;
+  fputs(msg, stderr);
+  od->said[which] = key;
+}
 
 static void oom_dump_release(void *arg) {
   oom_dump_t *od = arg;
@@ -137,23 +153,34 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
     else
       snprintf(stem, sizeof stem, "oom_snapshot_%ld_%s", (long)getpid(), ts);
     char *pk = msnap__name_reserve(dir, stem, ".pickle");
+    char msg[512];
     if (pk == NULL) {
-      fprintf(stderr, "memsnap: no OOM snapshot is written: %s\n",
-              msnap_last_error());
+      snprintf(msg, sizeof msg, "memsnap: no OOM snapshot is written: %s\n",
+               msnap_last_error());
+      oom_say(od, 0, MSNAP_EIO, msg);
     } else {
       int rc = msnap_dump_snapshot(a, NULL, pk);
       if (rc != 0) {
-        fprintf(stderr, "memsnap: OOM snapshot %s not written: %s (%s)\n",
-                pk, msnap_strerror(rc), msnap_last_error());
+        /* The reason without the file name, which changes every time. */
+        snprintf(msg, sizeof msg, "memsnap: OOM snapshot %s not written: %s "
+                 "(%s)\n", pk, msnap_strerror(rc), msnap_last_error());
+        oom_say(od, 0, rc, msg);
         msnap__name_unreserve(pk);
       } else {
+        od->said[0] = 0;
         fprintf(stderr, "memsnap: device %d out of memory; snapshot "
                 "written to %s\n", device, pk);
       }
     }
     /* _dump_snapshot's usage CSV (api/usage.c): CANN's report by
-     * default, memsnap's with MEMSNAP_USAGE_REPORT=memsnap|both. */
+     * default in the npu profile (torch_npu's OOM path writes it; torch's
+     * CUDA allocator has none, so the cuda profile writes none unless
+     * MEMSNAP_USAGE_REPORT asks), memsnap's with
+     * MEMSNAP_USAGE_REPORT=memsnap|both. */
     msnap_usage_kind_t kind = msnap__usage_kind();
+    if (kind == MSNAP_USAGE_CANN && msnap_profile(a) != MSNAP_PROFILE_NPU &&
+        msnap__env_get(MSNAP_ENV_USAGE_REPORT) == NULL)
+      kind = MSNAP_USAGE_NONE;
     for (int k = 0; k < 2; k++) {
       bool cann = k == 0;
       if (kind == MSNAP_USAGE_NONE ||
@@ -161,14 +188,19 @@ static void oom_dump_observer(int device, uint64_t alloc_size,
           (!cann && kind == MSNAP_USAGE_CANN))
         continue;
       int rc = msnap__usage_csv(a, device, dir, cann, ts, true, NULL);
-      if (rc == MSNAP_ENOTSUP && cann)
-        fprintf(stderr, "memsnap: no CANN memory usage report for device %d "
-                "(%s); set MEMSNAP_USAGE_REPORT=memsnap for memsnap's own\n",
-                device, msnap_last_error());
-      else if (rc != 0)
-        fprintf(stderr, "memsnap: memory usage report of device %d not "
-                "written: %s (%s)\n", device, msnap_strerror(rc),
-                msnap_last_error());
+      if (rc == MSNAP_ENOTSUP && cann) {
+        snprintf(msg, sizeof msg, "memsnap: no CANN memory usage report for "
+                 "device %d (%s); set MEMSNAP_USAGE_REPORT=memsnap for "
+                 "memsnap's own\n", device, msnap_last_error());
+        oom_say(od, 1, rc, msg);
+      } else if (rc != 0) {
+        snprintf(msg, sizeof msg, "memsnap: memory usage report of device "
+                 "%d not written: %s (%s)\n", device, msnap_strerror(rc),
+                 msnap_last_error());
+        oom_say(od, 1, rc, msg);
+      } else {
+        od->said[1] = 0;
+      }
     }
     free(pk);
   }

@@ -10,7 +10,7 @@ Groups:
           is followed, the link survives and the target keeps its mode
           (0600 stays 0600); a link in the middle of the path is held to
           the same rule.  Planting needs root (lchown): SKIP without it.
-  stdout  `-o /dev/stdout` into a pipe and into a redirected file, for
+  stdout  `-o /dev/stdout` (and `-o -`) into a pipe and into a redirected file, for
           convert, view and plot: the reader gets the whole output.
   temps   temporaries that killed writers left ("<name>.tmp.<tag>.<pid>.
           <n>", tag computed here independently) are removed by the next
@@ -157,6 +157,13 @@ def group_stdout():
             data2 = f.read()
         T.expect(p.returncode == 0 and data2 == data,
                  "%s -o /dev/stdout > FILE (%d %r)" % (name, p.returncode, p.stderr))
+        # "-o -" is standard output too, and writes no file named "-"
+        p = subprocess.run(T.WRAPPER + [T.MEMSNAP] + argv + ["-o", "-"],
+                           capture_output=True, cwd=T.TMP)
+        T.expect(p.returncode == 0 and p.stdout == data and
+                 not os.path.exists(os.path.join(T.TMP, "-")),
+                 "%s -o - writes to standard output (%d %r)"
+                 % (name, p.returncode, p.stderr[-300:]))
     # a descriptor open only for reading: a clear error
     other = victim("stdin-file", 0o644)
     with open(other, "rb") as f:

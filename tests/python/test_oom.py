@@ -109,3 +109,32 @@ except MemoryError as e:
 """
     assert run_script(code, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result == [
         "OutOfMemoryError", False]
+
+
+REPEATED_OOM = r"""
+import memsnap.memory as mm
+for _ in range(3):
+    try:
+        mm.caching_allocator_alloc(1 << 40)
+    except mm.OutOfMemoryError:
+        pass
+print("RESULT", mm.memory_stats()["num_ooms"])
+"""
+
+
+@pytest.mark.parametrize("profile", ["cuda", "npu"])
+def test_a_failing_oom_dump_is_said_once(profile):
+    """A directory that passes the check (root may write /proc's inode
+    bits) but where no file can be created: the dump fails at each of three
+    OOMs and says so once.  The cuda profile writes no usage report (torch
+    has none); the npu profile's CANN report (none on the sim) is also said
+    once."""
+    if os.geteuid() != 0:
+        pytest.skip("SKIP: needs root (a directory writable by its mode in which no file can be created: /proc)")
+    env = base_env(OOM_SNAPSHOT_ENABLE="1", OOM_SNAPSHOT_PATH="/proc",
+                   MEMSNAP_PROFILE=profile, MEMSNAP_SIM_MEMORY="64M")
+    p = run_script(REPEATED_OOM, env=env)
+    assert p.result == 3
+    assert p.stderr.count("no OOM snapshot is written") == 1, p.stderr
+    cann = p.stderr.count("no CANN memory usage report")
+    assert cann == (0 if profile == "cuda" else 1), p.stderr
