@@ -291,5 +291,31 @@ def test_layer_variants_match_the_cpu():
     assert all(same for name, _, same in r if name.startswith("Conv")), r
 
 
+def recurrent_layer_errors():
+    out = {}
+    for layer in (nn.LSTM(4, 8, batch_first=True), nn.GRUCell(4, 8)):
+        layer = layer.to(DEVICE)
+        try:
+            layer(torch.randn(2, 3, 4).to(DEVICE) if isinstance(layer, nn.LSTM)
+                  else torch.randn(2, 4).to(DEVICE))
+        except NotImplementedError as e:
+            out[type(layer).__name__] = str(e)
+    return out
+
+
+@needs_shim
+def test_recurrent_layers_say_they_are_unsupported():
+    """nn.LSTM / nn.GRUCell call aten::_thnn_fused_lstm_cell /
+    _thnn_fused_gru_cell on a PrivateUse1 device, which PyTorch implements
+    for CUDA only: a clear NotImplementedError naming the operator."""
+    r = _run("t.recurrent_layer_errors()")
+    assert set(r) == {"LSTM", "GRUCell"}, r
+    for layer, op in (("LSTM", "lstm"), ("GRUCell", "gru")):
+        assert r[layer].startswith(
+            f"operator aten::_thnn_fused_{op}_cell is not implemented for the "
+            "memsnap device 'npu' (the fused recurrent cell"), r[layer]
+        assert "run the recurrent layer on the CPU" in r[layer]
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

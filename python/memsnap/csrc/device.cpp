@@ -581,11 +581,21 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     at::native::cpu_fallback(op, stack);
     return;
   }
+  // nn.LSTM / nn.GRU (and their cells) call these fused kernels on a
+  // PrivateUse1 device (aten/src/ATen/native/RNN.cpp, LSTMCell / GRUCell);
+  // PyTorch has them for CUDA only, so there is no CPU kernel to run.
+  const bool rnn = name.name == "aten::_thnn_fused_lstm_cell" ||
+                   name.name == "aten::_thnn_fused_gru_cell";
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "operator ", name, " is not implemented for the memsnap device '",
-      c10::get_privateuse1_backend(),
-      "' (memsnap computes only the operators listed in its docs/python.md, "
-      "on the CPU; move the tensors to the CPU for this one)");
+      c10::get_privateuse1_backend(), "' (",
+      rnn ? "the fused recurrent cell nn.LSTM and nn.GRU use on a "
+            "non-CPU device: PyTorch has no CPU kernel of it; run the "
+            "recurrent layer on the CPU"
+          : "memsnap computes only the operators listed in its "
+            "docs/python.md, on the CPU; move the tensors to the CPU for "
+            "this one",
+      ")");
 }
 
 std::mutex init_mutex;
