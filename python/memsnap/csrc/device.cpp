@@ -18,6 +18,11 @@
 //     empty_strided, _copy_from, _copy_from_and_resize, resize_, view,
 //     as_strided, _reshape_alias, set_ (3 overloads), _local_scalar_dense,
 //     record_stream;
+//   - kernels computed on the CPU over the device bytes, their results
+//     allocated on the device through memsnap: convolution_overrideable and
+//     convolution_backward_overrideable (what at::convolution calls for a
+//     PrivateUse1 tensor), native_batch_norm (its running statistics are
+//     updated in place, which cpu_fallback cannot do);
 //   - a boxed fallback for every other operator: the operators of
 //     kCpuOperators run on the CPU through PyTorch's own
 //     at::native::cpu_fallback (inputs copied to the CPU, outputs and
@@ -52,6 +57,9 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/resize_native.h>
@@ -68,10 +76,12 @@ namespace {
 constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 
 // Operators computed on the CPU (over the host-backed device memory) by
-// at::native::cpu_fallback: what a small MLP needs for its forward and
-// backward passes, the usual losses, and the SGD / Adam / AdamW updates
-// (their foreach forms too), plus common elementwise operators and
-// reductions.  Every overload (including in-place and out= forms) of a
+// at::native::cpu_fallback: what a small MLP, a small transformer
+// (nn.TransformerEncoderLayer, LayerNorm, scaled_dot_product_attention) and
+// a small CNN (with the kernels below) need for their forward and backward
+// passes, the usual losses, and the SGD / Adam / AdamW updates (their
+// foreach forms too), plus common elementwise operators and reductions.
+// No view or aliasing operator: cpu_fallback returns copies.  Every overload (including in-place and out= forms) of a
 // listed name is computed.  docs/python.md lists them; anything else
 // raises NotImplementedError.
 const std::unordered_set<std::string>& cpu_operators() {
@@ -98,6 +108,21 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::silu", "aten::silu_backward", "aten::_softmax",
       "aten::_softmax_backward_data", "aten::_log_softmax",
       "aten::_log_softmax_backward_data",
+      // normalization (LayerNorm's forward on this device is PyTorch's
+      // math_native_layer_norm, over native_batch_norm)
+      "aten::native_batch_norm_backward",
+      "aten::native_layer_norm_backward",
+      // pooling
+      "aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward",
+      "aten::avg_pool2d", "aten::avg_pool2d_backward",
+      "aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d_backward",
+      "aten::adaptive_max_pool2d", "aten::adaptive_max_pool2d_backward",
+      // attention: the masks of scaled_dot_product_attention's math path and
+      // nn.Transformer, and the inference fast paths of
+      // nn.TransformerEncoderLayer and nn.MultiheadAttention
+      "aten::triu", "aten::tril", "aten::isneginf", "aten::isposinf",
+      "aten::_transformer_encoder_layer_fwd",
+      "aten::_native_multi_head_attention",
       // linear algebra
       "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::dot",
       "aten::mv", "aten::addmv",
@@ -481,6 +506,72 @@ void record_stream(at::Tensor& self, c10::Stream s) {
   record_on_stream(self.storage().data_ptr().get(), s.id());
 }
 
+// A device tensor with the sizes, strides and bytes of CPU tensor `cpu`,
+// allocated through memsnap on `like`'s device (an undefined tensor stays
+// undefined).
+at::Tensor to_device(const at::Tensor& cpu, const at::Tensor& like) {
+  if (!cpu.defined()) return cpu;
+  at::Tensor out = at::empty_strided(cpu.sizes(), cpu.strides(),
+                                     cpu.options().device(like.device()));
+  return copy_from(cpu, out, false);
+}
+
+std::optional<at::Tensor> as_cpu(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  return as_cpu(*t);
+}
+
+// native_batch_norm updates running_mean and running_var in place, but its
+// schema does not mark them mutable (`Tensor?`), so cpu_fallback would not
+// copy them back: the CPU kernel runs on CPU tensors over the device bytes.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps) {
+  auto [out, mean, invstd] = at::native_batch_norm(
+      as_cpu(input), as_cpu(weight), as_cpu(bias), as_cpu(running_mean),
+      as_cpu(running_var), training, momentum, eps);
+  return {to_device(out, input), to_device(mean, input),
+          to_device(invstd, input)};
+}
+
+// Convolutions.  For a PrivateUse1 tensor at::convolution and
+// at::convolution_backward pick ConvBackend::Overrideable and call these two
+// operators (aten/src/ATen/native/Convolution.cpp, select_conv_backend); the
+// CPU computes them over the device bytes, the results are allocated on the
+// device through memsnap.
+at::Tensor convolution_overrideable(
+    const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
+    c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
+    c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+  at::Tensor out = at::convolution_symint(
+      as_cpu(input), as_cpu(weight), as_cpu(bias), stride, padding, dilation,
+      transposed, output_padding, std::move(groups));
+  return to_device(out, input);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const at::Tensor& weight, c10::SymIntArrayRef stride,
+    c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
+    c10::SymIntArrayRef output_padding, c10::SymInt groups,
+    std::array<bool, 3> output_mask) {
+  // The bias has one element per output channel.
+  std::vector<c10::SymInt> bias_sizes{grad_output.sym_size(1)};
+  auto [gi, gw, gb] = at::convolution_backward_symint(
+      as_cpu(grad_output), as_cpu(input), as_cpu(weight),
+      output_mask[2] ? std::optional<c10::SymIntArrayRef>(bias_sizes)
+                     : std::nullopt,
+      stride, padding, dilation, transposed, output_padding, std::move(groups),
+      output_mask);
+  return {to_device(gi, input), to_device(gw, weight),
+          to_device(gb, weight)};
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.schema().operator_name();
   const auto& ops = cpu_operators();
@@ -490,11 +581,21 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     at::native::cpu_fallback(op, stack);
     return;
   }
+  // nn.LSTM / nn.GRU (and their cells) call these fused kernels on a
+  // PrivateUse1 device (aten/src/ATen/native/RNN.cpp, LSTMCell / GRUCell);
+  // PyTorch has them for CUDA only, so there is no CPU kernel to run.
+  const bool rnn = name.name == "aten::_thnn_fused_lstm_cell" ||
+                   name.name == "aten::_thnn_fused_gru_cell";
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "operator ", name, " is not implemented for the memsnap device '",
-      c10::get_privateuse1_backend(),
-      "' (memsnap computes only the operators listed in its docs/python.md, "
-      "on the CPU; move the tensors to the CPU for this one)");
+      c10::get_privateuse1_backend(), "' (",
+      rnn ? "the fused recurrent cell nn.LSTM and nn.GRU use on a "
+            "non-CPU device: PyTorch has no CPU kernel of it; run the "
+            "recurrent layer on the CPU"
+          : "memsnap computes only the operators listed in its "
+            "docs/python.md, on the CPU; move the tensors to the CPU for "
+            "this one",
+      ")");
 }
 
 std::mutex init_mutex;
@@ -539,6 +640,10 @@ void register_all() {
             TORCH_FN(set_source_storage_offset));
   impl.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   impl.impl("record_stream", TORCH_FN(record_stream));
+  impl.impl("native_batch_norm", TORCH_FN(native_batch_norm));
+  impl.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  impl.impl("convolution_backward_overrideable",
+            TORCH_FN(convolution_backward_overrideable));
   // mse_loss's functional form would otherwise go through the structured
   // out= kernel with a 0-dim output, which PyTorch's CPU kernel resizes
   // (and warns about); compute the functional form itself on the CPU.

@@ -1,0 +1,321 @@
+"""Small real models train on the memsnap device (memsnap.torch.register_device)
+exactly as on the CPU: a transformer (nn.Embedding, nn.TransformerEncoderLayer
+with scaled_dot_product_attention, nn.LayerNorm, nn.Dropout, GELU,
+cross_entropy, AdamW) and a CNN (nn.Conv2d, nn.BatchNorm2d, ReLU, MaxPool2d,
+AdaptiveAvgPool2d, Linear, SGD with momentum).  Each scenario runs in a fresh
+process (PrivateUse1's name and memsnap's allocator are per process) that
+imports this file, so the models, the training loop and the comparison with
+the CPU are the code below, and the recorded Python stacks end in this file."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import pytest
+
+from conftest import run_script
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICE = "npu"
+
+
+class TinyTransformer(nn.Module):
+    """A causal language model: embedding, one encoder layer, a head."""
+
+    def __init__(self, vocab=37, d_model=32, heads=4, seq=10):
+        super().__init__()
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.randn(seq, d_model) * 0.02)
+        self.drop = nn.Dropout(0.1)
+        self.encoder = nn.TransformerEncoderLayer(
+            d_model, heads, dim_feedforward=64, dropout=0.1, activation="gelu",
+            batch_first=True)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids):
+        h = self.drop(self.embed(ids) + self.pos[: ids.shape[1]])
+        mask = nn.Transformer.generate_square_subsequent_mask(
+            ids.shape[1], device=ids.device)
+        h = self.encoder(h, src_mask=mask, is_causal=True)
+        return self.head(self.norm(h))
+
+    def loss(self, batch):
+        ids, targets = batch
+        return F.cross_entropy(self(ids).reshape(-1, self.vocab), targets.reshape(-1))
+
+
+class TinyCNN(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1))
+        self.classifier = nn.Linear(16, classes)
+
+    def forward(self, x):
+        return self.classifier(self.features(x).flatten(1))
+
+    def loss(self, batch):
+        x, labels = batch
+        return F.cross_entropy(self(x), labels)
+
+
+def _batches(kind):
+    g = torch.Generator().manual_seed(1)
+    if kind == "transformer":
+        return [(torch.randint(0, 37, (4, 10), generator=g),
+                 torch.randint(0, 37, (4, 10), generator=g)) for _ in range(2)]
+    return [(torch.randn(4, 3, 16, 16, generator=g),
+             torch.randint(0, 10, (4,), generator=g)) for _ in range(2)]
+
+
+def _optimizer(kind, params):
+    if kind == "transformer":
+        return torch.optim.AdamW(params, lr=1e-2)
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _train(model, opt, batches, device, snap_at=None):
+    """Two steps (forward, backward, optimizer step); the same dropout masks
+    on every device (random operators use the CPU generator, reseeded per
+    step).  Returns the losses and, when snap_at is a step, the snapshot
+    taken after that step's backward."""
+    import memsnap.memory as mm
+
+    losses, snap = [], None
+    for step, batch in enumerate(batches):
+        batch = tuple(t.to(device) for t in batch)
+        torch.manual_seed(100 + step)
+        opt.zero_grad()
+        loss = model.loss(batch)
+        loss.backward()
+        if step == snap_at:
+            snap = mm._snapshot()
+        opt.step()
+        losses.append(loss.detach())
+    return losses, snap
+
+
+def _comparable(model):
+    """The state dict on the CPU, without the attention's key bias: softmax
+    ignores a constant added to a row of scores, so that bias's gradient is
+    0 in exact arithmetic and rounding noise (~1e-9) in float32, on every
+    backend; AdamW divides it by its own magnitude, so the update is the
+    sign of the noise (a CPU run with another attention kernel differs from
+    the default CPU run the same way).  Its gradient is compared above."""
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    for k in [k for k in state if k.endswith("self_attn.in_proj_bias")]:
+        q, _, v = state[k].chunk(3)
+        state[k] = torch.cat([q, v])
+    return state
+
+
+def train_and_compare(kind):
+    """Run in the child process after register_device: train the model on
+    the CPU and a copy of it on the memsnap device; assert they agree.
+    Returns what the parent checks about the snapshot."""
+    import memsnap.memory as mm
+
+    torch.manual_seed(0)
+    cpu_model = TinyTransformer() if kind == "transformer" else TinyCNN()
+    dev_model = copy.deepcopy(cpu_model).to(DEVICE)
+    mm._record_memory_history("all", stacks="python")
+    dev_losses, snap = _train(dev_model, _optimizer(kind, dev_model.parameters()),
+                              _batches(kind), DEVICE, snap_at=0)
+    mm._record_memory_history(None)
+    cpu_losses, _ = _train(cpu_model, _optimizer(kind, cpu_model.parameters()),
+                           _batches(kind), "cpu")
+
+    on_device = all(t.device.type == DEVICE for t in dev_model.state_dict().values())
+    torch.testing.assert_close([l.cpu() for l in dev_losses], cpu_losses)
+    # Gradients, parameters and buffers (BatchNorm's running statistics).
+    torch.testing.assert_close([p.grad.cpu() for p in dev_model.parameters()],
+                               [p.grad for p in cpu_model.parameters()])
+    torch.testing.assert_close(_comparable(dev_model), _comparable(cpu_model))
+    # Evaluation mode (BatchNorm's running statistics; no dropout).
+    dev_model.eval()
+    cpu_model.eval()
+    x = _batches(kind)[0][0]
+    with torch.no_grad():
+        torch.testing.assert_close(dev_model(x.to(DEVICE)).cpu(), cpu_model(x))
+
+    me = os.path.abspath(__file__)
+    segs = [s for s in snap["segments"] if s["device"] == 0]
+    active = [b for s in segs for b in s["blocks"] if b["state"] == "active_allocated"]
+    mine = [e for e in snap["device_traces"][0] if e["action"] == "alloc"
+            and any(f["filename"] == me for f in e.get("frames", []))]
+    return {
+        "on_device": on_device,
+        "losses": [float(l) for l in cpu_losses],
+        "segments": len(segs),
+        "active_blocks": len(active),
+        "active_bytes": sum(b["size"] for b in active),
+        "allocated_at_snapshot": sum(s["allocated_size"] for s in segs),
+        "alloc_entries_from_this_file": len(mine),
+        "lines_from_this_file": sorted({f["line"] for e in mine for f in e["frames"]
+                                        if f["filename"] == me}),
+        "functions_from_this_file": sorted({f["name"] for e in mine for f in e["frames"]
+                                            if f["filename"] == me}),
+        # torch.nn's files under those frames: the layers that allocated.
+        "torch_nn_files": sorted({os.path.basename(f["filename"]) for e in mine
+                                  for f in e["frames"]
+                                  if f"torch{os.sep}nn{os.sep}" in f["filename"]}),
+    }
+
+
+def _run(call):
+    code = f"""
+import json, sys
+sys.path.insert(0, {HERE!r})
+import memsnap.torch as mt
+mt.register_device({DEVICE!r})
+import test_device_models as t
+print("RESULT " + json.dumps({call}))
+"""
+    return run_script(code, timeout=300).result
+
+
+def _shim_built() -> bool:
+    import memsnap._shim as s
+
+    return os.path.exists(s.path(s.TORCH_LIB))
+
+
+needs_shim = pytest.mark.skipif(not _shim_built(),
+                                reason="memsnap was built without its C++ torch shim")
+
+
+def _line(text):
+    src = open(os.path.abspath(__file__)).read().splitlines()
+    return next(i for i, l in enumerate(src, 1) if text in l)
+
+
+@needs_shim
+@pytest.mark.parametrize("kind", ["transformer", "cnn"])
+def test_model_trains_on_the_device_as_on_the_cpu(kind):
+    r = _run(f"t.train_and_compare({kind!r})")
+    assert r["on_device"]
+    assert all(l > 0 for l in r["losses"])
+    # The snapshot taken during training holds the model's device memory:
+    # segments with active blocks, allocations whose stacks end here.
+    assert r["segments"] > 0 and r["active_blocks"] > 10
+    assert r["active_bytes"] == r["allocated_at_snapshot"] > 0
+    assert r["alloc_entries_from_this_file"] > 10
+    cls = "TinyTransformer" if kind == "transformer" else "TinyCNN"
+    assert {"_train", f"{cls}.forward", f"{cls}.loss"} <= set(r["functions_from_this_file"])
+    forward_line = _line("h = self.encoder(h" if kind == "transformer"
+                         else "return self.classifier(self.features(x)")
+    assert forward_line in r["lines_from_this_file"]
+    # e.g. the convolutions' outputs (convolution_overrideable allocates
+    # them through memsnap) and the attention's.
+    layers = {"transformer.py", "functional.py"} if kind == "transformer" else {
+        "conv.py", "batchnorm.py", "pooling.py"}
+    assert layers <= set(r["torch_nn_files"]), r["torch_nn_files"]
+
+
+class Pools(nn.Module):
+    def forward(self, x):
+        return (F.adaptive_avg_pool2d(x, 3).sum() + F.avg_pool2d(x, 2).sum()
+                + F.adaptive_max_pool2d(x, 2).sum() + F.max_pool2d(x, 3, 2).sum())
+
+
+class Attention(nn.Module):
+    def forward(self, x):
+        q = x.unflatten(-1, (2, -1)).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q.tanh(), q, is_causal=True)
+
+
+def layer_variants():
+    """Layers beyond the two models (convolutions 1d/3d, transposed,
+    grouped, strided, dilated, channels_last; BatchNorm1d; pools; the
+    attention's math path; the inference fast paths of
+    TransformerEncoderLayer and MultiheadAttention), forward and backward,
+    on the device and on the CPU."""
+    torch.manual_seed(0)
+    cases = [
+        (nn.Conv1d(3, 4, 3, stride=2, dilation=2), (2, 3, 17)),
+        (nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1), (2, 3, 5, 5)),
+        (nn.Conv2d(6, 6, 3, groups=3, bias=False), (2, 6, 7, 7)),
+        (nn.Conv3d(2, 3, 2), (1, 2, 4, 4, 4)),
+        (nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)), (6, 4)),
+        (Pools(), (2, 3, 9, 9)),
+        (Attention(), (2, 5, 16)),
+        (nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval(), (2, 5, 16)),
+        (nn.MultiheadAttention(16, 2, batch_first=True).eval(), (2, 5, 16)),
+    ]
+    out = []
+    for layer, shape in cases:
+        x = torch.randn(shape)
+        if layer.__class__ is nn.Conv2d:
+            x = x.to(memory_format=torch.channels_last)
+        dev = copy.deepcopy(layer).to(DEVICE)
+        if layer.training:
+            xd = x.to(DEVICE).requires_grad_()
+            xc = x.clone().requires_grad_()
+            yd, yc = dev(xd), layer(xc)
+            (yd * yd).sum().backward()
+            (yc * yc).sum().backward()
+            torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+            torch.testing.assert_close([p.grad.cpu() for p in dev.parameters()],
+                                       [p.grad for p in layer.parameters()])
+            torch.testing.assert_close({k: v.cpu() for k, v in dev.state_dict().items()},
+                                       layer.state_dict())
+        else:  # torch's fused inference path (no autograd)
+            with torch.no_grad():
+                args = (x,) * (3 if isinstance(layer, nn.MultiheadAttention) else 1)
+                yd = dev(*(a.to(DEVICE) for a in args))
+                yc = layer(*args)
+                if isinstance(layer, nn.MultiheadAttention):
+                    yd, yc = yd[0], yc[0]
+        torch.testing.assert_close(yd.cpu(), yc)
+        out.append([type(layer).__name__, yd.device.type,
+                    list(yd.stride()) == list(yc.stride())])
+    return out
+
+
+@needs_shim
+def test_layer_variants_match_the_cpu():
+    r = _run("t.layer_variants()")
+    assert [d for _, d, _ in r] == ["npu"] * 9, r
+    # convolution_overrideable keeps the CPU kernel's layout (channels_last
+    # too); attention's layout depends on the kernel torch picks per device.
+    assert all(same for name, _, same in r if name.startswith("Conv")), r
+
+
+def recurrent_layer_errors():
+    out = {}
+    for layer in (nn.LSTM(4, 8, batch_first=True), nn.GRUCell(4, 8)):
+        layer = layer.to(DEVICE)
+        try:
+            layer(torch.randn(2, 3, 4).to(DEVICE) if isinstance(layer, nn.LSTM)
+                  else torch.randn(2, 4).to(DEVICE))
+        except NotImplementedError as e:
+            out[type(layer).__name__] = str(e)
+    return out
+
+
+@needs_shim
+def test_recurrent_layers_say_they_are_unsupported():
+    """nn.LSTM / nn.GRUCell call aten::_thnn_fused_lstm_cell /
+    _thnn_fused_gru_cell on a PrivateUse1 device, which PyTorch implements
+    for CUDA only: a clear NotImplementedError naming the operator."""
+    r = _run("t.recurrent_layer_errors()")
+    assert set(r) == {"LSTM", "GRUCell"}, r
+    for layer, op in (("LSTM", "lstm"), ("GRUCell", "gru")):
+        assert r[layer].startswith(
+            f"operator aten::_thnn_fused_{op}_cell is not implemented for the "
+            "memsnap device 'npu' (the fused recurrent cell"), r[layer]
+        assert "run the recurrent layer on the CPU" in r[layer]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
