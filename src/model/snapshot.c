@@ -814,7 +814,8 @@ int msnap__snap_reserve_traces(msnap_snap_t *s, msnap_trace_list_t *l,
     l->v = v;
     l->cap = (uint32_t)need;
   }
-  msnap__prefault(l->v + l->n, (size_t)extra * sizeof *l->v);
+  if (extra != 0) /* l->v is still NULL when nothing was ever reserved */
+    msnap__prefault(l->v + l->n, (size_t)extra * sizeof *l->v);
   return 0;
 }
 
