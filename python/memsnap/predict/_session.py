@@ -18,6 +18,21 @@ is out of memory the script is stopped by :class:`PredictionStopped`
 raised at the allocating line (a ``BaseException``, so ``except
 Exception`` in the script does not swallow it).
 
+Inside the autograd engine (``loss.backward()``, ``torch.autograd.grad``:
+a graph task is running) the stop waits until the engine has returned: the
+remaining backward operators run on fake tensors with no allocator
+events, and :class:`PredictionStopped` is raised at the first operator
+after it (``Tracker``), or the script ends.  Raising inside the engine is
+not survivable: the exception leaves the dispatch mode as a C++
+``python_error`` with the Python error indicator still set, the engine's
+``OptionalStreamGuard`` destructor then asks the device guard for the
+current stream, and a Python-defined guard (torch's ``PythonDeviceGuard``
+of ``torch._C._acc``, which calls the Python ``type_`` from the
+``noexcept`` ``exchangeStream``) cannot run Python code while an exception
+is pending: the call fails, and an exception out of a ``noexcept``
+function is ``std::terminate`` (the process aborts).  The OOM itself (its
+stack, phase and snapshot) is recorded at the allocating line either way.
+
 Allocators are created at the first device allocation: a script that
 uses "cuda" gets the ``cuda`` profile by default, one that uses "npu" the
 ``npu`` profile.
@@ -164,6 +179,9 @@ class Session:
         self.phase_stack: list[str] = []
         self.used_devices: set[int] = set()
         self.snapshot_written: str | None = None
+        # Every configuration ran out of memory inside the autograd engine:
+        # the stop message, raised once the engine has returned.
+        self.stop_pending: str | None = None
         self.events = 0
         self._peak_allocated = 0
         self.peak_phase: str | None = None
@@ -265,10 +283,20 @@ class Session:
             ptrs.append(p)
             live = True
         if not live:
-            raise PredictionStopped(
-                f"memsnap.predict: every configuration is out of memory "
-                f"(requested {nbytes} bytes on device {device})")
+            message = (f"memsnap.predict: every configuration is out of memory "
+                       f"(requested {nbytes} bytes on device {device})")
+            if torch._C._current_graph_task_id() != -1:
+                # Inside the autograd engine: stop after it (module docstring).
+                self.stop_pending = self.stop_pending or message
+                return ptrs
+            raise PredictionStopped(message)
         return ptrs
+
+    def check_stop(self) -> None:
+        """Raise the stop deferred out of the autograd engine, once the
+        engine has returned (called by the tracker before every operator)."""
+        if self.stop_pending is not None and torch._C._current_graph_task_id() == -1:
+            raise PredictionStopped(self.stop_pending)
 
     def free(self, ptrs: list) -> None:
         self.events += 1
