@@ -210,6 +210,50 @@ def test_gpt_oom(tmp_path):
     assert "user stack (innermost first)" in t.stdout and "OOM snapshot:" in t.stdout
 
 
+# Forward fits in 100 MiB, backward does not (four 16 MiB tensors live
+# after forward; backward adds grad_h, grad_w2 and grad_w1).
+BACKWARD_OOM = """\
+import sys
+import torch
+n = 4 << 20
+x = torch.randn(n, device="npu")
+w1 = torch.randn(n, device="npu", requires_grad=True)
+w2 = torch.randn(n, device="npu", requires_grad=True)
+h = x * w1
+loss = (h * w2).sum()
+if sys.argv[1:] == ["grad"]:
+    torch.autograd.grad(loss, [w1, w2])
+else:
+    loss.backward()
+print("the script went on after the OOM", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("how", ["backward", "backward", "backward", "grad", "compare"])
+def test_oom_in_backward(tmp_path, how):
+    """An OOM inside the autograd engine: exit 1, the report and the OOM
+    snapshot, every time (raising inside the engine used to abort the
+    process in torch's Python device guard: rc 134, "terminate called
+    without an active exception")."""
+    script = tmp_path / "bw.py"
+    script.write_text(BACKWARD_OOM)
+    out = tmp_path / "bw.pickle"
+    extra = ["--compare"] if how == "compare" else []
+    args = ["grad"] if how == "grad" else []
+    p = predict("--memory", "100M", "--json", *extra, "-o", str(out), str(script), *args,
+                cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    oom = p.json["oom"]
+    assert oom["phase"] == "backward"
+    assert oom["line"] == ("bw.py:10 in <module>" if how == "grad" else "bw.py:12 in <module>")
+    assert p.json["snapshot"] == str(out)
+    assert "ok" in check_cli(out)
+    assert load(out)["device_traces"][0][-1]["action"] == "oom"
+    # Stopped as backward() returned: no line after it ran.
+    assert "went on" not in p.stderr
+    assert p.json["script_error"] is None
+
+
 def test_matches_memtracker(tmp_path):
     """Peak allocated vs torch's MemTracker on the same model and run
     (MemTracker supports one iteration: one step)."""

@@ -21,8 +21,10 @@ Exception`` in the script does not swallow it).
 Inside the autograd engine (``loss.backward()``, ``torch.autograd.grad``:
 a graph task is running) the stop waits until the engine has returned: the
 remaining backward operators run on fake tensors with no allocator
-events, and :class:`PredictionStopped` is raised at the first operator
-after it (``Tracker``), or the script ends.  Raising inside the engine is
+events, and :class:`PredictionStopped` is raised as the outermost
+``backward()`` / ``grad()`` call returns (``torch.autograd``'s
+``_engine_run_backward``, wrapped while predicting), or at the first
+operator after the engine for a backward started elsewhere (``Tracker``).  Raising inside the engine is
 not survivable: the exception leaves the dispatch mode as a C++
 ``python_error`` with the Python error indicator still set, the engine's
 ``OptionalStreamGuard`` destructor then asks the device guard for the
@@ -375,6 +377,7 @@ class Session:
             # Backward on the calling thread: its allocations then carry the
             # user's `loss.backward()` frame.
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+            stack.enter_context(_stop_after_backward(self))
             if self.annotate_modules:
                 stack.enter_context(Annotator(self.annotate))
             stack.enter_context(_device.DeviceArgs(self))
@@ -403,6 +406,31 @@ class Session:
             self.snapshot_written = self.output
         if self.tracker is not None:
             self.tracker.release_all()
+
+
+@contextlib.contextmanager
+def _stop_after_backward(session):
+    """``backward()`` and ``autograd.grad()`` raise the stop deferred out of
+    the autograd engine as they return (module docstring).  Both call
+    ``_engine_run_backward``, which ``torch.autograd`` imports by name from
+    ``torch.autograd.graph``: both names are wrapped."""
+    import torch.autograd.graph as graph
+
+    orig = graph._engine_run_backward
+
+    def _engine_run_backward(*args, **kwargs):
+        r = orig(*args, **kwargs)
+        session.check_stop()
+        return r
+
+    saved = [(m, m._engine_run_backward) for m in (graph, torch.autograd)]
+    for m, _ in saved:
+        m._engine_run_backward = _engine_run_backward
+    try:
+        yield
+    finally:
+        for m, f in saved:
+            m._engine_run_backward = f
 
 
 @contextlib.contextmanager
