@@ -184,6 +184,8 @@ class Session:
         # Every configuration ran out of memory inside the autograd engine:
         # the stop message, raised once the engine has returned.
         self.stop_pending: str | None = None
+        # Why the snapshot could not be written ("path: reason"), or None.
+        self.write_error: str | None = None
         self.events = 0
         self._peak_allocated = 0
         self.peak_phase: str | None = None
@@ -259,6 +261,16 @@ class Session:
 
     def write_snapshot(self, path: str) -> None:
         _snapshot.write(self.snapshot(), path)
+
+    def _write_output(self) -> None:
+        """The run's snapshot to ``output``; a failure is kept in
+        ``write_error`` (never raised into the script)."""
+        try:
+            self.write_snapshot(self.output)
+        except OSError as e:
+            self.write_error = _snapshot.describe(e, self.output)
+        else:
+            self.snapshot_written = self.output
 
     # -- events from the tracker -----------------------------------------
     def allocate(self, device: int, nbytes: int) -> list | None:
@@ -348,8 +360,7 @@ class Session:
                     phase=self._phase())
         t.dead = True
         if t is self.targets[0] and self.output:
-            self.write_snapshot(self.output)
-            self.snapshot_written = self.output
+            self._write_output()
 
     # -- context ---------------------------------------------------------
     def __enter__(self):
@@ -401,9 +412,9 @@ class Session:
     def finish(self) -> None:
         """Write the snapshot (unless the OOM snapshot was written) and
         stop every allocator from taking more events."""
-        if self.targets and self.output and self.snapshot_written is None:
-            self.write_snapshot(self.output)
-            self.snapshot_written = self.output
+        if (self.targets and self.output and self.snapshot_written is None
+                and self.write_error is None):
+            self._write_output()
         if self.tracker is not None:
             self.tracker.release_all()
 
