@@ -210,6 +210,50 @@ def test_gpt_oom(tmp_path):
     assert "user stack (innermost first)" in t.stdout and "OOM snapshot:" in t.stdout
 
 
+# Forward fits in 100 MiB, backward does not (four 16 MiB tensors live
+# after forward; backward adds grad_h, grad_w2 and grad_w1).
+BACKWARD_OOM = """\
+import sys
+import torch
+n = 4 << 20
+x = torch.randn(n, device="npu")
+w1 = torch.randn(n, device="npu", requires_grad=True)
+w2 = torch.randn(n, device="npu", requires_grad=True)
+h = x * w1
+loss = (h * w2).sum()
+if sys.argv[1:] == ["grad"]:
+    torch.autograd.grad(loss, [w1, w2])
+else:
+    loss.backward()
+print("the script went on after the OOM", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("how", ["backward", "backward", "backward", "grad", "compare"])
+def test_oom_in_backward(tmp_path, how):
+    """An OOM inside the autograd engine: exit 1, the report and the OOM
+    snapshot, every time (raising inside the engine used to abort the
+    process in torch's Python device guard: rc 134, "terminate called
+    without an active exception")."""
+    script = tmp_path / "bw.py"
+    script.write_text(BACKWARD_OOM)
+    out = tmp_path / "bw.pickle"
+    extra = ["--compare"] if how == "compare" else []
+    args = ["grad"] if how == "grad" else []
+    p = predict("--memory", "100M", "--json", *extra, "-o", str(out), str(script), *args,
+                cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    oom = p.json["oom"]
+    assert oom["phase"] == "backward"
+    assert oom["line"] == ("bw.py:10 in <module>" if how == "grad" else "bw.py:12 in <module>")
+    assert p.json["snapshot"] == str(out)
+    assert "ok" in check_cli(out)
+    assert load(out)["device_traces"][0][-1]["action"] == "oom"
+    # Stopped as backward() returned: no line after it ran.
+    assert "went on" not in p.stderr
+    assert p.json["script_error"] is None
+
+
 def test_matches_memtracker(tmp_path):
     """Peak allocated vs torch's MemTracker on the same model and run
     (MemTracker supports one iteration: one step)."""
@@ -321,6 +365,99 @@ def test_usage_and_script_errors(tmp_path):
     assert p.returncode == 2
     assert "the script failed" in p.stdout and "boom at line 3" in p.stdout
     assert "boom.py\", line 3" in p.stdout
+
+
+TINY = "import sys, torch\nx = torch.ones(1024, device='npu')\nprint('script ran', file=sys.stderr)\n"
+NOBODY = 65534
+
+
+def tiny(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    return str(script)
+
+
+def test_output_refused_before_the_run(tmp_path):
+    """-o in a missing directory, or naming a directory: exit 2 with the
+    file and the reason, before the script runs."""
+    script = tiny(tmp_path)
+    (tmp_path / "somedir").mkdir()
+    for out, reason in (("nodir/x.pickle", "does not exist"), ("somedir", "is a directory")):
+        p = predict("-o", out, script, cwd=tmp_path)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"cannot write the snapshot {out}: " in p.stderr and reason in p.stderr
+        assert "script ran" not in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user needs root (lchown)")
+def test_output_refuses_a_planted_link(tmp_path):
+    """A link planted by another user in a sticky directory is refused at
+    write time (memsnap's writer, the protected_symlinks rule): exit 2, the
+    report says so, the link's target is untouched."""
+    script = tiny(tmp_path)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"secret")
+    os.chmod(victim, 0o600)
+    link = sticky / "p.pickle"
+    os.symlink(victim, link)
+    os.lchown(link, NOBODY, NOBODY)
+    p = predict("-o", str(link), script, cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "snapshot was not written" in p.stderr and str(link) in p.stderr
+    assert "protected_symlinks" in p.stderr and "snapshot NOT written" in p.stdout
+    assert victim.read_bytes() == b"secret" and os.path.islink(link)
+    assert sorted(os.listdir(sticky)) == ["p.pickle"]  # no temporary left
+
+
+def test_output_own_link_followed_mode_kept(tmp_path):
+    """The user's own link is followed: its target gets the snapshot and
+    keeps its mode, the link stays a link."""
+    script = tiny(tmp_path)
+    target = tmp_path / "target.pickle"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o600)
+    link = tmp_path / "link.pickle"
+    os.symlink(target, link)
+    p = predict("-o", str(link), script, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert os.path.islink(link) and (os.stat(target).st_mode & 0o777) == 0o600
+    assert "ok" in check_cli(target)
+
+
+def test_output_mode_follows_umask(tmp_path):
+    script = tiny(tmp_path)
+    for mask, mode in ((0o022, 0o644), (0o027, 0o640)):
+        out = tmp_path / f"u{mask:o}.pickle"
+        p = subprocess.run([sys.executable, "-m", "memsnap.predict", "-o", str(out), script],
+                           env=base_env(), capture_output=True, text=True, cwd=tmp_path,
+                           timeout=600, umask=mask)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert (os.stat(out).st_mode & 0o777) == mode
+
+
+def test_output_to_an_fd_link(tmp_path):
+    """-o /dev/fd/N (as /dev/stdout): the snapshot is written to the
+    descriptor (a pipe here), not renamed over the link."""
+    import threading
+
+    script = tiny(tmp_path)
+    r, w = os.pipe()
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.append(os.fdopen(r, "rb").read()))
+    reader.start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "memsnap.predict", "-o", f"/dev/fd/{w}",
+                            script], env=base_env(), capture_output=True, text=True,
+                           cwd=tmp_path, timeout=600, pass_fds=(w,))
+    finally:
+        os.close(w)
+        reader.join(600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    snap = pickle.loads(chunks[0])
+    assert snap["device_traces"][0] and snap["segments"]
 
 
 def test_refuses_a_taken_device_name():

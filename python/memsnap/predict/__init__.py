@@ -34,7 +34,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from . import _report
+from . import _report, _snapshot
 from ._session import Config, ConfigError, PredictionStopped, Session, parse_what_if
 
 __all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",
@@ -85,7 +85,10 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
             ``world_size`` ranks (``torch.distributed`` calls work; the
             prediction is this rank's device).
         output: write the snapshot pickle here (the OOM snapshot when the
-            run's configuration runs out of memory).
+            run's configuration runs out of memory), with memsnap's file
+            writer (docs/predict.md).  A path that cannot be written (a
+            directory, a missing or read-only directory) is refused here;
+            a failure at write time is kept in ``result["snapshot_error"]``.
         reserve: bytes per device taken before the code runs, for memory
             the allocator does not see (runtime context, communication
             buffers).
@@ -102,6 +105,7 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
 
     Raises:
         ValueError: bad sizes or configurations.
+        OSError: ``output`` cannot be written (``filename`` names it).
         RuntimeError: a prediction is already running, or the "npu" device
             name is taken (torch_npu loaded).
     """
@@ -119,6 +123,8 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
         if world_size is not None:
             if world_size < 1 or not 0 <= rank < world_size:
                 raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        if output is not None:
+            _snapshot.check_output(os.fspath(output))
         n = devices if devices is not None else (world_size or 1)
         device = rank if world_size is not None and rank < n else 0
         self._session = Session(parse_size(memory), configs, devices=n, device=device,

@@ -1,7 +1,8 @@
 """python -m memsnap.predict -- predict a script's device memory (docs/predict.md).
 
 Exit status: 0 the run fits, 1 an out-of-memory is predicted (for the run's
-own configuration), 2 usage error or the script failed.
+own configuration), 2 usage error, the script failed, or the snapshot could
+not be written.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
                     "allocator, on a simulated device, takes every allocation: peak "
                     "allocated/reserved memory, fragmentation, the line that runs out of "
                     "memory, what-ifs, and a snapshot for memory_viz.",
-        epilog="exit status: 0 fits, 1 out of memory predicted, 2 usage or script error")
+        epilog="exit status: 0 fits, 1 out of memory predicted, 2 usage or script error, "
+                "or the snapshot not written")
     p.add_argument("--memory", default="64G", metavar="SIZE",
                    help="device memory (binary units: 64G, 80GiB, 1.5T; default 64G)")
     p.add_argument("--profile", choices=("npu", "cuda"), default=None,
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                               world_size=ns.devices, rank=ns.rank, output=out,
                               reserve=reserve, annotate=not ns.no_annotations,
                               attention=ns.attention)
+    except OSError as e:  # -o refused before the script runs
+        print(f"memsnap.predict: cannot write the snapshot {e.filename or out}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 2
     except (ValueError, RuntimeError) as e:
         print(f"memsnap.predict: {e}", file=sys.stderr)
         return 2
@@ -100,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r))
     else:
         sys.stdout.write(pred.report(ns.script))
+    if r["snapshot_error"]:
+        print(f"memsnap.predict: the snapshot was not written: {r['snapshot_error']}",
+              file=sys.stderr)
+        return 2
     if r["oom"] is not None:
         return 1
     return 2 if pred.script_error else 0

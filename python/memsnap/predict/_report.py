@@ -133,6 +133,7 @@ def results(session, snapshot: dict | None) -> dict:
     r["peak_phase"] = session.peak_phase
     r["reserve_bytes"] = session.extra_bytes
     r["snapshot"] = session.snapshot_written
+    r["snapshot_error"] = session.write_error
     r["allocator_events"] = session.events
     r["elapsed_s"] = round(session.elapsed, 3)
     r["num_devices"] = session.devices
@@ -215,4 +216,6 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
         kind = "OOM snapshot" if oom is not None else "snapshot"
         out.append(f"{kind}: {r['snapshot']} (open at https://pytorch.org/memory_viz, or "
                    f"memsnap view/summary)")
+    elif r.get("snapshot_error"):
+        out.append(f"snapshot NOT written: {r['snapshot_error']}")
     return "\n".join(out) + "\n"

@@ -18,6 +18,23 @@ is out of memory the script is stopped by :class:`PredictionStopped`
 raised at the allocating line (a ``BaseException``, so ``except
 Exception`` in the script does not swallow it).
 
+Inside the autograd engine (``loss.backward()``, ``torch.autograd.grad``:
+a graph task is running) the stop waits until the engine has returned: the
+remaining backward operators run on fake tensors with no allocator
+events, and :class:`PredictionStopped` is raised as the outermost
+``backward()`` / ``grad()`` call returns (``torch.autograd``'s
+``_engine_run_backward``, wrapped while predicting), or at the first
+operator after the engine for a backward started elsewhere (``Tracker``).  Raising inside the engine is
+not survivable: the exception leaves the dispatch mode as a C++
+``python_error`` with the Python error indicator still set, the engine's
+``OptionalStreamGuard`` destructor then asks the device guard for the
+current stream, and a Python-defined guard (torch's ``PythonDeviceGuard``
+of ``torch._C._acc``, which calls the Python ``type_`` from the
+``noexcept`` ``exchangeStream``) cannot run Python code while an exception
+is pending: the call fails, and an exception out of a ``noexcept``
+function is ``std::terminate`` (the process aborts).  The OOM itself (its
+stack, phase and snapshot) is recorded at the allocating line either way.
+
 Allocators are created at the first device allocation: a script that
 uses "cuda" gets the ``cuda`` profile by default, one that uses "npu" the
 ``npu`` profile.
@@ -164,6 +181,11 @@ class Session:
         self.phase_stack: list[str] = []
         self.used_devices: set[int] = set()
         self.snapshot_written: str | None = None
+        # Every configuration ran out of memory inside the autograd engine:
+        # the stop message, raised once the engine has returned.
+        self.stop_pending: str | None = None
+        # Why the snapshot could not be written ("path: reason"), or None.
+        self.write_error: str | None = None
         self.events = 0
         self._peak_allocated = 0
         self.peak_phase: str | None = None
@@ -240,6 +262,16 @@ class Session:
     def write_snapshot(self, path: str) -> None:
         _snapshot.write(self.snapshot(), path)
 
+    def _write_output(self) -> None:
+        """The run's snapshot to ``output``; a failure is kept in
+        ``write_error`` (never raised into the script)."""
+        try:
+            self.write_snapshot(self.output)
+        except OSError as e:
+            self.write_error = _snapshot.describe(e, self.output)
+        else:
+            self.snapshot_written = self.output
+
     # -- events from the tracker -----------------------------------------
     def allocate(self, device: int, nbytes: int) -> list | None:
         if not self.targets:
@@ -265,10 +297,20 @@ class Session:
             ptrs.append(p)
             live = True
         if not live:
-            raise PredictionStopped(
-                f"memsnap.predict: every configuration is out of memory "
-                f"(requested {nbytes} bytes on device {device})")
+            message = (f"memsnap.predict: every configuration is out of memory "
+                       f"(requested {nbytes} bytes on device {device})")
+            if torch._C._current_graph_task_id() != -1:
+                # Inside the autograd engine: stop after it (module docstring).
+                self.stop_pending = self.stop_pending or message
+                return ptrs
+            raise PredictionStopped(message)
         return ptrs
+
+    def check_stop(self) -> None:
+        """Raise the stop deferred out of the autograd engine, once the
+        engine has returned (called by the tracker before every operator)."""
+        if self.stop_pending is not None and torch._C._current_graph_task_id() == -1:
+            raise PredictionStopped(self.stop_pending)
 
     def free(self, ptrs: list) -> None:
         self.events += 1
@@ -318,8 +360,7 @@ class Session:
                     phase=self._phase())
         t.dead = True
         if t is self.targets[0] and self.output:
-            self.write_snapshot(self.output)
-            self.snapshot_written = self.output
+            self._write_output()
 
     # -- context ---------------------------------------------------------
     def __enter__(self):
@@ -347,6 +388,7 @@ class Session:
             # Backward on the calling thread: its allocations then carry the
             # user's `loss.backward()` frame.
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+            stack.enter_context(_stop_after_backward(self))
             if self.annotate_modules:
                 stack.enter_context(Annotator(self.annotate))
             stack.enter_context(_device.DeviceArgs(self))
@@ -370,11 +412,36 @@ class Session:
     def finish(self) -> None:
         """Write the snapshot (unless the OOM snapshot was written) and
         stop every allocator from taking more events."""
-        if self.targets and self.output and self.snapshot_written is None:
-            self.write_snapshot(self.output)
-            self.snapshot_written = self.output
+        if (self.targets and self.output and self.snapshot_written is None
+                and self.write_error is None):
+            self._write_output()
         if self.tracker is not None:
             self.tracker.release_all()
+
+
+@contextlib.contextmanager
+def _stop_after_backward(session):
+    """``backward()`` and ``autograd.grad()`` raise the stop deferred out of
+    the autograd engine as they return (module docstring).  Both call
+    ``_engine_run_backward``, which ``torch.autograd`` imports by name from
+    ``torch.autograd.graph``: both names are wrapped."""
+    import torch.autograd.graph as graph
+
+    orig = graph._engine_run_backward
+
+    def _engine_run_backward(*args, **kwargs):
+        r = orig(*args, **kwargs)
+        session.check_stop()
+        return r
+
+    saved = [(m, m._engine_run_backward) for m in (graph, torch.autograd)]
+    for m, _ in saved:
+        m._engine_run_backward = _engine_run_backward
+    try:
+        yield
+    finally:
+        for m, f in saved:
+            m._engine_run_backward = f
 
 
 @contextlib.contextmanager

@@ -11,19 +11,26 @@ a snapshot recorded on the device.  Everything else is the allocator's
 snapshot unchanged.
 
 The file is a pickle (protocol 4, as ``torch.cuda.memory._dump_snapshot``
-writes) made next to its final name and renamed into place: a failed
-write never leaves a truncated file, and an existing link at the path is
-replaced, never written through.
+writes), written by memsnap's one file writer (``msnap_write_file``, as
+``memsnap.memory._dump_snapshot(augment_with_fx_traces=True)`` writes its
+dict): a temporary next to the final name renamed into place, so a failed
+write never leaves a truncated file; the kernel's protected_symlinks rule
+(a link in a sticky world-writable directory is followed only when it
+belongs to the user or to the directory's owner, else ``PermissionError``
+and nothing is written); a link of the user's own is followed and the file
+it names keeps its mode; a new file gets 0666 less the umask; a device,
+FIFO or ``/dev/stdout`` is written directly.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 import pickle
-import tempfile
+import stat
 
 import memsnap
+from memsnap import _memsnap
 
 _OWN = os.path.realpath(os.path.dirname(memsnap.__file__)) + os.sep
 _OWN_INSTALLED = os.path.dirname(os.path.abspath(memsnap.__file__)) + os.sep
@@ -73,21 +80,45 @@ def clean(snapshot: dict) -> dict:
 
 
 def write(snapshot: dict, path: str) -> None:
-    """Write ``snapshot`` to ``path`` atomically (see the module docstring).
+    """Write ``snapshot`` to ``path`` (see the module docstring).
 
     Raises:
-        OSError: the directory is not writable (the message names the file).
+        OSError: the file cannot be written (``filename`` is ``path``;
+            ``PermissionError`` for a link the rule refuses).
+    """
+    _memsnap.write_file(os.fspath(path), pickle.dumps(snapshot, protocol=4))
+
+
+def check_output(path: str) -> None:
+    """Refuse, before anything runs, a ``path`` that cannot be written: a
+    directory, a name whose directory does not exist or is not writable
+    (an existing device or FIFO, such as ``/dev/stdout``, needs only to be
+    writable itself).  What only the write can tell (a full disk, a link
+    the protected_symlinks rule refuses) is reported by :func:`write`.
+
+    Raises:
+        OSError: ``filename`` is ``path``, ``strerror`` says why.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".memsnap-predict-", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(snapshot, f, protocol=4)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable", path)
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, f"its directory {parent} does not exist", path)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, f"its directory {parent} is not writable", path)
+
+
+def describe(e: OSError, path: str) -> str:
+    """``path: reason`` for an OSError of :func:`write` / :func:`check_output`."""
+    return f"{path}: {e.strerror or e}"

@@ -220,6 +220,8 @@ class Tracker(TorchDispatchMode):
         for t in types:
             if t is not FakeTensor and is_traceable_wrapper_subclass_type(t):
                 return NotImplemented
+        if self.session.stop_pending is not None:
+            self.session.check_stop()
         kwargs = kwargs or {}
         special = self._special.get(func)
         if special is not None:
