@@ -91,6 +91,13 @@ typedef struct cli_cmd_s {
 } cli_cmd_t;
 /* cli_begin's "go on" (any other value is the exit code to return). */
 enum { CLI_CONTINUE = -1, CLI_DONE = CLI_OK };
+/* The name to print for an output path: "standard output" for the
+ * descriptor cli_begin writes "-o -" / "-o /dev/stdout" to, else `out`. */
+const char *cli_output_shown(const char *out);
+/* "/dev/fd/N", the duplicate of the original standard output that such an
+ * output is written to ("" when none; set by cli_begin). */
+extern char cli_stdout_kept[32];
+
 /* Parse argv for command c: options, FILE count, -o (checked against the
  * inputs).  *first is the index of the first FILE; with load != NULL the
  * first FILE is loaded into *load (the caller frees it). */

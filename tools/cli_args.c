@@ -8,10 +8,13 @@
  * a usage error prints "memsnap CMD: <what>" and "Try 'memsnap CMD
  * --help'." and gives 2; -h/--help prints the usage on stdout and gives 0.
  */
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -92,6 +95,21 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
      * written through the descriptor link (base/outpath.c). */
     if (*c->output != NULL && strcmp(*c->output, "-") == 0)
       *c->output = "/dev/stdout";
+    /* The file owns standard output then: the command's report (text or
+     * --json) goes to standard error, so that a pipe gets the file alone.
+     * The file is written to a duplicate of the original descriptor. */
+    if (*c->output != NULL && (strcmp(*c->output, "/dev/stdout") == 0 ||
+                               strcmp(*c->output, "/dev/fd/1") == 0 ||
+                               strcmp(*c->output, "/proc/self/fd/1") == 0)) {
+      fflush(stdout);
+      int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+      if (fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0) {
+        snprintf(cli_stdout_kept, sizeof cli_stdout_kept, "/dev/fd/%d", fd);
+        *c->output = cli_stdout_kept;
+      } else if (fd >= 0) {
+        close(fd);
+      }
+    }
     const char *out = *c->output;
     if (out == NULL && c->output_msg != NULL)
       return cli_usage_error(c->name, c->output_msg);

@@ -657,3 +657,12 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
   }
   return CLI_OK;
 }
+
+char cli_stdout_kept[32];
+
+const char *cli_output_shown(const char *out) {
+  return cli_stdout_kept[0] != '\0' && out != NULL &&
+                 strcmp(out, cli_stdout_kept) == 0
+             ? "standard output"
+             : out;
+}

@@ -191,7 +191,7 @@ int cli_cmd_convert(int argc, char **argv) {
             msnap_err_name(rc));
     return CLI_UNUSABLE;
   }
-  fprintf(stderr, "memsnap: wrote %s (%s)\n", out,
+  fprintf(stderr, "memsnap: wrote %s (%s)\n", cli_output_shown(out),
           json ? "JSON" : "pickle protocol 4");
   return CLI_OK;
 }

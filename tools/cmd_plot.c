@@ -343,7 +343,7 @@ int cli_cmd_plot(int argc, char **argv) {
     rc = CLI_UNUSABLE;
   msnap__snap_free(s);
   if (rc == CLI_OK) {
-    fprintf(stderr, "memsnap: wrote %s\n", out);
+    fprintf(stderr, "memsnap: wrote %s\n", cli_output_shown(out));
     if (json) {
       const cli_field_t fields[] = {{"output", out, 0},
                                     {"device", NULL, dev},

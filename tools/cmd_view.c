@@ -191,7 +191,7 @@ int cli_cmd_view(int argc, char **argv) {
     if (snaps[i])
       msnap__snap_free(snaps[i]);
   if (rc == CLI_OK) {
-    fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n", out, len);
+    fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n", cli_output_shown(out), len);
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);

@@ -1134,7 +1134,8 @@ int replay_write(replay_t *r, const char *out) {
             msnap_last_error()[0] ? msnap_last_error() : msnap_strerror(e));
     return CLI_UNUSABLE;
   }
-  fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n", out);
+  fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n",
+          cli_output_shown(out));
   return CLI_OK;
 }
 

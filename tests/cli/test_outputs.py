@@ -17,6 +17,7 @@ Groups:
           `-o` into the directory; live pids, other hosts' tags, the old
           form, links and other users' files are not.
 """
+import json
 import os
 import pickle
 import signal
@@ -164,6 +165,24 @@ def group_stdout():
                  not os.path.exists(os.path.join(T.TMP, "-")),
                  "%s -o - writes to standard output (%d %r)"
                  % (name, p.returncode, p.stderr[-300:]))
+    # replay prints a report: with the file on standard output the report
+    # (here --json) goes to standard error, so each stream decodes alone
+    if T.allocator_available():
+        train = os.path.join(T.TMP, "train-stdout.pickle")
+        rc, _, err = T.run("demo-train", "--steps", "2", "--layers", "1",
+                           "-o", train)
+        T.need(rc == 0, "demo-train for replay (%r)" % err)
+        for o in ("-", "/dev/stdout"):
+            p = subprocess.run(T.WRAPPER + [T.MEMSNAP, "replay", "--json",
+                                            train, "-o", o],
+                               capture_output=True)
+            js = p.stderr[p.stderr.find(b"{"):]
+            T.expect(p.returncode == 0 and
+                     pickle.loads(p.stdout)["segments"] is not None and
+                     json.loads(js)["replayable"] is True,
+                     "replay --json -o %s: the pickle alone on stdout, the "
+                     "JSON report on stderr (%d %r)"
+                     % (o, p.returncode, p.stderr[-300:]))
     # a descriptor open only for reading: a clear error
     other = victim("stdin-file", 0o644)
     with open(other, "rb") as f:
