@@ -460,6 +460,24 @@ def test_output_to_an_fd_link(tmp_path):
     assert snap["device_traces"][0] and snap["segments"]
 
 
+@pytest.mark.parametrize("out", ["-", "/dev/stdout"])
+def test_output_to_standard_output(tmp_path, out):
+    """-o - (as the CLI's) and -o /dev/stdout: the pickle alone on standard
+    output, the report (here --json) and the script's prints on standard
+    error; no file named "-"."""
+    script = tiny(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "memsnap.predict", "--json", "-o", out,
+                        script], env=base_env(), capture_output=True, cwd=tmp_path,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr.decode()
+    snap = pickle.loads(p.stdout)
+    assert snap["device_traces"][0] and snap["segments"]
+    err = p.stderr.decode()
+    report = json.loads(err[err.index("{"):])
+    assert report["snapshot"] == "standard output" and report["fits"] is True
+    assert not (tmp_path / "-").exists()
+
+
 def test_refuses_a_taken_device_name():
     code = """
         import torch

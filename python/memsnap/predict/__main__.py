@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                         "context, communication buffers), taken before the script runs")
     p.add_argument("-o", "--output", default=None, metavar="OUT.pickle",
                    help="snapshot file (default: <script>_predict.pickle in the current "
-                        "directory)")
+                        "directory); '-' or /dev/stdout: standard output, the report "
+                        "then on standard error")
     p.add_argument("--attention", choices=("fused", "math"), default="fused",
                    help="F.scaled_dot_product_attention as the device's fused kernel "
                         "(default: flash/efficient for cuda, npu_fusion_attention for npu) "
@@ -82,6 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         stem = os.path.splitext(os.path.basename(ns.script))[0]
         out = f"{stem}_predict.pickle"
+    to_stdout = out in ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+    if to_stdout:
+        # As the memsnap CLI: the snapshot has standard output to itself
+        # (written to a duplicate of it); the report, --json and the
+        # script's own output go to standard error.
+        sys.stdout.flush()
+        keep = os.dup(1)
+        os.set_inheritable(keep, False)
+        os.dup2(2, 1)
+        out = f"/dev/fd/{keep}"
     # With --json, stdout carries only the JSON object: the script's own
     # output goes to stderr.
     redirect = contextlib.redirect_stdout(sys.stderr) if ns.json else contextlib.nullcontext()
@@ -99,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"memsnap.predict: {e}", file=sys.stderr)
         return 2
+    if to_stdout and pred.result.get("snapshot") == out:
+        pred.result["snapshot"] = "standard output"  # not /dev/fd/N
     r = dict(pred.result)
     r["script"] = ns.script
     r["script_error"] = pred.script_error
