@@ -319,3 +319,65 @@ def test_recurrent_layers_say_they_are_unsupported():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _setitem_mask(z):
+    z = z.clone()
+    z[z > 0.5] = 0
+    return z
+
+
+def _index_put(z):
+    z = z.clone()
+    z.index_put_((torch.tensor([0, 2]), torch.tensor([1, 3])), torch.tensor([7.0, 8.0]),
+                 accumulate=True)
+    z[[1, 1]] = -1.0
+    return z
+
+
+def indexing_and_selection():
+    """Advanced indexing, scans, sorting and selection (what transformer
+    code uses: masks, top-k sampling, cumulative sums, gathers) on the
+    device and on the CPU, with the same inputs; each result is compared
+    with the CPU's and must be a device tensor."""
+    torch.manual_seed(0)
+    x = torch.rand(4, 6)
+    idx = torch.tensor([0, 2])
+    cases = {
+        "index_tensor": lambda z: z[idx.to(z.device)],
+        "index_list": lambda z: z[[0, 2]],
+        "index_mask": lambda z: z[z > 0.3],
+        "index_2d": lambda z: z[idx.to(z.device), 1:4],
+        "setitem_mask": _setitem_mask,
+        "index_put": _index_put,
+        "index_add": lambda z: z.index_add(0, idx.to(z.device), torch.ones(2, 6, device=z.device)),
+        "cumsum": lambda z: z.cumsum(1),
+        "cumsum_": lambda z: z.clone().cumsum_(0),
+        "cumprod": lambda z: z.cumprod(1),
+        "topk_values": lambda z: z.topk(3, dim=1).values,
+        "topk_indices": lambda z: z.topk(3, dim=1).indices,
+        "sort_values": lambda z: z.sort(dim=1, descending=True).values,
+        "sort_indices": lambda z: z.sort(dim=1, stable=True).indices,
+        "argsort": lambda z: z.argsort(dim=0),
+        "nonzero": lambda z: (z > 0.5).nonzero(),
+        "masked_select": lambda z: z.masked_select(z > 0.5),
+        "argmax": lambda z: z.argmax(dim=1),
+        "gather": lambda z: z.gather(1, z.argsort(1)[:, :2]),
+        "scatter": lambda z: torch.zeros_like(z).scatter(1, z.argsort(1)[:, :2], 1.0),
+        "where": lambda z: torch.where(z > 0.5, z, -z),
+        "clamp": lambda z: z.clamp(0.2, 0.8),
+    }
+    out = {}
+    for name, fn in cases.items():
+        yd, yc = fn(x.to(DEVICE)), fn(x.clone())
+        torch.testing.assert_close(yd.cpu(), yc, msg=name)
+        out[name] = [yd.device.type, list(yd.shape)]
+    return out
+
+
+@needs_shim
+def test_indexing_scans_and_sorting_match_the_cpu():
+    r = _run("t.indexing_and_selection()")
+    assert {d for d, _ in r.values()} == {DEVICE}, r
+    assert len(r) == 22 and r["index_mask"][1][0] > 0
+

@@ -137,7 +137,14 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::cat", "aten::stack", "aten::index_select", "aten::gather",
       "aten::scatter", "aten::scatter_add", "aten::masked_fill",
       "aten::masked_fill_", "aten::embedding_dense_backward",
-      "aten::index.Tensor", "aten::nonzero",
+      // advanced indexing: z[idx], z[mask] (index.Tensor, which reaches
+      // the device as index.Tensor_out), z[mask] = v and index_put_
+      // (_index_put_impl_), index_add
+      "aten::index", "aten::_index_put_impl_", "aten::index_add",
+      "aten::nonzero",
+      // scans, sorting and selection
+      "aten::cumsum", "aten::cumsum_", "aten::cumprod", "aten::sort",
+      "aten::topk",
       // factories that fill what they allocate
       "aten::arange", "aten::linspace", "aten::eye",
       // random (the CPU generator, seeded by torch.manual_seed)
