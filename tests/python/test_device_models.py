@@ -381,3 +381,74 @@ def test_indexing_scans_and_sorting_match_the_cpu():
     assert {d for d, _ in r.values()} == {DEVICE}, r
     assert len(r) == 22 and r["index_mask"][1][0] > 0
 
+
+def save_load_round_trip(path):
+    """torch.save of device tensors and a module's state_dict, torch.load
+    back onto the device (torch's _utils._to enters torch.<name>.device),
+    and onto the CPU with map_location."""
+    torch.manual_seed(0)
+    t = torch.randn(3, 5).to(DEVICE)
+    layer = nn.Linear(5, 2).to(DEVICE)
+    torch.save({"t": t, "state": layer.state_dict()}, path)
+    back = torch.load(path)
+    cpu = torch.load(path, map_location="cpu")
+    torch.testing.assert_close(back["t"].cpu(), t.cpu())
+    torch.testing.assert_close(cpu["t"], t.cpu())
+    fresh = nn.Linear(5, 2).to(DEVICE)
+    fresh.load_state_dict(back["state"])
+    torch.testing.assert_close(fresh(t).cpu(), layer(t).cpu())
+    dev_mod = getattr(torch, DEVICE)
+    with dev_mod.device(0) as ctx:
+        inside = dev_mod.current_device()
+    return {"device": str(back["t"].device), "cpu": str(cpu["t"].device),
+            "state": sorted({str(v.device) for v in back["state"].values()}),
+            "ctx": [ctx.idx, inside, dev_mod.current_device()]}
+
+
+@needs_shim
+def test_save_and_load_a_device_tensor(tmp_path):
+    r = _run(f"t.save_load_round_trip({str(tmp_path / 'x.pt')!r})")
+    assert r == {"device": "npu:0", "cpu": "cpu", "state": ["npu:0"], "ctx": [0, 0, 0]}
+
+
+def _device_context_switches():
+    """torch.<name>.device sets and restores the current device (two
+    devices: MEMSNAP_SIM_DEVICES=2)."""
+    dev_mod = getattr(torch, DEVICE)
+    seen = [dev_mod.current_device()]
+    with dev_mod.device(1):
+        seen.append(dev_mod.current_device())
+        seen.append(str(torch.empty(1, device=DEVICE).device))
+        with dev_mod.device(None):
+            seen.append(dev_mod.current_device())
+    seen.append(dev_mod.current_device())
+    t = torch.ones(2, device=f"{DEVICE}:1")
+    with dev_mod.device_of(t):
+        seen.append(dev_mod.current_device())
+    with dev_mod.device_of(torch.ones(2)):
+        seen.append(dev_mod.current_device())
+    try:
+        dev_mod.device("cpu")
+    except ValueError as e:
+        seen.append(str(e))
+    return seen
+
+
+@needs_shim
+def test_device_context_manager_sets_and_restores():
+    code = f"""
+import json, sys
+sys.path.insert(0, {HERE!r})
+import memsnap.torch as mt
+mt.register_device({DEVICE!r})
+import test_device_models as t
+print("RESULT " + json.dumps(t._device_context_switches()))
+"""
+    from conftest import base_env
+
+    env = base_env()
+    env["MEMSNAP_SIM_DEVICES"] = "2"
+    r = run_script(code, env=env).result
+    assert r[:6] == [0, 1, "npu:1", 1, 0, 1], r
+    assert r[6] == 0 and "Expected a npu device" in r[7], r
+
