@@ -152,7 +152,8 @@ seed_all = seed
 
 
 def get_amp_supported_dtype() -> list:
-    """Autocast dtypes: the CPU's (the operators run on the CPU)."""
+    """Autocast dtypes: the CPU's (the operators run on the CPU); the
+    shim registers torch's autocast policy for the device (csrc/autocast.cpp)."""
     import torch
 
     return [torch.bfloat16, torch.float16]

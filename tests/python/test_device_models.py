@@ -452,3 +452,84 @@ print("RESULT " + json.dumps(t._device_context_switches()))
     assert r[:6] == [0, 1, "npu:1", 1, 0, 1], r
     assert r[6] == 0 and "Expected a npu device" in r[7], r
 
+
+class AmpBlock(nn.Module):
+    """Linear, softmax, layer_norm, GELU and a loss: the autocast policy's
+    lower-precision (linear) and fp32 (softmax, layer_norm, mse_loss) ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        p = h.softmax(-1)
+        n = self.norm(F.gelu(h))
+        y = self.fc2(n)
+        return {"linear": h, "softmax": p, "layer_norm": n, "out": y,
+                "matmul": x @ x.t(), "sum": y.sum()}
+
+
+def autocast_on_the_device():
+    """The same block under torch.autocast(<device>, bfloat16) and
+    torch.autocast("cpu", bfloat16): the dtype of each output, values
+    equal to bf16 rounding, and a training step (backward through the
+    casts, SGD update) that matches the CPU's."""
+    torch.manual_seed(0)
+    cpu_model = AmpBlock()
+    dev_model = copy.deepcopy(cpu_model).to(DEVICE)
+    x = torch.randn(6, 8)
+    target = torch.randn(6, 4)
+    dtypes = {}
+    for device, model, xi, ti in (("cpu", cpu_model, x, target),
+                                  (DEVICE, dev_model, x.to(DEVICE), target.to(DEVICE))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            outs = model(xi)
+            loss = F.mse_loss(outs["out"], ti)
+        loss.backward()
+        opt.step()
+        dtypes[device] = {k: str(v.dtype) for k, v in outs.items()}
+        dtypes[device]["loss"] = str(loss.dtype)
+        dtypes[device]["grad"] = str(model.fc1.weight.grad.dtype)
+        dtypes[device]["out_device"] = outs["out"].device.type
+        if device == "cpu":
+            cpu_outs, cpu_loss = outs, loss
+        else:
+            for k, v in outs.items():
+                # bf16 matmuls: the CPU autocast kernel (oneDNN) and the
+                # device's addmm (on the CPU, via cpu_fallback) round differently
+                torch.testing.assert_close(v.cpu().float(), cpu_outs[k].float(),
+                                           atol=2e-2, rtol=2e-2, msg=k)
+            torch.testing.assert_close(loss.cpu(), cpu_loss, atol=2e-2, rtol=2e-2)
+    # The update of a bf16 gradient: equal to bf16 rounding.
+    torch.testing.assert_close({k: v.cpu() for k, v in dev_model.state_dict().items()},
+                               cpu_model.state_dict(), atol=1e-3, rtol=1e-2)
+    dev_mod = getattr(torch, DEVICE)
+    return {"dtypes": dtypes, "default": str(torch.get_autocast_dtype(DEVICE)),
+            "supported": [str(d) for d in dev_mod.get_amp_supported_dtype()],
+            "outside": str(dev_model.fc1(x.to(DEVICE)).dtype)}
+
+
+@needs_shim
+def test_autocast_on_the_device_follows_torchs_policy():
+    """The device registers PyTorch's own autocast policy lists
+    (ATen/autocast_mode.h, those of AutocastCUDA, which torch_npu follows):
+    linear and matmul in the autocast dtype as under CPU autocast; softmax,
+    layer_norm and sum in fp32 (CUDA's fp32 / fp32_set_opt_dtype lists,
+    where torch 2.13's CPU autocast keeps bf16); the loss and the
+    parameters' gradients in fp32 on both."""
+    r = _run("t.autocast_on_the_device()")
+    dev, cpu = r["dtypes"]["npu"], r["dtypes"]["cpu"]
+    assert dev["out_device"] == "npu" and cpu["out_device"] == "cpu"
+    for op in ("linear", "matmul", "out"):
+        assert dev[op] == cpu[op] == "torch.bfloat16", (op, r)
+    for op in ("loss", "grad"):
+        assert dev[op] == cpu[op] == "torch.float32", (op, r)
+    for op in ("softmax", "layer_norm", "sum"):
+        assert dev[op] == "torch.float32", (op, r)
+    assert r["outside"] == "torch.float32"  # no autocast outside the region
+    assert r["default"] == "torch.float16"  # torch's default for PrivateUse1
+    assert r["supported"] == ["torch.bfloat16", "torch.float16"]

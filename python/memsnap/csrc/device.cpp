@@ -30,6 +30,8 @@
 //     device through memsnap as a device kernel would); any other one
 //     raises NotImplementedError "operator aten::X is not implemented for
 //     the memsnap device 'npu'".
+//   - torch.autocast(<name>): the AutocastPrivateUse1 kernels
+//     (autocast.cpp).
 //
 // The device memory is the host-backed sim runtime's (real host memory at
 // the device addresses), which is what makes copies and CPU kernels on
@@ -659,6 +661,7 @@ void register_all() {
   static torch::Library fb(torch::Library::IMPL, "_",
                            c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   fb.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  register_autocast();
 }
 
 // Run f under init_mutex unless the device is registered; NULL, or the
