@@ -3,7 +3,8 @@
 :func:`memsnap.torch.register_device` registers this module with
 ``torch._register_device_module(name, module)`` (as torch_npu registers
 ``torch.npu``).  It has what torch asks of a PrivateUse1 device module
-(``is_available``, ``device_count``, ``current_device``, ``_lazy_init``,
+(``is_available``, ``device_count``, ``current_device``, ``device`` (the
+context manager torch.load needs), ``_lazy_init``,
 ``_is_in_bad_fork``, ``manual_seed_all``, ``get_amp_supported_dtype``...)
 and, as ``torch.cuda`` / ``torch.npu``, the memory functions, which are
 memsnap's own (:mod:`memsnap.memory`): ``memory_allocated``,
@@ -83,6 +84,44 @@ def set_device(device: Any) -> None:
         raise ValueError(err.decode())
 
 
+class device:
+    """Context manager that makes ``device`` the calling thread's current
+    device and restores the previous one on exit, as ``torch.cuda.device``
+    (torch/cuda/__init__.py) and ``torch_npu.npu.device``.
+
+    ``device``: an index, ``"<name>:1"``, a torch.device of this type, or
+    None / a negative index (no change).  torch's ``_utils._to`` enters it
+    to copy a storage to the device (``torch.load`` of a device tensor,
+    ``UntypedStorage.to``).  ValueError for another device type or an
+    invalid index (raised on entry for the index, as torch.cuda.device).
+    """
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else memory._device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev_idx = current_device()
+            if self.idx != self.prev_idx:
+                set_device(self.idx)
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> bool:
+        if self.prev_idx >= 0 and self.prev_idx != self.idx:
+            set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """:class:`device` of the tensor ``obj`` when it is on this device; no
+    change otherwise (as ``torch.cuda.device_of``)."""
+
+    def __init__(self, obj: Any):
+        on_device = getattr(obj, "device", None) is not None and obj.device.type == name
+        super().__init__(obj.get_device() if on_device else None)
+
+
 def synchronize(device: Any = None) -> None:
     """Nothing to wait for: every operator on the device runs synchronously
     (on the CPU).  The device argument is checked."""
@@ -113,7 +152,8 @@ seed_all = seed
 
 
 def get_amp_supported_dtype() -> list:
-    """Autocast dtypes: the CPU's (the operators run on the CPU)."""
+    """Autocast dtypes: the CPU's (the operators run on the CPU); the
+    shim registers torch's autocast policy for the device (csrc/autocast.cpp)."""
     import torch
 
     return [torch.bfloat16, torch.float16]

@@ -319,3 +319,217 @@ def test_recurrent_layers_say_they_are_unsupported():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _setitem_mask(z):
+    z = z.clone()
+    z[z > 0.5] = 0
+    return z
+
+
+def _index_put(z):
+    z = z.clone()
+    z.index_put_((torch.tensor([0, 2]), torch.tensor([1, 3])), torch.tensor([7.0, 8.0]),
+                 accumulate=True)
+    z[[1, 1]] = -1.0
+    return z
+
+
+def indexing_and_selection():
+    """Advanced indexing, scans, sorting and selection (what transformer
+    code uses: masks, top-k sampling, cumulative sums, gathers) on the
+    device and on the CPU, with the same inputs; each result is compared
+    with the CPU's and must be a device tensor."""
+    torch.manual_seed(0)
+    x = torch.rand(4, 6)
+    idx = torch.tensor([0, 2])
+    cases = {
+        "index_tensor": lambda z: z[idx.to(z.device)],
+        "index_list": lambda z: z[[0, 2]],
+        "index_mask": lambda z: z[z > 0.3],
+        "index_2d": lambda z: z[idx.to(z.device), 1:4],
+        "setitem_mask": _setitem_mask,
+        "index_put": _index_put,
+        "index_add": lambda z: z.index_add(0, idx.to(z.device), torch.ones(2, 6, device=z.device)),
+        "cumsum": lambda z: z.cumsum(1),
+        "cumsum_": lambda z: z.clone().cumsum_(0),
+        "cumprod": lambda z: z.cumprod(1),
+        "topk_values": lambda z: z.topk(3, dim=1).values,
+        "topk_indices": lambda z: z.topk(3, dim=1).indices,
+        "sort_values": lambda z: z.sort(dim=1, descending=True).values,
+        "sort_indices": lambda z: z.sort(dim=1, stable=True).indices,
+        "argsort": lambda z: z.argsort(dim=0),
+        "nonzero": lambda z: (z > 0.5).nonzero(),
+        "masked_select": lambda z: z.masked_select(z > 0.5),
+        "argmax": lambda z: z.argmax(dim=1),
+        "gather": lambda z: z.gather(1, z.argsort(1)[:, :2]),
+        "scatter": lambda z: torch.zeros_like(z).scatter(1, z.argsort(1)[:, :2], 1.0),
+        "where": lambda z: torch.where(z > 0.5, z, -z),
+        "clamp": lambda z: z.clamp(0.2, 0.8),
+    }
+    out = {}
+    for name, fn in cases.items():
+        yd, yc = fn(x.to(DEVICE)), fn(x.clone())
+        torch.testing.assert_close(yd.cpu(), yc, msg=name)
+        out[name] = [yd.device.type, list(yd.shape)]
+    return out
+
+
+@needs_shim
+def test_indexing_scans_and_sorting_match_the_cpu():
+    r = _run("t.indexing_and_selection()")
+    assert {d for d, _ in r.values()} == {DEVICE}, r
+    assert len(r) == 22 and r["index_mask"][1][0] > 0
+
+
+def save_load_round_trip(path):
+    """torch.save of device tensors and a module's state_dict, torch.load
+    back onto the device (torch's _utils._to enters torch.<name>.device),
+    and onto the CPU with map_location."""
+    torch.manual_seed(0)
+    t = torch.randn(3, 5).to(DEVICE)
+    layer = nn.Linear(5, 2).to(DEVICE)
+    torch.save({"t": t, "state": layer.state_dict()}, path)
+    back = torch.load(path)
+    cpu = torch.load(path, map_location="cpu")
+    torch.testing.assert_close(back["t"].cpu(), t.cpu())
+    torch.testing.assert_close(cpu["t"], t.cpu())
+    fresh = nn.Linear(5, 2).to(DEVICE)
+    fresh.load_state_dict(back["state"])
+    torch.testing.assert_close(fresh(t).cpu(), layer(t).cpu())
+    dev_mod = getattr(torch, DEVICE)
+    with dev_mod.device(0) as ctx:
+        inside = dev_mod.current_device()
+    return {"device": str(back["t"].device), "cpu": str(cpu["t"].device),
+            "state": sorted({str(v.device) for v in back["state"].values()}),
+            "ctx": [ctx.idx, inside, dev_mod.current_device()]}
+
+
+@needs_shim
+def test_save_and_load_a_device_tensor(tmp_path):
+    r = _run(f"t.save_load_round_trip({str(tmp_path / 'x.pt')!r})")
+    assert r == {"device": "npu:0", "cpu": "cpu", "state": ["npu:0"], "ctx": [0, 0, 0]}
+
+
+def _device_context_switches():
+    """torch.<name>.device sets and restores the current device (two
+    devices: MEMSNAP_SIM_DEVICES=2)."""
+    dev_mod = getattr(torch, DEVICE)
+    seen = [dev_mod.current_device()]
+    with dev_mod.device(1):
+        seen.append(dev_mod.current_device())
+        seen.append(str(torch.empty(1, device=DEVICE).device))
+        with dev_mod.device(None):
+            seen.append(dev_mod.current_device())
+    seen.append(dev_mod.current_device())
+    t = torch.ones(2, device=f"{DEVICE}:1")
+    with dev_mod.device_of(t):
+        seen.append(dev_mod.current_device())
+    with dev_mod.device_of(torch.ones(2)):
+        seen.append(dev_mod.current_device())
+    try:
+        dev_mod.device("cpu")
+    except ValueError as e:
+        seen.append(str(e))
+    return seen
+
+
+@needs_shim
+def test_device_context_manager_sets_and_restores():
+    code = f"""
+import json, sys
+sys.path.insert(0, {HERE!r})
+import memsnap.torch as mt
+mt.register_device({DEVICE!r})
+import test_device_models as t
+print("RESULT " + json.dumps(t._device_context_switches()))
+"""
+    from conftest import base_env
+
+    env = base_env()
+    env["MEMSNAP_SIM_DEVICES"] = "2"
+    r = run_script(code, env=env).result
+    assert r[:6] == [0, 1, "npu:1", 1, 0, 1], r
+    assert r[6] == 0 and "Expected a npu device" in r[7], r
+
+
+class AmpBlock(nn.Module):
+    """Linear, softmax, layer_norm, GELU and a loss: the autocast policy's
+    lower-precision (linear) and fp32 (softmax, layer_norm, mse_loss) ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        p = h.softmax(-1)
+        n = self.norm(F.gelu(h))
+        y = self.fc2(n)
+        return {"linear": h, "softmax": p, "layer_norm": n, "out": y,
+                "matmul": x @ x.t(), "sum": y.sum()}
+
+
+def autocast_on_the_device():
+    """The same block under torch.autocast(<device>, bfloat16) and
+    torch.autocast("cpu", bfloat16): the dtype of each output, values
+    equal to bf16 rounding, and a training step (backward through the
+    casts, SGD update) that matches the CPU's."""
+    torch.manual_seed(0)
+    cpu_model = AmpBlock()
+    dev_model = copy.deepcopy(cpu_model).to(DEVICE)
+    x = torch.randn(6, 8)
+    target = torch.randn(6, 4)
+    dtypes = {}
+    for device, model, xi, ti in (("cpu", cpu_model, x, target),
+                                  (DEVICE, dev_model, x.to(DEVICE), target.to(DEVICE))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            outs = model(xi)
+            loss = F.mse_loss(outs["out"], ti)
+        loss.backward()
+        opt.step()
+        dtypes[device] = {k: str(v.dtype) for k, v in outs.items()}
+        dtypes[device]["loss"] = str(loss.dtype)
+        dtypes[device]["grad"] = str(model.fc1.weight.grad.dtype)
+        dtypes[device]["out_device"] = outs["out"].device.type
+        if device == "cpu":
+            cpu_outs, cpu_loss = outs, loss
+        else:
+            for k, v in outs.items():
+                # bf16 matmuls: the CPU autocast kernel (oneDNN) and the
+                # device's addmm (on the CPU, via cpu_fallback) round differently
+                torch.testing.assert_close(v.cpu().float(), cpu_outs[k].float(),
+                                           atol=2e-2, rtol=2e-2, msg=k)
+            torch.testing.assert_close(loss.cpu(), cpu_loss, atol=2e-2, rtol=2e-2)
+    # The update of a bf16 gradient: equal to bf16 rounding.
+    torch.testing.assert_close({k: v.cpu() for k, v in dev_model.state_dict().items()},
+                               cpu_model.state_dict(), atol=1e-3, rtol=1e-2)
+    dev_mod = getattr(torch, DEVICE)
+    return {"dtypes": dtypes, "default": str(torch.get_autocast_dtype(DEVICE)),
+            "supported": [str(d) for d in dev_mod.get_amp_supported_dtype()],
+            "outside": str(dev_model.fc1(x.to(DEVICE)).dtype)}
+
+
+@needs_shim
+def test_autocast_on_the_device_follows_torchs_policy():
+    """The device registers PyTorch's own autocast policy lists
+    (ATen/autocast_mode.h, those of AutocastCUDA, which torch_npu follows):
+    linear and matmul in the autocast dtype as under CPU autocast; softmax,
+    layer_norm and sum in fp32 (CUDA's fp32 / fp32_set_opt_dtype lists,
+    where torch 2.13's CPU autocast keeps bf16); the loss and the
+    parameters' gradients in fp32 on both."""
+    r = _run("t.autocast_on_the_device()")
+    dev, cpu = r["dtypes"]["npu"], r["dtypes"]["cpu"]
+    assert dev["out_device"] == "npu" and cpu["out_device"] == "cpu"
+    for op in ("linear", "matmul", "out"):
+        assert dev[op] == cpu[op] == "torch.bfloat16", (op, r)
+    for op in ("loss", "grad"):
+        assert dev[op] == cpu[op] == "torch.float32", (op, r)
+    for op in ("softmax", "layer_norm", "sum"):
+        assert dev[op] == "torch.float32", (op, r)
+    assert r["outside"] == "torch.float32"  # no autocast outside the region
+    assert r["default"] == "torch.float16"  # torch's default for PrivateUse1
+    assert r["supported"] == ["torch.bfloat16", "torch.float16"]

@@ -30,6 +30,8 @@
 //     device through memsnap as a device kernel would); any other one
 //     raises NotImplementedError "operator aten::X is not implemented for
 //     the memsnap device 'npu'".
+//   - torch.autocast(<name>): the AutocastPrivateUse1 kernels
+//     (autocast.cpp).
 //
 // The device memory is the host-backed sim runtime's (real host memory at
 // the device addresses), which is what makes copies and CPU kernels on
@@ -137,7 +139,14 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::cat", "aten::stack", "aten::index_select", "aten::gather",
       "aten::scatter", "aten::scatter_add", "aten::masked_fill",
       "aten::masked_fill_", "aten::embedding_dense_backward",
-      "aten::index.Tensor", "aten::nonzero",
+      // advanced indexing: z[idx], z[mask] (index.Tensor, which reaches
+      // the device as index.Tensor_out), z[mask] = v and index_put_
+      // (_index_put_impl_), index_add
+      "aten::index", "aten::_index_put_impl_", "aten::index_add",
+      "aten::nonzero",
+      // scans, sorting and selection
+      "aten::cumsum", "aten::cumsum_", "aten::cumprod", "aten::sort",
+      "aten::topk",
       // factories that fill what they allocate
       "aten::arange", "aten::linspace", "aten::eye",
       // random (the CPU generator, seeded by torch.manual_seed)
@@ -652,6 +661,7 @@ void register_all() {
   static torch::Library fb(torch::Library::IMPL, "_",
                            c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   fb.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  register_autocast();
 }
 
 // Run f under init_mutex unless the device is registered; NULL, or the

@@ -50,5 +50,8 @@ void* malloc_or_throw(size_t size, int device, uint64_t stream);
 // msnap_free; an unknown pointer is reported on stderr (a deleter cannot
 // throw).
 void free_or_report(void* ptr);
+// Register torch.autocast's AutocastPrivateUse1 kernels (autocast.cpp);
+// device.cpp calls it once, when the device is registered.
+void register_autocast();
 
 } // namespace memsnap_torch
