@@ -328,6 +328,28 @@ static int cmp_group_bytes(const void *a, const void *b) {
   return strcmp(x->site, y->site);
 }
 
+/* Sort g[0..k) by (device, site) and fold the entries of one site into
+ * one (every counter summed: each caller fills only its own); returns the
+ * number of groups. */
+static uint32_t fold_sites(group_t *g, uint32_t k) {
+  qsort(g, k, sizeof *g, cmp_group_site);
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < k; i++) {
+    group_t *t = m ? &g[m - 1] : NULL;
+    if (t && t->device == g[i].device && !strcmp(t->site, g[i].site)) {
+      t->bytes += g[i].bytes;
+      t->count += g[i].count;
+      t->a_bytes += g[i].a_bytes;
+      t->b_bytes += g[i].b_bytes;
+      t->new_bytes += g[i].new_bytes;
+      t->new_count += g[i].new_count;
+    } else {
+      g[m++] = g[i];
+    }
+  }
+  return m;
+}
+
 /* Group the entries of `side` by (device, site); *n groups. */
 static group_t *group(const live_t *v, uint32_t nv, int side, uint32_t *n) {
   group_t *g = calloc(nv + 1, sizeof *g);
@@ -342,18 +364,7 @@ static group_t *group(const live_t *v, uint32_t nv, int side, uint32_t *n) {
       g[k].count = 1;
       k++;
     }
-  qsort(g, k, sizeof *g, cmp_group_site);
-  uint32_t m = 0;
-  for (uint32_t i = 0; i < k; i++) {
-    if (m && g[m - 1].device == g[i].device &&
-        !strcmp(g[m - 1].site, g[i].site)) {
-      g[m - 1].bytes += g[i].bytes;
-      g[m - 1].count++;
-    } else {
-      g[m++] = g[i];
-    }
-  }
-  *n = m;
+  *n = fold_sites(g, k);
   return g;
 }
 
@@ -382,19 +393,7 @@ static group_t *leak_candidates(const live_t *v, uint32_t nv, uint32_t *n) {
     }
     k++;
   }
-  qsort(g, k, sizeof *g, cmp_group_site);
-  uint32_t m = 0;
-  for (uint32_t i = 0; i < k; i++) {
-    if (m && g[m - 1].device == g[i].device &&
-        !strcmp(g[m - 1].site, g[i].site)) {
-      g[m - 1].a_bytes += g[i].a_bytes;
-      g[m - 1].b_bytes += g[i].b_bytes;
-      g[m - 1].new_bytes += g[i].new_bytes;
-      g[m - 1].new_count += g[i].new_count;
-    } else {
-      g[m++] = g[i];
-    }
-  }
+  uint32_t m = fold_sites(g, k);
   uint32_t c = 0;
   for (uint32_t i = 0; i < m; i++)
     if (g[i].b_bytes > g[i].a_bytes && g[i].new_count > 0) {

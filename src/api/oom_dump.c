@@ -60,10 +60,10 @@ static pthread_once_t oom_fork_once = PTHREAD_ONCE_INIT;
 
 /* The observer's argument: the allocator, the configured directory
  * (NULL = ".") and the reason last reported for an unusable directory
- * (an errno; 0 = none), so that one reason is printed once; the last
- * message printed about a file of the dump (the snapshot or the usage
- * report) likewise, so that a failure repeated at every OOM is said once
- * until the reason changes or a dump succeeds; freed with the allocator
+ * (an errno; 0 = none), so that one reason is printed once; the reason
+ * last said about each file of the dump (the snapshot, the usage report)
+ * likewise, so that a failure repeated at every OOM is said once until
+ * its reason changes or a dump succeeds; freed with the allocator
  * (oom_dump_release).  Used under oom_dump_lock. */
 typedef struct oom_dump_s {
   msnap_allocator_t *a;
