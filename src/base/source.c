@@ -497,6 +497,17 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
   return (size_t)(e - *p) >= need ? 0 : 1;
 }
 
+int msnap__source_finish(msnap_source_t *src) {
+  if (src->codec == MSNAP_SOURCE_PLAIN || !src->mapped) return 0;
+  const unsigned char *p = src->end;
+  for (;;) {
+    msnap__source_progress(src, p);
+    int rc = msnap__source_fill(src, &p, 1);
+    if (rc != 0) return rc < 0 ? rc : 0;
+    p = src->end; /* what follows the pickle: dropped */
+  }
+}
+
 void msnap__source_progress(msnap_source_t *src, const unsigned char *p) {
   struct msnap_source_priv_s *pr = src->priv;
   if (!pr->map) return;

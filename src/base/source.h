@@ -101,6 +101,13 @@ static inline uint64_t msnap__source_offset(const msnap_source_t *src,
 /* The reader is at p: what lies before it will not be asked again
  * (mapped files drop those pages). */
 void msnap__source_progress(msnap_source_t *src, const unsigned char *p);
+/* The reader is done (its pickle ended): a compressed regular file must
+ * also end whole -- the rest is decompressed and dropped, so that a file
+ * cut inside its last member or frame (a gzip member without its
+ * CRC/size trailer) or with a bad checksum is an error, as gzip -t says.
+ * 0, or a negative MSNAP_E* code with src->err.  Plain inputs and
+ * streams: 0 at once (a stream's writer may keep its end open). */
+int msnap__source_finish(msnap_source_t *src);
 /* "gzip-compressed " / "zstd-compressed " / "" for messages. */
 const char *msnap__source_codec_name(const msnap_source_t *src);
 

@@ -1339,6 +1339,13 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
     return rc;
   }
   rc = read_source(src, out, err, NULL);
+  if (rc == 0 && (rc = msnap__source_finish(src)) < 0) {
+    snprintf(err->msg, sizeof err->msg, "offset %llu: %s (after the pickle)",
+             (unsigned long long)msnap__source_offset(src, src->end),
+             src->err);
+    msnap__snap_free(*out);
+    *out = NULL;
+  }
   msnap__source_close(src);
   return rc;
 }

@@ -310,6 +310,21 @@ def group_compressed():
     rc, out, err = run("check", write_bytes(gzd[:len(gzd) // 2], "cut.gz"))
     expect(rc == 2 and "gzip" in err and "truncated" in err,
            "a truncated .gz: %r" % err.strip()[-160:])
+    # cut inside the trailer (CRC32, size) or the last deflate block: the
+    # pickle itself may be whole, the file is not (gzip -t fails it)
+    for cut in (1, 4, 8, 9):
+        rc, out, err = run("check", write_bytes(gzd[:-cut], "tail%d.gz" % cut))
+        expect(rc == 2 and "gzip" in err and "truncated" in err,
+               "a .gz without its last %d bytes: %r" % (cut, err.strip()[-160:]))
+    if shutil.which("zstd"):
+        zsrc = write_bytes(good, "whole.pickle")
+        zout = path("whole.pickle.zst")
+        subprocess.run(["zstd", "-q", "-f", zsrc, "-o", zout], check=True)
+        with open(zout, "rb") as f:
+            zd = f.read()
+        rc, out, err = run("check", write_bytes(zd[:-3], "tail.zst"))
+        expect(rc == 2 and "zstd" in err and "truncated" in err,
+               "a .zst without its last 3 bytes: %r" % err.strip()[-160:])
     bad = bytearray(gzd)
     for i in range(12, len(bad) - 8, 7):
         bad[i] ^= 0x5a
