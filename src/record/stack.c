@@ -574,7 +574,9 @@ static inline __attribute__((always_inline)) int fp_walk(uintptr_t *out,
 static pthread_once_t bt_once = PTHREAD_ONCE_INIT;
 static void bt_warm(void) {
   void *tmp[4];
+  msnap__unwind_loader_enter();
   (void)backtrace(tmp, 4);
+  msnap__unwind_loader_leave();
 }
 
 /*
@@ -691,11 +693,15 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t *pin) {
     if (um == UNWIND_FP) {
       nc = fp_walk(w, MSNAP_STACK_MAX_C);
     } else if (um == UNWIND_LIBUNWIND) {
+      msnap__unwind_loader_enter();
       nc = unw_bt((void **)w, MSNAP_STACK_MAX_C);
+      msnap__unwind_loader_leave();
       if (nc < 0) nc = 0;
     } else if (um == UNWIND_BACKTRACE) {
       pthread_once(&bt_once, bt_warm);
+      msnap__unwind_loader_enter();
       nc = backtrace((void **)w, MSNAP_STACK_MAX_C);
+      msnap__unwind_loader_leave();
     }
     int self = 1; /* default: only this function's frame */
     for (int i = 0; i < nc && i < 8; i++) {

@@ -84,9 +84,18 @@ void msnap__unwind_forget(void);
 size_t msnap__unwind_cached(void);
 /* Structure check of the unwind cache: 0 or MSNAP_ESTATE with msg. */
 int msnap__unwind_check(char *msg, size_t len);
-/* Fork safety: the rule cache's lock (msnap__stack_atfork calls it at its
- * rank, MSNAP_RANK_UNWIND_CACHE). */
+/* Fork safety: the loader guard and the rule cache's lock
+ * (msnap__stack_atfork calls it at the rank MSNAP_RANK_UNWIND_CACHE). */
 void msnap__unwind_atfork(int phase);
+/* Around a walk that may enter dl_iterate_phdr (libunwind, backtrace):
+ * no fork happens inside it (see unwind.c on the loader's lock). */
+void msnap__unwind_loader_enter(void);
+void msnap__unwind_loader_leave(void);
+/* Tests: find objects with _dl_find_object (true, the default where libc
+ * has it) or through dl_iterate_phdr (false), and empty the rule cache so
+ * that the next walks compute their rules that way.  Returns whether libc
+ * has _dl_find_object. */
+bool msnap__unwind_test_finder(bool find_object_on);
 /* The C unwinder in use (MEMSNAP_UNWIND): "cfi" (default where
  * supported: x86_64, aarch64), "libunwind", "backtrace" (glibc) or "fp".
  * With "cfi", a stack it cannot follow is unwound by libunwind when

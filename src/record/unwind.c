@@ -16,10 +16,25 @@
  * 50-75 ns against 170).
  *
  * Rules are computed on first sight of a pc (rule_compute: the object
- * holding it through dl_iterate_phdr, its .eh_frame_hdr search table, the
- * FDE and CIE, then the CFA program up to the pc), outside every lock of
- * ours, inside dl_iterate_phdr's callback so that the object cannot be
- * unloaded meanwhile.  What the fast path cannot follow -- CFA or register
+ * holding it, its .eh_frame_hdr search table, the FDE and CIE, then the
+ * CFA program up to the pc).  The object is found with glibc's
+ * _dl_find_object where libc has it (2.35 and later; looked up at run
+ * time), which takes no lock -- libgcc's unwinder does the same; the
+ * object of a live frame cannot be unloaded under it.  Older libcs go
+ * through dl_iterate_phdr, the rule computed inside its callback (the
+ * object cannot be unloaded meanwhile).
+ *
+ * Fork and the loader's lock: dl_iterate_phdr holds glibc's
+ * dl_load_write_lock, which fork() neither takes nor resets (glibc 2.36,
+ * posix/fork.c); a child forked while a thread of the parent was inside
+ * it blocks forever in its own first dl_iterate_phdr -- every unwinder's
+ * (ours, libunwind's, libgcc's before 2.35).  Seen under qemu at the
+ * first fork after the threads started.  So every walk of ours that can
+ * reach dl_iterate_phdr -- rule_compute without _dl_find_object, and the
+ * fallback unwinders (msnap__unwind_loader_enter/leave around them) --
+ * holds loader_guard for reading, and fork's prepare handler takes it for
+ * writing (writer-preferring: a stream of walks cannot starve a fork).
+ * The child re-initialises it (its writer was the parent's thread).  What the fast path cannot follow -- CFA or register
  * rules given as DWARF expressions (signal trampolines, PLT stubs), a
  * return address kept in a register, pointer authentication, objects
  * without a search table, a stack pointer outside the thread's stack --
@@ -47,6 +62,7 @@
  * held by a thread that was inserting a rule.
  */
 #define _GNU_SOURCE 1
+#include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -119,6 +135,16 @@ typedef struct utab_s {
 
 static _Atomic(utab_t *) utab;
 static pthread_mutex_t rule_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#ifdef PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP
+#define LOADER_GUARD_INIT PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP
+#else
+#define LOADER_GUARD_INIT PTHREAD_RWLOCK_INITIALIZER
+#endif
+static pthread_rwlock_t loader_guard = LOADER_GUARD_INIT;
+
+void msnap__unwind_loader_enter(void) { pthread_rwlock_rdlock(&loader_guard); }
+void msnap__unwind_loader_leave(void) { pthread_rwlock_unlock(&loader_guard); }
 
 static inline uint32_t pc_hash(uintptr_t pc) {
   uint64_t h = (uint64_t)pc * 0x9e3779b97f4a7c15ull;
@@ -210,7 +236,21 @@ int msnap__unwind_check(char *msg, size_t len) {
   return 0;
 }
 
-void msnap__unwind_atfork(int phase) { msnap__fork_mutex(&rule_lock, phase); }
+/* loader_guard, then rule_lock (a walk holding the guard inserts rules);
+ * released in reverse.  The child's guard is a fresh one: glibc's unlock
+ * of a writer checks the thread id, which differs in the child. */
+void msnap__unwind_atfork(int phase) {
+  if (phase == MSNAP_FORK_PREPARE) {
+    pthread_rwlock_wrlock(&loader_guard);
+    pthread_mutex_lock(&rule_lock);
+  } else {
+    pthread_mutex_unlock(&rule_lock);
+    if (phase == MSNAP_FORK_CHILD)
+      loader_guard = (pthread_rwlock_t)LOADER_GUARD_INIT;
+    else
+      pthread_rwlock_unlock(&loader_guard);
+  }
+}
 
 size_t msnap__unwind_cached(void) {
   utab_t *t = atomic_load_explicit(&utab, memory_order_acquire);
@@ -656,6 +696,55 @@ static int find_cb(struct dl_phdr_info *info, size_t size, void *arg) {
   return 1;
 }
 
+/* glibc's struct dl_find_object on 64-bit targets (<dlfcn.h>, 2.35; no
+ * dlfo_eh_dbase or dlfo_eh_count there), declared here so that builds
+ * against an older libc's headers find the function at run time too. */
+typedef struct msnap__dlfo_s {
+  unsigned long long dlfo_flags;
+  void *dlfo_map_start, *dlfo_map_end;
+  void *dlfo_link_map;
+  void *dlfo_eh_frame; /* the object's PT_GNU_EH_FRAME (.eh_frame_hdr) */
+  unsigned long long reserved[7];
+} msnap__dlfo_t;
+#if defined(DLFO_STRUCT_HAS_EH_DBASE) && !DLFO_STRUCT_HAS_EH_DBASE && \
+    !DLFO_STRUCT_HAS_EH_COUNT
+_Static_assert(sizeof(struct dl_find_object) == sizeof(msnap__dlfo_t),
+               "struct dl_find_object");
+#endif
+typedef int (*dlfo_fn)(void *, msnap__dlfo_t *);
+static dlfo_fn dlfo; /* NULL: libc has none (or not looked up yet) */
+static pthread_once_t dlfo_once = PTHREAD_ONCE_INIT;
+static void dlfo_lookup(void) {
+  *(void **)&dlfo = dlsym(RTLD_DEFAULT, "_dl_find_object");
+}
+static atomic_bool dlfo_off; /* tests: use dl_iterate_phdr regardless */
+static dlfo_fn find_object(void) {
+  pthread_once(&dlfo_once, dlfo_lookup);
+  return atomic_load_explicit(&dlfo_off, memory_order_relaxed) ? NULL : dlfo;
+}
+
+bool msnap__unwind_test_finder(bool find_object_on) {
+  pthread_once(&dlfo_once, dlfo_lookup);
+  atomic_store(&dlfo_off, !find_object_on);
+  /* An empty table replaces the live one (retired, never freed: readers
+   * may still probe it), so that the next walks compute rules again. */
+  msnap__mutex_lock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
+  utab_t *t = atomic_load_explicit(&utab, memory_order_relaxed);
+  utab_t *n = calloc(1, sizeof *n);
+  uslot_t *v = calloc(1024, sizeof *v);
+  if (n != NULL && v != NULL) {
+    n->v = v;
+    n->cap = 1024;
+    n->retired = t;
+    atomic_store_explicit(&utab, n, memory_order_release);
+  } else {
+    free(n);
+    free(v);
+  }
+  msnap__mutex_unlock(&rule_lock, MSNAP_RANK_UNWIND_CACHE);
+  return dlfo != NULL;
+}
+
 /* Compute the packed rule of key (frame 0: target == key; a return
  * address: target == key - 1, the call) and cache it (a rule that does
  * not pack is cached as UR_NONE). */
@@ -665,7 +754,19 @@ static uint64_t rule_compute(uintptr_t key, uintptr_t target) {
   r.pc = key;
   r.kind = UR_NONE;
   find_t f = {target, &r, false};
-  dl_iterate_phdr(find_cb, &f);
+  dlfo_fn find = find_object();
+  msnap__dlfo_t o;
+  if (find != NULL) {
+    if (find((void *)target, &o) == 0 && o.dlfo_eh_frame != NULL) {
+      const unsigned char *hdr = o.dlfo_eh_frame;
+      const unsigned char *fde = hdr_lookup(hdr, target);
+      if (fde != NULL) fde_rule(fde, (uintptr_t)hdr, target, &r);
+    }
+  } else {
+    msnap__unwind_loader_enter();
+    dl_iterate_phdr(find_cb, &f);
+    msnap__unwind_loader_leave();
+  }
   if (!rule_packable(&r)) {
     memset(&r, 0, sizeof r);
     r.pc = key;

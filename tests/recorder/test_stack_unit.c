@@ -359,20 +359,30 @@ static void test_cfi_unwinder(void **state) {
     skip();
   }
   static const int depths[] = {0, 1, 2, 5, 17, 40, 200};
-  for (int r = 0; r < 3; r++) {
-    for (size_t i = 0; i < sizeof depths / sizeof depths[0]; i++) {
-      char what[64];
-      snprintf(what, sizeof what, "site a, depth %d", depths[i]);
-      uw_site_a(depths[i]);
-      uw_check(what);
-      snprintf(what, sizeof what, "site b, depth %d", depths[i]);
-      uw_site_b(depths[i]);
-      uw_check(what);
+  /* Rules from objects found by _dl_find_object (where libc has it),
+   * then, the cache emptied, through dl_iterate_phdr (older libcs). */
+  for (int finder = 1; finder >= 0; finder--) {
+    bool has = msnap__unwind_test_finder(finder == 1);
+    if (finder == 1 && !has)
+      print_message("libc has no _dl_find_object: dl_iterate_phdr only\n");
+    for (int r = 0; r < 3; r++) {
+      for (size_t i = 0; i < sizeof depths / sizeof depths[0]; i++) {
+        char what[80];
+        snprintf(what, sizeof what, "site a, depth %d, %s", depths[i],
+                 finder ? "_dl_find_object" : "dl_iterate_phdr");
+        uw_site_a(depths[i]);
+        uw_check(what);
+        snprintf(what, sizeof what, "site b, depth %d, %s", depths[i],
+                 finder ? "_dl_find_object" : "dl_iterate_phdr");
+        uw_site_b(depths[i]);
+        uw_check(what);
+      }
     }
   }
   char msg[256];
   if (msnap__unwind_check(msg, sizeof msg) != 0) fail_msg("%s", msg);
   assert_true(msnap__unwind_cached() > 0);
+  (void)msnap__unwind_test_finder(true);
   /* the recorder's capture: the caller is the innermost frame */
   assert_int_equal(msnap__stack_set_unwinder("cfi"), 0);
   assert_string_equal(msnap__stack_unwinder_name(), "cfi");
@@ -422,6 +432,38 @@ static void test_fork_handler_holds_rule_lock(void **state) {
   assert_int_equal(atomic_load(&fork_steps), 3);
 }
 
+/* Fork's prepare handler holds the loader guard for writing: a walk that
+ * may enter dl_iterate_phdr (a fallback unwinder, a rule computed without
+ * _dl_find_object) waits until the fork is done, so that no child inherits
+ * glibc's loader lock from it. */
+static atomic_int guard_passed;
+static void *guard_walker(void *arg) {
+  (void)arg;
+  msnap__unwind_loader_enter();
+  atomic_store(&guard_passed, 1);
+  msnap__unwind_loader_leave();
+  return NULL;
+}
+
+static void test_fork_handler_holds_loader_guard(void **state) {
+  (void)state;
+  msnap__stack_atfork(MSNAP_FORK_PREPARE);
+  atomic_store(&guard_passed, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, guard_walker, NULL), 0);
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  assert_int_equal(atomic_load(&guard_passed), 0);
+  msnap__stack_atfork(MSNAP_FORK_PARENT);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(atomic_load(&guard_passed), 1);
+  /* readers share it */
+  msnap__unwind_loader_enter();
+  msnap__unwind_loader_enter();
+  msnap__unwind_loader_leave();
+  msnap__unwind_loader_leave();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_intern_dedup_and_free),
@@ -431,6 +473,7 @@ int main(void) {
       cmocka_unit_test(test_c_capture_and_symbols),
       cmocka_unit_test(test_cfi_unwinder),
       cmocka_unit_test(test_fork_handler_holds_rule_lock),
+      cmocka_unit_test(test_fork_handler_holds_loader_guard),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
