@@ -51,8 +51,17 @@ int cli_load(const char *path, msnap_snap_t **out) {
   int rc = msnap__snap_read_file(path, &s, &err);
   if (rc != 0 || !s) {
     cli_sanitize(err.msg); /* it may quote bytes of the file */
-    if (err.msg[0])
-      snprintf(load_error, sizeof load_error, "%s [%s]", err.msg,
+    /* An open failure's message starts with the name, which the line
+     * below (and the JSON outputs' "file") give already. */
+    const char *msg = err.msg;
+    size_t pl = strlen(path);
+    if (strncmp(msg, path, pl) == 0 && msg[pl] == ':' && msg[pl + 1] == ' ')
+      msg += pl + 2;
+    else if (strcmp(path, "-") == 0 &&
+             strncmp(msg, "standard input: ", 16) == 0)
+      msg += 16;
+    if (msg[0])
+      snprintf(load_error, sizeof load_error, "%s [%s]", msg,
                msnap_err_name(rc));
     else
       snprintf(load_error, sizeof load_error,

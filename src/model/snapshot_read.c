@@ -1334,7 +1334,9 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
   char why[256];
   int rc = msnap__source_open(&src, path, limit, why, sizeof why);
   if (rc < 0) {
-    snprintf(err->msg, sizeof err->msg, "offset 0: %.200s: %s (while opening)",
+    /* nothing was read: no offset; the name, for callers that print
+     * only this message */
+    snprintf(err->msg, sizeof err->msg, "%.200s: %s",
              strcmp(path, "-") ? path : "standard input", why);
     return rc;
   }

@@ -272,8 +272,13 @@ def group_special():
     expect(rc == 2 and "is a directory" in err, "a directory: %r" % err)
     rc, out, err = run("check", write_bytes(b"", "empty.pickle"))
     expect(rc == 2 and "empty" in err, "an empty file: %r" % err)
-    rc, out, err = run("check", path("missing.pickle"))
+    missing = path("missing.pickle")
+    rc, out, err = run("check", missing)
     expect(rc == 2 and "No such file" in err, "a missing file: %r" % err)
+    # one line naming the file once, no byte offset (nothing was read)
+    expect(err.count(missing) == 1 and "offset" not in err
+           and len(err.strip().splitlines()) == 1,
+           "a missing file is named once: %r" % err)
 
 
 def group_compressed():
