@@ -124,8 +124,12 @@ int msnap_py_check_device(msnap_allocator_t *a, int device, int any_ok,
                  msnap_profile(a) == MSNAP_PROFILE_NPU ? "NPU" : "CUDA",
                  device, n, n == 1 ? "" : "s");
   else
+    /* torch's message (CUDACachingAllocator.cpp, assertValidDevice),
+     * then what is there */
     PyErr_Format(PyExc_RuntimeError,
-                 "Invalid device argument %d: did you call init?", device);
+                 "Invalid device argument %d: did you call init? "
+                 "(%d device%s visible)",
+                 device, n, n == 1 ? "" : "s");
   return -1;
 }
 

@@ -194,7 +194,9 @@ def test_device_argument_errors_are_torch_like(profile):
                           f"({n} device{'' if n == 1 else 's'} visible)"]
     assert r["mem_get_info"][0] == "RuntimeError"
     assert "invalid device ordinal" in r["mem_get_info"][1]
-    want = ["RuntimeError", f"Invalid device argument {n}: did you call init?"]
+    # torch's words (assertValidDevice), then how many devices there are
+    want = ["RuntimeError", f"Invalid device argument {n}: did you call init? "
+                            f"({n} device{'' if n == 1 else 's'} visible)"]
     for k in ("stats", "allocated", "fraction", "get_fraction", "reset"):
         assert r[k] == want, (k, r[k])
     assert r["cpu"] == ["ValueError", f"Expected a {profile} device, but got: cpu"]
