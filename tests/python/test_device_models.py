@@ -533,3 +533,60 @@ def test_autocast_on_the_device_follows_torchs_policy():
     assert r["outside"] == "torch.float32"  # no autocast outside the region
     assert r["default"] == "torch.float16"  # torch's default for PrivateUse1
     assert r["supported"] == ["torch.bfloat16", "torch.float16"]
+
+
+def _grad_scaler_run(device):
+    """An MLP trained with torch.amp.GradScaler on `device`: two finite
+    steps (the scale grows: growth_interval=2), then a batch whose loss is
+    inf (the step is skipped, the scale backs off), then one more step."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler(device if device == "cpu" else DEVICE,
+                                  init_scale=2.0 ** 10, growth_interval=2)
+    g = torch.Generator().manual_seed(4)
+    scales, skipped = [], []
+    for step in range(4):
+        x = torch.randn(16, 12, generator=g)
+        y = torch.randn(16, 3, generator=g)
+        if step == 2:
+            x[0, 0] = float("inf")
+        x, y = x.to(device), y.to(device)
+        before = [p.detach().cpu().clone() for p in model.parameters()]
+        opt.zero_grad()
+        scaler.scale(F.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        skipped.append(all(torch.equal(b, p.detach().cpu())
+                           for b, p in zip(before, model.parameters())))
+    return model, scales, skipped
+
+
+def grad_scaler_and_multinomial():
+    """torch.amp.GradScaler on the device against the CPU's (the same
+    scales, skipped steps and parameters), and torch.multinomial drawing
+    what the CPU draws from the same seed."""
+    md, sd, kd = _grad_scaler_run(DEVICE)
+    mc, sc, kc = _grad_scaler_run("cpu")
+    for a, b in zip(md.parameters(), mc.parameters()):
+        assert a.device.type == DEVICE
+        torch.testing.assert_close(a.detach().cpu(), b.detach())
+    p = torch.softmax(torch.randn(5, 9), -1)
+    torch.manual_seed(11)
+    dd = torch.multinomial(p.to(DEVICE), 4)
+    torch.manual_seed(11)
+    dc = torch.multinomial(p, 4)
+    assert torch.equal(dd.cpu(), dc)
+    return {"scales": [sd, sc], "skipped": [kd, kc],
+            "multinomial_device": dd.device.type}
+
+
+@needs_shim
+def test_grad_scaler_and_multinomial_match_the_cpu():
+    r = _run("t.grad_scaler_and_multinomial()")
+    dev, cpu = r["scales"]
+    assert dev == cpu == [1024.0, 2048.0, 1024.0, 1024.0], r
+    # the inf step (the third) is skipped, the others update
+    assert r["skipped"] == [[False, False, True, False]] * 2, r
+    assert r["multinomial_device"] == DEVICE

@@ -152,6 +152,7 @@ const std::unordered_set<std::string>& cpu_operators() {
       // random (the CPU generator, seeded by torch.manual_seed)
       "aten::normal_", "aten::uniform_", "aten::bernoulli_",
       "aten::random_", "aten::native_dropout", "aten::native_dropout_backward",
+      "aten::multinomial",
       // optimizer foreach kernels (SGD, Adam, AdamW)
       "aten::_foreach_add", "aten::_foreach_add_", "aten::_foreach_sub_",
       "aten::_foreach_mul", "aten::_foreach_mul_", "aten::_foreach_div",
@@ -161,6 +162,10 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::_foreach_zero_", "aten::_foreach_copy_",
       "aten::_foreach_maximum_", "aten::_foreach_norm",
       "aten::_foreach_pow", "aten::_foreach_reciprocal_",
+      // torch.amp.GradScaler: unscale the gradients and note infs/NaNs,
+      // then grow or back off the scale
+      "aten::_amp_foreach_non_finite_check_and_unscale_",
+      "aten::_amp_update_scale_",
   };
   return names;
 }
