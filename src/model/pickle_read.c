@@ -1026,8 +1026,9 @@ static size_t fp_scalar_len(const unsigned char *q, const unsigned char *end) {
 }
 
 static bool fp_value(fp_t *f, int depth);
+static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f);
 static inline int fp_scalar(fp_t *f);
-static bool fp_tuple_tail(fp_t *f);
+static inline bool fp_tuple_tail(fp_t *f);
 
 /* A run of memo references to non-containers (a frame list: every item a
  * BINGET of a frame record), as long as none starts an (a, b) tuple.
@@ -1037,15 +1038,19 @@ static inline bool fp_get_run(fp_t *f) {
   const unsigned char *q = f->q, *end = f->end;
   const msnap_pv_t *memo = vm->memo;
   uint32_t memo_len = vm->memo_len;
+  /* (the item array in locals: the stores below cannot alias them) */
+  msnap_pv_t *items = vm->fitems;
+  uint32_t n = vm->nfitems, cap = vm->fitems_cap;
+  bool ok = true;
   for (;;) {
     size_t w;
     uint64_t idx;
-    if (end - q >= 3 && q[0] == MSNAP_OP_BINGET) {
-      w = 2;
-      idx = q[1];
-    } else if (end - q >= 6 && q[0] == MSNAP_OP_LONG_BINGET) {
+    if (end - q >= 6 && q[0] == MSNAP_OP_LONG_BINGET) {
       w = 5;
       idx = le(q + 1, 4);
+    } else if (end - q >= 3 && q[0] == MSNAP_OP_BINGET) {
+      w = 2;
+      idx = q[1];
     } else {
       break;
     }
@@ -1054,20 +1059,31 @@ static inline bool fp_get_run(fp_t *f) {
     if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
         v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
       break;
-    /* the next token must not close a tuple with this one */
-    size_t l2 = fp_scalar_len(q + w, end);
-    if (l2 && (size_t)(end - q) > w + l2 && q[w + l2] == MSNAP_OP_TUPLE2)
+    /* the next token must not close a tuple with this one (the usual
+     * next tokens, memo references, tested without the general switch) */
+    const unsigned char *nx = q + w;
+    size_t l2 = end - nx < 1                        ? 0
+                : *nx == MSNAP_OP_LONG_BINGET ? 5
+                : *nx == MSNAP_OP_BINGET      ? 2
+                                                   : fp_scalar_len(nx, end);
+    if (l2 && (size_t)(end - nx) > l2 && nx[l2] == MSNAP_OP_TUPLE2)
       break;
-    if (msnap_unlikely(vm->nfitems == vm->fitems_cap)) {
+    if (msnap_unlikely(n == cap)) {
+      vm->nfitems = n;
       if (msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
-                      sizeof *vm->fitems) < 0)
-        return false;
+                      sizeof *vm->fitems) < 0) {
+        ok = false;
+        break;
+      }
+      items = vm->fitems;
+      cap = vm->fitems_cap;
     }
-    vm->fitems[vm->nfitems++] = v;
-    q += w;
+    items[n++] = v;
+    q = nx;
   }
+  vm->nfitems = n;
   f->q = q;
-  return true;
+  return ok;
 }
 
 /* The container of `kind` whose items are fitems[base..]: the consumer
@@ -1114,13 +1130,20 @@ static bool fp_dict(fp_t *f, int depth) {
       if (!fp_frames(f) || f->q >= f->end) return false;
       unsigned op = *f->q;
       if (op == (single ? MSNAP_OP_SETITEM : MSNAP_OP_SETITEMS)) break;
-      /* a key: a string */
-      if (fp_scalar(f) <= 0 ||
-          MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR)
+      /* a key: a string (a BINGET of one, the usual key, read here) */
+      const unsigned char *q = f->q;
+      msnap_pv_t kv;
+      if (f->end - q >= 2 && op == MSNAP_OP_BINGET && q[1] < vm->memo_len &&
+          MSNAP_PV_TAG(kv = vm->memo[q[1]]) == MSNAP_PV_STR &&
+          msnap_likely(vm->nfitems < vm->fitems_cap)) {
+        vm->fitems[vm->nfitems++] = kv;
+        f->q = q + 2;
+      } else if (fp_scalar(f) <= 0 ||
+                 MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR) {
         return false;
-      (void)op;
+      }
       if (!fp_frames(f) || f->q >= f->end) return false;
-      int r = fp_scalar(f);
+      int r = fp_scalar_inl(f);
       if (r < 0 || (r > 0 ? !fp_tuple_tail(f) : !fp_value(f, depth)))
         return false;
       if (single) {
@@ -1165,8 +1188,9 @@ static bool fp_list(fp_t *f, int depth) {
 }
 
 /* A scalar token at f->q: pushed (1), not a scalar (0: a container or an
- * opcode the fast path does not read), or bail (-1). */
-static inline int fp_scalar(fp_t *f) {
+ * opcode the fast path does not read), or bail (-1).  fp_scalar_inl is
+ * the same, inlined where a dict's values are read (the hottest call). */
+static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f) {
   msnap_pvm_t *vm = f->vm;
   const unsigned char *q = f->q, *end = f->end;
   msnap_pv_t v = 0;
@@ -1248,9 +1272,11 @@ static inline int fp_scalar(fp_t *f) {
   return 1;
 }
 
+static inline int fp_scalar(fp_t *f) { return fp_scalar_inl(f); }
+
 /* After a scalar: an (a, b) TUPLE2 [put] (a pool id) when the next
  * scalar is followed by TUPLE2. */
-static bool fp_tuple_tail(fp_t *f) {
+static bool fp_tuple_tail_slow(fp_t *f) {
   msnap_pvm_t *vm = f->vm;
   const unsigned char *end = f->end;
   if (!fp_frames(f)) return false;
@@ -1265,6 +1291,20 @@ static bool fp_tuple_tail(fp_t *f) {
   uint32_t slot;
   if (!fp_put(f, out, &slot)) return false;
   return fp_push(vm, out);
+}
+
+/* fp_tuple_tail_slow, with the usual next tokens decided inline: a memo
+ * reference not followed by TUPLE2, or the end of a batch. */
+static inline bool fp_tuple_tail(fp_t *f) {
+  const unsigned char *q = f->q;
+  ptrdiff_t left = f->end - q;
+  if (left >= 3 && q[0] == MSNAP_OP_BINGET && q[2] != MSNAP_OP_TUPLE2)
+    return true;
+  if (left >= 6 && q[0] == MSNAP_OP_LONG_BINGET && q[5] != MSNAP_OP_TUPLE2)
+    return true;
+  if (left >= 1 && (q[0] == MSNAP_OP_SETITEMS || q[0] == MSNAP_OP_APPENDS))
+    return true;
+  return fp_tuple_tail_slow(f);
 }
 
 /* One value. */
