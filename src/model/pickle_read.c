@@ -1032,7 +1032,15 @@ static inline bool fp_tuple_tail(fp_t *f);
 
 /* A run of memo references to non-containers (a frame list: every item a
  * BINGET of a frame record), as long as none starts an (a, b) tuple.
- * Returns false only when out of memory. */
+ * Returns false only when out of memory.
+ *
+ * An item starts a tuple when the token after it is a scalar followed by
+ * TUPLE2.  Inside the run that token is the next item, and the byte after
+ * it is the opcode the next turn reads anyway; so the test is made once,
+ * where the run stops at a token X: when X is TUPLE2 the last two items
+ * were a pair (both are given back), and when X is a scalar followed by
+ * TUPLE2 the last item pairs with X (it is given back).  The run ends
+ * where a test before every item would have ended it. */
 static inline bool fp_get_run(fp_t *f) {
   msnap_pvm_t *vm = f->vm;
   const unsigned char *q = f->q, *end = f->end;
@@ -1040,7 +1048,9 @@ static inline bool fp_get_run(fp_t *f) {
   uint32_t memo_len = vm->memo_len;
   /* (the item array in locals: the stores below cannot alias them) */
   msnap_pv_t *items = vm->fitems;
-  uint32_t n = vm->nfitems, cap = vm->fitems_cap;
+  uint32_t n = vm->nfitems, cap = vm->fitems_cap, n0 = n;
+  /* where the last two items start (valid while n - n0 >= 1 / 2) */
+  const unsigned char *last = q, *before = q;
   bool ok = true;
   for (;;) {
     size_t w;
@@ -1059,15 +1069,6 @@ static inline bool fp_get_run(fp_t *f) {
     if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
         v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
       break;
-    /* the next token must not close a tuple with this one (the usual
-     * next tokens, memo references, tested without the general switch) */
-    const unsigned char *nx = q + w;
-    size_t l2 = end - nx < 1                        ? 0
-                : *nx == MSNAP_OP_LONG_BINGET ? 5
-                : *nx == MSNAP_OP_BINGET      ? 2
-                                                   : fp_scalar_len(nx, end);
-    if (l2 && (size_t)(end - nx) > l2 && nx[l2] == MSNAP_OP_TUPLE2)
-      break;
     if (msnap_unlikely(n == cap)) {
       vm->nfitems = n;
       if (msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
@@ -1079,7 +1080,24 @@ static inline bool fp_get_run(fp_t *f) {
       cap = vm->fitems_cap;
     }
     items[n++] = v;
-    q = nx;
+    before = last;
+    last = q;
+    q += w;
+  }
+  if (ok && n > n0 && q < end) {
+    /* the pair test at the stop (see above) */
+    if (*q == MSNAP_OP_TUPLE2) {
+      if (n - n0 >= 2) {
+        n -= 2;
+        q = before;
+      }
+    } else {
+      size_t l2 = fp_scalar_len(q, end);
+      if (l2 && (size_t)(end - q) > l2 && q[l2] == MSNAP_OP_TUPLE2) {
+        n -= 1;
+        q = last;
+      }
+    }
   }
   vm->nfitems = n;
   f->q = q;

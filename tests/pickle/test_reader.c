@@ -6,8 +6,9 @@
  * few bytes per read, a pipe, gzip and zstd -- and the fast path really
  * decodes every batch of real files (no roll-back; a list referred to
  * through the memo before its container is stored makes it roll back, as
- * in the corpus' small_shared_*).  A model that
- * reads passes the deep model check.
+ * in the corpus' small_shared_*; lists of memo references that end in a
+ * pair, which the fast path's run gives back).  A model that reads passes
+ * the deep model check.
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -303,11 +304,48 @@ static void test_rollback(void **state) {
   free(tmp);
 }
 
+/* Lists of memo references that end in an (a, b) tuple (the fast path's
+ * run of references gives the pair's items back where it stops) read as
+ * the generic interpreter reads them, at protocols 2, 4 and 5. */
+static void test_tuple_after_run(void **state) {
+  (void)state;
+  char *tmp = tu_tmpdir();
+  char cmd[8192], path[4200];
+  snprintf(cmd, sizeof cmd,
+           "python3 -c \"import pickle,sys\n"
+           "fr=[{'name':'f%%d'%%i,'filename':'/a.py','line':i}"
+           " for i in range(4)]\n"
+           "e=[{'action':'alloc','addr':i,'size':8,'frames':fr}"
+           " for i in range(40)]\n"
+           "e[5]['frames']=fr+[(fr[0],fr[1])]\n"
+           "e[7]['frames']=[fr[0],(fr[0],5)]\n"
+           "e[9]['extra']=['a','b','a',('a','b')]\n"
+           "e[11]['frames']=[(fr[2],fr[3])]+fr\n"
+           "e[13]['frames']=[fr[0],fr[1],'x',fr[2]]\n"
+           "e[15]['extra']=['a','b',('a',7),'b']\n"
+           "for p in (2,4,5):\n"
+           " open(sys.argv[1]+'/t%%d.pickle'%%p,'wb').write(pickle.dumps("
+           "{'segments':[],'device_traces':[e]},protocol=p))\" '%s'",
+           tmp);
+  assert_int_equal(system(cmd), 0);
+  for (int p = 2; p <= 5; p += p == 2 ? 2 : 1) {
+    snprintf(path, sizeof path, "%s/t%d.pickle", tmp, p);
+    size_t n = 0;
+    unsigned char *data = tu_slurp(path, &n);
+    assert_non_null(data);
+    check_all_ways("tuple after a run", data, n, 0);
+    free(data);
+  }
+  tu_rmrf(tmp);
+  free(tmp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_inputs),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_rollback),
+      cmocka_unit_test(test_tuple_after_run),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
