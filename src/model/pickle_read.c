@@ -1197,7 +1197,8 @@ static bool fp_list(fp_t *f, int depth) {
             *f->q != MSNAP_OP_FRAME && !fp_value(f, depth))
           return false;
       }
-      if (f->q >= f->end) return false;
+      /* (fp_frames also stops the loop at a FRAME it refuses) */
+      if (f->q >= f->end || *f->q != MSNAP_OP_APPENDS) return false;
       f->q++;
       if (!fp_frames(f)) return false;
     }

@@ -340,12 +340,50 @@ static void test_tuple_after_run(void **state) {
   free(tmp);
 }
 
+/* A FRAME whose declared length runs past the input, met where a batch's
+ * list of dicts ends (found by fuzzing: the fast path took the FRAME for
+ * the list's APPENDS and read the length's bytes as opcodes): the fast
+ * path hands the batch back and the reader refuses the file as the
+ * generic interpreter does.  Here a frame list's APPENDS is replaced by
+ * FRAME, whose length is the 8 well-formed opcodes after it. */
+static void test_bad_frame_in_batch(void **state) {
+  (void)state;
+  char *tmp = tu_tmpdir();
+  char cmd[8192], path[4200];
+  snprintf(cmd, sizeof cmd,
+           "python3 -c \"import pickle,sys\n"
+           "fr=[{'name':'f%%d'%%i,'filename':'/a.py','line':i}"
+           " for i in range(3)]\n"
+           "e=[{'action':'alloc','addr':i,'size':8,'frames':[dict(f)"
+           " for f in fr]} for i in range(6)]\n"
+           "d=pickle.dumps({'segments':[],'device_traces':[e]},protocol=4)\n"
+           "i=d.index(b'ue',d.index(b'device_traces'))\n"
+           "open(sys.argv[1],'wb').write(d[:i+1]+bytes([0x95])+d[i+2:])\""
+           " '%s/f.pickle'",
+           tmp);
+  assert_int_equal(system(cmd), 0);
+  snprintf(path, sizeof path, "%s/f.pickle", tmp);
+  size_t n = 0;
+  unsigned char *data = tu_slurp(path, &n);
+  assert_non_null(data);
+  msnap_snap_t *s = NULL;
+  msnap_read_error_t e;
+  assert_int_equal(msnap__snap_read_buffer_ex(data, n, &s, &e, NULL),
+                   MSNAP_EFORMAT);
+  assert_non_null(strstr(e.msg, "frame of"));
+  check_all_ways("bad FRAME in a batch", data, n, 0);
+  free(data);
+  tu_rmrf(tmp);
+  free(tmp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_inputs),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_rollback),
       cmocka_unit_test(test_tuple_after_run),
+      cmocka_unit_test(test_bad_frame_in_batch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
