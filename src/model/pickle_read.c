@@ -1130,7 +1130,10 @@ static bool fp_offer(fp_t *f, unsigned kind, uint32_t base,
 static bool fp_close(fp_t *f, unsigned kind, uint32_t base, uint32_t slot) {
   msnap_pv_t out;
   if (!fp_offer(f, kind, base, &out)) return false;
-  if (slot != UINT32_MAX) f->vm->memo[slot] = out; /* was PV_PENDING */
+  /* (as msnap__pvm_replace: only while the slot still holds the
+   * container -- a put inside it may have taken the slot since) */
+  if (slot != UINT32_MAX && f->vm->memo[slot] == PV_PENDING)
+    f->vm->memo[slot] = out;
   return fp_push(f->vm, out);
 }
 
