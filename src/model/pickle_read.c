@@ -1026,26 +1026,41 @@ static size_t fp_scalar_len(const unsigned char *q, const unsigned char *end) {
 }
 
 static bool fp_value(fp_t *f, int depth);
+static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f);
 static inline int fp_scalar(fp_t *f);
-static bool fp_tuple_tail(fp_t *f);
+static inline bool fp_tuple_tail(fp_t *f);
 
 /* A run of memo references to non-containers (a frame list: every item a
  * BINGET of a frame record), as long as none starts an (a, b) tuple.
- * Returns false only when out of memory. */
+ * Returns false only when out of memory.
+ *
+ * An item starts a tuple when the token after it is a scalar followed by
+ * TUPLE2.  Inside the run that token is the next item, and the byte after
+ * it is the opcode the next turn reads anyway; so the test is made once,
+ * where the run stops at a token X: when X is TUPLE2 the last two items
+ * were a pair (both are given back), and when X is a scalar followed by
+ * TUPLE2 the last item pairs with X (it is given back).  The run ends
+ * where a test before every item would have ended it. */
 static inline bool fp_get_run(fp_t *f) {
   msnap_pvm_t *vm = f->vm;
   const unsigned char *q = f->q, *end = f->end;
   const msnap_pv_t *memo = vm->memo;
   uint32_t memo_len = vm->memo_len;
+  /* (the item array in locals: the stores below cannot alias them) */
+  msnap_pv_t *items = vm->fitems;
+  uint32_t n = vm->nfitems, cap = vm->fitems_cap, n0 = n;
+  /* where the last two items start (valid while n - n0 >= 1 / 2) */
+  const unsigned char *last = q, *before = q;
+  bool ok = true;
   for (;;) {
     size_t w;
     uint64_t idx;
-    if (end - q >= 3 && q[0] == MSNAP_OP_BINGET) {
-      w = 2;
-      idx = q[1];
-    } else if (end - q >= 6 && q[0] == MSNAP_OP_LONG_BINGET) {
+    if (end - q >= 6 && q[0] == MSNAP_OP_LONG_BINGET) {
       w = 5;
       idx = le(q + 1, 4);
+    } else if (end - q >= 3 && q[0] == MSNAP_OP_BINGET) {
+      w = 2;
+      idx = q[1];
     } else {
       break;
     }
@@ -1054,20 +1069,39 @@ static inline bool fp_get_run(fp_t *f) {
     if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ || v == PV_PENDING ||
         v == MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE))
       break;
-    /* the next token must not close a tuple with this one */
-    size_t l2 = fp_scalar_len(q + w, end);
-    if (l2 && (size_t)(end - q) > w + l2 && q[w + l2] == MSNAP_OP_TUPLE2)
-      break;
-    if (msnap_unlikely(vm->nfitems == vm->fitems_cap)) {
+    if (msnap_unlikely(n == cap)) {
+      vm->nfitems = n;
       if (msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
-                      sizeof *vm->fitems) < 0)
-        return false;
+                      sizeof *vm->fitems) < 0) {
+        ok = false;
+        break;
+      }
+      items = vm->fitems;
+      cap = vm->fitems_cap;
     }
-    vm->fitems[vm->nfitems++] = v;
+    items[n++] = v;
+    before = last;
+    last = q;
     q += w;
   }
+  if (ok && n > n0 && q < end) {
+    /* the pair test at the stop (see above) */
+    if (*q == MSNAP_OP_TUPLE2) {
+      if (n - n0 >= 2) {
+        n -= 2;
+        q = before;
+      }
+    } else {
+      size_t l2 = fp_scalar_len(q, end);
+      if (l2 && (size_t)(end - q) > l2 && q[l2] == MSNAP_OP_TUPLE2) {
+        n -= 1;
+        q = last;
+      }
+    }
+  }
+  vm->nfitems = n;
   f->q = q;
-  return true;
+  return ok;
 }
 
 /* The container of `kind` whose items are fitems[base..]: the consumer
@@ -1096,7 +1130,10 @@ static bool fp_offer(fp_t *f, unsigned kind, uint32_t base,
 static bool fp_close(fp_t *f, unsigned kind, uint32_t base, uint32_t slot) {
   msnap_pv_t out;
   if (!fp_offer(f, kind, base, &out)) return false;
-  if (slot != UINT32_MAX) f->vm->memo[slot] = out; /* was PV_PENDING */
+  /* (as msnap__pvm_replace: only while the slot still holds the
+   * container -- a put inside it may have taken the slot since) */
+  if (slot != UINT32_MAX && f->vm->memo[slot] == PV_PENDING)
+    f->vm->memo[slot] = out;
   return fp_push(f->vm, out);
 }
 
@@ -1114,13 +1151,20 @@ static bool fp_dict(fp_t *f, int depth) {
       if (!fp_frames(f) || f->q >= f->end) return false;
       unsigned op = *f->q;
       if (op == (single ? MSNAP_OP_SETITEM : MSNAP_OP_SETITEMS)) break;
-      /* a key: a string */
-      if (fp_scalar(f) <= 0 ||
-          MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR)
+      /* a key: a string (a BINGET of one, the usual key, read here) */
+      const unsigned char *q = f->q;
+      msnap_pv_t kv;
+      if (f->end - q >= 2 && op == MSNAP_OP_BINGET && q[1] < vm->memo_len &&
+          MSNAP_PV_TAG(kv = vm->memo[q[1]]) == MSNAP_PV_STR &&
+          msnap_likely(vm->nfitems < vm->fitems_cap)) {
+        vm->fitems[vm->nfitems++] = kv;
+        f->q = q + 2;
+      } else if (fp_scalar(f) <= 0 ||
+                 MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR) {
         return false;
-      (void)op;
+      }
       if (!fp_frames(f) || f->q >= f->end) return false;
-      int r = fp_scalar(f);
+      int r = fp_scalar_inl(f);
       if (r < 0 || (r > 0 ? !fp_tuple_tail(f) : !fp_value(f, depth)))
         return false;
       if (single) {
@@ -1156,7 +1200,8 @@ static bool fp_list(fp_t *f, int depth) {
             *f->q != MSNAP_OP_FRAME && !fp_value(f, depth))
           return false;
       }
-      if (f->q >= f->end) return false;
+      /* (fp_frames also stops the loop at a FRAME it refuses) */
+      if (f->q >= f->end || *f->q != MSNAP_OP_APPENDS) return false;
       f->q++;
       if (!fp_frames(f)) return false;
     }
@@ -1165,8 +1210,9 @@ static bool fp_list(fp_t *f, int depth) {
 }
 
 /* A scalar token at f->q: pushed (1), not a scalar (0: a container or an
- * opcode the fast path does not read), or bail (-1). */
-static inline int fp_scalar(fp_t *f) {
+ * opcode the fast path does not read), or bail (-1).  fp_scalar_inl is
+ * the same, inlined where a dict's values are read (the hottest call). */
+static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f) {
   msnap_pvm_t *vm = f->vm;
   const unsigned char *q = f->q, *end = f->end;
   msnap_pv_t v = 0;
@@ -1248,9 +1294,11 @@ static inline int fp_scalar(fp_t *f) {
   return 1;
 }
 
+static inline int fp_scalar(fp_t *f) { return fp_scalar_inl(f); }
+
 /* After a scalar: an (a, b) TUPLE2 [put] (a pool id) when the next
  * scalar is followed by TUPLE2. */
-static bool fp_tuple_tail(fp_t *f) {
+static bool fp_tuple_tail_slow(fp_t *f) {
   msnap_pvm_t *vm = f->vm;
   const unsigned char *end = f->end;
   if (!fp_frames(f)) return false;
@@ -1265,6 +1313,20 @@ static bool fp_tuple_tail(fp_t *f) {
   uint32_t slot;
   if (!fp_put(f, out, &slot)) return false;
   return fp_push(vm, out);
+}
+
+/* fp_tuple_tail_slow, with the usual next tokens decided inline: a memo
+ * reference not followed by TUPLE2, or the end of a batch. */
+static inline bool fp_tuple_tail(fp_t *f) {
+  const unsigned char *q = f->q;
+  ptrdiff_t left = f->end - q;
+  if (left >= 3 && q[0] == MSNAP_OP_BINGET && q[2] != MSNAP_OP_TUPLE2)
+    return true;
+  if (left >= 6 && q[0] == MSNAP_OP_LONG_BINGET && q[5] != MSNAP_OP_TUPLE2)
+    return true;
+  if (left >= 1 && (q[0] == MSNAP_OP_SETITEMS || q[0] == MSNAP_OP_APPENDS))
+    return true;
+  return fp_tuple_tail_slow(f);
 }
 
 /* One value. */

@@ -651,6 +651,12 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
     return MSNAP_ENOMEM;
   }
   uint32_t mask = (uint32_t)(cap - 1);
+  /* While it runs, a slot's bits above the id hold the top bits of its
+   * stack's hash (a tag): most probes of other stacks end at the slot,
+   * without reading the stack's hash or span (a cache miss each).  The
+   * tags are cleared at the end (the table then holds id + 1 alone). */
+  unsigned idbits = 32 - (unsigned)__builtin_clz(n | 1);
+  uint32_t idmask = idbits >= 32 ? UINT32_MAX : (1u << idbits) - 1;
   enum { AHEAD = 16 };
   for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n && i < 2 + AHEAD; i++)
     hashes[i] = (uint32_t)XXH3_64bits_withSeed(
@@ -668,9 +674,15 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
     msnap_stackspan_t sp = s->stacks[i];
     uint64_t nb = stack_nbytes(s, i);
     uint32_t hv = hashes[i], h = hv & mask, dup = 0;
+    uint32_t tag = hv & ~idmask;
     for (;;) {
       uint32_t e = slots[h];
       if (!e) break;
+      if ((e & ~idmask) != tag) {
+        h = (h + 1) & mask;
+        continue;
+      }
+      e &= idmask;
       msnap_stackspan_t q = s->stacks[e - 1];
       /* (kept stacks are compacted: the last one ends at `bytes`) */
       uint64_t qnb = e < next ? s->stacks[e].off - q.off : bytes - q.off;
@@ -704,8 +716,10 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
       hashes[id] = hv;
     }
     bytes += nb;
-    slots[h] = id + 1;
+    slots[h] = (id + 1) | tag;
   }
+  if (idmask != UINT32_MAX)
+    for (uint64_t j = 0; j < cap; j++) slots[j] &= idmask;
   if (map) {
     /* the bytes after the last kept stack end at `bytes` */
     s->nstacks = next;

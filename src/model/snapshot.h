@@ -338,6 +338,23 @@ static inline unsigned char *msnap__stack_put(unsigned char *o, uint32_t prev,
   *o++ = (unsigned char)z;
   return o;
 }
+/* msnap__stack_put without a branch on the usual lengths (ids a few
+ * thousand apart encode in 1 or 2 bytes at random, which a branch
+ * predicts badly): the same bytes, but it may write one byte past the
+ * encoding it returns, so the buffer needs 5 bytes per id plus one
+ * (msnap__snap_stack_buf's has 16 spare). */
+static inline unsigned char *msnap__stack_put2(unsigned char *o, uint32_t prev,
+                                               uint32_t id) {
+  int64_t d = (int64_t)id - (int64_t)prev;
+  uint64_t z = ((uint64_t)d << 1) ^ (uint64_t)(d >> 63);
+  if (z < 0x4000) {
+    unsigned two = z >= 0x80;
+    o[0] = (unsigned char)(z | (two << 7));
+    o[1] = (unsigned char)(z >> 7);
+    return o + 1 + two;
+  }
+  return msnap__stack_put(o, prev, id);
+}
 msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
                                         const unsigned char *enc, size_t nb,
                                         uint32_t n);

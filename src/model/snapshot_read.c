@@ -671,11 +671,14 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
   const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
   const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
   uint32_t prev = 0;
+  /* (the items through locals: the byte stores cannot alias them) */
+  const msnap_pv_t *items = it->range ? NULL : it->v;
+  msnap_pv_t first = it->first;
   for (uint32_t i = 0; i < n; i++) {
-    msnap_pv_t v = msnap__pitem(it, i);
+    msnap_pv_t v = items ? items[i] : first + ((uint64_t)i << 3);
     if ((v & kind_mask) != want) return 0;
     uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
-    o = msnap__stack_put(o, prev, id);
+    o = msnap__stack_put2(o, prev, id);
     prev = id;
   }
   msnap_stack_t st = msnap__snap_stack_append(r->s, enc, (size_t)(o - enc), n);

@@ -9,7 +9,9 @@
  *   - hostile input: truncation at every byte of a real file, random bit
  *     flips, code-executing pickles -- errors, never crashes;
  *   - a live model (not from the reader) is written with every key;
- *   - values >= 2^63 are refused by the writer, > 64 bits by the reader.
+ *   - values >= 2^63 are refused by the writer, > 64 bits by the reader;
+ *   - the reader's stack encoder matches msnap__stack_put at every length
+ *     boundary, and merging appended stacks gives one id per content.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -503,6 +505,100 @@ static void test_memory_viz_cli(void **state) {
   free(tmp);
 }
 
+/* The reader's stack encoder (msnap__stack_put2, branch-free for 1 and 2
+ * bytes) writes the bytes of msnap__stack_put at every length boundary,
+ * and at most one byte past them. */
+static void test_stack_put2(void **state) {
+  (void)state;
+  static const uint32_t zs[] = {0,       1,        0x7e,      0x7f,
+                                0x80,    0x81,     0x3ffe,    0x3fff,
+                                0x4000,  0x4001,   0x1fffff,  0x200000,
+                                0xfffffff, 0x10000000, UINT32_MAX - 1,
+                                UINT32_MAX};
+  for (size_t a = 0; a < sizeof zs / sizeof *zs; a++) {
+    for (size_t b = 0; b < sizeof zs / sizeof *zs; b++) {
+      for (int d = -2; d <= 2; d++) {
+        uint32_t prev = zs[a], id = zs[b] + (uint32_t)d;
+        unsigned char x[16], y[16];
+        memset(x, 0xAA, sizeof x);
+        memset(y, 0xAA, sizeof y);
+        size_t nx = (size_t)(msnap__stack_put(x, prev, id) - x);
+        size_t ny = (size_t)(msnap__stack_put2(y, prev, id) - y);
+        assert_int_equal(nx, ny);
+        assert_memory_equal(x, y, nx);
+        for (size_t k = nx + 1; k < sizeof y; k++)
+          assert_int_equal(y[k], 0xAA);
+      }
+    }
+  }
+}
+
+/* Appending stacks unindexed and merging them afterwards
+ * (msnap__snap_dedupe_stacks, whose table tags slots with hash bits
+ * while it runs) gives one id per content and leaves a table that
+ * msnap__snap_stack finds every stack in. */
+static void test_stack_dedupe(void **state) {
+  (void)state;
+  msnap_snap_t *s = msnap__snap_new();
+  assert_non_null(s);
+  enum { NFR = 64, NST = 5000, DISTINCT = 1500 };
+  uint32_t fr[NFR];
+  for (int i = 0; i < NFR; i++) {
+    msnap_frame_t f = {0};
+    f.name = msnap__snap_intern(s, "f", 1);
+    f.filename = msnap__snap_intern(s, "/a.py", 5);
+    f.line = i;
+    fr[i] = msnap__snap_frame(s, &f);
+    assert_true(fr[i] != UINT32_MAX);
+  }
+  /* stack k: content c = k * 7919 % DISTINCT: its first two frames name
+   * c (DISTINCT < NFR^2), then a pseudo-random walk, 2..24 frames */
+  uint32_t ids[32];
+  for (uint32_t k = 0; k < NST; k++) {
+    uint32_t c = (k * 7919u) % DISTINCT, n = 2 + c % 23, x = c;
+    ids[0] = fr[c % NFR];
+    ids[1] = fr[c / NFR];
+    for (uint32_t i = 2; i < n; i++) {
+      x = x * 1103515245u + 12345u;
+      ids[i] = fr[(x >> 16) % NFR];
+    }
+    unsigned char *enc = msnap__snap_stack_buf(s, n), *o = enc;
+    assert_non_null(enc);
+    uint32_t prev = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      o = msnap__stack_put2(o, prev, ids[i]);
+      prev = ids[i];
+    }
+    assert_true(msnap__snap_stack_append(s, enc, (size_t)(o - enc), n) > 1);
+  }
+  assert_int_equal(msnap__snap_dedupe_stacks(s), 0);
+  assert_int_equal(s->nstacks, DISTINCT + 2);
+  /* every content is found (not added again), under one id each */
+  uint8_t *seen = calloc(DISTINCT + 2, 1);
+  assert_non_null(seen);
+  for (uint32_t c = 0; c < DISTINCT; c++) {
+    uint32_t n = 2 + c % 23, x = c, back[32];
+    ids[0] = fr[c % NFR];
+    ids[1] = fr[c / NFR];
+    for (uint32_t i = 2; i < n; i++) {
+      x = x * 1103515245u + 12345u;
+      ids[i] = fr[(x >> 16) % NFR];
+    }
+    msnap_stack_t st = msnap__snap_stack(s, ids, n);
+    assert_true(st > 1 && st < DISTINCT + 2);
+    assert_int_equal(s->nstacks, DISTINCT + 2);
+    assert_int_equal(seen[st], 0);
+    seen[st] = 1;
+    assert_int_equal(msnap__stack_frames(s, st, back, 32), n);
+    assert_memory_equal(back, ids, n * sizeof *ids);
+  }
+  free(seen);
+  char msg[256];
+  if (msnap__snap_check_model(s, msg, sizeof msg) != 0)
+    fail_msg("model check: %s", msg);
+  msnap__snap_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_inputs),
@@ -512,6 +608,8 @@ int main(void) {
       cmocka_unit_test(test_refuses_code),
       cmocka_unit_test(test_live_model_keys),
       cmocka_unit_test(test_memory_viz_cli),
+      cmocka_unit_test(test_stack_put2),
+      cmocka_unit_test(test_stack_dedupe),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
