@@ -542,6 +542,10 @@ typedef struct cli_oom_s {
   char why[512];                   /* why `at` is unknown                */
   cli_frag_t at;
   bool fits_largest, fits_unfragmented;
+  /* The segment the allocator asks the device for to serve the request
+   * (get_allocation_size under the recording's conf); 0: unknown (the
+   * recording uses expandable segments, which map in chunks). */
+  uint64_t segment_size;
   int expandable;                  /* 1 fits, 0 not, -1 unknown          */
   char expandable_why[512];
   msnap_stack_t stack;             /* the failing allocation's stack     */

@@ -28,6 +28,17 @@
  *   fits_without_fragmentation   request <= device_free + reserved -
  *                      active: all the memory the process could use, were
  *                      it one block;
+ *   segment_size       what the allocator asks the device for when no
+ *                      cached block serves the request: PyTorch's
+ *                      get_allocation_size (CUDACachingAllocator.cpp; the
+ *                      same in torch_npu's NPUCachingAllocator.cpp): 2 MiB
+ *                      up to 1 MiB, kLargeBuffer (20 MiB, or the conf's
+ *                      large_segment_size_mb) below 10 MiB, else the
+ *                      request rounded up to 2 MiB (npu page_size:1g: to
+ *                      1 GiB in the large pool); unknown (0) with
+ *                      expandable segments.  A request that fits in the
+ *                      device's free memory while its segment does not
+ *                      failed on the segment size, not on fragmentation;
  *   fits_with_expandable_segments  a what-if replay with
  *                      expandable_segments:True on a device of reserved +
  *                      device_free bytes, stopped in the OOM's state, then
@@ -40,6 +51,7 @@
  * unknown.
  */
 #include <inttypes.h>
+#include <strings.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +76,66 @@ static bool state_is_final(const msnap_trace_list_t *tl, uint32_t state) {
       break;
     }
   return true;
+}
+
+/* ---- the segment of a request ------------------------------------------- */
+
+/* The recording's allocator configuration string, "" when none. */
+static const char *recorded_conf(const msnap_snap_t *s) {
+  const char *c = cli_gv_str(s, &s->allocator_settings,
+                             "PYTORCH_NPU_ALLOC_CONF");
+  if (c == NULL)
+    c = cli_gv_str(s, &s->allocator_settings, "PYTORCH_CUDA_ALLOC_CONF");
+  return c ? c : "";
+}
+
+/* The unsigned value of "key:N" in conf (case-insensitive key), or -1. */
+static int64_t conf_number(const char *conf, const char *key) {
+  size_t kl = strlen(key);
+  for (const char *p = conf; *p; p++) {
+    if ((p == conf || p[-1] == ',' || p[-1] == ' ') &&
+        strncasecmp(p, key, kl) == 0 && p[kl] == ':') {
+      char *end;
+      unsigned long long v = strtoull(p + kl + 1, &end, 10);
+      return end > p + kl + 1 && v < (1ull << 40) ? (int64_t)v : -1;
+    }
+  }
+  return -1;
+}
+
+static bool recorded_expandable(const msnap_snap_t *s) {
+  const msnap_gv_t *e =
+      cli_gv_get(s, &s->allocator_settings, "expandable_segments");
+  if (e && e->kind == MSNAP_GV_BOOL && e->u.b)
+    return true;
+  const char *c = recorded_conf(s);
+  for (const char *p = c; *p; p++)
+    if (strncasecmp(p, "expandable_segments:true", 24) == 0)
+      return true;
+  return false;
+}
+
+/* get_allocation_size of a rounded request under the recording's conf
+ * (see the top of this file); 0 with expandable segments. */
+static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
+  if (recorded_expandable(s))
+    return 0;
+  const char *conf = recorded_conf(s);
+  uint64_t large = 20ull << 20; /* kLargeBuffer */
+  int64_t mb = conf_number(conf, "large_segment_size_mb");
+  if (mb > 10)
+    large = (uint64_t)mb << 20;
+  uint64_t seg;
+  if (size <= SMALL_SIZE)
+    return 2ull << 20; /* kSmallBuffer */
+  if (size < (10ull << 20)) /* kMinLargeAlloc */
+    seg = large;
+  else
+    seg = (size + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
+  if (strcmp(cli_recording_profile(s), "npu") == 0 &&
+      strcasestr(conf, "page_size:1g") != NULL)
+    seg = (seg + (1ull << 30) - 1) / (1ull << 30) * (1ull << 30);
+  return seg;
 }
 
 /* ---- replay visits ------------------------------------------------------- */
@@ -248,6 +320,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     }
   }
   if (o->present) {
+    o->segment_size = segment_size_of(s, o->requested);
     o->fits_unfragmented =
         o->requested <= o->device_free + (o->reserved > o->active_requested
                                               ? o->reserved -

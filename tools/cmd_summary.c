@@ -285,17 +285,42 @@ static void json_frames(cli_json_t *j, const msnap_snap_t *s,
   cj_arr_end(j);
 }
 
-/* One sentence: why the request failed. */
-static const char *oom_verdict(const cli_oom_t *o) {
-  if (o->have_at && o->fits_largest)
-    return "the cache held a free block large enough (of another stream, "
-           "or freed after the OOM)";
-  if (!o->fits_unfragmented)
-    return "out of memory: the request exceeds everything the process could "
-           "still use (free device memory plus its cached free blocks)";
-  return "fragmentation: free device memory plus cached free blocks would "
-         "hold the request, but no single free block or free device range "
-         "did";
+/* Why the request failed: its kind ("cached_block", "out_of_memory",
+ * "segment_size", "fragmentation") and one sentence in buf. */
+static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
+  if (o->have_at && o->fits_largest) {
+    snprintf(buf, len, "the cache held a free block large enough (of "
+                       "another stream, or freed after the OOM)");
+    return "cached_block";
+  }
+  if (!o->fits_unfragmented) {
+    snprintf(buf, len, "out of memory: the request exceeds everything the "
+                       "process could still use (free device memory plus "
+                       "its cached free blocks)");
+    return "out_of_memory";
+  }
+  if (o->segment_size > o->device_free && o->requested <= o->device_free) {
+    char r[32], f[32], g[32];
+    cli_bytes(o->requested, r, sizeof r);
+    cli_bytes(o->device_free, f, sizeof f);
+    cli_bytes(o->segment_size, g, sizeof g);
+    snprintf(buf, len,
+             "segment size: the request (%s) would fit in the device's free "
+             "memory (%s), but no cached block served it and the allocator "
+             "asks the device for a whole new segment of %s (%s), which did "
+             "not fit",
+             r, f, g,
+             o->requested <= (1ull << 20)
+                 ? "requests up to 1 MiB get a 2 MiB segment"
+             : o->requested < (10ull << 20)
+                 ? "requests from 1 MiB to 10 MiB get a kLargeBuffer segment"
+                 : "the request rounded up to the segment granularity");
+    return "segment_size";
+  }
+  snprintf(buf, len, "fragmentation: free device memory plus cached free "
+                     "blocks would hold the request, but no single free "
+                     "block or free device range did");
+  return "fragmentation";
 }
 
 static void json_oom(cli_json_t *j, const msnap_snap_t *s,
@@ -375,8 +400,17 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
     cj_null(j);
   cj_key(j, "expandable_segments_replay");
   cj_cstr(j, o->expandable_why);
+  cj_key(j, "segment_size_bytes");
+  if (o->segment_size)
+    cj_u64(j, o->segment_size);
+  else
+    cj_null(j);
+  char why[512];
+  const char *kind = oom_verdict(o, why, sizeof why);
+  cj_key(j, "verdict_kind");
+  cj_cstr(j, kind);
   cj_key(j, "verdict");
-  cj_cstr(j, oom_verdict(o));
+  cj_cstr(j, why);
   cli_site_format(s, o->site, site, sizeof site);
   cj_key(j, "site");
   cj_cstr(j, site);
@@ -692,7 +726,11 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
     snprintf(buf, sizeof buf, "blocks at the OOM unknown: %s", o->why);
   }
   print_wrapped("", buf);
-  print_wrapped("verdict", oom_verdict(o));
+  {
+    char why[512];
+    (void)oom_verdict(o, why, sizeof why);
+    print_wrapped("verdict", why);
+  }
   print_wrapped("unfragmented", o->fits_unfragmented
                                     ? "the request would have fit"
                                     : "the request would not have fit");
@@ -833,10 +871,12 @@ static void usage(FILE *f) {
           "free and total device memory, reserved/allocated/cached bytes\n"
           "and the largest free block per pool at the OOM, whether the\n"
           "request would have fit without fragmentation and with\n"
-          "expandable_segments (a replay of the trace), the failing\n"
-          "allocation's stack and the live allocations by site.  States\n"
-          "other than the final one come from an exact replay of the\n"
-          "trace (memsnap replay); when none is possible they are\n"
+          "expandable_segments (a replay of the trace), the segment the\n"
+          "allocator needed (a 4 MiB request asks for 20 MiB), a verdict\n"
+          "(cached block, out of memory, segment size, fragmentation), the\n"
+          "failing allocation's stack and the live allocations by site.\n"
+          "States other than the final one come from an exact replay of\n"
+          "the trace (memsnap replay); when none is possible they are\n"
           "reported unknown, with the reason.\n"
           "\n"
           "A site is the innermost user frame of the allocation's stack:\n"
@@ -857,7 +897,8 @@ static void usage(FILE *f) {
           "             largest_free_block_bytes, free_segments_bytes,\n"
           "             at_peak, ...}, ooms, ...}], oom: {requested_bytes,\n"
           "             device_free_bytes, largest_free_block_bytes,\n"
-          "             fits_without_fragmentation, frames, ...} | null,\n"
+          "             fits_without_fragmentation, segment_size_bytes,\n"
+          "             verdict_kind, verdict, frames, ...} | null,\n"
           "             annotations}\n"
           "  --no-whatif  skip the expandable_segments replay of an OOM\n"
           "  --top N    show N largest allocations and sites (default 10,\n"

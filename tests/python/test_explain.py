@@ -297,6 +297,45 @@ def test_oom_dump_written_by_memsnap_is_explained(tmp_path):
     assert "would have fit" in txt.stdout and "<- your code" in txt.stdout
 
 
+SEGMENT_OOM = """\
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+keep = []
+try:
+    while True:
+        keep.append(mm.caching_allocator_alloc(4 * MiB))   # the failing line
+except MemoryError as e:
+    print("OOM", e)
+"""
+
+
+@pytest.mark.parametrize("profile", ["cuda", "npu"])
+def test_oom_on_the_segment_size_is_not_called_fragmentation(tmp_path, profile):
+    """4 MiB requests on a 50 MiB device: each new 20 MiB segment
+    (kLargeBuffer: requests from 1 to 10 MiB) holds five; with two
+    segments full the next request would fit in the 10 MiB still free,
+    but its new segment does not -- the segment size, not fragmentation,
+    is why (PyTorch's own message says "Tried to allocate 20.00 MiB")."""
+    script = write_script(tmp_path, "train.py", SEGMENT_OOM)
+    env = base_env(MEMSNAP_SIM_MEMORY="50M", MEMSNAP_PROFILE=profile,
+                   OOM_SNAPSHOT_ENABLE="1", OOM_SNAPSHOT_PATH=str(tmp_path))
+    proc = run_file(script, env=env)
+    assert "Tried to allocate 20.00 MiB" in proc.stdout, proc.stdout
+    (dump,) = glob.glob(str(tmp_path / "oom_snapshot_*.pickle"))
+    oom = run_cli("summary", "--json", dump).json["oom"]
+    # (npu: the request padded by 32 bytes, then rounded)
+    assert 4 * MiB <= oom["requested_bytes"] <= oom["device_free_bytes"] < 20 * MiB
+    assert oom["segment_size_bytes"] == 20 * MiB
+    assert oom["fits_in_largest_free_block"] is False
+    assert oom["verdict_kind"] == "segment_size"
+    assert oom["verdict"].startswith("segment size:")
+    assert "20.00 MiB" in oom["verdict"]
+    txt = run_cli("summary", dump)
+    assert "segment size: the request" in txt.stdout
+    assert "fragmentation:" not in txt.stdout
+
+
 WORKSPACE_OOM = WORKSPACE_SETUP + r"""
 mm._record_memory_history()
 big = [mm.caching_allocator_alloc(8 << 20) for _ in range(3)]
