@@ -586,9 +586,67 @@ def register_device(name: str = "npu") -> str:
         _memory._current_device_hook = _device.current_device
         _memory._current_stream_hook = _device.current_stream_handle
         _hide_registration_frames()
+        _register_reductions()
         atexit.register(_drain_autograd_threads, name)
         _registered = name
         return name
+
+
+def _register_reductions() -> None:
+    """Device tensors cross processes by value.
+
+    torch.multiprocessing shares a CUDA tensor through a CUDA IPC handle
+    and a CPU tensor through shared memory
+    (torch/multiprocessing/reductions.py, reduce_tensor); for any other
+    device it calls ``_share_fd_cpu_``, which raises -- and in a
+    DataLoader worker that raise happens in the queue's feeder thread,
+    where it is printed and the batch lost, so the main process waits for
+    it forever.  The memsnap device's memory is the sim's, private to
+    each process: a device tensor is sent as its CPU copy (itself in
+    shared memory, by torch's own CPU reduction) and rebuilt on the
+    receiver's memsnap device, with its requires_grad (and Parameter)
+    kept.  Writes on one side are not seen on the other, unlike CUDA IPC.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+    from torch.multiprocessing import reductions
+    from torch.nn.parameter import Parameter
+
+    base = reductions.reduce_tensor
+
+    def reduce(tensor):
+        if tensor.device.type != _registered:
+            return base(tensor)
+        if tensor.requires_grad and not tensor.is_leaf:
+            # torch's own rule (reduce_tensor)
+            raise RuntimeError(
+                "Cowardly refusing to serialize non-leaf tensor which "
+                "requires_grad, since autograd does not support crossing "
+                "process boundaries.  If you just want to transfer the data, "
+                "call detach() on the tensor before serializing (e.g., "
+                "putting it on the queue).")
+        return (_rebuild_device_tensor,
+                (tensor.device.type, tensor.device.index,
+                 tensor.detach().cpu(), tensor.requires_grad,
+                 isinstance(tensor, Parameter)))
+
+    for cls in (torch.Tensor, Parameter):
+        ForkingPickler.register(cls, reduce)
+
+
+def _rebuild_device_tensor(name: str, index: int | None, cpu: Any,
+                           requires_grad: bool, parameter: bool) -> Any:
+    """The receiving side of _register_reductions (a spawned process
+    registers the device first)."""
+    import torch
+
+    if _registered is None:
+        register_device(name)
+    t = cpu.to(torch.device(name, index or 0))
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad)
 
 
 def _hide_registration_frames() -> None:

@@ -102,3 +102,71 @@ def test_forty_forks_while_threads_allocate_record_and_dump(tmp_path):
     assert r["children"] == 40
     assert all(n > 0 for n in r["ops"]), r["ops"]
     assert r["bad_fork"] is False  # the sim runtime goes on in children
+
+
+ACROSS = r"""
+import json, multiprocessing as mp
+import memsnap.torch as mt, torch
+name = mt.register_device("npu")
+torch.npu.memory._record_memory_history()
+
+
+class DS(torch.utils.data.Dataset):
+    # workers make device tensors, as a dataset moving its samples does
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)).to(name)
+
+
+ctx = mp.get_context("fork")
+dl = torch.utils.data.DataLoader(DS(), batch_size=4, num_workers=2,
+                                 multiprocessing_context=ctx, timeout=60)
+batches = [[b.device.type, b.cpu().tolist()] for b in dl]
+
+
+def child(q, done):
+    # (as with CPU tensors, the sender lives until the receiver has them:
+    # torch shares the CPU copy's memory through the sender)
+    p = torch.nn.Parameter(torch.arange(3.0, device=name))
+    q.put((p, torch.ones(2, device=name) * 7))
+    done.wait(60)
+
+
+q, done = ctx.Queue(), ctx.Event()
+proc = ctx.Process(target=child, args=(q, done))
+proc.start()
+p, t = q.get(timeout=60)
+done.set()
+proc.join(60)
+from multiprocessing.reduction import ForkingPickler
+try:
+    ForkingPickler.dumps(p * 2)          # a non-leaf that requires grad
+    refusal = "sent"
+except RuntimeError as e:
+    refusal = "refused: " + str(e)[:40]
+print("RESULT " + json.dumps({
+    "batches": batches, "exitcode": proc.exitcode,
+    "param": [type(p).__name__, p.device.type, p.requires_grad, p.cpu().tolist()],
+    "tensor": [t.device.type, t.requires_grad, t.cpu().tolist()],
+    "refusal": refusal,
+    "allocated": torch.npu.memory_allocated() > 0}))
+"""
+
+
+@pytest.mark.skipif(not _shim_built(), reason="memsnap was built without its C++ torch shim")
+def test_device_tensors_cross_processes_by_value(tmp_path):
+    """A DataLoader's fork workers return device tensors (torch's own
+    reduction cannot share this device's memory: the batch used to be lost
+    in the workers' feeder thread and the loader waited forever); a
+    Parameter and a tensor cross a multiprocessing queue; a non-leaf that
+    requires grad is refused with torch's words."""
+    r = run_script(ACROSS, env=base_env(OUT=str(tmp_path)), timeout=300).result
+    assert r["batches"] == [["npu", [[0.0] * 4, [1.0] * 4, [2.0] * 4, [3.0] * 4]],
+                            ["npu", [[4.0] * 4, [5.0] * 4, [6.0] * 4, [7.0] * 4]]]
+    assert r["exitcode"] == 0
+    assert r["param"] == ["Parameter", "npu", True, [0.0, 1.0, 2.0]]
+    assert r["tensor"] == ["npu", False, [7.0, 7.0]]
+    assert r["refusal"].startswith("refused: Cowardly refusing")
+    assert r["allocated"]
