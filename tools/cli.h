@@ -159,14 +159,11 @@ typedef struct cli_u64_field_s {
   uint64_t v;
 } cli_u64_field_t;
 void cj_u64_fields(cli_json_t *j, const cli_u64_field_t *f, size_t n);
-/* A one-object document on stdout: string (s != NULL) or integer fields
- * ({"output": ..., "bytes": ...} of the commands that write a file). */
-typedef struct cli_field_s {
-  const char *key;
-  const char *s;
-  int64_t i;
-} cli_field_t;
-void cli_print_fields(const cli_field_t *f, size_t n);
+/* The --json keys of a command's -o: "output" is `written` (the path of
+ * the file written; NULL: none was) and "output_error" null, or, after
+ * cli_output_failed, "output" null and "output_error" the message that
+ * went to stderr: a script never takes an unwritten file for written. */
+void cj_output(cli_json_t *j, const char *written);
 /* A generic model value (allocator_settings) as JSON; nesting deeper than
  * CJ_MAX_DEPTH - 2 is written as null. */
 #define CJ_MAX_DEPTH 64
@@ -324,6 +321,12 @@ int64_t cli_default_device(const msnap_snap_t *s);
 /* Write a whole file atomically (temporary file + rename); prints the
  * reason and returns -1 on failure. */
 int cli_write_file(const char *path, const void *data, size_t len);
+/* An output that could not be written: prints "memsnap: MSG" on stderr
+ * and keeps MSG for the --json report (cli_output_error; "" until one
+ * failed).  cli_write_file, replay -o and demo-train report through it. */
+void cli_output_failed(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+const char *cli_output_error(void);
 /* Refuse an empty output path, a directory, or an output that is one of
  * the inputs (same device and inode); prints why, returns CLI_UNUSABLE. */
 int cli_check_output(const char *cmd, const char *out, char **inputs,

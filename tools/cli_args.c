@@ -90,6 +90,15 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   int nfiles = argc - optind;
   if (c->nfiles >= 0 ? nfiles != c->nfiles : nfiles < 1)
     return cli_usage_error(c->name, c->files_msg);
+  /* '-' is standard input: it can be read once, so it names one FILE at
+   * most (refused before anything is read, rather than the second '-'
+   * reading an empty input) */
+  for (int i = optind, seen = 0; i < argc; i++)
+    if (strcmp(argv[i], "-") == 0 && seen++)
+      return cli_usage_error(c->name,
+                             "standard input ('-') is given more than "
+                             "once; it can be read only once: give it "
+                             "for one FILE and name files for the others");
   if (c->output != NULL) {
     /* "-o -": standard output (as "-" for an input is standard input),
      * written through the descriptor link (base/outpath.c). */

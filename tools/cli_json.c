@@ -36,19 +36,18 @@ void cj_u64_fields(cli_json_t *j, const cli_u64_field_t *f, size_t n) {
   }
 }
 
-void cli_print_fields(const cli_field_t *f, size_t n) {
-  cli_json_t j;
-  cj_init(&j, stdout);
-  cj_obj(&j);
-  for (size_t i = 0; i < n; i++) {
-    cj_key(&j, f[i].key);
-    if (f[i].s)
-      cj_cstr(&j, f[i].s);
-    else
-      cj_i64(&j, f[i].i);
-  }
-  cj_obj_end(&j);
-  cj_end(&j);
+void cj_output(cli_json_t *j, const char *written) {
+  const char *why = cli_output_error();
+  cj_key(j, "output");
+  if (written != NULL && why[0] == '\0')
+    cj_cstr(j, written);
+  else
+    cj_null(j);
+  cj_key(j, "output_error");
+  if (why[0] != '\0')
+    cj_cstr(j, why);
+  else
+    cj_null(j);
 }
 
 /* Write a generic value of the model (allocator_settings) as JSON.  Depth

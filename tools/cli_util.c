@@ -608,11 +608,25 @@ int64_t cli_default_device(const msnap_snap_t *s) {
  * written directly, a directory refused), so a failure never leaves a
  * truncated file.  Prints the reason and returns -1 on failure.
  */
+static char output_error[1024];
+
+const char *cli_output_error(void) { return output_error; }
+
+void cli_output_failed(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(output_error, sizeof output_error, fmt, ap);
+  va_end(ap);
+  if (output_error[0] == '\0')
+    snprintf(output_error, sizeof output_error, "cannot write the output");
+  cli_err("%s", output_error);
+}
+
 int cli_write_file(const char *path, const void *data, size_t len) {
   msnap_atomic_file_t f;
   int rc = msnap__atomic_open(&f, path);
   if (rc != 0) {
-    cli_err("%s", msnap_last_error());
+    cli_output_failed("%s", msnap_last_error());
     return -1;
   }
   msnap_sink_t sink;
@@ -624,12 +638,12 @@ int cli_write_file(const char *path, const void *data, size_t len) {
   if (rc != 0) {
     int e = msnap_last_errno();
     msnap__atomic_abort(&f);
-    cli_err("%s: write failed: %s", path,
-            e ? strerror(e) : msnap_strerror(rc));
+    cli_output_failed("%s: write failed: %s", path,
+                      e ? strerror(e) : msnap_strerror(rc));
     return -1;
   }
   if (msnap__atomic_commit(&f) != 0) {
-    cli_err("%s", msnap_last_error());
+    cli_output_failed("%s", msnap_last_error());
     return -1;
   }
   return 0;

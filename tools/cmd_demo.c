@@ -272,23 +272,31 @@ int cli_cmd_demo_train(int argc, char **argv) {
     msnap_snapshot_options_init(&so);
     rc = msnap_dump_snapshot(l.a, &so, out);
     if (rc)
-      cli_err("%s: cannot write the snapshot: %s", out,
-              msnap_last_error()[0] ? msnap_last_error() : msnap_strerror(rc));
+      cli_output_failed("%s: cannot write the snapshot: %s", out,
+                        msnap_last_error()[0] ? msnap_last_error()
+                                              : msnap_strerror(rc));
     else
       fprintf(stderr,
               "memsnap: recorded %ld training steps of a %ld-layer model "
               "(width %ld) on the simulated device: %s\n",
               steps, layers, hidden, out);
-    if (!rc && json) {
-      const cli_field_t fields[] = {
-          {"output", out, 0},
-          {"profile",
-           msnap_profile(l.a) == MSNAP_PROFILE_CUDA ? "cuda" : "npu", 0},
-          {"steps", NULL, steps},
-          {"layers", NULL, layers},
-          {"hidden", NULL, hidden},
-          {"leak", NULL, leak}};
-      cli_print_fields(fields, 6);
+    if (json) {
+      cli_json_t j;
+      cj_init(&j, stdout);
+      cj_obj(&j);
+      cj_output(&j, rc ? NULL : out);
+      cj_key(&j, "profile");
+      cj_cstr(&j, msnap_profile(l.a) == MSNAP_PROFILE_CUDA ? "cuda" : "npu");
+      cj_key(&j, "steps");
+      cj_i64(&j, steps);
+      cj_key(&j, "layers");
+      cj_i64(&j, layers);
+      cj_key(&j, "hidden");
+      cj_i64(&j, hidden);
+      cj_key(&j, "leak");
+      cj_i64(&j, leak);
+      cj_obj_end(&j);
+      cj_end(&j);
     }
   }
 out:

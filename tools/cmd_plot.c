@@ -339,17 +339,26 @@ int cli_cmd_plot(int argc, char **argv) {
   }
   if (f)
     fclose(f);
-  if (rc == CLI_OK && cli_write_file(out, mb.data, mb.len) != 0)
-    rc = CLI_UNUSABLE;
+  bool made = rc == CLI_OK, wrote = false;
+  if (made) {
+    wrote = cli_write_file(out, mb.data, mb.len) == 0;
+    if (!wrote)
+      rc = CLI_UNUSABLE;
+  }
   msnap__snap_free(s);
-  if (rc == CLI_OK) {
+  if (wrote)
     fprintf(stderr, "memsnap: wrote %s\n", cli_output_shown(out));
-    if (json) {
-      const cli_field_t fields[] = {{"output", out, 0},
-                                    {"device", NULL, dev},
-                                    {"bytes", NULL, (int64_t)mb.len}};
-      cli_print_fields(fields, 3);
-    }
+  if (made && json) {
+    cli_json_t j;
+    cj_init(&j, stdout);
+    cj_obj(&j);
+    cj_output(&j, wrote ? out : NULL);
+    cj_key(&j, "device");
+    cj_i64(&j, dev);
+    cj_key(&j, "bytes");
+    cj_u64(&j, mb.len);
+    cj_obj_end(&j);
+    cj_end(&j);
   }
   free(mb.data);
   return rc;

@@ -126,7 +126,7 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
 }
 
 static void print_json(const replay_t *r, const replay_totals_t *t,
-                       const char *file, const char *out) {
+                       const char *file, const char *wrote) {
   cli_json_t j;
   cj_init(&j, stdout);
   cj_obj(&j);
@@ -171,8 +171,7 @@ static void print_json(const replay_t *r, const replay_totals_t *t,
     for (uint32_t i = 0; i < r->dr[k].nkept; i++)
       cj_cstr(&j, r->dr[k].mismatches[i]);
   cj_arr_end(&j);
-  cj_key(&j, "output");
-  cj_cstr(&j, out);
+  cj_output(&j, wrote);
   cj_key(&j, "devices");
   cj_arr(&j);
   for (uint32_t k = 0; k < r->nd; k++)
@@ -271,11 +270,15 @@ int cli_cmd_replay(int argc, char **argv) {
   r.device_memory = devmem;
   if (rc == CLI_OK) rc = replay_run(&r);
   if (rc == CLI_OK) {
-    if (out && r.a) rc = replay_write(&r, out);
+    const char *wrote = NULL;
+    if (out && r.a) {
+      rc = replay_write(&r, out);
+      if (rc == CLI_OK) wrote = out;
+    }
     replay_totals_t t;
     replay_totals(&r, &t);
     if (json)
-      print_json(&r, &t, file, out);
+      print_json(&r, &t, file, wrote);
     else
       print_text(&r, file);
     if (rc == CLI_OK && !t.replayed) {

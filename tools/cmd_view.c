@@ -184,20 +184,27 @@ int cli_cmd_view(int argc, char **argv) {
     if (f)
       fclose(f);
   }
-  if (rc == CLI_OK && cli_write_file(out, buf, len) != 0)
-    rc = CLI_UNUSABLE;
+  /* The page was made: the report is printed whether or not it could be
+   * written ("output": null and "output_error" when not). */
+  bool made = rc == CLI_OK, wrote = false;
+  if (made) {
+    wrote = cli_write_file(out, buf, len) == 0;
+    if (!wrote)
+      rc = CLI_UNUSABLE;
+  }
   free(buf);
   for (int i = 0; i < nf; i++)
     if (snaps[i])
       msnap__snap_free(snaps[i]);
-  if (rc == CLI_OK) {
-    fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n", cli_output_shown(out), len);
+  if (made) {
+    if (wrote)
+      fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n",
+              cli_output_shown(out), len);
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);
       cj_obj(&j);
-      cj_key(&j, "output");
-      cj_cstr(&j, out);
+      cj_output(&j, wrote ? out : NULL);
       cj_key(&j, "bytes");
       cj_u64(&j, len);
       cj_key(&j, "budget");

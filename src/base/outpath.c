@@ -25,6 +25,9 @@
  *     this process's own descriptors the descriptor is duplicated (a pipe,
  *     a socket, a file opened with >> keep their semantics); another
  *     process's descriptor is opened through the link.
+ *   - A path ending in '/' names a directory, never a file: refused
+ *     (EISDIR, as open(2) with O_CREAT; ENOTDIR after a file), the
+ *     message saying whether a directory, a file or nothing is there.
  *
  * Invariants of a resolved msnap_outpath_t: either fd >= 0 (a descriptor
  * to write to; dirfd -1, name NULL) or dirfd >= 0 is the directory that
@@ -220,8 +223,8 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
     size_t after = end;
     while (todo[after] == '/') after++;
     bool last = todo[after] == '\0';
-    if (end == pos || (last && todo[end] == '/')) {
-      /* "dir/", "/" or "x/.": a directory, never a file name. */
+    if (end == pos) {
+      /* "/" (or a link to it): the root directory. */
       rc = out_err(EISDIR, path, "it is a directory");
       break;
     }
@@ -231,6 +234,25 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
     }
     memcpy(comp, todo + pos, end - pos);
     comp[end - pos] = '\0';
+    if (last && todo[end] == '/') {
+      /* "x/" names a directory, never a file: refused, saying what is
+       * there (the stat follows a link only for this message). */
+      struct stat ts;
+      int e = fstatat(cur, comp, &ts, 0) == 0 ? 0 : errno;
+      if (e == 0 && S_ISDIR(ts.st_mode))
+        rc = out_err(EISDIR, path, "it is a directory");
+      else if (e == 0)
+        rc = out_err(ENOTDIR, path,
+                     "it ends in '/', which names a directory, but it is "
+                     "not one");
+      else if (e == ENOENT)
+        rc = out_err(EISDIR, path,
+                     "it ends in '/', which names a directory, not a file "
+                     "(and there is no such directory)");
+      else
+        rc = out_err(e, path, NULL);
+      break;
+    }
     if (strcmp(comp, ".") == 0 && !last) {
       pos = end;
       continue;

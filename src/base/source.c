@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "base/base.h"
@@ -600,14 +601,16 @@ int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
 
 /* Why a file of this type cannot be a snapshot, or NULL.  fd >= 0: the
  * already open standard input (a socket is fine there). */
-static const char *refused_type(mode_t m, int fd) {
+static const char *refused_type(mode_t m, dev_t rdev, int fd) {
   if (S_ISDIR(m)) return "is a directory, not a snapshot file";
   if (S_ISCHR(m))
-    return fd >= 0 && isatty(fd)
-               ? "is a terminal, not a snapshot file"
-               : "is a character device, not a snapshot file (a terminal, "
-                 "or a device such as /dev/zero or /dev/urandom that never "
-                 "ends)";
+    return fd >= 0 && isatty(fd) ? "is a terminal, not a snapshot file"
+           : rdev == makedev(1, 3)
+               ? "is /dev/null (always empty), not a snapshot file"
+               : "is a character device, not a snapshot file (a "
+                 "terminal, a device such as /dev/zero or /dev/urandom "
+                 "whose data never ends, or another device: it is not "
+                 "read)";
   if (S_ISBLK(m)) return "is a block device, not a snapshot file";
   if (S_ISSOCK(m) && fd < 0) return "is a socket, not a snapshot file";
   if (!S_ISREG(m) && !S_ISFIFO(m) && !S_ISSOCK(m))
@@ -706,7 +709,7 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
       return MSNAP_EIO;
     }
     /* classified without opening it: opening a device can have effects */
-    const char *why = refused_type(st.st_mode, -1);
+    const char *why = refused_type(st.st_mode, st.st_rdev, -1);
     if (why) {
       snprintf(err, errlen, "%s", why);
       return MSNAP_EFORMAT;
@@ -722,7 +725,7 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
       return MSNAP_EIO;
     }
   }
-  const char *why = refused_type(st.st_mode, is_stdin ? fd : -1);
+  const char *why = refused_type(st.st_mode, st.st_rdev, is_stdin ? fd : -1);
   if (why) {
     snprintf(err, errlen, "%s%s", is_stdin ? "standard input " : "", why);
     close(fd);

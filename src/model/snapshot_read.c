@@ -1219,6 +1219,24 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
              "(while reading)", msnap__source_codec_name(src));
     return MSNAP_EFORMAT;
   }
+  /* compressed twice: the source undoes one gzip/zstd layer, and what
+   * it gives starts with a gzip or zstd magic number again */
+  if (src->codec != MSNAP_SOURCE_PLAIN) {
+    const char *inner =
+        nhead >= 2 && p[0] == 0x1f && p[1] == 0x8b ? "gzip"
+        : nhead >= 4 && memcmp(p, "\x28\xb5\x2f\xfd", 4) == 0 ? "zstd"
+                                                             : NULL;
+    if (inner) {
+      bool outer_gz = src->codec == MSNAP_SOURCE_GZIP;
+      snprintf(err->msg, sizeof err->msg,
+               "offset 0: not a snapshot pickle: it is compressed twice "
+               "(the %sdata decompresses to %s-compressed data again): "
+               "undo one layer (%s -dc FILE > ONCE) and read ONCE",
+               msnap__source_codec_name(src), inner,
+               outer_gz ? "gzip" : "zstd");
+      return MSNAP_EFORMAT;
+    }
+  }
   char what[400];
   size_t at = 0;
   if (msnap__identify_head(p, nhead, what, sizeof what, &at)) {

@@ -112,6 +112,25 @@ static void test_plain_and_new(void **state) {
   assert_int_equal(msnap_last_errno(), EISDIR);
   assert_int_equal(msnap__write_file_atomic(root, "x", 1), MSNAP_EIO);
   assert_int_equal(msnap_last_errno(), EISDIR);
+  assert_non_null(strstr(msnap_last_error(), "it is a directory"));
+  /* a trailing slash where nothing exists: refused (EISDIR, as open(2)),
+   * saying there is no such directory, and nothing is created */
+  path_of(p, sizeof p, "nodir/");
+  assert_int_equal(msnap__write_file_atomic(p, "x", 1), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), EISDIR);
+  assert_non_null(strstr(msnap_last_error(), "no such directory"));
+  assert_null(strstr(msnap_last_error(), "it is a directory"));
+  struct stat none;
+  path_of(p, sizeof p, "nodir");
+  assert_int_equal(lstat(p, &none), -1);
+  /* a trailing slash after a file: ENOTDIR, the file untouched */
+  path_of(p, sizeof p, "new.pickle/");
+  assert_int_equal(msnap__write_file_atomic(p, "x", 1), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), ENOTDIR);
+  assert_non_null(strstr(msnap_last_error(), "but it is not one"));
+  path_of(p, sizeof p, "new.pickle");
+  assert_int_equal(stat(p, &st), 0);
+  assert_int_equal(st.st_size, 1);
   /* a file in the middle of a path */
   path_of(p, sizeof p, "new.pickle/x");
   assert_int_equal(msnap__write_file_atomic(p, "x", 1), MSNAP_EIO);

@@ -229,10 +229,34 @@ def group_special():
         ended = False
     os.close(w)
     expect(ended, "a pipe whose writer stays open after STOP: summary ends")
-    # /dev/null as standard input: a device, said so.
-    rc, out, err, secs, rss = measured("check", "-", stdin="/dev/null")
-    expect(rc == 2 and "standard input is a character device" in err,
-           "check - < /dev/null: %r" % err.strip()[-120:])
+    # /dev/null, as standard input or by name: named as the empty device
+    # it is (not "a device that never ends")
+    for args, stdin in ((["check", "-"], "/dev/null"),
+                        (["summary", "-"], "/dev/null"),
+                        (["check", "/dev/null"], "")):
+        rc, out, err, secs, rss = measured(*args, stdin=stdin)
+        expect(rc == 2 and "is /dev/null (always empty)" in err and
+               ("standard input is" in err) == (args[1] == "-") and
+               "never ends" not in err and len(err.strip().splitlines()) == 1,
+               "%s%s: one line naming /dev/null: %r"
+               % (" ".join(args), " < /dev/null" if stdin else "",
+                  err.strip()[-160:]))
+    # standard input twice: refused before anything is read
+    good_path = write_bytes(good, "twice.pickle")
+    for args in (["diff", "-", "-"], ["view", "-", "-", "-o", path("t.html")],
+                 ["check", "-", good_path, "-"], ["fleet", "-", "-"]):
+        with open(good_path, "rb") as stdin:
+            rc, out, err = run(*args, stdin=stdin)
+            left = stdin.read()
+        expect(rc == 2 and "standard input ('-') is given more than once"
+               in err and "empty" not in err and left == good and
+               not os.path.exists(path("t.html")),
+               "%s: standard input twice refused, nothing read (%d %r)"
+               % (" ".join(args[:3]), rc, err.strip()[-200:]))
+    with open(good_path, "rb") as stdin:
+        rc, out, err = run("diff", "-", good_path, stdin=stdin)
+    expect(rc in (0, 1), "diff - FILE: one '-' is fine (%d %r)"
+           % (rc, err.strip()[-160:]))
     # Random bytes through a pipe: refused early, little memory.
     rnd = random.Random(7)
     worst = 0
@@ -330,6 +354,42 @@ def group_compressed():
         rc, out, err = run("check", write_bytes(zd[:-3], "tail.zst"))
         expect(rc == 2 and "zstd" in err and "truncated" in err,
                "a .zst without its last 3 bytes: %r" % err.strip()[-160:])
+    # compressed twice: named, with the way out, for each pair of layers
+    # (the decompressed data starts with gzip's or zstd's magic again)
+    twice = [("gzip in gzip", gzip.compress(gzd), "gzip", "gzip")]
+    if shutil.which("zstd"):
+        zsrc = write_bytes(good, "twice-src.pickle")
+        zz = subprocess.run(["zstd", "-q", "-c", zsrc], check=True,
+                            capture_output=True).stdout
+        zz2 = subprocess.run(["zstd", "-q", "-c"], input=zz, check=True,
+                             capture_output=True).stdout
+        zg = subprocess.run(["zstd", "-q", "-c"], input=gzd, check=True,
+                            capture_output=True).stdout
+        twice += [("zstd in zstd", zz2, "zstd", "zstd"),
+                  ("zstd in gzip", gzip.compress(zz), "gzip", "zstd"),
+                  ("gzip in zstd", zg, "zstd", "gzip")]
+    for what, data, outer, inner in twice:
+        f = write_bytes(data, "twice.bin")
+        for args, stdin in ((["summary", f], None), (["summary", "-"], f)):
+            if stdin:
+                with open(stdin, "rb") as fh:
+                    rc, out, err = run(*args, stdin=fh)
+            else:
+                rc, out, err = run(*args)
+            expect(rc == 2 and "compressed twice" in err and
+                   ("the %s-compressed data decompresses to %s-compressed"
+                    % (outer, inner)) in err and
+                   ("%s -dc FILE > ONCE" % outer) in err and
+                   "opcode" not in err and len(err.strip().splitlines()) == 1,
+                   "%s (summary %s): %r" % (what, args[1] if stdin is None
+                                            else "- < FILE",
+                                            err.strip()[-240:]))
+    # ... and undoing one layer as the message says gives the snapshot
+    once = subprocess.run(["gzip", "-dc"], input=gzip.compress(gzd),
+                          capture_output=True, check=True).stdout
+    rc, out, err = run("check", write_bytes(once, "once.gz"))
+    expect(rc == 0, "gzip -dc of the twice-compressed file reads (%d %r)"
+           % (rc, err.strip()[-160:]))
     bad = bytearray(gzd)
     for i in range(12, len(bad) - 8, 7):
         bad[i] ^= 0x5a

@@ -16,6 +16,10 @@ Groups:
           <n>", tag computed here independently) are removed by the next
           `-o` into the directory; live pids, other hosts' tags, the old
           form, links and other users' files are not.
+  failed  a write that fails (-o /dev/full, a missing directory, a path
+          ending in '/' where nothing or a file is) for every command with
+          -o: exit 2, one line naming OUT, nothing written, and the --json
+          report says "output": null with the reason in "output_error".
 """
 import json
 import os
@@ -266,7 +270,78 @@ def group_temps():
              "and nothing else (%r)" % sorted(set(keep) - names))
 
 
-GROUPS = {"links": group_links, "stdout": group_stdout, "temps": group_temps}
+def group_failed():
+    """A write that fails: exit 2, one line on stderr naming OUT, nothing
+    left behind, and a --json report that never claims the file: "output"
+    null and "output_error" the line of stderr (a success gives the path
+    and null)."""
+    src = snapshot_input()
+    here = os.path.join(T.TMP, "failed")
+    os.mkdir(here)
+    targets = [("a directory that does not exist",
+                os.path.join(here, "nodir", "x.out"),
+                "No such file or directory"),
+               ("a trailing '/' where nothing exists",
+                os.path.join(here, "nodir2") + "/",
+                "ends in '/', which names a directory, not a file (and "
+                "there is no such directory)"),
+               ("a trailing '/' after a file",
+                os.path.join(here, "afile") + "/",
+                "ends in '/', which names a directory, but it is not one")]
+    with open(os.path.join(here, "afile"), "wb") as f:
+        f.write(SECRET)
+    if os.path.exists("/dev/full"):
+        targets.append(("/dev/full", "/dev/full", "No space left on device"))
+    else:
+        print("SKIP -o /dev/full: no /dev/full here (the other targets ran)")
+    json_cmds = ("view", "plot", "replay", "demo-train")
+    for name, argv, _ok in commands(src):
+        for what, out, reason in targets:
+            rc, stdout, err = T.run(*(argv + ["-o", out]))
+            lines = err.strip().splitlines()
+            T.expect(rc == 2 and len(lines) == 1 and reason in err and
+                     out in err and "it is a directory" not in err and
+                     sorted(os.listdir(here)) == ["afile"] and
+                     open(os.path.join(here, "afile"), "rb").read() == SECRET,
+                     "%s -o %s: exit 2, one line, nothing written (%d %r)"
+                     % (name, what, rc, err[-300:]))
+            if name not in json_cmds:
+                continue
+            jargv = argv[:1] + ["--json"] + argv[1:] + ["-o", out]
+            rc, stdout, err = T.run(*jargv)
+            try:
+                j = json.loads(stdout)
+            except ValueError:
+                j = {}
+            line = err.strip().splitlines()[-1] if err.strip() else ""
+            T.expect(rc == 2 and j.get("output", "?") is None and
+                     j.get("output_error") and reason in j["output_error"] and
+                     line == "memsnap: " + j["output_error"],
+                     "%s --json -o %s: exit 2, \"output\": null, "
+                     "\"output_error\" is the stderr line (%d %r %r)"
+                     % (name, what, rc, stdout[-300:], err[-200:]))
+        if name in json_cmds:
+            good = os.path.join(here, "ok.out")
+            jargv = argv[:1] + ["--json"] + argv[1:] + ["-o", good]
+            rc, stdout, err = T.run(*jargv)
+            j = json.loads(stdout) if rc in (0, 1) else {}
+            T.expect(rc == 0 and j.get("output") == good and
+                     "output_error" in j and j["output_error"] is None and
+                     os.path.getsize(good) > 0,
+                     "%s --json -o OUT: \"output\" the path, "
+                     "\"output_error\" null (%d %r)" % (name, rc, err[-200:]))
+            os.unlink(good)
+    if T.allocator_available():
+        # replay without -o: no output and no error
+        train = os.path.join(T.TMP, "train.pickle")
+        rc, stdout, err = T.run("replay", "--json", train)
+        j = json.loads(stdout)
+        T.expect(rc == 0 and j["output"] is None and j["output_error"] is None,
+                 "replay --json without -o: output and output_error null")
+
+
+GROUPS = {"links": group_links, "stdout": group_stdout, "temps": group_temps,
+          "failed": group_failed}
 
 if __name__ == "__main__":
     GROUPS[T.GROUP]()

@@ -127,6 +127,15 @@ def test_dump_snapshot_oserror_keeps_errno(tmp_path):
     assert ei.value.filename == str(tmp_path)
     assert "is a directory" in str(ei.value)
     assert os.path.isdir(tmp_path)
+    # a trailing '/' where nothing exists: refused as open(2) does
+    # (EISDIR), saying what is true -- there is no directory there
+    slash = str(tmp_path / "nodir") + "/"
+    with pytest.raises(IsADirectoryError) as ei:
+        mm._dump_snapshot(slash)
+    assert ei.value.errno == errno.EISDIR and ei.value.filename == slash
+    assert "ends in '/'" in str(ei.value) and "no such directory" in str(ei.value)
+    assert "it is a directory" not in str(ei.value)
+    assert not os.path.exists(tmp_path / "nodir")
     # a missing directory: FileNotFoundError naming the path
     bad = str(tmp_path / "no" / "x.pickle")
     with pytest.raises(FileNotFoundError) as ei:
