@@ -367,6 +367,77 @@ def test_usage_and_script_errors(tmp_path):
     assert "boom.py\", line 3" in p.stdout
 
 
+# Python code raising inside the autograd engine (docs/predict.md, "A script
+# that fails"): torch leaves the error pending in the interpreter while the
+# engine unwinds through the fake device's stream guard; predict used to
+# abort there (std::terminate, exit 134, no report, no snapshot).
+RAISING_HOOKS = {
+    "tensor_hook_leaf": (
+        "m.weight.register_hook(lambda g: 1 / 0)\n"
+        "m(torch.randn(8, 64, device='cuda')).sum().backward()\n",
+        "ZeroDivisionError"),
+    "tensor_hook_nonleaf": (
+        "h = m(torch.randn(8, 64, device='cuda'))\n"
+        "def hook(g):\n    raise RuntimeError('non-leaf hook raised')\n"
+        "h.register_hook(hook)\n"
+        "(h * 2).sum().backward()\n",
+        "RuntimeError: non-leaf hook raised"),
+    "module_full_backward_hook": (
+        "def hook(mod, gi, go):\n    raise KeyError('module backward hook raised')\n"
+        "m.register_full_backward_hook(hook)\n"
+        "m(torch.randn(8, 64, device='cuda', requires_grad=True)).sum().backward()\n",
+        "KeyError: 'module backward hook raised'"),
+    "saved_tensor_unpack_hook": (
+        "def unpack(t):\n    raise ValueError('unpack hook raised')\n"
+        "with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):\n"
+        "    y = m(torch.randn(8, 64, device='cuda')).relu().sum()\n"
+        "torch.autograd.grad(y, [m.weight])\n",
+        "ValueError: unpack hook raised"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RAISING_HOOKS))
+def test_raising_backward_hook_reaches_the_report(tmp_path, kind):
+    """A hook that raises during backward: exit 2, the script failure with
+    the user's own exception and the hook's line, the snapshot written
+    and valid; several runs (the abort was deterministic)."""
+    body, expect = RAISING_HOOKS[kind]
+    script = tmp_path / "hookraise.py"
+    script.write_text("import torch\nm = torch.nn.Linear(64, 64).cuda()\n" + body)
+    nlines = body.count("\n") + 2
+    for i in range(3):
+        out = tmp_path / f"h{i}.pickle"
+        p = predict("--json", "-o", str(out), str(script), cwd=tmp_path)
+        assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+        assert "terminate called" not in p.stderr and "SystemError" not in p.stdout
+        err = p.json["script_error"]
+        assert expect in err, err
+        assert "in type_" not in err  # the device guard's frame is not shown
+        assert f'hookraise.py", line {nlines}, in <module>' in err  # the backward line
+        assert p.json["snapshot"] == str(out) and p.json["oom"] is None
+        snap = load(out)
+        assert any(e["action"] == "alloc" for e in snap["device_traces"][0])
+    check_cli(out)
+
+
+def test_raising_hook_caught_by_the_script(tmp_path):
+    """The script catches its hook's error and goes on: the prediction
+    goes on too (exit 0, the later backward counted)."""
+    script = tmp_path / "caught.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(64, 64).to('npu')\n"
+        "h = m.weight.register_hook(lambda g: 1 / 0)\n"
+        "try:\n    torch.autograd.grad(m(torch.randn(8, 64, device='npu')).sum(), [m.weight])\n"
+        "except ZeroDivisionError:\n    print('caught', flush=True)\n"
+        "h.remove()\n"
+        "m(torch.randn(8, 64, device='npu')).sum().backward()\n"
+        "assert m.weight.grad.shape == (64, 64)\n")
+    p = predict("--json", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "caught" in p.stderr and p.json["script_error"] is None
+    assert any(s["line"] == 9 for s in p.json["top_sites"])
+
+
 TINY = "import sys, torch\nx = torch.ones(1024, device='npu')\nprint('script ran', file=sys.stderr)\n"
 NOBODY = 65534
 

@@ -34,7 +34,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from . import _report, _snapshot
+from . import _device, _report, _snapshot
 from ._session import Config, ConfigError, PredictionStopped, Session, parse_what_if
 
 __all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",
@@ -218,6 +218,12 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     except (KeyboardInterrupt, ConfigError):
         raise
     except BaseException as e:  # the script's own failure
+        # An error a hook raised under a C++ stream guard outside the
+        # autograd engine surfaces as a SystemError; the device guard kept
+        # the real one (_device._Guard).
+        kept = _device.take_pending_error()
+        if kept is not None and isinstance(e, SystemError):
+            e = kept
         p.script_error = _script_traceback(e, script)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path

@@ -24,15 +24,14 @@ remaining backward operators run on fake tensors with no allocator
 events, and :class:`PredictionStopped` is raised as the outermost
 ``backward()`` / ``grad()`` call returns (``torch.autograd``'s
 ``_engine_run_backward``, wrapped while predicting), or at the first
-operator after the engine for a backward started elsewhere (``Tracker``).  Raising inside the engine is
-not survivable: the exception leaves the dispatch mode as a C++
-``python_error`` with the Python error indicator still set, the engine's
-``OptionalStreamGuard`` destructor then asks the device guard for the
-current stream, and a Python-defined guard (torch's ``PythonDeviceGuard``
-of ``torch._C._acc``, which calls the Python ``type_`` from the
-``noexcept`` ``exchangeStream``) cannot run Python code while an exception
-is pending: the call fails, and an exception out of a ``noexcept``
-function is ``std::terminate`` (the process aborts).  The OOM itself (its
+operator after the engine for a backward started elsewhere (``Tracker``).  An
+exception raised inside the engine by Python code (a hook, the dispatch
+mode) is survivable only thanks to the device guard, which takes the
+pending error out of the interpreter while the engine unwinds
+(``_device._Guard``: without it, ``std::terminate``); the wrapped
+``_engine_run_backward`` then raises that error in place of the engine's
+``SystemError``.  The stop still waits for the engine, so that the
+engine's own state unwinds as after a normal return.  The OOM itself (its
 stack, phase and snapshot) is recorded at the allocating line either way.
 
 Allocators are created at the first device allocation: a script that
@@ -398,6 +397,7 @@ class Session:
             stack.close()
             raise
         self._stack = stack
+        _device.take_pending_error()
         self.started = time.perf_counter()
         return self
 
@@ -430,9 +430,21 @@ def _stop_after_backward(session):
     orig = graph._engine_run_backward
 
     def _engine_run_backward(*args, **kwargs):
-        r = orig(*args, **kwargs)
-        session.check_stop()
-        return r
+        try:
+            r = orig(*args, **kwargs)
+        except BaseException:
+            # An error raised inside the engine by a hook or a dispatch
+            # mode was taken out of the interpreter by the device guard
+            # (``_device._Guard``): the engine then fails with a
+            # SystemError; the user's own error is raised instead.
+            err = _device.take_pending_error()
+            if err is None:
+                raise
+        else:
+            _device.take_pending_error()  # one the engine survived
+            session.check_stop()
+            return r
+        raise err
 
     saved = [(m, m._engine_run_backward) for m in (graph, torch.autograd)]
     for m, _ in saved:
