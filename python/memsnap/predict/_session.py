@@ -53,6 +53,25 @@ import torch
 from . import _capi, _device, _frames, _snapshot
 
 
+# The simulated device's size range (src/runtime/sim.c: SIM_GRANULE, the
+# 2 MiB segment granule, and SIM_MAX_MEMORY; `memsnap replay
+# --device-memory` takes the same range).  The simulator would round a
+# smaller size up and clamp a larger one: refused instead.
+MIN_MEMORY = 2 << 20
+MAX_MEMORY = 1 << 48
+
+
+def check_memory(memory: int, text=None) -> int:
+    """``memory`` if the simulated device can have that size, else
+    ``ValueError`` naming the range."""
+    if not MIN_MEMORY <= memory <= MAX_MEMORY:
+        given = f"{text} ({memory} bytes)" if text is not None and str(text) != str(memory) \
+            else f"{memory} bytes"
+        raise ValueError(f"memory {given} is outside the simulated device's range: "
+                         f"2M..256T bytes (the device's segment granule is 2 MiB)")
+    return memory
+
+
 class PredictionStopped(BaseException):
     """Raised into the script when every configuration is out of memory."""
 
@@ -160,8 +179,7 @@ class Session:
     def __init__(self, memory: int, configs: list[Config], devices: int = 1,
                  device: int = 0, compare: bool = False, output: str | None = None,
                  extra_bytes: int = 0, annotate: bool = True, attention: str = "fused"):
-        if memory <= 0:
-            raise ValueError("memory must be a positive number of bytes")
+        check_memory(memory)
         if devices < 1:
             raise ValueError("devices must be >= 1")
         self.memory = memory
