@@ -84,7 +84,7 @@ def gpt_run(tmp_path_factory):
 def test_gpt_fits_on_64g(gpt_run):
     p, out = gpt_run
     r = p.json
-    assert r["fits"] is True and r["oom"] is None
+    assert r["fits"] is True and r["oom"] is None and r["complete"] is True
     assert r["profile"] == "npu" and r["memory_bytes"] == 64 << 30
     assert r["snapshot"] == str(out) and out.exists()
     # The script's own output went to stderr, the JSON alone to stdout.
@@ -365,6 +365,130 @@ def test_usage_and_script_errors(tmp_path):
     assert p.returncode == 2
     assert "the script failed" in p.stdout and "boom at line 3" in p.stdout
     assert "boom.py\", line 3" in p.stdout
+    # The run did not finish: the verdict says so, and so does the JSON.
+    assert "verdict: FITS so far  (the script failed before its end" in p.stdout
+    assert "verdict: FITS  (" not in p.stdout
+    j = predict("--memory", "1G", "--json", str(script), cwd=tmp_path)
+    assert j.returncode == 2 and j.json["fits"] is True and j.json["complete"] is False
+
+
+def test_memory_outside_the_device_range(tmp_path):
+    """--memory below the 2 MiB segment granule (or above 256 TiB) is
+    refused before the script runs, as `memsnap replay --device-memory`;
+    2M itself is a device of exactly 2 MiB."""
+    script = tiny(tmp_path)
+    for size in ("1K", "2097151", "257T"):
+        p = predict("--memory", size, script, cwd=tmp_path)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"memory {size}" in p.stderr and "2M..256T" in p.stderr
+        assert "script ran" not in p.stderr
+    ok = predict("--memory", "2M", "--json", script, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.json["memory_bytes"] == 2 << 20 and ok.json["complete"] is True
+    from memsnap.predict import predict as api
+
+    with pytest.raises(ValueError, match="2M..256T"):
+        api(memory="1K")
+
+
+OS_EXIT = """import os, threading, torch
+x = torch.ones(1000, device="cuda")
+# A thread that never ends: only os._exit ends this process.
+threading.Thread(target=threading.Event().wait).start()
+os._exit(CODE)
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_os_exit_reports_first(tmp_path, code):
+    """os._exit in the script: the report and the snapshot come first,
+    then the process ends through os._exit (the script's endless thread
+    is not waited for); status 0 for os._exit(0), 2 (a failed script, as
+    sys.exit(3)) otherwise."""
+    script = tmp_path / "osexit.py"
+    script.write_text(OS_EXIT.replace("CODE", str(code)))
+    out = tmp_path / "o.pickle"
+    p = predict("--json", "-o", str(out), str(script), cwd=tmp_path, timeout=120)
+    assert p.returncode == (0 if code == 0 else 2), p.stdout + p.stderr
+    assert "not reached" not in p.stderr
+    assert p.json["snapshot"] == str(out) and p.json["complete"] is (code == 0)
+    assert p.json["script_error"] == (None if code == 0 else "os._exit(3)")
+    assert any(s["line"] == 2 for s in p.json["top_sites"])
+    assert any(e["action"] == "alloc" for e in load(out)["device_traces"][0])
+    text = predict(str(script), cwd=tmp_path, timeout=120)
+    assert "verdict: FITS" in text.stdout and "snapshot: osexit_predict.pickle" in text.stdout
+
+
+# Python code raising inside the autograd engine (docs/predict.md, "A script
+# that fails"): torch leaves the error pending in the interpreter while the
+# engine unwinds through the fake device's stream guard; predict used to
+# abort there (std::terminate, exit 134, no report, no snapshot).
+RAISING_HOOKS = {
+    "tensor_hook_leaf": (
+        "m.weight.register_hook(lambda g: 1 / 0)\n"
+        "m(torch.randn(8, 64, device='cuda')).sum().backward()\n",
+        "ZeroDivisionError"),
+    "tensor_hook_nonleaf": (
+        "h = m(torch.randn(8, 64, device='cuda'))\n"
+        "def hook(g):\n    raise RuntimeError('non-leaf hook raised')\n"
+        "h.register_hook(hook)\n"
+        "(h * 2).sum().backward()\n",
+        "RuntimeError: non-leaf hook raised"),
+    "module_full_backward_hook": (
+        "def hook(mod, gi, go):\n    raise KeyError('module backward hook raised')\n"
+        "m.register_full_backward_hook(hook)\n"
+        "m(torch.randn(8, 64, device='cuda', requires_grad=True)).sum().backward()\n",
+        "KeyError: 'module backward hook raised'"),
+    "saved_tensor_unpack_hook": (
+        "def unpack(t):\n    raise ValueError('unpack hook raised')\n"
+        "with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):\n"
+        "    y = m(torch.randn(8, 64, device='cuda')).relu().sum()\n"
+        "torch.autograd.grad(y, [m.weight])\n",
+        "ValueError: unpack hook raised"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RAISING_HOOKS))
+def test_raising_backward_hook_reaches_the_report(tmp_path, kind):
+    """A hook that raises during backward: exit 2, the script failure with
+    the user's own exception and the hook's line, the snapshot written
+    and valid; several runs (the abort was deterministic)."""
+    body, expect = RAISING_HOOKS[kind]
+    script = tmp_path / "hookraise.py"
+    script.write_text("import torch\nm = torch.nn.Linear(64, 64).cuda()\n" + body)
+    nlines = body.count("\n") + 2
+    for i in range(3):
+        out = tmp_path / f"h{i}.pickle"
+        p = predict("--json", "-o", str(out), str(script), cwd=tmp_path)
+        assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+        assert "terminate called" not in p.stderr and "SystemError" not in p.stdout
+        err = p.json["script_error"]
+        assert expect in err, err
+        assert "in type_" not in err  # the device guard's frame is not shown
+        assert f'hookraise.py", line {nlines}, in <module>' in err  # the backward line
+        assert p.json["snapshot"] == str(out) and p.json["oom"] is None
+        snap = load(out)
+        assert any(e["action"] == "alloc" for e in snap["device_traces"][0])
+    check_cli(out)
+
+
+def test_raising_hook_caught_by_the_script(tmp_path):
+    """The script catches its hook's error and goes on: the prediction
+    goes on too (exit 0, the later backward counted)."""
+    script = tmp_path / "caught.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(64, 64).to('npu')\n"
+        "h = m.weight.register_hook(lambda g: 1 / 0)\n"
+        "try:\n    torch.autograd.grad(m(torch.randn(8, 64, device='npu')).sum(), [m.weight])\n"
+        "except ZeroDivisionError:\n    print('caught', flush=True)\n"
+        "h.remove()\n"
+        "m(torch.randn(8, 64, device='npu')).sum().backward()\n"
+        "assert m.weight.grad.shape == (64, 64)\n")
+    p = predict("--json", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "caught" in p.stderr and p.json["script_error"] is None
+    assert any(s["line"] == 9 for s in p.json["top_sites"])
 
 
 TINY = "import sys, torch\nx = torch.ones(1024, device='npu')\nprint('script ran', file=sys.stderr)\n"
@@ -387,6 +511,23 @@ def test_output_refused_before_the_run(tmp_path):
         assert p.returncode == 2, p.stdout + p.stderr
         assert f"cannot write the snapshot {out}: " in p.stderr and reason in p.stderr
         assert "script ran" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_output_ending_in_a_slash_refused_before_the_run(tmp_path, monkeypatch):
+    """-o NAME/ (no such directory): refused up front with the reason the
+    final write gives (memsnap's file writer refuses the name itself)."""
+    from memsnap import _memsnap
+
+    script = tiny(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for out in ("nodir_z/", "nodir_z/."):
+        with pytest.raises(OSError) as final:
+            _memsnap.write_file(out, b"")
+        p = predict("-o", out, script, cwd=tmp_path)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"cannot write the snapshot {out}: {final.value.strerror}" in p.stderr
+        assert "script ran" not in p.stderr and "Traceback" not in p.stderr
+        assert not (tmp_path / "nodir_z").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user needs root (lchown)")

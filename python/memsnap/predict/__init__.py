@@ -27,15 +27,19 @@ Inside the block every tensor is a fake tensor; the device is "npu"
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import os
 import re
 import runpy
 import sys
+import threading
 import traceback
 from typing import Any, Sequence
 
-from . import _report, _snapshot
-from ._session import Config, ConfigError, PredictionStopped, Session, parse_what_if
+from . import _device, _report, _snapshot
+from ._session import (Config, ConfigError, PredictionStopped, Session, check_memory,
+                       parse_what_if)
 
 __all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",
            "PredictionStopped"]
@@ -68,7 +72,8 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
     """Predict the device memory of the code inside a ``with`` block.
 
     Args:
-        memory: device size, bytes or text (``"64G"``).
+        memory: device size, bytes or text (``"64G"``): 2 MiB to 256 TiB
+            (the simulated device's range; ``ValueError`` outside it).
         profile: "npu" (torch_npu's allocator), "cuda" (PyTorch's), or
             None: the device type the code uses.
         alloc_conf: the allocator configuration (PYTORCH_NPU_ALLOC_CONF /
@@ -127,7 +132,8 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
             _snapshot.check_output(os.fspath(output))
         n = devices if devices is not None else (world_size or 1)
         device = rank if world_size is not None and rank < n else 0
-        self._session = Session(parse_size(memory), configs, devices=n, device=device,
+        self._session = Session(check_memory(parse_size(memory), memory), configs,
+                                devices=n, device=device,
                                 compare=compare,
                                 output=os.fspath(output) if output is not None else None,
                                 extra_bytes=parse_size(reserve) if reserve else 0,
@@ -136,6 +142,8 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
         self._dist = None
         self.result: dict | None = None
         self.script_error: str | None = None
+        # The status the script gave os._exit (run_script), else None.
+        self.os_exit: int | None = None
 
     def __enter__(self) -> "predict":
         s = self._session
@@ -163,6 +171,10 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
         s.finish()
         snap = s.snapshot() if s.targets else None
         self.result = _report.results(s, snap)
+        # The code ran to its end (or exited with status 0): otherwise the
+        # figures cover only what ran before the exception.
+        self.result["complete"] = exc_type is None or (
+            issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0))
         return suppress
 
     # -- results ---------------------------------------------------------
@@ -197,12 +209,43 @@ def _script_traceback(exc: BaseException, script: str) -> str:
     return "".join(te.format())
 
 
+class _OsExit(SystemExit):
+    """``os._exit(code)`` called by the script during the run."""
+
+
+@contextlib.contextmanager
+def _os_exit_unwinds():
+    """``os._exit`` in the script's main thread and process raises
+    :class:`_OsExit` instead of ending the process at once, so that the
+    prediction is reported and its snapshot written first; the command
+    line then ends the process with ``os._exit`` itself (no interpreter
+    teardown, as the script asked).  From another thread or a forked
+    child, ``os._exit`` is the real one."""
+    orig = os._exit
+    pid = os.getpid()
+
+    def _exit(code):
+        code = operator.index(code)  # os._exit's own TypeError
+        if os.getpid() != pid or threading.current_thread() is not threading.main_thread():
+            orig(code)
+        raise _OsExit(code)
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = orig
+
+
 def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict:
     """Run ``script`` (as ``python script ARGS...`` would, ``__name__ ==
     "__main__"``) under :class:`predict` with ``options``; return it.
 
     The script's own exceptions are caught: ``script_error`` then holds the
     traceback.  A ``SystemExit`` with a non-zero code counts as an error.
+    ``os._exit(code)`` in the script ends the run there (the prediction is
+    finished and reported as for ``sys.exit(code)``) and sets ``os_exit``
+    to ``code``: the caller decides when the process ends.
     """
     p = predict(**options)
     script = os.fspath(script)
@@ -210,14 +253,24 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        with p:
+        with p, _os_exit_unwinds():
             runpy.run_path(script, run_name="__main__")
+    except _OsExit as e:
+        p.os_exit = e.code
+        if e.code != 0:
+            p.script_error = f"os._exit({e.code})"
     except SystemExit as e:
         if e.code not in (None, 0):
             p.script_error = f"SystemExit: {e.code}"
     except (KeyboardInterrupt, ConfigError):
         raise
     except BaseException as e:  # the script's own failure
+        # An error a hook raised under a C++ stream guard outside the
+        # autograd engine surfaces as a SystemError; the device guard kept
+        # the real one (_device._Guard).
+        kept = _device.take_pending_error()
+        if kept is not None and isinstance(e, SystemError):
+            e = kept
         p.script_error = _script_traceback(e, script)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path

@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     if not os.path.isfile(ns.script):
         p.error(f"{ns.script}: no such file")
-    from . import parse_size, parse_what_if, run_script
+    from . import check_memory, parse_size, parse_what_if, run_script
 
     try:
-        memory = parse_size(ns.memory)
+        memory = check_memory(parse_size(ns.memory), ns.memory)
         reserve = parse_size(ns.reserve) if ns.reserve not in ("0", "") else 0
         what_if = [parse_what_if(w) for w in ns.what_if]
     except ValueError as e:
@@ -122,10 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     if r["snapshot_error"]:
         print(f"memsnap.predict: the snapshot was not written: {r['snapshot_error']}",
               file=sys.stderr)
-        return 2
-    if r["oom"] is not None:
-        return 1
-    return 2 if pred.script_error else 0
+        status = 2
+    elif r["oom"] is not None:
+        status = 1
+    else:
+        status = 2 if pred.script_error else 0
+    if pred.os_exit is not None:
+        # The script ended itself with os._exit: the process ends the same
+        # way (no interpreter teardown: atexit handlers, joins of the
+        # script's threads), once the report is out.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 if __name__ == "__main__":

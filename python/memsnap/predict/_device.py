@@ -30,6 +30,7 @@ prediction.  Streams are integer handles given to the allocator as
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import sys
 import threading
 import types
@@ -59,9 +60,59 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+# PyErr_Occurred through ctypes.pythonapi: ctypes raises the pending Python
+# error into the caller after any pythonapi call (_ctypes_callproc), so a
+# call takes the pending error out of the interpreter (see _Guard).
+_err_occurred = ctypes.pythonapi.PyErr_Occurred
+_err_occurred.argtypes = []
+_err_occurred.restype = ctypes.c_void_p
+
+# Python errors taken out of the interpreter by _Guard.type_ (innermost
+# last); take_pending_error() hands them to the code that reports them.
+_pending_errors: list = []
+_PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
+
+
 class _Guard(torch._C._acc.DeviceGuard):
+    """The device guard of the fake device (torch's ``PythonDeviceGuard``,
+    ``torch/csrc/acc/Module.cpp``, calls ``type_`` for every device and
+    stream it reports).
+
+    ``type_`` can be called while a Python error is pending: a backward
+    hook (``Tensor.register_hook``, a module's full backward hook, a node
+    hook, a saved-tensor hook) or a dispatch mode raised inside the
+    autograd engine, torch turned the error into a C++ ``python_error``
+    without taking it out of the interpreter, and the engine's
+    ``OptionalStreamGuard`` (``Engine::evaluate_function``) restores the
+    stream as the exception unwinds: ``exchangeStream`` (``noexcept``)
+    asks ``type_``.  Python code cannot return a value while an error is
+    pending (the call fails with ``SystemError``), and an exception out of
+    a ``noexcept`` function is ``std::terminate``: the process aborted.
+    So ``type_`` first takes any pending error out of the interpreter and
+    keeps it in ``_pending_errors``; the call then returns normally, the
+    engine finishes unwinding, and ``run_backward`` returns NULL without
+    an error (``SystemError``), which the prediction replaces by the kept
+    error (``take_pending_error``: the user's own exception, with its
+    traceback)."""
+
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        try:
+            _err_occurred()
+        except BaseException as e:  # the pending error (see the docstring)
+            if e.__traceback__ is not None:  # from the raising frame on, not this one
+                e.__traceback__ = e.__traceback__.tb_next
+            _pending_errors.append(e)
+        return _PRIVATEUSE1
+
+
+def take_pending_error() -> BaseException | None:
+    """The innermost Python error taken by the device guard (and forget
+    them all), or None."""
+    if not _pending_errors:
+        return None
+    e = _pending_errors[-1]
+    _pending_errors.clear()
+    return e
 
 
 def register_device(name: str = DEVICE_NAME) -> types.ModuleType:

@@ -181,8 +181,14 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
     oom = r["oom"]
     if oom is None:
         head = mem - r["peak_reserved_bytes"] - r.get("reserve_bytes", 0)
-        out.append(f"verdict: FITS  (peak reserved {fmt_bytes(r['peak_reserved_bytes'])} of "
-                   f"{fmt_bytes(mem)}; {fmt_bytes(max(head, 0))} to spare)")
+        figures = (f"peak reserved {fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(mem)}; "
+                   f"{fmt_bytes(max(head, 0))} to spare")
+        if r.get("complete", True):
+            out.append(f"verdict: FITS  ({figures})")
+        else:
+            who = "the script" if script_error or script else "the code"
+            out.append(f"verdict: FITS so far  ({who} failed before its end: the figures "
+                       f"cover what ran; {figures})")
     else:
         out.append(f"verdict: OUT OF MEMORY on device {oom['device']} at {oom['line']}")
         out.append(f"  tried to allocate {fmt_bytes(oom['requested_bytes'])}; "

@@ -24,15 +24,14 @@ remaining backward operators run on fake tensors with no allocator
 events, and :class:`PredictionStopped` is raised as the outermost
 ``backward()`` / ``grad()`` call returns (``torch.autograd``'s
 ``_engine_run_backward``, wrapped while predicting), or at the first
-operator after the engine for a backward started elsewhere (``Tracker``).  Raising inside the engine is
-not survivable: the exception leaves the dispatch mode as a C++
-``python_error`` with the Python error indicator still set, the engine's
-``OptionalStreamGuard`` destructor then asks the device guard for the
-current stream, and a Python-defined guard (torch's ``PythonDeviceGuard``
-of ``torch._C._acc``, which calls the Python ``type_`` from the
-``noexcept`` ``exchangeStream``) cannot run Python code while an exception
-is pending: the call fails, and an exception out of a ``noexcept``
-function is ``std::terminate`` (the process aborts).  The OOM itself (its
+operator after the engine for a backward started elsewhere (``Tracker``).  An
+exception raised inside the engine by Python code (a hook, the dispatch
+mode) is survivable only thanks to the device guard, which takes the
+pending error out of the interpreter while the engine unwinds
+(``_device._Guard``: without it, ``std::terminate``); the wrapped
+``_engine_run_backward`` then raises that error in place of the engine's
+``SystemError``.  The stop still waits for the engine, so that the
+engine's own state unwinds as after a normal return.  The OOM itself (its
 stack, phase and snapshot) is recorded at the allocating line either way.
 
 Allocators are created at the first device allocation: a script that
@@ -52,6 +51,25 @@ import weakref
 import torch
 
 from . import _capi, _device, _frames, _snapshot
+
+
+# The simulated device's size range (src/runtime/sim.c: SIM_GRANULE, the
+# 2 MiB segment granule, and SIM_MAX_MEMORY; `memsnap replay
+# --device-memory` takes the same range).  The simulator would round a
+# smaller size up and clamp a larger one: refused instead.
+MIN_MEMORY = 2 << 20
+MAX_MEMORY = 1 << 48
+
+
+def check_memory(memory: int, text=None) -> int:
+    """``memory`` if the simulated device can have that size, else
+    ``ValueError`` naming the range."""
+    if not MIN_MEMORY <= memory <= MAX_MEMORY:
+        given = f"{text} ({memory} bytes)" if text is not None and str(text) != str(memory) \
+            else f"{memory} bytes"
+        raise ValueError(f"memory {given} is outside the simulated device's range: "
+                         f"2M..256T bytes (the device's segment granule is 2 MiB)")
+    return memory
 
 
 class PredictionStopped(BaseException):
@@ -161,8 +179,7 @@ class Session:
     def __init__(self, memory: int, configs: list[Config], devices: int = 1,
                  device: int = 0, compare: bool = False, output: str | None = None,
                  extra_bytes: int = 0, annotate: bool = True, attention: str = "fused"):
-        if memory <= 0:
-            raise ValueError("memory must be a positive number of bytes")
+        check_memory(memory)
         if devices < 1:
             raise ValueError("devices must be >= 1")
         self.memory = memory
@@ -398,6 +415,7 @@ class Session:
             stack.close()
             raise
         self._stack = stack
+        _device.take_pending_error()
         self.started = time.perf_counter()
         return self
 
@@ -430,9 +448,21 @@ def _stop_after_backward(session):
     orig = graph._engine_run_backward
 
     def _engine_run_backward(*args, **kwargs):
-        r = orig(*args, **kwargs)
-        session.check_stop()
-        return r
+        try:
+            r = orig(*args, **kwargs)
+        except BaseException:
+            # An error raised inside the engine by a hook or a dispatch
+            # mode was taken out of the interpreter by the device guard
+            # (``_device._Guard``): the engine then fails with a
+            # SystemError; the user's own error is raised instead.
+            err = _device.take_pending_error()
+            if err is None:
+                raise
+        else:
+            _device.take_pending_error()  # one the engine survived
+            session.check_stop()
+            return r
+        raise err
 
     saved = [(m, m._engine_run_backward) for m in (graph, torch.autograd)]
     for m, _ in saved:

@@ -91,7 +91,9 @@ def write(snapshot: dict, path: str) -> None:
 
 def check_output(path: str) -> None:
     """Refuse, before anything runs, a ``path`` that cannot be written: a
-    directory, a name whose directory does not exist or is not writable
+    directory, a name ending in ``/`` (refused by the writer itself, so
+    the reason is the one the final write would give), a name whose
+    directory does not exist or is not writable
     (an existing device or FIFO, such as ``/dev/stdout``, needs only to be
     writable itself).  What only the write can tell (a full disk, a link
     the protected_symlinks rule refuses) is reported by :func:`write`.
@@ -112,6 +114,13 @@ def check_output(path: str) -> None:
         if not os.access(path, os.W_OK):
             raise PermissionError(errno.EACCES, "not writable", path)
         return
+    if st is None and os.path.basename(path) in ("", ".", ".."):
+        # "out/", "out/.": never a file name (abspath would drop the
+        # slash and check the wrong directory).  The writer refuses such a
+        # name before it creates anything: its own refusal, word for word,
+        # is the one the final write would give.
+        _memsnap.write_file(path, b"")
+        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(errno.ENOENT, f"its directory {parent} does not exist", path)
