@@ -51,14 +51,12 @@
  * unknown.
  */
 #include <inttypes.h>
-#include <strings.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "api/api.h"
 
-#define SMALL_SIZE (1ull << 20) /* kSmallSize: requests of the small pool */
 
 /* True when no entry from state `state` on changes segments or blocks:
  * that state is the final one. */
@@ -80,61 +78,30 @@ static bool state_is_final(const msnap_trace_list_t *tl, uint32_t state) {
 
 /* ---- the segment of a request ------------------------------------------- */
 
-/* The recording's allocator configuration string, "" when none. */
-static const char *recorded_conf(const msnap_snap_t *s) {
-  const char *c = cli_gv_str(s, &s->allocator_settings,
-                             "PYTORCH_NPU_ALLOC_CONF");
-  if (c == NULL)
-    c = cli_gv_str(s, &s->allocator_settings, "PYTORCH_CUDA_ALLOC_CONF");
-  return c ? c : "";
-}
-
-/* The unsigned value of "key:N" in conf (case-insensitive key), or -1. */
-static int64_t conf_number(const char *conf, const char *key) {
-  size_t kl = strlen(key);
-  for (const char *p = conf; *p; p++) {
-    if ((p == conf || p[-1] == ',' || p[-1] == ' ') &&
-        strncasecmp(p, key, kl) == 0 && p[kl] == ':') {
-      char *end;
-      unsigned long long v = strtoull(p + kl + 1, &end, 10);
-      return end > p + kl + 1 && v < (1ull << 40) ? (int64_t)v : -1;
-    }
-  }
-  return -1;
-}
-
-static bool recorded_expandable(const msnap_snap_t *s) {
+/* get_allocation_size of a rounded request under the recording's conf,
+ * parsed by the allocator's own parser (see the top of this file); 0
+ * with expandable segments or a conf the parser refuses. */
+static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
+  bool npu = strcmp(cli_recording_profile(s), "npu") == 0;
+  const char *conf = cli_gv_str(s, &s->allocator_settings,
+                                "PYTORCH_NPU_ALLOC_CONF");
+  if (conf == NULL)
+    conf = cli_gv_str(s, &s->allocator_settings, "PYTORCH_CUDA_ALLOC_CONF");
   const msnap_gv_t *e =
       cli_gv_get(s, &s->allocator_settings, "expandable_segments");
-  if (e && e->kind == MSNAP_GV_BOOL && e->u.b)
-    return true;
-  const char *c = recorded_conf(s);
-  for (const char *p = c; *p; p++)
-    if (strncasecmp(p, "expandable_segments:true", 24) == 0)
-      return true;
-  return false;
-}
-
-/* get_allocation_size of a rounded request under the recording's conf
- * (see the top of this file); 0 with expandable segments. */
-static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
-  if (recorded_expandable(s))
-    return 0;
-  const char *conf = recorded_conf(s);
-  uint64_t large = 20ull << 20; /* kLargeBuffer */
-  int64_t mb = conf_number(conf, "large_segment_size_mb");
-  if (mb > 10)
-    large = (uint64_t)mb << 20;
-  uint64_t seg;
-  if (size <= SMALL_SIZE)
-    return 2ull << 20; /* kSmallBuffer */
-  if (size < (10ull << 20)) /* kMinLargeAlloc */
-    seg = large;
-  else
-    seg = (size + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
-  if (strcmp(cli_recording_profile(s), "npu") == 0 &&
-      strcasestr(conf, "page_size:1g") != NULL)
-    seg = (seg + (1ull << 30) - 1) / (1ull << 30) * (1ull << 30);
+  msnap_conf_t c;
+  char err[256];
+  msnap__conf_init(&c, npu ? MSNAP_PROFILE_NPU : MSNAP_PROFILE_CUDA);
+  uint64_t seg = 0;
+  if (msnap__conf_parse(&c, conf ? conf : "", err, sizeof err) == 0 &&
+      !c.expandable_segments &&
+      !(e && e->kind == MSNAP_GV_BOOL && e->u.b)) {
+    seg = msnap__allocation_size(&c, size);
+    if (npu && c.page_size_1g && size > MSNAP_SMALL_SIZE)
+      seg = (seg + MSNAP_EXTRA_LARGE_BUFFER - 1) / MSNAP_EXTRA_LARGE_BUFFER *
+            MSNAP_EXTRA_LARGE_BUFFER;
+  }
+  msnap__conf_destroy(&c);
   return seg;
 }
 
@@ -256,7 +223,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     o->stream = msnap__tattr(s, e)->stream;
     o->have_time = (msnap__tattr(s, e)->keys & MSNAP_K_TIME) != 0;
     o->time_us = e->time_us;
-    o->small_pool = e->size <= SMALL_SIZE;
+    o->small_pool = e->size <= MSNAP_SMALL_SIZE;
     o->have_total = cli_device_total(s, dev, &o->device_total);
     o->stack = e->frames;
     o->site = cli_site(s, e->frames);

@@ -306,11 +306,11 @@ uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size) {
 }
 
 /* get_allocation_size (§3.3); size is the rounded request. */
-uint64_t msnap__allocation_size(const msnap_allocator_t *a, uint64_t size) {
+uint64_t msnap__allocation_size(const msnap_conf_t *c, uint64_t size) {
   if (size <= MSNAP_SMALL_SIZE)
     return MSNAP_SMALL_BUFFER;
   if (size < MSNAP_MIN_LARGE_ALLOC)
-    return a->conf.large_segment_size;
+    return c->large_segment_size;
   return round_up(size, MSNAP_ROUND_LARGE);
 }
 
@@ -1103,7 +1103,7 @@ static int malloc_locked(msnap_device_t *d, uint64_t orig, uint64_t stream,
   p.stream = stream;
   p.size = round_size(a, orig);
   p.pool = get_pool(d, p.size, stream);
-  p.alloc_size = msnap__allocation_size(a, p.size);
+  p.alloc_size = msnap__allocation_size(&a->conf, p.size);
   if (npu && conf->page_size_1g && !p.pool->is_small)
     p.alloc_size = round_up(p.alloc_size, MSNAP_EXTRA_LARGE_BUFFER);
   p.block = NULL;

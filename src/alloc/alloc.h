@@ -490,7 +490,6 @@ int msnap__device_check_locked(msnap_device_t *d, char *msg, size_t len);
 
 /* ---- alloc.c: pieces shared with tests and the expandable code ---------- */
 uint64_t msnap__round_size(const msnap_allocator_t *a, uint64_t size);
-uint64_t msnap__allocation_size(const msnap_allocator_t *a, uint64_t size);
 /* Test hook: mutable conf (tests set fields directly). Caller must hold no
  * device lock and no allocation may be running concurrently. */
 msnap_conf_t *msnap__allocator_conf_mut(msnap_allocator_t *a);

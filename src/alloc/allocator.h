@@ -31,6 +31,13 @@
 #define MSNAP_LAZY_QUERY_SIZE 512u        /* kLazyQuerySize (npu)          */
 #define MSNAP_MIB 1048576ull
 
+/* get_allocation_size (allocator-algorithm.md §3.3): the segment a
+ * rounded request `size` asks the device for under conf c (kSmallBuffer,
+ * c->large_segment_size below kMinLargeAlloc, else rounded up to
+ * kRoundLarge); npu page_size:1g rounds large-pool segments further
+ * (msnap_malloc).  alloc.c; also the CLI's OOM explanation. */
+uint64_t msnap__allocation_size(const msnap_conf_t *c, uint64_t size);
+
 /* ---- create.c ------------------------------------------------------------ */
 /* msnap_allocator_create without what the api layer adds (the OOM
  * auto-dump observer): profile, runtime, conf, caching switch, devices. */

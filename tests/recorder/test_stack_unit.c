@@ -412,24 +412,32 @@ static void *fork_locker(void *arg) {
   return NULL;
 }
 
+/* Run fn on a thread while fork's prepare handler holds its locks:
+ * *progress must stay at `during` until the parent handler releases
+ * them, then reach `after`; fn returns NULL on success. */
+static void while_prepared(void *(*fn)(void *), atomic_int *progress,
+                           int during, int after) {
+  msnap__stack_atfork(MSNAP_FORK_PREPARE);
+  atomic_store(progress, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, fn, NULL), 0);
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  assert_int_equal(atomic_load(progress), during);
+  msnap__stack_atfork(MSNAP_FORK_PARENT);
+  void *rc = (void *)1;
+  assert_int_equal(pthread_join(t, &rc), 0);
+  assert_null(rc);
+  assert_int_equal(atomic_load(progress), after);
+}
+
 static void test_fork_handler_holds_rule_lock(void **state) {
   (void)state;
   (void)msnap__stack_unwinder_name(); /* chosen before the handler runs */
   uintptr_t probe[4];
   (void)msnap__unwind_cfi(probe, 4);
-  msnap__stack_atfork(MSNAP_FORK_PREPARE);
-  atomic_store(&fork_steps, 0);
-  pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, fork_locker, NULL), 0);
-  struct timespec ts = {0, 200 * 1000 * 1000};
-  nanosleep(&ts, NULL);
   /* prepare holds every lock: the thread waits at the first one */
-  assert_int_equal(atomic_load(&fork_steps), 0);
-  msnap__stack_atfork(MSNAP_FORK_PARENT);
-  void *rc = (void *)1;
-  assert_int_equal(pthread_join(t, &rc), 0);
-  assert_null(rc);
-  assert_int_equal(atomic_load(&fork_steps), 3);
+  while_prepared(fork_locker, &fork_steps, 0, 3);
 }
 
 /* Fork's prepare handler holds the loader guard for writing: a walk that
@@ -447,16 +455,7 @@ static void *guard_walker(void *arg) {
 
 static void test_fork_handler_holds_loader_guard(void **state) {
   (void)state;
-  msnap__stack_atfork(MSNAP_FORK_PREPARE);
-  atomic_store(&guard_passed, 0);
-  pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, guard_walker, NULL), 0);
-  struct timespec ts = {0, 200 * 1000 * 1000};
-  nanosleep(&ts, NULL);
-  assert_int_equal(atomic_load(&guard_passed), 0);
-  msnap__stack_atfork(MSNAP_FORK_PARENT);
-  assert_int_equal(pthread_join(t, NULL), 0);
-  assert_int_equal(atomic_load(&guard_passed), 1);
+  while_prepared(guard_walker, &guard_passed, 0, 1);
   /* readers share it */
   msnap__unwind_loader_enter();
   msnap__unwind_loader_enter();
