@@ -618,18 +618,22 @@ static const char *refused_type(mode_t m, dev_t rdev, int fd) {
   return NULL;
 }
 
+msnap_source_codec_t msnap__source_codec_of(const unsigned char *p,
+                                            size_t n) {
+  if (n >= 2 && p[0] == 0x1f && p[1] == 0x8b)
+    return MSNAP_SOURCE_GZIP;
+  if (n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f && p[3] == 0xfd)
+    return MSNAP_SOURCE_ZSTD;
+  return MSNAP_SOURCE_PLAIN;
+}
+
 /* Switch a source to decompression when its first bytes say so.  The
  * bytes already in the window become the first compressed input. */
 static int detect_codec(msnap_source_t *src) {
   struct msnap_source_priv_s *pr = src->priv;
   const unsigned char *p = src->start;
   size_t n = (size_t)(src->end - src->start);
-  msnap_source_codec_t c = MSNAP_SOURCE_PLAIN;
-  if (n >= 2 && p[0] == 0x1f && p[1] == 0x8b)
-    c = MSNAP_SOURCE_GZIP;
-  else if (n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f &&
-           p[3] == 0xfd)
-    c = MSNAP_SOURCE_ZSTD;
+  msnap_source_codec_t c = msnap__source_codec_of(p, n);
   if (c == MSNAP_SOURCE_PLAIN) return 0;
   /* the library of the codec, opened on the first such input */
   pthread_once(c == MSNAP_SOURCE_GZIP ? &zl_once : &zs_once,

@@ -110,5 +110,8 @@ void msnap__source_progress(msnap_source_t *src, const unsigned char *p);
 int msnap__source_finish(msnap_source_t *src);
 /* "gzip-compressed " / "zstd-compressed " / "" for messages. */
 const char *msnap__source_codec_name(const msnap_source_t *src);
+/* The codec whose magic number starts p[0..n) (gzip 1f 8b, zstd
+ * 28 b5 2f fd), else MSNAP_SOURCE_PLAIN. */
+msnap_source_codec_t msnap__source_codec_of(const unsigned char *p, size_t n);
 
 #endif /* MSNAP_SOURCE_H */

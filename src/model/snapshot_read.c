@@ -1222,11 +1222,10 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
   /* compressed twice: the source undoes one gzip/zstd layer, and what
    * it gives starts with a gzip or zstd magic number again */
   if (src->codec != MSNAP_SOURCE_PLAIN) {
-    const char *inner =
-        nhead >= 2 && p[0] == 0x1f && p[1] == 0x8b ? "gzip"
-        : nhead >= 4 && memcmp(p, "\x28\xb5\x2f\xfd", 4) == 0 ? "zstd"
-                                                             : NULL;
-    if (inner) {
+    msnap_source_codec_t ic =
+        msnap__source_codec_of((const unsigned char *)p, nhead);
+    if (ic != MSNAP_SOURCE_PLAIN) {
+      const char *inner = ic == MSNAP_SOURCE_GZIP ? "gzip" : "zstd";
       bool outer_gz = src->codec == MSNAP_SOURCE_GZIP;
       snprintf(err->msg, sizeof err->msg,
                "offset 0: not a snapshot pickle: it is compressed twice "
