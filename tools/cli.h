@@ -592,8 +592,11 @@ void cli_ranges_free(cli_ranges_t *r);
 bool cli_ranges_check(const cli_ranges_t *r, uint32_t n);
 
 /* ---- leaks across steps (cmd_leaks.c) ------------------------------------- */
+#define CLI_LEAK_MIN_CONFIDENCE 0.7 /* `leaks`, `fleet` and `view`       */
 typedef struct cli_leak_s {
   char *site;            /* owned text                                 */
+  cli_site_t key;        /* the site (one recording); frame
+                            CLI_SITE_NONE in files mode (text only)    */
   uint64_t first, last;  /* live requested bytes at the first/last step */
   uint32_t grown, shrunk;
   double confidence;

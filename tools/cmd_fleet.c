@@ -417,7 +417,7 @@ int cli_cmd_fleet(int argc, char **argv) {
   }
   if ((uint32_t)jobs > n)
     jobs = n;
-  pool_t pool = {.r = r, .n = n, .min_conf = 0.7};
+  pool_t pool = {.r = r, .n = n, .min_conf = CLI_LEAK_MIN_CONFIDENCE};
   atomic_init(&pool.next, 0);
   pthread_t *th = calloc((size_t)jobs, sizeof *th);
   long started = 0;

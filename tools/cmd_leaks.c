@@ -34,7 +34,6 @@
 
 #include "cli.h"
 
-#define DEFAULT_MIN_CONFIDENCE 0.7
 #define MAX_RANGES 1000000u
 
 typedef struct acc_s {
@@ -78,8 +77,8 @@ void cli_leaks_free(cli_leaks_t *l) {
 }
 
 /* Append the candidate of accumulator a at `site` when it qualifies. */
-static int add_candidate(cli_leaks_t *l, const char *site, const acc_t *a,
-                         double min_conf) {
+static int add_candidate(cli_leaks_t *l, const char *site, cli_site_t key,
+                         const acc_t *a, double min_conf) {
   if (cli_site_is_pseudo(site) || a->last <= a->first)
     return 0;
   double c = cli_leak_confidence(a->grown, a->shrunk, l->steps);
@@ -89,7 +88,8 @@ static int add_candidate(cli_leaks_t *l, const char *site, const acc_t *a,
   if (!v)
     return -1;
   l->v = v;
-  v[l->n] = (cli_leak_t){.site = strdup(site), .first = a->first,
+  v[l->n] = (cli_leak_t){.site = strdup(site), .key = key,
+                         .first = a->first,
                          .last = a->last, .grown = a->grown,
                          .shrunk = a->shrunk, .confidence = c};
   if (!v[l->n].site)
@@ -160,7 +160,7 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   char text[512];
   for (uint32_t x = 0; x < sites.n; x++) {
     cli_site_format(s, sites.site[x], text, sizeof text);
-    if (add_candidate(l, text, &acc[x], min_conf) != 0)
+    if (add_candidate(l, text, sites.site[x], &acc[x], min_conf) != 0)
       goto out;
   }
   if (l->n) /* l->v is NULL without candidates */
@@ -344,7 +344,7 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
 int cli_cmd_leaks(int argc, char **argv) {
   bool json = false;
   const char *step = NULL;
-  double min_conf = DEFAULT_MIN_CONFIDENCE;
+  double min_conf = CLI_LEAK_MIN_CONFIDENCE;
   long topn = 10;
   const cli_opt_t opts[] = {
       CLI_STRING("step", 0, &step),
@@ -458,7 +458,8 @@ int cli_cmd_leaks(int argc, char **argv) {
           val = v[k++].bytes;
         acc_step(&a, val);
       }
-      if (add_candidate(l, v[i].site, &a, min_conf) != 0)
+      const cli_site_t nokey = {CLI_SITE_NONE, CLI_SITE_NONE};
+      if (add_candidate(l, v[i].site, nokey, &a, min_conf) != 0)
         rc = CLI_UNUSABLE;
       i = k > i ? k : i + 1;
     }

@@ -103,7 +103,7 @@ static void usage(FILE *f) {
           "                           and the segments/blocks after each\n"
           "  Active Cached Segment Timeline  segments as bands\n"
           "plus OOM markers with their explanation, record_function lanes,\n"
-          "allocations that survive repeated steps (leaks), zoom (wheel,\n"
+          "the sites of `memsnap leaks` (growing step after step), zoom (wheel,\n"
           "drag, the overview's brush) and, with FILE2, a comparison.\n"
           "Entries are numbered from 0 as in the file's device_traces.\n"
           "\n"

@@ -12,7 +12,8 @@
 //   - Compare (two files): both timelines and the top sites side by side.
 // Zoom: wheel on a timeline, drag to pan, brush in the overview, double
 // click to reset.  OOM markers, record_function lanes and leak highlighting
-// (allocations surviving repeated steps) are drawn on the timelines.
+// (the sites of `memsnap leaks`, growing step after step) are drawn on the
+// timelines.
 // Entries are numbered from 0 (device_traces[d][i]); state s is the state
 // after entry s-1 (s = 0: before entry 0).
 'use strict';
@@ -390,14 +391,18 @@
     var n = st.ranges.length / 2;
     var html = '<h2>Leaks across steps</h2><p>' + n + ' steps "' + esc(st.name) +
       '". ';
-    if (!D.leaks.length) html += 'No site leaves allocations alive across a later step.</p>';
+    if (!D.leaks.length) html += 'No site\'s live memory grows from step to step ' +
+      '(the rule of memsnap leaks).</p>';
     else {
-      html += 'Sites whose allocations survive a whole later step, in at least half ' +
-        'of the steps (click to highlight):</p><table><tr><th class="n">alive at end</th>' +
-        '<th class="n">survivors</th><th class="n">steps</th><th>site</th></tr>' +
+      html += 'Sites whose live memory at the end of each step grows step after step ' +
+        '(the candidates of memsnap leaks; click to highlight their allocations):</p>' +
+        '<table><tr><th class="n">conf.</th><th class="n">growth</th>' +
+        '<th class="n">per step</th><th class="n">grew/shrank</th><th>site</th></tr>' +
         D.leaks.map(function (x, k) {
-          return '<tr class="clk" data-k="' + k + '"><td class="n">' + fmtBytes(x[3]) +
-            '</td><td class="n">' + x[1] + '</td><td class="n">' + x[4] + '/' + (n - 1) +
+          return '<tr class="clk" data-k="' + k + '"><td class="n">' + x[1].toFixed(3) +
+            '</td><td class="n">' + fmtBytes(x[3] - x[2]) + '</td><td class="n">' +
+            fmtBytes(Math.floor((x[3] - x[2]) / Math.max(1, n - 1))) +
+            '</td><td class="n">' + x[4] + '/' + x[5] + ' of ' + (n - 1) +
             '</td><td class="site">' + esc(x[0]) + '</td></tr>';
         }).join('') + '</table>';
     }
@@ -607,7 +612,7 @@
         : swatch(TAB10[0], 'allocation (a band per alloc .. free_completed, requested bytes)')) +
       swatch(REST, 'smaller ones, summed') +
       (K.seg ? '' : swatch('#555', 'reserved', ';height:2px;vertical-align:middle')) +
-      (S.leaks ? swatch(LEAK, 'survives later steps (leak)') : '') +
+      (S.leaks ? swatch(LEAK, 'site grows step after step (leak)') : '') +
       (D.ooms.length ? swatch('#c00', 'OOM', ';width:3px') : '') +
       swatch('#ff7f0e', 'selected: ' + stateLabel(S.sel), ';width:2px');
     drawLanes();
@@ -712,8 +717,8 @@
     if (B.dur[i] >= 0) t += ' (lived ' + fmtDur(B.dur[i]) + ')';
     if (!K.seg && B.site[i] >= 0) {
       var L = D.leaks[B.site[i]];
-      t += '. LEAK SUSPECT: allocations of this site survive later steps in ' +
-        L[4] + ' of ' + (D.steps.ranges.length / 2 - 1) + ' steps';
+      t += '. LEAK SUSPECT: the live memory of this site grew in ' + L[4] + ' of ' +
+        (D.steps.ranges.length / 2 - 1) + ' steps (confidence ' + L[1].toFixed(3) + ')';
     }
     return t;
   }

@@ -27,7 +27,7 @@
  *       by start (the stacking order of PyTorch's Active Memory Timeline);
  *       start = first state holding it (0 when it predates the trace, pre
  *       = 1), end = first state without it (-1: alive at the end), size =
- *       requested bytes, site = index in leaks.sites or -1, dur = lifetime
+ *       requested bytes, site = index in leaks or -1, dur = lifetime
  *       in microseconds or -1.  total = allocations in the trace.
  *     windows: [{first, count, kf: {segs: [addr, size, stream]...,
  *       blocks: [addr, requested, pending, stack, alloc entry]...},
@@ -39,8 +39,9 @@
  *     annotations: {names, ranges: [name, s0, s1]..., dropped}
  *       (record_function START/END pairs, placed at the first entry at or
  *       after their time_us),
- *     steps: {name, ranges: [s0, s1]...} | null, leaks: {sites: [[site,
- *       survivors, bytes, bytes_at_end, steps_with, confidence]...]},
+ *     steps: {name, ranges: [s0, s1]...} | null, leaks: [[site,
+ *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk]...]
+ *       (the candidates of `memsnap leaks` over these steps),
  *     segments: [[addr, size, stream, [[addr, size, state, requested,
  *       stack, alloc entry (-1 unknown, -2 before the trace)]...]]...]
  *       (the final state), sites: [[site, bytes, count]...] (the top
@@ -59,10 +60,11 @@
  *
  * Leaks.  Steps are the ranges of one repeated annotation (the most
  * frequent non-overlapping name, digits at its end ignored, at least 3
- * times, ties to the one covering more; or --step NAME; cli_steps.c).  An allocation made in step k that is still
- * live at the end of step k+1 survived a whole later step; a site whose
- * allocations survive in at least 2 steps and in at least half of the
- * steps that have a next one is a leak site.
+ * times, ties to the one covering more; or --step NAME; cli_steps.c).
+ * The leak sites are exactly the candidates of `memsnap leaks` on the
+ * same file and step name (cli_leaks_steps, confidence >= 0.7: sites
+ * whose live requested bytes at the step ends grow step after step); a
+ * band is a leak band when it is a trace allocation of such a site.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -188,7 +190,6 @@ typedef struct lrec_s {
   msnap_stack_t stack; /* model stack id */
   uint32_t rank;       /* index among the drawn bands, NONE32 = not drawn */
   uint32_t entry;      /* alloc entry, NONE32 = before the trace          */
-  int32_t step;        /* step of the allocation, -1 = none               */
   uint8_t pending, inuse;
 } lrec_t;
 
@@ -404,14 +405,12 @@ typedef struct bands_s {
   uint32_t n;
   uint64_t total;
   int64_t *end;
-  uint32_t *site; /* internal leak-site index or NONE32 */
 } bands_t;
 
 static void bands_free(bands_t *b) {
   free(b->heap.v);
   free(b->id);
   free(b->end);
-  free(b->site);
 }
 
 /* ---- the per-device context ----------------------------------------------- */
@@ -420,11 +419,6 @@ typedef struct kf_s {
   lrec_t *segs, *blocks;
   uint32_t nsegs, nblocks;
 } kf_t;
-
-typedef struct site_s {
-  uint64_t key, survivors, bytes, bytes_end;
-  uint32_t steps_with, out;
-} site_t;
 
 typedef struct vdev_s {
   const msnap_snap_t *s;
@@ -458,10 +452,7 @@ typedef struct vdev_s {
   uint32_t *steps; /* s0, s1 pairs */
   uint32_t nsteps;
   char stepname[128];
-  /* leaks */
-  site_t *sites;
-  uint32_t nsites, capsites;
-  umap_t sitemap, sitestep;
+  cli_leaks_t leaks; /* the candidates of `memsnap leaks` */
 } vdev_t;
 
 static void dev_free(vdev_t *d) {
@@ -486,9 +477,7 @@ static void dev_free(vdev_t *d) {
   free(d->win);
   free(d->rg);
   free(d->steps);
-  free(d->sites);
-  um_free(&d->sitemap);
-  um_free(&d->sitestep);
+  cli_leaks_free(&d->leaks);
 }
 
 static uint64_t sub0(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }
@@ -594,13 +583,10 @@ static int choose_bands(vdev_t *d, bands_t *b, bool segs, double room,
   }
   qsort(b->id, b->n, sizeof *b->id, cmp_u32);
   b->end = malloc(((size_t)b->n + 1) * sizeof *b->end);
-  b->site = malloc(((size_t)b->n + 1) * sizeof *b->site);
-  if (!b->end || !b->site)
+  if (!b->end)
     return -1;
-  for (uint32_t i = 0; i < b->n; i++) {
+  for (uint32_t i = 0; i < b->n; i++)
     b->end[i] = -1;
-    b->site[i] = NONE32;
-  }
   free(h->v);
   h->v = NULL;
   h->n = h->cap = 0;
@@ -725,49 +711,6 @@ static int annotations(vdev_t *d) {
   return 0;
 }
 
-/* An allocation of step `step` freed at state `end` (-1: never) survived
- * the next step: count it for its site. */
-static int survivor(vdev_t *d, const lrec_t *r, int64_t end, uint32_t rank) {
-  if (r->step < 0 || (uint32_t)r->step + 1 >= d->nsteps)
-    return 0;
-  uint32_t e1 = d->steps[2 * (r->step + 1) + 1];
-  if (end >= 0 && end <= (int64_t)e1)
-    return 0;
-  cli_site_t st = cli_site(d->s, r->stack);
-  uint64_t key = (uint64_t)st.frame << 32 | st.via;
-  uint32_t si = um_get(&d->sitemap, key);
-  if (si == NONE32) {
-    if (d->nsites == d->capsites) {
-      uint32_t cap = d->capsites ? d->capsites * 2 : 64;
-      site_t *v = realloc(d->sites, (size_t)cap * sizeof *v);
-      if (!v)
-        return -1;
-      d->sites = v;
-      d->capsites = cap;
-    }
-    si = d->nsites++;
-    memset(&d->sites[si], 0, sizeof d->sites[si]);
-    d->sites[si].key = key;
-    d->sites[si].out = NONE32;
-    if (um_put(&d->sitemap, key, si))
-      return -1;
-  }
-  site_t *x = &d->sites[si];
-  x->survivors++;
-  x->bytes += r->size;
-  if (end < 0)
-    x->bytes_end += r->size;
-  uint64_t pk = (uint64_t)si << 32 | (uint32_t)r->step;
-  if (um_get(&d->sitestep, pk) == NONE32) {
-    if (um_put(&d->sitestep, pk, 1))
-      return -1;
-    x->steps_with++;
-  }
-  if (rank != NONE32)
-    d->blk.site[rank] = si;
-  return 0;
-}
-
 static int cmp_lrec_addr(const void *a, const void *b) {
   uint64_t x = ((const lrec_t *)a)->addr, y = ((const lrec_t *)b)->addr;
   return x < y ? -1 : x > y;
@@ -833,7 +776,7 @@ static int pass_b(vdev_t *d) {
     const cli_lblock_t *b = &d->st.b[k];
     lrec_t x = {.addr = b->addr, .size = pre_size(b), .stream = b->stream,
                 .stack = d->prestack[k], .rank = band_rank(&d->blk, k),
-                .entry = NONE32, .step = -1, .pending = b->pending};
+                .entry = NONE32, .pending = b->pending};
     if (!live_put(&B, &x))
       goto out;
     a += x.size;
@@ -843,7 +786,7 @@ static int pass_b(vdev_t *d) {
   for (uint32_t k = 0; k < d->st.ng; k++) {
     const cli_lseg_t *g = &d->st.g[k];
     lrec_t x = {.addr = g->addr, .size = g->size, .stream = g->stream,
-                .rank = band_rank(&d->seg, k), .entry = NONE32, .step = -1};
+                .rank = band_rank(&d->seg, k), .entry = NONE32};
     if (!live_put(&G, &x))
       goto out;
     r += x.size;
@@ -852,7 +795,7 @@ static int pass_b(vdev_t *d) {
   }
   d->a0 = a;
   d->r0 = r;
-  uint32_t wi = 0, sp = 0, bi = 0, gi = 0;
+  uint32_t wi = 0, bi = 0, gi = 0;
   /* next drawn trace ids */
   while (bi < d->blk.n && d->blk.id[bi] < d->st.nb)
     bi++;
@@ -865,16 +808,12 @@ static int pass_b(vdev_t *d) {
         goto out;
       wi++;
     }
-    while (sp < d->nsteps && d->steps[2 * sp + 1] <= i)
-      sp++;
-    int32_t step = sp < d->nsteps && d->steps[2 * sp] <= i ? (int32_t)sp : -1;
     lrec_t *x;
     switch (e->action) {
     case MSNAP_ACTION_ALLOC: {
       lrec_t y = {.addr = e->addr, .size = e->size,
                   .stream = msnap__tattr(d->s, e)->stream,
-                  .stack = e->frames, .rank = NONE32, .entry = i,
-                  .step = step};
+                  .stack = e->frames, .rank = NONE32, .entry = i};
       if (band_open(&B, &d->blk, &bi, d->st.nb + i, &y, &ad))
         goto out;
       a += e->size;
@@ -888,8 +827,6 @@ static int pass_b(vdev_t *d) {
       a = sub0(a, e->size);
       if ((x = live_get(&B, e->addr)) != NULL) {
         band_close(&d->blk, x, &ad, i + 1);
-        if (survivor(d, x, i + 1, x->rank))
-          goto out;
         live_del(&B, e->addr);
       }
       break;
@@ -897,8 +834,7 @@ static int pass_b(vdev_t *d) {
     case MSNAP_ACTION_SEGMENT_MAP: {
       lrec_t y = {.addr = e->addr, .size = e->size,
                   .stream = msnap__tattr(d->s, e)->stream,
-                  .stack = e->frames, .rank = NONE32, .entry = i,
-                  .step = -1};
+                  .stack = e->frames, .rank = NONE32, .entry = i};
       if (band_open(&G, &d->seg, &gi, d->st.ng + i, &y, &rd))
         goto out;
       r += e->size;
@@ -918,10 +854,6 @@ static int pass_b(vdev_t *d) {
     bucket(a, sub0(a, ad), i + 1, j, d->amax, d->aat, d->arest);
     bucket(r, sub0(r, rd), i + 1, j, d->rmax, d->rat, d->rrest);
   }
-  /* still live at the end */
-  for (uint32_t k = 0; k < B.nr; k++)
-    if (B.r[k].inuse && survivor(d, &B.r[k], -1, B.r[k].rank))
-      goto out;
   rc = 0;
 out:
   live_free(&B);
@@ -952,6 +884,18 @@ static int64_t entry_time(const vdev_t *d, uint32_t i) {
   return i < d->n && (msnap__tattr(d->s, &d->tl->v[i])->keys & MSNAP_K_TIME)
              ? d->tl->v[i].time_us
              : INT64_MIN;
+}
+
+/* Index in the written leaks of the site of stack st, or -1. */
+static int64_t leak_index(const vdev_t *d, msnap_stack_t st) {
+  uint32_t m = d->leaks.n < VM_MAX_LEAK_SITES ? d->leaks.n : VM_MAX_LEAK_SITES;
+  if (m == 0)
+    return -1;
+  cli_site_t site = cli_site(d->s, st);
+  for (uint32_t k = 0; k < m; k++)
+    if (cli_site_eq(site, d->leaks.v[k].key))
+      return k;
+  return -1;
 }
 
 static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
@@ -1007,11 +951,9 @@ static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
   cj_arr_end(j);
   cj_key(j, "site");
   cj_arr(j);
-  for (uint32_t i = 0; i < b->n; i++) {
-    uint32_t si = b->site ? b->site[i] : NONE32;
-    cj_i64(j, si == NONE32 || d->sites[si].out == NONE32
-                  ? -1 : (int64_t)d->sites[si].out);
-  }
+  for (uint32_t i = 0; i < b->n; i++)
+    cj_i64(j, segs || b->id[i] < pre
+                  ? -1 : leak_index(d, d->tl->v[b->id[i] - pre].frames));
   cj_arr_end(j);
   cj_key(j, "dur");
   cj_arr(j);
@@ -1230,29 +1172,11 @@ static int write_final(vdev_t *d, cli_json_t *j) {
   return 0;
 }
 
-static int cmp_site_bytes(const void *a, const void *b) {
-  const site_t *x = *(site_t *const *)a, *y = *(site_t *const *)b;
-  if (x->bytes_end != y->bytes_end)
-    return x->bytes_end > y->bytes_end ? -1 : 1;
-  if (x->bytes != y->bytes)
-    return x->bytes > y->bytes ? -1 : 1;
-  return x->key < y->key ? -1 : x->key > y->key;
-}
-
-/* Leak sites (see the top of the file), numbered in output order. */
+/* Leak sites (see the top of the file), in the order of `memsnap leaks`;
+ * at most VM_MAX_LEAK_SITES. */
 static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
-  site_t **v = malloc(((size_t)d->nsites + 1) * sizeof *v);
-  if (!v)
-    return -1;
-  uint32_t m = 0, later = d->nsteps > 0 ? d->nsteps - 1 : 0;
-  for (uint32_t i = 0; i < d->nsites; i++) {
-    site_t *x = &d->sites[i];
-    if (x->steps_with >= 2 && 2 * x->steps_with >= later)
-      v[m++] = x;
-  }
-  qsort(v, m, sizeof *v, cmp_site_bytes);
-  if (m > VM_MAX_LEAK_SITES)
-    m = VM_MAX_LEAK_SITES;
+  const cli_leaks_t *l = &d->leaks;
+  uint32_t m = l->n < VM_MAX_LEAK_SITES ? l->n : VM_MAX_LEAK_SITES;
   cj_key(j, "steps");
   if (d->nsteps) {
     cj_obj(j);
@@ -1265,24 +1189,19 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   }
   cj_key(j, "leaks");
   cj_arr(j);
-  char buf[512];
   for (uint32_t i = 0; i < m; i++) {
-    site_t *x = v[i];
-    x->out = i;
-    cli_site_t st = {(uint32_t)(x->key >> 32), (uint32_t)x->key};
-    cli_site_format(d->s, st, buf, sizeof buf);
+    const cli_leak_t *x = &l->v[i];
     cj_arr(j);
-    cj_cstr(j, buf);
-    cj_u64(j, x->survivors);
-    cj_u64(j, x->bytes);
-    cj_u64(j, x->bytes_end);
-    cj_u64(j, x->steps_with);
-    cj_dbl(j, later ? (double)x->steps_with / later : 0.0);
+    cj_cstr(j, x->site);
+    cj_dbl(j, (double)(int64_t)(x->confidence * 1000.0 + 0.5) / 1000.0);
+    cj_u64(j, x->first);
+    cj_u64(j, x->last);
+    cj_u64(j, x->grown);
+    cj_u64(j, x->shrunk);
     cj_arr_end(j);
   }
   cj_arr_end(j);
   out->leak_sites += m;
-  free(v);
   return 0;
 }
 
@@ -1413,7 +1332,9 @@ static int do_device(vdev_t *d, cli_json_t *j, double room, uint64_t *est,
     d->a0 += pre_size(&d->st.b[k]);
   for (uint32_t k = 0; k < d->st.ng; k++)
     d->r0 += d->st.g[k].size;
-  if (pass_a(d) || annotations(d))
+  if (pass_a(d) || annotations(d) ||
+      cli_leaks_steps(d->s, d->dev, d->o->step, CLI_LEAK_MIN_CONFIDENCE,
+                      &d->leaks))
     return -1;
   /* fixed parts: series, final state, annotations, OOMs */
   uint64_t start = *est;

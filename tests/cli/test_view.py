@@ -105,12 +105,18 @@ def oom_snapshot():
             "external_annotations": []}
 
 
-def steps_snapshot(nsteps=6):
+GROWS = frame("grow", "/home/u/cache.py", 9)
+
+
+def steps_snapshot(nsteps=6, grow=False):
     """A recording of nsteps training steps, each in a record_function
     range "ProfilerStep#k": activations allocated and freed inside the
     step, and one 1 MiB tensor from leak.py:42 that is never freed (the
     planted leak); 512 KiB from the optimizer in step 0 only (not a
-    leak)."""
+    leak).  With `grow`, also a buffer from cache.py:9 that is reassigned
+    every step, (k+1) x 256 KiB in step k, its predecessor freed after
+    it: no allocation of it outlives the next step, yet its live memory
+    grows step after step (a leak for `memsnap leaks`)."""
     seg_size = 64 * MiB
     trace, ann, t = [entry("segment_alloc", A0, seg_size, 0, [CPP, USER])], \
         [], 1
@@ -129,6 +135,19 @@ def steps_snapshot(nsteps=6):
                                [CPP, frame("step", "/home/u/optim.py", 7)]))
             live.append((A0 + 40 * MiB, 512 << 10))
             t += 1
+        if grow:
+            gaddr = A0 + (20 + 4 * (k % 2)) * MiB
+            trace.append(entry("alloc", gaddr, (k + 1) * 256 << 10, t,
+                               [CPP, GROWS, USER]))
+            t += 1
+            if k:
+                prev = A0 + (20 + 4 * ((k - 1) % 2)) * MiB
+                for act in ("free_requested", "free_completed"):
+                    trace.append(entry(act, prev, k * 256 << 10, t,
+                                       [CPP, GROWS, USER]))
+                    t += 1
+            if k == nsteps - 1:
+                live.append((gaddr, (k + 1) * 256 << 10))
         trace.append(entry("alloc", leak_addr, 1 * MiB, t, [CPP, LEAKY,
                                                             USER]))
         live.append((leak_addr, 1 * MiB))
@@ -418,6 +437,33 @@ def check_leaks(pg):
             break
     expect(hit, "hover on a leaked band says LEAK SUSPECT with its stack")
     expect(not pg.errors, "leaks: 0 console errors %s" % pg.errors[:3])
+    # One rule with `memsnap leaks`: a reassigned buffer that grows every
+    # step is a leak site in both, though none of its allocations outlives
+    # the next step.
+    path = write_pickle(steps_snapshot(grow=True), "grow.pickle")
+    rc, out, err = run("check", path)
+    expect(rc == 0, "the growing-buffer recording is consistent (%s)"
+           % (out + err).strip()[-200:])
+    rc, out, _ = run("leaks", "--json", "--top", "0", path)
+    cli = sorted(x["site"] for d in json.loads(out)["devices"]
+                 for x in d["leak_candidates"]) if out else []
+    expect(rc == 1 and len(cli) == 2 and any("cache.py:9:grow" in x
+                                             for x in cli),
+           "leaks: the planted and the growing site (%s)" % cli)
+    html, js = view([path], "grow")
+    expect(js.get("files", [{}])[0].get("leak_sites") == len(cli),
+           "view --json: as many leak sites as `memsnap leaks` (%s)"
+           % js.get("files"))
+    pg.open(html)
+    rows = pg.p.eval_on_selector_all(
+        "#leakbox tr.clk td.site", "els => els.map(e => e.textContent)")
+    expect(sorted(rows) == cli,
+           "leak panel lists the sites of `memsnap leaks` (%s)" % rows)
+    lb = pg.text("#leakbox")
+    expect("1.000" not in lb and "0.9" in lb and "5/0 of 5" in lb,
+           "leak panel: confidence and grew/shrank as `leaks` (%r)"
+           % lb[:400])
+    expect(not pg.errors, "grow: 0 console errors %s" % pg.errors[:3])
 
 
 def check_lod_and_compare(pg, src):
