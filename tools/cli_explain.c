@@ -261,9 +261,8 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
       goto out;
     const char *why = !rr.replayable ? rr.reason
                       : !rr.exact
-                          ? "the recording's allocator cannot be replayed "
-                            "exactly (only the cuda profile with the "
-                            "recorded addresses is)"
+                          ? "the replay was a what-if (another profile or "
+                            "alloc conf than the recording's)"
                       : !rr.matches ? "the replay did not match the recording"
                                     : NULL;
     for (int k = 0; k < 2; k++) {

@@ -3,9 +3,10 @@
  * (text or --json) of a replay; the engine is replay.c (what is
  * replayable, how the start state is rebuilt, what is compared).
  *
- * Modes.  "exact": --profile cuda and no --alloc-conf (the recording's
- * own PYTORCH_CUDA_ALLOC_CONF is applied): matches_recording says whether
- * every decision matched.  "what-if": another profile or alloc conf;
+ * Modes.  "exact": the recording's own profile and no --alloc-conf (the
+ * recording's own PYTORCH_CUDA_ALLOC_CONF, or PYTORCH_NPU_ALLOC_CONF for
+ * the npu profile, is applied): matches_recording says whether every
+ * decision matched.  "what-if": another profile or alloc conf;
  * addresses are the sim's own and only segment decisions are compared.
  * Exit status: 0 replayed (and, in exact mode, matched), 1 an exact
  * replay did not match, 2 unusable input or nothing replayable.
@@ -46,8 +47,9 @@ static void usage(FILE *f) {
           "  --alloc-conf STR  allocator configuration (e.g.\n"
           "                    expandable_segments:True,\n"
           "                    max_split_size_mb:128)\n"
-          "                    With cuda and no --alloc-conf the replay is\n"
-          "                    \"exact\" (recorded addresses, recorded conf);\n"
+          "                    With the recording's own profile and no\n"
+          "                    --alloc-conf the replay is \"exact\"\n"
+          "                    (recorded addresses, recorded conf);\n"
           "                    otherwise \"what-if\": addresses are the\n"
           "                    sim's and only segment decisions are\n"
           "                    compared.\n"

@@ -39,9 +39,10 @@
  * At the end the replayed segments and blocks are compared with the
  * file's.
  *
- * Modes.  "exact": --profile cuda and no --alloc-conf (the recording's
- * own PYTORCH_CUDA_ALLOC_CONF is applied): matches_recording says whether
- * every decision matched.  "what-if": another profile or alloc conf;
+ * Modes.  "exact": the recording's own profile (cli_recording_profile)
+ * and no --alloc-conf (the recording's own PYTORCH_CUDA_ALLOC_CONF, or
+ * PYTORCH_NPU_ALLOC_CONF for npu, is applied): matches_recording says
+ * whether every decision matched.  "what-if": another profile or alloc conf;
  * addresses are the sim's own and only segment decisions are compared, to
  * answer "what would my peak reserved be with ...".
  */
@@ -1031,10 +1032,12 @@ int replay_init(replay_t *r, const msnap_snap_t *s, const char *file,
   r->profile = strcmp(profile, "npu") == 0 ? MSNAP_PROFILE_NPU
                                            : MSNAP_PROFILE_CUDA;
   r->pad = r->profile == MSNAP_PROFILE_NPU ? MSNAP_NPU_PAD : 0;
-  r->exact = r->profile == MSNAP_PROFILE_CUDA && conf == NULL;
+  r->exact = conf == NULL && strcmp(profile, cli_recording_profile(s)) == 0;
   if (r->exact) {
     const char *rc_conf = cli_gv_str(s, &s->allocator_settings,
-                                     "PYTORCH_CUDA_ALLOC_CONF");
+                                     r->profile == MSNAP_PROFILE_NPU
+                                         ? "PYTORCH_NPU_ALLOC_CONF"
+                                         : "PYTORCH_CUDA_ALLOC_CONF");
     conf = rc_conf ? rc_conf : "";
   }
   r->conf = conf;

@@ -89,8 +89,9 @@ typedef struct replay_totals_s {
 /* Settle the profile and the conf for recording s: profile NULL means the
  * profile the recording was made with (cli_recording_profile: its
  * process_info's, else npu when its allocator_settings name
- * PYTORCH_NPU_ALLOC_CONF, else cuda); "exact" mode is cuda without a conf
- * (the recording's own PYTORCH_CUDA_ALLOC_CONF then applies).  Decides
+ * PYTORCH_NPU_ALLOC_CONF, else cuda); "exact" mode is that profile without
+ * a conf (the recording's own PYTORCH_CUDA_ALLOC_CONF, or
+ * PYTORCH_NPU_ALLOC_CONF for npu, then applies).  Decides
  * which devices are replayable.  CLI_OK, or CLI_UNUSABLE (message
  * printed). */
 int replay_init(replay_t *r, const msnap_snap_t *s, const char *file,

@@ -754,12 +754,34 @@ def group_replay():
     rc, out, err = run("replay", "--json", npu)
     js2 = json.loads(out) if out else {}
     expect(rc == 0 and js2.get("profile") == "npu" and
+           js2.get("mode") == "exact" and
            js2.get("matches_recording") is True,
            "replay of an npu-profile recording picks the npu profile and "
-           "matches (%s)" % js2.get("profile"))
+           "matches exactly, at the recorded addresses (%s, %s)"
+           % (js2.get("profile"), js2.get("mode")))
     rc, out, err = run("replay", "--json", "--profile", "cuda", npu)
     js2 = json.loads(out) if out else {}
-    expect(js2.get("profile") == "cuda", "--profile cuda still overrides")
+    expect(js2.get("profile") == "cuda" and js2.get("mode") == "what-if",
+           "--profile cuda still overrides, as a what-if (%s)"
+           % js2.get("mode"))
+    # ... so `summary` knows the npu recording's state at its peak.
+    rc, out, err = run("summary", "--json", npu)
+    fr = ((json.loads(out) if out else {}).get("devices") or [{}])[0] \
+        .get("fragmentation", {})
+    at = fr.get("at_peak") or {}
+    ntr = [e for e in pickle.load(open(npu, "rb"))["device_traces"][0]]
+    res = peak = 0
+    for e in ntr:
+        res += {"segment_alloc": e["size"],
+                "segment_free": -e["size"]}.get(e["action"], 0)
+        peak = max(peak, res)
+    expect(rc == 0 and fr.get("at_peak_source") == "exact replay" and
+           at.get("reserved_bytes") == peak and
+           at.get("inactive_split_bytes", 0) > 0,
+           "summary of an npu-profile recording: the state at the peak "
+           "from the exact replay (%s, reserved %s of %d)"
+           % (fr.get("at_peak_source") or fr.get("at_peak_unavailable"),
+              at.get("reserved_bytes"), peak))
     # A ring buffer that dropped the oldest entries: the trace starts
     # mid-training; blocks freed in it have inferred sizes.
     tr = d["device_traces"][0]
