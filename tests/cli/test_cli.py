@@ -2040,6 +2040,28 @@ def group_explain():
     expect(rc == 0 and "failing allocation  u/train.py:77:step" in out and
            "fragmentation:" in out,
            "summary text: the failing allocation's line and the verdict")
+    expect("new segment" not in out,
+           "summary text: no 'new segment' line when the segment is the "
+           "request (30 MiB)")
+    # A 17 MiB request: get_allocation_size rounds it up to 2 MiB, 18 MiB,
+    # the size PyTorch's message names ("Tried to allocate 18.00 MiB");
+    # a 4 MiB request gets a kLargeBuffer (20 MiB) segment.
+    for req, seg in ((17 * MiB, 18 * MiB), (4 * MiB, 20 * MiB)):
+        snap = oom_snapshot()
+        snap["device_traces"][0][-1]["size"] = req
+        p2 = write_pickle(snap, "oom_seg.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        got = json.loads(out)["oom"].get("segment_size_bytes") if rc == 0 \
+            else None
+        rc, text, err = run("summary", p2)
+        line = [x for x in text.splitlines()
+                if x.startswith("  new segment")]
+        want = "  new segment      %.2f MiB (%d B): the allocation size" % (
+            seg / MiB, seg)
+        expect(rc == 0 and got == seg and len(line) == 1 and
+               line[0].startswith(want),
+               "summary text: a %d MiB request names its %d MiB segment "
+               "(%s; json %s)" % (req // MiB, seg // MiB, line, got))
 
     # leaks: demo-train with and without a planted leak
     d = os.path.join(TMP, "demo_leak.pickle")
