@@ -252,6 +252,20 @@ def group_hostile():
                        (cmd[0], name))
     expect(not os.path.exists(os.path.join(TMP, "PWNED")),
            "the shell-command pickle ran nothing")
+    # A plain pickle cut anywhere says that it is truncated, then what was
+    # missing (a frame, a length, the STOP opcode), for a file and a pipe.
+    good = pickle.dumps(good_snapshot(), protocol=4)
+    for n in (1, 2, 10, 13, len(good) // 2, len(good) - 1):
+        path = write_bytes(good[:n], "cut.pickle")
+        rc, out, err = run("check", path)
+        with open(path, "rb") as f:
+            p = subprocess.run(WRAPPER + [MEMSNAP, "check", "-"], stdin=f,
+                               capture_output=True, text=True, timeout=120)
+        for how, r, e in (("file", rc, err), ("pipe", p.returncode, p.stderr)):
+            expect(r == 2 and "the pickle is truncated (the input ends "
+                   "early): " in e and "[MSNAP_EFORMAT]" in e,
+                   "a plain pickle cut after %d of %d bytes (%s) says it is "
+                   "truncated: %r" % (n, len(good), how, e.strip()[-200:]))
     # Well-formed pickles with nonsense content: random segments, states,
     # actions, addresses and sizes.  Every command ends with 0, 1 or 2.
     rnd = random.Random(99)
