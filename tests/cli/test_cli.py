@@ -2077,6 +2077,33 @@ def group_explain():
                "summary text: a %d MiB request names its %d MiB segment "
                "(%s; json %s)" % (req // MiB, seg // MiB, line, got))
 
+    # A request larger than the device (its total in memsnap's
+    # process_info) or than all the process could use fits in no layout:
+    # the expandable line says so, never "may or may not".
+    for total, why in ((128 * MiB, "is larger than the device's whole "
+                        "memory (128.00 MiB): no layout fits it"),
+                       (None, "is larger than all the process could still "
+                        "use at the OOM (42.00 MiB: free device memory plus "
+                        "its cached free blocks): no layout fits it")):
+        snap = oom_snapshot()
+        snap["device_traces"][0][-1]["size"] = 200 * MiB
+        if total:
+            snap["process_info"] = {"pid": 7, "devices": [
+                {"device": 0, "total_bytes": total}]}
+        p2 = write_pickle(snap, "oom_big.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        o = json.loads(out)["oom"] if rc == 0 else {}
+        rc, text, err = run("summary", p2)
+        flat = " ".join(text.split())
+        expect(o.get("fits_with_expandable_segments") is False and
+               why in o.get("expandable_segments_replay", "") and
+               "with expandable_segments:True the request would not have "
+               "fit: the request (200.00 MiB) " + why in flat and
+               "may or may not" not in text,
+               "summary: a 200 MiB request on a device of %s would not "
+               "have fit with expandable segments (%s)" %
+               (total, o.get("expandable_segments_replay")))
+
     # leaks: demo-train with and without a planted leak
     d = os.path.join(TMP, "demo_leak.pickle")
     d0 = os.path.join(TMP, "demo.pickle")
