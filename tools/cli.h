@@ -327,8 +327,11 @@ int cli_write_file(const char *path, const void *data, size_t len);
 void cli_output_failed(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 const char *cli_output_error(void);
-/* Refuse an empty output path, a directory, or an output that is one of
- * the inputs (same device and inode); prints why, returns CLI_UNUSABLE. */
+/* Refuse an empty output path, a directory, an output that is one of
+ * the inputs (same device and inode), or one the write would refuse
+ * (resolved by base/outpath.c: a missing or unwritable directory, a name
+ * ending in '/', a refused link); prints why, returns CLI_UNUSABLE.
+ * cli_begin runs it for every command's -o before any work. */
 int cli_check_output(const char *cmd, const char *out, char **inputs,
                      int ninputs);
 
