@@ -334,6 +334,9 @@ def test_oom_on_the_segment_size_is_not_called_fragmentation(tmp_path, profile):
     txt = run_cli("summary", dump)
     assert "segment size: the request" in txt.stdout
     assert "fragmentation:" not in txt.stdout
+    # the text names the segment as the allocator's message did
+    line = [x for x in txt.stdout.splitlines() if x.startswith("  new segment")]
+    assert line and line[0].startswith("  new segment      20.00 MiB (20971520 B)")
 
 
 WORKSPACE_OOM = WORKSPACE_SETUP + r"""
