@@ -320,14 +320,20 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
                cli_bytes(o->requested, r, sizeof r),
                cli_bytes(o->device_total, t, sizeof t));
     } else if (!o->fits_unfragmented) {
-      char r[32], u[32];
+      char r[64], u[64];
       o->expandable = 0;
+      cli_bytes(o->requested, r, sizeof r);
+      cli_bytes(usable, u, sizeof u);
+      if (strcmp(r, u) == 0) { /* "8.00 MiB ... than 8.00 MiB": exact too */
+        snprintf(r + strlen(r), sizeof r - strlen(r), ", %" PRIu64 " B",
+                 o->requested);
+        snprintf(u + strlen(u), sizeof u - strlen(u), ", %" PRIu64 " B",
+                 usable);
+      }
       snprintf(o->expandable_why, sizeof o->expandable_why,
                "the request (%s) is larger than all the process could still "
                "use at the OOM (%s: free device memory plus its cached free "
-               "blocks): no layout fits it",
-               cli_bytes(o->requested, r, sizeof r),
-               cli_bytes(usable, u, sizeof u));
+               "blocks): no layout fits it", r, u);
     } else if (whatif) {
       /* expandable segments on a device of what this process could use */
       visit_t w = {.want = {o->state, CLI_NO_PAIR}, .dev = dev, .ask = true,
