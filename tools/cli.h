@@ -276,6 +276,15 @@ typedef struct cli_site_s {
   uint32_t frame, via;
 } cli_site_t;
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
+/* The site of a trace entry recorded with an empty stack: neither
+ * PyTorch's nor memsnap's files say which stacks were asked for
+ * (_record_memory_history's `stacks`), so the frames tell: when the file
+ * holds Python frames and no native frame, Python stacks alone were
+ * recorded, and an empty one was gathered on a thread that ran no Python
+ * code (autograd's device threads run backward()):
+ * CLI_SITE_NO_PYTHON; else CLI_SITE_NONE (no stack was recorded, or a
+ * C++ stack was expected and is missing).  One pass over the frames. */
+uint32_t cli_empty_site(const msnap_snap_t *s);
 static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
   return a.frame == b.frame && a.via == b.via;
 }
@@ -365,6 +374,12 @@ typedef enum cli_stack_src_e {
 #define CLI_SITE_BEFORE_TRACE (UINT32_MAX - 1)
 #define CLI_SITE_NONE_TEXT "<no stack>"
 #define CLI_SITE_BEFORE_TEXT "<no stack: allocated before the trace>"
+/* An empty stack of a trace entry in a recording of Python stacks only
+ * (cli_empty_site): the thread ran no Python code. */
+#define CLI_SITE_NO_PYTHON (UINT32_MAX - 2)
+#define CLI_SITE_NO_PYTHON_TEXT                                               \
+  "<no Python frames: allocated on a thread running no Python code, such "   \
+  "as autograd's backward thread>"
 
 typedef struct cli_stacks_dev_s {
   uint64_t *addr;  /* addresses of live alloc entries, increasing */
@@ -377,6 +392,7 @@ typedef struct cli_stacks_s {
   const msnap_snap_t *s;
   cli_stacks_dev_t *dev; /* indexed by device (= device_traces index) */
   uint32_t ndev;
+  uint32_t empty_site;   /* cli_empty_site(s)                          */
 } cli_stacks_t;
 
 /* Index the live alloc entries of every device trace of s (which must

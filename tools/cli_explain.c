@@ -230,6 +230,8 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     o->have_total = cli_device_total(s, dev, &o->device_total);
     o->stack = e->frames;
     o->site = cli_site(s, e->frames);
+    if (o->site.frame == CLI_SITE_NONE)
+      o->site.frame = cli_empty_site(s);
     o->state = o->entry; /* the state the oom entry was recorded in */
     o->reserved = res[o->state];
     o->active_requested = act[o->state];

@@ -243,6 +243,21 @@ static bool is_third_party(const char *f, size_t n) {
   return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
 }
 
+uint32_t cli_empty_site(const msnap_snap_t *s) {
+  bool python = false;
+  for (uint32_t i = 0; i < s->nframes; i++) {
+    size_t fl;
+    const char *file = cli_str(s, s->frames[i].filename, &fl);
+    /* a Python frame: a .py file, or "<string>", "<frozen ...>",
+     * "<ipython-input-...>" */
+    if (is_python_file(file, fl) || (fl > 0 && file[0] == '<'))
+      python = true;
+    else
+      return CLI_SITE_NONE; /* a native frame: C++ stacks were recorded */
+  }
+  return python ? CLI_SITE_NO_PYTHON : CLI_SITE_NONE;
+}
+
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);
@@ -364,6 +379,10 @@ static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                         size_t len) {
   if (site.frame == CLI_SITE_BEFORE_TRACE) {
     snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
+    return;
+  }
+  if (site.frame == CLI_SITE_NO_PYTHON) {
+    snprintf(buf, len, "%s", CLI_SITE_NO_PYTHON_TEXT);
     return;
   }
   if (site.frame >= s->nframes) {

@@ -2104,6 +2104,43 @@ def group_explain():
                "have fit with expandable segments (%s)" %
                (total, o.get("expandable_segments_replay")))
 
+    # An OOM entry without frames: in a recording of Python stacks only
+    # (no native frame anywhere) its thread ran no Python code -- an OOM
+    # in backward() on the device, allocated by autograd's device thread;
+    # with native frames recorded (stacks "all") nothing is claimed.
+    pyfr = [frame("step", "/home/u/train.py", 77),
+            frame("<module>", "/home/u/train.py", 90)]
+    for python_only in (True, False):
+        snap = oom_snapshot()
+        if python_only:
+            for seg in snap["segments"]:
+                seg["frames"] = pyfr
+                for blk in seg["blocks"]:
+                    blk["frames"] = pyfr if blk["frames"] else []
+            for e in snap["device_traces"][0]:
+                e["frames"] = pyfr
+        trace = snap["device_traces"][0]
+        trace[-1]["frames"] = []
+        # the last live allocation, also made without Python frames
+        trace[-2]["frames"] = []
+        segs = snap["segments"]
+        segs[-1]["blocks"][0]["frames"] = []
+        p2 = write_pickle(snap, "oom_nopy.pickle")
+        want = ("<no Python frames: allocated on a thread running no Python "
+                "code, such as autograd's backward thread>" if python_only
+                else "<no stack>")
+        rc, out, err = run("summary", "--json", p2)
+        js = json.loads(out) if rc == 0 else {}
+        o = js.get("oom") or {}
+        live = {x["site"]: x["bytes"] for x in o.get("top_live_sites", [])}
+        dev0 = (js.get("devices") or [{}])[0]
+        rc2, text, err2 = run("summary", p2)
+        expect(rc == 0 and o.get("site") == want and o.get("frames") == [] and
+               live.get(want) == 12 * MiB and
+               "failing allocation  " + want in text,
+               "summary: an OOM entry without frames (%s) is %r (%s; %s)" %
+               ("Python stacks only" if python_only else "native frames "
+                "recorded", want, o.get("site"), live))
     # leaks: demo-train with and without a planted leak
     d = os.path.join(TMP, "demo_leak.pickle")
     d0 = os.path.join(TMP, "demo.pickle")

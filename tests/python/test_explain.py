@@ -339,6 +339,61 @@ def test_oom_on_the_segment_size_is_not_called_fragmentation(tmp_path, profile):
     assert line and line[0].startswith("  new segment      20.00 MiB (20971520 B)")
 
 
+BACKWARD_OOM = """\
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+name = mt.register_device("npu")
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+w = torch.randn(1024, 1024, device=name, requires_grad=True)
+x = torch.randn(2048, 1024, device=name)
+y = (x @ w).relu()
+keep = []
+try:
+    while True:                     # fill the device
+        keep.append(torch.empty(MiB, dtype=torch.uint8, device=name))
+except torch.OutOfMemoryError:
+    pass
+try:
+    y.sum().backward()              # runs on autograd's device thread
+except torch.OutOfMemoryError as e:
+    print("OOM", e)
+"""
+
+
+@needs_torch
+@pytest.mark.parametrize("stacks", ["python", "all"])
+def test_oom_in_backward_says_why_it_has_no_python_frames(tmp_path, stacks):
+    """An OOM in backward() on the device: autograd's device thread runs
+    no Python code, so with Python stacks its allocation has no frames,
+    and the explanation says why instead of "<no stack>"; with C stacks
+    recorded too it has native frames (autograd's node)."""
+    script = write_script(tmp_path, "train.py",
+                          BACKWARD_OOM.replace('stacks="python"',
+                                               f'stacks="{stacks}"'))
+    env = base_env(MEMSNAP_SIM_MEMORY="128M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path))
+    proc = run_file(script, env=env)
+    assert "OOM" in proc.stdout, proc.stdout + proc.stderr
+    dumps = sorted(glob.glob(str(tmp_path / "oom_snapshot_*.pickle")),
+                   key=os.path.getmtime)
+    with open(dumps[-1], "rb") as f:
+        snap = pickle.load(f)
+    entry = [e for e in snap["device_traces"][0] if e["action"] == "oom"][-1]
+    oom = run_cli("summary", "--json", dumps[-1]).json["oom"]
+    txt = run_cli("summary", dumps[-1]).stdout
+    if stacks == "python":
+        # the file itself: the oom entry has no frames, others have Python ones
+        assert not entry.get("frames")
+        assert any(e.get("frames") for e in snap["device_traces"][0])
+        want = ("<no Python frames: allocated on a thread running no Python "
+                "code, such as autograd's backward thread>")
+        assert oom["site"] == want
+        assert f"failing allocation  {want}" in txt
+    else:
+        assert entry.get("frames") and "<no " not in oom["site"]
+
+
 WORKSPACE_OOM = WORKSPACE_SETUP + r"""
 mm._record_memory_history()
 big = [mm.caching_allocator_alloc(8 << 20) for _ in range(3)]
