@@ -335,6 +335,10 @@ int cli_write_file(const char *path, const void *data, size_t len);
  * failed).  cli_write_file, replay -o and demo-train report through it. */
 void cli_output_failed(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
+/* cli_output_failed with "OUT: cannot write[ WHAT]: REASON", or REASON
+ * alone when it already says "cannot write 'OUT': ..." (the messages of
+ * base/outpath.c and base/sink.c): the phrase comes once. */
+void cli_write_failed(const char *out, const char *what, const char *reason);
 const char *cli_output_error(void);
 /* Refuse an empty output path, a directory, an output that is one of
  * the inputs (same device and inode), or one the write would refuse

@@ -642,11 +642,27 @@ void cli_output_failed(const char *fmt, ...) {
   cli_err("%s", output_error);
 }
 
+void cli_write_failed(const char *out, const char *what, const char *reason) {
+  const char *shown = cli_output_shown(out);
+  char quoted[4096];
+  snprintf(quoted, sizeof quoted, "'%s'", out);
+  if (strncmp(reason, "cannot write '", 14) == 0)
+    /* the library's own refusals: "cannot write 'OUT': ..." */
+    cli_output_failed("%s", reason);
+  else if (strstr(reason, quoted) != NULL)
+    /* "writing 'OUT' failed: ...": the path is named already */
+    cli_output_failed("cannot write%s%s: %s", what[0] ? " " : "", what,
+                      reason);
+  else
+    cli_output_failed("%s: cannot write%s%s: %s", shown, what[0] ? " " : "",
+                      what, reason);
+}
+
 int cli_write_file(const char *path, const void *data, size_t len) {
   msnap_atomic_file_t f;
   int rc = msnap__atomic_open(&f, path);
   if (rc != 0) {
-    cli_output_failed("%s", msnap_last_error());
+    cli_write_failed(path, "", msnap_last_error());
     return -1;
   }
   msnap_sink_t sink;
@@ -658,12 +674,14 @@ int cli_write_file(const char *path, const void *data, size_t len) {
   if (rc != 0) {
     int e = msnap_last_errno();
     msnap__atomic_abort(&f);
-    cli_output_failed("%s: write failed: %s", path,
-                      e ? strerror(e) : msnap_strerror(rc));
+    char why[512];
+    snprintf(why, sizeof why, "write failed: %s",
+             e ? strerror(e) : msnap_strerror(rc));
+    cli_write_failed(path, "", why);
     return -1;
   }
   if (msnap__atomic_commit(&f) != 0) {
-    cli_output_failed("%s", msnap_last_error());
+    cli_write_failed(path, "", msnap_last_error());
     return -1;
   }
   return 0;

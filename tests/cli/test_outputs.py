@@ -303,6 +303,7 @@ def group_failed():
             lines = err.strip().splitlines()
             T.expect(rc == 2 and len(lines) == 1 and reason in err and
                      out in err and "it is a directory" not in err and
+                     err.count("cannot write") <= 1 and
                      sorted(os.listdir(here)) == ["afile"] and
                      open(os.path.join(here, "afile"), "rb").read() == SECRET,
                      "%s -o %s: exit 2, one line, nothing written (%d %r)"
@@ -349,6 +350,19 @@ def group_failed():
                      "%s --json -o OUT: \"output\" the path, "
                      "\"output_error\" null (%d %r)" % (name, rc, err[-200:]))
             os.unlink(good)
+    # "cannot write" once, the path once, at the write (/dev/full) and
+    # before it (a dangling link: the library's own "cannot write '...'")
+    dangling = os.path.join(T.TMP, "dangling.out")
+    os.symlink(os.path.join(here, "nowhere", "x"), dangling)
+    for name, argv, _ok in commands(src):
+        for out in (dangling, "/dev/full"):
+            if out == "/dev/full" and not os.path.exists(out):
+                continue
+            rc, stdout, err = T.run(*(argv + ["-o", out]))
+            T.expect(rc == 2 and err.count("cannot write") == 1 and
+                     err.count(out) == 1,
+                     "%s -o %s: 'cannot write' and the path said once (%r)"
+                     % (name, out, err.strip()))
     if os.geteuid() == 0:
         # a directory the user cannot write (as `nobody`): refused up
         # front too (root writes anywhere: only another user can show it)
