@@ -2195,6 +2195,59 @@ def group_explain():
            any("could not be read" in w for w in js.get("warnings", [])),
            "fleet: an unreadable file is reported, the others still are")
 
+    # Three OOM dumps of one process (same host and pid, successive
+    # times) and three other ranks: the latest dump stands for the
+    # process, the earlier two are listed, marked and counted nowhere.
+    same = os.path.join(TMP, "same")
+    os.makedirs(same)
+    for k, (pid, host, shift) in enumerate(
+            [(4230, "node7", 0), (4230, "node7", 10 ** 6),
+             (4230, "node7", 2 * 10 ** 6), (4231, "node7", 0),
+             (4232, "node7", 0), (4233, "node8", 0)]):
+        snap = oom_snapshot()
+        for e in snap["device_traces"][0]:
+            e["time_us"] += shift
+        snap["process_info"] = {"pid": pid, "host": host}
+        # named so that name order and time order disagree
+        write_pickle(snap, os.path.join("same", "dump%d.pickle" % (9 - k)))
+    rc, out, err = run("fleet", "--json", same)
+    js = json.loads(out) if out else {}
+    sp = {os.path.basename(x["file"]): x.get("same_process_as")
+          for x in js.get("ranks", [])}
+    latest = os.path.join(same, "dump7.pickle")
+    expect(rc == 0 and sp.get("dump9.pickle") == latest and
+           sp.get("dump8.pickle") == latest and sp.get("dump7.pickle") is None
+           and [sp[f] for f in ("dump6.pickle", "dump5.pickle",
+                                "dump4.pickle")] == [None] * 3 and
+           sorted(js.get("oom_ranks", [])) == sorted(
+               os.path.join(same, "dump%d.pickle" % k) for k in (4, 5, 6, 7))
+           and any("2 files are earlier dumps of one process, not other "
+                   "ranks: files with the same host, pid and rank" in w and "3 files of pid 4230 on node7" in w and
+                   latest in w for w in js.get("warnings", [])),
+           "fleet: three dumps of one process are one rank, the latest "
+           "standing for it (%s; %s)" % (sp, js.get("warnings")))
+    rc, out, err = run("fleet", same)
+    expect(rc == 0 and out.count("earlier dump of the same process (pid "
+                                 "4230): not counted; %s stands for it"
+                                 % latest) == 2,
+           "fleet text: the earlier dumps are marked in the table")
+    # without a host (PyTorch's own dumps have no process_info) files with
+    # equal pids are not taken for one process; nor are the ranks of one
+    # process that recorded as several ranks (a simulated job)
+    for info in ({"pid": 1}, {"pid": 1, "host": "h", "rank": None}):
+        for k in range(3):
+            snap = oom_snapshot()
+            snap["process_info"] = dict(info)
+            if "rank" in info:
+                snap["process_info"]["rank"] = k
+            write_pickle(snap, os.path.join("same", "dump%d.pickle" % (9 - k)))
+        rc, out, err = run("fleet", "--json", same)
+        js = json.loads(out) if out else {}
+        expect(rc == 0 and all(x.get("same_process_as") is None
+                               for x in js.get("ranks", [])) and
+               not any("earlier dump" in w for w in js.get("warnings", [])),
+               "fleet: %s groups nothing (%s)" % (info, js.get("warnings")))
+
     # replay -o keeps what the recording has (2.1: no time_us; the
     # requested sizes of blocks older than the trace)
     if os.path.isdir(REAL):
