@@ -394,6 +394,44 @@ def test_oom_in_backward_says_why_it_has_no_python_frames(tmp_path, stacks):
         assert entry.get("frames") and "<no " not in oom["site"]
 
 
+THREE_OOMS = """\
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+keep = [mm.caching_allocator_alloc(4 * MiB)]
+for k in range(3):                  # three OOMs, three dumps of one process
+    try:
+        mm.caching_allocator_alloc((100 + k) * MiB)
+    except MemoryError:
+        keep.append(mm.caching_allocator_alloc(2 * MiB))
+print("done")
+"""
+
+
+def test_fleet_takes_the_oom_dumps_of_one_process_for_one_rank(tmp_path):
+    """Three OOM dumps written by one process (memsnap's OOM_SNAPSHOT_ENABLE:
+    one file per OOM) are one rank for `memsnap fleet`: the latest stands
+    for the process, the two earlier ones are marked, with a warning."""
+    script = write_script(tmp_path, "train.py", THREE_OOMS)
+    env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path))
+    run_file(script, env=env)
+    dumps = glob.glob(str(tmp_path / "oom_snapshot_*.pickle"))
+    assert len(dumps) == 3
+    js = run_cli("fleet", "--json", str(tmp_path)).json
+    ranks = js["ranks"]
+    latest = [r["file"] for r in ranks if r["same_process_as"] is None]
+    assert len(latest) == 1 and len(ranks) == 3
+    # the latest dump holds all three OOMs of the process
+    (last,) = [r for r in ranks if r["file"] == latest[0]]
+    assert last["ooms"] == 3
+    assert all(r["same_process_as"] == latest[0] for r in ranks
+               if r["file"] != latest[0])
+    assert js["oom_ranks"] == latest
+    assert any("2 files are earlier dumps of one process" in w
+               for w in js["warnings"])
+
+
 WORKSPACE_OOM = WORKSPACE_SETUP + r"""
 mm._record_memory_history()
 big = [mm.caching_allocator_alloc(8 << 20) for _ in range(3)]
