@@ -276,6 +276,15 @@ typedef struct cli_site_s {
   uint32_t frame, via;
 } cli_site_t;
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
+/* The site of a trace entry recorded with an empty stack: neither
+ * PyTorch's nor memsnap's files say which stacks were asked for
+ * (_record_memory_history's `stacks`), so the frames tell: when the file
+ * holds Python frames and no native frame, Python stacks alone were
+ * recorded, and an empty one was gathered on a thread that ran no Python
+ * code (autograd's device threads run backward()):
+ * CLI_SITE_NO_PYTHON; else CLI_SITE_NONE (no stack was recorded, or a
+ * C++ stack was expected and is missing).  One pass over the frames. */
+uint32_t cli_empty_site(const msnap_snap_t *s);
 static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
   return a.frame == b.frame && a.via == b.via;
 }
@@ -326,9 +335,16 @@ int cli_write_file(const char *path, const void *data, size_t len);
  * failed).  cli_write_file, replay -o and demo-train report through it. */
 void cli_output_failed(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
+/* cli_output_failed with "OUT: cannot write[ WHAT]: REASON", or REASON
+ * alone when it already says "cannot write 'OUT': ..." (the messages of
+ * base/outpath.c and base/sink.c): the phrase comes once. */
+void cli_write_failed(const char *out, const char *what, const char *reason);
 const char *cli_output_error(void);
-/* Refuse an empty output path, a directory, or an output that is one of
- * the inputs (same device and inode); prints why, returns CLI_UNUSABLE. */
+/* Refuse an empty output path, a directory, an output that is one of
+ * the inputs (same device and inode), or one the write would refuse
+ * (resolved by base/outpath.c: a missing or unwritable directory, a name
+ * ending in '/', a refused link); prints why, returns CLI_UNUSABLE.
+ * cli_begin runs it for every command's -o before any work. */
 int cli_check_output(const char *cmd, const char *out, char **inputs,
                      int ninputs);
 
@@ -362,6 +378,12 @@ typedef enum cli_stack_src_e {
 #define CLI_SITE_BEFORE_TRACE (UINT32_MAX - 1)
 #define CLI_SITE_NONE_TEXT "<no stack>"
 #define CLI_SITE_BEFORE_TEXT "<no stack: allocated before the trace>"
+/* An empty stack of a trace entry in a recording of Python stacks only
+ * (cli_empty_site): the thread ran no Python code. */
+#define CLI_SITE_NO_PYTHON (UINT32_MAX - 2)
+#define CLI_SITE_NO_PYTHON_TEXT                                               \
+  "<no Python frames: allocated on a thread running no Python code, such "   \
+  "as autograd's backward thread>"
 
 typedef struct cli_stacks_dev_s {
   uint64_t *addr;  /* addresses of live alloc entries, increasing */
@@ -374,6 +396,7 @@ typedef struct cli_stacks_s {
   const msnap_snap_t *s;
   cli_stacks_dev_t *dev; /* indexed by device (= device_traces index) */
   uint32_t ndev;
+  uint32_t empty_site;   /* cli_empty_site(s)                          */
 } cli_stacks_t;
 
 /* Index the live alloc entries of every device trace of s (which must

@@ -39,7 +39,10 @@
  *                      expandable segments.  A request that fits in the
  *                      device's free memory while its segment does not
  *                      failed on the segment size, not on fragmentation;
- *   fits_with_expandable_segments  a what-if replay with
+ *   fits_with_expandable_segments  false without a replay when the
+ *                      request exceeds the device's total memory or all
+ *                      the process could use (fits_without_fragmentation
+ *                      false): no layout fits it; else a what-if replay with
  *                      expandable_segments:True on a device of reserved +
  *                      device_free bytes, stopped in the OOM's state, then
  *                      asked for the request (null when the trace is not
@@ -227,6 +230,8 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     o->have_total = cli_device_total(s, dev, &o->device_total);
     o->stack = e->frames;
     o->site = cli_site(s, e->frames);
+    if (o->site.frame == CLI_SITE_NONE)
+      o->site.frame = cli_empty_site(s);
     o->state = o->entry; /* the state the oom entry was recorded in */
     o->reserved = res[o->state];
     o->active_requested = act[o->state];
@@ -299,7 +304,38 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
       o->fits_unfragmented = o->requested <= o->device_free + o->at.reserved -
                                                  o->at.active;
     }
-    if (whatif) {
+    /* A request larger than the device, or than all the process could
+     * still use (free device memory plus its cached free blocks), fits
+     * in no layout: no replay needed to say so. */
+    uint64_t usable = o->device_free + (o->have_at
+                                            ? o->at.reserved - o->at.active
+                                        : o->reserved > o->active_requested
+                                            ? o->reserved - o->active_requested
+                                            : 0);
+    if (o->have_total && o->requested > o->device_total) {
+      char r[32], t[32];
+      o->expandable = 0;
+      snprintf(o->expandable_why, sizeof o->expandable_why,
+               "the request (%s) is larger than the device's whole memory "
+               "(%s): no layout fits it",
+               cli_bytes(o->requested, r, sizeof r),
+               cli_bytes(o->device_total, t, sizeof t));
+    } else if (!o->fits_unfragmented) {
+      char r[64], u[64];
+      o->expandable = 0;
+      cli_bytes(o->requested, r, sizeof r);
+      cli_bytes(usable, u, sizeof u);
+      if (strcmp(r, u) == 0) { /* "8.00 MiB ... than 8.00 MiB": exact too */
+        snprintf(r + strlen(r), sizeof r - strlen(r), ", %" PRIu64 " B",
+                 o->requested);
+        snprintf(u + strlen(u), sizeof u - strlen(u), ", %" PRIu64 " B",
+                 usable);
+      }
+      snprintf(o->expandable_why, sizeof o->expandable_why,
+               "the request (%s) is larger than all the process could still "
+               "use at the OOM (%s: free device memory plus its cached free "
+               "blocks): no layout fits it", r, u);
+    } else if (whatif) {
       /* expandable segments on a device of what this process could use */
       visit_t w = {.want = {o->state, CLI_NO_PAIR}, .dev = dev, .ask = true,
                    .request = o->requested, .stream = o->stream,

@@ -166,7 +166,8 @@ int cli_sites_init(cli_sites_t *x, const msnap_snap_t *s) {
     cli_sites_free(x);
     return -1;
   }
-  x->site[CLI_SITEIX_NONE] = (cli_site_t){CLI_SITE_NONE, CLI_SITE_NONE};
+  /* the empty stack: only trace entries are looked up by stack here */
+  x->site[CLI_SITEIX_NONE] = (cli_site_t){cli_empty_site(s), CLI_SITE_NONE};
   x->site[CLI_SITEIX_BEFORE] = (cli_site_t){CLI_SITE_BEFORE_TRACE,
                                             CLI_SITE_NONE};
   x->n = 2;
@@ -201,7 +202,8 @@ void cli_sites_free(cli_sites_t *x) {
 }
 
 bool cli_sites_check(const cli_sites_t *x) {
-  if (x->n < 2 || x->site[CLI_SITEIX_NONE].frame != CLI_SITE_NONE ||
+  if (x->n < 2 || (x->site[CLI_SITEIX_NONE].frame != CLI_SITE_NONE &&
+                    x->site[CLI_SITEIX_NONE].frame != CLI_SITE_NO_PYTHON) ||
       x->site[CLI_SITEIX_BEFORE].frame != CLI_SITE_BEFORE_TRACE)
     return false;
   for (uint32_t st = 0; st < x->nstacks; st++)

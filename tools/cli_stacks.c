@@ -115,6 +115,7 @@ int cli_stacks_init(cli_stacks_t *x, const msnap_snap_t *s) {
   memset(x, 0, sizeof *x);
   x->s = s;
   x->ndev = s->ndevices;
+  x->empty_site = cli_empty_site(s);
   x->dev = calloc((size_t)x->ndev + 1, sizeof *x->dev);
   if (!x->dev)
     return -1;
@@ -215,5 +216,10 @@ cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev,
   msnap_stack_t st = cli_stacks_block(x, dev, addr, b, &src);
   if (src == CLI_SRC_BEFORE_TRACE)
     return (cli_site_t){CLI_SITE_BEFORE_TRACE, CLI_SITE_NONE};
+  /* no frames of its own, and its live alloc entry has none either */
+  if (src == CLI_SRC_NONE && cli_block_active(b) && dev >= 0 &&
+      (uint64_t)dev < x->ndev && x->dev[dev].has_trace &&
+      cli_stacks_live_entry(x, dev, addr) >= 0)
+    return (cli_site_t){x->empty_site, CLI_SITE_NONE};
   return cli_site(x->s, st);
 }

@@ -8,6 +8,7 @@
  * must not crash the CLI): they answer "absent".
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -242,6 +243,21 @@ static bool is_third_party(const char *f, size_t n) {
   return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
 }
 
+uint32_t cli_empty_site(const msnap_snap_t *s) {
+  bool python = false;
+  for (uint32_t i = 0; i < s->nframes; i++) {
+    size_t fl;
+    const char *file = cli_str(s, s->frames[i].filename, &fl);
+    /* a Python frame: a .py file, or "<string>", "<frozen ...>",
+     * "<ipython-input-...>" */
+    if (is_python_file(file, fl) || (fl > 0 && file[0] == '<'))
+      python = true;
+    else
+      return CLI_SITE_NONE; /* a native frame: C++ stacks were recorded */
+  }
+  return python ? CLI_SITE_NO_PYTHON : CLI_SITE_NONE;
+}
+
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);
@@ -363,6 +379,10 @@ static void site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                         size_t len) {
   if (site.frame == CLI_SITE_BEFORE_TRACE) {
     snprintf(buf, len, "%s", CLI_SITE_BEFORE_TEXT);
+    return;
+  }
+  if (site.frame == CLI_SITE_NO_PYTHON) {
+    snprintf(buf, len, "%s", CLI_SITE_NO_PYTHON_TEXT);
     return;
   }
   if (site.frame >= s->nframes) {
@@ -622,11 +642,27 @@ void cli_output_failed(const char *fmt, ...) {
   cli_err("%s", output_error);
 }
 
+void cli_write_failed(const char *out, const char *what, const char *reason) {
+  const char *shown = cli_output_shown(out);
+  char quoted[4096];
+  snprintf(quoted, sizeof quoted, "'%s'", out);
+  if (strncmp(reason, "cannot write '", 14) == 0)
+    /* the library's own refusals: "cannot write 'OUT': ..." */
+    cli_output_failed("%s", reason);
+  else if (strstr(reason, quoted) != NULL)
+    /* "writing 'OUT' failed: ...": the path is named already */
+    cli_output_failed("cannot write%s%s: %s", what[0] ? " " : "", what,
+                      reason);
+  else
+    cli_output_failed("%s: cannot write%s%s: %s", shown, what[0] ? " " : "",
+                      what, reason);
+}
+
 int cli_write_file(const char *path, const void *data, size_t len) {
   msnap_atomic_file_t f;
   int rc = msnap__atomic_open(&f, path);
   if (rc != 0) {
-    cli_output_failed("%s", msnap_last_error());
+    cli_write_failed(path, "", msnap_last_error());
     return -1;
   }
   msnap_sink_t sink;
@@ -638,15 +674,47 @@ int cli_write_file(const char *path, const void *data, size_t len) {
   if (rc != 0) {
     int e = msnap_last_errno();
     msnap__atomic_abort(&f);
-    cli_output_failed("%s: write failed: %s", path,
-                      e ? strerror(e) : msnap_strerror(rc));
+    char why[512];
+    snprintf(why, sizeof why, "write failed: %s",
+             e ? strerror(e) : msnap_strerror(rc));
+    cli_write_failed(path, "", why);
     return -1;
   }
   if (msnap__atomic_commit(&f) != 0) {
-    cli_output_failed("%s", msnap_last_error());
+    cli_write_failed(path, "", msnap_last_error());
     return -1;
   }
   return 0;
+}
+
+/*
+ * Where OUT leads, resolved as the final write will (base/outpath.c: the
+ * link rule, a name ending in '/', every directory on the way): refused
+ * with the writer's own reason, and a new or regular file also when its
+ * directory is not writable (the write creates a temporary there), so
+ * that a long command (replay) fails before its work, not after.  What
+ * only the write can tell (a full disk) is still reported by it.
+ */
+static int check_output_dir(const char *cmd, const char *out) {
+  msnap_outpath_t o;
+  int rc = msnap__outpath_resolve(&o, out);
+  if (rc != 0) {
+    fprintf(stderr, "memsnap %s: %s\n", cmd, msnap_last_error());
+    return CLI_UNUSABLE;
+  }
+  bool file = o.fd < 0 && (!o.exists || S_ISREG(o.st.st_mode));
+  int e = 0;
+  if (file && faccessat(o.dirfd, ".", W_OK | X_OK, 0) != 0)
+    e = errno;
+  else if (o.fd < 0 && !file && faccessat(o.dirfd, o.name, W_OK, 0) != 0)
+    e = errno;
+  msnap__outpath_release(&o);
+  if (e != 0) {
+    fprintf(stderr, "memsnap %s: cannot write '%s': %s%s\n", cmd, out,
+            file ? "its directory is not writable: " : "", strerror(e));
+    return CLI_UNUSABLE;
+  }
+  return CLI_OK;
 }
 
 /*
@@ -663,7 +731,7 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
   }
   struct stat so;
   if (stat(out, &so) != 0)
-    return CLI_OK; /* does not exist (yet): fine */
+    return check_output_dir(cmd, out); /* does not exist (yet) */
   if (S_ISDIR(so.st_mode)) {
     fprintf(stderr, "memsnap %s: '%s' is a directory\n", cmd, out);
     return CLI_UNUSABLE;
@@ -678,7 +746,7 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
       return CLI_UNUSABLE;
     }
   }
-  return CLI_OK;
+  return check_output_dir(cmd, out);
 }
 
 char cli_stdout_kept[32];

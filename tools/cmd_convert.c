@@ -184,11 +184,13 @@ int cli_cmd_convert(int argc, char **argv) {
   msnap__snap_free(s);
   if (rc) {
     const char *le = msnap_last_error();
-    cli_err("%s: cannot write: %s%s [%s]", out,
-            why[0] ? why : le[0] ? le : msnap_strerror(rc),
-            why[0] ? " (a pickle MemoryViz reads holds values below 2^63)"
-                   : "",
-            msnap_err_name(rc));
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%s%s [%s]",
+             why[0] ? why : le[0] ? le : msnap_strerror(rc),
+             why[0] ? " (a pickle MemoryViz reads holds values below 2^63)"
+                    : "",
+             msnap_err_name(rc));
+    cli_write_failed(out, "", reason);
     return CLI_UNUSABLE;
   }
   fprintf(stderr, "memsnap: wrote %s (%s)\n", cli_output_shown(out),

@@ -22,6 +22,16 @@
  * Common leaks.  A site that is a leak candidate in at least 2 ranks,
  * with the number of ranks.
  *
+ * One process, several files.  Files whose process_info name the same
+ * host and pid (and the same rank, or none) are dumps of one process (an OOM dump per OOM, successive
+ * _dump_snapshot calls), not ranks: the latest of them (the last time_us
+ * of its traces, else the file name, which for OOM dumps holds the time)
+ * stands for the process; the others are listed, marked with the file
+ * that stands for them, and count nowhere else (medians, outliers,
+ * common leaks, OOM ranks, the rank and world-size checks), with a
+ * warning.  Without a host and a pid (PyTorch's own dumps) files are
+ * taken as ranks.
+ *
  * Parallel, bounded.  Files are analysed by -j worker threads (default:
  * the online CPUs, at most 16), each loading one file at a time and
  * keeping only the figures, so at most -j models are in memory at once.
@@ -64,6 +74,10 @@ typedef struct rank_s {
   uint64_t largest_free, free_segments_bytes;
   uint32_t ooms;
   uint64_t oom_requested;
+  bool have_last_time;
+  int64_t last_time_us; /* the latest time_us of its traces */
+  int32_t same_process; /* index of the file that stands for its process,
+                           -1: itself (set after sorting)             */
   uint32_t steps;
   cli_leak_t *leaks;
   uint32_t nleaks;
@@ -143,11 +157,17 @@ static void analyse(rank_t *r, double min_conf) {
       r->m[0] += pr;
       r->m[1] += pa;
       r->have_peak = true;
-      for (uint32_t i = 0; i < tl->n; i++)
+      for (uint32_t i = 0; i < tl->n; i++) {
         if (tl->v[i].action == MSNAP_ACTION_OOM) {
           r->ooms++;
           r->oom_requested = tl->v[i].size;
         }
+        if ((msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) &&
+            (!r->have_last_time || tl->v[i].time_us > r->last_time_us)) {
+          r->have_last_time = true;
+          r->last_time_us = tl->v[i].time_us;
+        }
+      }
     }
     cli_leaks_t l;
     if (cli_leaks_steps(s, devs[d], NULL, min_conf, &l) != 0) {
@@ -218,7 +238,7 @@ static void outliers(rank_t *r, uint32_t n, double med[NMETRICS],
   for (int k = 0; k < NMETRICS; k++) {
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++)
-      if (r[i].ok && r[i].have_m[k])
+      if (r[i].ok && r[i].same_process < 0 && r[i].have_m[k])
         v[m++] = r[i].m[k];
     have_med[k] = m > 0;
     if (m == 0)
@@ -231,7 +251,7 @@ static void outliers(rank_t *r, uint32_t n, double med[NMETRICS],
     double mad = median(v, m);
     double limit = fmax(3.5 * 1.4826 * mad, fmax(0.05 * med[k], (double)MIB));
     for (uint32_t i = 0; i < n; i++)
-      if (r[i].ok && r[i].have_m[k] &&
+      if (r[i].ok && r[i].same_process < 0 && r[i].have_m[k] &&
           fabs((double)r[i].m[k] - med[k]) > limit) {
         r[i].outlier = true;
         r[i].dev_ratio[k] = med[k] > 0 ? (double)r[i].m[k] / med[k] : INFINITY;
@@ -360,11 +380,15 @@ static void usage(FILE *f) {
           "figures lie far from the others' median (|x - median| >\n"
           "max(3.5 x 1.4826 x MAD, 5%% of the median, 1 MiB)) are flagged\n"
           "as outliers; leak sites found in 2 or more ranks are listed.\n"
+          "Files of one process (the same host, pid and rank in their\n"
+          "process_info: successive OOM dumps) are one rank: the latest\n"
+          "stands for it, the earlier ones are listed but not counted.\n"
           "Files are analysed in parallel, one at a time per thread.\n"
           "\n"
           "  -j N       threads (default: the online CPUs, at most 16)\n"
           "  --top N    common leak sites shown (default 10, 0 = all)\n"
-          "  --json     {files, ranks: [{file, rank, world_size, host,\n"
+          "  --json     {files, ranks: [{file, rank, same_process_as,\n"
+          "             world_size, host,\n"
           "             pid, peak_reserved_bytes, peak_allocated_bytes,\n"
           "             reserved_bytes, allocated_bytes, fragmentation,\n"
           "             ooms, leak_candidates, outlier, outlier_metrics,\n"
@@ -374,6 +398,59 @@ static void usage(FILE *f) {
           "  -h, --help this text\n"
           "\nExit status: 0 no outlier, 1 outlier ranks, 2 unusable input\n"
           "(no file could be read).\n");
+}
+
+/* True when b is a later dump of its process than a. */
+static bool later_dump(const rank_t *a, const rank_t *b) {
+  if (a->have_last_time && b->have_last_time &&
+      a->last_time_us != b->last_time_us)
+    return b->last_time_us > a->last_time_us;
+  if (a->have_last_time != b->have_last_time)
+    return b->have_last_time;
+  return strcmp(b->file, a->file) > 0;
+}
+
+/* Set same_process of every file (see the top of this file); returns how
+ * many files another one stands for.  Quadratic in the files that share
+ * a pid only: files are sorted by (host, pid) first. */
+static int cmp_proc(const void *a, const void *b, void *arg) {
+  const rank_t *r = arg;
+  const rank_t *x = &r[*(const uint32_t *)a], *y = &r[*(const uint32_t *)b];
+  int c = strcmp(x->host, y->host);
+  if (c)
+    return c;
+  if (x->pid != y->pid)
+    return x->pid < y->pid ? -1 : 1;
+  /* one process that recorded as several ranks (a simulation of a job,
+   * msnap_set_process_rank) holds several ranks */
+  return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static uint32_t same_process(rank_t *r, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    r[i].same_process = -1;
+  uint32_t *ix = malloc(((size_t)n + 1) * sizeof *ix);
+  if (!ix)
+    return 0;
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (r[i].ok && r[i].pid >= 0 && r[i].host[0])
+      ix[m++] = i;
+  qsort_r(ix, m, sizeof *ix, cmp_proc, r);
+  uint32_t nsame = 0;
+  for (uint32_t a = 0, e; a < m; a = e) {
+    uint32_t best = ix[a];
+    for (e = a + 1; e < m && cmp_proc(&ix[a], &ix[e], r) == 0; e++)
+      if (later_dump(&r[best], &r[ix[e]]))
+        best = ix[e];
+    for (uint32_t q = a; q < e; q++)
+      if (ix[q] != best) {
+        r[ix[q]].same_process = (int32_t)best;
+        nsame++;
+      }
+  }
+  free(ix);
+  return nsame;
 }
 
 static int cmp_rank(const void *a, const void *b) {
@@ -430,48 +507,94 @@ int cli_cmd_fleet(int argc, char **argv) {
     pthread_join(th[t], NULL);
   free(th);
   qsort(r, n, sizeof *r, cmp_rank);
+  uint32_t nsame = same_process(r, n);
 
+  /* from here on a file that another stands for is not a rank */
   uint32_t nok = 0;
   for (uint32_t i = 0; i < n; i++)
-    nok += r[i].ok;
+    nok += r[i].ok && r[i].same_process < 0;
   double med[NMETRICS] = {0};
   bool have_med[NMETRICS] = {0};
   outliers(r, n, med, have_med);
 
-  /* warnings: duplicate ranks, missing ranks, unreadable files */
-  char warn[4][512];
+  /* warnings: dumps of one process, duplicate ranks, missing ranks,
+   * unreadable files */
+  char warn[5][768];
   uint32_t nwarn = 0;
   int64_t world = -1;
-  for (uint32_t i = 0; i < n; i++)
+  uint32_t nread = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    nread += r[i].ok;
     if (r[i].ok && r[i].world_size > world)
       world = r[i].world_size;
-  for (uint32_t i = 1; i < n && nwarn < 1; i++)
-    if (r[i].ok && r[i].rank >= 0 && r[i].rank == r[i - 1].rank &&
-        r[i - 1].ok)
+  }
+  if (nsame) {
+    /* how many processes have several files; the first of them */
+    uint32_t *others = calloc((size_t)n + 1, sizeof *others);
+    uint32_t procs = 0, fp = UINT32_MAX, files = 0;
+    for (uint32_t i = 0; others && i < n; i++)
+      if (r[i].same_process >= 0)
+        others[r[i].same_process]++;
+    for (uint32_t i = 0; others && i < n; i++)
+      if (others[i]) {
+        procs++;
+        if (fp == UINT32_MAX) {
+          fp = i;
+          files = others[i];
+        }
+      }
+    free(others);
+    if (fp == UINT32_MAX) { /* no memory for the count: name one */
+      for (uint32_t i = 0; i < n && fp == UINT32_MAX; i++)
+        if (r[i].same_process >= 0)
+          fp = (uint32_t)r[i].same_process;
+      procs = 1;
+      files = nsame;
+    }
+    char procs_s[48];
+    snprintf(procs_s, sizeof procs_s, procs == 1 ? "one process"
+                                                 : "%u processes", procs);
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "%u file%s %s earlier dump%s of %s, not other ranks: files "
+             "with the same host, pid and rank in process_info come from "
+             "one process (%s%u files of pid %" PRId64 " on %s, the latest of "
+             "them, %s, stands for it); earlier dumps are listed but not "
+             "counted",
+             nsame, nsame == 1 ? "" : "s", nsame == 1 ? "is an" : "are",
+             nsame == 1 ? "" : "s", procs_s, procs == 1 ? "" : "e.g. ",
+             files + 1, r[fp].pid, r[fp].host, r[fp].file);
+  }
+  for (uint32_t i = 1, prev = 0; i < n && nwarn < 2; i++) {
+    if (!r[i].ok || r[i].same_process >= 0)
+      continue;
+    if (r[prev].ok && r[prev].same_process < 0 && prev != i &&
+        r[i].rank >= 0 && r[i].rank == r[prev].rank)
       snprintf(warn[nwarn++], sizeof warn[0],
                "rank %" PRId64 " appears more than once (%s, %s): compare "
                "files of one job and one moment",
-               r[i].rank, r[i - 1].file, r[i].file);
+               r[i].rank, r[prev].file, r[i].file);
+    prev = i;
+  }
   if (world > 0 && nok < (uint64_t)world)
     snprintf(warn[nwarn++], sizeof warn[0],
              "world size %" PRId64 " but %u readable rank file%s", world,
              nok, nok == 1 ? "" : "s");
-  if (nok < n)
+  if (nread < n)
     snprintf(warn[nwarn++], sizeof warn[0],
-             "%u file%s could not be read (see their error)", n - nok,
-             n - nok == 1 ? "" : "s");
+             "%u file%s could not be read (see their error)", n - nread,
+             n - nread == 1 ? "" : "s");
 
   /* common leaks */
   uint32_t nlk = 0;
   for (uint32_t i = 0; i < n; i++)
-    nlk += r[i].nleaks;
+    nlk += r[i].same_process < 0 ? r[i].nleaks : 0;
   lk_t *lk = calloc((size_t)nlk + 1, sizeof *lk);
   common_t *cm = calloc((size_t)nlk + 1, sizeof *cm);
   uint32_t ncm = 0;
   if (lk && cm) {
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++)
-      for (uint32_t q = 0; q < r[i].nleaks; q++)
+      for (uint32_t q = 0; q < r[i].nleaks && r[i].same_process < 0; q++)
         lk[k++] = (lk_t){r[i].leaks[q].site, i,
                          r[i].leaks[q].last - r[i].leaks[q].first};
     qsort(lk, nlk, sizeof *lk, cmp_lk);
@@ -488,7 +611,7 @@ int cli_cmd_fleet(int argc, char **argv) {
   uint32_t nout = 0, noom = 0;
   for (uint32_t i = 0; i < n; i++) {
     nout += r[i].outlier;
-    noom += r[i].ok && r[i].ooms;
+    noom += r[i].ok && r[i].same_process < 0 && r[i].ooms;
   }
   char b[6][32];
   if (json) {
@@ -517,6 +640,11 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_key(&j, "rank_source");
       if (x->rank_source)
         cj_cstr(&j, x->rank_source);
+      else
+        cj_null(&j);
+      cj_key(&j, "same_process_as");
+      if (x->same_process >= 0)
+        cj_cstr(&j, r[x->same_process].file);
       else
         cj_null(&j);
       cj_key(&j, "error");
@@ -617,7 +745,7 @@ int cli_cmd_fleet(int argc, char **argv) {
     cj_key(&j, "oom_ranks");
     cj_arr(&j);
     for (uint32_t i = 0; i < n; i++)
-      if (r[i].ok && r[i].ooms)
+      if (r[i].ok && r[i].same_process < 0 && r[i].ooms)
         cj_cstr(&j, r[i].file);
     cj_arr_end(&j);
     cj_key(&j, "common_leaks");
@@ -676,6 +804,10 @@ int cli_cmd_fleet(int argc, char **argv) {
              cli_bytes(x->m[4], b[3], sizeof b[3]),
              cli_bytes(x->largest_free, b[4], sizeof b[4]), x->ooms,
              x->nleaks, x->file, x->outlier ? "  <- outlier" : "");
+      if (x->same_process >= 0)
+        printf("%5s %-10s earlier dump of the same process (pid %" PRId64
+               "): not counted; %s stands for it\n",
+               "", "", x->pid, r[x->same_process].file);
     }
     if (nout) {
       printf("\noutliers (far from the median of the ranks):\n");
@@ -698,7 +830,7 @@ int cli_cmd_fleet(int argc, char **argv) {
     if (noom) {
       printf("\nranks with an OOM:\n");
       for (uint32_t i = 0; i < n; i++)
-        if (r[i].ok && r[i].ooms)
+        if (r[i].ok && r[i].same_process < 0 && r[i].ooms)
           printf("  %s: %u OOM%s, last request %s (memsnap summary %s "
                  "explains it)\n",
                  r[i].file, r[i].ooms, r[i].ooms == 1 ? "" : "s",

@@ -62,7 +62,7 @@ static void usage(FILE *f) {
           "                    mismatches, reason, devices, recording}\n"
           "  --max-mismatches N  mismatches listed per device (default 10)\n"
           "  --device-memory B the simulated device's memory (default 1T;\n"
-          "                    K/M/G/T suffixes): give the recording\n"
+          "                    a size such as 80G or 1.5T): give the recording\n"
           "                    device's total when the configuration depends\n"
           "                    on it (per_process_memory_fraction,\n"
           "                    garbage_collection_threshold, OOMs)\n"
@@ -262,7 +262,7 @@ int cli_cmd_replay(int argc, char **argv) {
       (!msnap__parse_size(devmem_arg, &devmem) || devmem < (2ull << 20) ||
        devmem > (1ull << 48)))
     return cli_usage_error("replay", "--device-memory needs 2M..256T bytes "
-                                     "(K/M/G/T suffixes)");
+                                     "(a size such as 80G or 1.5T)");
   const char *file = argv[first];
   msnap_snap_t *s;
   if (cli_load(file, &s) != CLI_OK)

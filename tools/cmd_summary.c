@@ -700,6 +700,17 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   printf("  requested        %s (%" PRIu64 " B, rounded; %s pool)\n",
          cli_bytes(o->requested, b1, sizeof b1), o->requested,
          o->small_pool ? "small" : "large");
+  char buf[700];
+  if (o->segment_size && o->segment_size != o->requested) {
+    /* PyTorch's message names this size, not the request:
+     * "Tried to allocate <get_allocation_size(size)>" */
+    snprintf(buf, sizeof buf,
+             "%s (%" PRIu64 " B): the allocation size of the new segment "
+             "(get_allocation_size), the size PyTorch's \"Tried to "
+             "allocate\" names",
+             cli_bytes(o->segment_size, b1, sizeof b1), o->segment_size);
+    print_wrapped("new segment", buf);
+  }
   if (o->have_total)
     printf("  device           %s free of %s\n",
            cli_bytes(o->device_free, b1, sizeof b1),
@@ -707,7 +718,6 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   else
     printf("  device           %s free (total not recorded in this file)\n",
            cli_bytes(o->device_free, b1, sizeof b1));
-  char buf[700];
   snprintf(buf, sizeof buf, "reserved %s, live allocations %s requested",
            cli_bytes(o->reserved, b1, sizeof b1),
            cli_bytes(o->active_requested, b2, sizeof b2));

@@ -1133,10 +1133,9 @@ int replay_write(replay_t *r, const char *out) {
     e = msnap_dump_snapshot(r->a, &so, out);
   }
   if (e != 0) {
-    cli_output_failed("%s: cannot write the replayed snapshot: %s",
-                      cli_output_shown(out),
-                      msnap_last_error()[0] ? msnap_last_error()
-                                            : msnap_strerror(e));
+    cli_write_failed(out, "the replayed snapshot",
+                     msnap_last_error()[0] ? msnap_last_error()
+                                           : msnap_strerror(e));
     return CLI_UNUSABLE;
   }
   fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n",

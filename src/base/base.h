@@ -118,9 +118,12 @@ uint64_t msnap__env_size(msnap_env_t var, uint64_t dflt);
 uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
                           uint64_t hi);
 uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min);
-/* A size: decimal digits with an optional K/M/G/T suffix (binary), then
- * an optional B or iB.  False for malformed text; UINT64_MAX on overflow.
- * The one size parser of memsnap (environment, CLI options). */
+/* A size: decimal digits with an optional fraction, optional spaces, an
+ * optional K/M/G/T/P suffix (binary) then an optional B or iB, or a bare
+ * B ("1.5G", "80GB", "512 M"); the fraction counts exactly, truncated to
+ * bytes.  False for malformed text; UINT64_MAX on overflow.  The one size
+ * parser of memsnap (environment, CLI options); Python's
+ * memsnap.predict.parse_size accepts the same forms. */
 bool msnap__parse_size(const char *s, uint64_t *out);
 /* The parsers behind them, on a value already read (`name` is only used
  * in the warning and as the warn-once key; it must outlive the process). */

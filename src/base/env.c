@@ -10,10 +10,12 @@
  * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option
  * (MEMSNAP_INPUT_LIMIT: the most bytes the snapshot reader takes from a
  *                      pipe, a FIFO or a decompressor; default 8G):
- *                      a decimal number with an optional binary suffix
- *                      K, M, G or T (optionally followed by "B" or "iB",
- *                      any case): "64G" = 64 GiB.  Values that overflow
- *                      64 bits are clamped to UINT64_MAX.
+ *                      a decimal number, a fraction allowed, with an
+ *                      optional binary suffix K, M, G, T or P (optionally
+ *                      followed by "B" or "iB", any case) or a bare "B":
+ *                      "64G" = 64 GiB, "1.5G" (msnap__parse_size, the
+ *                      forms of memsnap.predict's --memory).  Values that
+ *                      overflow 64 bits are clamped to UINT64_MAX.
  * MEMSNAP_SIM_HOST_BACKED  "1": the sim runtime's device memory is real
  *                      host memory (runtime_sim.c); "0" or unset: address
  *                      ranges only (msnap__env_bool).
@@ -168,8 +170,38 @@ const char *msnap__env_runtime(void) {
 }
 
 /*
- * Parse a size with an optional K/M/G/T suffix.  Returns false for
- * malformed text; clamps to UINT64_MAX on overflow.
+ * floor(0.<d[0..n-1]> * 2^shift), exactly: the decimal fraction doubled
+ * `shift` times, each carry out of its first digit one bit of the result.
+ * Digits past the 64th cannot change it (2^-shift, shift <= 50, has at
+ * most 50 decimals, so a fraction at or above a multiple of it stays so
+ * when cut after 64 digits).
+ */
+static uint64_t frac_bits(const char *d, size_t n, unsigned shift) {
+  unsigned char dig[64];
+  if (n > sizeof dig) n = sizeof dig;
+  for (size_t i = 0; i < n; i++) dig[i] = (unsigned char)(d[i] - '0');
+  uint64_t f = 0;
+  for (unsigned b = 0; b < shift; b++) {
+    unsigned carry = 0;
+    for (size_t j = n; j > 0; j--) {
+      unsigned t = dig[j - 1] * 2u + carry;
+      dig[j - 1] = (unsigned char)(t % 10u);
+      carry = t / 10u;
+    }
+    f = f << 1 | carry;
+  }
+  return f;
+}
+
+/*
+ * Parse a size: decimal digits with an optional fraction ("1.5"), then
+ * optional spaces and an optional binary unit K, M, G, T or P (any case)
+ * followed by an optional "B" or "iB", or a bare "B": "64G", "80GB",
+ * "1.5TiB", "512 M", "1024B".  The fraction counts exactly, truncated to
+ * whole bytes ("0.1K" = 102).  The same forms as Python's
+ * memsnap.predict.parse_size (tests/runtime/size_forms.txt is the table
+ * both are tested with).  Returns false for malformed text; clamps to
+ * UINT64_MAX on overflow.
  */
 bool msnap__parse_size(const char *s, uint64_t *out) {
   while (isspace((unsigned char)*s)) s++;
@@ -182,12 +214,23 @@ bool msnap__parse_size(const char *s, uint64_t *out) {
     else v = v * 10 + d;
     s++;
   }
+  const char *frac = NULL;
+  size_t nfrac = 0;
+  if (*s == '.') {
+    s++;
+    if (!isdigit((unsigned char)*s)) return false;
+    frac = s;
+    while (isdigit((unsigned char)*s)) s++;
+    nfrac = (size_t)(s - frac);
+  }
+  while (isspace((unsigned char)*s)) s++;
   unsigned shift = 0;
   switch (toupper((unsigned char)*s)) {
   case 'K': shift = 10; break;
   case 'M': shift = 20; break;
   case 'G': shift = 30; break;
   case 'T': shift = 40; break;
+  case 'P': shift = 50; break;
   default: break;
   }
   if (shift != 0) {
@@ -197,11 +240,18 @@ bool msnap__parse_size(const char *s, uint64_t *out) {
       s += 2;
     else if (toupper((unsigned char)s[0]) == 'B')
       s++;
+  } else if (toupper((unsigned char)*s) == 'B') {
+    s++;
   }
   while (isspace((unsigned char)*s)) s++;
   if (*s != '\0') return false;
   if (shift != 0 && v > (UINT64_MAX >> shift)) overflow = true;
-  *out = overflow ? UINT64_MAX : (v << shift);
+  uint64_t r = overflow ? UINT64_MAX : (v << shift);
+  if (!overflow && frac != NULL && shift != 0) {
+    uint64_t f = frac_bits(frac, nfrac, shift);
+    r = r > UINT64_MAX - f ? UINT64_MAX : r + f;
+  }
+  *out = r;
   return true;
 }
 
@@ -213,7 +263,8 @@ uint64_t msnap__env_parse_size(const char *name, const char *v,
   if (first_warning(name))
     fprintf(stderr,
             "memsnap: warning: ignoring invalid size '%s' in %s (expected a "
-            "number with an optional K, M, G or T suffix); using %llu\n",
+            "number with an optional K, M, G, T or P suffix, e.g. 64G or "
+            "1.5G); using %llu\n",
             v, name, (unsigned long long)dflt);
   return dflt;
 }
@@ -259,9 +310,10 @@ uint64_t msnap__env_parse_size_min(const char *name, const char *v,
   if (first_warning(name))
     fprintf(stderr,
             "memsnap: warning: ignoring %s '%s': it must be at least %llu "
-            "bytes (a number with an optional K, M, G or T suffix); using "
-            "%llu\n",
-            name, v, (unsigned long long)min, (unsigned long long)dflt);
+            "byte%s (a number with an optional K, M, G, T or P suffix); "
+            "using %llu\n",
+            name, v, (unsigned long long)min, min == 1 ? "" : "s",
+            (unsigned long long)dflt);
   return dflt;
 }
 

@@ -1395,6 +1395,11 @@ static uint64_t le(const unsigned char *p, int n) {
     if (msnap_unlikely(rc_ < 0)) return rc_;                                  \
   } while (0)
 
+/* Every early end of the input (a refill, a frame, an argument line or the
+ * next opcode that the source cannot give) says that the pickle is
+ * truncated, then what was missing. */
+#define TRUNCATED "the pickle is truncated (the input ends early): "
+
 /* Make k bytes available at p: a refill of a streamed source, or an
  * error naming what is missing. */
 static int refill(msnap_pvm_t *vm, const unsigned char **p,
@@ -1404,8 +1409,9 @@ static int refill(msnap_pvm_t *vm, const unsigned char **p,
   if (rc == 0) return 0;
   if (rc == 1)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                           "needs %llu bytes but only %zu remain",
-                           (unsigned long long)k, (size_t)(*end - *p));
+                           TRUNCATED "needs %llu byte%s but only %zu remain",
+                           (unsigned long long)k, k == 1 ? "" : "s",
+                           (size_t)(*end - *p));
   return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
 }
 
@@ -1435,8 +1441,8 @@ static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
     int rc = msnap__source_fill(vm->src, pp, scanned + 1);
     *pend = vm->src->end;
     if (rc == 1)
-      return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                             "argument line has no terminating newline");
+      return msnap__pvm_fail(vm, MSNAP_EFORMAT, TRUNCATED
+                             "an argument line has no terminating newline");
     if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", vm->src->err);
   }
 }
@@ -1513,7 +1519,7 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
       if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
       if (rc == 1)
         return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                               "the pickle ended without STOP");
+                               TRUNCATED "it ended without STOP");
     }
     vm->op_off = (size_t)msnap__source_offset(src, p);
     if (msnap_unlikely(vm->op_off >= next_progress)) {
@@ -1541,7 +1547,8 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
         if (rc < 0) return msnap__pvm_fail(vm, rc, "%s", src->err);
         if (rc == 1)
           return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                                 "frame of %llu bytes but only %zu remain",
+                                 TRUNCATED
+                                 "a frame of %llu bytes but only %zu remain",
                                  (unsigned long long)n, (size_t)(end - p));
       }
       break;

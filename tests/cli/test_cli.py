@@ -252,6 +252,20 @@ def group_hostile():
                        (cmd[0], name))
     expect(not os.path.exists(os.path.join(TMP, "PWNED")),
            "the shell-command pickle ran nothing")
+    # A plain pickle cut anywhere says that it is truncated, then what was
+    # missing (a frame, a length, the STOP opcode), for a file and a pipe.
+    good = pickle.dumps(good_snapshot(), protocol=4)
+    for n in (1, 2, 10, 13, len(good) // 2, len(good) - 1):
+        path = write_bytes(good[:n], "cut.pickle")
+        rc, out, err = run("check", path)
+        with open(path, "rb") as f:
+            p = subprocess.run(WRAPPER + [MEMSNAP, "check", "-"], stdin=f,
+                               capture_output=True, text=True, timeout=120)
+        for how, r, e in (("file", rc, err), ("pipe", p.returncode, p.stderr)):
+            expect(r == 2 and "the pickle is truncated (the input ends "
+                   "early): " in e and "[MSNAP_EFORMAT]" in e,
+                   "a plain pickle cut after %d of %d bytes (%s) says it is "
+                   "truncated: %r" % (n, len(good), how, e.strip()[-200:]))
     # Well-formed pickles with nonsense content: random segments, states,
     # actions, addresses and sizes.  Every command ends with 0, 1 or 2.
     rnd = random.Random(99)
@@ -2062,7 +2076,93 @@ def group_explain():
     expect(rc == 0 and "failing allocation  u/train.py:77:step" in out and
            "fragmentation:" in out,
            "summary text: the failing allocation's line and the verdict")
+    expect("new segment" not in out,
+           "summary text: no 'new segment' line when the segment is the "
+           "request (30 MiB)")
+    # A 17 MiB request: get_allocation_size rounds it up to 2 MiB, 18 MiB,
+    # the size PyTorch's message names ("Tried to allocate 18.00 MiB");
+    # a 4 MiB request gets a kLargeBuffer (20 MiB) segment.
+    for req, seg in ((17 * MiB, 18 * MiB), (4 * MiB, 20 * MiB)):
+        snap = oom_snapshot()
+        snap["device_traces"][0][-1]["size"] = req
+        p2 = write_pickle(snap, "oom_seg.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        got = json.loads(out)["oom"].get("segment_size_bytes") if rc == 0 \
+            else None
+        rc, text, err = run("summary", p2)
+        line = [x for x in text.splitlines()
+                if x.startswith("  new segment")]
+        want = "  new segment      %.2f MiB (%d B): the allocation size" % (
+            seg / MiB, seg)
+        expect(rc == 0 and got == seg and len(line) == 1 and
+               line[0].startswith(want),
+               "summary text: a %d MiB request names its %d MiB segment "
+               "(%s; json %s)" % (req // MiB, seg // MiB, line, got))
 
+    # A request larger than the device (its total in memsnap's
+    # process_info) or than all the process could use fits in no layout:
+    # the expandable line says so, never "may or may not".
+    for total, why in ((128 * MiB, "is larger than the device's whole "
+                        "memory (128.00 MiB): no layout fits it"),
+                       (None, "is larger than all the process could still "
+                        "use at the OOM (42.00 MiB: free device memory plus "
+                        "its cached free blocks): no layout fits it")):
+        snap = oom_snapshot()
+        snap["device_traces"][0][-1]["size"] = 200 * MiB
+        if total:
+            snap["process_info"] = {"pid": 7, "devices": [
+                {"device": 0, "total_bytes": total}]}
+        p2 = write_pickle(snap, "oom_big.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        o = json.loads(out)["oom"] if rc == 0 else {}
+        rc, text, err = run("summary", p2)
+        flat = " ".join(text.split())
+        expect(o.get("fits_with_expandable_segments") is False and
+               why in o.get("expandable_segments_replay", "") and
+               "with expandable_segments:True the request would not have "
+               "fit: the request (200.00 MiB) " + why in flat and
+               "may or may not" not in text,
+               "summary: a 200 MiB request on a device of %s would not "
+               "have fit with expandable segments (%s)" %
+               (total, o.get("expandable_segments_replay")))
+
+    # An OOM entry without frames: in a recording of Python stacks only
+    # (no native frame anywhere) its thread ran no Python code -- an OOM
+    # in backward() on the device, allocated by autograd's device thread;
+    # with native frames recorded (stacks "all") nothing is claimed.
+    pyfr = [frame("step", "/home/u/train.py", 77),
+            frame("<module>", "/home/u/train.py", 90)]
+    for python_only in (True, False):
+        snap = oom_snapshot()
+        if python_only:
+            for seg in snap["segments"]:
+                seg["frames"] = pyfr
+                for blk in seg["blocks"]:
+                    blk["frames"] = pyfr if blk["frames"] else []
+            for e in snap["device_traces"][0]:
+                e["frames"] = pyfr
+        trace = snap["device_traces"][0]
+        trace[-1]["frames"] = []
+        # the last live allocation, also made without Python frames
+        trace[-2]["frames"] = []
+        segs = snap["segments"]
+        segs[-1]["blocks"][0]["frames"] = []
+        p2 = write_pickle(snap, "oom_nopy.pickle")
+        want = ("<no Python frames: allocated on a thread running no Python "
+                "code, such as autograd's backward thread>" if python_only
+                else "<no stack>")
+        rc, out, err = run("summary", "--json", p2)
+        js = json.loads(out) if rc == 0 else {}
+        o = js.get("oom") or {}
+        live = {x["site"]: x["bytes"] for x in o.get("top_live_sites", [])}
+        dev0 = (js.get("devices") or [{}])[0]
+        rc2, text, err2 = run("summary", p2)
+        expect(rc == 0 and o.get("site") == want and o.get("frames") == [] and
+               live.get(want) == 12 * MiB and
+               "failing allocation  " + want in text,
+               "summary: an OOM entry without frames (%s) is %r (%s; %s)" %
+               ("Python stacks only" if python_only else "native frames "
+                "recorded", want, o.get("site"), live))
     # leaks: demo-train with and without a planted leak
     d = os.path.join(TMP, "demo_leak.pickle")
     d0 = os.path.join(TMP, "demo.pickle")
@@ -2116,6 +2216,59 @@ def group_explain():
            and js.get("outliers") == [os.path.join(fleet, "r6.pickle")] and
            any("could not be read" in w for w in js.get("warnings", [])),
            "fleet: an unreadable file is reported, the others still are")
+
+    # Three OOM dumps of one process (same host and pid, successive
+    # times) and three other ranks: the latest dump stands for the
+    # process, the earlier two are listed, marked and counted nowhere.
+    same = os.path.join(TMP, "same")
+    os.makedirs(same)
+    for k, (pid, host, shift) in enumerate(
+            [(4230, "node7", 0), (4230, "node7", 10 ** 6),
+             (4230, "node7", 2 * 10 ** 6), (4231, "node7", 0),
+             (4232, "node7", 0), (4233, "node8", 0)]):
+        snap = oom_snapshot()
+        for e in snap["device_traces"][0]:
+            e["time_us"] += shift
+        snap["process_info"] = {"pid": pid, "host": host}
+        # named so that name order and time order disagree
+        write_pickle(snap, os.path.join("same", "dump%d.pickle" % (9 - k)))
+    rc, out, err = run("fleet", "--json", same)
+    js = json.loads(out) if out else {}
+    sp = {os.path.basename(x["file"]): x.get("same_process_as")
+          for x in js.get("ranks", [])}
+    latest = os.path.join(same, "dump7.pickle")
+    expect(rc == 0 and sp.get("dump9.pickle") == latest and
+           sp.get("dump8.pickle") == latest and sp.get("dump7.pickle") is None
+           and [sp[f] for f in ("dump6.pickle", "dump5.pickle",
+                                "dump4.pickle")] == [None] * 3 and
+           sorted(js.get("oom_ranks", [])) == sorted(
+               os.path.join(same, "dump%d.pickle" % k) for k in (4, 5, 6, 7))
+           and any("2 files are earlier dumps of one process, not other "
+                   "ranks: files with the same host, pid and rank" in w and "3 files of pid 4230 on node7" in w and
+                   latest in w for w in js.get("warnings", [])),
+           "fleet: three dumps of one process are one rank, the latest "
+           "standing for it (%s; %s)" % (sp, js.get("warnings")))
+    rc, out, err = run("fleet", same)
+    expect(rc == 0 and out.count("earlier dump of the same process (pid "
+                                 "4230): not counted; %s stands for it"
+                                 % latest) == 2,
+           "fleet text: the earlier dumps are marked in the table")
+    # without a host (PyTorch's own dumps have no process_info) files with
+    # equal pids are not taken for one process; nor are the ranks of one
+    # process that recorded as several ranks (a simulated job)
+    for info in ({"pid": 1}, {"pid": 1, "host": "h", "rank": None}):
+        for k in range(3):
+            snap = oom_snapshot()
+            snap["process_info"] = dict(info)
+            if "rank" in info:
+                snap["process_info"]["rank"] = k
+            write_pickle(snap, os.path.join("same", "dump%d.pickle" % (9 - k)))
+        rc, out, err = run("fleet", "--json", same)
+        js = json.loads(out) if out else {}
+        expect(rc == 0 and all(x.get("same_process_as") is None
+                               for x in js.get("ranks", [])) and
+               not any("earlier dump" in w for w in js.get("warnings", [])),
+               "fleet: %s groups nothing (%s)" % (info, js.get("warnings")))
 
     # replay -o keeps what the recording has (2.1: no time_us; the
     # requested sizes of blocks older than the trace)

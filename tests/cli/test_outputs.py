@@ -18,8 +18,10 @@ Groups:
           form, links and other users' files are not.
   failed  a write that fails (-o /dev/full, a missing directory, a path
           ending in '/' where nothing or a file is) for every command with
-          -o: exit 2, one line naming OUT, nothing written, and the --json
-          report says "output": null with the reason in "output_error".
+          -o: exit 2, one line naming OUT, nothing written; a path refused
+          by itself before any work (no report), /dev/full at the write
+          (the --json report says "output": null with the reason in
+          "output_error").
 """
 import json
 import os
@@ -301,11 +303,28 @@ def group_failed():
             lines = err.strip().splitlines()
             T.expect(rc == 2 and len(lines) == 1 and reason in err and
                      out in err and "it is a directory" not in err and
+                     err.count("cannot write") <= 1 and
                      sorted(os.listdir(here)) == ["afile"] and
                      open(os.path.join(here, "afile"), "rb").read() == SECRET,
                      "%s -o %s: exit 2, one line, nothing written (%d %r)"
                      % (name, what, rc, err[-300:]))
+            # What the path alone tells is refused before the command's
+            # work (the shared pre-check, cli_check_output): no report,
+            # the line names the command.  /dev/full fails at the write.
+            upfront = out != "/dev/full"
+            if upfront:
+                T.expect(stdout == "" and
+                         err.startswith("memsnap %s: " % argv[0]),
+                         "%s -o %s: refused before the work, no report "
+                         "(%r %r)" % (name, what, stdout[-200:], err[-200:]))
             if name not in json_cmds:
+                continue
+            if upfront:
+                rc, stdout, err = T.run(*(argv[:1] + ["--json"] + argv[1:] +
+                                          ["-o", out]))
+                T.expect(rc == 2 and stdout == "" and reason in err,
+                         "%s --json -o %s: refused before the work, no "
+                         "report (%d %r)" % (name, what, rc, err[-200:]))
                 continue
             jargv = argv[:1] + ["--json"] + argv[1:] + ["-o", out]
             rc, stdout, err = T.run(*jargv)
@@ -331,6 +350,40 @@ def group_failed():
                      "%s --json -o OUT: \"output\" the path, "
                      "\"output_error\" null (%d %r)" % (name, rc, err[-200:]))
             os.unlink(good)
+    # "cannot write" once, the path once, at the write (/dev/full) and
+    # before it (a dangling link: the library's own "cannot write '...'")
+    dangling = os.path.join(T.TMP, "dangling.out")
+    os.symlink(os.path.join(here, "nowhere", "x"), dangling)
+    for name, argv, _ok in commands(src):
+        for out in (dangling, "/dev/full"):
+            if out == "/dev/full" and not os.path.exists(out):
+                continue
+            rc, stdout, err = T.run(*(argv + ["-o", out]))
+            T.expect(rc == 2 and err.count("cannot write") == 1 and
+                     err.count(out) == 1,
+                     "%s -o %s: 'cannot write' and the path said once (%r)"
+                     % (name, out, err.strip()))
+    if os.geteuid() == 0:
+        # a directory the user cannot write (as `nobody`): refused up
+        # front too (root writes anywhere: only another user can show it)
+        ro = os.path.join(here, "readonly")
+        os.mkdir(ro, 0o755)
+        os.chmod(here, 0o755)
+        os.chmod(T.TMP, 0o755)
+        out = os.path.join(ro, "x.out")
+        p = subprocess.run(T.WRAPPER + [T.MEMSNAP, "convert", src, "-o", out],
+                           capture_output=True, text=True, timeout=300,
+                           preexec_fn=lambda: (os.setgid(NOBODY),
+                                               os.setuid(NOBODY)))
+        T.expect(p.returncode == 2 and p.stdout == "" and
+                 p.stderr == "memsnap convert: cannot write '%s': its "
+                 "directory is not writable: Permission denied\n" % out and
+                 os.listdir(ro) == [],
+                 "convert -o a directory not writable (as nobody): refused "
+                 "before the work (%d %r)" % (p.returncode, p.stderr))
+    else:
+        print("SKIP -o into a directory not writable: needs root to run as "
+              "another user (the other targets ran)")
     if T.allocator_available():
         # replay without -o: no output and no error
         train = os.path.join(T.TMP, "train.pickle")

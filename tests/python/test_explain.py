@@ -334,6 +334,102 @@ def test_oom_on_the_segment_size_is_not_called_fragmentation(tmp_path, profile):
     txt = run_cli("summary", dump)
     assert "segment size: the request" in txt.stdout
     assert "fragmentation:" not in txt.stdout
+    # the text names the segment as the allocator's message did
+    line = [x for x in txt.stdout.splitlines() if x.startswith("  new segment")]
+    assert line and line[0].startswith("  new segment      20.00 MiB (20971520 B)")
+
+
+BACKWARD_OOM = """\
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+name = mt.register_device("npu")
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+w = torch.randn(1024, 1024, device=name, requires_grad=True)
+x = torch.randn(2048, 1024, device=name)
+y = (x @ w).relu()
+keep = []
+try:
+    while True:                     # fill the device
+        keep.append(torch.empty(MiB, dtype=torch.uint8, device=name))
+except torch.OutOfMemoryError:
+    pass
+try:
+    y.sum().backward()              # runs on autograd's device thread
+except torch.OutOfMemoryError as e:
+    print("OOM", e)
+"""
+
+
+@needs_torch
+@pytest.mark.parametrize("stacks", ["python", "all"])
+def test_oom_in_backward_says_why_it_has_no_python_frames(tmp_path, stacks):
+    """An OOM in backward() on the device: autograd's device thread runs
+    no Python code, so with Python stacks its allocation has no frames,
+    and the explanation says why instead of "<no stack>"; with C stacks
+    recorded too it has native frames (autograd's node)."""
+    script = write_script(tmp_path, "train.py",
+                          BACKWARD_OOM.replace('stacks="python"',
+                                               f'stacks="{stacks}"'))
+    env = base_env(MEMSNAP_SIM_MEMORY="128M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path))
+    proc = run_file(script, env=env)
+    assert "OOM" in proc.stdout, proc.stdout + proc.stderr
+    dumps = sorted(glob.glob(str(tmp_path / "oom_snapshot_*.pickle")),
+                   key=os.path.getmtime)
+    with open(dumps[-1], "rb") as f:
+        snap = pickle.load(f)
+    entry = [e for e in snap["device_traces"][0] if e["action"] == "oom"][-1]
+    oom = run_cli("summary", "--json", dumps[-1]).json["oom"]
+    txt = run_cli("summary", dumps[-1]).stdout
+    if stacks == "python":
+        # the file itself: the oom entry has no frames, others have Python ones
+        assert not entry.get("frames")
+        assert any(e.get("frames") for e in snap["device_traces"][0])
+        want = ("<no Python frames: allocated on a thread running no Python "
+                "code, such as autograd's backward thread>")
+        assert oom["site"] == want
+        assert f"failing allocation  {want}" in txt
+    else:
+        assert entry.get("frames") and "<no " not in oom["site"]
+
+
+THREE_OOMS = """\
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+keep = [mm.caching_allocator_alloc(4 * MiB)]
+for k in range(3):                  # three OOMs, three dumps of one process
+    try:
+        mm.caching_allocator_alloc((100 + k) * MiB)
+    except MemoryError:
+        keep.append(mm.caching_allocator_alloc(2 * MiB))
+print("done")
+"""
+
+
+def test_fleet_takes_the_oom_dumps_of_one_process_for_one_rank(tmp_path):
+    """Three OOM dumps written by one process (memsnap's OOM_SNAPSHOT_ENABLE:
+    one file per OOM) are one rank for `memsnap fleet`: the latest stands
+    for the process, the two earlier ones are marked, with a warning."""
+    script = write_script(tmp_path, "train.py", THREE_OOMS)
+    env = base_env(MEMSNAP_SIM_MEMORY="64M", OOM_SNAPSHOT_ENABLE="1",
+                   OOM_SNAPSHOT_PATH=str(tmp_path))
+    run_file(script, env=env)
+    dumps = glob.glob(str(tmp_path / "oom_snapshot_*.pickle"))
+    assert len(dumps) == 3
+    js = run_cli("fleet", "--json", str(tmp_path)).json
+    ranks = js["ranks"]
+    latest = [r["file"] for r in ranks if r["same_process_as"] is None]
+    assert len(latest) == 1 and len(ranks) == 3
+    # the latest dump holds all three OOMs of the process
+    (last,) = [r for r in ranks if r["file"] == latest[0]]
+    assert last["ooms"] == 3
+    assert all(r["same_process_as"] == latest[0] for r in ranks
+               if r["file"] != latest[0])
+    assert js["oom_ranks"] == latest
+    assert any("2 files are earlier dumps of one process" in w
+               for w in js["warnings"])
 
 
 WORKSPACE_OOM = WORKSPACE_SETUP + r"""
@@ -368,7 +464,11 @@ def test_oom_live_sites_skip_torch_npu_workspace_entries(tmp_path):
     live = oom["top_live_sites"]
     assert sum(x["bytes"] for x in live) == oom["active_requested_bytes"]
     assert sum(x["count"] for x in live) == 4  # keep + the three 8 MiB
-    assert all(x["site"] != "<no stack>" for x in live)
+    # no entry without a stack: neither "<no stack>" nor "<no Python
+    # frames: ...>" (`keep`, allocated before the recording, is "<no
+    # stack: allocated before the trace>")
+    assert all(x["site"] == "<no stack: allocated before the trace>" or
+               not x["site"].startswith("<no ") for x in live)
 
 
 # --- leaks: diff of two dumps, steps of one recording --------------------------

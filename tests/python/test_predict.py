@@ -391,6 +391,45 @@ def test_memory_outside_the_device_range(tmp_path):
         api(memory="1K")
 
 
+SIZE_FORMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime",
+                          "size_forms.txt")
+
+
+def size_forms():
+    """(text, bytes or None) of the table C's msnap__parse_size is tested
+    with too (tests/runtime/test_env.c)."""
+    with open(SIZE_FORMS) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("#") or "|" not in line:
+                continue
+            text, _, want = line.rpartition("|")
+            yield text, None if want == "invalid" else int(want)
+
+
+def test_parse_size_accepts_what_the_c_parser_accepts():
+    """predict's --memory and MEMSNAP_SIM_MEMORY take the same forms: every
+    row of the shared table gives the same bytes (0 aside: a device size
+    must be positive), and a fractional size reaches the simulated device
+    through MEMSNAP_SIM_MEMORY (the C parser) exactly as parse_size reads
+    it."""
+    from memsnap.predict import parse_size
+
+    rows = list(size_forms())
+    assert len(rows) >= 40
+    for text, want in rows:
+        if want is None or want == 0:
+            with pytest.raises(ValueError):
+                parse_size(text)
+        else:
+            assert parse_size(text) == want, text
+    for text in ("1.5G", "80GB", "512 M"):
+        r = run_script("import memsnap.memory as mm\n"
+                       "print('RESULT', mm.mem_get_info(0)[1])\n",
+                       env=base_env(MEMSNAP_SIM_MEMORY=text))
+        assert r.result == parse_size(text) and "warning" not in r.stderr, text
+
+
 OS_EXIT = """import os, threading, torch
 x = torch.ones(1000, device="cuda")
 # A thread that never ends: only os._exit ends this process.

@@ -34,6 +34,25 @@ static const char *capture_end(FILE *tmp, int saved) {
   return captured;
 }
 
+/* The sim runtime brought up with VAR=VALUE (then unset): its device
+ * count and device 0's total memory, and what it printed on stderr. */
+static const char *sim_with(const char *var, const char *value, int *ndev,
+                            size_t *total) {
+  setenv(var, value, 1);
+  FILE *tmp;
+  int saved;
+  capture_begin(&tmp, &saved);
+  void *ctx = NULL;
+  const msnap_runtime_ops_t *rt = msnap_runtime_sim();
+  assert_int_equal(rt->init(&ctx), 0);
+  size_t fr = 0;
+  assert_int_equal(rt->device_count(ctx, ndev), 0);
+  assert_int_equal(rt->mem_get_info(ctx, 0, &fr, total), 0);
+  rt->fini(ctx);
+  unsetenv(var);
+  return capture_end(tmp, saved);
+}
+
 static void test_profile(void **state) {
   (void)state;
   msnap_profile_t p = MSNAP_PROFILE_NPU;
@@ -135,7 +154,7 @@ static void test_size(void **state) {
     setenv(v, ok[i].text, 1);
     assert_int_equal(msnap__env_parse_size(v, getenv(v), 7), ok[i].value);
   }
-  static const char *bad[] = {"abc", "-5", "12X", "1.5G", "G", "5 M B x"};
+  static const char *bad[] = {"abc", "-5", "12X", "1.5.2G", "G", "5 M B x"};
   FILE *tmp;
   int saved;
   capture_begin(&tmp, &saved);
@@ -148,6 +167,56 @@ static void test_size(void **state) {
   assert_non_null(strstr(out, "invalid size 'abc' in MEMSNAP_TEST_SIZE"));
   assert_null(strstr(out, "'-5'"));
   unsetenv(v);
+}
+
+/*
+ * The forms of a size, from the table Python's memsnap.predict.parse_size
+ * is tested with too (tests/runtime/size_forms.txt): the two parsers
+ * accept the same texts and give the same bytes.
+ */
+static void test_size_forms_table(void **state) {
+  (void)state;
+  const char *root = getenv("MEMSNAP_SOURCE_ROOT");
+  if (root == NULL) {
+    print_message("SKIP size_forms.txt: MEMSNAP_SOURCE_ROOT is not set\n");
+    skip();
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tests/runtime/size_forms.txt", root);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[256];
+  int rows = 0;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    char *bar = strrchr(line, '|');
+    if (line[0] == '#' || bar == NULL)
+      continue;
+    *bar = '\0';
+    const char *want = bar + 1;
+    uint64_t got = 7;
+    bool ok = msnap__parse_size(line, &got);
+    if (strcmp(want, "invalid") == 0) {
+      if (ok)
+        fail_msg("'%s': accepted (%llu), the table says invalid", line,
+                 (unsigned long long)got);
+    } else {
+      uint64_t v = strtoull(want, NULL, 10);
+      if (!ok || got != v)
+        fail_msg("'%s': %s %llu, the table says %llu", line,
+                 ok ? "got" : "refused", (unsigned long long)got,
+                 (unsigned long long)v);
+    }
+    rows++;
+  }
+  fclose(f);
+  assert_true(rows >= 40);
+  /* MEMSNAP_SIM_MEMORY takes them: 1.5G is a 1.5 GiB device, no warning */
+  int n = 0;
+  size_t tot = 0;
+  const char *out = sim_with("MEMSNAP_SIM_MEMORY", "1.5G", &n, &tot);
+  assert_int_equal(tot, (size_t)3 << 29);
+  assert_null(strstr(out, "MEMSNAP_SIM_MEMORY"));
 }
 
 /*
@@ -190,22 +259,13 @@ static void test_count(void **state) {
   }
   /* The real variable through the sim runtime: -1 warns about the count
    * and the runtime still comes up with one device. */
-  setenv("MEMSNAP_SIM_DEVICES", "-1", 1);
-  FILE *tmp;
-  int saved;
-  capture_begin(&tmp, &saved);
-  void *ctx = NULL;
-  const msnap_runtime_ops_t *rt = msnap_runtime_sim();
-  assert_int_equal(rt->init(&ctx), 0);
   int n = 0;
-  assert_int_equal(rt->device_count(ctx, &n), 0);
-  rt->fini(ctx);
-  const char *out = capture_end(tmp, saved);
+  size_t tot = 0;
+  const char *out = sim_with("MEMSNAP_SIM_DEVICES", "-1", &n, &tot);
   assert_int_equal(n, 1);
   assert_non_null(strstr(out, "MEMSNAP_SIM_DEVICES '-1' (expected a whole "
                               "number from 1 to 64)"));
   assert_null(strstr(out, "suffix"));
-  unsetenv("MEMSNAP_SIM_DEVICES");
 }
 
 /* MEMSNAP_SIM_MEMORY=0 warns (naming the variable) instead of silently
@@ -223,17 +283,13 @@ static void test_size_min(void **state) {
   assert_int_equal(msnap__env_parse_size_min(v, getenv(v), 7, 1), 7);
   const char *out = capture_end(tmp, saved);
   assert_non_null(strstr(out, "ignoring MEMSNAP_TEST_SIZE_MIN '0': it must "
-                              "be at least 1 bytes"));
+                              "be at least 1 byte (a number"));
   unsetenv(v);
-  setenv("MEMSNAP_SIM_MEMORY", "0", 1);
-  capture_begin(&tmp, &saved);
-  void *ctx = NULL;
-  const msnap_runtime_ops_t *rt = msnap_runtime_sim();
-  assert_int_equal(rt->init(&ctx), 0);
-  rt->fini(ctx);
-  out = capture_end(tmp, saved);
+  int n = 0;
+  size_t tot = 0;
+  out = sim_with("MEMSNAP_SIM_MEMORY", "0", &n, &tot);
   assert_non_null(strstr(out, "ignoring MEMSNAP_SIM_MEMORY '0'"));
-  unsetenv("MEMSNAP_SIM_MEMORY");
+  assert_int_equal(tot, (size_t)64 << 30); /* the default */
 }
 
 static void test_no_caching(void **state) {
@@ -320,6 +376,7 @@ int main(void) {
       cmocka_unit_test(test_rank),
       cmocka_unit_test(test_runtime),
       cmocka_unit_test(test_size),
+      cmocka_unit_test(test_size_forms_table),
       cmocka_unit_test(test_count),
       cmocka_unit_test(test_size_min),
       cmocka_unit_test(test_no_caching),

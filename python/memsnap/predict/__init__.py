@@ -35,6 +35,7 @@ import runpy
 import sys
 import threading
 import traceback
+from fractions import Fraction
 from typing import Any, Sequence
 
 from . import _device, _report, _snapshot
@@ -44,13 +45,18 @@ from ._session import (Config, ConfigError, PredictionStopped, Session, check_me
 __all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",
            "PredictionStopped"]
 
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*", re.IGNORECASE)
-_SHIFT = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
+# The forms of the C parser (msnap__parse_size, src/base/env.c), which reads
+# MEMSNAP_SIM_MEMORY: both are tested with tests/runtime/size_forms.txt.
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGTP])(?:I?B)?|B)?\s*",
+                   re.IGNORECASE | re.ASCII)
+_SHIFT = {"K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
 
 
 def parse_size(text: Any) -> int:
     """Bytes from an int or text such as ``64G``, ``80GB``, ``1.5TiB``,
-    ``512M``, ``1073741824`` (binary units, as MEMSNAP_SIM_MEMORY).
+    ``512 M``, ``1024B``, ``1073741824`` (binary units; the forms
+    MEMSNAP_SIM_MEMORY takes).  A fraction counts exactly, truncated to
+    whole bytes (``0.1K`` is 102).
 
     Raises:
         ValueError: anything else, or a size that is not positive.
@@ -62,7 +68,8 @@ def parse_size(text: Any) -> int:
         if m is None:
             raise ValueError(f"invalid size {text!r}: expected a number with an optional "
                              "K, M, G, T or P suffix (binary units), e.g. 64G")
-        n = int(float(m.group(1)) * (1 << _SHIFT[m.group(2).upper()]))
+        unit = m.group(2)
+        n = int(Fraction(m.group(1)) * (1 << (_SHIFT[unit.upper()] if unit else 0)))
     if n <= 0:
         raise ValueError(f"invalid size {text!r}: must be positive")
     return n
