@@ -122,6 +122,7 @@ struct msnap_pvm_s {
   fp_undo_t *undo;    /* memo writes of the batch, to roll back */
   uint32_t nundo, undo_cap;
   uint64_t fast_done, fast_rolled_back;
+  const msnap_pvm_refs_t *refs; /* lists of memo references (pickle.h) */
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -187,6 +188,10 @@ void msnap__pvm_set_checkpoint(
 
 void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on) {
   vm->fast = on && vm->cb != NULL;
+}
+
+void msnap__pvm_set_refs(msnap_pvm_t *vm, const msnap_pvm_refs_t *refs) {
+  vm->refs = refs;
 }
 
 void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
@@ -1179,6 +1184,30 @@ static bool fp_dict(fp_t *f, int depth) {
   return fp_close(f, MSNAP_POBJ_DICT, base, slot);
 }
 
+/* A list opened with memo slot `slot` whose one batch (at the MARK at
+ * f->q) is memo references the consumer's scan takes whole (pickle.h):
+ * its record without collecting the items.  false: nothing changed. */
+static bool fp_refs(fp_t *f, uint32_t slot) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *q = f->q + 1;
+  uint32_t n = vm->refs->scan(vm->cb_ctx, vm->memo, vm->memo_len, &q, f->end);
+  if (!n || q >= f->end || *q != MSNAP_OP_APPENDS) return false;
+  fp_t g = {vm, q + 1, f->end};
+  if (!fp_frames(&g) || (g.q < g.end && *g.q == MSNAP_OP_MARK)) return false;
+  /* (room for the record first: past close, nothing may fail) */
+  if (vm->nfitems == vm->fitems_cap &&
+      msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
+                  sizeof *vm->fitems) < 0)
+    return false;
+  msnap_pv_t out = vm->refs->close(vm->cb_ctx, n);
+  if (!out) return false;
+  f->q = g.q;
+  if (slot != UINT32_MAX && vm->memo[slot] == PV_PENDING)
+    vm->memo[slot] = out;
+  vm->fitems[vm->nfitems++] = out;
+  return true;
+}
+
 /* A list: ']' [put] then MARK value* APPENDS batches, one dict APPEND,
  * or nothing (empty). */
 static bool fp_list(fp_t *f, int depth) {
@@ -1192,6 +1221,11 @@ static bool fp_list(fp_t *f, int depth) {
       return false;
     f->q++;
   } else {
+    if (vm->refs && f->q < f->end && *f->q == MSNAP_OP_MARK &&
+        f->end - f->q >= 2 &&
+        (f->q[1] == MSNAP_OP_BINGET || f->q[1] == MSNAP_OP_LONG_BINGET) &&
+        fp_refs(f, slot))
+      return true;
     while (f->q < f->end && *f->q == MSNAP_OP_MARK) {
       f->q++;
       while (fp_frames(f) && f->q < f->end && *f->q != MSNAP_OP_APPENDS) {

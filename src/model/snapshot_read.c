@@ -143,6 +143,7 @@ typedef struct rd_s {
   uint32_t nspans, spans_cap;
   uint32_t nseg_records, nblock_records; /* made during the run */
   size_t len; /* input bytes: each memo reference costs >= 2 of them */
+  size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_buf) */
   bool any_current_key, any_time;
 } rd_t;
 
@@ -688,6 +689,53 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
 }
 
 /*
+ * The fast path's lists of memo references (pickle.h): a frame list
+ * encoded straight from its opcodes, as frames_to_stack would from its
+ * items -- scan takes frame records only, at most MSNAP_STACK_MAX_FRAMES
+ * of them, into msnap__snap_stack_buf's buffer; close appends the stack.
+ */
+static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
+                          uint32_t memo_len, const unsigned char **qp,
+                          const unsigned char *end) {
+  rd_t *r = ctx;
+  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
+  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
+  uint32_t room = 128, n = 0, prev = 0;
+  unsigned char *enc = msnap__snap_stack_buf(r->s, room), *o = enc;
+  if (!enc) return 0;
+  const unsigned char *q = *qp;
+  msnap_pv_t v;
+  while (msnap__pref_next(&q, end, memo, memo_len, &v) &&
+         (v & kind_mask) == want) {
+    if (msnap_unlikely(n == room)) {
+      if (n == MSNAP_STACK_MAX_FRAMES) break;
+      room = n * 2 < MSNAP_STACK_MAX_FRAMES ? n * 2 : MSNAP_STACK_MAX_FRAMES;
+      unsigned char *e = msnap__snap_stack_buf(r->s, room);
+      if (!e) break;
+      o = e + (o - enc);
+      enc = e;
+    }
+    uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+    o = msnap__stack_put2(o, prev, id);
+    prev = id;
+    n++;
+    *qp = q;
+  }
+  r->scan_nb = (size_t)(o - enc);
+  return n;
+}
+
+static msnap_pv_t refs_close(void *ctx, uint32_t n) {
+  rd_t *r = ctx;
+  unsigned char *enc = msnap__snap_stack_buf(r->s, 0);
+  msnap_stack_t st =
+      enc ? msnap__snap_stack_append(r->s, enc, r->scan_nb, n) : 0;
+  return st ? REC(REC_STACK, st) : 0;
+}
+
+static const msnap_pvm_refs_t frame_refs = {refs_scan, refs_close};
+
+/*
  * The VM's completion callback: classify a finished container by its
  * items and turn it into a record (see the header comment); *out stays 0
  * for shapes that remain generic.  The VM's fast path calls it with the
@@ -1139,6 +1187,7 @@ static int rd_init(rd_t *r, msnap_snap_t *s) {
   if (!r->vm) return MSNAP_ENOMEM;
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
   msnap__pvm_set_checkpoint(r->vm, snap_save, snap_restore);
+  msnap__pvm_set_refs(r->vm, &frame_refs);
   uint32_t maxid = 0;
   for (int k = 0; k < NKEYS; k++) {
     r->key_str[k] = msnap__snap_intern(s, key_names[k], strlen(key_names[k]));
