@@ -704,23 +704,49 @@ static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
   unsigned char *enc = msnap__snap_stack_buf(r->s, room), *o = enc;
   if (!enc) return 0;
   const unsigned char *q = *qp;
-  msnap_pv_t v;
-  while (msnap__pref_next(&q, end, memo, memo_len, &v) &&
-         (v & kind_mask) == want) {
+  for (;;) {
     if (msnap_unlikely(n == room)) {
       if (n == MSNAP_STACK_MAX_FRAMES) break;
       room = n * 2 < MSNAP_STACK_MAX_FRAMES ? n * 2 : MSNAP_STACK_MAX_FRAMES;
       unsigned char *e = msnap__snap_stack_buf(r->s, room);
-      if (!e) break;
+      if (!e) return 0;
       o = e + (o - enc);
       enc = e;
+    }
+    msnap_pv_t v;
+    /* (msnap__pref_next, its usual case first and without its end tests
+     * while 6 bytes are left) */
+    if (msnap_likely(end - q >= 6)) {
+      uint64_t idx;
+      if (q[0] == MSNAP_OP_LONG_BINGET) {
+        idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 | (uint64_t)q[3] << 16 |
+              (uint64_t)q[4] << 24;
+        if (idx >= memo_len) break;
+        v = memo[idx];
+        if ((v & kind_mask) != want) break;
+        q += 5;
+      } else if (q[0] == MSNAP_OP_BINGET) {
+        idx = q[1];
+        if (idx >= memo_len) break;
+        v = memo[idx];
+        if ((v & kind_mask) != want) break;
+        q += 2;
+      } else {
+        break;
+      }
+    } else {
+      const unsigned char *t = q;
+      if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
+          (v & kind_mask) != want)
+        break;
+      q = t;
     }
     uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
     o = msnap__stack_put2(o, prev, id);
     prev = id;
     n++;
-    *qp = q;
   }
+  *qp = q;
   r->scan_nb = (size_t)(o - enc);
   return n;
 }
