@@ -157,6 +157,8 @@ enum { MSNAP_PVC_NONE = 0, MSNAP_PVC_FALSE = 1, MSNAP_PVC_TRUE = 2,
 #define MSNAP_PV_NONE MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_NONE)
 #define MSNAP_PV_REC_MAKE(kind, idx)                                          \
   MSNAP_PV_MAKE(MSNAP_PV_REC, ((uint64_t)(kind) << 48) | (uint64_t)(idx))
+/* The int of an MSNAP_PV_INT value (its signed 61-bit payload). */
+#define MSNAP_PV_INT_VALUE(v) ((int64_t)(v) >> 3)
 #define MSNAP_PV_REC_KIND(v) ((unsigned)(MSNAP_PV_PAYLOAD(v) >> 48))
 #define MSNAP_PV_REC_INDEX(v) (MSNAP_PV_PAYLOAD(v) & ((1ull << 48) - 1))
 

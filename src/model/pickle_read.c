@@ -252,8 +252,7 @@ static int make_u64(msnap_pvm_t *vm, uint64_t v, msnap_pv_t *out) {
 }
 
 static int64_t inline_int(msnap_pv_t v) {
-  /* sign-extend the 61-bit payload */
-  return (int64_t)v >> 3;
+  return MSNAP_PV_INT_VALUE(v);
 }
 
 msnap_pint_t msnap__pvm_int(const msnap_pvm_t *vm, msnap_pv_t v, int64_t *i,
@@ -1287,7 +1286,16 @@ static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f) {
     if (n > 8 || (size_t)(end - q) < 2 + n) return -1;
     const unsigned char *b = q + 2;
     uint64_t u = 0;
-    for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    if (end - b >= 8) {
+      /* one 8-byte load, the bytes past the int masked off */
+      u = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
+          (uint64_t)b[3] << 24 | (uint64_t)b[4] << 32 |
+          (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 |
+          (uint64_t)b[7] << 56;
+      u = n == 8 ? u : n ? u & ((1ull << (8 * n)) - 1) : 0;
+    } else {
+      for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    }
     if (n && n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
     if (make_i64(vm, (int64_t)u, &v) < 0) return -1;
     f->q = q + 2 + n;

@@ -193,6 +193,26 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
 /* Collect the known keys of a dict's items into f. */
 static void get_fields(rd_t *r, const msnap_pitems_t *it, fields_t *f) {
   f->present = 0;
+  if (!it->range) {
+    /* (the usual case, through locals: the stores into f cannot alias
+     * them) */
+    const msnap_pv_t *v = it->v;
+    const uint8_t *key_of = r->key_of;
+    uint32_t n = it->n, nkey_of = r->nkey_of;
+    uint64_t present = 0;
+    for (uint32_t i = 0; i + 1 < n; i += 2) {
+      msnap_pv_t k = v[i];
+      uint64_t id = MSNAP_PV_PAYLOAD(k);
+      if (MSNAP_PV_TAG(k) != MSNAP_PV_STR || id >= nkey_of || !key_of[id])
+        continue;
+      int key = key_of[id] - 1;
+      present |= 1ull << key;
+      f->v[key] = v[i + 1];
+      f->pos[key] = (int)i;
+    }
+    f->present = present;
+    return;
+  }
   for (uint32_t i = 0; i + 1 < it->n; i += 2) {
     msnap_pv_t k = msnap__pitem(it, i);
     if (MSNAP_PV_TAG(k) != MSNAP_PV_STR) continue;
@@ -219,6 +239,10 @@ static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
 static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
   int64_t i;
   msnap_pv_t v = f->v[key];
+  if (msnap_likely(MSNAP_PV_TAG(v) == MSNAP_PV_INT)) { /* (the usual int) */
+    *out = MSNAP_PV_INT_VALUE(v);
+    return 0;
+  }
   if (msnap__pvm_int(r->vm, v, &i, NULL) != MSNAP_PINT_I64 ||
       MSNAP_PV_TAG(v) == MSNAP_PV_CONST)
     return bad_type(r, key, v, "an int in 64 signed bits");
@@ -230,6 +254,11 @@ static int get_u64(rd_t *r, const fields_t *f, int key, uint64_t *out) {
   int64_t i;
   uint64_t u;
   msnap_pv_t v = f->v[key];
+  if (msnap_likely(MSNAP_PV_TAG(v) == MSNAP_PV_INT) &&
+      MSNAP_PV_INT_VALUE(v) >= 0) { /* (the usual int) */
+    *out = (uint64_t)MSNAP_PV_INT_VALUE(v);
+    return 0;
+  }
   switch (msnap__pvm_int(r->vm, v, &i, &u)) {
   case MSNAP_PINT_I64:
     if (i < 0) return bad_type(r, key, v, "a non-negative int");
