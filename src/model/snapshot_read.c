@@ -743,38 +743,47 @@ static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
       enc = e;
     }
     msnap_pv_t v;
-    /* (msnap__pref_next, its usual case first and without its end tests
-     * while 6 bytes are left) */
     if (msnap_likely(end - q >= 6)) {
-      uint64_t idx;
-      if (q[0] == MSNAP_OP_LONG_BINGET) {
-        idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 | (uint64_t)q[3] << 16 |
-              (uint64_t)q[4] << 24;
-        if (idx >= memo_len) break;
-        v = memo[idx];
-        if ((v & kind_mask) != want) break;
-        q += 5;
-      } else if (q[0] == MSNAP_OP_BINGET) {
-        idx = q[1];
-        if (idx >= memo_len) break;
-        v = memo[idx];
-        if ((v & kind_mask) != want) break;
-        q += 2;
-      } else {
-        break;
-      }
-    } else {
-      const unsigned char *t = q;
-      if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
-          (v & kind_mask) != want)
-        break;
-      q = t;
+      /* msnap__pref_next, its usual case first, for as many references
+       * as surely have 6 bytes left (each takes at most 5) and room:
+       * no end or room tests per reference */
+      size_t k = (size_t)(end - q - 6) / 5 + 1;
+      uint32_t stop = k < room - n ? n + (uint32_t)k : room;
+      do {
+        uint64_t idx;
+        if (q[0] == MSNAP_OP_LONG_BINGET) {
+          idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 |
+                (uint64_t)q[3] << 16 | (uint64_t)q[4] << 24;
+          if (idx >= memo_len) goto done;
+          v = memo[idx];
+          if ((v & kind_mask) != want) goto done;
+          q += 5;
+        } else if (q[0] == MSNAP_OP_BINGET) {
+          idx = q[1];
+          if (idx >= memo_len) goto done;
+          v = memo[idx];
+          if ((v & kind_mask) != want) goto done;
+          q += 2;
+        } else {
+          goto done;
+        }
+        uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+        o = msnap__stack_put2(o, prev, id);
+        prev = id;
+      } while (++n < stop);
+      continue;
     }
+    const unsigned char *t = q;
+    if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
+        (v & kind_mask) != want)
+      break;
+    q = t;
     uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
     o = msnap__stack_put2(o, prev, id);
     prev = id;
     n++;
   }
+done:
   *qp = q;
   r->scan_nb = (size_t)(o - enc);
   return n;

@@ -427,10 +427,11 @@ static void test_slot_taken_inside(void **state) {
 }
 
 /* Frame lists the fast path encodes straight from their memo references
- * (pickle.h, msnap_pvm_refs_t), and the shapes where it must not: a list
- * of two APPENDS batches (over 1000 frames), frames mixed with another
- * item, a list of frame lists, a list starting with a reference to a
- * string, a FRAME opcode inside a list (protocol 4's 64 KiB frames) --
+ * (pickle.h, msnap_pvm_refs_t), short ones and one batch of 900 frames
+ * (the scan's buffer grows), and the shapes where it must not: a list of
+ * two APPENDS batches (over 1000 frames), frames mixed with another item,
+ * a list of frame lists, a list starting with a reference to a string, a
+ * FRAME opcode inside a list (protocol 4's 64 KiB frames) --
  * every one read as the generic interpreter reads it, at protocols 2, 4
  * and 5, with no batch rolled back where the items are all frames. */
 static void test_frame_ref_lists(void **state) {
@@ -444,6 +445,7 @@ static void test_frame_ref_lists(void **state) {
       " for i in range(4000)]\n"
       "e[3]['frames']=fr*4\n"
       "e[4]['frames']=fr[:5]+fr[:5]\n"
+      "e[5]['frames']=fr*3\n"
       "big=[{'action':'alloc','addr':i,'size':8,'frames':fr[i%13::3]}"
       " for i in range(400)]\n"
       "for p in (2,4,5):\n"
