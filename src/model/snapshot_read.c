@@ -143,7 +143,7 @@ typedef struct rd_s {
   uint32_t nspans, spans_cap;
   uint32_t nseg_records, nblock_records; /* made during the run */
   size_t len; /* input bytes: each memo reference costs >= 2 of them */
-  size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_buf) */
+  size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_tail) */
   bool any_current_key, any_time;
 } rd_t;
 
@@ -721,7 +721,8 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
  * The fast path's lists of memo references (pickle.h): a frame list
  * encoded straight from its opcodes, as frames_to_stack would from its
  * items -- scan takes frame records only, at most MSNAP_STACK_MAX_FRAMES
- * of them, into msnap__snap_stack_buf's buffer; close appends the stack.
+ * of them, and writes their encoding in place at the end of the model's
+ * stack bytes (msnap__snap_stack_tail); close makes it a stack.
  */
 static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
                           uint32_t memo_len, const unsigned char **qp,
@@ -730,14 +731,17 @@ static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
   const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
   const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
   uint32_t room = 128, n = 0, prev = 0;
-  unsigned char *enc = msnap__snap_stack_buf(r->s, room), *o = enc;
+  /* (written in place: room for `room` ids, msnap__stack_put2's spare
+   * byte and more) */
+  unsigned char *enc = msnap__snap_stack_tail(r->s, (size_t)room * 5 + 16);
+  unsigned char *o = enc;
   if (!enc) return 0;
   const unsigned char *q = *qp;
   for (;;) {
     if (msnap_unlikely(n == room)) {
       if (n == MSNAP_STACK_MAX_FRAMES) break;
       room = n * 2 < MSNAP_STACK_MAX_FRAMES ? n * 2 : MSNAP_STACK_MAX_FRAMES;
-      unsigned char *e = msnap__snap_stack_buf(r->s, room);
+      unsigned char *e = msnap__snap_stack_tail(r->s, (size_t)room * 5 + 16);
       if (!e) return 0;
       o = e + (o - enc);
       enc = e;
@@ -791,9 +795,7 @@ done:
 
 static msnap_pv_t refs_close(void *ctx, uint32_t n) {
   rd_t *r = ctx;
-  unsigned char *enc = msnap__snap_stack_buf(r->s, 0);
-  msnap_stack_t st =
-      enc ? msnap__snap_stack_append(r->s, enc, r->scan_nb, n) : 0;
+  msnap_stack_t st = msnap__snap_stack_append_tail(r->s, r->scan_nb, n);
   return st ? REC(REC_STACK, st) : 0;
 }
 
