@@ -1167,7 +1167,8 @@ static bool fp_dict(fp_t *f, int depth) {
                  MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR) {
         return false;
       }
-      if (!fp_frames(f) || f->q >= f->end) return false;
+      /* (a FRAME before the value is not a scalar: fp_value skips it) */
+      if (f->q >= f->end) return false;
       int r = fp_scalar_inl(f);
       if (r < 0 || (r > 0 ? !fp_tuple_tail(f) : !fp_value(f, depth)))
         return false;
