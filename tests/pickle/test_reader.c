@@ -192,6 +192,13 @@ static uint64_t check_all_ways(const char *name, const unsigned char *data,
   return st.fast_batches;
 }
 
+/* A real input's file name: *.pickle or *.pkl. */
+static bool snapshot_name(const char *name) {
+  size_t l = strlen(name);
+  return (l > 7 && !strcmp(name + l - 7, ".pickle")) ||
+         (l > 4 && !strcmp(name + l - 4, ".pkl"));
+}
+
 /* Every real input, and CPython's pickles of it at protocols 2, 4, 5. */
 static void test_real_inputs(void **state) {
   (void)state;
@@ -208,10 +215,7 @@ static void test_real_inputs(void **state) {
   struct dirent *de;
   int nfiles = 0;
   while ((de = readdir(d))) {
-    size_t l = strlen(de->d_name);
-    if (!(l > 7 && !strcmp(de->d_name + l - 7, ".pickle")) &&
-        !(l > 4 && !strcmp(de->d_name + l - 4, ".pkl")))
-      continue;
+    if (!snapshot_name(de->d_name)) continue;
     char path[8192], cmd[16384];
     snprintf(path, sizeof path, "%s/%s", real, de->d_name);
     size_t n = 0;
@@ -319,6 +323,20 @@ static unsigned char *py_pickle(const char *tmp, const char *script,
   return data;
 }
 
+/* check_all_ways on tmp/<stem><p>.pickle for protocols p = 2, 4, 5. */
+static void check_protocols(const char *tmp, const char *stem,
+                            const char *name, int expect_fast) {
+  for (int p = 2; p <= 5; p += p == 2 ? 2 : 1) {
+    char path[4200];
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/%s%d.pickle", tmp, stem, p);
+    unsigned char *data = tu_slurp(path, &n);
+    assert_non_null(data);
+    check_all_ways(name, data, n, expect_fast);
+    free(data);
+  }
+}
+
 /* Refused with MSNAP_EFORMAT (and a message holding `want`), the same
  * way whichever way it is read. */
 static void expect_refused(const char *name, const unsigned char *data,
@@ -355,14 +373,7 @@ static void test_tuple_after_run(void **state) {
       "{'segments':[],'device_traces':[e]},protocol=p))";
   size_t n = 0;
   free(py_pickle(tmp, script, "t2.pickle", &n));
-  for (int p = 2; p <= 5; p += p == 2 ? 2 : 1) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/t%d.pickle", tmp, p);
-    unsigned char *data = tu_slurp(path, &n);
-    assert_non_null(data);
-    check_all_ways("tuple after a run", data, n, 0);
-    free(data);
-  }
+  check_protocols(tmp, "t", "tuple after a run", 0);
   tu_rmrf(tmp);
   free(tmp);
 }
@@ -460,19 +471,8 @@ static void test_frame_ref_lists(void **state) {
       "{'segments':[],'device_traces':[e2]},protocol=p))";
   size_t n = 0;
   free(py_pickle(tmp, script, "ok2.pickle", &n));
-  for (int p = 2; p <= 5; p += p == 2 ? 2 : 1) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/ok%d.pickle", tmp, p);
-    unsigned char *data = tu_slurp(path, &n);
-    assert_non_null(data);
-    check_all_ways("frame lists", data, n, 2);
-    free(data);
-    snprintf(path, sizeof path, "%s/mix%d.pickle", tmp, p);
-    data = tu_slurp(path, &n);
-    assert_non_null(data);
-    check_all_ways("frames mixed with other items", data, n, 0);
-    free(data);
-  }
+  check_protocols(tmp, "ok", "frame lists", 2);
+  check_protocols(tmp, "mix", "frames mixed with other items", 0);
   tu_rmrf(tmp);
   free(tmp);
 }
@@ -496,10 +496,7 @@ static void test_corrupted_real_inputs(void **state) {
   int nfiles = 0;
   uint64_t x = 0x9e3779b97f4a7c15ull;
   while ((de = readdir(d))) {
-    size_t l = strlen(de->d_name);
-    if (!(l > 7 && !strcmp(de->d_name + l - 7, ".pickle")) &&
-        !(l > 4 && !strcmp(de->d_name + l - 4, ".pkl")))
-      continue;
+    if (!snapshot_name(de->d_name)) continue;
     char path[8192];
     snprintf(path, sizeof path, "%s/%s", real, de->d_name);
     size_t n = 0;
