@@ -157,6 +157,8 @@ enum { MSNAP_PVC_NONE = 0, MSNAP_PVC_FALSE = 1, MSNAP_PVC_TRUE = 2,
 #define MSNAP_PV_NONE MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_NONE)
 #define MSNAP_PV_REC_MAKE(kind, idx)                                          \
   MSNAP_PV_MAKE(MSNAP_PV_REC, ((uint64_t)(kind) << 48) | (uint64_t)(idx))
+/* The int of an MSNAP_PV_INT value (its signed 61-bit payload). */
+#define MSNAP_PV_INT_VALUE(v) ((int64_t)(v) >> 3)
 #define MSNAP_PV_REC_KIND(v) ((unsigned)(MSNAP_PV_PAYLOAD(v) >> 48))
 #define MSNAP_PV_REC_INDEX(v) (MSNAP_PV_PAYLOAD(v) & ((1ull << 48) - 1))
 
@@ -247,6 +249,52 @@ typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
 void msnap__pvm_set_checkpoint(
     msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
     void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]));
+/*
+ * Lists of memo references (optional).  Most of a snapshot's bytes are
+ * lists whose items are memo references to records of one kind (a frame
+ * list: a BINGET of a frame record per item).  When the fast path opens
+ * a list whose one MARK ... APPENDS batch starts with a memo reference,
+ * it hands the references to `scan` instead of collecting their values:
+ * scan reads them (msnap__pref_next), checks each value and encodes it
+ * where it likes, stops at the first reference it does not take (or at
+ * any other opcode) with *q there, and returns how many it took.  When
+ * the list ends right after them (APPENDS, no further batch), the VM
+ * calls `close` for the record the complete callback would give for
+ * the same items (0: none, and the items are collected as usual);
+ * otherwise the scan is forgotten and the list is read item by item.
+ * So scan must take only values whose list the complete callback turns
+ * into exactly close's record.
+ */
+typedef struct msnap_pvm_refs_s {
+  uint32_t (*scan)(void *ctx, const msnap_pv_t *memo, uint32_t memo_len,
+                   const unsigned char **q, const unsigned char *end);
+  msnap_pv_t (*close)(void *ctx, uint32_t n);
+} msnap_pvm_refs_t;
+void msnap__pvm_set_refs(msnap_pvm_t *vm, const msnap_pvm_refs_t *refs);
+/* The memo reference (BINGET / LONG_BINGET) at *q, when at least one
+ * byte follows it and its slot is below memo_len: *v its slot's value,
+ * *q past it; false (nothing changed) otherwise. */
+static inline bool msnap__pref_next(const unsigned char **q,
+                                    const unsigned char *end,
+                                    const msnap_pv_t *memo,
+                                    uint32_t memo_len, msnap_pv_t *v) {
+  const unsigned char *p = *q;
+  uint64_t idx;
+  if (end - p >= 3 && p[0] == MSNAP_OP_BINGET) {
+    idx = p[1];
+    p += 2;
+  } else if (end - p >= 6 && p[0] == MSNAP_OP_LONG_BINGET) {
+    idx = (uint64_t)p[1] | (uint64_t)p[2] << 8 | (uint64_t)p[3] << 16 |
+          (uint64_t)p[4] << 24;
+    p += 5;
+  } else {
+    return false;
+  }
+  if (idx >= memo_len) return false;
+  *v = memo[idx];
+  *q = p;
+  return true;
+}
 /* Tests: false runs the generic interpreter only. */
 void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on);
 /* Batches the fast path decoded, and rolled back, so far. */

@@ -122,6 +122,7 @@ struct msnap_pvm_s {
   fp_undo_t *undo;    /* memo writes of the batch, to roll back */
   uint32_t nundo, undo_cap;
   uint64_t fast_done, fast_rolled_back;
+  const msnap_pvm_refs_t *refs; /* lists of memo references (pickle.h) */
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -189,6 +190,10 @@ void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on) {
   vm->fast = on && vm->cb != NULL;
 }
 
+void msnap__pvm_set_refs(msnap_pvm_t *vm, const msnap_pvm_refs_t *refs) {
+  vm->refs = refs;
+}
+
 void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
                            uint64_t *rolled_back) {
   *done = vm->fast_done;
@@ -247,8 +252,7 @@ static int make_u64(msnap_pvm_t *vm, uint64_t v, msnap_pv_t *out) {
 }
 
 static int64_t inline_int(msnap_pv_t v) {
-  /* sign-extend the 61-bit payload */
-  return (int64_t)v >> 3;
+  return MSNAP_PV_INT_VALUE(v);
 }
 
 msnap_pint_t msnap__pvm_int(const msnap_pvm_t *vm, msnap_pv_t v, int64_t *i,
@@ -1163,7 +1167,8 @@ static bool fp_dict(fp_t *f, int depth) {
                  MSNAP_PV_TAG(vm->fitems[vm->nfitems - 1]) != MSNAP_PV_STR) {
         return false;
       }
-      if (!fp_frames(f) || f->q >= f->end) return false;
+      /* (a FRAME before the value is not a scalar: fp_value skips it) */
+      if (f->q >= f->end) return false;
       int r = fp_scalar_inl(f);
       if (r < 0 || (r > 0 ? !fp_tuple_tail(f) : !fp_value(f, depth)))
         return false;
@@ -1179,6 +1184,30 @@ static bool fp_dict(fp_t *f, int depth) {
   return fp_close(f, MSNAP_POBJ_DICT, base, slot);
 }
 
+/* A list opened with memo slot `slot` whose one batch (at the MARK at
+ * f->q) is memo references the consumer's scan takes whole (pickle.h):
+ * its record without collecting the items.  false: nothing changed. */
+static bool fp_refs(fp_t *f, uint32_t slot) {
+  msnap_pvm_t *vm = f->vm;
+  const unsigned char *q = f->q + 1;
+  uint32_t n = vm->refs->scan(vm->cb_ctx, vm->memo, vm->memo_len, &q, f->end);
+  if (!n || q >= f->end || *q != MSNAP_OP_APPENDS) return false;
+  fp_t g = {vm, q + 1, f->end};
+  if (!fp_frames(&g) || (g.q < g.end && *g.q == MSNAP_OP_MARK)) return false;
+  /* (room for the record first: past close, nothing may fail) */
+  if (vm->nfitems == vm->fitems_cap &&
+      msnap__grow((void **)&vm->fitems, &vm->fitems_cap, vm->nfitems, 64,
+                  sizeof *vm->fitems) < 0)
+    return false;
+  msnap_pv_t out = vm->refs->close(vm->cb_ctx, n);
+  if (!out) return false;
+  f->q = g.q;
+  if (slot != UINT32_MAX && vm->memo[slot] == PV_PENDING)
+    vm->memo[slot] = out;
+  vm->fitems[vm->nfitems++] = out;
+  return true;
+}
+
 /* A list: ']' [put] then MARK value* APPENDS batches, one dict APPEND,
  * or nothing (empty). */
 static bool fp_list(fp_t *f, int depth) {
@@ -1192,6 +1221,11 @@ static bool fp_list(fp_t *f, int depth) {
       return false;
     f->q++;
   } else {
+    if (vm->refs && f->q < f->end && *f->q == MSNAP_OP_MARK &&
+        f->end - f->q >= 2 &&
+        (f->q[1] == MSNAP_OP_BINGET || f->q[1] == MSNAP_OP_LONG_BINGET) &&
+        fp_refs(f, slot))
+      return true;
     while (f->q < f->end && *f->q == MSNAP_OP_MARK) {
       f->q++;
       while (fp_frames(f) && f->q < f->end && *f->q != MSNAP_OP_APPENDS) {
@@ -1253,7 +1287,16 @@ static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f) {
     if (n > 8 || (size_t)(end - q) < 2 + n) return -1;
     const unsigned char *b = q + 2;
     uint64_t u = 0;
-    for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    if (end - b >= 8) {
+      /* one 8-byte load, the bytes past the int masked off */
+      u = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
+          (uint64_t)b[3] << 24 | (uint64_t)b[4] << 32 |
+          (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 |
+          (uint64_t)b[7] << 56;
+      u = n == 8 ? u : n ? u & ((1ull << (8 * n)) - 1) : 0;
+    } else {
+      for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    }
     if (n && n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
     if (make_i64(vm, (int64_t)u, &v) < 0) return -1;
     f->q = q + 2 + n;

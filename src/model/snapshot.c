@@ -505,26 +505,43 @@ static uint32_t span_intern(msnap_snap_t *s, snap_ht_t *t, uint32_t **items,
   return id;
 }
 
+unsigned char *msnap__snap_stack_tail(msnap_snap_t *s, size_t nb) {
+  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return NULL;
+  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
+    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
+    while (nc - s->nstack_bytes < nb) nc *= 2;
+    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
+    if (!b) return NULL;
+    s->stack_bytes = b;
+    s->stack_bytes_cap = nc;
+  }
+  return s->stack_bytes + s->nstack_bytes;
+}
+
+/* A new stack of n frames whose nb encoded bytes are at
+ * msnap__snap_stack_tail already: its id, 0 on ENOMEM or past the
+ * limits (2^32 stacks, 2^40 bytes). */
+static uint32_t stack_store_tail(msnap_snap_t *s, size_t nb, uint32_t n) {
+  if (s->nstacks >= UINT32_MAX - 1) return 0;
+  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40) ||
+      s->stack_bytes_cap - s->nstack_bytes < nb)
+    return 0;
+  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
+  uint32_t id = s->nstacks++;
+  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
+  s->nstack_bytes += nb;
+  return id;
+}
+
 /* A new stack of n frames encoded in enc[0..nb): its id, 0 on ENOMEM or
  * past the limits (2^32 stacks, 2^40 bytes). */
 static uint32_t stack_store(msnap_snap_t *s, const unsigned char *enc,
                             size_t nb, uint32_t n) {
   if (s->nstacks >= UINT32_MAX - 1) return 0;
-  if (s->nstack_bytes + nb >= (UINT64_C(1) << 40)) return 0;
-  if (s->stack_bytes_cap - s->nstack_bytes < nb) {
-    uint64_t nc = s->stack_bytes_cap ? s->stack_bytes_cap : 4096;
-    while (nc - s->nstack_bytes < nb) nc *= 2;
-    unsigned char *b = realloc(s->stack_bytes, (size_t)nc);
-    if (!b) return 0;
-    s->stack_bytes = b;
-    s->stack_bytes_cap = nc;
-  }
-  if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
-  uint32_t id = s->nstacks++;
-  memcpy(s->stack_bytes + s->nstack_bytes, enc, nb);
-  s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
-  s->nstack_bytes += nb;
-  return id;
+  unsigned char *t = msnap__snap_stack_tail(s, nb);
+  if (!t) return 0;
+  memcpy(t, enc, nb);
+  return stack_store_tail(s, nb, n);
 }
 
 /* Encoded bytes of stack id: up to the next stack's offset. */
@@ -617,6 +634,15 @@ msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
   if (n == 0) return MSNAP_STACK_EMPTY;
   if (n > MSNAP_STACK_MAX_FRAMES) return 0;
   uint32_t id = stack_store(s, enc, nb, n);
+  if (id) s->priv->stacks_unindexed = true;
+  return id;
+}
+
+msnap_stack_t msnap__snap_stack_append_tail(msnap_snap_t *s, size_t nb,
+                                            uint32_t n) {
+  if (n == 0) return MSNAP_STACK_EMPTY;
+  if (n > MSNAP_STACK_MAX_FRAMES) return 0;
+  uint32_t id = stack_store_tail(s, nb, n);
   if (id) s->priv->stacks_unindexed = true;
   return id;
 }

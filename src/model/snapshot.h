@@ -363,6 +363,15 @@ msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
 msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
                                        const unsigned char *enc, size_t nb,
                                        uint32_t n);
+/* The same without a copy: the encoding is written in place at the end
+ * of stack_bytes -- msnap__snap_stack_tail(s, nb) gives room for nb bytes
+ * there (NULL on ENOMEM or past 2^40 bytes; the pointer holds until the
+ * next stack is added), msnap__snap_stack_append_tail makes the first nb
+ * of them a stack of n frames.  Bytes written there and never appended
+ * are ignored. */
+unsigned char *msnap__snap_stack_tail(msnap_snap_t *s, size_t nb);
+msnap_stack_t msnap__snap_stack_append_tail(msnap_snap_t *s, size_t nb,
+                                            uint32_t n);
 int msnap__snap_dedupe_stacks(msnap_snap_t *s);
 uint32_t msnap__snap_strlist(msnap_snap_t *s, const msnap_str_t *items,
                              uint32_t n);

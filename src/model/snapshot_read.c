@@ -143,6 +143,7 @@ typedef struct rd_s {
   uint32_t nspans, spans_cap;
   uint32_t nseg_records, nblock_records; /* made during the run */
   size_t len; /* input bytes: each memo reference costs >= 2 of them */
+  size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_tail) */
   bool any_current_key, any_time;
 } rd_t;
 
@@ -192,6 +193,26 @@ static uint32_t pair_intern(rd_t *r, uint64_t a, uint64_t b) {
 /* Collect the known keys of a dict's items into f. */
 static void get_fields(rd_t *r, const msnap_pitems_t *it, fields_t *f) {
   f->present = 0;
+  if (!it->range) {
+    /* (the usual case, through locals: the stores into f cannot alias
+     * them) */
+    const msnap_pv_t *v = it->v;
+    const uint8_t *key_of = r->key_of;
+    uint32_t n = it->n, nkey_of = r->nkey_of;
+    uint64_t present = 0;
+    for (uint32_t i = 0; i + 1 < n; i += 2) {
+      msnap_pv_t k = v[i];
+      uint64_t id = MSNAP_PV_PAYLOAD(k);
+      if (MSNAP_PV_TAG(k) != MSNAP_PV_STR || id >= nkey_of || !key_of[id])
+        continue;
+      int key = key_of[id] - 1;
+      present |= 1ull << key;
+      f->v[key] = v[i + 1];
+      f->pos[key] = (int)i;
+    }
+    f->present = present;
+    return;
+  }
   for (uint32_t i = 0; i + 1 < it->n; i += 2) {
     msnap_pv_t k = msnap__pitem(it, i);
     if (MSNAP_PV_TAG(k) != MSNAP_PV_STR) continue;
@@ -218,6 +239,10 @@ static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
 static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
   int64_t i;
   msnap_pv_t v = f->v[key];
+  if (msnap_likely(MSNAP_PV_TAG(v) == MSNAP_PV_INT)) { /* (the usual int) */
+    *out = MSNAP_PV_INT_VALUE(v);
+    return 0;
+  }
   if (msnap__pvm_int(r->vm, v, &i, NULL) != MSNAP_PINT_I64 ||
       MSNAP_PV_TAG(v) == MSNAP_PV_CONST)
     return bad_type(r, key, v, "an int in 64 signed bits");
@@ -229,6 +254,11 @@ static int get_u64(rd_t *r, const fields_t *f, int key, uint64_t *out) {
   int64_t i;
   uint64_t u;
   msnap_pv_t v = f->v[key];
+  if (msnap_likely(MSNAP_PV_TAG(v) == MSNAP_PV_INT) &&
+      MSNAP_PV_INT_VALUE(v) >= 0) { /* (the usual int) */
+    *out = (uint64_t)MSNAP_PV_INT_VALUE(v);
+    return 0;
+  }
   switch (msnap__pvm_int(r->vm, v, &i, &u)) {
   case MSNAP_PINT_I64:
     if (i < 0) return bad_type(r, key, v, "a non-negative int");
@@ -688,6 +718,90 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
 }
 
 /*
+ * The fast path's lists of memo references (pickle.h): a frame list
+ * encoded straight from its opcodes, as frames_to_stack would from its
+ * items -- scan takes frame records only, at most MSNAP_STACK_MAX_FRAMES
+ * of them, and writes their encoding in place at the end of the model's
+ * stack bytes (msnap__snap_stack_tail); close makes it a stack.
+ */
+static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
+                          uint32_t memo_len, const unsigned char **qp,
+                          const unsigned char *end) {
+  rd_t *r = ctx;
+  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
+  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
+  uint32_t room = 128, n = 0, prev = 0;
+  /* (written in place: room for `room` ids, msnap__stack_put2's spare
+   * byte and more) */
+  unsigned char *enc = msnap__snap_stack_tail(r->s, (size_t)room * 5 + 16);
+  unsigned char *o = enc;
+  if (!enc) return 0;
+  const unsigned char *q = *qp;
+  for (;;) {
+    if (msnap_unlikely(n == room)) {
+      if (n == MSNAP_STACK_MAX_FRAMES) break;
+      room = n * 2 < MSNAP_STACK_MAX_FRAMES ? n * 2 : MSNAP_STACK_MAX_FRAMES;
+      unsigned char *e = msnap__snap_stack_tail(r->s, (size_t)room * 5 + 16);
+      if (!e) return 0;
+      o = e + (o - enc);
+      enc = e;
+    }
+    msnap_pv_t v;
+    if (msnap_likely(end - q >= 6)) {
+      /* msnap__pref_next, its usual case first, for as many references
+       * as surely have 6 bytes left (each takes at most 5) and room:
+       * no end or room tests per reference */
+      size_t k = (size_t)(end - q - 6) / 5 + 1;
+      uint32_t stop = k < room - n ? n + (uint32_t)k : room;
+      do {
+        uint64_t idx;
+        if (q[0] == MSNAP_OP_LONG_BINGET) {
+          idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 |
+                (uint64_t)q[3] << 16 | (uint64_t)q[4] << 24;
+          if (idx >= memo_len) goto done;
+          v = memo[idx];
+          if ((v & kind_mask) != want) goto done;
+          q += 5;
+        } else if (q[0] == MSNAP_OP_BINGET) {
+          idx = q[1];
+          if (idx >= memo_len) goto done;
+          v = memo[idx];
+          if ((v & kind_mask) != want) goto done;
+          q += 2;
+        } else {
+          goto done;
+        }
+        uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+        o = msnap__stack_put2(o, prev, id);
+        prev = id;
+      } while (++n < stop);
+      continue;
+    }
+    const unsigned char *t = q;
+    if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
+        (v & kind_mask) != want)
+      break;
+    q = t;
+    uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+    o = msnap__stack_put2(o, prev, id);
+    prev = id;
+    n++;
+  }
+done:
+  *qp = q;
+  r->scan_nb = (size_t)(o - enc);
+  return n;
+}
+
+static msnap_pv_t refs_close(void *ctx, uint32_t n) {
+  rd_t *r = ctx;
+  msnap_stack_t st = msnap__snap_stack_append_tail(r->s, r->scan_nb, n);
+  return st ? REC(REC_STACK, st) : 0;
+}
+
+static const msnap_pvm_refs_t frame_refs = {refs_scan, refs_close};
+
+/*
  * The VM's completion callback: classify a finished container by its
  * items and turn it into a record (see the header comment); *out stays 0
  * for shapes that remain generic.  The VM's fast path calls it with the
@@ -1139,6 +1253,7 @@ static int rd_init(rd_t *r, msnap_snap_t *s) {
   if (!r->vm) return MSNAP_ENOMEM;
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
   msnap__pvm_set_checkpoint(r->vm, snap_save, snap_restore);
+  msnap__pvm_set_refs(r->vm, &frame_refs);
   uint32_t maxid = 0;
   for (int k = 0; k < NKEYS; k++) {
     r->key_str[k] = msnap__snap_intern(s, key_names[k], strlen(key_names[k]));
