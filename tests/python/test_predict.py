@@ -343,6 +343,47 @@ def test_fsdp_per_rank_memory(tmp_path):
     assert four["peak_allocated_bytes"] < one["peak_allocated_bytes"]
 
 
+SEQUENTIAL = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(1024, 4096), nn.Sequential(nn.ReLU(), nn.Linear(4096, 1024)),
+                      nn.Linear(1024, 1024)).to("cuda")
+x = torch.randn(256, 1024, device="cuda")
+model(x).square().mean().backward()
+"""
+
+
+def test_sequential_phase_labels(tmp_path):
+    """Ranges of an nn.Sequential's children are named by their path from
+    the outermost module and their class, never a bare index: in the
+    snapshot's annotations, the JSON (peak_phase, oom.phase) and the text
+    report."""
+    script = tmp_path / "seq.py"
+    script.write_text(SEQUENTIAL)
+    p = predict("--memory", "64G", "--json", "-o", str(tmp_path / "s.pickle"), str(script),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ann = load(tmp_path / "s.pickle")["external_annotations"]
+    names = {a["name"] for a in ann}
+    for name in ("Sequential", "Sequential.0 (Linear)", "Sequential.1 (Sequential)",
+                 "Sequential.1.0 (ReLU)", "Sequential.1.1 (Linear)", "Sequential.2 (Linear)",
+                 "Sequential.0 (Linear) (backward)", "Sequential.2 (Linear) (backward)",
+                 "Sequential.1.1 (Linear) (backward)"):
+        assert name in names, (name, names)
+    assert not any(n.split(" ")[0].isdigit() for n in names), names
+    assert p.json["peak_phase"] in names
+    # Out of memory in the backward (weights 16 + 16 + 4 MiB, activations
+    # of 256 x 4096 fp32: 4 MiB).
+    oom = predict("--memory", "64M", "--json", "-o", str(tmp_path / "o.pickle"), str(script),
+                  cwd=tmp_path)
+    assert oom.returncode == 1, oom.stdout + oom.stderr
+    phase = oom.json["oom"]["phase"]
+    assert phase in names and phase.startswith("Sequential.") and "(" in phase, phase
+    text = predict("--memory", "64M", "-o", str(tmp_path / "t.pickle"), str(script),
+                   cwd=tmp_path)
+    assert text.returncode == 1
+    assert f"  during {phase}\n" in text.stdout, text.stdout
+
+
 def test_ddp_gradient_buckets(tmp_path):
     """A plain DistributedDataParallel script (nn.Linear layers, SGD with
     momentum, three steps) over the fake process group: DDP's parameter
