@@ -84,13 +84,26 @@ $(VENV)/.stamp: pyproject.toml Makefile
 
 venv: $(VENV)/.stamp
 
+# The files the installed package is built from (pyproject.toml's meson
+# build: the top meson.build's subdirectories, the metadata files).
+PKG_SRCS    := pyproject.toml meson.build meson.options README.md LICENSE bench/meson.build \
+               $(shell find src include tools python -type f ! -name '*.pyc' \
+                 ! -path '*/__pycache__/*' 2>/dev/null)
+# Stamp of the package installed into .venv: pip builds and installs it
+# again only when one of PKG_SRCS (or the venv) is newer (a pip install
+# rebuilds everything, about a minute).
+PKG_STAMP   := $(VENV)/.memsnap-installed
+
+$(PKG_STAMP): $(VENV)/.stamp $(PKG_SRCS) | deps
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VPY) -m pip install -q --no-build-isolation --no-deps .
+	touch $@
+
 # C build (core, libmemsnap.so, CLI, C tests) in build/, and the Python
 # package (extension + CLI at .venv/bin/memsnap) installed into .venv.
-build: deps venv
+build: deps venv $(PKG_STAMP)
 	@if [ ! -f $(BUILD)/build.ninja ]; then \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) setup $(BUILD) -Dpython=true; fi
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) compile -C $(BUILD)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VPY) -m pip install -q --no-build-isolation --no-deps .
 
 test-c: build test-deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(MESON) test -C $(BUILD) --print-errorlogs

@@ -191,6 +191,62 @@ print("RESULT " + json.dumps({
     assert r["top"]["filename"] == "<string>"
 
 
+def test_pinned_host_memory_and_dataloader_pin_memory():
+    """tensor.pin_memory(), torch.empty(pin_memory=True) and a DataLoader
+    with pin_memory=True feeding an nn.Linear on the device: the pinned
+    buffers are blocks of memsnap's pinned host caching allocator (its
+    host_memory_stats, host_segments/host_traces), is_pinned() is true for
+    them only, and a freed block is cached and reused."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+mt.register_device("npu")
+mm._record_memory_history("all", record_pinned_host_memory=True)
+s0 = mm.host_memory_stats()
+x = torch.arange(1000.0)
+p = x.pin_memory()
+first = [x.is_pinned(), p.is_pinned(), torch.equal(p, x), p.device.type]
+s1 = mm.host_memory_stats()
+e = torch.empty(100, pin_memory=True)
+empty_pinned = e.is_pinned()
+del p, e
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(64, 32), torch.randint(0, 10, (64,)))
+model = torch.nn.Linear(32, 10).to("npu")
+pinned = []
+for xb, yb in DataLoader(ds, batch_size=16, pin_memory=True):
+    pinned.append([xb.is_pinned(), yb.is_pinned()])
+    loss = F.cross_entropy(model(xb.to("npu", non_blocking=True)), yb.to("npu", non_blocking=True))
+    loss.backward()
+s2 = mm.host_memory_stats()
+snap = mm._snapshot()
+print("RESULT " + json.dumps({
+    "first": first, "empty_pinned": empty_pinned, "pinned": pinned,
+    "s0": s0["allocations.current"], "s1": [s1["allocations.current"], s1["active_bytes.current"]],
+    "s2": [s2["allocations.current"], s2["num_host_alloc"], s2["active_requests.allocated"],
+           s2["active_bytes.current"]],
+    "segments": len(snap["host_segments"]),
+    "actions": sorted({t["action"] for t in snap["host_traces"]}),
+    "grad": model.weight.grad is not None and model.weight.grad.device.type,
+}))
+"""
+    r = run_script(code).result
+    assert r["first"] == [False, True, True, "cpu"]
+    assert r["empty_pinned"]
+    assert r["s0"] == 0
+    assert r["s1"][0] == 1 and r["s1"][1] >= 4000  # 4000 B rounded up to a power of two
+    # Four batches of two tensors each, plus the two blocks above: requests
+    # that a cached block serves need no new runtime allocation.
+    assert r["pinned"] == [[True, True]] * 4
+    assert r["s2"][2] == 2 + 8
+    assert r["s2"][1] < r["s2"][2]
+    assert r["segments"] >= 1 and "alloc" in r["actions"] and "free_requested" in r["actions"]
+    assert r["grad"] == "npu"
+
+
 def test_two_devices_and_device_arguments():
     code = r"""
 import json

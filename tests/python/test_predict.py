@@ -7,7 +7,8 @@ there is no device, which is the point).  Checked: the verdict and exit
 status, the snapshot (``memsnap check``, torch's memory_viz consumers,
 the viewer's pickle opcode subset), the peak against torch's MemTracker on
 the same model, the OOM report, the what-if table against standalone runs,
-module annotations, per-rank memory under FSDP2, and the errors.
+module annotations, per-rank memory under FSDP2, DDP's gradient buckets,
+and the errors.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "predict_scripts")
 GPT = os.path.join(SCRIPTS, "gpt_train.py")
 FSDP = os.path.join(SCRIPTS, "gpt_fsdp.py")
+DDP = os.path.join(SCRIPTS, "linear_ddp.py")
 CLI = os.path.join(os.path.dirname(sys.executable), "memsnap")
 # Tolerance of the MemTracker comparison (docs/predict.md): memsnap counts
 # blocks as the caching allocator hands them out (rounded to 512 B, npu
@@ -339,6 +341,87 @@ def test_fsdp_per_rank_memory(tmp_path):
     assert step_bytes(one) >= 2 * 4 * n
     assert step_bytes(four) <= step_bytes(one) / 4 + (1 << 20)
     assert four["peak_allocated_bytes"] < one["peak_allocated_bytes"]
+
+
+SEQUENTIAL = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(1024, 4096), nn.Sequential(nn.ReLU(), nn.Linear(4096, 1024)),
+                      nn.Linear(1024, 1024)).to("cuda")
+x = torch.randn(256, 1024, device="cuda")
+model(x).square().mean().backward()
+"""
+
+
+def test_sequential_phase_labels(tmp_path):
+    """Ranges of an nn.Sequential's children are named by their path from
+    the outermost module and their class, never a bare index: in the
+    snapshot's annotations, the JSON (peak_phase, oom.phase) and the text
+    report."""
+    script = tmp_path / "seq.py"
+    script.write_text(SEQUENTIAL)
+    p = predict("--memory", "64G", "--json", "-o", str(tmp_path / "s.pickle"), str(script),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ann = load(tmp_path / "s.pickle")["external_annotations"]
+    names = {a["name"] for a in ann}
+    for name in ("Sequential", "Sequential.0 (Linear)", "Sequential.1 (Sequential)",
+                 "Sequential.1.0 (ReLU)", "Sequential.1.1 (Linear)", "Sequential.2 (Linear)",
+                 "Sequential.0 (Linear) (backward)", "Sequential.2 (Linear) (backward)",
+                 "Sequential.1.1 (Linear) (backward)"):
+        assert name in names, (name, names)
+    assert not any(n.split(" ")[0].isdigit() for n in names), names
+    assert p.json["peak_phase"] in names
+    # Out of memory in the backward (weights 16 + 16 + 4 MiB, activations
+    # of 256 x 4096 fp32: 4 MiB).
+    oom = predict("--memory", "64M", "--json", "-o", str(tmp_path / "o.pickle"), str(script),
+                  cwd=tmp_path)
+    assert oom.returncode == 1, oom.stdout + oom.stderr
+    phase = oom.json["oom"]["phase"]
+    assert phase in names and phase.startswith("Sequential.") and "(" in phase, phase
+    text = predict("--memory", "64M", "-o", str(tmp_path / "t.pickle"), str(script),
+                   cwd=tmp_path)
+    assert text.returncode == 1
+    assert f"  during {phase}\n" in text.stdout, text.stdout
+
+
+def test_ddp_gradient_buckets(tmp_path):
+    """A plain DistributedDataParallel script (nn.Linear layers, SGD with
+    momentum, three steps) over the fake process group: DDP's parameter
+    check and its gradient allreduce (default comm hook) go through, and
+    the prediction holds DDP's gradient buckets on top of parameters,
+    gradients and momentum; gradient_as_bucket_view=True holds less."""
+    src = open(DDP).read().splitlines()
+
+    def line_of(text):
+        return next(i + 1 for i, t in enumerate(src) if text in t)
+
+    def run(*extra):
+        out = tmp_path / f"ddp{len(extra)}.pickle"
+        p = predict("--memory", "64G", "--json", "--devices", "2", "--rank", "1",
+                    "-o", str(out), DDP, *extra, cwd=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        r = p.json
+        assert r["complete"] and r["fits"] and r["script_error"] is None
+        assert (r["world_size"], r["rank"], r["device"]) == (2, 1, 1)
+        check_cli(out)
+        return r
+
+    def site_bytes(r, line):
+        return sum(s["requested_bytes"] for s in r["top_sites"]
+                   if s["line"] == line and s["filename"] == DDP)
+
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 10))
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    plain = run()
+    # The buckets are (re)built at the forward of the second step.
+    assert site_bytes(plain, line_of("loss = F.cross_entropy(ddp(x), y)")) >= params
+    assert site_bytes(plain, line_of("nn.Linear(w, 10)).to(device)")) >= params
+    assert site_bytes(plain, line_of("opt.step()")) >= params  # momentum
+    assert plain["peak_allocated_bytes"] >= 4 * params
+    view = run("--bucket-view")
+    assert view["peak_allocated_bytes"] < plain["peak_allocated_bytes"] - params // 4
 
 
 def test_reserve_adds_to_reserved(tmp_path):

@@ -13,7 +13,9 @@
 //     ids are memsnap stream handles, 0 = default stream), events that
 //     complete when recorded (every operator runs synchronously);
 //   - at::PrivateUse1HooksInterface (device count, primary context,
-//     storage resize, pointer -> device);
+//     storage resize, pointer -> device, pinned host memory: the
+//     pinned allocator and isPinnedPtr over memsnap's pinned host
+//     caching allocator);
 //   - the aten kernels a device must provide: empty.memory_format,
 //     empty_strided, _copy_from, _copy_from_and_resize, resize_, view,
 //     as_strided, _reshape_alias, set_ (3 overloads), _local_scalar_dense,
@@ -228,6 +230,55 @@ struct DeviceAllocator final : c10::Allocator {
 
 DeviceAllocator g_allocator;
 
+// ---- pinned host memory --------------------------------------------------------
+
+// Pinned host memory for the device (what tensor.pin_memory(), DataLoader's
+// pin_memory=True and torch.empty(..., pin_memory=True) ask of
+// getPinnedMemoryAllocator(), as CUDA's CachingHostAllocator): blocks of
+// memsnap's pinned host caching allocator (msnap_host_malloc, its stats in
+// host_memory_stats(), its history in host_segments/host_traces).  Under
+// the host-backed sim runtime they are real host memory.  The live block
+// addresses are kept for isPinnedPtr (torch asks it with a storage's base
+// pointer, as cudaPointerGetAttributes is asked in CUDAHooks).
+std::mutex g_pinned_mutex;
+std::unordered_set<void*> g_pinned;
+
+void pinned_delete(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    const std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned.erase(ptr);
+  }
+  int rc = msnap_host_free(allocator(), as_u64(ptr));
+  if (rc < 0) report("pinned host free", rc);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    uint64_t p = 0;
+    if (n != 0) {
+      int rc = msnap_host_malloc(allocator(), n, &p);
+      if (rc < 0) throw_error(rc, "memsnap pinned host allocation");
+      const std::lock_guard<std::mutex> lock(g_pinned_mutex);
+      g_pinned.insert(reinterpret_cast<void*>(p));
+    }
+    void* ptr = reinterpret_cast<void*>(p);
+    return {ptr, ptr, &pinned_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &pinned_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count)
+      const override {
+    if (count != 0) std::memcpy(dest, src, count);
+  }
+};
+
+PinnedAllocator g_pinned_allocator;
+
+bool is_pinned_ptr(const void* data) {
+  const std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  return g_pinned.count(const_cast<void*>(data)) != 0;
+}
+
 // ---- the device guard --------------------------------------------------------
 
 struct Event {
@@ -381,13 +432,10 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     return exchangeDevice(device);
   }
   bool isPinnedPtr(const void* data) const override {
-    (void)data;
-    return false;
+    return is_pinned_ptr(data);
   }
   c10::Allocator* getPinnedMemoryAllocator() const override {
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        false, "pinned host memory is not implemented for the memsnap device '",
-        c10::get_privateuse1_backend(), "'");
+    return &g_pinned_allocator;
   }
   const at::Generator& getDefaultGenerator(
       c10::DeviceIndex device_index) const override {

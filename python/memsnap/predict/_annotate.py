@@ -6,7 +6,13 @@ MemTracker): global forward pre/post hooks, and multi-grad hooks for the
 backward of each module call.  A range is named by the module's qualified
 name as in ``named_modules()`` of the outermost module that ran
 (``blocks.0.attn``; the outermost module itself by its class name, e.g.
-``GPT``), and the backward range gets `` (backward)`` appended.  Optimizer
+``GPT``), and the backward range gets `` (backward)`` appended.  A child of
+a container (a name ending in an index: ``nn.Sequential``,
+``nn.ModuleList``) is also named by its class, ``blocks.0 (Block)``, and a
+name that would start with an index (the outermost module is a container)
+starts with the outermost's name: ``Sequential.2 (Linear)``,
+``Sequential.2 (Linear) (backward)``, ``Sequential.1.0 (ReLU)`` rather than
+a bare ``2``.  Optimizer
 steps come from torch's global optimizer step hooks, named
 ``<Optimizer class>.step`` (``AdamW.step``).
 
@@ -37,7 +43,15 @@ class Annotator:
         if fqn is None:
             return None
         root, _, rest = fqn.partition(".")
-        return rest or root
+        if not rest:
+            return root
+        # Under a container at the top (nn.Sequential), the path starts
+        # with an index: the outermost module's name goes first.
+        name = fqn if rest.partition(".")[0].isdigit() else rest
+        if rest.rpartition(".")[2].isdigit():
+            # A container's child: its class tells what it is.
+            return f"{name} ({type(mod).__name__})"
+        return name
 
     def _pre_fw(self, mod, inputs):
         name = self._name(mod)

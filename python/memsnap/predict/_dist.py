@@ -14,6 +14,29 @@ the prediction is that rank's device memory.
 
 What the real job has on top (communication buffers of HCCL/NCCL, the
 collectives' own workspace) is not allocator memory: see ``--reserve``.
+
+DistributedDataParallel needs two things the fake process group does not
+give as a real one does:
+
+- its check at construction that every rank has the same parameters
+  (``torch.distributed._verify_params_across_processes``,
+  torch/csrc/distributed/c10d/reducer.cpp: an allgather of the parameter
+  count, each rank's count read back with ``.item()``, then a broadcast of
+  rank 0's sizes and strides, copied to the host and compared).  The
+  allgather's outputs are fake tensors, which have no value: the count
+  reads 0 and the check fails ("DDP expects same model across all
+  ranks").  In the fake world every rank runs this rank's script, so the
+  check has nothing to compare: while a :class:`FakeWorld` is active it
+  is replaced by one that makes the same device allocations and
+  collectives and compares nothing;
+- the result of a collective's ``Work.get_future()``: a real backend
+  (ProcessGroupNCCL / Gloo / HCCL) completes it with the output tensors,
+  and DDP's gradient reduction (the default comm hook, comm.cpp
+  ``parseHookResult``; the Python hooks of ``ddp_comm_hooks``) takes the
+  reduced bucket from it; the fake group's ``FakeWork`` completes it with
+  None.  :func:`complete_work` gives the collectives the tracker sees a
+  finished ``Work`` whose future holds their output tensors (torch's
+  ``_create_work_from_future``, the Work of a Python process group).
 """
 
 from __future__ import annotations
@@ -65,6 +88,10 @@ class FakeWorld:
         for mod in (dist, c10d):
             self._saved.append((mod, "init_process_group", mod.init_process_group))
             mod.init_process_group = init_process_group
+        if hasattr(dist, "_verify_params_across_processes"):
+            self._saved.append((dist, "_verify_params_across_processes",
+                                dist._verify_params_across_processes))
+            dist._verify_params_across_processes = _verify_params_across_processes
         return self
 
     def __exit__(self, *exc):
@@ -83,3 +110,41 @@ class FakeWorld:
             dist.destroy_process_group()
         return False
 
+
+def _verify_params_across_processes(process_group, tensors, logger=None):
+    """DDP's parameter check in the fake world (module docstring): the
+    device tensors and collectives of ``verify_params_across_processes``
+    (torch/csrc/distributed/c10d/reducer.cpp), without the comparisons."""
+    import torch
+
+    if not tensors:
+        return
+    device = tensors[0].device
+    count = torch.tensor([len(tensors)], dtype=torch.long, device=device)
+    gathered = [torch.empty_like(count) for _ in range(process_group.size())]
+    process_group.allgather([gathered], [count]).wait()
+    del count, gathered
+    meta = [v for t in tensors for v in (*t.size(), *t.stride())]
+    metadata = torch.tensor(meta, dtype=torch.long).to(device)
+    process_group.broadcast([metadata]).wait()
+
+
+def complete_work(func, out):
+    """``out`` of the c10d operator ``func`` with its ``Work`` replaced by
+    one whose future holds the output tensors, as a real backend's
+    (module docstring); any other result as it is."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return out
+    tensors, _work = out
+    import torch
+
+    if isinstance(tensors, torch.Tensor):  # _allgather_base_, _reduce_scatter_base_
+        value = [tensors]
+    elif tensors and isinstance(tensors[0], (list, tuple)):  # allgather_: one list per input
+        value = list(tensors[0])
+    else:
+        value = list(tensors)
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    # torch's own Work over a finished future (its wait() returns at once).
+    return tensors, torch._C._distributed_c10d._create_work_from_future(fut).boxed()
