@@ -273,13 +273,59 @@ static inline frame_entry_t *entry_cached(PyCodeObject *co) {
   return e;
 }
 
+/* The previous walk, frame by frame (raw index i: the i-th interpreter
+ * frame from the innermost, skipped ones included), read and written with
+ * the GIL held like code_cache.  A slot remembers what a complete frame
+ * with that code object, instruction offset and owner gave: the entry
+ * and whether it was hidden.  That is a function of (code, lasti, owner)
+ * alone -- the entry is the code object's, completeness compares lasti
+ * with the code's _co_firsttraceable -- and of the hidden list, whose
+ * generation the memo carries.  Only frames whose code object has an
+ * entry are remembered: the entry pins the code object, so no other code
+ * object can take its address and an equal pointer is the same code.
+ * Loops allocate from the same frames again and again, so most frames
+ * of a walk are found here: four loads from the frame and a compare,
+ * instead of the code object, the code cache and the entry. */
+#define WALK_MEMO 128
+typedef struct walk_memo_s {
+  PyCodeObject *code; /* NULL: nothing remembered at this depth */
+  frame_entry_t *entry;
+  int lasti;          /* _PyInterpreterFrame_LASTI                */
+  int8_t owner;
+  bool hidden;
+} walk_memo_t;
+static walk_memo_t walk_memo[WALK_MEMO];
+static int walk_memo_gen; /* hidden_gen of the remembered frames */
+
 /* 3.11-3.13: the same frames as walk_public (incomplete and C-stack
  * frames skipped, as PyEval_GetFrame/PyFrame_GetBack skip them), and the
  * same lasti as PyFrame_GetLasti, without frame objects. */
 static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
   _PyInterpreterFrame *f = CURRENT_FRAME(ts);
-  int n = 0;
-  for (; f != NULL && n < max; f = f->previous) {
+  int n = 0, i = 0;
+#ifdef Py_GIL_DISABLED
+  const bool memo = false; /* no GIL to guard the memo */
+#else
+  const bool memo = true;
+  if (walk_memo_gen != hidden_gen) {
+    memset(walk_memo, 0, sizeof walk_memo);
+    walk_memo_gen = hidden_gen;
+  }
+#endif
+  for (; f != NULL && n < max; f = f->previous, i++) {
+    PyCodeObject *co = FRAME_CODE(f);
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    walk_memo_t *m = memo && i < WALK_MEMO ? &walk_memo[i] : NULL;
+    if (m != NULL && m->code == co && m->lasti == lasti &&
+        m->owner == (int8_t)f->owner) {
+      if (!m->hidden) {
+        frames[n][0] = (uintptr_t)m->entry;
+        frames[n][1] = (uintptr_t)(intptr_t)(
+            lasti >= 0 ? lasti * (int)sizeof(_Py_CODEUNIT) : lasti);
+        n++;
+      }
+      continue;
+    }
 #if PY_VERSION_HEX >= 0x030C0000
     /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
     if (f->owner == FRAME_OWNED_BY_CSTACK)
@@ -287,10 +333,19 @@ static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
 #endif
     if (_PyFrame_IsIncomplete(f))
       continue;
-    frame_entry_t *e = entry_cached(FRAME_CODE(f));
-    if (e == NULL || entry_hidden(e))
+    frame_entry_t *e = entry_cached(co);
+    if (e == NULL)
       continue;
-    int lasti = _PyInterpreterFrame_LASTI(f);
+    bool hid = entry_hidden(e);
+    if (m != NULL) {
+      m->code = co;
+      m->entry = e;
+      m->lasti = lasti;
+      m->owner = (int8_t)f->owner;
+      m->hidden = hid;
+    }
+    if (hid)
+      continue;
     frames[n][0] = (uintptr_t)e;
     if (lasti >= 0)
       lasti *= (int)sizeof(_Py_CODEUNIT);
