@@ -60,14 +60,15 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
  * is installed.  Returns an id with one reference, or 0. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
 /* The same, for a caller that uses the id only until a matching
- * msnap__stack_unpin on this thread, with no other capture on this thread
- * in between (an allocator call): on a hit in the thread's stack cache,
- * or when the new stack enters it, the id is borrowed from the cache,
- * whose slot stays pinned (*pin != 0) -- no atomic operation; otherwise
- * (*pin == 0) the caller owns one reference. */
+ * msnap__stack_unpin on this thread (an allocator call): on a hit in the
+ * thread's stack cache, or when the new stack enters it, the id is
+ * borrowed from the cache, whose slot stays pinned (*pin: its pin
+ * counter) -- no atomic operation; otherwise (*pin NULL) the caller owns
+ * one reference. */
 uint32_t msnap__stack_capture_pinned(unsigned stacks, int skip,
-                                     uint8_t *pin);
-void msnap__stack_unpin(uint8_t pin);
+                                     uint8_t **pin);
+/* End a pin (NULL: no-op), on the thread that captured it. */
+void msnap__stack_unpin(uint8_t *pin);
 /* The DWARF CFI unwinder (unwind.c): return addresses of the calling
  * thread, innermost first, the first one inside msnap__unwind_cfi itself;
  * at most max.  -1 when it cannot follow this stack (the caller then uses
