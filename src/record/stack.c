@@ -158,6 +158,8 @@ static _Atomic(const msnap_frame_hook_t *) frame_hook;
 
 
 static sentry_t *slot_get(uint32_t id) {
+  if (msnap_unlikely((id >> SLOT_CHUNK_BITS) >= SLOT_DIR))
+    return NULL; /* MSNAP_STACK_ID_EMPTY */
   _Atomic(sentry_t *) *chunk = __atomic_load_n(&slot_dir[id >> SLOT_CHUNK_BITS],
                                                __ATOMIC_ACQUIRE);
   if (chunk == NULL) return NULL;
@@ -380,6 +382,10 @@ const char *msnap__str_get(uint32_t id, size_t *len) {
 }
 
 int msnap__stack_view(uint32_t id, msnap_stack_view_t *v) {
+  if (id == MSNAP_STACK_ID_EMPTY) {
+    memset(v, 0, sizeof *v);
+    return 0;
+  }
   sentry_t *e = id ? slot_get(id) : NULL;
   if (e == NULL || e->kind != KIND_STACK) return MSNAP_EINVAL;
   v->c = e->w;
@@ -391,6 +397,7 @@ int msnap__stack_view(uint32_t id, msnap_stack_view_t *v) {
 }
 
 uint32_t msnap__stack_refcount(uint32_t id) {
+  if (id == MSNAP_STACK_ID_EMPTY) return 1;
   sentry_t *e = id ? slot_get(id) : NULL;
   return e ? atomic_load(&e->refs) : 0;
 }
@@ -754,7 +761,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
     }
   }
   if (pin) *pin = NULL;
-  if (nc + npy == 0) return 0;
+  if (nc + npy == 0) return stacks ? MSNAP_STACK_ID_EMPTY : 0;
   if (npy == 0) hook = NULL;
   tcache_t *t = &tc;
   int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook);

@@ -49,6 +49,16 @@ typedef struct msnap_stack_view_s {
   const msnap_frame_hook_t *hook; /* hook that captured py (or NULL)   */
 } msnap_stack_view_t;
 
+/* The id of a captured stack without a frame (stacks "python" on a thread
+ * that runs no Python code, such as autograd's device threads; a C stack
+ * nothing could unwind).  PyTorch's gathered context then exists and is
+ * empty, and the snapshot says `frames: []` where a context is recorded
+ * (torch/csrc/cuda/memory_snapshot.cpp: a trace entry has `frames` when
+ * its context is set).  Not a table entry: beyond every real id,
+ * references on it are not counted (ref and unref do nothing, refcount
+ * says 1), its view has no frame. */
+#define MSNAP_STACK_ID_EMPTY UINT32_C(0xfffffffe)
+
 /* Intern a stack; returns its id with one reference, 0 when both parts are
  * empty or on host ENOMEM. */
 uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
@@ -57,7 +67,8 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
 /* Capture the calling thread's stack: C frames when stacks has
  * MSNAP_STACKS_CPP (dropping the `skip` innermost ones, i.e. memsnap's own
  * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
- * is installed.  Returns an id with one reference, or 0. */
+ * is installed.  Returns an id with one reference, MSNAP_STACK_ID_EMPTY
+ * when no frame was found, 0 when stacks is 0 or on host ENOMEM. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
 /* The same, for a caller that uses the id only until a matching
  * msnap__stack_unpin on this thread (an allocator call): on a hit in the
