@@ -62,9 +62,11 @@
 #undef Py_BUILD_CORE
 #if PY_VERSION_HEX >= 0x030D0000
 #define FRAME_CODE(f) _PyFrame_GetCode(f)
+#define FRAME_INSTR(f) ((f)->instr_ptr)
 #define CURRENT_FRAME(ts) ((ts)->current_frame)
 #else
 #define FRAME_CODE(f) ((f)->f_code)
+#define FRAME_INSTR(f) ((f)->prev_instr)
 #define CURRENT_FRAME(ts) ((ts)->cframe->current_frame)
 #endif
 #endif
@@ -273,31 +275,135 @@ static inline frame_entry_t *entry_cached(PyCodeObject *co) {
   return e;
 }
 
+/* The previous walk, frame by frame (raw index i: the i-th interpreter
+ * frame from the innermost, skipped ones included), read and written with
+ * the GIL held like code_cache.  A slot remembers what a complete frame
+ * with that code object, instruction pointer and owner gave: the entry,
+ * the lasti word and whether it was hidden.  That is a function of (code,
+ * instruction pointer, owner) alone -- the instruction pointer minus the
+ * start of the code's bytecode is lasti, the entry is the code object's,
+ * completeness compares lasti with the code's _co_firsttraceable -- and
+ * of the hidden list, whose generation the memo carries.  Only frames whose code object has an
+ * entry are remembered: the entry pins the code object, so no other code
+ * object can take its address and an equal pointer is the same code.
+ * Loops allocate from the same frames again and again, so most frames
+ * of a walk are found here: four loads from the frame and a compare,
+ * instead of the code object, the code cache and the entry. */
+#define WALK_MEMO 128
+typedef struct walk_memo_s {
+  _PyInterpreterFrame *frame; /* the raw frame at this depth last time */
+  PyCodeObject *code; /* NULL: nothing remembered at this depth */
+  _Py_CODEUNIT *instr;  /* the frame's instruction pointer: with the code
+                         * object, its instruction offset (lasti) */
+  frame_entry_t *entry;
+  uintptr_t word;     /* the recorded lasti word                  */
+  int8_t owner;
+  bool emit;          /* not hidden                                */
+} walk_memo_t;
+static walk_memo_t walk_memo[WALK_MEMO + 1];
+/* A second way per depth: what the remembered frame gave before it was
+ * replaced (a loop that allocates and frees from two lines of one
+ * function alternates between two innermost frames). */
+static walk_memo_t walk_memo_alt[WALK_MEMO];
+static int walk_memo_gen; /* hidden_gen of the remembered frames */
+
+/* One frame of walk_ts: appended to frames[*n] unless skipped. */
+static inline bool memo_hit(const walk_memo_t *m, PyCodeObject *co,
+                            _PyInterpreterFrame *f) {
+  return m->code == co && m->instr == FRAME_INSTR(f) &&
+         m->owner == (int8_t)f->owner;
+}
+
+static inline __attribute__((always_inline)) void
+walk_frame(_PyInterpreterFrame *f, walk_memo_t *m, walk_memo_t *alt,
+           uintptr_t (*frames)[2], int *n) {
+  PyCodeObject *co = FRAME_CODE(f);
+  if (m != NULL) {
+    const walk_memo_t *h =
+        memo_hit(m, co, f) ? m : memo_hit(alt, co, f) ? alt : NULL;
+    if (h != NULL) {
+      /* frames[*n] is in bounds (the caller stops at max) */
+      frames[*n][0] = (uintptr_t)h->entry;
+      frames[*n][1] = h->word;
+      *n += h->emit;
+      return;
+    }
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
+  if (f->owner == FRAME_OWNED_BY_CSTACK)
+    return;
+#endif
+  if (_PyFrame_IsIncomplete(f))
+    return;
+  frame_entry_t *e = entry_cached(co);
+  if (e == NULL)
+    return;
+  int lasti = _PyInterpreterFrame_LASTI(f);
+  if (lasti >= 0)
+    lasti *= (int)sizeof(_Py_CODEUNIT);
+  bool emit = !entry_hidden(e);
+  if (m != NULL) {
+    if (m->code != NULL) { /* the previous one moves to the second way */
+      *alt = *m;
+      alt->frame = NULL;
+    }
+    m->code = co;
+    m->instr = FRAME_INSTR(f);
+    m->entry = e;
+    m->word = (uintptr_t)(intptr_t)lasti;
+    m->owner = (int8_t)f->owner;
+    m->emit = emit;
+  }
+  if (!emit)
+    return;
+  frames[*n][0] = (uintptr_t)e;
+  frames[*n][1] = (uintptr_t)(intptr_t)lasti;
+  (*n)++;
+}
+
 /* 3.11-3.13: the same frames as walk_public (incomplete and C-stack
  * frames skipped, as PyEval_GetFrame/PyFrame_GetBack skip them), and the
- * same lasti as PyFrame_GetLasti, without frame objects. */
+ * same lasti as PyFrame_GetLasti, without frame objects.
+ *
+ * Following `previous` one frame at a time makes the walk wait for each
+ * load before the next.  The memo also remembers where each frame was:
+ * when a frame's real `previous` equals the remembered next frame, the
+ * walk continues from the remembered address (the same pointer, checked
+ * to be equal), which the processor can load ahead without waiting for
+ * the chain -- every frame visited is still the real chain's. */
 static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
   _PyInterpreterFrame *f = CURRENT_FRAME(ts);
-  int n = 0;
-  for (; f != NULL && n < max; f = f->previous) {
-#if PY_VERSION_HEX >= 0x030C0000
-    /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
-    if (f->owner == FRAME_OWNED_BY_CSTACK)
-      continue;
-#endif
-    if (_PyFrame_IsIncomplete(f))
-      continue;
-    frame_entry_t *e = entry_cached(FRAME_CODE(f));
-    if (e == NULL || entry_hidden(e))
-      continue;
-    int lasti = _PyInterpreterFrame_LASTI(f);
-    frames[n][0] = (uintptr_t)e;
-    if (lasti >= 0)
-      lasti *= (int)sizeof(_Py_CODEUNIT);
-    frames[n][1] = (uintptr_t)(intptr_t)lasti;
-    n++;
-  }
+  int n = 0, i = 0;
+#ifdef Py_GIL_DISABLED
+  for (; f != NULL && n < max; f = f->previous) /* no GIL for the memo */
+    walk_frame(f, NULL, NULL, frames, &n);
   return n;
+#else
+  if (walk_memo_gen != hidden_gen) {
+    memset(walk_memo, 0, sizeof walk_memo);
+    memset(walk_memo_alt, 0, sizeof walk_memo_alt);
+    walk_memo_gen = hidden_gen;
+  }
+  for (; f != NULL && n < max && i < WALK_MEMO; i++) {
+    walk_memo_t *m = &walk_memo[i];
+    m->frame = f;
+    walk_frame(f, m, &walk_memo_alt[i], frames, &n);
+    _PyInterpreterFrame *next = f->previous, *pred = walk_memo[i + 1].frame;
+    if (__builtin_expect(next == pred, 1)) {
+      /* the same pointer, but not derived from the load of `next`: the
+       * compiler must not substitute one for the other */
+      __asm__("" : "+r"(pred));
+      f = pred;
+    } else {
+      f = next;
+    }
+  }
+  walk_memo[i].frame = NULL;
+  for (; f != NULL && n < max; f = f->previous)
+    walk_frame(f, NULL, NULL, frames, &n);
+  return n;
+#endif
 }
 
 static int walk(uintptr_t (*frames)[2], int max) {

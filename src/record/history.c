@@ -99,7 +99,7 @@ void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
     unsigned stacks = atomic_load_explicit(&s->stacks, memory_order_relaxed);
     /* skip this function's frame */
     ctx->stack = msnap__stack_capture_pinned(stacks, 1, &ctx->stack_pin);
-    if (ctx->stack != 0 && ctx->stack_pin == 0)
+    if (ctx->stack != 0 && ctx->stack_pin == NULL)
       ctx->owns |= MSNAP_RCTX_OWNS_STACK;
   }
   tl_rec_t *t = &tl_rec;
@@ -113,7 +113,8 @@ void msnap__rctx_release(msnap_rctx_t *ctx) {
   if (ctx->owns & MSNAP_RCTX_OWNS_STACK) msnap__stack_unref(ctx->stack);
   if (ctx->owns & MSNAP_RCTX_OWNS_META) msnap__stack_unref(ctx->user_metadata);
   ctx->stack = ctx->user_metadata = ctx->compile_context = 0;
-  ctx->stack_pin = ctx->owns = 0;
+  ctx->stack_pin = NULL;
+  ctx->owns = 0;
 }
 
 void msnap__rctx_set_metadata(msnap_rctx_t *ctx, uint32_t id) {

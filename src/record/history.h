@@ -52,7 +52,7 @@
  * the call (msnap__rctx_release) on the same thread.  Its ids are valid
  * until then, and cost no atomic operation in the common case:
  *   - stack: borrowed from the calling thread's stack cache when
- *     stack_pin != 0 (the cache keeps the slot while pinned), else one
+ *     stack_pin != NULL (the cache keeps the slot while pinned), else one
  *     reference of the context's own;
  *   - user_metadata, compile_context: borrowed from the thread's
  *     metadata (it cannot change during the call), unless `owns` says the
@@ -64,8 +64,10 @@ typedef struct msnap_rctx_s {
   uint32_t user_metadata;   /* interned string id in stack table, 0 = "" */
   uint32_t compile_context; /* interned string id, 0 = "N/A"         */
   uint8_t level;            /* msnap_record_context_t at capture      */
-  uint8_t stack_pin;        /* thread stack-cache pin (0: none)       */
   uint8_t owns;             /* MSNAP_RCTX_OWNS_*                      */
+  /* The pinned slot's counter in the thread's stack cache (NULL: none);
+   * msnap__stack_unpin releases it without a thread-local lookup. */
+  uint8_t *stack_pin;
   /* Serial of the capturing call, unique per thread and call (0: none).
    * Entries that one call records back to back in a ring share one clock
    * read (ring.c, msnap__ring_record). */

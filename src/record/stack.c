@@ -158,6 +158,8 @@ static _Atomic(const msnap_frame_hook_t *) frame_hook;
 
 
 static sentry_t *slot_get(uint32_t id) {
+  if (msnap_unlikely((id >> SLOT_CHUNK_BITS) >= SLOT_DIR))
+    return NULL; /* MSNAP_STACK_ID_EMPTY */
   _Atomic(sentry_t *) *chunk = __atomic_load_n(&slot_dir[id >> SLOT_CHUNK_BITS],
                                                __ATOMIC_ACQUIRE);
   if (chunk == NULL) return NULL;
@@ -380,6 +382,10 @@ const char *msnap__str_get(uint32_t id, size_t *len) {
 }
 
 int msnap__stack_view(uint32_t id, msnap_stack_view_t *v) {
+  if (id == MSNAP_STACK_ID_EMPTY) {
+    memset(v, 0, sizeof *v);
+    return 0;
+  }
   sentry_t *e = id ? slot_get(id) : NULL;
   if (e == NULL || e->kind != KIND_STACK) return MSNAP_EINVAL;
   v->c = e->w;
@@ -391,6 +397,7 @@ int msnap__stack_view(uint32_t id, msnap_stack_view_t *v) {
 }
 
 uint32_t msnap__stack_refcount(uint32_t id) {
+  if (id == MSNAP_STACK_ID_EMPTY) return 1;
   sentry_t *e = id ? slot_get(id) : NULL;
   return e ? atomic_load(&e->refs) : 0;
 }
@@ -596,6 +603,17 @@ typedef struct tcache_s {
   uint8_t pins[TCACHE_SLOTS];
   unsigned next;
   bool registered;
+  /* Per slot with an id: its entry (alive: the slot holds a reference)
+   * and a copy of what tells stacks apart soonest -- the frame counts,
+   * the hook, the first two words (innermost frame) and the last one --
+   * so that a slot holding another stack is passed over without reading
+   * the entry. */
+  struct tcache_key_s {
+    const sentry_t *e;
+    const msnap_frame_hook_t *hook;
+    uint32_t nc, npy;
+    uintptr_t w0, w1, wl;
+  } key[TCACHE_SLOTS];
 } tcache_t;
 static MSNAP_TLS tcache_t tc;
 static pthread_key_t tcache_key;
@@ -627,24 +645,27 @@ void msnap__stack_tcache_flush(void) {
   }
 }
 
-void msnap__stack_unpin(uint8_t pin) {
-  if (pin == 0 || pin > TCACHE_SLOTS) return;
-  tcache_t *t = &tc;
-  MSNAP_ASSERT(t->pins[pin - 1] > 0);
-  if (t->pins[pin - 1] > 0) t->pins[pin - 1]--;
+void msnap__stack_unpin(uint8_t *pin) {
+  if (pin == NULL) return;
+  MSNAP_ASSERT(pin >= tc.pins && pin < tc.pins + TCACHE_SLOTS);
+  MSNAP_ASSERT(*pin > 0);
+  if (*pin > 0) (*pin)--;
 }
 
-/* Look words (nc C frames then npy interpreter frames) up in the cache;
- * returns the slot + 1 holding them, or 0. */
+/* Look words (nc C frames then npy interpreter frames, at least one) up
+ * in the cache; returns the slot + 1 holding them, or 0.  The full words
+ * are compared (memcmp) before a slot is taken: the key only skips the
+ * slots that differ early. */
 static int tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc,
                          uint32_t npy, const msnap_frame_hook_t *hook) {
-  size_t len = ((size_t)nc + 2 * (size_t)npy) * sizeof *w;
+  size_t nw = (size_t)nc + 2 * (size_t)npy;
+  uintptr_t w1 = nw > 1 ? w[1] : 0, wl = w[nw - 1];
   for (int i = 0; i < TCACHE_SLOTS; i++) {
-    uint32_t id = t->id[i];
-    if (id == 0) continue;
-    sentry_t *e = slot_get(id); /* alive: the cache holds a reference */
-    if (e->nc == nc && e->npy == npy && e->hook == hook && e->w[0] == w[0] &&
-        memcmp(e->w, w, len) == 0)
+    const struct tcache_key_s *k = &t->key[i];
+    if (t->id[i] == 0 || k->nc != nc || k->npy != npy || k->w0 != w[0] ||
+        k->w1 != w1 || k->wl != wl || k->hook != hook)
+      continue;
+    if (nw <= 3 || memcmp(k->e->w + 2, w + 2, (nw - 2) * sizeof *w) == 0)
       return i + 1;
   }
   return 0;
@@ -664,6 +685,15 @@ static int tcache_insert(tcache_t *t, uint32_t id) {
     if (t->pins[k]) continue;
     t->next = k + 1;
     uint32_t old = t->id[k];
+    const sentry_t *e = slot_get(id); /* alive: the caller's reference */
+    size_t nw = (size_t)e->nc + 2 * (size_t)e->npy;
+    t->key[k].e = e;
+    t->key[k].hook = e->hook;
+    t->key[k].nc = e->nc;
+    t->key[k].npy = e->npy;
+    t->key[k].w0 = e->w[0];
+    t->key[k].w1 = nw > 1 ? e->w[1] : 0;
+    t->key[k].wl = e->w[nw - 1];
     t->id[k] = id;
     msnap__stack_unref(old);
     return (int)k + 1;
@@ -679,7 +709,7 @@ static int tcache_insert(tcache_t *t, uint32_t id) {
  * cache hit copies nothing.  pin NULL: the id is returned with a
  * reference; else borrowed from a pinned cache slot when possible. */
 static inline __attribute__((always_inline)) uint32_t
-capture(unsigned stacks, int skip, uintptr_t ret, uint8_t *pin) {
+capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   uintptr_t w[MSNAP_STACK_MAX_C + 2 * MSNAP_STACK_MAX_PY];
   int nc = 0, npy = 0;
   const msnap_frame_hook_t *hook = NULL;
@@ -730,8 +760,8 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t *pin) {
       if (npy > 0) msnap__stack_drain_releases();
     }
   }
-  if (pin) *pin = 0;
-  if (nc + npy == 0) return 0;
+  if (pin) *pin = NULL;
+  if (nc + npy == 0) return stacks ? MSNAP_STACK_ID_EMPTY : 0;
   if (npy == 0) hook = NULL;
   tcache_t *t = &tc;
   int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook);
@@ -739,7 +769,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t *pin) {
     uint32_t id = t->id[k - 1];
     if (pin) {
       t->pins[k - 1]++;
-      *pin = (uint8_t)k;
+      *pin = &t->pins[k - 1];
     } else {
       msnap__stack_ref(id);
     }
@@ -755,7 +785,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t *pin) {
   }
   if (pin) {
     t->pins[k - 1]++;
-    *pin = (uint8_t)k;
+    *pin = &t->pins[k - 1];
   }
   return id;
 }
@@ -766,7 +796,7 @@ __attribute__((noinline)) uint32_t msnap__stack_capture(unsigned stacks,
 }
 
 __attribute__((noinline)) uint32_t
-msnap__stack_capture_pinned(unsigned stacks, int skip, uint8_t *pin) {
+msnap__stack_capture_pinned(unsigned stacks, int skip, uint8_t **pin) {
   return capture(stacks, skip, (uintptr_t)__builtin_return_address(0), pin);
 }
 

@@ -49,6 +49,16 @@ typedef struct msnap_stack_view_s {
   const msnap_frame_hook_t *hook; /* hook that captured py (or NULL)   */
 } msnap_stack_view_t;
 
+/* The id of a captured stack without a frame (stacks "python" on a thread
+ * that runs no Python code, such as autograd's device threads; a C stack
+ * nothing could unwind).  PyTorch's gathered context then exists and is
+ * empty, and the snapshot says `frames: []` where a context is recorded
+ * (torch/csrc/cuda/memory_snapshot.cpp: a trace entry has `frames` when
+ * its context is set).  Not a table entry: beyond every real id,
+ * references on it are not counted (ref and unref do nothing, refcount
+ * says 1), its view has no frame. */
+#define MSNAP_STACK_ID_EMPTY UINT32_C(0xfffffffe)
+
 /* Intern a stack; returns its id with one reference, 0 when both parts are
  * empty or on host ENOMEM. */
 uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
@@ -57,17 +67,19 @@ uint32_t msnap__stack_intern(const uintptr_t *c, uint32_t nc,
 /* Capture the calling thread's stack: C frames when stacks has
  * MSNAP_STACKS_CPP (dropping the `skip` innermost ones, i.e. memsnap's own
  * frames), interpreter frames when it has MSNAP_STACKS_PYTHON and a hook
- * is installed.  Returns an id with one reference, or 0. */
+ * is installed.  Returns an id with one reference, MSNAP_STACK_ID_EMPTY
+ * when no frame was found, 0 when stacks is 0 or on host ENOMEM. */
 uint32_t msnap__stack_capture(unsigned stacks, int skip);
 /* The same, for a caller that uses the id only until a matching
- * msnap__stack_unpin on this thread, with no other capture on this thread
- * in between (an allocator call): on a hit in the thread's stack cache,
- * or when the new stack enters it, the id is borrowed from the cache,
- * whose slot stays pinned (*pin != 0) -- no atomic operation; otherwise
- * (*pin == 0) the caller owns one reference. */
+ * msnap__stack_unpin on this thread (an allocator call): on a hit in the
+ * thread's stack cache, or when the new stack enters it, the id is
+ * borrowed from the cache, whose slot stays pinned (*pin: its pin
+ * counter) -- no atomic operation; otherwise (*pin NULL) the caller owns
+ * one reference. */
 uint32_t msnap__stack_capture_pinned(unsigned stacks, int skip,
-                                     uint8_t *pin);
-void msnap__stack_unpin(uint8_t pin);
+                                     uint8_t **pin);
+/* End a pin (NULL: no-op), on the thread that captured it. */
+void msnap__stack_unpin(uint8_t *pin);
 /* The DWARF CFI unwinder (unwind.c): return addresses of the calling
  * thread, innermost first, the first one inside msnap__unwind_cfi itself;
  * at most max.  -1 when it cannot follow this stack (the caller then uses

@@ -361,3 +361,51 @@ print("RESULT " + json.dumps(out))
     r = run_script(code).result
     assert r["first"] == r["again"] == "fakedev" == r["backend"] and r["module"]
     assert "already registered as 'fakedev'" in r["other"]
+
+
+def test_backward_thread_allocations_carry_empty_frames():
+    """stacks='python': allocations and frees made by autograd's device
+    thread (C++, no Python frames) carry `frames: []`, as PyTorch writes
+    them: its gathered context exists and is empty, and a trace entry has
+    `frames` whenever its context is set (torch/csrc/cuda/
+    memory_snapshot.cpp; CUDACachingAllocator.cpp: a free uses its own
+    context before the block's).  Frees of forward tensors on that thread
+    do not take the allocation's frames."""
+    code = r"""
+import json, threading
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+name = mt.register_device("npu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                            torch.nn.Linear(128, 8)).to(name)
+x = torch.randn(32, 64).to(name)
+mm._record_memory_history("all", stacks="python")
+threads = set()
+def grad_hook(g):
+    threads.add(threading.get_ident())
+model[0].weight.register_hook(grad_hook)
+loss = model(x).square().sum()
+loss.backward()
+snap = mm._snapshot()
+tr = snap["device_traces"][0]
+print("RESULT " + json.dumps({
+    "entries": [[e["action"], e["size"], e.get("frames", None)] for e in tr],
+    "blocks": [b.get("frames", None) for s in snap["segments"] for b in s["blocks"]],
+    "other_thread": threads != {threading.get_ident()} and len(threads) == 1,
+    "wsize": model[0].weight.numel() * 4,
+}))
+"""
+    r = run_script(code).result
+    assert r["other_thread"], "autograd ran the backward on the calling thread"
+    entries = r["entries"]
+    # context 'all': every alloc / free entry has the key
+    assert all(f is not None for _, _, f in entries), entries
+    assert all(f is not None for f in r["blocks"])
+    fwd = [f for a, _, f in entries if a == "alloc" and f]
+    assert any(fr["name"] == "<module>" for f in fwd for fr in f), fwd
+    # the first Linear's weight gradient is allocated by the device thread
+    grads = [f for a, s, f in entries if a == "alloc" and s == r["wsize"]]
+    assert grads and grads[-1] == [], entries
+    frees = [f for a, _, f in entries if a == "free_requested"]
+    assert [] in frees

@@ -130,3 +130,60 @@ def test_fast_walk_through_c_callbacks_and_threads():
         assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
     names = [f[0].rsplit(".", 1)[-1] for f in res[0][0]]
     assert names[:4] == ["key", "gen", "worker", "run"]
+
+
+def test_repeated_walks_follow_every_change():
+    """The fast walk remembers the previous walk frame by frame (code,
+    instruction, owner): each capture still gives exactly the current
+    frames when the same code runs from other callers, at other lines, at
+    other depths, and after a file is hidden."""
+
+    def leaf():
+        return _memsnap.capture_frames(64), _memsnap.capture_frames(64, True)
+
+    def caller_a():
+        return leaf()
+
+    def caller_b():
+        return leaf()
+
+    def two_sites(first=[True]):
+        first[0] = not first[0]
+        if first[0]:
+            return leaf()
+        return leaf()
+
+    def rec(n, fn):
+        if n == 0:
+            return fn()
+        return rec(n - 1, fn)
+
+    seen = []
+    for i in range(60):
+        fn = (caller_a, caller_b, two_sites)[i % 3]
+        seen.append((rec(i % 5 + 3, fn), fn.__name__, i % 5 + 3))
+    for (fast, slow), name, depth in seen:
+        assert [f[:2] for f in fast] == [f[:2] for f in slow]
+        assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
+        names = [f[0].rsplit(".", 1)[-1] for f in fast]
+        assert names[:2] == ["leaf", name]
+        assert names[2:3 + depth] == ["rec"] * (depth + 1)
+    assert seen[0][0][0] != seen[1][0][0]
+    lines = {fast[1][2] for (fast, _), name, _ in seen if name == "two_sites"}
+    assert len(lines) == 2
+
+    # Code compiled under a file name that gets hidden after the walks
+    # have seen (and remembered) its frames.
+    ns = {"leaf": leaf}
+    src = "def hideme():\n    return leaf()\n"
+    fake = "/memsnap-test-hidden-%d/frames_hidden.py" % id(ns)
+    exec(compile(src, fake, "exec"), ns)
+    before = []
+    for _ in range(3):
+        before.append(rec(2, ns["hideme"])[0])
+    assert all(any(f[1] == fake for f in b) for b in before)
+    _memsnap.hide_frames_of(fake)
+    after, public = rec(2, ns["hideme"])
+    assert not any(f[1] == fake for f in after)
+    assert [f[0] for f in after] == [f[0] for f in before[-1] if f[1] != fake]
+    assert [f[:2] for f in after] == [f[:2] for f in public]

@@ -136,14 +136,15 @@ released.argtypes = [ctypes.c_ssize_t]
 q = released(8192)
 entries = [e for e in mm._snapshot()["device_traces"][0] if e["action"] == "alloc"]
 print("RESULT " + json.dumps({"p": p, "q": q, "addrs": [e["addr"] for e in entries],
-                              "frames": ["frames" in e for e in entries]}))
+                              "frames": [e.get("frames") for e in entries]}))
 """
 
 
 def test_native_thread_without_python_state(tmp_path):
     """An allocation from a thread that never ran Python (torch's autograd
     threads) gets no Python frames and never waits for the GIL, even while
-    the calling Python thread holds it."""
+    the calling Python thread holds it: `frames: []`, as PyTorch writes an
+    empty gathered context."""
     import shutil
     import subprocess
     import sysconfig
@@ -165,4 +166,4 @@ def test_native_thread_without_python_state(tmp_path):
     r = run_script(NATIVE.replace("HELPER", repr(str(lib))), timeout=60).result
     assert r["p"] and r["q"]
     assert r["addrs"] == [r["p"], r["q"]]
-    assert r["frames"] == [False, False]
+    assert r["frames"] == [[], []]

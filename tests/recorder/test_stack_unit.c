@@ -194,8 +194,21 @@ static void test_frame_hook(void **state) {
   assert_int_equal(msnap_set_frame_hook(NULL), 0);
   assert_int_equal(fake_refs[1], 0);
   assert_null(msnap__frame_hook());
-  /* python-only capture without a hook records nothing */
-  assert_int_equal(msnap__stack_capture(MSNAP_STACKS_PYTHON, 0), 0);
+  /* python-only capture without a hook: a stack without frames (torch:
+   * an empty gathered context, `frames: []`), outside the table */
+  size_t live = msnap__stack_live();
+  uint32_t e = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_equal(e, MSNAP_STACK_ID_EMPTY);
+  assert_int_equal(msnap__stack_view(e, &v), 0);
+  assert_int_equal(v.nc + v.npy, 0);
+  assert_int_equal(msnap__stack_refcount(e), 1);
+  msnap__stack_ref(e);
+  msnap__stack_unref(e);
+  msnap__stack_unref(e);
+  assert_int_equal(msnap__stack_refcount(e), 1);
+  assert_int_equal(msnap__stack_live(), live);
+  /* no stacks asked for: none */
+  assert_int_equal(msnap__stack_capture(0, 0), 0);
   fake_depth = 3;
   /* a hook without capture is refused */
   msnap_frame_hook_t bad = {0};
