@@ -157,7 +157,9 @@ int msnap__allocator_new(const msnap_options_t *opts,
                                     MSNAP_SIM_MAX_DEVICES),
         o->sim_memory > 0
             ? o->sim_memory
-            : msnap__env_size_min(MSNAP_ENV_SIM_MEMORY, 64ull << 30, 1),
+            : msnap__env_size_range(MSNAP_ENV_SIM_MEMORY, 64ull << 30,
+                                    MSNAP_SIM_MIN_MEMORY,
+                                    MSNAP_SIM_MAX_MEMORY),
         host_backed >= 0 ? host_backed != 0
                          : msnap__env_bool(MSNAP_ENV_SIM_HOST_BACKED, false),
         &a->rt_ctx);

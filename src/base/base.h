@@ -112,12 +112,13 @@ int msnap__env_profile(msnap_profile_t *out, msnap_profile_t dflt);
 /* MEMSNAP_RUNTIME ("sim" when unset or empty). */
 const char *msnap__env_runtime(void);
 /* Typed reads of a variable of the table: a size (K/M/G/T suffixes), a
- * count in [lo, hi], a size of at least `min` bytes.  A bad value warns
- * once per variable and gives dflt. */
+ * count in [lo, hi], a size in [lo, hi] bytes.  A bad value warns once per
+ * variable and gives dflt. */
 uint64_t msnap__env_size(msnap_env_t var, uint64_t dflt);
 uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
                           uint64_t hi);
-uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min);
+uint64_t msnap__env_size_range(msnap_env_t var, uint64_t dflt, uint64_t lo,
+                               uint64_t hi);
 /* A size: decimal digits with an optional fraction, optional spaces, an
  * optional K/M/G/T/P suffix (binary) then an optional B or iB, or a bare
  * B ("1.5G", "80GB", "512 M"); the fraction counts exactly, truncated to
@@ -131,10 +132,14 @@ uint64_t msnap__env_parse_size(const char *name, const char *value,
                                uint64_t dflt);
 uint64_t msnap__env_parse_count(const char *name, const char *value,
                                 uint64_t dflt, uint64_t lo, uint64_t hi);
-uint64_t msnap__env_parse_size_min(const char *name, const char *value,
-                                   uint64_t dflt, uint64_t min);
-/* MEMSNAP_SIM_DEVICES accepts 1..MSNAP_SIM_MAX_DEVICES. */
+uint64_t msnap__env_parse_size_range(const char *name, const char *value,
+                                     uint64_t dflt, uint64_t lo, uint64_t hi);
+/* MEMSNAP_SIM_DEVICES accepts 1..MSNAP_SIM_MAX_DEVICES; MEMSNAP_SIM_MEMORY
+ * (and msnap_sim_create's size) MSNAP_SIM_MIN_MEMORY..MSNAP_SIM_MAX_MEMORY
+ * (2 MiB, the sim's granule, to 256 TiB). */
 #define MSNAP_SIM_MAX_DEVICES 64
+#define MSNAP_SIM_MIN_MEMORY ((uint64_t)2 << 20)
+#define MSNAP_SIM_MAX_MEMORY ((uint64_t)1 << 48)
 /* PYTORCH_NO_{NPU,CUDA}_MEMORY_CACHING of the profile: exactly "1". */
 bool msnap__env_no_caching(msnap_profile_t profile);
 /* A 0/1 switch (MEMSNAP_SIM_HOST_BACKED); bad values warn once. */

@@ -7,7 +7,8 @@
  * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
  * MEMSNAP_SIM_DEVICES  a device count, a plain decimal number in [1, 64]
  *                      (msnap__env_count).
- * MEMSNAP_SIM_MEMORY (at least 1 byte: "0" warns) and any other size option
+ * MEMSNAP_SIM_MEMORY (2M to 256T, the sim's range: "0" or "1M" warns) and
+ * any other size option
  * (MEMSNAP_INPUT_LIMIT: the most bytes the snapshot reader takes from a
  *                      pipe, a FIFO or a decompressor; default 8G):
  *                      a decimal number, a fraction allowed, with an
@@ -297,23 +298,47 @@ uint64_t msnap__env_parse_count(const char *name, const char *v,
   return dflt;
 }
 
+/* v as a whole number of the largest binary unit dividing it ("2M",
+ * "256T"), else bytes. */
+static const char *size_text(uint64_t v, char *buf, size_t len) {
+  static const char units[] = "PTGMK";
+  for (int k = 0; k < 5; k++) {
+    unsigned shift = 10u * (unsigned)(5 - k);
+    if (v && v % ((uint64_t)1 << shift) == 0) {
+      snprintf(buf, len, "%llu%c", (unsigned long long)(v >> shift),
+               units[k]);
+      return buf;
+    }
+  }
+  snprintf(buf, len, "%llu byte%s", (unsigned long long)v, v == 1 ? "" : "s");
+  return buf;
+}
+
 /*
- * A size (see msnap__parse_size) of at least `min` bytes.  A malformed value or
- * one below min ("0") warns once, naming the variable, and returns dflt.
+ * A size (see msnap__parse_size) in [lo, hi] bytes.  A malformed value or
+ * one out of range ("0") warns once, naming the variable and the range,
+ * and returns dflt: never a silently clamped value.
  */
-uint64_t msnap__env_parse_size_min(const char *name, const char *v,
-                                   uint64_t dflt, uint64_t min) {
+uint64_t msnap__env_parse_size_range(const char *name, const char *v,
+                                     uint64_t dflt, uint64_t lo, uint64_t hi) {
   if (v == NULL || *v == '\0') return dflt;
   uint64_t r;
   if (!msnap__parse_size(v, &r)) return msnap__env_parse_size(name, v, dflt);
-  if (r >= min) return r;
-  if (first_warning(name))
-    fprintf(stderr,
-            "memsnap: warning: ignoring %s '%s': it must be at least %llu "
-            "byte%s (a number with an optional K, M, G, T or P suffix); "
-            "using %llu\n",
-            name, v, (unsigned long long)min, min == 1 ? "" : "s",
-            (unsigned long long)dflt);
+  if (r >= lo && r <= hi) return r;
+  if (first_warning(name)) {
+    char a[32], b[32], d[32];
+    if (hi == UINT64_MAX)
+      fprintf(stderr,
+              "memsnap: warning: ignoring %s '%s': it must be at least %s "
+              "(a number with an optional K, M, G, T or P suffix); using %s\n",
+              name, v, size_text(lo, a, sizeof a), size_text(dflt, d, sizeof d));
+    else
+      fprintf(stderr,
+              "memsnap: warning: ignoring %s '%s': it must be from %s to %s "
+              "(a number with an optional K, M, G, T or P suffix); using %s\n",
+              name, v, size_text(lo, a, sizeof a), size_text(hi, b, sizeof b),
+              size_text(dflt, d, sizeof d));
+  }
   return dflt;
 }
 
@@ -328,9 +353,10 @@ uint64_t msnap__env_count(msnap_env_t var, uint64_t dflt, uint64_t lo,
                                 dflt, lo, hi);
 }
 
-uint64_t msnap__env_size_min(msnap_env_t var, uint64_t dflt, uint64_t min) {
-  return msnap__env_parse_size_min(msnap__env_name(var), msnap__env_get(var),
-                                   dflt, min);
+uint64_t msnap__env_size_range(msnap_env_t var, uint64_t dflt, uint64_t lo,
+                               uint64_t hi) {
+  return msnap__env_parse_size_range(msnap__env_name(var), msnap__env_get(var),
+                                     dflt, lo, hi);
 }
 
 /*

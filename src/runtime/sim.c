@@ -82,14 +82,14 @@
 
 #include "runtime/runtime.h"
 
-#define SIM_GRANULE ((uint64_t)2 << 20)
+#define SIM_GRANULE MSNAP_SIM_MIN_MEMORY
 #define SIM_MIN_ALIGN ((uint64_t)512)
 #define SIM_HOST_ALIGN ((uint64_t)4096)
 #define SIM_BASE ((uint64_t)0x7f0000000000ull)
 #define SIM_HOST_BASE ((uint64_t)0x7e0000000000ull)
 #define SIM_HOST_END SIM_BASE
 #define SIM_MAX_DEVICES MSNAP_SIM_MAX_DEVICES
-#define SIM_MAX_MEMORY ((uint64_t)1 << 48)
+#define SIM_MAX_MEMORY MSNAP_SIM_MAX_MEMORY
 #define SIM_DEFAULT_MEMORY ((uint64_t)64 << 30)
 #define SIM_HOST_SPAN (SIM_HOST_END - SIM_HOST_BASE)
 #define SIM_HB_BASE_ALIGN ((uint64_t)1 << 30)
@@ -430,8 +430,9 @@ int msnap__sim_create_ex(int devices, uint64_t memory, bool host_backed,
 static int sim_init(void **ctx) {
   /* Out-of-range values warn (naming the variable) and use the default. */
   uint64_t n = msnap__env_count(MSNAP_ENV_SIM_DEVICES, 1, 1, SIM_MAX_DEVICES);
-  uint64_t mem = msnap__env_size_min(MSNAP_ENV_SIM_MEMORY, SIM_DEFAULT_MEMORY,
-                                     1);
+  uint64_t mem = msnap__env_size_range(MSNAP_ENV_SIM_MEMORY,
+                                       SIM_DEFAULT_MEMORY, SIM_GRANULE,
+                                       SIM_MAX_MEMORY);
   bool hb = msnap__env_bool(MSNAP_ENV_SIM_HOST_BACKED, false);
   return msnap__sim_create_ex((int)n, mem, hb, ctx);
 }

@@ -269,27 +269,65 @@ static void test_count(void **state) {
 }
 
 /* MEMSNAP_SIM_MEMORY=0 warns (naming the variable) instead of silently
- * becoming the 64 GiB default. */
-static void test_size_min(void **state) {
+ * becoming the 64 GiB default; so do sizes outside the sim's 2M..256T,
+ * which are never clamped. */
+static void test_size_range(void **state) {
   (void)state;
   const char *v = "MEMSNAP_TEST_SIZE_MIN";
   setenv(v, "64M", 1);
-  assert_int_equal(msnap__env_parse_size_min(v, getenv(v), 7, 1),
+  assert_int_equal(msnap__env_parse_size_range(v, getenv(v), 7, 1,
+                                               UINT64_MAX),
                    64ull << 20);
   setenv(v, "0", 1);
   FILE *tmp;
   int saved;
   capture_begin(&tmp, &saved);
-  assert_int_equal(msnap__env_parse_size_min(v, getenv(v), 7, 1), 7);
+  assert_int_equal(msnap__env_parse_size_range(v, getenv(v), 7, 1,
+                                               UINT64_MAX), 7);
   const char *out = capture_end(tmp, saved);
   assert_non_null(strstr(out, "ignoring MEMSNAP_TEST_SIZE_MIN '0': it must "
                               "be at least 1 byte (a number"));
   unsetenv(v);
-  int n = 0;
-  size_t tot = 0;
-  out = sim_with("MEMSNAP_SIM_MEMORY", "0", &n, &tot);
-  assert_non_null(strstr(out, "ignoring MEMSNAP_SIM_MEMORY '0'"));
-  assert_int_equal(tot, (size_t)64 << 30); /* the default */
+  /* The real variable through the sim runtime: out-of-range sizes give
+   * the default device (the first one warns: once per variable). */
+  static const struct {
+    const char *value;
+    size_t total;
+  } sim[] = {{"0", (size_t)64 << 30},   {"1M", (size_t)64 << 30},
+             {"1.9M", (size_t)64 << 30}, {"2M", (size_t)2 << 20},
+             {"256T", (size_t)1 << 48},  {"300T", (size_t)64 << 30}};
+  for (size_t i = 0; i < sizeof sim / sizeof sim[0]; i++) {
+    int n = 0;
+    size_t tot = 0;
+    out = sim_with("MEMSNAP_SIM_MEMORY", sim[i].value, &n, &tot);
+    if (tot != sim[i].total)
+      fail_msg("MEMSNAP_SIM_MEMORY=%s: a device of %zu bytes", sim[i].value,
+               tot);
+    if (i == 0 && !strstr(out, "ignoring MEMSNAP_SIM_MEMORY '0': it must be "
+                               "from 2M to 256T"))
+      fail_msg("MEMSNAP_SIM_MEMORY=0: warning \"%s\"", out);
+  }
+  /* The warning of each out-of-range value names the range (a fresh
+   * variable per value: each warns once; names in static storage). */
+  static const char *bad[] = {"1M", "1.9M", "300T", "2097151"};
+  static char names[4][64];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(names[i], sizeof names[i], "MEMSNAP_TEST_SIZE_RANGE_%zu", i);
+    setenv(names[i], bad[i], 1);
+    capture_begin(&tmp, &saved);
+    assert_int_equal(msnap__env_parse_size_range(names[i], getenv(names[i]),
+                                                 5, (uint64_t)2 << 20,
+                                                 (uint64_t)1 << 48), 5);
+    out = capture_end(tmp, saved);
+    char want[160];
+    snprintf(want, sizeof want,
+             "ignoring %s '%s': it must be from 2M to 256T (a number with an "
+             "optional K, M, G, T or P suffix); using 5 bytes",
+             names[i], bad[i]);
+    if (strstr(out, want) == NULL)
+      fail_msg("size '%s': got warning \"%s\"", bad[i], out);
+    unsetenv(names[i]);
+  }
 }
 
 static void test_no_caching(void **state) {
@@ -378,7 +416,7 @@ int main(void) {
       cmocka_unit_test(test_size),
       cmocka_unit_test(test_size_forms_table),
       cmocka_unit_test(test_count),
-      cmocka_unit_test(test_size_min),
+      cmocka_unit_test(test_size_range),
       cmocka_unit_test(test_no_caching),
       cmocka_unit_test(test_table),
       cmocka_unit_test(test_oom_snapshot_mode),
