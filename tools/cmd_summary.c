@@ -285,9 +285,20 @@ static void json_frames(cli_json_t *j, const msnap_snap_t *s,
   cj_arr_end(j);
 }
 
-/* Why the request failed: its kind ("cached_block", "out_of_memory",
- * "segment_size", "fragmentation") and one sentence in buf. */
+/* Why the request failed: its kind ("inconsistent", "cached_block",
+ * "out_of_memory", "segment_size", "fragmentation") and one sentence in
+ * buf. */
 static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
+  if (o->have_total && o->device_free > o->device_total) {
+    char f[32], t[32];
+    snprintf(buf, len,
+             "inconsistent: the oom entry reports %s free on a device of %s "
+             "(process_info); the file does not describe a real OOM, so no "
+             "cause is given",
+             cli_bytes(o->device_free, f, sizeof f),
+             cli_bytes(o->device_total, t, sizeof t));
+    return "inconsistent";
+  }
   if (o->have_at && o->fits_largest) {
     snprintf(buf, len, "the cache held a free block large enough (of "
                        "another stream, or freed after the OOM)");
@@ -883,7 +894,8 @@ static void usage(FILE *f) {
           "request would have fit without fragmentation and with\n"
           "expandable_segments (a replay of the trace), the segment the\n"
           "allocator needed (a 4 MiB request asks for 20 MiB), a verdict\n"
-          "(cached block, out of memory, segment size, fragmentation), the\n"
+          "(cached block, out of memory, segment size, fragmentation, or an\n"
+          "inconsistent entry), the\n"
           "failing allocation's stack and the live allocations by site.\n"
           "States other than the final one come from an exact replay of\n"
           "the trace (memsnap replay); when none is possible they are\n"

@@ -2126,6 +2126,23 @@ def group_explain():
                "have fit with expandable segments (%s)" %
                (total, o.get("expandable_segments_replay")))
 
+    # A forged entry: more free memory than the device has.  No cause is
+    # claimed (before, the verdict blamed fragmentation next to "1024.00
+    # TiB free of 128.00 MiB").
+    snap = oom_snapshot()
+    snap["device_traces"][0][-1]["addr"] = 1 << 50
+    snap["process_info"] = {"pid": 7, "devices": [
+        {"device": 0, "total_bytes": 128 * MiB}]}
+    p3 = write_pickle(snap, "oom_forged.pickle")
+    rc, out, err = run("summary", "--json", p3)
+    o = json.loads(out)["oom"] if rc == 0 else {}
+    rc2, text, err = run("summary", p3)
+    expect(o.get("verdict_kind") == "inconsistent" and
+           "1024.00 TiB free on a device of 128.00 MiB" in o.get("verdict", "")
+           and "fragmentation:" not in text and "inconsistent" in text,
+           "summary: an oom entry with more free memory than the device is "
+           "called inconsistent, no cause given (%s)" % o.get("verdict"))
+
     # An OOM entry without frames: in a recording of Python stacks only
     # (no native frame anywhere) its thread ran no Python code -- an OOM
     # in backward() on the device, allocated by autograd's device thread;
