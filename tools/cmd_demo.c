@@ -131,7 +131,8 @@ static void usage(FILE *f) {
           "                     PYTORCH_CUDA_ALLOC_CONF (e.g.\n"
           "                     expandable_segments:True; default none)\n"
           "  --leak BYTES       keep BYTES per step from one site, never\n"
-          "                     freed (a planted leak; default 0)\n"
+          "                     freed (a planted leak; default 0; a size\n"
+          "                     such as 4096, 4K or 1.5M, up to 16G)\n"
           "  --json             print {output, profile, steps, layers,\n"
           "                     hidden, leak} on stdout\n"
           "  -h, --help         this text\n"
@@ -141,22 +142,32 @@ static void usage(FILE *f) {
 }
 
 int cli_cmd_demo_train(int argc, char **argv) {
-  const char *out = NULL, *profile = NULL, *conf = "";
+  const char *out = NULL, *profile = NULL, *conf = "", *leak_arg = NULL;
   long steps = 3, layers = 6, hidden = 2048, leak = 0;
   bool json = false;
   const cli_opt_t opts[] = {
-      CLI_LONG("steps", 0, &steps, LONG_MIN, LONG_MAX, "numbers expected"),
-      CLI_LONG("layers", 0, &layers, LONG_MIN, LONG_MAX, "numbers expected"),
-      CLI_LONG("hidden", 0, &hidden, LONG_MIN, LONG_MAX, "numbers expected"),
+      CLI_LONG("steps", 0, &steps, LONG_MIN, LONG_MAX,
+               "--steps needs a number 1..1000"),
+      CLI_LONG("layers", 0, &layers, LONG_MIN, LONG_MAX,
+               "--layers needs a number 1..256"),
+      CLI_LONG("hidden", 0, &hidden, LONG_MIN, LONG_MAX,
+               "--hidden needs a number 16..65536"),
       CLI_STRING("profile", 0, &profile),
       CLI_STRING("alloc-conf", 0, &conf),
-      CLI_LONG("leak", 0, &leak, LONG_MIN, LONG_MAX, "numbers expected"),
+      CLI_STRING("leak", 0, &leak_arg),
       CLI_OPT_END};
   const cli_cmd_t cmd = {"demo-train", usage, opts, 0, "-o FILE is required",
                          &json, &out, "-o FILE is required"};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;
+  uint64_t leak_bytes = 0;
+  if (leak_arg != NULL) {
+    if (!msnap__parse_size(leak_arg, &leak_bytes) || leak_bytes > (1ull << 34))
+      return cli_usage_error("demo-train", "--leak needs a size 0..16G (a "
+                                           "number of bytes, or 4K, 1.5M)");
+    leak = (long)leak_bytes;
+  }
   if (steps < 1 || steps > 1000 || layers < 1 || layers > 256 ||
       hidden < 16 || hidden > 65536 || leak < 0 || leak > (1l << 34))
     return cli_usage_error("demo-train",

@@ -189,7 +189,13 @@ def group_usage():
                         "-j needs a number 1..256"),
                        (("fleet", "--jobs", "257", "x.pickle"),
                         "-j needs a number 1..256"),
-                       (("fleet",), "expects files or a directory")):
+                       (("fleet",), "expects files or a directory"),
+                       (("demo-train", "--leak", "1x", "-o", "d.pickle"),
+                        "--leak needs a size 0..16G"),
+                       (("demo-train", "--leak", "17G", "-o", "d.pickle"),
+                        "--leak needs a size 0..16G"),
+                       (("demo-train", "--steps", "x", "-o", "d.pickle"),
+                        "--steps needs a number 1..1000")):
         rc, out, err = run(*args)
         expect(rc == 2 and what in err and
                "Try 'memsnap %s --help'" % args[0] in err,
@@ -2184,7 +2190,7 @@ def group_explain():
     d = os.path.join(TMP, "demo_leak.pickle")
     d0 = os.path.join(TMP, "demo.pickle")
     rc1 = run("demo-train", "--steps", "6", "--layers", "2", "--hidden", "256",
-              "--leak", str(MiB), "-o", d)[0]
+              "--leak", "1M", "-o", d)[0]  # a size: 1 MiB
     rc2 = run("demo-train", "--steps", "6", "--layers", "2", "--hidden", "256",
               "-o", d0)[0]
     need(rc1 == 0 and rc2 == 0, "demo-train writes two recordings")
