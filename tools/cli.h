@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "base/json.h"
@@ -422,6 +423,16 @@ cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
 /* True for the text of a pseudo site ("<...>"). */
 static inline bool cli_site_is_pseudo(const char *site) {
   return site[0] == '<';
+}
+/* True for the text of a site that may be a leak candidate (`leaks`,
+ * `view`, `fleet`): every real site, and CLI_SITE_NO_PYTHON_TEXT -- a real
+ * group of allocations, those the recording attributes to a thread that
+ * ran no Python code (autograd's backward thread).  Never "<no stack>"
+ * (history recorded no stack: unrelated allocations lumped together) nor
+ * the before-trace site (its blocks can only be freed). */
+static inline bool cli_site_leak_candidate(const char *site) {
+  return !cli_site_is_pseudo(site) ||
+         strcmp(site, CLI_SITE_NO_PYTHON_TEXT) == 0;
 }
 
 /* ---- backward replay (cli_back.c) ---------------------------------------- */

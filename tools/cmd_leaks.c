@@ -20,7 +20,11 @@
  * 2 gives 0.75, of 4 0.94, of 9 0.998; one growth among 9 transitions
  * (a cache filled once) 0.11.  Requested bytes, not block sizes: the same
  * requests give different block sizes as the allocator splits
- * differently.  Pseudo sites ("<no stack...>") are never candidates.
+ * differently.  The pseudo sites "<no stack>" (no stack recorded: unrelated
+ * allocations lumped together) and "<no stack: allocated before the
+ * trace>" are never candidates; "<no Python frames: ...>" is (the
+ * allocations of autograd's backward thread in a recording of Python
+ * stacks only: cli_site_leak_candidate).
  *
  * Memory: per site a few counters (values are folded in at each step
  * end: O(sites x steps) time, O(sites) memory); in files mode one file
@@ -79,7 +83,7 @@ void cli_leaks_free(cli_leaks_t *l) {
 /* Append the candidate of accumulator a at `site` when it qualifies. */
 static int add_candidate(cli_leaks_t *l, const char *site, cli_site_t key,
                          const acc_t *a, double min_conf) {
-  if (cli_site_is_pseudo(site) || a->last <= a->first)
+  if (!cli_site_leak_candidate(site) || a->last <= a->first)
     return 0;
   double c = cli_leak_confidence(a->grown, a->shrunk, l->steps);
   if (c < min_conf)

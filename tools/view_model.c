@@ -892,9 +892,14 @@ static int64_t leak_index(const vdev_t *d, msnap_stack_t st) {
   if (m == 0)
     return -1;
   cli_site_t site = cli_site(d->s, st);
-  for (uint32_t k = 0; k < m; k++)
-    if (cli_site_eq(site, d->leaks.v[k].key))
+  for (uint32_t k = 0; k < m; k++) {
+    cli_site_t key = d->leaks.v[k].key;
+    /* an empty stack is the no-Python-frames site when that is a leak
+     * site (its key comes from cli_empty_site, see cli_sites_init) */
+    if (cli_site_eq(site, key) ||
+        (site.frame == CLI_SITE_NONE && key.frame == CLI_SITE_NO_PYTHON))
       return k;
+  }
   return -1;
 }
 
