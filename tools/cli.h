@@ -616,6 +616,8 @@ typedef struct cli_ranges_s {
   uint32_t *steps;       /* (s0, s1) pairs of the step ranges            */
   uint32_t nsteps;
   char stepname[128];    /* the steps' name without trailing digits      */
+  int64_t ann_device;    /* the device whose annotations these are: dev,
+                            or (none of its own) -1, or another device  */
 } cli_ranges_t;
 /* The ranges of device dev and its steps (see cli_steps.c); want = a
  * step name or NULL (automatic).  0, or -1 on ENOMEM; free with
@@ -640,6 +642,8 @@ typedef struct cli_leaks_s {
   uint32_t steps;
   char stepname[128];
   char why[256];         /* why there are no steps ("" when there are) */
+  int64_t ann_device;    /* the device whose record_function annotations
+                            gave the steps (cli_ranges_t.ann_device)    */
   cli_leak_t *v;         /* candidates, by confidence then growth      */
   uint32_t n;
 } cli_leaks_t;

@@ -112,12 +112,18 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     return -1;
   snprintf(l->stepname, sizeof l->stepname, "%s", r.stepname);
   l->steps = r.nsteps;
+  l->ann_device = r.ann_device;
   if (r.nsteps < 2) {
     snprintf(l->why, sizeof l->why, "%s",
              !tl || tl->n == 0 ? "no trace on this device"
              : !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)
                  ? "the trace has no time_us to place annotations on"
-             : r.nrg == 0 ? "no record_function ranges on this device"
+             : r.nrg == 0 ? (s->nannotations == 0
+                                 ? "no record_function annotations in the "
+                                   "file"
+                                 : "no record_function ranges on this "
+                                   "device (nor on device -1 or another "
+                                   "device)")
              : step ? "the step name occurs fewer than 2 times"
                     : "no record_function name repeats 3 times without "
                       "overlapping itself (name the step with --step)");
@@ -262,6 +268,7 @@ static void usage(FILE *f) {
           "  --json               {mode, files, steps, step_name,\n"
           "                       min_confidence, warnings, devices:\n"
           "                       [{device, steps, step_name,\n"
+          "                       steps_from_device,\n"
           "                       leak_candidates: [{site, bytes,\n"
           "                       bytes_per_step, first_bytes, last_bytes,\n"
           "                       steps_grown, steps_shrunk, confidence}],\n"
@@ -285,6 +292,11 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
     cj_key(j, "step_name");
     if (l->stepname[0])
       cj_cstr(j, l->stepname);
+    else
+      cj_null(j);
+    cj_key(j, "steps_from_device");
+    if (l->steps > 0 && l->ann_device != l->device)
+      cj_i64(j, l->ann_device);
     else
       cj_null(j);
     cj_key(j, "no_steps_reason");
@@ -326,6 +338,10 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
   }
   printf("%u steps%s%s%s\n", l->steps, l->stepname[0] ? " (" : "",
          l->stepname, l->stepname[0] ? ")" : "");
+  if (l->ann_device != l->device)
+    printf("  steps taken from device %" PRId64 "'s record_function "
+           "annotations%s (none recorded for this device)\n", l->ann_device,
+           l->ann_device == -1 ? " (-1: no device)" : "");
   if (l->n == 0) {
     printf("  no site grows from step to step\n");
     return;
@@ -448,6 +464,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         per = w;
         memset(&per[nper], 0, sizeof per[nper]);
         per[nper].device = dev;
+        per[nper].ann_device = dev; /* files mode: no annotations used */
         per[nper].steps = (uint32_t)nfiles;
         snprintf(per[nper].stepname, sizeof per[nper].stepname, "files");
         nper++;

@@ -390,7 +390,9 @@
     $('leaktoggle').disabled = false;
     var n = st.ranges.length / 2;
     var html = '<h2>Leaks across steps</h2><p>' + n + ' steps "' + esc(st.name) +
-      '". ';
+      '"' + (st.from_device != null ? ' (taken from device ' + st.from_device +
+      '\'s record_function annotations: none were recorded for this device)' : '') +
+      '. ';
     if (!D.leaks.length) html += 'No site\'s live memory grows from step to step ' +
       '(the rule of memsnap leaks).</p>';
     else {

@@ -39,7 +39,9 @@
  *     annotations: {names, ranges: [name, s0, s1]..., dropped}
  *       (record_function START/END pairs, placed at the first entry at or
  *       after their time_us),
- *     steps: {name, ranges: [s0, s1]...} | null, leaks: [[site,
+ *     steps: {name, ranges: [s0, s1]..., from_device (the device whose
+ *       annotations gave the steps when this one has none, else null)}
+ *       | null, leaks: [[site,
  *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk]...]
  *       (the candidates of `memsnap leaks` over these steps),
  *     segments: [[addr, size, stream, [[addr, size, state, requested,
@@ -1188,6 +1190,11 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
     cj_key(j, "name");
     cj_cstr(j, d->stepname);
     w_u32s(j, "ranges", d->steps, 2 * d->nsteps);
+    cj_key(j, "from_device"); /* annotations of another device (cli_steps.c) */
+    if (d->leaks.ann_device != d->dev)
+      cj_i64(j, d->leaks.ann_device);
+    else
+      cj_null(j);
     cj_obj_end(j);
   } else {
     cj_null(j);

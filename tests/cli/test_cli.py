@@ -2109,6 +2109,45 @@ def group_leaks():
     expect(rc == 0 and js["devices"][0].get("leak_candidates") == [],
            "leaks: '<no stack>' (no Python-only evidence) is never a "
            "candidate (%s)" % js["devices"][0])
+    # two devices, every annotation recorded for device 0 (PyTorch
+    # records them for the thread's current device) or -1; the leak is
+    # on device 1
+    for ann_dev in (0, -1):
+        f = write_pickle(steps_snapshot(ndev=2, leak_dev=1, ann_dev=ann_dev),
+                         "leak_dev1_%d.pickle" % ann_dev)
+        rc, out, err = run("check", f)
+        need(rc == 0, "leaks: the two-device recording passes check (%s%s)"
+             % (out[-400:], err[-400:]))
+        for extra in ((), ("--step", "ProfilerStep")):
+            rc, out, err = run("leaks", "--json", *extra, f)
+            js = json.loads(out) if out else {"devices": [{}, {}]}
+            d0, d1 = (js["devices"] + [{}, {}])[:2]
+            lc = [x["site"] for x in d1.get("leak_candidates", [])]
+            expect(rc == 1 and d1.get("device") == 1 and
+                   lc == ["u/model.py:100:remember"] and
+                   d1.get("steps") == 6 and
+                   d1.get("steps_from_device") == ann_dev and
+                   d0.get("leak_candidates") == [] and
+                   d0.get("steps") == 6 and
+                   d0.get("steps_from_device") == (None if ann_dev == 0
+                                                   else -1),
+                   "leaks %s: device 1's leak found over device %d's "
+                   "annotations (%s)" % (" ".join(extra), ann_dev, js))
+        rc, out, err = run("leaks", f)
+        expect(rc == 1 and "steps taken from device %d's record_function "
+               "annotations" % ann_dev in out and "model.py:100:remember"
+               in out, "leaks (text): says where device 1's steps come "
+               "from (%r)" % out[-600:])
+        html = os.path.join(TMP, "leak_dev1_%d.html" % ann_dev)
+        rc, out, err = run("view", f, "-o", html)
+        data = html_data(html) if rc == 0 else {"devices": [{}, {}]}
+        dv = (data["devices"] + [{}, {}])[1]
+        expect(rc == 0 and (dv.get("steps") or {}).get("from_device") ==
+               ann_dev and [x[0] for x in dv.get("leaks", [])] ==
+               ["u/model.py:100:remember"],
+               "view: device 1's steps from device %d's annotations and "
+               "its leak site (%s, %s)" % (ann_dev, dv.get("steps"),
+                                           dv.get("leaks")))
 
 
 def group_diff_traces():
