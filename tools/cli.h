@@ -635,6 +635,8 @@ typedef struct cli_leak_s {
                             CLI_SITE_NONE in files mode (text only)    */
   uint64_t first, last;  /* live requested bytes at the first/last step */
   uint32_t grown, shrunk;
+  uint32_t allocs;       /* the site's alloc entries in the trace (one
+                            recording; 0 in files mode)                 */
   double confidence;
 } cli_leak_t;
 typedef struct cli_leaks_s {

@@ -82,7 +82,7 @@ void cli_leaks_free(cli_leaks_t *l) {
 
 /* Append the candidate of accumulator a at `site` when it qualifies. */
 static int add_candidate(cli_leaks_t *l, const char *site, cli_site_t key,
-                         const acc_t *a, double min_conf) {
+                         const acc_t *a, uint32_t allocs, double min_conf) {
   if (!cli_site_leak_candidate(site) || a->last <= a->first)
     return 0;
   double c = cli_leak_confidence(a->grown, a->shrunk, l->steps);
@@ -95,7 +95,8 @@ static int add_candidate(cli_leaks_t *l, const char *site, cli_site_t key,
   v[l->n] = (cli_leak_t){.site = strdup(site), .key = key,
                          .first = a->first,
                          .last = a->last, .grown = a->grown,
-                         .shrunk = a->shrunk, .confidence = c};
+                         .shrunk = a->shrunk, .allocs = allocs,
+                         .confidence = c};
   if (!v[l->n].site)
     return -1;
   l->n++;
@@ -143,11 +144,13 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   }
   uint64_t *live = calloc((size_t)sites.n + 1, sizeof *live);
   acc_t *acc = calloc((size_t)sites.n + 1, sizeof *acc);
+  uint32_t *nalloc = calloc((size_t)sites.n + 1, sizeof *nalloc);
   int rc = -1;
-  if (!live || !acc)
+  if (!live || !acc || !nalloc)
     goto out;
   uint32_t k = 0;
-  for (uint32_t st = 0; st <= tl->n && k < r.nsteps; st++) {
+  /* to the end of the trace: nalloc counts every allocation of a site */
+  for (uint32_t st = 0; st <= tl->n; st++) {
     /* state st: after entries 0..st-1; step ends are states */
     while (k < r.nsteps && r.steps[2 * k + 1] == st) {
       for (uint32_t x = 0; x < sites.n; x++)
@@ -159,7 +162,9 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     const msnap_strace_t *e = &tl->v[st];
     if (e->action == MSNAP_ACTION_ALLOC &&
         !cli_workspace_synthetic(tl, st)) {
-      live[cli_sites_of(&sites, e->frames)] += e->size;
+      uint32_t x = cli_sites_of(&sites, e->frames);
+      live[x] += e->size;
+      nalloc[x]++;
     } else if (e->action == MSNAP_ACTION_FREE_COMPLETED &&
                pair[st] != CLI_NO_PAIR) {
       const msnap_strace_t *a = &tl->v[pair[st]];
@@ -170,7 +175,8 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   char text[512];
   for (uint32_t x = 0; x < sites.n; x++) {
     cli_site_format(s, sites.site[x], text, sizeof text);
-    if (add_candidate(l, text, sites.site[x], &acc[x], min_conf) != 0)
+    if (add_candidate(l, text, sites.site[x], &acc[x], nalloc[x],
+                      min_conf) != 0)
       goto out;
   }
   if (l->n) /* l->v is NULL without candidates */
@@ -179,6 +185,7 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
 out:
   free(live);
   free(acc);
+  free(nalloc);
   free(pair);
   cli_sites_free(&sites);
   cli_ranges_free(&r);
@@ -480,7 +487,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         acc_step(&a, val);
       }
       const cli_site_t nokey = {CLI_SITE_NONE, CLI_SITE_NONE};
-      if (add_candidate(l, v[i].site, nokey, &a, min_conf) != 0)
+      if (add_candidate(l, v[i].site, nokey, &a, 0, min_conf) != 0)
         rc = CLI_UNUSABLE;
       i = k > i ? k : i + 1;
     }

@@ -42,8 +42,10 @@
  *     steps: {name, ranges: [s0, s1]..., from_device (the device whose
  *       annotations gave the steps when this one has none, else null)}
  *       | null, leaks: [[site,
- *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk]...]
- *       (the candidates of `memsnap leaks` over these steps),
+ *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk,
+ *       allocations of the site in the trace]...] (the candidates of
+ *       `memsnap leaks` over these steps, at most VM_MAX_LEAK_SITES),
+ *       leak_total (the number of candidates),
  *     segments: [[addr, size, stream, [[addr, size, state, requested,
  *       stack, alloc entry (-1 unknown, -2 before the trace)]...]]...]
  *       (the final state), sites: [[site, bytes, count]...] (the top
@@ -1210,9 +1212,13 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
     cj_u64(j, x->last);
     cj_u64(j, x->grown);
     cj_u64(j, x->shrunk);
+    cj_u64(j, x->allocs);
     cj_arr_end(j);
   }
   cj_arr_end(j);
+  cj_key(j, "leak_total"); /* all candidates; at most VM_MAX_LEAK_SITES
+                              are written */
+  cj_u64(j, l->n);
   out->leak_sites += m;
   return 0;
 }
