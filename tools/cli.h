@@ -616,6 +616,7 @@ typedef struct cli_ranges_s {
   uint32_t *steps;       /* (s0, s1) pairs of the step ranges            */
   uint32_t nsteps;
   char stepname[128];    /* the steps' name without trailing digits      */
+  uint32_t nwant;        /* ranges named `want` (digits ignored)         */
   int64_t ann_device;    /* the device whose annotations these are: dev,
                             or (none of its own) -1, or another device  */
 } cli_ranges_t;

@@ -225,6 +225,8 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
       cover += r->rg[3 * ord[g1] + 2] - r->rg[3 * ord[g1] + 1];
     }
     uint32_t cnt = g1 - g0, first = ord[g0];
+    if (want && l0 == lw && !memcmp(p0, want, l0) && r->nwant == 0)
+      r->nwant = cnt;
     bool ok = want ? (l0 == lw && !memcmp(p0, want, l0) && cnt >= 2)
                    : (!overlap && cnt >= 3 &&
                       (cnt > best_cnt ||

@@ -114,6 +114,17 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   snprintf(l->stepname, sizeof l->stepname, "%s", r.stepname);
   l->steps = r.nsteps;
   l->ann_device = r.ann_device;
+  if (r.nsteps < 2 && step && r.nrg > 0) {
+    char name[128];
+    snprintf(name, sizeof name, "%s", step);
+    cli_sanitize(name);
+    snprintf(l->why, sizeof l->why,
+             r.nwant == 0 ? "no record_function range named \"%s\""
+                          : "the step name \"%s\" occurs only once",
+             name);
+    cli_ranges_free(&r);
+    return 0;
+  }
   if (r.nsteps < 2) {
     snprintf(l->why, sizeof l->why, "%s",
              !tl || tl->n == 0 ? "no trace on this device"
@@ -385,6 +396,8 @@ int cli_cmd_leaks(int argc, char **argv) {
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;
+  if (step != NULL && step[0] == '\0')
+    return cli_usage_error("leaks", "--step expects a record_function name");
   int nfiles = argc - first;
   char **files = argv + first;
   cli_leaks_t *per = NULL;

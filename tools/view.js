@@ -380,10 +380,11 @@
     var box = $('leakbox');
     var st = D.steps;
     if (!st) {
-      box.innerHTML = '<h2>Leaks across steps</h2><p class="dim">No repeated ' +
-        'record_function range in this trace: leak highlighting needs one range ' +
-        'per step (e.g. torch.profiler.record_function("step") around each ' +
-        'iteration, or memsnap view --step NAME).</p>';
+      box.innerHTML = '<h2>Leaks across steps</h2><p class="dim">No steps: ' +
+        esc(D.steps_why || 'no repeated record_function range') + '. Leak ' +
+        'highlighting needs one range per step (e.g. ' +
+        'torch.profiler.record_function("step") around each iteration; ' +
+        'memsnap view --step NAME names it).</p>';
       $('leaktoggle').disabled = true;
       return;
     }

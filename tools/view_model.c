@@ -45,7 +45,8 @@
  *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk,
  *       allocations of the site in the trace]...] (the candidates of
  *       `memsnap leaks` over these steps, at most VM_MAX_LEAK_SITES),
- *       leak_total (the number of candidates),
+ *       leak_total (the number of candidates), steps_why (why there
+ *       are no steps, the no_steps_reason of `memsnap leaks`, else null),
  *     segments: [[addr, size, stream, [[addr, size, state, requested,
  *       stack, alloc entry (-1 unknown, -2 before the trace)]...]]...]
  *       (the final state), sites: [[site, bytes, count]...] (the top
@@ -1201,6 +1202,11 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   } else {
     cj_null(j);
   }
+  cj_key(j, "steps_why"); /* why there are no steps: `memsnap leaks`' text */
+  if (l->why[0])
+    cj_cstr(j, l->why);
+  else
+    cj_null(j);
   cj_key(j, "leaks");
   cj_arr(j);
   for (uint32_t i = 0; i < m; i++) {

@@ -504,6 +504,18 @@ def check_leaks(pg):
            "leak panel: confidence and grew/shrank as `leaks` (%r)"
            % lb[:400])
     expect(not pg.errors, "grow: 0 console errors %s" % pg.errors[:3])
+    # --step naming no annotation: the panel gives `memsnap leaks`' reason
+    path = write_pickle(steps_snapshot(), "nope.pickle")
+    rc, out, _ = run("leaks", "--json", "--step", "Nope", path)
+    why = json.loads(out)["devices"][0]["no_steps_reason"] if out else None
+    html, js = view([path], "nope", "--step", "Nope")
+    pg.open(html)
+    lb = pg.text("#leakbox")
+    expect(rc == 0 and why == 'no record_function range named "Nope"' and
+           why in lb and "No repeated" not in lb,
+           "leak panel with --step Nope: the reason of memsnap leaks "
+           "(%r; %r)" % (why, lb[:300]))
+    expect(not pg.errors, "nope: 0 console errors %s" % pg.errors[:3])
     # more sites than the panel lists: it says how many it shows
     path = write_pickle(many_leaks_snapshot(), "many.pickle")
     rc, out, err = run("check", path)
