@@ -162,7 +162,12 @@ def steps_snapshot(nsteps=6, grow=False):
         ann.append({"stage": "END", "name": "ProfilerStep#%d" % k,
                     "device": 0, "time_us": T0 + t})
         t += 1
-    # final state: one segment with the live blocks
+    return steps_recording(trace, ann, live, seg_size)
+
+
+def steps_recording(trace, ann, live, seg_size):
+    """The recording of trace and annotations whose final state is one
+    segment at A0 holding the live blocks [(addr, size)]."""
     live.sort()
     blocks, a = [], A0
     for addr, size in live:
@@ -426,18 +431,7 @@ def many_leaks_snapshot(nsites=60, nsteps=4):
         ann.append({"stage": "END", "name": "ProfilerStep#%d" % k,
                     "device": 0, "time_us": T0 + t})
         t += 1
-    live.sort()
-    blocks, a = [], A0
-    for addr, size in live:
-        if addr > a:
-            blocks.append((addr - a, "inactive", 0, []))
-        blocks.append((size, "active_allocated", size, []))
-        a = addr + size
-    blocks.append((A0 + seg_size - a, "inactive", 0, []))
-    return {"segments": [segment(A0, seg_size, blocks)],
-            "device_traces": [trace],
-            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""},
-            "external_annotations": ann}
+    return steps_recording(trace, ann, live, seg_size)
 
 
 def check_leaks(pg):
