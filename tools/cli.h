@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "base/json.h"
@@ -423,6 +424,16 @@ cli_site_t cli_stacks_site(const cli_stacks_t *x, int64_t dev, uint64_t addr,
 static inline bool cli_site_is_pseudo(const char *site) {
   return site[0] == '<';
 }
+/* True for the text of a site that may be a leak candidate (`leaks`,
+ * `view`, `fleet`): every real site, and CLI_SITE_NO_PYTHON_TEXT -- a real
+ * group of allocations, those the recording attributes to a thread that
+ * ran no Python code (autograd's backward thread).  Never "<no stack>"
+ * (history recorded no stack: unrelated allocations lumped together) nor
+ * the before-trace site (its blocks can only be freed). */
+static inline bool cli_site_leak_candidate(const char *site) {
+  return !cli_site_is_pseudo(site) ||
+         strcmp(site, CLI_SITE_NO_PYTHON_TEXT) == 0;
+}
 
 /* ---- backward replay (cli_back.c) ---------------------------------------- */
 /* Walking a device trace from its newest entry to its oldest, undoing each
@@ -605,6 +616,9 @@ typedef struct cli_ranges_s {
   uint32_t *steps;       /* (s0, s1) pairs of the step ranges            */
   uint32_t nsteps;
   char stepname[128];    /* the steps' name without trailing digits      */
+  uint32_t nwant;        /* ranges named `want` (digits ignored)         */
+  int64_t ann_device;    /* the device whose annotations these are: dev,
+                            or (none of its own) -1, or another device  */
 } cli_ranges_t;
 /* The ranges of device dev and its steps (see cli_steps.c); want = a
  * step name or NULL (automatic).  0, or -1 on ENOMEM; free with
@@ -622,6 +636,8 @@ typedef struct cli_leak_s {
                             CLI_SITE_NONE in files mode (text only)    */
   uint64_t first, last;  /* live requested bytes at the first/last step */
   uint32_t grown, shrunk;
+  uint32_t allocs;       /* the site's alloc entries in the trace (one
+                            recording; 0 in files mode)                 */
   double confidence;
 } cli_leak_t;
 typedef struct cli_leaks_s {
@@ -629,6 +645,8 @@ typedef struct cli_leaks_s {
   uint32_t steps;
   char stepname[128];
   char why[256];         /* why there are no steps ("" when there are) */
+  int64_t ann_device;    /* the device whose record_function annotations
+                            gave the steps (cli_ranges_t.ann_device)    */
   cli_leak_t *v;         /* candidates, by confidence then growth      */
   uint32_t n;
 } cli_leaks_t;

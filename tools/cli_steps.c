@@ -3,7 +3,18 @@
  * steps among them, shared by `memsnap view` (annotation lanes, leaks
  * across steps) and `memsnap leaks` / `memsnap fleet`.
  *
- * Ranges.  external_annotations START/END pairs of the device, matched by
+ * Annotation device.  PyTorch records a record_function annotation for
+ * the current device of the thread that ran it
+ * (c10/cuda/CUDACachingAllocator.cpp, NativeCachingAllocator::
+ * recordAnnotation: GetDevice, then that device's allocator; the callback
+ * is torch/csrc/cuda/memory_snapshot.cpp's RecordFunction observer), and
+ * memsnap's -1 means "no device".  One process driving several devices
+ * therefore has every annotation on one of them (its current device,
+ * usually 0).  A device with no annotation of its own takes those of
+ * device -1, else those of the lowest other device (ann_device says
+ * which), placed on its own trace by time_us like its own.
+ *
+ * Ranges.  external_annotations START/END pairs of that device, matched by
  * name (an END closes the latest open START of its name), in time order;
  * each is placed on the trace as states [s0, s1): s0 = the first entry at
  * or after its START's time_us, s1 the same for its END (a range still
@@ -25,6 +36,7 @@
  * with MSNAP_DEBUG >= 2): rg sorted by (s0, s1), s0 <= s1 <= n; steps in
  * increasing s0, each pair one of the ranges.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,10 +98,28 @@ void cli_ranges_free(cli_ranges_t *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Match the START/END pairs of device dev into r->rg. */
+/* The device whose annotations device dev uses (see the top of the
+ * file); dev itself when no device has any. */
+static int64_t annotation_device(const msnap_snap_t *s, int64_t dev) {
+  bool own = false, none = false;
+  int64_t other = INT64_MAX;
+  for (uint32_t i = 0; i < s->nannotations; i++) {
+    int64_t d = s->annotations[i].device;
+    if (d == dev)
+      own = true;
+    else if (d == -1)
+      none = true;
+    else if (d < other)
+      other = d;
+  }
+  return own ? dev : none ? -1 : other != INT64_MAX ? other : dev;
+}
+
+/* Match the START/END pairs of device dev's annotations into r->rg. */
 static int pair_ranges(const msnap_snap_t *s, const msnap_trace_list_t *tl,
                        int64_t dev, uint32_t max_ranges, cli_ranges_t *r) {
   uint32_t na = 0;
+  dev = r->ann_device = annotation_device(s, dev);
   for (uint32_t i = 0; i < s->nannotations; i++)
     na += s->annotations[i].device == dev;
   if (na == 0)
@@ -152,6 +182,7 @@ static int pair_ranges(const msnap_snap_t *s, const msnap_trace_list_t *tl,
 int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
                     uint32_t max_ranges, cli_ranges_t *r) {
   memset(r, 0, sizeof *r);
+  r->ann_device = dev;
   const msnap_trace_list_t *tl = cli_trace(s, dev);
   if (!tl || tl->n == 0 ||
       !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME))
@@ -194,6 +225,8 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
       cover += r->rg[3 * ord[g1] + 2] - r->rg[3 * ord[g1] + 1];
     }
     uint32_t cnt = g1 - g0, first = ord[g0];
+    if (want && l0 == lw && !memcmp(p0, want, l0) && r->nwant == 0)
+      r->nwant = cnt;
     bool ok = want ? (l0 == lw && !memcmp(p0, want, l0) && cnt >= 2)
                    : (!overlap && cnt >= 3 &&
                       (cnt > best_cnt ||

@@ -20,7 +20,11 @@
  * 2 gives 0.75, of 4 0.94, of 9 0.998; one growth among 9 transitions
  * (a cache filled once) 0.11.  Requested bytes, not block sizes: the same
  * requests give different block sizes as the allocator splits
- * differently.  Pseudo sites ("<no stack...>") are never candidates.
+ * differently.  The pseudo sites "<no stack>" (no stack recorded: unrelated
+ * allocations lumped together) and "<no stack: allocated before the
+ * trace>" are never candidates; "<no Python frames: ...>" is (the
+ * allocations of autograd's backward thread in a recording of Python
+ * stacks only: cli_site_leak_candidate).
  *
  * Memory: per site a few counters (values are folded in at each step
  * end: O(sites x steps) time, O(sites) memory); in files mode one file
@@ -78,8 +82,8 @@ void cli_leaks_free(cli_leaks_t *l) {
 
 /* Append the candidate of accumulator a at `site` when it qualifies. */
 static int add_candidate(cli_leaks_t *l, const char *site, cli_site_t key,
-                         const acc_t *a, double min_conf) {
-  if (cli_site_is_pseudo(site) || a->last <= a->first)
+                         const acc_t *a, uint32_t allocs, double min_conf) {
+  if (!cli_site_leak_candidate(site) || a->last <= a->first)
     return 0;
   double c = cli_leak_confidence(a->grown, a->shrunk, l->steps);
   if (c < min_conf)
@@ -91,7 +95,8 @@ static int add_candidate(cli_leaks_t *l, const char *site, cli_site_t key,
   v[l->n] = (cli_leak_t){.site = strdup(site), .key = key,
                          .first = a->first,
                          .last = a->last, .grown = a->grown,
-                         .shrunk = a->shrunk, .confidence = c};
+                         .shrunk = a->shrunk, .allocs = allocs,
+                         .confidence = c};
   if (!v[l->n].site)
     return -1;
   l->n++;
@@ -108,12 +113,29 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     return -1;
   snprintf(l->stepname, sizeof l->stepname, "%s", r.stepname);
   l->steps = r.nsteps;
+  l->ann_device = r.ann_device;
+  if (r.nsteps < 2 && step && r.nrg > 0) {
+    char name[128];
+    snprintf(name, sizeof name, "%s", step);
+    cli_sanitize(name);
+    snprintf(l->why, sizeof l->why,
+             r.nwant == 0 ? "no record_function range named \"%s\""
+                          : "the step name \"%s\" occurs only once",
+             name);
+    cli_ranges_free(&r);
+    return 0;
+  }
   if (r.nsteps < 2) {
     snprintf(l->why, sizeof l->why, "%s",
              !tl || tl->n == 0 ? "no trace on this device"
              : !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)
                  ? "the trace has no time_us to place annotations on"
-             : r.nrg == 0 ? "no record_function ranges on this device"
+             : r.nrg == 0 ? (s->nannotations == 0
+                                 ? "no record_function annotations in the "
+                                   "file"
+                                 : "no record_function ranges on this "
+                                   "device (nor on device -1 or another "
+                                   "device)")
              : step ? "the step name occurs fewer than 2 times"
                     : "no record_function name repeats 3 times without "
                       "overlapping itself (name the step with --step)");
@@ -133,11 +155,13 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   }
   uint64_t *live = calloc((size_t)sites.n + 1, sizeof *live);
   acc_t *acc = calloc((size_t)sites.n + 1, sizeof *acc);
+  uint32_t *nalloc = calloc((size_t)sites.n + 1, sizeof *nalloc);
   int rc = -1;
-  if (!live || !acc)
+  if (!live || !acc || !nalloc)
     goto out;
   uint32_t k = 0;
-  for (uint32_t st = 0; st <= tl->n && k < r.nsteps; st++) {
+  /* to the end of the trace: nalloc counts every allocation of a site */
+  for (uint32_t st = 0; st <= tl->n; st++) {
     /* state st: after entries 0..st-1; step ends are states */
     while (k < r.nsteps && r.steps[2 * k + 1] == st) {
       for (uint32_t x = 0; x < sites.n; x++)
@@ -149,7 +173,9 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     const msnap_strace_t *e = &tl->v[st];
     if (e->action == MSNAP_ACTION_ALLOC &&
         !cli_workspace_synthetic(tl, st)) {
-      live[cli_sites_of(&sites, e->frames)] += e->size;
+      uint32_t x = cli_sites_of(&sites, e->frames);
+      live[x] += e->size;
+      nalloc[x]++;
     } else if (e->action == MSNAP_ACTION_FREE_COMPLETED &&
                pair[st] != CLI_NO_PAIR) {
       const msnap_strace_t *a = &tl->v[pair[st]];
@@ -160,7 +186,8 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
   char text[512];
   for (uint32_t x = 0; x < sites.n; x++) {
     cli_site_format(s, sites.site[x], text, sizeof text);
-    if (add_candidate(l, text, sites.site[x], &acc[x], min_conf) != 0)
+    if (add_candidate(l, text, sites.site[x], &acc[x], nalloc[x],
+                      min_conf) != 0)
       goto out;
   }
   if (l->n) /* l->v is NULL without candidates */
@@ -169,6 +196,7 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
 out:
   free(live);
   free(acc);
+  free(nalloc);
   free(pair);
   cli_sites_free(&sites);
   cli_ranges_free(&r);
@@ -258,6 +286,7 @@ static void usage(FILE *f) {
           "  --json               {mode, files, steps, step_name,\n"
           "                       min_confidence, warnings, devices:\n"
           "                       [{device, steps, step_name,\n"
+          "                       steps_from_device,\n"
           "                       leak_candidates: [{site, bytes,\n"
           "                       bytes_per_step, first_bytes, last_bytes,\n"
           "                       steps_grown, steps_shrunk, confidence}],\n"
@@ -281,6 +310,11 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
     cj_key(j, "step_name");
     if (l->stepname[0])
       cj_cstr(j, l->stepname);
+    else
+      cj_null(j);
+    cj_key(j, "steps_from_device");
+    if (l->steps > 0 && l->ann_device != l->device)
+      cj_i64(j, l->ann_device);
     else
       cj_null(j);
     cj_key(j, "no_steps_reason");
@@ -322,6 +356,10 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
   }
   printf("%u steps%s%s%s\n", l->steps, l->stepname[0] ? " (" : "",
          l->stepname, l->stepname[0] ? ")" : "");
+  if (l->ann_device != l->device)
+    printf("  steps taken from device %" PRId64 "'s record_function "
+           "annotations%s (none recorded for this device)\n", l->ann_device,
+           l->ann_device == -1 ? " (-1: no device)" : "");
   if (l->n == 0) {
     printf("  no site grows from step to step\n");
     return;
@@ -358,6 +396,8 @@ int cli_cmd_leaks(int argc, char **argv) {
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;
+  if (step != NULL && step[0] == '\0')
+    return cli_usage_error("leaks", "--step expects a record_function name");
   int nfiles = argc - first;
   char **files = argv + first;
   cli_leaks_t *per = NULL;
@@ -444,6 +484,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         per = w;
         memset(&per[nper], 0, sizeof per[nper]);
         per[nper].device = dev;
+        per[nper].ann_device = dev; /* files mode: no annotations used */
         per[nper].steps = (uint32_t)nfiles;
         snprintf(per[nper].stepname, sizeof per[nper].stepname, "files");
         nper++;
@@ -459,7 +500,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         acc_step(&a, val);
       }
       const cli_site_t nokey = {CLI_SITE_NONE, CLI_SITE_NONE};
-      if (add_candidate(l, v[i].site, nokey, &a, min_conf) != 0)
+      if (add_candidate(l, v[i].site, nokey, &a, 0, min_conf) != 0)
         rc = CLI_UNUSABLE;
       i = k > i ? k : i + 1;
     }

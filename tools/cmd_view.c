@@ -155,6 +155,8 @@ int cli_cmd_view(int argc, char **argv) {
        budget == UINT64_MAX))
     return cli_usage_error("view", "--budget expects a size in bytes "
                                    "(e.g. 64M)");
+  if (vo.step != NULL && vo.step[0] == '\0')
+    return cli_usage_error("view", "--step expects a record_function name");
   vo.detail = (uint32_t)detail;
   msnap_snap_t *snaps[2] = {NULL, NULL};
   vm_stats_t st[2];

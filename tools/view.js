@@ -380,29 +380,41 @@
     var box = $('leakbox');
     var st = D.steps;
     if (!st) {
-      box.innerHTML = '<h2>Leaks across steps</h2><p class="dim">No repeated ' +
-        'record_function range in this trace: leak highlighting needs one range ' +
-        'per step (e.g. torch.profiler.record_function("step") around each ' +
-        'iteration, or memsnap view --step NAME).</p>';
+      box.innerHTML = '<h2>Leaks across steps</h2><p class="dim">No steps: ' +
+        esc(D.steps_why || 'no repeated record_function range') + '. Leak ' +
+        'highlighting needs one range per step (e.g. ' +
+        'torch.profiler.record_function("step") around each iteration; ' +
+        'memsnap view --step NAME names it).</p>';
       $('leaktoggle').disabled = true;
       return;
     }
     $('leaktoggle').disabled = false;
     var n = st.ranges.length / 2;
     var html = '<h2>Leaks across steps</h2><p>' + n + ' steps "' + esc(st.name) +
-      '". ';
+      '"' + (st.from_device != null ? ' (taken from device ' + st.from_device +
+      '\'s record_function annotations: none were recorded for this device)' : '') +
+      '. ';
     if (!D.leaks.length) html += 'No site\'s live memory grows from step to step ' +
       '(the rule of memsnap leaks).</p>';
     else {
+      // bands of each leak site: allocations summed into the grey rest
+      // (level of detail) are not bands and cannot turn red
+      var drawn = D.leaks.map(function () { return 0; });
+      D.bands.site.forEach(function (k) { if (k >= 0) drawn[k]++; });
       html += 'Sites whose live memory at the end of each step grows step after step ' +
-        '(the candidates of memsnap leaks; click to highlight their allocations):</p>' +
+        '(the candidates of memsnap leaks; click to highlight their allocations)' +
+        (D.leak_total > D.leaks.length ? ': ' + D.leaks.length + ' of ' +
+          D.leak_total + ' sites (memsnap leaks --top 0 lists all)' : '') + ':</p>' +
         '<table><tr><th class="n">conf.</th><th class="n">growth</th>' +
-        '<th class="n">per step</th><th class="n">grew/shrank</th><th>site</th></tr>' +
+        '<th class="n">per step</th><th class="n">grew/shrank</th>' +
+        '<th class="n" title="allocations of the site drawn as bands / in the trace">' +
+        'drawn</th><th>site</th></tr>' +
         D.leaks.map(function (x, k) {
           return '<tr class="clk" data-k="' + k + '"><td class="n">' + x[1].toFixed(3) +
             '</td><td class="n">' + fmtBytes(x[3] - x[2]) + '</td><td class="n">' +
             fmtBytes(Math.floor((x[3] - x[2]) / Math.max(1, n - 1))) +
             '</td><td class="n">' + x[4] + '/' + x[5] + ' of ' + (n - 1) +
+            '</td><td class="n">' + drawn[k] + ' of ' + x[6] +
             '</td><td class="site">' + esc(x[0]) + '</td></tr>';
         }).join('') + '</table>';
     }

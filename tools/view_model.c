@@ -39,9 +39,14 @@
  *     annotations: {names, ranges: [name, s0, s1]..., dropped}
  *       (record_function START/END pairs, placed at the first entry at or
  *       after their time_us),
- *     steps: {name, ranges: [s0, s1]...} | null, leaks: [[site,
- *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk]...]
- *       (the candidates of `memsnap leaks` over these steps),
+ *     steps: {name, ranges: [s0, s1]..., from_device (the device whose
+ *       annotations gave the steps when this one has none, else null)}
+ *       | null, leaks: [[site,
+ *       confidence, first_bytes, last_bytes, steps_grown, steps_shrunk,
+ *       allocations of the site in the trace]...] (the candidates of
+ *       `memsnap leaks` over these steps, at most VM_MAX_LEAK_SITES),
+ *       leak_total (the number of candidates), steps_why (why there
+ *       are no steps, the no_steps_reason of `memsnap leaks`, else null),
  *     segments: [[addr, size, stream, [[addr, size, state, requested,
  *       stack, alloc entry (-1 unknown, -2 before the trace)]...]]...]
  *       (the final state), sites: [[site, bytes, count]...] (the top
@@ -892,9 +897,14 @@ static int64_t leak_index(const vdev_t *d, msnap_stack_t st) {
   if (m == 0)
     return -1;
   cli_site_t site = cli_site(d->s, st);
-  for (uint32_t k = 0; k < m; k++)
-    if (cli_site_eq(site, d->leaks.v[k].key))
+  for (uint32_t k = 0; k < m; k++) {
+    cli_site_t key = d->leaks.v[k].key;
+    /* an empty stack is the no-Python-frames site when that is a leak
+     * site (its key comes from cli_empty_site, see cli_sites_init) */
+    if (cli_site_eq(site, key) ||
+        (site.frame == CLI_SITE_NONE && key.frame == CLI_SITE_NO_PYTHON))
       return k;
+  }
   return -1;
 }
 
@@ -1183,10 +1193,20 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
     cj_key(j, "name");
     cj_cstr(j, d->stepname);
     w_u32s(j, "ranges", d->steps, 2 * d->nsteps);
+    cj_key(j, "from_device"); /* annotations of another device (cli_steps.c) */
+    if (d->leaks.ann_device != d->dev)
+      cj_i64(j, d->leaks.ann_device);
+    else
+      cj_null(j);
     cj_obj_end(j);
   } else {
     cj_null(j);
   }
+  cj_key(j, "steps_why"); /* why there are no steps: `memsnap leaks`' text */
+  if (l->why[0])
+    cj_cstr(j, l->why);
+  else
+    cj_null(j);
   cj_key(j, "leaks");
   cj_arr(j);
   for (uint32_t i = 0; i < m; i++) {
@@ -1198,9 +1218,13 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
     cj_u64(j, x->last);
     cj_u64(j, x->grown);
     cj_u64(j, x->shrunk);
+    cj_u64(j, x->allocs);
     cj_arr_end(j);
   }
   cj_arr_end(j);
+  cj_key(j, "leak_total"); /* all candidates; at most VM_MAX_LEAK_SITES
+                              are written */
+  cj_u64(j, l->n);
   out->leak_sites += m;
   return 0;
 }

@@ -185,6 +185,10 @@ def group_usage():
                        (("leaks", "--top", "-1", "x.pickle"),
                         "--top needs a number >= 0"),
                        (("leaks",), "expects one recording or several"),
+                       (("leaks", "--step", "", "x.pickle"),
+                        "--step expects a record_function name"),
+                       (("view", "--step", "", "x.pickle", "-o", "x.html"),
+                        "--step expects a record_function name"),
                        (("fleet", "-j", "0", "x.pickle"),
                         "-j needs a number 1..256"),
                        (("fleet", "--jobs", "257", "x.pickle"),
@@ -1987,6 +1991,175 @@ def loop_snapshot(steps, leak, with_time):
     return {"segments": [segment], "device_traces": [trace]}
 
 
+def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
+                   ann_dev=0, nleak_sites=1):
+    """A recording with time_us and record_function steps
+    (ProfilerStep#k START/END in external_annotations, all recorded for
+    device ann_dev, as PyTorch records them for the thread's current
+    device): every step allocates and frees a 4 MiB activation on each of
+    ndev devices (Python frames only) and, on device leak_dev, keeps
+    nleak_sites 256 KiB blocks per step at fresh addresses, site i
+    allocated at line 100 + i of leak_frames' file (leak_frames = []:
+    empty frames, what autograd's backward thread records when only
+    Python stacks are)."""
+    fa = [frame("forward", "/home/u/model.py", 30)]
+    t0 = 1700000000000000
+    clock = [0]
+    seg = 256 * MiB
+    traces = [[] for _ in range(ndev)]
+    live = [{} for _ in range(ndev)]
+    ann = []
+
+    def tick():
+        clock[0] += 1
+        return t0 + clock[0]
+
+    def ev(d, action, addr, size, frames):
+        traces[d].append({"action": action, "addr": addr, "size": size,
+                          "stream": 0, "frames": frames, "time_us": tick()})
+
+    def base(d):
+        return A0 + d * (1 << 36)
+    for d in range(ndev):
+        ev(d, "segment_alloc", base(d), seg, fa)
+    for k in range(steps):
+        ann.append({"stage": "START", "name": "ProfilerStep#%d" % k,
+                    "device": ann_dev, "time_us": tick()})
+        for d in range(ndev):
+            ev(d, "alloc", base(d), 4 * MiB, fa)
+            ev(d, "free_requested", base(d), 4 * MiB, fa)
+            ev(d, "free_completed", base(d), 4 * MiB, fa)
+            if d != leak_dev:
+                continue
+            for i in range(nleak_sites):
+                fr = ([] if leak_frames == [] else
+                      [frame("remember", "/home/u/model.py", 100 + i)])
+                a = base(d) + 8 * MiB + (k * nleak_sites + i) * 256 * 1024
+                ev(d, "alloc", a, 256 * 1024, fr)
+                live[d][a] = (256 * 1024, fr)
+        ann.append({"stage": "END", "name": "ProfilerStep#%d" % k,
+                    "device": ann_dev, "time_us": tick()})
+    segments = []
+    for d in range(ndev):
+        blocks, pos = [], base(d)
+        for a in sorted(live[d]):
+            if a > pos:
+                blocks.append({"address": pos, "size": a - pos,
+                               "requested_size": 0, "state": "inactive",
+                               "frames": []})
+            size, fr = live[d][a]
+            blocks.append({"address": a, "size": size,
+                           "requested_size": size,
+                           "state": "active_allocated", "frames": fr})
+            pos = a + size
+        blocks.append({"address": pos, "size": base(d) + seg - pos,
+                       "requested_size": 0, "state": "inactive",
+                       "frames": []})
+        act = sum(v[0] for v in live[d].values())
+        segments.append({"device": d, "address": base(d), "total_size": seg,
+                         "allocated_size": act, "active_size": act,
+                         "requested_size": act, "stream": 0,
+                         "segment_type": "large", "segment_pool_id": (0, 0),
+                         "is_expandable": False, "frames": [],
+                         "blocks": blocks})
+    return {"segments": segments, "device_traces": traces,
+            "allocator_settings": {}, "external_annotations": ann}
+
+
+def group_leaks():
+    """leaks, view and fleet on synthetic step recordings: the
+    no-Python-frames site (backward's allocations when only Python stacks
+    were recorded) is a candidate."""
+    if not reader_available():
+        need(False, "leaks: the reader is built")
+    nopy = "<no Python frames: allocated on a thread running no Python " \
+        "code, such as autograd's backward thread>"
+    f = write_pickle(steps_snapshot(leak_frames=[]), "leak_nopy.pickle")
+    rc, out, err = run("check", f)
+    need(rc == 0, "leaks: the synthetic recording passes check (%s%s)"
+         % (out[-400:], err[-400:]))
+    rc, out, err = run("leaks", "--json", f)
+    js = json.loads(out) if out else {"devices": [{}]}
+    lc = js["devices"][0].get("leak_candidates", [])
+    expect(rc == 1 and [x["site"] for x in lc] == [nopy] and
+           lc[0]["steps_grown"] == 5 and
+           lc[0]["last_bytes"] - lc[0]["first_bytes"] == 5 * 256 * 1024,
+           "leaks: growing allocations with empty frames in a Python-only "
+           "recording are the no-Python-frames candidate (%s)" % lc)
+    html = os.path.join(TMP, "leak_nopy.html")
+    rc, out, err = run("view", f, "-o", html)
+    data = html_data(html) if rc == 0 else {"devices": [{}]}
+    dv = data["devices"][0]
+    lk = dv.get("leaks", [])
+    bands = dv.get("bands", {})
+    nleakband = sum(1 for x in bands.get("site", []) if x == 0) \
+        if isinstance(bands, dict) else -1
+    expect(rc == 0 and [x[0] for x in lk] == [nopy] and nleakband == 6,
+           "view: the no-Python-frames site is a leak site and its 6 "
+           "allocations are leak bands (%s, %d)" % (lk, nleakband))
+    fleet = os.path.join(TMP, "fleet_nopy")
+    os.makedirs(fleet)
+    for r in range(2):
+        sn = steps_snapshot(leak_frames=[])
+        sn["process_info"] = {"pid": 100 + r, "rank": r, "world_size": 2}
+        write_pickle(sn, os.path.join("fleet_nopy", "r%d.pickle" % r))
+    rc, out, err = run("fleet", "--json", fleet)
+    js = json.loads(out) if out else {}
+    common = [x.get("site") for x in js.get("common_leaks", [])]
+    expect(nopy in common,
+           "fleet: the no-Python-frames site is a common leak of both "
+           "ranks (%s; %s)" % (common, err[-300:]))
+    # "<no stack>": the same recording with native frames recorded
+    # elsewhere (empty frames are then no Python-only evidence)
+    sn = steps_snapshot(leak_frames=[])
+    sn["segments"][0]["frames"] = [frame("c10::alloc", "alloc.cpp", 7)]
+    f2 = write_pickle(sn, "leak_nostack.pickle")
+    rc, out, err = run("leaks", "--json", f2)
+    js = json.loads(out) if out else {"devices": [{}]}
+    expect(rc == 0 and js["devices"][0].get("leak_candidates") == [],
+           "leaks: '<no stack>' (no Python-only evidence) is never a "
+           "candidate (%s)" % js["devices"][0])
+    # two devices, every annotation recorded for device 0 (PyTorch
+    # records them for the thread's current device) or -1; the leak is
+    # on device 1
+    for ann_dev in (0, -1):
+        f = write_pickle(steps_snapshot(ndev=2, leak_dev=1, ann_dev=ann_dev),
+                         "leak_dev1_%d.pickle" % ann_dev)
+        rc, out, err = run("check", f)
+        need(rc == 0, "leaks: the two-device recording passes check (%s%s)"
+             % (out[-400:], err[-400:]))
+        for extra in ((), ("--step", "ProfilerStep")):
+            rc, out, err = run("leaks", "--json", *extra, f)
+            js = json.loads(out) if out else {"devices": [{}, {}]}
+            d0, d1 = (js["devices"] + [{}, {}])[:2]
+            lc = [x["site"] for x in d1.get("leak_candidates", [])]
+            expect(rc == 1 and d1.get("device") == 1 and
+                   lc == ["u/model.py:100:remember"] and
+                   d1.get("steps") == 6 and
+                   d1.get("steps_from_device") == ann_dev and
+                   d0.get("leak_candidates") == [] and
+                   d0.get("steps") == 6 and
+                   d0.get("steps_from_device") == (None if ann_dev == 0
+                                                   else -1),
+                   "leaks %s: device 1's leak found over device %d's "
+                   "annotations (%s)" % (" ".join(extra), ann_dev, js))
+        rc, out, err = run("leaks", f)
+        expect(rc == 1 and "steps taken from device %d's record_function "
+               "annotations" % ann_dev in out and "model.py:100:remember"
+               in out, "leaks (text): says where device 1's steps come "
+               "from (%r)" % out[-600:])
+        html = os.path.join(TMP, "leak_dev1_%d.html" % ann_dev)
+        rc, out, err = run("view", f, "-o", html)
+        data = html_data(html) if rc == 0 else {"devices": [{}, {}]}
+        dv = (data["devices"] + [{}, {}])[1]
+        expect(rc == 0 and (dv.get("steps") or {}).get("from_device") ==
+               ann_dev and [x[0] for x in dv.get("leaks", [])] ==
+               ["u/model.py:100:remember"],
+               "view: device 1's steps from device %d's annotations and "
+               "its leak site (%s, %s)" % (ann_dev, dv.get("steps"),
+                                           dv.get("leaks")))
+
+
 def group_diff_traces():
     """diff through the traces, with and without time_us: a loop without
     a leak gives no candidate (its activations were freed and allocated
@@ -2320,7 +2493,8 @@ GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "check": group_check, "real": group_real,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view, "sites": group_sites, "frag": group_frag,
-          "explain": group_explain, "difftrace": group_diff_traces}
+          "explain": group_explain, "difftrace": group_diff_traces,
+          "leaks": group_leaks}
 
 if __name__ == "__main__":
     GROUPS[GROUP]()

@@ -162,7 +162,12 @@ def steps_snapshot(nsteps=6, grow=False):
         ann.append({"stage": "END", "name": "ProfilerStep#%d" % k,
                     "device": 0, "time_us": T0 + t})
         t += 1
-    # final state: one segment with the live blocks
+    return steps_recording(trace, ann, live, seg_size)
+
+
+def steps_recording(trace, ann, live, seg_size):
+    """The recording of trace and annotations whose final state is one
+    segment at A0 holding the live blocks [(addr, size)]."""
     live.sort()
     blocks, a = [], A0
     for addr, size in live:
@@ -400,6 +405,35 @@ def check_oom(pg):
     expect(not pg.errors, "oom: 0 console errors %s" % pg.errors[:3])
 
 
+def many_leaks_snapshot(nsites=60, nsteps=4):
+    """nsteps "ProfilerStep#k" ranges; every step allocates and frees a
+    4 MiB activation and keeps 64 KiB from each of nsites sites
+    (leak.py:100+i): nsites leak candidates, more than the viewer's
+    panel lists."""
+    seg_size = 64 * MiB
+    trace, ann, t = [entry("segment_alloc", A0, seg_size, 0, [CPP, USER])], \
+        [], 1
+    live = []
+    for k in range(nsteps):
+        ann.append({"stage": "START", "name": "ProfilerStep#%d" % k,
+                    "device": 0, "time_us": T0 + t})
+        t += 1
+        trace.append(entry("alloc", A0, 4 * MiB, t, [CPP, USER]))
+        for i in range(nsites):
+            a = A0 + 8 * MiB + (k * nsites + i) * (64 << 10)
+            trace.append(entry("alloc", a, 64 << 10, t + 1 + i, [
+                CPP, frame("keep%d" % i, "/home/u/leak.py", 100 + i), USER]))
+            live.append((a, 64 << 10))
+        t += nsites + 1
+        for act in ("free_requested", "free_completed"):
+            trace.append(entry(act, A0, 4 * MiB, t, [CPP, USER]))
+            t += 1
+        ann.append({"stage": "END", "name": "ProfilerStep#%d" % k,
+                    "device": 0, "time_us": T0 + t})
+        t += 1
+    return steps_recording(trace, ann, live, seg_size)
+
+
 def check_leaks(pg):
     path = write_pickle(steps_snapshot(), "steps.pickle")
     html, js = view([path], "steps")
@@ -464,6 +498,56 @@ def check_leaks(pg):
            "leak panel: confidence and grew/shrank as `leaks` (%r)"
            % lb[:400])
     expect(not pg.errors, "grow: 0 console errors %s" % pg.errors[:3])
+    # --step naming no annotation: the panel gives `memsnap leaks`' reason
+    path = write_pickle(steps_snapshot(), "nope.pickle")
+    rc, out, _ = run("leaks", "--json", "--step", "Nope", path)
+    why = json.loads(out)["devices"][0]["no_steps_reason"] if out else None
+    html, js = view([path], "nope", "--step", "Nope")
+    pg.open(html)
+    lb = pg.text("#leakbox")
+    expect(rc == 0 and why == 'no record_function range named "Nope"' and
+           why in lb and "No repeated" not in lb,
+           "leak panel with --step Nope: the reason of memsnap leaks "
+           "(%r; %r)" % (why, lb[:300]))
+    expect(not pg.errors, "nope: 0 console errors %s" % pg.errors[:3])
+    # more sites than the panel lists: it says how many it shows
+    path = write_pickle(many_leaks_snapshot(), "many.pickle")
+    rc, out, err = run("check", path)
+    expect(rc == 0, "the 60-site recording is consistent (%s)"
+           % (out + err).strip()[-200:])
+    rc, out, _ = run("leaks", "--json", "--top", "0", path)
+    n = json.loads(out)["leak_candidate_count"] if out else -1
+    html, js = view([path], "many")
+    expect(n == 60 and js.get("files", [{}])[0].get("leak_sites") == 50,
+           "60 leak candidates, 50 written for the viewer (%d, %s)"
+           % (n, js.get("files")))
+    pg.open(html)
+    lb = pg.text("#leakbox")
+    rows = pg.p.eval_on_selector_all("#leakbox tr.clk", "els => els.length")
+    expect("50 of 60 sites (memsnap leaks --top 0 lists all)" in lb and
+           rows == 50, "leak panel: 50 rows, says 50 of 60 sites (%d, %r)"
+           % (rows, lb[:300]))
+    expect(not pg.errors, "many: 0 console errors %s" % pg.errors[:3])
+    # level of detail: leak allocations summed into the grey rest are not
+    # bands; the panel says how many of the site's allocations are drawn
+    path = write_pickle(steps_snapshot(), "steps_lod.pickle")
+    for extra, want in (((), 6), (("--detail", "10"), None)):
+        html, js = view([path], "steps_lod%d" % len(extra), *extra)
+        with open(html, encoding="utf-8") as f:
+            text = f.read()
+        i = text.index("const DATA = ") + len("const DATA = ")
+        data = json.loads(text[i:text.index(";\n", i)].replace(
+            "\\u003c", "<"))
+        bands = data["files"][0]["devices"][0]["bands"]
+        nred = sum(1 for x in bands["site"] if x == 0)
+        pg.open(html)
+        cells = pg.p.eval_on_selector_all(
+            "#leakbox tr.clk td", "els => els.map(e => e.textContent)")
+        expect(("%d of 6" % nred) in cells and
+               (nred == want if want is not None else nred < 6),
+               "leak panel %s: %d of the planted site's 6 allocations "
+               "drawn as bands (%s)" % (" ".join(extra) or "default", nred,
+                                         cells))
 
 
 def check_lod_and_compare(pg, src):
