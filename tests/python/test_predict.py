@@ -628,7 +628,8 @@ def test_output_refused_before_the_run(tmp_path):
     file and the reason, before the script runs."""
     script = tiny(tmp_path)
     (tmp_path / "somedir").mkdir()
-    for out, reason in (("nodir/x.pickle", "does not exist"), ("somedir", "is a directory")):
+    for out, reason in (("nodir/x.pickle", "No such file or directory"),
+                        ("somedir", "is a directory")):
         p = predict("-o", out, script, cwd=tmp_path)
         assert p.returncode == 2, p.stdout + p.stderr
         assert f"cannot write the snapshot {out}: " in p.stderr and reason in p.stderr
@@ -652,12 +653,37 @@ def test_output_ending_in_a_slash_refused_before_the_run(tmp_path, monkeypatch):
         assert not (tmp_path / "nodir_z").exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user needs root (lchown)")
+MARKED = ("import sys, pathlib, torch\npathlib.Path(sys.argv[1]).write_text('ran')\n"
+          "x = torch.ones(1024, device='npu')\n")
+
+
+def test_output_dangling_link_refused_before_the_run(tmp_path):
+    """-o naming a dangling link: refused up front with the writer's own
+    reason (memsnap's pre-check, as the CLI's -o), the script never runs
+    (its marker file is not written), nothing is created."""
+    script = tmp_path / "marked.py"
+    script.write_text(MARKED)
+    marker = tmp_path / "marker"
+    link = tmp_path / "dangling.pickle"
+    os.symlink(tmp_path / "nowhere" / "x.pickle", link)
+    p = predict("-o", str(link), str(script), str(marker), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"cannot write the snapshot {link}: " in p.stderr and "dangling" in p.stderr
+    assert "Traceback" not in p.stderr and not marker.exists()
+    assert os.path.islink(link) and not (tmp_path / "nowhere").exists()
+
+
 def test_output_refuses_a_planted_link(tmp_path):
-    """A link planted by another user in a sticky directory is refused at
-    write time (memsnap's writer, the protected_symlinks rule): exit 2, the
-    report says so, the link's target is untouched."""
-    script = tiny(tmp_path)
+    """A link planted by another user in a sticky directory (as in /tmp) is
+    refused before the script runs (the protected_symlinks rule, memsnap's
+    pre-check): exit 2, the link's target untouched, the script's marker
+    file never written."""
+    if os.geteuid() != 0:
+        pytest.skip("SKIP: a link owned by another user needs root (lchown); "
+                    "the planted-link refusal is NOT tested")
+    script = tmp_path / "marked.py"
+    script.write_text(MARKED)
+    marker = tmp_path / "marker"
     sticky = tmp_path / "sticky"
     sticky.mkdir()
     os.chmod(sticky, 0o1777)
@@ -667,10 +693,11 @@ def test_output_refuses_a_planted_link(tmp_path):
     link = sticky / "p.pickle"
     os.symlink(victim, link)
     os.lchown(link, NOBODY, NOBODY)
-    p = predict("-o", str(link), script, cwd=tmp_path)
+    p = predict("-o", str(link), str(script), str(marker), cwd=tmp_path)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert "snapshot was not written" in p.stderr and str(link) in p.stderr
-    assert "protected_symlinks" in p.stderr and "snapshot NOT written" in p.stdout
+    assert f"cannot write the snapshot {link}: " in p.stderr
+    assert "protected_symlinks" in p.stderr and "Traceback" not in p.stderr
+    assert not marker.exists()
     assert victim.read_bytes() == b"secret" and os.path.islink(link)
     assert sorted(os.listdir(sticky)) == ["p.pickle"]  # no temporary left
 
