@@ -31,6 +31,7 @@ SCRIPTS = os.path.join(HERE, "predict_scripts")
 GPT = os.path.join(SCRIPTS, "gpt_train.py")
 FSDP = os.path.join(SCRIPTS, "gpt_fsdp.py")
 DDP = os.path.join(SCRIPTS, "linear_ddp.py")
+PINNED = os.path.join(SCRIPTS, "pinned_loader.py")
 CLI = os.path.join(os.path.dirname(sys.executable), "memsnap")
 # Tolerance of the MemTracker comparison (docs/predict.md): memsnap counts
 # blocks as the caching allocator hands them out (rounded to 512 B, npu
@@ -396,7 +397,7 @@ def test_ddp_gradient_buckets(tmp_path):
         return next(i + 1 for i, t in enumerate(src) if text in t)
 
     def run(*extra):
-        out = tmp_path / f"ddp{len(extra)}.pickle"
+        out = tmp_path / f"ddp{''.join(extra)}.pickle"
         p = predict("--memory", "64G", "--json", "--devices", "2", "--rank", "1",
                     "-o", str(out), DDP, *extra, cwd=tmp_path)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -417,11 +418,53 @@ def test_ddp_gradient_buckets(tmp_path):
     plain = run()
     # The buckets are (re)built at the forward of the second step.
     assert site_bytes(plain, line_of("loss = F.cross_entropy(ddp(x), y)")) >= params
-    assert site_bytes(plain, line_of("nn.Linear(w, 10)).to(device)")) >= params
+    assert site_bytes(plain, line_of("model = model.to(device)")) >= params
     assert site_bytes(plain, line_of("opt.step()")) >= params  # momentum
     assert plain["peak_allocated_bytes"] >= 4 * params
     view = run("--bucket-view")
     assert view["peak_allocated_bytes"] < plain["peak_allocated_bytes"] - params // 4
+    # find_unused_parameters=True (an unused head): the reducer stages its
+    # bitmap of used parameters in pinned host memory (plain host memory in
+    # a prediction, is_pinned() True as its assert wants) and allreduces it.
+    unused = run("--find-unused")
+    head = 2048 * 10 * 4 + 10 * 4
+    assert unused["peak_allocated_bytes"] >= plain["peak_allocated_bytes"] + head
+    assert unused["peak_allocated_bytes"] <= plain["peak_allocated_bytes"] + 4 * head + (2 << 20)
+    # No bucket rebuild with find_unused_parameters (reducer.cpp,
+    # should_rebuild_buckets): the buckets made by the constructor stay.
+    assert site_bytes(unused, line_of("ddp = DDP(model")) >= params + head
+    assert site_bytes(unused, line_of("loss.backward()")) >= params  # gradients
+    assert site_bytes(unused, line_of("opt.step()")) >= params  # momentum
+
+
+def test_pinned_host_memory(tmp_path):
+    """pin_memory(), torch.empty(..., pin_memory=True), is_pinned() and
+    non_blocking copies of a CUDA input pipeline: pinned host memory is
+    plain host memory (no device runtime needed), the pinned tensors report
+    is_pinned() True and others False, the run completes and counts the
+    model, its gradients and the copied batches on the device (nothing for
+    the pinned host buffers)."""
+    out = tmp_path / "pinned.pickle"
+    p = predict("--json", "-o", str(out), PINNED, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = p.json
+    assert r["complete"] and r["fits"] and r["script_error"] is None
+    assert "staging pinned: True, labels pinned: True, unpinned: False" in p.stderr
+    assert p.stderr.count("batch on npu:0, small pinned True") == 3
+    src = open(PINNED).read().splitlines()
+
+    def site_bytes(text):
+        line = next(i + 1 for i, t in enumerate(src) if text in t)
+        return sum(s["requested_bytes"] for s in r["top_sites"]
+                   if s["line"] == line and s["filename"] == PINNED)
+
+    w, batch = 1024, 256
+    params = (w * w + w + w * 10 + 10) * 4
+    assert r["peak_allocated_bytes"] >= 2 * params + batch * w * 4  # params, grads, batch
+    assert r["peak_allocated_bytes"] < 4 * params + 8 * batch * w * 4
+    assert site_bytes("x = staging.to(args.device, non_blocking=True)") == batch * w * 4
+    assert site_bytes("staging = torch.empty(") == 0  # host memory, not the device's
+    assert "ok" in check_cli(out)
 
 
 def test_reserve_adds_to_reserved(tmp_path):
