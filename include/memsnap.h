@@ -589,6 +589,16 @@ MSNAP_API int msnap_dump_snapshot(msnap_allocator_t *a,
  * (same rules and errors). */
 MSNAP_API int msnap_write_file(const char *path, const void *data,
                                size_t len);
+/* Check, before any work, that `path` can be written by
+ * msnap_write_file / msnap_dump_snapshot: it is resolved as the write
+ * resolves it (the protected_symlinks rule, a dangling link, a name ending
+ * in '/', every directory on the way), a directory is refused, a new or
+ * regular file needs a writable directory (the temporary is created
+ * there), a device or FIFO must be writable itself.  Nothing is created.
+ * 0, or the error the write would give (MSNAP_EIO with msnap_last_errno():
+ * EACCES for a refused link, ENOENT for a dangling one, EISDIR...).  What
+ * only the write can tell (a full disk) is not checked. */
+MSNAP_API int msnap_check_output(const char *path);
 
 /* The process's place in a distributed job, recorded in every snapshot's
  * `process_info` (a top-level key memory_viz ignores) and in OOM dump

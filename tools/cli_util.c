@@ -688,30 +688,17 @@ int cli_write_file(const char *path, const void *data, size_t len) {
 }
 
 /*
- * Where OUT leads, resolved as the final write will (base/outpath.c: the
- * link rule, a name ending in '/', every directory on the way): refused
- * with the writer's own reason, and a new or regular file also when its
- * directory is not writable (the write creates a temporary there), so
- * that a long command (replay) fails before its work, not after.  What
- * only the write can tell (a full disk) is still reported by it.
+ * Where OUT leads, resolved as the final write will (msnap_check_output:
+ * base/outpath.c's link rule, a name ending in '/', every directory on the
+ * way): refused with the writer's own reason, and a new or regular file
+ * also when its directory is not writable (the write creates a temporary
+ * there), so that a long command (replay) fails before its work, not
+ * after.  What only the write can tell (a full disk) is still reported by
+ * it.
  */
 static int check_output_dir(const char *cmd, const char *out) {
-  msnap_outpath_t o;
-  int rc = msnap__outpath_resolve(&o, out);
-  if (rc != 0) {
+  if (msnap_check_output(out) != 0) {
     fprintf(stderr, "memsnap %s: %s\n", cmd, msnap_last_error());
-    return CLI_UNUSABLE;
-  }
-  bool file = o.fd < 0 && (!o.exists || S_ISREG(o.st.st_mode));
-  int e = 0;
-  if (file && faccessat(o.dirfd, ".", W_OK | X_OK, 0) != 0)
-    e = errno;
-  else if (o.fd < 0 && !file && faccessat(o.dirfd, o.name, W_OK, 0) != 0)
-    e = errno;
-  msnap__outpath_release(&o);
-  if (e != 0) {
-    fprintf(stderr, "memsnap %s: cannot write '%s': %s%s\n", cmd, out,
-            file ? "its directory is not writable: " : "", strerror(e));
     return CLI_UNUSABLE;
   }
   return CLI_OK;

@@ -347,6 +347,25 @@ static PyObject *py_write_file(PyObject *module, PyObject *args) {
   return r;
 }
 
+/* check_output(path): refuse, before any work, what write_file would
+ * refuse (msnap_check_output: the link rule, a dangling link, a directory,
+ * a directory that is not writable); nothing is created. */
+static PyObject *py_check_output(PyObject *module, PyObject *args) {
+  PyObject *path_obj = NULL;
+  if (!PyArg_ParseTuple(args, "O&:check_output", PyUnicode_FSConverter,
+                        &path_obj))
+    return NULL;
+  int rc;
+  const char *path = PyBytes_AS_STRING(path_obj);
+  Py_BEGIN_ALLOW_THREADS
+  rc = msnap_check_output(path);
+  Py_END_ALLOW_THREADS
+  PyObject *r =
+      rc < 0 ? msnap_py_raise_path(module, rc, path) : Py_NewRef(Py_None);
+  Py_DECREF(path_obj);
+  return r;
+}
+
 /* ---- metadata, annotations, tracebacks ----------------------------------- */
 
 static PyObject *py_set_memory_metadata(PyObject *module, PyObject *arg) {
@@ -524,6 +543,9 @@ PyMethodDef msnap_py_history_methods[] = {
      "write_usage_report(path): the CSV device memory-usage report"},
     {"write_file", py_write_file, METH_VARARGS,
      "write_file(path, data): bytes written as a dump is (atomically)"},
+    {"check_output", py_check_output, METH_VARARGS,
+     "check_output(path): refuse, before any work, a path write_file would "
+     "refuse"},
     {"set_memory_metadata", py_set_memory_metadata, METH_O,
      "set_memory_metadata(str)"},
     {"get_memory_metadata", py_get_memory_metadata, METH_NOARGS,

@@ -442,6 +442,38 @@ int msnap_write_file(const char *path, const void *data, size_t len) {
   return msnap__write_file_atomic(path, data, len);
 }
 
+int msnap_check_output(const char *path) {
+  if (path == NULL)
+    return msnap__set_error(MSNAP_EINVAL, "check_output: NULL path");
+  msnap_outpath_t o;
+  int rc = msnap__outpath_resolve(&o, path);
+  if (rc != 0) return rc; /* the writer's own refusal (link rule, '/'...) */
+  if (o.fd >= 0) {        /* a descriptor named through /proc */
+    msnap__outpath_release(&o);
+    return 0;
+  }
+  if (o.exists && S_ISDIR(o.st.st_mode)) {
+    msnap__outpath_release(&o);
+    return msnap__set_error_errno(MSNAP_EIO, EISDIR,
+                                  "cannot write '%s': it is a directory", path);
+  }
+  /* A new or regular file: the temporary is created in its directory; a
+   * device or FIFO is opened for writing itself. */
+  bool file = !o.exists || S_ISREG(o.st.st_mode);
+  int e = 0;
+  if (file && faccessat(o.dirfd, ".", W_OK | X_OK, 0) != 0)
+    e = errno;
+  else if (!file && faccessat(o.dirfd, o.name, W_OK, 0) != 0)
+    e = errno;
+  msnap__outpath_release(&o);
+  if (e != 0)
+    return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s%s",
+                                  path,
+                                  file ? "its directory is not writable: " : "",
+                                  strerror(e));
+  return 0;
+}
+
 int msnap__write_file_atomic(const char *path, const void *p, size_t len) {
   msnap_atomic_sink_t as;
   int rc = msnap__atomic_sink_open(&as, path);

@@ -184,6 +184,9 @@ static void test_planted_link_refused(void **state) {
   snprintf(link, sizeof link, "%s/dump.pickle", dir);
   assert_int_equal(symlink(victim, link), 0);
   assert_int_equal(lchown(link, NOBODY, NOBODY), 0);
+  assert_int_equal(msnap_check_output(link), MSNAP_EIO); /* the pre-check */
+  assert_int_equal(msnap_last_errno(), EACCES);
+  assert_non_null(strstr(msnap_last_error(), "protected_symlinks"));
   msnap_outpath_t o;
   assert_int_equal(resolve_checked(link, &o), MSNAP_EIO);
   assert_int_equal(msnap_last_errno(), EACCES);
@@ -289,6 +292,33 @@ static void test_loops_and_dangling(void **state) {
   assert_int_equal(msnap__write_file_atomic(p, "up", 2), 0);
   path_of(p, sizeof p, "up.pickle");
   assert_string_equal(slurp(p), "up");
+}
+
+/* msnap_check_output: what the write would refuse, refused up front with
+ * the write's own errno and reason; nothing created either way (a planted
+ * link: test_planted_link_refused). */
+static void test_check_output(void **state) {
+  (void)state;
+  char p[600], q[600];
+  path_of(p, sizeof p, "new.pickle");
+  assert_int_equal(msnap_check_output(p), 0);
+  assert_int_equal(access(p, F_OK), -1); /* not created */
+  path_of(p, sizeof p, "dangling");
+  assert_int_equal(symlink("no-such-dir/zz", p), 0);
+  assert_int_equal(msnap_check_output(p), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), ENOENT);
+  assert_non_null(strstr(msnap_last_error(), "dangling symlink"));
+  path_of(q, sizeof q, "no-such-dir");
+  assert_int_equal(access(q, F_OK), -1);
+  assert_int_equal(msnap_check_output(root), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), EISDIR);
+  path_of(p, sizeof p, "no-such-dir/x.pickle");
+  assert_int_equal(msnap_check_output(p), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), ENOENT);
+  path_of(p, sizeof p, "nodir/");
+  assert_int_equal(msnap_check_output(p), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), EISDIR);
+  assert_int_equal(msnap_check_output("/dev/stdout"), 0);
 }
 
 /* /dev/stdout, /dev/fd/N, /proc/self/fd/N: this process's descriptor is
@@ -484,6 +514,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_tmp_clean, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_name, setup, teardown),
       cmocka_unit_test_setup_teardown(test_name_reserve, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_output, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,6 +31,7 @@ SCRIPTS = os.path.join(HERE, "predict_scripts")
 GPT = os.path.join(SCRIPTS, "gpt_train.py")
 FSDP = os.path.join(SCRIPTS, "gpt_fsdp.py")
 DDP = os.path.join(SCRIPTS, "linear_ddp.py")
+PINNED = os.path.join(SCRIPTS, "pinned_loader.py")
 CLI = os.path.join(os.path.dirname(sys.executable), "memsnap")
 # Tolerance of the MemTracker comparison (docs/predict.md): memsnap counts
 # blocks as the caching allocator hands them out (rounded to 512 B, npu
@@ -396,7 +397,7 @@ def test_ddp_gradient_buckets(tmp_path):
         return next(i + 1 for i, t in enumerate(src) if text in t)
 
     def run(*extra):
-        out = tmp_path / f"ddp{len(extra)}.pickle"
+        out = tmp_path / f"ddp{''.join(extra)}.pickle"
         p = predict("--memory", "64G", "--json", "--devices", "2", "--rank", "1",
                     "-o", str(out), DDP, *extra, cwd=tmp_path)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -417,11 +418,53 @@ def test_ddp_gradient_buckets(tmp_path):
     plain = run()
     # The buckets are (re)built at the forward of the second step.
     assert site_bytes(plain, line_of("loss = F.cross_entropy(ddp(x), y)")) >= params
-    assert site_bytes(plain, line_of("nn.Linear(w, 10)).to(device)")) >= params
+    assert site_bytes(plain, line_of("model = model.to(device)")) >= params
     assert site_bytes(plain, line_of("opt.step()")) >= params  # momentum
     assert plain["peak_allocated_bytes"] >= 4 * params
     view = run("--bucket-view")
     assert view["peak_allocated_bytes"] < plain["peak_allocated_bytes"] - params // 4
+    # find_unused_parameters=True (an unused head): the reducer stages its
+    # bitmap of used parameters in pinned host memory (plain host memory in
+    # a prediction, is_pinned() True as its assert wants) and allreduces it.
+    unused = run("--find-unused")
+    head = 2048 * 10 * 4 + 10 * 4
+    assert unused["peak_allocated_bytes"] >= plain["peak_allocated_bytes"] + head
+    assert unused["peak_allocated_bytes"] <= plain["peak_allocated_bytes"] + 4 * head + (2 << 20)
+    # No bucket rebuild with find_unused_parameters (reducer.cpp,
+    # should_rebuild_buckets): the buckets made by the constructor stay.
+    assert site_bytes(unused, line_of("ddp = DDP(model")) >= params + head
+    assert site_bytes(unused, line_of("loss.backward()")) >= params  # gradients
+    assert site_bytes(unused, line_of("opt.step()")) >= params  # momentum
+
+
+def test_pinned_host_memory(tmp_path):
+    """pin_memory(), torch.empty(..., pin_memory=True), is_pinned() and
+    non_blocking copies of a CUDA input pipeline: pinned host memory is
+    plain host memory (no device runtime needed), the pinned tensors report
+    is_pinned() True and others False, the run completes and counts the
+    model, its gradients and the copied batches on the device (nothing for
+    the pinned host buffers)."""
+    out = tmp_path / "pinned.pickle"
+    p = predict("--json", "-o", str(out), PINNED, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = p.json
+    assert r["complete"] and r["fits"] and r["script_error"] is None
+    assert "staging pinned: True, labels pinned: True, unpinned: False" in p.stderr
+    assert p.stderr.count("batch on npu:0, small pinned True") == 3
+    src = open(PINNED).read().splitlines()
+
+    def site_bytes(text):
+        line = next(i + 1 for i, t in enumerate(src) if text in t)
+        return sum(s["requested_bytes"] for s in r["top_sites"]
+                   if s["line"] == line and s["filename"] == PINNED)
+
+    w, batch = 1024, 256
+    params = (w * w + w + w * 10 + 10) * 4
+    assert r["peak_allocated_bytes"] >= 2 * params + batch * w * 4  # params, grads, batch
+    assert r["peak_allocated_bytes"] < 4 * params + 8 * batch * w * 4
+    assert site_bytes("x = staging.to(args.device, non_blocking=True)") == batch * w * 4
+    assert site_bytes("staging = torch.empty(") == 0  # host memory, not the device's
+    assert "ok" in check_cli(out)
 
 
 def test_reserve_adds_to_reserved(tmp_path):
@@ -628,7 +671,8 @@ def test_output_refused_before_the_run(tmp_path):
     file and the reason, before the script runs."""
     script = tiny(tmp_path)
     (tmp_path / "somedir").mkdir()
-    for out, reason in (("nodir/x.pickle", "does not exist"), ("somedir", "is a directory")):
+    for out, reason in (("nodir/x.pickle", "No such file or directory"),
+                        ("somedir", "is a directory")):
         p = predict("-o", out, script, cwd=tmp_path)
         assert p.returncode == 2, p.stdout + p.stderr
         assert f"cannot write the snapshot {out}: " in p.stderr and reason in p.stderr
@@ -652,12 +696,37 @@ def test_output_ending_in_a_slash_refused_before_the_run(tmp_path, monkeypatch):
         assert not (tmp_path / "nodir_z").exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user needs root (lchown)")
+MARKED = ("import sys, pathlib, torch\npathlib.Path(sys.argv[1]).write_text('ran')\n"
+          "x = torch.ones(1024, device='npu')\n")
+
+
+def test_output_dangling_link_refused_before_the_run(tmp_path):
+    """-o naming a dangling link: refused up front with the writer's own
+    reason (memsnap's pre-check, as the CLI's -o), the script never runs
+    (its marker file is not written), nothing is created."""
+    script = tmp_path / "marked.py"
+    script.write_text(MARKED)
+    marker = tmp_path / "marker"
+    link = tmp_path / "dangling.pickle"
+    os.symlink(tmp_path / "nowhere" / "x.pickle", link)
+    p = predict("-o", str(link), str(script), str(marker), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"cannot write the snapshot {link}: " in p.stderr and "dangling" in p.stderr
+    assert "Traceback" not in p.stderr and not marker.exists()
+    assert os.path.islink(link) and not (tmp_path / "nowhere").exists()
+
+
 def test_output_refuses_a_planted_link(tmp_path):
-    """A link planted by another user in a sticky directory is refused at
-    write time (memsnap's writer, the protected_symlinks rule): exit 2, the
-    report says so, the link's target is untouched."""
-    script = tiny(tmp_path)
+    """A link planted by another user in a sticky directory (as in /tmp) is
+    refused before the script runs (the protected_symlinks rule, memsnap's
+    pre-check): exit 2, the link's target untouched, the script's marker
+    file never written."""
+    if os.geteuid() != 0:
+        pytest.skip("SKIP: a link owned by another user needs root (lchown); "
+                    "the planted-link refusal is NOT tested")
+    script = tmp_path / "marked.py"
+    script.write_text(MARKED)
+    marker = tmp_path / "marker"
     sticky = tmp_path / "sticky"
     sticky.mkdir()
     os.chmod(sticky, 0o1777)
@@ -667,10 +736,11 @@ def test_output_refuses_a_planted_link(tmp_path):
     link = sticky / "p.pickle"
     os.symlink(victim, link)
     os.lchown(link, NOBODY, NOBODY)
-    p = predict("-o", str(link), script, cwd=tmp_path)
+    p = predict("-o", str(link), str(script), str(marker), cwd=tmp_path)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert "snapshot was not written" in p.stderr and str(link) in p.stderr
-    assert "protected_symlinks" in p.stderr and "snapshot NOT written" in p.stdout
+    assert f"cannot write the snapshot {link}: " in p.stderr
+    assert "protected_symlinks" in p.stderr and "Traceback" not in p.stderr
+    assert not marker.exists()
     assert victim.read_bytes() == b"secret" and os.path.islink(link)
     assert sorted(os.listdir(sticky)) == ["p.pickle"]  # no temporary left
 

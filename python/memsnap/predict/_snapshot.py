@@ -24,10 +24,8 @@ FIFO or ``/dev/stdout`` is written directly.
 
 from __future__ import annotations
 
-import errno
 import os
 import pickle
-import stat
 
 import memsnap
 from memsnap import _memsnap
@@ -90,42 +88,20 @@ def write(snapshot: dict, path: str) -> None:
 
 
 def check_output(path: str) -> None:
-    """Refuse, before anything runs, a ``path`` that cannot be written: a
-    directory, a name ending in ``/`` (refused by the writer itself, so
-    the reason is the one the final write would give), a name whose
-    directory does not exist or is not writable
-    (an existing device or FIFO, such as ``/dev/stdout``, needs only to be
-    writable itself).  What only the write can tell (a full disk, a link
-    the protected_symlinks rule refuses) is reported by :func:`write`.
+    """Refuse, before anything runs, a ``path`` the final write would
+    refuse: memsnap's own pre-check (``msnap_check_output``, the one the
+    ``memsnap`` CLI's ``-o`` uses) resolves it as the writer will -- the
+    protected_symlinks rule (a link another user planted in /tmp), a
+    dangling link, a name ending in ``/``, a missing directory on the way
+    -- and refuses a directory, a new or regular file whose directory is
+    not writable, a device or FIFO that is not writable.  Nothing is
+    created.  What only the write can tell (a full disk) is reported by
+    :func:`write`.
 
     Raises:
-        OSError: ``filename`` is ``path``, ``strerror`` says why.
+        OSError: ``filename`` is ``path``, ``strerror`` the writer's reason.
     """
-    path = os.fspath(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        if not os.access(path, os.W_OK):
-            raise PermissionError(errno.EACCES, "not writable", path)
-        return
-    if st is None and os.path.basename(path) in ("", ".", ".."):
-        # "out/", "out/.": never a file name (abspath would drop the
-        # slash and check the wrong directory).  The writer refuses such a
-        # name before it creates anything: its own refusal, word for word,
-        # is the one the final write would give.
-        _memsnap.write_file(path, b"")
-        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(errno.ENOENT, f"its directory {parent} does not exist", path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, f"its directory {parent} is not writable", path)
+    _memsnap.check_output(os.fspath(path))
 
 
 def describe(e: OSError, path: str) -> str:

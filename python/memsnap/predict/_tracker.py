@@ -29,8 +29,14 @@ the constant), and the few operators whose output size depends on values
 (``nonzero``, ``masked_select``, indexing with a bool mask) get their
 largest possible size, so memory is an upper bound there.  "cuda" device arguments become the fake device (see
 ``_device.py``).  ``Tensor.record_stream`` reaches the allocators as
-``record_stream``.  ``pin_memory()`` is a plain host copy (pinned host
-memory needs the device runtime) and ``is_pinned()`` is False.
+``record_stream``.  Pinned host memory needs the device runtime (torch's
+pinned allocator asks the device's hooks), so ``pin_memory()``
+(``aten._pin_memory``) is a plain host copy and a factory's
+``pin_memory=True`` (``torch.empty(..., pin_memory=True)``, the buffer
+DDP's reducer pins under ``find_unused_parameters=True``) is dropped; the
+storages so made are remembered, and ``is_pinned()`` answers True for
+them (and their views) as on a device (the reducer asserts it), False for
+every other tensor.
 """
 
 from __future__ import annotations
@@ -88,8 +94,11 @@ class Tracker(TorchDispatchMode):
         self._special = {
             aten._local_scalar_dense.default: self._scalar,
             aten.record_stream.default: self._record_stream,
-            aten.is_pinned.default: lambda func, args, kwargs: False,
+            aten.is_pinned.default: self._is_pinned,
         }
+        # Host storages the script asked to pin (by _cdata): is_pinned()
+        # answers True for them, as on a device.
+        self.pinned: dict[int, weakref.ref] = {}
 
     # -- storage bookkeeping ---------------------------------------------
     def _track(self, t) -> None:
@@ -133,6 +142,7 @@ class Tracker(TorchDispatchMode):
     def release_all(self) -> None:
         """Forget every tracked storage (the prediction is over)."""
         self.live.clear()
+        self.pinned.clear()
 
     # -- operators -------------------------------------------------------
     def _scalar(self, func, args, kwargs):
@@ -144,6 +154,22 @@ class Tracker(TorchDispatchMode):
         except DataDependentOutputException:
             self.session.unknown_scalars += 1
             return _zero_of(args[0].dtype)
+
+    def _is_pinned(self, func, args, kwargs):
+        t = args[0]
+        if t.device.type != "cpu":
+            return False
+        return t.untyped_storage()._cdata in self.pinned
+
+    def _mark_pinned(self, t) -> None:
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            st = t.untyped_storage()
+            key = st._cdata
+            self.pinned[key] = weakref.ref(st, functools.partial(self._unpinned, key))
+
+    def _unpinned(self, key: int, ref) -> None:
+        if self.pinned.get(key) is ref:  # not a newer storage at the same address
+            del self.pinned[key]
 
     def _record_stream(self, func, args, kwargs):
         t, s = args[0], args[1]
@@ -228,9 +254,29 @@ class Tracker(TorchDispatchMode):
         special = self._special.get(func)
         if special is not None:
             return special(func, args, kwargs)
-        if func is aten._pin_memory.default:
-            # Pinned host memory needs the device runtime: a plain copy.
-            func, args, kwargs = aten.clone.default, args[:1], {}
+        # Pinned host memory needs the device runtime (torch's pinned
+        # allocator asks the device's hooks): plain host memory instead,
+        # remembered as pinned so that is_pinned() answers True for it.
+        if func is aten._pin_memory.default:  # Tensor.pin_memory(): a copy
+            if args[0].device.type != "cpu":  # as torch's _pin_memory
+                raise RuntimeError(f"cannot pin '{args[0].device}' memory: only dense "
+                                   "CPU tensors can be pinned")
+            out = self._run(aten.clone.default, args[:1], {})
+            self._mark_pinned(out)
+            return out
+        if kwargs.get("pin_memory"):
+            # A factory (torch.empty(..., pin_memory=True), the buffer of
+            # DDP's reducer under find_unused_parameters=True).
+            kwargs = dict(kwargs)
+            kwargs["pin_memory"] = False
+            out = self._run(func, args, kwargs)
+            self._mark_pinned(out)
+            return out
+        return self._run(func, args, kwargs)
+
+    def _run(self, func, args, kwargs):
+        """The operator on fake (or small real host) tensors, its device
+        outputs tracked."""
         if "device" in kwargs:
             kwargs = self._map_cuda(kwargs)
         out = None

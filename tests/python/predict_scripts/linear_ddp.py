@@ -12,6 +12,18 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+class WithUnusedHead(nn.Module):
+    """The body, and a head the forward never uses (its parameters get no
+    gradient: DDP needs find_unused_parameters=True)."""
+
+    def __init__(self, body, head):
+        super().__init__()
+        self.body, self.head = body, head
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="npu")
@@ -22,6 +34,10 @@ def main():
     ap.add_argument("--bucket-mb", type=float, default=25)
     ap.add_argument("--bucket-view", action="store_true",
                     help="gradient_as_bucket_view=True (gradients are views of the buckets)")
+    ap.add_argument("--find-unused", action="store_true",
+                    help="an unused head and find_unused_parameters=True (DDP walks the "
+                         "graph after each forward and reduces a pinned bitmap of the "
+                         "unused parameters)")
     args = ap.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -31,9 +47,13 @@ def main():
 
     w = args.width
     model = nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
-                          nn.Linear(w, 10)).to(device)
+                          nn.Linear(w, 10))
+    if args.find_unused:
+        model = WithUnusedHead(model, nn.Linear(w, 10))
+    model = model.to(device)
     ddp = DDP(model, device_ids=[local_rank], bucket_cap_mb=args.bucket_mb,
-              gradient_as_bucket_view=args.bucket_view)
+              gradient_as_bucket_view=args.bucket_view,
+              find_unused_parameters=args.find_unused)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     for step in range(args.steps):
         x = torch.randn(args.batch, w, device=device)
