@@ -25,10 +25,13 @@
  * Steps.  The ranges of one repeated name, trailing digits ignored (with
  * a '#', '_', ' ' or '-' before them: "ProfilerStep#12" and
  * "ProfilerStep#13" are one name): with want == NULL the name with the
- * most ranges among those that never overlap themselves and occur at
- * least 3 times (ties: the name whose ranges cover more of the trace --
- * a step holds its forward and backward parts -- then the name that
- * appears first); with want, the
+ * most ranges among those that never overlap themselves, occur at
+ * least 3 times and hold at least one trace entry (a name whose ranges
+ * are all empty -- a DataLoader's `enumerate(DataLoader)#...__next__`
+ * with the data on the host, one more of them than steps -- is never
+ * the step); ties: the name whose ranges cover more of the trace -- a
+ * step holds its forward and backward parts -- then the name that
+ * appears first; with want, the
  * first name (in order of appearance) equal to want, digits ignored on
  * both sides, that occurs at least twice.
  *
@@ -228,7 +231,7 @@ int cli_ranges_find(const msnap_snap_t *s, int64_t dev, const char *want,
     if (want && l0 == lw && !memcmp(p0, want, l0) && r->nwant == 0)
       r->nwant = cnt;
     bool ok = want ? (l0 == lw && !memcmp(p0, want, l0) && cnt >= 2)
-                   : (!overlap && cnt >= 3 &&
+                   : (!overlap && cnt >= 3 && cover > 0 &&
                       (cnt > best_cnt ||
                        (cnt == best_cnt &&
                         (cover > best_cover ||

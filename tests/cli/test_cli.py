@@ -1992,7 +1992,7 @@ def loop_snapshot(steps, leak, with_time):
 
 
 def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
-                   ann_dev=0, nleak_sites=1):
+                   ann_dev=0, nleak_sites=1, loader=False):
     """A recording with time_us and record_function steps
     (ProfilerStep#k START/END in external_annotations, all recorded for
     device ann_dev, as PyTorch records them for the thread's current
@@ -2001,7 +2001,10 @@ def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
     nleak_sites 256 KiB blocks per step at fresh addresses, site i
     allocated at line 100 + i of leak_frames' file (leak_frames = []:
     empty frames, what autograd's backward thread records when only
-    Python stacks are)."""
+    Python stacks are).  With `loader`, a DataLoader's
+    enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ range
+    before every step and one more at the end (its StopIteration), each
+    holding no trace entry (the data stays on the host)."""
     fa = [frame("forward", "/home/u/model.py", 30)]
     t0 = 1700000000000000
     clock = [0]
@@ -2022,7 +2025,14 @@ def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
         return A0 + d * (1 << 36)
     for d in range(ndev):
         ev(d, "segment_alloc", base(d), seg, fa)
+    def loader_next():
+        for stage in ("START", "END"):
+            ann.append({"stage": stage, "name": "enumerate(DataLoader)#"
+                        "_SingleProcessDataLoaderIter.__next__",
+                        "device": ann_dev, "time_us": tick()})
     for k in range(steps):
+        if loader:
+            loader_next()
         ann.append({"stage": "START", "name": "ProfilerStep#%d" % k,
                     "device": ann_dev, "time_us": tick()})
         for d in range(ndev):
@@ -2039,6 +2049,8 @@ def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
                 live[d][a] = (256 * 1024, fr)
         ann.append({"stage": "END", "name": "ProfilerStep#%d" % k,
                     "device": ann_dev, "time_us": tick()})
+    if loader:
+        loader_next()
     segments = []
     for d in range(ndev):
         blocks, pos = [], base(d)
@@ -2109,6 +2121,19 @@ def group_leaks():
     expect(nopy in common,
            "fleet: the no-Python-frames site is a common leak of both "
            "ranks (%s; %s)" % (common, err[-300:]))
+    # A DataLoader's __next__ ranges (one more than the steps, each
+    # holding no trace entry) are never the step: ProfilerStep is.
+    f = write_pickle(steps_snapshot(leak_frames=[], loader=True),
+                     "leak_loader.pickle")
+    rc, out, err = run("leaks", "--json", f)
+    js = json.loads(out) if out else {"devices": [{}]}
+    dv = js["devices"][0]
+    lc = dv.get("leak_candidates", [])
+    expect(rc == 1 and dv.get("step_name") == "ProfilerStep" and
+           dv.get("steps") == 6 and len(lc) == 1 and
+           lc[0]["steps_grown"] == 5,
+           "leaks: empty DataLoader ranges are not the step (%s, %s steps, "
+           "%s)" % (dv.get("step_name"), dv.get("steps"), lc))
     # "<no stack>": the same recording with native frames recorded
     # elsewhere (empty frames are then no Python-only evidence)
     sn = steps_snapshot(leak_frames=[])
