@@ -278,7 +278,7 @@ static int k_max_non_split_rounding_mb(parser_t *p, size_t key, size_t *i) {
 
 static int k_garbage_collection_threshold(parser_t *p, size_t key,
                                           size_t *i) {
-  double v;
+  double v = 0.0; /* (set by tok_double when it returns 0) */
   int rc = to_value(p, key, i);
   if (!rc) rc = tok_double(p, key, *i, &v);
   if (rc) return rc;
@@ -437,7 +437,7 @@ static int k_pinned_reserve_segment_size_mb(parser_t *p, size_t key,
 
 static int k_per_process_memory_fraction(parser_t *p, size_t key,
                                          size_t *i) {
-  double v;
+  double v = 0.0; /* (set by tok_double when it returns 0) */
   int rc = to_value(p, key, i);
   if (!rc) rc = tok_double(p, key, *i, &v);
   if (rc) return rc;
