@@ -32,6 +32,10 @@
  * warning.  Without a host and a pid (PyTorch's own dumps) files are
  * taken as ranks.
  *
+ * One file, several names.  A file given twice (the same device and
+ * inode: a repeated argument, a file and its directory, a link to it) is
+ * read and counted once, with a warning naming the first repeat.
+ *
  * Parallel, bounded.  Files are analysed by -j worker threads (default:
  * the online CPUs, at most 16), each loading one file at a time and
  * keeping only the figures, so at most -j models are in memory at once.
@@ -305,6 +309,69 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* One file under several names (the same device and inode: a repeated
+ * argument, a file and its directory, a link to it) is read once: the
+ * later names are dropped from v (freed; the order of the others kept).
+ * Returns how many; dup says the first of them.  Names that stat cannot
+ * read stay (the reader names their error). */
+typedef struct name_id_s {
+  dev_t dev;
+  ino_t ino;
+  uint32_t idx;
+} name_id_t;
+
+static int cmp_name_id(const void *a, const void *b) {
+  const name_id_t *x = a, *y = b;
+  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+  if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
+                             size_t dup_size) {
+  name_id_t *id = malloc(((size_t)*n + 1) * sizeof *id);
+  uint32_t *keep = malloc(((size_t)*n + 1) * sizeof *keep);
+  uint32_t m = 0, ndup = 0, first = UINT32_MAX;
+  if (!id || !keep) {
+    free(id);
+    free(keep);
+    return 0;
+  }
+  for (uint32_t i = 0; i < *n; i++) {
+    struct stat fs;
+    keep[i] = i;
+    if (stat(v[i], &fs) == 0 && S_ISREG(fs.st_mode))
+      id[m++] = (name_id_t){fs.st_dev, fs.st_ino, i};
+  }
+  qsort(id, m, sizeof *id, cmp_name_id);
+  for (uint32_t j = 1; j < m; j++)
+    if (id[j].dev == id[j - 1].dev && id[j].ino == id[j - 1].ino) {
+      /* (the group's first name is its lowest index: sorted) */
+      keep[id[j].idx] = keep[id[j - 1].idx];
+      if (id[j].idx < first) first = id[j].idx;
+    }
+  if (first != UINT32_MAX) {
+    const char *kept = v[keep[first]];
+    if (strcmp(v[first], kept) != 0)
+      snprintf(dup, dup_size, "%s is %s", v[first], kept);
+    else
+      snprintf(dup, dup_size, "%s given again", kept);
+  }
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < *n; i++) {
+    if (keep[i] != i) {
+      free(v[i]);
+      ndup++;
+      continue;
+    }
+    v[k++] = v[i];
+  }
+  *n = k;
+  free(id);
+  free(keep);
+  return ndup;
+}
+
 /* Expand directories (their snapshot files, sorted); *n paths, owned. */
 static char **inputs(char **args, int nargs, uint32_t *n) {
   char **v = NULL;
@@ -329,10 +396,12 @@ static char **inputs(char **args, int nargs, uint32_t *n) {
         if (de->d_name[0] == '.' || !snapshot_name(de->d_name))
           continue;
         name = de->d_name;
-        size_t l = strlen(args[a]) + strlen(name) + 2;
+        size_t la = strlen(args[a]);
+        size_t l = la + strlen(name) + 2;
         path = malloc(l);
-        if (path)
-          snprintf(path, l, "%s/%s", args[a], name);
+        if (path) /* (DIR/ as given: no second slash) */
+          snprintf(path, l, "%s%s%s", args[a],
+                   la && args[a][la - 1] == '/' ? "" : "/", name);
         struct stat fs;
         if (path && (stat(path, &fs) != 0 || !S_ISREG(fs.st_mode))) {
           free(path);
@@ -475,7 +544,9 @@ int cli_cmd_fleet(int argc, char **argv) {
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;
   uint32_t n = 0;
+  char dup[600] = "";
   char **paths = inputs(argv + first, argc - first, &n);
+  uint32_t ndup = paths ? drop_repeats(paths, &n, dup, sizeof dup) : 0;
   if (n == 0) {
     free(paths);
     cli_err("fleet: no input files");
@@ -519,8 +590,13 @@ int cli_cmd_fleet(int argc, char **argv) {
 
   /* warnings: dumps of one process, duplicate ranks, missing ranks,
    * unreadable files */
-  char warn[5][768];
+  char warn[6][768];
   uint32_t nwarn = 0;
+  if (ndup)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "a file was given more than once (%s; %u name%s left out): "
+             "each file is read and counted once",
+             dup, ndup, ndup == 1 ? "" : "s");
   int64_t world = -1;
   uint32_t nread = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -564,7 +640,7 @@ int cli_cmd_fleet(int argc, char **argv) {
              nsame == 1 ? "" : "s", procs_s, procs == 1 ? "" : "e.g. ",
              files + 1, r[fp].pid, r[fp].host, r[fp].file);
   }
-  for (uint32_t i = 1, prev = 0; i < n && nwarn < 2; i++) {
+  for (uint32_t i = 1, prev = 0; i < n && nwarn < 2 + (ndup != 0); i++) {
     if (!r[i].ok || r[i].same_process >= 0)
       continue;
     if (r[prev].ok && r[prev].same_process < 0 && prev != i &&

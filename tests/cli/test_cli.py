@@ -2437,6 +2437,22 @@ def group_explain():
            and js.get("outliers") == [os.path.join(fleet, "r6.pickle")] and
            any("could not be read" in w for w in js.get("warnings", [])),
            "fleet: an unreadable file is reported, the others still are")
+    # one file under several names (repeated, inside the directory given
+    # too, through a link): read and counted once, with a warning naming
+    # the first repeat
+    r0 = os.path.join(fleet, "r0.pickle")
+    link = os.path.join(TMP, "r0-link.pickle")
+    os.symlink(r0, link)
+    rc, out, err = run("fleet", "--json", fleet, r0, link, r0)
+    js = json.loads(out) if out else {}
+    files = [x["file"] for x in js.get("ranks", [])]
+    dup = [w for w in js.get("warnings", []) if "more than once" in w]
+    expect(rc == 1 and len(files) == 9 and len(set(files)) == 9 and
+           js.get("outliers") == [os.path.join(fleet, "r6.pickle")] and
+           len(dup) == 1 and "3 names left out" in dup[0] and
+           ("%s given again" % r0) in dup[0],
+           "fleet: a file given under several names is counted once (%s; %s)"
+           % (files, js.get("warnings")))
 
     # Three OOM dumps of one process (same host and pid, successive
     # times) and three other ranks: the latest dump stands for the
