@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
@@ -202,8 +203,36 @@ static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
         "world-writable directory owned by uid %ld; not writing into it",
         o->shown, S_ISFIFO(o->st.st_mode) ? "FIFO" : "socket",
         (long)o->st.st_uid, (long)o->dir.st_uid);
-  int fd = openat(o->dirfd, o->name,
-                  O_WRONLY | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+  int fd;
+  if (S_ISFIFO(o->st.st_mode)) {
+    /* a FIFO that no program reads would block open(2) forever: it is
+     * opened without blocking (ENXIO while no reader has it open), and
+     * given up after MSNAP_SINK_FIFO_WAIT_MS, as the reader gives up on
+     * a FIFO that no program writes */
+    for (int waited = 0;; waited += 50) {
+      fd = openat(o->dirfd, o->name,
+                  O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+      if (fd >= 0 || errno != ENXIO) break;
+      if (waited >= MSNAP_SINK_FIFO_WAIT_MS)
+        return msnap__set_error_errno(
+            MSNAP_EIO, ENXIO,
+            "cannot write '%s': it is a FIFO that no reader opened (none "
+            "within %d s)", o->shown, MSNAP_SINK_FIFO_WAIT_MS / 1000);
+      struct timespec ts = {0, 50 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    /* writes then wait for the reader, as on any pipe */
+    int fl = fd >= 0 ? fcntl(fd, F_GETFL) : 0;
+    if (fd >= 0 && (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      fd = -1;
+    }
+  } else {
+    fd = openat(o->dirfd, o->name,
+                O_WRONLY | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+  }
   if (fd < 0) {
     int e = errno;
     return msnap__set_error_errno(sink_errno(e), e, "cannot open '%s': %s",

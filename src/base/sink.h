@@ -16,6 +16,11 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+/* How long the atomic writer waits for a program to open a FIFO target
+ * for reading before it refuses it (the reader's MSNAP_SOURCE_FIFO_WAIT_MS
+ * is the same wait for a FIFO input). */
+#define MSNAP_SINK_FIFO_WAIT_MS 5000
+
 typedef struct msnap_sink_s {
   /* Backend: write len bytes; return 0 or a negative MSNAP_E* code. */
   int (*write_cb)(void *opaque, const void *p, size_t len);

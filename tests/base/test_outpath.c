@@ -13,6 +13,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -500,6 +502,48 @@ static void test_name_reserve(void **state) {
   assert_int_equal(msnap_last_errno(), ENOENT);
 }
 
+/* A FIFO target: written directly once a program reads it; one that no
+ * program opens for reading is refused after MSNAP_SINK_FIFO_WAIT_MS
+ * instead of blocking open(2) for ever. */
+static void test_fifo_target(void **state) {
+  (void)state;
+  char fifo[512];
+  path_of(fifo, sizeof fifo, "out.fifo");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(msnap__write_file_atomic(fifo, "dump", 4), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), ENXIO);
+  assert_non_null(strstr(msnap_last_error(), "out.fifo': it is a FIFO that "
+                                             "no reader opened (none within "
+                                             "5 s)"));
+  /* a reader that comes later (200 ms) gets every byte; the FIFO stays */
+  static char big[1 << 18]; /* more than a pipe's buffer */
+  for (size_t i = 0; i < sizeof big; i++) big[i] = (char)('a' + i % 26);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    int fd = open(fifo, O_RDONLY);
+    size_t got = 0;
+    bool same = fd >= 0;
+    char b[4096];
+    ssize_t n;
+    while (fd >= 0 && (n = read(fd, b, sizeof b)) > 0) {
+      same = same && got + (size_t)n <= sizeof big &&
+             memcmp(b, big + got, (size_t)n) == 0;
+      got += (size_t)n;
+    }
+    _exit(same && got == sizeof big ? 0 : 1);
+  }
+  assert_int_equal(msnap__write_file_atomic(fifo, big, sizeof big), 0);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  struct stat st;
+  assert_int_equal(lstat(fifo, &st), 0);
+  assert_true(S_ISFIFO(st.st_mode));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_plain_and_new, setup, teardown),
@@ -515,6 +559,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_long_name, setup, teardown),
       cmocka_unit_test_setup_teardown(test_name_reserve, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_output, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fifo_target, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
