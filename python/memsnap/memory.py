@@ -932,7 +932,9 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
     the user or to the directory's owner (else ``PermissionError`` and
     nothing is written); a replaced file keeps its permission bits; the
     temporaries that killed dumps of this host left in the directory are
-    removed first.  Open it at pytorch.org/memory_viz or with
+    removed first.  ``filename`` may also be an open file descriptor (an
+    int), as for torch's ``open(filename, "wb")``: it is written directly
+    and closed.  Open the file at pytorch.org/memory_viz or with
     ``python -m torch.cuda._memory_viz``.
 
     In the npu profile the usage report follows, as torch_npu's
@@ -948,19 +950,97 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 
     Raises:
         OSError: the file cannot be written (the message names it);
-            ``PermissionError`` for a link the rule refuses.
+            ``PermissionError`` for a link the rule refuses; ``EBADF`` for
+            a descriptor that is not open.
+        ValueError: a negative descriptor (as ``open``).
 
     Mirrors ``torch/cuda/memory.py: _dump_snapshot`` and
     ``torch_npu/npu/memory.py: _dump_snapshot``.
     """
-    filename = os.fspath(filename)
-    _sync_process_rank()
-    if not augment_with_fx_traces:
-        _C.dump_snapshot(filename, -1, 0, 0, True, False)
-    else:
-        _dump_augmented(filename)
+    path, fd = _output_target(filename)
+    try:
+        _sync_process_rank()
+        if not augment_with_fx_traces:
+            _C.dump_snapshot(path, -1, 0, 0, True, False)
+        else:
+            _dump_augmented(path)
+    finally:
+        if fd is not None:
+            os.close(fd)
     if _C.profile() == "npu":
-        _dump_usage_report(filename)
+        _dump_usage_report(path if fd is None else os.path.join(os.getcwd(), "fd"))
+
+
+def _output_target(filename: Any) -> tuple[str, int | None]:
+    """The path memsnap's atomic writer gets for ``filename`` of an
+    ``open(filename, "wb")`` (what torch's dump and save functions call):
+    a path as it is, or an open file descriptor (an int, which ``open``
+    takes and closes when done) as ``/dev/fd/N`` -- the writer writes the
+    descriptor itself -- with the descriptor to close afterwards."""
+    if isinstance(filename, int) and not isinstance(filename, bool):
+        if filename < 0:
+            raise ValueError("negative file descriptor")  # as open()
+        os.fstat(filename)  # OSError EBADF, as open(fd) gives, when closed
+        return "/dev/fd/%d" % filename, filename
+    return os.fspath(filename), None
+
+
+def _flamegraph_svg(snapshot: Any, per_segment: bool) -> str:
+    try:
+        from torch.cuda import _memory_viz as viz
+    except ImportError as e:
+        raise ImportError(
+            "_save_segment_usage and _save_memory_usage draw with torch's "
+            "torch.cuda._memory_viz (and its flamegraph.pl); install torch, "
+            "or use the memsnap CLI (memsnap view / memsnap plot) on a "
+            "_dump_snapshot file") from e
+    if snapshot is None:
+        snapshot = _snapshot()
+    # (torch's format_flamegraph, looked up now: it runs flamegraph.pl,
+    # which it fetches once into /tmp when missing)
+    draw = viz.segments if per_segment else viz.memory
+    return draw(snapshot, format_flamegraph=viz.format_flamegraph)
+
+
+def _save_segment_usage(filename="output.svg", snapshot=None):
+    """Write a flame graph (SVG) of the live and cached bytes per stream,
+    segment, block state and allocation stack to ``filename``.
+
+    ``snapshot`` is a :func:`_snapshot` dict (None: the current one).  The
+    graph is torch's own: ``torch.cuda._memory_viz.segments`` with its
+    ``format_flamegraph``, which runs Brendan Gregg's ``flamegraph.pl``
+    (``/tmp/flamegraph.pl``, downloaded by torch when missing: on an
+    air-gapped host put it there first).  The file is written as
+    :func:`_dump_snapshot` writes (atomic, the link rule, a descriptor
+    taken and closed).
+
+    Raises:
+        ImportError: torch is not installed.
+        OSError: the file cannot be written.
+
+    Mirrors ``torch/cuda/memory.py: _save_segment_usage``.
+    """
+    svg = _flamegraph_svg(snapshot, per_segment=True)
+    _write_text(filename, svg)
+
+
+def _save_memory_usage(filename="output.svg", snapshot=None):
+    """The same flame graph per stream without the segment level
+    (``torch.cuda._memory_viz.memory``); see :func:`_save_segment_usage`.
+
+    Mirrors ``torch/cuda/memory.py: _save_memory_usage``.
+    """
+    svg = _flamegraph_svg(snapshot, per_segment=False)
+    _write_text(filename, svg)
+
+
+def _write_text(filename: Any, text: str) -> None:
+    path, fd = _output_target(filename)
+    try:
+        _C.write_file(path, text.encode("utf-8"))
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _dump_usage_report(filename: str) -> None:

@@ -188,3 +188,40 @@ def test_memoryviz_js_or_opcode_subset(dump, tmp_path):
     p = subprocess.run([node, str(harness), dump], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert _to_json_like(json.loads(p.stdout)) == _to_json_like(pickle.loads(raw))
+
+
+def test_save_segment_and_memory_usage_are_torchs(tmp_path):
+    """_save_segment_usage / _save_memory_usage draw with torch's own
+    _memory_viz: the file holds what torch.cuda.memory's functions of the
+    same names write for the same snapshot (``_segments(snapshot)`` /
+    ``_memory(snapshot)``).  torch's format_flamegraph runs flamegraph.pl,
+    which it downloads (no network here), so both sides use a stand-in
+    that returns the folded stacks it was given: those lines are what the
+    comparison is about."""
+    out = tmp_path / "ours"
+    r = run_script(SCRIPT.replace("PATH", repr(str(tmp_path / "d.pickle"))) + f"""
+import json, torch.cuda._memory_viz as viz
+folded = lambda lines, flamegraph_script=None: "<folded>\\n" + lines
+viz.format_flamegraph = folded
+snap = mm._snapshot()
+mm._save_segment_usage({str(out) + '_seg.svg'!r}, snapshot=snap)
+mm._save_memory_usage({str(out) + '_mem.svg'!r})
+# torch.cuda.memory's _save_segment_usage / _save_memory_usage: open, write
+for kind, draw in (("seg", viz.segments), ("mem", viz.memory)):
+    with open({str(out)!r} + "_" + kind + "_torch.svg", "w") as f:
+        f.write(draw(snap, format_flamegraph=folded))
+print("RESULT " + json.dumps(sorted(b["requested_size"] for s in snap["segments"]
+                                    for b in s["blocks"]
+                                    if b["state"] == "active_allocated")))
+""")
+    sizes = r.result
+    for kind in ("seg", "mem"):
+        ours = (tmp_path / f"ours_{kind}.svg").read_text()
+        theirs = (tmp_path / f"ours_{kind}_torch.svg").read_text()
+        assert ours == theirs
+        lines = ours.splitlines()[1:]
+        # every live allocation is a line ending in its requested size,
+        # under work()
+        for n in sizes:
+            assert any(line.endswith(f" {n}") and "work" in line
+                       for line in lines), (n, lines)

@@ -10,6 +10,7 @@ tests skip, saying so, without it.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import pickle
@@ -293,3 +294,32 @@ def test_cli_dump_cleans_too(tmp_path):
                         str(d / "converted.pickle")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert glob.glob(str(d / "*.tmp.*")) == []
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_dump_snapshot_takes_a_descriptor(tmp_path, augment):
+    """torch's _dump_snapshot is open(filename, "wb"): an open descriptor
+    works too, is written and is closed when done."""
+    if augment:
+        pytest.importorskip("torch")
+    out = tmp_path / "fd.pickle"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    p = mm.caching_allocator_alloc(3 << 20)
+    try:
+        mm._dump_snapshot(fd, augment_with_fx_traces=augment)
+    finally:
+        mm.caching_allocator_delete(p)
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed, as open(fd) closes it
+    with open(out, "rb") as f:
+        snap = pickle.load(f)
+    assert any(b["size"] >= 3 << 20 and b["state"] == "active_allocated"
+               for s in snap["segments"] for b in s["blocks"])
+    # what open() says for descriptors it cannot take
+    with pytest.raises(ValueError, match="negative file descriptor"):
+        mm._dump_snapshot(-1)
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)
+    with pytest.raises(OSError) as e:
+        mm._dump_snapshot(closed)
+    assert e.value.errno == errno.EBADF
