@@ -478,9 +478,17 @@ def test_reserve_adds_to_reserved(tmp_path):
 
 
 def test_usage_and_script_errors(tmp_path):
-    assert predict("--memory", "64G", str(tmp_path / "nope.py")).returncode == 2
+    nope = predict("--memory", "64G", str(tmp_path / "nope.py"))
+    assert nope.returncode == 2 and "nope.py: no such file" in nope.stderr
+    folder = predict("--memory", "64G", str(tmp_path))
+    assert folder.returncode == 2 and "is a directory, not a script" in folder.stderr
     bad = predict("--memory", "lots", GPT)
     assert bad.returncode == 2 and "invalid size" in bad.stderr
+    # a positive fraction of a byte is refused as such, not as "not positive"
+    half = predict("--memory", "0.5", GPT)
+    assert half.returncode == 2 and "'0.5': less than 1 byte" in half.stderr
+    zero = predict("--memory", "0", GPT)
+    assert zero.returncode == 2 and "'0': must be positive" in zero.stderr
     conf = predict("--alloc-conf", "max_split_sise_mb:64", "--profile", "npu", GPT,
                    "--layers", "1", cwd=tmp_path)
     assert conf.returncode == 2 and "max_split_sise_mb" in conf.stderr
@@ -923,3 +931,35 @@ def test_values_and_data_dependent_shapes(tmp_path):
     assert "item 0.0 False" in p.stderr
     assert "host 135 [7, 8, 9]" in p.stderr
     assert p.json["values_read_as_zero"] == 2  # x.sum().item(), bool(x.sum() > 0)
+
+
+def test_numpy_of_fake_tensors(tmp_path):
+    """.numpy() of a fake host tensor (a metric's preds.cpu().numpy())
+    gives zeros of its shape and dtype, counted as values read as zero;
+    a real small host tensor keeps its values; torch's own errors stay
+    (a device tensor, a tensor that requires grad, bfloat16)."""
+    script = tmp_path / "metrics.py"
+    script.write_text(
+        "import sys, torch\n"
+        "w = torch.randn(256, 8, device='cuda', requires_grad=True)\n"
+        "preds = (torch.randn(4096, 256, device='cuda') @ w).argmax(1)\n"
+        "a = preds.cpu().numpy()\n"
+        "print('preds', a.shape, a.dtype, int(a.sum()), file=sys.stderr)\n"
+        "print('real', torch.arange(4).numpy().tolist(), file=sys.stderr)\n"
+        "for bad in (lambda: preds.numpy(), lambda: w.cpu().numpy(),\n"
+        "            lambda: w.detach().bfloat16().cpu().numpy()):\n"
+        "    try:\n"
+        "        bad()\n"
+        "    except (TypeError, RuntimeError) as e:\n"
+        "        print('refused', type(e).__name__, str(e)[:40], file=sys.stderr)\n"
+        "print('detached', w.detach().cpu().numpy().shape, file=sys.stderr)\n")
+    p = predict("--memory", "1G", "--json", "-o", str(tmp_path / "m.pickle"), str(script),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "preds (4096,) int64 0" in p.stderr
+    assert "real [0, 1, 2, 3]" in p.stderr
+    assert "refused TypeError can't convert npu:0 device type tensor" in p.stderr
+    assert "refused RuntimeError Can't call numpy() on Tensor that requi" in p.stderr
+    assert "refused TypeError Got unsupported ScalarType BFloat16" in p.stderr
+    assert "detached (256, 8)" in p.stderr
+    assert p.json["values_read_as_zero"] == 2  # preds and w.detach()

@@ -59,8 +59,9 @@ def parse_size(text: Any) -> int:
     whole bytes (``0.1K`` is 102).
 
     Raises:
-        ValueError: anything else, or a size that is not positive.
+        ValueError: anything else, or a size below 1 byte.
     """
+    exact = None  # the text's value before truncation to whole bytes
     if isinstance(text, int) and not isinstance(text, bool):
         n = text
     else:
@@ -69,9 +70,12 @@ def parse_size(text: Any) -> int:
             raise ValueError(f"invalid size {text!r}: expected a number with an optional "
                              "K, M, G, T or P suffix (binary units), e.g. 64G")
         unit = m.group(2)
-        n = int(Fraction(m.group(1)) * (1 << (_SHIFT[unit.upper()] if unit else 0)))
+        exact = Fraction(m.group(1)) * (1 << (_SHIFT[unit.upper()] if unit else 0))
+        n = int(exact)
     if n <= 0:
-        raise ValueError(f"invalid size {text!r}: must be positive")
+        why = ("less than 1 byte (a fraction counts whole bytes)" if exact
+               else "must be positive")
+        raise ValueError(f"invalid size {text!r}: {why}")
     return n
 
 

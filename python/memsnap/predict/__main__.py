@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     ns = p.parse_args(argv)
     if not os.path.isfile(ns.script):
-        p.error(f"{ns.script}: no such file")
+        p.error(f"{ns.script}: " + ("is a directory, not a script"
+                                    if os.path.isdir(ns.script) else
+                                    "not a regular file" if os.path.exists(ns.script)
+                                    else "no such file"))
     from . import check_memory, parse_size, parse_what_if, run_script
 
     try:

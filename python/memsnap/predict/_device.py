@@ -598,6 +598,35 @@ torch_npu_shim.__path__ = []  # a package, so `import torch_npu.npu` resolves
 # ---------------------------------------------------------------------------
 
 
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _numpy_zeros(t: Any, force: bool = False) -> Any:
+    """What ``t.numpy(force=force)`` gives for a fake tensor ``t``: an
+    array of zeros of its shape and dtype, after the checks of torch's
+    tensor_to_numpy (torch/csrc/utils/tensor_numpy.cpp) with their
+    messages: a device tensor and one that requires grad (unless force),
+    then no numpy or a dtype numpy lacks -- those two from torch itself,
+    through a real empty tensor of the dtype."""
+    if not force:
+        if t.device.type != "cpu":
+            raise TypeError(f"can't convert {t.device} device type tensor to numpy. Use "
+                            "Tensor.cpu() to copy the tensor to host memory first.")
+        if torch.is_grad_enabled() and t.requires_grad:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
+                               "Use tensor.detach().numpy() instead.")
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        probe = torch.empty(0, dtype=t.dtype).numpy()
+    import numpy
+
+    return numpy.zeros(tuple(t.shape), dtype=probe.dtype)
+
+
 class DeviceArgs(torch.overrides.TorchFunctionMode):
     """Device arguments at torch's Python API, before C++ sees them.
 
@@ -616,7 +645,7 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
         self.session = session
         self.name = _registered or DEVICE_NAME
         T = torch.Tensor
-        self._to, self._cuda = T.to, T.cuda
+        self._to, self._cuda, self._numpy = T.to, T.cuda, T.numpy
         self._sdpa = torch._C._nn.scaled_dot_product_attention
 
     def _map(self, d):
@@ -636,6 +665,12 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
         return torch.device(self.name, index)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is self._numpy and args and _is_fake(args[0]):
+            # torch refuses .numpy() of a tensor subclass; a fake tensor's
+            # values are unknown: zeros, as .item() and .tolist() read 0
+            z = _numpy_zeros(args[0], bool((kwargs or {}).get("force", False)))
+            self.session.unknown_scalars += 1
+            return z
         if func is self._sdpa and self.session.attention == "fused":
             q = args[0] if args else kwargs.get("query")
             if isinstance(q, torch.Tensor) and q.device.type == self.name:
