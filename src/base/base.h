@@ -218,6 +218,23 @@ void msnap__prefaulted_free(void *p, size_t bytes);
 /* Prefault [p, p + bytes) of memory about to be written in full (best
  * effort: MADV_POPULATE_WRITE, Linux 5.14; a no-op elsewhere). */
 void msnap__prefault(void *p, size_t bytes);
+/* An array written front to back (a reader's growing model arrays): once
+ * its first `used` bytes pass *ahead (0 at first), the next
+ * MSNAP_PREFAULT_AHEAD bytes (at most up to cap) are prefaulted and
+ * *ahead moves past them.  Saves the page fault per 4 KiB that writing
+ * them would take, at the cost of at most MSNAP_PREFAULT_AHEAD resident
+ * bytes not written yet.  Best effort: where a growth copied the array
+ * elsewhere, its pages past the copy fault as usual. */
+#define MSNAP_PREFAULT_AHEAD ((size_t)2 << 20)
+static inline void msnap__prefault_ahead(void *base, size_t used, size_t cap,
+                                         size_t *ahead) {
+  if (msnap_likely(used <= *ahead)) return;
+  size_t from = used;
+  size_t to = cap - from > MSNAP_PREFAULT_AHEAD ? from + MSNAP_PREFAULT_AHEAD
+                                                : cap;
+  if (to > from) msnap__prefault((char *)base + from, to - from);
+  *ahead = to;
+}
 /* A growable text buffer (stats text, CSV reports): printf appends; the
  * first failure is sticky in err (MSNAP_ENOMEM, MSNAP_EINVAL for a bad
  * format) and later appends do nothing.  A zeroed one is empty; free p. */

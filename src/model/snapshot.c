@@ -25,7 +25,10 @@
  * per-model random seed (so a hostile file cannot pick colliding strings
  * in advance).  Strings and frames are hashed again on growth; stacks and
  * string lists (long spans) keep the low 32 bits of their hash in an
- * array by id (4 bytes each) that growth and probes use.
+ * array by id (4 bytes each) that growth and probes use.  Every stored
+ * stack has its hash there, also one appended without a lookup (the
+ * reader's msnap__snap_stack_append*): the merge of equal stacks reads
+ * the hashes instead of hashing the stack bytes again.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +54,7 @@ struct msnap_snap_priv_s {
   unsigned char *enc;  /* scratch: a stack being encoded */
   size_t enc_cap;
   bool stacks_unindexed; /* stacks appended, not deduplicated yet */
+  size_t stack_bytes_ahead; /* msnap__prefault_ahead's mark */
   /* Low 32 bits of the hash of each stack / string list, by id (the
    * placeholders' entries are unused): growth re-slots without hashing
    * again, and a probe compares contents only when the hashes agree. */
@@ -515,33 +519,51 @@ unsigned char *msnap__snap_stack_tail(msnap_snap_t *s, size_t nb) {
     s->stack_bytes = b;
     s->stack_bytes_cap = nc;
   }
+  msnap__prefault_ahead(s->stack_bytes, (size_t)(s->nstack_bytes + nb),
+                        (size_t)s->stack_bytes_cap,
+                        &s->priv->stack_bytes_ahead);
   return s->stack_bytes + s->nstack_bytes;
 }
 
+/* The hash of a stack's encoding (stack_hash, the table's key). */
+static inline uint32_t stack_bytes_hash(const msnap_snap_t *s,
+                                        const unsigned char *enc,
+                                        size_t nb) {
+  return (uint32_t)XXH3_64bits_withSeed(enc, nb, s->priv->seed);
+}
+
 /* A new stack of n frames whose nb encoded bytes are at
- * msnap__snap_stack_tail already: its id, 0 on ENOMEM or past the
- * limits (2^32 stacks, 2^40 bytes). */
-static uint32_t stack_store_tail(msnap_snap_t *s, size_t nb, uint32_t n) {
+ * msnap__snap_stack_tail already, with hv their hash (stack_bytes_hash):
+ * its id, 0 on ENOMEM or past the limits (2^32 stacks, 2^40 bytes).
+ * Every stored stack has its hash in stack_hash (the merge of equal
+ * stacks reads them there instead of hashing the bytes again). */
+static uint32_t stack_store_tail(msnap_snap_t *s, size_t nb, uint32_t n,
+                                 uint32_t hv) {
+  struct msnap_snap_priv_s *pr = s->priv;
   if (s->nstacks >= UINT32_MAX - 1) return 0;
   if (s->nstack_bytes + nb >= (UINT64_C(1) << 40) ||
       s->stack_bytes_cap - s->nstack_bytes < nb)
     return 0;
   if (GROW(s->stacks, s->stacks_cap, s->nstacks, 1) < 0) return 0;
+  if (msnap__grow((void **)&pr->stack_hash, &pr->stack_hash_cap, s->nstacks,
+                  1, sizeof *pr->stack_hash) < 0)
+    return 0;
   uint32_t id = s->nstacks++;
   s->stacks[id] = (msnap_stackspan_t){s->nstack_bytes, n};
+  pr->stack_hash[id] = hv;
   s->nstack_bytes += nb;
   return id;
 }
 
-/* A new stack of n frames encoded in enc[0..nb): its id, 0 on ENOMEM or
- * past the limits (2^32 stacks, 2^40 bytes). */
+/* A new stack of n frames encoded in enc[0..nb) with hash hv: its id, 0
+ * on ENOMEM or past the limits (2^32 stacks, 2^40 bytes). */
 static uint32_t stack_store(msnap_snap_t *s, const unsigned char *enc,
-                            size_t nb, uint32_t n) {
+                            size_t nb, uint32_t n, uint32_t hv) {
   if (s->nstacks >= UINT32_MAX - 1) return 0;
   unsigned char *t = msnap__snap_stack_tail(s, nb);
   if (!t) return 0;
   memcpy(t, enc, nb);
-  return stack_store_tail(s, nb, n);
+  return stack_store_tail(s, nb, n, hv);
 }
 
 /* Encoded bytes of stack id: up to the next stack's offset. */
@@ -598,7 +620,7 @@ msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
   if (pr->stacks_unindexed && msnap__snap_dedupe_stacks(s) < 0) return 0;
   snap_ht_t *t = &pr->stacks;
   if (ht_reserve(s, t) < 0) return 0;
-  uint32_t hv = (uint32_t)XXH3_64bits_withSeed(enc, nb, pr->seed);
+  uint32_t hv = stack_bytes_hash(s, enc, nb);
   uint32_t h = hv & t->mask;
   for (;;) {
     uint32_t e = t->slots[h];
@@ -611,12 +633,8 @@ msnap_stack_t msnap__snap_stack_encoded(msnap_snap_t *s,
     }
     h = (h + 1) & t->mask;
   }
-  if (msnap__grow((void **)&pr->stack_hash, &pr->stack_hash_cap, s->nstacks,
-                  1, sizeof *pr->stack_hash) < 0)
-    return 0;
-  uint32_t id = stack_store(s, enc, nb, n);
+  uint32_t id = stack_store(s, enc, nb, n, hv);
   if (!id) return 0;
-  pr->stack_hash[id] = hv;
   t->slots[h] = id + 1;
   t->count++;
   return id;
@@ -633,7 +651,7 @@ msnap_stack_t msnap__snap_stack_append(msnap_snap_t *s,
                                        uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
   if (n > MSNAP_STACK_MAX_FRAMES) return 0;
-  uint32_t id = stack_store(s, enc, nb, n);
+  uint32_t id = stack_store(s, enc, nb, n, stack_bytes_hash(s, enc, nb));
   if (id) s->priv->stacks_unindexed = true;
   return id;
 }
@@ -642,7 +660,9 @@ msnap_stack_t msnap__snap_stack_append_tail(msnap_snap_t *s, size_t nb,
                                             uint32_t n) {
   if (n == 0) return MSNAP_STACK_EMPTY;
   if (n > MSNAP_STACK_MAX_FRAMES) return 0;
-  uint32_t id = stack_store_tail(s, nb, n);
+  if (s->stack_bytes_cap - s->nstack_bytes < nb) return 0;
+  uint32_t id = stack_store_tail(
+      s, nb, n, stack_bytes_hash(s, s->stack_bytes + s->nstack_bytes, nb));
   if (id) s->priv->stacks_unindexed = true;
   return id;
 }
@@ -670,12 +690,10 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
   while (cap / 4 * 3 < (uint64_t)n + 1) cap *= 2;
   if (cap > ((uint64_t)1 << 32)) return MSNAP_ENOMEM;
   uint32_t *slots = calloc((size_t)cap, sizeof *slots);
-  uint32_t *hashes = malloc(((size_t)n + 1) * sizeof *hashes);
-  if (!slots || !hashes) {
-    free(slots);
-    free(hashes);
-    return MSNAP_ENOMEM;
-  }
+  /* every stored stack's hash, made when it was stored; compacted in
+   * place below (a kept stack's new id is never above its old one) */
+  uint32_t *hashes = pr->stack_hash;
+  if (!slots) return MSNAP_ENOMEM;
   uint32_t mask = (uint32_t)(cap - 1);
   /* While it runs, a slot's bits above the id hold the top bits of its
    * stack's hash (a tag): most probes of other stacks end at the slot,
@@ -684,19 +702,12 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
   unsigned idbits = 32 - (unsigned)__builtin_clz(n | 1);
   uint32_t idmask = idbits >= 32 ? UINT32_MAX : (1u << idbits) - 1;
   enum { AHEAD = 16 };
-  for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n && i < 2 + AHEAD; i++)
-    hashes[i] = (uint32_t)XXH3_64bits_withSeed(
-        s->stack_bytes + s->stacks[i].off, stack_nbytes(s, i), pr->seed);
   uint32_t *map = NULL; /* old id -> new id, made at the first duplicate */
   uint32_t next = MSNAP_STACK_EMPTY + 1;  /* next new id */
   uint64_t bytes = s->nstacks > 2 ? s->stacks[2].off : 0;
   for (uint32_t i = MSNAP_STACK_EMPTY + 1; i < n; i++) {
     uint32_t k = i + AHEAD;
-    if (k < n) {
-      hashes[k] = (uint32_t)XXH3_64bits_withSeed(
-          s->stack_bytes + s->stacks[k].off, stack_nbytes(s, k), pr->seed);
-      __builtin_prefetch(&slots[hashes[k] & mask]);
-    }
+    if (k < n) __builtin_prefetch(&slots[hashes[k] & mask]);
     msnap_stackspan_t sp = s->stacks[i];
     uint64_t nb = stack_nbytes(s, i);
     uint32_t hv = hashes[i], h = hv & mask, dup = 0;
@@ -722,9 +733,8 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
     if (dup) {
       if (!map) {
         map = malloc((size_t)n * sizeof *map);
-        if (!map) {
+        if (!map) { /* (nothing moved yet: the model is as it was) */
           free(slots);
-          free(hashes);
           return MSNAP_ENOMEM;
         }
         for (uint32_t j = 0; j < i; j++) map[j] = j;
@@ -773,9 +783,6 @@ int msnap__snap_dedupe_stacks(msnap_snap_t *s) {
   t->slots = slots;
   t->mask = mask;
   t->count = s->nstacks - 2;
-  free(pr->stack_hash);
-  pr->stack_hash = hashes;
-  pr->stack_hash_cap = n + 1;
   pr->stacks_unindexed = false;
   return 0;
 }
@@ -1054,6 +1061,10 @@ static int check_stack(const msnap_snap_t *s, uint32_t i, bool deep,
           "stack %u: frame id %lld out of range", i, (long long)prev);
   }
   CHECK(p == end, "stack %u: %u bytes left over", i, (unsigned)(end - p));
+  CHECK(i <= MSNAP_STACK_EMPTY ||
+            s->priv->stack_hash[i] ==
+                stack_bytes_hash(s, s->stack_bytes + sp.off, next - sp.off),
+        "stack %u: its stored hash is not the hash of its bytes", i);
   return 0;
 }
 

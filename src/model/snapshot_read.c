@@ -136,6 +136,7 @@ typedef struct rd_s {
       stage_start, stage_end;
   msnap_strace_t *pool;
   uint32_t npool, pool_cap;
+  size_t pool_ahead; /* msnap__prefault_ahead's mark for pool */
   pair_tab_t pairs;
   uint32_t *ids;
   uint32_t nids_cap;
@@ -429,6 +430,8 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
                   sizeof *r->pool) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   r->pool[r->npool] = t;
+  msnap__prefault_ahead(r->pool, ((size_t)r->npool + 1) * sizeof t,
+                        (size_t)r->pool_cap * sizeof t, &r->pool_ahead);
   *v = REC(REC_TRACE, r->npool);
   r->npool++;
   return 0;
