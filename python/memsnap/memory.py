@@ -985,21 +985,32 @@ def _output_target(filename: Any) -> tuple[str, int | None]:
     return os.fspath(filename), None
 
 
-def _flamegraph_svg(snapshot: Any, per_segment: bool) -> str:
+def _write_flamegraph(filename: Any, snapshot: Any, per_segment: bool) -> None:
+    """torch's ``with open(filename, "w") as f: f.write(_segments(snapshot))``
+    (or ``_memory``), written by memsnap's atomic writer."""
+    if snapshot is not None and not isinstance(snapshot, dict):
+        raise TypeError("snapshot must be a dict (a _snapshot() result) or None, "
+                        f"not {type(snapshot).__name__}")
+    path, fd = _output_target(filename)
     try:
-        from torch.cuda import _memory_viz as viz
-    except ImportError as e:
-        raise ImportError(
-            "_save_segment_usage and _save_memory_usage draw with torch's "
-            "torch.cuda._memory_viz (and its flamegraph.pl); install torch, "
-            "or use the memsnap CLI (memsnap view / memsnap plot) on a "
-            "_dump_snapshot file") from e
-    if snapshot is None:
-        snapshot = _snapshot()
-    # (torch's format_flamegraph, looked up now: it runs flamegraph.pl,
-    # which it fetches once into /tmp when missing)
-    draw = viz.segments if per_segment else viz.memory
-    return draw(snapshot, format_flamegraph=viz.format_flamegraph)
+        try:
+            from torch.cuda import _memory_viz as viz
+        except ImportError as e:
+            raise ImportError(
+                "_save_segment_usage and _save_memory_usage draw with torch's "
+                "torch.cuda._memory_viz (and its flamegraph.pl); install torch, "
+                "or use the memsnap CLI (memsnap view / memsnap plot) on a "
+                "_dump_snapshot file") from e
+        if snapshot is None:
+            snapshot = _snapshot()
+        # (torch's format_flamegraph, looked up now: it runs flamegraph.pl,
+        # which it fetches once into /tmp when missing)
+        draw = viz.segments if per_segment else viz.memory
+        svg = draw(snapshot, format_flamegraph=viz.format_flamegraph)
+        _C.write_file(path, svg.encode("utf-8"))
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _save_segment_usage(filename="output.svg", snapshot=None):
@@ -1015,13 +1026,13 @@ def _save_segment_usage(filename="output.svg", snapshot=None):
     taken and closed).
 
     Raises:
+        TypeError: ``snapshot`` is not a dict or None; a bad ``filename``.
         ImportError: torch is not installed.
         OSError: the file cannot be written.
 
     Mirrors ``torch/cuda/memory.py: _save_segment_usage``.
     """
-    svg = _flamegraph_svg(snapshot, per_segment=True)
-    _write_text(filename, svg)
+    _write_flamegraph(filename, snapshot, per_segment=True)
 
 
 def _save_memory_usage(filename="output.svg", snapshot=None):
@@ -1030,17 +1041,7 @@ def _save_memory_usage(filename="output.svg", snapshot=None):
 
     Mirrors ``torch/cuda/memory.py: _save_memory_usage``.
     """
-    svg = _flamegraph_svg(snapshot, per_segment=False)
-    _write_text(filename, svg)
-
-
-def _write_text(filename: Any, text: str) -> None:
-    path, fd = _output_target(filename)
-    try:
-        _C.write_file(path, text.encode("utf-8"))
-    finally:
-        if fd is not None:
-            os.close(fd)
+    _write_flamegraph(filename, snapshot, per_segment=False)
 
 
 def _dump_usage_report(filename: str) -> None:

@@ -24,7 +24,7 @@ INTERNAL = {
     "_add_device_type", "_augment", "_current_device",
     "_deprecated_reset_peak", "_device_index", "_device_type",
     "_dump_augmented", "_dump_usage_report", "_load_torch_hooks", "_notify_history",
-    "_pybind_bool", "_stream_handle",
+    "_output_target", "_pybind_bool", "_stream_handle", "_write_flamegraph",
 }
 
 # kind -> [(bad value, exception types it may raise)]
@@ -52,6 +52,8 @@ BAD = {
     "allocator": [(object(), (ValueError,))],
     "mempool_id": [(("a", 1), (RuntimeError,))],
     "observer": [(v, (TypeError,)) for v in (5, "f")],
+    # a _snapshot() dict (torch indexes it: anything else is a TypeError)
+    "snapshot": [(v, (TypeError,)) for v in (5, "x", [])],
     # Python truthiness in torch as well (`if not abbreviated`,
     # `if augment_with_fx_traces`): any value is accepted, as torch.
     "truthy": [],
@@ -72,7 +74,7 @@ KIND = {
     "fraction": "fraction", "context": "opt_str", "stacks": "opt_str",
     "metadata": "str", "message": "str", "env": "str", "filename": "path", "path": "path",
     "skip_actions": "skip_actions", "pool": "pool", "allocator": "allocator",
-    "mempool_id": "mempool_id", "observer": "observer",
+    "mempool_id": "mempool_id", "observer": "observer", "snapshot": "snapshot",
     "abbreviated": "truthy", "augment_with_fx_traces": "truthy",
 }
 KIND_OF = {("_record_memory_history", "enabled"): "opt_str",
