@@ -968,7 +968,10 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
         if fd is not None:
             os.close(fd)
     if _C.profile() == "npu":
-        _dump_usage_report(path if fd is None else os.path.join(os.getcwd(), "fd"))
+        # (the profiler's fallback report goes beside the pickle; beside
+        # the current directory's files for a descriptor)
+        _dump_usage_report(os.getcwd() if fd is not None
+                           else os.path.dirname(os.path.abspath(path)))
 
 
 def _output_target(filename: Any) -> tuple[str, int | None]:
@@ -1044,9 +1047,10 @@ def _save_memory_usage(filename="output.svg", snapshot=None):
     _write_flamegraph(filename, snapshot, per_segment=False)
 
 
-def _dump_usage_report(filename: str) -> None:
+def _dump_usage_report(prof_path: str) -> None:
     """torch_npu's step after the pickle: saveDevMemUsageInfo, else the
-    profiler (``torch_npu/npu/memory.py: _dump_snapshot``)."""
+    profiler, writing into ``prof_path`` (``torch_npu/npu/memory.py:
+    _dump_snapshot``)."""
     device = _current_device()
     if _C.dump_usage_reports(device):
         return
@@ -1054,7 +1058,6 @@ def _dump_usage_report(filename: str) -> None:
         import torch_npu  # type: ignore[import-not-found]
     except ImportError:
         return  # no CANN report and no torch_npu profiler to ask
-    prof_path = os.path.dirname(os.path.abspath(filename))
     activities = {torch_npu.profiler.ProfilerActivity.CPU,
                   torch_npu.profiler.ProfilerActivity.NPU}
     prof = torch_npu._C._profiler

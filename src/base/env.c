@@ -326,18 +326,16 @@ uint64_t msnap__env_parse_size_range(const char *name, const char *v,
   if (!msnap__parse_size(v, &r)) return msnap__env_parse_size(name, v, dflt);
   if (r >= lo && r <= hi) return r;
   if (first_warning(name)) {
-    char a[32], b[32], d[32];
+    char a[32], b[32], d[32], range[80];
     if (hi == UINT64_MAX)
-      fprintf(stderr,
-              "memsnap: warning: ignoring %s '%s': it must be at least %s "
-              "(a number with an optional K, M, G, T or P suffix); using %s\n",
-              name, v, size_text(lo, a, sizeof a), size_text(dflt, d, sizeof d));
+      snprintf(range, sizeof range, "at least %s", size_text(lo, a, sizeof a));
     else
-      fprintf(stderr,
-              "memsnap: warning: ignoring %s '%s': it must be from %s to %s "
-              "(a number with an optional K, M, G, T or P suffix); using %s\n",
-              name, v, size_text(lo, a, sizeof a), size_text(hi, b, sizeof b),
-              size_text(dflt, d, sizeof d));
+      snprintf(range, sizeof range, "from %s to %s", size_text(lo, a, sizeof a),
+               size_text(hi, b, sizeof b));
+    fprintf(stderr,
+            "memsnap: warning: ignoring %s '%s': it must be %s (a number with "
+            "an optional K, M, G, T or P suffix); using %s\n",
+            name, v, range, size_text(dflt, d, sizeof d));
   }
   return dflt;
 }
