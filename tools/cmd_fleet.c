@@ -33,8 +33,9 @@
  * taken as ranks.
  *
  * One file, several names.  A file given twice (the same device and
- * inode: a repeated argument, a file and its directory, a link to it) is
- * read and counted once, with a warning naming the first repeat.
+ * inode: a repeated argument, a file and its directory, a link to it, a
+ * FIFO or pipe named twice; the same name for one that cannot be found)
+ * is read and counted once, with a warning naming the first repeat.
  *
  * Parallel, bounded.  Files are analysed by -j worker threads (default:
  * the online CPUs, at most 16), each loading one file at a time and
@@ -310,11 +311,13 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 /* One file under several names (the same device and inode: a repeated
- * argument, a file and its directory, a link to it) is read once: the
- * later names are dropped from v (freed; the order of the others kept).
- * Returns how many; dup says the first of them.  Names that stat cannot
- * read stay (the reader names their error). */
+ * argument, a file and its directory, a link to it, a FIFO or pipe named
+ * twice) is read once: the later names are dropped from v (freed; the
+ * order of the others kept).  Returns how many; dup says the first of
+ * them.  Names that stat cannot read are compared as strings (a missing
+ * file named twice is one error). */
 typedef struct name_id_s {
+  const char *name; /* NULL: known by dev and ino */
   dev_t dev;
   ino_t ino;
   uint32_t idx;
@@ -322,9 +325,21 @@ typedef struct name_id_s {
 
 static int cmp_name_id(const void *a, const void *b) {
   const name_id_t *x = a, *y = b;
-  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
-  if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+  if ((x->name == NULL) != (y->name == NULL)) return x->name ? 1 : -1;
+  if (x->name) {
+    int c = strcmp(x->name, y->name);
+    if (c) return c;
+  } else {
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+  }
   return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static bool same_file(const name_id_t *x, const name_id_t *y) {
+  if (x->name || y->name)
+    return x->name && y->name && strcmp(x->name, y->name) == 0;
+  return x->dev == y->dev && x->ino == y->ino;
 }
 
 static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
@@ -340,12 +355,14 @@ static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
   for (uint32_t i = 0; i < *n; i++) {
     struct stat fs;
     keep[i] = i;
-    if (stat(v[i], &fs) == 0 && S_ISREG(fs.st_mode))
-      id[m++] = (name_id_t){fs.st_dev, fs.st_ino, i};
+    if (stat(v[i], &fs) == 0)
+      id[m++] = (name_id_t){NULL, fs.st_dev, fs.st_ino, i};
+    else
+      id[m++] = (name_id_t){v[i], 0, 0, i};
   }
   qsort(id, m, sizeof *id, cmp_name_id);
   for (uint32_t j = 1; j < m; j++)
-    if (id[j].dev == id[j - 1].dev && id[j].ino == id[j - 1].ino) {
+    if (same_file(&id[j], &id[j - 1])) {
       /* (the group's first name is its lowest index: sorted) */
       keep[id[j].idx] = keep[id[j - 1].idx];
       if (id[j].idx < first) first = id[j].idx;

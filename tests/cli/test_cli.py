@@ -2453,6 +2453,13 @@ def group_explain():
            ("%s given again" % r0) in dup[0],
            "fleet: a file given under several names is counted once (%s; %s)"
            % (files, js.get("warnings")))
+    # a missing file named twice is one error, not two ranks
+    nope = os.path.join(TMP, "nope.pickle")
+    rc, out, err = run("fleet", "--json", nope, nope)
+    js = json.loads(out) if out else {}
+    expect(rc == 2 and len(js.get("ranks", [])) == 1 and
+           any("nope.pickle given again" in w for w in js.get("warnings", [])),
+           "fleet: a missing file named twice is listed once (%s)" % out)
 
     # Three OOM dumps of one process (same host and pid, successive
     # times) and three other ranks: the latest dump stands for the
