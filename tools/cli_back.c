@@ -98,15 +98,21 @@ static void remove_seg(cli_state_t *st, uint32_t i) {
  * (the sorted array of cli_state_t costs a memmove per alloc and free; a
  * trace of millions of entries needs O(log n)).  Nodes live in one array,
  * index 0 is "none"; priorities are a fixed xorshift sequence, so runs are
- * deterministic. */
+ * deterministic.  Invariants (bt_check): in-order addresses strictly
+ * increase; a node's priority is >= its children's; the nodes reachable
+ * from the root plus the free list are exactly nodes 1..cnt.  Every
+ * operation is one descent: insert stops where the new node's priority
+ * belongs and splits only the subtree below; erase replaces the node by
+ * the merge of its two children; a lookup gives the node at an address,
+ * its predecessor and its successor together. */
 typedef struct bnode_s {
   cli_lblock_t b;
-  uint32_t l, r, pri;
+  uint32_t c[2], pri; /* children: c[0] lower addresses, c[1] higher */
 } bnode_t;
 
 typedef struct btree_s {
   bnode_t *n;
-  uint32_t cnt, cap, root, free_head;
+  uint32_t cnt, cap, root, free_head, live;
   uint32_t rng;
 } btree_t;
 
@@ -117,103 +123,171 @@ static uint32_t bt_rand(btree_t *t) {
   return t->rng;
 }
 
-/* Split the subtree at x into keys < a (*l) and >= a (*r). */
-static void bt_split(btree_t *t, uint32_t x, uint64_t a, uint32_t *l,
+/* Split the subtree at x into keys < a (into *l) and >= a (into *r). */
+static void bt_split(bnode_t *n, uint32_t x, uint64_t a, uint32_t *l,
                      uint32_t *r) {
-  if (!x) {
-    *l = *r = 0;
-    return;
+  while (x) {
+    if (n[x].b.addr < a) {
+      *l = x;
+      l = &n[x].c[1];
+      x = n[x].c[1];
+    } else {
+      *r = x;
+      r = &n[x].c[0];
+      x = n[x].c[0];
+    }
   }
-  if (t->n[x].b.addr < a) {
-    bt_split(t, t->n[x].r, a, &t->n[x].r, r);
-    *l = x;
-  } else {
-    bt_split(t, t->n[x].l, a, l, &t->n[x].l);
-    *r = x;
-  }
+  *l = *r = 0;
 }
 
-static uint32_t bt_merge(btree_t *t, uint32_t l, uint32_t r) {
-  if (!l || !r) return l ? l : r;
-  if (t->n[l].pri > t->n[r].pri) {
-    t->n[l].r = bt_merge(t, t->n[l].r, r);
-    return l;
+/* Merge two subtrees (every key of l below every key of r). */
+static uint32_t bt_merge(bnode_t *n, uint32_t l, uint32_t r) {
+  uint32_t root = 0, *link = &root;
+  while (l && r) {
+    if (n[l].pri > n[r].pri) {
+      *link = l;
+      link = &n[l].c[1];
+      l = n[l].c[1];
+    } else {
+      *link = r;
+      link = &n[r].c[0];
+      r = n[r].c[0];
+    }
   }
-  t->n[r].l = bt_merge(t, l, t->n[r].l);
-  return r;
+  *link = l ? l : r;
+  return root;
 }
 
-static uint32_t bt_find(const btree_t *t, uint64_t a) {
-  uint32_t x = t->root;
-  while (x && t->n[x].b.addr != a)
-    x = a < t->n[x].b.addr ? t->n[x].l : t->n[x].r;
-  return x;
+/* The link (root or child field) that holds the node at address a, or
+ * the empty link where it would hang.  Valid until the next insert. */
+static uint32_t *bt_link(btree_t *t, uint64_t a) {
+  uint32_t *link = &t->root;
+  while (*link && t->n[*link].b.addr != a)
+    link = &t->n[*link].c[t->n[*link].b.addr < a];
+  return link;
+}
+
+static uint32_t bt_find(btree_t *t, uint64_t a) { return *bt_link(t, a); }
+
+/* One descent: *pred the last node with addr < a, *geq the first with
+ * addr >= a (0: none).  *geq is the node at a when there is one. */
+static void bt_around(const btree_t *t, uint64_t a, uint32_t *pred,
+                      uint32_t *geq) {
+  uint32_t x = t->root, p = 0, g = 0;
+  while (x && t->n[x].b.addr != a) { /* branch-free steps */
+    bool right = t->n[x].b.addr < a;
+    p = right ? x : p;
+    g = right ? g : x;
+    x = t->n[x].c[right];
+  }
+  if (x) {
+    g = x; /* the predecessor: the rightmost node of the left subtree */
+    for (uint32_t y = t->n[x].c[0]; y; y = t->n[y].c[1])
+      p = y;
+  }
+  *pred = p;
+  *geq = g;
 }
 
 /* First node with addr >= a, or 0. */
 static uint32_t bt_lb(const btree_t *t, uint64_t a) {
-  uint32_t x = t->root, best = 0;
-  while (x) {
-    if (t->n[x].b.addr >= a) {
-      best = x;
-      x = t->n[x].l;
-    } else {
-      x = t->n[x].r;
-    }
-  }
-  return best;
-}
-
-/* Last node with addr < a, or 0. */
-static uint32_t bt_pred(const btree_t *t, uint64_t a) {
-  uint32_t x = t->root, best = 0;
-  while (x) {
-    if (t->n[x].b.addr < a) {
-      best = x;
-      x = t->n[x].r;
-    } else {
-      x = t->n[x].l;
-    }
-  }
-  return best;
+  uint32_t p, g;
+  bt_around(t, a, &p, &g);
+  return g;
 }
 
 static int bt_insert(btree_t *t, const cli_lblock_t *b) {
   uint32_t x = t->free_head;
   if (x) {
-    t->free_head = t->n[x].l;
+    t->free_head = t->n[x].c[0];
   } else {
     if (MSNAP_GROW(t->n, t->cap, (uint64_t)t->cnt + 2) != 0)
       return -1;
     x = ++t->cnt; /* index 0 stays "none" */
   }
-  t->n[x].b = *b;
-  t->n[x].l = t->n[x].r = 0;
-  t->n[x].pri = bt_rand(t);
-  uint32_t l, r;
-  bt_split(t, t->root, b->addr, &l, &r);
-  t->root = bt_merge(t, bt_merge(t, l, x), r);
+  bnode_t *n = t->n;
+  n[x].b = *b;
+  n[x].pri = bt_rand(t);
+  uint32_t *link = &t->root;
+  while (*link && n[*link].pri >= n[x].pri)
+    link = &n[*link].c[n[*link].b.addr < b->addr];
+  bt_split(n, *link, b->addr, &n[x].c[0], &n[x].c[1]);
+  *link = x;
+  t->live++;
   return 0;
 }
 
-static void bt_erase(btree_t *t, uint64_t a) {
-  uint32_t l, m, r;
-  bt_split(t, t->root, a, &l, &m);
-  bt_split(t, m, a + 1, &m, &r);
-  if (m) { /* one node: addresses are distinct */
-    t->n[m].l = t->free_head;
-    t->free_head = m;
-  }
-  t->root = bt_merge(t, l, r);
+/* Remove the node held by *link (from bt_link, nonzero). */
+static void bt_erase_at(btree_t *t, uint32_t *link) {
+  uint32_t x = *link;
+  *link = bt_merge(t->n, t->n[x].c[0], t->n[x].c[1]);
+  t->n[x].c[0] = t->free_head;
+  t->free_head = x;
+  t->live--;
 }
 
-/* In-order copy into the sorted array of st (which must have room). */
-static void bt_flatten(const btree_t *t, uint32_t x, cli_state_t *st) {
-  while (x) {
-    bt_flatten(t, t->n[x].l, st);
-    st->b[st->nb++] = t->n[x].b;
-    x = t->n[x].r;
+/* In-order walk without recursion (a file chooses the addresses, so the
+ * depth is not trusted): calls f on each node in address order; stops and
+ * returns false when f does.  stack: room for t->cnt entries. */
+typedef bool (*bt_visit_fn)(const btree_t *t, uint32_t x, void *arg);
+
+static bool bt_inorder(const btree_t *t, uint32_t *stack, bt_visit_fn f,
+                       void *arg) {
+  uint32_t sp = 0, x = t->root;
+  while (x || sp) {
+    while (x) {
+      if (sp >= t->cnt)
+        return false; /* more nodes on a path than exist: a cycle */
+      stack[sp++] = x;
+      x = t->n[x].c[0];
+    }
+    x = stack[--sp];
+    if (!f(t, x, arg))
+      return false;
+    x = t->n[x].c[1];
   }
+  return true;
+}
+
+static bool bt_flatten_one(const btree_t *t, uint32_t x, void *arg) {
+  cli_state_t *st = arg;
+  st->b[st->nb++] = t->n[x].b;
+  return true;
+}
+
+typedef struct bt_check_s {
+  uint32_t seen;
+  bool have_prev;
+  uint64_t prev;
+} bt_check_t;
+
+static bool bt_check_one(const btree_t *t, uint32_t x, void *arg) {
+  bt_check_t *c = arg;
+  const bnode_t *v = &t->n[x];
+  if (x > t->cnt || ++c->seen > t->live)
+    return false;
+  if (c->have_prev && v->b.addr <= c->prev)
+    return false;
+  if ((v->c[0] && t->n[v->c[0]].pri > v->pri) || (v->c[1] && t->n[v->c[1]].pri > v->pri))
+    return false;
+  c->have_prev = true;
+  c->prev = v->b.addr;
+  return true;
+}
+
+/* The invariants at the top of this section; MSNAP_DEBUG >= 2 runs it
+ * after every operation of the walk. */
+static bool bt_check(const btree_t *t) {
+  uint32_t *stack = malloc(((size_t)t->cnt + 1) * sizeof *stack);
+  bt_check_t c = {0, false, 0};
+  bool ok = stack && bt_inorder(t, stack, bt_check_one, &c) &&
+            c.seen == t->live;
+  free(stack);
+  uint32_t nfree = 0;
+  for (uint32_t x = t->free_head; ok && x; x = t->n[x].c[0])
+    if (x > t->cnt || ++nfree > t->cnt)
+      ok = false;
+  return ok && c.seen + nfree == t->cnt;
 }
 
 /* Segment containing [a, a+n), or -1. */
@@ -344,8 +418,9 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     if (cli_workspace_synthetic(tl, i))
       continue;
     switch (e->action) {
-    case MSNAP_ACTION_ALLOC:
-      bi = bt_find(&bt, a);
+    case MSNAP_ACTION_ALLOC: {
+      uint32_t *link = bt_link(&bt, a);
+      bi = *link;
       if (!bi) {
         viol(&c, i,
              "alloc of 0x%" PRIx64 " (%" PRIu64 " B): the block is neither "
@@ -374,11 +449,13 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "alloc at 0x%" PRIx64 " lies outside every live segment "
              "(segment_alloc missing or after it)",
              a);
-      bt_erase(&bt, a);
+      bt_erase_at(&bt, link);
       break;
+    }
     case MSNAP_ACTION_FREE_COMPLETED: {
-      bi = bt_find(&bt, a);
-      if (bi) {
+      uint32_t kp, kn;
+      bt_around(&bt, a, &kp, &kn);
+      if (kn && B(kn).addr == a) {
         viol(&c, i,
              "free_completed of 0x%" PRIx64 " but the block is live right "
              "after it (double free, or an alloc is missing)",
@@ -390,7 +467,6 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                         .stream = msnap__tattr(s, e)->stream,
                         .pending = true,
                         .has_requested = true};
-      uint32_t kp = bt_pred(&bt, a), kn = bt_lb(&bt, a);
       if (kp && B(kp).addr + extent(&B(kp)) > a)
         viol(&c, i,
              "free_completed of 0x%" PRIx64 " overlaps the live block at "
@@ -547,15 +623,26 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     default:
       break;
     }
+    /* MSNAP_DEBUG >= 2 (meson -Ddebug_level=2): the treap's invariants */
+    if (msnap_debug_level >= 2 && !bt_check(&bt)) {
+      fprintf(stderr, "memsnap: internal error: live-block treap "
+                      "invariants (entry %" PRIu32 ")\n", i);
+      abort();
+    }
   }
 #undef B
   if (start) {
     /* the blocks back into the sorted array */
-    uint32_t live = bt.cnt;
-    if (MSNAP_GROW(st.b, st.capb, live) != 0)
+    uint32_t *stack = malloc(((size_t)bt.cnt + 1) * sizeof *stack);
+    if (stack == NULL || MSNAP_GROW(st.b, st.capb, bt.live) != 0) {
+      free(stack);
       goto nomem;
+    }
     st.nb = 0;
-    bt_flatten(&bt, bt.root, &st);
+    bool ok = bt_inorder(&bt, stack, bt_flatten_one, &st);
+    free(stack);
+    if (!ok)
+      goto nomem; /* not reached: bt_check's invariants hold */
     *start = st;
   } else {
     cli_state_free(&st);
