@@ -270,6 +270,7 @@ int cli_cmd_replay(int argc, char **argv) {
   replay_t r;
   int rc = replay_init(&r, s, file, profile, conf, (uint32_t)maxm);
   r.device_memory = devmem;
+  r.keep_history = out != NULL; /* the written snapshot's trace */
   if (rc == CLI_OK) rc = replay_run(&r);
   if (rc == CLI_OK) {
     const char *wrote = NULL;

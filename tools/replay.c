@@ -613,11 +613,13 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   }
   cli_state_free(&st);
   msnap_reset_peak_stats(r->a, dev);
-  msnap_history_options_t ho;
-  msnap_history_options_init(&ho);
-  ho.context = MSNAP_CONTEXT_NEVER;
-  ho.stacks = 0;
-  msnap_record_history(r->a, &ho);
+  if (r->keep_history) {
+    msnap_history_options_t ho;
+    msnap_history_options_init(&ho);
+    ho.context = MSNAP_CONTEXT_NEVER;
+    ho.stacks = 0;
+    msnap_record_history(r->a, &ho);
+  }
 
   msnap_stats_t s0, s1;
   get_stats(r, dev, &s0);

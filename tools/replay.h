@@ -69,6 +69,10 @@ typedef struct replay_s {
   cli_replay_visit_fn visit;
   void *visit_arg;
   bool quiet;
+  /* record the replay's history (context "never", no stacks): needed only
+   * for replay_write's trace; off by default, which saves a ring entry
+   * and a clock read per call (cmd_replay sets it for -o) */
+  bool keep_history;
   char why[512]; /* why replay_init / replay_run failed */
   bool nomem;    /* ... for want of memory */
   /* every device with segments or a trace (dr[0] exists even when nd is
