@@ -245,9 +245,26 @@ static inline bool cli_bwalk_next(cli_bwalk_t *w) {
   return false;
 }
 /* Index of the first of n sorted elements (stride bytes each) whose
- * 64-bit key at byte offset `off` is >= key (signed or unsigned). */
-uint32_t cli_lower_bound(const void *base, uint32_t n, size_t stride,
-                         size_t off, uint64_t key, bool is_signed);
+ * 64-bit key at byte offset `off` is >= key (signed or unsigned).  Inline
+ * and branch-free (the walks call it once per trace entry). */
+static inline uint32_t cli_lower_bound(const void *base, uint32_t n,
+                                       size_t stride, size_t off,
+                                       uint64_t key, bool is_signed) {
+  /* signed keys compare as unsigned once the sign bit is flipped */
+  uint64_t flip = is_signed ? 1ull << 63 : 0;
+  const char *b = (const char *)base + off;
+  uint32_t first = 0, len = n;
+  key ^= flip;
+  while (len > 0) {
+    uint32_t half = len / 2;
+    uint64_t k;
+    memcpy(&k, b + (size_t)(first + half) * stride, sizeof k);
+    bool lt = (k ^ flip) < key;
+    first = lt ? first + half + 1 : first;
+    len = lt ? len - half - 1 : half;
+  }
+  return first;
+}
 
 /* True for the states that count as "active" (allocated or pending). */
 static inline bool cli_block_active(const msnap_sblock_t *b) {
@@ -482,7 +499,20 @@ void cli_state_free(cli_state_t *st);
  * segment_alloc or alloc right after a workspace_snapshot of its address):
  * no history, skipped by the backward replay, the timeline and the
  * summary's peaks. */
-bool cli_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i);
+static inline bool cli_workspace_synthetic(const msnap_trace_list_t *tl,
+                                           uint32_t i) {
+  const msnap_strace_t *v = tl->v;
+  uint64_t a = v[i].addr;
+  if (v[i].action == MSNAP_ACTION_SEGMENT_ALLOC)
+    return i >= 1 && v[i - 1].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 1].addr == a;
+  if (v[i].action == MSNAP_ACTION_ALLOC)
+    return i >= 2 && v[i - 1].action == MSNAP_ACTION_SEGMENT_ALLOC &&
+           v[i - 1].addr == a &&
+           v[i - 2].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
+           v[i - 2].addr == a;
+  return false;
+}
 /* Active (requested) and reserved bytes before the first entry and after
  * each entry of the device trace; *n = entries + 1; caller frees. */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,

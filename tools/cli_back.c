@@ -374,21 +374,6 @@ static uint64_t extent(const cli_lblock_t *b) {
   return n ? n : 1;
 }
 
-/* Entry i is the segment_alloc or alloc of a workspace_snapshot group. */
-bool cli_workspace_synthetic(const msnap_trace_list_t *tl, uint32_t i) {
-  const msnap_strace_t *v = tl->v;
-  uint64_t a = v[i].addr;
-  if (v[i].action == MSNAP_ACTION_SEGMENT_ALLOC)
-    return i >= 1 && v[i - 1].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
-           v[i - 1].addr == a;
-  if (v[i].action == MSNAP_ACTION_ALLOC)
-    return i >= 2 && v[i - 1].action == MSNAP_ACTION_SEGMENT_ALLOC &&
-           v[i - 1].addr == a &&
-           v[i - 2].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT &&
-           v[i - 2].addr == a;
-  return false;
-}
-
 /*
  * Undo the trace of `device` (see the top of the file).  The caller owns
  * *start afterwards.  Returns the number of violations, -1 on ENOMEM.

@@ -513,23 +513,6 @@ uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most) {
   return UINT64_MAX;
 }
 
-uint32_t cli_lower_bound(const void *base, uint32_t n, size_t stride,
-                         size_t off, uint64_t key, bool is_signed) {
-  /* signed keys compare as unsigned once the sign bit is flipped */
-  uint64_t flip = is_signed ? 1ull << 63 : 0;
-  uint32_t lo = 0, hi = n;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    uint64_t k;
-    memcpy(&k, (const char *)base + (size_t)mid * stride + off, sizeof k);
-    if ((k ^ flip) < (key ^ flip))
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
 const msnap_gv_t *cli_gv_get(const msnap_snap_t *s, const msnap_gv_t *d,
                              const char *key) {
   if (!d || d->kind != MSNAP_GV_DICT)
