@@ -101,10 +101,11 @@ static void remove_seg(cli_state_t *st, uint32_t i) {
  * deterministic.  Invariants (bt_check): in-order addresses strictly
  * increase; a node's priority is >= its children's; the nodes reachable
  * from the root plus the free list are exactly nodes 1..cnt.  Every
- * operation is one descent: insert stops where the new node's priority
- * belongs and splits only the subtree below; erase replaces the node by
- * the merge of its two children; a lookup gives the node at an address,
- * its predecessor and its successor together. */
+ * operation is one descent: an insert notes where the new node's priority
+ * belongs on its way to the neighbours the overlap checks need, and splits
+ * only the subtree below that point; erase replaces the node by the merge
+ * of its two children; a lookup gives the node at an address, its
+ * predecessor and its successor together. */
 typedef struct bnode_s {
   cli_lblock_t b;
   uint32_t c[2], pri; /* children: c[0] lower addresses, c[1] higher */
@@ -196,24 +197,64 @@ static uint32_t bt_lb(const btree_t *t, uint64_t a) {
   return g;
 }
 
-static int bt_insert(btree_t *t, const cli_lblock_t *b) {
-  uint32_t x = t->free_head;
-  if (x) {
-    t->free_head = t->n[x].c[0];
-  } else {
-    if (MSNAP_GROW(t->n, t->cap, (uint64_t)t->cnt + 2) != 0)
-      return -1;
-    x = ++t->cnt; /* index 0 stays "none" */
+/* Room for one more node; links into t->n stay valid until the next
+ * bt_reserve. */
+static int bt_reserve(btree_t *t) {
+  if (t->free_head)
+    return 0;
+  return MSNAP_GROW(t->n, t->cap, (uint64_t)t->cnt + 2);
+}
+
+/* Where an insert at a goes, and the neighbours, in one descent:
+ * *pred, *geq as bt_around; the returned link is the first on a's search
+ * path whose node has a priority below pri (or the empty link at its end):
+ * a new node of priority pri hangs there (bt_hang).  Only meaningful when
+ * no node is at a. */
+static uint32_t *bt_spot(btree_t *t, uint64_t a, uint32_t pri,
+                         uint32_t *pred, uint32_t *geq) {
+  uint32_t *link = &t->root, *hang = NULL, p = 0, g = 0;
+  while (*link) {
+    uint32_t x = *link;
+    if (!hang && t->n[x].pri < pri)
+      hang = link;
+    if (t->n[x].b.addr == a) {
+      g = x;
+      for (uint32_t y = t->n[x].c[0]; y; y = t->n[y].c[1])
+        p = y;
+      break;
+    }
+    bool right = t->n[x].b.addr < a;
+    p = right ? x : p;
+    g = right ? g : x;
+    link = &t->n[x].c[right];
   }
+  *pred = p;
+  *geq = g;
+  return hang ? hang : link;
+}
+
+/* A new node for b with priority pri, hung at link (from bt_spot after
+ * bt_reserve): the subtree that was there splits into its children. */
+static void bt_hang(btree_t *t, uint32_t *link, const cli_lblock_t *b,
+                    uint32_t pri) {
+  uint32_t x = t->free_head;
+  if (x)
+    t->free_head = t->n[x].c[0];
+  else
+    x = ++t->cnt; /* index 0 stays "none" */
   bnode_t *n = t->n;
   n[x].b = *b;
-  n[x].pri = bt_rand(t);
-  uint32_t *link = &t->root;
-  while (*link && n[*link].pri >= n[x].pri)
-    link = &n[*link].c[n[*link].b.addr < b->addr];
+  n[x].pri = pri;
   bt_split(n, *link, b->addr, &n[x].c[0], &n[x].c[1]);
   *link = x;
   t->live++;
+}
+
+static int bt_insert(btree_t *t, const cli_lblock_t *b) {
+  if (bt_reserve(t) != 0)
+    return -1;
+  uint32_t pri = bt_rand(t), p, g;
+  bt_hang(t, bt_spot(t, b->addr, pri, &p, &g), b, pri);
   return 0;
 }
 
@@ -438,8 +479,10 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       break;
     }
     case MSNAP_ACTION_FREE_COMPLETED: {
-      uint32_t kp, kn;
-      bt_around(&bt, a, &kp, &kn);
+      if (bt_reserve(&bt) != 0)
+        goto nomem;
+      uint32_t kp, kn, pri = bt_rand(&bt);
+      uint32_t *hang = bt_spot(&bt, a, pri, &kp, &kn);
       if (kn && B(kn).addr == a) {
         viol(&c, i,
              "free_completed of 0x%" PRIx64 " but the block is live right "
@@ -467,8 +510,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "free_completed at 0x%" PRIx64 " lies outside every live "
              "segment (segment_free before free_completed?)",
              a);
-      if (bt_insert(&bt, &b))
-        goto nomem;
+      bt_hang(&bt, hang, &b, pri);
       break;
     }
     case MSNAP_ACTION_FREE_REQUESTED:
