@@ -237,6 +237,51 @@ static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
                          key_names[key], art, t, want);
 }
 
+/* What an item of a model list is, for a message: a record by the key
+ * that made it one, a plain dict by the key it lacks (defkey: the key
+ * that makes the wanted record, e.g. 'blocks' for a segment). */
+static void describe_item(rd_t *r, msnap_pv_t v, const char *defkey,
+                          char *buf, size_t len) {
+  static const char *const rec[] = {
+      [REC_FRAME] = "a frame dict",
+      [REC_STACK] = "a list of frame dicts",
+      [REC_PAIR] = "an (int, int) tuple",
+      [REC_TRACE] = "a trace entry dict (it has 'action')",
+      [REC_BLOCK] = "a block dict (it has 'state')",
+      [REC_HIST] = "a 2.0 history dict (it has 'real_size')",
+      [REC_SEG] = "a segment dict (it has 'blocks')",
+      [REC_ANNOT] = "an annotation dict (it has 'stage')",
+      [REC_EMPTY] = "an empty list",
+      [REC_BSPAN] = "a list of block dicts",
+      [REC_HSPAN] = "a list of 2.0 history dicts",
+      [REC_STRLIST] = "a list of str"};
+  if (MSNAP_PV_TAG(v) == MSNAP_PV_REC) {
+    unsigned k = MSNAP_PV_REC_KIND(v);
+    snprintf(buf, len, "%s",
+             k < sizeof rec / sizeof *rec && rec[k] ? rec[k] : "a record");
+    return;
+  }
+  const char *t = msnap__pvm_type(r->vm, v);
+  if (!strcmp(t, "dict"))
+    snprintf(buf, len, "a dict without '%s'", defkey);
+  else
+    snprintf(buf, len, "%s%s",
+             !strcmp(t, "None")              ? ""
+             : strchr("aeiouAEIOU", t[0]) ? "an "
+                                          : "a ",
+             t);
+}
+
+/* Item i of the list named `list` (e.g. "segments", "device_traces[1]")
+ * is not the wanted record. */
+static int bad_item(rd_t *r, const char *list, uint32_t i, msnap_pv_t v,
+                    const char *want, const char *defkey) {
+  char what[96];
+  describe_item(r, v, defkey, what, sizeof what);
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "%s[%u] is %s, expected %s",
+                         list, i, what, want);
+}
+
 static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
   int64_t i;
   msnap_pv_t v = f->v[key];
@@ -464,10 +509,21 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
                     uint32_t *first, uint32_t *n) {
   *first = *n = 0;
   if (IS_REC(v, REC_EMPTY)) return 0;
-  if (!IS_REC(v, kind == REC_BLOCK ? REC_BSPAN : REC_HSPAN))
+  if (!IS_REC(v, kind == REC_BLOCK ? REC_BSPAN : REC_HSPAN)) {
+    /* a list with an item that is no such record: name that item */
+    const char *item = kind == REC_BLOCK ? "a block dict" : "a history dict";
+    const char *defkey = kind == REC_BLOCK ? "state" : "real_size";
+    msnap_pobj_t *o = MSNAP_PV_TAG(v) == MSNAP_PV_OBJ
+                          ? msnap__pvm_obj(r->vm, v)
+                          : NULL;
+    for (uint32_t i = 0; o && o->kind == MSNAP_POBJ_LIST && i < o->n; i++)
+      if (!IS_REC(msnap__pobj_item(o, i), kind))
+        return bad_item(r, key_names[key], i, msnap__pobj_item(o, i), item,
+                        defkey);
     return bad_type(r, key, v,
                     kind == REC_BLOCK ? "a list of block dicts"
                                       : "a list of history dicts");
+  }
   span_t *sp = &r->spans[MSNAP_PV_REC_INDEX(v)];
   if (sp->claimed && kind == REC_BLOCK) {
     /* the same block list in a second segment: its own copy (2.0 block
@@ -963,7 +1019,8 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
   uint64_t nb = 0;
   for (uint32_t i = 0; i < o->n; i++) {
     if (!IS_REC(msnap__pobj_item(o, i), REC_SEG))
-      return bad_type(r, key, msnap__pobj_item(o, i), "a segment dict");
+      return bad_item(r, key_names[key], i, msnap__pobj_item(o, i),
+                      "a segment dict", "blocks");
     nb += segs[MSNAP_PV_REC_INDEX(msnap__pobj_item(o, i))].nblocks;
   }
   /* a segment listed many times (memo references) would multiply its
@@ -1017,15 +1074,27 @@ static int place_segments(rd_t *r, int key, msnap_pv_t list,
 }
 
 /* A list of trace records -> (first, n) when consecutive in the pool. */
-static int trace_items(rd_t *r, int key, msnap_pv_t list, msnap_pobj_t **po) {
+static int trace_items(rd_t *r, int key, int64_t dev, msnap_pv_t list,
+                       msnap_pobj_t **po) {
   *po = NULL;
   if (IS_REC(list, REC_EMPTY)) return 0;
+  char name[48];
+  if (dev >= 0)
+    snprintf(name, sizeof name, "%s[%lld]", key_names[key], (long long)dev);
+  else
+    snprintf(name, sizeof name, "%s", key_names[key]);
   msnap_pobj_t *o = msnap__pvm_obj(r->vm, list);
-  if (!o || o->kind != MSNAP_POBJ_LIST)
-    return bad_type(r, key, list, "a list of trace entry dicts");
+  if (!o || o->kind != MSNAP_POBJ_LIST) {
+    char what[96];
+    describe_item(r, list, "action", what, sizeof what);
+    return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                           "%s is %s, expected a list of trace entry dicts",
+                           name, what);
+  }
   for (uint32_t i = 0; i < o->n; i++)
     if (!IS_REC(msnap__pobj_item(o, i), REC_TRACE))
-      return bad_type(r, key, msnap__pobj_item(o, i), "a trace entry dict");
+      return bad_item(r, name, i, msnap__pobj_item(o, i),
+                      "a trace entry dict", "action");
   *po = o;
   return 0;
 }
@@ -1063,7 +1132,7 @@ static int map_traces(rd_t *r, const fields_t *f) {
   msnap_pobj_t *host = NULL;
   int rc;
   if (HAS(f, host_traces) &&
-      (rc = trace_items(r, KEY_host_traces, f->v[KEY_host_traces], &host)) < 0)
+      (rc = trace_items(r, KEY_host_traces, -1, f->v[KEY_host_traces], &host)) < 0)
     return rc;
   uint32_t nd = 0;
   msnap_pv_t dt = f->v[KEY_device_traces];
@@ -1086,7 +1155,7 @@ static int map_traces(rd_t *r, const fields_t *f) {
   for (uint32_t d = 0; d < nd; d++) {
     msnap_pobj_t *o;
     outer = msnap__pvm_obj(r->vm, dt);
-    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    rc = trace_items(r, KEY_device_traces, d, msnap__pobj_item(outer, d), &o);
     if (rc < 0) return rc;
     total += o ? o->n : 0;
   }
@@ -1099,7 +1168,7 @@ static int map_traces(rd_t *r, const fields_t *f) {
   for (uint32_t d = 0; d < nd; d++) {
     msnap_pobj_t *o;
     outer = msnap__pvm_obj(r->vm, dt);
-    rc = trace_items(r, KEY_device_traces, msnap__pobj_item(outer, d), &o);
+    rc = trace_items(r, KEY_device_traces, d, msnap__pobj_item(outer, d), &o);
     if (rc < 0)
       return rc;
     if (owner < 0 && starts_pool(o))
@@ -1111,7 +1180,8 @@ static int map_traces(rd_t *r, const fields_t *f) {
   if (owner >= 0) {
     msnap_pobj_t *o;
     outer = msnap__pvm_obj(r->vm, dt);
-    trace_items(r, KEY_device_traces, msnap__pobj_item(outer, owner), &o);
+    trace_items(r, KEY_device_traces, owner, msnap__pobj_item(outer, owner),
+                &o);
     msnap_strace_t *v = realloc(r->pool, (size_t)o->n * sizeof *v);
     if (!v) v = r->pool;
     s->device_traces[owner].v = v;

@@ -11,7 +11,9 @@ Groups:
              inputs refused (issue 11); zlib and libzstd opened only for
              such inputs, a missing one named
   wrong      common wrong inputs named: a torch.save zip, a legacy
-             torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2
+             torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2;
+             a segment, block or trace entry without its defining key
+             named by its index path
   utf8       invalid UTF-8 and lone surrogates become U+FFFD, `check`
              reports them; every real input and such a file convert to
              pickles CPython loads and JSON json.loads accepts
@@ -494,6 +496,28 @@ def group_wrong():
         ("bz2", bz2.compress(good), "bzip2-compressed"),
         ("elf", open(MEMSNAP, "rb").read(4096), "ELF"),
         ("object", pickle.dumps(OSError("x")), "Python objects"),
+    ]
+    # A snapshot with a key missing: the message names the item (its
+    # index path) and the key that would make it a segment, block or trace
+    # entry, never "'segments' is a dict, expected a segment dict".
+    def without(where, key):
+        d = good_snapshot()
+        d["segments"].append(dict(d["segments"][0], address=A0 + 64 * MiB))
+        item = {"segment": lambda: d["segments"][1],
+                "block": lambda: d["segments"][0]["blocks"][1],
+                "entry": lambda: d["device_traces"][0][1]}[where]()
+        del item[key]
+        return pickle.dumps(d, protocol=4)
+    cases += [
+        ("segment without blocks", without("segment", "blocks"),
+         "segments[1] is a dict without 'blocks', expected a segment dict"),
+        ("block without state", without("block", "state"),
+         "blocks[1] is a dict without 'state', expected a block dict"),
+        ("entry without action", without("entry", "action"),
+         "device_traces[0][1] is a dict without 'action', expected a "
+         "trace entry dict"),
+        ("list of ints", pickle.dumps([1, 2]),
+         "segments[0] is an int, expected a segment dict"),
     ]
     for name, data, want in cases:
         p = write_bytes(data, "wrong-" + name.replace(" ", "-"))
