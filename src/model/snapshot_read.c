@@ -237,6 +237,17 @@ static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
                          key_names[key], art, t, want);
 }
 
+/* A key every PyTorch version writes in a `what` dict (and the model
+ * keeps without a presence bit): its absence is an error, not a 0. */
+static int need(rd_t *r, const fields_t *f, int key, const char *what) {
+  if ((f->present >> key) & 1u)
+    return 0;
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                         "a %s dict without '%s' (PyTorch writes it in every "
+                         "%s)",
+                         what, key_names[key], what);
+}
+
 /* What an item of a model list is, for a message: a record by the key
  * that made it one, a plain dict by the key it lacks (defkey: the key
  * that makes the wanted record, e.g. 'blocks' for a segment). */
@@ -593,7 +604,9 @@ static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
     if ((rc = get_u64(r, f, KEY_address, &b.address)) < 0) return rc;
     b.keys |= MSNAP_K_ADDRESS;
   }
-  if (HAS(f, size) && (rc = get_u64(r, f, KEY_size, &b.size)) < 0) return rc;
+  if ((rc = need(r, f, KEY_size, "block")) < 0 ||
+      (rc = get_u64(r, f, KEY_size, &b.size)) < 0)
+    return rc;
   if (HAS(f, requested_size)) {
     if ((rc = get_u64(r, f, KEY_requested_size, &b.requested_size)) < 0)
       return rc;
@@ -642,16 +655,25 @@ static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   memset(&g, 0, sizeof g);
   int rc = 0;
   msnap__pvm_set_phase(r->vm, "converting a segment dict");
-  if (HAS(f, device) && (rc = get_i64(r, f, KEY_device, &g.device)) < 0)
-    return rc;
-  if (HAS(f, address) && (rc = get_u64(r, f, KEY_address, &g.address)) < 0)
-    return rc;
-  if (HAS(f, total_size) &&
+  /* every PyTorch version writes these three (torch/csrc/cuda/
+   * memory_snapshot.cpp, and the segment dicts of 1.x's memory_snapshot);
+   * the model cannot say "absent", so a file without one is refused
+   * rather than read as 0 */
+  if ((rc = need(r, f, KEY_device, "segment")) < 0 ||
+      (rc = need(r, f, KEY_address, "segment")) < 0 ||
+      (rc = need(r, f, KEY_total_size, "segment")) < 0 ||
+      (rc = get_i64(r, f, KEY_device, &g.device)) < 0 ||
+      (rc = get_u64(r, f, KEY_address, &g.address)) < 0 ||
       (rc = get_u64(r, f, KEY_total_size, &g.total_size)) < 0)
     return rc;
   if (HAS(f, allocated_size) || HAS(f, active_size) ||
       HAS(f, requested_size)) {
     g.keys |= MSNAP_K_REQUESTED;
+    /* (one presence bit for the three sums: allocated_size and
+     * active_size come together in every version that has either) */
+    if ((rc = need(r, f, KEY_allocated_size, "segment")) < 0 ||
+        (rc = need(r, f, KEY_active_size, "segment")) < 0)
+      return rc;
     if (HAS(f, allocated_size) &&
         (rc = get_u64(r, f, KEY_allocated_size, &g.allocated_size)) < 0)
       return rc;

@@ -13,7 +13,9 @@ Groups:
   wrong      common wrong inputs named: a torch.save zip, a legacy
              torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2;
              a segment, block or trace entry without its defining key
-             named by its index path
+             named by its index path; a segment without device, address,
+             total_size, allocated_size or active_size, a block without
+             size: refused
   utf8       invalid UTF-8 and lone surrogates become U+FFFD, `check`
              reports them; every real input and such a file convert to
              pickles CPython loads and JSON json.loads accepts
@@ -518,6 +520,15 @@ def group_wrong():
          "trace entry dict"),
         ("list of ints", pickle.dumps([1, 2]),
          "segments[0] is an int, expected a segment dict"),
+        # keys every PyTorch version writes: refused, never read as 0
+        ("segment without total_size", without("segment", "total_size"),
+         "a segment dict without 'total_size'"),
+        ("segment without device", without("segment", "device"),
+         "a segment dict without 'device'"),
+        ("segment without active_size", without("segment", "active_size"),
+         "a segment dict without 'active_size'"),
+        ("block without size", without("block", "size"),
+         "a block dict without 'size'"),
     ]
     for name, data, want in cases:
         p = write_bytes(data, "wrong-" + name.replace(" ", "-"))
