@@ -407,8 +407,11 @@ int cli_cmd_leaks(int argc, char **argv) {
   int rc = CLI_OK;
   if (nfiles == 1) {
     msnap_snap_t *s;
-    if (cli_load(files[0], &s) != CLI_OK)
+    if (cli_load(files[0], &s) != CLI_OK) {
+      if (json)
+        cli_json_unusable(files[0], NULL);
       return CLI_UNUSABLE;
+    }
     uint32_t nd;
     int64_t *devs = cli_devices(s, &nd);
     per = calloc((size_t)nd + 1, sizeof *per);
@@ -433,6 +436,8 @@ int cli_cmd_leaks(int argc, char **argv) {
     for (int f = 0; f < nfiles && rc == CLI_OK; f++) {
       msnap_snap_t *s;
       if (cli_load(files[f], &s) != CLI_OK) {
+        if (json)
+          cli_json_unusable(files[f], NULL);
         rc = CLI_UNUSABLE;
         break;
       }
