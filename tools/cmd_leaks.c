@@ -126,16 +126,17 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     return 0;
   }
   if (r.nsteps < 2) {
+    /* A file without annotations says so before the trace's time_us is
+     * asked for: time_us matters only to place annotations there are. */
     snprintf(l->why, sizeof l->why, "%s",
              !tl || tl->n == 0 ? "no trace on this device"
+             : s->nannotations == 0
+                 ? "no record_function annotations in the file "
+                   "(external_annotations)"
              : !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)
                  ? "the trace has no time_us to place annotations on"
-             : r.nrg == 0 ? (s->nannotations == 0
-                                 ? "no record_function annotations in the "
-                                   "file"
-                                 : "no record_function ranges on this "
-                                   "device (nor on device -1 or another "
-                                   "device)")
+             : r.nrg == 0 ? "no record_function ranges on this device "
+                            "(nor on device -1 or another device)"
              : step ? "the step name occurs fewer than 2 times"
                     : "no record_function name repeats 3 times without "
                       "overlapping itself (name the step with --step)");

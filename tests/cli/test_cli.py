@@ -17,6 +17,8 @@ Figures are computed independently here with CPython's pickle.  Groups:
              the same rule in Python on synthetic and real files; diff
              leak candidates and the view's stacks (DOM in Chromium);
              summary's compact settings and annotations
+  leakwhy    why leaks finds no steps: no annotations in the file (with or
+             without time_us) versus annotations without time_us
   unusable   every --json command on a FILE that cannot be loaded: exit
              2 and one document {file, usable: false, error} (check's
              and fleet's entries with the same keys)
@@ -2188,6 +2190,58 @@ def group_leaks():
                                            dv.get("leaks")))
 
 
+def leaks_reason(f):
+    """leaks --json's no_steps_reason of device 0 and the text output."""
+    rc, out, err = run("leaks", "--json", f)
+    try:
+        why = json.loads(out)["devices"][0].get("no_steps_reason")
+    except (ValueError, KeyError, IndexError):
+        why = None
+    rc2, text, err2 = run("leaks", f)
+    return rc, why, text + err + err2
+
+
+def group_leaks_reasons():
+    """Why a recording has no steps: a file without record_function
+    annotations says so whether or not its trace has time_us; the time_us
+    wording is kept for annotations that cannot be placed."""
+    if not reader_available():
+        need(False, "leaks: the reader is built")
+    noann = "no record_function annotations in the file " \
+        "(external_annotations)"
+    notime = "the trace has no time_us to place annotations on"
+    for with_time in (False, True):
+        f = write_pickle(loop_snapshot(6, True, with_time),
+                         "noann_%d.pickle" % with_time)
+        rc, why, text = leaks_reason(f)
+        expect(rc == 0 and why == noann and "no steps: " + noann in text,
+               "leaks: a file without annotations (time_us %s) says so "
+               "(%d %r %r)" % (with_time, rc, why, text[-300:]))
+    sn = steps_snapshot()
+    sn["external_annotations"] = []
+    f = write_pickle(sn, "noann_steps.pickle")
+    rc, why, text = leaks_reason(f)
+    expect(rc == 0 and why == noann,
+           "leaks: an empty external_annotations says so (%d %r)"
+           % (rc, why))
+    sn = steps_snapshot()
+    for tr in sn["device_traces"]:
+        for e in tr:
+            del e["time_us"]
+    f = write_pickle(sn, "ann_notime.pickle")
+    rc, why, text = leaks_reason(f)
+    expect(rc == 0 and why == notime and "no steps: " + notime in text,
+           "leaks: annotations on a trace without time_us keep the time_us "
+           "reason (%d %r %r)" % (rc, why, text[-300:]))
+    if os.path.isdir(REAL):
+        f = os.path.join(REAL, "cranberrii_ftcourse__memory_snapshot.pickle")
+        if os.path.exists(f):
+            rc, why, text = leaks_reason(f)
+            expect(rc == 0 and why == noann,
+                   "leaks on %s: no annotations, not time_us (%d %r)"
+                   % (os.path.basename(f), rc, why))
+
+
 UNUSABLE_KEYS = {"file", "usable", "error"}
 
 
@@ -2652,7 +2706,7 @@ GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view, "sites": group_sites, "frag": group_frag,
           "explain": group_explain, "difftrace": group_diff_traces,
-          "leaks": group_leaks,
+          "leaks": group_leaks, "leakwhy": group_leaks_reasons,
           "unusable": group_unusable}
 
 if __name__ == "__main__":
