@@ -101,7 +101,8 @@ extern char cli_stdout_kept[32];
 
 /* Parse argv for command c: options, FILE count, -o (checked against the
  * inputs).  *first is the index of the first FILE; with load != NULL the
- * first FILE is loaded into *load (the caller frees it). */
+ * first FILE is loaded into *load (the caller frees it); when it cannot
+ * be, with --json, the unusable document (cli_json_unusable) is printed. */
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
               msnap_snap_t **load);
 
@@ -110,6 +111,12 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
 int cli_load(const char *path, msnap_snap_t **out);
 /* The reason of the last failed cli_load (without the path), for JSON. */
 const char *cli_load_error(void);
+/* The --json document of a command whose input is unusable, on stdout:
+ * {"file": FILE, "usable": false, "error": ERROR} (docs/cli.md, Outputs).
+ * file NULL is written as null; error NULL is cli_load_error(), the reason
+ * of the failed cli_load of FILE.  The stderr line is the caller's (cli_load
+ * printed it).  cli_begin prints it when it loads the file. */
+void cli_json_unusable(const char *file, const char *error);
 
 /* ---- JSON output (base/json.c; cli_json.c) -------------------------------- */
 /* --json output is the library's one JSON writer (base/json.h) over a

@@ -2,7 +2,8 @@
  * cli_args.c -- the prologue every `memsnap` command shares: options from
  * a const table (getopt_long), the number of FILE arguments, the -o
  * output (required or not, never one of the inputs, never a directory)
- * and, for one-file commands, loading that file.
+ * and, for one-file commands, loading that file (with --json, a file that
+ * cannot be loaded gives the unusable document on stdout).
  *
  * Messages and exit codes are the commands' own (a table row names them):
  * a usage error prints "memsnap CMD: <what>" and "Try 'memsnap CMD
@@ -127,7 +128,10 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
       return CLI_UNUSABLE;
   }
   *first = optind;
-  if (load != NULL && cli_load(argv[optind], load) != CLI_OK)
+  if (load != NULL && cli_load(argv[optind], load) != CLI_OK) {
+    if (c->json != NULL && *c->json)
+      cli_json_unusable(argv[optind], NULL);
     return CLI_UNUSABLE;
+  }
   return CLI_CONTINUE;
 }

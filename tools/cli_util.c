@@ -78,6 +78,23 @@ int cli_load(const char *path, msnap_snap_t **out) {
   return CLI_OK;
 }
 
+void cli_json_unusable(const char *file, const char *error) {
+  cli_json_t j;
+  cj_init(&j, stdout);
+  cj_obj(&j);
+  cj_key(&j, "file");
+  if (file != NULL)
+    cj_cstr(&j, file);
+  else
+    cj_null(&j);
+  cj_key(&j, "usable");
+  cj_bool(&j, false);
+  cj_key(&j, "error");
+  cj_cstr(&j, error != NULL ? error : cli_load_error());
+  cj_obj_end(&j);
+  cj_end(&j);
+}
+
 /* ---- progress ------------------------------------------------------------ */
 
 static double cli_elapsed(const struct timespec *t0) {

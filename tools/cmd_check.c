@@ -328,7 +328,9 @@ static void usage(FILE *f) {
           "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"
           "  --json          one JSON object: {files: [{file, usable,\n"
-          "                  violations: [{where, message}], count}]}\n"
+          "                  violations: [{where, message}], count}],\n"
+          "                  violations}; a file that cannot be read is\n"
+          "                  {file, usable: false, error}\n"
           "  --max-lines N   print at most N violations per file (all are\n"
           "                  counted)\n"
           "  -h, --help      this text\n"
@@ -372,8 +374,8 @@ int cli_cmd_check(int argc, char **argv) {
     }
     if (lr != CLI_OK) {
       rc = CLI_UNUSABLE;
-      if (json) {
-        cj_key(&j, "reason");
+      if (json) { /* the keys of the unusable document (cli_json_unusable) */
+        cj_key(&j, "error");
         cj_cstr(&j, cli_load_error());
         cj_obj_end(&j);
       }

@@ -173,8 +173,13 @@ int cli_cmd_convert(int argc, char **argv) {
                          "-o OUT is required"};
   int first;
   msnap_snap_t *s;
-  int brc = cli_begin(&cmd, argc, argv, &first, &s);
+  int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;
+  /* Loaded here, not by cli_begin: convert's --json chooses the format of
+   * OUT and is no report on stdout, so a file that cannot be loaded gives
+   * the stderr line alone (docs/cli.md, convert). */
+  if (cli_load(argv[first], &s) != CLI_OK)
+    return CLI_UNUSABLE;
   int rc = keep ? 0 : upgrade(s);
   if (rc == 0)
     rc = msnap__snap_write_file(s, out, json);

@@ -596,9 +596,16 @@ int cli_cmd_diff(int argc, char **argv) {
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;
   msnap_snap_t *sa = NULL, *sb = NULL;
-  if (cli_load(argv[first], &sa) != CLI_OK)
+  /* --json: the unusable document names the file that failed (A is
+   * loaded first; B is not read when A fails) */
+  if (cli_load(argv[first], &sa) != CLI_OK) {
+    if (json)
+      cli_json_unusable(argv[first], NULL);
     return CLI_UNUSABLE;
+  }
   if (cli_load(argv[first + 1], &sb) != CLI_OK) {
+    if (json)
+      cli_json_unusable(argv[first + 1], NULL);
     msnap__snap_free(sa);
     return CLI_UNUSABLE;
   }

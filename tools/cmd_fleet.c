@@ -474,7 +474,7 @@ static void usage(FILE *f) {
           "  -j N       threads (default: the online CPUs, at most 16)\n"
           "  --top N    common leak sites shown (default 10, 0 = all)\n"
           "  --json     {files, ranks: [{file, rank, same_process_as,\n"
-          "             world_size, host,\n"
+          "             usable, world_size, host,\n"
           "             pid, peak_reserved_bytes, peak_allocated_bytes,\n"
           "             reserved_bytes, allocated_bytes, fragmentation,\n"
           "             ooms, leak_candidates, outlier, outlier_metrics,\n"
@@ -567,6 +567,12 @@ int cli_cmd_fleet(int argc, char **argv) {
   if (n == 0) {
     free(paths);
     cli_err("fleet: no input files");
+    /* --json: the unusable document; "file" is the one argument (a
+     * directory without snapshots), null for several */
+    if (json)
+      cli_json_unusable(argc - first == 1 ? argv[first] : NULL,
+                        "no input files (no *.pickle or *.pkl file in the "
+                        "directories given, or they could not be read)");
     return CLI_UNUSABLE;
   }
   rank_t *r = calloc(n, sizeof *r);
@@ -740,11 +746,29 @@ int cli_cmd_fleet(int argc, char **argv) {
         cj_cstr(&j, r[x->same_process].file);
       else
         cj_null(&j);
+      cj_key(&j, "usable");
+      cj_bool(&j, x->ok);
       cj_key(&j, "error");
       if (x->ok) {
         cj_null(&j);
       } else {
+        /* a file that could not be read has every key of a rank: its
+         * figures null, no leak candidates known, never an outlier */
         cj_cstr(&j, x->error);
+        static const char *const unknown[] = {
+            "world_size", "local_rank", "pid", "host", "devices",
+            "peak_reserved_bytes", "peak_allocated_bytes", "reserved_bytes",
+            "allocated_bytes", "fragmentation", "ooms",
+            "oom_requested_bytes", "steps", "leak_candidates"};
+        for (size_t k = 0; k < sizeof unknown / sizeof *unknown; k++) {
+          cj_key(&j, unknown[k]);
+          cj_null(&j);
+        }
+        cj_key(&j, "outlier");
+        cj_bool(&j, false);
+        cj_key(&j, "outlier_metrics");
+        cj_obj(&j);
+        cj_obj_end(&j);
         cj_obj_end(&j);
         continue;
       }

@@ -126,16 +126,17 @@ int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
     return 0;
   }
   if (r.nsteps < 2) {
+    /* A file without annotations says so before the trace's time_us is
+     * asked for: time_us matters only to place annotations there are. */
     snprintf(l->why, sizeof l->why, "%s",
              !tl || tl->n == 0 ? "no trace on this device"
+             : s->nannotations == 0
+                 ? "no record_function annotations in the file "
+                   "(external_annotations)"
              : !(msnap__tattr(s, &tl->v[tl->n - 1])->keys & MSNAP_K_TIME)
                  ? "the trace has no time_us to place annotations on"
-             : r.nrg == 0 ? (s->nannotations == 0
-                                 ? "no record_function annotations in the "
-                                   "file"
-                                 : "no record_function ranges on this "
-                                   "device (nor on device -1 or another "
-                                   "device)")
+             : r.nrg == 0 ? "no record_function ranges on this device "
+                            "(nor on device -1 or another device)"
              : step ? "the step name occurs fewer than 2 times"
                     : "no record_function name repeats 3 times without "
                       "overlapping itself (name the step with --step)");
@@ -407,8 +408,11 @@ int cli_cmd_leaks(int argc, char **argv) {
   int rc = CLI_OK;
   if (nfiles == 1) {
     msnap_snap_t *s;
-    if (cli_load(files[0], &s) != CLI_OK)
+    if (cli_load(files[0], &s) != CLI_OK) {
+      if (json)
+        cli_json_unusable(files[0], NULL);
       return CLI_UNUSABLE;
+    }
     uint32_t nd;
     int64_t *devs = cli_devices(s, &nd);
     per = calloc((size_t)nd + 1, sizeof *per);
@@ -433,6 +437,8 @@ int cli_cmd_leaks(int argc, char **argv) {
     for (int f = 0; f < nfiles && rc == CLI_OK; f++) {
       msnap_snap_t *s;
       if (cli_load(files[f], &s) != CLI_OK) {
+        if (json)
+          cli_json_unusable(files[f], NULL);
         rc = CLI_UNUSABLE;
         break;
       }

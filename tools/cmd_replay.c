@@ -265,8 +265,11 @@ int cli_cmd_replay(int argc, char **argv) {
                                      "(a size such as 80G or 1.5T)");
   const char *file = argv[first];
   msnap_snap_t *s;
-  if (cli_load(file, &s) != CLI_OK)
+  if (cli_load(file, &s) != CLI_OK) {
+    if (json)
+      cli_json_unusable(file, NULL);
     return CLI_UNUSABLE;
+  }
   replay_t r;
   int rc = replay_init(&r, s, file, profile, conf, (uint32_t)maxm);
   r.device_memory = devmem;

@@ -944,19 +944,8 @@ int cli_cmd_summary(int argc, char **argv) {
   bool whatif = !no_whatif;
   msnap_snap_t *s;
   if (cli_load(argv[first], &s) != CLI_OK) {
-    if (json) {
-      cli_json_t j;
-      cj_init(&j, stdout);
-      cj_obj(&j);
-      cj_key(&j, "file");
-      cj_cstr(&j, argv[first]);
-      cj_key(&j, "usable");
-      cj_bool(&j, false);
-      cj_key(&j, "error");
-      cj_cstr(&j, cli_load_error());
-      cj_obj_end(&j);
-      cj_end(&j);
-    }
+    if (json)
+      cli_json_unusable(argv[first], NULL);
     return CLI_UNUSABLE;
   }
   uint32_t nd;

@@ -166,8 +166,13 @@ int cli_cmd_view(int argc, char **argv) {
     struct stat sb;
     if (stat(argv[first + i], &sb) == 0)
       insize[i] = (uint64_t)sb.st_size;
-    if (cli_load(argv[first + i], &snaps[i]) != CLI_OK)
+    if (cli_load(argv[first + i], &snaps[i]) != CLI_OK) {
+      /* --json: one document, naming the first FILE that failed (each
+       * failure has its line on stderr) */
+      if (json && rc == CLI_OK)
+        cli_json_unusable(argv[first + i], NULL);
       rc = CLI_UNUSABLE;
+    }
   }
   char *buf = NULL;
   size_t len = 0;

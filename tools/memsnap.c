@@ -44,7 +44,8 @@ static void usage(FILE *f) {
     fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].what);
   fprintf(f,
           "\nEvery command takes --help; --json gives machine-readable "
-          "output.\nExit status: 0 ok, 1 finding (violation, leak, "
+          "output\n(a FILE that cannot be read: {file, usable: false, "
+          "error}).\nExit status: 0 ok, 1 finding (violation, leak, "
           "mismatch), 2 unusable input.\n");
 }
 

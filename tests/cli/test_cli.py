@@ -17,6 +17,11 @@ Figures are computed independently here with CPython's pickle.  Groups:
              the same rule in Python on synthetic and real files; diff
              leak candidates and the view's stacks (DOM in Chromium);
              summary's compact settings and annotations
+  leakwhy    why leaks finds no steps: no annotations in the file (with or
+             without time_us) versus annotations without time_us
+  unusable   every --json command on a FILE that cannot be loaded: exit
+             2 and one document {file, usable: false, error} (check's
+             and fleet's entries with the same keys)
 Exit 77 (meson: skipped) with a loud SKIP line when what a group needs
 from outside the project is missing (the real inputs, Chromium).
 """
@@ -1628,8 +1633,8 @@ def group_io():
         f0 = json.loads(out)["files"][0]
     except (ValueError, KeyError, IndexError):
         f0 = {}
-    expect(rc == 2 and f0.get("usable") is False and f0.get("reason"),
-           "check --json: the reason of an unusable file (%d %r)" % (rc, out))
+    expect(rc == 2 and f0.get("usable") is False and f0.get("error"),
+           "check --json: the error of an unusable file (%d %r)" % (rc, out))
     rc, out, err = run("summary", "--json", junk)
     try:
         js = json.loads(out)
@@ -2185,6 +2190,165 @@ def group_leaks():
                                            dv.get("leaks")))
 
 
+def leaks_reason(f):
+    """leaks --json's no_steps_reason of device 0 and the text output."""
+    rc, out, err = run("leaks", "--json", f)
+    try:
+        why = json.loads(out)["devices"][0].get("no_steps_reason")
+    except (ValueError, KeyError, IndexError):
+        why = None
+    rc2, text, err2 = run("leaks", f)
+    return rc, why, text + err + err2
+
+
+def group_leaks_reasons():
+    """Why a recording has no steps: a file without record_function
+    annotations says so whether or not its trace has time_us; the time_us
+    wording is kept for annotations that cannot be placed."""
+    if not reader_available():
+        need(False, "leaks: the reader is built")
+    noann = "no record_function annotations in the file " \
+        "(external_annotations)"
+    notime = "the trace has no time_us to place annotations on"
+    for with_time in (False, True):
+        f = write_pickle(loop_snapshot(6, True, with_time),
+                         "noann_%d.pickle" % with_time)
+        rc, why, text = leaks_reason(f)
+        expect(rc == 0 and why == noann and "no steps: " + noann in text,
+               "leaks: a file without annotations (time_us %s) says so "
+               "(%d %r %r)" % (with_time, rc, why, text[-300:]))
+    sn = steps_snapshot()
+    sn["external_annotations"] = []
+    f = write_pickle(sn, "noann_steps.pickle")
+    rc, why, text = leaks_reason(f)
+    expect(rc == 0 and why == noann,
+           "leaks: an empty external_annotations says so (%d %r)"
+           % (rc, why))
+    sn = steps_snapshot()
+    for tr in sn["device_traces"]:
+        for e in tr:
+            del e["time_us"]
+    f = write_pickle(sn, "ann_notime.pickle")
+    rc, why, text = leaks_reason(f)
+    expect(rc == 0 and why == notime and "no steps: " + notime in text,
+           "leaks: annotations on a trace without time_us keep the time_us "
+           "reason (%d %r %r)" % (rc, why, text[-300:]))
+    if os.path.isdir(REAL):
+        f = os.path.join(REAL, "cranberrii_ftcourse__memory_snapshot.pickle")
+        if os.path.exists(f):
+            rc, why, text = leaks_reason(f)
+            expect(rc == 0 and why == noann,
+                   "leaks on %s: no annotations, not time_us (%d %r)"
+                   % (os.path.basename(f), rc, why))
+
+
+UNUSABLE_KEYS = {"file", "usable", "error"}
+
+
+def unusable_doc(out):
+    """The JSON document of stdout, {} when there is none or it is not
+    one document."""
+    try:
+        js = json.loads(out)
+    except ValueError:
+        return {}
+    return js if isinstance(js, dict) else {}
+
+
+def group_unusable():
+    """Every command with --json prints one JSON document on stdout when
+    a FILE cannot be loaded (docs/cli.md, Outputs): {file, usable: false,
+    error}, exit 2; check and fleet keep their document, the file's entry
+    carrying the same keys; convert's --json is OUT's format, no report."""
+    if not reader_available():
+        need(False, "unusable: the reader is built")
+    good = write_pickle(good_snapshot(), "u_good.pickle")
+    full = open(good, "rb").read()
+    bad = {"empty": write_bytes(b"", "u_empty.pickle"),
+           "text": write_bytes(b"hello, not a pickle\n", "u_text.pickle"),
+           "truncated": write_bytes(full[:len(full) // 2],
+                                    "u_trunc.pickle"),
+           "missing": os.path.join(TMP, "u_missing.pickle")}
+    for kind, b in sorted(bad.items()):
+        def one(cmd, args, file, extra=""):
+            rc, out, err = run(cmd, "--json", *args)
+            js = unusable_doc(out)
+            expect(rc == 2 and set(js) == UNUSABLE_KEYS and
+                   js["file"] == file and js["usable"] is False and
+                   isinstance(js["error"], str) and js["error"] and
+                   js["error"] in err,
+                   "%s --json%s on a %s file: exit 2 and {file, usable: "
+                   "false, error} (%d %r %r)" % (cmd, extra, kind, rc, out,
+                                                 err[-200:]))
+        one("summary", [b], b)
+        one("leaks", [b], b)
+        one("leaks", [good, b], b, " (files mode, second bad)")
+        one("replay", [b], b)
+        one("replay", [b, "-o", os.path.join(TMP, "u_r.pickle")], b,
+            " -o OUT")
+        one("plot", [b, "-o", os.path.join(TMP, "u.svg")], b)
+        one("view", [b, "-o", os.path.join(TMP, "u.html")], b)
+        one("view", [good, b, "-o", os.path.join(TMP, "u2.html")], b,
+            " (FILE2 bad)")
+        one("diff", [b, good], b, " (A bad)")
+        one("diff", [good, b], b, " (B bad)")
+        # check: the list, the bad file's entry has the same keys
+        rc, out, err = run("check", "--json", good, b)
+        js = unusable_doc(out)
+        files = js.get("files") or [{}, {}]
+        expect(rc == 2 and len(files) == 2 and files[0].get("usable") and
+               set(files[1]) == UNUSABLE_KEYS and files[1]["file"] == b and
+               files[1]["usable"] is False and files[1]["error"] and
+               files[1]["error"] in err,
+               "check --json on a %s file: its entry is {file, usable: "
+               "false, error} (%d %r)" % (kind, rc, out))
+        # fleet: an unreadable file's row has every key of a rank
+        rc, out, err = run("fleet", "--json", good, b)
+        js = unusable_doc(out)
+        rows = {r.get("file"): r for r in js.get("ranks", [])}
+        g, x = rows.get(good, {}), rows.get(b, {})
+        expect(rc == 0 and g.get("usable") is True and g and
+               list(x) == list(g) and x["usable"] is False and
+               x["error"] and x["error"] in err and
+               x["leak_candidates"] is None and x["outlier"] is False and
+               x["outlier_metrics"] == {},
+               "fleet --json with a %s file: its row has the keys of a "
+               "readable rank, usable false and the error (%d %r)"
+               % (kind, rc, out[-600:]))
+        rc, out, err = run("fleet", "--json", b)
+        js = unusable_doc(out)
+        x = (js.get("ranks") or [{}])[0]
+        expect(rc == 2 and js.get("files") == 1 and x.get("file") == b and
+               x.get("usable") is False and x.get("error"),
+               "fleet --json, only a %s file: exit 2, its row with the "
+               "error (%d %r)" % (kind, rc, out[-400:]))
+        # convert: --json is the format of OUT, no report on stdout
+        rc, out, err = run("convert", "--json", b, "-o",
+                           os.path.join(TMP, "u.json"))
+        expect(rc == 2 and out == "" and "memsnap: " in err and
+               not os.path.exists(os.path.join(TMP, "u.json")),
+               "convert --json on a %s file: exit 2, nothing on stdout "
+               "(--json is OUT's format) (%d %r)" % (kind, rc, out))
+    # fleet with no input file at all
+    empty_dir = os.path.join(TMP, "u_nofiles")
+    os.makedirs(empty_dir)
+    rc, out, err = run("fleet", "--json", empty_dir)
+    js = unusable_doc(out)
+    expect(rc == 2 and set(js) == UNUSABLE_KEYS and
+           js["file"] == empty_dir and js["usable"] is False and
+           "no input files" in js["error"],
+           "fleet --json on a directory without snapshots: {file, usable: "
+           "false, error} (%d %r)" % (rc, out))
+    # standard input: the file is "-"
+    p = subprocess.run(WRAPPER + [MEMSNAP, "summary", "--json", "-"],
+                       input=b"", capture_output=True, timeout=60)
+    js = unusable_doc(p.stdout.decode("utf-8", "replace"))
+    expect(p.returncode == 2 and js.get("file") == "-" and
+           js.get("usable") is False and js.get("error"),
+           "summary --json on an empty standard input: file \"-\" (%d %r)"
+           % (p.returncode, p.stdout))
+
+
 def group_diff_traces():
     """diff through the traces, with and without time_us: a loop without
     a leak gives no candidate (its activations were freed and allocated
@@ -2542,7 +2706,8 @@ GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "convert": group_convert, "diff": group_diff, "replay": group_replay,
           "view": group_view, "sites": group_sites, "frag": group_frag,
           "explain": group_explain, "difftrace": group_diff_traces,
-          "leaks": group_leaks}
+          "leaks": group_leaks, "leakwhy": group_leaks_reasons,
+          "unusable": group_unusable}
 
 if __name__ == "__main__":
     GROUPS[GROUP]()
