@@ -271,6 +271,98 @@ print("RESULT " + json.dumps(out))
     assert "invalid device index 5" in r["bad"]
 
 
+def test_torch_accelerator_memory_api_is_memsnaps():
+    """torch.accelerator's memory functions (torch 2.9+, device-generic
+    code) reach the device's allocator through c10::getDeviceAllocator and
+    the pinned allocator through at::getHostAllocator: the same figures as
+    memsnap.memory, resets and empty_cache act on memsnap's allocator, and
+    empty_host_cache with a device tensor and a cached pinned block
+    returns the block (it dereferenced a null host allocator before)."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+acc = torch.accelerator
+m = torch.nn.Linear(64, 32).to("npu")
+x = torch.randn(8, 64, device="npu")
+m(x).sum().backward()
+tmp = torch.empty(3 << 20, dtype=torch.uint8, device="npu")
+del tmp
+st, ms = acc.memory_stats(), mm.memory_stats()
+keys = ["allocated_bytes.all.current", "allocated_bytes.all.peak",
+        "reserved_bytes.all.current", "active_bytes.all.current",
+        "requested_bytes.all.current", "segment.all.current",
+        "allocation.all.allocated", "num_device_alloc"]
+out = {"same": {k: [st[k], ms[k]] for k in keys},
+       "allocated": [acc.memory_allocated(), mm.memory_allocated()],
+       "reserved": [acc.memory_reserved(), mm.memory_reserved()],
+       "max_allocated": [acc.max_memory_allocated(), mm.max_memory_allocated()],
+       "info": [list(acc.get_memory_info()), list(mm.mem_get_info())]}
+acc.reset_peak_memory_stats()
+out["peak_after_reset"] = [mm.max_memory_allocated(), mm.memory_allocated()]
+acc.reset_accumulated_memory_stats()
+out["alloc_count_after_reset"] = mm.memory_stats()["allocation.all.allocated"]
+before = mm.memory_reserved()
+acc.empty_cache()
+out["reserved_empty"] = [before, mm.memory_reserved(), acc.memory_reserved()]
+p = torch.ones(1000).pin_memory()
+del p
+h0 = mm.host_memory_stats()["allocations.current"]
+acc.empty_host_cache()
+out["host"] = [h0, mm.host_memory_stats()["allocations.current"]]
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    for k, (a, b) in r["same"].items():
+        assert a == b, k
+    assert r["same"]["allocated_bytes.all.current"][0] > 0
+    assert r["allocated"][0] == r["allocated"][1] > 0
+    assert r["reserved"][0] == r["reserved"][1] >= r["allocated"][0]
+    assert r["max_allocated"][0] == r["max_allocated"][1] >= (3 << 20)
+    assert r["info"][0] == r["info"][1]
+    assert r["peak_after_reset"][0] == r["peak_after_reset"][1]
+    assert r["alloc_count_after_reset"] == 0
+    before, after, acc_after = r["reserved_empty"]
+    assert after < before and after == acc_after
+    assert r["host"] == [1, 0]
+
+
+def test_storage_resize_stays_on_its_device():
+    """A storage of npu:1 resized while the current device is 0 (an out=
+    argument's resize, FSDP-style storage resize_) is reallocated on
+    npu:1, and resized to 0 keeps its device, as resize_bytes_cuda."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+x = torch.ones(1000, device="npu:1")
+s = x.untyped_storage()
+out = {"start": [mm.memory_allocated(0), mm.memory_allocated(1)]}
+s.resize_(0)
+out["zero"] = [str(s.device), mm.memory_allocated(0), mm.memory_allocated(1)]
+s.resize_(80000)
+out["grown"] = [str(s.device), str(x.device), mm.memory_allocated(0),
+                mm.memory_allocated(1)]
+y = torch.ones(10, device="npu:1")
+y.untyped_storage().resize_(80000)
+o = torch.empty(0, device="npu:1")
+torch.add(torch.ones(5000, device="npu:1"), 1, out=o)
+out["out"] = [str(o.untyped_storage().device), mm.memory_allocated(0),
+              o.sum().item()]
+out["segments"] = sorted({g["device"] for g in mm.memory_snapshot()})
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_SIM_DEVICES="2")).result
+    assert r["start"] == [0, 4096]
+    assert r["zero"] == ["npu:1", 0, 0]
+    assert r["grown"][:2] == ["npu:1", "npu:1"] and r["grown"][2] == 0
+    assert r["grown"][3] >= 80000
+    assert r["out"] == ["npu:1", 0, 10000.0]
+    assert r["segments"] == [1]
+
+
 def test_registration_errors_are_clear():
     code = r"""
 import json, os

@@ -3,11 +3,15 @@
 // memsnap.torch.register_device(name) renames PrivateUse1 to `name` and
 // calls msnap_torch_device_init(), which registers (once per process):
 //
-//   - c10::Allocator for PrivateUse1: allocate() is msnap_malloc on the
-//     current device and stream (torch.OutOfMemoryError on OOM), the
-//     deleter msnap_free: every tensor, view base, resize and garbage
+//   - c10::DeviceAllocator for PrivateUse1: allocate() is msnap_malloc
+//     on the current device and stream (torch.OutOfMemoryError on OOM),
+//     the deleter msnap_free: every tensor, view base, resize and garbage
 //     collection goes through memsnap's caching allocator, as a real
-//     backend's tensors go through its allocator;
+//     backend's tensors go through its allocator; its statistics, resets,
+//     empty_cache and mem_get_info serve torch.accelerator's memory
+//     functions;
+//   - at::HostAllocator for PrivateUse1: the pinned host allocator below
+//     (torch.accelerator.empty_host_cache, host_memory_stats);
 //   - a DeviceGuardImplInterface: MEMSNAP_SIM_DEVICES devices, a
 //     thread-local current device and current stream per device (stream
 //     ids are memsnap stream handles, 0 = default stream), events that
@@ -56,6 +60,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -70,6 +75,7 @@
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
@@ -214,7 +220,29 @@ void record_on_stream(void* base, c10::StreamId id) {
 
 void raw_delete(void* ptr) { free_or_report(ptr); }
 
-struct DeviceAllocator final : c10::Allocator {
+// memsnap's msnap_stat_t as torch's c10::CachingAllocator::Stat (the same
+// four fields).
+c10::CachingAllocator::Stat to_stat(const msnap_stat_t& m) {
+  c10::CachingAllocator::Stat s;
+  s.current = m.current;
+  s.peak = m.peak;
+  s.allocated = m.allocated;
+  s.freed = m.freed;
+  return s;
+}
+
+void to_stat_array(c10::CachingAllocator::StatArray& out,
+                   const msnap_stat_t (&in)[MSNAP_STAT_TYPES]) {
+  for (size_t t = 0; t < MSNAP_STAT_TYPES; t++) out[t] = to_stat(in[t]);
+}
+
+// The device allocator as torch's c10::DeviceAllocator (c10/core/
+// CachingDeviceAllocator.h), the interface torch.accelerator's memory
+// functions reach through c10::getDeviceAllocator (torch/csrc/
+// DeviceAccelerator.cpp): memory_stats, memory_allocated/reserved and
+// their peaks, reset_*_memory_stats, empty_cache, get_memory_info --
+// the same figures as memsnap.memory and torch.<name>.
+struct CachingAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DeviceIndex d = tl_device;
     void* p = malloc_or_throw(n, d, stream_handle(current_stream_id(d)));
@@ -226,9 +254,75 @@ struct DeviceAllocator final : c10::Allocator {
     // Host-backed device memory: a plain copy is the device-to-device copy.
     if (count != 0) std::memcpy(dest, src, count);
   }
+  bool initialized() override { return msnap_default() != nullptr; }
+  void emptyCache(c10::MempoolId_t mempool_id) override {
+    // torch.accelerator.empty_cache() asks for the default pools ({0, 0}):
+    // every device, as CUDA's emptyCache.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        mempool_id.first == 0 && mempool_id.second == 0,
+        "memsnap device: emptyCache of a private pool (", mempool_id.first,
+        ", ", mempool_id.second, ") is not implemented: a pool's cached "
+        "blocks are released when the pool is deleted");
+    int rc = msnap_empty_cache(allocator(), -1);
+    if (rc < 0) throw_error(rc, "memsnap empty_cache");
+  }
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    record_on_stream(ptr.get(), stream.id());
+  }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(
+      c10::DeviceIndex device) override {
+    check_index(device);
+    msnap_stats_t m;
+    std::memset(&m, 0, sizeof m);
+    m.size = sizeof m;
+    m.version = MSNAP_STATS_VERSION;
+    int rc = msnap_stats_get(allocator(), device, &m);
+    if (rc < 0) throw_error(rc, "memsnap memory_stats");
+    c10::CachingDeviceAllocator::DeviceStats out;
+#define MSNAP_TO_ARRAY_(n) to_stat_array(out.n, m.n);
+    MSNAP_STAT_ARRAY_FIELDS(MSNAP_TO_ARRAY_)
+#undef MSNAP_TO_ARRAY_
+#define MSNAP_TO_ONE_(n) out.n = to_stat(m.n);
+    MSNAP_STAT_FIELDS(MSNAP_TO_ONE_)
+#undef MSNAP_TO_ONE_
+#define MSNAP_TO_COUNTER_(n) out.n = m.n;
+    MSNAP_COUNTER_FIELDS(MSNAP_TO_COUNTER_)
+#undef MSNAP_TO_COUNTER_
+    size_t n = 0;
+    rc = msnap_pool_stats_get(allocator(), device, nullptr, 0, &n);
+    if (rc < 0) throw_error(rc, "memsnap memory_stats");
+    std::vector<msnap_pool_stats_t> pools(n);
+    if (n != 0) {
+      rc = msnap_pool_stats_get(allocator(), device, pools.data(), n, &n);
+      if (rc < 0) throw_error(rc, "memsnap memory_stats");
+    }
+    for (size_t i = 0; i < std::min(n, pools.size()); i++) {
+      c10::MempoolId_t id{pools[i].id.first, pools[i].id.second};
+      to_stat_array(out.reserved_bytes_by_private_pools[id],
+                    pools[i].reserved_bytes);
+    }
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check_index(device);
+    int rc = msnap_reset_accumulated_stats(allocator(), device);
+    if (rc < 0) throw_error(rc, "memsnap reset_accumulated_memory_stats");
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_index(device);
+    int rc = msnap_reset_peak_stats(allocator(), device);
+    if (rc < 0) throw_error(rc, "memsnap reset_peak_memory_stats");
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_index(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    int rc = msnap_mem_get_info(allocator(), device, &free_bytes, &total_bytes);
+    if (rc < 0) throw_error(rc, "memsnap mem_get_info");
+    return {free_bytes, total_bytes};
+  }
 };
 
-DeviceAllocator g_allocator;
+CachingAllocator g_allocator;
 
 // ---- pinned host memory --------------------------------------------------------
 
@@ -253,7 +347,11 @@ void pinned_delete(void* ptr) {
   if (rc < 0) report("pinned host free", rc);
 }
 
-struct PinnedAllocator final : c10::Allocator {
+// Also torch's at::HostAllocator for the device type (ATen/core/
+// CachingHostAllocator.h), what torch.accelerator.empty_host_cache() and
+// host_memory_stats() and the pinned copies' record_event reach through
+// at::getHostAllocator: without one registered torch dereferences null.
+struct PinnedAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t n) override {
     uint64_t p = 0;
     if (n != 0) {
@@ -270,13 +368,65 @@ struct PinnedAllocator final : c10::Allocator {
       const override {
     if (count != 0) std::memcpy(dest, src, count);
   }
+  bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    (void)ctx; // the context of memsnap's pinned blocks is the pointer
+    if (ptr == nullptr || !is_pinned(ptr)) return false;
+    int rc = msnap_host_record_stream(allocator(), as_u64(ptr),
+                                      stream_handle(stream.id()));
+    if (rc < 0) throw_error(rc, "memsnap pinned record_stream");
+    return true;
+  }
+  void empty_cache() override {
+    int rc = msnap_host_empty_cache(allocator());
+    if (rc < 0) throw_error(rc, "memsnap empty_host_cache");
+  }
+  // The mapping of msnap_host_stats_get (include/memsnap.h), as
+  // memsnap.memory.host_memory_stats gives it.
+  at::HostStats get_stats() override {
+    msnap_stats_t m;
+    std::memset(&m, 0, sizeof m);
+    m.size = sizeof m;
+    m.version = MSNAP_STATS_VERSION;
+    int rc = msnap_host_stats_get(allocator(), &m);
+    if (rc < 0) throw_error(rc, "memsnap host_memory_stats");
+    msnap_duration_stat_t at = {0, 0, 0, 0}, ft = {0, 0, 0, 0};
+    rc = msnap_host_timing_get(allocator(), &at, &ft);
+    if (rc < 0) throw_error(rc, "memsnap host_memory_stats");
+    at::HostStats h;
+    h.active_requests = to_stat(m.active[MSNAP_STAT_ALL]);
+    h.active_bytes = to_stat(m.active_bytes[MSNAP_STAT_ALL]);
+    h.allocations = to_stat(m.segment[MSNAP_STAT_ALL]);
+    h.allocated_bytes = to_stat(m.reserved_bytes[MSNAP_STAT_ALL]);
+    h.host_alloc_time.total = at.total;
+    h.host_alloc_time.max = at.max;
+    h.host_alloc_time.min = at.min;
+    h.host_alloc_time.count = at.count;
+    h.host_free_time.total = ft.total;
+    h.host_free_time.max = ft.max;
+    h.host_free_time.min = ft.min;
+    h.host_free_time.count = ft.count;
+    h.num_host_alloc = m.num_device_alloc;
+    h.num_host_free = m.num_device_free;
+    return h;
+  }
+  void reset_accumulated_stats() override {
+    int rc = msnap_host_reset_accumulated_stats(allocator());
+    if (rc < 0) throw_error(rc, "memsnap reset_accumulated_host_memory_stats");
+  }
+  void reset_peak_stats() override {
+    int rc = msnap_host_reset_peak_stats(allocator());
+    if (rc < 0) throw_error(rc, "memsnap reset_peak_host_memory_stats");
+  }
+  static bool is_pinned(const void* data) {
+    const std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    return g_pinned.count(const_cast<void*>(data)) != 0;
+  }
 };
 
 PinnedAllocator g_pinned_allocator;
 
 bool is_pinned_ptr(const void* data) {
-  const std::lock_guard<std::mutex> lock(g_pinned_mutex);
-  return g_pinned.count(const_cast<void*>(data)) != 0;
+  return PinnedAllocator::is_pinned(data);
 }
 
 // ---- the device guard --------------------------------------------------------
@@ -392,13 +542,36 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
 
 // ---- the PrivateUse1 hooks ------------------------------------------------------
 
-// resize_bytes for a device storage: allocate through memsnap, copy, free
-// the old block (as PyTorch's resize of a CUDA storage).
+// The current device of this thread set to d for a scope (as
+// c10::DeviceGuard, without going through the registry).
+struct ScopedDevice {
+  explicit ScopedDevice(c10::DeviceIndex d) : saved(tl_device) {
+    tl_device = d;
+  }
+  ~ScopedDevice() { tl_device = saved; }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  c10::DeviceIndex saved;
+};
+
+// resize_bytes for a device storage: allocate through memsnap on the
+// storage's own device, copy, free the old block; a size of 0 keeps the
+// device (as PyTorch's resize_bytes_cuda, aten/src/ATen/native/cuda/
+// Resize.cpp: a CUDAGuard on the storage's device, an empty DataPtr of
+// Device(kCUDA, device)).
 void resize_storage_bytes(c10::StorageImpl* storage, size_t size_bytes) {
   TORCH_CHECK(storage->resizable(),
               "Trying to resize storage that is not resizable");
-  c10::DataPtr fresh;
-  if (size_bytes != 0) fresh = storage->allocator()->allocate(size_bytes);
+  const c10::Device old_device = storage->data_ptr().device();
+  const c10::DeviceIndex d = old_device.type() == kType &&
+                                     old_device.has_index()
+                                 ? old_device.index()
+                                 : tl_device;
+  c10::DataPtr fresh(nullptr, c10::Device(kType, d));
+  if (size_bytes != 0) {
+    ScopedDevice guard(d);
+    fresh = storage->allocator()->allocate(size_bytes);
+  }
   const c10::DataPtr& old = storage->data_ptr();
   size_t keep = std::min(size_bytes, storage->nbytes());
   if (old.get() != nullptr && keep > 0)
@@ -516,13 +689,24 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   return dst;
 }
 
+// A resize allocates through the storage's allocator on the current
+// device (at::native::resize_ -> resize_bytes_cpu): run it with the
+// tensor's own device current, as resize_cuda_ runs under a device guard.
+c10::DeviceIndex tensor_device_index(const at::Tensor& t) {
+  return t.device().has_index() ? t.device().index() : tl_device;
+}
+
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  at::native::resize_(dst, self.sizes(), std::nullopt);
+  {
+    ScopedDevice guard(tensor_device_index(dst));
+    at::native::resize_(dst, self.sizes(), std::nullopt);
+  }
   return copy_from(self, dst, false);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
+  ScopedDevice guard(tensor_device_index(self));
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size),
                              memory_format);
 }
@@ -682,6 +866,7 @@ void register_all() {
   check_runtime();
   g_init_thread = std::this_thread::get_id();
   c10::SetAllocator(kType, &g_allocator);
+  at::setHostAllocator(kType, &g_pinned_allocator);
   static c10::impl::DeviceGuardImplRegistrar guard_registrar(kType,
                                                              new GuardImpl());
   at::RegisterPrivateUse1HooksInterface(new Hooks());
