@@ -290,23 +290,44 @@ static int fail(msnap_source_t *src, int rc, const char *fmt, ...) {
 /* ---- reading the file ---------------------------------------------------- */
 
 /* Wait for the first byte of a named FIFO (a FIFO nobody opens for
- * writing would block read(2) forever in blocking mode). */
-static int fifo_first(msnap_source_t *src) {
+ * writing would block read(2) forever in blocking mode).  Every
+ * MSNAP_SOURCE_FIFO_WAIT_MS without data, a non-blocking read tells a
+ * writer that has the FIFO open (EAGAIN: wait on, as on a pipe whose
+ * producer is slow) from none (0: refused, so a FIFO nobody writes never
+ * hangs the reader).  Returns the bytes that read got into dst (> 0), 0
+ * when data is ready to read, or a negative MSNAP_E*. */
+static ssize_t fifo_first(msnap_source_t *src, unsigned char *dst,
+                          size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
   struct pollfd pf = {pr->fd, POLLIN, 0};
-  int n;
-  do
-    n = poll(&pf, 1, MSNAP_SOURCE_FIFO_WAIT_MS);
-  while (n < 0 && errno == EINTR);
-  if (n == 0)
-    return fail(src, MSNAP_EIO,
-                "is a FIFO that no writer opened (no data within %d s)",
-                MSNAP_SOURCE_FIFO_WAIT_MS / 1000);
-  if (n < 0) return fail(src, MSNAP_EIO, "poll: %s", strerror(errno));
+  ssize_t got = 0;
+  for (;;) {
+    int k;
+    do
+      k = poll(&pf, 1, MSNAP_SOURCE_FIFO_WAIT_MS);
+    while (k < 0 && errno == EINTR);
+    if (k < 0) return fail(src, MSNAP_EIO, "poll: %s", strerror(errno));
+    if (k > 0) break;
+    ssize_t r;
+    do
+      r = read(pr->fd, dst, n);
+    while (r < 0 && errno == EINTR);
+    if (r > 0) {
+      got = r;
+      break;
+    }
+    if (r == 0)
+      return fail(src, MSNAP_EIO,
+                  "is a FIFO that no program has open for writing (no "
+                  "writer and no data within %d s)",
+                  MSNAP_SOURCE_FIFO_WAIT_MS / 1000);
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      return fail(src, MSNAP_EIO, "read error: %s", strerror(errno));
+  }
   int fl = fcntl(pr->fd, F_GETFL);
   if (fl >= 0) fcntl(pr->fd, F_SETFL, fl & ~O_NONBLOCK);
   pr->fifo_wait = false;
-  return 0;
+  return got;
 }
 
 /* read(2) up to n bytes; 0 at the end, negative MSNAP_E* on error. */
@@ -321,8 +342,8 @@ static ssize_t read_fd(msnap_source_t *src, unsigned char *dst, size_t n) {
     return (ssize_t)k;
   }
   if (pr->fifo_wait) {
-    int rc = fifo_first(src);
-    if (rc < 0) return rc;
+    ssize_t k = fifo_first(src, dst, n);
+    if (k != 0) return k; /* its first bytes, or an error */
   }
   for (;;) {
     ssize_t k = read(pr->fd, dst, n);

@@ -17,9 +17,11 @@
  *   - stream: what has no size but can be read -- a pipe ("-" is standard
  *     input), a named FIFO, a file of a pseudo file system whose stat
  *     size is 0 (/proc/self/maps): read(2) in 1 MiB chunks.  A named FIFO
- *     is opened without blocking and must deliver its first byte within
- *     MSNAP_SOURCE_FIFO_WAIT_MS (else MSNAP_EIO "no writer"), so a FIFO
- *     nobody writes never hangs the reader;
+ *     is opened without blocking; when no byte comes within
+ *     MSNAP_SOURCE_FIFO_WAIT_MS and no program has it open for writing it
+ *     is refused (MSNAP_EIO "no writer"), so a FIFO nobody writes never
+ *     hangs the reader, while one whose writer is slow is waited for, as
+ *     a pipe;
  *   - gzip / zstd: a mapped or streamed file whose first bytes are the
  *     gzip (1f 8b) or zstd (28 b5 2f fd) magic number, decompressed into
  *     the window (zlib, libzstd: opened with dlopen on the first such

@@ -196,6 +196,23 @@ def group_special():
            (secs, err.strip()[-120:]))
     # A FIFO with a writer: read as a stream.
     good = pickle.dumps(good_snapshot(), protocol=4)
+    # A writer that opens the FIFO at once but sends its first byte only
+    # after the 5 s no-writer wait: waited for, as on a pipe.
+    slow = path("slow.fifo")
+    os.mkfifo(slow)
+
+    def slow_writer():
+        fd = os.open(slow, os.O_WRONLY)
+        time.sleep(6.5)
+        os.write(fd, good)
+        os.close(fd)
+    t = threading.Thread(target=slow_writer)
+    t.start()
+    rc, out, err = run("check", slow)
+    t.join()
+    expect(rc == 0 and "ok" in out,
+           "check FIFO whose writer is open but slow (6.5 s): waited for "
+           "(rc %d, %r)" % (rc, err.strip()[-120:]))
 
     def writer():
         time.sleep(0.5)
