@@ -572,6 +572,8 @@ def register_device(name: str = "npu") -> str:
             # torch_npu's, as use_allocator("npu") picks the npu profile.
             if name == "npu" and not os.environ.get("MEMSNAP_PROFILE"):
                 os.environ["MEMSNAP_PROFILE"] = "npu"
+        else:
+            _check_existing_allocator(name)
         lib = _shim.torch_lib()
         err = lib.msnap_torch_device_check()
         if err:
@@ -590,6 +592,29 @@ def register_device(name: str = "npu") -> str:
         atexit.register(_drain_autograd_threads, name)
         _registered = name
         return name
+
+
+def _check_existing_allocator(name: str) -> None:
+    """register_device after memsnap's allocator was created: it must be
+    the one register_device would have created (host-backed sim, and for
+    "npu" the npu profile unless MEMSNAP_PROFILE chose), else a
+    RuntimeError that names the call that created it."""
+    runtime, profile = _C.runtime_name(), _C.profile()
+    host_backed = runtime == "sim" and _C.sim_host_backed()
+    want_profile = "npu" if name == "npu" and not os.environ.get("MEMSNAP_PROFILE") else None
+    if host_backed and want_profile in (None, profile):
+        return
+    what = (f"the sim runtime without host backing" if runtime == "sim" and not host_backed
+            else f"the {runtime!r} runtime" if not host_backed
+            else f"the {profile!r} profile, not {want_profile!r}")
+    by = _memory._allocator_created_by()
+    raise RuntimeError(
+        f"memsnap.torch.register_device({name!r}) must be called before any "
+        f"memsnap.memory call that creates memsnap's allocator (this one was: "
+        f"{by or 'a call before register_device'}); it already exists with "
+        f"{what} (one allocator per process).  Call memsnap.torch.register_device("
+        f"{name!r}) first: memsnap.memory works on the device after it"
+    )
 
 
 def _register_reductions() -> None:
