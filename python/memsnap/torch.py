@@ -170,6 +170,8 @@ def use_allocator(backend: str | None = None):
     event records first drain torch_npu's task queue.
 
     Raises:
+        ModuleNotFoundError: "npu" without torch_npu installed (the message
+            says to install it, or to use :func:`register_device`).
         RuntimeError: too late (the device allocator is already in use), or
             this torch has no pluggable-allocator API for the backend (e.g.
             a CPU-only torch for "cuda").
@@ -191,7 +193,17 @@ def use_allocator(backend: str | None = None):
             raise RuntimeError(f"memsnap: {path} is missing (package not built?)")
         npu = None
         if kind == "npu":
-            torch_npu = importlib.import_module("torch_npu")
+            try:
+                torch_npu = importlib.import_module("torch_npu")
+            except ModuleNotFoundError as e:
+                if e.name != "torch_npu":
+                    raise
+                raise ModuleNotFoundError(
+                    "memsnap.torch.use_allocator('npu') puts memsnap under torch_npu's "
+                    "allocator, and torch_npu is not installed (No module named "
+                    "'torch_npu'): install torch_npu (Ascend's PyTorch adapter) for a "
+                    "real NPU, or use memsnap.torch.register_device('npu') for a "
+                    "simulated \"npu\" device in this torch", name="torch_npu") from None
             mem = importlib.import_module("torch_npu.npu.memory")
             dev_mod = getattr(torch_npu, "npu", None)
             # torch_npu.npu.memory defines them; torch_npu.npu re-exports.
