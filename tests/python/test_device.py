@@ -373,6 +373,60 @@ print("RESULT " + json.dumps(out))
     assert r["summary"] and r["segments"] >= 1
 
 
+def test_module_to_device_replaces_parameters_documented_recipe():
+    """docs/python.md: .to("npu") makes new Parameter objects (an optimizer
+    built before holds CPU parameters that get no gradients); building it
+    after the move, or swap_module_params_on_conversion, trains; a lazy
+    module is materialized on the CPU before the move."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+mt.register_device("npu")
+x = torch.ones(2, 4, device="npu")
+out = {"shallow": torch._has_compatible_shallow_copy_type(torch.ones(1), x)}
+
+def train(model, opt):
+    before = model.weight.detach().cpu().clone()
+    model(x).sum().backward()
+    opt.step()
+    return not torch.equal(before, model.weight.detach().cpu())
+
+m = torch.nn.Linear(4, 4); p0 = m.weight
+early = torch.optim.SGD(m.parameters(), lr=0.1)
+m.to("npu")
+out["replaced"] = m.weight is not p0
+out["early_trains"] = train(m, early)
+out["after_trains"] = train(m, torch.optim.SGD(m.parameters(), lr=0.1))
+torch.__future__.set_swap_module_params_on_conversion(True)
+m = torch.nn.Linear(4, 4); p0 = m.weight
+early = torch.optim.SGD(m.parameters(), lr=0.1)
+m.to("npu")
+out["swap_kept"] = m.weight is p0 and m.weight.device.type == "npu"
+out["swap_trains"] = train(m, early)
+torch.__future__.set_swap_module_params_on_conversion(False)
+lazy = torch.nn.LazyLinear(4)
+try:
+    lazy.to("npu")(torch.ones(2, 3, device="npu"))
+    out["lazy_unmaterialized"] = "ran"
+except AssertionError as e:
+    out["lazy_unmaterialized"] = str(e)
+lazy = torch.nn.LazyLinear(4)
+lazy(torch.ones(2, 3))
+lazy.to("npu")
+opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+before = lazy.weight.detach().cpu().clone()
+lazy(torch.ones(2, 3, device="npu")).sum().backward(); opt.step()
+out["lazy_trains"] = not torch.equal(before, lazy.weight.detach().cpu())
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["shallow"] is False and r["replaced"] is True
+    assert r["early_trains"] is False and r["after_trains"] is True
+    assert r["swap_kept"] is True and r["swap_trains"] is True
+    assert "in_features from self.weight: 0" in r["lazy_unmaterialized"]
+    assert r["lazy_trains"] is True
+
+
 def test_exit_after_backward_is_clean():
     """torch's autograd device threads may drop their last graph task at
     interpreter shutdown (pytorch/pytorch#117762); memsnap drains them at
