@@ -93,8 +93,9 @@ __all__ = [
 ]
 
 #: Raised when the device is out of memory (a ``MemoryError``).  With torch
-#: imported, the class actually raised also derives from
-#: ``torch.OutOfMemoryError``.
+#: imported, the class actually raised is ``TorchOutOfMemoryError``, a
+#: subclass of this class and of ``torch.OutOfMemoryError``; this class
+#: itself does not derive from torch's.
 OutOfMemoryError = _C.OutOfMemoryError
 
 # Hooks set by memsnap.torch when memsnap is routed to torch's devices:
