@@ -1388,4 +1388,4 @@ def _allocator_created_by() -> str | None:
 
 for _n in _NOTED:
     globals()[_n] = _noting(globals()[_n])
-del _n
+del _n, _noting  # not part of the API (tests/python/test_arg_types.py)
