@@ -170,6 +170,8 @@ def use_allocator(backend: str | None = None):
     event records first drain torch_npu's task queue.
 
     Raises:
+        ModuleNotFoundError: "npu" without torch_npu installed (the message
+            says to install it, or to use :func:`register_device`).
         RuntimeError: too late (the device allocator is already in use), or
             this torch has no pluggable-allocator API for the backend (e.g.
             a CPU-only torch for "cuda").
@@ -191,7 +193,17 @@ def use_allocator(backend: str | None = None):
             raise RuntimeError(f"memsnap: {path} is missing (package not built?)")
         npu = None
         if kind == "npu":
-            torch_npu = importlib.import_module("torch_npu")
+            try:
+                torch_npu = importlib.import_module("torch_npu")
+            except ModuleNotFoundError as e:
+                if e.name != "torch_npu":
+                    raise
+                raise ModuleNotFoundError(
+                    "memsnap.torch.use_allocator('npu') puts memsnap under torch_npu's "
+                    "allocator, and torch_npu is not installed (No module named "
+                    "'torch_npu'): install torch_npu (Ascend's PyTorch adapter) for a "
+                    "real NPU, or use memsnap.torch.register_device('npu') for a "
+                    "simulated \"npu\" device in this torch", name="torch_npu") from None
             mem = importlib.import_module("torch_npu.npu.memory")
             dev_mod = getattr(torch_npu, "npu", None)
             # torch_npu.npu.memory defines them; torch_npu.npu re-exports.
@@ -572,6 +584,8 @@ def register_device(name: str = "npu") -> str:
             # torch_npu's, as use_allocator("npu") picks the npu profile.
             if name == "npu" and not os.environ.get("MEMSNAP_PROFILE"):
                 os.environ["MEMSNAP_PROFILE"] = "npu"
+        else:
+            _check_existing_allocator(name)
         lib = _shim.torch_lib()
         err = lib.msnap_torch_device_check()
         if err:
@@ -590,6 +604,29 @@ def register_device(name: str = "npu") -> str:
         atexit.register(_drain_autograd_threads, name)
         _registered = name
         return name
+
+
+def _check_existing_allocator(name: str) -> None:
+    """register_device after memsnap's allocator was created: it must be
+    the one register_device would have created (host-backed sim, and for
+    "npu" the npu profile unless MEMSNAP_PROFILE chose), else a
+    RuntimeError that names the call that created it."""
+    runtime, profile = _C.runtime_name(), _C.profile()
+    host_backed = runtime == "sim" and _C.sim_host_backed()
+    want_profile = "npu" if name == "npu" and not os.environ.get("MEMSNAP_PROFILE") else None
+    if host_backed and want_profile in (None, profile):
+        return
+    what = (f"the sim runtime without host backing" if runtime == "sim" and not host_backed
+            else f"the {runtime!r} runtime" if not host_backed
+            else f"the {profile!r} profile, not {want_profile!r}")
+    by = _memory._allocator_created_by()
+    raise RuntimeError(
+        f"memsnap.torch.register_device({name!r}) must be called before any "
+        f"memsnap.memory call that creates memsnap's allocator (this one was: "
+        f"{by or 'a call before register_device'}); it already exists with "
+        f"{what} (one allocator per process).  Call memsnap.torch.register_device("
+        f"{name!r}) first: memsnap.memory works on the device after it"
+    )
 
 
 def _register_reductions() -> None:

@@ -394,18 +394,129 @@ print("RESULT " + json.dumps(out))
     assert "register_device" in r["use_allocator"] or "torch_npu" in r["use_allocator"]
 
 
-def test_register_device_refuses_a_non_host_backed_runtime():
-    code = r"""
+@pytest.mark.parametrize("call", [
+    "mm.memory_allocated()", "mm.memory_stats()", "mm.mem_get_info()",
+    "mm.memory_summary()", "mm._snapshot()", "mm._record_memory_history()"])
+def test_memory_call_before_register_device_is_named(call):
+    """A memsnap.memory call that creates the allocator before
+    register_device: register_device refuses with the call and its line,
+    and suggests no environment variable (one that changes the profile)."""
+    code = f"""
 import json
 import memsnap.memory as mm, memsnap.torch as mt
-mm.memory_allocated()          # the allocator now exists, not host-backed
+{call}
 try:
     mt.register_device("npu")
 except RuntimeError as e:
     print("RESULT " + json.dumps(str(e)))
 """
     r = run_script(code).result
-    assert "host-backed sim runtime" in r and "without host backing" in r
+    name = call[len("mm."):call.index("(")]
+    assert ("register_device('npu') must be called before any memsnap.memory call "
+            "that creates memsnap's allocator (this one was: memsnap.memory."
+            f"{name} at <string>:4)") in r, r
+    assert "without host backing" in r
+    assert "MEMSNAP_" not in r
+
+
+def test_host_backed_env_does_not_switch_the_npu_profile():
+    """MEMSNAP_SIM_HOST_BACKED=1 set by hand and a statistic first: the
+    allocator has the cuda profile, so register_device("npu") refuses
+    instead of giving "npu" PyTorch's decisions."""
+    code = r"""
+import json
+import memsnap.memory as mm, memsnap.torch as mt
+mm.memory_stats()
+try:
+    mt.register_device("npu")
+except RuntimeError as e:
+    print("RESULT " + json.dumps(str(e)))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_SIM_HOST_BACKED="1")).result
+    assert "this one was: memsnap.memory.memory_stats at <string>:4" in r
+    assert "the 'cuda' profile, not 'npu'" in r
+
+
+def test_empty_cache_then_register_device_then_statistics():
+    """empty_cache before the allocator exists does not create it; after
+    register_device every memsnap.memory call works on the device, with
+    the npu profile, and sees a real nn.Linear's parameters."""
+    code = r"""
+import json
+import memsnap, memsnap.memory as mm, memsnap.torch as mt, torch
+mm.empty_cache()
+created = memsnap._memsnap.initialized()
+mt.register_device("npu")
+mm._record_memory_history()
+before = mm.memory_allocated()
+lin = torch.nn.Linear(256, 256).to("npu")
+out = {"created": created, "profile": memsnap._memsnap.profile(), "before": before,
+       "after": mm.memory_allocated(), "torch_npu": torch.npu.memory_allocated(),
+       "free_total": list(mm.mem_get_info()),
+       "summary": "memory summary" in mm.memory_summary(),
+       "segments": len(mm._snapshot()["segments"])}
+mm.empty_cache()
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["created"] is False and r["profile"] == "npu"
+    assert r["before"] == 0 and r["after"] == r["torch_npu"] >= (256 * 256 + 256) * 4
+    assert r["free_total"][0] < r["free_total"][1]
+    assert r["summary"] and r["segments"] >= 1
+
+
+def test_module_to_device_replaces_parameters_documented_recipe():
+    """docs/python.md: .to("npu") makes new Parameter objects (an optimizer
+    built before holds CPU parameters that get no gradients); building it
+    after the move, or swap_module_params_on_conversion, trains; a lazy
+    module is materialized on the CPU before the move."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+mt.register_device("npu")
+x = torch.ones(2, 4, device="npu")
+out = {"shallow": torch._has_compatible_shallow_copy_type(torch.ones(1), x)}
+
+def train(model, opt):
+    before = model.weight.detach().cpu().clone()
+    model(x).sum().backward()
+    opt.step()
+    return not torch.equal(before, model.weight.detach().cpu())
+
+m = torch.nn.Linear(4, 4); p0 = m.weight
+early = torch.optim.SGD(m.parameters(), lr=0.1)
+m.to("npu")
+out["replaced"] = m.weight is not p0
+out["early_trains"] = train(m, early)
+out["after_trains"] = train(m, torch.optim.SGD(m.parameters(), lr=0.1))
+torch.__future__.set_swap_module_params_on_conversion(True)
+m = torch.nn.Linear(4, 4); p0 = m.weight
+early = torch.optim.SGD(m.parameters(), lr=0.1)
+m.to("npu")
+out["swap_kept"] = m.weight is p0 and m.weight.device.type == "npu"
+out["swap_trains"] = train(m, early)
+torch.__future__.set_swap_module_params_on_conversion(False)
+lazy = torch.nn.LazyLinear(4)
+try:
+    lazy.to("npu")(torch.ones(2, 3, device="npu"))
+    out["lazy_unmaterialized"] = "ran"
+except AssertionError as e:
+    out["lazy_unmaterialized"] = str(e)
+lazy = torch.nn.LazyLinear(4)
+lazy(torch.ones(2, 3))
+lazy.to("npu")
+opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+before = lazy.weight.detach().cpu().clone()
+lazy(torch.ones(2, 3, device="npu")).sum().backward(); opt.step()
+out["lazy_trains"] = not torch.equal(before, lazy.weight.detach().cpu())
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["shallow"] is False and r["replaced"] is True
+    assert r["early_trains"] is False and r["after_trains"] is True
+    assert r["swap_kept"] is True and r["swap_trains"] is True
+    assert "in_features from self.weight: 0" in r["lazy_unmaterialized"]
+    assert r["lazy_trains"] is True
 
 
 def test_exit_after_backward_is_clean():

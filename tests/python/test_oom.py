@@ -138,3 +138,24 @@ def test_a_failing_oom_dump_is_said_once(profile):
     assert p.stderr.count("no OOM snapshot is written") == 1, p.stderr
     cann = p.stderr.count("no CANN memory usage report")
     assert cann == (0 if profile == "cuda" else 1), p.stderr
+
+
+def test_oom_classes_with_torch_imported():
+    """docs/python.md: with torch imported the raised class is
+    TorchOutOfMemoryError, a subclass of memsnap's OutOfMemoryError and of
+    torch.OutOfMemoryError; memsnap's class itself is not torch's."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, torch, memsnap.memory as mm
+try:
+    mm.caching_allocator_alloc(1 << 40)
+except torch.OutOfMemoryError as e:
+    t = type(e)
+    print("RESULT " + json.dumps([t.__module__ + "." + t.__name__,
+                                  isinstance(e, mm.OutOfMemoryError),
+                                  isinstance(e, MemoryError),
+                                  issubclass(t, torch.OutOfMemoryError),
+                                  issubclass(mm.OutOfMemoryError, torch.OutOfMemoryError)]))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result
+    assert r == ["memsnap.memory.TorchOutOfMemoryError", True, True, True, False]

@@ -506,6 +506,77 @@ def test_usage_and_script_errors(tmp_path):
     assert j.returncode == 2 and j.json["fits"] is True and j.json["complete"] is False
 
 
+def test_no_script_names_only_script_as_required():
+    """ARGS is optional: the error and the usage name SCRIPT alone."""
+    p = predict()
+    assert p.returncode == 2
+    assert "the following arguments are required: SCRIPT\n" in p.stderr
+    assert "ARGS" not in p.stderr.splitlines()[-1]
+    assert "SCRIPT [ARGS ...]" in p.stderr
+    # The script's own options still reach it.
+    assert "SCRIPT [ARGS ...]" in predict("--help").stdout
+
+
+THREADS = """import threading, torch
+out = []
+def work():
+    out.append(torch.empty(64 << 20, dtype=torch.uint8, device=DEVICE))
+def mine():
+    raise ValueError("the thread's own error")
+ts = [threading.Thread(target=work) for _ in range(3)]
+ts.append(threading.Thread(target=mine, name="mine"))
+[t.start() for t in ts]; [t.join() for t in ts]
+x = torch.nn.Linear(256, 256).to(DEVICE)
+print(torch.cuda.memory_allocated() if DEVICE == "cuda" else torch.npu.memory_allocated())
+"""
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_device_work_in_other_threads_is_not_a_fit(tmp_path, device):
+    """Threads' device operators are not seen: each such thread fails on
+    the real backend.  The report lists them in one line per distinct
+    failure (no 60-line tracebacks), the verdict is UNKNOWN (never FITS),
+    the JSON says threads_not_seen and complete: false, exit status 2.  A
+    thread's own exception keeps Python's traceback."""
+    script = tmp_path / "threads.py"
+    script.write_text(f"DEVICE = {device!r}\n" + THREADS)
+    p = predict("--memory", "1G", str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    backend = "CUDA" if device == "cuda" else "npu"
+    short = (f"NotImplementedError: Could not run 'aten::empty.memory_format' with "
+             f"arguments from the '{backend}' backend")
+    assert "device work in 3 other thread(s) was not seen" in p.stdout
+    assert f"3 thread(s)  threads.py:5 in work: {short}" in p.stdout
+    assert "verdict: UNKNOWN  (device work in 3 other thread(s) was not seen" in p.stdout
+    assert "verdict: FITS" not in p.stdout
+    # stderr: one line for the three threads, torch's dispatcher listing
+    # never; the thread's own ValueError as Python prints it.
+    assert p.stderr.count("device work not seen") == 1
+    assert "registered at" not in p.stderr
+    assert "ValueError: the thread's own error" in p.stderr
+    assert "Exception in thread mine" in p.stderr
+    # The main thread's Linear is predicted as usual.
+    assert "peak allocated            0 B" not in p.stdout
+    j = predict("--memory", "1G", "--json", str(script), cwd=tmp_path)
+    assert j.returncode == 2
+    assert j.json["threads_not_seen"] == 3 and j.json["complete"] is False
+    assert j.json["fits"] is True and j.json["script_error"] is None
+    assert j.json["thread_errors"] == [
+        {"site": "threads.py:5 in work", "error": short, "threads": 3}]
+
+
+def test_threads_without_device_work_keep_the_verdict(tmp_path):
+    """CPU work in threads is fine: FITS, exit 0, threads_not_seen 0."""
+    script = tmp_path / "cpu_threads.py"
+    script.write_text("import threading, torch\n"
+                      "t = threading.Thread(target=lambda: torch.ones(8) * 2)\n"
+                      "t.start(); t.join()\n"
+                      "x = torch.ones(1024, device='npu')\n")
+    p = predict("--memory", "1G", "--json", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.json["threads_not_seen"] == 0 and p.json["complete"] is True
+
+
 def test_memory_outside_the_device_range(tmp_path):
     """--memory below the 2 MiB segment granule (or above 256 TiB) is
     refused before the script runs, as `memsnap replay --device-memory`;

@@ -167,6 +167,24 @@ except RuntimeError as e:
     assert "without CUDA" in run_script(code).result
 
 
+def test_use_allocator_npu_without_torch_npu_says_what_to_do():
+    """No torch_npu installed (no stand-in on the path): a
+    ModuleNotFoundError that names torch_npu and both ways out."""
+    pytest.importorskip("torch")
+    code = r"""
+import importlib.util, json, memsnap.torch as mt
+assert importlib.util.find_spec("torch_npu") is None
+try:
+    mt.use_allocator("npu")
+except ModuleNotFoundError as e:
+    print("RESULT " + json.dumps([e.name, str(e), mt.installed_backend()]))
+"""
+    name, msg, installed = run_script(code).result
+    assert name == "torch_npu" and installed is None
+    assert "torch_npu is not installed" in msg
+    assert "install torch_npu" in msg and "register_device('npu')" in msg
+
+
 def test_record_function_annotations_and_fx_augmentation():
     pytest.importorskip("torch")
     code = r"""

@@ -184,8 +184,10 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
         self.result = _report.results(s, snap)
         # The code ran to its end (or exited with status 0): otherwise the
         # figures cover only what ran before the exception.
-        self.result["complete"] = exc_type is None or (
+        # Device work of other threads was not seen: incomplete as well.
+        self.result["complete"] = (exc_type is None or (
             issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0))
+        ) and not s.threads_not_seen
         return suppress
 
     # -- results ---------------------------------------------------------

@@ -1,7 +1,8 @@
 """python -m memsnap.predict -- predict a script's device memory (docs/predict.md).
 
 Exit status: 0 the run fits, 1 an out-of-memory is predicted (for the run's
-own configuration), 2 usage error, the script failed, or the snapshot could
+own configuration), 2 usage error, the script failed, device work in other
+threads of the script was not seen (verdict UNKNOWN), or the snapshot could
 not be written.
 """
 
@@ -22,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                     "allocated/reserved memory, fragmentation, the line that runs out of "
                     "memory, what-ifs, and a snapshot for memory_viz.",
         epilog="exit status: 0 fits, 1 out of memory predicted, 2 usage or script error, "
-                "or the snapshot not written")
+                "device work in other threads not seen (verdict UNKNOWN), or the snapshot "
+                "not written")
     p.add_argument("--memory", default="64G", metavar="SIZE",
                    help="device memory (binary units: 64G, 80GiB, 1.5T; default 64G)")
     p.add_argument("--profile", choices=("npu", "cuda"), default=None,
@@ -56,15 +58,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-annotations", action="store_true",
                    help="do not record module / optimizer-step ranges")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
+    # Optional for argparse, required below: with a REMAINDER after it,
+    # argparse would name ARGS (optional) as required too.
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                    help="the script's arguments")
+    # The usage names SCRIPT as required and ARGS as optional.
+    usage = p.format_usage().removeprefix("usage: ").rstrip("\n")
+    p.usage = usage.replace(" [SCRIPT] ...", " SCRIPT [ARGS ...]")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     ns = p.parse_args(argv)
+    if ns.script is None:
+        p.error("the following arguments are required: SCRIPT")
     if not os.path.isfile(ns.script):
         p.error(f"{ns.script}: " + ("is a directory, not a script"
                                     if os.path.isdir(ns.script) else
@@ -129,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     elif r["oom"] is not None:
         status = 1
     else:
-        status = 2 if pred.script_error else 0
+        # A failed script, or device work in other threads not seen
+        # (verdict UNKNOWN): not a verdict to trust.
+        status = 2 if pred.script_error or r.get("threads_not_seen") else 0
     if pred.os_exit is not None:
         # The script ended itself with os._exit: the process ends the same
         # way (no interpreter teardown: atexit handlers, joins of the

@@ -141,6 +141,10 @@ def results(session, snapshot: dict | None) -> dict:
     r["world_size"] = session.world_size
     r["eager_compile"] = session.compile_calls
     r["values_read_as_zero"] = session.unknown_scalars
+    r["threads_not_seen"] = session.threads_not_seen
+    r["thread_errors"] = [{"site": e["site"], "error": e["error"],
+                           "threads": len(e["threads"])}
+                          for e in session.thread_errors.values()]
     return r
 
 
@@ -178,12 +182,22 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
         for s in r["top_sites"]:
             out.append(f"    {fmt_bytes(s['requested_bytes']):>12}  {s['blocks']:6d} blocks  "
                        f"{s['site']}")
+    unseen = r.get("threads_not_seen", 0)
+    if unseen:
+        out.append(f"  device work in {unseen} other thread(s) was not seen (predict follows "
+                   f"the main thread only; each failed at its first device operator):")
+        for e in r["thread_errors"]:
+            out.append(f"    {e['threads']} thread(s)  {e['site']}: {e['error']}")
     oom = r["oom"]
     if oom is None:
         head = mem - r["peak_reserved_bytes"] - r.get("reserve_bytes", 0)
         figures = (f"peak reserved {fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(mem)}; "
                    f"{fmt_bytes(max(head, 0))} to spare")
-        if r.get("complete", True):
+        if unseen:
+            out.append(f"verdict: UNKNOWN  (device work in {unseen} other thread(s) was not "
+                       f"seen: predict follows the main thread only; the main thread's "
+                       f"{figures})")
+        elif r.get("complete", True):
             out.append(f"verdict: FITS  ({figures})")
         else:
             who = "the script" if script_error or script else "the code"

@@ -44,8 +44,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import sys
+import threading
 import time
+import traceback
 import weakref
 
 import torch
@@ -214,6 +217,17 @@ class Session:
         self._stack = None
         self.fake_mode = None
         self.tracker = None
+        # Threads of the script that failed on device work the prediction
+        # does not see (it follows the thread that runs the script):
+        # {(site, error): {"site", "error", "threads": [names]}}.
+        self.thread_errors: dict = {}
+        self._thread_lock = threading.Lock()
+
+    @property
+    def threads_not_seen(self) -> int:
+        """Threads whose device work failed unseen (see
+        :func:`_other_threads`)."""
+        return sum(len(e["threads"]) for e in self.thread_errors.values())
 
     # -- configuration ---------------------------------------------------
     @property
@@ -409,6 +423,7 @@ class Session:
             if self.annotate_modules:
                 stack.enter_context(Annotator(self.annotate))
             stack.enter_context(_device.DeviceArgs(self))
+            stack.enter_context(_other_threads(self, name))
             self.tracker = Tracker(self, name)
             stack.enter_context(self.tracker)
         except BaseException:
@@ -435,6 +450,64 @@ class Session:
             self._write_output()
         if self.tracker is not None:
             self.tracker.release_all()
+
+
+# A device operator in a thread other than the one that predicts: the fake
+# device, the fake mode and the device-argument mapping are that thread's
+# only, so the operator reaches torch's real "CUDA" or the unimplemented
+# PrivateUse1 ("npu") backend, or a CPU build's missing CUDA support.
+_UNSEEN_DEVICE = re.compile(
+    r"(Could not run '[^']+' with arguments from the '(?:CUDA|PrivateUse1|{name})' backend"
+    r"|PyTorch is not linked with support for (?:cuda|privateuseone|{name}) devices"
+    r"|Torch not compiled with CUDA enabled)")
+
+
+def unseen_device_error(exc: BaseException, name: str) -> str | None:
+    """The short form of ``exc`` when it is a device operator that failed
+    because it ran outside the predicting thread, else None."""
+    if not isinstance(exc, (NotImplementedError, RuntimeError, AssertionError)):
+        return None
+    m = re.search(_UNSEEN_DEVICE.pattern.replace("{name}", re.escape(name)), str(exc))
+    return None if m is None else f"{type(exc).__name__}: {m.group(1)}"
+
+
+@contextlib.contextmanager
+def _other_threads(session, name: str):
+    """Device work in the script's other threads is not predicted (only the
+    thread that runs the script has the fake device): such a thread fails
+    at its first device operator.  While predicting, ``threading.excepthook``
+    recognises that failure (:func:`unseen_device_error`), records it in
+    ``session.thread_errors`` (the report's verdict is then UNKNOWN) and
+    prints one line per distinct failure instead of the traceback; any
+    other exception of a thread goes to the hook that was installed."""
+    orig = threading.excepthook
+
+    def excepthook(args):
+        short = unseen_device_error(args.exc_value, name) if args.exc_value else None
+        if short is None:
+            return orig(args)
+        frames = [{"filename": f.filename, "line": f.lineno, "name": f.name}
+                  for f in traceback.extract_tb(args.exc_traceback)]
+        user = [f for f in frames if _frames.is_user_file(f["filename"])]
+        site = _frames.site(user[-1] if user else None)
+        thread = args.thread.name if args.thread is not None else "?"
+        with session._thread_lock:
+            e = session.thread_errors.get((site, short))
+            first = e is None
+            if first:
+                e = session.thread_errors[(site, short)] = {
+                    "site": site, "error": short, "threads": []}
+            e["threads"].append(thread)
+        if first:
+            print(f"memsnap.predict: thread {thread!r}: device work not seen (predict "
+                  f"follows the main thread only): {site}: {short}", file=sys.stderr)
+
+    threading.excepthook = excepthook
+    try:
+        yield
+    finally:
+        if threading.excepthook is excepthook:
+            threading.excepthook = orig
 
 
 @contextlib.contextmanager
