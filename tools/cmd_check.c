@@ -160,8 +160,8 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
     prev_i = i;
     if (g->address + g->total_size > (1ull << 53))
       report(c, where,
-             "address range ends above 2^53: JavaScript viewers lose "
-             "precision (§7.3 rule 5)");
+             "address range ends above 2^53: JavaScript viewers "
+             "(memory_viz) lose precision");
     if (g->nblocks == 0) {
       report(c, where, "segment has no blocks");
       continue;
@@ -270,7 +270,9 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
       }
       if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
         report(c, WHERE,
-               "addr 0x%" PRIx64 " is above 2^53 (§7.3 rule 5)", e->addr);
+               "addr 0x%" PRIx64 " is above 2^53: JavaScript viewers "
+               "(memory_viz) lose precision",
+               e->addr);
     }
 #undef WHERE
   }
@@ -280,8 +282,8 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
       if (dev < 0 || (uint64_t)dev >= s->ndevices) {
         snprintf(where, sizeof where, "segments[%u]", i);
         report(c, where,
-               "device %" PRId64 " has no list in device_traces (%u lists; "
-               "§7.3 rule 6)",
+               "device %" PRId64 " has no list in device_traces (%u lists: "
+               "memory_viz indexes device_traces by a segment's device)",
                dev, s->ndevices);
         break;
       }

@@ -195,7 +195,13 @@ int cli_cmd_convert(int argc, char **argv) {
              why[0] ? " (a pickle MemoryViz reads holds values below 2^63)"
                     : "",
              msnap_err_name(rc));
-    cli_write_failed(out, "", reason);
+    if (why[0])
+      /* a value of the input, not the output, is the problem: name the
+       * input and say nothing was written */
+      cli_output_failed("%s: cannot be converted: %s; %s not written",
+                        argv[first], reason, cli_output_shown(out));
+    else
+      cli_write_failed(out, "", reason);
     return CLI_UNUSABLE;
   }
   fprintf(stderr, "memsnap: wrote %s (%s)\n", cli_output_shown(out),

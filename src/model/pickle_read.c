@@ -1526,6 +1526,12 @@ static int refuse(msnap_pvm_t *vm, unsigned op, const unsigned char *p,
              (int)(ln < 70 ? ln : 70), n);
   }
   bool imports = op == MSNAP_OP_GLOBAL || op == MSNAP_OP_STACK_GLOBAL;
+  if (op == MSNAP_OP_NEXT_BUFFER || op == MSNAP_OP_READONLY_BUFFER)
+    return msnap__pvm_fail(vm, MSNAP_EUNSAFE,
+                           "opcode %s (0x%02x) takes an out-of-band buffer "
+                           "(pickle protocol 5's buffer_callback), which a "
+                           "memory snapshot never holds; refused",
+                           op_name(op), op);
   return msnap__pvm_fail(vm, MSNAP_EUNSAFE,
                          "opcode %s (0x%02x) would import or call code%s; "
                          "refused%s",

@@ -121,6 +121,11 @@ static void test_refuses_code(void **state) {
     if (rc != MSNAP_EUNSAFE) fprintf(stderr, "case %zu: %s\n", i, err.msg);
     assert_int_equal(rc, MSNAP_EUNSAFE);
   }
+  /* an out-of-band buffer is named as such, not as code */
+  assert_int_equal(RUN("\x80\x05\x97.", &err), MSNAP_EUNSAFE);
+  assert_non_null(strstr(err.msg, "opcode NEXT_BUFFER (0x97) takes an "
+                                  "out-of-band buffer"));
+  assert_null(strstr(err.msg, "import"));
 }
 
 static void test_deep_nesting(void **state) {
