@@ -248,6 +248,23 @@ static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
  * created and the last error names `path` with the system's reason
  * (msnap_last_errno() keeps the errno).
  */
+/* rename(2) over a file in a sticky directory (/tmp) fails with EPERM
+ * unless the caller owns the file or the directory (or is privileged, as
+ * root with CAP_FOWNER): such a target is refused before anything is
+ * written, as the kernel would refuse the final rename. */
+static int sticky_replace_check(const msnap_outpath_t *o, const char *path) {
+  if (!o->exists || !S_ISREG(o->st.st_mode) || !(o->dir.st_mode & S_ISVTX))
+    return 0;
+  uid_t me = geteuid();
+  if (me == 0 || o->st.st_uid == me || o->dir.st_uid == me) return 0;
+  return msnap__set_error_errno(
+      MSNAP_EIO, EPERM,
+      "cannot write '%s': it belongs to uid %ld in a sticky directory of uid "
+      "%ld, where only the file's or the directory's owner may replace it "
+      "(you are uid %ld)",
+      path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me);
+}
+
 int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
   f->fd = f->dirfd = -1;
   f->direct = 0;
@@ -277,6 +294,10 @@ int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
       f->path = o.shown;
       o.shown = NULL;
     }
+    msnap__outpath_release(&o);
+    return rc;
+  }
+  if ((rc = sticky_replace_check(&o, path)) != 0) {
     msnap__outpath_release(&o);
     return rc;
   }
@@ -489,6 +510,10 @@ int msnap_check_output(const char *path) {
   /* A new or regular file: the temporary is created in its directory; a
    * device or FIFO is opened for writing itself. */
   bool file = !o.exists || S_ISREG(o.st.st_mode);
+  if ((rc = sticky_replace_check(&o, path)) != 0) {
+    msnap__outpath_release(&o);
+    return rc;
+  }
   int e = 0;
   if (file && faccessat(o.dirfd, ".", W_OK | X_OK, 0) != 0)
     e = errno;

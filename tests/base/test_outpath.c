@@ -323,6 +323,46 @@ static void test_check_output(void **state) {
   assert_int_equal(msnap_check_output("/dev/stdout"), 0);
 }
 
+/* A file of another user in a sticky directory of a third (/tmp): the
+ * final rename would fail with EPERM, so the check and the atomic write
+ * refuse it first and leave it as it was.  Needs root (a child becomes
+ * nobody); skipped otherwise, saying so. */
+static void test_sticky_replace(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    fprintf(stderr, "SKIP sticky replace: needs root to act as another "
+                    "user\n");
+    return;
+  }
+  char d[600], p[700];
+  assert_int_equal(chmod(root, 0755), 0); /* nobody may look inside */
+  sticky_dir(d, sizeof d, "shared", geteuid());
+  snprintf(p, sizeof p, "%s/theirs.pickle", d);
+  put(p, "kept", 0666);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (setgid(NOBODY) != 0 || setuid(NOBODY) != 0) _exit(3);
+    if (msnap_check_output(p) != MSNAP_EIO || msnap_last_errno() != EPERM ||
+        strstr(msnap_last_error(), "sticky directory") == NULL)
+      _exit(4);
+    if (msnap__write_file_atomic(p, "new", 3) != MSNAP_EIO) _exit(5);
+    /* a new name in the same directory is fine */
+    char q[800];
+    snprintf(q, sizeof q, "%s/mine.pickle", d);
+    if (msnap_check_output(q) != 0 || msnap__write_file_atomic(q, "x", 1))
+      _exit(6);
+    _exit(0);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_string_equal(slurp(p), "kept");
+  /* root (CAP_FOWNER) replaces it */
+  assert_int_equal(msnap_check_output(p), 0);
+}
+
 /* /dev/stdout, /dev/fd/N, /proc/self/fd/N: this process's descriptor is
  * written (a pipe works; no temporary, no rename). */
 static void test_descriptor_links(void **state) {
@@ -560,6 +600,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_name_reserve, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fifo_target, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sticky_replace, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
