@@ -140,10 +140,69 @@ int msnap_py_check_device(msnap_allocator_t *a, int device, int any_ok,
  * with an error buffer to learn the code and the message naming the
  * offending token, so that a bad configuration raises ValueError.
  */
+/*
+ * Note which Python call made msnap_default() create the allocator
+ * (memsnap.torch.register_device names it when that allocator is not the
+ * one it needs): the outermost frame inside memsnap's package (the public
+ * function called) and the frame that called it.  Once per process, so
+ * no cost on later calls; any failure leaves created_by NULL.
+ */
+static void note_creator(PyObject *module, msnap_py_state_t *st) {
+  PyObject *file = PyModule_GetFilenameObject(module); /* memsnap/_memsnap.so */
+  if (file == NULL) {
+    PyErr_Clear();
+    return;
+  }
+  Py_ssize_t len = PyUnicode_GetLength(file), cut = -1;
+  for (Py_ssize_t i = 0; i < len; i++)
+    if (PyUnicode_READ_CHAR(file, i) == '/') cut = i + 1;
+  PyObject *pkg = cut > 0 ? PyUnicode_Substring(file, 0, cut) : NULL;
+  Py_DECREF(file);
+  if (pkg == NULL) {
+    PyErr_Clear();
+    return;
+  }
+  PyObject *name = NULL, *mod = NULL, *site = NULL;
+  PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+  Py_XINCREF(f);
+  while (f != NULL && site == NULL) {
+    PyCodeObject *co = PyFrame_GetCode(f); /* new reference */
+    PyObject *fn = PyObject_GetAttrString((PyObject *)co, "co_filename");
+    if (fn != NULL && PyUnicode_Check(fn) &&
+        PyUnicode_Tailmatch(fn, pkg, 0, PY_SSIZE_T_MAX, -1) == 1) {
+      Py_XSETREF(name, PyObject_GetAttrString((PyObject *)co, "co_name"));
+      Py_XSETREF(mod, PyUnicode_Substring(fn, PyUnicode_GetLength(pkg),
+                                          PyUnicode_GetLength(fn)));
+    } else if (fn != NULL) {
+      site = PyUnicode_FromFormat("%U:%d", fn, PyFrame_GetLineNumber(f));
+    }
+    Py_XDECREF(fn);
+    Py_DECREF(co);
+    PyFrameObject *back = PyFrame_GetBack(f); /* new reference */
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  Py_DECREF(pkg);
+  PyErr_Clear();
+  if (name != NULL && mod != NULL && site != NULL) {
+    /* (module file relative to the package, function, "file:line") */
+    st->created_by = PyTuple_Pack(3, mod, name, site);
+    if (st->created_by == NULL) PyErr_Clear();
+  }
+  Py_XDECREF(name);
+  Py_XDECREF(mod);
+  Py_XDECREF(site);
+}
+
 msnap_allocator_t *msnap_py_allocator(PyObject *module) {
+  msnap_py_state_t *st = msnap_py_state(module);
+  bool existed = st->created || msnap_default_exists();
   msnap_allocator_t *a = msnap_default();
   if (a != NULL) {
-    msnap_py_state(module)->created = 1;
+    if (!existed)
+      note_creator(module, st);
+    st->created = 1;
     return a;
   }
   char buf[512] = "";
@@ -364,6 +423,16 @@ static PyObject *py_plugin_entry_points(PyObject *module, PyObject *unused) {
  * (created by this module, or by the pluggable-allocator entry points when
  * torch allocated through memsnap); memsnap.configure() must come before.
  * It is memsnap's "device initialized" (torch.cuda.is_initialized). */
+/* created_by() -> (module file, function, "file:line") | None: the call
+ * of memsnap's package that created the allocator (note_creator). */
+static PyObject *py_created_by(PyObject *module, PyObject *unused) {
+  (void)unused;
+  PyObject *c = msnap_py_state(module)->created_by;
+  if (c == NULL) c = Py_None;
+  Py_INCREF(c);
+  return c;
+}
+
 static PyObject *py_initialized(PyObject *module, PyObject *unused) {
   return PyBool_FromLong(msnap_py_state(module)->created ||
                          msnap_default_exists());
@@ -714,6 +783,9 @@ PyMethodDef msnap_py_allocator_methods[] = {
     {"plugin_entry_points", py_plugin_entry_points, METH_NOARGS,
      "plugin_entry_points() -> {name: address} of the msnap_plugin_* "
      "functions."},
+    {"created_by", py_created_by, METH_NOARGS,
+     "created_by() -> (module file, function, \"file:line\") | None: the "
+     "call of memsnap's package that created the allocator."},
     {"initialized", py_initialized, METH_NOARGS,
      "initialized() -> bool: the process-wide allocator exists."},
     {"mark_capture_begin", py_mark_capture_begin, METH_VARARGS,

@@ -31,6 +31,7 @@ static int memsnap_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->torch_oom_base);
   Py_VISIT(st->mempool_type);
   Py_VISIT(st->pickle_loads);
+  Py_VISIT(st->created_by);
   Py_VISIT(st->oom_observers);
   return 0;
 }
@@ -44,6 +45,7 @@ static int memsnap_clear(PyObject *module) {
   Py_CLEAR(st->torch_oom_base);
   Py_CLEAR(st->mempool_type);
   Py_CLEAR(st->pickle_loads);
+  Py_CLEAR(st->created_by);
   Py_CLEAR(st->oom_observers);
   return 0;
 }

@@ -44,6 +44,7 @@ typedef struct msnap_py_state_s {
   PyObject *oom_observers;   /* list of callables                        */
   int oom_attached;          /* C observer registered with the allocator */
   int created;               /* msnap_default() returned an allocator    */
+  PyObject *created_by;      /* str: the call that created it, or NULL    */
 } msnap_py_state_t;
 
 static inline msnap_py_state_t *msnap_py_state(PyObject *module) {

@@ -1318,74 +1318,15 @@ def reset_peak_host_memory_stats() -> None:
     _C.host_reset_peak_stats()
 
 
-# ---------------------------------------------------------------------------
-# Which call created the allocator
-# ---------------------------------------------------------------------------
-#
-# memsnap's allocator is created by the first call that needs it (a
-# statistic, a snapshot, an allocation), with the runtime and profile of the
-# environment at that moment; memsnap.torch.register_device needs it created
-# its own way (host-backed sim).  The functions below note the call that
-# created it, so that register_device can name it.
-
-_created_by: str | None = None
-_depth = 0
-
-_NOTED = (
-    "caching_allocator_alloc", "caching_allocator_delete", "record_stream",
-    "caching_allocator_enable", "set_per_process_memory_fraction",
-    "get_per_process_memory_fraction", "memory_stats_as_nested_dict", "memory_stats",
-    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated",
-    "reset_max_memory_cached", "memory_allocated", "max_memory_allocated", "memory_reserved",
-    "max_memory_reserved", "memory_cached", "max_memory_cached", "memory_summary",
-    "mem_get_info", "list_gpu_processes", "get_allocator_backend", "_set_allocator_settings",
-    "_record_memory_history_legacy", "_record_memory_history", "_record_memory_history_impl",
-    "_snapshot", "_dump_snapshot", "memory_snapshot", "_allocation_traceback",
-    "_set_memory_metadata", "_get_memory_metadata", "_annotate_memory",
-    "_attach_out_of_memory_observer", "_save_dev_mem_usage_info", "_notify_device_error",
-    "_write_usage_report", "_host_alloc", "_host_free", "_host_record_stream",
-    "empty_host_cache", "host_memory_stats_as_nested_dict", "host_memory_stats",
-    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats",
-)
-
-
-def _caller_site() -> str:
-    """``file:line`` of the innermost frame outside memsnap's package."""
-    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    f = sys._getframe(2)
-    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(own):
-        f = f.f_back
-    return "?" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
-
-
-def _noting(func):
-    import functools
-
-    name = func.__name__
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        global _created_by, _depth
-        if _created_by is not None or _C.initialized():
-            return func(*args, **kwargs)
-        _depth += 1
-        try:
-            return func(*args, **kwargs)
-        finally:
-            _depth -= 1
-            if _depth == 0 and _created_by is None and _C.initialized():
-                _created_by = f"memsnap.memory.{name} at {_caller_site()}"
-
-    return wrapper
-
-
 def _allocator_created_by() -> str | None:
-    """``memsnap.memory.NAME at FILE:LINE``: the call of this module that
-    created memsnap's allocator, or None (not created, or created another
-    way)."""
-    return _created_by
-
-
-for _n in _NOTED:
-    globals()[_n] = _noting(globals()[_n])
-del _n, _noting  # not part of the API (tests/python/test_arg_types.py)
+    """``memsnap.memory.NAME at FILE:LINE``: the call of memsnap's Python
+    package that created memsnap's allocator (noted by the extension when
+    msnap_default() first returned it: the outermost frame inside the
+    package and its caller), or None (not created, or created another way:
+    the torch shim, a C caller)."""
+    by = _C.created_by()
+    if by is None:
+        return None
+    mod, func, site = by
+    mod = mod[:-3] if mod.endswith(".py") else mod
+    return f"memsnap.{mod.replace('/', '.')}.{func} at {site}"
