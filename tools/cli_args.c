@@ -10,6 +10,7 @@
  * --help'." and gives 2; -h/--help prints the usage on stdout and gives 0.
  */
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -100,6 +101,35 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
                              "standard input ('-') is given more than "
                              "once; it can be read only once: give it "
                              "for one FILE and name files for the others");
+  /* The same for one pipe, FIFO or device under two names ('-' and
+   * /dev/stdin, a FIFO and a link to it): its bytes go to the first only.
+   * Regular files may be named twice.  fleet reads each input once by
+   * device and inode itself (cmd_fleet.c), with a warning. */
+  if (strcmp(c->name, "fleet") != 0) {
+    struct stream_s {
+      dev_t dev;
+      ino_t ino;
+      int arg;
+    } streams[16];
+    int nstreams = 0;
+    for (int i = optind; i < argc && nstreams < 16; i++) {
+      struct stat st;
+      int r = strcmp(argv[i], "-") == 0 ? fstat(STDIN_FILENO, &st)
+                                        : stat(argv[i], &st);
+      if (r != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) continue;
+      for (int k = 0; k < nstreams; k++)
+        if (streams[k].dev == st.st_dev && streams[k].ino == st.st_ino) {
+          char msg[1024];
+          snprintf(msg, sizeof msg,
+                   "'%s' and '%s' are the same %s, which can be read only "
+                   "once: give it for one FILE",
+                   argv[streams[k].arg], argv[i],
+                   S_ISFIFO(st.st_mode) ? "pipe" : "stream");
+          return cli_usage_error(c->name, msg);
+        }
+      streams[nstreams++] = (struct stream_s){st.st_dev, st.st_ino, i};
+    }
+  }
   if (c->output != NULL) {
     /* "-o -": standard output (as "-" for an input is standard input),
      * written through the descriptor link (base/outpath.c). */

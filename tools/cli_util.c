@@ -49,6 +49,14 @@ int cli_load(const char *path, msnap_snap_t **out) {
   msnap_read_error_t err;
   msnap_snap_t *s = NULL;
   memset(&err, 0, sizeof err);
+  if (path[0] == '\0') { /* "memsnap: : cannot open" said nothing */
+    snprintf(load_error, sizeof load_error,
+             "an empty file name: give a snapshot file, or - for standard "
+             "input [%s]",
+             msnap_err_name(MSNAP_EINVAL));
+    cli_err("%s", load_error);
+    return CLI_UNUSABLE;
+  }
   int rc = msnap__snap_read_file(path, &s, &err);
   if (rc != 0 || !s) {
     cli_sanitize(err.msg); /* it may quote bytes of the file */

@@ -2269,6 +2269,16 @@ def group_unusable():
            "truncated": write_bytes(full[:len(full) // 2],
                                     "u_trunc.pickle"),
            "missing": os.path.join(TMP, "u_missing.pickle")}
+    if os.path.exists("/dev/stdin"):
+        r = subprocess.run(WRAPPER + [MEMSNAP, "diff", "-", "/dev/stdin"],
+                           input=full, capture_output=True)
+        expect(r.returncode == 2 and b"are the same pipe" in r.stderr,
+               "diff - /dev/stdin: one pipe under two names is refused "
+               "before reading (%d %r)" % (r.returncode, r.stderr[-200:]))
+    rc, out, err = run("check", "")
+    expect(rc == 2 and "memsnap: an empty file name: give a snapshot file"
+           in err and ": : " not in err,
+           "check '': names the empty file name (%d %r)" % (rc, err))
     for kind, b in sorted(bad.items()):
         def one(cmd, args, file, extra=""):
             rc, out, err = run(cmd, "--json", *args)
