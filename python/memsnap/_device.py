@@ -5,7 +5,11 @@
 ``torch.npu``).  It has what torch asks of a PrivateUse1 device module
 (``is_available``, ``device_count``, ``current_device``, ``device`` (the
 context manager torch.load needs), ``_lazy_init``,
-``_is_in_bad_fork``, ``manual_seed_all``, ``get_amp_supported_dtype``...)
+``_is_in_bad_fork``, ``manual_seed_all``, ``get_amp_supported_dtype``...),
+the stream, event, property and RNG functions of ``torch.cuda`` /
+``torch_npu.npu`` (``Stream``, ``Event``, ``current_stream``,
+``default_stream``, ``set_stream``, ``stream``, ``get_device_properties``,
+``get_rng_state``...)
 and, as ``torch.cuda`` / ``torch.npu``, the memory functions, which are
 memsnap's own (:mod:`memsnap.memory`): ``memory_allocated``,
 ``memory_reserved``, ``max_memory_allocated``, ``memory_stats``,
@@ -165,10 +169,129 @@ def current_stream_handle(device: Any = None) -> int:
     return int(_shim.torch_lib().msnap_torch_current_stream(memory._device_index(device)))
 
 
+# ---- streams and events (torch.cuda's / torch_npu.npu's names) ------------
+# The device guard of the shim (csrc/device.cpp) keeps a current stream per
+# thread and device; torch's generic torch.Stream / torch.Event and
+# torch.accelerator reach it for a PrivateUse1 device.  Every operator runs
+# synchronously, so streams are ordering labels for the allocator
+# (record_stream, the stream of each block) and events complete when
+# recorded.
+
+
+def _index(device: Any) -> int:
+    idx = memory._device_index(device)
+    if not 0 <= idx < device_count():
+        raise ValueError(f"Invalid device index {idx} ({device_count()} devices)")
+    return idx
+
+
+def current_stream(device: Any = None):
+    """The calling thread's current stream of ``device`` (a torch.Stream),
+    as ``torch.cuda.current_stream``."""
+    import torch
+
+    return torch.accelerator.current_stream(_index(device))
+
+
+def default_stream(device: Any = None):
+    """The default stream (id 0) of ``device``, as
+    ``torch.cuda.default_stream``."""
+    import torch
+
+    cur = current_stream(device)
+    return torch.Stream(stream_id=0, device_index=cur.device_index,
+                        device_type=cur.device_type)
+
+
+def set_stream(stream) -> None:
+    """Make ``stream`` the current stream of its device (None: no change),
+    as ``torch.cuda.set_stream``."""
+    import torch
+
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+class stream:  # noqa: N801 (torch's name)
+    """Context manager: ``stream`` is the current stream of its device
+    inside the block (None: no change), as ``torch.cuda.stream``."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.prev = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.prev = current_stream(self.stream.device_index)
+            set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, exc_type, exc_value, traceback) -> bool:
+        if self.prev is not None:
+            set_stream(self.prev)
+        return False
+
+
+def get_device_name(device: Any = None) -> str:
+    """``memsnap sim device (PROFILE)``."""
+    _index(device)
+    return f"memsnap sim device ({_C.profile()})"
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """(8, 0), as predict's device: bf16 and TF32 code paths stay those of
+    a current device (the operators run on the CPU)."""
+    _index(device)
+    return (8, 0)
+
+
+def get_device_properties(device: Any = None):
+    """name, total_memory (the sim's device size: ``mem_get_info``), major,
+    minor, multi_processor_count... as ``torch.cuda.get_device_properties``
+    gives them (the figures past total_memory are nominal)."""
+    import types
+
+    i = _index(device)
+    return types.SimpleNamespace(
+        name=get_device_name(i), total_memory=mem_get_info(i)[1], major=8,
+        minor=0, multi_processor_count=1, is_integrated=False,
+        is_multi_gpu_board=False, uuid=f"memsnap-sim-{i}", index=i)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """True: bf16 operators run on the CPU."""
+    return True
+
+
+def get_rng_state(device: Any = None):
+    """The CPU generator's state: random operators of this device run on
+    the CPU with it (``torch.manual_seed`` seeds it)."""
+    import torch
+
+    _index(device)
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state, device: Any = None) -> None:
+    """See :func:`get_rng_state`."""
+    import torch
+
+    _index(device)
+    torch.set_rng_state(new_state)
+
+
 def __getattr__(attr: str):
     # torch.<name>.OutOfMemoryError is torch's class, as torch.cuda's.
     if attr == "OutOfMemoryError":
         import torch
 
         return torch.OutOfMemoryError
+    # torch.<name>.Stream / Event are torch's generic classes, whose
+    # device defaults to the current accelerator (this one): Stream(),
+    # Stream(device=1, priority=0), Event(enable_timing=True), `with s:`,
+    # and elapsed_time, which insists on torch.Event itself.
+    if attr in ("Stream", "Event"):
+        import torch
+
+        return getattr(torch, attr)
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

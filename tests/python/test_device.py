@@ -363,6 +363,54 @@ print("RESULT " + json.dumps(out))
     assert r["segments"] == [1]
 
 
+def test_device_module_streams_events_and_properties():
+    """torch.<name> has torch.cuda's / torch_npu.npu's stream, event,
+    property and RNG functions: Stream/Event are torch's generic classes
+    on this device, current/default/set_stream and the stream context
+    reach the shim's per-thread current stream, and an allocation inside
+    `with torch.npu.stream(s)` is recorded on that stream."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+m = torch.npu
+mm._record_memory_history("all", stacks="python")
+s = m.Stream()
+out = {"types": [type(s).__name__, str(s.device), m.Event is torch.Event],
+       "default": [m.current_stream().stream_id, m.default_stream().stream_id]}
+with m.stream(s):
+    out["inside"] = m.current_stream() == s
+    y = torch.ones(1000, device="npu")
+out["after"] = m.current_stream().stream_id
+m.set_stream(s)
+out["set"] = m.current_stream() == s
+m.set_stream(m.default_stream())
+e1, e2 = m.Event(enable_timing=True), m.Event(enable_timing=True)
+e1.record(); z = y * 2; e2.record(); e2.synchronize()
+out["events"] = [e1.query(), e1.elapsed_time(e2) >= 0]
+p = m.get_device_properties()
+out["props"] = [m.get_device_name(), list(m.get_device_capability()),
+                p.total_memory == mm.mem_get_info()[1], m.is_bf16_supported()]
+st = m.get_rng_state(); a = torch.rand(3, device="npu")
+m.set_rng_state(st); b = torch.rand(3, device="npu")
+out["rng"] = torch.equal(a.cpu(), b.cpu())
+snap = mm._snapshot()
+allocs = [e for e in snap["device_traces"][0]
+          if e["action"] == "alloc" and e["addr"] == y.data_ptr()]
+out["stream"] = [allocs[-1]["stream"] if allocs else None, s.stream_id]
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["types"] == ["Stream", "npu:0", True]
+    assert r["default"] == [0, 0] and r["inside"] and r["after"] == 0
+    assert r["set"] and r["events"] == [True, True]
+    assert r["props"][0].startswith("memsnap sim device (")
+    assert r["props"][1:] == [[8, 0], True, True]
+    assert r["rng"]
+    assert r["stream"][0] == r["stream"][1] != 0
+
+
 def test_registration_errors_are_clear():
     code = r"""
 import json, os
