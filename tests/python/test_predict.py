@@ -524,8 +524,9 @@ def work():
 def mine():
     raise ValueError("the thread's own error")
 ts = [threading.Thread(target=work) for _ in range(3)]
-ts.append(threading.Thread(target=mine, name="mine"))
 [t.start() for t in ts]; [t.join() for t in ts]
+# after the others: its traceback is not interleaved with their lines
+m = threading.Thread(target=mine, name="mine"); m.start(); m.join()
 x = torch.nn.Linear(256, 256).to(DEVICE)
 print(torch.cuda.memory_allocated() if DEVICE == "cuda" else torch.npu.memory_allocated())
 """
