@@ -443,7 +443,8 @@ static char **inputs(char **args, int nargs, uint32_t *n) {
     } while (d);
     if (d) {
       closedir(d);
-      qsort(v + first, k - first, sizeof *v, cmp_str);
+      if (k > first) /* v is NULL when nothing was found */
+        qsort(v + first, k - first, sizeof *v, cmp_str);
       if (k == first)
         cli_err("%s: no snapshot files (*.pickle, *.pkl) in this directory",
                 args[a]);
