@@ -271,6 +271,41 @@ typedef struct msnap_pvm_refs_s {
   msnap_pv_t (*close)(void *ctx, uint32_t n);
 } msnap_pvm_refs_t;
 void msnap__pvm_set_refs(msnap_pvm_t *vm, const msnap_pvm_refs_t *refs);
+/*
+ * Dicts of a known shape (optional).  When the fast path opens a dict
+ * whose body starts with MARK, it first offers the body to `scan` (*q at
+ * the MARK, memo / memo_len the memo as it stands).  scan either reads
+ * the whole body -- MARK key value ... SETITEMS, one batch -- itself and
+ * returns 1 with *out the record and *q past SETITEMS, or returns 0
+ * having changed nothing (the VM then reads the dict item by item), or
+ * -1 when it failed after a change (out of memory: the batch is rolled
+ * back).  It must give exactly the record, and make exactly the
+ * conversions in the same order, that the complete callback would for
+ * the same items; a put inside the body goes through msnap__pvm_put_peek
+ * (before any conversion: is there one, and is its slot free) and
+ * msnap__pvm_put (the write, logged for rollback).  So scan takes only
+ * shapes it reads in full -- a trace entry's memo references, ints and
+ * frame list -- and leaves the rest to the VM.
+ */
+typedef struct msnap_pvm_dicts_s {
+  int (*scan)(void *ctx, msnap_pvm_t *vm, const msnap_pv_t *memo,
+              uint32_t memo_len, const unsigned char **q,
+              const unsigned char *end, msnap_pv_t *out);
+} msnap_pvm_dicts_t;
+void msnap__pvm_set_dicts(msnap_pvm_t *vm, const msnap_pvm_dicts_t *dicts);
+/* The put (MEMOIZE / BINPUT / LONG_BINPUT) at q, after `pending` puts
+ * the scan has peeked and not yet made (each into a free slot): 1 with
+ * its slot and *w its width in bytes when the slot is free (past
+ * memo_len or a hole, and within the VM's bounds; the scan checks it
+ * against its pending ones), 0 when q holds no put (*w = 0), -1 when the
+ * put is one a scan must leave to the VM. */
+int msnap__pvm_put_peek(const msnap_pvm_t *vm, const unsigned char *q,
+                        const unsigned char *end, uint32_t pending,
+                        uint32_t *slot, size_t *w);
+/* Write v to a slot msnap__pvm_put_peek gave for the put at `at`, logged
+ * for rollback.  false: out of memory. */
+bool msnap__pvm_put(msnap_pvm_t *vm, uint32_t slot, msnap_pv_t v,
+                    const unsigned char *at);
 /* The memo reference (BINGET / LONG_BINGET) at *q, when at least one
  * byte follows it and its slot is below memo_len: *v its slot's value,
  * *q past it; false (nothing changed) otherwise. */

@@ -123,6 +123,7 @@ struct msnap_pvm_s {
   uint32_t nundo, undo_cap;
   uint64_t fast_done, fast_rolled_back;
   const msnap_pvm_refs_t *refs; /* lists of memo references (pickle.h) */
+  const msnap_pvm_dicts_t *dicts; /* dicts of a known shape (pickle.h) */
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -192,6 +193,10 @@ void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on) {
 
 void msnap__pvm_set_refs(msnap_pvm_t *vm, const msnap_pvm_refs_t *refs) {
   vm->refs = refs;
+}
+
+void msnap__pvm_set_dicts(msnap_pvm_t *vm, const msnap_pvm_dicts_t *dicts) {
+  vm->dicts = dicts;
 }
 
 void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
@@ -963,9 +968,8 @@ static bool fp_push(msnap_pvm_t *vm, msnap_pv_t v) {
 }
 
 /* A memo write of the batch (memo_put's effect, logged for rollback). */
-static bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
-                          const unsigned char *at) {
-  msnap_pvm_t *vm = f->vm;
+static bool memo_write_logged(msnap_pvm_t *vm, uint64_t idx, msnap_pv_t v,
+                              const unsigned char *at) {
   if (idx >= UINT32_MAX - 1 ||
       idx > msnap__source_offset(vm->src, at) + 16)
     return false;
@@ -979,6 +983,49 @@ static bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
     vm->memo_count++;
   vm->memo[idx] = v;
   return true;
+}
+
+static inline bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
+                                 const unsigned char *at) {
+  return memo_write_logged(f->vm, idx, v, at);
+}
+
+int msnap__pvm_put_peek(const msnap_pvm_t *vm, const unsigned char *q,
+                        const unsigned char *end, uint32_t pending,
+                        uint32_t *slot, size_t *w) {
+  uint64_t idx;
+  *w = 0;
+  if (q >= end) return 0;
+  switch (*q) {
+  case MSNAP_OP_MEMOIZE:
+    idx = (uint64_t)vm->memo_count + pending;
+    *w = 1;
+    break;
+  case MSNAP_OP_BINPUT:
+    if (end - q < 2) return -1;
+    idx = q[1];
+    *w = 2;
+    break;
+  case MSNAP_OP_LONG_BINPUT:
+    if (end - q < 5) return -1;
+    idx = le(q + 1, 4);
+    *w = 5;
+    break;
+  default:
+    return 0;
+  }
+  /* (memo_write_logged's bounds, and a slot nothing refers to yet) */
+  if (idx >= UINT32_MAX - 1 || idx > msnap__source_offset(vm->src, q) + 16 ||
+      (idx < vm->memo_len &&
+       vm->memo[idx] != MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE)))
+    return -1;
+  *slot = (uint32_t)idx;
+  return 1;
+}
+
+bool msnap__pvm_put(msnap_pvm_t *vm, uint32_t slot, msnap_pv_t v,
+                    const unsigned char *at) {
+  return memo_write_logged(vm, slot, v, at);
 }
 
 /* An optional MEMOIZE / BINPUT / LONG_BINPUT of v.  *slot gets the slot
@@ -1148,6 +1195,20 @@ static bool fp_dict(fp_t *f, int depth) {
   uint32_t slot, base = vm->nfitems;
   f->q++;
   if (!fp_put(f, PV_PENDING, &slot) || !fp_frames(f)) return false;
+  if (vm->dicts && f->q < f->end && *f->q == MSNAP_OP_MARK) {
+    /* the consumer's own reading of the whole body (pickle.h) */
+    const unsigned char *q = f->q;
+    msnap_pv_t out = 0;
+    int rc = vm->dicts->scan(vm->cb_ctx, vm, vm->memo, vm->memo_len, &q,
+                             f->end, &out);
+    if (rc < 0) return false;
+    if (rc > 0) {
+      f->q = q;
+      if (slot != UINT32_MAX && vm->memo[slot] == PV_PENDING)
+        vm->memo[slot] = out;
+      return fp_push(vm, out);
+    }
+  }
   bool single = f->q < f->end && *f->q != MSNAP_OP_MARK;
   do {
     if (!single) f->q++; /* MARK */

@@ -466,6 +466,7 @@ int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
 typedef struct msnap_read_stats_s {
   bool generic_only;
   uint64_t fast_batches, fast_rollbacks;
+  uint64_t entries_scanned; /* trace entries read by the entry scan */
 } msnap_read_stats_t;
 int msnap__snap_read_buffer_ex(const void *buf, size_t len,
                                msnap_snap_t **out, msnap_read_error_t *err,

@@ -146,6 +146,7 @@ typedef struct rd_s {
   size_t len; /* input bytes: each memo reference costs >= 2 of them */
   size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_tail) */
   bool any_current_key, any_time;
+  uint64_t entries_scanned; /* by entry_scan (kept by a rollback) */
 } rd_t;
 
 #define REC(kind, idx) MSNAP_PV_REC_MAKE(kind, idx)
@@ -413,6 +414,19 @@ static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
  * Trace-entry dict -> a record in the trace pool (REC_TRACE).  Sets a
  * MSNAP_K_* bit per optional key; an unknown action keeps its string.
  */
+/* Append a converted entry to the trace pool (below 2^31 entries). */
+static inline int pool_push(rd_t *r, const msnap_strace_t *t) {
+  if (msnap_unlikely(r->npool == r->pool_cap) &&
+      msnap__grow((void **)&r->pool, &r->pool_cap, r->npool, 1,
+                  sizeof *r->pool) < 0)
+    return MSNAP_ENOMEM;
+  r->pool[r->npool] = *t;
+  msnap__prefault_ahead(r->pool, ((size_t)r->npool + 1) * sizeof *t,
+                        (size_t)r->pool_cap * sizeof *t, &r->pool_ahead);
+  r->npool++;
+  return 0;
+}
+
 static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_strace_t t;
   msnap_tattr_t a;
@@ -482,14 +496,9 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
                            MSNAP_TATTR_MAX);
   if (r->npool >= (1u << 31))
     return msnap__pvm_fail(r->vm, MSNAP_ELIMIT, "more than 2^31 entries");
-  if (msnap__grow((void **)&r->pool, &r->pool_cap, r->npool, 1,
-                  sizeof *r->pool) < 0)
+  if (pool_push(r, &t) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
-  r->pool[r->npool] = t;
-  msnap__prefault_ahead(r->pool, ((size_t)r->npool + 1) * sizeof t,
-                        (size_t)r->pool_cap * sizeof t, &r->pool_ahead);
-  *v = REC(REC_TRACE, r->npool);
-  r->npool++;
+  *v = REC(REC_TRACE, r->npool - 1);
   return 0;
 }
 
@@ -881,6 +890,278 @@ static msnap_pv_t refs_close(void *ctx, uint32_t n) {
 }
 
 static const msnap_pvm_refs_t frame_refs = {refs_scan, refs_close};
+
+/* An int token at *q, at least 16 bytes before end (BININT1, BININT2,
+ * BININT, LONG1 of at most 8 bytes): *x the value the VM would give,
+ * *q past it.  false: another token. */
+static inline bool entry_int(const unsigned char **qp, int64_t *x) {
+  const unsigned char *q = *qp;
+  switch (q[0]) {
+  case MSNAP_OP_BININT1:
+    *x = q[1];
+    *qp = q + 2;
+    return true;
+  case MSNAP_OP_BININT2:
+    *x = (int64_t)((uint32_t)q[1] | (uint32_t)q[2] << 8);
+    *qp = q + 3;
+    return true;
+  case MSNAP_OP_BININT:
+    *x = (int32_t)((uint32_t)q[1] | (uint32_t)q[2] << 8 |
+                   (uint32_t)q[3] << 16 | (uint32_t)q[4] << 24);
+    *qp = q + 5;
+    return true;
+  case MSNAP_OP_LONG1: {
+    unsigned n = q[1];
+    if (n > 8) return false;
+    uint64_t u = 0;
+    for (unsigned i = 0; i < n; i++) u |= (uint64_t)q[2 + i] << (8 * i);
+    if (n && n < 8 && (q[1 + n] & 0x80)) u |= ~0ull << (8 * n);
+    *x = (int64_t)u;
+    *qp = q + 2 + n;
+    return true;
+  }
+  default:
+    return false;
+  }
+}
+
+/* What entry_scan found for a str value: a memo reference's id, or the
+ * bytes of a new str (interned when the entry is made). */
+typedef struct entry_str_s {
+  const unsigned char *p; /* NULL: id */
+  size_t n;
+  msnap_str_t id;
+} entry_str_t;
+
+/* A put entry_scan found: its slot, and what it puts (a str value, or
+ * the frame list). */
+typedef struct entry_put_s {
+  const unsigned char *at;
+  uint32_t slot;
+  int str; /* index into the entry's strs; -1: the frame list */
+} entry_put_t;
+
+#define ENTRY_PUTS 4
+
+/* A put at *q (peeked, its slot checked free of the puts before it),
+ * noted in puts; *q past it.  false: leave the dict to the VM. */
+static inline bool entry_put(msnap_pvm_t *vm, const unsigned char **q,
+                             const unsigned char *end, entry_put_t *puts,
+                             unsigned *nputs, int str) {
+  uint32_t slot;
+  size_t w;
+  int pk = msnap__pvm_put_peek(vm, *q, end, *nputs, &slot, &w);
+  if (pk <= 0) return pk == 0;
+  if (*nputs == ENTRY_PUTS) return false;
+  for (unsigned i = 0; i < *nputs; i++)
+    if (puts[i].slot == slot) return false;
+  puts[(*nputs)++] = (entry_put_t){*q, slot, str};
+  *q += w;
+  return true;
+}
+
+/*
+ * The fast path's trace entries (pickle.h, msnap_pvm_dicts_t): a dict
+ * whose first key is 'action' and whose keys are memo references to
+ * action / addr / size / stream / time_us / frames / compile_context /
+ * user_metadata, each once -- the entries of every PyTorch version to
+ * date -- read straight into the pool.  The values: a str (a memo
+ * reference, or new: SHORT_BINUNICODE / BINUNICODE and its put, as
+ * PyTorch 2.6+ writes compile_context), an int (BININT*, LONG1 up to 8
+ * bytes; addr and size not negative), for frames a memo reference to a
+ * stack or [] or a new frame list (refs_scan, then its put).  Anything
+ * else -- another key or value shape, a FRAME, a second batch, the last
+ * 16 bytes of the input -- returns 0 before any change and the VM reads
+ * the dict item by item; conv_trace then gives the same entry (or the
+ * error).  Nothing changes until the whole dict is read: then the new
+ * strings are interned and the puts made in the order of the input, the
+ * frame list becomes a stack, and the entry is made.
+ */
+static int entry_scan(void *ctx, msnap_pvm_t *vm, const msnap_pv_t *memo,
+                      uint32_t memo_len, const unsigned char **qp,
+                      const unsigned char *end, msnap_pv_t *out) {
+  rd_t *r = ctx;
+  const unsigned char *q = *qp + 1; /* past MARK */
+  const uint8_t *key_of = r->key_of;
+  const uint32_t nkey_of = r->nkey_of;
+  msnap_strace_t t;
+  msnap_tattr_t a;
+  memset(&t, 0, sizeof t);
+  memset(&a, 0, sizeof a);
+  uint32_t seen = 0;
+  /* the str values: action, compile_context, user_metadata */
+  entry_str_t strs[3];
+  int str_key[3];
+  unsigned nstrs = 0;
+  entry_put_t puts[ENTRY_PUTS];
+  unsigned nputs = 0;
+  /* a new frame list: its frame count (0: []) */
+  bool new_list = false;
+  uint32_t nframes = 0;
+  for (;;) {
+    if (end - q < 16) return 0;
+    if (q[0] == MSNAP_OP_SETITEMS && seen) break;
+    uint64_t idx;
+    if (q[0] == MSNAP_OP_BINGET) {
+      idx = q[1];
+      q += 2;
+    } else if (q[0] == MSNAP_OP_LONG_BINGET) {
+      idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 | (uint64_t)q[3] << 16 |
+            (uint64_t)q[4] << 24;
+      q += 5;
+    } else {
+      return 0;
+    }
+    if (idx >= memo_len) return 0;
+    msnap_pv_t k = memo[idx];
+    uint64_t sid = MSNAP_PV_PAYLOAD(k);
+    if (MSNAP_PV_TAG(k) != MSNAP_PV_STR || sid >= nkey_of || !key_of[sid])
+      return 0;
+    unsigned key = key_of[sid] - 1u;
+    if (!seen && key != KEY_action) return 0;
+    if (key >= 32 || ((seen >> key) & 1u)) return 0;
+    seen |= 1u << key;
+    int64_t x;
+    msnap_pv_t v;
+    switch (key) {
+    case KEY_action:
+    case KEY_compile_context:
+    case KEY_user_metadata: {
+      entry_str_t *e = &strs[nstrs];
+      str_key[nstrs] = (int)key;
+      if (q[0] == MSNAP_OP_SHORT_BINUNICODE ||
+          q[0] == MSNAP_OP_BINUNICODE) {
+        size_t w = q[0] == MSNAP_OP_SHORT_BINUNICODE ? 1 : 4;
+        uint64_t n = w == 1 ? q[1]
+                            : (uint64_t)q[1] | (uint64_t)q[2] << 8 |
+                                  (uint64_t)q[3] << 16 |
+                                  (uint64_t)q[4] << 24;
+        if (n > (uint64_t)(end - q) - 1 - w) return 0;
+        e->p = q + 1 + w;
+        e->n = (size_t)n;
+        e->id = 0;
+        q += 1 + w + n;
+        if (!entry_put(vm, &q, end, puts, &nputs, (int)nstrs)) return 0;
+      } else {
+        if (!msnap__pref_next(&q, end, memo, memo_len, &v) ||
+            MSNAP_PV_TAG(v) != MSNAP_PV_STR)
+          return 0;
+        e->p = NULL;
+        e->id = (msnap_str_t)MSNAP_PV_PAYLOAD(v);
+      }
+      nstrs++;
+      break;
+    }
+    case KEY_addr:
+    case KEY_size:
+      if (!entry_int(&q, &x) || x < 0) return 0;
+      if (key == KEY_addr) {
+        t.addr = (uint64_t)x;
+        a.keys |= MSNAP_K_ADDRESS;
+      } else {
+        t.size = (uint64_t)x;
+      }
+      break;
+    case KEY_stream:
+      if (!entry_int(&q, &x)) return 0;
+      a.stream = x;
+      a.keys |= MSNAP_K_STREAM;
+      break;
+    case KEY_time_us:
+      if (!entry_int(&q, &x)) return 0;
+      t.time_us = x;
+      a.keys |= MSNAP_K_TIME;
+      break;
+    case KEY_frames:
+      a.keys |= MSNAP_K_FRAMES;
+      if (q[0] == MSNAP_OP_EMPTY_LIST) {
+        q++;
+        if (!entry_put(vm, &q, end, puts, &nputs, -1)) return 0;
+        new_list = true;
+        /* (no MARK: [] when a key or SETITEMS follows -- a list of one
+         * item, `item APPEND`, stops the loop at APPEND, which is never
+         * a key or a value) */
+        if (q[0] == MSNAP_OP_MARK) {
+          if (q[1] != MSNAP_OP_BINGET && q[1] != MSNAP_OP_LONG_BINGET)
+            return 0;
+          q++;
+          nframes = refs_scan(r, memo, memo_len, &q, end);
+          /* (one batch, closed: the VM's fp_refs) */
+          if (!nframes || end - q < 2 || q[0] != MSNAP_OP_APPENDS ||
+              q[1] == MSNAP_OP_MARK || q[1] == MSNAP_OP_FRAME)
+            return 0;
+          q++;
+        }
+      } else {
+        if (!msnap__pref_next(&q, end, memo, memo_len, &v)) return 0;
+        if (IS_REC(v, REC_STACK))
+          t.frames = (msnap_stack_t)MSNAP_PV_REC_INDEX(v);
+        else if (IS_REC(v, REC_EMPTY))
+          t.frames = MSNAP_STACK_EMPTY;
+        else
+          return 0;
+      }
+      break;
+    default:
+      return 0;
+    }
+  }
+  q++; /* SETITEMS */
+  if (q < end && (q[0] == MSNAP_OP_MARK || q[0] == MSNAP_OP_FRAME)) return 0;
+  if (r->npool >= (1u << 31)) return 0;
+  /* the changes, in the order of the input (the VM's): new strings and
+   * their puts, the frame list (a stack) and its put, the entry */
+  msnap_pv_t list_value = 0;
+  if (new_list) {
+    if (nframes) {
+      msnap_stack_t st =
+          msnap__snap_stack_append_tail(r->s, r->scan_nb, nframes);
+      if (!st) return -1;
+      t.frames = st;
+      list_value = REC(REC_STACK, st);
+    } else {
+      t.frames = MSNAP_STACK_EMPTY;
+      list_value = REC(REC_EMPTY, 0);
+    }
+  }
+  for (unsigned i = 0; i < nstrs; i++)
+    if (strs[i].p &&
+        !(strs[i].id = msnap__snap_intern(r->s, (const char *)strs[i].p,
+                                          strs[i].n)))
+      return -1;
+  for (unsigned i = 0; i < nputs; i++) {
+    msnap_pv_t pv = puts[i].str < 0
+                        ? list_value
+                        : MSNAP_PV_MAKE(MSNAP_PV_STR, strs[puts[i].str].id);
+    if (!msnap__pvm_put(vm, puts[i].slot, pv, puts[i].at)) return -1;
+  }
+  for (unsigned i = 0; i < nstrs; i++) {
+    msnap_str_t id = strs[i].id;
+    if (str_key[i] == KEY_action) {
+      t.action = MSNAP_ACTION_UNKNOWN;
+      if (id < r->naction_of && r->action_of[id])
+        t.action = r->action_of[id] - 1;
+      if (t.action == MSNAP_ACTION_UNKNOWN) a.action_str = id;
+    } else if (str_key[i] == KEY_compile_context) {
+      a.compile_context = id;
+      a.keys |= MSNAP_K_COMPILE_CTX;
+    } else {
+      a.user_metadata = id;
+      a.keys |= MSNAP_K_USER_META;
+    }
+  }
+  if (a.keys & (MSNAP_K_COMPILE_CTX | MSNAP_K_USER_META))
+    r->any_current_key = true;
+  if (a.keys & MSNAP_K_TIME) r->any_time = true;
+  if (msnap__snap_trace_set_attr(r->s, &t, &a) < 0 || pool_push(r, &t) < 0)
+    return -1;
+  *out = REC(REC_TRACE, r->npool - 1);
+  *qp = q;
+  r->entries_scanned++;
+  return 1;
+}
+
+static const msnap_pvm_dicts_t trace_dicts = {entry_scan};
 
 /*
  * The VM's completion callback: classify a finished container by its
@@ -1349,6 +1630,7 @@ static int rd_init(rd_t *r, msnap_snap_t *s) {
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
   msnap__pvm_set_checkpoint(r->vm, snap_save, snap_restore);
   msnap__pvm_set_refs(r->vm, &frame_refs);
+  msnap__pvm_set_dicts(r->vm, &trace_dicts);
   uint32_t maxid = 0;
   for (int k = 0; k < NKEYS; k++) {
     r->key_str[k] = msnap__snap_intern(s, key_names[k], strlen(key_names[k]));
@@ -1468,8 +1750,11 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
     msnap_pv_t root = 0;
     if (stats) msnap__pvm_set_fast(r.vm, !stats->generic_only);
     rc = msnap__pvm_run_source(r.vm, src, &root, err);
-    if (stats) msnap__pvm_fast_stats(r.vm, &stats->fast_batches,
-                                     &stats->fast_rollbacks);
+    if (stats) {
+      msnap__pvm_fast_stats(r.vm, &stats->fast_batches,
+                            &stats->fast_rollbacks);
+      stats->entries_scanned = r.entries_scanned;
+    }
     /* the bytes read up to STOP justify what the lists may repeat */
     r.len = (size_t)msnap__pvm_offset(r.vm) + 1;
     if (rc == 0) rc = map_root(&r, root);

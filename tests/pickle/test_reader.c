@@ -477,6 +477,106 @@ static void test_frame_ref_lists(void **state) {
   free(tmp);
 }
 
+/* Trace entries the reader's entry scan reads straight into the pool
+ * (snapshot_read.c entry_scan) and the shapes it leaves to the VM: every
+ * one read as the generic interpreter reads it, at protocols 2, 4 and 5
+ * and without a memo (pickle's fast mode: no puts, no shared lists).
+ * Taken: the keys of every PyTorch version (time_us or not, metadata
+ * strings), shared, new and empty frame lists, ints of every width,
+ * negative streams.  Left: keys out of order, an unknown action's first
+ * appearance, device_free (oom), pool_id, an unknown key, big and
+ * negative addresses (refused both ways), a frames value of another
+ * kind, a list of one frame (APPEND), a list of over 1000 frames (two
+ * batches). */
+static void test_entry_scan(void **state) {
+  (void)state;
+  char *tmp = tu_tmpdir();
+  assert_non_null(tmp);
+  static const char script[] =
+      "import pickle,io,sys\n"
+      "fr=[{'name':'f%d'%i,'filename':'/a.py','line':i} for i in range(60)]\n"
+      "sh=fr[3:9]\n"
+      "def ent(i):\n"
+      " e={'action':('alloc','free_requested','free_completed',"
+      "'segment_alloc')[i%4],'addr':(i*4096)<<(i%40),"
+      "'size':(i*37)%(1<<(i%33)),'stream':(i%5)-2,"
+      "'time_us':1700000000000000+i}\n"
+      " e['frames']=sh if i%3==0 else [] if i%11==0 else"
+      " fr[i%13:i%13+i%17+2]\n"
+      " if i%7==0: del e['time_us']\n"
+      " if i%9==0: e['compile_context']='ctx%d'%(i%2); e['user_metadata']='m'\n"
+      " return e\n"
+      "ok=[ent(i) for i in range(600)]\n"
+      "odd=[ent(i) for i in range(200)]\n"
+      "odd[3]={'addr':1,'action':'alloc','size':8,'frames':sh}\n"
+      "odd[5]['action']='free'\n"
+      "odd[7]={'action':'oom','device_free':123,'size':8,'stream':0,"
+      "'frames':sh}\n"
+      "odd[9]['pool_id']=(0,1)\n"
+      "odd[11]['category']='x'\n"
+      "odd[13]['frames']=fr*20\n"
+      "odd[15]['stream']=-(1<<40)\n"
+      "odd[17]['size']=0\n"
+      "odd[19]['frames']=(fr[0],fr[1])\n"
+      "odd[21]['frames']=[fr[2]]\n"
+      "bad=[ent(i) for i in range(20)]\n"
+      "bad[4]['addr']=-5\n"
+      "huge=[ent(i) for i in range(20)]\n"
+      "huge[6]['addr']=(1<<64)-1\n"
+      "def dump(o,p,fast=False):\n"
+      " b=io.BytesIO(); pk=pickle.Pickler(b,protocol=p); pk.fast=fast\n"
+      " pk.dump(o); return b.getvalue()\n"
+      "for name,e in (('ok',ok),('odd',odd),('bad',bad),('huge',huge)):\n"
+      " for p in (2,4,5):\n"
+      "  open(sys.argv[1]+'/%s%d.pickle'%(name,p),'wb').write(dump("
+      "{'segments':[],'device_traces':[e]},p))\n"
+      " open(sys.argv[1]+'/%s-nomemo.pickle'%name,'wb').write(dump("
+      "{'segments':[],'device_traces':[e]},4,True))";
+  size_t n = 0;
+  free(py_pickle(tmp, script, "ok2.pickle", &n));
+  check_protocols(tmp, "ok", "entries the scan reads", 2);
+  check_protocols(tmp, "odd", "entries left to the VM", 0);
+  check_protocols(tmp, "bad", "a negative address", 0);
+  check_protocols(tmp, "huge", "a 64-bit address", 0);
+  static const char *const names[] = {"ok", "odd", "bad", "huge"};
+  for (int i = 0; i < 4; i++) {
+    char path[4200], name[64];
+    snprintf(path, sizeof path, "%s/%s-nomemo.pickle", tmp, names[i]);
+    snprintf(name, sizeof name, "%s, no memo", names[i]);
+    unsigned char *data = tu_slurp(path, &n);
+    assert_non_null(data);
+    check_all_ways(name, data, n, 0);
+    free(data);
+  }
+  /* the scan read nearly every good entry: not the first of each action
+   * and metadata string (its strings are new there), nor one a
+   * protocol-4 FRAME splits */
+  for (int p = 2; p <= 5; p += p == 2 ? 2 : 1) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/ok%d.pickle", tmp, p);
+    unsigned char *data = tu_slurp(path, &n);
+    assert_non_null(data);
+    msnap_snap_t *s = NULL;
+    msnap_read_error_t e;
+    msnap_read_stats_t st = {0};
+    assert_int_equal(msnap__snap_read_buffer_ex(data, n, &s, &e, &st), 0);
+    if (st.entries_scanned < 580)
+      fail_msg("protocol %d: the entry scan read %llu of 600 entries", p,
+               (unsigned long long)st.entries_scanned);
+    assert_int_equal(s->device_traces[0].n, 600);
+    msnap__snap_free(s);
+    free(data);
+  }
+  char path[4200];
+  snprintf(path, sizeof path, "%s/bad2.pickle", tmp);
+  unsigned char *data = tu_slurp(path, &n);
+  assert_non_null(data);
+  expect_refused("a negative address", data, n, "'addr'");
+  free(data);
+  tu_rmrf(tmp);
+  free(tmp);
+}
+
 /* Corrupted copies of every real input: bytes changed at deterministic
  * pseudo-random places (most land in frame lists: 90% of a snapshot's
  * bytes are their memo references), each copy read with the fast path
@@ -551,6 +651,7 @@ int main(void) {
       cmocka_unit_test(test_bad_frame_in_batch),
       cmocka_unit_test(test_slot_taken_inside),
       cmocka_unit_test(test_frame_ref_lists),
+      cmocka_unit_test(test_entry_scan),
       cmocka_unit_test(test_corrupted_real_inputs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
