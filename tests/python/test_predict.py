@@ -1104,6 +1104,37 @@ def test_values_and_data_dependent_shapes(tmp_path):
     assert p.json["values_read_as_zero"] == 2  # x.sum().item(), bool(x.sum() > 0)
 
 
+def test_values_read_as_zero_counts_calls_not_elements(tmp_path):
+    """values_read_as_zero counts one per read call, however many
+    elements: .tolist() of 1000 logits (1-D and 2-D) counts 1 as their
+    .numpy() does, .item() and bool() 1 each, an empty tensor's .tolist()
+    and .numpy() nothing; a real host tensor's values are not counted."""
+    script = tmp_path / "reads.py"
+    script.write_text(
+        "import sys, torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(128, 10)).to('cuda')\n"
+        "logits = model(torch.randn(100, 64, device='cuda'))\n"
+        "flat = logits.flatten().cpu().tolist()\n"
+        "rows = logits.cpu().tolist()\n"
+        "arr = logits.detach().cpu().numpy()\n"
+        "loss = logits.sum().item()\n"
+        "flag = bool(logits.max() > 0)\n"
+        "none = [logits[:0].cpu().tolist(), logits[:0].detach().cpu().numpy().shape]\n"
+        "real = torch.arange(1000).tolist()\n"
+        "print('reads', len(flat), set(flat), len(rows), len(rows[0]), arr.shape, loss, flag,\n"
+        "      none, len(real), file=sys.stderr)\n")
+    p = predict("--memory", "1G", "--json", "-o", str(tmp_path / "r.pickle"), str(script),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "reads 1000 {0.0} 100 10 (100, 10) 0.0 False [[], (0, 10)] 1000" in p.stderr
+    assert p.json["values_read_as_zero"] == 5  # flat, rows, arr, loss, flag
+    text = predict("--memory", "1G", "-o", str(tmp_path / "r.pickle"), str(script),
+                   cwd=tmp_path)
+    assert "\n  5 tensor value read(s) (.item(), bool(), .tolist(), .numpy()...) gave 0" \
+        in text.stdout, text.stdout
+
+
 def test_numpy_of_fake_tensors(tmp_path):
     """.numpy() of a fake host tensor (a metric's preds.cpu().numpy())
     gives zeros of its shape and dtype, counted as values read as zero;
