@@ -14,6 +14,16 @@
 #include <stdio.h>
 #include <string.h>
 
+/* PyFrame_GetBack (note_creator) is declared by Python.h from 3.11 on
+ * (cpython/pyframe.h); on 3.9 and 3.10 only by frameobject.h, which
+ * Python.h does not include.  Without it the call was implicitly declared
+ * as returning int: the frame pointer came back truncated to 32 bits and
+ * sign-extended, and the next PyFrame_GetCode crashed (meson.build now
+ * makes an implicit declaration an error). */
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
+
 /* ---- argument helpers ---------------------------------------------------- */
 
 /* Unsigned 64-bit integer argument (addresses). */
@@ -148,14 +158,6 @@ int msnap_py_check_device(msnap_allocator_t *a, int device, int any_ok,
  * no cost on later calls; any failure leaves created_by NULL.
  */
 static void note_creator(PyObject *module, msnap_py_state_t *st) {
-#if PY_VERSION_HEX < 0x030B0000
-  /* 3.9 and 3.10 crashed in this frame walk at the first allocation
-   * (test-pythons): the creator is not noted there, and register_device
-   * says "a call before register_device" instead. */
-  (void)module;
-  (void)st;
-  return;
-#endif
   PyObject *file = PyModule_GetFilenameObject(module); /* memsnap/_memsnap.so */
   if (file == NULL) {
     PyErr_Clear();

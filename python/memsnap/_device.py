@@ -126,12 +126,19 @@ class device_of(device):
         super().__init__(obj.get_device() if on_device else None)
 
 
-def synchronize(device: Any = None) -> None:
-    """Nothing to wait for: every operator on the device runs synchronously
-    (on the CPU).  The device argument is checked."""
+def _index(device: Any) -> int:
+    """The index of ``device`` (None: the current device), checked against
+    device_count(): ValueError when out of range."""
     idx = memory._device_index(device)
     if not 0 <= idx < device_count():
         raise ValueError(f"Invalid device index {idx} ({device_count()} devices)")
+    return idx
+
+
+def synchronize(device: Any = None) -> None:
+    """Nothing to wait for: every operator on the device runs synchronously
+    (on the CPU).  The device argument is checked."""
+    _index(device)
 
 
 def _is_in_bad_fork() -> bool:
@@ -176,13 +183,6 @@ def current_stream_handle(device: Any = None) -> int:
 # synchronously, so streams are ordering labels for the allocator
 # (record_stream, the stream of each block) and events complete when
 # recorded.
-
-
-def _index(device: Any) -> int:
-    idx = memory._device_index(device)
-    if not 0 <= idx < device_count():
-        raise ValueError(f"Invalid device index {idx} ({device_count()} devices)")
-    return idx
 
 
 def current_stream(device: Any = None):

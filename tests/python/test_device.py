@@ -411,6 +411,35 @@ print("RESULT " + json.dumps(out))
     assert r["stream"][0] == r["stream"][1] != 0
 
 
+def test_synchronize_checks_the_device_as_the_other_functions():
+    """torch.<name>.synchronize accepts None, an index, "npu:0" and a
+    torch.device after real work on the device, and refuses an index past
+    device_count() with the same ValueError as get_device_properties."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+mt.register_device("npu")
+m = torch.npu
+lin = torch.nn.Linear(64, 32).to("npu")
+y = lin(torch.randn(8, 64, device="npu"))
+out = {"ok": [m.synchronize(d) for d in (None, 0, "npu:0", torch.device("npu", 0))],
+       "y": [str(y.device), list(y.shape)],
+       "n": m.device_count()}
+errs = []
+for f in (m.synchronize, m.get_device_properties):
+    try:
+        f(m.device_count())
+    except ValueError as e:
+        errs.append(str(e))
+out["errs"] = errs
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["ok"] == [None] * 4 and r["y"] == ["npu:0", [8, 32]]
+    n = r["n"]
+    assert r["errs"] == [f"Invalid device index {n} ({n} devices)"] * 2, r
+
+
 def test_registration_errors_are_clear():
     code = r"""
 import json, os

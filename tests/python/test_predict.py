@@ -42,9 +42,12 @@ MEMTRACKER_TOLERANCE = 0.01
 VOCAB, SEQ, D, LAYERS = 8192, 256, 512, 6
 
 
-def predict(*args, cwd=None, timeout=600):
+def predict(*args, cwd=None, timeout=600, stdin=None):
+    """`python -m memsnap.predict ARGS` (`stdin`: bytes for its standard
+    input); stdout and stderr as text, `.json` the --json object."""
     p = subprocess.run([sys.executable, "-m", "memsnap.predict", *args], env=base_env(),
-                       capture_output=True, text=True, cwd=cwd, timeout=timeout)
+                       capture_output=True, cwd=cwd, timeout=timeout, input=stdin)
+    p.stdout, p.stderr = p.stdout.decode(), p.stderr.decode()
     p.json = None
     if "--json" in args and p.stdout.strip():
         p.json = json.loads(p.stdout.strip().splitlines()[-1])
@@ -481,7 +484,8 @@ def test_usage_and_script_errors(tmp_path):
     nope = predict("--memory", "64G", str(tmp_path / "nope.py"))
     assert nope.returncode == 2 and "nope.py: no such file" in nope.stderr
     folder = predict("--memory", "64G", str(tmp_path))
-    assert folder.returncode == 2 and "is a directory, not a script" in folder.stderr
+    assert folder.returncode == 2, folder.stdout + folder.stderr
+    assert "a directory without a __main__ module" in folder.stderr
     bad = predict("--memory", "lots", GPT)
     assert bad.returncode == 2 and "invalid size" in bad.stderr
     # a positive fraction of a byte is refused as such, not as "not positive"
@@ -746,6 +750,101 @@ def tiny(tmp_path):
     return str(script)
 
 
+# A small model whose __main__ imports a module next to it (found only
+# when the directory or zip itself is first on sys.path, as `python DIR`
+# puts it) and says how it was run.
+MLP_MAIN = """import json, sys, torch
+import mlp_width
+nn, w = torch.nn, mlp_width.WIDTH
+model = nn.Sequential(nn.Linear(256, w), nn.ReLU(), nn.Linear(w, 10)).to("cuda")
+model(torch.randn(32, 256, device="cuda")).sum().backward()
+print("RAN " + json.dumps([sys.argv, sys.path[0], __file__]), file=sys.stderr)
+"""
+
+
+def _ran(p) -> list:
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("RAN ")]
+    assert len(lines) == 1, p.stdout + p.stderr
+    return json.loads(lines[0][len("RAN "):])
+
+
+def test_directory_and_zip_run_their_main(tmp_path):
+    """A directory or zip file holding __main__.py runs as `python DIR`
+    runs it (runpy.run_path): its __main__.py as __main__, the directory
+    or zip itself first on sys.path (its sibling module imports), argv[0]
+    the name given; the default snapshot is named after it, and the sites
+    are lines of its __main__.py.  One without __main__ is a usage error."""
+    import zipfile
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text(MLP_MAIN)
+    (app / "mlp_width.py").write_text("WIDTH = 1024\n")
+    with zipfile.ZipFile(tmp_path / "app.pyz", "w") as z:
+        z.write(app / "__main__.py", "__main__.py")
+        z.write(app / "mlp_width.py", "mlp_width.py")
+    params = (256 * 1024 + 1024 + 1024 * 10 + 10) * 4
+    for name in ("app", "app.pyz"):
+        p = predict("--memory", "1G", "--json", name, "--flag", cwd=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        # python gives sys.argv[0] as typed; runpy.run_path the absolute path
+        full = str(tmp_path / name)
+        assert _ran(p) == [[full, "--flag"], full, os.path.join(full, "__main__.py")]
+        r = p.json
+        assert r["fits"] and r["complete"] and r["script"] == name
+        assert r["snapshot"] == "app_predict.pickle"
+        assert r["peak_allocated_bytes"] >= 2 * params  # weights and their gradients
+        sites = {s["site"].split(" in ")[0] for s in r["top_sites"]}
+        assert os.path.join(name, "__main__.py") + ":4" in sites, r["top_sites"]
+        assert "ok" in check_cli(tmp_path / "app_predict.pickle")
+    (tmp_path / "empty").mkdir()
+    with zipfile.ZipFile(tmp_path / "nomain.zip", "w") as z:
+        z.writestr("mlp_width.py", "WIDTH = 1\n")
+    for bad, kind in (("empty", "a directory"), ("nomain.zip", "a zip file")):
+        p = predict("--memory", "1G", bad, cwd=tmp_path)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"{bad}: {kind} without a __main__ module" in p.stderr
+
+
+STDIN_SCRIPT = """# -*- coding: latin-1 -*-
+import json, sys, torch
+nn = torch.nn
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to("cuda")
+model(torch.randn(32, 256, device="cuda")).sum().backward()
+print("RAN " + json.dumps([sys.argv, sys.path[0], __file__, __spec__ is None,
+                           "\xe9"]), file=sys.stderr)
+if sys.argv[1:] == ["big"]:
+    huge = torch.empty(1 << 30, device="cuda")
+if sys.argv[1:] == ["fail"]:
+    def fail():
+        raise ValueError("no such layer")
+    fail()
+"""
+
+
+def test_script_from_standard_input(tmp_path):
+    """`-` reads the script from standard input as `python -` does: named
+    <stdin> (its lines are the user's: sites, the OOM line, the
+    traceback), argv[0] "-", "" first on sys.path, the source's coding
+    declaration honoured; the default snapshot is stdin_predict.pickle."""
+    src = STDIN_SCRIPT.replace("\\xe9", "\xe9").encode("latin-1")  # a real é, one byte
+    big = predict("--memory", "1G", "--json", "-", "big", cwd=tmp_path, stdin=src)
+    assert big.returncode == 1, big.stdout + big.stderr
+    assert _ran(big) == [["-", "big"], "", "<stdin>", True, "\xe9"]
+    r = big.json
+    assert r["script"] == "-" and r["snapshot"] == "stdin_predict.pickle"
+    assert r["oom"]["line"] == "<stdin>:9 in <module>", r["oom"]
+    assert {s["site"] for s in r["top_sites"]} >= {"<stdin>:4 in <module>",
+                                                   "<stdin>:5 in <module>"}, r["top_sites"]
+    assert "ok" in check_cli(tmp_path / "stdin_predict.pickle")
+    fail = predict("--memory", "1G", "-", "fail", cwd=tmp_path, stdin=src)
+    assert fail.returncode == 2, fail.stdout + fail.stderr
+    assert fail.stdout.startswith("memsnap predict: <stdin>: ")
+    tb = fail.stdout[fail.stdout.index("the script failed"):]
+    assert ('Traceback (most recent call last):\n  File "<stdin>", line 13, in <module>\n'
+            '  File "<stdin>", line 12, in fail\nValueError: no such layer') in tb, tb
+
+
 def test_output_refused_before_the_run(tmp_path):
     """-o in a missing directory, or naming a directory: exit 2 with the
     file and the reason, before the script runs."""
@@ -1003,6 +1102,37 @@ def test_values_and_data_dependent_shapes(tmp_path):
     assert "item 0.0 False" in p.stderr
     assert "host 135 [7, 8, 9]" in p.stderr
     assert p.json["values_read_as_zero"] == 2  # x.sum().item(), bool(x.sum() > 0)
+
+
+def test_values_read_as_zero_counts_calls_not_elements(tmp_path):
+    """values_read_as_zero counts one per read call, however many
+    elements: .tolist() of 1000 logits (1-D and 2-D) counts 1 as their
+    .numpy() does, .item() and bool() 1 each, an empty tensor's .tolist()
+    and .numpy() nothing; a real host tensor's values are not counted."""
+    script = tmp_path / "reads.py"
+    script.write_text(
+        "import sys, torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(128, 10)).to('cuda')\n"
+        "logits = model(torch.randn(100, 64, device='cuda'))\n"
+        "flat = logits.flatten().cpu().tolist()\n"
+        "rows = logits.cpu().tolist()\n"
+        "arr = logits.detach().cpu().numpy()\n"
+        "loss = logits.sum().item()\n"
+        "flag = bool(logits.max() > 0)\n"
+        "none = [logits[:0].cpu().tolist(), logits[:0].detach().cpu().numpy().shape]\n"
+        "real = torch.arange(1000).tolist()\n"
+        "print('reads', len(flat), set(flat), len(rows), len(rows[0]), arr.shape, loss, flag,\n"
+        "      none, len(real), file=sys.stderr)\n")
+    p = predict("--memory", "1G", "--json", "-o", str(tmp_path / "r.pickle"), str(script),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "reads 1000 {0.0} 100 10 (100, 10) 0.0 False [[], (0, 10)] 1000" in p.stderr
+    assert p.json["values_read_as_zero"] == 5  # flat, rows, arr, loss, flag
+    text = predict("--memory", "1G", "-o", str(tmp_path / "r.pickle"), str(script),
+                   cwd=tmp_path)
+    assert "\n  5 tensor value read(s) (.item(), bool(), .tolist(), .numpy()...) gave 0" \
+        in text.stdout, text.stdout
 
 
 def test_numpy_of_fake_tensors(tmp_path):

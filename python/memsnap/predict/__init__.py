@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
+import pkgutil
 import re
 import runpy
 import sys
@@ -211,12 +212,13 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
 
 
 def _script_traceback(exc: BaseException, script: str) -> str:
-    """The traceback from the script's first frame on."""
+    """The traceback from the first frame of ``script`` (the file that
+    runs as ``__main__``, or ``<stdin>``) on."""
     te = traceback.TracebackException.from_exception(exc)
-    target = os.path.realpath(script)
+    target = script if script == "<stdin>" else os.path.realpath(script)
     frames = te.stack
     for i, f in enumerate(frames):
-        if os.path.realpath(f.filename) == target:
+        if (f.filename if script == "<stdin>" else os.path.realpath(f.filename)) == target:
             te.stack = traceback.StackSummary.from_list(frames[i:])
             break
     return "".join(te.format())
@@ -250,9 +252,47 @@ def _os_exit_unwinds():
         os._exit = orig
 
 
+def _run_stdin() -> None:
+    """``python -``: standard input's source runs as ``__main__`` with the
+    file name ``<stdin>`` and the globals CPython gives it (pythonrun.c:
+    ``__file__`` "<stdin>", ``__cached__`` None; ``__loader__``
+    BuiltinImporter, ``__spec__`` and ``__package__`` None), in a
+    temporary ``__main__`` module as runpy's.  The source is read as
+    bytes, so that a coding declaration (PEP 263) applies."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    stdin = sys.stdin
+    if stdin is None:
+        raise RuntimeError("'-': there is no standard input to read the script from")
+    source = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read()
+    code = compile(source, "<stdin>", "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__="<stdin>", __cached__=None, __package__=None,
+                         __spec__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.BuiltinImporter)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+        else:
+            del sys.modules["__main__"]
+
+
 def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict:
     """Run ``script`` (as ``python script ARGS...`` would, ``__name__ ==
     "__main__"``) under :class:`predict` with ``options``; return it.
+
+    ``script`` is what ``python`` takes: a file, a directory or zip file
+    holding ``__main__.py`` (runpy.run_path: the directory or zip itself,
+    as an absolute path, first on ``sys.path``; ``sys.argv[0]`` is that
+    absolute path, where python keeps the name given), or ``-``: the
+    script's source from standard input, named ``<stdin>``
+    (``sys.argv[0]`` "-", ``""`` first on ``sys.path``).
 
     The script's own exceptions are caught: ``script_error`` then holds the
     traceback.  A ``SystemExit`` with a non-zero code counts as an error.
@@ -264,10 +304,25 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     script = os.fspath(script)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    if script == "-":
+        sys.path.insert(0, "")
+        first = "<stdin>"
+    elif pkgutil.get_importer(script) is not None:
+        # A directory or zip file: runpy puts it first on sys.path itself
+        # and runs its __main__ (its parent is not added).  By its
+        # absolute path, as python gives it (sys.path[0], __file__); runpy
+        # then sets sys.argv[0] to that path too.
+        script = os.path.abspath(script)
+        first = os.path.join(script, "__main__.py")
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        first = script
     try:
         with p, _os_exit_unwinds():
-            runpy.run_path(script, run_name="__main__")
+            if script == "-":
+                _run_stdin()
+            else:
+                runpy.run_path(script, run_name="__main__")
     except _OsExit as e:
         p.os_exit = e.code
         if e.code != 0:
@@ -284,7 +339,7 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
         kept = _device.take_pending_error()
         if kept is not None and isinstance(e, SystemError):
             e = kept
-        p.script_error = _script_traceback(e, script)
+        p.script_error = _script_traceback(e, first)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return p

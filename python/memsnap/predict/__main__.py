@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # Optional for argparse, required below: with a REMAINDER after it,
     # argparse would name ARGS (optional) as required too.
-    p.add_argument("script", metavar="SCRIPT", nargs="?", help="the Python script to run")
+    p.add_argument("script", metavar="SCRIPT", nargs="?",
+                   help="the Python script to run, as python takes it: a file, a directory "
+                        "or zip file with __main__.py, or - (standard input)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                    help="the script's arguments")
     # The usage names SCRIPT as required and ARGS as optional.
@@ -69,16 +71,47 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_script(p: argparse.ArgumentParser, script: str) -> None:
+    """What ``python SCRIPT`` runs, or a usage error: a file, a directory
+    or zip file holding a ``__main__`` module (runpy.run_path), or ``-``
+    (the source from standard input)."""
+    if script == "-":
+        if sys.stdin is None:
+            p.error("-: there is no standard input to read the script from")
+        return
+    if not (os.path.isfile(script) or os.path.isdir(script)):
+        p.error(f"{script}: " + ("not a regular file" if os.path.exists(script)
+                                 else "no such file"))
+    import pkgutil
+
+    importer = pkgutil.get_importer(script)  # None: a plain script file
+    if importer is None:
+        return
+    find = getattr(importer, "find_spec", None)  # zipimporter: 3.10+
+    found = (find("__main__") if find is not None
+             else importer.find_module("__main__"))
+    if found is None:
+        kind = "a directory" if os.path.isdir(script) else "a zip file"
+        p.error(f"{script}: {kind} without a __main__ module (python runs a directory's "
+                f"or zip file's __main__.py), not a script")
+
+
+def _stem(script: str) -> str:
+    """The default snapshot's name stem: the script file's without its
+    suffix, a directory's name, "stdin" for ``-``."""
+    if script == "-":
+        return "stdin"
+    path = os.path.normpath(os.path.abspath(script))
+    name = os.path.basename(path)
+    return name if os.path.isdir(path) else os.path.splitext(name)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     ns = p.parse_args(argv)
     if ns.script is None:
         p.error("the following arguments are required: SCRIPT")
-    if not os.path.isfile(ns.script):
-        p.error(f"{ns.script}: " + ("is a directory, not a script"
-                                    if os.path.isdir(ns.script) else
-                                    "not a regular file" if os.path.exists(ns.script)
-                                    else "no such file"))
+    _check_script(p, ns.script)
     from . import check_memory, parse_size, parse_what_if, run_script
 
     try:
@@ -93,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rank needs --devices")
     out = ns.output
     if out is None:
-        stem = os.path.splitext(os.path.basename(ns.script))[0]
-        out = f"{stem}_predict.pickle"
+        out = f"{_stem(ns.script)}_predict.pickle"
     to_stdout = out in ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
     if to_stdout:
         # As the memsnap CLI: the snapshot has standard output to itself
@@ -130,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         print(json.dumps(r))
     else:
-        sys.stdout.write(pred.report(ns.script))
+        sys.stdout.write(pred.report("<stdin>" if ns.script == "-" else ns.script))
     if r["snapshot_error"]:
         print(f"memsnap.predict: the snapshot was not written: {r['snapshot_error']}",
               file=sys.stderr)

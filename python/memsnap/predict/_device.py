@@ -667,9 +667,12 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is self._numpy and args and _is_fake(args[0]):
             # torch refuses .numpy() of a tensor subclass; a fake tensor's
-            # values are unknown: zeros, as .item() and .tolist() read 0
+            # values are unknown: zeros, as .item() and .tolist() read 0.
+            # One read however many elements (values_read_as_zero counts
+            # reads: _session._tolist_reads_once); an empty array read none.
             z = _numpy_zeros(args[0], bool((kwargs or {}).get("force", False)))
-            self.session.unknown_scalars += 1
+            if z.size:
+                self.session.unknown_scalars += 1
             return z
         if func is self._sdpa and self.session.attention == "fused":
             q = args[0] if args else kwargs.get("query")

@@ -4,7 +4,8 @@ A frame is the user's when its file is not part of the Python installation
 (the standard library, site-packages / dist-packages of any environment),
 of torch or of memsnap (the directories the allocator's own frame hook
 hides: ``memsnap._OWN_DIRS``), and is a real file (not ``<frozen ...>`` or
-``<string>``).  A model library installed into site-packages is therefore
+``<string>``) or ``<stdin>`` (a script read from standard input:
+``python -m memsnap.predict -``, or ``python -`` around a predict block).  A model library installed into site-packages is therefore
 not "user" code: its allocations are attributed to the line of the user's
 script that called into it.  Results are cached per file name.
 """
@@ -44,7 +45,9 @@ _cache: dict[str, bool] = {}
 def is_user_file(filename: str) -> bool:
     r = _cache.get(filename)
     if r is None:
-        if not filename or filename.startswith("<"):
+        if filename == "<stdin>":
+            r = True
+        elif not filename or filename.startswith("<"):
             r = False
         else:
             real = os.path.realpath(filename)

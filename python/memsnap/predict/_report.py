@@ -168,8 +168,8 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
     if r.get("eager_compile"):
         out.append(f"  torch.compile ran eagerly ({r['eager_compile']} call(s))")
     if r.get("values_read_as_zero"):
-        out.append(f"  {r['values_read_as_zero']} tensor value read(s) (.item(), bool(), .numpy()...) gave 0: "
-                   f"fake tensors have no values")
+        out.append(f"  {r['values_read_as_zero']} tensor value read(s) (.item(), bool(), "
+                   f".tolist(), .numpy()...) gave 0: fake tensors have no values")
     phase = f"  (during {r['peak_phase']})" if r.get("peak_phase") else ""
     out.append(f"  peak allocated   {fmt_bytes(r['peak_allocated_bytes']):>12}{phase}")
     out.append(f"  peak reserved    {fmt_bytes(r['peak_reserved_bytes']):>12}")

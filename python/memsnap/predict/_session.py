@@ -409,6 +409,7 @@ class Session:
             stack.enter_context(self.fake_mode)
             stack.enter_context(_swappable(self.fake_mode))
             stack.enter_context(_foreach_fake())
+            stack.enter_context(_tolist_reads_once(self))
             _device._ACTIVE = self
             stack.callback(setattr, _device, "_ACTIVE", None)
             stack.enter_context(_autocast_on(name))
@@ -607,6 +608,37 @@ def _swappable(fake_mode):
         yield
     finally:
         torch.utils.swap_tensors = orig
+
+
+@contextlib.contextmanager
+def _tolist_reads_once(session):
+    """``values_read_as_zero`` counts reads, not elements: one per
+    ``.item()``, ``bool()``/``int()``/``float()``, ``.tolist()`` or
+    ``.numpy()`` of a fake tensor that gave 0s.  FakeTensor.tolist (a
+    Python method, which no torch function mode sees) reads each element
+    with ``.item()``, each counted by the tracker: the call counts once
+    (nested calls for each row of a 2-D tensor included)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    own = "tolist" in FakeTensor.__dict__
+    orig = FakeTensor.tolist
+
+    def tolist(self, *args, **kwargs):
+        before = session.unknown_scalars
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            if session.unknown_scalars > before:
+                session.unknown_scalars = before + 1
+
+    FakeTensor.tolist = tolist
+    try:
+        yield
+    finally:
+        if own:
+            FakeTensor.tolist = orig
+        else:
+            del FakeTensor.tolist
 
 
 @contextlib.contextmanager
