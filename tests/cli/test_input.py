@@ -274,6 +274,32 @@ def group_special():
                not os.path.exists(path("t.html")),
                "%s: standard input twice refused, nothing read (%d %r)"
                % (" ".join(args[:3]), rc, err.strip()[-200:]))
+    # one pipe under two names ('-' and /dev/stdin): a usage error of the
+    # other commands, before anything is read; fleet reads it once, with
+    # the warning of any file named twice (one helper identifies both)
+    if os.path.exists("/dev/stdin"):
+        for args in (["diff", "-", "/dev/stdin"],
+                     ["check", "/dev/stdin", good_path, "-"]):
+            p = subprocess.run(WRAPPER + [MEMSNAP] + args, input=good,
+                               capture_output=True, timeout=60)
+            err = p.stderr.decode("utf-8", "replace")
+            expect(p.returncode == 2 and
+                   "'%s' and '%s' are the same pipe" % (args[1], args[-1])
+                   in err,
+                   "%s: one pipe under two names refused (%d %r)"
+                   % (" ".join(args), p.returncode, err.strip()[-200:]))
+        p = subprocess.run(WRAPPER + [MEMSNAP, "fleet", "--json", "-",
+                                      "/dev/stdin"], input=good,
+                           capture_output=True, timeout=60)
+        js = json.loads(p.stdout) if p.stdout else {}
+        expect(p.returncode == 0 and
+               [x.get("file") for x in js.get("ranks", [])] == ["-"] and
+               js["ranks"][0].get("allocated_bytes") == 4 * MiB and
+               any("/dev/stdin is -; 1 name left out" in w
+                   for w in js.get("warnings", [])),
+               "fleet - /dev/stdin: the pipe is read once, with a warning "
+               "(%d %r %r)" % (p.returncode, js.get("warnings"),
+                               p.stderr[-200:]))
     with open(good_path, "rb") as stdin:
         rc, out, err = run("diff", "-", good_path, stdin=stdin)
     expect(rc in (0, 1), "diff - FILE: one '-' is fine (%d %r)"
