@@ -228,13 +228,22 @@ static void get_fields(rd_t *r, const msnap_pitems_t *it, fields_t *f) {
 
 #define HAS(f, k) (((f)->present >> KEY_##k) & 1u)
 
+/* A Python type name t with its article, in buf: "an int", "a dict",
+ * "None" (no article).  Returns buf. */
+static const char *type_phrase(const char *t, char *buf, size_t len) {
+  snprintf(buf, len, "%s%s",
+           !strcmp(t, "None")              ? ""
+           : strchr("aeiouAEIOU", t[0]) ? "an "
+                                        : "a ",
+           t);
+  return buf;
+}
+
 static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
-  const char *t = msnap__pvm_type(r->vm, v);
-  const char *art = !strcmp(t, "None")         ? ""
-                    : strchr("aeiouAEIOU", t[0]) ? "an "
-                                                 : "a ";
-  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is %s%s, expected %s",
-                         key_names[key], art, t, want);
+  char tp[256];
+  return msnap__pvm_fail(
+      r->vm, MSNAP_EFORMAT, "'%s' is %s, expected %s", key_names[key],
+      type_phrase(msnap__pvm_type(r->vm, v), tp, sizeof tp), want);
 }
 
 /* A key every PyTorch version writes in a `what` dict (and the model
@@ -276,11 +285,7 @@ static void describe_item(rd_t *r, msnap_pv_t v, const char *defkey,
   if (!strcmp(t, "dict"))
     snprintf(buf, len, "a dict without '%s'", defkey);
   else
-    snprintf(buf, len, "%s%s",
-             !strcmp(t, "None")              ? ""
-             : strchr("aeiouAEIOU", t[0]) ? "an "
-                                          : "a ",
-             t);
+    type_phrase(t, buf, len);
 }
 
 /* Item i of the list named `list` (e.g. "segments", "device_traces[1]")

@@ -563,6 +563,26 @@ def group_wrong():
          "trace entry dict"),
         ("list of ints", pickle.dumps([1, 2]),
          "segments[0] is an int, expected a segment dict"),
+        # the type of a value or an item, with its article (or none)
+        ("segments None", pickle.dumps({"segments": None,
+                                        "device_traces": []}),
+         "'segments' is None, expected a list of segment dicts"),
+        ("segment None", pickle.dumps({"segments": [None],
+                                       "device_traces": []}),
+         "segments[0] is None, expected a segment dict"),
+        ("entry float", pickle.dumps({"segments": [],
+                                      "device_traces": [[1.5]]}),
+         "device_traces[0][0] is a float, expected a trace entry dict"),
+        ("total_size str", pickle.dumps({"segments": [
+            dict(good_snapshot()["segments"][0], total_size="20M")],
+            "device_traces": []}),
+         "'total_size' is a str, expected an int"),
+        ("addr None", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": None, "size": 8}]]}),
+         "'addr' is None, expected an int"),
+        ("size list", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": 0, "size": [8]}]]}),
+         "'size' is a list, expected an int"),
         # keys every PyTorch version writes: refused, never read as 0
         ("segment without total_size", without("segment", "total_size"),
          "a segment dict without 'total_size'"),
