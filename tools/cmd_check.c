@@ -15,7 +15,8 @@
  * decreases within a device trace; keys required by the generation are
  * present (block address since 2.1, requested_size with frames, time_us
  * on all entries of a device or none); every device with segments has a
- * trace list; addresses stay below 2^53; and the backward replay of each device trace over the final
+ * trace list; an 'oom' entry has 'device_free' (not 'addr');
+ * addresses stay below 2^53; and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
  */
@@ -268,6 +269,16 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
                "it)",
                timed, tl->n);
       }
+      /* PyTorch keeps the free device memory of an OOM in the entry's
+       * addr field and writes it as 'device_free' (never 'addr');
+       * memory_viz's trace reads e['device_free'] and fails without it */
+      if (e->action == MSNAP_ACTION_OOM && !(at->keys & MSNAP_K_DEVICE_FREE))
+        report(c, WHERE,
+               "'oom' entry %s 'device_free' (PyTorch writes the device's "
+               "free memory under that key; torch's memory_viz trace cannot "
+               "read the file without it)",
+               at->keys & MSNAP_K_ADDRESS ? "has 'addr' instead of"
+                                          : "without");
       if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
         report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53: JavaScript viewers "
@@ -324,8 +335,9 @@ static void usage(FILE *f) {
           "Rules: block sums (total/allocated/active/requested sizes),\n"
           "contiguous blocks, known state and action names, segments sorted\n"
           "per device, time_us not decreasing per device, keys of the\n"
-          "generation, and a backward replay of each trace over the final\n"
-          "state (alloc/free_*/segment_* must be consistent with it; a ring\n"
+          "generation ('device_free', not 'addr', on an oom entry), and a\n"
+          "backward replay of each trace over the final state\n"
+          "(alloc/free_*/segment_* must be consistent with it; a ring\n"
           "buffer that dropped old entries is not a violation).  Text that\n"
           "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"

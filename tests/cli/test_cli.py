@@ -440,6 +440,16 @@ def group_check():
         s["segments"][0]["requested_size"] = 0
     def m_req(s):
         s["segments"][1]["requested_size"] = 7
+    # an OOM keyed as PyTorch never writes it: memory_viz's trace reads
+    # e['device_free'] (10 MiB free on the device)
+    def m_oom_addr(s):
+        s["device_traces"][0].append({"action": "oom", "addr": 10 * MiB,
+                                      "size": 30 * MiB, "stream": 0,
+                                      "time_us": 1700000000000100})
+    def m_oom_none(s):
+        s["device_traces"][0].append({"action": "oom", "size": 30 * MiB,
+                                      "stream": 0,
+                                      "time_us": 1700000000000100})
     cases = [
         (m_total, "segments[0]: total_size"),
         (m_alloc, "segments[0]: allocated_size 1"),
@@ -458,6 +468,10 @@ def group_check():
         (m_unknown_free, "device_traces[0][1]: alloc of 0x7f0000000000 "
                          "(4194204 B): the block is neither live"),
         (m_req, "segments[1]: requested_size 7"),
+        (m_oom_addr, "device_traces[0][7]: 'oom' entry has 'addr' instead "
+                     "of 'device_free' (PyTorch writes"),
+        (m_oom_none, "device_traces[0][7]: 'oom' entry without "
+                     "'device_free'"),
     ]
     for fn, line in cases:
         rc, out, err, p = violations(fn)
@@ -729,6 +743,58 @@ def group_convert():
                    "convert --json %s parses" % name)
         else:
             expect(False, "convert --json %s: exit %d %s" % (name, rc, err))
+    # An OOM entry keyed 'addr' (PyTorch writes 'device_free', which
+    # memory_viz's trace reads), appended to a real recording: convert
+    # writes the value as 'device_free' and says so; with neither key it
+    # refuses, naming the entry; --keep-keys keeps it with a warning.
+    src = os.path.join(REAL, "silmont2000_a2__mem_snapshot.pickle")
+    with open(src, "rb") as f:
+        d = pickle.load(f)
+    tr = d["device_traces"][0]
+    n = len(tr)
+    free = 3 << 30
+    tr.append(dict(tr[-1], action="oom", addr=free, size=64 * MiB))
+    with_addr = write_pickle(d, "oom_addr.pickle")
+    tr[-1] = {k: v for k, v in tr[-1].items() if k != "addr"}
+    without = write_pickle(d, "oom_none.pickle")
+    where = "device_traces[0][%d]" % n
+    out_p = os.path.join(TMP, "oom_conv.pickle")
+    rc, out, err = run("convert", with_addr, "-o", out_p)
+    e = {}
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            e = pickle.load(f)["device_traces"][0][n]
+    expect(rc == 0 and e.get("device_free") == free and "addr" not in e and
+           e.get("size") == 64 * MiB and
+           "1 'oom' entry had 'addr' instead of 'device_free' (the first: "
+           "%s): written as 'device_free'" % where in err,
+           "convert: an oom entry's 'addr' is written as 'device_free', "
+           "with a note (%d %r %r)" % (rc, sorted(e), err.strip()[-300:]))
+    rc, out, err = run("check", out_p)
+    expect(rc == 0, "convert: its output passes check (%r)" % out[-300:])
+    rc, out, err = run("check", with_addr)
+    expect(rc == 1 and "%s: %s: 'oom' entry has 'addr' instead of "
+           "'device_free'" % (with_addr, where) in out,
+           "check: the real file's oom entry keyed 'addr' (%r)" % out[-300:])
+    out_n = os.path.join(TMP, "oom_none_conv.pickle")
+    rc, out, err = run("convert", without, "-o", out_n)
+    expect(rc == 2 and not os.path.exists(out_n) and
+           "%s: cannot be converted: %s is an 'oom' entry without "
+           "'device_free'" % (without, where) in err and
+           "not written" in err,
+           "convert: an oom entry with neither key is refused (%d %r)"
+           % (rc, err.strip()[-300:]))
+    rc, out, err = run("convert", "--keep-keys", with_addr, "-o", out_n)
+    e = {}
+    if rc == 0:
+        with open(out_n, "rb") as f:
+            e = pickle.load(f)["device_traces"][0][n]
+    expect(rc == 0 and e.get("addr") == free and "device_free" not in e and
+           "warning: %s: 1 'oom' entry without 'device_free' (the first: "
+           "%s), kept as in the source (--keep-keys)" % (with_addr, where)
+           in err,
+           "convert --keep-keys: the entry kept, with a warning (%d %r)"
+           % (rc, err.strip()[-300:]))
 
 
 REPLAYABLE = {
