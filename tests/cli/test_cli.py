@@ -479,6 +479,28 @@ def group_check():
                "check finds %s (%s)" % (fn.__name__, line))
         if rc != 1 or (p + ": " + line) not in out:
             print(out[-800:], err[-300:])
+    # the two keys of every snapshot dict PyTorch's _snapshot() writes
+    # (memory_viz's stats and trace read data["segments"], its trace
+    # data["device_traces"]); without segments the trace is not replayed
+    # over a final state it does not have (one line, not one per entry)
+    for snap, key, nlines in (
+            ({"device_traces": []}, "segments", 1),
+            ({"device_traces": good_snapshot()["device_traces"]},
+             "segments", 1),
+            ({"segments": good_snapshot()["segments"]}, "device_traces", 1),
+            ({"segments": []}, "device_traces", 1)):
+        p = write_pickle(snap, "top.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and out.startswith(
+            "%s: top-level dict: missing key '%s' (PyTorch writes it in "
+            "every snapshot dict" % (p, key)) and
+            len(out.splitlines()) == nlines,
+            "check: %s without '%s' (%d %r)" % (sorted(snap), key, rc,
+                                                out[-300:]))
+    rc, out, err = run("check", write_pickle([], "top_list.pickle"))
+    expect(rc == 0 and ": ok (0 segments" in out,
+           "check: an empty bare list of segments needs neither key (%r)"
+           % out)
 
 
 def group_diff():
