@@ -501,6 +501,19 @@ def group_check():
     expect(rc == 0 and ": ok (0 segments" in out,
            "check: an empty bare list of segments needs neither key (%r)"
            % out)
+    # summary of an empty snapshot says so, not the header alone
+    for snap, trace_line in (
+            ([], "No trace either: a bare list of segments (before "
+                 "PyTorch 2.0) has none."),
+            ({"segments": [], "device_traces": [[]]},
+             "No trace either: no allocation history was recorded.")):
+        p = write_pickle(snap, "empty_snap.pickle")
+        rc, out, err = run("summary", p)
+        expect(rc == 0 and out.splitlines()[1:] == [
+            "", "The snapshot has no segments: no device memory was "
+            "reserved when it was taken.", trace_line],
+            "summary of %r: no segments and no trace, said plainly (%r)"
+            % (snap, out))
 
 
 def group_diff():
