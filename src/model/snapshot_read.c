@@ -1410,7 +1410,7 @@ static void rd_destroy(rd_t *r) {
  * Run the VM over src, map the root, check the model.  On success *out
  * owns the model (marked as read from a file).  Wrong inputs are named
  * (msnap__identify_head before parsing, msnap__identify_text after an
- * early failure).
+ * early failure; text cut short is a truncated protocol-0 pickle).
  */
 #define READ_HEAD 40
 
@@ -1490,9 +1490,15 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
              r.len);
     rc = MSNAP_ENOMEM;
   }
-  if (rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
-      err->offset < 512 &&
-      msnap__identify_text(head, nhead, what, sizeof what)) {
+  bool text = rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
+              msnap__identify_text(head, nhead, what, sizeof what);
+  if (text && strstr(err->msg, MSNAP_PICKLE_TRUNCATED) != NULL) {
+    /* text the reader took to its end without a wrong opcode: a pickle of
+     * protocol 0 (the text one) cut short, not a text file */
+    size_t l = strlen(err->msg);
+    snprintf(err->msg + l, sizeof err->msg - l,
+             "; it is a pickle of protocol 0 (a text format)");
+  } else if (text && err->offset < 512) {
     /* a text file fails in its first bytes: say so, keep the detail */
     char detail[200];
     const char *d = strchr(err->msg, ':');

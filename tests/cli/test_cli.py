@@ -281,6 +281,22 @@ def group_hostile():
                    "early): " in e and "[MSNAP_EFORMAT]" in e,
                    "a plain pickle cut after %d of %d bytes (%s) says it is "
                    "truncated: %r" % (n, len(good), how, e.strip()[-200:]))
+    # A protocol-0 pickle (text) cut short is a truncated pickle, not "a
+    # text file"; text that is no pickle still is one.
+    good0 = pickle.dumps(good_snapshot(), protocol=0)
+    for n in (5, 100, len(good0) // 2, len(good0) - 1):
+        rc, out, err = run("check", write_bytes(good0[:n], "cut0.pickle"))
+        expect(rc == 2 and "the pickle is truncated (the input ends "
+               "early): " in err and "it is a pickle of protocol 0 (a text "
+               "format)" in err and "text file" not in err,
+               "a protocol-0 pickle cut after %d of %d bytes says it is a "
+               "truncated pickle of protocol 0: %r"
+               % (n, len(good0), err.strip()[-200:]))
+    rc, out, err = run("check", write_bytes(b"hello, not a pickle\n",
+                                            "text.txt"))
+    expect(rc == 2 and "this looks like a text file (it begins \"hello, "
+           "not a pickle\")" in err and "protocol 0" not in err,
+           "a text file is still named as one: %r" % err.strip()[-200:])
     # Well-formed pickles with nonsense content: random segments, states,
     # actions, addresses and sizes.  Every command ends with 0, 1 or 2.
     rnd = random.Random(99)
