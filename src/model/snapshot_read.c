@@ -1490,7 +1490,24 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
              r.len);
     rc = MSNAP_ENOMEM;
   }
-  bool text = rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
+  /* compressed input: garbage from corrupt data fails the reader before
+   * the member's CRC is reached; the decompressor's error is the cause */
+  bool corrupt = false;
+  if (rc < 0 && rc != MSNAP_ENOMEM && src->codec != MSNAP_SOURCE_PLAIN &&
+      !src->err[0]) {
+    uint64_t stopped = err->offset;
+    if (msnap__source_check_member(src) == MSNAP_EFORMAT) {
+      snprintf(err->msg, sizeof err->msg,
+               "offset %llu: %.300s (while reading; the pickle reader had "
+               "stopped at offset %llu on the bytes it gave)",
+               (unsigned long long)msnap__source_offset(src, src->end),
+               src->err, (unsigned long long)stopped);
+      err->offset = msnap__source_offset(src, src->end);
+      rc = MSNAP_EFORMAT;
+      corrupt = true;
+    }
+  }
+  bool text = rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO && !corrupt &&
               msnap__identify_text(head, nhead, what, sizeof what);
   if (text && strstr(err->msg, MSNAP_PICKLE_TRUNCATED) != NULL) {
     /* text the reader took to its end without a wrong opcode: a pickle of

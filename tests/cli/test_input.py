@@ -443,6 +443,47 @@ def group_compressed():
     rc, out, err = run("check", write_bytes(bytes(bad), "corrupt.gz"))
     expect(rc == 2 and "gzip" in err, "a corrupt .gz: %r"
            % err.strip()[-160:])
+    # One byte flipped in the middle of a real recording's deflate data:
+    # the garbage it decompresses to fails the pickle reader (a memo key,
+    # an opcode) long before the member's CRC is reached; zlib's error is
+    # the one reported, naming the file, for a file and a pipe.
+    real = os.path.join(REAL, "kkaitlyn111_a2__memory_ctx128_forward_mixed"
+                        ".pickle")
+    if os.path.exists(real):
+        with open(real, "rb") as f:
+            gz1 = bytearray(gzip.compress(f.read()))
+        for at in (len(gz1) // 5, len(gz1) // 3, len(gz1) // 2):
+            flip = bytearray(gz1)
+            flip[at] ^= 0x55
+            fp = write_bytes(bytes(flip), "flipped.pickle.gz")
+            with open(fp, "rb") as fh:
+                p = subprocess.Popen(WRAPPER + [MEMSNAP, "check", "-"],
+                                     stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+                _, perr = p.communicate(fh.read(), timeout=120)
+            rc, out, err = run("check", fp)
+            for how, r, e, name in (
+                    ("file", rc, err, fp),
+                    ("pipe", p.returncode, perr.decode("utf-8", "replace"),
+                     "-")):
+                expect(r == 2 and e.startswith(
+                    "memsnap: %s: offset " % name) and
+                    "the gzip-compressed data is corrupt: incorrect data "
+                    "check" in e and "memo" not in e and "opcode" not in e
+                    and "expected" not in e,
+                    "a byte flipped at %d of %d in a .gz (%s): zlib's "
+                    "error, naming the file: %r"
+                    % (at, len(gz1), how, e.strip()[-240:]))
+    else:
+        print("SKIP flipped byte in a real recording: no real inputs")
+    # a whole gzip member around a pickle that is wrong: the reader's error
+    rc, out, err = run("check", write_bytes(
+        gzip.compress(b"\x80\x04}\xff."),
+        "badop.pickle.gz"))
+    expect(rc == 2 and "unknown opcode 0xff" in err and "corrupt" not in err,
+           "a valid .gz of a wrong pickle: the reader's error (%r)"
+           % err.strip()[-200:])
     # a bomb: 64 MB of zeros in 64 kB; decompressed bytes count against
     # the limit, and the zeros are not a pickle anyway
     bomb = write_bytes(gzip.compress(b"\x80\x04]" + b"\x00" * (64 * MiB)),
