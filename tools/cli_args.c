@@ -150,6 +150,15 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
     if (*c->output != NULL && (strcmp(*c->output, "/dev/stdout") == 0 ||
                                strcmp(*c->output, "/dev/fd/1") == 0 ||
                                strcmp(*c->output, "/proc/self/fd/1") == 0)) {
+      /* said of standard output, before the duplicate (whose /dev/fd/N
+       * name the user never gave) exists */
+      int fl = fcntl(STDOUT_FILENO, F_GETFL);
+      if (fl < 0 || (fl & O_ACCMODE) == O_RDONLY) {
+        fprintf(stderr, "memsnap %s: cannot write standard output: it is "
+                "%s\n", c->name,
+                fl < 0 ? "closed" : "open for reading only");
+        return CLI_UNUSABLE;
+      }
       fflush(stdout);
       int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
       if (fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0) {
