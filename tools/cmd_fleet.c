@@ -911,7 +911,11 @@ int cli_cmd_fleet(int argc, char **argv) {
       else
         snprintf(rk, sizeof rk, "?");
       if (!x->ok) {
-        printf("%5s %-10s %s  %s\n", rk, "", x->error, x->file);
+        /* the columns of a rank (no figures: '-'), the file where every
+         * row has it, and the error under it, as the other notes */
+        printf("%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", rk, "?",
+               "-", "-", "-", "-", "-", "-", "-", x->file);
+        printf("%5s %-10s could not be read: %s\n", "", "", x->error);
         continue;
       }
       printf("%5s %-10.10s %12s %12s %12s %12s %12s %4u %5u  %s%s\n", rk,

@@ -2728,6 +2728,23 @@ def group_explain():
            and js.get("outliers") == [os.path.join(fleet, "r6.pickle")] and
            any("could not be read" in w for w in js.get("warnings", [])),
            "fleet: an unreadable file is reported, the others still are")
+    # in the text table its row keeps the columns: '-' for the figures,
+    # the file where every row has it, the error on the line under it
+    rc, out, err = run("fleet", fleet)
+    rows = out.splitlines()
+    head = [l for l in rows if l.lstrip().startswith("rank ")]
+    r8 = [k for k, l in enumerate(rows) if l.endswith("r8.pickle")]
+    r0 = [l for l in rows if l.endswith("r0.pickle")]
+    col = head[0].find("file") if head else -1
+    expect(rc == 1 and len(r8) == 1 and r0 and col > 0 and
+           rows[r8[0]].find(os.path.join(fleet, "r8.pickle")) == col and
+           r0[0].find(os.path.join(fleet, "r0.pickle")) == col and
+           rows[r8[0]].split()[2:9] == ["-"] * 7 and
+           rows[r8[0] + 1].lstrip().startswith("could not be read: ") and
+           bad and bad[0]["error"] in rows[r8[0] + 1],
+           "fleet text: the unreadable file's row is aligned with the "
+           "others, its error under it (%r)" % rows[r8[0]:r8[0] + 2]
+           if r8 else out[-600:])
     # one file under several names (repeated, inside the directory given
     # too, through a link): read and counted once, with a warning naming
     # the first repeat
