@@ -144,8 +144,8 @@ PyObject *msnap_py_raise_path(PyObject *module, int err, const char *path) {
    * path too ("cannot write 'P': ..."), so it loses its " 'P'" here
    * ("[Errno 9] cannot write: the descriptor is not open for writing:
    * '/dev/fd/3'"), naming the path once */
-  char once[1024];
-  char quoted[512];
+  char once[2048 + 64]; /* the library's messages are at most 2048 */
+  char quoted[4096 + 4];
   int ql = snprintf(quoted, sizeof quoted, " '%s'", path);
   const char *at = ql > 0 && (size_t)ql < sizeof quoted ? strstr(text, quoted)
                                                         : NULL;
