@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "base/json.h"
@@ -105,6 +106,25 @@ extern char cli_stdout_kept[32];
  * be, with --json, the unusable document (cli_json_unusable) is printed. */
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
               msnap_snap_t **load);
+
+/* One file under several names.  cli_file_id identifies a FILE argument
+ * by device and inode: stat of the name, fstat of standard input for "-";
+ * false when it cannot (a missing file: compare the names then).  Two
+ * names of one pipe, FIFO or device (cli_file_id_stream) are a usage
+ * error of every command but fleet, which reads such an input once with
+ * a warning (cmd_fleet.c); a regular file may be named twice. */
+typedef struct cli_file_id_s {
+  dev_t dev;
+  ino_t ino;
+  mode_t mode;
+} cli_file_id_t;
+bool cli_file_id(const char *file, cli_file_id_t *id);
+static inline bool cli_file_id_same(const cli_file_id_t *a,
+                                    const cli_file_id_t *b) {
+  return a->dev == b->dev && a->ino == b->ino;
+}
+/* Not a regular file nor a directory: its bytes can be read only once. */
+bool cli_file_id_stream(const cli_file_id_t *id);
 
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */

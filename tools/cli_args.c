@@ -46,6 +46,18 @@ static int set_opt(const cli_cmd_t *c, const cli_opt_t *op,
   return CLI_UNUSABLE;
 }
 
+bool cli_file_id(const char *file, cli_file_id_t *id) {
+  struct stat st;
+  int r = strcmp(file, "-") == 0 ? fstat(STDIN_FILENO, &st) : stat(file, &st);
+  if (r != 0) return false;
+  *id = (cli_file_id_t){st.st_dev, st.st_ino, st.st_mode};
+  return true;
+}
+
+bool cli_file_id_stream(const cli_file_id_t *id) {
+  return !S_ISREG(id->mode) && !S_ISDIR(id->mode);
+}
+
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
               msnap_snap_t **load) {
   /* the command's options, then --json and -o/--output when it has them */
@@ -104,30 +116,27 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   /* The same for one pipe, FIFO or device under two names ('-' and
    * /dev/stdin, a FIFO and a link to it): its bytes go to the first only.
    * Regular files may be named twice.  fleet reads each input once by
-   * device and inode itself (cmd_fleet.c), with a warning. */
+   * device and inode (cmd_fleet.c), with a warning. */
   if (strcmp(c->name, "fleet") != 0) {
     struct stream_s {
-      dev_t dev;
-      ino_t ino;
+      cli_file_id_t id;
       int arg;
     } streams[16];
     int nstreams = 0;
     for (int i = optind; i < argc && nstreams < 16; i++) {
-      struct stat st;
-      int r = strcmp(argv[i], "-") == 0 ? fstat(STDIN_FILENO, &st)
-                                        : stat(argv[i], &st);
-      if (r != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) continue;
+      cli_file_id_t id;
+      if (!cli_file_id(argv[i], &id) || !cli_file_id_stream(&id)) continue;
       for (int k = 0; k < nstreams; k++)
-        if (streams[k].dev == st.st_dev && streams[k].ino == st.st_ino) {
+        if (cli_file_id_same(&streams[k].id, &id)) {
           char msg[1024];
           snprintf(msg, sizeof msg,
                    "'%s' and '%s' are the same %s, which can be read only "
                    "once: give it for one FILE",
                    argv[streams[k].arg], argv[i],
-                   S_ISFIFO(st.st_mode) ? "pipe" : "stream");
+                   S_ISFIFO(id.mode) ? "pipe" : "stream");
           return cli_usage_error(c->name, msg);
         }
-      streams[nstreams++] = (struct stream_s){st.st_dev, st.st_ino, i};
+      streams[nstreams++] = (struct stream_s){id, i};
     }
   }
   if (c->output != NULL) {
@@ -141,6 +150,15 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
     if (*c->output != NULL && (strcmp(*c->output, "/dev/stdout") == 0 ||
                                strcmp(*c->output, "/dev/fd/1") == 0 ||
                                strcmp(*c->output, "/proc/self/fd/1") == 0)) {
+      /* said of standard output, before the duplicate (whose /dev/fd/N
+       * name the user never gave) exists */
+      int fl = fcntl(STDOUT_FILENO, F_GETFL);
+      if (fl < 0 || (fl & O_ACCMODE) == O_RDONLY) {
+        fprintf(stderr, "memsnap %s: cannot write standard output: it is "
+                "%s\n", c->name,
+                fl < 0 ? "closed" : "open for reading only");
+        return CLI_UNUSABLE;
+      }
       fflush(stdout);
       int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
       if (fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0) {

@@ -11,11 +11,12 @@
  * blocks; states and actions are known names; segments are sorted and
  * disjoint per device and devices are concatenated in order (except a
  * tail of one-block workspace segments, as torch_npu appends them);
- * time_us never
- * decreases within a device trace; keys required by the generation are
- * present (block address since 2.1, requested_size with frames, time_us
- * on all entries of a device or none); every device with segments has a
- * trace list; addresses stay below 2^53; and the backward replay of each device trace over the final
+ * time_us never decreases within a device trace; keys required by the
+ * generation are present ('segments' and 'device_traces' in a dict, block
+ * address since 2.1, requested_size with frames, time_us on all entries
+ * of a device or none, 'device_free' rather than 'addr' on an oom entry);
+ * every device with segments has a trace list; addresses stay below 2^53;
+ * and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
  */
@@ -230,7 +231,27 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
   }
 }
 
-static void check_traces(check_t *c, const msnap_snap_t *s) {
+/* The two keys of every snapshot dict PyTorch's _snapshot() writes
+ * (the reader needs one of them; a bare list of segments, the format
+ * before 2.0, has neither).  Returns false when 'segments' is missing:
+ * the final state is unknown then, so the trace is not replayed. */
+static bool check_top(check_t *c, const msnap_snap_t *s) {
+  if (s->generation == MSNAP_GEN_SEGMENT_LIST) return true;
+  bool segs = (s->top_keys & MSNAP_TOP_SEGMENTS) != 0;
+  if (!segs)
+    report(c, "top-level dict",
+           "missing key 'segments' (PyTorch writes it in every snapshot "
+           "dict; torch's memory_viz stats and trace fail without it); the "
+           "trace is not replayed, having no final state to replay over");
+  if (!(s->top_keys & MSNAP_TOP_DEVICE_TRACES))
+    report(c, "top-level dict",
+           "missing key 'device_traces' (PyTorch writes it in every "
+           "snapshot dict, one list per device even when no history was "
+           "recorded; torch's memory_viz trace fails without it)");
+  return segs;
+}
+
+static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
   char where[64];
   for (uint32_t d = 0; d < s->ndevices; d++) {
     const msnap_trace_list_t *tl = &s->device_traces[d];
@@ -268,6 +289,16 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
                "it)",
                timed, tl->n);
       }
+      /* PyTorch keeps the free device memory of an OOM in the entry's
+       * addr field and writes it as 'device_free' (never 'addr');
+       * memory_viz's trace reads e['device_free'] and fails without it */
+      if (e->action == MSNAP_ACTION_OOM && !(at->keys & MSNAP_K_DEVICE_FREE))
+        report(c, WHERE,
+               "'oom' entry %s 'device_free' (PyTorch writes the device's "
+               "free memory under that key; torch's memory_viz trace cannot "
+               "read the file without it)",
+               at->keys & MSNAP_K_ADDRESS ? "has 'addr' instead of"
+                                          : "without");
       if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
         report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53: JavaScript viewers "
@@ -289,6 +320,7 @@ static void check_traces(check_t *c, const msnap_snap_t *s) {
       }
     }
   }
+  if (!replay) return;
   uint32_t nd;
   int64_t *devs = cli_devices(s, &nd);
   for (uint32_t k = 0; k < nd; k++) {
@@ -324,8 +356,9 @@ static void usage(FILE *f) {
           "Rules: block sums (total/allocated/active/requested sizes),\n"
           "contiguous blocks, known state and action names, segments sorted\n"
           "per device, time_us not decreasing per device, keys of the\n"
-          "generation, and a backward replay of each trace over the final\n"
-          "state (alloc/free_*/segment_* must be consistent with it; a ring\n"
+          "generation ('device_free', not 'addr', on an oom entry), and a\n"
+          "backward replay of each trace over the final state\n"
+          "(alloc/free_*/segment_* must be consistent with it; a ring\n"
           "buffer that dropped old entries is not a violation).  Text that\n"
           "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"
@@ -389,8 +422,9 @@ int cli_cmd_check(int argc, char **argv) {
       cj_key(&j, "violations");
       cj_arr(&j);
     }
+    bool top = check_top(&c, s);
     check_segments(&c, s);
-    check_traces(&c, s);
+    check_traces(&c, s, top);
     check_strings(&c, s);
     if (json) {
       cj_arr_end(&j);

@@ -9,7 +9,10 @@
  * history element, else []), segment `frames`/`segment_pool_id`/
  * `is_expandable`, trace `compile_context` ("N/A") and `user_metadata`
  * (""), a `device_traces` list per device, `external_annotations`.  Times
- * that were never recorded stay absent (viewers only display them).
+ * that were never recorded stay absent (viewers only display them).  An
+ * 'oom' entry keyed 'addr' is written with 'device_free', PyTorch's key
+ * for that value, with a note; one with neither key is refused (nothing
+ * to take the value from).
  * --keep-keys writes exactly the keys of the source instead.
  */
 #include <inttypes.h>
@@ -17,6 +20,68 @@
 #include <string.h>
 
 #include "cli.h"
+
+/*
+ * 'oom' entries without 'device_free'.  PyTorch keeps the device's free
+ * memory at an OOM in the entry's addr field and writes it as
+ * 'device_free', never 'addr'; torch's memory_viz trace reads
+ * e['device_free'] and fails without it.  Some hand-written or converted
+ * files key it 'addr'.  Counts the entries that have 'addr' instead and
+ * those that have neither key, and names the first of each as
+ * "device_traces[d][i]" in at_addr and at_none.
+ */
+typedef struct oom_keys_s {
+  uint32_t naddr, nnone;
+  char at_addr[48], at_none[48];
+} oom_keys_t;
+
+static void oom_without_device_free(const msnap_snap_t *s, oom_keys_t *o) {
+  memset(o, 0, sizeof *o);
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    for (uint32_t i = 0; i < s->device_traces[d].n; i++) {
+      const msnap_strace_t *e = &s->device_traces[d].v[i];
+      unsigned k = msnap__tattr(s, e)->keys;
+      if (e->action != MSNAP_ACTION_OOM || (k & MSNAP_K_DEVICE_FREE))
+        continue;
+      bool addr = (k & MSNAP_K_ADDRESS) != 0;
+      if ((addr ? o->naddr++ : o->nnone++) == 0)
+        snprintf(addr ? o->at_addr : o->at_none, sizeof o->at_addr,
+                 "device_traces[%u][%u]", d, i);
+    }
+}
+
+/* An 'oom' entry's 'addr' written as 'device_free', the key PyTorch
+ * gives that value (the entries point at attribute sets with the bit
+ * moved, one per set). */
+static int oom_addr_to_device_free(msnap_snap_t *s) {
+  uint32_t nsets = s->ntattrs;
+  uint32_t *map = malloc(((size_t)nsets + 1) * sizeof *map);
+  if (!map)
+    return MSNAP_ENOMEM;
+  for (uint32_t k = 0; k < nsets; k++)
+    map[k] = UINT32_MAX;
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    msnap_trace_list_t *tl = &s->device_traces[d];
+    for (uint32_t i = 0; i < tl->n; i++) {
+      msnap_strace_t *e = &tl->v[i];
+      msnap_tattr_t a = *msnap__tattr(s, e);
+      if (e->action != MSNAP_ACTION_OOM || (a.keys & MSNAP_K_DEVICE_FREE) ||
+          !(a.keys & MSNAP_K_ADDRESS) || e->attr >= nsets)
+        continue;
+      if (map[e->attr] == UINT32_MAX) {
+        a.keys = (uint16_t)((a.keys & ~MSNAP_K_ADDRESS) | MSNAP_K_DEVICE_FREE);
+        map[e->attr] = msnap__snap_tattr(s, &a);
+        if (map[e->attr] == UINT32_MAX) {
+          free(map);
+          return MSNAP_ENOMEM;
+        }
+      }
+      e->attr = map[e->attr];
+    }
+  }
+  free(map);
+  return 0;
+}
 
 static int upgrade(msnap_snap_t *s) {
   msnap_str_t na = msnap__snap_intern(s, "N/A", 3);
@@ -134,8 +199,11 @@ static void find_big(const msnap_snap_t *s, char *buf, size_t len) {
     for (uint32_t i = 0; i < s->device_traces[d].n; i++) {
       const msnap_strace_t *e = &s->device_traces[d].v[i];
       if (e->addr >= lim || e->size >= lim) {
+        const char *ak = (msnap__tattr(s, e)->keys & MSNAP_K_DEVICE_FREE)
+                             ? "device_free"
+                             : "addr";
         snprintf(buf, len, "device_traces[%u][%u].%s 0x%" PRIx64
-                 " is >= 2^63", d, i, e->addr >= lim ? "addr" : "size",
+                 " is >= 2^63", d, i, e->addr >= lim ? ak : "size",
                  e->addr >= lim ? e->addr : e->size);
         return;
       }
@@ -154,8 +222,9 @@ static void usage(FILE *f) {
           "Keys the current producer\n"
           "always writes are added (block address, frames, requested_size,\n"
           "compile_context, user_metadata, one device_traces list per\n"
-          "device); --keep-keys keeps exactly the source's keys.  The output\n"
-          "is written to a temporary file and renamed.\n"
+          "device; an oom entry's 'addr' becomes 'device_free', the key\n"
+          "PyTorch writes); --keep-keys keeps exactly the source's keys.\n"
+          "The output is written to a temporary file and renamed.\n"
           "\n"
           "  -o, --output OUT  output path (required)\n"
           "  --json            write JSON instead of a pickle\n"
@@ -180,7 +249,24 @@ int cli_cmd_convert(int argc, char **argv) {
    * the stderr line alone (docs/cli.md, convert). */
   if (cli_load(argv[first], &s) != CLI_OK)
     return CLI_UNUSABLE;
+  /* an 'oom' entry without 'device_free' (above): upgrading writes its
+   * 'addr' as 'device_free' and says so; one with neither key cannot be
+   * upgraded and is refused; --keep-keys keeps it, with a warning */
+  oom_keys_t ok;
+  oom_without_device_free(s, &ok);
+  if (ok.nnone && !keep) {
+    msnap__snap_free(s);
+    cli_output_failed("%s: cannot be converted: %s is an 'oom' entry "
+                      "without 'device_free' (the device's free memory, "
+                      "which PyTorch always writes and torch's memory_viz "
+                      "reads) or 'addr' to take it from; %s not written "
+                      "(--keep-keys writes the entry as it is)",
+                      argv[first], ok.at_none, cli_output_shown(out));
+    return CLI_UNUSABLE;
+  }
   int rc = keep ? 0 : upgrade(s);
+  if (rc == 0 && ok.naddr && !keep)
+    rc = oom_addr_to_device_free(s);
   if (rc == 0)
     rc = msnap__snap_write_file(s, out, json);
   char why[160] = "";
@@ -204,6 +290,20 @@ int cli_cmd_convert(int argc, char **argv) {
       cli_write_failed(out, "", reason);
     return CLI_UNUSABLE;
   }
+  if (ok.naddr && !keep)
+    fprintf(stderr,
+            "memsnap: %s: %u 'oom' entr%s had 'addr' instead of "
+            "'device_free' (the first: %s): written as 'device_free', the "
+            "key PyTorch writes and torch's memory_viz reads\n",
+            argv[first], ok.naddr, ok.naddr == 1 ? "y" : "ies", ok.at_addr);
+  else if (ok.naddr + ok.nnone)
+    fprintf(stderr,
+            "memsnap: warning: %s: %u 'oom' entr%s without 'device_free' "
+            "(the first: %s), kept as in the source (--keep-keys): torch's "
+            "memory_viz trace cannot read %s\n",
+            argv[first], ok.naddr + ok.nnone,
+            ok.naddr + ok.nnone == 1 ? "y" : "ies",
+            ok.naddr ? ok.at_addr : ok.at_none, cli_output_shown(out));
   fprintf(stderr, "memsnap: wrote %s (%s)\n", cli_output_shown(out),
           json ? "JSON" : "pickle protocol 4");
   return CLI_OK;

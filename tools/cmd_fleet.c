@@ -314,12 +314,12 @@ static int cmp_str(const void *a, const void *b) {
  * argument, a file and its directory, a link to it, a FIFO or pipe named
  * twice) is read once: the later names are dropped from v (freed; the
  * order of the others kept).  Returns how many; dup says the first of
- * them.  Names that stat cannot read are compared as strings (a missing
- * file named twice is one error). */
+ * them.  Names are identified by cli_file_id ('-' is standard input, so
+ * '-' and /dev/stdin are one); those it cannot identify are compared as
+ * strings (a missing file named twice is one error). */
 typedef struct name_id_s {
-  const char *name; /* NULL: known by dev and ino */
-  dev_t dev;
-  ino_t ino;
+  const char *name; /* NULL: known by id (cli_file_id) */
+  cli_file_id_t id;
   uint32_t idx;
 } name_id_t;
 
@@ -330,8 +330,8 @@ static int cmp_name_id(const void *a, const void *b) {
     int c = strcmp(x->name, y->name);
     if (c) return c;
   } else {
-    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
-    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    if (x->id.dev != y->id.dev) return x->id.dev < y->id.dev ? -1 : 1;
+    if (x->id.ino != y->id.ino) return x->id.ino < y->id.ino ? -1 : 1;
   }
   return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
@@ -339,7 +339,7 @@ static int cmp_name_id(const void *a, const void *b) {
 static bool same_file(const name_id_t *x, const name_id_t *y) {
   if (x->name || y->name)
     return x->name && y->name && strcmp(x->name, y->name) == 0;
-  return x->dev == y->dev && x->ino == y->ino;
+  return cli_file_id_same(&x->id, &y->id);
 }
 
 static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
@@ -353,12 +353,12 @@ static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
     return 0;
   }
   for (uint32_t i = 0; i < *n; i++) {
-    struct stat fs;
+    cli_file_id_t fid;
     keep[i] = i;
-    if (stat(v[i], &fs) == 0)
-      id[m++] = (name_id_t){NULL, fs.st_dev, fs.st_ino, i};
+    if (cli_file_id(v[i], &fid))
+      id[m++] = (name_id_t){.name = NULL, .id = fid, .idx = i};
     else
-      id[m++] = (name_id_t){v[i], 0, 0, i};
+      id[m++] = (name_id_t){.name = v[i], .idx = i};
   }
   qsort(id, m, sizeof *id, cmp_name_id);
   for (uint32_t j = 1; j < m; j++)
@@ -911,7 +911,11 @@ int cli_cmd_fleet(int argc, char **argv) {
       else
         snprintf(rk, sizeof rk, "?");
       if (!x->ok) {
-        printf("%5s %-10s %s  %s\n", rk, "", x->error, x->file);
+        /* the columns of a rank (no figures: '-'), the file where every
+         * row has it, and the error under it, as the other notes */
+        printf("%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", rk, "?",
+               "-", "-", "-", "-", "-", "-", "-", x->file);
+        printf("%5s %-10s could not be read: %s\n", "", "", x->error);
         continue;
       }
       printf("%5s %-10.10s %12s %12s %12s %12s %12s %4u %5u  %s%s\n", rk,

@@ -794,6 +794,12 @@ static void print_text(const char *file, const msnap_snap_t *s,
   char b1[32], b2[512];
   printf("%s: snapshot format %s\n", file,
          cli_generation_name(s->generation));
+  if (nd == 0)
+    printf("\nThe snapshot has no segments: no device memory was reserved "
+           "when it was taken.\nNo trace either: %s.\n",
+           s->generation == MSNAP_GEN_SEGMENT_LIST
+               ? "a bare list of segments (before PyTorch 2.0) has none"
+               : "no allocation history was recorded");
   for (uint32_t d = 0; d < nd; d++) {
     dev_fig_t *f = &figs[d];
     printf("\ndevice %" PRId64 "\n", f->device);

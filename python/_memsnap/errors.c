@@ -18,7 +18,8 @@
  * (msnap_py_raise_path) the system errno the library kept
  * (msnap_last_errno()) becomes OSError(errno, text, filename), so Python
  * picks the subclass (IsADirectoryError, PermissionError, ...) and
- * .errno/.filename are set.
+ * .errno/.filename are set; text then leaves the path out (str() adds
+ * it).
  */
 #include "msnap_py.h"
 
@@ -139,6 +140,20 @@ PyObject *msnap_py_raise_path(PyObject *module, int err, const char *path) {
   const char *text = msnap_last_error();
   if (text == NULL || text[0] == '\0')
     text = strerror(e);
+  /* OSError's str() appends ": 'path'": the library's message names the
+   * path too ("cannot write 'P': ..."), so it loses its " 'P'" here
+   * ("[Errno 9] cannot write: the descriptor is not open for writing:
+   * '/dev/fd/3'"), naming the path once */
+  char once[2048 + 64]; /* the library's messages are at most 2048 */
+  char quoted[4096 + 4];
+  int ql = snprintf(quoted, sizeof quoted, " '%s'", path);
+  const char *at = ql > 0 && (size_t)ql < sizeof quoted ? strstr(text, quoted)
+                                                        : NULL;
+  if (at != NULL) {
+    snprintf(once, sizeof once, "%.*s%s", (int)(at - text), text,
+             at + ql);
+    text = once;
+  }
   PyObject *fn = PyUnicode_DecodeFSDefault(path);
   if (fn == NULL)
     return NULL;

@@ -336,18 +336,27 @@ int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
       return 0;
     }
     if (errno != EEXIST) {
+      /* the user's path, not the temporary's name: what cannot be done
+       * is to write (or replace) it -- /proc/version, a read-only or
+       * full file system */
       int e = errno;
       int code = e == ENOMEM ? MSNAP_EIO : sink_errno(e);
+      bool existed = o.exists;
       msnap__outpath_release(&o);
-      return msnap__set_error_errno(code, e,
-                                    "cannot create a temporary file next to "
-                                    "'%s': %s", path, strerror(e));
+      return msnap__set_error_errno(
+          code, e,
+          "cannot write '%s': %sits directory does not accept a new file "
+          "(%s)",
+          path, existed ? "cannot replace it: " : "", strerror(e));
     }
   }
+  bool existed = o.exists;
   msnap__outpath_release(&o);
-  return msnap__set_error_errno(MSNAP_EIO, EEXIST,
-                                "cannot create a temporary file next to "
-                                "'%s': 100 names taken", path);
+  return msnap__set_error_errno(
+      MSNAP_EIO, EEXIST,
+      "cannot write '%s': %sits directory does not accept a new file (the "
+      "100 names tried are taken)",
+      path, existed ? "cannot replace it: " : "");
 }
 
 static void atomic_release(msnap_atomic_file_t *f) {
@@ -382,8 +391,8 @@ int msnap__atomic_commit(msnap_atomic_file_t *f) {
   if (rc == 0 && !f->direct &&
       renameat(f->dirfd, f->tmp_name, f->dirfd, f->name) != 0)
     rc = msnap__set_error_errno(sink_errno(errno), errno,
-                                "cannot rename the temporary file to '%s': "
-                                "%s", f->path, strerror(errno));
+                                "cannot write '%s': cannot replace it (%s)",
+                                f->path, strerror(errno));
   if (rc != 0 && f->tmp_name) unlinkat(f->dirfd, f->tmp_name, 0);
   atomic_release(f);
   return rc;

@@ -271,6 +271,8 @@ struct msnap_source_priv_s {
   bool fifo_wait;            /* named FIFO before its first byte      */
   msnap__z_stream_t z;
   bool z_init, z_member_end;
+  bool member_only;          /* msnap__source_check_member: stop at the
+                                end of the gzip member / zstd frame    */
   ZSTD_DStream *zs;
   size_t zs_last;            /* last ZSTD_decompressStream result     */
   const unsigned char *chunked; /* tests: a buffer read in small pieces */
@@ -388,6 +390,7 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
   z->next_out = dst;
   z->avail_out = cap;
   while (z->avail_out == cap) {
+    if (pr->z_member_end && pr->member_only) return 0;
     int more = raw_more(src);
     if (more < 0) return more;
     if (pr->z_member_end) {
@@ -431,6 +434,7 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
   struct msnap_source_priv_s *pr = src->priv;
   msnap__zstd_out_t out = {dst, n, 0};
   while (out.pos == 0) {
+    if (pr->zs_last == 0 && pr->member_only) return 0;
     int more = raw_more(src);
     if (more < 0) return more;
     if (more == 1) {
@@ -527,6 +531,19 @@ int msnap__source_finish(msnap_source_t *src) {
     int rc = msnap__source_fill(src, &p, 1);
     if (rc != 0) return rc < 0 ? rc : 0;
     p = src->end; /* what follows the pickle: dropped */
+  }
+}
+
+int msnap__source_check_member(msnap_source_t *src) {
+  if (src->codec == MSNAP_SOURCE_PLAIN || src->err[0]) return 0;
+  struct msnap_source_priv_s *pr = src->priv;
+  pr->member_only = true;
+  const unsigned char *p = src->end;
+  for (;;) {
+    msnap__source_progress(src, p);
+    int rc = msnap__source_fill(src, &p, 1);
+    if (rc != 0) return rc < 0 ? rc : 0;
+    p = src->end; /* decompressed only to be checked: dropped */
   }
 }
 

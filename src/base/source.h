@@ -110,6 +110,16 @@ void msnap__source_progress(msnap_source_t *src, const unsigned char *p);
  * 0, or a negative MSNAP_E* code with src->err.  Plain inputs and
  * streams: 0 at once (a stream's writer may keep its end open). */
 int msnap__source_finish(msnap_source_t *src);
+/* The reader failed on decompressed bytes: decompress on to the end of
+ * the gzip member or zstd frame it was in (dropping the bytes; within the
+ * limit), so that corrupt compressed data -- whose garbage is what the
+ * reader failed on, before the member's CRC or the frame's checksum was
+ * reached -- is named as such.  A negative MSNAP_E* code with src->err
+ * (MSNAP_EFORMAT: the data is corrupt or cut), else 0.  Plain inputs, and
+ * a source that failed already: 0 at once.  It never reads past the end
+ * of the member, so a stream's writer that keeps its end open is not
+ * waited for; the source gives no more bytes afterwards. */
+int msnap__source_check_member(msnap_source_t *src);
 /* "gzip-compressed " / "zstd-compressed " / "" for messages. */
 const char *msnap__source_codec_name(const msnap_source_t *src);
 /* The codec whose magic number starts p[0..n) (gzip 1f 8b, zstd

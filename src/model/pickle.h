@@ -351,6 +351,10 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
 /* The same over buf[0..len). */
 int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
                    msnap_pv_t *result, msnap_read_error_t *err);
+/* How every error message of an early end of the input begins (then what
+ * was missing): the bytes before it were a pickle, cut short. */
+#define MSNAP_PICKLE_TRUNCATED \
+  "the pickle is truncated (the input ends early): "
 /* Stream offset of the opcode being executed (of STOP after a run). */
 uint64_t msnap__pvm_offset(const msnap_pvm_t *vm);
 /* Record an error at the current opcode; returns rc. */

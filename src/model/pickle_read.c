@@ -1502,7 +1502,7 @@ static uint64_t le(const unsigned char *p, int n) {
 /* Every early end of the input (a refill, a frame, an argument line or the
  * next opcode that the source cannot give) says that the pickle is
  * truncated, then what was missing. */
-#define TRUNCATED "the pickle is truncated (the input ends early): "
+#define TRUNCATED MSNAP_PICKLE_TRUNCATED
 
 /* Make k bytes available at p: a refill of a streamed source, or an
  * error naming what is missing. */

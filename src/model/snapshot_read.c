@@ -229,13 +229,22 @@ static void get_fields(rd_t *r, const msnap_pitems_t *it, fields_t *f) {
 
 #define HAS(f, k) (((f)->present >> KEY_##k) & 1u)
 
+/* A Python type name t with its article, in buf: "an int", "a dict",
+ * "None" (no article).  Returns buf. */
+static const char *type_phrase(const char *t, char *buf, size_t len) {
+  snprintf(buf, len, "%s%s",
+           !strcmp(t, "None")              ? ""
+           : strchr("aeiouAEIOU", t[0]) ? "an "
+                                        : "a ",
+           t);
+  return buf;
+}
+
 static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
-  const char *t = msnap__pvm_type(r->vm, v);
-  const char *art = !strcmp(t, "None")         ? ""
-                    : strchr("aeiouAEIOU", t[0]) ? "an "
-                                                 : "a ";
-  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is %s%s, expected %s",
-                         key_names[key], art, t, want);
+  char tp[256];
+  return msnap__pvm_fail(
+      r->vm, MSNAP_EFORMAT, "'%s' is %s, expected %s", key_names[key],
+      type_phrase(msnap__pvm_type(r->vm, v), tp, sizeof tp), want);
 }
 
 /* A key every PyTorch version writes in a `what` dict (and the model
@@ -277,11 +286,7 @@ static void describe_item(rd_t *r, msnap_pv_t v, const char *defkey,
   if (!strcmp(t, "dict"))
     snprintf(buf, len, "a dict without '%s'", defkey);
   else
-    snprintf(buf, len, "%s%s",
-             !strcmp(t, "None")              ? ""
-             : strchr("aeiouAEIOU", t[0]) ? "an "
-                                          : "a ",
-             t);
+    type_phrase(t, buf, len);
 }
 
 /* Item i of the list named `list` (e.g. "segments", "device_traces[1]")
@@ -1687,7 +1692,7 @@ static void rd_destroy(rd_t *r) {
  * Run the VM over src, map the root, check the model.  On success *out
  * owns the model (marked as read from a file).  Wrong inputs are named
  * (msnap__identify_head before parsing, msnap__identify_text after an
- * early failure).
+ * early failure; text cut short is a truncated protocol-0 pickle).
  */
 #define READ_HEAD 40
 
@@ -1770,9 +1775,32 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
              r.len);
     rc = MSNAP_ENOMEM;
   }
-  if (rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO &&
-      err->offset < 512 &&
-      msnap__identify_text(head, nhead, what, sizeof what)) {
+  /* compressed input: garbage from corrupt data fails the reader before
+   * the member's CRC is reached; the decompressor's error is the cause */
+  bool corrupt = false;
+  if (rc < 0 && rc != MSNAP_ENOMEM && src->codec != MSNAP_SOURCE_PLAIN &&
+      !src->err[0]) {
+    uint64_t stopped = err->offset;
+    if (msnap__source_check_member(src) == MSNAP_EFORMAT) {
+      snprintf(err->msg, sizeof err->msg,
+               "offset %llu: %.300s (while reading; the pickle reader had "
+               "stopped at offset %llu on the bytes it gave)",
+               (unsigned long long)msnap__source_offset(src, src->end),
+               src->err, (unsigned long long)stopped);
+      err->offset = msnap__source_offset(src, src->end);
+      rc = MSNAP_EFORMAT;
+      corrupt = true;
+    }
+  }
+  bool text = rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO && !corrupt &&
+              msnap__identify_text(head, nhead, what, sizeof what);
+  if (text && strstr(err->msg, MSNAP_PICKLE_TRUNCATED) != NULL) {
+    /* text the reader took to its end without a wrong opcode: a pickle of
+     * protocol 0 (the text one) cut short, not a text file */
+    size_t l = strlen(err->msg);
+    snprintf(err->msg + l, sizeof err->msg - l,
+             "; it is a pickle of protocol 0 (a text format)");
+  } else if (text && err->offset < 512) {
     /* a text file fails in its first bytes: say so, keep the detail */
     char detail[200];
     const char *d = strchr(err->msg, ':');

@@ -281,6 +281,22 @@ def group_hostile():
                    "early): " in e and "[MSNAP_EFORMAT]" in e,
                    "a plain pickle cut after %d of %d bytes (%s) says it is "
                    "truncated: %r" % (n, len(good), how, e.strip()[-200:]))
+    # A protocol-0 pickle (text) cut short is a truncated pickle, not "a
+    # text file"; text that is no pickle still is one.
+    good0 = pickle.dumps(good_snapshot(), protocol=0)
+    for n in (5, 100, len(good0) // 2, len(good0) - 1):
+        rc, out, err = run("check", write_bytes(good0[:n], "cut0.pickle"))
+        expect(rc == 2 and "the pickle is truncated (the input ends "
+               "early): " in err and "it is a pickle of protocol 0 (a text "
+               "format)" in err and "text file" not in err,
+               "a protocol-0 pickle cut after %d of %d bytes says it is a "
+               "truncated pickle of protocol 0: %r"
+               % (n, len(good0), err.strip()[-200:]))
+    rc, out, err = run("check", write_bytes(b"hello, not a pickle\n",
+                                            "text.txt"))
+    expect(rc == 2 and "this looks like a text file (it begins \"hello, "
+           "not a pickle\")" in err and "protocol 0" not in err,
+           "a text file is still named as one: %r" % err.strip()[-200:])
     # Well-formed pickles with nonsense content: random segments, states,
     # actions, addresses and sizes.  Every command ends with 0, 1 or 2.
     rnd = random.Random(99)
@@ -440,6 +456,16 @@ def group_check():
         s["segments"][0]["requested_size"] = 0
     def m_req(s):
         s["segments"][1]["requested_size"] = 7
+    # an OOM keyed as PyTorch never writes it: memory_viz's trace reads
+    # e['device_free'] (10 MiB free on the device)
+    def m_oom_addr(s):
+        s["device_traces"][0].append({"action": "oom", "addr": 10 * MiB,
+                                      "size": 30 * MiB, "stream": 0,
+                                      "time_us": 1700000000000100})
+    def m_oom_none(s):
+        s["device_traces"][0].append({"action": "oom", "size": 30 * MiB,
+                                      "stream": 0,
+                                      "time_us": 1700000000000100})
     cases = [
         (m_total, "segments[0]: total_size"),
         (m_alloc, "segments[0]: allocated_size 1"),
@@ -458,6 +484,10 @@ def group_check():
         (m_unknown_free, "device_traces[0][1]: alloc of 0x7f0000000000 "
                          "(4194204 B): the block is neither live"),
         (m_req, "segments[1]: requested_size 7"),
+        (m_oom_addr, "device_traces[0][7]: 'oom' entry has 'addr' instead "
+                     "of 'device_free' (PyTorch writes"),
+        (m_oom_none, "device_traces[0][7]: 'oom' entry without "
+                     "'device_free'"),
     ]
     for fn, line in cases:
         rc, out, err, p = violations(fn)
@@ -465,6 +495,41 @@ def group_check():
                "check finds %s (%s)" % (fn.__name__, line))
         if rc != 1 or (p + ": " + line) not in out:
             print(out[-800:], err[-300:])
+    # the two keys of every snapshot dict PyTorch's _snapshot() writes
+    # (memory_viz's stats and trace read data["segments"], its trace
+    # data["device_traces"]); without segments the trace is not replayed
+    # over a final state it does not have (one line, not one per entry)
+    for snap, key, nlines in (
+            ({"device_traces": []}, "segments", 1),
+            ({"device_traces": good_snapshot()["device_traces"]},
+             "segments", 1),
+            ({"segments": good_snapshot()["segments"]}, "device_traces", 1),
+            ({"segments": []}, "device_traces", 1)):
+        p = write_pickle(snap, "top.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and out.startswith(
+            "%s: top-level dict: missing key '%s' (PyTorch writes it in "
+            "every snapshot dict" % (p, key)) and
+            len(out.splitlines()) == nlines,
+            "check: %s without '%s' (%d %r)" % (sorted(snap), key, rc,
+                                                out[-300:]))
+    rc, out, err = run("check", write_pickle([], "top_list.pickle"))
+    expect(rc == 0 and ": ok (0 segments" in out,
+           "check: an empty bare list of segments needs neither key (%r)"
+           % out)
+    # summary of an empty snapshot says so, not the header alone
+    for snap, trace_line in (
+            ([], "No trace either: a bare list of segments (before "
+                 "PyTorch 2.0) has none."),
+            ({"segments": [], "device_traces": [[]]},
+             "No trace either: no allocation history was recorded.")):
+        p = write_pickle(snap, "empty_snap.pickle")
+        rc, out, err = run("summary", p)
+        expect(rc == 0 and out.splitlines()[1:] == [
+            "", "The snapshot has no segments: no device memory was "
+            "reserved when it was taken.", trace_line],
+            "summary of %r: no segments and no trace, said plainly (%r)"
+            % (snap, out))
 
 
 def group_diff():
@@ -729,6 +794,58 @@ def group_convert():
                    "convert --json %s parses" % name)
         else:
             expect(False, "convert --json %s: exit %d %s" % (name, rc, err))
+    # An OOM entry keyed 'addr' (PyTorch writes 'device_free', which
+    # memory_viz's trace reads), appended to a real recording: convert
+    # writes the value as 'device_free' and says so; with neither key it
+    # refuses, naming the entry; --keep-keys keeps it with a warning.
+    src = os.path.join(REAL, "silmont2000_a2__mem_snapshot.pickle")
+    with open(src, "rb") as f:
+        d = pickle.load(f)
+    tr = d["device_traces"][0]
+    n = len(tr)
+    free = 3 << 30
+    tr.append(dict(tr[-1], action="oom", addr=free, size=64 * MiB))
+    with_addr = write_pickle(d, "oom_addr.pickle")
+    tr[-1] = {k: v for k, v in tr[-1].items() if k != "addr"}
+    without = write_pickle(d, "oom_none.pickle")
+    where = "device_traces[0][%d]" % n
+    out_p = os.path.join(TMP, "oom_conv.pickle")
+    rc, out, err = run("convert", with_addr, "-o", out_p)
+    e = {}
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            e = pickle.load(f)["device_traces"][0][n]
+    expect(rc == 0 and e.get("device_free") == free and "addr" not in e and
+           e.get("size") == 64 * MiB and
+           "1 'oom' entry had 'addr' instead of 'device_free' (the first: "
+           "%s): written as 'device_free'" % where in err,
+           "convert: an oom entry's 'addr' is written as 'device_free', "
+           "with a note (%d %r %r)" % (rc, sorted(e), err.strip()[-300:]))
+    rc, out, err = run("check", out_p)
+    expect(rc == 0, "convert: its output passes check (%r)" % out[-300:])
+    rc, out, err = run("check", with_addr)
+    expect(rc == 1 and "%s: %s: 'oom' entry has 'addr' instead of "
+           "'device_free'" % (with_addr, where) in out,
+           "check: the real file's oom entry keyed 'addr' (%r)" % out[-300:])
+    out_n = os.path.join(TMP, "oom_none_conv.pickle")
+    rc, out, err = run("convert", without, "-o", out_n)
+    expect(rc == 2 and not os.path.exists(out_n) and
+           "%s: cannot be converted: %s is an 'oom' entry without "
+           "'device_free'" % (without, where) in err and
+           "not written" in err,
+           "convert: an oom entry with neither key is refused (%d %r)"
+           % (rc, err.strip()[-300:]))
+    rc, out, err = run("convert", "--keep-keys", with_addr, "-o", out_n)
+    e = {}
+    if rc == 0:
+        with open(out_n, "rb") as f:
+            e = pickle.load(f)["device_traces"][0][n]
+    expect(rc == 0 and e.get("addr") == free and "device_free" not in e and
+           "warning: %s: 1 'oom' entry without 'device_free' (the first: "
+           "%s), kept as in the source (--keep-keys)" % (with_addr, where)
+           in err,
+           "convert --keep-keys: the entry kept, with a warning (%d %r)"
+           % (rc, err.strip()[-300:]))
 
 
 REPLAYABLE = {
@@ -2611,6 +2728,23 @@ def group_explain():
            and js.get("outliers") == [os.path.join(fleet, "r6.pickle")] and
            any("could not be read" in w for w in js.get("warnings", [])),
            "fleet: an unreadable file is reported, the others still are")
+    # in the text table its row keeps the columns: '-' for the figures,
+    # the file where every row has it, the error on the line under it
+    rc, out, err = run("fleet", fleet)
+    rows = out.splitlines()
+    head = [l for l in rows if l.lstrip().startswith("rank ")]
+    r8 = [k for k, l in enumerate(rows) if l.endswith("r8.pickle")]
+    r0 = [l for l in rows if l.endswith("r0.pickle")]
+    col = head[0].find("file") if head else -1
+    expect(rc == 1 and len(r8) == 1 and r0 and col > 0 and
+           rows[r8[0]].find(os.path.join(fleet, "r8.pickle")) == col and
+           r0[0].find(os.path.join(fleet, "r0.pickle")) == col and
+           rows[r8[0]].split()[2:9] == ["-"] * 7 and
+           rows[r8[0] + 1].lstrip().startswith("could not be read: ") and
+           bad and bad[0]["error"] in rows[r8[0] + 1],
+           "fleet text: the unreadable file's row is aligned with the "
+           "others, its error under it (%r)" % rows[r8[0]:r8[0] + 2]
+           if r8 else out[-600:])
     # one file under several names (repeated, inside the directory given
     # too, through a link): read and counted once, with a warning naming
     # the first repeat

@@ -274,6 +274,32 @@ def group_special():
                not os.path.exists(path("t.html")),
                "%s: standard input twice refused, nothing read (%d %r)"
                % (" ".join(args[:3]), rc, err.strip()[-200:]))
+    # one pipe under two names ('-' and /dev/stdin): a usage error of the
+    # other commands, before anything is read; fleet reads it once, with
+    # the warning of any file named twice (one helper identifies both)
+    if os.path.exists("/dev/stdin"):
+        for args in (["diff", "-", "/dev/stdin"],
+                     ["check", "/dev/stdin", good_path, "-"]):
+            p = subprocess.run(WRAPPER + [MEMSNAP] + args, input=good,
+                               capture_output=True, timeout=60)
+            err = p.stderr.decode("utf-8", "replace")
+            expect(p.returncode == 2 and
+                   "'%s' and '%s' are the same pipe" % (args[1], args[-1])
+                   in err,
+                   "%s: one pipe under two names refused (%d %r)"
+                   % (" ".join(args), p.returncode, err.strip()[-200:]))
+        p = subprocess.run(WRAPPER + [MEMSNAP, "fleet", "--json", "-",
+                                      "/dev/stdin"], input=good,
+                           capture_output=True, timeout=60)
+        js = json.loads(p.stdout) if p.stdout else {}
+        expect(p.returncode == 0 and
+               [x.get("file") for x in js.get("ranks", [])] == ["-"] and
+               js["ranks"][0].get("allocated_bytes") == 4 * MiB and
+               any("/dev/stdin is -; 1 name left out" in w
+                   for w in js.get("warnings", [])),
+               "fleet - /dev/stdin: the pipe is read once, with a warning "
+               "(%d %r %r)" % (p.returncode, js.get("warnings"),
+                               p.stderr[-200:]))
     with open(good_path, "rb") as stdin:
         rc, out, err = run("diff", "-", good_path, stdin=stdin)
     expect(rc in (0, 1), "diff - FILE: one '-' is fine (%d %r)"
@@ -417,6 +443,47 @@ def group_compressed():
     rc, out, err = run("check", write_bytes(bytes(bad), "corrupt.gz"))
     expect(rc == 2 and "gzip" in err, "a corrupt .gz: %r"
            % err.strip()[-160:])
+    # One byte flipped in the middle of a real recording's deflate data:
+    # the garbage it decompresses to fails the pickle reader (a memo key,
+    # an opcode) long before the member's CRC is reached; zlib's error is
+    # the one reported, naming the file, for a file and a pipe.
+    real = os.path.join(REAL, "kkaitlyn111_a2__memory_ctx128_forward_mixed"
+                        ".pickle")
+    if os.path.exists(real):
+        with open(real, "rb") as f:
+            gz1 = bytearray(gzip.compress(f.read()))
+        for at in (len(gz1) // 5, len(gz1) // 3, len(gz1) // 2):
+            flip = bytearray(gz1)
+            flip[at] ^= 0x55
+            fp = write_bytes(bytes(flip), "flipped.pickle.gz")
+            with open(fp, "rb") as fh:
+                p = subprocess.Popen(WRAPPER + [MEMSNAP, "check", "-"],
+                                     stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+                _, perr = p.communicate(fh.read(), timeout=120)
+            rc, out, err = run("check", fp)
+            for how, r, e, name in (
+                    ("file", rc, err, fp),
+                    ("pipe", p.returncode, perr.decode("utf-8", "replace"),
+                     "-")):
+                expect(r == 2 and e.startswith(
+                    "memsnap: %s: offset " % name) and
+                    "the gzip-compressed data is corrupt: incorrect data "
+                    "check" in e and "memo" not in e and "opcode" not in e
+                    and "expected" not in e,
+                    "a byte flipped at %d of %d in a .gz (%s): zlib's "
+                    "error, naming the file: %r"
+                    % (at, len(gz1), how, e.strip()[-240:]))
+    else:
+        print("SKIP flipped byte in a real recording: no real inputs")
+    # a whole gzip member around a pickle that is wrong: the reader's error
+    rc, out, err = run("check", write_bytes(
+        gzip.compress(b"\x80\x04}\xff."),
+        "badop.pickle.gz"))
+    expect(rc == 2 and "unknown opcode 0xff" in err and "corrupt" not in err,
+           "a valid .gz of a wrong pickle: the reader's error (%r)"
+           % err.strip()[-200:])
     # a bomb: 64 MB of zeros in 64 kB; decompressed bytes count against
     # the limit, and the zeros are not a pickle anyway
     bomb = write_bytes(gzip.compress(b"\x80\x04]" + b"\x00" * (64 * MiB)),
@@ -537,6 +604,26 @@ def group_wrong():
          "trace entry dict"),
         ("list of ints", pickle.dumps([1, 2]),
          "segments[0] is an int, expected a segment dict"),
+        # the type of a value or an item, with its article (or none)
+        ("segments None", pickle.dumps({"segments": None,
+                                        "device_traces": []}),
+         "'segments' is None, expected a list of segment dicts"),
+        ("segment None", pickle.dumps({"segments": [None],
+                                       "device_traces": []}),
+         "segments[0] is None, expected a segment dict"),
+        ("entry float", pickle.dumps({"segments": [],
+                                      "device_traces": [[1.5]]}),
+         "device_traces[0][0] is a float, expected a trace entry dict"),
+        ("total_size str", pickle.dumps({"segments": [
+            dict(good_snapshot()["segments"][0], total_size="20M")],
+            "device_traces": []}),
+         "'total_size' is a str, expected an int"),
+        ("addr None", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": None, "size": 8}]]}),
+         "'addr' is None, expected an int"),
+        ("size list", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": 0, "size": [8]}]]}),
+         "'size' is a list, expected an int"),
         # keys every PyTorch version writes: refused, never read as 0
         ("segment without total_size", without("segment", "total_size"),
          "a segment dict without 'total_size'"),

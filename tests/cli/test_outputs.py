@@ -198,6 +198,24 @@ def group_stdout():
     T.expect(p.returncode == 2 and "not open for writing" in p.stderr,
              "convert -o /dev/stdin (read-only): refused (%d %r)"
              % (p.returncode, p.stderr))
+    # standard output open only for reading (or closed): said of standard
+    # output, not of the /dev/fd/N duplicate the write would use
+    for o in ("-", "/dev/stdout"):
+        for how, kw, said in (
+                ("read-only", {"stdout": open(other, "rb")},
+                 "open for reading only"),
+                ("closed", {"stdout": subprocess.DEVNULL,
+                            "preexec_fn": lambda: os.close(1)}, "closed")):
+            p = subprocess.run(T.WRAPPER + [T.MEMSNAP, "convert", src, "-o",
+                                            o], stderr=subprocess.PIPE,
+                               text=True, **kw)
+            if "stdout" in kw and hasattr(kw["stdout"], "close"):
+                kw["stdout"].close()
+            T.expect(p.returncode == 2 and p.stderr ==
+                     "memsnap convert: cannot write standard output: it is "
+                     "%s\n" % said,
+                     "convert -o %s, standard output %s: named as standard "
+                     "output (%d %r)" % (o, how, p.returncode, p.stderr))
 
 
 def dead_pid():
@@ -363,6 +381,20 @@ def group_failed():
                      err.count(out) == 1,
                      "%s -o %s: 'cannot write' and the path said once (%r)"
                      % (name, out, err.strip()))
+    # a file that cannot be replaced (/proc/version: procfs accepts no new
+    # file beside it): the user's path is named, once, never the
+    # temporary the write would have made beside it
+    if os.path.exists("/proc/version"):
+        for name, argv, _ok in commands(src):
+            rc, stdout, err = T.run(*(argv + ["-o", "/proc/version"]))
+            T.expect(rc == 2 and len(err.strip().splitlines()) == 1 and
+                     err.count("cannot write '/proc/version': ") == 1 and
+                     err.count("/proc/version") == 1 and
+                     "temporary" not in err and ".tmp." not in err and
+                     ("its directory does not accept a new file" in err or
+                      "its directory is not writable" in err),
+                     "%s -o /proc/version: the user's path named once, no "
+                     "temporary (%d %r)" % (name, rc, err.strip()[-300:]))
     if os.geteuid() == 0:
         # a directory the user cannot write (as `nobody`): refused up
         # front too (root writes anywhere: only another user can show it)

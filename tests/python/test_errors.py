@@ -155,6 +155,38 @@ def test_dump_snapshot_oserror_keeps_errno(tmp_path):
     mm._record_memory_history(None)
 
 
+def test_dump_snapshot_oserror_names_the_path_once(tmp_path):
+    """OSError's str() appends ": 'path'"; its text (strerror) leaves the
+    path out, so a descriptor open only for reading, or a file that cannot
+    be replaced (/proc/version), is named once -- never the temporary the
+    write would have made beside it."""
+    import errno
+    import os
+
+    mm._record_memory_history("all")
+    ro = tmp_path / "ro.pickle"
+    ro.write_bytes(b"kept")
+    fd = os.open(ro, os.O_RDONLY)
+    try:
+        path = f"/dev/fd/{fd}"
+        with pytest.raises(OSError) as ei:
+            mm._dump_snapshot(path)
+        assert ei.value.errno == errno.EBADF and ei.value.filename == path
+        assert str(ei.value) == (f"[Errno 9] cannot write: the descriptor is "
+                                 f"not open for writing: '{path}'")
+        assert ro.read_bytes() == b"kept"
+    finally:
+        os.close(fd)
+    if os.path.exists("/proc/version"):
+        with pytest.raises(OSError) as ei:
+            mm._dump_snapshot("/proc/version")
+        text = str(ei.value)
+        assert ei.value.filename == "/proc/version"
+        assert text.count("/proc/version") == 1 and "temporary" not in text
+        assert ".tmp." not in text and "cannot write" in text
+    mm._record_memory_history(None)
+
+
 DEVICE_ERRORS = r"""
 import json, math
 import memsnap, memsnap.memory as mm

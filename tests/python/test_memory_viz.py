@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import base_env, run_script
+from conftest import base_env, run_cli, run_script
 
 torch = pytest.importorskip("torch")
 
@@ -88,6 +88,41 @@ def test_memory_viz_segsum(dump):
         data = pickle.load(f)
     text = _memory_viz.segsum(data)
     assert "Summary of segments" in text or text
+
+
+def test_oom_entry_keyed_addr(dump, tmp_path):
+    """An 'oom' entry keyed 'addr' (some hand-written or converted files;
+    PyTorch writes the device's free memory as 'device_free'): torch's
+    memory_viz trace fails on it with KeyError; memsnap check names the
+    entry; convert writes 'device_free', and memory_viz's trace of its
+    output is that of the file keyed as PyTorch keys it."""
+    with open(dump, "rb") as f:
+        data = pickle.load(f)
+    trace = data["device_traces"][0]
+    n = len(trace)
+    oom = dict(trace[-1], action="oom", size=64 << 20)
+    oom.pop("addr", None)
+    paths = {}
+    for name, key in (("torch", "device_free"), ("addr", "addr")):
+        trace[n:] = [dict(oom, **{key: 3 << 30})]
+        paths[name] = str(tmp_path / f"oom_{name}.pickle")
+        with open(paths[name], "wb") as f:
+            pickle.dump(data, f, protocol=4)
+    p = memory_viz("trace", paths["addr"])
+    assert p.returncode != 0 and "KeyError: 'device_free'" in p.stderr
+    c = run_cli("check", paths["addr"])
+    assert c.returncode == 1
+    assert (f"device_traces[0][{n}]: 'oom' entry has 'addr' instead of "
+            "'device_free'") in c.stdout
+    assert run_cli("check", paths["torch"]).returncode == 0
+    conv = str(tmp_path / "oom_conv.pickle")
+    c = run_cli("convert", paths["addr"], "-o", conv)
+    assert c.returncode == 0 and "written as 'device_free'" in c.stderr
+    want = memory_viz("trace", paths["torch"])
+    got = memory_viz("trace", conv)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr
+    assert "3.0GiB free in CUDA" in got.stdout
+    assert got.stdout == want.stdout
 
 
 def _function_end(src: str, start: int) -> int:
