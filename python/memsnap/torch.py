@@ -256,6 +256,7 @@ def use_allocator(backend: str | None = None):
         if kind == "cuda":
             _install_cuda_hooks()
         _route(dev_mod, stream_attr)
+        _memory._add_device_type(kind)
         _installed = kind
     if kind == "npu":
         patch_torch_npu()
