@@ -685,12 +685,63 @@ def writer_available():
     return rc == 0
 
 
+def convert_gen20():
+    """A PyTorch 2.0 snapshot (blocks with `history`, no `address` or
+    `requested_size`; segments without `requested_size`; trace entries
+    without `pool_id`): convert adds the keys its --help lists, drops the
+    history, and the output passes check."""
+    fr = [{"filename": "u/model.py", "line": 12, "name": "forward"}]
+    a = 1 << 30
+    src = {"segments": [{
+        "device": 0, "address": a, "total_size": 2 * MiB,
+        "allocated_size": 1024, "active_size": 1024,
+        "blocks": [{"size": 1024, "state": "active_allocated",
+                    "history": [{"addr": a, "real_size": 1000, "frames": fr}]},
+                   {"size": 2 * MiB - 1024, "state": "inactive",
+                    "history": []}]}],
+        "device_traces": [[{"action": "alloc", "addr": a, "size": 1000,
+                            "stream": 0, "frames": fr}]]}
+    path = write_pickle(src, "gen20.pickle")
+    out_path = os.path.join(TMP, "gen20.conv.pickle")
+    rc, out, err = run("convert", path, "-o", out_path)
+    expect(rc == 0, "convert 2.0: exit 0 (%d %r)" % (rc, err))
+    if rc != 0:
+        return
+    with open(out_path, "rb") as f:
+        d = pickle.load(f)
+    seg, blk = d["segments"][0], d["segments"][0]["blocks"][0]
+    entry = d["device_traces"][0][0]
+    expect({"frames", "segment_pool_id", "is_expandable", "stream",
+            "segment_type", "requested_size"} <= set(seg) and
+           seg["requested_size"] == 1000,
+           "convert 2.0: segment keys added, requested_size the active "
+           "blocks' sum (%r)" % sorted(seg))
+    expect(set(blk) == {"address", "size", "requested_size", "state",
+                        "frames"} and blk["requested_size"] == 1000 and
+           blk["frames"] == fr and blk["address"] == a,
+           "convert 2.0: block address, frames and requested_size from "
+           "the history's first element, history dropped (%r)" % blk)
+    expect({"compile_context", "user_metadata", "pool_id"} <= set(entry) and
+           "external_annotations" in d,
+           "convert 2.0: trace compile_context, user_metadata, pool_id; "
+           "external_annotations (%r)" % sorted(entry))
+    rc, out, err = run("check", out_path)
+    expect(rc == 0, "convert 2.0: the output passes check (%s)" % out[-300:])
+    rc, out, err = run("convert", "--help")
+    listed = " ".join(out.split())
+    for key in ("requested_size", "segment_pool_id", "is_expandable",
+                "segment_type", "pool_id", "compile_context",
+                "user_metadata", "external_annotations", "history"):
+        expect(key in listed, "convert --help names %s" % key)
+
+
 def group_convert():
-    files = real_files()
     if not reader_available():
         need(False, "convert: summary of a small valid snapshot")
     if not writer_available():
         need(False, "convert: the snapshot writer writes a small snapshot")
+    convert_gen20()
+    files = real_files()
     for path in files:
         name = os.path.basename(path)
         ref = py_figures(path)
