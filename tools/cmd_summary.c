@@ -921,7 +921,7 @@ static void usage(FILE *f) {
           "             device_free_bytes, largest_free_block_bytes,\n"
           "             fits_without_fragmentation, segment_size_bytes,\n"
           "             verdict_kind, verdict, frames, ...} | null,\n"
-          "             annotations}\n"
+          "             annotations, allocator_settings}\n"
           "  --no-whatif  skip the expandable_segments replay of an OOM\n"
           "  --top N    show N largest allocations and sites (default 10,\n"
           "             0 = all, as in diff)\n"
