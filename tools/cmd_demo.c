@@ -113,7 +113,7 @@ static void usage(FILE *f) {
           "usage: memsnap demo-train [--steps N] [--layers L] "
           "[--hidden H]\n"
           "                          [--profile cuda|npu] [--alloc-conf STR]\n"
-          "                          [--leak BYTES] -o FILE\n"
+          "                          [--leak BYTES] [--json] -o FILE\n"
           "\n"
           "Record a memory snapshot (pickle, as torch.cuda.memory."
           "_dump_snapshot)\nfrom a built-in simulated training loop: "
