@@ -1220,7 +1220,8 @@ def _notify_device_error(message: str, device: Any = None) -> bool:
     When the text is CANN's OOM (torch_npu ``isCannOOM``: it contains
     ``EL0004`` or ``Failed to allocate``) the OOM_SNAPSHOT_ENABLE dump runs
     -- torch_npu's ``NPU_CHECK_ERROR`` calls its OOM observer before
-    raising -- and True is returned; otherwise False.  Observers attached
+    raising.  Returns True when the text is CANN's OOM (whether or not
+    OOM_SNAPSHOT_ENABLE made it write a dump), False otherwise.  Observers attached
     with :func:`_attach_out_of_memory_observer` are not called (torch_npu
     calls only the snapshot observer there).
     """
