@@ -6,14 +6,17 @@
  * Upgrading (default): keys that the current producer always writes are
  * added with the values PyTorch would give them -- block `address`
  * (segment address + preceding sizes), block `frames` (a 2.0 block's first
- * history element, else []), segment `frames`/`segment_pool_id`/
- * `is_expandable`, trace `compile_context` ("N/A") and `user_metadata`
- * (""), a `device_traces` list per device, `external_annotations`.  Times
- * that were never recorded stay absent (viewers only display them).  An
- * 'oom' entry keyed 'addr' is written with 'device_free', PyTorch's key
- * for that value, with a note; one with neither key is refused (nothing
- * to take the value from).
- * --keep-keys writes exactly the keys of the source instead.
+ * history element, else []) and `requested_size` (that element's
+ * real_size, else the block's size), segment `frames`/`segment_pool_id`/
+ * `is_expandable`/`stream`/`segment_type`/`requested_size` (the sum over
+ * its active blocks), trace `compile_context` ("N/A"), `user_metadata`
+ * (""), `pool_id` and `stream`, a `device_traces` list per device,
+ * `external_annotations`; a 2.0 block's `history` is dropped (its first
+ * element became `frames` and `requested_size`).  Times that were never
+ * recorded stay absent (viewers only display them).  An 'oom' entry keyed
+ * 'addr' is written with 'device_free', PyTorch's key for that value,
+ * with a note; one with neither key is refused (nothing to take the value
+ * from).  --keep-keys writes exactly the keys of the source instead.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -97,6 +100,12 @@ static int upgrade(msnap_snap_t *s) {
       g->frames = MSNAP_STACK_EMPTY;
       g->keys |= MSNAP_K_FRAMES;
     }
+    /* Blocks without requested_size (2.0) get one below; their
+     * segment's requested_size (read as 0: one key bit covers the three
+     * sums) is then the sum over its active blocks, as PyTorch keeps it
+     * (memsnap check's rule). */
+    bool filled = false;
+    uint64_t requested = 0;
     g->keys |= MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_STREAM |
                MSNAP_K_SEGMENT_TYPE | MSNAP_K_REQUESTED;
     uint64_t a = g->address;
@@ -119,10 +128,15 @@ static int upgrade(msnap_snap_t *s) {
         else
           b->requested_size = b->size;
         b->keys |= MSNAP_K_REQUESTED;
+        filled = true;
       }
+      if (cli_block_active(b))
+        requested += b->requested_size;
       b->keys &= (uint16_t)~MSNAP_K_HISTORY;
       b->history.n = 0;
     }
+    if (filled)
+      g->requested_size = requested;
   }
   if (maxdev >= 0 && (uint64_t)(maxdev + 1) > s->ndevices) {
     int rc = msnap__snap_set_devices(s, (uint32_t)(maxdev + 1));
@@ -220,10 +234,14 @@ static void usage(FILE *f) {
           "which frames and stacks are written once (frame_table,\n"
           "stack_table; each 'frames' value is an index into stack_table).\n"
           "Keys the current producer\n"
-          "always writes are added (block address, frames, requested_size,\n"
-          "compile_context, user_metadata, one device_traces list per\n"
-          "device; an oom entry's 'addr' becomes 'device_free', the key\n"
-          "PyTorch writes); --keep-keys keeps exactly the source's keys.\n"
+          "always writes are added (block address, frames, requested_size;\n"
+          "segment frames, segment_pool_id, is_expandable, stream,\n"
+          "segment_type, requested_size; trace compile_context,\n"
+          "user_metadata, pool_id, stream; external_annotations, one\n"
+          "device_traces list per device), a 2.0 block's history is\n"
+          "dropped (its first element gives frames and requested_size)\n"
+          "and an oom entry's 'addr' becomes 'device_free', the key\n"
+          "PyTorch writes; --keep-keys keeps exactly the source's keys.\n"
           "The output is written to a temporary file and renamed.\n"
           "\n"
           "  -o, --output OUT  output path (required)\n"

@@ -29,8 +29,10 @@ __all__ = ["configure", "memory", "library_path", "__version__"]
 
 __version__ = _memsnap.VERSION
 
-_RUNTIMES = ("sim", "acl", "cuda")
-_PROFILES = ("npu", "cuda")
+# The names MEMSNAP_RUNTIME / MEMSNAP_PROFILE take (src/runtime/runtime.c,
+# src/base/env.c: any case), each to the name the allocator reports.
+_RUNTIMES = {"sim": "sim", "acl": "acl", "npu": "acl", "ascend": "acl", "cuda": "cuda"}
+_PROFILES = {"npu": "npu", "cuda": "cuda"}
 
 
 def library_path() -> str:
@@ -43,11 +45,14 @@ def configure(runtime: str | None = None, profile: str | None = None) -> None:
 
     Args:
         runtime: "sim" (simulated devices: MEMSNAP_SIM_DEVICES devices of
-            MEMSNAP_SIM_MEMORY bytes), "acl" (Ascend, libascendcl.so) or
-            "cuda" (libcudart.so); None keeps MEMSNAP_RUNTIME (default sim).
+            MEMSNAP_SIM_MEMORY bytes), "acl" (Ascend, libascendcl.so; also
+            "npu" or "ascend") or "cuda" (libcudart.so), in any case, as
+            MEMSNAP_RUNTIME takes them; None keeps MEMSNAP_RUNTIME
+            (default sim).
         profile: "npu" (torch_npu's allocator decisions) or "cuda"
-            (PyTorch's); None keeps MEMSNAP_PROFILE, whose default is the
-            runtime's own profile: acl -> npu, cuda -> cuda, sim -> cuda.
+            (PyTorch's), in any case; None keeps MEMSNAP_PROFILE, whose
+            default is the runtime's own profile: acl -> npu, cuda -> cuda,
+            sim -> cuda.
 
     The choice is stored in MEMSNAP_RUNTIME / MEMSNAP_PROFILE of this
     process, which the allocator reads when it is created.
@@ -56,21 +61,25 @@ def configure(runtime: str | None = None, profile: str | None = None) -> None:
         ValueError: an unknown runtime or profile (named).
         RuntimeError: the allocator already exists (call configure first).
     """
-    if runtime is not None and runtime not in _RUNTIMES:
-        raise ValueError(f"unknown memsnap runtime {runtime!r}; expected one of {_RUNTIMES}")
-    if profile is not None and profile not in _PROFILES:
-        raise ValueError(f"unknown memsnap profile {profile!r}; expected one of {_PROFILES}")
+    rt = None if runtime is None else _RUNTIMES.get(str(runtime).lower())
+    if runtime is not None and rt is None:
+        raise ValueError(f"unknown memsnap runtime {runtime!r}; expected one of "
+                         f"{tuple(_RUNTIMES)}")
+    pr = None if profile is None else _PROFILES.get(str(profile).lower())
+    if profile is not None and pr is None:
+        raise ValueError(f"unknown memsnap profile {profile!r}; expected one of "
+                         f"{tuple(_PROFILES)}")
     if _memsnap.initialized():
         # What the allocator really runs (the environment may be unset:
         # the defaults were used).
         current = (_memsnap.runtime_name(), _memsnap.profile())
-        if (runtime in (None, current[0])) and (profile in (None, current[1])):
+        if (rt in (None, current[0])) and (pr in (None, current[1])):
             return
         raise RuntimeError(
             "memsnap.configure() must be called before the allocator is first "
             "used (it already exists with runtime %r, profile %r)" % current
         )
-    if runtime is not None:
-        os.environ["MEMSNAP_RUNTIME"] = runtime
-    if profile is not None:
-        os.environ["MEMSNAP_PROFILE"] = profile
+    if rt is not None:
+        os.environ["MEMSNAP_RUNTIME"] = rt
+    if pr is not None:
+        os.environ["MEMSNAP_PROFILE"] = pr

@@ -1,10 +1,13 @@
 """memsnap.memory -- the torch.cuda.memory API over the memsnap allocator.
 
 Every public function here has the name, signature and defaults of its
-counterpart in ``torch/cuda/memory.py`` (PyTorch 2.13/2.14) and raises the
-same exception types with the same messages for bad arguments.  Differences
-are deliberate and documented on the function (``_snapshot(device)`` honours
-``device``; ``memory_stats`` works before any allocation).
+counterpart in ``torch/cuda/memory.py`` (PyTorch 2.13; the three
+``_record_memory_history`` functions also take PyTorch 2.14's
+``record_pinned_host_memory`` and ``record_cuda``) and raises the same
+exception types with the same messages for bad arguments, device arguments
+aside (below).  Differences are deliberate and documented on the function
+(``_snapshot(device)`` honours ``device``; ``memory_stats`` works before
+any allocation).
 
 Units: sizes and addresses are bytes (Python ints), times are microseconds
 since the Unix epoch, devices are indices (``int``, ``"npu:1"``,
@@ -19,7 +22,8 @@ raises ``ValueError`` naming it; a bad allocator configuration raises
 ``ValueError`` naming the offending token.
 
 Argument types are checked here, at the Python boundary, as torch checks
-them (tests/python/test_arg_types.py sweeps every public function):
+them except for devices, where memsnap is stricter
+(tests/python/test_arg_types.py sweeps every public function):
 
 - bool parameters that torch hands to a pybind11 binding
   (``_record_memory_history``'s ``clear_history``, ``compile_context``,
@@ -32,8 +36,11 @@ them (tests/python/test_arg_types.py sweeps every public function):
 - devices are an int, ``"npu"`` / ``"cuda"`` / ``"npu:1"`` / ``"cuda:0"`` /
   ``"1"``, or an object with ``type`` and ``index`` (``torch.device``) or
   ``idx`` (``torch.cuda.device``); anything else (a bool, a float,
-  ``object()``) raises ``ValueError`` -- also for ``_record_memory_history``,
-  whose ``device`` is otherwise ignored.
+  ``object()``, an unknown device type) raises ``ValueError`` -- also for
+  ``_record_memory_history``, whose ``device`` is otherwise ignored.  torch
+  takes ``True`` as 1 and, where the device may be None, a float as the
+  current device, and raises ``RuntimeError`` for an unknown device type.
+  The message names the device type of :func:`_device_type`.
 - sizes and pointers are ints, never bools (``TypeError``; torch would
   take ``True`` as 1); a negative size raises ``ValueError``.
 - streams are ints or stream objects (``npu_stream`` / ``cuda_stream``);
@@ -115,20 +122,41 @@ def _current_device() -> int:
 
 
 _DEVICE_TYPES = ["npu", "cuda"]
+# The device type memsnap.torch made memsnap.memory's (register_device's
+# name, use_allocator's backend); None until then.
+_torch_device_type: str | None = None
 
 
 def _add_device_type(name: str) -> None:
-    """Accept ``name`` in device arguments ("<name>:1", torch.device(name));
-    memsnap.torch.register_device calls it."""
+    """Make ``name`` the device type of memsnap.memory: accepted in device
+    arguments ("<name>:1", torch.device(name)) and named in their errors.
+    memsnap.torch.register_device and use_allocator call it."""
+    global _torch_device_type
     if name not in _DEVICE_TYPES:
         _DEVICE_TYPES.append(name)
+    _torch_device_type = name
+
+
+def _profile_name() -> str:
+    """The allocator's profile, "cuda" or "npu": the allocator's own once
+    it exists, else the one it will be created with (MEMSNAP_PROFILE, else
+    the runtime's own: acl -> npu, cuda and sim -> cuda; src/alloc/create.c)."""
+    if _C.initialized():
+        return _C.profile()
+    profile = os.environ.get("MEMSNAP_PROFILE", "").lower()
+    if profile in ("npu", "cuda"):
+        return profile
+    runtime = (os.environ.get("MEMSNAP_RUNTIME") or "sim").lower()
+    return "npu" if runtime in ("acl", "npu", "ascend") else "cuda"
 
 
 def _device_type() -> str:
-    """The device type the profile names in messages: "cuda" or "npu"."""
-    if _C.initialized():
-        return _C.profile()
-    return "cuda" if os.environ.get("MEMSNAP_PROFILE") == "cuda" else "npu"
+    """The device type named in a device argument's error ("Expected a
+    <type> device, but got: ..."), as torch names "cuda" and torch_npu
+    "npu": the one memsnap.torch registered or installed under, else the
+    profile's name.  The same in every function, whether or not the
+    allocator exists yet."""
+    return _torch_device_type or _profile_name()
 
 
 def _pybind_bool(value: Any, name: str, func: str) -> bool:
@@ -612,7 +640,7 @@ def _set_allocator_settings(env: str):
 
     Mirrors ``torch/cuda/memory.py: _set_allocator_settings``.
     """
-    if _device_type() == "cuda":
+    if _profile_name() == "cuda":
         warnings.warn(
             "torch.cuda._set_allocator_settings is deprecated. Use "
             "torch._C._accelerator_setAllocatorSettings instead (memsnap "
@@ -1192,7 +1220,8 @@ def _notify_device_error(message: str, device: Any = None) -> bool:
     When the text is CANN's OOM (torch_npu ``isCannOOM``: it contains
     ``EL0004`` or ``Failed to allocate``) the OOM_SNAPSHOT_ENABLE dump runs
     -- torch_npu's ``NPU_CHECK_ERROR`` calls its OOM observer before
-    raising -- and True is returned; otherwise False.  Observers attached
+    raising.  Returns True when the text is CANN's OOM (whether or not
+    OOM_SNAPSHOT_ENABLE made it write a dump), False otherwise.  Observers attached
     with :func:`_attach_out_of_memory_observer` are not called (torch_npu
     calls only the snapshot observer there).
     """

@@ -256,6 +256,7 @@ def use_allocator(backend: str | None = None):
         if kind == "cuda":
             _install_cuda_hooks()
         _route(dev_mod, stream_attr)
+        _memory._add_device_type(kind)
         _installed = kind
     if kind == "npu":
         patch_torch_npu()
@@ -478,6 +479,30 @@ def claim_privateuse1(name: str, module: Any = None,
     global _claimed, _claimed_module, _claimed_owner
     import torch
 
+    if _check_claim(name, owner):
+        if module is not None and _claimed_module is None:
+            torch._register_device_module(name, module)
+            _claimed_module = module
+        return name
+    try:
+        torch.utils.rename_privateuse1_backend(name)
+    except RuntimeError as e:
+        raise RuntimeError(f"memsnap cannot register the device {name!r}: {e}") from e
+    _claimed = name
+    _claimed_owner = owner
+    if module is not None:
+        torch._register_device_module(name, module)
+        _claimed_module = module
+    return name
+
+
+def _check_claim(name: str, owner: str) -> bool:
+    """The checks of :func:`claim_privateuse1`, changing nothing: True
+    when ``owner`` already holds ``name`` (the claim is a no-op), False
+    when the claim can go ahead; raises its ValueError / RuntimeError
+    otherwise."""
+    import torch
+
     if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
         raise ValueError(f"device name must be a lowercase identifier, not {name!r}")
     current = torch._C._get_privateuse1_backend_name()
@@ -488,10 +513,7 @@ def claim_privateuse1(name: str, module: Any = None,
             f"(one PrivateUse1 backend per process; run it in its own process)"
         )
     if current == name and _claimed == name:
-        if module is not None and _claimed_module is None:
-            torch._register_device_module(name, module)
-            _claimed_module = module
-        return name
+        return True
     if current != _PRIVATEUSE1_FREE:
         who = " (by torch_npu)" if "torch_npu" in sys.modules else ""
         raise RuntimeError(
@@ -505,16 +527,7 @@ def claim_privateuse1(name: str, module: Any = None,
             f"memsnap cannot register the device {name!r}: torch.{name} already "
             f"exists (a built-in device type or torch module); choose another name"
         )
-    try:
-        torch.utils.rename_privateuse1_backend(name)
-    except RuntimeError as e:
-        raise RuntimeError(f"memsnap cannot register the device {name!r}: {e}") from e
-    _claimed = name
-    _claimed_owner = owner
-    if module is not None:
-        torch._register_device_module(name, module)
-        _claimed_module = module
-    return name
+    return False
 
 
 def registered_device() -> str | None:
@@ -557,6 +570,9 @@ def register_device(name: str = "npu") -> str:
             allocator already runs on another runtime (acl, cuda, or sim
             without host backing), or the C++ shim is missing.
         ValueError: an invalid name.
+
+    A refused call creates nothing (no allocator, no environment variable,
+    no device name), so a second call that fixes the cause works.
     """
     global _registered
     with _lock:
@@ -569,9 +585,15 @@ def register_device(name: str = "npu") -> str:
             )
         import torch
 
+        # Everything that can be checked is checked before anything is
+        # created (memsnap's allocator, the environment it reads, the
+        # PrivateUse1 name): a refused call changes nothing, so a call
+        # with the mistake corrected then works.
+        _check_claim(name, "memsnap.torch.register_device")
+        lib = _shim.torch_lib()
         if not _C.initialized():
             runtime = os.environ.get("MEMSNAP_RUNTIME", "sim") or "sim"
-            if runtime != "sim":
+            if runtime.lower() != "sim":
                 raise RuntimeError(
                     f"memsnap.torch.register_device needs the sim runtime "
                     f"(MEMSNAP_RUNTIME={runtime!r}); on a real device use "
@@ -586,7 +608,6 @@ def register_device(name: str = "npu") -> str:
                 os.environ["MEMSNAP_PROFILE"] = "npu"
         else:
             _check_existing_allocator(name)
-        lib = _shim.torch_lib()
         err = lib.msnap_torch_device_check()
         if err:
             raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")

@@ -22,6 +22,8 @@ Figures are computed independently here with CPython's pickle.  Groups:
   unusable   every --json command on a FILE that cannot be loaded: exit
              2 and one document {file, usable: false, error} (check's
              and fleet's entries with the same keys)
+  helpjson   the keys each command's --help lists for --json are the
+             keys of its --json output
 Exit 77 (meson: skipped) with a loud SKIP line when what a group needs
 from outside the project is missing (the real inputs, Chromium).
 """
@@ -532,9 +534,9 @@ def group_check():
             % (snap, out))
 
 
-def group_diff():
-    if not reader_available():
-        need(False, "diff: summary of a small valid snapshot")
+def diff_pair():
+    """Two snapshots of one process, B with a leak candidate (group_diff
+    checks its figures): their paths."""
     a = good_snapshot()
     b = good_snapshot()
     seg = b["segments"][0]
@@ -553,7 +555,13 @@ def group_diff():
     for blk in b["segments"][1]["blocks"]:
         blk["address"] += 32 * MiB
     b["device_traces"] = [[]]
-    pa, pb = write_pickle(a, "a.pickle"), write_pickle(b, "b.pickle")
+    return write_pickle(a, "a.pickle"), write_pickle(b, "b.pickle")
+
+
+def group_diff():
+    if not reader_available():
+        need(False, "diff: summary of a small valid snapshot")
+    pa, pb = diff_pair()
     rc, out, err = run("diff", "--json", pa, pb)
     js = json.loads(out) if out else {}
     d = js.get("devices", [{}])[0]
@@ -750,12 +758,63 @@ def writer_available():
     return rc == 0
 
 
+def convert_gen20():
+    """A PyTorch 2.0 snapshot (blocks with `history`, no `address` or
+    `requested_size`; segments without `requested_size`; trace entries
+    without `pool_id`): convert adds the keys its --help lists, drops the
+    history, and the output passes check."""
+    fr = [{"filename": "u/model.py", "line": 12, "name": "forward"}]
+    a = 1 << 30
+    src = {"segments": [{
+        "device": 0, "address": a, "total_size": 2 * MiB,
+        "allocated_size": 1024, "active_size": 1024,
+        "blocks": [{"size": 1024, "state": "active_allocated",
+                    "history": [{"addr": a, "real_size": 1000, "frames": fr}]},
+                   {"size": 2 * MiB - 1024, "state": "inactive",
+                    "history": []}]}],
+        "device_traces": [[{"action": "alloc", "addr": a, "size": 1000,
+                            "stream": 0, "frames": fr}]]}
+    path = write_pickle(src, "gen20.pickle")
+    out_path = os.path.join(TMP, "gen20.conv.pickle")
+    rc, out, err = run("convert", path, "-o", out_path)
+    expect(rc == 0, "convert 2.0: exit 0 (%d %r)" % (rc, err))
+    if rc != 0:
+        return
+    with open(out_path, "rb") as f:
+        d = pickle.load(f)
+    seg, blk = d["segments"][0], d["segments"][0]["blocks"][0]
+    entry = d["device_traces"][0][0]
+    expect({"frames", "segment_pool_id", "is_expandable", "stream",
+            "segment_type", "requested_size"} <= set(seg) and
+           seg["requested_size"] == 1000,
+           "convert 2.0: segment keys added, requested_size the active "
+           "blocks' sum (%r)" % sorted(seg))
+    expect(set(blk) == {"address", "size", "requested_size", "state",
+                        "frames"} and blk["requested_size"] == 1000 and
+           blk["frames"] == fr and blk["address"] == a,
+           "convert 2.0: block address, frames and requested_size from "
+           "the history's first element, history dropped (%r)" % blk)
+    expect({"compile_context", "user_metadata", "pool_id"} <= set(entry) and
+           "external_annotations" in d,
+           "convert 2.0: trace compile_context, user_metadata, pool_id; "
+           "external_annotations (%r)" % sorted(entry))
+    rc, out, err = run("check", out_path)
+    expect(rc == 0, "convert 2.0: the output passes check (%s)" % out[-300:])
+    rc, out, err = run("convert", "--help")
+    listed = " ".join(out.split())
+    for key in ("requested_size", "segment_pool_id", "is_expandable",
+                "segment_type", "pool_id", "compile_context",
+                "user_metadata", "external_annotations", "history"):
+        expect(key in listed, "convert --help names %s" % key)
+
+
 def group_convert():
-    files = real_files()
     if not reader_available():
         need(False, "convert: summary of a small valid snapshot")
     if not writer_available():
         need(False, "convert: the snapshot writer writes a small snapshot")
+    convert_gen20()
+    files = real_files()
     for path in files:
         name = os.path.basename(path)
         ref = py_figures(path)
@@ -2372,6 +2431,112 @@ def unusable_doc(out):
     return js if isinstance(js, dict) else {}
 
 
+def json_help(cmd):
+    """The keys `memsnap CMD --help` lists for --json: the first {...}
+    of the option's text, as {key: nested spec or None}; an item that is
+    not a key (``...``, prose) is recorded as "...": more keys exist."""
+    rc, out, err = run(cmd, "--help")
+    text, on = [], False
+    for line in out.splitlines():
+        if re.match(r"^\s+--json\b", line):
+            on = True
+            text.append(line.split("--json", 1)[1])
+        elif on:
+            if not line.strip() or re.match(r"^\s+-", line):
+                break
+            text.append(line)
+    s = " ".join(t.strip() for t in text)
+    i = s.find("{")
+    return help_obj(s, i) if i >= 0 else None
+
+
+def help_obj(s, i):
+    """The spec of the object opening at s[i] == '{' (see json_help)."""
+    items, depth, start, j = [], 0, i + 1, i + 1
+    while j < len(s):
+        ch = s[j]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(s[start:j])
+            start = j + 1
+        j += 1
+    items.append(s[start:j])
+    spec = {}
+    for it in items:
+        it = re.sub(r"\([^()]*\)", "", it).strip()  # (explanations)
+        m = re.match(r"^([A-Za-z_]\w*)\s*(?::\s*(.*))?$", it, re.S)
+        if not m:
+            spec["..."] = None
+            continue
+        val = (m.group(2) or "").strip()
+        k = val.find("{")
+        spec[m.group(1)] = (help_obj(val, k) if k >= 0 and
+                            val[:k].strip() in ("", "[") else None)
+    return spec
+
+
+def help_mismatches(spec, doc, where, exact=True):
+    """What differs between the keys a --help lists and a --json document:
+    every listed key must be there; without "..." (and with `exact`) every
+    key of the document must be listed.  Nested objects (the first object
+    of a list) are compared the same way."""
+    bad = []
+    keys = set(spec) - {"..."}
+    if keys - set(doc):
+        bad.append("%s: listed but not in the output: %s"
+                   % (where, sorted(keys - set(doc))))
+    if exact and "..." not in spec and set(doc) - keys:
+        bad.append("%s: in the output but not listed: %s"
+                   % (where, sorted(set(doc) - keys)))
+    for k, sub in spec.items():
+        v = doc.get(k) if sub is not None else None
+        if isinstance(v, list):
+            v = next((x for x in v if isinstance(x, dict)), None)
+        if isinstance(v, dict):
+            bad += help_mismatches(sub, v, where + "." + k, exact)
+    return bad
+
+
+def group_help_json():
+    """The keys each command's --help lists for --json are the keys of its
+    --json output, top level and nested (docs/cli.md has the full lists).
+    fleet: listed keys must exist (its help leaves some out)."""
+    if not reader_available():
+        need(False, "helpjson: the reader is built")
+    demo = os.path.join(TMP, "hj_demo.pickle")
+    rc, out, err = run("demo-train", "--steps", "3", "--layers", "2",
+                       "--hidden", "256", "--leak", "4K", "--json",
+                       "-o", demo)
+    need(rc == 0, "helpjson: demo-train records a snapshot (%r)" % err[-200:])
+    docs = {"demo-train": out}
+    pa, pb = diff_pair()
+    for cmd, args in (("check", [demo]), ("summary", [demo]),
+                      ("leaks", [demo]), ("replay", [demo]),
+                      ("diff", [pa, pb]), ("fleet", [demo, pa]),
+                      ("plot", [demo, "-o", os.path.join(TMP, "hj.svg")]),
+                      ("view", [demo, "-o", os.path.join(TMP, "hj.html")])):
+        rc, out, err = run(cmd, "--json", *args)
+        docs[cmd] = out
+    for cmd, out in sorted(docs.items()):
+        spec = json_help(cmd)
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            doc = None
+        if spec is None or not isinstance(doc, dict):
+            expect(False, "%s: --help lists --json keys and --json prints "
+                   "an object (%r)" % (cmd, out[:200]))
+            continue
+        bad = help_mismatches(spec, doc, cmd, exact=cmd != "fleet")
+        expect(not bad, "%s --help: the --json keys it lists are the "
+               "output's %s" % (cmd, "; ".join(bad)))
+
+
 def group_unusable():
     """Every command with --json prints one JSON document on stdout when
     a FILE cannot be loaded (docs/cli.md, Outputs): {file, usable: false,
@@ -2851,7 +3016,7 @@ GROUPS = {"usage": group_usage, "io": group_io, "hostile": group_hostile,
           "view": group_view, "sites": group_sites, "frag": group_frag,
           "explain": group_explain, "difftrace": group_diff_traces,
           "leaks": group_leaks, "leakwhy": group_leaks_reasons,
-          "unusable": group_unusable}
+          "unusable": group_unusable, "helpjson": group_help_json}
 
 if __name__ == "__main__":
     GROUPS[GROUP]()

@@ -166,6 +166,40 @@ print("RESULT " + json.dumps([_memsnap.profile(), _memsnap.runtime_name(), late]
     assert "before the allocator is first used" in late
 
 
+def test_configure_takes_the_environment_variables_names():
+    """configure() takes the names MEMSNAP_RUNTIME / MEMSNAP_PROFILE take
+    (npu and ascend for acl, any case) and stores the runtime's own name;
+    with the allocator created, an alias of what it runs is no change."""
+    code = r"""
+import json, os, memsnap
+from memsnap import _memsnap
+out = {}
+for rt in ("npu", "Ascend", "ACL"):
+    memsnap.configure(runtime=rt, profile="NPU")
+    out[rt] = [os.environ["MEMSNAP_RUNTIME"], os.environ["MEMSNAP_PROFILE"]]
+memsnap.configure(runtime="SIM", profile="Cuda")
+import memsnap.memory as mm
+mm.caching_allocator_alloc(10)
+memsnap.configure(runtime="sim", profile="CUDA")
+try:
+    memsnap.configure(runtime="npu")
+except RuntimeError as e:
+    out["late"] = str(e)
+try:
+    memsnap.configure(runtime="gpu")
+except ValueError as e:
+    out["bad"] = str(e)
+out["now"] = [_memsnap.runtime_name(), _memsnap.profile()]
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["npu"] == r["Ascend"] == r["ACL"] == ["acl", "npu"], r
+    assert r["now"] == ["sim", "cuda"], r
+    assert "already exists with runtime 'sim', profile 'cuda'" in r["late"], r
+    assert r["bad"] == ("unknown memsnap runtime 'gpu'; expected one of "
+                        "('sim', 'acl', 'npu', 'ascend', 'cuda')"), r
+
+
 def test_snapshot_honours_device():
     code = r"""
 import json

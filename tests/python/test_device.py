@@ -471,6 +471,41 @@ print("RESULT " + json.dumps(out))
     assert "register_device" in r["use_allocator"] or "torch_npu" in r["use_allocator"]
 
 
+def test_refused_registration_changes_nothing():
+    """A refused register_device (a bad name, a taken name) creates
+    neither memsnap's allocator nor the environment it reads: the
+    corrected call then registers "npu" with the npu profile, and a real
+    nn.Linear runs on it."""
+    code = r"""
+import json, os
+import memsnap.torch as mt, memsnap.memory as mm, memsnap._memsnap as C, torch
+out = {"errors": []}
+for bad in ("Npu", "cpu"):
+    try:
+        mt.register_device(bad)
+    except (ValueError, RuntimeError) as e:
+        out["errors"].append(type(e).__name__)
+out["created"] = C.initialized()
+out["env"] = [os.environ.get(k) for k in ("MEMSNAP_RUNTIME", "MEMSNAP_PROFILE",
+                                          "MEMSNAP_SIM_HOST_BACKED")]
+out["name"] = mt.register_device("npu")
+out["profile"] = C.profile()
+lin = torch.nn.Linear(16, 8).to("npu")
+y = lin(torch.ones(4, 16, device="npu"))
+out["y"] = [str(y.device), list(y.shape)]
+out["allocated"] = mm.memory_allocated()
+print("RESULT " + json.dumps(out))
+"""
+    env = base_env()
+    for k in ("MEMSNAP_RUNTIME", "MEMSNAP_PROFILE", "MEMSNAP_SIM_HOST_BACKED"):
+        env.pop(k, None)
+    r = run_script(code, env=env).result
+    assert r["errors"] == ["ValueError", "RuntimeError"], r
+    assert r["created"] is False and r["env"] == [None, None, None], r
+    assert r["name"] == "npu" and r["profile"] == "npu", r
+    assert r["y"] == ["npu:0", [4, 8]] and r["allocated"] > 0, r
+
+
 @pytest.mark.parametrize("call", [
     "mm.memory_allocated()", "mm.memory_stats()", "mm.mem_get_info()",
     "mm.memory_summary()", "mm._snapshot()", "mm._record_memory_history()"])

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 import memsnap
@@ -252,3 +257,61 @@ def test_device_argument_errors_are_torch_like(profile):
     assert "'sim'" in r["configure_late"][1]
     assert f"'{profile}'" in r["configure_late"][1]
     assert "None" not in r["configure_late"][1]
+
+
+DEVICE_WORD = r"""
+import json, os, sys
+import memsnap.memory as mm, memsnap._memsnap as C
+def err(f, *a, **k):
+    try:
+        f(*a, **k)
+    except ValueError as e:
+        return str(e)
+out = {"history": err(mm._record_memory_history, device="gpu"),
+       "stats": err(mm.memory_stats, "gpu:0"), "exists": C.initialized()}
+mm.memory_allocated()
+out["exists_after"] = C.initialized()
+out["history_after"] = err(mm._record_memory_history, device="gpu")
+out["stats_after"] = err(mm.memory_stats, "gpu:0")
+if len(sys.argv) > 1:
+    import torch, memsnap.torch as mt
+    mt.register_device(sys.argv[1])
+    out["registered"] = [err(mm._record_memory_history, device="gpu"),
+                         err(mm.memory_stats, "gpu:0")]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("env,word", [({}, "cuda"), ({"MEMSNAP_PROFILE": "npu"}, "npu"),
+                                      ({"MEMSNAP_PROFILE": "CUDA"}, "cuda")])
+def test_device_word_is_the_profiles_before_and_after_the_allocator(env, word):
+    """"Expected a <type> device" names the profile's device type (torch
+    says cuda, torch_npu npu) in every function, whether or not the
+    allocator exists yet (the sim's default profile is cuda)."""
+    r = run_script(DEVICE_WORD, env=base_env(**env)).result
+    assert r["exists"] is False and r["exists_after"] is True, r
+    want = [f"Expected a {word} device, but got: gpu", f"Expected a {word} device, but got: gpu:0"]
+    assert [r["history"], r["stats"]] == want, r
+    assert [r["history_after"], r["stats_after"]] == want, r
+
+
+@pytest.mark.parametrize("name", ["npu", "mydev"])
+def test_device_word_is_the_registered_device_type(name):
+    """After memsnap.torch.register_device(name) the word is that device
+    type, whatever the profile (a device not named "npu" has the cuda one)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    import memsnap._shim as shim
+
+    if not os.path.exists(shim.path(shim.TORCH_LIB)):
+        pytest.skip("memsnap was built without its C++ torch shim")
+    code = DEVICE_WORD.replace("mm.memory_allocated()", "pass")
+    proc = subprocess.run([sys.executable, "-c", code, name], env=base_env(),
+                          capture_output=True, text=True, timeout=120)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert line, proc.stderr
+    r = json.loads(line[0][len("RESULT "):])
+    assert r["registered"] == [f"Expected a {name} device, but got: gpu",
+                               f"Expected a {name} device, but got: gpu:0"], r

@@ -990,6 +990,57 @@ def test_output_to_standard_output(tmp_path, out):
     assert not (tmp_path / "-").exists()
 
 
+def test_python_api_refuses_a_bad_alloc_conf_on_entering():
+    """predict(alloc_conf=...) with a key the allocator refuses raises
+    ConfigError when the block is entered, before its code runs (a block
+    that allocates nothing does not "fit"), as the command line refuses it
+    before the script; a bad what-if too.  The refused prediction leaves
+    nothing behind: the next one runs a real nn.Linear."""
+    code = """
+        import json, torch
+        from memsnap.predict import predict, ConfigError
+        out = {"ran": []}
+        for kw in ({"alloc_conf": "max_split_sise_mb:3"},
+                   {"alloc_conf": "max_split_sise_mb:3", "profile": "cuda"},
+                   {"what_if": ["cuda,garbage_collection_threshold:2"]}):
+            try:
+                with predict(memory="8G", **kw):
+                    out["ran"].append(kw)
+            except ConfigError as e:
+                out.setdefault("errors", []).append(str(e))
+        with predict(memory="8G") as p:
+            lin = torch.nn.Linear(64, 32).to("npu")
+            lin(torch.ones(8, 64, device="npu")).sum().backward()
+        out["fits"], out["peak"] = p.fits, p.peak_allocated_bytes
+        # a key of one profile only, the profile left to the code: the
+        # code uses cuda, whose allocator takes it
+        with predict(memory="8G", alloc_conf="release_lock_on_cudamalloc:True") as p:
+            lin = torch.nn.Linear(64, 32).to("cuda")
+            lin(torch.ones(8, 64, device="cuda")).sum().backward()
+        out["cuda"] = [p.fits, p.result["profile"], p.result["alloc_conf"]]
+        print("RESULT " + json.dumps(out))
+    """
+    r = run_script(code).result
+    assert r["ran"] == [], r
+    assert r["cuda"] == [True, "cuda", "release_lock_on_cudamalloc:True"], r
+    assert len(r["errors"]) == 3, r
+    assert "max_split_sise_mb" in r["errors"][0] and "npu" in r["errors"][0], r
+    assert "max_split_sise_mb" in r["errors"][1] and "cuda" in r["errors"][1], r
+    assert "garbage_collection_threshold" in r["errors"][2], r
+    assert r["fits"] is True and r["peak"] > 0, r
+
+
+def test_cli_refuses_a_bad_alloc_conf_before_the_script(tmp_path):
+    """The command line refuses an alloc-conf no profile takes before the
+    script runs, also a script that allocates nothing."""
+    script = tmp_path / "quiet.py"
+    script.write_text("import sys\nprint('script ran', file=sys.stderr)\n")
+    p = predict("--alloc-conf", "max_split_sise_mb:3", "--json", str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "unrecognized key 'max_split_sise_mb'" in p.stderr, p.stderr
+    assert "script ran" not in p.stderr and p.stdout == ""
+
+
 def test_refuses_a_taken_device_name():
     code = """
         import torch

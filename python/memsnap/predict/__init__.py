@@ -121,7 +121,9 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
     ``report()`` (the text report).
 
     Raises:
-        ValueError: bad sizes or configurations.
+        ValueError: bad sizes or configurations; ``ConfigError`` (a
+            ValueError) on entering the block for an alloc-conf the
+            allocator refuses (Session.check_configs).
         OSError: ``output`` cannot be written (``filename`` names it).
         RuntimeError: a prediction is already running, or the "npu" device
             name is taken (torch_npu loaded).

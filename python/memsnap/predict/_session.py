@@ -80,8 +80,9 @@ class PredictionStopped(BaseException):
 
 
 class ConfigError(ValueError):
-    """A configuration the allocator refuses (bad alloc-conf, a --reserve
-    larger than the device); raised at the first device allocation."""
+    """A configuration the allocator refuses: a bad alloc-conf, raised when
+    the prediction starts (:meth:`Session.check_configs`), or a --reserve
+    larger than the device, raised at the first device allocation."""
 
 
 @dataclasses.dataclass
@@ -234,6 +235,33 @@ class Session:
     def profile_name(self) -> str:
         return self.targets[0].config.profile if self.targets else (self.configs[0].profile
                                                                      or "npu")
+
+    def check_configs(self) -> None:
+        """Refuse, before the code runs, an alloc-conf the allocators
+        would refuse at its first device allocation: each configuration is
+        tried on an allocator of its profile, created and closed.  A
+        configuration whose profile the code decides (profile None: the
+        device type it uses) is refused when no profile takes it; one that
+        only one profile refuses is refused at the first allocation, once
+        the profile is known.
+
+        Raises:
+            ConfigError: the allocator's message, naming the token.
+        """
+        fixed = self.configs[0].profile
+        for i, c in enumerate(self.configs):
+            profiles = [c.profile or fixed] if (c.profile or fixed) else ["npu", "cuda"]
+            errors = []
+            for profile in profiles:
+                conf = c.alloc_conf
+                if conf is None:
+                    conf = _env_conf(profile) if i == 0 else ""
+                try:
+                    _capi.Allocator(profile, conf or "", self.devices, self.memory).close()
+                except ValueError as e:
+                    errors.append(str(e))
+            if len(errors) == len(profiles):
+                raise ConfigError(errors[0])
 
     def _create(self) -> None:
         """Create the allocators (first device allocation)."""
@@ -398,6 +426,7 @@ class Session:
         if _device._ACTIVE is not None:
             raise RuntimeError("memsnap.predict: a prediction is already running in "
                                "this process (predictions do not nest)")
+        self.check_configs()
         from ._annotate import Annotator
         from ._tracker import Tracker
 
