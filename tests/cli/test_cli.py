@@ -2504,8 +2504,7 @@ def help_mismatches(spec, doc, where, exact=True):
 
 def group_help_json():
     """The keys each command's --help lists for --json are the keys of its
-    --json output, top level and nested (docs/cli.md has the full lists).
-    fleet: listed keys must exist (its help leaves some out)."""
+    --json output, top level and nested (docs/cli.md has the full lists)."""
     if not reader_available():
         need(False, "helpjson: the reader is built")
     demo = os.path.join(TMP, "hj_demo.pickle")
@@ -2532,7 +2531,7 @@ def group_help_json():
             expect(False, "%s: --help lists --json keys and --json prints "
                    "an object (%r)" % (cmd, out[:200]))
             continue
-        bad = help_mismatches(spec, doc, cmd, exact=cmd != "fleet")
+        bad = help_mismatches(spec, doc, cmd, exact=True)
         expect(not bad, "%s --help: the --json keys it lists are the "
                "output's %s" % (cmd, "; ".join(bad)))
 
