@@ -147,6 +147,7 @@ typedef struct rd_s {
   size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_tail) */
   bool any_current_key, any_time;
   uint64_t entries_scanned; /* by entry_scan (kept by a rollback) */
+  bool convert_failed; /* a container was refused: the file is a pickle */
 } rd_t;
 
 #define REC(kind, idx) MSNAP_PV_REC_MAKE(kind, idx)
@@ -1174,9 +1175,19 @@ static const msnap_pvm_dicts_t trace_dicts = {entry_scan};
  * for shapes that remain generic.  The VM's fast path calls it with the
  * same items at the same point of the stream, so both give one model.
  */
+static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
+                            const msnap_pitems_t *it, msnap_pv_t *out);
+
 static int snap_convert(void *ctx, msnap_pvm_t *vm, unsigned kind,
                         const msnap_pitems_t *it, msnap_pv_t *out) {
   rd_t *r = ctx;
+  int rc = snap_convert_one(r, vm, kind, it, out);
+  if (rc < 0 && rc != MSNAP_ENOMEM) r->convert_failed = true;
+  return rc;
+}
+
+static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
+                            const msnap_pitems_t *it, msnap_pv_t *out) {
   uint32_t n = it->n;
   if (kind == MSNAP_POBJ_LIST) {
     if (n == 0) {
@@ -1750,11 +1761,15 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
     return MSNAP_ENOMEM;
   }
   rd_t r;
+  bool pickle_read = false;
   int rc = rd_init(&r, s);
   if (rc == 0) {
     msnap_pv_t root = 0;
     if (stats) msnap__pvm_set_fast(r.vm, !stats->generic_only);
     rc = msnap__pvm_run_source(r.vm, src, &root, err);
+    /* the VM read a whole pickle, or refused a container's content: the
+     * error is about a pickle, whatever its first bytes look like */
+    pickle_read = rc == 0 || r.convert_failed;
     if (stats) {
       msnap__pvm_fast_stats(r.vm, &stats->fast_batches,
                             &stats->fast_rollbacks);
@@ -1793,6 +1808,7 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
     }
   }
   bool text = rc < 0 && rc != MSNAP_ENOMEM && rc != MSNAP_EIO && !corrupt &&
+              !pickle_read &&
               msnap__identify_text(head, nhead, what, sizeof what);
   if (text && strstr(err->msg, MSNAP_PICKLE_TRUNCATED) != NULL) {
     /* text the reader took to its end without a wrong opcode: a pickle of

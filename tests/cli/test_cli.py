@@ -294,6 +294,20 @@ def group_hostile():
                "a protocol-0 pickle cut after %d of %d bytes says it is a "
                "truncated pickle of protocol 0: %r"
                % (n, len(good0), err.strip()[-200:]))
+    # A whole protocol-0 pickle whose content is refused is a pickle: the
+    # refusal alone, no "text file" (a negative address, a list of ints).
+    bad0 = good_snapshot()
+    bad0["device_traces"] = [[{"action": "alloc", "addr": -4096,
+                               "size": 512, "stream": 0, "frames": []}]]
+    for what, obj, want in (("a negative address", bad0,
+                             "expected a non-negative int"),
+                            ("a list of ints", [1, 2, 3],
+                             "expected a segment dict")):
+        rc, out, err = run("check", write_bytes(pickle.dumps(obj, protocol=0),
+                                                "whole0.pickle"))
+        expect(rc == 2 and want in err and "text file" not in err,
+               "a whole protocol-0 pickle with %s is refused for it, not "
+               "called a text file: %r" % (what, err.strip()[-200:]))
     rc, out, err = run("check", write_bytes(b"hello, not a pickle\n",
                                             "text.txt"))
     expect(rc == 2 and "this looks like a text file (it begins \"hello, "
