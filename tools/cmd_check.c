@@ -299,6 +299,17 @@ static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
                "read the file without it)",
                at->keys & MSNAP_K_ADDRESS ? "has 'addr' instead of"
                                           : "without");
+      /* every PyTorch entry has 'size', and 'addr' but an oom's (the
+       * reader reads a missing one as 0: say so, not a 0's effects) */
+      if (e->action != MSNAP_ACTION_OOM &&
+          !(at->keys & (MSNAP_K_ADDRESS | MSNAP_K_DEVICE_FREE)))
+        report(c, WHERE,
+               "missing key 'addr' (PyTorch writes it in every entry but "
+               "an oom's; read as 0)");
+      if (!(at->keys & MSNAP_K_SIZE))
+        report(c, WHERE,
+               "missing key 'size' (PyTorch writes it in every entry; read "
+               "as 0)");
       if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
         report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53: JavaScript viewers "

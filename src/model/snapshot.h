@@ -104,14 +104,16 @@ enum {
   MSNAP_K_STREAM = 1u << 11,
   MSNAP_K_SEGMENT_TYPE = 1u << 12,
   MSNAP_K_INTERNAL_META = 1u << 13,
-  MSNAP_K_FRAMES_LAST = 1u << 14    /* segment: `frames` after `blocks`  */
+  MSNAP_K_FRAMES_LAST = 1u << 14,   /* segment: `frames` after `blocks`  */
+  MSNAP_K_SIZE = 1u << 15           /* trace entry: `size` (read files)  */
 };
 /* Notes on the bits (added by the pickle helper):
  *   - segments: MSNAP_K_REQUESTED stands for the three sums
  *     allocated_size/active_size/requested_size; device, address and
  *     total_size are always written.
  *   - trace entries: MSNAP_K_ADDRESS = `addr` present, MSNAP_K_DEVICE_FREE
- *     = `device_free` present; action and size are always written.
+ *     = `device_free` present; action and size are always written
+ *     (MSNAP_K_SIZE only tells check that a read file had `size`).
  *   - Models not produced by snapshot_read.c (live snapshots) with
  *     generation MSNAP_GEN_CURRENT are written with every key PyTorch
  *     writes (cuda-reference §2) whatever their bits say; if their top_keys

@@ -452,7 +452,10 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
     if ((rc = get_u64(r, f, KEY_device_free, &t.addr)) < 0) return rc;
     a.keys |= MSNAP_K_DEVICE_FREE;
   }
-  if (HAS(f, size) && (rc = get_u64(r, f, KEY_size, &t.size)) < 0) return rc;
+  if (HAS(f, size)) {
+    if ((rc = get_u64(r, f, KEY_size, &t.size)) < 0) return rc;
+    a.keys |= MSNAP_K_SIZE;
+  }
   if (HAS(f, stream)) {
     if ((rc = get_i64(r, f, KEY_stream, &a.stream)) < 0) return rc;
     a.keys |= MSNAP_K_STREAM;
@@ -1066,6 +1069,7 @@ static int entry_scan(void *ctx, msnap_pvm_t *vm, const msnap_pv_t *memo,
         a.keys |= MSNAP_K_ADDRESS;
       } else {
         t.size = (uint64_t)x;
+        a.keys |= MSNAP_K_SIZE;
       }
       break;
     case KEY_stream:

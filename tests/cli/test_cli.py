@@ -482,7 +482,16 @@ def group_check():
         s["device_traces"][0].append({"action": "oom", "size": 30 * MiB,
                                       "stream": 0,
                                       "time_us": 1700000000000100})
+    # an entry without a key every PyTorch entry has: named, not read as 0
+    def m_nosize(s):
+        del s["device_traces"][0][3]["size"]
+    def m_noaddr(s):
+        del s["device_traces"][0][3]["addr"]
     cases = [
+        (m_nosize, "device_traces[0][3]: missing key 'size' (PyTorch writes "
+                   "it in every entry; read as 0)"),
+        (m_noaddr, "device_traces[0][3]: missing key 'addr' (PyTorch writes "
+                   "it in every entry but an oom's; read as 0)"),
         (m_total, "segments[0]: total_size"),
         (m_alloc, "segments[0]: allocated_size 1"),
         (m_contig, "segments[0].blocks[1]: address"),
