@@ -241,11 +241,15 @@ static const char *type_phrase(const char *t, char *buf, size_t len) {
   return buf;
 }
 
+static void describe_item(rd_t *r, msnap_pv_t v, const char *defkey,
+                          char *buf, size_t len);
+
+/* (a record -- a list of str, a frame dict -- is named by what it was) */
 static int bad_type(rd_t *r, int key, msnap_pv_t v, const char *want) {
   char tp[256];
-  return msnap__pvm_fail(
-      r->vm, MSNAP_EFORMAT, "'%s' is %s, expected %s", key_names[key],
-      type_phrase(msnap__pvm_type(r->vm, v), tp, sizeof tp), want);
+  describe_item(r, v, NULL, tp, sizeof tp);
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT, "'%s' is %s, expected %s",
+                         key_names[key], tp, want);
 }
 
 /* A key every PyTorch version writes in a `what` dict (and the model
@@ -259,9 +263,10 @@ static int need(rd_t *r, const fields_t *f, int key, const char *what) {
                          what, key_names[key], what);
 }
 
-/* What an item of a model list is, for a message: a record by the key
- * that made it one, a plain dict by the key it lacks (defkey: the key
- * that makes the wanted record, e.g. 'blocks' for a segment). */
+/* What an item of a model list (or a key's value) is, for a message: a
+ * record by the key that made it one, a plain dict by the key it lacks
+ * (defkey: the key that makes the wanted record, e.g. 'blocks' for a
+ * segment; NULL: "a dict"). */
 static void describe_item(rd_t *r, msnap_pv_t v, const char *defkey,
                           char *buf, size_t len) {
   static const char *const rec[] = {
@@ -284,7 +289,7 @@ static void describe_item(rd_t *r, msnap_pv_t v, const char *defkey,
     return;
   }
   const char *t = msnap__pvm_type(r->vm, v);
-  if (!strcmp(t, "dict"))
+  if (!strcmp(t, "dict") && defkey)
     snprintf(buf, len, "a dict without '%s'", defkey);
   else
     type_phrase(t, buf, len);

@@ -308,6 +308,14 @@ def group_hostile():
         expect(rc == 2 and want in err and "text file" not in err,
                "a whole protocol-0 pickle with %s is refused for it, not "
                "called a text file: %r" % (what, err.strip()[-200:]))
+    # A value of the wrong kind is named by what it is, never by the
+    # reader's word "record" (a list of str where frames go).
+    bad = good_snapshot()
+    bad["device_traces"][0][0]["frames"] = ["a", "b"]
+    rc, out, err = run("check", write_pickle(bad, "fstr.pickle"))
+    expect(rc == 2 and "'frames' is a list of str, expected a list of "
+           "frame dicts" in err,
+           "a list of str as frames is named: %r" % err.strip()[-200:])
     rc, out, err = run("check", write_bytes(b"hello, not a pickle\n",
                                             "text.txt"))
     expect(rc == 2 and "this looks like a text file (it begins \"hello, "
