@@ -323,17 +323,25 @@ static unsigned char *py_pickle(const char *tmp, const char *script,
   return data;
 }
 
+/* check_all_ways on the file tmp/<file>. */
+static void check_file(const char *tmp, const char *file, const char *name,
+                       int expect_fast) {
+  char path[4200];
+  size_t n = 0;
+  snprintf(path, sizeof path, "%s/%s", tmp, file);
+  unsigned char *data = tu_slurp(path, &n);
+  assert_non_null(data);
+  check_all_ways(name, data, n, expect_fast);
+  free(data);
+}
+
 /* check_all_ways on tmp/<stem><p>.pickle for protocols p = 2, 4, 5. */
 static void check_protocols(const char *tmp, const char *stem,
                             const char *name, int expect_fast) {
   for (int p = 2; p <= 5; p += p == 2 ? 2 : 1) {
-    char path[4200];
-    size_t n = 0;
-    snprintf(path, sizeof path, "%s/%s%d.pickle", tmp, stem, p);
-    unsigned char *data = tu_slurp(path, &n);
-    assert_non_null(data);
-    check_all_ways(name, data, n, expect_fast);
-    free(data);
+    char file[256];
+    snprintf(file, sizeof file, "%s%d.pickle", stem, p);
+    check_file(tmp, file, name, expect_fast);
   }
 }
 
@@ -540,13 +548,10 @@ static void test_entry_scan(void **state) {
   check_protocols(tmp, "huge", "a 64-bit address", 0);
   static const char *const names[] = {"ok", "odd", "bad", "huge"};
   for (int i = 0; i < 4; i++) {
-    char path[4200], name[64];
-    snprintf(path, sizeof path, "%s/%s-nomemo.pickle", tmp, names[i]);
+    char file[64], name[64];
+    snprintf(file, sizeof file, "%s-nomemo.pickle", names[i]);
     snprintf(name, sizeof name, "%s, no memo", names[i]);
-    unsigned char *data = tu_slurp(path, &n);
-    assert_non_null(data);
-    check_all_ways(name, data, n, 0);
-    free(data);
+    check_file(tmp, file, name, 0);
   }
   /* the scan read nearly every good entry: not the first of each action
    * and metadata string (its strings are new there), nor one a
