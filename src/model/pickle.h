@@ -330,6 +330,52 @@ static inline bool msnap__pref_next(const unsigned char **q,
   *q = p;
   return true;
 }
+/* The int token at q with `avail` bytes from q on: BININT1, BININT2,
+ * BININT, or LONG1 of at most 8 bytes (CPython's pickle writes an int
+ * of -2^63..2^64 this way at protocol >= 2).  Its width in bytes, with
+ * *x its value as int64 (LONG1's two's complement, sign-extended); 0
+ * when q holds another token or the token is cut short.  The one
+ * decoder of these tokens: the fast path's scalars (pickle_read.c) and
+ * the trace-entry scan (snapshot_read.c) both read ints through it. */
+static inline size_t msnap__pint_token(const unsigned char *q, size_t avail,
+                                       int64_t *x) {
+  if (avail < 2) return 0;
+  switch (q[0]) {
+  case MSNAP_OP_BININT1:
+    *x = q[1];
+    return 2;
+  case MSNAP_OP_BININT2:
+    if (avail < 3) return 0;
+    *x = (int64_t)((uint32_t)q[1] | (uint32_t)q[2] << 8);
+    return 3;
+  case MSNAP_OP_BININT:
+    if (avail < 5) return 0;
+    *x = (int32_t)((uint32_t)q[1] | (uint32_t)q[2] << 8 |
+                   (uint32_t)q[3] << 16 | (uint32_t)q[4] << 24);
+    return 5;
+  case MSNAP_OP_LONG1: {
+    size_t n = q[1];
+    if (n > 8 || avail < 2 + n) return 0;
+    const unsigned char *b = q + 2;
+    uint64_t u = 0;
+    if (avail >= 10) {
+      /* one 8-byte load, the bytes past the int masked off */
+      u = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
+          (uint64_t)b[3] << 24 | (uint64_t)b[4] << 32 |
+          (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 |
+          (uint64_t)b[7] << 56;
+      u = n == 8 ? u : n ? u & ((1ull << (8 * n)) - 1) : 0;
+    } else {
+      for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
+    }
+    if (n && n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
+    *x = (int64_t)u;
+    return 2 + n;
+  }
+  default:
+    return 0;
+  }
+}
 /* Tests: false runs the generic interpreter only. */
 void msnap__pvm_set_fast(msnap_pvm_t *vm, bool on);
 /* Batches the fast path decoded, and rolled back, so far. */

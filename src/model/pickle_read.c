@@ -990,36 +990,44 @@ static inline bool fp_memo_write(fp_t *f, uint64_t idx, msnap_pv_t v,
   return memo_write_logged(f->vm, idx, v, at);
 }
 
+/* The put at q (MEMOIZE / BINPUT / LONG_BINPUT; MEMOIZE's slot is
+ * memo_count): its width in bytes with *idx its slot, 0 when q holds no
+ * put, -1 when it is cut short.  The one decoder of puts for the fast
+ * path (fp_put) and the dict scans (msnap__pvm_put_peek). */
+static inline int put_token(const unsigned char *q, const unsigned char *end,
+                            uint64_t memo_count, uint64_t *idx) {
+  if (q >= end) return 0;
+  switch (*q) {
+  case MSNAP_OP_MEMOIZE:
+    *idx = memo_count;
+    return 1;
+  case MSNAP_OP_BINPUT:
+    if (end - q < 2) return -1;
+    *idx = q[1];
+    return 2;
+  case MSNAP_OP_LONG_BINPUT:
+    if (end - q < 5) return -1;
+    *idx = le(q + 1, 4);
+    return 5;
+  default:
+    return 0;
+  }
+}
+
 int msnap__pvm_put_peek(const msnap_pvm_t *vm, const unsigned char *q,
                         const unsigned char *end, uint32_t pending,
                         uint32_t *slot, size_t *w) {
   uint64_t idx;
+  int n = put_token(q, end, (uint64_t)vm->memo_count + pending, &idx);
   *w = 0;
-  if (q >= end) return 0;
-  switch (*q) {
-  case MSNAP_OP_MEMOIZE:
-    idx = (uint64_t)vm->memo_count + pending;
-    *w = 1;
-    break;
-  case MSNAP_OP_BINPUT:
-    if (end - q < 2) return -1;
-    idx = q[1];
-    *w = 2;
-    break;
-  case MSNAP_OP_LONG_BINPUT:
-    if (end - q < 5) return -1;
-    idx = le(q + 1, 4);
-    *w = 5;
-    break;
-  default:
-    return 0;
-  }
+  if (n <= 0) return n;
   /* (memo_write_logged's bounds, and a slot nothing refers to yet) */
   if (idx >= UINT32_MAX - 1 || idx > msnap__source_offset(vm->src, q) + 16 ||
       (idx < vm->memo_len &&
        vm->memo[idx] != MSNAP_PV_MAKE(MSNAP_PV_CONST, MSNAP_PVC_HOLE)))
     return -1;
   *slot = (uint32_t)idx;
+  *w = (size_t)n;
   return 1;
 }
 
@@ -1035,25 +1043,9 @@ static bool fp_put(fp_t *f, msnap_pv_t v, uint32_t *slot) {
   const unsigned char *q = f->q;
   uint64_t idx;
   *slot = UINT32_MAX;
-  if (q >= f->end) return true;
-  switch (*q) {
-  case MSNAP_OP_MEMOIZE:
-    idx = f->vm->memo_count;
-    f->q = q + 1;
-    break;
-  case MSNAP_OP_BINPUT:
-    if (f->end - q < 2) return false;
-    idx = q[1];
-    f->q = q + 2;
-    break;
-  case MSNAP_OP_LONG_BINPUT:
-    if (f->end - q < 5) return false;
-    idx = le(q + 1, 4);
-    f->q = q + 5;
-    break;
-  default:
-    return true;
-  }
+  int n = put_token(q, f->end, f->vm->memo_count, &idx);
+  if (n <= 0) return n == 0;
+  f->q = q + n;
   if (!fp_memo_write(f, idx, v, q)) return false;
   *slot = (uint32_t)idx;
   return true;
@@ -1326,41 +1318,13 @@ static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f) {
     break;
   }
   case MSNAP_OP_BININT1:
-    if (end - q < 2) return -1;
-    v = MSNAP_PV_MAKE(MSNAP_PV_INT, q[1]);
-    f->q = q + 2;
-    break;
   case MSNAP_OP_BININT2:
-    if (end - q < 3) return -1;
-    v = MSNAP_PV_MAKE(MSNAP_PV_INT, le(q + 1, 2));
-    f->q = q + 3;
-    break;
   case MSNAP_OP_BININT:
-    if (end - q < 5) return -1;
-    v = MSNAP_PV_MAKE(MSNAP_PV_INT,
-                      (uint64_t)(int64_t)(int32_t)(uint32_t)le(q + 1, 4) &
-                          ((1ull << 61) - 1));
-    f->q = q + 5;
-    break;
   case MSNAP_OP_LONG1: {
-    if (end - q < 2) return -1;
-    size_t n = q[1];
-    if (n > 8 || (size_t)(end - q) < 2 + n) return -1;
-    const unsigned char *b = q + 2;
-    uint64_t u = 0;
-    if (end - b >= 8) {
-      /* one 8-byte load, the bytes past the int masked off */
-      u = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
-          (uint64_t)b[3] << 24 | (uint64_t)b[4] << 32 |
-          (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 |
-          (uint64_t)b[7] << 56;
-      u = n == 8 ? u : n ? u & ((1ull << (8 * n)) - 1) : 0;
-    } else {
-      for (size_t i = 0; i < n; i++) u |= (uint64_t)b[i] << (8 * i);
-    }
-    if (n && n < 8 && (b[n - 1] & 0x80)) u |= ~0ull << (8 * n);
-    if (make_i64(vm, (int64_t)u, &v) < 0) return -1;
-    f->q = q + 2 + n;
+    int64_t x;
+    size_t w = msnap__pint_token(q, (size_t)(end - q), &x);
+    if (!w || make_i64(vm, x, &v) < 0) return -1;
+    f->q = q + w;
     break;
   }
   case MSNAP_OP_NONE:

@@ -905,38 +905,12 @@ static msnap_pv_t refs_close(void *ctx, uint32_t n) {
 
 static const msnap_pvm_refs_t frame_refs = {refs_scan, refs_close};
 
-/* An int token at *q, at least 16 bytes before end (BININT1, BININT2,
- * BININT, LONG1 of at most 8 bytes): *x the value the VM would give,
- * *q past it.  false: another token. */
+/* An int token at *q, at least 16 bytes before end (msnap__pint_token):
+ * *x the value the VM would give, *q past it.  false: another token. */
 static inline bool entry_int(const unsigned char **qp, int64_t *x) {
-  const unsigned char *q = *qp;
-  switch (q[0]) {
-  case MSNAP_OP_BININT1:
-    *x = q[1];
-    *qp = q + 2;
-    return true;
-  case MSNAP_OP_BININT2:
-    *x = (int64_t)((uint32_t)q[1] | (uint32_t)q[2] << 8);
-    *qp = q + 3;
-    return true;
-  case MSNAP_OP_BININT:
-    *x = (int32_t)((uint32_t)q[1] | (uint32_t)q[2] << 8 |
-                   (uint32_t)q[3] << 16 | (uint32_t)q[4] << 24);
-    *qp = q + 5;
-    return true;
-  case MSNAP_OP_LONG1: {
-    unsigned n = q[1];
-    if (n > 8) return false;
-    uint64_t u = 0;
-    for (unsigned i = 0; i < n; i++) u |= (uint64_t)q[2 + i] << (8 * i);
-    if (n && n < 8 && (q[1 + n] & 0x80)) u |= ~0ull << (8 * n);
-    *x = (int64_t)u;
-    *qp = q + 2 + n;
-    return true;
-  }
-  default:
-    return false;
-  }
+  size_t w = msnap__pint_token(*qp, 16, x);
+  *qp += w;
+  return w != 0;
 }
 
 /* What entry_scan found for a str value: a memo reference's id, or the
