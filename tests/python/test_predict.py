@@ -1132,11 +1132,22 @@ def test_fused_attention(tmp_path):
     assert peak["npu", "fused"] - peak["cuda", "fused"] >= extra
 
 
+def _run_script(tmp_path, name: str, source: str):
+    """Write source to tmp_path/name and predict it (--memory 1G --json,
+    the snapshot beside it): the finished run, checked to exit 0."""
+    script = tmp_path / name
+    script.write_text(source)
+    p = predict("--memory", "1G", "--json", "-o", str(script.with_suffix(".pickle")),
+                str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
 def test_values_and_data_dependent_shapes(tmp_path):
     """No values on the device: .item() reads 0, data-dependent sizes are
     upper bounds; small host tensors are real (true values)."""
-    script = tmp_path / "values.py"
-    script.write_text(
+    p = _run_script(
+        tmp_path, "values.py",
         "import sys, torch\n"
         "x = torch.randn(1000, 64, device='npu')\n"
         "m = x[:, 0] > 0\n"
@@ -1146,9 +1157,6 @@ def test_values_and_data_dependent_shapes(tmp_path):
         "host = torch.arange(10) * 3\n"
         "print('host', host.sum().item(), torch.nonzero(host > 20).flatten().tolist(),\n"
         "      file=sys.stderr)\n")
-    p = predict("--memory", "1G", "--json", "-o", str(tmp_path / "v.pickle"), str(script),
-                cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
     assert "shapes (1000, 1) (1000, 64) (64000,)" in p.stderr
     assert "item 0.0 False" in p.stderr
     assert "host 135 [7, 8, 9]" in p.stderr
@@ -1160,8 +1168,8 @@ def test_values_read_as_zero_counts_calls_not_elements(tmp_path):
     elements: .tolist() of 1000 logits (1-D and 2-D) counts 1 as their
     .numpy() does, .item() and bool() 1 each, an empty tensor's .tolist()
     and .numpy() nothing; a real host tensor's values are not counted."""
-    script = tmp_path / "reads.py"
-    script.write_text(
+    p = _run_script(
+        tmp_path, "reads.py",
         "import sys, torch\n"
         "model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),\n"
         "                            torch.nn.Linear(128, 10)).to('cuda')\n"
@@ -1175,13 +1183,10 @@ def test_values_read_as_zero_counts_calls_not_elements(tmp_path):
         "real = torch.arange(1000).tolist()\n"
         "print('reads', len(flat), set(flat), len(rows), len(rows[0]), arr.shape, loss, flag,\n"
         "      none, len(real), file=sys.stderr)\n")
-    p = predict("--memory", "1G", "--json", "-o", str(tmp_path / "r.pickle"), str(script),
-                cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
     assert "reads 1000 {0.0} 100 10 (100, 10) 0.0 False [[], (0, 10)] 1000" in p.stderr
     assert p.json["values_read_as_zero"] == 5  # flat, rows, arr, loss, flag
-    text = predict("--memory", "1G", "-o", str(tmp_path / "r.pickle"), str(script),
-                   cwd=tmp_path)
+    text = predict("--memory", "1G", "-o", str(tmp_path / "reads.pickle"),
+                   str(tmp_path / "reads.py"), cwd=tmp_path)
     assert "\n  5 tensor value read(s) (.item(), bool(), .tolist(), .numpy()...) gave 0" \
         in text.stdout, text.stdout
 
