@@ -352,9 +352,12 @@ class Bench:
     def big_snapshot(self):
         if self.big is None:
             path = os.path.join(OUT, 'generated-1gb.pickle')
-            if not os.path.exists(path) or self.args.regenerate:
-                run([self.prog('bench_gen_snapshot'), path,
-                     str(self.args.big_bytes)], timeout=3600)
+            gen = self.prog('bench_gen_snapshot')
+            # made anew when asked, or when the generator was rebuilt
+            # after it (a changed generator makes another recording)
+            if (not os.path.exists(path) or self.args.regenerate or
+                    os.path.getmtime(gen) > os.path.getmtime(path)):
+                run([gen, path, str(self.args.big_bytes)], timeout=3600)
             self.big = path
         return self.big
 
