@@ -434,6 +434,14 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       goto nomem;
   st.nb = 0;
 #define B(x) (bt.n[x].b)
+  /* The link of the block the last free_completed undo re-created (hung):
+   * PyTorch records free_requested and free_completed of a block one
+   * after the other when no stream use delays the free, so walking
+   * backwards the free_requested finds its block here without a descent
+   * (and an alloc right before it, too).  Valid until the treap next
+   * changes shape (an insert or an erase): reset to NULL there. */
+  uint32_t *hung = NULL;
+  uint64_t hung_addr = 0;
   const msnap_trace_list_t *tl = cli_trace(s, device);
   uint32_t n = tl ? tl->n : 0;
   for (uint32_t ii = n; ii > 0; ii--) {
@@ -445,7 +453,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       continue;
     switch (e->action) {
     case MSNAP_ACTION_ALLOC: {
-      uint32_t *link = bt_link(&bt, a);
+      uint32_t *link = hung && hung_addr == a ? hung : bt_link(&bt, a);
       bi = *link;
       if (!bi) {
         viol(&c, i,
@@ -476,9 +484,11 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "(segment_alloc missing or after it)",
              a);
       bt_erase_at(&bt, link);
+      hung = NULL;
       break;
     }
     case MSNAP_ACTION_FREE_COMPLETED: {
+      hung = NULL; /* (bt_reserve may move the nodes) */
       if (bt_reserve(&bt) != 0)
         goto nomem;
       uint32_t kp, kn, pri = bt_rand(&bt);
@@ -511,10 +521,12 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "segment (segment_free before free_completed?)",
              a);
       bt_hang(&bt, hang, &b, pri);
+      hung = hang;
+      hung_addr = a;
       break;
     }
     case MSNAP_ACTION_FREE_REQUESTED:
-      bi = bt_find(&bt, a);
+      bi = hung && hung_addr == a ? *hung : bt_find(&bt, a);
       if (!bi) {
         viol(&c, i,
              "free_requested of 0x%" PRIx64 " with no later free_completed "
