@@ -550,9 +550,9 @@ def test_device_work_in_other_threads_is_not_a_fit(tmp_path, device):
     backend = "CUDA" if device == "cuda" else "npu"
     short = (f"NotImplementedError: Could not run 'aten::empty.memory_format' with "
              f"arguments from the '{backend}' backend")
-    assert "device work in 3 other thread(s) was not seen" in p.stdout
-    assert f"3 thread(s)  threads.py:5 in work: {short}" in p.stdout
-    assert "verdict: UNKNOWN  (device work in 3 other thread(s) was not seen" in p.stdout
+    assert "device work in 3 other threads was not seen" in p.stdout
+    assert f"3 threads  threads.py:5 in work: {short}" in p.stdout
+    assert "verdict: UNKNOWN  (device work in 3 other threads was not seen" in p.stdout
     assert "verdict: FITS" not in p.stdout
     # stderr: one line for the three threads, torch's dispatcher listing
     # never; the thread's own ValueError as Python prints it.
@@ -1187,7 +1187,7 @@ def test_values_read_as_zero_counts_calls_not_elements(tmp_path):
     assert p.json["values_read_as_zero"] == 5  # flat, rows, arr, loss, flag
     text = predict("--memory", "1G", "-o", str(tmp_path / "reads.pickle"),
                    str(tmp_path / "reads.py"), cwd=tmp_path)
-    assert "\n  5 tensor value read(s) (.item(), bool(), .tolist(), .numpy()...) gave 0" \
+    assert "\n  5 tensor value reads (.item(), bool(), .tolist(), .numpy()...) gave 0" \
         in text.stdout, text.stdout
 
 
@@ -1221,3 +1221,28 @@ def test_numpy_of_fake_tensors(tmp_path):
     assert "refused TypeError Got unsupported ScalarType BFloat16" in p.stderr
     assert "detached (256, 8)" in p.stderr
     assert p.json["values_read_as_zero"] == 2  # preds and w.detach()
+
+
+def test_torch_compile_runs_eagerly(tmp_path):
+    """torch.compile of a real nn model runs eagerly under predict (no
+    kernels to compile for a device that is not there): its memory is the
+    eager run's, counted as one call per compiled call; counts in the text
+    report are singular for 1 (a site of one block keeps the column)."""
+    p = _run_script(
+        tmp_path, "compiled.py",
+        "import torch\n"
+        "nn = torch.nn\n"
+        "model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to('cuda')\n"
+        "cm = torch.compile(model)\n"
+        "x = torch.randn(32, 256, device='cuda')\n"
+        "out = cm(x)\n"
+        "out.sum().backward()\n")
+    r = p.json
+    assert r["eager_compile"] == 1 and r["complete"] and r["fits"]
+    params = (256 * 1024 + 1024 + 1024 * 10 + 10) * 4
+    assert r["peak_allocated_bytes"] >= 2 * params  # weights and their gradients
+    text = predict("--memory", "1G", "-o", str(tmp_path / "compiled.pickle"),
+                   str(tmp_path / "compiled.py"), cwd=tmp_path)
+    assert "  torch.compile ran eagerly (1 call)\n" in text.stdout, text.stdout
+    ones = [ln for ln in text.stdout.splitlines() if " 1 block " in ln]
+    assert ones and all(" 1 block   compiled.py:" in ln for ln in ones), text.stdout

@@ -164,7 +164,7 @@ class DeviceState:
     def check(self, index: int) -> int:
         if not 0 <= index < self.devices:
             raise RuntimeError(f"invalid device ordinal {index} (the prediction has "
-                               f"{self.devices} device(s); see --devices)")
+                               f"{self.devices} device{'' if self.devices == 1 else 's'}; see --devices)")
         return index
 
     def stream_of(self, device: int) -> int:

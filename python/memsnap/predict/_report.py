@@ -148,6 +148,15 @@ def results(session, snapshot: dict | None) -> dict:
     return r
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 call``, ``3 calls``: a count and its noun, plural but for 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -166,9 +175,9 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
     if r.get("reserve_bytes"):
         out.append(f"  includes --reserve {fmt_bytes(r['reserve_bytes'])} per device")
     if r.get("eager_compile"):
-        out.append(f"  torch.compile ran eagerly ({r['eager_compile']} call(s))")
+        out.append(f"  torch.compile ran eagerly ({_count(r['eager_compile'], 'call')})")
     if r.get("values_read_as_zero"):
-        out.append(f"  {r['values_read_as_zero']} tensor value read(s) (.item(), bool(), "
+        out.append(f"  {_count(r['values_read_as_zero'], 'tensor value read')} (.item(), bool(), "
                    f".tolist(), .numpy()...) gave 0: fake tensors have no values")
     phase = f"  (during {r['peak_phase']})" if r.get("peak_phase") else ""
     out.append(f"  peak allocated   {fmt_bytes(r['peak_allocated_bytes']):>12}{phase}")
@@ -180,21 +189,22 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
         out.append("  top allocation sites at the peak (live blocks by the innermost line of "
                    "your code, requested bytes):")
         for s in r["top_sites"]:
-            out.append(f"    {fmt_bytes(s['requested_bytes']):>12}  {s['blocks']:6d} blocks  "
+            blocks = _plural(s['blocks'], 'block  ', 'blocks ')
+            out.append(f"    {fmt_bytes(s['requested_bytes']):>12}  {s['blocks']:6d} {blocks} "
                        f"{s['site']}")
     unseen = r.get("threads_not_seen", 0)
     if unseen:
-        out.append(f"  device work in {unseen} other thread(s) was not seen (predict follows "
+        out.append(f"  device work in {_count(unseen, 'other thread')} was not seen (predict follows "
                    f"the main thread only; each failed at its first device operator):")
         for e in r["thread_errors"]:
-            out.append(f"    {e['threads']} thread(s)  {e['site']}: {e['error']}")
+            out.append(f"    {_count(e['threads'], 'thread')}  {e['site']}: {e['error']}")
     oom = r["oom"]
     if oom is None:
         head = mem - r["peak_reserved_bytes"] - r.get("reserve_bytes", 0)
         figures = (f"peak reserved {fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(mem)}; "
                    f"{fmt_bytes(max(head, 0))} to spare")
         if unseen:
-            out.append(f"verdict: UNKNOWN  (device work in {unseen} other thread(s) was not "
+            out.append(f"verdict: UNKNOWN  (device work in {_count(unseen, 'other thread')} was not "
                        f"seen: predict follows the main thread only; the main thread's "
                        f"{figures})")
         elif r.get("complete", True):
