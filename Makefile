@@ -25,7 +25,7 @@ TEST_DEB_PKGS := chromium
 TORCH_SPEC  := torch==2.13.0
 SHARED      ?= ../shared
 
-.PHONY: all deps deps-quality deps-aarch64 deps-wheels venv build test test-c \
+.PHONY: FORCE all deps deps-quality deps-aarch64 deps-wheels venv build test test-c \
         test-python test-deps demo clean test-sanitize test-threads test-aarch64 \
         fuzz bench wheels test-pythons
 
@@ -93,8 +93,17 @@ PKG_SRCS    := pyproject.toml meson.build meson.options README.md LICENSE bench/
 # again only when one of PKG_SRCS (or the venv) is newer (a pip install
 # rebuilds everything, about a minute).
 PKG_STAMP   := $(VENV)/.memsnap-installed
+# The list of PKG_SRCS, rewritten only when it changes: a file renamed or
+# deleted (its mtime is no newer than the stamp) also rebuilds the package.
+PKG_LIST    := $(VENV)/.memsnap-files
 
-$(PKG_STAMP): $(VENV)/.stamp $(PKG_SRCS) | deps
+$(PKG_LIST): FORCE | $(VENV)/.stamp
+	@printf '%s\n' $(sort $(PKG_SRCS)) > $@.tmp; \
+	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
+FORCE:
+
+$(PKG_STAMP): $(VENV)/.stamp $(PKG_SRCS) $(PKG_LIST) | deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VPY) -m pip install -q --no-build-isolation --no-deps .
 	touch $@
 
