@@ -201,7 +201,8 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
          d->initial_segments, d->initial_segments == 1 ? "" : "s",
          d->initial_blocks, d->initial_blocks == 1 ? "" : "s");
   if (d->inferred_blocks)
-    printf(", %u block sizes inferred from requests", d->inferred_blocks);
+    printf(", %u block %s inferred from requests", d->inferred_blocks,
+           cli_plural(d->inferred_blocks, "size", "sizes"));
   printf(")\n");
   printf("  %-22s %15s %15s\n", "", "replay", "recording");
   printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment allocs",
@@ -224,12 +225,15 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
                            : " (every decision)")
                     : " (segment decisions)");
   else if (r->exact)
-    printf("  matches the recording: no (%" PRIu64 " mismatches)\n",
-           d->mismatch_count);
+    printf("  matches the recording: no (%" PRIu64 " %s)\n",
+           d->mismatch_count,
+           cli_plural(d->mismatch_count, "mismatch", "mismatches"));
   else
-    printf("  differs from the recording in %" PRIu64 " decisions "
-           "(expected for another allocator; first ones below)\n",
-           d->mismatch_count);
+    printf("  differs from the recording in %" PRIu64 " %s "
+           "(expected for another allocator; %s below)\n",
+           d->mismatch_count,
+           cli_plural(d->mismatch_count, "decision", "decisions"),
+           cli_plural(d->mismatch_count, "it is", "first ones"));
   for (uint32_t i = 0; i < d->nkept; i++)
     printf("    %s\n", d->mismatches[i]);
 }

@@ -1072,6 +1072,32 @@ def group_replay():
            "replay: segment_free via empty_cache and a deferred free match")
     if js.get("matches_recording") is not True:
         print(out[-1500:], err[-500:])
+    # Counts of 1 take the singular: a one-entry trace without allocs,
+    # a final segment of 1 block that the replay splits in 2.
+    p = write_pickle({"segments": [],
+                      "device_traces": [[te("free_completed", A1, 512)]]},
+                     "oneentry.pickle")
+    rc, out, err = run("replay", p)
+    expect(rc == 2 and "(1 entry: 1 free_completed" in out and
+           "1 entries" not in out,
+           "replay: a one-entry trace without allocs is '1 entry': %s"
+           % out[-300:])
+    seg1 = {"device": 0, "address": A1, "total_size": 2 * MiB,
+            "allocated_size": 2 * MiB, "active_size": 2 * MiB,
+            "requested_size": 400, "stream": 0, "segment_type": "small",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+            "blocks": [{"address": A1, "size": 2 * MiB,
+                        "requested_size": 400, "state": "active_allocated",
+                        "frames": []}]}
+    p = write_pickle({"segments": [seg1],
+                      "device_traces": [[te("segment_alloc", A1, 2 * MiB),
+                                         te("alloc", A1, 400)]]},
+                     "oneblock.pickle")
+    rc, out, err = run("replay", p)
+    expect(rc == 1 and "recorded 2097152 B in 1 block, replayed 2097152 B "
+           "in 2 blocks" in out and "(1 mismatch)" in out,
+           "replay: a final segment of 1 block is '1 block', one mismatch "
+           "'1 mismatch': %s" % out[-400:])
     # Synthetic expandable recording: not replayable, says why.
     snap = good_snapshot()
     snap["segments"][0]["is_expandable"] = True
