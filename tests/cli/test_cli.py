@@ -2537,26 +2537,44 @@ def help_obj(s, i):
     return spec
 
 
-def help_mismatches(spec, doc, where, exact=True):
+def help_mismatches(spec, doc, where, exact=True, full=False):
     """What differs between the keys a --help lists and a --json document:
     every listed key must be there; without "..." (and with `exact`) every
     key of the document must be listed.  Nested objects (the first object
-    of a list) are compared the same way."""
+    of a list) are compared the same way.  With `full` the help spells
+    every key at every level: no "..." (prose in place of keys), every
+    object of the output, nested or in a list, has its keys listed, and
+    every object of a list is compared."""
     bad = []
     keys = set(spec) - {"..."}
     if keys - set(doc):
         bad.append("%s: listed but not in the output: %s"
                    % (where, sorted(keys - set(doc))))
+    if full and "..." in spec:
+        bad.append("%s: prose in place of keys" % where)
     if exact and "..." not in spec and set(doc) - keys:
         bad.append("%s: in the output but not listed: %s"
                    % (where, sorted(set(doc) - keys)))
-    for k, sub in spec.items():
-        v = doc.get(k) if sub is not None else None
-        if isinstance(v, list):
-            v = next((x for x in v if isinstance(x, dict)), None)
-        if isinstance(v, dict):
-            bad += help_mismatches(sub, v, where + "." + k, exact)
+    for k, v in doc.items():
+        sub = spec.get(k)
+        objs = ([x for x in v if isinstance(x, dict)]
+                if isinstance(v, list) else [v] if isinstance(v, dict)
+                else [])
+        if not objs:
+            continue
+        if sub is None:
+            if full and k in spec:
+                bad.append("%s.%s: an object whose keys are not listed: %s"
+                           % (where, k, sorted(objs[0])))
+            continue
+        for o in (objs if full else objs[:1]):
+            bad += help_mismatches(sub, o, where + "." + k, exact, full)
     return bad
+
+
+# The commands whose --help spells every --json key, nested ones too
+# (summary's and fleet's nested objects are described in docs/cli.md).
+HELP_JSON_FULL = {"diff", "replay", "view"}
 
 
 def group_help_json():
@@ -2588,9 +2606,11 @@ def group_help_json():
             expect(False, "%s: --help lists --json keys and --json prints "
                    "an object (%r)" % (cmd, out[:200]))
             continue
-        bad = help_mismatches(spec, doc, cmd, exact=True)
+        full = cmd in HELP_JSON_FULL
+        bad = help_mismatches(spec, doc, cmd, exact=True, full=full)
         expect(not bad, "%s --help: the --json keys it lists are the "
-               "output's %s" % (cmd, "; ".join(bad)))
+               "output's%s %s" % (cmd, ", every nested key too" if full
+                                  else "", "; ".join(bad)))
 
 
 def group_unusable():
