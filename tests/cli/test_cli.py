@@ -308,6 +308,23 @@ def group_hostile():
         expect(rc == 2 and want in err and "text file" not in err,
                "a whole protocol-0 pickle with %s is refused for it, not "
                "called a text file: %r" % (what, err.strip()[-200:]))
+    # A negative addr or size is refused as negative, naming the value,
+    # whether it fits in 64 bits or not, at every protocol (the entry
+    # scan's fast path and the generic one alike).
+    for key in ("addr", "size"):
+        for v in (-5, -2**63, -2**63 - 1, -2**64, -2**64 - 5, -2**200):
+            neg = good_snapshot()
+            neg["device_traces"] = [[{"action": "alloc", "addr": A0,
+                                      "size": 512, "stream": 0,
+                                      "frames": []}]]
+            neg["device_traces"][0][0][key] = v
+            want = "'%s' is %d, expected a non-negative int" % (key, v)
+            for proto in (0, 2, 4):
+                rc, out, err = run("check", write_bytes(
+                    pickle.dumps(neg, protocol=proto), "neg.pickle"))
+                expect(rc == 2 and want in err and "64 bits" not in err,
+                       "%s %d (protocol %d) is refused as negative, by its "
+                       "value: %r" % (key, v, proto, err.strip()[-200:]))
     # A value of the wrong kind is named by what it is, never by the
     # reader's word "record" (a list of str where frames go).
     bad = good_snapshot()
