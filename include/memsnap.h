@@ -593,8 +593,10 @@ MSNAP_API int msnap_write_file(const char *path, const void *data,
  * msnap_write_file / msnap_dump_snapshot: it is resolved as the write
  * resolves it (the protected_symlinks rule, a dangling link, a name ending
  * in '/', every directory on the way), a directory is refused, a new or
- * regular file needs a writable directory (the temporary is created
- * there), a device or FIFO must be writable itself.  Nothing is created.
+ * regular file needs a directory that takes a new file (the write's
+ * temporary is created there and removed at once: access(2) lets root
+ * pass where the creation fails, in /proc or on a read-only file system),
+ * a device or FIFO must be writable itself.  Nothing is left behind.
  * 0, or the error the write would give (MSNAP_EIO with msnap_last_errno():
  * EACCES for a refused link, ENOENT for a dangling one, EISDIR...).  What
  * only the write can tell (a full disk) is not checked. */

@@ -393,6 +393,10 @@ const char *cli_output_error(void);
 int cli_check_output(const char *cmd, const char *out, char **inputs,
                      int ninputs);
 
+/* The noun for a count: `one` when n is 1, else `many` ("1 block",
+ * "2 blocks", "0 entries"): printf("%u %s", n, cli_plural(n, "block",
+ * "blocks")). */
+const char *cli_plural(uint64_t n, const char *one, const char *many);
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);
 /* A duration in microseconds as "17 us", "366 ms", "1.25 s", "3 min 5 s". */

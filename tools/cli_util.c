@@ -463,6 +463,10 @@ const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device) {
   return &s->device_traces[device];
 }
 
+const char *cli_plural(uint64_t n, const char *one, const char *many) {
+  return n == 1 ? one : many;
+}
+
 const char *cli_bytes(uint64_t v, char *buf, size_t len) {
   static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double d = (double)v;

@@ -324,9 +324,9 @@ static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
       if (dev < 0 || (uint64_t)dev >= s->ndevices) {
         snprintf(where, sizeof where, "segments[%u]", i);
         report(c, where,
-               "device %" PRId64 " has no list in device_traces (%u lists: "
+               "device %" PRId64 " has no list in device_traces (%u %s: "
                "memory_viz indexes device_traces by a segment's device)",
-               dev, s->ndevices);
+               dev, s->ndevices, cli_plural(s->ndevices, "list", "lists"));
         break;
       }
     }
@@ -451,7 +451,8 @@ int cli_cmd_check(int argc, char **argv) {
              s->nsegments == 1 ? "" : "s", s->nblocks,
              s->nblocks == 1 ? "" : "s", ne, ne == 1 ? "y" : "ies");
     } else if (max_lines >= 0 && c.count > max_lines) {
-      printf("%s: %ld violations (%ld not shown)\n", argv[a], c.count,
+      printf("%s: %ld %s (%ld not shown)\n", argv[a], c.count,
+             cli_plural((uint64_t)c.count, "violation", "violations"),
              c.count - max_lines);
     }
     total += c.count;

@@ -288,9 +288,10 @@ int cli_cmd_demo_train(int argc, char **argv) {
                                              : msnap_strerror(rc));
     else
       fprintf(stderr,
-              "memsnap: recorded %ld training steps of a %ld-layer model "
+              "memsnap: recorded %ld training %s of a %ld-layer model "
               "(width %ld) on the simulated device: %s\n",
-              steps, layers, hidden, out);
+              steps, cli_plural((uint64_t)steps, "step", "steps"), layers,
+              hidden, out);
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);

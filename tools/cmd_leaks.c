@@ -355,7 +355,8 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
     printf("no steps: %s\n", l->why);
     return;
   }
-  printf("%u steps%s%s%s\n", l->steps, l->stepname[0] ? " (" : "",
+  printf("%u %s%s%s%s\n", l->steps, cli_plural(l->steps, "step", "steps"),
+         l->stepname[0] ? " (" : "",
          l->stepname, l->stepname[0] ? ")" : "");
   if (l->ann_device != l->device)
     printf("  steps taken from device %" PRId64 "'s record_function "

@@ -185,8 +185,9 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     }
     fprintf(f,
             "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#444\">"
-            "trace entry (%u entries%s)</text>\n",
-            ML + (W - ML - MR) / 2, H - 12, n - 1, unit);
+            "trace entry (%u %s%s)</text>\n",
+            ML + (W - ML - MR) / 2, H - 12, n - 1,
+            cli_plural(n - 1, "entry", "entries"), unit);
     /* record_function ranges: a dashed line at each START. */
     uint32_t shown = 0;
     for (uint32_t i = 0; tl && i < s->nannotations && shown < MAXANN; i++) {

@@ -62,9 +62,19 @@ static void usage(FILE *f) {
           "                    peak_reserved_bytes, final_reserved_bytes,\n"
           "                    inactive_split_bytes, mismatches, output,\n"
           "                    output_error, devices: [{device, replayable,\n"
-          "                    reason, matches_recording, the figures of\n"
-          "                    the device, recording: {the recorded\n"
-          "                    figures}}]}\n"
+          "                    reason, matches_recording, initial_state\n"
+          "                    (this key and the ones after it only when\n"
+          "                    the device is replayable), initial_segments,\n"
+          "                    initial_blocks, inferred_block_sizes,\n"
+          "                    trace_entries, segment_allocs, segment_frees,\n"
+          "                    peak_reserved_bytes, final_reserved_bytes,\n"
+          "                    peak_allocated_bytes, inactive_split_bytes,\n"
+          "                    peak_inactive_split_bytes,\n"
+          "                    final_state_compared, mismatch_count,\n"
+          "                    mismatches, recording: {segment_allocs,\n"
+          "                    segment_frees, peak_reserved_bytes,\n"
+          "                    final_reserved_bytes,\n"
+          "                    inactive_split_bytes}}]}\n"
           "  --max-mismatches N  mismatches listed per device (default 10)\n"
           "  --device-memory B the simulated device's memory (default 1T;\n"
           "                    a size such as 80G or 1.5T): give the recording\n"
@@ -201,7 +211,8 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
          d->initial_segments, d->initial_segments == 1 ? "" : "s",
          d->initial_blocks, d->initial_blocks == 1 ? "" : "s");
   if (d->inferred_blocks)
-    printf(", %u block sizes inferred from requests", d->inferred_blocks);
+    printf(", %u block %s inferred from requests", d->inferred_blocks,
+           cli_plural(d->inferred_blocks, "size", "sizes"));
   printf(")\n");
   printf("  %-22s %15s %15s\n", "", "replay", "recording");
   printf("  %-22s %15" PRIu64 " %15" PRIu64 "\n", "segment allocs",
@@ -224,12 +235,15 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
                            : " (every decision)")
                     : " (segment decisions)");
   else if (r->exact)
-    printf("  matches the recording: no (%" PRIu64 " mismatches)\n",
-           d->mismatch_count);
+    printf("  matches the recording: no (%" PRIu64 " %s)\n",
+           d->mismatch_count,
+           cli_plural(d->mismatch_count, "mismatch", "mismatches"));
   else
-    printf("  differs from the recording in %" PRIu64 " decisions "
-           "(expected for another allocator; first ones below)\n",
-           d->mismatch_count);
+    printf("  differs from the recording in %" PRIu64 " %s "
+           "(expected for another allocator; %s below)\n",
+           d->mismatch_count,
+           cli_plural(d->mismatch_count, "decision", "decisions"),
+           cli_plural(d->mismatch_count, "it is", "first ones"));
   for (uint32_t i = 0; i < d->nkept; i++)
     printf("    %s\n", d->mismatches[i]);
 }

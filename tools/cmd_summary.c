@@ -623,7 +623,8 @@ static void print_annotations(const msnap_snap_t *s) {
     printf("  %5u x  %s (device %" PRId64 ")\n", g[k].n, name, g[k].device);
   }
   if (rest)
-    printf("  ... %u more ranges of other names\n", rest);
+    printf("  ... %u more %s of other names\n", rest,
+           cli_plural(rest, "range", "ranges"));
 }
 
 static void print_fragmentation(const cli_explain_t *x) {
@@ -777,7 +778,8 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
       shown++;
     }
     if (n > shown)
-      printf("    ... %u more frames\n", n - shown);
+      printf("    ... %u more %s\n", n - shown,
+             cli_plural(n - shown, "frame", "frames"));
   }
   if (o->ntop) {
     printf("  live at the OOM (top sites, requested bytes):\n");

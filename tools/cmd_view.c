@@ -123,8 +123,11 @@ static void usage(FILE *f) {
           "                     (default %u)\n"
           "  --step NAME        the annotation that marks one step (default:\n"
           "                     the most repeated one; trailing digits ignored)\n"
-          "  --json             print {output, output_error, bytes, budget,\n"
-          "                     files: [...]} on stdout\n"
+          "  --json             print {output, output_error, bytes (the\n"
+          "                     page's size), budget, files: [{file,\n"
+          "                     input_bytes, entries, embedded_entries,\n"
+          "                     allocations, bands, ooms, leak_sites}]}\n"
+          "                     on stdout\n"
           "  -h, --help         this text\n"
           "\nExit status: 0 ok, 2 unusable input or write error.\n",
           VIEW_DETAIL);

@@ -446,9 +446,10 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
     if (a->total_size != b->total_size || a->nblocks != b->nblocks) {
       mismatch(r, d,
                "final state: segment 0x%" PRIx64 ": recorded %" PRIu64
-               " B in %u blocks, replayed %" PRIu64 " B in %u blocks",
-               a->address, a->total_size, a->nblocks, b->total_size,
-               b->nblocks);
+               " B in %u %s, replayed %" PRIu64 " B in %u %s",
+               a->address, a->total_size, a->nblocks,
+               cli_plural(a->nblocks, "block", "blocks"), b->total_size,
+               b->nblocks, cli_plural(b->nblocks, "block", "blocks"));
     } else {
       for (uint32_t j = 0; j < a->nblocks; j++) {
         const msnap_sblock_t *x = &s->blocks[a->first_block + j];
@@ -493,9 +494,9 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
   }
   if (allocs == 0) {
     snprintf(d->reason, sizeof d->reason,
-             "the trace holds no alloc history (%u entries: %" PRIu64
+             "the trace holds no alloc history (%u %s: %" PRIu64
              " free_completed, the rest snapshot/other markers)",
-             tl->n, frees);
+             tl->n, cli_plural(tl->n, "entry", "entries"), frees);
     return;
   }
   for (uint32_t i = 0; i < s->nsegments; i++) {
@@ -725,9 +726,10 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
                       f0.segment[MSNAP_STAT_ALL].freed;
       if (freed != (int64_t)(k - i))
         mismatch(r, d,
-                 "entries %u-%u: the recording released %u cached segments, "
+                 "entries %u-%u: the recording released %u cached %s, "
                  "the replay's empty_cache released %" PRId64,
-                 i, k - 1, k - i, freed);
+                 i, k - 1, k - i, cli_plural(k - i, "segment", "segments"),
+                 freed);
       i = k - 1;
       break;
     }

@@ -42,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -265,6 +267,73 @@ static int sticky_replace_check(const msnap_outpath_t *o, const char *path) {
       path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me);
 }
 
+/* Create a temporary "<name>.tmp.<tag>.<pid>.<n>" beside o's name (the
+ * form msnap__tmp_clean knows) into tmp; the descriptor, or -1 with errno
+ * (EEXIST when the 100 names tried are taken). */
+static int tmp_create(const msnap_outpath_t *o, mode_t mode, char *tmp,
+                      size_t len) {
+  for (int tries = 0; tries < 100; tries++) {
+    unsigned k = atomic_fetch_add(&atomic_counter, 1u);
+    snprintf(tmp, len, "%.*s.tmp.%s.%ld.%u", TMP_NAME_KEEP, o->name,
+             msnap__tmp_tag(), (long)getpid(), k);
+    int fd = openat(o->dirfd, tmp,
+                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                    mode);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+#ifndef PROC_SUPER_MAGIC
+#define PROC_SUPER_MAGIC 0x9fa0
+#endif
+#ifndef SYSFS_MAGIC
+#define SYSFS_MAGIC 0x62656572
+#endif
+
+/*
+ * The directory of o did not take a new file (the temporary; errno e):
+ * the last error names the user's path and the reason -- a read-only
+ * file system, a file system that makes no files (/proc, /sys: it says
+ * ENOENT, which would read as a missing path), no write permission, else
+ * the system's word -- never the temporary's name.  Releases o.
+ */
+static int dir_refused(msnap_outpath_t *o, const char *path, int e) {
+  const char *again = o->exists ? "cannot replace it: " : "";
+  struct statfs sf;
+  struct statvfs sv;
+  const char *fs = NULL;
+  if (fstatfs(o->dirfd, &sf) == 0)
+    fs = sf.f_type == PROC_SUPER_MAGIC ? "a proc"
+         : sf.f_type == SYSFS_MAGIC    ? "a sysfs"
+                                       : NULL;
+  if (e == EROFS || (fstatvfs(o->dirfd, &sv) == 0 && (sv.f_flag & ST_RDONLY)))
+    fs = fs ? fs : "a read-only";
+  msnap__outpath_release(o);
+  int code = e == ENOMEM ? MSNAP_EIO : sink_errno(e);
+  if (fs)
+    return msnap__set_error_errno(
+        code, e,
+        "cannot write '%s': %sits directory is on %s file system, where no "
+        "new file can be created",
+        path, again, fs);
+  if (e == EACCES || e == EPERM)
+    return msnap__set_error_errno(code, e,
+                                  "cannot write '%s': %sits directory is not "
+                                  "writable: %s",
+                                  path, again, strerror(e));
+  if (e == EEXIST)
+    return msnap__set_error_errno(
+        code, e,
+        "cannot write '%s': %sits directory does not accept a new file (the "
+        "100 names tried are taken)",
+        path, again);
+  return msnap__set_error_errno(
+      code, e, "cannot write '%s': %sits directory does not accept a new file "
+      "(%s)", path, again, strerror(e));
+}
+
 int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
   f->fd = f->dirfd = -1;
   f->direct = 0;
@@ -306,57 +375,29 @@ int msnap__atomic_open(msnap_atomic_file_t *f, const char *path) {
    * owner); a new one gets 0666 less the umask, as open(2) gives. */
   mode_t mode = o.exists ? (o.st.st_mode & 0777) : 0666;
   char tmp[TMP_NAME_KEEP + 64];
-  for (int tries = 0; tries < 100; tries++) {
-    unsigned k = atomic_fetch_add(&atomic_counter, 1u);
-    snprintf(tmp, sizeof tmp, "%.*s.tmp.%s.%ld.%u", TMP_NAME_KEEP, o.name,
-             msnap__tmp_tag(), (long)getpid(), k);
-    int fd = openat(o.dirfd, tmp,
-                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                    mode);
-    if (fd >= 0) {
-      if (o.exists) {
-        /* fchown fails unless allowed (root, or a group of ours): then
-         * the file is ours; fchmod of our own new file cannot fail. */
-        if (o.st.st_uid != geteuid() || o.st.st_gid != getegid())
-          (void)!fchown(fd, o.st.st_uid, o.st.st_gid);
-        (void)!fchmod(fd, mode);
-      }
-      f->fd = fd;
-      f->dirfd = o.dirfd;
-      f->tmp_name = strdup(tmp);
-      f->name = o.name;
-      f->path = o.shown;
-      o.dirfd = -1;
-      o.name = o.shown = NULL;
-      msnap__outpath_release(&o);
-      if (!f->tmp_name) {
-        msnap__atomic_abort(f);
-        return MSNAP_ENOMEM;
-      }
-      return 0;
-    }
-    if (errno != EEXIST) {
-      /* the user's path, not the temporary's name: what cannot be done
-       * is to write (or replace) it -- /proc/version, a read-only or
-       * full file system */
-      int e = errno;
-      int code = e == ENOMEM ? MSNAP_EIO : sink_errno(e);
-      bool existed = o.exists;
-      msnap__outpath_release(&o);
-      return msnap__set_error_errno(
-          code, e,
-          "cannot write '%s': %sits directory does not accept a new file "
-          "(%s)",
-          path, existed ? "cannot replace it: " : "", strerror(e));
-    }
+  int fd = tmp_create(&o, mode, tmp, sizeof tmp);
+  if (fd < 0)
+    return dir_refused(&o, path, errno); /* /proc/version, a read-only fs */
+  if (o.exists) {
+    /* fchown fails unless allowed (root, or a group of ours): then
+     * the file is ours; fchmod of our own new file cannot fail. */
+    if (o.st.st_uid != geteuid() || o.st.st_gid != getegid())
+      (void)!fchown(fd, o.st.st_uid, o.st.st_gid);
+    (void)!fchmod(fd, mode);
   }
-  bool existed = o.exists;
+  f->fd = fd;
+  f->dirfd = o.dirfd;
+  f->tmp_name = strdup(tmp);
+  f->name = o.name;
+  f->path = o.shown;
+  o.dirfd = -1;
+  o.name = o.shown = NULL;
   msnap__outpath_release(&o);
-  return msnap__set_error_errno(
-      MSNAP_EIO, EEXIST,
-      "cannot write '%s': %sits directory does not accept a new file (the "
-      "100 names tried are taken)",
-      path, existed ? "cannot replace it: " : "");
+  if (!f->tmp_name) {
+    msnap__atomic_abort(f);
+    return MSNAP_ENOMEM;
+  }
+  return 0;
 }
 
 static void atomic_release(msnap_atomic_file_t *f) {
@@ -516,24 +557,29 @@ int msnap_check_output(const char *path) {
     return msnap__set_error_errno(MSNAP_EIO, EISDIR,
                                   "cannot write '%s': it is a directory", path);
   }
-  /* A new or regular file: the temporary is created in its directory; a
-   * device or FIFO is opened for writing itself. */
+  /* A new or regular file: the temporary is created in its directory --
+   * so it is created here and removed at once: access(2) would pass for
+   * root where the creation fails (/proc, a read-only mount); a device or
+   * FIFO is opened for writing itself. */
   bool file = !o.exists || S_ISREG(o.st.st_mode);
   if ((rc = sticky_replace_check(&o, path)) != 0) {
     msnap__outpath_release(&o);
     return rc;
   }
-  int e = 0;
-  if (file && faccessat(o.dirfd, ".", W_OK | X_OK, 0) != 0)
-    e = errno;
-  else if (!file && faccessat(o.dirfd, o.name, W_OK, 0) != 0)
-    e = errno;
+  if (file) {
+    char tmp[TMP_NAME_KEEP + 64];
+    int fd = tmp_create(&o, 0600, tmp, sizeof tmp);
+    if (fd < 0) return dir_refused(&o, path, errno);
+    close(fd);
+    unlinkat(o.dirfd, tmp, 0);
+    msnap__outpath_release(&o);
+    return 0;
+  }
+  int e = faccessat(o.dirfd, o.name, W_OK, 0) != 0 ? errno : 0;
   msnap__outpath_release(&o);
   if (e != 0)
-    return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s%s",
-                                  path,
-                                  file ? "its directory is not writable: " : "",
-                                  strerror(e));
+    return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s",
+                                  path, strerror(e));
   return 0;
 }
 

@@ -45,9 +45,11 @@
  * know (e.g. `category` of _profile_to_snapshot entries) are dropped.
  *
  * Big integers (beyond 64 bits) and negative sizes/addresses are refused
- * with MSNAP_EFORMAT naming the key; the pickle itself stays readable by
+ * with MSNAP_EFORMAT naming the key (a negative one also its value, in 64
+ * bits or wider alike: negative_int); the pickle itself stays readable by
  * the generic VM (the tests' canonical dump, tests/pickle/canon.c).
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,6 +321,61 @@ static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
   return 0;
 }
 
+/* The decimal digits of an int wider than 64 bits (two's-complement
+ * bytes, little-endian: msnap__pvm_big) into buf; one of more than 32
+ * bytes is named by its size. */
+static void big_decimal(const unsigned char *b, size_t n, char *buf,
+                        size_t len) {
+  unsigned char m[32]; /* the magnitude, little-endian */
+  bool neg = n && (b[n - 1] & 0x80);
+  if (n > sizeof m) {
+    snprintf(buf, len, "%s int of %zu bytes", neg ? "a negative" : "an", n);
+    return;
+  }
+  unsigned carry = 1;
+  for (size_t i = 0; i < n; i++) {
+    unsigned x = neg ? (unsigned)(unsigned char)~b[i] + carry : b[i];
+    m[i] = (unsigned char)x;
+    carry = x >> 8;
+  }
+  char d[80]; /* 32 bytes: at most 78 digits */
+  size_t nd = 0;
+  for (size_t top = n; top > 0 && nd < sizeof d;) {
+    unsigned rem = 0;
+    for (size_t i = top; i-- > 0;) {
+      unsigned cur = rem << 8 | m[i];
+      m[i] = (unsigned char)(cur / 10);
+      rem = cur % 10;
+    }
+    d[nd++] = (char)('0' + rem);
+    while (top > 0 && m[top - 1] == 0) top--;
+  }
+  size_t k = 0;
+  if (neg && k + 1 < len) buf[k++] = '-';
+  while (nd > 0 && k + 1 < len) buf[k++] = d[--nd];
+  if (k == 0 || (neg && k == 1)) buf[k++] = '0';
+  buf[k < len ? k : len - 1] = '\0';
+}
+
+/* A negative int where a key takes none (an address, a size), named by
+ * its value -- of 64 bits or wider, the same words: "'addr' is -5,
+ * expected a non-negative int". */
+static int negative_int(rd_t *r, int key, msnap_pv_t v) {
+  char num[200];
+  int64_t i;
+  size_t n;
+  const unsigned char *b;
+  if (msnap__pvm_int(r->vm, v, &i, NULL) == MSNAP_PINT_I64)
+    snprintf(num, sizeof num, "%" PRId64, i);
+  else if ((b = msnap__pvm_big(r->vm, v, &n)) != NULL)
+    big_decimal(b, n, num, sizeof num);
+  else
+    snprintf(num, sizeof num, "negative");
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                         "'%s' is %s, expected a non-negative int",
+                         key_names[key], num);
+}
+
 static int get_u64(rd_t *r, const fields_t *f, int key, uint64_t *out) {
   int64_t i;
   uint64_t u;
@@ -330,15 +387,19 @@ static int get_u64(rd_t *r, const fields_t *f, int key, uint64_t *out) {
   }
   switch (msnap__pvm_int(r->vm, v, &i, &u)) {
   case MSNAP_PINT_I64:
-    if (i < 0) return bad_type(r, key, v, "a non-negative int");
+    if (i < 0) return negative_int(r, key, v);
     *out = (uint64_t)i;
     return 0;
   case MSNAP_PINT_U64:
     *out = u;
     return 0;
-  case MSNAP_PINT_BIG:
+  case MSNAP_PINT_BIG: {
+    size_t n;
+    const unsigned char *b = msnap__pvm_big(r->vm, v, &n);
+    if (b && n && (b[n - 1] & 0x80)) return negative_int(r, key, v);
     return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
                            "'%s' does not fit in 64 bits", key_names[key]);
+  }
   default:
     return bad_type(r, key, v, "an int");
   }

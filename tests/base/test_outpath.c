@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -305,6 +306,25 @@ static void test_check_output(void **state) {
   path_of(p, sizeof p, "new.pickle");
   assert_int_equal(msnap_check_output(p), 0);
   assert_int_equal(access(p, F_OK), -1); /* not created */
+  DIR *dir = opendir(root); /* nor the temporary it tried */
+  assert_non_null(dir);
+  for (struct dirent *de; (de = readdir(dir)) != NULL;)
+    assert_true(strcmp(de->d_name, ".") == 0 ||
+                strcmp(de->d_name, "..") == 0);
+  closedir(dir);
+  /* a file of /proc cannot be replaced (no file can be created beside
+   * it), also by root, whom access(2) would let: the reason, not ENOENT's
+   * "No such file or directory"; the same at the write */
+  if (access("/proc/version", F_OK) == 0) {
+    assert_int_equal(msnap_check_output("/proc/version"), MSNAP_EIO);
+    assert_non_null(strstr(msnap_last_error(),
+                           "cannot write '/proc/version': cannot replace it: "
+                           "its directory is on a proc file system"));
+    assert_null(strstr(msnap_last_error(), "No such file"));
+    assert_int_equal(msnap__write_file_atomic("/proc/version", "x", 1),
+                     MSNAP_EIO);
+    assert_non_null(strstr(msnap_last_error(), "proc file system"));
+  }
   path_of(p, sizeof p, "dangling");
   assert_int_equal(symlink("no-such-dir/zz", p), 0);
   assert_int_equal(msnap_check_output(p), MSNAP_EIO);

@@ -308,6 +308,23 @@ def group_hostile():
         expect(rc == 2 and want in err and "text file" not in err,
                "a whole protocol-0 pickle with %s is refused for it, not "
                "called a text file: %r" % (what, err.strip()[-200:]))
+    # A negative addr or size is refused as negative, naming the value,
+    # whether it fits in 64 bits or not, at every protocol (the entry
+    # scan's fast path and the generic one alike).
+    for key in ("addr", "size"):
+        for v in (-5, -2**63, -2**63 - 1, -2**64, -2**64 - 5, -2**200):
+            neg = good_snapshot()
+            neg["device_traces"] = [[{"action": "alloc", "addr": A0,
+                                      "size": 512, "stream": 0,
+                                      "frames": []}]]
+            neg["device_traces"][0][0][key] = v
+            want = "'%s' is %d, expected a non-negative int" % (key, v)
+            for proto in (0, 2, 4):
+                rc, out, err = run("check", write_bytes(
+                    pickle.dumps(neg, protocol=proto), "neg.pickle"))
+                expect(rc == 2 and want in err and "64 bits" not in err,
+                       "%s %d (protocol %d) is refused as negative, by its "
+                       "value: %r" % (key, v, proto, err.strip()[-200:]))
     # A value of the wrong kind is named by what it is, never by the
     # reader's word "record" (a list of str where frames go).
     bad = good_snapshot()
@@ -1072,6 +1089,32 @@ def group_replay():
            "replay: segment_free via empty_cache and a deferred free match")
     if js.get("matches_recording") is not True:
         print(out[-1500:], err[-500:])
+    # Counts of 1 take the singular: a one-entry trace without allocs,
+    # a final segment of 1 block that the replay splits in 2.
+    p = write_pickle({"segments": [],
+                      "device_traces": [[te("free_completed", A1, 512)]]},
+                     "oneentry.pickle")
+    rc, out, err = run("replay", p)
+    expect(rc == 2 and "(1 entry: 1 free_completed" in out and
+           "1 entries" not in out,
+           "replay: a one-entry trace without allocs is '1 entry': %s"
+           % out[-300:])
+    seg1 = {"device": 0, "address": A1, "total_size": 2 * MiB,
+            "allocated_size": 2 * MiB, "active_size": 2 * MiB,
+            "requested_size": 400, "stream": 0, "segment_type": "small",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+            "blocks": [{"address": A1, "size": 2 * MiB,
+                        "requested_size": 400, "state": "active_allocated",
+                        "frames": []}]}
+    p = write_pickle({"segments": [seg1],
+                      "device_traces": [[te("segment_alloc", A1, 2 * MiB),
+                                         te("alloc", A1, 400)]]},
+                     "oneblock.pickle")
+    rc, out, err = run("replay", p)
+    expect(rc == 1 and "recorded 2097152 B in 1 block, replayed 2097152 B "
+           "in 2 blocks" in out and "(1 mismatch)" in out,
+           "replay: a final segment of 1 block is '1 block', one mismatch "
+           "'1 mismatch': %s" % out[-400:])
     # Synthetic expandable recording: not replayable, says why.
     snap = good_snapshot()
     snap["segments"][0]["is_expandable"] = True
@@ -2511,26 +2554,44 @@ def help_obj(s, i):
     return spec
 
 
-def help_mismatches(spec, doc, where, exact=True):
+def help_mismatches(spec, doc, where, exact=True, full=False):
     """What differs between the keys a --help lists and a --json document:
     every listed key must be there; without "..." (and with `exact`) every
     key of the document must be listed.  Nested objects (the first object
-    of a list) are compared the same way."""
+    of a list) are compared the same way.  With `full` the help spells
+    every key at every level: no "..." (prose in place of keys), every
+    object of the output, nested or in a list, has its keys listed, and
+    every object of a list is compared."""
     bad = []
     keys = set(spec) - {"..."}
     if keys - set(doc):
         bad.append("%s: listed but not in the output: %s"
                    % (where, sorted(keys - set(doc))))
+    if full and "..." in spec:
+        bad.append("%s: prose in place of keys" % where)
     if exact and "..." not in spec and set(doc) - keys:
         bad.append("%s: in the output but not listed: %s"
                    % (where, sorted(set(doc) - keys)))
-    for k, sub in spec.items():
-        v = doc.get(k) if sub is not None else None
-        if isinstance(v, list):
-            v = next((x for x in v if isinstance(x, dict)), None)
-        if isinstance(v, dict):
-            bad += help_mismatches(sub, v, where + "." + k, exact)
+    for k, v in doc.items():
+        sub = spec.get(k)
+        objs = ([x for x in v if isinstance(x, dict)]
+                if isinstance(v, list) else [v] if isinstance(v, dict)
+                else [])
+        if not objs:
+            continue
+        if sub is None:
+            if full and k in spec:
+                bad.append("%s.%s: an object whose keys are not listed: %s"
+                           % (where, k, sorted(objs[0])))
+            continue
+        for o in (objs if full else objs[:1]):
+            bad += help_mismatches(sub, o, where + "." + k, exact, full)
     return bad
+
+
+# The commands whose --help spells every --json key, nested ones too
+# (summary's and fleet's nested objects are described in docs/cli.md).
+HELP_JSON_FULL = {"diff", "replay", "view"}
 
 
 def group_help_json():
@@ -2562,9 +2623,11 @@ def group_help_json():
             expect(False, "%s: --help lists --json keys and --json prints "
                    "an object (%r)" % (cmd, out[:200]))
             continue
-        bad = help_mismatches(spec, doc, cmd, exact=True)
+        full = cmd in HELP_JSON_FULL
+        bad = help_mismatches(spec, doc, cmd, exact=True, full=full)
         expect(not bad, "%s --help: the --json keys it lists are the "
-               "output's %s" % (cmd, "; ".join(bad)))
+               "output's%s %s" % (cmd, ", every nested key too" if full
+                                  else "", "; ".join(bad)))
 
 
 def group_unusable():

@@ -382,19 +382,22 @@ def group_failed():
                      "%s -o %s: 'cannot write' and the path said once (%r)"
                      % (name, out, err.strip()))
     # a file that cannot be replaced (/proc/version: procfs accepts no new
-    # file beside it): the user's path is named, once, never the
-    # temporary the write would have made beside it
+    # file beside it), or a new name there: refused before the work (the
+    # pre-check creates the temporary, as root too), the user's path
+    # named, once, with the real reason -- not the temporary, not ENOENT's
+    # "No such file or directory"
     if os.path.exists("/proc/version"):
         for name, argv, _ok in commands(src):
-            rc, stdout, err = T.run(*(argv + ["-o", "/proc/version"]))
-            T.expect(rc == 2 and len(err.strip().splitlines()) == 1 and
-                     err.count("cannot write '/proc/version': ") == 1 and
-                     err.count("/proc/version") == 1 and
-                     "temporary" not in err and ".tmp." not in err and
-                     ("its directory does not accept a new file" in err or
-                      "its directory is not writable" in err),
-                     "%s -o /proc/version: the user's path named once, no "
-                     "temporary (%d %r)" % (name, rc, err.strip()[-300:]))
+            for out, again in (("/proc/version", "cannot replace it: "),
+                               ("/proc/memsnap-new.out", "")):
+                rc, stdout, err = T.run(*(argv + ["-o", out]))
+                T.expect(rc == 2 and stdout == "" and
+                         err == "memsnap %s: cannot write '%s': %sits "
+                         "directory is on a proc file system, where no new "
+                         "file can be created\n" % (argv[0], out, again),
+                         "%s -o %s: refused before the work, the user's "
+                         "path named once with the reason, no temporary "
+                         "(%d %r)" % (name, out, rc, err.strip()[-300:]))
     if os.geteuid() == 0:
         # a directory the user cannot write (as `nobody`): refused up
         # front too (root writes anywhere: only another user can show it)

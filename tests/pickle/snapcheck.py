@@ -202,6 +202,11 @@ def synth(out):
     big["device_traces"][0][0]["addr"] = 2**70
     with open(os.path.join(out, "addr_2_70.pickle"), "wb") as f:
         pickle.dump(big, f, protocol=4)
+    # negative addresses, in 64 bits and wider: refused alike, by value
+    for name, addr in (("addr_neg5", -5), ("addr_neg_2_64", -2**64)):
+        big["device_traces"][0][0]["addr"] = addr
+        with open(os.path.join(out, name + ".pickle"), "wb") as f:
+            pickle.dump(big, f, protocol=4)
     print(len(variants))
 
 

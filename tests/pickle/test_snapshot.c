@@ -246,6 +246,18 @@ static void test_synthetic_generations(void **state) {
   assert_int_equal(msnap__snap_read_file(in, &s, &err), MSNAP_EFORMAT);
   assert_null(s);
   assert_non_null(strstr(err.msg, "'addr' does not fit in 64 bits"));
+  /* a negative address is refused as negative, by its value, whether it
+   * fits in 64 bits or not */
+  static const char *const neg[][2] = {
+      {"addr_neg5", "'addr' is -5, expected a non-negative int"},
+      {"addr_neg_2_64",
+       "'addr' is -18446744073709551616, expected a non-negative int"}};
+  for (size_t i = 0; i < sizeof neg / sizeof neg[0]; i++) {
+    snprintf(in, sizeof in, "%s/%s.pickle", tmp, neg[i][0]);
+    assert_int_equal(msnap__snap_read_file(in, &s, &err), MSNAP_EFORMAT);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, neg[i][1]));
+  }
   tu_rmrf(tmp);
   free(tmp);
 }
