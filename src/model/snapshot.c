@@ -76,7 +76,7 @@ static uint64_t str_hash(uint64_t seed, const char *p, size_t len) {
 }
 
 static uint64_t frame_hash(uint64_t seed, const msnap_frame_t *f) {
-  uint32_t w[8];
+  uint32_t w[9];
   w[0] = f->name;
   w[1] = f->filename;
   w[2] = (uint32_t)f->line;
@@ -85,6 +85,7 @@ static uint64_t frame_hash(uint64_t seed, const msnap_frame_t *f) {
   w[5] = f->fx_node_name;
   w[6] = f->fx_node_target;
   w[7] = f->fx_original_trace;
+  w[8] = f->absent;
   return XXH3_64bits_withSeed(w, sizeof w, seed);
 }
 
@@ -93,7 +94,8 @@ static bool frame_eq(const msnap_frame_t *a, const msnap_frame_t *b) {
          a->line == b->line && a->fx_node_op == b->fx_node_op &&
          a->fx_node_name == b->fx_node_name &&
          a->fx_node_target == b->fx_node_target &&
-         a->fx_original_trace == b->fx_original_trace;
+         a->fx_original_trace == b->fx_original_trace &&
+         a->absent == b->absent;
 }
 
 static uint64_t tattr_hash(uint64_t seed, const msnap_tattr_t *a) {
@@ -447,7 +449,8 @@ msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
 }
 
 /*
- * Intern a frame by its seven fields.  UINT32_MAX on ENOMEM.
+ * Intern a frame by its seven keys and which of them were absent.
+ * UINT32_MAX on ENOMEM.
  */
 uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f) {
   struct msnap_snap_priv_s *pr = s->priv;
