@@ -347,9 +347,12 @@ static size_t utf8_valid_prefix(const unsigned char *p, size_t len) {
 
 /*
  * The model's UTF-8 policy: p[0..len) with every maximal ill-formed
- * subpart (an invalid byte, a cut sequence, an encoded surrogate) replaced
- * by U+FFFD -- what CPython's bytes.decode("utf-8", "replace") gives.
- * Returns a malloc'ed buffer (*out_len bytes) or NULL on ENOMEM.
+ * subpart (an invalid byte, a cut sequence) replaced by U+FFFD -- what
+ * CPython's bytes.decode("utf-8", "replace") gives -- except that an
+ * encoded surrogate (ED A0..BF 80..BF: a lone surrogate of a Python str,
+ * as pickle writes it with "surrogatepass") is one code point and becomes
+ * one U+FFFD, not three: 'a\udc80b' reads as 'a\ufffdb', the same
+ * length.  Returns a malloc'ed buffer (*out_len bytes) or NULL on ENOMEM.
  */
 static char *utf8_repair(const unsigned char *p, size_t len, size_t *out_len) {
   if (len > (SIZE_MAX - 3) / 3) return NULL;
@@ -370,7 +373,10 @@ static char *utf8_repair(const unsigned char *p, size_t len, size_t *out_len) {
                   : (c >= 0xf0 && c <= 0xf4) ? 4
                                              : 1;
     size_t j = 1;
-    if (need > 1) {
+    if (c == 0xed && i + 2 < len && p[i + 1] >= 0xa0 &&
+        (p[i + 2] & 0xc0) == 0x80) {
+      j = 3; /* an encoded surrogate (p[i + 1] <= 0xbf: a continuation) */
+    } else if (need > 1) {
       unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
       unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
       if (i + 1 < len && p[i + 1] >= lo && p[i + 1] <= hi) {

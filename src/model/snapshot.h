@@ -318,10 +318,11 @@ enum {
 msnap_snap_t *msnap__snap_new(void);
 void msnap__snap_free(msnap_snap_t *s);
 /* Intern text (not necessarily NUL-terminated) under the model's UTF-8
- * policy: bytes that are not valid UTF-8 (invalid bytes, cut sequences,
- * encoded surrogates) become U+FFFD, exactly as CPython's
- * bytes.decode("utf-8", "replace"), and are counted in utf8_repaired.
- * 0 on ENOMEM. */
+ * policy: bytes that are not valid UTF-8 (invalid bytes, cut sequences)
+ * become U+FFFD, exactly as CPython's bytes.decode("utf-8", "replace"),
+ * except that an encoded surrogate (a Python str's lone surrogate, pickled
+ * with "surrogatepass") becomes one U+FFFD, one per code point; counted
+ * in utf8_repaired.  0 on ENOMEM. */
 msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len);
 /* Intern bytes as they are (pickle bytes objects); 0 on ENOMEM. */
 msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,
