@@ -16,7 +16,11 @@
  * recorded stay absent (viewers only display them).  An 'oom' entry keyed
  * 'addr' is written with 'device_free', PyTorch's key for that value,
  * with a note; one with neither key is refused (nothing to take the value
- * from).  --keep-keys writes exactly the keys of the source instead.
+ * from).  Trace entries get `size` (0) and frames `name`, `filename` ("")
+ * and `line` (0) when they lack them.  --keep-keys writes exactly the keys
+ * of the source instead.  Either way, keys of trace entries the model
+ * does not keep (the reader counts them: keys_dropped) are named in a
+ * warning.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -159,7 +163,7 @@ static int upgrade(msnap_snap_t *s) {
       a.user_metadata = empty;
       a.keys |= MSNAP_K_USER_META;
     }
-    a.keys |= MSNAP_K_POOL_ID | MSNAP_K_STREAM;
+    a.keys |= MSNAP_K_SIZE | MSNAP_K_POOL_ID | MSNAP_K_STREAM;
     map[k] = msnap__snap_tattr(s, &a);
     if (map[k] == UINT32_MAX) {
       free(map);
@@ -172,6 +176,11 @@ static int upgrade(msnap_snap_t *s) {
       tl->v[i].attr = map[tl->v[i].attr];
   }
   free(map);
+  /* frames get the three keys of every PyTorch frame ("" / 0 for those
+   * the source lacked; frames are not interned after this, so changing
+   * them in place leaves at most equal frames under two ids) */
+  for (uint32_t i = 0; i < s->nframes; i++)
+    s->frames[i].absent = 0;
   s->top_keys |= MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES |
                  MSNAP_TOP_EXTERNAL_ANNOTATIONS;
   if (s->generation < MSNAP_GEN_CURRENT)
@@ -224,6 +233,31 @@ static void find_big(const msnap_snap_t *s, char *buf, size_t len) {
     }
 }
 
+/* Keys of trace entries the model does not keep (the reader dropped
+ * them, snapshot.h keys_dropped): a warning naming them. */
+static void warn_dropped(const msnap_snap_t *s, const char *file) {
+  if (!s->keys_dropped)
+    return;
+  char names[256] = "";
+  size_t n = 0;
+  for (int j = 0; j < MSNAP_SNAP_DROPPED_NAMES && s->dropped_key[j]; j++) {
+    size_t len;
+    const char *p = cli_str(s, s->dropped_key[j], &len);
+    int w = snprintf(names + n, sizeof names - n, "%s'%.*s'", j ? ", " : "",
+                     len > 60 ? 60 : (int)len, p);
+    if (w < 0 || (size_t)w >= sizeof names - n)
+      break;
+    n += (size_t)w;
+  }
+  fprintf(stderr,
+          "memsnap: warning: %s: %" PRIu64 " key%s of trace entries not "
+          "written (memsnap's model does not keep %s): %s%s\n",
+          file, s->keys_dropped, s->keys_dropped == 1 ? "" : "s",
+          s->keys_dropped == 1 ? "it" : "them",
+          names[0] ? names : "keys that are not str",
+          s->dropped_key[MSNAP_SNAP_DROPPED_NAMES - 1] ? ", ..." : "");
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap convert [--json] [--keep-keys] FILE -o OUT\n"
@@ -241,7 +275,11 @@ static void usage(FILE *f) {
           "device_traces list per device), a 2.0 block's history is\n"
           "dropped (its first element gives frames and requested_size)\n"
           "and an oom entry's 'addr' becomes 'device_free', the key\n"
-          "PyTorch writes; --keep-keys keeps exactly the source's keys.\n"
+          "PyTorch writes; trace entries get 'size' (0) and frames\n"
+          "'name', 'filename' ('') and 'line' (0) when they lack them.\n"
+          "--keep-keys keeps exactly the source's keys.  Keys of trace\n"
+          "entries the model does not keep (e.g. 'category') are not\n"
+          "written, with a warning naming them.\n"
           "The output is written to a temporary file and renamed.\n"
           "\n"
           "  -o, --output OUT  output path (required)\n"
@@ -290,6 +328,8 @@ int cli_cmd_convert(int argc, char **argv) {
   char why[160] = "";
   if (rc == MSNAP_EINVAL)
     find_big(s, why, sizeof why);
+  if (rc == 0)
+    warn_dropped(s, argv[first]);
   msnap__snap_free(s);
   if (rc) {
     const char *le = msnap_last_error();

@@ -40,6 +40,11 @@ them except for devices, where memsnap is stricter
   ``_record_memory_history``, whose ``device`` is otherwise ignored.  torch
   takes ``True`` as 1 and, where the device may be None, a float as the
   current device, and raises ``RuntimeError`` for an unknown device type.
+  Once memsnap.torch has given memsnap.memory a device type
+  (``register_device('npu')``, ``use_allocator``), a str or device of
+  another type (``"cuda"`` when ``"npu"`` is registered) raises
+  ``ValueError`` too, as torch's ``_get_device_index`` refuses a device
+  that is not its own type ("Expected a cuda device, but got: npu").
   The message names the device type of :func:`_device_type`.
 - sizes and pointers are ints, never bools (``TypeError``; torch would
   take ``True`` as 1); a negative size raises ``ValueError``.
@@ -121,20 +126,31 @@ def _current_device() -> int:
     return 0
 
 
-_DEVICE_TYPES = ["npu", "cuda"]
+# The device types a device argument may name until memsnap.torch gives
+# memsnap.memory its own (then only that one: _device_types).
+_DEVICE_TYPES = ("npu", "cuda")
 # The device type memsnap.torch made memsnap.memory's (register_device's
 # name, use_allocator's backend); None until then.
 _torch_device_type: str | None = None
 
 
 def _add_device_type(name: str) -> None:
-    """Make ``name`` the device type of memsnap.memory: accepted in device
-    arguments ("<name>:1", torch.device(name)) and named in their errors.
-    memsnap.torch.register_device and use_allocator call it."""
+    """Make ``name`` the device type of memsnap.memory: the only type
+    accepted in device arguments from now on ("<name>:1",
+    torch.device(name); another type raises ValueError, as torch's
+    ``_get_device_index`` refuses a device that is not "cuda") and the one
+    named in their errors.  memsnap.torch.register_device and use_allocator
+    call it."""
     global _torch_device_type
-    if name not in _DEVICE_TYPES:
-        _DEVICE_TYPES.append(name)
     _torch_device_type = name
+
+
+def _device_types() -> tuple[str, ...]:
+    """The device types a device argument may name: the one memsnap.torch
+    registered or installed under, else "npu" and "cuda"."""
+    if _torch_device_type is not None:
+        return (_torch_device_type,)
+    return _DEVICE_TYPES
 
 
 def _profile_name() -> str:
@@ -202,9 +218,10 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
         kind, _, idx = device.partition(":")
         if kind.isdigit() and not idx:
             return int(kind)
-        if kind not in _DEVICE_TYPES:
+        if kind not in _device_types():
             # torch: torch.device(str) then "Expected a cuda device, but
-            # got: cpu" (torch_npu says npu).
+            # got: cpu" (torch_npu says npu); also "cuda" once "npu" is
+            # registered.
             raise ValueError(f"Expected a {_device_type()} device, but got: {device}")
         if idx:
             if not idx.isdigit():
@@ -216,7 +233,7 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
         return idx  # torch.cuda.device / torch_npu.npu.device
     index = getattr(device, "index", None)
     if hasattr(device, "type"):
-        if device.type not in _DEVICE_TYPES:
+        if device.type not in _device_types():
             raise ValueError(f"Expected a {_device_type()} device, but got: {device}")
         return _current_device() if index is None else int(index)
     raise ValueError(

@@ -13,7 +13,10 @@
  * else is UTF-8 and passed through when valid (RFC 3629: no overlong
  * forms, no surrogates, nothing above U+10FFFF); each maximal invalid
  * subpart (a lone continuation byte, a lead byte whose sequence breaks
- * off) becomes one U+FFFD, as Python's bytes.decode(errors="replace").
+ * off) becomes one U+FFFD, as Python's bytes.decode(errors="replace"),
+ * and an encoded surrogate (ED A0..BF 80..BF, a Python lone surrogate
+ * written with "surrogatepass") one U+FFFD for its one code point, as the
+ * snapshot model reads it (model/snapshot.c, utf8_repair).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -88,6 +91,11 @@ static size_t utf8_seq(const unsigned char *p, size_t n, size_t *bad) {
     if (c == 0xf4) hi = 0x8f;
   } else {
     *bad = 1;
+    return 0;
+  }
+  if (c == 0xed && n >= 3 && p[1] >= 0xa0 && (p[1] & 0xc0) == 0x80 &&
+      (p[2] & 0xc0) == 0x80) {
+    *bad = 3; /* an encoded surrogate: one code point */
     return 0;
   }
   size_t k = 1;

@@ -30,8 +30,8 @@
  * bytes (MSNAP_PINT_BIG); consumers that need a 64-bit number refuse them
  * with an error (snapshot_read.c does); msnap__pvm_big hands out their
  * bytes (the tests' canonical dump, tests/pickle/canon.c, prints them).
- * Text is interned under the model's UTF-8 policy (invalid bytes and
- * encoded surrogates become U+FFFD, msnap__snap_intern); bytes objects are
+ * Text is interned under the model's UTF-8 policy (invalid bytes become
+ * U+FFFD, an encoded surrogate one U+FFFD, msnap__snap_intern); bytes objects are
  * kept as they are.  Text opcodes are decoded: STRING and BINSTRING as
  * ASCII with Python escapes, UNICODE as raw-unicode-escape.
  *

@@ -76,7 +76,7 @@ static uint64_t str_hash(uint64_t seed, const char *p, size_t len) {
 }
 
 static uint64_t frame_hash(uint64_t seed, const msnap_frame_t *f) {
-  uint32_t w[8];
+  uint32_t w[9];
   w[0] = f->name;
   w[1] = f->filename;
   w[2] = (uint32_t)f->line;
@@ -85,6 +85,7 @@ static uint64_t frame_hash(uint64_t seed, const msnap_frame_t *f) {
   w[5] = f->fx_node_name;
   w[6] = f->fx_node_target;
   w[7] = f->fx_original_trace;
+  w[8] = f->absent;
   return XXH3_64bits_withSeed(w, sizeof w, seed);
 }
 
@@ -93,7 +94,8 @@ static bool frame_eq(const msnap_frame_t *a, const msnap_frame_t *b) {
          a->line == b->line && a->fx_node_op == b->fx_node_op &&
          a->fx_node_name == b->fx_node_name &&
          a->fx_node_target == b->fx_node_target &&
-         a->fx_original_trace == b->fx_original_trace;
+         a->fx_original_trace == b->fx_original_trace &&
+         a->absent == b->absent;
 }
 
 static uint64_t tattr_hash(uint64_t seed, const msnap_tattr_t *a) {
@@ -345,9 +347,12 @@ static size_t utf8_valid_prefix(const unsigned char *p, size_t len) {
 
 /*
  * The model's UTF-8 policy: p[0..len) with every maximal ill-formed
- * subpart (an invalid byte, a cut sequence, an encoded surrogate) replaced
- * by U+FFFD -- what CPython's bytes.decode("utf-8", "replace") gives.
- * Returns a malloc'ed buffer (*out_len bytes) or NULL on ENOMEM.
+ * subpart (an invalid byte, a cut sequence) replaced by U+FFFD -- what
+ * CPython's bytes.decode("utf-8", "replace") gives -- except that an
+ * encoded surrogate (ED A0..BF 80..BF: a lone surrogate of a Python str,
+ * as pickle writes it with "surrogatepass") is one code point and becomes
+ * one U+FFFD, not three: 'a\udc80b' reads as 'a\ufffdb', the same
+ * length.  Returns a malloc'ed buffer (*out_len bytes) or NULL on ENOMEM.
  */
 static char *utf8_repair(const unsigned char *p, size_t len, size_t *out_len) {
   if (len > (SIZE_MAX - 3) / 3) return NULL;
@@ -368,7 +373,10 @@ static char *utf8_repair(const unsigned char *p, size_t len, size_t *out_len) {
                   : (c >= 0xf0 && c <= 0xf4) ? 4
                                              : 1;
     size_t j = 1;
-    if (need > 1) {
+    if (c == 0xed && i + 2 < len && p[i + 1] >= 0xa0 &&
+        (p[i + 2] & 0xc0) == 0x80) {
+      j = 3; /* an encoded surrogate (p[i + 1] <= 0xbf: a continuation) */
+    } else if (need > 1) {
       unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
       unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
       if (i + 1 < len && p[i + 1] >= lo && p[i + 1] <= hi) {
@@ -447,7 +455,8 @@ msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
 }
 
 /*
- * Intern a frame by its seven fields.  UINT32_MAX on ENOMEM.
+ * Intern a frame by its seven keys and which of them were absent.
+ * UINT32_MAX on ENOMEM.
  */
 uint32_t msnap__snap_frame(msnap_snap_t *s, const msnap_frame_t *f) {
   struct msnap_snap_priv_s *pr = s->priv;

@@ -64,7 +64,17 @@ typedef struct msnap_frame_s {
   int64_t line;
   /* Optional FX-augmentation keys (0 = absent). */
   msnap_str_t fx_node_op, fx_node_name, fx_node_target, fx_original_trace;
+  /* MSNAP_FRAME_NO_*: keys the source's frame dict did not have (name
+   * and filename are then "", line 0); 0 for every frame PyTorch writes,
+   * so frames built in memory (zeroed) have all three. */
+  uint8_t absent;
 } msnap_frame_t;
+
+enum {
+  MSNAP_FRAME_NO_NAME = 1u << 0,
+  MSNAP_FRAME_NO_FILENAME = 1u << 1,
+  MSNAP_FRAME_NO_LINE = 1u << 2
+};
 
 typedef struct msnap_span_s {
   uint32_t first, n;
@@ -112,8 +122,9 @@ enum {
  *     allocated_size/active_size/requested_size; device, address and
  *     total_size are always written.
  *   - trace entries: MSNAP_K_ADDRESS = `addr` present, MSNAP_K_DEVICE_FREE
- *     = `device_free` present; action and size are always written
- *     (MSNAP_K_SIZE only tells check that a read file had `size`).
+ *     = `device_free` present, MSNAP_K_SIZE = `size` present; action is
+ *     always written, and so is size for a model not produced by
+ *     snapshot_read.c (msnap__snap_settle_keys sets the bit).
  *   - Models not produced by snapshot_read.c (live snapshots) with
  *     generation MSNAP_GEN_CURRENT are written with every key PyTorch
  *     writes (cuda-reference §2) whatever their bits say; if their top_keys
@@ -224,6 +235,8 @@ typedef enum msnap_generation_e {
                               /* host_segments/host_traces                  */
 } msnap_generation_t;
 
+#define MSNAP_SNAP_DROPPED_NAMES 4 /* names kept in dropped_key */
+
 typedef struct msnap_snap_s {
   msnap_generation_t generation;
   uint32_t top_keys; /* MSNAP_TOP_* present */
@@ -280,6 +293,13 @@ typedef struct msnap_snap_s {
   uint64_t utf8_repaired;
   msnap_str_t utf8_example;
 
+  /* Keys of trace entries that the model has no place for (a `category`;
+   * `device_free` beside `addr`): snapshot_read.c drops them, counting
+   * them here, with the first distinct str keys' names (0: none), so that
+   * a rewrite can say what it leaves out. */
+  uint64_t keys_dropped;
+  msnap_str_t dropped_key[MSNAP_SNAP_DROPPED_NAMES];
+
   /* private: intern hash tables, arenas */
   struct msnap_snap_priv_s *priv;
 } msnap_snap_t;
@@ -298,10 +318,11 @@ enum {
 msnap_snap_t *msnap__snap_new(void);
 void msnap__snap_free(msnap_snap_t *s);
 /* Intern text (not necessarily NUL-terminated) under the model's UTF-8
- * policy: bytes that are not valid UTF-8 (invalid bytes, cut sequences,
- * encoded surrogates) become U+FFFD, exactly as CPython's
- * bytes.decode("utf-8", "replace"), and are counted in utf8_repaired.
- * 0 on ENOMEM. */
+ * policy: bytes that are not valid UTF-8 (invalid bytes, cut sequences)
+ * become U+FFFD, exactly as CPython's bytes.decode("utf-8", "replace"),
+ * except that an encoded surrogate (a Python str's lone surrogate, pickled
+ * with "surrogatepass") becomes one U+FFFD, one per code point; counted
+ * in utf8_repaired.  0 on ENOMEM. */
 msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len);
 /* Intern bytes as they are (pickle bytes objects); 0 on ENOMEM. */
 msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,

@@ -42,7 +42,9 @@
  * keys MSNAP_TOP_*), so snapshot_write.c writes back exactly the keys of
  * the source.  2.0 blocks get address = segment address + sizes of the
  * preceding blocks with MSNAP_K_ADDRESS clear.  Keys the model does not
- * know (e.g. `category` of _profile_to_snapshot entries) are dropped.
+ * know (e.g. `category` of _profile_to_snapshot entries) are dropped;
+ * those of trace entries are counted and named (note_dropped) so that
+ * memsnap convert can say so.
  *
  * Big integers (beyond 64 bits) and negative sizes/addresses are refused
  * with MSNAP_EFORMAT naming the key (a negative one also its value, in 64
@@ -458,11 +460,55 @@ static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
 
 /* ---- conversions --------------------------------------------------------- */
 
+#define KEY_BIT(k) (1ull << KEY_##k)
+/* The keys of a trace entry that conv_trace keeps. */
+#define TRACE_KEYS                                                            \
+  (KEY_BIT(action) | KEY_BIT(addr) | KEY_BIT(device_free) | KEY_BIT(size) |  \
+   KEY_BIT(stream) | KEY_BIT(time_us) | KEY_BIT(compile_context) |           \
+   KEY_BIT(user_metadata) | KEY_BIT(internal_metadata) | KEY_BIT(pool_id) |  \
+   KEY_BIT(frames) | KEY_BIT(forward_frames))
+
+/*
+ * The keys of a converted trace entry's dict that the model does not keep
+ * (any but TRACE_KEYS; `device_free` beside `addr`, which conv_trace
+ * takes): counted in s->keys_dropped, the first distinct str keys named
+ * in s->dropped_key.  The usual entry has none and costs a popcount.
+ */
+static void note_dropped(rd_t *r, const msnap_pitems_t *it,
+                         const fields_t *f) {
+  uint64_t kept = f->present & TRACE_KEYS;
+  if (HAS(f, addr)) kept &= ~KEY_BIT(device_free);
+  if (msnap_likely(it->n / 2 <= (uint32_t)__builtin_popcountll(kept)))
+    return;
+  msnap_snap_t *s = r->s;
+  for (uint32_t i = 0; i + 1 < it->n; i += 2) {
+    msnap_pv_t k = msnap__pitem(it, i);
+    bool str = MSNAP_PV_TAG(k) == MSNAP_PV_STR;
+    uint64_t id = MSNAP_PV_PAYLOAD(k);
+    if (str && id < r->nkey_of && r->key_of[id] &&
+        ((kept >> (r->key_of[id] - 1)) & 1u))
+      continue; /* (a repeated key is one key, as in pickle.load's dict) */
+    s->keys_dropped++;
+    for (int j = 0; str && j < MSNAP_SNAP_DROPPED_NAMES; j++) {
+      if (s->dropped_key[j] == id) break;
+      if (s->dropped_key[j] == MSNAP_STR_ABSENT) {
+        s->dropped_key[j] = (msnap_str_t)id;
+        break;
+      }
+    }
+  }
+}
+
 static int conv_frame(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_frame_t fr = {0};
   int rc = 0;
   msnap__pvm_set_phase(r->vm, "converting a frame dict");
+  /* a missing key reads as "" / 0, and the frame says it was missing
+   * (the writer leaves it out) */
   fr.name = fr.filename = MSNAP_STR_EMPTY;
+  fr.absent = (uint8_t)((HAS(f, name) ? 0 : MSNAP_FRAME_NO_NAME) |
+                        (HAS(f, filename) ? 0 : MSNAP_FRAME_NO_FILENAME) |
+                        (HAS(f, line) ? 0 : MSNAP_FRAME_NO_LINE));
   if (HAS(f, name)) rc = get_str(r, f, KEY_name, &fr.name);
   if (!rc && HAS(f, filename)) rc = get_str(r, f, KEY_filename, &fr.filename);
   if (!rc && HAS(f, line)) rc = get_i64(r, f, KEY_line, &fr.line);
@@ -1289,7 +1335,11 @@ static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
   if (kind != MSNAP_POBJ_DICT) return 0;
   fields_t f;
   get_fields(r, it, &f);
-  if (HAS(&f, action)) return conv_trace(r, &f, out);
+  if (HAS(&f, action)) {
+    int rc = conv_trace(r, &f, out);
+    if (rc == 0) note_dropped(r, it, &f);
+    return rc;
+  }
   if (HAS(&f, blocks) && !HAS(&f, segments)) return conv_segment(r, &f, out);
   if (HAS(&f, state)) return conv_block(r, &f, out);
   if (HAS(&f, real_size)) return conv_hist(r, &f, out);
@@ -1312,6 +1362,7 @@ static void snap_save(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   st[4] = r->s->nannotations;
   st[5] = r->nspans;
   st[6] = r->s->utf8_repaired;
+  st[7] = r->s->keys_dropped;
 }
 
 static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
@@ -1323,6 +1374,7 @@ static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   r->s->nannotations = (uint32_t)st[4];
   r->nspans = (uint32_t)st[5];
   r->s->utf8_repaired = st[6];
+  r->s->keys_dropped = st[7]; /* (the names are found again) */
 }
 
 /* REC values inside generic parts (allocator_settings): only [] is known. */

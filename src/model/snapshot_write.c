@@ -114,6 +114,7 @@ typedef struct wr_s {
   const msnap_snap_t *s;
   bool json;
   bool live; /* write every key (live model of generation CURRENT) */
+  bool keyed; /* from the reader: `size` only when the source had it */
   msnap_pw_t pw;
   msnap_json_t jw; /* json */
   uint32_t const_memo[NCONSTS];
@@ -291,7 +292,8 @@ static void wpair(wr_t *w, msnap_mempool_id_t p) {
 
 /*
  * A frame dict (memoized: written once, then BINGET).  2.0 models keep
- * the filename/name/line key order of that generation.
+ * the filename/name/line key order of that generation; a key the source's
+ * frame did not have (msnap_frame_t.absent) is left out.
  */
 static void wframe(wr_t *w, uint32_t fid) {
   const msnap_frame_t *f = &w->s->frames[fid];
@@ -308,19 +310,16 @@ static void wframe(wr_t *w, uint32_t fid) {
     msnap__pw_op(&w->pw, MSNAP_OP_MARK);
     push_level(w, false);
   }
+  bool name = !(f->absent & MSNAP_FRAME_NO_NAME);
+  bool filename = !(f->absent & MSNAP_FRAME_NO_FILENAME);
   if (w->s->generation == MSNAP_GEN_2_0) {
-    key(w, C_filename);
-    mstr_or(w, f->filename, C_v_na);
-    key(w, C_name);
-    mstr_or(w, f->name, C_v_na);
+    if (filename) key(w, C_filename), mstr_or(w, f->filename, C_v_na);
+    if (name) key(w, C_name), mstr_or(w, f->name, C_v_na);
   } else {
-    key(w, C_name);
-    mstr_or(w, f->name, C_v_na);
-    key(w, C_filename);
-    mstr_or(w, f->filename, C_v_na);
+    if (name) key(w, C_name), mstr_or(w, f->name, C_v_na);
+    if (filename) key(w, C_filename), mstr_or(w, f->filename, C_v_na);
   }
-  key(w, C_line);
-  wi64(w, f->line);
+  if (!(f->absent & MSNAP_FRAME_NO_LINE)) key(w, C_line), wi64(w, f->line);
   if (f->fx_node_op) key(w, C_fx_node_op), mstr(w, f->fx_node_op);
   if (f->fx_node_name) key(w, C_fx_node_name), mstr(w, f->fx_node_name);
   if (f->fx_node_target) key(w, C_fx_node_target), mstr(w, f->fx_node_target);
@@ -504,8 +503,8 @@ static unsigned live_segment_keys(const msnap_ssegment_t *g) {
 
 static unsigned live_trace_keys(const msnap_strace_t *t,
                                 const msnap_tattr_t *a) {
-  unsigned k = MSNAP_K_STREAM | MSNAP_K_TIME | MSNAP_K_COMPILE_CTX |
-               MSNAP_K_USER_META | MSNAP_K_POOL_ID;
+  unsigned k = MSNAP_K_SIZE | MSNAP_K_STREAM | MSNAP_K_TIME |
+               MSNAP_K_COMPILE_CTX | MSNAP_K_USER_META | MSNAP_K_POOL_ID;
   k |= t->action == MSNAP_ACTION_OOM ? MSNAP_K_DEVICE_FREE : MSNAP_K_ADDRESS;
   if (t->frames != MSNAP_STACK_ABSENT) k |= MSNAP_K_FRAMES;
   if (a->forward_frames) k |= MSNAP_K_FORWARD;
@@ -644,7 +643,8 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
 /*
  * A trace-entry dict: action, addr|device_free, size, stream, time_us,
  * compile_context, user_metadata, internal_metadata, pool_id, frames,
- * forward_frames -- each when present.
+ * forward_frames -- each when present (size always in a model that is not
+ * the reader's).
  */
 /* From compile_context to the end of the dict (plain path). */
 static void wtrace_tail(wr_t *w, const msnap_strace_t *t,
@@ -767,7 +767,7 @@ static bool wtrace_head_fast(wr_t *w, const msnap_strace_t *t,
   int addr_key = (k & MSNAP_K_ADDRESS) ? C_addr : C_device_free;
   unsigned where = k & (MSNAP_K_ADDRESS | MSNAP_K_DEVICE_FREE);
   if ((where != MSNAP_K_ADDRESS && where != MSNAP_K_DEVICE_FREE) ||
-      !(k & MSNAP_K_STREAM) || !(k & MSNAP_K_TIME) ||
+      !(k & MSNAP_K_SIZE) || !(k & MSNAP_K_STREAM) || !(k & MSNAP_K_TIME) ||
       t->action >= MSNAP_ACTION_COUNT || t->addr > (uint64_t)INT64_MAX ||
       t->size > (uint64_t)INT64_MAX ||
       w->pw.used + HEAD_MAX > MSNAP_PW_FRAME_SIZE || w->pw.err ||
@@ -802,6 +802,7 @@ static void wtrace(wr_t *w, const msnap_strace_t *t) {
   const msnap_tattr_t *a = msnap__tattr(w->s, t);
   unsigned k = a->keys;
   if (w->live) k |= live_trace_keys(t, a);
+  if (!w->keyed) k |= MSNAP_K_SIZE;
   if (w->tails != NULL && wtrace_head_fast(w, t, a, k)) {
     wtrace_tail_cached(w, t, a, k);
     return;
@@ -815,8 +816,7 @@ static void wtrace(wr_t *w, const msnap_strace_t *t) {
   if (k & MSNAP_K_ADDRESS) key(w, C_addr), wu64(w, t->addr, "addr");
   if (k & MSNAP_K_DEVICE_FREE)
     key(w, C_device_free), wu64(w, t->addr, "device_free");
-  key(w, C_size);
-  wu64(w, t->size, "size");
+  if (k & MSNAP_K_SIZE) key(w, C_size), wu64(w, t->size, "size");
   if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, a->stream);
   if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, t->time_us);
   if (w->tails != NULL)
@@ -924,7 +924,8 @@ static int wr_init(wr_t *w, const msnap_snap_t *s, bool json) {
   memset(w, 0, sizeof *w);
   w->s = s;
   w->json = json;
-  w->live = !msnap__snap_from_reader(s) && s->generation == MSNAP_GEN_CURRENT;
+  w->keyed = msnap__snap_from_reader(s);
+  w->live = !w->keyed && s->generation == MSNAP_GEN_CURRENT;
   for (int i = 0; i < NCONSTS; i++) w->const_memo[i] = NO_MEMO;
   if (json) return 0;
   w->str_memo = malloc(((size_t)s->nstrings + 1) * sizeof *w->str_memo);

@@ -856,12 +856,95 @@ def convert_gen20():
         expect(key in listed, "convert --help names %s" % key)
 
 
+def convert_keep_keys_exact():
+    """--keep-keys writes only the keys the source had: a trace entry
+    without 'size', frames without 'name' or 'line' come back as they were
+    (pickle.load of the output equals the source); keys of trace entries
+    the model cannot keep ('category', 'foo') are named on stderr with
+    their count, not dropped silently.  Upgrading adds size 0, name ''
+    and line 0."""
+    fr = [{"name": "forward", "filename": "/u/model.py", "line": 12},
+          {"filename": "/u/noname.py", "line": 3},
+          {"name": "noline", "filename": "/u/noline.py"}]
+    a = 1 << 30
+    seg = {"device": 0, "address": a, "total_size": 2 * MiB,
+           "allocated_size": 1024, "active_size": 1024,
+           "requested_size": 1000, "stream": 0, "segment_type": "small",
+           "segment_pool_id": (0, 0), "is_expandable": False, "frames": fr,
+           "blocks": [{"address": a, "size": 1024, "requested_size": 1000,
+                       "state": "active_allocated", "frames": fr},
+                      {"address": a + 1024, "size": 2 * MiB - 1024,
+                       "requested_size": 0, "state": "inactive",
+                       "frames": []}]}
+    trace = [{"action": "segment_alloc", "addr": a, "size": 2 * MiB,
+              "stream": 0, "time_us": 1, "frames": fr},
+             {"action": "alloc", "addr": a, "stream": 0, "time_us": 2,
+              "frames": fr},
+             {"action": "alloc", "addr": a, "size": 1000, "stream": 0,
+              "time_us": 3, "frames": fr[1:], "category": "ACTIVATION",
+              "foo": 1},
+             {"action": "free_requested", "addr": a, "size": 1000,
+              "stream": 0, "time_us": 4, "frames": [],
+              "category": "ACTIVATION"}]
+    src = {"segments": [seg], "device_traces": [trace],
+           "allocator_settings": {}, "external_annotations": []}
+    path = write_pickle(src, "keep_keys.pickle")
+    want = pickle.loads(pickle.dumps(src))
+    for e in want["device_traces"][0]:
+        e.pop("category", None)
+        e.pop("foo", None)
+    note = ("warning: %s: 3 keys of trace entries not written (memsnap's "
+            "model does not keep them): 'category', 'foo'" % path)
+    out_p = os.path.join(TMP, "keep_keys.out.pickle")
+    rc, out, err = run("convert", "--keep-keys", path, "-o", out_p)
+    got = None
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            got = pickle.load(f)
+    expect(rc == 0 and got == want,
+           "convert --keep-keys: pickle.load of the output equals the "
+           "source (no size 0, no name '', no line 0) (%d %r)"
+           % (rc, got and got["device_traces"]))
+    expect(note in err, "convert --keep-keys: the dropped keys named with "
+           "their count (%r)" % err)
+    out_j = os.path.join(TMP, "keep_keys.out.json")
+    rc, out, err = run("convert", "--keep-keys", "--json", path, "-o", out_j)
+    j = None
+    if rc == 0:
+        with open(out_j) as f:
+            j = json.load(f)
+
+        def frames(x):
+            return [j["frame_table"][i] for i in j["stack_table"][x]]
+        for e in j["device_traces"][0]:
+            e["frames"] = frames(e["frames"])
+    want_j = json.loads(json.dumps(want["device_traces"]))
+    expect(rc == 0 and j["device_traces"] == want_j and note in err,
+           "convert --keep-keys --json: the same entries and frames (%d %r)"
+           % (rc, err))
+    rc, out, err = run("convert", path, "-o", out_p)
+    got = None
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            got = pickle.load(f)
+    tr = got["device_traces"][0] if got else []
+    expect(rc == 0 and tr[1]["size"] == 0 and
+           tr[2]["frames"][0] == {"name": "", "filename": "/u/noname.py",
+                                  "line": 3} and
+           tr[0]["frames"][2] == {"name": "noline",
+                                  "filename": "/u/noline.py", "line": 0} and
+           note in err,
+           "convert: upgrading adds size 0, name '' and line 0, and names "
+           "the dropped keys (%d %r)" % (rc, err))
+
+
 def group_convert():
     if not reader_available():
         need(False, "convert: summary of a small valid snapshot")
     if not writer_available():
         need(False, "convert: the snapshot writer writes a small snapshot")
     convert_gen20()
+    convert_keep_keys_exact()
     files = real_files()
     for path in files:
         name = os.path.basename(path)

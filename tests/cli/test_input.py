@@ -657,7 +657,9 @@ def crafted_invalid_utf8():
 def group_utf8():
     p = write_bytes(crafted_invalid_utf8(), "invalid-utf8.pickle")
     want_name = b"name\xff\xfe\xe2\x82".decode("utf-8", "replace")
-    want_file = b"/x/file\xed\xa0\x80!.py".decode("utf-8", "replace")
+    # (ED A0 80 is an encoded surrogate, '\ud800' to pickle.load: one
+    # code point, one U+FFFD -- bytes.decode would give three)
+    want_file = "/x/file\ufffd!.py"
     rc, out, err = run("check", p)
     expect(rc == 1 and "strings:" in out and "not valid UTF-8" in out,
            "check reports invalid UTF-8 (%d %r)" % (rc, out))
@@ -705,6 +707,42 @@ def group_utf8():
             jf = j["frame_table"][j["stack_table"][
                 j["segments"][0]["frames"]][0]]
             expect(jf["name"] == want_name, "JSON holds the same text")
+    lone_surrogates()
+
+
+def lone_surrogates():
+    """A lone surrogate of a Python str ('a\\udc80b', as a frame name
+    may hold one) becomes one U+FFFD per code point in convert's pickle
+    and JSON, the same length as the str -- Python's json module reads
+    the JSON strictly and gets what json.dumps/loads give for the str
+    with each surrogate replaced."""
+    fr = frame("a\udc80b", "/y/\ud800\udfff.py", 7)
+
+    def policy(x):
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c
+                       for c in x)
+    want = json.loads(json.dumps({k: policy(v) if isinstance(v, str) else v
+                                  for k, v in fr.items()}))
+    p = write_bytes(pickle.dumps(good_snapshot([fr]), protocol=4),
+                    "lone-surrogate.pickle")
+    out_p, out_j = path("lone.conv.pickle"), path("lone.json")
+    rc, o, err = run("convert", p, "-o", out_p)
+    got = None
+    if rc == 0:
+        with open(out_p, "rb") as fh:
+            got = pickle.load(fh)["segments"][0]["frames"][0]
+    expect(got == want and got["name"] == "a\ufffdb" and
+           len(got["filename"]) == len(fr["filename"]),
+           "convert: a lone surrogate is one U+FFFD (%r)" % (got,))
+    rc, o, err = run("convert", "--json", p, "-o", out_j)
+    got = None
+    if rc == 0:
+        with open(out_j, "rb") as fh:
+            j = json.loads(fh.read().decode("utf-8", "strict"))
+        got = j["frame_table"][j["stack_table"][j["segments"][0]["frames"]][0]]
+    expect(got == want,
+           "convert --json: a lone surrogate is one U+FFFD, as Python's json "
+           "module reads it (%r %r)" % (got, want))
 
 
 def shared_frames_file():

@@ -24,9 +24,10 @@ def canon(x):
     if isinstance(x, float):
         return "f" + struct.pack(">d", x).hex()
     if isinstance(x, str):
-        # memsnap's UTF-8 policy: lone surrogates (pickled as their
-        # 3-byte forms) become U+FFFD, as bytes.decode("utf-8", "replace")
-        text = x.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        # memsnap's UTF-8 policy: a lone surrogate (pickled as its 3-byte
+        # form) is one code point and becomes one U+FFFD
+        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c
+                       for c in x)
         return "s" + text.encode("utf-8").hex() + ";"
     if isinstance(x, bytearray):
         return "B" + bytes(x).hex() + ";"

@@ -271,6 +271,57 @@ print("RESULT " + json.dumps(out))
     assert "invalid device index 5" in r["bad"]
 
 
+def test_device_argument_of_another_type_is_refused():
+    """After register_device('npu'), memsnap.memory's device arguments are
+    npu's, as torch.cuda's are cuda's: 'cuda' (str or torch.device) raises
+    ValueError -- it used to answer with the npu's figures -- with the
+    message torch's _get_device_index gives for a device of the wrong type;
+    ints, None and npu devices give the npu's figures."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+from torch.cuda._utils import _get_device_index
+name = mt.register_device("npu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                            torch.nn.Linear(256, 8)).to(name)
+opt = torch.optim.Adam(model.parameters())
+x = torch.randn(16, 64).to(name)
+loss = model(x).square().mean()
+loss.backward()
+opt.step()
+out = {"ok": {}, "refused": {}, "torch": {}}
+for d in (0, None, "npu", "npu:0", "0", torch.device("npu", 0),
+          torch.device("npu")):
+    out["ok"][repr(d)] = mm.memory_allocated(d)
+for d in ("cuda", "cuda:0", torch.device("cuda", 0), torch.device("cpu")):
+    for f in (mm.memory_allocated, mm.memory_stats, mm.reset_peak_memory_stats):
+        try:
+            f(d)
+            out["refused"][repr(d) + " " + f.__name__] = [str(d), None]
+        except ValueError as e:
+            out["refused"][repr(d) + " " + f.__name__] = [str(d), str(e)]
+# torch's own refusal of a device whose type is not its own
+for d in ("npu", torch.device("npu", 0)):
+    try:
+        _get_device_index(d)
+    except ValueError as e:
+        out["torch"][repr(d)] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    figures = set(r["ok"].values())
+    assert len(figures) == 1 and figures.pop() > 256 * 64 * 4, r["ok"]
+    assert len(r["refused"]) == 12
+    for k, (d, msg) in r["refused"].items():
+        assert msg == "Expected a npu device, but got: " + d, (k, msg)
+    # the same message as torch's, the types swapped
+    assert r["torch"] == {"'npu'": "Expected a cuda device, but got: npu",
+                          "device(type='npu', index=0)":
+                              "Expected a cuda device, but got: npu:0"}, r["torch"]
+
+
 def test_torch_accelerator_memory_api_is_memsnaps():
     """torch.accelerator's memory functions (torch 2.9+, device-generic
     code) reach the device's allocator through c10::getDeviceAllocator and
