@@ -1039,6 +1039,13 @@ def test_cli_refuses_a_bad_alloc_conf_before_the_script(tmp_path):
     assert p.returncode == 2, p.stdout + p.stderr
     assert "unrecognized key 'max_split_sise_mb'" in p.stderr, p.stderr
     assert "script ran" not in p.stderr and p.stdout == ""
+    assert "what-if" not in p.stderr  # the run's own configuration
+    # a what-if's bad alloc-conf is named as the what-if's
+    for spec in ("expandable_segments:Bogus", "npu,max_split_size_mb:1"):
+        p = predict("--what-if", spec, "--json", str(script), cwd=tmp_path)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"memsnap.predict: what-if '{spec}': allocator (npu, " in p.stderr, p.stderr
+        assert "script ran" not in p.stderr and p.stdout == ""
 
 
 def test_refuses_a_taken_device_name():

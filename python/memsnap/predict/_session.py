@@ -108,6 +108,16 @@ def parse_what_if(spec: str) -> Config:
     return Config(None, spec)
 
 
+def _which(i: int, c: Config) -> str:
+    """The prefix naming configuration i in an error: nothing for the
+    run's own (0), ``what-if 'SPEC': `` for a what-if (as given to
+    --what-if or made by --compare)."""
+    if i == 0:
+        return ""
+    spec = ",".join(x for x in (c.profile, c.alloc_conf) if x)
+    return f"what-if {spec!r}: "
+
+
 def _conf_items(conf: str) -> list[str]:
     return [i.strip() for i in conf.split(",") if i.strip()]
 
@@ -261,7 +271,7 @@ class Session:
                 except ValueError as e:
                     errors.append(str(e))
             if len(errors) == len(profiles):
-                raise ConfigError(errors[0])
+                raise ConfigError(_which(i, c) + errors[0])
 
     def _create(self) -> None:
         """Create the allocators (first device allocation)."""
@@ -279,9 +289,12 @@ class Session:
                 configs.append(c)
         targets: list[Target] = []
         try:
-            for c in configs:
-                targets.append(Target(c, _capi.Allocator(c.profile, c.alloc_conf,
-                                                          self.devices, self.memory)))
+            for i, c in enumerate(configs):
+                try:
+                    alloc = _capi.Allocator(c.profile, c.alloc_conf, self.devices, self.memory)
+                except ValueError as e:
+                    raise ValueError(_which(i, c) + str(e)) from None
+                targets.append(Target(c, alloc))
             if self.extra_bytes:
                 # Known constants outside the allocator's view (runtime
                 # context, communication buffers): taken up front on every
