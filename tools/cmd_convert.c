@@ -18,8 +18,8 @@
  * with a note; one with neither key is refused (nothing to take the value
  * from).  Trace entries get `size` (0) and frames `name`, `filename` ("")
  * and `line` (0) when they lack them.  --keep-keys writes exactly the keys
- * of the source instead.  Either way, keys of trace entries the model
- * does not keep (the reader counts them: keys_dropped) are named in a
+ * of the source instead.  Either way, keys of records the model does
+ * not keep (the reader counts them: keys_dropped) are named in a
  * warning.
  */
 #include <inttypes.h>
@@ -233,29 +233,39 @@ static void find_big(const msnap_snap_t *s, char *buf, size_t len) {
     }
 }
 
-/* Keys of trace entries the model does not keep (the reader dropped
- * them, snapshot.h keys_dropped): a warning naming them. */
+/* Keys of records the model does not keep (the reader dropped them,
+ * snapshot.h keys_dropped): a warning naming them and their records. */
 static void warn_dropped(const msnap_snap_t *s, const char *file) {
+  static const char *const in[] = {
+      [MSNAP_DROPPED_IN_TRACE] = "trace entry",
+      [MSNAP_DROPPED_IN_SEGMENT] = "segment",
+      [MSNAP_DROPPED_IN_BLOCK] = "block",
+      [MSNAP_DROPPED_IN_HISTORY] = "block history element",
+      [MSNAP_DROPPED_IN_ANNOTATION] = "annotation",
+      [MSNAP_DROPPED_IN_FRAME] = "frame",
+  };
   if (!s->keys_dropped)
     return;
-  char names[256] = "";
+  char names[512] = "";
   size_t n = 0;
   for (int j = 0; j < MSNAP_SNAP_DROPPED_NAMES && s->dropped_key[j]; j++) {
     size_t len;
     const char *p = cli_str(s, s->dropped_key[j], &len);
-    int w = snprintf(names + n, sizeof names - n, "%s'%.*s'", j ? ", " : "",
-                     len > 60 ? 60 : (int)len, p);
+    unsigned k = s->dropped_in[j];
+    int w = snprintf(names + n, sizeof names - n, "%s'%.*s' (%s)",
+                     j ? ", " : "", len > 60 ? 60 : (int)len, p,
+                     k < sizeof in / sizeof *in ? in[k] : "record");
     if (w < 0 || (size_t)w >= sizeof names - n)
       break;
     n += (size_t)w;
   }
   fprintf(stderr,
-          "memsnap: warning: %s: %" PRIu64 " key%s of trace entries not "
-          "written (memsnap's model does not keep %s): %s%s\n",
-          file, s->keys_dropped, s->keys_dropped == 1 ? "" : "s",
+          "memsnap: warning: %s: %" PRIu64 " %s not written (memsnap's "
+          "model does not keep %s): %s%s\n",
+          file, s->keys_dropped, cli_plural(s->keys_dropped, "key", "keys"),
           s->keys_dropped == 1 ? "it" : "them",
           names[0] ? names : "keys that are not str",
-          s->dropped_key[MSNAP_SNAP_DROPPED_NAMES - 1] ? ", ..." : "");
+          names[0] && s->dropped_more ? ", ..." : "");
 }
 
 static void usage(FILE *f) {

@@ -236,6 +236,15 @@ typedef enum msnap_generation_e {
 } msnap_generation_t;
 
 #define MSNAP_SNAP_DROPPED_NAMES 4 /* names kept in dropped_key */
+/* The kind of record a dropped key was in (dropped_in). */
+typedef enum msnap_dropped_in_e {
+  MSNAP_DROPPED_IN_TRACE,      /* a trace entry              */
+  MSNAP_DROPPED_IN_SEGMENT,    /* a segment                  */
+  MSNAP_DROPPED_IN_BLOCK,      /* a block                    */
+  MSNAP_DROPPED_IN_HISTORY,    /* a 2.0 block history element */
+  MSNAP_DROPPED_IN_ANNOTATION, /* an external annotation     */
+  MSNAP_DROPPED_IN_FRAME       /* a frame                    */
+} msnap_dropped_in_t;
 
 typedef struct msnap_snap_s {
   msnap_generation_t generation;
@@ -293,12 +302,16 @@ typedef struct msnap_snap_s {
   uint64_t utf8_repaired;
   msnap_str_t utf8_example;
 
-  /* Keys of trace entries that the model has no place for (a `category`;
-   * `device_free` beside `addr`): snapshot_read.c drops them, counting
-   * them here, with the first distinct str keys' names (0: none), so that
-   * a rewrite can say what it leaves out. */
+  /* Keys of records (trace entries, segments, blocks, 2.0 history
+   * elements, annotations, frames) that the model has no place for (a
+   * trace entry's `category`; `device_free` beside `addr`):
+   * snapshot_read.c drops them, counting them here, with the first
+   * distinct str keys' names (0: none) and the kind of record each was in
+   * (msnap_dropped_in_t), so that a rewrite can say what it leaves out. */
   uint64_t keys_dropped;
   msnap_str_t dropped_key[MSNAP_SNAP_DROPPED_NAMES];
+  uint8_t dropped_in[MSNAP_SNAP_DROPPED_NAMES];
+  bool dropped_more; /* dropped keys beyond those named (or not str) */
 
   /* private: intern hash tables, arenas */
   struct msnap_snap_priv_s *priv;

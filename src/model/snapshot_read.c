@@ -461,23 +461,44 @@ static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
 /* ---- conversions --------------------------------------------------------- */
 
 #define KEY_BIT(k) (1ull << KEY_##k)
-/* The keys of a trace entry that conv_trace keeps. */
+/* The keys of each record's dict that its conversion keeps. */
 #define TRACE_KEYS                                                            \
   (KEY_BIT(action) | KEY_BIT(addr) | KEY_BIT(device_free) | KEY_BIT(size) |  \
    KEY_BIT(stream) | KEY_BIT(time_us) | KEY_BIT(compile_context) |           \
    KEY_BIT(user_metadata) | KEY_BIT(internal_metadata) | KEY_BIT(pool_id) |  \
    KEY_BIT(frames) | KEY_BIT(forward_frames))
+#define SEGMENT_KEYS                                                          \
+  (KEY_BIT(device) | KEY_BIT(address) | KEY_BIT(total_size) |                \
+   KEY_BIT(allocated_size) | KEY_BIT(active_size) |                          \
+   KEY_BIT(requested_size) | KEY_BIT(stream) | KEY_BIT(segment_type) |       \
+   KEY_BIT(segment_pool_id) | KEY_BIT(is_expandable) | KEY_BIT(frames) |     \
+   KEY_BIT(forward_frames) | KEY_BIT(blocks))
+#define BLOCK_KEYS                                                            \
+  (KEY_BIT(address) | KEY_BIT(size) | KEY_BIT(requested_size) |              \
+   KEY_BIT(state) | KEY_BIT(frames) | KEY_BIT(forward_frames) |              \
+   KEY_BIT(history))
+#define HIST_KEYS (KEY_BIT(addr) | KEY_BIT(real_size) | KEY_BIT(frames))
+#define ANNOTATION_KEYS                                                       \
+  (KEY_BIT(stage) | KEY_BIT(name) | KEY_BIT(device) | KEY_BIT(time_us))
+#define FRAME_KEYS                                                            \
+  (KEY_BIT(name) | KEY_BIT(filename) | KEY_BIT(line) |                       \
+   KEY_BIT(fx_node_op) | KEY_BIT(fx_node_name) | KEY_BIT(fx_node_target) |   \
+   KEY_BIT(fx_original_trace))
 
 /*
- * The keys of a converted trace entry's dict that the model does not keep
- * (any but TRACE_KEYS; `device_free` beside `addr`, which conv_trace
- * takes): counted in s->keys_dropped, the first distinct str keys named
- * in s->dropped_key.  The usual entry has none and costs a popcount.
+ * The keys of a converted record's dict that the model does not keep (any
+ * but `kept`; for a trace entry `device_free` beside `addr`, which
+ * conv_trace takes): counted in s->keys_dropped, the first distinct str
+ * keys named in s->dropped_key with the record's kind in
+ * s->dropped_in (s->dropped_more: others, not named, or not str).  The
+ * usual record has none and costs a popcount.
  */
 static void note_dropped(rd_t *r, const msnap_pitems_t *it,
-                         const fields_t *f) {
-  uint64_t kept = f->present & TRACE_KEYS;
-  if (HAS(f, addr)) kept &= ~KEY_BIT(device_free);
+                         const fields_t *f, uint64_t kept,
+                         msnap_dropped_in_t in) {
+  kept &= f->present;
+  if (in == MSNAP_DROPPED_IN_TRACE && HAS(f, addr))
+    kept &= ~KEY_BIT(device_free);
   if (msnap_likely(it->n / 2 <= (uint32_t)__builtin_popcountll(kept)))
     return;
   msnap_snap_t *s = r->s;
@@ -489,13 +510,16 @@ static void note_dropped(rd_t *r, const msnap_pitems_t *it,
         ((kept >> (r->key_of[id] - 1)) & 1u))
       continue; /* (a repeated key is one key, as in pickle.load's dict) */
     s->keys_dropped++;
-    for (int j = 0; str && j < MSNAP_SNAP_DROPPED_NAMES; j++) {
-      if (s->dropped_key[j] == id) break;
+    int j = 0;
+    for (; str && j < MSNAP_SNAP_DROPPED_NAMES; j++) {
+      if (s->dropped_key[j] == id && s->dropped_in[j] == in) break;
       if (s->dropped_key[j] == MSNAP_STR_ABSENT) {
         s->dropped_key[j] = (msnap_str_t)id;
+        s->dropped_in[j] = (uint8_t)in;
         break;
       }
     }
+    if (!str || j == MSNAP_SNAP_DROPPED_NAMES) s->dropped_more = true;
   }
 }
 
@@ -1335,19 +1359,39 @@ static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
   if (kind != MSNAP_POBJ_DICT) return 0;
   fields_t f;
   get_fields(r, it, &f);
+  int rc;
+  uint64_t kept;
+  msnap_dropped_in_t in;
   if (HAS(&f, action)) {
-    int rc = conv_trace(r, &f, out);
-    if (rc == 0) note_dropped(r, it, &f);
-    return rc;
+    rc = conv_trace(r, &f, out);
+    kept = TRACE_KEYS;
+    in = MSNAP_DROPPED_IN_TRACE;
+  } else if (HAS(&f, blocks) && !HAS(&f, segments)) {
+    rc = conv_segment(r, &f, out);
+    kept = SEGMENT_KEYS;
+    in = MSNAP_DROPPED_IN_SEGMENT;
+  } else if (HAS(&f, state)) {
+    rc = conv_block(r, &f, out);
+    kept = BLOCK_KEYS;
+    in = MSNAP_DROPPED_IN_BLOCK;
+  } else if (HAS(&f, real_size)) {
+    rc = conv_hist(r, &f, out);
+    kept = HIST_KEYS;
+    in = MSNAP_DROPPED_IN_HISTORY;
+  } else if (HAS(&f, stage)) {
+    rc = conv_annotation(r, &f, out);
+    kept = ANNOTATION_KEYS;
+    in = MSNAP_DROPPED_IN_ANNOTATION;
+  } else if ((HAS(&f, filename) || (HAS(&f, name) && HAS(&f, line))) &&
+             !HAS(&f, segments)) {
+    rc = conv_frame(r, &f, out);
+    kept = FRAME_KEYS;
+    in = MSNAP_DROPPED_IN_FRAME;
+  } else {
+    return 0;
   }
-  if (HAS(&f, blocks) && !HAS(&f, segments)) return conv_segment(r, &f, out);
-  if (HAS(&f, state)) return conv_block(r, &f, out);
-  if (HAS(&f, real_size)) return conv_hist(r, &f, out);
-  if (HAS(&f, stage)) return conv_annotation(r, &f, out);
-  if ((HAS(&f, filename) || (HAS(&f, name) && HAS(&f, line))) &&
-      !HAS(&f, segments))
-    return conv_frame(r, &f, out);
-  return 0;
+  if (rc == 0 && *out) note_dropped(r, it, &f, kept, in);
+  return rc;
 }
 
 /* The fast path's checkpoint: what its records appended (the VM undoes

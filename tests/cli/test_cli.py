@@ -859,11 +859,12 @@ def convert_gen20():
 def convert_keep_keys_exact():
     """--keep-keys writes only the keys the source had: a trace entry
     without 'size', frames without 'name' or 'line' come back as they were
-    (pickle.load of the output equals the source); keys of trace entries
-    the model cannot keep ('category', 'foo') are named on stderr with
-    their count, not dropped silently.  Upgrading adds size 0, name ''
-    and line 0."""
-    fr = [{"name": "forward", "filename": "/u/model.py", "line": 12},
+    (pickle.load of the output equals the source); keys the model cannot
+    keep (a trace entry's 'category' and 'foo', a frame's 'col', a
+    block's 'tensor_id', a segment's 'is_large') are counted on stderr,
+    the first four named with their record, not dropped silently.  Upgrading adds size 0, name '' and line 0."""
+    fr = [{"name": "forward", "filename": "/u/model.py", "line": 12,
+           "col": 4},
           {"filename": "/u/noname.py", "line": 3},
           {"name": "noline", "filename": "/u/noline.py"}]
     a = 1 << 30
@@ -871,8 +872,9 @@ def convert_keep_keys_exact():
            "allocated_size": 1024, "active_size": 1024,
            "requested_size": 1000, "stream": 0, "segment_type": "small",
            "segment_pool_id": (0, 0), "is_expandable": False, "frames": fr,
-           "blocks": [{"address": a, "size": 1024, "requested_size": 1000,
-                       "state": "active_allocated", "frames": fr},
+           "is_large": True, "blocks": [{"address": a, "size": 1024, "requested_size": 1000,
+                       "state": "active_allocated", "frames": fr,
+                       "tensor_id": 7},
                       {"address": a + 1024, "size": 2 * MiB - 1024,
                        "requested_size": 0, "state": "inactive",
                        "frames": []}]}
@@ -893,8 +895,14 @@ def convert_keep_keys_exact():
     for e in want["device_traces"][0]:
         e.pop("category", None)
         e.pop("foo", None)
-    note = ("warning: %s: 3 keys of trace entries not written (memsnap's "
-            "model does not keep them): 'category', 'foo'" % path)
+    want["segments"][0]["frames"][0].pop("col")  # (one dict, shared)
+    want["segments"][0]["blocks"][0].pop("tensor_id")
+    want["segments"][0].pop("is_large")
+    # (a dict is converted after its items: frames, blocks, then the
+    # segment; 'foo', the fifth name, is counted, not named)
+    note = ("warning: %s: 6 keys not written (memsnap's model does not "
+            "keep them): 'col' (frame), 'tensor_id' (block), 'is_large' "
+            "(segment), 'category' (trace entry), ...\n" % path)
     out_p = os.path.join(TMP, "keep_keys.out.pickle")
     rc, out, err = run("convert", "--keep-keys", path, "-o", out_p)
     got = None
@@ -2261,7 +2269,8 @@ def oom_snapshot():
                      "is_expandable": False, "frames": fr,
                      "blocks": [{"address": base, "size": 12 * MiB,
                                  "requested_size": 12 * MiB,
-                                 "state": "active_allocated", "frames": fr},
+                                 "state": "active_allocated", "frames": fr,
+                       "tensor_id": 7},
                                 {"address": base + 12 * MiB,
                                  "size": 8 * MiB, "requested_size": 0,
                                  "state": "inactive", "frames": []}]})
