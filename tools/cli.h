@@ -548,6 +548,13 @@ static inline bool cli_workspace_synthetic(const msnap_trace_list_t *tl,
  * each entry of the device trace; *n = entries + 1; caller frees. */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
                  uint64_t **res, uint32_t *n);
+/* The same states one at a time, in order, without the arrays (a peak
+ * needs no 16 bytes per entry): visit(arg, state, active, reserved) for
+ * states 0 (before the first entry) to entries; returns entries + 1. */
+typedef void (*cli_timeline_fn)(void *arg, uint32_t state, uint64_t act,
+                                uint64_t res);
+uint32_t cli_timeline_visit(const msnap_snap_t *s, int64_t dev,
+                            cli_timeline_fn visit, void *arg);
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st);
 
 /* ---- lifetimes and sites (cli_life.c) ------------------------------------ */

@@ -705,12 +705,10 @@ nomem:
  * never active.  Arrays of tl->n + 1 values (index 0 = before the first
  * entry); caller frees both.
  */
-int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
-                 uint64_t **res, uint32_t *n) {
+uint32_t cli_timeline_visit(const msnap_snap_t *s, int64_t dev,
+                            cli_timeline_fn visit, void *arg) {
   const msnap_trace_list_t *tl = cli_trace(s, dev);
   uint32_t m = tl ? tl->n : 0;
-  *act = *res = NULL;
-  *n = 0;
   __int128 a0 = 0, r0 = 0;
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
@@ -739,15 +737,7 @@ int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
   }
   uint64_t a = a0 < 0 ? 0 : a0 > UINT64_MAX ? UINT64_MAX : (uint64_t)a0;
   uint64_t r = r0 < 0 ? 0 : r0 > UINT64_MAX ? UINT64_MAX : (uint64_t)r0;
-  uint64_t *va = malloc((m + 1) * sizeof *va);
-  uint64_t *vr = malloc((m + 1) * sizeof *vr);
-  if (!va || !vr) {
-    free(va);
-    free(vr);
-    return -1;
-  }
-  va[0] = a;
-  vr[0] = r;
+  visit(arg, 0, a, r);
   for (uint32_t i = 0; i < m; i++) {
     const msnap_strace_t *e = &tl->v[i];
     switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
@@ -760,11 +750,37 @@ int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
     case MSNAP_ACTION_SEGMENT_UNMAP: r -= r >= e->size ? e->size : r; break;
     default: break;
     }
-    va[i + 1] = a;
-    vr[i + 1] = r;
+    visit(arg, i + 1, a, r);
   }
-  *act = va;
-  *res = vr;
-  *n = m + 1;
+  return m + 1;
+}
+
+typedef struct timeline_arrays_s {
+  uint64_t *act, *res;
+} timeline_arrays_t;
+
+static void timeline_store(void *arg, uint32_t state, uint64_t act,
+                           uint64_t res) {
+  timeline_arrays_t *t = arg;
+  t->act[state] = act;
+  t->res[state] = res;
+}
+
+int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,
+                 uint64_t **res, uint32_t *n) {
+  const msnap_trace_list_t *tl = cli_trace(s, dev);
+  size_t m = tl ? tl->n : 0;
+  timeline_arrays_t t = {malloc((m + 1) * sizeof *t.act),
+                         malloc((m + 1) * sizeof *t.res)};
+  *act = *res = NULL;
+  *n = 0;
+  if (!t.act || !t.res) {
+    free(t.act);
+    free(t.res);
+    return -1;
+  }
+  *n = cli_timeline_visit(s, dev, timeline_store, &t);
+  *act = t.act;
+  *res = t.res;
   return 0;
 }

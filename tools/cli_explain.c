@@ -161,17 +161,27 @@ static bool visit(void *arg, uint32_t state, msnap_allocator_t *a, int dev) {
 
 /* ---- the peak --------------------------------------------------------------- */
 
-static int peak_state(const msnap_snap_t *s, int64_t dev, uint32_t *state,
-                      uint64_t **act, uint64_t **res, uint32_t *n) {
-  if (cli_timeline(s, dev, act, res, n) != 0)
-    return -1;
-  uint32_t best = 0;
-  for (uint32_t i = 1; i < *n; i++)
-    if ((*res)[i] > (*res)[best] ||
-        ((*res)[i] == (*res)[best] && (*act)[i] > (*act)[best]))
-      best = i;
-  *state = best;
-  return 0;
+/* The peak (the first state with the most reserved bytes, ties broken
+ * by the most active ones) and the figures of state `want`, in one walk
+ * of the timeline (cli_timeline_visit: no arrays). */
+typedef struct peak_walk_s {
+  uint32_t best, want;
+  uint64_t best_act, best_res, want_act, want_res;
+} peak_walk_t;
+
+static void peak_visit(void *arg, uint32_t state, uint64_t act,
+                       uint64_t res) {
+  peak_walk_t *p = arg;
+  if (state == 0 || res > p->best_res ||
+      (res == p->best_res && act > p->best_act)) {
+    p->best = state;
+    p->best_act = act;
+    p->best_res = res;
+  }
+  if (state == p->want) {
+    p->want_act = act;
+    p->want_res = res;
+  }
 }
 
 static bool has_allocs(const msnap_trace_list_t *tl) {
@@ -209,14 +219,13 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
                  ? "the device has no trace (history was not recorded)"
                  : "the trace holds no alloc history");
   }
-  uint64_t *act = NULL, *res = NULL;
-  uint32_t nstates = 0;
   int rc = -1;
-  if (tl && tl->n && peak_state(s, dev, &x->peak_state, &act, &res,
-                                &nstates) != 0)
-    goto out;
+  peak_walk_t pk = {.want = o->present ? o->entry : UINT32_MAX};
+  if (tl && tl->n) {
+    cli_timeline_visit(s, dev, peak_visit, &pk);
+    x->peak_state = pk.best;
+  }
   x->have_peak_state = tl && tl->n && has_allocs(tl);
-  (void)nstates;
 
   if (o->present) {
     const msnap_strace_t *e = &tl->v[o->entry];
@@ -233,8 +242,8 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     if (o->site.frame == CLI_SITE_NONE)
       o->site.frame = cli_empty_site(s);
     o->state = o->entry; /* the state the oom entry was recorded in */
-    o->reserved = res[o->state];
-    o->active_requested = act[o->state];
+    o->reserved = pk.want_res;
+    o->active_requested = pk.want_act;
     o->expandable = -1;
   }
 
@@ -386,7 +395,5 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
   }
   rc = 0;
 out:
-  free(act);
-  free(res);
   return rc;
 }

@@ -110,6 +110,16 @@ static int64_t rank_from_name(const char *path) {
   return -1;
 }
 
+/* The most active and the most reserved bytes over a device's timeline
+ * (pk[0], pk[1]; cli_timeline_visit). */
+static void peaks_visit(void *arg, uint32_t state, uint64_t act,
+                        uint64_t res) {
+  uint64_t *pk = arg;
+  (void)state;
+  pk[0] = act > pk[0] ? act : pk[0];
+  pk[1] = res > pk[1] ? res : pk[1];
+}
+
 static void analyse(rank_t *r, double min_conf) {
   msnap_snap_t *s;
   r->rank = r->world_size = r->local_rank = r->pid = -1;
@@ -146,21 +156,10 @@ static void analyse(rank_t *r, double min_conf) {
     r->free_segments_bytes += f.free_segments_bytes;
     const msnap_trace_list_t *tl = cli_trace(s, devs[d]);
     if (tl && tl->n) {
-      uint64_t *act, *res;
-      uint32_t n;
-      if (cli_timeline(s, devs[d], &act, &res, &n) != 0) {
-        nomem = true;
-        break;
-      }
-      uint64_t pa = 0, pr = 0;
-      for (uint32_t i = 0; i < n; i++) {
-        pa = act[i] > pa ? act[i] : pa;
-        pr = res[i] > pr ? res[i] : pr;
-      }
-      free(act);
-      free(res);
-      r->m[0] += pr;
-      r->m[1] += pa;
+      uint64_t pk[2] = {0, 0}; /* the most active, reserved bytes */
+      cli_timeline_visit(s, devs[d], peaks_visit, pk);
+      r->m[0] += pk[1];
+      r->m[1] += pk[0];
       r->have_peak = true;
       for (uint32_t i = 0; i < tl->n; i++) {
         if (tl->v[i].action == MSNAP_ACTION_OOM) {
