@@ -280,17 +280,21 @@ static inline uint32_t cli_lower_bound(const void *base, uint32_t n,
   /* signed keys compare as unsigned once the sign bit is flipped */
   uint64_t flip = is_signed ? 1ull << 63 : 0;
   const char *b = (const char *)base + off;
-  uint32_t first = 0, len = n;
+  uint64_t k;
+  if (n == 0) return 0;
   key ^= flip;
-  while (len > 0) {
+  /* the answer lies in [first, first + len]; each step halves len with
+   * a mask, not a branch (a branch on random keys mispredicts half the
+   * time) */
+  uint32_t first = 0, len = n;
+  while (len > 1) {
     uint32_t half = len / 2;
-    uint64_t k;
     memcpy(&k, b + (size_t)(first + half) * stride, sizeof k);
-    bool lt = (k ^ flip) < key;
-    first = lt ? first + half + 1 : first;
-    len = lt ? len - half - 1 : half;
+    first += half & (0u - (uint32_t)((k ^ flip) < key));
+    len -= half;
   }
-  return first;
+  memcpy(&k, b + (size_t)first * stride, sizeof k);
+  return first + ((k ^ flip) < key);
 }
 
 /* True for the states that count as "active" (allocated or pending). */
