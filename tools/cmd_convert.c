@@ -105,9 +105,9 @@ static int upgrade(msnap_snap_t *s) {
       g->keys |= MSNAP_K_FRAMES;
     }
     /* Blocks without requested_size (2.0) get one below; their
-     * segment's requested_size (read as 0: one key bit covers the three
-     * sums) is then the sum over its active blocks, as PyTorch keeps it
-     * (memsnap check's rule). */
+     * segment's requested_size (read as 0), like that of a segment
+     * without the key, is then the sum over its active blocks, as
+     * PyTorch keeps it (memsnap check's rule). */
     bool filled = false;
     uint64_t requested = 0;
     g->keys |= MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_STREAM |
@@ -139,8 +139,9 @@ static int upgrade(msnap_snap_t *s) {
       b->keys &= (uint16_t)~MSNAP_K_HISTORY;
       b->history.n = 0;
     }
-    if (filled)
+    if (filled || !(g->keys & MSNAP_K_SEG_REQUESTED_SIZE))
       g->requested_size = requested;
+    g->keys |= MSNAP_K_SEG_REQUESTED_SIZE;
   }
   if (maxdev >= 0 && (uint64_t)(maxdev + 1) > s->ndevices) {
     int rc = msnap__snap_set_devices(s, (uint32_t)(maxdev + 1));
@@ -243,6 +244,7 @@ static void warn_dropped(const msnap_snap_t *s, const char *file) {
       [MSNAP_DROPPED_IN_HISTORY] = "block history element",
       [MSNAP_DROPPED_IN_ANNOTATION] = "annotation",
       [MSNAP_DROPPED_IN_FRAME] = "frame",
+      [MSNAP_DROPPED_IN_TOP] = "top level",
   };
   if (!s->keys_dropped)
     return;

@@ -115,12 +115,17 @@ enum {
   MSNAP_K_SEGMENT_TYPE = 1u << 12,
   MSNAP_K_INTERNAL_META = 1u << 13,
   MSNAP_K_FRAMES_LAST = 1u << 14,   /* segment: `frames` after `blocks`  */
-  MSNAP_K_SIZE = 1u << 15           /* trace entry: `size` (read files)  */
+  MSNAP_K_SIZE = 1u << 15,          /* trace entry: `size` (read files)  */
+  /* segment: `requested_size` (read files; bit 0 is a block's address) */
+  MSNAP_K_SEG_REQUESTED_SIZE = 1u << 0
 };
 /* Notes on the bits (added by the pickle helper):
  *   - segments: MSNAP_K_REQUESTED stands for the three sums
- *     allocated_size/active_size/requested_size; device, address and
- *     total_size are always written.
+ *     allocated_size/active_size/requested_size, and in a model read from
+ *     a file requested_size is written only with
+ *     MSNAP_K_SEG_REQUESTED_SIZE (a hand-made or old file may have the
+ *     other two alone); device, address and total_size are always
+ *     written.
  *   - trace entries: MSNAP_K_ADDRESS = `addr` present, MSNAP_K_DEVICE_FREE
  *     = `device_free` present, MSNAP_K_SIZE = `size` present; action is
  *     always written, and so is size for a model not produced by
@@ -198,8 +203,8 @@ typedef struct msnap_trace_list_s {
   uint32_t n, cap;
 } msnap_trace_list_t;
 
-/* A generic value for the free-form parts (allocator_settings, unknown
- * top-level keys): a small tree. */
+/* A generic value for the free-form parts (allocator_settings,
+ * process_info): a small tree. */
 typedef enum msnap_gv_kind_e {
   MSNAP_GV_NONE,
   MSNAP_GV_BOOL,
@@ -243,7 +248,8 @@ typedef enum msnap_dropped_in_e {
   MSNAP_DROPPED_IN_BLOCK,      /* a block                    */
   MSNAP_DROPPED_IN_HISTORY,    /* a 2.0 block history element */
   MSNAP_DROPPED_IN_ANNOTATION, /* an external annotation     */
-  MSNAP_DROPPED_IN_FRAME       /* a frame                    */
+  MSNAP_DROPPED_IN_FRAME,      /* a frame                    */
+  MSNAP_DROPPED_IN_TOP         /* the top-level dict         */
 } msnap_dropped_in_t;
 
 typedef struct msnap_snap_s {
@@ -303,7 +309,8 @@ typedef struct msnap_snap_s {
   msnap_str_t utf8_example;
 
   /* Keys of records (trace entries, segments, blocks, 2.0 history
-   * elements, annotations, frames) that the model has no place for (a
+   * elements, annotations, frames, the top-level dict) that the model has
+   * no place for (a
    * trace entry's `category`; `device_free` beside `addr`):
    * snapshot_read.c drops them, counting them here, with the first
    * distinct str keys' names (0: none) and the kind of record each was in

@@ -480,6 +480,10 @@ static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
 #define HIST_KEYS (KEY_BIT(addr) | KEY_BIT(real_size) | KEY_BIT(frames))
 #define ANNOTATION_KEYS                                                       \
   (KEY_BIT(stage) | KEY_BIT(name) | KEY_BIT(device) | KEY_BIT(time_us))
+#define TOP_KEYS                                                              \
+  (KEY_BIT(segments) | KEY_BIT(device_traces) | KEY_BIT(host_segments) |     \
+   KEY_BIT(host_traces) | KEY_BIT(external_annotations) |                    \
+   KEY_BIT(allocator_settings) | KEY_BIT(process_info))
 #define FRAME_KEYS                                                            \
   (KEY_BIT(name) | KEY_BIT(filename) | KEY_BIT(line) |                       \
    KEY_BIT(fx_node_op) | KEY_BIT(fx_node_name) | KEY_BIT(fx_node_target) |   \
@@ -834,9 +838,11 @@ static int conv_segment(rd_t *r, const fields_t *f, msnap_pv_t *v) {
     if (HAS(f, active_size) &&
         (rc = get_u64(r, f, KEY_active_size, &g.active_size)) < 0)
       return rc;
-    if (HAS(f, requested_size) &&
-        (rc = get_u64(r, f, KEY_requested_size, &g.requested_size)) < 0)
-      return rc;
+    if (HAS(f, requested_size)) {
+      if ((rc = get_u64(r, f, KEY_requested_size, &g.requested_size)) < 0)
+        return rc;
+      g.keys |= MSNAP_K_SEG_REQUESTED_SIZE;
+    }
   }
   if (HAS(f, stream)) {
     if ((rc = get_i64(r, f, KEY_stream, &g.stream)) < 0) return rc;
@@ -1735,6 +1741,7 @@ static int map_root(rd_t *r, msnap_pv_t root) {
       rc = msnap__pvm_to_gv(vm, f.v[KEY_allocator_settings],
                             &s->allocator_settings);
     }
+    if (!rc) note_dropped(r, &it, &f, TOP_KEYS, MSNAP_DROPPED_IN_TOP);
     if (!rc && HAS(&f, process_info)) {
       s->top_keys |= MSNAP_TOP_PROCESS_INFO;
       msnap__pvm_set_phase(vm, "converting process_info");

@@ -495,8 +495,9 @@ static unsigned live_block_keys(const msnap_sblock_t *b) {
 }
 
 static unsigned live_segment_keys(const msnap_ssegment_t *g) {
-  unsigned k = MSNAP_K_REQUESTED | MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE |
-               MSNAP_K_POOL_ID | MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
+  unsigned k = MSNAP_K_REQUESTED | MSNAP_K_SEG_REQUESTED_SIZE |
+               MSNAP_K_STREAM | MSNAP_K_SEGMENT_TYPE | MSNAP_K_POOL_ID |
+               MSNAP_K_EXPANDABLE | MSNAP_K_FRAMES;
   if (g->forward_frames) k |= MSNAP_K_FORWARD;
   return k;
 }
@@ -612,8 +613,10 @@ static void wsegment(wr_t *w, const msnap_ssegment_t *g,
     wu64(w, g->allocated_size, "allocated_size");
     key(w, C_active_size);
     wu64(w, g->active_size, "active_size");
-    key(w, C_requested_size);
-    wu64(w, g->requested_size, "requested_size");
+    if (!w->keyed || (k & MSNAP_K_SEG_REQUESTED_SIZE)) {
+      key(w, C_requested_size);
+      wu64(w, g->requested_size, "requested_size");
+    }
   }
   if (k & MSNAP_K_STREAM) key(w, C_stream), wi64(w, g->stream);
   if (k & MSNAP_K_SEGMENT_TYPE)

@@ -944,6 +944,33 @@ def convert_keep_keys_exact():
            note in err,
            "convert: upgrading adds size 0, name '' and line 0, and names "
            "the dropped keys (%d %r)" % (rc, err))
+    # a segment with allocated/active_size but no requested_size keeps
+    # lacking it; an unknown top-level key is named, not lost silently
+    src2 = {"segments": [{"device": 0, "address": a, "total_size": 2 * MiB,
+                          "allocated_size": 0, "active_size": 0,
+                          "blocks": [{"size": 2 * MiB, "state": "inactive"}]}],
+            "device_traces": [[]], "my_key": 1}
+    path2 = write_pickle(src2, "keep_keys2.pickle")
+    rc, out, err = run("convert", "--keep-keys", path2, "-o", out_p)
+    got = None
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            got = pickle.load(f)
+    want2 = dict(src2)
+    del want2["my_key"]
+    expect(rc == 0 and got == want2 and
+           ("warning: %s: 1 key not written (memsnap's model does not keep "
+            "it): 'my_key' (top level)\n" % path2) in err,
+           "convert --keep-keys: no requested_size added to a segment "
+           "without it; a top-level key named (%d %r %r)" % (rc, got, err))
+    rc, out, err = run("convert", path2, "-o", out_p)
+    got = None
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            got = pickle.load(f)
+    expect(rc == 0 and got["segments"][0]["requested_size"] == 0,
+           "convert: upgrading gives the segment requested_size, the sum "
+           "over its active blocks (%d %r)" % (rc, got and got["segments"]))
 
 
 def group_convert():
