@@ -487,9 +487,9 @@ static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
 
 /*
  * The keys of a converted record's dict that the model does not keep (any
- * but `kept`; for a trace entry `device_free` beside `addr`, which
- * conv_trace takes): counted in s->keys_dropped, the first distinct str
- * keys named in s->dropped_key with the record's kind in
+ * but `kept`; for a trace entry the one of `addr` and `device_free`
+ * that conv_trace did not take): counted in s->keys_dropped, the first
+ * distinct str keys named in s->dropped_key with the record's kind in
  * s->dropped_in (s->dropped_more: others, not named, or not str).  The
  * usual record has none and costs a popcount.
  */
@@ -497,8 +497,6 @@ static void note_dropped(rd_t *r, const msnap_pitems_t *it,
                          const fields_t *f, uint64_t kept,
                          msnap_dropped_in_t in) {
   kept &= f->present;
-  if (in == MSNAP_DROPPED_IN_TRACE && HAS(f, addr))
-    kept &= ~KEY_BIT(device_free);
   if (msnap_likely(it->n / 2 <= (uint32_t)__builtin_popcountll(kept)))
     return;
   msnap_snap_t *s = r->s;
@@ -581,7 +579,10 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   t.action = MSNAP_ACTION_UNKNOWN;
   if (as < r->naction_of && r->action_of[as]) t.action = r->action_of[as] - 1;
   if (t.action == MSNAP_ACTION_UNKNOWN) a.action_str = as;
-  if (HAS(f, addr)) {
+  /* of `addr` and `device_free` both present, an oom entry takes
+   * device_free (PyTorch's key for it), any other addr */
+  if (HAS(f, addr) &&
+      !(t.action == MSNAP_ACTION_OOM && HAS(f, device_free))) {
     if ((rc = get_u64(r, f, KEY_addr, &t.addr)) < 0) return rc;
     a.keys |= MSNAP_K_ADDRESS;
   } else if (HAS(f, device_free)) {
@@ -1365,6 +1366,10 @@ static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
   if (HAS(&f, action)) {
     rc = conv_trace(r, &f, out);
     kept = TRACE_KEYS;
+    if (rc == 0 && HAS(&f, addr) && HAS(&f, device_free))
+      kept &= r->pool[r->npool - 1].action == MSNAP_ACTION_OOM
+                  ? ~KEY_BIT(addr)
+                  : ~KEY_BIT(device_free);
     in = MSNAP_DROPPED_IN_TRACE;
   } else if (HAS(&f, blocks) && !HAS(&f, segments)) {
     rc = conv_segment(r, &f, out);

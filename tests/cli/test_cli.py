@@ -1044,6 +1044,34 @@ def group_convert():
            in err,
            "convert --keep-keys: the entry kept, with a warning (%d %r)"
            % (rc, err.strip()[-300:]))
+    # An oom entry with both keys: PyTorch's 'device_free' is the value
+    # kept, 'addr' the key dropped (named); an alloc entry with both keeps
+    # 'addr' and drops 'device_free' as before.
+    d = good_snapshot()
+    tr = d["device_traces"][0]
+    tr.append({"action": "oom", "device_free": 10 * MiB, "addr": 77,
+               "size": 30 * MiB, "stream": 0, "time_us": tr[-1]["time_us"]})
+    both = write_pickle(d, "oom_both.pickle")
+    rc, out, err = run("check", both)
+    expect(rc == 0 and "device_free" not in out,
+           "check: an oom entry with 'device_free' and 'addr' has "
+           "'device_free' (%d %r)" % (rc, out[-300:]))
+    tr[2]["device_free"] = 5
+    both = write_pickle(d, "oom_both2.pickle")
+    out_b = os.path.join(TMP, "oom_both_conv.pickle")
+    rc, out, err = run("convert", both, "-o", out_b)
+    t = []
+    if rc == 0:
+        with open(out_b, "rb") as f:
+            t = pickle.load(f)["device_traces"][0]
+    expect(len(t) == 8 and t[-1].get("device_free") == 10 * MiB and
+           "addr" not in t[-1] and t[2].get("addr") == A0 + 4 * MiB and
+           "device_free" not in t[2] and
+           "2 keys not written (memsnap's model does not keep them): "
+           "'device_free' (trace entry), 'addr' (trace entry)" in err,
+           "convert: an oom entry's 'device_free' wins over 'addr', an "
+           "alloc's 'addr' over 'device_free' (%d %r %r)"
+           % (rc, t[-1:], err.strip()[-300:]))
 
 
 REPLAYABLE = {
@@ -2975,7 +3003,7 @@ def group_explain():
     # claimed (before, the verdict blamed fragmentation next to "1024.00
     # TiB free of 128.00 MiB").
     snap = oom_snapshot()
-    snap["device_traces"][0][-1]["addr"] = 1 << 50
+    snap["device_traces"][0][-1]["device_free"] = 1 << 50
     snap["process_info"] = {"pid": 7, "devices": [
         {"device": 0, "total_bytes": 128 * MiB}]}
     p3 = write_pickle(snap, "oom_forged.pickle")
