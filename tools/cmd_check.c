@@ -15,7 +15,8 @@
  * generation are present ('segments' and 'device_traces' in a dict, block
  * address since 2.1, requested_size with frames, time_us on all entries
  * of a device or none, 'device_free' rather than 'addr' on an oom entry);
- * every device with segments has a trace list; addresses stay below 2^53;
+ * every device with segments has a trace list; segment ends fit in 64
+ * bits; addresses stay below 2^53;
  * and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
@@ -99,6 +100,13 @@ static int seg_idx_cmp(const void *x, const void *y) {
   return a->address < b->address ? -1 : a->address > b->address;
 }
 
+/* A segment's end, address + total_size; UINT64_MAX when that overflows
+ * 64 bits (check_segments reports it). */
+static uint64_t seg_end(const msnap_ssegment_t *g) {
+  return g->total_size > UINT64_MAX - g->address ? UINT64_MAX
+                                                  : g->address + g->total_size;
+}
+
 /* Segments of one device must not overlap (the workspace tail included). */
 static void check_overlaps(check_t *c, const msnap_snap_t *s) {
   if (s->nsegments < 2) return;
@@ -110,14 +118,14 @@ static void check_overlaps(check_t *c, const msnap_snap_t *s) {
   for (uint32_t k = 1; k < s->nsegments; k++) {
     const msnap_ssegment_t *p = &s->segments[ix[k - 1]];
     const msnap_ssegment_t *g = &s->segments[ix[k]];
-    if (p->device != g->device || g->address >= p->address + p->total_size)
+    if (p->device != g->device || g->address >= seg_end(p))
       continue;
     char where[64];
     snprintf(where, sizeof where, "segments[%u]", ix[k]);
     report(c, where,
            "segment at 0x%" PRIx64 " overlaps segments[%u] "
            "[0x%" PRIx64 ", 0x%" PRIx64 ")",
-           g->address, ix[k - 1], p->address, p->address + p->total_size);
+           g->address, ix[k - 1], p->address, seg_end(p));
   }
   free(ix);
 }
@@ -159,7 +167,13 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
     }
     prev_addr = g->address;
     prev_i = i;
-    if (g->address + g->total_size > (1ull << 53))
+    bool wraps = g->total_size > UINT64_MAX - g->address;
+    if (wraps)
+      report(c, where,
+             "address 0x%" PRIx64 " plus total_size %" PRIu64 " runs past "
+             "2^64 (the segment's end overflows 64 bits)",
+             g->address, g->total_size);
+    if (wraps || g->address + g->total_size > (1ull << 53))
       report(c, where,
              "address range ends above 2^53: JavaScript viewers "
              "(memory_viz) lose precision");

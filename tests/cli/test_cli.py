@@ -545,6 +545,27 @@ def group_check():
                "check finds %s (%s)" % (fn.__name__, line))
         if rc != 1 or (p + ": " + line) not in out:
             print(out[-800:], err[-300:])
+    # a segment whose range runs past 2^64: a violation naming it, and
+    # the 2^53 warning although its end wrapped to a small number
+    for addr, total in ((2**64 - 1, 2 * MiB), (0x1000, 2**64 - 1)):
+        d = {"segments": [dict(good_snapshot()["segments"][1],
+                               address=addr, total_size=total,
+                               allocated_size=0, active_size=0,
+                               requested_size=0,
+                               blocks=[{"address": addr, "size": total,
+                                        "requested_size": 0,
+                                        "state": "inactive",
+                                        "frames": []}])],
+             "device_traces": [[]]}
+        p = write_pickle(d, "wrap.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and out.splitlines() == [
+            "%s: segments[0]: address 0x%x plus total_size %d runs past "
+            "2^64 (the segment's end overflows 64 bits)" % (p, addr, total),
+            "%s: segments[0]: address range ends above 2^53: JavaScript "
+            "viewers (memory_viz) lose precision" % p],
+            "check: segment 0x%x + %d ends past 2^64 (%d %r)"
+            % (addr, total, rc, out[-300:]))
     # the two keys of every snapshot dict PyTorch's _snapshot() writes
     # (memory_viz's stats and trace read data["segments"], its trace
     # data["device_traces"]); without segments the trace is not replayed
