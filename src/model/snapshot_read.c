@@ -434,6 +434,48 @@ static int get_pair(rd_t *r, const fields_t *f, int key,
   return 0;
 }
 
+/* A list with an item that is no frame record: name the first such item,
+ * and of a dict the frame keys it lacks ("frames[0] is a dict without
+ * 'filename' and 'line', ..."). */
+static int bad_frames(rd_t *r, int key, msnap_pv_t v) {
+  static const char frame[] =
+      "a frame dict (one with 'filename', or 'name' and 'line')";
+  msnap_pobj_t *o =
+      MSNAP_PV_TAG(v) == MSNAP_PV_OBJ ? msnap__pvm_obj(r->vm, v) : NULL;
+  uint32_t i = 0;
+  while (o && o->kind == MSNAP_POBJ_LIST && i < o->n &&
+         IS_REC(msnap__pobj_item(o, i), REC_FRAME))
+    i++;
+  if (!o || o->kind != MSNAP_POBJ_LIST || i == o->n)
+    return bad_type(r, key, v, "a list of frame dicts");
+  msnap_pv_t x = msnap__pobj_item(o, i);
+  msnap_pobj_t *d =
+      MSNAP_PV_TAG(x) == MSNAP_PV_OBJ ? msnap__pvm_obj(r->vm, x) : NULL;
+  if (!d || d->kind != MSNAP_POBJ_DICT || (d->flags & MSNAP_POBJF_RANGE))
+    return bad_item(r, key_names[key], i, x, frame, NULL);
+  fields_t f;
+  msnap_pitems_t it = {.v = d->items, .n = d->n};
+  get_fields(r, &it, &f);
+  /* (a dict with filename, or name and line, is a frame record unless
+   * it also has 'segments': that one is only "a dict") */
+  const char *miss[3];
+  int n = 0;
+  if (!HAS(&f, name)) miss[n++] = "'name'";
+  if (!HAS(&f, filename)) miss[n++] = "'filename'";
+  if (!HAS(&f, line)) miss[n++] = "'line'";
+  if (n < 2 || HAS(&f, filename))
+    return bad_item(r, key_names[key], i, x, frame, NULL);
+  char lacks[64];
+  if (n == 3)
+    snprintf(lacks, sizeof lacks, "%s, %s and %s", miss[0], miss[1],
+             miss[2]);
+  else
+    snprintf(lacks, sizeof lacks, "%s and %s", miss[0], miss[1]);
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                         "%s[%u] is a dict without %s, expected %s",
+                         key_names[key], i, lacks, frame);
+}
+
 static int get_stack(rd_t *r, const fields_t *f, int key,
                      msnap_stack_t *out) {
   msnap_pv_t v = f->v[key];
@@ -442,7 +484,7 @@ static int get_stack(rd_t *r, const fields_t *f, int key,
   else if (IS_REC(v, REC_EMPTY))
     *out = MSNAP_STACK_EMPTY;
   else
-    return bad_type(r, key, v, "a list of frame dicts");
+    return bad_frames(r, key, v);
   return 0;
 }
 
