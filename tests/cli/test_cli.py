@@ -545,6 +545,30 @@ def group_check():
                "check finds %s (%s)" % (fn.__name__, line))
         if rc != 1 or (p + ": " + line) not in out:
             print(out[-800:], err[-300:])
+    # 1 of 2 entries with time_us: "has it"
+    p = write_pickle({"segments": [], "device_traces": [[
+        {"action": "snapshot", "addr": 0, "size": 0, "time_us": 5},
+        {"action": "snapshot", "addr": 0, "size": 0}]]}, "time1.pickle")
+    rc, out, err = run("check", p)
+    expect(rc == 1 and out == "%s: device_traces[0][1]: missing key "
+           "'time_us' (1 of the device's 2 entries has it)\n" % p,
+           "check: '1 of 2 entries has it' (%d %r)" % (rc, out))
+    # violations of the forward checks and of the backward replay are
+    # listed in trace order, --max-lines shows the first ones of that order
+    d = good_snapshot()
+    t = d["device_traces"][0]
+    t[0], t[1] = t[1], t[0]
+    del t[2]["time_us"]
+    p = write_pickle(d, "order.pickle")
+    rc, out, err = run("check", p)
+    where = [ln.split(": ")[1] for ln in out.splitlines()]
+    expect(rc == 1 and where == ["device_traces[0][0]"] +
+           ["device_traces[0][1]"] * 2 + ["device_traces[0][2]"],
+           "check: violations in trace order (%r)" % where)
+    rc, out2, err = run("check", "--max-lines", "2", p)
+    expect(rc == 1 and out2.splitlines() == out.splitlines()[:2] +
+           ["%s: 4 violations (2 not shown)" % p],
+           "check --max-lines 2: the first two in trace order (%r)" % out2)
     # a segment whose range runs past 2^64: a violation naming it, and
     # the 2^53 warning although its end wrapped to a small number
     for addr, total in ((2**64 - 1, 2 * MiB), (0x1000, 2**64 - 1)):
