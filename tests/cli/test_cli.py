@@ -1148,6 +1148,31 @@ def group_replay():
     if not allocator_available():
         need(False, "replay: memsnap demo-train records a snapshot (allocator "
              "and recorder)")
+    # Not replayable, stdout and stderr into one pipe: the reason (stdout)
+    # comes before the line that points at it (stderr); the reason reads
+    # naturally for a trace of one entry, and of more.
+    for trace, why in (
+            ([{"action": "snapshot", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (its only entry is a "
+             "'snapshot')"),
+            ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
+             "the trace holds no alloc history (2 entries, no alloc or "
+             "free_completed among them: snapshot and other markers)"),
+            ([{"action": "free_completed", "addr": A0, "size": 512},
+              {"action": "snapshot", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (2 entries: 1 "
+             "free_completed, the other 1 snapshot and other markers)")):
+        p = write_pickle({"segments": [], "device_traces": [trace]},
+                         "noalloc.pickle")
+        pr = subprocess.run(WRAPPER + [MEMSNAP, "replay", p],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+        lines = pr.stdout.splitlines()
+        expect(pr.returncode == 2 and len(lines) >= 2 and
+               lines[-2] == "device 0: not replayable: " + why and
+               lines[-1] == "memsnap: %s: not replayable (reason above)" % p,
+               "replay > out 2>&1: the reason before 'reason above' (%r)"
+               % lines[-2:])
     # A live recording from the built-in training loop replays exactly.
     live = os.path.join(TMP, "live.pickle")
     rc, out, err = run("demo-train", "-o", live)
@@ -1259,9 +1284,9 @@ def group_replay():
                       "device_traces": [[te("free_completed", A1, 512)]]},
                      "oneentry.pickle")
     rc, out, err = run("replay", p)
-    expect(rc == 2 and "(1 entry: 1 free_completed" in out and
+    expect(rc == 2 and "(its only entry is a 'free_completed')" in out and
            "1 entries" not in out,
-           "replay: a one-entry trace without allocs is '1 entry': %s"
+           "replay: a one-entry trace without allocs, its only entry: %s"
            % out[-300:])
     seg1 = {"device": 0, "address": A1, "total_size": 2 * MiB,
             "allocated_size": 2 * MiB, "active_size": 2 * MiB,
