@@ -998,6 +998,30 @@ def group_convert():
         need(False, "convert: the snapshot writer writes a small snapshot")
     convert_gen20()
     convert_keep_keys_exact()
+    # OUT named for the other format: written as asked, with a warning
+    src = write_pickle(good_snapshot(), "ext.pickle")
+    for args, name, fmt, warn in (
+            ([], "ext.json", "pickle protocol 4",
+             "holds a pickle, not JSON, though its name ends in '.json' "
+             "(convert writes JSON with --json)"),
+            (["--json"], "ext.pkl", "JSON",
+             "holds JSON, not a pickle, though its name ends in '.pkl' "
+             "(without --json convert writes a pickle)"),
+            (["--json"], "ext.PICKLE", "JSON", "ends in '.PICKLE'"),
+            ([], "ext.out.pickle", "pickle protocol 4", None),
+            (["--json"], "ext2.json", "JSON", None)):
+        o = os.path.join(TMP, name)
+        rc, out, err = run("convert", *args, src, "-o", o)
+        with open(o, "rb") as f:
+            head = f.read(2)
+        expect(rc == 0 and (head == b"\x80\x04") == (fmt != "JSON") and
+               "wrote %s (%s)" % (o, fmt) in err and
+               (("memsnap: warning: %s %s" % (o, warn) in err
+                 or warn.startswith("ends") and warn in err) if warn
+                else "warning" not in err),
+               "convert %s -o %s: %s, %s (%r)"
+               % (" ".join(args), name, fmt,
+                  "a warning" if warn else "no warning", err))
     files = real_files()
     for path in files:
         name = os.path.basename(path)
