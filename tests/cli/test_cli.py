@@ -2739,7 +2739,10 @@ def json_help(cmd):
 
 
 def help_obj(s, i):
-    """The spec of the object opening at s[i] == '{' (see json_help)."""
+    """The spec of the object opening at s[i] == '{' (see json_help);
+    an item ``<name>: value`` (a map whose keys are data: states,
+    actions, settings) is recorded as "<>": any other key, its value
+    compared with that item's spec (None: any value)."""
     items, depth, start, j = [], 0, i + 1, i + 1
     while j < len(s):
         ch = s[j]
@@ -2757,14 +2760,16 @@ def help_obj(s, i):
     spec = {}
     for it in items:
         it = re.sub(r"\([^()]*\)", "", it).strip()  # (explanations)
-        m = re.match(r"^([A-Za-z_]\w*)\s*(?::\s*(.*))?$", it, re.S)
+        m = re.match(r"^([A-Za-z_]\w*|<[\w ]+>)\s*(?::\s*(.*))?$", it,
+                     re.S)
         if not m:
             spec["..."] = None
             continue
         val = (m.group(2) or "").strip()
         k = val.find("{")
-        spec[m.group(1)] = (help_obj(val, k) if k >= 0 and
-                            val[:k].strip() in ("", "[") else None)
+        key = "<>" if m.group(1).startswith("<") else m.group(1)
+        spec[key] = (help_obj(val, k) if k >= 0 and
+                     val[:k].strip() in ("", "[") else None)
     return spec
 
 
@@ -2777,17 +2782,17 @@ def help_mismatches(spec, doc, where, exact=True, full=False):
     object of the output, nested or in a list, has its keys listed, and
     every object of a list is compared."""
     bad = []
-    keys = set(spec) - {"..."}
+    keys = set(spec) - {"...", "<>"}
     if keys - set(doc):
         bad.append("%s: listed but not in the output: %s"
                    % (where, sorted(keys - set(doc))))
     if full and "..." in spec:
         bad.append("%s: prose in place of keys" % where)
-    if exact and "..." not in spec and set(doc) - keys:
+    if exact and "..." not in spec and "<>" not in spec and set(doc) - keys:
         bad.append("%s: in the output but not listed: %s"
                    % (where, sorted(set(doc) - keys)))
     for k, v in doc.items():
-        sub = spec.get(k)
+        sub = spec.get(k) if k in spec else spec.get("<>")
         objs = ([x for x in v if isinstance(x, dict)]
                 if isinstance(v, list) else [v] if isinstance(v, dict)
                 else [])
@@ -2803,9 +2808,8 @@ def help_mismatches(spec, doc, where, exact=True, full=False):
     return bad
 
 
-# The commands whose --help spells every --json key, nested ones too
-# (summary's and fleet's nested objects are described in docs/cli.md).
-HELP_JSON_FULL = {"diff", "replay", "view"}
+# The commands whose --help spells every --json key, nested ones too.
+HELP_JSON_FULL = {"diff", "replay", "view", "summary", "fleet"}
 
 
 def group_help_json():
@@ -2818,16 +2822,19 @@ def group_help_json():
                        "--hidden", "256", "--leak", "4K", "--json",
                        "-o", demo)
     need(rc == 0, "helpjson: demo-train records a snapshot (%r)" % err[-200:])
-    docs = {"demo-train": out}
+    docs = [("demo-train", out)]
     pa, pb = diff_pair()
+    oom = write_pickle(oom_snapshot(), "hj_oom.pickle")
+    bad = write_bytes(b"not a pickle", "hj_bad.pickle")
     for cmd, args in (("check", [demo]), ("summary", [demo]),
+                      ("summary", [oom]),
                       ("leaks", [demo]), ("replay", [demo]),
-                      ("diff", [pa, pb]), ("fleet", [demo, pa]),
+                      ("diff", [pa, pb]), ("fleet", [demo, pa, oom, bad]),
                       ("plot", [demo, "-o", os.path.join(TMP, "hj.svg")]),
                       ("view", [demo, "-o", os.path.join(TMP, "hj.html")])):
         rc, out, err = run(cmd, "--json", *args)
-        docs[cmd] = out
-    for cmd, out in sorted(docs.items()):
+        docs.append((cmd, out))
+    for cmd, out in sorted(docs):
         spec = json_help(cmd)
         try:
             doc = json.loads(out)
