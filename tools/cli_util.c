@@ -22,6 +22,9 @@
 
 void cli_err(const char *fmt, ...) {
   va_list ap;
+  /* what stdout holds comes first when both go to one file or pipe
+   * ("... not replayable (reason above)") */
+  fflush(stdout);
   fputs("memsnap: ", stderr);
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);

@@ -15,7 +15,8 @@
  * generation are present ('segments' and 'device_traces' in a dict, block
  * address since 2.1, requested_size with frames, time_us on all entries
  * of a device or none, 'device_free' rather than 'addr' on an oom entry);
- * every device with segments has a trace list; addresses stay below 2^53;
+ * every device with segments has a trace list; segment ends fit in 64
+ * bits; addresses stay below 2^53;
  * and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
@@ -28,6 +29,14 @@
 
 #include "cli.h"
 
+/* A trace entry's violation held until its device's checks are done
+ * (check_traces prints them sorted by entry). */
+typedef struct held_s {
+  int64_t device;
+  uint32_t entry, seq;
+  char *where, *msg;
+} held_t;
+
 typedef struct check_s {
   const char *file;
   bool json;
@@ -35,17 +44,15 @@ typedef struct check_s {
   long count;
   long max_lines;
   int64_t device; /* for the backward-replay callback */
+  /* while `hold`: report() keeps each violation, at (device, entry) */
+  bool hold, held_oom;
+  uint32_t entry;
+  held_t *held;
+  uint32_t nheld, capheld, seq;
+  long unheld; /* held ones --max-lines would not print: only counted */
 } check_t;
 
-static void report(check_t *c, const char *where, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void report(check_t *c, const char *where, const char *fmt, ...) {
-  char msg[600];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  cli_sanitize(msg); /* names from the file must not drive the terminal */
+static void emit(check_t *c, const char *where, const char *msg) {
   c->count++;
   if (c->max_lines >= 0 && c->count > c->max_lines)
     return;
@@ -61,8 +68,81 @@ static void report(check_t *c, const char *where, const char *fmt, ...) {
   }
 }
 
+static int held_cmp(const void *x, const void *y) {
+  const held_t *a = x, *b = y;
+  if (a->device != b->device) return a->device < b->device ? -1 : 1;
+  if (a->entry != b->entry) return a->entry < b->entry ? -1 : 1;
+  return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+/* Sort the held violations and, under --max-lines, keep only those that
+ * can still be printed (the others are counted). */
+static void sort_held(check_t *c) {
+  if (c->nheld) qsort(c->held, c->nheld, sizeof *c->held, held_cmp);
+  if (c->max_lines < 0) return;
+  uint32_t keep = c->count >= c->max_lines ? 0
+                  : c->max_lines - c->count < c->nheld
+                      ? (uint32_t)(c->max_lines - c->count)
+                      : c->nheld;
+  for (uint32_t i = keep; i < c->nheld; i++) {
+    free(c->held[i].where);
+    free(c->held[i].msg);
+  }
+  c->unheld += c->nheld - keep;
+  c->nheld = keep;
+}
+
+static void report(check_t *c, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void report(check_t *c, const char *where, const char *fmt, ...) {
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  cli_sanitize(msg); /* names from the file must not drive the terminal */
+  if (!c->hold) {
+    emit(c, where, msg);
+    return;
+  }
+  held_t h = {c->device, c->entry, c->seq++, strdup(where), strdup(msg)};
+  if (!h.where || !h.msg || MSNAP_GROW(c->held, c->capheld, c->nheld + 1)) {
+    free(h.where);
+    free(h.msg);
+    c->held_oom = true;
+    c->unheld++;
+    return;
+  }
+  c->held[c->nheld++] = h;
+  /* (what --max-lines will not print need not be held) */
+  if (c->max_lines >= 0 && c->nheld >= 2 * (uint64_t)c->max_lines + 1024)
+    sort_held(c);
+}
+
+/* Print the held violations in trace order (device, entry, then the
+ * order they were found in) and forget them. */
+static void release_held(check_t *c) {
+  c->hold = false;
+  sort_held(c);
+  for (uint32_t i = 0; i < c->nheld; i++) {
+    emit(c, c->held[i].where, c->held[i].msg);
+    free(c->held[i].where);
+    free(c->held[i].msg);
+  }
+  free(c->held);
+  c->held = NULL;
+  c->nheld = c->capheld = 0;
+  c->count += c->unheld;
+  c->unheld = 0;
+  if (c->held_oom) {
+    c->held_oom = false;
+    report(c, "device_traces", "out of memory: violations not shown");
+  }
+}
+
 static void back_cb(void *arg, uint32_t entry, const char *msg) {
   check_t *c = arg;
+  c->entry = entry;
   char where[64];
   snprintf(where, sizeof where, "device_traces[%" PRId64 "][%u]", c->device,
            entry);
@@ -99,6 +179,13 @@ static int seg_idx_cmp(const void *x, const void *y) {
   return a->address < b->address ? -1 : a->address > b->address;
 }
 
+/* A segment's end, address + total_size; UINT64_MAX when that overflows
+ * 64 bits (check_segments reports it). */
+static uint64_t seg_end(const msnap_ssegment_t *g) {
+  return g->total_size > UINT64_MAX - g->address ? UINT64_MAX
+                                                  : g->address + g->total_size;
+}
+
 /* Segments of one device must not overlap (the workspace tail included). */
 static void check_overlaps(check_t *c, const msnap_snap_t *s) {
   if (s->nsegments < 2) return;
@@ -110,14 +197,14 @@ static void check_overlaps(check_t *c, const msnap_snap_t *s) {
   for (uint32_t k = 1; k < s->nsegments; k++) {
     const msnap_ssegment_t *p = &s->segments[ix[k - 1]];
     const msnap_ssegment_t *g = &s->segments[ix[k]];
-    if (p->device != g->device || g->address >= p->address + p->total_size)
+    if (p->device != g->device || g->address >= seg_end(p))
       continue;
     char where[64];
     snprintf(where, sizeof where, "segments[%u]", ix[k]);
     report(c, where,
            "segment at 0x%" PRIx64 " overlaps segments[%u] "
            "[0x%" PRIx64 ", 0x%" PRIx64 ")",
-           g->address, ix[k - 1], p->address, p->address + p->total_size);
+           g->address, ix[k - 1], p->address, seg_end(p));
   }
   free(ix);
 }
@@ -159,7 +246,13 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
     }
     prev_addr = g->address;
     prev_i = i;
-    if (g->address + g->total_size > (1ull << 53))
+    bool wraps = g->total_size > UINT64_MAX - g->address;
+    if (wraps)
+      report(c, where,
+             "address 0x%" PRIx64 " plus total_size %" PRIu64 " runs past "
+             "2^64 (the segment's end overflows 64 bits)",
+             g->address, g->total_size);
+    if (wraps || g->address + g->total_size > (1ull << 53))
       report(c, where,
              "address range ends above 2^53: JavaScript viewers "
              "(memory_viz) lose precision");
@@ -253,6 +346,22 @@ static bool check_top(check_t *c, const msnap_snap_t *s) {
 
 static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
   char where[64];
+  if (s->ndevices > 0) {
+    for (uint32_t i = 0; i < s->nsegments; i++) {
+      int64_t dev = s->segments[i].device;
+      if (dev < 0 || (uint64_t)dev >= s->ndevices) {
+        snprintf(where, sizeof where, "segments[%u]", i);
+        report(c, where,
+               "device %" PRId64 " has no list in device_traces (%u %s: "
+               "memory_viz indexes device_traces by a segment's device)",
+               dev, s->ndevices, cli_plural(s->ndevices, "list", "lists"));
+        break;
+      }
+    }
+  }
+  /* the entries' violations come from two passes (this forward one and
+   * the backward replay): printed at the end, in trace order */
+  c->hold = true;
   for (uint32_t d = 0; d < s->ndevices; d++) {
     const msnap_trace_list_t *tl = &s->device_traces[d];
     bool have_prev = false;
@@ -262,8 +371,9 @@ static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
     uint32_t timed = 0;
     for (uint32_t i = 0; i < tl->n; i++)
       timed += (msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) != 0;
-#define WHERE (snprintf(where, sizeof where, "device_traces[%u][%u]", d, i), \
-               where)
+#define WHERE                                                                \
+  (c->device = d, c->entry = i,                                              \
+   snprintf(where, sizeof where, "device_traces[%u][%u]", d, i), where)
     for (uint32_t i = 0; i < tl->n; i++) {
       const msnap_strace_t *e = &tl->v[i];
       const msnap_tattr_t *at = msnap__tattr(s, e);
@@ -285,9 +395,9 @@ static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
         have_prev = true;
       } else if (timed > 0) {
         report(c, WHERE,
-               "missing key 'time_us' (%u of the device's %u entries have "
+               "missing key 'time_us' (%u of the device's %u entries %s "
                "it)",
-               timed, tl->n);
+               timed, tl->n, cli_plural(timed, "has", "have"));
       }
       /* PyTorch keeps the free device memory of an OOM in the entry's
        * addr field and writes it as 'device_free' (never 'addr');
@@ -318,28 +428,18 @@ static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
     }
 #undef WHERE
   }
-  if (s->ndevices > 0) {
-    for (uint32_t i = 0; i < s->nsegments; i++) {
-      int64_t dev = s->segments[i].device;
-      if (dev < 0 || (uint64_t)dev >= s->ndevices) {
-        snprintf(where, sizeof where, "segments[%u]", i);
-        report(c, where,
-               "device %" PRId64 " has no list in device_traces (%u %s: "
-               "memory_viz indexes device_traces by a segment's device)",
-               dev, s->ndevices, cli_plural(s->ndevices, "list", "lists"));
-        break;
-      }
+  if (replay) {
+    uint32_t nd;
+    int64_t *devs = cli_devices(s, &nd);
+    for (uint32_t k = 0; k < nd; k++) {
+      c->device = devs[k];
+      c->entry = UINT32_MAX;
+      if (cli_backward(s, devs[k], back_cb, c, NULL) < 0)
+        report(c, "device_traces", "out of memory during the replay check");
     }
+    free(devs);
   }
-  if (!replay) return;
-  uint32_t nd;
-  int64_t *devs = cli_devices(s, &nd);
-  for (uint32_t k = 0; k < nd; k++) {
-    c->device = devs[k];
-    if (cli_backward(s, devs[k], back_cb, c, NULL) < 0)
-      report(c, "device_traces", "out of memory during the replay check");
-  }
-  free(devs);
+  release_held(c);
 }
 
 /* Text that was not valid UTF-8 (the reader repaired it with U+FFFD, so

@@ -25,6 +25,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cli.h"
 
@@ -270,6 +271,19 @@ static void warn_dropped(const msnap_snap_t *s, const char *file) {
           names[0] && s->dropped_more ? ", ..." : "");
 }
 
+/* The extension of OUT when it names the other format (".json" for a
+ * pickle, ".pickle" or ".pkl" for JSON); NULL when it does not. */
+static const char *other_format_ext(const char *out, bool json) {
+  const char *dot = strrchr(out, '.');
+  if (!dot || strchr(dot, '/'))
+    return NULL;
+  if (!json && !strcasecmp(dot, ".json"))
+    return dot;
+  if (json && (!strcasecmp(dot, ".pickle") || !strcasecmp(dot, ".pkl")))
+    return dot;
+  return NULL;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: memsnap convert [--json] [--keep-keys] FILE -o OUT\n"
@@ -292,7 +306,9 @@ static void usage(FILE *f) {
           "--keep-keys keeps exactly the source's keys.  Keys of trace\n"
           "entries the model does not keep (e.g. 'category') are not\n"
           "written, with a warning naming them.\n"
-          "The output is written to a temporary file and renamed.\n"
+          "The output is written to a temporary file and renamed; an\n"
+          "OUT named for the other format (.json without --json,\n"
+          ".pickle or .pkl with it) gets a warning.\n"
           "\n"
           "  -o, --output OUT  output path (required)\n"
           "  --json            write JSON instead of a pickle\n"
@@ -374,6 +390,16 @@ int cli_cmd_convert(int argc, char **argv) {
             argv[first], ok.naddr + ok.nnone,
             ok.naddr + ok.nnone == 1 ? "y" : "ies",
             ok.naddr ? ok.at_addr : ok.at_none, cli_output_shown(out));
+  const char *ext = other_format_ext(out, json);
+  if (ext)
+    fprintf(stderr,
+            "memsnap: warning: %s holds %s, though its name ends in '%s' "
+            "(%s)\n",
+            cli_output_shown(out), json ? "JSON, not a pickle"
+                                        : "a pickle, not JSON",
+            ext,
+            json ? "without --json convert writes a pickle"
+                 : "convert writes JSON with --json");
   fprintf(stderr, "memsnap: wrote %s (%s)\n", cli_output_shown(out),
           json ? "JSON" : "pickle protocol 4");
   return CLI_OK;

@@ -493,10 +493,23 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
                   (at->pool_id.first || at->pool_id.second);
   }
   if (allocs == 0) {
-    snprintf(d->reason, sizeof d->reason,
-             "the trace holds no alloc history (%u %s: %" PRIu64
-             " free_completed, the rest snapshot/other markers)",
-             tl->n, cli_plural(tl->n, "entry", "entries"), frees);
+    const char *no = "the trace holds no alloc history";
+    if (tl->n == 1)
+      snprintf(d->reason, sizeof d->reason, "%s (its only entry is a '%s')",
+               no, cli_action_name(s, &tl->v[0]));
+    else if (frees == 0)
+      snprintf(d->reason, sizeof d->reason,
+               "%s (%u entries, no alloc or free_completed among them: "
+               "snapshot and other markers)",
+               no, tl->n);
+    else if (frees == tl->n)
+      snprintf(d->reason, sizeof d->reason,
+               "%s (%u entries, all free_completed)", no, tl->n);
+    else
+      snprintf(d->reason, sizeof d->reason,
+               "%s (%u entries: %" PRIu64 " free_completed, the other %" PRIu64
+               " snapshot and other markers)",
+               no, tl->n, frees, tl->n - frees);
     return;
   }
   for (uint32_t i = 0; i < s->nsegments; i++) {

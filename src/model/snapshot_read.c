@@ -434,6 +434,48 @@ static int get_pair(rd_t *r, const fields_t *f, int key,
   return 0;
 }
 
+/* A list with an item that is no frame record: name the first such item,
+ * and of a dict the frame keys it lacks ("frames[0] is a dict without
+ * 'filename' and 'line', ..."). */
+static int bad_frames(rd_t *r, int key, msnap_pv_t v) {
+  static const char frame[] =
+      "a frame dict (one with 'filename', or 'name' and 'line')";
+  msnap_pobj_t *o =
+      MSNAP_PV_TAG(v) == MSNAP_PV_OBJ ? msnap__pvm_obj(r->vm, v) : NULL;
+  uint32_t i = 0;
+  while (o && o->kind == MSNAP_POBJ_LIST && i < o->n &&
+         IS_REC(msnap__pobj_item(o, i), REC_FRAME))
+    i++;
+  if (!o || o->kind != MSNAP_POBJ_LIST || i == o->n)
+    return bad_type(r, key, v, "a list of frame dicts");
+  msnap_pv_t x = msnap__pobj_item(o, i);
+  msnap_pobj_t *d =
+      MSNAP_PV_TAG(x) == MSNAP_PV_OBJ ? msnap__pvm_obj(r->vm, x) : NULL;
+  if (!d || d->kind != MSNAP_POBJ_DICT || (d->flags & MSNAP_POBJF_RANGE))
+    return bad_item(r, key_names[key], i, x, frame, NULL);
+  fields_t f;
+  msnap_pitems_t it = {.v = d->items, .n = d->n};
+  get_fields(r, &it, &f);
+  /* (a dict with filename, or name and line, is a frame record unless
+   * it also has 'segments': that one is only "a dict") */
+  const char *miss[3];
+  int n = 0;
+  if (!HAS(&f, name)) miss[n++] = "'name'";
+  if (!HAS(&f, filename)) miss[n++] = "'filename'";
+  if (!HAS(&f, line)) miss[n++] = "'line'";
+  if (n < 2 || HAS(&f, filename))
+    return bad_item(r, key_names[key], i, x, frame, NULL);
+  char lacks[64];
+  if (n == 3)
+    snprintf(lacks, sizeof lacks, "%s, %s and %s", miss[0], miss[1],
+             miss[2]);
+  else
+    snprintf(lacks, sizeof lacks, "%s and %s", miss[0], miss[1]);
+  return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                         "%s[%u] is a dict without %s, expected %s",
+                         key_names[key], i, lacks, frame);
+}
+
 static int get_stack(rd_t *r, const fields_t *f, int key,
                      msnap_stack_t *out) {
   msnap_pv_t v = f->v[key];
@@ -442,7 +484,7 @@ static int get_stack(rd_t *r, const fields_t *f, int key,
   else if (IS_REC(v, REC_EMPTY))
     *out = MSNAP_STACK_EMPTY;
   else
-    return bad_type(r, key, v, "a list of frame dicts");
+    return bad_frames(r, key, v);
   return 0;
 }
 
@@ -491,9 +533,9 @@ static int get_strlist(rd_t *r, const fields_t *f, int key, uint32_t *out) {
 
 /*
  * The keys of a converted record's dict that the model does not keep (any
- * but `kept`; for a trace entry `device_free` beside `addr`, which
- * conv_trace takes): counted in s->keys_dropped, the first distinct str
- * keys named in s->dropped_key with the record's kind in
+ * but `kept`; for a trace entry the one of `addr` and `device_free`
+ * that conv_trace did not take): counted in s->keys_dropped, the first
+ * distinct str keys named in s->dropped_key with the record's kind in
  * s->dropped_in (s->dropped_more: others, not named, or not str).  The
  * usual record has none and costs a popcount.
  */
@@ -501,8 +543,6 @@ static void note_dropped(rd_t *r, const msnap_pitems_t *it,
                          const fields_t *f, uint64_t kept,
                          msnap_dropped_in_t in) {
   kept &= f->present;
-  if (in == MSNAP_DROPPED_IN_TRACE && HAS(f, addr))
-    kept &= ~KEY_BIT(device_free);
   if (msnap_likely(it->n / 2 <= (uint32_t)__builtin_popcountll(kept)))
     return;
   msnap_snap_t *s = r->s;
@@ -585,7 +625,10 @@ static int conv_trace(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   t.action = MSNAP_ACTION_UNKNOWN;
   if (as < r->naction_of && r->action_of[as]) t.action = r->action_of[as] - 1;
   if (t.action == MSNAP_ACTION_UNKNOWN) a.action_str = as;
-  if (HAS(f, addr)) {
+  /* of `addr` and `device_free` both present, an oom entry takes
+   * device_free (PyTorch's key for it), any other addr */
+  if (HAS(f, addr) &&
+      !(t.action == MSNAP_ACTION_OOM && HAS(f, device_free))) {
     if ((rc = get_u64(r, f, KEY_addr, &t.addr)) < 0) return rc;
     a.keys |= MSNAP_K_ADDRESS;
   } else if (HAS(f, device_free)) {
@@ -1371,6 +1414,10 @@ static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
   if (HAS(&f, action)) {
     rc = conv_trace(r, &f, out);
     kept = TRACE_KEYS;
+    if (rc == 0 && HAS(&f, addr) && HAS(&f, device_free))
+      kept &= r->pool[r->npool - 1].action == MSNAP_ACTION_OOM
+                  ? ~KEY_BIT(addr)
+                  : ~KEY_BIT(device_free);
     in = MSNAP_DROPPED_IN_TRACE;
   } else if (HAS(&f, blocks) && !HAS(&f, segments)) {
     rc = conv_segment(r, &f, out);

@@ -545,6 +545,51 @@ def group_check():
                "check finds %s (%s)" % (fn.__name__, line))
         if rc != 1 or (p + ": " + line) not in out:
             print(out[-800:], err[-300:])
+    # 1 of 2 entries with time_us: "has it"
+    p = write_pickle({"segments": [], "device_traces": [[
+        {"action": "snapshot", "addr": 0, "size": 0, "time_us": 5},
+        {"action": "snapshot", "addr": 0, "size": 0}]]}, "time1.pickle")
+    rc, out, err = run("check", p)
+    expect(rc == 1 and out == "%s: device_traces[0][1]: missing key "
+           "'time_us' (1 of the device's 2 entries has it)\n" % p,
+           "check: '1 of 2 entries has it' (%d %r)" % (rc, out))
+    # violations of the forward checks and of the backward replay are
+    # listed in trace order, --max-lines shows the first ones of that order
+    d = good_snapshot()
+    t = d["device_traces"][0]
+    t[0], t[1] = t[1], t[0]
+    del t[2]["time_us"]
+    p = write_pickle(d, "order.pickle")
+    rc, out, err = run("check", p)
+    where = [ln.split(": ")[1] for ln in out.splitlines()]
+    expect(rc == 1 and where == ["device_traces[0][0]"] +
+           ["device_traces[0][1]"] * 2 + ["device_traces[0][2]"],
+           "check: violations in trace order (%r)" % where)
+    rc, out2, err = run("check", "--max-lines", "2", p)
+    expect(rc == 1 and out2.splitlines() == out.splitlines()[:2] +
+           ["%s: 4 violations (2 not shown)" % p],
+           "check --max-lines 2: the first two in trace order (%r)" % out2)
+    # a segment whose range runs past 2^64: a violation naming it, and
+    # the 2^53 warning although its end wrapped to a small number
+    for addr, total in ((2**64 - 1, 2 * MiB), (0x1000, 2**64 - 1)):
+        d = {"segments": [dict(good_snapshot()["segments"][1],
+                               address=addr, total_size=total,
+                               allocated_size=0, active_size=0,
+                               requested_size=0,
+                               blocks=[{"address": addr, "size": total,
+                                        "requested_size": 0,
+                                        "state": "inactive",
+                                        "frames": []}])],
+             "device_traces": [[]]}
+        p = write_pickle(d, "wrap.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and out.splitlines() == [
+            "%s: segments[0]: address 0x%x plus total_size %d runs past "
+            "2^64 (the segment's end overflows 64 bits)" % (p, addr, total),
+            "%s: segments[0]: address range ends above 2^53: JavaScript "
+            "viewers (memory_viz) lose precision" % p],
+            "check: segment 0x%x + %d ends past 2^64 (%d %r)"
+            % (addr, total, rc, out[-300:]))
     # the two keys of every snapshot dict PyTorch's _snapshot() writes
     # (memory_viz's stats and trace read data["segments"], its trace
     # data["device_traces"]); without segments the trace is not replayed
@@ -980,6 +1025,30 @@ def group_convert():
         need(False, "convert: the snapshot writer writes a small snapshot")
     convert_gen20()
     convert_keep_keys_exact()
+    # OUT named for the other format: written as asked, with a warning
+    src = write_pickle(good_snapshot(), "ext.pickle")
+    for args, name, fmt, warn in (
+            ([], "ext.json", "pickle protocol 4",
+             "holds a pickle, not JSON, though its name ends in '.json' "
+             "(convert writes JSON with --json)"),
+            (["--json"], "ext.pkl", "JSON",
+             "holds JSON, not a pickle, though its name ends in '.pkl' "
+             "(without --json convert writes a pickle)"),
+            (["--json"], "ext.PICKLE", "JSON", "ends in '.PICKLE'"),
+            ([], "ext.out.pickle", "pickle protocol 4", None),
+            (["--json"], "ext2.json", "JSON", None)):
+        o = os.path.join(TMP, name)
+        rc, out, err = run("convert", *args, src, "-o", o)
+        with open(o, "rb") as f:
+            head = f.read(2)
+        expect(rc == 0 and (head == b"\x80\x04") == (fmt != "JSON") and
+               "wrote %s (%s)" % (o, fmt) in err and
+               (("memsnap: warning: %s %s" % (o, warn) in err
+                 or warn.startswith("ends") and warn in err) if warn
+                else "warning" not in err),
+               "convert %s -o %s: %s, %s (%r)"
+               % (" ".join(args), name, fmt,
+                  "a warning" if warn else "no warning", err))
     files = real_files()
     for path in files:
         name = os.path.basename(path)
@@ -1071,6 +1140,34 @@ def group_convert():
            in err,
            "convert --keep-keys: the entry kept, with a warning (%d %r)"
            % (rc, err.strip()[-300:]))
+    # An oom entry with both keys: PyTorch's 'device_free' is the value
+    # kept, 'addr' the key dropped (named); an alloc entry with both keeps
+    # 'addr' and drops 'device_free' as before.
+    d = good_snapshot()
+    tr = d["device_traces"][0]
+    tr.append({"action": "oom", "device_free": 10 * MiB, "addr": 77,
+               "size": 30 * MiB, "stream": 0, "time_us": tr[-1]["time_us"]})
+    both = write_pickle(d, "oom_both.pickle")
+    rc, out, err = run("check", both)
+    expect(rc == 0 and "device_free" not in out,
+           "check: an oom entry with 'device_free' and 'addr' has "
+           "'device_free' (%d %r)" % (rc, out[-300:]))
+    tr[2]["device_free"] = 5
+    both = write_pickle(d, "oom_both2.pickle")
+    out_b = os.path.join(TMP, "oom_both_conv.pickle")
+    rc, out, err = run("convert", both, "-o", out_b)
+    t = []
+    if rc == 0:
+        with open(out_b, "rb") as f:
+            t = pickle.load(f)["device_traces"][0]
+    expect(len(t) == 8 and t[-1].get("device_free") == 10 * MiB and
+           "addr" not in t[-1] and t[2].get("addr") == A0 + 4 * MiB and
+           "device_free" not in t[2] and
+           "2 keys not written (memsnap's model does not keep them): "
+           "'device_free' (trace entry), 'addr' (trace entry)" in err,
+           "convert: an oom entry's 'device_free' wins over 'addr', an "
+           "alloc's 'addr' over 'device_free' (%d %r %r)"
+           % (rc, t[-1:], err.strip()[-300:]))
 
 
 REPLAYABLE = {
@@ -1102,6 +1199,31 @@ def group_replay():
     if not allocator_available():
         need(False, "replay: memsnap demo-train records a snapshot (allocator "
              "and recorder)")
+    # Not replayable, stdout and stderr into one pipe: the reason (stdout)
+    # comes before the line that points at it (stderr); the reason reads
+    # naturally for a trace of one entry, and of more.
+    for trace, why in (
+            ([{"action": "snapshot", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (its only entry is a "
+             "'snapshot')"),
+            ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
+             "the trace holds no alloc history (2 entries, no alloc or "
+             "free_completed among them: snapshot and other markers)"),
+            ([{"action": "free_completed", "addr": A0, "size": 512},
+              {"action": "snapshot", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (2 entries: 1 "
+             "free_completed, the other 1 snapshot and other markers)")):
+        p = write_pickle({"segments": [], "device_traces": [trace]},
+                         "noalloc.pickle")
+        pr = subprocess.run(WRAPPER + [MEMSNAP, "replay", p],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+        lines = pr.stdout.splitlines()
+        expect(pr.returncode == 2 and len(lines) >= 2 and
+               lines[-2] == "device 0: not replayable: " + why and
+               lines[-1] == "memsnap: %s: not replayable (reason above)" % p,
+               "replay > out 2>&1: the reason before 'reason above' (%r)"
+               % lines[-2:])
     # A live recording from the built-in training loop replays exactly.
     live = os.path.join(TMP, "live.pickle")
     rc, out, err = run("demo-train", "-o", live)
@@ -1213,9 +1335,9 @@ def group_replay():
                       "device_traces": [[te("free_completed", A1, 512)]]},
                      "oneentry.pickle")
     rc, out, err = run("replay", p)
-    expect(rc == 2 and "(1 entry: 1 free_completed" in out and
+    expect(rc == 2 and "(its only entry is a 'free_completed')" in out and
            "1 entries" not in out,
-           "replay: a one-entry trace without allocs is '1 entry': %s"
+           "replay: a one-entry trace without allocs, its only entry: %s"
            % out[-300:])
     seg1 = {"device": 0, "address": A1, "total_size": 2 * MiB,
             "allocated_size": 2 * MiB, "active_size": 2 * MiB,
@@ -2644,7 +2766,10 @@ def json_help(cmd):
 
 
 def help_obj(s, i):
-    """The spec of the object opening at s[i] == '{' (see json_help)."""
+    """The spec of the object opening at s[i] == '{' (see json_help);
+    an item ``<name>: value`` (a map whose keys are data: states,
+    actions, settings) is recorded as "<>": any other key, its value
+    compared with that item's spec (None: any value)."""
     items, depth, start, j = [], 0, i + 1, i + 1
     while j < len(s):
         ch = s[j]
@@ -2662,14 +2787,16 @@ def help_obj(s, i):
     spec = {}
     for it in items:
         it = re.sub(r"\([^()]*\)", "", it).strip()  # (explanations)
-        m = re.match(r"^([A-Za-z_]\w*)\s*(?::\s*(.*))?$", it, re.S)
+        m = re.match(r"^([A-Za-z_]\w*|<[\w ]+>)\s*(?::\s*(.*))?$", it,
+                     re.S)
         if not m:
             spec["..."] = None
             continue
         val = (m.group(2) or "").strip()
         k = val.find("{")
-        spec[m.group(1)] = (help_obj(val, k) if k >= 0 and
-                            val[:k].strip() in ("", "[") else None)
+        key = "<>" if m.group(1).startswith("<") else m.group(1)
+        spec[key] = (help_obj(val, k) if k >= 0 and
+                     val[:k].strip() in ("", "[") else None)
     return spec
 
 
@@ -2682,17 +2809,17 @@ def help_mismatches(spec, doc, where, exact=True, full=False):
     object of the output, nested or in a list, has its keys listed, and
     every object of a list is compared."""
     bad = []
-    keys = set(spec) - {"..."}
+    keys = set(spec) - {"...", "<>"}
     if keys - set(doc):
         bad.append("%s: listed but not in the output: %s"
                    % (where, sorted(keys - set(doc))))
     if full and "..." in spec:
         bad.append("%s: prose in place of keys" % where)
-    if exact and "..." not in spec and set(doc) - keys:
+    if exact and "..." not in spec and "<>" not in spec and set(doc) - keys:
         bad.append("%s: in the output but not listed: %s"
                    % (where, sorted(set(doc) - keys)))
     for k, v in doc.items():
-        sub = spec.get(k)
+        sub = spec.get(k) if k in spec else spec.get("<>")
         objs = ([x for x in v if isinstance(x, dict)]
                 if isinstance(v, list) else [v] if isinstance(v, dict)
                 else [])
@@ -2708,9 +2835,8 @@ def help_mismatches(spec, doc, where, exact=True, full=False):
     return bad
 
 
-# The commands whose --help spells every --json key, nested ones too
-# (summary's and fleet's nested objects are described in docs/cli.md).
-HELP_JSON_FULL = {"diff", "replay", "view"}
+# The commands whose --help spells every --json key, nested ones too.
+HELP_JSON_FULL = {"diff", "replay", "view", "summary", "fleet"}
 
 
 def group_help_json():
@@ -2723,16 +2849,19 @@ def group_help_json():
                        "--hidden", "256", "--leak", "4K", "--json",
                        "-o", demo)
     need(rc == 0, "helpjson: demo-train records a snapshot (%r)" % err[-200:])
-    docs = {"demo-train": out}
+    docs = [("demo-train", out)]
     pa, pb = diff_pair()
+    oom = write_pickle(oom_snapshot(), "hj_oom.pickle")
+    bad = write_bytes(b"not a pickle", "hj_bad.pickle")
     for cmd, args in (("check", [demo]), ("summary", [demo]),
+                      ("summary", [oom]),
                       ("leaks", [demo]), ("replay", [demo]),
-                      ("diff", [pa, pb]), ("fleet", [demo, pa]),
+                      ("diff", [pa, pb]), ("fleet", [demo, pa, oom, bad]),
                       ("plot", [demo, "-o", os.path.join(TMP, "hj.svg")]),
                       ("view", [demo, "-o", os.path.join(TMP, "hj.html")])):
         rc, out, err = run(cmd, "--json", *args)
-        docs[cmd] = out
-    for cmd, out in sorted(docs.items()):
+        docs.append((cmd, out))
+    for cmd, out in sorted(docs):
         spec = json_help(cmd)
         try:
             doc = json.loads(out)
@@ -3002,7 +3131,7 @@ def group_explain():
     # claimed (before, the verdict blamed fragmentation next to "1024.00
     # TiB free of 128.00 MiB").
     snap = oom_snapshot()
-    snap["device_traces"][0][-1]["addr"] = 1 << 50
+    snap["device_traces"][0][-1]["device_free"] = 1 << 50
     snap["process_info"] = {"pid": 7, "devices": [
         {"device": 0, "total_bytes": 128 * MiB}]}
     p3 = write_pickle(snap, "oom_forged.pickle")

@@ -624,6 +624,22 @@ def group_wrong():
         ("size list", pickle.dumps({"segments": [], "device_traces": [[
             {"action": "alloc", "addr": 0, "size": [8]}]]}),
          "'size' is a list, expected an int"),
+        # a frames list of dicts that are no frames: the frame named
+        # with the keys it lacks, never "'frames' is a list"
+        ("frame with name only", pickle.dumps({"segments": [],
+            "device_traces": [[{"action": "alloc", "addr": 0, "size": 8,
+                                "frames": [{"name": "x"}]}]]}),
+         "frames[0] is a dict without 'filename' and 'line', expected a "
+         "frame dict (one with 'filename', or 'name' and 'line')"),
+        ("empty frame", pickle.dumps({"segments": [
+            dict(good_snapshot()["segments"][0], frames=[
+                {"name": "f", "filename": "a.py", "line": 1}, {}])],
+            "device_traces": []}),
+         "frames[1] is a dict without 'name', 'filename' and 'line', "
+         "expected a frame dict"),
+        ("frame int", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": 0, "size": 8, "frames": [3]}]]}),
+         "frames[0] is an int, expected a frame dict"),
         # keys every PyTorch version writes: refused, never read as 0
         ("segment without total_size", without("segment", "total_size"),
          "a segment dict without 'total_size'"),

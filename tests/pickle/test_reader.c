@@ -439,7 +439,7 @@ static void test_slot_taken_inside(void **state) {
   size_t n = 0;
   unsigned char *data = py_pickle(tmp, script, "s.pickle", &n);
   expect_refused("a slot taken inside its dict", data, n,
-                 "expected a list of frame dicts");
+                 "frames[0] is a str, expected a frame dict");
   free(data);
   tu_rmrf(tmp);
   free(tmp);
