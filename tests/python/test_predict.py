@@ -1048,6 +1048,36 @@ def test_cli_refuses_a_bad_alloc_conf_before_the_script(tmp_path):
         assert "script ran" not in p.stderr and p.stdout == ""
 
 
+def test_cli_names_a_what_if_as_given_and_both_profiles_reasons(tmp_path):
+    """A what-if whose profile the script decides: refused up front by both
+    profiles for different reasons, the message gives both; refused by
+    one only, it is refused at the first allocation (the script's
+    profile is the one that refuses it) and named as typed."""
+    script = tmp_path / "lin.py"
+    script.write_text("import torch\n"
+                      "lin = torch.nn.Linear(64, 32).to('cuda')\n"
+                      "lin(torch.ones(8, 64, device='cuda')).sum().backward()\n")
+    spec = "pinned_num_register_threads:3"
+    p = predict("--memory", "1G", "--what-if", spec, str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"what-if '{spec}': refused by both profiles: allocator (npu, " in p.stderr, p.stderr
+    assert "torch_npu does not support key 'pinned_num_register_threads'" in p.stderr, p.stderr
+    assert ("; allocator (cuda, alloc conf 'pinned_num_register_threads:3'): alloc conf: "
+            "Number of register threads has to be power of 2, got '3'") in p.stderr, p.stderr
+    # a CUDA key npu refuses, on a script that uses cuda: taken
+    spec = "pinned_num_register_threads:4"
+    p = predict("--memory", "1G", "--what-if", spec, "--json", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.json["fits"] is True, p.json
+    # ... and on one that uses npu: refused at its first allocation
+    script.write_text(script.read_text().replace("cuda", "npu"))
+    p = predict("--memory", "1G", "--what-if", spec, str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert (f"memsnap.predict: what-if '{spec}': allocator (npu, alloc conf '{spec}'): "
+            "alloc conf: torch_npu does not support key") in p.stderr, p.stderr
+    assert "'npu," not in p.stderr, p.stderr
+
+
 def test_refuses_a_taken_device_name():
     code = """
         import torch
