@@ -570,6 +570,22 @@ def test_device_work_in_other_threads_is_not_a_fit(tmp_path, device):
         {"site": "threads.py:5 in work", "error": short, "threads": 3}]
 
 
+def test_report_counts_one_in_the_singular(tmp_path):
+    """One allocator event (an allocation larger than the device: its
+    OOM) and one thread not seen read in the singular."""
+    script = tmp_path / "one.py"
+    script.write_text("import threading, torch\n"
+                      "t = threading.Thread(target=lambda: torch.ones(8, device='cuda'))\n"
+                      "t.start(); t.join()\n"
+                      "x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n")
+    p = predict("--memory", "1G", str(script), cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "  1 allocator event in " in p.stdout, p.stdout
+    assert ("device work in 1 other thread was not seen (predict follows the main thread "
+            "only; it failed at its first device operator):") in p.stdout, p.stdout
+    assert "1 thread  one.py:2 in <lambda>: " in p.stdout, p.stdout
+
+
 def test_threads_without_device_work_keep_the_verdict(tmp_path):
     """CPU work in threads is fine: FITS, exit 0, threads_not_seen 0."""
     script = tmp_path / "cpu_threads.py"
