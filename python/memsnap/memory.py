@@ -45,7 +45,11 @@ them except for devices, where memsnap is stricter
   another type (``"cuda"`` when ``"npu"`` is registered) raises
   ``ValueError`` too, as torch's ``_get_device_index`` refuses a device
   that is not its own type ("Expected a cuda device, but got: npu").
-  The message names the device type of :func:`_device_type`.
+  The message names the device type of :func:`_device_type`.  A device
+  type renamed from torch's PrivateUse1 (``register_device('npu')``,
+  torch_npu's) is also taken as ``"privateuseone"``, as
+  ``torch.device("privateuseone")`` is that device.  ``""`` raises
+  ``ValueError("Device string must not be empty")`` (torch's words).
 - sizes and pointers are ints, never bools (``TypeError``; torch would
   take ``True`` as 1); a negative size raises ``ValueError``.
 - streams are ints or stream objects (``npu_stream`` / ``cuda_stream``);
@@ -216,9 +220,18 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
     if isinstance(device, int):
         return device
     if isinstance(device, str):
+        if not device:
+            raise ValueError("Device string must not be empty")  # torch.device("")
         kind, _, idx = device.partition(":")
         if kind.isdigit() and not idx:
             return int(kind)
+        if kind == "privateuseone" and _torch_device_type is not None:
+            # torch.device("privateuseone") is the PrivateUse1 backend under
+            # its new name: register_device's, torch_npu's "npu"
+            torch = sys.modules.get("torch")
+            if (torch is not None
+                    and torch._C._get_privateuse1_backend_name() == _torch_device_type):
+                kind = _torch_device_type
         if kind not in _device_types():
             # torch: torch.device(str) then "Expected a cuda device, but
             # got: cpu" (torch_npu says npu); also "cuda" once "npu" is
