@@ -45,7 +45,11 @@ them except for devices, where memsnap is stricter
   another type (``"cuda"`` when ``"npu"`` is registered) raises
   ``ValueError`` too, as torch's ``_get_device_index`` refuses a device
   that is not its own type ("Expected a cuda device, but got: npu").
-  The message names the device type of :func:`_device_type`.
+  The message names the device type of :func:`_device_type`.  A device
+  type renamed from torch's PrivateUse1 (``register_device('npu')``,
+  torch_npu's) is also taken as ``"privateuseone"``, as
+  ``torch.device("privateuseone")`` is that device.  ``""`` raises
+  ``ValueError("Device string must not be empty")`` (torch's words).
 - sizes and pointers are ints, never bools (``TypeError``; torch would
   take ``True`` as 1); a negative size raises ``ValueError``.
 - streams are ints or stream objects (``npu_stream`` / ``cuda_stream``);
@@ -61,6 +65,7 @@ import contextlib
 import os
 import pickle
 import sys
+import threading
 import warnings
 from inspect import signature
 from typing import Any
@@ -215,9 +220,18 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
     if isinstance(device, int):
         return device
     if isinstance(device, str):
+        if not device:
+            raise ValueError("Device string must not be empty")  # torch.device("")
         kind, _, idx = device.partition(":")
         if kind.isdigit() and not idx:
             return int(kind)
+        if kind == "privateuseone" and _torch_device_type is not None:
+            # torch.device("privateuseone") is the PrivateUse1 backend under
+            # its new name: register_device's, torch_npu's "npu"
+            torch = sys.modules.get("torch")
+            if (torch is not None
+                    and torch._C._get_privateuse1_backend_name() == _torch_device_type):
+                kind = _torch_device_type
         if kind not in _device_types():
             # torch: torch.device(str) then "Expected a cuda device, but
             # got: cpu" (torch_npu says npu); also "cuda" once "npu" is
@@ -743,14 +757,74 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 # ---------------------------------------------------------------------------
 
 
+# History on: (compile_context, global_record_annotations, the thread that
+# enabled it), for memsnap.torch when torch is imported later; None when off.
+_history_on: tuple | None = None
+_torch_watch = None  # the _TorchImportWatch in sys.meta_path, once installed
+
+
+class _TorchLoader:
+    """torch's own loader, then memsnap's hooks (see _TorchImportWatch)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        # torch keeps its own loader (importlib.resources, pkgutil)
+        if module.__spec__.loader is self:
+            module.__spec__.loader = self.loader
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self.loader
+        self.loader.exec_module(module)
+        if _history_on is None:
+            return
+        try:
+            _notify_history(True, _history_on[0], _history_on[1])
+        except Exception as e:  # never fail torch's import
+            warnings.warn(f"memsnap: record_function ranges will not be recorded: {e}",
+                          RuntimeWarning, stacklevel=2)
+
+
+class _TorchImportWatch:
+    """A sys.meta_path finder that finds nothing itself: torch imported
+    while history is on, it hands torch's spec from the other finders with
+    its loader chained (_TorchLoader), so that memsnap.torch's
+    record_function hook is installed once torch's module has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or target is not None or _history_on is None:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is None:
+                continue
+            if hasattr(spec.loader, "exec_module") and hasattr(spec.loader, "create_module"):
+                spec.loader = _TorchLoader(spec.loader)
+            return spec
+        return None
+
+
 def _load_torch_hooks() -> None:
     """Load memsnap.torch (its listener records torch record_function
     ranges as external_annotations) when torch is already imported, so that
     annotations work without memsnap.torch.use_allocator().  torch is never
-    imported here: enabling history must stay cheap in torch-free programs
-    (a program that imports torch after enabling history gets annotations
-    from the next _record_memory_history call, or from use_allocator())."""
-    if __package__ + ".torch" in sys.modules or "torch" not in sys.modules:
+    imported here: enabling history must stay cheap in torch-free programs.
+    Without torch, a finder watches for its import (_TorchImportWatch):
+    memsnap.torch is loaded once torch's module has run, if history is
+    still on."""
+    global _torch_watch
+    if __package__ + ".torch" in sys.modules:
+        return
+    if "torch" not in sys.modules:
+        if _torch_watch is None:
+            _torch_watch = _TorchImportWatch()
+            sys.meta_path.insert(0, _torch_watch)
         return
     import importlib
 
@@ -776,9 +850,14 @@ def _sync_process_rank() -> None:
 
 
 def _notify_history(enabled, compile_context, global_record_annotations):
+    global _history_on
     _sync_process_rank()
     if enabled:
+        thread = _history_on[2] if _history_on is not None else threading.get_ident()
+        _history_on = (compile_context, global_record_annotations, thread)
         _load_torch_hooks()
+    else:
+        _history_on = None
     for fn in list(_history_listeners):
         fn(enabled, compile_context, global_record_annotations)
 

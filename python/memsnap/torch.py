@@ -796,7 +796,7 @@ def _patch_record_function() -> None:
     """Wrap torch.autograd.profiler.record_function's __enter__/__exit__.
 
     Installed while history is on (memsnap.memory._record_memory_history
-    loads this module when torch is importable), removed again by
+    loads this module when torch is imported, or once it is), removed by
     :func:`_unpatch_record_function` when history is disabled.
     """
     global _patched_record_function, _rf_originals
@@ -862,7 +862,9 @@ def _history_changed(enabled: bool, compile_context: bool, global_annotations: b
         # Installation is idempotent as in torch: the thread-local/global
         # choice holds until history is disabled.
         st["global"] = bool(global_annotations)
-        st["thread"] = threading.get_ident()
+        # the enabling thread (torch may be imported later, in another)
+        on = _memory._history_on
+        st["thread"] = on[2] if on is not None else threading.get_ident()
     st["on"] = True
     st["compile"] = bool(compile_context)
     _patch_record_function()

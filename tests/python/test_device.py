@@ -276,12 +276,21 @@ def test_device_argument_of_another_type_is_refused():
     npu's, as torch.cuda's are cuda's: 'cuda' (str or torch.device) raises
     ValueError -- it used to answer with the npu's figures -- with the
     message torch's _get_device_index gives for a device of the wrong type;
-    ints, None and npu devices give the npu's figures."""
+    ints, None, npu devices and 'privateuseone' (torch.device's name of
+    the renamed device) give the npu's figures; '' is refused in torch's
+    words."""
     code = r"""
 import json
 import memsnap.torch as mt, torch
 import memsnap.memory as mm
 from torch.cuda._utils import _get_device_index
+def empty(f):
+    try:
+        f("")
+    except (ValueError, RuntimeError) as e:
+        return [type(e).__name__, str(e)]
+out = {"ok": {}, "refused": {}, "torch": {},
+       "empty": [empty(mm.memory_allocated), empty(torch.device)]}
 name = mt.register_device("npu")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
@@ -291,9 +300,11 @@ x = torch.randn(16, 64).to(name)
 loss = model(x).square().mean()
 loss.backward()
 opt.step()
-out = {"ok": {}, "refused": {}, "torch": {}}
+out["empty"] += [empty(mm.memory_allocated), empty(torch.device)]
+# torch.device takes 'privateuseone' as the renamed device: so does memsnap
+out["pu1"] = str(torch.device("privateuseone:0"))
 for d in (0, None, "npu", "npu:0", "0", torch.device("npu", 0),
-          torch.device("npu")):
+          torch.device("npu"), "privateuseone", "privateuseone:0"):
     out["ok"][repr(d)] = mm.memory_allocated(d)
 for d in ("cuda", "cuda:0", torch.device("cuda", 0), torch.device("cpu")):
     for f in (mm.memory_allocated, mm.memory_stats, mm.reset_peak_memory_stats):
@@ -313,6 +324,11 @@ print("RESULT " + json.dumps(out))
     r = run_script(code).result
     figures = set(r["ok"].values())
     assert len(figures) == 1 and figures.pop() > 256 * 64 * 4, r["ok"]
+    assert len(r["ok"]) == 9 and r["pu1"] == "npu:0", r
+    # '' in torch's words, before and after register_device (ValueError,
+    # memsnap's class for a bad device argument)
+    assert r["empty"] == [["ValueError", "Device string must not be empty"],
+                          ["RuntimeError", "Device string must not be empty"]] * 2, r
     assert len(r["refused"]) == 12
     for k, (d, msg) in r["refused"].items():
         assert msg == "Expected a npu device, but got: " + d, (k, msg)

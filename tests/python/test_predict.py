@@ -570,6 +570,22 @@ def test_device_work_in_other_threads_is_not_a_fit(tmp_path, device):
         {"site": "threads.py:5 in work", "error": short, "threads": 3}]
 
 
+def test_report_counts_one_in_the_singular(tmp_path):
+    """One allocator event (an allocation larger than the device: its
+    OOM) and one thread not seen read in the singular."""
+    script = tmp_path / "one.py"
+    script.write_text("import threading, torch\n"
+                      "t = threading.Thread(target=lambda: torch.ones(8, device='cuda'))\n"
+                      "t.start(); t.join()\n"
+                      "x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n")
+    p = predict("--memory", "1G", str(script), cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "  1 allocator event in " in p.stdout, p.stdout
+    assert ("device work in 1 other thread was not seen (predict follows the main thread "
+            "only; it failed at its first device operator):") in p.stdout, p.stdout
+    assert "1 thread  one.py:2 in <lambda>: " in p.stdout, p.stdout
+
+
 def test_threads_without_device_work_keep_the_verdict(tmp_path):
     """CPU work in threads is fine: FITS, exit 0, threads_not_seen 0."""
     script = tmp_path / "cpu_threads.py"
@@ -1046,6 +1062,36 @@ def test_cli_refuses_a_bad_alloc_conf_before_the_script(tmp_path):
         assert p.returncode == 2, p.stdout + p.stderr
         assert f"memsnap.predict: what-if '{spec}': allocator (npu, " in p.stderr, p.stderr
         assert "script ran" not in p.stderr and p.stdout == ""
+
+
+def test_cli_names_a_what_if_as_given_and_both_profiles_reasons(tmp_path):
+    """A what-if whose profile the script decides: refused up front by both
+    profiles for different reasons, the message gives both; refused by
+    one only, it is refused at the first allocation (the script's
+    profile is the one that refuses it) and named as typed."""
+    script = tmp_path / "lin.py"
+    script.write_text("import torch\n"
+                      "lin = torch.nn.Linear(64, 32).to('cuda')\n"
+                      "lin(torch.ones(8, 64, device='cuda')).sum().backward()\n")
+    spec = "pinned_num_register_threads:3"
+    p = predict("--memory", "1G", "--what-if", spec, str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"what-if '{spec}': refused by both profiles: allocator (npu, " in p.stderr, p.stderr
+    assert "torch_npu does not support key 'pinned_num_register_threads'" in p.stderr, p.stderr
+    assert ("; allocator (cuda, alloc conf 'pinned_num_register_threads:3'): alloc conf: "
+            "Number of register threads has to be power of 2, got '3'") in p.stderr, p.stderr
+    # a CUDA key npu refuses, on a script that uses cuda: taken
+    spec = "pinned_num_register_threads:4"
+    p = predict("--memory", "1G", "--what-if", spec, "--json", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.json["fits"] is True, p.json
+    # ... and on one that uses npu: refused at its first allocation
+    script.write_text(script.read_text().replace("cuda", "npu"))
+    p = predict("--memory", "1G", "--what-if", spec, str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert (f"memsnap.predict: what-if '{spec}': allocator (npu, alloc conf '{spec}'): "
+            "alloc conf: torch_npu does not support key") in p.stderr, p.stderr
+    assert "'npu," not in p.stderr, p.stderr
 
 
 def test_refuses_a_taken_device_name():

@@ -269,6 +269,45 @@ print("RESULT " + json.dumps({"ann": ann, "hooked": hooked, "restored": restored
     assert "after" in r["ann_after"]
 
 
+def test_record_function_annotations_when_torch_is_imported_later():
+    """History enabled before torch is imported: torch's import (here from
+    another thread) installs the record_function hook once torch's
+    module has run, for the thread that enabled history; torch keeps its
+    own loader.  History off before the import: no hook, memsnap.torch
+    not loaded."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, subprocess, sys, threading
+import memsnap.memory as mm
+assert "torch" not in sys.modules
+mm._record_memory_history("all")
+t = threading.Thread(target=lambda: __import__("torch")); t.start(); t.join()
+import torch
+def other_thread():
+    with torch.profiler.record_function("thread_region"):
+        pass
+with torch.profiler.record_function("late"):
+    p = mm.caching_allocator_alloc(1000)
+    t = threading.Thread(target=other_thread); t.start(); t.join()
+ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+mm.caching_allocator_delete(p)
+loader = type(torch.__spec__.loader).__name__, type(torch.__loader__).__name__
+off = subprocess.run([sys.executable, "-c", '''
+import sys, memsnap.memory as mm
+mm._record_memory_history("all"); mm._record_memory_history(None)
+import torch
+with torch.profiler.record_function("off"):
+    pass
+print("memsnap.torch" in sys.modules, mm._snapshot()["external_annotations"])
+'''], capture_output=True, text=True)
+print("RESULT " + json.dumps({"ann": ann, "loader": loader, "off": off.stdout + off.stderr}))
+"""
+    r = run_script(code).result
+    assert r["ann"] == [["late", "START"], ["late", "END"]], r
+    assert r["loader"] == ["SourceFileLoader", "SourceFileLoader"], r
+    assert r["off"] == "False []\n", r
+
+
 def test_patch_torch_cuda_answers_from_memsnap():
     """patch_torch_cuda() on the CPU-only torch: torch.cuda's statistics,
     history and snapshot functions are memsnap's (torch would raise or

@@ -170,7 +170,7 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
     conf = r["alloc_conf"] or "default"
     out.append(f"memsnap predict: {where}profile {r['profile']}, alloc conf {conf}, "
                f"device of {fmt_bytes(mem)}{rank}")
-    out.append(f"  {r['allocator_events']} allocator events in {r['elapsed_s']:.2f} s; "
+    out.append(f"  {_count(r['allocator_events'], 'allocator event')} in {r['elapsed_s']:.2f} s; "
                f"device {r['device']}")
     if r.get("reserve_bytes"):
         out.append(f"  includes --reserve {fmt_bytes(r['reserve_bytes'])} per device")
@@ -195,7 +195,8 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
     unseen = r.get("threads_not_seen", 0)
     if unseen:
         out.append(f"  device work in {_count(unseen, 'other thread')} was not seen (predict follows "
-                   f"the main thread only; each failed at its first device operator):")
+                   f"the main thread only; {_plural(unseen, 'it', 'each')} failed at its first "
+                   f"device operator):")
         for e in r["thread_errors"]:
             out.append(f"    {_count(e['threads'], 'thread')}  {e['site']}: {e['error']}")
     oom = r["oom"]

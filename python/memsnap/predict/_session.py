@@ -253,7 +253,8 @@ class Session:
         configuration whose profile the code decides (profile None: the
         device type it uses) is refused when no profile takes it; one that
         only one profile refuses is refused at the first allocation, once
-        the profile is known.
+        the profile is known.  Both profiles refusing it for different
+        reasons, the message gives both.
 
         Raises:
             ConfigError: the allocator's message, naming the token.
@@ -261,17 +262,23 @@ class Session:
         fixed = self.configs[0].profile
         for i, c in enumerate(self.configs):
             profiles = [c.profile or fixed] if (c.profile or fixed) else ["npu", "cuda"]
-            errors = []
+            errors, reasons = [], set()
             for profile in profiles:
                 conf = c.alloc_conf
                 if conf is None:
-                    conf = _env_conf(profile) if i == 0 else ""
+                    conf = (_env_conf(profile) if i == 0 else "") or ""
                 try:
-                    _capi.Allocator(profile, conf or "", self.devices, self.memory).close()
+                    _capi.Allocator(profile, conf, self.devices, self.memory).close()
                 except ValueError as e:
                     errors.append(str(e))
+                    # the reason, without "allocator (PROFILE, alloc conf 'C'): "
+                    reasons.add(str(e).removeprefix(
+                        f"allocator ({profile}, alloc conf {conf!r}): "))
             if len(errors) == len(profiles):
-                raise ConfigError(_which(i, c) + errors[0])
+                if len(reasons) == 1:
+                    raise ConfigError(_which(i, c) + errors[0])
+                raise ConfigError(_which(i, c) + "refused by both profiles: "
+                                  + "; ".join(errors))
 
     def _create(self) -> None:
         """Create the allocators (first device allocation)."""
@@ -280,20 +287,22 @@ class Session:
         conf = first.alloc_conf if first.alloc_conf is not None else _env_conf(profile)
         primary = Config(profile, conf or "")
         configs = [primary]
+        given = [first]  # each as the user gave it, to name it in an error
         rest = list(self.configs[1:])
         if self.compare:
             rest += compare_set(primary)
-        for c in rest:
-            c = Config(c.profile or profile, c.alloc_conf or "")
+        for g in rest:
+            c = Config(g.profile or profile, g.alloc_conf or "")
             if all(c != o for o in configs):
                 configs.append(c)
+                given.append(g)
         targets: list[Target] = []
         try:
             for i, c in enumerate(configs):
                 try:
                     alloc = _capi.Allocator(c.profile, c.alloc_conf, self.devices, self.memory)
                 except ValueError as e:
-                    raise ValueError(_which(i, c) + str(e)) from None
+                    raise ValueError(_which(i, given[i]) + str(e)) from None
                 targets.append(Target(c, alloc))
             if self.extra_bytes:
                 # Known constants outside the allocator's view (runtime
