@@ -30,7 +30,11 @@
 #include "cli.h"
 
 /* A trace entry's violation held until its device's checks are done
- * (check_traces prints them sorted by entry). */
+ * (check_traces prints them sorted by entry).  At most CHECK_HOLD_MAX are
+ * held (about 200 bytes each): past that, those held are printed in
+ * trace order and the rest as they are found, so that a file of millions
+ * of violations is checked in bounded memory. */
+#define CHECK_HOLD_MAX (1u << 16)
 typedef struct held_s {
   int64_t device;
   uint32_t entry, seq;
@@ -92,6 +96,8 @@ static void sort_held(check_t *c) {
   c->nheld = keep;
 }
 
+static void release_held(check_t *c);
+
 static void report(check_t *c, const char *where, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void report(check_t *c, const char *where, const char *fmt, ...) {
@@ -101,6 +107,13 @@ static void report(check_t *c, const char *where, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   cli_sanitize(msg); /* names from the file must not drive the terminal */
+  if (c->hold && c->nheld >= CHECK_HOLD_MAX) {
+    release_held(c); /* (hold is off from here on) */
+    fprintf(stderr,
+            "memsnap check: %s: over %u violations of trace entries: those "
+            "above are in trace order, the rest follow in the order found\n",
+            c->file, CHECK_HOLD_MAX);
+  }
   if (!c->hold) {
     emit(c, where, msg);
     return;

@@ -569,6 +569,22 @@ def group_check():
     expect(rc == 1 and out2.splitlines() == out.splitlines()[:2] +
            ["%s: 4 violations (2 not shown)" % p],
            "check --max-lines 2: the first two in trace order (%r)" % out2)
+    # past 65,536 held violations of trace entries, those held are printed
+    # and the rest streamed (bounded memory), all of them counted
+    n = 70000
+    p = write_pickle({"segments": [], "device_traces": [[
+        {"action": "free_requested", "addr": 4096 * (i + 1), "size": 512,
+         "stream": 0, "frames": []} for i in range(n)]]}, "many.pickle")
+    rc, out, err = run("check", p)
+    lines = out.splitlines()
+    expect(rc == 1 and len(lines) == n and
+           "over 65536 violations of trace entries" in err,
+           "check: %d violations, held up to 65536, all printed (%d %d %r)"
+           % (n, rc, len(lines), err[-200:]))
+    rc, out, err = run("check", "--max-lines", "3", p)
+    expect(rc == 1 and out.splitlines()[-1] ==
+           "%s: %d violations (%d not shown)" % (p, n, n - 3),
+           "check --max-lines 3 of %d: counted (%r)" % (n, out[-200:]))
     # a segment whose range runs past 2^64: a violation naming it, and
     # the 2^53 warning although its end wrapped to a small number
     for addr, total in ((2**64 - 1, 2 * MiB), (0x1000, 2**64 - 1)):
