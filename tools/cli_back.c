@@ -331,11 +331,20 @@ static bool bt_check(const btree_t *t) {
   return ok && c.seen + nfree == t->cnt;
 }
 
-/* Segment containing [a, a+n), or -1. */
-static long seg_containing(const cli_state_t *st, uint64_t a, uint64_t n) {
-  uint32_t i = lb_seg(st, a + 1);
-  if (i == 0)
-    return -1;
+/* Segment containing [a, a+n), or -1.  *hint is the index this last
+ * found: when it is still the last segment starting at or below a (the
+ * one the search would find), the search is skipped -- an alloc undone
+ * after its block's free_completed lies in the same segment. */
+static long seg_containing(const cli_state_t *st, uint64_t a, uint64_t n,
+                           uint32_t *hint) {
+  uint32_t i = *hint + 1;
+  if (!(i <= st->ng && a != UINT64_MAX && st->g[i - 1].addr <= a &&
+        (i == st->ng || st->g[i].addr > a))) {
+    i = lb_seg(st, a + 1);
+    if (i == 0)
+      return -1;
+    *hint = i - 1;
+  }
   const cli_lseg_t *g = &st->g[i - 1];
   if (g->addr <= a && a + n <= g->addr + g->size)
     return (long)(i - 1);
@@ -442,6 +451,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
    * changes shape (an insert or an erase): reset to NULL there. */
   uint32_t *hung = NULL;
   uint64_t hung_addr = 0;
+  uint32_t seg_hint = 0; /* seg_containing's last find */
   const msnap_trace_list_t *tl = cli_trace(s, device);
   uint32_t n = tl ? tl->n : 0;
   for (uint32_t ii = n; ii > 0; ii--) {
@@ -478,7 +488,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "alloc size %" PRIu64 " differs from the size %" PRIu64
              " of its later free at 0x%" PRIx64,
              sz, B(bi).requested, a);
-      if (seg_containing(&st, a, extent(&B(bi))) < 0)
+      if (seg_containing(&st, a, extent(&B(bi)), &seg_hint) < 0)
         viol(&c, i,
              "alloc at 0x%" PRIx64 " lies outside every live segment "
              "(segment_alloc missing or after it)",
@@ -515,7 +525,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "free_completed of 0x%" PRIx64 " (%" PRIu64 " B) overlaps the "
              "live block at 0x%" PRIx64,
              a, sz, B(kn).addr);
-      if (seg_containing(&st, a, sz ? sz : 1) < 0)
+      if (seg_containing(&st, a, sz ? sz : 1, &seg_hint) < 0)
         viol(&c, i,
              "free_completed at 0x%" PRIx64 " lies outside every live "
              "segment (segment_free before free_completed?)",
@@ -594,7 +604,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       break;
     }
     case MSNAP_ACTION_SEGMENT_MAP: {
-      long k = seg_containing(&st, a, sz ? sz : 1);
+      long k = seg_containing(&st, a, sz ? sz : 1, &seg_hint);
       if (k < 0) {
         viol(&c, i,
              "segment_map of [0x%" PRIx64 ", +%" PRIu64 ") not inside a "

@@ -512,7 +512,20 @@ def group_check():
         del s["device_traces"][0][3]["size"]
     def m_noaddr(s):
         del s["device_traces"][0][3]["addr"]
+    # a block between the two segments: its alloc and its free_completed
+    # each lie outside every live segment (the alloc's lookup starts from
+    # the segment the free_completed's found)
+    def m_outside(s):
+        t = s["device_traces"][0]
+        for k, action in enumerate(("alloc", "free_requested",
+                                    "free_completed")):
+            t.append({"action": action, "addr": A0 + 32 * MiB, "size": MiB,
+                      "stream": 0, "time_us": 1700000000000100 + k})
     cases = [
+        (m_outside, "device_traces[0][7]: alloc at 0x7f0002000000 lies "
+                    "outside every live segment"),
+        (m_outside, "device_traces[0][9]: free_completed at 0x7f0002000000 "
+                    "lies outside every live segment"),
         (m_nosize, "device_traces[0][3]: missing key 'size' (PyTorch writes "
                    "it in every entry; read as 0)"),
         (m_noaddr, "device_traces[0][3]: missing key 'addr' (PyTorch writes "
