@@ -1094,6 +1094,41 @@ def test_cli_names_a_what_if_as_given_and_both_profiles_reasons(tmp_path):
     assert "'npu," not in p.stderr, p.stderr
 
 
+def test_cli_says_which_what_ifs_repeat_a_configuration(tmp_path):
+    """A what-if equal to the run's configuration or to an earlier
+    what-if is not run twice, and the report and --json say so; a long
+    what-if widens the table's label column instead of pushing the
+    figures out of line."""
+    script = tmp_path / "lin.py"
+    script.write_text("import torch\n"
+                      "lin = torch.nn.Linear(64, 32).to('cuda')\n"
+                      "lin(torch.ones(8, 64, device='cuda')).sum().backward()\n")
+    long = "cuda,max_split_size_mb:1024,garbage_collection_threshold:0.5"
+    args = ["--memory", "1G", "--what-if", "cuda", "--what-if", long,
+            "--what-if", "npu", "--what-if", long, str(script)]
+    p = predict(*args, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert ("what-if 'cuda' is the configuration of the run (cuda (default)): "
+            "not run twice") in out, out
+    assert (f"what-if '{long}' is the configuration of what-if '{long}' (cuda "
+            f"{long[5:]}): not run twice") in out, out
+    table = out[out.index("what-if (same run)"):].splitlines()
+    head, rows = table[0], table[1:4]
+    assert [r.split()[0] for r in rows] == ["cuda", "cuda", "npu"], table
+    # every row's figures end where the header's columns do
+    col = head.index("fits")
+    for r in rows:
+        assert r[col - 2:col] == "  " and r[col:col + 3] == "yes", (head, r)
+    j = predict(*args[:-1], "--json", str(script), cwd=tmp_path).json
+    assert [(w["profile"], w["alloc_conf"]) for w in j["what_if"]] == [
+        ("cuda", long[5:]), ("npu", "")], j["what_if"]
+    assert j["what_if_repeated"] == [
+        {"what_if": "cuda", "same_as": "the run", "profile": "cuda", "alloc_conf": ""},
+        {"what_if": long, "same_as": f"what-if '{long}'", "profile": "cuda",
+         "alloc_conf": long[5:]}], j["what_if_repeated"]
+
+
 def test_refuses_a_taken_device_name():
     code = """
         import torch

@@ -122,6 +122,7 @@ def results(session, snapshot: dict | None) -> dict:
             "devices": {}, "oom": None}]
     r = dict(configs[0])
     r["what_if"] = configs[1:]
+    r["what_if_repeated"] = list(session.what_if_repeated)
     r["top_sites"] = []
     r["user_frame_share"] = None
     if snapshot is not None:
@@ -229,16 +230,21 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
         out.append(f"  allocator: {oom['message']}")
     if r["what_if"]:
         rows = [r] + r["what_if"]
+        labels = [f"{c['profile']} {c['alloc_conf'] or '(default)'}" for c in rows]
+        # the label column fits the longest label (42 wide at least)
+        w = max([42] + [len(x) + 2 for x in labels])
         out.append("")
-        out.append("what-if (same run)                          peak allocated  peak reserved"
+        out.append(f"{'what-if (same run)':<{w + 2}}peak allocated  peak reserved"
                    "  fragmentation  fits")
-        for c in rows:
-            label = f"{c['profile']} {c['alloc_conf'] or '(default)'}"
+        for c, label in zip(rows, labels):
             fits = "yes" if c["fits"] else f"OOM at {c['oom']['line']}"
-            out.append(f"  {label:<42}{fmt_bytes(c['peak_allocated_bytes']):>14}"
+            out.append(f"  {label:<{w}}{fmt_bytes(c['peak_allocated_bytes']):>14}"
                        f"{fmt_bytes(c['peak_reserved_bytes']):>15}"
                        f"{fmt_bytes(c['fragmentation_bytes']):>15}  {fits}")
         out.append("  (an OOM configuration's peaks are those reached before its OOM)")
+    for d in r.get("what_if_repeated", []):
+        out.append(f"what-if {d['what_if']!r} is the configuration of {d['same_as']} "
+                   f"({d['profile']} {d['alloc_conf'] or '(default)'}): not run twice")
     if script_error:
         out.append("")
         out.append("the script failed (not a predicted OOM):")

@@ -108,14 +108,18 @@ def parse_what_if(spec: str) -> Config:
     return Config(None, spec)
 
 
+def _spec(c: Config) -> str:
+    """A what-if as given to --what-if (or made by --compare)."""
+    return ",".join(x for x in (c.profile, c.alloc_conf) if x)
+
+
 def _which(i: int, c: Config) -> str:
     """The prefix naming configuration i in an error: nothing for the
     run's own (0), ``what-if 'SPEC': `` for a what-if (as given to
     --what-if or made by --compare)."""
     if i == 0:
         return ""
-    spec = ",".join(x for x in (c.profile, c.alloc_conf) if x)
-    return f"what-if {spec!r}: "
+    return f"what-if {_spec(c)!r}: "
 
 
 def _conf_items(conf: str) -> list[str]:
@@ -233,6 +237,10 @@ class Session:
         # {(site, error): {"site", "error", "threads": [names]}}.
         self.thread_errors: dict = {}
         self._thread_lock = threading.Lock()
+        # What-ifs equal to a configuration already evaluated (the run's
+        # own, or an earlier what-if): [{"what_if": SPEC as given,
+        # "same_as": SPEC it repeats}], filled when the allocators are made.
+        self.what_if_repeated: list[dict] = []
 
     @property
     def threads_not_seen(self) -> int:
@@ -293,9 +301,15 @@ class Session:
             rest += compare_set(primary)
         for g in rest:
             c = Config(g.profile or profile, g.alloc_conf or "")
-            if all(c != o for o in configs):
+            same = next((k for k, o in enumerate(configs) if o == c), None)
+            if same is None:
                 configs.append(c)
                 given.append(g)
+            else:
+                self.what_if_repeated.append({
+                    "what_if": _spec(g),
+                    "same_as": "the run" if same == 0 else f"what-if {_spec(given[same])!r}",
+                    "profile": c.profile, "alloc_conf": c.alloc_conf})
         targets: list[Target] = []
         try:
             for i, c in enumerate(configs):
