@@ -773,6 +773,12 @@ class _TorchLoader:
     def __init__(self, loader):
         self.loader = loader
 
+    def __getattr__(self, name):
+        # the rest of torch's loader (is_package, get_filename,
+        # get_resource_reader ...) for who inspects the spec of
+        # importlib.util.find_spec("torch") before the import
+        return getattr(self.loader, name)
+
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
