@@ -109,6 +109,7 @@ static void report(check_t *c, const char *where, const char *fmt, ...) {
   cli_sanitize(msg); /* names from the file must not drive the terminal */
   if (c->hold && c->nheld >= CHECK_HOLD_MAX) {
     release_held(c); /* (hold is off from here on) */
+    fflush(stdout); /* "above" also when both go to one file or pipe */
     fprintf(stderr,
             "memsnap check: %s: over %u violations of trace entries: those "
             "above are in trace order, the rest follow in the order found\n",
@@ -127,8 +128,11 @@ static void report(check_t *c, const char *where, const char *fmt, ...) {
     return;
   }
   c->held[c->nheld++] = h;
-  /* (what --max-lines will not print need not be held) */
-  if (c->max_lines >= 0 && c->nheld >= 2 * (uint64_t)c->max_lines + 1024)
+  /* (what --max-lines will not print need not be held; past
+   * CHECK_HOLD_MAX there is nothing to trim, and 2 * max_lines would wrap
+   * for --max-lines near LONG_MAX, sorting at every violation) */
+  if (c->max_lines >= 0 && c->max_lines < CHECK_HOLD_MAX &&
+      c->nheld >= 2 * (uint32_t)c->max_lines + 1024)
     sort_held(c);
 }
 

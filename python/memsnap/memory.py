@@ -761,6 +761,10 @@ def use_mem_pool(pool: MemPool, device: Any = None):
 # enabled it), for memsnap.torch when torch is imported later; None when off.
 _history_on: tuple | None = None
 _torch_watch = None  # the _TorchImportWatch in sys.meta_path, once installed
+# Set while a _TorchImportWatch asks the other finders: a second watch (one
+# left by importlib.reload of this module, or installed by a racing thread)
+# answers None instead of asking the first again, for ever.
+_torch_finding = threading.local()
 
 
 class _TorchLoader:
@@ -768,6 +772,12 @@ class _TorchLoader:
 
     def __init__(self, loader):
         self.loader = loader
+
+    def __getattr__(self, name):
+        # the rest of torch's loader (is_package, get_filename,
+        # get_resource_reader ...) for who inspects the spec of
+        # importlib.util.find_spec("torch") before the import
+        return getattr(self.loader, name)
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
@@ -795,19 +805,24 @@ class _TorchImportWatch:
     record_function hook is installed once torch's module has run."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch" or target is not None or _history_on is None:
+        if (name != "torch" or target is not None or _history_on is None
+                or getattr(_torch_finding, "on", False)):
             return None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is None:
-                continue
-            if hasattr(spec.loader, "exec_module") and hasattr(spec.loader, "create_module"):
-                spec.loader = _TorchLoader(spec.loader)
-            return spec
-        return None
+        _torch_finding.on = True
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is None:
+                    continue
+                if hasattr(spec.loader, "exec_module") and hasattr(spec.loader, "create_module"):
+                    spec.loader = _TorchLoader(spec.loader)
+                return spec
+            return None
+        finally:
+            _torch_finding.on = False
 
 
 def _load_torch_hooks() -> None:

@@ -190,13 +190,10 @@ static atomic_uint atomic_counter;
  * that "<name>.tmp.<tag>.<pid>.<n>" fits NAME_MAX. */
 #define TMP_NAME_KEEP 200
 
-/*
- * Open the target of a resolved path that is not replaced through a
- * temporary: a device, FIFO or socket (f->direct).  A FIFO or socket that
- * another user left in a sticky world-writable directory is refused (the
- * link rule, see outpath.c).  Returns 0 or a negative error.
- */
-static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
+/* A FIFO or socket that another user left in a sticky world-writable
+ * directory is not written into (the link rule, see outpath.c): 0, or the
+ * refusal (the writer's and msnap_check_output's). */
+static int direct_protected_check(const msnap_outpath_t *o) {
   if ((S_ISFIFO(o->st.st_mode) || S_ISSOCK(o->st.st_mode)) &&
       msnap__link_protected(&o->dir, &o->st))
     return msnap__set_error_errno(
@@ -205,6 +202,18 @@ static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
         "world-writable directory owned by uid %ld; not writing into it",
         o->shown, S_ISFIFO(o->st.st_mode) ? "FIFO" : "socket",
         (long)o->st.st_uid, (long)o->dir.st_uid);
+  return 0;
+}
+
+/*
+ * Open the target of a resolved path that is not replaced through a
+ * temporary: a device, FIFO or socket (f->direct).  A FIFO or socket that
+ * another user left in a sticky world-writable directory is refused
+ * (direct_protected_check).  Returns 0 or a negative error.
+ */
+static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
+  int rc = direct_protected_check(o);
+  if (rc != 0) return rc;
   int fd;
   if (S_ISFIFO(o->st.st_mode)) {
     /* a FIFO that no program reads would block open(2) forever: it is
@@ -574,6 +583,10 @@ int msnap_check_output(const char *path) {
     unlinkat(o.dirfd, tmp, 0);
     msnap__outpath_release(&o);
     return 0;
+  }
+  if ((rc = direct_protected_check(&o)) != 0) {
+    msnap__outpath_release(&o);
+    return rc;
   }
   int e = faccessat(o.dirfd, o.name, W_OK, 0) != 0 ? errno : 0;
   msnap__outpath_release(&o);

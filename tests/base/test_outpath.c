@@ -222,6 +222,10 @@ static void test_planted_link_refused(void **state) {
   assert_int_equal(chown(out, NOBODY, NOBODY), 0);
   assert_int_equal(msnap__write_file_atomic(out, "dump", 4), MSNAP_EIO);
   assert_int_equal(msnap_last_errno(), EACCES);
+  /* and the pre-check refuses it as the write does (it let it pass) */
+  assert_int_equal(msnap_check_output(out), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), EACCES);
+  assert_non_null(strstr(msnap_last_error(), "FIFO of uid 65534"));
 }
 
 static void test_rule_exceptions(void **state) {

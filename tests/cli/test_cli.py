@@ -38,6 +38,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 import zlib
 
@@ -598,6 +599,28 @@ def group_check():
     expect(rc == 1 and out.splitlines()[-1] ==
            "%s: %d violations (%d not shown)" % (p, n, n - 3),
            "check --max-lines 3 of %d: counted (%r)" % (n, out[-200:]))
+    # the note says "those above": it follows the 65,536 held lines when
+    # standard output and error go to one pipe (2>&1)
+    both = subprocess.run(WRAPPER + [MEMSNAP, "check", p], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=300).stdout.splitlines()
+    at = [i for i, ln in enumerate(both) if ln.startswith("memsnap check:")]
+    expect(at == [65536] and len(both) == n + 1,
+           "check 2>&1: the note after the 65536 held lines (%r)" % at)
+    # --max-lines near LONG_MAX is no limit (2 * N + 1024 wrapped to 1022:
+    # the held violations were sorted again at every one, 2 s for 8,000)
+    p = write_pickle({"segments": [], "device_traces": [[
+        {"action": "free_requested", "addr": 4096 * (i + 1), "size": 512,
+         "stream": 0, "frames": []} for i in range(20000)]]}, "many2.pickle")
+    t0 = time.monotonic()
+    rc, out, err = run("check", p)
+    t1 = time.monotonic()
+    rc2, out2, err2 = run("check", "--max-lines", str(2**63 - 1), p)
+    t2 = time.monotonic()
+    expect(rc == rc2 == 1 and out2 == out and
+           t2 - t1 < 2 + 5 * (t1 - t0),
+           "check --max-lines 2^63-1: as without, in %.2f s (%.2f s without)"
+           % (t2 - t1, t1 - t0))
     # a segment whose range runs past 2^64: a violation naming it, and
     # the 2^53 warning although its end wrapped to a small number
     for addr, total in ((2**64 - 1, 2 * MiB), (0x1000, 2**64 - 1)):

@@ -308,6 +308,54 @@ print("RESULT " + json.dumps({"ann": ann, "loader": loader, "off": off.stdout + 
     assert r["off"] == "False []\n", r
 
 
+def test_torch_imported_later_after_reload_of_memsnap_memory():
+    """importlib.reload(memsnap.memory) with history on leaves its first
+    finder in sys.meta_path and history on again installs a second: each
+    asked the other for torch's spec (RecursionError at `import torch`).
+    Now torch imports and its record_function ranges are recorded once."""
+    pytest.importorskip("torch")
+    code = r"""
+import importlib, json, sys
+import memsnap.memory as mm
+assert "torch" not in sys.modules
+mm._record_memory_history("all")
+importlib.reload(mm)
+mm._record_memory_history("all")
+watches = sum(type(f).__name__ == "_TorchImportWatch" for f in sys.meta_path)
+import torch
+with torch.profiler.record_function("late"):
+    p = mm.caching_allocator_alloc(1000)
+ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+mm.caching_allocator_delete(p)
+print("RESULT " + json.dumps({"watches": watches, "ann": ann}))
+"""
+    r = run_script(code).result
+    assert r["watches"] == 2, r
+    assert r["ann"] == [["late", "START"], ["late", "END"]], r
+
+
+def test_torch_spec_found_while_history_is_on_keeps_its_loader_methods():
+    """importlib.util.find_spec("torch") while history is on: the chained
+    loader answers as torch's own (is_package, get_filename, the resource
+    reader); it had exec_module and create_module only (AttributeError)."""
+    pytest.importorskip("torch")
+    code = r"""
+import importlib.util, json, os, sys
+import memsnap.memory as mm
+mm._record_memory_history("all")
+spec = importlib.util.find_spec("torch")
+lo = spec.loader
+r = {"chained": type(lo).__name__, "pkg": lo.is_package("torch"),
+     "file": lo.get_filename("torch") == spec.origin,
+     "reader": lo.get_resource_reader("torch") is not None,
+     "loaded": "torch" in sys.modules}
+print("RESULT " + json.dumps(r))
+"""
+    r = run_script(code).result
+    assert r == {"chained": "_TorchLoader", "pkg": True, "file": True,
+                 "reader": True, "loaded": False}, r
+
+
 def test_patch_torch_cuda_answers_from_memsnap():
     """patch_torch_cuda() on the CPU-only torch: torch.cuda's statistics,
     history and snapshot functions are memsnap's (torch would raise or
