@@ -789,10 +789,11 @@ class _TorchLoader:
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self.loader
         self.loader.exec_module(module)
-        if _history_on is None:
+        on = _history_on  # (read once: another thread may turn history off)
+        if on is None:
             return
         try:
-            _notify_history(True, _history_on[0], _history_on[1])
+            _notify_history(True, on[0], on[1])
         except Exception as e:  # never fail torch's import
             warnings.warn(f"memsnap: record_function ranges will not be recorded: {e}",
                           RuntimeWarning, stacklevel=2)
