@@ -144,6 +144,12 @@ static int upgrade(msnap_snap_t *s) {
       g->requested_size = requested;
     g->keys |= MSNAP_K_SEG_REQUESTED_SIZE;
   }
+  /* an annotation without name, device or time_us gets "", 0 or 0 */
+  for (uint32_t i = 0; i < s->nannotations; i++) {
+    msnap_sannotation_t *an = &s->annotations[i];
+    if (!(an->keys & MSNAP_K_ANNOT_NAME)) an->name = empty;
+    an->keys |= MSNAP_ANNOT_KEYS;
+  }
   if (maxdev >= 0 && (uint64_t)(maxdev + 1) > s->ndevices) {
     int rc = msnap__snap_set_devices(s, (uint32_t)(maxdev + 1));
     if (rc)

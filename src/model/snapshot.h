@@ -117,8 +117,15 @@ enum {
   MSNAP_K_FRAMES_LAST = 1u << 14,   /* segment: `frames` after `blocks`  */
   MSNAP_K_SIZE = 1u << 15,          /* trace entry: `size` (read files)  */
   /* segment: `requested_size` (read files; bit 0 is a block's address) */
-  MSNAP_K_SEG_REQUESTED_SIZE = 1u << 0
+  MSNAP_K_SEG_REQUESTED_SIZE = 1u << 0,
+  /* external annotation: `name`, `device` (read files; its `time_us` is
+   * MSNAP_K_TIME) */
+  MSNAP_K_ANNOT_NAME = 1u << 0,
+  MSNAP_K_ANNOT_DEVICE = 1u << 1
 };
+/* The keys PyTorch writes in every external annotation (with `stage`). */
+#define MSNAP_ANNOT_KEYS                                                      \
+  (MSNAP_K_ANNOT_NAME | MSNAP_K_ANNOT_DEVICE | MSNAP_K_TIME)
 /* Notes on the bits (added by the pickle helper):
  *   - segments: MSNAP_K_REQUESTED stands for the three sums
  *     allocated_size/active_size/requested_size, and in a model read from
@@ -126,6 +133,9 @@ enum {
  *     MSNAP_K_SEG_REQUESTED_SIZE (a hand-made or old file may have the
  *     other two alone); device, address and total_size are always
  *     written.
+ *   - annotations: MSNAP_K_ANNOT_NAME, MSNAP_K_ANNOT_DEVICE, MSNAP_K_TIME;
+ *     stage is always written.  2.0 history elements: MSNAP_K_ADDRESS =
+ *     `addr` present; real_size is always written, frames when present.
  *   - trace entries: MSNAP_K_ADDRESS = `addr` present, MSNAP_K_DEVICE_FREE
  *     = `device_free` present, MSNAP_K_SIZE = `size` present; action is
  *     always written, and so is size for a model not produced by
@@ -149,6 +159,7 @@ typedef struct msnap_sblock_s {
 typedef struct msnap_shistory_s {
   uint64_t addr, real_size;
   msnap_stack_t frames;
+  uint16_t keys; /* MSNAP_K_ADDRESS when the source has `addr` */
 } msnap_shistory_t;
 
 typedef struct msnap_ssegment_s {
@@ -196,6 +207,7 @@ typedef struct msnap_sannotation_s {
   int64_t device;
   int64_t time_us;
   uint8_t is_start; /* stage "START" / "END" */
+  uint8_t keys;     /* MSNAP_K_ANNOT_NAME, _DEVICE, MSNAP_K_TIME present */
 } msnap_sannotation_t;
 
 typedef struct msnap_trace_list_s {

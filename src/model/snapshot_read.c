@@ -701,7 +701,10 @@ static int conv_hist(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_shistory_t h = {0};
   int rc = 0;
   msnap__pvm_set_phase(r->vm, "converting a 2.0 block history entry");
-  if (HAS(f, addr)) rc = get_u64(r, f, KEY_addr, &h.addr);
+  if (HAS(f, addr)) {
+    rc = get_u64(r, f, KEY_addr, &h.addr);
+    h.keys |= MSNAP_K_ADDRESS;
+  }
   if (!rc) rc = get_u64(r, f, KEY_real_size, &h.real_size);
   h.frames = MSNAP_STACK_ABSENT;
   if (!rc && HAS(f, frames)) rc = get_stack(r, f, KEY_frames, &h.frames);
@@ -952,16 +955,23 @@ static int conv_annotation(rd_t *r, const fields_t *f, msnap_pv_t *v) {
     return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
                            "stage is neither \"START\" nor \"END\"");
   a.is_start = st == r->stage_start;
-  if (HAS(f, name) && (rc = get_str(r, f, KEY_name, &a.name)) < 0) return rc;
-  if (HAS(f, device) && (rc = get_i64(r, f, KEY_device, &a.device)) < 0)
-    return rc;
+  if (HAS(f, name)) {
+    if ((rc = get_str(r, f, KEY_name, &a.name)) < 0) return rc;
+    a.keys |= MSNAP_K_ANNOT_NAME;
+  }
+  if (HAS(f, device)) {
+    if ((rc = get_i64(r, f, KEY_device, &a.device)) < 0) return rc;
+    a.keys |= MSNAP_K_ANNOT_DEVICE;
+  }
   if (a.device < -1 || a.device >= MSNAP_SNAP_MAX_DEVICES)
     return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
                            "device %lld is not a device index (expected "
                            "-1..%d)",
                            (long long)a.device, MSNAP_SNAP_MAX_DEVICES - 1);
-  if (HAS(f, time_us) && (rc = get_i64(r, f, KEY_time_us, &a.time_us)) < 0)
-    return rc;
+  if (HAS(f, time_us)) {
+    if ((rc = get_i64(r, f, KEY_time_us, &a.time_us)) < 0) return rc;
+    a.keys |= MSNAP_K_TIME;
+  }
   msnap_sannotation_t *p = msnap__snap_add_annotation(r->s);
   if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   *p = a;

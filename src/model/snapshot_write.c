@@ -549,6 +549,8 @@ int msnap__snap_settle_keys(msnap_snap_t *s) {
   }
   int rc = settle_traces(s, &s->host_traces);
   if (rc != 0) return rc;
+  for (uint32_t i = 0; i < s->nannotations; i++)
+    s->annotations[i].keys |= MSNAP_ANNOT_KEYS;
   if (s->top_keys == 0) s->top_keys = 0x3f;
   msnap__snap_set_from_reader(s, true);
   return 0;
@@ -580,8 +582,8 @@ static void wblock(wr_t *w, const msnap_sblock_t *b) {
       const msnap_shistory_t *h = &w->s->histories[b->history.first + i];
       list_item(w, b->history.n);
       dict_begin(w);
-      key(w, C_addr);
-      wu64(w, h->addr, "history addr");
+      if ((h->keys & MSNAP_K_ADDRESS) || w->live)
+        key(w, C_addr), wu64(w, h->addr, "history addr");
       key(w, C_real_size);
       wu64(w, h->real_size, "real_size");
       if (h->frames != MSNAP_STACK_ABSENT)
@@ -853,16 +855,15 @@ static void wannotations(wr_t *w) {
   list_begin(w);
   for (uint32_t i = 0; i < s->nannotations; i++) {
     const msnap_sannotation_t *a = &s->annotations[i];
+    unsigned k = a->keys;
+    if (w->live) k |= MSNAP_ANNOT_KEYS;
     list_item(w, s->nannotations);
     dict_begin(w);
     key(w, C_stage);
     cstr(w, a->is_start ? C_v_start : C_v_end);
-    key(w, C_name);
-    mstr(w, a->name);
-    key(w, C_device);
-    wi64(w, a->device);
-    key(w, C_time_us);
-    wi64(w, a->time_us);
+    if (k & MSNAP_K_ANNOT_NAME) key(w, C_name), mstr(w, a->name);
+    if (k & MSNAP_K_ANNOT_DEVICE) key(w, C_device), wi64(w, a->device);
+    if (k & MSNAP_K_TIME) key(w, C_time_us), wi64(w, a->time_us);
     dict_end(w);
   }
   list_end(w, s->nannotations);
@@ -878,25 +879,34 @@ static void wtop(wr_t *w) {
     wsegments(w, s->segments, s->nsegments, s->blocks);
     return;
   }
-  uint32_t top = s->top_keys | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
-  if (w->live && s->top_keys == 0) top = 0x3f;
+  /* a model read from a file: its own keys (a 2.0 dict has no
+   * device_traces); a live one: at least segments and device_traces */
+  uint32_t top = s->top_keys;
+  if (w->live)
+    top = top == 0 ? 0x3f
+                   : top | MSNAP_TOP_SEGMENTS | MSNAP_TOP_DEVICE_TRACES;
   dict_begin(w);
   if (w->json) wtables(w);
-  key(w, C_segments);
   if (s->generation == MSNAP_GEN_SEGMENT_LIST) {
     /* a bare list of segments: JSON puts it under "segments" */
+    key(w, C_segments);
     wsegments(w, s->segments, s->nsegments, s->blocks);
     dict_end(w);
     return;
   }
-  wsegments(w, s->segments, s->nsegments, s->blocks);
-  key(w, C_device_traces);
-  list_begin(w);
-  for (uint32_t d = 0; d < s->ndevices && !werr(w); d++) {
-    list_item(w, s->ndevices);
-    wtraces(w, &s->device_traces[d]);
+  if (top & MSNAP_TOP_SEGMENTS) {
+    key(w, C_segments);
+    wsegments(w, s->segments, s->nsegments, s->blocks);
   }
-  list_end(w, s->ndevices);
+  if (top & MSNAP_TOP_DEVICE_TRACES) {
+    key(w, C_device_traces);
+    list_begin(w);
+    for (uint32_t d = 0; d < s->ndevices && !werr(w); d++) {
+      list_item(w, s->ndevices);
+      wtraces(w, &s->device_traces[d]);
+    }
+    list_end(w, s->ndevices);
+  }
   if (top & MSNAP_TOP_ALLOCATOR_SETTINGS) {
     key(w, C_allocator_settings);
     if (s->allocator_settings.kind == MSNAP_GV_NONE) {

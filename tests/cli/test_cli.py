@@ -1068,6 +1068,45 @@ def convert_keep_keys_exact():
     expect(rc == 0 and got["segments"][0]["requested_size"] == 0,
            "convert: upgrading gives the segment requested_size, the sum "
            "over its active blocks (%d %r)" % (rc, got and got["segments"]))
+    # an annotation without name, device or time_us, and a 2.0 history
+    # element without addr, keep lacking them; upgrading gives the
+    # annotation name '', device 0 and time_us 0 (and drops 2.0 history)
+    src3 = {"segments": [{"device": 0, "address": a, "total_size": 2 * MiB,
+                          "allocated_size": 2 * MiB, "active_size": 2 * MiB,
+                          "blocks": [{"size": 2 * MiB,
+                                      "state": "active_allocated",
+                                      "history": [{"real_size": 1000,
+                                                   "frames": fr[1:]},
+                                                  {"addr": a,
+                                                   "real_size": 24}]}]}]}
+    src4 = {"segments": [], "device_traces": [[]],
+            "external_annotations": [
+                {"stage": "START", "name": "fwd", "device": 0,
+                 "time_us": 5},
+                {"stage": "END", "name": "fwd"},
+                {"stage": "START", "device": 0, "time_us": 7}]}
+    for i, src in enumerate((src3, src4)):
+        p_in = write_pickle(src, "keep_keys%d.pickle" % (i + 3))
+        rc, out, err = run("convert", "--keep-keys", p_in, "-o", out_p)
+        got = None
+        if rc == 0:
+            with open(out_p, "rb") as f:
+                got = pickle.load(f)
+        expect(rc == 0 and got == src,
+               "convert --keep-keys: %s keeps lacking keys (%d %r %r)" %
+               ("a 2.0 history element" if i == 0 else "an annotation",
+                rc, got, err))
+    rc, out, err = run("convert", p_in, "-o", out_p)
+    got = None
+    if rc == 0:
+        with open(out_p, "rb") as f:
+            got = pickle.load(f)
+    expect(rc == 0 and got["external_annotations"] == [
+        {"stage": "START", "name": "fwd", "device": 0, "time_us": 5},
+        {"stage": "END", "name": "fwd", "device": 0, "time_us": 0},
+        {"stage": "START", "name": "", "device": 0, "time_us": 7}],
+           "convert: upgrading gives annotations every key (%d %r)" %
+           (rc, got and got["external_annotations"]))
 
 
 def group_convert():
