@@ -10,7 +10,8 @@
  * segment address; allocated/active/requested sizes are the sums of the
  * blocks; states and actions are known names; segments are sorted and
  * disjoint per device and devices are concatenated in order (except a
- * tail of one-block workspace segments, as torch_npu appends them);
+ * tail of one-block workspace segments, as torch_npu appends them, in a
+ * file that shows torch_npu: torch_npu_evidence);
  * time_us never decreases within a device trace; keys required by the
  * generation are present ('segments' and 'device_traces' in a dict, block
  * address since 2.1, requested_size with frames, time_us on all entries
@@ -167,12 +168,39 @@ static void back_cb(void *arg, uint32_t entry, const char *msg) {
 }
 
 /*
- * Where the workspace tail starts (nsegments when none).  torch_npu's
- * _snapshot (Module.cpp) appends NPUWorkspaceAllocator's segments, one
- * block each, after the caching allocator's device-ordered, address-sorted
- * ones, in its own order; memsnap's npu profile does the same.  The tail
- * is the run after the first break of the order when every segment of it
- * is a large segment of exactly one block.
+ * The file shows a torch_npu recording: memsnap's npu profile
+ * (cli_recording_profile: process_info, or PYTORCH_NPU_ALLOC_CONF in
+ * allocator_settings), a workspace_snapshot trace entry (only torch_npu's
+ * NPUWorkspaceAllocator get_trace writes that action) or a non-empty
+ * workspace_segments list in allocator_settings (memsnap's files).  A
+ * torch_npu file without history has none of these: nothing tells it
+ * from a CUDA one.
+ */
+static bool torch_npu_evidence(const msnap_snap_t *s) {
+  if (strcmp(cli_recording_profile(s), "npu") == 0)
+    return true;
+  const msnap_gv_t *w =
+      cli_gv_get(s, &s->allocator_settings, "workspace_segments");
+  if (w && w->kind == MSNAP_GV_LIST && w->u.seq.n > 0)
+    return true;
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    for (uint32_t i = 0; i < s->device_traces[d].n; i++)
+      if (s->device_traces[d].v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
+        return true;
+  return false;
+}
+
+/*
+ * Where a workspace tail would start (nsegments when none).  torch_npu's
+ * _snapshot (Module.cpp) appends NPUWorkspaceAllocator::snapshot()'s
+ * segments, one large block each, after the caching allocator's
+ * device-ordered, address-sorted ones: device by device in device order
+ * (snapshot() walks device_allocator), within a device in the order of
+ * its stream-keyed hash map, not by address; memsnap's npu profile does
+ * the same (buffers in creation order).  The tail is the run after the
+ * first break of the order when every segment of it is a large segment
+ * of exactly one block.  check_segments accepts it only with
+ * torch_npu_evidence, and checks its device order.
  */
 static uint32_t workspace_tail(const msnap_snap_t *s) {
   for (uint32_t i = 1; i < s->nsegments; i++) {
@@ -233,6 +261,13 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
   uint32_t prev_i = 0;
   bool dev_seen_order_bad = false;
   uint32_t tail = workspace_tail(s);
+  /* a tail of the workspace's shape in a file that does not show
+   * torch_npu: checked as the rest, its first violation says why */
+  uint32_t hint_from = s->nsegments;
+  if (tail < s->nsegments && !torch_npu_evidence(s)) {
+    hint_from = tail;
+    tail = s->nsegments;
+  }
   check_overlaps(c, s);
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
@@ -243,7 +278,14 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
              "device %" PRId64 " is not a device index (expected 0..%d)",
              g->device, MSNAP_SNAP_MAX_DEVICES - 1);
     if (i >= tail) {
-      /* the workspace tail: order free */
+      /* torch_npu's workspace tail: devices in order, addresses in any
+       * order within a device */
+      if (i > tail && g->device < s->segments[i - 1].device)
+        report(c, where,
+               "device %" PRId64 " after device %" PRId64 " in the "
+               "workspace segments at the end: torch_npu appends them "
+               "in device order",
+               g->device, s->segments[i - 1].device);
     } else if (g->device != prev_dev) {
       if (prev_dev != INT64_MIN && g->device < prev_dev &&
           !dev_seen_order_bad) {
@@ -255,11 +297,19 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
       }
       prev_dev = g->device;
     } else if (g->address <= prev_addr) {
+      const char *why = "";
+      if (i >= hint_from) {
+        why = " (one-block large segments out of order at the end are "
+              "torch_npu's workspace segments only in a file that shows "
+              "torch_npu: an npu profile, PYTORCH_NPU_ALLOC_CONF, "
+              "workspace_snapshot entries)";
+        hint_from = s->nsegments; /* said once */
+      }
       report(c, where,
              "address 0x%" PRIx64 " is not above the previous segment's "
              "(segments[%u] at 0x%" PRIx64 "): segments must be sorted by "
-             "address per device",
-             g->address, prev_i, prev_addr);
+             "address per device%s",
+             g->address, prev_i, prev_addr, why);
     }
     prev_addr = g->address;
     prev_i = i;
@@ -483,8 +533,10 @@ static void usage(FILE *f) {
           "\n"
           "Rules: block sums (total/allocated/active/requested sizes),\n"
           "contiguous blocks, known state and action names, segments sorted\n"
-          "per device, time_us not decreasing per device, keys of the\n"
-          "generation ('device_free', not 'addr', on an oom entry), and a\n"
+          "per device (in a file that shows torch_npu, its workspace\n"
+          "segments may follow, out of address order, device by device),\n"
+          "time_us not decreasing per device, keys of the generation\n"
+          "('device_free', not 'addr', on an oom entry), and a\n"
           "backward replay of each trace over the final state\n"
           "(alloc/free_*/segment_* must be consistent with it; a ring\n"
           "buffer that dropped old entries is not a violation).  Text that\n"

@@ -677,6 +677,90 @@ def group_check():
             "reserved when it was taken.", trace_line],
             "summary of %r: no segments and no trace, said plainly (%r)"
             % (snap, out))
+    check_workspace_tail()
+
+
+def ws_segment(device, addr):
+    """A segment shaped like one of torch_npu's NPUWorkspaceAllocator
+    buffers: large, one inactive block (Module.cpp _snapshot)."""
+    return {"device": device, "address": addr, "total_size": 2 * MiB,
+            "allocated_size": 0, "active_size": 0, "requested_size": 0,
+            "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [],
+            "blocks": [{"address": addr, "size": 2 * MiB,
+                        "requested_size": 0, "state": "inactive",
+                        "frames": []}]}
+
+
+def check_workspace_tail():
+    """Segments out of address order at the end are torch_npu's workspace
+    tail only in a file that shows torch_npu; there, devices in order."""
+    # the real recording (CUDA) with its one-block large segments moved
+    # to the end: out of order, whatever their shape
+    src = os.path.join(REAL, "silmont2000_a2__mem_snapshot.pickle")
+    if os.path.isfile(src):
+        with open(src, "rb") as f:
+            d = pickle.load(f)
+        one = [g for g in d["segments"] if g["segment_type"] == "large" and
+               len(g["blocks"]) == 1]
+        d["segments"] = [g for g in d["segments"] if g not in one] + one
+        p = write_pickle(d, "unsorted_real.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and len(out.splitlines()) == 1 and
+               "segments must be sorted by address per device (one-block "
+               "large segments out of order at the end are torch_npu's "
+               "workspace segments only in a file that shows torch_npu"
+               in out,
+               "check: a CUDA recording's segments out of order at the end "
+               "are a violation (%d %r)" % (rc, out[-400:]))
+    else:
+        print("SKIP (partly) %s missing: workspace tail on synthetic data "
+              "only" % src)
+    B = A0 + (1 << 40)
+    t = 1700000000000000
+
+    def snap(tail, ndev=1, npu=None):
+        d = good_snapshot()
+        d["segments"] += tail
+        d["device_traces"] += [[] for _ in range(ndev - 1)]
+        if npu == "conf":
+            d["allocator_settings"] = {"PYTORCH_NPU_ALLOC_CONF": ""}
+        elif npu == "trace":
+            # torch_npu's get_trace: three entries per buffer, first
+            d["device_traces"] = [
+                [{"action": a, "addr": g["address"], "size": 2 * MiB,
+                  "stream": 0, "time_us": t, "frames": []}
+                 for g in tail if g["device"] == dev
+                 for a in ("workspace_snapshot", "segment_alloc", "alloc")]
+                + tr for dev, tr in enumerate(d["device_traces"])]
+        return write_pickle(d, "ws_tail.pickle")
+    # good_snapshot's segments are at A0 and A0 + 64 MiB on device 0
+    ok_tail = [ws_segment(0, A0 + 128 * MiB), ws_segment(0, A0 + 32 * MiB),
+               ws_segment(1, B)]
+    for npu in (None, "conf", "trace"):
+        rc, out, err = run("check", snap(ok_tail, 2, npu))
+        if npu is None:
+            expect(rc == 1 and len(out.splitlines()) == 1 and
+                   "segments[3]: address 0x%x is not above" % (A0 + 32 * MiB)
+                   in out and "shows torch_npu" in out,
+                   "check: a workspace-shaped tail without torch_npu "
+                   "evidence is a violation (%d %r)" % (rc, out[-400:]))
+        else:
+            expect(rc == 0 and ": ok (" in out,
+                   "check: torch_npu's workspace tail (evidence: %s), "
+                   "addresses in any order per device, passes (%d %r)"
+                   % (npu, rc, out[-400:]))
+    # torch_npu appends device by device: device 0 after device 1 in the
+    # tail is a violation even in a torch_npu file
+    bad_tail = [ws_segment(0, A0 + 32 * MiB), ws_segment(1, B),
+                ws_segment(0, A0 + 128 * MiB)]
+    rc, out, err = run("check", snap(bad_tail, 2, "conf"))
+    expect(rc == 1 and out.splitlines() == [
+        "%s: segments[4]: device 0 after device 1 in the workspace "
+        "segments at the end: torch_npu appends them in device order"
+        % os.path.join(TMP, "ws_tail.pickle")],
+        "check: torch_npu's workspace tail out of device order (%d %r)"
+        % (rc, out[-400:]))
 
 
 def diff_pair():
