@@ -18,7 +18,10 @@
  *     confidence = max(0, g - h) / T * (1 - 2^-T)
  * reaches --min-confidence (default 0.7): growth in every transition of
  * 2 gives 0.75, of 4 0.94, of 9 0.998; one growth among 9 transitions
- * (a cache filled once) 0.11.  Requested bytes, not block sizes: the same
+ * (a cache filled once) 0.11.  T transitions reach 1 - 2^-T at most (0.5
+ * for 2 files): a --min-confidence above that is lowered to it, with a
+ * warning (usable_threshold), so that 2 files still list the sites that
+ * grew.  Requested bytes, not block sizes: the same
  * requests give different block sizes as the allocator splits
  * differently.  The pseudo sites "<no stack>" (no stack recorded: unrelated
  * allocations lumped together) and "<no stack: allocated before the
@@ -61,6 +64,44 @@ double cli_leak_confidence(uint32_t grown, uint32_t shrunk, uint32_t steps) {
     return 0.0;
   double t = steps - 1;
   return (double)(grown - shrunk) / t * (1.0 - pow(2.0, -t));
+}
+
+/*
+ * The threshold to use over `steps` steps (>= 2): min_conf, or when that
+ * is above the highest confidence the steps can give (growth in every
+ * transition: 0.5 for 2 steps, below the default 0.7) that highest one,
+ * so that the sites that grew in every transition are still listed; the
+ * warning (warn, n bytes, prefixed with `who`) then names it and how
+ * many steps would reach min_conf.  warn is "" when min_conf is used.
+ */
+static double usable_threshold(uint32_t steps, double min_conf,
+                               const char *who, const char *unit,
+                               const char *verb, char *warn, size_t n) {
+  warn[0] = '\0';
+  double top = cli_leak_confidence(steps - 1, 0, steps);
+  if (top >= min_conf)
+    return min_conf;
+  /* 1 - 2^-T stays below 1 (a double rounds it to 1 from T = 54) */
+  uint32_t need = 0;
+  for (uint32_t k = steps + 1; k <= 50 && !need; k++)
+    if (cli_leak_confidence(k - 1, 0, k) >= min_conf)
+      need = k;
+  char more[96];
+  if (need)
+    snprintf(more, sizeof more, "%s %u %s to reach %.3f, or a lower "
+             "--min-confidence", verb, need, unit,
+             cli_leak_confidence(need - 1, 0, need));
+  else
+    snprintf(more, sizeof more, "no number of %s reaches %g: give a lower "
+             "--min-confidence", unit, min_conf);
+  snprintf(warn, n,
+           "%s%u %s make %u %s: the highest confidence is %.3f, below "
+           "--min-confidence %g; the sites that grew in every transition "
+           "are listed at %.3f (%s)",
+           who, steps, unit, steps - 1,
+           steps == 2 ? "transition" : "transitions", top, min_conf, top,
+           more);
+  return top;
 }
 
 static int cmp_leak(const void *a, const void *b) {
@@ -278,7 +319,10 @@ static void usage(FILE *f) {
           "given).  A site's value at a step is the requested bytes of its\n"
           "allocations live at the end of the step.  confidence =\n"
           "max(0, grown - shrunk) / T * (1 - 2^-T) over the T transitions\n"
-          "between steps (1.0: grows every step of many).\n"
+          "between steps (1.0: grows every step of many).  T transitions\n"
+          "reach 1 - 2^-T at most (2 files: 0.5): a --min-confidence above\n"
+          "that is lowered to it, with a warning, and the sites that grew\n"
+          "in every transition are listed.\n"
           "\n"
           "  --step NAME          the annotation name of one step\n"
           "  --min-confidence X   report sites from this confidence (0..1,\n"
@@ -404,7 +448,10 @@ int cli_cmd_leaks(int argc, char **argv) {
   char **files = argv + first;
   cli_leaks_t *per = NULL;
   uint32_t nper = 0;
-  char warn[512] = "";
+  /* warnings: [0] another process (files), [1 + d] the threshold of
+   * device d (steps) or [1] of every device (files) */
+  char (*warn)[512] = NULL;
+  uint32_t nwarn = 2;
   int rc = CLI_OK;
   if (nfiles == 1) {
     msnap_snap_t *s;
@@ -416,12 +463,29 @@ int cli_cmd_leaks(int argc, char **argv) {
     uint32_t nd;
     int64_t *devs = cli_devices(s, &nd);
     per = calloc((size_t)nd + 1, sizeof *per);
-    if (!per || (!devs && nd)) {
+    nwarn = nd + 1;
+    warn = calloc(nwarn, sizeof *warn);
+    if (!per || !warn || (!devs && nd)) {
       rc = CLI_UNUSABLE;
     } else {
-      for (uint32_t d = 0; d < nd && rc == CLI_OK; d++, nper++)
-        if (cli_leaks_steps(s, devs[d], step, min_conf, &per[d]) != 0)
+      for (uint32_t d = 0; d < nd && rc == CLI_OK; d++, nper++) {
+        if (cli_leaks_steps(s, devs[d], step, min_conf, &per[d]) != 0) {
           rc = CLI_UNUSABLE;
+          break;
+        }
+        if (per[d].steps < 2)
+          continue;
+        char who[48];
+        snprintf(who, sizeof who, "device %" PRId64 ": ", devs[d]);
+        double use = usable_threshold(per[d].steps, min_conf, who, "steps",
+                                      "record", warn[1 + d],
+                                      sizeof warn[1 + d]);
+        if (use < min_conf) { /* again, at the reachable threshold */
+          cli_leaks_free(&per[d]);
+          if (cli_leaks_steps(s, devs[d], step, use, &per[d]) != 0)
+            rc = CLI_UNUSABLE;
+        }
+      }
     }
     if (rc != CLI_OK)
       cli_err("out of memory");
@@ -430,6 +494,13 @@ int cli_cmd_leaks(int argc, char **argv) {
   } else {
     if (step)
       return cli_usage_error("leaks", "--step applies to one recording");
+    warn = calloc(nwarn, sizeof *warn);
+    if (!warn) {
+      cli_err("out of memory");
+      return CLI_UNUSABLE;
+    }
+    double use = usable_threshold((uint32_t)nfiles, min_conf, "", "files",
+                                  "give", warn[1], sizeof warn[1]);
     fsite_t *v = NULL;
     uint32_t n = 0, cap = 0;
     int64_t pid0 = -1, pid;
@@ -455,7 +526,7 @@ int cli_cmd_leaks(int argc, char **argv) {
       msnap__snap_free(s);
     }
     if (diffproc)
-      snprintf(warn, sizeof warn,
+      snprintf(warn[0], sizeof warn[0],
                "%s was written by another process than %s (process_info): "
                "sites of different runs are compared",
                diffproc, files[0]);
@@ -507,7 +578,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         acc_step(&a, val);
       }
       const cli_site_t nokey = {CLI_SITE_NONE, CLI_SITE_NONE};
-      if (add_candidate(l, v[i].site, nokey, &a, 0, min_conf) != 0)
+      if (add_candidate(l, v[i].site, nokey, &a, 0, use) != 0)
         rc = CLI_UNUSABLE;
       i = k > i ? k : i + 1;
     }
@@ -522,6 +593,7 @@ int cli_cmd_leaks(int argc, char **argv) {
     for (uint32_t i = 0; per && i < nper; i++)
       cli_leaks_free(&per[i]);
     free(per);
+    free(warn);
     return rc;
   }
   uint64_t total = 0;
@@ -542,8 +614,9 @@ int cli_cmd_leaks(int argc, char **argv) {
     cj_dbl(&j, min_conf);
     cj_key(&j, "warnings");
     cj_arr(&j);
-    if (warn[0])
-      cj_cstr(&j, warn);
+    for (uint32_t w = 0; w < nwarn; w++)
+      if (warn[w][0])
+        cj_cstr(&j, warn[w]);
     cj_arr_end(&j);
     cj_key(&j, "devices");
     cj_arr(&j);
@@ -553,8 +626,9 @@ int cli_cmd_leaks(int argc, char **argv) {
     else
       printf("leaks across %d snapshots (one step per file, in the order "
              "given)\n", nfiles);
-    if (warn[0])
-      printf("warning: %s\n", warn);
+    for (uint32_t w = 0; w < nwarn; w++)
+      if (warn[w][0])
+        printf("warning: %s\n", warn[w]);
   }
   for (uint32_t i = 0; i < nper; i++)
     print_dev(&j, json, &per[i], topn);
@@ -568,5 +642,6 @@ int cli_cmd_leaks(int argc, char **argv) {
   for (uint32_t i = 0; i < nper; i++)
     cli_leaks_free(&per[i]);
   free(per);
+  free(warn);
   return total ? CLI_FINDING : CLI_OK;
 }
