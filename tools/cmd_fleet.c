@@ -6,7 +6,7 @@
  * Per file (one rank): its rank, world size, local rank, host and pid from
  * process_info (memsnap's files; RANK/WORLD_SIZE or torch.distributed at
  * dump time), else a rank from the file name ("rank3", "rank_3",
- * "rank-3"); peak allocated (requested bytes) and peak reserved over the
+ * "rank-3"; an unreadable file too); peak allocated (requested bytes) and peak reserved over the
  * trace (cli_timeline), final reserved and allocated, fragmentation of the
  * final state (cli_frag_model), OOM entries, and leak candidates across
  * the recording's steps (cli_leaks_steps).  Figures are summed over the
@@ -44,6 +44,7 @@
  */
 #include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
 #include <math.h>
@@ -123,17 +124,20 @@ static void peaks_visit(void *arg, uint32_t state, uint64_t act,
 static void analyse(rank_t *r, double min_conf) {
   msnap_snap_t *s;
   r->rank = r->world_size = r->local_rank = r->pid = -1;
+  /* the file name's rank, unless process_info names one (an unreadable
+   * file keeps it: its row still says which rank it is) */
+  if ((r->rank = rank_from_name(r->file)) >= 0)
+    r->rank_source = "file name";
   if (cli_load(r->file, &s) != CLI_OK) {
     snprintf(r->error, sizeof r->error, "%s", cli_load_error());
     return;
   }
   const msnap_gv_t *pi = &s->process_info;
-  if (cli_gv_int(s, pi, "rank", &r->rank))
+  int64_t pr;
+  if (cli_gv_int(s, pi, "rank", &pr)) {
+    r->rank = pr;
     r->rank_source = "process_info";
-  else if ((r->rank = rank_from_name(r->file)) >= 0)
-    r->rank_source = "file name";
-  else
-    r->rank = -1;
+  }
   cli_gv_int(s, pi, "world_size", &r->world_size);
   cli_gv_int(s, pi, "local_rank", &r->local_rank);
   cli_gv_int(s, pi, "pid", &r->pid);
@@ -388,6 +392,32 @@ static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
   return ndup;
 }
 
+/* A directory entry with a snapshot's name that is not a regular file
+ * is left out: say so on stderr, and why (st: what stat(path) gave, or
+ * NULL when it failed with err). */
+static void skipped(const char *path, const struct stat *st, int err) {
+  struct stat ls;
+  const char *why;
+  char buf[160];
+  if (st)
+    why = S_ISDIR(st->st_mode)
+              ? "a directory, not a snapshot file"
+          : S_ISFIFO(st->st_mode)
+              ? "a FIFO, not a regular file (name it as an argument to "
+                "read it)"
+          : S_ISSOCK(st->st_mode) ? "a socket, not a regular file"
+          : S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)
+              ? "a device, not a regular file"
+              : "not a regular file";
+  else if (err == ENOENT && lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode))
+    why = "a symbolic link to a file that does not exist";
+  else {
+    snprintf(buf, sizeof buf, "cannot be examined (%s)", strerror(err));
+    why = buf;
+  }
+  cli_err("fleet: %s: skipped: %s", path, why);
+}
+
 /* Expand directories (their snapshot files, sorted); *n paths, owned. */
 static char **inputs(char **args, int nargs, uint32_t *n) {
   char **v = NULL;
@@ -419,9 +449,13 @@ static char **inputs(char **args, int nargs, uint32_t *n) {
           snprintf(path, l, "%s%s%s", args[a],
                    la && args[a][la - 1] == '/' ? "" : "/", name);
         struct stat fs;
-        if (path && (stat(path, &fs) != 0 || !S_ISREG(fs.st_mode))) {
-          free(path);
-          continue;
+        if (path) {
+          bool ok = stat(path, &fs) == 0;
+          if (!ok || !S_ISREG(fs.st_mode)) {
+            skipped(path, ok ? &fs : NULL, errno);
+            free(path);
+            continue;
+          }
         }
       } else {
         de = NULL;
@@ -458,8 +492,10 @@ static void usage(FILE *f) {
           "usage: memsnap fleet [--json] [-j N] [--top N] FILE...|DIR\n"
           "\n"
           "The snapshots of a job's ranks side by side (a directory: its\n"
-          "*.pickle / *.pkl files): per rank its rank (from the file's\n"
-          "process_info, or \"rank<N>\" in its name), host (from\n"
+          "*.pickle / *.pkl files; other entries with such names, such\n"
+          "as directories and FIFOs, are skipped with a warning): per\n"
+          "rank its rank (from the file's process_info, or \"rank<N>\"\n"
+          "in its name, also when it cannot be read), host (from\n"
           "process_info), peak allocated and reserved over the trace,\n"
           "final reserved and\n"
           "allocated, fragmentation (inactive split bytes, largest free\n"

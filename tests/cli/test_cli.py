@@ -3246,6 +3246,7 @@ def group_unusable():
            "no input files" in js["error"],
            "fleet --json on a directory without snapshots: {file, usable: "
            "false, error} (%d %r)" % (rc, out))
+    fleet_dir_entries()
     # standard input: the file is "-"
     p = subprocess.run(WRAPPER + [MEMSNAP, "summary", "--json", "-"],
                        input=b"", capture_output=True, timeout=60)
@@ -3254,6 +3255,49 @@ def group_unusable():
            js.get("usable") is False and js.get("error"),
            "summary --json on an empty standard input: file \"-\" (%d %r)"
            % (p.returncode, p.stdout))
+
+
+def fleet_dir_entries():
+    """fleet DIR: an entry with a snapshot's name that is no regular file
+    is skipped with a warning on stderr saying why; an unreadable file
+    takes its rank from its name as a readable one does."""
+    d = os.path.join(TMP, "fleet_entries")
+    os.makedirs(os.path.join(d, "dir.pickle"))
+    os.mkfifo(os.path.join(d, "fifo.pickle"))
+    os.symlink(os.path.join(TMP, "no-such-file"), os.path.join(d, "dang.pkl"))
+    os.makedirs(os.path.join(d, "notes.txt"))  # not a snapshot's name
+    for r in range(2):
+        write_pickle(good_snapshot(),
+                     os.path.join("fleet_entries", "rank%d.pickle" % r))
+    write_bytes(b"not a pickle", os.path.join("fleet_entries",
+                                              "rank2.pickle"))
+    rc, out, err = run("fleet", "--json", d)
+    js = unusable_doc(out)
+    ranks = [(os.path.basename(x.get("file", "")), x.get("rank"),
+              x.get("rank_source"), x.get("usable"))
+             for x in js.get("ranks", [])]
+    expect(rc == 0 and ranks == [
+        ("rank0.pickle", 0, "file name", True),
+        ("rank1.pickle", 1, "file name", True),
+        ("rank2.pickle", 2, "file name", False)],
+        "fleet --json: the unreadable rank2.pickle has rank 2 from its "
+        "name (%s)" % ranks)
+    # (in the directory's order)
+    skips = sorted(ln for ln in err.splitlines() if ": skipped: " in ln)
+    expect(skips == [
+        "memsnap: fleet: %s/dang.pkl: skipped: a symbolic link to a file "
+        "that does not exist" % d,
+        "memsnap: fleet: %s/dir.pickle: skipped: a directory, not a "
+        "snapshot file" % d,
+        "memsnap: fleet: %s/fifo.pickle: skipped: a FIFO, not a regular "
+        "file (name it as an argument to read it)" % d],
+        "fleet: each skipped entry with a snapshot's name is named on "
+        "stderr with why (%r)" % err[-800:])
+    rc, out, err = run("fleet", d)
+    row = [ln for ln in out.splitlines() if ln.endswith("rank2.pickle")]
+    expect(rc == 0 and len(row) == 1 and row[0].split()[0] == "2" and
+           len([ln for ln in err.splitlines() if ": skipped: " in ln]) == 3,
+           "fleet (text): the unreadable file's row says rank 2 (%r)" % row)
 
 
 def group_diff_traces():
