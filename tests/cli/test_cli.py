@@ -1342,6 +1342,19 @@ def group_replay():
     live = os.path.join(TMP, "live.pickle")
     rc, out, err = run("demo-train", "-o", live)
     expect(rc == 0, "demo-train records a snapshot")
+    # A bad --alloc-conf is a usage error as the other bad options: the
+    # command's prefix, the help hint, exit 2, nothing on stdout (--json)
+    for args in ((), ("--json",), ("--profile", "npu", "--json")):
+        rc, out, err = run("replay", *(args + ("--alloc-conf", "garbage",
+                                                live)))
+        lines = err.splitlines()
+        expect(rc == 2 and out == "" and len(lines) == 2 and
+               lines[0].startswith("memsnap replay: --alloc-conf is not "
+                                   "valid for the ") and
+               "unrecognized key 'garbage'" in lines[0] and
+               lines[1] == "Try 'memsnap replay --help'.",
+               "replay %s --alloc-conf garbage: a usage error (%d %r %r)"
+               % (" ".join(args), rc, out[-200:], err[-300:]))
     rc, out, err = run("check", live)
     expect(rc == 0, "the live recording passes check")
     rc, out, err = run("replay", "--json", live)
