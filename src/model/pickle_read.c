@@ -383,6 +383,12 @@ const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
   return "?";
 }
 
+/* The article of a type name of msnap__pvm_type in a message: "an int",
+ * "a list", "None". */
+static const char *article(const char *t) {
+  return !strcmp(t, "None") ? "" : strchr("aeiou", t[0]) ? "an " : "a ";
+}
+
 /*
  * A new empty container of `kind` with room for cap items.
  */
@@ -617,9 +623,11 @@ static int pop_mark(msnap_pvm_t *vm, uint32_t *first) {
 static int container_at(msnap_pvm_t *vm, msnap_pv_t v, uint8_t kind,
                         const char *what) {
   msnap_pobj_t *o = msnap__pvm_obj(vm, v);
-  if (!o || o->kind != kind)
-    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "%s applied to a %s", what,
-                           msnap__pvm_type(vm, v));
+  if (!o || o->kind != kind) {
+    const char *t = msnap__pvm_type(vm, v);
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "%s applied to %s%s", what,
+                           article(t), t);
+  }
   return 0;
 }
 
@@ -2122,10 +2130,12 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
   case MSNAP_PV_REC:
     if (vm->rec_gv) return vm->rec_gv(vm->cb_ctx, v, out);
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
-  default:
+  default: {
+    const char *t = msnap__pvm_type(vm, v);
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                           "a %s cannot be kept as a generic value",
-                           msnap__pvm_type(vm, v));
+                           "%s%s cannot be kept as a generic value",
+                           article(t), t);
+  }
   }
 }
 

@@ -1827,10 +1827,12 @@ static int map_root(rd_t *r, msnap_pv_t root) {
     else
       s->generation = MSNAP_GEN_2_1;
   } else {
+    char tp[64];
     rc = msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                         "the pickle holds a %s, not a snapshot dict or a "
+                         "the pickle holds %s, not a snapshot dict or a "
                          "list of segments",
-                         msnap__pvm_type(vm, root));
+                         type_phrase(msnap__pvm_type(vm, root), tp,
+                                     sizeof tp));
   }
   free(segs);
   free(blocks);
