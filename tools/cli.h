@@ -96,9 +96,14 @@ enum { CLI_CONTINUE = -1, CLI_DONE = CLI_OK };
 /* The name to print for an output path: "standard output" for the
  * descriptor cli_begin writes "-o -" / "-o /dev/stdout" to, else `out`. */
 const char *cli_output_shown(const char *out);
+/* The name to report for an output path in --json: the -o argument as
+ * given ("-", "/dev/stdout" ...) for that descriptor, else `out`. */
+const char *cli_output_named(const char *out);
 /* "/dev/fd/N", the duplicate of the original standard output that such an
- * output is written to ("" when none; set by cli_begin). */
+ * output is written to ("" when none; set by cli_begin), and the -o
+ * argument it was given as. */
 extern char cli_stdout_kept[32];
+extern const char *cli_stdout_given;
 
 /* Parse argv for command c: options, FILE count, -o (checked against the
  * inputs).  *first is the index of the first FILE; with load != NULL the

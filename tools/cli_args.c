@@ -142,6 +142,7 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   if (c->output != NULL) {
     /* "-o -": standard output (as "-" for an input is standard input),
      * written through the descriptor link (base/outpath.c). */
+    const char *given = *c->output;
     if (*c->output != NULL && strcmp(*c->output, "-") == 0)
       *c->output = "/dev/stdout";
     /* The file owns standard output then: the command's report (text or
@@ -163,6 +164,7 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
       int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
       if (fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0) {
         snprintf(cli_stdout_kept, sizeof cli_stdout_kept, "/dev/fd/%d", fd);
+        cli_stdout_given = given;
         *c->output = cli_stdout_kept;
       } else if (fd >= 0) {
         close(fd);

@@ -40,7 +40,7 @@ void cj_output(cli_json_t *j, const char *written) {
   const char *why = cli_output_error();
   cj_key(j, "output");
   if (written != NULL && why[0] == '\0')
-    cj_cstr(j, written);
+    cj_cstr(j, cli_output_named(written));
   else
     cj_null(j);
   cj_key(j, "output_error");

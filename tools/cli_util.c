@@ -752,10 +752,18 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
 }
 
 char cli_stdout_kept[32];
+const char *cli_stdout_given;
 
 const char *cli_output_shown(const char *out) {
   return cli_stdout_kept[0] != '\0' && out != NULL &&
                  strcmp(out, cli_stdout_kept) == 0
              ? "standard output"
+             : out;
+}
+
+const char *cli_output_named(const char *out) {
+  return cli_stdout_kept[0] != '\0' && cli_stdout_given != NULL &&
+                 out != NULL && strcmp(out, cli_stdout_kept) == 0
+             ? cli_stdout_given
              : out;
 }

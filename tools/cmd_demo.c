@@ -291,7 +291,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
               "memsnap: recorded %ld training %s of a %ld-layer model "
               "(width %ld) on the simulated device: %s\n",
               steps, cli_plural((uint64_t)steps, "step", "steps"), layers,
-              hidden, out);
+              hidden, cli_output_shown(out));
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);

@@ -75,7 +75,8 @@ static void usage(FILE *f) {
           "                    segment_frees, peak_reserved_bytes,\n"
           "                    final_reserved_bytes,\n"
           "                    inactive_split_bytes}}]}\n"
-          "  --max-mismatches N  mismatches listed per device (default 10)\n"
+          "  --max-mismatches N  mismatches listed per device, 0..64\n"
+          "                    (default 10)\n"
           "  --device-memory B the simulated device's memory (default 1T;\n"
           "                    a size such as 80G or 1.5T): give the recording\n"
           "                    device's total when the configuration depends\n"
@@ -292,8 +293,10 @@ int cli_cmd_replay(int argc, char **argv) {
   replay_t r;
   int rc = replay_init(&r, s, file, profile, conf, (uint32_t)maxm);
   r.device_memory = devmem;
+  r.conf_given = conf != NULL;
   r.keep_history = out != NULL; /* the written snapshot's trace */
   if (rc == CLI_OK) rc = replay_run(&r);
+  if (r.conf_invalid) rc = cli_usage_error("replay", r.why);
   if (rc == CLI_OK) {
     const char *wrote = NULL;
     if (out && r.a) {

@@ -1116,6 +1116,16 @@ int replay_run(replay_t *r) {
   mo.error_buf = ebuf;
   mo.error_buf_len = sizeof ebuf;
   int e = msnap_allocator_create(&mo, &r->a);
+  if (e == MSNAP_ECONF && r->conf_given) {
+    /* the caller's alloc conf: its reason alone ("alloc conf: " off) */
+    const char *why = strncmp(ebuf, "alloc conf: ", 12) == 0 ? ebuf + 12
+                                                            : ebuf;
+    snprintf(r->why, sizeof r->why,
+             "--alloc-conf is not valid for the %s profile: %s",
+             r->profile_name, why[0] ? why : msnap_strerror(e));
+    r->conf_invalid = true;
+    return CLI_UNUSABLE;
+  }
   if (e != 0) {
     const char *conf = r->conf;
     fail(r, "cannot create the %s allocator%s%s: %s%s%s", r->profile_name,

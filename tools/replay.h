@@ -74,6 +74,10 @@ typedef struct replay_s {
    * and a clock read per call (cmd_replay sets it for -o) */
   bool keep_history;
   char why[512]; /* why replay_init / replay_run failed */
+  /* the alloc conf is the user's (--alloc-conf: cmd_replay sets it), and
+   * replay_run found it invalid: not printed, `why` holds the reason,
+   * for a usage error */
+  bool conf_given, conf_invalid;
   bool nomem;    /* ... for want of memory */
   /* every device with segments or a trace (dr[0] exists even when nd is
    * 0, holding the reason) */

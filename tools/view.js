@@ -77,7 +77,7 @@
       fmtBytes(free) + ' free)';
   }
   function stateLabel(s) {
-    return s === 0 ? 'before entry 0 (start of the trace)' : 'after entry ' + (s - 1);
+    return s === 0 ? 'before entry 0 (start of the trace)' : 'after entry ' + num(s - 1);
   }
 
   // ---- state --------------------------------------------------------------
@@ -298,7 +298,7 @@
     if (D.n && P.embedded < D.n)
       note.push('Level of detail: ' + num(P.embedded) + ' of ' + num(D.n) +
         ' entries are in this page (marked in the overview); the series ' +
-        (D.series.w > 1 ? 'shows the maximum of every ' + D.series.w + ' entries' : 'is exact') + '.');
+        (D.series.w > 1 ? 'shows the maximum of every ' + num(D.series.w) + ' entries' : 'is exact') + '.');
     if (D.bands.start.length < D.bands.total)
       note.push(num(D.bands.start.length) + ' of ' + num(D.bands.total) +
         ' allocations are drawn one by one; the others are summed in the grey band.');
@@ -328,7 +328,7 @@
     if (!D) return;
     var s = S.sel;
     var txt = 'device ' + D.device + ', ' + (D.n ? stateLabel(s) + ' of ' +
-      num(D.n) + ' entries (0..' + (D.n - 1) + ')' : 'final state') + ': active ' +
+      num(D.n) + ' entries (0..' + num(D.n - 1) + ')' : 'final state') + ': active ' +
       fmtBytes(D.prep.val('a', s)) + ', reserved ' + fmtBytes(D.prep.val('r', s));
     var e = s > 0 ? entryRec(D, s - 1) : null;
     if (e) txt += ' \u2014 last: ' + (e.a === 8 ? oomText(e.size, e.addr) :
@@ -353,7 +353,7 @@
     box.innerHTML = '<h2 class="bad">Out of memory (' + D.ooms.length + ')</h2>' +
       D.ooms.map(function (o, k) {
         return '<div class="oom" data-k="' + k + '"><b>' + esc(oomText(o[1], o[2])) +
-          '</b><br>entry ' + o[0] + '; allocated ' + fmtBytes(o[4]) + ', reserved ' +
+          '</b><br>entry ' + num(o[0]) + '; allocated ' + fmtBytes(o[4]) + ', reserved ' +
           fmtBytes(o[5]) + ' before it</div>';
       }).join('');
     Array.prototype.forEach.call(box.querySelectorAll('div.oom'), function (el) {
@@ -370,7 +370,7 @@
         S.x0 = Math.max(0, S.sel - span / 2); S.x1 = Math.min(D.n, S.x0 + span);
       }
     }
-    showStack(oomText(o[1], o[2]) + ' at entry ' + o[0] + '; allocated ' +
+    showStack(oomText(o[1], o[2]) + ' at entry ' + num(o[0]) + '; allocated ' +
       fmtBytes(o[4]) + ', reserved ' + fmtBytes(o[5]) +
       ' before it. The stack of the failing allocation:', o[3], false, pin);
     if (pin) redraw();
@@ -724,8 +724,8 @@
     var t = what + hex(B.addr[i]) + ', ' + fmtBytes(B.size[i]) + ' (' + num(B.size[i]) +
       ' B' + (K.seg ? '' : ' requested') + '); ';
     t += B.pre[i] ? 'live before the trace began' : (K.seg ? 'segment_alloc' : 'alloc') +
-      ' at entry ' + (st - 1);
-    t += en < 0 ? ', still live at the end of the file' : ', freed at entry ' + (en - 1);
+      ' at entry ' + num(st - 1);
+    t += en < 0 ? ', still live at the end of the file' : ', freed at entry ' + num(en - 1);
     if (B.dur[i] >= 0) t += ' (lived ' + fmtDur(B.dur[i]) + ')';
     if (!K.seg && B.site[i] >= 0) {
       var L = D.leaks[B.site[i]];
@@ -822,7 +822,7 @@
       if (h < 0) return;
       var rg = D.annotations.ranges;
       showStack('record_function "' + D.annotations.names[rg[3 * h]] + '": entries ' +
-        rg[3 * h + 1] + ' to ' + (rg[3 * h + 2] - 1) + ' (click to zoom to it)', 0, false, false);
+        num(rg[3 * h + 1]) + ' to ' + num(rg[3 * h + 2] - 1) + ' (click to zoom to it)', 0, false, false);
     });
     lanes.addEventListener('click', function (ev) {
       var h = laneAt(ev);
@@ -1136,7 +1136,7 @@
       var b = q.b;
       showStack('Block ' + hex(b.addr) + ', ' + fmtBytes(b.size) + ' (requested ' +
         fmtBytes(b.req) + '), ' + STATES[b.state] + ' (stream ' + q.seg.stream + ')' +
-        (b.entry !== undefined ? ', allocated at entry ' + b.entry : ''),
+        (b.entry !== undefined ? ', allocated at entry ' + num(b.entry) : ''),
         b.stack, b.before, pin);
     } else {
       var s = q.seg;

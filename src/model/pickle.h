@@ -403,6 +403,10 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
   "the pickle is truncated (the input ends early): "
 /* Stream offset of the opcode being executed (of STOP after a run). */
 uint64_t msnap__pvm_offset(const msnap_pvm_t *vm);
+/* After a run refused an opcode that imports or calls (MSNAP_EUNSAFE):
+ * whether the input is a protocol-0 (text) pickle that goes on to STOP,
+ * so a whole pickle, whatever its first bytes look like. */
+bool msnap__pvm_refused_text_pickle(const msnap_pvm_t *vm);
 /* Record an error at the current opcode; returns rc. */
 int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -112,6 +112,8 @@ struct msnap_pvm_s {
   const char *phase;
   msnap_read_error_t *err;
   bool failed;
+  /* refused an opcode of a text pickle that goes on to STOP (refuse) */
+  bool refused_text_pickle;
 
   /* the fast path (see pickle.h) */
   bool fast;
@@ -158,6 +160,10 @@ int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...) {
 }
 
 uint64_t msnap__pvm_offset(const msnap_pvm_t *vm) { return vm->op_off; }
+
+bool msnap__pvm_refused_text_pickle(const msnap_pvm_t *vm) {
+  return vm->refused_text_pickle;
+}
 
 void msnap__pvm_set_phase(msnap_pvm_t *vm, const char *phase) {
   vm->phase = phase;
@@ -375,6 +381,12 @@ const char *msnap__pvm_type(const msnap_pvm_t *vm, msnap_pv_t v) {
   }
   }
   return "?";
+}
+
+/* The article of a type name of msnap__pvm_type in a message: "an int",
+ * "a list", "None". */
+static const char *article(const char *t) {
+  return !strcmp(t, "None") ? "" : strchr("aeiou", t[0]) ? "an " : "a ";
 }
 
 /*
@@ -611,9 +623,11 @@ static int pop_mark(msnap_pvm_t *vm, uint32_t *first) {
 static int container_at(msnap_pvm_t *vm, msnap_pv_t v, uint8_t kind,
                         const char *what) {
   msnap_pobj_t *o = msnap__pvm_obj(vm, v);
-  if (!o || o->kind != kind)
-    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "%s applied to a %s", what,
-                           msnap__pvm_type(vm, v));
+  if (!o || o->kind != kind) {
+    const char *t = msnap__pvm_type(vm, v);
+    return msnap__pvm_fail(vm, MSNAP_EFORMAT, "%s applied to %s%s", what,
+                           article(t), t);
+  }
   return 0;
 }
 
@@ -1515,6 +1529,61 @@ static int read_line(msnap_pvm_t *vm, const unsigned char **pp,
   }
 }
 
+/*
+ * After a refused opcode op, with p just past it: whether op and what
+ * follows are the opcodes of a protocol-0 pickle (each a printable byte,
+ * the text ones with their argument lines) up to STOP, so that the input
+ * is a whole pickle, not a text file that happens to begin with 'c' or
+ * "(i".  Nothing is executed; the input is read on at most
+ * TEXT_PICKLE_SCAN bytes, and that many well-formed opcodes count as a
+ * pickle too.  A text file fails on its first line that is no opcode.
+ */
+#define TEXT_PICKLE_SCAN (1u << 20)
+static bool text_pickle_ends(msnap_pvm_t *vm, unsigned op,
+                             const unsigned char *p) {
+  msnap_source_t *src = vm->src;
+  uint64_t from = msnap__source_offset(src, p);
+  for (;;) {
+    int lines;
+    switch (op) {
+    case '.':
+      return true;
+    case '(': case '0': case '1': case '2': case 'N': case 'R': case 'a':
+    case 'b': case 'd': case 'e': case 'l': case 'o': case 's': case 't':
+    case 'u':
+      lines = 0;
+      break;
+    case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g':
+    case 'p':
+      lines = 1;
+      break;
+    case 'c': case 'i':
+      lines = 2;
+      break;
+    default:
+      return false;
+    }
+    for (int l = 0; l < lines; l++) {
+      size_t scanned = 0;
+      for (;;) {
+        const unsigned char *nl = memchr(
+            p + scanned, '\n', (size_t)(src->end - p) - scanned);
+        if (nl) {
+          p = nl + 1;
+          break;
+        }
+        scanned = (size_t)(src->end - p);
+        if (msnap__source_offset(src, src->end) - from >= TEXT_PICKLE_SCAN)
+          return true;
+        if (msnap__source_fill(src, &p, scanned + 1) != 0) return false;
+      }
+    }
+    if (msnap__source_offset(src, p) - from >= TEXT_PICKLE_SCAN) return true;
+    if (p >= src->end && msnap__source_fill(src, &p, 1) != 0) return false;
+    op = *p++;
+  }
+}
+
 /* Refuse an opcode that imports or calls; GLOBAL / STACK_GLOBAL name
  * what they would import (a pickle of Python objects, e.g. a tensor). */
 static int refuse(msnap_pvm_t *vm, unsigned op, const unsigned char *p,
@@ -1551,6 +1620,7 @@ static int refuse(msnap_pvm_t *vm, unsigned op, const unsigned char *p,
              (int)(ln < 70 ? ln : 70), n);
   }
   bool imports = op == MSNAP_OP_GLOBAL || op == MSNAP_OP_STACK_GLOBAL;
+  vm->refused_text_pickle = text_pickle_ends(vm, op, p);
   if (op == MSNAP_OP_NEXT_BUFFER || op == MSNAP_OP_READONLY_BUFFER)
     return msnap__pvm_fail(vm, MSNAP_EUNSAFE,
                            "opcode %s (0x%02x) takes an out-of-band buffer "
@@ -1580,6 +1650,7 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
   vm->src = src;
   vm->err = err;
   vm->failed = false;
+  vm->refused_text_pickle = false;
   if (err) {
     err->offset = 0;
     err->msg[0] = 0;
@@ -2059,10 +2130,12 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
   case MSNAP_PV_REC:
     if (vm->rec_gv) return vm->rec_gv(vm->cb_ctx, v, out);
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
-  default:
+  default: {
+    const char *t = msnap__pvm_type(vm, v);
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                           "a %s cannot be kept as a generic value",
-                           msnap__pvm_type(vm, v));
+                           "%s%s cannot be kept as a generic value",
+                           article(t), t);
+  }
   }
 }
 

@@ -1827,10 +1827,12 @@ static int map_root(rd_t *r, msnap_pv_t root) {
     else
       s->generation = MSNAP_GEN_2_1;
   } else {
+    char tp[64];
     rc = msnap__pvm_fail(vm, MSNAP_EFORMAT,
-                         "the pickle holds a %s, not a snapshot dict or a "
+                         "the pickle holds %s, not a snapshot dict or a "
                          "list of segments",
-                         msnap__pvm_type(vm, root));
+                         type_phrase(msnap__pvm_type(vm, root), tp,
+                                     sizeof tp));
   }
   free(segs);
   free(blocks);
@@ -1971,9 +1973,12 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
     msnap_pv_t root = 0;
     if (stats) msnap__pvm_set_fast(r.vm, !stats->generic_only);
     rc = msnap__pvm_run_source(r.vm, src, &root, err);
-    /* the VM read a whole pickle, or refused a container's content: the
-     * error is about a pickle, whatever its first bytes look like */
-    pickle_read = rc == 0 || r.convert_failed;
+    /* the VM read a whole pickle, refused a container's content, or
+     * refused code in a text pickle that goes on to STOP: the error is
+     * about a pickle, whatever its first bytes look like */
+    pickle_read = rc == 0 || r.convert_failed ||
+                  (rc == MSNAP_EUNSAFE &&
+                   msnap__pvm_refused_text_pickle(r.vm));
     if (stats) {
       msnap__pvm_fast_stats(r.vm, &stats->fast_batches,
                             &stats->fast_rollbacks);

@@ -310,6 +310,29 @@ def group_hostile():
         expect(rc == 2 and want in err and "text file" not in err,
                "a whole protocol-0 pickle with %s is refused for it, not "
                "called a text file: %r" % (what, err.strip()[-200:]))
+    # The same for code (GLOBAL, INST): the refusal alone, on a file and
+    # a pipe; text that merely begins with 'c' is still a text file.
+    for what, data, want in (
+            ("GLOBAL", pickle.dumps(os.system, protocol=0),
+             "opcode GLOBAL (0x63) would import or call code (%s.system)"
+             % os.name),
+            ("INST", b"(ios\nsystem\n(S'echo hi'\ntR.",
+             "opcode INST (0x69) would import or call code; refused")):
+        path = write_bytes(data, "code0.pickle")
+        rc, out, err = run("check", path)
+        with open(path, "rb") as f:
+            p = subprocess.run(WRAPPER + [MEMSNAP, "check", "-"], stdin=f,
+                               capture_output=True, text=True, timeout=120)
+        for how, r, e in (("file", rc, err), ("pipe", p.returncode, p.stderr)):
+            expect(r == 2 and want in e and "[MSNAP_EUNSAFE]" in e and
+                   "text file" not in e,
+                   "a whole protocol-0 pickle calling code (%s, %s) gets the "
+                   "refusal alone: %r" % (what, how, e.strip()[-200:]))
+    rc, out, err = run("check", write_bytes(b"cat\ndog\nhello\n",
+                                            "c.txt"))
+    expect(rc == 2 and "this looks like a text file (it begins \"cat\")" in err,
+           "text beginning with 'c' is still a text file: %r"
+           % err.strip()[-200:])
     # A negative addr or size is refused as negative, naming the value,
     # whether it fits in 64 bits or not, at every protocol (the entry
     # scan's fast path and the generic one alike).
@@ -1404,6 +1427,19 @@ def group_replay():
     live = os.path.join(TMP, "live.pickle")
     rc, out, err = run("demo-train", "-o", live)
     expect(rc == 0, "demo-train records a snapshot")
+    # A bad --alloc-conf is a usage error as the other bad options: the
+    # command's prefix, the help hint, exit 2, nothing on stdout (--json)
+    for args in ((), ("--json",), ("--profile", "npu", "--json")):
+        rc, out, err = run("replay", *(args + ("--alloc-conf", "garbage",
+                                                live)))
+        lines = err.splitlines()
+        expect(rc == 2 and out == "" and len(lines) == 2 and
+               lines[0].startswith("memsnap replay: --alloc-conf is not "
+                                   "valid for the ") and
+               "unrecognized key 'garbage'" in lines[0] and
+               lines[1] == "Try 'memsnap replay --help'.",
+               "replay %s --alloc-conf garbage: a usage error (%d %r %r)"
+               % (" ".join(args), rc, out[-200:], err[-300:]))
     rc, out, err = run("check", live)
     expect(rc == 0, "the live recording passes check")
     rc, out, err = run("replay", "--json", live)

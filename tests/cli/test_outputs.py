@@ -189,6 +189,20 @@ def group_stdout():
                      "replay --json -o %s: the pickle alone on stdout, the "
                      "JSON report on stderr (%d %r)"
                      % (o, p.returncode, p.stderr[-300:]))
+    # --json names the output as given ("output" is OUT), never the
+    # /dev/fd/N duplicate the file is written to; nor does any message
+    for name, argv, ok in commands(src):
+        if name.startswith("convert"):
+            continue
+        for o in ("-", "/dev/stdout"):
+            p = subprocess.run(T.WRAPPER + [T.MEMSNAP, argv[0], "--json"] +
+                               argv[1:] + ["-o", o], capture_output=True)
+            js = p.stderr[p.stderr.find(b"{"):]
+            j = json.loads(js) if p.returncode == 0 else {}
+            T.expect(p.returncode == 0 and j.get("output") == o and
+                     b"/dev/fd/" not in p.stderr,
+                     "%s --json -o %s: \"output\" is %r as given (%d %r)"
+                     % (name, o, o, p.returncode, p.stderr[-300:]))
     # a descriptor open only for reading: a clear error
     other = victim("stdin-file", 0o644)
     with open(other, "rb") as f:

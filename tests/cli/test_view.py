@@ -285,17 +285,24 @@ def check_interaction(pg, src):
     info = pg.text("#info")
     expect(re.search(r"Allocation 0x[0-9a-f]+, [0-9.]+ \w+ \([0-9,]+ B "
                      r"requested\)", info) and
-           re.search(r"(alloc at entry \d+|live before the trace began)",
+           re.search(r"(alloc at entry [\d,]+|live before the trace began)",
                      info) and
-           re.search(r"(freed at entry \d+|still live at the end)", info),
+           re.search(r"(freed at entry [\d,]+|still live at the end)", info),
            "hover on a band shows its size and lifetime (%r)" % info[:160])
     # click: the selected entry follows the click
     before = pg.text("#pos")
     pg.p.mouse.click(x, y)
     after = pg.text("#pos")
-    expect(before != after and re.search(r"after entry \d+ of", after),
+    expect(before != after and re.search(r"after entry [\d,]+ of", after),
            "click on the timeline selects an entry (%r -> %r)"
            % (before[:40], after[:40]))
+    # one number format: the entry and the count both with thousands
+    # separators ("after entry 9,000 of 10,307 entries")
+    m = re.search(r"after entry ([\d,]+) of ([\d,]+) entries \(0\.\.([\d,]+)\)",
+                  after)
+    expect(m and all(v == "{:,}".format(int(v.replace(",", "")))
+                     for v in m.groups()),
+           "the entry numbers read as the count does (%r)" % after[:80])
     # wheel: zoom in around the pointer
     z0 = pg.text("#zoominfo")
     pg.p.mouse.move(x, y)
@@ -337,10 +344,11 @@ def check_interaction(pg, src):
            "double click resets the zoom")
     # right arrow steps the selected entry in the timeline
     pos = pg.text("#pos")
-    m0 = re.search(r"after entry (\d+)", pos)
+    m0 = re.search(r"after entry ([\d,]+)", pos)
     pg.p.keyboard.press("ArrowLeft")
-    m1 = re.search(r"after entry (\d+)", pg.text("#pos"))
-    expect(m0 and m1 and int(m1.group(1)) == int(m0.group(1)) - 1,
+    m1 = re.search(r"after entry ([\d,]+)", pg.text("#pos"))
+    expect(m0 and m1 and int(m1.group(1).replace(",", "")) ==
+           int(m0.group(1).replace(",", "")) - 1,
            "ArrowLeft steps back one entry on the timeline")
     # history: the event list and arrow keys
     pg.p.click("button.tab[data-v='history']")

@@ -373,7 +373,13 @@ static void test_refuses_code(void **state) {
   /* not a snapshot */
   assert_int_equal(msnap__snap_read_buffer("K\x05.", 3, &s, &err),
                    MSNAP_EFORMAT);
-  assert_non_null(strstr(err.msg, "holds a int"));
+  assert_non_null(strstr(err.msg, "the pickle holds an int, not"));
+  assert_int_equal(msnap__snap_read_buffer("N.", 2, &s, &err),
+                   MSNAP_EFORMAT);
+  assert_non_null(strstr(err.msg, "the pickle holds None, not"));
+  assert_int_equal(msnap__snap_read_buffer("]K\x01K\x02" "a.", 7, &s, &err),
+                   MSNAP_EFORMAT);
+  assert_non_null(strstr(err.msg, "applied to an int"));
   assert_int_equal(msnap__snap_read_file("/nonexistent/x.pickle", &s, &err),
                    MSNAP_EIO);
   assert_non_null(strstr(err.msg, "/nonexistent/x.pickle"));

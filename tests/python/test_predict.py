@@ -586,6 +586,20 @@ def test_report_counts_one_in_the_singular(tmp_path):
     assert "1 thread  one.py:2 in <lambda>: " in p.stdout, p.stdout
 
 
+def test_percentages_never_round_to_all_or_nothing(tmp_path):
+    """A share is 100.0% only when it is all, 0.0% only when it is none:
+    512 B live in a 2 MiB segment is 99.98% fragmentation, not 100.0%."""
+    from memsnap.predict._report import _pct
+    assert [_pct(x) for x in (0, 1, 0.479, 0.9998, 0.9995, 0.00004, 1 - 1e-12, 1e-12)] == [
+        "0.0%", "100.0%", "47.9%", "99.98%", "99.95%", "0.004%", ">99.9999%", "<0.0001%"]
+    script = tmp_path / "small.py"
+    script.write_text("import torch\n"
+                      "x = torch.empty(512, dtype=torch.uint8, device='cuda')\n")
+    p = predict(str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "(99.98% of reserved at its peak" in p.stdout, p.stdout
+
+
 def test_threads_without_device_work_keep_the_verdict(tmp_path):
     """CPU work in threads is fine: FITS, exit 0, threads_not_seen 0."""
     script = tmp_path / "cpu_threads.py"

@@ -159,7 +159,17 @@ def _count(n: int, noun: str) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+    """A share as a percentage, one decimal; more when one would say
+    ``100.0%`` for less than all or ``0.0%`` for more than nothing
+    (99.98% is not 100.0%), up to four, then ``>99.9999%`` / ``<0.0001%``."""
+    p = 100 * x
+    if not 0 < x < 1:
+        return f"{p:.1f}%"
+    for d in (1, 2, 3, 4):
+        s = f"{p:.{d}f}"
+        if 0 < float(s) < 100:
+            return s + "%"
+    return ">99.9999%" if p > 50 else "<0.0001%"
 
 
 def text(r: dict, script: str | None = None, script_error: str | None = None) -> str:
