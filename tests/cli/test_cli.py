@@ -1450,13 +1450,18 @@ def group_replay():
     expect(rc == 0, "demo-train records a snapshot")
     # A bad --alloc-conf is a usage error as the other bad options: the
     # command's prefix, the help hint, exit 2, nothing on stdout (--json)
-    for args in ((), ("--json",), ("--profile", "npu", "--json")):
+    # -- before the file is read, so also for a file that does not exist
+    for args, f in [(a, f)
+                    for a in ((), ("--json",), ("--profile", "npu", "--json"))
+                    for f in (live, os.path.join(TMP, "no-such.pickle"))]:
         rc, out, err = run("replay", *(args + ("--alloc-conf", "garbage",
-                                                live)))
+                                                f)))
         lines = err.splitlines()
         expect(rc == 2 and out == "" and len(lines) == 2 and
-               lines[0].startswith("memsnap replay: --alloc-conf is not "
-                                   "valid for the ") and
+               lines[0].startswith(
+                   "memsnap replay: --alloc-conf is not valid for " +
+                   ("the npu profile: " if "npu" in args else
+                    "either profile: ")) and
                "unrecognized key 'garbage'" in lines[0] and
                lines[1] == "Try 'memsnap replay --help'.",
                "replay %s --alloc-conf garbage: a usage error (%d %r %r)"
