@@ -731,6 +731,7 @@ typedef struct cli_leaks_s {
  * cmd_leaks.c); step = a step name or NULL.  0, or -1 on ENOMEM. */
 int cli_leaks_steps(const msnap_snap_t *s, int64_t dev, const char *step,
                     double min_conf, cli_leaks_t *l);
+void cli_leaks_trim(cli_leaks_t *l, double min_conf);
 void cli_leaks_free(cli_leaks_t *l);
 double cli_leak_confidence(uint32_t grown, uint32_t shrunk, uint32_t steps);
 

@@ -254,12 +254,32 @@ static void check_overlaps(check_t *c, const msnap_snap_t *s) {
   free(ix);
 }
 
+/* After a device's segments: of its n segments out of address order
+ * (the first reported in full), the `rest` not reported one by one
+ * (segments[first] to segments[last]), as one violation. */
+static void unsorted_line(check_t *c, int64_t dev, uint32_t n, uint32_t rest,
+                          uint32_t first, uint32_t last) {
+  if (rest == 0)
+    return;
+  report(c, "segments",
+         "device %" PRId64 ": %u more segments in segments[%u..%u] are not "
+         "above the previous segment's address (%u in all): the device's "
+         "segments are not sorted by address, as PyTorch's "
+         "DeviceCachingAllocator::snapshot sorts them "
+         "(c10/cuda/CUDACachingAllocator.cpp)",
+         dev, rest, first, last, n);
+}
+
 static void check_segments(check_t *c, const msnap_snap_t *s) {
   char where[96];
   int64_t prev_dev = INT64_MIN;
   uint64_t prev_addr = 0;
   uint32_t prev_i = 0;
   bool dev_seen_order_bad = false;
+  /* a device's segments out of address order: the first is reported,
+   * the rest of that device counted into one line (unsorted_line) */
+  uint32_t unsorted = 0, unsorted_rest = 0, unsorted_first = 0,
+           unsorted_last = 0;
   uint32_t tail = workspace_tail(s);
   /* a tail of the workspace's shape in a file that does not show
    * torch_npu: checked as the rest, its first violation says why */
@@ -287,6 +307,9 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
                "in device order",
                g->device, s->segments[i - 1].device);
     } else if (g->device != prev_dev) {
+      unsorted_line(c, prev_dev, unsorted, unsorted_rest, unsorted_first,
+                    unsorted_last);
+      unsorted = unsorted_rest = 0;
       if (prev_dev != INT64_MIN && g->device < prev_dev &&
           !dev_seen_order_bad) {
         report(c, where,
@@ -298,11 +321,19 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
       prev_dev = g->device;
     } else if (g->address <= prev_addr) {
       const char *why = "";
+      if (unsorted++ > 0 && i < hint_from) {
+        /* (past the device's first: one line for the rest) */
+        if (unsorted_rest++ == 0)
+          unsorted_first = i;
+        unsorted_last = i;
+        goto counted;
+      }
       if (i >= hint_from) {
         why = " (one-block large segments out of order at the end are "
               "torch_npu's workspace segments only in a file that shows "
               "torch_npu: an npu profile, PYTORCH_NPU_ALLOC_CONF, "
-              "workspace_snapshot entries)";
+              "workspace_segments in allocator_settings, workspace_snapshot "
+              "entries)";
         hint_from = s->nsegments; /* said once */
       }
       report(c, where,
@@ -311,6 +342,7 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
              "address per device%s",
              g->address, prev_i, prev_addr, why);
     }
+  counted:
     prev_addr = g->address;
     prev_i = i;
     bool wraps = g->total_size > UINT64_MAX - g->address;
@@ -389,6 +421,8 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
              "active blocks sum to %" PRIu64,
              g->requested_size, req);
   }
+  unsorted_line(c, prev_dev, unsorted, unsorted_rest, unsorted_first,
+                unsorted_last);
 }
 
 /* The two keys of every snapshot dict PyTorch's _snapshot() writes

@@ -392,10 +392,17 @@ static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
   return ndup;
 }
 
+/* Directory entries left out (skipped): how many, and the first. */
+typedef struct skips_s {
+  uint32_t n;
+  char first[640]; /* "PATH: why" */
+} skips_t;
+
 /* A directory entry with a snapshot's name that is not a regular file
  * is left out: say so on stderr, and why (st: what stat(path) gave, or
- * NULL when it failed with err). */
-static void skipped(const char *path, const struct stat *st, int err) {
+ * NULL when it failed with err); counted in sk for the warnings. */
+static void skipped(skips_t *sk, const char *path, const struct stat *st,
+                    int err) {
   struct stat ls;
   const char *why;
   char buf[160];
@@ -416,10 +423,12 @@ static void skipped(const char *path, const struct stat *st, int err) {
     why = buf;
   }
   cli_err("fleet: %s: skipped: %s", path, why);
+  if (sk->n++ == 0)
+    snprintf(sk->first, sizeof sk->first, "%s: %s", path, why);
 }
 
 /* Expand directories (their snapshot files, sorted); *n paths, owned. */
-static char **inputs(char **args, int nargs, uint32_t *n) {
+static char **inputs(char **args, int nargs, uint32_t *n, skips_t *sk) {
   char **v = NULL;
   uint32_t k = 0, cap = 0;
   for (int a = 0; a < nargs; a++) {
@@ -452,7 +461,7 @@ static char **inputs(char **args, int nargs, uint32_t *n) {
         if (path) {
           bool ok = stat(path, &fs) == 0;
           if (!ok || !S_ISREG(fs.st_mode)) {
-            skipped(path, ok ? &fs : NULL, errno);
+            skipped(sk, path, ok ? &fs : NULL, errno);
             free(path);
             continue;
           }
@@ -612,7 +621,8 @@ int cli_cmd_fleet(int argc, char **argv) {
   if (brc != CLI_CONTINUE) return brc;
   uint32_t n = 0;
   char dup[600] = "";
-  char **paths = inputs(argv + first, argc - first, &n);
+  skips_t sk = {0, ""};
+  char **paths = inputs(argv + first, argc - first, &n, &sk);
   uint32_t ndup = paths ? drop_repeats(paths, &n, dup, sizeof dup) : 0;
   if (n == 0) {
     free(paths);
@@ -663,8 +673,16 @@ int cli_cmd_fleet(int argc, char **argv) {
 
   /* warnings: dumps of one process, duplicate ranks, missing ranks,
    * unreadable files */
-  char warn[6][768];
+  char warn[7][768];
   uint32_t nwarn = 0;
+  if (sk.n == 1)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "a directory entry with a snapshot's name was skipped, not "
+             "being a regular file (%s)", sk.first);
+  else if (sk.n > 1)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "%u directory entries with a snapshot's name were skipped, not "
+             "being regular files (the first: %s)", sk.n, sk.first);
   if (ndup)
     snprintf(warn[nwarn++], sizeof warn[0],
              "a file was given more than once (%s; %u name%s left out): "
@@ -713,7 +731,8 @@ int cli_cmd_fleet(int argc, char **argv) {
              nsame == 1 ? "" : "s", procs_s, procs == 1 ? "" : "e.g. ",
              files + 1, r[fp].pid, r[fp].host, r[fp].file);
   }
-  for (uint32_t i = 1, prev = 0; i < n && nwarn < 2 + (ndup != 0); i++) {
+  for (uint32_t i = 1, prev = 0;
+       i < n && nwarn < 2u + (ndup != 0) + (sk.n != 0); i++) {
     if (!r[i].ok || r[i].same_process >= 0)
       continue;
     if (r[prev].ok && r[prev].same_process < 0 && prev != i &&

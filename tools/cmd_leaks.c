@@ -70,7 +70,7 @@ double cli_leak_confidence(uint32_t grown, uint32_t shrunk, uint32_t steps) {
  * The threshold to use over `steps` steps (>= 2): min_conf, or when that
  * is above the highest confidence the steps can give (growth in every
  * transition: 0.5 for 2 steps, below the default 0.7) that highest one,
- * so that the sites that grew in every transition are still listed; the
+ * so that any site that grew in every transition is still listed; the
  * warning (warn, n bytes, prefixed with `who`) then names it and how
  * many steps would reach min_conf.  warn is "" when min_conf is used.
  */
@@ -96,8 +96,8 @@ static double usable_threshold(uint32_t steps, double min_conf,
              "--min-confidence", unit, min_conf);
   snprintf(warn, n,
            "%s%u %s make %u %s: the highest confidence is %.3f, below "
-           "--min-confidence %g; the sites that grew in every transition "
-           "are listed at %.3f (%s)",
+           "--min-confidence %g; any site that grew in every transition "
+           "is listed at %.3f (%s)",
            who, steps, unit, steps - 1,
            steps == 2 ? "transition" : "transitions", top, min_conf, top,
            more);
@@ -112,6 +112,12 @@ static int cmp_leak(const void *a, const void *b) {
   if (gx != gy)
     return gx > gy ? -1 : 1;
   return strcmp(x->site, y->site);
+}
+
+/* Drop the candidates below min_conf (l->v is sorted by confidence). */
+void cli_leaks_trim(cli_leaks_t *l, double min_conf) {
+  while (l->n > 0 && l->v[l->n - 1].confidence < min_conf)
+    free(l->v[--l->n].site);
 }
 
 void cli_leaks_free(cli_leaks_t *l) {
@@ -468,8 +474,12 @@ int cli_cmd_leaks(int argc, char **argv) {
     if (!per || !warn || (!devs && nd)) {
       rc = CLI_UNUSABLE;
     } else {
+      /* the threshold used is min_conf or, when the steps cannot reach
+       * it, the highest they reach (>= 0.5 from 2 steps): the candidates
+       * are gathered once at the lower of the two, then trimmed */
+      double floor_conf = min_conf < 0.5 ? min_conf : 0.5;
       for (uint32_t d = 0; d < nd && rc == CLI_OK; d++, nper++) {
-        if (cli_leaks_steps(s, devs[d], step, min_conf, &per[d]) != 0) {
+        if (cli_leaks_steps(s, devs[d], step, floor_conf, &per[d]) != 0) {
           rc = CLI_UNUSABLE;
           break;
         }
@@ -480,11 +490,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         double use = usable_threshold(per[d].steps, min_conf, who, "steps",
                                       "record", warn[1 + d],
                                       sizeof warn[1 + d]);
-        if (use < min_conf) { /* again, at the reachable threshold */
-          cli_leaks_free(&per[d]);
-          if (cli_leaks_steps(s, devs[d], step, use, &per[d]) != 0)
-            rc = CLI_UNUSABLE;
-        }
+        cli_leaks_trim(&per[d], use);
       }
     }
     if (rc != CLI_OK)

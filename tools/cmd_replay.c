@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/conf.h"
 #include "replay.h"
 
 static void usage(FILE *f) {
@@ -259,6 +260,43 @@ static void print_text(const replay_t *r, const char *file) {
     print_device(r, &r->dr[k]);
 }
 
+/* --alloc-conf refused by the allocator's own parser (msnap__conf_parse)
+ * for the profile asked, or without --profile for both: true, with the
+ * message of the usage error in why -- given before the file is read
+ * (replay_init's check, at the allocator's creation, covers the rest). */
+static bool conf_refused(const char *profile, const char *conf, char *why,
+                         size_t n) {
+  static const char *const names[2] = {"cuda", "npu"};
+  char err[2][256];
+  int refused = 0;
+  for (int k = 0; k < 2; k++) {
+    if (profile && strcmp(profile, names[k]) != 0)
+      continue;
+    msnap_conf_t c;
+    msnap__conf_init(&c, k ? MSNAP_PROFILE_NPU : MSNAP_PROFILE_CUDA);
+    err[k][0] = '\0';
+    if (msnap__conf_parse(&c, conf, err[k], sizeof err[k]) != 0) {
+      refused |= 1 << k;
+      if (!err[k][0])
+        snprintf(err[k], sizeof err[k], "%s", msnap_strerror(MSNAP_ECONF));
+    }
+    msnap__conf_destroy(&c);
+  }
+  const char *e[2]; /* the reasons, "alloc conf: " off */
+  for (int k = 0; k < 2; k++)
+    e[k] = strncmp(err[k], "alloc conf: ", 12) == 0 ? err[k] + 12 : err[k];
+  if (profile)
+    snprintf(why, n, "--alloc-conf is not valid for the %s profile: %s",
+             profile, e[strcmp(profile, "npu") == 0]);
+  else if (strcmp(e[0], e[1]) == 0)
+    snprintf(why, n, "--alloc-conf is not valid for either profile: %s",
+             e[0]);
+  else
+    snprintf(why, n, "--alloc-conf is not valid for either profile: %s "
+             "(cuda); %s (npu)", e[0], e[1]);
+  return profile ? refused != 0 : refused == 3;
+}
+
 int cli_cmd_replay(int argc, char **argv) {
   bool json = false;
   const char *profile = NULL, *conf = NULL, *out = NULL, *devmem_arg = NULL;
@@ -283,6 +321,9 @@ int cli_cmd_replay(int argc, char **argv) {
        devmem > (1ull << 48)))
     return cli_usage_error("replay", "--device-memory needs 2M..256T bytes "
                                      "(a size such as 80G or 1.5T)");
+  char why[1024];
+  if (conf && conf_refused(profile, conf, why, sizeof why))
+    return cli_usage_error("replay", why);
   const char *file = argv[first];
   msnap_snap_t *s;
   if (cli_load(file, &s) != CLI_OK) {

@@ -765,6 +765,11 @@ _torch_watch = None  # the _TorchImportWatch in sys.meta_path, once installed
 # left by importlib.reload of this module, or installed by a racing thread)
 # answers None instead of asking the first again, for ever.
 _torch_finding = threading.local()
+# Held while _history_on changes and its listeners run, and while torch's
+# import reads it to install the hooks: a thread turning history off while
+# another imports torch leaves it off (reentrant: the listeners and the
+# import of memsnap.torch run under it).
+_history_lock = threading.RLock()
 
 
 class _TorchLoader:
@@ -789,14 +794,30 @@ class _TorchLoader:
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self.loader
         self.loader.exec_module(module)
-        on = _history_on  # (read once: another thread may turn history off)
-        if on is None:
-            return
-        try:
-            _notify_history(True, on[0], on[1])
-        except Exception as e:  # never fail torch's import
-            warnings.warn(f"memsnap: record_function ranges will not be recorded: {e}",
-                          RuntimeWarning, stacklevel=2)
+        _drop_torch_watches()
+        with _history_lock:
+            on = _history_on
+            if on is None:
+                return
+            try:
+                _notify_history(True, on[0], on[1])
+            except Exception as e:  # never fail torch's import
+                warnings.warn(f"memsnap: record_function ranges will not be recorded: {e}",
+                              RuntimeWarning, stacklevel=2)
+
+
+def _drop_torch_watches() -> None:
+    """torch's module has run: the watches have nothing left to watch
+    (every later import finds it in sys.modules) and leave sys.meta_path,
+    this module's and any left by a reload of it."""
+    global _torch_watch
+    for finder in list(sys.meta_path):
+        if type(finder).__name__ == "_TorchImportWatch" and type(finder).__module__ == __name__:
+            try:
+                sys.meta_path.remove(finder)
+            except ValueError:  # another thread was first
+                pass
+    _torch_watch = None
 
 
 class _TorchImportWatch:
@@ -868,14 +889,15 @@ def _sync_process_rank() -> None:
 def _notify_history(enabled, compile_context, global_record_annotations):
     global _history_on
     _sync_process_rank()
-    if enabled:
-        thread = _history_on[2] if _history_on is not None else threading.get_ident()
-        _history_on = (compile_context, global_record_annotations, thread)
-        _load_torch_hooks()
-    else:
-        _history_on = None
-    for fn in list(_history_listeners):
-        fn(enabled, compile_context, global_record_annotations)
+    with _history_lock:
+        if enabled:
+            thread = _history_on[2] if _history_on is not None else threading.get_ident()
+            _history_on = (compile_context, global_record_annotations, thread)
+            _load_torch_hooks()
+        else:
+            _history_on = None
+        for fn in list(_history_listeners):
+            fn(enabled, compile_context, global_record_annotations)
 
 
 def _record_memory_history_legacy(

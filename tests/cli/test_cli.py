@@ -737,6 +737,27 @@ def check_workspace_tail():
                in out,
                "check: a CUDA recording's segments out of order at the end "
                "are a violation (%d %r)" % (rc, out[-400:]))
+        # the whole list reversed: the first segment out of order is
+        # reported in full, the rest of its device in one line
+        segs = sorted([g for g in d["segments"] if g["device"] == 0],
+                      key=lambda g: g["address"], reverse=True)
+        d["segments"] = segs
+        p = write_pickle(d, "reversed_real.pickle")
+        rc, out, err = run("check", p)
+        n = len(segs)
+        expect(rc == 1 and out.splitlines() == [
+            "%s: segments[1]: address 0x%x is not above the previous "
+            "segment's (segments[0] at 0x%x): segments must be sorted by "
+            "address per device" % (p, segs[1]["address"],
+                                    segs[0]["address"]),
+            "%s: segments: device 0: %d more segments in segments[2..%d] "
+            "are not above the previous segment's address (%d in all): the "
+            "device's segments are not sorted by address, as PyTorch's "
+            "DeviceCachingAllocator::snapshot sorts them "
+            "(c10/cuda/CUDACachingAllocator.cpp)" % (p, n - 2, n - 1, n - 1)]
+            and n > 3,
+            "check: a reversed segment list is one violation in full and "
+            "one line for the rest (%d %r)" % (rc, out[-800:]))
     else:
         print("SKIP (partly) %s missing: workspace tail on synthetic data "
               "only" % src)
@@ -1429,13 +1450,18 @@ def group_replay():
     expect(rc == 0, "demo-train records a snapshot")
     # A bad --alloc-conf is a usage error as the other bad options: the
     # command's prefix, the help hint, exit 2, nothing on stdout (--json)
-    for args in ((), ("--json",), ("--profile", "npu", "--json")):
+    # -- before the file is read, so also for a file that does not exist
+    for args, f in [(a, f)
+                    for a in ((), ("--json",), ("--profile", "npu", "--json"))
+                    for f in (live, os.path.join(TMP, "no-such.pickle"))]:
         rc, out, err = run("replay", *(args + ("--alloc-conf", "garbage",
-                                                live)))
+                                                f)))
         lines = err.splitlines()
         expect(rc == 2 and out == "" and len(lines) == 2 and
-               lines[0].startswith("memsnap replay: --alloc-conf is not "
-                                   "valid for the ") and
+               lines[0].startswith(
+                   "memsnap replay: --alloc-conf is not valid for " +
+                   ("the npu profile: " if "npu" in args else
+                    "either profile: ")) and
                "unrecognized key 'garbage'" in lines[0] and
                lines[1] == "Try 'memsnap replay --help'.",
                "replay %s --alloc-conf garbage: a usage error (%d %r %r)"
@@ -2932,8 +2958,8 @@ def leaks_unreachable_threshold():
            "diff A B: the grown site is a leak candidate (%d %r)"
            % (rc, out[-300:]))
     warn = ("2 files make 1 transition: the highest confidence is 0.500, "
-            "below --min-confidence 0.7; the sites that grew in every "
-            "transition are listed at 0.500 (give 3 files to reach 0.750, "
+            "below --min-confidence 0.7; any site that grew in every "
+            "transition is listed at 0.500 (give 3 files to reach 0.750, "
             "or a lower --min-confidence)")
     rc, out, err = run("leaks", "--json", a, b)
     js = json.loads(out) if out else {"devices": [{}]}
@@ -2970,8 +2996,8 @@ def leaks_unreachable_threshold():
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [
         "3 files make 2 transitions: the highest confidence is 0.750, "
-        "below --min-confidence 0.8; the sites that grew in every "
-        "transition are listed at 0.750 (give 4 files to reach 0.875, or "
+        "below --min-confidence 0.8; any site that grew in every "
+        "transition is listed at 0.750 (give 4 files to reach 0.875, or "
         "a lower --min-confidence)"] and
         js.get("leak_candidate_count") == 0,
         "leaks --min-confidence 0.8 A B B: the warning (%s)" % out[-600:])
@@ -2982,8 +3008,8 @@ def leaks_unreachable_threshold():
     lc = js["devices"][0].get("leak_candidates", [])
     expect(rc == 1 and js.get("warnings") == [
         "device 0: 2 steps make 1 transition: the highest confidence is "
-        "0.500, below --min-confidence 0.7; the sites that grew in every "
-        "transition are listed at 0.500 (record 3 steps to reach 0.750, "
+        "0.500, below --min-confidence 0.7; any site that grew in every "
+        "transition is listed at 0.500 (record 3 steps to reach 0.750, "
         "or a lower --min-confidence)"] and
         [x["site"] for x in lc] == ["u/model.py:100:remember"] and
         lc[0]["confidence"] == 0.5,
@@ -3329,11 +3355,20 @@ def fleet_dir_entries():
         "file (name it as an argument to read it)" % d],
         "fleet: each skipped entry with a snapshot's name is named on "
         "stderr with why (%r)" % err[-800:])
+    skipw = [w for w in js.get("warnings", []) if "skipped" in w]
+    expect(len(skipw) == 1 and skipw[0].startswith(
+        "3 directory entries with a snapshot's name were skipped, not being "
+        "regular files (the first: %s/" % d),
+        "fleet --json: one warning counts the skipped entries (%s)"
+        % js.get("warnings"))
     rc, out, err = run("fleet", d)
     row = [ln for ln in out.splitlines() if ln.endswith("rank2.pickle")]
     expect(rc == 0 and len(row) == 1 and row[0].split()[0] == "2" and
-           len([ln for ln in err.splitlines() if ": skipped: " in ln]) == 3,
-           "fleet (text): the unreadable file's row says rank 2 (%r)" % row)
+           len([ln for ln in err.splitlines() if ": skipped: " in ln]) == 3
+           and "warning: 3 directory entries with a snapshot's name were "
+           "skipped" in out,
+           "fleet (text): the unreadable file's row says rank 2, the skips "
+           "are counted in a warning (%r)" % out[-600:])
 
 
 def group_diff_traces():

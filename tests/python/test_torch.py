@@ -327,11 +327,14 @@ with torch.profiler.record_function("late"):
     p = mm.caching_allocator_alloc(1000)
 ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
 mm.caching_allocator_delete(p)
-print("RESULT " + json.dumps({"watches": watches, "ann": ann}))
+left = sum(type(f).__name__ == "_TorchImportWatch" for f in sys.meta_path)
+print("RESULT " + json.dumps({"watches": watches, "ann": ann, "left": left}))
 """
     r = run_script(code).result
     assert r["watches"] == 2, r
     assert r["ann"] == [["late", "START"], ["late", "END"]], r
+    # torch imported: no watch is left in sys.meta_path
+    assert r["left"] == 0, r
 
 
 def test_torch_spec_found_while_history_is_on_keeps_its_loader_methods():
