@@ -758,6 +758,23 @@ def check_workspace_tail():
             and n > 3,
             "check: a reversed segment list is one violation in full and "
             "one line for the rest (%d %r)" % (rc, out[-800:]))
+        # two neighbours swapped twice: the second is one more segment,
+        # named alone ("1 more segments in segments[6..6] are" before)
+        segs = sorted(segs, key=lambda g: g["address"])
+        segs[1], segs[2] = segs[2], segs[1]
+        segs[5], segs[6] = segs[6], segs[5]
+        d["segments"] = segs
+        p = write_pickle(d, "swapped_real.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and len(out.splitlines()) == 2 and
+               out.splitlines()[1] ==
+               "%s: segments: device 0: 1 more segment, segments[6], is not "
+               "above the previous segment's address (2 in all): the "
+               "device's segments are not sorted by address, as PyTorch's "
+               "DeviceCachingAllocator::snapshot sorts them "
+               "(c10/cuda/CUDACachingAllocator.cpp)" % p,
+               "check: one more segment out of order takes the singular "
+               "(%d %r)" % (rc, out[-800:]))
     else:
         print("SKIP (partly) %s missing: workspace tail on synthetic data "
               "only" % src)
