@@ -1483,6 +1483,19 @@ def group_replay():
                lines[1] == "Try 'memsnap replay --help'.",
                "replay %s --alloc-conf garbage: a usage error (%d %r %r)"
                % (" ".join(args), rc, out[-200:], err[-300:]))
+    # An NPU key on a CUDA replay: the hint names replay's option, not
+    # MEMSNAP_PROFILE=npu (replay does not read it) -- found once the
+    # recording is read (its profile), and before with --profile cuda
+    for args in (("--alloc-conf", "page_size:1g", live),
+                 ("--profile", "cuda", "--alloc-conf", "page_size:1g",
+                  os.path.join(TMP, "no-such.pickle"))):
+        rc, out, err = run("replay", *args)
+        expect(rc == 2 and out == "" and err.splitlines()[:1] == [
+            "memsnap replay: --alloc-conf is not valid for the cuda "
+            "profile: unrecognized key 'page_size' (an NPU allocator key; "
+            "it needs --profile npu) at token 1 in \"page_size:1g\""],
+            "replay %s: the NPU key's hint names --profile npu (%d %r)"
+            % (" ".join(args[:-1]), rc, err[-300:]))
     rc, out, err = run("check", live)
     expect(rc == 0, "the live recording passes check")
     rc, out, err = run("replay", "--json", live)
