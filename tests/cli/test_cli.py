@@ -3399,6 +3399,23 @@ def fleet_dir_entries():
            "skipped" in out,
            "fleet (text): the unreadable file's row says rank 2, the skips "
            "are counted in a warning (%r)" % out[-600:])
+    # a directory whose entries with a snapshot's name are all skipped:
+    # not "no snapshot files" after naming them, and the --json error
+    # counts them as the warning would
+    e = os.path.join(TMP, "fleet_skipped_only")
+    os.makedirs(os.path.join(e, "dir.pickle"))
+    os.mkfifo(os.path.join(e, "fifo.pkl"))
+    rc, out, err = run("fleet", "--json", e)
+    js = unusable_doc(out)
+    expect(rc == 2 and js.get("file") == e and js.get("error") ==
+           "no input files (2 directory entries with a snapshot's name were "
+           "skipped, not being regular files; the first: %s/dir.pickle: a "
+           "directory, not a snapshot file)" % e and
+           "memsnap: %s: no snapshot file to read in this directory: its 2 "
+           "entries with a snapshot's name were skipped (above)" % e
+           in err.splitlines() and "no snapshot files (" not in err,
+           "fleet --json DIR of skipped entries only: the error counts them "
+           "(%d %r %r)" % (rc, out[-400:], err[-600:]))
 
 
 def group_diff_traces():
