@@ -821,13 +821,15 @@ def _drop_torch_watches() -> None:
 
 
 class _TorchImportWatch:
-    """A sys.meta_path finder that finds nothing itself: torch imported
-    while history is on, it hands torch's spec from the other finders with
-    its loader chained (_TorchLoader), so that memsnap.torch's
-    record_function hook is installed once torch's module has run."""
+    """A sys.meta_path finder that finds nothing itself: torch imported,
+    it hands torch's spec from the other finders with its loader chained
+    (_TorchLoader), so that memsnap.torch's record_function hook is
+    installed once torch's module has run if history is on then, and the
+    watch leaves sys.meta_path.  History off at the import is no reason to
+    stay: the watch would never be asked for torch again."""
 
     def find_spec(self, name, path=None, target=None):
-        if (name != "torch" or target is not None or _history_on is None
+        if (name != "torch" or target is not None
                 or getattr(_torch_finding, "on", False)):
             return None
         _torch_finding.on = True

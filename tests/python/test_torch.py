@@ -274,7 +274,8 @@ def test_record_function_annotations_when_torch_is_imported_later():
     another thread) installs the record_function hook once torch's
     module has run, for the thread that enabled history; torch keeps its
     own loader.  History off before the import: no hook, memsnap.torch
-    not loaded."""
+    not loaded, and the watch left sys.meta_path all the same (it stayed
+    there for ever)."""
     pytest.importorskip("torch")
     code = r"""
 import json, subprocess, sys, threading
@@ -298,14 +299,15 @@ mm._record_memory_history("all"); mm._record_memory_history(None)
 import torch
 with torch.profiler.record_function("off"):
     pass
-print("memsnap.torch" in sys.modules, mm._snapshot()["external_annotations"])
+print("memsnap.torch" in sys.modules, mm._snapshot()["external_annotations"],
+      sum(type(f).__name__ == "_TorchImportWatch" for f in sys.meta_path))
 '''], capture_output=True, text=True)
 print("RESULT " + json.dumps({"ann": ann, "loader": loader, "off": off.stdout + off.stderr}))
 """
     r = run_script(code).result
     assert r["ann"] == [["late", "START"], ["late", "END"]], r
     assert r["loader"] == ["SourceFileLoader", "SourceFileLoader"], r
-    assert r["off"] == "False []\n", r
+    assert r["off"] == "False [] 0\n", r
 
 
 def test_torch_imported_later_after_reload_of_memsnap_memory():
