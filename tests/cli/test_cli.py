@@ -3045,6 +3045,13 @@ def leaks_unreachable_threshold():
         lc[0]["confidence"] == 0.5,
         "leaks --step of 2 steps: the warning and the site (%d %s)"
         % (rc, out[-800:]))
+    # --help words the lowered threshold as the warning does (it said
+    # "the sites that grew in every transition are listed")
+    rc, out, err = run("leaks", "--help")
+    expect(rc == 0 and "any site that grew\nin every transition is listed."
+           in out and "the sites that grew" not in out,
+           "leaks --help: 'any site that grew in every transition is "
+           "listed' (%r)" % out[-500:])
 
 
 def leaks_reason(f):
