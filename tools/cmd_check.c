@@ -261,13 +261,19 @@ static void unsorted_line(check_t *c, int64_t dev, uint32_t n, uint32_t rest,
                           uint32_t first, uint32_t last) {
   if (rest == 0)
     return;
+  /* one more is named alone: "1 more segment, segments[11], is not..." */
+  char which[48];
+  if (rest == 1)
+    snprintf(which, sizeof which, "1 more segment, segments[%u], is", first);
+  else
+    snprintf(which, sizeof which, "%u more segments in segments[%u..%u] are",
+             rest, first, last);
   report(c, "segments",
-         "device %" PRId64 ": %u more segments in segments[%u..%u] are not "
-         "above the previous segment's address (%u in all): the device's "
-         "segments are not sorted by address, as PyTorch's "
-         "DeviceCachingAllocator::snapshot sorts them "
+         "device %" PRId64 ": %s not above the previous segment's address "
+         "(%u in all): the device's segments are not sorted by address, as "
+         "PyTorch's DeviceCachingAllocator::snapshot sorts them "
          "(c10/cuda/CUDACachingAllocator.cpp)",
-         dev, rest, first, last, n);
+         dev, which, n);
 }
 
 static void check_segments(check_t *c, const msnap_snap_t *s) {

@@ -439,7 +439,7 @@ static char **inputs(char **args, int nargs, uint32_t *n, skips_t *sk) {
       cli_err("%s: cannot read the directory", args[a]);
       continue;
     }
-    uint32_t first = k;
+    uint32_t first = k, skipped_before = sk->n;
     struct dirent *de;
     do {
       const char *name = NULL;
@@ -487,7 +487,17 @@ static char **inputs(char **args, int nargs, uint32_t *n, skips_t *sk) {
       closedir(d);
       if (k > first) /* v is NULL when nothing was found */
         qsort(v + first, k - first, sizeof *v, cmp_str);
-      if (k == first)
+      /* (entries with a snapshot's name that were all skipped are not
+       * "no snapshot files": say they were skipped, as named above) */
+      uint32_t ns = sk->n - skipped_before;
+      if (k == first && ns == 1)
+        cli_err("%s: no snapshot file to read in this directory: its "
+                "entry with a snapshot's name was skipped (above)", args[a]);
+      else if (k == first && ns > 1)
+        cli_err("%s: no snapshot file to read in this directory: its %u "
+                "entries with a snapshot's name were skipped (above)",
+                args[a], ns);
+      else if (k == first)
         cli_err("%s: no snapshot files (*.pickle, *.pkl) in this directory",
                 args[a]);
     }
@@ -629,10 +639,24 @@ int cli_cmd_fleet(int argc, char **argv) {
     cli_err("fleet: no input files");
     /* --json: the unusable document; "file" is the one argument (a
      * directory without snapshots), null for several */
+    /* entries skipped, not regular files: the error counts them and
+     * names the first, as the warning of a report would */
+    char why[800];
+    if (sk.n == 1)
+      snprintf(why, sizeof why,
+               "no input files (a directory entry with a snapshot's name "
+               "was skipped, not being a regular file: %s)", sk.first);
+    else if (sk.n > 1)
+      snprintf(why, sizeof why,
+               "no input files (%u directory entries with a snapshot's name "
+               "were skipped, not being regular files; the first: %s)",
+               sk.n, sk.first);
+    else
+      snprintf(why, sizeof why,
+               "no input files (no *.pickle or *.pkl file in the "
+               "directories given, or they could not be read)");
     if (json)
-      cli_json_unusable(argc - first == 1 ? argv[first] : NULL,
-                        "no input files (no *.pickle or *.pkl file in the "
-                        "directories given, or they could not be read)");
+      cli_json_unusable(argc - first == 1 ? argv[first] : NULL, why);
     return CLI_UNUSABLE;
   }
   rank_t *r = calloc(n, sizeof *r);

@@ -267,7 +267,7 @@ static void print_text(const replay_t *r, const char *file) {
 static bool conf_refused(const char *profile, const char *conf, char *why,
                          size_t n) {
   static const char *const names[2] = {"cuda", "npu"};
-  char err[2][256];
+  char err[2][256] = {"", ""};
   int refused = 0;
   for (int k = 0; k < 2; k++) {
     if (profile && strcmp(profile, names[k]) != 0)
@@ -282,9 +282,9 @@ static bool conf_refused(const char *profile, const char *conf, char *why,
     }
     msnap__conf_destroy(&c);
   }
-  const char *e[2]; /* the reasons, "alloc conf: " off */
+  char e[2][256 + 16]; /* the reasons, "alloc conf: " off */
   for (int k = 0; k < 2; k++)
-    e[k] = strncmp(err[k], "alloc conf: ", 12) == 0 ? err[k] + 12 : err[k];
+    replay_conf_reason(err[k], e[k], sizeof e[k]);
   if (profile)
     snprintf(why, n, "--alloc-conf is not valid for the %s profile: %s",
              profile, e[strcmp(profile, "npu") == 0]);

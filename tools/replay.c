@@ -1118,8 +1118,8 @@ int replay_run(replay_t *r) {
   int e = msnap_allocator_create(&mo, &r->a);
   if (e == MSNAP_ECONF && r->conf_given) {
     /* the caller's alloc conf: its reason alone ("alloc conf: " off) */
-    const char *why = strncmp(ebuf, "alloc conf: ", 12) == 0 ? ebuf + 12
-                                                            : ebuf;
+    char why[sizeof ebuf + 16];
+    replay_conf_reason(ebuf, why, sizeof why);
     snprintf(r->why, sizeof r->why,
              "--alloc-conf is not valid for the %s profile: %s",
              r->profile_name, why[0] ? why : msnap_strerror(e));
@@ -1168,6 +1168,18 @@ int replay_write(replay_t *r, const char *out) {
   fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n",
           cli_output_shown(out));
   return CLI_OK;
+}
+
+void replay_conf_reason(const char *msg, char *out, size_t n) {
+  static const char env[] = "MEMSNAP_PROFILE=npu";
+  if (strncmp(msg, "alloc conf: ", 12) == 0)
+    msg += 12;
+  const char *at = strstr(msg, env);
+  if (at == NULL)
+    snprintf(out, n, "%s", msg);
+  else
+    snprintf(out, n, "%.*s--profile npu%s", (int)(at - msg), msg,
+             at + sizeof env - 1);
 }
 
 void replay_totals(const replay_t *r, replay_totals_t *t) {

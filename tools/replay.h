@@ -115,6 +115,12 @@ int replay_run(replay_t *r);
  * CLI_UNUSABLE (message printed). */
 int replay_write(replay_t *r, const char *out);
 void replay_totals(const replay_t *r, replay_totals_t *t);
+/* The reason the allocator's parser gave for refusing an --alloc-conf
+ * (msg; "alloc conf: " off) into out, n bytes: its hint for an NPU key,
+ * "it needs MEMSNAP_PROFILE=npu", names replay's own option, --profile
+ * npu (replay sets the profile itself and does not read
+ * MEMSNAP_PROFILE). */
+void replay_conf_reason(const char *msg, char *out, size_t n);
 void replay_free(replay_t *r);
 
 #endif /* MSNAP_REPLAY_H */

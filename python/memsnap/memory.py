@@ -770,6 +770,9 @@ _torch_finding = threading.local()
 # another imports torch leaves it off (reentrant: the listeners and the
 # import of memsnap.torch run under it).
 _history_lock = threading.RLock()
+# Set on the thread whose _TorchLoader has run torch's module, while it
+# installs the hooks (torch's spec still says it is initialising then).
+_torch_ran = threading.local()
 
 
 class _TorchLoader:
@@ -799,11 +802,14 @@ class _TorchLoader:
             on = _history_on
             if on is None:
                 return
+            _torch_ran.on = True
             try:
                 _notify_history(True, on[0], on[1])
             except Exception as e:  # never fail torch's import
                 warnings.warn(f"memsnap: record_function ranges will not be recorded: {e}",
                               RuntimeWarning, stacklevel=2)
+            finally:
+                _torch_ran.on = False
 
 
 def _drop_torch_watches() -> None:
@@ -821,13 +827,15 @@ def _drop_torch_watches() -> None:
 
 
 class _TorchImportWatch:
-    """A sys.meta_path finder that finds nothing itself: torch imported
-    while history is on, it hands torch's spec from the other finders with
-    its loader chained (_TorchLoader), so that memsnap.torch's
-    record_function hook is installed once torch's module has run."""
+    """A sys.meta_path finder that finds nothing itself: torch imported,
+    it hands torch's spec from the other finders with its loader chained
+    (_TorchLoader), so that memsnap.torch's record_function hook is
+    installed once torch's module has run if history is on then, and the
+    watch leaves sys.meta_path.  History off at the import is no reason to
+    stay: the watch would never be asked for torch again."""
 
     def find_spec(self, name, path=None, target=None):
-        if (name != "torch" or target is not None or _history_on is None
+        if (name != "torch" or target is not None
                 or getattr(_torch_finding, "on", False)):
             return None
         _torch_finding.on = True
@@ -858,10 +866,19 @@ def _load_torch_hooks() -> None:
     global _torch_watch
     if __package__ + ".torch" in sys.modules:
         return
-    if "torch" not in sys.modules:
+    torch = sys.modules.get("torch")
+    if torch is None:
         if _torch_watch is None:
             _torch_watch = _TorchImportWatch()
             sys.meta_path.insert(0, _torch_watch)
+        return
+    if (getattr(getattr(torch, "__spec__", None), "_initializing", False)
+            and not getattr(_torch_ran, "on", False)):
+        # torch's module is still running in another thread: importing
+        # memsnap.torch now would import torch's submodules beside it and
+        # break torch's import (ImportError from a partially initialised
+        # module).  The watch's loader installs the hooks once torch has
+        # run, if history is on then.
         return
     import importlib
 

@@ -758,6 +758,23 @@ def check_workspace_tail():
             and n > 3,
             "check: a reversed segment list is one violation in full and "
             "one line for the rest (%d %r)" % (rc, out[-800:]))
+        # two neighbours swapped twice: the second is one more segment,
+        # named alone ("1 more segments in segments[6..6] are" before)
+        segs = sorted(segs, key=lambda g: g["address"])
+        segs[1], segs[2] = segs[2], segs[1]
+        segs[5], segs[6] = segs[6], segs[5]
+        d["segments"] = segs
+        p = write_pickle(d, "swapped_real.pickle")
+        rc, out, err = run("check", p)
+        expect(rc == 1 and len(out.splitlines()) == 2 and
+               out.splitlines()[1] ==
+               "%s: segments: device 0: 1 more segment, segments[6], is not "
+               "above the previous segment's address (2 in all): the "
+               "device's segments are not sorted by address, as PyTorch's "
+               "DeviceCachingAllocator::snapshot sorts them "
+               "(c10/cuda/CUDACachingAllocator.cpp)" % p,
+               "check: one more segment out of order takes the singular "
+               "(%d %r)" % (rc, out[-800:]))
     else:
         print("SKIP (partly) %s missing: workspace tail on synthetic data "
               "only" % src)
@@ -1466,6 +1483,19 @@ def group_replay():
                lines[1] == "Try 'memsnap replay --help'.",
                "replay %s --alloc-conf garbage: a usage error (%d %r %r)"
                % (" ".join(args), rc, out[-200:], err[-300:]))
+    # An NPU key on a CUDA replay: the hint names replay's option, not
+    # MEMSNAP_PROFILE=npu (replay does not read it) -- found once the
+    # recording is read (its profile), and before with --profile cuda
+    for args in (("--alloc-conf", "page_size:1g", live),
+                 ("--profile", "cuda", "--alloc-conf", "page_size:1g",
+                  os.path.join(TMP, "no-such.pickle"))):
+        rc, out, err = run("replay", *args)
+        expect(rc == 2 and out == "" and err.splitlines()[:1] == [
+            "memsnap replay: --alloc-conf is not valid for the cuda "
+            "profile: unrecognized key 'page_size' (an NPU allocator key; "
+            "it needs --profile npu) at token 1 in \"page_size:1g\""],
+            "replay %s: the NPU key's hint names --profile npu (%d %r)"
+            % (" ".join(args[:-1]), rc, err[-300:]))
     rc, out, err = run("check", live)
     expect(rc == 0, "the live recording passes check")
     rc, out, err = run("replay", "--json", live)
@@ -3015,6 +3045,13 @@ def leaks_unreachable_threshold():
         lc[0]["confidence"] == 0.5,
         "leaks --step of 2 steps: the warning and the site (%d %s)"
         % (rc, out[-800:]))
+    # --help words the lowered threshold as the warning does (it said
+    # "the sites that grew in every transition are listed")
+    rc, out, err = run("leaks", "--help")
+    expect(rc == 0 and "any site that grew\nin every transition is listed."
+           in out and "the sites that grew" not in out,
+           "leaks --help: 'any site that grew in every transition is "
+           "listed' (%r)" % out[-500:])
 
 
 def leaks_reason(f):
@@ -3369,6 +3406,23 @@ def fleet_dir_entries():
            "skipped" in out,
            "fleet (text): the unreadable file's row says rank 2, the skips "
            "are counted in a warning (%r)" % out[-600:])
+    # a directory whose entries with a snapshot's name are all skipped:
+    # not "no snapshot files" after naming them, and the --json error
+    # counts them as the warning would
+    e = os.path.join(TMP, "fleet_skipped_only")
+    os.makedirs(os.path.join(e, "dir.pickle"))
+    os.mkfifo(os.path.join(e, "fifo.pkl"))
+    rc, out, err = run("fleet", "--json", e)
+    js = unusable_doc(out)
+    expect(rc == 2 and js.get("file") == e and js.get("error") ==
+           "no input files (2 directory entries with a snapshot's name were "
+           "skipped, not being regular files; the first: %s/dir.pickle: a "
+           "directory, not a snapshot file)" % e and
+           "memsnap: %s: no snapshot file to read in this directory: its 2 "
+           "entries with a snapshot's name were skipped (above)" % e
+           in err.splitlines() and "no snapshot files (" not in err,
+           "fleet --json DIR of skipped entries only: the error counts them "
+           "(%d %r %r)" % (rc, out[-400:], err[-600:]))
 
 
 def group_diff_traces():

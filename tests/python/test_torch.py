@@ -274,7 +274,8 @@ def test_record_function_annotations_when_torch_is_imported_later():
     another thread) installs the record_function hook once torch's
     module has run, for the thread that enabled history; torch keeps its
     own loader.  History off before the import: no hook, memsnap.torch
-    not loaded."""
+    not loaded, and the watch left sys.meta_path all the same (it stayed
+    there for ever)."""
     pytest.importorskip("torch")
     code = r"""
 import json, subprocess, sys, threading
@@ -298,14 +299,49 @@ mm._record_memory_history("all"); mm._record_memory_history(None)
 import torch
 with torch.profiler.record_function("off"):
     pass
-print("memsnap.torch" in sys.modules, mm._snapshot()["external_annotations"])
+print("memsnap.torch" in sys.modules, mm._snapshot()["external_annotations"],
+      sum(type(f).__name__ == "_TorchImportWatch" for f in sys.meta_path))
 '''], capture_output=True, text=True)
 print("RESULT " + json.dumps({"ann": ann, "loader": loader, "off": off.stdout + off.stderr}))
 """
     r = run_script(code).result
     assert r["ann"] == [["late", "START"], ["late", "END"]], r
     assert r["loader"] == ["SourceFileLoader", "SourceFileLoader"], r
-    assert r["off"] == "False []\n", r
+    assert r["off"] == "False [] 0\n", r
+
+
+def test_history_enabled_again_while_another_thread_imports_torch():
+    """History on, torch imported by one thread, history enabled again by
+    another while torch's module still runs: the second thread imported
+    memsnap.torch, hence torch's submodules, beside the first (torch's
+    import failed, "cannot initialize type ...: an object with that name
+    is already defined", or the process crashed).  Now it leaves the hooks
+    to the watch's loader, which installs them once torch has run."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, sys, threading, time
+import memsnap.memory as mm
+mm._record_memory_history("all")
+err = []
+def imp():
+    try:
+        __import__("torch")
+    except Exception as e:
+        err.append(repr(e))
+t = threading.Thread(target=imp); t.start()
+time.sleep(0.3)
+mm._record_memory_history("all")
+t.join()
+import torch
+with torch.profiler.record_function("late"):
+    p = mm.caching_allocator_alloc(1000)
+ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+mm.caching_allocator_delete(p)
+print("RESULT " + json.dumps({"err": err, "ann": ann}))
+"""
+    r = run_script(code).result
+    assert r["err"] == [], r
+    assert r["ann"] == [["late", "START"], ["late", "END"]], r
 
 
 def test_torch_imported_later_after_reload_of_memsnap_memory():
