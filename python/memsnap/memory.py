@@ -115,6 +115,25 @@ __all__ = [
 #: itself does not derive from torch's.
 OutOfMemoryError = _C.OutOfMemoryError
 
+
+def __getattr__(name: str) -> Any:
+    # TorchOutOfMemoryError (a subclass of OutOfMemoryError and of
+    # torch.OutOfMemoryError) is made by the extension for the first OOM
+    # raised with torch imported, under this module's name: pickle
+    # (multiprocessing, concurrent.futures, torch.multiprocessing workers
+    # sending their error back) looks the class of a raised OOM up here,
+    # also in a process that has not imported torch yet.
+    if name == "TorchOutOfMemoryError":
+        try:
+            import torch  # noqa: F401  (its OutOfMemoryError is a base)
+        except ImportError:
+            pass
+        else:
+            cls = _C.oom_type()
+            if cls is not OutOfMemoryError:
+                return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 # Hooks set by memsnap.torch when memsnap is routed to torch's devices:
 # the current device index and the current stream handle of a device.
 _current_device_hook = None
