@@ -448,6 +448,14 @@ static PyObject *py_initialized(PyObject *module, PyObject *unused) {
                          msnap_default_exists());
 }
 
+/* oom_type() -> the class an out-of-memory error raises now: OutOfMemoryError,
+ * or, once torch is imported, TorchOutOfMemoryError (errors.c), which
+ * memsnap.memory names as its attribute so that the exception pickles. */
+static PyObject *py_oom_type(PyObject *module, PyObject *unused) {
+  PyObject *t = msnap_py_oom_type(module);
+  return t ? Py_NewRef(t) : NULL;
+}
+
 /* mark_capture_begin(device, stream) / mark_capture_end(device, stream):
  * a graph capture on stream begins / ends (markCaptureBegin/End). */
 static PyObject *capture_mark(PyObject *module, PyObject *args, bool begin) {
@@ -798,6 +806,9 @@ PyMethodDef msnap_py_allocator_methods[] = {
      "call of memsnap's package that created the allocator."},
     {"initialized", py_initialized, METH_NOARGS,
      "initialized() -> bool: the process-wide allocator exists."},
+    {"oom_type", py_oom_type, METH_NOARGS,
+     "oom_type() -> the exception class an out-of-memory error raises "
+     "(TorchOutOfMemoryError once torch is imported)."},
     {"mark_capture_begin", py_mark_capture_begin, METH_VARARGS,
      "mark_capture_begin(device, stream): a graph capture begins."},
     {"mark_capture_end", py_mark_capture_end, METH_VARARGS,

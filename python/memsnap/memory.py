@@ -115,6 +115,25 @@ __all__ = [
 #: itself does not derive from torch's.
 OutOfMemoryError = _C.OutOfMemoryError
 
+
+def __getattr__(name: str) -> Any:
+    # TorchOutOfMemoryError (a subclass of OutOfMemoryError and of
+    # torch.OutOfMemoryError) is made by the extension for the first OOM
+    # raised with torch imported, under this module's name: pickle
+    # (multiprocessing, concurrent.futures, torch.multiprocessing workers
+    # sending their error back) looks the class of a raised OOM up here,
+    # also in a process that has not imported torch yet.
+    if name == "TorchOutOfMemoryError":
+        try:
+            import torch  # noqa: F401  (its OutOfMemoryError is a base)
+        except ImportError:
+            pass
+        else:
+            cls = _C.oom_type()
+            if cls is not OutOfMemoryError:
+                return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 # Hooks set by memsnap.torch when memsnap is routed to torch's devices:
 # the current device index and the current stream handle of a device.
 _current_device_hook = None
@@ -664,7 +683,12 @@ def _set_allocator_settings(env: str):
 
     In the cuda profile it warns as torch 2.13 does (FutureWarning: torch
     deprecated ``torch.cuda._set_allocator_settings``); torch_npu's
-    ``torch_npu.npu.memory._set_allocator_settings`` does not warn.
+    ``torch_npu.npu.memory._set_allocator_settings`` does not warn.  The
+    warning does not send the caller to torch's replacement, as torch's
+    does: ``torch._C._accelerator_setAllocatorSettings`` configures torch's
+    own allocator, not memsnap's (a memsnap device's or
+    ``use_allocator``'s settings stay as they were), so this function
+    remains the way to change memsnap's settings at run time.
 
     Raises:
         ValueError: a bad token, named in the message.
@@ -673,9 +697,11 @@ def _set_allocator_settings(env: str):
     """
     if _profile_name() == "cuda":
         warnings.warn(
-            "torch.cuda._set_allocator_settings is deprecated. Use "
-            "torch._C._accelerator_setAllocatorSettings instead (memsnap "
-            "keeps memsnap.memory._set_allocator_settings working).",
+            "torch.cuda._set_allocator_settings is deprecated (torch 2.13). "
+            "memsnap.memory._set_allocator_settings keeps working and is the "
+            "call that configures memsnap's allocator: torch's replacement, "
+            "torch._C._accelerator_setAllocatorSettings, configures torch's "
+            "own allocator and leaves memsnap's settings as they are.",
             FutureWarning,
             stacklevel=2,
         )

@@ -763,10 +763,19 @@ def _device_now() -> int:
         return 0
 
 
+def _c_name(name: str) -> str:
+    """The range's name as memsnap's C API stores it (a C string): up to
+    a NUL character, which torch's record_function takes but the
+    extension refuses (ValueError "embedded null character" out of the
+    user's ``with``, the range already entered and never exited)."""
+    return name.partition("\0")[0] if "\0" in name else name
+
+
 def _on_enter(name: str) -> None:
     st = _ann_state
     if not st["on"]:
         return
+    name = _c_name(name)
     if st["global"] or threading.get_ident() == st["thread"]:
         _C.record_annotation(_device_now(), name, True)
     if st["compile"] and name.startswith("Torch-Compiled Region"):
@@ -779,6 +788,7 @@ def _on_enter(name: str) -> None:
 
 def _on_exit(name: str) -> None:
     st = _ann_state
+    name = _c_name(name)
     stack = getattr(_ann, "compiled", None)
     if stack and stack[-1] == name:
         stack.pop()

@@ -25,6 +25,7 @@ INTERNAL = {
     "_deprecated_reset_peak", "_device_index", "_device_type",
     "_dump_augmented", "_dump_usage_report", "_load_torch_hooks", "_notify_history",
     "_output_target", "_pybind_bool", "_stream_handle", "_write_flamegraph",
+    "__getattr__",  # the module's attribute hook (TorchOutOfMemoryError)
 }
 
 # kind -> [(bad value, exception types it may raise)]

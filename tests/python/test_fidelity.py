@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD, EXE_WRAPPER, HERE, WORKSPACE_SETUP, base_env, run_script
+from conftest import BUILD, EXE_WRAPPER, HERE, WORKSPACE_SETUP, base_env, needs_torch, run_script
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FAKE_ACL = os.path.join(BUILD, "tests", "runtime", "libascendcl.so")
@@ -138,6 +138,43 @@ def test_set_allocator_settings_warns_like_torch(profile):
         assert "_set_allocator_settings is deprecated" in r[0][1]
     else:
         assert r == []
+
+
+ACCEL_SETTINGS = r"""
+import json, warnings
+import memsnap.torch as mt
+name = mt.register_device("memdev")       # not "npu": the cuda profile
+import memsnap.memory as mm, torch
+model = torch.nn.Linear(64, 64).to(name)
+model(torch.randn(4, 64, device=name)).sum().backward()
+def expandable():
+    return mm._snapshot()["allocator_settings"].get("expandable_segments")
+before = expandable()
+torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
+after_torch = expandable()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    mm._set_allocator_settings("expandable_segments:True")
+print("RESULT " + json.dumps({"before": before, "after_torch": after_torch,
+                              "after_memsnap": expandable(),
+                              "warnings": [str(x.message) for x in w]}))
+"""
+
+
+@needs_torch
+def test_set_allocator_settings_warning_does_not_send_to_torch():
+    """torch's FutureWarning says "Use
+    torch._C._accelerator_setAllocatorSettings instead"; memsnap's said so
+    too, but that call configures torch's own allocator: on a memsnap
+    device training a model it leaves memsnap's settings as they were.
+    The warning now says that memsnap's function is the one to call."""
+    r = run_script(ACCEL_SETTINGS, timeout=300).result
+    assert r["before"] is False and r["after_torch"] is False
+    assert r["after_memsnap"] is True
+    [msg] = r["warnings"]
+    assert "_set_allocator_settings is deprecated" in msg
+    assert "leaves memsnap's settings as they are" in msg
+    assert "Use torch._C._accelerator_setAllocatorSettings instead" not in msg
 
 
 DUMP = r"""

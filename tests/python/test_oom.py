@@ -159,3 +159,42 @@ except torch.OutOfMemoryError as e:
 """
     r = run_script(code, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result
     assert r == ["memsnap.memory.TorchOutOfMemoryError", True, True, True, False]
+
+
+def test_oom_with_torch_imported_pickles(tmp_path):
+    """The OOM raised with torch imported (TorchOutOfMemoryError, named
+    memsnap.memory's) pickles, as multiprocessing and concurrent.futures
+    send a worker's exception back: pickle found no such attribute in
+    memsnap.memory ("Can't pickle <class
+    'memsnap.memory.TorchOutOfMemoryError'>: attribute lookup ... failed").
+    It unpickles in this process and in a fresh one that has not imported
+    torch yet."""
+    pytest.importorskip("torch")
+    path = tmp_path / "oom.bin"
+    code = r"""
+import json, pickle, sys, torch
+import memsnap.memory as mm
+model = torch.nn.Linear(1024, 1024)
+try:
+    mm.caching_allocator_alloc(sum(p.numel() * p.element_size()
+                                   for p in model.parameters()) * 64)
+except torch.OutOfMemoryError as e:
+    err = e
+data = pickle.dumps(err)
+back = pickle.loads(data)
+open(%r, "wb").write(data)
+print("RESULT " + json.dumps([type(back) is type(err), str(back) == str(err),
+                              mm.TorchOutOfMemoryError is type(err)]))
+""" % str(path)
+    r = run_script(code, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result
+    assert r == [True, True, True]
+    fresh = r"""
+import json, pickle, sys
+assert "torch" not in sys.modules
+e = pickle.loads(open(%r, "rb").read())
+import torch, memsnap.memory as mm
+print("RESULT " + json.dumps([type(e).__name__, isinstance(e, torch.OutOfMemoryError),
+                              isinstance(e, mm.OutOfMemoryError), "out of memory" in str(e)]))
+""" % str(path)
+    r = run_script(fresh, env=base_env(MEMSNAP_SIM_MEMORY="64M")).result
+    assert r == ["TorchOutOfMemoryError", True, True, True]

@@ -429,3 +429,29 @@ print("RESULT " + json.dumps(out))
     assert r["reserved"] >= r["allocated"]
     assert r["actions"] == ["segment_alloc", "alloc"] and r["same_fn"]
     assert r["after"] == [0, 0]
+
+
+def test_record_function_name_with_a_nul_character():
+    """torch's record_function takes a name holding a NUL character; with
+    history on, memsnap's hook raised ValueError ("embedded null
+    character") out of the ``with``, after torch had entered the range.
+    The range now runs, a model trains inside it, and the annotation
+    holds the name up to the NUL (memsnap stores C strings)."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, torch
+import memsnap.memory as mm
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+opt = torch.optim.AdamW(model.parameters())
+mm._record_memory_history("all", stacks="python")
+with torch.profiler.record_function("step\x00 0"):
+    model(torch.randn(8, 16)).pow(2).mean().backward()
+    opt.step()
+    p = mm.caching_allocator_alloc(1000)
+mm.caching_allocator_delete(p)
+ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+print("RESULT " + json.dumps(ann))
+"""
+    r = run_script(code).result
+    assert ["step", "START"] in r and ["step", "END"] in r, r
+    assert ["Optimizer.step#AdamW.step", "START"] in r, r
