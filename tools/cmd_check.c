@@ -262,7 +262,7 @@ static void unsorted_line(check_t *c, int64_t dev, uint32_t n, uint32_t rest,
   if (rest == 0)
     return;
   /* one more is named alone: "1 more segment, segments[11], is not..." */
-  char which[48];
+  char which[96];
   if (rest == 1)
     snprintf(which, sizeof which, "1 more segment, segments[%u], is", first);
   else

@@ -392,9 +392,11 @@ static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
   return ndup;
 }
 
-/* Directory entries left out (skipped): how many, and the first. */
+/* Directory entries left out (skipped): how many, and the first of them
+ * by name (readdir's order differs between file systems). */
 typedef struct skips_s {
   uint32_t n;
+  char path[600];  /* the first's path */
   char first[640]; /* "PATH: why" */
 } skips_t;
 
@@ -423,8 +425,10 @@ static void skipped(skips_t *sk, const char *path, const struct stat *st,
     why = buf;
   }
   cli_err("fleet: %s: skipped: %s", path, why);
-  if (sk->n++ == 0)
+  if (sk->n++ == 0 || strcmp(path, sk->path) < 0) {
+    snprintf(sk->path, sizeof sk->path, "%s", path);
     snprintf(sk->first, sizeof sk->first, "%s: %s", path, why);
+  }
 }
 
 /* Expand directories (their snapshot files, sorted); *n paths, owned. */
@@ -631,7 +635,7 @@ int cli_cmd_fleet(int argc, char **argv) {
   if (brc != CLI_CONTINUE) return brc;
   uint32_t n = 0;
   char dup[600] = "";
-  skips_t sk = {0, ""};
+  skips_t sk = {0, "", ""};
   char **paths = inputs(argv + first, argc - first, &n, &sk);
   uint32_t ndup = paths ? drop_repeats(paths, &n, dup, sizeof dup) : 0;
   if (n == 0) {
@@ -649,7 +653,7 @@ int cli_cmd_fleet(int argc, char **argv) {
     else if (sk.n > 1)
       snprintf(why, sizeof why,
                "no input files (%u directory entries with a snapshot's name "
-               "were skipped, not being regular files; the first: %s)",
+               "were skipped, not being regular files; the first by name: %s)",
                sk.n, sk.first);
     else
       snprintf(why, sizeof why,
@@ -706,7 +710,7 @@ int cli_cmd_fleet(int argc, char **argv) {
   else if (sk.n > 1)
     snprintf(warn[nwarn++], sizeof warn[0],
              "%u directory entries with a snapshot's name were skipped, not "
-             "being regular files (the first: %s)", sk.n, sk.first);
+             "being regular files (the first by name: %s)", sk.n, sk.first);
   if (ndup)
     snprintf(warn[nwarn++], sizeof warn[0],
              "a file was given more than once (%s; %u name%s left out): "

@@ -475,6 +475,7 @@ static bool reserve_spec(const char *t, msnap_reserve_spec_t *out) {
 }
 
 static void reserve_warn(parser_t *p, size_t i, const char *what) {
+  if (p->c->quiet) return;
   fprintf(stderr,
           "memsnap: warning: alloc conf: ignoring invalid %s '%s' at token "
           "%zu in \"%s\"\n",

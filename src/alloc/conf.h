@@ -59,6 +59,10 @@ typedef struct msnap_conf_s {
   msnap_reserve_spec_t reserve;
   uint32_t nreserve_classes;
   msnap_reserve_class_t reserve_classes[MSNAP_RESERVE_CLASSES];
+  /* set by a caller that only asks whether a string parses (memsnap
+   * replay's check of --alloc-conf before the allocator is made): the
+   * warnings on stderr for ignored values are left to the real parse */
+  bool quiet;
 } msnap_conf_t;
 /* Defaults of a profile. */
 void msnap__conf_init(msnap_conf_t *c, msnap_profile_t profile);

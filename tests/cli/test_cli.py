@@ -1496,6 +1496,14 @@ def group_replay():
             "it needs --profile npu) at token 1 in \"page_size:1g\""],
             "replay %s: the NPU key's hint names --profile npu (%d %r)"
             % (" ".join(args[:-1]), rc, err[-300:]))
+    # the check before the file is read stays silent: the parser's
+    # warning for an ignored value comes once, from the allocator's parse
+    rc, out, err = run("replay", "--alloc-conf",
+                       "expandable_segments_reserve:-1", live)
+    expect(rc == 0 and err.count("ignoring invalid "
+                                 "expandable_segments_reserve '-1'") == 1,
+           "replay --alloc-conf with an ignored value: its warning once "
+           "(%d %r)" % (rc, err[-600:]))
     rc, out, err = run("check", live)
     expect(rc == 0, "the live recording passes check")
     rc, out, err = run("replay", "--json", live)
@@ -3395,7 +3403,7 @@ def fleet_dir_entries():
     skipw = [w for w in js.get("warnings", []) if "skipped" in w]
     expect(len(skipw) == 1 and skipw[0].startswith(
         "3 directory entries with a snapshot's name were skipped, not being "
-        "regular files (the first: %s/" % d),
+        "regular files (the first by name: %s/dang.pkl: " % d),
         "fleet --json: one warning counts the skipped entries (%s)"
         % js.get("warnings"))
     rc, out, err = run("fleet", d)
@@ -3416,7 +3424,8 @@ def fleet_dir_entries():
     js = unusable_doc(out)
     expect(rc == 2 and js.get("file") == e and js.get("error") ==
            "no input files (2 directory entries with a snapshot's name were "
-           "skipped, not being regular files; the first: %s/dir.pickle: a "
+           "skipped, not being regular files; the first by name: "
+           "%s/dir.pickle: a "
            "directory, not a snapshot file)" % e and
            "memsnap: %s: no snapshot file to read in this directory: its 2 "
            "entries with a snapshot's name were skipped (above)" % e
