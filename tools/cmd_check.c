@@ -325,15 +325,15 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
         dev_seen_order_bad = true;
       }
       prev_dev = g->device;
+    } else if (g->address <= prev_addr && unsorted++ > 0 &&
+               i < hint_from) {
+      /* (out of order past the device's first: counted, one line for the
+       * rest; the first, and one that needs the hint, are reported) */
+      if (unsorted_rest++ == 0)
+        unsorted_first = i;
+      unsorted_last = i;
     } else if (g->address <= prev_addr) {
       const char *why = "";
-      if (unsorted++ > 0 && i < hint_from) {
-        /* (past the device's first: one line for the rest) */
-        if (unsorted_rest++ == 0)
-          unsorted_first = i;
-        unsorted_last = i;
-        goto counted;
-      }
       if (i >= hint_from) {
         why = " (one-block large segments out of order at the end are "
               "torch_npu's workspace segments only in a file that shows "
@@ -348,7 +348,6 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
              "address per device%s",
              g->address, prev_i, prev_addr, why);
     }
-  counted:
     prev_addr = g->address;
     prev_i = i;
     bool wraps = g->total_size > UINT64_MAX - g->address;

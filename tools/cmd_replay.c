@@ -275,7 +275,6 @@ static bool conf_refused(const char *profile, const char *conf, char *why,
     msnap_conf_t c;
     msnap__conf_init(&c, k ? MSNAP_PROFILE_NPU : MSNAP_PROFILE_CUDA);
     c.quiet = true; /* (the allocator's own parse warns, once) */
-    err[k][0] = '\0';
     if (msnap__conf_parse(&c, conf, err[k], sizeof err[k]) != 0) {
       refused |= 1 << k;
       if (!err[k][0])

@@ -881,6 +881,14 @@ class _TorchImportWatch:
             _torch_finding.on = False
 
 
+def _torch_runs_elsewhere() -> bool:
+    """torch's module is imported but still running, in a thread other
+    than the one whose _TorchLoader installs the hooks after it: nothing
+    may import torch's submodules now."""
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    return getattr(spec, "_initializing", False) and not getattr(_torch_ran, "on", False)
+
+
 def _load_torch_hooks() -> None:
     """Load memsnap.torch (its listener records torch record_function
     ranges as external_annotations) when torch is already imported, so that
@@ -892,19 +900,16 @@ def _load_torch_hooks() -> None:
     global _torch_watch
     if __package__ + ".torch" in sys.modules:
         return
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if "torch" not in sys.modules:
         if _torch_watch is None:
             _torch_watch = _TorchImportWatch()
             sys.meta_path.insert(0, _torch_watch)
         return
-    if (getattr(getattr(torch, "__spec__", None), "_initializing", False)
-            and not getattr(_torch_ran, "on", False)):
-        # torch's module is still running in another thread: importing
-        # memsnap.torch now would import torch's submodules beside it and
-        # break torch's import (ImportError from a partially initialised
-        # module).  The watch's loader installs the hooks once torch has
-        # run, if history is on then.
+    if _torch_runs_elsewhere():
+        # importing memsnap.torch now would import torch's submodules
+        # beside it and break torch's import (ImportError from a partially
+        # initialised module).  The watch's loader installs the hooks once
+        # torch has run, if history is on then.
         return
     import importlib
 

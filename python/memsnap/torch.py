@@ -812,10 +812,8 @@ def _patch_record_function() -> None:
     global _patched_record_function, _rf_originals
     if _patched_record_function:
         return
-    spec = getattr(sys.modules.get("torch"), "__spec__", None)
-    if getattr(spec, "_initializing", False) and not getattr(_memory._torch_ran, "on", False):
-        # torch's module still runs in another thread: importing its
-        # submodules beside it breaks that import (memory._load_torch_hooks);
+    if _memory._torch_runs_elsewhere():
+        # importing torch's submodules beside that import breaks it;
         # memsnap's watch, when it chained torch's loader, patches once
         # torch has run
         return
