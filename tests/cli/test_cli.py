@@ -1430,6 +1430,90 @@ def allocator_available():
     return rc == 0
 
 
+def replay_segment_order(npu):
+    """replay's final-state comparison takes both sides in address order:
+    a file whose segments list is out of order (reversed; torch_npu's
+    workspace segments appended at the end, which check accepts) gives
+    the report of the sorted file.  npu: a recording of the npu profile."""
+    def report(path):
+        rc, out, err = run("replay", "--json", path)
+        js = json.loads(out) if out else {}
+        js.pop("file", None)
+        return rc, js
+    for name in ("silmont2000_a2__mem_snapshot.pickle",
+                 "silmont2000_a2__memory_forward_bf16_128.pickle",
+                 "cranberrii_ftcourse__memory_snapshot.pickle"):
+        src = os.path.join(REAL, name)
+        if not os.path.isfile(src):
+            print("SKIP (partly) %s missing: replay of its reversed segment "
+                  "list did NOT run" % src)
+            continue
+        with open(src, "rb") as f:
+            d = pickle.load(f)
+        d["segments"].reverse()
+        rev = write_pickle(d, "reversed_" + name)
+        rc, js = report(src)
+        rc2, js2 = report(rev)
+        dv = (js2.get("devices") or [{}])[0]
+        expect(rc == rc2 == 0 and js == js2 and
+               js2.get("matches_recording") is True and
+               dv.get("final_state_compared") is True and
+               dv.get("final_state_reason", 0) is None,
+               "replay %s with its segments list reversed: the report of "
+               "the original (exit %d/%d, %s mismatches, first %r)"
+               % (name, rc, rc2, dv.get("mismatch_count"),
+                  js2.get("mismatches", [])[:2]))
+    # torch_npu's workspace segments (one block each, live before the
+    # trace) appended at the end, out of address order, in an npu
+    # recording (PYTORCH_NPU_ALLOC_CONF in allocator_settings)
+    with open(npu, "rb") as f:
+        d = pickle.load(f)
+    need("PYTORCH_NPU_ALLOC_CONF" in d.get("allocator_settings", {}),
+         "the npu recording names PYTORCH_NPU_ALLOC_CONF")
+    segs = d["segments"]
+    lo = min(g["address"] for g in segs)
+    hi = max(g["address"] + g["total_size"] for g in segs)
+    hi = (hi + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+    def ws(addr, n=20 * MiB):
+        return {"device": 0, "address": addr, "total_size": n,
+                "allocated_size": n, "active_size": n, "requested_size": n,
+                "stream": 0, "segment_type": "large",
+                "segment_pool_id": (0, 0), "is_expandable": False,
+                "frames": [],
+                "blocks": [{"address": addr, "size": n, "requested_size": n,
+                            "state": "active_allocated", "frames": []}]}
+    d["segments"] = segs + [ws(hi + 128 * MiB), ws(lo - 64 * MiB),
+                            ws(hi + 32 * MiB)]
+    tail = write_pickle(d, "npu_workspace_tail.pickle")
+    d["segments"].sort(key=lambda g: g["address"])
+    sort = write_pickle(d, "npu_workspace_sorted.pickle")
+    rc, out, err = run("check", tail)
+    expect(rc == 0, "check accepts the npu recording with a workspace tail "
+           "(%d %r)" % (rc, out[-300:]))
+    rc, js = report(sort)
+    rc2, js2 = report(tail)
+    dv = (js2.get("devices") or [{}])[0]
+    expect(rc == rc2 == 0 and js == js2 and
+           js2.get("matches_recording") is True and
+           dv.get("final_state_compared") is True,
+           "replay of an npu recording with workspace segments appended out "
+           "of order: the report of the sorted file (exit %d/%d, first "
+           "mismatches %r)" % (rc, rc2, js2.get("mismatches", [])[:2]))
+    rc, out, err = run("replay", tail)
+    expect(rc == 0 and "matches the recording: yes (every decision and the "
+           "final layout)" in out,
+           "replay (text) of the npu workspace tail: the final layout "
+           "matches (%d %r)" % (rc, out[-300:]))
+    # what-if: the final layout is not compared, and the reason says so
+    rc, out, err = run("replay", "--json", "--profile", "cuda", tail)
+    dv = ((json.loads(out) if out else {}).get("devices") or [{}])[0]
+    expect(dv.get("final_state_compared") is False and
+           dv.get("final_state_reason") ==
+           "what-if mode compares segment decisions only",
+           "replay what-if: final_state_reason says why the final layout "
+           "was not compared (%r)" % dv.get("final_state_reason"))
+
+
 def group_replay():
     if not reader_available():
         need(False, "replay: summary of a small valid snapshot")
@@ -1533,6 +1617,7 @@ def group_replay():
     expect(js2.get("profile") == "cuda" and js2.get("mode") == "what-if",
            "--profile cuda still overrides, as a what-if (%s)"
            % js2.get("mode"))
+    replay_segment_order(npu)
     # ... so `summary` knows the npu recording's state at its peak.
     rc, out, err = run("summary", "--json", npu)
     fr = ((json.loads(out) if out else {}).get("devices") or [{}])[0] \
