@@ -609,6 +609,12 @@ typedef struct cli_site_sum_s {
   cli_site_t site;
   uint64_t bytes, count;
 } cli_site_sum_t;
+/* Sort v[0..n) of distinct sites of s for a ranking: most bytes first;
+ * equal bytes by the site's text (cli_site_format), then by more
+ * allocations, then by frame and via: an order that does not depend on
+ * the order of the file (which numbers the frames), nor on qsort's. */
+void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,
+                        uint32_t n);
 /* Allocations live at `state` (after entries 0..state-1) of dev's trace,
  * grouped by site, largest first: trace allocations by their requested
  * size and stack; blocks of the start state (cli_backward) by their

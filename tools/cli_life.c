@@ -217,15 +217,6 @@ bool cli_sites_check(const cli_sites_t *x) {
 
 /* ---- live allocations at a state ------------------------------------------ */
 
-static int cmp_sum_bytes(const void *a, const void *b) {
-  const cli_site_sum_t *x = a, *y = b;
-  if (x->bytes != y->bytes)
-    return x->bytes > y->bytes ? -1 : 1;
-  if (x->site.frame != y->site.frame)
-    return x->site.frame < y->site.frame ? -1 : 1;
-  return x->site.via < y->site.via ? -1 : x->site.via > y->site.via;
-}
-
 void cli_start_stacks(const msnap_snap_t *s, const cli_stacks_t *stk,
                       int64_t dev, const cli_state_t *st, msnap_stack_t *out) {
   for (cli_bwalk_t it = cli_bwalk(s, dev); cli_bwalk_next(&it);) {
@@ -314,7 +305,7 @@ int cli_live_sites_at(const msnap_snap_t *s, const cli_stacks_t *stk,
   for (uint32_t k = 0; k < sites->n; k++)
     if (sum[k].count)
       sum[m++] = sum[k];
-  qsort(sum, m, sizeof *sum, cmp_sum_bytes);
+  cli_site_sums_rank(s, sum, m);
   *out = sum;
   *nout = m;
   return 0;

@@ -434,6 +434,30 @@ void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
   cli_sanitize(buf);
 }
 
+/* The ranking order of cli_site_sums_rank: qsort_r's comparator, the
+ * snapshot as its argument. */
+static int cmp_site_sum_rank(const void *a, const void *b, void *arg) {
+  const cli_site_sum_t *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  char tx[512], ty[512];
+  cli_site_format(arg, x->site, tx, sizeof tx);
+  cli_site_format(arg, y->site, ty, sizeof ty);
+  int c = strcmp(tx, ty);
+  if (c)
+    return c;
+  if (x->count != y->count)
+    return x->count > y->count ? -1 : 1;
+  if (x->site.frame != y->site.frame)
+    return x->site.frame < y->site.frame ? -1 : 1;
+  return x->site.via < y->site.via ? -1 : x->site.via > y->site.via;
+}
+
+void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,
+                        uint32_t n) {
+  qsort_r(v, n, sizeof *v, cmp_site_sum_rank, (void *)s);
+}
+
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return x < y ? -1 : x > y;
