@@ -130,6 +130,17 @@ static inline bool cli_file_id_same(const cli_file_id_t *a,
 }
 /* Not a regular file nor a directory: its bytes can be read only once. */
 bool cli_file_id_stream(const cli_file_id_t *id);
+/* The names of v[0..n) that name a file named before them: the same
+ * device and inode (cli_file_id: a repeated argument, a link, '-' and
+ * /dev/stdin), or the same string for names it cannot identify (a missing
+ * file named twice).  Returns how many (0 also when out of memory).
+ * first_of (n entries, or NULL): first_of[i] = the lowest index naming
+ * the file of v[i] (i itself for a first name).  dup (dup_size bytes, or
+ * 0) says the first repeat: "NAME is FIRST", or "NAME given again"; ""
+ * when there is none.  fleet reads a repeated file once, leaks takes each
+ * name as a step; both warn. */
+uint32_t cli_file_repeats(char *const *v, uint32_t n, uint32_t *first_of,
+                          char *dup, size_t dup_size);
 
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */

@@ -2990,6 +2990,44 @@ def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
             "allocator_settings": {}, "external_annotations": ann}
 
 
+def leaks_repeated_file():
+    """leaks FILE... with one file named twice (a repeated argument, a
+    link to it): each name is a step, as given, with a warning in the
+    text and in --json's warnings, as fleet warns of (and drops) one.
+    The site that grows from A to B is no candidate with A repeated (A A
+    B: grew in 1 of 2 transitions; A A' B A: shrank again): exit 0."""
+    a = write_pickle(steps_snapshot(steps=2), "rep_a.pickle")
+    b = write_pickle(steps_snapshot(steps=4), "rep_b.pickle")
+    link = os.path.join(TMP, "rep_link.pickle")
+    os.symlink(a, link)
+    rc, out, err = run("leaks", "--json", a, b)
+    js = json.loads(out) if out else {}
+    expect(rc == 1 and not any("more than once" in w
+                               for w in js.get("warnings", [])),
+           "leaks A B: no repeated-file warning (%d %r)"
+           % (rc, js.get("warnings")))
+    def warning(dup, n):
+        return ("a file was given more than once (%s; %d repeated name%s): "
+                "each name is a step, in the order given, so one snapshot "
+                "counts as several steps" % (dup, n, "" if n == 1 else "s"))
+    for names, want in (((a, a, b), warning(a + " given again", 1)),
+                        ((a, link, b, a), warning(link + " is " + a, 2))):
+        rc, out, err = run("leaks", "--json", *names)
+        js = json.loads(out) if out else {}
+        dv = (js.get("devices") or [{}])[0]
+        expect(rc == 0 and want in js.get("warnings", []) and
+               dv.get("steps") == len(names) and err == "",
+               "leaks --json %d names, one file repeated: a warning in "
+               "warnings, every name a step (%d, %s steps, %r)"
+               % (len(names), rc, dv.get("steps"), js.get("warnings")))
+        rc, out, err = run("leaks", *names)
+        expect(rc == 0 and "warning: " + want in out.splitlines() and
+               "device 0: %d steps (files)" % len(names) in out,
+               "leaks %d names, one file repeated: 'warning: ...' after the "
+               "first line, as leaks' other warnings (%d %r)"
+               % (len(names), rc, out[-600:]))
+
+
 def group_leaks():
     """leaks, view and fleet on synthetic step recordings: the
     no-Python-frames site (backward's allocations when only Python stacks
@@ -3096,6 +3134,7 @@ def group_leaks():
                "its leak site (%s, %s)" % (ann_dev, dv.get("steps"),
                                            dv.get("leaks")))
     leaks_unreachable_threshold()
+    leaks_repeated_file()
 
 
 def grown_pair(src):
@@ -3157,20 +3196,25 @@ def leaks_unreachable_threshold():
     expect(rc == 1 and js.get("warnings") == [] and
            js.get("leak_candidate_count") == 1,
            "leaks --min-confidence 0.5 A B: no warning (%s)" % out[-400:])
-    # nothing grew: the warning, no candidate, exit 0
-    rc, out, err = run("leaks", "--json", a, a)
+    # nothing grew: the warning, no candidate, exit 0 (copies: one file
+    # named twice adds its own warning, leaks_repeated_file)
+    a2, b2 = a + ".copy.pickle", b + ".copy.pickle"
+    shutil.copyfile(a, a2)
+    shutil.copyfile(b, b2)
+    rc, out, err = run("leaks", "--json", a, a2)
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [warn] and
            js.get("leak_candidate_count") == 0,
            "leaks A A: the warning, no candidate (%s)" % out[-400:])
     # 3 files reach 0.75: no warning; 0.8 is out of reach of 3
-    rc, out, err = run("leaks", "--json", a, b, b)
+    rc, out, err = run("leaks", "--json", a, b, b2)
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [] and
            js.get("leak_candidate_count") == 0,
            "leaks A B B: reachable, grew in 1 of 2 transitions: none (%s)"
            % out[-400:])
-    rc, out, err = run("leaks", "--json", "--min-confidence", "0.8", a, b, b)
+    rc, out, err = run("leaks", "--json", "--min-confidence", "0.8", a, b,
+                       b2)
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [
         "3 files make 2 transitions: the highest confidence is 0.750, "
