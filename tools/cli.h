@@ -400,10 +400,16 @@ int cli_write_file(const char *path, const void *data, size_t len);
  * failed).  cli_write_file, replay -o and demo-train report through it. */
 void cli_output_failed(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
-/* cli_output_failed with "OUT: cannot write[ WHAT]: REASON", or REASON
- * alone when it already says "cannot write 'OUT': ..." (the messages of
- * base/outpath.c and base/sink.c): the phrase comes once. */
-void cli_write_failed(const char *out, const char *what, const char *reason);
+/* The one wording of a write that failed (every -o, and standard output
+ * at exit): cli_output_failed with "OUT: cannot write[ WHAT]: REASON
+ * [MSNAP_CODE]", as read errors carry their code (cli_load).  OUT is shown
+ * as cli_output_shown shows it; NULL is standard output.  REASON is the
+ * library's message (base/outpath.c, base/sink.c) less its own opening
+ * ("cannot write 'OUT': ", "writing 'OUT' failed: ", "write failed: "),
+ * so that "cannot write" and OUT come once; a REASON that still names
+ * 'OUT' is given without the "OUT: " in front.  code 0: no [CODE]. */
+void cli_write_failed(const char *out, const char *what, int code,
+                      const char *reason);
 const char *cli_output_error(void);
 /* Refuse an empty output path, a directory, an output that is one of
  * the inputs (same device and inode), or one the write would refuse

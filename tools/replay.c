@@ -1214,9 +1214,7 @@ int replay_write(replay_t *r, const char *out) {
     e = msnap_dump_snapshot(r->a, &so, out);
   }
   if (e != 0) {
-    cli_write_failed(out, "the replayed snapshot",
-                     msnap_last_error()[0] ? msnap_last_error()
-                                           : msnap_strerror(e));
+    cli_write_failed(out, "the replayed snapshot", e, msnap_last_error());
     return CLI_UNUSABLE;
   }
   fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n",

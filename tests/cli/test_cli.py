@@ -2469,8 +2469,8 @@ def group_io():
         p = subprocess.run(WRAPPER + [MEMSNAP, "summary", "--json", path],
                            stdout=full, stderr=subprocess.PIPE, text=True)
     expect(p.returncode == 2 and
-           "memsnap: error writing output: No space left on device"
-           in p.stderr,
+           "memsnap: standard output: cannot write: No space left on device "
+           "[MSNAP_ENOSPC]" in p.stderr,
            "summary --json > /dev/full: exit 2 with ENOSPC (%d %r)"
            % (p.returncode, p.stderr))
     for cmd in ("view", "plot", "convert"):
