@@ -593,6 +593,14 @@ typedef struct cli_ev_s {
 /* Sort by (addr, idx), stably in linear time for events made in trace
  * order (a radix sort on addr; qsort when scratch memory is short). */
 void cli_sort_ev(cli_ev_t *ev, uint32_t n);
+/* A key and the index of what it is the key of (a segment by address, a
+ * stack by site).  cli_sort_key_ix sorts by (key, ix): a total order when
+ * the indices differ, whatever qsort does with equal elements. */
+typedef struct cli_key_ix_s {
+  uint64_t key;
+  uint32_t ix;
+} cli_key_ix_t;
+void cli_sort_key_ix(cli_key_ix_t *v, uint32_t n);
 #define CLI_NO_PAIR UINT32_MAX
 /* pair[i] of every entry of tl (see cli_life.c): alloc -> its
  * free_completed, free_completed -> its alloc, CLI_NO_PAIR otherwise.

@@ -407,36 +407,24 @@ static int approximate(replay_t *r, dev_replay_t *d, const cli_state_t *st,
   return 0;
 }
 
-/* A segment of one device, for sorting by address: the index breaks ties
- * (two segments at one address, which `memsnap check` reports), so the
- * order is total and does not depend on qsort. */
-typedef struct seg_at_s {
-  uint64_t address;
-  uint32_t index;
-} seg_at_t;
-
-static int cmp_seg_at(const void *x, const void *y) {
-  const seg_at_t *a = x, *b = y;
-  if (a->address != b->address) return a->address < b->address ? -1 : 1;
-  return a->index < b->index ? -1 : a->index > b->index;
-}
-
-/* The segments of device dev in s, by address: a malloc'ed array of *n
- * (the caller frees it), or NULL when out of memory.  A file's list may
- * be in any order (reversed, or torch_npu's workspace segments appended
- * at its end), which `memsnap check` accepts. */
-static seg_at_t *segments_by_address(const msnap_snap_t *s, int64_t dev,
-                                     uint32_t *n) {
+/* The segments of device dev in s, by address (the index breaks ties:
+ * two segments at one address, which `memsnap check` reports): a
+ * malloc'ed array of *n {address, segment index} (the caller frees it),
+ * or NULL when out of memory.  A file's list may be in any order
+ * (reversed, or torch_npu's workspace segments appended at its end),
+ * which `memsnap check` accepts. */
+static cli_key_ix_t *segments_by_address(const msnap_snap_t *s, int64_t dev,
+                                         uint32_t *n) {
   uint32_t k = 0;
   for (uint32_t i = 0; i < s->nsegments; i++)
     k += s->segments[i].device == dev;
-  seg_at_t *v = malloc((k ? k : 1) * sizeof *v);
+  cli_key_ix_t *v = malloc((k ? k : 1) * sizeof *v);
   if (v == NULL) return NULL;
   k = 0;
   for (uint32_t i = 0; i < s->nsegments; i++)
     if (s->segments[i].device == dev)
-      v[k++] = (seg_at_t){s->segments[i].address, i};
-  qsort(v, k, sizeof *v, cmp_seg_at);
+      v[k++] = (cli_key_ix_t){s->segments[i].address, i};
+  cli_sort_key_ix(v, k);
   *n = k;
   return v;
 }
@@ -460,8 +448,8 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
   }
   const msnap_snap_t *s = r->s;
   uint32_t ns = 0, nm = 0;
-  seg_at_t *vs = segments_by_address(s, d->device, &ns);
-  seg_at_t *vm = vs ? segments_by_address(m, d->device, &nm) : NULL;
+  cli_key_ix_t *vs = segments_by_address(s, d->device, &ns);
+  cli_key_ix_t *vm = vs ? segments_by_address(m, d->device, &nm) : NULL;
   if (vm == NULL) {
     snprintf(d->final_why, sizeof d->final_why,
              "sorting the segments by address failed: %s",
@@ -473,8 +461,8 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
   d->final_compared = true;
   uint32_t i = 0, k = 0;
   while (i < ns || k < nm) {
-    const msnap_ssegment_t *a = i < ns ? &s->segments[vs[i].index] : NULL;
-    const msnap_ssegment_t *b = k < nm ? &m->segments[vm[k].index] : NULL;
+    const msnap_ssegment_t *a = i < ns ? &s->segments[vs[i].ix] : NULL;
+    const msnap_ssegment_t *b = k < nm ? &m->segments[vm[k].ix] : NULL;
     if (!b || (a && a->address < b->address)) {
       mismatch(r, d,
                "final state: recorded segment 0x%" PRIx64 " (%" PRIu64

@@ -704,16 +704,23 @@ def group_check():
     check_workspace_tail()
 
 
+def one_block_segment(device, addr, size, state, frames=()):
+    """A large segment of one block of its whole size, in `state`
+    ("inactive": nothing allocated or requested), with `frames`."""
+    used = 0 if state == "inactive" else size
+    fr = list(frames)
+    return {"device": device, "address": addr, "total_size": size,
+            "allocated_size": used, "active_size": used,
+            "requested_size": used, "stream": 0, "segment_type": "large",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": fr,
+            "blocks": [{"address": addr, "size": size, "requested_size": used,
+                        "state": state, "frames": fr}]}
+
+
 def ws_segment(device, addr):
     """A segment shaped like one of torch_npu's NPUWorkspaceAllocator
     buffers: large, one inactive block (Module.cpp _snapshot)."""
-    return {"device": device, "address": addr, "total_size": 2 * MiB,
-            "allocated_size": 0, "active_size": 0, "requested_size": 0,
-            "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-            "is_expandable": False, "frames": [],
-            "blocks": [{"address": addr, "size": 2 * MiB,
-                        "requested_size": 0, "state": "inactive",
-                        "frames": []}]}
+    return one_block_segment(device, addr, 2 * MiB, "inactive")
 
 
 def check_workspace_tail():
@@ -1430,6 +1437,21 @@ def allocator_available():
     return rc == 0
 
 
+def reversed_real(name, what, out_name):
+    """The real input `name` and a copy of it whose segments list is
+    reversed (written as out_name): (src, copy), or (None, None) with a
+    loud line when the input is missing (`what` did NOT run)."""
+    src = os.path.join(REAL, name)
+    if not os.path.isfile(src):
+        print("SKIP (partly) %s missing: %s of its reversed segment list did "
+              "NOT run" % (src, what))
+        return None, None
+    with open(src, "rb") as f:
+        d = pickle.load(f)
+    d["segments"].reverse()
+    return src, write_pickle(d, out_name)
+
+
 def replay_segment_order(npu):
     """replay's final-state comparison takes both sides in address order:
     a file whose segments list is out of order (reversed; torch_npu's
@@ -1443,15 +1465,9 @@ def replay_segment_order(npu):
     for name in ("silmont2000_a2__mem_snapshot.pickle",
                  "silmont2000_a2__memory_forward_bf16_128.pickle",
                  "cranberrii_ftcourse__memory_snapshot.pickle"):
-        src = os.path.join(REAL, name)
-        if not os.path.isfile(src):
-            print("SKIP (partly) %s missing: replay of its reversed segment "
-                  "list did NOT run" % src)
+        src, rev = reversed_real(name, "replay", "reversed_" + name)
+        if src is None:
             continue
-        with open(src, "rb") as f:
-            d = pickle.load(f)
-        d["segments"].reverse()
-        rev = write_pickle(d, "reversed_" + name)
         rc, js = report(src)
         rc2, js2 = report(rev)
         dv = (js2.get("devices") or [{}])[0]
@@ -1474,14 +1490,8 @@ def replay_segment_order(npu):
     lo = min(g["address"] for g in segs)
     hi = max(g["address"] + g["total_size"] for g in segs)
     hi = (hi + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
-    def ws(addr, n=20 * MiB):
-        return {"device": 0, "address": addr, "total_size": n,
-                "allocated_size": n, "active_size": n, "requested_size": n,
-                "stream": 0, "segment_type": "large",
-                "segment_pool_id": (0, 0), "is_expandable": False,
-                "frames": [],
-                "blocks": [{"address": addr, "size": n, "requested_size": n,
-                            "state": "active_allocated", "frames": []}]}
+    def ws(addr):
+        return one_block_segment(0, addr, 20 * MiB, "active_allocated")
     d["segments"] = segs + [ws(hi + 128 * MiB), ws(lo - 64 * MiB),
                             ws(hi + 32 * MiB)]
     tail = write_pickle(d, "npu_workspace_tail.pickle")
@@ -2126,15 +2136,8 @@ def summary_tie_order():
     of the file (which numbers the frames): a reversed segments list gives
     the same report."""
     def seg(addr, name, file, line):
-        fr = [frame(name, file, line)]
-        return {"device": 0, "address": addr, "total_size": 2 * MiB,
-                "allocated_size": 2 * MiB, "active_size": 2 * MiB,
-                "requested_size": 2 * MiB, "stream": 0,
-                "segment_type": "large", "segment_pool_id": (0, 0),
-                "is_expandable": False, "frames": fr,
-                "blocks": [{"address": addr, "size": 2 * MiB,
-                            "requested_size": 2 * MiB,
-                            "state": "active_allocated", "frames": fr}]}
+        return one_block_segment(0, addr, 2 * MiB, "active_allocated",
+                                 [frame(name, file, line)])
     segs = [seg(A0, "g", "/home/u/b.py", 1), seg(A0 + 64 * MiB, "f",
                                                   "/home/u/a.py", 2),
             seg(A0 + 128 * MiB, "h", "/home/u/c.py", 3)]
@@ -2154,15 +2157,10 @@ def summary_tie_order():
     for name in ("silmont2000_a2__mem_snapshot.pickle",
                  "silmont2000_a2__memory_forward_bf16_128.pickle",
                  "cranberrii_ftcourse__memory_snapshot.pickle"):
-        src = os.path.join(REAL, name)
-        if not os.path.isfile(src):
-            print("SKIP (partly) %s missing: summary of its reversed segment "
-                  "list did NOT run" % src)
+        # the same base name: the same header line
+        src, rev = reversed_real(name, "summary", name)
+        if src is None:
             continue
-        with open(src, "rb") as f:
-            d = pickle.load(f)
-        d["segments"].reverse()
-        rev = write_pickle(d, name)  # same base name: same header line
         for args in (("--top", "0"), ("--top", "3"), ("--json", "--top", "0")):
             rc, out, err = run("summary", *(args + (src,)))
             rc2, out2, err2 = run("summary", *(args + (rev,)))
