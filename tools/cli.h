@@ -130,6 +130,17 @@ static inline bool cli_file_id_same(const cli_file_id_t *a,
 }
 /* Not a regular file nor a directory: its bytes can be read only once. */
 bool cli_file_id_stream(const cli_file_id_t *id);
+/* The names of v[0..n) that name a file named before them: the same
+ * device and inode (cli_file_id: a repeated argument, a link, '-' and
+ * /dev/stdin), or the same string for names it cannot identify (a missing
+ * file named twice).  Returns how many (0 also when out of memory).
+ * first_of (n entries, or NULL): first_of[i] = the lowest index naming
+ * the file of v[i] (i itself for a first name).  dup (dup_size bytes, or
+ * 0) says the first repeat: "NAME is FIRST", or "NAME given again"; ""
+ * when there is none.  fleet reads a repeated file once, leaks takes each
+ * name as a step; both warn. */
+uint32_t cli_file_repeats(char *const *v, uint32_t n, uint32_t *first_of,
+                          char *dup, size_t dup_size);
 
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */
@@ -389,10 +400,16 @@ int cli_write_file(const char *path, const void *data, size_t len);
  * failed).  cli_write_file, replay -o and demo-train report through it. */
 void cli_output_failed(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
-/* cli_output_failed with "OUT: cannot write[ WHAT]: REASON", or REASON
- * alone when it already says "cannot write 'OUT': ..." (the messages of
- * base/outpath.c and base/sink.c): the phrase comes once. */
-void cli_write_failed(const char *out, const char *what, const char *reason);
+/* The one wording of a write that failed (every -o, and standard output
+ * at exit): cli_output_failed with "OUT: cannot write[ WHAT]: REASON
+ * [MSNAP_CODE]", as read errors carry their code (cli_load).  OUT is shown
+ * as cli_output_shown shows it; NULL is standard output.  REASON is the
+ * library's message (base/outpath.c, base/sink.c) less its own opening
+ * ("cannot write 'OUT': ", "writing 'OUT' failed: ", "write failed: "),
+ * so that "cannot write" and OUT come once; a REASON that still names
+ * 'OUT' is given without the "OUT: " in front.  code 0: no [CODE]. */
+void cli_write_failed(const char *out, const char *what, int code,
+                      const char *reason);
 const char *cli_output_error(void);
 /* Refuse an empty output path, a directory, an output that is one of
  * the inputs (same device and inode), or one the write would refuse
@@ -576,6 +593,14 @@ typedef struct cli_ev_s {
 /* Sort by (addr, idx), stably in linear time for events made in trace
  * order (a radix sort on addr; qsort when scratch memory is short). */
 void cli_sort_ev(cli_ev_t *ev, uint32_t n);
+/* A key and the index of what it is the key of (a segment by address, a
+ * stack by site).  cli_sort_key_ix sorts by (key, ix): a total order when
+ * the indices differ, whatever qsort does with equal elements. */
+typedef struct cli_key_ix_s {
+  uint64_t key;
+  uint32_t ix;
+} cli_key_ix_t;
+void cli_sort_key_ix(cli_key_ix_t *v, uint32_t n);
 #define CLI_NO_PAIR UINT32_MAX
 /* pair[i] of every entry of tl (see cli_life.c): alloc -> its
  * free_completed, free_completed -> its alloc, CLI_NO_PAIR otherwise.
@@ -609,6 +634,12 @@ typedef struct cli_site_sum_s {
   cli_site_t site;
   uint64_t bytes, count;
 } cli_site_sum_t;
+/* Sort v[0..n) of distinct sites of s for a ranking: most bytes first;
+ * equal bytes by the site's text (cli_site_format), then by more
+ * allocations, then by frame and via: an order that does not depend on
+ * the order of the file (which numbers the frames), nor on qsort's. */
+void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,
+                        uint32_t n);
 /* Allocations live at `state` (after entries 0..state-1) of dev's trace,
  * grouped by site, largest first: trace allocations by their requested
  * size and stack; blocks of the start state (cli_backward) by their

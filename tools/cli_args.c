@@ -58,6 +58,74 @@ bool cli_file_id_stream(const cli_file_id_t *id) {
   return !S_ISREG(id->mode) && !S_ISDIR(id->mode);
 }
 
+/* A name of cli_file_repeats: its file's id, or the name itself when
+ * cli_file_id cannot identify it. */
+typedef struct name_id_s {
+  const char *name; /* NULL: known by id (cli_file_id) */
+  cli_file_id_t id;
+  uint32_t idx;
+} name_id_t;
+
+static int cmp_name_id(const void *a, const void *b) {
+  const name_id_t *x = a, *y = b;
+  if ((x->name == NULL) != (y->name == NULL)) return x->name ? 1 : -1;
+  if (x->name) {
+    int c = strcmp(x->name, y->name);
+    if (c) return c;
+  } else {
+    if (x->id.dev != y->id.dev) return x->id.dev < y->id.dev ? -1 : 1;
+    if (x->id.ino != y->id.ino) return x->id.ino < y->id.ino ? -1 : 1;
+  }
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static bool same_file(const name_id_t *x, const name_id_t *y) {
+  if (x->name || y->name)
+    return x->name && y->name && strcmp(x->name, y->name) == 0;
+  return cli_file_id_same(&x->id, &y->id);
+}
+
+uint32_t cli_file_repeats(char *const *v, uint32_t n, uint32_t *first_of,
+                          char *dup, size_t dup_size) {
+  if (dup_size) dup[0] = '\0';
+  for (uint32_t i = 0; first_of && i < n; i++) first_of[i] = i;
+  name_id_t *id = malloc(((size_t)n + 1) * sizeof *id);
+  uint32_t *keep = malloc(((size_t)n + 1) * sizeof *keep);
+  uint32_t ndup = 0, first = UINT32_MAX;
+  if (!id || !keep) {
+    free(id);
+    free(keep);
+    return 0;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    cli_file_id_t fid;
+    keep[i] = i;
+    if (cli_file_id(v[i], &fid))
+      id[i] = (name_id_t){.name = NULL, .id = fid, .idx = i};
+    else
+      id[i] = (name_id_t){.name = v[i], .idx = i};
+  }
+  qsort(id, n, sizeof *id, cmp_name_id);
+  for (uint32_t j = 1; j < n; j++)
+    if (same_file(&id[j], &id[j - 1])) {
+      /* (the group's first name is its lowest index: sorted) */
+      keep[id[j].idx] = keep[id[j - 1].idx];
+      if (id[j].idx < first) first = id[j].idx;
+      ndup++;
+    }
+  if (first != UINT32_MAX && dup_size) {
+    const char *kept = v[keep[first]];
+    if (strcmp(v[first], kept) != 0)
+      snprintf(dup, dup_size, "%s is %s", v[first], kept);
+    else
+      snprintf(dup, dup_size, "%s given again", kept);
+  }
+  if (first_of) memcpy(first_of, keep, (size_t)n * sizeof *keep);
+  free(id);
+  free(keep);
+  return ndup;
+}
+
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
               msnap_snap_t **load) {
   /* the command's options, then --json and -o/--output when it has them */

@@ -138,16 +138,15 @@ int cli_pair_entries(const msnap_trace_list_t *tl, uint32_t **out) {
 
 /* ---- sites of stacks ------------------------------------------------------ */
 
-typedef struct skey_s {
-  uint64_t key;
-  uint32_t stack;
-} skey_t;
-
-static int cmp_skey(const void *a, const void *b) {
-  const skey_t *x = a, *y = b;
+static int cmp_key_ix(const void *a, const void *b) {
+  const cli_key_ix_t *x = a, *y = b;
   if (x->key != y->key)
     return x->key < y->key ? -1 : 1;
-  return x->stack < y->stack ? -1 : x->stack > y->stack;
+  return x->ix < y->ix ? -1 : x->ix > y->ix;
+}
+
+void cli_sort_key_ix(cli_key_ix_t *v, uint32_t n) {
+  qsort(v, n, sizeof *v, cmp_key_ix);
 }
 
 static uint64_t site_key(cli_site_t t) {
@@ -159,7 +158,7 @@ int cli_sites_init(cli_sites_t *x, const msnap_snap_t *s) {
   uint32_t ns = s->nstacks;
   x->nstacks = ns;
   x->of_stack = malloc(((size_t)ns + 1) * sizeof *x->of_stack);
-  skey_t *k = malloc(((size_t)ns + 1) * sizeof *k);
+  cli_key_ix_t *k = malloc(((size_t)ns + 1) * sizeof *k);
   x->site = malloc(((size_t)ns + 3) * sizeof *x->site);
   if (!x->of_stack || !k || !x->site) {
     free(k);
@@ -178,14 +177,14 @@ int cli_sites_init(cli_sites_t *x, const msnap_snap_t *s) {
       x->of_stack[st] = CLI_SITEIX_NONE;
       continue;
     }
-    k[m++] = (skey_t){site_key(t), st};
+    k[m++] = (cli_key_ix_t){site_key(t), st};
   }
-  qsort(k, m, sizeof *k, cmp_skey);
+  cli_sort_key_ix(k, m);
   for (uint32_t i = 0; i < m; i++) {
     if (i == 0 || k[i].key != k[i - 1].key)
       x->site[x->n++] = (cli_site_t){(uint32_t)(k[i].key >> 32),
                                      (uint32_t)k[i].key};
-    x->of_stack[k[i].stack] = x->n - 1;
+    x->of_stack[k[i].ix] = x->n - 1;
   }
   free(k);
   if (msnap_debug_level >= 2 && !cli_sites_check(x)) {
@@ -216,15 +215,6 @@ bool cli_sites_check(const cli_sites_t *x) {
 }
 
 /* ---- live allocations at a state ------------------------------------------ */
-
-static int cmp_sum_bytes(const void *a, const void *b) {
-  const cli_site_sum_t *x = a, *y = b;
-  if (x->bytes != y->bytes)
-    return x->bytes > y->bytes ? -1 : 1;
-  if (x->site.frame != y->site.frame)
-    return x->site.frame < y->site.frame ? -1 : 1;
-  return x->site.via < y->site.via ? -1 : x->site.via > y->site.via;
-}
 
 void cli_start_stacks(const msnap_snap_t *s, const cli_stacks_t *stk,
                       int64_t dev, const cli_state_t *st, msnap_stack_t *out) {
@@ -314,7 +304,7 @@ int cli_live_sites_at(const msnap_snap_t *s, const cli_stacks_t *stk,
   for (uint32_t k = 0; k < sites->n; k++)
     if (sum[k].count)
       sum[m++] = sum[k];
-  qsort(sum, m, sizeof *sum, cmp_sum_bytes);
+  cli_site_sums_rank(s, sum, m);
   *out = sum;
   *nout = m;
   return 0;

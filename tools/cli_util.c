@@ -434,6 +434,30 @@ void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
   cli_sanitize(buf);
 }
 
+/* The ranking order of cli_site_sums_rank: qsort_r's comparator, the
+ * snapshot as its argument. */
+static int cmp_site_sum_rank(const void *a, const void *b, void *arg) {
+  const cli_site_sum_t *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  char tx[512], ty[512];
+  cli_site_format(arg, x->site, tx, sizeof tx);
+  cli_site_format(arg, y->site, ty, sizeof ty);
+  int c = strcmp(tx, ty);
+  if (c)
+    return c;
+  if (x->count != y->count)
+    return x->count > y->count ? -1 : 1;
+  if (x->site.frame != y->site.frame)
+    return x->site.frame < y->site.frame ? -1 : 1;
+  return x->site.via < y->site.via ? -1 : x->site.via > y->site.via;
+}
+
+void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,
+                        uint32_t n) {
+  qsort_r(v, n, sizeof *v, cmp_site_sum_rank, (void *)s);
+}
+
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return x < y ? -1 : x > y;
@@ -657,27 +681,49 @@ void cli_output_failed(const char *fmt, ...) {
   cli_err("%s", output_error);
 }
 
-void cli_write_failed(const char *out, const char *what, const char *reason) {
-  const char *shown = cli_output_shown(out);
+/* reason less a leading "PREFIX'out'SUFFIX" (out NULL: "PREFIXSUFFIX"). */
+static const char *skip_opening(const char *reason, const char *prefix,
+                                const char *out, const char *suffix) {
+  size_t n = strlen(prefix);
+  if (strncmp(reason, prefix, n) != 0) return reason;
+  const char *p = reason + n;
+  if (out != NULL) {
+    size_t k = strlen(out);
+    if (p[0] != '\'' || strncmp(p + 1, out, k) != 0 || p[1 + k] != '\'')
+      return reason;
+    p += k + 2;
+  }
+  n = strlen(suffix);
+  return strncmp(p, suffix, n) == 0 ? p + n : reason;
+}
+
+void cli_write_failed(const char *out, const char *what, int code,
+                      const char *reason) {
+  const char *shown = out ? cli_output_shown(out) : "standard output";
+  const char *sp = what[0] ? " " : "";
+  char tail[64] = "";
+  if (code != 0) snprintf(tail, sizeof tail, " [%s]", msnap_err_name(code));
+  if (out != NULL) {
+    reason = skip_opening(reason, "cannot write ", out, ": ");
+    reason = skip_opening(reason, "writing ", out, " failed: ");
+  }
+  reason = skip_opening(reason, "write failed: ", NULL, "");
+  if (reason[0] == '\0') reason = code ? msnap_strerror(code) : "write error";
   char quoted[4096];
-  snprintf(quoted, sizeof quoted, "'%s'", out);
-  if (strncmp(reason, "cannot write '", 14) == 0)
-    /* the library's own refusals: "cannot write 'OUT': ..." */
-    cli_output_failed("%s", reason);
-  else if (strstr(reason, quoted) != NULL)
-    /* "writing 'OUT' failed: ...": the path is named already */
-    cli_output_failed("cannot write%s%s: %s", what[0] ? " " : "", what,
-                      reason);
+  snprintf(quoted, sizeof quoted, "'%s'", out ? out : "");
+  if (out != NULL && strstr(reason, quoted) != NULL)
+    /* the library names the path in its own words: once */
+    cli_output_failed("cannot write%s%s: %s%s", sp, what, reason, tail);
   else
-    cli_output_failed("%s: cannot write%s%s: %s", shown, what[0] ? " " : "",
-                      what, reason);
+    cli_output_failed("%s: cannot write%s%s: %s%s", shown, sp, what, reason,
+                      tail);
 }
 
 int cli_write_file(const char *path, const void *data, size_t len) {
   msnap_atomic_file_t f;
   int rc = msnap__atomic_open(&f, path);
   if (rc != 0) {
-    cli_write_failed(path, "", msnap_last_error());
+    cli_write_failed(path, "", rc, msnap_last_error());
     return -1;
   }
   msnap_sink_t sink;
@@ -689,14 +735,12 @@ int cli_write_file(const char *path, const void *data, size_t len) {
   if (rc != 0) {
     int e = msnap_last_errno();
     msnap__atomic_abort(&f);
-    char why[512];
-    snprintf(why, sizeof why, "write failed: %s",
-             e ? strerror(e) : msnap_strerror(rc));
-    cli_write_failed(path, "", why);
+    cli_write_failed(path, "", rc, e ? strerror(e) : msnap_strerror(rc));
     return -1;
   }
-  if (msnap__atomic_commit(&f) != 0) {
-    cli_write_failed(path, "", msnap_last_error());
+  rc = msnap__atomic_commit(&f);
+  if (rc != 0) {
+    cli_write_failed(path, "", rc, msnap_last_error());
     return -1;
   }
   return 0;

@@ -366,20 +366,15 @@ int cli_cmd_convert(int argc, char **argv) {
     warn_dropped(s, argv[first]);
   msnap__snap_free(s);
   if (rc) {
-    const char *le = msnap_last_error();
-    char reason[1024];
-    snprintf(reason, sizeof reason, "%s%s [%s]",
-             why[0] ? why : le[0] ? le : msnap_strerror(rc),
-             why[0] ? " (a pickle MemoryViz reads holds values below 2^63)"
-                    : "",
-             msnap_err_name(rc));
     if (why[0])
       /* a value of the input, not the output, is the problem: name the
        * input and say nothing was written */
-      cli_output_failed("%s: cannot be converted: %s; %s not written",
-                        argv[first], reason, cli_output_shown(out));
+      cli_output_failed("%s: cannot be converted: %s (a pickle MemoryViz "
+                        "reads holds values below 2^63) [%s]; %s not written",
+                        argv[first], why, msnap_err_name(rc),
+                        cli_output_shown(out));
     else
-      cli_write_failed(out, "", reason);
+      cli_write_failed(out, "", rc, msnap_last_error());
     return CLI_UNUSABLE;
   }
   if (ok.naddr && !keep)

@@ -283,9 +283,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
     msnap_snapshot_options_init(&so);
     rc = msnap_dump_snapshot(l.a, &so, out);
     if (rc)
-      cli_write_failed(out, "the snapshot",
-                       msnap_last_error()[0] ? msnap_last_error()
-                                             : msnap_strerror(rc));
+      cli_write_failed(out, "the snapshot", rc, msnap_last_error());
     else
       fprintf(stderr,
               "memsnap: recorded %ld training %s of a %ld-layer model "

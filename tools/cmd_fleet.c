@@ -313,81 +313,27 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* One file under several names (the same device and inode: a repeated
- * argument, a file and its directory, a link to it, a FIFO or pipe named
- * twice) is read once: the later names are dropped from v (freed; the
+/* One file under several names (cli_file_repeats: the same device and
+ * inode -- a repeated argument, a file and its directory, a link to it, a
+ * FIFO or pipe named twice -- or, for names it cannot identify, the same
+ * string) is read once: the later names are dropped from v (freed; the
  * order of the others kept).  Returns how many; dup says the first of
- * them.  Names are identified by cli_file_id ('-' is standard input, so
- * '-' and /dev/stdin are one); those it cannot identify are compared as
- * strings (a missing file named twice is one error). */
-typedef struct name_id_s {
-  const char *name; /* NULL: known by id (cli_file_id) */
-  cli_file_id_t id;
-  uint32_t idx;
-} name_id_t;
-
-static int cmp_name_id(const void *a, const void *b) {
-  const name_id_t *x = a, *y = b;
-  if ((x->name == NULL) != (y->name == NULL)) return x->name ? 1 : -1;
-  if (x->name) {
-    int c = strcmp(x->name, y->name);
-    if (c) return c;
-  } else {
-    if (x->id.dev != y->id.dev) return x->id.dev < y->id.dev ? -1 : 1;
-    if (x->id.ino != y->id.ino) return x->id.ino < y->id.ino ? -1 : 1;
-  }
-  return x->idx < y->idx ? -1 : x->idx > y->idx;
-}
-
-static bool same_file(const name_id_t *x, const name_id_t *y) {
-  if (x->name || y->name)
-    return x->name && y->name && strcmp(x->name, y->name) == 0;
-  return cli_file_id_same(&x->id, &y->id);
-}
-
+ * them. */
 static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
                              size_t dup_size) {
-  name_id_t *id = malloc(((size_t)*n + 1) * sizeof *id);
   uint32_t *keep = malloc(((size_t)*n + 1) * sizeof *keep);
-  uint32_t m = 0, ndup = 0, first = UINT32_MAX;
-  if (!id || !keep) {
-    free(id);
-    free(keep);
+  if (!keep)
     return 0;
-  }
-  for (uint32_t i = 0; i < *n; i++) {
-    cli_file_id_t fid;
-    keep[i] = i;
-    if (cli_file_id(v[i], &fid))
-      id[m++] = (name_id_t){.name = NULL, .id = fid, .idx = i};
-    else
-      id[m++] = (name_id_t){.name = v[i], .idx = i};
-  }
-  qsort(id, m, sizeof *id, cmp_name_id);
-  for (uint32_t j = 1; j < m; j++)
-    if (same_file(&id[j], &id[j - 1])) {
-      /* (the group's first name is its lowest index: sorted) */
-      keep[id[j].idx] = keep[id[j - 1].idx];
-      if (id[j].idx < first) first = id[j].idx;
-    }
-  if (first != UINT32_MAX) {
-    const char *kept = v[keep[first]];
-    if (strcmp(v[first], kept) != 0)
-      snprintf(dup, dup_size, "%s is %s", v[first], kept);
-    else
-      snprintf(dup, dup_size, "%s given again", kept);
-  }
+  uint32_t ndup = cli_file_repeats(v, *n, keep, dup, dup_size);
   uint32_t k = 0;
   for (uint32_t i = 0; i < *n; i++) {
     if (keep[i] != i) {
       free(v[i]);
-      ndup++;
       continue;
     }
     v[k++] = v[i];
   }
   *n = k;
-  free(id);
   free(keep);
   return ndup;
 }

@@ -455,7 +455,8 @@ int cli_cmd_leaks(int argc, char **argv) {
   cli_leaks_t *per = NULL;
   uint32_t nper = 0;
   /* warnings: [0] another process (files), [1 + d] the threshold of
-   * device d (steps) or [1] of every device (files) */
+   * device d (steps) or [1] of every device (files), [2] a file named
+   * more than once (files) */
   char (*warn)[512] = NULL;
   uint32_t nwarn = 2;
   int rc = CLI_OK;
@@ -500,6 +501,7 @@ int cli_cmd_leaks(int argc, char **argv) {
   } else {
     if (step)
       return cli_usage_error("leaks", "--step applies to one recording");
+    nwarn = 3;
     warn = calloc(nwarn, sizeof *warn);
     if (!warn) {
       cli_err("out of memory");
@@ -507,6 +509,17 @@ int cli_cmd_leaks(int argc, char **argv) {
     }
     double use = usable_threshold((uint32_t)nfiles, min_conf, "", "files",
                                   "give", warn[1], sizeof warn[1]);
+    /* the same file named twice is taken as two steps, as given (the
+     * user may mean it), with a warning; fleet reads it once */
+    char dup[320];
+    uint32_t ndup =
+        cli_file_repeats(files, (uint32_t)nfiles, NULL, dup, sizeof dup);
+    if (ndup)
+      snprintf(warn[2], sizeof warn[2],
+               "a file was given more than once (%s; %u repeated name%s): "
+               "each name is a step, in the order given, so one snapshot "
+               "counts as several steps",
+               dup, ndup, ndup == 1 ? "" : "s");
     fsite_t *v = NULL;
     uint32_t n = 0, cap = 0;
     int64_t pid0 = -1, pid;

@@ -71,8 +71,10 @@ static void usage(FILE *f) {
           "                    peak_reserved_bytes, final_reserved_bytes,\n"
           "                    peak_allocated_bytes, inactive_split_bytes,\n"
           "                    peak_inactive_split_bytes,\n"
-          "                    final_state_compared, mismatch_count,\n"
-          "                    mismatches, recording: {segment_allocs,\n"
+          "                    final_state_compared, final_state_reason\n"
+          "                    (why the final layout was not compared, or\n"
+          "                    null), mismatch_count, mismatches,\n"
+          "                    recording: {segment_allocs,\n"
           "                    segment_frees, peak_reserved_bytes,\n"
           "                    final_reserved_bytes,\n"
           "                    inactive_split_bytes}}]}\n"
@@ -122,6 +124,11 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
     cj_u64_fields(j, figs, sizeof figs / sizeof figs[0]);
     cj_key(j, "final_state_compared");
     cj_bool(j, d->final_compared);
+    cj_key(j, "final_state_reason");
+    if (d->final_compared)
+      cj_null(j);
+    else
+      cj_cstr(j, d->final_why);
     cj_key(j, "mismatch_count");
     cj_u64(j, d->mismatch_count);
     cj_key(j, "mismatches");
@@ -230,11 +237,12 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
   printf("  %-22s %15s %15s\n", "inactive split (frag.)",
          cli_bytes(d->inactive_split, b1, sizeof b1),
          cli_bytes(d->rec_inactive_split, b2, sizeof b2));
-  if (d->mismatch_count == 0)
+  if (d->mismatch_count == 0 && r->exact && !d->final_compared)
+    printf("  matches the recording: yes (every decision; the final layout "
+           "was not compared: %s)\n", d->final_why);
+  else if (d->mismatch_count == 0)
     printf("  matches the recording: yes%s\n",
-           r->exact ? (d->final_compared
-                           ? " (every decision and the final layout)"
-                           : " (every decision)")
+           r->exact ? " (every decision and the final layout)"
                     : " (segment decisions)");
   else if (r->exact)
     printf("  matches the recording: no (%" PRIu64 " %s)\n",

@@ -32,11 +32,6 @@
 
 #define TOPN_DEFAULT 10
 
-typedef struct site_sum_s {
-  cli_site_t site;
-  uint64_t bytes, count;
-} site_sum_t;
-
 typedef struct live_blk_s {
   uint32_t block;
   uint64_t addr; /* recorded or computed (2.0) address */
@@ -56,7 +51,7 @@ typedef struct dev_fig_s {
   /* largest live allocations: block indexes and sites */
   live_blk_t *largest;
   uint32_t nlargest;
-  site_sum_t *sites;
+  cli_site_sum_t *sites;
   uint32_t nsites;
   /* live blocks allocated before the first trace entry */
   uint64_t before_bytes, before_count;
@@ -82,15 +77,8 @@ static int cmp_site(cli_site_t x, cli_site_t y) {
 }
 
 static int cmp_site_frame(const void *a, const void *b) {
-  return cmp_site(((const site_sum_t *)a)->site,
-                  ((const site_sum_t *)b)->site);
-}
-
-static int cmp_site_bytes(const void *a, const void *b) {
-  const site_sum_t *x = a, *y = b;
-  if (x->bytes != y->bytes)
-    return x->bytes > y->bytes ? -1 : 1;
-  return cmp_site(x->site, y->site);
+  return cmp_site(((const cli_site_sum_t *)a)->site,
+                  ((const cli_site_sum_t *)b)->site);
 }
 
 /* Figures of one device; the caller frees f->largest and f->sites. */
@@ -122,7 +110,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
   }
   /* Live allocations, largest first, and their sites. */
   live_blk_t *idx = malloc((nlive + 1) * sizeof *idx);
-  site_sum_t *sites = malloc((nlive + 1) * sizeof *sites);
+  cli_site_sum_t *sites = malloc((nlive + 1) * sizeof *sites);
   if (!idx || !sites) {
     free(idx);
     free(sites);
@@ -155,7 +143,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       sites[m++] = sites[i];
     }
   }
-  qsort(sites, m, sizeof *sites, cmp_site_bytes);
+  cli_site_sums_rank(s, sites, m);
   f->sites = sites;
   f->nsites = topn == 0 || m < topn ? m : topn;
   for (uint32_t i = 0; i < m; i++)

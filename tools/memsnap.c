@@ -60,8 +60,8 @@ static int check_stdout(int rc) {
   if (bad && errno)
     e = errno;
   if (bad || ferror(stdout)) {
-    fprintf(stderr, "memsnap: error writing output: %s\n",
-            e ? strerror(e) : "write error");
+    cli_write_failed(NULL, "", e ? msnap__errno_code(e) : MSNAP_EIO,
+                     e ? strerror(e) : "");
     return CLI_UNUSABLE;
   }
   return rc;

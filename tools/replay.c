@@ -37,7 +37,8 @@
  * compared with the recording: same address (exact mode), a segment
  * allocated exactly when the recording allocated one, of the same size.
  * At the end the replayed segments and blocks are compared with the
- * file's.
+ * file's, both sides in address order (compare_final: the file's list may
+ * be in another order).
  *
  * Modes.  "exact": the recording's own profile (cli_recording_profile)
  * and no --alloc-conf (the recording's own PYTORCH_CUDA_ALLOC_CONF, or
@@ -406,27 +407,62 @@ static int approximate(replay_t *r, dev_replay_t *d, const cli_state_t *st,
   return 0;
 }
 
-/* Compare the replayed final segments of a device with the file's. */
+/* The segments of device dev in s, by address (the index breaks ties:
+ * two segments at one address, which `memsnap check` reports): a
+ * malloc'ed array of *n {address, segment index} (the caller frees it),
+ * or NULL when out of memory.  A file's list may be in any order
+ * (reversed, or torch_npu's workspace segments appended at its end),
+ * which `memsnap check` accepts. */
+static cli_key_ix_t *segments_by_address(const msnap_snap_t *s, int64_t dev,
+                                         uint32_t *n) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    k += s->segments[i].device == dev;
+  cli_key_ix_t *v = malloc((k ? k : 1) * sizeof *v);
+  if (v == NULL) return NULL;
+  k = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (s->segments[i].device == dev)
+      v[k++] = (cli_key_ix_t){s->segments[i].address, i};
+  cli_sort_key_ix(v, k);
+  *n = k;
+  return v;
+}
+
+/* Compare the replayed final segments of a device with the file's, both
+ * taken in address order.  When the comparison cannot be made (no memory
+ * for the replay's snapshot or the sorted lists), d->final_compared stays
+ * false and d->final_why says why. */
 static void compare_final(replay_t *r, dev_replay_t *d) {
   msnap_snapshot_options_t so;
   msnap_snapshot_options_init(&so);
   so.device = (int)d->device;
   so.include_traces = false;
   msnap_snap_t *m = NULL;
-  if (msnap__snapshot_take(r->a, &so, &m) != 0 || !m)
+  int e = msnap__snapshot_take(r->a, &so, &m);
+  if (e != 0 || !m) {
+    snprintf(d->final_why, sizeof d->final_why,
+             "the replay's snapshot could not be taken: %s",
+             msnap_strerror(e ? e : MSNAP_ENOMEM));
     return;
-  d->final_compared = true;
+  }
   const msnap_snap_t *s = r->s;
+  uint32_t ns = 0, nm = 0;
+  cli_key_ix_t *vs = segments_by_address(s, d->device, &ns);
+  cli_key_ix_t *vm = vs ? segments_by_address(m, d->device, &nm) : NULL;
+  if (vm == NULL) {
+    snprintf(d->final_why, sizeof d->final_why,
+             "sorting the segments by address failed: %s",
+             msnap_strerror(MSNAP_ENOMEM));
+    free(vs);
+    msnap__snap_free(m);
+    return;
+  }
+  d->final_compared = true;
   uint32_t i = 0, k = 0;
-  for (;;) {
-    while (i < s->nsegments && s->segments[i].device != d->device)
-      i++;
-    while (k < m->nsegments && m->segments[k].device != d->device)
-      k++;
-    if (i >= s->nsegments && k >= m->nsegments)
-      break;
-    const msnap_ssegment_t *a = i < s->nsegments ? &s->segments[i] : NULL;
-    const msnap_ssegment_t *b = k < m->nsegments ? &m->segments[k] : NULL;
+  while (i < ns || k < nm) {
+    const msnap_ssegment_t *a = i < ns ? &s->segments[vs[i].ix] : NULL;
+    const msnap_ssegment_t *b = k < nm ? &m->segments[vm[k].ix] : NULL;
     if (!b || (a && a->address < b->address)) {
       mismatch(r, d,
                "final state: recorded segment 0x%" PRIx64 " (%" PRIu64
@@ -468,6 +504,8 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
     i++;
     k++;
   }
+  free(vs);
+  free(vm);
   msnap__snap_free(m);
 }
 
@@ -764,6 +802,10 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   d->final_allocated = (uint64_t)s1.allocated_bytes[MSNAP_STAT_ALL].current;
   if (r->exact && !d->stopped)
     compare_final(r, d);
+  else
+    snprintf(d->final_why, sizeof d->final_why, "%s",
+             d->stopped ? "the replay stopped early"
+                        : "what-if mode compares segment decisions only");
   char msg[256];
   if (msnap_check_invariants(r->a, msg, sizeof msg) != 0)
     mismatch(r, d, "allocator invariant violated after the replay: %s", msg);
@@ -1160,9 +1202,7 @@ int replay_write(replay_t *r, const char *out) {
     e = msnap_dump_snapshot(r->a, &so, out);
   }
   if (e != 0) {
-    cli_write_failed(out, "the replayed snapshot",
-                     msnap_last_error()[0] ? msnap_last_error()
-                                           : msnap_strerror(e));
+    cli_write_failed(out, "the replayed snapshot", e, msnap_last_error());
     return CLI_UNUSABLE;
   }
   fprintf(stderr, "memsnap: wrote the replayed snapshot to %s\n",

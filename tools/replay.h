@@ -31,6 +31,8 @@ typedef struct dev_replay_s {
   char *mismatches[REPLAY_MAX_MISMATCHES];
   uint32_t nkept;
   bool final_compared;
+  char final_why[128]; /* why the final layout was not compared ("" if
+                          it was) */
   /* the recording's own figures */
   uint64_t rec_segment_allocs, rec_segment_frees;
   uint64_t rec_peak_reserved, rec_final_reserved;

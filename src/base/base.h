@@ -57,6 +57,9 @@ int msnap__set_error(int err, const char *fmt, ...)
  * msnap__set_error resets it to 0. */
 int msnap__set_error_errno(int err, int sys_errno, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The error code of a failed write or open for system errno e: ENOSPC and
+ * EDQUOT -> MSNAP_ENOSPC, ENOMEM -> MSNAP_ENOMEM, others MSNAP_EIO. */
+int msnap__errno_code(int e);
 /* MSNAP_DEBUG >= 2: report a failed internal assertion and abort. */
 void msnap__assert_fail(const char *cond, const char *file, int line)
     __attribute__((noreturn));

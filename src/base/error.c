@@ -14,6 +14,7 @@
  * msnap__assert_fail is where MSNAP_ASSERT (base.h, MSNAP_DEBUG >= 2)
  * ends: it names the condition and its place, then aborts.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,12 @@ int msnap__set_error_errno(int err, int sys_errno, const char *fmt, ...) {
   set_error_v(err, sys_errno, fmt, ap);
   va_end(ap);
   return err;
+}
+
+int msnap__errno_code(int e) {
+  if (e == ENOSPC || e == EDQUOT) return MSNAP_ENOSPC;
+  if (e == ENOMEM) return MSNAP_ENOMEM;
+  return MSNAP_EIO;
 }
 
 int msnap_last_errno(void) { return last_errno; }

@@ -83,10 +83,8 @@ bool msnap__link_protected(const struct stat *dir, const struct stat *entry) {
 }
 
 static int out_err(int e, const char *path, const char *why) {
-  int code = e == ENOSPC || e == EDQUOT ? MSNAP_ENOSPC
-             : e == ENOMEM              ? MSNAP_ENOMEM
-                                        : MSNAP_EIO;
-  return msnap__set_error_errno(code, e, "cannot write '%s': %s", path,
+  return msnap__set_error_errno(msnap__errno_code(e), e,
+                                "cannot write '%s': %s", path,
                                 why ? why : strerror(e));
 }
 

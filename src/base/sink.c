@@ -53,12 +53,6 @@
 #define SINK_BUF_SIZE (256u * 1024u)
 
 /* Map an errno from a file operation to an MSNAP_E* code. */
-static int sink_errno(int e) {
-  if (e == ENOSPC || e == EDQUOT) return MSNAP_ENOSPC;
-  if (e == ENOMEM) return MSNAP_ENOMEM;
-  return MSNAP_EIO;
-}
-
 static int sink_backend(msnap_sink_t *s, const void *p, size_t len) {
   if (len == 0) return 0;
   int rc = s->write_cb(s->opaque, p, len);
@@ -146,7 +140,7 @@ static int fd_write_cb(void *opaque, const void *p, size_t len) {
     if (w < 0) {
       if (errno == EINTR) continue;
       int e = errno;
-      return msnap__set_error_errno(sink_errno(e), e, "write failed: %s",
+      return msnap__set_error_errno(msnap__errno_code(e), e, "write failed: %s",
                                     strerror(e));
     }
     if (w == 0) return MSNAP_EIO;
@@ -246,7 +240,7 @@ static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
   }
   if (fd < 0) {
     int e = errno;
-    return msnap__set_error_errno(sink_errno(e), e, "cannot open '%s': %s",
+    return msnap__set_error_errno(msnap__errno_code(e), e, "cannot open '%s': %s",
                                   o->shown, strerror(e));
   }
   f->fd = fd;
@@ -320,7 +314,7 @@ static int dir_refused(msnap_outpath_t *o, const char *path, int e) {
   if (e == EROFS || (fstatvfs(o->dirfd, &sv) == 0 && (sv.f_flag & ST_RDONLY)))
     fs = fs ? fs : "a read-only";
   msnap__outpath_release(o);
-  int code = e == ENOMEM ? MSNAP_EIO : sink_errno(e);
+  int code = e == ENOMEM ? MSNAP_EIO : msnap__errno_code(e);
   if (fs)
     return msnap__set_error_errno(
         code, e,
@@ -430,17 +424,17 @@ int msnap__atomic_commit(msnap_atomic_file_t *f) {
   int rc = 0;
   if (fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS &&
       errno != ENOTSUP && errno != ESPIPE)
-    rc = msnap__set_error_errno(sink_errno(errno), errno,
+    rc = msnap__set_error_errno(msnap__errno_code(errno), errno,
                                 "cannot sync '%s': %s", f->path,
                                 strerror(errno));
   if (close(f->fd) != 0 && rc == 0 && errno != EINTR)
-    rc = msnap__set_error_errno(sink_errno(errno), errno,
+    rc = msnap__set_error_errno(msnap__errno_code(errno), errno,
                                 "cannot close '%s': %s", f->path,
                                 strerror(errno));
   f->fd = -1;
   if (rc == 0 && !f->direct &&
       renameat(f->dirfd, f->tmp_name, f->dirfd, f->name) != 0)
-    rc = msnap__set_error_errno(sink_errno(errno), errno,
+    rc = msnap__set_error_errno(msnap__errno_code(errno), errno,
                                 "cannot write '%s': cannot replace it (%s)",
                                 f->path, strerror(errno));
   if (rc != 0 && f->tmp_name) unlinkat(f->dirfd, f->tmp_name, 0);
@@ -591,7 +585,7 @@ int msnap_check_output(const char *path) {
   int e = faccessat(o.dirfd, o.name, W_OK, 0) != 0 ? errno : 0;
   msnap__outpath_release(&o);
   if (e != 0)
-    return msnap__set_error_errno(sink_errno(e), e, "cannot write '%s': %s",
+    return msnap__set_error_errno(msnap__errno_code(e), e, "cannot write '%s': %s",
                                   path, strerror(e));
   return 0;
 }

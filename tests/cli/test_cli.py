@@ -704,16 +704,23 @@ def group_check():
     check_workspace_tail()
 
 
+def one_block_segment(device, addr, size, state, frames=()):
+    """A large segment of one block of its whole size, in `state`
+    ("inactive": nothing allocated or requested), with `frames`."""
+    used = 0 if state == "inactive" else size
+    fr = list(frames)
+    return {"device": device, "address": addr, "total_size": size,
+            "allocated_size": used, "active_size": used,
+            "requested_size": used, "stream": 0, "segment_type": "large",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": fr,
+            "blocks": [{"address": addr, "size": size, "requested_size": used,
+                        "state": state, "frames": fr}]}
+
+
 def ws_segment(device, addr):
     """A segment shaped like one of torch_npu's NPUWorkspaceAllocator
     buffers: large, one inactive block (Module.cpp _snapshot)."""
-    return {"device": device, "address": addr, "total_size": 2 * MiB,
-            "allocated_size": 0, "active_size": 0, "requested_size": 0,
-            "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-            "is_expandable": False, "frames": [],
-            "blocks": [{"address": addr, "size": 2 * MiB,
-                        "requested_size": 0, "state": "inactive",
-                        "frames": []}]}
+    return one_block_segment(device, addr, 2 * MiB, "inactive")
 
 
 def check_workspace_tail():
@@ -1430,6 +1437,93 @@ def allocator_available():
     return rc == 0
 
 
+def reversed_real(name, what, out_name):
+    """The real input `name` and a copy of it whose segments list is
+    reversed (written as out_name): (src, copy), or (None, None) with a
+    loud line when the input is missing (`what` did NOT run)."""
+    src = os.path.join(REAL, name)
+    if not os.path.isfile(src):
+        print("SKIP (partly) %s missing: %s of its reversed segment list did "
+              "NOT run" % (src, what))
+        return None, None
+    with open(src, "rb") as f:
+        d = pickle.load(f)
+    d["segments"].reverse()
+    return src, write_pickle(d, out_name)
+
+
+def replay_segment_order(npu):
+    """replay's final-state comparison takes both sides in address order:
+    a file whose segments list is out of order (reversed; torch_npu's
+    workspace segments appended at the end, which check accepts) gives
+    the report of the sorted file.  npu: a recording of the npu profile."""
+    def report(path):
+        rc, out, err = run("replay", "--json", path)
+        js = json.loads(out) if out else {}
+        js.pop("file", None)
+        return rc, js
+    for name in ("silmont2000_a2__mem_snapshot.pickle",
+                 "silmont2000_a2__memory_forward_bf16_128.pickle",
+                 "cranberrii_ftcourse__memory_snapshot.pickle"):
+        src, rev = reversed_real(name, "replay", "reversed_" + name)
+        if src is None:
+            continue
+        rc, js = report(src)
+        rc2, js2 = report(rev)
+        dv = (js2.get("devices") or [{}])[0]
+        expect(rc == rc2 == 0 and js == js2 and
+               js2.get("matches_recording") is True and
+               dv.get("final_state_compared") is True and
+               dv.get("final_state_reason", 0) is None,
+               "replay %s with its segments list reversed: the report of "
+               "the original (exit %d/%d, %s mismatches, first %r)"
+               % (name, rc, rc2, dv.get("mismatch_count"),
+                  js2.get("mismatches", [])[:2]))
+    # torch_npu's workspace segments (one block each, live before the
+    # trace) appended at the end, out of address order, in an npu
+    # recording (PYTORCH_NPU_ALLOC_CONF in allocator_settings)
+    with open(npu, "rb") as f:
+        d = pickle.load(f)
+    need("PYTORCH_NPU_ALLOC_CONF" in d.get("allocator_settings", {}),
+         "the npu recording names PYTORCH_NPU_ALLOC_CONF")
+    segs = d["segments"]
+    lo = min(g["address"] for g in segs)
+    hi = max(g["address"] + g["total_size"] for g in segs)
+    hi = (hi + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+    def ws(addr):
+        return one_block_segment(0, addr, 20 * MiB, "active_allocated")
+    d["segments"] = segs + [ws(hi + 128 * MiB), ws(lo - 64 * MiB),
+                            ws(hi + 32 * MiB)]
+    tail = write_pickle(d, "npu_workspace_tail.pickle")
+    d["segments"].sort(key=lambda g: g["address"])
+    sort = write_pickle(d, "npu_workspace_sorted.pickle")
+    rc, out, err = run("check", tail)
+    expect(rc == 0, "check accepts the npu recording with a workspace tail "
+           "(%d %r)" % (rc, out[-300:]))
+    rc, js = report(sort)
+    rc2, js2 = report(tail)
+    dv = (js2.get("devices") or [{}])[0]
+    expect(rc == rc2 == 0 and js == js2 and
+           js2.get("matches_recording") is True and
+           dv.get("final_state_compared") is True,
+           "replay of an npu recording with workspace segments appended out "
+           "of order: the report of the sorted file (exit %d/%d, first "
+           "mismatches %r)" % (rc, rc2, js2.get("mismatches", [])[:2]))
+    rc, out, err = run("replay", tail)
+    expect(rc == 0 and "matches the recording: yes (every decision and the "
+           "final layout)" in out,
+           "replay (text) of the npu workspace tail: the final layout "
+           "matches (%d %r)" % (rc, out[-300:]))
+    # what-if: the final layout is not compared, and the reason says so
+    rc, out, err = run("replay", "--json", "--profile", "cuda", tail)
+    dv = ((json.loads(out) if out else {}).get("devices") or [{}])[0]
+    expect(dv.get("final_state_compared") is False and
+           dv.get("final_state_reason") ==
+           "what-if mode compares segment decisions only",
+           "replay what-if: final_state_reason says why the final layout "
+           "was not compared (%r)" % dv.get("final_state_reason"))
+
+
 def group_replay():
     if not reader_available():
         need(False, "replay: summary of a small valid snapshot")
@@ -1533,6 +1627,7 @@ def group_replay():
     expect(js2.get("profile") == "cuda" and js2.get("mode") == "what-if",
            "--profile cuda still overrides, as a what-if (%s)"
            % js2.get("mode"))
+    replay_segment_order(npu)
     # ... so `summary` knows the npu recording's state at its peak.
     rc, out, err = run("summary", "--json", npu)
     fr = ((json.loads(out) if out else {}).get("devices") or [{}])[0] \
@@ -2036,9 +2131,52 @@ def sites_snapshot():
             "allocator_settings": {}, "external_annotations": []}
 
 
+def summary_tie_order():
+    """summary ranks sites of equal bytes by their text, not by the order
+    of the file (which numbers the frames): a reversed segments list gives
+    the same report."""
+    def seg(addr, name, file, line):
+        return one_block_segment(0, addr, 2 * MiB, "active_allocated",
+                                 [frame(name, file, line)])
+    segs = [seg(A0, "g", "/home/u/b.py", 1), seg(A0 + 64 * MiB, "f",
+                                                  "/home/u/a.py", 2),
+            seg(A0 + 128 * MiB, "h", "/home/u/c.py", 3)]
+    want = ["u/a.py:2:f", "u/b.py:1:g", "u/c.py:3:h"]
+    for order in ("sorted", "reversed"):
+        p = write_pickle({"segments": segs if order == "sorted" else
+                          segs[::-1], "device_traces": [[]]},
+                         "ties_%s.pickle" % order)
+        rc, out, err = run("summary", "--json", p)
+        got = [x["site"] for x in ((json.loads(out) if rc == 0 else {})
+                                   .get("devices") or [{}])[0]
+               .get("top_sites", [])]
+        expect(got == want, "summary: sites of equal bytes by their text, "
+               "segments %s (%r)" % (order, got))
+    # silmont2000_a2__mem_snapshot: clone_obey_contract's 2 MiB moved
+    # among four other 2 MiB sites before the tie-break
+    for name in ("silmont2000_a2__mem_snapshot.pickle",
+                 "silmont2000_a2__memory_forward_bf16_128.pickle",
+                 "cranberrii_ftcourse__memory_snapshot.pickle"):
+        # the same base name: the same header line
+        src, rev = reversed_real(name, "summary", name)
+        if src is None:
+            continue
+        for args in (("--top", "0"), ("--top", "3"), ("--json", "--top", "0")):
+            rc, out, err = run("summary", *(args + (src,)))
+            rc2, out2, err2 = run("summary", *(args + (rev,)))
+            out = out.replace(src, rev)
+            diff = [(a, b) for a, b in zip(out.splitlines(),
+                                           out2.splitlines()) if a != b]
+            expect(rc == rc2 == 0 and out == out2 and out,
+                   "summary %s of %s with its segments list reversed: the "
+                   "same report (first difference %r)"
+                   % (" ".join(args), name, diff[:1]))
+
+
 def group_sites():
     if not reader_available():
         need(False, "sites: summary of a small valid snapshot")
+    summary_tie_order()
     snap = sites_snapshot()
     path = write_pickle(snap, "sites.pickle")
     rc, out, err = run("check", path)
@@ -2329,8 +2467,8 @@ def group_io():
         p = subprocess.run(WRAPPER + [MEMSNAP, "summary", "--json", path],
                            stdout=full, stderr=subprocess.PIPE, text=True)
     expect(p.returncode == 2 and
-           "memsnap: error writing output: No space left on device"
-           in p.stderr,
+           "memsnap: standard output: cannot write: No space left on device "
+           "[MSNAP_ENOSPC]" in p.stderr,
            "summary --json > /dev/full: exit 2 with ENOSPC (%d %r)"
            % (p.returncode, p.stderr))
     for cmd in ("view", "plot", "convert"):
@@ -2850,6 +2988,44 @@ def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
             "allocator_settings": {}, "external_annotations": ann}
 
 
+def leaks_repeated_file():
+    """leaks FILE... with one file named twice (a repeated argument, a
+    link to it): each name is a step, as given, with a warning in the
+    text and in --json's warnings, as fleet warns of (and drops) one.
+    The site that grows from A to B is no candidate with A repeated (A A
+    B: grew in 1 of 2 transitions; A A' B A: shrank again): exit 0."""
+    a = write_pickle(steps_snapshot(steps=2), "rep_a.pickle")
+    b = write_pickle(steps_snapshot(steps=4), "rep_b.pickle")
+    link = os.path.join(TMP, "rep_link.pickle")
+    os.symlink(a, link)
+    rc, out, err = run("leaks", "--json", a, b)
+    js = json.loads(out) if out else {}
+    expect(rc == 1 and not any("more than once" in w
+                               for w in js.get("warnings", [])),
+           "leaks A B: no repeated-file warning (%d %r)"
+           % (rc, js.get("warnings")))
+    def warning(dup, n):
+        return ("a file was given more than once (%s; %d repeated name%s): "
+                "each name is a step, in the order given, so one snapshot "
+                "counts as several steps" % (dup, n, "" if n == 1 else "s"))
+    for names, want in (((a, a, b), warning(a + " given again", 1)),
+                        ((a, link, b, a), warning(link + " is " + a, 2))):
+        rc, out, err = run("leaks", "--json", *names)
+        js = json.loads(out) if out else {}
+        dv = (js.get("devices") or [{}])[0]
+        expect(rc == 0 and want in js.get("warnings", []) and
+               dv.get("steps") == len(names) and err == "",
+               "leaks --json %d names, one file repeated: a warning in "
+               "warnings, every name a step (%d, %s steps, %r)"
+               % (len(names), rc, dv.get("steps"), js.get("warnings")))
+        rc, out, err = run("leaks", *names)
+        expect(rc == 0 and "warning: " + want in out.splitlines() and
+               "device 0: %d steps (files)" % len(names) in out,
+               "leaks %d names, one file repeated: 'warning: ...' after the "
+               "first line, as leaks' other warnings (%d %r)"
+               % (len(names), rc, out[-600:]))
+
+
 def group_leaks():
     """leaks, view and fleet on synthetic step recordings: the
     no-Python-frames site (backward's allocations when only Python stacks
@@ -2956,6 +3132,7 @@ def group_leaks():
                "its leak site (%s, %s)" % (ann_dev, dv.get("steps"),
                                            dv.get("leaks")))
     leaks_unreachable_threshold()
+    leaks_repeated_file()
 
 
 def grown_pair(src):
@@ -3017,20 +3194,25 @@ def leaks_unreachable_threshold():
     expect(rc == 1 and js.get("warnings") == [] and
            js.get("leak_candidate_count") == 1,
            "leaks --min-confidence 0.5 A B: no warning (%s)" % out[-400:])
-    # nothing grew: the warning, no candidate, exit 0
-    rc, out, err = run("leaks", "--json", a, a)
+    # nothing grew: the warning, no candidate, exit 0 (copies: one file
+    # named twice adds its own warning, leaks_repeated_file)
+    a2, b2 = a + ".copy.pickle", b + ".copy.pickle"
+    shutil.copyfile(a, a2)
+    shutil.copyfile(b, b2)
+    rc, out, err = run("leaks", "--json", a, a2)
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [warn] and
            js.get("leak_candidate_count") == 0,
            "leaks A A: the warning, no candidate (%s)" % out[-400:])
     # 3 files reach 0.75: no warning; 0.8 is out of reach of 3
-    rc, out, err = run("leaks", "--json", a, b, b)
+    rc, out, err = run("leaks", "--json", a, b, b2)
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [] and
            js.get("leak_candidate_count") == 0,
            "leaks A B B: reachable, grew in 1 of 2 transitions: none (%s)"
            % out[-400:])
-    rc, out, err = run("leaks", "--json", "--min-confidence", "0.8", a, b, b)
+    rc, out, err = run("leaks", "--json", "--min-confidence", "0.8", a, b,
+                       b2)
     js = json.loads(out) if out else {}
     expect(rc == 0 and js.get("warnings") == [
         "3 files make 2 transitions: the highest confidence is 0.750, "

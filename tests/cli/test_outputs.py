@@ -382,6 +382,36 @@ def group_failed():
                      "%s --json -o OUT: \"output\" the path, "
                      "\"output_error\" null (%d %r)" % (name, rc, err[-200:]))
             os.unlink(good)
+    # a full disk, worded alike by every command (cli_write_failed): the
+    # path, what was being written, the system's reason and the error
+    # code, as read errors carry theirs -- convert alone ended in
+    # [MSNAP_ENOSPC]; demo-train said "writing '/dev/full' failed", the
+    # others "cannot write: write failed: ..."
+    if os.path.exists("/dev/full"):
+        what = {"replay": " the replayed snapshot",
+                "demo-train": " the snapshot"}
+        for name, argv, _ok in commands(src):
+            rc, stdout, err = T.run(*(argv + ["-o", "/dev/full"]))
+            want = ("memsnap: /dev/full: cannot write%s: No space left on "
+                    "device [MSNAP_ENOSPC]\n" % what.get(name, ""))
+            T.expect(rc == 2 and err == want,
+                     "%s -o /dev/full: %r (%d %r)" % (name, want.strip(), rc,
+                                                      err))
+        # the report on standard output: the same line for every command
+        for argv in (["summary", src], ["check", "--json", src],
+                     ["convert", src, "-o", "-"]):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run(T.WRAPPER + [T.MEMSNAP] + argv,
+                                   stdout=full, stderr=subprocess.PIPE,
+                                   text=True, timeout=300)
+            T.expect(p.returncode == 2 and p.stderr ==
+                     "memsnap: standard output: cannot write: No space left "
+                     "on device [MSNAP_ENOSPC]\n",
+                     "%s > /dev/full: the same line, 'standard output' "
+                     "named (%d %r)" % (" ".join(argv[:1] + argv[2:]),
+                                        p.returncode, p.stderr))
+    else:
+        print("SKIP the wording of a full disk: no /dev/full here")
     # "cannot write" once, the path once, at the write (/dev/full) and
     # before it (a dangling link: the library's own "cannot write '...'")
     dangling = os.path.join(T.TMP, "dangling.out")
