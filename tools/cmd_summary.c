@@ -304,23 +304,38 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
                        "another stream, or freed after the OOM)");
     return "cached_block";
   }
+  bool capped = o->avail < o->device_free;
+  char a[32];
+  cli_bytes(o->have_allowed ? o->allowed : 0, a, sizeof a);
   if (!o->fits_unfragmented) {
-    snprintf(buf, len, "out of memory: the request exceeds everything the "
-                       "process could still use (free device memory plus "
-                       "its cached free blocks)");
+    if (capped)
+      snprintf(buf, len, "out of memory: the request exceeds everything the "
+                         "process could still use (what its per-process "
+                         "memory fraction allowed, %s reserved in all, plus "
+                         "its cached free blocks), though the device had "
+                         "more free",
+               a);
+    else
+      snprintf(buf, len, "out of memory: the request exceeds everything the "
+                         "process could still use (free device memory plus "
+                         "its cached free blocks)");
     return "out_of_memory";
   }
-  if (o->segment_size > o->device_free && o->requested <= o->device_free) {
-    char r[32], f[32], g[32];
+  if (o->segment_size > o->avail && o->requested <= o->avail) {
+    char r[32], f[32], g[32], where[96];
     cli_bytes(o->requested, r, sizeof r);
-    cli_bytes(o->device_free, f, sizeof f);
+    cli_bytes(o->avail, f, sizeof f);
     cli_bytes(o->segment_size, g, sizeof g);
+    if (capped)
+      snprintf(where, sizeof where, "what the memory fraction still allowed "
+                                    "(%s", f);
+    else
+      snprintf(where, sizeof where, "the device's free memory (%s", f);
     snprintf(buf, len,
-             "segment size: the request (%s) would fit in the device's free "
-             "memory (%s), but no cached block served it and the allocator "
-             "asks the device for a whole new segment of %s (%s), which did "
-             "not fit",
-             r, f, g,
+             "segment size: the request (%s) would fit in %s), but no cached "
+             "block served it and the allocator asks the device for a whole "
+             "new segment of %s (%s), which did not fit",
+             r, where, g,
              o->requested <= (1ull << 20)
                  ? "requests up to 1 MiB get a 2 MiB segment"
              : o->requested < (10ull << 20)
@@ -360,6 +375,18 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
     cj_u64(j, o->device_total);
   else
     cj_null(j);
+  cj_key(j, "allowed_bytes");
+  if (o->have_allowed)
+    cj_u64(j, o->allowed);
+  else
+    cj_null(j);
+  cj_key(j, "allowed_source");
+  if (o->have_allowed)
+    cj_cstr(j, o->allowed_source);
+  else
+    cj_null(j);
+  cj_key(j, "available_bytes");
+  cj_u64(j, o->avail);
   cj_key(j, "reserved_bytes");
   cj_u64(j, o->reserved);
   cj_key(j, "active_requested_bytes");
@@ -730,6 +757,14 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   else
     printf("  device           %s free (total not recorded in this file)\n",
            cli_bytes(o->device_free, b1, sizeof b1));
+  if (o->have_allowed) {
+    snprintf(buf, sizeof buf,
+             "%s reserved at most (per-process memory fraction, from %s); "
+             "the process could still reserve %s at the OOM",
+             cli_bytes(o->allowed, b1, sizeof b1), o->allowed_source,
+             cli_bytes(o->avail, b2, sizeof b2));
+    print_wrapped("allowed", buf);
+  }
   snprintf(buf, sizeof buf, "reserved %s, live allocations %s requested",
            cli_bytes(o->reserved, b1, sizeof b1),
            cli_bytes(o->active_requested, b2, sizeof b2));
@@ -952,7 +987,8 @@ static void usage(FILE *f) {
           "                ooms}],\n"
           "              oom: {device, entry, count, time_us,\n"
           "                requested_bytes, pool, device_free_bytes,\n"
-          "                device_total_bytes, reserved_bytes,\n"
+          "                device_total_bytes, allowed_bytes,\n"
+          "                allowed_source, available_bytes, reserved_bytes,\n"
           "                active_requested_bytes, state_source,\n"
           "                state_unavailable, allocated_bytes,\n"
           "                active_bytes, cached_free_bytes,\n"
