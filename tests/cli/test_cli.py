@@ -1444,12 +1444,17 @@ def group_replay():
              "the trace holds no alloc history (its only entry is a "
              "'snapshot')"),
             ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
-             "the trace holds no alloc history (2 entries, no alloc or "
-             "free_completed among them: snapshot and other markers)"),
+             "the trace holds no alloc history (2 entries: 2 snapshot)"),
             ([{"action": "free_completed", "addr": A0, "size": 512},
               {"action": "snapshot", "addr": 0, "size": 0}],
              "the trace holds no alloc history (2 entries: 1 "
-             "free_completed, the other 1 snapshot and other markers)")):
+             "free_completed, 1 snapshot)"),
+            # a ring that kept only the frees of a step: each by its name
+            ([{"action": "free_requested", "addr": A0, "size": 512},
+              {"action": "free_completed", "addr": A0, "size": 512}] * 2 +
+             [{"action": "user_defined", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (5 entries: 2 "
+             "free_requested, 2 free_completed, 1 of other actions)")):
         p = write_pickle({"segments": [], "device_traces": [trace]},
                          "noalloc.pickle")
         pr = subprocess.run(WRAPPER + [MEMSNAP, "replay", p],
