@@ -53,6 +53,10 @@ typedef struct dev_fig_s {
   int64_t t0, t1;
   uint64_t peak_alloc, peak_reserved;
   bool have_peak;
+  /* entries the history ring dropped before the trace's first
+   * (allocator_settings' trace_alloc_dropped[device]: memsnap's files);
+   * -1 unknown */
+  int64_t dropped;
   /* largest live allocations: block indexes and sites */
   live_blk_t *largest;
   uint32_t nlargest;
@@ -211,6 +215,14 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
         pr < 0 ? 0 : pr > UINT64_MAX ? UINT64_MAX : (uint64_t)pr;
     f->have_peak = true;
   }
+  f->dropped = -1;
+  const msnap_gv_t *dl =
+      cli_gv_get(s, &s->allocator_settings, "trace_alloc_dropped");
+  if (dl && dl->kind == MSNAP_GV_LIST && dev >= 0 &&
+      (uint64_t)dev < dl->u.seq.n &&
+      dl->u.seq.items[dev].kind == MSNAP_GV_INT &&
+      dl->u.seq.items[dev].u.i >= 0)
+    f->dropped = dl->u.seq.items[dev].u.i;
   return 0;
 }
 
@@ -521,7 +533,8 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
                {"time_last_us", f->have_time, f->t1},
                {"peak_allocated_bytes", f->have_peak, (int64_t)f->peak_alloc},
                {"peak_reserved_bytes", f->have_peak,
-                (int64_t)f->peak_reserved}};
+                (int64_t)f->peak_reserved},
+               {"trace_alloc_dropped", f->dropped >= 0, f->dropped}};
     for (size_t k = 0; k < sizeof opt / sizeof opt[0]; k++) {
       cj_key(j, opt[k].key);
       if (opt[k].have)
@@ -875,6 +888,16 @@ static void print_text(const char *file, const msnap_snap_t *s,
              cli_bytes(f->peak_alloc, b1, sizeof b1));
       printf("  peak reserved    %s over the trace\n",
              cli_bytes(f->peak_reserved, b1, sizeof b1));
+      if (f->dropped > 0) {
+        char buf[256];
+        snprintf(buf, sizeof buf,
+                 "the history ring dropped %" PRId64 " earlier %s "
+                 "(trace_alloc_dropped): both peaks are of the entries "
+                 "kept; the dropped ones may have held higher ones",
+                 f->dropped, cli_plural((uint64_t)f->dropped, "entry",
+                                        "entries"));
+        print_wrapped("", buf);
+      }
     }
     print_fragmentation(&f->x);
     if (f->nlargest) {
@@ -965,6 +988,7 @@ static void usage(FILE *f) {
           "                trace_by_action: {<action>: count},\n"
           "                time_first_us, time_last_us,\n"
           "                peak_allocated_bytes, peak_reserved_bytes,\n"
+          "                trace_alloc_dropped,\n"
           "                live_before_trace: {count, bytes},\n"
           "                largest_live: [{address, size,\n"
           "                  requested_size, site}],\n"

@@ -3639,6 +3639,25 @@ def group_explain():
                                             o.get("available_bytes"),
                                             o.get("allowed_source")))
 
+    # A wrapped history ring (memsnap's trace_alloc_dropped): the peaks
+    # are the kept entries', and the text says so under them.
+    for dropped in (None, 0, 5):
+        snap = oom_snapshot()
+        if dropped is not None:
+            snap["allocator_settings"]["trace_alloc_dropped"] = [dropped]
+        p2 = write_pickle(snap, "oom_ring.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        dev0 = (json.loads(out).get("devices") or [{}])[0] if rc == 0 else {}
+        rc2, text, err2 = run("summary", p2)
+        flat = " ".join(text.split())
+        note = ("the history ring dropped 5 earlier entries "
+                "(trace_alloc_dropped): both peaks are of the entries kept")
+        expect(rc == 0 and dev0.get("trace_alloc_dropped", "-") == dropped and
+               (note in flat) == (dropped == 5),
+               "summary: trace_alloc_dropped %s is reported (%s) and noted "
+               "under the peaks only when above 0" %
+               (dropped, dev0.get("trace_alloc_dropped", "-")))
+
     # An OOM entry without frames: in a recording of Python stacks only
     # (no native frame anywhere) its thread ran no Python code -- an OOM
     # in backward() on the device, allocated by autograd's device thread;
