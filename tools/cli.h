@@ -383,9 +383,12 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
  * (process_info's, else npu when allocator_settings name
  * PYTORCH_NPU_ALLOC_CONF, else cuda). */
 const char *cli_recording_profile(const msnap_snap_t *s);
-/* Total bytes of device dev as recorded in process_info (memsnap's files);
- * false when the file does not say. */
-bool cli_device_total(const msnap_snap_t *s, int64_t dev, uint64_t *total);
+/* A byte count of device dev as recorded in process_info's devices
+ * (memsnap's files): key "total_bytes" (the device's memory) or
+ * "allowed_bytes" (the per-process cap of a memory fraction); false when
+ * the file does not say. */
+bool cli_device_info(const msnap_snap_t *s, int64_t dev, const char *key,
+                     uint64_t *out);
 
 /* "2.1", "2.6", "segment list"... */
 const char *cli_generation_name(msnap_generation_t g);
@@ -680,6 +683,16 @@ typedef struct cli_oom_s {
   uint64_t requested, device_free; /* the entry's size and device_free  */
   bool have_total;
   uint64_t device_total;           /* process_info's                     */
+  /* The per-process cap on reserved bytes (set_per_process_memory_fraction
+   * or the conf's per_process_memory_fraction: allowed_memory_maximum),
+   * from process_info's allowed_bytes, else the recorded conf's fraction
+   * of device_total; allowed_source names which. */
+  bool have_allowed;
+  uint64_t allowed;
+  const char *allowed_source;
+  /* What the device could still give the process: device_free, and
+   * within the cap no more than allowed - reserved. */
+  uint64_t avail;
   bool small_pool;                 /* requested <= 1 MiB                 */
   uint64_t reserved, active_requested; /* at the OOM, from the trace walk */
   bool have_at;                    /* `at` known (source says how)       */

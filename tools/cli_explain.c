@@ -25,7 +25,17 @@
  *                      from the state's model (above);
  *   fits_in_largest_free_block   the largest inactive block of the
  *                      request's pool (small: <= 1 MiB) >= the request;
- *   fits_without_fragmentation   request <= device_free + reserved -
+ *   available          what the device could still give the process:
+ *                      device_free, but with a per-process memory
+ *                      fraction at most allowed - reserved (PyTorch's
+ *                      alloc_block refuses a segment that takes reserved
+ *                      bytes past allowed_memory_maximum, whatever the
+ *                      device has free).  The cap is process_info's
+ *                      allowed_bytes (memsnap's files: the fraction in
+ *                      force when the snapshot was taken), else the
+ *                      recorded conf's per_process_memory_fraction times
+ *                      the device total;
+ *   fits_without_fragmentation   request <= available + reserved -
  *                      active: all the memory the process could use, were
  *                      it one block;
  *   segment_size       what the allocator asks the device for when no
@@ -44,7 +54,7 @@
  *                      the process could use (fits_without_fragmentation
  *                      false): no layout fits it; else a what-if replay with
  *                      expandable_segments:True on a device of reserved +
- *                      device_free bytes, stopped in the OOM's state, then
+ *                      available bytes, stopped in the OOM's state, then
  *                      asked for the request (null when the trace is not
  *                      replayable; false when the replay ran out of memory
  *                      earlier, naming the entry);
@@ -81,23 +91,32 @@ static bool state_is_final(const msnap_trace_list_t *tl, uint32_t state) {
 
 /* ---- the segment of a request ------------------------------------------- */
 
-/* get_allocation_size of a rounded request under the recording's conf,
- * parsed by the allocator's own parser (see the top of this file); 0
- * with expandable segments or a conf the parser refuses. */
-static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
-  bool npu = strcmp(cli_recording_profile(s), "npu") == 0;
+/* The recording's conf (PYTORCH_NPU_ALLOC_CONF, else
+ * PYTORCH_CUDA_ALLOC_CONF of its allocator_settings) parsed by the
+ * allocator's own parser for the recording's profile, quietly: 0, or -1
+ * when the parser refuses it.  *npu: the profile.  Destroy c after. */
+static int recording_conf(const msnap_snap_t *s, msnap_conf_t *c, bool *npu) {
+  *npu = strcmp(cli_recording_profile(s), "npu") == 0;
   const char *conf = cli_gv_str(s, &s->allocator_settings,
                                 "PYTORCH_NPU_ALLOC_CONF");
   if (conf == NULL)
     conf = cli_gv_str(s, &s->allocator_settings, "PYTORCH_CUDA_ALLOC_CONF");
+  char err[256];
+  msnap__conf_init(c, *npu ? MSNAP_PROFILE_NPU : MSNAP_PROFILE_CUDA);
+  c->quiet = true;
+  return msnap__conf_parse(c, conf ? conf : "", err, sizeof err) == 0 ? 0
+                                                                      : -1;
+}
+
+/* get_allocation_size of a rounded request under the recording's conf;
+ * 0 with expandable segments or a conf the parser refuses. */
+static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
   const msnap_gv_t *e =
       cli_gv_get(s, &s->allocator_settings, "expandable_segments");
   msnap_conf_t c;
-  char err[256];
-  msnap__conf_init(&c, npu ? MSNAP_PROFILE_NPU : MSNAP_PROFILE_CUDA);
+  bool npu;
   uint64_t seg = 0;
-  if (msnap__conf_parse(&c, conf ? conf : "", err, sizeof err) == 0 &&
-      !c.expandable_segments &&
+  if (recording_conf(s, &c, &npu) == 0 && !c.expandable_segments &&
       !(e && e->kind == MSNAP_GV_BOOL && e->u.b)) {
     seg = msnap__allocation_size(&c, size);
     if (npu && c.page_size_1g && size > MSNAP_SMALL_SIZE)
@@ -106,6 +125,35 @@ static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
   }
   msnap__conf_destroy(&c);
   return seg;
+}
+
+/* The per-process cap of device dev (see `available` above): true and
+ * *allowed, *source when the file shows one. */
+static bool allowed_of(const msnap_snap_t *s, int64_t dev, bool have_total,
+                       uint64_t total, uint64_t *allowed,
+                       const char **source) {
+  if (cli_device_info(s, dev, "allowed_bytes", allowed)) {
+    *source = "process_info";
+    return true;
+  }
+  if (!have_total)
+    return false;
+  msnap_conf_t c;
+  bool npu, found = false;
+  if (recording_conf(s, &c, &npu) == 0 &&
+      c.per_process_memory_fraction < 1.0) {
+    *allowed = (uint64_t)(c.per_process_memory_fraction * (double)total);
+    *source = npu ? "PYTORCH_NPU_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF";
+    found = true;
+  }
+  msnap__conf_destroy(&c);
+  return found;
+}
+
+/* What o->avail is, in the replay's words. */
+static const char *avail_what(const cli_oom_t *o) {
+  return o->avail < o->device_free ? "what the memory fraction allowed"
+                                   : "free";
 }
 
 /* ---- replay visits ------------------------------------------------------- */
@@ -236,7 +284,9 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     o->have_time = (msnap__tattr(s, e)->keys & MSNAP_K_TIME) != 0;
     o->time_us = e->time_us;
     o->small_pool = e->size <= MSNAP_SMALL_SIZE;
-    o->have_total = cli_device_total(s, dev, &o->device_total);
+    o->have_total = cli_device_info(s, dev, "total_bytes", &o->device_total);
+    o->have_allowed = allowed_of(s, dev, o->have_total, o->device_total,
+                                 &o->allowed, &o->allowed_source);
     o->stack = e->frames;
     o->site = cli_site(s, e->frames);
     if (o->site.frame == CLI_SITE_NONE)
@@ -301,26 +351,27 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
   }
   if (o->present) {
     o->segment_size = segment_size_of(s, o->requested);
-    o->fits_unfragmented =
-        o->requested <= o->device_free + (o->reserved > o->active_requested
-                                              ? o->reserved -
-                                                    o->active_requested
-                                              : 0);
+    uint64_t reserved = o->have_at ? o->at.reserved : o->reserved;
+    o->avail = o->device_free;
+    if (o->have_allowed) {
+      uint64_t room = o->allowed > reserved ? o->allowed - reserved : 0;
+      if (room < o->avail)
+        o->avail = room;
+    }
     if (o->have_at) {
       uint64_t lf = o->small_pool ? o->at.largest_free_small
                                   : o->at.largest_free_large;
       o->fits_largest = lf >= o->requested;
-      o->fits_unfragmented = o->requested <= o->device_free + o->at.reserved -
-                                                 o->at.active;
     }
     /* A request larger than the device, or than all the process could
-     * still use (free device memory plus its cached free blocks), fits
-     * in no layout: no replay needed to say so. */
-    uint64_t usable = o->device_free + (o->have_at
-                                            ? o->at.reserved - o->at.active
-                                        : o->reserved > o->active_requested
-                                            ? o->reserved - o->active_requested
-                                            : 0);
+     * still use (what the device could give it plus its cached free
+     * blocks), fits in no layout: no replay needed to say so. */
+    uint64_t usable = o->avail + (o->have_at
+                                      ? o->at.reserved - o->at.active
+                                  : o->reserved > o->active_requested
+                                      ? o->reserved - o->active_requested
+                                      : 0);
+    o->fits_unfragmented = o->requested <= usable;
     if (o->have_total && o->requested > o->device_total) {
       char r[32], t[32];
       o->expandable = 0;
@@ -342,8 +393,11 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
       }
       snprintf(o->expandable_why, sizeof o->expandable_why,
                "the request (%s) is larger than all the process could still "
-               "use at the OOM (%s: free device memory plus its cached free "
-               "blocks): no layout fits it", r, u);
+               "use at the OOM (%s: %s plus its cached free blocks): no "
+               "layout fits it", r, u,
+               o->avail < o->device_free
+                   ? "what its per-process memory fraction still allowed"
+                   : "free device memory");
     } else if (whatif) {
       /* expandable segments on a device of what this process could use */
       visit_t w = {.want = {o->state, CLI_NO_PAIR}, .dev = dev, .ask = true,
@@ -351,7 +405,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
                    .ask_rc = -1};
       cli_replay_cfg_t cfg = {.profile = NULL,
                               .alloc_conf = "expandable_segments:True",
-                              .sim_memory = o->reserved + o->device_free,
+                              .sim_memory = o->reserved + o->avail,
                               .visit = visit,
                               .arg = &w};
       cli_replay_res_t rr;
@@ -365,17 +419,17 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
         o->expandable = 0;
         char b[32];
         snprintf(o->expandable_why, sizeof o->expandable_why,
-                 "the replay on a device of %s (reserved + free at the OOM) "
+                 "the replay on a device of %s (reserved + %s at the OOM) "
                  "ran out of memory earlier, at entry %u",
-                 cli_bytes(o->reserved + o->device_free, b, sizeof b),
+                 cli_bytes(o->reserved + o->avail, b, sizeof b), avail_what(o),
                  rr.first_failed);
       } else if (w.got[0]) {
         o->expandable = w.ask_rc == 0;
         char b[32];
         snprintf(o->expandable_why, sizeof o->expandable_why,
-                 "a replay on a device of %s (reserved + free at the OOM) "
+                 "a replay on a device of %s (reserved + %s at the OOM) "
                  "%s the request in the OOM's state",
-                 cli_bytes(o->reserved + o->device_free, b, sizeof b),
+                 cli_bytes(o->reserved + o->avail, b, sizeof b), avail_what(o),
                  w.ask_rc == 0 ? "served" : "could not serve");
       } else {
         snprintf(o->expandable_why, sizeof o->expandable_why,

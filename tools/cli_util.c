@@ -614,17 +614,18 @@ const char *cli_recording_profile(const msnap_snap_t *s) {
   return "cuda";
 }
 
-bool cli_device_total(const msnap_snap_t *s, int64_t dev, uint64_t *total) {
+bool cli_device_info(const msnap_snap_t *s, int64_t dev, const char *key,
+                     uint64_t *out) {
   const msnap_gv_t *l = cli_gv_get(s, &s->process_info, "devices");
   if (!l || l->kind != MSNAP_GV_LIST)
     return false;
   for (uint32_t i = 0; i < l->u.seq.n; i++) {
     int64_t d, t;
-    if (cli_gv_int(s, &l->u.seq.items[i], "device", &d) && d == dev &&
-        cli_gv_int(s, &l->u.seq.items[i], "total_bytes", &t) && t >= 0) {
-      *total = (uint64_t)t;
-      return true;
-    }
+    if (cli_gv_int(s, &l->u.seq.items[i], "device", &d) && d == dev)
+      if (cli_gv_int(s, &l->u.seq.items[i], key, &t) && t >= 0) {
+        *out = (uint64_t)t;
+        return true;
+      }
   }
   return false;
 }

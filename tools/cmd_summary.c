@@ -48,6 +48,10 @@ typedef struct dev_fig_s {
   int64_t t0, t1;
   uint64_t peak_alloc, peak_reserved;
   bool have_peak;
+  /* entries the history ring dropped before the trace's first
+   * (allocator_settings' trace_alloc_dropped[device]: memsnap's files);
+   * -1 unknown */
+  int64_t dropped;
   /* largest live allocations: block indexes and sites */
   live_blk_t *largest;
   uint32_t nlargest;
@@ -199,6 +203,14 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
         pr < 0 ? 0 : pr > UINT64_MAX ? UINT64_MAX : (uint64_t)pr;
     f->have_peak = true;
   }
+  f->dropped = -1;
+  const msnap_gv_t *dl =
+      cli_gv_get(s, &s->allocator_settings, "trace_alloc_dropped");
+  if (dl && dl->kind == MSNAP_GV_LIST && dev >= 0 &&
+      (uint64_t)dev < dl->u.seq.n &&
+      dl->u.seq.items[dev].kind == MSNAP_GV_INT &&
+      dl->u.seq.items[dev].u.i >= 0)
+    f->dropped = dl->u.seq.items[dev].u.i;
   return 0;
 }
 
@@ -292,23 +304,38 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
                        "another stream, or freed after the OOM)");
     return "cached_block";
   }
+  bool capped = o->avail < o->device_free;
+  char a[32];
+  cli_bytes(o->have_allowed ? o->allowed : 0, a, sizeof a);
   if (!o->fits_unfragmented) {
-    snprintf(buf, len, "out of memory: the request exceeds everything the "
-                       "process could still use (free device memory plus "
-                       "its cached free blocks)");
+    if (capped)
+      snprintf(buf, len, "out of memory: the request exceeds everything the "
+                         "process could still use (what its per-process "
+                         "memory fraction allowed, %s reserved in all, plus "
+                         "its cached free blocks), though the device had "
+                         "more free",
+               a);
+    else
+      snprintf(buf, len, "out of memory: the request exceeds everything the "
+                         "process could still use (free device memory plus "
+                         "its cached free blocks)");
     return "out_of_memory";
   }
-  if (o->segment_size > o->device_free && o->requested <= o->device_free) {
-    char r[32], f[32], g[32];
+  if (o->segment_size > o->avail && o->requested <= o->avail) {
+    char r[32], f[32], g[32], where[96];
     cli_bytes(o->requested, r, sizeof r);
-    cli_bytes(o->device_free, f, sizeof f);
+    cli_bytes(o->avail, f, sizeof f);
     cli_bytes(o->segment_size, g, sizeof g);
+    if (capped)
+      snprintf(where, sizeof where, "what the memory fraction still allowed "
+                                    "(%s", f);
+    else
+      snprintf(where, sizeof where, "the device's free memory (%s", f);
     snprintf(buf, len,
-             "segment size: the request (%s) would fit in the device's free "
-             "memory (%s), but no cached block served it and the allocator "
-             "asks the device for a whole new segment of %s (%s), which did "
-             "not fit",
-             r, f, g,
+             "segment size: the request (%s) would fit in %s), but no cached "
+             "block served it and the allocator asks the device for a whole "
+             "new segment of %s (%s), which did not fit",
+             r, where, g,
              o->requested <= (1ull << 20)
                  ? "requests up to 1 MiB get a 2 MiB segment"
              : o->requested < (10ull << 20)
@@ -348,6 +375,18 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
     cj_u64(j, o->device_total);
   else
     cj_null(j);
+  cj_key(j, "allowed_bytes");
+  if (o->have_allowed)
+    cj_u64(j, o->allowed);
+  else
+    cj_null(j);
+  cj_key(j, "allowed_source");
+  if (o->have_allowed)
+    cj_cstr(j, o->allowed_source);
+  else
+    cj_null(j);
+  cj_key(j, "available_bytes");
+  cj_u64(j, o->avail);
   cj_key(j, "reserved_bytes");
   cj_u64(j, o->reserved);
   cj_key(j, "active_requested_bytes");
@@ -482,7 +521,8 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
                {"time_last_us", f->have_time, f->t1},
                {"peak_allocated_bytes", f->have_peak, (int64_t)f->peak_alloc},
                {"peak_reserved_bytes", f->have_peak,
-                (int64_t)f->peak_reserved}};
+                (int64_t)f->peak_reserved},
+               {"trace_alloc_dropped", f->dropped >= 0, f->dropped}};
     for (size_t k = 0; k < sizeof opt / sizeof opt[0]; k++) {
       cj_key(j, opt[k].key);
       if (opt[k].have)
@@ -718,6 +758,14 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   else
     printf("  device           %s free (total not recorded in this file)\n",
            cli_bytes(o->device_free, b1, sizeof b1));
+  if (o->have_allowed) {
+    snprintf(buf, sizeof buf,
+             "%s reserved at most (per-process memory fraction, from %s); "
+             "the process could still reserve %s at the OOM",
+             cli_bytes(o->allowed, b1, sizeof b1), o->allowed_source,
+             cli_bytes(o->avail, b2, sizeof b2));
+    print_wrapped("allowed", buf);
+  }
   snprintf(buf, sizeof buf, "reserved %s, live allocations %s requested",
            cli_bytes(o->reserved, b1, sizeof b1),
            cli_bytes(o->active_requested, b2, sizeof b2));
@@ -828,6 +876,16 @@ static void print_text(const char *file, const msnap_snap_t *s,
              cli_bytes(f->peak_alloc, b1, sizeof b1));
       printf("  peak reserved    %s over the trace\n",
              cli_bytes(f->peak_reserved, b1, sizeof b1));
+      if (f->dropped > 0) {
+        char buf[256];
+        snprintf(buf, sizeof buf,
+                 "the history ring dropped %" PRId64 " earlier %s "
+                 "(trace_alloc_dropped): both peaks are of the entries "
+                 "kept; the dropped ones may have held higher ones",
+                 f->dropped, cli_plural((uint64_t)f->dropped, "entry",
+                                        "entries"));
+        print_wrapped("", buf);
+      }
     }
     print_fragmentation(&f->x);
     if (f->nlargest) {
@@ -918,6 +976,7 @@ static void usage(FILE *f) {
           "                trace_by_action: {<action>: count},\n"
           "                time_first_us, time_last_us,\n"
           "                peak_allocated_bytes, peak_reserved_bytes,\n"
+          "                trace_alloc_dropped,\n"
           "                live_before_trace: {count, bytes},\n"
           "                largest_live: [{address, size,\n"
           "                  requested_size, site}],\n"
@@ -940,7 +999,8 @@ static void usage(FILE *f) {
           "                ooms}],\n"
           "              oom: {device, entry, count, time_us,\n"
           "                requested_bytes, pool, device_free_bytes,\n"
-          "                device_total_bytes, reserved_bytes,\n"
+          "                device_total_bytes, allowed_bytes,\n"
+          "                allowed_source, available_bytes, reserved_bytes,\n"
           "                active_requested_bytes, state_source,\n"
           "                state_unavailable, allocated_bytes,\n"
           "                active_bytes, cached_free_bytes,\n"

@@ -519,11 +519,10 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
                  : "the device trace is empty (history was not recorded)");
     return;
   }
-  uint64_t allocs = 0, frees = 0, maps = 0, other_pool = 0;
+  uint64_t allocs = 0, maps = 0, other_pool = 0;
   for (uint32_t i = 0; i < tl->n; i++) {
     const msnap_strace_t *e = &tl->v[i];
     allocs += e->action == MSNAP_ACTION_ALLOC;
-    frees += e->action == MSNAP_ACTION_FREE_COMPLETED;
     maps += e->action == MSNAP_ACTION_SEGMENT_MAP ||
             e->action == MSNAP_ACTION_SEGMENT_UNMAP;
     const msnap_tattr_t *at = msnap__tattr(s, e);
@@ -532,22 +531,31 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
   }
   if (allocs == 0) {
     const char *no = "the trace holds no alloc history";
-    if (tl->n == 1)
+    if (tl->n == 1) {
       snprintf(d->reason, sizeof d->reason, "%s (its only entry is a '%s')",
                no, cli_action_name(s, &tl->v[0]));
-    else if (frees == 0)
-      snprintf(d->reason, sizeof d->reason,
-               "%s (%u entries, no alloc or free_completed among them: "
-               "snapshot and other markers)",
-               no, tl->n);
-    else if (frees == tl->n)
-      snprintf(d->reason, sizeof d->reason,
-               "%s (%u entries, all free_completed)", no, tl->n);
-    else
-      snprintf(d->reason, sizeof d->reason,
-               "%s (%u entries: %" PRIu64 " free_completed, the other %" PRIu64
-               " snapshot and other markers)",
-               no, tl->n, frees, tl->n - frees);
+      return;
+    }
+    /* what it holds instead, by action: "(10 entries: 5 free_requested,
+     * 5 free_completed)" */
+    uint32_t by[MSNAP_ACTION_COUNT + 1] = {0};
+    for (uint32_t i = 0; i < tl->n; i++)
+      by[tl->v[i].action < MSNAP_ACTION_COUNT ? tl->v[i].action
+                                              : MSNAP_ACTION_COUNT]++;
+    int w = snprintf(d->reason, sizeof d->reason, "%s (%u entries", no,
+                     tl->n);
+    const char *sep = ": ";
+    for (int k = 0; k <= MSNAP_ACTION_COUNT; k++) {
+      if (!by[k] || w < 0 || (size_t)w >= sizeof d->reason)
+        continue;
+      w += snprintf(d->reason + w, sizeof d->reason - (size_t)w, "%s%u %s",
+                    sep, by[k],
+                    k < MSNAP_ACTION_COUNT ? msnap_action_name(k)
+                                           : "of other actions");
+      sep = ", ";
+    }
+    if (w >= 0 && (size_t)w < sizeof d->reason)
+      snprintf(d->reason + w, sizeof d->reason - (size_t)w, ")");
     return;
   }
   for (uint32_t i = 0; i < s->nsegments; i++) {

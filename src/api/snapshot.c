@@ -245,8 +245,10 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
  * process_info (memsnap's own top-level key; memory_viz ignores it): the
  * process's identity (api/process.c), the allocator's runtime and
  * profile, and the total memory of each device of the snapshot (the
- * runtime's mem_get_info), so that `memsnap summary` can say how much of
- * the device an OOM left free and `memsnap fleet` can name ranks.
+ * runtime's mem_get_info) with the per-process cap on it when a memory
+ * fraction is set (allowed_bytes), so that `memsnap summary` can say how
+ * much of the device an OOM left to the process and `memsnap fleet` can
+ * name ranks.
  */
 static int build_process_info(msnap_allocator_t *a, msnap_snap_t *s, int d0,
                               int d1) {
@@ -269,6 +271,13 @@ static int build_process_info(msnap_allocator_t *a, msnap_snap_t *s, int d0,
     gvb_t one = {0};
     gv_put(s, &one, "device", gv_int(d));
     gv_put(s, &one, "total_bytes", gv_int(clamp_i64(tb)));
+    /* the cap set_per_process_memory_fraction (or the conf's
+     * per_process_memory_fraction) puts on the device's reserved bytes:
+     * allowed_memory_maximum = fraction x total */
+    double fr;
+    if (msnap_get_memory_fraction(a, d, &fr) == 0 && fr < 1.0)
+      gv_put(s, &one, "allowed_bytes",
+             gv_int(clamp_i64((uint64_t)(fr * (double)tb + 0.5))));
     if (one.err) b.err = one.err;
     gvb_push(&dl, gv_seq(MSNAP_GV_DICT, &one));
   }

@@ -1538,12 +1538,17 @@ def group_replay():
              "the trace holds no alloc history (its only entry is a "
              "'snapshot')"),
             ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
-             "the trace holds no alloc history (2 entries, no alloc or "
-             "free_completed among them: snapshot and other markers)"),
+             "the trace holds no alloc history (2 entries: 2 snapshot)"),
             ([{"action": "free_completed", "addr": A0, "size": 512},
               {"action": "snapshot", "addr": 0, "size": 0}],
              "the trace holds no alloc history (2 entries: 1 "
-             "free_completed, the other 1 snapshot and other markers)")):
+             "free_completed, 1 snapshot)"),
+            # a ring that kept only the frees of a step: each by its name
+            ([{"action": "free_requested", "addr": A0, "size": 512},
+              {"action": "free_completed", "addr": A0, "size": 512}] * 2 +
+             [{"action": "user_defined", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (5 entries: 2 "
+             "free_requested, 2 free_completed, 1 of other actions)")):
         p = write_pickle({"segments": [], "device_traces": [trace]},
                          "noalloc.pickle")
         pr = subprocess.run(WRAPPER + [MEMSNAP, "replay", p],
@@ -3777,6 +3782,63 @@ def group_explain():
            and "fragmentation:" not in text and "inconsistent" in text,
            "summary: an oom entry with more free memory than the device is "
            "called inconsistent, no cause given (%s)" % o.get("verdict"))
+
+    # A per-process memory fraction caps what the process may reserve:
+    # 80 MiB reserved, 32 MiB cached free, 10 MiB of the device free and a
+    # 35 MiB request.  Uncapped it would fit, were memory one block
+    # (fragmentation); with at most 82 MiB allowed (process_info's
+    # allowed_bytes) or 0.64 of 128 MiB (the conf's fraction) only 2 MiB
+    # more can be reserved: out of memory (PyTorch's alloc_block refuses
+    # the segment whatever the device has free).
+    for cap, conf, kind, avail in (
+            (None, "", "fragmentation", 10 * MiB),
+            (82 * MiB, "", "out_of_memory", 2 * MiB),
+            (None, "per_process_memory_fraction:0.64", "out_of_memory",
+             int(0.64 * 128 * MiB) - 80 * MiB)):
+        snap = oom_snapshot()
+        snap["device_traces"][0][-1]["size"] = 35 * MiB
+        dev = {"device": 0, "total_bytes": 128 * MiB}
+        if cap:
+            dev["allowed_bytes"] = cap
+        snap["process_info"] = {"pid": 7, "devices": [dev]}
+        snap["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        p2 = write_pickle(snap, "oom_cap.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        o = json.loads(out)["oom"] if rc == 0 else {}
+        rc2, text, err2 = run("summary", p2)
+        flat = " ".join(text.split())
+        source = ("process_info" if cap else
+                  "PYTORCH_CUDA_ALLOC_CONF" if conf else None)
+        expect(rc == 0 and o.get("verdict_kind") == kind and
+               o.get("available_bytes") == avail and
+               o.get("allowed_source") == source and
+               o.get("fits_without_fragmentation") is (kind != "out_of_memory")
+               and (("allowed " in text) == bool(source)) and
+               ("though the device had more free" in flat) == bool(source),
+               "summary: a 35 MiB OOM with cap %s / conf %r is %s with %d B "
+               "available (%s, %s, %s)" % (cap, conf, kind, avail,
+                                            o.get("verdict_kind"),
+                                            o.get("available_bytes"),
+                                            o.get("allowed_source")))
+
+    # A wrapped history ring (memsnap's trace_alloc_dropped): the peaks
+    # are the kept entries', and the text says so under them.
+    for dropped in (None, 0, 5):
+        snap = oom_snapshot()
+        if dropped is not None:
+            snap["allocator_settings"]["trace_alloc_dropped"] = [dropped]
+        p2 = write_pickle(snap, "oom_ring.pickle")
+        rc, out, err = run("summary", "--json", p2)
+        dev0 = (json.loads(out).get("devices") or [{}])[0] if rc == 0 else {}
+        rc2, text, err2 = run("summary", p2)
+        flat = " ".join(text.split())
+        note = ("the history ring dropped 5 earlier entries "
+                "(trace_alloc_dropped): both peaks are of the entries kept")
+        expect(rc == 0 and dev0.get("trace_alloc_dropped", "-") == dropped and
+               (note in flat) == (dropped == 5),
+               "summary: trace_alloc_dropped %s is reported (%s) and noted "
+               "under the peaks only when above 0" %
+               (dropped, dev0.get("trace_alloc_dropped", "-")))
 
     # An OOM entry without frames: in a recording of Python stacks only
     # (no native frame anywhere) its thread ran no Python code -- an OOM

@@ -339,6 +339,79 @@ def test_oom_on_the_segment_size_is_not_called_fragmentation(tmp_path, profile):
     assert line and line[0].startswith("  new segment      20.00 MiB (20971520 B)")
 
 
+FRACTION_OOM = """\
+import sys
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+if sys.argv[1] == "api":
+    mm.set_per_process_memory_fraction(0.5)
+keep = [mm.caching_allocator_alloc(100 * MiB) for _ in range(4)]
+try:
+    mm.caching_allocator_alloc(200 * MiB)   # fails: past the 512 MiB allowed
+except mm.OutOfMemoryError as e:
+    print("OOM", e)
+mm._dump_snapshot(sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("how", ["api", "conf"])
+def test_oom_under_a_memory_fraction_is_out_of_memory(tmp_path, how):
+    """A 1 GiB device with the process held to half of it, by
+    set_per_process_memory_fraction or the conf's
+    per_process_memory_fraction: 400 MiB live, 8 MiB cached, 616 MiB of
+    the device free, and a 200 MiB request.  The device could hold it, the
+    cap (512 MiB) cannot: out of memory, not fragmentation, and no layout
+    (expandable segments included) would have served it."""
+    script = write_script(tmp_path, "train.py", FRACTION_OOM)
+    dump = tmp_path / "oom.pickle"
+    env = base_env(MEMSNAP_SIM_MEMORY="1G", MEMSNAP_PROFILE="npu")
+    if how == "conf":
+        env["PYTORCH_NPU_ALLOC_CONF"] = "per_process_memory_fraction:0.5"
+    proc = run_file(script, env=env, args=(how, dump))
+    assert "512.00 MiB allowed" in proc.stdout, proc.stdout
+    with open(dump, "rb") as f:
+        snap = pickle.load(f)
+    assert snap["process_info"]["devices"] == [
+        {"device": 0, "total_bytes": 1 << 30, "allowed_bytes": 512 * MiB}]
+    oom = run_cli("summary", "--json", dump).json["oom"]
+    entry = [e for e in snap["device_traces"][0] if e["action"] == "oom"][-1]
+    assert oom["device_free_bytes"] == entry["device_free"] == 616 * MiB
+    assert oom["allowed_bytes"] == 512 * MiB
+    assert oom["allowed_source"] == "process_info"
+    reserved = sum(s["total_size"] for s in snap["segments"])
+    assert oom["reserved_bytes"] == reserved
+    assert oom["available_bytes"] == 512 * MiB - reserved
+    assert oom["fits_without_fragmentation"] is False
+    assert oom["fits_with_expandable_segments"] is False
+    assert oom["verdict_kind"] == "out_of_memory"
+    txt = run_cli("summary", dump).stdout
+    flat = " ".join(txt.split())
+    assert "allowed 512.00 MiB reserved at most (per-process memory " \
+           "fraction, from process_info)" in flat
+    assert "though the device had more free" in flat
+    assert "fragmentation:" not in txt
+    # A dump with no process_info (torch's own): the conf's fraction of
+    # the device total, when both are known, is the cap; without the
+    # total nothing is assumed.
+    del snap["process_info"]["devices"][0]["allowed_bytes"]
+    snap["allocator_settings"]["PYTORCH_NPU_ALLOC_CONF"] = \
+        "per_process_memory_fraction:0.5"
+    p2 = tmp_path / "conf.pickle"
+    with open(p2, "wb") as f:
+        pickle.dump(snap, f)
+    oom = run_cli("summary", "--json", p2).json["oom"]
+    assert oom["allowed_bytes"] == 512 * MiB
+    assert oom["allowed_source"] == "PYTORCH_NPU_ALLOC_CONF"
+    assert oom["verdict_kind"] == "out_of_memory"
+    del snap["process_info"]
+    with open(p2, "wb") as f:
+        pickle.dump(snap, f)
+    oom = run_cli("summary", "--json", p2).json["oom"]
+    assert oom["allowed_bytes"] is None and oom["allowed_source"] is None
+    assert oom["available_bytes"] == oom["device_free_bytes"]
+
+
 BACKWARD_OOM = """\
 import memsnap.torch as mt, torch
 import memsnap.memory as mm

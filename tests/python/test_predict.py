@@ -478,6 +478,20 @@ def test_reserve_adds_to_reserved(tmp_path):
     assert p.json["peak_reserved_bytes"] >= 3 << 30
     big = predict("--memory", "2G", "--reserve", "3G", GPT, cwd=tmp_path)
     assert big.returncode == 2 and "--reserve" in big.stderr
+    # Refused before the script runs: nothing of it happens, and a script
+    # that never touches the device is not told it fits.
+    side = tmp_path / "side.py"
+    side.write_text("open('ran', 'w').write('x')\nprint('SCRIPT RAN')\n")
+    for script in (side, GPT):
+        big = predict("--memory", "2G", "--reserve", "3G", str(script), cwd=tmp_path)
+        assert big.returncode == 2, big.stdout + big.stderr
+        assert "--reserve 3.00 GiB (3221225472 B) does not fit in a device of " \
+               "--memory 2.00 GiB (2147483648 B)" in big.stderr
+        assert "SCRIPT RAN" not in big.stdout and not (tmp_path / "ran").exists()
+    from memsnap.predict import predict as api
+
+    with pytest.raises(ValueError, match="does not fit in a device"):
+        api(memory="2G", reserve="3G")
 
 
 def test_usage_and_script_errors(tmp_path):

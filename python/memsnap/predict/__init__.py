@@ -40,7 +40,7 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from . import _device, _report, _snapshot
-from ._session import (Config, ConfigError, PredictionStopped, Session, check_memory,
+from ._session import (Config, ConfigError, PredictionStopped, Session, check_memory, check_reserve,
                        parse_what_if)
 
 __all__ = ["predict", "run_script", "parse_size", "parse_what_if", "Config", "ConfigError",

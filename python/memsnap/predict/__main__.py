@@ -112,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     if ns.script is None:
         p.error("the following arguments are required: SCRIPT")
     _check_script(p, ns.script)
-    from . import check_memory, parse_size, parse_what_if, run_script
+    from . import check_memory, check_reserve, parse_size, parse_what_if, run_script
 
     try:
         memory = check_memory(parse_size(ns.memory), ns.memory)
         reserve = parse_size(ns.reserve) if ns.reserve not in ("0", "") else 0
+        check_reserve(reserve, memory)
         what_if = [parse_what_if(w) for w in ns.what_if]
     except ValueError as e:
         p.error(str(e))

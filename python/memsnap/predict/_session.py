@@ -54,6 +54,7 @@ import weakref
 import torch
 
 from . import _capi, _device, _frames, _snapshot
+from ._report import fmt_bytes
 
 
 # The simulated device's size range (src/runtime/sim.c: SIM_GRANULE, the
@@ -62,6 +63,19 @@ from . import _capi, _device, _frames, _snapshot
 # smaller size up and clamp a larger one: refused instead.
 MIN_MEMORY = 2 << 20
 MAX_MEMORY = 1 << 48
+
+
+def check_reserve(reserve: int, memory: int) -> int:
+    """``reserve`` if it can be taken on a device of ``memory`` bytes,
+    else ``ValueError``: checked before the script runs, since the reserve
+    itself is taken at the script's first device allocation (the device
+    type is known only then)."""
+    if reserve < 0:
+        raise ValueError(f"--reserve {reserve} B is negative")
+    if reserve > memory:
+        raise ValueError(f"--reserve {fmt_bytes(reserve)} ({reserve} B) does not fit in a "
+                         f"device of --memory {fmt_bytes(memory)} ({memory} B)")
+    return reserve
 
 
 def check_memory(memory: int, text=None) -> int:
@@ -198,6 +212,7 @@ class Session:
                  device: int = 0, compare: bool = False, output: str | None = None,
                  extra_bytes: int = 0, annotate: bool = True, attention: str = "fused"):
         check_memory(memory)
+        check_reserve(extra_bytes, memory)
         if devices < 1:
             raise ValueError("devices must be >= 1")
         self.memory = memory
