@@ -52,7 +52,6 @@
 
 #define SINK_BUF_SIZE (256u * 1024u)
 
-/* Map an errno from a file operation to an MSNAP_E* code. */
 static int sink_backend(msnap_sink_t *s, const void *p, size_t len) {
   if (len == 0) return 0;
   int rc = s->write_cb(s->opaque, p, len);
