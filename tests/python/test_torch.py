@@ -326,12 +326,25 @@ def test_history_enabled_again_while_another_thread_imports_torch():
     memsnap.torch, hence torch's submodules, beside the first (torch's
     import failed, "cannot initialize type ...: an object with that name
     is already defined", or the process crashed).  Now it leaves the hooks
-    to the watch's loader, which installs them once torch has run."""
+    to the watch's loader, which installs them once torch has run.
+    A finder holds torch's import at ``torch.functional`` (imported by
+    torch/__init__.py's body) until the second thread has enabled history:
+    the race is exact, no sleep."""
     pytest.importorskip("torch")
     code = r"""
-import json, sys, threading, time
+import json, sys, threading
 import memsnap.memory as mm
 mm._record_memory_history("all")
+reached, go = threading.Event(), threading.Event()
+released = []
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.functional":
+            reached.set()
+            # False: the enabling thread blocked on torch's import
+            released.append(go.wait(60))
+        return None
+sys.meta_path.insert(0, Hold())
 err = []
 def imp():
     try:
@@ -339,17 +352,23 @@ def imp():
     except Exception as e:
         err.append(repr(e))
 t = threading.Thread(target=imp); t.start()
-time.sleep(0.3)
+held = reached.wait(60)
+running = getattr(sys.modules.get("torch"), "__spec__", None)
+running = bool(getattr(running, "_initializing", False))
 mm._record_memory_history("all")
+go.set()
 t.join()
 import torch
 with torch.profiler.record_function("late"):
     p = mm.caching_allocator_alloc(1000)
 ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
 mm.caching_allocator_delete(p)
-print("RESULT " + json.dumps({"err": err, "ann": ann}))
+print("RESULT " + json.dumps({"err": err, "ann": ann, "held": held, "running": running,
+                              "released": released}))
 """
     r = run_script(code).result
+    assert r["held"] is True and r["running"] is True, r
+    assert r["released"] == [True], r
     assert r["err"] == [], r
     assert r["ann"] == [["late", "START"], ["late", "END"]], r
 
