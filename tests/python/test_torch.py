@@ -624,3 +624,54 @@ print("RESULT " + json.dumps(out))
         for one in (thread_local, everywhere):
             assert one["wrapped"] is fallback, r
             assert one["cc"] == (["Torch-Compiled Region: 3/1"] if fallback else ["N/A"]), r
+
+
+def test_record_function_callback_of_a_thread_turned_off_elsewhere():
+    """History enabled by one thread (a thread-local callback there) and
+    disabled by another, which cannot remove it from that thread: it is
+    switched off (bit 8) and no second thread-local one is added while it
+    exists, so nothing is recorded twice; the thread that holds it removes
+    it when it next disables history."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, threading
+import torch
+import memsnap.memory as mm, memsnap._shim as sh
+lib = sh.torch_lib()
+def in_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn())); t.start(); t.join()
+    return out[0]
+def rng(name):
+    with torch.profiler.record_function(name):
+        pass
+def names():
+    return [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+bits = {}
+mm._record_memory_history("all")
+bits["main_on"] = lib.msnap_torch_record_callbacks()
+in_thread(lambda: mm._record_memory_history(None))
+bits["off_elsewhere"] = lib.msnap_torch_record_callbacks()
+rng("while_off")
+def other_enables():
+    mm._record_memory_history("all")
+    rng("other")
+    return lib.msnap_torch_record_callbacks()
+bits["other_on"] = in_thread(other_enables)
+rng("main_not_enabling")
+ann = names()
+mm._record_memory_history(None)
+bits["main_off"] = lib.msnap_torch_record_callbacks()
+mm._record_memory_history("all")
+bits["main_on_again"] = lib.msnap_torch_record_callbacks()
+rng("main_again")
+ann2 = names()
+mm._record_memory_history(None)
+bits["end"] = lib.msnap_torch_record_callbacks()
+print("RESULT " + json.dumps({"bits": bits, "ann": ann, "ann2": ann2}))
+"""
+    r = run_script(code).result
+    assert r["bits"] == {"main_on": 1 | 2, "off_elsewhere": 8, "other_on": 1 | 8,
+                         "main_off": 0, "main_on_again": 1 | 2, "end": 0}, r
+    assert r["ann"] == [["other", "START"], ["other", "END"]], r
+    assert r["ann2"] == [["main_again", "START"], ["main_again", "END"]], r
