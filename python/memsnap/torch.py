@@ -932,6 +932,8 @@ def _record_callbacks(enabled: bool, compile_context: bool, global_annotations: 
     if err:
         import warnings
 
+        # none may stay beside the wrapper (a range recorded twice)
+        lib.msnap_torch_record_functions(0, 0, 0, 0, _shim.DEVICE_NONE)
         warnings.warn(f"memsnap: record_function callbacks not registered "
                       f"({err.decode()}); the Python record_function class is "
                       f"wrapped instead", RuntimeWarning, stacklevel=4)
