@@ -1,7 +1,7 @@
 """The C++ shim libraries of memsnap.torch, loaded with ctypes.
 
 ``libmemsnap_torch.so`` (python/memsnap/csrc/: pluggable.cpp, device.cpp,
-and cuda_hooks.cpp with a CUDA torch) and ``libmemsnap_torch_npu.so``
+autocast.cpp, record.cpp, and cuda_hooks.cpp with a CUDA torch) and ``libmemsnap_torch_npu.so``
 (npu.cpp, with torch_npu) are built by meson next to libmemsnap.so when a
 C++ compiler and torch (torch_npu) are found at build time.  They link
 against the installed torch, so torch is imported before they are loaded.
@@ -17,6 +17,18 @@ _DIR = os.path.dirname(os.path.abspath(__file__))
 
 TORCH_LIB = "libmemsnap_torch.so"
 NPU_LIB = "libmemsnap_torch_npu.so"
+
+# c10::DeviceType values msnap_torch_record_functions / _record_device take
+# (record.cpp checks them): whose current device an annotation names.
+DEVICE_NONE = -1  # device 0
+DEVICE_CUDA = 1
+DEVICE_PRIVATEUSE1 = 20  # memsnap's registered device, torch_npu's npu
+
+# msnap_torch_record_callbacks() bits
+RF_ANNOTATIONS = 1
+RF_THREAD_LOCAL = 2
+RF_COMPILE_CONTEXT = 4
+RF_STALE = 8
 
 
 def path(name: str) -> str:
@@ -56,6 +68,12 @@ def torch_lib() -> ctypes.CDLL:
     _fn(lib, "msnap_torch_current_stream", ctypes.c_int64, ctypes.c_int)
     _fn(lib, "msnap_torch_worker_threads", ctypes.c_int)
     _fn(lib, "msnap_torch_cpu_operators", ctypes.c_char_p)
+    # record.cpp: record_function ranges -> external_annotations and
+    # compile context (at::RecordFunction callbacks)
+    _fn(lib, "msnap_torch_record_functions", ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_int)
+    _fn(lib, "msnap_torch_record_device", None, ctypes.c_int)
+    _fn(lib, "msnap_torch_record_callbacks", ctypes.c_int)
     if hasattr(lib, "msnap_torch_cuda_install_hooks"):  # CUDA torch only
         _fn(lib, "msnap_torch_cuda_install_hooks", ctypes.c_char_p)
     return lib

@@ -1167,8 +1167,10 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 
     Raises:
         OSError: the file cannot be written (the message names it);
-            ``PermissionError`` for a link the rule refuses; ``EBADF`` for
-            a descriptor that is not open.
+            ``PermissionError`` for a link the rule refuses;
+            ``FileNotFoundError`` for a dangling link (memsnap never creates
+            a file through a link); ``EBADF`` for a descriptor that is not
+            open.
         ValueError: a negative descriptor (as ``open``).
 
     Mirrors ``torch/cuda/memory.py: _dump_snapshot`` and

@@ -15,8 +15,15 @@ snapshot functions (and the ones torch_npu lacks, e.g.
 
 While history is on, ``torch.profiler.record_function`` ranges are recorded
 as ``external_annotations`` (of the enabling thread, or of every thread with
-``global_record_annotations=True``), and with ``compile_context=True``
-ranges named "Torch-Compiled Region..." set the entries' compile_context.
+``global_record_annotations=True``), and with ``compile_context=True`` the
+"Torch-Compiled Region: N/M" range torch.compile's runtime opens around a
+compiled frame sets the compile_context of the entries recorded inside it.
+Both come, as for PyTorch's CUDA allocator, from at::RecordFunction
+callbacks of the C++ shim (csrc/record.cpp), registered while history is
+on (each range recorded once).  Without the shim, record_function's
+``__enter__``/``__exit__`` are wrapped instead: Python ranges only, and
+Python ranges named "Torch-Compiled Region..." set the compile_context
+(torch.compile's own range is not seen).
 """
 
 from __future__ import annotations
@@ -258,6 +265,7 @@ def use_allocator(backend: str | None = None):
         _route(dev_mod, stream_attr)
         _memory._add_device_type(kind)
         _installed = kind
+        _sync_record_device()
     if kind == "npu":
         patch_torch_npu()
     else:
@@ -624,6 +632,7 @@ def register_device(name: str = "npu") -> str:
         _register_reductions()
         atexit.register(_drain_autograd_threads, name)
         _registered = name
+        _sync_record_device()
         return name
 
 
@@ -748,7 +757,9 @@ def _drain_autograd_threads(name: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# record_function ranges -> external_annotations / compile_context
+# record_function ranges -> external_annotations / compile_context: the C++
+# shim's at::RecordFunction callbacks (_record_callbacks), or, without the
+# shim, a wrapper of the Python record_function class (_patch_record_function)
 # ---------------------------------------------------------------------------
 
 _ann = threading.local()
@@ -803,7 +814,8 @@ _rf_originals: tuple | None = None  # (class, __enter__, __exit__) while patched
 
 
 def _patch_record_function() -> None:
-    """Wrap torch.autograd.profiler.record_function's __enter__/__exit__.
+    """Wrap torch.autograd.profiler.record_function's __enter__/__exit__
+    (the fallback when the C++ shim's callbacks cannot be registered).
 
     Installed while history is on (memsnap.memory._record_memory_history
     loads this module when torch is imported, or once it is), removed by
@@ -867,10 +879,74 @@ def _unpatch_record_function() -> None:
         _C.compile_context_pop()
 
 
+_rf_lib: Any = None  # the C++ shim, once its callbacks were registered
+
+
+def _record_device_type() -> int:
+    """The c10::DeviceType whose current device the C++ callbacks'
+    annotations name, as memsnap.memory's current device (its hook):
+    memsnap's registered device or torch_npu's npu (PrivateUse1), CUDA,
+    or none (device 0)."""
+    if _registered is not None or _installed == "npu":
+        return _shim.DEVICE_PRIVATEUSE1
+    if _installed == "cuda":
+        return _shim.DEVICE_CUDA
+    return _shim.DEVICE_NONE
+
+
+def _sync_record_device() -> None:
+    """memsnap.memory's current device now follows torch's (use_allocator,
+    register_device): so do the C++ callbacks' annotations."""
+    if _rf_lib is not None:
+        _rf_lib.msnap_torch_record_device(_record_device_type())
+
+
+def _record_callbacks(enabled: bool, compile_context: bool, global_annotations: bool,
+                      thread: int) -> bool:
+    """Register (or remove) the C++ shim's at::RecordFunction callbacks
+    (csrc/record.cpp): record_function ranges -> external_annotations,
+    "Torch-Compiled Region..." ranges -> compile context, as PyTorch's CUDA
+    allocator.  False when the shim is missing or cannot load: the Python
+    record_function patch records instead."""
+    global _rf_lib
+    lib = _rf_lib
+    if not enabled:
+        if lib is not None:
+            err = lib.msnap_torch_record_functions(0, 0, 0, 0, _record_device_type())
+            if err:
+                import warnings
+
+                warnings.warn(f"memsnap: record_function callbacks not removed: "
+                              f"{err.decode()}", RuntimeWarning, stacklevel=4)
+        return True
+    if lib is None:
+        if not os.path.exists(_shim.path(_shim.TORCH_LIB)):
+            return False
+        try:
+            lib = _shim.torch_lib()
+        except Exception:  # torch or the shim cannot load: the Python patch
+            return False
+    err = lib.msnap_torch_record_functions(1, int(bool(compile_context)),
+                                           int(bool(global_annotations)), thread,
+                                           _record_device_type())
+    if err:
+        import warnings
+
+        # none may stay beside the wrapper (a range recorded twice)
+        lib.msnap_torch_record_functions(0, 0, 0, 0, _shim.DEVICE_NONE)
+        warnings.warn(f"memsnap: record_function callbacks not registered "
+                      f"({err.decode()}); the Python record_function class is "
+                      f"wrapped instead", RuntimeWarning, stacklevel=4)
+        return False
+    _rf_lib = lib
+    return True
+
+
 def _history_changed(enabled: bool, compile_context: bool, global_annotations: bool) -> None:
     st = _ann_state
     if not enabled:
         st.update(on=False, compile=False)
+        _record_callbacks(False, False, False, 0)
         _unpatch_record_function()
         return
     if not st["on"]:
@@ -882,6 +958,16 @@ def _history_changed(enabled: bool, compile_context: bool, global_annotations: b
         st["thread"] = on[2] if on is not None else threading.get_ident()
     st["on"] = True
     st["compile"] = bool(compile_context)
+    if _memory._torch_runs_elsewhere():
+        # importing torch's submodules (the shim loads torch) beside that
+        # import breaks it; memsnap's watch, when it chained torch's
+        # loader, installs the hooks once torch has run
+        return
+    # Python's record_function enters an at::RecordFunction
+    # (torch.ops.profiler._record_function_enter_new): with the C++
+    # callbacks registered, wrapping it as well would record it twice.
+    if _record_callbacks(True, compile_context, st["global"], st["thread"]):
+        return
     _patch_record_function()
 
 

@@ -125,6 +125,21 @@ def test_own_link_followed_mode_kept(tmp_path, sticky, augment):
     assert v.read_text().startswith("device,")
 
 
+@pytest.mark.parametrize("augment", [False, True])
+def test_dangling_link_raises_file_not_found(tmp_path, augment):
+    """A link of the user's own whose target does not exist: memsnap never
+    creates a file through a link, FileNotFoundError naming the link (as
+    docs/python.md says), and neither the target nor a temporary appears."""
+    if augment:
+        pytest.importorskip("torch")
+    link = tmp_path / "dump.pickle"
+    os.symlink(tmp_path / "target.pickle", link)
+    with pytest.raises(FileNotFoundError, match="dangling symlink") as e:
+        mm._dump_snapshot(str(link), augment_with_fx_traces=augment)
+    assert e.value.filename == str(link)
+    assert sorted(os.listdir(tmp_path)) == ["dump.pickle"]
+
+
 OOM_PLANT = r"""
 import json, os, time
 import memsnap.memory as mm

@@ -4,7 +4,10 @@ augmentation."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -222,17 +225,20 @@ print("RESULT " + json.dumps({"ann": ann, "ann2": ann2, "augmented": s.get("augm
 def test_record_function_annotations_without_use_allocator():
     """_record_memory_history alone (memsnap.torch never imported by the
     user, use_allocator never called) records torch record_function ranges
-    as external_annotations with name/stage/device/time_us; disabling
-    history removes the hook from record_function again."""
+    as external_annotations with name/stage/device/time_us, through the
+    C++ shim's at::RecordFunction callback (record_function's class is not
+    wrapped as well: a range is recorded once); disabling history removes
+    the callback again."""
     pytest.importorskip("torch")
     code = r"""
 import json, sys, threading
 import torch
-import memsnap.memory as mm
+import memsnap.memory as mm, memsnap._shim as sh
 rf = torch.autograd.profiler.record_function
 orig = (rf.__enter__, rf.__exit__)
 mm._record_memory_history("all", global_record_annotations=True)
-hooked = rf.__enter__ is not orig[0]
+hooked = sh.torch_lib().msnap_torch_record_callbacks()
+wrapped = rf.__enter__ is not orig[0]
 with torch.autograd.profiler.record_function("region"):
     p = mm.caching_allocator_alloc(1000)
 def other_thread():
@@ -245,16 +251,20 @@ alloc_t = [e["time_us"] for e in s["device_traces"][0] if e["action"] == "alloc"
 mm.caching_allocator_delete(p)
 mm._record_memory_history(None)
 restored = (rf.__enter__, rf.__exit__) == orig
+off = sh.torch_lib().msnap_torch_record_callbacks()
 mm._record_memory_history("all")
 with torch.autograd.profiler.record_function("after"):
     pass
 ann_after = [a["name"] for a in mm._snapshot()["external_annotations"]]
 print("RESULT " + json.dumps({"ann": ann, "hooked": hooked, "restored": restored,
+                              "wrapped": wrapped, "off": off,
                               "alloc_t": alloc_t, "ann_after": ann_after,
                               "mt": "memsnap.torch" in sys.modules}))
 """
     r = run_script(code).result
-    assert r["hooked"] is True and r["mt"] is True
+    # a global annotation callback, no compile-context one; no wrapper
+    assert r["hooked"] == 1 and r["wrapped"] is False and r["mt"] is True, r
+    assert r["off"] == 0, r
     ann = r["ann"]
     assert [(a["name"], a["stage"]) for a in ann] == [
         ("region", "START"), ("region", "END"),
@@ -316,12 +326,25 @@ def test_history_enabled_again_while_another_thread_imports_torch():
     memsnap.torch, hence torch's submodules, beside the first (torch's
     import failed, "cannot initialize type ...: an object with that name
     is already defined", or the process crashed).  Now it leaves the hooks
-    to the watch's loader, which installs them once torch has run."""
+    to the watch's loader, which installs them once torch has run.
+    A finder holds torch's import at ``torch.functional`` (imported by
+    torch/__init__.py's body) until the second thread has enabled history:
+    the race is exact, no sleep."""
     pytest.importorskip("torch")
     code = r"""
-import json, sys, threading, time
+import json, sys, threading
 import memsnap.memory as mm
 mm._record_memory_history("all")
+reached, go = threading.Event(), threading.Event()
+released = []
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.functional":
+            reached.set()
+            # False: the enabling thread blocked on torch's import
+            released.append(go.wait(60))
+        return None
+sys.meta_path.insert(0, Hold())
 err = []
 def imp():
     try:
@@ -329,17 +352,23 @@ def imp():
     except Exception as e:
         err.append(repr(e))
 t = threading.Thread(target=imp); t.start()
-time.sleep(0.3)
+held = reached.wait(60)
+running = getattr(sys.modules.get("torch"), "__spec__", None)
+running = bool(getattr(running, "_initializing", False))
 mm._record_memory_history("all")
+go.set()
 t.join()
 import torch
 with torch.profiler.record_function("late"):
     p = mm.caching_allocator_alloc(1000)
 ann = [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
 mm.caching_allocator_delete(p)
-print("RESULT " + json.dumps({"err": err, "ann": ann}))
+print("RESULT " + json.dumps({"err": err, "ann": ann, "held": held, "running": running,
+                              "released": released}))
 """
     r = run_script(code).result
+    assert r["held"] is True and r["running"] is True, r
+    assert r["released"] == [True], r
     assert r["err"] == [], r
     assert r["ann"] == [["late", "START"], ["late", "END"]], r
 
@@ -455,3 +484,194 @@ print("RESULT " + json.dumps(ann))
     r = run_script(code).result
     assert ["step", "START"] in r and ["step", "END"] in r, r
     assert ["Optimizer.step#AdamW.step", "START"] in r, r
+
+
+def test_compiled_model_sets_compile_context():
+    """torch.compile's "Torch-Compiled Region: N/M" range is opened from
+    C++ (dynamo's eval frame, RecordScope::FUNCTION): with
+    compile_context=True the shim's callback makes it the compile_context
+    of the entries recorded inside, as PyTorch's CUDA allocator.  A model
+    on the memsnap device compiled with backend="aot_eager" (inductor
+    generates no code for a PrivateUse1 device: KeyError 'npu'), and an
+    inductor-compiled CPU function whose graph break allocates through
+    memsnap.  A record_function range around them is recorded exactly
+    once (the callback, not also the Python class), also for a range
+    opened in backward, which autograd runs in its device thread (the
+    thread-local callback follows the enabling thread's state there, as
+    torch's); a Python range merely named "Torch-Compiled Region" is an
+    annotation, not a compile context (USER_SCOPE, as in torch).  History
+    off: no callback is left."""
+    pytest.importorskip("torch")
+    code = r"""
+import collections, json
+import torch
+import memsnap.memory as mm, memsnap.torch as mt, memsnap._shim as sh
+mt.register_device("npu")
+lib = sh.torch_lib()
+rf = torch.autograd.profiler.record_function
+orig = (rf.__enter__, rf.__exit__)
+class Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+    @staticmethod
+    def backward(ctx, g):
+        with torch.profiler.record_function("in_backward"):
+            return g * 2
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 4)).to("npu")
+compiled = torch.compile(model, backend="aot_eager")
+@torch.compile
+def cpu_fn(a):
+    b = a.sin() + 1
+    torch._dynamo.graph_break()
+    p = mm.caching_allocator_alloc(4096)
+    return b.cos(), p
+before = lib.msnap_torch_record_callbacks()
+mm._record_memory_history("all", compile_context=True)
+on = lib.msnap_torch_record_callbacks()
+x = torch.randn(8, 16, device="npu", requires_grad=True)
+with torch.profiler.record_function("step"):
+    compiled(Twice.apply(x)).sum().backward()
+_, p = cpu_fn(torch.randn(64))
+with torch.profiler.record_function("Torch-Compiled Region: 9/9"):
+    q = mm.caching_allocator_alloc(1000)
+s = mm._snapshot()
+mm.caching_allocator_delete(p); mm.caching_allocator_delete(q)
+stages = collections.Counter(f"{a['name']}|{a['stage']}" for a in s["external_annotations"])
+cc = collections.defaultdict(list)
+for e in s["device_traces"][0]:
+    cc[e["compile_context"]].append([e["action"], e["size"]])
+mm._record_memory_history(None)
+print("RESULT " + json.dumps({
+    "before": before, "on": on, "off": lib.msnap_torch_record_callbacks(),
+    "wrapped": (rf.__enter__, rf.__exit__) != orig, "stages": stages, "cc": cc}))
+"""
+    r = run_script(code, timeout=600).result
+    assert r["before"] == 0 and r["off"] == 0, r
+    assert r["on"] == 1 | 2 | 4, r  # thread-local annotations + compile context
+    assert r["wrapped"] is False, r
+    st = r["stages"]
+    for name in ("step", "in_backward", "Torch-Compiled Region: 9/9"):
+        assert st[f"{name}|START"] == 1 and st[f"{name}|END"] == 1, st
+    cc = r["cc"]
+    regions = sorted(k for k in cc if k.startswith("Torch-Compiled Region: "))
+    assert len(regions) == 2, cc  # the model's frame and cpu_fn's
+    model_entries = [a for k in regions for a, _ in cc[k] if a == "alloc"]
+    assert len(model_entries) >= 3, cc  # the compiled forward allocates
+    assert any(["alloc", 4096] in cc[k] for k in regions), cc
+    assert ["alloc", 1000] in cc["N/A"], cc  # a Python range is no region
+    assert set(cc) == {"N/A", *regions}, cc
+
+
+def test_record_function_once_per_thread_and_python_fallback():
+    """global_record_annotations=False records the enabling thread's ranges
+    only; True every thread's; each once.  Without the C++ shim (made
+    missing here) memsnap wraps the Python record_function class instead:
+    the same annotations, and a Python range named "Torch-Compiled
+    Region..." is the compile context (torch.compile's own C++ range is not
+    seen then); history off restores the class."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, sys, threading
+import torch
+import memsnap._shim as sh
+missing = "--fallback" in sys.argv
+if missing:
+    real = sh.path
+    sh.path = lambda name: "/nonexistent/" + name if name == sh.TORCH_LIB else real(name)
+import memsnap.memory as mm, memsnap.torch as mt
+rf = torch.autograd.profiler.record_function
+orig = (rf.__enter__, rf.__exit__)
+def other():
+    with torch.profiler.record_function("other_thread"):
+        pass
+out = {}
+for glob in (False, True):
+    mm._record_memory_history("all", compile_context=True, global_record_annotations=glob,
+                              clear_history=True)
+    with torch.profiler.record_function("main_thread"):
+        t = threading.Thread(target=other); t.start(); t.join()
+    with torch.profiler.record_function("Torch-Compiled Region: 3/1"):
+        p = mm.caching_allocator_alloc(1000)
+    s = mm._snapshot()
+    mm.caching_allocator_delete(p)
+    out[str(glob)] = {
+        "ann": [[a["name"], a["stage"]] for a in s["external_annotations"]],
+        "cc": [e["compile_context"] for e in s["device_traces"][0] if e["action"] == "alloc"],
+        "wrapped": (rf.__enter__, rf.__exit__) != orig}
+    mm._record_memory_history(None)
+out["restored"] = (rf.__enter__, rf.__exit__) == orig
+out["shim"] = mt._rf_lib is not None
+print("RESULT " + json.dumps(out))
+"""
+    main = [["main_thread", "START"], ["main_thread", "END"]]
+    other = [["other_thread", "START"], ["other_thread", "END"]]
+    region = [["Torch-Compiled Region: 3/1", "START"], ["Torch-Compiled Region: 3/1", "END"]]
+    for fallback in (False, True):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)]
+                              + (["--fallback"] if fallback else []),
+                              env=base_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        r = json.loads(line[len("RESULT "):])
+        assert r["shim"] is (not fallback), r
+        assert r["restored"] is True, r
+        thread_local, everywhere = r["False"], r["True"]
+        # the other thread's START/END lie inside main_thread's range
+        assert thread_local["ann"] == main + region, r
+        assert everywhere["ann"] == [main[0], *other, main[1], *region], r
+        for one in (thread_local, everywhere):
+            assert one["wrapped"] is fallback, r
+            assert one["cc"] == (["Torch-Compiled Region: 3/1"] if fallback else ["N/A"]), r
+
+
+def test_record_function_callback_of_a_thread_turned_off_elsewhere():
+    """History enabled by one thread (a thread-local callback there) and
+    disabled by another, which cannot remove it from that thread: it is
+    switched off (bit 8) and no second thread-local one is added while it
+    exists, so nothing is recorded twice; the thread that holds it removes
+    it when it next disables history."""
+    pytest.importorskip("torch")
+    code = r"""
+import json, threading
+import torch
+import memsnap.memory as mm, memsnap._shim as sh
+lib = sh.torch_lib()
+def in_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn())); t.start(); t.join()
+    return out[0]
+def rng(name):
+    with torch.profiler.record_function(name):
+        pass
+def names():
+    return [[a["name"], a["stage"]] for a in mm._snapshot()["external_annotations"]]
+bits = {}
+mm._record_memory_history("all")
+bits["main_on"] = lib.msnap_torch_record_callbacks()
+in_thread(lambda: mm._record_memory_history(None))
+bits["off_elsewhere"] = lib.msnap_torch_record_callbacks()
+rng("while_off")
+def other_enables():
+    mm._record_memory_history("all")
+    rng("other")
+    return lib.msnap_torch_record_callbacks()
+bits["other_on"] = in_thread(other_enables)
+rng("main_not_enabling")
+ann = names()
+mm._record_memory_history(None)
+bits["main_off"] = lib.msnap_torch_record_callbacks()
+mm._record_memory_history("all")
+bits["main_on_again"] = lib.msnap_torch_record_callbacks()
+rng("main_again")
+ann2 = names()
+mm._record_memory_history(None)
+bits["end"] = lib.msnap_torch_record_callbacks()
+print("RESULT " + json.dumps({"bits": bits, "ann": ann, "ann2": ann2}))
+"""
+    r = run_script(code).result
+    assert r["bits"] == {"main_on": 1 | 2, "off_elsewhere": 8, "other_on": 1 | 8,
+                         "main_off": 0, "main_on_again": 1 | 2, "end": 0}, r
+    assert r["ann"] == [["other", "START"], ["other", "END"]], r
+    assert r["ann2"] == [["main_again", "START"], ["main_again", "END"]], r
