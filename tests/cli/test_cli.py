@@ -1537,6 +1537,9 @@ def group_replay():
             ([{"action": "snapshot", "addr": 0, "size": 0}],
              "the trace holds no alloc history (its only entry is a "
              "'snapshot')"),
+            ([{"action": "oom", "device_free": 0, "size": 512}],
+             "the trace holds no alloc history (its only entry is an "
+             "'oom')"),
             ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
              "the trace holds no alloc history (2 entries: 2 snapshot)"),
             ([{"action": "free_completed", "addr": A0, "size": 512},
