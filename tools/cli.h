@@ -383,10 +383,11 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
  * (process_info's, else npu when allocator_settings name
  * PYTORCH_NPU_ALLOC_CONF, else cuda). */
 const char *cli_recording_profile(const msnap_snap_t *s);
-/* A byte count of device dev as recorded in process_info's devices
- * (memsnap's files): key "total_bytes" (the device's memory) or
- * "allowed_bytes" (the per-process cap of a memory fraction); false when
- * the file does not say. */
+/* A count of device dev as recorded in process_info's devices (memsnap's
+ * files): key "total_bytes" (the device's memory), "allowed_bytes" (the
+ * per-process cap of a memory fraction at the dump), "last_oom_time_us"
+ * and "last_oom_allowed_bytes" (the newest OOM and the cap then); false
+ * when the file does not say. */
 bool cli_device_info(const msnap_snap_t *s, int64_t dev, const char *key,
                      uint64_t *out);
 
@@ -684,12 +685,22 @@ typedef struct cli_oom_s {
   bool have_total;
   uint64_t device_total;           /* process_info's                     */
   /* The per-process cap on reserved bytes (set_per_process_memory_fraction
-   * or the conf's per_process_memory_fraction: allowed_memory_maximum),
-   * from process_info's allowed_bytes, else the recorded conf's fraction
-   * of device_total; allowed_source names which. */
-  bool have_allowed;
+   * or the conf's per_process_memory_fraction: allowed_memory_maximum) in
+   * force at the OOM, when the file records it: process_info's
+   * last_oom_time_us is the entry's time (memsnap's files), with
+   * last_oom_allowed_bytes or without (no cap).  cap_known: the file says
+   * which; have_allowed: there was a cap. */
+  bool cap_known, have_allowed;
   uint64_t allowed;
-  const char *allowed_source;
+  /* Otherwise a cap the file suggests but does not tie to the OOM (the
+   * fraction can change at any time): process_info's allowed_bytes, at
+   * the dump, else the recorded conf's per_process_memory_fraction
+   * (hint_fraction; hint_bytes with the device total).  Reported, never
+   * used for the verdict.  hint_source: NULL for none. */
+  const char *hint_source;
+  double hint_fraction;             /* 0: not a conf's                  */
+  bool have_hint_bytes;
+  uint64_t hint_bytes;
   /* What the device could still give the process: device_free, and
    * within the cap no more than allowed - reserved. */
   uint64_t avail;

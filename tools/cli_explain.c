@@ -30,11 +30,16 @@
  *                      fraction at most allowed - reserved (PyTorch's
  *                      alloc_block refuses a segment that takes reserved
  *                      bytes past allowed_memory_maximum, whatever the
- *                      device has free).  The cap is process_info's
- *                      allowed_bytes (memsnap's files: the fraction in
- *                      force when the snapshot was taken), else the
- *                      recorded conf's per_process_memory_fraction times
- *                      the device total;
+ *                      device has free).  The cap counts only when the
+ *                      file ties it to this OOM: process_info's
+ *                      last_oom_time_us is the entry's time_us (memsnap
+ *                      writes it with last_oom_allowed_bytes, the cap in
+ *                      force then, absent without one).  A cap the file
+ *                      only suggests -- process_info's allowed_bytes (the
+ *                      one at the dump) or the recorded conf's
+ *                      per_process_memory_fraction (which
+ *                      set_per_process_memory_fraction may have replaced)
+ *                      -- is reported as unconfirmed and changes nothing;
  *   fits_without_fragmentation   request <= available + reserved -
  *                      active: all the memory the process could use, were
  *                      it one block;
@@ -127,27 +132,35 @@ static uint64_t segment_size_of(const msnap_snap_t *s, uint64_t size) {
   return seg;
 }
 
-/* The per-process cap of device dev (see `available` above): true and
- * *allowed, *source when the file shows one. */
-static bool allowed_of(const msnap_snap_t *s, int64_t dev, bool have_total,
-                       uint64_t total, uint64_t *allowed,
-                       const char **source) {
-  if (cli_device_info(s, dev, "allowed_bytes", allowed)) {
-    *source = "process_info";
-    return true;
+/* The per-process cap at the OOM (see `available` above) into o. */
+static void cap_of(const msnap_snap_t *s, int64_t dev, int64_t oom_time,
+                   bool have_time, cli_oom_t *o) {
+  uint64_t t;
+  if (have_time && cli_device_info(s, dev, "last_oom_time_us", &t) &&
+      t == (uint64_t)oom_time) {
+    o->cap_known = true;
+    o->have_allowed =
+        cli_device_info(s, dev, "last_oom_allowed_bytes", &o->allowed);
+    return;
   }
-  if (!have_total)
-    return false;
+  if (cli_device_info(s, dev, "allowed_bytes", &o->hint_bytes)) {
+    o->hint_source = "process_info";
+    o->have_hint_bytes = true;
+    return;
+  }
   msnap_conf_t c;
-  bool npu, found = false;
+  bool npu;
   if (recording_conf(s, &c, &npu) == 0 &&
       c.per_process_memory_fraction < 1.0) {
-    *allowed = (uint64_t)(c.per_process_memory_fraction * (double)total);
-    *source = npu ? "PYTORCH_NPU_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF";
-    found = true;
+    o->hint_source = npu ? "PYTORCH_NPU_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF";
+    o->hint_fraction = c.per_process_memory_fraction;
+    if (o->have_total) {
+      o->have_hint_bytes = true;
+      o->hint_bytes =
+          (uint64_t)(c.per_process_memory_fraction * (double)o->device_total);
+    }
   }
   msnap__conf_destroy(&c);
-  return found;
 }
 
 /* What o->avail is, in the replay's words. */
@@ -285,8 +298,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     o->time_us = e->time_us;
     o->small_pool = e->size <= MSNAP_SMALL_SIZE;
     o->have_total = cli_device_info(s, dev, "total_bytes", &o->device_total);
-    o->have_allowed = allowed_of(s, dev, o->have_total, o->device_total,
-                                 &o->allowed, &o->allowed_source);
+    cap_of(s, dev, e->time_us, o->have_time, o);
     o->stack = e->frames;
     o->site = cli_site(s, e->frames);
     if (o->site.frame == CLI_SITE_NONE)

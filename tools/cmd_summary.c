@@ -285,6 +285,19 @@ static void json_frames(cli_json_t *j, const msnap_snap_t *s,
   cj_arr_end(j);
 }
 
+/* Whether the request fits under the unconfirmed cap (o->hint_bytes):
+ * what the device could give within it plus the cached free blocks. */
+static bool hint_fits(const cli_oom_t *o) {
+  uint64_t reserved = o->have_at ? o->at.reserved : o->reserved;
+  uint64_t cached = o->have_at ? o->at.reserved - o->at.active
+                    : o->reserved > o->active_requested
+                        ? o->reserved - o->active_requested
+                        : 0;
+  uint64_t room = o->hint_bytes > reserved ? o->hint_bytes - reserved : 0;
+  uint64_t avail = room < o->device_free ? room : o->device_free;
+  return o->requested <= avail + cached;
+}
+
 /* Why the request failed: its kind ("inconsistent", "cached_block",
  * "out_of_memory", "segment_size", "fragmentation") and one sentence in
  * buf. */
@@ -308,13 +321,15 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
   char a[32];
   cli_bytes(o->have_allowed ? o->allowed : 0, a, sizeof a);
   if (!o->fits_unfragmented) {
+    uint64_t need = o->segment_size ? o->segment_size : o->requested;
     if (capped)
       snprintf(buf, len, "out of memory: the request exceeds everything the "
                          "process could still use (what its per-process "
                          "memory fraction allowed, %s reserved in all, plus "
-                         "its cached free blocks), though the device had "
-                         "more free",
-               a);
+                         "its cached free blocks)%s",
+               a, o->device_free >= need
+                      ? ", though the device had enough free"
+                      : "");
     else
       snprintf(buf, len, "out of memory: the request exceeds everything the "
                          "process could still use (free device memory plus "
@@ -375,16 +390,37 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
     cj_u64(j, o->device_total);
   else
     cj_null(j);
+  cj_key(j, "cap_known");
+  cj_bool(j, o->cap_known);
   cj_key(j, "allowed_bytes");
   if (o->have_allowed)
     cj_u64(j, o->allowed);
   else
     cj_null(j);
-  cj_key(j, "allowed_source");
-  if (o->have_allowed)
-    cj_cstr(j, o->allowed_source);
-  else
+  cj_key(j, "unconfirmed_cap");
+  if (o->hint_source) {
+    cj_obj(j);
+    cj_key(j, "source");
+    cj_cstr(j, o->hint_source);
+    cj_key(j, "bytes");
+    if (o->have_hint_bytes)
+      cj_u64(j, o->hint_bytes);
+    else
+      cj_null(j);
+    cj_key(j, "fraction");
+    if (o->hint_fraction > 0)
+      cj_dbl(j, o->hint_fraction);
+    else
+      cj_null(j);
+    cj_key(j, "would_fit");
+    if (o->have_hint_bytes)
+      cj_bool(j, hint_fits(o));
+    else
+      cj_null(j);
+    cj_obj_end(j);
+  } else {
     cj_null(j);
+  }
   cj_key(j, "available_bytes");
   cj_u64(j, o->avail);
   cj_key(j, "reserved_bytes");
@@ -760,10 +796,40 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
            cli_bytes(o->device_free, b1, sizeof b1));
   if (o->have_allowed) {
     snprintf(buf, sizeof buf,
-             "%s reserved at most (per-process memory fraction, from %s); "
-             "the process could still reserve %s at the OOM",
-             cli_bytes(o->allowed, b1, sizeof b1), o->allowed_source,
+             "%s reserved at most (per-process memory fraction, recorded "
+             "with the OOM); the process could still reserve %s",
+             cli_bytes(o->allowed, b1, sizeof b1),
              cli_bytes(o->avail, b2, sizeof b2));
+    print_wrapped("allowed", buf);
+  } else if (o->hint_source) {
+    char what[160];
+    if (o->hint_fraction > 0 && o->have_hint_bytes)
+      snprintf(what, sizeof what,
+               "the recorded %s sets per_process_memory_fraction %g (%s of "
+               "%s)",
+               o->hint_source, o->hint_fraction,
+               cli_bytes(o->hint_bytes, b1, sizeof b1),
+               cli_bytes(o->device_total, b2, sizeof b2));
+    else if (o->hint_fraction > 0)
+      snprintf(what, sizeof what,
+               "the recorded %s sets per_process_memory_fraction %g (the "
+               "device total is not recorded)",
+               o->hint_source, o->hint_fraction);
+    else
+      snprintf(what, sizeof what,
+               "the process held %s at most when the snapshot was taken",
+               cli_bytes(o->hint_bytes, b1, sizeof b1));
+    snprintf(buf, sizeof buf,
+             "unknown at the OOM: %s, but the file does not record the cap "
+             "in force at the OOM (set_per_process_memory_fraction can "
+             "change it), so the verdict assumes none%s",
+             what,
+             !o->have_hint_bytes ? ""
+             : hint_fits(o)      ? "; under that cap the request would "
+                                   "still have fit"
+                                 : "; under that cap the request would not "
+                                   "have fit: out of memory, not the cause "
+                                   "given below");
     print_wrapped("allowed", buf);
   }
   snprintf(buf, sizeof buf, "reserved %s, live allocations %s requested",
@@ -999,8 +1065,10 @@ static void usage(FILE *f) {
           "                ooms}],\n"
           "              oom: {device, entry, count, time_us,\n"
           "                requested_bytes, pool, device_free_bytes,\n"
-          "                device_total_bytes, allowed_bytes,\n"
-          "                allowed_source, available_bytes, reserved_bytes,\n"
+          "                device_total_bytes, cap_known, allowed_bytes,\n"
+          "                unconfirmed_cap: {source, bytes, fraction,\n"
+          "                  would_fit} | null,\n"
+          "                available_bytes, reserved_bytes,\n"
           "                active_requested_bytes, state_source,\n"
           "                state_unavailable, allocated_bytes,\n"
           "                active_bytes, cached_free_bytes,\n"

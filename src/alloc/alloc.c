@@ -1001,7 +1001,12 @@ static void build_oom(msnap_device_t *d, const msnap_params_t *p,
     dfree = 0;
     dtotal = d->device_total;
   }
-  msnap__trace(d, c, MSNAP_ACTION_OOM, dfree, p->size, p->stream, p->pool, 0);
+  if (msnap__trace(d, c, MSNAP_ACTION_OOM, dfree, p->size, p->stream, p->pool,
+                   0)) {
+    d->oom_raw_time = d->ring.last_time;
+    d->oom_capped = d->has_allowed;
+    d->oom_allowed = d->has_allowed ? d->allowed_memory_maximum : 0;
+  }
   d->stats.num_ooms++;
   char s_alloc[32], s_total[32], s_free[32], s_allowed[64] = "";
   msnap__format_size(p->alloc_size, s_alloc, sizeof s_alloc);
@@ -1658,6 +1663,22 @@ int msnap_set_memory_fraction(msnap_allocator_t *a, int device,
                             fraction);
   msnap__lock(&d->lock);
   msnap__set_fraction_locked(d, fraction);
+  msnap__unlock(&d->lock);
+  return 0;
+}
+
+int msnap__cap_info(msnap_allocator_t *a, int device, msnap_cap_info_t *out) {
+  msnap_device_t *d = get_device(a, device);
+  memset(out, 0, sizeof *out);
+  if (!d)
+    return MSNAP_EINVAL;
+  msnap__lock(&d->lock);
+  out->capped = d->has_allowed;
+  out->allowed = d->has_allowed ? d->allowed_memory_maximum : 0;
+  out->have_oom = d->oom_raw_time != 0;
+  out->oom_raw_time = d->oom_raw_time;
+  out->oom_capped = d->oom_capped;
+  out->oom_allowed = d->oom_allowed;
   msnap__unlock(&d->lock);
   return 0;
 }

@@ -336,6 +336,12 @@ struct msnap_device_s {
   uint64_t allowed_memory_maximum;
   bool has_allowed;
   double fraction;
+  /* The newest oom trace entry (raw clock; 0: none recorded) and the cap
+   * in force then (oom_capped: allowed_memory_maximum was set), for
+   * process_info: the fraction may change after the OOM. */
+  uint64_t oom_raw_time;
+  bool oom_capped;
+  uint64_t oom_allowed;
   uint64_t device_total; /* cached from mem_get_info at creation     */
   uint64_t next_pool_id;
   /* reserved_bytes of deleted private pools (current 0), kept until the

@@ -49,17 +49,19 @@ static inline bool msnap__id_zero(msnap_mempool_id_t x) {
 
 /* Record a trace entry when history is on.  fallback_stack is the stack
  * PyTorch uses when the call's context has none (the block's alloc stack
- * for free_*, the segment's creation stack for segment_free/unmap). */
-static inline void msnap__trace(msnap_device_t *d, const msnap_call_t *c,
+ * for free_*, the segment's creation stack for segment_free/unmap).
+ * True when the entry was recorded (its raw time: d->ring.last_time). */
+static inline bool msnap__trace(msnap_device_t *d, const msnap_call_t *c,
                                 msnap_action_t act, uint64_t addr,
                                 uint64_t size, uint64_t stream,
                                 const msnap_bpool_t *pool,
                                 uint32_t fallback_stack) {
   if (msnap_unlikely(c->rec)) {
     uint32_t ovr = c->r.stack ? 0 : fallback_stack;
-    msnap__ring_record(&d->ring, &d->a->hist, act, addr, size, stream,
-                       msnap__pool_id(pool), &c->r, ovr);
+    return msnap__ring_record(&d->ring, &d->a->hist, act, addr, size,
+                              stream, msnap__pool_id(pool), &c->r, ovr);
   }
+  return false;
 }
 
 /* Block objects: recycled through d->free_objs (no malloc in steady

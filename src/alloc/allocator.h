@@ -42,6 +42,20 @@ uint64_t msnap__allocation_size(const msnap_conf_t *c, uint64_t size);
 /* msnap_allocator_create without what the api layer adds (the OOM
  * auto-dump observer): profile, runtime, conf, caching switch, devices. */
 int msnap__allocator_new(const msnap_options_t *opts, msnap_allocator_t **out);
+
+/* A device's per-process cap (set_per_process_memory_fraction or the
+ * conf's per_process_memory_fraction: allowed_memory_maximum) now, and at
+ * its newest recorded oom trace entry (raw clock time of that entry): the
+ * fraction may change after an OOM.  MSNAP_EINVAL for a bad device. */
+typedef struct msnap_cap_info_s {
+  bool capped;
+  uint64_t allowed;
+  bool have_oom;
+  uint64_t oom_raw_time;
+  bool oom_capped;
+  uint64_t oom_allowed;
+} msnap_cap_info_t;
+int msnap__cap_info(msnap_allocator_t *a, int device, msnap_cap_info_t *out);
 /* The profile an allocator on runtime rt gets when neither the options
  * nor MEMSNAP_PROFILE name one: acl -> npu, cuda and sim -> cuda. */
 msnap_profile_t msnap__runtime_profile(const msnap_runtime_ops_t *rt);

@@ -272,12 +272,21 @@ static int build_process_info(msnap_allocator_t *a, msnap_snap_t *s, int d0,
     gv_put(s, &one, "device", gv_int(d));
     gv_put(s, &one, "total_bytes", gv_int(clamp_i64(tb)));
     /* the cap set_per_process_memory_fraction (or the conf's
-     * per_process_memory_fraction) puts on the device's reserved bytes:
-     * allowed_memory_maximum = fraction x total */
-    double fr;
-    if (msnap_get_memory_fraction(a, d, &fr) == 0 && fr < 1.0)
-      gv_put(s, &one, "allowed_bytes",
-             gv_int(clamp_i64((uint64_t)(fr * (double)tb + 0.5))));
+     * per_process_memory_fraction) puts on the device's reserved bytes
+     * (allowed_memory_maximum = fraction x total), now and at the newest
+     * recorded OOM */
+    msnap_cap_info_t ci;
+    if (msnap__cap_info(a, d, &ci) == 0) {
+      if (ci.capped)
+        gv_put(s, &one, "allowed_bytes", gv_int(clamp_i64(ci.allowed)));
+      if (ci.have_oom) {
+        gv_put(s, &one, "last_oom_time_us",
+               gv_int(msnap__clock_to_us(ci.oom_raw_time)));
+        if (ci.oom_capped)
+          gv_put(s, &one, "last_oom_allowed_bytes",
+                 gv_int(clamp_i64(ci.oom_allowed)));
+      }
+    }
     if (one.err) b.err = one.err;
     gvb_push(&dl, gv_seq(MSNAP_GV_DICT, &one));
   }

@@ -208,7 +208,7 @@ void msnap__ring_clear(msnap_ring_t *ring);
  * carries a stack only at level >= ALLOC (stack_override, when non-zero,
  * wins over ctx->stack).  The ring takes its own references (one per
  * entry context, not per entry).  Caller holds the ring owner's lock. */
-void msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
+bool msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
                         msnap_action_t action, uint64_t addr, uint64_t size,
                         uint64_t stream, msnap_mempool_id_t pool,
                         const msnap_rctx_t *ctx, uint32_t stack_override);

@@ -510,15 +510,16 @@ void msnap__ring_destroy(msnap_ring_t *ring) {
 
 /* Append one entry (history.h): skipped actions and disabled settings
  * record nothing; the entry counts on its context, ctx keeps its own
- * references. */
-void msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
+ * references.  True when the entry was appended (its raw time is then
+ * ring->last_time). */
+bool msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
                         msnap_action_t action, uint64_t addr, uint64_t size,
                         uint64_t stream, msnap_mempool_id_t pool,
                         const msnap_rctx_t *ctx, uint32_t stack_override) {
   if (!msnap__hsettings_on(s) || (unsigned)action >= MSNAP_ACTION_COUNT)
-    return;
+    return false;
   if (atomic_load_explicit(&s->skip, memory_order_relaxed) & (1u << action))
-    return;
+    return false;
   int level = atomic_load_explicit(&s->level, memory_order_relaxed);
   msnap_hslot_t e;
   /* One clock read per call and ring: an entry right after one of the
@@ -545,12 +546,13 @@ void msnap__ring_record(msnap_ring_t *ring, const msnap_hsettings_t *s,
   if (k.stream == UINT32_MAX || k.pool == UINT32_MAX ||
       (e.ctx = hctx_get(&ring->ctxs, &k)) == UINT32_MAX) {
     ring->dropped++; /* host ENOMEM: lose the entry, say so */
-    return;
+    return false;
   }
   ring_push(ring, &e);
   ring->last_rctx = ctx;
   ring->last_call = ctx != NULL ? ctx->call : 0;
   ring->last_time = e.raw_time;
+  return true;
 }
 
 /* Copy `ring` oldest first (owner lock held): the slots chunk by chunk,

@@ -45,8 +45,11 @@ def main() -> int:
         info = snap["process_info"]
         assert info["pid"] > 0 and info["runtime"] == "sim", info
         assert info["profile"] == "npu", info  # the example asks for npu
-        assert info["devices"] == [{"device": 0, "total_bytes": 1 << 30}], info
         trace = snap["device_traces"][0]
+        # with the time of its newest OOM (the cap then: none)
+        last_oom = [e["time_us"] for e in trace if e["action"] == "oom"][-1]
+        assert info["devices"] == [{"device": 0, "total_bytes": 1 << 30,
+                                    "last_oom_time_us": last_oom}], info
         actions = [e["action"] for e in trace]
         allocs = [e["size"] for e in trace if e["action"] == "alloc"]
         assert allocs == [1000, 100 * MiB, 300 * MiB], allocs

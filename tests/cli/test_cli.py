@@ -1537,6 +1537,9 @@ def group_replay():
             ([{"action": "snapshot", "addr": 0, "size": 0}],
              "the trace holds no alloc history (its only entry is a "
              "'snapshot')"),
+            ([{"action": "oom", "device_free": 0, "size": 512}],
+             "the trace holds no alloc history (its only entry is an "
+             "'oom')"),
             ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
              "the trace holds no alloc history (2 entries: 2 snapshot)"),
             ([{"action": "free_completed", "addr": A0, "size": 512},
@@ -3786,20 +3789,32 @@ def group_explain():
     # A per-process memory fraction caps what the process may reserve:
     # 80 MiB reserved, 32 MiB cached free, 10 MiB of the device free and a
     # 35 MiB request.  Uncapped it would fit, were memory one block
-    # (fragmentation); with at most 82 MiB allowed (process_info's
-    # allowed_bytes) or 0.64 of 128 MiB (the conf's fraction) only 2 MiB
-    # more can be reserved: out of memory (PyTorch's alloc_block refuses
-    # the segment whatever the device has free).
-    for cap, conf, kind, avail in (
-            (None, "", "fragmentation", 10 * MiB),
-            (82 * MiB, "", "out_of_memory", 2 * MiB),
-            (None, "per_process_memory_fraction:0.64", "out_of_memory",
-             int(0.64 * 128 * MiB) - 80 * MiB)):
+    # (fragmentation); with at most 82 MiB allowed at the OOM (memsnap's
+    # process_info: last_oom_time_us is the entry's, with
+    # last_oom_allowed_bytes) only 2 MiB more can be reserved: out of
+    # memory (PyTorch's alloc_block refuses the segment whatever the device
+    # has free).  A cap the file does not tie to the OOM (allowed_bytes at
+    # the dump, another OOM's time, the conf's fraction) is reported as
+    # unconfirmed and changes no verdict.
+    t_oom = oom_snapshot()["device_traces"][0][-1]["time_us"]
+    for dev_keys, conf, kind, avail, known, hint in (
+            ({}, "", "fragmentation", 10 * MiB, False, None),
+            ({"last_oom_time_us": t_oom, "last_oom_allowed_bytes": 82 * MiB},
+             "", "out_of_memory", 2 * MiB, True, None),
+            ({"last_oom_time_us": t_oom, "allowed_bytes": 82 * MiB},
+             "", "fragmentation", 10 * MiB, True, None),
+            ({"last_oom_time_us": t_oom - 1, "allowed_bytes": 82 * MiB}, "",
+             "fragmentation", 10 * MiB, False,
+             {"source": "process_info", "bytes": 82 * MiB, "fraction": None,
+              "would_fit": False}),
+            ({}, "per_process_memory_fraction:0.64", "fragmentation",
+             10 * MiB, False,
+             {"source": "PYTORCH_CUDA_ALLOC_CONF",
+              "bytes": int(0.64 * 128 * MiB), "fraction": 0.64,
+              "would_fit": False})):
         snap = oom_snapshot()
         snap["device_traces"][0][-1]["size"] = 35 * MiB
-        dev = {"device": 0, "total_bytes": 128 * MiB}
-        if cap:
-            dev["allowed_bytes"] = cap
+        dev = {"device": 0, "total_bytes": 128 * MiB, **dev_keys}
         snap["process_info"] = {"pid": 7, "devices": [dev]}
         snap["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = conf
         p2 = write_pickle(snap, "oom_cap.pickle")
@@ -3807,19 +3822,22 @@ def group_explain():
         o = json.loads(out)["oom"] if rc == 0 else {}
         rc2, text, err2 = run("summary", p2)
         flat = " ".join(text.split())
-        source = ("process_info" if cap else
-                  "PYTORCH_CUDA_ALLOC_CONF" if conf else None)
+        capped = "last_oom_allowed_bytes" in dev_keys
         expect(rc == 0 and o.get("verdict_kind") == kind and
                o.get("available_bytes") == avail and
-               o.get("allowed_source") == source and
+               o.get("cap_known") is known and
+               o.get("allowed_bytes") == (82 * MiB if capped else None) and
+               o.get("unconfirmed_cap") == hint and
                o.get("fits_without_fragmentation") is (kind != "out_of_memory")
-               and (("allowed " in text) == bool(source)) and
-               ("though the device had more free" in flat) == bool(source),
-               "summary: a 35 MiB OOM with cap %s / conf %r is %s with %d B "
-               "available (%s, %s, %s)" % (cap, conf, kind, avail,
-                                            o.get("verdict_kind"),
-                                            o.get("available_bytes"),
-                                            o.get("allowed_source")))
+               and ("recorded with the OOM" in flat) == capped and
+               ("under that cap the request would not have fit" in flat)
+               == bool(hint) and "though the device had" not in flat,
+               "summary: a 35 MiB OOM with %s / conf %r is %s with %d B "
+               "available (%s, %s, %s, %s)" % (dev_keys, conf, kind, avail,
+                                                o.get("verdict_kind"),
+                                                o.get("available_bytes"),
+                                                o.get("cap_known"),
+                                                o.get("unconfirmed_cap")))
 
     # A wrapped history ring (memsnap's trace_alloc_dropped): the peaks
     # are the kept entries', and the text says so under them.

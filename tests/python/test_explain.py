@@ -158,7 +158,9 @@ try:
 except MemoryError:
     pass
 s = mm._snapshot()
-print("RESULT " + json.dumps({"info": s["process_info"], "pid": os.getpid()}))
+ooms = [e["time_us"] for e in s["device_traces"][0] if e["action"] == "oom"]
+print("RESULT " + json.dumps({"info": s["process_info"], "pid": os.getpid(),
+                              "oom_time": ooms[-1] if ooms else None}))
 """
 
 
@@ -171,7 +173,9 @@ def test_rank_from_the_environment_and_oom_dump_name(tmp_path):
     assert (info["rank"], info["world_size"], info["local_rank"]) == (3, 8, 1)
     assert info["pid"] == r["pid"] and info["host"] == os.uname().nodename
     assert info["runtime"] == "sim" and info["profile"] == "cuda"
-    assert info["devices"] == [{"device": 0, "total_bytes": 256 * MiB}]
+    # (the OOM the script provoked, with no cap then)
+    assert info["devices"] == [{"device": 0, "total_bytes": 256 * MiB,
+                                "last_oom_time_us": r["oom_time"]}]
     dumps = glob.glob(str(tmp_path / "oom_snapshot_*.pickle"))
     assert [os.path.basename(d).split("_")[2] for d in dumps] == ["rank3"], dumps
     assert f"_{r['pid']}_" in os.path.basename(dumps[0])
@@ -344,71 +348,101 @@ import sys
 import memsnap.memory as mm
 mm._record_memory_history("all", stacks="python")
 MiB = 1 << 20
-if sys.argv[1] == "api":
+mode = sys.argv[1]
+if mode in ("api", "change"):
     mm.set_per_process_memory_fraction(0.5)
-keep = [mm.caching_allocator_alloc(100 * MiB) for _ in range(4)]
+if mode == "reset":                       # the conf's 0.5, lifted
+    mm.set_per_process_memory_fraction(1.0)
+keep = []
 try:
+    if mode == "reset":
+        while True:
+            keep.append(mm.caching_allocator_alloc(100 * MiB))
+    keep = [mm.caching_allocator_alloc(100 * MiB) for _ in range(4)]
     mm.caching_allocator_alloc(200 * MiB)   # fails: past the 512 MiB allowed
 except mm.OutOfMemoryError as e:
     print("OOM", e)
+if mode == "change":                      # after the OOM, before the dump
+    mm.set_per_process_memory_fraction(0.9)
 mm._dump_snapshot(sys.argv[2])
 """
 
 
-@pytest.mark.parametrize("how", ["api", "conf"])
+@pytest.mark.parametrize("how", ["api", "conf", "change", "reset"])
 def test_oom_under_a_memory_fraction_is_out_of_memory(tmp_path, how):
     """A 1 GiB device with the process held to half of it, by
     set_per_process_memory_fraction or the conf's
     per_process_memory_fraction: 400 MiB live, 8 MiB cached, 616 MiB of
     the device free, and a 200 MiB request.  The device could hold it, the
     cap (512 MiB) cannot: out of memory, not fragmentation, and no layout
-    (expandable segments included) would have served it."""
+    (expandable segments included) would have served it.  The cap is the
+    one recorded with the OOM: raised to 0.9 after it (change) it is still
+    512 MiB; the conf's 0.5 lifted to 1.0 before (reset) is no cap at
+    all."""
     script = write_script(tmp_path, "train.py", FRACTION_OOM)
     dump = tmp_path / "oom.pickle"
     env = base_env(MEMSNAP_SIM_MEMORY="1G", MEMSNAP_PROFILE="npu")
-    if how == "conf":
+    if how in ("conf", "reset"):
         env["PYTORCH_NPU_ALLOC_CONF"] = "per_process_memory_fraction:0.5"
     proc = run_file(script, env=env, args=(how, dump))
-    assert "512.00 MiB allowed" in proc.stdout, proc.stdout
+    assert ("512.00 MiB allowed" in proc.stdout) == (how != "reset"), proc.stdout
     with open(dump, "rb") as f:
         snap = pickle.load(f)
-    assert snap["process_info"]["devices"] == [
-        {"device": 0, "total_bytes": 1 << 30, "allowed_bytes": 512 * MiB}]
-    oom = run_cli("summary", "--json", dump).json["oom"]
     entry = [e for e in snap["device_traces"][0] if e["action"] == "oom"][-1]
+    dev = {"device": 0, "total_bytes": 1 << 30,
+           "last_oom_time_us": entry["time_us"]}
+    if how != "reset":
+        dev["last_oom_allowed_bytes"] = 512 * MiB
+        dev["allowed_bytes"] = (1 << 30) * 9 // 10 if how == "change" else 512 * MiB
+    assert snap["process_info"]["devices"] == [dev]
+    oom = run_cli("summary", "--json", dump).json["oom"]
+    assert oom["cap_known"] is True and oom["unconfirmed_cap"] is None
+    txt = run_cli("summary", dump).stdout
+    flat = " ".join(txt.split())
+    if how == "reset":
+        # the device ran out: no cap, nothing about one in the text
+        assert oom["allowed_bytes"] is None
+        assert oom["available_bytes"] == oom["device_free_bytes"] < 100 * MiB
+        assert oom["verdict_kind"] == "out_of_memory"
+        assert "allowed " not in txt and "fraction" not in oom["verdict"]
+        return
     assert oom["device_free_bytes"] == entry["device_free"] == 616 * MiB
     assert oom["allowed_bytes"] == 512 * MiB
-    assert oom["allowed_source"] == "process_info"
     reserved = sum(s["total_size"] for s in snap["segments"])
     assert oom["reserved_bytes"] == reserved
     assert oom["available_bytes"] == 512 * MiB - reserved
     assert oom["fits_without_fragmentation"] is False
     assert oom["fits_with_expandable_segments"] is False
     assert oom["verdict_kind"] == "out_of_memory"
-    txt = run_cli("summary", dump).stdout
-    flat = " ".join(txt.split())
     assert "allowed 512.00 MiB reserved at most (per-process memory " \
-           "fraction, from process_info)" in flat
-    assert "though the device had more free" in flat
+           "fraction, recorded with the OOM)" in flat
+    assert "though the device had enough free" in flat
     assert "fragmentation:" not in txt
-    # A dump with no process_info (torch's own): the conf's fraction of
-    # the device total, when both are known, is the cap; without the
-    # total nothing is assumed.
+    # Without the record of the OOM (a torch dump has no process_info):
+    # the conf's fraction of a known total is reported as a cap the file
+    # does not tie to the OOM, and the verdict assumes none.
+    if how != "conf":
+        return
+    del snap["process_info"]["devices"][0]["last_oom_time_us"]
+    del snap["process_info"]["devices"][0]["last_oom_allowed_bytes"]
     del snap["process_info"]["devices"][0]["allowed_bytes"]
-    snap["allocator_settings"]["PYTORCH_NPU_ALLOC_CONF"] = \
-        "per_process_memory_fraction:0.5"
     p2 = tmp_path / "conf.pickle"
     with open(p2, "wb") as f:
         pickle.dump(snap, f)
     oom = run_cli("summary", "--json", p2).json["oom"]
-    assert oom["allowed_bytes"] == 512 * MiB
-    assert oom["allowed_source"] == "PYTORCH_NPU_ALLOC_CONF"
-    assert oom["verdict_kind"] == "out_of_memory"
+    assert oom["cap_known"] is False and oom["allowed_bytes"] is None
+    assert oom["unconfirmed_cap"] == {"source": "PYTORCH_NPU_ALLOC_CONF",
+                                      "bytes": 512 * MiB, "fraction": 0.5,
+                                      "would_fit": False}
+    flat = " ".join(run_cli("summary", p2).stdout.split())
+    assert "under that cap the request would not have fit" in flat
     del snap["process_info"]
     with open(p2, "wb") as f:
         pickle.dump(snap, f)
     oom = run_cli("summary", "--json", p2).json["oom"]
-    assert oom["allowed_bytes"] is None and oom["allowed_source"] is None
+    assert oom["unconfirmed_cap"] == {"source": "PYTORCH_NPU_ALLOC_CONF",
+                                      "bytes": None, "fraction": 0.5,
+                                      "would_fit": None}
     assert oom["available_bytes"] == oom["device_free_bytes"]
 
 

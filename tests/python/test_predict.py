@@ -476,6 +476,13 @@ def test_reserve_adds_to_reserved(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.json["reserve_bytes"] == 3 << 30
     assert p.json["peak_reserved_bytes"] >= 3 << 30
+    # "to spare" is the device less the peak, which holds the reserve once
+    text = predict("--memory", "64G", "--reserve", "3G", "-o",
+                   str(tmp_path / "r2.pickle"), GPT, "--layers", "1", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    verdict = [x for x in text.stdout.splitlines() if x.startswith("verdict: FITS")]
+    spare = (64 << 30) - p.json["peak_reserved_bytes"]
+    assert verdict and f"{spare / (1 << 30):.2f} GiB to spare" in verdict[0], verdict
     big = predict("--memory", "2G", "--reserve", "3G", GPT, cwd=tmp_path)
     assert big.returncode == 2 and "--reserve" in big.stderr
     # Refused before the script runs: nothing of it happens, and a script

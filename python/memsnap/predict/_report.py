@@ -212,7 +212,8 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
             out.append(f"    {_count(e['threads'], 'thread')}  {e['site']}: {e['error']}")
     oom = r["oom"]
     if oom is None:
-        head = mem - r["peak_reserved_bytes"] - r.get("reserve_bytes", 0)
+        # (the peak already holds the reserve: it is an allocation)
+        head = mem - r["peak_reserved_bytes"]
         figures = (f"peak reserved {fmt_bytes(r['peak_reserved_bytes'])} of {fmt_bytes(mem)}; "
                    f"{fmt_bytes(max(head, 0))} to spare")
         if unseen:
