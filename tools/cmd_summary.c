@@ -299,6 +299,7 @@ static bool hint_fits(const cli_oom_t *o) {
 }
 
 /* Why the request failed: its kind ("inconsistent", "cached_block",
+ * "unconfirmed_cap",
  * "out_of_memory", "segment_size", "fragmentation") and one sentence in
  * buf. */
 static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
@@ -335,6 +336,23 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
                          "process could still use (free device memory plus "
                          "its cached free blocks)");
     return "out_of_memory";
+  }
+  /* Free device memory and cached blocks would have held the request,
+   * a cap the file suggests would not: that cap is the likelier cause,
+   * though the file does not tie it to the OOM. */
+  if (!o->cap_known && o->hint_source && o->have_hint_bytes &&
+      !hint_fits(o)) {
+    char h[32];
+    snprintf(buf, len,
+             "probably the memory-fraction cap: under the %s the file "
+             "suggests (from %s) the request did not fit, while free device "
+             "memory plus cached free blocks would have held it; the file "
+             "does not record whether that cap held at the OOM",
+             cli_bytes(o->hint_bytes, h, sizeof h),
+             strcmp(o->hint_source, "process_info") == 0
+                 ? "process_info's allowed_bytes, at the dump"
+                 : o->hint_source);
+    return "unconfirmed_cap";
   }
   if (o->segment_size > o->avail && o->requested <= o->avail) {
     char r[32], f[32], g[32], where[96];
@@ -817,7 +835,7 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
                o->hint_source, o->hint_fraction);
     else
       snprintf(what, sizeof what,
-               "the process held %s at most when the snapshot was taken",
+               "the process was capped at %s when the snapshot was taken",
                cli_bytes(o->hint_bytes, b1, sizeof b1));
     snprintf(buf, sizeof buf,
              "unknown at the OOM: %s, but the file does not record the cap "
@@ -828,8 +846,7 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
              : hint_fits(o)      ? "; under that cap the request would "
                                    "still have fit"
                                  : "; under that cap the request would not "
-                                   "have fit: out of memory, not the cause "
-                                   "given below");
+                                   "have fit (see the verdict)");
     print_wrapped("allowed", buf);
   }
   snprintf(buf, sizeof buf, "reserved %s, live allocations %s requested",

@@ -534,7 +534,7 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
     if (tl->n == 1) {
       const char *an = cli_action_name(s, &tl->v[0]);
       snprintf(d->reason, sizeof d->reason, "%s (its only entry is %s '%s')",
-               no, strchr("aeiou", an[0]) && an[0] ? "an" : "a", an);
+               no, strchr("aeio", an[0]) && an[0] ? "an" : "a", an);
       return;
     }
     /* what it holds instead, by action: "(10 entries: 5 free_requested,

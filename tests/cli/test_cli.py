@@ -1540,6 +1540,9 @@ def group_replay():
             ([{"action": "oom", "device_free": 0, "size": 512}],
              "the trace holds no alloc history (its only entry is an "
              "'oom')"),
+            ([{"action": "user_defined", "addr": 0, "size": 0}],
+             "the trace holds no alloc history (its only entry is a "
+             "'user_defined')"),
             ([{"action": "snapshot", "addr": 0, "size": 0}] * 2,
              "the trace holds no alloc history (2 entries: 2 snapshot)"),
             ([{"action": "free_completed", "addr": A0, "size": 512},
@@ -3804,10 +3807,10 @@ def group_explain():
             ({"last_oom_time_us": t_oom, "allowed_bytes": 82 * MiB},
              "", "fragmentation", 10 * MiB, True, None),
             ({"last_oom_time_us": t_oom - 1, "allowed_bytes": 82 * MiB}, "",
-             "fragmentation", 10 * MiB, False,
+             "unconfirmed_cap", 10 * MiB, False,
              {"source": "process_info", "bytes": 82 * MiB, "fraction": None,
               "would_fit": False}),
-            ({}, "per_process_memory_fraction:0.64", "fragmentation",
+            ({}, "per_process_memory_fraction:0.64", "unconfirmed_cap",
              10 * MiB, False,
              {"source": "PYTORCH_CUDA_ALLOC_CONF",
               "bytes": int(0.64 * 128 * MiB), "fraction": 0.64,
@@ -3829,6 +3832,7 @@ def group_explain():
                o.get("allowed_bytes") == (82 * MiB if capped else None) and
                o.get("unconfirmed_cap") == hint and
                o.get("fits_without_fragmentation") is (kind != "out_of_memory")
+               and ("probably the memory-fraction cap" in flat) == bool(hint)
                and ("recorded with the OOM" in flat) == capped and
                ("under that cap the request would not have fit" in flat)
                == bool(hint) and "though the device had" not in flat,

@@ -434,6 +434,10 @@ def test_oom_under_a_memory_fraction_is_out_of_memory(tmp_path, how):
     assert oom["unconfirmed_cap"] == {"source": "PYTORCH_NPU_ALLOC_CONF",
                                       "bytes": 512 * MiB, "fraction": 0.5,
                                       "would_fit": False}
+    assert oom["verdict_kind"] == "unconfirmed_cap"
+    assert oom["verdict"].startswith("probably the memory-fraction cap: under "
+                                     "the 512.00 MiB the file suggests (from "
+                                     "PYTORCH_NPU_ALLOC_CONF)")
     flat = " ".join(run_cli("summary", p2).stdout.split())
     assert "under that cap the request would not have fit" in flat
     del snap["process_info"]
@@ -444,6 +448,7 @@ def test_oom_under_a_memory_fraction_is_out_of_memory(tmp_path, how):
                                       "bytes": None, "fraction": 0.5,
                                       "would_fit": None}
     assert oom["available_bytes"] == oom["device_free_bytes"]
+    assert oom["verdict_kind"] == "fragmentation"  # no total: no cap to judge by
 
 
 BACKWARD_OOM = """\
