@@ -701,6 +701,7 @@ typedef struct cli_oom_s {
   double hint_fraction;             /* 0: not a conf's                  */
   bool have_hint_bytes;
   uint64_t hint_bytes;
+  bool hint_fits;  /* with hint_bytes: the request fits under that cap */
   /* What the device could still give the process: device_free, and
    * within the cap no more than allowed - reserved. */
   uint64_t avail;

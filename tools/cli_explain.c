@@ -163,6 +163,14 @@ static void cap_of(const msnap_snap_t *s, int64_t dev, int64_t oom_time,
   msnap__conf_destroy(&c);
 }
 
+/* What the device could still give a process that holds `reserved`:
+ * its free memory, and under a cap no more than allowed - reserved. */
+static uint64_t cap_room(uint64_t device_free, bool capped, uint64_t allowed,
+                         uint64_t reserved) {
+  uint64_t room = allowed > reserved ? allowed - reserved : 0;
+  return capped && room < device_free ? room : device_free;
+}
+
 /* What o->avail is, in the replay's words. */
 static const char *avail_what(const cli_oom_t *o) {
   return o->avail < o->device_free ? "what the memory fraction allowed"
@@ -364,12 +372,16 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
   if (o->present) {
     o->segment_size = segment_size_of(s, o->requested);
     uint64_t reserved = o->have_at ? o->at.reserved : o->reserved;
-    o->avail = o->device_free;
-    if (o->have_allowed) {
-      uint64_t room = o->allowed > reserved ? o->allowed - reserved : 0;
-      if (room < o->avail)
-        o->avail = room;
-    }
+    uint64_t cached = o->have_at ? o->at.reserved - o->at.active
+                      : o->reserved > o->active_requested
+                          ? o->reserved - o->active_requested
+                          : 0;
+    o->avail = cap_room(o->device_free, o->have_allowed, o->allowed,
+                        reserved);
+    if (o->have_hint_bytes)
+      o->hint_fits = o->requested <= cap_room(o->device_free, true,
+                                              o->hint_bytes, reserved) +
+                                         cached;
     if (o->have_at) {
       uint64_t lf = o->small_pool ? o->at.largest_free_small
                                   : o->at.largest_free_large;
@@ -378,11 +390,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     /* A request larger than the device, or than all the process could
      * still use (what the device could give it plus its cached free
      * blocks), fits in no layout: no replay needed to say so. */
-    uint64_t usable = o->avail + (o->have_at
-                                      ? o->at.reserved - o->at.active
-                                  : o->reserved > o->active_requested
-                                      ? o->reserved - o->active_requested
-                                      : 0);
+    uint64_t usable = o->avail + cached;
     o->fits_unfragmented = o->requested <= usable;
     if (o->have_total && o->requested > o->device_total) {
       char r[32], t[32];

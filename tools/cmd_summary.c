@@ -285,19 +285,6 @@ static void json_frames(cli_json_t *j, const msnap_snap_t *s,
   cj_arr_end(j);
 }
 
-/* Whether the request fits under the unconfirmed cap (o->hint_bytes):
- * what the device could give within it plus the cached free blocks. */
-static bool hint_fits(const cli_oom_t *o) {
-  uint64_t reserved = o->have_at ? o->at.reserved : o->reserved;
-  uint64_t cached = o->have_at ? o->at.reserved - o->at.active
-                    : o->reserved > o->active_requested
-                        ? o->reserved - o->active_requested
-                        : 0;
-  uint64_t room = o->hint_bytes > reserved ? o->hint_bytes - reserved : 0;
-  uint64_t avail = room < o->device_free ? room : o->device_free;
-  return o->requested <= avail + cached;
-}
-
 /* Why the request failed: its kind ("inconsistent", "cached_block",
  * "unconfirmed_cap",
  * "out_of_memory", "segment_size", "fragmentation") and one sentence in
@@ -341,7 +328,7 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
    * a cap the file suggests would not: that cap is the likelier cause,
    * though the file does not tie it to the OOM. */
   if (!o->cap_known && o->hint_source && o->have_hint_bytes &&
-      !hint_fits(o)) {
+      !o->hint_fits) {
     char h[32];
     snprintf(buf, len,
              "probably the memory-fraction cap: under the %s the file "
@@ -432,7 +419,7 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
       cj_null(j);
     cj_key(j, "would_fit");
     if (o->have_hint_bytes)
-      cj_bool(j, hint_fits(o));
+      cj_bool(j, o->hint_fits);
     else
       cj_null(j);
     cj_obj_end(j);
@@ -843,7 +830,7 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
              "change it), so the verdict assumes none%s",
              what,
              !o->have_hint_bytes ? ""
-             : hint_fits(o)      ? "; under that cap the request would "
+             : o->hint_fits      ? "; under that cap the request would "
                                    "still have fit"
                                  : "; under that cap the request would not "
                                    "have fit (see the verdict)");
