@@ -41,8 +41,14 @@ int cli_cmd_demo_train(int argc, char **argv);
 int cli_cmd_leaks(int argc, char **argv);
 int cli_cmd_fleet(int argc, char **argv);
 
-/* Print "memsnap: <message>\n" on stderr (printf format). */
+/* Print "memsnap: <message>\n" on stderr (printf format), as valid UTF-8
+ * (a file name is any bytes: base/utf8.c's repair). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A path as the text reports show it: itself when it is valid UTF-8,
+ * else a repaired copy (one U+FFFD per ill-formed part, as --json shows
+ * it) that lives until 8 more repaired names were asked for on this
+ * thread.  Never NULL ("?" when out of memory). */
+const char *cli_shown(const char *path);
 /* "memsnap CMD: unknown option, see memsnap CMD --help"; returns 2. */
 int cli_usage_error(const char *cmd, const char *what);
 

@@ -22,14 +22,50 @@
 
 void cli_err(const char *fmt, ...) {
   va_list ap;
+  char buf[2048], *m = buf;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) n = 0;
+  if ((size_t)n >= sizeof buf && (m = malloc((size_t)n + 1)) != NULL) {
+    va_start(ap, fmt);
+    vsnprintf(m, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+  } else if (m == NULL) {
+    m = buf;
+    n = (int)sizeof buf - 1;
+  }
   /* what stdout holds comes first when both go to one file or pipe
    * ("... not replayable (reason above)") */
   fflush(stdout);
   fputs("memsnap: ", stderr);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
+  const unsigned char *p = (const unsigned char *)m;
+  for (size_t i = 0, len = (size_t)n; i < len;) {
+    size_t v = msnap__utf8_valid_prefix(p + i, len - i), bad = 1;
+    fwrite(p + i, 1, v, stderr);
+    i += v;
+    if (i >= len) break;
+    (void)msnap__utf8_seq(p + i, len - i, &bad);
+    fputs("\xef\xbf\xbd", stderr); /* U+FFFD */
+    i += bad;
+  }
   fputc('\n', stderr);
+  if (m != buf) free(m);
+}
+
+const char *cli_shown(const char *path) {
+  static _Thread_local char *ring[8];
+  static _Thread_local unsigned next;
+  size_t n = strlen(path);
+  if (msnap__utf8_valid_prefix((const unsigned char *)path, n) == n)
+    return path;
+  char *r = n <= (SIZE_MAX - 1) / 3 ? malloc(3 * n + 1) : NULL;
+  if (r == NULL) return "?";
+  r[msnap__utf8_repair((const unsigned char *)path, n, r)] = '\0';
+  free(ring[next]);
+  ring[next] = r;
+  next = (next + 1) % 8;
+  return r;
 }
 
 int cli_usage_error(const char *cmd, const char *what) {

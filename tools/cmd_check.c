@@ -69,7 +69,7 @@ static void emit(check_t *c, const char *where, const char *msg) {
     cj_cstr(c->j, msg);
     cj_obj_end(c->j);
   } else {
-    printf("%s: %s: %s\n", c->file, where, msg);
+    printf("%s: %s: %s\n", cli_shown(c->file), where, msg);
   }
 }
 
@@ -655,11 +655,11 @@ int cli_cmd_check(int argc, char **argv) {
       for (uint32_t d = 0; d < s->ndevices; d++)
         ne += s->device_traces[d].n;
       printf("%s: ok (%u segment%s, %u block%s, %" PRIu64
-             " trace entr%s)\n", argv[a], s->nsegments,
+             " trace entr%s)\n", cli_shown(argv[a]), s->nsegments,
              s->nsegments == 1 ? "" : "s", s->nblocks,
              s->nblocks == 1 ? "" : "s", ne, ne == 1 ? "y" : "ies");
     } else if (max_lines >= 0 && c.count > max_lines) {
-      printf("%s: %ld %s (%ld not shown)\n", argv[a], c.count,
+      printf("%s: %ld %s (%ld not shown)\n", cli_shown(argv[a]), c.count,
              cli_plural((uint64_t)c.count, "violation", "violations"),
              c.count - max_lines);
     }

@@ -714,7 +714,8 @@ int cli_cmd_diff(int argc, char **argv) {
     cj_key(&j, "devices");
     cj_arr(&j);
   } else {
-    printf("diff %s -> %s\n", argv[first], argv[first + 1]);
+    printf("diff %s -> %s\n", cli_shown(argv[first]),
+           cli_shown(argv[first + 1]));
     for (uint32_t w = 0; w < nwarn; w++)
       printf("warning: %s\n", warn[w]);
   }

@@ -956,7 +956,7 @@ int cli_cmd_fleet(int argc, char **argv) {
         /* the columns of a rank (no figures: '-'), the file where every
          * row has it, and the error under it, as the other notes */
         printf("%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", rk, "?",
-               "-", "-", "-", "-", "-", "-", "-", x->file);
+               "-", "-", "-", "-", "-", "-", "-", cli_shown(x->file));
         printf("%5s %-10s could not be read: %s\n", "", "", x->error);
         continue;
       }
@@ -967,18 +967,18 @@ int cli_cmd_fleet(int argc, char **argv) {
              cli_bytes(x->m[2], b[2], sizeof b[2]),
              cli_bytes(x->m[4], b[3], sizeof b[3]),
              cli_bytes(x->largest_free, b[4], sizeof b[4]), x->ooms,
-             x->nleaks, x->file, x->outlier ? "  <- outlier" : "");
+             x->nleaks, cli_shown(x->file), x->outlier ? "  <- outlier" : "");
       if (x->same_process >= 0)
         printf("%5s %-10s earlier dump of the same process (pid %" PRId64
                "): not counted; %s stands for it\n",
-               "", "", x->pid, r[x->same_process].file);
+               "", "", x->pid, cli_shown(r[x->same_process].file));
     }
     if (nout) {
       printf("\noutliers (far from the median of the ranks):\n");
       for (uint32_t i = 0; i < n; i++) {
         if (!r[i].outlier)
           continue;
-        printf("  %s\n", r[i].file);
+        printf("  %s\n", cli_shown(r[i].file));
         for (int k = 0; k < NMETRICS; k++)
           if (r[i].dev_ratio[k] != 0)
             printf("    %-22s %12s  %.2fx the median %s\n", metric_names[k],

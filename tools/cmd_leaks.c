@@ -641,7 +641,8 @@ int cli_cmd_leaks(int argc, char **argv) {
     cj_arr(&j);
   } else {
     if (nfiles == 1)
-      printf("%s: leaks across the steps of the recording\n", files[0]);
+      printf("%s: leaks across the steps of the recording\n",
+             cli_shown(files[0]));
     else
       printf("leaks across %d snapshots (one step per file, in the order "
              "given)\n", nfiles);

@@ -23,27 +23,37 @@
 #define MAXCOLS 1600
 #define MAXANN 40
 
-static void svg_text(FILE *f, const char *s) {
-  for (; *s; s++) {
-    switch (*s) {
+/* Text of an SVG element: XML's special characters escaped, control
+ * bytes (not allowed in XML 1.0) as '?', and what is not UTF-8 repaired
+ * (base/utf8.c: one U+FFFD per ill-formed part, as JSON and the model
+ * do), so that the file always parses -- a file name is any bytes. */
+static void svg_textn(FILE *f, const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    unsigned char c = p[i];
+    if (c >= 0x80) {
+      size_t bad = 1, k = msnap__utf8_seq(p + i, n - i, &bad);
+      if (k) {
+        fwrite(p + i, 1, k, f);
+        i += k;
+      } else {
+        fputs("\xef\xbf\xbd", f);
+        i += bad;
+      }
+      continue;
+    }
+    switch (c) {
     case '<': fputs("&lt;", f); break;
     case '>': fputs("&gt;", f); break;
     case '&': fputs("&amp;", f); break;
     case '"': fputs("&quot;", f); break;
-    default:
-      /* Control bytes are not allowed in XML 1.0. */
-      fputc((unsigned char)*s < 0x20 ? '?' : *s, f);
+    default: fputc(c < 0x20 || c == 0x7f ? '?' : c, f);
     }
+    i++;
   }
 }
 
-static void svg_textn(FILE *f, const char *s, size_t n) {
-  char *c = strndup(s, n);
-  if (c) {
-    svg_text(f, c);
-    free(c);
-  }
-}
+static void svg_text(FILE *f, const char *s) { svg_textn(f, s, strlen(s)); }
 
 typedef struct plot_s {
   uint32_t n;     /* points (entries + 1) */
@@ -205,7 +215,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
               "stroke-dasharray=\"3,3\"/>\n<text x=\"%.1f\" y=\"%u\" "
               "font-size=\"10\" fill=\"#7b4fa8\">",
               x, x, MT, H - MB, x + 3, MT + 10 + 11 * (shown % 3));
-      svg_textn(f, nm, nl > 40 ? 40 : nl);
+      svg_textn(f, nm, msnap__utf8_cut((const unsigned char *)nm, nl, 40));
       fputs("</text>\n", f);
       shown++;
     }

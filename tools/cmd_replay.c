@@ -56,7 +56,8 @@ static void usage(FILE *f) {
           "                    compared.\n"
           "  -o, --output OUT  write the replayed snapshot (pickle)\n"
           "  --json            JSON: {file, profile, alloc_conf, mode,\n"
-          "                    replayable, matches_recording, reason,\n"
+          "                    replayable, matches_recording, fits (no\n"
+          "                    alloc failed), failed_allocs, reason,\n"
           "                    segment_allocs (allocations that grew\n"
           "                    reserved memory: new segments, or mapped\n"
           "                    pages when expandable), segment_frees,\n"
@@ -73,7 +74,9 @@ static void usage(FILE *f) {
           "                    peak_inactive_split_bytes,\n"
           "                    final_state_compared, final_state_reason\n"
           "                    (why the final layout was not compared, or\n"
-          "                    null), mismatch_count, mismatches,\n"
+          "                    null), mismatch_count, failed_allocs,\n"
+          "                    first_failed_entry (index, or null),\n"
+          "                    mismatches,\n"
           "                    recording: {segment_allocs,\n"
           "                    segment_frees, peak_reserved_bytes,\n"
           "                    final_reserved_bytes,\n"
@@ -87,7 +90,9 @@ static void usage(FILE *f) {
           "                    garbage_collection_threshold, OOMs)\n"
           "  -h, --help        this text\n"
           "\nExit status: 0 replayed (and, in exact mode, matched), 1 exact\n"
-          "replay did not match, 2 unusable input or not replayable.\n");
+          "replay did not match or an alloc failed (the recording does not\n"
+          "fit, e.g. in --device-memory), 2 unusable input or not\n"
+          "replayable.\n");
 }
 
 static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
@@ -131,6 +136,13 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
       cj_cstr(j, d->final_why);
     cj_key(j, "mismatch_count");
     cj_u64(j, d->mismatch_count);
+    cj_key(j, "failed_allocs");
+    cj_u64(j, d->failed_allocs);
+    cj_key(j, "first_failed_entry");
+    if (d->failed_allocs)
+      cj_u64(j, d->first_failed);
+    else
+      cj_null(j);
     cj_key(j, "mismatches");
     cj_arr(j);
     for (uint32_t i = 0; i < d->nkept; i++)
@@ -169,6 +181,16 @@ static void print_json(const replay_t *r, const replay_totals_t *t,
   cj_key(&j, "matches_recording");
   if (t->replayed)
     cj_bool(&j, t->matches);
+  else
+    cj_null(&j);
+  cj_key(&j, "fits");
+  if (t->replayed)
+    cj_bool(&j, t->failed_allocs == 0);
+  else
+    cj_null(&j);
+  cj_key(&j, "failed_allocs");
+  if (t->replayed)
+    cj_u64(&j, t->failed_allocs);
   else
     cj_null(&j);
   cj_key(&j, "reason");
@@ -248,19 +270,34 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
     printf("  matches the recording: no (%" PRIu64 " %s)\n",
            d->mismatch_count,
            cli_plural(d->mismatch_count, "mismatch", "mismatches"));
+  else if (d->failed_allocs)
+    printf("  differs from the recording in %" PRIu64 " %s, %" PRIu64
+           " of them failed allocs (%s below)\n",
+           d->mismatch_count,
+           cli_plural(d->mismatch_count, "decision", "decisions"),
+           d->failed_allocs,
+           cli_plural(d->mismatch_count, "it is", "first ones"));
   else
     printf("  differs from the recording in %" PRIu64 " %s "
            "(expected for another allocator; %s below)\n",
            d->mismatch_count,
            cli_plural(d->mismatch_count, "decision", "decisions"),
            cli_plural(d->mismatch_count, "it is", "first ones"));
+  if (d->failed_allocs)
+    printf("  does not fit: %" PRIu64 " %s failed in the replay (the first "
+           "at entry %u: %s) on a simulated device of %s; the replay's "
+           "figures count only the allocations that succeeded\n",
+           d->failed_allocs, cli_plural(d->failed_allocs, "alloc", "allocs"),
+           d->first_failed, msnap_strerror(d->first_failed_rc),
+           cli_bytes(r->device_memory, b1, sizeof b1));
   for (uint32_t i = 0; i < d->nkept; i++)
     printf("    %s\n", d->mismatches[i]);
 }
 
 static void print_text(const replay_t *r, const char *file) {
   const char *conf = r->conf;
-  printf("%s: replay with the %s profile%s%s%s (%s)\n", file, r->profile_name,
+  printf("%s: replay with the %s profile%s%s%s (%s)\n", cli_shown(file),
+         r->profile_name,
          r->profile_from_file ? " (the recording's)" : "",
          conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
          r->exact ? "exact: recorded addresses" : "what-if");
@@ -366,7 +403,7 @@ int cli_cmd_replay(int argc, char **argv) {
                 r.dr[0].reason[0] ? r.dr[0].reason : "no device history");
       else
         cli_err("%s: not replayable (reason above)", file);
-    } else if (rc == CLI_OK && !t.matches && r.exact) {
+    } else if (rc == CLI_OK && ((!t.matches && r.exact) || t.failed_allocs)) {
       rc = CLI_FINDING;
     }
   }

@@ -900,7 +900,7 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
 static void print_text(const char *file, const msnap_snap_t *s,
                        dev_fig_t *figs, uint32_t nd) {
   char b1[32], b2[512];
-  printf("%s: snapshot format %s\n", file,
+  printf("%s: snapshot format %s\n", cli_shown(file),
          cli_generation_name(s->generation));
   if (nd == 0)
     printf("\nThe snapshot has no segments: no device memory was reserved "
@@ -1089,8 +1089,8 @@ static void usage(FILE *f) {
           "              allocator_settings: {<key>: value}}\n"
           "             (allocator_settings: the file's, when it has them)\n"
           "  --no-whatif  skip the expandable_segments replay of an OOM\n"
-          "  --top N    show N largest allocations and sites (default 10,\n"
-          "             0 = all, as in diff)\n"
+          "  --top N    show N largest allocations and sites, 0..100000\n"
+          "             (default 10, 0 = all, as in diff)\n"
           "  -h, --help this text\n"
           "\nExit status: 0 ok, 2 unusable input.\n");
 }

@@ -690,6 +690,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   uint64_t seg_addr = 0, seg_size = 0;
   uint32_t seg_entry = 0;
   d->first_failed = CLI_NO_PAIR;
+  d->failed_allocs = 0;
   for (uint32_t i = 0; i < tl->n; i++) {
     const msnap_strace_t *e = &tl->v[i];
     cli_progress_tick(pr, i, tl->n);
@@ -722,8 +723,11 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       int64_t made = grew > 0;
       d->segment_allocs += grew > 0;
       if (rc != 0) {
-        if (d->first_failed == CLI_NO_PAIR)
+        if (d->first_failed == CLI_NO_PAIR) {
           d->first_failed = i;
+          d->first_failed_rc = rc;
+        }
+        d->failed_allocs++;
         mismatch(r, d, "entry %u: alloc of %" PRIu64 " B failed in the "
                        "replay: %s",
                  i, e->size, msnap_strerror(rc));
@@ -1240,6 +1244,7 @@ void replay_totals(const replay_t *r, replay_totals_t *t) {
       continue;
     t->replayed = true;
     t->matches &= d->mismatch_count == 0;
+    t->failed_allocs += d->failed_allocs;
     t->segment_allocs += d->segment_allocs;
     t->segment_frees += d->segment_frees;
     t->peak_reserved += d->peak_reserved;

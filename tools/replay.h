@@ -27,6 +27,9 @@ typedef struct dev_replay_s {
   uint64_t mismatch_count;
   uint32_t first_failed; /* first alloc entry that failed in the replay,
                             or CLI_NO_PAIR */
+  int first_failed_rc;   /* its MSNAP_E* code */
+  uint64_t failed_allocs; /* alloc entries that failed in the replay (each
+                             also a mismatch) */
   bool stopped;          /* the visitor stopped the replay early */
   char *mismatches[REPLAY_MAX_MISMATCHES];
   uint32_t nkept;
@@ -92,6 +95,7 @@ typedef struct replay_s {
 typedef struct replay_totals_s {
   bool replayed; /* at least one device was replayed */
   bool matches;  /* no replayed device had a mismatch */
+  uint64_t failed_allocs; /* allocs that failed in the replay, all devices */
   uint64_t segment_allocs, segment_frees, peak_reserved, final_reserved;
   uint64_t inactive_split;
 } replay_totals_t;

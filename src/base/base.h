@@ -252,6 +252,21 @@ void msnap__strbuf_append(msnap_strbuf_t *b, const char *s, size_t n);
 /* "%.2f KiB" etc. (PyTorch's format_size, allocator-algorithm §8.3). */
 void msnap__format_size(uint64_t size, char *buf, size_t len);
 
+/* ---- utf8.c: the one UTF-8 policy --------------------------------------- */
+/* Length of the valid UTF-8 sequence at p (p[0..n), n >= 1): 1 for ASCII;
+ * 0 when it is not valid, *bad then the length of its maximal ill-formed
+ * subpart, replaced by one U+FFFD (3 for an encoded surrogate). */
+size_t msnap__utf8_seq(const unsigned char *p, size_t n, size_t *bad);
+/* Length of the valid UTF-8 prefix of p[0..len). */
+size_t msnap__utf8_valid_prefix(const unsigned char *p, size_t len);
+/* p[0..len) repaired into out (room for 3 * len bytes): each maximal
+ * ill-formed subpart one U+FFFD (CPython's errors="replace", a lone
+ * surrogate one U+FFFD).  Returns the bytes written. */
+size_t msnap__utf8_repair(const unsigned char *p, size_t len, char *out);
+/* The length of p[0..len) cut to at most max bytes without splitting a
+ * sequence (len itself when len <= max). */
+size_t msnap__utf8_cut(const unsigned char *p, size_t len, size_t max);
+
 /* ---- lockrank.c: lock ranks (checked when MSNAP_DEBUG >= 1) -------------- */
 /*
  * Every mutex of the library has a rank; a thread may only take a lock

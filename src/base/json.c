@@ -10,13 +10,8 @@
  * Strings: '"' and '\' are escaped, control characters (< 0x20, and 0x7f)
  * are written as \n \r \t or \u00XX, and with MSNAP_JSON_HTML also < > &
  * (so that the text can sit inside an HTML <script> element).  Everything
- * else is UTF-8 and passed through when valid (RFC 3629: no overlong
- * forms, no surrogates, nothing above U+10FFFF); each maximal invalid
- * subpart (a lone continuation byte, a lead byte whose sequence breaks
- * off) becomes one U+FFFD, as Python's bytes.decode(errors="replace"),
- * and an encoded surrogate (ED A0..BF 80..BF, a Python lone surrogate
- * written with "surrogatepass") one U+FFFD for its one code point, as the
- * snapshot model reads it (model/snapshot.c, utf8_repair).
+ * else is UTF-8, passed through when valid and repaired when not, by the
+ * one policy of utf8.c (as the snapshot model reads it).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -72,43 +67,6 @@ static void pre(msnap_json_t *j) {
   set_nonempty(j, true);
 }
 
-/* Length of the valid UTF-8 sequence at p (at most n bytes), or 0 when
- * the sequence is invalid; *bad is then the length of its maximal invalid
- * subpart (>= 1). */
-static size_t utf8_seq(const unsigned char *p, size_t n, size_t *bad) {
-  unsigned char c = p[0];
-  size_t need;
-  unsigned char lo = 0x80, hi = 0xbf; /* range of the second byte */
-  if (c >= 0xc2 && c <= 0xdf) {
-    need = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    need = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    need = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    *bad = 1;
-    return 0;
-  }
-  if (c == 0xed && n >= 3 && p[1] >= 0xa0 && (p[1] & 0xc0) == 0x80 &&
-      (p[2] & 0xc0) == 0x80) {
-    *bad = 3; /* an encoded surrogate: one code point */
-    return 0;
-  }
-  size_t k = 1;
-  for (; k < need && k < n; k++) {
-    unsigned char b = p[k];
-    unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
-    if (b < l || b > h) break;
-  }
-  if (k == need) return need;
-  *bad = k;
-  return 0;
-}
-
 static void string(msnap_json_t *j, const char *s, size_t len) {
   static const char hx[] = "0123456789abcdef";
   const unsigned char *p = (const unsigned char *)s;
@@ -122,7 +80,7 @@ static void string(msnap_json_t *j, const char *s, size_t len) {
       i++;
       continue;
     }
-    size_t bad = 0, seq = c >= 0x80 ? utf8_seq(p + i, len - i, &bad) : 0;
+    size_t bad = 0, seq = c >= 0x80 ? msnap__utf8_seq(p + i, len - i, &bad) : 0;
     if (seq > 0) {
       i += seq;
       continue;

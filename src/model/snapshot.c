@@ -309,92 +309,8 @@ const char *msnap__snap_str(const msnap_snap_t *s, msnap_str_t id,
   return s->strbuf + off;
 }
 
-/* Length of the valid UTF-8 prefix of p[0..len) (Unicode's definition:
- * no overlong forms, no surrogates, nothing above U+10FFFF). */
-static size_t utf8_valid_prefix(const unsigned char *p, size_t len) {
-  size_t i = 0;
-  for (;;) {
-    /* ASCII eight bytes at a time */
-    while (i + 8 <= len) {
-      uint64_t w;
-      memcpy(&w, p + i, 8);
-      if (w & UINT64_C(0x8080808080808080)) break;
-      i += 8;
-    }
-    while (i < len && p[i] < 0x80) i++;
-    if (i >= len) return len;
-    unsigned char c = p[i];
-    size_t k;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-      k = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-      k = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f; /* U+D800..DFFF are not scalar values */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      k = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else
-      return i;
-    if (i + k > len || p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (size_t j = 2; j < k; j++)
-      if ((p[i + j] & 0xc0) != 0x80) return i;
-    i += k;
-  }
-}
-
-/*
- * The model's UTF-8 policy: p[0..len) with every maximal ill-formed
- * subpart (an invalid byte, a cut sequence) replaced by U+FFFD -- what
- * CPython's bytes.decode("utf-8", "replace") gives -- except that an
- * encoded surrogate (ED A0..BF 80..BF: a lone surrogate of a Python str,
- * as pickle writes it with "surrogatepass") is one code point and becomes
- * one U+FFFD, not three: 'a\udc80b' reads as 'a\ufffdb', the same
- * length.  Returns a malloc'ed buffer (*out_len bytes) or NULL on ENOMEM.
- */
-static char *utf8_repair(const unsigned char *p, size_t len, size_t *out_len) {
-  if (len > (SIZE_MAX - 3) / 3) return NULL;
-  char *o = malloc(len * 3 + 1);
-  if (!o) return NULL;
-  size_t k = 0, i = 0;
-  while (i < len) {
-    size_t v = utf8_valid_prefix(p + i, len - i);
-    memcpy(o + k, p + i, v);
-    k += v;
-    i += v;
-    if (i >= len) break;
-    /* the maximal subpart at i: the lead byte and the continuation bytes
-     * that can still belong to a valid sequence */
-    unsigned char c = p[i];
-    size_t need = (c >= 0xc2 && c <= 0xdf)   ? 2
-                  : (c >= 0xe0 && c <= 0xef) ? 3
-                  : (c >= 0xf0 && c <= 0xf4) ? 4
-                                             : 1;
-    size_t j = 1;
-    if (c == 0xed && i + 2 < len && p[i + 1] >= 0xa0 &&
-        (p[i + 2] & 0xc0) == 0x80) {
-      j = 3; /* an encoded surrogate (p[i + 1] <= 0xbf: a continuation) */
-    } else if (need > 1) {
-      unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
-      unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
-      if (i + 1 < len && p[i + 1] >= lo && p[i + 1] <= hi) {
-        j = 2;
-        while (j < need && i + j < len && (p[i + j] & 0xc0) == 0x80) j++;
-      }
-    }
-    o[k++] = (char)0xef;
-    o[k++] = (char)0xbf;
-    o[k++] = (char)0xbd;
-    i += j;
-  }
-  *out_len = k;
-  return o;
-}
-
 bool msnap__utf8_valid(const char *p, size_t len) {
-  return utf8_valid_prefix((const unsigned char *)p, len) == len;
+  return msnap__utf8_valid_prefix((const unsigned char *)p, len) == len;
 }
 
 /*
@@ -436,16 +352,17 @@ msnap_str_t msnap__snap_intern_bytes(msnap_snap_t *s, const char *p,
 }
 
 /*
- * Intern text under the model's UTF-8 policy: valid UTF-8 as it is; else
- * repaired (utf8_repair), counted in s->utf8_repaired (the first such
- * string in s->utf8_example).  Returns the id or 0 on ENOMEM.
+ * Intern text under the UTF-8 policy (base/utf8.c): valid UTF-8 as it is;
+ * else repaired (msnap__utf8_repair), counted in s->utf8_repaired (the
+ * first such string in s->utf8_example).  Returns the id or 0 on ENOMEM.
  */
 msnap_str_t msnap__snap_intern(msnap_snap_t *s, const char *p, size_t len) {
-  size_t v = utf8_valid_prefix((const unsigned char *)p, len);
+  size_t v = msnap__utf8_valid_prefix((const unsigned char *)p, len);
   if (msnap_likely(v == len)) return msnap__snap_intern_bytes(s, p, len);
-  size_t n = 0;
-  char *fixed = utf8_repair((const unsigned char *)p, len, &n);
+  if (len > (SIZE_MAX - 3) / 3) return 0;
+  char *fixed = malloc(len * 3 + 1);
   if (!fixed) return 0;
+  size_t n = msnap__utf8_repair((const unsigned char *)p, len, fixed);
   msnap_str_t id = msnap__snap_intern_bytes(s, fixed, n);
   free(fixed);
   if (id) {

@@ -1570,6 +1570,65 @@ def group_replay():
     live = os.path.join(TMP, "live.pickle")
     rc, out, err = run("demo-train", "-o", live)
     expect(rc == 0, "demo-train records a snapshot")
+    # A recording that does not fit the --device-memory of a what-if
+    # replay: a finding (exit 1), counted and said, never "expected for
+    # another allocator"; the JSON says fits false and where it first
+    # failed.  The same replay on the default device fits (exit 0).
+    rc, out, err = run("replay", "--device-memory", "2M", "--alloc-conf",
+                       "max_split_size_mb:64", live)
+    expect(rc == 1 and "does not fit: " in out and
+           "allocs failed in the replay (the first at entry " in out and
+           "on a simulated device of 2.00 MiB" in out and
+           "expected for another allocator" not in out,
+           "replay --device-memory 2M (what-if): does not fit, exit 1 "
+           "(%d %r)" % (rc, out[-600:]))
+    rc, out, err = run("replay", "--json", "--device-memory", "2M",
+                       "--alloc-conf", "max_split_size_mb:64", live)
+    js = json.loads(out) if rc == 1 and out else {}
+    dv = (js.get("devices") or [{}])[0]
+    expect(js.get("fits") is False and js.get("failed_allocs", 0) > 0 and
+           dv.get("failed_allocs") == js.get("failed_allocs") and
+           isinstance(dv.get("first_failed_entry"), int) and
+           dv.get("mismatch_count", 0) >= dv.get("failed_allocs"),
+           "replay --json: fits false, failed_allocs, first_failed_entry "
+           "(%d %r)" % (rc, out[:400]))
+    # A file name that is not UTF-8 (any bytes are a name): the SVG
+    # still parses, and every text report and error is valid UTF-8 with
+    # U+FFFD where the bad byte was, as --json shows it.
+    odd = os.path.join(TMP, os.fsdecode(b"na\xffme.pickle"))
+    shutil.copy(live, odd)
+    svg = os.path.join(TMP, "odd.svg")
+    p = subprocess.run(WRAPPER + [MEMSNAP, "plot", odd, "-o", svg],
+                       capture_output=True)
+    ok = p.returncode == 0
+    try:
+        root = ET.parse(svg).getroot()
+        texts = "".join(t.text or "" for t in root.iter()
+                        if t.tag.endswith("text"))
+        ok = ok and "na\ufffdme.pickle" in texts
+    except (ET.ParseError, OSError):
+        ok = False
+    expect(ok, "plot of a non-UTF-8 file name: the SVG parses, U+FFFD "
+           "in the name")
+    for cmd in ("check", "summary", "replay", "no-such"):
+        target = odd if cmd != "no-such" else odd + ".missing"
+        p = subprocess.run(WRAPPER + [MEMSNAP, "check" if cmd == "no-such"
+                                      else cmd, target],
+                           capture_output=True)
+        try:
+            out, err = p.stdout.decode("utf-8"), p.stderr.decode("utf-8")
+            ok = "na\ufffdme" in out + err
+        except UnicodeDecodeError:
+            ok = False
+        expect(ok, "%s of a non-UTF-8 file name: valid UTF-8 text with "
+               "U+FFFD (%r %r)" % (cmd, p.stdout[:200], p.stderr[:200]))
+    rc, out, err = run("replay", "--json", "--alloc-conf",
+                       "max_split_size_mb:64", live)
+    js = json.loads(out) if rc == 0 and out else {}
+    expect(js.get("fits") is True and js.get("failed_allocs") == 0 and
+           js["devices"][0]["first_failed_entry"] is None,
+           "replay --json on the default device: fits (%d %r)"
+           % (rc, out[:300]))
     # A bad --alloc-conf is a usage error as the other bad options: the
     # command's prefix, the help hint, exit 2, nothing on stdout (--json)
     # -- before the file is read, so also for a file that does not exist

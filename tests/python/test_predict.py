@@ -19,6 +19,7 @@ import pickle
 import pickletools
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -220,6 +221,7 @@ def test_gpt_oom(tmp_path):
 # after forward; backward adds grad_h, grad_w2 and grad_w1).
 BACKWARD_OOM = """\
 import sys
+import textwrap
 import torch
 n = 4 << 20
 x = torch.randn(n, device="npu")
@@ -1369,3 +1371,55 @@ def test_torch_compile_runs_eagerly(tmp_path):
     assert "  torch.compile ran eagerly (1 call)\n" in text.stdout, text.stdout
     ones = [ln for ln in text.stdout.splitlines() if " 1 block " in ln]
     assert ones and all(" 1 block   compiled.py:" in ln for ln in ones), text.stdout
+
+
+LINEAR_PEAKS = """
+    import json, os, sys, torch
+    dev = os.environ.get("DEV", "cuda")
+    if dev != "cuda":
+        import memsnap.torch as mt
+        mt.register_device(dev)
+    mod = torch.cuda if dev == "cuda" else getattr(torch, dev)
+    lin = torch.nn.Linear(1024, 4096).to(dev)
+    res = []
+    for shape, t, grad, flat in (((64, 32, 1024), True, False, False),  # 3-D, not contiguous
+                                 ((2, 8, 16, 1024), False, False, False),  # 4-D
+                                 ((64, 32, 1024), True, True, False),   # with backward
+                                 ((32, 1024), False, False, False),     # 2-D: addmm
+                                 ((32, 8, 1024), False, False, False)): # 3-D contiguous
+        x = torch.randn(*shape, device=dev)
+        if t:
+            x = x.transpose(0, 1)
+        mod.reset_peak_memory_stats()
+        base = mod.memory_allocated()
+        with torch.set_grad_enabled(grad):
+            y = lin(x)
+            if grad:
+                y.sum().backward()
+        res.append(mod.max_memory_allocated() - base)
+        del x, y
+        lin.zero_grad(set_to_none=True)
+    print("RESULT " + json.dumps(res), file=sys.stderr if dev == "cuda" else sys.stdout)
+"""
+
+
+def test_linear_bias_added_in_place_as_on_the_device(tmp_path):
+    """at::linear on an input it does not fuse (3-D not contiguous, 4-D)
+    adds the bias in place on a device; under FakeTensorMode every bias
+    is "tensor-subclass-like" and torch would add it out of place (an
+    output-sized block more).  The prediction's peaks equal the memsnap
+    device's for every branch of linear, forward and backward."""
+    script = tmp_path / "lin.py"
+    script.write_text(textwrap.dedent(LINEAR_PEAKS))
+    device = run_script(f"""
+        import os, runpy
+        os.environ["DEV"] = "msim"
+        runpy.run_path({str(script)!r}, run_name="__main__")
+    """).result
+    p = predict("--memory", "4G", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = [l for l in p.stderr.splitlines() if l.startswith("RESULT ")]
+    assert line, p.stderr
+    predicted = json.loads(line[0][len("RESULT "):])
+    assert predicted == device
+    assert device[0] == (64 * 32 * 1024 + 64 * 32 * 4096) * 4  # matmul's copy + output

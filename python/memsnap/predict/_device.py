@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import threading
 import types
@@ -637,7 +638,9 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
     of every function, the device of ``Tensor.to``, and ``Tensor.cuda()``.
 
     Also the place where ``F.scaled_dot_product_attention`` on the fake
-    device becomes the device's fused kernel (``_attention.py``).
+    device becomes the device's fused kernel (``_attention.py``), and
+    where ``F.linear`` adds its bias in place as on the device
+    (``_linear_bias_in_place``).
     """
 
     def __init__(self, session):
@@ -647,6 +650,7 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
         T = torch.Tensor
         self._to, self._cuda, self._numpy = T.to, T.cuda, T.numpy
         self._sdpa = torch._C._nn.scaled_dot_product_attention
+        self._linear = torch._C._nn.linear
 
     def _map(self, d):
         if isinstance(d, str):
@@ -682,6 +686,10 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
                 r = _attention.fused(self.session.kernel_profile(), args, kwargs or {})
                 if r is not None:
                     return r
+        if func is self._linear:
+            r = self._linear_bias_in_place(args, kwargs or {})
+            if r is not None:
+                return r
         if kwargs:
             d = kwargs.get("device")
             if d is not None:
@@ -699,6 +707,38 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
             kwargs.pop("device", None)
             return self._to(args[0], torch.device(self.name, index), **kwargs)
         return func(*args, **kwargs)
+
+
+    def _linear_bias_in_place(self, args, kwargs):
+        """``F.linear`` with a bias on an input that takes at::linear's
+        unfused branch (aten/src/ATen/native/Linear.cpp, ``linear``:
+        ``at::matmul`` then the bias) -- more than 3 dimensions, or 3 not
+        contiguous without TORCH_LINEAR_FLATTEN_3D=1.  There linear adds
+        the bias in place (``output.add_(bias)``) unless the bias is
+        "tensor-subclass-like", which every fake tensor is: under
+        FakeTensorMode it takes ``at::add``, an output-sized block the
+        device never allocates.  The device's branch, the same two
+        operators (and the same autograd graph: linear is composite).
+        None: leave the call to torch (2-D and contiguous 3-D inputs take
+        the fused addmm as on the device; under autocast linear's own
+        casts, cached for the weight, differ from matmul's; under forward
+        AD the device may take the same branch)."""
+        names = ("input", "weight", "bias")
+        a = list(args[:3]) + [kwargs.get(n) for n in names[len(args[:3]):]]
+        x, w, b = a
+        if not all(isinstance(t, torch.Tensor) for t in (x, w, b)):
+            return None
+        if x.device.type != self.name or len(args) + len(kwargs) != 3:
+            return None
+        if x.dim() < 3 or (x.dim() == 3 and (
+                x.is_contiguous() or os.environ.get("TORCH_LINEAR_FLATTEN_3D") == "1")):
+            return None
+        if (torch.is_autocast_enabled(self.name)
+                or getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0):
+            return None
+        out = torch.matmul(x, w.t())
+        out.add_(b)
+        return out
 
 
 @contextlib.contextmanager
