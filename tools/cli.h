@@ -347,6 +347,10 @@ typedef struct cli_site_s {
   uint32_t frame, via;
 } cli_site_t;
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
+/* True when frame is one of the user's own Python code: what cli_site
+ * prefers (not torch's, memsnap's, the standard library's or an installed
+ * package's, not a native frame). */
+bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame);
 /* The site of a trace entry recorded with an empty stack: neither
  * PyTorch's nor memsnap's files say which stacks were asked for
  * (_record_memory_history's `stacks`), so the frames tell: when the file

@@ -322,6 +322,14 @@ uint32_t cli_empty_site(const msnap_snap_t *s) {
   return python ? CLI_SITE_NO_PYTHON : CLI_SITE_NONE;
 }
 
+bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame) {
+  if (frame >= s->nframes) return false;
+  size_t fl;
+  const char *file = cli_str(s, s->frames[frame].filename, &fl);
+  return is_python_file(file, fl) && !is_torch(file, fl) &&
+         !is_stdlib(file, fl) && !is_third_party(file, fl);
+}
+
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);

@@ -880,7 +880,10 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
         continue;
       cli_site_t one = {fr[i], CLI_SITE_NONE};
       cli_site_format(s, one, b4, sizeof b4);
-      printf("    %s%s\n", b4, fr[i] == o->site.frame ? "   <- your code" : "");
+      printf("    %s%s\n", b4,
+             fr[i] != o->site.frame         ? ""
+             : cli_frame_is_user(s, fr[i]) ? "   <- your code"
+                                           : "   <- the allocation site");
       shown++;
     }
     if (n > shown)

@@ -3784,6 +3784,22 @@ def group_explain():
     expect("new segment" not in out,
            "summary text: no 'new segment' line when the segment is the "
            "request (30 MiB)")
+    expect("u/train.py:77:step   <- your code" in out,
+           "summary text: the user's frame of the stack is marked")
+    # An OOM on an autograd engine thread (native frames only): its site
+    # is the autograd node, torch's code -- marked as the site, not as
+    # the user's code.
+    snap = oom_snapshot()
+    snap["device_traces"][0][-1]["frames"] = [
+        frame("c10::cuda::CUDACachingAllocator::malloc", "??", 0),
+        frame("torch::autograd::generated::MulBackward0::apply(a)", "??", 0),
+        frame("torch::autograd::Engine::thread_main()", "??", 0)]
+    p2 = write_pickle(snap, "oom_native.pickle")
+    rc, out, err = run("summary", p2)
+    expect(rc == 0 and "MulBackward0::apply   <- the allocation site" in out
+           and "<- your code" not in out,
+           "summary text: a native-only stack's site is not 'your code' "
+           "(%r)" % out[-700:])
     # A 17 MiB request: get_allocation_size rounds it up to 2 MiB, 18 MiB,
     # the size PyTorch's message names ("Tried to allocate 18.00 MiB");
     # a 4 MiB request gets a kLargeBuffer (20 MiB) segment.
