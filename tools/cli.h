@@ -741,6 +741,9 @@ typedef struct cli_explain_s {
   uint32_t peak_state;
   const char *peak_source;
   char peak_why[512];
+  long trace_violations; /* > 0: the trace is inconsistent with the final
+                            state (cli_backward's count, 0 also when no
+                            trace holds allocs) */
   cli_frag_t at_peak;
   cli_oom_t oom;
 } cli_explain_t;
@@ -822,6 +825,8 @@ typedef struct cli_replay_res_s {
   const char *initial; /* start state: "empty", "exact", "inferred"...  */
   uint64_t mismatches;
   uint32_t first_failed; /* first alloc entry that failed (CLI_NO_PAIR) */
+  long violations; /* > 0: not replayable, the trace is inconsistent with
+                      the final state (cli_backward's count) */
   char reason[512];
 } cli_replay_res_t;
 /* Replay device dev of s (see cmd_replay.c).  0 (res filled, also when

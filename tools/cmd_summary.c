@@ -959,6 +959,17 @@ static void print_text(const char *file, const msnap_snap_t *s,
                                         "entries"));
         print_wrapped("", buf);
       }
+      if (f->x.trace_violations > 0) {
+        char buf[256];
+        snprintf(buf, sizeof buf,
+                 "the trace is inconsistent with the final state (%ld %s; "
+                 "see memsnap check): both peaks add up the entries as "
+                 "recorded and may be wrong",
+                 f->x.trace_violations,
+                 cli_plural((uint64_t)f->x.trace_violations, "violation",
+                            "violations"));
+        print_wrapped("", buf);
+      }
     }
     print_fragmentation(&f->x);
     if (f->nlargest) {

@@ -582,6 +582,7 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
   }
   long v = cli_backward(s, dev, NULL, NULL, &d->start);
   if (v != 0) {
+    d->violations = v;
     cli_state_free(&d->start);
     snprintf(d->reason, sizeof d->reason,
              "the trace is inconsistent with the final state (%ld "
@@ -1307,6 +1308,7 @@ int cli_replay_run(const msnap_snap_t *s, int64_t dev,
   } else if (!d->replayable) {
     /* not replayable from the start, or the start state could not be
      * rebuilt (replay_device says why) */
+    res->violations = d->violations;
     snprintf(res->reason, sizeof res->reason, "%s",
              d->reason[0] ? d->reason : r.why);
   } else {

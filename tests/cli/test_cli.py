@@ -3786,6 +3786,20 @@ def group_explain():
            "request (30 MiB)")
     expect("u/train.py:77:step   <- your code" in out,
            "summary text: the user's frame of the stack is marked")
+    expect("the trace is inconsistent" not in out,
+           "summary text: no caveat under the peaks of a consistent trace")
+    # The peaks of a trace that check finds inconsistent carry the caveat
+    # (they add up the entries as recorded).
+    snap = oom_snapshot()
+    tr = snap["device_traces"][0]
+    first = [i for i, e in enumerate(tr) if e["action"] == "alloc"][0]
+    tr[first]["action"] = "free_completed"
+    p3 = write_pickle(snap, "oom_bad.pickle")
+    rc, out, err = run("summary", p3)
+    expect(rc == 0 and "the trace is inconsistent with the final state ("
+           in out and "both peaks add up the" in out,
+           "summary text: an inconsistent trace's peaks carry a caveat "
+           "(%r)" % out[:900])
     # An OOM on an autograd engine thread (native frames only): its site
     # is the autograd node, torch's code -- marked as the site, not as
     # the user's code.
