@@ -1622,6 +1622,17 @@ def group_replay():
             ok = False
         expect(ok, "%s of a non-UTF-8 file name: valid UTF-8 text with "
                "U+FFFD (%r %r)" % (cmd, p.stdout[:200], p.stderr[:200]))
+    # view --budget below what every page holds: the smallest page and a
+    # note saying so; data_bytes is what the budget bounds
+    for budget, note in (("1", True), ("64M", False)):
+        rc, out, err = run("view", "--json", "--budget", budget, live, "-o",
+                           os.path.join(TMP, "budget.html"))
+        js = json.loads(out) if rc == 0 and out else {}
+        expect(rc == 0 and 0 < js.get("data_bytes", 0) < js.get("bytes", 0)
+               and ("note: the page holds %d bytes of data, more than "
+                    "--budget 1 per file" % js["data_bytes"] in err) == note,
+               "view --budget %s: data_bytes, %s note (%d %r)"
+               % (budget, "a" if note else "no", rc, err[-300:]))
     rc, out, err = run("replay", "--json", "--alloc-conf",
                        "max_split_size_mb:64", live)
     js = json.loads(out) if rc == 0 and out else {}
