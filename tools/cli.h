@@ -391,7 +391,10 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
                 int64_t *out);
 /* "npu" or "cuda": the profile the recording was made with
  * (process_info's, else npu when allocator_settings name
- * PYTORCH_NPU_ALLOC_CONF, else cuda). */
+ * PYTORCH_NPU_ALLOC_CONF or hold a non-empty workspace_segments list
+ * (memsnap's npu files), or a trace holds a workspace_snapshot entry
+ * (only torch_npu's NPUWorkspaceAllocator writes that action), else
+ * cuda). */
 const char *cli_recording_profile(const msnap_snap_t *s);
 /* A count of device dev as recorded in process_info's devices (memsnap's
  * files): key "total_bytes" (the device's memory), "allowed_bytes" (the

@@ -655,6 +655,14 @@ const char *cli_recording_profile(const msnap_snap_t *s) {
     return p;
   if (cli_gv_get(s, &s->allocator_settings, "PYTORCH_NPU_ALLOC_CONF"))
     return "npu";
+  const msnap_gv_t *w =
+      cli_gv_get(s, &s->allocator_settings, "workspace_segments");
+  if (w && w->kind == MSNAP_GV_LIST && w->u.seq.n > 0)
+    return "npu";
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    for (uint32_t i = 0; i < s->device_traces[d].n; i++)
+      if (s->device_traces[d].v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
+        return "npu";
   return "cuda";
 }
 

@@ -32,6 +32,9 @@ typedef struct dev_replay_s {
                              also a mismatch) */
   long violations;       /* > 0: not replayable, the trace is inconsistent
                             with the final state (cli_backward's count) */
+  uint64_t *ws;          /* torch_npu's workspace segments (their
+                            workspace_snapshot entries' addresses), sorted */
+  uint32_t nws;
   bool stopped;          /* the visitor stopped the replay early */
   char *mismatches[REPLAY_MAX_MISMATCHES];
   uint32_t nkept;

@@ -1622,6 +1622,51 @@ def group_replay():
             ok = False
         expect(ok, "%s of a non-UTF-8 file name: valid UTF-8 text with "
                "U+FFFD (%r %r)" % (cmd, p.stdout[:200], p.stderr[:200]))
+    # A torch_npu recording (its workspace_snapshot entries say so: no
+    # process_info, no allocator_settings) replays exactly with the npu
+    # profile by default: a 512 B request in a 1024 B block (AddPadSize),
+    # and the workspace buffer (the entries after workspace_snapshot, the
+    # last segment) left out of the replay and of the recording's figures.
+    A, W = 0x12c000000000, 0x12c100000000
+    fr = [frame("fwd", "train.py", 10)]
+    segs = [{"device": 0, "address": A, "total_size": 2 * MiB,
+             "allocated_size": 1024, "active_size": 1024,
+             "requested_size": 512, "stream": 0, "segment_type": "small",
+             "segment_pool_id": (0, 0), "is_expandable": False,
+             "frames": fr,
+             "blocks": [{"address": A, "size": 1024, "requested_size": 512,
+                         "state": "active_allocated", "frames": fr},
+                        {"address": A + 1024, "size": 2 * MiB - 1024,
+                         "requested_size": 0, "state": "inactive",
+                         "frames": []}]},
+            {"device": 0, "address": W, "total_size": 4 * MiB,
+             "allocated_size": 0, "active_size": 0, "requested_size": 0,
+             "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+             "is_expandable": False, "frames": [],
+             "blocks": [{"address": W, "size": 4 * MiB, "requested_size": 0,
+                         "state": "inactive", "frames": []}]}]
+    tr = [{"action": "workspace_snapshot", "addr": W, "size": 4 * MiB,
+           "stream": 0},
+          {"action": "segment_alloc", "addr": W, "size": 4 * MiB,
+           "stream": 0},
+          {"action": "alloc", "addr": W, "size": 4 * MiB, "stream": 0},
+          {"action": "segment_alloc", "addr": A, "size": 2 * MiB,
+           "stream": 0, "frames": fr},
+          {"action": "alloc", "addr": A, "size": 512, "stream": 0,
+           "frames": fr}]
+    tn = write_pickle({"segments": segs, "device_traces": [tr]},
+                      "torch_npu.pickle")
+    rc, out, err = run("replay", "--json", tn)
+    js = json.loads(out) if rc == 0 and out else {}
+    dv = (js.get("devices") or [{}])[0]
+    expect(js.get("profile") == "npu" and js.get("mode") == "exact" and
+           js.get("matches_recording") is True and
+           dv.get("recording", {}).get("peak_reserved_bytes") == 2 * MiB and
+           dv.get("peak_reserved_bytes") == 2 * MiB and
+           dv.get("segment_allocs") == 1,
+           "replay of a torch_npu recording: npu profile, exact, the "
+           "workspace left out (%d %r)" % (rc, out[:600]))
+
     # view --budget below what every page holds: the smallest page and a
     # note saying so; data_bytes is what the budget bounds
     for budget, note in (("1", True), ("64M", False)):
