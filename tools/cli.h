@@ -347,6 +347,10 @@ typedef struct cli_site_s {
   uint32_t frame, via;
 } cli_site_t;
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
+/* True when frame is one of the user's own Python code: what cli_site
+ * prefers (not torch's, memsnap's, the standard library's or an installed
+ * package's, not a native frame). */
+bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame);
 /* The site of a trace entry recorded with an empty stack: neither
  * PyTorch's nor memsnap's files say which stacks were asked for
  * (_record_memory_history's `stacks`), so the frames tell: when the file
@@ -387,7 +391,10 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
                 int64_t *out);
 /* "npu" or "cuda": the profile the recording was made with
  * (process_info's, else npu when allocator_settings name
- * PYTORCH_NPU_ALLOC_CONF, else cuda). */
+ * PYTORCH_NPU_ALLOC_CONF or hold a non-empty workspace_segments list
+ * (memsnap's npu files), or a trace holds a workspace_snapshot entry
+ * (only torch_npu's NPUWorkspaceAllocator writes that action), else
+ * cuda). */
 const char *cli_recording_profile(const msnap_snap_t *s);
 /* A count of device dev as recorded in process_info's devices (memsnap's
  * files): key "total_bytes" (the device's memory), "allowed_bytes" (the
@@ -737,6 +744,9 @@ typedef struct cli_explain_s {
   uint32_t peak_state;
   const char *peak_source;
   char peak_why[512];
+  long trace_violations; /* > 0: the trace is inconsistent with the final
+                            state (cli_backward's count, 0 also when no
+                            trace holds allocs) */
   cli_frag_t at_peak;
   cli_oom_t oom;
 } cli_explain_t;
@@ -818,6 +828,8 @@ typedef struct cli_replay_res_s {
   const char *initial; /* start state: "empty", "exact", "inferred"...  */
   uint64_t mismatches;
   uint32_t first_failed; /* first alloc entry that failed (CLI_NO_PAIR) */
+  long violations; /* > 0: not replayable, the trace is inconsistent with
+                      the final state (cli_backward's count) */
   char reason[512];
 } cli_replay_res_t;
 /* Replay device dev of s (see cmd_replay.c).  0 (res filled, also when

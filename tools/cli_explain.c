@@ -325,6 +325,13 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
       x->at_peak = x->final;
       x->have_at_peak = true;
       x->peak_source = "final state";
+      /* no replay to find an inconsistent trace: the backward replay
+       * alone (the replay runs it otherwise) */
+      cli_state_t st;
+      memset(&st, 0, sizeof st); /* (untouched when out of memory) */
+      long nv = cli_backward(s, dev, NULL, NULL, &st);
+      cli_state_free(&st);
+      x->trace_violations = nv > 0 ? nv : 0;
     } else {
       v.want[0] = x->peak_state;
     }
@@ -343,6 +350,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     cli_replay_res_t rr;
     if (cli_replay_run(s, dev, &cfg, &rr) != 0 || v.failed)
       goto out;
+    x->trace_violations = rr.violations;
     const char *why = !rr.replayable ? rr.reason
                       : !rr.exact
                           ? "the replay was a what-if (another profile or "

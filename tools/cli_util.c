@@ -322,6 +322,14 @@ uint32_t cli_empty_site(const msnap_snap_t *s) {
   return python ? CLI_SITE_NO_PYTHON : CLI_SITE_NONE;
 }
 
+bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame) {
+  if (frame >= s->nframes) return false;
+  size_t fl;
+  const char *file = cli_str(s, s->frames[frame].filename, &fl);
+  return is_python_file(file, fl) && !is_torch(file, fl) &&
+         !is_stdlib(file, fl) && !is_third_party(file, fl);
+}
+
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   uint32_t n;
   const uint32_t *fr = cli_stack(s, st, &n);
@@ -647,6 +655,14 @@ const char *cli_recording_profile(const msnap_snap_t *s) {
     return p;
   if (cli_gv_get(s, &s->allocator_settings, "PYTORCH_NPU_ALLOC_CONF"))
     return "npu";
+  const msnap_gv_t *w =
+      cli_gv_get(s, &s->allocator_settings, "workspace_segments");
+  if (w && w->kind == MSNAP_GV_LIST && w->u.seq.n > 0)
+    return "npu";
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    for (uint32_t i = 0; i < s->device_traces[d].n; i++)
+      if (s->device_traces[d].v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
+        return "npu";
   return "cuda";
 }
 

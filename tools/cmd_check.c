@@ -167,27 +167,11 @@ static void back_cb(void *arg, uint32_t entry, const char *msg) {
   report(c, where, "%s", msg);
 }
 
-/*
- * The file shows a torch_npu recording: memsnap's npu profile
- * (cli_recording_profile: process_info, or PYTORCH_NPU_ALLOC_CONF in
- * allocator_settings), a workspace_snapshot trace entry (only torch_npu's
- * NPUWorkspaceAllocator get_trace writes that action) or a non-empty
- * workspace_segments list in allocator_settings (memsnap's files).  A
- * torch_npu file without history has none of these: nothing tells it
- * from a CUDA one.
- */
+/* The file shows a torch_npu recording (cli_recording_profile's
+ * evidence).  A torch_npu file without history has none: nothing tells
+ * it from a CUDA one. */
 static bool torch_npu_evidence(const msnap_snap_t *s) {
-  if (strcmp(cli_recording_profile(s), "npu") == 0)
-    return true;
-  const msnap_gv_t *w =
-      cli_gv_get(s, &s->allocator_settings, "workspace_segments");
-  if (w && w->kind == MSNAP_GV_LIST && w->u.seq.n > 0)
-    return true;
-  for (uint32_t d = 0; d < s->ndevices; d++)
-    for (uint32_t i = 0; i < s->device_traces[d].n; i++)
-      if (s->device_traces[d].v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
-        return true;
-  return false;
+  return strcmp(cli_recording_profile(s), "npu") == 0;
 }
 
 /*

@@ -880,7 +880,10 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
         continue;
       cli_site_t one = {fr[i], CLI_SITE_NONE};
       cli_site_format(s, one, b4, sizeof b4);
-      printf("    %s%s\n", b4, fr[i] == o->site.frame ? "   <- your code" : "");
+      printf("    %s%s\n", b4,
+             fr[i] != o->site.frame         ? ""
+             : cli_frame_is_user(s, fr[i]) ? "   <- your code"
+                                           : "   <- the allocation site");
       shown++;
     }
     if (n > shown)
@@ -954,6 +957,17 @@ static void print_text(const char *file, const msnap_snap_t *s,
                  "kept; the dropped ones may have held higher ones",
                  f->dropped, cli_plural((uint64_t)f->dropped, "entry",
                                         "entries"));
+        print_wrapped("", buf);
+      }
+      if (f->x.trace_violations > 0) {
+        char buf[256];
+        snprintf(buf, sizeof buf,
+                 "the trace is inconsistent with the final state (%ld %s; "
+                 "see memsnap check): both peaks add up the entries as "
+                 "recorded and may be wrong",
+                 f->x.trace_violations,
+                 cli_plural((uint64_t)f->x.trace_violations, "violation",
+                            "violations"));
         print_wrapped("", buf);
       }
     }

@@ -124,7 +124,8 @@ static void usage(FILE *f) {
           "  --step NAME        the annotation that marks one step (default:\n"
           "                     the most repeated one; trailing digits ignored)\n"
           "  --json             print {output, output_error, bytes (the\n"
-          "                     page's size), budget, files: [{file,\n"
+          "                     page's size), budget, data_bytes (the page\n"
+          "                     less the viewer's code), files: [{file,\n"
           "                     input_bytes, entries, embedded_entries,\n"
           "                     allocations, bands, ooms, leak_sites}]}\n"
           "                     on stdout\n"
@@ -207,10 +208,19 @@ int cli_cmd_view(int argc, char **argv) {
   for (int i = 0; i < nf; i++)
     if (snaps[i])
       msnap__snap_free(snaps[i]);
+  /* the page less the viewer's code: what the budget bounds */
+  size_t code = sizeof view_js - 1;
+  uint64_t data = len > code ? (uint64_t)(len - code) : 0;
   if (made) {
     if (wrote)
       fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n",
               cli_output_shown(out), len);
+    if (budget && data > budget * (uint64_t)nf)
+      cli_err("note: the page holds %" PRIu64 " bytes of data, more than "
+              "--budget %" PRIu64 " per file: the final state, the memory "
+              "series and the stacks of what is shown go in whatever the "
+              "budget",
+              data, budget);
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);
@@ -220,6 +230,8 @@ int cli_cmd_view(int argc, char **argv) {
       cj_u64(&j, len);
       cj_key(&j, "budget");
       cj_u64(&j, vo.budget);
+      cj_key(&j, "data_bytes");
+      cj_u64(&j, data);
       cj_key(&j, "files");
       cj_arr(&j);
       for (int i = 0; i < nf; i++) {

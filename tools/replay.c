@@ -429,6 +429,8 @@ static cli_key_ix_t *segments_by_address(const msnap_snap_t *s, int64_t dev,
   return v;
 }
 
+static bool is_workspace(const dev_replay_t *d, uint64_t addr);
+
 /* Compare the replayed final segments of a device with the file's, both
  * taken in address order.  When the comparison cannot be made (no memory
  * for the replay's snapshot or the sorted lists), d->final_compared stays
@@ -461,6 +463,10 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
   d->final_compared = true;
   uint32_t i = 0, k = 0;
   while (i < ns || k < nm) {
+    if (i < ns && is_workspace(d, s->segments[vs[i].ix].address)) {
+      i++; /* torch_npu's workspace: the replay has none */
+      continue;
+    }
     const msnap_ssegment_t *a = i < ns ? &s->segments[vs[i].ix] : NULL;
     const msnap_ssegment_t *b = k < nm ? &m->segments[vm[k].ix] : NULL;
     if (!b || (a && a->address < b->address)) {
@@ -507,6 +513,57 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
   free(vs);
   free(vm);
   msnap__snap_free(m);
+}
+
+static int cmp_u64(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* torch_npu's workspace segments of a device: the addresses its
+ * workspace_snapshot entries name (NPUWorkspaceAllocator's get_trace
+ * writes one for each buffer, with the synthetic segment_alloc and alloc
+ * after it: cli_workspace_synthetic), sorted into d->ws.  They are no
+ * caching-allocator memory: the replay leaves them out of the start
+ * state, the recorded figures and the final layout.  -1 on ENOMEM. */
+static int find_workspace(const msnap_trace_list_t *tl, dev_replay_t *d) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; tl && i < tl->n; i++)
+    n += tl->v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT;
+  d->nws = 0;
+  if (n == 0) return 0;
+  uint64_t *v = realloc(d->ws, (size_t)n * sizeof *v);
+  if (v == NULL) return -1;
+  d->ws = v;
+  for (uint32_t i = 0; i < tl->n; i++)
+    if (tl->v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
+      v[d->nws++] = tl->v[i].addr;
+  qsort(v, d->nws, sizeof *v, cmp_u64);
+  return 0;
+}
+
+static bool is_workspace(const dev_replay_t *d, uint64_t addr) {
+  return d->nws &&
+         bsearch(&addr, d->ws, d->nws, sizeof *d->ws, cmp_u64) != NULL;
+}
+
+/* st less the workspace segments (d->ws) and the blocks inside them. */
+static void drop_workspace(const dev_replay_t *d, cli_state_t *st) {
+  if (d->nws == 0) return;
+  uint32_t ng = 0;
+  for (uint32_t i = 0; i < st->ng; i++) {
+    const cli_lseg_t *g = &st->g[i];
+    if (!is_workspace(d, g->addr)) {
+      st->g[ng++] = *g;
+      continue;
+    }
+    uint32_t nb = 0;
+    for (uint32_t k = 0; k < st->nb; k++)
+      if (st->b[k].addr < g->addr || st->b[k].addr - g->addr >= g->size)
+        st->b[nb++] = st->b[k];
+    st->nb = nb;
+  }
+  st->ng = ng;
 }
 
 /* Why a device trace is not replayable; "" if it is. */
@@ -580,8 +637,14 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
              "MemPool), which the trace does not describe");
     return;
   }
+  if (find_workspace(tl, d) != 0) {
+    snprintf(d->reason, sizeof d->reason, "out of memory");
+    return;
+  }
   long v = cli_backward(s, dev, NULL, NULL, &d->start);
+  if (v == 0) drop_workspace(d, &d->start);
   if (v != 0) {
+    d->violations = v;
     cli_state_free(&d->start);
     snprintf(d->reason, sizeof d->reason,
              "the trace is inconsistent with the final state (%ld "
@@ -603,6 +666,8 @@ static void recorded_figures(const msnap_snap_t *s, dev_replay_t *d,
   uint64_t peak = res;
   for (uint32_t i = 0; tl && i < tl->n; i++) {
     const msnap_strace_t *e = &tl->v[i];
+    if (cli_workspace_synthetic(tl, i))
+      continue;
     if (e->action == MSNAP_ACTION_SEGMENT_ALLOC) {
       d->rec_segment_allocs++;
       res += e->size;
@@ -618,7 +683,7 @@ static void recorded_figures(const msnap_snap_t *s, dev_replay_t *d,
   d->rec_inactive_split = 0;
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *g = &s->segments[i];
-    if (g->device != d->device)
+    if (g->device != d->device || is_workspace(d, g->address))
       continue;
     d->rec_final_reserved += g->total_size;
     /* A block is split when its segment holds more than one block. */
@@ -639,6 +704,8 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
     d->have_start = false;
   } else if (cli_backward(s, d->device, NULL, NULL, &st) < 0) {
     return -1;
+  } else {
+    drop_workspace(d, &st);
   }
   recorded_figures(s, d, &st);
   d->initial_segments = st.ng;
@@ -698,6 +765,8 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       d->stopped = true;
       break;
     }
+    if (cli_workspace_synthetic(tl, i))
+      continue; /* torch_npu's workspace: not the caching allocator's */
     switch (e->action) {
     case MSNAP_ACTION_SEGMENT_ALLOC:
       if (seg_pending)
@@ -1260,6 +1329,7 @@ void replay_free(replay_t *r) {
     for (uint32_t i = 0; i < r->dr[k].nkept; i++)
       free(r->dr[k].mismatches[i]);
     cli_state_free(&r->dr[k].start);
+    free(r->dr[k].ws);
   }
   free(r->dr);
   free(r->devs);
@@ -1307,6 +1377,7 @@ int cli_replay_run(const msnap_snap_t *s, int64_t dev,
   } else if (!d->replayable) {
     /* not replayable from the start, or the start state could not be
      * rebuilt (replay_device says why) */
+    res->violations = d->violations;
     snprintf(res->reason, sizeof res->reason, "%s",
              d->reason[0] ? d->reason : r.why);
   } else {

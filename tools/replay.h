@@ -30,6 +30,11 @@ typedef struct dev_replay_s {
   int first_failed_rc;   /* its MSNAP_E* code */
   uint64_t failed_allocs; /* alloc entries that failed in the replay (each
                              also a mismatch) */
+  long violations;       /* > 0: not replayable, the trace is inconsistent
+                            with the final state (cli_backward's count) */
+  uint64_t *ws;          /* torch_npu's workspace segments (their
+                            workspace_snapshot entries' addresses), sorted */
+  uint32_t nws;
   bool stopped;          /* the visitor stopped the replay early */
   char *mismatches[REPLAY_MAX_MISMATCHES];
   uint32_t nkept;

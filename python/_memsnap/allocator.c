@@ -549,10 +549,23 @@ static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
 }
 
 /* dump_usage_reports(device) -> bool: the usage CSV files of a dump
- * (MEMSNAP_USAGE_REPORT); False when CANN's report was wanted and could
- * not be written (torch_npu then runs its profiler). */
+ * (MEMSNAP_USAGE_REPORT); False when CANN's report was wanted and the
+ * runtime cannot give it (torch_npu then runs its profiler); OSError when
+ * a file could not be written or the directory is unusable. */
 static PyObject *py_dump_usage_reports(PyObject *module, PyObject *arg) {
-  return usage_call(module, arg, dump_usage);
+  int device;
+  if (msnap_py_device(arg, &device) < 0)
+    return NULL;
+  MSNAP_PY_GET_ALLOC(a);
+  if (msnap_py_check_device(a, device, 0, 1) < 0)
+    return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = dump_usage(a, device);
+  Py_END_ALLOW_THREADS
+  if (rc != 0 && rc != MSNAP_ENOTSUP)
+    return msnap_py_raise(module, rc, NULL);
+  return PyBool_FromLong(rc == 0);
 }
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused) {

@@ -1271,7 +1271,15 @@ def _dump_usage_report(prof_path: str) -> None:
     profiler, writing into ``prof_path`` (``torch_npu/npu/memory.py:
     _dump_snapshot``)."""
     device = _current_device()
-    if _C.dump_usage_reports(device):
+    try:
+        if _C.dump_usage_reports(device):
+            return
+    except OSError as e:
+        # torch_npu's saveDevMemUsageInfo raises here (GetOomSnapshotDumpPath:
+        # "OOM_SNAPSHOT_PATH is invalid"); the snapshot is written by then,
+        # so memsnap says why the report is missing instead of failing it
+        warnings.warn(f"memsnap: no memory usage report was written: {e} "
+                      "(the snapshot was)", RuntimeWarning, stacklevel=3)
         return
     try:
         import torch_npu  # type: ignore[import-not-found]

@@ -312,6 +312,10 @@ static int k_roundup_power2_divisions(parser_t *p, size_t key, size_t *i) {
     return 0;
   }
   size_t last = 0;
+  /* only the first boundary listed fills the classes below it (c10's
+   * AllocatorConfig::parseRoundUpPower2Divisions keeps a flag for that:
+   * a first boundary of 1 leaves `last` at 0 too) */
+  bool first = true;
   while (++*i < p->ntok && strcmp(p->tok[*i], "]") != 0) {
     size_t bound = *i;
     *i += 2; /* separator (unchecked) and the division */
@@ -335,8 +339,9 @@ static int k_roundup_power2_divisions(parser_t *p, size_t key, size_t *i) {
                     "of 2; got '%s'", p->tok[bound]);
       size_t idx = log2_floor(b);
       if (idx > MSNAP_ROUNDUP_INTERVALS - 1) idx = MSNAP_ROUNDUP_INTERVALS - 1;
-      if (last == 0)
+      if (first)
         for (size_t k = 0; k < idx; k++) tab[k] = d;
+      first = false;
       tab[idx] = d;
       last = idx;
     }

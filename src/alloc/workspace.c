@@ -215,12 +215,19 @@ int msnap_workspace_malloc(msnap_allocator_t *a, int device, size_t size,
   size_t free_b = 0, total_b = 0;
   (void)ops->mem_get_info(rctx, device, &free_b, &total_b);
   ws_oom(a, device, stream, rounded);
+  /* torch_npu's words (NPUWorkspaceAllocator.cpp, the allocator's
+   * malloc after its one retry): the request, then the device's total
+   * and free memory, each as format_size */
+  char req[32], tot[32], fre[32];
+  msnap__format_size(size, req, sizeof req);
+  msnap__format_size(total_b, tot, sizeof tot);
+  msnap__format_size(free_b, fre, sizeof fre);
   return msnap__set_error(MSNAP_EOOM,
-                          "NPUWorkspaceAllocator tried to allocate %" PRIu64
-                          " bytes (%zu requested) on device %d for stream "
-                          "0x%" PRIx64 "; %zu bytes free of %zu total. Try "
-                          "TASK_QUEUE_ENABLE=1 or a smaller batch.",
-                          rounded, size, device, stream, free_b, total_b);
+                          "NPU out of memory. NPUWorkspaceAllocator tried to "
+                          "allocate %s(NPU %d; %s total capacity; %s free). "
+                          "If you want to reduce memory usage, take a try to "
+                          "set the environment variable TASK_QUEUE_ENABLE=1.",
+                          req, device, tot, fre);
 }
 
 /* Mark the buffer at ptr unused (cached) or return an uncached one.

@@ -54,8 +54,12 @@ char *msnap__usage_dir(const char *configured) {
   struct stat st;
   int e = stat(p, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
   if (e != 0) {
-    msnap__set_error_errno(MSNAP_EIO, e, "usage report directory '%s' is "
-                           "not an existing directory", p);
+    if (p != configured && strcmp(p, ".") != 0)
+      msnap__set_error_errno(MSNAP_EIO, e, "OOM_SNAPSHOT_PATH '%s' is not an "
+                             "existing directory", p);
+    else
+      msnap__set_error_errno(MSNAP_EIO, e, "usage report directory '%s' is "
+                             "not an existing directory", p);
     return NULL;
   }
   char *d = strdup(p);

@@ -1622,6 +1622,62 @@ def group_replay():
             ok = False
         expect(ok, "%s of a non-UTF-8 file name: valid UTF-8 text with "
                "U+FFFD (%r %r)" % (cmd, p.stdout[:200], p.stderr[:200]))
+    # A torch_npu recording (its workspace_snapshot entries say so: no
+    # process_info, no allocator_settings) replays exactly with the npu
+    # profile by default: a 512 B request in a 1024 B block (AddPadSize),
+    # and the workspace buffer (the entries after workspace_snapshot, the
+    # last segment) left out of the replay and of the recording's figures.
+    A, W = 0x12c000000000, 0x12c100000000
+    fr = [frame("fwd", "train.py", 10)]
+    segs = [{"device": 0, "address": A, "total_size": 2 * MiB,
+             "allocated_size": 1024, "active_size": 1024,
+             "requested_size": 512, "stream": 0, "segment_type": "small",
+             "segment_pool_id": (0, 0), "is_expandable": False,
+             "frames": fr,
+             "blocks": [{"address": A, "size": 1024, "requested_size": 512,
+                         "state": "active_allocated", "frames": fr},
+                        {"address": A + 1024, "size": 2 * MiB - 1024,
+                         "requested_size": 0, "state": "inactive",
+                         "frames": []}]},
+            {"device": 0, "address": W, "total_size": 4 * MiB,
+             "allocated_size": 0, "active_size": 0, "requested_size": 0,
+             "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+             "is_expandable": False, "frames": [],
+             "blocks": [{"address": W, "size": 4 * MiB, "requested_size": 0,
+                         "state": "inactive", "frames": []}]}]
+    tr = [{"action": "workspace_snapshot", "addr": W, "size": 4 * MiB,
+           "stream": 0},
+          {"action": "segment_alloc", "addr": W, "size": 4 * MiB,
+           "stream": 0},
+          {"action": "alloc", "addr": W, "size": 4 * MiB, "stream": 0},
+          {"action": "segment_alloc", "addr": A, "size": 2 * MiB,
+           "stream": 0, "frames": fr},
+          {"action": "alloc", "addr": A, "size": 512, "stream": 0,
+           "frames": fr}]
+    tn = write_pickle({"segments": segs, "device_traces": [tr]},
+                      "torch_npu.pickle")
+    rc, out, err = run("replay", "--json", tn)
+    js = json.loads(out) if rc == 0 and out else {}
+    dv = (js.get("devices") or [{}])[0]
+    expect(js.get("profile") == "npu" and js.get("mode") == "exact" and
+           js.get("matches_recording") is True and
+           dv.get("recording", {}).get("peak_reserved_bytes") == 2 * MiB and
+           dv.get("peak_reserved_bytes") == 2 * MiB and
+           dv.get("segment_allocs") == 1,
+           "replay of a torch_npu recording: npu profile, exact, the "
+           "workspace left out (%d %r)" % (rc, out[:600]))
+
+    # view --budget below what every page holds: the smallest page and a
+    # note saying so; data_bytes is what the budget bounds
+    for budget, note in (("1", True), ("64M", False)):
+        rc, out, err = run("view", "--json", "--budget", budget, live, "-o",
+                           os.path.join(TMP, "budget.html"))
+        js = json.loads(out) if rc == 0 and out else {}
+        expect(rc == 0 and 0 < js.get("data_bytes", 0) < js.get("bytes", 0)
+               and ("note: the page holds %d bytes of data, more than "
+                    "--budget 1 per file" % js["data_bytes"] in err) == note,
+               "view --budget %s: data_bytes, %s note (%d %r)"
+               % (budget, "a" if note else "no", rc, err[-300:]))
     rc, out, err = run("replay", "--json", "--alloc-conf",
                        "max_split_size_mb:64", live)
     js = json.loads(out) if rc == 0 and out else {}
@@ -3784,6 +3840,36 @@ def group_explain():
     expect("new segment" not in out,
            "summary text: no 'new segment' line when the segment is the "
            "request (30 MiB)")
+    expect("u/train.py:77:step   <- your code" in out,
+           "summary text: the user's frame of the stack is marked")
+    expect("the trace is inconsistent" not in out,
+           "summary text: no caveat under the peaks of a consistent trace")
+    # The peaks of a trace that check finds inconsistent carry the caveat
+    # (they add up the entries as recorded).
+    snap = oom_snapshot()
+    tr = snap["device_traces"][0]
+    first = [i for i, e in enumerate(tr) if e["action"] == "alloc"][0]
+    tr[first]["action"] = "free_completed"
+    p3 = write_pickle(snap, "oom_bad.pickle")
+    rc, out, err = run("summary", p3)
+    expect(rc == 0 and "the trace is inconsistent with the final state ("
+           in out and "both peaks add up the" in out,
+           "summary text: an inconsistent trace's peaks carry a caveat "
+           "(%r)" % out[:900])
+    # An OOM on an autograd engine thread (native frames only): its site
+    # is the autograd node, torch's code -- marked as the site, not as
+    # the user's code.
+    snap = oom_snapshot()
+    snap["device_traces"][0][-1]["frames"] = [
+        frame("c10::cuda::CUDACachingAllocator::malloc", "??", 0),
+        frame("torch::autograd::generated::MulBackward0::apply(a)", "??", 0),
+        frame("torch::autograd::Engine::thread_main()", "??", 0)]
+    p2 = write_pickle(snap, "oom_native.pickle")
+    rc, out, err = run("summary", p2)
+    expect(rc == 0 and "MulBackward0::apply   <- the allocation site" in out
+           and "<- your code" not in out,
+           "summary text: a native-only stack's site is not 'your code' "
+           "(%r)" % out[-700:])
     # A 17 MiB request: get_allocation_size rounds it up to 2 MiB, 18 MiB,
     # the size PyTorch's message names ("Tried to allocate 18.00 MiB");
     # a 4 MiB request gets a kLargeBuffer (20 MiB) segment.

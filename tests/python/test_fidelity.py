@@ -214,6 +214,18 @@ def test_dump_snapshot_writes_cann_usage_csv(tmp_path):
     env["OOM_SNAPSHOT_PATH"] = str(other)
     files = run_script(DUMP, env=env, cwd=str(tmp_path)).result
     assert len(glob.glob(str(other / "device_0_memUsageInfo_*.csv"))) == 1
+    # An OOM_SNAPSHOT_PATH that is no directory: torch_npu's
+    # GetOomSnapshotDumpPath raises; the pickle is written by then, and
+    # memsnap warns why the report is missing (never silent).
+    env["OOM_SNAPSHOT_PATH"] = str(tmp_path / "missing")
+    nodir = tmp_path / "nodir"
+    nodir.mkdir()
+    r = run_script(DUMP, env=env, cwd=str(nodir))
+    assert r.result == ["snap.pickle"], r.result
+    assert ("RuntimeWarning: memsnap: no memory usage report was written: "
+            "OOM_SNAPSHOT_PATH '%s' is not an existing directory"
+            % (tmp_path / "missing")) in r.stderr, r.stderr
+    assert "(the snapshot was)" in r.stderr
     # The cuda profile (torch.cuda._dump_snapshot) writes no CSV.
     env = base_env(MEMSNAP_RUNTIME="acl", MEMSNAP_ACL_LIBRARY=FAKE_ACL,
                    MEMSNAP_PROFILE="cuda")

@@ -221,7 +221,6 @@ def test_gpt_oom(tmp_path):
 # after forward; backward adds grad_h, grad_w2 and grad_w1).
 BACKWARD_OOM = """\
 import sys
-import textwrap
 import torch
 n = 4 << 20
 x = torch.randn(n, device="npu")

@@ -356,11 +356,20 @@ static void test_roundup_divisions(void **state) {
   assert_int_equal(c.roundup_power2_divisions[0], 0);
   assert_int_equal(c.roundup_power2_divisions[1], 0);
   assert_int_equal(c.roundup_power2_divisions[2], 16);
-  /* PyTorch quirk: after a first entry at class 0, the next entry also
-   * fills below itself (last_index is still 0). */
+  /* Only the first boundary fills the classes below it, also when it is
+   * class 0 (c10/core/AllocatorConfig.cpp, parseRoundUpPower2Divisions'
+   * first_value; torch 2.13's libc10 gives 4, 4, 0, 0, 8, 0 for sizes
+   * 4097, 1 MiB + 1, 2 MiB + 1, 4 MiB + 1, 64 MiB + 1, 128 MiB + 1). */
   ok(&c, "roundup_power2_divisions:[1:4,64:8]");
-  for (int k = 0; k <= 6; k++) assert_int_equal(c.roundup_power2_divisions[k], 8);
-  assert_int_equal(c.roundup_power2_divisions[7], 0);
+  static const uint64_t want2[16] = {4, 0, 0, 0, 0, 0, 8, 0,
+                                     0, 0, 0, 0, 0, 0, 0, 0};
+  assert_memory_equal(c.roundup_power2_divisions, want2, sizeof want2);
+  assert_int_equal(msnap__roundup_divisions(&c, 4097), 4);
+  assert_int_equal(msnap__roundup_divisions(&c, (2 << 20) + 1), 0);
+  assert_int_equal(msnap__roundup_divisions(&c, (64 << 20) + 1), 8);
+  ok(&c, "roundup_power2_divisions:[1:4,2:8,>:2]");
+  assert_int_equal(round_size(&c, 4097), 5120);
+  assert_int_equal(round_size(&c, (1 << 20) + 1), 1310720);
   ok(&c, "roundup_power2_divisions:[]");
   for (int k = 0; k < 16; k++) assert_int_equal(c.roundup_power2_divisions[k], 0);
   /* Followed by another key. */
