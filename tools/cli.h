@@ -49,6 +49,8 @@ void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * it) that lives until 8 more repaired names were asked for on this
  * thread.  Never NULL ("?" when out of memory). */
 const char *cli_shown(const char *path);
+/* s[0..len) to f as valid UTF-8 (the same repair). */
+void cli_put_utf8(FILE *f, const char *s, size_t len);
 /* "memsnap CMD: unknown option, see memsnap CMD --help"; returns 2. */
 int cli_usage_error(const char *cmd, const char *what);
 
@@ -100,7 +102,8 @@ typedef struct cli_cmd_s {
 /* cli_begin's "go on" (any other value is the exit code to return). */
 enum { CLI_CONTINUE = -1, CLI_DONE = CLI_OK };
 /* The name to print for an output path: "standard output" for the
- * descriptor cli_begin writes "-o -" / "-o /dev/stdout" to, else `out`. */
+ * descriptor cli_begin writes "-o -" / "-o /dev/stdout" to, else `out` as
+ * cli_shown shows it. */
 const char *cli_output_shown(const char *out);
 /* The name to report for an output path in --json: the -o argument as
  * given ("-", "/dev/stdout" ...) for that descriptor, else `out`. */
@@ -587,6 +590,16 @@ static inline bool cli_workspace_synthetic(const msnap_trace_list_t *tl,
            v[i - 2].addr == a;
   return false;
 }
+/* torch_npu's workspace buffers of a device: its final segments that a
+ * workspace_snapshot entry names (NPUWorkspaceAllocator's get_trace writes
+ * one per buffer, then the synthetic entries) and that have a buffer's
+ * shape (one block, the entry's size), their addresses sorted into *out
+ * (malloc'd; NULL when none).  They are left out of the backward replay's
+ * state (their life is outside the trace), and out of `replay`.  -1 on
+ * ENOMEM. */
+int cli_workspace_addrs(const msnap_snap_t *s, int64_t device,
+                        uint64_t **out, uint32_t *n);
+bool cli_is_workspace(const uint64_t *ws, uint32_t n, uint64_t addr);
 /* Active (requested) and reserved bytes before the first entry and after
  * each entry of the device trace; *n = entries + 1; caller frees. */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,

@@ -126,6 +126,39 @@ uint32_t cli_file_repeats(char *const *v, uint32_t n, uint32_t *first_of,
   return ndup;
 }
 
+/* getopt's refusal (o: '?' or ':') in getopt's own words: an unknown
+ * option, one that needs an argument, or a long one given an argument it
+ * does not take (optopt: the option, 0 when unknown).  The argument it
+ * stopped at is argv[optind - 1], except inside a cluster of short
+ * options ("-zq" at 'z'), where optind has not moved yet. */
+static int bad_option(const cli_cmd_t *c, int o, int argc, char **argv) {
+  char msg[512];
+  const char *arg = optind >= 1 ? argv[optind - 1] : NULL;
+  const char *cur = optind < argc ? argv[optind] : NULL;
+  bool in_cluster = o == '?' && optopt > 0 && optopt < 128 && cur &&
+                    cur[0] == '-' && cur[1] != '-' && cur[1] != '\0' &&
+                    strchr(cur + 1, optopt) != NULL;
+  bool islong = !in_cluster && arg != NULL && arg[0] == '-' && arg[1] == '-';
+  if (islong) {
+    const char *eq = strchr(arg, '=');
+    int len = eq ? (int)(eq - arg) : (int)strlen(arg);
+    if (len > 200) len = 200;
+    if (o == ':')
+      snprintf(msg, sizeof msg, "option '%.*s' requires an argument", len,
+               arg);
+    else if (optopt != 0)
+      snprintf(msg, sizeof msg, "option '%.*s' doesn't allow an argument",
+               len, arg);
+    else
+      snprintf(msg, sizeof msg, "unrecognized option '%.*s'", len, arg);
+  } else if (o == ':') {
+    snprintf(msg, sizeof msg, "option requires an argument -- '%c'", optopt);
+  } else {
+    snprintf(msg, sizeof msg, "invalid option -- '%c'", optopt);
+  }
+  return cli_usage_error(c->name, msg);
+}
+
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
               msnap_snap_t **load) {
   /* the command's options, then --json and -o/--output when it has them */
@@ -139,6 +172,10 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   struct option lo[CLI_MAX_OPTS + 4];
   char shorts[2 * CLI_MAX_OPTS + 8];
   size_t ns = 0, n = 0;
+  /* ':' first: getopt prints nothing and tells a missing argument (':')
+   * from an unknown option ('?'); the message is ours (bad_option), as
+   * valid UTF-8 whatever bytes the argument holds */
+  shorts[ns++] = ':';
   shorts[ns++] = 'h';
   for (; all[n].name; n++) {
     const cli_opt_t *op = &all[n];
@@ -156,11 +193,14 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   shorts[ns] = '\0';
   int o;
   optind = 1;
+  opterr = 0;
   while ((o = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
     if (o == 'h') {
       c->usage(stdout);
       return CLI_DONE;
     }
+    if (o == '?' || o == ':')
+      return bad_option(c, o, argc, argv);
     const cli_opt_t *op = NULL;
     for (size_t k = 0; all[k].name && !op; k++)
       if (o == (all[k].letter ? all[k].letter : 256 + (int)k))

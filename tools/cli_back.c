@@ -397,6 +397,98 @@ int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st) {
   return 0;
 }
 
+static int cmp_u64(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* (address, size) of a workspace_snapshot entry; sorted by address. */
+typedef struct ws_entry_s {
+  uint64_t addr, size;
+} ws_entry_t;
+
+static int cmp_ws(const void *x, const void *y) {
+  const ws_entry_t *a = x, *b = y;
+  if (a->addr != b->addr) return a->addr < b->addr ? -1 : 1;
+  return a->size < b->size ? -1 : a->size > b->size;
+}
+
+int cli_workspace_addrs(const msnap_snap_t *s, int64_t device,
+                        uint64_t **out, uint32_t *n) {
+  *out = NULL;
+  *n = 0;
+  const msnap_trace_list_t *tl = cli_trace(s, device);
+  uint32_t k = 0;
+  for (uint32_t i = 0; tl && i < tl->n; i++)
+    k += tl->v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT;
+  if (k == 0) return 0;
+  ws_entry_t *named = malloc((size_t)k * sizeof *named);
+  uint64_t *v = malloc((size_t)k * sizeof *v);
+  if (named == NULL || v == NULL) {
+    free(named);
+    free(v);
+    return -1;
+  }
+  k = 0;
+  for (uint32_t i = 0; i < tl->n; i++)
+    if (tl->v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
+      named[k++] = (ws_entry_t){tl->v[i].addr, tl->v[i].size};
+  qsort(named, k, sizeof *named, cmp_ws);
+  /* the final segments they name that have a buffer's shape: one block,
+   * the entry's size (a caching segment that took the address later has
+   * its own blocks and size) */
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < s->nsegments && m < k; i++) {
+    const msnap_ssegment_t *g = &s->segments[i];
+    ws_entry_t key = {g->address, g->total_size};
+    if (g->device == device && g->nblocks == 1 &&
+        bsearch(&key, named, k, sizeof *named, cmp_ws) != NULL)
+      v[m++] = g->address;
+  }
+  free(named);
+  if (m == 0) {
+    free(v);
+    return 0;
+  }
+  qsort(v, m, sizeof *v, cmp_u64);
+  *out = v;
+  *n = m;
+  return 0;
+}
+
+bool cli_is_workspace(const uint64_t *ws, uint32_t n, uint64_t addr) {
+  return n && bsearch(&addr, ws, n, sizeof *ws, cmp_u64) != NULL;
+}
+
+/* st less torch_npu's workspace buffers of the device (their segments and
+ * the blocks inside them): their whole life is outside the trace, which
+ * holds only their synthetic entries (skipped by the walk), so a caching
+ * segment freed at the same address earlier in the trace is no overlap.
+ * -1 on ENOMEM. */
+static int drop_workspace(const msnap_snap_t *s, int64_t device,
+                          cli_state_t *st) {
+  uint64_t *ws;
+  uint32_t nws;
+  if (cli_workspace_addrs(s, device, &ws, &nws) != 0) return -1;
+  if (nws == 0) return 0;
+  uint32_t ng = 0;
+  for (uint32_t i = 0; i < st->ng; i++) {
+    const cli_lseg_t g = st->g[i];
+    if (!cli_is_workspace(ws, nws, g.addr)) {
+      st->g[ng++] = g;
+      continue;
+    }
+    uint32_t nb = 0;
+    for (uint32_t k = 0; k < st->nb; k++)
+      if (st->b[k].addr < g.addr || st->b[k].addr - g.addr >= g.size)
+        st->b[nb++] = st->b[k];
+    st->nb = nb;
+  }
+  st->ng = ng;
+  free(ws);
+  return 0;
+}
+
 typedef struct bctx_s {
   cli_violation_cb cb;
   void *arg;
@@ -433,7 +525,8 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
   cli_state_t st;
   bctx_t c = {cb, arg, 0};
   btree_t bt = {.rng = 0x9e3779b9u};
-  if (cli_state_final(s, device, &st)) {
+  if (cli_state_final(s, device, &st) ||
+      drop_workspace(s, device, &st)) {
     cli_state_free(&st);
     return -1;
   }

@@ -39,18 +39,22 @@ void cli_err(const char *fmt, ...) {
    * ("... not replayable (reason above)") */
   fflush(stdout);
   fputs("memsnap: ", stderr);
-  const unsigned char *p = (const unsigned char *)m;
-  for (size_t i = 0, len = (size_t)n; i < len;) {
+  cli_put_utf8(stderr, m, (size_t)n);
+  fputc('\n', stderr);
+  if (m != buf) free(m);
+}
+
+void cli_put_utf8(FILE *f, const char *s, size_t len) {
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < len;) {
     size_t v = msnap__utf8_valid_prefix(p + i, len - i), bad = 1;
-    fwrite(p + i, 1, v, stderr);
+    fwrite(p + i, 1, v, f);
     i += v;
     if (i >= len) break;
     (void)msnap__utf8_seq(p + i, len - i, &bad);
-    fputs("\xef\xbf\xbd", stderr); /* U+FFFD */
+    fputs("\xef\xbf\xbd", f); /* U+FFFD */
     i += bad;
   }
-  fputc('\n', stderr);
-  if (m != buf) free(m);
 }
 
 const char *cli_shown(const char *path) {
@@ -69,8 +73,11 @@ const char *cli_shown(const char *path) {
 }
 
 int cli_usage_error(const char *cmd, const char *what) {
-  if (what)
-    fprintf(stderr, "memsnap %s: %s\n", cmd, what);
+  if (what) {
+    fprintf(stderr, "memsnap %s: ", cmd);
+    cli_put_utf8(stderr, what, strlen(what)); /* (it may quote argv) */
+    fputc('\n', stderr);
+  }
   fprintf(stderr, "Try 'memsnap %s --help'.\n", cmd);
   return CLI_UNUSABLE;
 }
@@ -810,7 +817,10 @@ int cli_write_file(const char *path, const void *data, size_t len) {
  */
 static int check_output_dir(const char *cmd, const char *out) {
   if (msnap_check_output(out) != 0) {
-    fprintf(stderr, "memsnap %s: %s\n", cmd, msnap_last_error());
+    const char *e = msnap_last_error();
+    fprintf(stderr, "memsnap %s: ", cmd);
+    cli_put_utf8(stderr, e, strlen(e));
+    fputc('\n', stderr);
     return CLI_UNUSABLE;
   }
   return CLI_OK;
@@ -832,7 +842,7 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
   if (stat(out, &so) != 0)
     return check_output_dir(cmd, out); /* does not exist (yet) */
   if (S_ISDIR(so.st_mode)) {
-    fprintf(stderr, "memsnap %s: '%s' is a directory\n", cmd, out);
+    fprintf(stderr, "memsnap %s: '%s' is a directory\n", cmd, cli_shown(out));
     return CLI_UNUSABLE;
   }
   for (int i = 0; i < ninputs; i++) {
@@ -841,7 +851,7 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
         si.st_ino == so.st_ino && S_ISREG(so.st_mode)) {
       fprintf(stderr,
               "memsnap %s: output '%s' is the input file '%s'; refusing to "
-              "overwrite it\n", cmd, out, inputs[i]);
+              "overwrite it\n", cmd, cli_shown(out), cli_shown(inputs[i]));
       return CLI_UNUSABLE;
     }
   }
@@ -855,7 +865,7 @@ const char *cli_output_shown(const char *out) {
   return cli_stdout_kept[0] != '\0' && out != NULL &&
                  strcmp(out, cli_stdout_kept) == 0
              ? "standard output"
-             : out;
+             : cli_shown(out);
 }
 
 const char *cli_output_named(const char *out) {

@@ -940,8 +940,11 @@ int cli_cmd_fleet(int argc, char **argv) {
     if (world > 0)
       printf(", world size %" PRId64, world);
     printf("\n");
-    for (uint32_t w = 0; w < nwarn; w++)
-      printf("warning: %s\n", warn[w]);
+    for (uint32_t w = 0; w < nwarn; w++) {
+      fputs("warning: ", stdout); /* (file names: any bytes) */
+      cli_put_utf8(stdout, warn[w], strlen(warn[w]));
+      fputc('\n', stdout);
+    }
     printf("\n%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", "rank",
            "host", "peak alloc", "peak resv", "reserved", "inact split",
            "largest free", "OOMs", "leaks", "file");

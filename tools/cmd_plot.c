@@ -24,7 +24,8 @@
 #define MAXANN 40
 
 /* Text of an SVG element: XML's special characters escaped, control
- * bytes (not allowed in XML 1.0) as '?', and what is not UTF-8 repaired
+ * bytes and U+FFFE / U+FFFF (not allowed in XML 1.0) as '?', and what is
+ * not UTF-8 repaired
  * (base/utf8.c: one U+FFFD per ill-formed part, as JSON and the model
  * do), so that the file always parses -- a file name is any bytes. */
 static void svg_textn(FILE *f, const char *s, size_t n) {
@@ -33,7 +34,10 @@ static void svg_textn(FILE *f, const char *s, size_t n) {
     unsigned char c = p[i];
     if (c >= 0x80) {
       size_t bad = 1, k = msnap__utf8_seq(p + i, n - i, &bad);
-      if (k) {
+      if (k == 3 && p[i] == 0xef && p[i + 1] == 0xbf && p[i + 2] >= 0xbe) {
+        fputc('?', f); /* U+FFFE, U+FFFF: no XML 1.0 Char */
+        i += k;
+      } else if (k) {
         fwrite(p + i, 1, k, f);
         i += k;
       } else {
@@ -338,7 +342,7 @@ int cli_cmd_plot(int argc, char **argv) {
     char list[256];
     device_list(s, list, sizeof list);
     fprintf(stderr, "memsnap plot: %s has no device %" PRId64
-            " (devices in the file: %s)\n", argv[first], dev, list);
+            " (devices in the file: %s)\n", cli_shown(argv[first]), dev, list);
     msnap__snap_free(s);
     return CLI_UNUSABLE;
   }

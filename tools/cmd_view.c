@@ -215,7 +215,7 @@ int cli_cmd_view(int argc, char **argv) {
     if (wrote)
       fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n",
               cli_output_shown(out), len);
-    if (budget && data > budget * (uint64_t)nf)
+    if (budget && data / (uint64_t)nf > budget)
       cli_err("note: the page holds %" PRIu64 " bytes of data, more than "
               "--budget %" PRIu64 " per file: the final state, the memory "
               "series and the stacks of what is shown go in whatever the "

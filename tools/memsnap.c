@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
       argv[1] = prog;
       return check_stdout(commands[i].fn(argc - 1, argv + 1));
     }
-  fprintf(stderr, "memsnap: unknown command '%s'\n\n", cmd);
+  fprintf(stderr, "memsnap: unknown command '%s'\n\n", cli_shown(cmd));
   usage(stderr);
   return CLI_UNUSABLE;
 }

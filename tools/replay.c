@@ -515,55 +515,17 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
   msnap__snap_free(m);
 }
 
-static int cmp_u64(const void *x, const void *y) {
-  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-  return a < b ? -1 : a > b;
-}
-
-/* torch_npu's workspace segments of a device: the addresses its
- * workspace_snapshot entries name (NPUWorkspaceAllocator's get_trace
- * writes one for each buffer, with the synthetic segment_alloc and alloc
- * after it: cli_workspace_synthetic), sorted into d->ws.  They are no
- * caching-allocator memory: the replay leaves them out of the start
- * state, the recorded figures and the final layout.  -1 on ENOMEM. */
-static int find_workspace(const msnap_trace_list_t *tl, dev_replay_t *d) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; tl && i < tl->n; i++)
-    n += tl->v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT;
-  d->nws = 0;
-  if (n == 0) return 0;
-  uint64_t *v = realloc(d->ws, (size_t)n * sizeof *v);
-  if (v == NULL) return -1;
-  d->ws = v;
-  for (uint32_t i = 0; i < tl->n; i++)
-    if (tl->v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
-      v[d->nws++] = tl->v[i].addr;
-  qsort(v, d->nws, sizeof *v, cmp_u64);
-  return 0;
+/* torch_npu's workspace buffers of the device (cli_workspace_addrs) into
+ * d->ws: no caching-allocator memory.  The backward replay leaves them out
+ * of the start state; the replay also leaves them out of the recorded
+ * figures and the final layout.  -1 on ENOMEM. */
+static int find_workspace(const msnap_snap_t *s, dev_replay_t *d) {
+  free(d->ws);
+  return cli_workspace_addrs(s, d->device, &d->ws, &d->nws);
 }
 
 static bool is_workspace(const dev_replay_t *d, uint64_t addr) {
-  return d->nws &&
-         bsearch(&addr, d->ws, d->nws, sizeof *d->ws, cmp_u64) != NULL;
-}
-
-/* st less the workspace segments (d->ws) and the blocks inside them. */
-static void drop_workspace(const dev_replay_t *d, cli_state_t *st) {
-  if (d->nws == 0) return;
-  uint32_t ng = 0;
-  for (uint32_t i = 0; i < st->ng; i++) {
-    const cli_lseg_t *g = &st->g[i];
-    if (!is_workspace(d, g->addr)) {
-      st->g[ng++] = *g;
-      continue;
-    }
-    uint32_t nb = 0;
-    for (uint32_t k = 0; k < st->nb; k++)
-      if (st->b[k].addr < g->addr || st->b[k].addr - g->addr >= g->size)
-        st->b[nb++] = st->b[k];
-    st->nb = nb;
-  }
-  st->ng = ng;
+  return cli_is_workspace(d->ws, d->nws, addr);
 }
 
 /* Why a device trace is not replayable; "" if it is. */
@@ -637,12 +599,11 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
              "MemPool), which the trace does not describe");
     return;
   }
-  if (find_workspace(tl, d) != 0) {
+  if (find_workspace(s, d) != 0) {
     snprintf(d->reason, sizeof d->reason, "out of memory");
     return;
   }
   long v = cli_backward(s, dev, NULL, NULL, &d->start);
-  if (v == 0) drop_workspace(d, &d->start);
   if (v != 0) {
     d->violations = v;
     cli_state_free(&d->start);
@@ -704,8 +665,6 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
     d->have_start = false;
   } else if (cli_backward(s, d->device, NULL, NULL, &st) < 0) {
     return -1;
-  } else {
-    drop_workspace(d, &st);
   }
   recorded_figures(s, d, &st);
   d->initial_segments = st.ng;

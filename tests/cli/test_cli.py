@@ -1610,11 +1610,21 @@ def group_replay():
         ok = False
     expect(ok, "plot of a non-UTF-8 file name: the SVG parses, U+FFFD "
            "in the name")
-    for cmd in ("check", "summary", "replay", "no-such"):
+    # U+FFFE is UTF-8 but no XML character
+    nc = os.path.join(TMP, "nonchar\ufffe.pickle")
+    shutil.copy(live, nc)
+    rc, out, err = run("plot", nc, "-o", svg)
+    try:
+        ok = rc == 0 and ET.parse(svg).getroot() is not None
+    except ET.ParseError:
+        ok = False
+    expect(ok, "plot of a file named with U+FFFE: the SVG parses")
+    for cmd in ("check", "summary", "replay", "no-such", "option"):
         target = odd if cmd != "no-such" else odd + ".missing"
-        p = subprocess.run(WRAPPER + [MEMSNAP, "check" if cmd == "no-such"
-                                      else cmd, target],
-                           capture_output=True)
+        args = ["check", target] if cmd == "no-such" else \
+            ["summary", "--" + os.fsdecode(b"na\xffme"), live] \
+            if cmd == "option" else [cmd, target]
+        p = subprocess.run(WRAPPER + [MEMSNAP] + args, capture_output=True)
         try:
             out, err = p.stdout.decode("utf-8"), p.stderr.decode("utf-8")
             ok = "na\ufffdme" in out + err
@@ -1667,9 +1677,52 @@ def group_replay():
            "replay of a torch_npu recording: npu profile, exact, the "
            "workspace left out (%d %r)" % (rc, out[:600]))
 
+    # torch_npu's workspace OOM retry: a caching segment at W allocated
+    # and freed (emptyCache), then the workspace buffer at W (its entries
+    # first, as torch_npu prepends them).  The buffer's life is outside the
+    # trace: no false overlap with the freed segment for check or replay.
+    W2 = 0x12c100000000
+    seg_a = copy.deepcopy(segs[0])
+    seg_w = {"device": 0, "address": W2, "total_size": 20 * MiB,
+             "allocated_size": 0, "active_size": 0, "requested_size": 0,
+             "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+             "is_expandable": False, "frames": [],
+             "blocks": [{"address": W2, "size": 20 * MiB,
+                         "requested_size": 0, "state": "inactive",
+                         "frames": []}]}
+    tr2 = [{"action": "workspace_snapshot", "addr": W2, "size": 20 * MiB,
+            "stream": 0},
+           {"action": "segment_alloc", "addr": W2, "size": 20 * MiB,
+            "stream": 0},
+           {"action": "alloc", "addr": W2, "size": 20 * MiB, "stream": 0},
+           {"action": "segment_alloc", "addr": W2, "size": 20 * MiB,
+            "stream": 0, "frames": fr},
+           {"action": "alloc", "addr": W2, "size": 3 * MiB, "stream": 0,
+            "frames": fr},
+           {"action": "free_requested", "addr": W2, "size": 3 * MiB,
+            "stream": 0, "frames": fr},
+           {"action": "free_completed", "addr": W2, "size": 3 * MiB,
+            "stream": 0, "frames": fr},
+           {"action": "segment_free", "addr": W2, "size": 20 * MiB,
+            "stream": 0, "frames": fr},
+           {"action": "segment_alloc", "addr": A, "size": 2 * MiB,
+            "stream": 0, "frames": fr},
+           {"action": "alloc", "addr": A, "size": 512, "stream": 0,
+            "frames": fr}]
+    tw = write_pickle({"segments": [seg_a, seg_w], "device_traces": [tr2]},
+                      "torch_npu_reuse.pickle")
+    rc, out, err = run("check", tw)
+    expect(rc == 0, "check: a workspace buffer where a freed caching "
+           "segment was is no overlap (%d %r)" % (rc, out[-400:]))
+    rc, out, err = run("replay", "--json", tw)
+    js = json.loads(out) if rc == 0 and out else {}
+    expect(js.get("matches_recording") is True and js.get("profile") == "npu",
+           "replay: the same file replays exactly (%d %r)" % (rc, out[:400]))
+
     # view --budget below what every page holds: the smallest page and a
     # note saying so; data_bytes is what the budget bounds
-    for budget, note in (("1", True), ("64M", False)):
+    for budget, note in (("1", True), ("64M", False),
+                         ("9223372036854775809", False)):  # (no overflow)
         rc, out, err = run("view", "--json", "--budget", budget, live, "-o",
                            os.path.join(TMP, "budget.html"))
         js = json.loads(out) if rc == 0 and out else {}

@@ -1382,10 +1382,11 @@ LINEAR_PEAKS = """
     lin = torch.nn.Linear(1024, 4096).to(dev)
     res = []
     for shape, t, grad, flat in (((64, 32, 1024), True, False, False),  # 3-D, not contiguous
-                                 ((2, 8, 16, 1024), False, False, False),  # 4-D
+                                 ((8, 2, 16, 1024), True, False, False),  # 4-D, not contiguous
                                  ((64, 32, 1024), True, True, False),   # with backward
                                  ((32, 1024), False, False, False),     # 2-D: addmm
-                                 ((32, 8, 1024), False, False, False)): # 3-D contiguous
+                                 ((32, 8, 1024), False, False, False),  # 3-D contiguous: addmm
+                                 ((2, 2, 8, 16, 1024), False, True, False)):  # 5-D contiguous
         x = torch.randn(*shape, device=dev)
         if t:
             x = x.transpose(0, 1)
@@ -1393,9 +1394,10 @@ LINEAR_PEAKS = """
         base = mod.memory_allocated()
         with torch.set_grad_enabled(grad):
             y = lin(x)
+            fn = type(y.grad_fn).__name__ if y.grad_fn is not None else None
             if grad:
                 y.sum().backward()
-        res.append(mod.max_memory_allocated() - base)
+        res.append([mod.max_memory_allocated() - base, fn])
         del x, y
         lin.zero_grad(set_to_none=True)
     print("RESULT " + json.dumps(res), file=sys.stderr if dev == "cuda" else sys.stdout)
@@ -1421,4 +1423,5 @@ def test_linear_bias_added_in_place_as_on_the_device(tmp_path):
     assert line, p.stderr
     predicted = json.loads(line[0][len("RESULT "):])
     assert predicted == device
-    assert device[0] == (64 * 32 * 1024 + 64 * 32 * 4096) * 4  # matmul's copy + output
+    assert device[0][0] == (64 * 32 * 1024 + 64 * 32 * 4096) * 4  # matmul's copy + output
+    assert device[2][1] == "AddBackward0" and device[5][1] == "ViewBackward0", device

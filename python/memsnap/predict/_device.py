@@ -712,17 +712,19 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
     def _linear_bias_in_place(self, args, kwargs):
         """``F.linear`` with a bias on an input that takes at::linear's
         unfused branch (aten/src/ATen/native/Linear.cpp, ``linear``:
-        ``at::matmul`` then the bias) -- more than 3 dimensions, or 3 not
-        contiguous without TORCH_LINEAR_FLATTEN_3D=1.  There linear adds
-        the bias in place (``output.add_(bias)``) unless the bias is
+        ``at::matmul`` then the bias).  torch 2.13 fuses (``addmm``) a 2-D
+        input, and any other input that is contiguous (or made so by
+        TORCH_LINEAR_FLATTEN_3D=1) when the bias is "likely fusable": 1-D
+        once squeezed, and contiguous.  Otherwise linear adds the bias in
+        place (``output.add_(bias)``) unless the bias is
         "tensor-subclass-like", which every fake tensor is: under
         FakeTensorMode it takes ``at::add``, an output-sized block the
         device never allocates.  The device's branch, the same two
         operators (and the same autograd graph: linear is composite).
-        None: leave the call to torch (2-D and contiguous 3-D inputs take
-        the fused addmm as on the device; under autocast linear's own
-        casts, cached for the weight, differ from matmul's; under forward
-        AD the device may take the same branch)."""
+        None: leave the call to torch (the fused branches as on the device;
+        under autocast linear's own casts, cached for the weight, differ
+        from matmul's; under forward AD the device may take the same
+        branch)."""
         names = ("input", "weight", "bias")
         a = list(args[:3]) + [kwargs.get(n) for n in names[len(args[:3]):]]
         x, w, b = a
@@ -730,7 +732,8 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
             return None
         if x.device.type != self.name or len(args) + len(kwargs) != 3:
             return None
-        if x.dim() < 3 or (x.dim() == 3 and (
+        fusable = (b.dim() == 1 or b.squeeze().dim() == 1) and b.is_contiguous()
+        if x.dim() == 2 or (fusable and (
                 x.is_contiguous() or os.environ.get("TORCH_LINEAR_FLATTEN_3D") == "1")):
             return None
         if (torch.is_autocast_enabled(self.name)
