@@ -201,7 +201,8 @@ typedef struct msnap_options_s {
 MSNAP_API void msnap_options_init(msnap_options_t *o);
 
 /* Create an allocator.  Errors: MSNAP_ECONF (bad alloc conf, message in
- * o->error_buf naming the token), MSNAP_ENORUNTIME, MSNAP_EINVAL. */
+ * o->error_buf naming the token), MSNAP_ENORUNTIME, MSNAP_EINVAL (also
+ * options whose size or version msnap_options_init did not set). */
 MSNAP_API int msnap_allocator_create(const msnap_options_t *o,
                                      msnap_allocator_t **out);
 /* Release every cached segment and the runtime.  Live allocations are
@@ -497,7 +498,9 @@ typedef struct msnap_history_options_s {
   uint32_t size, version;
   bool enabled;                   /* enabled != None                       */
   msnap_record_context_t context; /* who gets a stack (cuda-reference §4.3) */
-  unsigned stacks;                /* MSNAP_STACKS_* bits                    */
+  unsigned stacks;                /* MSNAP_STACKS_* bits: PYTHON, CPP, or
+                                   * both ("all"); 0 (no frames) only with
+                                   * context NEVER, else MSNAP_EINVAL      */
   uint64_t max_entries;           /* ring capacity, clamped to >= 1         */
   bool clear_history;
   bool compile_context;
@@ -541,7 +544,8 @@ MSNAP_API const char *msnap_get_memory_metadata(void);
  * (_annotate_memory).  MSNAP_EBADPTR if ptr is not a live base pointer. */
 MSNAP_API int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
                                     const char *metadata);
-/* record_function START/END markers for external_annotations. */
+/* record_function START/END markers for external_annotations; device -1
+ * (none) or a device of a; MSNAP_EINVAL for another. */
 MSNAP_API int msnap_record_annotation(msnap_allocator_t *a, int device,
                                       const char *name, bool is_start);
 /* Thread-local compile-context stack ("Torch-Compiled Region..."). */

@@ -83,6 +83,14 @@ int msnap__allocator_new(const msnap_options_t *opts,
     msnap_options_init(&defaults);
     o = &defaults;
   }
+  /* the fields every version has end at sim_host_backed (newer fields are
+   * read only when `size` covers them) */
+  if (o->size < offsetof(msnap_options_t, sim_host_backed) ||
+      o->version != MSNAP_OPTIONS_VERSION)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "allocator_create: options size %u / version %u "
+                            "not supported (use msnap_options_init)",
+                            o->size, o->version);
   const msnap_runtime_ops_t *rt = o->runtime;
   const char *rt_name = NULL;
   if (!rt) {
