@@ -182,7 +182,9 @@ typedef struct msnap_options_s {
    * ("1" disables caching). */
   int caching_disabled;
   /* sim runtime parameters; 0: from MEMSNAP_SIM_DEVICES (1) and
-   * MEMSNAP_SIM_MEMORY (64 GiB). */
+   * MEMSNAP_SIM_MEMORY (64 GiB); else devices (more than 64 are 64) and
+   * 2 MiB..256 TiB per device (MSNAP_EINVAL outside, as a negative
+   * sim_devices and caching_disabled other than -1, 0, 1). */
   int sim_devices;
   uint64_t sim_memory;
   /* Error text of a failed msnap_allocator_create (e.g. the offending

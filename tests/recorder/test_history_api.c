@@ -142,6 +142,19 @@ static void test_option_validation(void **state) {
   co.runtime_name = "sim";
   co.version = 2;
   assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  /* out of range: an error, not a rounded value */
+  msnap_options_init(&co);
+  co.runtime_name = "sim";
+  co.sim_memory = 1;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  assert_non_null(strstr(msnap_last_error(), "sim_memory 1"));
+  co.sim_memory = 0;
+  co.sim_devices = -3;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  co.sim_devices = 0;
+  co.caching_disabled = 5;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  assert_null(b);
 }
 
 /* Every device's ring follows the same call: the capacity changes without
