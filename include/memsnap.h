@@ -182,7 +182,9 @@ typedef struct msnap_options_s {
    * ("1" disables caching). */
   int caching_disabled;
   /* sim runtime parameters; 0: from MEMSNAP_SIM_DEVICES (1) and
-   * MEMSNAP_SIM_MEMORY (64 GiB). */
+   * MEMSNAP_SIM_MEMORY (64 GiB); else devices (more than 64 are 64) and
+   * 2 MiB..256 TiB per device (MSNAP_EINVAL outside, as a negative
+   * sim_devices and caching_disabled other than -1, 0, 1). */
   int sim_devices;
   uint64_t sim_memory;
   /* Error text of a failed msnap_allocator_create (e.g. the offending
@@ -201,7 +203,8 @@ typedef struct msnap_options_s {
 MSNAP_API void msnap_options_init(msnap_options_t *o);
 
 /* Create an allocator.  Errors: MSNAP_ECONF (bad alloc conf, message in
- * o->error_buf naming the token), MSNAP_ENORUNTIME, MSNAP_EINVAL. */
+ * o->error_buf naming the token), MSNAP_ENORUNTIME, MSNAP_EINVAL (also
+ * options whose size or version msnap_options_init did not set). */
 MSNAP_API int msnap_allocator_create(const msnap_options_t *o,
                                      msnap_allocator_t **out);
 /* Release every cached segment and the runtime.  Live allocations are
@@ -497,7 +500,9 @@ typedef struct msnap_history_options_s {
   uint32_t size, version;
   bool enabled;                   /* enabled != None                       */
   msnap_record_context_t context; /* who gets a stack (cuda-reference §4.3) */
-  unsigned stacks;                /* MSNAP_STACKS_* bits                    */
+  unsigned stacks;                /* MSNAP_STACKS_* bits: PYTHON, CPP, or
+                                   * both ("all"); 0 (no frames) only with
+                                   * context NEVER, else MSNAP_EINVAL      */
   uint64_t max_entries;           /* ring capacity, clamped to >= 1         */
   bool clear_history;
   bool compile_context;
@@ -541,7 +546,8 @@ MSNAP_API const char *msnap_get_memory_metadata(void);
  * (_annotate_memory).  MSNAP_EBADPTR if ptr is not a live base pointer. */
 MSNAP_API int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
                                     const char *metadata);
-/* record_function START/END markers for external_annotations. */
+/* record_function START/END markers for external_annotations; device -1
+ * (none) or a device of a; MSNAP_EINVAL for another. */
 MSNAP_API int msnap_record_annotation(msnap_allocator_t *a, int device,
                                       const char *name, bool is_start);
 /* Thread-local compile-context stack ("Torch-Compiled Region..."). */

@@ -399,6 +399,12 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
  * (only torch_npu's NPUWorkspaceAllocator writes that action), else
  * cuda). */
 const char *cli_recording_profile(const msnap_snap_t *s);
+/* True when the recording left out actions the alloc history needs
+ * (allocator_settings' trace_skip_actions, memsnap's files: alloc, frees,
+ * segment allocations, frees, maps or unmaps): the trace has holes, so
+ * the backward replay's rules and a replay do not apply.  why (may be
+ * NULL): "'free_requested' entries (allocator_settings ...)". */
+bool cli_skipped_history(const msnap_snap_t *s, char *why, size_t n);
 /* A count of device dev as recorded in process_info's devices (memsnap's
  * files): key "total_bytes" (the device's memory), "allowed_bytes" (the
  * per-process cap of a memory fraction at the dump), "last_oom_time_us"

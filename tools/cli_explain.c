@@ -431,9 +431,13 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
       visit_t w = {.want = {o->state, CLI_NO_PAIR}, .dev = dev, .ask = true,
                    .request = o->requested, .stream = o->stream,
                    .ask_rc = -1};
+      /* (the sim's range: 2 MiB up to 256 TiB a device) */
+      uint64_t mem = o->reserved + o->avail;
+      if (mem != 0 && mem < MSNAP_SIM_MIN_MEMORY) mem = MSNAP_SIM_MIN_MEMORY;
+      if (mem > MSNAP_SIM_MAX_MEMORY) mem = MSNAP_SIM_MAX_MEMORY;
       cli_replay_cfg_t cfg = {.profile = NULL,
                               .alloc_conf = "expandable_segments:True",
-                              .sim_memory = o->reserved + o->avail,
+                              .sim_memory = mem,
                               .visit = visit,
                               .arg = &w};
       cli_replay_res_t rr;

@@ -673,6 +673,36 @@ const char *cli_recording_profile(const msnap_snap_t *s) {
   return "cuda";
 }
 
+bool cli_skipped_history(const msnap_snap_t *s, char *why, size_t n) {
+  static const msnap_action_t history[] = {
+      MSNAP_ACTION_ALLOC,         MSNAP_ACTION_FREE_REQUESTED,
+      MSNAP_ACTION_FREE_COMPLETED, MSNAP_ACTION_SEGMENT_ALLOC,
+      MSNAP_ACTION_SEGMENT_FREE,  MSNAP_ACTION_SEGMENT_MAP,
+      MSNAP_ACTION_SEGMENT_UNMAP};
+  const msnap_gv_t *l =
+      cli_gv_get(s, &s->allocator_settings, "trace_skip_actions");
+  if (!l || l->kind != MSNAP_GV_LIST) return false;
+  size_t w = 0;
+  int found = 0;
+  for (uint32_t i = 0; i < l->u.seq.n; i++) {
+    const msnap_gv_t *v = &l->u.seq.items[i];
+    if (v->kind != MSNAP_GV_STR) continue;
+    const char *name = cli_str(s, v->u.s, NULL);
+    for (size_t k = 0; k < sizeof history / sizeof *history; k++) {
+      if (strcmp(name, msnap_action_name(history[k])) != 0) continue;
+      if (why && n && w < n)
+        w += (size_t)snprintf(why + w, n - w, "%s'%s'",
+                              found ? ", " : "", name);
+      found++;
+    }
+  }
+  if (found && why && n && w < n)
+    snprintf(why + w, n - w, " %s (allocator_settings trace_skip_actions: "
+             "_record_memory_history(skip_actions=...))",
+             found == 1 ? "entries" : "entries");
+  return found > 0;
+}
+
 bool cli_device_info(const msnap_snap_t *s, int64_t dev, const char *key,
                      uint64_t *out) {
   const msnap_gv_t *l = cli_gv_get(s, &s->process_info, "devices");

@@ -562,11 +562,15 @@ static void usage(FILE *f) {
           "('device_free', not 'addr', on an oom entry), and a\n"
           "backward replay of each trace over the final state\n"
           "(alloc/free_*/segment_* must be consistent with it; a ring\n"
-          "buffer that dropped old entries is not a violation).  Text that\n"
-          "is not valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
+          "buffer that dropped old entries is not a violation; a recording\n"
+          "that skipped such actions (allocator_settings'\n"
+          "trace_skip_actions) gets a note instead).  Text that is not\n"
+          "valid UTF-8 (read as U+FFFD) is reported under 'strings'.\n"
           "\n"
           "  --json          one JSON object: {files: [{file, usable,\n"
-          "                  violations: [{where, message}], count}],\n"
+          "                  violations: [{where, message}], count,\n"
+          "                  replay_checked (the backward replay ran),\n"
+          "                  replay_skipped_why (why not, or null)}],\n"
           "                  violations}; a file that cannot be read is\n"
           "                  {file, usable: false, error}\n"
           "  --max-lines N   print at most N violations per file (all are\n"
@@ -626,26 +630,40 @@ int cli_cmd_check(int argc, char **argv) {
       cj_arr(&j);
     }
     bool top = check_top(&c, s);
+    char skipped[384] = "";
+    bool holes = cli_skipped_history(s, skipped, sizeof skipped);
     check_segments(&c, s);
-    check_traces(&c, s, top);
+    check_traces(&c, s, top && !holes);
     check_strings(&c, s);
     if (json) {
       cj_arr_end(&j);
       cj_key(&j, "count");
       cj_i64(&j, c.count);
+      cj_key(&j, "replay_checked");
+      cj_bool(&j, top && !holes);
+      cj_key(&j, "replay_skipped_why");
+      if (holes)
+        cj_cstr(&j, skipped);
+      else
+        cj_null(&j);
       cj_obj_end(&j);
-    } else if (c.count == 0) {
-      uint64_t ne = 0;
-      for (uint32_t d = 0; d < s->ndevices; d++)
-        ne += s->device_traces[d].n;
-      printf("%s: ok (%u segment%s, %u block%s, %" PRIu64
-             " trace entr%s)\n", cli_shown(argv[a]), s->nsegments,
-             s->nsegments == 1 ? "" : "s", s->nblocks,
-             s->nblocks == 1 ? "" : "s", ne, ne == 1 ? "y" : "ies");
-    } else if (max_lines >= 0 && c.count > max_lines) {
-      printf("%s: %ld %s (%ld not shown)\n", cli_shown(argv[a]), c.count,
-             cli_plural((uint64_t)c.count, "violation", "violations"),
-             c.count - max_lines);
+    } else {
+      if (holes)
+        printf("%s: note: the backward replay's rules were not checked: the "
+               "recording skipped its %s\n", cli_shown(argv[a]), skipped);
+      if (c.count == 0) {
+        uint64_t ne = 0;
+        for (uint32_t d = 0; d < s->ndevices; d++)
+          ne += s->device_traces[d].n;
+        printf("%s: ok (%u segment%s, %u block%s, %" PRIu64
+               " trace entr%s)\n", cli_shown(argv[a]), s->nsegments,
+               s->nsegments == 1 ? "" : "s", s->nblocks,
+               s->nblocks == 1 ? "" : "s", ne, ne == 1 ? "y" : "ies");
+      } else if (max_lines >= 0 && c.count > max_lines) {
+        printf("%s: %ld %s (%ld not shown)\n", cli_shown(argv[a]), c.count,
+               cli_plural((uint64_t)c.count, "violation", "violations"),
+               c.count - max_lines);
+      }
     }
     total += c.count;
     if (c.count && rc == CLI_OK)

@@ -959,7 +959,14 @@ static void print_text(const char *file, const msnap_snap_t *s,
                                         "entries"));
         print_wrapped("", buf);
       }
-      if (f->x.trace_violations > 0) {
+      char skipped[384];
+      if (cli_skipped_history(s, skipped, sizeof skipped)) {
+        char buf[512];
+        snprintf(buf, sizeof buf,
+                 "the recording skipped its %s: both peaks add up the "
+                 "entries kept", skipped);
+        print_wrapped("", buf);
+      } else if (f->x.trace_violations > 0) {
         char buf[256];
         snprintf(buf, sizeof buf,
                  "the trace is inconsistent with the final state (%ld %s; "

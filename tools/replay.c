@@ -548,6 +548,13 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
     other_pool += (at->keys & MSNAP_K_POOL_ID) &&
                   (at->pool_id.first || at->pool_id.second);
   }
+  char skipped[384];
+  if (cli_skipped_history(s, skipped, sizeof skipped)) {
+    snprintf(d->reason, sizeof d->reason,
+             "the recording skipped its %s: the alloc history has holes",
+             skipped);
+    return;
+  }
   if (allocs == 0) {
     const char *no = "the trace holds no alloc history";
     if (tl->n == 1) {

@@ -113,6 +113,8 @@ int msnap__history_copy_locked(msnap_allocator_t *a, int device,
                                uint64_t *capacity);
 /* The ring capacity last set by msnap_record_history (0: never called). */
 uint64_t msnap__history_max_entries(msnap_allocator_t *a);
+/* The device history's skip set (1u << action; 0 when history is off). */
+uint32_t msnap__history_skip(const msnap_allocator_t *a);
 /* True when pinned host history is on. */
 bool msnap__host_history_active(const msnap_allocator_t *a);
 /* Copy the annotation ring (names with a reference each). */

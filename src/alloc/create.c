@@ -14,6 +14,7 @@
  * allocation and workspace buffer to the runtime, live allocations
  * included, and releases the library-owned OOM observers.
  */
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,30 @@ int msnap__allocator_new(const msnap_options_t *opts,
   if (!o) {
     msnap_options_init(&defaults);
     o = &defaults;
+  }
+  /* the fields every version has end at sim_host_backed (newer fields are
+   * read only when `size` covers them) */
+  if (o->size < offsetof(msnap_options_t, sim_host_backed) ||
+      o->version != MSNAP_OPTIONS_VERSION)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "allocator_create: options size %u / version %u "
+                            "not supported (use msnap_options_init)",
+                            o->size, o->version);
+  /* a memory size out of the sim's range is an error, never a rounded
+   * value (as MEMSNAP_SIM_MEMORY: README); more devices than the sim has
+   * are its MSNAP_SIM_MAX_DEVICES */
+  if (o->sim_devices < 0 ||
+      (o->sim_memory != 0 && (o->sim_memory < MSNAP_SIM_MIN_MEMORY ||
+                              o->sim_memory > MSNAP_SIM_MAX_MEMORY)) ||
+      o->caching_disabled < -1 || o->caching_disabled > 1) {
+    snprintf(err, sizeof err,
+             "options out of range: sim_devices %d (0 or more), sim_memory "
+             "%" PRIu64 " (0 or %" PRIu64 "..%" PRIu64 "), "
+             "caching_disabled %d (-1, 0 or 1)",
+             o->sim_devices, o->sim_memory, (uint64_t)MSNAP_SIM_MIN_MEMORY,
+             (uint64_t)MSNAP_SIM_MAX_MEMORY, o->caching_disabled);
+    errbuf(o, err);
+    return msnap__set_error(MSNAP_EINVAL, "%s", err);
   }
   const msnap_runtime_ops_t *rt = o->runtime;
   const char *rt_name = NULL;

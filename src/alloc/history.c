@@ -61,6 +61,12 @@ uint64_t msnap__history_max_entries(msnap_allocator_t *a) {
   return atomic_load(&a->hist_max_entries);
 }
 
+uint32_t msnap__history_skip(const msnap_allocator_t *a) {
+  return msnap__hsettings_on(&a->hist)
+             ? atomic_load_explicit(&a->hist.skip, memory_order_relaxed)
+             : 0;
+}
+
 bool msnap__host_history_active(const msnap_allocator_t *a) {
   return msnap__hsettings_on(&a->host_hist);
 }
@@ -105,8 +111,10 @@ int msnap_record_history(msnap_allocator_t *a,
       (o->enabled && o->context != MSNAP_CONTEXT_NEVER &&
        o->stacks == 0))
     return msnap__set_error(MSNAP_EINVAL,
-                            "expected stacks to be 'python', or 'all' (got "
-                            "bits 0x%x)", o->stacks);
+                            "expected stacks to be 'python', or 'all' "
+                            "(MSNAP_STACKS_PYTHON and/or MSNAP_STACKS_CPP; 0 "
+                            "only with context None) (got bits 0x%x)",
+                            o->stacks);
   if (o->skip_actions >> MSNAP_ACTION_COUNT)
     return msnap__set_error(MSNAP_EINVAL,
                             "Unknown TraceEntry action: bit 0x%x",
@@ -179,6 +187,10 @@ int msnap_record_annotation(msnap_allocator_t *a, int device,
   if (a == NULL || name == NULL)
     return msnap__set_error(MSNAP_EINVAL,
                             "record_annotation: NULL allocator or name");
+  if (device < -1 || device >= a->ndevices)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "record_annotation: invalid device %d (-1 or "
+                            "0..%d)", device, a->ndevices - 1);
   if (!msnap__history_active(a)) return 0;
   return msnap__ann_record(&a->ann, device, name, is_start);
 }

@@ -267,6 +267,10 @@ int msnap_workspace_empty_cache(msnap_allocator_t *a, int device) {
   if (a == NULL)
     return msnap__set_error(MSNAP_EINVAL,
                             "workspace_empty_cache: NULL allocator");
+  if (device >= msnap_device_count(a))
+    return msnap__set_error(MSNAP_EINVAL,
+                            "workspace_empty_cache: invalid device %d",
+                            device);
   if (msnap_in_bad_fork(a))
     return msnap__fork_check(a, "workspace_empty_cache");
   msnap_workspace_t *ws = a->ws;

@@ -228,6 +228,14 @@ static int build_settings(msnap_allocator_t *a, msnap_snap_t *s,
   if (dl.err) b.err = dl.err;
   gv_put(s, &b, "trace_alloc_overflowed", gv_bool(over));
   gv_put(s, &b, "trace_alloc_dropped", gv_seq(MSNAP_GV_LIST, &dl));
+  /* the actions _record_memory_history(skip_actions=...) leaves out: a
+   * reader can tell an alloc history with holes from an inconsistent one */
+  gvb_t sk = {0};
+  uint32_t skip = msnap__history_skip(a);
+  for (int k = 0; k < MSNAP_ACTION_COUNT; k++)
+    if (skip & (1u << k)) gvb_push(&sk, gv_str(s, msnap_action_name(k)));
+  if (sk.err) b.err = sk.err;
+  gv_put(s, &b, "trace_skip_actions", gv_seq(MSNAP_GV_LIST, &sk));
   /* Workspace (not in memory_stats): lets a reader reconcile. */
   gv_put(s, &b, "workspace_reserved_bytes", gv_int(js_count(t->ws_reserved)));
   gv_put(s, &b, "workspace_allocated_bytes",

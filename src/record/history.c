@@ -39,6 +39,8 @@ const char *msnap_action_name(int action) {
 }
 
 int msnap_action_parse(const char *name, msnap_action_t *out) {
+  if (out == NULL)
+    return msnap__set_error(MSNAP_EINVAL, "action_parse: NULL out");
   if (name != NULL) {
     for (int i = 0; i < MSNAP_ACTION_COUNT; i++) {
       if (strcmp(name, action_names[i]) == 0) {

@@ -5,13 +5,15 @@ Each scenario runs in a fresh process (a fresh process-wide allocator).
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import pickletools
+import subprocess
 
 import pytest
 
-from conftest import base_env, run_script
+from conftest import base_env, memsnap_cli, run_script
 from snapcheck import schema_errors
 
 HISTORY_FUNCS = ("record_history", "malloc", "free", "snapshot", "dump_snapshot")
@@ -312,3 +314,38 @@ print("RESULT " + json.dumps({"a": a, "tr": [[e["action"], e["addr"], e["size"]]
     assert s2 == (20 if profile == "cuda" else 40) * MiB
     assert all(m % (2 * MiB) == 0 for _, m, _ in maps)
     assert unmaps == [["segment_unmap", m1, s1 + s2]]
+
+
+SKIPPED = r"""
+import json, sys
+import memsnap.memory as mm
+mm._record_memory_history("all", skip_actions=["free_requested"])
+p = mm.caching_allocator_alloc(1 << 20)
+mm.caching_allocator_delete(p)
+mm._dump_snapshot(sys.argv[1])
+s = mm._snapshot()
+print("RESULT " + json.dumps([s["allocator_settings"]["trace_skip_actions"],
+                              sorted({e["action"] for e in s["device_traces"][0]})]))
+"""
+
+
+def test_skip_actions_are_named_and_tolerated(tmp_path):
+    """_record_memory_history(skip_actions=...) leaves holes in the alloc
+    history: allocator_settings names the skipped actions, `memsnap check`
+    does not call the holes violations (a note instead), `replay` says the
+    file is not replayable and why."""
+    out = tmp_path / "skipped.pickle"
+    code = "import sys; sys.argv = ['x', %r]\n" % str(out) + SKIPPED
+    names, actions = run_script(code).result
+    assert names == ["free_requested"]
+    assert "free_requested" not in actions and "free_completed" in actions
+    cli = memsnap_cli()
+    p = subprocess.run([cli, "check", str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "note: the backward replay's rules were not checked: the recording " \
+           "skipped its 'free_requested' entries" in p.stdout, p.stdout
+    p = subprocess.run([cli, "check", "--json", str(out)], capture_output=True, text=True)
+    f = json.loads(p.stdout)["files"][0]
+    assert f["replay_checked"] is False and "free_requested" in f["replay_skipped_why"]
+    p = subprocess.run([cli, "replay", str(out)], capture_output=True, text=True)
+    assert p.returncode == 2 and "skipped its 'free_requested' entries" in p.stdout, p.stdout

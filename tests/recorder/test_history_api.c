@@ -108,7 +108,53 @@ static void test_option_validation(void **state) {
   assert_int_equal(msnap_record_history(a, &o), MSNAP_EINVAL);
   assert_false(msnap_history_enabled(a));
   assert_int_equal(msnap__history_max_entries(a), 0);
+  /* context None takes no stacks */
+  msnap_history_options_init(&o);
+  o.context = MSNAP_CONTEXT_NEVER;
+  o.stacks = 0;
+  assert_int_equal(msnap_record_history(a, &o), 0);
+  /* annotations name -1 or a device of the allocator: the snapshot's
+   * reader refuses any other */
+  assert_int_equal(msnap_record_annotation(a, 0, "fwd", true), 0);
+  assert_int_equal(msnap_record_annotation(a, -1, "fwd", false), 0);
+  assert_int_equal(msnap_record_annotation(a, 1, "fwd", true), MSNAP_EINVAL);
+  assert_int_equal(msnap_record_annotation(a, -2, "fwd", true),
+                   MSNAP_EINVAL);
+  assert_non_null(strstr(msnap_last_error(), "invalid device -2"));
+  assert_int_equal(msnap_workspace_empty_cache(a, 1), MSNAP_EINVAL);
+  assert_int_equal(msnap_workspace_empty_cache(a, -1), 0);
+  /* a NULL out is an error, not a crash */
+  assert_int_equal(msnap_action_parse("oom", NULL), MSNAP_EINVAL);
+  msnap_action_t act;
+  assert_int_equal(msnap_action_parse("oom", &act), 0);
+  assert_int_equal(act, MSNAP_ACTION_OOM);
   msnap_allocator_destroy(a);
+  /* allocator options not made by msnap_options_init */
+  msnap_options_t co;
+  msnap_options_init(&co);
+  co.runtime_name = "sim";
+  co.size = 4;
+  msnap_allocator_t *b = NULL;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  assert_null(b);
+  assert_non_null(strstr(msnap_last_error(), "options size 4 / version 1"));
+  msnap_options_init(&co);
+  co.runtime_name = "sim";
+  co.version = 2;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  /* out of range: an error, not a rounded value */
+  msnap_options_init(&co);
+  co.runtime_name = "sim";
+  co.sim_memory = 1;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  assert_non_null(strstr(msnap_last_error(), "sim_memory 1"));
+  co.sim_memory = 0;
+  co.sim_devices = -3;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  co.sim_devices = 0;
+  co.caching_disabled = 5;
+  assert_int_equal(msnap_allocator_create(&co, &b), MSNAP_EINVAL);
+  assert_null(b);
 }
 
 /* Every device's ring follows the same call: the capacity changes without
