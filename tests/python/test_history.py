@@ -5,15 +5,13 @@ Each scenario runs in a fresh process (a fresh process-wide allocator).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import pickletools
-import subprocess
 
 import pytest
 
-from conftest import base_env, memsnap_cli, run_script
+from conftest import base_env, run_cli, run_script
 from snapcheck import schema_errors
 
 HISTORY_FUNCS = ("record_history", "malloc", "free", "snapshot", "dump_snapshot")
@@ -339,13 +337,12 @@ def test_skip_actions_are_named_and_tolerated(tmp_path):
     names, actions = run_script(code).result
     assert names == ["free_requested"]
     assert "free_requested" not in actions and "free_completed" in actions
-    cli = memsnap_cli()
-    p = subprocess.run([cli, "check", str(out)], capture_output=True, text=True)
+    p = run_cli("check", out)  # (through the cross runs' exe wrapper)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "note: the backward replay's rules were not checked: the recording " \
            "skipped its 'free_requested' entries" in p.stdout, p.stdout
-    p = subprocess.run([cli, "check", "--json", str(out)], capture_output=True, text=True)
-    f = json.loads(p.stdout)["files"][0]
+    p = run_cli("check", "--json", out)
+    f = p.json["files"][0]
     assert f["replay_checked"] is False and "free_requested" in f["replay_skipped_why"]
-    p = subprocess.run([cli, "replay", str(out)], capture_output=True, text=True)
+    p = run_cli("replay", out)
     assert p.returncode == 2 and "skipped its 'free_requested' entries" in p.stdout, p.stdout
