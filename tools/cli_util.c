@@ -697,9 +697,8 @@ bool cli_skipped_history(const msnap_snap_t *s, char *why, size_t n) {
     }
   }
   if (found && why && n && w < n)
-    snprintf(why + w, n - w, " %s (allocator_settings trace_skip_actions: "
-             "_record_memory_history(skip_actions=...))",
-             found == 1 ? "entries" : "entries");
+    snprintf(why + w, n - w, " entries (allocator_settings "
+             "trace_skip_actions: _record_memory_history(skip_actions=...))");
   return found > 0;
 }
 

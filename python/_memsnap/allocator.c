@@ -518,8 +518,11 @@ static PyObject *py_notify_device_error(PyObject *module, PyObject *args) {
 
 /* A usage-CSV call on one device with the GIL released: True when it
  * wrote what was wanted. */
+/* fn(a, device) for the device argument: True when it succeeded; False
+ * when it failed, unless `raise` and the failure is other than
+ * MSNAP_ENOTSUP (the runtime cannot give the report): then the error. */
 static PyObject *usage_call(PyObject *module, PyObject *arg,
-                            int (*fn)(msnap_allocator_t *, int)) {
+                            int (*fn)(msnap_allocator_t *, int), bool raise) {
   int device;
   if (msnap_py_device(arg, &device) < 0)
     return NULL;
@@ -530,6 +533,8 @@ static PyObject *usage_call(PyObject *module, PyObject *arg,
   Py_BEGIN_ALLOW_THREADS
   rc = fn(a, device);
   Py_END_ALLOW_THREADS
+  if (raise && rc != 0 && rc != MSNAP_ENOTSUP)
+    return msnap_py_raise(module, rc, NULL);
   return PyBool_FromLong(rc == 0);
 }
 
@@ -545,7 +550,7 @@ static int dump_usage(msnap_allocator_t *a, int device) {
  * _npu_saveDevMemUsageInfo): CANN's usage CSV in OOM_SNAPSHOT_PATH or ".";
  * False when the runtime cannot give it or the file cannot be written. */
 static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
-  return usage_call(module, arg, save_usage);
+  return usage_call(module, arg, save_usage, false);
 }
 
 /* dump_usage_reports(device) -> bool: the usage CSV files of a dump
@@ -553,19 +558,7 @@ static PyObject *py_save_dev_mem_usage_info(PyObject *module, PyObject *arg) {
  * runtime cannot give it (torch_npu then runs its profiler); OSError when
  * a file could not be written or the directory is unusable. */
 static PyObject *py_dump_usage_reports(PyObject *module, PyObject *arg) {
-  int device;
-  if (msnap_py_device(arg, &device) < 0)
-    return NULL;
-  MSNAP_PY_GET_ALLOC(a);
-  if (msnap_py_check_device(a, device, 0, 1) < 0)
-    return NULL;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = dump_usage(a, device);
-  Py_END_ALLOW_THREADS
-  if (rc != 0 && rc != MSNAP_ENOTSUP)
-    return msnap_py_raise(module, rc, NULL);
-  return PyBool_FromLong(rc == 0);
+  return usage_call(module, arg, dump_usage, true);
 }
 
 static PyObject *py_device_count(PyObject *module, PyObject *unused) {
