@@ -555,7 +555,11 @@ MSNAP_API int msnap_compile_context_push(const char *name);
 MSNAP_API int msnap_compile_context_pop(void);
 /* Frames recorded for the live allocation at ptr (_allocation_traceback):
  * *out is a pickled list of frame dicts (protocol 4), NULL with len 0 when
- * none; owned by the caller. */
+ * the allocation has no recorded stack (history off or context None when
+ * it was made); owned by the caller.  MSNAP_EBADPTR ("allocation_traceback:
+ * no live allocation found at pointer 0x...") when ptr is not a live base
+ * pointer of a, as msnap_annotate_memory; torch's _allocation_traceback
+ * returns None for such a pointer, and so does the Python package's. */
 MSNAP_API int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr,
                                          char **out, size_t *len);
 

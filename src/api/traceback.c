@@ -15,7 +15,11 @@
  * list of {"filename", "line", "name"} dicts through the model's pickle
  * encoder (model/pickle_write.c), protocol 4 like every other pickle of
  * memsnap; an allocation without a stack gives no bytes (Python None).
+ * A pointer that is not a live base pointer is MSNAP_EBADPTR, as
+ * _annotate_memory's; the Python binding turns it into None, as torch's
+ * _allocation_traceback returns None for a pointer it does not find.
  */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -209,8 +213,11 @@ int msnap_allocation_traceback(msnap_allocator_t *a, uint64_t ptr, char **out,
   msnap_mempool_id_t pool = {0, 0};
   uint32_t stack = 0;
   if (msnap__allocation_info(a, ptr, &device, &req, &stream, &pool, &stack) !=
-          0 ||
-      stack == 0) {
+      0)
+    return msnap__set_error(MSNAP_EBADPTR,
+                            "allocation_traceback: no live allocation found "
+                            "at pointer 0x%" PRIx64, ptr);
+  if (stack == 0) {
     *out = NULL;
     *len = 0;
     return 0;

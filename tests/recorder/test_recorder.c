@@ -6,6 +6,7 @@
  * failures leaving no file.
  */
 #include <dirent.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -737,10 +738,28 @@ static void test_allocation_traceback(void **state) {
   assert_int_equal(msnap_malloc(a, 0, 100, 0, &p1), 0);
   assert_int_equal(msnap_allocation_traceback(a, p1, &buf, &len), 0);
   assert_non_null(buf);
-  /* not a live base pointer: None */
+  /* not a live base pointer (interior, never allocated): MSNAP_EBADPTR,
+   * as msnap_annotate_memory; the out-parameters stay untouched */
   char *b2 = (char *)1;
-  assert_int_equal(msnap_allocation_traceback(a, p1 + 8, &b2, &len), 0);
-  assert_null(b2);
+  size_t l2 = 7;
+  assert_int_equal(msnap_allocation_traceback(a, p1 + 8, &b2, &l2),
+                   MSNAP_EBADPTR);
+  assert_ptr_equal(b2, (char *)1);
+  assert_int_equal(l2, 7);
+  char want[96];
+  snprintf(want, sizeof want,
+           "allocation_traceback: no live allocation found at pointer "
+           "0x%" PRIx64, p1 + 8);
+  assert_string_equal(msnap_last_error(), want);
+  assert_int_equal(msnap_allocation_traceback(a, 0xdead, &b2, &l2),
+                   MSNAP_EBADPTR);
+  assert_int_equal(msnap_annotate_memory(a, 0xdead, "x"), MSNAP_EBADPTR);
+  assert_ptr_equal(b2, (char *)1);
+  /* NULL arguments: MSNAP_EINVAL */
+  assert_int_equal(msnap_allocation_traceback(NULL, p1, &b2, &l2),
+                   MSNAP_EINVAL);
+  assert_int_equal(msnap_allocation_traceback(a, p1, NULL, &l2),
+                   MSNAP_EINVAL);
   if (have_python()) {
     char path[512], out[1024];
     free(buf);
@@ -762,7 +781,11 @@ static void test_allocation_traceback(void **state) {
   assert_int_equal(msnap_allocation_traceback(a, p1, &buf, &len), 0);
   assert_non_null(buf);
   free(buf);
-  msnap_free(a, p0);
+  /* a freed pointer is no longer live */
+  assert_int_equal(msnap_free(a, p0), 0);
+  assert_int_equal(msnap_allocation_traceback(a, p0, &b2, &l2),
+                   MSNAP_EBADPTR);
+  assert_ptr_equal(b2, (char *)1);
   msnap_free(a, p1);
   msnap_allocator_destroy(a);
 }
