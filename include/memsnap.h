@@ -617,7 +617,9 @@ MSNAP_API int msnap_check_output(const char *path);
  * names: global rank, world size, local rank, each -1 = unknown (then the
  * RANK / WORLD_SIZE / LOCAL_RANK environment variables are used).  The
  * Python package calls it from torch.distributed once the default process
- * group exists.  MSNAP_EINVAL for a rank outside [0, world_size). */
+ * group exists.  MSNAP_EINVAL for a value below -1, a world size of 0,
+ * or a rank or local rank not below a known world size (torchrun's
+ * LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE); nothing is changed then. */
 MSNAP_API int msnap_set_process_rank(int rank, int world_size,
                                      int local_rank);
 

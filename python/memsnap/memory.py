@@ -930,8 +930,11 @@ def _sync_process_rank() -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
     except Exception:  # a half-initialised or torn-down group: keep the env
         return
-    local = os.environ.get("LOCAL_RANK", "")
-    _C.set_process_rank(rank, world, int(local) if local.isdigit() else -1)
+    env_local = os.environ.get("LOCAL_RANK", "")
+    local = int(env_local) if env_local.isdigit() else -1
+    # The library refuses a local rank not below the world size (ValueError):
+    # such a LOCAL_RANK (a stale variable) is passed as unknown instead.
+    _C.set_process_rank(rank, world, local if local < world else -1)
 
 
 def _notify_history(enabled, compile_context, global_record_annotations):

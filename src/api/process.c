@@ -13,9 +13,12 @@
  *      one table of base/env.c on every call.
  * Unknown fields are -1 and are left out of process_info.
  *
- * Invariants: the three stored values are -1 or >= 0 (world size >= 1),
- * each an atomic read and written on its own (no lock: a reader racing a
- * writer sees either value of each field).
+ * Invariants: the three stored values are -1 or >= 0 (world size >= 1);
+ * a known rank and a known local rank are below a known world size (a
+ * node's local ranks are a subset of the job's ranks: torchrun's
+ * LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE); each field is an atomic
+ * read and written on its own (no lock: a reader racing a writer sees
+ * either value of each field).
  */
 #include <stdatomic.h>
 #include <unistd.h>
@@ -26,7 +29,8 @@ static atomic_int set_rank = -1, set_world = -1, set_local = -1;
 
 int msnap_set_process_rank(int rank, int world_size, int local_rank) {
   if (rank < -1 || world_size < -1 || world_size == 0 || local_rank < -1 ||
-      (rank >= 0 && world_size > 0 && rank >= world_size))
+      (rank >= 0 && world_size > 0 && rank >= world_size) ||
+      (local_rank >= 0 && world_size > 0 && local_rank >= world_size))
     return msnap__set_error(MSNAP_EINVAL,
                             "set_process_rank: invalid rank %d / world size "
                             "%d / local rank %d (-1 = unknown)",

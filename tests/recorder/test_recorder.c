@@ -790,6 +790,48 @@ static void test_allocation_traceback(void **state) {
   msnap_allocator_destroy(a);
 }
 
+/* msnap_set_process_rank: a known rank and local rank must be below a
+ * known world size (MSNAP_EINVAL otherwise, naming the values), and a
+ * refused call changes nothing. */
+static void test_set_process_rank(void **state) {
+  (void)state;
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  msnap_process_t p;
+  assert_int_equal(msnap_set_process_rank(5, 8, 1), 0);
+  msnap__process_get(&p);
+  assert_int_equal(p.rank, 5);
+  assert_int_equal(p.world_size, 8);
+  assert_int_equal(p.local_rank, 1);
+  /* local rank at or above the world size */
+  assert_int_equal(msnap_set_process_rank(1, 4, 4), MSNAP_EINVAL);
+  assert_string_equal(msnap_last_error(),
+                      "set_process_rank: invalid rank 1 / world size 4 / "
+                      "local rank 4 (-1 = unknown)");
+  assert_int_equal(msnap_set_process_rank(-1, 2, 7), MSNAP_EINVAL);
+  /* as a rank at or above it */
+  assert_int_equal(msnap_set_process_rank(4, 4, 0), MSNAP_EINVAL);
+  assert_int_equal(msnap_set_process_rank(0, 0, 0), MSNAP_EINVAL);
+  assert_int_equal(msnap_set_process_rank(0, 4, -2), MSNAP_EINVAL);
+  msnap__process_get(&p); /* unchanged */
+  assert_int_equal(p.rank, 5);
+  assert_int_equal(p.world_size, 8);
+  assert_int_equal(p.local_rank, 1);
+  /* the last local rank, and any local rank under an unknown world size */
+  assert_int_equal(msnap_set_process_rank(3, 4, 3), 0);
+  msnap__process_get(&p);
+  assert_int_equal(p.local_rank, 3);
+  assert_int_equal(msnap_set_process_rank(-1, -1, 9), 0);
+  msnap__process_get(&p);
+  assert_int_equal(p.rank, -1);
+  assert_int_equal(p.world_size, -1);
+  assert_int_equal(p.local_rank, 9);
+  assert_int_equal(msnap_set_process_rank(-1, -1, -1), 0);
+  msnap__process_get(&p);
+  assert_int_equal(p.local_rank, -1);
+}
+
 static void test_dump_failures_leave_no_file(void **state) {
   (void)state;
   msnap_allocator_t *a = make(MSNAP_PROFILE_CUDA, 1);
@@ -1103,6 +1145,7 @@ int main(void) {
       cmocka_unit_test(test_workspace),
       cmocka_unit_test(test_workspace_torch_npu_view),
       cmocka_unit_test(test_allocation_traceback),
+      cmocka_unit_test(test_set_process_rank),
       cmocka_unit_test(test_dump_failures_leave_no_file),
       cmocka_unit_test(test_python_c_merge),
       cmocka_unit_test(test_threads),
