@@ -710,6 +710,13 @@ MSNAP_API bool msnap_sim_host_backed(void *ctx);
  * and torch_npu NPUPluggableAllocator load these names from libmemsnap.so).
  * They use msnap_default().
  * ------------------------------------------------------------------------ */
+/* The device address, or NULL with the reason in msnap_last_error(): a
+ * negative size or a device that is not one of the allocator's
+ * ("plugin_malloc: invalid ..."), an allocator that could not be created,
+ * or msnap_malloc's error (the OOM message).  size 0 on a valid device
+ * returns NULL without an error.  Neither torch loader checks for NULL
+ * (src/api/plugin.c: memsnap.torch.use_allocator registers the C++
+ * shim's allocation function, which raises OutOfMemoryError). */
 MSNAP_API void *msnap_plugin_malloc(ssize_t size, int device, void *stream);
 MSNAP_API void msnap_plugin_free(void *ptr, ssize_t size, int device,
                                  void *stream);

@@ -24,14 +24,16 @@
  * (pytorch/pytorch#133280).  memsnap.torch.use_allocator() therefore
  * registers msnap_torch_malloc of the C++ shim (python/memsnap/csrc/),
  * which throws c10::OutOfMemoryError, and these functions serve C and
- * ctypes callers.  Likewise torch_npu versions whose record_stream_fn
- * takes a c10_npu::NPUStream (a class passed by invisible reference) need
- * the shim's msnap_npu_record_stream; msnap_plugin_record_stream takes the
+ * ctypes callers, which find the reason of a NULL in msnap_last_error().
+ * Likewise torch_npu versions whose record_stream_fn takes a
+ * c10_npu::NPUStream (a class passed by invisible reference) need the
+ * shim's msnap_npu_record_stream; msnap_plugin_record_stream takes the
  * stream handle itself (cudaStream_t, aclrtStream).  The other hooks keep
  * the error text in msnap_last_error() and print it to stderr, so that a
  * bad pointer never passes silently.
  *
- * No state lives here: nothing to check beyond what the allocator checks.
+ * No state lives here: beyond msnap_plugin_malloc's own argument checks
+ * (so that its error names it), the checks are the allocator's.
  */
 #include "api/api.h"
 
@@ -45,15 +47,35 @@ static void report(const char *hook, int rc) {
 }
 
 /*
- * msnap_plugin_malloc -- alloc_fn.  size < 0 is refused; size 0 returns
- * NULL without allocator work (as msnap_malloc).  Returns the device
- * address, or NULL when the allocator could not be created or the device
- * is out of memory.
+ * msnap_plugin_malloc -- alloc_fn.  Returns the device address, or NULL
+ * with the reason in msnap_last_error(): "plugin_malloc: invalid size"
+ * for size < 0, "plugin_malloc: invalid device" for a device that is not
+ * one of the allocator's, "plugin_malloc: allocator could not be created:
+ * " and msnap_default_error()'s text, else msnap_malloc's text (the OOM
+ * message included).  size 0 on a valid device returns NULL without
+ * allocator work and without an error (as msnap_malloc).
  */
 void *msnap_plugin_malloc(ssize_t size, int device, void *stream) {
   msnap_allocator_t *a = msnap_default();
-  if (a == NULL || size < 0)
+  if (a == NULL) {
+    const char *e = msnap_default_error();
+    msnap__set_error(MSNAP_ESTATE,
+                     "plugin_malloc: allocator could not be created: %s",
+                     e != NULL && e[0] != '\0' ? e : "unknown error");
     return NULL;
+  }
+  if (size < 0) {
+    msnap__set_error(MSNAP_EINVAL,
+                     "plugin_malloc: invalid size %zd (must be >= 0)", size);
+    return NULL;
+  }
+  int n = msnap_device_count(a);
+  if (device < 0 || device >= n) {
+    msnap__set_error(MSNAP_EINVAL,
+                     "plugin_malloc: invalid device %d (0..%d)", device,
+                     n - 1);
+    return NULL;
+  }
   uint64_t ptr = 0;
   int rc = msnap_malloc(a, device, (size_t)size, (uint64_t)(uintptr_t)stream,
                         &ptr);

@@ -1,6 +1,7 @@
 /*
  * test_alloc.c -- allocator behaviour beyond the worked examples:
- * memory_summary golden text, unknown pointers, the 1 EB guard, caching
+ * memory_summary golden text, unknown pointers, the 1 EB guard, the
+ * errors msnap_plugin_malloc leaves in msnap_last_error(), caching
  * disabled, throw_on_*malloc_oom rejections, private pools (routing,
  * use_on_oom, no_split, deferred frees while capturing), snapshot segment
  * collection, resets, multi-device lookup, fault injection at every
@@ -8,6 +9,9 @@
  * Invariants are checked after every operation (talloc.h helpers).
  */
 #include <pthread.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "talloc.h"
 #include "workload.h"
@@ -204,6 +208,76 @@ static void guards(void **state) {
     assert_int_equal(msnap_malloc(a, -1, 8, 0, &p), MSNAP_EINVAL);
     done(a);
   }
+}
+
+/* msnap_plugin_malloc (the process-wide allocator, sim runtime): every
+ * NULL it returns leaves its reason in msnap_last_error(), replacing an
+ * older error.  First, in a child (before this process creates its
+ * default allocator), an allocator that cannot be created. */
+static void plugin_malloc_errors(void **state) {
+  (void)state;
+  assert_false(msnap_default_exists());
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setenv("MEMSNAP_RUNTIME", "no-such-runtime", 1);
+    void *p = msnap_plugin_malloc(64, 0, NULL);
+    const char *want = "plugin_malloc: allocator could not be created: "
+                       "unknown device runtime 'no-such-runtime'";
+    _exit(p == NULL && strcmp(msnap_last_error(), want) == 0 ? 0 : 1);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+
+  setenv("MEMSNAP_RUNTIME", "sim", 1);
+  setenv("MEMSNAP_PROFILE", "cuda", 1);
+  setenv("MEMSNAP_SIM_DEVICES", "2", 1);
+  setenv("MEMSNAP_SIM_MEMORY", "1G", 1);
+  unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  unsetenv("PYTORCH_ALLOC_CONF");
+  unsetenv("OOM_SNAPSHOT_ENABLE");
+  msnap_allocator_t *a = msnap_default();
+  assert_non_null(a);
+  assert_int_equal(msnap_device_count(a), 2);
+  /* a bad device, with a stale error of another call before it */
+  assert_int_equal(msnap_free(NULL, 1), MSNAP_EINVAL);
+  assert_null(msnap_plugin_malloc(64, 2, NULL));
+  assert_string_equal(msnap_last_error(),
+                      "plugin_malloc: invalid device 2 (0..1)");
+  assert_null(msnap_plugin_malloc(64, -1, NULL));
+  assert_string_equal(msnap_last_error(),
+                      "plugin_malloc: invalid device -1 (0..1)");
+  /* size 0 is checked for its device too, as msnap_malloc does */
+  assert_null(msnap_plugin_malloc(0, 7, NULL));
+  assert_string_equal(msnap_last_error(),
+                      "plugin_malloc: invalid device 7 (0..1)");
+  assert_null(msnap_plugin_malloc(-5, 0, NULL));
+  assert_string_equal(msnap_last_error(),
+                      "plugin_malloc: invalid size -5 (must be >= 0)");
+  /* msnap_malloc's own errors pass through (the 1 EB guard) */
+  assert_null(msnap_plugin_malloc((ssize_t)1 << 61, 1, NULL));
+  assert_string_equal(msnap_last_error(),
+                      "CUDA out of memory. Tried to allocate more than 1EB "
+                      "memory.");
+  /* nothing was allocated by the refusals; a valid call works */
+  for (int d = 0; d < 2; d++) {
+    msnap_stats_t s;
+    s.size = sizeof s;
+    s.version = MSNAP_STATS_VERSION;
+    assert_int_equal(msnap_stats_get(a, d, &s), 0);
+    assert_int_equal(CUR(s, allocation, ALL), 0);
+    assert_int_equal(s.num_ooms, 0);
+  }
+  void *p = msnap_plugin_malloc(4096, 1, NULL);
+  assert_non_null(p);
+  size_t sz = 0;
+  assert_int_equal(msnap_allocation_size(a, (uint64_t)(uintptr_t)p, &sz), 0);
+  assert_true(sz >= 4096);
+  msnap_plugin_free(p, 4096, 1, NULL);
+  assert_int_equal(msnap_allocation_size(a, (uint64_t)(uintptr_t)p, &sz),
+                   MSNAP_EBADPTR);
 }
 
 static void device_oom_message(void **state) {
@@ -1029,6 +1103,7 @@ int main(void) {
       cmocka_unit_test(summary_units),
       cmocka_unit_test(unknown_pointer),
       cmocka_unit_test(guards),
+      cmocka_unit_test(plugin_malloc_errors),
       cmocka_unit_test(device_oom_message),
       cmocka_unit_test(oom_message_private_pool),
       cmocka_unit_test(caching_disabled),
