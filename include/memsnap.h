@@ -543,7 +543,12 @@ MSNAP_API int msnap_set_frame_hook(const msnap_frame_hook_t *hook);
 MSNAP_API int msnap_set_memory_metadata(const char *metadata);
 MSNAP_API const char *msnap_get_memory_metadata(void);
 /* record an `annotate` trace entry on the live allocation at ptr
- * (_annotate_memory).  MSNAP_EBADPTR if ptr is not a live base pointer. */
+ * (_annotate_memory): its user_metadata is `metadata` ("" for none; the
+ * thread's msnap_set_memory_metadata text is not used), recorded only
+ * while history is on.  MSNAP_EINVAL for a NULL a or metadata (the Python
+ * binding takes a str only); MSNAP_EBADPTR ("annotateMemory: no live
+ * allocation found at pointer 0x...") if ptr is not a live base pointer,
+ * history on or off. */
 MSNAP_API int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
                                     const char *metadata);
 /* record_function START/END markers for external_annotations; device -1

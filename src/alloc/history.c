@@ -198,13 +198,19 @@ int msnap_record_annotation(msnap_allocator_t *a, int device,
 /*
  * _annotate_memory(ptr, text): an `annotate` entry on the live allocation
  * whose base pointer is ptr (size = its requested size, user_metadata =
- * text, the annotation site's stack at level >= ALLOC).  The pointer is
- * checked even when history is off.
+ * text, "" for none, replacing the thread's _set_memory_metadata text;
+ * the annotation site's stack at level >= ALLOC).  The arguments and the
+ * pointer are checked even when history is off.  A NULL text is
+ * MSNAP_EINVAL, as record_annotation's NULL name: the Python binding
+ * always passes a str (None is its TypeError).
  */
 int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
                           const char *metadata) {
   if (a == NULL)
     return msnap__set_error(MSNAP_EINVAL, "annotateMemory: NULL allocator");
+  if (metadata == NULL)
+    return msnap__set_error(MSNAP_EINVAL,
+                            "annotateMemory: NULL metadata (\"\" for none)");
   int device = -1;
   uint64_t req = 0, stream = 0;
   msnap_mempool_id_t pool = {0, 0};
@@ -219,8 +225,8 @@ int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
   if (!msnap__history_active(a)) return 0;
   msnap_rctx_t ctx;
   msnap__rctx_capture(&a->hist, &ctx, false);
-  msnap__rctx_set_metadata(
-      &ctx, metadata ? msnap__str_intern(metadata, strlen(metadata)) : 0);
+  msnap__rctx_set_metadata(&ctx,
+                           msnap__str_intern(metadata, strlen(metadata)));
   msnap__device_lock(a, device);
   msnap__history_record_locked(a, device, MSNAP_ACTION_ANNOTATE, ptr, req,
                                stream, pool, &ctx, 0);

@@ -245,16 +245,26 @@ static void test_annotate(void **state) {
   assert_string_equal(msnap_last_error(),
                       "annotateMemory: no live allocation found at pointer "
                       "0xdead");
+  /* NULL metadata: MSNAP_EINVAL (history off or on, live pointer or not;
+   * "" is the way to say none) */
+  assert_int_equal(msnap_annotate_memory(a, p, NULL), MSNAP_EINVAL);
+  assert_string_equal(msnap_last_error(),
+                      "annotateMemory: NULL metadata (\"\" for none)");
+  assert_int_equal(msnap_annotate_memory(a, 0xdead, NULL), MSNAP_EINVAL);
+  assert_int_equal(msnap_annotate_memory(NULL, p, "x"), MSNAP_EINVAL);
   /* History off: accepted, nothing recorded. */
   assert_int_equal(msnap_annotate_memory(a, p, "off"), 0);
   enable(a, 100, MSNAP_CONTEXT_ALL, true, 0);
+  assert_int_equal(msnap_annotate_memory(a, p, NULL), MSNAP_EINVAL);
   assert_int_equal(msnap_set_memory_metadata("thread-meta"), 0);
   assert_int_equal(msnap_annotate_memory(a, p, "weights"), 0);
+  /* "" records an entry without metadata (not the thread's) */
+  assert_int_equal(msnap_annotate_memory(a, p, ""), 0);
   assert_int_equal(msnap_set_memory_metadata(""), 0);
   msnap_hentry_t *v;
   uint64_t dropped;
   size_t n = copy(a, 1, &v, &dropped);
-  assert_int_equal(n, 1);
+  assert_int_equal(n, 2); /* the refused calls recorded nothing */
   assert_int_equal(v[0].action, MSNAP_ACTION_ANNOTATE);
   assert_int_equal(v[0].addr, p);
   assert_int_equal(v[0].size, 400);
@@ -262,6 +272,10 @@ static void test_annotate(void **state) {
   assert_int_equal(v[0].pool.second, 0);
   assert_string_equal(msnap__str_get(v[0].user_metadata, NULL), "weights");
   assert_int_not_equal(v[0].stack, 0); /* annotation-site stack */
+  assert_int_equal(v[1].action, MSNAP_ACTION_ANNOTATE);
+  assert_int_equal(v[1].addr, p);
+  assert_int_equal(v[1].user_metadata, 0);
+  assert_string_equal(msnap__str_get(v[1].user_metadata, NULL), "");
   release(v);
   n = copy(a, 0, &v, &dropped);
   assert_int_equal(n, 0);
