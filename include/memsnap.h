@@ -410,22 +410,26 @@ MSNAP_API int msnap_memory_summary(msnap_allocator_t *a, int device,
                                    bool abbreviated, char **out);
 /* Invariant checker: walks every device and pool (chains contiguous, block
  * sizes sum to segments, pool membership, stats equal recomputed sums),
- * then the pinned host allocator (src/host_alloc.c).
+ * then the pinned host allocator (src/alloc/host.c).
  * Returns 0, or MSNAP_ESTATE with the first violation in msg. */
 MSNAP_API int msnap_check_invariants(msnap_allocator_t *a, char *msg,
                                      size_t msg_len);
 
 /* ------------------------------------------------------------------------
  * Pinned host memory (PyTorch's CachingHostAllocator): blocks of the
- * runtime's host_malloc, request sizes rounded up to a power of two,
- * cached by size and reused once freed and their record_stream events
- * completed.  Thread safe (one host lock).  With history on and
- * record_host, the blocks appear in host_segments and their events in
- * host_traces.  Behaviour details and the alloc-conf keys honoured:
- * src/host_alloc.c.
+ * runtime's host_malloc, request sizes rounded up to a power of two
+ * (above pinned_max_round_threshold, to a multiple of 2 MiB), cached by
+ * size and reused once freed and their record_stream events completed.
+ * Thread safe (one host lock).  With history on and record_host, the
+ * blocks appear in host_segments and their events in host_traces.
+ * Behaviour details and the alloc-conf keys honoured: src/alloc/host.c.
  * ------------------------------------------------------------------------ */
 /* size 0 gives *ptr = 0.  MSNAP_EOOM when the runtime has no pinned memory
- * left; MSNAP_ENOTSUP when the runtime has no host allocation calls. */
+ * left, and for a size too large to round up to a block size (SIZE_MAX;
+ * nothing is recorded), as msnap_malloc gives MSNAP_EOOM for 1 EB and
+ * more: torch's CachingHostAllocator passes such a size to cudaHostAlloc,
+ * which fails with out of memory.  MSNAP_EINVAL for a NULL a or ptr;
+ * MSNAP_ENOTSUP when the runtime has no host allocation calls. */
 MSNAP_API int msnap_host_malloc(msnap_allocator_t *a, size_t size,
                                 uint64_t *ptr);
 /* 0 is a no-op; anything but a live host block gives MSNAP_EBADPTR

@@ -460,9 +460,10 @@ static int new_block(msnap_host_t *h, uint64_t size, hblock_t **out,
 /*
  * msnap_host_malloc: a pinned block of at least size bytes.  size 0 gives
  * *ptr = 0.  Captures the stack before taking the host lock.  Errors:
- * MSNAP_EINVAL (NULL arguments, size too large to round), MSNAP_EOOM
- * (runtime out of pinned memory), MSNAP_ENOMEM, or the runtime's error;
- * the allocator is unchanged on error.
+ * MSNAP_EINVAL (NULL arguments), MSNAP_EOOM (runtime out of pinned
+ * memory, or a size too large to round up to a block size, which no
+ * runtime could give), MSNAP_ENOMEM, or the runtime's error; the
+ * allocator is unchanged on error.
  */
 int msnap_host_malloc(msnap_allocator_t *a, size_t size, uint64_t *ptr) {
   int rc = check_a(a, "host_malloc");
@@ -473,9 +474,14 @@ int msnap_host_malloc(msnap_allocator_t *a, size_t size, uint64_t *ptr) {
     *ptr = 0;
     return 0;
   }
+  /* A size no block can hold (SIZE_MAX) is out of memory, as msnap_malloc's
+   * 1 EB guard and as torch's CachingHostAllocator, whose cudaHostAlloc of
+   * it fails with out of memory; nothing is recorded. */
   uint64_t rounded = host_round(a, size);
   if (rounded == 0)
-    return msnap__set_error(MSNAP_EINVAL, "host_malloc: size %zu too large",
+    return msnap__set_error(MSNAP_EOOM,
+                            "host allocator: out of pinned host memory: %zu "
+                            "bytes cannot be rounded up to a block size",
                             size);
   msnap_host_t *h;
   bool cann_oom = false;

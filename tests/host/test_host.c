@@ -263,7 +263,24 @@ static void test_bad_pointers(void **state) {
   assert_int_equal(s.segment[MSNAP_STAT_ALL].current, 1);
   assert_int_equal(msnap_host_malloc(NULL, 10, &p), MSNAP_EINVAL);
   assert_int_equal(msnap_host_malloc(a, 10, NULL), MSNAP_EINVAL);
-  assert_int_equal(msnap_host_malloc(a, SIZE_MAX, &p), MSNAP_EINVAL);
+  /* A size no block can hold: out of memory, as msnap_malloc's 1 EB
+   * guard (not an invalid argument); *ptr untouched, nothing allocated. */
+  uint64_t q = 77;
+  assert_int_equal(msnap_host_malloc(a, SIZE_MAX, &q), MSNAP_EOOM);
+  assert_int_equal(q, 77);
+  char want[128];
+  snprintf(want, sizeof want,
+           "host allocator: out of pinned host memory: %zu bytes cannot be "
+           "rounded up to a block size", (size_t)SIZE_MAX);
+  assert_string_equal(msnap_last_error(), want);
+  assert_int_equal(msnap_host_malloc(a, ((size_t)1 << 63) + 1, &q),
+                   MSNAP_EOOM);
+  assert_int_equal(q, 77);
+  assert_int_equal(msnap_malloc(a, 0, SIZE_MAX, 0, &q), MSNAP_EOOM);
+  assert_int_equal(q, 77);
+  s = stats(a);
+  assert_int_equal(s.allocation[MSNAP_STAT_ALL].current, 0);
+  assert_int_equal(s.segment[MSNAP_STAT_ALL].current, 1);
   check(a);
   msnap_allocator_destroy(a);
 }
