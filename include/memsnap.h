@@ -251,8 +251,11 @@ MSNAP_API int msnap_last_errno(void);
  * ------------------------------------------------------------------------ */
 /* Allocate `size` bytes on `device` for `stream`.  size 0 yields *ptr = 0
  * and no allocator work.  MSNAP_EOOM after the full OOM sequence (the text
- * is in msnap_last_error(), shaped as PyTorch's OutOfMemoryError message);
- * MSNAP_EREJECTED for throw_on_*malloc_oom rejections. */
+ * is in msnap_last_error(), shaped as PyTorch's OutOfMemoryError message),
+ * or at once for 1 EB or more ("... Tried to allocate more than 1EB
+ * memory.", no oom entry, no observers, as PyTorch's guard);
+ * MSNAP_EREJECTED for throw_on_*malloc_oom rejections; MSNAP_EINVAL for a
+ * device that is not one of a's or a NULL ptr. */
 MSNAP_API int msnap_malloc(msnap_allocator_t *a, int device, size_t size,
                            uint64_t stream, uint64_t *ptr);
 /* Free a pointer returned by msnap_malloc.  0 is a no-op.  An unknown
