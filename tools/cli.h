@@ -206,6 +206,13 @@ static inline void cj_bool(cli_json_t *j, bool v) {
   msnap__json_bool(&j->w, v);
 }
 static inline void cj_null(cli_json_t *j) { msnap__json_null(&j->w); }
+/* A figure that is not always known: v when `known`, else null. */
+static inline void cj_u64_or_null(cli_json_t *j, bool known, uint64_t v) {
+  if (known)
+    msnap__json_u64(&j->w, v);
+  else
+    msnap__json_null(&j->w);
+}
 /* Number fields of the open object, in order. */
 typedef struct cli_u64_field_s {
   const char *key;

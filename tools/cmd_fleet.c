@@ -834,10 +834,7 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_u64(&j, x->ndev);
       for (int k = 0; k < NMETRICS - 1; k++) {
         cj_key(&j, metric_names[k]);
-        if (x->have_m[k])
-          cj_u64(&j, x->m[k]);
-        else
-          cj_null(&j);
+        cj_u64_or_null(&j, x->have_m[k], x->m[k]);
       }
       cj_key(&j, "fragmentation");
       cj_obj(&j);
@@ -851,10 +848,7 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_key(&j, "ooms");
       cj_u64(&j, x->ooms);
       cj_key(&j, "oom_requested_bytes");
-      if (x->ooms)
-        cj_u64(&j, x->oom_requested);
-      else
-        cj_null(&j);
+      cj_u64_or_null(&j, x->ooms != 0, x->oom_requested);
       cj_key(&j, "steps");
       cj_u64(&j, x->steps);
       cj_key(&j, "leak_candidates");

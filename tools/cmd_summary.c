@@ -223,10 +223,7 @@ static void json_fragmentation(cli_json_t *j, const cli_explain_t *x) {
   cj_obj(j);
   cli_frag_json_fields(j, &x->final);
   cj_key(j, "peak_state");
-  if (x->have_peak_state)
-    cj_u64(j, x->peak_state);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, x->have_peak_state, x->peak_state);
   cj_key(j, "at_peak");
   if (x->have_at_peak) {
     cli_frag_json(j, &x->at_peak);
@@ -391,27 +388,18 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
   cj_key(j, "device_free_bytes");
   cj_u64(j, o->device_free);
   cj_key(j, "device_total_bytes");
-  if (o->have_total)
-    cj_u64(j, o->device_total);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, o->have_total, o->device_total);
   cj_key(j, "cap_known");
   cj_bool(j, o->cap_known);
   cj_key(j, "allowed_bytes");
-  if (o->have_allowed)
-    cj_u64(j, o->allowed);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, o->have_allowed, o->allowed);
   cj_key(j, "unconfirmed_cap");
   if (o->hint_source) {
     cj_obj(j);
     cj_key(j, "source");
     cj_cstr(j, o->hint_source);
     cj_key(j, "bytes");
-    if (o->have_hint_bytes)
-      cj_u64(j, o->hint_bytes);
-    else
-      cj_null(j);
+    cj_u64_or_null(j, o->have_hint_bytes, o->hint_bytes);
     cj_key(j, "fraction");
     if (o->hint_fraction > 0)
       cj_dbl(j, o->hint_fraction);
@@ -442,18 +430,16 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
     cj_null(j);
   else
     cj_cstr(j, o->why);
-#define AT_(key, v)                                                           \
-  cj_key(j, key);                                                             \
-  if (o->have_at)                                                             \
-    cj_u64(j, v);                                                             \
-  else                                                                        \
-    cj_null(j);
-  AT_("allocated_bytes", o->at.allocated)
-  AT_("active_bytes", o->at.active)
-  AT_("cached_free_bytes", o->at.reserved - o->at.active)
-  AT_("inactive_split_bytes", o->at.inactive_split)
-  AT_("largest_free_block_bytes", o->at.largest_free)
-#undef AT_
+  const cli_u64_field_t at[] = {
+      {"allocated_bytes", o->at.allocated},
+      {"active_bytes", o->at.active},
+      {"cached_free_bytes", o->at.reserved - o->at.active},
+      {"inactive_split_bytes", o->at.inactive_split},
+      {"largest_free_block_bytes", o->at.largest_free}};
+  for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+    cj_key(j, at[k].key);
+    cj_u64_or_null(j, o->have_at, at[k].v);
+  }
   cj_key(j, "largest_free_block_by_pool");
   if (o->have_at) {
     cj_obj(j);
@@ -480,10 +466,7 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
   cj_key(j, "expandable_segments_replay");
   cj_cstr(j, o->expandable_why);
   cj_key(j, "segment_size_bytes");
-  if (o->segment_size)
-    cj_u64(j, o->segment_size);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, o->segment_size != 0, o->segment_size);
   char why[512];
   const char *kind = oom_verdict(o, why, sizeof why);
   cj_key(j, "verdict_kind");
