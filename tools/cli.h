@@ -771,8 +771,8 @@ typedef struct cli_explain_s {
   const char *peak_source;
   char peak_why[512];
   long trace_violations; /* > 0: the trace is inconsistent with the final
-                            state (cli_backward's count, 0 also when no
-                            trace holds allocs) */
+                            state (cli_backward's count; 0 without a
+                            trace) */
   cli_frag_t at_peak;
   cli_oom_t oom;
 } cli_explain_t;

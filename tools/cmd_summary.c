@@ -554,6 +554,10 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
       else
         cj_null(j);
     }
+    /* the other caveat of the peaks: the trace contradicts the final
+     * state (the text's "see memsnap check" note) */
+    cj_key(j, "trace_violations");
+    cj_u64(j, (uint64_t)f->x.trace_violations);
     cj_key(j, "live_before_trace");
     cj_obj(j);
     cj_key(j, "count");
@@ -1050,7 +1054,7 @@ static void usage(FILE *f) {
           "                trace_by_action: {<action>: count},\n"
           "                time_first_us, time_last_us,\n"
           "                peak_allocated_bytes, peak_reserved_bytes,\n"
-          "                trace_alloc_dropped,\n"
+          "                trace_alloc_dropped, trace_violations,\n"
           "                live_before_trace: {count, bytes},\n"
           "                largest_live: [{address, size,\n"
           "                  requested_size, site}],\n"

@@ -1021,6 +1021,12 @@ def group_real():
                    d["peak_reserved_bytes"] == pr,
                    "summary %s device %d: peaks over the trace equal "
                    "pickle's (%d, %d)" % (name, dev, pa, pr))
+        # check finds every real trace consistent: no violation under
+        # the peaks
+        tv = [d.get("trace_violations") for d in js["devices"]]
+        expect(tv == [0] * len(js["devices"]),
+               "summary --json %s: trace_violations 0 on every device "
+               "(%s)" % (name, tv))
         rc, out, err = run("summary", path)
         expect(rc == 0 and "reserved" in out, "summary text of %s" % name)
         svg = os.path.join(TMP, name + ".svg")
@@ -3025,6 +3031,40 @@ def oom_snapshot():
             "external_annotations": []}
 
 
+def expandable_snapshot(kind):
+    """An expandable segment of 20 MiB holding a 12 MiB block, mapped
+    and allocated in the trace, then a 4 MiB block allocated and freed.
+    kind "ok": consistent; "bad_free": a free of a block never allocated
+    at the end (1 violation); "no_allocs": the trace's only alloc turned
+    into a free_completed, so it holds no alloc history (2 violations)."""
+    fr = [frame("step", "/home/u/train.py", 7)]
+    seg = {"device": 0, "address": A0, "total_size": 20 * MiB,
+           "allocated_size": 12 * MiB, "active_size": 12 * MiB,
+           "requested_size": 12 * MiB, "stream": 0, "segment_type": "large",
+           "segment_pool_id": (0, 0), "is_expandable": True, "frames": fr,
+           "blocks": [{"address": A0, "size": 12 * MiB,
+                       "requested_size": 12 * MiB,
+                       "state": "active_allocated", "frames": fr},
+                      {"address": A0 + 12 * MiB, "size": 8 * MiB,
+                       "requested_size": 0, "state": "inactive",
+                       "frames": []}]}
+    t = 1700000000000000
+    ev = [("segment_map", A0, 20 * MiB), ("alloc", A0, 12 * MiB)]
+    if kind == "no_allocs":
+        ev[1] = ("free_completed", A0, 12 * MiB)
+    else:
+        ev += [("alloc", A0 + 12 * MiB, 4 * MiB),
+               ("free_requested", A0 + 12 * MiB, 4 * MiB),
+               ("free_completed", A0 + 12 * MiB, 4 * MiB)]
+    if kind == "bad_free":
+        ev.append(("free_completed", A0 + 16 * MiB, 2 * MiB))
+    trace = [{"action": a, "addr": addr, "size": size, "stream": 0,
+              "time_us": t + k, "frames": fr}
+             for k, (a, addr, size) in enumerate(ev)]
+    return {"segments": [seg], "device_traces": [trace],
+            "allocator_settings": {"expandable_segments": True}}
+
+
 def loop_snapshot(steps, leak, with_time):
     """A 2.1/2.6-style recording of a loop dumped in the middle of step
     `steps`: every step allocates two activations at the same addresses
@@ -3906,9 +3946,69 @@ def group_explain():
     p3 = write_pickle(snap, "oom_bad.pickle")
     rc, out, err = run("summary", p3)
     expect(rc == 0 and "the trace is inconsistent with the final state ("
-           in out and "both peaks add up the" in out,
+           "2 violations; see memsnap check)" in " ".join(out.split()) and
+           "both peaks add up the" in out,
            "summary text: an inconsistent trace's peaks carry a caveat "
            "(%r)" % out[:900])
+    # --json: the count of that caveat, check's count; 0 when consistent
+    rc, out, err = run("summary", "--json", p3)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    rc2, out2, err = run("check", "--json", p3)
+    nchk = json.loads(out2).get("violations") if out2 else None
+    expect(rc == 0 and dev.get("trace_violations") == 2 and nchk == 2,
+           "summary --json: trace_violations 2 on the inconsistent trace, "
+           "as check counts (%s, check %s)" % (dev.get("trace_violations"),
+                                               nchk))
+    rc, out, err = run("summary", "--json", p)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    expect(dev.get("trace_violations") == 0 and
+           type(dev.get("trace_violations")) is int,
+           "summary --json: trace_violations 0 on a consistent trace (%s)"
+           % dev.get("trace_violations"))
+    # a recording that skipped history entries: the text names the skip,
+    # the JSON still counts
+    snap["allocator_settings"]["trace_skip_actions"] = ["free_requested"]
+    p5 = write_pickle(snap, "oom_bad_skip.pickle")
+    rc, out, err = run("summary", "--json", p5)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    rc, text, err = run("summary", p5)
+    expect(dev.get("trace_violations") == 2 and "the recording skipped its "
+           "'free_requested' entries" in " ".join(text.split()) and
+           "the trace is inconsistent" not in text,
+           "summary: a recording that skipped history: trace_violations "
+           "still 2, the text names the skip (%s)"
+           % dev.get("trace_violations"))
+    # no trace (a bare list of segments): no peaks, nothing to contradict
+    p4 = write_pickle(oom_snapshot()["segments"], "segs_only.pickle")
+    rc, out, err = run("summary", "--json", p4)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    expect(dev.get("peak_reserved_bytes", 0) is None and
+           dev.get("trace_violations") == 0,
+           "summary --json: trace_violations 0 without a trace (%s, %s)"
+           % (dev.get("peak_reserved_bytes"), dev.get("trace_violations")))
+    # Traces that no replay walks back are counted too: one without alloc
+    # history (no peak state to observe), and an expandable-segments one,
+    # which the replay refuses before it undoes the trace.
+    for name, snap, want in (("no_allocs", expandable_snapshot("no_allocs"),
+                              2),
+                             ("expandable", expandable_snapshot("bad_free"),
+                              1),
+                             ("expandable_ok", expandable_snapshot("ok"), 0)):
+        pe = write_pickle(snap, "tv_%s.pickle" % name)
+        rc, out, err = run("summary", "--json", pe)
+        dev = json.loads(out)["devices"][0] if rc == 0 else {}
+        rc2, out2, err = run("check", "--json", pe)
+        nchk = json.loads(out2).get("violations") if out2 else None
+        rc3, text, err = run("summary", pe)
+        flat = " ".join(text.split())
+        caveat = ("the trace is inconsistent with the final state (%d %s; "
+                  "see memsnap check)" % (want, "violation" if want == 1
+                                          else "violations"))
+        expect(dev.get("trace_violations") == want and nchk == want and
+               (caveat in flat) == (want > 0),
+               "summary: %s trace: trace_violations %d, as check counts, "
+               "and the text caveat says so (%s, check %s)"
+               % (name, want, dev.get("trace_violations"), nchk))
     # An OOM on an autograd engine thread (native frames only): its site
     # is the autograd node, torch's code -- marked as the site, not as
     # the user's code.
