@@ -920,6 +920,16 @@ def py_figures(path):
     return out
 
 
+def py_bytes(v):
+    """A size as the CLI prints it (cli_bytes): "512 B", "2.14 GiB"."""
+    d, i = float(v), 0
+    while d >= 1024.0 and i < 4:
+        d /= 1024.0
+        i += 1
+    return "%d B" % v if i == 0 else "%.2f %s" % (
+        d, ("B", "KiB", "MiB", "GiB", "TiB")[i])
+
+
 def py_peaks(path):
     """Peak active (requested bytes) and reserved bytes over each device
     trace: the start values are the final ones minus the trace's net
@@ -1040,6 +1050,36 @@ def group_real():
             ok, why = svg_ticks_round(root)
             expect(ok, "plot %s: y ticks are round, evenly spaced values "
                    "(%s)" % (name, why))
+    # fleet of the real inputs: each file's allocated bytes (--json and
+    # the text table's column) are summary's allocated, the sizes of its
+    # active_allocated blocks, summed over its devices (pickle's figures)
+    want = {p: sum(f["allocated_bytes"] for f in py_figures(p).values())
+            for p in files}
+    rc, out, err = run("fleet", "--json", *files)
+    js = json.loads(out) if out else {}
+    got = {x["file"]: x.get("allocated_bytes") for x in js.get("ranks", [])}
+    expect(rc in (0, 1) and got == want,
+           "fleet --json: allocated_bytes of every real input equals "
+           "pickle's (%s)" % {os.path.basename(k): v for k, v in got.items()
+                              if want.get(k) != v})
+    rc, out, err = run("fleet", *files)
+    rows = out.splitlines()
+    head = [ln for ln in rows if ln.lstrip().startswith("rank ")]
+    cells = {}
+    if head:
+        h = head[0]
+        end = h.find(" allocated ") + len(" allocated")
+        col = h.find("file")
+        cells = {ln[col:].split("  <- ")[0]: ln[end - 12:end].strip()
+                 for ln in rows if len(ln) > col and
+                 ln[col:].startswith(REAL)}
+        expect(h.split()[:8] == ["rank", "host", "peak", "alloc", "peak",
+                                 "resv", "reserved", "allocated"],
+               "fleet text: the allocated column follows reserved (%r)" % h)
+    expect(rc in (0, 1) and cells == {p: py_bytes(want[p]) for p in files},
+           "fleet text: the allocated column of every real input is "
+           "pickle's allocated bytes, formatted as the other sizes (%s)"
+           % {os.path.basename(k): v for k, v in cells.items()})
     a = os.path.join(REAL, "yiyi_llm_inference__oom_snapshot.pickle")
     b = os.path.join(REAL, "yiyi_llm_inference__1.3b_snapshot.pickle")
     rc, out, err = run("diff", a, a)
@@ -4261,7 +4301,8 @@ def group_explain():
     expect(rc == 1 and len(r8) == 1 and r0 and col > 0 and
            rows[r8[0]].find(os.path.join(fleet, "r8.pickle")) == col and
            r0[0].find(os.path.join(fleet, "r0.pickle")) == col and
-           rows[r8[0]].split()[2:9] == ["-"] * 7 and
+           rows[r8[0]].split()[2:11] == ["-"] * 8 + [os.path.join(
+               fleet, "r8.pickle")] and
            rows[r8[0] + 1].lstrip().startswith("could not be read: ") and
            bad and bad[0]["error"] in rows[r8[0] + 1],
            "fleet text: the unreadable file's row is aligned with the "
