@@ -2187,21 +2187,33 @@ def py_is_stdlib(f):
             "\\lib\\python3" in f or "<frozen" in f)
 
 
+def py_is_typed(f):
+    """Code typed with no file of its own: python -, the REPLs, IPython."""
+    return f == "<stdin>" or (f.endswith(">") and f.startswith(
+        ("<python-input-", "<ipython-input-")))
+
+
 def py_site_frame(frames):
     """(site frame, via frame) of a stack (innermost first), or None."""
-    first_py = first_lib = None
+    first_py = first_lib = string = None
     for fr in frames:
         f = fr["filename"]
-        if not f.endswith(".py"):
+        if f == "<string>":  # the site only without another user frame
+            string = string or (fr, first_lib)
+            continue
+        typed = py_is_typed(f)
+        if not typed and not f.endswith(".py"):
             continue
         if first_py is None:
             first_py = fr
-        if py_is_torch(f) or py_is_stdlib(f):
+        if not typed and (py_is_torch(f) or py_is_stdlib(f)):
             continue
-        if "site-packages" in f or "dist-packages" in f:
+        if not typed and ("site-packages" in f or "dist-packages" in f):
             first_lib = first_lib or fr
             continue
         return (fr, first_lib)
+    if string:
+        return string
     if first_lib:
         return (first_lib, None)
     if first_py:
@@ -2468,6 +2480,55 @@ def group_sites():
            py_sites(win)[0].get("proj\\model.py:21:forward"),
            "summary: a Windows path is shortened to its last two components "
            "and the stdlib frame under Lib is skipped (%s)" % got)
+
+    # Code typed with no file of its own is the user's: python - (and the
+    # REPL before 3.13), the 3.13 REPL, IPython's cells; Jupyter's cells
+    # are files.  "<string>" (python -c, exec) is the site only when no
+    # other user frame is on the stack (dataclasses' generated __init__
+    # is "<string>" too).  <frozen ...>, torch.fx's generated code,
+    # torch, memsnap and site-packages stay not the user's.
+    torch_fr = frame("_call_impl", "/venv/lib/python3.11/site-packages/torch/"
+                     "nn/modules/module.py", 1750)
+    lib_fr = frame("generate", "/venv/lib/python3.11/site-packages/"
+                   "transformers/utils.py", 2100)
+    typed = [
+        ([torch_fr, frame("<module>", "<stdin>", 9)], "<stdin>:9:<module>"),
+        ([torch_fr, lib_fr, frame("run", "<stdin>", 4)],
+         "<stdin>:4:run (via transformers/utils.py:2100:generate)"),
+        ([torch_fr, frame("<module>", "<python-input-3>", 1)],
+         "<python-input-3>:1:<module>"),
+        ([torch_fr, frame("<module>", "<ipython-input-7-4f1c2a9e>", 2),
+          frame("run_code", "/venv/lib/python3.11/site-packages/IPython/"
+                "core/interactiveshell.py", 3577)],
+         "<ipython-input-7-4f1c2a9e>:2:<module>"),
+        ([torch_fr, frame("<module>", "/tmp/ipykernel_4242/2871.py", 5),
+          frame("run_code", "/venv/lib/python3.11/site-packages/IPython/"
+                "core/interactiveshell.py", 3577)],
+         "ipykernel_4242/2871.py:5:<module>"),
+        ([torch_fr, frame("f", "<string>", 3), frame("<module>", "<string>",
+                                                     5)],
+         "<string>:3:f"),
+        ([torch_fr, lib_fr, frame("__init__", "<string>", 12),
+          frame("main", "/home/u/train.py", 30)],
+         "u/train.py:30:main (via transformers/utils.py:2100:generate)"),
+        ([torch_fr, frame("forward", "<eval_with_key>.3", 5),
+          frame("_run_code", "<frozen runpy>", 88)],
+         "modules/module.py:1750:_call_impl"),
+        ([frame("alloc", "/venv/lib/python3.11/site-packages/memsnap/"
+                "memory.py", 40), torch_fr,
+          frame("_run_module_as_main", "<frozen runpy>", 198)],
+         "memsnap/memory.py:40:alloc"),
+    ]
+    for k, (frames, want_site) in enumerate(typed):
+        ty = sites_snapshot()
+        ty["segments"][0]["blocks"][1]["frames"] = frames
+        pt = write_pickle(ty, "typed%d.pickle" % k)
+        rc, out, err = run("summary", "--json", pt)
+        got = [x["site"] for x in json.loads(out)["devices"][0]["top_sites"]] \
+            if rc == 0 else []
+        expect(want_site in got and py_sites(ty)[0].get(want_site),
+               "summary: the site of %s is %s (%s)"
+               % ([f["filename"] for f in frames], want_site, got))
 
     # Native-only stacks (autograd engine thread): the autograd node.
     nat = sites_snapshot()
