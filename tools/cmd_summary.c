@@ -756,6 +756,17 @@ static void print_wrapped(const char *label, const char *text) {
   putchar('\n');
 }
 
+/* A frame of the failing allocation's stack, the site marked. */
+static void oom_frame(const msnap_snap_t *s, uint32_t frame, uint32_t site) {
+  char buf[512];
+  cli_site_t one = {frame, CLI_SITE_NONE};
+  cli_site_format(s, one, buf, sizeof buf);
+  printf("    %s%s\n", buf,
+         frame != site                  ? ""
+         : cli_frame_is_user(s, frame) ? "   <- your code"
+                                       : "   <- the allocation site");
+}
+
 static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   char b1[32], b2[32], b3[32], b4[512], b5[32], b6[32];
   printf("\nout of memory on device %" PRId64 " (trace entry %u", o->device,
@@ -861,21 +872,32 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   const uint32_t *fr = cli_stack(s, o->stack, &n);
   if (n) {
     printf("  stack of the failing allocation (innermost first):\n");
-    uint32_t shown = 0;
-    for (uint32_t i = 0; i < n && shown < 12; i++) {
+    /* The first 12 frames; when the site lies deeper, the frames between
+     * them and it are one elision line, and the site is listed after it
+     * (the marked line is the one to read).  Then the count of the
+     * frames left. */
+    uint32_t at = UINT32_MAX; /* the site's first position in the stack */
+    for (uint32_t i = 0; i < n && at == UINT32_MAX; i++)
+      if (fr[i] == o->site.frame)
+        at = i;
+    uint32_t shown = 0, i = 0;
+    for (; i < n && shown < 12; i++) {
       if (fr[i] >= s->nframes)
         continue;
-      cli_site_t one = {fr[i], CLI_SITE_NONE};
-      cli_site_format(s, one, b4, sizeof b4);
-      printf("    %s%s\n", b4,
-             fr[i] != o->site.frame         ? ""
-             : cli_frame_is_user(s, fr[i]) ? "   <- your code"
-                                           : "   <- the allocation site");
+      oom_frame(s, fr[i], o->site.frame);
       shown++;
     }
-    if (n > shown)
-      printf("    ... %u more %s\n", n - shown,
-             cli_plural(n - shown, "frame", "frames"));
+    uint32_t left = n - shown; /* (frames not listed) */
+    if (at != UINT32_MAX && at >= i) {
+      if (at > i)
+        printf("    ... %u more %s\n", at - i,
+               cli_plural(at - i, "frame", "frames"));
+      oom_frame(s, fr[at], o->site.frame);
+      left = n - at - 1;
+    }
+    if (left)
+      printf("    ... %u more %s\n", left,
+             cli_plural(left, "frame", "frames"));
   }
   if (o->ntop) {
     printf("  live at the OOM (top sites, requested bytes):\n");
@@ -1028,7 +1050,8 @@ static void usage(FILE *f) {
           "allocator needed (a 4 MiB request asks for 20 MiB), a verdict\n"
           "(cached block, out of memory, segment size, fragmentation, or an\n"
           "inconsistent entry), the\n"
-          "failing allocation's stack and the live allocations by site.\n"
+          "failing allocation's stack (12 frames, and the site after\n"
+          "them when it lies deeper) and the live allocations by site.\n"
           "States other than the final one come from an exact replay of\n"
           "the trace (memsnap replay); when none is possible they are\n"
           "reported unknown, with the reason.\n"

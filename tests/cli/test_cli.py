@@ -4110,6 +4110,83 @@ def group_explain():
                "summary: %s trace: trace_violations %d, as check counts, "
                "and the text caveat says so (%s, check %s)"
                % (name, want, dev.get("trace_violations"), nchk))
+    # The stack lists 12 frames; a site deeper than that is shown after
+    # an elision line that counts the frames between, then the count of
+    # the frames after it.
+    def oom_stack(frames, name):
+        sn = oom_snapshot()
+        sn["device_traces"][0][-1]["frames"] = frames
+        pp = write_pickle(sn, name)
+        rc, text, err = run("summary", pp)
+        rc2, out, err2 = run("summary", "--json", pp)
+        site = json.loads(out)["oom"]["site"] if rc2 == 0 else None
+        lines = text.splitlines()
+        k = [i for i, ln in enumerate(lines)
+             if ln.startswith("  stack of the failing allocation")]
+        stack = []
+        for ln in lines[k[0] + 1:] if k else []:
+            if not ln.startswith("    "):
+                break
+            stack.append(ln[4:])
+        return rc, site, stack
+    tfr = [frame("_call_impl", "/venv/lib/python3.11/site-packages/torch/nn/"
+                 "modules/module.py", 1700 + k) for k in range(20)]
+    deep = ([frame("c10::cuda::CUDACachingAllocator::malloc", "??", 0)] +
+            tfr + [frame("step", "/home/u/train.py", 77),
+                   frame("<module>", "/home/u/train.py", 90),
+                   frame("_run_code", "<frozen runpy>", 88)])
+    rc, site, stack = oom_stack(deep, "oom_deep.pickle")
+    expect(rc == 0 and site == "u/train.py:77:step" and stack == (
+        ["c10::cuda::CUDACachingAllocator::malloc"] +
+        ["modules/module.py:%d:_call_impl" % (1700 + k) for k in range(11)] +
+        ["... 9 more frames", "u/train.py:77:step   <- your code",
+         "... 2 more frames"]),
+        "summary text: the user's frame 22 deep is listed after the 12 "
+        "frames and an elision line (%s)" % stack)
+    # right after the 12: no elision line; nothing after it: no count
+    rc, site, stack = oom_stack(deep[:12] + [deep[21]], "oom_deep13.pickle")
+    expect(rc == 0 and stack[11:] == ["modules/module.py:1710:_call_impl",
+                                      "u/train.py:77:step   <- your code"]
+           and len(stack) == 13,
+           "summary text: a site 13th on the stack follows the 12 frames "
+           "with no elision line (%s)" % stack[10:])
+    # within the 12: as before, the frames after counted once
+    rc, site, stack = oom_stack(deep[:3] + deep[21:] + deep[3:21],
+                                "oom_shallow.pickle")
+    expect(rc == 0 and stack[3] == "u/train.py:77:step   <- your code" and
+           len(stack) == 13 and stack[12] == "... 12 more frames",
+           "summary text: a site among the 12 frames is marked in place "
+           "(%s)" % stack)
+    # Code typed with no file of its own is the user's: its line is the
+    # site, marked "your code"; <frozen ...>, torch.fx's generated code
+    # and memsnap's own files are not.
+    for frames, want, mark in (
+            (tfr[:14] + [frame("<module>", "<stdin>", 9)],
+             "<stdin>:9:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "<ipython-input-7-4f1c2a9e>", 2),
+                        frame("run_code", "/venv/lib/python3.11/site-"
+                              "packages/IPython/core/interactiveshell.py",
+                              3577)],
+             "<ipython-input-7-4f1c2a9e>:2:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "/tmp/ipykernel_4242/2871.py", 5)],
+             "ipykernel_4242/2871.py:5:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "<python-input-0>", 1)],
+             "<python-input-0>:1:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "<string>", 4)],
+             "<string>:4:<module>", "your code"),
+            ([frame("alloc", "/venv/lib/python3.11/site-packages/memsnap/"
+                    "memory.py", 40)] + tfr[:2] +
+             [frame("forward", "<eval_with_key>.3", 5),
+              frame("_run_code", "<frozen runpy>", 88)],
+             "memsnap/memory.py:40:alloc", "the allocation site")):
+        rc, site, stack = oom_stack(frames, "oom_typed.pickle")
+        marked = [ln for ln in stack if ln.endswith("   <- " + mark)]
+        expect(rc == 0 and site == want and marked == [
+            want + "   <- " + mark] and
+            all("<- " not in ln for ln in stack if ln not in marked),
+            "summary: the OOM's site of %s is %s, marked '%s' (%s)"
+            % (frames[-1]["filename"], want, mark, stack[-4:]))
+
     # An OOM on an autograd engine thread (native frames only): its site
     # is the autograd node, torch's code -- marked as the site, not as
     # the user's code.
