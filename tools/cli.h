@@ -206,6 +206,13 @@ static inline void cj_bool(cli_json_t *j, bool v) {
   msnap__json_bool(&j->w, v);
 }
 static inline void cj_null(cli_json_t *j) { msnap__json_null(&j->w); }
+/* A figure that is not always known: v when `known`, else null. */
+static inline void cj_u64_or_null(cli_json_t *j, bool known, uint64_t v) {
+  if (known)
+    msnap__json_u64(&j->w, v);
+  else
+    msnap__json_null(&j->w);
+}
 /* Number fields of the open object, in order. */
 typedef struct cli_u64_field_s {
   const char *key;
@@ -334,25 +341,30 @@ const char *cli_state_name(const msnap_snap_t *s, const msnap_sblock_t *b);
 /* Allocation site of a stack: `frame`, the innermost "user" frame, and
  * `via`, the innermost frame of an installed package called from it.
  * Heuristic: skip frames whose file is not a Python source (C/C++ frames,
- * "??", shared objects), frames inside torch/ (any path component "torch",
- * "torch_npu" or "memsnap") and frames of the Python standard library (a
- * path under lib/python3.x that is not in site-packages); the first frame
- * left that is not in an installed package (site-packages, dist-packages)
- * is the site, and the innermost installed-package frame inside it (e.g.
- * einops, transformers' modeling code) its `via`.  When every frame is
- * skipped, the innermost installed-package frame, else the innermost
- * Python frame, else (native frames only: an autograd engine thread) the
- * innermost autograd node ("...MmBackward0::apply(...)"), else the
- * innermost native frame that is not the unwinder or the allocator, is
- * the site (via = CLI_SITE_NONE).  frame is CLI_SITE_NONE when the stack
- * is empty. */
+ * "??", shared objects, "<frozen ...>"), frames inside torch/ (any path
+ * component "torch", "torch_npu" or "memsnap") and frames of the Python
+ * standard library (a path under lib/python3.x that is not in
+ * site-packages); the first frame left that is not in an installed
+ * package (site-packages, dist-packages) is the site, and the innermost
+ * installed-package frame inside it (e.g. einops, transformers' modeling
+ * code) its `via`.  Code typed with no file of its own is the user's
+ * too: "<stdin>" (`python -`), "<python-input-N>" (the REPL of 3.13),
+ * "<ipython-input-N-HASH>" (IPython).  "<string>" (`python -c`, exec of a
+ * string, but also code that dataclasses or namedtuple generate) is the
+ * site only when no other user frame is on the stack: the innermost
+ * such frame, with its via.  When every frame is skipped, the innermost
+ * installed-package frame, else the innermost Python frame, else (native
+ * frames only: an autograd engine thread) the innermost autograd node
+ * ("...MmBackward0::apply(...)"), else the innermost native frame that
+ * is not the unwinder or the allocator, is the site (via =
+ * CLI_SITE_NONE).  frame is CLI_SITE_NONE when the stack is empty. */
 typedef struct cli_site_s {
   uint32_t frame, via;
 } cli_site_t;
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st);
 /* True when frame is one of the user's own Python code: what cli_site
  * prefers (not torch's, memsnap's, the standard library's or an installed
- * package's, not a native frame). */
+ * package's, not a native frame; typed code and "<string>" are). */
 bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame);
 /* The site of a trace entry recorded with an empty stack: neither
  * PyTorch's nor memsnap's files say which stacks were asked for
@@ -764,8 +776,8 @@ typedef struct cli_explain_s {
   const char *peak_source;
   char peak_why[512];
   long trace_violations; /* > 0: the trace is inconsistent with the final
-                            state (cli_backward's count, 0 also when no
-                            trace holds allocs) */
+                            state (cli_backward's count; 0 without a
+                            trace) */
   cli_frag_t at_peak;
   cli_oom_t oom;
 } cli_explain_t;

@@ -320,18 +320,12 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
   /* States to observe: the peak and the OOM's, from the final state when
    * nothing changes after them, else from an exact replay. */
   visit_t v = {.want = {CLI_NO_PAIR, CLI_NO_PAIR}, .dev = dev};
+  bool counted = false; /* trace_violations known */
   if (x->have_peak_state) {
     if (state_is_final(tl, x->peak_state)) {
       x->at_peak = x->final;
       x->have_at_peak = true;
       x->peak_source = "final state";
-      /* no replay to find an inconsistent trace: the backward replay
-       * alone (the replay runs it otherwise) */
-      cli_state_t st;
-      memset(&st, 0, sizeof st); /* (untouched when out of memory) */
-      long nv = cli_backward(s, dev, NULL, NULL, &st);
-      cli_state_free(&st);
-      x->trace_violations = nv > 0 ? nv : 0;
     } else {
       v.want[0] = x->peak_state;
     }
@@ -350,7 +344,10 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     cli_replay_res_t rr;
     if (cli_replay_run(s, dev, &cfg, &rr) != 0 || v.failed)
       goto out;
+    /* the replay's backward walk counted them, unless it stopped
+     * before it (expandable segments, private pools) */
     x->trace_violations = rr.violations;
+    counted = rr.replayable || rr.violations > 0;
     const char *why = !rr.replayable ? rr.reason
                       : !rr.exact
                           ? "the replay was a what-if (another profile or "
@@ -376,6 +373,14 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
         o->source = "exact replay";
       }
     }
+  }
+  /* No replay counted the trace's violations (none was needed, or it
+   * stopped before its backward walk): the backward walk alone. */
+  if (tl && tl->n && !counted) {
+    long nv = cli_backward(s, dev, NULL, NULL, NULL);
+    if (nv < 0)
+      goto out;
+    x->trace_violations = nv;
   }
   if (o->present) {
     o->segment_size = segment_size_of(s, o->requested);

@@ -314,6 +314,33 @@ static bool is_third_party(const char *f, size_t n) {
   return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
 }
 
+static bool starts_with(const char *s, size_t n, const char *pre) {
+  size_t m = strlen(pre);
+  return n >= m && memcmp(s, pre, m) == 0;
+}
+
+/* Code the user typed, with no file of its own: a script read from
+ * standard input (`python -`, the REPL before Python 3.13: "<stdin>"),
+ * the REPL of Python 3.13 ("<python-input-N>") and IPython's cells
+ * ("<ipython-input-N-HASH>").  (Jupyter's cells are files,
+ * /tmp/ipykernel_PID/N.py: user code as any other.)  Other names in
+ * brackets are not user code: "<frozen ...>" is the standard library's,
+ * "<eval_with_key>.N" torch.fx's generated code. */
+static bool is_typed_code(const char *f, size_t n) {
+  return (n == 7 && memcmp(f, "<stdin>", 7) == 0) ||
+         ((starts_with(f, n, "<python-input-") ||
+           starts_with(f, n, "<ipython-input-")) &&
+          f[n - 1] == '>');
+}
+
+/* "<string>": the code of `python -c` or of exec()/eval() of a string --
+ * the user's, or code a library generated (dataclasses' __init__,
+ * namedtuple's __new__): the site only when no other frame of the user's
+ * is on the stack. */
+static bool is_string_code(const char *f, size_t n) {
+  return n == 8 && memcmp(f, "<string>", 8) == 0;
+}
+
 uint32_t cli_empty_site(const msnap_snap_t *s) {
   bool python = false;
   for (uint32_t i = 0; i < s->nframes; i++) {
@@ -333,6 +360,8 @@ bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame) {
   if (frame >= s->nframes) return false;
   size_t fl;
   const char *file = cli_str(s, s->frames[frame].filename, &fl);
+  if (is_typed_code(file, fl) || is_string_code(file, fl))
+    return true;
   return is_python_file(file, fl) && !is_torch(file, fl) &&
          !is_stdlib(file, fl) && !is_third_party(file, fl);
 }
@@ -342,18 +371,27 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   const uint32_t *fr = cli_stack(s, st, &n);
   uint32_t first_py = UINT32_MAX, first_lib = UINT32_MAX;
   cli_site_t site = {CLI_SITE_NONE, CLI_SITE_NONE};
+  cli_site_t str = {CLI_SITE_NONE, CLI_SITE_NONE}; /* innermost <string> */
   for (uint32_t i = 0; i < n; i++) {
     if (fr[i] >= s->nframes)
       continue;
     size_t fl;
     const char *file = cli_str(s, s->frames[fr[i]].filename, &fl);
-    if (!is_python_file(file, fl))
+    if (is_string_code(file, fl)) {
+      if (str.frame == CLI_SITE_NONE) {
+        str.frame = fr[i];
+        str.via = first_lib;
+      }
+      continue;
+    }
+    bool typed = is_typed_code(file, fl);
+    if (!typed && !is_python_file(file, fl))
       continue;
     if (first_py == UINT32_MAX)
       first_py = fr[i];
-    if (is_torch(file, fl) || is_stdlib(file, fl))
+    if (!typed && (is_torch(file, fl) || is_stdlib(file, fl)))
       continue;
-    if (is_third_party(file, fl)) {
+    if (!typed && is_third_party(file, fl)) {
       if (first_lib == UINT32_MAX)
         first_lib = fr[i];
       continue;
@@ -362,6 +400,8 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
     site.via = first_lib;
     return site;
   }
+  if (str.frame != CLI_SITE_NONE)
+    return str;
   if (first_lib != UINT32_MAX) {
     site.frame = first_lib;
     return site;

@@ -757,10 +757,7 @@ int cli_cmd_diff(int argc, char **argv) {
       cj_key(&j, "method");
       cj_cstr(&j, a->aligned ? a->method : "address");
       cj_key(&j, "b_first_entry_after_a");
-      if (a->aligned)
-        cj_u64(&j, a->cut);
-      else
-        cj_null(&j);
+      cj_u64_or_null(&j, a->aligned, a->cut);
       cj_key(&j, "ambiguous");
       cj_bool(&j, a->ambiguous);
       cj_obj_end(&j);

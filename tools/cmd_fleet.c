@@ -466,12 +466,13 @@ static void usage(FILE *f) {
           "rank its rank (from the file's process_info, or \"rank<N>\"\n"
           "in its name, also when it cannot be read), host (from\n"
           "process_info), peak allocated and reserved over the trace,\n"
-          "final reserved and\n"
-          "allocated, fragmentation (inactive split bytes, largest free\n"
-          "block), OOMs and leak candidates across its steps.  Ranks whose\n"
-          "figures lie far from the others' median (|x - median| >\n"
-          "max(3.5 x 1.4826 x MAD, 5%% of the median, 1 MiB)) are flagged\n"
-          "as outliers; leak sites found in 2 or more ranks are listed.\n"
+          "final reserved and allocated (summary's allocated: its\n"
+          "active_allocated blocks), fragmentation (inactive split\n"
+          "bytes, largest free block), OOMs and leak candidates across\n"
+          "its steps.  Ranks whose figures lie far from the others'\n"
+          "median (|x - median| > max(3.5 x 1.4826 x MAD, 5%% of the\n"
+          "median, 1 MiB)) are flagged as outliers; leak sites found in\n"
+          "2 or more ranks are listed.\n"
           "Files of one process (the same host, pid and rank in their\n"
           "process_info: successive OOM dumps) are one rank: the latest\n"
           "stands for it, the earlier ones are listed but not counted.\n"
@@ -834,10 +835,7 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_u64(&j, x->ndev);
       for (int k = 0; k < NMETRICS - 1; k++) {
         cj_key(&j, metric_names[k]);
-        if (x->have_m[k])
-          cj_u64(&j, x->m[k]);
-        else
-          cj_null(&j);
+        cj_u64_or_null(&j, x->have_m[k], x->m[k]);
       }
       cj_key(&j, "fragmentation");
       cj_obj(&j);
@@ -851,10 +849,7 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_key(&j, "ooms");
       cj_u64(&j, x->ooms);
       cj_key(&j, "oom_requested_bytes");
-      if (x->ooms)
-        cj_u64(&j, x->oom_requested);
-      else
-        cj_null(&j);
+      cj_u64_or_null(&j, x->ooms != 0, x->oom_requested);
       cj_key(&j, "steps");
       cj_u64(&j, x->steps);
       cj_key(&j, "leak_candidates");
@@ -945,9 +940,10 @@ int cli_cmd_fleet(int argc, char **argv) {
       cli_put_utf8(stdout, warn[w], strlen(warn[w]));
       fputc('\n', stdout);
     }
-    printf("\n%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", "rank",
-           "host", "peak alloc", "peak resv", "reserved", "inact split",
-           "largest free", "OOMs", "leaks", "file");
+    printf("\n%5s %-10s %12s %12s %12s %12s %12s %12s %4s %5s  %s\n",
+           "rank", "host", "peak alloc", "peak resv", "reserved",
+           "allocated", "inact split", "largest free", "OOMs", "leaks",
+           "file");
     for (uint32_t i = 0; i < n; i++) {
       const rank_t *x = &r[i];
       char rk[24];
@@ -958,16 +954,18 @@ int cli_cmd_fleet(int argc, char **argv) {
       if (!x->ok) {
         /* the columns of a rank (no figures: '-'), the file where every
          * row has it, and the error under it, as the other notes */
-        printf("%5s %-10s %12s %12s %12s %12s %12s %4s %5s  %s\n", rk, "?",
-               "-", "-", "-", "-", "-", "-", "-", cli_shown(x->file));
+        printf("%5s %-10s %12s %12s %12s %12s %12s %12s %4s %5s  %s\n", rk,
+               "?", "-", "-", "-", "-", "-", "-", "-", "-",
+               cli_shown(x->file));
         printf("%5s %-10s could not be read: %s\n", "", "", x->error);
         continue;
       }
-      printf("%5s %-10.10s %12s %12s %12s %12s %12s %4u %5u  %s%s\n", rk,
-             x->host[0] ? x->host : "?",
+      printf("%5s %-10.10s %12s %12s %12s %12s %12s %12s %4u %5u  %s%s\n",
+             rk, x->host[0] ? x->host : "?",
              x->have_peak ? cli_bytes(x->m[1], b[0], sizeof b[0]) : "-",
              x->have_peak ? cli_bytes(x->m[0], b[1], sizeof b[1]) : "-",
              cli_bytes(x->m[2], b[2], sizeof b[2]),
+             cli_bytes(x->m[3], b[5], sizeof b[5]),
              cli_bytes(x->m[4], b[3], sizeof b[3]),
              cli_bytes(x->largest_free, b[4], sizeof b[4]), x->ooms,
              x->nleaks, cli_shown(x->file), x->outlier ? "  <- outlier" : "");

@@ -140,10 +140,7 @@ static void json_dev(cli_json_t *j, const dev_replay_t *d, bool exact) {
     cj_key(j, "failed_allocs");
     cj_u64(j, d->failed_allocs);
     cj_key(j, "first_failed_entry");
-    if (d->failed_allocs)
-      cj_u64(j, d->first_failed);
-    else
-      cj_null(j);
+    cj_u64_or_null(j, d->failed_allocs != 0, d->first_failed);
     cj_key(j, "mismatches");
     cj_arr(j);
     for (uint32_t i = 0; i < d->nkept; i++)
@@ -190,10 +187,7 @@ static void print_json(const replay_t *r, const replay_totals_t *t,
   else
     cj_null(&j);
   cj_key(&j, "failed_allocs");
-  if (t->replayed)
-    cj_u64(&j, t->failed_allocs);
-  else
-    cj_null(&j);
+  cj_u64_or_null(&j, t->replayed, t->failed_allocs);
   cj_key(&j, "reason");
   if (t->replayed)
     cj_null(&j);
@@ -209,10 +203,7 @@ static void print_json(const replay_t *r, const replay_totals_t *t,
                 {"inactive_split_bytes", t->inactive_split}};
   for (size_t k = 0; k < sizeof totals / sizeof totals[0]; k++) {
     cj_key(&j, totals[k].key);
-    if (t->replayed)
-      cj_u64(&j, totals[k].v);
-    else
-      cj_null(&j);
+    cj_u64_or_null(&j, t->replayed, totals[k].v);
   }
   cj_key(&j, "mismatches");
   cj_arr(&j);

@@ -223,10 +223,7 @@ static void json_fragmentation(cli_json_t *j, const cli_explain_t *x) {
   cj_obj(j);
   cli_frag_json_fields(j, &x->final);
   cj_key(j, "peak_state");
-  if (x->have_peak_state)
-    cj_u64(j, x->peak_state);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, x->have_peak_state, x->peak_state);
   cj_key(j, "at_peak");
   if (x->have_at_peak) {
     cli_frag_json(j, &x->at_peak);
@@ -391,27 +388,18 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
   cj_key(j, "device_free_bytes");
   cj_u64(j, o->device_free);
   cj_key(j, "device_total_bytes");
-  if (o->have_total)
-    cj_u64(j, o->device_total);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, o->have_total, o->device_total);
   cj_key(j, "cap_known");
   cj_bool(j, o->cap_known);
   cj_key(j, "allowed_bytes");
-  if (o->have_allowed)
-    cj_u64(j, o->allowed);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, o->have_allowed, o->allowed);
   cj_key(j, "unconfirmed_cap");
   if (o->hint_source) {
     cj_obj(j);
     cj_key(j, "source");
     cj_cstr(j, o->hint_source);
     cj_key(j, "bytes");
-    if (o->have_hint_bytes)
-      cj_u64(j, o->hint_bytes);
-    else
-      cj_null(j);
+    cj_u64_or_null(j, o->have_hint_bytes, o->hint_bytes);
     cj_key(j, "fraction");
     if (o->hint_fraction > 0)
       cj_dbl(j, o->hint_fraction);
@@ -442,18 +430,16 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
     cj_null(j);
   else
     cj_cstr(j, o->why);
-#define AT_(key, v)                                                           \
-  cj_key(j, key);                                                             \
-  if (o->have_at)                                                             \
-    cj_u64(j, v);                                                             \
-  else                                                                        \
-    cj_null(j);
-  AT_("allocated_bytes", o->at.allocated)
-  AT_("active_bytes", o->at.active)
-  AT_("cached_free_bytes", o->at.reserved - o->at.active)
-  AT_("inactive_split_bytes", o->at.inactive_split)
-  AT_("largest_free_block_bytes", o->at.largest_free)
-#undef AT_
+  const cli_u64_field_t at[] = {
+      {"allocated_bytes", o->at.allocated},
+      {"active_bytes", o->at.active},
+      {"cached_free_bytes", o->at.reserved - o->at.active},
+      {"inactive_split_bytes", o->at.inactive_split},
+      {"largest_free_block_bytes", o->at.largest_free}};
+  for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+    cj_key(j, at[k].key);
+    cj_u64_or_null(j, o->have_at, at[k].v);
+  }
   cj_key(j, "largest_free_block_by_pool");
   if (o->have_at) {
     cj_obj(j);
@@ -480,10 +466,7 @@ static void json_oom(cli_json_t *j, const msnap_snap_t *s,
   cj_key(j, "expandable_segments_replay");
   cj_cstr(j, o->expandable_why);
   cj_key(j, "segment_size_bytes");
-  if (o->segment_size)
-    cj_u64(j, o->segment_size);
-  else
-    cj_null(j);
+  cj_u64_or_null(j, o->segment_size != 0, o->segment_size);
   char why[512];
   const char *kind = oom_verdict(o, why, sizeof why);
   cj_key(j, "verdict_kind");
@@ -571,6 +554,10 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
       else
         cj_null(j);
     }
+    /* the other caveat of the peaks: the trace contradicts the final
+     * state (the text's "see memsnap check" note) */
+    cj_key(j, "trace_violations");
+    cj_u64(j, (uint64_t)f->x.trace_violations);
     cj_key(j, "live_before_trace");
     cj_obj(j);
     cj_key(j, "count");
@@ -769,6 +756,17 @@ static void print_wrapped(const char *label, const char *text) {
   putchar('\n');
 }
 
+/* A frame of the failing allocation's stack, the site marked. */
+static void oom_frame(const msnap_snap_t *s, uint32_t frame, uint32_t site) {
+  char buf[512];
+  cli_site_t one = {frame, CLI_SITE_NONE};
+  cli_site_format(s, one, buf, sizeof buf);
+  printf("    %s%s\n", buf,
+         frame != site                  ? ""
+         : cli_frame_is_user(s, frame) ? "   <- your code"
+                                       : "   <- the allocation site");
+}
+
 static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   char b1[32], b2[32], b3[32], b4[512], b5[32], b6[32];
   printf("\nout of memory on device %" PRId64 " (trace entry %u", o->device,
@@ -874,21 +872,32 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
   const uint32_t *fr = cli_stack(s, o->stack, &n);
   if (n) {
     printf("  stack of the failing allocation (innermost first):\n");
-    uint32_t shown = 0;
-    for (uint32_t i = 0; i < n && shown < 12; i++) {
+    /* The first 12 frames; when the site lies deeper, the frames between
+     * them and it are one elision line, and the site is listed after it
+     * (the marked line is the one to read).  Then the count of the
+     * frames left. */
+    uint32_t at = UINT32_MAX; /* the site's first position in the stack */
+    for (uint32_t i = 0; i < n && at == UINT32_MAX; i++)
+      if (fr[i] == o->site.frame)
+        at = i;
+    uint32_t shown = 0, i = 0;
+    for (; i < n && shown < 12; i++) {
       if (fr[i] >= s->nframes)
         continue;
-      cli_site_t one = {fr[i], CLI_SITE_NONE};
-      cli_site_format(s, one, b4, sizeof b4);
-      printf("    %s%s\n", b4,
-             fr[i] != o->site.frame         ? ""
-             : cli_frame_is_user(s, fr[i]) ? "   <- your code"
-                                           : "   <- the allocation site");
+      oom_frame(s, fr[i], o->site.frame);
       shown++;
     }
-    if (n > shown)
-      printf("    ... %u more %s\n", n - shown,
-             cli_plural(n - shown, "frame", "frames"));
+    uint32_t left = n - shown; /* (frames not listed) */
+    if (at != UINT32_MAX && at >= i) {
+      if (at > i)
+        printf("    ... %u more %s\n", at - i,
+               cli_plural(at - i, "frame", "frames"));
+      oom_frame(s, fr[at], o->site.frame);
+      left = n - at - 1;
+    }
+    if (left)
+      printf("    ... %u more %s\n", left,
+             cli_plural(left, "frame", "frames"));
   }
   if (o->ntop) {
     printf("  live at the OOM (top sites, requested bytes):\n");
@@ -1041,7 +1050,8 @@ static void usage(FILE *f) {
           "allocator needed (a 4 MiB request asks for 20 MiB), a verdict\n"
           "(cached block, out of memory, segment size, fragmentation, or an\n"
           "inconsistent entry), the\n"
-          "failing allocation's stack and the live allocations by site.\n"
+          "failing allocation's stack (12 frames, and the site after\n"
+          "them when it lies deeper) and the live allocations by site.\n"
           "States other than the final one come from an exact replay of\n"
           "the trace (memsnap replay); when none is possible they are\n"
           "reported unknown, with the reason.\n"
@@ -1051,7 +1061,10 @@ static void usage(FILE *f) {
           "directory, Python standard library frames and (when a frame of\n"
           "your own code is present) installed packages are skipped; the\n"
           "innermost installed-package frame it called is shown as\n"
-          "\"(via ...)\".\n"
+          "\"(via ...)\".  Code typed with no file of its own is your\n"
+          "code: <stdin> (python -), <python-input-N> (the REPL),\n"
+          "<ipython-input-N-HASH> (IPython); <string> (python -c, exec)\n"
+          "is the site when no other frame of your code is on the stack.\n"
           "A stack of native frames only (autograd's engine thread) is\n"
           "named by its autograd node (e.g. MmBackward0::apply).\n"
           "A live block whose own frames are empty takes the stack of its\n"
@@ -1067,7 +1080,7 @@ static void usage(FILE *f) {
           "                trace_by_action: {<action>: count},\n"
           "                time_first_us, time_last_us,\n"
           "                peak_allocated_bytes, peak_reserved_bytes,\n"
-          "                trace_alloc_dropped,\n"
+          "                trace_alloc_dropped, trace_violations,\n"
           "                live_before_trace: {count, bytes},\n"
           "                largest_live: [{address, size,\n"
           "                  requested_size, site}],\n"

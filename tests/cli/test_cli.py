@@ -920,6 +920,16 @@ def py_figures(path):
     return out
 
 
+def py_bytes(v):
+    """A size as the CLI prints it (cli_bytes): "512 B", "2.14 GiB"."""
+    d, i = float(v), 0
+    while d >= 1024.0 and i < 4:
+        d /= 1024.0
+        i += 1
+    return "%d B" % v if i == 0 else "%.2f %s" % (
+        d, ("B", "KiB", "MiB", "GiB", "TiB")[i])
+
+
 def py_peaks(path):
     """Peak active (requested bytes) and reserved bytes over each device
     trace: the start values are the final ones minus the trace's net
@@ -1021,6 +1031,12 @@ def group_real():
                    d["peak_reserved_bytes"] == pr,
                    "summary %s device %d: peaks over the trace equal "
                    "pickle's (%d, %d)" % (name, dev, pa, pr))
+        # check finds every real trace consistent: no violation under
+        # the peaks
+        tv = [d.get("trace_violations") for d in js["devices"]]
+        expect(tv == [0] * len(js["devices"]),
+               "summary --json %s: trace_violations 0 on every device "
+               "(%s)" % (name, tv))
         rc, out, err = run("summary", path)
         expect(rc == 0 and "reserved" in out, "summary text of %s" % name)
         svg = os.path.join(TMP, name + ".svg")
@@ -1034,6 +1050,36 @@ def group_real():
             ok, why = svg_ticks_round(root)
             expect(ok, "plot %s: y ticks are round, evenly spaced values "
                    "(%s)" % (name, why))
+    # fleet of the real inputs: each file's allocated bytes (--json and
+    # the text table's column) are summary's allocated, the sizes of its
+    # active_allocated blocks, summed over its devices (pickle's figures)
+    want = {p: sum(f["allocated_bytes"] for f in py_figures(p).values())
+            for p in files}
+    rc, out, err = run("fleet", "--json", *files)
+    js = json.loads(out) if out else {}
+    got = {x["file"]: x.get("allocated_bytes") for x in js.get("ranks", [])}
+    expect(rc in (0, 1) and got == want,
+           "fleet --json: allocated_bytes of every real input equals "
+           "pickle's (%s)" % {os.path.basename(k): v for k, v in got.items()
+                              if want.get(k) != v})
+    rc, out, err = run("fleet", *files)
+    rows = out.splitlines()
+    head = [ln for ln in rows if ln.lstrip().startswith("rank ")]
+    cells = {}
+    if head:
+        h = head[0]
+        end = h.find(" allocated ") + len(" allocated")
+        col = h.find("file")
+        cells = {ln[col:].split("  <- ")[0]: ln[end - 12:end].strip()
+                 for ln in rows if len(ln) > col and
+                 ln[col:].startswith(REAL)}
+        expect(h.split()[:8] == ["rank", "host", "peak", "alloc", "peak",
+                                 "resv", "reserved", "allocated"],
+               "fleet text: the allocated column follows reserved (%r)" % h)
+    expect(rc in (0, 1) and cells == {p: py_bytes(want[p]) for p in files},
+           "fleet text: the allocated column of every real input is "
+           "pickle's allocated bytes, formatted as the other sizes (%s)"
+           % {os.path.basename(k): v for k, v in cells.items()})
     a = os.path.join(REAL, "yiyi_llm_inference__oom_snapshot.pickle")
     b = os.path.join(REAL, "yiyi_llm_inference__1.3b_snapshot.pickle")
     rc, out, err = run("diff", a, a)
@@ -2141,21 +2187,33 @@ def py_is_stdlib(f):
             "\\lib\\python3" in f or "<frozen" in f)
 
 
+def py_is_typed(f):
+    """Code typed with no file of its own: python -, the REPLs, IPython."""
+    return f == "<stdin>" or (f.endswith(">") and f.startswith(
+        ("<python-input-", "<ipython-input-")))
+
+
 def py_site_frame(frames):
     """(site frame, via frame) of a stack (innermost first), or None."""
-    first_py = first_lib = None
+    first_py = first_lib = string = None
     for fr in frames:
         f = fr["filename"]
-        if not f.endswith(".py"):
+        if f == "<string>":  # the site only without another user frame
+            string = string or (fr, first_lib)
+            continue
+        typed = py_is_typed(f)
+        if not typed and not f.endswith(".py"):
             continue
         if first_py is None:
             first_py = fr
-        if py_is_torch(f) or py_is_stdlib(f):
+        if not typed and (py_is_torch(f) or py_is_stdlib(f)):
             continue
-        if "site-packages" in f or "dist-packages" in f:
+        if not typed and ("site-packages" in f or "dist-packages" in f):
             first_lib = first_lib or fr
             continue
         return (fr, first_lib)
+    if string:
+        return string
     if first_lib:
         return (first_lib, None)
     if first_py:
@@ -2422,6 +2480,55 @@ def group_sites():
            py_sites(win)[0].get("proj\\model.py:21:forward"),
            "summary: a Windows path is shortened to its last two components "
            "and the stdlib frame under Lib is skipped (%s)" % got)
+
+    # Code typed with no file of its own is the user's: python - (and the
+    # REPL before 3.13), the 3.13 REPL, IPython's cells; Jupyter's cells
+    # are files.  "<string>" (python -c, exec) is the site only when no
+    # other user frame is on the stack (dataclasses' generated __init__
+    # is "<string>" too).  <frozen ...>, torch.fx's generated code,
+    # torch, memsnap and site-packages stay not the user's.
+    torch_fr = frame("_call_impl", "/venv/lib/python3.11/site-packages/torch/"
+                     "nn/modules/module.py", 1750)
+    lib_fr = frame("generate", "/venv/lib/python3.11/site-packages/"
+                   "transformers/utils.py", 2100)
+    typed = [
+        ([torch_fr, frame("<module>", "<stdin>", 9)], "<stdin>:9:<module>"),
+        ([torch_fr, lib_fr, frame("run", "<stdin>", 4)],
+         "<stdin>:4:run (via transformers/utils.py:2100:generate)"),
+        ([torch_fr, frame("<module>", "<python-input-3>", 1)],
+         "<python-input-3>:1:<module>"),
+        ([torch_fr, frame("<module>", "<ipython-input-7-4f1c2a9e>", 2),
+          frame("run_code", "/venv/lib/python3.11/site-packages/IPython/"
+                "core/interactiveshell.py", 3577)],
+         "<ipython-input-7-4f1c2a9e>:2:<module>"),
+        ([torch_fr, frame("<module>", "/tmp/ipykernel_4242/2871.py", 5),
+          frame("run_code", "/venv/lib/python3.11/site-packages/IPython/"
+                "core/interactiveshell.py", 3577)],
+         "ipykernel_4242/2871.py:5:<module>"),
+        ([torch_fr, frame("f", "<string>", 3), frame("<module>", "<string>",
+                                                     5)],
+         "<string>:3:f"),
+        ([torch_fr, lib_fr, frame("__init__", "<string>", 12),
+          frame("main", "/home/u/train.py", 30)],
+         "u/train.py:30:main (via transformers/utils.py:2100:generate)"),
+        ([torch_fr, frame("forward", "<eval_with_key>.3", 5),
+          frame("_run_code", "<frozen runpy>", 88)],
+         "modules/module.py:1750:_call_impl"),
+        ([frame("alloc", "/venv/lib/python3.11/site-packages/memsnap/"
+                "memory.py", 40), torch_fr,
+          frame("_run_module_as_main", "<frozen runpy>", 198)],
+         "memsnap/memory.py:40:alloc"),
+    ]
+    for k, (frames, want_site) in enumerate(typed):
+        ty = sites_snapshot()
+        ty["segments"][0]["blocks"][1]["frames"] = frames
+        pt = write_pickle(ty, "typed%d.pickle" % k)
+        rc, out, err = run("summary", "--json", pt)
+        got = [x["site"] for x in json.loads(out)["devices"][0]["top_sites"]] \
+            if rc == 0 else []
+        expect(want_site in got and py_sites(ty)[0].get(want_site),
+               "summary: the site of %s is %s (%s)"
+               % ([f["filename"] for f in frames], want_site, got))
 
     # Native-only stacks (autograd engine thread): the autograd node.
     nat = sites_snapshot()
@@ -3023,6 +3130,40 @@ def oom_snapshot():
                                    "max_split_size": -1,
                                    "expandable_segments": False},
             "external_annotations": []}
+
+
+def expandable_snapshot(kind):
+    """An expandable segment of 20 MiB holding a 12 MiB block, mapped
+    and allocated in the trace, then a 4 MiB block allocated and freed.
+    kind "ok": consistent; "bad_free": a free of a block never allocated
+    at the end (1 violation); "no_allocs": the trace's only alloc turned
+    into a free_completed, so it holds no alloc history (2 violations)."""
+    fr = [frame("step", "/home/u/train.py", 7)]
+    seg = {"device": 0, "address": A0, "total_size": 20 * MiB,
+           "allocated_size": 12 * MiB, "active_size": 12 * MiB,
+           "requested_size": 12 * MiB, "stream": 0, "segment_type": "large",
+           "segment_pool_id": (0, 0), "is_expandable": True, "frames": fr,
+           "blocks": [{"address": A0, "size": 12 * MiB,
+                       "requested_size": 12 * MiB,
+                       "state": "active_allocated", "frames": fr},
+                      {"address": A0 + 12 * MiB, "size": 8 * MiB,
+                       "requested_size": 0, "state": "inactive",
+                       "frames": []}]}
+    t = 1700000000000000
+    ev = [("segment_map", A0, 20 * MiB), ("alloc", A0, 12 * MiB)]
+    if kind == "no_allocs":
+        ev[1] = ("free_completed", A0, 12 * MiB)
+    else:
+        ev += [("alloc", A0 + 12 * MiB, 4 * MiB),
+               ("free_requested", A0 + 12 * MiB, 4 * MiB),
+               ("free_completed", A0 + 12 * MiB, 4 * MiB)]
+    if kind == "bad_free":
+        ev.append(("free_completed", A0 + 16 * MiB, 2 * MiB))
+    trace = [{"action": a, "addr": addr, "size": size, "stream": 0,
+              "time_us": t + k, "frames": fr}
+             for k, (a, addr, size) in enumerate(ev)]
+    return {"segments": [seg], "device_traces": [trace],
+            "allocator_settings": {"expandable_segments": True}}
 
 
 def loop_snapshot(steps, leak, with_time):
@@ -3906,9 +4047,146 @@ def group_explain():
     p3 = write_pickle(snap, "oom_bad.pickle")
     rc, out, err = run("summary", p3)
     expect(rc == 0 and "the trace is inconsistent with the final state ("
-           in out and "both peaks add up the" in out,
+           "2 violations; see memsnap check)" in " ".join(out.split()) and
+           "both peaks add up the" in out,
            "summary text: an inconsistent trace's peaks carry a caveat "
            "(%r)" % out[:900])
+    # --json: the count of that caveat, check's count; 0 when consistent
+    rc, out, err = run("summary", "--json", p3)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    rc2, out2, err = run("check", "--json", p3)
+    nchk = json.loads(out2).get("violations") if out2 else None
+    expect(rc == 0 and dev.get("trace_violations") == 2 and nchk == 2,
+           "summary --json: trace_violations 2 on the inconsistent trace, "
+           "as check counts (%s, check %s)" % (dev.get("trace_violations"),
+                                               nchk))
+    rc, out, err = run("summary", "--json", p)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    expect(dev.get("trace_violations") == 0 and
+           type(dev.get("trace_violations")) is int,
+           "summary --json: trace_violations 0 on a consistent trace (%s)"
+           % dev.get("trace_violations"))
+    # a recording that skipped history entries: the text names the skip,
+    # the JSON still counts
+    snap["allocator_settings"]["trace_skip_actions"] = ["free_requested"]
+    p5 = write_pickle(snap, "oom_bad_skip.pickle")
+    rc, out, err = run("summary", "--json", p5)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    rc, text, err = run("summary", p5)
+    expect(dev.get("trace_violations") == 2 and "the recording skipped its "
+           "'free_requested' entries" in " ".join(text.split()) and
+           "the trace is inconsistent" not in text,
+           "summary: a recording that skipped history: trace_violations "
+           "still 2, the text names the skip (%s)"
+           % dev.get("trace_violations"))
+    # no trace (a bare list of segments): no peaks, nothing to contradict
+    p4 = write_pickle(oom_snapshot()["segments"], "segs_only.pickle")
+    rc, out, err = run("summary", "--json", p4)
+    dev = json.loads(out)["devices"][0] if rc == 0 else {}
+    expect(dev.get("peak_reserved_bytes", 0) is None and
+           dev.get("trace_violations") == 0,
+           "summary --json: trace_violations 0 without a trace (%s, %s)"
+           % (dev.get("peak_reserved_bytes"), dev.get("trace_violations")))
+    # Traces that no replay walks back are counted too: one without alloc
+    # history (no peak state to observe), and an expandable-segments one,
+    # which the replay refuses before it undoes the trace.
+    for name, snap, want in (("no_allocs", expandable_snapshot("no_allocs"),
+                              2),
+                             ("expandable", expandable_snapshot("bad_free"),
+                              1),
+                             ("expandable_ok", expandable_snapshot("ok"), 0)):
+        pe = write_pickle(snap, "tv_%s.pickle" % name)
+        rc, out, err = run("summary", "--json", pe)
+        dev = json.loads(out)["devices"][0] if rc == 0 else {}
+        rc2, out2, err = run("check", "--json", pe)
+        nchk = json.loads(out2).get("violations") if out2 else None
+        rc3, text, err = run("summary", pe)
+        flat = " ".join(text.split())
+        caveat = ("the trace is inconsistent with the final state (%d %s; "
+                  "see memsnap check)" % (want, "violation" if want == 1
+                                          else "violations"))
+        expect(dev.get("trace_violations") == want and nchk == want and
+               (caveat in flat) == (want > 0),
+               "summary: %s trace: trace_violations %d, as check counts, "
+               "and the text caveat says so (%s, check %s)"
+               % (name, want, dev.get("trace_violations"), nchk))
+    # The stack lists 12 frames; a site deeper than that is shown after
+    # an elision line that counts the frames between, then the count of
+    # the frames after it.
+    def oom_stack(frames, name):
+        sn = oom_snapshot()
+        sn["device_traces"][0][-1]["frames"] = frames
+        pp = write_pickle(sn, name)
+        rc, text, err = run("summary", pp)
+        rc2, out, err2 = run("summary", "--json", pp)
+        site = json.loads(out)["oom"]["site"] if rc2 == 0 else None
+        lines = text.splitlines()
+        k = [i for i, ln in enumerate(lines)
+             if ln.startswith("  stack of the failing allocation")]
+        stack = []
+        for ln in lines[k[0] + 1:] if k else []:
+            if not ln.startswith("    "):
+                break
+            stack.append(ln[4:])
+        return rc, site, stack
+    tfr = [frame("_call_impl", "/venv/lib/python3.11/site-packages/torch/nn/"
+                 "modules/module.py", 1700 + k) for k in range(20)]
+    deep = ([frame("c10::cuda::CUDACachingAllocator::malloc", "??", 0)] +
+            tfr + [frame("step", "/home/u/train.py", 77),
+                   frame("<module>", "/home/u/train.py", 90),
+                   frame("_run_code", "<frozen runpy>", 88)])
+    rc, site, stack = oom_stack(deep, "oom_deep.pickle")
+    expect(rc == 0 and site == "u/train.py:77:step" and stack == (
+        ["c10::cuda::CUDACachingAllocator::malloc"] +
+        ["modules/module.py:%d:_call_impl" % (1700 + k) for k in range(11)] +
+        ["... 9 more frames", "u/train.py:77:step   <- your code",
+         "... 2 more frames"]),
+        "summary text: the user's frame 22 deep is listed after the 12 "
+        "frames and an elision line (%s)" % stack)
+    # right after the 12: no elision line; nothing after it: no count
+    rc, site, stack = oom_stack(deep[:12] + [deep[21]], "oom_deep13.pickle")
+    expect(rc == 0 and stack[11:] == ["modules/module.py:1710:_call_impl",
+                                      "u/train.py:77:step   <- your code"]
+           and len(stack) == 13,
+           "summary text: a site 13th on the stack follows the 12 frames "
+           "with no elision line (%s)" % stack[10:])
+    # within the 12: as before, the frames after counted once
+    rc, site, stack = oom_stack(deep[:3] + deep[21:] + deep[3:21],
+                                "oom_shallow.pickle")
+    expect(rc == 0 and stack[3] == "u/train.py:77:step   <- your code" and
+           len(stack) == 13 and stack[12] == "... 12 more frames",
+           "summary text: a site among the 12 frames is marked in place "
+           "(%s)" % stack)
+    # Code typed with no file of its own is the user's: its line is the
+    # site, marked "your code"; <frozen ...>, torch.fx's generated code
+    # and memsnap's own files are not.
+    for frames, want, mark in (
+            (tfr[:14] + [frame("<module>", "<stdin>", 9)],
+             "<stdin>:9:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "<ipython-input-7-4f1c2a9e>", 2),
+                        frame("run_code", "/venv/lib/python3.11/site-"
+                              "packages/IPython/core/interactiveshell.py",
+                              3577)],
+             "<ipython-input-7-4f1c2a9e>:2:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "/tmp/ipykernel_4242/2871.py", 5)],
+             "ipykernel_4242/2871.py:5:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "<python-input-0>", 1)],
+             "<python-input-0>:1:<module>", "your code"),
+            (tfr[:2] + [frame("<module>", "<string>", 4)],
+             "<string>:4:<module>", "your code"),
+            ([frame("alloc", "/venv/lib/python3.11/site-packages/memsnap/"
+                    "memory.py", 40)] + tfr[:2] +
+             [frame("forward", "<eval_with_key>.3", 5),
+              frame("_run_code", "<frozen runpy>", 88)],
+             "memsnap/memory.py:40:alloc", "the allocation site")):
+        rc, site, stack = oom_stack(frames, "oom_typed.pickle")
+        marked = [ln for ln in stack if ln.endswith("   <- " + mark)]
+        expect(rc == 0 and site == want and marked == [
+            want + "   <- " + mark] and
+            all("<- " not in ln for ln in stack if ln not in marked),
+            "summary: the OOM's site of %s is %s, marked '%s' (%s)"
+            % (frames[-1]["filename"], want, mark, stack[-4:]))
+
     # An OOM on an autograd engine thread (native frames only): its site
     # is the autograd node, torch's code -- marked as the site, not as
     # the user's code.
@@ -4161,7 +4439,8 @@ def group_explain():
     expect(rc == 1 and len(r8) == 1 and r0 and col > 0 and
            rows[r8[0]].find(os.path.join(fleet, "r8.pickle")) == col and
            r0[0].find(os.path.join(fleet, "r0.pickle")) == col and
-           rows[r8[0]].split()[2:9] == ["-"] * 7 and
+           rows[r8[0]].split()[2:11] == ["-"] * 8 + [os.path.join(
+               fleet, "r8.pickle")] and
            rows[r8[0] + 1].lstrip().startswith("could not be read: ") and
            bad and bad[0]["error"] in rows[r8[0] + 1],
            "fleet text: the unreadable file's row is aligned with the "
