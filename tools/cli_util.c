@@ -314,6 +314,19 @@ static bool is_third_party(const char *f, size_t n) {
   return memmem(f, n, "site-packages", 13) || memmem(f, n, "dist-packages", 13);
 }
 
+/* Code torch.compile generated: Inductor writes its output code as .py
+ * files under its cache directory, <tmp>/torchinductor_<user>/ by default
+ * (torch/_inductor/runtime/cache_dir_utils.py: default_cache_dir). */
+static bool is_generated(const char *f, size_t n) {
+  static const char dir[] = "torchinductor_";
+  const size_t m = sizeof dir - 1;
+  for (size_t i = 0; i + m <= n; i++)
+    if ((i == 0 || f[i - 1] == '/' || f[i - 1] == '\\') &&
+        memcmp(f + i, dir, m) == 0)
+      return true;
+  return false;
+}
+
 static bool starts_with(const char *s, size_t n, const char *pre) {
   size_t m = strlen(pre);
   return n >= m && memcmp(s, pre, m) == 0;
@@ -363,7 +376,8 @@ bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame) {
   if (is_typed_code(file, fl) || is_string_code(file, fl))
     return true;
   return is_python_file(file, fl) && !is_torch(file, fl) &&
-         !is_stdlib(file, fl) && !is_third_party(file, fl);
+         !is_stdlib(file, fl) && !is_third_party(file, fl) &&
+         !is_generated(file, fl);
 }
 
 cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
@@ -389,7 +403,8 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
       continue;
     if (first_py == UINT32_MAX)
       first_py = fr[i];
-    if (!typed && (is_torch(file, fl) || is_stdlib(file, fl)))
+    if (!typed &&
+        (is_torch(file, fl) || is_stdlib(file, fl) || is_generated(file, fl)))
       continue;
     if (!typed && is_third_party(file, fl)) {
       if (first_lib == UINT32_MAX)

@@ -455,9 +455,10 @@
       };
       fr.forEach(function (f) {
         var Fr = F.frames[f];
-        var py = /\.py$/.test(Fr[1]);
-        var user = py && !/(^|[\/\\])torch(_npu)?[\/\\]/.test(Fr[1]) &&
-          !/[\/\\]lib[\/\\]python3[^\/\\]*[\/\\](?!site-packages|dist-packages)/.test(Fr[1]);
+        // Python: a .py file or a name in brackets (<stdin>, <string>,
+        // <frozen ...>); user: memsnap's rule (cli_frame_is_user)
+        var py = /\.py$/.test(Fr[1]) || /^</.test(Fr[1]);
+        var user = Fr[3] === 1;
         var li = '<li class="' + (user ? 'user' : 'sys') + '">' + esc(Fr[0]) +
           ' <span class="dim">' + esc(Fr[1]) + ':' + Fr[2] + '</span></li>';
         if (py) { flush(); items.push(li); } else run.push(li);

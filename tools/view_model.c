@@ -52,7 +52,8 @@
  *       (the final state), sites: [[site, bytes, count]...] (the top
  *       allocation sites by live bytes at the end, as `memsnap summary`)
  *   }],
- *   frames: [[name, filename, line]...], nodes: [parent, frame, ...]:
+ *   frames: [[name, filename, line, user]...] (user: 1 for a frame of
+ *   the user's own code, cli_frame_is_user), nodes: [parent, frame, ...]:
  *   stacks as a trie; node k (1-based) is frames[nodes[2k-1]] called from
  *   node nodes[2k-2] (0: outermost), so a stack is one node id (0: none).
  *
@@ -315,7 +316,7 @@ static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
       size_t l1, l2;
       cli_str(t->s, t->s->frames[f].name, &l1);
       cli_str(t->s, t->s->frames[f].filename, &l2);
-      t->bytes += l1 + l2 + 10 + digits((uint64_t)llabs(t->s->frames[f].line));
+      t->bytes += l1 + l2 + 12 + digits((uint64_t)llabs(t->s->frames[f].line));
     }
     uint32_t fo = t->fout[f] - 1;
     uint64_t key = (uint64_t)p << 32 | fo;
@@ -1475,6 +1476,7 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
     p = cli_str(s, fr->filename, &l);
     cj_str(j, p, l);
     cj_i64(j, fr->line);
+    cj_u64(j, cli_frame_is_user(s, t.flist[i]) ? 1 : 0);
     cj_arr_end(j);
   }
   cj_arr_end(j);

@@ -2193,6 +2193,12 @@ def py_is_typed(f):
         ("<python-input-", "<ipython-input-")))
 
 
+def py_is_generated(f):
+    """torch.compile's output code (Inductor's cache directory)."""
+    return any(p.startswith("torchinductor_")
+               for p in f.replace("\\", "/").split("/"))
+
+
 def py_site_frame(frames):
     """(site frame, via frame) of a stack (innermost first), or None."""
     first_py = first_lib = string = None
@@ -2206,7 +2212,8 @@ def py_site_frame(frames):
             continue
         if first_py is None:
             first_py = fr
-        if not typed and (py_is_torch(f) or py_is_stdlib(f)):
+        if not typed and (py_is_torch(f) or py_is_stdlib(f) or
+                          py_is_generated(f)):
             continue
         if not typed and ("site-packages" in f or "dist-packages" in f):
             first_lib = first_lib or fr
@@ -2514,6 +2521,13 @@ def group_sites():
         ([torch_fr, frame("forward", "<eval_with_key>.3", 5),
           frame("_run_code", "<frozen runpy>", 88)],
          "modules/module.py:1750:_call_impl"),
+        # torch.compile's output code is not the user's: the line that
+        # called the compiled model is
+        ([torch_fr, frame("call", "/tmp/torchinductor_u/qz/cqzk2e7.py", 311),
+          frame("_fn", "/venv/lib/python3.11/site-packages/torch/_dynamo/"
+                "eval_frame.py", 655),
+          frame("train_step", "/home/u/train.py", 41)],
+         "u/train.py:41:train_step"),
         ([frame("alloc", "/venv/lib/python3.11/site-packages/memsnap/"
                 "memory.py", 40), torch_fr,
           frame("_run_module_as_main", "<frozen runpy>", 198)],

@@ -403,6 +403,11 @@ def check_oom(pg):
             break
     expect(found, "hover on the OOM marker: the explanation and the user's "
            "line (%r)" % pg.text("#info")[:200])
+    # the stack marks the user's frame only (memsnap's rule, as summary's
+    # "<- your code"): not torch's Python frame, not the native one
+    users = pg.p.locator("#info li.user").all_inner_texts()
+    expect(len(users) == 1 and "/home/u/train.py:57" in users[0],
+           "the OOM's stack marks only the user's frame (%r)" % users)
     pg.p.click("button.tab[data-v='history']")
     rows = pg.p.locator("#evlist div.row.oom").all_inner_texts()
     expect(rows and "OOM (requested 56.0 MiB, device has 14.0 MiB free)"
