@@ -555,7 +555,8 @@ MSNAP_API const char *msnap_get_memory_metadata(void);
  * while history is on.  MSNAP_EINVAL for a NULL a or metadata (the Python
  * binding takes a str only); MSNAP_EBADPTR ("annotateMemory: no live
  * allocation found at pointer 0x...") if ptr is not a live base pointer,
- * history on or off. */
+ * history on or off; MSNAP_ENOMEM, nothing recorded, when host memory for
+ * the metadata text runs out. */
 MSNAP_API int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
                                     const char *metadata);
 /* record_function START/END markers for external_annotations; device -1

@@ -224,9 +224,12 @@ int msnap_annotate_memory(msnap_allocator_t *a, uint64_t ptr,
   msnap__stack_unref(bstack); /* allocation_info hands out a reference */
   if (!msnap__history_active(a)) return 0;
   msnap_rctx_t ctx;
+  uint32_t meta = msnap__str_intern(metadata, strlen(metadata));
+  if (meta == 0 && metadata[0] != '\0')
+    return msnap__set_error(MSNAP_ENOMEM, "annotateMemory: out of host "
+                            "memory storing the metadata");
   msnap__rctx_capture(&a->hist, &ctx, false);
-  msnap__rctx_set_metadata(&ctx,
-                           msnap__str_intern(metadata, strlen(metadata)));
+  msnap__rctx_set_metadata(&ctx, meta);
   msnap__device_lock(a, device);
   msnap__history_record_locked(a, device, MSNAP_ACTION_ANNOTATE, ptr, req,
                                stream, pool, &ctx, 0);
