@@ -910,6 +910,22 @@ def test_output_refused_before_the_run(tmp_path):
         assert "script ran" not in p.stderr and "Traceback" not in p.stderr
 
 
+def test_output_that_is_the_script_refused(tmp_path):
+    """-o naming the script itself (a typo: `-o t.py t.py`), by its name or
+    through a link: exit 2 before the run, the script left as it was --
+    as the memsnap CLI refuses an input file as OUT."""
+    script = tiny(tmp_path)
+    before = open(script, "rb").read()
+    os.symlink(script, tmp_path / "alias.py")
+    for out in (script, str(tmp_path / "alias.py")):
+        p = predict("-o", out, script, cwd=tmp_path)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert (f"memsnap.predict: output {out!r} is the script {script!r}; "
+                "refusing to overwrite it") in p.stderr, p.stderr
+        assert "script ran" not in p.stderr and "Traceback" not in p.stderr
+        assert open(script, "rb").read() == before
+
+
 def test_output_ending_in_a_slash_refused_before_the_run(tmp_path, monkeypatch):
     """-o NAME/ (no such directory): refused up front with the reason the
     final write gives (memsnap's file writer refuses the name itself)."""

@@ -298,12 +298,25 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
 
     The script's own exceptions are caught: ``script_error`` then holds the
     traceback.  A ``SystemExit`` with a non-zero code counts as an error.
+    An ``output`` that is the script file itself (the same file, by any
+    name) is refused with ``ValueError`` before anything runs.
+
     ``os._exit(code)`` in the script ends the run there (the prediction is
     finished and reported as for ``sys.exit(code)``) and sets ``os_exit``
     to ``code``: the caller decides when the process ends.
     """
-    p = predict(**options)
     script = os.fspath(script)
+    out = options.get("output")
+    if out is not None and script != "-":
+        try:
+            same = os.path.samefile(os.fspath(out), script)
+        except OSError:  # no such output yet (or no script: runpy says so)
+            same = False
+        if same:
+            # as the memsnap CLI's -o (cli_util.c: cli_check_outputs)
+            raise ValueError(f"output {os.fspath(out)!r} is the script {script!r}; "
+                             "refusing to overwrite it")
+    p = predict(**options)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args]
     if script == "-":
