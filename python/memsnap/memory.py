@@ -1228,8 +1228,8 @@ def _write_flamegraph(filename: Any, snapshot: Any, per_segment: bool) -> None:
                 "_dump_snapshot file") from e
         if snapshot is None:
             snapshot = _snapshot()
-        # (torch's format_flamegraph, looked up now: it runs flamegraph.pl,
-        # which it fetches once into /tmp when missing)
+        # (torch's format_flamegraph, looked up now: it runs
+        # ~/.cache/flamegraph.pl, which it downloads there when missing)
         draw = viz.segments if per_segment else viz.memory
         svg = draw(snapshot, format_flamegraph=viz.format_flamegraph)
         _C.write_file(path, svg.encode("utf-8"))
@@ -1244,9 +1244,11 @@ def _save_segment_usage(filename="output.svg", snapshot=None):
 
     ``snapshot`` is a :func:`_snapshot` dict (None: the current one).  The
     graph is torch's own: ``torch.cuda._memory_viz.segments`` with its
-    ``format_flamegraph``, which runs Brendan Gregg's ``flamegraph.pl``
-    (``/tmp/flamegraph.pl``, downloaded by torch when missing: on an
-    air-gapped host put it there first).  The file is written as
+    ``format_flamegraph``, which runs Brendan Gregg's ``flamegraph.pl`` as
+    ``~/.cache/flamegraph.pl`` (torch 2.13: ``os.path.expanduser``, the
+    directory created if missing; when the script is not there torch
+    downloads it from raw.githubusercontent.com (brendangregg/FlameGraph)
+    first: on an air-gapped host put it there, executable, beforehand).  The file is written as
     :func:`_dump_snapshot` writes (atomic, the link rule, a descriptor
     taken and closed).
 
