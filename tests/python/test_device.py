@@ -478,6 +478,53 @@ print("RESULT " + json.dumps(out))
     assert r["stream"][0] == r["stream"][1] != 0
 
 
+def test_device_module_has_every_torch_cuda_memory_function_of_memsnap():
+    """torch.<name> has each torch.cuda memory function memsnap.memory has
+    (the host statistics, caching_allocator_enable / _disabled,
+    get_allocator_backend included), as memsnap.memory's own function, and
+    they work on real pinned and device tensors."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+m = torch.npu
+names = [n for n in mm.__all__ if n != "OutOfMemoryError" and hasattr(torch.cuda, n)]
+out = {"missing": [n for n in names if getattr(m, n, None) is not getattr(mm, n)],
+       "not_cuda": sorted(n for n in mm.__all__ if not hasattr(torch.cuda, n)),
+       "backend": m.get_allocator_backend()}
+m.reset_accumulated_host_memory_stats()
+pinned = torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
+st = m.host_memory_stats()
+out["host"] = [pinned.is_pinned(), st["allocations.current"], st["num_host_alloc"],
+               m.host_memory_stats_as_nested_dict()["allocations"]["current"]]
+del pinned
+m.reset_peak_host_memory_stats()
+out["host_after"] = [m.host_memory_stats()["active_requests.current"],
+                     m.host_memory_stats()["active_requests.peak"]]
+lin = torch.nn.Linear(64, 64).to("npu")
+before = m.memory_stats()["segment.all.current"]
+with m.caching_allocator_disabled():
+    y = lin(torch.randn(4, 64, device="npu"))
+    out["disabled"] = [str(y.device), m.memory_stats()["segment.all.current"] == before]
+del y
+m.caching_allocator_enable(True)
+z = lin(torch.randn(4, 64, device="npu"))
+out["enabled"] = m.memory_stats()["allocation.all.current"] > 0
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["missing"] == [], r["missing"]
+    # torch.accelerator's; Tensor.record_stream
+    assert r["not_cuda"] == ["empty_host_cache", "record_stream"]
+    assert r["backend"] == "native"
+    assert r["host"][0] and r["host"][1] >= 1 and r["host"][2] >= 1
+    assert r["host"][3] == r["host"][1]
+    assert r["host_after"] == [0, 0]
+    assert r["disabled"] == ["npu:0", True]
+    assert r["enabled"]
+
+
 def test_synchronize_checks_the_device_as_the_other_functions():
     """torch.<name>.synchronize accepts None, an index, "npu:0" and a
     torch.device after real work on the device, and refuses an index past
