@@ -478,6 +478,107 @@ print("RESULT " + json.dumps(out))
     assert r["stream"][0] == r["stream"][1] != 0
 
 
+def test_torch_stream_objects_are_stream_arguments():
+    """torch.npu.Stream(), current_stream() and default_stream() (torch's
+    generic torch.Stream, no npu_stream / cuda_stream attribute) are
+    accepted by every stream parameter, as torch.cuda's functions accept
+    torch.cuda.Stream: their stream_id is the handle the device guard
+    records allocations inside `with torch.npu.stream(s)` with, a
+    record_stream through one makes the block's free wait as the int
+    handle does, and a torch.Stream of another device is refused."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+m = torch.npu
+mm._record_memory_history("all", stacks="python")
+s = m.Stream()
+with m.stream(s):
+    inside = torch.ones(1000, device="npu")   # the device guard's stream
+p_mm = mm.caching_allocator_alloc(1000, stream=s)
+p_dev = m.caching_allocator_alloc(1000, stream=s)
+p_cur = m.caching_allocator_alloc(1000, stream=m.current_stream())
+p_def = m.caching_allocator_alloc(1000, "npu:0", m.default_stream())
+with m.stream(s):
+    p_none = mm.caching_allocator_alloc(1000)   # stream=None: the current one
+trace = mm._snapshot()["device_traces"][0]
+def alloc_stream(p):
+    return [e["stream"] for e in trace if e["action"] == "alloc" and e["addr"] == p][-1]
+blocks = {b["address"]: seg["stream"] for seg in mm.memory_snapshot() for b in seg["blocks"]}
+out = {"trace": [alloc_stream(p) for p in (inside.data_ptr(), p_mm, p_dev, p_cur, p_def, p_none)],
+       "segment": [blocks[p] for p in (inside.data_ptr(), p_mm, p_dev)],
+       "id": s.stream_id}
+for p in (p_mm, p_dev, p_cur, p_def, p_none):
+    mm.caching_allocator_delete(p)
+
+def free_after_record(use):
+    # a real tensor whose block is used on `use`; actions on its address
+    # from its allocation on, after `del`, then after the next allocation
+    t = torch.empty(4096, dtype=torch.uint8, device="npu")
+    p = t.data_ptr()
+    start = len(mm._snapshot()["device_traces"][0]) - 1
+    if use is not None:
+        mm.record_stream(p, use)
+    del t
+    def acts():
+        return [e["action"] for e in mm._snapshot()["device_traces"][0][start:]
+                if e["addr"] == p]
+    at_free = acts()
+    state = [b["state"] for seg in mm.memory_snapshot() for b in seg["blocks"]
+             if b["address"] == p]
+    nxt = torch.empty(16, device="npu")
+    return [at_free, state, acts()[len(at_free):]]
+
+out["record"] = {"none": free_after_record(None), "int": free_after_record(s.stream_id),
+                 "stream": free_after_record(s)}
+h = mm._host_alloc(1 << 12)
+mm._host_record_stream(h, s)
+mm._host_free(h)
+errs = []
+cpu_stream = torch.Stream(device="cpu")
+for call in (lambda: mm.caching_allocator_alloc(1000, stream=cpu_stream),
+             lambda: m.caching_allocator_alloc(1000, stream=cpu_stream),
+             lambda: mm.record_stream(inside.data_ptr(), cpu_stream),
+             lambda: mm._host_record_stream(mm._host_alloc(64), cpu_stream),
+             lambda: mm.caching_allocator_alloc(1000, stream="side")):
+    try:
+        call()
+        errs.append(None)
+    except (TypeError, ValueError) as e:
+        errs.append([type(e).__name__, str(e)])
+out["errs"] = errs
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    sid = r["id"]
+    assert sid > 0
+    # the Stream object's allocations are recorded on the stream that
+    # `with torch.npu.stream(s)` records on; current/default stream: 0
+    assert r["trace"] == [sid, sid, sid, 0, 0, sid], r["trace"]
+    assert r["segment"] == [sid, sid, sid]
+    rec = r["record"]
+    # no stream use: freed at once, the next allocation reuses the block
+    assert rec["none"] == [["alloc", "free_requested", "free_completed"], ["inactive"],
+                           ["alloc"]]
+    # used on s (the npu profile waits for an event on every recorded
+    # stream): the free completes only when the next allocation processes
+    # the events, with the handle and with the Stream object alike
+    waits = [["alloc", "free_requested"], ["active_pending_free"], ["free_completed", "alloc"]]
+    assert rec["int"] == waits and rec["stream"] == waits, rec
+    errs = r["errs"]
+    for kind, msg in errs[:4]:
+        assert kind == "ValueError", msg
+        assert msg.startswith("Expected a stream of the 'npu' device, but got a "
+                              "torch.Stream of device cpu"), msg
+    kind, msg = errs[4]
+    assert kind == "TypeError"
+    assert msg == ("Invalid type for stream argument, must be `torch.Stream` of the "
+                   "'npu' device (`torch.npu.Stream()`, `torch.npu.current_stream()`) "
+                   "or `int` (its `stream_id`; 0 is the default stream), not str")
+    assert "torch.cuda" not in msg
+
+
 def test_device_module_has_every_torch_cuda_memory_function_of_memsnap():
     """torch.<name> has each torch.cuda memory function memsnap.memory has
     (the host statistics, caching_allocator_enable / _disabled,
