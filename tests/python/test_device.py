@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import os
 import re
 import subprocess
@@ -624,6 +625,117 @@ print("RESULT " + json.dumps(out))
     assert r["host_after"] == [0, 0]
     assert r["disabled"] == ["npu:0", True]
     assert r["enabled"]
+
+
+def test_profiler_profile_memory_sees_device_memory(tmp_path):
+    """torch.profiler(profile_memory=True) around a real nn.Linear forward
+    on the device: the allocator glue reports each allocation and free to
+    the profiler as CUDA's caching allocator does (block size, negative for
+    a free, the device's allocated and reserved bytes after it, the
+    block's own device), so the ops carry device memory where the same
+    forward on CPU tensors carries CPU memory; an OOM is reported as an
+    [OutOfMemory] event.  Without profile_memory nothing is reported and
+    memsnap's allocations are the same."""
+    trace = tmp_path / "trace.json"
+    code = r"""
+import json, sys
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+from torch.profiler import profile, ProfilerActivity
+mt.register_device("npu")
+torch.manual_seed(0)
+out = {}
+
+def forward(dev, **kw):
+    lin = torch.nn.Linear(256, 512).to(dev)
+    x = torch.randn(64, 256, device=dev)
+    with profile(activities=[ProfilerActivity.CPU], **kw) as prof:
+        y = lin(x)
+        del y
+        out["allocated"] = [mm.memory_allocated(), mm.memory_reserved()]
+    ka = {e.key: e for e in prof.key_averages()}
+    mem = [e for e in prof.events() if e.name == "[memory]"]
+    return ka, mem, prof
+
+ka, mem, _ = forward("cpu", profile_memory=True)
+out["cpu"] = [ka["aten::addmm"].cpu_memory_usage, ka["aten::addmm"].device_memory_usage,
+              [e.cpu_memory_usage for e in mem]]
+ka, mem, prof = forward("npu", profile_memory=True)
+out["npu"] = [ka["aten::addmm"].device_memory_usage, ka["aten::linear"].device_memory_usage,
+              [e.device_memory_usage for e in mem]]
+prof.export_chrome_trace(sys.argv[1])
+events = [e["args"] for e in json.load(open(sys.argv[1]))["traceEvents"]
+          if e.get("name") == "[memory]"]
+out["trace"] = [[a["Device Type"], a["Device Id"], a["Bytes"], a["Total Allocated"],
+                 a["Total Reserved"]] for a in events]
+out["device_type"] = int(torch._C._autograd.DeviceType.PrivateUse1)
+
+# the block's own device, whichever device is current at the free
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    t = torch.empty(3000, dtype=torch.uint8, device="npu:1")
+    on1 = [mm.memory_allocated(1), mm.memory_reserved(1)]
+    with torch.npu.device(0):
+        del t
+prof.export_chrome_trace(sys.argv[1])
+out["dev1"] = [[a["Device Type"], a["Device Id"], a["Bytes"], a["Total Allocated"],
+                a["Total Reserved"]]
+               for a in (e["args"] for e in json.load(open(sys.argv[1]))["traceEvents"]
+                         if e.get("name") == "[memory]")]
+out["on1"] = on1
+
+# profiler off for memory: no event, and the allocator does the same work
+def work():
+    s0 = mm.memory_stats()
+    y = torch.nn.functional.linear(torch.ones(32, 128, device="npu"),
+                                   torch.ones(64, 128, device="npu"))
+    del y
+    s1 = mm.memory_stats()
+    return [s1[k] - s0[k] for k in ("allocation.all.allocated",
+                                    "allocated_bytes.all.allocated", "segment.all.allocated")]
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+    with_memory = work()
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    without = work()
+out["off"] = [with_memory, without, work(),
+              [e.name for e in prof.events() if e.name == "[memory]"],
+              sum(e.device_memory_usage for e in prof.key_averages())]
+
+keep = torch.empty(40 << 20, dtype=torch.uint8, device="npu")
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    try:
+        torch.empty(40 << 20, dtype=torch.uint8, device="npu")
+    except torch.OutOfMemoryError:
+        pass
+out["oom"] = [e.name for e in prof.events() if e.name == "[OutOfMemory]"]
+print("RESULT " + json.dumps(out))
+"""
+    env = base_env(MEMSNAP_SIM_DEVICES="2", MEMSNAP_SIM_MEMORY="64M")
+    r = subprocess.run([sys.executable, "-c", code, str(trace)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = json.loads(next(l for l in r.stdout.splitlines()
+                        if l.startswith("RESULT "))[len("RESULT "):])
+    out_bytes = 64 * 512 * 4
+    # CPU tensors: the output's bytes are CPU memory of addmm / linear, and
+    # its free a top-level [memory] event
+    assert r["cpu"] == [out_bytes, 0, [-out_bytes]]
+    # device tensors: the same figures as device memory (the npu profile's
+    # block size: 512-byte rounding of the request + 32)
+    block = (out_bytes + 32 + 511) // 512 * 512
+    assert r["npu"][0] == block and r["npu"][1] == block
+    assert r["npu"][2] == [-block]
+    dt = r["device_type"]
+    # (the CPU's own [memory] events are there too: cpu_fallback's copies)
+    alloc, free = [t for t in r["trace"] if t[0] == dt][-2:]
+    assert alloc[:3] == [dt, 0, block] and free[:3] == [dt, 0, -block]
+    assert free[3] == alloc[3] - block          # the totals after each
+    assert free[3:] == r["allocated"]           # memsnap's own figures
+    assert r["dev1"] == [[dt, 1, 3072, 3072, r["on1"][1]], [dt, 1, -3072, 0, r["on1"][1]]]
+    assert r["on1"][0] == 3072
+    with_memory, without, plain, events, device_memory = r["off"]
+    assert with_memory == without == plain and with_memory[0] > 0
+    assert events == [] and device_memory == 0
+    assert r["oom"] == ["[OutOfMemory]"]
 
 
 def test_synchronize_checks_the_device_as_the_other_functions():
