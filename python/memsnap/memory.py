@@ -1311,9 +1311,9 @@ def _save_segment_usage(filename="output.svg", snapshot=None):
     ``~/.cache/flamegraph.pl`` (torch 2.13: ``os.path.expanduser``, the
     directory created if missing; when the script is not there torch
     downloads it from raw.githubusercontent.com (brendangregg/FlameGraph)
-    first: on an air-gapped host put it there, executable, beforehand).  The file is written as
-    :func:`_dump_snapshot` writes (atomic, the link rule, a descriptor
-    taken and closed).
+    first: on an air-gapped host put it there, executable, beforehand).
+    The file is written as :func:`_dump_snapshot` writes (atomic, the link
+    rule, a descriptor taken and closed).
 
     Raises:
         TypeError: ``snapshot`` is not a dict or None; a bad ``filename``.
