@@ -71,13 +71,15 @@ int msnap_py_size(PyObject *o, uint64_t *out, const char *what) {
   return 0;
 }
 
-/* A stream handle: a non-bool int in [0, MSNAP_PY_STREAM_LIMIT). */
+/* A stream handle: a non-bool int in [0, MSNAP_PY_STREAM_LIMIT).  Stream
+ * objects (torch.Stream, npu_stream / cuda_stream) are converted by
+ * memsnap/memory.py's _stream_handle, the one place that does it and
+ * words the user's error; here only the handle it passes is checked. */
 int msnap_py_stream(PyObject *o, uint64_t *out) {
   if (!PyLong_Check(o) || PyBool_Check(o)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "Invalid type for stream argument, must be "
-                    "`torch.cuda.Stream` or `int` representing a pointer "
-                    "to an existing stream");
+    PyErr_Format(PyExc_TypeError,
+                 "stream must be an int stream handle (memsnap.memory "
+                 "converts stream objects), not %.100s", Py_TYPE(o)->tp_name);
     return -1;
   }
   int overflow = 0;

@@ -13,7 +13,8 @@ the stream, event, property and RNG functions of ``torch.cuda`` /
 and, as ``torch.cuda`` / ``torch.npu``, the memory functions, which are
 memsnap's own (:mod:`memsnap.memory`): ``memory_allocated``,
 ``memory_reserved``, ``max_memory_allocated``, ``memory_stats``,
-``empty_cache``, ``reset_peak_memory_stats``..., and ``memory`` itself
+``empty_cache``, ``reset_peak_memory_stats``, ``host_memory_stats``,
+``caching_allocator_enable``, ``get_allocator_backend``..., and ``memory`` itself
 (``torch.<name>.memory._record_memory_history``, ``_snapshot``,
 ``_dump_snapshot``).
 """
@@ -29,8 +30,13 @@ from .memory import (  # noqa: F401  (re-exported as torch.<name>.*)
     MemPool,
     caching_allocator_alloc,
     caching_allocator_delete,
+    caching_allocator_disabled,
+    caching_allocator_enable,
     empty_cache,
+    get_allocator_backend,
     get_per_process_memory_fraction,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
     list_gpu_processes,
     max_memory_allocated,
     max_memory_cached,
@@ -43,9 +49,11 @@ from .memory import (  # noqa: F401  (re-exported as torch.<name>.*)
     memory_stats,
     memory_stats_as_nested_dict,
     memory_summary,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
     reset_max_memory_cached,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
     use_mem_pool,

@@ -12,8 +12,9 @@ any allocation).
 Units: sizes and addresses are bytes (Python ints), times are microseconds
 since the Unix epoch, devices are indices (``int``, ``"npu:1"``,
 ``"cuda:1"`` or a ``torch.device``), streams are ints (the runtime's stream
-handle; 0 is the default stream) or stream objects with a ``npu_stream`` /
-``cuda_stream`` attribute.
+handle; 0 is the default stream), stream objects with a ``npu_stream`` /
+``cuda_stream`` attribute, or (after ``memsnap.torch.register_device``)
+``torch.Stream`` objects of that device, whose ``stream_id`` is the handle.
 
 Errors: a device out of memory raises :class:`OutOfMemoryError` (a
 ``MemoryError``; once ``torch`` is imported, the raised class also derives
@@ -52,10 +53,11 @@ them except for devices, where memsnap is stricter
   ``ValueError("Device string must not be empty")`` (torch's words).
 - sizes and pointers are ints, never bools (``TypeError``; torch would
   take ``True`` as 1); a negative size raises ``ValueError``.
-- streams are ints or stream objects (``npu_stream`` / ``cuda_stream``);
-  a bool raises ``TypeError``; a handle outside ``[0, 2**56)`` (no
-  user-space pointer of a 64-bit Linux process reaches 2**56) raises
-  ``ValueError``.
+- streams are ints or stream objects (``npu_stream`` / ``cuda_stream``,
+  or a ``torch.Stream`` of register_device's device: its ``stream_id``);
+  a bool or another object raises ``TypeError``; a ``torch.Stream`` of
+  another device, or a handle outside ``[0, 2**56)`` (no user-space
+  pointer of a 64-bit Linux process reaches 2**56), raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -156,17 +158,26 @@ _DEVICE_TYPES = ("npu", "cuda")
 # The device type memsnap.torch made memsnap.memory's (register_device's
 # name, use_allocator's backend); None until then.
 _torch_device_type: str | None = None
+# True when that device is register_device's: its torch.Stream objects
+# carry memsnap's stream handle as their stream_id (the shim's device
+# guard numbers streams with memsnap handles, csrc/device.cpp).  Not for
+# use_allocator's devices, whose streams are the runtime's pointers
+# (torch.cuda.Stream.cuda_stream, torch_npu's npu_stream).
+_stream_ids_are_handles = False
 
 
-def _add_device_type(name: str) -> None:
+def _add_device_type(name: str, stream_ids_are_handles: bool = False) -> None:
     """Make ``name`` the device type of memsnap.memory: the only type
     accepted in device arguments from now on ("<name>:1",
     torch.device(name); another type raises ValueError, as torch's
     ``_get_device_index`` refuses a device that is not "cuda") and the one
     named in their errors.  memsnap.torch.register_device and use_allocator
-    call it."""
-    global _torch_device_type
+    call it; register_device with ``stream_ids_are_handles`` (a
+    ``torch.Stream`` of the device is then a stream argument: its
+    ``stream_id``)."""
+    global _torch_device_type, _stream_ids_are_handles
     _torch_device_type = name
+    _stream_ids_are_handles = stream_ids_are_handles
 
 
 def _device_types() -> tuple[str, ...]:
@@ -276,6 +287,15 @@ def _device_index(device: Any = None, optional: bool = True) -> int:
 
 
 def _stream_handle(stream: Any, device: int) -> int:
+    """A stream argument as memsnap's stream handle (an int; its range is
+    checked by the extension).  The one place stream arguments are
+    converted: None (the current stream of ``device``), an int, an object
+    with an int ``npu_stream`` / ``cuda_stream`` (torch_npu's and
+    torch.cuda's streams), or a ``torch.Stream`` of register_device's
+    device (``torch.npu.Stream()``, ``current_stream()``,
+    ``default_stream()``), whose ``stream_id`` is the handle the shim
+    records that stream's allocations with.  A ``torch.Stream`` of
+    another device raises ValueError, any other object TypeError."""
     if type(stream) is int:  # the common case first
         return stream
     if stream is None:
@@ -286,13 +306,51 @@ def _stream_handle(stream: Any, device: int) -> int:
         handle = getattr(stream, attr, None)
         if isinstance(handle, int) and not isinstance(handle, bool):
             return handle
+    torch = sys.modules.get("torch")
+    torch_stream = getattr(torch, "Stream", None) if torch is not None else None
+    if isinstance(torch_stream, type) and isinstance(stream, torch_stream):
+        kind = stream.device.type
+        if _stream_ids_are_handles and kind == _torch_device_type:
+            return int(stream.stream_id)
+        raise ValueError(
+            f"Expected a stream of the {_stream_device_name()} device, but got "
+            f"a torch.Stream of device {stream.device}: {stream!r}")
     if isinstance(stream, bool) or not isinstance(stream, int):
         raise TypeError(
-            "Invalid type for stream argument, must be "
-            "`torch.cuda.Stream` or `int` representing a pointer "
-            "to an existing stream"
-        )
+            f"Invalid type for stream argument, must be {_stream_types()}, "
+            f"not {type(stream).__name__}")
     return stream  # its range is checked by the extension
+
+
+def _stream_device_name() -> str:
+    """The device whose torch.Stream objects a stream argument may be,
+    for the error of one of another device."""
+    if _stream_ids_are_handles and _torch_device_type is not None:
+        return repr(_torch_device_type)
+    if _torch_device_type is not None:
+        # use_allocator: torch.cuda.Stream / torch_npu's stream objects
+        return f"{_torch_device_type!r} (`torch.{_torch_device_type}.Stream`)"
+    return "memsnap (memsnap.torch.register_device)"
+
+
+def _stream_types() -> str:
+    """What a stream argument may be, in the words of torch's "must be
+    `torch.cuda.Stream` or `int` representing a pointer to an existing
+    stream": the registered device's torch.Stream and its handles, the
+    installed backend's stream class, else every form memsnap reads."""
+    t = _torch_device_type
+    if _stream_ids_are_handles and t is not None:
+        return (f"`torch.Stream` of the {t!r} device (`torch.{t}.Stream()`, "
+                f"`torch.{t}.current_stream()`) or `int` (its `stream_id`; "
+                f"0 is the default stream)")
+    pointer = "`int` representing a pointer to an existing stream"
+    if t == "cuda":
+        return f"`torch.cuda.Stream` or {pointer}"
+    if t == "npu":
+        return f"`torch_npu.npu.Stream` or {pointer}"
+    return ("a stream with an `npu_stream` / `cuda_stream` handle "
+            "(`torch_npu.npu.Stream`, `torch.cuda.Stream`), a `torch.Stream` "
+            "of memsnap.torch.register_device's device, or " + pointer)
 
 
 # ---------------------------------------------------------------------------
@@ -306,8 +364,10 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
     Args:
         size (int): bytes requested (>= 0; 0 returns 0 and does no work).
         device: device index, string or torch.device; None = current device.
-        stream: int stream handle or stream object; None = current stream
-            (0, the default stream, unless memsnap.torch routes streams).
+        stream: int stream handle, stream object (``npu_stream`` /
+            ``cuda_stream``) or ``torch.Stream`` of register_device's device
+            (its ``stream_id``); None = current stream (0, the default
+            stream, unless memsnap.torch routes streams).
 
     Returns:
         int: the device address (bytes).  Free it with
@@ -319,9 +379,11 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
             sequence (observers ran first; with OOM_SNAPSHOT_ENABLE an OOM
             snapshot was written).
         ValueError: negative size ("Invalid memory size: ..."); a device
-            that is not a device; a stream handle outside [0, 2**56).
+            that is not a device; a stream handle outside [0, 2**56); a
+            ``torch.Stream`` of another device.
         TypeError: a size that is not an int (a bool included); a stream
-            of another type (torch's message).
+            of another type (torch's message, naming the stream types
+            accepted).
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
@@ -354,7 +416,8 @@ def record_stream(ptr, stream):
 
     Args:
         ptr (int): base address of a live allocation (bytes).
-        stream: int stream handle or stream object.
+        stream: int stream handle, stream object or ``torch.Stream`` of
+            register_device's device (as ``caching_allocator_alloc``).
 
     Raises:
         ValueError: ``ptr`` is not a live allocation.
@@ -1228,8 +1291,8 @@ def _write_flamegraph(filename: Any, snapshot: Any, per_segment: bool) -> None:
                 "_dump_snapshot file") from e
         if snapshot is None:
             snapshot = _snapshot()
-        # (torch's format_flamegraph, looked up now: it runs flamegraph.pl,
-        # which it fetches once into /tmp when missing)
+        # (torch's format_flamegraph, looked up now: it runs
+        # ~/.cache/flamegraph.pl, which it downloads there when missing)
         draw = viz.segments if per_segment else viz.memory
         svg = draw(snapshot, format_flamegraph=viz.format_flamegraph)
         _C.write_file(path, svg.encode("utf-8"))
@@ -1244,11 +1307,13 @@ def _save_segment_usage(filename="output.svg", snapshot=None):
 
     ``snapshot`` is a :func:`_snapshot` dict (None: the current one).  The
     graph is torch's own: ``torch.cuda._memory_viz.segments`` with its
-    ``format_flamegraph``, which runs Brendan Gregg's ``flamegraph.pl``
-    (``/tmp/flamegraph.pl``, downloaded by torch when missing: on an
-    air-gapped host put it there first).  The file is written as
-    :func:`_dump_snapshot` writes (atomic, the link rule, a descriptor
-    taken and closed).
+    ``format_flamegraph``, which runs Brendan Gregg's ``flamegraph.pl`` as
+    ``~/.cache/flamegraph.pl`` (torch 2.13: ``os.path.expanduser``, the
+    directory created if missing; when the script is not there torch
+    downloads it from raw.githubusercontent.com (brendangregg/FlameGraph)
+    first: on an air-gapped host put it there, executable, beforehand).
+    The file is written as :func:`_dump_snapshot` writes (atomic, the link
+    rule, a descriptor taken and closed).
 
     Raises:
         TypeError: ``snapshot`` is not a dict or None; a bad ``filename``.

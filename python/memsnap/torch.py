@@ -625,7 +625,7 @@ def register_device(name: str = "npu") -> str:
         if err:
             raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
         torch.utils.generate_methods_for_privateuse1_backend()
-        _memory._add_device_type(name)
+        _memory._add_device_type(name, stream_ids_are_handles=True)
         _memory._current_device_hook = _device.current_device
         _memory._current_stream_hook = _device.current_stream_handle
         _hide_registration_frames()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import os
 import re
 import subprocess
@@ -476,6 +477,265 @@ print("RESULT " + json.dumps(out))
     assert r["props"][1:] == [[8, 0], True, True]
     assert r["rng"]
     assert r["stream"][0] == r["stream"][1] != 0
+
+
+def test_torch_stream_objects_are_stream_arguments():
+    """torch.npu.Stream(), current_stream() and default_stream() (torch's
+    generic torch.Stream, no npu_stream / cuda_stream attribute) are
+    accepted by every stream parameter, as torch.cuda's functions accept
+    torch.cuda.Stream: their stream_id is the handle the device guard
+    records allocations inside `with torch.npu.stream(s)` with, a
+    record_stream through one makes the block's free wait as the int
+    handle does, and a torch.Stream of another device is refused."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+m = torch.npu
+mm._record_memory_history("all", stacks="python")
+s = m.Stream()
+with m.stream(s):
+    inside = torch.ones(1000, device="npu")   # the device guard's stream
+p_mm = mm.caching_allocator_alloc(1000, stream=s)
+p_dev = m.caching_allocator_alloc(1000, stream=s)
+p_cur = m.caching_allocator_alloc(1000, stream=m.current_stream())
+p_def = m.caching_allocator_alloc(1000, "npu:0", m.default_stream())
+with m.stream(s):
+    p_none = mm.caching_allocator_alloc(1000)   # stream=None: the current one
+trace = mm._snapshot()["device_traces"][0]
+def alloc_stream(p):
+    return [e["stream"] for e in trace if e["action"] == "alloc" and e["addr"] == p][-1]
+blocks = {b["address"]: seg["stream"] for seg in mm.memory_snapshot() for b in seg["blocks"]}
+out = {"trace": [alloc_stream(p) for p in (inside.data_ptr(), p_mm, p_dev, p_cur, p_def, p_none)],
+       "segment": [blocks[p] for p in (inside.data_ptr(), p_mm, p_dev)],
+       "id": s.stream_id}
+for p in (p_mm, p_dev, p_cur, p_def, p_none):
+    mm.caching_allocator_delete(p)
+
+def free_after_record(use):
+    # a real tensor whose block is used on `use`; actions on its address
+    # from its allocation on, after `del`, then after the next allocation
+    t = torch.empty(4096, dtype=torch.uint8, device="npu")
+    p = t.data_ptr()
+    start = len(mm._snapshot()["device_traces"][0]) - 1
+    if use is not None:
+        mm.record_stream(p, use)
+    del t
+    def acts():
+        return [e["action"] for e in mm._snapshot()["device_traces"][0][start:]
+                if e["addr"] == p]
+    at_free = acts()
+    state = [b["state"] for seg in mm.memory_snapshot() for b in seg["blocks"]
+             if b["address"] == p]
+    nxt = torch.empty(16, device="npu")
+    return [at_free, state, acts()[len(at_free):]]
+
+out["record"] = {"none": free_after_record(None), "int": free_after_record(s.stream_id),
+                 "stream": free_after_record(s)}
+h = mm._host_alloc(1 << 12)
+mm._host_record_stream(h, s)
+mm._host_free(h)
+errs = []
+cpu_stream = torch.Stream(device="cpu")
+for call in (lambda: mm.caching_allocator_alloc(1000, stream=cpu_stream),
+             lambda: m.caching_allocator_alloc(1000, stream=cpu_stream),
+             lambda: mm.record_stream(inside.data_ptr(), cpu_stream),
+             lambda: mm._host_record_stream(mm._host_alloc(64), cpu_stream),
+             lambda: mm.caching_allocator_alloc(1000, stream="side")):
+    try:
+        call()
+        errs.append(None)
+    except (TypeError, ValueError) as e:
+        errs.append([type(e).__name__, str(e)])
+out["errs"] = errs
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    sid = r["id"]
+    assert sid > 0
+    # the Stream object's allocations are recorded on the stream that
+    # `with torch.npu.stream(s)` records on; current/default stream: 0
+    assert r["trace"] == [sid, sid, sid, 0, 0, sid], r["trace"]
+    assert r["segment"] == [sid, sid, sid]
+    rec = r["record"]
+    # no stream use: freed at once, the next allocation reuses the block
+    assert rec["none"] == [["alloc", "free_requested", "free_completed"], ["inactive"],
+                           ["alloc"]]
+    # used on s (the npu profile waits for an event on every recorded
+    # stream): the free completes only when the next allocation processes
+    # the events, with the handle and with the Stream object alike
+    waits = [["alloc", "free_requested"], ["active_pending_free"], ["free_completed", "alloc"]]
+    assert rec["int"] == waits and rec["stream"] == waits, rec
+    errs = r["errs"]
+    for kind, msg in errs[:4]:
+        assert kind == "ValueError", msg
+        assert msg.startswith("Expected a stream of the 'npu' device, but got a "
+                              "torch.Stream of device cpu"), msg
+    kind, msg = errs[4]
+    assert kind == "TypeError"
+    assert msg == ("Invalid type for stream argument, must be `torch.Stream` of the "
+                   "'npu' device (`torch.npu.Stream()`, `torch.npu.current_stream()`) "
+                   "or `int` (its `stream_id`; 0 is the default stream), not str")
+    assert "torch.cuda" not in msg
+
+
+def test_device_module_has_every_torch_cuda_memory_function_of_memsnap():
+    """torch.<name> has each torch.cuda memory function memsnap.memory has
+    (the host statistics, caching_allocator_enable / _disabled,
+    get_allocator_backend included), as memsnap.memory's own function, and
+    they work on real pinned and device tensors."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+mt.register_device("npu")
+m = torch.npu
+names = [n for n in mm.__all__ if n != "OutOfMemoryError" and hasattr(torch.cuda, n)]
+out = {"missing": [n for n in names if getattr(m, n, None) is not getattr(mm, n)],
+       "not_cuda": sorted(n for n in mm.__all__ if not hasattr(torch.cuda, n)),
+       "backend": m.get_allocator_backend()}
+m.reset_accumulated_host_memory_stats()
+pinned = torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
+st = m.host_memory_stats()
+out["host"] = [pinned.is_pinned(), st["allocations.current"], st["num_host_alloc"],
+               m.host_memory_stats_as_nested_dict()["allocations"]["current"]]
+del pinned
+m.reset_peak_host_memory_stats()
+out["host_after"] = [m.host_memory_stats()["active_requests.current"],
+                     m.host_memory_stats()["active_requests.peak"]]
+lin = torch.nn.Linear(64, 64).to("npu")
+before = m.memory_stats()["segment.all.current"]
+with m.caching_allocator_disabled():
+    y = lin(torch.randn(4, 64, device="npu"))
+    out["disabled"] = [str(y.device), m.memory_stats()["segment.all.current"] == before]
+del y
+m.caching_allocator_enable(True)
+z = lin(torch.randn(4, 64, device="npu"))
+out["enabled"] = m.memory_stats()["allocation.all.current"] > 0
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert r["missing"] == [], r["missing"]
+    # torch.accelerator's; Tensor.record_stream
+    assert r["not_cuda"] == ["empty_host_cache", "record_stream"]
+    assert r["backend"] == "native"
+    assert r["host"][0] and r["host"][1] >= 1 and r["host"][2] >= 1
+    assert r["host"][3] == r["host"][1]
+    assert r["host_after"] == [0, 0]
+    assert r["disabled"] == ["npu:0", True]
+    assert r["enabled"]
+
+
+def test_profiler_profile_memory_sees_device_memory(tmp_path):
+    """torch.profiler(profile_memory=True) around a real nn.Linear forward
+    on the device: the allocator glue reports each allocation and free to
+    the profiler as CUDA's caching allocator does (block size, negative for
+    a free, the device's allocated and reserved bytes after it, the
+    block's own device), so the ops carry device memory where the same
+    forward on CPU tensors carries CPU memory; an OOM is reported as an
+    [OutOfMemory] event.  Without profile_memory nothing is reported and
+    memsnap's allocations are the same."""
+    trace = tmp_path / "trace.json"
+    code = r"""
+import json, sys
+import memsnap.torch as mt, torch
+import memsnap.memory as mm
+from torch.profiler import profile, ProfilerActivity
+mt.register_device("npu")
+torch.manual_seed(0)
+out = {}
+
+def forward(dev, **kw):
+    lin = torch.nn.Linear(256, 512).to(dev)
+    x = torch.randn(64, 256, device=dev)
+    with profile(activities=[ProfilerActivity.CPU], **kw) as prof:
+        y = lin(x)
+        del y
+        out["allocated"] = [mm.memory_allocated(), mm.memory_reserved()]
+    ka = {e.key: e for e in prof.key_averages()}
+    mem = [e for e in prof.events() if e.name == "[memory]"]
+    return ka, mem, prof
+
+ka, mem, _ = forward("cpu", profile_memory=True)
+out["cpu"] = [ka["aten::addmm"].cpu_memory_usage, ka["aten::addmm"].device_memory_usage,
+              [e.cpu_memory_usage for e in mem]]
+ka, mem, prof = forward("npu", profile_memory=True)
+out["npu"] = [ka["aten::addmm"].device_memory_usage, ka["aten::linear"].device_memory_usage,
+              [e.device_memory_usage for e in mem]]
+prof.export_chrome_trace(sys.argv[1])
+events = [e["args"] for e in json.load(open(sys.argv[1]))["traceEvents"]
+          if e.get("name") == "[memory]"]
+out["trace"] = [[a["Device Type"], a["Device Id"], a["Bytes"], a["Total Allocated"],
+                 a["Total Reserved"]] for a in events]
+out["device_type"] = int(torch._C._autograd.DeviceType.PrivateUse1)
+
+# the block's own device, whichever device is current at the free
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    t = torch.empty(3000, dtype=torch.uint8, device="npu:1")
+    on1 = [mm.memory_allocated(1), mm.memory_reserved(1)]
+    with torch.npu.device(0):
+        del t
+prof.export_chrome_trace(sys.argv[1])
+out["dev1"] = [[a["Device Type"], a["Device Id"], a["Bytes"], a["Total Allocated"],
+                a["Total Reserved"]]
+               for a in (e["args"] for e in json.load(open(sys.argv[1]))["traceEvents"]
+                         if e.get("name") == "[memory]")]
+out["on1"] = on1
+
+# profiler off for memory: no event, and the allocator does the same work
+def work():
+    s0 = mm.memory_stats()
+    y = torch.nn.functional.linear(torch.ones(32, 128, device="npu"),
+                                   torch.ones(64, 128, device="npu"))
+    del y
+    s1 = mm.memory_stats()
+    return [s1[k] - s0[k] for k in ("allocation.all.allocated",
+                                    "allocated_bytes.all.allocated", "segment.all.allocated")]
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+    with_memory = work()
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    without = work()
+out["off"] = [with_memory, without, work(),
+              [e.name for e in prof.events() if e.name == "[memory]"],
+              sum(e.device_memory_usage for e in prof.key_averages())]
+
+keep = torch.empty(40 << 20, dtype=torch.uint8, device="npu")
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    try:
+        torch.empty(40 << 20, dtype=torch.uint8, device="npu")
+    except torch.OutOfMemoryError:
+        pass
+out["oom"] = [e.name for e in prof.events() if e.name == "[OutOfMemory]"]
+print("RESULT " + json.dumps(out))
+"""
+    env = base_env(MEMSNAP_SIM_DEVICES="2", MEMSNAP_SIM_MEMORY="64M")
+    r = subprocess.run([sys.executable, "-c", code, str(trace)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = json.loads(next(l for l in r.stdout.splitlines()
+                        if l.startswith("RESULT "))[len("RESULT "):])
+    out_bytes = 64 * 512 * 4
+    # CPU tensors: the output's bytes are CPU memory of addmm / linear, and
+    # its free a top-level [memory] event
+    assert r["cpu"] == [out_bytes, 0, [-out_bytes]]
+    # device tensors: the same figures as device memory (the npu profile's
+    # block size: 512-byte rounding of the request + 32)
+    block = (out_bytes + 32 + 511) // 512 * 512
+    assert r["npu"][0] == block and r["npu"][1] == block
+    assert r["npu"][2] == [-block]
+    dt = r["device_type"]
+    # (the CPU's own [memory] events are there too: cpu_fallback's copies)
+    alloc, free = [t for t in r["trace"] if t[0] == dt][-2:]
+    assert alloc[:3] == [dt, 0, block] and free[:3] == [dt, 0, -block]
+    assert free[3] == alloc[3] - block          # the totals after each
+    assert free[3:] == r["allocated"]           # memsnap's own figures
+    assert r["dev1"] == [[dt, 1, 3072, 3072, r["on1"][1]], [dt, 1, -3072, 0, r["on1"][1]]]
+    assert r["on1"][0] == 3072
+    with_memory, without, plain, events, device_memory = r["off"]
+    assert with_memory == without == plain and with_memory[0] > 0
+    assert events == [] and device_memory == 0
+    assert r["oom"] == ["[OutOfMemory]"]
 
 
 def test_synchronize_checks_the_device_as_the_other_functions():

@@ -22,10 +22,20 @@ def test_fraction_type_and_range():
 
 
 def test_stream_type():
-    with pytest.raises(TypeError, match="Invalid type for stream argument, must be "
-                       "`torch.cuda.Stream` or `int` representing a pointer to an "
-                       "existing stream"):
+    """torch's words ("Invalid type for stream argument, must be
+    `torch.cuda.Stream` or `int` representing a pointer to an existing
+    stream"), naming the stream forms memsnap takes (no device type
+    registered in this process: all of them) and the type given."""
+    with pytest.raises(TypeError) as e:
         mm.caching_allocator_alloc(10, stream="s")
+    assert str(e.value) == (
+        "Invalid type for stream argument, must be a stream with an "
+        "`npu_stream` / `cuda_stream` handle (`torch_npu.npu.Stream`, "
+        "`torch.cuda.Stream`), a `torch.Stream` of "
+        "memsnap.torch.register_device's device, or `int` representing a "
+        "pointer to an existing stream, not str")
+    with pytest.raises(TypeError, match="^Invalid type for stream argument"):
+        mm.record_stream(0, 1.5)
 
 
 def test_memory_snapshot_argument_checks():

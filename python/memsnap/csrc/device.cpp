@@ -9,7 +9,8 @@
 //     collection goes through memsnap's caching allocator, as a real
 //     backend's tensors go through its allocator; its statistics, resets,
 //     empty_cache and mem_get_info serve torch.accelerator's memory
-//     functions;
+//     functions; while torch.profiler records memory, each allocation,
+//     free and OOM is reported to it as CUDA's allocator reports them;
 //   - at::HostAllocator for PrivateUse1: the pinned host allocator below
 //     (torch.accelerator.empty_host_cache, host_memory_stats);
 //   - a DeviceGuardImplInterface: MEMSNAP_SIM_DEVICES devices, a
@@ -48,6 +49,7 @@
 #include "shim.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -56,6 +58,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -75,6 +78,7 @@
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -218,7 +222,76 @@ void record_on_stream(void* base, c10::StreamId id) {
 
 // ---- the allocator ----------------------------------------------------------
 
-void raw_delete(void* ptr) { free_or_report(ptr); }
+// torch.profiler(profile_memory=True): every allocation and free of the
+// device is reported as CUDA's caching allocator reports them
+// (c10::reportMemoryUsageToProfiler with the block's size, negative for a
+// free, and the device's allocated and reserved bytes after it;
+// c10::reportOutOfMemoryToProfiler before an OOM is raised).  Only when
+// c10::memoryProfilingEnabled() (the calling thread's profiler state asks
+// for memory): then the block size and the device's two totals are read
+// through memsnap's C API (msnap_allocation_size, and msnap_stats_get,
+// which copies the device's whole statistics struct: the C API has no
+// cheaper accessor of the two figures).  A failed query reports nothing.
+bool device_totals(c10::DeviceIndex d, size_t* allocated, size_t* reserved) {
+  msnap_stats_t m;
+  std::memset(&m, 0, sizeof m);
+  m.size = sizeof m;
+  m.version = MSNAP_STATS_VERSION;
+  msnap_allocator_t* a = msnap_default();
+  if (a == nullptr || msnap_stats_get(a, d, &m) < 0) return false;
+  *allocated = static_cast<size_t>(m.allocated_bytes[MSNAP_STAT_ALL].current);
+  *reserved = static_cast<size_t>(m.reserved_bytes[MSNAP_STAT_ALL].current);
+  return true;
+}
+
+void report_usage(void* ptr, int64_t delta, c10::DeviceIndex d) {
+  size_t allocated = 0, reserved = 0;
+  if (device_totals(d, &allocated, &reserved))
+    c10::reportMemoryUsageToProfiler(ptr, delta, allocated, reserved,
+                                     c10::Device(kType, d));
+}
+
+// The rounded size of the live block at ptr (0 when unknown).
+int64_t block_size(void* ptr) {
+  size_t n = 0;
+  msnap_allocator_t* a = msnap_default();
+  if (a == nullptr || msnap_allocation_size(a, as_u64(ptr), &n) < 0) return 0;
+  return static_cast<int64_t>(n);
+}
+
+// Free a block of device d (-1: not known; the deleter of raw_deallocate).
+void free_on(void* ptr, int d) {
+  if (ptr == nullptr || !c10::memoryProfilingEnabled()) {
+    free_or_report(ptr);
+    return;
+  }
+  if (d < 0) d = device_count() == 1 ? 0 : tl_device;
+  int64_t size = block_size(ptr);
+  free_or_report(ptr);
+  if (size != 0) report_usage(ptr, -size, static_cast<c10::DeviceIndex>(d));
+}
+
+void raw_delete(void* ptr) { free_on(ptr, -1); }
+
+// The deleter of a DataPtr of device D: a c10 deleter gets only the
+// pointer, and a free reported to the profiler names its device (and that
+// device's totals), so each device's DataPtrs carry their own deleter.
+// Devices up to the sim's 64 (MEMSNAP_SIM_DEVICES's range).
+constexpr int kDeleterDevices = 64;
+template <int D>
+void delete_on(void* ptr) { free_on(ptr, D); }
+template <int... D>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> make_deleters(
+    std::integer_sequence<int, D...>) {
+  return {{&delete_on<D>...}};
+}
+constexpr auto kDeleters =
+    make_deleters(std::make_integer_sequence<int, kDeleterDevices>{});
+
+c10::DeleterFnPtr deleter_of(c10::DeviceIndex d) {
+  return d >= 0 && d < kDeleterDevices ? kDeleters[static_cast<size_t>(d)]
+                                       : &raw_delete;
+}
 
 // memsnap's msnap_stat_t as torch's c10::CachingAllocator::Stat (the same
 // four fields).
@@ -245,8 +318,20 @@ void to_stat_array(c10::CachingAllocator::StatArray& out,
 struct CachingAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DeviceIndex d = tl_device;
-    void* p = malloc_or_throw(n, d, stream_handle(current_stream_id(d)));
-    return {p, p, &raw_delete, c10::Device(kType, d)};
+    void* p = nullptr;
+    try {
+      p = malloc_or_throw(n, d, stream_handle(current_stream_id(d)));
+    } catch (const c10::OutOfMemoryError&) {
+      size_t allocated = 0, reserved = 0;
+      if (c10::memoryProfilingEnabled() &&
+          device_totals(d, &allocated, &reserved))
+        c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n), allocated,
+                                         reserved, c10::Device(kType, d));
+      throw;
+    }
+    if (p != nullptr && c10::memoryProfilingEnabled())
+      report_usage(p, block_size(p), d);
+    return {p, p, deleter_of(d), c10::Device(kType, d)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
   void copy_data(void* dest, const void* src, std::size_t count)
