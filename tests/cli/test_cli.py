@@ -2417,9 +2417,85 @@ def summary_tie_order():
                    % (" ".join(args), name, diff[:1]))
 
 
+def long_name_snapshot(n=2000, size=1 << 20):
+    """n live 512-byte blocks (one of 4096 bytes, at line 7), each with one
+    frame of its own line, all sharing one filename of about `size` bytes
+    (a string pickled once, memoized: the file stays small) whose
+    components are 2-byte UTF-8 characters."""
+    longfile = "/home/u/" + "\u00e9" * (size // 2) + "/model.py"
+    blocks, trace = [], []
+    for i in range(n):
+        sz = 4096 if i == 7 else 512
+        fr = [{"filename": longfile, "line": i, "name": "step"}]
+        a = A0 + i * 4096
+        blocks.append({"address": a, "size": sz, "requested_size": sz,
+                       "state": "active_allocated", "frames": fr})
+        trace.append({"action": "alloc", "addr": a, "size": sz, "stream": 0,
+                      "frames": fr})
+    seg = {"device": 0, "address": A0, "total_size": n * 4096,
+           "allocated_size": 512 * (n - 1) + 4096,
+           "active_size": 512 * (n - 1) + 4096,
+           "requested_size": 512 * (n - 1) + 4096, "stream": 0,
+           "segment_type": "large", "segment_pool_id": (0, 0),
+           "is_expandable": False, "frames": [], "blocks": []}
+    # blocks fill the segment: inactive gaps between them
+    for i, b in enumerate(blocks):
+        seg["blocks"].append(b)
+        seg["blocks"].append({"address": b["address"] + b["size"],
+                              "size": 4096 - b["size"], "requested_size": 0,
+                              "state": "inactive", "frames": []})
+    seg["blocks"] = [b for b in seg["blocks"] if b["size"] > 0]
+    return {"segments": [seg], "device_traces": [trace]}, longfile
+
+
+def long_name_site(longfile, line):
+    """The site text of a frame of long_name_snapshot: the tail of the
+    last two path components, 200 bytes at most (CLI_FILE_CAP), from a
+    character boundary, after an ellipsis."""
+    tail = "/".join(longfile.split("/")[-2:]).encode()[-200:]
+    while tail[0] & 0xc0 == 0x80:
+        tail = tail[1:]
+    return "\u2026" + tail.decode() + ":%d:step" % line
+
+
+def sites_long_names():
+    """A filename of 1 MiB shared by 2000 frames: ranking the sites
+    formatted the whole name at each comparison (summary took 100 s);
+    now each site's text once, cut for display."""
+    snap, longfile = long_name_snapshot()
+    path = write_pickle(snap, "longname.pickle")
+    t0 = time.time()
+    rc, out, err = run("summary", "--json", path, timeout=120)
+    dt = time.time() - t0
+    top = json.loads(out)["devices"][0]["top_sites"] if rc == 0 else []
+    want = long_name_site(longfile, 7)
+    expect(rc == 0 and dt < 20 and top and top[0]["site"] == want and
+           top[0]["bytes"] == 4096 and len(top[0]["site"].encode()) < 220,
+           "summary of 2000 sites sharing a 1 MiB filename: %.1f s, the top "
+           "site is the 4096-byte one, its text cut to the path's tail "
+           "(%s)" % (dt, (top[0]["site"][:40] + "..." + top[0]["site"][-20:])
+                     if top else err[-200:]))
+    expect(rc == 0 and all(x["site"].endswith(":step") for x in top[1:]) and
+           top[1]["site"] == long_name_site(longfile, 0),
+           "summary: equal sites ranked by their text (line 0 before 1..)")
+    for args in (("summary", path), ("diff", path, path), ("leaks", path),
+                 ("fleet", path), ("diff", "--json", path, path)):
+        t0 = time.time()
+        rc, out, err = run(*args, timeout=120)
+        dt = time.time() - t0
+        expect(rc == 0 and dt < 20 and len(out) < 200000,
+               "%s of the 1 MiB-filename file: %.1f s, %d bytes of output "
+               "(rc %d %s)" % (args[0], dt, len(out), rc, err[-200:]))
+    rc, out, err = run("summary", path, timeout=120)
+    expect(rc == 0 and want in out,
+           "summary text names the top site by the cut path (%s)"
+           % [l for l in out.splitlines() if ":7:step" in l][:1])
+
+
 def group_sites():
     if not reader_available():
         need(False, "sites: summary of a small valid snapshot")
+    sites_long_names()
     summary_tie_order()
     snap = sites_snapshot()
     path = write_pickle(snap, "sites.pickle")
