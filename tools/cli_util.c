@@ -369,12 +369,24 @@ uint32_t cli_empty_site(const msnap_snap_t *s) {
   return python ? CLI_SITE_NO_PYTHON : CLI_SITE_NONE;
 }
 
+/* A path is at most PATH_MAX (4096) bytes: of a longer "filename" the
+ * rules read the tail alone (its last components), so that a MiB-long
+ * string shared by every stack costs no more than a path at each of the
+ * allocations. */
+static void rule_tail(const char **file, size_t *fl) {
+  if (*fl > CLI_TEXT_CAP) {
+    *file += *fl - CLI_TEXT_CAP;
+    *fl = CLI_TEXT_CAP;
+  }
+}
+
 bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame) {
   if (frame >= s->nframes) return false;
   size_t fl;
   const char *file = cli_str(s, s->frames[frame].filename, &fl);
   if (is_typed_code(file, fl) || is_string_code(file, fl))
     return true;
+  rule_tail(&file, &fl);
   return is_python_file(file, fl) && !is_torch(file, fl) &&
          !is_stdlib(file, fl) && !is_third_party(file, fl) &&
          !is_generated(file, fl);
@@ -401,14 +413,7 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
     bool typed = is_typed_code(file, fl);
     if (!typed && !is_python_file(file, fl))
       continue;
-    /* A path is at most PATH_MAX (4096) bytes: of a longer "filename"
-     * the rules read the tail alone (its last components), so that a
-     * MiB-long string shared by every stack costs no more than a path
-     * at each of the allocations. */
-    if (fl > CLI_TEXT_CAP) {
-      file += fl - CLI_TEXT_CAP;
-      fl = CLI_TEXT_CAP;
-    }
+    rule_tail(&file, &fl);
     if (first_py == UINT32_MAX)
       first_py = fr[i];
     if (!typed &&
@@ -478,6 +483,26 @@ static size_t text_head(const char *p, size_t n, bool *cut) {
   size_t k = msnap__utf8_cut((const unsigned char *)p, n, CLI_TEXT_CAP);
   *cut = k < n;
   return k;
+}
+
+size_t cli_text_cap(const char *p, size_t n, bool tail, char *out) {
+  if (n <= CLI_TEXT_CAP) {
+    memcpy(out, p, n);
+    return n;
+  }
+  size_t e = sizeof CLI_ELLIPSIS - 1;
+  if (!tail) {
+    size_t k = msnap__utf8_cut((const unsigned char *)p, n, CLI_TEXT_CAP);
+    memcpy(out, p, k);
+    memcpy(out + k, CLI_ELLIPSIS, e);
+    return k + e;
+  }
+  size_t start = n - CLI_TEXT_CAP;
+  while (start < n && ((unsigned char)p[start] & 0xc0) == 0x80)
+    start++;
+  memcpy(out, CLI_ELLIPSIS, e);
+  memcpy(out + e, p + start, n - start);
+  return e + n - start;
 }
 
 /* One frame as "file:line:name" (see cli_site_format); returns the

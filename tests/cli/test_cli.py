@@ -2119,9 +2119,48 @@ def png_not_blank(path):
     return len(values) > 20, "%d distinct byte values" % len(values)
 
 
+def view_long_names():
+    """2000 frames sharing a 1 MiB filename: the frames table embedded it
+    once per frame (2 GB for a 1.2 MB file, no note with the default
+    budget).  Each string is cut to 4 KiB: the page is near the default
+    budget (8 MiB), and the note says so when it is over it."""
+    snap, longfile = long_name_snapshot()
+    path = write_pickle(snap, "longname_view.pickle")
+    html = os.path.join(TMP, "longname.html")
+    t0 = time.time()
+    rc, out, err = run("view", "--json", path, "-o", html, timeout=120)
+    dt = time.time() - t0
+    js = json.loads(out) if rc == 0 else {}
+    size = os.path.getsize(html) if rc == 0 else 0
+    budget = js.get("budget", 0)
+    expect(rc == 0 and dt < 20 and budget == 8 * MiB and
+           size == js.get("bytes") and size < 1.25 * budget,
+           "view of 2000 frames sharing a 1 MiB filename: %.1f s, %d bytes "
+           "for the default budget %d" % (dt, size, budget))
+    note = "memsnap: note: the page holds %d bytes of data, more than " \
+        "--budget %d (the default) per file" % (js.get("data_bytes", -1),
+                                                 budget)
+    expect((note in err) == (js.get("data_bytes", 0) > budget),
+           "view: the note on stderr when the data is over the default "
+           "budget, as with an explicit one (%s)" % err.strip()[-300:])
+    with open(html, encoding="utf-8") as f:
+        page = f.read() if rc == 0 else ""
+    tail = longfile.encode()[-4096:]
+    while tail[0] & 0xc0 == 0x80:
+        tail = tail[1:]
+    n = page.count("\u2026" + tail.decode() + '"')
+    expect(n == 2000 and "\u00e9" * 2100 not in page,
+           "view: each of the 2000 filenames in the frames table is its "
+           "last 4 KiB after an ellipsis, none longer (%d)" % n)
+    rc, out, err = run("view", "--budget", "64M", path, "-o", html)
+    expect(rc == 0 and "note:" not in err,
+           "view --budget 64M: the same page, no note (%s)" % err.strip())
+
+
 def group_view():
     if not reader_available():
         need(False, "view: summary of a small valid snapshot")
+    view_long_names()
     sources = [write_pickle(good_snapshot(), "good.pickle")]
     if os.path.isdir(REAL):
         sources.append(os.path.join(

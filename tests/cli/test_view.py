@@ -608,6 +608,28 @@ def check_lod_and_compare(pg, src):
     expect(not pg.errors, "compare: 0 console errors %s" % pg.errors[:3])
 
 
+def check_long_names(pg):
+    """2000 frames sharing one 1 MiB filename (a 1.2 MB file whose page
+    was 2 GB): the page, near its 8 MiB default budget, opens; its
+    stacks show the filename's tail after an ellipsis."""
+    longfile = "/home/u/" + "A" * MiB + "/model.py"
+    fr = [[frame("step", longfile, i)] for i in range(2000)]
+    blocks = [(512, "active_allocated", 512, fr[i]) for i in range(2000)]
+    trace = [entry("alloc", A0 + 512 * i, 512, i, fr[i])
+             for i in range(2000)]
+    snap = {"segments": [segment(A0, 2000 * 512, blocks)],
+            "device_traces": [trace]}
+    html, js = view([write_pickle(snap, "longname.pickle")], "longname")
+    if not js:
+        return
+    expect(js["bytes"] < 10 * MiB, "long names: a page of %d bytes"
+           % js["bytes"])
+    pg.open(html)
+    expect(not pg.errors, "long names: opens with 0 console errors %s"
+           % pg.errors[:3])
+    tabs(pg, "long names")
+
+
 def main():
     chrome = None
     for c in ("chromium", "chromium-browser", "google-chrome"):
@@ -638,6 +660,7 @@ def main():
         check_interaction(pg, cran if os.path.exists(cran) else steps)
         check_oom(pg)
         check_leaks(pg)
+        check_long_names(pg)
         check_lod_and_compare(pg, cran if os.path.exists(cran) else steps)
         browser.close()
     shutil.rmtree(TMP, ignore_errors=True)
