@@ -177,6 +177,15 @@ def group_usage():
                "%s with an unknown option exits 2" % c)
     rc, out, err = run("frobnicate")
     expect(rc == 2 and "unknown command" in err, "unknown command exits 2")
+    rc2, out2, err2 = run("help", "frobnicate")
+    expect(rc2 == 2 and out2 == "" and err2 == err and
+           err.startswith("memsnap: unknown command 'frobnicate'\n"),
+           "help frobnicate: the unknown-command error of frobnicate "
+           "(%d %r)" % (rc2, err2[:80]))
+    for c in ("summary", "help"):
+        rc, out, err = run("help", c)
+        expect(rc == 0 and out.startswith("usage: memsnap"),
+               "help %s: usage on stdout, exit 0" % c)
     rc, out, err = run("--help")
     expect(rc == 0 and all(c in out for c in cmds), "memsnap --help lists all")
     rc, out, err = run()
