@@ -222,6 +222,32 @@ def group_usage():
         expect(rc == 2 and what in err and
                "Try 'memsnap %s --help'" % args[0] in err,
                "%s: usage error %r" % (" ".join(args), what))
+    if allocator_available():
+        d = os.path.join(TMP, "d.pickle")
+        rc, out, err = run("demo-train", "--alloc-conf", "bogus", "-o", d)
+        expect(rc == 2 and err.startswith(
+                   "memsnap demo-train: cannot create the allocator: ") and
+               "unrecognized key 'bogus'" in err and
+               err.endswith("Try 'memsnap demo-train --help'.\n") and
+               not os.path.exists(d),
+               "demo-train --alloc-conf bogus: a usage error in the style "
+               "of the other commands (%r)" % err[-200:])
+        # a model larger than the simulated device: the error, a hint line
+        # naming the device size, and the --json report all the same
+        rc, out, err = run("demo-train", "--hidden", "65536", "--json",
+                           "-o", d)
+        lines = err.splitlines()
+        js = json.loads(out) if out.strip() else {}
+        expect(rc == 2 and len(lines) == 2 and
+               lines[0].startswith("memsnap demo-train: malloc(17179869184) "
+                                   "failed: device out of memory") and
+               lines[1] == "memsnap demo-train: the simulated device has "
+               "64.00 GiB: lower --hidden or --layers, or raise "
+               "MEMSNAP_SIM_MEMORY" and js.get("output", 1) is None and
+               js.get("error") == lines[0][len("memsnap demo-train: "):] and
+               not os.path.exists(d),
+               "demo-train --hidden 65536: out of memory, with a hint and "
+               "a --json report (%r %r)" % (out[:100], lines[-1:]))
 
 
 def hostile_inputs():
