@@ -386,6 +386,19 @@ static inline bool cli_site_eq(cli_site_t a, cli_site_t b) {
  * out as '?'. */
 void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
                      size_t len);
+/* The most bytes of one frame's name or filename that the CLI shows
+ * (cli_site_format, the viewer's frames table): a longer one is cut at a
+ * UTF-8 boundary and marked with CLI_ELLIPSIS. */
+#define CLI_TEXT_CAP 4096
+/* The most bytes of a file's path that a site's text shows: the tail of
+ * its last two components, after CLI_ELLIPSIS when cut. */
+#define CLI_FILE_CAP 200
+#define CLI_ELLIPSIS "\xe2\x80\xa6" /* U+2026 */
+/* p[0..n) cut to CLI_TEXT_CAP bytes at a UTF-8 boundary with
+ * CLI_ELLIPSIS: its head (then the ellipsis), or with `tail` its tail
+ * (after the ellipsis); into out (CLI_TEXT_CAP + 3 bytes), the length
+ * returned.  Text of CLI_TEXT_CAP bytes or less is copied as it is. */
+size_t cli_text_cap(const char *p, size_t n, bool tail, char *out);
 /* Replace control characters of a NUL-terminated string by '?' in place
  * (text from a file must not drive the terminal). */
 void cli_sanitize(char *buf);

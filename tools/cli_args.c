@@ -214,8 +214,10 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
     return cli_usage_error(c->name, c->files_msg);
   /* '-' is standard input: it can be read once, so it names one FILE at
    * most (refused before anything is read, rather than the second '-'
-   * reading an empty input) */
-  for (int i = optind, seen = 0; i < argc; i++)
+   * reading an empty input); fleet reads it once, as any input named
+   * twice, with a warning (cmd_fleet.c) */
+  bool fleet = strcmp(c->name, "fleet") == 0;
+  for (int i = optind, seen = 0; !fleet && i < argc; i++)
     if (strcmp(argv[i], "-") == 0 && seen++)
       return cli_usage_error(c->name,
                              "standard input ('-') is given more than "
@@ -225,7 +227,7 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
    * /dev/stdin, a FIFO and a link to it): its bytes go to the first only.
    * Regular files may be named twice.  fleet reads each input once by
    * device and inode (cmd_fleet.c), with a warning. */
-  if (strcmp(c->name, "fleet") != 0) {
+  if (!fleet) {
     struct stream_s {
       cli_file_id_t id;
       int arg;

@@ -369,12 +369,24 @@ uint32_t cli_empty_site(const msnap_snap_t *s) {
   return python ? CLI_SITE_NO_PYTHON : CLI_SITE_NONE;
 }
 
+/* A path is at most PATH_MAX (4096) bytes: of a longer "filename" the
+ * rules read the tail alone (its last components), so that a MiB-long
+ * string shared by every stack costs no more than a path at each of the
+ * allocations. */
+static void rule_tail(const char **file, size_t *fl) {
+  if (*fl > CLI_TEXT_CAP) {
+    *file += *fl - CLI_TEXT_CAP;
+    *fl = CLI_TEXT_CAP;
+  }
+}
+
 bool cli_frame_is_user(const msnap_snap_t *s, uint32_t frame) {
   if (frame >= s->nframes) return false;
   size_t fl;
   const char *file = cli_str(s, s->frames[frame].filename, &fl);
   if (is_typed_code(file, fl) || is_string_code(file, fl))
     return true;
+  rule_tail(&file, &fl);
   return is_python_file(file, fl) && !is_torch(file, fl) &&
          !is_stdlib(file, fl) && !is_third_party(file, fl) &&
          !is_generated(file, fl);
@@ -401,6 +413,7 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
     bool typed = is_typed_code(file, fl);
     if (!typed && !is_python_file(file, fl))
       continue;
+    rule_tail(&file, &fl);
     if (first_py == UINT32_MAX)
       first_py = fr[i];
     if (!typed &&
@@ -464,18 +477,50 @@ cli_site_t cli_site(const msnap_snap_t *s, msnap_stack_t st) {
   return site;
 }
 
+/* Text of a file's string cut for display: at most CLI_TEXT_CAP bytes,
+ * at a UTF-8 boundary; *cut set when it was cut (an ellipsis follows). */
+static size_t text_head(const char *p, size_t n, bool *cut) {
+  size_t k = msnap__utf8_cut((const unsigned char *)p, n, CLI_TEXT_CAP);
+  *cut = k < n;
+  return k;
+}
+
+size_t cli_text_cap(const char *p, size_t n, bool tail, char *out) {
+  if (n <= CLI_TEXT_CAP) {
+    memcpy(out, p, n);
+    return n;
+  }
+  size_t e = sizeof CLI_ELLIPSIS - 1;
+  if (!tail) {
+    size_t k = msnap__utf8_cut((const unsigned char *)p, n, CLI_TEXT_CAP);
+    memcpy(out, p, k);
+    memcpy(out + k, CLI_ELLIPSIS, e);
+    return k + e;
+  }
+  size_t start = n - CLI_TEXT_CAP;
+  while (start < n && ((unsigned char)p[start] & 0xc0) == 0x80)
+    start++;
+  memcpy(out, CLI_ELLIPSIS, e);
+  memcpy(out + e, p + start, n - start);
+  return e + n - start;
+}
+
 /* One frame as "file:line:name" (see cli_site_format); returns the
- * length written (snprintf's). */
+ * length written (snprintf's).  A name longer than CLI_TEXT_CAP bytes is
+ * cut to its head, a file's last two components longer than CLI_FILE_CAP
+ * to their tail, with an ellipsis: the work is bounded whatever the file
+ * holds. */
 static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
                         size_t len) {
   const msnap_frame_t *f = &s->frames[frame];
   size_t fl, nl;
   const char *file = cli_str(s, f->filename, &fl);
   const char *name = cli_str(s, f->name, &nl);
+  bool ncut;
   /* A native frame (line 0, not a Python file): its C++ name alone,
    * without the final parameter list. */
   if (f->line == 0 && !is_python_file(file, fl)) {
-    if (nl > 0 && name[nl - 1] == ')') {
+    if (nl > 0 && nl <= CLI_TEXT_CAP && name[nl - 1] == ')') {
       int depth = 0;
       for (size_t i = nl; i > 0; i--) {
         depth += name[i - 1] == ')' ? 1 : name[i - 1] == '(' ? -1 : 0;
@@ -486,20 +531,30 @@ static int frame_format(const msnap_snap_t *s, uint32_t frame, char *buf,
         }
       }
     }
-    return snprintf(buf, len, "%.*s", (int)nl, name);
+    nl = text_head(name, nl, &ncut);
+    return snprintf(buf, len, "%.*s%s", (int)nl, name, ncut ? CLI_ELLIPSIS : "");
   }
   /* Keep the last two path components (POSIX or Windows separators:
-   * D:\work\proj\model.py gives proj\model.py). */
-  size_t start = 0;
+   * D:\work\proj\model.py gives proj\model.py); at most the last
+   * CLI_FILE_CAP bytes of them, after an ellipsis (the line and name
+   * still fit in a line of text). */
+  size_t start = fl > CLI_FILE_CAP ? fl - CLI_FILE_CAP : 0;
+  bool fcut = start > 0;
   int slashes = 0;
-  for (size_t i = fl; i > 0; i--) {
+  for (size_t i = fl; i > start; i--) {
     if ((file[i - 1] == '/' || file[i - 1] == '\\') && ++slashes == 2) {
       start = i;
+      fcut = false;
       break;
     }
   }
-  return snprintf(buf, len, "%.*s:%" PRId64 ":%.*s", (int)(fl - start),
-                  file + start, f->line, (int)nl, name);
+  if (fcut) /* not inside a UTF-8 sequence */
+    while (start < fl && ((unsigned char)file[start] & 0xc0) == 0x80)
+      start++;
+  nl = text_head(name, nl, &ncut);
+  return snprintf(buf, len, "%s%.*s:%" PRId64 ":%.*s%s",
+                  fcut ? CLI_ELLIPSIS : "", (int)(fl - start), file + start,
+                  f->line, (int)nl, name, ncut ? CLI_ELLIPSIS : "");
 }
 
 void cli_sanitize(char *buf) {
@@ -540,16 +595,19 @@ void cli_site_format(const msnap_snap_t *s, cli_site_t site, char *buf,
   cli_sanitize(buf);
 }
 
-/* The ranking order of cli_site_sums_rank: qsort_r's comparator, the
- * snapshot as its argument. */
-static int cmp_site_sum_rank(const void *a, const void *b, void *arg) {
-  const cli_site_sum_t *x = a, *y = b;
+/* A site of cli_site_sums_rank with its text, formatted once. */
+typedef struct ranked_s {
+  cli_site_sum_t v;
+  char *text;
+} ranked_t;
+
+/* The ranking order of cli_site_sums_rank. */
+static int cmp_ranked(const void *a, const void *b) {
+  const ranked_t *rx = a, *ry = b;
+  const cli_site_sum_t *x = &rx->v, *y = &ry->v;
   if (x->bytes != y->bytes)
     return x->bytes > y->bytes ? -1 : 1;
-  char tx[512], ty[512];
-  cli_site_format(arg, x->site, tx, sizeof tx);
-  cli_site_format(arg, y->site, ty, sizeof ty);
-  int c = strcmp(tx, ty);
+  int c = strcmp(rx->text, ry->text);
   if (c)
     return c;
   if (x->count != y->count)
@@ -559,9 +617,45 @@ static int cmp_site_sum_rank(const void *a, const void *b, void *arg) {
   return x->site.via < y->site.via ? -1 : x->site.via > y->site.via;
 }
 
+/* The same order with the text formatted at each comparison: the
+ * fallback when the texts cannot be stored (each bounded by
+ * CLI_TEXT_CAP). */
+static int cmp_site_sum_rank(const void *a, const void *b, void *arg) {
+  const cli_site_sum_t *x = a, *y = b;
+  char tx[512], ty[512];
+  ranked_t rx = {*x, tx}, ry = {*y, ty};
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  cli_site_format(arg, x->site, tx, sizeof tx);
+  cli_site_format(arg, y->site, ty, sizeof ty);
+  return cmp_ranked(&rx, &ry);
+}
+
+/* Each site's text is formatted once (not at each comparison: a name of
+ * a MiB shared by thousands of sites made that quadratic in time). */
 void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,
                         uint32_t n) {
-  qsort_r(v, n, sizeof *v, cmp_site_sum_rank, (void *)s);
+  if (n < 2)
+    return;
+  ranked_t *r = calloc(n, sizeof *r);
+  bool ok = r != NULL;
+  for (uint32_t i = 0; ok && i < n; i++) {
+    char t[512];
+    cli_site_format(s, v[i].site, t, sizeof t);
+    r[i].v = v[i];
+    ok = (r[i].text = strdup(t)) != NULL;
+  }
+  if (ok) {
+    qsort(r, n, sizeof *r, cmp_ranked);
+    for (uint32_t i = 0; i < n; i++)
+      v[i] = r[i].v;
+  } else {
+    qsort_r(v, n, sizeof *v, cmp_site_sum_rank, (void *)s);
+  }
+  if (r)
+    for (uint32_t i = 0; i < n; i++)
+      free(r[i].text);
+  free(r);
 }
 
 static int cmp_i64(const void *a, const void *b) {

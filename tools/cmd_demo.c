@@ -80,6 +80,7 @@ static int hook_resolve(void *ctx, const uintptr_t frame[2],
 typedef struct loop_s {
   msnap_allocator_t *a;
   int err;
+  char why[1024]; /* the failure, for the --json report's "error" */
 } loop_t;
 
 static uint64_t alloc_at(loop_t *l, int site, uint64_t size) {
@@ -88,8 +89,17 @@ static uint64_t alloc_at(loop_t *l, int site, uint64_t size) {
   if (!l->err) {
     int rc = msnap_malloc(l->a, 0, size, 0, &p);
     if (rc) {
-      cli_err("demo-train: malloc(%" PRIu64 ") failed: %s (%s)", size,
-              msnap_strerror(rc), msnap_last_error());
+      snprintf(l->why, sizeof l->why, "malloc(%" PRIu64 ") failed: %s (%s)",
+               size, msnap_strerror(rc), msnap_last_error());
+      fflush(stdout);
+      fprintf(stderr, "memsnap demo-train: %s\n", l->why);
+      size_t free_b = 0, total = 0;
+      if (rc == MSNAP_EOOM &&
+          msnap_mem_get_info(l->a, 0, &free_b, &total) == 0)
+        fprintf(stderr,
+                "memsnap demo-train: the simulated device has %.2f GiB: "
+                "lower --hidden or --layers, or raise MEMSNAP_SIM_MEMORY\n",
+                (double)total / (1 << 30));
       l->err = rc;
     }
   }
@@ -101,8 +111,10 @@ static void free_at(loop_t *l, int site, uint64_t p) {
   if (p && !l->err) {
     int rc = msnap_free(l->a, p);
     if (rc) {
-      cli_err("demo-train: free(0x%" PRIx64 ") failed: %s", p,
-              msnap_strerror(rc));
+      snprintf(l->why, sizeof l->why, "free(0x%" PRIx64 ") failed: %s", p,
+               msnap_strerror(rc));
+      fflush(stdout);
+      fprintf(stderr, "memsnap demo-train: %s\n", l->why);
       l->err = rc;
     }
   }
@@ -193,8 +205,12 @@ int cli_cmd_demo_train(int argc, char **argv) {
   loop_t l = {0};
   int rc = msnap_allocator_create(&mo, &l.a);
   if (rc) {
-    cli_err("demo-train: cannot create the allocator: %s %s",
-            msnap_strerror(rc), ebuf);
+    char msg[sizeof ebuf + 64];
+    snprintf(msg, sizeof msg, "cannot create the allocator: %s %s",
+             msnap_strerror(rc), ebuf);
+    if (rc == MSNAP_ECONF) /* --alloc-conf */
+      return cli_usage_error("demo-train", msg);
+    fprintf(stderr, "memsnap demo-train: %s\n", msg);
     return CLI_UNUSABLE;
   }
   msnap_frame_hook_t hook = {NULL, hook_capture, hook_ref, hook_ref,
@@ -205,7 +221,8 @@ int cli_cmd_demo_train(int argc, char **argv) {
   ho.stacks = MSNAP_STACKS_PYTHON;
   rc = msnap_record_history(l.a, &ho);
   if (rc) {
-    cli_err("demo-train: cannot record history: %s", msnap_strerror(rc));
+    fprintf(stderr, "memsnap demo-train: cannot record history: %s\n",
+            msnap_strerror(rc));
     msnap_allocator_destroy(l.a);
     return CLI_UNUSABLE;
   }
@@ -278,6 +295,17 @@ int cli_cmd_demo_train(int argc, char **argv) {
   }
   free(leaked); /* the leaked blocks stay allocated: that is the point */
   rc = l.err;
+  if (rc && json) {
+    /* the loop failed: the report all the same, no output, the error */
+    cli_json_t j;
+    cj_init(&j, stdout);
+    cj_obj(&j);
+    cj_output(&j, NULL);
+    cj_key(&j, "error");
+    cj_cstr(&j, l.why);
+    cj_obj_end(&j);
+    cj_end(&j);
+  }
   if (!rc) {
     msnap_snapshot_options_t so;
     msnap_snapshot_options_init(&so);

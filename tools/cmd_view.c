@@ -215,12 +215,13 @@ int cli_cmd_view(int argc, char **argv) {
     if (wrote)
       fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n",
               cli_output_shown(out), len);
-    if (budget && data / (uint64_t)nf > budget)
+    /* the default budget as an explicit one */
+    if (data / (uint64_t)nf > vo.budget)
       cli_err("note: the page holds %" PRIu64 " bytes of data, more than "
-              "--budget %" PRIu64 " per file: the final state, the memory "
+              "--budget %" PRIu64 "%s per file: the final state, the memory "
               "series and the stacks of what is shown go in whatever the "
               "budget",
-              data, budget);
+              data, vo.budget, budget ? "" : " (the default)");
     if (json) {
       cli_json_t j;
       cj_init(&j, stdout);

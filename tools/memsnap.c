@@ -79,6 +79,15 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(commands[i].name, argv[2]))
           return check_stdout(commands[i].fn(2, sub));
+      /* `help bogus` as `bogus`: an unknown command (help's own names
+       * give the usage) */
+      if (strcmp(argv[2], "help") && strcmp(argv[2], "--help") &&
+          strcmp(argv[2], "-h")) {
+        fprintf(stderr, "memsnap: unknown command '%s'\n\n",
+                cli_shown(argv[2]));
+        usage(stderr);
+        return CLI_UNUSABLE;
+      }
     }
     usage(stdout);
     return check_stdout(CLI_OK);

@@ -523,8 +523,11 @@
       for (k = b0; k <= b1; k++) m = Math.max(m, R[k]);
     }
     if (nb === 0) {
-      var B = K.B;
-      for (k = 0; k < B.size.length; k++) m += B.size[k];
+      var B = K.B, sum = 0;
+      for (k = 0; k < B.size.length; k++) sum += B.size[k];
+      // no trace: room above the final state's flat reserved line, which
+      // the plot's frame would hide at the top
+      m = Math.max(m, sum) * 1.05;
     }
     return m || 1;
   }
@@ -585,6 +588,11 @@
         if (col === 0) g.moveTo(PL.l, Y(rv)); else g.lineTo(PL.l + col, Y(rv));
       }
       g.stroke(); g.lineWidth = 1;
+    } else if (!K.seg) {
+      // no trace: the reserved bytes of the final state, a flat line
+      g.strokeStyle = '#555'; g.lineWidth = 1.2; g.beginPath();
+      g.moveTo(PL.l, Y(D.series.r0)); g.lineTo(PL.l + pw, Y(D.series.r0));
+      g.stroke(); g.lineWidth = 1;
     }
     // x axis: ticks at entry k, drawn at state k+1 (after entry k)
     g.fillStyle = '#555'; g.textAlign = 'center'; g.strokeStyle = '#999';
@@ -635,7 +643,9 @@
       '\u2013' + num(Math.max(0, Math.ceil(S.x1) - 1)) + ' of ' + num(D.n) +
       (zoom > 1.001 ? ' (zoom ' + zoom.toFixed(1) + 'x)' : '') +
       ' \u2014 wheel: zoom, drag: pan, overview: brush, double-click: reset, ' +
-      '\u2190/\u2192: step the selected entry' : 'no trace: the final allocations';
+      '\u2190/\u2192: step the selected entry' :
+      'no trace: the final allocations (allocated ' + fmtBytes(D.series.a0) +
+      ', reserved ' + fmtBytes(D.series.r0) + ', no timeline)';
   }
 
   function laneColor(k) { return 'hsl(' + ((k * 67) % 360) + ',45%,62%)'; }
@@ -943,6 +953,7 @@
 
   function selectRow(r, fromUser) {
     var rows = D.prep.rows;
+    if (!rows.length) return; // no trace entries: nothing to select
     r = Math.max(0, Math.min(rows.length - 1, r));
     var row = rows[r];
     if (row[0] < 0) return;

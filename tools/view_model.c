@@ -316,6 +316,9 @@ static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
       size_t l1, l2;
       cli_str(t->s, t->s->frames[f].name, &l1);
       cli_str(t->s, t->s->frames[f].filename, &l2);
+      /* as written: each cut to CLI_TEXT_CAP (+ the ellipsis) */
+      l1 = l1 > CLI_TEXT_CAP ? CLI_TEXT_CAP + 3 : l1;
+      l2 = l2 > CLI_TEXT_CAP ? CLI_TEXT_CAP + 3 : l2;
       t->bytes += l1 + l2 + 12 + digits((uint64_t)llabs(t->s->frames[f].line));
     }
     uint32_t fo = t->fout[f] - 1;
@@ -1470,11 +1473,15 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
     const msnap_frame_t *fr = &s->frames[t.flist[i]];
     size_t l;
     const char *p;
+    char cut[CLI_TEXT_CAP + 3];
     cj_arr(j);
+    /* a name's head, a filename's tail (its file's name), cut to
+     * CLI_TEXT_CAP bytes: a MiB-long string shared by many frames would
+     * otherwise go in once per frame */
     p = cli_str(s, fr->name, &l);
-    cj_str(j, p, l);
+    cj_str(j, cut, cli_text_cap(p, l, false, cut));
     p = cli_str(s, fr->filename, &l);
-    cj_str(j, p, l);
+    cj_str(j, cut, cli_text_cap(p, l, true, cut));
     cj_i64(j, fr->line);
     cj_u64(j, cli_frame_is_user(s, t.flist[i]) ? 1 : 0);
     cj_arr_end(j);

@@ -2096,8 +2096,11 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
   msnap_read_error_t local;
   if (!err) err = &local;
   memset(err, 0, sizeof *err);
-  uint64_t limit =
-      msnap__env_size(MSNAP_ENV_INPUT_LIMIT, MSNAP_SOURCE_LIMIT_DEFAULT);
+  /* 0 is no limit the source takes (it would mean the default): warned
+   * about, as any invalid value */
+  uint64_t limit = msnap__env_size_range(MSNAP_ENV_INPUT_LIMIT,
+                                         MSNAP_SOURCE_LIMIT_DEFAULT, 1,
+                                         UINT64_MAX);
   msnap_source_t *src;
   char why[256];
   int rc = msnap__source_open(&src, path, limit, why, sizeof why);

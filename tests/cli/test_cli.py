@@ -177,6 +177,15 @@ def group_usage():
                "%s with an unknown option exits 2" % c)
     rc, out, err = run("frobnicate")
     expect(rc == 2 and "unknown command" in err, "unknown command exits 2")
+    rc2, out2, err2 = run("help", "frobnicate")
+    expect(rc2 == 2 and out2 == "" and err2 == err and
+           err.startswith("memsnap: unknown command 'frobnicate'\n"),
+           "help frobnicate: the unknown-command error of frobnicate "
+           "(%d %r)" % (rc2, err2[:80]))
+    for c in ("summary", "help"):
+        rc, out, err = run("help", c)
+        expect(rc == 0 and out.startswith("usage: memsnap"),
+               "help %s: usage on stdout, exit 0" % c)
     rc, out, err = run("--help")
     expect(rc == 0 and all(c in out for c in cmds), "memsnap --help lists all")
     rc, out, err = run()
@@ -213,6 +222,32 @@ def group_usage():
         expect(rc == 2 and what in err and
                "Try 'memsnap %s --help'" % args[0] in err,
                "%s: usage error %r" % (" ".join(args), what))
+    if allocator_available():
+        d = os.path.join(TMP, "d.pickle")
+        rc, out, err = run("demo-train", "--alloc-conf", "bogus", "-o", d)
+        expect(rc == 2 and err.startswith(
+                   "memsnap demo-train: cannot create the allocator: ") and
+               "unrecognized key 'bogus'" in err and
+               err.endswith("Try 'memsnap demo-train --help'.\n") and
+               not os.path.exists(d),
+               "demo-train --alloc-conf bogus: a usage error in the style "
+               "of the other commands (%r)" % err[-200:])
+        # a model larger than the simulated device: the error, a hint line
+        # naming the device size, and the --json report all the same
+        rc, out, err = run("demo-train", "--hidden", "65536", "--json",
+                           "-o", d)
+        lines = err.splitlines()
+        js = json.loads(out) if out.strip() else {}
+        expect(rc == 2 and len(lines) == 2 and
+               lines[0].startswith("memsnap demo-train: malloc(17179869184) "
+                                   "failed: device out of memory") and
+               lines[1] == "memsnap demo-train: the simulated device has "
+               "64.00 GiB: lower --hidden or --layers, or raise "
+               "MEMSNAP_SIM_MEMORY" and js.get("output", 1) is None and
+               js.get("error") == lines[0][len("memsnap demo-train: "):] and
+               not os.path.exists(d),
+               "demo-train --hidden 65536: out of memory, with a hint and "
+               "a --json report (%r %r)" % (out[:100], lines[-1:]))
 
 
 def hostile_inputs():
@@ -2119,9 +2154,48 @@ def png_not_blank(path):
     return len(values) > 20, "%d distinct byte values" % len(values)
 
 
+def view_long_names():
+    """2000 frames sharing a 1 MiB filename: the frames table embedded it
+    once per frame (2 GB for a 1.2 MB file, no note with the default
+    budget).  Each string is cut to 4 KiB: the page is near the default
+    budget (8 MiB), and the note says so when it is over it."""
+    snap, longfile = long_name_snapshot()
+    path = write_pickle(snap, "longname_view.pickle")
+    html = os.path.join(TMP, "longname.html")
+    t0 = time.time()
+    rc, out, err = run("view", "--json", path, "-o", html, timeout=120)
+    dt = time.time() - t0
+    js = json.loads(out) if rc == 0 else {}
+    size = os.path.getsize(html) if rc == 0 else 0
+    budget = js.get("budget", 0)
+    expect(rc == 0 and dt < 20 and budget == 8 * MiB and
+           size == js.get("bytes") and size < 1.25 * budget,
+           "view of 2000 frames sharing a 1 MiB filename: %.1f s, %d bytes "
+           "for the default budget %d" % (dt, size, budget))
+    note = "memsnap: note: the page holds %d bytes of data, more than " \
+        "--budget %d (the default) per file" % (js.get("data_bytes", -1),
+                                                 budget)
+    expect((note in err) == (js.get("data_bytes", 0) > budget),
+           "view: the note on stderr when the data is over the default "
+           "budget, as with an explicit one (%s)" % err.strip()[-300:])
+    with open(html, encoding="utf-8") as f:
+        page = f.read() if rc == 0 else ""
+    tail = longfile.encode()[-4096:]
+    while tail[0] & 0xc0 == 0x80:
+        tail = tail[1:]
+    n = page.count("\u2026" + tail.decode() + '"')
+    expect(n == 2000 and "\u00e9" * 2100 not in page,
+           "view: each of the 2000 filenames in the frames table is its "
+           "last 4 KiB after an ellipsis, none longer (%d)" % n)
+    rc, out, err = run("view", "--budget", "64M", path, "-o", html)
+    expect(rc == 0 and "note:" not in err,
+           "view --budget 64M: the same page, no note (%s)" % err.strip())
+
+
 def group_view():
     if not reader_available():
         need(False, "view: summary of a small valid snapshot")
+    view_long_names()
     sources = [write_pickle(good_snapshot(), "good.pickle")]
     if os.path.isdir(REAL):
         sources.append(os.path.join(
@@ -2417,9 +2491,85 @@ def summary_tie_order():
                    % (" ".join(args), name, diff[:1]))
 
 
+def long_name_snapshot(n=2000, size=1 << 20):
+    """n live 512-byte blocks (one of 4096 bytes, at line 7), each with one
+    frame of its own line, all sharing one filename of about `size` bytes
+    (a string pickled once, memoized: the file stays small) whose
+    components are 2-byte UTF-8 characters."""
+    longfile = "/home/u/" + "\u00e9" * (size // 2) + "/model.py"
+    blocks, trace = [], []
+    for i in range(n):
+        sz = 4096 if i == 7 else 512
+        fr = [{"filename": longfile, "line": i, "name": "step"}]
+        a = A0 + i * 4096
+        blocks.append({"address": a, "size": sz, "requested_size": sz,
+                       "state": "active_allocated", "frames": fr})
+        trace.append({"action": "alloc", "addr": a, "size": sz, "stream": 0,
+                      "frames": fr})
+    seg = {"device": 0, "address": A0, "total_size": n * 4096,
+           "allocated_size": 512 * (n - 1) + 4096,
+           "active_size": 512 * (n - 1) + 4096,
+           "requested_size": 512 * (n - 1) + 4096, "stream": 0,
+           "segment_type": "large", "segment_pool_id": (0, 0),
+           "is_expandable": False, "frames": [], "blocks": []}
+    # blocks fill the segment: inactive gaps between them
+    for i, b in enumerate(blocks):
+        seg["blocks"].append(b)
+        seg["blocks"].append({"address": b["address"] + b["size"],
+                              "size": 4096 - b["size"], "requested_size": 0,
+                              "state": "inactive", "frames": []})
+    seg["blocks"] = [b for b in seg["blocks"] if b["size"] > 0]
+    return {"segments": [seg], "device_traces": [trace]}, longfile
+
+
+def long_name_site(longfile, line):
+    """The site text of a frame of long_name_snapshot: the tail of the
+    last two path components, 200 bytes at most (CLI_FILE_CAP), from a
+    character boundary, after an ellipsis."""
+    tail = "/".join(longfile.split("/")[-2:]).encode()[-200:]
+    while tail[0] & 0xc0 == 0x80:
+        tail = tail[1:]
+    return "\u2026" + tail.decode() + ":%d:step" % line
+
+
+def sites_long_names():
+    """A filename of 1 MiB shared by 2000 frames: ranking the sites
+    formatted the whole name at each comparison (summary took 100 s);
+    now each site's text once, cut for display."""
+    snap, longfile = long_name_snapshot()
+    path = write_pickle(snap, "longname.pickle")
+    t0 = time.time()
+    rc, out, err = run("summary", "--json", path, timeout=120)
+    dt = time.time() - t0
+    top = json.loads(out)["devices"][0]["top_sites"] if rc == 0 else []
+    want = long_name_site(longfile, 7)
+    expect(rc == 0 and dt < 20 and top and top[0]["site"] == want and
+           top[0]["bytes"] == 4096 and len(top[0]["site"].encode()) < 220,
+           "summary of 2000 sites sharing a 1 MiB filename: %.1f s, the top "
+           "site is the 4096-byte one, its text cut to the path's tail "
+           "(%s)" % (dt, (top[0]["site"][:40] + "..." + top[0]["site"][-20:])
+                     if top else err[-200:]))
+    expect(rc == 0 and all(x["site"].endswith(":step") for x in top[1:]) and
+           top[1]["site"] == long_name_site(longfile, 0),
+           "summary: equal sites ranked by their text (line 0 before 1..)")
+    for args in (("summary", path), ("diff", path, path), ("leaks", path),
+                 ("fleet", path), ("diff", "--json", path, path)):
+        t0 = time.time()
+        rc, out, err = run(*args, timeout=120)
+        dt = time.time() - t0
+        expect(rc == 0 and dt < 20 and len(out) < 200000,
+               "%s of the 1 MiB-filename file: %.1f s, %d bytes of output "
+               "(rc %d %s)" % (args[0], dt, len(out), rc, err[-200:]))
+    rc, out, err = run("summary", path, timeout=120)
+    expect(rc == 0 and want in out,
+           "summary text names the top site by the cut path (%s)"
+           % [l for l in out.splitlines() if ":7:step" in l][:1])
+
+
 def group_sites():
     if not reader_available():
         need(False, "sites: summary of a small valid snapshot")
+    sites_long_names()
     summary_tie_order()
     snap = sites_snapshot()
     path = write_pickle(snap, "sites.pickle")

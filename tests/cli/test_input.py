@@ -265,7 +265,7 @@ def group_special():
     # standard input twice: refused before anything is read
     good_path = write_bytes(good, "twice.pickle")
     for args in (["diff", "-", "-"], ["view", "-", "-", "-o", path("t.html")],
-                 ["check", "-", good_path, "-"], ["fleet", "-", "-"]):
+                 ["check", "-", good_path, "-"]):
         with open(good_path, "rb") as stdin:
             rc, out, err = run(*args, stdin=stdin)
             left = stdin.read()
@@ -300,6 +300,24 @@ def group_special():
                "fleet - /dev/stdin: the pipe is read once, with a warning "
                "(%d %r %r)" % (p.returncode, js.get("warnings"),
                                p.stderr[-200:]))
+    # fleet reads standard input named twice once, as docs/cli.md says of
+    # any input named twice: from a pipe and from a file
+    p = subprocess.run(WRAPPER + [MEMSNAP, "fleet", "--json", "-", "-"],
+                       input=good, capture_output=True, timeout=60)
+    js = json.loads(p.stdout) if p.stdout else {}
+    expect(p.returncode == 0 and
+           [x.get("file") for x in js.get("ranks", [])] == ["-"] and
+           js["ranks"][0].get("allocated_bytes") == 4 * MiB and
+           any("- given again; 1 name left out" in w
+               for w in js.get("warnings", [])),
+           "cat S | fleet - -: standard input read once, with a warning "
+           "(%d %r %r)" % (p.returncode, js.get("warnings"), p.stderr[-200:]))
+    with open(good_path, "rb") as stdin:
+        rc, out, err = run("fleet", "-", "-", stdin=stdin)
+    expect(rc == 0 and "warning: a file was given more than once (- given "
+           "again; 1 name left out)" in out and "fleet: 1 file" in out,
+           "fleet - - < FILE: read once, with a warning (%d %r)"
+           % (rc, (out + err).strip()[:300]))
     with open(good_path, "rb") as stdin:
         rc, out, err = run("diff", "-", good_path, stdin=stdin)
     expect(rc in (0, 1), "diff - FILE: one '-' is fine (%d %r)"
@@ -329,6 +347,16 @@ def group_special():
     rc, err = p.returncode, err.decode()
     expect(rc == 2 and "MEMSNAP_INPUT_LIMIT" in err and "limit" in err,
            "a stream past MEMSNAP_INPUT_LIMIT: %r" % err.strip()[-160:])
+    # 0 is not a limit: warned about as 'bogus' is, the default applies
+    for v in ("0", "bogus"):
+        rc, out, err = run("check", "-", stdin=open(good_file(), "rb"),
+                           env={"MEMSNAP_INPUT_LIMIT": v})
+        expect(rc == 0 and "memsnap: warning: ignoring" in err and
+               ("MEMSNAP_INPUT_LIMIT '%s'" % v in err or
+                "'%s' in MEMSNAP_INPUT_LIMIT" % v in err) and
+               ("using 8G" in err or "using 8589934592" in err),
+               "MEMSNAP_INPUT_LIMIT=%s: a warning, the 8 GiB default (%d %r)"
+               % (v, rc, err.strip()[-200:]))
     # A regular file is mapped, the limit does not apply to it.
     rc, out, err = run("check", good_file(),
                        env={"MEMSNAP_INPUT_LIMIT": "64"})

@@ -471,6 +471,38 @@ def group_failed():
         T.expect(rc == 0 and j["output"] is None and j["output_error"] is None,
                  "replay --json without -o: output and output_error null")
 
+    closed_pipe()
+
+
+def closed_pipe():
+    """A reader that closes the pipe early (`| head -c 10`): SIGPIPE ends
+    the command, as other Unix tools (docs/cli.md: status 141 in a shell,
+    no message); with SIGPIPE ignored, the write error of any OUT: exit 2,
+    one line naming standard output."""
+    snap, _ = T.long_name_snapshot(n=3000, size=1024)  # ~0.5 MB out
+    src = T.write_pickle(snap, "pipe.pickle")
+    for ignore in (False, True):
+        pre = (lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN)) \
+            if ignore else None
+        p = subprocess.Popen(T.WRAPPER + [T.MEMSNAP, "convert", src, "-o",
+                                          "-"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=pre)
+        p.stdout.read(10)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        rc = p.wait(timeout=60)
+        if not ignore:
+            T.expect(rc == -signal.SIGPIPE and err == "",
+                     "convert -o - | head -c 10: ended by SIGPIPE, no "
+                     "message (%d %r)" % (rc, err))
+        else:
+            T.expect(rc == 2 and err.count("\n") == 1 and
+                     err.startswith("memsnap: standard output: cannot "
+                                    "write: Broken pipe"),
+                     "convert -o - | head -c 10, SIGPIPE ignored: exit 2, "
+                     "one line (%d %r)" % (rc, err))
+
 
 GROUPS = {"links": group_links, "stdout": group_stdout, "temps": group_temps,
           "failed": group_failed}

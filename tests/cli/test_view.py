@@ -608,6 +608,82 @@ def check_lod_and_compare(pg, src):
     expect(not pg.errors, "compare: 0 console errors %s" % pg.errors[:3])
 
 
+def check_long_names(pg):
+    """2000 frames sharing one 1 MiB filename (a 1.2 MB file whose page
+    was 2 GB): the page, near its 8 MiB default budget, opens; its
+    stacks show the filename's tail after an ellipsis."""
+    longfile = "/home/u/" + "A" * MiB + "/model.py"
+    fr = [[frame("step", longfile, i)] for i in range(2000)]
+    blocks = [(512, "active_allocated", 512, fr[i]) for i in range(2000)]
+    trace = [entry("alloc", A0 + 512 * i, 512, i, fr[i])
+             for i in range(2000)]
+    snap = {"segments": [segment(A0, 2000 * 512, blocks)],
+            "device_traces": [trace]}
+    html, js = view([write_pickle(snap, "longname.pickle")], "longname")
+    if not js:
+        return
+    expect(js["bytes"] < 10 * MiB, "long names: a page of %d bytes"
+           % js["bytes"])
+    pg.open(html)
+    expect(not pg.errors, "long names: opens with 0 console errors %s"
+           % pg.errors[:3])
+    tabs(pg, "long names")
+
+
+def check_no_trace(pg):
+    """A file with no trace entries: Home/End in the history tab (they
+    threw: no rows to select), and the active view draws the final
+    state's reserved bytes as a flat line (the legend named it, the y
+    axis was scaled to it, no line was drawn)."""
+    GiB = 1 << 30
+    snap = {"segments": [segment(A0, 6 * GiB,
+                                 [(GiB, "active_allocated", GiB, [USER]),
+                                  (5 * GiB, "inactive", 0, [])])],
+            "device_traces": [[]]}
+    srcs = [("notrace", write_pickle(snap, "notrace.pickle"))]
+    for f in ("maphsge4_select_n__snapshot_dec166a.pickle",
+              "muduard_layoutediting__memory_snapshot.pkl"):
+        if os.path.exists(os.path.join(REAL, f)):
+            srcs.append((f, os.path.join(REAL, f)))
+    for name, src in srcs:
+        html, js = view([src], "nt-" + name)
+        if not js:
+            continue
+        pg.open(html)
+        pg.p.click("button.tab[data-v='history']")
+        for key in ("End", "Home", "End", "ArrowDown", "ArrowUp"):
+            pg.p.keyboard.press(key)
+        pg.p.wait_for_timeout(100)
+        expect(not pg.errors, "%s (no trace): Home/End in the history tab, "
+               "0 console errors %s" % (name, pg.errors[:3]))
+        if name != "notrace":
+            continue
+        pg.p.click("button.tab[data-v='active']")
+        pg.p.wait_for_timeout(100)
+        # rows of the plot's right half drawn grey (r = g = b < 200)
+        # across: the frame's top and bottom, and the reserved line
+        grey = pg.p.evaluate("""() => {
+          const c = document.getElementById('plot'), g = c.getContext('2d');
+          const w = c.width, h = c.height;
+          const d = g.getImageData(0, 0, w, h).data, rows = [];
+          for (let y = 0; y < h; y++) {
+            let n = 0;
+            for (let x = w >> 1; x < w - 20; x++) {
+              const i = 4 * (y * w + x);
+              if (d[i] < 200 && d[i] === d[i + 1] && d[i] === d[i + 2]) n++;
+            }
+            if (n > 0.9 * ((w >> 1) - 20)) rows.push(y);
+          }
+          return rows;
+        }""")
+        info = pg.text("#zoominfo")
+        expect(len(grey) >= 3 and "reserved 6.0 GiB" in info and
+               "allocated 1.0 GiB" in info,
+               "no trace: the reserved level drawn as a flat line across "
+               "the plot (grey rows %s: the frame's and the line's), the page "
+               "says there is no timeline (%s)" % (grey, info))
+
+
 def main():
     chrome = None
     for c in ("chromium", "chromium-browser", "google-chrome"):
@@ -638,6 +714,8 @@ def main():
         check_interaction(pg, cran if os.path.exists(cran) else steps)
         check_oom(pg)
         check_leaks(pg)
+        check_long_names(pg)
+        check_no_trace(pg)
         check_lod_and_compare(pg, cran if os.path.exists(cran) else steps)
         browser.close()
     shutil.rmtree(TMP, ignore_errors=True)
