@@ -399,6 +399,21 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
   if (recycled) {
     idx = vm->free_objs[--vm->nfree];
   } else {
+    /* A container is never freed while anything may still reach it, so
+     * hostile input (`]0` repeated: lists made and dropped) could grow the
+     * pool by 40 bytes per 2 bytes of input (20x).  The pool is bounded by the
+     * input read so far instead: MSNAP_PICKLE_POOL_FREE slots, then one per
+     * MSNAP_PICKLE_POOL_BYTES bytes (real snapshots, whose containers
+     * become records and give their slot back, use under 10 slots; the
+     * generic interpreter about their nesting depth plus 1000). */
+    if (vm->nobjs >= MSNAP_PICKLE_POOL_FREE &&
+        vm->nobjs - MSNAP_PICKLE_POOL_FREE >=
+            vm->op_off / MSNAP_PICKLE_POOL_BYTES)
+      return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                             "%u live containers after %zu bytes of input "
+                             "(the limit: %u, then one per %u bytes)",
+                             vm->nobjs, vm->op_off, MSNAP_PICKLE_POOL_FREE,
+                             MSNAP_PICKLE_POOL_BYTES);
     if (vm->nobjs >= OBJ_INDEX_MASK ||
         msnap__grow((void **)&vm->objs, &vm->objs_cap, vm->nobjs, 1,
                     sizeof *vm->objs) < 0) {
@@ -582,9 +597,17 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
 
 static inline int push(msnap_pvm_t *vm, msnap_pv_t v) {
   if (msnap_unlikely(vm->sn == vm->scap)) {
+    /* (memo_get_fast pushes only below scap, which never passes the cap:
+     * every push beyond it comes here) */
+    if (vm->sn >= MSNAP_PICKLE_MAX_STACK)
+      return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                             "more than %u items on the stack (a real "
+                             "pickle batches by 1000)",
+                             MSNAP_PICKLE_MAX_STACK);
     if (msnap__grow((void **)&vm->stack, &vm->scap, vm->sn, 1,
                     sizeof *vm->stack) < 0)
       return oom(vm);
+    if (vm->scap > MSNAP_PICKLE_MAX_STACK) vm->scap = MSNAP_PICKLE_MAX_STACK;
   }
   vm->stack[vm->sn++] = v;
   if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ) {
