@@ -396,6 +396,11 @@ void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
  * byte, where `]0` repeated would cost 20 (a slot is 40 bytes). */
 #define MSNAP_PICKLE_POOL_FREE (1u << 16)
 #define MSNAP_PICKLE_POOL_BYTES 8u
+/* Generic values (msnap__pvm_to_gv: allocator_settings, process_info),
+ * all together: one per byte of input, at least MSNAP_PICKLE_GV_MIN, at
+ * most MSNAP_PICKLE_GV_MAX (MSNAP_ELIMIT beyond).  A value is 24 bytes. */
+#define MSNAP_PICKLE_GV_MIN (1u << 16)
+#define MSNAP_PICKLE_GV_MAX (1u << 24)
 
 msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
                             void *ctx);

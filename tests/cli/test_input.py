@@ -22,7 +22,8 @@ Groups:
   amplify    output bounded by input: a 2 kB file with device 200,000,000
              and a file whose entries share frame lists through the memo
   bounds     hostile pickles that grow the reader per opcode (items on the
-             stack, containers made and dropped) refused with MSNAP_ELIMIT
+             stack, containers made and dropped) or through the memo (a
+             list shared in allocator_settings) refused with MSNAP_ELIMIT
              in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
@@ -857,6 +858,38 @@ def group_bounds():
                     "live containers")
     hostile_refused("memoput.pickle", b"\x80\x04" + b"]q\x000" * 5000000
                     + b"N.", "live containers")
+    # a list shared through the memo, doubling per level: generic values
+    # are bounded by the input (one per byte, at least 64 Ki), for
+    # allocator_settings and process_info together
+    for key, levels in (("allocator_settings", 22), ("process_info", 16)):
+        x = [1]
+        for _ in range(levels):
+            x = [x, x]
+        data = pickle.dumps({"segments": [], "device_traces": [[]],
+                             key: {"a": x}}, protocol=4)
+        expect(len(data) < 1000, "the %s DAG is < 1 kB" % key)
+        hostile_refused("dag-%s.pickle" % key, data,
+                        "value too large to convert", max_rss=32 * MiB)
+    half = [1]
+    for _ in range(14):  # 49 Ki values each: together over 64 Ki
+        half = [half, half]
+    data = pickle.dumps({"segments": [], "device_traces": [[]],
+                         "allocator_settings": {"a": half},
+                         "process_info": {"a": half}}, protocol=4)
+    hostile_refused("dag-both.pickle", data, "value too large to convert",
+                    max_rss=32 * MiB)
+    hostile_refused("dag-both.pickle", data, "while converting process_info",
+                    max_rss=32 * MiB)
+    # what a real file holds, as large as the budget allows, reads
+    big = {"k%d" % i: [i, "v%d" % i] for i in range(20000)}
+    f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
+                                  "allocator_settings": big}, protocol=4),
+                    "big-settings.pickle")
+    rc, out, err = run("convert", "--json", f, "-o", path("bs.json"))
+    with open(path("bs.json")) as jf:
+        expect(rc == 0 and json.load(jf)["allocator_settings"] == big,
+               "20000 distinct allocator_settings read back (%r)" %
+               err.strip()[-160:])
 
 
 GROUPS = {"special": group_special, "compressed": group_compressed,
