@@ -23,8 +23,8 @@ Groups:
              and a file whose entries share frame lists through the memo
   bounds     hostile pickles that grow the reader per opcode (items on the
              stack, containers made and dropped) or through the memo (a
-             list shared in allocator_settings) refused with MSNAP_ELIMIT
-             in bounded memory
+             list shared in allocator_settings, a trace entry listed 5 M
+             times) refused with MSNAP_ELIMIT in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
 group needs from outside the project is missing.
@@ -880,6 +880,13 @@ def group_bounds():
                     max_rss=32 * MiB)
     hostile_refused("dag-both.pickle", data, "while converting process_info",
                     max_rss=32 * MiB)
+    # one trace entry dict listed 5 M times through the memo, batched by
+    # 1000 as a pickler would: at most 1024 + 1 per 8 bytes repeats
+    e = {"action": "alloc", "addr": A0, "size": 512, "stream": 0,
+         "frames": []}
+    hostile_refused("tracebomb.pickle", pickle.dumps(
+        {"segments": [], "device_traces": [[e] * 5000000]}, protocol=2),
+        "trace lists repeat entries", max_rss=96 * MiB)
     # what a real file holds, as large as the budget allows, reads
     big = {"k%d" % i: [i, "v%d" % i] for i in range(20000)}
     f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
