@@ -383,6 +383,24 @@ void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
                            uint64_t *rolled_back);
 
 #define MSNAP_PICKLE_MAX_DEPTH 1000
+/* Items on the VM stack, all MARK levels together (MSNAP_ELIMIT beyond).
+ * Picklers batch lists, dicts and sets by 1000 items per MARK (CPython,
+ * torch, memsnap's writer), so a real pickle holds about 1000 items per
+ * nesting level; only a tuple is written whole.  2^20 items (8 MiB) is
+ * 1000x that, and keeps `( K\x01 K\x01 ...` from costing 16 bytes of
+ * memory per 2 bytes of input without end. */
+#define MSNAP_PICKLE_MAX_STACK (1u << 20)
+/* Live containers (the VM's object pool, 40 bytes a slot plus items):
+ * MSNAP_PICKLE_POOL_FREE, then one more per MSNAP_PICKLE_POOL_BYTES bytes
+ * of input read (MSNAP_ELIMIT beyond): at most 5 bytes of pool per input
+ * byte, where `]0` repeated would cost 20 (a slot is 40 bytes). */
+#define MSNAP_PICKLE_POOL_FREE (1u << 16)
+#define MSNAP_PICKLE_POOL_BYTES 8u
+/* Generic values (msnap__pvm_to_gv: allocator_settings, process_info),
+ * all together: one per byte of input, at least MSNAP_PICKLE_GV_MIN, at
+ * most MSNAP_PICKLE_GV_MAX (MSNAP_ELIMIT beyond).  A value is 24 bytes. */
+#define MSNAP_PICKLE_GV_MIN (1u << 16)
+#define MSNAP_PICKLE_GV_MAX (1u << 24)
 
 msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
                             void *ctx);

@@ -126,6 +126,11 @@ struct msnap_pvm_s {
   uint64_t fast_done, fast_rolled_back;
   const msnap_pvm_refs_t *refs; /* lists of memo references (pickle.h) */
   const msnap_pvm_dicts_t *dicts; /* dicts of a known shape (pickle.h) */
+
+  /* generic values made by msnap__pvm_to_gv, all calls together: nodes
+   * left (set on the first call from the input read so far) */
+  uint64_t gv_budget, gv_limit;
+  bool gv_budget_set;
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -399,6 +404,21 @@ static int obj_new(msnap_pvm_t *vm, uint8_t kind, uint32_t cap,
   if (recycled) {
     idx = vm->free_objs[--vm->nfree];
   } else {
+    /* A container is never freed while anything may still reach it, so
+     * hostile input (`]0` repeated: lists made and dropped) could grow the
+     * pool by 40 bytes per 2 bytes of input (20x).  The pool is bounded by the
+     * input read so far instead: MSNAP_PICKLE_POOL_FREE slots, then one per
+     * MSNAP_PICKLE_POOL_BYTES bytes (real snapshots, whose containers
+     * become records and give their slot back, use under 10 slots; the
+     * generic interpreter about their nesting depth plus 1000). */
+    if (vm->nobjs >= MSNAP_PICKLE_POOL_FREE &&
+        vm->nobjs - MSNAP_PICKLE_POOL_FREE >=
+            vm->op_off / MSNAP_PICKLE_POOL_BYTES)
+      return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                             "%u live containers after %zu bytes of input "
+                             "(the limit: %u, then one per %u bytes)",
+                             vm->nobjs, vm->op_off, MSNAP_PICKLE_POOL_FREE,
+                             MSNAP_PICKLE_POOL_BYTES);
     if (vm->nobjs >= OBJ_INDEX_MASK ||
         msnap__grow((void **)&vm->objs, &vm->objs_cap, vm->nobjs, 1,
                     sizeof *vm->objs) < 0) {
@@ -582,9 +602,17 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
 
 static inline int push(msnap_pvm_t *vm, msnap_pv_t v) {
   if (msnap_unlikely(vm->sn == vm->scap)) {
+    /* (memo_get_fast pushes only below scap, which never passes the cap:
+     * every push beyond it comes here) */
+    if (vm->sn >= MSNAP_PICKLE_MAX_STACK)
+      return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                             "more than %u items on the stack (a real "
+                             "pickle batches by 1000)",
+                             MSNAP_PICKLE_MAX_STACK);
     if (msnap__grow((void **)&vm->stack, &vm->scap, vm->sn, 1,
                     sizeof *vm->stack) < 0)
       return oom(vm);
+    if (vm->scap > MSNAP_PICKLE_MAX_STACK) vm->scap = MSNAP_PICKLE_MAX_STACK;
   }
   vm->stack[vm->sn++] = v;
   if (MSNAP_PV_TAG(v) == MSNAP_PV_OBJ) {
@@ -2063,13 +2091,26 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
 
 /* ---- generic tree -------------------------------------------------------- */
 
+static int gv_too_large(msnap_pvm_t *vm) {
+  return msnap__pvm_fail(
+      vm, MSNAP_ELIMIT,
+      "value too large to convert: its containers shared through the memo "
+      "would make more than %llu values (the limit: one per byte of input, "
+      "at least %u, at most %u)",
+      (unsigned long long)vm->gv_limit, MSNAP_PICKLE_GV_MIN,
+      MSNAP_PICKLE_GV_MAX);
+}
+
 static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
                  unsigned depth, uint64_t *budget) {
   memset(out, 0, sizeof *out);
   out->kind = MSNAP_GV_NONE;
-  if (depth > MSNAP_PICKLE_MAX_DEPTH || (*budget)-- == 0)
+  if (depth > MSNAP_PICKLE_MAX_DEPTH)
     return msnap__pvm_fail(vm, MSNAP_ELIMIT,
-                           "value too deep or too large to convert");
+                           "value nested deeper than %d levels to convert",
+                           MSNAP_PICKLE_MAX_DEPTH);
+  if ((*budget)-- == 0)
+    return gv_too_large(vm);
   int64_t i;
   double f;
   switch (MSNAP_PV_TAG(v)) {
@@ -2128,7 +2169,22 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
     return 0;
   }
   case MSNAP_PV_REC:
-    if (vm->rec_gv) return vm->rec_gv(vm->cb_ctx, v, out);
+    if (vm->rec_gv) {
+      int rc = vm->rec_gv(vm->cb_ctx, v, out);
+      if (rc < 0) return rc;
+      /* a record may stand for a list (a list of strings): its items
+       * count as well */
+      if ((out->kind == MSNAP_GV_LIST || out->kind == MSNAP_GV_DICT ||
+           out->kind == MSNAP_GV_TUPLE) &&
+          out->u.seq.n) {
+        if (out->u.seq.n > *budget) {
+          msnap__gv_free(out);
+          return gv_too_large(vm);
+        }
+        *budget -= out->u.seq.n;
+      }
+      return 0;
+    }
     return msnap__pvm_fail(vm, MSNAP_EFORMAT, "record in a generic value");
   default: {
     const char *t = msnap__pvm_type(vm, v);
@@ -2139,7 +2195,20 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
   }
 }
 
+/* The budget is shared by every call on a VM (allocator_settings and
+ * process_info together) and proportional to the input, so that containers
+ * shared through the memo (a list put in a list twice, that one twice...)
+ * can never make the generic values, or their output, more than a small
+ * multiple of the file: one value per input byte (a value takes at least
+ * one opcode byte when nothing is shared), at least MSNAP_PICKLE_GV_MIN,
+ * at most MSNAP_PICKLE_GV_MAX. */
 int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out) {
-  uint64_t budget = 1u << 24;
-  return to_gv(vm, v, out, 0, &budget);
+  if (!vm->gv_budget_set) {
+    uint64_t b = vm->op_off;
+    if (b < MSNAP_PICKLE_GV_MIN) b = MSNAP_PICKLE_GV_MIN;
+    if (b > MSNAP_PICKLE_GV_MAX) b = MSNAP_PICKLE_GV_MAX;
+    vm->gv_budget = vm->gv_limit = b;
+    vm->gv_budget_set = true;
+  }
+  return to_gv(vm, v, out, 0, &vm->gv_budget);
 }

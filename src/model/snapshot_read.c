@@ -1672,7 +1672,14 @@ static int map_traces(rd_t *r, const fields_t *f) {
   }
   if (nd && msnap__snap_set_devices(s, nd) < 0)
     return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
-  /* lists repeated through the memo would multiply the entries */
+  /* Entries or lists repeated through the memo would multiply the
+   * entries: a 2-byte BINGET of a trace entry dict costs a 32-byte model
+   * entry and an 8-byte list item (tracebomb: 5 M references to one dict,
+   * 10 MB of input, 238 MB of memory).  A real recording never shares
+   * one (each entry is its own dict; torch and memsnap write every one
+   * out), so beyond the distinct entries only 1024 more, and one more per
+   * 8 bytes of input, may be listed: repeats then cost at most 5 bytes of
+   * memory per input byte (not 20). */
   uint64_t total = host ? host->n : 0;
   for (uint32_t d = 0; d < nd; d++) {
     msnap_pobj_t *o;
@@ -1681,10 +1688,12 @@ static int map_traces(rd_t *r, const fields_t *f) {
     if (rc < 0) return rc;
     total += o ? o->n : 0;
   }
-  if (total > 2 * (uint64_t)r->npool + r->len / 2 + 1024)
+  if (total > (uint64_t)r->npool + r->len / 8 + 1024)
     return msnap__pvm_fail(r->vm, MSNAP_ELIMIT,
                            "trace lists repeat entries (%llu listed, %u "
-                           "distinct)",
+                           "distinct; the limit: 1024 repeats and one per 8 "
+                           "bytes of input): trace entry dicts shared through "
+                           "the memo, which a real recording never does",
                            (unsigned long long)total, r->npool);
   int owner = -1;
   for (uint32_t d = 0; d < nd; d++) {

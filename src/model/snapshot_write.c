@@ -474,6 +474,12 @@ static void wgv(wr_t *w, const msnap_gv_t *v) {
           msnap__json_ckey(&w->jw, b);
         }
       } else {
+        /* SETITEMS batches of 1000 pairs, as CPython's pickler writes
+         * them (a reader bounds its stack, MSNAP_PICKLE_MAX_STACK) */
+        if (i && i % 1000 == 0) {
+          msnap__pw_op(&w->pw, MSNAP_OP_SETITEMS);
+          msnap__pw_op(&w->pw, MSNAP_OP_MARK);
+        }
         wgv(w, &v->u.seq.items[2 * i]);
       }
       wgv(w, &v->u.seq.items[2 * i + 1]);

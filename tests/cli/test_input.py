@@ -21,6 +21,10 @@ Groups:
              pickles CPython loads and JSON json.loads accepts
   amplify    output bounded by input: a 2 kB file with device 200,000,000
              and a file whose entries share frame lists through the memo
+  bounds     hostile pickles that grow the reader per opcode (items on the
+             stack, containers made and dropped) or through the memo (a
+             list shared in allocator_settings, a trace entry listed 5 M
+             times) refused with MSNAP_ELIMIT in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
 group needs from outside the project is missing.
@@ -852,9 +856,80 @@ def group_amplify():
            "the four shared stacks are four stack ids")
 
 
+def hostile_refused(name, data, says, max_rss=64 * MiB, gz=False):
+    """A hostile pickle is refused with a clear MSNAP_ELIMIT naming the
+    limit, within max_rss of memory."""
+    f = write_bytes(gzip.compress(data, 6) if gz else data, name)
+    rc, out, err, secs, rss = measured("summary", "--json", f)
+    expect(rc == 2 and says in err and "MSNAP_ELIMIT" in err
+           and "offset " in err and rss <= max_rss,
+           "%s (%d MB of pickle): refused, says %r, RSS %.1f MB (%r)" %
+           (name, len(data) // 1000000, says, rss / 1e6,
+            err.strip()[-160:]))
+
+
+def group_bounds():
+    # items pushed without a MARK, or 10 M under one MARK: the stack is
+    # bounded (MSNAP_PICKLE_MAX_STACK, 2^20 items)
+    hostile_refused("nones.pickle.gz", b"\x80\x04" + b"N" * 50000000
+                    + b".", "more than 1048576 items on the stack", gz=True)
+    # (empty lists: each a container, the pool's bound comes first)
+    hostile_refused("emptylists.pickle.gz", b"\x80\x04" + b"]" * 50000000
+                    + b".", "live containers", gz=True)
+    junk = (b"\x80\x02}(X\x08\x00\x00\x00segments]X\r\x00\x00\x00"
+            b"device_traces]X\x04\x00\x00\x00junk(" + b"K\x01" * 10000000
+            + b"lu.")
+    hostile_refused("biglist-junk.pickle", junk, "items on the stack")
+    # lists made and dropped: the pool of live containers is bounded by
+    # the input (MSNAP_PICKLE_POOL_FREE, then one per 8 bytes)
+    hostile_refused("pop.pickle", b"\x80\x04" + b"]0" * 10000000 + b"N.",
+                    "live containers")
+    hostile_refused("memoput.pickle", b"\x80\x04" + b"]q\x000" * 5000000
+                    + b"N.", "live containers")
+    # a list shared through the memo, doubling per level: generic values
+    # are bounded by the input (one per byte, at least 64 Ki), for
+    # allocator_settings and process_info together
+    for key, levels in (("allocator_settings", 22), ("process_info", 16)):
+        x = [1]
+        for _ in range(levels):
+            x = [x, x]
+        data = pickle.dumps({"segments": [], "device_traces": [[]],
+                             key: {"a": x}}, protocol=4)
+        expect(len(data) < 1000, "the %s DAG is < 1 kB" % key)
+        hostile_refused("dag-%s.pickle" % key, data,
+                        "value too large to convert", max_rss=32 * MiB)
+    half = [1]
+    for _ in range(14):  # 49 Ki values each: together over 64 Ki
+        half = [half, half]
+    data = pickle.dumps({"segments": [], "device_traces": [[]],
+                         "allocator_settings": {"a": half},
+                         "process_info": {"a": half}}, protocol=4)
+    hostile_refused("dag-both.pickle", data, "value too large to convert",
+                    max_rss=32 * MiB)
+    hostile_refused("dag-both.pickle", data, "while converting process_info",
+                    max_rss=32 * MiB)
+    # one trace entry dict listed 5 M times through the memo, batched by
+    # 1000 as a pickler would: at most 1024 + 1 per 8 bytes repeats
+    e = {"action": "alloc", "addr": A0, "size": 512, "stream": 0,
+         "frames": []}
+    hostile_refused("tracebomb.pickle", pickle.dumps(
+        {"segments": [], "device_traces": [[e] * 5000000]}, protocol=2),
+        "trace lists repeat entries", max_rss=96 * MiB)
+    # what a real file holds, as large as the budget allows, reads
+    big = {"k%d" % i: [i, "v%d" % i] for i in range(20000)}
+    f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
+                                  "allocator_settings": big}, protocol=4),
+                    "big-settings.pickle")
+    rc, out, err = run("convert", "--json", f, "-o", path("bs.json"))
+    with open(path("bs.json")) as jf:
+        expect(rc == 0 and json.load(jf)["allocator_settings"] == big,
+               "20000 distinct allocator_settings read back (%r)" %
+               err.strip()[-160:])
+
+
 GROUPS = {"special": group_special, "compressed": group_compressed,
           "wrong": group_wrong, "utf8": group_utf8,
-          "amplify": group_amplify}
+          "amplify": group_amplify, "bounds": group_bounds}
 
 if __name__ == "__main__":
     GROUPS[GROUP]()

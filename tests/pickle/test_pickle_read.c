@@ -138,12 +138,20 @@ static void test_deep_nesting(void **state) {
   p[n] = '.';
   assert_int_equal(run_bytes(p, n + 1, &err), MSNAP_ELIMIT);
   assert_non_null(strstr(err.msg, "nested deeper"));
-  /* a million lists, each appended into the one below */
+  /* 60000 lists (within the pool's first MSNAP_PICKLE_POOL_FREE), each
+   * appended into the one below */
+  size_t k = 60000;
+  memset(p, ']', k);
+  memset(p + k, 'a', k - 1);
+  p[2 * k - 1] = '.';
+  assert_int_equal(run_bytes(p, 2 * k, &err), MSNAP_ELIMIT);
+  assert_non_null(strstr(err.msg, "nested deeper than 1000"));
+  /* a million: the pool of live containers is bounded by the input */
   memset(p, ']', n);
   memset(p + n, 'a', n - 1);
   p[2 * n - 1] = '.';
   assert_int_equal(run_bytes(p, 2 * n, &err), MSNAP_ELIMIT);
-  assert_non_null(strstr(err.msg, "nested deeper than 1000"));
+  assert_non_null(strstr(err.msg, "live containers"));
   /* a million TUPLE1 */
   p[0] = ')';
   memset(p + 1, 0x85, n);
@@ -225,6 +233,35 @@ static void test_memo_and_stack(void **state) {
   assert_int_equal(RUN("]\x94h\x00" "a.", &err), MSNAP_EFORMAT);
   if (!strstr(err.msg, "recursive")) fprintf(stderr, "%s\n", err.msg);
   assert_non_null(strstr(err.msg, "recursive"));
+  /* the stack holds at most MSNAP_PICKLE_MAX_STACK items, whether pushed
+   * by opcodes or memo references; exactly that many are fine */
+  {
+    size_t n = MSNAP_PICKLE_MAX_STACK;
+    char *p = malloc(2 * n + 16);
+    size_t k = 0;
+    p[k++] = '(';
+    for (size_t i = 0; i < n; i++) p[k++] = 'N';
+    p[k++] = 'l';
+    p[k++] = '.';
+    assert_int_equal(run_bytes(p, k, &err), 0);
+    k = 0;
+    for (size_t i = 0; i <= n; i++) p[k++] = 'N';
+    p[k++] = '.';
+    assert_int_equal(run_bytes(p, k, &err), MSNAP_ELIMIT);
+    assert_non_null(strstr(err.msg, "more than 1048576 items on the stack"));
+    assert_non_null(strstr(err.msg, "offset 1048576:"));
+    k = 0;
+    p[k++] = 'N';
+    p[k++] = 0x94; /* MEMOIZE */
+    for (size_t i = 0; i < n; i++) {
+      p[k++] = 'h';
+      p[k++] = 0;
+    }
+    p[k++] = '.';
+    assert_int_equal(run_bytes(p, k, &err), MSNAP_ELIMIT);
+    assert_non_null(strstr(err.msg, "items on the stack"));
+    free(p);
+  }
   /* trailing bytes after STOP are ignored (MemoryViz pads with zeros) */
   char *t = NULL;
   assert_int_equal(canon_of("K\x07.\x00\x00", 5, &t, &err), 0);
