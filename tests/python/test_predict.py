@@ -924,6 +924,13 @@ def test_output_that_is_the_script_refused(tmp_path):
                 "refusing to overwrite it") in p.stderr, p.stderr
         assert "script ran" not in p.stderr and "Traceback" not in p.stderr
         assert open(script, "rb").read() == before
+    # a directory script: its __main__.py is the script
+    d = tmp_path / "app"
+    d.mkdir()
+    (d / "__main__.py").write_text(TINY)
+    p = predict("-o", str(d / "__main__.py"), str(d), cwd=tmp_path)
+    assert p.returncode == 2 and "refusing to overwrite it" in p.stderr, p.stderr
+    assert (d / "__main__.py").read_text() == TINY
 
 
 def test_output_ending_in_a_slash_refused_before_the_run(tmp_path, monkeypatch):

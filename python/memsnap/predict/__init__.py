@@ -299,7 +299,8 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     The script's own exceptions are caught: ``script_error`` then holds the
     traceback.  A ``SystemExit`` with a non-zero code counts as an error.
     An ``output`` that is the script file itself (the same file, by any
-    name) is refused with ``ValueError`` before anything runs.
+    name; for a directory, its ``__main__.py``) is refused with
+    ``ValueError`` before anything runs.
 
     ``os._exit(code)`` in the script ends the run there (the prediction is
     finished and reported as for ``sys.exit(code)``) and sets ``os_exit``
@@ -308,10 +309,16 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     script = os.fspath(script)
     out = options.get("output")
     if out is not None and script != "-":
-        try:
-            same = os.path.samefile(os.fspath(out), script)
-        except OSError:  # no such output yet (or no script: runpy says so)
-            same = False
+        # the script file, or the __main__.py of a directory script
+        mains = [script]
+        if os.path.isdir(script):
+            mains.append(os.path.join(script, "__main__.py"))
+        same = False
+        for m in mains:
+            try:
+                same = same or os.path.samefile(os.fspath(out), m)
+            except OSError:  # no such output yet (or no such file)
+                pass
         if same:
             # as the memsnap CLI's -o (cli_util.c: cli_check_outputs)
             raise ValueError(f"output {os.fspath(out)!r} is the script {script!r}; "
