@@ -45,6 +45,7 @@ typedef Elf64_Addr GElf_Addr;
 typedef Elf64_Word GElf_Word;
 typedef Elf64_Xword GElf_Xword;
 typedef Elf64_Shdr GElf_Shdr;
+typedef Elf64_Sym GElf_Sym;
 typedef GElf_Addr Dwarf_Addr;
 typedef GElf_Xword Dwarf_Word;
 
@@ -73,6 +74,11 @@ extern int dwfl_report_end(Dwfl *dwfl,
                            void *arg);
 extern Dwfl_Module *dwfl_addrmodule(Dwfl *dwfl, Dwarf_Addr address);
 extern const char *dwfl_module_addrname(Dwfl_Module *mod, GElf_Addr address);
+extern int dwfl_module_getsymtab(Dwfl_Module *mod);
+extern const char *dwfl_module_getsym_info(Dwfl_Module *mod, int ndx,
+                                           GElf_Sym *sym, GElf_Addr *addr,
+                                           GElf_Word *shndxp, Elf **elfp,
+                                           Dwarf_Addr *bias);
 extern Dwfl_Line *dwfl_module_getsrc(Dwfl_Module *mod, Dwarf_Addr addr);
 extern const char *dwfl_lineinfo(Dwfl_Line *line, Dwarf_Addr *addr,
                                  int *linep, int *colp, Dwarf_Word *mtime,
@@ -849,6 +855,8 @@ typedef struct dw_api_s {
   __typeof__(&dwfl_report_end) report_end;
   __typeof__(&dwfl_addrmodule) addrmodule;
   __typeof__(&dwfl_module_addrname) addrname;
+  __typeof__(&dwfl_module_getsymtab) getsymtab;       /* NULL: no index */
+  __typeof__(&dwfl_module_getsym_info) getsym_info; /* NULL: no index */
   __typeof__(&dwfl_module_getsrc) getsrc;
   __typeof__(&dwfl_lineinfo) lineinfo;
   msnap__dwfl_callbacks_t cb;
@@ -889,6 +897,9 @@ static void sym_init_locked(void) {
   DW_SYM(getsrc, "dwfl_module_getsrc");
   DW_SYM(lineinfo, "dwfl_lineinfo");
 #undef DW_SYM
+  /* optional: without them every name is dwfl_module_addrname's */
+  *(void **)&dw.getsymtab = dlsym(h, "dwfl_module_getsymtab");
+  *(void **)&dw.getsym_info = dlsym(h, "dwfl_module_getsym_info");
   *(void **)&dw.cb.find_elf = dlsym(h, "dwfl_linux_proc_find_elf");
   *(void **)&dw.cb.find_debuginfo = dlsym(h, "dwfl_standard_find_debuginfo");
   if (dw.cb.find_elf == NULL || dw.cb.find_debuginfo == NULL) return;
@@ -897,6 +908,128 @@ static void sym_init_locked(void) {
   if (dw.proc_report(dw.dwfl, getpid()) != 0 ||
       dw.report_end(dw.dwfl, NULL, NULL) != 0)
     dw.dwfl = NULL; /* leaked on purpose: half-initialised */
+}
+
+/*
+ * Symbol names by address, module by module.  dwfl_module_addrname reads
+ * the module's whole symbol table for every address (libtorch_cpu.so:
+ * 530 K symbols), so the first snapshot with C frames of a torch program
+ * spent seconds there.  A module with at least SYMX_MIN symbols gets an
+ * index instead, built on its first lookup: its named symbols that have
+ * a size, sorted by start address.  A lookup takes, among the indexed
+ * symbols containing the address, the one that starts nearest below it,
+ * then the strongest binding (global, weak, local: libdw's preference),
+ * then the first in the table -- libdw's answer wherever symbols do not
+ * nest.  An address no sized symbol contains (an assembly label without
+ * a size, a PLT stub) is left to dwfl_module_addrname, as is every
+ * address of a smaller module.  The names point into libdw's copy of the
+ * string table, which lives as long as the Dwfl (the process).  Memory:
+ * 24 bytes per indexed symbol (about 10 MB for libtorch_cpu.so), kept
+ * for the life of the process like the Dwfl.  sym_lock guards all.
+ */
+#define SYMX_MIN 1024
+#define SYMX_SCAN 64 /* indexed symbols looked at below an address */
+typedef struct symx_s {
+  uintptr_t start;
+  const char *name;
+  uint32_t size;
+  uint32_t order; /* bits 31-30: 3 - binding rank; 29-0: table index */
+} symx_t;
+typedef struct symx_mod_s {
+  Dwfl_Module *mod;
+  symx_t *v; /* NULL: not indexed (small, or the index failed) */
+  size_t n;
+} symx_mod_t;
+static symx_mod_t *symx_mods; /* sym_lock */
+static size_t symx_nmods, symx_capmods;
+
+static int symx_cmp(const void *a, const void *b) {
+  const symx_t *x = a, *y = b;
+  if (x->start != y->start) return x->start < y->start ? -1 : 1;
+  return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* libdw's preference among bindings: global, then weak, then local. */
+static uint32_t symx_rank(unsigned bind) {
+  return bind == STB_GLOBAL ? 0 : bind == STB_WEAK ? 1 : 2;
+}
+
+static void symx_build(symx_mod_t *x) {
+  x->v = NULL;
+  x->n = 0;
+  if (dw.getsymtab == NULL || dw.getsym_info == NULL) return;
+  int n = dw.getsymtab(x->mod);
+  if (n < SYMX_MIN || n >= (1 << 30)) return;
+  symx_t *v = malloc((size_t)n * sizeof *v);
+  if (v == NULL) return;
+  size_t k = 0;
+  for (int i = 1; i < n; i++) {
+    GElf_Sym sym;
+    GElf_Addr addr;
+    GElf_Word shndx;
+    const char *name = dw.getsym_info(x->mod, i, &sym, &addr, &shndx, NULL,
+                                      NULL);
+    unsigned type = ELF64_ST_TYPE(sym.st_info);
+    if (name == NULL || name[0] == '\0' || sym.st_size == 0 ||
+        sym.st_size > UINT32_MAX || shndx == SHN_UNDEF ||
+        type == STT_SECTION || type == STT_FILE || type == STT_TLS)
+      continue;
+    v[k].start = (uintptr_t)addr;
+    v[k].name = name;
+    v[k].size = (uint32_t)sym.st_size;
+    v[k].order = symx_rank(ELF64_ST_BIND(sym.st_info)) << 30 | (uint32_t)i;
+    k++;
+  }
+  if (k == 0) {
+    free(v);
+    return;
+  }
+  qsort(v, k, sizeof *v, symx_cmp);
+  x->v = v;
+  x->n = k;
+}
+
+/* The module's index entry (made on first use); NULL without memory. */
+static symx_mod_t *symx_of(Dwfl_Module *m) {
+  static size_t last;
+  if (last < symx_nmods && symx_mods[last].mod == m) return &symx_mods[last];
+  for (size_t i = 0; i < symx_nmods; i++)
+    if (symx_mods[i].mod == m) return &symx_mods[last = i];
+  if (symx_nmods == symx_capmods) {
+    size_t cap = symx_capmods ? symx_capmods * 2 : 64;
+    symx_mod_t *n = realloc(symx_mods, cap * sizeof *n);
+    if (n == NULL) return NULL;
+    symx_mods = n;
+    symx_capmods = cap;
+  }
+  symx_mod_t *x = &symx_mods[last = symx_nmods++];
+  x->mod = m;
+  symx_build(x);
+  return x;
+}
+
+/* The name of the symbol containing q in module m (see above), or NULL. */
+static const char *sym_addrname(Dwfl_Module *m, uintptr_t q) {
+  symx_mod_t *x = symx_of(m);
+  if (x == NULL || x->v == NULL) return dw.addrname(m, q);
+  /* the last symbol starting at or below q */
+  size_t lo = 0, hi = x->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (x->v[mid].start <= q)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  /* back from there: the first that contains q starts nearest below it;
+   * at one start the order puts the strongest binding first */
+  const symx_t *best = NULL;
+  for (size_t j = lo, seen = 0; j > 0 && seen < SYMX_SCAN; j--, seen++) {
+    const symx_t *s = &x->v[j - 1];
+    if (best != NULL && s->start != best->start) break;
+    if (q - s->start < s->size) best = s;
+  }
+  return best != NULL ? best->name : dw.addrname(m, q);
 }
 
 static char *sym_strdup(const char *s) {
@@ -964,7 +1097,7 @@ static void sym_lookup_locked(uintptr_t pc, msnap_csym_t *out) {
       }
     }
     if (m != NULL) {
-      const char *n = dw.addrname(m, q);
+      const char *n = sym_addrname(m, q);
       Dwfl_Line *l = dw.getsrc(m, q);
       int line = 0;
       const char *f = l ? dw.lineinfo(l, NULL, &line, NULL, NULL, NULL) : NULL;
@@ -1029,6 +1162,31 @@ void msnap__symbolize(uintptr_t pc, msnap_csym_t *out) {
   }
   *out = sym_cache[j].sym;
   msnap__mutex_unlock(&sym_lock, MSNAP_RANK_SYMBOLS);
+}
+
+long msnap__symbolize_check(uintptr_t lo, uintptr_t hi, size_t step,
+                            char *msg, size_t len) {
+  long n = 0;
+  if (step == 0) step = 1;
+  msnap__mutex_lock(&sym_lock, MSNAP_RANK_SYMBOLS);
+  if (!sym_inited) sym_init_locked();
+  for (uintptr_t q = lo; dw.dwfl != NULL && q < hi; q += step) {
+    Dwfl_Module *m = dw.addrmodule(dw.dwfl, q);
+    if (m == NULL) continue;
+    symx_mod_t *x = symx_of(m);
+    if (x == NULL || x->v == NULL) continue;
+    const char *a = sym_addrname(m, q), *b = dw.addrname(m, q);
+    n++;
+    if ((a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0)) {
+      snprintf(msg, len, "symbol index: %#llx is %s, libdw says %s",
+               (unsigned long long)q, a ? a : "(none)", b ? b : "(none)");
+      n = MSNAP_ESTATE;
+      break;
+    }
+    if (hi - q <= step) break;
+  }
+  msnap__mutex_unlock(&sym_lock, MSNAP_RANK_SYMBOLS);
+  return n;
 }
 
 const char *msnap__symbolizer_name(void) {

@@ -158,6 +158,13 @@ typedef struct msnap_csym_s {
 void msnap__symbolize(uintptr_t pc, msnap_csym_t *out);
 /* Whether libdw was found ("libdw" or "dladdr"). */
 const char *msnap__symbolizer_name(void);
+/* Tests: the symbol index (stack.c, symx) against libdw's own lookup,
+ * dwfl_module_addrname, at every `step` bytes of [lo, hi).  Returns the
+ * number of addresses compared in indexed modules (0 without libdw or
+ * when none is indexed), or MSNAP_ESTATE with both names in msg at the
+ * first address where they differ. */
+long msnap__symbolize_check(uintptr_t lo, uintptr_t hi, size_t step,
+                            char *msg, size_t len);
 
 /* Fork safety: the stack table, unwinder choice, CFI rule cache and symbol
  * locks (alloc/fork.c calls it at their rank). */

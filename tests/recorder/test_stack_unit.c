@@ -11,6 +11,7 @@
  */
 #include <alloca.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <execinfo.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -257,6 +258,52 @@ static void test_c_capture_and_symbols(void **state) {
   msnap__stack_unref(s);
 }
 
+/* The executable segment of the module holding `addr` (dl_iterate_phdr). */
+typedef struct text_range_s {
+  uintptr_t addr, lo, hi;
+} text_range_t;
+
+static int find_text(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  text_range_t *t = arg;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+    if (t->addr >= lo && t->addr < hi) {
+      t->lo = lo;
+      t->hi = hi;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* C frames' names come from an index of each big module's symbols
+ * (stack.c, symx): it must name every address as libdw's own lookup,
+ * dwfl_module_addrname, does.  libc has thousands of symbols (indexed);
+ * every 61st byte of its code is compared. */
+static void test_symbol_index_matches_libdw(void **state) {
+  (void)state;
+  if (strcmp(msnap__symbolizer_name(), "libdw") != 0) {
+    print_message("SKIP: no libdw, no symbol index\n");
+    skip();
+  }
+  text_range_t t = {(uintptr_t)dlsym(RTLD_DEFAULT, "qsort"), 0, 0};
+  assert_true(t.addr != 0);
+  assert_int_equal(dl_iterate_phdr(find_text, &t), 1);
+  char msg[512] = "";
+  long n = msnap__symbolize_check(t.lo, t.hi, 61, msg, sizeof msg);
+  print_message("libc code %#lx-%#lx: %ld addresses compared%s%s\n",
+                (unsigned long)t.lo, (unsigned long)t.hi, n, n < 0 ? ": " : "",
+                msg);
+  assert_true(n > 1000);
+  /* and the names the index gives are the ones symbolize reports */
+  msnap_csym_t sym;
+  msnap__symbolize(t.addr + 1, &sym);
+  assert_string_equal(sym.name, "qsort");
+}
+
 /* ---- the CFI unwinder against libunwind and backtrace() ------------------ */
 
 #define UW_MAX 128
@@ -483,6 +530,7 @@ int main(void) {
       cmocka_unit_test(test_strings),
       cmocka_unit_test(test_frame_hook),
       cmocka_unit_test(test_c_capture_and_symbols),
+      cmocka_unit_test(test_symbol_index_matches_libdw),
       cmocka_unit_test(test_cfi_unwinder),
       cmocka_unit_test(test_fork_handler_holds_rule_lock),
       cmocka_unit_test(test_fork_handler_holds_loader_guard),
