@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import pickletools
+import sys
 
 import pytest
 
@@ -346,3 +347,36 @@ def test_skip_actions_are_named_and_tolerated(tmp_path):
     assert f["replay_checked"] is False and "free_requested" in f["replay_skipped_why"]
     p = run_cli("replay", out)
     assert p.returncode == 2 and "skipped its 'free_requested' entries" in p.stdout, p.stdout
+
+
+GC_STATE = r"""
+import gc, json, sys
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python", max_entries=100000)
+ps = [mm.caching_allocator_alloc(512 * (1 + i % 7)) for i in range(20000)]
+for p in ps:
+    mm.caching_allocator_delete(p)
+runs = []
+gc.callbacks.append(lambda phase, info: runs.append(phase) if phase == "start" else None)
+s = mm._snapshot()
+during = len(runs)
+out = {"entries": sum(len(t) for t in s["device_traces"]),
+       "collections": during, "on_after": gc.isenabled()}
+gc.disable()
+mm._snapshot()
+out["off_after"] = gc.isenabled()
+gc.enable()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_snapshot_keeps_the_collector_out_and_its_state():
+    """_snapshot builds its objects with the cyclic collector off (its
+    full collections would traverse the process again and again), and
+    leaves the collector as it found it."""
+    r = run_script(GC_STATE).result
+    assert r["entries"] >= 40000
+    if sys.version_info >= (3, 10):
+        assert r["collections"] == 0
+    assert r["on_after"] is True
+    assert r["off_after"] is False
