@@ -53,30 +53,10 @@ void cli_state_free(cli_state_t *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* Index of the first block / segment with addr >= a. */
-static uint32_t lb_block(const cli_state_t *st, uint64_t a) {
-  return cli_lower_bound(st->b, st->nb, sizeof *st->b,
-                         offsetof(cli_lblock_t, addr), a, false);
-}
-
+/* Index of the first segment with addr >= a. */
 static uint32_t lb_seg(const cli_state_t *st, uint64_t a) {
   return cli_lower_bound(st->g, st->ng, sizeof *st->g,
                          offsetof(cli_lseg_t, addr), a, false);
-}
-
-static long find_block(const cli_state_t *st, uint64_t a) {
-  uint32_t i = lb_block(st, a);
-  return (i < st->nb && st->b[i].addr == a) ? (long)i : -1;
-}
-
-static int insert_block(cli_state_t *st, const cli_lblock_t *b) {
-  if (MSNAP_GROW(st->b, st->capb, st->nb + 1) != 0)
-    return -1;
-  uint32_t i = lb_block(st, b->addr);
-  memmove(st->b + i + 1, st->b + i, (st->nb - i) * sizeof *st->b);
-  st->b[i] = *b;
-  st->nb++;
-  return 0;
 }
 
 static int insert_seg(cli_state_t *st, const cli_lseg_t *g) {
@@ -361,40 +341,107 @@ static bool seg_overlaps(const cli_state_t *st, uint64_t a, uint64_t n) {
   return false;
 }
 
+/* Sort keys of cli_state_final: the list position breaks ties, so that
+ * the order is the one inserting one by one gave (insert_seg puts a
+ * segment before the others at its address; a block at an address already
+ * taken is dropped, the first one kept). */
+typedef struct seg_key_s {
+  cli_lseg_t g;
+  uint32_t pos;
+} seg_key_t;
+
+typedef struct block_key_s {
+  cli_lblock_t b;
+  uint32_t pos;
+} block_key_t;
+
+static int cmp_seg_key(const void *x, const void *y) {
+  const seg_key_t *a = x, *b = y;
+  if (a->g.addr != b->g.addr) return a->g.addr < b->g.addr ? -1 : 1;
+  return a->pos < b->pos ? 1 : a->pos > b->pos ? -1 : 0; /* later first */
+}
+
+static int cmp_block_key(const void *x, const void *y) {
+  const block_key_t *a = x, *b = y;
+  if (a->b.addr != b->b.addr) return a->b.addr < b->b.addr ? -1 : 1;
+  return a->pos < b->pos ? -1 : a->pos > b->pos; /* earlier first */
+}
+
+/* The final state, sorted once: O(n log n) where inserting each segment
+ * and block in turn into the sorted arrays cost a memmove of those after
+ * it -- quadratic for segments listed at one address, or in decreasing
+ * address order (400 K segments at one address: 47 s). */
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st) {
   memset(st, 0, sizeof *st);
+  uint32_t ng = 0, nb = 0;
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *seg = &s->segments[i];
     if (seg->device != device)
       continue;
-    cli_lseg_t g = {.addr = seg->address,
-                    .size = seg->total_size,
-                    .stream = seg->stream,
-                    .from_final = true,
-                    .is_large = seg->is_large != 0,
-                    .is_expandable = seg->is_expandable != 0};
-    if (insert_seg(st, &g))
-      return -1;
+    ng++;
+    for (uint32_t k = 0; k < seg->nblocks; k++)
+      nb += cli_block_active(&s->blocks[seg->first_block + k]);
+  }
+  seg_key_t *gk = malloc(((size_t)ng + 1) * sizeof *gk);
+  block_key_t *bk = malloc(((size_t)nb + 1) * sizeof *bk);
+  if (!gk || !bk) {
+    free(gk);
+    free(bk);
+    return -1;
+  }
+  ng = nb = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *seg = &s->segments[i];
+    if (seg->device != device)
+      continue;
+    gk[ng].g = (cli_lseg_t){.addr = seg->address,
+                            .size = seg->total_size,
+                            .stream = seg->stream,
+                            .from_final = true,
+                            .is_large = seg->is_large != 0,
+                            .is_expandable = seg->is_expandable != 0};
+    gk[ng].pos = ng;
+    ng++;
     uint64_t a = seg->address;
     for (uint32_t k = 0; k < seg->nblocks; k++) {
       const msnap_sblock_t *b = &s->blocks[seg->first_block + k];
       uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
       a += b->size;
-      if (!cli_block_active(b) || find_block(st, ba) >= 0)
+      if (!cli_block_active(b))
         continue;
-      cli_lblock_t lb = {.addr = ba,
-                         .size = b->size,
-                         .requested = b->requested_size,
-                         .stream = seg->stream,
-                         .from_final = true,
-                         .pending =
-                             b->state == MSNAP_BLOCK_ACTIVE_PENDING_FREE,
-                         .has_requested = (b->keys & MSNAP_K_REQUESTED) != 0};
-      if (insert_block(st, &lb))
-        return -1;
+      bk[nb].b = (cli_lblock_t){
+          .addr = ba,
+          .size = b->size,
+          .requested = b->requested_size,
+          .stream = seg->stream,
+          .from_final = true,
+          .pending = b->state == MSNAP_BLOCK_ACTIVE_PENDING_FREE,
+          .has_requested = (b->keys & MSNAP_K_REQUESTED) != 0};
+      bk[nb].pos = nb;
+      nb++;
     }
   }
-  return 0;
+  qsort(gk, ng, sizeof *gk, cmp_seg_key);
+  qsort(bk, nb, sizeof *bk, cmp_block_key);
+  int rc = 0;
+  if (ng) {
+    st->g = malloc((size_t)ng * sizeof *st->g);
+    if (!st->g) rc = -1;
+    for (uint32_t i = 0; !rc && i < ng; i++)
+      st->g[i] = gk[i].g;
+    if (!rc) st->ng = st->capg = ng;
+  }
+  if (!rc && nb) {
+    st->b = malloc((size_t)nb * sizeof *st->b);
+    if (!st->b) rc = -1;
+    for (uint32_t i = 0; !rc && i < nb; i++)
+      if (i == 0 || bk[i].b.addr != bk[i - 1].b.addr)
+        st->b[st->nb++] = bk[i].b;
+    if (!rc) st->capb = nb;
+  }
+  free(gk);
+  free(bk);
+  return rc;
 }
 
 static int cmp_u64(const void *x, const void *y) {

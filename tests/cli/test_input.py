@@ -24,7 +24,8 @@ Groups:
   bounds     hostile pickles that grow the reader per opcode (items on the
              stack, containers made and dropped) or through the memo (a
              list shared in allocator_settings, a trace entry listed 5 M
-             times) refused with MSNAP_ELIMIT in bounded memory
+             times) refused with MSNAP_ELIMIT in bounded memory; 1 M
+             segments at one address read in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
 group needs from outside the project is missing.
@@ -932,6 +933,23 @@ def group_bounds():
     hostile_refused("tracebomb.pickle", pickle.dumps(
         {"segments": [], "device_traces": [[e] * 5000000]}, protocol=2),
         "trace lists repeat entries", max_rss=96 * MiB)
+    # 1 M segments at one address (one segment dict listed again through
+    # the memo, as 'segments' may): the final state of the backward replay
+    # is sorted once, O(n log n); inserting each segment in turn moved
+    # every one after it (400 K segments: 47 s; this would pass the
+    # helper's 60 s timeout)
+    seg = {"device": 0, "address": A0, "total_size": 2 << 20,
+           "allocated_size": 0, "active_size": 0, "stream": 0,
+           "segment_type": "large", "blocks": []}
+    f = write_bytes(pickle.dumps({"segments": [seg] * 1000000,
+                                  "device_traces": [[]]}, protocol=4),
+                    "segsameaddr.pickle")
+    rc, out, err, secs, rss = measured("summary", "--json", f)
+    lim = 3 * 256 * MiB + 256 * MiB if ASAN else 256 * MiB
+    expect(rc == 0 and json.loads(out)["devices"][0]["segments"] == 1000000
+           and rss <= lim,
+           "1 M segments at one address: read and summarized, RSS %.1f MB "
+           "(rc %d, %r)" % (rss / 1e6, rc, err.strip()[-160:]))
     # what a real file holds, as large as the budget allows, reads
     big = {"k%d" % i: [i, "v%d" % i] for i in range(20000)}
     f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
