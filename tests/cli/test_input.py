@@ -934,15 +934,16 @@ def group_bounds():
         {"segments": [], "device_traces": [[e] * 5000000]}, protocol=2),
         "trace lists repeat entries", max_rss=96 * MiB)
     # 1 M segments at one address (one segment dict listed again through
-    # the memo, as 'segments' may): the final state of the backward replay
-    # is sorted once, O(n log n); inserting each segment in turn moved
-    # every one after it (400 K segments: 47 s; this would pass the
-    # helper's 60 s timeout)
+    # the memo, as 'segments' may) and a trace entry: the final state of
+    # the backward replay is sorted once, O(n log n); inserting each
+    # segment in turn moved every one after it (200 K segments: 11 s; 1 M
+    # would pass the helper's 60 s timeout)
     seg = {"device": 0, "address": A0, "total_size": 2 << 20,
            "allocated_size": 0, "active_size": 0, "stream": 0,
            "segment_type": "large", "blocks": []}
+    snap = {"action": "snapshot", "addr": 0, "size": 0, "stream": 0}
     f = write_bytes(pickle.dumps({"segments": [seg] * 1000000,
-                                  "device_traces": [[]]}, protocol=4),
+                                  "device_traces": [[snap]]}, protocol=4),
                     "segsameaddr.pickle")
     rc, out, err, secs, rss = measured("summary", "--json", f)
     lim = 3 * 256 * MiB + 256 * MiB if ASAN else 256 * MiB
