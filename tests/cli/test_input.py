@@ -39,6 +39,7 @@ import lzma
 import os
 import pickle
 import random
+import resource
 import shutil
 import stat
 import struct
@@ -983,6 +984,28 @@ def group_bounds():
                                             ".pickle.gz"))
     expect("memo" not in err, "a flat list is not said to be shared "
            "through the memo (%r)" % err.strip()[-160:])
+    # out of memory while reading (4 M floats in allocator_settings, the
+    # address space limited to 128 MiB): named as every reader error, with
+    # the file, the offset and the code (not under AddressSanitizer, whose
+    # shadow memory needs the address space, nor under an emulator)
+    if not ASAN and not WRAPPER:
+        key = b"allocator_settings"
+        data = (b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]"
+                + b"\x8c" + bytes([len(key)]) + key + b"]"
+                + (b"(" + b"G\x3f\xf0\x00\x00\x00\x00\x00\x01" * 1000
+                   + b"e") * 4000 + b"u.")
+        f = write_bytes(gzip.compress(data, 6), "floats-4m.pickle.gz")
+
+        def limit_as():
+            resource.setrlimit(resource.RLIMIT_AS, (128 * MiB, 128 * MiB))
+        p = subprocess.run([MEMSNAP, "summary", "--json", f],
+                           capture_output=True, preexec_fn=limit_as,
+                           timeout=120)
+        err = p.stderr.decode("utf-8", "replace")
+        expect(p.returncode == 2 and f + ": offset " in err
+               and "out of memory (while " in err and "[MSNAP_ENOMEM]" in err,
+               "out of memory while reading names the file, the offset and "
+               "the code (%r)" % err.strip()[-200:])
     # 1 M segments at one address (one segment dict listed again through
     # the memo, as 'segments' may) and a trace entry: the final state of
     # the backward replay is sorted once, O(n log n); inserting each
