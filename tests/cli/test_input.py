@@ -27,7 +27,7 @@ Groups:
              history entry listed 1-5 M times, a history list shared by
              20000 blocks), or in a batched list of 20 M Nones, refused
              with MSNAP_ELIMIT in bounded memory; 1 M segments at one
-             address read in bounded memory
+             address, 400 K segment_free entries read in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
 group needs from outside the project is missing.
@@ -1024,6 +1024,19 @@ def group_bounds():
            and rss <= lim,
            "1 M segments at one address: read and summarized, RSS %.1f MB "
            "(rc %d, %r)" % (rss / 1e6, rc, err.strip()[-160:]))
+    # 400 K segment_free entries at increasing addresses (12 MB): undone
+    # from the newest, each segment goes before all the others; the walk's
+    # segments are a treap (an insert into the sorted array moved them
+    # all: 100 K took 4 s, 400 K would pass the helper's 60 s timeout)
+    tr = [{"action": "segment_free", "addr": A0 + i * (2 << 20),
+           "size": 2 << 20, "stream": 0} for i in range(400000)]
+    f = write_bytes(pickle.dumps({"segments": [], "device_traces": [tr]},
+                                 protocol=4), "segfree.pickle")
+    rc, out, err, secs, rss = measured("summary", "--json", f)
+    expect(rc == 0 and json.loads(out)["devices"][0]["trace_entries"]
+           == 400000 and rss <= lim,
+           "400 K segment_free entries: replayed, RSS %.1f MB (rc %d, %r)"
+           % (rss / 1e6, rc, err.strip()[-160:]))
     # what a real file holds, as large as the budget allows, reads
     big = {"k%d" % i: [i, "v%d" % i] for i in range(20000)}
     f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
