@@ -53,47 +53,6 @@ void cli_state_free(cli_state_t *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* Index of the first block / segment with addr >= a. */
-static uint32_t lb_block(const cli_state_t *st, uint64_t a) {
-  return cli_lower_bound(st->b, st->nb, sizeof *st->b,
-                         offsetof(cli_lblock_t, addr), a, false);
-}
-
-static uint32_t lb_seg(const cli_state_t *st, uint64_t a) {
-  return cli_lower_bound(st->g, st->ng, sizeof *st->g,
-                         offsetof(cli_lseg_t, addr), a, false);
-}
-
-static long find_block(const cli_state_t *st, uint64_t a) {
-  uint32_t i = lb_block(st, a);
-  return (i < st->nb && st->b[i].addr == a) ? (long)i : -1;
-}
-
-static int insert_block(cli_state_t *st, const cli_lblock_t *b) {
-  if (MSNAP_GROW(st->b, st->capb, st->nb + 1) != 0)
-    return -1;
-  uint32_t i = lb_block(st, b->addr);
-  memmove(st->b + i + 1, st->b + i, (st->nb - i) * sizeof *st->b);
-  st->b[i] = *b;
-  st->nb++;
-  return 0;
-}
-
-static int insert_seg(cli_state_t *st, const cli_lseg_t *g) {
-  if (MSNAP_GROW(st->g, st->capg, st->ng + 1) != 0)
-    return -1;
-  uint32_t i = lb_seg(st, g->addr);
-  memmove(st->g + i + 1, st->g + i, (st->ng - i) * sizeof *st->g);
-  st->g[i] = *g;
-  st->ng++;
-  return 0;
-}
-
-static void remove_seg(cli_state_t *st, uint32_t i) {
-  memmove(st->g + i, st->g + i + 1, (st->ng - i - 1) * sizeof *st->g);
-  st->ng--;
-}
-
 /* ---- live blocks during the walk: a treap keyed by address -------------
  * (the sorted array of cli_state_t costs a memmove per alloc and free; a
  * trace of millions of entries needs O(log n)).  Nodes live in one array,
@@ -331,70 +290,343 @@ static bool bt_check(const btree_t *t) {
   return ok && c.seen + nfree == t->cnt;
 }
 
-/* Segment containing [a, a+n), or -1.  *hint is the index this last
- * found: when it is still the last segment starting at or below a (the
- * one the search would find), the search is skipped -- an alloc undone
- * after its block's free_completed lies in the same segment. */
-static long seg_containing(const cli_state_t *st, uint64_t a, uint64_t n,
-                           uint32_t *hint) {
-  uint32_t i = *hint + 1;
-  if (!(i <= st->ng && a != UINT64_MAX && st->g[i - 1].addr <= a &&
-        (i == st->ng || st->g[i].addr > a))) {
-    i = lb_seg(st, a + 1);
-    if (i == 0)
-      return -1;
-    *hint = i - 1;
+/* ---- live segments during the walk: a treap keyed by (address, age) ---
+ * (the sorted array of cli_state_t costs a memmove per segment_free,
+ * segment_map and segment_unmap undone: 100 K segment_free entries at
+ * increasing addresses took 4 s, quadratic).  As the block treap, nodes
+ * in one array, index 0 "none", fixed xorshift priorities.  The final
+ * state may hold several segments at one address (a file lists what it
+ * likes), so the key is the address and then `age`: the segments of the
+ * final state in their order, and each segment the walk inserts before
+ * those already at its address (the order the sorted array had when a
+ * segment was inserted at its lower bound, which the start state keeps).
+ * Invariants: in-order keys strictly increase; a node's priority is >=
+ * its children's. */
+typedef struct gnode_s {
+  cli_lseg_t g;
+  uint64_t age;
+  uint32_t c[2], pri;
+} gnode_t;
+
+typedef struct gtree_s {
+  gnode_t *n;
+  uint32_t cnt, cap, root, free_head, live;
+  uint32_t rng;
+  uint64_t next_age; /* the next inserted segment's age (decreasing) */
+  uint64_t version;  /* changes with every insert and erase (hints) */
+} gtree_t;
+
+#define GT_FIRST_AGE (UINT64_C(1) << 63)
+
+static bool gt_less(const gnode_t *x, uint64_t addr, uint64_t age) {
+  return x->g.addr < addr || (x->g.addr == addr && x->age < age);
+}
+
+/* Split the subtree at x into keys < (addr, age) and the others. */
+static void gt_split(gnode_t *n, uint32_t x, uint64_t addr, uint64_t age,
+                     uint32_t *l, uint32_t *r) {
+  while (x) {
+    if (gt_less(&n[x], addr, age)) {
+      *l = x;
+      l = &n[x].c[1];
+      x = n[x].c[1];
+    } else {
+      *r = x;
+      r = &n[x].c[0];
+      x = n[x].c[0];
+    }
   }
-  const cli_lseg_t *g = &st->g[i - 1];
+  *l = *r = 0;
+}
+
+static uint32_t gt_merge(gnode_t *n, uint32_t l, uint32_t r) {
+  uint32_t root = 0, *link = &root;
+  while (l && r) {
+    if (n[l].pri > n[r].pri) {
+      *link = l;
+      link = &n[l].c[1];
+      l = n[l].c[1];
+    } else {
+      *link = r;
+      link = &n[r].c[0];
+      r = n[r].c[0];
+    }
+  }
+  *link = l ? l : r;
+  return root;
+}
+
+/* Insert g with the given age: its node, or 0 on ENOMEM. */
+static uint32_t gt_insert_age(gtree_t *t, const cli_lseg_t *g, uint64_t age) {
+  uint32_t x = t->free_head;
+  if (x) {
+    t->free_head = t->n[x].c[0];
+  } else {
+    if (MSNAP_GROW(t->n, t->cap, (uint64_t)t->cnt + 2) != 0)
+      return 0;
+    x = ++t->cnt;
+  }
+  gnode_t *n = t->n;
+  t->rng ^= t->rng << 13;
+  t->rng ^= t->rng >> 17;
+  t->rng ^= t->rng << 5;
+  n[x].g = *g;
+  n[x].age = age;
+  n[x].pri = t->rng;
+  n[x].c[0] = n[x].c[1] = 0;
+  /* where x's priority belongs on its key's path: split the subtree there */
+  uint32_t *link = &t->root;
+  while (*link && n[*link].pri >= n[x].pri)
+    link = &n[*link].c[!gt_less(&n[x], n[*link].g.addr, n[*link].age)];
+  gt_split(n, *link, g->addr, age, &n[x].c[0], &n[x].c[1]);
+  *link = x;
+  t->live++;
+  t->version++;
+  return x;
+}
+
+/* Insert g before the segments already at its address. */
+static uint32_t gt_insert(gtree_t *t, const cli_lseg_t *g) {
+  return gt_insert_age(t, g, --t->next_age);
+}
+
+static void gt_erase(gtree_t *t, uint32_t x) {
+  uint32_t *link = &t->root;
+  while (*link != x)
+    link = &t->n[*link].c[gt_less(&t->n[*link], t->n[x].g.addr,
+                                  t->n[x].age)];
+  *link = gt_merge(t->n, t->n[x].c[0], t->n[x].c[1]);
+  t->n[x].c[0] = t->free_head;
+  t->free_head = x;
+  t->live--;
+  t->version++;
+}
+
+/* First segment with addr >= a, or 0. */
+static uint32_t gt_lb(const gtree_t *t, uint64_t a) {
+  uint32_t x = t->root, r = 0;
+  while (x) {
+    if (t->n[x].g.addr >= a) {
+      r = x;
+      x = t->n[x].c[0];
+    } else {
+      x = t->n[x].c[1];
+    }
+  }
+  return r;
+}
+
+/* The segment before x (its predecessor in key order), or 0. */
+static uint32_t gt_pred(const gtree_t *t, uint32_t x) {
+  uint32_t y = t->root, r = 0;
+  while (y) {
+    if (gt_less(&t->n[y], t->n[x].g.addr, t->n[x].age)) {
+      r = y;
+      y = t->n[y].c[1];
+    } else {
+      y = t->n[y].c[0];
+    }
+  }
+  return r;
+}
+
+/* The segment after x, or 0. */
+static uint32_t gt_succ(const gtree_t *t, uint32_t x) {
+  uint32_t y = t->root, r = 0;
+  while (y) {
+    if (gt_less(&t->n[x], t->n[y].g.addr, t->n[y].age)) {
+      r = y;
+      y = t->n[y].c[0];
+    } else {
+      y = t->n[y].c[1];
+    }
+  }
+  return r;
+}
+
+/* The last segment with addr <= a, or 0. */
+static uint32_t gt_last_le(const gtree_t *t, uint64_t a) {
+  uint32_t x = t->root, r = 0;
+  while (x) {
+    if (t->n[x].g.addr <= a) {
+      r = x;
+      x = t->n[x].c[1];
+    } else {
+      x = t->n[x].c[0];
+    }
+  }
+  return r;
+}
+
+/* The last find of gt_containing: node x is the last segment starting at
+ * or below every address in [x's address, next) while the tree is at
+ * `version` -- an alloc undone after its block's free_completed lies in
+ * the same segment, found without a descent. */
+typedef struct seg_hint_s {
+  uint32_t x;
+  bool to_end; /* no segment after x */
+  uint64_t next, version;
+} seg_hint_t;
+
+/* Segment containing [a, a+n), or 0. */
+static uint32_t gt_containing(const gtree_t *t, uint64_t a, uint64_t n,
+                              seg_hint_t *h) {
+  if (a == UINT64_MAX)
+    return 0; /* (the array's search for a + 1 found none) */
+  uint32_t x;
+  if (h->x && h->version == t->version && t->n[h->x].g.addr <= a &&
+      (h->to_end || a < h->next)) {
+    x = h->x;
+  } else {
+    x = gt_last_le(t, a);
+    if (!x)
+      return 0;
+    uint32_t nx = gt_succ(t, x);
+    *h = (seg_hint_t){x, nx == 0, nx ? t->n[nx].g.addr : 0, t->version};
+  }
+  const cli_lseg_t *g = &t->n[x].g;
   if (g->addr <= a && a + n <= g->addr + g->size)
-    return (long)(i - 1);
-  return -1;
+    return x;
+  return 0;
 }
 
 /* Any segment overlapping [a, a+n)? */
-static bool seg_overlaps(const cli_state_t *st, uint64_t a, uint64_t n) {
-  uint32_t i = lb_seg(st, a);
-  if (i < st->ng && st->g[i].addr < a + n)
+static bool gt_overlaps(const gtree_t *t, uint64_t a, uint64_t n) {
+  uint32_t i = gt_lb(t, a);
+  if (i && t->n[i].g.addr < a + n)
     return true;
-  if (i > 0 && st->g[i - 1].addr + st->g[i - 1].size > a)
+  /* the segment before: the last with addr < a */
+  uint32_t p = a ? gt_last_le(t, a - 1) : 0;
+  if (p && t->n[p].g.addr + t->n[p].g.size > a)
     return true;
   return false;
 }
 
+/* In-order walk into st->g (room for t->live); false on a cycle. */
+static bool gt_flatten(const gtree_t *t, cli_state_t *st) {
+  uint32_t *stack = malloc(((size_t)t->cnt + 1) * sizeof *stack);
+  if (!stack)
+    return false;
+  uint32_t sp = 0, x = t->root;
+  st->ng = 0;
+  while (x || sp) {
+    while (x) {
+      if (sp >= t->cnt) {
+        free(stack);
+        return false;
+      }
+      stack[sp++] = x;
+      x = t->n[x].c[0];
+    }
+    x = stack[--sp];
+    st->g[st->ng++] = t->n[x].g;
+    x = t->n[x].c[1];
+  }
+  free(stack);
+  return true;
+}
+
+/* Sort keys of cli_state_final: the list position breaks ties, so that
+ * the order is the one inserting one by one into sorted arrays gave (a
+ * segment went before the others at its address; a block at an address
+ * already taken is dropped, the first one kept). */
+typedef struct seg_key_s {
+  cli_lseg_t g;
+  uint32_t pos;
+} seg_key_t;
+
+typedef struct block_key_s {
+  cli_lblock_t b;
+  uint32_t pos;
+} block_key_t;
+
+static int cmp_seg_key(const void *x, const void *y) {
+  const seg_key_t *a = x, *b = y;
+  if (a->g.addr != b->g.addr) return a->g.addr < b->g.addr ? -1 : 1;
+  return a->pos < b->pos ? 1 : a->pos > b->pos ? -1 : 0; /* later first */
+}
+
+static int cmp_block_key(const void *x, const void *y) {
+  const block_key_t *a = x, *b = y;
+  if (a->b.addr != b->b.addr) return a->b.addr < b->b.addr ? -1 : 1;
+  return a->pos < b->pos ? -1 : a->pos > b->pos; /* earlier first */
+}
+
+/* The final state, sorted once: O(n log n) where inserting each segment
+ * and block in turn into the sorted arrays cost a memmove of those after
+ * it -- quadratic for segments listed at one address, or in decreasing
+ * address order (400 K segments at one address: 47 s). */
 int cli_state_final(const msnap_snap_t *s, int64_t device, cli_state_t *st) {
   memset(st, 0, sizeof *st);
+  uint32_t ng = 0, nb = 0;
   for (uint32_t i = 0; i < s->nsegments; i++) {
     const msnap_ssegment_t *seg = &s->segments[i];
     if (seg->device != device)
       continue;
-    cli_lseg_t g = {.addr = seg->address,
-                    .size = seg->total_size,
-                    .stream = seg->stream,
-                    .from_final = true,
-                    .is_large = seg->is_large != 0,
-                    .is_expandable = seg->is_expandable != 0};
-    if (insert_seg(st, &g))
-      return -1;
+    ng++;
+    for (uint32_t k = 0; k < seg->nblocks; k++)
+      nb += cli_block_active(&s->blocks[seg->first_block + k]);
+  }
+  seg_key_t *gk = malloc(((size_t)ng + 1) * sizeof *gk);
+  block_key_t *bk = malloc(((size_t)nb + 1) * sizeof *bk);
+  if (!gk || !bk) {
+    free(gk);
+    free(bk);
+    return -1;
+  }
+  ng = nb = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++) {
+    const msnap_ssegment_t *seg = &s->segments[i];
+    if (seg->device != device)
+      continue;
+    gk[ng].g = (cli_lseg_t){.addr = seg->address,
+                            .size = seg->total_size,
+                            .stream = seg->stream,
+                            .from_final = true,
+                            .is_large = seg->is_large != 0,
+                            .is_expandable = seg->is_expandable != 0};
+    gk[ng].pos = ng;
+    ng++;
     uint64_t a = seg->address;
     for (uint32_t k = 0; k < seg->nblocks; k++) {
       const msnap_sblock_t *b = &s->blocks[seg->first_block + k];
       uint64_t ba = (b->keys & MSNAP_K_ADDRESS) ? b->address : a;
       a += b->size;
-      if (!cli_block_active(b) || find_block(st, ba) >= 0)
+      if (!cli_block_active(b))
         continue;
-      cli_lblock_t lb = {.addr = ba,
-                         .size = b->size,
-                         .requested = b->requested_size,
-                         .stream = seg->stream,
-                         .from_final = true,
-                         .pending =
-                             b->state == MSNAP_BLOCK_ACTIVE_PENDING_FREE,
-                         .has_requested = (b->keys & MSNAP_K_REQUESTED) != 0};
-      if (insert_block(st, &lb))
-        return -1;
+      bk[nb].b = (cli_lblock_t){
+          .addr = ba,
+          .size = b->size,
+          .requested = b->requested_size,
+          .stream = seg->stream,
+          .from_final = true,
+          .pending = b->state == MSNAP_BLOCK_ACTIVE_PENDING_FREE,
+          .has_requested = (b->keys & MSNAP_K_REQUESTED) != 0};
+      bk[nb].pos = nb;
+      nb++;
     }
   }
-  return 0;
+  qsort(gk, ng, sizeof *gk, cmp_seg_key);
+  qsort(bk, nb, sizeof *bk, cmp_block_key);
+  int rc = 0;
+  if (ng) {
+    st->g = malloc((size_t)ng * sizeof *st->g);
+    if (!st->g) rc = -1;
+    for (uint32_t i = 0; !rc && i < ng; i++)
+      st->g[i] = gk[i].g;
+    if (!rc) st->ng = st->capg = ng;
+  }
+  if (!rc && nb) {
+    st->b = malloc((size_t)nb * sizeof *st->b);
+    if (!st->b) rc = -1;
+    for (uint32_t i = 0; !rc && i < nb; i++)
+      if (i == 0 || bk[i].b.addr != bk[i - 1].b.addr)
+        st->b[st->nb++] = bk[i].b;
+    if (!rc) st->capb = nb;
+  }
+  free(gk);
+  free(bk);
+  return rc;
 }
 
 static int cmp_u64(const void *x, const void *y) {
@@ -525,17 +757,24 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
   cli_state_t st;
   bctx_t c = {cb, arg, 0};
   btree_t bt = {.rng = 0x9e3779b9u};
+  gtree_t gt = {.rng = 0x85ebca6bu, .next_age = GT_FIRST_AGE};
   if (cli_state_final(s, device, &st) ||
       drop_workspace(s, device, &st)) {
     cli_state_free(&st);
     return -1;
   }
-  /* the blocks go into the treap for the walk; st keeps the segments */
+  /* the blocks and the segments go into their treaps for the walk (st
+   * keeps the arrays, for the start state) */
   for (uint32_t k = 0; k < st.nb; k++)
     if (bt_insert(&bt, &st.b[k]))
       goto nomem;
   st.nb = 0;
+  for (uint32_t k = 0; k < st.ng; k++)
+    if (!gt_insert_age(&gt, &st.g[k], GT_FIRST_AGE + k))
+      goto nomem;
+  st.ng = 0;
 #define B(x) (bt.n[x].b)
+#define G(x) (gt.n[x].g)
   /* The link of the block the last free_completed undo re-created (hung):
    * PyTorch records free_requested and free_completed of a block one
    * after the other when no stream use delays the free, so walking
@@ -544,7 +783,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
    * changes shape (an insert or an erase): reset to NULL there. */
   uint32_t *hung = NULL;
   uint64_t hung_addr = 0;
-  uint32_t seg_hint = 0; /* seg_containing's last find */
+  seg_hint_t seg_hint = {0}; /* gt_containing's last find */
   const msnap_trace_list_t *tl = cli_trace(s, device);
   uint32_t n = tl ? tl->n : 0;
   for (uint32_t ii = n; ii > 0; ii--) {
@@ -581,7 +820,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "alloc size %" PRIu64 " differs from the size %" PRIu64
              " of its later free at 0x%" PRIx64,
              sz, B(bi).requested, a);
-      if (seg_containing(&st, a, extent(&B(bi)), &seg_hint) < 0)
+      if (!gt_containing(&gt, a, extent(&B(bi)), &seg_hint))
         viol(&c, i,
              "alloc at 0x%" PRIx64 " lies outside every live segment "
              "(segment_alloc missing or after it)",
@@ -618,7 +857,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "free_completed of 0x%" PRIx64 " (%" PRIu64 " B) overlaps the "
              "live block at 0x%" PRIx64,
              a, sz, B(kn).addr);
-      if (seg_containing(&st, a, sz ? sz : 1, &seg_hint) < 0)
+      if (!gt_containing(&gt, a, sz ? sz : 1, &seg_hint))
         viol(&c, i,
              "free_completed at 0x%" PRIx64 " lies outside every live "
              "segment (segment_free before free_completed?)",
@@ -651,31 +890,31 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       B(bi).pending = false;
       break;
     case MSNAP_ACTION_SEGMENT_ALLOC: {
-      uint32_t k = lb_seg(&st, a);
-      if (k >= st.ng || st.g[k].addr != a) {
+      uint32_t k = gt_lb(&gt, a);
+      if (!k || G(k).addr != a) {
         viol(&c, i,
              "segment_alloc of 0x%" PRIx64 " (%" PRIu64 " B): no such "
              "segment afterwards (neither at the end nor freed later)",
              a, sz);
         break;
       }
-      if (st.g[k].size != sz)
+      if (G(k).size != sz)
         viol(&c, i,
              "segment_alloc size %" PRIu64 " differs from the segment's "
              "size %" PRIu64 " at 0x%" PRIx64,
-             sz, st.g[k].size, a);
+             sz, G(k).size, a);
       uint32_t in = bt_lb(&bt, a);
-      if (in && B(in).addr < a + st.g[k].size)
+      if (in && B(in).addr < a + G(k).size)
         viol(&c, i,
              "segment_alloc of 0x%" PRIx64 " comes after the alloc of the "
              "block 0x%" PRIx64 " inside it (or that block is never "
              "allocated in the trace)",
              a, B(in).addr);
-      remove_seg(&st, k);
+      gt_erase(&gt, k);
       break;
     }
     case MSNAP_ACTION_SEGMENT_FREE: {
-      if (seg_overlaps(&st, a, sz ? sz : 1)) {
+      if (gt_overlaps(&gt, a, sz ? sz : 1)) {
         viol(&c, i,
              "segment_free of 0x%" PRIx64 " (%" PRIu64 " B) but a live "
              "segment overlaps it right after",
@@ -692,13 +931,13 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                       .size = sz,
                       .stream = msnap__tattr(s, e)->stream,
                       .is_large = sz != (2u << 20)};
-      if (insert_seg(&st, &g))
+      if (!gt_insert(&gt, &g))
         goto nomem;
       break;
     }
     case MSNAP_ACTION_SEGMENT_MAP: {
-      long k = seg_containing(&st, a, sz ? sz : 1, &seg_hint);
-      if (k < 0) {
+      uint32_t k = gt_containing(&gt, a, sz ? sz : 1, &seg_hint);
+      if (!k) {
         viol(&c, i,
              "segment_map of [0x%" PRIx64 ", +%" PRIu64 ") not inside a "
              "live segment afterwards",
@@ -711,25 +950,25 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "segment_map of 0x%" PRIx64 " comes after the alloc of the "
              "block 0x%" PRIx64 " inside it",
              a, B(in).addr);
-      cli_lseg_t g = st.g[k];
-      remove_seg(&st, (uint32_t)k);
+      cli_lseg_t g = G(k);
+      gt_erase(&gt, k);
       if (g.addr < a) {
         cli_lseg_t l = g;
         l.size = a - g.addr;
-        if (insert_seg(&st, &l))
+        if (!gt_insert(&gt, &l))
           goto nomem;
       }
       if (a + sz < g.addr + g.size) {
         cli_lseg_t r = g;
         r.addr = a + sz;
         r.size = g.addr + g.size - (a + sz);
-        if (insert_seg(&st, &r))
+        if (!gt_insert(&gt, &r))
           goto nomem;
       }
       break;
     }
     case MSNAP_ACTION_SEGMENT_UNMAP: {
-      if (seg_overlaps(&st, a, sz ? sz : 1)) {
+      if (gt_overlaps(&gt, a, sz ? sz : 1)) {
         viol(&c, i,
              "segment_unmap of [0x%" PRIx64 ", +%" PRIu64 ") but a live "
              "range overlaps it right after",
@@ -741,20 +980,20 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
                       .stream = msnap__tattr(s, e)->stream,
                       .is_large = true,
                       .is_expandable = true};
-      if (insert_seg(&st, &g))
+      uint32_t k = gt_insert(&gt, &g);
+      if (!k)
         goto nomem;
       /* Mapped ranges of an expandable segment are one segment when they
        * touch: merge with the neighbours. */
-      uint32_t k = lb_seg(&st, a);
-      if (k + 1 < st.ng && st.g[k + 1].is_expandable &&
-          st.g[k + 1].addr == a + sz) {
-        st.g[k].size += st.g[k + 1].size;
-        remove_seg(&st, k + 1);
+      uint32_t nx = gt_succ(&gt, k);
+      if (nx && G(nx).is_expandable && G(nx).addr == a + sz) {
+        G(k).size += G(nx).size;
+        gt_erase(&gt, nx);
       }
-      if (k > 0 && st.g[k - 1].is_expandable &&
-          st.g[k - 1].addr + st.g[k - 1].size == a) {
-        st.g[k - 1].size += st.g[k].size;
-        remove_seg(&st, k);
+      uint32_t px = gt_pred(&gt, k);
+      if (px && G(px).is_expandable && G(px).addr + G(px).size == a) {
+        G(px).size += G(k).size;
+        gt_erase(&gt, k);
       }
       break;
     }
@@ -773,26 +1012,30 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     }
   }
 #undef B
+#undef G
   if (start) {
-    /* the blocks back into the sorted array */
+    /* the blocks and the segments back into the sorted arrays */
     uint32_t *stack = malloc(((size_t)bt.cnt + 1) * sizeof *stack);
-    if (stack == NULL || MSNAP_GROW(st.b, st.capb, bt.live) != 0) {
+    if (stack == NULL || MSNAP_GROW(st.b, st.capb, bt.live) != 0 ||
+        MSNAP_GROW(st.g, st.capg, gt.live) != 0) {
       free(stack);
       goto nomem;
     }
     st.nb = 0;
     bool ok = bt_inorder(&bt, stack, bt_flatten_one, &st);
     free(stack);
-    if (!ok)
-      goto nomem; /* not reached: bt_check's invariants hold */
+    if (!ok || !gt_flatten(&gt, &st))
+      goto nomem; /* (no cycle: the treaps' invariants hold) */
     *start = st;
   } else {
     cli_state_free(&st);
   }
   free(bt.n);
+  free(gt.n);
   return c.n;
 nomem:
   free(bt.n);
+  free(gt.n);
   cli_state_free(&st);
   return -1;
 }

@@ -1129,6 +1129,13 @@ static void usage(FILE *f) {
           "\nExit status: 0 ok, 2 unusable input.\n");
 }
 
+/* Out of memory after the file was read: the file is named, as the
+ * reader's errors name it (the reader's own say where in the file). */
+static void summary_oom(const char *path) {
+  cli_err("%s: out of memory while summarizing the snapshot [%s]", path,
+          msnap_err_name(MSNAP_ENOMEM));
+}
+
 int cli_cmd_summary(int argc, char **argv) {
   bool json = false, no_whatif = false;
   long topn = TOPN_DEFAULT;
@@ -1153,13 +1160,13 @@ int cli_cmd_summary(int argc, char **argv) {
   dev_fig_t *figs = calloc(nd + 1, sizeof *figs);
   int rc = CLI_OK;
   if (!figs || (!devs && nd)) {
-    cli_err("out of memory");
+    summary_oom(argv[first]);
     rc = CLI_UNUSABLE;
     goto out;
   }
   cli_stacks_t stk;
   if (cli_stacks_init(&stk, s) != 0) {
-    cli_err("out of memory");
+    summary_oom(argv[first]);
     rc = CLI_UNUSABLE;
     goto out;
   }
@@ -1173,7 +1180,7 @@ int cli_cmd_summary(int argc, char **argv) {
   memset(&sites, 0, sizeof sites);
   if (any_oom && cli_sites_init(&sites, s) != 0) {
     cli_stacks_free(&stk);
-    cli_err("out of memory");
+    summary_oom(argv[first]);
     rc = CLI_UNUSABLE;
     goto out;
   }
@@ -1183,7 +1190,7 @@ int cli_cmd_summary(int argc, char **argv) {
                            &figs[d].x)) {
       cli_stacks_free(&stk);
       cli_sites_free(&sites);
-      cli_err("out of memory");
+      summary_oom(argv[first]);
       rc = CLI_UNUSABLE;
       goto out;
     }

@@ -171,6 +171,57 @@ void msnap__json_u64(msnap_json_t *j, uint64_t v) {
   put(j, b, (size_t)n);
 }
 
+/* The first p (1..17) significant digits of a positive v into d, *x the
+ * decimal exponent of the first: rounded from d17 (v's 17 digits, %.16e,
+ * exponent x17) half up -- which is how printf rounds v itself, except
+ * when those digits end in 5 and zeros after digit p (they may have been
+ * rounded up to that tie): then printf rounds v to p digits. */
+static void dbl_round(double v, int p, const char *d17, int x17, char *d,
+                      int *x) {
+  memcpy(d, d17, (size_t)p);
+  *x = x17;
+  if (p == 17) return;
+  bool tail = false;
+  for (int i = p + 1; i < 17; i++) tail |= d17[i] != '0';
+  if (d17[p] == '5' && !tail) {
+    char b[40];
+    snprintf(b, sizeof b, "%.*e", p - 1, v);
+    d[0] = b[0];
+    memcpy(d + 1, b + 2, (size_t)(p - 1));
+    *x = atoi(b + p + (p > 1) + 1);
+    return;
+  }
+  if (d17[p] < '5') return;
+  int i = p - 1;
+  for (; i >= 0 && d[i] == '9'; i--) d[i] = '0';
+  if (i >= 0) {
+    d[i]++;
+  } else { /* 99..9 rounds up to 10..0 */
+    d[0] = '1';
+    ++*x;
+  }
+}
+
+/* Whether the digits d[0..p) with exponent x read back as v. */
+static bool dbl_reads_back(double v, const char *d, int p, int x) {
+  char b[40];
+  int n = 0;
+  b[n++] = d[0];
+  b[n++] = '.';
+  memcpy(b + n, d + 1, (size_t)(p - 1));
+  n += p - 1;
+  b[n++] = 'e';
+  if (x < 0) {
+    b[n++] = '-';
+    x = -x;
+  }
+  if (x >= 100) b[n++] = (char)('0' + x / 100);
+  if (x >= 10) b[n++] = (char)('0' + x / 10 % 10);
+  b[n++] = (char)('0' + x % 10);
+  b[n] = '\0';
+  return strtod(b, NULL) == v;
+}
+
 void msnap__json_dbl(msnap_json_t *j, double v) {
   pre(j);
   if (!isfinite(v)) {
@@ -179,21 +230,89 @@ void msnap__json_dbl(msnap_json_t *j, double v) {
   }
   /* The fewest significant digits (%.Ng, N = 1..17) that read back as v
    * (17 always do): 0.969 rather than 0.96899999999999997, the digits of
-   * Python's repr.  Doubles are rare in the output (ratios, settings). */
-  char b[40];
+   * Python's repr.  As repr, numbers from 1e-4 to 1e16 are written without
+   * an exponent (100, not 1e+02; integers keep their integer digits).
+   * Found with one %.16e and one or two strtod, not one snprintf and
+   * strtod per N (16 M floats: 68 s): for a normal double, two decimals
+   * of 15 digits are further apart than the doubles that read back as v,
+   * so when any N <= 15 reads back, the 15 digits of v do, and they are
+   * those N digits followed by zeros; else 16 digits are tried, then 17. */
+  char b[48];
   int n = 0;
-  int prec = 1;
-  for (; prec <= 17; prec++) {
-    n = snprintf(b, sizeof b, "%.*g", prec, v);
-    if (prec == 17 || strtod(b, NULL) == v) break;
+  uint64_t bits;
+  memcpy(&bits, &v, sizeof bits);
+  if (j->dbl_len && bits == j->dbl_bits) {
+    /* the last double again (a list of one value repeated: the text of
+     * the last one is kept) */
+    n = j->dbl_len;
+    memcpy(b, j->dbl_text, (size_t)n + 1);
+  } else if (v == 0 || !isnormal(v)) {
+    /* zero and subnormals (far less than one ulp apart): each N */
+    int prec = 1;
+    for (; prec <= 17; prec++) {
+      n = snprintf(b, sizeof b, "%.*g", prec, v);
+      if (prec == 17 || strtod(b, NULL) == v) break;
+    }
+  } else {
+    double a = fabs(v);
+    char e17[40], d17[17], d[17];
+    snprintf(e17, sizeof e17, "%.16e", a); /* d.dddddddddddddddde[+-]xx */
+    d17[0] = e17[0];
+    memcpy(d17 + 1, e17 + 2, 16);
+    int x17 = (e17[20] - '0') * 10 + (e17[21] - '0'), x, prec = 15;
+    if (e17[22]) x17 = x17 * 10 + (e17[22] - '0');
+    if (e17[19] == '-') x17 = -x17;
+    x = x17;
+    dbl_round(a, 15, d17, x17, d, &x);
+    if (!dbl_reads_back(a, d, 15, x)) {
+      prec = 16;
+      dbl_round(a, 16, d17, x17, d, &x);
+      if (!dbl_reads_back(a, d, 16, x)) {
+        prec = 17;
+        memcpy(d, d17, 17);
+        x = x17;
+      }
+    }
+    int k = prec; /* the digits without trailing zeros (%g drops them) */
+    while (k > 1 && d[k - 1] == '0') k--;
+    if (v < 0) b[n++] = '-';
+    if (x >= -4 && x < (prec == 17 ? 17 : 16)) {
+      /* %.Ng without an exponent, and from 1e(N-1) to 1e16 the integer
+       * digits that %.(x+1)g writes (v is that integer then) */
+      if (x < 0) {
+        b[n++] = '0';
+        b[n++] = '.';
+        for (int i = -1; i > x; i--) b[n++] = '0';
+        memcpy(b + n, d, (size_t)k);
+        n += k;
+      } else if (k <= x + 1) {
+        memcpy(b + n, d, (size_t)k);
+        n += k;
+        for (int i = k; i <= x; i++) b[n++] = '0';
+      } else {
+        memcpy(b + n, d, (size_t)x + 1);
+        n += x + 1;
+        b[n++] = '.';
+        memcpy(b + n, d + x + 1, (size_t)(k - x - 1));
+        n += k - x - 1;
+      }
+    } else {
+      b[n++] = d[0];
+      if (k > 1) {
+        b[n++] = '.';
+        memcpy(b + n, d + 1, (size_t)k - 1);
+        n += k - 1;
+      }
+      n += snprintf(b + n, sizeof b - (size_t)n, "e%c%02d", x < 0 ? '-' : '+',
+                    x < 0 ? -x : x);
+    }
+    b[n] = '\0';
   }
-  /* %g writes 100 as 1e+02 when one digit suffices; as repr, numbers
-   * from 1 to 1e16 keep their integer digits (more correctly rounded
-   * digits still read back as v). */
-  const char *e = strchr(b, 'e');
-  long x = e ? strtol(e + 1, NULL, 10) : -1;
-  if (x >= prec && x < 16)
-    n = snprintf(b, sizeof b, "%.*g", (int)x + 1, v);
+  if (n < (int)sizeof j->dbl_text) {
+    memcpy(j->dbl_text, b, (size_t)n + 1);
+    j->dbl_len = (uint8_t)n;
+    j->dbl_bits = bits;
+  }
   if ((j->flags & MSNAP_JSON_FLOAT_POINT) && !strpbrk(b, ".eE")) {
     b[n++] = '.';
     b[n++] = '0';

@@ -30,6 +30,11 @@ typedef struct msnap_json_s {
   uint64_t nonempty[MSNAP_JSON_MAX_DEPTH / 64]; /* bit d: container d
                                                  * has a value         */
   bool after_key;                       /* a key waits for its value */
+  /* the last double written (dbl_len 0: none), its text without the
+   * ".0" of MSNAP_JSON_FLOAT_POINT */
+  uint64_t dbl_bits;
+  uint8_t dbl_len;
+  char dbl_text[31];
 } msnap_json_t;
 
 void msnap__json_init(msnap_json_t *j, msnap_sink_t *out, unsigned flags);

@@ -245,7 +245,7 @@ typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
  * order either way, so the model is the same (tests compare both).
  */
 #define MSNAP_PVM_FAST_DEPTH 8
-#define MSNAP_PVM_SAVE_WORDS 8
+#define MSNAP_PVM_SAVE_WORDS 12
 void msnap__pvm_set_checkpoint(
     msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
     void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]));
@@ -398,7 +398,9 @@ void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
 #define MSNAP_PICKLE_POOL_BYTES 8u
 /* Generic values (msnap__pvm_to_gv: allocator_settings, process_info),
  * all together: one per byte of input, at least MSNAP_PICKLE_GV_MIN, at
- * most MSNAP_PICKLE_GV_MAX (MSNAP_ELIMIT beyond).  A value is 24 bytes. */
+ * most MSNAP_PICKLE_GV_MAX (MSNAP_ELIMIT beyond).  A value is 24 bytes.
+ * The items held by the VM's live containers, all together, have the same
+ * bound (per byte of input read so far), checked as a container grows. */
 #define MSNAP_PICKLE_GV_MIN (1u << 16)
 #define MSNAP_PICKLE_GV_MAX (1u << 24)
 

@@ -69,7 +69,8 @@ typedef struct box_s {
   } v;
 } box_t;
 
-enum { OBJF_VISITING = 1, OBJF_MULTI_MEMO = 2 };
+enum { OBJF_VISITING = 1, OBJF_MULTI_MEMO = 2, OBJF_CONVERTED = 8 };
+_Static_assert((OBJF_CONVERTED & MSNAP_POBJF_RANGE) == 0, "distinct flags");
 /* A memo slot the fast path assigned to a container it has not closed
  * yet (never seen by the generic interpreter: resolved or rolled back). */
 #define PV_PENDING MSNAP_PV_MAKE(MSNAP_PV_CONST, 4)
@@ -131,6 +132,11 @@ struct msnap_pvm_s {
    * left (set on the first call from the input read so far) */
   uint64_t gv_budget, gv_limit;
   bool gv_budget_set;
+  bool gv_shared; /* a container converted twice (shared through the memo) */
+
+  /* items held in the item arrays of live containers (ranges of records
+   * hold none): bounded as generic values are (obj_extend) */
+  uint64_t items_held;
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -470,6 +476,8 @@ void msnap__pvm_replace(msnap_pvm_t *vm, msnap_pv_t obj, msnap_pv_t v) {
   if (!o) return;
   if (o->memo_slot < vm->memo_len && vm->memo[o->memo_slot] == obj)
     vm->memo[o->memo_slot] = v;
+  if (!(o->flags & MSNAP_POBJF_RANGE))
+    vm->items_held -= o->n < vm->items_held ? o->n : vm->items_held;
   o->flags &= (uint8_t)~MSNAP_POBJF_RANGE;
   if (o->stackrefs) {
     free(o->items);
@@ -521,6 +529,33 @@ static bool unhashable(msnap_pvm_t *vm, msnap_pv_t k) {
                o->kind == MSNAP_POBJ_SET);
 }
 
+/* Containers grow by the items of APPEND(S), SETITEM(S), ADDITEMS and
+ * the MARK-built ones: each item an 8-byte slot, for as little as one
+ * byte of input (None).  What nothing converts (a key the reader does not
+ * know, which it ignores) would otherwise grow with the decompressed
+ * input -- 200 M Nones in 551 kB of gzip: 1.6 GB -- and what it converts
+ * (allocator_settings) grow before the conversion's budget is looked at.
+ * So the items held by all live containers together have the budget of
+ * generic values (msnap__pvm_to_gv): one per byte of input read so far,
+ * at least MSNAP_PICKLE_GV_MIN, at most MSNAP_PICKLE_GV_MAX.  A real
+ * snapshot holds a few thousand at once: its lists of records are ranges
+ * (no items), and its other containers become records and give their
+ * items back (msnap__pvm_replace). */
+static int too_many_items(msnap_pvm_t *vm, const msnap_pobj_t *o) {
+  static const char *const names[] = {"?", "list", "tuple", "dict", "set",
+                                      "frozenset"};
+  uint32_t n = o->kind == MSNAP_POBJ_DICT ? o->n / 2 : o->n;
+  return msnap__pvm_fail(
+      vm, MSNAP_ELIMIT,
+      "%llu items held in containers after %zu bytes of input, a %s of %u "
+      "%s among them (the limit: one per byte of input, at least %u, at "
+      "most %u)",
+      (unsigned long long)vm->items_held, vm->op_off,
+      o->kind < sizeof names / sizeof names[0] ? names[o->kind] : "?", n,
+      o->kind == MSNAP_POBJ_DICT ? "pairs" : "items", MSNAP_PICKLE_GV_MIN,
+      MSNAP_PICKLE_GV_MAX);
+}
+
 /*
  * Append n values to container `c` (validated by the caller), completing
  * each and tracking the nesting depth.  `keys` (dicts): every even item is
@@ -536,6 +571,8 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
   if (!o)
     return msnap__pvm_fail(vm, MSNAP_EFORMAT,
                            "container was consumed while being filled");
+  /* items already held in its array (none while it is a range) */
+  uint32_t held0 = (o->flags & MSNAP_POBJF_RANGE) ? 0 : o->n;
   for (uint32_t i = 0; i < n; i++) {
     if (msnap_unlikely(MSNAP_PV_TAG(vals[i]) == MSNAP_PV_OBJ)) {
       uint32_t d;
@@ -594,6 +631,12 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
         return oom(vm);
     }
     o->items[o->n++] = it;
+  }
+  if (!(o->flags & MSNAP_POBJF_RANGE)) {
+    vm->items_held += o->n - held0;
+    if (msnap_unlikely(vm->items_held > MSNAP_PICKLE_GV_MIN) &&
+        (vm->items_held > vm->op_off || vm->items_held > MSNAP_PICKLE_GV_MAX))
+      return too_many_items(vm, o);
   }
   return 0;
 }
@@ -2094,9 +2137,10 @@ int msnap__pvm_run(msnap_pvm_t *vm, const unsigned char *buf, size_t len,
 static int gv_too_large(msnap_pvm_t *vm) {
   return msnap__pvm_fail(
       vm, MSNAP_ELIMIT,
-      "value too large to convert: its containers shared through the memo "
-      "would make more than %llu values (the limit: one per byte of input, "
-      "at least %u, at most %u)",
+      "value too large to convert: %s more than %llu values (the limit: one "
+      "per byte of input, at least %u, at most %u)",
+      vm->gv_shared ? "its containers shared through the memo would make"
+                    : "it holds",
       (unsigned long long)vm->gv_limit, MSNAP_PICKLE_GV_MIN,
       MSNAP_PICKLE_GV_MAX);
 }
@@ -2145,7 +2189,10 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
       return msnap__pvm_fail(vm, MSNAP_EFORMAT, "a set is not supported");
     if (o->flags & OBJF_VISITING)
       return msnap__pvm_fail(vm, MSNAP_EFORMAT, "recursive structure");
+    if (o->flags & OBJF_CONVERTED) vm->gv_shared = true;
+    o->flags |= OBJF_CONVERTED;
     uint32_t n = o->n;
+    if (n > *budget) return gv_too_large(vm);
     msnap_gv_t *items = n ? calloc(n, sizeof *items) : NULL;
     if (n && !items) return oom(vm);
     out->kind = o->kind == MSNAP_POBJ_LIST    ? MSNAP_GV_LIST

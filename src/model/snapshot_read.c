@@ -111,7 +111,8 @@ typedef struct fields_s {
 /* A list of block or history records (REC_BSPAN / REC_HSPAN). */
 typedef struct span_s {
   uint32_t first, n;
-  bool claimed; /* a segment took these blocks (shared lists are copied) */
+  bool claimed; /* a segment (block) took these blocks (history entries):
+                 * another one copies (shares) them, as repeats */
 } span_t;
 
 typedef struct pair_tab_s {
@@ -147,6 +148,10 @@ typedef struct rd_s {
   span_t *spans; /* REC_BSPAN / REC_HSPAN */
   uint32_t nspans, spans_cap;
   uint32_t nseg_records, nblock_records; /* made during the run */
+  /* block and 2.0 history dicts converted (records), and the items of
+   * the lists of them, each list counted once more for each block or
+   * segment that takes it after the first (repeat_bound) */
+  uint64_t block_records, hist_records, block_listed, hist_listed;
   size_t len; /* input bytes: each memo reference costs >= 2 of them */
   size_t scan_nb; /* bytes refs_scan encoded (msnap__snap_stack_tail) */
   bool any_current_key, any_time;
@@ -712,7 +717,37 @@ static int conv_hist(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_shistory_t *p = msnap__snap_add_history(r->s);
   if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   *p = h;
+  r->hist_records++;
   *v = REC(REC_HIST, r->s->nhistories - 1);
+  return 0;
+}
+
+/*
+ * Blocks (2.0 history entries) listed again, n more.  A block dict listed
+ * again through the memo costs a 2-byte BINGET and a copy of the block
+ * (blocks are copied into their segment: 80 bytes) -- `[b] * 5 M` in
+ * 10 MB of input read at 1 GB, 25 M in 87 kB of gzip ran out of memory --
+ * and a list of history entries taken by many blocks multiplies what is
+ * written of them.  A real recording lists each block and history entry
+ * once (torch and memsnap write every dict out), so as for trace entries
+ * (map_traces) only 1024 more than those made, and one more per 8 bytes
+ * of input read so far, may be listed.
+ */
+static int repeat_bound(rd_t *r, unsigned kind, uint64_t n) {
+  bool block = kind == REC_BLOCK;
+  uint64_t *listed = block ? &r->block_listed : &r->hist_listed;
+  uint64_t made = block ? r->block_records : r->hist_records;
+  uint64_t off = msnap__pvm_offset(r->vm);
+  if (msnap_unlikely(*listed + n > made + off / 8 + 1024))
+    return msnap__pvm_fail(
+        r->vm, MSNAP_ELIMIT,
+        "%s repeat %s (%llu listed, %llu distinct; the limit: 1024 repeats "
+        "and one per 8 bytes of input): %s dicts shared through the memo, "
+        "which a real recording never does",
+        block ? "block lists" : "history lists",
+        block ? "blocks" : "entries", (unsigned long long)(*listed + n),
+        (unsigned long long)made, block ? "block" : "history");
+  *listed += n;
   return 0;
 }
 
@@ -740,6 +775,8 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
                                       : "a list of history dicts");
   }
   span_t *sp = &r->spans[MSNAP_PV_REC_INDEX(v)];
+  int rc;
+  if (sp->claimed && (rc = repeat_bound(r, kind, sp->n)) < 0) return rc;
   if (sp->claimed && kind == REC_BLOCK) {
     /* the same block list in a second segment: its own copy (2.0 block
      * addresses are computed from the segment's address) */
@@ -753,7 +790,8 @@ static int rec_span(rd_t *r, int key, msnap_pv_t v, unsigned kind,
     *n = sp->n;
     return 0;
   }
-  if (kind == REC_BLOCK) sp->claimed = true;
+  /* (a history list taken by a second block is shared, not copied) */
+  sp->claimed = true;
   *first = sp->first;
   *n = sp->n;
   return 0;
@@ -768,6 +806,8 @@ static int make_span(rd_t *r, const msnap_pitems_t *it, unsigned kind,
                      msnap_pv_t *out) {
   msnap_snap_t *s = r->s;
   uint32_t n = it->n;
+  int rc = repeat_bound(r, kind, n);
+  if (rc < 0) return rc;
   uint32_t first = (uint32_t)MSNAP_PV_REC_INDEX(msnap__pitem(it, 0));
   bool consecutive = true;
   for (uint32_t i = 1; i < n && consecutive; i++)
@@ -846,6 +886,7 @@ static int conv_block(rd_t *r, const fields_t *f, msnap_pv_t *v) {
   msnap_sblock_t *p = msnap__snap_add_block(r->s);
   if (!p) return msnap__pvm_fail(r->vm, MSNAP_ENOMEM, "out of memory");
   *p = b;
+  r->block_records++;
   *v = REC(REC_BLOCK, r->s->nblocks - 1);
   return 0;
 }
@@ -1470,6 +1511,10 @@ static void snap_save(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   st[5] = r->nspans;
   st[6] = r->s->utf8_repaired;
   st[7] = r->s->keys_dropped;
+  st[8] = r->block_records;
+  st[9] = r->hist_records;
+  st[10] = r->block_listed;
+  st[11] = r->hist_listed;
 }
 
 static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
@@ -1482,6 +1527,10 @@ static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   r->nspans = (uint32_t)st[5];
   r->s->utf8_repaired = st[6];
   r->s->keys_dropped = st[7]; /* (the names are found again) */
+  r->block_records = st[8];
+  r->hist_records = st[9];
+  r->block_listed = st[10];
+  r->hist_listed = st[11];
 }
 
 /* REC values inside generic parts (allocator_settings): only [] is known. */

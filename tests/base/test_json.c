@@ -8,6 +8,7 @@
  * (ED A0..BF 80..BF) giving one U+FFFD (skipped, saying so, when python3
  * is missing).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -236,6 +237,106 @@ static void test_doubles_shortest(void **state) {
   }
 }
 
+/* The definition the writer's doubles follow, as it was first written:
+ * one snprintf and strtod per N, the first %.Ng (N = 1..17) that reads
+ * back, then integer digits for 1e(N-1) <= |v| < 1e16. */
+static int ref_dbl(double v, char *b, size_t cap) {
+  int n = 0, prec = 1;
+  for (; prec <= 17; prec++) {
+    n = snprintf(b, cap, "%.*g", prec, v);
+    if (prec == 17 || strtod(b, NULL) == v) break;
+  }
+  const char *e = strchr(b, 'e');
+  long x = e ? strtol(e + 1, NULL, 10) : -1;
+  if (x >= prec && x < 16) n = snprintf(b, cap, "%.*g", (int)x + 1, v);
+  return n;
+}
+
+static void expect_ref(double d) {
+  if (d != d || d - d != 0.0) return; /* (null: test_numbers_and_escapes) */
+  char want[48];
+  ref_dbl(d, want, sizeof want);
+  out_t o;
+  open_out(&o, 0);
+  msnap__json_dbl(&o.j, d);
+  int err;
+  char *got = text(&o, &err);
+  assert_int_equal(err, 0);
+  if (strcmp(got, want) != 0)
+    fail_msg("%a: wrote %s, the definition gives %s", d, got, want);
+  free(got);
+}
+
+/* The writer finds those digits with one %.16e and one or two strtod: the
+ * same text for random bit patterns, decimals of 1 to 17 digits at every
+ * exponent (ties of printf's rounding among them), integers, powers of 2
+ * and 10 and their neighbours, subnormals and zeros. */
+static void test_doubles_definition(void **state) {
+  (void)state;
+  uint64_t x = 0x2545f4914f6cdd1dull;
+#define NEXT() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+  for (int k = 0; k < 30000; k++) {
+    uint64_t bits = NEXT();
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    if (d != d || d - d != 0.0) continue;
+    expect_ref(d);
+  }
+  char buf[64];
+  for (int k = 0; k < 30000; k++) {
+    int digits = 1 + (int)(NEXT() % 17), ex = (int)(NEXT() % 640) - 330;
+    int n = 0;
+    buf[n++] = (char)('1' + NEXT() % 9);
+    buf[n++] = '.';
+    for (int i = 1; i < digits; i++) buf[n++] = (char)('0' + NEXT() % 10);
+    /* a 5 last now and then: a tie of rounding to fewer digits */
+    if (digits > 1 && NEXT() % 4 == 0) buf[n - 1] = '5';
+    snprintf(buf + n, sizeof buf - (size_t)n, "e%d", ex);
+    double d = strtod(buf, NULL);
+    expect_ref(d);
+    expect_ref(-d);
+    expect_ref(nextafter(d, 0));
+    expect_ref(nextafter(d, INFINITY));
+  }
+  for (int i = 0; i < 2000; i++) {
+    expect_ref((double)i);
+    expect_ref(i * 0.001);
+    expect_ref(i / 7.0);
+    expect_ref(1.25 * i);
+  }
+  for (int e = -1074; e <= 1023; e++) {
+    double d = ldexp(1.0, e);
+    expect_ref(d);
+    expect_ref(nextafter(d, 0));
+    expect_ref(nextafter(d, INFINITY));
+  }
+  for (int e = -325; e <= 308; e++) {
+    snprintf(buf, sizeof buf, "1e%d", e);
+    double d = strtod(buf, NULL);
+    expect_ref(d);
+    expect_ref(nextafter(d, 0));
+    expect_ref(nextafter(d, INFINITY));
+    expect_ref(d * 9.999999999999999);
+  }
+  static const double v[] = {0.0, -0.0, 5e-324, 2.2250738585072009e-308,
+                             2.2250738585072014e-308, 1e15, 1e16, 1e17,
+                             9007199254740993.0, 9999999999999998.0,
+                             1.0000000000000002, 0.30000000000000004,
+                             123456789012345678.0, 1e-4, 1e-5, 0.00012345};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) expect_ref(v[i]);
+  /* one writer: a double repeated (the writer keeps the last text) */
+  out_t o;
+  open_out(&o, MSNAP_JSON_FLOAT_POINT);
+  msnap__json_arr(&o.j);
+  static const double r[] = {1.0, 1.0, 0.1, 0.1, 0.1, -0.0, 0.0, 0.0, 1e22,
+                             1e22, 2.5, 1.0};
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+    msnap__json_dbl(&o.j, r[i]);
+  msnap__json_arr_end(&o.j);
+  expect(&o, "[1.0,1.0,0.1,0.1,0.1,-0.0,0.0,0.0,1e+22,1e+22,2.5,1.0]");
+#undef NEXT
+}
+
 static void test_depth_limit(void **state) {
   (void)state;
   out_t o;
@@ -251,6 +352,7 @@ int main(void) {
       cmocka_unit_test(test_structure),
       cmocka_unit_test(test_numbers_and_escapes),
       cmocka_unit_test(test_doubles_shortest),
+      cmocka_unit_test(test_doubles_definition),
       cmocka_unit_test(test_utf8),
       cmocka_unit_test(test_utf8_against_cpython),
       cmocka_unit_test(test_depth_limit),

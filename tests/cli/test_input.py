@@ -23,8 +23,11 @@ Groups:
              and a file whose entries share frame lists through the memo
   bounds     hostile pickles that grow the reader per opcode (items on the
              stack, containers made and dropped) or through the memo (a
-             list shared in allocator_settings, a trace entry listed 5 M
-             times) refused with MSNAP_ELIMIT in bounded memory
+             list shared in allocator_settings, a trace entry, block or
+             history entry listed 1-5 M times, a history list shared by
+             20000 blocks), or in a batched list of 20 M Nones, refused
+             with MSNAP_ELIMIT in bounded memory; 1 M segments at one
+             address, 400 K segment_free entries read in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
 group needs from outside the project is missing.
@@ -36,6 +39,7 @@ import lzma
 import os
 import pickle
 import random
+import resource
 import shutil
 import stat
 import struct
@@ -932,6 +936,107 @@ def group_bounds():
     hostile_refused("tracebomb.pickle", pickle.dumps(
         {"segments": [], "device_traces": [[e] * 5000000]}, protocol=2),
         "trace lists repeat entries", max_rss=96 * MiB)
+    # one block dict listed 1 M times through the memo (as torch would
+    # pickle `blocks = [b] * N`), and one 2.0 history entry: the same
+    # bound as trace entries (1024 + 1 per 8 bytes repeats), checked as
+    # the list is converted, before any block is copied (5 M: 1 GB)
+    b = {"address": A0, "size": 512, "requested_size": 512,
+         "state": "active_allocated", "frames": []}
+    seg = {"device": 0, "address": A0, "total_size": 512 << 20,
+           "allocated_size": 512, "active_size": 512, "stream": 0,
+           "segment_type": "large", "blocks": [b] * 1000000}
+    hostile_refused("blockbomb.pickle", pickle.dumps(
+        {"segments": [seg], "device_traces": [[]]}, protocol=4),
+        "block lists repeat blocks", max_rss=48 * MiB)
+    h = {"addr": A0, "real_size": 512, "frames": []}
+    seg20 = {"device": 0, "address": A0, "total_size": 2 << 20,
+             "allocated_size": 512, "active_size": 512, "stream": 0,
+             "blocks": [{"size": 512, "state": "active_allocated",
+                         "history": [h] * 1000000}]}
+    hostile_refused("histbomb.pickle", pickle.dumps(
+        {"segments": [seg20]}, protocol=4),
+        "history lists repeat entries", max_rss=48 * MiB)
+    # one list of 1000 history entries taken by 20000 blocks: 20 M
+    # entries written for 300 kB
+    hl = [{"addr": A0 + i, "real_size": 512, "frames": []}
+          for i in range(1000)]
+    seg20["blocks"] = [{"size": 512, "state": "inactive", "history": hl}
+                       for _ in range(20000)]
+    hostile_refused("histshared.pickle", pickle.dumps(
+        {"segments": [seg20]}, protocol=4),
+        "history lists repeat entries", max_rss=48 * MiB)
+    # 20 M Nones batched by 1000 per MARK (as a pickler writes a list),
+    # 60 kB of gzip, under a key the reader ignores or in
+    # allocator_settings: the items held by open containers have the
+    # budget of generic values (one per byte, at most 16 Mi, 8 bytes
+    # each), checked as a container grows (was 1.6 GB for 200 M; in
+    # allocator_settings refused only once converted, 3.1 GB)
+    nones = b"]" + (b"(" + b"N" * 1000 + b"e") * 20000
+    for key in ("junk", "allocator_settings"):
+        data = (b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]"
+                + b"\x8c" + bytes([len(key)]) + key.encode() + nones
+                + b"u.")
+        hostile_refused("nones-%s.pickle.gz" % key, data,
+                        "items held in containers", max_rss=192 * MiB,
+                        gz=True)
+    rc, out, err, secs, rss = measured("summary", "--json",
+                                       path("nones-allocator_settings"
+                                            ".pickle.gz"))
+    expect("memo" not in err, "a flat list is not said to be shared "
+           "through the memo (%r)" % err.strip()[-160:])
+    # out of memory while reading (4 M floats in allocator_settings, the
+    # address space limited to 128 MiB): named as every reader error, with
+    # the file, the offset and the code (not under AddressSanitizer, whose
+    # shadow memory needs the address space, nor under an emulator)
+    if not ASAN and not WRAPPER:
+        key = b"allocator_settings"
+        data = (b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]"
+                + b"\x8c" + bytes([len(key)]) + key + b"]"
+                + (b"(" + b"G\x3f\xf0\x00\x00\x00\x00\x00\x01" * 1000
+                   + b"e") * 4000 + b"u.")
+        f = write_bytes(gzip.compress(data, 6), "floats-4m.pickle.gz")
+
+        def limit_as():
+            resource.setrlimit(resource.RLIMIT_AS, (128 * MiB, 128 * MiB))
+        p = subprocess.run([MEMSNAP, "summary", "--json", f],
+                           capture_output=True, preexec_fn=limit_as,
+                           timeout=120)
+        err = p.stderr.decode("utf-8", "replace")
+        expect(p.returncode == 2 and f + ": offset " in err
+               and "out of memory (while " in err and "[MSNAP_ENOMEM]" in err,
+               "out of memory while reading names the file, the offset and "
+               "the code (%r)" % err.strip()[-200:])
+    # 1 M segments at one address (one segment dict listed again through
+    # the memo, as 'segments' may) and a trace entry: the final state of
+    # the backward replay is sorted once, O(n log n); inserting each
+    # segment in turn moved every one after it (200 K segments: 11 s; 1 M
+    # would pass the helper's 60 s timeout)
+    seg = {"device": 0, "address": A0, "total_size": 2 << 20,
+           "allocated_size": 0, "active_size": 0, "stream": 0,
+           "segment_type": "large", "blocks": []}
+    snap = {"action": "snapshot", "addr": 0, "size": 0, "stream": 0}
+    f = write_bytes(pickle.dumps({"segments": [seg] * 1000000,
+                                  "device_traces": [[snap]]}, protocol=4),
+                    "segsameaddr.pickle")
+    rc, out, err, secs, rss = measured("summary", "--json", f)
+    lim = 3 * 256 * MiB + 256 * MiB if ASAN else 256 * MiB
+    expect(rc == 0 and json.loads(out)["devices"][0]["segments"] == 1000000
+           and rss <= lim,
+           "1 M segments at one address: read and summarized, RSS %.1f MB "
+           "(rc %d, %r)" % (rss / 1e6, rc, err.strip()[-160:]))
+    # 400 K segment_free entries at increasing addresses (12 MB): undone
+    # from the newest, each segment goes before all the others; the walk's
+    # segments are a treap (an insert into the sorted array moved them
+    # all: 100 K took 4 s, 400 K would pass the helper's 60 s timeout)
+    tr = [{"action": "segment_free", "addr": A0 + i * (2 << 20),
+           "size": 2 << 20, "stream": 0} for i in range(400000)]
+    f = write_bytes(pickle.dumps({"segments": [], "device_traces": [tr]},
+                                 protocol=4), "segfree.pickle")
+    rc, out, err, secs, rss = measured("summary", "--json", f)
+    expect(rc == 0 and json.loads(out)["devices"][0]["trace_entries"]
+           == 400000 and rss <= lim,
+           "400 K segment_free entries: replayed, RSS %.1f MB (rc %d, %r)"
+           % (rss / 1e6, rc, err.strip()[-160:]))
     # what a real file holds, as large as the budget allows, reads
     big = {"k%d" % i: [i, "v%d" % i] for i in range(20000)}
     f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
