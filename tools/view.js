@@ -77,6 +77,8 @@
       fmtBytes(free) + ' free)';
   }
   function stateLabel(s) {
+    // a device without trace entries has one state: the file's final one
+    if (D && !D.n) return 'at the final state (no trace entries)';
     return s === 0 ? 'before entry 0 (start of the trace)' : 'after entry ' + num(s - 1);
   }
 
