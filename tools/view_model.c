@@ -77,11 +77,14 @@
  * its own key frame, so a higher level only adds bytes.  Each device takes
  * the highest level whose page, written to a byte counter (its object and
  * what its stacks add to the string table and trie), fits its share of
- * the budget (a bisection).  So a larger budget never keeps fewer entries
- * or bands or gives a smaller page, and the page exceeds the budget only
- * when its fixed parts alone do (the CLI's note).  Memory: the model, the
- * live blocks of one state, one key frame, and arrays of the kept parts'
- * size.
+ * the budget (a search: the whole page, then guesses between the levels
+ * measured, bisections among them).  The fixed parts are written first
+ * (before the bands and windows), so their trie ids and bytes are
+ * measured once.  So a larger budget never keeps fewer entries or bands
+ * or gives a smaller page, and the page exceeds the budget only when its
+ * fixed parts alone do (the CLI's note).  Memory: the model, every stack
+ * seen as one trie (gtrie_t), the live records of one pass, one key
+ * frame, and arrays of the kept parts' size.
  *
  * Leaks.  Steps are the ranges of one repeated annotation (the most
  * frequent non-overlapping name, digits at its end ignored, at least 3
@@ -215,6 +218,8 @@ typedef struct lrec_s {
   msnap_stack_t stack; /* model stack id */
   uint32_t rank;       /* index among the drawn bands, NONE32 = not drawn */
   uint32_t entry;      /* alloc entry, NONE32 = before the trace          */
+  uint32_t rid;        /* record id: k for the k-th live at the start,
+                          (live at the start) + entry for the trace's     */
   uint8_t pending, inuse;
 } lrec_t;
 
@@ -281,12 +286,73 @@ static lrec_t *live_put(live_t *l, const lrec_t *rec) {
 /* Frames refer to a table of distinct strings (each frame's name cut to
  * its head, its filename to its tail, CLI_TEXT_CAP bytes): a long string
  * that many frames share goes in the page once. */
+/* Every stack seen, as one trie of (caller, model frame) shared by a file's
+ * tries: node g (1-based; 0 the root) is frame[g] called from parent[g]. */
+typedef struct gtrie_s {
+  uint32_t *parent, *frame;
+  uint32_t n, cap;
+  umap_t h;       /* (parent << 32 | model frame) -> node */
+  uint32_t *of;   /* model stack -> node + 1, 0 = not seen yet */
+  uint32_t *chain; /* scratch of trie_stack: nodes up from a stack's */
+  uint32_t chcap;
+} gtrie_t;
+
+static void gtrie_free(gtrie_t *g) {
+  free(g->parent);
+  free(g->frame);
+  um_free(&g->h);
+  free(g->of);
+  free(g->chain);
+}
+
+/* The node of model stack st (0: none or empty); NONE32 on ENOMEM. */
+static uint32_t gtrie_stack(gtrie_t *g, const msnap_snap_t *s,
+                            msnap_stack_t st) {
+  if (st == MSNAP_STACK_ABSENT || st >= s->nstacks)
+    return 0;
+  if (g->of[st])
+    return g->of[st] - 1;
+  uint32_t n;
+  const uint32_t *fr = cli_stack(s, st, &n);
+  uint32_t p = 0;
+  for (uint32_t k = n; fr && k > 0; k--) {
+    uint32_t f = fr[k - 1];
+    if (f >= s->nframes)
+      continue;
+    uint64_t key = (uint64_t)p << 32 | f;
+    uint32_t id = um_get(&g->h, key);
+    if (id == NONE32) {
+      if (g->n + 1 >= g->cap) {
+        uint32_t cap = g->cap ? g->cap * 2 : 1024;
+        uint32_t *a = realloc(g->parent, (size_t)cap * sizeof *a);
+        if (a)
+          g->parent = a;
+        uint32_t *b = realloc(g->frame, (size_t)cap * sizeof *b);
+        if (b)
+          g->frame = b;
+        if (!a || !b)
+          return NONE32;
+        g->cap = cap;
+      }
+      id = ++g->n;
+      g->parent[id] = p;
+      g->frame[id] = f;
+      if (um_put(&g->h, key, id))
+        return NONE32;
+    }
+    p = id;
+  }
+  g->of[st] = p + 1;
+  return p;
+}
+
 typedef struct trie_s {
   const msnap_snap_t *s;
+  gtrie_t *g;     /* the stacks, shared */
   uint32_t *node; /* pairs: parent node, output frame */
   uint32_t n, cap;
-  umap_t h;      /* (parent << 32 | frame) -> node id */
-  uint32_t *stk; /* model stack -> node id + 1, 0 = not seen yet */
+  uint32_t *loc;  /* node of g -> output node, 0 = not written yet */
+  uint32_t lcap;
   uint32_t *fout; /* model frame -> output frame + 1 */
   uint32_t *flist; /* output frame -> model frame */
   uint32_t *fstr;  /* output frame -> name string, filename string */
@@ -294,22 +360,61 @@ typedef struct trie_s {
   uint64_t *sref; /* output string -> model string << 1 | tail */
   uint32_t ns, scap;
   umap_t sh;      /* hash of a string's text -> output string */
+  uint64_t bytes; /* of the strings, frames and nodes as written, each
+                     with a comma (one too many per non-empty array) */
 } trie_t;
 
-static int trie_init(trie_t *t, const msnap_snap_t *s) {
+static unsigned digits(uint64_t v) {
+  unsigned d = 1;
+  while (v >= 10) {
+    v /= 10;
+    d++;
+  }
+  return d;
+}
+
+/* Bytes of p[0..n) as a JSON string of the page (base/json.c's escapes,
+ * MSNAP_JSON_HTML), quotes included. */
+static uint64_t json_str_len(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  uint64_t len = 2;
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = p[i];
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' &&
+        c != '>' && c != '&') {
+      len++;
+      i++;
+      continue;
+    }
+    size_t bad = 0, seq = c >= 0x80 ? msnap__utf8_seq(p + i, n - i, &bad) : 0;
+    if (seq > 0) {
+      len += seq;
+      i += seq;
+    } else if (c >= 0x80) {
+      len += 3; /* U+FFFD */
+      i += bad;
+    } else {
+      len += c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t' ? 2 : 6;
+      i++;
+    }
+  }
+  return len;
+}
+
+static int trie_init(trie_t *t, const msnap_snap_t *s, gtrie_t *g) {
   memset(t, 0, sizeof *t);
   t->s = s;
-  t->stk = calloc((size_t)s->nstacks + 1, sizeof *t->stk);
+  t->g = g;
   t->fout = calloc((size_t)s->nframes + 1, sizeof *t->fout);
   t->flist = calloc((size_t)s->nframes + 1, sizeof *t->flist);
   t->fstr = calloc(2 * ((size_t)s->nframes + 1), sizeof *t->fstr);
-  return t->stk && t->fout && t->flist && t->fstr ? 0 : -1;
+  return t->fout && t->flist && t->fstr ? 0 : -1;
 }
 
 static void trie_free(trie_t *t) {
   free(t->node);
-  um_free(&t->h);
-  free(t->stk);
+  free(t->loc);
   free(t->fout);
   free(t->flist);
   free(t->fstr);
@@ -340,15 +445,15 @@ static int trie_copy(trie_t *dst, const trie_t *src) {
   const msnap_snap_t *s = src->s;
   *dst = *src;
   dst->node = dup_mem(src->node, (size_t)src->cap * 2 * sizeof *src->node);
-  dst->stk = dup_mem(src->stk, ((size_t)s->nstacks + 1) * sizeof *src->stk);
+  dst->loc = dup_mem(src->loc, (size_t)src->lcap * sizeof *src->loc);
   dst->fout = dup_mem(src->fout, ((size_t)s->nframes + 1) * sizeof *src->fout);
   dst->flist = dup_mem(src->flist,
                        ((size_t)s->nframes + 1) * sizeof *src->flist);
   dst->fstr = dup_mem(src->fstr,
                       2 * ((size_t)s->nframes + 1) * sizeof *src->fstr);
   dst->sref = dup_mem(src->sref, (size_t)src->scap * sizeof *src->sref);
-  int a = um_copy(&dst->h, &src->h), b = um_copy(&dst->sh, &src->sh);
-  if (a || b || !dst->node || !dst->stk || !dst->fout || !dst->flist ||
+  int b = um_copy(&dst->sh, &src->sh);
+  if (b || !dst->node || !dst->loc || !dst->fout || !dst->flist ||
       !dst->fstr || !dst->sref)
     return -1;
   return 0;
@@ -385,25 +490,67 @@ static uint32_t trie_string(trie_t *t, uint32_t str, bool tail) {
     t->scap = cap;
   }
   t->sref[t->ns] = ref;
+  t->bytes += json_str_len(a, n) + 1;
   /* a different text of the same hash keeps the first in the map */
   if (k == NONE32 && um_put(&t->sh, hsh, t->ns))
     return NONE32;
   return t->ns++;
 }
 
-/* Node id of a model stack (0: none or empty); NONE32 on ENOMEM. */
+/* Output node id of a model stack (0: none or empty); NONE32 on ENOMEM.
+ * Ids are given in the order the stacks are first written, a caller
+ * before its callees: the nodes of g not yet written on the way from the
+ * stack's node to the root are numbered outermost first. */
 static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
-  if (st == MSNAP_STACK_ABSENT || st >= t->s->nstacks)
+  gtrie_t *g = t->g;
+  uint32_t gid = gtrie_stack(g, t->s, st);
+  if (gid == NONE32)
+    return NONE32;
+  if (gid == 0)
     return 0;
-  if (t->stk[st])
-    return t->stk[st] - 1;
-  uint32_t n;
-  const uint32_t *fr = cli_stack(t->s, st, &n);
-  uint32_t p = 0;
-  for (uint32_t k = n; fr && k > 0; k--) {
-    uint32_t f = fr[k - 1];
-    if (f >= t->s->nframes)
-      continue;
+  if (gid < t->lcap && t->loc[gid])
+    return t->loc[gid];
+  if (g->n + 1 > t->lcap) {
+    uint32_t cap = t->lcap ? t->lcap : 1024;
+    while (cap < g->n + 1)
+      cap *= 2;
+    uint32_t *v = realloc(t->loc, (size_t)cap * sizeof *v);
+    if (!v)
+      return NONE32;
+    memset(v + t->lcap, 0, (size_t)(cap - t->lcap) * sizeof *v);
+    t->loc = v;
+    t->lcap = cap;
+  }
+  /* the unwritten nodes up from gid (each written node's callers are) */
+  uint32_t top = gid, depth = 0;
+  while (top && !t->loc[top]) {
+    if (depth == g->chcap) {
+      uint32_t cap = g->chcap ? g->chcap * 2 : 256;
+      uint32_t *v = realloc(g->chain, (size_t)cap * sizeof *v);
+      if (!v)
+        return NONE32;
+      g->chain = v;
+      g->chcap = cap;
+    }
+    g->chain[depth++] = top;
+    top = g->parent[top];
+  }
+  if (t->n + depth > t->cap) {
+    uint32_t cap = t->cap ? t->cap : 1024;
+    while (cap < t->n + depth)
+      cap *= 2;
+    uint32_t *v = realloc(t->node, (size_t)cap * 2 * sizeof *v);
+    if (!v)
+      return NONE32;
+    t->node = v;
+    t->cap = cap;
+  }
+  /* number them outermost first: node ids n+1 .. n+depth, from the top */
+  uint32_t p = top ? t->loc[top] : 0, base = t->n;
+  for (uint32_t k = 1; k <= depth; k++) {
+    uint32_t x = g->chain[depth - k]; /* numbered base + k */
+    t->loc[x] = base + k;
+    uint32_t f = g->frame[x];
     if (!t->fout[f]) {
       uint32_t a = trie_string(t, t->s->frames[f].name, false);
       uint32_t b = a == NONE32 ? NONE32
@@ -414,29 +561,19 @@ static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
       t->fstr[2 * t->nf] = a;
       t->fstr[2 * t->nf + 1] = b;
       t->fout[f] = ++t->nf;
+      int64_t line = t->s->frames[f].line;
+      /* [a,b,line,user], */
+      t->bytes += digits(a) + digits(b) + (line < 0) +
+                  digits(line < 0 ? 0u - (uint64_t)line : (uint64_t)line) + 7;
     }
     uint32_t fo = t->fout[f] - 1;
-    uint64_t key = (uint64_t)p << 32 | fo;
-    uint32_t id = um_get(&t->h, key);
-    if (id == NONE32) {
-      if (t->n == t->cap) {
-        uint32_t cap = t->cap ? t->cap * 2 : 1024;
-        uint32_t *v = realloc(t->node, (size_t)cap * 2 * sizeof *v);
-        if (!v)
-          return NONE32;
-        t->node = v;
-        t->cap = cap;
-      }
-      t->node[2 * t->n] = p;
-      t->node[2 * t->n + 1] = fo;
-      id = ++t->n;
-      if (um_put(&t->h, key, id))
-        return NONE32;
-    }
-    p = id;
+    t->node[2 * (base + k - 1)] = p;
+    t->node[2 * (base + k - 1) + 1] = fo;
+    t->bytes += digits(p) + digits(fo) + 2;
+    p = base + k;
   }
-  t->stk[st] = p + 1;
-  return p;
+  t->n = base + depth;
+  return t->loc[gid];
 }
 
 /* "strings", "frames", "nodes" of the trie (the end of a file's object). */
@@ -613,7 +750,16 @@ typedef struct vdev_s {
   uint32_t *torder; /* tiles by priority */
   uint32_t *trank;  /* of each tile: its place in torder */
   uint8_t *item;    /* the choice order: 0 band, 1 segment band, 2 tile */
+  double *icost;    /* rough bytes of the first L items, L = 0..nitems */
   uint32_t nitems;
+  /* rel[i]: the record (rid) entry i frees, marks pending or replaces at
+   * its address, NONE32 for none: found once (pass_b), so that the key
+   * frames of each level are made by a pass without address lookups */
+  uint32_t *rel;
+  /* a level being measured: stop writing windows once the counter's bytes
+   * and the trie's growth (t->bytes - tbase) pass `limit` (0: never) */
+  uint64_t limit, tbase;
+  bool aborted;
   /* windows */
   kf_t *win;
   uint32_t nwin;
@@ -642,6 +788,8 @@ static void dev_free(vdev_t *d) {
   free(d->torder);
   free(d->trank);
   free(d->item);
+  free(d->icost);
+  free(d->rel);
   for (uint32_t i = 0; i < d->nwin; i++) {
     free(d->win[i].segs);
     free(d->win[i].blocks);
@@ -817,8 +965,10 @@ static int choice_order(vdev_t *d) {
   uint32_t nb = d->blk.n, ns = d->seg.n, nt = d->ntiles;
   d->nitems = nb + ns + nt;
   d->item = malloc((size_t)d->nitems + 1);
-  if (!d->item)
+  d->icost = malloc(((size_t)d->nitems + 1) * sizeof *d->icost);
+  if (!d->item || !d->icost)
     return -1;
+  d->icost[0] = 0;
   double cb = 0, cs = 0, ct = 0;
   uint32_t ib = 0, is = 0, it = 0;
   for (uint32_t i = 0; i < d->nitems; i++) {
@@ -846,6 +996,7 @@ static int choice_order(vdev_t *d) {
       cs += 60;
       d->item[i] = 1;
     }
+    d->icost[i + 1] = cb + cs + ct;
   }
   return 0;
 }
@@ -924,22 +1075,6 @@ static int cmp_lrec_addr(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int keyframe(kf_t *k, const live_t *blocks, const live_t *segs) {
-  k->blocks = malloc(((size_t)blocks->m.n + 1) * sizeof *k->blocks);
-  k->segs = malloc(((size_t)segs->m.n + 1) * sizeof *k->segs);
-  if (!k->blocks || !k->segs)
-    return -1;
-  for (uint32_t i = 0; i < blocks->nr; i++)
-    if (blocks->r[i].inuse)
-      k->blocks[k->nblocks++] = blocks->r[i];
-  for (uint32_t i = 0; i < segs->nr; i++)
-    if (segs->r[i].inuse)
-      k->segs[k->nsegs++] = segs->r[i];
-  qsort(k->blocks, k->nblocks, sizeof *k->blocks, cmp_lrec_addr);
-  qsort(k->segs, k->nsegs, sizeof *k->segs, cmp_lrec_addr);
-  return 0;
-}
-
 static void bucket(uint64_t v, uint32_t s, uint32_t j, uint64_t *mx,
                    uint32_t *at) {
   if (at[j] == 0 || v > mx[j]) {
@@ -969,22 +1104,19 @@ static int band_open(live_t *L, bands_t *b, uint32_t *next, uint32_t id,
   return 0;
 }
 
-/* Forward over the trace.  series: the memory series and the ends of
- * every candidate band (once); else each window, with the key frame made
- * when the pass reaches its first entry, written to j. */
-static int write_window(vdev_t *d, cli_json_t *j, const kf_t *k);
-
-static int pass_b(vdev_t *d, bool series, cli_json_t *j) {
+/* Forward over the trace, once: the memory series, the ends of every
+ * candidate band, and rel[] (for the key-frame passes, pass_kf). */
+static int pass_b(vdev_t *d) {
   live_t B = {0}, G = {0};
   int rc = -1;
   uint64_t a = 0, r = 0;
-  bands_t *bb = series ? &d->blk : NULL, *gb = series ? &d->seg : NULL;
+  bands_t *bb = &d->blk, *gb = &d->seg;
   for (uint32_t k = 0; k < d->st.nb; k++) {
     const cli_lblock_t *b = &d->st.b[k];
     lrec_t x = {.addr = b->addr, .size = pre_size(b), .stream = b->stream,
                 .stack = d->prestack[k],
-                .rank = series ? band_rank(&d->blk, k) : NONE32,
-                .entry = NONE32, .pending = b->pending};
+                .rank = band_rank(&d->blk, k),
+                .entry = NONE32, .rid = k, .pending = b->pending};
     if (!live_put(&B, &x))
       goto out;
     a += x.size;
@@ -992,54 +1124,47 @@ static int pass_b(vdev_t *d, bool series, cli_json_t *j) {
   for (uint32_t k = 0; k < d->st.ng; k++) {
     const cli_lseg_t *g = &d->st.g[k];
     lrec_t x = {.addr = g->addr, .size = g->size, .stream = g->stream,
-                .rank = series ? band_rank(&d->seg, k) : NONE32,
-                .entry = NONE32};
+                .rank = band_rank(&d->seg, k),
+                .entry = NONE32, .rid = k};
     if (!live_put(&G, &x))
       goto out;
     r += x.size;
   }
   d->a0 = a;
   d->r0 = r;
-  uint32_t wi = 0, bi = 0, gi = 0;
+  uint32_t bi = 0, gi = 0;
   /* next candidate trace ids */
-  while (series && bi < d->blk.n && d->blk.id[bi] < d->st.nb)
+  while (bi < d->blk.n && d->blk.id[bi] < d->st.nb)
     bi++;
-  while (series && gi < d->seg.n && d->seg.id[gi] < d->st.ng)
+  while (gi < d->seg.n && d->seg.id[gi] < d->st.ng)
     gi++;
   for (uint32_t i = 0; i < d->n; i++) {
     const msnap_strace_t *e = &d->tl->v[i];
-    if (!series && wi == d->nwin)
-      break; /* every key frame is made */
-    if (!series && d->win[wi].first == i) {
-      kf_t *k = &d->win[wi++];
-      int wr = keyframe(k, &B, &G);
-      if (wr == 0)
-        wr = write_window(d, j, k);
-      free(k->segs);
-      free(k->blocks);
-      k->segs = k->blocks = NULL;
-      k->nsegs = k->nblocks = 0;
-      if (wr)
-        goto out;
-    }
     lrec_t *x;
+    uint32_t *rel = &d->rel[i];
     switch (e->action) {
     case MSNAP_ACTION_ALLOC: {
       lrec_t y = {.addr = e->addr, .size = e->size,
                   .stream = msnap__tattr(d->s, e)->stream,
-                  .stack = e->frames, .rank = NONE32, .entry = i};
+                  .stack = e->frames, .rank = NONE32, .entry = i,
+                  .rid = d->st.nb + i};
+      if ((x = live_get(&B, e->addr)) != NULL)
+        *rel = x->rid;
       if (band_open(&B, bb, &bi, d->st.nb + i, &y))
         goto out;
       a += e->size;
       break;
     }
     case MSNAP_ACTION_FREE_REQUESTED:
-      if ((x = live_get(&B, e->addr)) != NULL)
+      if ((x = live_get(&B, e->addr)) != NULL) {
         x->pending = 1;
+        *rel = x->rid;
+      }
       break;
     case MSNAP_ACTION_FREE_COMPLETED:
       a = sub0(a, e->size);
       if ((x = live_get(&B, e->addr)) != NULL) {
+        *rel = x->rid;
         band_close(bb, x, i + 1);
         live_del(&B, e->addr);
       }
@@ -1048,7 +1173,10 @@ static int pass_b(vdev_t *d, bool series, cli_json_t *j) {
     case MSNAP_ACTION_SEGMENT_MAP: {
       lrec_t y = {.addr = e->addr, .size = e->size,
                   .stream = msnap__tattr(d->s, e)->stream,
-                  .stack = e->frames, .rank = NONE32, .entry = i};
+                  .stack = e->frames, .rank = NONE32, .entry = i,
+                  .rid = d->st.ng + i};
+      if ((x = live_get(&G, e->addr)) != NULL)
+        *rel = x->rid;
       if (band_open(&G, gb, &gi, d->st.ng + i, &y))
         goto out;
       r += e->size;
@@ -1058,22 +1186,148 @@ static int pass_b(vdev_t *d, bool series, cli_json_t *j) {
     case MSNAP_ACTION_SEGMENT_UNMAP:
       r = sub0(r, e->size);
       if ((x = live_get(&G, e->addr)) != NULL) {
+        *rel = x->rid;
         band_close(gb, x, i + 1);
         live_del(&G, e->addr);
       }
       break;
     default: break;
     }
-    if (series) {
-      uint32_t bk = i / d->w;
-      bucket(a, i + 1, bk, d->amax, d->aat);
-      bucket(r, i + 1, bk, d->rmax, d->rat);
-    }
+    uint32_t bk = i / d->w;
+    bucket(a, i + 1, bk, d->amax, d->aat);
+    bucket(r, i + 1, bk, d->rmax, d->rat);
   }
   rc = 0;
 out:
   live_free(&B);
   live_free(&G);
+  return rc;
+}
+
+static int write_window(vdev_t *d, cli_json_t *j, const kf_t *k);
+
+/* The live records of a key-frame pass: rids in a dense array, pos[rid]
+ * its place + 1 (0: not live). */
+typedef struct dlive_s {
+  uint32_t *v, *pos;
+  uint32_t n;
+} dlive_t;
+
+static void dl_add(dlive_t *l, uint32_t rid) {
+  if (l->pos[rid])
+    return;
+  l->v[l->n++] = rid;
+  l->pos[rid] = l->n;
+}
+
+static void dl_del(dlive_t *l, uint32_t rid) {
+  if (rid == NONE32 || !l->pos[rid])
+    return;
+  uint32_t k = l->pos[rid] - 1, last = l->v[--l->n];
+  l->v[k] = last;
+  l->pos[last] = k + 1;
+  l->pos[rid] = 0;
+}
+
+/* Record rid of blocks (segs false) or segments as an lrec_t. */
+static lrec_t rid_rec(const vdev_t *d, bool segs, uint32_t rid,
+                      const uint8_t *pend) {
+  uint32_t pre = segs ? d->st.ng : d->st.nb;
+  lrec_t x = {.rank = NONE32, .entry = NONE32, .rid = rid, .inuse = 1};
+  if (rid < pre && segs) {
+    x.addr = d->st.g[rid].addr;
+    x.size = d->st.g[rid].size;
+    x.stream = d->st.g[rid].stream;
+  } else if (rid < pre) {
+    x.addr = d->st.b[rid].addr;
+    x.size = pre_size(&d->st.b[rid]);
+    x.stream = d->st.b[rid].stream;
+    x.stack = d->prestack[rid];
+  } else {
+    const msnap_strace_t *e = &d->tl->v[rid - pre];
+    x.addr = e->addr;
+    x.size = e->size;
+    x.stream = msnap__tattr(d->s, e)->stream;
+    x.stack = e->frames;
+    x.entry = rid - pre;
+  }
+  if (pend)
+    x.pending = pend[rid];
+  return x;
+}
+
+/* The windows of the level chosen, each written to j with its key frame
+ * (the records live at its first entry, by address) as a forward pass
+ * reaches it; the pass follows rel[] (pass_b), with no address lookups. */
+static int pass_kf(vdev_t *d, cli_json_t *j) {
+  uint32_t nbr = d->st.nb + d->n, ngr = d->st.ng + d->n;
+  dlive_t B = {malloc(((size_t)nbr + 1) * 4), calloc((size_t)nbr + 1, 4), 0};
+  dlive_t G = {malloc(((size_t)ngr + 1) * 4), calloc((size_t)ngr + 1, 4), 0};
+  uint8_t *pend = calloc((size_t)nbr + 1, 1);
+  int rc = -1;
+  if (!B.v || !B.pos || !G.v || !G.pos || !pend)
+    goto out;
+  for (uint32_t k = 0; k < d->st.nb; k++) {
+    dl_add(&B, k);
+    pend[k] = d->st.b[k].pending;
+  }
+  for (uint32_t k = 0; k < d->st.ng; k++)
+    dl_add(&G, k);
+  uint32_t wi = 0;
+  for (uint32_t i = 0; i < d->n && wi < d->nwin; i++) {
+    if (d->win[wi].first == i) {
+      kf_t *k = &d->win[wi++];
+      k->blocks = malloc(((size_t)B.n + 1) * sizeof *k->blocks);
+      k->segs = malloc(((size_t)G.n + 1) * sizeof *k->segs);
+      int wr = k->blocks && k->segs ? 0 : -1;
+      for (uint32_t q = 0; wr == 0 && q < B.n; q++)
+        k->blocks[k->nblocks++] = rid_rec(d, false, B.v[q], pend);
+      for (uint32_t q = 0; wr == 0 && q < G.n; q++)
+        k->segs[k->nsegs++] = rid_rec(d, true, G.v[q], NULL);
+      if (wr == 0) {
+        qsort(k->blocks, k->nblocks, sizeof *k->blocks, cmp_lrec_addr);
+        qsort(k->segs, k->nsegs, sizeof *k->segs, cmp_lrec_addr);
+        wr = write_window(d, j, k);
+      }
+      free(k->segs);
+      free(k->blocks);
+      k->segs = k->blocks = NULL;
+      k->nsegs = k->nblocks = 0;
+      if (wr)
+        goto out;
+      if (d->limit && j->sink.bytes + (d->t->bytes - d->tbase) > d->limit) {
+        d->aborted = true; /* past the limit: the rest is not needed */
+        break;
+      }
+    }
+    uint32_t rel = d->rel[i];
+    switch (d->tl->v[i].action) {
+    case MSNAP_ACTION_ALLOC:
+      dl_del(&B, rel);
+      dl_add(&B, d->st.nb + i);
+      break;
+    case MSNAP_ACTION_FREE_REQUESTED:
+      if (rel != NONE32)
+        pend[rel] = 1;
+      break;
+    case MSNAP_ACTION_FREE_COMPLETED: dl_del(&B, rel); break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP:
+      dl_del(&G, rel);
+      dl_add(&G, d->st.ng + i);
+      break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: dl_del(&G, rel); break;
+    default: break;
+    }
+  }
+  rc = 0;
+out:
+  free(B.v);
+  free(B.pos);
+  free(G.v);
+  free(G.pos);
+  free(pend);
   return rc;
 }
 
@@ -1284,7 +1538,7 @@ static int write_window(vdev_t *d, cli_json_t *j, const kf_t *k) {
 static int write_windows(vdev_t *d, cli_json_t *j) {
   cj_key(j, "windows");
   cj_arr(j);
-  if (pass_b(d, false, j))
+  if (pass_kf(d, j))
     return -1;
   cj_arr_end(j);
   return 0;
@@ -1456,7 +1710,11 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   return 0;
 }
 
-static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
+/* The parts of a device written whatever the level (the object's start:
+ * series, leaks, OOMs, annotations, final state, sites); written before
+ * the bands and windows, so that the trie ids they take, and their bytes,
+ * do not depend on the level. */
+static int write_device_fixed(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   int64_t t0 = entry_time(d, 0);
   cj_obj(j);
   cj_key(j, "device");
@@ -1483,9 +1741,6 @@ static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   cj_obj_end(j);
   /* leaks first: they number the sites the bands refer to */
   if (write_leaks(d, j, out))
-    return -1;
-  if (write_bands(d, j, "bands", &d->blk, false) ||
-      write_bands(d, j, "segbands", &d->seg, true) || write_windows(d, j))
     return -1;
   cj_key(j, "ooms");
   cj_arr(j);
@@ -1538,6 +1793,15 @@ static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   cj_obj_end(j);
   if (write_final(d, j) || write_sites(d, j))
     return -1;
+  return 0;
+}
+
+/* The parts of a device that the level chooses (the object's end): the
+ * bands and the windows. */
+static int write_device_var(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
+  if (write_bands(d, j, "bands", &d->blk, false) ||
+      write_bands(d, j, "segbands", &d->seg, true) || write_windows(d, j))
+    return -1;
   cj_obj_end(j);
   out->entries += d->n;
   for (uint32_t w = 0; w < d->nwin; w++)
@@ -1549,33 +1813,70 @@ static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
 }
 
 /* Bytes that writing device d at level L adds to the page: its object
- * (with the comma before it) and what its stacks add to the trie, written
- * into a copy of the trie.  -1 on ENOMEM. */
-static int64_t level_bytes(vdev_t *d, uint32_t L, int64_t trie0) {
+ * (with the comma before it) and what its stacks add to the trie.  The
+ * fixed parts were measured once (`fixed` bytes; the trie after them is
+ * `tf`); the bands and windows are written to a counter, their stacks into
+ * a copy of tf.  INT64_MAX once past a quarter more than `room` (the
+ * writing stops there).  -1 on ENOMEM. */
+static int64_t level_bytes(vdev_t *d, uint32_t L, const trie_t *tf,
+                           int64_t fixed, double room) {
   trie_t scratch, *real = d->t;
   cli_json_t c;
   vm_stats_t st;
   int64_t n = -1;
   if (choose_level(d, L))
     return -1;
-  if (trie_copy(&scratch, real)) {
+  if (trie_copy(&scratch, tf)) {
     trie_free(&scratch);
     return -1;
   }
   if (counter_init(&c) == 0) {
     memset(&st, 0, sizeof st);
-    cj_arr(&c);
-    cj_null(&c); /* the comma before the object, as after another device */
+    cj_obj(&c);
+    cj_key(&c, "x"); /* the keys before, as in the object */
+    cj_null(&c);
     uint64_t b0 = c.sink.bytes;
+    double lim = room * 1.25 - (double)fixed + 64;
+    d->limit = b0 + (lim < 64 ? 64 : lim < 1e18 ? (uint64_t)lim : UINT64_MAX / 2);
+    d->tbase = tf->bytes;
+    d->aborted = false;
     d->t = &scratch;
-    int rc = write_device(d, &c, &st);
+    int rc = write_device_var(d, &c, &st);
     d->t = real;
-    int64_t tb = rc ? -1 : trie_bytes(&scratch);
-    if (rc == 0 && tb >= 0)
-      n = (int64_t)(c.sink.bytes - b0) + (tb - trie0);
+    d->limit = 0;
+    if (rc == 0 && d->aborted)
+      n = INT64_MAX;
+    else if (rc == 0)
+      n = fixed + (int64_t)(c.sink.bytes - b0) +
+          (int64_t)(scratch.bytes - tf->bytes);
+    d->aborted = false;
     counter_free(&c);
   }
   trie_free(&scratch);
+  return n;
+}
+
+/* The fixed parts of device d written to a counter (with the comma before
+ * the object), their stacks into tf, a copy of the trie, whose growth is
+ * counted.  -1 on ENOMEM. */
+static int64_t fixed_bytes(vdev_t *d, trie_t *tf) {
+  trie_t *real = d->t;
+  cli_json_t c;
+  vm_stats_t st;
+  int64_t n = -1;
+  if (trie_copy(tf, real))
+    return -1;
+  if (counter_init(&c))
+    return -1;
+  memset(&st, 0, sizeof st);
+  cj_arr(&c);
+  cj_null(&c); /* the comma before the object, as after another device */
+  uint64_t b0 = c.sink.bytes;
+  d->t = tf;
+  if (write_device_fixed(d, &c, &st) == 0)
+    n = (int64_t)(c.sink.bytes - b0) + (int64_t)(tf->bytes - real->bytes);
+  d->t = real;
+  counter_free(&c);
   return n;
 }
 
@@ -1616,49 +1917,89 @@ static int do_device(vdev_t *d, cli_json_t *j, double room, vm_stats_t *out) {
       cli_leaks_steps(d->s, d->dev, d->o->step, CLI_LEAK_MIN_CONFIDENCE,
                       &d->leaks))
     return -1;
+  d->rel = malloc(((size_t)d->n + 1) * sizeof *d->rel);
+  if (!d->rel)
+    return -1;
+  memset(d->rel, 0xff, ((size_t)d->n + 1) * sizeof *d->rel);
   if (band_candidates(&d->blk) || band_candidates(&d->seg) ||
-      pass_b(d, true, NULL) ||
+      pass_b(d) ||
       tile_order(d) || choice_order(d))
     return -1;
-  int64_t trie0 = trie_bytes(d->t);
-  if (trie0 < 0)
+  trie_t tf;
+  int64_t fixed = fixed_bytes(d, &tf);
+  if (fixed < 0) {
+    trie_free(&tf);
     return -1;
-  uint32_t lo = 0, hi = d->nitems; /* the answer is in [lo, hi] */
-  int64_t top = level_bytes(d, hi, trie0);
-  if (top < 0)
-    return -1;
-  if ((double)top > room) {
-    hi--; /* level lo fits, or is the smallest page */
-    while (lo < hi) {
-      uint32_t mid = lo + (hi - lo + 1) / 2;
-      int64_t b = level_bytes(d, mid, trie0);
-      if (b < 0)
-        return -1;
-      if ((double)b <= room)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    if (choose_level(d, lo))
-      return -1;
   }
-  return write_device(d, j, out);
+  /* The highest level that fits, exactly (the bytes grow with the level):
+   * the whole page first, then guesses interpolated between the last
+   * level that fit and the last that did not, by the rough costs of the
+   * items (icost), every third one a bisection, so that few levels are
+   * written to the counter. */
+  uint32_t lo = 0, hi = d->nitems; /* the answer is in [lo, hi] */
+  double blo = (double)fixed, bhi = -1; /* measured at lo, at hi + 1 */
+  bool measured = false; /* bhi is a count, not a count stopped early */
+  for (unsigned probe = 0; lo < hi; probe++) {
+    uint32_t g;
+    if (probe == 0) {
+      g = hi;
+    } else if (probe % 3 == 0 || bhi <= blo || !measured) {
+      g = lo + (hi - lo + 1) / 2;
+    } else {
+      /* the largest L in (lo, hi] at or below the interpolated cost */
+      double c0 = d->icost[lo], c1 = d->icost[hi + 1];
+      double want = c0 + (room - blo) * (c1 - c0) / (bhi - blo);
+      uint32_t a = lo + 1, z = hi;
+      while (a < z) {
+        uint32_t m = a + (z - a + 1) / 2;
+        if (d->icost[m] <= want)
+          a = m;
+        else
+          z = m - 1;
+      }
+      g = a;
+    }
+    int64_t b = level_bytes(d, g, &tf, fixed, room);
+    if (b < 0) {
+      trie_free(&tf);
+      return -1;
+    }
+    if ((double)b <= room) {
+      lo = g;
+      blo = (double)b;
+    } else {
+      hi = g - 1;
+      measured = b != INT64_MAX;
+      bhi = (double)b;
+    }
+  }
+  trie_free(&tf);
+  if (choose_level(d, lo))
+    return -1;
+  if (write_device_fixed(d, j, out) || write_device_var(d, j, out))
+    return -1;
+  return 0;
 }
 
 int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
                   const vm_opts_t *o, vm_stats_t *out) {
   trie_t t;
+  gtrie_t g;
   cli_stacks_t stk;
   uint32_t nd = 0;
   int64_t *devs = NULL;
   int rc = -1;
   memset(out, 0, sizeof *out);
-  if (trie_init(&t, s)) {
+  memset(&g, 0, sizeof g);
+  g.of = calloc((size_t)s->nstacks + 1, sizeof *g.of);
+  if (!g.of || trie_init(&t, s, &g)) {
     trie_free(&t);
+    gtrie_free(&g);
     return -1;
   }
   if (cli_stacks_init(&stk, s)) {
     trie_free(&t);
+    gtrie_free(&g);
     return -1;
   }
   devs = cli_devices(s, &nd);
@@ -1666,8 +2007,9 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
     goto out;
   /* the budget bounds the bytes of the whole object: what is written
    * before the devices, counted as it goes, and after them, the "lod"
-   * flag (at most `,"lod":false`, 12 bytes), the trie (counted as it
-   * grows: trie0 now) and the closing brackets */
+   * flag (at most `,"lod":false`, 12 bytes), the trie (its keys and
+   * brackets, trie0, and its elements, t.bytes, counted as they are
+   * added) and the closing brackets */
   uint64_t b0 = j->sink.bytes;
   int64_t trie0 = trie_bytes(&t);
   if (trie0 < 0)
@@ -1714,11 +2056,8 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
     /* this device's share of the budget, less what is already used (the
      * trie's growth so far included) */
     double share = total ? (double)done / (double)total : (double)(i + 1) / nd;
-    int64_t tnow = trie_bytes(&t);
-    if (tnow < 0)
-      goto out;
     double used = (double)(j->sink.bytes - b0) + (double)tail +
-                  (double)(tnow - trie0);
+                  (double)t.bytes;
     double budget = o->budget > o->overhead ? (double)(o->budget - o->overhead)
                                             : 0;
     double room = budget * share - used;
@@ -1740,5 +2079,6 @@ out:
   free(devs);
   cli_stacks_free(&stk);
   trie_free(&t);
+  gtrie_free(&g);
   return rc;
 }
