@@ -69,23 +69,34 @@ static const char *CSS =
 
 /* The page: the markup, DATA (one object per file), view.js.  0, or -1 on
  * ENOMEM. */
+#define HTML_HEAD                                                            \
+  "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n"                   \
+  "<title>memsnap view</title>\n<style>%s</style></head>\n<body>\n"         \
+  "<h1 id=\"title\"></h1>\n<div id=\"app\"></div>\n"                        \
+  "<script>\nconst DATA = {\"files\":["
+#define HTML_TAIL_A "]};\n"
+#define HTML_TAIL_B "</script>\n</body></html>\n"
+
+/* The page: the markup, DATA (one object per file), view.js.  The budget
+ * bounds the page less view.js: each file's object gets the budget less
+ * its share of the markup.  0, or -1 on ENOMEM. */
 static int write_html(FILE *f, char **paths, msnap_snap_t **snaps, int n,
                       const vm_opts_t *o, vm_stats_t *st) {
-  fprintf(f,
-          "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n"
-          "<title>memsnap view</title>\n<style>%s</style></head>\n<body>\n"
-          "<h1 id=\"title\"></h1>\n<div id=\"app\"></div>\n"
-          "<script>\nconst DATA = {\"files\":[",
-          CSS);
+  vm_opts_t fo = *o;
+  uint64_t markup = (uint64_t)snprintf(NULL, 0, HTML_HEAD, CSS) +
+                    strlen(HTML_TAIL_A) + strlen(HTML_TAIL_B) +
+                    (uint64_t)(n - 1);
+  fo.overhead = (markup + (uint64_t)n - 1) / (uint64_t)n;
+  fprintf(f, HTML_HEAD, CSS);
   for (int i = 0; i < n; i++) {
     cli_json_t j;
     cj_init_html(&j, f);
     if (i)
       fputc(',', f);
-    if (vm_write_file(&j, paths[i], snaps[i], o, &st[i]) != 0)
+    if (vm_write_file(&j, paths[i], snaps[i], &fo, &st[i]) != 0)
       return -1;
   }
-  fprintf(f, "]};\n%s</script>\n</body></html>\n", view_js);
+  fprintf(f, HTML_TAIL_A "%s" HTML_TAIL_B, view_js);
   return 0;
 }
 
@@ -107,11 +118,13 @@ static void usage(FILE *f) {
           "drag, the overview's brush) and, with FILE2, a comparison.\n"
           "Entries are numbered from 0 as in the file's device_traces.\n"
           "\n"
-          "Level of detail: the page holds about BYTES of data per file: the\n"
+          "Level of detail: the page holds at most BYTES of data per file\n"
+          "(more only when the series and final state alone need it): the\n"
           "memory series (exact up to 32768 entries, else the maximum per\n"
-          "bucket), the N largest allocations as bands (the others summed in\n"
-          "one band), and as many trace entries as fit, in runs of 4096\n"
-          "(OOMs, the end, the peaks first).\n"
+          "bucket), the final state, and as many of the N largest\n"
+          "allocations as bands (the others summed in one band) and of the\n"
+          "trace entries, in runs of 4096 (OOMs, the end, the peaks first),\n"
+          "as fit; a larger BYTES never keeps less.\n"
           "\n"
           "Links: OUT.html#device=D&entry=N&block=0xADDR&view=history opens\n"
           "device D after entry N with the stack of the block at ADDR.\n"
@@ -139,7 +152,7 @@ int cli_cmd_view(int argc, char **argv) {
   bool json = false;
   long detail = VIEW_DETAIL;
   uint64_t budget = 0;
-  vm_opts_t vo = {0, VIEW_DETAIL, NULL};
+  vm_opts_t vo = {0, VIEW_DETAIL, NULL, 0};
   const cli_opt_t opts[] = {
       CLI_STRING("budget", 0, &budget_arg),
       CLI_LONG("detail", 0, &detail, 1, (long)VIEW_MAX_DETAIL,

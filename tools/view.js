@@ -77,6 +77,8 @@
       fmtBytes(free) + ' free)';
   }
   function stateLabel(s) {
+    // a device without trace entries has one state: the file's final one
+    if (D && !D.n) return 'at the final state (no trace entries)';
     return s === 0 ? 'before entry 0 (start of the trace)' : 'after entry ' + num(s - 1);
   }
 
@@ -454,7 +456,7 @@
         run = [];
       };
       fr.forEach(function (f) {
-        var Fr = F.frames[f];
+        var R = F.frames[f], Fr = [F.strings[R[0]], F.strings[R[1]], R[2], R[3]];
         // Python: a .py file or a name in brackets (<stdin>, <string>,
         // <frozen ...>); user: memsnap's rule (cli_frame_is_user)
         var py = /\.py$/.test(Fr[1]) || /^</.test(Fr[1]);
@@ -484,11 +486,43 @@
     return {g: g, w: w, h: h};
   }
 
+  // Bytes of the drawn bands live at state s, for every state of `qs`
+  // (a band is live from its start to before its end; -1: to the end).
+  function drawnAt(B, qs) {
+    var ev = [], i, n = B.start.length;
+    for (i = 0; i < n; i++) {
+      ev.push([B.start[i], B.size[i]]);
+      if (B.end[i] >= 0) ev.push([B.end[i], -B.size[i]]);
+    }
+    ev.sort(function (x, y) { return x[0] - y[0]; });
+    var order = [], out = new Float64Array(qs.length);
+    for (i = 0; i < qs.length; i++) order.push(i);
+    order.sort(function (x, y) { return qs[x] - qs[y]; });
+    var p = 0, sum = 0;
+    order.forEach(function (k) {
+      while (p < ev.length && ev[p][0] <= qs[k]) sum += ev[p++][1];
+      out[k] = sum;
+    });
+    return out;
+  }
+
+  // The bytes of each bucket's maximum not drawn as bands (the grey
+  // "smaller ones, summed" band): the maximum less the drawn bands then.
+  function restOf(d, seg) {
+    var key = seg ? 'rrest' : 'arest';
+    if (d.prep[key]) return d.prep[key];
+    var ser = d.series, mx = seg ? ser.rmax : ser.amax, at = seg ? ser.rat : ser.aat;
+    var drawn = drawnAt(seg ? d.segbands : d.bands, at), rest = new Float64Array(mx.length);
+    for (var k = 0; k < mx.length; k++) rest[k] = Math.max(0, mx[k] - drawn[k]);
+    d.prep[key] = rest;
+    return rest;
+  }
+
   function kindData() {
     var seg = S.view === 'segments', ser = D.series;
     return {seg: seg, B: seg ? D.segbands : D.bands,
       mx: seg ? ser.rmax : ser.amax, at: seg ? ser.rat : ser.aat,
-      rest: seg ? ser.rrest : ser.arest, v0: seg ? ser.r0 : ser.a0};
+      rest: restOf(D, seg), v0: seg ? ser.r0 : ser.a0};
   }
 
   // Sample state and undrawn bytes of each pixel column of [x0, x1].

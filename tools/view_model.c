@@ -15,25 +15,30 @@
  *   (true when something was left out to meet the budget),
  *   devices: [{
  *     device, n, t0 (time_us of entry 0, or null),
- *     series: {w, a0, r0, amax, aat, arest, rmax, rat, rrest}: bucket k
- *       covers states k*w+1 .. (k+1)*w; amax = the most active bytes
- *       (requested bytes of live allocations) in it, aat = the state of
- *       that maximum, arest = the active bytes at aat not drawn as bands;
- *       r* the same for reserved bytes (segments).  w = 1 up to
- *       VM_MAX_BUCKETS entries: then every state is exact.
+ *     series: {w, a0, r0, amax, aat, rmax, rat}: bucket k covers states
+ *       k*w+1 .. (k+1)*w; amax = the most active bytes (requested bytes of
+ *       live allocations) in it, aat = the state of that maximum; r* the
+ *       same for reserved bytes (segments).  w = 1 up to VM_MAX_BUCKETS
+ *       entries: then every state is exact.  (The bytes at aat not drawn
+ *       as bands, the "smaller ones" band, are amax less the bands live
+ *       at aat: the viewer computes them, so the series does not change
+ *       with the bands kept.)
  *     bands / segbands: {total, start, end, size, stack, addr, pre, site,
- *       dur}: the `detail` largest allocations (alloc .. free_completed) /
+ *       dur}: the largest allocations (alloc .. free_completed) /
  *       segments (segment_alloc or _map .. segment_free or _unmap), ordered
  *       by start (the stacking order of PyTorch's Active Memory Timeline);
  *       start = first state holding it (0 when it predates the trace, pre
  *       = 1), end = first state without it (-1: alive at the end), size =
  *       requested bytes, site = index in leaks or -1, dur = lifetime
- *       in microseconds or -1.  total = allocations in the trace.
+ *       in microseconds or -1.  total = allocations in the trace.  At
+ *       most `detail` of each, as many as the budget takes.
  *     windows: [{first, count, kf: {segs: [addr, size, stream]...,
  *       blocks: [addr, requested, pending, stack, alloc entry]...},
  *       ev: {a, addr, size, stack, t, stream}}]: the trace entries kept
  *       (all of them when they fit the budget), in runs; kf is the state
  *       at `first`, ev the entries first .. first+count-1 (t: time_us - t0).
+ *       Two windows may meet (the second's key frame is then the first's
+ *       end state; see Budget).
  *     ooms: [[entry, requested, device_free, stack, active, reserved]]
  *       (an oom entry's `addr` field is device_free in PyTorch),
  *     annotations: {names, ranges: [name, s0, s1]..., dropped}
@@ -52,17 +57,34 @@
  *       (the final state), sites: [[site, bytes, count]...] (the top
  *       allocation sites by live bytes at the end, as `memsnap summary`)
  *   }],
- *   frames: [[name, filename, line, user]...] (user: 1 for a frame of
- *   the user's own code, cli_frame_is_user), nodes: [parent, frame, ...]:
+ *   strings: the distinct texts of the frames, each once (a name's head,
+ *   a filename's tail, cut to CLI_TEXT_CAP bytes),
+ *   frames: [[name, filename, line, user]...] (name and filename: indexes
+ *   in strings; user: 1 for a frame of the user's own code,
+ *   cli_frame_is_user), nodes: [parent, frame, ...]:
  *   stacks as a trie; node k (1-based) is frames[nodes[2k-1]] called from
  *   node nodes[2k-2] (0: outermost), so a stack is one node id (0: none).
  *
- * Budget.  The estimate of the bytes written is kept as the parts are
- * chosen: series and final state always, then the largest allocations as
- * bands (up to VM_BAND_SHARE of the budget), then the trace in tiles of
- * VM_TILE entries by priority (OOMs, the end, the peaks, the start, then
- * spread evenly) until the budget is spent.  Memory: the model, the
- * live blocks of one state, and arrays of the kept parts' size.
+ * Budget.  The budget bounds the bytes written, counted, not estimated.
+ * The series, the final state, OOMs, annotations and leaks are always
+ * written.  The rest comes from one order of items that does not depend
+ * on the budget (choice_order): the `detail` largest allocations and
+ * segments, largest first, interleaved with the trace's tiles of VM_TILE
+ * entries by priority (OOMs, the end, the peaks, the start, then spread
+ * evenly) so that bands take about VM_BAND_SHARE of it.  Level L keeps
+ * the first L items; a tile continues the window of the tile before it
+ * when that one came earlier in the order, else it opens a window with
+ * its own key frame, so a higher level only adds bytes.  Each device takes
+ * the highest level whose page, written to a byte counter (its object and
+ * what its stacks add to the string table and trie), fits its share of
+ * the budget (a search: the whole page, then guesses between the levels
+ * measured, bisections among them).  The fixed parts are written first
+ * (before the bands and windows), so their trie ids and bytes are
+ * measured once.  So a larger budget never keeps fewer entries or bands
+ * or gives a smaller page, and the page exceeds the budget only when its
+ * fixed parts alone do (the CLI's note).  Memory: the model, every stack
+ * seen as one trie (gtrie_t), the live records of one pass, one key
+ * frame, and arrays of the kept parts' size.
  *
  * Leaks.  Steps are the ranges of one repeated annotation (the most
  * frequent non-overlapping name, digits at its end ignored, at least 3
@@ -196,6 +218,8 @@ typedef struct lrec_s {
   msnap_stack_t stack; /* model stack id */
   uint32_t rank;       /* index among the drawn bands, NONE32 = not drawn */
   uint32_t entry;      /* alloc entry, NONE32 = before the trace          */
+  uint32_t rid;        /* record id: k for the k-th live at the start,
+                          (live at the start) + entry for the trace's     */
   uint8_t pending, inuse;
 } lrec_t;
 
@@ -259,34 +283,86 @@ static lrec_t *live_put(live_t *l, const lrec_t *rec) {
 }
 
 /* ---- stacks as a trie of (caller node, frame) ---------------------------- */
+/* Frames refer to a table of distinct strings (each frame's name cut to
+ * its head, its filename to its tail, CLI_TEXT_CAP bytes): a long string
+ * that many frames share goes in the page once. */
+/* Every stack seen, as one trie of (caller, model frame) shared by a file's
+ * tries: node g (1-based; 0 the root) is frame[g] called from parent[g]. */
+typedef struct gtrie_s {
+  uint32_t *parent, *frame;
+  uint32_t n, cap;
+  umap_t h;       /* (parent << 32 | model frame) -> node */
+  uint32_t *of;   /* model stack -> node + 1, 0 = not seen yet */
+  uint32_t *chain; /* scratch of trie_stack: nodes up from a stack's */
+  uint32_t chcap;
+} gtrie_t;
+
+static void gtrie_free(gtrie_t *g) {
+  free(g->parent);
+  free(g->frame);
+  um_free(&g->h);
+  free(g->of);
+  free(g->chain);
+}
+
+/* The node of model stack st (0: none or empty); NONE32 on ENOMEM. */
+static uint32_t gtrie_stack(gtrie_t *g, const msnap_snap_t *s,
+                            msnap_stack_t st) {
+  if (st == MSNAP_STACK_ABSENT || st >= s->nstacks)
+    return 0;
+  if (g->of[st])
+    return g->of[st] - 1;
+  uint32_t n;
+  const uint32_t *fr = cli_stack(s, st, &n);
+  uint32_t p = 0;
+  for (uint32_t k = n; fr && k > 0; k--) {
+    uint32_t f = fr[k - 1];
+    if (f >= s->nframes)
+      continue;
+    uint64_t key = (uint64_t)p << 32 | f;
+    uint32_t id = um_get(&g->h, key);
+    if (id == NONE32) {
+      if (g->n + 1 >= g->cap) {
+        uint32_t cap = g->cap ? g->cap * 2 : 1024;
+        uint32_t *a = realloc(g->parent, (size_t)cap * sizeof *a);
+        if (a)
+          g->parent = a;
+        uint32_t *b = realloc(g->frame, (size_t)cap * sizeof *b);
+        if (b)
+          g->frame = b;
+        if (!a || !b)
+          return NONE32;
+        g->cap = cap;
+      }
+      id = ++g->n;
+      g->parent[id] = p;
+      g->frame[id] = f;
+      if (um_put(&g->h, key, id))
+        return NONE32;
+    }
+    p = id;
+  }
+  g->of[st] = p + 1;
+  return p;
+}
+
 typedef struct trie_s {
   const msnap_snap_t *s;
+  gtrie_t *g;     /* the stacks, shared */
   uint32_t *node; /* pairs: parent node, output frame */
   uint32_t n, cap;
-  umap_t h;      /* (parent << 32 | frame) -> node id */
-  uint32_t *stk; /* model stack -> node id + 1, 0 = not seen yet */
+  uint32_t *loc;  /* node of g -> output node, 0 = not written yet */
+  uint32_t lcap;
   uint32_t *fout; /* model frame -> output frame + 1 */
-  uint32_t *flist;
+  uint32_t *flist; /* output frame -> model frame */
+  uint32_t *fstr;  /* output frame -> name string, filename string */
   uint32_t nf;
-  uint64_t bytes; /* estimate of frames + nodes as JSON */
+  uint64_t *sref; /* output string -> model string << 1 | tail */
+  uint32_t ns, scap;
+  umap_t sh;      /* hash of a string's text -> output string */
+  uint64_t bytes; /* of the strings, frames and nodes as written, each
+                     with a comma (one too many per non-empty array) */
 } trie_t;
-
-static int trie_init(trie_t *t, const msnap_snap_t *s) {
-  memset(t, 0, sizeof *t);
-  t->s = s;
-  t->stk = calloc((size_t)s->nstacks + 1, sizeof *t->stk);
-  t->fout = calloc((size_t)s->nframes + 1, sizeof *t->fout);
-  t->flist = calloc((size_t)s->nframes + 1, sizeof *t->flist);
-  return t->stk && t->fout && t->flist ? 0 : -1;
-}
-
-static void trie_free(trie_t *t) {
-  free(t->node);
-  um_free(&t->h);
-  free(t->stk);
-  free(t->fout);
-  free(t->flist);
-}
 
 static unsigned digits(uint64_t v) {
   unsigned d = 1;
@@ -297,53 +373,267 @@ static unsigned digits(uint64_t v) {
   return d;
 }
 
-/* Node id of a model stack (0: none or empty); NONE32 on ENOMEM. */
-static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
-  if (st == MSNAP_STACK_ABSENT || st >= t->s->nstacks)
-    return 0;
-  if (t->stk[st])
-    return t->stk[st] - 1;
-  uint32_t n;
-  const uint32_t *fr = cli_stack(t->s, st, &n);
-  uint32_t p = 0;
-  for (uint32_t k = n; fr && k > 0; k--) {
-    uint32_t f = fr[k - 1];
-    if (f >= t->s->nframes)
+/* Bytes of p[0..n) as a JSON string of the page (base/json.c's escapes,
+ * MSNAP_JSON_HTML), quotes included. */
+static uint64_t json_str_len(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  uint64_t len = 2;
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = p[i];
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' &&
+        c != '>' && c != '&') {
+      len++;
+      i++;
       continue;
+    }
+    size_t bad = 0, seq = c >= 0x80 ? msnap__utf8_seq(p + i, n - i, &bad) : 0;
+    if (seq > 0) {
+      len += seq;
+      i += seq;
+    } else if (c >= 0x80) {
+      len += 3; /* U+FFFD */
+      i += bad;
+    } else {
+      len += c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t' ? 2 : 6;
+      i++;
+    }
+  }
+  return len;
+}
+
+static int trie_init(trie_t *t, const msnap_snap_t *s, gtrie_t *g) {
+  memset(t, 0, sizeof *t);
+  t->s = s;
+  t->g = g;
+  t->fout = calloc((size_t)s->nframes + 1, sizeof *t->fout);
+  t->flist = calloc((size_t)s->nframes + 1, sizeof *t->flist);
+  t->fstr = calloc(2 * ((size_t)s->nframes + 1), sizeof *t->fstr);
+  return t->fout && t->flist && t->fstr ? 0 : -1;
+}
+
+static void trie_free(trie_t *t) {
+  free(t->node);
+  free(t->loc);
+  free(t->fout);
+  free(t->flist);
+  free(t->fstr);
+  free(t->sref);
+  um_free(&t->sh);
+}
+
+static void *dup_mem(const void *p, size_t n) {
+  void *q = malloc(n ? n : 1);
+  if (q && n)
+    memcpy(q, p, n);
+  return q;
+}
+
+static int um_copy(umap_t *dst, const umap_t *src) {
+  memset(dst, 0, sizeof *dst);
+  if (!src->cap)
+    return 0;
+  dst->k = dup_mem(src->k, (size_t)src->cap * sizeof *src->k);
+  dst->v = dup_mem(src->v, (size_t)src->cap * sizeof *src->v);
+  dst->cap = src->cap;
+  dst->n = src->n;
+  return dst->k && dst->v ? 0 : -1;
+}
+
+/* dst = a copy of src (a scratch trie to measure a choice in). */
+static int trie_copy(trie_t *dst, const trie_t *src) {
+  const msnap_snap_t *s = src->s;
+  *dst = *src;
+  dst->node = dup_mem(src->node, (size_t)src->cap * 2 * sizeof *src->node);
+  dst->loc = dup_mem(src->loc, (size_t)src->lcap * sizeof *src->loc);
+  dst->fout = dup_mem(src->fout, ((size_t)s->nframes + 1) * sizeof *src->fout);
+  dst->flist = dup_mem(src->flist,
+                       ((size_t)s->nframes + 1) * sizeof *src->flist);
+  dst->fstr = dup_mem(src->fstr,
+                      2 * ((size_t)s->nframes + 1) * sizeof *src->fstr);
+  dst->sref = dup_mem(src->sref, (size_t)src->scap * sizeof *src->sref);
+  int b = um_copy(&dst->sh, &src->sh);
+  if (b || !dst->node || !dst->loc || !dst->fout || !dst->flist ||
+      !dst->fstr || !dst->sref)
+    return -1;
+  return 0;
+}
+
+/* A string of a frame as written: a name's head, a filename's tail, cut
+ * to CLI_TEXT_CAP bytes (cli_text_cap); out holds CLI_TEXT_CAP + 3. */
+static size_t trie_text(const msnap_snap_t *s, uint64_t ref, char *out) {
+  size_t l;
+  const char *p = cli_str(s, (uint32_t)(ref >> 1), &l);
+  return cli_text_cap(p, l, ref & 1, out);
+}
+
+/* Output string of model string str (tail: a filename); NONE32 on ENOMEM. */
+static uint32_t trie_string(trie_t *t, uint32_t str, bool tail) {
+  char a[CLI_TEXT_CAP + 3], b[CLI_TEXT_CAP + 3];
+  uint64_t ref = (uint64_t)str << 1 | (tail ? 1u : 0u);
+  size_t n = trie_text(t->s, ref, a);
+  uint64_t hsh = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < n; i++)
+    hsh = (hsh ^ (unsigned char)a[i]) * 1099511628211ull;
+  uint32_t k = um_get(&t->sh, hsh);
+  if (k != NONE32) {
+    size_t m = trie_text(t->s, t->sref[k], b);
+    if (m == n && memcmp(a, b, n) == 0)
+      return k;
+  }
+  if (t->ns == t->scap) {
+    uint32_t cap = t->scap ? t->scap * 2 : 256;
+    uint64_t *v = realloc(t->sref, (size_t)cap * sizeof *v);
+    if (!v)
+      return NONE32;
+    t->sref = v;
+    t->scap = cap;
+  }
+  t->sref[t->ns] = ref;
+  t->bytes += json_str_len(a, n) + 1;
+  /* a different text of the same hash keeps the first in the map */
+  if (k == NONE32 && um_put(&t->sh, hsh, t->ns))
+    return NONE32;
+  return t->ns++;
+}
+
+/* Output node id of a model stack (0: none or empty); NONE32 on ENOMEM.
+ * Ids are given in the order the stacks are first written, a caller
+ * before its callees: the nodes of g not yet written on the way from the
+ * stack's node to the root are numbered outermost first. */
+static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
+  gtrie_t *g = t->g;
+  uint32_t gid = gtrie_stack(g, t->s, st);
+  if (gid == NONE32)
+    return NONE32;
+  if (gid == 0)
+    return 0;
+  if (gid < t->lcap && t->loc[gid])
+    return t->loc[gid];
+  if (g->n + 1 > t->lcap) {
+    uint32_t cap = t->lcap ? t->lcap : 1024;
+    while (cap < g->n + 1)
+      cap *= 2;
+    uint32_t *v = realloc(t->loc, (size_t)cap * sizeof *v);
+    if (!v)
+      return NONE32;
+    memset(v + t->lcap, 0, (size_t)(cap - t->lcap) * sizeof *v);
+    t->loc = v;
+    t->lcap = cap;
+  }
+  /* the unwritten nodes up from gid (each written node's callers are) */
+  uint32_t top = gid, depth = 0;
+  while (top && !t->loc[top]) {
+    if (depth == g->chcap) {
+      uint32_t cap = g->chcap ? g->chcap * 2 : 256;
+      uint32_t *v = realloc(g->chain, (size_t)cap * sizeof *v);
+      if (!v)
+        return NONE32;
+      g->chain = v;
+      g->chcap = cap;
+    }
+    g->chain[depth++] = top;
+    top = g->parent[top];
+  }
+  if (t->n + depth > t->cap) {
+    uint32_t cap = t->cap ? t->cap : 1024;
+    while (cap < t->n + depth)
+      cap *= 2;
+    uint32_t *v = realloc(t->node, (size_t)cap * 2 * sizeof *v);
+    if (!v)
+      return NONE32;
+    t->node = v;
+    t->cap = cap;
+  }
+  /* number them outermost first: node ids n+1 .. n+depth, from the top */
+  uint32_t p = top ? t->loc[top] : 0, base = t->n;
+  for (uint32_t k = 1; k <= depth; k++) {
+    uint32_t x = g->chain[depth - k]; /* numbered base + k */
+    t->loc[x] = base + k;
+    uint32_t f = g->frame[x];
     if (!t->fout[f]) {
+      uint32_t a = trie_string(t, t->s->frames[f].name, false);
+      uint32_t b = a == NONE32 ? NONE32
+                               : trie_string(t, t->s->frames[f].filename, true);
+      if (b == NONE32)
+        return NONE32;
       t->flist[t->nf] = f;
+      t->fstr[2 * t->nf] = a;
+      t->fstr[2 * t->nf + 1] = b;
       t->fout[f] = ++t->nf;
-      size_t l1, l2;
-      cli_str(t->s, t->s->frames[f].name, &l1);
-      cli_str(t->s, t->s->frames[f].filename, &l2);
-      /* as written: each cut to CLI_TEXT_CAP (+ the ellipsis) */
-      l1 = l1 > CLI_TEXT_CAP ? CLI_TEXT_CAP + 3 : l1;
-      l2 = l2 > CLI_TEXT_CAP ? CLI_TEXT_CAP + 3 : l2;
-      t->bytes += l1 + l2 + 12 + digits((uint64_t)llabs(t->s->frames[f].line));
+      int64_t line = t->s->frames[f].line;
+      /* [a,b,line,user], */
+      t->bytes += digits(a) + digits(b) + (line < 0) +
+                  digits(line < 0 ? 0u - (uint64_t)line : (uint64_t)line) + 7;
     }
     uint32_t fo = t->fout[f] - 1;
-    uint64_t key = (uint64_t)p << 32 | fo;
-    uint32_t id = um_get(&t->h, key);
-    if (id == NONE32) {
-      if (t->n == t->cap) {
-        uint32_t cap = t->cap ? t->cap * 2 : 1024;
-        uint32_t *v = realloc(t->node, (size_t)cap * 2 * sizeof *v);
-        if (!v)
-          return NONE32;
-        t->node = v;
-        t->cap = cap;
-      }
-      t->node[2 * t->n] = p;
-      t->node[2 * t->n + 1] = fo;
-      id = ++t->n;
-      if (um_put(&t->h, key, id))
-        return NONE32;
-      t->bytes += digits(p) + digits(fo) + 2;
-    }
-    p = id;
+    t->node[2 * (base + k - 1)] = p;
+    t->node[2 * (base + k - 1) + 1] = fo;
+    t->bytes += digits(p) + digits(fo) + 2;
+    p = base + k;
   }
-  t->stk[st] = p + 1;
-  return p;
+  t->n = base + depth;
+  return t->loc[gid];
+}
+
+/* "strings", "frames", "nodes" of the trie (the end of a file's object). */
+static void trie_write(const trie_t *t, cli_json_t *j) {
+  char cut[CLI_TEXT_CAP + 3];
+  cj_key(j, "strings");
+  cj_arr(j);
+  for (uint32_t i = 0; i < t->ns; i++)
+    cj_str(j, cut, trie_text(t->s, t->sref[i], cut));
+  cj_arr_end(j);
+  cj_key(j, "frames");
+  cj_arr(j);
+  for (uint32_t i = 0; i < t->nf; i++) {
+    cj_arr(j);
+    cj_u64(j, t->fstr[2 * i]);
+    cj_u64(j, t->fstr[2 * i + 1]);
+    cj_i64(j, t->s->frames[t->flist[i]].line);
+    cj_u64(j, cli_frame_is_user(t->s, t->flist[i]) ? 1 : 0);
+    cj_arr_end(j);
+  }
+  cj_arr_end(j);
+  cj_key(j, "nodes");
+  cj_arr(j);
+  for (uint32_t i = 0; i < 2 * t->n; i++)
+    cj_u64(j, t->node[i]);
+  cj_arr_end(j);
+}
+
+/* ---- counting what would be written ----------------------------------- */
+/* A JSON writer that only counts bytes (the page's, MSNAP_JSON_HTML). */
+static int count_cb(void *opaque, const void *p, size_t len) {
+  (void)opaque;
+  (void)p;
+  (void)len;
+  return 0;
+}
+
+static int counter_init(cli_json_t *j) {
+  memset(j, 0, sizeof *j);
+  if (msnap__sink_init_cb(&j->sink, count_cb, NULL) != 0)
+    return -1;
+  msnap__json_init(&j->w, &j->sink, MSNAP_JSON_HTML);
+  return 0;
+}
+
+static void counter_free(cli_json_t *j) { (void)msnap__sink_finish(&j->sink); }
+
+/* Bytes of trie_write(t) (with the comma before its first key). */
+static int64_t trie_bytes(const trie_t *t) {
+  cli_json_t c;
+  if (counter_init(&c))
+    return -1;
+  cj_obj(&c);
+  cj_key(&c, "x");
+  cj_null(&c);
+  uint64_t b0 = c.sink.bytes;
+  trie_write(t, &c);
+  int64_t n = (int64_t)(c.sink.bytes - b0);
+  counter_free(&c);
+  return n;
 }
 
 /* ---- top-N by size (a min-heap) ----------------------------------------- */
@@ -402,16 +692,20 @@ static int cmp_hitem_desc(const void *a, const void *b) {
   return h_less(y, x) ? -1 : h_less(x, y) ? 1 : 0;
 }
 
-static int cmp_u32(const void *a, const void *b) {
-  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+static int cmp_hitem_id(const void *a, const void *b) {
+  uint32_t x = ((const hitem_t *)a)->id, y = ((const hitem_t *)b)->id;
   return x < y ? -1 : x > y;
 }
 
 /* ---- bands of one kind ---------------------------------------------------- */
+/* The candidates are the `detail` largest elements; the k largest of them
+ * are drawn (k chosen by the budget). */
 typedef struct bands_s {
   heap_t heap;
-  uint32_t *id; /* drawn element ids, increasing (= start order) */
-  uint32_t n;
+  uint32_t *id;   /* candidate element ids, increasing (= start order) */
+  uint32_t *rank; /* of each candidate: its rank by size, 0 = largest   */
+  uint32_t n;     /* candidates                                       */
+  uint32_t k;     /* drawn: the candidates of rank < k                 */
   uint64_t total;
   int64_t *end;
 } bands_t;
@@ -419,6 +713,7 @@ typedef struct bands_s {
 static void bands_free(bands_t *b) {
   free(b->heap.v);
   free(b->id);
+  free(b->rank);
   free(b->end);
 }
 
@@ -443,7 +738,7 @@ typedef struct vdev_s {
   /* series */
   uint32_t w, nb;
   uint64_t a0, r0;
-  uint64_t *amax, *arest, *rmax, *rrest;
+  uint64_t *amax, *rmax;
   uint32_t *aat, *rat;
   /* pass A */
   uint32_t peak_a, peak_r; /* states */
@@ -452,6 +747,19 @@ typedef struct vdev_s {
   uint64_t *oom_a, *oom_r;
   uint32_t *tile_live; /* live blocks + segments at each tile start */
   uint32_t ntiles;
+  uint32_t *torder; /* tiles by priority */
+  uint32_t *trank;  /* of each tile: its place in torder */
+  uint8_t *item;    /* the choice order: 0 band, 1 segment band, 2 tile */
+  double *icost;    /* rough bytes of the first L items, L = 0..nitems */
+  uint32_t nitems;
+  /* rel[i]: the record (rid) entry i frees, marks pending or replaces at
+   * its address, NONE32 for none: found once (pass_b), so that the key
+   * frames of each level are made by a pass without address lookups */
+  uint32_t *rel;
+  /* a level being measured: stop writing windows once the counter's bytes
+   * and the trie's growth (t->bytes - tbase) pass `limit` (0: never) */
+  uint64_t limit, tbase;
+  bool aborted;
   /* windows */
   kf_t *win;
   uint32_t nwin;
@@ -470,15 +778,18 @@ static void dev_free(vdev_t *d) {
   bands_free(&d->blk);
   bands_free(&d->seg);
   free(d->amax);
-  free(d->arest);
   free(d->rmax);
-  free(d->rrest);
   free(d->aat);
   free(d->rat);
   free(d->ooms);
   free(d->oom_a);
   free(d->oom_r);
   free(d->tile_live);
+  free(d->torder);
+  free(d->trank);
+  free(d->item);
+  free(d->icost);
+  free(d->rel);
   for (uint32_t i = 0; i < d->nwin; i++) {
     free(d->win[i].segs);
     free(d->win[i].blocks);
@@ -565,44 +876,33 @@ static int pass_a(vdev_t *d) {
   return 0;
 }
 
-/* Keep the largest bands whose cost fits `room` bytes; ids sorted. */
-static int choose_bands(vdev_t *d, bands_t *b, bool segs, double room,
-                        uint64_t *est) {
+/* The candidates of b (the heap): ids sorted, each with its size rank;
+ * their ends are found by pass_b. */
+static int band_candidates(bands_t *b) {
   heap_t *h = &b->heap;
   qsort(h->v, h->n, sizeof *h->v, cmp_hitem_desc);
-  b->id = malloc(((size_t)h->n + 1) * sizeof *b->id);
-  if (!b->id)
-    return -1;
-  uint64_t start = *est;
-  uint32_t pre = segs ? d->st.ng : d->st.nb;
-  for (uint32_t i = 0; i < h->n; i++) {
-    uint32_t id = h->v[i].id;
-    msnap_stack_t st = MSNAP_STACK_ABSENT;
-    if (id >= pre)
-      st = d->tl->v[id - pre].frames;
-    else if (!segs)
-      st = d->prestack[id];
-    uint64_t before = d->t->bytes;
-    if (trie_stack(d->t, st) == NONE32)
-      return -1;
-    *est += 60 + (d->t->bytes - before);
-    b->id[b->n++] = id;
-    if ((double)(*est - start) > room)
-      break;
-  }
-  qsort(b->id, b->n, sizeof *b->id, cmp_u32);
+  b->n = h->n;
+  b->id = malloc(((size_t)b->n + 1) * sizeof *b->id);
+  b->rank = malloc(((size_t)b->n + 1) * sizeof *b->rank);
   b->end = malloc(((size_t)b->n + 1) * sizeof *b->end);
-  if (!b->end)
+  if (!b->id || !b->rank || !b->end)
     return -1;
-  for (uint32_t i = 0; i < b->n; i++)
+  /* (rank, id) pairs sorted by id: the candidates in start order */
+  for (uint32_t r = 0; r < b->n; r++)
+    h->v[r].size = r;
+  qsort(h->v, h->n, sizeof *h->v, cmp_hitem_id);
+  for (uint32_t i = 0; i < b->n; i++) {
+    b->id[i] = h->v[i].id;
+    b->rank[i] = (uint32_t)h->v[i].size;
     b->end[i] = -1;
+  }
   free(h->v);
   h->v = NULL;
   h->n = h->cap = 0;
   return 0;
 }
 
-/* Index of a drawn id (ids sorted), NONE32 when not drawn. */
+/* Index of a candidate id (ids sorted), NONE32 when not a candidate. */
 static uint32_t band_rank(const bands_t *b, uint32_t id) {
   uint32_t lo = 0, hi = b->n;
   while (lo < hi) {
@@ -615,94 +915,144 @@ static uint32_t band_rank(const bands_t *b, uint32_t id) {
   return lo < b->n && b->id[lo] == id ? lo : NONE32;
 }
 
-/* Cost of tile k's entries (their stacks go into the trie). */
-static int tile_cost(vdev_t *d, uint32_t k, uint64_t *cost) {
-  uint32_t lo = k * VM_TILE, hi = lo + VM_TILE < d->n ? lo + VM_TILE : d->n;
-  uint64_t before = d->t->bytes, c = 0;
-  for (uint32_t i = lo; i < hi; i++) {
-    const msnap_strace_t *e = &d->tl->v[i];
-    c += 40 + digits(e->addr) + digits(e->size);
-    if (trie_stack(d->t, e->frames) == NONE32)
-      return -1;
+/* The order in which tiles of the trace are kept: OOMs, the end, the
+ * peaks, the start, then spread evenly (halves, quarters...). */
+static int tile_order(vdev_t *d) {
+  uint32_t nt = d->ntiles, no = 0;
+  d->torder = malloc(((size_t)nt + 1) * sizeof *d->torder);
+  d->trank = malloc(((size_t)nt + 1) * sizeof *d->trank);
+  uint8_t *seen = calloc((size_t)nt + 1, 1);
+  if (!d->torder || !d->trank || !seen) {
+    free(seen);
+    return -1;
   }
-  *cost = c + (d->t->bytes - before);
-  return 0;
-}
-
-/* Choose the tiles of the trace to embed, then merge runs into windows. */
-static int choose_windows(vdev_t *d, double room, uint64_t *est) {
-  uint32_t nt = d->ntiles;
-  if (nt == 0)
-    return 0;
-  uint32_t *order = malloc((size_t)nt * 2 * sizeof *order + 64);
-  uint8_t *sel = calloc(nt, 1), *seen = calloc(nt, 1);
-  int rc = -1;
-  if (!order || !sel || !seen)
-    goto out;
-  uint32_t no = 0;
 #define PUSH(k)                                                              \
   do {                                                                       \
     uint32_t k_ = (k);                                                       \
     if (k_ < nt && !seen[k_]) {                                              \
       seen[k_] = 1;                                                          \
-      order[no++] = k_;                                                      \
+      d->trank[k_] = no;                                                     \
+      d->torder[no++] = k_;                                                  \
     }                                                                        \
   } while (0)
-  for (uint32_t i = 0; i < d->nooms; i++)
-    PUSH(d->ooms[i] / VM_TILE);
-  PUSH(nt - 1);
-  PUSH(d->peak_a ? (d->peak_a - 1) / VM_TILE : 0);
-  PUSH(d->peak_r ? (d->peak_r - 1) / VM_TILE : 0);
-  PUSH(0);
-  /* then evenly: halves, quarters, eighths... */
-  for (uint32_t step = nt; step >= 1; step /= 2) {
-    for (uint32_t k = step / 2; k < nt; k += step ? step : 1)
+  if (nt) {
+    for (uint32_t i = 0; i < d->nooms; i++)
+      PUSH(d->ooms[i] / VM_TILE);
+    PUSH(nt - 1);
+    PUSH(d->peak_a ? (d->peak_a - 1) / VM_TILE : 0);
+    PUSH(d->peak_r ? (d->peak_r - 1) / VM_TILE : 0);
+    PUSH(0);
+    for (uint32_t step = nt; step >= 1; step /= 2) {
+      for (uint32_t k = step / 2; k < nt; k += step ? step : 1)
+        PUSH(k);
+      if (step == 1)
+        break;
+    }
+    for (uint32_t k = 0; k < nt; k++)
       PUSH(k);
-    if (step == 1)
-      break;
   }
-  for (uint32_t k = 0; k < nt; k++)
-    PUSH(k);
 #undef PUSH
-  uint64_t used = 0;
-  for (uint32_t i = 0; i < no; i++) {
-    uint32_t k = order[i];
-    uint64_t c;
-    if (tile_cost(d, k, &c))
-      goto out;
-    bool joined = (k > 0 && sel[k - 1]) || (k + 1 < nt && sel[k + 1]);
-    if (!joined)
-      c += (uint64_t)d->tile_live[k] * 45;
-    if (i > 0 && (double)(used + c) > room)
-      break;
-    used += c;
-    sel[k] = 1;
+  free(seen);
+  return 0;
+}
+
+/* The choice order: bands, segment bands and tiles interleaved so that,
+ * by a rough cost of each (not the budget), bands take about
+ * VM_BAND_SHARE of what is chosen and segment bands VM_SEGBAND_SHARE.
+ * The page of level L holds the first L items of this order: a larger
+ * budget takes a longer prefix, never fewer entries or bands. */
+static int choice_order(vdev_t *d) {
+  uint32_t nb = d->blk.n, ns = d->seg.n, nt = d->ntiles;
+  d->nitems = nb + ns + nt;
+  d->item = malloc((size_t)d->nitems + 1);
+  d->icost = malloc(((size_t)d->nitems + 1) * sizeof *d->icost);
+  if (!d->item || !d->icost)
+    return -1;
+  d->icost[0] = 0;
+  double cb = 0, cs = 0, ct = 0;
+  uint32_t ib = 0, is = 0, it = 0;
+  for (uint32_t i = 0; i < d->nitems; i++) {
+    /* the kind furthest below its share of the cost so far */
+    double kb = ib < nb ? (cb + 60) / VM_BAND_SHARE : 1e300;
+    double ks = is < ns ? (cs + 60) / VM_SEGBAND_SHARE : 1e300;
+    double kt = 1e300;
+    if (it < nt) {
+      uint32_t k = d->torder[it];
+      uint32_t hi = (k + 1) * VM_TILE < d->n ? (k + 1) * VM_TILE : d->n;
+      kt = (ct + 40.0 * (hi - k * VM_TILE) + 45.0 * d->tile_live[k]) /
+           (1 - VM_BAND_SHARE - VM_SEGBAND_SHARE);
+    }
+    if (kt <= kb && kt <= ks) {
+      uint32_t k = d->torder[it++];
+      uint32_t hi = (k + 1) * VM_TILE < d->n ? (k + 1) * VM_TILE : d->n;
+      ct += 40.0 * (hi - k * VM_TILE) + 45.0 * d->tile_live[k];
+      d->item[i] = 2;
+    } else if (kb <= ks) {
+      ib++;
+      cb += 60;
+      d->item[i] = 0;
+    } else {
+      is++;
+      cs += 60;
+      d->item[i] = 1;
+    }
+    d->icost[i + 1] = cb + cs + ct;
   }
-  *est += used;
-  /* runs of selected tiles */
-  for (uint32_t k = 0; k < nt; k++)
-    if (sel[k] && (k == 0 || !sel[k - 1]))
+  return 0;
+}
+
+/* Choose level L: the first L items of the choice order.  Tile k joins
+ * the window of tile k-1 when k-1 came earlier in the order, else it
+ * starts a window with its own key frame (so that a longer prefix only
+ * adds to the page: no key frame is ever dropped). */
+static int choose_level(vdev_t *d, uint32_t L) {
+  for (uint32_t i = 0; i < d->nwin; i++) {
+    free(d->win[i].segs);
+    free(d->win[i].blocks);
+  }
+  free(d->win);
+  d->win = NULL;
+  d->nwin = 0;
+  uint32_t m = 0;
+  d->blk.k = d->seg.k = 0;
+  for (uint32_t i = 0; i < L && i < d->nitems; i++) {
+    if (d->item[i] == 0)
+      d->blk.k++;
+    else if (d->item[i] == 1)
+      d->seg.k++;
+    else
+      m++;
+  }
+  uint32_t nt = d->ntiles;
+  if (nt == 0 || m == 0)
+    return 0;
+  uint8_t *start = calloc(nt, 1);
+  if (!start)
+    return -1;
+  /* starts a window: kept, and k-1 not kept before it */
+  for (uint32_t k = 0; k < nt; k++) {
+    if (d->trank[k] >= m)
+      continue;
+    start[k] = k == 0 || d->trank[k - 1] >= d->trank[k] ? 1 : 2;
+    if (start[k] == 1)
       d->nwin++;
+  }
   d->win = calloc((size_t)d->nwin + 1, sizeof *d->win);
-  if (!d->win)
-    goto out;
+  if (!d->win) {
+    free(start);
+    return -1;
+  }
   uint32_t w = 0;
   for (uint32_t k = 0; k < nt; k++) {
-    if (!sel[k])
+    if (!start[k])
       continue;
-    if (k == 0 || !sel[k - 1]) {
-      d->win[w].first = k * VM_TILE;
-      w++;
-    }
+    if (start[k] == 1)
+      d->win[w++].first = k * VM_TILE;
     uint32_t hi = (k + 1) * VM_TILE < d->n ? (k + 1) * VM_TILE : d->n;
     d->win[w - 1].count = hi - d->win[w - 1].first;
   }
-  rc = 0;
-out:
-  free(order);
-  free(sel);
-  free(seen);
-  return rc;
+  free(start);
+  return 0;
 }
 
 /* ---- annotations and steps ------------------------------------------------ */
@@ -725,117 +1075,97 @@ static int cmp_lrec_addr(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int keyframe(kf_t *k, const live_t *blocks, const live_t *segs) {
-  k->blocks = malloc(((size_t)blocks->m.n + 1) * sizeof *k->blocks);
-  k->segs = malloc(((size_t)segs->m.n + 1) * sizeof *k->segs);
-  if (!k->blocks || !k->segs)
-    return -1;
-  for (uint32_t i = 0; i < blocks->nr; i++)
-    if (blocks->r[i].inuse)
-      k->blocks[k->nblocks++] = blocks->r[i];
-  for (uint32_t i = 0; i < segs->nr; i++)
-    if (segs->r[i].inuse)
-      k->segs[k->nsegs++] = segs->r[i];
-  qsort(k->blocks, k->nblocks, sizeof *k->blocks, cmp_lrec_addr);
-  qsort(k->segs, k->nsegs, sizeof *k->segs, cmp_lrec_addr);
-  return 0;
-}
-
-static void bucket(uint64_t v, uint64_t rest, uint32_t s, uint32_t j,
-                   uint64_t *mx, uint32_t *at, uint64_t *rs) {
+static void bucket(uint64_t v, uint32_t s, uint32_t j, uint64_t *mx,
+                   uint32_t *at) {
   if (at[j] == 0 || v > mx[j]) {
     mx[j] = v;
     at[j] = s;
-    rs[j] = rest;
   }
 }
 
-/* Record x leaves the live set at state `end`: its band ends there. */
-static void band_close(bands_t *b, const lrec_t *x, uint64_t *drawn,
-                       uint32_t end) {
-  if (x->rank != NONE32) {
+/* Record x leaves the live set at state `end`: a candidate band ends. */
+static void band_close(bands_t *b, const lrec_t *x, uint32_t end) {
+  if (b && x->rank != NONE32)
     b->end[x->rank] = end;
-    *drawn = sub0(*drawn, x->size);
-  }
 }
 
-/* A new live record y (element `id`; *next = the next drawn band not yet
- * started): a record at the same address (a damaged trace) ends first.
- * 0, or -1 on ENOMEM. */
+/* A new live record y (element `id`; *next = the next candidate not yet
+ * started; b NULL: no bands): a record at the same address (a damaged
+ * trace) ends first.  0, or -1 on ENOMEM. */
 static int band_open(live_t *L, bands_t *b, uint32_t *next, uint32_t id,
-                     lrec_t *y, uint64_t *drawn) {
-  if (*next < b->n && b->id[*next] == id)
+                     lrec_t *y) {
+  if (b && *next < b->n && b->id[*next] == id)
     y->rank = (*next)++;
   const lrec_t *x = live_get(L, y->addr);
   if (x)
-    band_close(b, x, drawn, y->entry + 1);
+    band_close(b, x, y->entry + 1);
   if (!live_put(L, y))
     return -1;
-  if (y->rank != NONE32)
-    *drawn += y->size;
   return 0;
 }
 
-/* Pass B: forward over the trace: series, band ends, leaks, keyframes. */
+/* Forward over the trace, once: the memory series, the ends of every
+ * candidate band, and rel[] (for the key-frame passes, pass_kf). */
 static int pass_b(vdev_t *d) {
   live_t B = {0}, G = {0};
   int rc = -1;
-  uint64_t a = 0, ad = 0, r = 0, rd = 0;
+  uint64_t a = 0, r = 0;
+  bands_t *bb = &d->blk, *gb = &d->seg;
   for (uint32_t k = 0; k < d->st.nb; k++) {
     const cli_lblock_t *b = &d->st.b[k];
     lrec_t x = {.addr = b->addr, .size = pre_size(b), .stream = b->stream,
-                .stack = d->prestack[k], .rank = band_rank(&d->blk, k),
-                .entry = NONE32, .pending = b->pending};
+                .stack = d->prestack[k],
+                .rank = band_rank(&d->blk, k),
+                .entry = NONE32, .rid = k, .pending = b->pending};
     if (!live_put(&B, &x))
       goto out;
     a += x.size;
-    if (x.rank != NONE32)
-      ad += x.size;
   }
   for (uint32_t k = 0; k < d->st.ng; k++) {
     const cli_lseg_t *g = &d->st.g[k];
     lrec_t x = {.addr = g->addr, .size = g->size, .stream = g->stream,
-                .rank = band_rank(&d->seg, k), .entry = NONE32};
+                .rank = band_rank(&d->seg, k),
+                .entry = NONE32, .rid = k};
     if (!live_put(&G, &x))
       goto out;
     r += x.size;
-    if (x.rank != NONE32)
-      rd += x.size;
   }
   d->a0 = a;
   d->r0 = r;
-  uint32_t wi = 0, bi = 0, gi = 0;
-  /* next drawn trace ids */
+  uint32_t bi = 0, gi = 0;
+  /* next candidate trace ids */
   while (bi < d->blk.n && d->blk.id[bi] < d->st.nb)
     bi++;
   while (gi < d->seg.n && d->seg.id[gi] < d->st.ng)
     gi++;
   for (uint32_t i = 0; i < d->n; i++) {
     const msnap_strace_t *e = &d->tl->v[i];
-    if (wi < d->nwin && d->win[wi].first == i) {
-      if (keyframe(&d->win[wi], &B, &G))
-        goto out;
-      wi++;
-    }
     lrec_t *x;
+    uint32_t *rel = &d->rel[i];
     switch (e->action) {
     case MSNAP_ACTION_ALLOC: {
       lrec_t y = {.addr = e->addr, .size = e->size,
                   .stream = msnap__tattr(d->s, e)->stream,
-                  .stack = e->frames, .rank = NONE32, .entry = i};
-      if (band_open(&B, &d->blk, &bi, d->st.nb + i, &y, &ad))
+                  .stack = e->frames, .rank = NONE32, .entry = i,
+                  .rid = d->st.nb + i};
+      if ((x = live_get(&B, e->addr)) != NULL)
+        *rel = x->rid;
+      if (band_open(&B, bb, &bi, d->st.nb + i, &y))
         goto out;
       a += e->size;
       break;
     }
     case MSNAP_ACTION_FREE_REQUESTED:
-      if ((x = live_get(&B, e->addr)) != NULL)
+      if ((x = live_get(&B, e->addr)) != NULL) {
         x->pending = 1;
+        *rel = x->rid;
+      }
       break;
     case MSNAP_ACTION_FREE_COMPLETED:
       a = sub0(a, e->size);
       if ((x = live_get(&B, e->addr)) != NULL) {
-        band_close(&d->blk, x, &ad, i + 1);
+        *rel = x->rid;
+        band_close(bb, x, i + 1);
         live_del(&B, e->addr);
       }
       break;
@@ -843,8 +1173,11 @@ static int pass_b(vdev_t *d) {
     case MSNAP_ACTION_SEGMENT_MAP: {
       lrec_t y = {.addr = e->addr, .size = e->size,
                   .stream = msnap__tattr(d->s, e)->stream,
-                  .stack = e->frames, .rank = NONE32, .entry = i};
-      if (band_open(&G, &d->seg, &gi, d->st.ng + i, &y, &rd))
+                  .stack = e->frames, .rank = NONE32, .entry = i,
+                  .rid = d->st.ng + i};
+      if ((x = live_get(&G, e->addr)) != NULL)
+        *rel = x->rid;
+      if (band_open(&G, gb, &gi, d->st.ng + i, &y))
         goto out;
       r += e->size;
       break;
@@ -853,20 +1186,148 @@ static int pass_b(vdev_t *d) {
     case MSNAP_ACTION_SEGMENT_UNMAP:
       r = sub0(r, e->size);
       if ((x = live_get(&G, e->addr)) != NULL) {
-        band_close(&d->seg, x, &rd, i + 1);
+        *rel = x->rid;
+        band_close(gb, x, i + 1);
         live_del(&G, e->addr);
       }
       break;
     default: break;
     }
-    uint32_t j = i / d->w;
-    bucket(a, sub0(a, ad), i + 1, j, d->amax, d->aat, d->arest);
-    bucket(r, sub0(r, rd), i + 1, j, d->rmax, d->rat, d->rrest);
+    uint32_t bk = i / d->w;
+    bucket(a, i + 1, bk, d->amax, d->aat);
+    bucket(r, i + 1, bk, d->rmax, d->rat);
   }
   rc = 0;
 out:
   live_free(&B);
   live_free(&G);
+  return rc;
+}
+
+static int write_window(vdev_t *d, cli_json_t *j, const kf_t *k);
+
+/* The live records of a key-frame pass: rids in a dense array, pos[rid]
+ * its place + 1 (0: not live). */
+typedef struct dlive_s {
+  uint32_t *v, *pos;
+  uint32_t n;
+} dlive_t;
+
+static void dl_add(dlive_t *l, uint32_t rid) {
+  if (l->pos[rid])
+    return;
+  l->v[l->n++] = rid;
+  l->pos[rid] = l->n;
+}
+
+static void dl_del(dlive_t *l, uint32_t rid) {
+  if (rid == NONE32 || !l->pos[rid])
+    return;
+  uint32_t k = l->pos[rid] - 1, last = l->v[--l->n];
+  l->v[k] = last;
+  l->pos[last] = k + 1;
+  l->pos[rid] = 0;
+}
+
+/* Record rid of blocks (segs false) or segments as an lrec_t. */
+static lrec_t rid_rec(const vdev_t *d, bool segs, uint32_t rid,
+                      const uint8_t *pend) {
+  uint32_t pre = segs ? d->st.ng : d->st.nb;
+  lrec_t x = {.rank = NONE32, .entry = NONE32, .rid = rid, .inuse = 1};
+  if (rid < pre && segs) {
+    x.addr = d->st.g[rid].addr;
+    x.size = d->st.g[rid].size;
+    x.stream = d->st.g[rid].stream;
+  } else if (rid < pre) {
+    x.addr = d->st.b[rid].addr;
+    x.size = pre_size(&d->st.b[rid]);
+    x.stream = d->st.b[rid].stream;
+    x.stack = d->prestack[rid];
+  } else {
+    const msnap_strace_t *e = &d->tl->v[rid - pre];
+    x.addr = e->addr;
+    x.size = e->size;
+    x.stream = msnap__tattr(d->s, e)->stream;
+    x.stack = e->frames;
+    x.entry = rid - pre;
+  }
+  if (pend)
+    x.pending = pend[rid];
+  return x;
+}
+
+/* The windows of the level chosen, each written to j with its key frame
+ * (the records live at its first entry, by address) as a forward pass
+ * reaches it; the pass follows rel[] (pass_b), with no address lookups. */
+static int pass_kf(vdev_t *d, cli_json_t *j) {
+  uint32_t nbr = d->st.nb + d->n, ngr = d->st.ng + d->n;
+  dlive_t B = {malloc(((size_t)nbr + 1) * 4), calloc((size_t)nbr + 1, 4), 0};
+  dlive_t G = {malloc(((size_t)ngr + 1) * 4), calloc((size_t)ngr + 1, 4), 0};
+  uint8_t *pend = calloc((size_t)nbr + 1, 1);
+  int rc = -1;
+  if (!B.v || !B.pos || !G.v || !G.pos || !pend)
+    goto out;
+  for (uint32_t k = 0; k < d->st.nb; k++) {
+    dl_add(&B, k);
+    pend[k] = d->st.b[k].pending;
+  }
+  for (uint32_t k = 0; k < d->st.ng; k++)
+    dl_add(&G, k);
+  uint32_t wi = 0;
+  for (uint32_t i = 0; i < d->n && wi < d->nwin; i++) {
+    if (d->win[wi].first == i) {
+      kf_t *k = &d->win[wi++];
+      k->blocks = malloc(((size_t)B.n + 1) * sizeof *k->blocks);
+      k->segs = malloc(((size_t)G.n + 1) * sizeof *k->segs);
+      int wr = k->blocks && k->segs ? 0 : -1;
+      for (uint32_t q = 0; wr == 0 && q < B.n; q++)
+        k->blocks[k->nblocks++] = rid_rec(d, false, B.v[q], pend);
+      for (uint32_t q = 0; wr == 0 && q < G.n; q++)
+        k->segs[k->nsegs++] = rid_rec(d, true, G.v[q], NULL);
+      if (wr == 0) {
+        qsort(k->blocks, k->nblocks, sizeof *k->blocks, cmp_lrec_addr);
+        qsort(k->segs, k->nsegs, sizeof *k->segs, cmp_lrec_addr);
+        wr = write_window(d, j, k);
+      }
+      free(k->segs);
+      free(k->blocks);
+      k->segs = k->blocks = NULL;
+      k->nsegs = k->nblocks = 0;
+      if (wr)
+        goto out;
+      if (d->limit && j->sink.bytes + (d->t->bytes - d->tbase) > d->limit) {
+        d->aborted = true; /* past the limit: the rest is not needed */
+        break;
+      }
+    }
+    uint32_t rel = d->rel[i];
+    switch (d->tl->v[i].action) {
+    case MSNAP_ACTION_ALLOC:
+      dl_del(&B, rel);
+      dl_add(&B, d->st.nb + i);
+      break;
+    case MSNAP_ACTION_FREE_REQUESTED:
+      if (rel != NONE32)
+        pend[rel] = 1;
+      break;
+    case MSNAP_ACTION_FREE_COMPLETED: dl_del(&B, rel); break;
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_MAP:
+      dl_del(&G, rel);
+      dl_add(&G, d->st.ng + i);
+      break;
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_UNMAP: dl_del(&G, rel); break;
+    default: break;
+    }
+  }
+  rc = 0;
+out:
+  free(B.v);
+  free(B.pos);
+  free(G.v);
+  free(G.pos);
+  free(pend);
   return rc;
 }
 
@@ -922,16 +1383,19 @@ static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
   cj_key(j, "start");
   cj_arr(j);
   for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k)
     cj_u64(j, b->id[i] < pre ? 0 : b->id[i] - pre + 1);
   cj_arr_end(j);
   cj_key(j, "end");
   cj_arr(j);
   for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k)
     cj_i64(j, b->end[i]);
   cj_arr_end(j);
   cj_key(j, "size");
   cj_arr(j);
-  for (uint32_t i = 0; i < b->n; i++) {
+  for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k) {
     uint32_t id = b->id[i];
     cj_u64(j, id >= pre ? d->tl->v[id - pre].size
                         : segs ? d->st.g[id].size : pre_size(&d->st.b[id]));
@@ -939,7 +1403,8 @@ static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
   cj_arr_end(j);
   cj_key(j, "addr");
   cj_arr(j);
-  for (uint32_t i = 0; i < b->n; i++) {
+  for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k) {
     uint32_t id = b->id[i];
     cj_u64(j, id >= pre ? d->tl->v[id - pre].addr
                         : segs ? d->st.g[id].addr : d->st.b[id].addr);
@@ -947,7 +1412,8 @@ static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
   cj_arr_end(j);
   cj_key(j, "stack");
   cj_arr(j);
-  for (uint32_t i = 0; i < b->n; i++) {
+  for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k) {
     uint32_t id = b->id[i];
     msnap_stack_t st = id >= pre ? d->tl->v[id - pre].frames
                                  : segs ? MSNAP_STACK_ABSENT
@@ -961,17 +1427,20 @@ static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
   cj_key(j, "pre");
   cj_arr(j);
   for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k)
     cj_u64(j, b->id[i] < pre);
   cj_arr_end(j);
   cj_key(j, "site");
   cj_arr(j);
   for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k)
     cj_i64(j, segs || b->id[i] < pre
                   ? -1 : leak_index(d, d->tl->v[b->id[i] - pre].frames));
   cj_arr_end(j);
   cj_key(j, "dur");
   cj_arr(j);
-  for (uint32_t i = 0; i < b->n; i++) {
+  for (uint32_t i = 0; i < b->n; i++)
+    if (b->rank[i] < b->k) {
     uint32_t id = b->id[i];
     int64_t t0 = id >= pre ? entry_time(d, id - pre) : INT64_MIN;
     int64_t t1 = b->end[i] > 0 ? entry_time(d, (uint32_t)b->end[i] - 1)
@@ -983,12 +1452,10 @@ static int write_bands(vdev_t *d, cli_json_t *j, const char *key,
   return 0;
 }
 
-static int write_windows(vdev_t *d, cli_json_t *j) {
+/* One window: its key frame (k's segs and blocks) and its entries. */
+static int write_window(vdev_t *d, cli_json_t *j, const kf_t *k) {
   int64_t t0 = entry_time(d, 0);
-  cj_key(j, "windows");
-  cj_arr(j);
-  for (uint32_t w = 0; w < d->nwin; w++) {
-    const kf_t *k = &d->win[w];
+  {
     cj_obj(j);
     cj_key(j, "first");
     cj_u64(j, k->first);
@@ -1063,6 +1530,16 @@ static int write_windows(vdev_t *d, cli_json_t *j) {
     cj_obj_end(j);
     cj_obj_end(j);
   }
+  return 0;
+}
+
+/* "windows": written as the forward pass reaches each window (pass_b), so
+ * that one key frame at a time is held. */
+static int write_windows(vdev_t *d, cli_json_t *j) {
+  cj_key(j, "windows");
+  cj_arr(j);
+  if (pass_kf(d, j))
+    return -1;
   cj_arr_end(j);
   return 0;
 }
@@ -1233,7 +1710,11 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   return 0;
 }
 
-static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
+/* The parts of a device written whatever the level (the object's start:
+ * series, leaks, OOMs, annotations, final state, sites); written before
+ * the bands and windows, so that the trie ids they take, and their bytes,
+ * do not depend on the level. */
+static int write_device_fixed(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   int64_t t0 = entry_time(d, 0);
   cj_obj(j);
   cj_key(j, "device");
@@ -1255,16 +1736,11 @@ static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   cj_u64(j, d->r0);
   w_u64s(j, "amax", d->amax, d->nb);
   w_u32s(j, "aat", d->aat, d->nb);
-  w_u64s(j, "arest", d->arest, d->nb);
   w_u64s(j, "rmax", d->rmax, d->nb);
   w_u32s(j, "rat", d->rat, d->nb);
-  w_u64s(j, "rrest", d->rrest, d->nb);
   cj_obj_end(j);
   /* leaks first: they number the sites the bands refer to */
   if (write_leaks(d, j, out))
-    return -1;
-  if (write_bands(d, j, "bands", &d->blk, false) ||
-      write_bands(d, j, "segbands", &d->seg, true) || write_windows(d, j))
     return -1;
   cj_key(j, "ooms");
   cj_arr(j);
@@ -1317,18 +1793,98 @@ static int write_device(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
   cj_obj_end(j);
   if (write_final(d, j) || write_sites(d, j))
     return -1;
+  return 0;
+}
+
+/* The parts of a device that the level chooses (the object's end): the
+ * bands and the windows. */
+static int write_device_var(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
+  if (write_bands(d, j, "bands", &d->blk, false) ||
+      write_bands(d, j, "segbands", &d->seg, true) || write_windows(d, j))
+    return -1;
   cj_obj_end(j);
   out->entries += d->n;
   for (uint32_t w = 0; w < d->nwin; w++)
     out->embedded += d->win[w].count;
   out->allocations += d->blk.total;
-  out->bands += d->blk.n;
+  out->bands += d->blk.k;
   out->ooms += d->nooms;
   return 0;
 }
 
-static int do_device(vdev_t *d, cli_json_t *j, double room, uint64_t *est,
-                     vm_stats_t *out) {
+/* Bytes that writing device d at level L adds to the page: its object
+ * (with the comma before it) and what its stacks add to the trie.  The
+ * fixed parts were measured once (`fixed` bytes; the trie after them is
+ * `tf`); the bands and windows are written to a counter, their stacks into
+ * a copy of tf.  INT64_MAX once past a quarter more than `room` (the
+ * writing stops there).  -1 on ENOMEM. */
+static int64_t level_bytes(vdev_t *d, uint32_t L, const trie_t *tf,
+                           int64_t fixed, double room) {
+  trie_t scratch, *real = d->t;
+  cli_json_t c;
+  vm_stats_t st;
+  int64_t n = -1;
+  if (choose_level(d, L))
+    return -1;
+  if (trie_copy(&scratch, tf)) {
+    trie_free(&scratch);
+    return -1;
+  }
+  if (counter_init(&c) == 0) {
+    memset(&st, 0, sizeof st);
+    cj_obj(&c);
+    cj_key(&c, "x"); /* the keys before, as in the object */
+    cj_null(&c);
+    uint64_t b0 = c.sink.bytes;
+    double lim = room * 1.25 - (double)fixed + 64;
+    d->limit = b0 + (lim < 64 ? 64 : lim < 1e18 ? (uint64_t)lim : UINT64_MAX / 2);
+    d->tbase = tf->bytes;
+    d->aborted = false;
+    d->t = &scratch;
+    int rc = write_device_var(d, &c, &st);
+    d->t = real;
+    d->limit = 0;
+    if (rc == 0 && d->aborted)
+      n = INT64_MAX;
+    else if (rc == 0)
+      n = fixed + (int64_t)(c.sink.bytes - b0) +
+          (int64_t)(scratch.bytes - tf->bytes);
+    d->aborted = false;
+    counter_free(&c);
+  }
+  trie_free(&scratch);
+  return n;
+}
+
+/* The fixed parts of device d written to a counter (with the comma before
+ * the object), their stacks into tf, a copy of the trie, whose growth is
+ * counted.  -1 on ENOMEM. */
+static int64_t fixed_bytes(vdev_t *d, trie_t *tf) {
+  trie_t *real = d->t;
+  cli_json_t c;
+  vm_stats_t st;
+  int64_t n = -1;
+  if (trie_copy(tf, real))
+    return -1;
+  if (counter_init(&c))
+    return -1;
+  memset(&st, 0, sizeof st);
+  cj_arr(&c);
+  cj_null(&c); /* the comma before the object, as after another device */
+  uint64_t b0 = c.sink.bytes;
+  d->t = tf;
+  if (write_device_fixed(d, &c, &st) == 0)
+    n = (int64_t)(c.sink.bytes - b0) + (int64_t)(tf->bytes - real->bytes);
+  d->t = real;
+  counter_free(&c);
+  return n;
+}
+
+/* Write device d at the largest level whose bytes fit `room` (level 0,
+ * the fixed parts, when none does).  The bytes of a level grow with it
+ * (each item adds to the page, nothing is dropped), so the search is a
+ * bisection; the page at the level chosen is the one measured. */
+static int do_device(vdev_t *d, cli_json_t *j, double room, vm_stats_t *out) {
   d->tl = cli_trace(d->s, d->dev);
   d->n = d->tl ? d->tl->n : 0;
   if (cli_backward(d->s, d->dev, NULL, NULL, &d->st) < 0 || prestacks(d))
@@ -1339,9 +1895,7 @@ static int do_device(vdev_t *d, cli_json_t *j, double room, uint64_t *est,
   d->ntiles = (d->n + VM_TILE - 1) / VM_TILE;
   size_t nb = (size_t)d->nb + 1;
   d->amax = calloc(nb, 8);
-  d->arest = calloc(nb, 8);
   d->rmax = calloc(nb, 8);
-  d->rrest = calloc(nb, 8);
   d->aat = calloc(nb, 4);
   d->rat = calloc(nb, 4);
   d->ooms = calloc(VM_MAX_OOMS, 4);
@@ -1352,9 +1906,8 @@ static int do_device(vdev_t *d, cli_json_t *j, double room, uint64_t *est,
   d->blk.heap.v = malloc((size_t)detail * sizeof(hitem_t));
   d->seg.heap.v = malloc((size_t)detail * sizeof(hitem_t));
   d->blk.heap.cap = d->seg.heap.cap = detail;
-  if (!d->amax || !d->arest || !d->rmax || !d->rrest || !d->aat || !d->rat ||
-      !d->ooms || !d->oom_a || !d->oom_r || !d->tile_live ||
-      !d->blk.heap.v || !d->seg.heap.v)
+  if (!d->amax || !d->rmax || !d->aat || !d->rat || !d->ooms || !d->oom_a ||
+      !d->oom_r || !d->tile_live || !d->blk.heap.v || !d->seg.heap.v)
     return -1;
   for (uint32_t k = 0; k < d->st.nb; k++)
     d->a0 += pre_size(&d->st.b[k]);
@@ -1364,58 +1917,104 @@ static int do_device(vdev_t *d, cli_json_t *j, double room, uint64_t *est,
       cli_leaks_steps(d->s, d->dev, d->o->step, CLI_LEAK_MIN_CONFIDENCE,
                       &d->leaks))
     return -1;
-  /* fixed parts: series, final state, annotations, OOMs */
-  uint64_t start = *est;
-  *est += (uint64_t)d->nb * 6 * 12 + (uint64_t)d->nrg * 20 + d->nooms * 80;
-  for (uint32_t i = 0; i < d->s->nsegments; i++) {
-    const msnap_ssegment_t *g = &d->s->segments[i];
-    if (g->device != d->dev)
-      continue;
-    *est += 40 + (uint64_t)g->nblocks * 50;
-    /* the stacks of the final blocks (always written) */
-    uint64_t ba = g->address, before = d->t->bytes;
-    for (uint32_t k = 0; k < g->nblocks; k++) {
-      const msnap_sblock_t *b = &d->s->blocks[g->first_block + k];
-      if (b->keys & MSNAP_K_ADDRESS)
-        ba = b->address;
-      if (trie_stack(d->t, cli_stacks_block(d->stk, d->dev, ba, b, NULL)) ==
-          NONE32)
-        return -1;
-      ba += b->size;
-    }
-    *est += d->t->bytes - before;
+  d->rel = malloc(((size_t)d->n + 1) * sizeof *d->rel);
+  if (!d->rel)
+    return -1;
+  memset(d->rel, 0xff, ((size_t)d->n + 1) * sizeof *d->rel);
+  if (band_candidates(&d->blk) || band_candidates(&d->seg) ||
+      pass_b(d) ||
+      tile_order(d) || choice_order(d))
+    return -1;
+  trie_t tf;
+  int64_t fixed = fixed_bytes(d, &tf);
+  if (fixed < 0) {
+    trie_free(&tf);
+    return -1;
   }
-  double left = room - (double)(*est - start);
-  if (left < 0)
-    left = 0;
-  if (choose_bands(d, &d->blk, false, left * VM_BAND_SHARE, est) ||
-      choose_bands(d, &d->seg, true, left * VM_SEGBAND_SHARE, est))
+  /* The highest level that fits, exactly (the bytes grow with the level):
+   * the whole page first, then guesses interpolated between the last
+   * level that fit and the last that did not, by the rough costs of the
+   * items (icost), every third one a bisection, so that few levels are
+   * written to the counter. */
+  uint32_t lo = 0, hi = d->nitems; /* the answer is in [lo, hi] */
+  double blo = (double)fixed, bhi = -1; /* measured at lo, at hi + 1 */
+  bool measured = false; /* bhi is a count, not a count stopped early */
+  for (unsigned probe = 0; lo < hi; probe++) {
+    uint32_t g;
+    if (probe == 0) {
+      g = hi;
+    } else if (probe % 3 == 0 || bhi <= blo || !measured) {
+      g = lo + (hi - lo + 1) / 2;
+    } else {
+      /* the largest L in (lo, hi] at or below the interpolated cost */
+      double c0 = d->icost[lo], c1 = d->icost[hi + 1];
+      double want = c0 + (room - blo) * (c1 - c0) / (bhi - blo);
+      uint32_t a = lo + 1, z = hi;
+      while (a < z) {
+        uint32_t m = a + (z - a + 1) / 2;
+        if (d->icost[m] <= want)
+          a = m;
+        else
+          z = m - 1;
+      }
+      g = a;
+    }
+    int64_t b = level_bytes(d, g, &tf, fixed, room);
+    if (b < 0) {
+      trie_free(&tf);
+      return -1;
+    }
+    if ((double)b <= room) {
+      lo = g;
+      blo = (double)b;
+    } else {
+      hi = g - 1;
+      measured = b != INT64_MAX;
+      bhi = (double)b;
+    }
+  }
+  trie_free(&tf);
+  if (choose_level(d, lo))
     return -1;
-  left = room - (double)(*est - start);
-  if (choose_windows(d, left, est) || pass_b(d))
+  if (write_device_fixed(d, j, out) || write_device_var(d, j, out))
     return -1;
-  return write_device(d, j, out);
+  return 0;
 }
 
 int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
                   const vm_opts_t *o, vm_stats_t *out) {
   trie_t t;
+  gtrie_t g;
   cli_stacks_t stk;
   uint32_t nd = 0;
   int64_t *devs = NULL;
   int rc = -1;
   memset(out, 0, sizeof *out);
-  if (trie_init(&t, s)) {
+  memset(&g, 0, sizeof g);
+  g.of = calloc((size_t)s->nstacks + 1, sizeof *g.of);
+  if (!g.of || trie_init(&t, s, &g)) {
     trie_free(&t);
+    gtrie_free(&g);
     return -1;
   }
   if (cli_stacks_init(&stk, s)) {
     trie_free(&t);
+    gtrie_free(&g);
     return -1;
   }
   devs = cli_devices(s, &nd);
   if (!devs && nd)
     goto out;
+  /* the budget bounds the bytes of the whole object: what is written
+   * before the devices, counted as it goes, and after them, the "lod"
+   * flag (at most `,"lod":false`, 12 bytes), the trie (its keys and
+   * brackets, trie0, and its elements, t.bytes, counted as they are
+   * added) and the closing brackets */
+  uint64_t b0 = j->sink.bytes;
+  int64_t trie0 = trie_bytes(&t);
+  if (trie0 < 0)
+    goto out;
+  uint64_t tail = 12 + (uint64_t)trie0 + 2;
   cj_obj(j);
   cj_key(j, "file");
   cj_cstr(j, path);
@@ -1437,7 +2036,7 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
   }
   cj_key(j, "budget");
   cj_u64(j, o->budget);
-  uint64_t total = 0, done = 0, est = 0;
+  uint64_t total = 0, done = 0;
   for (uint32_t i = 0; i < nd; i++) {
     const msnap_trace_list_t *tl = cli_trace(s, devs[i]);
     total += tl ? tl->n : 0;
@@ -1454,12 +2053,17 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
     d.dev = devs[i];
     const msnap_trace_list_t *tl = cli_trace(s, devs[i]);
     done += tl ? tl->n : 0;
-    /* this device's share of what is left of the budget */
+    /* this device's share of the budget, less what is already used (the
+     * trie's growth so far included) */
     double share = total ? (double)done / (double)total : (double)(i + 1) / nd;
-    double room = (double)o->budget * share - (double)est;
+    double used = (double)(j->sink.bytes - b0) + (double)tail +
+                  (double)t.bytes;
+    double budget = o->budget > o->overhead ? (double)(o->budget - o->overhead)
+                                            : 0;
+    double room = budget * share - used;
     if (room < 0)
       room = 0;
-    int r = do_device(&d, j, room, &est, out);
+    int r = do_device(&d, j, room, out);
     dev_free(&d);
     if (r)
       goto out;
@@ -1467,37 +2071,14 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
   cj_arr_end(j);
   cj_key(j, "lod");
   cj_bool(j, out->embedded < out->entries || out->bands < out->allocations);
-  cj_key(j, "frames");
-  cj_arr(j);
-  for (uint32_t i = 0; i < t.nf; i++) {
-    const msnap_frame_t *fr = &s->frames[t.flist[i]];
-    size_t l;
-    const char *p;
-    char cut[CLI_TEXT_CAP + 3];
-    cj_arr(j);
-    /* a name's head, a filename's tail (its file's name), cut to
-     * CLI_TEXT_CAP bytes: a MiB-long string shared by many frames would
-     * otherwise go in once per frame */
-    p = cli_str(s, fr->name, &l);
-    cj_str(j, cut, cli_text_cap(p, l, false, cut));
-    p = cli_str(s, fr->filename, &l);
-    cj_str(j, cut, cli_text_cap(p, l, true, cut));
-    cj_i64(j, fr->line);
-    cj_u64(j, cli_frame_is_user(s, t.flist[i]) ? 1 : 0);
-    cj_arr_end(j);
-  }
-  cj_arr_end(j);
-  cj_key(j, "nodes");
-  cj_arr(j);
-  for (uint32_t i = 0; i < 2 * t.n; i++)
-    cj_u64(j, t.node[i]);
-  cj_arr_end(j);
+  trie_write(&t, j);
   cj_obj_end(j);
-  out->estimate = est;
+  out->estimate = j->sink.bytes - b0;
   rc = 0;
 out:
   free(devs);
   cli_stacks_free(&stk);
   trie_free(&t);
+  gtrie_free(&g);
   return rc;
 }

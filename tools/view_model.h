@@ -12,9 +12,11 @@
 #include "cli.h"
 
 typedef struct vm_opts_s {
-  uint64_t budget;    /* about this many bytes of data per file           */
+  uint64_t budget;    /* at most this many bytes of data per file         */
   uint32_t detail;    /* at most this many bands per timeline and device  */
   const char *step;   /* annotation name of one step (NULL: automatic)     */
+  uint64_t overhead;  /* of the budget, bytes of the page around this
+                         file's object (its share of the HTML markup)     */
 } vm_opts_t;
 
 /* What was kept, for `--json` and the benchmark. */
@@ -24,7 +26,7 @@ typedef struct vm_stats_s {
   uint64_t allocations;   /* allocations (bands) of every device          */
   uint64_t bands;         /* of them, drawn one by one                    */
   uint64_t ooms, leak_sites;
-  uint64_t estimate;      /* bytes the budget accounting counted          */
+  uint64_t estimate;      /* bytes of the file's object, as written       */
 } vm_stats_t;
 
 /* Write the JSON object of one file (path as shown, model s) to j.  0, or

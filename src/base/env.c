@@ -256,17 +256,35 @@ bool msnap__parse_size(const char *s, uint64_t *out) {
   return true;
 }
 
+/* v as a whole number of the largest binary unit dividing it ("2M",
+ * "256T"), else bytes. */
+static const char *size_text(uint64_t v, char *buf, size_t len) {
+  static const char units[] = "PTGMK";
+  for (int k = 0; k < 5; k++) {
+    unsigned shift = 10u * (unsigned)(5 - k);
+    if (v && v % ((uint64_t)1 << shift) == 0) {
+      snprintf(buf, len, "%llu%c", (unsigned long long)(v >> shift),
+               units[k]);
+      return buf;
+    }
+  }
+  snprintf(buf, len, "%llu byte%s", (unsigned long long)v, v == 1 ? "" : "s");
+  return buf;
+}
+
 uint64_t msnap__env_parse_size(const char *name, const char *v,
                                uint64_t dflt) {
   if (v == NULL || *v == '\0') return dflt;
   uint64_t r;
   if (msnap__parse_size(v, &r)) return r;
-  if (first_warning(name))
+  if (first_warning(name)) {
+    char d[32];
     fprintf(stderr,
             "memsnap: warning: ignoring invalid size '%s' in %s (expected a "
             "number with an optional K, M, G, T or P suffix, e.g. 64G or "
-            "1.5G); using %llu\n",
-            v, name, (unsigned long long)dflt);
+            "1.5G); using %s\n",
+            v, name, size_text(dflt, d, sizeof d));
+  }
   return dflt;
 }
 
@@ -298,22 +316,6 @@ uint64_t msnap__env_parse_count(const char *name, const char *v,
   return dflt;
 }
 
-/* v as a whole number of the largest binary unit dividing it ("2M",
- * "256T"), else bytes. */
-static const char *size_text(uint64_t v, char *buf, size_t len) {
-  static const char units[] = "PTGMK";
-  for (int k = 0; k < 5; k++) {
-    unsigned shift = 10u * (unsigned)(5 - k);
-    if (v && v % ((uint64_t)1 << shift) == 0) {
-      snprintf(buf, len, "%llu%c", (unsigned long long)(v >> shift),
-               units[k]);
-      return buf;
-    }
-  }
-  snprintf(buf, len, "%llu byte%s", (unsigned long long)v, v == 1 ? "" : "s");
-  return buf;
-}
-
 /*
  * A size (see msnap__parse_size) in [lo, hi] bytes.  A malformed value or
  * one out of range ("0") warns once, naming the variable and the range,
@@ -323,8 +325,10 @@ uint64_t msnap__env_parse_size_range(const char *name, const char *v,
                                      uint64_t dflt, uint64_t lo, uint64_t hi) {
   if (v == NULL || *v == '\0') return dflt;
   uint64_t r;
-  if (!msnap__parse_size(v, &r)) return msnap__env_parse_size(name, v, dflt);
-  if (r >= lo && r <= hi) return r;
+  bool parsed = msnap__parse_size(v, &r);
+  if (parsed && r >= lo && r <= hi) return r;
+  /* malformed or out of range: one warning of one form, naming the range
+   * and the default as sizes ("using 8G") */
   if (first_warning(name)) {
     char a[32], b[32], d[32], range[80];
     if (hi == UINT64_MAX)

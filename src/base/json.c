@@ -157,18 +157,32 @@ void msnap__json_cstr(msnap_json_t *j, const char *s) {
     msnap__json_str(j, s, strlen(s));
 }
 
+/* v in decimal, ending at end (no NUL); returns its first character.
+ * (snprintf's cost dominated the viewer's pages: numbers are most of
+ * them.) */
+static char *u64_text(uint64_t v, char *end) {
+  do {
+    *--end = (char)('0' + v % 10u);
+    v /= 10u;
+  } while (v);
+  return end;
+}
+
 void msnap__json_i64(msnap_json_t *j, int64_t v) {
-  char b[32];
-  int n = snprintf(b, sizeof b, "%" PRId64, v);
+  char b[24], *e = b + sizeof b;
+  /* the magnitude as unsigned: INT64_MIN has no positive int64_t */
+  char *p = u64_text(v < 0 ? 0u - (uint64_t)v : (uint64_t)v, e);
+  if (v < 0)
+    *--p = '-';
   pre(j);
-  put(j, b, (size_t)n);
+  put(j, p, (size_t)(e - p));
 }
 
 void msnap__json_u64(msnap_json_t *j, uint64_t v) {
-  char b[32];
-  int n = snprintf(b, sizeof b, "%" PRIu64, v);
+  char b[24], *e = b + sizeof b;
+  char *p = u64_text(v, e);
   pre(j);
-  put(j, b, (size_t)n);
+  put(j, p, (size_t)(e - p));
 }
 
 /* The first p (1..17) significant digits of a positive v into d, *x the

@@ -656,6 +656,18 @@ def check_no_trace(pg):
         pg.p.wait_for_timeout(100)
         expect(not pg.errors, "%s (no trace): Home/End in the history tab, "
                "0 console errors %s" % (name, pg.errors[:3]))
+        # no trace entries: no "before entry 0" (there is no entry 0); the
+        # layout and the legend name the final state
+        pg.p.click("button.tab[data-v='segments']")
+        pg.p.click("button.tab[data-v='history']")
+        lay = pg.text("#layoutinfo")
+        pg.p.click("button.tab[data-v='active']")
+        leg = pg.text("#tlegend")
+        expect("entry 0" not in lay + leg and
+               "at the final state (no trace entries)" in lay and
+               "selected: at the final state (no trace entries)" in leg,
+               "%s (no trace): the layout and the legend say final state, "
+               "not entry 0 (%r; %r)" % (name, lay[:120], leg[-80:]))
         if name != "notrace":
             continue
         pg.p.click("button.tab[data-v='active']")

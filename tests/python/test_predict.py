@@ -1448,3 +1448,61 @@ def test_linear_bias_added_in_place_as_on_the_device(tmp_path):
     assert predicted == device
     assert device[0][0] == (64 * 32 * 1024 + 64 * 32 * 4096) * 4  # matmul's copy + output
     assert device[2][1] == "AddBackward0" and device[5][1] == "ViewBackward0", device
+
+
+NO_DEVICE = ("import sys, torch\nx = torch.ones(3) * 2\n"
+             "print('cpu only', x.sum().item(), file=sys.stderr)\n")
+
+
+def test_no_device_allocation_writes_an_empty_snapshot(tmp_path):
+    """A script that never allocates on the device still gets its snapshot:
+    an empty one (no segments, an empty trace per device) that memsnap
+    check and torch's memory_viz open; the report and --json say nothing
+    was allocated.  A write that fails (the directory removed while the
+    script ran) is reported in snapshot_error, as for any other run."""
+    from conftest import run_cli
+
+    script = tmp_path / "cpu_only.py"
+    script.write_text(NO_DEVICE)
+    p = predict(str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "no device memory was allocated" in p.stdout
+    assert "snapshot: cpu_only_predict.pickle" in p.stdout
+    out = tmp_path / "cpu_only_predict.pickle"
+    snap = load(out)
+    assert snap["segments"] == [] and snap["device_traces"] == [[]]
+    assert snap["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] == ""
+    c = run_cli("check", out)
+    assert c.returncode == 0 and "0 trace entries" in c.stdout, c.stdout + c.stderr
+    for cmd in ("trace_plot", "segment_plot"):
+        html = tmp_path / f"{cmd}.html"
+        m = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", cmd, str(out),
+                            "-o", str(html)], capture_output=True, text=True, timeout=300)
+        assert m.returncode == 0 and html.stat().st_size > 0, m.stderr
+
+    p = predict("--json", "--devices", "2", "-o", "two.pickle", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.json["snapshot"] == "two.pickle" and p.json["snapshot_error"] is None
+    assert p.json["allocator_events"] == 0 and p.json["peak_reserved_bytes"] == 0
+    assert load(tmp_path / "two.pickle")["device_traces"] == [[], []]
+
+    (tmp_path / "gone").mkdir()
+    script.write_text(NO_DEVICE + "import os\nos.rmdir('gone')\n")
+    p = predict("--json", "-o", "gone/x.pickle", str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.json["snapshot"] is None
+    assert p.json["snapshot_error"].startswith("gone/x.pickle: "), p.json
+    assert "the snapshot was not written: gone/x.pickle" in p.stderr
+
+
+def test_python_api_without_device_allocation_writes_the_snapshot(tmp_path):
+    """predict(output=...) around code with no device allocation writes
+    the empty snapshot too (snapshot_path names it)."""
+    from memsnap.predict import predict as run
+
+    out = tmp_path / "api.pickle"
+    with run(memory="1G", output=str(out)) as pr:
+        torch.ones(4).sum()
+    assert pr.snapshot_path == str(out) and pr.result["snapshot_error"] is None
+    assert load(out)["segments"] == []
+    assert "no device memory was allocated" in pr.report()

@@ -288,6 +288,28 @@ static void test_size_range(void **state) {
   assert_non_null(strstr(out, "ignoring MEMSNAP_TEST_SIZE_MIN '0': it must "
                               "be at least 1 byte (a number"));
   unsetenv(v);
+  /* A malformed value and one out of range warn in one form, the default
+   * written as a size both times (MEMSNAP_INPUT_LIMIT said "using 8G" for
+   * "0" but "using 8589934592" for "abc"). */
+  static const char *forms[] = {"0", "abc"};
+  static char fnames[2][64];
+  for (size_t i = 0; i < 2; i++) {
+    snprintf(fnames[i], sizeof fnames[i], "MEMSNAP_TEST_SIZE_FORM_%zu", i);
+    setenv(fnames[i], forms[i], 1);
+    capture_begin(&tmp, &saved);
+    assert_int_equal(msnap__env_parse_size_range(fnames[i], getenv(fnames[i]),
+                                                 8ull << 30, 1, UINT64_MAX),
+                     8ull << 30);
+    out = capture_end(tmp, saved);
+    char want[200];
+    snprintf(want, sizeof want,
+             "ignoring %s '%s': it must be at least 1 byte (a number with an "
+             "optional K, M, G, T or P suffix); using 8G\n",
+             fnames[i], forms[i]);
+    if (strstr(out, want) == NULL)
+      fail_msg("size '%s': got warning \"%s\"", forms[i], out);
+    unsetenv(fnames[i]);
+  }
   /* The real variable through the sim runtime: out-of-range sizes give
    * the default device (the first one warns: once per variable). */
   static const struct {

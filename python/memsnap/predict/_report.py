@@ -190,6 +190,9 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
     if r.get("values_read_as_zero"):
         out.append(f"  {_count(r['values_read_as_zero'], 'tensor value read')} (.item(), bool(), "
                    f".tolist(), .numpy()...) gave 0: fake tensors have no values")
+    if not r["allocator_events"]:
+        out.append("  no device memory was allocated: the code made no device allocation "
+                   "(the snapshot is empty)")
     phase = f"  (during {r['peak_phase']})" if r.get("peak_phase") else ""
     out.append(f"  peak allocated   {fmt_bytes(r['peak_allocated_bytes']):>12}{phase}")
     out.append(f"  peak reserved    {fmt_bytes(r['peak_reserved_bytes']):>12}")

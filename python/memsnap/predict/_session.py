@@ -364,10 +364,30 @@ class Session:
         """The run's snapshot now (``_snapshot()`` of the first
         configuration, without memsnap's own frames)."""
         if not self.targets:
+            return self._empty_snapshot()
+        return _snapshot.clean(self.targets[0].alloc.snapshot())
+
+    def _empty_snapshot(self) -> dict:
+        """The snapshot of a run that allocated nothing on the device: that
+        of a new allocator of the run's configuration, recording history as
+        the run's would (no segments, empty traces; its settings and
+        process_info), or, where that allocator
+        cannot be made (an alloc conf only the other profile takes), the
+        same keys with empty settings."""
+        first = self.configs[0]
+        profile = first.profile or ("cuda" if self.saw_cuda else "npu")
+        conf = first.alloc_conf if first.alloc_conf is not None else _env_conf(profile)
+        try:
+            alloc = _capi.Allocator(profile, conf or "", self.devices, self.memory)
+        except ValueError:
             return {"segments": [], "device_traces": [[] for _ in range(self.devices)],
                     "allocator_settings": {}, "external_annotations": [],
                     "host_segments": [], "host_traces": []}
-        return _snapshot.clean(self.targets[0].alloc.snapshot())
+        try:
+            alloc.record_history(True)  # as the run's allocator records
+            return alloc.snapshot()
+        finally:
+            alloc.close()
 
     def write_snapshot(self, path: str) -> None:
         _snapshot.write(self.snapshot(), path)
@@ -524,9 +544,10 @@ class Session:
         return exc_type is not None and issubclass(exc_type, PredictionStopped)
 
     def finish(self) -> None:
-        """Write the snapshot (unless the OOM snapshot was written) and
-        stop every allocator from taking more events."""
-        if (self.targets and self.output and self.snapshot_written is None
+        """Write the snapshot (unless the OOM snapshot was written; an
+        empty one when the run allocated nothing on the device) and stop
+        every allocator from taking more events."""
+        if (self.output and self.snapshot_written is None
                 and self.write_error is None):
             self._write_output()
         if self.tracker is not None:
