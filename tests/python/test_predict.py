@@ -326,10 +326,11 @@ def test_python_api_twice_in_one_process():
 
 
 def test_fsdp_per_rank_memory(tmp_path):
-    """FSDP2 over a fake process group: per-rank optimizer state is 1/N."""
+    """FSDP2 over a fake process group: per-rank optimizer state is 1/N
+    (two steps: the peak of the second holds the state the first made)."""
     def run(n):
         p = predict("--memory", "64G", "--json", "--devices", str(n), "--rank", str(n - 1),
-                    "-o", str(tmp_path / f"f{n}.pickle"), FSDP, "--steps", "1", cwd=tmp_path)
+                    "-o", str(tmp_path / f"f{n}.pickle"), FSDP, "--steps", "2", cwd=tmp_path)
         assert p.returncode == 0, p.stdout + p.stderr
         return p.json
 
@@ -346,6 +347,18 @@ def test_fsdp_per_rank_memory(tmp_path):
     assert step_bytes(one) >= 2 * 4 * n
     assert step_bytes(four) <= step_bytes(one) / 4 + (1 << 20)
     assert four["peak_allocated_bytes"] < one["peak_allocated_bytes"]
+
+    # DTensor's metadata propagation (global-shape tensors under a
+    # FakeTensorMode of its own in eager mode) allocates nothing on a device
+    def propagation_allocs(n):
+        with open(tmp_path / f"f{n}.pickle", "rb") as f:
+            snap = pickle.load(f)
+        return [e for t in snap["device_traces"] for e in t if e["action"] == "alloc"
+                and any("_sharding_prop.py" in fr["filename"]
+                        or fr["name"] == "_rebuild_tensor_from_dtensor_meta"
+                        for fr in e.get("frames", []))]
+
+    assert propagation_allocs(1) == [] and propagation_allocs(4) == []
 
 
 SEQUENTIAL = """
