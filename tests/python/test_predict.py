@@ -361,6 +361,51 @@ def test_fsdp_per_rank_memory(tmp_path):
     assert propagation_allocs(1) == [] and propagation_allocs(4) == []
 
 
+CUDA_IN_BACKWARD = """
+import torch
+
+class ToCuda(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.cpu().to("cuda") * 2  # Python run by the autograd engine
+
+x = torch.randn(1024, device="cuda", requires_grad=True)
+ToCuda.apply(x).sum().backward()
+assert x.grad.device == torch.empty(1, device="cuda").device
+"""
+
+TP_CUDA = """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+mesh = init_device_mesh("cuda", (int(os.environ["WORLD_SIZE"]),))
+m = nn.Sequential(nn.Linear(256, 1024, bias=False), nn.ReLU(), nn.Linear(1024, 256, bias=False)).cuda()
+parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+m(torch.randn(8, 256, device="cuda")).sum().backward()
+"""
+
+
+def test_cuda_arguments_mapped_inside_backward(tmp_path):
+    """"cuda" arguments of Python that the autograd engine runs -- a custom
+    Function's backward, DTensor's from_local moving a gradient to the
+    mesh's device in a tensor-parallel script written for CUDA -- are the
+    fake device's, as in the forward."""
+    for name, code, extra in (("fn.py", CUDA_IN_BACKWARD, ()),
+                              ("tp.py", TP_CUDA, ("--devices", "2"))):
+        script = tmp_path / name
+        script.write_text(code)
+        p = predict("--memory", "64G", "--json", *extra, "-o", str(tmp_path / (name + ".pickle")),
+                    str(script), cwd=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.json["peak_allocated_bytes"] > 0
+
+
 SEQUENTIAL = """
 import torch, torch.nn as nn
 model = nn.Sequential(nn.Linear(1024, 4096), nn.Sequential(nn.ReLU(), nn.Linear(4096, 1024)),

@@ -246,6 +246,7 @@ class Session:
         self.started = self.elapsed = 0.0
         self._stack = None
         self.fake_mode = None
+        self.device_args = None  # the DeviceArgs mode while predicting
         self.tracker = None
         # Threads of the script that failed on device work the prediction
         # does not see (it follows the thread that runs the script):
@@ -523,7 +524,9 @@ class Session:
             stack.enter_context(_stop_after_backward(self))
             if self.annotate_modules:
                 stack.enter_context(Annotator(self.annotate))
-            stack.enter_context(_device.DeviceArgs(self))
+            self.device_args = _device.DeviceArgs(self)
+            stack.enter_context(self.device_args)
+            stack.callback(setattr, self, "device_args", None)
             stack.enter_context(_other_threads(self, name))
             self.tracker = Tracker(self, name)
             stack.enter_context(self.tracker)
@@ -617,14 +620,29 @@ def _stop_after_backward(session):
     """``backward()`` and ``autograd.grad()`` raise the stop deferred out of
     the autograd engine as they return (module docstring).  Both call
     ``_engine_run_backward``, which ``torch.autograd`` imports by name from
-    ``torch.autograd.graph``: both names are wrapped."""
+    ``torch.autograd.graph``: both names are wrapped.
+
+    The engine also runs with the device-argument mode (``DeviceArgs``)
+    active again: ``backward()`` and ``grad()`` reach the engine through
+    that mode's ``__torch_function__``, inside which a mode is off, so the
+    Python the engine runs -- custom ``autograd.Function`` backwards and
+    hooks, such as DTensor's ``from_local`` moving a gradient to the
+    mesh's "cuda" device -- would get "cuda" unmapped ("PyTorch is not
+    linked with support for cuda devices")."""
     import torch.autograd.graph as graph
 
     orig = graph._engine_run_backward
 
+    def run(*args, **kwargs):
+        mode = session.device_args
+        if mode is None or mode in torch.overrides._get_current_function_mode_stack():
+            return orig(*args, **kwargs)
+        with mode:
+            return orig(*args, **kwargs)
+
     def _engine_run_backward(*args, **kwargs):
         try:
-            r = orig(*args, **kwargs)
+            r = run(*args, **kwargs)
         except BaseException:
             # An error raised inside the engine by a hook or a dispatch
             # mode was taken out of the interpreter by the device guard
