@@ -278,7 +278,9 @@ def test_matches_memtracker(tmp_path):
             peak = mt.get_tracker_snapshot("peak")
         print("RESULT " + json.dumps({{"mt": {{str(k): v["Total"] for k, v in peak.items()}},
                                       "npu": p.peak_allocated_bytes,
-                                      "cuda": p.what_if[0]["peak_allocated_bytes"]}}))
+                                      "cuda": p.what_if[0]["peak_allocated_bytes"],
+                                      "npu_requested": p.peak_requested_bytes,
+                                      "cuda_requested": p.what_if[0]["peak_requested_bytes"]}}))
     """
     r = run_script(code, timeout=600).result
     mt = r["mt"]["npu:0"]
@@ -286,6 +288,8 @@ def test_matches_memtracker(tmp_path):
         ours = r[profile]
         assert ours >= mt  # rounding only ever adds
         assert abs(ours - mt) / mt <= MEMTRACKER_TOLERANCE, (profile, ours, mt)
+        # the tensors' own bytes: what MemTracker counts
+        assert r[profile + "_requested"] == mt, (profile, r[profile + "_requested"], mt)
 
 
 def test_cuda_script(tmp_path):

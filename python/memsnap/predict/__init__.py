@@ -116,7 +116,8 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
             or "math" (torch's math path, the attention matrix kept).
 
     Attributes after the block: ``fits``, ``peak_allocated_bytes``,
-    ``peak_reserved_bytes``, ``fragmentation_bytes``, ``oom`` (None or a
+    ``peak_requested_bytes`` (the tensors' own bytes: torch's MemTracker
+    counts these), ``peak_reserved_bytes``, ``fragmentation_bytes``, ``oom`` (None or a
     dict), ``what_if`` (list of dicts), ``result`` (the ``--json`` dict),
     ``report()`` (the text report).
 
@@ -201,6 +202,7 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
 
     fits = property(lambda self: self._r("fits"))
     peak_allocated_bytes = property(lambda self: self._r("peak_allocated_bytes"))
+    peak_requested_bytes = property(lambda self: self._r("peak_requested_bytes"))
     peak_reserved_bytes = property(lambda self: self._r("peak_reserved_bytes"))
     fragmentation_bytes = property(lambda self: self._r("fragmentation_bytes"))
     oom = property(lambda self: self._r("oom"))

@@ -85,6 +85,7 @@ def _config_result(t, memory: int, devices: list[int]) -> dict:
         at = t.allocated_at_peak.get(d, 0)
         per[d] = {
             "peak_allocated_bytes": s.allocated_bytes[0].peak,
+            "peak_requested_bytes": s.requested_bytes[0].peak,
             "peak_reserved_bytes": s.reserved_bytes[0].peak,
             "allocated_at_peak_reserved_bytes": at,
             "fragmentation_bytes": pr - at,
@@ -100,6 +101,7 @@ def _config_result(t, memory: int, devices: list[int]) -> dict:
         "fits": t.oom is None,
         "device": head,
         "peak_allocated_bytes": h.get("peak_allocated_bytes", 0),
+        "peak_requested_bytes": h.get("peak_requested_bytes", 0),
         "peak_reserved_bytes": h.get("peak_reserved_bytes", 0),
         "fragmentation_bytes": h.get("fragmentation_bytes", 0),
         "fragmentation": h.get("fragmentation", 0.0),
@@ -117,7 +119,8 @@ def results(session, snapshot: dict | None) -> dict:
         configs = [{
             "profile": session.configs[0].profile or "npu",
             "alloc_conf": session.configs[0].alloc_conf or "", "fits": True,
-            "device": devices[0], "peak_allocated_bytes": 0, "peak_reserved_bytes": 0,
+            "device": devices[0], "peak_allocated_bytes": 0, "peak_requested_bytes": 0,
+            "peak_reserved_bytes": 0,
             "fragmentation_bytes": 0, "fragmentation": 0.0, "memory_bytes": session.memory,
             "devices": {}, "oom": None}]
     r = dict(configs[0])
@@ -195,6 +198,8 @@ def text(r: dict, script: str | None = None, script_error: str | None = None) ->
                    "(the snapshot is empty)")
     phase = f"  (during {r['peak_phase']})" if r.get("peak_phase") else ""
     out.append(f"  peak allocated   {fmt_bytes(r['peak_allocated_bytes']):>12}{phase}")
+    out.append(f"  peak requested   {fmt_bytes(r['peak_requested_bytes']):>12}  "
+               f"(the tensors' own bytes, before the allocator's rounding)")
     out.append(f"  peak reserved    {fmt_bytes(r['peak_reserved_bytes']):>12}")
     out.append(f"  fragmentation    {fmt_bytes(r['fragmentation_bytes']):>12}  "
                f"({_pct(r['fragmentation'])} of reserved at its peak: reserved but not "
