@@ -19,7 +19,13 @@
  *     (PyTorch records one when a snapshot is taken); several candidates
  *     make the alignment "ambiguous" (reported);
  *   - when B's trace begins after A's last entry and process_info shows
- *     the same process (pid and host), c = 0.
+ *     the same process (pid and host), c = 0;
+ *   - never when both traces are timed and B's ends before A's: B was
+ *     taken first (the files given in the wrong order).  A training
+ *     loop repeats its entries, so A's last ones would be found in B a
+ *     step or more back, a false cut.  A warning says so and no leak
+ *     candidate is reported (what A holds and B does not would read as
+ *     freed, B's older blocks as new).
  * Then a live block of B whose live alloc entry is at or after c is NEW
  * (allocated after A was taken, even at an address A also had: A's block
  * there was freed); one allocated before c, or before B's trace began
@@ -153,6 +159,7 @@ typedef struct align_s {
   const char *method; /* "time", "trace", "process", "address"           */
   uint32_t cut;       /* first entry of B's trace recorded after A        */
   bool b_reaches_a;   /* B's trace began before A was taken               */
+  bool reversed;      /* both timed, B's trace ends before A's: B is older */
 } align_t;
 
 static bool kind_of_change(uint8_t a) {
@@ -226,7 +233,10 @@ static int align(const msnap_snap_t *sa, const msnap_trace_list_t *ta,
     free(fb);
     return -1;
   }
-  if (all_timed(sa, ta) && all_timed(sb, tb)) {
+  if (all_timed(sa, ta) && all_timed(sb, tb) &&
+      tb->v[tb->n - 1].time_us < ta->v[ta->n - 1].time_us) {
+    al->reversed = true; /* B was taken before A: no cut */
+  } else if (all_timed(sa, ta) && all_timed(sb, tb)) {
     int64_t tend = ta->v[ta->n - 1].time_us;
     uint32_t c0 = cli_entry_at_time(tb, tend + 1); /* entries <= tend */
     al->b_reaches_a = tb->v[0].time_us <= tend;
@@ -632,7 +642,7 @@ int cli_cmd_diff(int argc, char **argv) {
     goto out;
   }
   int same = same_process(sa, sb);
-  bool any_aligned = false;
+  bool any_aligned = false, reversed = false;
   for (uint32_t d = 0; d < nd; d++) {
     if (align(sa, cli_trace(sa, devs[d]), sb, cli_trace(sb, devs[d]),
               same == 1, &al[d]) != 0) {
@@ -641,6 +651,7 @@ int cli_cmd_diff(int argc, char **argv) {
       goto out;
     }
     any_aligned |= al[d].aligned;
+    reversed |= al[d].reversed;
   }
   uint64_t kept = merge(la, na, lb, nb, devs, al, nd, all, &nall);
   uint64_t common_segs = 0;
@@ -661,7 +672,7 @@ int cli_cmd_diff(int argc, char **argv) {
     rc = CLI_UNUSABLE;
     goto out;
   }
-  if (!shared)
+  if (!shared || reversed)
     nleak = 0;
   qsort(gnew, nnew, sizeof *gnew, cmp_group_bytes);
   qsort(gfreed, nfreed, sizeof *gfreed, cmp_group_bytes);
@@ -670,7 +681,7 @@ int cli_cmd_diff(int argc, char **argv) {
   if (nleak)
     rc = CLI_FINDING;
 
-  char warn[2][512];
+  char warn[3][512];
   uint32_t nwarn = 0;
   if (same == 0)
     snprintf(warn[nwarn++], sizeof warn[0],
@@ -683,6 +694,11 @@ int cli_cmd_diff(int argc, char **argv) {
              "block at the same address and size, no common segment -- "
              "they look like two different runs; leak candidates are not "
              "reported");
+  if (reversed)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "B's trace ends before A's (time_us): B was taken before A -- "
+             "`memsnap diff` compares an older A with a newer B, so run it "
+             "with the files swapped; leak candidates are not reported");
   bool ambiguous = false;
   for (uint32_t d = 0; d < nd; d++)
     ambiguous |= al[d].ambiguous;

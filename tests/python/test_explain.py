@@ -653,6 +653,20 @@ def test_diff_finds_the_planted_leak_only(loops):
 
 
 @needs_torch
+def test_diff_of_files_in_the_wrong_order_warns(loops):
+    """B taken before A (both timed): no alignment a step back in the loop,
+    no leak candidate, a warning to swap them -- for the leak's dumps too."""
+    for kind in ("noleak", "leak"):
+        r = run_cli("diff", "--json", loops / f"{kind}_8.pickle",
+                    loops / f"{kind}_4.pickle")
+        assert r.returncode == 0, r.stdout
+        assert r.json["same_process"] is True
+        assert r.json["leak_candidate_count"] == 0
+        assert any("taken before A" in w and "swapped" in w for w in r.json["warnings"])
+        assert r.json["devices"][0]["alignment"]["b_first_entry_after_a"] is None
+
+
+@needs_torch
 def test_diff_warns_when_files_share_nothing(loops):
     r = run_cli("diff", "--json", loops / "noleak_8.pickle",
                 loops / "leak_8.pickle")
