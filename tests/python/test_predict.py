@@ -364,6 +364,11 @@ def test_fsdp_per_rank_memory(tmp_path):
 
     assert propagation_allocs(1) == [] and propagation_allocs(4) == []
 
+    # each rank's snapshot names its rank, as a rank's own dump would
+    with open(tmp_path / "f4.pickle", "rb") as f:
+        info = pickle.load(f)["process_info"]
+    assert (info["rank"], info["world_size"], info["local_rank"]) == (3, 4, 3)
+
 
 CUDA_IN_BACKWARD = """
 import torch

@@ -365,8 +365,29 @@ class Session:
         """The run's snapshot now (``_snapshot()`` of the first
         configuration, without memsnap's own frames)."""
         if not self.targets:
-            return self._empty_snapshot()
-        return _snapshot.clean(self.targets[0].alloc.snapshot())
+            return self._with_world(self._empty_snapshot())
+        return self._with_world(_snapshot.clean(self.targets[0].alloc.snapshot()))
+
+    def _with_world(self, snap: dict) -> dict:
+        """A distributed prediction's snapshot names its rank, as a rank's
+        own would: ``process_info`` gets ``rank``, ``world_size`` and
+        ``local_rank`` (the fake world's RANK / WORLD_SIZE / LOCAL_RANK,
+        which are restored when the prediction ends, before the snapshot
+        is taken), after ``host`` as the library writes them."""
+        info = snap.get("process_info")
+        if self.world_size is None or self.rank is None or not isinstance(info, dict):
+            return snap
+        out = {}
+        for k, v in info.items():
+            if k in ("rank", "world_size", "local_rank"):
+                continue
+            out[k] = v
+            if k == "host":
+                out.update(rank=self.rank, world_size=self.world_size, local_rank=self.rank)
+        if "rank" not in out:
+            out.update(rank=self.rank, world_size=self.world_size, local_rank=self.rank)
+        snap["process_info"] = out
+        return snap
 
     def _empty_snapshot(self) -> dict:
         """The snapshot of a run that allocated nothing on the device: that
