@@ -468,11 +468,42 @@ static void usage(FILE *f) {
           "             kept_by_site: [{site, bytes, count}],\n"
           "             leak_candidates: [{site, bytes, count, a_bytes,\n"
           "             b_bytes, new_bytes, growing}]}],\n"
-          "             leak_candidate_count, growing_leak_candidates}\n"
+          "             leak_candidates: [{device, site, bytes, count,\n"
+          "             a_bytes, b_bytes, new_bytes, growing}] (every\n"
+          "             device's, all of them), leak_candidate_count,\n"
+          "             growing_leak_candidates}\n"
           "  --top N    sites shown per list (default 10, 0 = all)\n"
           "  -h, --help this text\n"
           "\nExit status: 0 no leak candidate, 1 leak candidates found,\n"
           "2 unusable input.\n");
+}
+
+/* One site group as a JSON object (with its device for the top-level
+ * list of leak candidates). */
+static void group_json(cli_json_t *j, const group_t *g, bool leak,
+                       bool with_device) {
+  cj_obj(j);
+  if (with_device) {
+    cj_key(j, "device");
+    cj_i64(j, g->device);
+  }
+  cj_key(j, "site");
+  cj_cstr(j, g->site);
+  cj_key(j, "bytes");
+  cj_u64(j, g->bytes);
+  cj_key(j, "count");
+  cj_u64(j, g->count);
+  if (leak) {
+    cj_key(j, "a_bytes");
+    cj_u64(j, g->a_bytes);
+    cj_key(j, "b_bytes");
+    cj_u64(j, g->b_bytes);
+    cj_key(j, "new_bytes");
+    cj_u64(j, g->new_bytes);
+    cj_key(j, "growing");
+    cj_bool(j, true);
+  }
+  cj_obj_end(j);
 }
 
 static void print_groups(cli_json_t *j, bool json, const char *title,
@@ -495,24 +526,7 @@ static void print_groups(cli_json_t *j, bool json, const char *title,
       break;
     shown++;
     if (json) {
-      cj_obj(j);
-      cj_key(j, "site");
-      cj_cstr(j, g[i].site);
-      cj_key(j, "bytes");
-      cj_u64(j, g[i].bytes);
-      cj_key(j, "count");
-      cj_u64(j, g[i].count);
-      if (leak) {
-        cj_key(j, "a_bytes");
-        cj_u64(j, g[i].a_bytes);
-        cj_key(j, "b_bytes");
-        cj_u64(j, g[i].b_bytes);
-        cj_key(j, "new_bytes");
-        cj_u64(j, g[i].new_bytes);
-        cj_key(j, "growing");
-        cj_bool(j, true);
-      }
-      cj_obj_end(j);
+      group_json(j, &g[i], leak, false);
     } else if (leak) {
       printf("    %12s  +%u new  %s  (live %s -> %s)\n",
              cli_bytes(g[i].bytes, b1, sizeof b1), (unsigned)g[i].count,
@@ -839,6 +853,12 @@ int cli_cmd_diff(int argc, char **argv) {
       cj_obj_end(&j);
   }
   if (json) {
+    cj_arr_end(&j);
+    /* every device's, largest first, whatever --top */
+    cj_key(&j, "leak_candidates");
+    cj_arr(&j);
+    for (uint32_t i = 0; i < nleak; i++)
+      group_json(&j, &gleak[i], true, true);
     cj_arr_end(&j);
     cj_key(&j, "leak_candidate_count");
     cj_u64(&j, nleak);

@@ -650,6 +650,8 @@ def test_diff_finds_the_planted_leak_only(loops):
     (cand,) = r.json["devices"][0]["leak_candidates"]
     assert cand["site"].endswith(f"loop.py:{line_of(LOOP, 'planted')}:remember")
     assert cand["bytes"] == 4 * 2 * MiB and cand["count"] == 4
+    # every device's candidates at the top level too, with the device
+    assert r.json["leak_candidates"] == [{"device": 0, **cand}]
 
 
 @needs_torch
