@@ -366,6 +366,7 @@ def indexing_and_selection():
         "scatter": lambda z: torch.zeros_like(z).scatter(1, z.argsort(1)[:, :2], 1.0),
         "where": lambda z: torch.where(z > 0.5, z, -z),
         "clamp": lambda z: z.clamp(0.2, 0.8),
+        "flip": lambda z: z.flip(1),
     }
     out = {}
     for name, fn in cases.items():
@@ -379,7 +380,28 @@ def indexing_and_selection():
 def test_indexing_scans_and_sorting_match_the_cpu():
     r = _run("t.indexing_and_selection()")
     assert {d for d, _ in r.values()} == {DEVICE}, r
-    assert len(r) == 22 and r["index_mask"][1][0] > 0
+    assert len(r) == 23 and r["index_mask"][1][0] > 0
+
+
+def scan_gradients():
+    """Backward through cumsum and cumprod (their backward formulas flip
+    the gradient: aten::flip) on the device, against the CPU's."""
+    torch.manual_seed(0)
+    out = {}
+    for op in ("cumsum", "cumprod"):
+        x = torch.rand(4, 6) + 0.5
+        xd = x.to(DEVICE).requires_grad_()
+        x.requires_grad_()
+        getattr(x, op)(1).pow(2).sum().backward()
+        getattr(xd, op)(1).pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), x.grad, msg=op)
+        out[op] = xd.grad.device.type
+    return out
+
+
+@needs_shim
+def test_scans_backward_match_the_cpu():
+    assert _run("t.scan_gradients()") == {"cumsum": DEVICE, "cumprod": DEVICE}
 
 
 def save_load_round_trip(path):

@@ -156,9 +156,10 @@ const std::unordered_set<std::string>& cpu_operators() {
       // (_index_put_impl_), index_add
       "aten::index", "aten::_index_put_impl_", "aten::index_add",
       "aten::nonzero",
-      // scans, sorting and selection
+      // scans, sorting and selection (flip: cumsum's and cumprod's
+      // backward, torch/csrc/autograd/FunctionsManual.cpp)
       "aten::cumsum", "aten::cumsum_", "aten::cumprod", "aten::sort",
-      "aten::topk",
+      "aten::topk", "aten::flip",
       // factories that fill what they allocate
       "aten::arange", "aten::linspace", "aten::eye",
       // random (the CPU generator, seeded by torch.manual_seed)
