@@ -1990,6 +1990,7 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
   int64_t *devs = NULL;
   int rc = -1;
   memset(out, 0, sizeof *out);
+  memset(&t, 0, sizeof t); /* trie_free'd below even when g.of failed */
   memset(&g, 0, sizeof g);
   g.of = calloc((size_t)s->nstacks + 1, sizeof *g.of);
   if (!g.of || trie_init(&t, s, &g)) {
