@@ -255,18 +255,31 @@ static int atomic_open_direct(msnap_atomic_file_t *f, msnap_outpath_t *o) {
 /* rename(2) over a file in a sticky directory (/tmp) fails with EPERM
  * unless the caller owns the file or the directory (or is privileged, as
  * root with CAP_FOWNER): such a target is refused before anything is
- * written, as the kernel would refuse the final rename. */
+ * written, as the kernel would refuse the final rename.  In a
+ * world-writable sticky directory the kernel's protected_regular rule
+ * is stricter (fs/namei.c: may_create_in_sticky): an O_CREAT open of a
+ * regular file is refused unless the file is the caller's or the
+ * directory owner's -- to root and to the directory's owner too -- and
+ * so is the replace here: a file another user planted under the name
+ * would otherwise get the caller's data, handed back to that user
+ * (fchown) with the planter's mode. */
 static int sticky_replace_check(const msnap_outpath_t *o, const char *path) {
   if (!o->exists || !S_ISREG(o->st.st_mode) || !(o->dir.st_mode & S_ISVTX))
     return 0;
   uid_t me = geteuid();
-  if (me == 0 || o->st.st_uid == me || o->dir.st_uid == me) return 0;
+  if (o->st.st_uid == me || o->st.st_uid == o->dir.st_uid) return 0;
+  bool world = (o->dir.st_mode & S_IWOTH) != 0;
+  if (!world && (me == 0 || o->dir.st_uid == me)) return 0;
   return msnap__set_error_errno(
       MSNAP_EIO, EPERM,
       "cannot write '%s': it belongs to uid %ld in a sticky directory of uid "
       "%ld, where only the file's or the directory's owner may replace it "
-      "(you are uid %ld)",
-      path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me);
+      "(you are uid %ld%s)",
+      path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me,
+      world ? "; in a world-writable sticky directory only a file of yours "
+              "or of the directory's owner, whoever you are: the kernel's "
+              "protected_regular rule"
+            : "");
 }
 
 /* Create a temporary "<name>.tmp.<tag>.<pid>.<n>" beside o's name (the

@@ -119,6 +119,19 @@ def group_links():
                  and untouched(v) and sorted(os.listdir(d)) == before,
                  "%s -o PLANTED-LINK: refused, victim unchanged (%d %r)"
                  % (name, rc, err))
+        # a regular file planted under the name by another user: not
+        # replaced, even by root (the kernel's protected_regular rule)
+        planted = os.path.join(d, "planted-file.out")
+        with open(planted, "wb") as f:
+            f.write(SECRET)
+        os.chmod(planted, 0o666)
+        os.chown(planted, NOBODY, NOBODY)
+        rc, out, err = T.run(*argv, "-o", planted)
+        T.expect(rc == 2 and "protected_regular" in err and "uid 65534" in err
+                 and open(planted, "rb").read() == SECRET
+                 and os.stat(planted).st_uid == NOBODY,
+                 "%s -o PLANTED-FILE: refused, file unchanged (%d %r)"
+                 % (name, rc, err))
         # a planted link to a directory, in the middle of the path
         v = victim("victim-mid" + tag)
         mid = os.path.join(d, "dirlink")
