@@ -581,7 +581,10 @@ static msnap_source_t *source_new(uint64_t limit) {
     return NULL;
   }
   src->priv->fd = -1;
-  src->priv->limit = limit;
+  /* the reads ask for limit + 1 bytes (one past says "too large"): a
+   * limit of UINT64_MAX (an overflowing MEMSNAP_INPUT_LIMIT is clamped to
+   * it) would wrap to 0 and read every stream as empty */
+  src->priv->limit = limit < UINT64_MAX ? limit : UINT64_MAX - 1;
   return src;
 }
 

@@ -366,6 +366,16 @@ def group_special():
                 "P suffix); using 8G\n" % v) in err,
                "MEMSNAP_INPUT_LIMIT=%s: a warning, the 8 GiB default as 8G "
                "(%d %r)" % (v, rc, err.strip()[-200:]))
+    # A limit past 2^64 bytes is clamped, not wrapped: stdin and a gzip
+    # file still read (limit + 1 wrapped to 0: "the input is empty").
+    gz = write_bytes(gzip.compress(open(good_file(), "rb").read()), "good.gz")
+    for v in ("16384P", "18446744073709551615", "99999999999999999999"):
+        for how in ("stdin", "gzip"):
+            rc, out, err = run("check", "-" if how == "stdin" else gz,
+                               stdin=open(good_file(), "rb") if how == "stdin"
+                               else None, env={"MEMSNAP_INPUT_LIMIT": v})
+            expect(rc == 0, "MEMSNAP_INPUT_LIMIT=%s, %s: read (%d %r)"
+                   % (v, how, rc, err.strip()[-160:]))
     # A regular file is mapped, the limit does not apply to it.
     rc, out, err = run("check", good_file(),
                        env={"MEMSNAP_INPUT_LIMIT": "64"})
