@@ -139,7 +139,8 @@ static void usage(FILE *f) {
           "  --json             print {output, output_error, bytes (the\n"
           "                     page's size), budget, data_bytes (the page\n"
           "                     less the viewer's code), files: [{file,\n"
-          "                     input_bytes, entries, embedded_entries,\n"
+          "                     input_bytes, data_bytes (the file's\n"
+          "                     object), entries, embedded_entries,\n"
           "                     allocations, bands, ooms, leak_sites}]}\n"
           "                     on stdout\n"
           "  -h, --help         this text\n"
@@ -228,8 +229,21 @@ int cli_cmd_view(int argc, char **argv) {
     if (wrote)
       fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n",
               cli_output_shown(out), len);
-    /* the default budget as an explicit one */
-    if (data / (uint64_t)nf > vo.budget)
+    /* the default budget as an explicit one; each file's object against
+     * it (two files: one may be over while the average is not) */
+    int over = -1;
+    for (int i = 0; i < nf; i++)
+      if (st[i].estimate > vo.budget &&
+          (over < 0 || st[i].estimate > st[over].estimate))
+        over = i;
+    if (over >= 0 && nf > 1)
+      cli_err("note: the page holds %" PRIu64 " bytes of data for %s, more "
+              "than --budget %" PRIu64 "%s per file: the final state, the "
+              "memory series and the stacks of what is shown go in whatever "
+              "the budget",
+              st[over].estimate, cli_shown(argv[first + over]), vo.budget,
+              budget ? "" : " (the default)");
+    else if (over >= 0 || data / (uint64_t)nf > vo.budget)
       cli_err("note: the page holds %" PRIu64 " bytes of data, more than "
               "--budget %" PRIu64 "%s per file: the final state, the memory "
               "series and the stacks of what is shown go in whatever the "
@@ -256,6 +270,8 @@ int cli_cmd_view(int argc, char **argv) {
         cj_u64(&j, insize[i]);
         cj_key(&j, "entries");
         cj_u64(&j, st[i].entries);
+        cj_key(&j, "data_bytes");
+        cj_u64(&j, st[i].estimate);
         cj_key(&j, "embedded_entries");
         cj_u64(&j, st[i].embedded);
         cj_key(&j, "allocations");

@@ -2245,6 +2245,19 @@ def view_budget():
                "%d bands; within the budget, none fewer than for the "
                "smaller budget before (%s)" % ((b,) + cur + (last,)))
         last = cur
+    # Two files: each file's object is held to the budget -- the small
+    # first file must not let the big second one pass unnoticed (the note
+    # compared the average); the note names the file over it.
+    small = write_pickle(good_snapshot(), "budget_small.pickle")
+    rc, out, err = run("view", "--json", "--budget", "300K", small, src, "-o",
+                       html)
+    js = json.loads(out) if rc == 0 else {}
+    per = [f.get("data_bytes", 0) for f in js.get("files", [])]
+    expect(rc == 0 and len(per) == 2 and per[1] > 300 * 1024 and
+           "note:" in err and "cranberrii" in err,
+           "view --budget 300K SMALL BIG: the big file's %s bytes over the "
+           "budget get the note naming it (%d %r)"
+           % (per[1:] or "?", rc, err.strip()[-200:]))
 
 
 def group_view():
