@@ -180,9 +180,28 @@ static char *dup_attr(PyObject *code, const char *attr) {
     return strdup("??");
   }
   const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+  char *r = NULL;
+  if (s == NULL && PyUnicode_Check(v)) {
+    /* Lone surrogates (a path's undecodable bytes under surrogateescape,
+     * a name made with them) have no UTF-8: the raw bytes back
+     * (surrogateescape), else the surrogates' own encoding (surrogatepass).
+     * Either is invalid UTF-8, which the snapshot writer turns into
+     * U+FFFD (the one UTF-8 policy) -- the rest of the path is kept. */
+    PyErr_Clear();
+    PyObject *b = PyUnicode_AsEncodedString(v, "utf-8", "surrogateescape");
+    if (b == NULL) {
+      PyErr_Clear();
+      b = PyUnicode_AsEncodedString(v, "utf-8", "surrogatepass");
+    }
+    if (b != NULL) {
+      r = strndup(PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
+      Py_DECREF(b);
+    }
+  }
   if (s == NULL)
     PyErr_Clear();
-  char *r = strdup(s ? s : "??");
+  if (r == NULL)
+    r = strdup(s ? s : "??");
   Py_DECREF(v);
   return r;
 }

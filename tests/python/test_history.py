@@ -5,9 +5,11 @@ Each scenario runs in a fresh process (a fresh process-wide allocator).
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import pickletools
+import subprocess
 import sys
 
 import pytest
@@ -380,3 +382,38 @@ def test_snapshot_keeps_the_collector_out_and_its_state():
         assert r["collections"] == 0
     assert r["on_after"] is True
     assert r["off_after"] is False
+
+
+SURROGATES = r"""
+import json, pickle, sys
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python", max_entries=1000)
+def step():
+    return mm.caching_allocator_alloc(1 << 20)
+p = step()
+f = step.__code__.replace(co_name="na\udcffme", co_qualname="na\udcffme")
+named = type(step)(f, globals())
+q = named()
+s = mm._snapshot()
+out = [[fr["filename"], fr["name"]] for e in s["device_traces"][0]
+       if e["action"] == "alloc" for fr in e["frames"][:1]]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_frames_with_lone_surrogates_keep_their_text(tmp_path):
+    """A script under a directory whose name is not UTF-8 (its path holds
+    a surrogate escape) and a function named with a lone surrogate: the
+    frames keep their file and name, the bad character as U+FFFD (they
+    were recorded as '??', and the site became a C frame)."""
+    d = tmp_path / os.fsdecode(b"d\xff")
+    d.mkdir()
+    script = d / "train.py"
+    script.write_text(SURROGATES)
+    r = subprocess.run([sys.executable, str(script)], env=base_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    (f1, n1), (f2, n2) = out
+    assert f1 == f2 and f1.endswith("d\ufffd/train.py"), out
+    assert n1 == "step" and n2 == "na\ufffdme", out
