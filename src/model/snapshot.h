@@ -537,6 +537,9 @@ struct msnap_sink_s;
 /* Pickle protocol 4, MemoryViz opcode subset, memo for repeated strings,
  * frames and stacks, streamed to the sink. */
 int msnap__snap_write_pickle(const msnap_snap_t *s, struct msnap_sink_s *out);
+/* JSON (frame_table / stack_table: each frame and stack once).
+ * MSNAP_ELIMIT, nothing written, when the frames' strings (which JSON
+ * writes in every frame) exceed 16x the bytes of all strings + 64 MiB. */
 int msnap__snap_write_json(const msnap_snap_t *s, struct msnap_sink_s *out);
 /* Turn a live model (not read from a file, generation CURRENT) into one
  * whose key bits say exactly what is written: every key a live model is

@@ -991,9 +991,54 @@ int msnap__snap_write_pickle(const msnap_snap_t *s, msnap_sink_t *out) {
 }
 
 /*
- * Write s as JSON to out (flushed, not finished).
+ * The JSON output's bound.  A pickle stores each string once (memo) and
+ * each frame refers to it; JSON writes a frame's strings in full in its
+ * frame_table entry, so frames sharing a long string multiply it: 2000
+ * frames sharing one 8 MiB file name, 16.7 kB of gzip, would be 16 GB of
+ * JSON.  The frames' string bytes are bounded before anything is
+ * written: at most 16 times the bytes of all the file's strings, plus
+ * 64 MiB (a real recording's frames hold a few times its strings: many
+ * lines of one file).  Beyond: MSNAP_ELIMIT, nothing written.
+ */
+#define JSON_FRAME_STR_RATIO 16
+#define JSON_FRAME_STR_SLACK ((uint64_t)64 << 20)
+
+static uint64_t str_bytes(const msnap_snap_t *s, msnap_str_t id) {
+  size_t n = 0;
+  if (id != 0) (void)msnap__snap_str(s, id, &n);
+  return n;
+}
+
+static int json_bound(const msnap_snap_t *s) {
+  uint64_t all = 0, frames = 0;
+  for (msnap_str_t id = 1; id < s->nstrings; id++) all += str_bytes(s, id);
+  for (uint32_t i = 0; i < s->nframes; i++) {
+    const msnap_frame_t *f = &s->frames[i];
+    frames += str_bytes(s, f->name) + str_bytes(s, f->filename) +
+              str_bytes(s, f->fx_node_op) + str_bytes(s, f->fx_node_name) +
+              str_bytes(s, f->fx_node_target) +
+              str_bytes(s, f->fx_original_trace);
+  }
+  uint64_t limit = all * JSON_FRAME_STR_RATIO + JSON_FRAME_STR_SLACK;
+  if (frames <= limit) return 0;
+  return msnap__set_error(
+      MSNAP_ELIMIT,
+      "the JSON would hold %llu bytes of frame strings: its %u frames "
+      "share strings (%llu bytes in all) that a pickle stores once and JSON "
+      "writes in every frame (the limit: %dx the strings + 64 MiB); write a "
+      "pickle instead",
+      (unsigned long long)frames, s->nframes, (unsigned long long)all,
+      JSON_FRAME_STR_RATIO);
+}
+
+/*
+ * Write s as JSON to out (flushed, not finished); MSNAP_ELIMIT before
+ * anything is written when its frames would repeat shared strings beyond
+ * json_bound's limit.
  */
 int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
+  int brc = json_bound(s);
+  if (brc < 0) return brc;
   wr_t *w = malloc(sizeof *w);
   if (!w) return MSNAP_ENOMEM;
   int rc = wr_init(w, s, true);

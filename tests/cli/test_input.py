@@ -869,6 +869,26 @@ def group_amplify():
            "pickle's frames")
     expect(len(set(x["frames"] for x in j["device_traces"][0][2:])) == 4,
            "the four shared stacks are four stack ids")
+    # 400 frames (distinct lines) sharing one 1 MiB file name: 1 MB of
+    # gzip, 400 MB of JSON (a pickle stores the name once): refused before
+    # anything is written, the pickle output still made
+    big = "F" * (1 << 20)
+    entries = [{"action": "alloc", "addr": 4096 * (i + 1), "size": 512,
+                "stream": 0, "frames": [{"filename": big, "line": i,
+                                         "name": "n"}]} for i in range(400)]
+    shared = write_bytes(gzip.compress(pickle.dumps(
+        {"segments": [], "device_traces": [entries]}, protocol=4), 6),
+        "shared-name.pickle.gz")
+    out_j = path("shared-name.json")
+    rc, out, err, secs, rss = measured("convert", "--json", shared, "-o", out_j)
+    expect(rc == 2 and "MSNAP_ELIMIT" in err and "write a pickle" in err
+           and not os.path.exists(out_j) and rss <= 256 * MiB,
+           "convert --json of 400 frames sharing a 1 MiB name: refused, "
+           "nothing written, RSS %.1f MB (%r)" % (rss / 1e6, err.strip()[-200:]))
+    rc, out, err = run("convert", shared, "-o", path("shared-name.pickle"))
+    expect(rc == 0 and os.path.getsize(path("shared-name.pickle")) < 4 * MiB,
+           "the same file as a pickle: written, the name stored once (%d %r)"
+           % (rc, err.strip()[-160:]))
 
 
 def asan_build():
