@@ -267,19 +267,25 @@ static int sticky_replace_check(const msnap_outpath_t *o, const char *path) {
   if (!o->exists || !S_ISREG(o->st.st_mode) || !(o->dir.st_mode & S_ISVTX))
     return 0;
   uid_t me = geteuid();
-  if (o->st.st_uid == me || o->st.st_uid == o->dir.st_uid) return 0;
   bool world = (o->dir.st_mode & S_IWOTH) != 0;
-  if (!world && (me == 0 || o->dir.st_uid == me)) return 0;
+  /* rename(2)'s rule, and in a world-writable directory protected_regular */
+  bool may_rename = o->st.st_uid == me || o->dir.st_uid == me || me == 0;
+  bool may_open = o->st.st_uid == me || o->st.st_uid == o->dir.st_uid;
+  if (may_rename && (!world || may_open)) return 0;
+  if (may_rename)
+    return msnap__set_error_errno(
+        MSNAP_EIO, EPERM,
+        "cannot write '%s': it belongs to uid %ld in a world-writable sticky "
+        "directory of uid %ld, where only a file of yours or of the "
+        "directory's owner is replaced, whoever you are (the kernel's "
+        "protected_regular rule; you are uid %ld)",
+        path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me);
   return msnap__set_error_errno(
       MSNAP_EIO, EPERM,
       "cannot write '%s': it belongs to uid %ld in a sticky directory of uid "
       "%ld, where only the file's or the directory's owner may replace it "
-      "(you are uid %ld%s)",
-      path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me,
-      world ? "; in a world-writable sticky directory only a file of yours "
-              "or of the directory's owner, whoever you are: the kernel's "
-              "protected_regular rule"
-            : "");
+      "(you are uid %ld)",
+      path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me);
 }
 
 /* Create a temporary "<name>.tmp.<tag>.<pid>.<n>" beside o's name (the

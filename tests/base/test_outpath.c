@@ -383,8 +383,18 @@ static void test_sticky_replace(void **state) {
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 0);
   assert_string_equal(slurp(p), "kept");
-  /* root (CAP_FOWNER) replaces it */
+  /* root (CAP_FOWNER) replaces it: the file is the directory owner's */
   assert_int_equal(msnap_check_output(p), 0);
+  /* but not a file nobody planted there, in this world-writable sticky
+   * directory (the kernel's protected_regular rule) */
+  snprintf(p, sizeof p, "%s/planted.pickle", d);
+  put(p, "planted", 0666);
+  assert_int_equal(chown(p, NOBODY, NOBODY), 0);
+  assert_int_equal(msnap_check_output(p), MSNAP_EIO);
+  assert_int_equal(msnap_last_errno(), EPERM);
+  assert_non_null(strstr(msnap_last_error(), "protected_regular"));
+  assert_int_equal(msnap__write_file_atomic(p, "root's", 6), MSNAP_EIO);
+  assert_string_equal(slurp(p), "planted");
 }
 
 /* /dev/stdout, /dev/fd/N, /proc/self/fd/N: this process's descriptor is
