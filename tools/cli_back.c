@@ -402,6 +402,43 @@ static void gt_erase(gtree_t *t, uint32_t x) {
   t->version++;
 }
 
+/* The invariants at the top of this section (and every node live or
+ * free, once); MSNAP_DEBUG >= 2 runs it during the walk, with bt_check
+ * (after every entry while the treap holds at most 1024 segments). */
+static bool gt_check(const gtree_t *t) {
+  uint32_t *stack = malloc(((size_t)t->cnt + 1) * sizeof *stack);
+  if (!stack) return false;
+  uint32_t sp = 0, x = t->root, seen = 0, prev = 0;
+  bool ok = true;
+  while (ok && (x || sp)) {
+    while (ok && x) {
+      if (x > t->cnt || sp > t->cnt) {
+        ok = false; /* a cycle, or an index out of the array */
+        break;
+      }
+      const gnode_t *v = &t->n[x];
+      if ((v->c[0] && t->n[v->c[0]].pri > v->pri) ||
+          (v->c[1] && t->n[v->c[1]].pri > v->pri))
+        ok = false;
+      stack[sp++] = x;
+      x = v->c[0];
+    }
+    if (!ok) break;
+    x = stack[--sp];
+    if (++seen > t->live ||
+        (prev && !gt_less(&t->n[prev], t->n[x].g.addr, t->n[x].age)))
+      ok = false;
+    prev = x;
+    x = t->n[x].c[1];
+  }
+  free(stack);
+  uint32_t nfree = 0;
+  for (uint32_t y = t->free_head; ok && y; y = t->n[y].c[0])
+    if (y > t->cnt || ++nfree > t->cnt)
+      ok = false;
+  return ok && seen == t->live && seen + nfree == t->cnt;
+}
+
 /* First segment with addr >= a, or 0. */
 static uint32_t gt_lb(const gtree_t *t, uint64_t a) {
   uint32_t x = t->root, r = 0;
@@ -1007,6 +1044,15 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     /* MSNAP_DEBUG >= 2 (meson -Ddebug_level=2): the treap's invariants */
     if (msnap_debug_level >= 2 && !bt_check(&bt)) {
       fprintf(stderr, "memsnap: internal error: live-block treap "
+                      "invariants (entry %" PRIu32 ")\n", i);
+      abort();
+    }
+    /* (the segment treap: after every entry while it is small, then at
+     * entries 2^k -- a walk undoing 400 K segment_free entries would
+     * otherwise check 400 K nodes 400 K times) */
+    if (msnap_debug_level >= 2 && (gt.live <= 1024 || (i & (i - 1)) == 0) &&
+        !gt_check(&gt)) {
+      fprintf(stderr, "memsnap: internal error: live-segment treap "
                       "invariants (entry %" PRIu32 ")\n", i);
       abort();
     }
