@@ -481,14 +481,8 @@ static uint32_t trie_string(trie_t *t, uint32_t str, bool tail) {
     if (m == n && memcmp(a, b, n) == 0)
       return k;
   }
-  if (t->ns == t->scap) {
-    uint32_t cap = t->scap ? t->scap * 2 : 256;
-    uint64_t *v = realloc(t->sref, (size_t)cap * sizeof *v);
-    if (!v)
-      return NONE32;
-    t->sref = v;
-    t->scap = cap;
-  }
+  if (MSNAP_GROW(t->sref, t->scap, (uint64_t)t->ns + 1) != 0)
+    return NONE32;
   t->sref[t->ns] = ref;
   t->bytes += json_str_len(a, n) + 1;
   /* a different text of the same hash keeps the first in the map */
@@ -524,14 +518,8 @@ static uint32_t trie_stack(trie_t *t, msnap_stack_t st) {
   /* the unwritten nodes up from gid (each written node's callers are) */
   uint32_t top = gid, depth = 0;
   while (top && !t->loc[top]) {
-    if (depth == g->chcap) {
-      uint32_t cap = g->chcap ? g->chcap * 2 : 256;
-      uint32_t *v = realloc(g->chain, (size_t)cap * sizeof *v);
-      if (!v)
-        return NONE32;
-      g->chain = v;
-      g->chcap = cap;
-    }
+    if (MSNAP_GROW(g->chain, g->chcap, (uint64_t)depth + 1) != 0)
+      return NONE32;
     g->chain[depth++] = top;
     top = g->parent[top];
   }
