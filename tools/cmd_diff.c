@@ -818,8 +818,11 @@ int cli_cmd_diff(int argc, char **argv) {
                "after A; aligned by %s%s)\n",
                a->cut, a->method, a->ambiguous ? ", ambiguous" : "");
       else
-        printf("  lifetimes  unknown (no common trace): blocks matched by "
-               "address, size and site\n");
+        printf("  lifetimes  unknown (%s): blocks matched by address, size "
+               "and site\n",
+               a->reversed ? "B was taken before A: the files in the wrong "
+                             "order"
+                           : "no common trace");
       printf("  reserved   %s -> %s (%s%s)\n", cli_bytes(ra, b1, sizeof b1),
              cli_bytes(rb, b2, sizeof b2), rb >= ra ? "+" : "-",
              cli_bytes(rb >= ra ? rb - ra : ra - rb, b3, sizeof b3));
