@@ -275,6 +275,12 @@ struct msnap_source_priv_s {
                                 end of the gzip member / zstd frame    */
   ZSTD_DStream *zs;
   size_t zs_last;            /* last ZSTD_decompressStream result     */
+  bool ahead;                /* in msnap__source_fill_ahead: read only
+                                what is ready (poll, no wait)         */
+  bool stalled;              /* ... and a read found nothing ready    */
+  int pending;               /* an error fill_ahead met, given to the
+                                reader when it needs those bytes      */
+  char pending_err[sizeof ((msnap_source_t *)0)->err];
   const unsigned char *chunked; /* tests: a buffer read in small pieces */
   size_t chunked_len, chunked_pos, chunk;
 };
@@ -347,6 +353,19 @@ static ssize_t read_fd(msnap_source_t *src, unsigned char *dst, size_t n) {
     ssize_t k = fifo_first(src, dst, n);
     if (k != 0) return k; /* its first bytes, or an error */
   }
+  if (pr->ahead) {
+    /* only what is there now: a writer that keeps its end open after the
+     * pickle's STOP must never block a read the reader did not need */
+    struct pollfd pf = {pr->fd, POLLIN, 0};
+    int k;
+    do
+      k = poll(&pf, 1, 0);
+    while (k < 0 && errno == EINTR);
+    if (k == 0) {
+      pr->stalled = true;
+      return 0;
+    }
+  }
   for (;;) {
     ssize_t k = read(pr->fd, dst, n);
     if (k >= 0) return k;
@@ -360,7 +379,8 @@ static ssize_t read_fd(msnap_source_t *src, unsigned char *dst, size_t n) {
   }
 }
 
-/* Compressed input: make raw bytes available (0), or none left (1). */
+/* Compressed input: make raw bytes available (0), or none left (1), or
+ * none ready in fill_ahead's no-wait mode (2). */
 static int raw_more(msnap_source_t *src) {
   struct msnap_source_priv_s *pr = src->priv;
   if (pr->raw_n) return 0;
@@ -371,6 +391,7 @@ static int raw_more(msnap_source_t *src) {
   }
   ssize_t k = read_fd(src, pr->in, pr->in_cap);
   if (k < 0) return (int)k;
+  if (k == 0 && pr->stalled) return 2;
   if (k == 0) {
     pr->raw_eof = true;
     return 1;
@@ -393,6 +414,7 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
     if (pr->z_member_end && pr->member_only) return 0;
     int more = raw_more(src);
     if (more < 0) return more;
+    if (more == 2) break; /* nothing ready (fill_ahead) */
     if (pr->z_member_end) {
       /* another member follows (cat a.gz b.gz), else the end; bytes
        * after the last member that do not start one are ignored, as
@@ -437,6 +459,7 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
     if (pr->zs_last == 0 && pr->member_only) return 0;
     int more = raw_more(src);
     if (more < 0) return more;
+    if (more == 2) break; /* nothing ready (fill_ahead) */
     if (more == 1) {
       if (pr->zs_last != 0)
         return fail(src, MSNAP_EFORMAT,
@@ -472,6 +495,11 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
   struct msnap_source_priv_s *pr = src->priv;
   size_t have = (size_t)(src->end - *p);
   if (have >= need) return 0;
+  if (pr->pending) {
+    /* what fill_ahead met, now that the reader needs those bytes */
+    memcpy(src->err, pr->pending_err, sizeof src->err);
+    return pr->pending;
+  }
   if (pr->eof) return 1;
   if (need > MSNAP_SOURCE_MAX_NEED)
     return fail(src, MSNAP_ELIMIT,
@@ -499,6 +527,10 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
     size_t room = pr->cap - (size_t)(e - pr->buf);
     /* one byte past the limit says the input exceeds it */
     uint64_t left = pr->limit + 1 - pr->produced;
+    if (pr->ahead) { /* ahead: up to the limit, never past it */
+      if (left <= 1) break;
+      left--;
+    }
     if (room > left) room = (size_t)left;
     ssize_t k = room ? produce(src, e, room) : 0;
     if (k < 0) {
@@ -506,6 +538,7 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
       return (int)k;
     }
     if (k == 0) {
+      if (pr->stalled) break; /* fill_ahead: nothing ready, not the end */
       pr->eof = true;
       break;
     }
@@ -521,6 +554,26 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
   }
   src->end = e;
   return (size_t)(e - *p) >= need ? 0 : 1;
+}
+
+int msnap__source_fill_ahead(msnap_source_t *src, const unsigned char **p,
+                             size_t want) {
+  struct msnap_source_priv_s *pr = src->priv;
+  if (pr->eof || pr->pending || (size_t)(src->end - *p) >= want) return 0;
+  if (want > MSNAP_SOURCE_MAX_NEED) want = MSNAP_SOURCE_MAX_NEED;
+  pr->ahead = true;
+  pr->stalled = false;
+  int rc = msnap__source_fill(src, p, want);
+  pr->ahead = false;
+  pr->stalled = false;
+  if (rc < 0) {
+    /* kept for the fill that needs those bytes (the window holds what
+     * came before the error); until then the source has no error */
+    pr->pending = rc;
+    memcpy(pr->pending_err, src->err, sizeof pr->pending_err);
+    src->err[0] = 0;
+  }
+  return 0;
 }
 
 int msnap__source_finish(msnap_source_t *src) {

@@ -16,7 +16,8 @@
  *     reader are dropped (MADV_DONTNEED) by msnap__source_progress;
  *   - stream: what has no size but can be read -- a pipe ("-" is standard
  *     input), a named FIFO, a file of a pseudo file system whose stat
- *     size is 0 (/proc/self/maps): read(2) in 1 MiB chunks.  A named FIFO
+ *     size is 0 (/proc/self/maps): read(2) in 1 MiB chunks (more where
+ *     the reader reads ahead, msnap__source_fill_ahead).  A named FIFO
  *     is opened without blocking; when no byte comes within
  *     MSNAP_SOURCE_FIFO_WAIT_MS and no program has it open for writing it
  *     is refused (MSNAP_EIO "no writer"), so a FIFO nobody writes never
@@ -95,6 +96,19 @@ int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
  * error.  *p, start and end may move. */
 int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
                        size_t need);
+/* Read ahead without waiting: make up to `want` bytes available at *p
+ * (at most MSNAP_SOURCE_MAX_NEED), taking only what is ready now -- a
+ * pipe's or FIFO's bytes already written (poll, no wait), what a
+ * decompressor makes of them or of a mapped file -- and never past the
+ * limit.  A reader calls it where a bigger window lets it decode more in
+ * one piece (the pickle reader's fast path, at a batch of trace entries).
+ * Always 0: an error it meets (a read error, corrupt compressed data) is
+ * kept and returned by the msnap__source_fill that needs the bytes past
+ * the last good one, as if that fill had read them; the source's err is
+ * empty until then.  *p, start and end may move.  A mapped plain file or
+ * a memory buffer has all its bytes already: nothing to do. */
+int msnap__source_fill_ahead(msnap_source_t *src, const unsigned char **p,
+                             size_t want);
 /* The stream offset of p (inside the window). */
 static inline uint64_t msnap__source_offset(const msnap_source_t *src,
                                             const unsigned char *p) {

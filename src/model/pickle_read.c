@@ -1536,6 +1536,13 @@ static bool fast_batch(msnap_pvm_t *vm, msnap_pv_t list,
 
 /* ---- the interpreter ----------------------------------------------------- */
 
+/* A streamed or decompressed input's window is topped up to AHEAD bytes
+ * at a MARK when less than AHEAD_LOW remain: fast_batch decodes a batch
+ * only when its APPENDS is in the window (a real batch of 1000 trace
+ * entries is 100-300 KB), and a pipe gives 64 KiB a read. */
+#define AHEAD_LOW ((size_t)1 << 20)
+#define AHEAD ((size_t)4 << 20)
+
 static uint64_t le(const unsigned char *p, int n) {
   uint64_t v = 0;
   for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
@@ -1778,6 +1785,13 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
       return 0;
     }
     case MSNAP_OP_MARK:
+      if (vm->fast && msnap_unlikely((size_t)(end - p) < AHEAD_LOW)) {
+        /* a stream or decompressed input (a mapped file or a buffer is
+         * whole already): a window that holds the whole batch lets the
+         * fast path decode it; only what is ready is read */
+        msnap__source_fill_ahead(src, &p, AHEAD);
+        end = src->end;
+      }
       if (vm->fast && p < end && *p == MSNAP_OP_EMPTY_DICT && vm->sn &&
           mark_base(vm) < vm->sn) {
         msnap_pobj_t *lo = msnap__pvm_obj(vm, vm->stack[vm->sn - 1]);

@@ -135,10 +135,20 @@ static uint64_t check_all_ways(const char *name, const unsigned char *data,
     msnap_source_t *src;
     assert_int_equal(msnap__source_chunked(&src, data, n, chunk, 0), 0);
     s = NULL;
-    { int rc_ = msnap__snap_read_source(src, &s, &e, NULL); take(&o, rc_, s, &e); }
+    msnap_read_stats_t sst = {0};
+    { int rc_ = msnap__snap_read_source(src, &s, &e, &sst); take(&o, rc_, s, &e); }
     msnap__source_close(src);
     expect_same(name, "a stream", &ref, &o);
     free(o.w);
+    /* the stream reads ahead (msnap__source_fill_ahead): every batch the
+     * buffer read decoded on the fast path is whole in its window too */
+    if (expect_fast > 1 && ref.rc == 0 &&
+        (sst.fast_batches != st.fast_batches || sst.fast_rollbacks))
+      fail_msg("%s: a stream in %zu-byte reads decoded %llu batches on "
+               "the fast path (%llu rolled back), the buffer %llu",
+               name, chunk, (unsigned long long)sst.fast_batches,
+               (unsigned long long)sst.fast_rollbacks,
+               (unsigned long long)st.fast_batches);
   }
   /* a real pipe, through the path reader ("/dev/fd/N") */
   int fds[2];
