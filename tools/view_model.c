@@ -290,8 +290,12 @@ static lrec_t *live_put(live_t *l, const lrec_t *rec) {
  * tries: node g (1-based; 0 the root) is frame[g] called from parent[g]. */
 typedef struct gtrie_s {
   uint32_t *parent, *frame;
-  uint32_t n, cap;
-  umap_t h;       /* (parent << 32 | model frame) -> node */
+  uint32_t *child; /* a node's first child (0: none) */
+  uint32_t n, cap; /* nodes; room in the three arrays */
+  uint64_t cap_parent, cap_frame, cap_child;
+  umap_t h;       /* (parent << 32 | model frame) -> node, for the other
+                     children: most nodes have one (a path that does not
+                     branch), found or added without a probe of h */
   uint32_t *of;   /* model stack -> node + 1, 0 = not seen yet */
   uint32_t *chain; /* scratch of trie_stack: nodes up from a stack's */
   uint32_t chcap;
@@ -300,6 +304,7 @@ typedef struct gtrie_s {
 static void gtrie_free(gtrie_t *g) {
   free(g->parent);
   free(g->frame);
+  free(g->child);
   um_free(&g->h);
   free(g->of);
   free(g->chain);
@@ -320,25 +325,30 @@ static uint32_t gtrie_stack(gtrie_t *g, const msnap_snap_t *s,
     if (f >= s->nframes)
       continue;
     uint64_t key = (uint64_t)p << 32 | f;
-    uint32_t id = um_get(&g->h, key);
+    uint32_t first = g->cap ? g->child[p] : 0, id;
+    if (first && g->frame[first] == f)
+      id = first;
+    else
+      id = first ? um_get(&g->h, key) : NONE32;
     if (id == NONE32) {
       if (g->n + 1 >= g->cap) {
         uint32_t cap = g->cap ? g->cap * 2 : 1024;
-        uint32_t *a = realloc(g->parent, (size_t)cap * sizeof *a);
-        if (a)
-          g->parent = a;
-        uint32_t *b = realloc(g->frame, (size_t)cap * sizeof *b);
-        if (b)
-          g->frame = b;
-        if (!a || !b)
+        if (MSNAP_GROW(g->parent, g->cap_parent, cap) != 0 ||
+            MSNAP_GROW(g->frame, g->cap_frame, cap) != 0 ||
+            MSNAP_GROW(g->child, g->cap_child, cap) != 0)
           return NONE32;
+        if (g->cap == 0)
+          g->child[0] = 0; /* the root */
         g->cap = cap;
       }
+      if (first && um_put(&g->h, key, g->n + 1))
+        return NONE32;
       id = ++g->n;
       g->parent[id] = p;
       g->frame[id] = f;
-      if (um_put(&g->h, key, id))
-        return NONE32;
+      g->child[id] = 0;
+      if (!first)
+        g->child[p] = id;
     }
     p = id;
   }
