@@ -925,6 +925,38 @@ def test_directory_and_zip_run_their_main(tmp_path):
         assert f"{bad}: {kind} without a __main__ module" in p.stderr
 
 
+FILE_SCRIPT = """import json, os, sys, torch
+x = torch.empty(1 << 20, device="cuda")
+print("RAN " + json.dumps([sys.argv, sys.path[0], __file__,
+                           sys._getframe().f_code.co_filename, __spec__ is None,
+                           __package__, type(__loader__).__name__]), file=sys.stderr)
+os.chdir(os.path.dirname(os.path.dirname(__file__)))
+print(open(os.path.join(os.path.dirname(__file__), "data.txt")).read(), file=sys.stderr)
+"""
+
+
+def test_file_runs_by_its_absolute_path(tmp_path):
+    """A file given by a relative name runs as `python sub/train.py` runs
+    it (CPython 3.9 and later): __file__ and the code's file name absolute
+    (a script that changes directory still finds the files beside it),
+    sys.argv[0] as typed, __spec__ and __package__ None, its source file
+    loader; the report and the sites keep the name as typed."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "train.py").write_text(FILE_SCRIPT)
+    (sub / "data.txt").write_text("DATA-BESIDE-THE-SCRIPT")
+    name = os.path.join("sub", "train.py")
+    full = str(sub / "train.py")
+    p = predict("--memory", "1G", "--json", name, "--flag", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert _ran(p) == [[name, "--flag"], str(sub), full, full, True, None,
+                       "SourceFileLoader"]
+    assert "DATA-BESIDE-THE-SCRIPT" in p.stderr
+    r = p.json
+    assert r["fits"] and r["complete"] and r["script"] == name
+    assert {s["site"] for s in r["top_sites"]} == {name + ":2 in <module>"}, r["top_sites"]
+
+
 STDIN_SCRIPT = """# -*- coding: latin-1 -*-
 import json, sys, torch
 nn = torch.nn

@@ -28,6 +28,7 @@ Inside the block every tensor is a fake tensor; the device is "npu"
 from __future__ import annotations
 
 import contextlib
+import io
 import operator
 import os
 import pkgutil
@@ -287,11 +288,44 @@ def _run_stdin() -> None:
             del sys.modules["__main__"]
 
 
+def _run_file(path: str) -> None:
+    """``python FILE``: the file runs as ``__main__`` under its absolute
+    path, as CPython (3.9 and later) gives it -- ``__file__`` and the code's
+    ``co_filename`` absolute, ``__loader__`` the file's loader, ``__spec__``
+    and ``__package__`` None, ``__cached__`` None -- while ``sys.argv[0]``
+    stays the name as typed (``runpy.run_path`` would set it to the path
+    it is given).  A compiled ``.pyc`` runs as python runs it."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    with io.open_code(path) as f:
+        code = pkgutil.read_code(f)
+    loader: Any = importlib.machinery.SourcelessFileLoader("__main__", path)
+    if code is None:
+        with io.open_code(path) as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        loader = importlib.machinery.SourceFileLoader("__main__", path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None,
+                         __spec__=None, __builtins__=builtins, __loader__=loader)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+        else:
+            del sys.modules["__main__"]
+
+
 def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict:
     """Run ``script`` (as ``python script ARGS...`` would, ``__name__ ==
     "__main__"``) under :class:`predict` with ``options``; return it.
 
-    ``script`` is what ``python`` takes: a file, a directory or zip file
+    ``script`` is what ``python`` takes: a file (run by its absolute path,
+    ``sys.argv[0]`` as typed, as python runs it), a directory or zip file
     holding ``__main__.py`` (runpy.run_path: the directory or zip itself,
     as an absolute path, first on ``sys.path``; ``sys.argv[0]`` is that
     absolute path, where python keeps the name given), or ``-``: the
@@ -328,6 +362,7 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
     p = predict(**options)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args]
+    is_file = False
     if script == "-":
         sys.path.insert(0, "")
         first = "<stdin>"
@@ -339,12 +374,17 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
         script = os.path.abspath(script)
         first = os.path.join(script, "__main__.py")
     else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-        first = script
+        # A file: python runs it by its absolute path (__file__, the
+        # frames' file names) and keeps sys.argv[0] as typed.
+        first = os.path.abspath(script)
+        sys.path.insert(0, os.path.dirname(first))
+        is_file = True
     try:
         with p, _os_exit_unwinds():
             if script == "-":
                 _run_stdin()
+            elif is_file:
+                _run_file(first)
             else:
                 runpy.run_path(script, run_name="__main__")
     except _OsExit as e:
