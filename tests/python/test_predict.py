@@ -1252,6 +1252,19 @@ def test_cli_names_a_what_if_as_given_and_both_profiles_reasons(tmp_path):
     assert "'npu," not in p.stderr, p.stderr
 
 
+def test_cli_names_no_profile_when_both_refuse_a_what_if_alike(tmp_path):
+    """A what-if both profiles refuse for one reason, checked before the
+    script has chosen its device: the message names no profile (it said
+    'npu' for a script written for cuda)."""
+    script = tmp_path / "lin.py"
+    script.write_text("import torch\n"
+                      "x = torch.ones(8, 64, device='cuda')\n")
+    p = predict("--memory", "1G", "--what-if", "bogus", str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "what-if 'bogus': allocator (alloc conf 'bogus'): " in p.stderr, p.stderr
+    assert "npu" not in p.stderr and "cuda" not in p.stderr, p.stderr
+
+
 def test_cli_says_which_what_ifs_repeat_a_configuration(tmp_path):
     """A what-if equal to the run's configuration or to an earlier
     what-if is not run twice, and the report and --json say so; a long

@@ -286,11 +286,12 @@ class Session:
         fixed = self.configs[0].profile
         for i, c in enumerate(self.configs):
             profiles = [c.profile or fixed] if (c.profile or fixed) else ["npu", "cuda"]
-            errors, reasons = [], set()
+            errors, reasons, confs = [], set(), set()
             for profile in profiles:
                 conf = c.alloc_conf
                 if conf is None:
                     conf = (_env_conf(profile) if i == 0 else "") or ""
+                confs.add(conf)
                 try:
                     _capi.Allocator(profile, conf, self.devices, self.memory).close()
                 except ValueError as e:
@@ -299,6 +300,11 @@ class Session:
                     reasons.add(str(e).removeprefix(
                         f"allocator ({profile}, alloc conf {conf!r}): "))
             if len(errors) == len(profiles):
+                if len(reasons) == 1 and len(profiles) > 1 and len(confs) == 1:
+                    # both refuse it alike: the script's profile, not known
+                    # yet, does not matter (naming one would mislead)
+                    raise ConfigError(_which(i, c) + f"allocator (alloc conf "
+                                      f"{confs.pop()!r}): {reasons.pop()}")
                 if len(reasons) == 1:
                     raise ConfigError(_which(i, c) + errors[0])
                 raise ConfigError(_which(i, c) + "refused by both profiles: "
