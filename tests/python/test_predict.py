@@ -1198,7 +1198,8 @@ def test_python_api_refuses_a_bad_alloc_conf_on_entering():
     assert r["ran"] == [], r
     assert r["cuda"] == [True, "cuda", "release_lock_on_cudamalloc:True"], r
     assert len(r["errors"]) == 3, r
-    assert "max_split_sise_mb" in r["errors"][0] and "npu" in r["errors"][0], r
+    # (no profile given, both refuse it alike: none named)
+    assert r["errors"][0].startswith("allocator (alloc conf 'max_split_sise_mb:3'): "), r
     assert "max_split_sise_mb" in r["errors"][1] and "cuda" in r["errors"][1], r
     assert "garbage_collection_threshold" in r["errors"][2], r
     assert r["fits"] is True and r["peak"] > 0, r
@@ -1215,10 +1216,12 @@ def test_cli_refuses_a_bad_alloc_conf_before_the_script(tmp_path):
     assert "script ran" not in p.stderr and p.stdout == ""
     assert "what-if" not in p.stderr  # the run's own configuration
     # a what-if's bad alloc-conf is named as the what-if's
-    for spec in ("expandable_segments:Bogus", "npu,max_split_size_mb:1"):
+    # (a profile named only where the what-if names one)
+    for spec, who in (("expandable_segments:Bogus", "alloc conf "),
+                      ("npu,max_split_size_mb:1", "npu, ")):
         p = predict("--what-if", spec, "--json", str(script), cwd=tmp_path)
         assert p.returncode == 2, p.stdout + p.stderr
-        assert f"memsnap.predict: what-if '{spec}': allocator (npu, " in p.stderr, p.stderr
+        assert f"memsnap.predict: what-if '{spec}': allocator ({who}" in p.stderr, p.stderr
         assert "script ran" not in p.stderr and p.stdout == ""
 
 

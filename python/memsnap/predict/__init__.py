@@ -264,28 +264,14 @@ def _run_stdin() -> None:
     BuiltinImporter, ``__spec__`` and ``__package__`` None), in a
     temporary ``__main__`` module as runpy's.  The source is read as
     bytes, so that a coding declaration (PEP 263) applies."""
-    import builtins
     import importlib.machinery
-    import types
 
     stdin = sys.stdin
     if stdin is None:
         raise RuntimeError("'-': there is no standard input to read the script from")
     source = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read()
     code = compile(source, "<stdin>", "exec", dont_inherit=True)
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__file__="<stdin>", __cached__=None, __package__=None,
-                         __spec__=None, __builtins__=builtins,
-                         __loader__=importlib.machinery.BuiltinImporter)
-    saved = sys.modules.get("__main__")
-    sys.modules["__main__"] = main
-    try:
-        exec(code, main.__dict__)
-    finally:
-        if saved is not None:
-            sys.modules["__main__"] = saved
-        else:
-            del sys.modules["__main__"]
+    _exec_main(code, "<stdin>", importlib.machinery.BuiltinImporter)
 
 
 def _run_file(path: str) -> None:
@@ -295,9 +281,7 @@ def _run_file(path: str) -> None:
     and ``__package__`` None, ``__cached__`` None -- while ``sys.argv[0]``
     stays the name as typed (``runpy.run_path`` would set it to the path
     it is given).  A compiled ``.pyc`` runs as python runs it."""
-    import builtins
     import importlib.machinery
-    import types
 
     with io.open_code(path) as f:
         code = pkgutil.read_code(f)
@@ -306,8 +290,19 @@ def _run_file(path: str) -> None:
         with io.open_code(path) as f:
             code = compile(f.read(), path, "exec", dont_inherit=True)
         loader = importlib.machinery.SourceFileLoader("__main__", path)
+    _exec_main(code, path, loader)
+
+
+def _exec_main(code: Any, file: str, loader: Any) -> None:
+    """Run ``code`` as a fresh ``__main__`` module (``__file__`` ``file``,
+    ``__loader__`` ``loader``, ``__spec__``, ``__package__`` and
+    ``__cached__`` None, as CPython sets them for a script), then put the
+    previous ``__main__`` back."""
+    import builtins
+    import types
+
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __package__=None,
+    main.__dict__.update(__file__=file, __cached__=None, __package__=None,
                          __spec__=None, __builtins__=builtins, __loader__=loader)
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = main
