@@ -733,6 +733,15 @@ static bool anonymous_pipe(int fd) {
   return strncmp(target, "pipe:", 5) == 0;
 }
 
+/* The code of an input that cannot be opened: MSNAP_ENOENT when nothing
+ * is there (ENOENT: no such file, a dangling link, a missing directory on
+ * the way; ENOTDIR: a file on the way), the table's "no such item", so
+ * that a mistyped name is told from a file that exists but cannot be
+ * read (permissions, I/O: MSNAP_EIO). */
+static int open_errno_code(int e) {
+  return e == ENOENT || e == ENOTDIR ? MSNAP_ENOENT : MSNAP_EIO;
+}
+
 int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
                        char *err, size_t errlen) {
   *out = NULL;
@@ -750,8 +759,9 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
     }
   } else {
     if (stat(path, &st) != 0) {
-      snprintf(err, errlen, "cannot open: %s", strerror(errno));
-      return MSNAP_EIO;
+      int e = errno;
+      snprintf(err, errlen, "cannot open: %s", strerror(e));
+      return open_errno_code(e);
     }
     /* classified without opening it: opening a device can have effects */
     const char *why = refused_type(st.st_mode, st.st_rdev, -1);
@@ -761,8 +771,9 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
     }
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-      snprintf(err, errlen, "cannot open: %s", strerror(errno));
-      return MSNAP_EIO;
+      int e = errno; /* (removed since the stat) */
+      snprintf(err, errlen, "cannot open: %s", strerror(e));
+      return open_errno_code(e);
     }
     if (fstat(fd, &st) != 0) {
       snprintf(err, errlen, "cannot stat: %s", strerror(errno));

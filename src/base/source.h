@@ -77,7 +77,9 @@ typedef struct msnap_source_s {
 } msnap_source_t;
 
 /* Open `path` ("-" = standard input).  On failure *out is NULL and err
- * (errlen bytes) holds the reason, e.g. "is a character device ...". */
+ * (errlen bytes) holds the reason, e.g. "is a character device ...";
+ * MSNAP_ENOENT when no such file exists, MSNAP_EIO when it cannot be
+ * opened or read, MSNAP_EFORMAT for a type refused unread. */
 int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
                        char *err, size_t errlen);
 /* A source over buf[0..len) (the caller keeps buf; not decompressed). */

@@ -397,6 +397,40 @@ def group_special():
     expect(err.count(missing) == 1 and "offset" not in err
            and len(err.strip().splitlines()) == 1,
            "a missing file is named once: %r" % err)
+    # tagged with the table's "no such item" wherever a command reports
+    # it (it was [MSNAP_EIO], as an unreadable file): its line, the
+    # --json documents' "error", fleet's row; a dangling link and a file
+    # on the way are missing too
+    dangling = path("dangling.pickle")
+    os.symlink(path("nowhere.pickle"), dangling)
+    on_the_way = os.path.join(write_bytes(b"x", "afile.bin"), "x.pickle")
+    for name in (missing, dangling, on_the_way):
+        for args in (["check", name], ["summary", name], ["diff", name, name],
+                     ["replay", name], ["leaks", name]):
+            rc, out, err = run(*args)
+            expect(rc == 2 and err.startswith("memsnap: %s: cannot open: "
+                                              % name)
+                   and err.endswith(" [MSNAP_ENOENT]\n"),
+                   "%s of a missing file: [MSNAP_ENOENT] (%r)"
+                   % (args[0], err))
+        for args in (["summary", "--json", name], ["check", "--json", name],
+                     ["view", "--json", name, "-o", path("m.html")],
+                     ["replay", "--json", name]):
+            rc, out, err = run(*args)
+            try:
+                j = json.loads(out)
+            except ValueError:
+                j = {}
+            j = (j.get("files") or [{}])[0] if "files" in j else j  # check
+            expect(rc == 2 and str(j.get("error")).endswith(
+                       " [MSNAP_ENOENT]"),
+                   "%s --json of a missing file: \"error\" [MSNAP_ENOENT] "
+                   "(%r)" % (args[0], out[-200:]))
+    rc, out, err = run("fleet", missing)
+    expect(rc == 2 and "[MSNAP_ENOENT]" in err and "[MSNAP_ENOENT]" in out
+           and "MSNAP_EIO" not in out + err,
+           "fleet of a missing file: [MSNAP_ENOENT] (%r %r)"
+           % (err[-200:], out[-300:]))
 
 
 def group_compressed():
