@@ -38,7 +38,9 @@
  * past it msnap__source_fill fails with MSNAP_ELIMIT.  The window of a
  * stream holds at most MSNAP_SOURCE_MAX_NEED bytes for one item plus a
  * 1 MiB chunk; a zstd frame may ask for a 128 MiB window at most
- * (ZSTD_d_windowLogMax 27), gzip needs 32 KiB.
+ * (MSNAP_SOURCE_ZSTD_WINDOW_LOG, ZSTD_d_windowLogMax 27; a frame that asks
+ * for more, as `zstd --long=31` writes, is refused with MSNAP_ELIMIT
+ * naming both sizes), gzip needs 32 KiB.
  *
  * Errors: open and fill return 0 or a negative MSNAP_E* code with the
  * reason in src->err (open: in the caller's buffer), never naming the
@@ -56,6 +58,10 @@
 /* The most a streamed or decompressed source holds for one item (a
  * string): larger ones are refused with MSNAP_ELIMIT. */
 #define MSNAP_SOURCE_MAX_NEED (256u << 20)
+/* The largest zstd window (log2 bytes) a source decompresses with: zstd's
+ * own default limit (ZSTD_WINDOWLOG_LIMIT_DEFAULT), so that the memory a
+ * decompressor needs stays bounded whatever the frame asks. */
+#define MSNAP_SOURCE_ZSTD_WINDOW_LOG 27
 
 typedef enum msnap_source_codec_e {
   MSNAP_SOURCE_PLAIN = 0,

@@ -8,7 +8,8 @@ Groups:
              (issue 14 item 1); streamed input past MEMSNAP_INPUT_LIMIT
   compressed gzip and zstd snapshots read directly (files and pipes), the
              same figures as the plain file; truncated, corrupt and bomb
-             inputs refused (issue 11); zlib and libzstd opened only for
+             inputs refused (issue 11), a zstd window over the reader's
+             2^27 a limit (MSNAP_ELIMIT); zlib and libzstd opened only for
              such inputs, a missing one named
   wrong      common wrong inputs named: a torch.save zip, a legacy
              torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2;
@@ -433,6 +434,82 @@ def group_special():
            % (err[-200:], out[-300:]))
 
 
+def zstd_frame(data, fhd, window=b"", fcs=b""):
+    """A zstd frame built by hand (RFC 8878): magic, frame header
+    descriptor `fhd`, Window_Descriptor `window` (none for a single
+    segment), Frame_Content_Size `fcs`, then `data` in raw blocks of at
+    most 128 KiB (the last one marked last)."""
+    out = b"\x28\xb5\x2f\xfd" + bytes([fhd]) + window + fcs
+    blocks = [data[i:i + (128 << 10)] for i in range(0, len(data), 128 << 10)]
+    for i, b in enumerate(blocks):
+        hdr = (len(b) << 3) | (1 if i == len(blocks) - 1 else 0)  # raw = 0
+        out += struct.pack("<I", hdr)[:3] + b
+    return out
+
+
+def zstd_windows(good):
+    """A zstd frame that needs a larger window than the reader allows
+    (2^27, zstd's default) is a limit of the reader, not corrupt data:
+    MSNAP_ELIMIT naming the window, the limit and the way to read it (it
+    was "the zstd-compressed data is corrupt: Frame requires too much
+    memory for decoding" [MSNAP_EFORMAT]).  The frames are built by hand
+    (zstd --long=31 writes the same header when the program is here)."""
+    lim = "more than the 128.00 MiB (2^27 bytes) memsnap decompresses with"
+    cases = [  # (what, frame, window text, zstd --long=N)
+        ("window 2^31", zstd_frame(good, 0x00, b"\xa8"),
+         "2.00 GiB (2147483648 bytes)", 31),
+        ("window 2^27 + 2^24", zstd_frame(good, 0x00, b"\x89"),
+         "144.00 MiB (150994944 bytes)", 28),
+        ("a single segment of 200 MiB",
+         zstd_frame(good, 0xe0, fcs=struct.pack("<Q", 200 << 20)),
+         "200.00 MiB (209715200 bytes)", 28)]
+    if shutil.which("zstd"):
+        zsrc = write_bytes(good, "long31-src.pickle")
+        with open(zsrc, "rb") as fh:  # (a pipe: the size is not known)
+            made = subprocess.run(["zstd", "-q", "--long=31", "-c"], stdin=fh,
+                                  check=True, capture_output=True).stdout
+        expect(made[4:6] == b"\x04\xa8", "zstd --long=31 writes the window "
+               "descriptor of 2^31 (%r)" % made[:8])
+        cases.append(("zstd --long=31", made, "2.00 GiB (2147483648 bytes)",
+                      31))
+    else:
+        print("SKIP zstd --long=31: the zstd program is missing (the frames "
+              "built by hand ran)")
+    for what, frame, window, lg in cases:
+        f = write_bytes(frame, "window.pickle.zst")
+        for args, stdin in ((["check", f], None), (["summary", "-"], f)):
+            if stdin:
+                with open(stdin, "rb") as fh:
+                    rc, out, err = run(*args, stdin=fh)
+            else:
+                rc, out, err = run(*args)
+            expect(rc == 2 and err.endswith(" [MSNAP_ELIMIT]\n") and
+                   ("a zstd frame needs a window of %s, %s" % (window, lim))
+                   in err and ("zstd -dc --long=%d FILE | memsnap COMMAND -"
+                               % lg) in err and "corrupt" not in err and
+                   len(err.strip().splitlines()) == 1,
+                   "%s (%s): a limit, named (%r)"
+                   % (what, " ".join(args[:1]), err.strip()[-300:]))
+        if shutil.which("zstd") and "single" not in what:
+            # zstd reads it as the message says, and so does memsnap then
+            d = subprocess.run(["zstd", "-q", "-dc", "--long=%d" % lg, f],
+                               capture_output=True)
+            expect(d.returncode == 0 and d.stdout == good,
+                   "%s: zstd -dc --long=%d reads the frame (%r)"
+                   % (what, lg, d.stderr[-200:]))
+    # the limit itself reads: a window of exactly 2^27
+    rc, out, err = run("check", write_bytes(zstd_frame(good, 0x00, b"\x88"),
+                                            "w27.pickle.zst"))
+    expect(rc == 0, "a frame with a window of 2^27: read (%d %r)"
+           % (rc, err.strip()[-200:]))
+    # a window no zstd decoder takes (2^41) is corrupt, as before
+    rc, out, err = run("check", write_bytes(zstd_frame(good, 0x00, b"\xf8"),
+                                            "w41.pickle.zst"))
+    expect(rc == 2 and "zstd-compressed data is corrupt" in err and
+           "[MSNAP_EFORMAT]" in err,
+           "a window of 2^41: corrupt (%r)" % err.strip()[-200:])
+
+
 def group_compressed():
     files = real_files()
     for f in files:
@@ -512,6 +589,7 @@ def group_compressed():
                    "%s (summary %s): %r" % (what, args[1] if stdin is None
                                             else "- < FILE",
                                             err.strip()[-240:]))
+    zstd_windows(good)
     # ... and undoing one layer as the message says gives the snapshot
     once = subprocess.run(["gzip", "-dc"], input=gzip.compress(gzd),
                           capture_output=True, check=True).stdout
