@@ -26,8 +26,9 @@ Groups:
              stack, containers made and dropped) or through the memo (a
              list shared in allocator_settings, a trace entry, block or
              history entry listed 1-5 M times, a history list shared by
-             20000 blocks), or in a batched list of 20 M Nones, refused
-             with MSNAP_ELIMIT in bounded memory; 1 M segments at one
+             20000 blocks), or in a batched list of 20 M Nones, 16 M
+             floats or wide ints (boxed numbers, counted by their bytes),
+             refused with MSNAP_ELIMIT in bounded memory; 1 M segments at one
              address, 400 K segment_free entries read in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
@@ -1127,6 +1128,37 @@ def group_bounds():
                                             ".pickle.gz"))
     expect("memo" not in err, "a flat list is not said to be shared "
            "through the memo (%r)" % err.strip()[-160:])
+    # 16 M floats in allocator_settings (300 kB of gzip), and as many ints
+    # wider than 61 bits (LONG1 of 8 and 9 bytes): each number a 24-byte
+    # box kept to the end of the read, which counts in the same budget by
+    # its bytes (3 items, and an int's bytes past 64 bits) -- they were
+    # all held, boxed and converted: 858 MB at the peak, where 16 M Nones
+    # peak at 490 MB.  And 20 M floats pushed and dropped (POP): boxes
+    # made for nothing, never freed (480 MB), refused the same way.
+    numbers = [("floats", b"G\x3f\xf0\x00\x00\x00\x00\x00\x01"),
+               ("wideints", b"\x8a\x08" + b"\x00" * 7 + b"\x70"),
+               ("bigints", b"\x8a\x09" + b"\x00" * 8 + b"\x01")]
+    for what, item in numbers:
+        data = (b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]"
+                b"\x8c\x12allocator_settings]"
+                + (b"(" + item * 1000 + b"e") * 16000 + b"u.")
+        hostile_refused("%s16m-allocator_settings.pickle.gz" % what, data,
+                        "numbers boxed", max_rss=192 * MiB, gz=True)
+    dropped = b"\x80\x04" + (numbers[0][1] + b"0") * 20000000 + b"N."
+    hostile_refused("floats-dropped.pickle.gz", dropped, "numbers boxed",
+                    max_rss=192 * MiB, gz=True)
+    # a real amount of numbers is read: 1 M floats and wide ints, with
+    # their values
+    vals = {"f": [i + 0.5 for i in range(500000)],
+            "w": [(1 << 62) + i for i in range(500000)]}
+    f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
+                                  "allocator_settings": vals}, protocol=4),
+                    "numbers-1m.pickle")
+    rc, out, err = run("convert", "--json", f, "-o", path("numbers.json"))
+    with open(path("numbers.json")) as jf:
+        expect(rc == 0 and json.load(jf)["allocator_settings"] == vals,
+               "1 M boxed numbers in allocator_settings read back (%r)"
+               % err.strip()[-160:])
     # out of memory while reading (4 M floats in allocator_settings, the
     # address space limited to 128 MiB): named as every reader error, with
     # the file, the offset and the code (not under AddressSanitizer, whose
