@@ -30,6 +30,12 @@ Usage:
   python bench/gpu/ground_truth.py --self-test DIR    # CPU: record on the sim
   python bench/gpu/ground_truth.py --verify-corpus    # replay saved recordings
 
+`memsnap replay` refuses a recording that uses expandable segments (their
+virtual addresses cannot be forced on the sim) or private pools (MemPool,
+CUDA graphs): those configurations (expandable, mempool) come out "not
+replayable" with replay's reason, in the table and in a note under it;
+their entries are still counted, in the recording itself.
+
 --self-test records the same configurations on memsnap's own simulated
 device (cuda profile, memsnap.memory) with a synthetic workload of the same
 shape and runs the same comparison: it exercises everything but CUDA.
@@ -297,6 +303,17 @@ def verdict(r: dict, exact: bool) -> str:
     return "mismatch: %s" % (first_mismatch(r) or "final layout differs")
 
 
+def recorded_entries(path: str) -> int:
+    """The recording's trace entries, every device together.  Counted in
+    the file: `memsnap replay --json` gives a device's trace_entries only
+    when it replays that device, so a recording it refuses (expandable
+    segments, private pools) would count 0."""
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    traces = snap.get("device_traces") if isinstance(snap, dict) else None
+    return sum(len(t) for t in traces or [] if isinstance(t, list))
+
+
 def compare(memsnap: str, path: str) -> dict:
     with open(path + ".meta.json") as f:
         meta = json.load(f)
@@ -305,7 +322,8 @@ def compare(memsnap: str, path: str) -> dict:
     wi = replay(memsnap, path, total, meta["conf"])
     return {"config": meta["config"], "conf": meta["conf"], "workload": meta["workload"],
             "exact": verdict(ex, True), "what_if": verdict(wi, False),
-            "trace_entries": sum(d.get("trace_entries", 0) for d in ex.get("devices") or []),
+            "replayable": bool(ex.get("replayable")),
+            "trace_entries": recorded_entries(path),
             "segment_allocs": [ex.get("segment_allocs"),
                                (ex.get("devices") or [{}])[0].get("recording", {}).get("segment_allocs")],
             "ooms": meta.get("ooms"), "gpu": meta.get("gpu"), "torch": meta.get("torch")}
@@ -318,6 +336,14 @@ def report(rows: list[dict], title: str) -> str:
     for r in rows:
         lines.append("| %s | `%s` | %s | %s | %s |" % (
             r["config"], r["conf"], r["trace_entries"], r["exact"], r["what_if"]))
+    refused = [r for r in rows if r["exact"].startswith("not replayable: ")]
+    if refused:
+        # memsnap replay's own refusal (tools/replay.c, replayable()): a
+        # limit of the replay, not a decision that differs
+        lines += ["", "Not replayable by `memsnap replay` (a limit of the replay, not a "
+                  "mismatch; the entries are counted in the recording):"]
+        lines += ["- %s: %s" % (r["config"], r["exact"][len("not replayable: "):])
+                  for r in refused]
     return "\n".join(lines) + "\n"
 
 

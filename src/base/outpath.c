@@ -120,6 +120,45 @@ static bool own_fd_dir(const struct stat *dir) {
          s.st_ino == dir->st_ino;
 }
 
+/* The display path of directory component `c` under the directories
+ * walked so far (`shown`), for the messages below; "?" without memory. */
+static char *shown_with(const msnap_strbuf_t *shown, bool absolute,
+                        const char *c) {
+  msnap_strbuf_t b = {0};
+  if (shown->len) msnap__strbuf_append(&b, shown->p, shown->len);
+  shown_push(&b, absolute, c, strlen(c));
+  if (b.err || !b.p) {
+    free(b.p);
+    return NULL;
+  }
+  return b.p;
+}
+
+/* A directory on the way to `path` does not exist (ENOENT): name it --
+ * "No such file or directory" alone does not say which one is missing,
+ * nor that the file itself would be created. */
+static int out_missing_dir(const char *path, const msnap_strbuf_t *shown,
+                           bool absolute, const char *c) {
+  char *d = shown_with(shown, absolute, c);
+  int rc = msnap__set_error_errno(
+      MSNAP_EIO, ENOENT, "cannot write '%s': the directory '%s' does not "
+      "exist", path, d ? d : c);
+  free(d);
+  return rc;
+}
+
+/* A component on the way to `path` is not a directory (ENOTDIR): name
+ * it. */
+static int out_not_dir(const char *path, const msnap_strbuf_t *shown,
+                       bool absolute, const char *c) {
+  char *d = shown_with(shown, absolute, c);
+  int rc = msnap__set_error_errno(MSNAP_EIO, ENOTDIR,
+                                  "cannot write '%s': '%s' is not a "
+                                  "directory", path, d ? d : c);
+  free(d);
+  return rc;
+}
+
 /* Does the display path so far end in a directory named "fd"? */
 static bool in_fd_dir(const msnap_strbuf_t *b) {
   return b->len >= 2 && strcmp(b->p + b->len - 2, "fd") == 0 &&
@@ -274,6 +313,10 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
         o->dir = ds;
         break; /* a new file in cur */
       }
+      if (e == ENOENT) {
+        rc = out_missing_dir(path, &shown, absolute, comp);
+        break;
+      }
       rc = out_err(e, path, NULL);
       break;
     }
@@ -340,7 +383,7 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
       break;
     }
     if (!S_ISDIR(ls.st_mode)) {
-      rc = out_err(ENOTDIR, path, NULL);
+      rc = out_not_dir(path, &shown, absolute, comp);
       break;
     }
     int nfd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

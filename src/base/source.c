@@ -251,6 +251,10 @@ static void zs_load(void) {
 }
 #undef MSNAP_FN_LOAD_
 
+/* The longest zstd frame header: magic 4, descriptor 1, window 1,
+ * dictionary id 4, content size 8 (RFC 8878, 3.1.1). */
+#define ZSTD_HEAD_MAX 18
+
 #define CHUNK (1u << 20)
 #define IN_CHUNK (256u << 10)
 #define DROP_STEP (2u << 20)
@@ -281,6 +285,9 @@ struct msnap_source_priv_s {
   int pending;               /* an error fill_ahead met, given to the
                                 reader when it needs those bytes      */
   char pending_err[sizeof ((msnap_source_t *)0)->err];
+  unsigned char zs_head[ZSTD_HEAD_MAX]; /* the first bytes of the frame
+                                being decompressed (its header)       */
+  size_t zs_head_n;
   const unsigned char *chunked; /* tests: a buffer read in small pieces */
   size_t chunked_len, chunked_pos, chunk;
 };
@@ -451,6 +458,64 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
   return (ssize_t)(cap - z->avail_out);
 }
 
+/*
+ * The window a zstd frame asks for, from its header (RFC 8878, 3.1.1.1):
+ * head[0..hn) then more[0..mn) are the frame's first bytes.  False when
+ * they hold no complete header of a zstd frame (a skippable frame, too
+ * few bytes).  A single-segment frame's window is its content size.
+ */
+static bool zstd_frame_window(const unsigned char *head, size_t hn,
+                              const unsigned char *more, size_t mn,
+                              uint64_t *window) {
+  unsigned char h[ZSTD_HEAD_MAX];
+  size_t n = hn < sizeof h ? hn : sizeof h;
+  memcpy(h, head, n);
+  size_t k = sizeof h - n < mn ? sizeof h - n : mn;
+  memcpy(h + n, more, k);
+  n += k;
+  if (n < 6 || h[0] != 0x28 || h[1] != 0xb5 || h[2] != 0x2f || h[3] != 0xfd)
+    return false;
+  unsigned fhd = h[4];
+  if (!(fhd & 0x20)) { /* Window_Descriptor */
+    unsigned exp = h[5] >> 3, mant = h[5] & 7;
+    uint64_t base = UINT64_C(1) << (10 + exp);
+    *window = base + base / 8 * mant;
+    return true;
+  }
+  static const unsigned did_len[4] = {0, 1, 2, 4}, fcs_len[4] = {1, 2, 4, 8};
+  size_t at = 5 + did_len[fhd & 3], len = fcs_len[fhd >> 6];
+  if (n < at + len) return false;
+  uint64_t fcs = 0;
+  for (size_t i = 0; i < len; i++) fcs |= (uint64_t)h[at + i] << (8 * i);
+  *window = len == 2 ? fcs + 256 : fcs;
+  return true;
+}
+
+/* The refusal of a frame whose window is over MSNAP_SOURCE_ZSTD_WINDOW_LOG:
+ * a limit of this reader (zstd -d reads it with --long), not corrupt data.
+ * Windows over 2^31 bytes, which no zstd decoder takes, stay corrupt. */
+static int zstd_window_refused(msnap_source_t *src, uint64_t w) {
+  unsigned lg = 0;
+  while (lg < 63 && (UINT64_C(1) << lg) < w) lg++;
+  if (lg > 31)
+    return fail(src, MSNAP_EFORMAT,
+                "the zstd-compressed data is corrupt: a frame asks for a "
+                "window of %llu bytes, more than zstd allows (2^31)",
+                (unsigned long long)w);
+  char ws[32], lim[32];
+  msnap__format_size(w, ws, sizeof ws);
+  msnap__format_size(UINT64_C(1) << MSNAP_SOURCE_ZSTD_WINDOW_LOG, lim,
+                     sizeof lim);
+  /* (src->err holds 255 characters: the message fits at any size) */
+  return fail(src, MSNAP_ELIMIT,
+              "a zstd frame needs a window of %s (%llu bytes), more than "
+              "the %s (2^%d bytes) memsnap decompresses with (a fixed "
+              "limit): decompress it first, zstd -dc --long=%u FILE | "
+              "memsnap COMMAND -",
+              ws, (unsigned long long)w, lim, MSNAP_SOURCE_ZSTD_WINDOW_LOG,
+              lg);
+}
+
 static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
                             size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
@@ -469,12 +534,29 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
     }
     msnap__zstd_in_t in = {pr->raw, pr->raw_n, 0};
     size_t r = zs.ZSTD_decompressStream(pr->zs, &out, &in);
-    pr->raw += in.pos;
-    pr->raw_n -= in.pos;
-    if (zs.ZSTD_isError(r))
+    if (zs.ZSTD_isError(r)) {
+      /* A frame whose header asks for a larger window than the decoder's
+       * limit is refused at its header; any error of such a frame is
+       * that one.  (The bytes of this call are its input from the start:
+       * an error leaves in.pos as it was.) */
+      uint64_t w;
+      if (zstd_frame_window(pr->zs_head, pr->zs_head_n, pr->raw, pr->raw_n,
+                            &w) &&
+          w > (UINT64_C(1) << MSNAP_SOURCE_ZSTD_WINDOW_LOG))
+        return zstd_window_refused(src, w);
       return fail(src, MSNAP_EFORMAT, "the zstd-compressed data is corrupt: %s",
                   zs.ZSTD_getErrorName(r));
+    }
+    if (pr->zs_head_n < ZSTD_HEAD_MAX) { /* the frame's header, kept */
+      size_t k = ZSTD_HEAD_MAX - pr->zs_head_n;
+      if (k > in.pos) k = in.pos;
+      memcpy(pr->zs_head + pr->zs_head_n, pr->raw, k);
+      pr->zs_head_n += k;
+    }
+    pr->raw += in.pos;
+    pr->raw_n -= in.pos;
     pr->zs_last = r;
+    if (r == 0) pr->zs_head_n = 0; /* the frame ended: the next starts */
   }
   return (ssize_t)out.pos;
 }
@@ -751,7 +833,8 @@ static int detect_codec(msnap_source_t *src) {
       return fail(src, MSNAP_ENOMEM, "cannot start zstd decompression");
     /* a frame may ask for a window up to 2^27 bytes (zstd's default
      * limit): the memory a decompressor needs stays bounded */
-    zs.ZSTD_DCtx_setParameter(pr->zs, MSNAP_ZSTD_D_WINDOWLOGMAX, 27);
+    zs.ZSTD_DCtx_setParameter(pr->zs, MSNAP_ZSTD_D_WINDOWLOGMAX,
+                              MSNAP_SOURCE_ZSTD_WINDOW_LOG);
   }
   src->codec = c;
   if (pr->map) {
@@ -786,6 +869,15 @@ static bool anonymous_pipe(int fd) {
   return strncmp(target, "pipe:", 5) == 0;
 }
 
+/* The code of an input that cannot be opened: MSNAP_ENOENT when nothing
+ * is there (ENOENT: no such file, a dangling link, a missing directory on
+ * the way; ENOTDIR: a file on the way), the table's "no such item", so
+ * that a mistyped name is told from a file that exists but cannot be
+ * read (permissions, I/O: MSNAP_EIO). */
+static int open_errno_code(int e) {
+  return e == ENOENT || e == ENOTDIR ? MSNAP_ENOENT : MSNAP_EIO;
+}
+
 int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
                        char *err, size_t errlen) {
   *out = NULL;
@@ -803,8 +895,9 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
     }
   } else {
     if (stat(path, &st) != 0) {
-      snprintf(err, errlen, "cannot open: %s", strerror(errno));
-      return MSNAP_EIO;
+      int e = errno;
+      snprintf(err, errlen, "cannot open: %s", strerror(e));
+      return open_errno_code(e);
     }
     /* classified without opening it: opening a device can have effects */
     const char *why = refused_type(st.st_mode, st.st_rdev, -1);
@@ -814,8 +907,9 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
     }
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-      snprintf(err, errlen, "cannot open: %s", strerror(errno));
-      return MSNAP_EIO;
+      int e = errno; /* (removed since the stat) */
+      snprintf(err, errlen, "cannot open: %s", strerror(e));
+      return open_errno_code(e);
     }
     if (fstat(fd, &st) != 0) {
       snprintf(err, errlen, "cannot stat: %s", strerror(errno));

@@ -39,7 +39,9 @@
  * past it msnap__source_fill fails with MSNAP_ELIMIT.  The window of a
  * stream holds at most MSNAP_SOURCE_MAX_NEED bytes for one item plus a
  * 1 MiB chunk; a zstd frame may ask for a 128 MiB window at most
- * (ZSTD_d_windowLogMax 27), gzip needs 32 KiB.
+ * (MSNAP_SOURCE_ZSTD_WINDOW_LOG, ZSTD_d_windowLogMax 27; a frame that asks
+ * for more, as `zstd --long=31` writes, is refused with MSNAP_ELIMIT
+ * naming both sizes), gzip needs 32 KiB.
  *
  * Errors: open and fill return 0 or a negative MSNAP_E* code with the
  * reason in src->err (open: in the caller's buffer), never naming the
@@ -57,6 +59,10 @@
 /* The most a streamed or decompressed source holds for one item (a
  * string): larger ones are refused with MSNAP_ELIMIT. */
 #define MSNAP_SOURCE_MAX_NEED (256u << 20)
+/* The largest zstd window (log2 bytes) a source decompresses with: zstd's
+ * own default limit (ZSTD_WINDOWLOG_LIMIT_DEFAULT), so that the memory a
+ * decompressor needs stays bounded whatever the frame asks. */
+#define MSNAP_SOURCE_ZSTD_WINDOW_LOG 27
 
 typedef enum msnap_source_codec_e {
   MSNAP_SOURCE_PLAIN = 0,
@@ -78,7 +84,9 @@ typedef struct msnap_source_s {
 } msnap_source_t;
 
 /* Open `path` ("-" = standard input).  On failure *out is NULL and err
- * (errlen bytes) holds the reason, e.g. "is a character device ...". */
+ * (errlen bytes) holds the reason, e.g. "is a character device ...";
+ * MSNAP_ENOENT when no such file exists, MSNAP_EIO when it cannot be
+ * opened or read, MSNAP_EFORMAT for a type refused unread. */
 int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
                        char *err, size_t errlen);
 /* A source over buf[0..len) (the caller keeps buf; not decompressed). */

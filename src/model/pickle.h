@@ -400,7 +400,10 @@ void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
  * all together: one per byte of input, at least MSNAP_PICKLE_GV_MIN, at
  * most MSNAP_PICKLE_GV_MAX (MSNAP_ELIMIT beyond).  A value is 24 bytes.
  * The items held by the VM's live containers, all together, have the same
- * bound (per byte of input read so far), checked as a container grows. */
+ * bound (per byte of input read so far), checked as a container grows;
+ * boxed numbers (floats, ints outside the inline 61 bits), which live as
+ * long as the VM, count in it by their bytes (3 items for a box, plus the
+ * bytes of an int wider than 64 bits), checked as each is made. */
 #define MSNAP_PICKLE_GV_MIN (1u << 16)
 #define MSNAP_PICKLE_GV_MAX (1u << 24)
 

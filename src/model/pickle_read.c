@@ -137,6 +137,10 @@ struct msnap_pvm_s {
   /* items held in the item arrays of live containers (ranges of records
    * hold none): bounded as generic values are (obj_extend) */
   uint64_t items_held;
+  /* boxed numbers made so far (floats, ints outside the inline range),
+   * by their bytes in 8-byte items (box_cost): they live until the VM is
+   * freed, so they are never given back; counted with items_held */
+  uint64_t box_items;
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -246,7 +250,29 @@ void msnap__pvm_set_rec_gv(msnap_pvm_t *vm,
 
 /* ---- values -------------------------------------------------------------- */
 
+/* What a boxed number costs in the budget of held items (see
+ * too_many_items): its bytes in 8-byte items -- the box (24 bytes: 3
+ * items), and an int wider than 64 bits its two's-complement bytes too.
+ * A boxed number is never freed before the VM, hence kept in box_items
+ * for good. */
+#define BOX_ITEMS ((sizeof(box_t) + 7) / 8)
+static uint64_t box_cost(const box_t *b) {
+  return BOX_ITEMS + (b->kind == BOX_BIG ? ((uint64_t)b->v.big.len + 7) / 8
+                                         : 0);
+}
+
+/* Items held by live containers plus boxed numbers, over the budget? */
+static inline bool held_over(const msnap_pvm_t *vm) {
+  uint64_t h = vm->items_held + vm->box_items;
+  return msnap_unlikely(h > MSNAP_PICKLE_GV_MIN) &&
+         (h > vm->op_off || h > MSNAP_PICKLE_GV_MAX);
+}
+
+static int too_many_boxes(msnap_pvm_t *vm);
+
 static int box_new(msnap_pvm_t *vm, box_t b, msnap_pv_t *out) {
+  vm->box_items += box_cost(&b);
+  if (held_over(vm)) return too_many_boxes(vm);
   if (msnap__grow((void **)&vm->boxes, &vm->boxes_cap, vm->nboxes, 1,
                   sizeof *vm->boxes) < 0)
     return oom(vm);
@@ -540,20 +566,60 @@ static bool unhashable(msnap_pvm_t *vm, msnap_pv_t k) {
  * at least MSNAP_PICKLE_GV_MIN, at most MSNAP_PICKLE_GV_MAX.  A real
  * snapshot holds a few thousand at once: its lists of records are ranges
  * (no items), and its other containers become records and give their
- * items back (msnap__pvm_replace). */
+ * items back (msnap__pvm_replace).
+ *
+ * Boxed numbers (a float, an int outside the inline 61 bits: a 24-byte
+ * box, which lives as long as the VM) count in the same budget by their
+ * bytes, 3 items each (box_cost), and are never given back: 16 M floats
+ * in allocator_settings held 128 MB of items and 384 MB of boxes before
+ * their 384 MB of generic values were made (900 MB at the peak, where 16 M
+ * Nones peak at 490 MB); a float costs 4 items of the budget while it is
+ * held, so at most 4 Mi of them are held at once, and at most 5.6 M boxes
+ * are ever made (128 MiB). */
+static const char *const obj_names[] = {"?", "list", "tuple", "dict", "set",
+                                        "frozenset"};
+
+/* The tail of both refusals: the boxed numbers (nb of them), what they
+ * count, and the limit. */
+#define HELD_LIMIT_FMT                                                        \
+  "%llu numbers boxed (floats, ints wider than 61 bits: kept to the end, "   \
+  "counted by their bytes as %llu items) (the limit: one item per byte of "  \
+  "input, at least %u, at most %u)"
+#define HELD_LIMIT_ARGS(vm, nb)                                               \
+  (unsigned long long)(nb), (unsigned long long)(vm)->box_items,             \
+      MSNAP_PICKLE_GV_MIN, MSNAP_PICKLE_GV_MAX
+
 static int too_many_items(msnap_pvm_t *vm, const msnap_pobj_t *o) {
-  static const char *const names[] = {"?", "list", "tuple", "dict", "set",
-                                      "frozenset"};
   uint32_t n = o->kind == MSNAP_POBJ_DICT ? o->n / 2 : o->n;
+  if (vm->box_items == 0)
+    return msnap__pvm_fail(
+        vm, MSNAP_ELIMIT,
+        "%llu items held in containers after %zu bytes of input, a %s of "
+        "%u %s among them (the limit: one per byte of input, at least %u, "
+        "at most %u)",
+        (unsigned long long)vm->items_held, vm->op_off,
+        o->kind < sizeof obj_names / sizeof obj_names[0] ? obj_names[o->kind]
+                                                         : "?",
+        n, o->kind == MSNAP_POBJ_DICT ? "pairs" : "items",
+        MSNAP_PICKLE_GV_MIN, MSNAP_PICKLE_GV_MAX);
   return msnap__pvm_fail(
       vm, MSNAP_ELIMIT,
       "%llu items held in containers after %zu bytes of input, a %s of %u "
-      "%s among them (the limit: one per byte of input, at least %u, at "
-      "most %u)",
+      "%s among them, and " HELD_LIMIT_FMT,
       (unsigned long long)vm->items_held, vm->op_off,
-      o->kind < sizeof names / sizeof names[0] ? names[o->kind] : "?", n,
-      o->kind == MSNAP_POBJ_DICT ? "pairs" : "items", MSNAP_PICKLE_GV_MIN,
-      MSNAP_PICKLE_GV_MAX);
+      o->kind < sizeof obj_names / sizeof obj_names[0] ? obj_names[o->kind]
+                                                       : "?",
+      n, o->kind == MSNAP_POBJ_DICT ? "pairs" : "items",
+      HELD_LIMIT_ARGS(vm, vm->nboxes));
+}
+
+/* A boxed number to make past the budget (see too_many_items). */
+static int too_many_boxes(msnap_pvm_t *vm) {
+  return msnap__pvm_fail(vm, MSNAP_ELIMIT,
+                         "%llu items held in containers after %zu bytes of "
+                         "input, and " HELD_LIMIT_FMT,
+                         (unsigned long long)vm->items_held, vm->op_off,
+                         HELD_LIMIT_ARGS(vm, (uint64_t)vm->nboxes + 1));
 }
 
 /*
@@ -634,9 +700,7 @@ static int obj_extend(msnap_pvm_t *vm, msnap_pv_t c, msnap_pv_t *vals,
   }
   if (!(o->flags & MSNAP_POBJF_RANGE)) {
     vm->items_held += o->n - held0;
-    if (msnap_unlikely(vm->items_held > MSNAP_PICKLE_GV_MIN) &&
-        (vm->items_held > vm->op_off || vm->items_held > MSNAP_PICKLE_GV_MAX))
-      return too_many_items(vm, o);
+    if (held_over(vm)) return too_many_items(vm, o);
   }
   return 0;
 }
@@ -1408,6 +1472,9 @@ static inline __attribute__((always_inline)) int fp_scalar_inl(fp_t *f) {
   case MSNAP_OP_LONG1: {
     int64_t x;
     size_t w = msnap__pint_token(q, (size_t)(end - q), &x);
+    /* (a box past the budget fails here, the batch rolls back, and the
+     * generic interpreter refuses it at its own offset; the boxes of a
+     * batch rolled back stay made, and counted) */
     if (!w || make_i64(vm, x, &v) < 0) return -1;
     f->q = q + w;
     break;

@@ -8,7 +8,8 @@ Groups:
              (issue 14 item 1); streamed input past MEMSNAP_INPUT_LIMIT
   compressed gzip and zstd snapshots read directly (files and pipes), the
              same figures as the plain file; truncated, corrupt and bomb
-             inputs refused (issue 11); zlib and libzstd opened only for
+             inputs refused (issue 11), a zstd window over the reader's
+             2^27 a limit (MSNAP_ELIMIT); zlib and libzstd opened only for
              such inputs, a missing one named
   wrong      common wrong inputs named: a torch.save zip, a legacy
              torch.save file, a pickled tensor, text, HTML, JSON, xz, bz2;
@@ -25,8 +26,9 @@ Groups:
              stack, containers made and dropped) or through the memo (a
              list shared in allocator_settings, a trace entry, block or
              history entry listed 1-5 M times, a history list shared by
-             20000 blocks), or in a batched list of 20 M Nones, refused
-             with MSNAP_ELIMIT in bounded memory; 1 M segments at one
+             20000 blocks), or in a batched list of 20 M Nones, 16 M
+             floats or wide ints (boxed numbers, counted by their bytes),
+             refused with MSNAP_ELIMIT in bounded memory; 1 M segments at one
              address, 400 K segment_free entries read in bounded memory
 Memory is the peak RSS of the memsnap process (RUSAGE_CHILDREN of a
 helper that runs only it).  Exit 77 (SKIP) with a loud line when what a
@@ -397,6 +399,116 @@ def group_special():
     expect(err.count(missing) == 1 and "offset" not in err
            and len(err.strip().splitlines()) == 1,
            "a missing file is named once: %r" % err)
+    # tagged with the table's "no such item" wherever a command reports
+    # it (it was [MSNAP_EIO], as an unreadable file): its line, the
+    # --json documents' "error", fleet's row; a dangling link and a file
+    # on the way are missing too
+    dangling = path("dangling.pickle")
+    os.symlink(path("nowhere.pickle"), dangling)
+    on_the_way = os.path.join(write_bytes(b"x", "afile.bin"), "x.pickle")
+    for name in (missing, dangling, on_the_way):
+        for args in (["check", name], ["summary", name], ["diff", name, name],
+                     ["replay", name], ["leaks", name]):
+            rc, out, err = run(*args)
+            expect(rc == 2 and err.startswith("memsnap: %s: cannot open: "
+                                              % name)
+                   and err.endswith(" [MSNAP_ENOENT]\n"),
+                   "%s of a missing file: [MSNAP_ENOENT] (%r)"
+                   % (args[0], err))
+        for args in (["summary", "--json", name], ["check", "--json", name],
+                     ["view", "--json", name, "-o", path("m.html")],
+                     ["replay", "--json", name]):
+            rc, out, err = run(*args)
+            try:
+                j = json.loads(out)
+            except ValueError:
+                j = {}
+            j = (j.get("files") or [{}])[0] if "files" in j else j  # check
+            expect(rc == 2 and str(j.get("error")).endswith(
+                       " [MSNAP_ENOENT]"),
+                   "%s --json of a missing file: \"error\" [MSNAP_ENOENT] "
+                   "(%r)" % (args[0], out[-200:]))
+    rc, out, err = run("fleet", missing)
+    expect(rc == 2 and "[MSNAP_ENOENT]" in err and "[MSNAP_ENOENT]" in out
+           and "MSNAP_EIO" not in out + err,
+           "fleet of a missing file: [MSNAP_ENOENT] (%r %r)"
+           % (err[-200:], out[-300:]))
+
+
+def zstd_frame(data, fhd, window=b"", fcs=b""):
+    """A zstd frame built by hand (RFC 8878): magic, frame header
+    descriptor `fhd`, Window_Descriptor `window` (none for a single
+    segment), Frame_Content_Size `fcs`, then `data` in raw blocks of at
+    most 128 KiB (the last one marked last)."""
+    out = b"\x28\xb5\x2f\xfd" + bytes([fhd]) + window + fcs
+    blocks = [data[i:i + (128 << 10)] for i in range(0, len(data), 128 << 10)]
+    for i, b in enumerate(blocks):
+        hdr = (len(b) << 3) | (1 if i == len(blocks) - 1 else 0)  # raw = 0
+        out += struct.pack("<I", hdr)[:3] + b
+    return out
+
+
+def zstd_windows(good):
+    """A zstd frame that needs a larger window than the reader allows
+    (2^27, zstd's default) is a limit of the reader, not corrupt data:
+    MSNAP_ELIMIT naming the window, the limit and the way to read it (it
+    was "the zstd-compressed data is corrupt: Frame requires too much
+    memory for decoding" [MSNAP_EFORMAT]).  The frames are built by hand
+    (zstd --long=31 writes the same header when the program is here)."""
+    lim = "more than the 128.00 MiB (2^27 bytes) memsnap decompresses with"
+    cases = [  # (what, frame, window text, zstd --long=N)
+        ("window 2^31", zstd_frame(good, 0x00, b"\xa8"),
+         "2.00 GiB (2147483648 bytes)", 31),
+        ("window 2^27 + 2^24", zstd_frame(good, 0x00, b"\x89"),
+         "144.00 MiB (150994944 bytes)", 28),
+        ("a single segment of 200 MiB",
+         zstd_frame(good, 0xe0, fcs=struct.pack("<Q", 200 << 20)),
+         "200.00 MiB (209715200 bytes)", 28)]
+    if shutil.which("zstd"):
+        zsrc = write_bytes(good, "long31-src.pickle")
+        with open(zsrc, "rb") as fh:  # (a pipe: the size is not known)
+            made = subprocess.run(["zstd", "-q", "--long=31", "-c"], stdin=fh,
+                                  check=True, capture_output=True).stdout
+        expect(made[4:6] == b"\x04\xa8", "zstd --long=31 writes the window "
+               "descriptor of 2^31 (%r)" % made[:8])
+        cases.append(("zstd --long=31", made, "2.00 GiB (2147483648 bytes)",
+                      31))
+    else:
+        print("SKIP zstd --long=31: the zstd program is missing (the frames "
+              "built by hand ran)")
+    for what, frame, window, lg in cases:
+        f = write_bytes(frame, "window.pickle.zst")
+        for args, stdin in ((["check", f], None), (["summary", "-"], f)):
+            if stdin:
+                with open(stdin, "rb") as fh:
+                    rc, out, err = run(*args, stdin=fh)
+            else:
+                rc, out, err = run(*args)
+            expect(rc == 2 and err.endswith(" [MSNAP_ELIMIT]\n") and
+                   ("a zstd frame needs a window of %s, %s" % (window, lim))
+                   in err and ("zstd -dc --long=%d FILE | memsnap COMMAND -"
+                               % lg) in err and "corrupt" not in err and
+                   len(err.strip().splitlines()) == 1,
+                   "%s (%s): a limit, named (%r)"
+                   % (what, " ".join(args[:1]), err.strip()[-300:]))
+        if shutil.which("zstd") and "single" not in what:
+            # zstd reads it as the message says, and so does memsnap then
+            d = subprocess.run(["zstd", "-q", "-dc", "--long=%d" % lg, f],
+                               capture_output=True)
+            expect(d.returncode == 0 and d.stdout == good,
+                   "%s: zstd -dc --long=%d reads the frame (%r)"
+                   % (what, lg, d.stderr[-200:]))
+    # the limit itself reads: a window of exactly 2^27
+    rc, out, err = run("check", write_bytes(zstd_frame(good, 0x00, b"\x88"),
+                                            "w27.pickle.zst"))
+    expect(rc == 0, "a frame with a window of 2^27: read (%d %r)"
+           % (rc, err.strip()[-200:]))
+    # a window no zstd decoder takes (2^41) is corrupt, as before
+    rc, out, err = run("check", write_bytes(zstd_frame(good, 0x00, b"\xf8"),
+                                            "w41.pickle.zst"))
+    expect(rc == 2 and "zstd-compressed data is corrupt" in err and
+           "[MSNAP_EFORMAT]" in err,
+           "a window of 2^41: corrupt (%r)" % err.strip()[-200:])
 
 
 def group_compressed():
@@ -478,6 +590,7 @@ def group_compressed():
                    "%s (summary %s): %r" % (what, args[1] if stdin is None
                                             else "- < FILE",
                                             err.strip()[-240:]))
+    zstd_windows(good)
     # ... and undoing one layer as the message says gives the snapshot
     once = subprocess.run(["gzip", "-dc"], input=gzip.compress(gzd),
                           capture_output=True, check=True).stdout
@@ -1015,6 +1128,37 @@ def group_bounds():
                                             ".pickle.gz"))
     expect("memo" not in err, "a flat list is not said to be shared "
            "through the memo (%r)" % err.strip()[-160:])
+    # 16 M floats in allocator_settings (300 kB of gzip), and as many ints
+    # wider than 61 bits (LONG1 of 8 and 9 bytes): each number a 24-byte
+    # box kept to the end of the read, which counts in the same budget by
+    # its bytes (3 items, and an int's bytes past 64 bits) -- they were
+    # all held, boxed and converted: 858 MB at the peak, where 16 M Nones
+    # peak at 490 MB.  And 20 M floats pushed and dropped (POP): boxes
+    # made for nothing, never freed (480 MB), refused the same way.
+    numbers = [("floats", b"G\x3f\xf0\x00\x00\x00\x00\x00\x01"),
+               ("wideints", b"\x8a\x08" + b"\x00" * 7 + b"\x70"),
+               ("bigints", b"\x8a\x09" + b"\x00" * 8 + b"\x01")]
+    for what, item in numbers:
+        data = (b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]"
+                b"\x8c\x12allocator_settings]"
+                + (b"(" + item * 1000 + b"e") * 16000 + b"u.")
+        hostile_refused("%s16m-allocator_settings.pickle.gz" % what, data,
+                        "numbers boxed", max_rss=192 * MiB, gz=True)
+    dropped = b"\x80\x04" + (numbers[0][1] + b"0") * 20000000 + b"N."
+    hostile_refused("floats-dropped.pickle.gz", dropped, "numbers boxed",
+                    max_rss=192 * MiB, gz=True)
+    # a real amount of numbers is read: 1 M floats and wide ints, with
+    # their values
+    vals = {"f": [i + 0.5 for i in range(500000)],
+            "w": [(1 << 62) + i for i in range(500000)]}
+    f = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
+                                  "allocator_settings": vals}, protocol=4),
+                    "numbers-1m.pickle")
+    rc, out, err = run("convert", "--json", f, "-o", path("numbers.json"))
+    with open(path("numbers.json")) as jf:
+        expect(rc == 0 and json.load(jf)["allocator_settings"] == vals,
+               "1 M boxed numbers in allocator_settings read back (%r)"
+               % err.strip()[-160:])
     # out of memory while reading (4 M floats in allocator_settings, the
     # address space limited to 128 MiB): named as every reader error, with
     # the file, the offset and the code (not under AddressSanitizer, whose

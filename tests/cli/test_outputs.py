@@ -325,9 +325,15 @@ def group_failed():
     src = snapshot_input()
     here = os.path.join(T.TMP, "failed")
     os.mkdir(here)
+    # (a directory on the way that is missing, or is a file, is named:
+    # "No such file or directory" alone did not say which)
     targets = [("a directory that does not exist",
-                os.path.join(here, "nodir", "x.out"),
-                "No such file or directory"),
+                os.path.join(here, "nodir", "sub", "x.out"),
+                "the directory '%s' does not exist"
+                % os.path.join(here, "nodir")),
+               ("a file as a directory on the way",
+                os.path.join(here, "afile", "x.out"),
+                "'%s' is not a directory" % os.path.join(here, "afile")),
                ("a trailing '/' where nothing exists",
                 os.path.join(here, "nodir2") + "/",
                 "ends in '/', which names a directory, not a file (and "

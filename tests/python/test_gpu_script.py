@@ -162,6 +162,37 @@ def test_ground_truth_self_test_replays_exactly(tmp_path):
     assert "segment size 67108864 B in the replay" in v
 
 
+def test_ground_truth_self_test_counts_what_replay_refuses(tmp_path):
+    """expandable segments and private pools: memsnap replay refuses them
+    (tools/replay.c), which the script reports with replay's reason, in
+    the table and a note under it -- and their entries are counted in the
+    recording (the per-device trace_entries of replay's JSON exist only
+    for a device it replays: 0 was reported)."""
+    need_cli()
+    out = tmp_path / "st"
+    r = gt("--self-test", str(out), "--configs", "expandable,mempool,max_split",
+           "--steps", "4", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {x["config"]: x for x in _json.load(open(out / "ground_truth.json"))}
+    why = {"expandable": "the recording uses expandable segments",
+           "mempool": "the recording uses private memory pools"}
+    for name, reason in why.items():
+        x = rows[name]
+        assert x["trace_entries"] > 50, x
+        assert x["exact"].startswith("not replayable: " + reason), x
+        assert x["what_if"].startswith("not replayable: " + reason), x
+        assert x["replayable"] is False, x
+        assert f"- {name}: {reason}" in r.stdout, r.stdout
+    assert rows["max_split"]["replayable"] and rows["max_split"]["exact"] == "exact"
+    # the count is the recording's, as memsnap's reader counts it
+    for name, x in rows.items():
+        s = subprocess.run([GT_CLI, "summary", "--json", str(out / f"{name}.pickle")],
+                           capture_output=True, text=True)
+        assert x["trace_entries"] == sum(d["trace_entries"]
+                                         for d in _json.loads(s.stdout)["devices"])
+    assert "Not replayable by `memsnap replay`" in r.stdout
+
+
 def test_ground_truth_corpus_round_trip(tmp_path, monkeypatch):
     """--save-corpus stores gzip'd JSON (no pickle in git) that
     --verify-corpus turns back into a pickle and replays."""

@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from conftest import base_env, run_script
+from conftest import base_env, run_cli, run_script
 
 torch = pytest.importorskip("torch")
 
@@ -998,15 +998,29 @@ def test_script_from_standard_input(tmp_path):
 
 def test_output_refused_before_the_run(tmp_path):
     """-o in a missing directory, or naming a directory: exit 2 with the
-    file and the reason, before the script runs."""
+    file and the reason, before the script runs -- worded as the memsnap
+    CLI's -o: "'DIR' is a directory" (it read "cannot write the snapshot
+    DIR: cannot write: it is a directory"), the missing directory named
+    (it read a bare "No such file or directory"), "cannot write" once."""
     script = tiny(tmp_path)
     (tmp_path / "somedir").mkdir()
-    for out, reason in (("nodir/x.pickle", "No such file or directory"),
-                        ("somedir", "is a directory")):
+    (tmp_path / "afile").write_text("")
+    cases = (("nodir/sub/x.pickle", "memsnap.predict: cannot write the snapshot "
+              "nodir/sub/x.pickle: the directory 'nodir' does not exist\n"),
+             ("afile/x.pickle", "memsnap.predict: cannot write the snapshot "
+              "afile/x.pickle: 'afile' is not a directory\n"),
+             ("somedir", "memsnap.predict: 'somedir' is a directory\n"),
+             ("somedir/", "memsnap.predict: 'somedir/' is a directory\n"))
+    for out, line in cases:
         p = predict("-o", out, script, cwd=tmp_path)
         assert p.returncode == 2, p.stdout + p.stderr
-        assert f"cannot write the snapshot {out}: " in p.stderr and reason in p.stderr
-        assert "script ran" not in p.stderr and "Traceback" not in p.stderr
+        assert p.stderr == line, p.stderr
+    # the CLI's -o says the same of a directory
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    cli = run_cli("convert", snap, "-o", "somedir", cwd=tmp_path)
+    assert cli.returncode == 2
+    assert cli.stderr == "memsnap convert: 'somedir' is a directory\n", cli.stderr
 
 
 def test_output_that_is_the_script_refused(tmp_path):
@@ -1044,7 +1058,11 @@ def test_output_ending_in_a_slash_refused_before_the_run(tmp_path, monkeypatch):
             _memsnap.write_file(out, b"")
         p = predict("-o", out, script, cwd=tmp_path)
         assert p.returncode == 2, p.stdout + p.stderr
-        assert f"cannot write the snapshot {out}: {final.value.strerror}" in p.stderr
+        why = final.value.strerror
+        assert why.startswith("cannot write: "), why
+        assert (f"cannot write the snapshot {out}: {why[len('cannot write: '):]}"
+                in p.stderr), p.stderr
+        assert p.stderr.count("cannot write") == 1, p.stderr
         assert "script ran" not in p.stderr and "Traceback" not in p.stderr
         assert not (tmp_path / "nodir_z").exists()
 
@@ -1606,7 +1624,8 @@ def test_no_device_allocation_writes_an_empty_snapshot(tmp_path):
     p = predict("--json", "-o", "gone/x.pickle", str(script), cwd=tmp_path)
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.json["snapshot"] is None
-    assert p.json["snapshot_error"].startswith("gone/x.pickle: "), p.json
+    assert (p.json["snapshot_error"]
+            == "gone/x.pickle: the directory 'gone' does not exist"), p.json
     assert "the snapshot was not written: gone/x.pickle" in p.stderr
 
 

@@ -149,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                               reserve=reserve, annotate=not ns.no_annotations,
                               attention=ns.attention)
     except OSError as e:  # -o refused before the script runs
-        print(f"memsnap.predict: cannot write the snapshot {e.filename or out}: "
-              f"{e.strerror or e}", file=sys.stderr)
+        from . import _snapshot
+
+        print(f"memsnap.predict: {_snapshot.refusal(e, e.filename or out)}",
+              file=sys.stderr)
         return 2
     except (ValueError, RuntimeError) as e:
         print(f"memsnap.predict: {e}", file=sys.stderr)

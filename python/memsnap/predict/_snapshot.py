@@ -104,6 +104,27 @@ def check_output(path: str) -> None:
     _memsnap.check_output(os.fspath(path))
 
 
+def reason(e: OSError) -> str:
+    """The writer's reason in an OSError of :func:`write` /
+    :func:`check_output`, without its opening "cannot write: " (the
+    library's "cannot write 'PATH': REASON" less the path, which
+    ``filename`` holds): the caller's own words say what was not written."""
+    text = e.strerror or str(e)
+    lead = "cannot write: "
+    return text[len(lead):] if text.startswith(lead) else text
+
+
 def describe(e: OSError, path: str) -> str:
     """``path: reason`` for an OSError of :func:`write` / :func:`check_output`."""
-    return f"{path}: {e.strerror or e}"
+    return f"{path}: {reason(e)}"
+
+
+def refusal(e: OSError, path: str) -> str:
+    """The line for an ``-o`` that :func:`check_output` refused, worded as
+    the ``memsnap`` CLI's ``-o`` (tools/cli_util.c ``cli_check_output``):
+    ``'PATH' is a directory`` for a directory, else ``cannot write the
+    snapshot PATH: REASON``."""
+    why = reason(e)
+    if isinstance(e, IsADirectoryError) and why == "it is a directory":
+        return f"'{path}' is a directory"
+    return f"cannot write the snapshot {path}: {why}"
