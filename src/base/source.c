@@ -647,9 +647,13 @@ int msnap__source_finish(msnap_source_t *src, uint64_t end) {
   }
 }
 
-int msnap__source_check_member(msnap_source_t *src) {
+int msnap__source_check_member(msnap_source_t *src, uint64_t at) {
   if (src->codec == MSNAP_SOURCE_PLAIN || src->err[0]) return 0;
   struct msnap_source_priv_s *pr = src->priv;
+  /* the member the reader stopped in ended whole (its CRC matched): the
+   * read-ahead went on past its end, and what it met or would meet
+   * there is another member's */
+  if (pr->member_from > at) return 0;
   pr->member_only = true;
   const unsigned char *p = src->end;
   for (;;) {

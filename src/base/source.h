@@ -129,16 +129,19 @@ void msnap__source_progress(msnap_source_t *src, const unsigned char *p);
  * writer may keep its end open), unless an error was met already in the
  * member or frame the pickle ended in (read ahead: its CRC, its end). */
 int msnap__source_finish(msnap_source_t *src, uint64_t end);
-/* The reader failed on decompressed bytes: decompress on to the end of
- * the gzip member or zstd frame it was in (dropping the bytes; within the
- * limit), so that corrupt compressed data -- whose garbage is what the
- * reader failed on, before the member's CRC or the frame's checksum was
- * reached -- is named as such.  A negative MSNAP_E* code with src->err
- * (MSNAP_EFORMAT: the data is corrupt or cut), else 0.  Plain inputs, and
- * a source that failed already: 0 at once.  It never reads past the end
- * of the member, so a stream's writer that keeps its end open is not
- * waited for; the source gives no more bytes afterwards. */
-int msnap__source_check_member(msnap_source_t *src);
+/* The reader failed on decompressed bytes, at stream offset `at`:
+ * decompress on to the end of the gzip member or zstd frame it was in
+ * (dropping the bytes; within the limit), so that corrupt compressed
+ * data -- whose garbage is what the reader failed on, before the
+ * member's CRC or the frame's checksum was reached -- is named as such.
+ * A negative MSNAP_E* code with src->err (MSNAP_EFORMAT: the data is
+ * corrupt or cut), else 0.  Plain inputs, a source that failed already,
+ * and a member that was decompressed to its end already (the read-ahead
+ * went past it; an error met after it is another member's): 0 at once.
+ * It never reads past the end of the member, so a stream's writer that
+ * keeps its end open is not waited for; the source gives no more bytes
+ * afterwards. */
+int msnap__source_check_member(msnap_source_t *src, uint64_t at);
 /* "gzip-compressed " / "zstd-compressed " / "" for messages. */
 const char *msnap__source_codec_name(const msnap_source_t *src);
 /* The codec whose magic number starts p[0..n) (gzip 1f 8b, zstd

@@ -2065,7 +2065,7 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
   if (rc < 0 && rc != MSNAP_ENOMEM && src->codec != MSNAP_SOURCE_PLAIN &&
       !src->err[0]) {
     uint64_t stopped = err->offset;
-    if (msnap__source_check_member(src) == MSNAP_EFORMAT) {
+    if (msnap__source_check_member(src, stopped) == MSNAP_EFORMAT) {
       snprintf(err->msg, sizeof err->msg,
                "offset %llu: %.300s (while reading; the pickle reader had "
                "stopped at offset %llu on the bytes it gave)",
