@@ -257,6 +257,10 @@ static void zs_load(void) {
 #define ZSTD_FRAME_HEADER_MAX 18
 #define IN_CHUNK (256u << 10)
 #define DROP_STEP (2u << 20)
+/* fill_ahead tries again after nothing was ready once the reader has read
+ * this much on (or refilled): few polls for a slow writer, while a fast
+ * one behind a 64 KiB pipe is still read as soon as it has written */
+#define DRY_STEP (1u << 10)
 
 struct msnap_source_priv_s {
   int fd;                    /* streams: the file; -1 otherwise       */
@@ -283,6 +287,10 @@ struct msnap_source_priv_s {
   bool ahead;                /* in msnap__source_fill_ahead: read only
                                 what is ready (poll, no wait)         */
   bool stalled;              /* ... and a read found nothing ready    */
+  bool dry;                  /* the last fill_ahead found nothing more
+                                ready, the reader at dry_at, the
+                                window ending at dry_end              */
+  uint64_t dry_at, dry_end;
   uint64_t member_from;      /* stream offset where the gzip member /
                                 zstd frame being decompressed began   */
   int pending;               /* an error met before the reader needed
@@ -560,24 +568,32 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
                 "an item of %zu bytes: more than the %u MiB a streamed or "
                 "decompressed input may hold at once",
                 need, MSNAP_SOURCE_MAX_NEED >> 20);
-  /* move what is left to the front, grow for `need` plus a chunk */
-  size_t want = need > SIZE_MAX - CHUNK ? SIZE_MAX : need + CHUNK;
   src->start_off += (uint64_t)(*p - src->start);
-  if (pr->cap < want) {
-    unsigned char *nb = malloc(want);
-    if (!nb) return fail(src, MSNAP_ENOMEM, "out of memory for %zu bytes",
-                         want);
-    if (have) memcpy(nb, *p, have);
-    free(pr->buf);
-    pr->buf = nb;
-    pr->cap = want;
-  } else if (have && *p != pr->buf) {
-    memmove(pr->buf, *p, have);
+  /* fill_ahead reads on after the window where the buffer has room for
+   * `need` bytes from *p: moving the window (up to 1 MiB) to the front
+   * at every MARK cost far more than the bytes a slow writer had sent */
+  size_t dead = (size_t)((uintptr_t)*p - (uintptr_t)pr->buf);
+  if (pr->ahead && pr->buf && dead <= pr->cap && pr->cap - dead >= need) {
+    src->start = *p;
+  } else {
+    /* move what is left to the front, grow for `need` plus a chunk */
+    size_t want = need > SIZE_MAX - CHUNK ? SIZE_MAX : need + CHUNK;
+    if (pr->cap < want) {
+      unsigned char *nb = malloc(want);
+      if (!nb) return fail(src, MSNAP_ENOMEM, "out of memory for %zu bytes",
+                           want);
+      if (have) memcpy(nb, *p, have);
+      free(pr->buf);
+      pr->buf = nb;
+      pr->cap = want;
+    } else if (have && *p != pr->buf) {
+      memmove(pr->buf, *p, have);
+    }
+    src->start = pr->buf;
+    *p = pr->buf;
   }
-  src->start = pr->buf;
-  *p = pr->buf;
-  unsigned char *e = pr->buf + have;
-  while ((size_t)(e - pr->buf) < need && !pr->pending) {
+  unsigned char *e = pr->buf + (size_t)(*p - pr->buf) + have;
+  while ((size_t)(e - *p) < need && !pr->pending) {
     size_t room = pr->cap - (size_t)(e - pr->buf);
     /* one byte past the limit says the input exceeds it */
     uint64_t left = pr->limit + 1 - pr->produced;
@@ -616,11 +632,20 @@ int msnap__source_fill_ahead(msnap_source_t *src, const unsigned char **p,
                              size_t want) {
   struct msnap_source_priv_s *pr = src->priv;
   if (pr->eof || pr->pending || (size_t)(src->end - *p) >= want) return 0;
+  /* nothing was ready at the last try, the reader has not refilled
+   * since and has read less than DRY_STEP on: a writer slower than the
+   * reader would have every MARK poll again */
+  if (pr->dry && pr->dry_end == msnap__source_offset(src, src->end) &&
+      msnap__source_offset(src, *p) - pr->dry_at < DRY_STEP)
+    return 0;
   if (want > MSNAP_SOURCE_MAX_NEED) want = MSNAP_SOURCE_MAX_NEED;
   pr->ahead = true;
   pr->stalled = false;
   int rc = msnap__source_fill(src, p, want);
   pr->ahead = false;
+  pr->dry = pr->stalled;
+  pr->dry_at = msnap__source_offset(src, *p);
+  pr->dry_end = msnap__source_offset(src, src->end);
   pr->stalled = false;
   /* kept for the fill that needs those bytes (the window holds what
    * came before the error); one the decompressor met after good bytes
