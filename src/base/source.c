@@ -252,12 +252,17 @@ static void zs_load(void) {
 #undef MSNAP_FN_LOAD_
 
 /* The longest zstd frame header: magic 4, descriptor 1, window 1,
- * dictionary id 4, content size 8 (RFC 8878, 3.1.1). */
+ * dictionary id 4, content size 8 (RFC 8878, 3.1.1; zstd.h's
+ * ZSTD_FRAMEHEADERSIZE_MAX). */
 #define ZSTD_HEAD_MAX 18
 
 #define CHUNK (1u << 20)
 #define IN_CHUNK (256u << 10)
 #define DROP_STEP (2u << 20)
+/* fill_ahead tries again after nothing was ready once the reader has read
+ * this much on (or refilled): few polls for a slow writer, while a fast
+ * one behind a 64 KiB pipe is still read as soon as it has written */
+#define DRY_STEP (1u << 10)
 
 struct msnap_source_priv_s {
   int fd;                    /* streams: the file; -1 otherwise       */
@@ -279,11 +284,22 @@ struct msnap_source_priv_s {
                                 end of the gzip member / zstd frame    */
   ZSTD_DStream *zs;
   size_t zs_last;            /* last ZSTD_decompressStream result     */
+  bool zs_flush;             /* ... filled the output: more may be
+                                decoded, not yet given                */
   bool ahead;                /* in msnap__source_fill_ahead: read only
                                 what is ready (poll, no wait)         */
   bool stalled;              /* ... and a read found nothing ready    */
-  int pending;               /* an error fill_ahead met, given to the
-                                reader when it needs those bytes      */
+  bool dry;                  /* the last fill_ahead found nothing more
+                                ready, the reader at dry_at, the
+                                window ending at dry_end              */
+  uint64_t dry_at, dry_end;
+  uint64_t member_from;      /* stream offset where the gzip member /
+                                zstd frame being decompressed began   */
+  int pending;               /* an error met before the reader needed
+                                the bytes after it (fill_ahead; the
+                                decompressor after good bytes), given
+                                to it when it needs them              */
+  uint64_t pending_from;     /* ... member_from of its member         */
   char pending_err[sizeof ((msnap_source_t *)0)->err];
   unsigned char zs_head[ZSTD_HEAD_MAX]; /* the first bytes of the frame
                                 being decompressed (its header)       */
@@ -300,6 +316,23 @@ static int fail(msnap_source_t *src, int rc, const char *fmt, ...) {
   vsnprintf(src->err, sizeof src->err, fmt, ap);
   va_end(ap);
   return rc;
+}
+
+/* Keep the error rc (src->err says what) for the fill that needs the
+ * bytes after the last good one; until then the source has no error. */
+static void keep_pending(msnap_source_t *src, int rc) {
+  struct msnap_source_priv_s *pr = src->priv;
+  pr->pending = rc;
+  pr->pending_from = pr->member_from;
+  memcpy(pr->pending_err, src->err, sizeof pr->pending_err);
+  src->err[0] = 0;
+}
+
+/* The kept error, now that the reader needs the bytes after it. */
+static int give_pending(msnap_source_t *src) {
+  struct msnap_source_priv_s *pr = src->priv;
+  memcpy(src->err, pr->pending_err, sizeof src->err);
+  return pr->pending;
 }
 
 /* ---- reading the file ---------------------------------------------------- */
@@ -410,6 +443,16 @@ static int raw_more(msnap_source_t *src) {
 
 /* ---- decompression ------------------------------------------------------- */
 
+/* A decompression error rc (src->err says what) met after `made` new
+ * bytes of this call: they are given and the error is kept for the fill
+ * that needs the bytes after them, so that it is reported where the
+ * decompressor met it, whatever the window and read sizes. */
+static ssize_t after_made(msnap_source_t *src, int rc, size_t made) {
+  if (made == 0) return rc;
+  keep_pending(src, rc);
+  return (ssize_t)made;
+}
+
 static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
                             size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
@@ -431,6 +474,7 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
         return 0;
       zl.inflateReset(z);
       pr->z_member_end = false;
+      pr->member_from = pr->produced; /* (nothing made in this call) */
     }
     if (more == 1)
       return fail(src, MSNAP_EFORMAT,
@@ -444,16 +488,19 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
     size_t used = before - z->avail_in;
     pr->raw += used;
     pr->raw_n -= used;
+    size_t made = cap - z->avail_out;
     if (zr == MSNAP__Z_STREAM_END) {
       pr->z_member_end = true;
       continue;
     }
     if (zr == MSNAP__Z_MEM_ERROR)
-      return fail(src, MSNAP_ENOMEM, "out of memory");
+      return after_made(src, fail(src, MSNAP_ENOMEM, "out of memory"), made);
     if (zr != MSNAP__Z_OK && zr != MSNAP__Z_BUF_ERROR)
-      return fail(src, MSNAP_EFORMAT,
-                  "the gzip-compressed data is corrupt: %s",
-                  z->msg ? z->msg : "inflate failed");
+      return after_made(src,
+                        fail(src, MSNAP_EFORMAT,
+                             "the gzip-compressed data is corrupt: %s",
+                             z->msg ? z->msg : "inflate failed"),
+                        made);
   }
   return (ssize_t)(cap - z->avail_out);
 }
@@ -520,19 +567,35 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
                             size_t n) {
   struct msnap_source_priv_s *pr = src->priv;
   msnap__zstd_out_t out = {dst, n, 0};
+  /* ZSTD_decompressStream returns an error without the bytes that call
+   * made, so a call makes those of one block at most, after earlier
+   * calls gave all they decoded: what a block decoded but could not give
+   * is flushed first, by a call without input; then a call has the bytes
+   * zstd's hint asks for (the next block and the header after it), and
+   * at a frame's start only its header (the whole frame at once would be
+   * decoded in one piece where the window has room).  So corrupt data is
+   * met after every good byte before it, whatever the window and the
+   * reads. */
   while (out.pos == 0) {
     if (pr->zs_last == 0 && pr->member_only) return 0;
-    int more = raw_more(src);
-    if (more < 0) return more;
-    if (more == 2) break; /* nothing ready (fill_ahead) */
-    if (more == 1) {
-      if (pr->zs_last != 0)
-        return fail(src, MSNAP_EFORMAT,
-                    "the zstd-compressed data is truncated (the file ends "
-                    "inside a frame)");
-      return 0;
+    size_t give = 0;
+    if (!pr->zs_flush || pr->zs_last == 0) {
+      int more = raw_more(src);
+      if (more < 0) return more;
+      if (more == 2) break; /* nothing ready (fill_ahead) */
+      if (more == 1) {
+        if (pr->zs_last != 0)
+          return fail(src, MSNAP_EFORMAT,
+                      "the zstd-compressed data is truncated (the file "
+                      "ends inside a frame)");
+        return 0;
+      }
+      size_t hint = pr->zs_last ? pr->zs_last : ZSTD_HEAD_MAX;
+      give = pr->raw_n < hint ? pr->raw_n : hint;
     }
-    msnap__zstd_in_t in = {pr->raw, pr->raw_n, 0};
+    msnap__zstd_in_t in = {pr->raw, give, 0};
+    if (pr->zs_last == 0) /* a frame starts (nothing made in this call) */
+      pr->member_from = pr->produced;
     size_t r = zs.ZSTD_decompressStream(pr->zs, &out, &in);
     if (zs.ZSTD_isError(r)) {
       /* A frame whose header asks for a larger window than the decoder's
@@ -555,6 +618,7 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
     }
     pr->raw += in.pos;
     pr->raw_n -= in.pos;
+    pr->zs_flush = out.pos == out.size;
     pr->zs_last = r;
     if (r == 0) pr->zs_head_n = 0; /* the frame ended: the next starts */
   }
@@ -577,35 +641,39 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
   struct msnap_source_priv_s *pr = src->priv;
   size_t have = (size_t)(src->end - *p);
   if (have >= need) return 0;
-  if (pr->pending) {
-    /* what fill_ahead met, now that the reader needs those bytes */
-    memcpy(src->err, pr->pending_err, sizeof src->err);
-    return pr->pending;
-  }
+  if (pr->pending) return give_pending(src); /* it needs those bytes */
   if (pr->eof) return 1;
   if (need > MSNAP_SOURCE_MAX_NEED)
     return fail(src, MSNAP_ELIMIT,
                 "an item of %zu bytes: more than the %u MiB a streamed or "
                 "decompressed input may hold at once",
                 need, MSNAP_SOURCE_MAX_NEED >> 20);
-  /* move what is left to the front, grow for `need` plus a chunk */
-  size_t want = need > SIZE_MAX - CHUNK ? SIZE_MAX : need + CHUNK;
   src->start_off += (uint64_t)(*p - src->start);
-  if (pr->cap < want) {
-    unsigned char *nb = malloc(want);
-    if (!nb) return fail(src, MSNAP_ENOMEM, "out of memory for %zu bytes",
-                         want);
-    if (have) memcpy(nb, *p, have);
-    free(pr->buf);
-    pr->buf = nb;
-    pr->cap = want;
-  } else if (have && *p != pr->buf) {
-    memmove(pr->buf, *p, have);
+  /* fill_ahead reads on after the window where the buffer has room for
+   * `need` bytes from *p: moving the window (up to 1 MiB) to the front
+   * at every MARK cost far more than the bytes a slow writer had sent */
+  size_t dead = (size_t)((uintptr_t)*p - (uintptr_t)pr->buf);
+  if (pr->ahead && pr->buf && dead <= pr->cap && pr->cap - dead >= need) {
+    src->start = *p;
+  } else {
+    /* move what is left to the front, grow for `need` plus a chunk */
+    size_t want = need > SIZE_MAX - CHUNK ? SIZE_MAX : need + CHUNK;
+    if (pr->cap < want) {
+      unsigned char *nb = malloc(want);
+      if (!nb) return fail(src, MSNAP_ENOMEM, "out of memory for %zu bytes",
+                           want);
+      if (have) memcpy(nb, *p, have);
+      free(pr->buf);
+      pr->buf = nb;
+      pr->cap = want;
+    } else if (have && *p != pr->buf) {
+      memmove(pr->buf, *p, have);
+    }
+    src->start = pr->buf;
+    *p = pr->buf;
   }
-  src->start = pr->buf;
-  *p = pr->buf;
-  unsigned char *e = pr->buf + have;
-  while ((size_t)(e - pr->buf) < need) {
+  unsigned char *e = pr->buf + (size_t)(*p - pr->buf) + have;
+  while ((size_t)(e - *p) < need && !pr->pending) {
     size_t room = pr->cap - (size_t)(e - pr->buf);
     /* one byte past the limit says the input exceeds it */
     uint64_t left = pr->limit + 1 - pr->produced;
@@ -635,31 +703,46 @@ int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
     }
   }
   src->end = e;
-  return (size_t)(e - *p) >= need ? 0 : 1;
+  if ((size_t)(e - *p) >= need) return 0;
+  /* the decompressor's error after the good bytes it made */
+  return pr->pending ? give_pending(src) : 1;
 }
 
 int msnap__source_fill_ahead(msnap_source_t *src, const unsigned char **p,
                              size_t want) {
   struct msnap_source_priv_s *pr = src->priv;
   if (pr->eof || pr->pending || (size_t)(src->end - *p) >= want) return 0;
+  /* nothing was ready at the last try, the reader has not refilled
+   * since and has read less than DRY_STEP on: a writer slower than the
+   * reader would have every MARK poll again */
+  if (pr->dry && pr->dry_end == msnap__source_offset(src, src->end) &&
+      msnap__source_offset(src, *p) - pr->dry_at < DRY_STEP)
+    return 0;
   if (want > MSNAP_SOURCE_MAX_NEED) want = MSNAP_SOURCE_MAX_NEED;
   pr->ahead = true;
   pr->stalled = false;
   int rc = msnap__source_fill(src, p, want);
   pr->ahead = false;
+  pr->dry = pr->stalled;
+  pr->dry_at = msnap__source_offset(src, *p);
+  pr->dry_end = msnap__source_offset(src, src->end);
   pr->stalled = false;
-  if (rc < 0) {
-    /* kept for the fill that needs those bytes (the window holds what
-     * came before the error); until then the source has no error */
-    pr->pending = rc;
-    memcpy(pr->pending_err, src->err, sizeof pr->pending_err);
-    src->err[0] = 0;
-  }
+  /* kept for the fill that needs those bytes (the window holds what
+   * came before the error); one the decompressor met after good bytes
+   * is kept already */
+  if (rc < 0 && !pr->pending) keep_pending(src, rc);
+  src->err[0] = 0;
   return 0;
 }
 
-int msnap__source_finish(msnap_source_t *src) {
-  if (src->codec == MSNAP_SOURCE_PLAIN || !src->mapped) return 0;
+int msnap__source_finish(msnap_source_t *src, uint64_t end) {
+  struct msnap_source_priv_s *pr = src->priv;
+  if (src->codec == MSNAP_SOURCE_PLAIN) return 0;
+  /* a stream is not read on, but an error already met in the member or
+   * frame the pickle ended in (a CRC that does not match its bytes) is
+   * the input's */
+  if (!src->mapped)
+    return pr->pending && pr->pending_from < end ? give_pending(src) : 0;
   const unsigned char *p = src->end;
   for (;;) {
     msnap__source_progress(src, p);
@@ -669,9 +752,13 @@ int msnap__source_finish(msnap_source_t *src) {
   }
 }
 
-int msnap__source_check_member(msnap_source_t *src) {
+int msnap__source_check_member(msnap_source_t *src, uint64_t at) {
   if (src->codec == MSNAP_SOURCE_PLAIN || src->err[0]) return 0;
   struct msnap_source_priv_s *pr = src->priv;
+  /* the member the reader stopped in ended whole (its CRC matched): the
+   * read-ahead went on past its end, and what it met or would meet
+   * there is another member's */
+  if (pr->member_from > at) return 0;
   pr->member_only = true;
   const unsigned char *p = src->end;
   for (;;) {

@@ -101,7 +101,10 @@ int msnap__source_chunked(msnap_source_t **out, const void *buf, size_t len,
 /* Make `need` bytes available at *p (start <= *p <= end).  0 when they
  * are; 1 at the end of the input with fewer (end - *p < need); a
  * negative MSNAP_E* code with src->err on a read, decompression or limit
- * error.  *p, start and end may move. */
+ * error.  *p, start and end may move.  Every byte a decompressor made
+ * before its error is given first (the error is returned by the fill
+ * that needs the bytes after them), so the error's offset is where it
+ * was met, whatever the window and read sizes. */
 int msnap__source_fill(msnap_source_t *src, const unsigned char **p,
                        size_t need);
 /* Read ahead without waiting: make up to `want` bytes available at *p
@@ -125,23 +128,28 @@ static inline uint64_t msnap__source_offset(const msnap_source_t *src,
 /* The reader is at p: what lies before it will not be asked again
  * (mapped files drop those pages). */
 void msnap__source_progress(msnap_source_t *src, const unsigned char *p);
-/* The reader is done (its pickle ended): a compressed regular file must
- * also end whole -- the rest is decompressed and dropped, so that a file
- * cut inside its last member or frame (a gzip member without its
- * CRC/size trailer) or with a bad checksum is an error, as gzip -t says.
- * 0, or a negative MSNAP_E* code with src->err.  Plain inputs and
- * streams: 0 at once (a stream's writer may keep its end open). */
-int msnap__source_finish(msnap_source_t *src);
-/* The reader failed on decompressed bytes: decompress on to the end of
- * the gzip member or zstd frame it was in (dropping the bytes; within the
- * limit), so that corrupt compressed data -- whose garbage is what the
- * reader failed on, before the member's CRC or the frame's checksum was
- * reached -- is named as such.  A negative MSNAP_E* code with src->err
- * (MSNAP_EFORMAT: the data is corrupt or cut), else 0.  Plain inputs, and
- * a source that failed already: 0 at once.  It never reads past the end
- * of the member, so a stream's writer that keeps its end open is not
- * waited for; the source gives no more bytes afterwards. */
-int msnap__source_check_member(msnap_source_t *src);
+/* The reader is done (its pickle ended at stream offset `end`, just past
+ * its STOP): a compressed regular file must also end whole -- the rest
+ * is decompressed and dropped, so that a file cut inside its last member
+ * or frame (a gzip member without its CRC/size trailer) or with a bad
+ * checksum is an error, as gzip -t says.  0, or a negative MSNAP_E* code
+ * with src->err.  Plain inputs: 0 at once; streams too (a stream's
+ * writer may keep its end open), unless an error was met already in the
+ * member or frame the pickle ended in (read ahead: its CRC, its end). */
+int msnap__source_finish(msnap_source_t *src, uint64_t end);
+/* The reader failed on decompressed bytes, at stream offset `at`:
+ * decompress on to the end of the gzip member or zstd frame it was in
+ * (dropping the bytes; within the limit), so that corrupt compressed
+ * data -- whose garbage is what the reader failed on, before the
+ * member's CRC or the frame's checksum was reached -- is named as such.
+ * A negative MSNAP_E* code with src->err (MSNAP_EFORMAT: the data is
+ * corrupt or cut), else 0.  Plain inputs, a source that failed already,
+ * and a member that was decompressed to its end already (the read-ahead
+ * went past it; an error met after it is another member's): 0 at once.
+ * It never reads past the end of the member, so a stream's writer that
+ * keeps its end open is not waited for; the source gives no more bytes
+ * afterwards. */
+int msnap__source_check_member(msnap_source_t *src, uint64_t at);
 /* "gzip-compressed " / "zstd-compressed " / "" for messages. */
 const char *msnap__source_codec_name(const msnap_source_t *src);
 /* The codec whose magic number starts p[0..n) (gzip 1f 8b, zstd

@@ -1968,11 +1968,13 @@ static void rd_destroy(rd_t *r) {
  * owns the model (marked as read from a file).  Wrong inputs are named
  * (msnap__identify_head before parsing, msnap__identify_text after an
  * early failure; text cut short is a truncated protocol-0 pickle).
+ * *end (when not NULL): on success, the stream offset just past STOP.
  */
 #define READ_HEAD 40
 
 static int read_source(msnap_source_t *src, msnap_snap_t **out,
-                       msnap_read_error_t *err, msnap_read_stats_t *stats) {
+                       msnap_read_error_t *err, msnap_read_stats_t *stats,
+                       uint64_t *end) {
   /* the head: what the file is, when it is not a pickle.  READ_HEAD
    * bytes (the magic numbers need 14), the same for every kind of input,
    * and no more of a stream is waited for: a writer may send a short
@@ -2063,7 +2065,7 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
   if (rc < 0 && rc != MSNAP_ENOMEM && src->codec != MSNAP_SOURCE_PLAIN &&
       !src->err[0]) {
     uint64_t stopped = err->offset;
-    if (msnap__source_check_member(src) == MSNAP_EFORMAT) {
+    if (msnap__source_check_member(src, stopped) == MSNAP_EFORMAT) {
       snprintf(err->msg, sizeof err->msg,
                "offset %llu: %.300s (while reading; the pickle reader had "
                "stopped at offset %llu on the bytes it gave)",
@@ -2107,6 +2109,7 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
   }
   msnap__snap_set_from_reader(s, true);
   *out = s;
+  if (end) *end = r.len;
   return 0;
 }
 
@@ -2125,7 +2128,7 @@ int msnap__snap_read_buffer_ex(const void *buf, size_t len,
     snprintf(err->msg, sizeof err->msg, "offset 0: out of memory");
     return MSNAP_ENOMEM;
   }
-  int rc = read_source(src, out, err, stats);
+  int rc = read_source(src, out, err, stats, NULL);
   msnap__source_close(src);
   return rc;
 }
@@ -2141,7 +2144,7 @@ int msnap__snap_read_source(msnap_source_t *src, msnap_snap_t **out,
   msnap_read_error_t local;
   if (!err) err = &local;
   memset(err, 0, sizeof *err);
-  return read_source(src, out, err, stats);
+  return read_source(src, out, err, stats, NULL);
 }
 
 /*
@@ -2169,8 +2172,9 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
              strcmp(path, "-") ? path : "standard input", why);
     return rc;
   }
-  rc = read_source(src, out, err, NULL);
-  if (rc == 0 && (rc = msnap__source_finish(src)) < 0) {
+  uint64_t end = 0;
+  rc = read_source(src, out, err, NULL, &end);
+  if (rc == 0 && (rc = msnap__source_finish(src, end)) < 0) {
     snprintf(err->msg, sizeof err->msg, "offset %llu: %s (after the pickle)",
              (unsigned long long)msnap__source_offset(src, src->end),
              src->err);

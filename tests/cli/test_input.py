@@ -260,6 +260,7 @@ def group_special():
         ended = False
     os.close(w)
     expect(ended, "a pipe whose writer stays open after STOP: summary ends")
+    slow_writer_cpu()
     # /dev/null, as standard input or by name: named as the empty device
     # it is (not "a device that never ends")
     for args, stdin in ((["check", "-"], "/dev/null"),
@@ -511,6 +512,48 @@ def zstd_windows(good):
            "a window of 2^41: corrupt (%r)" % err.strip()[-200:])
 
 
+def cpu_of(args, feed=None):
+    """(rc, stderr, CPU seconds) of memsnap ARGS; feed(w): writes its
+    standard input (a pipe of 1 MiB) and closes it."""
+    r = None
+    if feed:
+        import fcntl
+        r, w = os.pipe()
+        fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    p = subprocess.Popen(WRAPPER + [MEMSNAP] + args,
+                         stdin=r if feed else subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if feed:
+        os.close(r)
+        feed(w)
+    err = p.stderr.read().decode("utf-8", "replace")
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, err, ru.ru_utime + ru.ru_stime
+
+
+def slow_writer_cpu():
+    """A writer slower than the reader (1 MiB at a time, then a pause):
+    the read-ahead at a MARK finds nothing ready; it must not poll and
+    move the window at every MARK again until something came (src/base/
+    source.c; 40 times the CPU of the mapped file: 3.4 s for these
+    8.7 MB, where a pickle has a MARK every 20 bytes)."""
+    data = pickle.dumps([(i, i, i, i) for i in range(400000)], protocol=4)
+    f = write_bytes(data, "tuples.pickle")
+
+    def feed(w):
+        for i in range(0, len(data), 1 << 20):
+            os.write(w, data[i:i + (1 << 20)])
+            time.sleep(0.3)
+        os.close(w)
+    rc, err, cpu = cpu_of(["summary", f])
+    prc, perr, pcpu = cpu_of(["summary", "-"], feed)
+    expect(rc == prc == 2 and err.replace(f, "-") == perr and
+           pcpu <= 4 * cpu + 0.5,
+           "a pipe fed 1 MiB at a time with pauses: the file's error, CPU "
+           "%.2f s (the file: %.2f s; %r)" % (pcpu, cpu, perr.strip()[-120:]))
+
+
 def group_compressed():
     files = real_files()
     for f in files:
@@ -637,6 +680,7 @@ def group_compressed():
                     % (at, len(gz1), how, e.strip()[-240:]))
     else:
         print("SKIP flipped byte in a real recording: no real inputs")
+    corrupt_check_offsets(max(files, key=os.path.getsize))
     # a whole gzip member around a pickle that is wrong: the reader's error
     rc, out, err = run("check", write_bytes(
         gzip.compress(b"\x80\x04}\xff."),
@@ -658,6 +702,64 @@ def group_compressed():
            "decompressed bytes count against the limit: %r"
            % err.strip()[-160:])
     compression_libraries(good)
+
+
+def prefilled_pipe(data):
+    """The read end of a pipe that holds all of data, its writer closed
+    (what the reader takes at once is then the same in every run)."""
+    r, w = os.pipe()
+    import fcntl
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    assert len(data) <= fcntl.fcntl(w, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+    os.write(w, data)
+    os.close(w)
+    return r
+
+
+def corrupt_check_offsets(real):
+    """A real recording compressed, its check (gzip's CRC32 and size,
+    zstd's XXH64) wrong or its trailer cut: the pickle reads, the check
+    fails.  The error names it at the offset where the decompressor met
+    it -- the end of the data, after the pickle -- the same for the file
+    and for a pipe (src/base/source.c gives every byte decompressed
+    before an error; it dropped up to a window of them, the read-ahead's
+    4 MiB, so the offset was up to that much earlier and differed
+    between a file and a pipe)."""
+    with open(real, "rb") as f:
+        raw = f.read()
+    name = os.path.basename(real)
+    gzd = bytearray(gzip.compress(raw))
+    cases = []
+    for back, says in ((8, "incorrect data check"),
+                       (2, "incorrect length check")):
+        bad = bytearray(gzd)
+        bad[-back] ^= 0x55
+        cases.append(("gzip, byte -%d flipped" % back, bytes(bad), ".gz",
+                      "the gzip-compressed data is corrupt: " + says))
+    cases.append(("gzip, its last 4 bytes cut", bytes(gzd[:-4]), ".gz",
+                  "the gzip-compressed data is truncated"))
+    if shutil.which("zstd"):
+        zd = subprocess.run(["zstd", "-q", "-c", "--check"], input=raw,
+                            check=True, capture_output=True).stdout
+        bad = bytearray(zd)
+        bad[-1] ^= 0x55
+        cases.append(("zstd, its checksum flipped", bytes(bad), ".zst",
+                      "the zstd-compressed data is corrupt: Restored data "
+                      "doesn't match checksum"))
+    for what, data, ext, says in cases:
+        fp = write_bytes(data, "check" + ext)
+        rc, out, err = run("summary", fp)
+        r = prefilled_pipe(data)
+        try:
+            prc, pout, perr = run("summary", "-", stdin=r)
+        finally:
+            os.close(r)
+        want = "offset %d: %s" % (len(raw), says)
+        expect(rc == 2 and prc == 2 and want in err and
+               err.replace(fp, "-") == perr,
+               "%s %s: named at offset %d (the end), file and pipe alike: "
+               "%r / %r" % (name, what, len(raw), err.strip()[-200:],
+                            perr.strip()[-200:]))
 
 
 def compression_libraries(good):
