@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import pickletools
+import re
 import subprocess
 import sys
 import textwrap
@@ -955,6 +956,46 @@ def test_file_runs_by_its_absolute_path(tmp_path):
     r = p.json
     assert r["fits"] and r["complete"] and r["script"] == name
     assert {s["site"] for s in r["top_sites"]} == {name + ":2 in <module>"}, r["top_sites"]
+
+
+HELD_SCRIPT = """import sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                            torch.nn.Linear(1024, 256)).to("cuda")
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(32, 256, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+tmp = torch.empty(1 << 20, device="cuda")
+del tmp
+print("LIVE", torch.cuda.memory_allocated(), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("how", ["file", "stdin", "directory"])
+def test_snapshot_ends_in_the_state_the_script_ends_in(tmp_path, how):
+    """The snapshot's final state is what the script holds at its end (its
+    module-level model, optimizer state), as a _dump_snapshot on its last
+    line would show -- not a teardown of its globals half done (it showed
+    the tensors held in reference cycles only, or none)."""
+    if how == "directory":
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__main__.py").write_text(HELD_SCRIPT)
+        p = predict("--memory", "1G", "-o", "s.pickle", "app", cwd=tmp_path)
+    elif how == "stdin":
+        p = predict("--memory", "1G", "-o", "s.pickle", "-", cwd=tmp_path,
+                    stdin=HELD_SCRIPT.encode())
+    else:
+        (tmp_path / "held.py").write_text(HELD_SCRIPT)
+        p = predict("--memory", "1G", "-o", "s.pickle", "held.py", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    live = int(re.search(r"LIVE (\d+)", p.stderr).group(1))
+    assert live > 0
+    with open(tmp_path / "s.pickle", "rb") as f:
+        snap = pickle.load(f)
+    held = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
+               if b["state"] == "active_allocated")
+    assert held == live, (held, live)
 
 
 STDIN_SCRIPT = """# -*- coding: latin-1 -*-

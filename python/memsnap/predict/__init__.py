@@ -257,7 +257,7 @@ def _os_exit_unwinds():
         os._exit = orig
 
 
-def _run_stdin() -> None:
+def _run_stdin() -> dict:
     """``python -``: standard input's source runs as ``__main__`` with the
     file name ``<stdin>`` and the globals CPython gives it (pythonrun.c:
     ``__file__`` "<stdin>", ``__cached__`` None; ``__loader__``
@@ -271,10 +271,10 @@ def _run_stdin() -> None:
         raise RuntimeError("'-': there is no standard input to read the script from")
     source = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read()
     code = compile(source, "<stdin>", "exec", dont_inherit=True)
-    _exec_main(code, "<stdin>", importlib.machinery.BuiltinImporter)
+    return _exec_main(code, "<stdin>", importlib.machinery.BuiltinImporter)
 
 
-def _run_file(path: str) -> None:
+def _run_file(path: str) -> dict:
     """``python FILE``: the file runs as ``__main__`` under its absolute
     path, as CPython (3.9 and later) gives it -- ``__file__`` and the code's
     ``co_filename`` absolute, ``__loader__`` the file's loader, ``__spec__``
@@ -290,14 +290,16 @@ def _run_file(path: str) -> None:
         with io.open_code(path) as f:
             code = compile(f.read(), path, "exec", dont_inherit=True)
         loader = importlib.machinery.SourceFileLoader("__main__", path)
-    _exec_main(code, path, loader)
+    return _exec_main(code, path, loader)
 
 
-def _exec_main(code: Any, file: str, loader: Any) -> None:
+def _exec_main(code: Any, file: str, loader: Any) -> dict:
     """Run ``code`` as a fresh ``__main__`` module (``__file__`` ``file``,
     ``__loader__`` ``loader``, ``__spec__``, ``__package__`` and
     ``__cached__`` None, as CPython sets them for a script), then put the
-    previous ``__main__`` back."""
+    previous ``__main__`` back.  Returns the module's globals, which keep
+    what the script still holds alive for as long as the caller keeps
+    them."""
     import builtins
     import types
 
@@ -308,6 +310,7 @@ def _exec_main(code: Any, file: str, loader: Any) -> None:
     sys.modules["__main__"] = main
     try:
         exec(code, main.__dict__)
+        return main.__dict__
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved
@@ -374,14 +377,19 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
         first = os.path.abspath(script)
         sys.path.insert(0, os.path.dirname(first))
         is_file = True
+    # The script's globals are kept until the prediction has ended, so
+    # that its snapshot's final state is what the script held at its end
+    # (as a _dump_snapshot on its last line would show), not a teardown
+    # of its module half done (what reference cycles kept, the rest freed).
+    kept: Any = None
     try:
         with p, _os_exit_unwinds():
             if script == "-":
-                _run_stdin()
+                kept = _run_stdin()
             elif is_file:
-                _run_file(first)
+                kept = _run_file(first)
             else:
-                runpy.run_path(script, run_name="__main__")
+                kept = runpy.run_path(script, run_name="__main__")
     except _OsExit as e:
         p.os_exit = e.code
         if e.code != 0:
@@ -401,4 +409,5 @@ def run_script(script: str, args: Sequence[str] = (), **options: Any) -> predict
         p.script_error = _script_traceback(e, first)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        kept = None
     return p
