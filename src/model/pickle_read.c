@@ -591,26 +591,22 @@ static const char *const obj_names[] = {"?", "list", "tuple", "dict", "set",
 
 static int too_many_items(msnap_pvm_t *vm, const msnap_pobj_t *o) {
   uint32_t n = o->kind == MSNAP_POBJ_DICT ? o->n / 2 : o->n;
+  char limit[256];
   if (vm->box_items == 0)
-    return msnap__pvm_fail(
-        vm, MSNAP_ELIMIT,
-        "%llu items held in containers after %zu bytes of input, a %s of "
-        "%u %s among them (the limit: one per byte of input, at least %u, "
-        "at most %u)",
-        (unsigned long long)vm->items_held, vm->op_off,
-        o->kind < sizeof obj_names / sizeof obj_names[0] ? obj_names[o->kind]
-                                                         : "?",
-        n, o->kind == MSNAP_POBJ_DICT ? "pairs" : "items",
-        MSNAP_PICKLE_GV_MIN, MSNAP_PICKLE_GV_MAX);
+    snprintf(limit, sizeof limit,
+             " (the limit: one per byte of input, at least %u, at most %u)",
+             MSNAP_PICKLE_GV_MIN, MSNAP_PICKLE_GV_MAX);
+  else
+    snprintf(limit, sizeof limit, ", and " HELD_LIMIT_FMT,
+             HELD_LIMIT_ARGS(vm, vm->nboxes));
   return msnap__pvm_fail(
       vm, MSNAP_ELIMIT,
       "%llu items held in containers after %zu bytes of input, a %s of %u "
-      "%s among them, and " HELD_LIMIT_FMT,
+      "%s among them%s",
       (unsigned long long)vm->items_held, vm->op_off,
       o->kind < sizeof obj_names / sizeof obj_names[0] ? obj_names[o->kind]
                                                        : "?",
-      n, o->kind == MSNAP_POBJ_DICT ? "pairs" : "items",
-      HELD_LIMIT_ARGS(vm, vm->nboxes));
+      n, o->kind == MSNAP_POBJ_DICT ? "pairs" : "items", limit);
 }
 
 /* A boxed number to make past the budget (see too_many_items). */
