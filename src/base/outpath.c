@@ -134,27 +134,21 @@ static char *shown_with(const msnap_strbuf_t *shown, bool absolute,
   return b.p;
 }
 
-/* A directory on the way to `path` does not exist (ENOENT): name it --
- * "No such file or directory" alone does not say which one is missing,
- * nor that the file itself would be created. */
-static int out_missing_dir(const char *path, const msnap_strbuf_t *shown,
-                           bool absolute, const char *c) {
+/* Component `c` on the way to `path` is missing (e == ENOENT) or not a
+ * directory (ENOTDIR): name it -- "No such file or directory" alone does
+ * not say which one, nor that the file itself would be created. */
+static int out_on_way(const char *path, const msnap_strbuf_t *shown,
+                      bool absolute, const char *c, int e) {
   char *d = shown_with(shown, absolute, c);
-  int rc = msnap__set_error_errno(
-      MSNAP_EIO, ENOENT, "cannot write '%s': the directory '%s' does not "
-      "exist", path, d ? d : c);
-  free(d);
-  return rc;
-}
-
-/* A component on the way to `path` is not a directory (ENOTDIR): name
- * it. */
-static int out_not_dir(const char *path, const msnap_strbuf_t *shown,
-                       bool absolute, const char *c) {
-  char *d = shown_with(shown, absolute, c);
-  int rc = msnap__set_error_errno(MSNAP_EIO, ENOTDIR,
-                                  "cannot write '%s': '%s' is not a "
-                                  "directory", path, d ? d : c);
+  int rc = e == ENOENT
+               ? msnap__set_error_errno(MSNAP_EIO, ENOENT,
+                                        "cannot write '%s': the directory "
+                                        "'%s' does not exist",
+                                        path, d ? d : c)
+               : msnap__set_error_errno(MSNAP_EIO, ENOTDIR,
+                                        "cannot write '%s': '%s' is not a "
+                                        "directory",
+                                        path, d ? d : c);
   free(d);
   return rc;
 }
@@ -314,7 +308,7 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
         break; /* a new file in cur */
       }
       if (e == ENOENT) {
-        rc = out_missing_dir(path, &shown, absolute, comp);
+        rc = out_on_way(path, &shown, absolute, comp, ENOENT);
         break;
       }
       rc = out_err(e, path, NULL);
@@ -383,7 +377,7 @@ int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
       break;
     }
     if (!S_ISDIR(ls.st_mode)) {
-      rc = out_not_dir(path, &shown, absolute, comp);
+      rc = out_on_way(path, &shown, absolute, comp, ENOTDIR);
       break;
     }
     int nfd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
