@@ -138,17 +138,6 @@ int cli_pair_entries(const msnap_trace_list_t *tl, uint32_t **out) {
 
 /* ---- sites of stacks ------------------------------------------------------ */
 
-static int cmp_key_ix(const void *a, const void *b) {
-  const cli_key_ix_t *x = a, *y = b;
-  if (x->key != y->key)
-    return x->key < y->key ? -1 : 1;
-  return x->ix < y->ix ? -1 : x->ix > y->ix;
-}
-
-void cli_sort_key_ix(cli_key_ix_t *v, uint32_t n) {
-  qsort(v, n, sizeof *v, cmp_key_ix);
-}
-
 static uint64_t site_key(cli_site_t t) {
   return (uint64_t)t.frame << 32 | t.via;
 }

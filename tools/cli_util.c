@@ -1052,3 +1052,16 @@ const char *cli_output_named(const char *out) {
              ? cli_stdout_given
              : out;
 }
+
+/* ---- {key, index} pairs (cli.h) ------------------------------------------ */
+
+static int cmp_key_ix(const void *a, const void *b) {
+  const cli_key_ix_t *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return x->ix < y->ix ? -1 : x->ix > y->ix;
+}
+
+void cli_sort_key_ix(cli_key_ix_t *v, uint32_t n) {
+  qsort(v, n, sizeof *v, cmp_key_ix);
+}
