@@ -424,6 +424,11 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
  * (only torch_npu's NPUWorkspaceAllocator writes that action), else
  * cuda). */
 const char *cli_recording_profile(const msnap_snap_t *s);
+/* The same, and in *why (static text, when why is not NULL) what told it:
+ * "named in process_info", "it has no NPU-only field",
+ * ... */
+const char *cli_recording_profile_why(const msnap_snap_t *s,
+                                      const char **why);
 /* True when the recording left out actions the alloc history needs
  * (allocator_settings' trace_skip_actions, memsnap's files: alloc, frees,
  * segment allocations, frees, maps or unmaps): the trace has holes, so

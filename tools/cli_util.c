@@ -805,21 +805,38 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
  * PYTORCH_NPU_ALLOC_CONF comes from torch_npu's allocator (npu); anything
  * else from PyTorch's (cuda).
  */
-const char *cli_recording_profile(const msnap_snap_t *s) {
+const char *cli_recording_profile_why(const msnap_snap_t *s,
+                                      const char **why) {
+  const char *w;
+  if (why == NULL) why = &w;
   const char *p = cli_gv_str(s, &s->process_info, "profile");
-  if (p && (!strcmp(p, "npu") || !strcmp(p, "cuda")))
+  if (p && (!strcmp(p, "npu") || !strcmp(p, "cuda"))) {
+    *why = "named in process_info";
     return p;
-  if (cli_gv_get(s, &s->allocator_settings, "PYTORCH_NPU_ALLOC_CONF"))
+  }
+  if (cli_gv_get(s, &s->allocator_settings, "PYTORCH_NPU_ALLOC_CONF")) {
+    *why = "its settings name PYTORCH_NPU_ALLOC_CONF";
     return "npu";
-  const msnap_gv_t *w =
+  }
+  const msnap_gv_t *l =
       cli_gv_get(s, &s->allocator_settings, "workspace_segments");
-  if (w && w->kind == MSNAP_GV_LIST && w->u.seq.n > 0)
+  if (l && l->kind == MSNAP_GV_LIST && l->u.seq.n > 0) {
+    *why = "it has workspace segments";
     return "npu";
+  }
   for (uint32_t d = 0; d < s->ndevices; d++)
     for (uint32_t i = 0; i < s->device_traces[d].n; i++)
-      if (s->device_traces[d].v[i].action == MSNAP_ACTION_WORKSPACE_SNAPSHOT)
+      if (s->device_traces[d].v[i].action ==
+          MSNAP_ACTION_WORKSPACE_SNAPSHOT) {
+        *why = "its trace has workspace_snapshot entries";
         return "npu";
+      }
+  *why = "it has no NPU-only field";
   return "cuda";
+}
+
+const char *cli_recording_profile(const msnap_snap_t *s) {
+  return cli_recording_profile_why(s, NULL);
 }
 
 bool cli_skipped_history(const msnap_snap_t *s, char *why, size_t n) {

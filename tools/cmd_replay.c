@@ -288,9 +288,11 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
 
 static void print_text(const replay_t *r, const char *file) {
   const char *conf = r->conf;
-  printf("%s: replay with the %s profile%s%s%s (%s)\n", cli_shown(file),
-         r->profile_name,
-         r->profile_from_file ? " (the recording's)" : "",
+  printf("%s: replay with the %s profile%s%s%s%s%s (%s)\n",
+         cli_shown(file), r->profile_name,
+         r->profile_from_file ? " (the recording's: " : "",
+         r->profile_from_file ? r->profile_why : "",
+         r->profile_from_file ? ")" : "",
          conf && *conf ? ", alloc conf " : "", conf && *conf ? conf : "",
          r->exact ? "exact: recorded addresses" : "what-if");
   for (uint32_t k = 0; k < (r->nd ? r->nd : 1); k++)

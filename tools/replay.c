@@ -1133,7 +1133,7 @@ int replay_init(replay_t *r, const msnap_snap_t *s, const char *file,
   /* Unless told, replay with the profile the recording was made with. */
   if (profile == NULL) {
     r->profile_from_file = true;
-    profile = cli_recording_profile(s);
+    profile = cli_recording_profile_why(s, &r->profile_why);
   }
   r->profile_name = profile;
   r->profile = strcmp(profile, "npu") == 0 ? MSNAP_PROFILE_NPU

@@ -65,6 +65,7 @@ typedef struct replay_s {
   msnap_profile_t profile;
   const char *profile_name; /* "cuda" or "npu" */
   bool profile_from_file;   /* the recording's (cli_recording_profile) */
+  const char *profile_why;  /* then: what told it (static text) */
   const char *conf;         /* alloc conf of the replay ("" for none) */
   /* bytes the profile adds before rounding: the replay allocator's own
    * (torch_npu AddPadSize: 32, or 0 on an Ascend950 with CANN >= 9.1.0

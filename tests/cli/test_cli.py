@@ -1757,6 +1757,25 @@ def group_replay():
            dv.get("segment_allocs") == 1,
            "replay of a torch_npu recording: npu profile, exact, the "
            "workspace left out (%d %r)" % (rc, out[:600]))
+    # The report's first line says what told the recording's profile.
+    for f, want in ((tn, "the npu profile (the recording's: its trace has "
+                         "workspace_snapshot entries)"),
+                    (live, "profile (the recording's: named in "
+                           "process_info)"),
+                    (write_pickle({"segments": [], "device_traces": [[
+                        {"action": "alloc", "addr": A0, "size": 512}]]},
+                        "cuda_only.pickle"),
+                     "the cuda profile (the recording's: it has no "
+                     "NPU-only field)")):
+        rc, out, err = run("replay", f)
+        first = out.splitlines()[0] if out else ""
+        expect(want in first and "(exact: recorded addresses)" in first,
+               "replay names why the profile is the recording's: %r in %r"
+               % (want, first))
+    rc, out, err = run("replay", "--profile", "cuda", live)
+    first = out.splitlines()[0] if out else ""
+    expect("the recording's" not in first,
+           "replay --profile: no 'the recording's' (%r)" % first)
 
     # torch_npu's workspace OOM retry: a caching segment at W allocated
     # and freed (emptyCache), then the workspace buffer at W (its entries
