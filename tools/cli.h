@@ -493,6 +493,9 @@ uint64_t cli_nice_step(uint64_t max, bool bytes, unsigned most);
 /* Index of the first entry of tl at or after time t (tl->n when none):
  * where a record_function annotation of that time goes on a timeline. */
 uint32_t cli_entry_at_time(const msnap_trace_list_t *tl, int64_t t);
+/* The latest time_us of the file's trace entries, over every device, in
+ * *t: false when no entry has one (2.0 / 2.1 files). */
+bool cli_last_time(const msnap_snap_t *s, int64_t *t);
 
 /* ---- stacks of live blocks (cli_stacks.c) -------------------------------- */
 /* Where the stack shown for a live block comes from (see cli_stacks.c). */
@@ -847,6 +850,7 @@ typedef struct cli_leaks_s {
                             gave the steps (cli_ranges_t.ann_device)    */
   cli_leak_t *v;         /* candidates, by confidence then growth      */
   uint32_t n;
+  bool out_of_order;     /* files given out of time order: no candidate */
 } cli_leaks_t;
 /* Leak candidates of device dev over the steps of one recording (see
  * cmd_leaks.c); step = a step name or NULL.  0, or -1 on ENOMEM. */

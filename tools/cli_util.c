@@ -805,6 +805,20 @@ bool cli_gv_int(const msnap_snap_t *s, const msnap_gv_t *d, const char *key,
  * PYTORCH_NPU_ALLOC_CONF comes from torch_npu's allocator (npu); anything
  * else from PyTorch's (cuda).
  */
+bool cli_last_time(const msnap_snap_t *s, int64_t *t) {
+  bool have = false;
+  for (uint32_t d = 0; d < s->ndevices; d++) {
+    const msnap_trace_list_t *tl = &s->device_traces[d];
+    for (uint32_t i = 0; i < tl->n; i++)
+      if ((msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) &&
+          (!have || tl->v[i].time_us > *t)) {
+        have = true;
+        *t = tl->v[i].time_us;
+      }
+  }
+  return have;
+}
+
 const char *cli_recording_profile_why(const msnap_snap_t *s,
                                       const char **why) {
   const char *w;

@@ -165,17 +165,11 @@ static void analyse(rank_t *r, double min_conf) {
       r->m[0] += pk[1];
       r->m[1] += pk[0];
       r->have_peak = true;
-      for (uint32_t i = 0; i < tl->n; i++) {
+      for (uint32_t i = 0; i < tl->n; i++)
         if (tl->v[i].action == MSNAP_ACTION_OOM) {
           r->ooms++;
           r->oom_requested = tl->v[i].size;
         }
-        if ((msnap__tattr(s, &tl->v[i])->keys & MSNAP_K_TIME) &&
-            (!r->have_last_time || tl->v[i].time_us > r->last_time_us)) {
-          r->have_last_time = true;
-          r->last_time_us = tl->v[i].time_us;
-        }
-      }
     }
     cli_leaks_t l;
     if (cli_leaks_steps(s, devs[d], NULL, min_conf, &l) != 0) {
@@ -201,6 +195,7 @@ static void analyse(rank_t *r, double min_conf) {
     }
   }
   r->have_m[0] = r->have_m[1] = r->have_peak;
+  r->have_last_time = cli_last_time(s, &r->last_time_us);
   free(devs);
   msnap__snap_free(s);
   if (nomem)

@@ -412,6 +412,11 @@ static void print_dev(cli_json_t *j, bool json, const cli_leaks_t *l,
     printf("  steps taken from device %" PRId64 "'s record_function "
            "annotations%s (none recorded for this device)\n", l->ann_device,
            l->ann_device == -1 ? " (-1: no device)" : "");
+  if (l->out_of_order) {
+    printf("  leak candidates not reported: the files are out of time "
+           "order (warning above)\n");
+    return;
+  }
   if (l->n == 0) {
     printf("  no site grows from step to step\n");
     return;
@@ -456,7 +461,7 @@ int cli_cmd_leaks(int argc, char **argv) {
   uint32_t nper = 0;
   /* warnings: [0] another process (files), [1 + d] the threshold of
    * device d (steps) or [1] of every device (files), [2] a file named
-   * more than once (files) */
+   * more than once (files), [3] files out of time order (files) */
   char (*warn)[512] = NULL;
   uint32_t nwarn = 2;
   int rc = CLI_OK;
@@ -501,7 +506,7 @@ int cli_cmd_leaks(int argc, char **argv) {
   } else {
     if (step)
       return cli_usage_error("leaks", "--step applies to one recording");
-    nwarn = 3;
+    nwarn = 4;
     warn = calloc(nwarn, sizeof *warn);
     if (!warn) {
       cli_err("out of memory");
@@ -524,6 +529,12 @@ int cli_cmd_leaks(int argc, char **argv) {
     uint32_t n = 0, cap = 0;
     int64_t pid0 = -1, pid;
     const char *diffproc = NULL;
+    /* the files' latest time_us: each file is a step in the order given,
+     * so one taken before the file before it reverses the steps (a
+     * growing site reads as shrinking, a shrinking one as a leak) */
+    int64_t tprev = 0, t;
+    bool have_prev = false;
+    int backwards = -1; /* the first file older than the one before it */
     for (int f = 0; f < nfiles && rc == CLI_OK; f++) {
       msnap_snap_t *s;
       if (cli_load(files[f], &s) != CLI_OK) {
@@ -531,6 +542,14 @@ int cli_cmd_leaks(int argc, char **argv) {
           cli_json_unusable(files[f], NULL);
         rc = CLI_UNUSABLE;
         break;
+      }
+      if (cli_last_time(s, &t)) {
+        if (have_prev && t < tprev && backwards < 0)
+          backwards = f;
+        tprev = t;
+        have_prev = true;
+      } else {
+        have_prev = false;
       }
       if (cli_gv_int(s, &s->process_info, "pid", &pid)) {
         if (pid0 < 0)
@@ -544,6 +563,13 @@ int cli_cmd_leaks(int argc, char **argv) {
       }
       msnap__snap_free(s);
     }
+    if (backwards > 0)
+      snprintf(warn[3], sizeof warn[3],
+               "%s's trace ends before %s's (time_us): it was taken "
+               "before it, and each file is a step in the order given -- "
+               "run leaks with the files oldest first; leak candidates "
+               "are not reported",
+               files[backwards], files[backwards - 1]);
     if (diffproc)
       snprintf(warn[0], sizeof warn[0],
                "%s was written by another process than %s (process_info): "
@@ -568,7 +594,8 @@ int cli_cmd_leaks(int argc, char **argv) {
       if (!per)
         rc = CLI_UNUSABLE;
     }
-    /* one cli_leaks_t per device, in device order */
+    /* one cli_leaks_t per device, in device order (no candidate for
+     * steps out of time order) */
     for (uint32_t i = 0; rc == CLI_OK && i < n;) {
       int64_t dev = v[i].device;
       cli_leaks_t *l = NULL;
@@ -583,6 +610,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         per[nper].device = dev;
         per[nper].ann_device = dev; /* files mode: no annotations used */
         per[nper].steps = (uint32_t)nfiles;
+        per[nper].out_of_order = backwards >= 0;
         snprintf(per[nper].stepname, sizeof per[nper].stepname, "files");
         nper++;
       }
@@ -597,7 +625,7 @@ int cli_cmd_leaks(int argc, char **argv) {
         acc_step(&a, val);
       }
       const cli_site_t nokey = {CLI_SITE_NONE, CLI_SITE_NONE};
-      if (add_candidate(l, v[i].site, nokey, &a, 0, use) != 0)
+      if (backwards < 0 && add_candidate(l, v[i].site, nokey, &a, 0, use) != 0)
         rc = CLI_UNUSABLE;
       i = k > i ? k : i + 1;
     }

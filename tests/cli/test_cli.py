@@ -3560,6 +3560,43 @@ def steps_snapshot(steps=6, ndev=1, leak_dev=0, leak_frames=None,
             "allocator_settings": {}, "external_annotations": ann}
 
 
+def leaks_out_of_order():
+    """leaks FILE... given newest first: each file is a step in the order
+    given, so the steps run backwards (a growing site reads as shrinking,
+    a shrinking one as a leak).  The files' time_us say so: a warning
+    naming the two files, no leak candidate, exit 0 -- as diff's 'B was
+    taken before A'.  Oldest first: candidates, no such warning."""
+    a = write_pickle(steps_snapshot(steps=2), "ord_a.pickle")
+    b = write_pickle(steps_snapshot(steps=4), "ord_b.pickle")
+    c = write_pickle(steps_snapshot(steps=6), "ord_c.pickle")
+    rc, out, err = run("leaks", "--json", a, b, c)
+    js = json.loads(out) if out else {}
+    expect(rc == 1 and js.get("leak_candidate_count", 0) > 0 and
+           not any("oldest first" in w for w in js.get("warnings", [])),
+           "leaks A B C (oldest first): candidates, no order warning "
+           "(%d %r)" % (rc, js.get("warnings")))
+    for names in ((c, b, a), (a, c, b)):
+        rc, out, err = run("leaks", "--json", *names)
+        js = json.loads(out) if out else {}
+        expected = ("%s's trace ends before %s's" % (names[1], names[0])
+                    if names[0] == c else
+                    "%s's trace ends before %s's" % (names[2], names[1]))
+        expect(rc == 0 and js.get("leak_candidate_count") == 0 and
+               any(x.startswith(expected) and "oldest first" in x
+                   for x in js.get("warnings", [])),
+               "leaks --json with a file older than the one before it: "
+               "the warning names both, no candidate, exit 0 (%d %r)"
+               % (rc, js.get("warnings")))
+        rc, out, err = run("leaks", *names)
+        expect(rc == 0 and any(ln.startswith("warning: " + expected)
+                               for ln in out.splitlines()) and
+               "  leak candidates not reported: the files are out of "
+               "time order (warning above)" in out.splitlines() and
+               "no site grows" not in out,
+               "leaks (text) out of time order: the warning (%d %r)"
+               % (rc, out[-600:]))
+
+
 def leaks_repeated_file():
     """leaks FILE... with one file named twice (a repeated argument, a
     link to it): each name is a step, as given, with a warning in the
@@ -3705,6 +3742,7 @@ def group_leaks():
                                            dv.get("leaks")))
     leaks_unreachable_threshold()
     leaks_repeated_file()
+    leaks_out_of_order()
 
 
 def grown_pair(src):
