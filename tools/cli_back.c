@@ -481,18 +481,26 @@ static uint32_t gt_succ(const gtree_t *t, uint32_t x) {
   return r;
 }
 
-/* The last segment with addr <= a, or 0. */
-static uint32_t gt_last_le(const gtree_t *t, uint64_t a) {
-  uint32_t x = t->root, r = 0;
+/* The last segment with addr <= a, or 0; and in *after (when not NULL)
+ * the first with addr > a, or 0: its successor in key order, found in the
+ * same descent (every key with addr <= a precedes every other). */
+static uint32_t gt_last_le2(const gtree_t *t, uint64_t a, uint32_t *after) {
+  uint32_t x = t->root, r = 0, nx = 0;
   while (x) {
     if (t->n[x].g.addr <= a) {
       r = x;
       x = t->n[x].c[1];
     } else {
+      nx = x;
       x = t->n[x].c[0];
     }
   }
+  if (after) *after = nx;
   return r;
+}
+
+static uint32_t gt_last_le(const gtree_t *t, uint64_t a) {
+  return gt_last_le2(t, a, NULL);
 }
 
 /* The last find of gt_containing: node x is the last segment starting at
@@ -515,10 +523,10 @@ static uint32_t gt_containing(const gtree_t *t, uint64_t a, uint64_t n,
       (h->to_end || a < h->next)) {
     x = h->x;
   } else {
-    x = gt_last_le(t, a);
+    uint32_t nx;
+    x = gt_last_le2(t, a, &nx);
     if (!x)
       return 0;
-    uint32_t nx = gt_succ(t, x);
     *h = (seg_hint_t){x, nx == 0, nx ? t->n[nx].g.addr : 0, t->version};
   }
   const cli_lseg_t *g = &t->n[x].g;
