@@ -860,6 +860,31 @@ def test_raising_hook_caught_by_the_script(tmp_path):
     assert any(s["line"] == 9 for s in p.json["top_sites"])
 
 
+DEEPCOPY = """import copy, torch, torch.nn as nn
+lin = copy.deepcopy(nn.Linear(512, 1536)).to("npu")
+layer = nn.TransformerEncoderLayer(512, 8, 1024, batch_first=True)
+enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to("npu")
+"""
+
+
+def test_deep_copied_parameters_move_to_the_device(tmp_path):
+    """copy.deepcopy of a module (nn.TransformerEncoder deep-copies its
+    layer) then ``.to(device)``: the copies' parameters are the
+    prediction's fake tensors like any other, so the move swaps them as on
+    the device ("Cannot swap t1 because it has weakref associated with it"
+    for every parameter over 1 MiB before), and torch's warning about a
+    fake tensor's data pointer, which deepcopy triggers, is not the
+    user's to see.  The peak is the parameters' own bytes, exactly."""
+    script = tmp_path / "deepcopy_model.py"
+    script.write_text(DEEPCOPY)
+    p = predict("--json", "-o", str(tmp_path / "d.pickle"), str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "data pointer of FakeTensor" not in p.stderr, p.stderr
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 1024, batch_first=True)
+    enc_params = 2 * sum(q.numel() for q in layer.parameters())
+    assert p.json["peak_requested_bytes"] == 4 * (512 * 1536 + 1536 + enc_params), p.json
+
+
 TINY = "import sys, torch\nx = torch.ones(1024, device='npu')\nprint('script ran', file=sys.stderr)\n"
 NOBODY = 65534
 

@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import weakref
 
 import torch
@@ -536,6 +537,7 @@ class Session:
             self.fake_mode = _fake_mode_class()(allow_non_fake_inputs=True)
             stack.enter_context(self.fake_mode)
             stack.enter_context(_swappable(self.fake_mode))
+            stack.enter_context(_quiet_fake_data_ptr())
             stack.enter_context(_foreach_fake())
             stack.enter_context(_tolist_reads_once(self))
             _device._ACTIVE = self
@@ -722,7 +724,33 @@ def _fake_mode_class():
         # reports as True to the script.
         avoid_device_init = True
 
+        def __deepcopy__(self, memo):
+            # copy.deepcopy of a fake tensor (a module's parameters:
+            # nn.TransformerEncoder deep-copies its layer) copies the
+            # tensor's __dict__ (torch/_tensor.py Tensor.__deepcopy__),
+            # which holds its fake_mode: the copy then belonged to a second
+            # mode, whose converter memo kept a weak reference to it, and
+            # ``.to(device)`` could not swap it ("Cannot swap t1 because
+            # it has weakref associated with it").  The mode is the
+            # prediction's one context, never copied.
+            memo[id(self)] = self
+            return self
+
     return _FakeMode
+
+
+@contextlib.contextmanager
+def _quiet_fake_data_ptr():
+    """``copy.deepcopy`` of a tensor asks for its data pointer
+    (torch/_tensor.py ``Tensor.__deepcopy__``: ``self.data_ptr() == 0``),
+    which for a fake tensor warns "Accessing the data pointer of
+    FakeTensor is deprecated ... almost definitely a bug in your code":
+    not in the user's code, and not on the device it predicts.  That
+    warning alone is silenced while the prediction runs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning,
+                                message="Accessing the data pointer of FakeTensor")
+        yield
 
 
 def _drop_memo(memo: dict, t) -> None:
