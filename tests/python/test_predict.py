@@ -1478,6 +1478,35 @@ def test_fused_attention(tmp_path):
     assert peak["npu", "fused"] - peak["cuda", "fused"] >= extra
 
 
+MHA = """import torch, torch.nn as nn
+mha = nn.MultiheadAttention(256, 8, batch_first=True).to("cuda")
+x = torch.randn(8, 1024, 256, device="cuda", requires_grad=True)
+out, _ = mha(x, x, x, need_weights=False)
+out.sum().backward()
+"""
+
+
+def test_fused_attention_inside_multihead_attention(tmp_path):
+    """nn.MultiheadAttention (so nn.Transformer*) calls SDPA from inside
+    torch.nn.functional's multi_head_attention_forward, where the
+    prediction's torch function mode is off: the attention took the math
+    path whatever --attention said (both gave the same peak).  Fused now
+    keeps no B x H x T x T matrix, in both profiles."""
+    script = tmp_path / "mha.py"
+    script.write_text(MHA)
+    peak = {}
+    for profile in ("npu", "cuda"):
+        for attention in ("fused", "math"):
+            p = predict("--json", "--profile", profile, "--attention", attention,
+                        "-o", str(tmp_path / "m.pickle"), str(script), cwd=tmp_path)
+            assert p.returncode == 0, p.stdout + p.stderr
+            peak[profile, attention] = p.json["peak_allocated_bytes"]
+    matrix = 8 * 8 * 1024 * 1024 * 4  # B x H x T x T fp32
+    for profile in ("npu", "cuda"):
+        assert peak[profile, "math"] - peak[profile, "fused"] > matrix, peak
+        assert peak[profile, "fused"] < matrix, peak
+
+
 def _run_script(tmp_path, name: str, source: str):
     """Write source to tmp_path/name and predict it (--memory 1G --json,
     the snapshot beside it): the finished run, checked to exit 0."""

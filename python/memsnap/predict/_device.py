@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -678,18 +679,9 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
             if z.size:
                 self.session.unknown_scalars += 1
             return z
-        if func is self._sdpa and self.session.attention == "fused":
-            q = args[0] if args else kwargs.get("query")
-            if isinstance(q, torch.Tensor) and q.device.type == self.name:
-                from . import _attention
-
-                r = _attention.fused(self.session.kernel_profile(), args, kwargs or {})
-                if r is not None:
-                    return r
-        if func is self._linear:
-            r = self._linear_bias_in_place(args, kwargs or {})
-            if r is not None:
-                return r
+        r = self.kernel(func, args, kwargs or {})
+        if r is not None:
+            return r
         if kwargs:
             d = kwargs.get("device")
             if d is not None:
@@ -708,6 +700,19 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
             return self._to(args[0], torch.device(self.name, index), **kwargs)
         return func(*args, **kwargs)
 
+
+    def kernel(self, func, args, kwargs):
+        """The device's own branch of ``func`` (SDPA's fused kernel, linear's
+        in-place bias), or None to leave the call to torch."""
+        if func is self._sdpa and self.session.attention == "fused":
+            q = args[0] if args else kwargs.get("query")
+            if isinstance(q, torch.Tensor) and q.device.type == self.name:
+                from . import _attention
+
+                return _attention.fused(self.session.kernel_profile(), args, kwargs)
+        if func is self._linear:
+            return self._linear_bias_in_place(args, kwargs)
+        return None
 
     def _linear_bias_in_place(self, args, kwargs):
         """``F.linear`` with a bias on an input that takes at::linear's
@@ -742,6 +747,43 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
         out = torch.matmul(x, w.t())
         out.add_(b)
         return out
+
+
+@contextlib.contextmanager
+def functional_kernels(mode: DeviceArgs):
+    """``torch.nn.functional``'s own Python calls its
+    ``scaled_dot_product_attention`` and ``linear`` by their global names
+    there (``multi_head_attention_forward``, which ``nn.MultiheadAttention``
+    and so ``nn.Transformer*`` run, and its in-projection).  A mode is off
+    inside its own ``__torch_function__``, and ``DeviceArgs`` takes the
+    call at ``multi_head_attention_forward``, so those inner calls never
+    reached it: the attention took torch's math path whatever
+    ``attention="fused"`` said.  While inside, the two names are wrappers
+    that give the call to ``mode.kernel`` first (the same choice
+    ``DeviceArgs`` makes for a direct call), then to torch."""
+    import torch.nn.functional as F
+
+    saved = []
+
+    def wrap(name):
+        orig = getattr(F, name)
+        func = getattr(mode, "_sdpa" if name == "scaled_dot_product_attention" else "_linear")
+
+        @functools.wraps(orig)
+        def call(*args, **kwargs):
+            r = mode.kernel(func, args, kwargs)
+            return orig(*args, **kwargs) if r is None else r
+
+        saved.append((name, orig))
+        setattr(F, name, call)
+
+    try:
+        wrap("scaled_dot_product_attention")
+        wrap("linear")
+        yield
+    finally:
+        for name, orig in reversed(saved):
+            setattr(F, name, orig)
 
 
 @contextlib.contextmanager

@@ -556,6 +556,7 @@ class Session:
             self.device_args = _device.DeviceArgs(self)
             stack.enter_context(self.device_args)
             stack.callback(setattr, self, "device_args", None)
+            stack.enter_context(_device.functional_kernels(self.device_args))
             stack.enter_context(_other_threads(self, name))
             self.tracker = Tracker(self, name)
             stack.enter_context(self.tracker)
