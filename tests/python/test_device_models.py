@@ -404,6 +404,67 @@ def test_scans_backward_match_the_cpu():
     assert _run("t.scan_gradients()") == {"cumsum": DEVICE, "cumprod": DEVICE}
 
 
+def statistics_norms_and_fused_optimizers():
+    """nn.GroupNorm (math_group_norm over var_mean, and its backward),
+    var/std, cross_entropy with label_smoothing (bitwise_not of the
+    ignore mask) forward and backward, bitwise/logical ops, and one step of
+    each fused=True optimizer, on the device against the CPU's."""
+    torch.manual_seed(0)
+    out = {}
+    x = torch.randn(6, 8, 5)
+    gn = nn.GroupNorm(2, 8)
+    gnd = copy.deepcopy(gn).to(DEVICE)
+    xd = x.to(DEVICE).requires_grad_()
+    x.requires_grad_()
+    gn(x).pow(2).sum().backward()
+    gnd(xd).pow(2).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+    torch.testing.assert_close(gnd.weight.grad.cpu(), gn.weight.grad)
+    out["group_norm"] = xd.grad.device.type
+    y = torch.randn(7, 9)
+    for name, f in (("var", lambda t: t.var(1)), ("std", lambda t: t.std(0, correction=0)),
+                    ("var_mean", lambda t: torch.var_mean(t, 1)[0]),
+                    ("std_mean", lambda t: torch.std_mean(t)[1])):
+        r = f(y.to(DEVICE))
+        torch.testing.assert_close(r.cpu(), f(y), msg=name)
+        out[name] = r.device.type
+    logits, target = torch.randn(8, 5), torch.tensor([0, 1, 2, 3, 4, 0, 1, -100])
+    ld = logits.to(DEVICE).requires_grad_()
+    logits.requires_grad_()
+    F.cross_entropy(logits, target, label_smoothing=0.1).backward()
+    F.cross_entropy(ld, target.to(DEVICE), label_smoothing=0.1).backward()
+    torch.testing.assert_close(ld.grad.cpu(), logits.grad)
+    out["label_smoothing"] = ld.grad.device.type
+    a, b = torch.randint(0, 255, (10,), dtype=torch.uint8), torch.randint(0, 255, (10,), dtype=torch.uint8)
+    for name, f in (("bitwise_not", lambda p, q: ~p), ("bitwise_xor", lambda p, q: p ^ q),
+                    ("logical_or", lambda p, q: torch.logical_or(p > 100, q > 100))):
+        r = f(a.to(DEVICE), b.to(DEVICE))
+        assert torch.equal(r.cpu(), f(a, b)), name
+        out[name] = r.device.type
+    for name, cls, kw in (("adamw", torch.optim.AdamW, {"lr": 0.1}),
+                          ("adam", torch.optim.Adam, {"lr": 0.1}),
+                          ("sgd", torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                          ("adagrad", torch.optim.Adagrad, {"lr": 0.1})):
+        torch.manual_seed(1)
+        m = nn.Linear(4, 3)
+        md = copy.deepcopy(m).to(DEVICE)
+        for model in (m, md):
+            opt = cls(model.parameters(), fused=True, **kw)
+            for _ in range(2):
+                model(torch.ones(2, 4, device=model.weight.device)).pow(2).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        torch.testing.assert_close(md.weight.cpu(), m.weight, msg=name)
+        out["fused_" + name] = md.weight.device.type
+    return out
+
+
+@needs_shim
+def test_statistics_norms_and_fused_optimizers_match_the_cpu():
+    r = _run("t.statistics_norms_and_fused_optimizers()")
+    assert set(r.values()) == {DEVICE} and len(r) == 13, r
+
+
 def save_load_round_trip(path):
     """torch.save of device tensors and a module's state_dict, torch.load
     back onto the device (torch's _utils._to enters torch.<name>.device),

@@ -112,8 +112,9 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::maximum", "aten::minimum", "aten::where",
       "aten::fill_", "aten::zero_", "aten::eq", "aten::ne", "aten::lt",
       "aten::le", "aten::gt", "aten::ge", "aten::isnan", "aten::isfinite",
-      "aten::logical_not", "aten::logical_and", "aten::bitwise_and",
-      "aten::bitwise_or", "aten::ceil", "aten::floor", "aten::round",
+      "aten::logical_not", "aten::logical_and", "aten::logical_or",
+      "aten::bitwise_and", "aten::bitwise_or", "aten::bitwise_xor",
+      "aten::bitwise_not", "aten::ceil", "aten::floor", "aten::round",
       "aten::trunc", "aten::masked_select",
       // activations and their gradients
       "aten::relu", "aten::relu_", "aten::threshold_backward",
@@ -126,6 +127,8 @@ const std::unordered_set<std::string>& cpu_operators() {
       // math_native_layer_norm, over native_batch_norm)
       "aten::native_batch_norm_backward",
       "aten::native_layer_norm_backward",
+      // GroupNorm (math_group_norm, over var_mean) and its backward
+      "aten::native_group_norm_backward",
       // pooling
       "aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward",
       "aten::avg_pool2d", "aten::avg_pool2d_backward",
@@ -144,6 +147,7 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::max",
       "aten::min", "aten::argmax", "aten::argmin", "aten::norm",
       "aten::linalg_vector_norm", "aten::all", "aten::any",
+      "aten::var", "aten::var_mean", "aten::std", "aten::std_mean",
       // losses
       "aten::mse_loss", "aten::mse_loss_backward", "aten::nll_loss_forward",
       "aten::nll_loss_backward", "aten::l1_loss",
@@ -175,6 +179,10 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::_foreach_zero_", "aten::_foreach_copy_",
       "aten::_foreach_maximum_", "aten::_foreach_norm",
       "aten::_foreach_pow", "aten::_foreach_reciprocal_",
+      // fused=True optimizers (their CPU kernels, aten/src/ATen/native/
+      // FusedAdam.cpp, FusedAdagrad.cpp, FusedSGD.cpp)
+      "aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_sgd_",
+      "aten::_fused_adagrad_",
       // torch.amp.GradScaler: unscale the gradients and note infs/NaNs,
       // then grow or back off the scale
       "aten::_amp_foreach_non_finite_check_and_unscale_",
