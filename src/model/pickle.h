@@ -406,6 +406,16 @@ void msnap__pvm_fast_stats(const msnap_pvm_t *vm, uint64_t *done,
  * bytes of an int wider than 64 bits), checked as each is made. */
 #define MSNAP_PICKLE_GV_MIN (1u << 16)
 #define MSNAP_PICKLE_GV_MAX (1u << 24)
+/* The strings of generic values, all together, by their bytes: a pickle
+ * stores a string once and refers to it through the memo as often as it
+ * likes (a list of 100 000 references to one 1 MiB string is 1.2 MB), and
+ * every consumer of a generic value -- summary's text and JSON, view,
+ * convert --json -- writes each reference in full.  At most
+ * MSNAP_PICKLE_GV_STR_RATIO times the input read so far plus
+ * MSNAP_PICKLE_GV_STR_SLACK bytes (MSNAP_ELIMIT beyond): a string referred
+ * to once costs its own bytes of input. */
+#define MSNAP_PICKLE_GV_STR_RATIO 16u
+#define MSNAP_PICKLE_GV_STR_SLACK ((uint64_t)64 << 20)
 
 msnap_pvm_t *msnap__pvm_new(msnap_snap_t *strings, msnap_pvm_complete_cb cb,
                             void *ctx);

@@ -131,6 +131,7 @@ struct msnap_pvm_s {
   /* generic values made by msnap__pvm_to_gv, all calls together: nodes
    * left (set on the first call from the input read so far) */
   uint64_t gv_budget, gv_limit;
+  uint64_t gv_str_left, gv_str_limit; /* their strings' bytes (pickle.h) */
   bool gv_budget_set;
   bool gv_shared; /* a container converted twice (shared through the memo) */
 
@@ -2222,6 +2223,23 @@ static int gv_too_large(msnap_pvm_t *vm) {
       MSNAP_PICKLE_GV_MAX);
 }
 
+/* A string of a generic value: its bytes off the strings' budget. */
+static int gv_str(msnap_pvm_t *vm, msnap_str_t id) {
+  size_t n = 0;
+  (void)msnap__snap_str(vm->snap, id, &n);
+  if (n <= vm->gv_str_left) {
+    vm->gv_str_left -= n;
+    return 0;
+  }
+  return msnap__pvm_fail(
+      vm, MSNAP_ELIMIT,
+      "value too large to convert: its strings, shared through the memo, "
+      "would make more than %llu bytes (the limit: %ux the input + "
+      "%llu MiB)",
+      (unsigned long long)vm->gv_str_limit, MSNAP_PICKLE_GV_STR_RATIO,
+      (unsigned long long)(MSNAP_PICKLE_GV_STR_SLACK >> 20));
+}
+
 static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
                  unsigned depth, uint64_t *budget) {
   memset(out, 0, sizeof *out);
@@ -2243,7 +2261,7 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
   case MSNAP_PV_STR:
     out->kind = MSNAP_GV_STR;
     out->u.s = (msnap_str_t)MSNAP_PV_PAYLOAD(v);
-    return 0;
+    return gv_str(vm, out->u.s);
   case MSNAP_PV_INT:
   case MSNAP_PV_BOX:
     if (msnap__pvm_float(vm, v, &f)) {
@@ -2306,6 +2324,15 @@ static int to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out,
           return gv_too_large(vm);
         }
         *budget -= out->u.seq.n;
+        for (uint32_t k = 0; k < out->u.seq.n; k++) {
+          int src = out->u.seq.items[k].kind == MSNAP_GV_STR
+                        ? gv_str(vm, out->u.seq.items[k].u.s)
+                        : 0;
+          if (src < 0) {
+            msnap__gv_free(out);
+            return src;
+          }
+        }
       }
       return 0;
     }
@@ -2332,6 +2359,12 @@ int msnap__pvm_to_gv(msnap_pvm_t *vm, msnap_pv_t v, msnap_gv_t *out) {
     if (b < MSNAP_PICKLE_GV_MIN) b = MSNAP_PICKLE_GV_MIN;
     if (b > MSNAP_PICKLE_GV_MAX) b = MSNAP_PICKLE_GV_MAX;
     vm->gv_budget = vm->gv_limit = b;
+    uint64_t sb = vm->op_off > (UINT64_MAX - MSNAP_PICKLE_GV_STR_SLACK) /
+                                   MSNAP_PICKLE_GV_STR_RATIO
+                      ? UINT64_MAX
+                      : vm->op_off * MSNAP_PICKLE_GV_STR_RATIO +
+                            MSNAP_PICKLE_GV_STR_SLACK;
+    vm->gv_str_left = vm->gv_str_limit = sb;
     vm->gv_budget_set = true;
   }
   return to_gv(vm, v, out, 0, &vm->gv_budget);

@@ -992,16 +992,20 @@ int msnap__snap_write_pickle(const msnap_snap_t *s, msnap_sink_t *out) {
 
 /*
  * The JSON output's bound.  A pickle stores each string once (memo) and
- * each frame refers to it; JSON writes a frame's strings in full in its
- * frame_table entry, so frames sharing a long string multiply it: 2000
- * frames sharing one 8 MiB file name, 16.7 kB of gzip, would be 16 GB of
- * JSON.  The frames' string bytes are bounded before anything is
- * written: at most 16 times the bytes of all the file's strings, plus
+ * refers to it as often as it likes; JSON writes it in full at every
+ * place: a frame's strings in its frame_table entry, an annotation's
+ * name, a trace entry's compile_context / user_metadata /
+ * internal_metadata.  2000 frames sharing one 8 MiB file name, 16.7 kB
+ * of gzip, would be 16 GB of JSON; 100 000 annotations named by one
+ * 1 MiB string, 100 GB.  Those string bytes are bounded before anything
+ * is written: at most 16 times the bytes of all the file's strings, plus
  * 64 MiB (a real recording's frames hold a few times its strings: many
- * lines of one file).  Beyond: MSNAP_ELIMIT, nothing written.
+ * lines of one file).  Beyond: MSNAP_ELIMIT, nothing written.  (The
+ * generic values' strings, allocator_settings and process_info, are
+ * bounded by the reader: MSNAP_PICKLE_GV_STR_RATIO.)
  */
-#define JSON_FRAME_STR_RATIO 16
-#define JSON_FRAME_STR_SLACK ((uint64_t)64 << 20)
+#define JSON_SHARED_STR_RATIO 16
+#define JSON_SHARED_STR_SLACK ((uint64_t)64 << 20)
 
 static uint64_t str_bytes(const msnap_snap_t *s, msnap_str_t id) {
   size_t n = 0;
@@ -1010,8 +1014,9 @@ static uint64_t str_bytes(const msnap_snap_t *s, msnap_str_t id) {
 }
 
 static int json_bound(const msnap_snap_t *s) {
-  uint64_t all = 0, frames = 0;
+  uint64_t all = 0, frames = 0, other = 0;
   for (msnap_str_t id = 1; id < s->nstrings; id++) all += str_bytes(s, id);
+  uint64_t limit = all * JSON_SHARED_STR_RATIO + JSON_SHARED_STR_SLACK;
   for (uint32_t i = 0; i < s->nframes; i++) {
     const msnap_frame_t *f = &s->frames[i];
     frames += str_bytes(s, f->name) + str_bytes(s, f->filename) +
@@ -1019,16 +1024,27 @@ static int json_bound(const msnap_snap_t *s) {
               str_bytes(s, f->fx_node_target) +
               str_bytes(s, f->fx_original_trace);
   }
-  uint64_t limit = all * JSON_FRAME_STR_RATIO + JSON_FRAME_STR_SLACK;
-  if (frames <= limit) return 0;
+  for (uint32_t i = 0; i < s->nannotations; i++)
+    other += str_bytes(s, s->annotations[i].name);
+  for (uint32_t d = 0; d < s->ndevices && other <= limit; d++) {
+    const msnap_trace_list_t *tl = &s->device_traces[d];
+    for (uint32_t i = 0; i < tl->n && other <= limit; i++) {
+      const msnap_tattr_t *a = msnap__tattr(s, &tl->v[i]);
+      other += str_bytes(s, a->compile_context) +
+               str_bytes(s, a->user_metadata) +
+               str_bytes(s, a->internal_metadata);
+    }
+  }
+  if (frames + other <= limit) return 0;
   return msnap__set_error(
       MSNAP_ELIMIT,
-      "the JSON would hold %llu bytes of frame strings: its %u frames "
-      "share strings (%llu bytes in all) that a pickle stores once and JSON "
-      "writes in every frame (the limit: %dx the strings + 64 MiB); write a "
-      "pickle instead",
-      (unsigned long long)frames, s->nframes, (unsigned long long)all,
-      JSON_FRAME_STR_RATIO);
+      "the JSON would hold %llu bytes of %s strings: they share strings "
+      "(%llu bytes in all) that a pickle stores once and JSON writes at "
+      "every use (the limit: %dx the strings + 64 MiB); write a pickle "
+      "instead",
+      (unsigned long long)(frames + other),
+      frames >= other ? "frame" : "annotation and trace-entry",
+      (unsigned long long)all, JSON_SHARED_STR_RATIO);
 }
 
 /*

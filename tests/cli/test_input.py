@@ -1104,6 +1104,42 @@ def group_amplify():
     expect(rc == 0 and os.path.getsize(path("shared-name.pickle")) < 4 * MiB,
            "the same file as a pickle: written, the name stored once (%d %r)"
            % (rc, err.strip()[-160:]))
+    # One 1 MiB string referred to 100 000 times through the memo (1.2 MB
+    # of pickle, 1.6 kB of gzip): 100 GiB once expanded.  In
+    # allocator_settings or process_info (generic values: every command
+    # writes them in full) the reader refuses it; as the name of 100 000
+    # annotations, convert --json does (a pickle keeps it once).
+    def memo_string_file(where):
+        s = "A" * (1 << 20)
+        if where == "annotations":
+            ann = [{"stage": "START", "name": s, "device": 0,
+                    "time_us": i} for i in range(100000)]
+            d = {"segments": [], "device_traces": [[]],
+                 "external_annotations": ann}
+        else:
+            d = {"segments": [], "device_traces": [[]], where: {"x": [s] * 100000}}
+        return write_bytes(gzip.compress(pickle.dumps(d, protocol=4), 9),
+                           "memo-string-%s.pickle.gz" % where)
+    for where in ("allocator_settings", "process_info"):
+        f = memo_string_file(where)
+        for cmd in (["summary"], ["summary", "--json"],
+                    ["view", "-o", path("ms.html")],
+                    ["convert", "--json", "-o", path("ms.json")]):
+            rc, out, err, secs, rss = measured(*(cmd + [f]))
+            expect(rc == 2 and "MSNAP_ELIMIT" in err and
+                   "shared through the memo" in err and rss <= 256 * MiB and
+                   len(out) < 1 * MiB and not os.path.exists(path("ms.json")),
+                   "%s of a 1 MiB string shared 100 000 times in %s: "
+                   "refused, RSS %.1f MB, %d B out (%r)"
+                   % (" ".join(cmd[:2]), where, rss / 1e6, len(out),
+                      err.strip()[-200:]))
+    f = memo_string_file("annotations")
+    rc, out, err, secs, rss = measured("convert", "--json", f, "-o",
+                                       path("ma.json"))
+    expect(rc == 2 and "MSNAP_ELIMIT" in err and "write a pickle" in err and
+           not os.path.exists(path("ma.json")) and rss <= 256 * MiB,
+           "convert --json of 100 000 annotations named by one 1 MiB "
+           "string: refused, nothing written (%r)" % err.strip()[-200:])
 
 
 def asan_build():
