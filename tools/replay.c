@@ -1216,6 +1216,24 @@ int replay_run(replay_t *r) {
     r->conf_invalid = true;
     return CLI_UNUSABLE;
   }
+  if (e == MSNAP_ECONF && r->exact) {
+    /* the recording's own alloc conf (a value memsnap's parser refuses,
+     * such as backend:cudaMallocAsync): not replayable as recorded, said
+     * per device as every other reason (the JSON report too) */
+    char why[sizeof ebuf + 16];
+    replay_conf_reason(ebuf, why, sizeof why);
+    for (uint32_t k = 0; k < r->nd; k++)
+      if (r->dr[k].replayable) {
+        r->dr[k].replayable = false;
+        snprintf(r->dr[k].reason, sizeof r->dr[k].reason,
+                 "the recording's alloc conf \"%.120s%s\" is not valid for "
+                 "the %s profile (%s); give one with --alloc-conf for a "
+                 "what-if replay",
+                 r->conf, strlen(r->conf) > 120 ? "..." : "",
+                 r->profile_name, why[0] ? why : msnap_strerror(e));
+      }
+    return CLI_OK;
+  }
   if (e != 0) {
     const char *conf = r->conf;
     fail(r, "cannot create the %s allocator%s%s: %s%s%s", r->profile_name,

@@ -1772,6 +1772,30 @@ def group_replay():
         expect(want in first and "(exact: recorded addresses)" in first,
                "replay names why the profile is the recording's: %r in %r"
                % (want, first))
+    # A recording whose own alloc conf memsnap's parser refuses (torch's
+    # cudaMallocAsync backend): not replayable as recorded, a reason per
+    # device in the report and in --json (exit 2), never a bare error
+    with open(live, "rb") as fh:
+        d = pickle.load(fh)
+    d.setdefault("allocator_settings", {})["PYTORCH_CUDA_ALLOC_CONF"] = \
+        "backend:cudaMallocAsync"
+    d.setdefault("process_info", {})["profile"] = "cuda"
+    bad = write_pickle(d, "async_conf.pickle")
+    rc, out, err = run("replay", "--json", bad)
+    try:
+        js = json.loads(out)
+    except ValueError:
+        js = {}
+    dv = (js.get("devices") or [{}])[0]
+    expect(rc == 2 and js.get("replayable") is False and
+           "the recording's alloc conf \"backend:cudaMallocAsync\"" in
+           dv.get("reason", "") and "--alloc-conf" in dv.get("reason", ""),
+           "replay --json of a recording whose alloc conf is refused: JSON, "
+           "not replayable, the reason (%d %r %r)" % (rc, out[:300], err[-300:]))
+    rc, out, err = run("replay", "--alloc-conf", "max_split_size_mb:64", bad)
+    expect(rc in (0, 1) and "what-if" in out.splitlines()[0],
+           "the same recording with --alloc-conf: a what-if replay (%d %r)"
+           % (rc, (out + err)[-300:]))
     rc, out, err = run("replay", "--profile", "cuda", live)
     first = out.splitlines()[0] if out else ""
     expect("the recording's" not in first,
