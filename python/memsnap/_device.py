@@ -93,7 +93,7 @@ def set_device(device: Any) -> None:
     idx = memory._device_index(device)
     err = _shim.torch_lib().msnap_torch_set_device(idx)
     if err:
-        raise ValueError(err.decode())
+        raise ValueError(_shim.text(err))
 
 
 class device:

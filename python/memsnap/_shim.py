@@ -98,3 +98,11 @@ def npu_lib() -> ctypes.CDLL:
 def addr(lib: ctypes.CDLL, name: str) -> int:
     """The address of an exported function (for the set_*_fn hooks)."""
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def text(message: bytes) -> str:
+    """A message of the C shims as text: their errors quote settings as
+    given (an alloc conf with bytes that are not UTF-8), shown with U+FFFD
+    there as memsnap.memory shows them, never a UnicodeDecodeError in place
+    of the error."""
+    return message.decode("utf-8", "replace")

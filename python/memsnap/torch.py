@@ -282,7 +282,7 @@ def _install_queue_runtime(npu) -> None:
 
         warnings.warn(
             f"memsnap: torch_npu's task queue is not drained before memsnap's "
-            f"device synchronizations and event records: {err.decode()} "
+            f"device synchronizations and event records: {_shim.text(err)} "
             f"(call memsnap.torch.use_allocator() before any other memsnap "
             f"function)",
             RuntimeWarning,
@@ -308,7 +308,7 @@ def _install_cuda_hooks() -> None:
         return
     err = fn()
     if err:
-        raise RuntimeError(f"memsnap.torch.use_allocator('cuda'): {err.decode()}")
+        raise RuntimeError(f"memsnap.torch.use_allocator('cuda'): {_shim.text(err)}")
 
 
 def _route(dev_mod: Any, stream_attr: str) -> None:
@@ -618,12 +618,12 @@ def register_device(name: str = "npu") -> str:
             _check_existing_allocator(name)
         err = lib.msnap_torch_device_check()
         if err:
-            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
+            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {_shim.text(err)}")
         _device.name = name
         claim_privateuse1(name, _device)
         err = lib.msnap_torch_device_init()
         if err:
-            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {err.decode()}")
+            raise RuntimeError(f"memsnap.torch.register_device({name!r}): {_shim.text(err)}")
         torch.utils.generate_methods_for_privateuse1_backend()
         _memory._add_device_type(name, stream_ids_are_handles=True)
         _memory._current_device_hook = _device.current_device
@@ -917,7 +917,7 @@ def _record_callbacks(enabled: bool, compile_context: bool, global_annotations: 
                 import warnings
 
                 warnings.warn(f"memsnap: record_function callbacks not removed: "
-                              f"{err.decode()}", RuntimeWarning, stacklevel=4)
+                              f"{_shim.text(err)}", RuntimeWarning, stacklevel=4)
         return True
     if lib is None:
         if not os.path.exists(_shim.path(_shim.TORCH_LIB)):
@@ -935,7 +935,7 @@ def _record_callbacks(enabled: bool, compile_context: bool, global_annotations: 
         # none may stay beside the wrapper (a range recorded twice)
         lib.msnap_torch_record_functions(0, 0, 0, 0, _shim.DEVICE_NONE)
         warnings.warn(f"memsnap: record_function callbacks not registered "
-                      f"({err.decode()}); the Python record_function class is "
+                      f"({_shim.text(err)}); the Python record_function class is "
                       f"wrapped instead", RuntimeWarning, stacklevel=4)
         return False
     _rf_lib = lib

@@ -1051,3 +1051,25 @@ print("RESULT " + json.dumps({
     assert grads and grads[-1] == [], entries
     frees = [f for a, _, f in entries if a == "free_requested"]
     assert [] in frees
+
+
+def test_alloc_conf_that_is_not_utf8_gives_the_allocators_error():
+    """An alloc conf with a byte that is not UTF-8 is refused by the
+    allocator's parser; register_device raises that RuntimeError, the byte
+    shown as U+FFFD (as memsnap.memory shows it), not a UnicodeDecodeError
+    of the message (the shims' messages quote the setting as given)."""
+    env = base_env()
+    env["PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:\udcff"  # the byte 0xff
+    env["MEMSNAP_PROFILE"] = "npu"
+    code = """
+import json
+import memsnap.torch as mt
+try:
+    mt.register_device("npu")
+    print("RESULT " + json.dumps(None))
+except Exception as e:
+    print("RESULT " + json.dumps([type(e).__name__, str(e)]))
+"""
+    r = run_script(code, env=env).result
+    assert r is not None and r[0] == "RuntimeError", r
+    assert "expandable_segments" in r[1] and "\ufffd" in r[1], r
