@@ -230,7 +230,8 @@ void cj_output(cli_json_t *j, const char *written);
 void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
 
 /* allocator_settings as compact "key=value" items ("max_split_size=-1",
- * "roundup_power2_divisions={64:4}"; all-zero integer dicts left out):
+ * "roundup_power2_divisions={64:4}"; all-zero integer dicts left out;
+ * each cut after 512 characters with "... (N bytes)" / "(N items)"):
  * *n malloc'd strings in a malloc'd array, NULL if none or on ENOMEM. */
 char **cli_settings_items(const msnap_snap_t *s, const msnap_gv_t *d,
                           uint32_t *n);

@@ -110,27 +110,39 @@ static bool int_dict(const msnap_gv_t *v) {
 
 /* A settings value as compact text: strings bare (quoted when empty or
  * holding a blank), lists [a,b], dicts {k:v}; an integer dict keeps only
- * its non-zero entries.  Nesting deeper than 8 prints "...". */
+ * its non-zero entries.  Nesting deeper than 8 prints "...".  At most
+ * *left characters of strings and items are written: past them "..." and
+ * nothing more (an item is for a person to read: a 200 MiB string in
+ * allocator_settings printed 200 MiB of text). */
 static void gv_text(FILE *f, const msnap_snap_t *s, const msnap_gv_t *v,
-                    int depth) {
+                    int depth, size_t *left) {
   size_t len;
   const char *p;
+  if (*left == 0)
+    return;
   if (depth > 8 || (depth == 8 && v->kind >= MSNAP_GV_LIST)) {
     fputs("...", f);
     return;
   }
+  int w = 0;
   switch (v->kind) {
-  case MSNAP_GV_NONE: fputs("None", f); break;
-  case MSNAP_GV_BOOL: fputs(v->u.b ? "true" : "false", f); break;
-  case MSNAP_GV_INT: fprintf(f, "%" PRId64, v->u.i); break;
-  case MSNAP_GV_FLOAT: fprintf(f, "%g", v->u.f); break;
+  case MSNAP_GV_NONE: w = fprintf(f, "None"); break;
+  case MSNAP_GV_BOOL: w = fprintf(f, "%s", v->u.b ? "true" : "false"); break;
+  case MSNAP_GV_INT: w = fprintf(f, "%" PRId64, v->u.i); break;
+  case MSNAP_GV_FLOAT: w = fprintf(f, "%g", v->u.f); break;
   case MSNAP_GV_STR: {
     p = cli_str(s, v->u.s, &len);
     bool quote = len == 0 || memchr(p, ' ', len) || memchr(p, '\t', len);
+    size_t shown = len < *left ? len : *left;
     if (quote)
       fputc('\'', f);
-    for (size_t i = 0; i < len; i++)
+    for (size_t i = 0; i < shown; i++)
       fputc((unsigned char)p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i], f);
+    *left -= shown;
+    if (shown < len) {
+      fprintf(f, "... (%zu bytes)", len);
+      return;
+    }
     if (quote)
       fputc('\'', f);
     break;
@@ -138,31 +150,46 @@ static void gv_text(FILE *f, const msnap_snap_t *s, const msnap_gv_t *v,
   case MSNAP_GV_LIST:
   case MSNAP_GV_TUPLE:
     fputc('[', f);
-    for (uint32_t i = 0; i < v->u.seq.n; i++) {
+    for (uint32_t i = 0; i < v->u.seq.n && *left; i++) {
       if (i)
         fputc(',', f);
-      gv_text(f, s, &v->u.seq.items[i], depth + 1);
+      (*left)--;
+      gv_text(f, s, &v->u.seq.items[i], depth + 1, left);
+    }
+    if (*left == 0) {
+      fprintf(f, "... (%u items)", v->u.seq.n);
+      return;
     }
     fputc(']', f);
     break;
   case MSNAP_GV_DICT: {
     bool ints = int_dict(v), first = true;
     fputc('{', f);
-    for (uint32_t i = 0; i + 1 < v->u.seq.n; i += 2) {
+    for (uint32_t i = 0; i + 1 < v->u.seq.n && *left; i += 2) {
       if (ints && v->u.seq.items[i + 1].u.i == 0)
         continue;
       if (!first)
         fputc(',', f);
       first = false;
-      gv_text(f, s, &v->u.seq.items[i], depth + 1);
+      (*left)--;
+      gv_text(f, s, &v->u.seq.items[i], depth + 1, left);
       fputc(':', f);
-      gv_text(f, s, &v->u.seq.items[i + 1], depth + 1);
+      gv_text(f, s, &v->u.seq.items[i + 1], depth + 1, left);
+    }
+    if (*left == 0) {
+      fprintf(f, "... (%u entries)", v->u.seq.n / 2);
+      return;
     }
     fputc('}', f);
     break;
   }
   }
+  if (w > 0)
+    *left -= (size_t)w < *left ? (size_t)w : *left;
 }
+
+/* Characters of one "key=value" item, at most (gv_text). */
+#define SETTING_TEXT_MAX 512
 
 /*
  * allocator_settings (a dict) as "key=value" items: an integer dict
@@ -193,9 +220,11 @@ char **cli_settings_items(const msnap_snap_t *s, const msnap_gv_t *d,
     FILE *m = open_memstream(&item, &len);
     if (!m)
       goto oom;
-    gv_text(m, s, &d->u.seq.items[i], 0);
+    size_t left = SETTING_TEXT_MAX;
+    gv_text(m, s, &d->u.seq.items[i], 0, &left);
     fputc('=', m);
-    gv_text(m, s, val, 0);
+    if (left)
+      gv_text(m, s, val, 0, &left);
     if (fclose(m) != 0 || !item) {
       free(item);
       goto oom;

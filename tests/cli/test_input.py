@@ -1133,6 +1133,26 @@ def group_amplify():
                    "refused, RSS %.1f MB, %d B out (%r)"
                    % (" ".join(cmd[:2]), where, rss / 1e6, len(out),
                       err.strip()[-200:]))
+    # A long setting (a 1 MiB string, a list of 100 000 ints) is cut in
+    # summary's text after 512 characters, saying how long it was; the
+    # JSON keeps it whole
+    ls = write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
+                                   "allocator_settings": {
+                                       "PYTORCH_CUDA_ALLOC_CONF": "x" * MiB,
+                                       "lst": list(range(100000))}},
+                                  protocol=4), "long-setting.pickle")
+    rc, out, err = run("summary", ls)
+    lines = out.splitlines()
+    expect(rc == 0 and len(out) < 4096 and
+           any(ln.endswith("... (1048576 bytes)") for ln in lines) and
+           any(ln.endswith("... (100000 items)") for ln in lines),
+           "summary of a 1 MiB setting and a 100 000-item one: each cut, "
+           "its length said (%d B of text)" % len(out))
+    rc, out, err = run("summary", "--json", ls)
+    js = json.loads(out) if rc == 0 else {}
+    expect(len(js.get("allocator_settings", {}).get(
+        "PYTORCH_CUDA_ALLOC_CONF", "")) == MiB,
+        "summary --json keeps the setting whole")
     f = memo_string_file("annotations")
     rc, out, err, secs, rss = measured("convert", "--json", f, "-o",
                                        path("ma.json"))
