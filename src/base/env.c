@@ -75,7 +75,8 @@ static const struct {
     [MSNAP_ENV_CUDA_DRIVER_LIBRARY] = {"MEMSNAP_CUDA_DRIVER_LIBRARY",
                                        "runtime/cuda.c: libcuda.so path"},
     [MSNAP_ENV_UNWIND] = {"MEMSNAP_UNWIND",
-                          "record/stack.c: cfi, libunwind, backtrace or fp"},
+                          "record/stack.c: auto, cfi, libunwind, backtrace "
+                          "or fp"},
     [MSNAP_ENV_NO_LIBDW] = {"MEMSNAP_NO_LIBDW",
                             "record/stack.c: symbolize with dladdr only"},
     [MSNAP_ENV_CLOCK_FALLBACK] = {"MEMSNAP_CLOCK_FALLBACK",

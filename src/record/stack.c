@@ -506,15 +506,18 @@ static int unwinder(void) {
    * guards the choice alone). */
   uintptr_t probe[4];
   bool cfi = msnap__unwind_cfi(probe, 4) > 0;
+  /* (read before our lock: a bad value warns once, under env.c's lock) */
+  static const char *const names[] = {"auto", "cfi", "libunwind",
+                                      "backtrace", "fp", NULL};
+  int want = msnap__env_choice(MSNAP_ENV_UNWIND, names, 0);
   msnap__mutex_lock(&unwind_lock, MSNAP_RANK_UNWIND);
   m = atomic_load_explicit(&unwind_mode, memory_order_relaxed);
   if (m == 0) {
-    const char *e = msnap__env_get(MSNAP_ENV_UNWIND);
-    if (e && strcmp(e, "fp") == 0)
+    if (want == 4)
       m = UNWIND_FP;
-    else if (e && strcmp(e, "backtrace") == 0)
+    else if (want == 3)
       m = UNWIND_BACKTRACE;
-    else if (e && strcmp(e, "libunwind") == 0)
+    else if (want == 2)
       m = libunwind_load() == 0 ? UNWIND_LIBUNWIND : UNWIND_BACKTRACE;
     else if (cfi) /* its fallback: libunwind, else backtrace */
       m = (libunwind_load(), UNWIND_CFI);

@@ -420,3 +420,27 @@ def test_frames_with_lone_surrogates_keep_their_text(tmp_path):
     (f1, n1), (f2, n2) = out
     assert f1 == f2 and f1.endswith("d\ufffd/train.py"), out
     assert n1 == "step" and n2 == "na\ufffdme", out
+
+
+@pytest.mark.parametrize("value, warns", [("bogus", True), ("fp", False), ("auto", False)])
+def test_unwinder_choice_warns_for_an_unknown_value(value, warns):
+    """MEMSNAP_UNWIND names one of the unwinders (README's table); any other
+    value warns once, naming the choices, and takes the default, as the
+    other knobs of the environment table do; C stacks are recorded either
+    way."""
+    env = base_env()
+    env["MEMSNAP_UNWIND"] = value
+    code = """
+import json
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="all")
+p = mm.caching_allocator_alloc(1 << 20)
+mm.caching_allocator_delete(p)
+e = mm._snapshot()["device_traces"][0][0]
+print("RESULT " + json.dumps(len(e["frames"])))
+"""
+    p = run_script(code, env=env)
+    line = ("memsnap: warning: MEMSNAP_UNWIND='bogus' is not one of auto, cfi, "
+            "libunwind, backtrace, fp; using auto")
+    assert (p.stderr.count(line) == 1) if warns else ("MEMSNAP_UNWIND" not in p.stderr), p.stderr
+    assert p.result > 0
