@@ -57,7 +57,8 @@
  * it.  Each device's span (next_pow2(memory) * 64, without the 2^44
  * minimum) and the host region (1 TiB) are one PROT_NONE, MAP_NORESERVE
  * reservation each, whose base replaces base_d / 0x7e0000000000 (aligned
- * to 1 GiB); placement, alignment and charging are as above except that
+ * to 1 GiB); where they do not fit (an address-space limit, ulimit -v) the
+ * host region shrinks to 1 GiB and then the spans to 2x (hb_reserve_all); placement, alignment and charging are as above except that
  * footprints and alignments are at least one page.  malloc, vmm_map and
  * host_malloc make their footprint readable and writable (pages are
  * allocated by the kernel on first touch); free, vmm_unmap and host_free
@@ -78,6 +79,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
@@ -93,6 +95,7 @@
 #define SIM_DEFAULT_MEMORY ((uint64_t)64 << 30)
 #define SIM_HOST_SPAN (SIM_HOST_END - SIM_HOST_BASE)
 #define SIM_HB_BASE_ALIGN ((uint64_t)1 << 30)
+#define SIM_HB_MIN_HOST_SPAN ((uint64_t)1 << 30)
 
 enum { RANGE_MALLOC = 1, RANGE_VA = 2, RANGE_HOST = 3 };
 enum { EV_DEAD = 0, EV_CREATED, EV_PENDING, EV_COMPLETE };
@@ -112,6 +115,7 @@ typedef struct sim_rangeset_s {
 typedef struct sim_device_s {
   uint64_t total, used;
   uint64_t base, span;
+  uint64_t malloc_len; /* [base, base + malloc_len): the malloc region */
   sim_rangeset_t ranges;
   bool has_next;
   uint64_t next_addr;
@@ -306,23 +310,112 @@ static int leave(msnap_sim_t *s, int rc) {
 /* ---- host backing ------------------------------------------------------- */
 
 /* Reserve len bytes of address space (no memory) aligned to `align`; the
- * aligned start in *base.  MSNAP_EOOM names what was being reserved. */
+ * aligned start in *base.  MSNAP_EOOM names what was being reserved
+ * (errno: mmap's). */
 static int hb_reserve(uint64_t len, uint64_t align, void **map,
                       size_t *map_len, uint64_t *base, const char *what) {
   size_t total = (size_t)(len + align);
   void *p = mmap(NULL, total, PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED)
-    return msnap__set_error_errno(
-        MSNAP_EOOM, errno,
+  if (p == MAP_FAILED) {
+    int e = errno;
+    msnap__set_error_errno(
+        MSNAP_EOOM, e,
         "sim: host-backed memory: cannot reserve %llu bytes of address "
         "space for %s (%s); lower MEMSNAP_SIM_MEMORY or "
         "MEMSNAP_SIM_DEVICES",
-        (unsigned long long)total, what, strerror(errno));
+        (unsigned long long)total, what, strerror(e));
+    errno = e;
+    return MSNAP_EOOM;
+  }
   *map = p;
   *map_len = total;
   *base = align_up((uint64_t)(uintptr_t)p, align);
   return 0;
+}
+
+/* The error when even the smallest host-backed reservations do not fit:
+ * what they need, and the address-space limit when there is one. */
+static int hb_limit_error(int err, int ndev, uint64_t memory,
+                          uint64_t host_span, uint64_t span) {
+  uint64_t need = host_span + SIM_HB_BASE_ALIGN +
+                  (uint64_t)ndev * (span + SIM_HB_BASE_ALIGN);
+  char limit[128];
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    snprintf(limit, sizeof limit,
+             "the address-space limit is %llu bytes (ulimit -v, RLIMIT_AS): "
+             "raise it, or",
+             (unsigned long long)rl.rlim_cur);
+  else
+    snprintf(limit, sizeof limit, "%s;", strerror(err));
+  return msnap__set_error_errno(
+      MSNAP_EOOM, err,
+      "sim: host-backed memory: cannot reserve the address space of %d "
+      "device%s of %llu bytes: it takes %llu bytes at least (twice each "
+      "device's memory rounded up to a power of two, and 1 GiB of pinned "
+      "host memory, each with 1 GiB of alignment); %s lower "
+      "MEMSNAP_SIM_MEMORY or MEMSNAP_SIM_DEVICES",
+      ndev, ndev == 1 ? "" : "s", (unsigned long long)memory,
+      (unsigned long long)need, limit);
+}
+
+/* Release what hb_reserve_all reserved so far. */
+static void hb_release_all(msnap_sim_t *s) {
+  for (int d = 0; d < s->ndev; d++)
+    if (s->dev[d].map != NULL) {
+      munmap(s->dev[d].map, s->dev[d].map_len);
+      s->dev[d].map = NULL;
+      s->dev[d].map_len = 0;
+    }
+  if (s->host_map != NULL) {
+    munmap(s->host_map, s->host_map_len);
+    s->host_map = NULL;
+    s->host_map_len = 0;
+  }
+}
+
+/* The host-backed reservations: the pinned-host region, then each
+ * device's span (its memory's next power of two x 64).  Under an
+ * address-space limit (ulimit -v, RLIMIT_AS, which counts PROT_NONE
+ * reservations) that the full sizes do not fit, the host region shrinks
+ * first (by 8x steps, to SIM_HB_MIN_HOST_SPAN), then each device's span
+ * (by halves, to 2x; from 8x on, the malloc region is the memory's power
+ * of two and the VMM region the rest, not a sixteenth and the rest).
+ * Nothing else changes: the sizes are address space, and an allocation
+ * that fits the device's memory still fits its region. */
+static int hb_reserve_all(msnap_sim_t *s, uint64_t span, uint64_t memory) {
+  uint64_t host_span = SIM_HOST_SPAN;
+  uint64_t pow2 = next_pow2(memory);
+  uint64_t min_span = pow2 * 2;
+  for (;;) {
+    int rc = hb_reserve(host_span, SIM_HB_BASE_ALIGN, &s->host_map,
+                        &s->host_map_len, &s->host_lo, "pinned host memory");
+    for (int d = 0; rc == 0 && d < s->ndev; d++) {
+      char what[32];
+      snprintf(what, sizeof what, "device %d", d);
+      s->dev[d].total = memory;
+      s->dev[d].span = span;
+      /* a sixteenth, and at least the memory's power of two when the
+       * span was cut (the VMM region then gets the rest) */
+      s->dev[d].malloc_len = span / 16 >= pow2 ? span / 16 : pow2;
+      rc = hb_reserve(span, SIM_HB_BASE_ALIGN, &s->dev[d].map,
+                      &s->dev[d].map_len, &s->dev[d].base, what);
+    }
+    if (rc == 0) {
+      s->host_hi = s->host_lo + host_span;
+      return 0;
+    }
+    int err = errno; /* mmap's (hb_reserve keeps it) */
+    hb_release_all(s);
+    if (host_span > SIM_HB_MIN_HOST_SPAN)
+      host_span = host_span / 8 > SIM_HB_MIN_HOST_SPAN ? host_span / 8
+                                                       : SIM_HB_MIN_HOST_SPAN;
+    else if (span > min_span)
+      span /= 2;
+    else
+      return hb_limit_error(err, s->ndev, memory, host_span, span);
+  }
 }
 
 /* Make [addr, addr+len) readable and writable (host-backed only). */
@@ -393,29 +486,18 @@ int msnap__sim_create_ex(int devices, uint64_t memory, bool host_backed,
     uint64_t page = pg > 0 ? (uint64_t)pg : 4096;
     if (page > s->min_align) s->min_align = page;
     if (page > s->host_align) s->host_align = page;
-    int rc = hb_reserve(SIM_HOST_SPAN, SIM_HB_BASE_ALIGN, &s->host_map,
-                        &s->host_map_len, &s->host_lo, "pinned host memory");
+    int rc = hb_reserve_all(s, span, memory);
     if (rc != 0) {
       sim_free_ctx(s);
       return rc;
     }
-    s->host_hi = s->host_lo + SIM_HOST_SPAN;
-  } else if (span < ((uint64_t)1 << 44)) {
-    span = (uint64_t)1 << 44;
-  }
-  for (int d = 0; d < devices; d++) {
-    s->dev[d].total = memory;
-    s->dev[d].span = span;
-    s->dev[d].base = SIM_BASE + (uint64_t)d * span;
-    if (host_backed) {
-      char what[32];
-      snprintf(what, sizeof what, "device %d", d);
-      int rc = hb_reserve(span, SIM_HB_BASE_ALIGN, &s->dev[d].map,
-                          &s->dev[d].map_len, &s->dev[d].base, what);
-      if (rc != 0) {
-        sim_free_ctx(s);
-        return rc;
-      }
+  } else {
+    if (span < ((uint64_t)1 << 44)) span = (uint64_t)1 << 44;
+    for (int d = 0; d < devices; d++) {
+      s->dev[d].total = memory;
+      s->dev[d].span = span;
+      s->dev[d].malloc_len = span / 16;
+      s->dev[d].base = SIM_BASE + (uint64_t)d * span;
     }
   }
   s->next_handle = 1;
@@ -491,7 +573,7 @@ static int sim_malloc(void *ctx, int device, size_t size, uint64_t *ptr) {
     rc = rs_insert(&d->ranges, (sim_range_t){addr, len, size, RANGE_MALLOC});
   } else {
     uint64_t align = size >= SIM_GRANULE ? SIM_GRANULE : s->min_align;
-    rc = rs_take(&d->ranges, d->base, d->base + d->span / 16, len, size,
+    rc = rs_take(&d->ranges, d->base, d->base + d->malloc_len, len, size,
                  align, RANGE_MALLOC, &addr,
                  "device %d address space exhausted allocating %zu bytes",
                  device, size);
@@ -650,7 +732,7 @@ static int sim_vmm_reserve(void *ctx, int device, size_t size,
   uint64_t align = next_pow2(alignment);
   if (align < SIM_GRANULE) align = SIM_GRANULE;
   uint64_t addr;
-  rc = rs_take(&d->ranges, d->base + d->span / 16, d->base + d->span, size,
+  rc = rs_take(&d->ranges, d->base + d->malloc_len, d->base + d->span, size,
                size, align, RANGE_VA, &addr,
                "device %d virtual address space exhausted reserving %zu "
                "bytes",

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -602,6 +604,102 @@ static void test_host_backed(void **state) {
   unsetenv("MEMSNAP_SIM_MEMORY");
 }
 
+/* Under an address-space limit (ulimit -v, RLIMIT_AS) the host-backed
+ * reservations shrink (the pinned-host region, then each device's span)
+ * instead of failing, allocations up to the device's memory still work;
+ * where even the smallest do not fit, the error names the limit.  Runs in
+ * a child (the limit stays with the process); skipped where the limit is
+ * not enforced (qemu-user ignores it) and under the sanitizers (their
+ * shadow memory is address space too). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SIM_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SIM_TEST_SANITIZED 1
+#endif
+#endif
+
+#define CHILD_CHECK(cond)                                                     \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #cond);              \
+      _exit(1);                                                               \
+    }                                                                         \
+  } while (0)
+
+static void as_limit_child(void) {
+  /* the process's address space now, plus 40 GiB */
+  unsigned long long pages = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  CHILD_CHECK(f != NULL && fscanf(f, "%llu", &pages) == 1);
+  fclose(f);
+  uint64_t limit = pages * (uint64_t)sysconf(_SC_PAGESIZE) + 40 * GiB;
+  struct rlimit rl = {limit, limit};
+  CHILD_CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+  void *probe = mmap(NULL, 64 * GiB, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (probe != MAP_FAILED) _exit(77); /* not enforced here */
+  /* 2 devices of 4 GiB: 2 x 256 GiB + 1 TiB by default */
+  void *ctx = NULL;
+  CHILD_CHECK(msnap__sim_create_ex(2, 4 * GiB, true, &ctx) == 0);
+  char msg[256];
+  CHILD_CHECK(msnap__sim_check(ctx, msg, sizeof msg) == 0);
+  for (int d = 0; d < 2; d++) {
+    uint64_t a = 0, b = 0;
+    CHILD_CHECK(ops->malloc(ctx, d, 3 * GiB, &a) == 0);
+    CHILD_CHECK(ops->malloc(ctx, d, 1 * GiB, &b) == 0); /* all of it */
+    unsigned char *p = (unsigned char *)(uintptr_t)a;
+    p[0] = 1;
+    p[3 * GiB - 1] = 2;
+    CHILD_CHECK(p[0] + p[3 * GiB - 1] == 3);
+    uint64_t c = 0;
+    CHILD_CHECK(ops->malloc(ctx, d, 2 * MiB, &c) == MSNAP_EOOM);
+    CHILD_CHECK(ops->free(ctx, d, a) == 0);
+    CHILD_CHECK(ops->free(ctx, d, b) == 0);
+  }
+  /* the VMM region past the (now larger) malloc region */
+  uint64_t va = 0, h = 0;
+  CHILD_CHECK(ops->vmm_reserve(ctx, 1, 4 * GiB, 0, &va) == 0);
+  CHILD_CHECK(ops->vmm_map(ctx, 1, va, 2 * GiB, &h) == 0);
+  memset((void *)(uintptr_t)va, 5, 2 * MiB);
+  CHILD_CHECK(ops->vmm_unmap(ctx, 1, va, 2 * GiB, h) == 0);
+  CHILD_CHECK(ops->vmm_release(ctx, 1, va, 4 * GiB) == 0);
+  uint64_t hp = 0;
+  CHILD_CHECK(ops->host_malloc(ctx, 100 * MiB, &hp) == 0);
+  memset((void *)(uintptr_t)hp, 1, 100 * MiB);
+  CHILD_CHECK(ops->host_free(ctx, hp) == 0);
+  CHILD_CHECK(msnap__sim_check(ctx, msg, sizeof msg) == 0);
+  ops->fini(ctx);
+  /* 64 GiB does not fit in 40 GiB at all: the error says why */
+  ctx = NULL;
+  CHILD_CHECK(msnap__sim_create_ex(1, 64 * GiB, true, &ctx) == MSNAP_EOOM);
+  CHILD_CHECK(strstr(msnap_last_error(), "RLIMIT_AS") != NULL);
+  CHILD_CHECK(strstr(msnap_last_error(), "MEMSNAP_SIM_MEMORY") != NULL);
+  _exit(0);
+}
+
+static void test_host_backed_as_limit(void **state) {
+  (void)state;
+#ifdef SIM_TEST_SANITIZED
+  fprintf(stderr, "SKIP test_host_backed_as_limit: sanitizer build\n");
+  skip();
+#else
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) as_limit_child();
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    fprintf(stderr, "SKIP test_host_backed_as_limit: RLIMIT_AS is not "
+                    "enforced here (qemu-user)\n");
+    skip();
+  }
+  assert_int_equal(WEXITSTATUS(st), 0);
+#endif
+}
+
 /* Several threads hammer one context; the mutex keeps it consistent. */
 typedef struct worker_s {
   void *ctx;
@@ -674,6 +772,7 @@ int main(void) {
       cmocka_unit_test(test_oom_at_capacity),
       cmocka_unit_test(test_no_host_ram),
       cmocka_unit_test(test_host_backed),
+      cmocka_unit_test(test_host_backed_as_limit),
       cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
