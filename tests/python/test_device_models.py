@@ -291,6 +291,40 @@ def test_layer_variants_match_the_cpu():
     assert all(same for name, _, same in r if name.startswith("Conv")), r
 
 
+def padded_encoder_inference():
+    """nn.TransformerEncoder's inference with src_key_padding_mask: on the
+    CPU a left-aligned mask turns the batch into a nested tensor; the
+    device has none, so it answers that the mask is not left-aligned and
+    runs the padded path (NotImplementedError for
+    _nested_tensor_from_mask_left_aligned before).  The outputs at the
+    unpadded positions are the CPU's."""
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2).eval()
+    dev = copy.deepcopy(enc).to(DEVICE)
+    x = torch.randn(3, 7, 16)
+    mask = torch.zeros(3, 7, dtype=torch.bool)
+    mask[0, 5:] = True
+    mask[2, 3:] = True
+    with torch.inference_mode():
+        yd = dev(x.to(DEVICE), src_key_padding_mask=mask.to(DEVICE))
+        yc = enc(x, src_key_padding_mask=mask)
+        left = bool(torch._nested_tensor_from_mask_left_aligned(
+            x.to(DEVICE), mask.logical_not().to(DEVICE)))
+    keep = ~mask
+    torch.testing.assert_close(yd.cpu()[keep], yc[keep])
+    return {"device": yd.device.type, "shape": list(yd.shape),
+            "cpu_nested_zeros": bool((yc[mask] == 0).all()),
+            "left_aligned_on_device": left}
+
+
+@needs_shim
+def test_padded_encoder_inference_matches_the_cpu():
+    r = _run("t.padded_encoder_inference()")
+    assert r == {"device": "npu", "shape": [3, 7, 16], "cpu_nested_zeros": True,
+                 "left_aligned_on_device": False}, r
+
+
 def recurrent_layer_errors():
     out = {}
     for layer in (nn.LSTM(4, 8, batch_first=True), nn.GRUCell(4, 8)):

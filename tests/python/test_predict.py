@@ -1735,3 +1735,68 @@ def test_python_api_without_device_allocation_writes_the_snapshot(tmp_path):
     assert pr.snapshot_path == str(out) and pr.result["snapshot_error"] is None
     assert load(out)["segments"] == []
     assert "no device memory was allocated" in pr.report()
+
+
+PADDED_ENCODER = """
+import sys, torch, torch.nn as nn
+enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True), 2)
+enc = enc.to("cuda").eval()
+x = torch.randn(4, 128, 256, device="cuda")
+mask = torch.zeros(4, 128, dtype=torch.bool, device="cuda")
+mask[:, 100:] = True
+with torch.inference_mode():
+    y = enc(x, src_key_padding_mask=mask if sys.argv[1] == "mask" else None)
+assert y.shape == (4, 128, 256)
+"""
+
+
+def test_padded_transformer_encoder_inference(tmp_path):
+    """nn.TransformerEncoder's inference with a padding mask asks whether
+    the mask is left-aligned (its values) before making a nested tensor;
+    the prediction answers no and predicts the padded path (it failed
+    with "no fake impl" for _nested_tensor_from_mask_left_aligned).  The
+    padded path with a mask needs at least what it needs without one."""
+    script = tmp_path / "padded.py"
+    script.write_text(PADDED_ENCODER)
+    got = {}
+    for how in ("mask", "nomask"):
+        out = tmp_path / f"{how}.pickle"
+        p = predict("--json", "-o", str(out), str(script), how, cwd=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.json["complete"] is True, p.json
+        check_cli(out)
+        got[how] = p.json["peak_requested_bytes"]
+    layer = torch.nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True)
+    params = 2 * 4 * sum(q.numel() for q in layer.parameters())
+    batch = 4 * 128 * 256 * 4
+    # the parameters, the input and at least two activations of its size
+    assert got["nomask"] >= params + 3 * batch, got
+    assert got["mask"] >= got["nomask"], got
+
+
+def test_device_index_past_the_devices(tmp_path):
+    """A tensor on "cuda:1" with one simulated device raises the error
+    set_device(1) gets, at the script's line (memsnap.predict crashed on
+    its own report with a TypeError, exit status 1, and the Python API
+    raised msnap_stats_get's internal error); a rank without a world is
+    refused as the command line refuses --rank without --devices."""
+    script = tmp_path / "dev1.py"
+    script.write_text("import torch\nx = torch.ones(8, device='cuda')\n"
+                      "y = torch.empty(10, device='cuda:1')\n")
+    p = predict("-o", str(tmp_path / "d.pickle"), str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "invalid device ordinal 1 (the prediction has 1 device; see --devices)" in p.stdout
+    assert "dev1.py\", line 3" in p.stdout
+    assert "Traceback" not in p.stderr, p.stderr
+    j = predict("--json", str(script), cwd=tmp_path)
+    assert j.returncode == 2 and j.json["complete"] is False, j.stdout + j.stderr
+    assert j.json["peak_requested_bytes"] == 32, j.json
+    two = predict("--devices", "2", "--json", str(script), cwd=tmp_path)
+    assert two.returncode == 0 and two.json["complete"] is True, two.stdout + two.stderr
+    from memsnap.predict import predict as api
+    with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
+        with api() as pr:
+            torch.empty(10, device="cuda:1")
+    assert pr.result is not None and pr.result["complete"] is False
+    with pytest.raises(ValueError, match="rank 3 needs world_size"):
+        api(rank=3)

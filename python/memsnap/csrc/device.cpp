@@ -912,6 +912,22 @@ convolution_backward_overrideable(
           to_device(gb, weight)};
 }
 
+// nn.TransformerEncoder's inference fast path asks whether the padding
+// mask is left-aligned before turning the batch into a nested tensor
+// (torch/nn/modules/transformer.py, TransformerEncoder.forward).  Nested
+// tensors exist for the CPU and CUDA only (NestedTensorCPU/CUDA kernels),
+// so the device answers no: the encoder then runs the padded path, whose
+// outputs at the unpadded positions are the same (the padded positions
+// hold computed values, not the nested path's zeros).
+bool nested_tensor_from_mask_left_aligned(const at::Tensor& t,
+                                          const at::Tensor& mask) {
+  (void)t;
+  TORCH_CHECK(mask.scalar_type() == at::ScalarType::Bool,
+              "Expected mask to be of ScalarType Bool, but got ",
+              mask.scalar_type(), " instead.");
+  return false;
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.schema().operator_name();
   const auto& ops = cpu_operators();
@@ -981,6 +997,8 @@ void register_all() {
             TORCH_FN(set_source_storage_offset));
   impl.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   impl.impl("record_stream", TORCH_FN(record_stream));
+  impl.impl("_nested_tensor_from_mask_left_aligned",
+            TORCH_FN(nested_tensor_from_mask_left_aligned));
   impl.impl("native_batch_norm", TORCH_FN(native_batch_norm));
   impl.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   impl.impl("convolution_backward_overrideable",

@@ -101,7 +101,8 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
             ``world_size`` it defaults to the world size.
         world_size, rank: run as this rank of a fake process group of
             ``world_size`` ranks (``torch.distributed`` calls work; the
-            prediction is this rank's device).
+            prediction is this rank's device).  A rank other than 0
+            without ``world_size`` raises ``ValueError``.
         output: write the snapshot pickle here (the OOM snapshot when the
             run's configuration runs out of memory), with memsnap's file
             writer (docs/predict.md).  A path that cannot be written (a
@@ -144,6 +145,9 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
         if world_size is not None:
             if world_size < 1 or not 0 <= rank < world_size:
                 raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        elif rank != 0:
+            # as the command line's --rank without --devices
+            raise ValueError(f"rank {rank} needs world_size (the ranks of the fake process group)")
         if output is not None:
             _snapshot.check_output(os.fspath(output))
         n = devices if devices is not None else (world_size or 1)

@@ -433,6 +433,9 @@ class Session:
 
     # -- events from the tracker -----------------------------------------
     def allocate(self, device: int, nbytes: int) -> list | None:
+        # a tensor on "cuda:N" past the prediction's devices: the error
+        # torch.cuda.set_device(N) gets (no allocator has that device)
+        self.device_state.check(device)
         if not self.targets:
             self._create()
         stream = self.device_state.stream_of(device)

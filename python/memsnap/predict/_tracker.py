@@ -39,7 +39,10 @@ not grow with the model.  Values of fake tensors are not computed:
 ``.item()`` and ``bool(t)`` read 0 / False (unless FakeTensorMode knows
 the constant), and the few operators whose output size depends on values
 (``nonzero``, ``masked_select``, indexing with a bool mask) get their
-largest possible size, so memory is an upper bound there.  "cuda" device arguments become the fake device (see
+largest possible size, so memory is an upper bound there; so is
+``nn.TransformerEncoder``'s inference with a padding mask, predicted on
+the padded path (``_nested_tensor_from_mask_left_aligned`` answers False:
+no nested tensors).  "cuda" device arguments become the fake device (see
 ``_device.py``).  ``Tensor.record_stream`` reaches the allocators as
 ``record_stream``.  Pinned host memory needs the device runtime (torch's
 pinned allocator asks the device's hooks), so ``pin_memory()``
@@ -114,6 +117,7 @@ class Tracker(TorchDispatchMode):
             aten._local_scalar_dense.default: self._scalar,
             aten.record_stream.default: self._record_stream,
             aten.is_pinned.default: self._is_pinned,
+            aten._nested_tensor_from_mask_left_aligned.default: self._not_left_aligned,
         }
         # Host storages the script asked to pin (by _cdata): is_pinned()
         # answers True for them, as on a device.
@@ -173,6 +177,15 @@ class Tracker(TorchDispatchMode):
         except DataDependentOutputException:
             self.session.unknown_scalars += 1
             return _zero_of(args[0].dtype)
+
+    def _not_left_aligned(self, func, args, kwargs):
+        # nn.TransformerEncoder's inference fast path asks whether the
+        # padding mask is left-aligned (its values) before turning the
+        # batch into a nested tensor.  Fake tensors have no values and
+        # nested tensors no device model: the answer is no, so the padded
+        # path is predicted (memory of the whole padded batch: an upper
+        # bound of the nested one).
+        return False
 
     def _is_pinned(self, func, args, kwargs):
         t = args[0]
