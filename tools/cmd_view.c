@@ -229,6 +229,10 @@ int cli_cmd_view(int argc, char **argv) {
     if (wrote)
       fprintf(stderr, "memsnap: wrote %s (%zu bytes)\n",
               cli_output_shown(out), len);
+    for (int i = 0; i < nf; i++)
+      if (st[i].step_why[0])
+        cli_err("note: --step: %s in %s: the leaks panel has no steps",
+                st[i].step_why, argv[first + i]);
     /* the default budget as an explicit one; each file's object against
      * it (two files: one may be over while the average is not) */
     int over = -1;

@@ -3764,6 +3764,16 @@ def group_leaks():
                "view: device 1's steps from device %d's annotations and "
                "its leak site (%s, %s)" % (ann_dev, dv.get("steps"),
                                            dv.get("leaks")))
+        # --step naming no range: the page is written, and stderr says
+        # what `leaks` says (view said nothing)
+        rc, out, err = run("view", "--step", "nope", f, "-o", html)
+        expect(rc == 0 and 'note: --step: no record_function range named '
+               '"nope" in %s: the leaks panel has no steps' % f in err,
+               "view --step nope: says that no range has the name (%r)"
+               % err[-400:])
+        rc, out, err = run("view", "--step", "ProfilerStep", f, "-o", html)
+        expect(rc == 0 and "note:" not in err,
+               "view --step ProfilerStep: no note (%r)" % err[-400:])
     leaks_unreachable_threshold()
     leaks_repeated_file()
     leaks_out_of_order()
