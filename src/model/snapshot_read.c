@@ -321,8 +321,12 @@ static int get_i64(rd_t *r, const fields_t *f, int key, int64_t *out) {
     *out = MSNAP_PV_INT_VALUE(v);
     return 0;
   }
-  if (msnap__pvm_int(r->vm, v, &i, NULL) != MSNAP_PINT_I64 ||
-      MSNAP_PV_TAG(v) == MSNAP_PV_CONST)
+  int k = msnap__pvm_int(r->vm, v, &i, NULL);
+  if (k == MSNAP_PINT_U64 || k == MSNAP_PINT_BIG)
+    return msnap__pvm_fail(r->vm, MSNAP_EFORMAT,
+                           "'%s' does not fit in 64 signed bits",
+                           key_names[key]);
+  if (k != MSNAP_PINT_I64 || MSNAP_PV_TAG(v) == MSNAP_PV_CONST)
     return bad_type(r, key, v, "an int in 64 signed bits");
   *out = i;
   return 0;
