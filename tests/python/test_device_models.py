@@ -10,12 +10,14 @@ the CPU are the code below, and the recorded Python stacks end in this file."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import subprocess
 import sys
 
 import pytest
 
-from conftest import run_script
+from conftest import base_env, run_script
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -707,3 +709,46 @@ def test_grad_scaler_and_multinomial_match_the_cpu():
     # the inf step (the third) is skipped, the others update
     assert r["skipped"] == [[False, False, True, False]] * 2, r
     assert r["multinomial_device"] == DEVICE
+
+
+AUTOCAST_LAYER_NORM = """
+import json, sys, torch, torch.nn as nn, torch.nn.functional as F
+if sys.argv[1] == "device":
+    import memsnap.torch as mt
+    dev = mt.register_device("npu")
+else:  # under python -m memsnap.predict
+    dev = "npu"
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(128, 128), nn.LayerNorm(128), nn.Linear(128, 100)).to(dev)
+x = torch.randn(8, 64, 128, device=dev)
+y = torch.randint(0, 100, (8 * 64,), device=dev)
+with torch.autocast(dev, dtype=torch.bfloat16):
+    loss = F.cross_entropy(m(x).flatten(0, 1), y)
+loss.backward()
+print("RESULT " + json.dumps([torch.npu.max_memory_allocated(),
+                              torch.npu.memory_stats()["requested_bytes.all.peak"]]))
+"""
+
+
+@needs_shim
+def test_layer_norm_under_autocast_allocates_as_predicted(tmp_path):
+    """LayerNorm on the device runs the CPU's native_layer_norm kernel
+    (PyTorch's math_native_layer_norm, which a backend without its own
+    kernel gets, allocated a full-size fp32 temporary under autocast that
+    CUDA's kernel does not: 1478656 B at the peak against 1460736 B).  The
+    device's peaks equal memsnap.predict's for the same script, byte for
+    byte, in the npu profile."""
+    script = tmp_path / "ln.py"
+    script.write_text(AUTOCAST_LAYER_NORM)
+    env = base_env(MEMSNAP_PROFILE="npu")
+    dev = subprocess.run([sys.executable, str(script), "device"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert dev.returncode == 0, dev.stdout + dev.stderr
+    got = json.loads(dev.stdout.split("RESULT ", 1)[1])
+    pred = subprocess.run([sys.executable, "-m", "memsnap.predict", "--profile", "npu",
+                           "--attention", "math", "--json", str(script), "predict"],
+                          env=base_env(), capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert pred.returncode == 0, pred.stdout + pred.stderr
+    p = json.loads(pred.stdout.strip().splitlines()[-1])
+    assert got == [p["peak_allocated_bytes"], p["peak_requested_bytes"]], (got, p)

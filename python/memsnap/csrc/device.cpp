@@ -123,9 +123,12 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::silu", "aten::silu_backward", "aten::_softmax",
       "aten::_softmax_backward_data", "aten::_log_softmax",
       "aten::_log_softmax_backward_data",
-      // normalization (LayerNorm's forward on this device is PyTorch's
-      // math_native_layer_norm, over native_batch_norm)
-      "aten::native_batch_norm_backward",
+      // normalization (native_layer_norm has a CompositeExplicitAutograd
+      // kernel, math_native_layer_norm, which a backend fallback never
+      // overrides: register_all registers this fallback for it by name,
+      // so the device allocates what CUDA's kernel does, the output, mean
+      // and rstd, and no temporaries of the math path)
+      "aten::native_layer_norm", "aten::native_batch_norm_backward",
       "aten::native_layer_norm_backward",
       // GroupNorm (math_group_norm, over var_mean) and its backward
       "aten::native_group_norm_backward",
@@ -1007,6 +1010,8 @@ void register_all() {
   // out= kernel with a 0-dim output, which PyTorch's CPU kernel resizes
   // (and warns about); compute the functional form itself on the CPU.
   impl.impl("mse_loss",
+            torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  impl.impl("native_layer_norm",
             torch::CppFunction::makeFromBoxedFunction<&fallback>());
   static torch::Library fb(torch::Library::IMPL, "_",
                            c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
