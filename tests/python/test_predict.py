@@ -1800,3 +1800,28 @@ def test_device_index_past_the_devices(tmp_path):
     assert pr.result is not None and pr.result["complete"] is False
     with pytest.raises(ValueError, match="rank 3 needs world_size"):
         api(rank=3)
+
+
+AUTOCAST_LINEAR = """
+import torch, torch.nn as nn
+lin = nn.Linear(128, 256).to("cuda")
+x = torch.randn(4, 16, 128, device="cuda")
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    y = lin(x)
+"""
+
+
+def test_autocast_casts_in_the_order_of_pytorchs_wrappers(tmp_path):
+    """PyTorch's autocast wrappers cast the arguments in one call
+    expression, which GCC (PyTorch's and torch_npu's Linux builds)
+    evaluates last argument first: F.linear's copies are the bias's, the
+    weight's, then the input's (the memsnap device, running those C++
+    wrappers, allocates them so); the prediction cast input first."""
+    script = tmp_path / "lin.py"
+    script.write_text(AUTOCAST_LINEAR)
+    out = tmp_path / "lin.pickle"
+    p = predict("-o", str(out), str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    sizes = [e["size"] for e in load(out)["device_traces"][0] if e["action"] == "alloc"]
+    # weight, bias, x in fp32; then bias, weight, x in bf16; then y
+    assert sizes == [131072, 1024, 32768, 512, 65536, 16384, 32768], sizes

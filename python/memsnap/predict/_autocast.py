@@ -86,13 +86,22 @@ def _cast(t, dtype):
 
 
 def _map(args, kwargs, fn):
+    # PyTorch's wrappers cast every argument inside one call expression,
+    # ``(*F)(cached_cast(..., args, ...)...)`` (autocast_mode.h,
+    # WrapFunction_), which GCC -- the compiler of PyTorch's and
+    # torch_npu's Linux builds -- evaluates last argument first: the
+    # copies are allocated in that order (F.linear: bias, weight, input;
+    # the memsnap device, which runs those C++ wrappers, shows it).  A
+    # list's items are cast first to last (one loop).
     def one(a):
         if isinstance(a, torch.Tensor):
             return fn(a)
         if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
             return type(a)(fn(x) for x in a)
         return a
-    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+    kw = {k: one(kwargs[k]) for k in reversed(list(kwargs))}  # kwarg-only: last
+    pos = [one(a) for a in reversed(args)]
+    return tuple(reversed(pos)), {k: kw[k] for k in kwargs}
 
 
 def _lower(op):
