@@ -1816,12 +1816,21 @@ def test_autocast_casts_in_the_order_of_pytorchs_wrappers(tmp_path):
     expression, which GCC (PyTorch's and torch_npu's Linux builds)
     evaluates last argument first: F.linear's copies are the bias's, the
     weight's, then the input's (the memsnap device, running those C++
-    wrappers, allocates them so); the prediction cast input first."""
+    wrappers, allocates them so); the prediction cast input first, and its
+    stacks began with a torch/_ops.py frame (OpOverload.__call__)."""
     script = tmp_path / "lin.py"
     script.write_text(AUTOCAST_LINEAR)
     out = tmp_path / "lin.pickle"
     p = predict("-o", str(out), str(script), cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
-    sizes = [e["size"] for e in load(out)["device_traces"][0] if e["action"] == "alloc"]
+    allocs = [e for e in load(out)["device_traces"][0] if e["action"] == "alloc"]
+    sizes = [e["size"] for e in allocs]
     # weight, bias, x in fp32; then bias, weight, x in bf16; then y
     assert sizes == [131072, 1024, 32768, 512, 65536, 16384, 32768], sizes
+    # the casts' stacks start at the caller's frames, as on the device
+    # (the C++ wrappers leave none): no torch/_ops.py frame of the
+    # prediction's own Python kernels
+    files = {f["filename"].replace(os.sep, "/").rsplit("/", 2)[-1]
+             for e in allocs for f in e["frames"]}
+    assert "_ops.py" not in files, files
+    assert allocs[3]["frames"][0]["filename"].endswith("torch/nn/modules/linear.py"), allocs[3]

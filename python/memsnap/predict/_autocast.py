@@ -104,12 +104,18 @@ def _map(args, kwargs, fn):
     return tuple(reversed(pos)), {k: kw[k] for k in kwargs}
 
 
+# The kernels call the operator's C function (OpOverload._op, what
+# OpOverload.__call__ returns) so that no torch/_ops.py frame stands
+# between the caller's frames and the allocation in a recorded stack: on
+# the device the wrappers are C++ and leave none.
+
+
 def _lower(op):
     def kernel(*args, **kwargs):
         dtype = torch.get_autocast_dtype(_device_type)
         with _exclude():
             args, kwargs = _map(args, kwargs, lambda t: _cast(t, dtype))
-            return op(*args, **kwargs)
+            return op._op(*args, **kwargs)
     return kernel
 
 
@@ -117,7 +123,7 @@ def _fp32(op):
     def kernel(*args, **kwargs):
         with _exclude():
             args, kwargs = _map(args, kwargs, lambda t: _cast(t, torch.float32))
-            return op(*args, **kwargs)
+            return op._op(*args, **kwargs)
     return kernel
 
 
@@ -134,7 +140,7 @@ def _set_opt_dtype(op):
                         args = (*args[:at], torch.float32, *args[at + 1:])
                 elif kwargs.get("dtype") is None:
                     kwargs = dict(kwargs, dtype=torch.float32)
-            return op(*args, **kwargs)
+            return op._op(*args, **kwargs)
     return kernel
 
 
@@ -151,7 +157,7 @@ def _promote(op):
                     widest = t.dtype if widest is None else torch.promote_types(widest, t.dtype)
             if widest is not None:
                 args, kwargs = _map(args, kwargs, lambda t: _cast(t, widest))
-            return op(*args, **kwargs)
+            return op._op(*args, **kwargs)
     return kernel
 
 
