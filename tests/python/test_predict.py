@@ -1834,3 +1834,13 @@ def test_autocast_casts_in_the_order_of_pytorchs_wrappers(tmp_path):
              for e in allocs for f in e["frames"]}
     assert "_ops.py" not in files, files
     assert allocs[3]["frames"][0]["filename"].endswith("torch/nn/modules/linear.py"), allocs[3]
+    # nor in the fused attention's (its kernels call aten operators by name)
+    attn = tmp_path / "attn.py"
+    attn.write_text("import torch, torch.nn.functional as F\n"
+                    "q = torch.randn(2, 4, 64, 32, device='cuda')\n"
+                    "y = F.scaled_dot_product_attention(q, q, q, is_causal=True)\n")
+    p = predict("-o", str(tmp_path / "attn.pickle"), str(attn), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    entries = load(tmp_path / "attn.pickle")["device_traces"][0]
+    stacks = [[f["filename"] for f in e["frames"]] for e in entries if e["action"] == "alloc"]
+    assert len(stacks) >= 4 and all(s and s[0].endswith("attn.py") for s in stacks), stacks

@@ -698,6 +698,11 @@ class DeviceArgs(torch.overrides.TorchFunctionMode):
                 dev if isinstance(dev, int) else torch.device(dev).index)
             kwargs.pop("device", None)
             return self._to(args[0], torch.device(self.name, index), **kwargs)
+        if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            # an operator called by name (torch.ops.aten.X, the prediction's
+            # own kernels): its C function, what __call__ would call, so
+            # that no torch/_ops.py frame enters the recorded stacks
+            func = func._op
         return func(*args, **kwargs)
 
 
