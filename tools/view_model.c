@@ -1688,7 +1688,8 @@ static int write_leaks(vdev_t *d, cli_json_t *j, vm_stats_t *out) {
     cj_null(j);
   /* --step NAME that gave no steps: said on stderr too (cmd_view.c) */
   if (d->o->step && !d->nsteps && l->why[0] && !out->step_why[0])
-    snprintf(out->step_why, sizeof out->step_why, "%s", l->why);
+    snprintf(out->step_why, sizeof out->step_why, "device %lld: %s",
+             (long long)d->dev, l->why);
   cj_key(j, "leaks");
   cj_arr(j);
   for (uint32_t i = 0; i < m; i++) {

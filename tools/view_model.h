@@ -27,7 +27,7 @@ typedef struct vm_stats_s {
   uint64_t bands;         /* of them, drawn one by one                    */
   uint64_t ooms, leak_sites;
   uint64_t estimate;      /* bytes of the file's object, as written       */
-  char step_why[256];     /* --step NAME gave no steps on a device: why
+  char step_why[288];     /* --step NAME gave no steps on a device: why
                              (its first device's; "" otherwise)           */
 } vm_stats_t;
 

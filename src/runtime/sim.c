@@ -58,7 +58,7 @@
  * minimum) and the host region (1 TiB) are one PROT_NONE, MAP_NORESERVE
  * reservation each, whose base replaces base_d / 0x7e0000000000 (aligned
  * to 1 GiB); where they do not fit (an address-space limit, ulimit -v) the
- * host region shrinks to 1 GiB and then the spans to 2x (hb_reserve_all); placement, alignment and charging are as above except that
+ * host region shrinks to 1 GiB and then the spans to 8x (hb_reserve_all); placement, alignment and charging are as above except that
  * footprints and alignments are at least one page.  malloc, vmm_map and
  * host_malloc make their footprint readable and writable (pages are
  * allocated by the kernel on first touch); free, vmm_unmap and host_free
@@ -96,6 +96,8 @@
 #define SIM_HOST_SPAN (SIM_HOST_END - SIM_HOST_BASE)
 #define SIM_HB_BASE_ALIGN ((uint64_t)1 << 30)
 #define SIM_HB_MIN_HOST_SPAN ((uint64_t)1 << 30)
+#define SIM_HB_HEADROOM_MIN ((uint64_t)1 << 30)
+#define SIM_HB_HEADROOM_MAX ((uint64_t)8 << 30)
 
 enum { RANGE_MALLOC = 1, RANGE_VA = 2, RANGE_HOST = 3 };
 enum { EV_DEAD = 0, EV_CREATED, EV_PENDING, EV_COMPLETE };
@@ -352,12 +354,35 @@ static int hb_limit_error(int err, int ndev, uint64_t memory,
   return msnap__set_error_errno(
       MSNAP_EOOM, err,
       "sim: host-backed memory: cannot reserve the address space of %d "
-      "device%s of %llu bytes: it takes %llu bytes at least (twice each "
+      "device%s of %llu bytes: it takes %llu bytes at least (8x each "
       "device's memory rounded up to a power of two, and 1 GiB of pinned "
-      "host memory, each with 1 GiB of alignment); %s lower "
+      "host memory, each with 1 GiB of alignment), and the process keeps "
+      "an eighth of the limit (1 to 8 GiB) for itself; %s lower "
       "MEMSNAP_SIM_MEMORY or MEMSNAP_SIM_DEVICES",
       ndev, ndev == 1 ? "" : "s", (unsigned long long)memory,
       (unsigned long long)need, limit);
+}
+
+/* Under an address-space limit, whether the process keeps room of its own
+ * after the reservations: an eighth of the limit, at least 1 GiB and at
+ * most 8 GiB (the interpreter, torch's CPU tensors, thread stacks).  True
+ * without a limit, or where the process's size cannot be read. */
+static bool hb_headroom_left(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+    return true;
+  unsigned long long pages = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f == NULL) return true;
+  int ok = fscanf(f, "%llu", &pages) == 1;
+  fclose(f);
+  if (!ok) return true;
+  long pg = sysconf(_SC_PAGESIZE);
+  uint64_t used = (uint64_t)pages * (uint64_t)(pg > 0 ? pg : 4096);
+  uint64_t want = (uint64_t)rl.rlim_cur / 8;
+  if (want < SIM_HB_HEADROOM_MIN) want = SIM_HB_HEADROOM_MIN;
+  if (want > SIM_HB_HEADROOM_MAX) want = SIM_HB_HEADROOM_MAX;
+  return used <= (uint64_t)rl.rlim_cur && (uint64_t)rl.rlim_cur - used >= want;
 }
 
 /* Release what hb_reserve_all reserved so far. */
@@ -380,14 +405,17 @@ static void hb_release_all(msnap_sim_t *s) {
  * address-space limit (ulimit -v, RLIMIT_AS, which counts PROT_NONE
  * reservations) that the full sizes do not fit, the host region shrinks
  * first (by 8x steps, to SIM_HB_MIN_HOST_SPAN), then each device's span
- * (by halves, to 2x; from 8x on, the malloc region is the memory's power
- * of two and the VMM region the rest, not a sixteenth and the rest).
- * Nothing else changes: the sizes are address space, and an allocation
- * that fits the device's memory still fits its region. */
+ * (by halves, to 8x the memory's power of two, where the malloc region
+ * is that power of two and the VMM region the rest, not a sixteenth and
+ * the rest: 7x, room for the expandable segments of both pools of three
+ * streams, 1.125x the memory each).  Cut sizes must also
+ * leave the process room of its own (hb_headroom_left).  Nothing else
+ * changes: the sizes are address space, and an allocation that fits the
+ * device's memory still fits its region. */
 static int hb_reserve_all(msnap_sim_t *s, uint64_t span, uint64_t memory) {
   uint64_t host_span = SIM_HOST_SPAN;
   uint64_t pow2 = next_pow2(memory);
-  uint64_t min_span = pow2 * 2;
+  uint64_t min_span = pow2 * 8;
   for (;;) {
     int rc = hb_reserve(host_span, SIM_HB_BASE_ALIGN, &s->host_map,
                         &s->host_map_len, &s->host_lo, "pinned host memory");
@@ -401,6 +429,12 @@ static int hb_reserve_all(msnap_sim_t *s, uint64_t span, uint64_t memory) {
       s->dev[d].malloc_len = span / 16 >= pow2 ? span / 16 : pow2;
       rc = hb_reserve(span, SIM_HB_BASE_ALIGN, &s->dev[d].map,
                       &s->dev[d].map_len, &s->dev[d].base, what);
+    }
+    if (rc == 0 && (host_span < SIM_HOST_SPAN || span < pow2 * 64) &&
+        !hb_headroom_left()) {
+      /* cut sizes that fit, but leave the process too little */
+      rc = MSNAP_EOOM;
+      errno = ENOMEM;
     }
     if (rc == 0) {
       s->host_hi = s->host_lo + host_span;
@@ -860,10 +894,15 @@ static int sim_host_malloc(void *ctx, size_t size, uint64_t *ptr) {
   uint64_t len = align_up(size, s->host_align), addr;
   if (!rs_place(&s->host, s->host_lo, s->host_hi, len, s->host_align,
                 &addr))
-    return leave(s, msnap__set_error(MSNAP_EOOM,
-                                     "sim: host address space exhausted "
-                                     "allocating %zu pinned bytes",
-                                     size));
+    return leave(s, msnap__set_error(
+                        MSNAP_EOOM,
+                        "sim: host address space exhausted allocating %zu "
+                        "pinned bytes%s",
+                        size,
+                        s->host_hi - s->host_lo < SIM_HOST_SPAN
+                            ? " (the pinned region was cut to fit the "
+                              "address-space limit, ulimit -v / RLIMIT_AS)"
+                            : ""));
   rc = hb_commit(s, addr, len);
   if (rc) return leave(s, rc);
   rc = rs_insert(&s->host, (sim_range_t){addr, len, size, RANGE_HOST});

@@ -3767,8 +3767,9 @@ def group_leaks():
         # --step naming no range: the page is written, and stderr says
         # what `leaks` says (view said nothing)
         rc, out, err = run("view", "--step", "nope", f, "-o", html)
-        expect(rc == 0 and 'note: --step: no record_function range named '
-               '"nope" in %s: the leaks panel has no steps' % f in err,
+        expect(rc == 0 and 'note: --step: device 0: no record_function '
+               'range named "nope" in %s: the leaks panel has no steps' % f
+               in err,
                "view --step nope: says that no range has the name (%r)"
                % err[-400:])
         rc, out, err = run("view", "--step", "ProfilerStep", f, "-o", html)

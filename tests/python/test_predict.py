@@ -1791,6 +1791,11 @@ def test_device_index_past_the_devices(tmp_path):
     j = predict("--json", str(script), cwd=tmp_path)
     assert j.returncode == 2 and j.json["complete"] is False, j.stdout + j.stderr
     assert j.json["peak_requested_bytes"] == 32, j.json
+    empty = tmp_path / "empty1.py"
+    empty.write_text("import torch\nx = torch.ones(8, device='cuda')\n"
+                     "y = torch.empty(0, device='cuda:1')\n")
+    e = predict(str(empty), cwd=tmp_path)
+    assert e.returncode == 2 and "invalid device ordinal 1" in e.stdout, e.stdout + e.stderr
     two = predict("--devices", "2", "--json", str(script), cwd=tmp_path)
     assert two.returncode == 0 and two.json["complete"] is True, two.stdout + two.stderr
     from memsnap.predict import predict as api

@@ -633,32 +633,43 @@ static void as_limit_child(void) {
   FILE *f = fopen("/proc/self/statm", "r");
   CHILD_CHECK(f != NULL && fscanf(f, "%llu", &pages) == 1);
   fclose(f);
-  uint64_t limit = pages * (uint64_t)sysconf(_SC_PAGESIZE) + 40 * GiB;
+  uint64_t limit = pages * (uint64_t)sysconf(_SC_PAGESIZE) + 48 * GiB;
   struct rlimit rl = {limit, limit};
   CHILD_CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
   void *probe = mmap(NULL, 64 * GiB, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (probe != MAP_FAILED) _exit(77); /* not enforced here */
-  /* 2 devices of 4 GiB: 2 x 256 GiB + 1 TiB by default */
+  /* 2 devices of 2 GiB: 2 x 128 GiB + 1 TiB by default; 2 x 16 GiB
+   * (8x) and 1 GiB fit, and leave the process an eighth of the limit */
   void *ctx = NULL;
-  CHILD_CHECK(msnap__sim_create_ex(2, 4 * GiB, true, &ctx) == 0);
+  CHILD_CHECK(msnap__sim_create_ex(2, 2 * GiB, true, &ctx) == 0);
   char msg[256];
   CHILD_CHECK(msnap__sim_check(ctx, msg, sizeof msg) == 0);
+  f = fopen("/proc/self/statm", "r");
+  CHILD_CHECK(f != NULL && fscanf(f, "%llu", &pages) == 1);
+  fclose(f);
+  CHILD_CHECK(limit - pages * (uint64_t)sysconf(_SC_PAGESIZE) >= limit / 8);
   for (int d = 0; d < 2; d++) {
     uint64_t a = 0, b = 0;
-    CHILD_CHECK(ops->malloc(ctx, d, 3 * GiB, &a) == 0);
-    CHILD_CHECK(ops->malloc(ctx, d, 1 * GiB, &b) == 0); /* all of it */
+    CHILD_CHECK(ops->malloc(ctx, d, 1536 * MiB, &a) == 0);
+    CHILD_CHECK(ops->malloc(ctx, d, 512 * MiB, &b) == 0); /* all of it */
     unsigned char *p = (unsigned char *)(uintptr_t)a;
     p[0] = 1;
-    p[3 * GiB - 1] = 2;
-    CHILD_CHECK(p[0] + p[3 * GiB - 1] == 3);
+    p[1536 * MiB - 1] = 2;
+    CHILD_CHECK(p[0] + p[1536 * MiB - 1] == 3);
     uint64_t c = 0;
     CHILD_CHECK(ops->malloc(ctx, d, 2 * MiB, &c) == MSNAP_EOOM);
     CHILD_CHECK(ops->free(ctx, d, a) == 0);
     CHILD_CHECK(ops->free(ctx, d, b) == 0);
   }
-  /* the VMM region past the (now larger) malloc region */
-  uint64_t va = 0, h = 0;
+  /* the VMM region past the (now larger) malloc region: room for the
+   * expandable segments of both pools of three streams (1.125x the
+   * memory each) */
+  uint64_t va = 0, h = 0, e[6];
+  for (int i = 0; i < 6; i++)
+    CHILD_CHECK(ops->vmm_reserve(ctx, 0, 2304 * MiB, 0, &e[i]) == 0);
+  for (int i = 0; i < 6; i++)
+    CHILD_CHECK(ops->vmm_release(ctx, 0, e[i], 2304 * MiB) == 0);
   CHILD_CHECK(ops->vmm_reserve(ctx, 1, 4 * GiB, 0, &va) == 0);
   CHILD_CHECK(ops->vmm_map(ctx, 1, va, 2 * GiB, &h) == 0);
   memset((void *)(uintptr_t)va, 5, 2 * MiB);
@@ -668,9 +679,12 @@ static void as_limit_child(void) {
   CHILD_CHECK(ops->host_malloc(ctx, 100 * MiB, &hp) == 0);
   memset((void *)(uintptr_t)hp, 1, 100 * MiB);
   CHILD_CHECK(ops->host_free(ctx, hp) == 0);
+  /* pinned memory past the cut region says why */
+  CHILD_CHECK(ops->host_malloc(ctx, 2 * GiB, &hp) == MSNAP_EOOM);
+  CHILD_CHECK(strstr(msnap_last_error(), "ulimit -v") != NULL);
   CHILD_CHECK(msnap__sim_check(ctx, msg, sizeof msg) == 0);
   ops->fini(ctx);
-  /* 64 GiB does not fit in 40 GiB at all: the error says why */
+  /* 64 GiB does not fit in 48 GiB at all: the error says why */
   ctx = NULL;
   CHILD_CHECK(msnap__sim_create_ex(1, 64 * GiB, true, &ctx) == MSNAP_EOOM);
   CHILD_CHECK(strstr(msnap_last_error(), "RLIMIT_AS") != NULL);

@@ -140,6 +140,9 @@ class Tracker(TorchDispatchMode):
 
     def _new(self, st, key: int, device: int) -> None:
         n = st.nbytes()
+        # an empty tensor on a device past the prediction's is refused
+        # too (Session.allocate checks the others), as on the device
+        self.session.device_state.check(device)
         ptrs = self.session.allocate(device, n) if n else None
         ref = weakref.ref(st, functools.partial(self._died, key))
         self.live[key] = _Storage(n, device, ptrs, ref)
