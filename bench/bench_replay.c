@@ -1,10 +1,12 @@
 /*
  * bench_replay.c -- row 5: replay throughput, split into its parts.  The
  * same code as `memsnap replay FILE` (tools/replay.c, the engine, and the
- * CLI's loader cli_load), timed in one process, rounds interleaved:
+ * CLI's loader cli_load_ex), timed in one process, rounds interleaved:
  *
- *   read     cli_load: the pickle read into the snapshot model and the
- *            model check (the reader's part, src/model);
+ *   read     cli_load_ex as `memsnap replay` without -o calls it: the
+ *            pickle read into the snapshot model, stacks skipped
+ *            (msnap_read_stats_t.skip_stacks), and the model check (the
+ *            reader's part, src/model);
  *   engine   replay_init + replay_run: the replayability check (backward
  *            replay of the trace over the final state), carving the start
  *            state, then every alloc/free through memsnap's allocator on
@@ -38,7 +40,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < rounds; r++) {
     msnap_snap_t *s = NULL;
     uint64_t c0 = bench_cpu_ns(), t0 = bench_now_ns();
-    if (cli_load(argv[1], &s) != CLI_OK) return 1;
+    if (cli_load_ex(argv[1], &s, true) != CLI_OK) return 1; /* as replay */
     uint64_t c1 = bench_cpu_ns(), t1 = bench_now_ns();
     replay_t rp;
     memset(&rp, 0, sizeof rp);

@@ -527,8 +527,8 @@ class Bench:
                 anchor='(goal: no replay in PyTorch)',
                 value='end to end %.2f M events/s (%s wall, %s CPU: '
                       'process start and report included); engine %.2f '
-                      'M/s (%s wall, %s CPU); read %.2f M/s (%s wall, %s '
-                      'CPU)'
+                      'M/s (%s wall, %s CPU); read (stacks skipped, as '
+                      'replay without -o reads) %.2f M/s (%s wall, %s CPU)'
                       % (events / t / 1e6, fmt_s(t), fmt_s(median(e2ec)),
                          events / te / 1e6,
                          fmt_s(te), fmt_s(median(enc)), events / tr / 1e6,

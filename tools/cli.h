@@ -98,6 +98,7 @@ typedef struct cli_cmd_s {
   bool *json;
   const char **output;
   const char *output_msg;
+  bool skip_stacks; /* cli_begin's load: the command uses no stacks */
 } cli_cmd_t;
 /* cli_begin's "go on" (any other value is the exit code to return). */
 enum { CLI_CONTINUE = -1, CLI_DONE = CLI_OK };
@@ -154,6 +155,9 @@ uint32_t cli_file_repeats(char *const *v, uint32_t n, uint32_t *first_of,
 /* Load a snapshot file of any generation.  On failure prints
  * "memsnap: PATH: <reason>" and returns CLI_UNUSABLE; *out untouched. */
 int cli_load(const char *path, msnap_snap_t **out);
+/* cli_load; skip_stacks: every stack reads as empty (msnap_read_stats_t),
+ * for a command that uses none (replay without -o). */
+int cli_load_ex(const char *path, msnap_snap_t **out, bool skip_stacks);
 /* The reason of the last failed cli_load (without the path), for JSON. */
 const char *cli_load_error(void);
 /* The --json document of a command whose input is unusable, on stdout:

@@ -288,7 +288,8 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
       return CLI_UNUSABLE;
   }
   *first = optind;
-  if (load != NULL && cli_load(argv[optind], load) != CLI_OK) {
+  if (load != NULL &&
+      cli_load_ex(argv[optind], load, c->skip_stacks) != CLI_OK) {
     if (c->json != NULL && *c->json)
       cli_json_unusable(argv[optind], NULL);
     return CLI_UNUSABLE;

@@ -92,6 +92,13 @@ static _Thread_local char load_error[1024]; /* per thread: fleet loads in parall
 const char *cli_load_error(void) { return load_error; }
 
 int cli_load(const char *path, msnap_snap_t **out) {
+  return cli_load_ex(path, out, false);
+}
+
+int cli_load_ex(const char *path, msnap_snap_t **out, bool skip_stacks) {
+  msnap_read_stats_t opts;
+  memset(&opts, 0, sizeof opts);
+  opts.skip_stacks = skip_stacks;
   msnap_read_error_t err;
   msnap_snap_t *s = NULL;
   memset(&err, 0, sizeof err);
@@ -103,7 +110,7 @@ int cli_load(const char *path, msnap_snap_t **out) {
     cli_err("%s", load_error);
     return CLI_UNUSABLE;
   }
-  int rc = msnap__snap_read_file(path, &s, &err);
+  int rc = msnap__snap_read_file_ex(path, &s, &err, &opts);
   if (rc != 0 || !s) {
     cli_sanitize(err.msg); /* it may quote bytes of the file */
     /* An open failure's message starts with the name, which the line

@@ -606,7 +606,9 @@ int cli_cmd_check(int argc, char **argv) {
   for (int a = first; a < argc; a++) {
     cli_progress_tick(&pr, (uint64_t)(a - first), (uint64_t)(argc - first));
     msnap_snap_t *s = NULL;
-    int lr = cli_load(argv[a], &s);
+    /* no rule looks into a stack (the reader checks every frame list
+     * either way): the file's stacks are not stored */
+    int lr = cli_load_ex(argv[a], &s, true);
     if (json) {
       cj_obj(&j);
       cj_key(&j, "file");

@@ -329,8 +329,9 @@ int cli_cmd_plot(int argc, char **argv) {
   const cli_opt_t opts[] = {CLI_LONG("device", 'd', &devarg, 0, LONG_MAX,
                                      "--device needs a number >= 0"),
                             CLI_OPT_END};
+  /* (the timeline needs no stacks: the file's are not read) */
   const cli_cmd_t cmd = {"plot", usage, opts, 1, "expects exactly one FILE",
-                         &json, &out, "-o OUT.svg is required"};
+                         &json, &out, "-o OUT.svg is required", true};
   int first;
   msnap_snap_t *s;
   int brc = cli_begin(&cmd, argc, argv, &first, &s);

@@ -365,7 +365,9 @@ int cli_cmd_replay(int argc, char **argv) {
     return cli_usage_error("replay", why);
   const char *file = argv[first];
   msnap_snap_t *s;
-  if (cli_load(file, &s) != CLI_OK) {
+  /* stacks only go to the replayed snapshot (-o): without it they are
+   * not read, which is most of a big recording's model */
+  if (cli_load_ex(file, &s, out == NULL) != CLI_OK) {
     if (json)
       cli_json_unusable(file, NULL);
     return CLI_UNUSABLE;

@@ -332,6 +332,11 @@ typedef struct msnap_snap_s {
   uint8_t dropped_in[MSNAP_SNAP_DROPPED_NAMES];
   bool dropped_more; /* dropped keys beyond those named (or not str) */
 
+  /* Read with msnap_read_stats_t.skip_stacks: every stack of the file
+   * reads as empty, so the model is not the file's; the writers refuse
+   * it. */
+  bool stacks_skipped;
+
   /* private: intern hash tables, arenas */
   struct msnap_snap_priv_s *priv;
 } msnap_snap_t;
@@ -516,16 +521,27 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err);
 int msnap__snap_read_buffer(const void *buf, size_t len, msnap_snap_t **out,
                             msnap_read_error_t *err);
-/* Tests and benchmarks: the reader with its fast path off (generic_only),
- * and how many APPENDS batches the fast path decoded / rolled back. */
+/* Options of a read (in) and its counts (out).  generic_only (tests and
+ * benchmarks): the fast path off.  skip_stacks: frame lists are read and
+ * checked as ever (the same errors for the same input) but not stored:
+ * every `frames` reads as the empty stack, the model's stacks_skipped is
+ * set and the writers refuse it (MSNAP_EINVAL).  For a consumer that
+ * never looks at stacks (memsnap replay without -o): the file's stacks
+ * are most of a big recording's model.  Out: how many APPENDS batches the
+ * fast path decoded / rolled back, trace entries the entry scan read. */
 typedef struct msnap_read_stats_s {
   bool generic_only;
+  bool skip_stacks;
   uint64_t fast_batches, fast_rollbacks;
   uint64_t entries_scanned; /* trace entries read by the entry scan */
 } msnap_read_stats_t;
 int msnap__snap_read_buffer_ex(const void *buf, size_t len,
                                msnap_snap_t **out, msnap_read_error_t *err,
                                msnap_read_stats_t *stats);
+/* msnap__snap_read_file with options and counts (stats may be NULL). */
+int msnap__snap_read_file_ex(const char *path, msnap_snap_t **out,
+                             msnap_read_error_t *err,
+                             msnap_read_stats_t *stats);
 /* From an open source (base/source.h); stats may be NULL. */
 struct msnap_source_s;
 int msnap__snap_read_source(struct msnap_source_s *src, msnap_snap_t **out,

@@ -157,9 +157,15 @@ typedef struct rd_s {
   bool any_current_key, any_time;
   uint64_t entries_scanned; /* by entry_scan (kept by a rollback) */
   bool convert_failed; /* a container was refused: the file is a pickle */
+  bool skip_stacks; /* msnap_read_stats_t.skip_stacks: frame lists are
+                     * checked as ever, none is stored (SKIPPED_STACK) */
 } rd_t;
 
 #define REC(kind, idx) MSNAP_PV_REC_MAKE(kind, idx)
+/* A frame list read with skip_stacks: a stack record still (so every
+ * check of where a list of frames may be is the same), of the empty
+ * stack. */
+#define SKIPPED_STACK REC(REC_STACK, MSNAP_STACK_EMPTY)
 #define IS_REC(v, kind)                                                       \
   (MSNAP_PV_TAG(v) == MSNAP_PV_REC && MSNAP_PV_REC_KIND(v) == (kind))
 
@@ -1035,14 +1041,22 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
     return msnap__pvm_fail(vm, MSNAP_ELIMIT,
                            "a list of %u frames (at most %u)", n,
                            MSNAP_STACK_MAX_FRAMES);
-  unsigned char *enc = msnap__snap_stack_buf(r->s, n), *o = enc;
-  if (!enc) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
   const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
   const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
-  uint32_t prev = 0;
   /* (the items through locals: the byte stores cannot alias them) */
   const msnap_pv_t *items = it->range ? NULL : it->v;
   msnap_pv_t first = it->first;
+  if (r->skip_stacks) {
+    for (uint32_t i = 0; i < n; i++) {
+      msnap_pv_t v = items ? items[i] : first + ((uint64_t)i << 3);
+      if ((v & kind_mask) != want) return 0;
+    }
+    *out = SKIPPED_STACK;
+    return 0;
+  }
+  unsigned char *enc = msnap__snap_stack_buf(r->s, n), *o = enc;
+  if (!enc) return msnap__pvm_fail(vm, MSNAP_ENOMEM, "out of memory");
+  uint32_t prev = 0;
   for (uint32_t i = 0; i < n; i++) {
     msnap_pv_t v = items ? items[i] : first + ((uint64_t)i << 3);
     if ((v & kind_mask) != want) return 0;
@@ -1063,10 +1077,54 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
  * of them, and writes their encoding in place at the end of the model's
  * stack bytes (msnap__snap_stack_tail); close makes it a stack.
  */
+/* refs_scan with skip_stacks: the same references taken (frame records,
+ * at most MSNAP_STACK_MAX_FRAMES), nothing encoded. */
+static uint32_t refs_count(const msnap_pv_t *memo, uint32_t memo_len,
+                           const unsigned char **qp,
+                           const unsigned char *end) {
+  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
+  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
+  const unsigned char *q = *qp;
+  uint32_t n = 0;
+  while (n < MSNAP_STACK_MAX_FRAMES) {
+    msnap_pv_t v;
+    if (msnap_likely(end - q >= 6)) { /* refs_scan's usual case */
+      uint64_t idx;
+      size_t w;
+      if (q[0] == MSNAP_OP_LONG_BINGET) {
+        idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 | (uint64_t)q[3] << 16 |
+              (uint64_t)q[4] << 24;
+        w = 5;
+      } else if (q[0] == MSNAP_OP_BINGET) {
+        idx = q[1];
+        w = 2;
+      } else {
+        break;
+      }
+      if (idx >= memo_len || (memo[idx] & kind_mask) != want) break;
+      q += w;
+      n++;
+      continue;
+    }
+    const unsigned char *t = q;
+    if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
+        (v & kind_mask) != want)
+      break;
+    q = t;
+    n++;
+  }
+  *qp = q;
+  return n;
+}
+
 static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
                           uint32_t memo_len, const unsigned char **qp,
                           const unsigned char *end) {
   rd_t *r = ctx;
+  if (r->skip_stacks) {
+    r->scan_nb = 0;
+    return refs_count(memo, memo_len, qp, end);
+  }
   const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
   const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
   uint32_t room = 128, n = 0, prev = 0;
@@ -1134,6 +1192,7 @@ done:
 
 static msnap_pv_t refs_close(void *ctx, uint32_t n) {
   rd_t *r = ctx;
+  if (r->skip_stacks) return SKIPPED_STACK;
   msnap_stack_t st = msnap__snap_stack_append_tail(r->s, r->scan_nb, n);
   return st ? REC(REC_STACK, st) : 0;
 }
@@ -1337,7 +1396,10 @@ static int entry_scan(void *ctx, msnap_pvm_t *vm, const msnap_pv_t *memo,
    * their puts, the frame list (a stack) and its put, the entry */
   msnap_pv_t list_value = 0;
   if (new_list) {
-    if (nframes) {
+    if (nframes && r->skip_stacks) {
+      t.frames = MSNAP_STACK_EMPTY;
+      list_value = SKIPPED_STACK;
+    } else if (nframes) {
       msnap_stack_t st =
           msnap__snap_stack_append_tail(r->s, r->scan_nb, nframes);
       if (!st) return -1;
@@ -2036,6 +2098,8 @@ static int read_source(msnap_source_t *src, msnap_snap_t **out,
   if (rc == 0) {
     msnap_pv_t root = 0;
     if (stats) msnap__pvm_set_fast(r.vm, !stats->generic_only);
+    r.skip_stacks = stats && stats->skip_stacks;
+    s->stacks_skipped = r.skip_stacks;
     rc = msnap__pvm_run_source(r.vm, src, &root, err);
     /* the VM read a whole pickle, refused a container's content, or
      * refused code in a text pickle that goes on to STOP: the error is
@@ -2158,6 +2222,12 @@ int msnap__snap_read_source(msnap_source_t *src, msnap_snap_t **out,
  */
 int msnap__snap_read_file(const char *path, msnap_snap_t **out,
                           msnap_read_error_t *err) {
+  return msnap__snap_read_file_ex(path, out, err, NULL);
+}
+
+int msnap__snap_read_file_ex(const char *path, msnap_snap_t **out,
+                             msnap_read_error_t *err,
+                             msnap_read_stats_t *stats) {
   msnap_read_error_t local;
   if (!err) err = &local;
   memset(err, 0, sizeof *err);
@@ -2177,7 +2247,7 @@ int msnap__snap_read_file(const char *path, msnap_snap_t **out,
     return rc;
   }
   uint64_t end = 0;
-  rc = read_source(src, out, err, NULL, &end);
+  rc = read_source(src, out, err, stats, &end);
   if (rc == 0 && (rc = msnap__source_finish(src, end)) < 0) {
     snprintf(err->msg, sizeof err->msg, "offset %llu: %s (after the pickle)",
              (unsigned long long)msnap__source_offset(src, src->end),

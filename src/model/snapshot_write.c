@@ -974,6 +974,7 @@ static void wr_destroy(wr_t *w) {
  * sink's error.
  */
 int msnap__snap_write_pickle(const msnap_snap_t *s, msnap_sink_t *out) {
+  if (s->stacks_skipped) return MSNAP_EINVAL; /* not the file's model */
   wr_t *w = malloc(sizeof *w);
   if (!w) return MSNAP_ENOMEM;
   int rc = wr_init(w, s, false);
@@ -1053,6 +1054,7 @@ static int json_bound(const msnap_snap_t *s) {
  * json_bound's limit.
  */
 int msnap__snap_write_json(const msnap_snap_t *s, msnap_sink_t *out) {
+  if (s->stacks_skipped) return MSNAP_EINVAL; /* not the file's model */
   int brc = json_bound(s);
   if (brc < 0) return brc;
   wr_t *w = malloc(sizeof *w);

@@ -1033,6 +1033,19 @@ def svg_ticks_round(root):
     return even and round(m, 6) in (1, 2, 5), "labels %s" % vals
 
 
+def empty_frames(x):
+    """Every `frames` list of a snapshot object emptied, in place."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if k == "frames" and isinstance(v, list):
+                x[k] = []
+            else:
+                empty_frames(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            empty_frames(v)
+
+
 def group_real():
     files = real_files()
     if not reader_available():
@@ -1085,6 +1098,27 @@ def group_real():
             ok, why = svg_ticks_round(root)
             expect(ok, "plot %s: y ticks are round, evenly spaced values "
                    "(%s)" % (name, why))
+            # plot reads no stacks: the same file with every frame list
+            # emptied (pickle, at the same path) plots the same SVG
+            with open(path, "rb") as f:
+                d = pickle.load(f)
+            empty_frames(d)
+            same_path = os.path.join(TMP, "bare", name)
+            os.makedirs(os.path.dirname(same_path), exist_ok=True)
+            shutil.copy(path, same_path)
+            rc, out, err = run("plot", same_path, "-o", svg)
+            with open(svg, "rb") as f:
+                full_svg = f.read()
+            with open(same_path, "wb") as f:
+                pickle.dump(d, f, protocol=4)
+            rc2, out, err = run("plot", same_path, "-o", svg)
+            with open(svg, "rb") as f:
+                bare_svg = f.read()
+            os.unlink(same_path)
+            expect(rc == rc2 == 0 and full_svg == bare_svg and
+                   len(full_svg) > 1000,
+                   "plot %s: the SVG of the file with its frame lists "
+                   "emptied is the same (plot uses no stack: it does not read them)" % name)
     # fleet of the real inputs: each file's allocated bytes (--json and
     # the text table's column) are summary's allocated, the sizes of its
     # active_allocated blocks, summed over its devices (pickle's figures)
@@ -2120,6 +2154,17 @@ def group_replay():
                   "peak_reserved_bytes", "final_reserved_bytes",
                   "mismatches"):
             expect(k in js, "replay %s: key %s" % (name, k))
+        # Without -o replay reads no stacks (skip_stacks): the same report
+        rc3, out3, err3 = run("replay", "--json", "--profile", "cuda", path,
+                              timeout=600)
+        try:
+            js3 = json.loads(out3)
+        except ValueError:
+            js3 = {}
+        expect(rc3 == rc and js3.get("output", 0) is None and
+               dict(js3, output=js.get("output")) == js,
+               "replay %s without -o (stacks not read): the report of the "
+               "replay with -o (%d/%d)" % (name, rc3, rc))
         if name in REPLAYABLE:
             print("     %s replayable: %s" % (name, REPLAYABLE[name]))
             expect(rc == 0 and js["matches_recording"] is True,

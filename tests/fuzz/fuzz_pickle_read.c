@@ -3,13 +3,17 @@
  *
  * Every input goes through msnap__snap_read_buffer (snapshot mapping, the
  * fast path on) and test_pickle_canon (generic VM, tests/pickle/canon.c),
- * and is checked against itself read four more ways, which must all agree
+ * and is checked against itself read six more ways, which must all agree
  * exactly (the same result code and message, or models whose pickle
  * rewrites are the same bytes):
  *   - the generic interpreter alone (the fast path off);
  *   - as a stream handing out 1 to 8 bytes per read (every refill path);
  *   - gzip-compressed, then decompressed by the source (inputs < 64 KiB);
- *   - zstd-compressed likewise.
+ *   - zstd-compressed likewise;
+ *   - with skip_stacks (memsnap replay's read), fast path and generic
+ *     interpreter: compared with the buffer read's model with its stacks
+ *     emptied (test_model_strip_stacks); the skip_stacks model itself
+ *     stores no stack and the writer refuses it.
  * (One allowed difference: a declared length beyond what a stream may
  * hold is refused by a stream with MSNAP_ELIMIT, where the buffer reader
  * says how many bytes remain.)  A model that reads must pass
@@ -104,8 +108,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   msnap_snap_t *s = NULL;
   msnap_read_error_t err;
   int rc = msnap__snap_read_buffer(data, size, &s, &err);
-  unsigned char *ref = NULL;
-  size_t ref_len = 0;
+  unsigned char *ref = NULL, *bare = NULL;
+  size_t ref_len = 0, bare_len = 0;
   if (rc == 0) {
     char msg[256];
     if (msnap__snap_check_model(s, msg, sizeof msg) != 0) {
@@ -121,6 +125,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       }
       msnap__snap_free(s2);
     }
+    /* the model a read with skip_stacks should give */
+    test_model_strip_stacks(s);
+    bare = rewrite(s, &bare_len);
     msnap__snap_free(s);
   } else if (err.msg[0] == 0) {
     fprintf(stderr, "error %d without a message\n", rc);
@@ -133,6 +140,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int rcg = msnap__snap_read_buffer_ex(data, size, &sg, &eg, &st);
   same("generic interpreter", rc, ref, ref_len, &err, rcg, sg, &eg);
   msnap__snap_free(sg);
+  /* skip_stacks (memsnap replay's read), fast path and generic: the same
+   * outcome, and the same model but for its stacks, none stored */
+  for (int g = 0; g < 2; g++) {
+    msnap_read_stats_t sk = {.generic_only = g == 1, .skip_stacks = true};
+    msnap_snap_t *ss = NULL;
+    msnap_read_error_t es;
+    int rcs = msnap__snap_read_buffer_ex(data, size, &ss, &es, &sk);
+    if (rcs == 0) {
+      size_t nw;
+      unsigned char *w = rewrite(ss, &nw);
+      if (w || !ss->stacks_skipped || ss->nstacks > 2) {
+        fprintf(stderr, "skip_stacks: a model with stacks, or written\n");
+        abort();
+      }
+      test_model_strip_stacks(ss);
+    }
+    same(g ? "skip_stacks, generic interpreter" : "skip_stacks", rc, bare,
+         bare_len, &err, rcs, ss, &es);
+    msnap__snap_free(ss);
+  }
   /* a stream in small pieces (not when the bytes start like gzip/zstd:
    * the stream would decompress what the buffer reader takes as is) */
   bool compressed_magic =
@@ -174,6 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(zs);
   }
   free(ref);
+  free(bare);
   msnap_membuf_t out = {0};
   if (test_pickle_canon(data, size, &out, &err) == 0) free(out.data);
   return 0;

@@ -232,3 +232,29 @@ int test_pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
   msnap__snap_free(strings);
   return rc;
 }
+
+static void strip_one(msnap_stack_t *st) {
+  if (*st != MSNAP_STACK_ABSENT) *st = MSNAP_STACK_EMPTY;
+}
+
+static void strip_traces(msnap_trace_list_t *l) {
+  for (uint32_t i = 0; i < l->n; i++)
+    strip_one(&l->v[i].frames);
+}
+
+void test_model_strip_stacks(msnap_snap_t *s) {
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    strip_one(&s->segments[i].frames);
+  for (uint32_t i = 0; i < s->nblocks; i++)
+    strip_one(&s->blocks[i].frames);
+  for (uint32_t i = 0; i < s->nhistories; i++)
+    strip_one(&s->histories[i].frames);
+  for (uint32_t i = 0; i < s->nhost_segments; i++)
+    strip_one(&s->host_segments[i].frames);
+  for (uint32_t i = 0; i < s->nhost_blocks; i++)
+    strip_one(&s->host_blocks[i].frames);
+  for (uint32_t d = 0; d < s->ndevices; d++)
+    strip_traces(&s->device_traces[d]);
+  strip_traces(&s->host_traces);
+  s->stacks_skipped = false;
+}

@@ -16,4 +16,11 @@
 int test_pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
                       msnap_read_error_t *err);
 
+/* What a read with skip_stacks (msnap_read_stats_t) gives of the file s
+ * was read from: every stack of s the empty one (absent ones stay absent)
+ * and stacks_skipped clear, so that the two models rewrite to the same
+ * bytes when the reads agree on everything but stacks. */
+struct msnap_snap_s;
+void test_model_strip_stacks(struct msnap_snap_s *s);
+
 #endif /* MSNAP_TEST_CANON_H */

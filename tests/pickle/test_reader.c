@@ -10,7 +10,9 @@
  * pair, which the fast path's run gives back), and two hostile shapes
  * fuzzing found where it did not (a FRAME where a list's APPENDS should
  * be, a put taking its own dict's memo slot).  A model that reads passes
- * the deep model check.
+ * the deep model check.  A read with skip_stacks (memsnap replay's) gives
+ * the same outcome -- the same error, or the same model but for its
+ * stacks, all empty -- on the fast path and the generic one.
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -27,6 +29,7 @@
 #include "api/api.h"
 #include "runtime/runtime.h"
 #include "model/pickle.h"
+#include "canon.h"
 #include "testutil.h"
 
 static unsigned char *rewrite(const msnap_snap_t *s, size_t *len) {
@@ -103,6 +106,27 @@ static void *pipe_writer(void *arg) {
   return NULL;
 }
 
+/* take() of a model read with (skipped) or without skip_stacks, its
+ * stacks stripped (test_model_strip_stacks): a skip_stacks model stores
+ * no stack and the writer refuses it as it is. */
+static void take_stripped(outcome_t *o, int rc, msnap_snap_t *s,
+                          const msnap_read_error_t *e, bool skipped) {
+  if (rc == 0) {
+    assert_int_equal(s->stacks_skipped, skipped);
+    if (skipped) {
+      assert_true(s->nstacks <= 2); /* absent and empty only */
+      msnap_membuf_t mb = {0};
+      msnap_sink_t sink;
+      assert_int_equal(msnap__sink_init_mem(&sink, &mb), 0);
+      assert_int_equal(msnap__snap_write_pickle(s, &sink), MSNAP_EINVAL);
+      msnap__sink_finish(&sink);
+      free(mb.data);
+    }
+    test_model_strip_stacks(s);
+  }
+  take(o, rc, s, e);
+}
+
 /* Every way of reading data[0..n) must agree with the buffer read. */
 /* expect_fast: 1 the fast path decodes some batch, 2 every batch (no
  * roll-back). */
@@ -125,6 +149,32 @@ static uint64_t check_all_ways(const char *name, const unsigned char *data,
   assert_int_equal(gen.fast_batches, 0);
   expect_same(name, "the generic interpreter", &ref, &o);
   free(o.w);
+  /* skip_stacks (memsnap replay's read), on the fast path and the
+   * generic one: the same outcome, the same model but for its stacks */
+  {
+    outcome_t bare;
+    s = NULL;
+    int rc_ = msnap__snap_read_buffer_ex(data, n, &s, &e, NULL);
+    take_stripped(&bare, rc_, s, &e, false);
+    for (int g = 0; g < 2; g++) {
+      msnap_read_stats_t sk = {.generic_only = g == 1, .skip_stacks = true};
+      s = NULL;
+      rc_ = msnap__snap_read_buffer_ex(data, n, &s, &e, &sk);
+      take_stripped(&o, rc_, s, &e, true);
+      expect_same(name, g ? "skip_stacks, the generic interpreter"
+                          : "skip_stacks",
+                  &bare, &o);
+      if (g == 0 && expect_fast > 1 && bare.rc == 0 &&
+          (sk.fast_batches != st.fast_batches || sk.fast_rollbacks))
+        fail_msg("%s: skip_stacks decoded %llu batches on the fast path "
+                 "(%llu rolled back), the full read %llu",
+                 name, (unsigned long long)sk.fast_batches,
+                 (unsigned long long)sk.fast_rollbacks,
+                 (unsigned long long)st.fast_batches);
+      free(o.w);
+    }
+    free(bare.w);
+  }
   /* (bytes with a gzip/zstd magic are decompressed by the stream and
    * file readers, not by the buffer reader) */
   if ((n >= 2 && data[0] == 0x1f && data[1] == 0x8b) ||
