@@ -1118,7 +1118,8 @@ def group_real():
             expect(rc == rc2 == 0 and full_svg == bare_svg and
                    len(full_svg) > 1000,
                    "plot %s: the SVG of the file with its frame lists "
-                   "emptied is the same (plot uses no stack: it does not read them)" % name)
+                   "emptied is the same (plot uses no stack: it does not "
+                   "read them)" % name)
     # fleet of the real inputs: each file's allocated bytes (--json and
     # the text table's column) are summary's allocated, the sizes of its
     # active_allocated blocks, summed over its devices (pickle's figures)
