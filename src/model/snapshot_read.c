@@ -1070,70 +1070,81 @@ static int frames_to_stack(rd_t *r, msnap_pvm_t *vm, const msnap_pitems_t *it,
   return 0;
 }
 
+/* The frame reference at q, with at least 6 bytes from q on (each takes
+ * at most 5): its width, *id its frame record; 0 when q holds anything
+ * else (another opcode, an index past the memo, a value not a frame). */
+static inline size_t frame_ref_fast(const unsigned char *q,
+                                    const msnap_pv_t *memo,
+                                    uint32_t memo_len, uint32_t *id) {
+  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
+  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
+  uint64_t idx;
+  size_t w;
+  if (q[0] == MSNAP_OP_LONG_BINGET) {
+    idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 | (uint64_t)q[3] << 16 |
+          (uint64_t)q[4] << 24;
+    w = 5;
+  } else if (q[0] == MSNAP_OP_BINGET) {
+    idx = q[1];
+    w = 2;
+  } else {
+    return 0;
+  }
+  if (idx >= memo_len) return 0;
+  msnap_pv_t v = memo[idx];
+  if ((v & kind_mask) != want) return 0;
+  *id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+  return w;
+}
+
+/* The same anywhere before end (msnap__pref_next near the end). */
+static inline size_t frame_ref_next(const unsigned char *q,
+                                    const unsigned char *end,
+                                    const msnap_pv_t *memo,
+                                    uint32_t memo_len, uint32_t *id) {
+  if (msnap_likely(end - q >= 6)) return frame_ref_fast(q, memo, memo_len, id);
+  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
+  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
+  const unsigned char *t = q;
+  msnap_pv_t v;
+  if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
+      (v & kind_mask) != want)
+    return 0;
+  *id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+  return (size_t)(t - q);
+}
+
 /*
  * The fast path's lists of memo references (pickle.h): a frame list
  * encoded straight from its opcodes, as frames_to_stack would from its
  * items -- scan takes frame records only, at most MSNAP_STACK_MAX_FRAMES
  * of them, and writes their encoding in place at the end of the model's
- * stack bytes (msnap__snap_stack_tail); close makes it a stack.
+ * stack bytes (msnap__snap_stack_tail); close makes it a stack.  With
+ * skip_stacks it takes the same references and encodes nothing.
  */
-/* refs_scan with skip_stacks: the same references taken (frame records,
- * at most MSNAP_STACK_MAX_FRAMES), nothing encoded. */
-static uint32_t refs_count(const msnap_pv_t *memo, uint32_t memo_len,
-                           const unsigned char **qp,
-                           const unsigned char *end) {
-  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
-  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
-  const unsigned char *q = *qp;
-  uint32_t n = 0;
-  while (n < MSNAP_STACK_MAX_FRAMES) {
-    msnap_pv_t v;
-    if (msnap_likely(end - q >= 6)) { /* refs_scan's usual case */
-      uint64_t idx;
-      size_t w;
-      if (q[0] == MSNAP_OP_LONG_BINGET) {
-        idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 | (uint64_t)q[3] << 16 |
-              (uint64_t)q[4] << 24;
-        w = 5;
-      } else if (q[0] == MSNAP_OP_BINGET) {
-        idx = q[1];
-        w = 2;
-      } else {
-        break;
-      }
-      if (idx >= memo_len || (memo[idx] & kind_mask) != want) break;
-      q += w;
-      n++;
-      continue;
-    }
-    const unsigned char *t = q;
-    if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
-        (v & kind_mask) != want)
-      break;
-    q = t;
-    n++;
-  }
-  *qp = q;
-  return n;
-}
-
 static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
                           uint32_t memo_len, const unsigned char **qp,
                           const unsigned char *end) {
   rd_t *r = ctx;
+  const unsigned char *q = *qp;
+  uint32_t n = 0, id;
+  size_t w;
   if (r->skip_stacks) {
+    while (n < MSNAP_STACK_MAX_FRAMES &&
+           (w = frame_ref_next(q, end, memo, memo_len, &id)) != 0) {
+      q += w;
+      n++;
+    }
+    *qp = q;
     r->scan_nb = 0;
-    return refs_count(memo, memo_len, qp, end);
+    return n;
   }
-  const uint64_t want = MSNAP_PV_REC_MAKE(REC_FRAME, 0);
-  const uint64_t kind_mask = MSNAP_PV_REC_MAKE(0xffff, 0) | 7u;
-  uint32_t room = 128, n = 0, prev = 0;
+  uint32_t room = 128, prev = 0;
   /* (written in place: room for `room` ids, msnap__stack_put2's spare
    * byte and more) */
   unsigned char *enc = msnap__snap_stack_tail(r->s, (size_t)room * 5 + 16);
   unsigned char *o = enc;
   if (!enc) return 0;
-  const unsigned char *q = *qp;
   for (;;) {
     if (msnap_unlikely(n == room)) {
       if (n == MSNAP_STACK_MAX_FRAMES) break;
@@ -1143,43 +1154,21 @@ static uint32_t refs_scan(void *ctx, const msnap_pv_t *memo,
       o = e + (o - enc);
       enc = e;
     }
-    msnap_pv_t v;
     if (msnap_likely(end - q >= 6)) {
-      /* msnap__pref_next, its usual case first, for as many references
-       * as surely have 6 bytes left (each takes at most 5) and room:
-       * no end or room tests per reference */
+      /* as many references as surely have 6 bytes left and room: no end
+       * or room tests per reference */
       size_t k = (size_t)(end - q - 6) / 5 + 1;
       uint32_t stop = k < room - n ? n + (uint32_t)k : room;
       do {
-        uint64_t idx;
-        if (q[0] == MSNAP_OP_LONG_BINGET) {
-          idx = (uint64_t)q[1] | (uint64_t)q[2] << 8 |
-                (uint64_t)q[3] << 16 | (uint64_t)q[4] << 24;
-          if (idx >= memo_len) goto done;
-          v = memo[idx];
-          if ((v & kind_mask) != want) goto done;
-          q += 5;
-        } else if (q[0] == MSNAP_OP_BINGET) {
-          idx = q[1];
-          if (idx >= memo_len) goto done;
-          v = memo[idx];
-          if ((v & kind_mask) != want) goto done;
-          q += 2;
-        } else {
-          goto done;
-        }
-        uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+        if (!(w = frame_ref_fast(q, memo, memo_len, &id))) goto done;
+        q += w;
         o = msnap__stack_put2(o, prev, id);
         prev = id;
       } while (++n < stop);
       continue;
     }
-    const unsigned char *t = q;
-    if (!msnap__pref_next(&t, end, memo, memo_len, &v) ||
-        (v & kind_mask) != want)
-      break;
-    q = t;
-    uint32_t id = (uint32_t)MSNAP_PV_REC_INDEX(v);
+    if (!(w = frame_ref_next(q, end, memo, memo_len, &id))) break;
+    q += w;
     o = msnap__stack_put2(o, prev, id);
     prev = id;
     n++;

@@ -39,16 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The pickle rewrite of a model (NULL when the writer refuses it). */
 static unsigned char *rewrite(const msnap_snap_t *s, size_t *len) {
-  msnap_membuf_t mb = {0};
-  msnap_sink_t sink;
+  msnap_membuf_t mb;
   *len = 0;
-  if (msnap__sink_init_mem(&sink, &mb) != 0) return NULL;
-  int wrc = msnap__snap_write_pickle(s, &sink);
-  int frc = msnap__sink_finish(&sink);
-  if (wrc != 0 || frc != 0) {
-    free(mb.data);
-    return NULL;
-  }
+  if (test_model_rewrite(s, &mb) != 0) return NULL;
   *len = mb.len;
   return (unsigned char *)mb.data;
 }

@@ -258,3 +258,18 @@ void test_model_strip_stacks(msnap_snap_t *s) {
   strip_traces(&s->host_traces);
   s->stacks_skipped = false;
 }
+
+int test_model_rewrite(const msnap_snap_t *s, msnap_membuf_t *out) {
+  msnap_sink_t sink;
+  *out = (msnap_membuf_t){0};
+  int rc = msnap__sink_init_mem(&sink, out);
+  if (rc != 0) return rc;
+  int wrc = msnap__snap_write_pickle(s, &sink);
+  int frc = msnap__sink_finish(&sink);
+  rc = wrc != 0 ? wrc : frc;
+  if (rc != 0) {
+    free(out->data);
+    *out = (msnap_membuf_t){0};
+  }
+  return rc;
+}

@@ -23,4 +23,9 @@ int test_pickle_canon(const void *buf, size_t len, msnap_membuf_t *out,
 struct msnap_snap_s;
 void test_model_strip_stacks(struct msnap_snap_s *s);
 
+/* The pickle rewrite of a model into out (msnap__snap_write_pickle into
+ * a memory sink): the writer's result code, else the sink's.  On an error
+ * out is freed and empty; on 0 the caller frees out->data. */
+int test_model_rewrite(const struct msnap_snap_s *s, msnap_membuf_t *out);
+
 #endif /* MSNAP_TEST_CANON_H */

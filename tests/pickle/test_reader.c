@@ -33,13 +33,8 @@
 #include "testutil.h"
 
 static unsigned char *rewrite(const msnap_snap_t *s, size_t *len) {
-  msnap_membuf_t mb = {0};
-  msnap_sink_t sink;
-  assert_int_equal(msnap__sink_init_mem(&sink, &mb), 0);
-  int wrc = msnap__snap_write_pickle(s, &sink);
-  int frc = msnap__sink_finish(&sink);
-  if (wrc || frc) {
-    free(mb.data);
+  msnap_membuf_t mb;
+  if (test_model_rewrite(s, &mb) != 0) {
     *len = 0;
     return NULL;
   }
@@ -115,12 +110,8 @@ static void take_stripped(outcome_t *o, int rc, msnap_snap_t *s,
     assert_int_equal(s->stacks_skipped, skipped);
     if (skipped) {
       assert_true(s->nstacks <= 2); /* absent and empty only */
-      msnap_membuf_t mb = {0};
-      msnap_sink_t sink;
-      assert_int_equal(msnap__sink_init_mem(&sink, &mb), 0);
-      assert_int_equal(msnap__snap_write_pickle(s, &sink), MSNAP_EINVAL);
-      msnap__sink_finish(&sink);
-      free(mb.data);
+      msnap_membuf_t mb;
+      assert_int_equal(test_model_rewrite(s, &mb), MSNAP_EINVAL);
     }
     test_model_strip_stacks(s);
   }
