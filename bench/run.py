@@ -155,6 +155,8 @@ def fmt_ns(ns):
 
 
 def fmt_s(s):
+    if s < 0.1:
+        return '%.2f ms' % (s * 1e3)
     return '%.3f s' % s if s < 10 else '%.1f s' % s
 
 
@@ -494,8 +496,11 @@ class Bench:
                 rows.append(row)
             cands.append(('generated snapshot', big))
         prog = self.prog('bench_replay')
+        walker = self.prog('bench_read')
+        true = shutil.which('true') or '/bin/true'
         for label, path in cands:
             e2e, e2ec, rd, en, rdc, enc = [], [], [], [], [], []
+            start, walk = [], []
             events = 0
             rounds = self.args.rounds if label != 'generated snapshot' \
                 else max(3, self.args.rounds // 2)
@@ -514,17 +519,28 @@ class Bench:
                 e2e.append(t)
                 b = results(run([prog, path, '1']))
                 events = int(b['events'])
+                # the physical floor of the same round: an empty process
+                # (fork + exec + exit) and the opcode walk of the file
+                t0 = time.perf_counter()
+                subprocess.run([true])
+                start.append(time.perf_counter() - t0)
+                walk.append(results(run([walker, 'walk', path]))['wall_s'])
                 rd.append(b['read_s'])
                 en.append(b['engine_s'])
                 rdc.append(b['read_cpu_s'])
                 enc.append(b['engine_cpu_s'])
             t, tr, te = median(e2e), median(rd), median(en)
+            fs, fw = median(start), median(walk)
             bound = 'read' if tr > te else 'engine'
             rows.append(dict(
                 name='replay of %s (%s, %d events); median of %d '
                      'interleaved rounds' % (label, os.path.basename(path),
                                              events, rounds),
-                anchor='(goal: no replay in PyTorch)',
+                anchor='no replay in PyTorch; physical floor: an empty '
+                       'process (%s: fork, exec, exit) %s wall + the opcode '
+                       'walk of the file %s wall = at most %.2f M events/s'
+                       % (true, fmt_s(fs), fmt_s(fw),
+                          events / (fs + fw) / 1e6),
                 value='end to end %.2f M events/s (%s wall, %s CPU: '
                       'process start and report included); engine %.2f '
                       'M/s (%s wall, %s CPU); read (stacks skipped, as '
