@@ -1849,3 +1849,92 @@ def test_autocast_casts_in_the_order_of_pytorchs_wrappers(tmp_path):
     entries = load(tmp_path / "attn.pickle")["device_traces"][0]
     stacks = [[f["filename"] for f in e["frames"]] for e in entries if e["action"] == "alloc"]
     assert len(stacks) >= 4 and all(s and s[0].endswith("attn.py") for s in stacks), stacks
+
+
+FUNCTIONAL_SCRIPT = """\
+import os
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+dev = os.environ.get("PREDICT_DEV", "cuda")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).to(dev)
+x = torch.randn(32, 64, device=dev)
+target = torch.randint(0, 10, (32,), device=dev)
+for _ in range(2):
+    probs = F.softmax(model(x), dim=-1)  # LINE-SOFTMAX
+    loss = F.cross_entropy(probs, target)  # LINE-CE
+    loss.backward()
+    model.zero_grad()
+"""
+
+
+def _torch_frames(frames: list, script: str) -> list:
+    """The frames of a stack inside torch, innermost first, up to the
+    script's first frame: (file name within torch, function name, line)."""
+    out = []
+    for f in frames:
+        if f["filename"] == script:
+            break
+        out.append((f["filename"].rsplit(os.sep + "torch" + os.sep, 1)[-1], f["name"],
+                    f["line"]))
+    return out
+
+
+def test_functional_ops_carry_the_devices_frames(tmp_path):
+    """The prediction's __torch_function__ mode makes every overridable
+    function run twice (its has_torch_function test calls
+    handle_torch_function, which calls it again inside the mode): the
+    snapshot keeps the frames a device run records, with no overrides.py
+    frame and no second copy of F.softmax / F.cross_entropy /
+    Tensor.backward.  Compared with the same script run for real on a
+    memsnap device (register_device, python stacks).  With
+    --no-annotations: the module ranges' global hooks send every module
+    call through torch's hook path (docs/predict.md, "stacks")."""
+    script = tmp_path / "functional_train.py"
+    script.write_text(FUNCTIONAL_SCRIPT)
+    src = FUNCTIONAL_SCRIPT.splitlines()
+    soft = next(i for i, t in enumerate(src, 1) if "LINE-SOFTMAX" in t)
+    ce = next(i for i, t in enumerate(src, 1) if "LINE-CE" in t)
+    out = tmp_path / "f.pickle"
+    p = predict("--no-annotations", "-o", str(out), str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    predicted = load(out)
+    check_cli(out)
+
+    dumped = tmp_path / "device.pickle"
+    code = f"""
+import os, runpy
+import memsnap.torch as mt
+import memsnap.memory as mm
+os.environ["PREDICT_DEV"] = mt.register_device("npu")
+mm._record_memory_history("all", stacks="python")
+runpy.run_path({str(script)!r}, run_name="__main__")
+mm._dump_snapshot({str(dumped)!r})
+"""
+    run_script(code, timeout=300)
+    device = load(dumped)
+
+    def stacks_at(snap, line):
+        """The torch frames of the allocs made at the script's `line`."""
+        got = set()
+        for e in snap["device_traces"][0]:
+            if e["action"] != "alloc":
+                continue
+            mine = [f for f in e["frames"] if f["filename"] == str(script)]
+            if mine and mine[0]["line"] == line:
+                got.add(tuple(_torch_frames(e["frames"], str(script))))
+        return got
+
+    for line, fn in ((soft, "softmax"), (ce, "cross_entropy")):
+        want = stacks_at(device, line)
+        got = stacks_at(predicted, line)
+        assert want and any(s and s[0][1] == fn for s in want), want
+        assert got == want, (fn, got, want)
+    for e in predicted["device_traces"][0]:
+        files = [f["filename"] for f in e["frames"]]
+        assert not any(f.endswith(os.path.join("torch", "overrides.py")) for f in files), e
+        names = [f["name"] for f in e["frames"]]
+        for fn in ("softmax", "cross_entropy", "Tensor.backward"):
+            assert names.count(fn) <= 1, (fn, e["frames"])

@@ -7,8 +7,15 @@ wrappers torch puts around a Python mode) and the outermost ones are the
 runner's (``python -m memsnap.predict``, runpy).  They say
 nothing about the user's program, so they are removed from every frame
 list: the innermost frame of an entry is then torch's or the user's, as in
-a snapshot recorded on the device.  Everything else is the allocator's
-snapshot unchanged.
+a snapshot recorded on the device.  The same holds for the two frames a
+``__torch_function__`` dispatch adds in the middle of a stack: with the
+prediction's mode active, every overridable function (``F.softmax``,
+``Tensor.backward``, ...) first calls ``handle_torch_function``
+(torch/overrides.py) from its ``has_torch_function`` test and runs again
+inside the mode; on the device, without a mode, it runs once.  So an
+``overrides.py`` ``handle_torch_function`` frame whose caller is the same
+function as the frame it leads to loses itself and that caller: the stack
+is the device's.  Everything else is the allocator's snapshot unchanged.
 
 The file is a pickle (protocol 4, as ``torch.cuda.memory._dump_snapshot``
 writes), written by memsnap's one file writer (``msnap_write_file``, as
@@ -42,6 +49,32 @@ _WRAPPERS = (os.sep + os.path.join("torch", "_dynamo", "eval_frame.py"),
              os.sep + os.path.join("torch", "_compile.py"))
 
 
+_OVERRIDES = os.sep + os.path.join("torch", "overrides.py")
+
+
+def _same_function(a: dict, b: dict) -> bool:
+    return (a.get("filename") == b.get("filename") and
+            a.get("name") == b.get("name"))
+
+
+def _undispatch(r: list) -> list:
+    """``r`` (innermost first, memsnap's frames removed) without the
+    frames of a ``__torch_function__`` dispatch: ``[..., f@inner,
+    handle_torch_function, f@outer, ...]`` becomes ``[..., f@inner, ...]``."""
+    out: list = []
+    i = 0
+    while i < len(r):
+        f = r[i]
+        if (f.get("name") == "handle_torch_function" and out and i + 1 < len(r)
+                and f.get("filename", "").endswith(_OVERRIDES)
+                and _same_function(out[-1], r[i + 1])):
+            i += 2
+            continue
+        out.append(f)
+        i += 1
+    return out
+
+
 def _ours(filename: str) -> bool:
     return (filename.startswith(("<frozen runpy>",)) or filename.startswith(_OWN)
             or filename.startswith(_OWN_INSTALLED) or filename.startswith(_PREDICT))
@@ -59,7 +92,7 @@ def clean(snapshot: dict) -> dict:
             i = 0
             while i < len(r) and r[i].get("filename", "").endswith(_WRAPPERS):
                 i += 1
-            r = r[i:]
+            r = _undispatch(r[i:])
             done[id(frames)] = r
             done[id(r)] = r
         return r
