@@ -381,12 +381,14 @@ int cli_cmd_replay(int argc, char **argv) {
   if (r.conf_invalid) rc = cli_usage_error("replay", r.why);
   if (rc == CLI_OK) {
     const char *wrote = NULL;
-    if (out && r.a) {
+    replay_totals_t t;
+    replay_totals(&r, &t);
+    /* Nothing replayed (exit 2 below): no replayed snapshot to write, and
+     * an existing OUT stays as it was. */
+    if (out && r.a && t.replayed) {
       rc = replay_write(&r, out);
       if (rc == CLI_OK) wrote = out;
     }
-    replay_totals_t t;
-    replay_totals(&r, &t);
     if (json)
       print_json(&r, &t, file, wrote);
     else

@@ -1708,6 +1708,31 @@ def group_replay():
            dv.get("mismatch_count", 0) >= dv.get("failed_allocs"),
            "replay --json: fits false, failed_allocs, first_failed_entry "
            "(%d %r)" % (rc, out[:400]))
+    # Not replayable (the start state of a ring-buffer recording does not
+    # fit --device-memory 2M): nothing is written, and an OUT that exists
+    # keeps its bytes; --json says output null.
+    with open(live, "rb") as f:
+        ring = pickle.load(f)
+    tr = ring["device_traces"][0]
+    ring["device_traces"][0] = tr[len(tr) // 2:]
+    ringp = write_pickle(ring, "ring_half.pickle")
+    keep = os.path.join(TMP, "keep.pickle")
+    for extra in ([], ["--json"]):
+        with open(keep, "wb") as f:
+            f.write(b"important")
+        rc, out, err = run("replay", *extra, "--device-memory", "2M", "-o",
+                           keep, ringp)
+        with open(keep, "rb") as f:
+            kept = f.read()
+        js = json.loads(out) if extra and out else {}
+        expect(rc == 2 and "could not recreate the segment" in out + err and
+               "wrote the replayed snapshot" not in err and
+               kept == b"important" and
+               (not extra or (js.get("output") is None and
+                              js.get("replayable") is False)),
+               "replay %s-o OUT of a file that is not replayable: OUT left "
+               "as it was (%d %r %r %r)" % (" ".join(extra + [""]), rc,
+                                            kept[:20], out[-300:], err))
     # A file name that is not UTF-8 (any bytes are a name): the SVG
     # still parses, and every text report and error is valid UTF-8 with
     # U+FFFD where the bad byte was, as --json shows it.
