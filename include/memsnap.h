@@ -709,7 +709,10 @@ MSNAP_API void msnap_sim_complete_events(void *ctx, uint64_t stream,
  * "event_create", "event_record", "event_query", "vmm_reserve", "vmm_map",
  * "vmm_unmap", ...) or NULL for any. */
 MSNAP_API void msnap_sim_fail_nth(void *ctx, const char *call, uint64_t nth);
-/* Force the next device malloc to return `address` (replay placement). */
+/* Force the next device malloc on `device` to return `address` (replay
+ * placement): a 512-aligned address whose range is free, else that malloc
+ * fails with MSNAP_EINVAL.  The override holds until a device malloc of a
+ * nonzero size uses it; `address` 0 cancels it. */
 MSNAP_API void msnap_sim_set_next_address(void *ctx, int device,
                                           uint64_t address);
 /* Live runtime allocations and handles (leak checks). */

@@ -588,7 +588,7 @@ int cli_cmd_check(int argc, char **argv) {
                                      "--max-lines needs a number >= 0"),
                             CLI_OPT_END};
   const cli_cmd_t cmd = {"check", usage, opts, -1, "no FILE given", &json,
-                         NULL, NULL};
+                         NULL, NULL, false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

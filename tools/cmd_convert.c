@@ -329,7 +329,7 @@ int cli_cmd_convert(int argc, char **argv) {
   const cli_opt_t opts[] = {CLI_FLAG("keep-keys", 0, &keep), CLI_OPT_END};
   const cli_cmd_t cmd = {"convert", usage, opts, 1,
                          "expects exactly one FILE", &json, &out,
-                         "-o OUT is required"};
+                         "-o OUT is required", false};
   int first;
   msnap_snap_t *s;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);

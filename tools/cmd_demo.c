@@ -169,7 +169,7 @@ int cli_cmd_demo_train(int argc, char **argv) {
       CLI_STRING("leak", 0, &leak_arg),
       CLI_OPT_END};
   const cli_cmd_t cmd = {"demo-train", usage, opts, 0, "-o FILE is required",
-                         &json, &out, "-o FILE is required"};
+                         &json, &out, "-o FILE is required", false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

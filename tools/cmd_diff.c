@@ -623,7 +623,7 @@ int cli_cmd_diff(int argc, char **argv) {
       CLI_LONG("top", 't', &topn, 0, LONG_MAX, "--top needs a number >= 0"),
       CLI_OPT_END};
   const cli_cmd_t cmd = {"diff", usage, opts, 2, "expects two files A B",
-                         &json, NULL, NULL};
+                         &json, NULL, NULL, false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

@@ -571,7 +571,8 @@ int cli_cmd_fleet(int argc, char **argv) {
       CLI_LONG("top", 't', &topn, 0, LONG_MAX, "--top needs a number >= 0"),
       CLI_OPT_END};
   const cli_cmd_t cmd = {"fleet", usage, opts, -1,
-                         "expects files or a directory", &json, NULL, NULL};
+                         "expects files or a directory", &json, NULL, NULL,
+                         false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

@@ -449,7 +449,7 @@ int cli_cmd_leaks(int argc, char **argv) {
       CLI_OPT_END};
   const cli_cmd_t cmd = {"leaks", usage, opts, -1,
                          "expects one recording or several snapshots",
-                         &json, NULL, NULL};
+                         &json, NULL, NULL, false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

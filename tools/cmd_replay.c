@@ -58,7 +58,8 @@ static void usage(FILE *f) {
           "  -o, --output OUT  write the replayed snapshot (pickle)\n"
           "  --json            JSON: {file, profile, alloc_conf, mode,\n"
           "                    replayable, matches_recording, fits (no\n"
-          "                    alloc failed), failed_allocs, reason,\n"
+          "                    alloc failed for lack of memory),\n"
+          "                    failed_allocs, reason,\n"
           "                    segment_allocs (allocations that grew\n"
           "                    reserved memory: new segments, or mapped\n"
           "                    pages when expandable), segment_frees,\n"
@@ -183,7 +184,7 @@ static void print_json(const replay_t *r, const replay_totals_t *t,
     cj_null(&j);
   cj_key(&j, "fits");
   if (t->replayed)
-    cj_bool(&j, t->failed_allocs == 0);
+    cj_bool(&j, t->oom_failed == 0);
   else
     cj_null(&j);
   cj_key(&j, "failed_allocs");
@@ -275,13 +276,22 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
            d->mismatch_count,
            cli_plural(d->mismatch_count, "decision", "decisions"),
            cli_plural(d->mismatch_count, "it is", "first ones"));
-  if (d->failed_allocs)
+  if (d->failed_allocs && d->oom_failed == d->failed_allocs)
     printf("  does not fit: %" PRIu64 " %s failed in the replay (the first "
            "at entry %u: %s) on a simulated device of %s; the replay's "
            "figures count only the allocations that succeeded\n",
            d->failed_allocs, cli_plural(d->failed_allocs, "alloc", "allocs"),
            d->first_failed, msnap_strerror(d->first_failed_rc),
            cli_bytes(r->device_memory, b1, sizeof b1));
+  else if (d->failed_allocs)
+    /* not (only) a lack of memory: not called "does not fit" */
+    printf("  %" PRIu64 " %s failed in the replay (the first at entry %u: "
+           "%s), %" PRIu64 " of them for lack of memory on a simulated "
+           "device of %s; the replay's figures count only the allocations "
+           "that succeeded\n",
+           d->failed_allocs, cli_plural(d->failed_allocs, "alloc", "allocs"),
+           d->first_failed, msnap_strerror(d->first_failed_rc),
+           d->oom_failed, cli_bytes(r->device_memory, b1, sizeof b1));
   for (uint32_t i = 0; i < d->nkept; i++)
     printf("    %s\n", d->mismatches[i]);
 }
@@ -349,7 +359,7 @@ int cli_cmd_replay(int argc, char **argv) {
       CLI_STRING("device-memory", 0, &devmem_arg),
       CLI_OPT_END};
   const cli_cmd_t cmd = {"replay", usage, opts, 1, "expects exactly one FILE",
-                         &json, &out, NULL};
+                         &json, &out, NULL, false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

@@ -1144,7 +1144,7 @@ int cli_cmd_summary(int argc, char **argv) {
                             CLI_FLAG("no-whatif", 0, &no_whatif),
                             CLI_OPT_END};
   const cli_cmd_t cmd = {"summary", usage, opts, 1,
-                         "expects exactly one FILE", &json, NULL, NULL};
+                         "expects exactly one FILE", &json, NULL, NULL, false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE) return brc;

@@ -161,7 +161,7 @@ int cli_cmd_view(int argc, char **argv) {
       CLI_STRING("step", 0, &vo.step), CLI_OPT_END};
   const cli_cmd_t cmd = {"view", usage, opts, -1,
                          "expects one FILE, or two to compare", &json, &out,
-                         "-o OUT.html is required"};
+                         "-o OUT.html is required", false};
   int first;
   int brc = cli_begin(&cmd, argc, argv, &first, NULL);
   if (brc != CLI_CONTINUE)

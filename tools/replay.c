@@ -329,6 +329,7 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
       if (e == 0)
         e = msnap_free(r->a, p);
     }
+    msnap_sim_set_next_address(r->ctx, dev, 0); /* (unused: from cache) */
     get_stats(r, dev, &s1);
     if (e != 0 || p != g->addr ||
         s1.reserved_bytes[MSNAP_STAT_ALL].current -
@@ -724,6 +725,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   uint32_t seg_entry = 0;
   d->first_failed = CLI_NO_PAIR;
   d->failed_allocs = 0;
+  d->oom_failed = 0;
   for (uint32_t i = 0; i < tl->n; i++) {
     const msnap_strace_t *e = &tl->v[i];
     cli_progress_tick(pr, i, tl->n);
@@ -747,11 +749,31 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       break;
     case MSNAP_ACTION_ALLOC: {
       uint64_t used0 = runtime_used(r, dev);
-      if (seg_pending && r->exact)
+      bool forced = seg_pending && r->exact;
+      if (forced)
         msnap_sim_set_next_address(r->ctx, dev, seg_addr);
       uint64_t p = 0;
-      int rc = msnap_malloc(r->a, dev, e->size,
-                            (uint64_t)msnap__tattr(s, e)->stream, &p);
+      uint64_t stream = (uint64_t)msnap__tattr(s, e)->stream;
+      int rc = msnap_malloc(r->a, dev, e->size, stream, &p);
+      if (rc == MSNAP_EINVAL && forced) {
+        /* The sim refuses a forced address that is not free: after an
+         * earlier divergence the replay may hold memory where the
+         * recording made this segment.  A hard runtime error leaves the
+         * allocator as it was (alloc.c), so the same alloc again, placed
+         * by the runtime, is the replay of this entry; the placement is
+         * a mismatch, not a failed alloc. */
+        rc = msnap_malloc(r->a, dev, e->size, stream, &p);
+        if (rc == 0)
+          mismatch(r, d,
+                   "entry %u: the recording's new segment at 0x%" PRIx64
+                   " overlaps memory the replay holds (the replay diverged "
+                   "before): placed by the runtime",
+                   i, seg_addr);
+      }
+      /* An alloc the replay served from cached memory left the override
+       * unused: it must not place a later entry's segment. */
+      if (forced)
+        msnap_sim_set_next_address(r->ctx, dev, 0);
       /* A new segment (or, with expandable segments, newly mapped
        * pages) is seen as growth of the memory held from the runtime. */
       int64_t grew = (int64_t)(runtime_used(r, dev) - used0);
@@ -763,6 +785,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
           d->first_failed_rc = rc;
         }
         d->failed_allocs++;
+        d->oom_failed += rc == MSNAP_EOOM || rc == MSNAP_EREJECTED;
         mismatch(r, d, "entry %u: alloc of %" PRIu64 " B failed in the "
                        "replay: %s",
                  i, e->size, msnap_strerror(rc));
@@ -1298,6 +1321,7 @@ void replay_totals(const replay_t *r, replay_totals_t *t) {
     t->replayed = true;
     t->matches &= d->mismatch_count == 0;
     t->failed_allocs += d->failed_allocs;
+    t->oom_failed += d->oom_failed;
     t->segment_allocs += d->segment_allocs;
     t->segment_frees += d->segment_frees;
     t->peak_reserved += d->peak_reserved;

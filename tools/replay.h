@@ -30,6 +30,8 @@ typedef struct dev_replay_s {
   int first_failed_rc;   /* its MSNAP_E* code */
   uint64_t failed_allocs; /* alloc entries that failed in the replay (each
                              also a mismatch) */
+  uint64_t oom_failed;    /* those that failed for lack of memory
+                             (MSNAP_EOOM, MSNAP_EREJECTED) */
   long violations;       /* > 0: not replayable, the trace is inconsistent
                             with the final state (cli_backward's count) */
   uint64_t *ws;          /* torch_npu's workspace segments (their
@@ -102,6 +104,7 @@ typedef struct replay_totals_s {
   bool replayed; /* at least one device was replayed */
   bool matches;  /* no replayed device had a mismatch */
   uint64_t failed_allocs; /* allocs that failed in the replay, all devices */
+  uint64_t oom_failed;    /* those that failed for lack of memory */
   uint64_t segment_allocs, segment_frees, peak_reserved, final_reserved;
   uint64_t inactive_split;
 } replay_totals_t;

@@ -18,7 +18,8 @@
  *     space is size rounded up to 512 bytes; device memory is charged the
  *     exact size.  msnap_sim_set_next_address overrides the placement of the
  *     next malloc on a device (any 512-aligned address whose range is free,
- *     inside or outside the region: replay may use real addresses).
+ *     inside or outside the region: replay may use real addresses; 0
+ *     cancels an override no malloc used).
  *   - vmm_reserve places a range at the lowest fitting address of the VMM
  *     region, aligned to max(next_pow2(alignment), 2 MiB) (a granule such as
  *     20 MiB becomes 32 MiB); sizes must be multiples of the 2 MiB granule.  A reservation is not charged to device memory;
@@ -1059,7 +1060,7 @@ void msnap_sim_set_next_address(void *ctx, int device, uint64_t address) {
   if (s == NULL) return;
   msnap__mutex_lock(&s->lock, MSNAP_RANK_RUNTIME);
   if (device >= 0 && device < s->ndev) {
-    s->dev[device].has_next = true;
+    s->dev[device].has_next = address != 0; /* 0: cancel */
     s->dev[device].next_addr = address;
   }
   msnap__mutex_unlock(&s->lock, MSNAP_RANK_RUNTIME);

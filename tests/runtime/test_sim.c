@@ -436,6 +436,12 @@ static void test_next_address(void **state) {
   msnap_sim_set_next_address(ctx, 0, 0x200000000000ull);
   assert_int_equal(xmalloc(ctx, 1, 512), BASE0 + SPAN_DEFAULT);
   assert_int_equal(xmalloc(ctx, 0, 512), 0x200000000000ull);
+  /* Address 0 cancels an override no malloc used. */
+  msnap_sim_set_next_address(ctx, 0, 0x300000000000ull);
+  msnap_sim_set_next_address(ctx, 0, 0);
+  uint64_t q = xmalloc(ctx, 0, 512);
+  assert_true(q >= BASE0 && q < BASE0 + SPAN_DEFAULT);
+  xfree(ctx, 0, q);
   /* Free the forced allocation and re-force the same address (replay). */
   xfree(ctx, 0, 0x12c040000000ull);
   msnap_sim_set_next_address(ctx, 0, 0x12c040000000ull);
