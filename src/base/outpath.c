@@ -228,8 +228,12 @@ int msnap__outpath_check(const msnap_outpath_t *o, char *msg, size_t len) {
 int msnap__outpath_resolve(msnap_outpath_t *o, const char *path) {
   memset(o, 0, sizeof *o);
   o->dirfd = o->fd = -1;
-  if (!path || !*path)
-    return msnap__set_error(MSNAP_EINVAL, "output path is empty");
+  if (!path)
+    return msnap__set_error(MSNAP_EINVAL, "output path is NULL");
+  if (!*path) /* as open(2) of "": ENOENT (Python's open('') too) */
+    return msnap__set_error_errno(MSNAP_EIO, ENOENT,
+                                  "cannot write '': No such file or "
+                                  "directory (the path is empty)");
   char *todo = strdup(path);
   char *link = malloc(PATH_MAX);
   msnap_strbuf_t shown = {0};

@@ -140,6 +140,23 @@ def test_dangling_link_raises_file_not_found(tmp_path, augment):
     assert sorted(os.listdir(tmp_path)) == ["dump.pickle"]
 
 
+@pytest.mark.parametrize("augment", [False, True])
+def test_empty_path_raises_file_not_found(tmp_path, augment, monkeypatch):
+    """_dump_snapshot("") fails as torch's does (open('') in
+    torch.cuda.memory._dump_snapshot): FileNotFoundError, ENOENT, the
+    file name '', and nothing written."""
+    if augment:
+        pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        mm._dump_snapshot("", augment_with_fx_traces=augment)
+    assert e.value.errno == errno.ENOENT and e.value.filename == ""
+    with pytest.raises(FileNotFoundError) as want:
+        open("", "wb")
+    assert type(e.value) is type(want.value)
+    assert os.listdir(tmp_path) == []
+
+
 OOM_PLANT = r"""
 import json, os, time
 import memsnap.memory as mm

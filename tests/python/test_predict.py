@@ -583,6 +583,19 @@ def test_usage_and_script_errors(tmp_path):
     assert half.returncode == 2 and "'0.5': less than 1 byte" in half.stderr
     zero = predict("--memory", "0", GPT)
     assert zero.returncode == 2 and "'0': must be positive" in zero.stderr
+    # a negative size after a space is the option's value, said by the size
+    # parser (argparse alone takes "-5G" for an unknown option), wherever
+    # the option stands among the others; the script's own arguments are
+    # left alone
+    for args in (["--memory", "-5G"], ["-o", str(tmp_path / "x.pickle"), "--memory", "-5G"],
+                 ["--reserve", "-1G"], ["--memory=-5G"]):
+        neg = predict(*args, GPT)
+        assert neg.returncode == 2, (args, neg.stderr)
+        assert "invalid size '-" in neg.stderr and "expected one argument" not in neg.stderr
+    passed = predict("--memory", "8G", str(tmp_path / "nope.py"), "--memory", "-5G")
+    assert passed.returncode == 2 and "nope.py: no such file" in passed.stderr
+    empty = predict("-o", "", GPT)
+    assert empty.returncode == 2 and "-o: output path is empty" in empty.stderr
     conf = predict("--alloc-conf", "max_split_sise_mb:64", "--profile", "npu", GPT,
                    "--layers", "1", cwd=tmp_path)
     assert conf.returncode == 2 and "max_split_sise_mb" in conf.stderr

@@ -106,9 +106,41 @@ def _stem(script: str) -> str:
     return name if os.path.isdir(path) else os.path.splitext(name)[0]
 
 
+# Options whose value is a size: "-5G" after them is their (invalid) value,
+# which argparse would take for an unknown option ("expected one argument").
+_SIZE_OPTIONS = ("--memory", "--reserve")
+
+
+def _join_size_values(argv: list[str], takes_value: frozenset) -> list[str]:
+    """``--memory -5G`` as ``--memory=-5G`` (before SCRIPT only: the
+    script's own arguments are left alone), so that the size parser
+    says what is wrong with the value."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("-") or a == "-":
+            return out + argv[i:]  # SCRIPT: the rest is the script's
+        if (a in _SIZE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-")
+                and argv[i + 1] != "-"):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+        if a in takes_value and i < len(argv):  # its value, whatever it is
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
-    ns = p.parse_args(argv)
+    # the options that take one value (store_true ones take none: nargs 0)
+    takes_value = frozenset(s for a in p._actions if a.option_strings and a.nargs is None
+                            for s in a.option_strings)
+    args = sys.argv[1:] if argv is None else list(argv)
+    ns = p.parse_args(_join_size_values(args, takes_value))
     if ns.script is None:
         p.error("the following arguments are required: SCRIPT")
     _check_script(p, ns.script)
@@ -126,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.devices is None and ns.rank != 0:
         p.error("--rank needs --devices")
     out = ns.output
+    if out == "":
+        p.error("-o: output path is empty")
     if out is None:
         out = f"{_stem(ns.script)}_predict.pickle"
     to_stdout = out in ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
