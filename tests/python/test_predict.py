@@ -1951,3 +1951,22 @@ mm._dump_snapshot({str(dumped)!r})
         names = [f["name"] for f in e["frames"]]
         for fn in ("softmax", "cross_entropy", "Tensor.backward"):
             assert names.count(fn) <= 1, (fn, e["frames"])
+
+
+def test_device_error_traceback_ends_at_the_script(tmp_path):
+    """An error the prediction raises for the device (an ordinal past
+    --devices) is reported with the script's frames only: none of
+    memsnap's machinery or torch's dynamo wrappers around its mode, as
+    torch's C++ error ends at the user's line on a device."""
+    script = tmp_path / "ordinal.py"
+    script.write_text("import torch\n"
+                      "x = torch.ones(3, device='cuda')\n"
+                      "def make():\n"
+                      "    return torch.zeros(10, device='cuda:1')\n"
+                      "y = make()\n")
+    p = predict(str(script), cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    tb = p.stdout[p.stdout.index("Traceback (most recent call last):"):]
+    tb = tb[:tb.index("RuntimeError: invalid device ordinal 1")]
+    files = re.findall(r'File "([^"]+)", line (\d+)', tb)
+    assert files == [(str(script), "5"), (str(script), "4")], tb

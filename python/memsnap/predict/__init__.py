@@ -222,14 +222,21 @@ class predict:  # noqa: N801 (used as a context manager, like torch's)
 
 def _script_traceback(exc: BaseException, script: str) -> str:
     """The traceback from the first frame of ``script`` (the file that
-    runs as ``__main__``, or ``<stdin>``) on."""
+    runs as ``__main__``, or ``<stdin>``) on, without the frames of the
+    prediction's own machinery (memsnap's files and the dynamo-disable
+    wrappers torch puts around a Python mode, as the snapshot's stacks
+    drop them: ``_snapshot.clean``): an error the prediction raises for
+    the device (an invalid device ordinal) ends at the script's line, as
+    torch's C++ error would on the device."""
     te = traceback.TracebackException.from_exception(exc)
     target = script if script == "<stdin>" else os.path.realpath(script)
     frames = te.stack
     for i, f in enumerate(frames):
         if (f.filename if script == "<stdin>" else os.path.realpath(f.filename)) == target:
-            te.stack = traceback.StackSummary.from_list(frames[i:])
+            frames = frames[i:]
             break
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in frames if not _snapshot.machinery(f.filename)])
     return "".join(te.format())
 
 

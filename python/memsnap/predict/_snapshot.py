@@ -80,6 +80,12 @@ def _ours(filename: str) -> bool:
             or filename.startswith(_OWN_INSTALLED) or filename.startswith(_PREDICT))
 
 
+def machinery(filename: str) -> bool:
+    """A frame of the prediction's own machinery: memsnap's files, the
+    runner's, and torch's dynamo-disable wrappers around a Python mode."""
+    return _ours(filename) or filename.endswith(_WRAPPERS)
+
+
 def clean(snapshot: dict) -> dict:
     """``snapshot`` with memsnap's and the runner's frames removed (in
     place; frame lists shared between entries are filtered once)."""
