@@ -24,8 +24,10 @@
  *       at aat: the viewer computes them, so the series does not change
  *       with the bands kept.)
  *     bands / segbands: {total, start, end, size, stack, addr, pre, site,
- *       dur}: the largest allocations (alloc .. free_completed) /
- *       segments (segment_alloc or _map .. segment_free or _unmap), ordered
+ *       dur}: the allocations (alloc .. free_completed) that weigh most
+ *       (band_weight: live at the active peak, then bytes x states alive)
+ *       / the largest segments (segment_alloc or _map .. segment_free or
+ *       _unmap), ordered
  *       by start (the stacking order of PyTorch's Active Memory Timeline);
  *       start = first state holding it (0 when it predates the trace, pre
  *       = 1), end = first state without it (-1: alive at the end), size =
@@ -68,8 +70,9 @@
  * Budget.  The budget bounds the bytes written, counted, not estimated.
  * The series, the final state, OOMs, annotations and leaks are always
  * written.  The rest comes from one order of items that does not depend
- * on the budget (choice_order): the `detail` largest allocations and
- * segments, largest first, interleaved with the trace's tiles of VM_TILE
+ * on the budget (choice_order): the `detail` allocations that weigh most
+ * and the largest segments, heaviest first, interleaved with the trace's
+ * tiles of VM_TILE
  * entries by priority (OOMs, the end, the peaks, the start, then spread
  * evenly) so that bands take about VM_BAND_SHARE of it.  Level L keeps
  * the first L items; a tile continues the window of the tile before it
@@ -819,8 +822,6 @@ static int pass_a(vdev_t *d) {
   const msnap_trace_list_t *tl = d->tl;
   uint64_t a = d->a0, r = d->r0, best_a = a, best_r = r;
   uint32_t live = d->st.nb + d->st.ng;
-  for (uint32_t k = 0; k < d->st.nb; k++)
-    h_push(&d->blk.heap, pre_size(&d->st.b[k]), k);
   for (uint32_t k = 0; k < d->st.ng; k++)
     h_push(&d->seg.heap, d->st.g[k].size, k);
   d->blk.total = d->st.nb;
@@ -834,7 +835,6 @@ static int pass_a(vdev_t *d) {
     case MSNAP_ACTION_ALLOC:
       a += e->size;
       live++;
-      h_push(&d->blk.heap, e->size, d->st.nb + i);
       d->blk.total++;
       break;
     case MSNAP_ACTION_FREE_COMPLETED:
@@ -874,7 +874,63 @@ static int pass_a(vdev_t *d) {
   return 0;
 }
 
-/* The candidates of b (the heap): ids sorted, each with its size rank;
+/* The weight of an allocation as a band candidate: live at the active
+ * peak first (the state a user looks at first: what held the memory
+ * then), then the area it covers in the timeline, requested bytes x
+ * states alive (saturated), so that the bands drawn leave the least to
+ * the grey "smaller ones" band. */
+static uint64_t band_weight(const vdev_t *d, uint64_t size, uint32_t start,
+                            uint64_t end) {
+  uint64_t area;
+  if (__builtin_mul_overflow(size, end - start, &area) || area >> 63)
+    area = (UINT64_C(1) << 63) - 1;
+  bool at_peak = start <= d->peak_a && d->peak_a < end;
+  return (at_peak ? UINT64_C(1) << 63 : 0) | area;
+}
+
+/* Pass A2: the allocation candidates (the heap of blk), each weighed by
+ * band_weight once its end is known (its free_completed, else the end of
+ * the trace).  An alloc at the address of a live block (an inconsistent
+ * trace) ends that block there, as pass_b's bands do. */
+static int pass_a2(vdev_t *d) {
+  umap_t open = {0}; /* addr -> record id (rid_rec's numbering) */
+  int rc = -1;
+  const uint32_t pre = d->st.nb;
+  for (uint32_t k = 0; k < pre; k++)
+    if (um_put(&open, d->st.b[k].addr, k))
+      goto out;
+  for (uint32_t i = 0; i < d->n; i++) {
+    const msnap_strace_t *e = &d->tl->v[i];
+    if (e->action != MSNAP_ACTION_ALLOC &&
+        e->action != MSNAP_ACTION_FREE_COMPLETED)
+      continue;
+    uint32_t id = um_get(&open, e->addr);
+    if (id != NONE32) {
+      uint64_t size = id < pre ? pre_size(&d->st.b[id])
+                               : d->tl->v[id - pre].size;
+      uint32_t start = id < pre ? 0 : id - pre + 1;
+      h_push(&d->blk.heap, band_weight(d, size, start, (uint64_t)i + 1), id);
+      um_del(&open, e->addr);
+    }
+    if (e->action == MSNAP_ACTION_ALLOC && um_put(&open, e->addr, pre + i))
+      goto out;
+  }
+  for (uint32_t h = 0; h < open.cap; h++) /* alive at the end */
+    if (open.v[h] != NONE32) {
+      uint32_t id = open.v[h];
+      uint64_t size = id < pre ? pre_size(&d->st.b[id])
+                               : d->tl->v[id - pre].size;
+      uint32_t start = id < pre ? 0 : id - pre + 1;
+      h_push(&d->blk.heap, band_weight(d, size, start, (uint64_t)d->n + 1),
+             id);
+    }
+  rc = 0;
+out:
+  um_free(&open);
+  return rc;
+}
+
+/* The candidates of b (the heap): ids sorted, each with its weight rank;
  * their ends are found by pass_b. */
 static int band_candidates(bands_t *b) {
   heap_t *h = &b->heap;
@@ -1915,7 +1971,7 @@ static int do_device(vdev_t *d, cli_json_t *j, double room, vm_stats_t *out) {
     d->a0 += pre_size(&d->st.b[k]);
   for (uint32_t k = 0; k < d->st.ng; k++)
     d->r0 += d->st.g[k].size;
-  if (pass_a(d) || annotations(d) ||
+  if (pass_a(d) || pass_a2(d) || annotations(d) ||
       cli_leaks_steps(d->s, d->dev, d->o->step, CLI_LEAK_MIN_CONFIDENCE,
                       &d->leaks))
     return -1;

@@ -180,6 +180,53 @@ def churn_snapshot(n=2000):
     return steps_recording(trace, [], [], seg_size)
 
 
+def weights_snapshot(n=600):
+    """16 blocks of 1 MiB allocated first and never freed (a model's
+    weights), then n activations of 2 MiB, each freed before the next:
+    the weights are live at the active peak and cover most of the
+    timeline, the activations are the largest allocations."""
+    seg_size = 64 * MiB
+    trace, t = [entry("segment_alloc", A0, seg_size, 0, [CPP, USER])], 1
+    live = []
+    for k in range(16):
+        trace.append(entry("alloc", A0 + k * MiB, MiB, t, [CPP, TORCH, USER]))
+        live.append((A0 + k * MiB, MiB))
+        t += 1
+    for k in range(n):
+        a = A0 + 32 * MiB + (k % 2) * 2 * MiB
+        trace.append(entry("alloc", a, 2 * MiB, t, [CPP, TORCH, USER]))
+        for act in ("free_requested", "free_completed"):
+            trace.append(entry(act, a, 2 * MiB, t + 1, [CPP, USER]))
+        t += 2
+    return steps_recording(trace, [], live, seg_size)
+
+
+def page_data(html):
+    """The DATA object a page embeds."""
+    with open(html, encoding="utf-8") as f:
+        text = f.read()
+    i = text.index("const DATA = ") + len("const DATA = ")
+    return json.loads(text[i:text.index(";\n", i)].replace("\\u003c", "<"))
+
+
+def check_band_choice():
+    """--detail N draws the N allocations that cover the most of the
+    timeline -- every allocation live at the active peak first, then by
+    requested bytes x states alive -- not the N largest (memory_viz's
+    rule): with 16 weights of 1 MiB and 600 activations of 2 MiB, the
+    weights are bands, not the grey rest."""
+    path = write_pickle(weights_snapshot(), "weights.pickle")
+    html, js = view([path], "weights", "--detail", "20")
+    bands = page_data(html)["files"][0]["devices"][0]["bands"]
+    sizes = list(zip(bands["size"], bands["end"]))
+    weights = sum(1 for s, e in sizes if s == MiB and e == -1)
+    acts = sum(1 for s, e in sizes if s == 2 * MiB)
+    expect(len(sizes) == 20 and weights == 16 and acts == 4,
+           "view --detail 20: the 16 weights live at the peak drawn as "
+           "bands, then the 4 activations covering the most (%d bands: %d "
+           "weights, %d activations)" % (len(sizes), weights, acts))
+
+
 def steps_recording(trace, ann, live, seg_size):
     """The recording of trace and annotations whose final state is one
     segment at A0 holding the live blocks [(addr, size)]."""
@@ -561,12 +608,7 @@ def check_leaks(pg):
     path = write_pickle(steps_snapshot(), "steps_lod.pickle")
     for extra, want in (((), 6), (("--detail", "10"), None)):
         html, js = view([path], "steps_lod%d" % len(extra), *extra)
-        with open(html, encoding="utf-8") as f:
-            text = f.read()
-        i = text.index("const DATA = ") + len("const DATA = ")
-        data = json.loads(text[i:text.index(";\n", i)].replace(
-            "\\u003c", "<"))
-        bands = data["files"][0]["devices"][0]["bands"]
+        bands = page_data(html)["files"][0]["devices"][0]["bands"]
         nred = sum(1 for x in bands["site"] if x == 0)
         pg.open(html)
         cells = pg.p.eval_on_selector_all(
@@ -743,6 +785,7 @@ def main():
         check_leaks(pg)
         check_long_names(pg)
         check_no_trace(pg)
+        check_band_choice()
         check_lod_and_compare(
             pg, cran if os.path.exists(cran) else
             write_pickle(churn_snapshot(), "churn.pickle"))
