@@ -662,6 +662,17 @@ static void recorded_figures(const msnap_snap_t *s, dev_replay_t *d,
   }
 }
 
+/* Undo a start state carve or approximate left half made: the blocks it
+ * kept (map) freed and the device's segments released, so that a device
+ * that is not replayable holds nothing in the replayed snapshot. */
+static void release_start(replay_t *r, int dev, amap_t *map) {
+  for (size_t k = 0; k < map->cap; k++)
+    if (map->k[k])
+      msnap_free(r->a, map->v[k]);
+  amap_free(map);
+  msnap_empty_cache(r->a, dev);
+}
+
 static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   const msnap_snap_t *s = r->s;
   int dev = (int)d->device;
@@ -687,15 +698,11 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
     char why[512];
     snprintf(why, sizeof why, "%s", d->reason);
     d->reason[0] = 0;
-    for (size_t k = 0; k < map.cap; k++)
-      if (map.k[k])
-        msnap_free(r->a, map.v[k]);
-    amap_free(&map);
-    msnap_empty_cache(r->a, dev);
+    release_start(r, dev, &map);
     if (approximate(r, d, &st, &map) != 0) {
       d->replayable = false;
       cli_state_free(&st);
-      amap_free(&map);
+      release_start(r, dev, &map);
       return 0;
     }
     d->initial = "approximate";
@@ -703,7 +710,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   } else {
     d->replayable = false;
     cli_state_free(&st);
-    amap_free(&map);
+    release_start(r, dev, &map);
     return 0;
   }
   cli_state_free(&st);
@@ -1025,6 +1032,14 @@ static int replayed_process_info(xfer_t *x, const replay_t *r) {
  * Returns 0 and the model in *out, or an error (then the caller dumps
  * without stacks).
  */
+/* Device dev was replayed (has a device replay that is replayable). */
+static bool device_replayed(const replay_t *r, uint32_t dev) {
+  for (uint32_t k = 0; k < r->nd; k++)
+    if (r->dr[k].device == (int64_t)dev)
+      return r->dr[k].replayable;
+  return false;
+}
+
 static int replayed_model(replay_t *r, msnap_snap_t **out) {
   msnap_snapshot_options_t so;
   msnap_snapshot_options_init(&so);
@@ -1043,6 +1058,12 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
   for (uint32_t d = 0; d < m->ndevices; d++) {
     const msnap_trace_list_t *rt = cli_trace(s, d);
     msnap_trace_list_t *mt = &m->device_traces[d];
+    if (!device_replayed(r, d)) {
+      /* (its start state was released: the entries left are those of
+       * rebuilding and releasing it, no history of the recording) */
+      mt->n = 0;
+      continue;
+    }
     uint32_t i = 0;
     bool have_t = false;
     int64_t last_t = 0;

@@ -1733,6 +1733,55 @@ def group_replay():
                "replay %s-o OUT of a file that is not replayable: OUT left "
                "as it was (%d %r %r %r)" % (" ".join(extra + [""]), rc,
                                             kept[:20], out[-300:], err))
+    # Two devices, the second not replayable (three 20 MiB segments that
+    # predate its trace in a 50 MiB device): OUT has device 0's replay and
+    # nothing of device 1 -- not the segments its start state got before
+    # it failed, nor the entries of rebuilding them (device 0: its two
+    # entries and the snapshot entry the dump adds).
+    MB = 1 << 20
+
+    def seg_of(dev, a):
+        return {"device": dev, "address": a, "total_size": 20 * MB,
+                "allocated_size": 4 * MB, "active_size": 4 * MB,
+                "requested_size": 4 * MB, "stream": 0,
+                "segment_type": "large", "segment_pool_id": (0, 0),
+                "is_expandable": False, "frames": [],
+                "blocks": [{"address": a, "size": 4 * MB,
+                            "requested_size": 4 * MB,
+                            "state": "active_allocated", "frames": []},
+                           {"address": a + 4 * MB, "size": 16 * MB,
+                            "requested_size": 0, "state": "inactive",
+                            "frames": []}]}
+
+    def ent(action, addr, size):
+        return {"action": action, "addr": addr, "size": size, "stream": 0,
+                "frames": []}
+    a0, b0 = 0x7f0010000000, 0x7f1010000000
+    c0 = b0 + 2 * 0x10000000
+    two = write_pickle({
+        "segments": [seg_of(0, a0)] + [seg_of(1, b0 + k * 0x10000000)
+                                       for k in range(3)],
+        "device_traces": [
+            [ent("segment_alloc", a0, 20 * MB), ent("alloc", a0, 4 * MB)],
+            [ent("alloc", c0 + 8 * MB, MB),
+             ent("free_requested", c0 + 8 * MB, MB),
+             ent("free_completed", c0 + 8 * MB, MB)]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}},
+        "two_devices.pickle")
+    twout = os.path.join(TMP, "two_out.pickle")
+    rc, out, err = run("replay", "--device-memory", "50M", "-o", twout, two)
+    got = {}
+    if os.path.exists(twout):
+        with open(twout, "rb") as f:
+            got = pickle.load(f)
+    devs = sorted({g["device"] for g in got.get("segments", [])})
+    lens = [len(t) for t in got.get("device_traces", [])]
+    expect(rc == 0 and "device 1: not replayable: could not recreate" in out
+           and devs == [0] and lens[:1] == [3] and
+           all(n == 0 for n in lens[1:]),
+           "replay -o of two devices, the second not replayable: OUT holds "
+           "device 0 only (%d, segments of devices %s, trace lengths %s)"
+           % (rc, devs, lens))
     # A file name that is not UTF-8 (any bytes are a name): the SVG
     # still parses, and every text report and error is valid UTF-8 with
     # U+FFFD where the bad byte was, as --json shows it.
