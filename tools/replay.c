@@ -762,20 +762,26 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
       uint64_t p = 0;
       uint64_t stream = (uint64_t)msnap__tattr(s, e)->stream;
       int rc = msnap_malloc(r->a, dev, e->size, stream, &p);
+      bool replaced = false;
       if (rc == MSNAP_EINVAL && forced) {
-        /* The sim refuses a forced address that is not free: after an
-         * earlier divergence the replay may hold memory where the
-         * recording made this segment.  A hard runtime error leaves the
+        /* The sim refuses a forced address that is not a free, aligned
+         * range: after an earlier divergence the replay may hold memory
+         * where the recording made this segment (or the file's address
+         * is one no device gives).  A hard runtime error leaves the
          * allocator as it was (alloc.c), so the same alloc again, placed
          * by the runtime, is the replay of this entry; the placement is
-         * a mismatch, not a failed alloc. */
+         * one mismatch, not a failed alloc. */
         rc = msnap_malloc(r->a, dev, e->size, stream, &p);
-        if (rc == 0)
+        if (rc == 0) {
+          replaced = true;
           mismatch(r, d,
                    "entry %u: the recording's new segment at 0x%" PRIx64
-                   " overlaps memory the replay holds (the replay diverged "
-                   "before): placed by the runtime",
-                   i, seg_addr);
+                   " is not a free 512-aligned range in the replay (memory "
+                   "the replay holds after an earlier divergence, or an "
+                   "address no device gives): placed at 0x%" PRIx64
+                   " by the runtime",
+                   i, seg_addr, p);
+        }
       }
       /* An alloc the replay served from cached memory left the override
        * unused: it must not place a later entry's segment. */
@@ -814,7 +820,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
                    "entry %u: segment size %" PRId64 " B in the replay, %"
                    PRIu64 " B in the recording (alloc of %" PRIu64 " B)",
                    i, grew, seg_size, e->size);
-        if (r->exact && p != e->addr)
+        if (r->exact && p != e->addr && !replaced)
           mismatch(r, d,
                    "entry %u: alloc of %" PRIu64 " B placed at 0x%" PRIx64
                    " in the replay, 0x%" PRIx64 " in the recording",
@@ -822,9 +828,7 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
         if (amap_put(&map, e->addr, p))
           return -1;
       }
-      /* The sim cannot disarm a forced address: when the replay did not
-       * allocate the recorded segment, the next segment it allocates goes
-       * there (or fails); the run is already reported as a mismatch. */
+      /* (the override was cancelled above when no segment used it) */
       seg_pending = false;
       break;
     }

@@ -1782,6 +1782,29 @@ def group_replay():
            "replay -o of two devices, the second not replayable: OUT holds "
            "device 0 only (%d, segments of devices %s, trace lengths %s)"
            % (rc, devs, lens))
+    # A segment the recording made at an address the sim refuses (not
+    # 512-aligned): the exact replay places it where the runtime does, one
+    # mismatch that says so, no failed alloc (it was "does not fit:
+    # invalid argument").
+    odd_a = 0x7f0010000100
+    oddp = write_pickle({
+        "segments": [seg_of(0, odd_a)],
+        "device_traces": [[ent("segment_alloc", odd_a, 20 * MB),
+                           ent("alloc", odd_a, 4 * MB)]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}},
+        "odd_address.pickle")
+    rc, out, err = run("replay", "--json", oddp)
+    js = json.loads(out) if out.strip().startswith("{") else {}
+    dv = (js.get("devices") or [{}])[0]
+    mms = dv.get("mismatches") or []
+    mm = " ".join(mms)
+    expect(rc == 1 and js.get("fits") is True and
+           js.get("failed_allocs") == 0 and
+           "entry 1: the recording's new segment at 0x7f0010000100 is not a "
+           "free 512-aligned range in the replay" in mm and
+           sum(1 for x in mms if x.startswith("entry 1:")) == 1,
+           "replay of a segment at an address the sim refuses: placed by "
+           "the runtime, one mismatch, fits (%d %r)" % (rc, out[-500:]))
     # A file name that is not UTF-8 (any bytes are a name): the SVG
     # still parses, and every text report and error is valid UTF-8 with
     # U+FFFD where the bad byte was, as --json shows it.

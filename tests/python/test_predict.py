@@ -1970,3 +1970,13 @@ def test_device_error_traceback_ends_at_the_script(tmp_path):
     tb = tb[:tb.index("RuntimeError: invalid device ordinal 1")]
     files = re.findall(r'File "([^"]+)", line (\d+)', tb)
     assert files == [(str(script), "5"), (str(script), "4")], tb
+    # the same for the exception a script's own error was raised from
+    script.write_text("import torch\n"
+                      "try:\n"
+                      "    torch.zeros(10, device='cuda:1')\n"
+                      "except RuntimeError as e:\n"
+                      "    raise ValueError('wrapped') from e\n")
+    p = predict(str(script), cwd=tmp_path)
+    assert p.returncode == 2 and "ValueError: wrapped" in p.stdout, p.stdout + p.stderr
+    files = re.findall(r'File "([^"]+)", line (\d+)', p.stdout)
+    assert files == [(str(script), "3"), (str(script), "5")], p.stdout

@@ -237,6 +237,17 @@ def _script_traceback(exc: BaseException, script: str) -> str:
             break
     te.stack = traceback.StackSummary.from_list(
         [f for f in frames if not _snapshot.machinery(f.filename)])
+    # the exceptions it was raised from or while handling, the same way
+    seen = {id(te)}
+    todo = [te.__cause__, te.__context__]
+    while todo:
+        c = todo.pop()
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        c.stack = traceback.StackSummary.from_list(
+            [f for f in c.stack if not _snapshot.machinery(f.filename)])
+        todo += [c.__cause__, c.__context__]
     return "".join(te.format())
 
 
