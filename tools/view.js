@@ -507,7 +507,7 @@
   }
 
   // The bytes of each bucket's maximum not drawn as bands (the grey
-  // "smaller ones, summed" band): the maximum less the drawn bands then.
+  // "other allocations, summed" band): the maximum less the drawn bands then.
   function restOf(d, seg) {
     var key = seg ? 'rrest' : 'arest';
     if (d.prep[key]) return d.prep[key];
@@ -665,7 +665,7 @@
     $('tlegend').innerHTML =
       (K.seg ? swatch(TAB10[0], 'segment (a band per segment_alloc .. segment_free)')
         : swatch(TAB10[0], 'allocation (a band per alloc .. free_completed, requested bytes)')) +
-      swatch(REST, 'smaller ones, summed') +
+      swatch(REST, (K.seg ? 'other segments' : 'other allocations') + ', summed') +
       (K.seg ? '' : swatch('#555', 'reserved', ';height:2px;vertical-align:middle')) +
       (S.leaks ? swatch(LEAK, 'site grows step after step (leak)') : '') +
       (D.ooms.length ? swatch('#c00', 'OOM', ';width:3px') : '') +
@@ -898,7 +898,7 @@
       showStack(bandText(K, h.i), K.B.stack[h.i], K.B.pre[h.i], pin);
     } else if (h.rest) {
       var B = K.B;
-      showStack(fmtBytes(h.rest) + ' in smaller ' + (K.seg ? 'segments' : 'allocations') +
+      showStack(fmtBytes(h.rest) + ' in other ' + (K.seg ? 'segments' : 'allocations') +
         ' ' + stateLabel(h.s) + ', not drawn one by one (' + num(B.start.length) + ' of ' +
         num(B.total) + ' are; memsnap view --detail N draws more)', 0, false, pin);
       $('info').querySelector('p') && ($('info').querySelector('p').style.display = 'none');

@@ -588,12 +588,16 @@ def test_usage_and_script_errors(tmp_path):
     # the option stands among the others; the script's own arguments are
     # left alone
     for args in (["--memory", "-5G"], ["-o", str(tmp_path / "x.pickle"), "--memory", "-5G"],
-                 ["--reserve", "-1G"], ["--memory=-5G"]):
+                 ["--reserve", "-1G"], ["--memory=-5G"], ["--mem", "-5G"]):
         neg = predict(*args, GPT)
         assert neg.returncode == 2, (args, neg.stderr)
         assert "invalid size '-" in neg.stderr and "expected one argument" not in neg.stderr
     passed = predict("--memory", "8G", str(tmp_path / "nope.py"), "--memory", "-5G")
     assert passed.returncode == 2 and "nope.py: no such file" in passed.stderr
+    dashes = predict("--", "--memory", "-5G")  # after --: SCRIPT, as given
+    assert dashes.returncode == 2 and "--memory: no such file" in dashes.stderr
+    missing = predict("--memory", "--json", GPT)  # an option is no value
+    assert missing.returncode == 2 and "expected one argument" in missing.stderr
     empty = predict("-o", "", GPT)
     assert empty.returncode == 2 and "-o: output path is empty" in empty.stderr
     conf = predict("--alloc-conf", "max_split_sise_mb:64", "--profile", "npu", GPT,

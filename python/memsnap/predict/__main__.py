@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 
 
@@ -111,24 +112,39 @@ def _stem(script: str) -> str:
 _SIZE_OPTIONS = ("--memory", "--reserve")
 
 
+def _option(a: str, options: frozenset) -> str | None:
+    """The option ``a`` names, as argparse takes it: exactly, or by a
+    unique prefix of a long option (``--mem``); None for any other."""
+    if a in options:
+        return a
+    if a.startswith("--") and len(a) > 2:
+        hits = [o for o in options if o.startswith("--") and o.startswith(a)]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
 def _join_size_values(argv: list[str], takes_value: frozenset) -> list[str]:
-    """``--memory -5G`` as ``--memory=-5G`` (before SCRIPT only: the
-    script's own arguments are left alone), so that the size parser
-    says what is wrong with the value."""
+    """``--memory -5G`` as ``--memory=-5G``, so that the size parser says
+    what is wrong with a negative size (argparse alone takes "-5G" for an
+    unknown option: "expected one argument").  Only a value that looks
+    like a negative number, and only before SCRIPT and ``--`` (the
+    script's own arguments are left alone)."""
     out: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]
-        if not a.startswith("-") or a == "-":
-            return out + argv[i:]  # SCRIPT: the rest is the script's
-        if (a in _SIZE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-")
-                and argv[i + 1] != "-"):
+        if not a.startswith("-") or a in ("-", "--"):
+            return out + argv[i:]  # SCRIPT (or "--"): the rest as given
+        opt = _option(a, takes_value)
+        if (opt in _SIZE_OPTIONS and i + 1 < len(argv)
+                and re.match(r"-[0-9.]", argv[i + 1])):
             out.append(f"{a}={argv[i + 1]}")
             i += 2
             continue
         out.append(a)
         i += 1
-        if a in takes_value and i < len(argv):  # its value, whatever it is
+        if opt is not None and i < len(argv):  # its value, whatever it is
             out.append(argv[i])
             i += 1
     return out
