@@ -604,7 +604,9 @@ MSNAP_API int msnap_snapshot_pickle(msnap_allocator_t *a,
  * msnap_last_errno() EACCES and nothing is written; a replaced file keeps
  * its permission bits; a device, FIFO or /dev/stdout is written directly;
  * temporaries that killed processes of this host left in the directory
- * ("<name>.tmp.<tag>.<pid>.<n>") are removed first. */
+ * ("<name>.tmp.<tag>.<pid>.<n>") are removed first.  An empty path is
+ * MSNAP_EIO with msnap_last_errno() ENOENT, as open(2) takes it; a NULL
+ * path MSNAP_EINVAL. */
 MSNAP_API int msnap_dump_snapshot(msnap_allocator_t *a,
                                   const msnap_snapshot_options_t *o,
                                   const char *path);
