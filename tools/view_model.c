@@ -878,7 +878,7 @@ static int pass_a(vdev_t *d) {
  * peak first (the state a user looks at first: what held the memory
  * then), then the area it covers in the timeline, requested bytes x
  * states alive (saturated), so that the bands drawn leave the least to
- * the grey "smaller ones" band. */
+ * the grey band of the others. */
 static uint64_t band_weight(const vdev_t *d, uint64_t size, uint32_t start,
                             uint64_t end) {
   uint64_t area;
