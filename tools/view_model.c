@@ -888,6 +888,16 @@ static uint64_t band_weight(const vdev_t *d, uint64_t size, uint32_t start,
   return (at_peak ? UINT64_C(1) << 63 : 0) | area;
 }
 
+/* Allocation `id` (rid_rec's numbering: the blocks live at the start,
+ * then the trace's entries) becomes a band candidate that ends at state
+ * `end`: its size and start state follow from its id. */
+static void push_candidate(vdev_t *d, uint32_t id, uint64_t end) {
+  const uint32_t pre = d->st.nb;
+  uint64_t size = id < pre ? pre_size(&d->st.b[id]) : d->tl->v[id - pre].size;
+  uint32_t start = id < pre ? 0 : id - pre + 1;
+  h_push(&d->blk.heap, band_weight(d, size, start, end), id);
+}
+
 /* Pass A2: the allocation candidates (the heap of blk), each weighed by
  * band_weight once its end is known (its free_completed, else the end of
  * the trace).  An alloc at the address of a live block (an inconsistent
@@ -906,24 +916,15 @@ static int pass_a2(vdev_t *d) {
       continue;
     uint32_t id = um_get(&open, e->addr);
     if (id != NONE32) {
-      uint64_t size = id < pre ? pre_size(&d->st.b[id])
-                               : d->tl->v[id - pre].size;
-      uint32_t start = id < pre ? 0 : id - pre + 1;
-      h_push(&d->blk.heap, band_weight(d, size, start, (uint64_t)i + 1), id);
+      push_candidate(d, id, (uint64_t)i + 1);
       um_del(&open, e->addr);
     }
     if (e->action == MSNAP_ACTION_ALLOC && um_put(&open, e->addr, pre + i))
       goto out;
   }
   for (uint32_t h = 0; h < open.cap; h++) /* alive at the end */
-    if (open.v[h] != NONE32) {
-      uint32_t id = open.v[h];
-      uint64_t size = id < pre ? pre_size(&d->st.b[id])
-                               : d->tl->v[id - pre].size;
-      uint32_t start = id < pre ? 0 : id - pre + 1;
-      h_push(&d->blk.heap, band_weight(d, size, start, (uint64_t)d->n + 1),
-             id);
-    }
+    if (open.v[h] != NONE32)
+      push_candidate(d, open.v[h], (uint64_t)d->n + 1);
   rc = 0;
 out:
   um_free(&open);
