@@ -673,6 +673,51 @@ static void release_start(replay_t *r, int dev, amap_t *map) {
   msnap_empty_cache(r->a, dev);
 }
 
+/* The history of the written snapshot (keep_history): every device's
+ * entries from its first replayed entry on, no stacks.  It is turned on
+ * once the first device's start state is built, and paused (every action
+ * in msnap_record_history's skip set, which keeps the rings) while a
+ * later device's start state is built or released, so that a trace holds
+ * only the replay of its own recorded entries, and the trace of a device
+ * that is not replayable stays empty. */
+static void record_history(replay_t *r, bool paused) {
+  msnap_history_options_t ho;
+  msnap_history_options_init(&ho);
+  ho.context = MSNAP_CONTEXT_NEVER;
+  ho.stacks = 0;
+  if (paused)
+    ho.skip_actions = (1u << MSNAP_ACTION_COUNT) - 1;
+  msnap_record_history(r->a, &ho);
+}
+
+/* The start state of d in the allocator (carve, or approximate for a
+ * what-if replay): 0 when built, 1 when d is not replayable (what was
+ * built is released). */
+static int build_start(replay_t *r, dev_replay_t *d, cli_state_t *st,
+                       amap_t *map) {
+  int dev = (int)d->device;
+  if (st->ng == 0 && st->nb == 0) {
+    d->initial = "empty";
+  } else if (carve(r, d, st, map) == 0) {
+    d->initial = d->inferred_blocks ? "inferred" : "exact";
+  } else if (!r->exact) {
+    /* What-if allocators may not reproduce the recorded layout. */
+    d->reason[0] = 0;
+    release_start(r, dev, map);
+    if (approximate(r, d, st, map) != 0) {
+      d->replayable = false;
+      release_start(r, dev, map);
+      return 1;
+    }
+    d->initial = "approximate";
+  } else {
+    d->replayable = false;
+    release_start(r, dev, map);
+    return 1;
+  }
+  return 0;
+}
+
 static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   const msnap_snap_t *s = r->s;
   int dev = (int)d->device;
@@ -689,39 +734,19 @@ static int replay_device(replay_t *r, dev_replay_t *d, cli_progress_t *pr) {
   d->initial_segments = st.ng;
   d->initial_blocks = st.nb;
   d->inferred_blocks = infer_sizes(r, &st);
-  if (st.ng == 0 && st.nb == 0) {
-    d->initial = "empty";
-  } else if (carve(r, d, &st, &map) == 0) {
-    d->initial = d->inferred_blocks ? "inferred" : "exact";
-  } else if (!r->exact) {
-    /* What-if allocators may not reproduce the recorded layout. */
-    char why[512];
-    snprintf(why, sizeof why, "%s", d->reason);
-    d->reason[0] = 0;
-    release_start(r, dev, &map);
-    if (approximate(r, d, &st, &map) != 0) {
-      d->replayable = false;
-      cli_state_free(&st);
-      release_start(r, dev, &map);
-      return 0;
-    }
-    d->initial = "approximate";
-    (void)why;
-  } else {
-    d->replayable = false;
-    cli_state_free(&st);
-    release_start(r, dev, &map);
+  bool paused = r->keep_history && msnap_history_enabled(r->a);
+  if (paused)
+    record_history(r, true);
+  int built = build_start(r, d, &st, &map);
+  cli_state_free(&st);
+  if (built != 0) {
+    if (paused)
+      record_history(r, false);
     return 0;
   }
-  cli_state_free(&st);
   msnap_reset_peak_stats(r->a, dev);
-  if (r->keep_history) {
-    msnap_history_options_t ho;
-    msnap_history_options_init(&ho);
-    ho.context = MSNAP_CONTEXT_NEVER;
-    ho.stacks = 0;
-    msnap_record_history(r->a, &ho);
-  }
+  if (r->keep_history)
+    record_history(r, false);
 
   msnap_stats_t s0, s1;
   get_stats(r, dev, &s0);
@@ -1033,17 +1058,10 @@ static int replayed_process_info(xfer_t *x, const replay_t *r) {
  *     none when the recording has none; segments' requested_size is the
  *     sum over their active blocks;
  *   - process_info names the recording's process (replayed_process_info).
+ * A device that was not replayed has an empty trace (record_history).
  * Returns 0 and the model in *out, or an error (then the caller dumps
  * without stacks).
  */
-/* Device dev was replayed (has a device replay that is replayable). */
-static bool device_replayed(const replay_t *r, uint32_t dev) {
-  for (uint32_t k = 0; k < r->nd; k++)
-    if (r->dr[k].device == (int64_t)dev)
-      return r->dr[k].replayable;
-  return false;
-}
-
 static int replayed_model(replay_t *r, msnap_snap_t **out) {
   msnap_snapshot_options_t so;
   msnap_snapshot_options_init(&so);
@@ -1062,12 +1080,6 @@ static int replayed_model(replay_t *r, msnap_snap_t **out) {
   for (uint32_t d = 0; d < m->ndevices; d++) {
     const msnap_trace_list_t *rt = cli_trace(s, d);
     msnap_trace_list_t *mt = &m->device_traces[d];
-    if (!device_replayed(r, d)) {
-      /* (its start state was released: the entries left are those of
-       * rebuilding and releasing it, no history of the recording) */
-      mt->n = 0;
-      continue;
-    }
     uint32_t i = 0;
     bool have_t = false;
     int64_t last_t = 0;
