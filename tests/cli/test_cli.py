@@ -1782,6 +1782,36 @@ def group_replay():
            "replay -o of two devices, the second not replayable: OUT holds "
            "device 0 only (%d, segments of devices %s, trace lengths %s)"
            % (rc, devs, lens))
+    # The same file on a device big enough for both: device 1's trace in
+    # OUT is the replay of its own three entries (and the dump's snapshot
+    # entry), none of carving its start state (three segments and the
+    # blocks in them) while history was already on for device 0.
+    both = write_pickle({
+        "segments": [seg_of(0, a0)] + [seg_of(1, b0 + k * 0x10000000)
+                                       for k in range(3)],
+        "device_traces": [
+            [ent("segment_alloc", a0, 20 * MB), ent("alloc", a0, 4 * MB)],
+            [ent("alloc", b0 + 4 * MB, 4 * MB),
+             ent("free_requested", b0 + 4 * MB, 4 * MB),
+             ent("free_completed", b0 + 4 * MB, 4 * MB)]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}},
+        "two_devices_both.pickle")
+    twout2 = os.path.join(TMP, "two_out_both.pickle")
+    rc, out, err = run("replay", "-o", twout2, both)
+    got = {}
+    if os.path.exists(twout2):
+        with open(twout2, "rb") as f:
+            got = pickle.load(f)
+    acts = [[e.get("action") for e in t]
+            for t in got.get("device_traces", [])]
+    devs = sorted({g["device"] for g in got.get("segments", [])})
+    expect(rc == 0 and devs == [0, 1] and
+           acts == [["segment_alloc", "alloc", "snapshot"],
+                    ["alloc", "free_requested", "free_completed",
+                     "snapshot"]],
+           "replay -o of two replayable devices: device 1's trace holds its "
+           "own replayed entries only (%d, segments of devices %s, actions "
+           "%s)" % (rc, devs, acts))
     # A segment the recording made at an address the sim refuses (not
     # 512-aligned): the exact replay places it where the runtime does, one
     # mismatch that says so, no failed alloc (it was "does not fit:
