@@ -272,6 +272,58 @@ print("RESULT " + json.dumps(out))
     assert "invalid device index 5" in r["bad"]
 
 
+def test_operators_refuse_tensors_of_two_devices():
+    """An operator given tensors of two devices raises torch's error, as a
+    CUDA kernel does (the generated wrappers' common device check,
+    c10::impl::check_and_update_common_device); a 0-dim CPU tensor (a
+    scalar), CPU indices and copies between devices stay allowed."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+import torch.nn.functional as F
+mt.register_device("npu")
+a = torch.randn(4, 4, device="npu:0")
+b = torch.randn(4, 4, device="npu:1")
+cases = {
+    "matmul_cpu": lambda: a @ torch.randn(4, 4),
+    "linear_cpu_weight": lambda: F.linear(a, torch.randn(3, 4)),
+    "model_cpu_input": lambda: torch.nn.Linear(4, 2).to("npu")(torch.randn(3, 4)),
+    "cat_mixed": lambda: torch.cat([a, torch.randn(4, 4)]),
+    "mse_cpu_target": lambda: F.mse_loss(a, torch.randn(4, 4)),
+    "matmul_npu1": lambda: b @ a,
+    "model_npu1_input": lambda: torch.nn.Linear(4, 2).to("npu:0")(b),
+    "conv_npu1_weight": lambda: F.conv2d(torch.randn(1, 1, 4, 4, device="npu:0"),
+                                         torch.randn(1, 1, 3, 3, device="npu:1")),
+    "scalar_cpu": lambda: a * torch.tensor(2.0),
+    "index_cpu": lambda: a[torch.tensor([0, 2])],
+    "index_put_cpu_indices": lambda: a.clone().index_put_(
+        (torch.tensor([0, 2]),), torch.zeros(2, 4, device="npu:0")),
+    "copy_cpu": lambda: a.clone().copy_(torch.ones(4, 4)),
+    "to_npu1": lambda: a.to("npu:1"),
+}
+out = {}
+for k, f in cases.items():
+    try:
+        r = f()
+        out[k] = "ok " + str(r.device)
+    except RuntimeError as e:
+        out[k] = "error " + str(e)
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code, env=base_env(MEMSNAP_SIM_DEVICES="2")).result
+    refused = ["matmul_cpu", "linear_cpu_weight", "model_cpu_input",
+               "cat_mixed", "mse_cpu_target", "matmul_npu1",
+               "model_npu1_input", "conv_npu1_weight"]
+    for k in refused:
+        assert r[k].startswith("error Expected all tensors to be on the same "
+                               "device"), (k, r[k])
+    assert "npu:0" in r["matmul_cpu"] and "cpu" in r["matmul_cpu"]
+    assert "npu:1" in r["matmul_npu1"] and "npu:0" in r["matmul_npu1"]
+    assert r["scalar_cpu"] == r["index_cpu"] == "ok npu:0", r
+    assert r["index_put_cpu_indices"] == r["copy_cpu"] == "ok npu:0", r
+    assert r["to_npu1"] == "ok npu:1", r
+
+
 def test_device_argument_of_another_type_is_refused():
     """After register_device('npu'), memsnap.memory's device arguments are
     npu's, as torch.cuda's are cuda's: 'cuda' (str or torch.device) raises

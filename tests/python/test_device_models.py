@@ -365,8 +365,10 @@ def _setitem_mask(z):
 
 def _index_put(z):
     z = z.clone()
-    z.index_put_((torch.tensor([0, 2]), torch.tensor([1, 3])), torch.tensor([7.0, 8.0]),
-                 accumulate=True)
+    # CPU indices (advanced indexing moves them), values on z's device
+    # (CUDA's accumulate path requires it: TensorAdvancedIndexing.cpp)
+    z.index_put_((torch.tensor([0, 2]), torch.tensor([1, 3])),
+                 torch.tensor([7.0, 8.0], device=z.device), accumulate=True)
     z[[1, 1]] = -1.0
     return z
 

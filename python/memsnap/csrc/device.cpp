@@ -65,6 +65,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/core/op_registration/adaption.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
@@ -873,6 +874,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps) {
+  std::optional<c10::Device> common;
+  const char* m = "aten::native_batch_norm";
+  c10::impl::check_and_update_common_device(common, input, m, "input");
+  c10::impl::check_and_update_common_device(common, weight, m, "weight");
+  c10::impl::check_and_update_common_device(common, bias, m, "bias");
+  c10::impl::check_and_update_common_device(common, running_mean, m,
+                                            "running_mean");
+  c10::impl::check_and_update_common_device(common, running_var, m,
+                                            "running_var");
   auto [out, mean, invstd] = at::native_batch_norm(
       as_cpu(input), as_cpu(weight), as_cpu(bias), as_cpu(running_mean),
       as_cpu(running_var), training, momentum, eps);
@@ -890,6 +900,11 @@ at::Tensor convolution_overrideable(
     const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
     c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
     c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+  std::optional<c10::Device> common;
+  const char* m = "aten::convolution_overrideable";
+  c10::impl::check_and_update_common_device(common, input, m, "input");
+  c10::impl::check_and_update_common_device(common, weight, m, "weight");
+  c10::impl::check_and_update_common_device(common, bias, m, "bias");
   at::Tensor out = at::convolution_symint(
       as_cpu(input), as_cpu(weight), as_cpu(bias), stride, padding, dilation,
       transposed, output_padding, std::move(groups));
@@ -903,6 +918,12 @@ convolution_backward_overrideable(
     c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
     c10::SymIntArrayRef output_padding, c10::SymInt groups,
     std::array<bool, 3> output_mask) {
+  std::optional<c10::Device> common;
+  const char* m = "aten::convolution_backward_overrideable";
+  c10::impl::check_and_update_common_device(common, grad_output, m,
+                                            "grad_output");
+  c10::impl::check_and_update_common_device(common, input, m, "input");
+  c10::impl::check_and_update_common_device(common, weight, m, "weight");
   // The bias has one element per output channel.
   std::vector<c10::SymInt> bias_sizes{grad_output.sym_size(1)};
   auto [gi, gw, gb] = at::convolution_backward_symint(
@@ -931,12 +952,70 @@ bool nested_tensor_from_mask_left_aligned(const at::Tensor& t,
   return false;
 }
 
+// The arguments of one operator share one device, as a CUDA kernel
+// requires: the wrappers PyTorch generates for a backend check every
+// tensor argument (c10::impl::check_and_update_common_device,
+// ATen/core/op_registration/adaption.h), and TensorIterator's operators
+// take a 0-dim CPU tensor as a scalar; indexing takes CPU indices.
+// cpu_fallback moves every argument to the CPU, so without this check an
+// operator on tensors of two devices (npu:0 and the CPU, npu:0 and npu:1)
+// would compute, or fail later with an unrelated error.  The error is
+// torch's own (common_device_check_failure), naming the operator.
+class CommonDevice {
+ public:
+  explicit CommonDevice(const c10::OperatorHandle& op) : op_(op) {}
+
+  void check(const at::Tensor& t, const std::string& arg) {
+    if (!t.defined() || (t.is_cpu() && t.dim() == 0)) return;
+    if (!common_.has_value()) {
+      common_ = t.device();
+    } else if (*common_ != t.device()) {
+      const std::string method = c10::toString(op_.schema().operator_name());
+      c10::impl::common_device_check_failure(*common_, t, method.c_str(),
+                                             arg.c_str());
+    }
+  }
+
+  void check(const c10::IValue& v, const std::string& arg, bool indices) {
+    if (v.isTensor()) {
+      check(v.toTensor(), arg);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) check(t, arg);
+    } else if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+        if (t.has_value() && !(indices && t->is_cpu())) check(*t, arg);
+    }
+  }
+
+ private:
+  const c10::OperatorHandle& op_;
+  std::optional<c10::Device> common_;
+};
+
+void check_common_device(const c10::OperatorHandle& op,
+                         const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const size_t n = args.size();
+  if (stack.size() < n) return;
+  // aten::index and aten::index_put(_): `indices` may stay on the CPU
+  // (advanced indexing moves them, aten/src/ATen/native/TensorAdvancedIndexing.cpp)
+  const std::string& name = op.schema().operator_name().name;
+  const bool index_op = name == "aten::index" || name == "aten::index_put" ||
+                        name == "aten::index_put_" ||
+                        name == "aten::_index_put_impl_";
+  CommonDevice d(op);
+  for (size_t i = 0; i < n; i++)
+    d.check(stack[stack.size() - n + i], args[i].name(),
+            index_op && args[i].name() == "indices");
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.schema().operator_name();
   const auto& ops = cpu_operators();
   if (ops.count(name.name) ||
       (!name.overload_name.empty() &&
        ops.count(name.name + "." + name.overload_name))) {
+    check_common_device(op, *stack);
     at::native::cpu_fallback(op, stack);
     return;
   }
