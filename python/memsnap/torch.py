@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import re
 import sys
 import threading
 from typing import Any
@@ -513,6 +514,13 @@ def _check_claim(name: str, owner: str) -> bool:
 
     if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
         raise ValueError(f"device name must be a lowercase identifier, not {name!r}")
+    if not re.fullmatch(r"[a-z_]+", name):
+        # torch parses a device string's type as letters and underscores
+        # (c10/core/Device.cpp): "gpu0:0" would be no device of it
+        raise ValueError(
+            f"device name must be lowercase letters and underscores (torch's "
+            f"device strings, e.g. 'npu:0'), not {name!r}"
+        )
     current = torch._C._get_privateuse1_backend_name()
     if _claimed is not None and _claimed_owner != owner:
         raise RuntimeError(
@@ -534,6 +542,15 @@ def _check_claim(name: str, owner: str) -> bool:
         raise RuntimeError(
             f"memsnap cannot register the device {name!r}: torch.{name} already "
             f"exists (a built-in device type or torch module); choose another name"
+        )
+    try:
+        torch.device(name)
+    except RuntimeError:
+        pass  # not a device type yet: free to take
+    else:
+        raise RuntimeError(
+            f"memsnap cannot register the device {name!r}: it is one of torch's "
+            f"built-in device types; choose another name"
         )
     return False
 

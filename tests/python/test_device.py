@@ -824,11 +824,13 @@ def test_registration_errors_are_clear():
 import json, os
 import memsnap.torch as mt, torch
 out = {}
-for bad in ("NPU", "cuda", "cpu"):
+for bad in ("NPU", "cuda", "cpu", "gpu0", "x_1", "meta", "xla"):
     try:
         mt.register_device(bad)
     except (ValueError, RuntimeError) as e:
         out[bad] = f"{type(e).__name__}: {e}"
+# a refused name renamed nothing: PrivateUse1 is still free
+out["backend"] = torch._C._get_privateuse1_backend_name()
 out["first"] = mt.register_device("mydev")
 out["again"] = mt.register_device("mydev")
 try:
@@ -845,6 +847,12 @@ print("RESULT " + json.dumps(out))
     assert r["NPU"].startswith("ValueError") and "lowercase" in r["NPU"]
     assert "torch.cuda already exists" in r["cuda"]
     assert "torch.cpu already exists" in r["cpu"]
+    # torch's device strings take letters and underscores as the type
+    for bad in ("gpu0", "x_1"):
+        assert r[bad].startswith("ValueError") and "letters and underscores" in r[bad]
+    for bad in ("meta", "xla"):
+        assert r[bad].startswith("RuntimeError") and "built-in device type" in r[bad]
+    assert r["backend"] == "privateuseone"
     assert r["first"] == r["again"] == "mydev"
     assert "already registered the device 'mydev'" in r["second"]
     assert "register_device" in r["use_allocator"] or "torch_npu" in r["use_allocator"]
