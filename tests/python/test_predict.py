@@ -303,6 +303,24 @@ def test_cuda_script(tmp_path):
     assert "ok" in check_cli(out)
 
 
+def test_device_name_names_the_profile_the_script_gets(tmp_path):
+    """torch.cuda.get_device_name before the first allocation names the
+    cuda profile the script will get, as the report does (it said npu)."""
+    script = tmp_path / "name.py"
+    script.write_text(
+        "import torch\n"
+        "print('NAME', torch.cuda.get_device_name(0), '|',\n"
+        "      torch.cuda.get_device_properties(0).name)\n"
+        "x = torch.ones(4, device='cuda')\n"
+        "print('AFTER', torch.cuda.get_device_name(0))\n")
+    p = predict("--memory", "8G", "--json", str(script), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.json["profile"] == "cuda"
+    assert ("NAME memsnap sim device (cuda) | memsnap sim device (cuda)"
+            in p.stdout + p.stderr), p.stdout + p.stderr
+    assert "AFTER memsnap sim device (cuda)" in p.stdout + p.stderr
+
+
 def test_python_api_twice_in_one_process():
     code = f"""
         import json, sys

@@ -355,8 +355,24 @@ def synchronize(device: Any = None) -> None:
     pass
 
 
+def _device_name(asked: str) -> str:
+    """The device's name: the run's profile once the code chose it (its
+    first device allocation), before that the profile the code gets
+    through the module it asks, torch.<asked>."""
+    s = _ACTIVE
+    profile = None
+    if s is not None:
+        profile = s.targets[0].config.profile if s.targets else s.configs[0].profile
+    return f"memsnap sim device ({profile or asked})"
+
+
 def get_device_name(device: Any = None) -> str:
-    return f"memsnap sim device ({_ACTIVE.profile_name if _ACTIVE else DEVICE_NAME})"
+    return _device_name(DEVICE_NAME)
+
+
+def _cuda_get_device_name(device: Any = None) -> str:
+    """``torch.cuda.get_device_name`` (see :func:`cuda_as_device`)."""
+    return _device_name("cuda")
 
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:
@@ -365,11 +381,11 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
     return (8, 0)
 
 
-def get_device_properties(device: Any = None):
+def get_device_properties(device: Any = None, _asked: str = DEVICE_NAME):
     i = _index(device)
     total = _ACTIVE.memory if _ACTIVE is not None else 0
     return types.SimpleNamespace(
-        name=get_device_name(i), total_memory=total, major=8, minor=0,
+        name=_device_name(_asked), total_memory=total, major=8, minor=0,
         multi_processor_count=108, is_integrated=False, is_multi_gpu_board=False,
         L2_cache_size=40 << 20, warp_size=32, max_threads_per_multi_processor=2048,
         gcnArchName="", uuid=f"memsnap-sim-{i}", index=i)
@@ -806,6 +822,10 @@ def cuda_as_device():
     try:
         for n in _DEVICE_FUNCS + _MEMORY_FUNCS:
             patch(cuda, n, globals()[n])
+        # the name says the cuda profile while the code has not chosen one
+        patch(cuda, "get_device_name", _cuda_get_device_name)
+        patch(cuda, "get_device_properties",
+              lambda device=None: get_device_properties(device, "cuda"))
         cmem = getattr(cuda, "memory", None)
         if cmem is not None:
             for n in _MEMORY_FUNCS:
