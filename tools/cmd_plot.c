@@ -125,7 +125,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
                      int64_t dev) {
   uint64_t *act = NULL, *res = NULL;
   uint32_t n = 0;
-  char b1[32], b2[64];
+  char b1[32], b2[96];
   if (cli_timeline(s, dev, &act, &res, &n) < 0)
     return -1;
   const msnap_trace_list_t *tl = cli_trace(s, dev);
@@ -199,7 +199,7 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     }
     fprintf(f,
             "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#444\">"
-            "trace entry (%u %s%s)</text>\n",
+            "trace entries done (%u %s%s)</text>\n",
             ML + (W - ML - MR) / 2, H - 12, n - 1,
             cli_plural(n - 1, "entry", "entries"), unit);
     /* record_function ranges: a dashed line at each START. */
@@ -235,8 +235,14 @@ static int write_svg(FILE *f, const char *file, const msnap_snap_t *s,
     lx = legend_item(f, lx, "line", "#666", "reserved (segments)");
     if (shown)
       lx = legend_item(f, lx, "dash", "#9467bd", "record_function");
-    snprintf(b2, sizeof b2, "peak active %s at entry %u",
-             cli_bytes(act[peak_at], b1, sizeof b1), peak_at);
+    /* x = k is the state after k entries: after entry k - 1 (entries
+     * are numbered from 0, as everywhere) */
+    if (peak_at == 0)
+      snprintf(b2, sizeof b2, "peak active %s before the first entry",
+               cli_bytes(act[peak_at], b1, sizeof b1));
+    else
+      snprintf(b2, sizeof b2, "peak active %s after entry %u",
+               cli_bytes(act[peak_at], b1, sizeof b1), peak_at - 1);
     legend_item(f, lx, "dot", "#d62728", b2);
   } else {
     /* No trace: bars of the final state. */

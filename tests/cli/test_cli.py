@@ -1120,6 +1120,35 @@ def group_real():
                    "plot %s: the SVG of the file with its frame lists "
                    "emptied is the same (plot uses no stack: it does not "
                    "read them)" % name)
+    # The peak's entry in plot's legend: entries are numbered from 0, x = k
+    # is the state after k entries (it said "at entry 3" for the state
+    # after entry 2)
+    S = 0x7f0000000000
+
+    def pent(action, addr, size):
+        return {"action": action, "addr": addr, "size": size, "stream": 0,
+                "frames": []}
+    pk = write_pickle({
+        "segments": [],
+        "device_traces": [[
+            pent("segment_alloc", S, 2 << 20), pent("alloc", S, 512),
+            pent("alloc", S + 512, 512), pent("free_requested", S, 512),
+            pent("free_completed", S, 512),
+            pent("free_requested", S + 512, 512),
+            pent("free_completed", S + 512, 512),
+            pent("segment_free", S, 2 << 20)]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}},
+        "plot_peak.pickle")
+    svg = os.path.join(TMP, "plot_peak.svg")
+    rc, out, err = run("plot", pk, "-o", svg)
+    txt = open(svg).read() if os.path.exists(svg) else ""
+    rc2, out2, err2 = run("summary", "--json", pk)
+    ps = [int(x) for x in re.findall(r'"peak_state": (\d+)', out2)]
+    expect(rc == 0 and "peak active 1.00 KiB after entry 2" in txt and
+           "trace entries done (8 entries)" in txt and ps == [3],
+           "plot: the peak is named by the entry after which it is reached, "
+           "as summary's peak_state 3 (%d, %r, %s)"
+           % (rc, re.findall(r"peak active[^<]*", txt), ps))
     # fleet of the real inputs: each file's allocated bytes (--json and
     # the text table's column) are summary's allocated, the sizes of its
     # active_allocated blocks, summed over its devices (pickle's figures)
