@@ -17,7 +17,8 @@
  * address since 2.1, requested_size with frames, time_us on all entries
  * of a device or none, 'device_free' rather than 'addr' on an oom entry);
  * every device with segments has a trace list; segment ends fit in 64
- * bits; addresses stay below 2^53;
+ * bits; addresses, trace entry sizes and blocks' requested sizes stay
+ * below 2^53;
  * and the backward replay of each device trace over the final
  * state (cli_back.c) finds nothing wrong.  The replay rules never need the
  * entries a ring buffer dropped, so a truncated history is not a fault.
@@ -372,6 +373,11 @@ static void check_segments(check_t *c, const msnap_snap_t *s) {
                "default then)");
       if (b->size == 0)
         report(c, where, "block of size 0");
+      if ((b->keys & MSNAP_K_REQUESTED) && b->requested_size > (1ull << 53))
+        report(c, where,
+               "requested_size %" PRIu64 " is above 2^53: JavaScript "
+               "viewers (memory_viz) lose precision, and no device holds it",
+               b->requested_size);
       /* Inactive blocks keep the stale request of their last use (PyTorch
        * does not clear it on a split or merge): only active ones count. */
       if ((b->keys & MSNAP_K_REQUESTED) && cli_block_active(b) &&
@@ -510,6 +516,11 @@ static void check_traces(check_t *c, const msnap_snap_t *s, bool replay) {
         report(c, WHERE,
                "missing key 'size' (PyTorch writes it in every entry; read "
                "as 0)");
+      if (e->size > (1ull << 53))
+        report(c, WHERE,
+               "size %" PRIu64 " is above 2^53: JavaScript viewers "
+               "(memory_viz) lose precision, and no device holds it",
+               e->size);
       if (e->addr >= (1ull << 53) && !(at->keys & MSNAP_K_DEVICE_FREE))
         report(c, WHERE,
                "addr 0x%" PRIx64 " is above 2^53: JavaScript viewers "

@@ -701,6 +701,20 @@ def group_check():
             "viewers (memory_viz) lose precision" % p],
             "check: segment 0x%x + %d ends past 2^64 (%d %r)"
             % (addr, total, rc, out[-300:]))
+    # sizes no device holds: a trace entry's size and an inactive block's
+    # stale requested_size above 2^53 (four allocs of 2^62 B summed to 0
+    # in summary's peak; convert refused the 2^63 one that check passed)
+    d = good_snapshot()
+    d["segments"][1]["blocks"][-1]["requested_size"] = 2**63
+    d["device_traces"][0][0]["size"] = 2**62
+    p = write_pickle(d, "huge_sizes.pickle")
+    rc, out, err = run("check", p)
+    expect(rc == 1 and
+           "segments[1].blocks[%d]: requested_size %d is above 2^53"
+           % (len(d["segments"][1]["blocks"]) - 1, 2**63) in out and
+           "device_traces[0][0]: size %d is above 2^53" % 2**62 in out,
+           "check: a trace size and a block's requested_size above 2^53 "
+           "(%d %r)" % (rc, out[-400:]))
     # the two keys of every snapshot dict PyTorch's _snapshot() writes
     # (memory_viz's stats and trace read data["segments"], its trace
     # data["device_traces"]); without segments the trace is not replayed
