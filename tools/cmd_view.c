@@ -241,7 +241,7 @@ int cli_cmd_view(int argc, char **argv) {
       if (st[i].estimate > vo.budget &&
           (over < 0 || st[i].estimate > st[over].estimate))
         over = i;
-    if (over >= 0 && nf > 1)
+    if (over >= 0)
       cli_err("note: the page holds %" PRIu64 " bytes of data for %s, more "
               "than --budget %" PRIu64 "%s per file: the final state, the "
               "memory series and the stacks of what is shown go in whatever "

@@ -2055,9 +2055,11 @@ def group_replay():
         rc, out, err = run("view", "--json", "--budget", budget, live, "-o",
                            os.path.join(TMP, "budget.html"))
         js = json.loads(out) if rc == 0 and out else {}
+        fb = (js.get("files") or [{}])[0].get("data_bytes", -1)
         expect(rc == 0 and 0 < js.get("data_bytes", 0) < js.get("bytes", 0)
-               and ("note: the page holds %d bytes of data, more than "
-                    "--budget 1 per file" % js["data_bytes"] in err) == note,
+               and 0 < fb < js["data_bytes"]
+               and ("note: the page holds %d bytes of data for %s, more "
+                    "than --budget 1 per file" % (fb, live) in err) == note,
                "view --budget %s: data_bytes, %s note (%d %r)"
                % (budget, "a" if note else "no", rc, err[-300:]))
     rc, out, err = run("replay", "--json", "--alloc-conf",
