@@ -695,7 +695,7 @@ int cli_cmd_diff(int argc, char **argv) {
   if (nleak)
     rc = CLI_FINDING;
 
-  char warn[3][512];
+  char warn[4][512];
   uint32_t nwarn = 0;
   if (same == 0)
     snprintf(warn[nwarn++], sizeof warn[0],
@@ -720,6 +720,39 @@ int cli_cmd_diff(int argc, char **argv) {
     snprintf(warn[nwarn++], sizeof warn[0],
              "B's trace holds A's last entries more than once (a repeating "
              "loop without time_us): the alignment may be a step off");
+  /* Devices A knows nothing of (no segment, no trace entry) but B has
+   * live blocks on: every one of them is new, its site grew from 0. */
+  char absent[256] = "";
+  size_t alen = 0;
+  uint32_t nabsent = 0;
+  /* the devices of B's new blocks, each once */
+  int64_t *ndev = malloc(((size_t)nall + 1) * sizeof *ndev);
+  uint32_t nn = 0;
+  for (uint32_t i = 0; ndev && i < nall; i++)
+    if (all[i].side == 1)
+      ndev[nn++] = all[i].device;
+  if (ndev)
+    qsort(ndev, nn, sizeof *ndev, cli_cmp_i64);
+  for (uint32_t i = 0; i < nn; i++) {
+    if (i && ndev[i] == ndev[i - 1])
+      continue;
+    int64_t dev = ndev[i];
+    uint64_t res, alloc, nseg;
+    dev_totals(sa, dev, &res, &alloc, &nseg);
+    const msnap_trace_list_t *ta = cli_trace(sa, dev);
+    if (nseg || (ta && ta->n))
+      continue;
+    if (nabsent++ < 8 && alen < sizeof absent - 32)
+      alen += (size_t)snprintf(absent + alen, sizeof absent - alen,
+                               "%s%" PRId64, alen ? ", " : "", dev);
+  }
+  free(ndev);
+  if (nabsent)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "A holds nothing on device%s %s%s (no segment, no trace "
+             "entry): B's live blocks there are all new, and their sites "
+             "count as grown from 0",
+             nabsent > 1 ? "s" : "", absent, nabsent > 8 ? ", ..." : "");
 
   cli_json_t j;
   cj_init(&j, stdout);

@@ -4544,6 +4544,20 @@ def group_diff_traces():
     rc, out, err = run("diff", a, b)
     expect("warning: A and B share nothing" in out,
            "diff text: the warning is printed")
+    # B with live blocks on a device A holds nothing of: said, by device
+    base = loop_snapshot(4, True, True)
+    moved = copy.deepcopy(base)
+    for seg in moved["segments"]:
+        seg["device"] = 3
+    moved["device_traces"] += [[], [], []]
+    a = write_pickle(base, "dev_a.pickle")
+    b = write_pickle(moved, "dev_b3.pickle")
+    rc, out, err = run("diff", "--json", a, b)
+    js = json.loads(out) if out else {}
+    w = " ".join(js.get("warnings", []))
+    expect("A holds nothing on device 3 (no segment, no trace entry)" in w,
+           "diff: B's live blocks on a device A has nothing of get a "
+           "warning (%d %r)" % (rc, w))
 
 
 def group_explain():
