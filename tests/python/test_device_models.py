@@ -442,6 +442,75 @@ def test_scans_backward_match_the_cpu():
     assert _run("t.scan_gradients()") == {"cumsum": DEVICE, "cumprod": DEVICE}
 
 
+def rotary_losses_and_resampling():
+    """The operators of a LLaMA-style block and of common heads beyond the
+    first list: rotary position embeddings (sin, cos, the rotate-half
+    cat), Tensor.repeat (through the device's unfold view), roll, prod,
+    softplus, log1p, erf, nan_to_num, integer division, unique,
+    F.interpolate (nearest, linear, bilinear), and the losses
+    binary_cross_entropy(_with_logits), smooth_l1_loss and kl_div, forward
+    and backward, on the device against the CPU's."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 6)
+
+    def rotary(t):
+        pos = torch.arange(8, device=t.device, dtype=t.dtype)[:, None]
+        inv = 1.0 / (10000 ** (torch.arange(0, 6, 2, device=t.device,
+                                            dtype=t.dtype) / 6))
+        ang = torch.cat([pos * inv, pos * inv], -1)
+        half = torch.cat([-t[..., 3:], t[..., :3]], -1)
+        return t * ang.cos() + half * ang.sin()
+
+    cases = {
+        "rotary": rotary,
+        "repeat": lambda t: t.repeat(2, 1, 1, 1) * 2,
+        "unfold": lambda t: t.unfold(2, 4, 2).sum(-1),
+        "roll": lambda t: torch.roll(t, 1, 2) * t,
+        "prod": lambda t: (t.abs() + 0.5).prod(-1),
+        "softplus": F.softplus,
+        "log1p": lambda t: torch.log1p(t.abs()),
+        "erf": torch.erf,
+        "nan_to_num": lambda t: torch.nan_to_num(torch.log(t)),
+        "interp_nearest": lambda t: F.interpolate(t, scale_factor=2),
+        "interp_bilinear": lambda t: F.interpolate(t, scale_factor=2,
+                                                   mode="bilinear"),
+        "interp_linear": lambda t: F.interpolate(t[0], scale_factor=2,
+                                                 mode="linear"),
+        "bce_logits": lambda t: F.binary_cross_entropy_with_logits(
+            t, (t.detach() > 0).to(t.dtype)),
+        "bce": lambda t: F.binary_cross_entropy(
+            torch.sigmoid(t), (t.detach() > 0).to(t.dtype)),
+        "smooth_l1": lambda t: F.smooth_l1_loss(t, t.detach() * 0.5),
+        "kl_div": lambda t: F.kl_div(F.log_softmax(t, -1),
+                                     F.softmax(t.detach(), -1),
+                                     reduction="batchmean"),
+    }
+    out = {}
+    for name, f in cases.items():
+        xc = x.clone().requires_grad_()
+        xd = x.to(DEVICE).requires_grad_()
+        yc, yd = f(xc), f(xd)
+        torch.testing.assert_close(yd.cpu(), yc, msg=name)
+        yc.pow(2).sum().backward()
+        yd.pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, msg=name)
+        out[name] = [yd.device.type, xd.grad.device.type]
+    ints = (x * 10).long()
+    for name, f in (("floor_divide", lambda t: t // 3),
+                    ("remainder", lambda t: t % 3),
+                    ("unique", lambda t: torch.unique(t % 4))):
+        r = f(ints.to(DEVICE))
+        torch.testing.assert_close(r.cpu(), f(ints), msg=name)
+        out[name] = [r.device.type, r.device.type]
+    return out
+
+
+@needs_shim
+def test_rotary_losses_and_resampling_match_the_cpu():
+    r = _run("t.rotary_losses_and_resampling()")
+    assert len(r) == 19 and all(v == [DEVICE, DEVICE] for v in r.values()), r
+
+
 def statistics_norms_and_fused_optimizers():
     """nn.GroupNorm (math_group_norm over var_mean, and its backward),
     var/std, cross_entropy with label_smoothing (bitwise_not of the

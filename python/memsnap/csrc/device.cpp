@@ -23,7 +23,8 @@
 //     caching allocator);
 //   - the aten kernels a device must provide: empty.memory_format,
 //     empty_strided, _copy_from, _copy_from_and_resize, resize_, view,
-//     as_strided, _reshape_alias, set_ (3 overloads), _local_scalar_dense,
+//     as_strided, _reshape_alias, unfold (at::native::unfold, a view
+//     over as_strided), set_ (3 overloads), _local_scalar_dense,
 //     record_stream;
 //   - kernels computed on the CPU over the device bytes, their results
 //     allocated on the device through memsnap: convolution_overrideable and
@@ -78,6 +79,7 @@
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -152,9 +154,26 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::min", "aten::argmax", "aten::argmin", "aten::norm",
       "aten::linalg_vector_norm", "aten::all", "aten::any",
       "aten::var", "aten::var_mean", "aten::std", "aten::std_mean",
+      // more elementwise operators (rotary position embeddings: sin and
+      // cos; softplus, log1p, erf, nan_to_num; integer division)
+      "aten::sin", "aten::sin_", "aten::cos", "aten::cos_", "aten::log1p",
+      "aten::log1p_", "aten::erf", "aten::erf_", "aten::softplus",
+      "aten::softplus_backward", "aten::nan_to_num", "aten::nan_to_num_",
+      "aten::floor_divide", "aten::floor_divide_", "aten::remainder",
+      "aten::fmod", "aten::xlogy", "aten::roll", "aten::prod", "aten::sgn",
+      "aten::_unique2", "aten::unfold_backward",
+      // resampling (F.interpolate: nearest, linear, bilinear)
+      "aten::upsample_nearest1d", "aten::upsample_nearest1d_backward",
+      "aten::upsample_nearest2d", "aten::upsample_nearest2d_backward",
+      "aten::upsample_nearest3d", "aten::upsample_nearest3d_backward",
+      "aten::upsample_linear1d", "aten::upsample_linear1d_backward",
+      "aten::upsample_bilinear2d", "aten::upsample_bilinear2d_backward",
       // losses
       "aten::mse_loss", "aten::mse_loss_backward", "aten::nll_loss_forward",
       "aten::nll_loss_backward", "aten::l1_loss",
+      "aten::log_sigmoid_forward", "aten::log_sigmoid_backward",
+      "aten::smooth_l1_loss", "aten::smooth_l1_loss_backward",
+      "aten::binary_cross_entropy", "aten::binary_cross_entropy_backward",
       // data movement within the device
       "aten::cat", "aten::stack", "aten::index_select", "aten::gather",
       "aten::scatter", "aten::scatter_add", "aten::masked_fill",
@@ -1072,6 +1091,9 @@ void register_all() {
   impl.impl("resize_", TORCH_FN(resize_));
   impl.impl("view", TORCH_FN(view));
   impl.impl("as_strided", TORCH_FN(as_strided));
+  // a view (Tensor.unfold, and Tensor.repeat's kernel through it): the
+  // CPU's and CUDA's own kernel, sizes and strides over as_strided
+  impl.impl("unfold", TORCH_FN(at::native::unfold));
   impl.impl("_reshape_alias", TORCH_FN(reshape_alias));
   impl.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   impl.impl("set_.source_Storage", TORCH_FN(set_source_storage));
@@ -1085,10 +1107,13 @@ void register_all() {
   impl.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   impl.impl("convolution_backward_overrideable",
             TORCH_FN(convolution_backward_overrideable));
-  // mse_loss's functional form would otherwise go through the structured
-  // out= kernel with a 0-dim output, which PyTorch's CPU kernel resizes
-  // (and warns about); compute the functional form itself on the CPU.
+  // mse_loss's and smooth_l1_loss's functional forms would otherwise go
+  // through the structured out= kernel with a 0-dim output, which
+  // PyTorch's CPU kernel resizes (and warns about); compute the
+  // functional forms themselves on the CPU.
   impl.impl("mse_loss",
+            torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  impl.impl("smooth_l1_loss",
             torch::CppFunction::makeFromBoxedFunction<&fallback>());
   impl.impl("native_layer_norm",
             torch::CppFunction::makeFromBoxedFunction<&fallback>());
