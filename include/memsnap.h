@@ -153,7 +153,8 @@ typedef struct msnap_runtime_ops_s {
 MSNAP_API const msnap_runtime_ops_t *msnap_runtime_sim(void);
 MSNAP_API const msnap_runtime_ops_t *msnap_runtime_acl(void);
 MSNAP_API const msnap_runtime_ops_t *msnap_runtime_cuda(void);
-/* The table for a name ("sim"|"acl"|"cuda"), NULL if unknown. */
+/* The table for a name, NULL if unknown: "sim", "acl" (also "npu",
+ * "ascend"), "cuda"; letter case ignored. */
 MSNAP_API const msnap_runtime_ops_t *msnap_runtime_by_name(const char *name);
 
 /* ------------------------------------------------------------------------

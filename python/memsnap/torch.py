@@ -1,11 +1,13 @@
 """memsnap.torch -- plug memsnap into torch (CUDA) or torch_npu (Ascend).
 
-``use_allocator()`` installs libmemsnap.so as torch's current device
-allocator through the pluggable-allocator API
+``use_allocator()`` installs memsnap's C++ shim (libmemsnap_torch.so) as
+torch's current device allocator through the pluggable-allocator API
 (``torch.cuda.memory.CUDAPluggableAllocator`` or torch_npu's
 ``NPUPluggableAllocator``, which dlopen the library and call
-``msnap_plugin_malloc(size, device, stream)`` /
-``msnap_plugin_free(ptr, size, device, stream)``).  From then on every
+``msnap_torch_malloc(size, device, stream)`` /
+``msnap_torch_free(ptr, size, device, stream)``, raising
+torch.OutOfMemoryError at an OOM; without the shim, libmemsnap.so's
+``msnap_plugin_malloc`` / ``msnap_plugin_free``, which return NULL).  From then on every
 tensor's memory comes from memsnap, and ``memsnap.memory`` (stats, history,
 snapshots) describes it.
 

@@ -3,7 +3,8 @@
  * their parsers.  msnap__env_get is the only getenv call of src/; every
  * other file asks for a variable of the table by its msnap_env_t.
  *
- * MEMSNAP_PROFILE      "npu" (default) or "cuda".
+ * MEMSNAP_PROFILE      "npu" or "cuda" (default: the caller's -- the live
+ *                      runtime's profile, cuda on the sim).
  * MEMSNAP_RUNTIME      runtime name ("sim" default; checked by the caller).
  * MEMSNAP_SIM_DEVICES  a device count, a plain decimal number in [1, 64]
  *                      (msnap__env_count).
