@@ -42,6 +42,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -433,7 +434,9 @@ static int k_pinned_reserve_segment_size_mb(parser_t *p, size_t key,
   int rc = to_value(p, key, i);
   if (!rc) rc = tok_u64(p, key, *i, &v);
   if (rc) return rc;
-  if (v == 0)
+  /* (torch_npu's NPUAllocatorConfig::parseArgs takes any size_t: 0 is
+   * "no reserve segment", the default, in the npu profile) */
+  if (v == 0 && !p->npu)
     return fail(p, *i, "Pinned reserve segment size has to be greater than 0; "
                 "got '%s'", p->tok[*i]);
   p->c->pinned_reserve_segment_size = mb_bytes(v);
@@ -597,6 +600,12 @@ static int k_segment_size_mb(parser_t *p, size_t key, size_t *i) {
     return fail(p, *i, "segment_size_mb must be in [20, 512]; got '%s'",
                 p->tok[*i]);
   p->c->segment_size_mb = v;
+  /* torch_npu warns once (NPUAllocatorConfig::parseSegmentSizeMb) */
+  static atomic_bool warned;
+  if (!p->c->quiet && !atomic_exchange(&warned, true))
+    fprintf(stderr,
+            "memsnap: warning: alloc conf: segment_size_mb is deprecated "
+            "(torch_npu): use large_segment_size_mb\n");
   return 0;
 }
 

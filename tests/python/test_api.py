@@ -394,3 +394,22 @@ def test_created_by_names_the_first_call(thread):
         assert r["by"] == ["memory.py", "caching_allocator_alloc", "<string>:9"], r
         assert r["named"] == "memsnap.memory.caching_allocator_alloc at <string>:9", r
     assert r["later"] == r["named"], r
+
+
+def test_npu_segment_size_mb_is_deprecated_as_in_torch_npu():
+    """torch_npu warns once that segment_size_mb is deprecated for
+    large_segment_size_mb (NPUAllocatorConfig::parseSegmentSizeMb); the
+    setting still applies.  The npu profile takes a pinned reserve of 0
+    (no reserve segment), as torch_npu's parser does."""
+    code = r"""
+import json
+import memsnap.memory as mm
+for _ in range(2):
+    mm.caching_allocator_delete(mm.caching_allocator_alloc(30 << 20))
+print("RESULT " + json.dumps(mm.memory_reserved()))
+"""
+    p = run_script(code, env=base_env(
+        MEMSNAP_PROFILE="npu",
+        PYTORCH_NPU_ALLOC_CONF="segment_size_mb:40,pinned_reserve_segment_size_mb:0"))
+    assert p.stderr.count("segment_size_mb is deprecated") == 1, p.stderr
+    assert p.result > 0

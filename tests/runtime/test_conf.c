@@ -398,6 +398,10 @@ static void test_npu_profile(void **state) {
   assert_true(c.pinned_use_host_register);
   assert_int_equal(c.pinned_reserve_segment_size, 8 * MiB);
   assert_true(c.per_process_memory_fraction == 0.5);
+  /* torch_npu takes any size_t for the pinned reserve: 0 is none (the
+   * cuda profile refuses it, above) */
+  ok(&c, "pinned_reserve_segment_size_mb:0");
+  assert_int_equal(c.pinned_reserve_segment_size, 0);
   assert_true(c.release_lock_on_malloc);
   assert_true(c.throw_on_malloc_oom);
   /* The generic whitelist. */
