@@ -324,6 +324,34 @@ print("RESULT " + json.dumps(out))
     assert r["to_npu1"] == "ok npu:1", r
 
 
+def test_copies_keep_the_conjugate_and_negative_bits():
+    """A lazy conj() / neg view copied to, from or within the device gives
+    the resolved values (the math-bit fallbacks recursed without end
+    through _copy_from: a segmentation fault in a complex gradient)."""
+    code = r"""
+import json
+import memsnap.torch as mt, torch
+d = mt.register_device("npu")
+z = torch.randn(5, dtype=torch.complex64)
+zd = z.to(d)
+want = z.conj().resolve_conj()
+e = torch.empty(5, dtype=torch.complex64, device=d)
+e.copy_(z.conj())
+w = torch.randn(5, dtype=torch.complex64, device=d, requires_grad=True)
+(w * zd).abs().sum().backward()
+wc = w.detach().cpu().requires_grad_()
+(wc * z).abs().sum().backward()
+out = {"to_cpu": torch.equal(zd.conj().cpu(), want),
+       "resolve": torch.equal(zd.conj().resolve_conj().cpu(), want),
+       "from_cpu": torch.equal(e.cpu(), want),
+       "neg": torch.equal(zd._neg_view().cpu(), -z),
+       "grad": torch.allclose(w.grad.cpu(), wc.grad)}
+print("RESULT " + json.dumps(out))
+"""
+    r = run_script(code).result
+    assert all(r.values()), r
+
+
 def test_device_argument_of_another_type_is_refused():
     """After register_device('npu'), memsnap.memory's device arguments are
     npu's, as torch.cuda's are cuda's: 'cuda' (str or torch.device) raises

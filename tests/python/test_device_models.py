@@ -511,6 +511,89 @@ def test_rotary_losses_and_resampling_match_the_cpu():
     assert len(r) == 19 and all(v == [DEVICE, DEVICE] for v in r.values()), r
 
 
+def activations_padding_and_selection():
+    """Forward and backward of the activations, paddings, patch and
+    distance operators, complex views and selections a wider range of
+    models uses (LeakyReLU/ELU/SELU/Hardtanh/ReLU6/Hardswish/Mish/GLU,
+    reflect/replicate padding, F.unfold/F.fold, cdist, EmbeddingBag,
+    rotary embeddings through view_as_complex and polar, median,
+    kthvalue, logcumsumexp, cummax, index_copy, masked_scatter, huber),
+    plus searchsorted, bucketize, bincount, tril_indices and randperm, on
+    the device against the CPU's."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 6, 8)
+
+    def rotary_complex(t):
+        z = torch.view_as_complex(t.reshape(2, 4, 6, 4, 2))
+        rot = torch.polar(torch.ones(6, 4, device=t.device),
+                          torch.arange(24., device=t.device).reshape(6, 4))
+        return torch.view_as_real(z * rot).flatten(-2)
+
+    eb = nn.EmbeddingBag(10, 8, mode="mean")
+    ebd = copy.deepcopy(eb).to(DEVICE)
+    idx = torch.tensor([[0, 2, 4], [5, 7, 9]])
+    cases = {
+        "leaky_relu": F.leaky_relu, "elu": F.elu, "selu": F.selu,
+        "hardtanh": F.hardtanh, "relu6": F.relu6, "hardswish": F.hardswish,
+        "hardsigmoid": F.hardsigmoid, "mish": F.mish,
+        "glu": lambda t: F.glu(t, -1),
+        "atan2_log2": lambda t: torch.atan2(t, t.flip(0)) + torch.log2(t.abs() + 1),
+        "pad_reflect": lambda t: F.pad(t, (1, 2, 2, 1), mode="reflect"),
+        "pad_replicate": lambda t: F.pad(t, (1, 2, 2, 1), mode="replicate"),
+        "unfold_fold": lambda t: F.fold(F.unfold(t, 3, padding=1), (6, 8), 3,
+                                        padding=1),
+        "cdist": lambda t: torch.cdist(t[0], t[1]),
+        "rotary_complex": rotary_complex,
+        "median": lambda t: t.median(-1).values,
+        "kthvalue": lambda t: t.kthvalue(3, -1).values,
+        "logcumsumexp": lambda t: t.logcumsumexp(-1),
+        "cummax": lambda t: t.cummax(-1).values,
+        "index_copy": lambda t: t.index_copy(
+            1, torch.tensor([0, 2], device=t.device), t[:, 1:3] * 2),
+        "masked_scatter": lambda t: t.masked_scatter(t.detach() > 0, t * 3),
+        "huber": lambda t: F.huber_loss(t, t.detach() * 0.5),
+    }
+    out = {}
+    for name, f in cases.items():
+        xc = x.clone().requires_grad_()
+        xd = x.to(DEVICE).requires_grad_()
+        yc, yd = f(xc), f(xd)
+        torch.testing.assert_close(yd.cpu(), yc, msg=name)
+        yc.pow(2).sum().backward()
+        yd.pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, msg=name)
+        out[name] = [yd.device.type, xd.grad.device.type]
+    ec, ed = eb(idx), ebd(idx.to(DEVICE))
+    torch.testing.assert_close(ed.cpu(), ec)
+    ec.sum().backward()
+    ed.sum().backward()
+    torch.testing.assert_close(ebd.weight.grad.cpu(), eb.weight.grad)
+    out["embedding_bag"] = [ed.device.type, ebd.weight.grad.device.type]
+    edges = torch.tensor([-1.0, 0.0, 1.0])
+    for name, f in (
+            ("searchsorted", lambda t, e: torch.searchsorted(e, t)),
+            ("bucketize", lambda t, e: torch.bucketize(t, e)),
+            ("bincount", lambda t, e: torch.bincount((t.abs() * 3).long().flatten()))):
+        r = f(x.to(DEVICE), edges.to(DEVICE))
+        torch.testing.assert_close(r.cpu(), f(x, edges), msg=name)
+        out[name] = [r.device.type, r.device.type]
+    ti = torch.tril_indices(5, 5, device=DEVICE)
+    torch.testing.assert_close(ti.cpu(), torch.tril_indices(5, 5))
+    torch.manual_seed(3)
+    rp = torch.randperm(7, device=DEVICE)
+    torch.manual_seed(3)
+    torch.testing.assert_close(rp.cpu(), torch.randperm(7))
+    out["tril_indices"] = [ti.device.type, ti.device.type]
+    out["randperm"] = [rp.device.type, rp.device.type]
+    return out
+
+
+@needs_shim
+def test_activations_padding_and_selection_match_the_cpu():
+    r = _run("t.activations_padding_and_selection()")
+    assert len(r) == 28 and all(v == [DEVICE, DEVICE] for v in r.values()), r
+
+
 def statistics_norms_and_fused_optimizers():
     """nn.GroupNorm (math_group_norm over var_mean, and its backward),
     var/std, cross_entropy with label_smoothing (bitwise_not of the

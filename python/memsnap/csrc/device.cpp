@@ -80,6 +80,8 @@
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -162,6 +164,34 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::floor_divide", "aten::floor_divide_", "aten::remainder",
       "aten::fmod", "aten::xlogy", "aten::roll", "aten::prod", "aten::sgn",
       "aten::_unique2", "aten::unfold_backward",
+      // more activations and their gradients, more elementwise
+      // functions
+      "aten::leaky_relu", "aten::leaky_relu_", "aten::leaky_relu_backward",
+      "aten::elu", "aten::elu_", "aten::elu_backward", "aten::hardtanh",
+      "aten::hardtanh_", "aten::hardtanh_backward", "aten::hardswish",
+      "aten::hardswish_", "aten::hardswish_backward", "aten::hardsigmoid",
+      "aten::hardsigmoid_backward", "aten::mish", "aten::mish_backward",
+      "aten::glu", "aten::glu_backward", "aten::log2", "aten::log10",
+      "aten::tan", "aten::atan", "aten::atan2", "aten::asin", "aten::acos",
+      "aten::sinh", "aten::cosh", "aten::asinh", "aten::acosh", "aten::atanh",
+      "aten::exp2", "aten::expm1", "aten::hypot", "aten::heaviside",
+      "aten::polar", "aten::complex", "aten::angle",
+      "aten::bincount", "aten::trace", "aten::median", "aten::kthvalue",
+      "aten::mode", "aten::_logcumsumexp", "aten::_cummax_helper",
+      "aten::_cummin_helper", "aten::searchsorted", "aten::bucketize",
+      "aten::masked_scatter_", "aten::index_fill_", "aten::index_copy",
+      "aten::index_copy_", "aten::put_", "aten::take", "aten::exponential_",
+      "aten::huber_loss", "aten::huber_loss_backward",
+      "aten::linalg_inv_ex", "aten::_cdist_forward", "aten::_cdist_backward",
+      "aten::im2col", "aten::col2im", "aten::_embedding_bag_forward_only",
+      "aten::_embedding_bag", "aten::_embedding_bag_backward",
+      "aten::_embedding_bag_dense_backward",
+      "aten::_embedding_bag_per_sample_weights_backward", "aten::randperm",
+      "aten::tril_indices", "aten::triu_indices",
+      "aten::reflection_pad1d", "aten::reflection_pad1d_backward",
+      "aten::reflection_pad2d", "aten::reflection_pad2d_backward",
+      "aten::replication_pad1d", "aten::replication_pad1d_backward",
+      "aten::replication_pad2d", "aten::replication_pad2d_backward",
       // resampling (F.interpolate: nearest, linear, bilinear)
       "aten::upsample_nearest1d", "aten::upsample_nearest1d_backward",
       "aten::upsample_nearest2d", "aten::upsample_nearest2d_backward",
@@ -793,6 +823,15 @@ at::Tensor as_cpu(const at::Tensor& t) {
                        t.options().device(at::kCPU));
 }
 
+// The CPU alias of device tensor t keeps t's conjugate and negative
+// bits (lazy conj() / neg views, ATen/native/MathBitsFallback.h), which
+// the CPU copy then resolves as it does for CPU tensors.
+at::Tensor with_bits(at::Tensor cpu, const at::Tensor& t) {
+  if (t.is_conj()) cpu = cpu.conj();
+  if (t.is_neg()) cpu = cpu._neg_view();
+  return cpu;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
                      bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(),
@@ -800,8 +839,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   TORCH_CHECK(self.sizes() == dst.sizes(), "memsnap _copy_from: sizes ",
               self.sizes(), " and ", dst.sizes(), " differ");
   if (self.numel() == 0) return dst;
-  at::Tensor src_cpu = self.is_cpu() ? self : as_cpu(self);
-  at::Tensor dst_cpu = dst.is_cpu() ? dst : as_cpu(dst);
+  at::Tensor src_cpu = self.is_cpu() ? self : with_bits(as_cpu(self), self);
+  at::Tensor dst_cpu = dst.is_cpu() ? dst : with_bits(as_cpu(dst), dst);
   at::native::copy_(dst_cpu, src_cpu, non_blocking);
   return dst;
 }
@@ -1094,6 +1133,9 @@ void register_all() {
   // a view (Tensor.unfold, and Tensor.repeat's kernel through it): the
   // CPU's and CUDA's own kernel, sizes and strides over as_strided
   impl.impl("unfold", TORCH_FN(at::native::unfold));
+  // complex views (rotary embeddings written with complex numbers)
+  impl.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  impl.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   impl.impl("_reshape_alias", TORCH_FN(reshape_alias));
   impl.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   impl.impl("set_.source_Storage", TORCH_FN(set_source_storage));
@@ -1117,6 +1159,19 @@ void register_all() {
             torch::CppFunction::makeFromBoxedFunction<&fallback>());
   impl.impl("native_layer_norm",
             torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  // A copy from or to a tensor with the conjugate or negative bit (the
+  // gradient of a complex product): the math-bit fallbacks would resolve
+  // the bit with clone, whose copy_ calls _copy_from again, without end.
+  // copy_from keeps the bits on its CPU aliases instead (with_bits), as
+  // CUDA's copy kernel handles them itself.
+  static torch::Library conj(torch::Library::IMPL, "aten",
+                             c10::DispatchKey::Conjugate, __FILE__, __LINE__);
+  conj.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  conj.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+  static torch::Library neg(torch::Library::IMPL, "aten",
+                            c10::DispatchKey::Negative, __FILE__, __LINE__);
+  neg.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  neg.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
   static torch::Library fb(torch::Library::IMPL, "_",
                            c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   fb.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
