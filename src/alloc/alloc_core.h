@@ -50,13 +50,18 @@ static inline bool msnap__id_zero(msnap_mempool_id_t x) {
 /* Record a trace entry when history is on.  fallback_stack is the stack
  * PyTorch uses when the call's context has none (the block's alloc stack
  * for free_*, the segment's creation stack for segment_free/unmap).
+ * Whether history is on is decided here, under the device lock, as
+ * PyTorch's record_trace decides it: a call that began before history
+ * was switched on (c->rec false: no context gathered) still records what
+ * it changes once it holds the lock, with an empty context -- else a
+ * trace would miss an alloc between two frees of one address.
  * True when the entry was recorded (its raw time: d->ring.last_time). */
 static inline bool msnap__trace(msnap_device_t *d, const msnap_call_t *c,
                                 msnap_action_t act, uint64_t addr,
                                 uint64_t size, uint64_t stream,
                                 const msnap_bpool_t *pool,
                                 uint32_t fallback_stack) {
-  if (msnap_unlikely(c->rec)) {
+  if (msnap_unlikely(c->rec || msnap__hsettings_on(&d->a->hist))) {
     uint32_t ovr = c->r.stack ? 0 : fallback_stack;
     return msnap__ring_record(&d->ring, &d->a->hist, act, addr, size,
                               stream, msnap__pool_id(pool), &c->r, ovr);
