@@ -44,7 +44,8 @@
  * then renamed over it by an atomic file.
  *
  * Temporaries: an atomic file is written as
- * "<name>.tmp.<tag>.<pid>.<n>", where <tag> is 12 hex digits naming the
+ * "<name>.tmp.<tag>.<pid>.<n>" (<n> random: sink.c, tmp_number), where
+ * <tag> is 12 hex digits naming the
  * host and the pid namespace (a hash of the host name, /etc/machine-id
  * and /proc/self/ns/pid).  msnap__tmp_clean removes, in one directory,
  * the regular files of that form whose tag is this process's tag, whose

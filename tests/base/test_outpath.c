@@ -536,6 +536,31 @@ static void test_long_name(void **state) {
   assert_string_equal(slurp(p), "long");
 }
 
+/* The temporaries' names cannot be taken in advance: the first 1000 of
+ * the sequential form another user could compute (tag and pid are public;
+ * each try took the next number of a per-process counter) planted as
+ * links, an atomic write still succeeds and follows none. */
+static void test_tmp_names_unpredictable(void **state) {
+  (void)state;
+  char p[700], victim[600];
+  snprintf(victim, sizeof victim, "%s/victim2", root);
+  put(victim, "secret", 0600);
+  for (int n = 0; n < 1000; n++) {
+    snprintf(p, sizeof p, "%s/t.pickle.tmp.%s.%d.%d", root, msnap__tmp_tag(),
+             (int)getpid(), n);
+    assert_int_equal(symlink(victim, p), 0);
+  }
+  snprintf(p, sizeof p, "%s/t.pickle", root);
+  assert_int_equal(msnap__write_file_atomic(p, "fresh", 5), 0);
+  assert_string_equal(slurp(p), "fresh");
+  assert_string_equal(slurp(victim), "secret");
+  for (int n = 0; n < 1000; n++) {
+    snprintf(p, sizeof p, "%s/t.pickle.tmp.%s.%d.%d", root, msnap__tmp_tag(),
+             (int)getpid(), n);
+    unlink(p);
+  }
+}
+
 /* Unique names (the OOM dump's): created with O_EXCL, an existing file,
  * a link or a dangling link is skipped, never reused or followed. */
 static void test_name_reserve(void **state) {
@@ -633,6 +658,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_descriptor_links, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tmp_clean, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_name, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tmp_names_unpredictable, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_name_reserve, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_output, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fifo_target, setup, teardown),
