@@ -570,7 +570,10 @@ int msnap__atomic_sink_close(msnap_atomic_sink_t *as, int rc) {
     bool direct = f->direct;
     msnap__atomic_abort(f);
     return msnap__set_error_errno(rc, e, "writing '%s' failed: %s%s", path,
-                                  why, direct ? "" : "; no file was left");
+                                  why,
+                                  direct ? ""
+                                         : "; the path is as it was (an "
+                                           "existing file kept, no new one)");
   }
   rc = msnap__atomic_commit(f);
   return rc; /* the last error names path and the system's reason */
