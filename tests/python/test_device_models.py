@@ -442,6 +442,23 @@ def test_scans_backward_match_the_cpu():
     assert _run("t.scan_gradients()") == {"cumsum": DEVICE, "cumprod": DEVICE}
 
 
+def forward_backward_like_the_cpu(x, cases):
+    """Each case's output and the gradient of its squares' sum with
+    respect to x, on the device against the CPU's: {name: [the output's
+    device type, the gradient's]}."""
+    out = {}
+    for name, f in cases.items():
+        xc = x.clone().requires_grad_()
+        xd = x.to(DEVICE).requires_grad_()
+        yc, yd = f(xc), f(xd)
+        torch.testing.assert_close(yd.cpu(), yc, msg=name)
+        yc.pow(2).sum().backward()
+        yd.pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, msg=name)
+        out[name] = [yd.device.type, xd.grad.device.type]
+    return out
+
+
 def rotary_losses_and_resampling():
     """The operators of a LLaMA-style block and of common heads beyond the
     first list: rotary position embeddings (sin, cos, the rotate-half
@@ -485,16 +502,7 @@ def rotary_losses_and_resampling():
                                      F.softmax(t.detach(), -1),
                                      reduction="batchmean"),
     }
-    out = {}
-    for name, f in cases.items():
-        xc = x.clone().requires_grad_()
-        xd = x.to(DEVICE).requires_grad_()
-        yc, yd = f(xc), f(xd)
-        torch.testing.assert_close(yd.cpu(), yc, msg=name)
-        yc.pow(2).sum().backward()
-        yd.pow(2).sum().backward()
-        torch.testing.assert_close(xd.grad.cpu(), xc.grad, msg=name)
-        out[name] = [yd.device.type, xd.grad.device.type]
+    out = forward_backward_like_the_cpu(x, cases)
     ints = (x * 10).long()
     for name, f in (("floor_divide", lambda t: t // 3),
                     ("remainder", lambda t: t % 3),
@@ -553,16 +561,7 @@ def activations_padding_and_selection():
         "masked_scatter": lambda t: t.masked_scatter(t.detach() > 0, t * 3),
         "huber": lambda t: F.huber_loss(t, t.detach() * 0.5),
     }
-    out = {}
-    for name, f in cases.items():
-        xc = x.clone().requires_grad_()
-        xd = x.to(DEVICE).requires_grad_()
-        yc, yd = f(xc), f(xd)
-        torch.testing.assert_close(yd.cpu(), yc, msg=name)
-        yc.pow(2).sum().backward()
-        yd.pow(2).sum().backward()
-        torch.testing.assert_close(xd.grad.cpu(), xc.grad, msg=name)
-        out[name] = [yd.device.type, xd.grad.device.type]
+    out = forward_backward_like_the_cpu(x, cases)
     ec, ed = eb(idx), ebd(idx.to(DEVICE))
     torch.testing.assert_close(ed.cpu(), ec)
     ec.sum().backward()
