@@ -562,6 +562,31 @@ def activations_padding_and_selection():
         "huber": lambda t: F.huber_loss(t, t.detach() * 0.5),
     }
     out = forward_backward_like_the_cpu(x, cases)
+    prelu = nn.PReLU(3)
+    prelu_d = copy.deepcopy(prelu).to(DEVICE)
+    x5 = torch.randn(2, 3, 4, 5, 6)
+    out.update(forward_backward_like_the_cpu(x5, {
+        "prelu": lambda t: (prelu_d if t.device.type == DEVICE else prelu)(t),
+        "pad3d_reflect": lambda t: F.pad(t, (1, 1, 1, 1, 1, 1), mode="reflect"),
+        "pad3d_replicate": lambda t: F.pad(t, (1, 1, 1, 1, 1, 1),
+                                           mode="replicate"),
+        "bicubic": lambda t: F.interpolate(t[:, :, 0], scale_factor=2,
+                                           mode="bicubic"),
+        "trilinear": lambda t: F.interpolate(t, scale_factor=2,
+                                             mode="trilinear"),
+        "nearest_exact": lambda t: F.interpolate(t[:, :, 0], scale_factor=2,
+                                                 mode="nearest-exact"),
+        "bilinear_aa": lambda t: F.interpolate(t[:, :, 0], scale_factor=0.5,
+                                               mode="bilinear", antialias=True),
+        "erfinv": lambda t: torch.erfinv(t.tanh() * 0.9),
+        "pdist": lambda t: F.pdist(t.flatten(1)),
+        "nanmedian": lambda t: t.nanmedian(-1).values,
+        "repeat_interleave": lambda t: t.repeat_interleave(
+            torch.tensor([1, 2], device=t.device), dim=0),
+        # BCE's gradient with respect to a soft target (logit)
+        "bce_soft_target": lambda t: F.binary_cross_entropy(
+            torch.sigmoid(t.detach()), torch.sigmoid(t)),
+    }))
     ec, ed = eb(idx), ebd(idx.to(DEVICE))
     torch.testing.assert_close(ed.cpu(), ec)
     ec.sum().backward()
@@ -590,7 +615,7 @@ def activations_padding_and_selection():
 @needs_shim
 def test_activations_padding_and_selection_match_the_cpu():
     r = _run("t.activations_padding_and_selection()")
-    assert len(r) == 28 and all(v == [DEVICE, DEVICE] for v in r.values()), r
+    assert len(r) == 40 and all(v == [DEVICE, DEVICE] for v in r.values()), r
 
 
 def statistics_norms_and_fused_optimizers():

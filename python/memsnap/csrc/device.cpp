@@ -192,6 +192,25 @@ const std::unordered_set<std::string>& cpu_operators() {
       "aten::reflection_pad2d", "aten::reflection_pad2d_backward",
       "aten::replication_pad1d", "aten::replication_pad1d_backward",
       "aten::replication_pad2d", "aten::replication_pad2d_backward",
+      // BCE's gradient with respect to a target that needs one, PReLU,
+      // 3-D padding, more resampling modes and selections
+      "aten::logit", "aten::logit_backward", "aten::_prelu_kernel",
+      "aten::_prelu_kernel_backward", "aten::erfinv", "aten::nanmedian",
+      "aten::_pdist_forward", "aten::_pdist_backward", "aten::_unique",
+      "aten::unique_dim", "aten::unique_consecutive",
+      "aten::repeat_interleave",
+      "aten::reflection_pad3d", "aten::reflection_pad3d_backward",
+      "aten::replication_pad3d", "aten::replication_pad3d_backward",
+      "aten::upsample_bicubic2d", "aten::upsample_bicubic2d_backward",
+      "aten::upsample_trilinear3d", "aten::upsample_trilinear3d_backward",
+      "aten::_upsample_nearest_exact1d",
+      "aten::_upsample_nearest_exact1d_backward",
+      "aten::_upsample_nearest_exact2d",
+      "aten::_upsample_nearest_exact2d_backward",
+      "aten::_upsample_nearest_exact3d",
+      "aten::_upsample_nearest_exact3d_backward",
+      "aten::_upsample_bilinear2d_aa", "aten::_upsample_bilinear2d_aa_backward",
+      "aten::_upsample_bicubic2d_aa", "aten::_upsample_bicubic2d_aa_backward",
       // resampling (F.interpolate: nearest, linear, bilinear)
       "aten::upsample_nearest1d", "aten::upsample_nearest1d_backward",
       "aten::upsample_nearest2d", "aten::upsample_nearest2d_backward",
@@ -1070,10 +1089,13 @@ void check_common_device(const c10::OperatorHandle& op,
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.schema().operator_name();
   const auto& ops = cpu_operators();
+  // (first for every operator: tensors of two devices are the caller's
+  // mistake, whether or not the device computes the operator -- a CPU
+  // input to a device nn.Conv2d reaches _slow_conv2d_forward here)
+  check_common_device(op, *stack);
   if (ops.count(name.name) ||
       (!name.overload_name.empty() &&
        ops.count(name.name + "." + name.overload_name))) {
-    check_common_device(op, *stack);
     at::native::cpu_fallback(op, stack);
     return;
   }
