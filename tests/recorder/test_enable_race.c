@@ -16,8 +16,9 @@
  * (or nothing); the first entry of an address may be any of them (the
  * block was live before history was switched on).
  *
- * MEMSNAP_STRESS_OPS (default 40) sets the number of trials; RACE_DEBUG=1
- * prints the first entries of a torn trace.
+ * MEMSNAP_STRESS_OPS (operations; a trial per 2500 of them, 40 to 400,
+ * 40 when unset) sets the number of trials; RACE_DEBUG=1 prints the first
+ * entries of a torn trace.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,9 +133,13 @@ static void enable_while_allocating(void **state) {
   race_t r;
   memset(&r, 0, sizeof r);
   assert_int_equal(msnap_allocator_create(&o, &r.a), 0);
+  /* MEMSNAP_STRESS_OPS counts operations (make test-threads' stress run
+   * sets 10^6): a trial is a few thousand of them */
   const char *e = getenv("MEMSNAP_STRESS_OPS");
-  int trials = e ? atoi(e) : 40;
-  if (trials <= 0) trials = 40;
+  long ops = e ? atol(e) : 0;
+  int trials = ops > 0 ? (int)(ops / 2500) : 40;
+  if (trials < 40) trials = 40;
+  if (trials > 400) trials = 400;
   msnap_history_options_t on, off;
   msnap_history_options_init(&on);
   on.context = MSNAP_CONTEXT_NEVER;
