@@ -411,8 +411,6 @@ void cli_sanitize(char *buf);
 /* Devices that appear in the snapshot: every segment device and every
  * index of a non-empty device trace, sorted; *n set; caller frees. */
 int64_t *cli_devices(const msnap_snap_t *s, uint32_t *n);
-/* qsort order of int64_t values, ascending. */
-int cli_cmp_i64(const void *a, const void *b);
 /* Trace of a device, NULL when absent. */
 const msnap_trace_list_t *cli_trace(const msnap_snap_t *s, int64_t device);
 

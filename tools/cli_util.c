@@ -665,7 +665,7 @@ void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,
   free(r);
 }
 
-int cli_cmp_i64(const void *a, const void *b) {
+static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return x < y ? -1 : x > y;
 }
@@ -682,7 +682,7 @@ int64_t *cli_devices(const msnap_snap_t *s, uint32_t *n) {
   for (uint32_t d = 0; d < s->ndevices; d++)
     if (s->device_traces[d].n > 0)
       v[k++] = d;
-  qsort(v, k, sizeof *v, cli_cmp_i64);
+  qsort(v, k, sizeof *v, cmp_i64);
   uint32_t m = 0;
   for (uint32_t i = 0; i < k; i++)
     if (m == 0 || v[m - 1] != v[i])

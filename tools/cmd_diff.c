@@ -725,18 +725,16 @@ int cli_cmd_diff(int argc, char **argv) {
   char absent[256] = "";
   size_t alen = 0;
   uint32_t nabsent = 0;
-  /* the devices of B's new blocks, each once */
-  int64_t *ndev = malloc(((size_t)nall + 1) * sizeof *ndev);
-  uint32_t nn = 0;
-  for (uint32_t i = 0; ndev && i < nall; i++)
-    if (all[i].side == 1)
-      ndev[nn++] = all[i].device;
-  if (ndev)
-    qsort(ndev, nn, sizeof *ndev, cli_cmp_i64);
-  for (uint32_t i = 0; i < nn; i++) {
-    if (i && ndev[i] == ndev[i - 1])
+  /* the devices of B's new blocks, each once (all is in cmp_live order:
+   * device first) */
+  bool have_last = false;
+  int64_t last = 0;
+  for (uint32_t i = 0; i < nall; i++) {
+    if (all[i].side != 1 || (have_last && all[i].device == last))
       continue;
-    int64_t dev = ndev[i];
+    have_last = true;
+    last = all[i].device;
+    int64_t dev = last;
     uint64_t res, alloc, nseg;
     dev_totals(sa, dev, &res, &alloc, &nseg);
     const msnap_trace_list_t *ta = cli_trace(sa, dev);
@@ -746,7 +744,6 @@ int cli_cmd_diff(int argc, char **argv) {
       alen += (size_t)snprintf(absent + alen, sizeof absent - alen,
                                "%s%" PRId64, alen ? ", " : "", dev);
   }
-  free(ndev);
   if (nabsent)
     snprintf(warn[nwarn++], sizeof warn[0],
              "A holds nothing on device%s %s%s (no segment, no trace "
