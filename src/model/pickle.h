@@ -245,7 +245,7 @@ typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
  * order either way, so the model is the same (tests compare both).
  */
 #define MSNAP_PVM_FAST_DEPTH 8
-#define MSNAP_PVM_SAVE_WORDS 12
+#define MSNAP_PVM_SAVE_WORDS 13
 void msnap__pvm_set_checkpoint(
     msnap_pvm_t *vm, void (*save)(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]),
     void (*restore)(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]));

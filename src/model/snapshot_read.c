@@ -1555,7 +1555,10 @@ static int snap_convert_one(rd_t *r, msnap_pvm_t *vm, unsigned kind,
 
 /* The fast path's checkpoint: what its records appended (the VM undoes
  * its own memo writes; interned strings, frames, stacks and pairs are
- * found again by content). */
+ * found again by content), and whether a conversion failed -- a refusal
+ * inside a batch rolled back is not one the generic interpreter makes
+ * when it stops earlier (at a FRAME longer than the input, say), and the
+ * flag decides how a failed read is worded (msnap__snap_read_source). */
 static void snap_save(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   rd_t *r = ctx;
   st[0] = r->npool;
@@ -1570,6 +1573,7 @@ static void snap_save(void *ctx, uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   st[9] = r->hist_records;
   st[10] = r->block_listed;
   st[11] = r->hist_listed;
+  st[12] = r->convert_failed;
 }
 
 static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
@@ -1586,6 +1590,7 @@ static void snap_restore(void *ctx, const uint64_t st[MSNAP_PVM_SAVE_WORDS]) {
   r->hist_records = st[9];
   r->block_listed = st[10];
   r->hist_listed = st[11];
+  r->convert_failed = st[12] != 0;
 }
 
 /* REC values inside generic parts (allocator_settings): only [] is known. */
