@@ -209,6 +209,11 @@ int msnap__grow_to(void **p, void *cap, size_t cap_size, uint64_t need,
 /* The same for a uint32_t capacity with n used and `extra` more wanted. */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* 64 bits no other user can guess: the kernel's random bytes (getrandom,
+ * never blocking), else the clock, a per-process counter and an address
+ * mixed.  For names other users could take in advance in a shared
+ * directory (temporaries, the OOM dump's suffixes) and hash seeds. */
+uint64_t msnap__random_u64(void);
 /* Scratch memory that is written in full at once (snapshot copies of a
  * trace ring, model arrays of a dump): large sizes are mapped and
  * prefaulted in one system call (MAP_POPULATE) instead of one page fault

@@ -38,13 +38,17 @@
  *
  * Unique names (msnap__name_reserve, the OOM dump's files): the name is
  * created empty with O_CREAT | O_EXCL | O_NOFOLLOW -- "<stem><ext>", else
- * "<stem>_<n><ext>" -- so it is the caller's from the moment it exists:
+ * "<stem>_<n><ext>" for n = 1..99 (the next dumps of the same second),
+ * else "<stem>_<r><ext>" with r 16 random hex digits (msnap__random_u64),
+ * up to 100 of them -- so it is the caller's from the moment it exists:
  * no check-then-open window, and an existing name (an earlier file, a
- * planted link, even a dangling one) is never reused.  The content is
+ * planted link, even a dangling one) is never reused.  The random names
+ * keep another user who took every numbered name in advance in a shared
+ * directory from refusing the dump.  The content is
  * then renamed over it by an atomic file.
  *
  * Temporaries: an atomic file is written as
- * "<name>.tmp.<tag>.<pid>.<n>" (<n> random: sink.c, tmp_number), where
+ * "<name>.tmp.<tag>.<pid>.<n>" (<n> random: sink.c, msnap__random_u64), where
  * <tag> is 12 hex digits naming the
  * host and the pid namespace (a hash of the host name, /etc/machine-id
  * and /proc/self/ns/pid).  msnap__tmp_clean removes, in one directory,
@@ -58,6 +62,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -424,11 +429,14 @@ char *msnap__name_reserve(const char *dir, const char *stem, const char *ext) {
     return NULL;
   }
   int e = EEXIST;
-  for (int n = 0; n < 10000 && e == EEXIST; n++) {
+  for (int n = 0; n < 200 && e == EEXIST; n++) {
     if (n == 0)
       snprintf(p, len, "%s/%s%s", dir, stem, ext);
-    else
+    else if (n < 100)
       snprintf(p, len, "%s/%s_%d%s", dir, stem, n, ext);
+    else
+      snprintf(p, len, "%s/%s_%016" PRIx64 "%s", dir, stem,
+               msnap__random_u64(), ext);
     int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                   0666);
     if (fd >= 0) {

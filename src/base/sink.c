@@ -41,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/vfs.h>
@@ -178,8 +177,6 @@ int msnap__sink_init_cb(msnap_sink_t *s,
 
 /* ---- atomic files -------------------------------------------------------- */
 
-static atomic_uint atomic_counter;
-
 /* The temporary's name keeps at most this much of the target's name, so
  * that "<name>.tmp.<tag>.<pid>.<n>" fits NAME_MAX. */
 #define TMP_NAME_KEEP 200
@@ -289,31 +286,16 @@ static int sticky_replace_check(const msnap_outpath_t *o, const char *path) {
       path, (long)o->st.st_uid, (long)o->dir.st_uid, (long)me);
 }
 
-/* A number no other user can guess: the kernel's random bytes, else
- * (no getrandom) the clock, the counter and an address mixed. */
-static unsigned tmp_number(void) {
-  unsigned k;
-  if (getrandom(&k, sizeof k, GRND_NONBLOCK) == (ssize_t)sizeof k) return k;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
-               (uint64_t)(uintptr_t)&ts ^
-               (uint64_t)atomic_fetch_add(&atomic_counter, 1u) << 40;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  return (unsigned)x;
-}
-
 /* Create a temporary "<name>.tmp.<tag>.<pid>.<n>" beside o's name (the
  * form msnap__tmp_clean knows) into tmp; the descriptor, or -1 with errno
- * (EEXIST when the 100 names tried are taken).  <n> is random: another
+ * (EEXIST when the 100 names tried are taken).  <n> is random
+ * (msnap__random_u64): another
  * user who can read <tag> and the pid could otherwise take the names in
  * advance in a shared directory and refuse every dump there. */
 static int tmp_create(const msnap_outpath_t *o, mode_t mode, char *tmp,
                       size_t len) {
   for (int tries = 0; tries < 100; tries++) {
-    unsigned k = tmp_number();
+    unsigned k = (unsigned)msnap__random_u64();
     snprintf(tmp, len, "%.*s.tmp.%s.%ld.%u", TMP_NAME_KEEP, o->name,
              msnap__tmp_tag(), (long)getpid(), k);
     int fd = openat(o->dirfd, tmp,

@@ -1,17 +1,21 @@
 /*
  * util.c -- small helpers every layer uses: array growth (the one place
  * where a capacity is computed and an array reallocated), a growable text
- * buffer, PyTorch's format_size.  No state.
+ * buffer, PyTorch's format_size, unguessable numbers.  No state but the
+ * counter msnap__random_u64 mixes in when getrandom is missing.
  *
  * Invariants of a msnap_strbuf_t: len < cap whenever p != NULL, and
  * p[len] == '\0'; err is sticky.
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "base/base.h"
 
@@ -174,4 +178,22 @@ void msnap__format_size(uint64_t size, char *buf, size_t len) {
     snprintf(buf, len, "%.2f MiB", (double)size / 1048576.0);
   else
     snprintf(buf, len, "%.2f GiB", (double)size / 1073741824.0);
+}
+
+uint64_t msnap__random_u64(void) {
+  static atomic_uint counter;
+  uint64_t k;
+  if (getrandom(&k, sizeof k, GRND_NONBLOCK) == (ssize_t)sizeof k) return k;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+               (uint64_t)(uintptr_t)&ts ^
+               (uint64_t)atomic_fetch_add(&counter, 1u) << 40;
+  /* (murmur3's finalizer: every input bit reaches every output bit) */
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
 }

@@ -33,9 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -130,17 +127,8 @@ static uint64_t span_hash(uint64_t seed, const uint32_t *v, uint32_t n) {
   return XXH3_64bits_withSeed(v, (size_t)n * sizeof *v, seed);
 }
 
-/* A random seed (getrandom, else address/time/pid mixing). */
-uint64_t msnap__hash_seed(void) {
-  uint64_t seed = 0;
-  if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    seed = (uint64_t)(uintptr_t)&seed ^ (uint64_t)ts.tv_nsec ^
-           ((uint64_t)getpid() << 32);
-  }
-  return XXH3_64bits(&seed, sizeof seed);
-}
+/* A random seed (msnap__random_u64, base). */
+uint64_t msnap__hash_seed(void) { return msnap__random_u64(); }
 
 static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
                         uint32_t id) {

@@ -597,6 +597,28 @@ static void test_name_reserve(void **state) {
   path_of(p, sizeof p, "oom_1.pickle");
   assert_int_equal(lstat(p, &st), 0);
   assert_true(S_ISLNK(st.st_mode));
+  /* every numbered name taken in advance (links to the victim, as another
+   * user of a shared directory could plant them): a random name, 16 hex
+   * digits, still created, still nothing written through a link */
+  for (int n = 4; n < 100; n++) {
+    char name[64];
+    snprintf(name, sizeof name, "oom_%d.pickle", n);
+    path_of(p, sizeof p, name);
+    assert_int_equal(symlink(victim, p), 0);
+  }
+  got = msnap__name_reserve(root, "oom", ".pickle");
+  assert_non_null(got);
+  const char *base = strrchr(got, '/') + 1;
+  assert_int_equal(strlen(base), strlen("oom_") + 16 + strlen(".pickle"));
+  assert_int_equal(strncmp(base, "oom_", 4), 0);
+  assert_int_equal(strspn(base + 4, "0123456789abcdef"), 16);
+  assert_string_equal(base + 20, ".pickle");
+  assert_int_equal(lstat(got, &st), 0);
+  assert_true(S_ISREG(st.st_mode) && st.st_size == 0);
+  assert_int_equal(msnap__write_file_atomic(got, "dump", 4), 0);
+  assert_string_equal(slurp(got), "dump");
+  assert_string_equal(slurp(victim), "secret");
+  free(got);
   /* a directory that does not exist: NULL with the reason */
   path_of(p, sizeof p, "missing");
   assert_null(msnap__name_reserve(p, "oom", ".csv"));
