@@ -74,6 +74,7 @@ p = mm.caching_allocator_alloc(1000)
 out["double_free"] = (mm.caching_allocator_delete(p), catch(mm.caching_allocator_delete, p))[1]
 out["bogus_free"] = catch(mm.caching_allocator_delete, 0x1234)
 out["negative"] = catch(mm.caching_allocator_alloc, -1)
+out["huge"] = catch(mm.caching_allocator_alloc, 2**63)
 out["enable"] = catch(mm.caching_allocator_enable, 1)
 out["annotate"] = catch(mm._annotate_memory, 0x1234, "x")
 out["traceback_unknown"] = mm._allocation_traceback(0x1234)
@@ -94,6 +95,9 @@ def test_pointer_and_config_errors():
     assert r["double_free"][0] == "ValueError" and "0x" in r["double_free"][1]
     assert r["bogus_free"][0] == "ValueError" and "0x1234" in r["bogus_free"][1]
     assert r["negative"][0] == "ValueError" and "Invalid memory size" in r["negative"][1]
+    # torch reads the size as a C ssize_t: OverflowError, here naming it.
+    assert r["huge"][0] == "OverflowError"
+    assert "size 9223372036854775808" in r["huge"][1]
     assert r["enable"] == ["RuntimeError",
                            "cudaCachingAllocator_enable expects a bool, but got int"]
     assert r["annotate"] == ["RuntimeError",
