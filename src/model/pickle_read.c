@@ -1856,8 +1856,14 @@ int msnap__pvm_run_source(msnap_pvm_t *vm, msnap_source_t *src,
         msnap__source_fill_ahead(src, &p, AHEAD);
         end = src->end;
       }
+      /* (not within MSNAP_PVM_FAST_DEPTH + 2 MARKs of the limit: the
+       * generic interpreter executes the batch's MARK and one per
+       * container level under it -- a trace entry's frame list one
+       * deeper than the fast path's containers -- and refuses the
+       * 1001st, where the fast path would read on) */
       if (vm->fast && p < end && *p == MSNAP_OP_EMPTY_DICT && vm->sn &&
-          mark_base(vm) < vm->sn) {
+          mark_base(vm) < vm->sn &&
+          vm->mn + MSNAP_PVM_FAST_DEPTH + 2 <= MSNAP_PICKLE_MAX_DEPTH) {
         msnap_pobj_t *lo = msnap__pvm_obj(vm, vm->stack[vm->sn - 1]);
         /* (on a stream it decodes what the window holds: a batch that
          * runs past it is left to the generic interpreter, which reads
