@@ -242,7 +242,11 @@ typedef int (*msnap_pvm_complete_cb)(void *ctx, msnap_pvm_t *vm,
  * error) rolls the batch back -- the VM's memo writes and, through the
  * checkpoint hooks, what the consumer appended -- and the generic
  * interpreter executes the same bytes.  Conversions happen in the same
- * order either way, so the model is the same (tests compare both).
+ * order either way, so the model is the same (tests compare both).  Not
+ * tried within MSNAP_PVM_FAST_DEPTH + 2 MARKs of MSNAP_PICKLE_MAX_DEPTH,
+ * where the generic interpreter's refusal of a MARK inside the batch
+ * decides.  The checkpoint also keeps whether a conversion failed (how a
+ * failed read is worded depends on it).
  */
 #define MSNAP_PVM_FAST_DEPTH 8
 #define MSNAP_PVM_SAVE_WORDS 13
