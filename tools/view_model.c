@@ -120,15 +120,6 @@ typedef struct umap_s {
   uint32_t cap, n;
 } umap_t;
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 static void um_free(umap_t *m) {
   free(m->k);
   free(m->v);
@@ -147,7 +138,7 @@ static int um_rehash(umap_t *m, uint32_t cap) {
   for (uint32_t i = 0; i < m->cap; i++) {
     if (m->v[i] == NONE32)
       continue;
-    uint32_t h = (uint32_t)mix64(m->k[i]) & (cap - 1);
+    uint32_t h = (uint32_t)msnap__mix64(m->k[i]) & (cap - 1);
     while (v[h] != NONE32)
       h = (h + 1) & (cap - 1);
     k[h] = m->k[i];
@@ -164,7 +155,7 @@ static int um_rehash(umap_t *m, uint32_t cap) {
 static uint32_t um_get(const umap_t *m, uint64_t key) {
   if (!m->cap)
     return NONE32;
-  uint32_t h = (uint32_t)mix64(key) & (m->cap - 1);
+  uint32_t h = (uint32_t)msnap__mix64(key) & (m->cap - 1);
   while (m->v[h] != NONE32) {
     if (m->k[h] == key)
       return m->v[h];
@@ -177,7 +168,7 @@ static uint32_t um_get(const umap_t *m, uint64_t key) {
 static int um_put(umap_t *m, uint64_t key, uint32_t val) {
   if ((m->n + 1) * 2 > m->cap && um_rehash(m, m->cap ? m->cap * 2 : 64))
     return -1;
-  uint32_t h = (uint32_t)mix64(key) & (m->cap - 1);
+  uint32_t h = (uint32_t)msnap__mix64(key) & (m->cap - 1);
   while (m->v[h] != NONE32) {
     if (m->k[h] == key) {
       m->v[h] = val;
@@ -194,7 +185,7 @@ static int um_put(umap_t *m, uint64_t key, uint32_t val) {
 static void um_del(umap_t *m, uint64_t key) {
   if (!m->cap)
     return;
-  uint32_t mask = m->cap - 1, h = (uint32_t)mix64(key) & mask;
+  uint32_t mask = m->cap - 1, h = (uint32_t)msnap__mix64(key) & mask;
   while (m->v[h] != NONE32 && m->k[h] != key)
     h = (h + 1) & mask;
   if (m->v[h] == NONE32)
@@ -203,7 +194,7 @@ static void um_del(umap_t *m, uint64_t key) {
   m->n--;
   /* Backward shift: move later members of the run into the hole. */
   for (uint32_t j = (h + 1) & mask; m->v[j] != NONE32; j = (j + 1) & mask) {
-    uint32_t home = (uint32_t)mix64(m->k[j]) & mask;
+    uint32_t home = (uint32_t)msnap__mix64(m->k[j]) & mask;
     bool move = h <= j ? (home <= h || home > j) : (home <= h && home > j);
     if (move) {
       m->k[h] = m->k[j];

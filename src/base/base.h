@@ -209,6 +209,16 @@ int msnap__grow_to(void **p, void *cap, size_t cap_size, uint64_t need,
 /* The same for a uint32_t capacity with n used and `extra` more wanted. */
 int msnap__grow(void **p, uint32_t *cap, uint32_t n, uint32_t extra,
                 size_t size);
+/* murmur3's 64-bit finalizer: every input bit reaches every output bit
+ * (hash tables keyed by addresses, msnap__random_u64's fallback). */
+static inline uint64_t msnap__mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
 /* 64 bits no other user can guess: the kernel's random bytes (getrandom,
  * never blocking), else the clock, a per-process counter and an address
  * mixed.  For names other users could take in advance in a shared

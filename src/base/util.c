@@ -189,11 +189,5 @@ uint64_t msnap__random_u64(void) {
   uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
                (uint64_t)(uintptr_t)&ts ^
                (uint64_t)atomic_fetch_add(&counter, 1u) << 40;
-  /* (murmur3's finalizer: every input bit reaches every output bit) */
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
+  return msnap__mix64(x);
 }
