@@ -58,7 +58,14 @@ int msnap_py_size(PyObject *o, uint64_t *out, const char *what) {
                  "%.100s", what, Py_TYPE(o)->tp_name);
     return -1;
   }
-  long long size = PyLong_AsLongLong(o);
+  int overflow = 0;
+  long long size = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow) {
+    /* (torch reads the size as a C ssize_t: OverflowError as well) */
+    PyErr_Format(PyExc_OverflowError, "%s: size %R does not fit in a signed "
+                 "64-bit byte count (at most 2**63 - 1)", what, o);
+    return -1;
+  }
   if (size == -1 && PyErr_Occurred())
     return -1;
   if (size < 0) {

@@ -384,18 +384,13 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
         TypeError: a size that is not an int (a bool included); a stream
             of another type (torch's message, naming the stream types
             accepted).
-        OverflowError: a size of 2**63 or more (torch reads it as a C
-            ``ssize_t``).
+        OverflowError: a size of 2**63 or more, or below -2**63 (torch
+            reads it as a C ``ssize_t``).
 
     Mirrors ``torch/cuda/memory.py: caching_allocator_alloc``.
     """
     dev = device if type(device) is int else _device_index(device)
     handle = stream if type(stream) is int else _stream_handle(stream, dev)
-    if type(size) is int and size >= 1 << 63:
-        # (torch reads the size as a C ssize_t: OverflowError as well)
-        raise OverflowError(
-            f"caching_allocator_alloc: size {size} does not fit in a signed "
-            "64-bit byte count (at most 2**63 - 1)")
     return _C.malloc(size, dev, handle)
 
 

@@ -28,8 +28,6 @@
 #include "model/snapshot.h"
 
 /* ---- snapshot.c helpers shared by the snapshot files --------------------- */
-/* A random 64-bit seed for hash tables fed by untrusted input. */
-uint64_t msnap__hash_seed(void);
 /* The reader marks its models: their key-presence bits are authoritative. */
 void msnap__snap_set_from_reader(msnap_snap_t *s, bool v);
 bool msnap__snap_from_reader(const msnap_snap_t *s);

@@ -127,9 +127,6 @@ static uint64_t span_hash(uint64_t seed, const uint32_t *v, uint32_t n) {
   return XXH3_64bits_withSeed(v, (size_t)n * sizeof *v, seed);
 }
 
-/* A random seed (msnap__random_u64, base). */
-uint64_t msnap__hash_seed(void) { return msnap__random_u64(); }
-
 static uint64_t id_hash(const msnap_snap_t *s, const snap_ht_t *t,
                         uint32_t id) {
   const struct msnap_snap_priv_s *pr = s->priv;
@@ -216,7 +213,7 @@ msnap_snap_t *msnap__snap_new(void) {
   s->process_info.kind = MSNAP_GV_NONE;
   /* "" must be found by interning too */
   struct msnap_snap_priv_s *pr = s->priv;
-  pr->seed = msnap__hash_seed();
+  pr->seed = msnap__random_u64();
   if (ht_grow(s, &pr->strings) < 0) {
     msnap__snap_free(s);
     return NULL;

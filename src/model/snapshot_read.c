@@ -1964,7 +1964,7 @@ static int map_root(rd_t *r, msnap_pv_t root) {
 static int rd_init(rd_t *r, msnap_snap_t *s) {
   memset(r, 0, sizeof *r);
   r->s = s;
-  r->pairs.seed = msnap__hash_seed();
+  r->pairs.seed = msnap__random_u64();
   r->vm = msnap__pvm_new(s, snap_convert, r);
   if (!r->vm) return MSNAP_ENOMEM;
   msnap__pvm_set_rec_gv(r->vm, rec_gv);
