@@ -50,16 +50,22 @@ int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
   return 0;
 }
 
-/* A size in bytes: a non-bool int >= 0 (torch's caching_allocator_alloc
+/* A size in bytes: a non-bool integer >= 0 (torch's caching_allocator_alloc
  * takes the size through PyLong_AsSsize_t; a bool is refused here). */
 int msnap_py_size(PyObject *o, uint64_t *out, const char *what) {
-  if (!PyLong_Check(o) || PyBool_Check(o)) {
+  /* An int, or an integer that says so through __index__ (numpy.int64:
+   * torch's THPUtils_checkLong takes numpy integers too); never a bool. */
+  if (PyBool_Check(o) || (!PyLong_Check(o) && !PyIndex_Check(o))) {
     PyErr_Format(PyExc_TypeError, "%s: size must be an int (bytes), not "
                  "%.100s", what, Py_TYPE(o)->tp_name);
     return -1;
   }
+  PyObject *n = PyNumber_Index(o);
+  if (!n)
+    return -1;
   int overflow = 0;
-  long long size = PyLong_AsLongLongAndOverflow(o, &overflow);
+  long long size = PyLong_AsLongLongAndOverflow(n, &overflow);
+  Py_DECREF(n);
   if (overflow) {
     /* (torch reads the size as a C ssize_t: OverflowError as well) */
     PyErr_Format(PyExc_OverflowError, "%s: size %R does not fit in a signed "

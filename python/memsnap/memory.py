@@ -362,7 +362,9 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
     """Allocate ``size`` bytes on ``device`` for ``stream``; return the address.
 
     Args:
-        size (int): bytes requested (>= 0; 0 returns 0 and does no work).
+        size (int): bytes requested (>= 0; 0 returns 0 and does no work);
+            an integer of another type (``numpy.int64``: any ``__index__``)
+            is taken too, as torch takes numpy integers.
         device: device index, string or torch.device; None = current device.
         stream: int stream handle, stream object (``npu_stream`` /
             ``cuda_stream``) or ``torch.Stream`` of register_device's device
@@ -381,7 +383,7 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
         ValueError: negative size ("Invalid memory size: ..."); a device
             that is not a device; a stream handle outside [0, 2**56); a
             ``torch.Stream`` of another device.
-        TypeError: a size that is not an int (a bool included); a stream
+        TypeError: a size that is not an integer (a bool included); a stream
             of another type (torch's message, naming the stream types
             accepted).
         OverflowError: a size of 2**63 or more, or below -2**63 (torch

@@ -75,6 +75,13 @@ out["double_free"] = (mm.caching_allocator_delete(p), catch(mm.caching_allocator
 out["bogus_free"] = catch(mm.caching_allocator_delete, 0x1234)
 out["negative"] = catch(mm.caching_allocator_alloc, -1)
 out["huge"] = catch(mm.caching_allocator_alloc, 2**63)
+import numpy as np
+q = mm.caching_allocator_alloc(np.int64(4096))  # torch takes numpy ints
+out["numpy_size"] = [q > 0, mm.memory_allocated() >= 4096]
+mm.caching_allocator_delete(q)
+out["numpy_bool"] = catch(mm.caching_allocator_alloc, np.bool_(True))
+out["bool"] = catch(mm.caching_allocator_alloc, True)
+out["float"] = catch(mm.caching_allocator_alloc, 4096.0)
 out["enable"] = catch(mm.caching_allocator_enable, 1)
 out["annotate"] = catch(mm._annotate_memory, 0x1234, "x")
 out["traceback_unknown"] = mm._allocation_traceback(0x1234)
@@ -98,6 +105,13 @@ def test_pointer_and_config_errors():
     # torch reads the size as a C ssize_t: OverflowError, here naming it.
     assert r["huge"][0] == "OverflowError"
     assert "size 9223372036854775808" in r["huge"][1]
+    # numpy integers are sizes (torch's THPUtils_checkLong takes them);
+    # bools and floats are not.
+    assert r["numpy_size"] == [True, True]
+    assert r["numpy_bool"][0] == "TypeError"
+    assert r["bool"] == ["TypeError", "caching_allocator_alloc: size must be "
+                         "an int (bytes), not bool"]
+    assert r["float"][0] == "TypeError" and "float" in r["float"][1]
     assert r["enable"] == ["RuntimeError",
                            "cudaCachingAllocator_enable expects a bool, but got int"]
     assert r["annotate"] == ["RuntimeError",
