@@ -775,6 +775,7 @@ typedef struct cli_oom_s {
   /* What the device could still give the process: device_free, and
    * within the cap no more than allowed - reserved. */
   uint64_t avail;
+  uint64_t cached;                 /* its cached free blocks at the OOM  */
   bool small_pool;                 /* requested <= 1 MiB                 */
   uint64_t reserved, active_requested; /* at the OOM, from the trace walk */
   bool have_at;                    /* `at` known (source says how)       */

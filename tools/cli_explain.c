@@ -389,6 +389,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
                       : o->reserved > o->active_requested
                           ? o->reserved - o->active_requested
                           : 0;
+    o->cached = cached;
     o->avail = cap_room(o->device_free, o->have_allowed, o->allowed,
                         reserved);
     if (o->have_hint_bytes)

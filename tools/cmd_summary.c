@@ -307,18 +307,34 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
   cli_bytes(o->have_allowed ? o->allowed : 0, a, sizeof a);
   if (!o->fits_unfragmented) {
     uint64_t need = o->segment_size ? o->segment_size : o->requested;
-    if (capped)
-      snprintf(buf, len, "out of memory: the request exceeds everything the "
-                         "process could still use (what its per-process "
-                         "memory fraction allowed, %s reserved in all, plus "
-                         "its cached free blocks)%s",
-               a, o->device_free >= need
-                      ? ", though the device had enough free"
-                      : "");
+    char r[32], u[32], f[32], c[32];
+    cli_bytes(o->requested, r, sizeof r);
+    cli_bytes(o->avail + o->cached, u, sizeof u);
+    cli_bytes(o->avail, f, sizeof f);
+    cli_bytes(o->cached, c, sizeof c);
+    if (o->have_total && o->requested > o->device_total) {
+      char t[32];
+      snprintf(buf, len, "out of memory: the request (%s) is larger than "
+                         "the device's whole memory (%s), so no cache, "
+                         "setting or layout can serve it; check the size "
+                         "the failing allocation asks for (a shape, batch "
+                         "or dtype larger than meant)",
+               r, cli_bytes(o->device_total, t, sizeof t));
+    } else if (capped)
+      snprintf(buf, len, "out of memory: the request (%s) exceeds everything "
+                         "the process could still use (%s: what its "
+                         "per-process memory fraction still allowed, %s "
+                         "more of the %s it may reserve, plus its cached "
+                         "free blocks, %s)%s",
+               r, u, f, a, c,
+               o->device_free >= need
+                   ? ", though the device had enough free"
+                   : "");
     else
-      snprintf(buf, len, "out of memory: the request exceeds everything the "
-                         "process could still use (free device memory plus "
-                         "its cached free blocks)");
+      snprintf(buf, len, "out of memory: the request (%s) exceeds everything "
+                         "the process could still use (%s: free device "
+                         "memory, %s, plus its cached free blocks, %s)",
+               r, u, f, c);
     return "out_of_memory";
   }
   /* Free device memory and cached blocks would have held the request,

@@ -473,6 +473,51 @@ except torch.OutOfMemoryError as e:
 """
 
 
+BIGGER_THAN_DEVICE = """\
+import sys
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+MiB = 1 << 20
+keep = [mm.caching_allocator_alloc(100 * MiB) for _ in range(3)]
+try:
+    mm.caching_allocator_alloc(int(sys.argv[2]) * MiB)  # the failing request
+except mm.OutOfMemoryError as e:
+    print("OOM", e)
+mm._dump_snapshot(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("mib", [3072, 800])
+def test_out_of_memory_verdict_gives_the_figures(tmp_path, mib):
+    """The verdict names the request and what it was measured against: the
+    device's whole memory when the request is larger than it (no setting
+    can help: the size is the bug), else what the process could still use,
+    its two parts given."""
+    script = write_script(tmp_path, "big.py", BIGGER_THAN_DEVICE)
+    dump = tmp_path / "oom.pickle"
+    run_file(script, env=base_env(MEMSNAP_SIM_MEMORY="1G"),
+             args=(dump, mib))
+    oom = run_cli("summary", "--json", dump).json["oom"]
+    assert oom["verdict_kind"] == "out_of_memory"
+    assert oom["requested_bytes"] == mib * MiB
+    flat = " ".join(run_cli("summary", dump).stdout.split())
+    if mib > 1024:
+        assert oom["verdict"] == (
+            "out of memory: the request (3.00 GiB) is larger than the "
+            "device's whole memory (1.00 GiB), so no cache, setting or "
+            "layout can serve it; check the size the failing allocation "
+            "asks for (a shape, batch or dtype larger than meant)")
+    else:
+        free = oom["device_free_bytes"]
+        assert free == 724 * MiB, oom
+        assert oom["verdict"] == (
+            "out of memory: the request (800.00 MiB) exceeds everything the "
+            "process could still use (724.00 MiB: free device memory, "
+            "724.00 MiB, plus its cached free blocks, 0 B)")
+    assert "verdict " + oom["verdict"] in flat
+
+
+
 @needs_torch
 @pytest.mark.parametrize("stacks", ["python", "all"])
 def test_oom_in_backward_says_why_it_has_no_python_frames(tmp_path, stacks):
