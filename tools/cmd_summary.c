@@ -633,7 +633,32 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
   cj_obj_end(j);
 }
 
-/* allocator_settings as "key=value" items wrapped at 79 columns. */
+/* An npu recording's item that says nothing there: a CUDA-only key of
+ * the CUDA conf (conf.c's S_CUDA keys, refused under the npu profile) at
+ * its default, or PYTORCH_CUDA_ALLOC_CONF repeating PYTORCH_NPU_ALLOC_CONF
+ * (memsnap's writer fills both from the one conf: api/snapshot.c). */
+static bool cuda_only_default(char **items, uint32_t n, const char *item) {
+  static const char *const dflt[] = {
+      "release_lock_on_cudamalloc=false",
+      "pinned_use_cuda_host_register=false",
+      "graph_capture_record_stream_reuse=false"};
+  for (size_t k = 0; k < sizeof dflt / sizeof *dflt; k++)
+    if (!strcmp(item, dflt[k]))
+      return true;
+  static const char cuda[] = "PYTORCH_CUDA_ALLOC_CONF=";
+  static const char npu[] = "PYTORCH_NPU_ALLOC_CONF=";
+  if (strncmp(item, cuda, sizeof cuda - 1))
+    return false;
+  for (uint32_t i = 0; i < n; i++)
+    if (!strncmp(items[i], npu, sizeof npu - 1) &&
+        !strcmp(items[i] + sizeof npu - 1, item + sizeof cuda - 1))
+      return true;
+  return false;
+}
+
+/* allocator_settings as "key=value" items wrapped at 79 columns; for an
+ * npu recording without the CUDA-only keys at their defaults
+ * (cuda_only_default; --json keeps every key). */
 static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
   const char *head = "\nallocator settings:";
   size_t col = strlen(head) - 1;
@@ -641,8 +666,11 @@ static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
   char **items = cli_settings_items(s, d, &n);
   if (!items)
     return;
+  bool npu = !strcmp(cli_recording_profile(s), "npu");
   fputs(head, stdout);
   for (uint32_t i = 0; i < n; i++) {
+    if (npu && cuda_only_default(items, n, items[i]))
+      continue;
     size_t len = strlen(items[i]);
     if (col + 1 + len > 79 && col > 2) {
       fputs("\n ", stdout);
@@ -650,8 +678,9 @@ static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
     }
     printf(" %s", items[i]);
     col += 1 + len;
-    free(items[i]);
   }
+  for (uint32_t i = 0; i < n; i++)
+    free(items[i]);
   free(items);
   fputc('\n', stdout);
 }
@@ -714,16 +743,16 @@ static void print_fragmentation(const cli_explain_t *x) {
          cli_bytes(f->largest_free_large, b3, sizeof b3));
   if (x->have_at_peak) {
     const cli_frag_t *p = &x->at_peak;
-    printf("  at the peak      reserved %s, allocated %s, inactive split %s,"
-           "\n                   largest free block %s (state %u, from the "
-           "%s)\n",
+    printf("  at the peak      of reserved memory, %s: allocated %s, "
+           "inactive split %s,\n                   largest free block %s "
+           "(state %u, from the %s)\n",
            cli_bytes(p->reserved, b1, sizeof b1),
            cli_bytes(p->allocated, b2, sizeof b2),
            cli_bytes(p->inactive_split, b3, sizeof b3),
            cli_bytes(p->largest_free, b4, sizeof b4), x->peak_state,
            x->peak_source);
   } else if (x->peak_why[0]) {
-    printf("  at the peak      unknown: %s\n", x->peak_why);
+    printf("  at the peak      of reserved memory: unknown: %s\n", x->peak_why);
   }
 }
 
@@ -928,8 +957,10 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
 static void print_text(const char *file, const msnap_snap_t *s,
                        dev_fig_t *figs, uint32_t nd) {
   char b1[32], b2[512];
-  printf("%s: snapshot format %s\n", cli_shown(file),
-         cli_generation_name(s->generation));
+  const char *why;
+  const char *profile = cli_recording_profile_why(s, &why);
+  printf("%s: snapshot format %s, %s allocator (%s)\n", cli_shown(file),
+         cli_generation_name(s->generation), profile, why);
   if (nd == 0)
     printf("\nThe snapshot has no segments: no device memory was reserved "
            "when it was taken.\nNo trace either: %s.\n",

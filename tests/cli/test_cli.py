@@ -2953,6 +2953,36 @@ def group_sites():
         "roundup_power2_divisions"] == {"1": 0, "64": 0},
         "summary --json keeps every setting")
 
+    # The header names the allocator profile and why; an npu recording's
+    # text leaves out the CUDA-only keys at their defaults and the CUDA
+    # conf string repeating the NPU one (--json keeps them).
+    npu = sites_snapshot()
+    npu["process_info"] = {"profile": "npu", "runtime": "sim"}
+    npu["allocator_settings"] = {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "max_split_size": -1, "release_lock_on_cudamalloc": False,
+        "pinned_use_cuda_host_register": True,
+        "graph_capture_record_stream_reuse": False}
+    path = write_pickle(npu, "npu-settings.pickle")
+    rc, out, err = run("summary", path)
+    tail = out[out.find("allocator settings:"):]
+    expect(rc == 0 and out.splitlines()[0].endswith(
+        "npu allocator (named in process_info)") and tail.startswith(
+        "allocator settings: PYTORCH_NPU_ALLOC_CONF=expandable_segments:"
+        "True\n  max_split_size=-1") and "PYTORCH_CUDA" not in tail and
+        "release_lock" not in tail and "graph_capture" not in tail and
+        "pinned_use_cuda_host_register=true" in tail,
+        "summary of an npu recording: no CUDA-only defaults: %r" % out)
+    rc, out, err = run("summary", "--json", path)
+    expect(rc == 0 and len(json.loads(out)["allocator_settings"]) == 6,
+           "summary --json of an npu recording keeps every setting")
+    rc, out, err = run("summary", write_pickle(st, "settings-cuda.pickle"))
+    expect(rc == 0 and out.splitlines()[0].endswith(
+        "cuda allocator (it has no NPU-only field)"),
+        "summary names the cuda profile of a PyTorch file: %r" %
+        out.splitlines()[:1])
+
     # Windows paths are shortened like POSIX ones; the standard library
     # under <prefix>\\Lib is skipped.
     win = sites_snapshot()
