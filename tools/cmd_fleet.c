@@ -337,6 +337,7 @@ static uint32_t drop_repeats(char **v, uint32_t *n, char *dup,
  * by name (readdir's order differs between file systems). */
 typedef struct skips_s {
   uint32_t n;
+  uint32_t dirs_reported; /* arguments whose error inputs() printed */
   char path[600];  /* the first's path */
   char first[640]; /* "PATH: why" */
 } skips_t;
@@ -382,6 +383,7 @@ static char **inputs(char **args, int nargs, uint32_t *n, skips_t *sk) {
     DIR *d = dir ? opendir(args[a]) : NULL;
     if (dir && !d) {
       cli_err("%s: cannot read the directory", args[a]);
+      sk->dirs_reported++;
       continue;
     }
     uint32_t first = k, skipped_before = sk->n;
@@ -435,6 +437,7 @@ static char **inputs(char **args, int nargs, uint32_t *n, skips_t *sk) {
       /* (entries with a snapshot's name that were all skipped are not
        * "no snapshot files": say they were skipped, as named above) */
       uint32_t ns = sk->n - skipped_before;
+      sk->dirs_reported += k == first;
       if (k == first && ns == 1)
         cli_err("%s: no snapshot file to read in this directory: its "
                 "entry with a snapshot's name was skipped (above)", args[a]);
@@ -578,12 +581,14 @@ int cli_cmd_fleet(int argc, char **argv) {
   if (brc != CLI_CONTINUE) return brc;
   uint32_t n = 0;
   char dup[600] = "";
-  skips_t sk = {0, "", ""};
+  skips_t sk = {0, 0, "", ""};
   char **paths = inputs(argv + first, argc - first, &n, &sk);
   uint32_t ndup = paths ? drop_repeats(paths, &n, dup, sizeof dup) : 0;
   if (n == 0) {
     free(paths);
-    cli_err("fleet: no input files");
+    /* (each argument's own error, printed by inputs(), says it all) */
+    if (sk.dirs_reported < (uint32_t)(argc - first))
+      cli_err("fleet: no input files");
     /* --json: the unusable document; "file" is the one argument (a
      * directory without snapshots), null for several */
     /* entries skipped, not regular files: the error counts them and

@@ -479,7 +479,8 @@ static ssize_t produce_gzip(msnap_source_t *src, unsigned char *dst,
     if (more == 1)
       return fail(src, MSNAP_EFORMAT,
                   "the gzip-compressed data is truncated (the file ends "
-                  "inside a member)");
+                  "inside a member; the offset counts decompressed "
+                  "bytes)");
     z->next_in = (unsigned char *)pr->raw;
     z->avail_in =
         (unsigned)(pr->raw_n > UINT32_MAX ? UINT32_MAX : pr->raw_n);
@@ -587,7 +588,8 @@ static ssize_t produce_zstd(msnap_source_t *src, unsigned char *dst,
         if (pr->zs_last != 0)
           return fail(src, MSNAP_EFORMAT,
                       "the zstd-compressed data is truncated (the file "
-                      "ends inside a frame)");
+                      "ends inside a frame; the offset counts decompressed "
+                      "bytes)");
         return 0;
       }
       size_t hint = pr->zs_last ? pr->zs_last : ZSTD_HEAD_MAX;

@@ -146,6 +146,15 @@ struct msnap_pvm_s {
 
 /* ---- errors -------------------------------------------------------------- */
 
+static bool op_known(unsigned op) {
+  switch (op) {
+#define OP_KNOWN_(name, byte) case MSNAP_OP_##name: return true;
+    MSNAP_PICKLE_OPS(OP_KNOWN_)
+#undef OP_KNOWN_
+  default: return false;
+  }
+}
+
 static const char *op_name(unsigned op) {
   switch (op) {
 #define OP_NAME_(name, byte) case MSNAP_OP_##name: return #name;
@@ -168,6 +177,9 @@ int msnap__pvm_fail(msnap_pvm_t *vm, int rc, const char *fmt, ...) {
   if (vm->phase)
     snprintf(vm->err->msg, sizeof vm->err->msg, "offset %zu: %s (while %s)",
              vm->op_off, what, vm->phase);
+  else if (!op_known(vm->op)) /* ("unknown opcode 0xc5" says it all) */
+    snprintf(vm->err->msg, sizeof vm->err->msg, "offset %zu: %s",
+             vm->op_off, what);
   else
     snprintf(vm->err->msg, sizeof vm->err->msg,
              "offset %zu: %s (while decoding %s)", vm->op_off, what,
