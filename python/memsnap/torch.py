@@ -236,7 +236,9 @@ def use_allocator(backend: str | None = None):
             if cuda_backend is None or not cuda_backend.is_built():
                 raise RuntimeError(
                     "memsnap.torch.use_allocator('cuda'): this torch was built "
-                    "without CUDA, so it has no CUDA pluggable allocator"
+                    "without CUDA, so it has no CUDA pluggable allocator; to "
+                    "run torch tensors on memsnap's simulated device, use "
+                    "memsnap.torch.register_device('npu') instead"
                 )
         if pluggable is None or change is None:
             raise RuntimeError(

@@ -167,7 +167,8 @@ try:
 except RuntimeError as e:
     print("RESULT " + json.dumps(str(e)))
 """
-    assert "without CUDA" in run_script(code).result
+    msg = run_script(code).result
+    assert "without CUDA" in msg and "register_device('npu')" in msg
 
 
 def test_use_allocator_npu_without_torch_npu_says_what_to_do():
