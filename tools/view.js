@@ -240,6 +240,8 @@
     F = DATA.files[i];
     $('file').value = String(i);
     $('title').textContent = F.file + ' (format ' + F.generation + ')';
+    // the tab's name: the file's base name, as a person finds it again
+    document.title = F.file.replace(/^.*[\/\\]/, '') + ' \u2014 memsnap view';
     var sel = $('device');
     sel.innerHTML = '';
     var best = 0;
@@ -657,8 +659,12 @@
       g.beginPath(); g.moveTo(ox, PL.t); g.lineTo(ox, PL.t + ph); g.stroke(); g.lineWidth = 1;
       g.fillStyle = '#c00'; g.beginPath();
       g.moveTo(ox - 6, PL.t); g.lineTo(ox + 6, PL.t); g.lineTo(ox, PL.t + 9); g.fill();
-      g.textAlign = 'left'; g.font = 'bold 11px sans-serif';
-      g.fillText('OOM', ox + 7, PL.t + 9); g.font = '11px sans-serif';
+      g.font = 'bold 11px sans-serif';
+      // the label right of the marker, or left of it near the right edge
+      var right = ox + 7 + g.measureText('OOM').width <= PL.l + pw;
+      g.textAlign = right ? 'left' : 'right';
+      g.fillText('OOM', right ? ox + 7 : ox - 7, PL.t + 9);
+      g.font = '11px sans-serif'; g.textAlign = 'left';
     });
     g.strokeStyle = '#999'; g.strokeRect(PL.l + 0.5, PL.t + 0.5, pw, ph);
     geo = {K: K, C: C, ymax: ymax, pw: pw, ph: ph, X: X, cols: cols};
@@ -684,6 +690,19 @@
 
   function laneColor(k) { return 'hsl(' + ((k * 67) % 360) + ',45%,62%)'; }
 
+  // text cut to `room` pixels with an ellipsis (a band's label, a band
+  // cut by the plot's right edge), whole when it fits
+  function fitText(g, t, room) {
+    if (g.measureText(t).width <= room) return t;
+    var lo = 0, hi = t.length;
+    while (lo < hi) {   // the longest prefix that fits with the ellipsis
+      var mid = (lo + hi + 1) >> 1;
+      if (g.measureText(t.slice(0, mid) + '\u2026').width <= room) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo ? t.slice(0, lo) + '\u2026' : '';
+  }
+
   function drawLanes() {
     var P = D.prep, nl = P.nlanes, cv = $('lanes');
     if (!nl) { cv.style.display = 'none'; return; }
@@ -704,7 +723,8 @@
       if (x1 - x0 > 30) {
         g.save(); g.beginPath(); g.rect(x0, y, x1 - x0, 13); g.clip();
         g.fillStyle = '#222'; g.textAlign = 'left';
-        g.fillText(names[rg[3 * k]], x0 + 2, y + 10); g.restore();
+        g.fillText(fitText(g, names[rg[3 * k]], x1 - x0 - 4), x0 + 2, y + 10);
+        g.restore();
       }
       hits.push([x0, x1, y, k]);
     }

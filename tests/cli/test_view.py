@@ -271,15 +271,24 @@ class Page:
         self.p.screenshot(path=path, full_page=True)
         return path
 
-    def red_pixels(self, sel):
-        return self.p.evaluate("""sel => {
+    def red_pixels(self, sel, x0=None, x1=None, y1=None):
+        """Red pixels of a canvas; within [x0, x1) x [0, y1) CSS pixels
+        from its top left when given."""
+        return self.p.evaluate("""([sel, x0, x1, y1]) => {
           const c = document.querySelector(sel), g = c.getContext('2d');
+          const k = c.width / c.getBoundingClientRect().width;
           const d = g.getImageData(0, 0, c.width, c.height).data;
+          const a = x0 === null ? 0 : Math.round(x0 * k);
+          const b = x1 === null ? c.width : Math.round(x1 * k);
+          const h = y1 === null ? c.height : Math.round(y1 * k);
           let n = 0;
-          for (let i = 0; i < d.length; i += 4)
-            if (d[i] > 190 && d[i + 1] < 70 && d[i + 2] < 70) n++;
+          for (let y = 0; y < h; y++)
+            for (let x = Math.max(0, a); x < Math.min(c.width, b); x++) {
+              const i = 4 * (y * c.width + x);
+              if (d[i] > 190 && d[i + 1] < 70 && d[i + 2] < 70) n++;
+            }
           return n;
-        }""", sel)
+        }""", [sel, x0, x1, y1])
 
 
 def png_distinct(path):
@@ -452,6 +461,17 @@ def check_oom(pg):
            "OOM panel explains the OOM (%r)" % box[:120])
     expect(pg.red_pixels("#plot") > 50, "an OOM marker is drawn on the "
            "timeline")
+    expect(pg.p.title() == "oom.pickle \u2014 memsnap view",
+           "the tab is named after the file (%r)" % pg.p.title())
+    # The OOM is the last entry: its marker stands at the plot's right
+    # edge, so its label goes left of it instead of past the canvas.
+    w = pg.box("#plot")["width"]
+    edge = w - 12  # the plot frame's right side (12 px right margin)
+    right = pg.red_pixels("#plot", edge + 7, w, 20)
+    left = pg.red_pixels("#plot", edge - 40, edge - 7, 20)
+    expect(right == 0 and left > 20, "the OOM label at the right edge is "
+           "drawn left of its marker (%d red pixels right of it, %d left)"
+           % (right, left))
     # hover the marker: explanation and the failing allocation's stack
     plot = pg.box("#plot")
     pw = int(plot["width"] - 72 - 12)
