@@ -503,21 +503,29 @@ static uint32_t gt_last_le(const gtree_t *t, uint64_t a) {
   return gt_last_le2(t, a, NULL);
 }
 
-/* The last find of gt_containing: node x is the last segment starting at
- * or below every address in [x's address, next) while the tree is at
- * `version` -- an alloc undone after its block's free_completed lies in
- * the same segment, found without a descent. */
+/* A find of gt_containing: node x is the last segment starting at or
+ * below every address in [x's address, next) while the tree is at
+ * `version`.  The walk keeps SEG_HINTS of them, direct-mapped by the
+ * hash of the address's 2 MiB granule: an entry in a granule met before
+ * finds its segment without a descent as long as no segment came or went
+ * (a real trace has few segment entries among its allocs and frees). */
 typedef struct seg_hint_s {
   uint32_t x;
   bool to_end; /* no segment after x */
   uint64_t next, version;
 } seg_hint_t;
 
-/* Segment containing [a, a+n), or 0. */
+enum { SEG_HINT_BITS = 12, SEG_HINTS = 1u << SEG_HINT_BITS };
+
+/* Segment containing [a, a+n), or 0.  hints: SEG_HINTS of them. */
 static uint32_t gt_containing(const gtree_t *t, uint64_t a, uint64_t n,
-                              seg_hint_t *h) {
+                              seg_hint_t *hints) {
   if (a == UINT64_MAX)
     return 0; /* (the array's search for a + 1 found none) */
+  /* (by the 2 MiB granule, the smallest segment: every address of a
+   * granule lies in the same segment or the next one) */
+  seg_hint_t *h =
+      &hints[msnap__mix64(a >> 21) >> (64 - SEG_HINT_BITS)];
   uint32_t x;
   if (h->x && h->version == t->version && t->n[h->x].g.addr <= a &&
       (h->to_end || a < h->next)) {
@@ -808,6 +816,9 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
     cli_state_free(&st);
     return -1;
   }
+  seg_hint_t *seg_hint = calloc(SEG_HINTS, sizeof *seg_hint);
+  if (!seg_hint)
+    goto nomem;
   /* the blocks and the segments go into their treaps for the walk (st
    * keeps the arrays, for the start state) */
   for (uint32_t k = 0; k < st.nb; k++)
@@ -828,7 +839,6 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
    * changes shape (an insert or an erase): reset to NULL there. */
   uint32_t *hung = NULL;
   uint64_t hung_addr = 0;
-  seg_hint_t seg_hint = {0}; /* gt_containing's last find */
   const msnap_trace_list_t *tl = cli_trace(s, device);
   uint32_t n = tl ? tl->n : 0;
   for (uint32_t ii = n; ii > 0; ii--) {
@@ -865,7 +875,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "alloc size %" PRIu64 " differs from the size %" PRIu64
              " of its later free at 0x%" PRIx64,
              sz, B(bi).requested, a);
-      if (!gt_containing(&gt, a, extent(&B(bi)), &seg_hint))
+      if (!gt_containing(&gt, a, extent(&B(bi)), seg_hint))
         viol(&c, i,
              "alloc at 0x%" PRIx64 " lies outside every live segment "
              "(segment_alloc missing or after it)",
@@ -902,7 +912,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
              "free_completed of 0x%" PRIx64 " (%" PRIu64 " B) overlaps the "
              "live block at 0x%" PRIx64,
              a, sz, B(kn).addr);
-      if (!gt_containing(&gt, a, sz ? sz : 1, &seg_hint))
+      if (!gt_containing(&gt, a, sz ? sz : 1, seg_hint))
         viol(&c, i,
              "free_completed at 0x%" PRIx64 " lies outside every live "
              "segment (segment_free before free_completed?)",
@@ -981,7 +991,7 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
       break;
     }
     case MSNAP_ACTION_SEGMENT_MAP: {
-      uint32_t k = gt_containing(&gt, a, sz ? sz : 1, &seg_hint);
+      uint32_t k = gt_containing(&gt, a, sz ? sz : 1, seg_hint);
       if (!k) {
         viol(&c, i,
              "segment_map of [0x%" PRIx64 ", +%" PRIu64 ") not inside a "
@@ -1086,10 +1096,12 @@ long cli_backward(const msnap_snap_t *s, int64_t device, cli_violation_cb cb,
   }
   free(bt.n);
   free(gt.n);
+  free(seg_hint);
   return c.n;
 nomem:
   free(bt.n);
   free(gt.n);
+  free(seg_hint);
   cli_state_free(&st);
   return -1;
 }
