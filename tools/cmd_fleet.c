@@ -6,7 +6,8 @@
  * Per file (one rank): its rank, world size, local rank, host and pid from
  * process_info (memsnap's files; RANK/WORLD_SIZE or torch.distributed at
  * dump time), else a rank from the file name ("rank3", "rank_3",
- * "rank-3"; an unreadable file too); peak allocated (requested bytes) and peak reserved over the
+ * "rank-3"; an unreadable file too); peak requested (live requested bytes,
+ * JSON's peak_allocated_bytes) and peak reserved over the
  * trace (cli_timeline), final reserved and allocated, fragmentation of the
  * final state (cli_frag_model), OOM entries, and leak candidates across
  * the recording's steps (cli_leaks_steps).  Figures are summed over the
@@ -463,7 +464,8 @@ static void usage(FILE *f) {
           "as directories and FIFOs, are skipped with a warning): per\n"
           "rank its rank (from the file's process_info, or \"rank<N>\"\n"
           "in its name, also when it cannot be read), host (from\n"
-          "process_info), peak allocated and reserved over the trace,\n"
+          "process_info), peak requested (live requested bytes) and\n"
+          "reserved over the trace,\n"
           "final reserved and allocated (summary's allocated: its\n"
           "active_allocated blocks), fragmentation (inactive split\n"
           "bytes, largest free block), OOMs and leak candidates across\n"
@@ -942,7 +944,7 @@ int cli_cmd_fleet(int argc, char **argv) {
       fputc('\n', stdout);
     }
     printf("\n%5s %-10s %12s %12s %12s %12s %12s %12s %4s %5s  %s\n",
-           "rank", "host", "peak alloc", "peak resv", "reserved",
+           "rank", "host", "peak req", "peak resv", "reserved",
            "allocated", "inact split", "largest free", "OOMs", "leaks",
            "file");
     for (uint32_t i = 0; i < n; i++) {

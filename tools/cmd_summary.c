@@ -164,6 +164,7 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
   if (tl && tl->n) {
     f->trace_entries = tl->n;
     __int128 da = 0, dr = 0, ma = 0, mr = 0; /* sums, highest prefixes */
+    uint64_t moves = 0; /* entries that change da or dr */
     uint32_t last_attr = UINT32_MAX;
     bool timed = false;
     for (uint32_t i = 0; i < tl->n; i++) {
@@ -183,12 +184,12 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       }
       switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
                                              : e->action) {
-      case MSNAP_ACTION_ALLOC: da += e->size; break;
-      case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; break;
+      case MSNAP_ACTION_ALLOC: da += e->size; moves++; break;
+      case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; moves++; break;
       case MSNAP_ACTION_SEGMENT_ALLOC:
-      case MSNAP_ACTION_SEGMENT_MAP: dr += e->size; break;
+      case MSNAP_ACTION_SEGMENT_MAP: dr += e->size; moves++; break;
       case MSNAP_ACTION_SEGMENT_FREE:
-      case MSNAP_ACTION_SEGMENT_UNMAP: dr -= e->size; break;
+      case MSNAP_ACTION_SEGMENT_UNMAP: dr -= e->size; moves++; break;
       default: break;
       }
       if (da > ma)
@@ -201,7 +202,9 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
     f->peak_alloc = pa < 0 ? 0 : pa > UINT64_MAX ? UINT64_MAX : (uint64_t)pa;
     f->peak_reserved =
         pr < 0 ? 0 : pr > UINT64_MAX ? UINT64_MAX : (uint64_t)pr;
-    f->have_peak = true;
+    /* (a trace of no alloc, free or segment entry -- a lone `snapshot`
+     * entry -- has no peaks: the final state is all it says) */
+    f->have_peak = moves > 0;
   }
   f->dropped = -1;
   const msnap_gv_t *dl =
@@ -559,6 +562,10 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
       int64_t v;
     } opt[] = {{"time_first_us", f->have_time, f->t0},
                {"time_last_us", f->have_time, f->t1},
+               {"peak_requested_bytes", f->have_peak,
+                (int64_t)f->peak_alloc},
+               /* (the same figure under its first name, for scripts
+                * written before peak_requested_bytes) */
                {"peak_allocated_bytes", f->have_peak, (int64_t)f->peak_alloc},
                {"peak_reserved_bytes", f->have_peak,
                 (int64_t)f->peak_reserved},
@@ -1000,8 +1007,13 @@ static void print_text(const char *file, const msnap_snap_t *s,
              cli_duration(f->t1 - f->t0, b1, sizeof b1));
     else if (f->trace_entries)
       printf("  time span        (no time_us in this format)\n");
-    if (f->have_peak) {
-      printf("  peak allocated   %s over the trace (requested bytes)\n",
+    if (!f->have_peak && f->trace_entries) {
+      printf("  peaks            unknown: the trace holds no alloc, free or "
+             "segment entry\n");
+    } else if (f->have_peak) {
+      printf("  peak requested   %s over the trace (requested bytes of live "
+             "allocations,\n                   as memory_viz plots them; "
+             "allocated bytes round each up)\n",
              cli_bytes(f->peak_alloc, b1, sizeof b1));
       printf("  peak reserved    %s over the trace\n",
              cli_bytes(f->peak_reserved, b1, sizeof b1));
@@ -1079,8 +1091,10 @@ static void usage(FILE *f) {
           "\n"
           "Per device: segments; reserved, allocated, active and requested\n"
           "bytes (sums over the blocks); blocks by state; trace entries by\n"
-          "action; time span; peak allocated (in requested bytes, what the\n"
-          "trace records) and peak reserved over the trace, starting from\n"
+          "action; time span; peak requested (the requested bytes of live\n"
+          "allocations, what the trace records) and peak reserved over the\n"
+          "trace (unknown when it holds no alloc, free or segment entry),\n"
+          "starting from\n"
           "the state at the trace start (the final one minus the trace's\n"
           "net effect);\n"
           "the largest live allocations and the top allocation sites by\n"
@@ -1126,7 +1140,8 @@ static void usage(FILE *f) {
           "                trace_entries,\n"
           "                trace_by_action: {<action>: count},\n"
           "                time_first_us, time_last_us,\n"
-          "                peak_allocated_bytes, peak_reserved_bytes,\n"
+          "                peak_requested_bytes, peak_allocated_bytes,\n"
+          "                peak_reserved_bytes,\n"
           "                trace_alloc_dropped, trace_violations,\n"
           "                live_before_trace: {count, bytes},\n"
           "                largest_live: [{address, size,\n"
