@@ -708,7 +708,10 @@ int cli_cmd_diff(int argc, char **argv) {
              "block at the same address and size, no common segment -- "
              "they look like two different runs; leak candidates are not "
              "reported");
-  if (reversed)
+  /* (the order matters only between two snapshots of one run: of two
+   * runs, "swap them" would not help) */
+  bool one_run = same != 0 && shared;
+  if (reversed && one_run)
     snprintf(warn[nwarn++], sizeof warn[0],
              "B's trace ends before A's (time_us): B was taken before A -- "
              "`memsnap diff` compares an older A with a newer B, so run it "
@@ -850,9 +853,9 @@ int cli_cmd_diff(int argc, char **argv) {
       else
         printf("  lifetimes  unknown (%s): blocks matched by address, size "
                "and site\n",
-               a->reversed ? "B was taken before A: the files in the wrong "
-                             "order"
-                           : "no common trace");
+               a->reversed && one_run ? "B was taken before A: the files "
+                                        "in the wrong order"
+                                      : "no common trace");
       printf("  reserved   %s -> %s (%s%s)\n", cli_bytes(ra, b1, sizeof b1),
              cli_bytes(rb, b2, sizeof b2), rb >= ra ? "+" : "-",
              cli_bytes(rb >= ra ? rb - ra : ra - rb, b3, sizeof b3));

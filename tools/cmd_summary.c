@@ -891,15 +891,26 @@ static void print_oom(const msnap_snap_t *s, const cli_oom_t *o) {
            cli_bytes(o->active_requested, b2, sizeof b2));
   print_wrapped("at the OOM", buf);
   if (o->have_at) {
+    cli_bytes(o->at.largest_free_small, b5, sizeof b5);
+    cli_bytes(o->at.largest_free_large, b6, sizeof b6);
+    /* The request's pool's largest block reads as the request itself
+     * ("4.00 MiB" both) yet did not serve it: the bytes say why. */
+    char rq[32];
+    cli_bytes(o->requested, rq, sizeof rq);
+    char *pool = o->small_pool ? b5 : b6;
+    uint64_t lf = o->small_pool ? o->at.largest_free_small
+                                : o->at.largest_free_large;
+    if (lf != o->requested && strcmp(pool, rq) == 0)
+      snprintf(pool + strlen(pool), sizeof b5 - strlen(pool),
+               " = %" PRIu64 " B", lf);
     snprintf(buf, sizeof buf,
              "allocated %s; cached free %s, of it %s inactive in split "
              "segments; largest free block: small pool %s, large pool %s "
              "(blocks from the %s)",
              cli_bytes(o->at.allocated, b1, sizeof b1),
              cli_bytes(o->at.reserved - o->at.active, b2, sizeof b2),
-             cli_bytes(o->at.inactive_split, b3, sizeof b3),
-             cli_bytes(o->at.largest_free_small, b5, sizeof b5),
-             cli_bytes(o->at.largest_free_large, b6, sizeof b6), o->source);
+             cli_bytes(o->at.inactive_split, b3, sizeof b3), b5, b6,
+             o->source);
   } else {
     snprintf(buf, sizeof buf, "blocks at the OOM unknown: %s", o->why);
   }

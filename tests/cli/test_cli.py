@@ -1071,6 +1071,15 @@ def group_real():
     rc, out, err = run("check", *files)
     expect(rc == 0 and out.count(": ok (") == len(files),
            "check: all %d real inputs conform" % len(files))
+    # Two different runs, B recorded before A: diff says they share
+    # nothing and gives no advice to swap them (that would not help).
+    older = os.path.join(REAL, "silmont2000_a2__mem_snapshot.pickle")
+    newer = os.path.join(REAL, "silmont2000_a2__memory_forward_bf16_128.pickle")
+    rc, out, err = run("diff", older, newer)
+    expect(rc == 0 and "two different runs" in out and
+           "swapped" not in out and "wrong order" not in out and
+           "lifetimes  unknown (no common trace)" in out,
+           "diff of two runs: no advice to swap them (%r)" % out[:600])
     if rc != 0:
         print(out[-3000:], err[-1000:])
     for path in files:

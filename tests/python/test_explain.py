@@ -487,6 +487,38 @@ mm._dump_snapshot(sys.argv[1])
 """
 
 
+FILL = """\
+import sys
+import memsnap.memory as mm
+mm._record_memory_history("all", stacks="python")
+keep = []
+try:
+    while True:                          # 4 MiB blocks in 20 MiB segments
+        keep.append(mm.caching_allocator_alloc(4 << 20))
+except mm.OutOfMemoryError as e:
+    print("OOM", e)
+mm._dump_snapshot(sys.argv[1])
+"""
+
+
+def test_oom_largest_block_that_rounds_like_the_request_shows_bytes(tmp_path):
+    """npu rounds a 4 MiB request to 4194816 B; the split segment's last
+    block, 4192256 B, also reads "4.00 MiB": the OOM's state gives its
+    bytes, or "largest free block 4.00 MiB" would contradict the verdict
+    that no free block held the request."""
+    script = write_script(tmp_path, "fill.py", FILL)
+    dump = tmp_path / "oom.pickle"
+    run_file(script, env=base_env(MEMSNAP_SIM_MEMORY="1G",
+                                  MEMSNAP_PROFILE="npu"), args=(dump,))
+    oom = run_cli("summary", "--json", dump).json["oom"]
+    assert oom["requested_bytes"] == 4194816
+    assert oom["largest_free_block_by_pool"]["large"] == 4192256
+    assert oom["fits_in_largest_free_block"] is False
+    flat = " ".join(run_cli("summary", dump).stdout.split())
+    assert "requested 4.00 MiB (4194816 B, rounded; large pool)" in flat
+    assert "large pool 4.00 MiB = 4192256 B (blocks from" in flat
+
+
 @pytest.mark.parametrize("mib", [3072, 800])
 def test_out_of_memory_verdict_gives_the_figures(tmp_path, mib):
     """The verdict names the request and what it was measured against: the
