@@ -239,6 +239,12 @@ void cj_gv(cli_json_t *j, const msnap_snap_t *s, const msnap_gv_t *v);
  * *n malloc'd strings in a malloc'd array, NULL if none or on ENOMEM. */
 char **cli_settings_items(const msnap_snap_t *s, const msnap_gv_t *d,
                           uint32_t *n);
+/* The items a person is shown (summary's text, view's panel): those of
+ * cli_settings_items but, on an npu recording, the CUDA-only keys at
+ * their defaults and a PYTORCH_CUDA_ALLOC_CONF repeating
+ * PYTORCH_NPU_ALLOC_CONF, which say nothing there. */
+char **cli_settings_shown(const msnap_snap_t *s, const msnap_gv_t *d,
+                          uint32_t *n);
 
 /* ---- progress on stderr (cli_util.c) ------------------------------------ */
 typedef struct cli_progress_s {

@@ -239,3 +239,50 @@ oom:
   *n = 0;
   return NULL;
 }
+
+/* An npu recording's item that says nothing there: a CUDA-only key of
+ * the CUDA conf (conf.c's S_CUDA keys, refused under the npu profile) at
+ * its default, or PYTORCH_CUDA_ALLOC_CONF repeating PYTORCH_NPU_ALLOC_CONF
+ * (memsnap's writer fills both from the one conf: api/snapshot.c). */
+static bool cuda_only_default(char **items, uint32_t n, const char *item) {
+  static const char *const dflt[] = {
+      "release_lock_on_cudamalloc=false",
+      "pinned_use_cuda_host_register=false",
+      "graph_capture_record_stream_reuse=false"};
+  for (size_t k = 0; k < sizeof dflt / sizeof *dflt; k++)
+    if (!strcmp(item, dflt[k]))
+      return true;
+  static const char cuda[] = "PYTORCH_CUDA_ALLOC_CONF=";
+  static const char npu[] = "PYTORCH_NPU_ALLOC_CONF=";
+  if (strncmp(item, cuda, sizeof cuda - 1))
+    return false;
+  for (uint32_t i = 0; i < n; i++)
+    if (!strncmp(items[i], npu, sizeof npu - 1) &&
+        !strcmp(items[i] + sizeof npu - 1, item + sizeof cuda - 1))
+      return true;
+  return false;
+}
+
+/* cli_settings_items without, on an npu recording
+ * (cli_recording_profile), the items cuda_only_default names. */
+char **cli_settings_shown(const msnap_snap_t *s, const msnap_gv_t *d,
+                          uint32_t *n) {
+  char **v = cli_settings_items(s, d, n);
+  if (!v || strcmp(cli_recording_profile(s), "npu") != 0)
+    return v;
+  bool *drop = calloc(*n + 1, sizeof *drop);
+  if (!drop)
+    return v; /* (every item: more said, nothing lost) */
+  for (uint32_t i = 0; i < *n; i++)
+    drop[i] = cuda_only_default(v, *n, v[i]);
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < *n; i++) {
+    if (drop[i])
+      free(v[i]);
+    else
+      v[k++] = v[i];
+  }
+  free(drop);
+  *n = k;
+  return v;
+}

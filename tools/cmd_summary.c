@@ -640,44 +640,17 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
   cj_obj_end(j);
 }
 
-/* An npu recording's item that says nothing there: a CUDA-only key of
- * the CUDA conf (conf.c's S_CUDA keys, refused under the npu profile) at
- * its default, or PYTORCH_CUDA_ALLOC_CONF repeating PYTORCH_NPU_ALLOC_CONF
- * (memsnap's writer fills both from the one conf: api/snapshot.c). */
-static bool cuda_only_default(char **items, uint32_t n, const char *item) {
-  static const char *const dflt[] = {
-      "release_lock_on_cudamalloc=false",
-      "pinned_use_cuda_host_register=false",
-      "graph_capture_record_stream_reuse=false"};
-  for (size_t k = 0; k < sizeof dflt / sizeof *dflt; k++)
-    if (!strcmp(item, dflt[k]))
-      return true;
-  static const char cuda[] = "PYTORCH_CUDA_ALLOC_CONF=";
-  static const char npu[] = "PYTORCH_NPU_ALLOC_CONF=";
-  if (strncmp(item, cuda, sizeof cuda - 1))
-    return false;
-  for (uint32_t i = 0; i < n; i++)
-    if (!strncmp(items[i], npu, sizeof npu - 1) &&
-        !strcmp(items[i] + sizeof npu - 1, item + sizeof cuda - 1))
-      return true;
-  return false;
-}
-
-/* allocator_settings as "key=value" items wrapped at 79 columns; for an
- * npu recording without the CUDA-only keys at their defaults
- * (cuda_only_default; --json keeps every key). */
+/* allocator_settings as "key=value" items wrapped at 79 columns, those
+ * of cli_settings_shown (--json keeps every key). */
 static void print_settings(const msnap_snap_t *s, const msnap_gv_t *d) {
   const char *head = "\nallocator settings:";
   size_t col = strlen(head) - 1;
   uint32_t n = 0;
-  char **items = cli_settings_items(s, d, &n);
+  char **items = cli_settings_shown(s, d, &n);
   if (!items)
     return;
-  bool npu = !strcmp(cli_recording_profile(s), "npu");
   fputs(head, stdout);
   for (uint32_t i = 0; i < n; i++) {
-    if (npu && cuda_only_default(items, n, items[i]))
-      continue;
     size_t len = strlen(items[i]);
     if (col + 1 + len > 79 && col > 2) {
       fputs("\n ", stdout);

@@ -2075,7 +2075,7 @@ int vm_write_file(cli_json_t *j, const char *path, const msnap_snap_t *s,
     /* As compact key=value text: JSON numbers would lose 64-bit values
      * (trace_alloc_max_entries) in the browser. */
     uint32_t ni = 0;
-    char **items = cli_settings_items(s, &s->allocator_settings, &ni);
+    char **items = cli_settings_shown(s, &s->allocator_settings, &ni);
     cj_key(j, "settings");
     cj_arr(j);
     for (uint32_t i = 0; i < ni; i++) {

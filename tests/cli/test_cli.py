@@ -2991,6 +2991,17 @@ def group_sites():
     rc, out, err = run("summary", "--json", path)
     expect(rc == 0 and len(json.loads(out)["allocator_settings"]) == 6,
            "summary --json of an npu recording keeps every setting")
+    # view's settings panel shows what summary's text does
+    page = os.path.join(TMP, "npu-settings.html")
+    rc, out, err = run("view", path, "-o", page)
+    html = open(page, encoding="utf-8").read() if rc == 0 else ""
+    data = html[html.find("const DATA"):html.find("</script>")]
+    expect(rc == 0 and '"PYTORCH_NPU_ALLOC_CONF=expandable_segments:True"'
+           in data and "PYTORCH_CUDA_ALLOC_CONF" not in data and
+           "release_lock" not in data and
+           '"pinned_use_cuda_host_register=true"' in data,
+           "view of an npu recording: the settings summary shows (%d %r)"
+           % (rc, err))
     rc, out, err = run("summary", write_pickle(st, "settings-cuda.pickle"))
     expect(rc == 0 and out.splitlines()[0].endswith(
         "cuda allocator (it has no NPU-only field)"),
