@@ -985,7 +985,21 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
   } else {
     if (stat(path, &st) != 0) {
       int e = errno;
-      snprintf(err, errlen, "cannot open: %s", strerror(e));
+      struct stat lst;
+      char target[256];
+      ssize_t tn;
+      if (e == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) &&
+          (tn = readlink(path, target, sizeof target - 1)) > 0) {
+        /* the name is there, what it points to is not */
+        target[tn] = 0;
+        for (ssize_t i = 0; i < tn; i++) /* (one line, whatever it holds) */
+          if ((unsigned char)target[i] < 0x20 || target[i] == 0x7f)
+            target[i] = '?';
+        snprintf(err, errlen, "cannot open: a symbolic link to '%s', "
+                 "which does not exist (a dangling link)", target);
+      } else {
+        snprintf(err, errlen, "cannot open: %s", strerror(e));
+      }
       return open_errno_code(e);
     }
     /* classified without opening it: opening a device can have effects */

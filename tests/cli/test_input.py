@@ -407,6 +407,11 @@ def group_special():
     dangling = path("dangling.pickle")
     os.symlink(path("nowhere.pickle"), dangling)
     on_the_way = os.path.join(write_bytes(b"x", "afile.bin"), "x.pickle")
+    rc, out, err = run("summary", dangling)
+    expect(err == "memsnap: %s: cannot open: a symbolic link to '%s', which "
+           "does not exist (a dangling link) [MSNAP_ENOENT]\n"
+           % (dangling, path("nowhere.pickle")),
+           "a dangling link is called one (%r)" % err)
     for name in (missing, dangling, on_the_way):
         for args in (["check", name], ["summary", name], ["diff", name, name],
                      ["replay", name], ["leaks", name]):
