@@ -255,6 +255,15 @@ static void print_device(const replay_t *r, const dev_replay_t *d) {
   if (d->mismatch_count == 0 && r->exact && !d->final_compared)
     printf("  matches the recording: yes (every decision; the final layout "
            "was not compared: %s)\n", d->final_why);
+  else if (d->mismatch_count == 0 && !r->exact &&
+           d->rec_segment_allocs + d->rec_segment_frees == 0 &&
+           d->segment_allocs + d->segment_frees == 0)
+    /* (nothing to compare: not evidence that the other allocator would
+     * decide as the recorded one) */
+    printf("  matches the recording: yes, trivially (segment decisions: "
+           "neither the\n  recording nor the replay opens or frees a "
+           "segment; every request fit\n  the segments of the start "
+           "state)\n");
   else if (d->mismatch_count == 0)
     printf("  matches the recording: yes%s\n",
            r->exact ? " (every decision and the final layout)"
