@@ -516,6 +516,48 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
   msnap__snap_free(m);
 }
 
+
+/* Two final segments of `dev` that overlap (a file whose segment list
+ * is repeated, say: `check` reports it): no allocator state has them, so
+ * there is nothing to replay.  1 with the reason in why, 0 when none
+ * overlap, -1 on ENOMEM. */
+static int cmp_range(const void *x, const void *y) {
+  const uint64_t *a = x, *b = y;
+  return a[0] != b[0] ? (a[0] < b[0] ? -1 : 1)
+                      : (a[1] != b[1] ? (a[1] < b[1] ? -1 : 1) : 0);
+}
+
+static int overlapping_segments(const msnap_snap_t *s, int64_t dev,
+                                char *why, size_t len) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    n += s->segments[i].device == dev;
+  if (n < 2)
+    return 0;
+  uint64_t (*r)[2] = malloc((size_t)n * sizeof *r);
+  if (!r)
+    return -1;
+  n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (s->segments[i].device == dev) {
+      r[n][0] = s->segments[i].address;
+      r[n++][1] = s->segments[i].total_size;
+    }
+  qsort(r, n, sizeof *r, cmp_range);
+  int rc = 0;
+  for (uint32_t i = 1; i < n && !rc; i++)
+    if (r[i][0] - r[i - 1][0] < r[i - 1][1]) {
+      snprintf(why, len,
+               "the final state is inconsistent: the segment at 0x%" PRIx64
+               " overlaps the one at 0x%" PRIx64 " (%" PRIu64 " B; see "
+               "memsnap check)",
+               r[i][0], r[i - 1][0], r[i - 1][1]);
+      rc = 1;
+    }
+  free(r);
+  return rc;
+}
+
 /* torch_npu's workspace buffers of the device (cli_workspace_addrs) into
  * d->ws: no caching-allocator memory.  The backward replay leaves them out
  * of the start state; the replay also leaves them out of the recorded
@@ -605,6 +647,12 @@ static void replayable(const msnap_snap_t *s, int64_t dev, dev_replay_t *d) {
     snprintf(d->reason, sizeof d->reason,
              "the recording uses private memory pools (CUDA graphs / "
              "MemPool), which the trace does not describe");
+    return;
+  }
+  int ov = overlapping_segments(s, dev, d->reason, sizeof d->reason);
+  if (ov != 0) {
+    if (ov < 0)
+      snprintf(d->reason, sizeof d->reason, "out of memory");
     return;
   }
   if (find_workspace(s, d) != 0) {

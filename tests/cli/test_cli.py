@@ -1751,6 +1751,22 @@ def group_replay():
     live = os.path.join(TMP, "live.pickle")
     rc, out, err = run("demo-train", "-o", live)
     expect(rc == 0, "demo-train records a snapshot")
+    # Its segment list repeated (overlapping segments, which `check`
+    # reports): no allocator state has them -- not replayable, not
+    # "6 mismatches".
+    if rc == 0:
+        with open(live, "rb") as f:
+            d = pickle.load(f)
+        d["segments"] = d["segments"] + copy.deepcopy(d["segments"])
+        d["segments"].sort(key=lambda g: g["address"])
+        p = write_pickle(d, "dupseg.pickle")
+        rc, out, err = run("replay", p)
+        g = min(x["address"] for x in d["segments"])
+        expect(rc == 2 and "not replayable: the final state is "
+               "inconsistent: the segment at 0x%x overlaps the one at 0x%x"
+               % (g, g) in out,
+               "replay of overlapping segments: not replayable (%d %r)"
+               % (rc, out[-300:]))
     # A recording that does not fit the --device-memory of a what-if
     # replay: a finding (exit 1), counted and said, never "expected for
     # another allocator"; the JSON says fits false and where it first
