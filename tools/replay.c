@@ -335,13 +335,27 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
         s1.reserved_bytes[MSNAP_STAT_ALL].current -
                 s0.reserved_bytes[MSNAP_STAT_ALL].current !=
             (int64_t)g->size) {
-      snprintf(d->reason, sizeof d->reason,
-               "could not recreate the segment 0x%" PRIx64 " of %" PRIu64
-               " B that predates the trace (%s; got 0x%" PRIx64 ", +%" PRId64
-               " B reserved)",
-               g->addr, g->size, e ? msnap_strerror(e) : "wrong placement",
-               p, s1.reserved_bytes[MSNAP_STAT_ALL].current -
-                      s0.reserved_bytes[MSNAP_STAT_ALL].current);
+      int w = snprintf(
+          d->reason, sizeof d->reason,
+          "could not recreate the segment 0x%" PRIx64 " of %" PRIu64
+          " B that predates the trace (%s; got 0x%" PRIx64 ", +%" PRId64
+          " B reserved)",
+          g->addr, g->size, e ? msnap_strerror(e) : "wrong placement", p,
+          s1.reserved_bytes[MSNAP_STAT_ALL].current -
+              s0.reserved_bytes[MSNAP_STAT_ALL].current);
+      uint64_t start_reserved = 0;
+      for (uint32_t k = 0; k < st->ng; k++)
+        start_reserved += st->g[k].size;
+      if (e == MSNAP_EOOM && start_reserved > r->device_memory && w > 0 &&
+          (size_t)w < sizeof d->reason) {
+        /* the cause, with the figure to give --device-memory */
+        char need[32], have[32];
+        snprintf(d->reason + w, sizeof d->reason - (size_t)w,
+                 ": the state at the trace start reserves %s in %u "
+                 "segments, more than the device's %s (--device-memory)",
+                 cli_bytes(start_reserved, need, sizeof need), st->ng,
+                 cli_bytes(r->device_memory, have, sizeof have));
+      }
       if (small && e == 0 && p)
         msnap_free(r->a, p);
       free(pc);

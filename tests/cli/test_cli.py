@@ -1703,6 +1703,15 @@ def replay_segment_order(npu):
         expect(rc == 0 and "matches the recording: yes, trivially" in out,
                "replay what-if with no segment decision: a trivial match "
                "(%d %r)" % (rc, out[-300:]))
+        # a device smaller than the state the trace starts from: the
+        # reason gives the figure --device-memory needs
+        rc, out, err = run("replay", "--device-memory", "700M", bf16)
+        expect(rc == 2 and "(device out of memory; got 0x0, +0 B reserved): "
+               "the state at the trace start reserves 822.00 MiB in 43 "
+               "segments, more than the device's 700.00 MiB "
+               "(--device-memory)" in out,
+               "replay on a too small device names the start state's "
+               "reserved bytes (%d %r)" % (rc, out[-400:]))
 
 
 def group_replay():
