@@ -640,6 +640,29 @@ static inline bool cli_workspace_synthetic(const msnap_trace_list_t *tl,
            v[i - 2].addr == a;
   return false;
 }
+
+/* Some entry of tl allocates or frees memory -- an alloc, free_completed,
+ * segment_alloc/free/map/unmap that is not one of torch_npu's synthetic
+ * workspace entries: the trace has peaks (summary's, fleet's).  A trace of
+ * snapshot, oom or free_requested entries only does not. */
+static inline bool cli_trace_moves(const msnap_trace_list_t *tl) {
+  for (uint32_t i = 0; tl && i < tl->n; i++) {
+    switch (tl->v[i].action) {
+    case MSNAP_ACTION_ALLOC:
+    case MSNAP_ACTION_FREE_COMPLETED:
+    case MSNAP_ACTION_SEGMENT_ALLOC:
+    case MSNAP_ACTION_SEGMENT_FREE:
+    case MSNAP_ACTION_SEGMENT_MAP:
+    case MSNAP_ACTION_SEGMENT_UNMAP:
+      if (!cli_workspace_synthetic(tl, i))
+        return true;
+      break;
+    default:
+      break;
+    }
+  }
+  return false;
+}
 /* torch_npu's workspace buffers of a device: its final segments that a
  * workspace_snapshot entry names (NPUWorkspaceAllocator's get_trace writes
  * one per buffer, then the synthetic entries) and that have a buffer's

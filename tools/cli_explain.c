@@ -253,9 +253,11 @@ static void peak_visit(void *arg, uint32_t state, uint64_t act,
   }
 }
 
+/* (torch_npu's synthetic workspace allocs are no history) */
 static bool has_allocs(const msnap_trace_list_t *tl) {
   for (uint32_t i = 0; tl && i < tl->n; i++)
-    if (tl->v[i].action == MSNAP_ACTION_ALLOC)
+    if (tl->v[i].action == MSNAP_ACTION_ALLOC &&
+        !cli_workspace_synthetic(tl, i))
       return true;
   return false;
 }

@@ -244,7 +244,7 @@ oom:
  * the CUDA conf (conf.c's S_CUDA keys, refused under the npu profile) at
  * its default, or PYTORCH_CUDA_ALLOC_CONF repeating PYTORCH_NPU_ALLOC_CONF
  * (memsnap's writer fills both from the one conf: api/snapshot.c). */
-static bool cuda_only_default(char **items, uint32_t n, const char *item) {
+static bool cuda_only_default(const char *item, bool cuda_conf_repeats) {
   static const char *const dflt[] = {
       "release_lock_on_cudamalloc=false",
       "pinned_use_cuda_host_register=false",
@@ -253,14 +253,7 @@ static bool cuda_only_default(char **items, uint32_t n, const char *item) {
     if (!strcmp(item, dflt[k]))
       return true;
   static const char cuda[] = "PYTORCH_CUDA_ALLOC_CONF=";
-  static const char npu[] = "PYTORCH_NPU_ALLOC_CONF=";
-  if (strncmp(item, cuda, sizeof cuda - 1))
-    return false;
-  for (uint32_t i = 0; i < n; i++)
-    if (!strncmp(items[i], npu, sizeof npu - 1) &&
-        !strcmp(items[i] + sizeof npu - 1, item + sizeof cuda - 1))
-      return true;
-  return false;
+  return cuda_conf_repeats && !strncmp(item, cuda, sizeof cuda - 1);
 }
 
 /* cli_settings_items without, on an npu recording
@@ -270,19 +263,23 @@ char **cli_settings_shown(const msnap_snap_t *s, const msnap_gv_t *d,
   char **v = cli_settings_items(s, d, n);
   if (!v || strcmp(cli_recording_profile(s), "npu") != 0)
     return v;
-  bool *drop = calloc(*n + 1, sizeof *drop);
-  if (!drop)
-    return v; /* (every item: more said, nothing lost) */
-  for (uint32_t i = 0; i < *n; i++)
-    drop[i] = cuda_only_default(v, *n, v[i]);
+  /* (the values themselves: the items cut a long one, at a length that
+   * depends on the key's) */
+  const msnap_gv_t *cc = cli_gv_get(s, d, "PYTORCH_CUDA_ALLOC_CONF");
+  const msnap_gv_t *nc = cli_gv_get(s, d, "PYTORCH_NPU_ALLOC_CONF");
+  bool repeats = false;
+  if (cc && nc && cc->kind == MSNAP_GV_STR && nc->kind == MSNAP_GV_STR) {
+    size_t lc, ln;
+    const char *pc = cli_str(s, cc->u.s, &lc), *pn = cli_str(s, nc->u.s, &ln);
+    repeats = lc == ln && memcmp(pc, pn, lc) == 0;
+  }
   uint32_t k = 0;
   for (uint32_t i = 0; i < *n; i++) {
-    if (drop[i])
+    if (cuda_only_default(v[i], repeats))
       free(v[i]);
     else
       v[k++] = v[i];
   }
-  free(drop);
   *n = k;
   return v;
 }

@@ -702,6 +702,12 @@ int cli_cmd_diff(int argc, char **argv) {
              "A and B were written by different processes (process_info: "
              "pid/host differ): no block can be the same allocation; leak "
              "candidates are not reported");
+  else if (!shared && same == 1)
+    snprintf(warn[nwarn++], sizeof warn[0],
+             "A and B share nothing (no common trace entries, no live "
+             "block at the same address and size, no common segment) "
+             "though process_info names one process%s",
+             reversed ? "" : "; leak candidates are not reported");
   else if (!shared)
     snprintf(warn[nwarn++], sizeof warn[0],
              "A and B share nothing: no common trace entries, no live "
@@ -709,8 +715,9 @@ int cli_cmd_diff(int argc, char **argv) {
              "they look like two different runs; leak candidates are not "
              "reported");
   /* (the order matters only between two snapshots of one run: of two
-   * runs, "swap them" would not help) */
-  bool one_run = same != 0 && shared;
+   * runs, "swap them" would not help.  One run: process_info says so,
+   * or, when it does not say, the files share something) */
+  bool one_run = same == 1 || (same != 0 && shared);
   if (reversed && one_run)
     snprintf(warn[nwarn++], sizeof warn[0],
              "B's trace ends before A's (time_us): B was taken before A -- "

@@ -161,11 +161,15 @@ static void analyse(rank_t *r, double min_conf) {
     r->free_segments_bytes += f.free_segments_bytes;
     const msnap_trace_list_t *tl = cli_trace(s, devs[d]);
     if (tl && tl->n) {
-      uint64_t pk[2] = {0, 0}; /* the most active, reserved bytes */
-      cli_timeline_visit(s, devs[d], peaks_visit, pk);
-      r->m[0] += pk[1];
-      r->m[1] += pk[0];
-      r->have_peak = true;
+      /* (peaks as summary's: none for a trace where nothing is
+       * allocated or freed) */
+      if (cli_trace_moves(tl)) {
+        uint64_t pk[2] = {0, 0}; /* the most active, reserved bytes */
+        cli_timeline_visit(s, devs[d], peaks_visit, pk);
+        r->m[0] += pk[1];
+        r->m[1] += pk[0];
+        r->have_peak = true;
+      }
       for (uint32_t i = 0; i < tl->n; i++)
         if (tl->v[i].action == MSNAP_ACTION_OOM) {
           r->ooms++;

@@ -164,7 +164,6 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
   if (tl && tl->n) {
     f->trace_entries = tl->n;
     __int128 da = 0, dr = 0, ma = 0, mr = 0; /* sums, highest prefixes */
-    uint64_t moves = 0; /* entries that change da or dr */
     uint32_t last_attr = UINT32_MAX;
     bool timed = false;
     for (uint32_t i = 0; i < tl->n; i++) {
@@ -184,12 +183,12 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       }
       switch (cli_workspace_synthetic(tl, i) ? MSNAP_ACTION_COUNT
                                              : e->action) {
-      case MSNAP_ACTION_ALLOC: da += e->size; moves++; break;
-      case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; moves++; break;
+      case MSNAP_ACTION_ALLOC: da += e->size; break;
+      case MSNAP_ACTION_FREE_COMPLETED: da -= e->size; break;
       case MSNAP_ACTION_SEGMENT_ALLOC:
-      case MSNAP_ACTION_SEGMENT_MAP: dr += e->size; moves++; break;
+      case MSNAP_ACTION_SEGMENT_MAP: dr += e->size; break;
       case MSNAP_ACTION_SEGMENT_FREE:
-      case MSNAP_ACTION_SEGMENT_UNMAP: dr -= e->size; moves++; break;
+      case MSNAP_ACTION_SEGMENT_UNMAP: dr -= e->size; break;
       default: break;
       }
       if (da > ma)
@@ -202,9 +201,9 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
     f->peak_alloc = pa < 0 ? 0 : pa > UINT64_MAX ? UINT64_MAX : (uint64_t)pa;
     f->peak_reserved =
         pr < 0 ? 0 : pr > UINT64_MAX ? UINT64_MAX : (uint64_t)pr;
-    /* (a trace of no alloc, free or segment entry -- a lone `snapshot`
+    /* (a trace where nothing is allocated or freed -- a lone `snapshot`
      * entry -- has no peaks: the final state is all it says) */
-    f->have_peak = moves > 0;
+    f->have_peak = cli_trace_moves(tl);
   }
   f->dropped = -1;
   const msnap_gv_t *dl =
@@ -310,11 +309,16 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
   cli_bytes(o->have_allowed ? o->allowed : 0, a, sizeof a);
   if (!o->fits_unfragmented) {
     uint64_t need = o->segment_size ? o->segment_size : o->requested;
-    char r[32], u[32], f[32], c[32];
+    char r[32], u[48], f[32], c[48];
     cli_bytes(o->requested, r, sizeof r);
-    cli_bytes(o->avail + o->cached, u, sizeof u);
+    /* without the blocks at the OOM, the cached bytes are reserved minus
+     * requested: an upper bound (blocks round their requests up) */
+    const char *bound = o->have_at ? "" : "at most ";
+    snprintf(u, sizeof u, "%s", bound);
+    cli_bytes(o->avail + o->cached, u + strlen(u), sizeof u - strlen(u));
     cli_bytes(o->avail, f, sizeof f);
-    cli_bytes(o->cached, c, sizeof c);
+    snprintf(c, sizeof c, "%s", bound);
+    cli_bytes(o->cached, c + strlen(c), sizeof c - strlen(c));
     if (o->have_total && o->requested > o->device_total) {
       char t[32];
       snprintf(buf, len, "out of memory: the request (%s) is larger than "
@@ -522,6 +526,12 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
   cj_cstr(j, file);
   cj_key(j, "generation");
   cj_cstr(j, cli_generation_name(s->generation));
+  const char *why;
+  const char *profile = cli_recording_profile_why(s, &why);
+  cj_key(j, "profile");
+  cj_cstr(j, profile);
+  cj_key(j, "profile_source");
+  cj_cstr(j, why);
   cj_key(j, "devices");
   cj_arr(j);
   for (uint32_t d = 0; d < nd; d++) {
@@ -992,8 +1002,8 @@ static void print_text(const char *file, const msnap_snap_t *s,
     else if (f->trace_entries)
       printf("  time span        (no time_us in this format)\n");
     if (!f->have_peak && f->trace_entries) {
-      printf("  peaks            unknown: the trace holds no alloc, free or "
-             "segment entry\n");
+      printf("  peaks            unknown: no entry of the trace allocates or "
+             "frees memory\n");
     } else if (f->have_peak) {
       printf("  peak requested   %s over the trace (requested bytes of live "
              "allocations,\n                   as memory_viz plots them; "
@@ -1077,7 +1087,7 @@ static void usage(FILE *f) {
           "bytes (sums over the blocks); blocks by state; trace entries by\n"
           "action; time span; peak requested (the requested bytes of live\n"
           "allocations, what the trace records) and peak reserved over the\n"
-          "trace (unknown when it holds no alloc, free or segment entry),\n"
+          "trace (unknown when no entry allocates or frees memory),\n"
           "starting from\n"
           "the state at the trace start (the final one minus the trace's\n"
           "net effect);\n"
@@ -1116,7 +1126,8 @@ static void usage(FILE *f) {
           "alloc entry in the trace; one allocated before the first trace\n"
           "entry shows as \"" CLI_SITE_BEFORE_TEXT "\".\n"
           "\n"
-          "  --json     one JSON object {file, generation,\n"
+          "  --json     one JSON object {file, generation, profile,\n"
+          "              profile_source,\n"
           "              devices: [{device, segments, large_segments,\n"
           "                reserved_bytes, allocated_bytes, active_bytes,\n"
           "                requested_bytes, blocks,\n"

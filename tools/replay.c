@@ -352,7 +352,7 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
         char need[32], have[32];
         snprintf(d->reason + w, sizeof d->reason - (size_t)w,
                  ": the state at the trace start reserves %s in %u "
-                 "segments, more than the device's %s (--device-memory)",
+                 "segments, more than the simulated device's %s",
                  cli_bytes(start_reserved, need, sizeof need), st->ng,
                  cli_bytes(r->device_memory, have, sizeof have));
       }

@@ -990,13 +990,18 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
       ssize_t tn;
       if (e == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) &&
           (tn = readlink(path, target, sizeof target - 1)) > 0) {
-        /* the name is there, what it points to is not */
+        /* the name is there, what it points to is not (or is a link
+         * that leads nowhere in turn) */
+        bool cut = (size_t)tn == sizeof target - 1;
         target[tn] = 0;
         for (ssize_t i = 0; i < tn; i++) /* (one line, whatever it holds) */
           if ((unsigned char)target[i] < 0x20 || target[i] == 0x7f)
             target[i] = '?';
-        snprintf(err, errlen, "cannot open: a symbolic link to '%s', "
-                 "which does not exist (a dangling link)", target);
+        snprintf(err, errlen, "cannot open: a dangling symbolic link: its "
+                 "target '%s'%s%s does not lead to a file", target,
+                 cut ? "..." : "",
+                 target[0] == '/' ? "" : " (relative to the link's "
+                                         "directory)");
       } else {
         snprintf(err, errlen, "cannot open: %s", strerror(e));
       }
