@@ -89,7 +89,9 @@ typedef struct rank_s {
   cli_leak_t *leaks;
   uint32_t nleaks;
   bool outlier;
-  double dev_ratio[NMETRICS]; /* x / median of flagged metrics, else 0 */
+  bool flagged[NMETRICS];     /* the metrics that make it an outlier */
+  double dev_ratio[NMETRICS]; /* x / median of the flagged ones (0 for a
+                                 0 B figure; INFINITY over a 0 median) */
 } rank_t;
 
 /* "rank3", "rank_3", "rank-3" (any case) in the file's base name. */
@@ -262,6 +264,7 @@ static void outliers(rank_t *r, uint32_t n, double med[NMETRICS],
       if (r[i].ok && r[i].same_process < 0 && r[i].have_m[k] &&
           fabs((double)r[i].m[k] - med[k]) > limit) {
         r[i].outlier = true;
+        r[i].flagged[k] = true;
         r[i].dev_ratio[k] = med[k] > 0 ? (double)r[i].m[k] / med[k] : INFINITY;
       }
   }
@@ -877,7 +880,7 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_key(&j, "outlier_metrics");
       cj_obj(&j);
       for (int k = 0; k < NMETRICS; k++)
-        if (x->dev_ratio[k] != 0) {
+        if (x->flagged[k]) {
           cj_key(&j, metric_names[k]);
           if (isfinite(x->dev_ratio[k]))
             cj_dbl(&j, floor(x->dev_ratio[k] * 1000.0 + 0.5) / 1000.0);
@@ -988,10 +991,16 @@ int cli_cmd_fleet(int argc, char **argv) {
           continue;
         printf("  %s\n", cli_shown(r[i].file));
         for (int k = 0; k < NMETRICS; k++)
-          if (r[i].dev_ratio[k] != 0)
+          if (!r[i].flagged[k])
+            continue;
+          else if (isfinite(r[i].dev_ratio[k]))
             printf("    %-22s %12s  %.2fx the median %s\n", metric_names[k],
                    cli_bytes(r[i].m[k], b[0], sizeof b[0]),
                    r[i].dev_ratio[k],
+                   cli_bytes((uint64_t)med[k], b[1], sizeof b[1]));
+          else /* (no ratio to a median of 0 B) */
+            printf("    %-22s %12s  above the median %s\n", metric_names[k],
+                   cli_bytes(r[i].m[k], b[0], sizeof b[0]),
                    cli_bytes((uint64_t)med[k], b[1], sizeof b[1]));
       }
     } else if (nok >= 3) {

@@ -351,10 +351,13 @@ static int carve(replay_t *r, dev_replay_t *d, const cli_state_t *st,
         /* the cause, with the figure to give --device-memory */
         char need[32], have[32];
         snprintf(d->reason + w, sizeof d->reason - (size_t)w,
-                 ": the state at the trace start reserves %s in %u "
-                 "segments, more than the simulated device's %s",
-                 cli_bytes(start_reserved, need, sizeof need), st->ng,
-                 cli_bytes(r->device_memory, have, sizeof have));
+                 ": the state at the trace start reserves %s (%" PRIu64
+                 " B) in %u segments, more than the simulated device's %s "
+                 "(%" PRIu64 " B)",
+                 cli_bytes(start_reserved, need, sizeof need),
+                 start_reserved, st->ng,
+                 cli_bytes(r->device_memory, have, sizeof have),
+                 r->device_memory);
       }
       if (small && e == 0 && p)
         msnap_free(r->a, p);

@@ -50,12 +50,40 @@ int msnap_py_u64(PyObject *o, uint64_t *out, const char *what) {
   return 0;
 }
 
-/* A size in bytes: a non-bool integer >= 0 (torch's caching_allocator_alloc
+/* A size in bytes: a non-bool int or numpy integer >= 0 (torch's caching_allocator_alloc
  * takes the size through PyLong_AsSsize_t; a bool is refused here). */
+/* o is a numpy integer scalar (numpy.integer: numpy.int64, numpy.uint32,
+ * ...; not numpy.bool_, not an array): torch::utils::is_numpy_int.  No
+ * numpy imported: no numpy integer can exist. */
+static bool is_numpy_int(PyObject *o) {
+  PyObject *name = PyUnicode_FromString("numpy");
+  if (!name) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject *np = PyImport_GetModule(name); /* (imported already, or NULL) */
+  Py_DECREF(name);
+  if (!np) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject *integer = PyObject_GetAttrString(np, "integer");
+  Py_DECREF(np);
+  if (!integer) {
+    PyErr_Clear();
+    return false;
+  }
+  int r = PyObject_IsInstance(o, integer);
+  Py_DECREF(integer);
+  if (r < 0)
+    PyErr_Clear();
+  return r > 0;
+}
+
 int msnap_py_size(PyObject *o, uint64_t *out, const char *what) {
-  /* An int, or an integer that says so through __index__ (numpy.int64:
-   * torch's THPUtils_checkLong takes numpy integers too); never a bool. */
-  if (PyBool_Check(o) || (!PyLong_Check(o) && !PyIndex_Check(o))) {
+  /* An int or a numpy integer, as torch's THPUtils_checkLong; never a
+   * bool. */
+  if (PyBool_Check(o) || (!PyLong_Check(o) && !is_numpy_int(o))) {
     PyErr_Format(PyExc_TypeError, "%s: size must be an int (bytes), not "
                  "%.100s", what, Py_TYPE(o)->tp_name);
     return -1;

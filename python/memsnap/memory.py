@@ -363,8 +363,8 @@ def caching_allocator_alloc(size, device: Any = None, stream=None):
 
     Args:
         size (int): bytes requested (>= 0; 0 returns 0 and does no work);
-            an integer of another type (``numpy.int64``: any ``__index__``)
-            is taken too, as torch takes numpy integers.
+            a numpy integer scalar (``numpy.int64``) is taken too, as
+            torch's ``THPUtils_checkLong`` takes it.
         device: device index, string or torch.device; None = current device.
         stream: int stream handle, stream object (``npu_stream`` /
             ``cuda_stream``) or ``torch.Stream`` of register_device's device

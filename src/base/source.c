@@ -992,7 +992,9 @@ int msnap__source_open(msnap_source_t **out, const char *path, uint64_t limit,
           (tn = readlink(path, target, sizeof target - 1)) > 0) {
         /* the name is there, what it points to is not (or is a link
          * that leads nowhere in turn) */
-        bool cut = (size_t)tn == sizeof target - 1;
+        /* (at most 160 bytes of it: the message keeps its end) */
+        bool cut = (size_t)tn == sizeof target - 1 || tn > 160;
+        if (tn > 160) tn = 160;
         target[tn] = 0;
         for (ssize_t i = 0; i < tn; i++) /* (one line, whatever it holds) */
           if ((unsigned char)target[i] < 0x20 || target[i] == 0x7f)

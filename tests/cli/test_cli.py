@@ -1728,9 +1728,9 @@ def replay_segment_order(npu):
         # reason gives the figure --device-memory needs
         rc, out, err = run("replay", "--device-memory", "700M", bf16)
         expect(rc == 2 and "(device out of memory; got 0x0, +0 B reserved): "
-               "the state at the trace start reserves 822.00 MiB in 43 "
-               "segments, more than the simulated device's 700.00 MiB"
-               in out,
+               "the state at the trace start reserves 822.00 MiB (861929472 "
+               "B) in 43 segments, more than the simulated device's "
+               "700.00 MiB (734003200 B)" in out,
                "replay on a too small device names the start state's "
                "reserved bytes (%d %r)" % (rc, out[-400:]))
     else:
@@ -4628,6 +4628,26 @@ def fleet_dir_entries():
            in err.splitlines() and "no snapshot files (" not in err,
            "fleet --json DIR of skipped entries only: the error counts them "
            "(%d %r %r)" % (rc, out[-400:], err[-600:]))
+    # a rank far below the others at 0 B: flagged, and the metric named
+    zd = os.path.join(TMP, "fleet_zero")
+    os.makedirs(zd)
+    for k in range(3):
+        write_pickle(good_snapshot(), os.path.join(zd, "r%d.pickle" % k))
+    zero = good_snapshot()
+    zero["segments"] = []
+    zero["device_traces"] = [[]]
+    write_pickle(zero, os.path.join(zd, "r3.pickle"))
+    rc, out, err = run("fleet", "--json", zd)
+    js = json.loads(out) if out else {}
+    r3 = [x for x in js.get("ranks", []) if x["file"].endswith("r3.pickle")]
+    expect(rc == 1 and r3 and r3[0]["outlier"] is True and
+           r3[0]["outlier_metrics"].get("reserved_bytes") == 0.0,
+           "fleet: a rank at 0 B is an outlier with its metric named (%r)"
+           % (r3[0]["outlier_metrics"] if r3 else out[-300:]))
+    rc, out, err = run("fleet", zd)
+    expect(rc == 1 and "reserved_bytes                  0 B  0.00x the median"
+           in out, "fleet text: the 0 B rank's metric is listed (%r)"
+           % out[-500:])
     # an empty directory: one line, the directory's own
     e = os.path.join(TMP, "fleet_empty")
     os.makedirs(e)

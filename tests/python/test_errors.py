@@ -94,8 +94,10 @@ print("RESULT " + json.dumps(out))
 
 def test_numpy_integer_sizes():
     """numpy integers are sizes, as torch's THPUtils_checkLong takes them;
-    a numpy bool is not."""
+    a numpy bool, a 0-d array and a tensor (a bool one included) are
+    not."""
     pytest.importorskip("numpy")
+    pytest.importorskip("torch")
     r = run_script(r"""
 import json
 import numpy as np
@@ -103,14 +105,20 @@ import memsnap.memory as mm
 q = mm.caching_allocator_alloc(np.int64(4096))
 out = {"size": [q > 0, mm.memory_allocated() >= 4096]}
 mm.caching_allocator_delete(q)
-try:
-    mm.caching_allocator_alloc(np.bool_(True))
-except TypeError as e:
-    out["bool"] = str(e)
+out["refused"] = []
+import torch
+for v in (np.bool_(True), np.array(1024), torch.tensor(True),
+          torch.tensor(4096)):  # as THPUtils_checkLong: none is a size
+    try:
+        mm.caching_allocator_alloc(v)
+    except TypeError as e:
+        out["refused"].append(str(e))
 print("RESULT " + json.dumps(out))
 """).result
     assert r["size"] == [True, True]
-    assert "size must be an int" in r["bool"]
+    assert len(r["refused"]) == 4, r
+    assert all("caching_allocator_alloc: size must be an int" in m
+               for m in r["refused"]), r
 
 
 def test_pointer_and_config_errors():
