@@ -641,26 +641,31 @@ static inline bool cli_workspace_synthetic(const msnap_trace_list_t *tl,
   return false;
 }
 
-/* Some entry of tl allocates or frees memory -- an alloc, free_completed,
- * segment_alloc/free/map/unmap that is not one of torch_npu's synthetic
- * workspace entries: the trace has peaks (summary's, fleet's).  A trace of
- * snapshot, oom or free_requested entries only does not. */
-static inline bool cli_trace_moves(const msnap_trace_list_t *tl) {
-  for (uint32_t i = 0; tl && i < tl->n; i++) {
-    switch (tl->v[i].action) {
-    case MSNAP_ACTION_ALLOC:
-    case MSNAP_ACTION_FREE_COMPLETED:
-    case MSNAP_ACTION_SEGMENT_ALLOC:
-    case MSNAP_ACTION_SEGMENT_FREE:
-    case MSNAP_ACTION_SEGMENT_MAP:
-    case MSNAP_ACTION_SEGMENT_UNMAP:
-      if (!cli_workspace_synthetic(tl, i))
-        return true;
-      break;
-    default:
-      break;
-    }
+/* The action changes blocks or segments: alloc, free_completed,
+ * segment_alloc/free/map/unmap (free_requested, oom, snapshot and the
+ * others change nothing). */
+static inline bool cli_action_moves(uint32_t action) {
+  switch (action) {
+  case MSNAP_ACTION_ALLOC:
+  case MSNAP_ACTION_FREE_COMPLETED:
+  case MSNAP_ACTION_SEGMENT_ALLOC:
+  case MSNAP_ACTION_SEGMENT_FREE:
+  case MSNAP_ACTION_SEGMENT_MAP:
+  case MSNAP_ACTION_SEGMENT_UNMAP:
+    return true;
+  default:
+    return false;
   }
+}
+
+/* Some entry of tl allocates or frees memory (cli_action_moves) and is
+ * not one of torch_npu's synthetic workspace entries: the trace has peaks
+ * (summary's, fleet's).  A trace of snapshot, oom or free_requested
+ * entries only does not. */
+static inline bool cli_trace_moves(const msnap_trace_list_t *tl) {
+  for (uint32_t i = 0; tl && i < tl->n; i++)
+    if (cli_action_moves(tl->v[i].action) && !cli_workspace_synthetic(tl, i))
+      return true;
   return false;
 }
 /* torch_npu's workspace buffers of a device: its final segments that a

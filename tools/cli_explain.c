@@ -80,17 +80,8 @@
  * that state is the final one. */
 static bool state_is_final(const msnap_trace_list_t *tl, uint32_t state) {
   for (uint32_t i = state; i < tl->n; i++)
-    switch (tl->v[i].action) {
-    case MSNAP_ACTION_ALLOC:
-    case MSNAP_ACTION_FREE_COMPLETED:
-    case MSNAP_ACTION_SEGMENT_ALLOC:
-    case MSNAP_ACTION_SEGMENT_FREE:
-    case MSNAP_ACTION_SEGMENT_MAP:
-    case MSNAP_ACTION_SEGMENT_UNMAP:
+    if (cli_action_moves(tl->v[i].action))
       return false;
-    default:
-      break;
-    }
   return true;
 }
 
