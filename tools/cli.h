@@ -492,6 +492,11 @@ int cli_check_output(const char *cmd, const char *out, char **inputs,
 const char *cli_plural(uint64_t n, const char *one, const char *many);
 /* Human-readable bytes ("1.5 GiB") into buf. */
 const char *cli_bytes(uint64_t v, char *buf, size_t len);
+/* Two sizes as cli_bytes, each followed by ", N B" when the two read
+ * alike ("4.00 MiB" both): a sentence comparing them must not read as if
+ * they were equal. */
+void cli_bytes_apart(uint64_t x, char *bx, size_t nx, uint64_t y, char *by,
+                     size_t ny);
 /* A duration in microseconds as "17 us", "366 ms", "1.25 s", "3 min 5 s". */
 const char *cli_duration(int64_t us, char *buf, size_t len);
 /* An axis label: bytes in the largest binary unit, without trailing

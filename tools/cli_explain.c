@@ -410,14 +410,7 @@ int cli_explain_device(const msnap_snap_t *s, const cli_stacks_t *stk,
     } else if (!o->fits_unfragmented) {
       char r[64], u[64];
       o->expandable = 0;
-      cli_bytes(o->requested, r, sizeof r);
-      cli_bytes(usable, u, sizeof u);
-      if (strcmp(r, u) == 0) { /* "8.00 MiB ... than 8.00 MiB": exact too */
-        snprintf(r + strlen(r), sizeof r - strlen(r), ", %" PRIu64 " B",
-                 o->requested);
-        snprintf(u + strlen(u), sizeof u - strlen(u), ", %" PRIu64 " B",
-                 usable);
-      }
+      cli_bytes_apart(o->requested, r, sizeof r, usable, u, sizeof u);
       snprintf(o->expandable_why, sizeof o->expandable_why,
                "the request (%s) is larger than all the process could still "
                "use at the OOM (%s: %s plus its cached free blocks): no "

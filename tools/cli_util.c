@@ -638,6 +638,18 @@ static int cmp_site_sum_rank(const void *a, const void *b, void *arg) {
   return cmp_ranked(&rx, &ry);
 }
 
+
+void cli_bytes_apart(uint64_t x, char *bx, size_t nx, uint64_t y, char *by,
+                     size_t ny) {
+  cli_bytes(x, bx, nx);
+  cli_bytes(y, by, ny);
+  if (strcmp(bx, by) != 0)
+    return;
+  size_t lx = strlen(bx), ly = strlen(by);
+  snprintf(bx + lx, nx - lx, ", %" PRIu64 " B", x);
+  snprintf(by + ly, ny - ly, ", %" PRIu64 " B", y);
+}
+
 /* Each site's text is formatted once (not at each comparison: a name of
  * a MiB shared by thousands of sites made that quadratic in time). */
 void cli_site_sums_rank(const msnap_snap_t *s, cli_site_sum_t *v,

@@ -309,31 +309,20 @@ static const char *oom_verdict(const cli_oom_t *o, char *buf, size_t len) {
   cli_bytes(o->have_allowed ? o->allowed : 0, a, sizeof a);
   if (!o->fits_unfragmented) {
     uint64_t need = o->segment_size ? o->segment_size : o->requested;
-    char r[64], u[80], f[32], c[48];
-    cli_bytes(o->requested, r, sizeof r);
+    /* the request against the device's whole memory, or against all the
+     * process could still use (free memory plus cached free blocks) */
+    bool whole = o->have_total && o->requested > o->device_total;
+    char r[64], t[64], u[80], f[32], c[48];
+    cli_bytes_apart(o->requested, r, sizeof r,
+                    whole ? o->device_total : o->avail + o->cached, t,
+                    sizeof t);
     /* without the blocks at the OOM, the cached bytes are reserved minus
      * requested: an upper bound (blocks round their requests up) */
     const char *bound = o->have_at ? "" : "at most ";
-    snprintf(u, sizeof u, "%s", bound);
-    cli_bytes(o->avail + o->cached, u + strlen(u), sizeof u - strlen(u));
+    snprintf(u, sizeof u, "%s%s", bound, t);
     cli_bytes(o->avail, f, sizeof f);
     snprintf(c, sizeof c, "%s", bound);
     cli_bytes(o->cached, c + strlen(c), sizeof c - strlen(c));
-    bool whole = o->have_total && o->requested > o->device_total;
-    char t[64];
-    cli_bytes(whole ? o->device_total : o->avail + o->cached, t, sizeof t);
-    if (strcmp(r, t) == 0) {
-      /* "4.00 MiB ... (4.00 MiB ...)": the bytes of both, else the
-       * sentence reads as a request that fits */
-      snprintf(r + strlen(r), sizeof r - strlen(r), ", %" PRIu64 " B",
-               o->requested);
-      if (whole)
-        snprintf(t + strlen(t), sizeof t - strlen(t), ", %" PRIu64 " B",
-                 o->device_total);
-      else
-        snprintf(u + strlen(u), sizeof u - strlen(u), ", %" PRIu64 " B",
-                 o->avail + o->cached);
-    }
     if (whole) {
       snprintf(buf, len, "out of memory: the request (%s) is larger than "
                          "the device's whole memory (%s), so no cache, "
