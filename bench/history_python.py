@@ -4,9 +4,11 @@ anchor: torch's own stack capture in the same process.
 
 memsnap: alloc+free pairs of cached sizes through memsnap.memory
 (caching_allocator_alloc / caching_allocator_delete, as torch.cuda.memory)
-on the sim runtime, with history off, with python stacks, with 'all'
-(python + C).  The added cost of a mode is its time per pair minus the
-time with history off.
+on the sim runtime, with history off, with history on and no stacks
+(context None: trace entries without frames), with python stacks, with
+'all' (python + C).  What stacks add is a mode's time per pair minus the
+time with history on and no stacks (as bench_history.c's C rows); the
+cost of history itself is that mode minus history off.
 
 Anchor: what torch pays for the same stacks.  With
 _record_memory_history(context='all'), PyTorch's caching allocator gathers
@@ -34,7 +36,7 @@ import time
 DEPTH = 20
 PAIRS = 30000
 FRESH_PAIRS = 8000
-ROUNDS = 7
+ROUNDS = 15
 SIZES = [512, 4096, 65536, 1 << 20, 3 << 20]
 clock = time.thread_time_ns
 
@@ -120,12 +122,15 @@ def main():
             return (clock() - t0) / n
         return run
 
-    history = {'off': None, 'python': 'python', 'all': 'all'}
+    history = {'off': None, 'nostack': 'none', 'python': 'python',
+               'all': 'all'}
     modes = [
         ('off', 'off', lambda n: deep(DEPTH, pairs, n), PAIRS),
+        ('nostack', 'nostack', lambda n: deep(DEPTH, pairs, n), PAIRS),
         ('python', 'python', lambda n: deep(DEPTH, pairs, n), PAIRS),
         ('all', 'all', lambda n: deep(DEPTH, pairs, n), PAIRS),
         ('fresh_off', 'off', fresh(one_pair), FRESH_PAIRS),
+        ('fresh_nostack', 'nostack', fresh(one_pair), FRESH_PAIRS),
         ('fresh_python', 'python', fresh(one_pair), FRESH_PAIRS),
     ]
     if gather_traceback is not None:
@@ -141,12 +146,15 @@ def main():
         for j in range(len(modes)):
             name, hist, fn, n = modes[(r + j) % len(modes)]
             mem._record_memory_history(None)
-            if history[hist] is not None:
+            if history[hist] == 'none':
+                mem._record_memory_history('all', context=None,
+                                           max_entries=1000000)
+            elif history[hist] is not None:
                 mem._record_memory_history('all', stacks=history[hist],
                                            max_entries=1000000)
             fn(1000)  # warm: stacks interned, caches filled
             res[name].append(fn(n))
-            if history[hist] is not None and hist not in frames:
+            if history[hist] not in (None, 'none') and hist not in frames:
                 frames[hist] = frames_recorded(mem)
     mem._record_memory_history(None)
     print('RESULT depth=%d' % (DEPTH + 3))

@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "create: %s\n", msnap_last_error());
     return 1;
   }
-  msnap_frame_hook_t h = {NULL, fake_capture, NULL, NULL, fake_resolve};
+  msnap_frame_hook_t h = {.capture = fake_capture, .resolve = fake_resolve};
   msnap_set_frame_hook(&h);
 
   set(a, false, MSNAP_CONTEXT_NEVER, 0);

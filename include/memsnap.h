@@ -534,7 +534,17 @@ MSNAP_API bool msnap_history_enabled(msnap_allocator_t *a);
  * how many; it runs outside the allocator lock.  retain/release are called
  * when a raw frame is first interned / finally dropped.  resolve() is called
  * once per unique frame at snapshot time and fills name/filename (copied by
- * the library) and line. */
+ * the library) and line.
+ *
+ * capture_token (optional, NULL: capture is used) is capture that also
+ * names what it wrote: *token 0 names nothing; any other value promises
+ * that every capture returning that token, on any thread, writes the
+ * same count of the same frames -- so the library recognises a repeated
+ * stack by the token instead of comparing its frames.  A hook never
+ * reuses a token for other frames (a 64-bit counter bumped whenever the
+ * frames it stands for may change).  Initialise the struct with a
+ * designated initializer (or zero it) so members a hook does not set
+ * are NULL. */
 typedef struct msnap_frame_hook_s {
   void *ctx;
   int (*capture)(void *ctx, uintptr_t (*frames)[2], int max);
@@ -542,6 +552,8 @@ typedef struct msnap_frame_hook_s {
   void (*release)(void *ctx, const uintptr_t frame[2]);
   int (*resolve)(void *ctx, const uintptr_t frame[2], const char **name,
                  const char **filename, int64_t *line);
+  int (*capture_token)(void *ctx, uintptr_t (*frames)[2], int max,
+                       uint64_t *token);
 } msnap_frame_hook_t;
 /* Install (or remove with NULL) the process-wide interpreter frame hook. */
 MSNAP_API int msnap_set_frame_hook(const msnap_frame_hook_t *hook);

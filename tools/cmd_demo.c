@@ -213,8 +213,10 @@ int cli_cmd_demo_train(int argc, char **argv) {
     fprintf(stderr, "memsnap demo-train: %s\n", msg);
     return CLI_UNUSABLE;
   }
-  msnap_frame_hook_t hook = {NULL, hook_capture, hook_ref, hook_ref,
-                             hook_resolve};
+  msnap_frame_hook_t hook = {.capture = hook_capture,
+                             .retain = hook_ref,
+                             .release = hook_ref,
+                             .resolve = hook_resolve};
   msnap_set_frame_hook(&hook);
   msnap_history_options_t ho;
   msnap_history_options_init(&ho);

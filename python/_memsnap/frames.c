@@ -325,6 +325,58 @@ static walk_memo_t walk_memo[WALK_MEMO + 1];
  * function alternates between two innermost frames). */
 static walk_memo_t walk_memo_alt[WALK_MEMO];
 static int walk_memo_gen; /* hidden_gen of the remembered frames */
+static bool walk_lost;    /* the walk skipped a frame it could not record */
+static bool walk_unpinned; /* the walk skipped a frame without its entry */
+
+/* Whole walks remembered (GIL held, like the memo), for capture_token.
+ * A record holds every raw frame of a complete walk -- the chain from the
+ * thread's current frame to the bottom (`previous` NULL) -- with what
+ * decided each frame's output (code object, instruction pointer, owner)
+ * and the frames the walk wrote.  The output of a walk is a function of
+ * exactly those (see walk_memo_t) and of the hidden list's generation,
+ * so when the current chain is the recorded one, frame for frame, the
+ * output is the recorded one, and its token names it.
+ *
+ * Checking a record reads each frame only after the frame above it named
+ * it as its `previous` (a frame known to be live): a recorded pointer to
+ * a frame that has since been popped, whose stack chunk may be freed, is
+ * never followed.  The checks of successive frames do not depend on each
+ * other's loads (the next address comes from the record), so the
+ * processor runs them ahead -- about a nanosecond a frame, against four
+ * for the memo walk, and no compare of the output.
+ *
+ * Most records are checked on two words a frame: its instruction
+ * pointer and its `previous`.  The instruction pointer points into the
+ * bytecode of the frame's code object, which lies inside that object;
+ * a recorded code object is pinned by its entry, so no other object can
+ * ever occupy its memory, and an equal instruction pointer means the same
+ * code object and the same lasti.  The owner then changes nothing either:
+ * it matters only for a frame not yet past its code's _co_firsttraceable
+ * (incomplete) and for C-stack shims, and a walk that skipped any frame
+ * for either reason -- a code object the walk did not pin -- is `strict`:
+ * checked on code object, instruction pointer, owner and `previous`.
+ *
+ * Invariant: a record with a nonzero token holds a complete walk made
+ * under hidden generation `gen`, every frame of it pinned unless the
+ * record is strict, and its token was never given to other frames
+ * (tokens come from one counter, bumped each time a record is written). */
+#define REC_FRAMES 128
+#define REC_WAYS 4
+typedef struct walk_rec_s {
+  uint64_t token; /* 0: empty, or being rewritten */
+  int gen;        /* hidden_gen of the walk */
+  int raw;        /* interpreter frames walked, 1..REC_FRAMES */
+  int n;          /* frames written, <= raw */
+  bool strict;    /* a frame was skipped unpinned: check every field */
+  _PyInterpreterFrame *frame[REC_FRAMES + 1]; /* frame[raw] == NULL */
+  PyCodeObject *code[REC_FRAMES];
+  _Py_CODEUNIT *instr[REC_FRAMES];
+  int8_t owner[REC_FRAMES];
+  uintptr_t out[REC_FRAMES][2];
+} walk_rec_t;
+static walk_rec_t walk_rec[REC_WAYS];
+static unsigned walk_rec_next;   /* the way written next (round robin) */
+static uint64_t walk_rec_tokens; /* the last token given */
 
 /* One frame of walk_ts: appended to frames[*n] unless skipped. */
 static inline bool memo_hit(const walk_memo_t *m, PyCodeObject *co,
@@ -350,14 +402,20 @@ walk_frame(_PyInterpreterFrame *f, walk_memo_t *m, walk_memo_t *alt,
   }
 #if PY_VERSION_HEX >= 0x030C0000
   /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
-  if (f->owner == FRAME_OWNED_BY_CSTACK)
+  if (f->owner == FRAME_OWNED_BY_CSTACK) {
+    walk_unpinned = true;
     return;
+  }
 #endif
-  if (_PyFrame_IsIncomplete(f))
+  if (_PyFrame_IsIncomplete(f)) {
+    walk_unpinned = true;
     return;
+  }
   frame_entry_t *e = entry_cached(co);
-  if (e == NULL)
+  if (e == NULL) {
+    walk_lost = true; /* a frame skipped for want of memory, not by rule */
     return;
+  }
   int lasti = _PyInterpreterFrame_LASTI(f);
   if (lasti >= 0)
     lasti *= (int)sizeof(_Py_CODEUNIT);
@@ -391,10 +449,12 @@ walk_frame(_PyInterpreterFrame *f, walk_memo_t *m, walk_memo_t *alt,
  * walk continues from the remembered address (the same pointer, checked
  * to be equal), which the processor can load ahead without waiting for
  * the chain -- every frame visited is still the real chain's. */
-static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
+static int walk_ts_rec(PyThreadState *ts, uintptr_t (*frames)[2], int max,
+                       walk_rec_t *rec) {
   _PyInterpreterFrame *f = CURRENT_FRAME(ts);
   int n = 0, i = 0;
 #ifdef Py_GIL_DISABLED
+  (void)rec;
   for (; f != NULL && n < max; f = f->previous) /* no GIL for the memo */
     walk_frame(f, NULL, NULL, frames, &n);
   return n;
@@ -404,9 +464,17 @@ static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
     memset(walk_memo_alt, 0, sizeof walk_memo_alt);
     walk_memo_gen = hidden_gen;
   }
+  walk_lost = false;
+  walk_unpinned = false;
   for (; f != NULL && n < max && i < WALK_MEMO; i++) {
     walk_memo_t *m = &walk_memo[i];
     m->frame = f;
+    if (rec != NULL && i < REC_FRAMES) {
+      rec->frame[i] = f;
+      rec->code[i] = FRAME_CODE(f);
+      rec->instr[i] = FRAME_INSTR(f);
+      rec->owner[i] = (int8_t)f->owner;
+    }
     walk_frame(f, m, &walk_memo_alt[i], frames, &n);
     _PyInterpreterFrame *next = f->previous, *pred = walk_memo[i + 1].frame;
     if (__builtin_expect(next == pred, 1)) {
@@ -419,15 +487,83 @@ static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
     }
   }
   walk_memo[i].frame = NULL;
+  if (rec != NULL) {
+    /* recorded only when the walk reached the bottom, every frame held */
+    if (f == NULL && i <= REC_FRAMES && i > 0 && !walk_lost) {
+      rec->frame[i] = NULL;
+      rec->raw = i;
+      rec->n = n;
+      rec->gen = hidden_gen;
+      rec->strict = walk_unpinned;
+      memcpy(rec->out, frames, (size_t)n * sizeof *frames);
+      rec->token = ++walk_rec_tokens;
+    } else {
+      rec->token = 0;
+    }
+  }
   for (; f != NULL && n < max; f = f->previous)
     walk_frame(f, NULL, NULL, frames, &n);
   return n;
 #endif
 }
 
+static int walk_ts(PyThreadState *ts, uintptr_t (*frames)[2], int max) {
+  return walk_ts_rec(ts, frames, max, NULL);
+}
+
 static int walk(uintptr_t (*frames)[2], int max) {
   return walk_ts(PyThreadState_Get(), frames, max);
 }
+
+#ifndef Py_GIL_DISABLED
+/* Is the current chain, from f0, the one record r holds?  Each frame is
+ * read only once the frame above it is known to name it as `previous`. */
+static inline bool rec_holds(const walk_rec_t *r) {
+  if (!r->strict) {
+    for (int i = 0; i < r->raw; i++) {
+      const _PyInterpreterFrame *f = r->frame[i];
+      if (((uintptr_t)FRAME_INSTR(f) ^ (uintptr_t)r->instr[i]) |
+          ((uintptr_t)f->previous ^ (uintptr_t)r->frame[i + 1]))
+        return false;
+    }
+    return true;
+  }
+  for (int i = 0; i < r->raw; i++) {
+    _PyInterpreterFrame *f = r->frame[i];
+    if ((FRAME_CODE(f) != r->code[i]) | (FRAME_INSTR(f) != r->instr[i]) |
+        ((int8_t)f->owner != r->owner[i]) | (f->previous != r->frame[i + 1]))
+      return false;
+  }
+  return true;
+}
+
+/* walk_ts, and the token of what it wrote: a record's when the current
+ * chain is one recorded, else the walk is made and recorded (when
+ * complete) in the next way. */
+static int walk_ts_token(PyThreadState *ts, uintptr_t (*frames)[2], int max,
+                         uint64_t *token) {
+  _PyInterpreterFrame *f0 = CURRENT_FRAME(ts);
+  if (f0 == NULL)
+    return 0;
+  PyCodeObject *c0 = FRAME_CODE(f0);
+  _Py_CODEUNIT *i0 = FRAME_INSTR(f0);
+  for (int k = 0; k < REC_WAYS; k++) {
+    const walk_rec_t *r = &walk_rec[k];
+    if (r->frame[0] != f0 || r->code[0] != c0 || r->instr[0] != i0 ||
+        r->token == 0 || r->gen != hidden_gen || r->n > max)
+      continue;
+    if (rec_holds(r)) {
+      memcpy(frames, r->out, (size_t)r->n * sizeof *frames);
+      *token = r->token;
+      return r->n;
+    }
+  }
+  walk_rec_t *r = &walk_rec[walk_rec_next++ % REC_WAYS];
+  int n = walk_ts_rec(ts, frames, max, r);
+  *token = r->token;
+  return n;
+}
+#endif
 
 /* The thread state of the thread holding the GIL (NULL when none holds
  * it), read without checks. */
@@ -478,6 +614,17 @@ static int hook_capture(void *ctx, uintptr_t (*frames)[2], int max) {
   return n;
 }
 
+static int hook_capture_token(void *ctx, uintptr_t (*frames)[2], int max,
+                              uint64_t *token) {
+  *token = 0;
+#if defined(MSNAP_PY_FAST_FRAMES) && !defined(Py_GIL_DISABLED)
+  PyThreadState *held = gil_held_tstate();
+  if (held != NULL && max > 0 && extra_index >= 0)
+    return walk_ts_token(held, frames, max, token);
+#endif
+  return hook_capture(ctx, frames, max);
+}
+
 static void hook_retain(void *ctx, const uintptr_t frame[2]) {
   frame_entry_t *e = (frame_entry_t *)frame[0];
   if (e != NULL && atomic_fetch_add(&e->refs, 1) == 0)
@@ -503,17 +650,25 @@ static int hook_resolve(void *ctx, const uintptr_t frame[2], const char **name,
   return 0;
 }
 
-static const msnap_frame_hook_t hook = {
-    NULL, hook_capture, hook_retain, hook_release, hook_resolve};
+static const msnap_frame_hook_t hook = {.ctx = NULL,
+                                        .capture = hook_capture,
+                                        .retain = hook_retain,
+                                        .release = hook_release,
+                                        .resolve = hook_resolve,
+                                        .capture_token = hook_capture_token};
 
 /* ---- Python-visible helpers (tests and bench/) --------------------------- */
 
-/* capture_frames(max=64, public=False) -> list of (name, filename, line),
- * innermost first: what the library would record for an allocation made
- * here (public=True: through the public frame API, for comparison). */
+/* capture_frames(max=64, public=False, token=False) -> list of (name,
+ * filename, line), innermost first: what the library would record for an
+ * allocation made here (public=True: through the public frame API, for
+ * comparison; token=True: through capture_token, as the library calls it,
+ * and the result is (list, token)). */
 static PyObject *py_capture_frames(PyObject *module, PyObject *args) {
-  int max = 64, public_api = 0;
-  if (!PyArg_ParseTuple(args, "|ip:capture_frames", &max, &public_api))
+  int max = 64, public_api = 0, want_token = 0;
+  uint64_t token = 0;
+  if (!PyArg_ParseTuple(args, "|ipp:capture_frames", &max, &public_api,
+                        &want_token))
     return NULL;
   if (max < 0 || max > 4096) {
     PyErr_SetString(PyExc_ValueError, "max must be in [0, 4096]");
@@ -522,8 +677,9 @@ static PyObject *py_capture_frames(PyObject *module, PyObject *args) {
   uintptr_t(*frames)[2] = PyMem_Malloc(sizeof *frames * (size_t)(max + 1));
   if (frames == NULL)
     return PyErr_NoMemory();
-  int n = public_api ? walk_public(frames, max)
-                     : hook_capture(NULL, frames, max);
+  int n = public_api    ? walk_public(frames, max)
+          : want_token ? hook_capture_token(NULL, frames, max, &token)
+                       : hook_capture(NULL, frames, max);
   PyObject *list = PyList_New(n);
   for (int i = 0; list != NULL && i < n; i++) {
     const char *nm = "??", *fn = "??";
@@ -537,14 +693,18 @@ static PyObject *py_capture_frames(PyObject *module, PyObject *args) {
     PyList_SET_ITEM(list, i, t);
   }
   PyMem_Free(frames);
-  return list;
+  if (list == NULL || !want_token)
+    return list;
+  return Py_BuildValue("(NK)", list, (unsigned long long)token);
 }
 
-/* bench_capture(n, depth_limit=64) -> nanoseconds per capture() call. */
+/* bench_capture(n, max=64, token=False) -> nanoseconds per capture() call
+ * (token=True: per capture_token() call). */
 static PyObject *py_bench_capture(PyObject *module, PyObject *args) {
   long n;
-  int max = 64;
-  if (!PyArg_ParseTuple(args, "l|i:bench_capture", &n, &max))
+  int max = 64, want_token = 0;
+  uint64_t token = 0;
+  if (!PyArg_ParseTuple(args, "l|ip:bench_capture", &n, &max, &want_token))
     return NULL;
   if (n <= 0 || max <= 0 || max > 4096) {
     PyErr_SetString(PyExc_ValueError, "n > 0 and 0 < max <= 4096 required");
@@ -557,7 +717,8 @@ static PyObject *py_bench_capture(PyObject *module, PyObject *args) {
   int depth = 0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (long i = 0; i < n; i++)
-    depth = hook_capture(NULL, frames, max);
+    depth = want_token ? hook_capture_token(NULL, frames, max, &token)
+                       : hook_capture(NULL, frames, max);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   PyMem_Free(frames);
   double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 +
@@ -604,10 +765,10 @@ static PyObject *py_frame_hook_stats(PyObject *module, PyObject *unused) {
 
 PyMethodDef msnap_py_frames_methods[] = {
     {"capture_frames", py_capture_frames, METH_VARARGS,
-     "capture_frames(max=64, public=False) -> [(name, filename, line)], "
-     "innermost first."},
+     "capture_frames(max=64, public=False, token=False) -> [(name, "
+     "filename, line)], innermost first ((frames, token) with token=True)."},
     {"bench_capture", py_bench_capture, METH_VARARGS,
-     "bench_capture(n, max=64) -> (ns per capture, depth)."},
+     "bench_capture(n, max=64, token=False) -> (ns per capture, depth)."},
     {"hide_frames_of", py_hide_frames_of, METH_O,
      "hide_frames_of(filename): do not record frames of that file."},
     {"hide_frames_under", py_hide_frames_under, METH_O,

@@ -622,6 +622,10 @@ typedef struct tcache_s {
     const msnap_frame_hook_t *hook;
     uint32_t nc, npy;
     uintptr_t w0, w1, wl;
+    /* the hook's token for these frames (capture_token), 0 if none: a
+     * capture returning it, through the same hook and with no C frames,
+     * is this stack without comparing a word */
+    uint64_t token;
   } key[TCACHE_SLOTS];
 } tcache_t;
 static MSNAP_TLS tcache_t tc;
@@ -662,11 +666,20 @@ void msnap__stack_unpin(uint8_t *pin) {
 }
 
 /* Look words (nc C frames then npy interpreter frames, at least one) up
- * in the cache; returns the slot + 1 holding them, or 0.  The full words
- * are compared (memcmp) before a slot is taken: the key only skips the
- * slots that differ early. */
-static int tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc,
-                         uint32_t npy, const msnap_frame_hook_t *hook) {
+ * in the cache; returns the slot + 1 holding them, or 0.  A nonzero token
+ * of the hook (no C frames) finds its slot alone; else the full words are
+ * compared (memcmp) before a slot is taken: the key only skips the slots
+ * that differ early.  Inlined: the caller's address of the thread's cache
+ * is reused (one TLS lookup per capture). */
+static inline __attribute__((always_inline)) int
+tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc, uint32_t npy,
+              const msnap_frame_hook_t *hook, uint64_t token) {
+  if (token != 0 && nc == 0) {
+    for (int i = 0; i < TCACHE_SLOTS; i++)
+      if (t->key[i].token == token && t->id[i] != 0 &&
+          t->key[i].hook == hook)
+        return i + 1;
+  }
   size_t nw = (size_t)nc + 2 * (size_t)npy;
   uintptr_t w1 = nw > 1 ? w[1] : 0, wl = w[nw - 1];
   for (int i = 0; i < TCACHE_SLOTS; i++) {
@@ -674,8 +687,10 @@ static int tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc,
     if (t->id[i] == 0 || k->nc != nc || k->npy != npy || k->w0 != w[0] ||
         k->w1 != w1 || k->wl != wl || k->hook != hook)
       continue;
-    if (nw <= 3 || memcmp(k->e->w + 2, w + 2, (nw - 2) * sizeof *w) == 0)
+    if (nw <= 3 || memcmp(k->e->w + 2, w + 2, (nw - 2) * sizeof *w) == 0) {
+      if (nc == 0 && token != 0) t->key[i].token = token; /* same frames */
       return i + 1;
+    }
   }
   return 0;
 }
@@ -683,7 +698,7 @@ static int tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc,
 /* Put id (whose reference the cache takes over) into a slot that is not
  * pinned; returns the slot + 1, or 0 when every slot is pinned (the
  * reference stays the caller's). */
-static int tcache_insert(tcache_t *t, uint32_t id) {
+static int tcache_insert(tcache_t *t, uint32_t id, uint64_t token) {
   if (!t->registered) {
     pthread_once(&tcache_once, tcache_key_make);
     pthread_setspecific(tcache_key, (void *)1);
@@ -703,6 +718,7 @@ static int tcache_insert(tcache_t *t, uint32_t id) {
     t->key[k].w0 = e->w[0];
     t->key[k].w1 = nw > 1 ? e->w[1] : 0;
     t->key[k].wl = e->w[nw - 1];
+    t->key[k].token = e->nc == 0 ? token : 0;
     t->id[k] = id;
     msnap__stack_unref(old);
     return (int)k + 1;
@@ -721,6 +737,7 @@ static inline __attribute__((always_inline)) uint32_t
 capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   uintptr_t w[MSNAP_STACK_MAX_C + 2 * MSNAP_STACK_MAX_PY];
   int nc = 0, npy = 0;
+  uint64_t token = 0;
   const msnap_frame_hook_t *hook = NULL;
   if (stacks & MSNAP_STACKS_CPP) {
     int um = unwinder();
@@ -760,10 +777,14 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   if (stacks & MSNAP_STACKS_PYTHON) {
     hook = msnap__frame_hook();
     if (hook != NULL) {
-      npy = hook->capture(hook->ctx, (uintptr_t(*)[2])(w + nc),
-                          MSNAP_STACK_MAX_PY);
-      if (npy < 0) npy = 0;
-      if (npy > MSNAP_STACK_MAX_PY) npy = MSNAP_STACK_MAX_PY;
+      if (hook->capture_token != NULL)
+        npy = hook->capture_token(hook->ctx, (uintptr_t(*)[2])(w + nc),
+                                  MSNAP_STACK_MAX_PY, &token);
+      else
+        npy = hook->capture(hook->ctx, (uintptr_t(*)[2])(w + nc),
+                            MSNAP_STACK_MAX_PY);
+      if (npy < 0) npy = 0, token = 0;
+      if (npy > MSNAP_STACK_MAX_PY) npy = MSNAP_STACK_MAX_PY, token = 0;
       /* This thread runs the interpreter: a good place for deferred
        * releases. */
       if (npy > 0) msnap__stack_drain_releases();
@@ -773,7 +794,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   if (nc + npy == 0) return stacks ? MSNAP_STACK_ID_EMPTY : 0;
   if (npy == 0) hook = NULL;
   tcache_t *t = &tc;
-  int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook);
+  int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook, token);
   if (k != 0) {
     uint32_t id = t->id[k - 1];
     if (pin) {
@@ -787,7 +808,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   uint32_t id = intern(KIND_STACK, w, (uint32_t)nc, (uint32_t)npy, hook);
   if (id == 0) return 0;
   if (!pin) msnap__stack_ref(id); /* one for the cache, one returned */
-  k = tcache_insert(t, id);
+  k = tcache_insert(t, id, token);
   if (k == 0) {
     if (!pin) msnap__stack_unref(id); /* not cached after all */
     return id;

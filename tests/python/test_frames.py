@@ -187,3 +187,146 @@ def test_repeated_walks_follow_every_change():
     assert not any(f[1] == fake for f in after)
     assert [f[0] for f in after] == [f[0] for f in before[-1] if f[1] != fake]
     assert [f[:2] for f in after] == [f[:2] for f in public]
+
+
+def test_token_walk_names_exactly_the_current_frames():
+    """capture_token (the path the library takes) checks a remembered
+    whole walk frame by frame: whatever changes -- caller, line, depth,
+    a generator frame, a file hidden after it was remembered -- the frames
+    are the public API's, and one token always stands for one list."""
+
+    def leaf():
+        got = _memsnap.capture_frames(64, False, True)
+        return got, _memsnap.capture_frames(64, True)
+
+    def caller_a():
+        return leaf()
+
+    def caller_b():
+        return leaf()
+
+    def two_sites(first=[True]):
+        first[0] = not first[0]
+        if first[0]:
+            return leaf()
+        return leaf()
+
+    def from_generator():
+        def gen():
+            yield leaf()
+            yield leaf()
+        return list(gen())[len(seen) % 2]
+
+    def rec(n, fn):
+        if n == 0:
+            return fn()
+        return rec(n - 1, fn)
+
+    by_token = {}
+    seen = []
+    fns = (caller_a, caller_b, two_sites, from_generator)
+    for i in range(120):
+        fn = fns[i % 4]
+        depth = i % 5 + 3
+        (fast, token), slow = rec(depth, fn)
+        seen.append((fast, token))
+        assert [f[:2] for f in fast] == [f[:2] for f in slow]
+        assert [f[2] for f in fast[1:]] == [f[2] for f in slow[1:]]
+        names = [f[0].rsplit(".", 1)[-1] for f in fast]
+        assert names[0] == "leaf"
+        assert "rec" in names
+        assert token != 0
+        assert by_token.setdefault(token, fast) == fast
+
+    def same():
+        return [rec(4, lambda: _memsnap.capture_frames(64, False, True))
+                for _ in range(5)]
+
+    # the same chain again and again: one token, taken from the record
+    runs = same()
+    assert len({t for _, t in runs}) == 1
+    assert all(f == runs[0][0] for f, _ in runs)
+
+    # a file hidden after its frames were remembered: a new token, and
+    # the frames without it
+    ns = {"leaf": leaf}
+    fake = "/memsnap-test-hidden-tok-%d/frames_hidden.py" % id(ns)
+    exec(compile("def hideme():\n    return leaf()\n", fake, "exec"), ns)
+    before = [rec(2, ns["hideme"])[0] for _ in range(3)]
+    assert len({t for _, t in before}) == 1
+    assert any(f[1] == fake for f in before[0][0])
+    _memsnap.hide_frames_of(fake)
+    (after, token), public = rec(2, ns["hideme"])
+    assert token != before[0][1]
+    assert not any(f[1] == fake for f in after)
+    assert [f[:2] for f in after] == [f[:2] for f in public]
+
+
+def test_token_walk_in_other_threads():
+    """Each thread's chain is its own: tokens never cross-name frames."""
+    out = {}
+
+    def worker(k):
+        def site():
+            return _memsnap.capture_frames(64, False, True)
+
+        def a():
+            return site()
+
+        def b():
+            return site()
+
+        out[k] = [(a if i % 2 else b)() for i in range(50)]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    by_token = {}
+    for k, runs in out.items():
+        for fast, token in runs:
+            assert fast[1][0].rsplit(".", 1)[-1] in ("a", "b")
+            assert by_token.setdefault(token, fast) == fast
+
+
+def test_recorded_stacks_follow_alternating_sites():
+    """Through the allocator: a loop that allocates and frees from two
+    lines and two callers records, entry by entry, the line and caller
+    that made each call (the token path with its per-thread stack cache)."""
+    from conftest import run_script
+    proc = run_script(r"""
+import json, sys
+import memsnap.memory as mm
+mm._record_memory_history('all', stacks='python')
+def site(n):
+    p = mm.caching_allocator_alloc(n)          # ALLOC
+    mm.caching_allocator_delete(p)             # FREE
+def from_a(n):
+    site(n)
+def from_b(n):
+    site(n)
+expect = []
+for i in range(200):
+    (from_a if i % 3 else from_b)(512 << (i % 4))
+    expect.append('from_a' if i % 3 else 'from_b')
+snap = mm._snapshot()
+src = open(__file__).read().splitlines() if False else None
+got = []
+for tr in snap['device_traces']:
+    for e in tr:
+        if e['action'] in ('alloc', 'free_requested'):
+            fr = e['frames']
+            got.append((e['action'], fr[0]['name'], fr[0]['line'],
+                        fr[1]['name']))
+print('RESULT ' + json.dumps({'got': got, 'expect': expect}))
+""")
+    got, expect = proc.result["got"], proc.result["expect"]
+    allocs = [g for g in got if g[0] == "alloc"]
+    frees = [g for g in got if g[0] == "free_requested"]
+    assert len(allocs) == len(frees) == 200
+    assert {g[2] for g in allocs} == {allocs[0][2]}
+    assert {g[2] for g in frees} == {allocs[0][2] + 1}
+    assert [g[3] for g in allocs] == expect
+    assert [g[3] for g in frees] == expect
+    assert all(g[1] == "site" for g in got)

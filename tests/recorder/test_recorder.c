@@ -920,7 +920,7 @@ __attribute__((noinline)) uint32_t fake_PyEval_EvalFrameDefault(void) {
 
 static void test_python_c_merge(void **state) {
   (void)state;
-  msnap_frame_hook_t h = {NULL, hook_capture, NULL, NULL, hook_resolve};
+  msnap_frame_hook_t h = {.capture = hook_capture, .resolve = hook_resolve};
   assert_int_equal(msnap_set_frame_hook(&h), 0);
   uint32_t raw = fake_PyEval_EvalFrameDefault();
   assert_int_not_equal(raw, 0);
@@ -1016,7 +1016,7 @@ static void test_threads(void **state) {
   (void)state;
   msnap__stack_tcache_flush();
   size_t live0 = msnap__stack_live();
-  msnap_frame_hook_t h = {NULL, tl_capture, NULL, NULL, tl_resolve};
+  msnap_frame_hook_t h = {.capture = tl_capture, .resolve = tl_resolve};
   assert_int_equal(msnap_set_frame_hook(&h), 0);
   msnap_allocator_t *a = make(MSNAP_PROFILE_NPU, 2);
   msnap_history_options_t o;

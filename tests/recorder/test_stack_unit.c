@@ -159,8 +159,10 @@ static int fake_resolve(void *ctx, const uintptr_t f[2], const char **name,
 
 static void test_frame_hook(void **state) {
   (void)state;
-  msnap_frame_hook_t h = {NULL, fake_capture, fake_retain, fake_release,
-                          fake_resolve};
+  msnap_frame_hook_t h = {.capture = fake_capture,
+                          .retain = fake_retain,
+                          .release = fake_release,
+                          .resolve = fake_resolve};
   assert_int_equal(msnap_set_frame_hook(&h), 0);
   memset(fake_refs, 0, sizeof fake_refs);
   uint32_t s = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
@@ -214,6 +216,75 @@ static void test_frame_hook(void **state) {
   /* a hook without capture is refused */
   msnap_frame_hook_t bad = {0};
   assert_int_equal(msnap_set_frame_hook(&bad), MSNAP_EINVAL);
+  check_table();
+}
+
+/* capture_token: the token decides a repeated stack without comparing
+ * frames, only through the same hook and without C frames; a stack found
+ * by comparison takes the newer token. */
+static uint64_t fake_token;
+static int fake_shift; /* added to each frame's offset: frames that differ */
+static int fake_capture_token(void *ctx, uintptr_t (*frames)[2], int max,
+                              uint64_t *token) {
+  int n = fake_capture(ctx, frames, max);
+  for (int i = 0; i < n; i++) frames[i][1] += (uintptr_t)fake_shift;
+  *token = fake_token;
+  return n;
+}
+
+static void test_frame_hook_token(void **state) {
+  (void)state;
+  msnap_frame_hook_t h = {.capture = fake_capture,
+                          .retain = fake_retain,
+                          .release = fake_release,
+                          .resolve = fake_resolve,
+                          .capture_token = fake_capture_token};
+  assert_int_equal(msnap_set_frame_hook(&h), 0);
+  memset(fake_refs, 0, sizeof fake_refs);
+  fake_depth = 3;
+  fake_shift = 0;
+  fake_token = 7;
+  uint32_t a = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_not_equal(a, 0);
+  check_table();
+  /* the same frames under a new token: found by comparison */
+  fake_token = 8;
+  uint32_t a2 = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_equal(a2, a);
+  /* token 8 now names a's frames: the frames are not read (a hook that
+   * broke its promise would get the named stack) */
+  fake_shift = 1;
+  uint32_t a3 = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_equal(a3, a);
+  /* no token: the frames decide */
+  fake_token = 0;
+  uint32_t b = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_not_equal(b, a);
+  msnap_stack_view_t v;
+  assert_int_equal(msnap__stack_view(b, &v), 0);
+  assert_int_equal(v.npy, 3);
+  assert_int_equal(v.py[0][1], 1);
+  /* with C frames the token is not used either */
+  fake_token = 8;
+  uint32_t c = msnap__stack_capture(MSNAP_STACKS_PYTHON | MSNAP_STACKS_CPP,
+                                    0);
+  assert_int_not_equal(c, a);
+  assert_int_equal(msnap__stack_view(c, &v), 0);
+  assert_true(v.nc > 0);
+  assert_int_equal(v.npy, 3);
+  assert_int_equal(v.py[0][1], 1);
+  check_table();
+  msnap__stack_unref(a);
+  msnap__stack_unref(a2);
+  msnap__stack_unref(a3);
+  msnap__stack_unref(b);
+  msnap__stack_unref(c);
+  msnap__stack_tcache_flush();
+  assert_int_equal(msnap__stack_refcount(a), 0);
+  assert_int_equal(msnap_set_frame_hook(NULL), 0);
+  assert_int_equal(fake_refs[1], 0);
+  fake_shift = 0;
+  fake_token = 0;
   check_table();
 }
 
@@ -532,6 +603,7 @@ int main(void) {
       cmocka_unit_test(test_many_stacks),
       cmocka_unit_test(test_strings),
       cmocka_unit_test(test_frame_hook),
+      cmocka_unit_test(test_frame_hook_token),
       cmocka_unit_test(test_c_capture_and_symbols),
       cmocka_unit_test(test_symbol_index_matches_libdw),
       cmocka_unit_test(test_cfi_unwinder),
