@@ -683,6 +683,17 @@ static inline bool cli_trace_moves(const msnap_trace_list_t *tl) {
 int cli_workspace_addrs(const msnap_snap_t *s, int64_t device,
                         uint64_t **out, uint32_t *n);
 bool cli_is_workspace(const uint64_t *ws, uint32_t n, uint64_t addr);
+/* The final segments that overlap one another: with the segments sorted
+ * by (device, address), each segment that starts below the end (address
+ * + total_size, UINT64_MAX when that overflows) of the one before it on
+ * the same device -- visit(arg, prev, next) with both indices into
+ * s->segments, in that order; device INT64_MIN: every device, else that
+ * one.  visit returns false to stop.  Returns how many were visited, -1
+ * on ENOMEM.  (`check` reports each; `replay` refuses such a device.) */
+typedef bool (*cli_overlap_fn)(void *arg, uint32_t prev, uint32_t next);
+int cli_segment_overlaps(const msnap_snap_t *s, int64_t device,
+                         cli_overlap_fn visit, void *arg);
+uint64_t cli_segment_end(const msnap_ssegment_t *g);
 /* Active (requested) and reserved bytes before the first entry and after
  * each entry of the device trace; *n = entries + 1; caller frees. */
 int cli_timeline(const msnap_snap_t *s, int64_t dev, uint64_t **act,

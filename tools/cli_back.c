@@ -741,6 +741,51 @@ int cli_workspace_addrs(const msnap_snap_t *s, int64_t device,
   return 0;
 }
 
+uint64_t cli_segment_end(const msnap_ssegment_t *g) {
+  return g->total_size > UINT64_MAX - g->address ? UINT64_MAX
+                                                  : g->address + g->total_size;
+}
+
+/* (device, address, index) of a segment, sorted as cli_segment_overlaps
+ * visits them. */
+typedef struct seg_order_s {
+  int64_t device;
+  uint64_t address;
+  uint32_t index;
+} seg_order_t;
+
+static int seg_order_cmp(const void *x, const void *y) {
+  const seg_order_t *a = x, *b = y;
+  if (a->device != b->device) return a->device < b->device ? -1 : 1;
+  if (a->address != b->address) return a->address < b->address ? -1 : 1;
+  return a->index < b->index ? -1 : a->index > b->index;
+}
+
+int cli_segment_overlaps(const msnap_snap_t *s, int64_t device,
+                         cli_overlap_fn visit, void *arg) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    n += device == INT64_MIN || s->segments[i].device == device;
+  if (n < 2) return 0;
+  seg_order_t *k = malloc((size_t)n * sizeof *k);
+  if (k == NULL) return -1;
+  n = 0;
+  for (uint32_t i = 0; i < s->nsegments; i++)
+    if (device == INT64_MIN || s->segments[i].device == device)
+      k[n++] = (seg_order_t){s->segments[i].device, s->segments[i].address, i};
+  qsort(k, n, sizeof *k, seg_order_cmp);
+  int found = 0;
+  for (uint32_t j = 1; j < n; j++) {
+    const msnap_ssegment_t *p = &s->segments[k[j - 1].index];
+    if (k[j].device != k[j - 1].device || k[j].address >= cli_segment_end(p))
+      continue;
+    found++;
+    if (!visit(arg, k[j - 1].index, k[j].index)) break;
+  }
+  free(k);
+  return found;
+}
+
 bool cli_is_workspace(const uint64_t *ws, uint32_t n, uint64_t addr) {
   return n && bsearch(&addr, ws, n, sizeof *ws, cmp_u64) != NULL;
 }

@@ -201,42 +201,28 @@ static uint32_t workspace_tail(const msnap_snap_t *s) {
   return s->nsegments;
 }
 
-static const msnap_snap_t *g_sort_snap;
-static int seg_idx_cmp(const void *x, const void *y) {
-  const msnap_ssegment_t *a = &g_sort_snap->segments[*(const uint32_t *)x];
-  const msnap_ssegment_t *b = &g_sort_snap->segments[*(const uint32_t *)y];
-  if (a->device != b->device) return a->device < b->device ? -1 : 1;
-  return a->address < b->address ? -1 : a->address > b->address;
-}
-
-/* A segment's end, address + total_size; UINT64_MAX when that overflows
- * 64 bits (check_segments reports it). */
-static uint64_t seg_end(const msnap_ssegment_t *g) {
-  return g->total_size > UINT64_MAX - g->address ? UINT64_MAX
-                                                  : g->address + g->total_size;
-}
-
 /* Segments of one device must not overlap (the workspace tail included). */
+typedef struct overlap_ctx_s {
+  check_t *c;
+  const msnap_snap_t *s;
+} overlap_ctx_t;
+
+static bool overlap_report(void *arg, uint32_t prev, uint32_t next) {
+  overlap_ctx_t *o = arg;
+  const msnap_ssegment_t *p = &o->s->segments[prev];
+  const msnap_ssegment_t *g = &o->s->segments[next];
+  char where[64];
+  snprintf(where, sizeof where, "segments[%u]", next);
+  report(o->c, where,
+         "segment at 0x%" PRIx64 " overlaps segments[%u] "
+         "[0x%" PRIx64 ", 0x%" PRIx64 ")",
+         g->address, prev, p->address, cli_segment_end(p));
+  return true;
+}
+
 static void check_overlaps(check_t *c, const msnap_snap_t *s) {
-  if (s->nsegments < 2) return;
-  uint32_t *ix = malloc(s->nsegments * sizeof *ix);
-  if (ix == NULL) return;
-  for (uint32_t i = 0; i < s->nsegments; i++) ix[i] = i;
-  g_sort_snap = s;
-  qsort(ix, s->nsegments, sizeof *ix, seg_idx_cmp);
-  for (uint32_t k = 1; k < s->nsegments; k++) {
-    const msnap_ssegment_t *p = &s->segments[ix[k - 1]];
-    const msnap_ssegment_t *g = &s->segments[ix[k]];
-    if (p->device != g->device || g->address >= seg_end(p))
-      continue;
-    char where[64];
-    snprintf(where, sizeof where, "segments[%u]", ix[k]);
-    report(c, where,
-           "segment at 0x%" PRIx64 " overlaps segments[%u] "
-           "[0x%" PRIx64 ", 0x%" PRIx64 ")",
-           g->address, ix[k - 1], p->address, seg_end(p));
-  }
-  free(ix);
+  overlap_ctx_t o = {c, s};
+  cli_segment_overlaps(s, INT64_MIN, overlap_report, &o);
 }
 
 /* After a device's segments: of its n segments out of address order

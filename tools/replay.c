@@ -538,41 +538,28 @@ static void compare_final(replay_t *r, dev_replay_t *d) {
  * is repeated, say: `check` reports it): no allocator state has them, so
  * there is nothing to replay.  1 with the reason in why, 0 when none
  * overlap, -1 on ENOMEM. */
-static int cmp_range(const void *x, const void *y) {
-  const uint64_t *a = x, *b = y;
-  return a[0] != b[0] ? (a[0] < b[0] ? -1 : 1)
-                      : (a[1] != b[1] ? (a[1] < b[1] ? -1 : 1) : 0);
+typedef struct overlap_why_s {
+  const msnap_snap_t *s;
+  char *why;
+  size_t len;
+} overlap_why_t;
+
+static bool overlap_why(void *arg, uint32_t prev, uint32_t next) {
+  overlap_why_t *o = arg;
+  const msnap_ssegment_t *p = &o->s->segments[prev];
+  snprintf(o->why, o->len,
+           "the final state is inconsistent: the segment at 0x%" PRIx64
+           " overlaps the one at 0x%" PRIx64 " (%" PRIu64 " B; see "
+           "memsnap check)",
+           o->s->segments[next].address, p->address, p->total_size);
+  return false; /* the first is enough */
 }
 
 static int overlapping_segments(const msnap_snap_t *s, int64_t dev,
                                 char *why, size_t len) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++)
-    n += s->segments[i].device == dev;
-  if (n < 2)
-    return 0;
-  uint64_t (*r)[2] = malloc((size_t)n * sizeof *r);
-  if (!r)
-    return -1;
-  n = 0;
-  for (uint32_t i = 0; i < s->nsegments; i++)
-    if (s->segments[i].device == dev) {
-      r[n][0] = s->segments[i].address;
-      r[n++][1] = s->segments[i].total_size;
-    }
-  qsort(r, n, sizeof *r, cmp_range);
-  int rc = 0;
-  for (uint32_t i = 1; i < n && !rc; i++)
-    if (r[i][0] - r[i - 1][0] < r[i - 1][1]) {
-      snprintf(why, len,
-               "the final state is inconsistent: the segment at 0x%" PRIx64
-               " overlaps the one at 0x%" PRIx64 " (%" PRIu64 " B; see "
-               "memsnap check)",
-               r[i][0], r[i - 1][0], r[i - 1][1]);
-      rc = 1;
-    }
-  free(r);
-  return rc;
+  overlap_why_t o = {s, why, len};
+  int rc = cli_segment_overlaps(s, dev, overlap_why, &o);
+  return rc < 0 ? -1 : rc > 0;
 }
 
 /* torch_npu's workspace buffers of the device (cli_workspace_addrs) into
