@@ -17,6 +17,31 @@ class Holder:
         return inner_function()
 
 
+def call_shapes(leaf):
+    """Call paths to leaf that differ in caller, line and depth:
+    caller_a, caller_b (one depth, two callers), two_sites (one caller,
+    two lines, alternating) and rec(n, fn) (fn under n more frames)."""
+
+    def caller_a():
+        return leaf()
+
+    def caller_b():
+        return leaf()
+
+    def two_sites(first=[True]):
+        first[0] = not first[0]
+        if first[0]:
+            return leaf()
+        return leaf()
+
+    def rec(n, fn):
+        if n == 0:
+            return fn()
+        return rec(n - 1, fn)
+
+    return caller_a, caller_b, two_sites, rec
+
+
 def test_capture_names_files_lines_innermost_first():
     frames, _ = Holder().method()
     names = [f[0] for f in frames]
@@ -141,22 +166,7 @@ def test_repeated_walks_follow_every_change():
     def leaf():
         return _memsnap.capture_frames(64), _memsnap.capture_frames(64, True)
 
-    def caller_a():
-        return leaf()
-
-    def caller_b():
-        return leaf()
-
-    def two_sites(first=[True]):
-        first[0] = not first[0]
-        if first[0]:
-            return leaf()
-        return leaf()
-
-    def rec(n, fn):
-        if n == 0:
-            return fn()
-        return rec(n - 1, fn)
+    caller_a, caller_b, two_sites, rec = call_shapes(leaf)
 
     seen = []
     for i in range(60):
@@ -199,28 +209,13 @@ def test_token_walk_names_exactly_the_current_frames():
         got = _memsnap.capture_frames(64, False, True)
         return got, _memsnap.capture_frames(64, True)
 
-    def caller_a():
-        return leaf()
-
-    def caller_b():
-        return leaf()
-
-    def two_sites(first=[True]):
-        first[0] = not first[0]
-        if first[0]:
-            return leaf()
-        return leaf()
+    caller_a, caller_b, two_sites, rec = call_shapes(leaf)
 
     def from_generator():
         def gen():
             yield leaf()
             yield leaf()
         return list(gen())[len(seen) % 2]
-
-    def rec(n, fn):
-        if n == 0:
-            return fn()
-        return rec(n - 1, fn)
 
     by_token = {}
     seen = []
