@@ -7,7 +7,8 @@
  * process_info (memsnap's files; RANK/WORLD_SIZE or torch.distributed at
  * dump time), else a rank from the file name ("rank3", "rank_3",
  * "rank-3"; an unreadable file too); peak requested (live requested bytes,
- * JSON's peak_allocated_bytes) and peak reserved over the
+ * JSON's peak_requested_bytes, also as peak_allocated_bytes) and peak
+ * reserved over the
  * trace (cli_timeline), final reserved and allocated, fragmentation of the
  * final state (cli_frag_model), OOM entries, and leak candidates across
  * the recording's steps (cli_leaks_steps).  Figures are summed over the
@@ -491,8 +492,9 @@ static void usage(FILE *f) {
           "              ranks: [{file, rank, rank_source,\n"
           "                same_process_as, usable, error, world_size,\n"
           "                local_rank, pid, host, devices,\n"
-          "                peak_reserved_bytes, peak_allocated_bytes,\n"
-          "                reserved_bytes, allocated_bytes,\n"
+          "                peak_reserved_bytes, peak_requested_bytes,\n"
+          "                peak_allocated_bytes (the same figure, its\n"
+          "                older name), reserved_bytes, allocated_bytes,\n"
           "                fragmentation: {inactive_split_bytes,\n"
           "                  largest_free_block_bytes,\n"
           "                  free_segments_bytes},\n"
@@ -501,7 +503,8 @@ static void usage(FILE *f) {
           "                outlier,\n"
           "                outlier_metrics: {<metric>: x / median}}],\n"
           "              medians: {peak_reserved_bytes,\n"
-          "                peak_allocated_bytes, reserved_bytes,\n"
+          "                peak_requested_bytes, peak_allocated_bytes,\n"
+          "                reserved_bytes,\n"
           "                allocated_bytes, inactive_split_bytes},\n"
           "              outliers: [file], oom_ranks: [file],\n"
           "              common_leaks: [{site, ranks, files: [file]}],\n"
@@ -811,7 +814,8 @@ int cli_cmd_fleet(int argc, char **argv) {
         cj_cstr(&j, x->error);
         static const char *const unknown[] = {
             "world_size", "local_rank", "pid", "host", "devices",
-            "peak_reserved_bytes", "peak_allocated_bytes", "reserved_bytes",
+            "peak_reserved_bytes", "peak_requested_bytes",
+            "peak_allocated_bytes", "reserved_bytes",
             "allocated_bytes", "fragmentation", "ooms",
             "oom_requested_bytes", "steps", "leak_candidates"};
         for (size_t k = 0; k < sizeof unknown / sizeof *unknown; k++) {
@@ -844,6 +848,10 @@ int cli_cmd_fleet(int argc, char **argv) {
       cj_key(&j, "devices");
       cj_u64(&j, x->ndev);
       for (int k = 0; k < NMETRICS - 1; k++) {
+        if (k == 1) { /* summary --json's name for it, written first */
+          cj_key(&j, "peak_requested_bytes");
+          cj_u64_or_null(&j, x->have_m[k], x->m[k]);
+        }
         cj_key(&j, metric_names[k]);
         cj_u64_or_null(&j, x->have_m[k], x->m[k]);
       }
@@ -894,11 +902,13 @@ int cli_cmd_fleet(int argc, char **argv) {
     cj_key(&j, "medians");
     cj_obj(&j);
     for (int k = 0; k < NMETRICS; k++) {
-      cj_key(&j, metric_names[k]);
-      if (have_med[k])
-        cj_dbl(&j, med[k]);
-      else
-        cj_null(&j);
+      for (int twice = k == 1; twice >= 0; twice--) {
+        cj_key(&j, twice ? "peak_requested_bytes" : metric_names[k]);
+        if (have_med[k])
+          cj_dbl(&j, med[k]);
+        else
+          cj_null(&j);
+      }
     }
     cj_obj_end(&j);
     cj_key(&j, "outliers");

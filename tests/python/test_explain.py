@@ -822,6 +822,14 @@ def test_fleet_flags_the_planted_outlier_among_eight_ranks(tmp_path):
     assert js["outliers"] == [str(tmp_path / "snap_rank5.pickle")]
     (r5,) = [x for x in js["ranks"] if x["rank"] == 5]
     assert r5["peak_reserved_bytes"] > js["medians"]["peak_reserved_bytes"]
+    # peak requested under summary --json's name, and its earlier one
+    summ = run_cli("summary", "--json", r5["file"]).json
+    assert r5["peak_requested_bytes"] == sum(
+        d["peak_requested_bytes"] for d in summ["devices"]) > 0
+    for x in js["ranks"]:
+        assert x["peak_requested_bytes"] == x["peak_allocated_bytes"]
+    assert (js["medians"]["peak_requested_bytes"]
+            == js["medians"]["peak_allocated_bytes"])
     (common,) = js["common_leaks"]
     assert common["site"].endswith(f"rank.py:{line_of(RANK, 'every rank')}:cache")
     assert common["ranks"] == 8
