@@ -327,6 +327,11 @@ static walk_memo_t walk_memo_alt[WALK_MEMO];
 static int walk_memo_gen; /* hidden_gen of the remembered frames */
 static bool walk_lost;    /* the walk skipped a frame it could not record */
 static bool walk_unpinned; /* the walk skipped a frame without its entry */
+#ifdef Py_GIL_DISABLED /* no records, and no GIL to guard these */
+#define WALK_NOTE(flag) ((void)0)
+#else
+#define WALK_NOTE(flag) ((flag) = true)
+#endif
 
 /* Whole walks remembered (GIL held, like the memo), for capture_token.
  * A record holds every raw frame of a complete walk -- the chain from the
@@ -403,17 +408,17 @@ walk_frame(_PyInterpreterFrame *f, walk_memo_t *m, walk_memo_t *alt,
 #if PY_VERSION_HEX >= 0x030C0000
   /* C-stack entry shims (3.13's _PyFrame_IsIncomplete checks this too). */
   if (f->owner == FRAME_OWNED_BY_CSTACK) {
-    walk_unpinned = true;
+    WALK_NOTE(walk_unpinned);
     return;
   }
 #endif
   if (_PyFrame_IsIncomplete(f)) {
-    walk_unpinned = true;
+    WALK_NOTE(walk_unpinned);
     return;
   }
   frame_entry_t *e = entry_cached(co);
   if (e == NULL) {
-    walk_lost = true; /* a frame skipped for want of memory, not by rule */
+    WALK_NOTE(walk_lost); /* skipped for want of memory, not by rule */
     return;
   }
   int lasti = _PyInterpreterFrame_LASTI(f);
