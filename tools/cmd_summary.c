@@ -61,7 +61,15 @@ typedef struct dev_fig_s {
   uint64_t before_bytes, before_count;
   /* fragmentation and the OOM (cli_explain.c) */
   cli_explain_t x;
+  /* final segments starting inside the one before them (a segment list
+   * written twice, say): the figures above count that memory twice */
+  uint32_t overlapping;
 } dev_fig_t;
+
+static bool count_overlap(void *arg, uint32_t prev, uint32_t next) {
+  (void)arg, (void)prev, (void)next;
+  return true;
+}
 
 static const msnap_snap_t *g_sort_snap;
 
@@ -112,6 +120,10 @@ static int device_figures(const msnap_snap_t *s, const cli_stacks_t *stk,
       }
     }
   }
+  int ov = cli_segment_overlaps(s, dev, count_overlap, NULL);
+  if (ov < 0)
+    return -1;
+  f->overlapping = (uint32_t)ov;
   /* Live allocations, largest first, and their sites. */
   live_blk_t *idx = malloc((nlive + 1) * sizeof *idx);
   cli_site_sum_t *sites = malloc((nlive + 1) * sizeof *sites);
@@ -594,6 +606,8 @@ static void print_json(cli_json_t *j, const char *file, const msnap_snap_t *s,
      * state (the text's "see memsnap check" note) */
     cj_key(j, "trace_violations");
     cj_u64(j, (uint64_t)f->x.trace_violations);
+    cj_key(j, "overlapping_segments");
+    cj_u64(j, f->overlapping);
     cj_key(j, "live_before_trace");
     cj_obj(j);
     cj_key(j, "count");
@@ -977,6 +991,19 @@ static void print_text(const char *file, const msnap_snap_t *s,
     printf("  segments         %" PRIu64 " (%" PRIu64 " large, %" PRIu64
            " small)\n",
            f->segments, f->large, f->segments - f->large);
+    if (f->overlapping) {
+      char buf[384];
+      snprintf(buf, sizeof buf,
+               "%u %s overlap%s the one before %s (a segment list written "
+               "twice?): the figures below count that memory more than "
+               "once and the peaks are not to be trusted; see memsnap "
+               "check",
+               f->overlapping,
+               cli_plural(f->overlapping, "segment", "segments"),
+               f->overlapping == 1 ? "s" : "",
+               f->overlapping == 1 ? "it" : "them");
+      print_wrapped("overlapping", buf);
+    }
     printf("  reserved         %s (%" PRIu64 " B)\n",
            cli_bytes(f->reserved, b1, sizeof b1), f->reserved);
     printf("  allocated        %s (%" PRIu64 " B)\n",
@@ -1141,6 +1168,7 @@ static void usage(FILE *f) {
           "                peak_requested_bytes, peak_allocated_bytes,\n"
           "                peak_reserved_bytes,\n"
           "                trace_alloc_dropped, trace_violations,\n"
+          "                overlapping_segments,\n"
           "                live_before_trace: {count, bytes},\n"
           "                largest_live: [{address, size,\n"
           "                  requested_size, site}],\n"

@@ -1800,6 +1800,25 @@ def group_replay():
                % (g, g) in out,
                "replay of overlapping segments: not replayable (%d %r)"
                % (rc, out[-300:]))
+        # summary counts them and says its figures count that memory
+        # more than once (text and --json); the file as recorded has none
+        n = len(d["segments"]) // 2
+        rc, out, err = run("summary", p)
+        expect(rc == 0 and ("  overlapping      %d segments overlap the "
+                            "one before them" % n) in out and
+               "peaks are not to be trusted" in out.replace("\n", " ")
+               .replace("                   ", ""),
+               "summary of overlapping segments: the caveat (%r)"
+               % out[:600])
+        rc, out, err = run("summary", "--json", p)
+        dv = json.loads(out)["devices"] if rc == 0 else []
+        expect([x["overlapping_segments"] for x in dv] == [n],
+               "summary --json: overlapping_segments %d (%r)"
+               % (n, [x.get("overlapping_segments") for x in dv]))
+        rc, out, err = run("summary", "--json", live)
+        dv = json.loads(out)["devices"] if rc == 0 else []
+        expect(dv and all(x["overlapping_segments"] == 0 for x in dv),
+               "summary --json of the recording: no overlapping segments")
     # A recording that does not fit the --device-memory of a what-if
     # replay: a finding (exit 1), counted and said, never "expected for
     # another allocator"; the JSON says fits false and where it first
