@@ -525,6 +525,7 @@ static int walk(uintptr_t (*frames)[2], int max) {
  * read only once the frame above it is known to name it as `previous`. */
 static inline bool rec_holds(const walk_rec_t *r) {
   if (!r->strict) {
+#pragma GCC unroll 4
     for (int i = 0; i < r->raw; i++) {
       const _PyInterpreterFrame *f = r->frame[i];
       if (((uintptr_t)FRAME_INSTR(f) ^ (uintptr_t)r->instr[i]) |
