@@ -538,13 +538,15 @@ MSNAP_API bool msnap_history_enabled(msnap_allocator_t *a);
  *
  * capture_token (optional, NULL: capture is used) is capture that also
  * names what it wrote: *token 0 names nothing; any other value promises
- * that every capture returning that token, on any thread, writes the
+ * that every capture returning that token, on any thread, gives the
  * same count of the same frames -- so the library recognises a repeated
  * stack by the token instead of comparing its frames.  A hook never
  * reuses a token for other frames (a 64-bit counter bumped whenever the
- * frames it stands for may change).  Initialise the struct with a
- * designated initializer (or zero it) so members a hook does not set
- * are NULL. */
+ * frames it stands for may change).  On entry *token is 0 or a token the
+ * library already holds the frames of: a capture that returns that token
+ * may leave the frames unwritten (the count is still returned).
+ * Initialise the struct with a designated initializer (or zero it) so
+ * members a hook does not set are NULL. */
 typedef struct msnap_frame_hook_s {
   void *ctx;
   int (*capture)(void *ctx, uintptr_t (*frames)[2], int max);

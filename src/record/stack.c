@@ -627,6 +627,9 @@ typedef struct tcache_s {
      * is this stack without comparing a word */
     uint64_t token;
   } key[TCACHE_SLOTS];
+  /* the tokens of this thread's last two captures that had one, newest
+   * first: the one to offer the hook as known (tcache_known) */
+  uint64_t recent[2];
 } tcache_t;
 static MSNAP_TLS tcache_t tc;
 static pthread_key_t tcache_key;
@@ -671,15 +674,22 @@ void msnap__stack_unpin(uint8_t *pin) {
  * compared (memcmp) before a slot is taken: the key only skips the slots
  * that differ early.  Inlined: the caller's address of the thread's cache
  * is reused (one TLS lookup per capture). */
+static inline int tcache_find_token(const tcache_t *t,
+                                    const msnap_frame_hook_t *hook,
+                                    uint64_t token) {
+  for (int i = 0; i < TCACHE_SLOTS; i++)
+    if (t->key[i].token == token && t->id[i] != 0 && t->key[i].hook == hook)
+      return i + 1;
+  return 0;
+}
+
 static inline __attribute__((always_inline)) int
 tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc, uint32_t npy,
               const msnap_frame_hook_t *hook, uint64_t token) {
-  if (token != 0 && nc == 0) {
-    for (int i = 0; i < TCACHE_SLOTS; i++)
-      if (t->key[i].token == token && t->id[i] != 0 &&
-          t->key[i].hook == hook)
-        return i + 1;
-  }
+  int slot;
+  if (token != 0 && nc == 0 &&
+      (slot = tcache_find_token(t, hook, token)) != 0)
+    return slot;
   size_t nw = (size_t)nc + 2 * (size_t)npy;
   uintptr_t w1 = nw > 1 ? w[1] : 0, wl = w[nw - 1];
   for (int i = 0; i < TCACHE_SLOTS; i++) {
@@ -692,6 +702,18 @@ tcache_lookup(tcache_t *t, const uintptr_t *w, uint32_t nc, uint32_t npy,
       return i + 1;
     }
   }
+  return 0;
+}
+
+/* A token of `hook` that a slot holds, to offer the hook as known: the
+ * one of two captures ago (a loop's malloc and free alternate between two
+ * stacks), else the last one; 0 when the cache holds neither.  A capture
+ * that returns it may leave the frames unwritten: the slot is the stack. */
+static inline uint64_t tcache_known(const tcache_t *t,
+                                    const msnap_frame_hook_t *hook) {
+  for (int r = 1; r >= 0; r--)
+    if (t->recent[r] != 0 && tcache_find_token(t, hook, t->recent[r]))
+      return t->recent[r];
   return 0;
 }
 
@@ -739,6 +761,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   int nc = 0, npy = 0;
   uint64_t token = 0;
   const msnap_frame_hook_t *hook = NULL;
+  tcache_t *t = &tc;
   if (stacks & MSNAP_STACKS_CPP) {
     int um = unwinder();
     nc = -1;
@@ -777,12 +800,41 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   if (stacks & MSNAP_STACKS_PYTHON) {
     hook = msnap__frame_hook();
     if (hook != NULL) {
-      if (hook->capture_token != NULL)
+      uint64_t known = 0;
+      if (hook->capture_token != NULL) {
+        /* with C frames the words are compared: nothing to offer */
+        token = known = nc == 0 ? tcache_known(t, hook) : 0;
         npy = hook->capture_token(hook->ctx, (uintptr_t(*)[2])(w + nc),
                                   MSNAP_STACK_MAX_PY, &token);
-      else
+      } else {
         npy = hook->capture(hook->ctx, (uintptr_t(*)[2])(w + nc),
                             MSNAP_STACK_MAX_PY);
+      }
+      if (token != 0) {
+        t->recent[1] = t->recent[0];
+        t->recent[0] = token;
+      }
+      if (known != 0 && token == known && npy > 0 &&
+          npy <= MSNAP_STACK_MAX_PY) {
+        /* the frames may be unwritten: the slot holding `known` is the
+         * stack (this thread's cache has not changed since) */
+        int k = tcache_find_token(t, hook, token);
+        if (msnap_likely(k != 0 && t->key[k - 1].npy == (uint32_t)npy)) {
+          msnap__stack_drain_releases();
+          uint32_t id = t->id[k - 1];
+          if (pin) {
+            t->pins[k - 1]++;
+            *pin = &t->pins[k - 1];
+          } else {
+            msnap__stack_ref(id);
+          }
+          return id;
+        }
+        /* (never: a hook that broke its word) capture again, written */
+        token = 0;
+        npy = hook->capture_token(hook->ctx, (uintptr_t(*)[2])(w + nc),
+                                  MSNAP_STACK_MAX_PY, &token);
+      }
       if (npy < 0) npy = 0, token = 0;
       if (npy > MSNAP_STACK_MAX_PY) npy = MSNAP_STACK_MAX_PY, token = 0;
       /* This thread runs the interpreter: a good place for deferred
@@ -793,7 +845,6 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   if (pin) *pin = NULL;
   if (nc + npy == 0) return stacks ? MSNAP_STACK_ID_EMPTY : 0;
   if (npy == 0) hook = NULL;
-  tcache_t *t = &tc;
   int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook, token);
   if (k != 0) {
     uint32_t id = t->id[k - 1];

@@ -224,10 +224,16 @@ static void test_frame_hook(void **state) {
  * by comparison takes the newer token. */
 static uint64_t fake_token;
 static int fake_shift; /* added to each frame's offset: frames that differ */
+static int fake_known_skips; /* captures that left the frames unwritten */
 static int fake_capture_token(void *ctx, uintptr_t (*frames)[2], int max,
                               uint64_t *token) {
   int n = fake_capture(ctx, frames, max);
   for (int i = 0; i < n; i++) frames[i][1] += (uintptr_t)fake_shift;
+  if (*token != 0 && *token == fake_token) {
+    /* the library holds these frames: leave garbage where they were */
+    for (int i = 0; i < n; i++) frames[i][0] = frames[i][1] = 0xdead;
+    fake_known_skips++;
+  }
   *token = fake_token;
   return n;
 }
@@ -279,6 +285,45 @@ static void test_frame_hook_token(void **state) {
   msnap__stack_unref(a3);
   msnap__stack_unref(b);
   msnap__stack_unref(c);
+  /* A loop's two stacks alternating (tokens 20 and 21): after the first
+   * of each, the library offers the token of two captures ago, the hook
+   * leaves the frames unwritten, and each capture is still its stack. */
+  msnap__stack_tcache_flush();
+  fake_known_skips = 0;
+  uint32_t ids[8];
+  for (int i = 0; i < 8; i++) {
+    fake_token = 20 + (uint64_t)(i % 2);
+    fake_shift = 100 * (i % 2);
+    ids[i] = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+    assert_int_not_equal(ids[i], 0);
+    assert_int_equal(msnap__stack_view(ids[i], &v), 0);
+    assert_int_equal(v.npy, 3);
+    assert_int_equal(v.py[0][0], 1);
+    assert_int_equal(v.py[0][1], (uint64_t)(100 * (i % 2)));
+    assert_int_equal(v.py[2][1], (uint64_t)(20 + 100 * (i % 2)));
+    if (i >= 2) assert_int_equal(ids[i], ids[i - 2]);
+    check_table();
+  }
+  assert_int_not_equal(ids[0], ids[1]);
+  assert_int_equal(fake_known_skips, 6);
+  /* one stack again and again: after the first (two captures ago was
+   * the other stack) it is offered its own token */
+  fake_known_skips = 0;
+  for (int i = 0; i < 4; i++) {
+    uint32_t again = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+    assert_int_equal(again, ids[7]);
+    msnap__stack_unref(again);
+  }
+  assert_int_equal(fake_known_skips, 3);
+  /* a hook that returns the offered token with another count breaks its
+   * word: the library captures again, frames written, and stays sane */
+  fake_depth = 2;
+  uint32_t odd = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+  assert_int_not_equal(odd, 0);
+  msnap__stack_unref(odd);
+  fake_depth = 3;
+  for (int i = 0; i < 8; i++) msnap__stack_unref(ids[i]);
+  check_table();
   msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_refcount(a), 0);
   assert_int_equal(msnap_set_frame_hook(NULL), 0);
