@@ -61,7 +61,10 @@
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
 #if PY_VERSION_HEX >= 0x030D0000
-#define FRAME_CODE(f) _PyFrame_GetCode(f)
+/* (not _PyFrame_GetCode, which asserts a code object: a C-stack shim's
+ * f_executable is None, and the walk compares the pointer before it
+ * skips the shim) */
+#define FRAME_CODE(f) ((PyCodeObject *)(f)->f_executable)
 #define FRAME_INSTR(f) ((f)->instr_ptr)
 #define CURRENT_FRAME(ts) ((ts)->current_frame)
 #else

@@ -814,12 +814,12 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
         t->recent[1] = t->recent[0];
         t->recent[0] = token;
       }
-      if (known != 0 && token == known && npy > 0 &&
-          npy <= MSNAP_STACK_MAX_PY) {
+      if (known != 0 && token == known) {
         /* the frames may be unwritten: the slot holding `known` is the
          * stack (this thread's cache has not changed since) */
         int k = tcache_find_token(t, hook, token);
-        if (msnap_likely(k != 0 && t->key[k - 1].npy == (uint32_t)npy)) {
+        if (msnap_likely(k != 0 && npy > 0 && npy <= MSNAP_STACK_MAX_PY &&
+                         t->key[k - 1].npy == (uint32_t)npy)) {
           msnap__stack_drain_releases();
           uint32_t id = t->id[k - 1];
           if (pin) {

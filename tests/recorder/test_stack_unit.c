@@ -238,6 +238,19 @@ static int fake_capture_token(void *ctx, uintptr_t (*frames)[2], int max,
   return n;
 }
 
+/* A hook that breaks its word on the offered token: it returns it with a
+ * count over the maximum and writes nothing; asked again, with nothing
+ * offered, it writes its 3 frames. */
+static int liar_capture_token(void *ctx, uintptr_t (*frames)[2], int max,
+                              uint64_t *token) {
+  if (*token == fake_token) {
+    *token = fake_token;
+    return max + 5;
+  }
+  *token = fake_token;
+  return fake_capture(ctx, frames, max);
+}
+
 static void test_frame_hook_token(void **state) {
   (void)state;
   msnap_frame_hook_t h = {.capture = fake_capture,
@@ -324,6 +337,23 @@ static void test_frame_hook_token(void **state) {
   fake_depth = 3;
   for (int i = 0; i < 8; i++) msnap__stack_unref(ids[i]);
   check_table();
+  msnap__stack_tcache_flush();
+  /* the offered token returned with a count over the maximum, frames
+   * unwritten: captured again, nothing read from the unwritten buffer */
+  msnap_frame_hook_t liar = h;
+  liar.capture_token = liar_capture_token;
+  assert_int_equal(msnap_set_frame_hook(&liar), 0);
+  fake_token = 30;
+  fake_shift = 0;
+  for (int i = 0; i < 4; i++) {
+    uint32_t l = msnap__stack_capture(MSNAP_STACKS_PYTHON, 0);
+    assert_int_not_equal(l, 0);
+    assert_int_equal(msnap__stack_view(l, &v), 0);
+    assert_int_equal(v.npy, 3);
+    assert_int_equal(v.py[2][0], 3);
+    msnap__stack_unref(l);
+    check_table();
+  }
   msnap__stack_tcache_flush();
   assert_int_equal(msnap__stack_refcount(a), 0);
   assert_int_equal(msnap_set_frame_hook(NULL), 0);
