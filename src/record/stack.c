@@ -717,6 +717,19 @@ static inline uint64_t tcache_known(const tcache_t *t,
   return 0;
 }
 
+/* The id of slot k (1-based) for a capture: pinned for the call (pin),
+ * else with a reference of its own. */
+static inline uint32_t tcache_take(tcache_t *t, int k, uint8_t **pin) {
+  uint32_t id = t->id[k - 1];
+  if (pin) {
+    t->pins[k - 1]++;
+    *pin = &t->pins[k - 1];
+  } else {
+    msnap__stack_ref(id);
+  }
+  return id;
+}
+
 /* Put id (whose reference the cache takes over) into a slot that is not
  * pinned; returns the slot + 1, or 0 when every slot is pinned (the
  * reference stays the caller's). */
@@ -821,14 +834,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
         if (msnap_likely(k != 0 && npy > 0 && npy <= MSNAP_STACK_MAX_PY &&
                          t->key[k - 1].npy == (uint32_t)npy)) {
           msnap__stack_drain_releases();
-          uint32_t id = t->id[k - 1];
-          if (pin) {
-            t->pins[k - 1]++;
-            *pin = &t->pins[k - 1];
-          } else {
-            msnap__stack_ref(id);
-          }
-          return id;
+          return tcache_take(t, k, pin);
         }
         /* (never: a hook that broke its word) capture again, written */
         token = 0;
@@ -846,16 +852,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   if (nc + npy == 0) return stacks ? MSNAP_STACK_ID_EMPTY : 0;
   if (npy == 0) hook = NULL;
   int k = tcache_lookup(t, w, (uint32_t)nc, (uint32_t)npy, hook, token);
-  if (k != 0) {
-    uint32_t id = t->id[k - 1];
-    if (pin) {
-      t->pins[k - 1]++;
-      *pin = &t->pins[k - 1];
-    } else {
-      msnap__stack_ref(id);
-    }
-    return id;
-  }
+  if (k != 0) return tcache_take(t, k, pin);
   uint32_t id = intern(KIND_STACK, w, (uint32_t)nc, (uint32_t)npy, hook);
   if (id == 0) return 0;
   if (!pin) msnap__stack_ref(id); /* one for the cache, one returned */
