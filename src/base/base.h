@@ -48,6 +48,16 @@ static const int msnap_debug_level = MSNAP_DEBUG;
  * allocate memory in static TLS block"; the default model costs a
  * __tls_get_addr call per access instead.) */
 #define MSNAP_TLS _Thread_local
+/* The address of this thread's copy of a MSNAP_TLS variable, as
+ * `T *t = msnap__tls_addr(&var);` once per function: the empty asm hides
+ * where the pointer came from, so the compiler keeps it in a register
+ * instead of calling __tls_get_addr again at every use past a branch or a
+ * call (GCC rematerializes TLS addresses: a stack capture had 27 such
+ * call sites). */
+static inline void *msnap__tls_addr(void *p) {
+  __asm__("" : "+r"(p));
+  return p;
+}
 
 /* ---- error.c ------------------------------------------------------------ */
 /* Set this thread's last-error text (printf format); returns err. */

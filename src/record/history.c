@@ -104,7 +104,7 @@ void msnap__rctx_capture(const msnap_hsettings_t *s, msnap_rctx_t *ctx,
     if (ctx->stack != 0 && ctx->stack_pin == NULL)
       ctx->owns |= MSNAP_RCTX_OWNS_STACK;
   }
-  tl_rec_t *t = &tl_rec;
+  tl_rec_t *t = msnap__tls_addr(&tl_rec);
   ctx->call = call_serial(t);
   ctx->user_metadata = t->meta;
   ctx->compile_context = t->cc_n ? t->cc[t->cc_n - 1] : 0;
@@ -132,7 +132,7 @@ static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 
 static void tls_destructor(void *p) {
   (void)p;
-  tl_rec_t *t = &tl_rec;
+  tl_rec_t *t = msnap__tls_addr(&tl_rec);
   msnap__stack_unref(t->meta);
   t->meta = 0;
   for (uint32_t i = 0; i < t->cc_n; i++) msnap__stack_unref(t->cc[i]);
@@ -171,7 +171,7 @@ int msnap_compile_context_push(const char *name) {
     return msnap__set_error(MSNAP_EINVAL, "compile_context_push: NULL name");
   uint32_t id = msnap__str_intern(name, strlen(name));
   if (id == 0 && name[0] != '\0') return MSNAP_ENOMEM;
-  tl_rec_t *t = &tl_rec;
+  tl_rec_t *t = msnap__tls_addr(&tl_rec);
   if (MSNAP_GROW(t->cc, t->cc_cap, t->cc_n + 1) != 0) {
     msnap__stack_unref(id);
     return MSNAP_ENOMEM;
@@ -182,7 +182,7 @@ int msnap_compile_context_push(const char *name) {
 }
 
 int msnap_compile_context_pop(void) {
-  tl_rec_t *t = &tl_rec;
+  tl_rec_t *t = msnap__tls_addr(&tl_rec);
   if (t->cc_n == 0)
     return msnap__set_error(MSNAP_ESTATE,
                             "compile_context_pop: the compile-context stack "
@@ -192,7 +192,7 @@ int msnap_compile_context_pop(void) {
 }
 
 void msnap__tls_context(uint32_t *user_metadata, uint32_t *compile_context) {
-  tl_rec_t *t = &tl_rec;
+  tl_rec_t *t = msnap__tls_addr(&tl_rec);
   *user_metadata = t->meta;
   *compile_context = t->cc_n ? t->cc[t->cc_n - 1] : 0;
 }

@@ -638,7 +638,7 @@ static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
 /* Thread exit: every reference goes. */
 static void tcache_destructor(void *p) {
   (void)p;
-  tcache_t *t = &tc;
+  tcache_t *t = msnap__tls_addr(&tc);
   for (int i = 0; i < TCACHE_SLOTS; i++) {
     uint32_t id = t->id[i];
     t->id[i] = 0;
@@ -652,7 +652,7 @@ static void tcache_key_make(void) {
 }
 
 void msnap__stack_tcache_flush(void) {
-  tcache_t *t = &tc;
+  tcache_t *t = msnap__tls_addr(&tc);
   for (int i = 0; i < TCACHE_SLOTS; i++) {
     if (t->pins[i]) continue; /* in use by a call of this thread */
     uint32_t id = t->id[i];
@@ -774,7 +774,7 @@ capture(unsigned stacks, int skip, uintptr_t ret, uint8_t **pin) {
   int nc = 0, npy = 0;
   uint64_t token = 0;
   const msnap_frame_hook_t *hook = NULL;
-  tcache_t *t = &tc;
+  tcache_t *t = msnap__tls_addr(&tc);
   if (stacks & MSNAP_STACKS_CPP) {
     int um = unwinder();
     nc = -1;
