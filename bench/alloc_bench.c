@@ -13,10 +13,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "memsnap.h"
-#if defined(MSNAP_HAVE_MIMALLOC)
-#include <mimalloc.h>
-#endif
+
+/* mimalloc through bench_mimalloc (loaded privately: linked, it would
+ * replace glibc's malloc below); NULL pointers skip its rows. */
+static bench_mi_t mi;
 
 static double now_ns(void) {
   struct timespec ts;
@@ -66,21 +68,19 @@ static void pairs(void) {
     printf("memsnap  malloc+free %9zu B: %6.1f ns/pair\n", sizes[k],
            (t1 - t0) / n);
     msnap_free(a, keep);
-#if defined(MSNAP_HAVE_MIMALLOC)
-    if (only_memsnap)
+    if (only_memsnap || mi.malloc == NULL)
       continue;
-    void *keep2 = mi_malloc(sizes[k]);
+    void *keep2 = mi.malloc(sizes[k]);
     t0 = now_ns();
     for (int i = 0; i < n; i++) {
-      void *q = mi_malloc(sizes[k]);
+      void *q = mi.malloc(sizes[k]);
       __asm__ volatile("" : : "r"(q) : "memory");
-      mi_free(q);
+      mi.free(q);
     }
     t1 = now_ns();
     printf("mimalloc malloc+free %9zu B: %6.1f ns/pair\n", sizes[k],
            (t1 - t0) / n);
-    mi_free(keep2);
-#endif
+    mi.free(keep2);
   }
   msnap_allocator_destroy(a);
 }
@@ -152,30 +152,29 @@ static void replay(const char *path, int reps) {
          "allocated %lld\n",
          n, reps, best, (long long)st.num_device_alloc);
   msnap_allocator_destroy(a);
-#if defined(MSNAP_HAVE_MIMALLOC)
   best = 1e30;
-  for (int r = 0; r < reps; r++) {
+  for (int r = 0; mi.malloc != NULL && r < reps; r++) {
     double t0 = now_ns();
     for (size_t i = 0; i < n; i++) {
       if (ops[i].kind == 'a') {
-        hlive[ops[i].id] = mi_malloc(ops[i].size);
+        hlive[ops[i].id] = mi.malloc(ops[i].size);
       } else {
-        mi_free(hlive[ops[i].id]);
+        mi.free(hlive[ops[i].id]);
         hlive[ops[i].id] = NULL;
       }
     }
     for (uint32_t i = 0; i < maxid; i++)
       if (hlive[i]) {
-        mi_free(hlive[i]);
+        mi.free(hlive[i]);
         hlive[i] = NULL;
       }
     double t = (now_ns() - t0) / (double)n;
     if (t < best)
       best = t;
   }
-  printf("mimalloc trace %zu ops x %d: %6.1f ns/op (best rep)\n", n, reps,
-         best);
-#endif
+  if (mi.malloc != NULL)
+    printf("mimalloc trace %zu ops x %d: %6.1f ns/op (best rep)\n", n, reps,
+           best);
   best = 1e30;
   for (int r = 0; r < reps; r++) {
     double t0 = now_ns();
@@ -204,6 +203,7 @@ static void replay(const char *path, int reps) {
 }
 
 int main(int argc, char **argv) {
+  mi = bench_mimalloc();
   /* "-m": memsnap pairs only (for perf stat instruction counts) */
   if (argc > 1 && strcmp(argv[1], "-m") == 0) {
     only_memsnap = true;

@@ -9,6 +9,7 @@
 #ifndef MSNAP_BENCH_COMMON_H
 #define MSNAP_BENCH_COMMON_H
 
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +119,32 @@ static inline void sim_env(int devices, uint64_t memory) {
     snprintf(v, sizeof v, "%llu", (unsigned long long)memory);
     setenv("MEMSNAP_SIM_MEMORY", v, 1);
   }
+}
+
+/* mimalloc, loaded privately (RTLD_LOCAL) so that it serves only the
+ * calls made through these pointers.  Linked at build time, Debian's
+ * libmimalloc.so.2 (built to override) would interpose malloc/free -- and
+ * __libc_malloc -- for the whole process: the anchor named "glibc" would
+ * be mimalloc again, and memsnap's own host allocations would go to it.
+ * NULL pointers when the library cannot be loaded. */
+typedef struct bench_mi_s {
+  void *(*malloc)(size_t);
+  void (*free)(void *);
+} bench_mi_t;
+
+static inline bench_mi_t bench_mimalloc(void) {
+  static const char *const names[] = {"libmimalloc.so.2", "libmimalloc.so"};
+  bench_mi_t mi = {NULL, NULL};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) continue;
+    *(void **)&mi.malloc = dlsym(h, "mi_malloc");
+    *(void **)&mi.free = dlsym(h, "mi_free");
+    if (mi.malloc != NULL && mi.free != NULL) break;
+    mi.malloc = NULL;
+    mi.free = NULL;
+  }
+  return mi;
 }
 
 #define BENCH_RESULT(key, fmt, ...)                                           \

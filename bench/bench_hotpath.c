@@ -3,6 +3,8 @@
  * the request sizes of the real snapshots (bench/sizes.py), history off,
  * for memsnap (sim runtime, caching on), glibc malloc/free and mimalloc
  * (mi_malloc/mi_free), in the same run on the same size sequence.
+ * mimalloc is loaded privately (bench_mimalloc): linked, it would replace
+ * glibc's malloc in the whole process.
  *
  * Each allocator first serves one warm-up pass over the sizes (so that
  * memsnap's cache holds a block of every size class, as in a training
@@ -17,8 +19,6 @@
  *
  * usage: bench_hotpath SIZES_FILE [ROUNDS]
  */
-#include <mimalloc.h>
-
 #include "bench_common.h"
 #include "memsnap.h"
 
@@ -37,12 +37,14 @@ static double time_glibc(const pairs_t *p) {
   return (double)(bench_cpu_ns() - t0) / (double)p->n;
 }
 
+static bench_mi_t mi;
+
 static double time_mimalloc(const pairs_t *p) {
   uint64_t t0 = bench_cpu_ns();
   for (size_t i = 0; i < p->n; i++) {
-    void *q = mi_malloc(p->sizes[i]);
+    void *q = mi.malloc(p->sizes[i]);
     bench_escape(q);
-    mi_free(q);
+    mi.free(q);
   }
   return (double)(bench_cpu_ns() - t0) / (double)p->n;
 }
@@ -86,6 +88,13 @@ int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s SIZES_FILE [ROUNDS]\n", argv[0]);
     return 2;
+  }
+  mi = bench_mimalloc();
+  if (mi.malloc == NULL) {
+    const char *why = dlerror();
+    fprintf(stderr, "bench_hotpath: mimalloc (libmimalloc.so.2) cannot be "
+            "loaded: %s\n", why ? why : "no mi_malloc/mi_free");
+    return 1;
   }
   size_t n = 0;
   size_t *all = bench_read_sizes(argv[1], &n);
