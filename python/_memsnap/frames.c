@@ -92,7 +92,7 @@
 
 typedef struct frame_entry_s {
   PyCodeObject *code; /* strong reference, never dropped */
-  char *name;         /* co_qualname (3.11+) or co_name  */
+  char *name;         /* co_name, as torch's frames      */
   char *filename;     /* co_filename                     */
   int firstlineno;
   atomic_long refs; /* references the library holds     */
@@ -219,11 +219,10 @@ static frame_entry_t *entry_of(PyCodeObject *co) {
   frame_entry_t *e = calloc(1, sizeof *e);
   if (e == NULL)
     return NULL;
-#if PY_VERSION_HEX >= 0x030B0000
-  e->name = dup_attr((PyObject *)co, "co_qualname");
-#else
+  /* co_name, not co_qualname: torch's frames name the function alone
+   * (torch/csrc/profiler/python/combined_traceback.cpp), and sites are
+   * compared across the two recorders' files */
   e->name = dup_attr((PyObject *)co, "co_name");
-#endif
   e->filename = dup_attr((PyObject *)co, "co_filename");
   e->firstlineno = co->co_firstlineno;
   if (e->name == NULL || e->filename == NULL ||

@@ -391,10 +391,7 @@ mm._record_memory_history("all", stacks="python", max_entries=1000)
 def step():
     return mm.caching_allocator_alloc(1 << 20)
 p = step()
-kw = {"co_name": "na\udcffme"}
-if sys.version_info >= (3, 11):  # the recorded name (co_name before 3.11)
-    kw["co_qualname"] = "na\udcffme"
-f = step.__code__.replace(**kw)
+f = step.__code__.replace(co_name="na\udcffme")  # the recorded name
 named = type(step)(f, globals())
 q = named()
 s = mm._snapshot()

@@ -70,7 +70,7 @@ def user_stack_now(skip: int = 1) -> list:
     while f is not None:
         code = f.f_code
         if is_user_file(code.co_filename):
-            name = getattr(code, "co_qualname", code.co_name)  # as the allocator's frames
+            name = code.co_name  # as the allocator's frames (and torch's)
             out.append({"filename": code.co_filename, "line": f.f_lineno, "name": name})
         f = f.f_back
     return out
