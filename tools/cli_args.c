@@ -159,6 +159,18 @@ static int bad_option(const cli_cmd_t *c, int o, int argc, char **argv) {
   return cli_usage_error(c->name, msg);
 }
 
+/* Whether the long option getopt_long just matched (`name`) was given as
+ * --name or --name=..., not as a shorter prefix.  optind has moved past
+ * it, and past a separate argument ("--name VALUE") when there is one. */
+static bool spelled_in_full(char **argv, const char *name) {
+  const char *arg = argv[optind - 1];
+  if (optarg != NULL && optarg == arg && optind >= 2) arg = argv[optind - 2];
+  if (arg[0] != '-' || arg[1] != '-') return true;
+  size_t n = strlen(name);
+  return strncmp(arg + 2, name, n) == 0 &&
+         (arg[2 + n] == '\0' || arg[2 + n] == '=');
+}
+
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
               msnap_snap_t **load) {
   /* the command's options, then --json and -o/--output when it has them */
@@ -194,13 +206,33 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   int o;
   optind = 1;
   opterr = 0;
-  while ((o = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
+  int li = -1;
+  optarg = NULL; /* (getopt leaves it as it was for an option without one) */
+  while ((o = getopt_long(argc, argv, shorts, lo, &li)) != -1) {
+    if (o == '?' || o == ':')
+      return bad_option(c, o, argc, argv);
+    if (li >= 0 && !spelled_in_full(argv, lo[li].name)) {
+      /* getopt takes a unique prefix of a long option ("--device" for
+       * replay's --device-memory); memsnap's commands share option names
+       * with other meanings (view's --device), so only full names go */
+      char msg[512];
+      const char *arg = argv[optind - 1];
+      if (optarg != NULL && optarg == arg && optind >= 2)
+        arg = argv[optind - 2]; /* "--opt VALUE": the option before it */
+      const char *eq = strchr(arg, '=');
+      int len = eq ? (int)(eq - arg) : (int)strlen(arg);
+      if (len > 200) len = 200;
+      snprintf(msg, sizeof msg,
+               "unrecognized option '%.*s' (did you mean '--%s'? long "
+               "options are spelled in full)",
+               len, arg, lo[li].name);
+      return cli_usage_error(c->name, msg);
+    }
+    li = -1;
     if (o == 'h') {
       c->usage(stdout);
       return CLI_DONE;
     }
-    if (o == '?' || o == ':')
-      return bad_option(c, o, argc, argv);
     const cli_opt_t *op = NULL;
     for (size_t k = 0; all[k].name && !op; k++)
       if (o == (all[k].letter ? all[k].letter : 256 + (int)k))
@@ -208,6 +240,7 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
     if (op == NULL) return cli_usage_error(c->name, NULL);
     int rc = set_opt(c, op, optarg);
     if (rc != CLI_OK) return rc;
+    optarg = NULL;
   }
   int nfiles = argc - optind;
   if (c->nfiles >= 0 ? nfiles != c->nfiles : nfiles < 1)

@@ -3460,6 +3460,19 @@ def group_io():
     rc, out, err = run("summary", "--bogus", path)
     expect(rc == 2 and err.startswith("memsnap summary: unrecognized option"),
            "getopt errors prefixed 'memsnap summary:' (%d %r)" % (rc, err))
+    # long options in full only: replay has no --device, and getopt would
+    # take it (and its number) as --device-memory; --js is not --json
+    for args in (("replay", "--device", "1"), ("replay", "--device=1"),
+                 ("summary", "--js")):
+        rc, out, err = run(*(args + (path,)))
+        full = "--device-memory" if args[0] == "replay" else "--json"
+        expect(rc == 2 and "unrecognized option '%s'" % args[1].split("=")[0]
+               in err and "did you mean '%s'?" % full in err and not out,
+               "%s: an abbreviation refused (%d %r)" % (" ".join(args), rc,
+                                                       err))
+    rc, out, err = run("replay", "--device-memory", "4G", "--max-mismatches",
+                       "3", path)
+    expect(rc != 2, "replay's options in full still work (%d %r)" % (rc, err))
     # check: requested_size > size, a device that is not an index
     def mut(f):
         snap = good_snapshot()
