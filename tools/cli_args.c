@@ -159,12 +159,18 @@ static int bad_option(const cli_cmd_t *c, int o, int argc, char **argv) {
   return cli_usage_error(c->name, msg);
 }
 
-/* Whether the long option getopt_long just matched (`name`) was given as
- * --name or --name=..., not as a shorter prefix.  optind has moved past
- * it, and past a separate argument ("--name VALUE") when there is one. */
-static bool spelled_in_full(char **argv, const char *name) {
+/* The argument that named the long option getopt_long just matched:
+ * optind has moved past it, and past its value when that came separate
+ * ("--name VALUE"; "--name=VALUE" is one argument). */
+static const char *long_token(char **argv) {
   const char *arg = argv[optind - 1];
   if (optarg != NULL && optarg == arg && optind >= 2) arg = argv[optind - 2];
+  return arg;
+}
+
+/* Whether that argument spelled the option (`name`) in full: --name or
+ * --name=..., not a shorter prefix that getopt accepts. */
+static bool spelled_in_full(const char *arg, const char *name) {
   if (arg[0] != '-' || arg[1] != '-') return true;
   size_t n = strlen(name);
   return strncmp(arg + 2, name, n) == 0 &&
@@ -211,14 +217,12 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   while ((o = getopt_long(argc, argv, shorts, lo, &li)) != -1) {
     if (o == '?' || o == ':')
       return bad_option(c, o, argc, argv);
-    if (li >= 0 && !spelled_in_full(argv, lo[li].name)) {
+    const char *arg = li >= 0 ? long_token(argv) : NULL;
+    if (arg != NULL && !spelled_in_full(arg, lo[li].name)) {
       /* getopt takes a unique prefix of a long option ("--device" for
        * replay's --device-memory); memsnap's commands share option names
        * with other meanings (view's --device), so only full names go */
       char msg[512];
-      const char *arg = argv[optind - 1];
-      if (optarg != NULL && optarg == arg && optind >= 2)
-        arg = argv[optind - 2]; /* "--opt VALUE": the option before it */
       const char *eq = strchr(arg, '=');
       int len = eq ? (int)(eq - arg) : (int)strlen(arg);
       if (len > 200) len = 200;
