@@ -143,6 +143,7 @@ static inline bench_mi_t bench_mimalloc(void) {
     if (mi.malloc != NULL && mi.free != NULL) break;
     mi.malloc = NULL;
     mi.free = NULL;
+    dlclose(h);
   }
   return mi;
 }

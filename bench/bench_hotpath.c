@@ -92,8 +92,9 @@ int main(int argc, char **argv) {
   mi = bench_mimalloc();
   if (mi.malloc == NULL) {
     const char *why = dlerror();
-    fprintf(stderr, "bench_hotpath: mimalloc (libmimalloc.so.2) cannot be "
-            "loaded: %s\n", why ? why : "no mi_malloc/mi_free");
+    fprintf(stderr, "bench_hotpath: mimalloc (libmimalloc.so.2 or "
+            "libmimalloc.so) cannot be loaded: %s\n",
+            why ? why : "no mi_malloc/mi_free");
     return 1;
   }
   size_t n = 0;
