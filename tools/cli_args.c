@@ -126,39 +126,6 @@ uint32_t cli_file_repeats(char *const *v, uint32_t n, uint32_t *first_of,
   return ndup;
 }
 
-/* getopt's refusal (o: '?' or ':') in getopt's own words: an unknown
- * option, one that needs an argument, or a long one given an argument it
- * does not take (optopt: the option, 0 when unknown).  The argument it
- * stopped at is argv[optind - 1], except inside a cluster of short
- * options ("-zq" at 'z'), where optind has not moved yet. */
-static int bad_option(const cli_cmd_t *c, int o, int argc, char **argv) {
-  char msg[512];
-  const char *arg = optind >= 1 ? argv[optind - 1] : NULL;
-  const char *cur = optind < argc ? argv[optind] : NULL;
-  bool in_cluster = o == '?' && optopt > 0 && optopt < 128 && cur &&
-                    cur[0] == '-' && cur[1] != '-' && cur[1] != '\0' &&
-                    strchr(cur + 1, optopt) != NULL;
-  bool islong = !in_cluster && arg != NULL && arg[0] == '-' && arg[1] == '-';
-  if (islong) {
-    const char *eq = strchr(arg, '=');
-    int len = eq ? (int)(eq - arg) : (int)strlen(arg);
-    if (len > 200) len = 200;
-    if (o == ':')
-      snprintf(msg, sizeof msg, "option '%.*s' requires an argument", len,
-               arg);
-    else if (optopt != 0)
-      snprintf(msg, sizeof msg, "option '%.*s' doesn't allow an argument",
-               len, arg);
-    else
-      snprintf(msg, sizeof msg, "unrecognized option '%.*s'", len, arg);
-  } else if (o == ':') {
-    snprintf(msg, sizeof msg, "option requires an argument -- '%c'", optopt);
-  } else {
-    snprintf(msg, sizeof msg, "invalid option -- '%c'", optopt);
-  }
-  return cli_usage_error(c->name, msg);
-}
-
 /* The argument that named the long option getopt_long just matched:
  * optind has moved past it, and past its value when that came separate
  * ("--name VALUE"; "--name=VALUE" is one argument). */
@@ -175,6 +142,51 @@ static bool spelled_in_full(const char *arg, const char *name) {
   size_t n = strlen(name);
   return strncmp(arg + 2, name, n) == 0 &&
          (arg[2 + n] == '\0' || arg[2 + n] == '=');
+}
+
+/* getopt's refusal (o: '?' or ':') in getopt's own words: an unknown
+ * option, one that needs an argument, or a long one given an argument it
+ * does not take (optopt: the option, 0 when unknown).  The argument it
+ * stopped at is argv[optind - 1], except inside a cluster of short
+ * options ("-zq" at 'z'), where optind has not moved yet. */
+static int bad_option(const cli_cmd_t *c, int o, int argc, char **argv,
+                      const struct option *lo) {
+  char msg[512];
+  const char *arg = optind >= 1 ? argv[optind - 1] : NULL;
+  const char *cur = optind < argc ? argv[optind] : NULL;
+  bool in_cluster = o == '?' && optopt > 0 && optopt < 128 && cur &&
+                    cur[0] == '-' && cur[1] != '-' && cur[1] != '\0' &&
+                    strchr(cur + 1, optopt) != NULL;
+  bool islong = !in_cluster && arg != NULL && arg[0] == '-' && arg[1] == '-';
+  if (islong) {
+    const char *eq = strchr(arg, '=');
+    int len = eq ? (int)(eq - arg) : (int)strlen(arg);
+    if (len > 200) len = 200;
+    /* the option getopt matched (optopt: its val), when it was refused
+     * for its argument: an abbreviation is no option (cli_begin) */
+    const char *full = NULL;
+    for (size_t k = 0; optopt != 0 && lo[k].name && !full; k++)
+      if (lo[k].val == optopt && !spelled_in_full(arg, lo[k].name))
+        full = lo[k].name;
+    if (full)
+      snprintf(msg, sizeof msg,
+               "unrecognized option '%.*s' (did you mean '--%s'? long "
+               "options are spelled in full)",
+               len, arg, full);
+    else if (o == ':')
+      snprintf(msg, sizeof msg, "option '%.*s' requires an argument", len,
+               arg);
+    else if (optopt != 0)
+      snprintf(msg, sizeof msg, "option '%.*s' doesn't allow an argument",
+               len, arg);
+    else
+      snprintf(msg, sizeof msg, "unrecognized option '%.*s'", len, arg);
+  } else if (o == ':') {
+    snprintf(msg, sizeof msg, "option requires an argument -- '%c'", optopt);
+  } else {
+    snprintf(msg, sizeof msg, "invalid option -- '%c'", optopt);
+  }
+  return cli_usage_error(c->name, msg);
 }
 
 int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
@@ -216,7 +228,7 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
   optarg = NULL; /* (getopt leaves it as it was for an option without one) */
   while ((o = getopt_long(argc, argv, shorts, lo, &li)) != -1) {
     if (o == '?' || o == ':')
-      return bad_option(c, o, argc, argv);
+      return bad_option(c, o, argc, argv, lo);
     const char *arg = li >= 0 ? long_token(argv) : NULL;
     if (arg != NULL && !spelled_in_full(arg, lo[li].name)) {
       /* getopt takes a unique prefix of a long option ("--device" for

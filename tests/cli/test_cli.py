@@ -3462,9 +3462,15 @@ def group_io():
            "getopt errors prefixed 'memsnap summary:' (%d %r)" % (rc, err))
     # long options in full only: replay has no --device, and getopt would
     # take it (and its number) as --device-memory; --js is not --json
-    for args in (("replay", "--device", "1"), ("replay", "--device=1"),
-                 ("summary", "--js")):
-        rc, out, err = run(*(args + (path,)))
+    # (also where getopt refuses the abbreviation's argument: a trailing
+    # '--device' lacks one, '--js=1' has one a flag does not take)
+    for args, after in ((("replay", "--device", "1"), ()),
+                        (("replay", "--device=1"), ()),
+                        (("replay",), ("--device",)),
+                        (("summary", "--js"), ()),
+                        (("summary", "--js=1"), ())):
+        rc, out, err = run(*(args + (path,) + after))
+        args = args + after
         full = "--device-memory" if args[0] == "replay" else "--json"
         expect(rc == 2 and "unrecognized option '%s'" % args[1].split("=")[0]
                in err and "did you mean '%s'?" % full in err and not out,
