@@ -144,6 +144,20 @@ static bool spelled_in_full(const char *arg, const char *name) {
          (arg[2 + n] == '\0' || arg[2 + n] == '=');
 }
 
+/* The usage error for `arg`, a prefix of the long option `name`. */
+static int abbreviation_error(const cli_cmd_t *c, const char *arg,
+                              const char *name) {
+  char msg[512];
+  const char *eq = strchr(arg, '=');
+  int len = eq ? (int)(eq - arg) : (int)strlen(arg);
+  if (len > 200) len = 200;
+  snprintf(msg, sizeof msg,
+           "unrecognized option '%.*s' (did you mean '--%s'? long options "
+           "are spelled in full)",
+           len, arg, name);
+  return cli_usage_error(c->name, msg);
+}
+
 /* getopt's refusal (o: '?' or ':') in getopt's own words: an unknown
  * option, one that needs an argument, or a long one given an argument it
  * does not take (optopt: the option, 0 when unknown).  The argument it
@@ -164,16 +178,10 @@ static int bad_option(const cli_cmd_t *c, int o, int argc, char **argv,
     if (len > 200) len = 200;
     /* the option getopt matched (optopt: its val), when it was refused
      * for its argument: an abbreviation is no option (cli_begin) */
-    const char *full = NULL;
-    for (size_t k = 0; optopt != 0 && lo[k].name && !full; k++)
+    for (size_t k = 0; optopt != 0 && lo[k].name; k++)
       if (lo[k].val == optopt && !spelled_in_full(arg, lo[k].name))
-        full = lo[k].name;
-    if (full)
-      snprintf(msg, sizeof msg,
-               "unrecognized option '%.*s' (did you mean '--%s'? long "
-               "options are spelled in full)",
-               len, arg, full);
-    else if (o == ':')
+        return abbreviation_error(c, arg, lo[k].name);
+    if (o == ':')
       snprintf(msg, sizeof msg, "option '%.*s' requires an argument", len,
                arg);
     else if (optopt != 0)
@@ -230,20 +238,11 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
     if (o == '?' || o == ':')
       return bad_option(c, o, argc, argv, lo);
     const char *arg = li >= 0 ? long_token(argv) : NULL;
-    if (arg != NULL && !spelled_in_full(arg, lo[li].name)) {
-      /* getopt takes a unique prefix of a long option ("--device" for
-       * replay's --device-memory); memsnap's commands share option names
-       * with other meanings (view's --device), so only full names go */
-      char msg[512];
-      const char *eq = strchr(arg, '=');
-      int len = eq ? (int)(eq - arg) : (int)strlen(arg);
-      if (len > 200) len = 200;
-      snprintf(msg, sizeof msg,
-               "unrecognized option '%.*s' (did you mean '--%s'? long "
-               "options are spelled in full)",
-               len, arg, lo[li].name);
-      return cli_usage_error(c->name, msg);
-    }
+    /* getopt takes a unique prefix of a long option ("--device" for
+     * replay's --device-memory); memsnap's commands share option names
+     * with other meanings (view's --device), so only full names go */
+    if (arg != NULL && !spelled_in_full(arg, lo[li].name))
+      return abbreviation_error(c, arg, lo[li].name);
     li = -1;
     if (o == 'h') {
       c->usage(stdout);
