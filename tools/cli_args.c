@@ -240,7 +240,7 @@ int cli_begin(const cli_cmd_t *c, int argc, char **argv, int *first,
     const char *arg = li >= 0 ? long_token(argv) : NULL;
     /* getopt takes a unique prefix of a long option ("--device" for
      * replay's --device-memory); memsnap's commands share option names
-     * with other meanings (view's --device), so only full names go */
+     * with other meanings (plot's --device), so only full names go */
     if (arg != NULL && !spelled_in_full(arg, lo[li].name))
       return abbreviation_error(c, arg, lo[li].name);
     li = -1;
